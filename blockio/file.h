@@ -1,0 +1,38 @@
+// Regular files and block devices as sources and sinks. Reads and writes go
+// through io_uring when a ring can be set up, else plain pread/pwrite.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "blockio/sink.h"
+#include "blockio/source.h"
+
+namespace barge {
+
+struct FileOptions {
+  // Try io_uring first; fall back to pread/pwrite when it is unavailable.
+  bool use_uring = true;
+  // O_DIRECT (alignment then comes from the device's logical block size).
+  bool direct = false;
+};
+
+enum class SinkMode : uint8_t {
+  kCreateNew,  // O_CREAT|O_EXCL: fail if the path exists
+  kTruncate,   // O_CREAT|O_TRUNC: replace a regular file's contents
+  kExisting,   // open an existing file or block device as is
+};
+
+// Opens a regular file or block device for reading. Extents come from
+// SEEK_DATA/SEEK_HOLE on files (holes are kHole); devices report all data.
+Result<std::unique_ptr<BlockSource>> OpenFileSource(const std::string& path,
+                                                    const FileOptions& options = {});
+
+// Opens a regular file or block device for writing.
+Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMode mode,
+                                                const FileOptions& options = {});
+
+// True when `path` names a block device.
+bool IsBlockDevice(const std::string& path);
+
+}  // namespace barge

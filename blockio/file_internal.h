@@ -1,0 +1,99 @@
+// Shared pieces of the file backends (sync and io_uring). Not a public header.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "blockio/file.h"
+
+namespace barge {
+namespace internal {
+
+// Owns one file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd();
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+struct FileInfo {
+  uint64_t size_bytes = 0;
+  bool is_block_device = false;
+  bool direct = false;
+  uint32_t logical_block_bytes = 512;
+};
+
+Result<Fd> OpenFd(const std::string& path, int flags, mode_t mode);
+Result<FileInfo> StatFd(const Fd& fd, const std::string& path);
+Status PreadFull(int fd, const std::string& path, uint64_t offset, std::span<std::byte> out);
+Status PwriteFull(int fd, const std::string& path, uint64_t offset,
+                  std::span<const std::byte> data);
+
+// io_uring variants (uring.cc). They fail when no ring can be created; the
+// caller then uses the synchronous classes below. `fd` is moved from only on
+// success.
+Result<std::unique_ptr<BlockSource>> MakeUringSource(const std::string& path, Fd& fd,
+                                                     const FileInfo& info);
+Result<std::unique_ptr<BlockSink>> MakeUringSink(const std::string& path, Fd& fd,
+                                                 const FileInfo& info, bool zero_initialized);
+
+}  // namespace internal
+
+// pread-based source. Thread-safe.
+class FileSource : public BlockSource {
+ public:
+  FileSource(std::string path, internal::Fd fd, internal::FileInfo info);
+  const std::string& name() const override { return path_; }
+  uint64_t size_bytes() const override { return info_.size_bytes; }
+  SourceCapabilities capabilities() const override;
+  Status ReadAt(uint64_t offset, std::span<std::byte> out) override;
+  Result<ExtentList> Extents(uint64_t offset, uint64_t length) override;
+
+ protected:
+  int fd() const { return fd_.get(); }
+  std::string path_;
+  internal::Fd fd_;
+  internal::FileInfo info_;
+};
+
+// pwrite-based sink. Thread-safe for disjoint ranges.
+class FileSink : public BlockSink {
+ public:
+  FileSink(std::string path, internal::Fd fd, internal::FileInfo info, bool zero_initialized);
+  const std::string& name() const override { return path_; }
+  uint64_t size_bytes() const override;
+  SinkCapabilities capabilities() const override;
+  Status WriteAt(uint64_t offset, std::span<const std::byte> data) override;
+  Status WriteZeroes(uint64_t offset, uint64_t length) override;
+  Status Trim(uint64_t offset, uint64_t length) override;
+  Status Flush() override;
+  Status Truncate(uint64_t size_bytes) override;
+
+ protected:
+  void Grow(uint64_t end);
+  int fd() const { return fd_.get(); }
+  std::string path_;
+  internal::Fd fd_;
+  internal::FileInfo info_;
+  bool zero_initialized_;
+  std::atomic<uint64_t> size_bytes_;
+};
+
+}  // namespace barge

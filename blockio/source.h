@@ -1,0 +1,68 @@
+// BlockSource: the read side of every disk barge moves data from (files,
+// block devices, NBD exports, images seen through a format).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "blockio/error.h"
+#include "blockio/extent.h"
+
+namespace barge {
+
+struct SourceCapabilities {
+  // Offsets and lengths of ReadAt must be multiples of this, except a read
+  // that ends exactly at size_bytes().
+  uint32_t alignment_bytes = 1;
+  // Request size that this backend serves best (nbdcopy's ~256 KiB for NBD).
+  uint32_t preferred_request_bytes = 256 * 1024;
+  // Extents() reports real allocation (holes/zeroes) rather than "all data".
+  bool has_extents = false;
+  // Concurrent ReadAt calls proceed in parallel (several rings/connections).
+  bool parallel_reads = true;
+};
+
+// One read of a batch. `status` is filled in by ReadMany.
+struct ReadRequest {
+  uint64_t offset = 0;
+  std::span<std::byte> buffer;
+  Status status;
+};
+
+// Thread safety: every method may be called from several threads at once.
+class BlockSource {
+ public:
+  BlockSource() = default;
+  virtual ~BlockSource() = default;
+  BlockSource(const BlockSource&) = delete;
+  BlockSource& operator=(const BlockSource&) = delete;
+
+  // Path, device or URI, for messages.
+  virtual const std::string& name() const = 0;
+  // Logical size in bytes. Fixed for the life of the object.
+  virtual uint64_t size_bytes() const = 0;
+  virtual SourceCapabilities capabilities() const { return {}; }
+
+  // Reads exactly out.size() bytes at `offset`. The range must lie inside
+  // [0, size_bytes()): otherwise kInvalidArgument. Short reads and EINTR are
+  // retried inside; an unexpected end of file is kIoError. May block.
+  virtual Status ReadAt(uint64_t offset, std::span<std::byte> out) = 0;
+
+  // Reads every request; returns the first failure (each request's own status
+  // says which failed). The default issues ReadAt one by one; io_uring
+  // backends submit the whole batch at once.
+  virtual Status ReadMany(std::span<ReadRequest> requests);
+
+  // Extents covering exactly [offset, offset + length), sorted, contiguous.
+  // May return coarser answers (kData where unsure) but never claims
+  // kZero/kHole for bytes that are not zero. The default says "all data".
+  virtual Result<ExtentList> Extents(uint64_t offset, uint64_t length);
+
+ protected:
+  // kInvalidArgument unless [offset, offset+length) is inside the source.
+  Status CheckRange(uint64_t offset, uint64_t length) const;
+};
+
+}  // namespace barge

@@ -1,0 +1,102 @@
+// Format names, raw images, and format detection for OpenImage.
+#include "formats/image.h"
+
+#include <array>
+
+#include "formats/qcow2_open.h"
+
+namespace barge::formats {
+
+std::string_view ImageFormatName(ImageFormat format) {
+  return format == ImageFormat::kQcow2 ? "qcow2" : "raw";
+}
+
+Result<ImageFormat> ParseImageFormat(std::string_view name) {
+  if (name == "raw") return ImageFormat::kRaw;
+  if (name == "qcow2") return ImageFormat::kQcow2;
+  return Error::InvalidArgument("unknown image format '" + std::string(name) +
+                                "' (expected raw or qcow2)");
+}
+
+std::string_view CompressionName(Compression c) {
+  switch (c) {
+    case Compression::kNone: return "none";
+    case Compression::kZstd: return "zstd";
+    case Compression::kDeflate: return "zlib";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// A raw file: guest view == file bytes; extents from the file's allocation.
+class RawImage final : public Image {
+ public:
+  RawImage(std::unique_ptr<BlockSource> file, const std::string& path) : file_(std::move(file)) {
+    info_.path = path;
+    info_.format = ImageFormat::kRaw;
+    info_.virtual_size = file_->size_bytes();
+    info_.file_size = file_->size_bytes();
+  }
+  const std::string& name() const override { return file_->name(); }
+  uint64_t size_bytes() const override { return file_->size_bytes(); }
+  SourceCapabilities capabilities() const override { return file_->capabilities(); }
+  Status ReadAt(uint64_t offset, std::span<std::byte> out) override {
+    return file_->ReadAt(offset, out);
+  }
+  Status ReadMany(std::span<ReadRequest> requests) override { return file_->ReadMany(requests); }
+  Result<ExtentList> Extents(uint64_t offset, uint64_t length) override {
+    return file_->Extents(offset, length);
+  }
+  const ImageInfo& info() const override { return info_; }
+  const Image* backing() const override { return nullptr; }
+  Result<std::vector<MappedExtent>> Map(uint64_t offset, uint64_t length) override {
+    BARGE_ASSIGN_OR_RETURN(ExtentList extents, file_->Extents(offset, length));
+    std::vector<MappedExtent> out;
+    for (const Extent& e : extents) {
+      MappedExtent m;
+      m.offset = e.offset;
+      m.length = e.length;
+      m.kind = e.kind;
+      if (e.kind != ExtentKind::kHole) {
+        m.depth = 0;
+        if (e.kind == ExtentKind::kData) m.host_offset = e.offset;
+      }
+      out.push_back(m);
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<BlockSource> file_;
+  ImageInfo info_;
+};
+
+}  // namespace
+
+std::unique_ptr<Image> WrapRaw(std::unique_ptr<BlockSource> file, const std::string& path) {
+  return std::make_unique<RawImage>(std::move(file), path);
+}
+
+Result<std::unique_ptr<Image>> OpenImage(const std::string& path, const SourceOpener& opener,
+                                         const OpenOptions& options) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, opener(path));
+  ImageFormat format;
+  if (options.format) {
+    format = *options.format;
+  } else {
+    format = ImageFormat::kRaw;
+    if (file->size_bytes() >= 4) {
+      std::array<std::byte, 4> magic;
+      BARGE_RETURN_IF_ERROR(file->ReadAt(0, magic));
+      if (magic == std::array<std::byte, 4>{std::byte{'Q'}, std::byte{'F'}, std::byte{'I'},
+                                            std::byte{0xfb}}) {
+        format = ImageFormat::kQcow2;
+      }
+    }
+  }
+  if (format == ImageFormat::kRaw) return WrapRaw(std::move(file), path);
+  return OpenQcow2(std::move(file), path, opener, options);
+}
+
+}  // namespace barge::formats

@@ -1,0 +1,122 @@
+// Opening disk images (raw, qcow2 with its backing chain and data file) as a
+// BlockSource of their guest view. docs/formats/qcow2.md has the byte layout.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blockio/extent.h"
+#include "blockio/source.h"
+
+namespace barge::formats {
+
+enum class ImageFormat : uint8_t { kRaw, kQcow2 };
+std::string_view ImageFormatName(ImageFormat format);
+// "raw" or "qcow2"; anything else is kInvalidArgument.
+Result<ImageFormat> ParseImageFormat(std::string_view name);
+
+enum class Compression : uint8_t { kNone, kZstd, kDeflate };
+std::string_view CompressionName(Compression c);  // "none", "zstd", "zlib"
+
+struct BitmapInfo {
+  std::string name;
+  uint32_t granularity_bytes = 0;
+  uint32_t flags = 0;     // raw directory flags
+  bool in_use = false;    // bit 0: on-disk copy stale (crash); unusable
+  bool enabled = false;   // bit 1 ("auto"): tracking writes
+  uint64_t table_offset = 0;
+  uint32_t table_size = 0;
+};
+
+struct SnapshotInfo {
+  std::string id;
+  std::string name;
+  uint64_t virtual_size = 0;
+  uint64_t vm_state_size = 0;
+  uint32_t date_sec = 0;
+  uint32_t date_nsec = 0;
+  uint64_t vm_clock_nsec = 0;
+  uint32_t l1_size = 0;
+  uint64_t l1_table_offset = 0;
+};
+
+struct ImageInfo {
+  std::string path;
+  ImageFormat format = ImageFormat::kRaw;
+  uint64_t virtual_size = 0;
+  uint64_t file_size = 0;  // bytes of the image file itself
+  // qcow2 only.
+  uint32_t version = 0;
+  uint32_t cluster_bits = 0;
+  uint32_t refcount_bits = 0;
+  Compression compression = Compression::kNone;  // header compression type
+  bool extended_l2 = false;
+  bool lazy_refcounts = false;
+  bool dirty = false;
+  bool corrupt = false;
+  std::string backing_file;    // as stored in the header
+  std::string backing_format;  // from the extension ("" if absent)
+  std::string backing_path;    // resolved path of the opened backing image
+  std::string data_file;       // as stored
+  bool data_file_raw = false;
+  std::vector<BitmapInfo> bitmaps;
+  std::vector<SnapshotInfo> snapshots;
+
+  uint32_t cluster_size() const { return cluster_bits ? 1u << cluster_bits : 0; }
+};
+
+// One run of guest bytes and where its contents come from.
+struct MappedExtent {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  ExtentKind kind = ExtentKind::kData;  // kHole: unallocated in every layer
+  int depth = -1;                       // chain layer holding it (0 = top), -1 = none
+  bool compressed = false;
+  std::optional<uint64_t> host_offset;  // for uncompressed data in the layer file
+  friend bool operator==(const MappedExtent&, const MappedExtent&) = default;
+};
+
+// Opens a file named by path as a BlockSource. The formats layer cannot open
+// files itself; the caller passes the backend (e.g. blockio::OpenFileSource).
+using SourceOpener = std::function<Result<std::unique_ptr<BlockSource>>(const std::string& path)>;
+
+struct OpenOptions {
+  // nullopt: detect (qcow2 magic, else raw). Given: used as is, never probed.
+  std::optional<ImageFormat> format;
+  // Backing and data files must resolve inside one of these folders. Empty:
+  // the top image's folder (and below).
+  std::vector<std::string> allowed_dirs;
+  // Lifts the folder restriction (the CLI's --allow-any-path).
+  bool allow_any_path = false;
+  // false: ignore the backing file (unallocated reads as zeros).
+  bool open_backing = true;
+  // Do not open the external data file (info/map/check still work).
+  bool open_data_file = true;
+  // Longest chain accepted; deeper chains (or cycles) are refused.
+  int max_chain_depth = 256;
+};
+
+// A disk image seen as the guest sees it. Reads are thread-safe.
+class Image : public BlockSource {
+ public:
+  virtual const ImageInfo& info() const = 0;
+  ImageFormat format() const { return info().format; }
+  // The next layer down, or nullptr.
+  virtual const Image* backing() const = 0;
+  // Extents of [offset, offset+length) with the layer that holds each.
+  virtual Result<std::vector<MappedExtent>> Map(uint64_t offset, uint64_t length) = 0;
+};
+
+// Opens `path` through `opener`, then its backing chain and data file.
+// Errors: kCorruption for malformed images (naming field and offset),
+// kNotSupported for features we refuse (encryption, unknown incompatible
+// bits), kInvalidArgument for a backing/data file outside the allowed folders
+// or with a json:/protocol name, kNotFound for a missing file.
+Result<std::unique_ptr<Image>> OpenImage(const std::string& path, const SourceOpener& opener,
+                                         const OpenOptions& options = {});
+
+}  // namespace barge::formats

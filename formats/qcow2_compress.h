@@ -1,0 +1,41 @@
+// Per-cluster compression and decompression in qcow2's formats: zstd frames
+// and raw deflate (windowBits -12 when writing), QCOW2.md §4.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "blockio/error.h"
+#include "formats/image.h"
+
+namespace barge::formats {
+
+// Holds the compression context; one per thread.
+class ClusterCompressor {
+ public:
+  // level: zstd 1..19 (default 3), deflate 1..9 (default 6 = Z_DEFAULT_COMPRESSION).
+  ClusterCompressor(Compression type, int level);
+  ~ClusterCompressor();
+  ClusterCompressor(const ClusterCompressor&) = delete;
+  ClusterCompressor& operator=(const ClusterCompressor&) = delete;
+
+  // Compresses one whole cluster (zero padded by the caller if short).
+  // Returns the payload (valid until the next call), or nullopt when it does
+  // not save at least one 512-byte sector: store the cluster raw then.
+  Result<std::optional<std::span<const std::byte>>> Compress(std::span<const std::byte> cluster);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Decompresses a payload into exactly out.size() bytes (one cluster). The
+// payload may carry trailing bytes of the next one. kCorruption if the
+// stream is bad or yields the wrong size.
+Status DecompressCluster(Compression type, std::span<const std::byte> payload,
+                         std::span<std::byte> out);
+
+}  // namespace barge::formats

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages barge needs, only those missing.
+#   scripts/deps.sh build   # compiler, libraries
+#   scripts/deps.sh demo    # build + qemu-img (the demo shows qemu's view too)
+#   scripts/deps.sh test    # demo + every oracle and peer the tests use
+set -euo pipefail
+profile=${1:-test}
+
+build_pkgs=(cmake ninja-build g++ pkg-config libtbb-dev libzstd-dev libxxhash-dev
+  libnbd-dev libvirt-dev liburing-dev zlib1g-dev libssl-dev libsqlite3-dev
+  nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev)
+demo_pkgs=(qemu-utils)
+test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux)
+
+pkgs=("${build_pkgs[@]}")
+case "$profile" in
+  build) ;;
+  demo) pkgs+=("${demo_pkgs[@]}") ;;
+  test) pkgs+=("${demo_pkgs[@]}" "${test_pkgs[@]}") ;;
+  *) echo "usage: $0 build|demo|test" >&2; exit 2 ;;
+esac
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "barge: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

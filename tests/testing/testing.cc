@@ -1,0 +1,99 @@
+// Test helpers.
+#include "tests/testing/testing.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+
+namespace barge::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/var/tmp") + "/barge-test-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    ADD_FAILURE() << "mkdtemp failed";
+  }
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+CommandResult Run(const std::string& command) {
+  CommandResult result;
+  std::string full = "(" + command + ") 2>&1";
+  FILE* pipe = ::popen(full.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) result.output.append(buf, n);
+  int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string RunOk(const std::string& command, int expected_exit) {
+  CommandResult r = Run(command);
+  if (r.exit_code != expected_exit) {
+    ADD_FAILURE() << "command: " << command << "\nexit " << r.exit_code << " (expected "
+                  << expected_exit << ")\n" << r.output;
+  }
+  return r.output;
+}
+
+std::string BargeBinary() { return BARGE_BINARY; }
+
+bool HaveTool(const std::string& tool) {
+  return Run("command -v " + ShellQuote(tool) + " >/dev/null").exit_code == 0;
+}
+
+bool ToolsRequired() {
+  const char* v = std::getenv("BARGE_REQUIRE_TOOLS");
+  return v != nullptr && std::string(v) == "1";
+}
+
+std::vector<std::byte> RandomBytes(size_t n, uint64_t seed) {
+  std::vector<std::byte> out(n);
+  uint64_t x = seed;
+  for (size_t i = 0; i < n; i += 8) {
+    x += 0x9e3779b97f4a7c15ULL;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    for (size_t j = 0; j < 8 && i + j < n; ++j) out[i + j] = std::byte(z >> (8 * j));
+  }
+  return out;
+}
+
+void WriteFile(const std::string& path, const std::vector<std::byte>& data) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+std::vector<std::byte> ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) out[i] = std::byte(raw[i]);
+  return out;
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
+}  // namespace barge::testing

@@ -1,0 +1,69 @@
+// Helpers for barge's tests: temporary folders, running commands and the
+// real tools (qemu-img, qemu-nbd, nbdkit) with skip-or-fail when missing.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace barge::testing {
+
+// A fresh folder under $TMPDIR (or /var/tmp), removed with its contents.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `command` with /bin/sh, capturing stdout and stderr.
+CommandResult Run(const std::string& command);
+
+// Runs and fails the test (ADD_FAILURE) with the output when the exit code
+// differs from `expected_exit`. Returns the output.
+std::string RunOk(const std::string& command, int expected_exit = 0);
+
+// The path of the built barge binary.
+std::string BargeBinary();
+
+// True if `tool` is on PATH.
+bool HaveTool(const std::string& tool);
+
+// Skips the test when a tool is missing, unless BARGE_REQUIRE_TOOLS=1 (CI),
+// where a missing tool is a failure.
+#define BARGE_REQUIRE_TOOL(tool)                                              \
+  do {                                                                        \
+    if (!::barge::testing::HaveTool(tool)) {                                  \
+      if (::barge::testing::ToolsRequired()) {                                \
+        FAIL() << "required tool missing: " << (tool);                       \
+      }                                                                       \
+      GTEST_SKIP() << "tool missing: " << (tool);                             \
+    }                                                                         \
+  } while (0)
+bool ToolsRequired();
+
+// Deterministic pseudo-random bytes (splitmix64 from `seed`).
+std::vector<std::byte> RandomBytes(size_t n, uint64_t seed);
+
+// Writes/reads a whole file.
+void WriteFile(const std::string& path, const std::vector<std::byte>& data);
+std::vector<std::byte> ReadFile(const std::string& path);
+
+// Single-quotes `s` for /bin/sh.
+std::string ShellQuote(const std::string& s);
+
+}  // namespace barge::testing
