@@ -1,0 +1,189 @@
+// Tests for per-cluster zstd and raw-deflate compression (QCOW2.md §4).
+#include "formats/qcow2_compress.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "tests/testing/testing.h"
+
+namespace barge::formats {
+namespace {
+
+// Compressible data: a repeated random 64-byte pattern with a counter.
+std::vector<std::byte> Compressible(size_t n, uint64_t seed) {
+  std::vector<std::byte> pattern = testing::RandomBytes(64, seed);
+  std::vector<std::byte> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = pattern[i % 64] ^ std::byte(i / 4096);
+  return out;
+}
+
+class CompressTest : public ::testing::TestWithParam<Compression> {};
+
+TEST_P(CompressTest, RoundTripsEveryClusterSize) {
+  for (uint32_t bits = 9; bits <= 21; ++bits) {
+    size_t cs = size_t{1} << bits;
+    ClusterCompressor compressor(GetParam(), 0);
+    std::vector<std::byte> cluster = Compressible(cs, bits);
+    auto payload = compressor.Compress(cluster);
+    ASSERT_TRUE(payload.ok()) << payload.error().ToString();
+    if (bits == 9) {
+      // Nothing can save a sector of a 512-byte cluster.
+      EXPECT_FALSE(payload->has_value());
+      continue;
+    }
+    ASSERT_TRUE(payload->has_value()) << "cluster bits " << bits;
+    ASSERT_LE((*payload)->size(), cs - 512);
+    std::vector<std::byte> copy((*payload)->begin(), (*payload)->end());
+    std::vector<std::byte> out(cs);
+    Status st = DecompressCluster(GetParam(), copy, out);
+    ASSERT_TRUE(st.ok()) << st.error().ToString();
+    EXPECT_EQ(out, cluster) << "cluster bits " << bits;
+  }
+}
+
+TEST_P(CompressTest, AllZeroClusterRoundTrips) {
+  std::vector<std::byte> cluster(65536);
+  ClusterCompressor compressor(GetParam(), 0);
+  auto payload = compressor.Compress(cluster);
+  ASSERT_TRUE(payload.ok());
+  ASSERT_TRUE(payload->has_value());
+  EXPECT_LT((*payload)->size(), 1024u);
+  std::vector<std::byte> out(65536, std::byte{1});
+  ASSERT_TRUE(DecompressCluster(GetParam(), **payload, out).ok());
+  EXPECT_EQ(out, cluster);
+}
+
+TEST_P(CompressTest, IncompressibleGivesNullopt) {
+  for (uint32_t bits : {9u, 12u, 16u, 21u}) {
+    ClusterCompressor compressor(GetParam(), 0);
+    auto payload = compressor.Compress(testing::RandomBytes(size_t{1} << bits, bits));
+    ASSERT_TRUE(payload.ok());
+    EXPECT_FALSE(payload->has_value()) << "cluster bits " << bits;
+  }
+}
+
+TEST_P(CompressTest, CompressorIsReusable) {
+  ClusterCompressor compressor(GetParam(), 0);
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    std::vector<std::byte> cluster = Compressible(4096, seed);
+    auto payload = compressor.Compress(cluster);
+    ASSERT_TRUE(payload.ok());
+    ASSERT_TRUE(payload->has_value());
+    std::vector<std::byte> out(4096);
+    ASSERT_TRUE(DecompressCluster(GetParam(), **payload, out).ok());
+    EXPECT_EQ(out, cluster);
+    // An incompressible cluster in between must not disturb the next one.
+    auto raw = compressor.Compress(testing::RandomBytes(4096, seed + 100));
+    ASSERT_TRUE(raw.ok());
+    EXPECT_FALSE(raw->has_value());
+  }
+}
+
+TEST_P(CompressTest, TrailingJunkIsIgnored) {
+  size_t cs = 65536;
+  std::vector<std::byte> cluster = Compressible(cs, 7);
+  ClusterCompressor compressor(GetParam(), 0);
+  auto payload = compressor.Compress(cluster);
+  ASSERT_TRUE(payload.ok());
+  ASSERT_TRUE(payload->has_value());
+  // Sector-rounded read range: the payload, then bytes of the next payload.
+  std::vector<std::byte> range((*payload)->begin(), (*payload)->end());
+  std::vector<std::byte> junk = testing::RandomBytes(700, 99);
+  range.insert(range.end(), junk.begin(), junk.end());
+  std::vector<std::byte> out(cs);
+  Status st = DecompressCluster(GetParam(), range, out);
+  ASSERT_TRUE(st.ok()) << st.error().ToString();
+  EXPECT_EQ(out, cluster);
+}
+
+TEST_P(CompressTest, GarbageIsCorruption) {
+  std::vector<std::byte> out(65536);
+  std::vector<std::byte> garbage = testing::RandomBytes(1000, 5);
+  Status st = DecompressCluster(GetParam(), garbage, out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kCorruption);
+}
+
+TEST_P(CompressTest, TruncatedPayloadIsCorruption) {
+  std::vector<std::byte> cluster = Compressible(65536, 3);
+  ClusterCompressor compressor(GetParam(), 0);
+  auto payload = compressor.Compress(cluster);
+  ASSERT_TRUE(payload.ok());
+  ASSERT_TRUE(payload->has_value());
+  std::vector<std::byte> half((*payload)->begin(), (*payload)->begin() + (*payload)->size() / 2);
+  std::vector<std::byte> out(65536);
+  Status st = DecompressCluster(GetParam(), half, out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kCorruption);
+}
+
+TEST_P(CompressTest, ShortStreamIsCorruption) {
+  // A payload for a 4 KiB cluster cannot fill a 64 KiB one.
+  std::vector<std::byte> cluster = Compressible(4096, 3);
+  ClusterCompressor compressor(GetParam(), 0);
+  auto payload = compressor.Compress(cluster);
+  ASSERT_TRUE(payload.ok());
+  ASSERT_TRUE(payload->has_value());
+  std::vector<std::byte> out(65536);
+  Status st = DecompressCluster(GetParam(), **payload, out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kCorruption);
+}
+
+TEST_P(CompressTest, EmptyPayloadIsCorruption) {
+  std::vector<std::byte> out(4096);
+  Status st = DecompressCluster(GetParam(), {}, out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kCorruption);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CompressTest,
+                         ::testing::Values(Compression::kZstd, Compression::kDeflate),
+                         [](const auto& info) {
+                           return info.param == Compression::kZstd ? "Zstd" : "Deflate";
+                         });
+
+TEST(CompressFormatTest, ZstdPayloadIsOneFrameWithContentSize) {
+  std::vector<std::byte> cluster = Compressible(65536, 1);
+  ClusterCompressor compressor(Compression::kZstd, 3);
+  auto payload = compressor.Compress(cluster);
+  ASSERT_TRUE(payload.ok());
+  ASSERT_TRUE(payload->has_value());
+  const std::byte* p = (*payload)->data();
+  EXPECT_EQ(p[0], std::byte{0x28});
+  EXPECT_EQ(p[1], std::byte{0xb5});
+  EXPECT_EQ(p[2], std::byte{0x2f});
+  EXPECT_EQ(p[3], std::byte{0xfd});
+  // Frame header descriptor: no checksum (bit 2), content size present
+  // (bits 6-7 non-zero, or single-segment with bit 5).
+  uint8_t fhd = uint8_t(p[4]);
+  EXPECT_EQ(fhd & 0x04, 0);
+  EXPECT_TRUE((fhd & 0xc0) != 0 || (fhd & 0x20) != 0);
+}
+
+TEST(CompressFormatTest, DeflateHasNoZlibHeader) {
+  std::vector<std::byte> cluster = Compressible(65536, 1);
+  ClusterCompressor compressor(Compression::kDeflate, 6);
+  auto payload = compressor.Compress(cluster);
+  ASSERT_TRUE(payload.ok());
+  ASSERT_TRUE(payload->has_value());
+  // A zlib stream would start with 0x78; raw deflate here does not decode as
+  // zstd and does decode as raw deflate.
+  std::vector<std::byte> out(65536);
+  EXPECT_FALSE(DecompressCluster(Compression::kZstd, **payload, out).ok());
+  EXPECT_TRUE(DecompressCluster(Compression::kDeflate, **payload, out).ok());
+}
+
+TEST(CompressFormatTest, NoneNeverCompresses) {
+  ClusterCompressor compressor(Compression::kNone, 0);
+  auto payload = compressor.Compress(std::vector<std::byte>(65536));
+  ASSERT_TRUE(payload.ok());
+  EXPECT_FALSE(payload->has_value());
+  std::vector<std::byte> out(16);
+  EXPECT_FALSE(DecompressCluster(Compression::kNone, {}, out).ok());
+}
+
+}  // namespace
+}  // namespace barge::formats
