@@ -1,0 +1,207 @@
+// Manifest JSON encoding and validating decoder.
+#include "formats/manifest.h"
+
+#include <ctime>
+
+#include <nlohmann/json.hpp>
+
+namespace barge::formats {
+
+using nlohmann::json;
+
+std::string_view BackupTypeName(BackupType type) {
+  return type == BackupType::kFull ? "full" : "incremental";
+}
+
+std::string EncodeManifest(const BackupManifest& m) {
+  json j;
+  j["format"] = "barge-backup-manifest";
+  j["format_version"] = m.format_version;
+  j["id"] = m.id;
+  j["disk"] = m.disk;
+  j["type"] = BackupTypeName(m.type);
+  j["reason"] = m.reason;
+  j["source"] = {{"name", m.source}, {"format", m.source_format}};
+  j["virtual_size"] = m.virtual_size;
+  j["cluster_size"] = m.cluster_size;
+  j["compression"] = m.compression;
+  j["image"] = m.image;
+  j["digest_table"] = m.digest_table;
+  if (m.parent) {
+    j["parent"] = {{"id", m.parent->id},
+                   {"image", m.parent->image},
+                   {"image_digest", m.parent->image_digest.ToHex()}};
+  } else {
+    j["parent"] = nullptr;
+  }
+  j["checkpoint"] = m.checkpoint;
+  j["dirty"] = {{"source", m.dirty_source}, {"bytes", m.dirty_bytes}};
+  j["started_at"] = m.started_at;
+  j["finished_at"] = m.finished_at;
+  j["tool"] = {{"name", "barge"}, {"version", m.tool_version}};
+  j["counts"] = {{"bytes_read", m.bytes_read},
+                 {"bytes_written", m.bytes_written},
+                 {"data_clusters", m.data_clusters},
+                 {"compressed_clusters", m.compressed_clusters},
+                 {"zero_clusters", m.zero_clusters}};
+  j["image_digest"] = {{"algorithm", "xxh3-128-cluster-fold"}, {"value", m.image_digest.ToHex()}};
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+// Typed field access that reports instead of throwing.
+class Reader {
+ public:
+  explicit Reader(const json& j) : j_(j) {}
+  Status error() const { return err_ ? Status(*err_) : OkStatus(); }
+
+  std::string Str(const json& obj, const char* key, bool required = true) {
+    auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) {
+      if (required) Fail(std::string("missing field '") + key + "'");
+      return {};
+    }
+    if (!it->is_string()) {
+      Fail(std::string("field '") + key + "' is not a string");
+      return {};
+    }
+    return it->get<std::string>();
+  }
+  uint64_t U64(const json& obj, const char* key, bool required = true) {
+    auto it = obj.find(key);
+    if (it == obj.end()) {
+      if (required) Fail(std::string("missing field '") + key + "'");
+      return 0;
+    }
+    if (!it->is_number_unsigned()) {
+      Fail(std::string("field '") + key + "' is not a non-negative integer");
+      return 0;
+    }
+    return it->get<uint64_t>();
+  }
+  const json& Obj(const json& obj, const char* key) {
+    static const json kEmpty = json::object();
+    auto it = obj.find(key);
+    if (it == obj.end() || !it->is_object()) {
+      Fail(std::string("missing object '") + key + "'");
+      return kEmpty;
+    }
+    return *it;
+  }
+  Digest128 Hex(const std::string& hex, const char* what) {
+    auto d = Digest128::FromHex(hex);
+    if (!d.ok()) {
+      Fail(std::string(what) + ": " + d.error().message());
+      return {};
+    }
+    return *d;
+  }
+  std::string FileName(const std::string& name, const char* what, bool required = true) {
+    if (name.empty() && !required) return name;
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+      Fail(std::string(what) + " must be a plain file name in the chain folder");
+    }
+    return name;
+  }
+  void Fail(std::string message) {
+    if (!err_) err_ = Error::Corruption("manifest: " + std::move(message));
+  }
+  const json& root() const { return j_; }
+
+ private:
+  const json& j_;
+  std::optional<Error> err_;
+};
+
+}  // namespace
+
+Result<BackupManifest> DecodeManifest(std::string_view text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Error::Corruption("manifest: not a JSON object");
+  }
+  Reader r(j);
+  BackupManifest m;
+  if (r.Str(j, "format") != "barge-backup-manifest") r.Fail("not a barge backup manifest");
+  BARGE_RETURN_IF_ERROR(r.error());
+  m.format_version = static_cast<uint32_t>(r.U64(j, "format_version"));
+  BARGE_RETURN_IF_ERROR(r.error());
+  if (m.format_version != kManifestFormatVersion) {
+    return Error::NotSupported("manifest: format version " + std::to_string(m.format_version) +
+                               " is not supported (this barge reads version " +
+                               std::to_string(kManifestFormatVersion) + ")");
+  }
+  m.id = r.Str(j, "id");
+  m.disk = r.Str(j, "disk");
+  std::string type = r.Str(j, "type");
+  if (type == "full") m.type = BackupType::kFull;
+  else if (type == "incremental") m.type = BackupType::kIncremental;
+  else r.Fail("type must be full or incremental");
+  m.reason = r.Str(j, "reason", false);
+  const json& source = r.Obj(j, "source");
+  m.source = r.Str(source, "name", false);
+  m.source_format = r.Str(source, "format", false);
+  m.virtual_size = r.U64(j, "virtual_size");
+  m.cluster_size = static_cast<uint32_t>(r.U64(j, "cluster_size"));
+  if (m.cluster_size < 512 || m.cluster_size > (2u << 20) ||
+      (m.cluster_size & (m.cluster_size - 1)) != 0) {
+    r.Fail("cluster_size must be a power of two from 512 to 2 MiB");
+  }
+  m.compression = r.Str(j, "compression", false);
+  m.image = r.FileName(r.Str(j, "image"), "image");
+  m.digest_table = r.FileName(r.Str(j, "digest_table"), "digest_table");
+  if (auto it = j.find("parent"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      r.Fail("parent must be an object or null");
+    } else {
+      ManifestParent p;
+      p.id = r.Str(*it, "id");
+      p.image = r.FileName(r.Str(*it, "image"), "parent image");
+      p.image_digest = r.Hex(r.Str(*it, "image_digest"), "parent image_digest");
+      m.parent = p;
+    }
+  }
+  if (m.type == BackupType::kIncremental && !m.parent) r.Fail("an incremental needs a parent");
+  m.checkpoint = r.Str(j, "checkpoint", false);
+  if (auto it = j.find("dirty"); it != j.end() && it->is_object()) {
+    m.dirty_source = r.Str(*it, "source", false);
+    m.dirty_bytes = r.U64(*it, "bytes", false);
+  }
+  m.started_at = r.Str(j, "started_at", false);
+  m.finished_at = r.Str(j, "finished_at", false);
+  if (auto it = j.find("tool"); it != j.end() && it->is_object()) {
+    m.tool_version = r.Str(*it, "version", false);
+  }
+  if (auto it = j.find("counts"); it != j.end() && it->is_object()) {
+    m.bytes_read = r.U64(*it, "bytes_read", false);
+    m.bytes_written = r.U64(*it, "bytes_written", false);
+    m.data_clusters = r.U64(*it, "data_clusters", false);
+    m.compressed_clusters = r.U64(*it, "compressed_clusters", false);
+    m.zero_clusters = r.U64(*it, "zero_clusters", false);
+  }
+  const json& digest = r.Obj(j, "image_digest");
+  if (r.Str(digest, "algorithm") != "xxh3-128-cluster-fold") r.Fail("unknown image digest algorithm");
+  m.image_digest = r.Hex(r.Str(digest, "value"), "image_digest");
+  BARGE_RETURN_IF_ERROR(r.error());
+  return m;
+}
+
+std::string NowRfc3339() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm;
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string CompactTimestamp(std::string_view rfc3339) {
+  std::string out;
+  for (char c : rfc3339) {
+    if (c != '-' && c != ':') out += c;
+  }
+  return out;
+}
+
+}  // namespace barge::formats

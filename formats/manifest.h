@@ -1,0 +1,66 @@
+// The JSON manifest beside each backup image: everything needed to restore
+// and verify it without a database. Field list: docs/formats/manifest.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "blockio/error.h"
+#include "formats/digest.h"
+
+namespace barge::formats {
+
+inline constexpr uint32_t kManifestFormatVersion = 1;
+
+enum class BackupType : uint8_t { kFull, kIncremental };
+std::string_view BackupTypeName(BackupType type);  // "full" / "incremental"
+
+struct ManifestParent {
+  std::string id;
+  std::string image;         // file name in the same chain folder
+  Digest128 image_digest;    // the parent's whole-image digest
+};
+
+struct BackupManifest {
+  uint32_t format_version = kManifestFormatVersion;
+  std::string id;            // unique within the chain, e.g. 20261122T150102Z-0001
+  std::string disk;          // chain (disk) name
+  BackupType type = BackupType::kFull;
+  std::string reason;        // why this type (e.g. "first backup", "--force-full")
+  std::string source;        // path, device or URI that was read
+  std::string source_format; // raw / qcow2 / nbd
+  uint64_t virtual_size = 0;
+  uint32_t cluster_size = 0;
+  std::string compression;   // "zstd:3", "zlib:6", "none"
+  std::string image;         // image file name (relative to the chain folder)
+  std::string digest_table;  // digest table file name
+  std::optional<ManifestParent> parent;
+  std::string checkpoint;    // libvirt checkpoint, if any
+  std::string dirty_source;  // "bitmap:NAME", "extents:FILE", "nbd:CONTEXT"
+  uint64_t dirty_bytes = 0;
+  std::string started_at;    // RFC 3339 UTC
+  std::string finished_at;
+  std::string tool_version;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;    // size of the image file
+  uint64_t data_clusters = 0;    // stored with data (raw or compressed)
+  uint64_t compressed_clusters = 0;
+  uint64_t zero_clusters = 0;    // stored as zero clusters
+  Digest128 image_digest;        // fold of every cluster's digest at this point
+};
+
+std::string EncodeManifest(const BackupManifest& manifest);
+
+// Parses untrusted JSON: unknown fields are ignored, missing or mistyped
+// required fields, bad digests, file names with '/' or "..", and
+// unsupported versions are errors (kCorruption / kNotSupported).
+Result<BackupManifest> DecodeManifest(std::string_view json);
+
+// Current UTC time as RFC 3339 ("2026-11-22T15:01:02Z") and as a compact id
+// stem ("20261122T150102Z").
+std::string NowRfc3339();
+std::string CompactTimestamp(std::string_view rfc3339);
+
+}  // namespace barge::formats

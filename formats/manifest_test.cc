@@ -1,0 +1,109 @@
+#include "formats/manifest.h"
+
+#include <gtest/gtest.h>
+
+#include "formats/digest_table.h"
+
+namespace barge::formats {
+namespace {
+
+BackupManifest Sample() {
+  BackupManifest m;
+  m.id = "20261122T150102Z-0001";
+  m.disk = "vda";
+  m.type = BackupType::kIncremental;
+  m.reason = "dirty bitmap cbt0";
+  m.source = "/dev/vg/vm1";
+  m.source_format = "raw";
+  m.virtual_size = 1 << 30;
+  m.cluster_size = 65536;
+  m.compression = "zstd:3";
+  m.image = "0001-20261122T150102Z.qcow2";
+  m.digest_table = "0001-20261122T150102Z.digests";
+  m.parent = ManifestParent{"20261122T140000Z-0000", "0000-20261122T140000Z.qcow2", {1, 2}};
+  m.dirty_source = "bitmap:cbt0";
+  m.dirty_bytes = 123456;
+  m.started_at = "2026-11-22T15:01:02Z";
+  m.finished_at = "2026-11-22T15:01:09Z";
+  m.tool_version = "0.1.0";
+  m.bytes_read = 4096;
+  m.image_digest = {0xdeadbeef, 0xfeedface};
+  return m;
+}
+
+TEST(ManifestTest, RoundTrip) {
+  BackupManifest m = Sample();
+  auto back = DecodeManifest(EncodeManifest(m));
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  EXPECT_EQ(back->id, m.id);
+  EXPECT_EQ(back->type, BackupType::kIncremental);
+  ASSERT_TRUE(back->parent.has_value());
+  EXPECT_EQ(back->parent->image_digest, m.parent->image_digest);
+  EXPECT_EQ(back->image_digest, m.image_digest);
+  EXPECT_EQ(back->dirty_bytes, 123456u);
+  EXPECT_EQ(back->virtual_size, m.virtual_size);
+}
+
+TEST(ManifestTest, RejectsBadInput) {
+  EXPECT_EQ(DecodeManifest("not json").error().code(), ErrorCode::kCorruption);
+  EXPECT_EQ(DecodeManifest("[]").error().code(), ErrorCode::kCorruption);
+  std::string good = EncodeManifest(Sample());
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  EXPECT_FALSE(DecodeManifest(replace("0001-20261122T150102Z.qcow2", "../etc/passwd")).ok());
+  EXPECT_FALSE(DecodeManifest(replace("\"cluster_size\": 65536", "\"cluster_size\": 3000")).ok());
+  EXPECT_FALSE(DecodeManifest(replace("\"virtual_size\": 1073741824", "\"virtual_size\": -1")).ok());
+  EXPECT_EQ(DecodeManifest(replace("\"format_version\": 1", "\"format_version\": 9")).error().code(),
+            ErrorCode::kNotSupported);
+  EXPECT_FALSE(DecodeManifest(replace("\"type\": \"incremental\"", "\"type\": \"weird\"")).ok());
+}
+
+TEST(DigestTableTest, EncodeDecodeAndCorruption) {
+  DigestTable t{65536, 10 * 65536 + 100, {{0, {1, 2}}, {3, {3, 4}}, {10, {5, 6}}}};
+  std::vector<std::byte> bytes = EncodeDigestTable(t);
+  auto back = DecodeDigestTable(bytes);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  EXPECT_EQ(back->entries, t.entries);
+  // Any flipped byte is caught (by a field check or the trailer).
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::vector<std::byte> bad = bytes;
+    bad[i] ^= std::byte{0x40};
+    EXPECT_FALSE(DecodeDigestTable(bad).ok()) << "byte " << i;
+  }
+  bytes.pop_back();
+  EXPECT_FALSE(DecodeDigestTable(bytes).ok());
+}
+
+TEST(DigestTableTest, MergeNewestWinsAndImageDigest) {
+  DigestTable full{512, 8 * 512, {{0, {1, 1}}, {2, {2, 2}}, {5, {5, 5}}}};
+  DigestTable inc{512, 8 * 512, {{2, {9, 9}}, {3, {3, 3}}}};
+  const DigestTable* layers[] = {&full, &inc};
+  auto merged = MergeDigestTables(layers);
+  ASSERT_TRUE(merged.ok());
+  EXPECT_EQ(merged->entries,
+            (std::vector<DigestEntry>{{0, {1, 1}}, {2, {9, 9}}, {3, {3, 3}}, {5, {5, 5}}}));
+  // The image digest equals a direct fold over all 8 clusters.
+  ImageDigestBuilder direct;
+  Digest128 z = ZeroClusterDigest(512);
+  for (Digest128 d : {Digest128{1, 1}, z, Digest128{9, 9}, Digest128{3, 3}, z, Digest128{5, 5}, z, z}) {
+    direct.Add(d);
+  }
+  EXPECT_EQ(ImageDigestOf(*merged), direct.Finish());
+}
+
+TEST(DigestTest, HashClusterPadsShortCluster) {
+  std::vector<std::byte> full(4096), short_one(1000);
+  full[5] = short_one[5] = std::byte{7};
+  EXPECT_EQ(HashCluster(short_one, 4096), HashCluster(full, 4096));
+  EXPECT_EQ(HashCluster({}, 4096), ZeroClusterDigest(4096));
+  EXPECT_NE(HashCluster(full, 4096), ZeroClusterDigest(4096));
+  auto hex = HashCluster(full, 4096).ToHex();
+  EXPECT_EQ(*Digest128::FromHex(hex), HashCluster(full, 4096));
+}
+
+}  // namespace
+}  // namespace barge::formats
