@@ -1,0 +1,17 @@
+// Fuzzes the manifest JSON decoder: any input must give a manifest or an
+// Error, and a decoded manifest must survive a re-encode round trip.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "formats/manifest.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto m = barge::formats::DecodeManifest(text);
+  if (!m.ok()) return 0;
+  auto again = barge::formats::DecodeManifest(barge::formats::EncodeManifest(*m));
+  if (!again.ok() || again->id != m->id || again->image_digest != m->image_digest) std::abort();
+  return 0;
+}
