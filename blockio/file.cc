@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 
 #include "blockio/file_internal.h"
 
@@ -87,6 +89,16 @@ Status PwriteFull(int fd, const std::string& path, uint64_t offset,
     done += static_cast<size_t>(n);
   }
   return OkStatus();
+}
+
+// BARGE_NO_URING=1 in the environment forces the pread/pwrite path for every
+// file opened by this process, whatever FileOptions says. Tests use it to
+// cover both paths; operators use it where io_uring misbehaves (seccomp
+// profiles that let io_uring_setup succeed but fail operations).
+bool UringWanted(const FileOptions& options) {
+  if (!options.use_uring) return false;
+  const char* env = std::getenv("BARGE_NO_URING");
+  return env == nullptr || std::strcmp(env, "1") != 0;
 }
 
 }  // namespace internal
@@ -240,7 +252,7 @@ Result<std::unique_ptr<BlockSource>> OpenFileSource(const std::string& path,
   BARGE_ASSIGN_OR_RETURN(Fd fd, internal::OpenFd(path, flags, 0));
   BARGE_ASSIGN_OR_RETURN(FileInfo info, internal::StatFd(fd, path));
   info.direct = options.direct;
-  if (options.use_uring) {
+  if (internal::UringWanted(options)) {
     auto uring = internal::MakeUringSource(path, fd, info);
     // No ring (old kernel, seccomp, memlock): fall back to pread.
     if (uring.ok()) return std::move(uring).value();
@@ -265,7 +277,8 @@ Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMod
     info.size_bytes = 0;
     zero_initialized = true;
   }
-  if (options.use_uring) {
+  if (internal::UringWanted(options)) {
+    // No ring: fall back to pwrite. `fd` is still ours on failure.
     auto uring = internal::MakeUringSink(path, fd, info, zero_initialized);
     if (uring.ok()) return std::move(uring).value();
   }

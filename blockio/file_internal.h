@@ -53,6 +53,29 @@ Result<std::unique_ptr<BlockSource>> MakeUringSource(const std::string& path, Fd
                                                      const FileInfo& info);
 Result<std::unique_ptr<BlockSink>> MakeUringSink(const std::string& path, Fd& fd,
                                                  const FileInfo& info, bool zero_initialized);
+// Ring sizing. Defaults suit production; tests shrink them to force several
+// rounds per batch and resubmission of partial transfers.
+struct UringTuning {
+  // Entries per ring: requests one thread keeps in flight at once.
+  unsigned queue_depth = 64;
+  // Largest transfer one SQE asks for. The kernel caps a read or write just
+  // under 2 GiB (MAX_RW_COUNT) and reports it in an int; longer requests are
+  // served as a chain of partial transfers, like any short read.
+  uint64_t max_sqe_bytes = uint64_t{1} << 30;
+};
+Result<std::unique_ptr<BlockSource>> MakeUringSource(const std::string& path, Fd& fd,
+                                                     const FileInfo& info,
+                                                     const UringTuning& tuning);
+Result<std::unique_ptr<BlockSink>> MakeUringSink(const std::string& path, Fd& fd,
+                                                 const FileInfo& info, bool zero_initialized,
+                                                 const UringTuning& tuning);
+// True when the object came from MakeUringSource/MakeUringSink (for tests
+// that must know which path they exercise).
+bool IsUringBacked(const BlockSource& source);
+bool IsUringBacked(const BlockSink& sink);
+
+// False when the caller or the environment turned io_uring off: see file.cc.
+bool UringWanted(const FileOptions& options);
 
 }  // namespace internal
 
