@@ -1,0 +1,99 @@
+// Internal: the qcow2 Image implementation, shared by the reader
+// (qcow2_reader.cc), the bitmap reader and tests. Not for other layers.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "formats/image.h"
+#include "formats/qcow2_header.h"
+
+namespace barge::formats::qcow2 {
+
+// A bounded cache of L2 tables keyed by host offset. Thread-safe; loads happen
+// outside the lock (two threads may load the same table; both get it).
+class L2Cache {
+ public:
+  L2Cache(BlockSource& file, uint32_t cluster_bits, size_t capacity_tables);
+  // The table at `l2_offset` (one cluster). `l2_offset` must be checked by the
+  // caller (aligned, inside the file).
+  Result<std::shared_ptr<const std::vector<std::byte>>> Get(uint64_t l2_offset);
+
+ private:
+  using Table = std::shared_ptr<const std::vector<std::byte>>;
+  BlockSource& file_;  // must outlive the cache
+  uint32_t cluster_bits_;
+  size_t capacity_;
+  std::mutex mu_;
+  std::list<uint64_t> lru_;  // guarded by mu_; front = most recent
+  std::unordered_map<uint64_t, std::pair<Table, std::list<uint64_t>::iterator>> tables_;  // mu_
+};
+
+// How one run of guest bytes in a single layer is stored.
+enum class RunKind : uint8_t {
+  kData,         // uncompressed, at host_offset in the file or the data file
+  kCompressed,   // l2_entry is the compressed descriptor
+  kZero,         // reads as zeros here (ZERO_PLAIN, ZERO_ALLOC, subcluster zero)
+  kUnallocated,  // falls through to the backing file (or zeros)
+};
+
+struct Run {
+  uint64_t guest_offset = 0;
+  uint64_t length = 0;
+  RunKind kind = RunKind::kUnallocated;
+  uint64_t host_offset = 0;  // kData: host byte of guest_offset
+  uint64_t l2_entry = 0;     // kCompressed: the descriptor word
+};
+
+class Qcow2Image final : public Image {
+ public:
+  Qcow2Image(std::unique_ptr<BlockSource> file, Header header, std::vector<uint64_t> l1,
+             ImageInfo info);
+
+  // Set while opening.
+  void set_backing(std::unique_ptr<Image> backing) { backing_ = std::move(backing); }
+  void set_data_file(std::unique_ptr<BlockSource> data) { data_file_ = std::move(data); }
+
+  const std::string& name() const override { return file_->name(); }
+  uint64_t size_bytes() const override { return header_.size; }
+  SourceCapabilities capabilities() const override;
+  Status ReadAt(uint64_t offset, std::span<std::byte> out) override;
+  Result<ExtentList> Extents(uint64_t offset, uint64_t length) override;
+  const ImageInfo& info() const override { return info_; }
+  const Image* backing() const override { return backing_.get(); }
+  Result<std::vector<MappedExtent>> Map(uint64_t offset, uint64_t length) override;
+
+  // The image's own file and parsed header (for bitmaps and tests).
+  BlockSource& file() const { return *file_; }
+  const Header& header() const { return header_; }
+
+  // Runs of this layer only, covering [offset, offset+length) (inside the
+  // disk), merged where kind and host contiguity allow. kCorruption for bad
+  // L1/L2 entries.
+  Status MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& out);
+
+ private:
+  Status ReadRun(const Run& run, std::span<std::byte> out);
+  Status ReadCompressed(const Run& run, std::span<std::byte> out);
+  Status ReadBacking(uint64_t offset, std::span<std::byte> out);
+  Error Bad(std::string what, uint64_t offset) const;
+
+  std::unique_ptr<BlockSource> file_;
+  Header header_;
+  std::vector<uint64_t> l1_;
+  ImageInfo info_;
+  L2Cache l2_cache_;
+  std::unique_ptr<Image> backing_;
+  std::unique_ptr<BlockSource> data_file_;
+};
+
+// The qcow2 layer behind `image`, or nullptr when it is not a qcow2 image.
+const Qcow2Image* AsQcow2(const Image& image);
+
+}  // namespace barge::formats::qcow2
