@@ -1,9 +1,9 @@
-// Subcommand registration.
+// Builds the barge command line and dispatches subcommands.
 #include "cli/commands.h"
 
 #include <CLI/CLI.hpp>
 
-#include <iostream>
+#include "cli/common.h"
 
 namespace barge::cli {
 
@@ -11,8 +11,16 @@ int Main(int argc, char** argv) {
   CLI::App app{"barge: fast, verified block data for VM disks"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "barge 0.1.0");
-  CLI11_PARSE(app, argc, argv);
-  return 0;
+  int exit_code = kExitOk;
+  RegisterImageCommands(app, exit_code);
+  RegisterConvertCommand(app, exit_code);
+  RegisterBitmapCommands(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
 }
 
 }  // namespace barge::cli

@@ -1,0 +1,50 @@
+// Output files that appear under their final name only when complete: data
+// goes to a hidden temporary name beside the target, is flushed, then
+// renamed (and the folder synced). A crash or error leaves no file that looks
+// finished; the destructor removes an uncommitted temporary.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "blockio/sink.h"
+
+namespace barge::pipeline {
+
+// One thread at a time.
+class StagedFile {
+ public:
+  // Fails with kInvalidArgument if `final_path` exists and !overwrite.
+  static Result<std::unique_ptr<StagedFile>> Create(const std::string& final_path,
+                                                    bool overwrite = false);
+  ~StagedFile();
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+
+  BlockSink& sink() { return *sink_; }
+  const std::string& temp_path() const { return temp_path_; }
+  const std::string& final_path() const { return final_path_; }
+
+  // Flushes, renames to the final name and syncs the folder.
+  Status Commit();
+  // Removes the temporary file now (also done by the destructor).
+  void Abandon();
+
+ private:
+  StagedFile(std::string final_path, std::string temp_path, std::unique_ptr<BlockSink> sink,
+             bool overwrite);
+  std::string final_path_;
+  std::string temp_path_;
+  std::unique_ptr<BlockSink> sink_;
+  bool overwrite_;
+  bool done_ = false;
+};
+
+// The temporary name StagedFile uses for `final_path` (".NAME.barge-tmp").
+// Exposed so cleanup and tests can find leftovers of a killed run.
+std::string StagedTempPath(const std::string& final_path);
+
+// fsync of a folder (after a rename or unlink in it).
+Status SyncDirectory(const std::string& dir);
+
+}  // namespace barge::pipeline
