@@ -1,0 +1,82 @@
+// Appends clusters and packed compressed payloads for the one-pass qcow2
+// writer and keeps their refcounts (QCOW2.md §3, §4).
+#include "formats/qcow2_writer_host.h"
+
+#include <string>
+#include <vector>
+
+#include "formats/qcow2_format.h"
+
+namespace barge::formats::qcow2 {
+
+HostFile::HostFile(BlockSink& sink, uint32_t cluster_bits, uint32_t refcount_order)
+    : sink_(sink),
+      cluster_bits_(cluster_bits),
+      refcount_order_(refcount_order),
+      refcounts_(cluster_bits, refcount_order) {}
+
+Status HostFile::WriteAt(uint64_t offset, std::span<const std::byte> data, std::string_view what) {
+  Status st = sink_.WriteAt(offset, data);
+  if (!st.ok()) {
+    return std::move(st).error().Wrap("qcow2 writer: writing " + std::string(what) + " at offset " +
+                                      std::to_string(offset));
+  }
+  return OkStatus();
+}
+
+Result<uint64_t> HostFile::AppendClusters(std::span<const std::byte> data, std::string_view what) {
+  if (data.empty()) return uint64_t{0};
+  uint64_t cs = cluster_size();
+  uint64_t offset = (end_bytes_ + cs - 1) & ~(cs - 1);
+  uint64_t clusters = (data.size() + cs - 1) >> cluster_bits_;
+  BARGE_RETURN_IF_ERROR(WriteAt(offset, data, what));
+  uint64_t tail = clusters * cs - data.size();
+  if (tail > 0) {
+    // Pad with real zeros so the file covers every cluster it references.
+    std::vector<std::byte> zeros(tail);
+    BARGE_RETURN_IF_ERROR(WriteAt(offset + data.size(), zeros, what));
+  }
+  BARGE_RETURN_IF_ERROR(refcounts_.AddReference(offset >> cluster_bits_, clusters));
+  end_bytes_ = offset + clusters * cs;
+  return offset;
+}
+
+Result<uint64_t> HostFile::AppendPacked(std::span<const std::byte> payload) {
+  uint64_t cs = cluster_size();
+  if (payload.empty() || payload.size() > cs - kSectorBytes) {
+    return Error::InvalidArgument("qcow2 writer: compressed payload of " +
+                                  std::to_string(payload.size()) + " bytes (must be 1.." +
+                                  std::to_string(cs - kSectorBytes) + ")");
+  }
+  uint64_t offset = end_bytes_;
+  // A partly used cluster is shared with the payloads before it; if its
+  // refcount is already at the maximum (always with 1-bit refcounts), move
+  // to the next cluster, leaving the rest of this one unused.
+  if ((offset & (cs - 1)) != 0 &&
+      refcounts_.RefcountOf(offset >> cluster_bits_) >= refcounts_.max_refcount()) {
+    offset = (offset + cs - 1) & ~(cs - 1);
+  }
+  // The compressed descriptor holds byte offsets below 2^(70-cluster_bits).
+  if (offset + payload.size() > (uint64_t{1} << CompressedOffsetBits(cluster_bits_)) ||
+      offset + payload.size() > (uint64_t{1} << 56)) {
+    return Error::NotSupported("qcow2 writer: compressed data beyond the offset limit of " +
+                               std::to_string(cluster_bits_) + "-bit clusters");
+  }
+  BARGE_RETURN_IF_ERROR(WriteAt(offset, payload, "a compressed cluster"));
+  uint64_t first = offset >> cluster_bits_;
+  uint64_t last = (offset + payload.size() - 1) >> cluster_bits_;
+  BARGE_RETURN_IF_ERROR(refcounts_.AddReference(first, last - first + 1));
+  end_bytes_ = offset + payload.size();
+  return offset;
+}
+
+Result<RefcountLayout> HostFile::WriteRefcountArea() {
+  uint64_t cs = cluster_size();
+  uint64_t base = (end_bytes_ + cs - 1) >> cluster_bits_;
+  RefcountLayout layout = PlanRefcountArea(base, cluster_bits_, refcount_order_);
+  BARGE_RETURN_IF_ERROR(refcounts_.WriteArea(sink_, layout));
+  end_bytes_ = layout.end_offset;
+  return layout;
+}
+
+}  // namespace barge::formats::qcow2
