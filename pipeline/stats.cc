@@ -12,6 +12,7 @@ std::string_view StageName(Stage stage) {
     case Stage::kCompress: return "compress";
     case Stage::kWrite: return "write";
     case Stage::kVerify: return "verify";
+    case Stage::kSha512: return "sha512";
     case Stage::kCount: break;
   }
   return "unknown";

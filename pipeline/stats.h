@@ -10,7 +10,9 @@
 
 namespace barge::pipeline {
 
-enum class Stage : uint8_t { kExtents, kRead, kZeroDetect, kHash, kCompress, kWrite, kVerify, kCount };
+// kWrite adds one item per destination and chunk; kSha512 is the in-order
+// SHA-512 stream.
+enum class Stage : uint8_t { kExtents, kRead, kZeroDetect, kHash, kCompress, kWrite, kVerify, kSha512, kCount };
 std::string_view StageName(Stage stage);
 
 struct StageCounters {

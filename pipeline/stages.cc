@@ -1,0 +1,309 @@
+// The copy pipeline's stages as plain classes; see stages.h.
+#include "pipeline/stages.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+namespace barge::pipeline {
+namespace {
+
+uint64_t NowNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+constexpr size_t kZeroBlockBytes = 64 << 10;
+const std::byte* ZeroBlock() {
+  static const std::vector<std::byte> zeros(kZeroBlockBytes);
+  return zeros.data();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- planner
+
+ChunkPlanner::ChunkPlanner(BlockSource& source, const RangeList& work, uint32_t cluster_bytes,
+                           uint32_t chunk_bytes, uint64_t extent_query_bytes)
+    : source_(source),
+      size_bytes_(source.size_bytes()),
+      cluster_bytes_(cluster_bytes),
+      chunk_bytes_(chunk_bytes),
+      extent_query_bytes_(std::max<uint64_t>(extent_query_bytes, chunk_bytes)),
+      has_extents_(source.capabilities().has_extents),
+      work_(AlignRanges(work, cluster_bytes, source.size_bytes())),
+      work_bytes_(TotalBytes(work_)) {}
+
+Result<ClusterState> ChunkPlanner::Classify(uint64_t cluster_offset, uint64_t cluster_end,
+                                            uint64_t range_end) {
+  if (!has_extents_) return ClusterState::kData;
+  if (cluster_offset < cache_begin_ || cluster_offset >= cache_end_) {
+    // Ask for a large span, cluster aligned, clipped to the work range so an
+    // incremental never walks the clean parts of the disk.
+    uint64_t length = std::min(extent_query_bytes_, range_end - cluster_offset);
+    length = (length + cluster_bytes_ - 1) / cluster_bytes_ * cluster_bytes_;
+    length = std::min(length, size_bytes_ - cluster_offset);
+    auto extents = source_.Extents(cluster_offset, length);
+    if (!extents.ok()) return std::move(extents).error().Wrap("extents");
+    cache_ = std::move(extents).value();
+    cache_begin_ = cluster_offset;
+    cache_end_ = cluster_offset + length;
+    cache_index_ = 0;
+  }
+  while (cache_index_ < cache_.size() && cache_[cache_index_].end() <= cluster_offset) ++cache_index_;
+  // Bytes not covered by any extent count as data: the source may be coarse,
+  // never wrong in the other direction.
+  uint64_t hole_bytes = 0;
+  uint64_t zero_bytes = 0;
+  for (size_t i = cache_index_; i < cache_.size() && cache_[i].offset < cluster_end; ++i) {
+    const Extent& e = cache_[i];
+    uint64_t start = std::max(e.offset, cluster_offset);
+    uint64_t end = std::min(e.end(), cluster_end);
+    if (end <= start) continue;
+    switch (e.kind) {
+      case ExtentKind::kData: return ClusterState::kData;
+      case ExtentKind::kHole: hole_bytes += end - start; break;
+      case ExtentKind::kZero: zero_bytes += end - start; break;
+    }
+  }
+  uint64_t length = cluster_end - cluster_offset;
+  if (hole_bytes >= length) return ClusterState::kHole;
+  if (hole_bytes + zero_bytes >= length) return ClusterState::kZero;
+  return ClusterState::kData;
+}
+
+Result<bool> ChunkPlanner::Next(Chunk& chunk) {
+  while (range_index_ < work_.size() && position_ >= work_[range_index_].end()) ++range_index_;
+  if (range_index_ >= work_.size()) return false;
+  position_ = std::max(position_, work_[range_index_].offset);
+
+  uint64_t window_start = position_ / chunk_bytes_ * chunk_bytes_;
+  uint64_t window_end = std::min(window_start + chunk_bytes_, size_bytes_);
+  chunk.Reset(next_sequence_++, window_start, window_end - window_start);
+
+  // Every work range touching the window; the last may continue past it.
+  size_t r = range_index_;
+  while (r < work_.size() && work_[r].offset < window_end) {
+    uint64_t start = std::max(work_[r].offset, window_start);
+    uint64_t end = std::min(work_[r].end(), window_end);
+    for (uint64_t c = start; c < end; c += cluster_bytes_) {
+      uint64_t c_end = std::min<uint64_t>(c + cluster_bytes_, size_bytes_);
+      BARGE_ASSIGN_OR_RETURN(ClusterState state, Classify(c, c_end, work_[r].end()));
+      chunk.states[(c - window_start) / cluster_bytes_] = state;
+    }
+    if (work_[r].end() > window_end) break;
+    ++r;
+  }
+  range_index_ = r;
+  position_ = window_end;
+  return true;
+}
+
+// ---------------------------------------------------------------- reader
+
+Result<uint64_t> Reader::Read(Chunk& chunk) {
+  // Reused per thread: no allocation per chunk once warm.
+  thread_local std::vector<ReadRequest> requests;
+  requests.clear();
+  const size_t n = chunk.cluster_count();
+  const uint64_t cluster_bytes = chunk.cluster_bytes();
+  uint64_t total = 0;
+  for (size_t i = 0; i < n;) {
+    if (chunk.states[i] != ClusterState::kData) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < n && chunk.states[j] == ClusterState::kData) ++j;
+    uint64_t begin = i * cluster_bytes;
+    uint64_t end = std::min<uint64_t>(j * cluster_bytes, chunk.length_bytes);
+    requests.push_back({chunk.offset_bytes + begin, chunk.WindowBytes(begin, end - begin), {}});
+    total += end - begin;
+    i = j;
+  }
+  if (requests.empty()) return uint64_t{0};
+  Status status = source_.ReadMany(requests);
+  if (!status.ok()) {
+    for (const ReadRequest& r : requests) {
+      if (r.status.ok()) continue;
+      Error error = r.status.error();
+      if (!error.offset()) error.set_range(r.offset, r.buffer.size());
+      if (error.path().empty()) error.set_path(source_.name());
+      return error;
+    }
+    return std::move(status).error();
+  }
+  return total;
+}
+
+// ---------------------------------------------------------------- processor
+
+ClusterProcessor::ClusterProcessor(uint32_t cluster_bytes)
+    : cluster_bytes_(cluster_bytes), zero_digest_(formats::ZeroClusterDigest(cluster_bytes)) {}
+
+Status ClusterProcessor::Process(Chunk& chunk, formats::ClusterCompressor* compressor,
+                                 ProcessTimings* timings) const {
+  const size_t n = chunk.cluster_count();
+  uint64_t t0 = timings ? NowNs() : 0;
+  for (size_t i = 0; i < n; ++i) {
+    ClusterState& state = chunk.states[i];
+    if (state == ClusterState::kSkip) continue;
+    if (state != ClusterState::kData) {
+      chunk.digests[i] = zero_digest_;
+      continue;
+    }
+    std::span<const std::byte> data = chunk.ClusterData(i);
+    bool zero = IsAllZero(data);
+    uint64_t t1 = timings ? NowNs() : 0;
+    if (timings) timings->zero_detect_ns += t1 - t0;
+    if (zero) {
+      state = ClusterState::kZero;
+      chunk.digests[i] = zero_digest_;
+      t0 = t1;
+      continue;
+    }
+    chunk.digests[i] = formats::HashCluster(data, cluster_bytes_);
+    uint64_t t2 = timings ? NowNs() : 0;
+    if (timings) timings->hash_ns += t2 - t1;
+    t0 = t2;
+    if (compressor == nullptr) continue;
+
+    std::span<const std::byte> whole = data;
+    if (data.size() < cluster_bytes_) {
+      // Short last cluster: zero pad in its own slot (the chunk's buffer is
+      // whole clusters long), so the compressor sees a full cluster.
+      std::span<std::byte> slot = chunk.ClusterSlot(i);
+      std::memset(slot.data() + data.size(), 0, slot.size() - data.size());
+      whole = slot;
+    }
+    auto payload = compressor->Compress(whole);
+    if (!payload.ok()) {
+      return std::move(payload).error().Wrap("compress").set_range(chunk.ClusterOffset(i), data.size());
+    }
+    if (payload->has_value()) {
+      std::span<const std::byte> p = **payload;
+      std::span<std::byte> dst = chunk.PayloadSlot(i);
+      if (p.size() <= dst.size()) {
+        std::memcpy(dst.data(), p.data(), p.size());
+        chunk.payload_bytes[i] = static_cast<uint32_t>(p.size());
+        state = ClusterState::kCompressed;
+        if (timings) ++timings->compressed_clusters;
+      }
+    }
+    uint64_t t3 = timings ? NowNs() : 0;
+    if (timings) timings->compress_ns += t3 - t2;
+    t0 = t3;
+  }
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------- verifier
+
+Status Verifier::Check(const Chunk& chunk) const {
+  if (!expected_) return OkStatus();
+  const uint64_t first = chunk.first_cluster();
+  for (size_t i = 0; i < chunk.cluster_count(); ++i) {
+    if (chunk.states[i] == ClusterState::kSkip) continue;
+    std::optional<formats::Digest128> want = expected_(first + i);
+    if (!want || *want == chunk.digests[i]) continue;
+    return Error::Corruption("cluster " + std::to_string(first + i) + " at guest offset " +
+                             Hex(chunk.ClusterOffset(i)) + " does not match its expected digest (expected " +
+                             want->ToHex() + ", got " + chunk.digests[i].ToHex() + ")")
+        .set_path(source_name_)
+        .set_range(chunk.ClusterOffset(i), chunk.ClusterLength(i));
+  }
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------- sha-512
+
+struct Sha512Stream::Impl {
+  EVP_MD_CTX* ctx = nullptr;
+  bool ok = false;
+  bool finished = false;
+  ~Impl() { EVP_MD_CTX_free(ctx); }
+};
+
+Sha512Stream::Sha512Stream() : impl_(std::make_unique<Impl>()) {
+  impl_->ctx = EVP_MD_CTX_new();
+  impl_->ok = impl_->ctx != nullptr && EVP_DigestInit_ex(impl_->ctx, EVP_sha512(), nullptr) == 1;
+}
+
+Sha512Stream::~Sha512Stream() = default;
+
+Status Sha512Stream::Update(std::span<const std::byte> data) {
+  if (!impl_->ok || impl_->finished) return Error::InvalidArgument("sha512: stream not usable");
+  if (data.empty()) return OkStatus();
+  if (EVP_DigestUpdate(impl_->ctx, data.data(), data.size()) != 1) {
+    impl_->ok = false;
+    return Error::IoError("sha512: EVP_DigestUpdate failed");
+  }
+  return OkStatus();
+}
+
+Status Sha512Stream::UpdateZeros(uint64_t count) {
+  while (count > 0) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(count, kZeroBlockBytes));
+    BARGE_RETURN_IF_ERROR(Update({ZeroBlock(), n}));
+    count -= n;
+  }
+  return OkStatus();
+}
+
+Status Sha512Stream::UpdateChunk(const Chunk& chunk) {
+  const size_t n = chunk.cluster_count();
+  const uint64_t cluster_bytes = chunk.cluster_bytes();
+  for (size_t i = 0; i < n;) {
+    ClusterState s = chunk.states[i];
+    if (s == ClusterState::kSkip) {
+      ++i;
+      continue;
+    }
+    bool read = s == ClusterState::kData || s == ClusterState::kCompressed;
+    // Detected-zero clusters were read and hold zeros; the buffer is as good
+    // as the zero block, but unread zero/hole clusters hold stale bytes.
+    size_t j = i + 1;
+    while (j < n && chunk.states[j] != ClusterState::kSkip &&
+           (chunk.states[j] == ClusterState::kData || chunk.states[j] == ClusterState::kCompressed) == read) {
+      ++j;
+    }
+    uint64_t begin = i * cluster_bytes;
+    uint64_t end = std::min<uint64_t>(j * cluster_bytes, chunk.length_bytes);
+    if (read) {
+      BARGE_RETURN_IF_ERROR(Update(chunk.WindowBytes(begin, end - begin)));
+    } else {
+      BARGE_RETURN_IF_ERROR(UpdateZeros(end - begin));
+    }
+    i = j;
+  }
+  return OkStatus();
+}
+
+Result<std::string> Sha512Stream::FinishHex() {
+  if (!impl_->ok || impl_->finished) return Error::InvalidArgument("sha512: stream not usable");
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  impl_->finished = true;
+  if (EVP_DigestFinal_ex(impl_->ctx, md, &len) != 1) return Error::IoError("sha512: EVP_DigestFinal_ex failed");
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  out.reserve(len * 2);
+  for (unsigned int i = 0; i < len; ++i) {
+    out.push_back(kHex[md[i] >> 4]);
+    out.push_back(kHex[md[i] & 0xf]);
+  }
+  return out;
+}
+
+}  // namespace barge::pipeline
