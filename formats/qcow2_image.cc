@@ -268,8 +268,9 @@ Result<std::vector<MappedExtent>> Qcow2Image::Map(uint64_t offset, uint64_t leng
         add(m);
         break;
       case RunKind::kUnallocated: {
-        // Depth follows qemu-img map: the deepest layer consulted. Past the
-        // end of a shorter backing file, that layer answers "zeros".
+        // Depth follows qemu-img map: the deepest layer that covers the
+        // offset, so bytes past the end of a shorter backing file are a hole
+        // of this layer.
         uint64_t in_backing = 0;
         if (backing_ && run.guest_offset < backing_->size_bytes()) {
           in_backing = std::min(run.length, backing_->size_bytes() - run.guest_offset);
@@ -282,7 +283,7 @@ Result<std::vector<MappedExtent>> Qcow2Image::Map(uint64_t offset, uint64_t leng
         m.offset = run.guest_offset + in_backing;
         m.length = run.length - in_backing;
         m.kind = ExtentKind::kHole;
-        m.depth = backing_ ? 1 : 0;
+        m.depth = 0;
         add(m);
         break;
       }

@@ -50,8 +50,11 @@ Result<SnapshotTable> ReadSnapshotTable(BlockSource& file, const Header& h) {
     s.vm_state_size = LoadBe32(p + 32);
     const uint32_t extra_size = LoadBe32(p + 36);
     if (extra_size > kMaxSnapshotExtraBytes) return Bad(label + ": extra data too large", at + 36);
-    const uint64_t entry_bytes = (kSnapshotFixedBytes + uint64_t{extra_size} + id_size + name_size + 7) & ~uint64_t{7};
-    BARGE_RETURN_IF_ERROR(need(pos + entry_bytes));
+    // qemu does not pad the last entry in the file, so only the unpadded
+    // bytes must be present.
+    const uint64_t used_bytes = kSnapshotFixedBytes + uint64_t{extra_size} + id_size + name_size;
+    const uint64_t entry_bytes = (used_bytes + 7) & ~uint64_t{7};
+    BARGE_RETURN_IF_ERROR(need(pos + used_bytes));
     p = buf.data() + pos;
     const std::byte* extra = p + kSnapshotFixedBytes;
     s.virtual_size = h.size;
@@ -69,7 +72,7 @@ Result<SnapshotTable> ReadSnapshotTable(BlockSource& file, const Header& h) {
     out.snapshots.push_back(std::move(s));
     pos += entry_bytes;
   }
-  out.table_bytes = pos;
+  out.table_bytes = std::min(pos, avail);
   return out;
 }
 
