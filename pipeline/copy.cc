@@ -1,0 +1,511 @@
+// RunCopy: the copy pipeline's flow graph. This is the only file that knows
+// the order of the stages; the stages themselves are in stages.h and
+// destination.h. Graph and node roles are described in copy.h.
+#include "pipeline/copy.h"
+
+#include <oneapi/tbb/enumerable_thread_specific.h>
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_group.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <tuple>
+
+namespace barge::pipeline {
+namespace {
+
+namespace flow = oneapi::tbb::flow;
+using Clock = std::chrono::steady_clock;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// Runs a stage body, turning an escaping exception (bad_alloc above all)
+// into an Error: nothing may throw across a node boundary.
+template <typename F>
+auto Guard(std::string_view stage, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Error::IoError(std::string(stage) + ": out of memory").set_errno(ENOMEM);
+  } catch (const std::exception& e) {
+    return Error::IoError(std::string(stage) + ": unexpected exception: " + e.what());
+  }
+}
+
+// The first error of the job, shared by every node. Recording it cancels
+// the graph: running bodies finish, queued messages are dropped, and the
+// driver reads the error after wait_for_all(). Thread-safe.
+class JobStatus {
+ public:
+  explicit JobStatus(oneapi::tbb::task_group_context& context) : context_(context) {}
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  void Fail(Error error) {
+    {
+      std::lock_guard lock(mu_);
+      if (!error_) error_ = std::move(error);
+    }
+    failed_.store(true, std::memory_order_release);
+    context_.cancel_group_execution();
+  }
+  Error TakeError() {
+    std::lock_guard lock(mu_);
+    return std::move(*error_);
+  }
+
+ private:
+  oneapi::tbb::task_group_context& context_;
+  std::atomic<bool> failed_{false};
+  std::mutex mu_;
+  std::optional<Error> error_;  // guarded by mu_
+};
+
+// Per destination: its failure (kIsolate) and progress for the stall check.
+struct DestinationState {
+  Destination* destination = nullptr;
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::optional<Error> error;  // guarded by mu
+  std::atomic<uint64_t> delivered{0};
+  std::atomic<uint64_t> consumed{0};
+  std::atomic<int64_t> last_progress_ns{0};
+
+  // Records the first failure; returns true if this call marked it.
+  bool MarkFailed(Error e) {
+    std::lock_guard lock(mu);
+    if (failed.load(std::memory_order_relaxed)) return false;
+    error = std::move(e);
+    failed.store(true, std::memory_order_release);
+    return true;
+  }
+};
+
+uint64_t WorkBytesOf(const Chunk& chunk) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < chunk.cluster_count(); ++i) {
+    if (chunk.states[i] != ClusterState::kSkip) total += chunk.ClusterLength(i);
+  }
+  return total;
+}
+
+// Everything one RunCopy call shares between its nodes and the watchdog.
+class CopyJob {
+ public:
+  CopyJob(BlockSource& source, std::span<Destination* const> destinations, const CopyOptions& options,
+          BufferPool& pool, ChunkPlanner& planner, formats::Compression compression)
+      : source_(source),
+        options_(options),
+        pool_(pool),
+        planner_(planner),
+        reader_(source),
+        processor_(options.cluster_bytes),
+        compression_(compression),
+        status_(context_),
+        states_(destinations.size()),
+        digests_({source.size_bytes(), options.cluster_bytes, options.record_zero_digests, options.base_digest}) {
+    for (size_t i = 0; i < destinations.size(); ++i) states_[i].destination = destinations[i];
+    if (options.verify) verifier_.emplace(options.verify, source.name());
+    if (options.sha512) sha512_.emplace();
+  }
+
+  Status Run();
+  CopyResult TakeResult();
+
+ private:
+  Chunk* Plan(oneapi::tbb::flow_control& fc);
+  bool Read(Chunk* chunk);
+  bool Process(Chunk* chunk);
+  bool Ordered(Chunk* chunk);
+  void Write(size_t index, Chunk* chunk);
+  // Returns a chunk every destination is done with; opens the gate.
+  void Recycle(Chunk* chunk);
+  void DestinationFailed(size_t index, Error error);
+  void Watchdog(std::mutex& mu, std::condition_variable& cv, const bool& done);
+  void CheckStalls();
+
+  BlockSource& source_;
+  const CopyOptions& options_;
+  BufferPool& pool_;
+  ChunkPlanner& planner_;
+  Reader reader_;
+  ClusterProcessor processor_;
+  formats::Compression compression_;
+  std::optional<Verifier> verifier_;
+
+  oneapi::tbb::task_group_context context_;
+  JobStatus status_;
+  std::vector<DestinationState> states_;
+  std::atomic<size_t> failed_destinations_{0};
+  flow::limiter_node<Chunk*>* gate_ = nullptr;  // lives in Run(), set while the graph exists
+
+  // One compressor per worker thread: its context is big and not shareable.
+  oneapi::tbb::enumerable_thread_specific<std::unique_ptr<formats::ClusterCompressor>> compressors_;
+
+  std::atomic<uint64_t> bytes_read_{0};
+  // Touched only by the serial in-order node (then by the driver after it).
+  std::optional<Sha512Stream> sha512_;
+  DigestCollector digests_;
+  uint64_t bytes_processed_ = 0;
+  ClusterCounts counts_;
+  int64_t last_progress_call_ns_ = 0;
+  std::string sha512_hex_;
+};
+
+Chunk* CopyJob::Plan(oneapi::tbb::flow_control& fc) {
+  if (status_.failed()) {
+    fc.stop();
+    return nullptr;
+  }
+  if (options_.cancel && options_.cancel->load(std::memory_order_relaxed)) {
+    status_.Fail(Error::Cancelled("copy cancelled").set_path(source_.name()));
+    fc.stop();
+    return nullptr;
+  }
+  // A chunk is always free here: the gate lets at most capacity-1 chunks
+  // past it, chunks go back to the pool before the gate reopens, and this
+  // body runs only when the node holds no chunk of its own.
+  Chunk* chunk = pool_.TryAcquire();
+  if (chunk == nullptr) {
+    status_.Fail(Error::InvalidArgument("internal: buffer pool exhausted at the input node"));
+    fc.stop();
+    return nullptr;
+  }
+  StageTimer timer(options_.stats, Stage::kExtents, 0);
+  Result<bool> planned = Guard("plan", [&] { return planner_.Next(*chunk); });
+  if (!planned.ok() || !*planned) {
+    pool_.Release(chunk);
+    if (!planned.ok()) status_.Fail(std::move(planned).error().Wrap("plan"));
+    fc.stop();
+    return nullptr;
+  }
+  return chunk;
+}
+
+bool CopyJob::Read(Chunk* chunk) {
+  if (status_.failed()) return false;
+  StageTimer timer(options_.stats, Stage::kRead, chunk->length_bytes);
+  Result<uint64_t> n = Guard("read", [&] { return reader_.Read(*chunk); });
+  if (!n.ok()) {
+    status_.Fail(std::move(n).error().Wrap("read"));
+    return false;
+  }
+  bytes_read_.fetch_add(*n, std::memory_order_relaxed);
+  return true;
+}
+
+bool CopyJob::Process(Chunk* chunk) {
+  if (status_.failed()) return false;
+  formats::ClusterCompressor* compressor = nullptr;
+  Status s = Guard("process", [&]() -> Status {
+    if (compression_ != formats::Compression::kNone) {
+      auto& local = compressors_.local();
+      if (!local) local = std::make_unique<formats::ClusterCompressor>(compression_, options_.compression_level);
+      compressor = local.get();
+    }
+    ProcessTimings timings;
+    Status st = processor_.Process(*chunk, compressor, options_.stats ? &timings : nullptr);
+    if (options_.stats) {
+      options_.stats->Add(Stage::kZeroDetect, chunk->length_bytes, timings.zero_detect_ns);
+      options_.stats->Add(Stage::kHash, chunk->length_bytes, timings.hash_ns);
+      if (compressor) options_.stats->Add(Stage::kCompress, chunk->length_bytes, timings.compress_ns);
+    }
+    return st;
+  });
+  if (!s.ok()) {
+    status_.Fail(std::move(s).error().Wrap("process"));
+    return false;
+  }
+  return true;
+}
+
+bool CopyJob::Ordered(Chunk* chunk) {
+  if (status_.failed()) return false;
+  Status s = Guard("ordered", [&]() -> Status {
+    if (verifier_) {
+      StageTimer timer(options_.stats, Stage::kVerify, chunk->length_bytes);
+      Status v = verifier_->Check(*chunk);
+      if (!v.ok()) return std::move(v).error().Wrap("verify");
+    }
+    if (sha512_) {
+      StageTimer timer(options_.stats, Stage::kSha512, chunk->length_bytes);
+      Status st = sha512_->UpdateChunk(*chunk);
+      if (!st.ok()) return std::move(st).error().Wrap("sha512");
+    }
+    BARGE_RETURN_IF_ERROR(digests_.Consume(*chunk));
+    for (ClusterState state : chunk->states) {
+      switch (state) {
+        case ClusterState::kSkip: break;
+        case ClusterState::kHole: ++counts_.hole; break;
+        case ClusterState::kZero: ++counts_.zero; break;
+        case ClusterState::kData: ++counts_.data; break;
+        case ClusterState::kCompressed: ++counts_.compressed; break;
+      }
+    }
+    bytes_processed_ += WorkBytesOf(*chunk);
+    if (options_.progress) {
+      int64_t now = NowNs();
+      if (now - last_progress_call_ns_ >= 100'000'000) {
+        last_progress_call_ns_ = now;
+        options_.progress(bytes_processed_, planner_.work_bytes());
+      }
+    }
+    return OkStatus();
+  });
+  if (!s.ok()) {
+    status_.Fail(std::move(s).error());
+    return false;
+  }
+  if (states_.empty()) {
+    Recycle(chunk);
+    return false;
+  }
+  chunk->pending_consumers.store(static_cast<uint32_t>(states_.size()), std::memory_order_relaxed);
+  int64_t now = NowNs();
+  for (DestinationState& d : states_) {
+    // An idle destination starts its stall clock when work arrives.
+    if (d.consumed.load(std::memory_order_relaxed) == d.delivered.load(std::memory_order_relaxed)) {
+      d.last_progress_ns.store(now, std::memory_order_relaxed);
+    }
+    d.delivered.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+void CopyJob::Write(size_t index, Chunk* chunk) {
+  DestinationState& d = states_[index];
+  if (!d.failed.load(std::memory_order_acquire) && !status_.failed()) {
+    StageTimer timer(options_.stats, Stage::kWrite, WorkBytesOf(*chunk));
+    Status s = Guard("write", [&] { return d.destination->Consume(*chunk); });
+    if (!s.ok()) DestinationFailed(index, std::move(s).error().Wrap("write " + d.destination->name()));
+  }
+  d.consumed.fetch_add(1, std::memory_order_relaxed);
+  d.last_progress_ns.store(NowNs(), std::memory_order_relaxed);
+  // The last destination done with the chunk recycles it (acq_rel: the
+  // others' reads of the buffer happen before the reader refills it).
+  if (chunk->pending_consumers.fetch_sub(1, std::memory_order_acq_rel) == 1) Recycle(chunk);
+}
+
+void CopyJob::Recycle(Chunk* chunk) {
+  // Release before decrementing: the gate may admit the input node's next
+  // chunk at once, and that chunk needs a free buffer.
+  pool_.Release(chunk);
+  gate_->decrementer().try_put(flow::continue_msg());
+}
+
+void CopyJob::DestinationFailed(size_t index, Error error) {
+  if (options_.failure_policy == DestinationFailurePolicy::kFailJob) {
+    states_[index].MarkFailed(error);
+    status_.Fail(std::move(error));
+    return;
+  }
+  if (!states_[index].MarkFailed(error)) return;
+  size_t failed = failed_destinations_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (failed == states_.size()) {
+    status_.Fail(Error(error).Wrap("every destination failed; the last"));
+  }
+}
+
+void CopyJob::CheckStalls() {
+  if (options_.stall_timeout.count() <= 0) return;
+  const int64_t limit_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.stall_timeout).count();
+  const int64_t now = NowNs();
+  for (size_t i = 0; i < states_.size(); ++i) {
+    DestinationState& d = states_[i];
+    if (d.failed.load(std::memory_order_acquire)) continue;
+    if (d.consumed.load(std::memory_order_relaxed) >= d.delivered.load(std::memory_order_relaxed)) continue;
+    if (now - d.last_progress_ns.load(std::memory_order_relaxed) < limit_ns) continue;
+    DestinationFailed(i, Error::IoError("write " + d.destination->name() + ": no progress for " +
+                                        std::to_string(options_.stall_timeout.count()) + " ms (stalled)")
+                             .set_path(d.destination->name())
+                             .set_errno(ETIMEDOUT));
+  }
+}
+
+void CopyJob::Watchdog(std::mutex& mu, std::condition_variable& cv, const bool& done) {
+  std::unique_lock lock(mu);
+  while (!done) {
+    cv.wait_for(lock, std::chrono::milliseconds(20));
+    if (done) break;
+    if (options_.cancel && options_.cancel->load(std::memory_order_relaxed) && !status_.failed()) {
+      status_.Fail(Error::Cancelled("copy cancelled").set_path(source_.name()));
+    }
+    CheckStalls();
+  }
+}
+
+Status CopyJob::Run() {
+  {
+    flow::graph g(context_);
+
+    flow::input_node<Chunk*> plan(g, [this](oneapi::tbb::flow_control& fc) { return Plan(fc); });
+    flow::limiter_node<Chunk*> gate(g, pool_.capacity() - 1);
+    gate_ = &gate;
+
+    using Stage1 = flow::multifunction_node<Chunk*, std::tuple<Chunk*>>;
+    // Dropping a chunk on error is fine: the graph is cancelled by then and
+    // the pool takes every chunk back after wait_for_all().
+    const size_t read_concurrency =
+        source_.capabilities().parallel_reads ? flow::unlimited : flow::serial;
+    Stage1 read(g, read_concurrency, [this](Chunk* c, Stage1::output_ports_type& out) {
+      if (Read(c)) std::get<0>(out).try_put(c);
+    });
+    Stage1 process(g, flow::unlimited, [this](Chunk* c, Stage1::output_ports_type& out) {
+      if (Process(c)) std::get<0>(out).try_put(c);
+    });
+    flow::sequencer_node<Chunk*> sequencer(g, [](Chunk* const& c) -> size_t { return c->sequence; });
+    Stage1 ordered(g, flow::serial, [this](Chunk* c, Stage1::output_ports_type& out) {
+      if (Ordered(c)) std::get<0>(out).try_put(c);
+    });
+    std::vector<std::unique_ptr<flow::function_node<Chunk*>>> writers;
+    writers.reserve(states_.size());
+    for (size_t i = 0; i < states_.size(); ++i) {
+      // Serial and queueing: the queue is FIFO, and `ordered` emits in guest
+      // order, so each destination sees chunks in guest order.
+      writers.push_back(std::make_unique<flow::function_node<Chunk*>>(
+          g, flow::serial, [this, i](Chunk* c) {
+            Write(i, c);
+            return flow::continue_msg();
+          }));
+    }
+
+    flow::make_edge(plan, gate);
+    flow::make_edge(gate, read);
+    flow::make_edge(flow::output_port<0>(read), process);
+    flow::make_edge(flow::output_port<0>(process), sequencer);
+    flow::make_edge(sequencer, ordered);
+    for (auto& w : writers) flow::make_edge(flow::output_port<0>(ordered), *w);
+
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread watchdog([&] { Watchdog(mu, cv, done); });
+    plan.activate();
+    g.wait_for_all();
+    {
+      std::lock_guard lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+    watchdog.join();
+    gate_ = nullptr;
+  }
+  // Chunks held by messages a cancelled graph dropped come back here.
+  pool_.ReclaimAll();
+  if (status_.failed()) return status_.TakeError();
+
+  for (DestinationState& d : states_) {
+    if (d.failed.load(std::memory_order_acquire)) continue;
+    Status s = Guard("finish", [&] { return d.destination->Finish(); });
+    if (s.ok()) continue;
+    Error e = std::move(s).error().Wrap("finish " + d.destination->name());
+    if (options_.failure_policy == DestinationFailurePolicy::kFailJob) return e;
+    DestinationFailed(static_cast<size_t>(&d - states_.data()), std::move(e));
+    if (status_.failed()) return status_.TakeError();
+  }
+  BARGE_RETURN_IF_ERROR(digests_.Finish());
+  if (sha512_) {
+    BARGE_ASSIGN_OR_RETURN(sha512_hex_, sha512_->FinishHex());
+  }
+  if (options_.progress) options_.progress(bytes_processed_, planner_.work_bytes());
+  return OkStatus();
+}
+
+CopyResult CopyJob::TakeResult() {
+  CopyResult r;
+  r.bytes_read = bytes_read_.load();
+  r.bytes_processed = bytes_processed_;
+  r.clusters = counts_;
+  for (DestinationState& d : states_) {
+    DestinationResult dr;
+    dr.name = d.destination->name();
+    if (d.failed.load()) dr.status = *d.error;
+    dr.chunks_consumed = d.consumed.load();
+    r.destinations.push_back(std::move(dr));
+  }
+  r.sha512_hex = std::move(sha512_hex_);
+  r.image_digest = digests_.image_digest();
+  r.cluster_digests = digests_.TakeClusterDigests();
+  r.pool_chunks = pool_.capacity();
+  r.pool_high_water = pool_.high_water();
+  r.pool_bytes = pool_.footprint_bytes();
+  return r;
+}
+
+}  // namespace
+
+size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scratch) {
+  uint64_t footprint = ChunkFootprintBytes(chunk_bytes, with_scratch);
+  return static_cast<size_t>(std::max<uint64_t>(4, footprint ? memory_bytes / footprint : 4));
+}
+
+Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
+                           std::span<Destination* const> destinations, const CopyOptions& options) {
+  const auto start = Clock::now();
+  const uint32_t cluster = options.cluster_bytes;
+  if (cluster < 512 || (cluster & (cluster - 1)) != 0) {
+    return Error::InvalidArgument("copy: cluster size must be a power of two >= 512");
+  }
+  if (options.chunk_bytes < cluster || options.chunk_bytes % cluster != 0) {
+    return Error::InvalidArgument("copy: chunk size must be a multiple of the cluster size");
+  }
+  if (destinations.size() > std::numeric_limits<uint32_t>::max()) {
+    return Error::InvalidArgument("copy: too many destinations");
+  }
+  bool compress = false;
+  for (Destination* d : destinations) {
+    if (d == nullptr) return Error::InvalidArgument("copy: null destination");
+    if (!d->wants_compression() || options.compression == formats::Compression::kNone) continue;
+    if (d->compression() != options.compression) {
+      return Error::InvalidArgument("copy: destination " + d->name() + " stores " +
+                                    std::string(formats::CompressionName(d->compression())) +
+                                    " but the copy compresses with " +
+                                    std::string(formats::CompressionName(options.compression)));
+    }
+    compress = true;
+  }
+
+  std::unique_ptr<BufferPool> own_pool;
+  BufferPool* pool = options.pool;
+  if (pool == nullptr) {
+    BufferPoolOptions po;
+    po.chunk_bytes = options.chunk_bytes;
+    po.cluster_bytes = cluster;
+    po.with_scratch = compress;
+    po.count = PoolChunkCount(options.memory_bytes, options.chunk_bytes, compress);
+    BARGE_ASSIGN_OR_RETURN(own_pool, BufferPool::Create(po));
+    pool = own_pool.get();
+  } else {
+    const BufferPoolOptions& po = pool->options();
+    if (po.chunk_bytes != options.chunk_bytes || po.cluster_bytes != cluster || (compress && !po.with_scratch) ||
+        pool->capacity() < 2 || pool->outstanding() != 0) {
+      return Error::InvalidArgument("copy: the given buffer pool does not fit the copy's geometry");
+    }
+  }
+
+  ChunkPlanner planner(source, work, cluster, options.chunk_bytes);
+  auto compression = compress ? options.compression : formats::Compression::kNone;
+  std::unique_ptr<CopyJob> job;
+  Status status = Guard("copy", [&]() -> Status {
+    job = std::make_unique<CopyJob>(source, destinations, options, *pool, planner, compression);
+    oneapi::tbb::task_arena arena(options.threads > 0 ? options.threads : oneapi::tbb::task_arena::automatic);
+    // The graph is built inside the arena so its tasks run on its threads.
+    return arena.execute([&] { return job->Run(); });
+  });
+  if (!status.ok()) {
+    pool->ReclaimAll();
+    return std::move(status).error();
+  }
+  CopyResult result = job->TakeResult();
+  result.elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start);
+  return result;
+}
+
+}  // namespace barge::pipeline

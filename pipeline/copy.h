@@ -1,0 +1,136 @@
+// RunCopy: the one copy engine every job runs on. A oneTBB flow graph moves
+// the work set of a source through read, zero detection, hashing and
+// compression into one or more destinations, with bounded memory.
+//
+// The graph (wired in copy.cc, the only place that knows the order):
+//
+//   plan (input_node, serial)          ChunkPlanner: needs the extent cursor
+//     -> gate (limiter_node)           at most pool-size-1 chunks in flight
+//     -> read (parallel*)              Reader; *serial if the source cannot
+//                                      serve parallel reads
+//     -> process (parallel)            ClusterProcessor: zero detect, xxh3,
+//                                      compress with a per-thread compressor
+//     -> sequencer_node                restores guest order
+//     -> ordered (serial)              verify, SHA-512 stream, image digest
+//                                      fold, progress: streams need order
+//     -> write[i] (serial, one per     Destination::Consume: writers are
+//        destination)                  sequential and want guest order
+//
+// Chunks (buffers) come from a fixed BufferPool; the last destination to
+// consume a chunk returns it to the pool and opens the gate for the next.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "blockio/error.h"
+#include "blockio/extent.h"
+#include "blockio/source.h"
+#include "formats/digest.h"
+#include "formats/image.h"
+#include "pipeline/buffer_pool.h"
+#include "pipeline/destination.h"
+#include "pipeline/stages.h"
+#include "pipeline/stats.h"
+
+namespace barge::pipeline {
+
+enum class DestinationFailurePolicy : uint8_t {
+  // The first error anywhere cancels the whole copy (backups, restores).
+  kFailJob,
+  // A failing destination is marked failed with its error and skipped; the
+  // others continue (replication). The copy fails only when every
+  // destination failed, or the source / a shared stage failed.
+  kIsolate,
+};
+
+// Memory: the pool holds max(4, memory_bytes / footprint) chunks, where the
+// footprint is chunk_bytes, doubled when a destination wants compression
+// (payload scratch). The default, 256 MiB, is 256 chunks of 1 MiB without
+// compression or 128 with: enough to keep 16 cores and several destinations
+// busy, independent of the disk size. Nothing else grows with the disk but
+// the recorded cluster digests (16 bytes + index per stored cluster).
+// The pool's chunk count for these options (see above).
+size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scratch);
+
+struct CopyOptions {
+  uint32_t cluster_bytes = 64 << 10;   // power of two >= 512; the qcow2 cluster size
+  uint32_t chunk_bytes = 1 << 20;      // multiple of cluster_bytes; largest single read
+  uint64_t memory_bytes = 256ull << 20;
+  int threads = 0;                     // worker threads; 0 = all cores
+  // Compression for destinations that want it: must be their type (else
+  // kInvalidArgument), or kNone to store every cluster raw.
+  formats::Compression compression = formats::Compression::kZstd;
+  int compression_level = 3;
+  bool sha512 = false;                 // SHA-512 of the work set's bytes in guest order
+  // Expected digest per cluster: a mismatch fails the copy with kCorruption
+  // before the chunk reaches any destination.
+  DigestLookup verify;
+  // Image digest: clusters outside the work set (an incremental's parent).
+  BaseDigestLookup base_digest;
+  // Record zero clusters of the work set in cluster_digests too.
+  bool record_zero_digests = false;
+  // (bytes done, bytes total) from the in-order stage, at most ~10 per
+  // second, and once at the end. Must not block.
+  std::function<void(uint64_t, uint64_t)> progress;
+  JobStats* stats = nullptr;                 // may be null; must outlive the call
+  const std::atomic<bool>* cancel = nullptr; // may be null; set true to stop (kCancelled)
+  DestinationFailurePolicy failure_policy = DestinationFailurePolicy::kFailJob;
+  // A destination with work queued and no chunk finished for this long
+  // fails (as if it returned kIoError). Zero: never. A call that never
+  // returns still holds the copy until it does.
+  std::chrono::milliseconds stall_timeout{0};
+  // Use this pool instead of making one (its geometry must match); it must
+  // outlive the call. Lets tests read the pool's counters.
+  BufferPool* pool = nullptr;
+};
+
+struct ClusterCounts {
+  uint64_t hole = 0;
+  uint64_t zero = 0;        // from extents and detected
+  uint64_t data = 0;        // stored raw
+  uint64_t compressed = 0;  // with a compressed payload
+};
+
+struct DestinationResult {
+  std::string name;
+  Status status;  // ok, or why it failed (kIsolate)
+  uint64_t chunks_consumed = 0;
+};
+
+struct CopyResult {
+  uint64_t bytes_read = 0;       // read from the source
+  uint64_t bytes_processed = 0;  // logical bytes of the work set handled
+  ClusterCounts clusters;
+  std::vector<DestinationResult> destinations;
+  std::string sha512_hex;        // empty unless options.sha512
+  formats::Digest128 image_digest;
+  // Data clusters (and zero ones if record_zero_digests), in guest order.
+  std::vector<ClusterDigest> cluster_digests;
+  std::chrono::nanoseconds elapsed{0};
+  size_t pool_chunks = 0;        // chunks in the pool
+  size_t pool_high_water = 0;    // most chunks out at once
+  uint64_t pool_bytes = 0;       // memory held by the pool
+};
+
+// Copies `work` (guest byte ranges, widened to whole clusters) of `source`
+// into every destination, in guest order per destination, then calls Finish
+// on each destination that did not fail. `source` and the destinations must
+// outlive the call. Blocks until done.
+// Returns: the result; or the first error (wrapped with the stage's name:
+// "read", "process", "verify", "write <destination>", ...), kCancelled when
+// options.cancel was set, kInvalidArgument for bad options. On error nothing
+// is leaked and every chunk is back in the pool.
+Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
+                           std::span<Destination* const> destinations, const CopyOptions& options);
+
+// The whole disk as a work set.
+inline RangeList WholeDisk(const BlockSource& source) { return {{0, source.size_bytes()}}; }
+
+}  // namespace barge::pipeline
