@@ -1,0 +1,39 @@
+// Flags shared by every command that runs the copy pipeline (convert,
+// backup, restore, replicate): compression, cluster size, threads, memory.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "blockio/error.h"
+#include "formats/image.h"
+#include "pipeline/copy.h"
+
+namespace barge::cli {
+
+struct CompressionChoice {
+  formats::Compression type = formats::Compression::kNone;
+  int level = 0;
+  std::string ToString() const;  // "zstd:3", "zlib:6", "none"
+};
+
+// "zstd", "zstd:N" (1..19), "deflate"/"zlib"[:N] (1..9), "none".
+Result<CompressionChoice> ParseCompression(const std::string& text);
+
+struct CopyFlags {
+  std::string compress;
+  std::string cluster_size = "64K";
+  std::string memory = "256M";
+  int threads = 0;
+
+  // `default_compress` is shown in --help and used when the flag is absent.
+  void AddTo(CLI::App* app, const std::string& default_compress);
+  // Fills cluster size, memory, threads, compression of `options`.
+  Status Apply(pipeline::CopyOptions& options, CompressionChoice& compression) const;
+};
+
+// log2 of a power-of-two cluster size in 512..2M, else kInvalidArgument.
+Result<uint32_t> ClusterBits(uint64_t cluster_bytes);
+
+}  // namespace barge::cli

@@ -1,0 +1,341 @@
+// Full and incremental backups into a chain folder.
+#include "pipeline/backup.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "formats/digest_table.h"
+#include "formats/extents_file.h"
+#include "formats/qcow2_bitmap.h"
+#include "pipeline/chain.h"
+#include "pipeline/staged_file.h"
+
+namespace barge::pipeline {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Holds an exclusive flock on DIR/.lock for the life of the object.
+class ChainLock {
+ public:
+  static Result<ChainLock> Acquire(const std::string& dir) {
+    std::string path = dir + "/.lock";
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Error::FromErrno(errno, "open lock", path);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) {
+        return Error::InvalidArgument("another barge job is writing this chain folder now")
+            .set_path(dir)
+            .set_retryable(true);
+      }
+      return Error::FromErrno(err, "flock", path);
+    }
+    return ChainLock(fd);
+  }
+  ChainLock(ChainLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  ChainLock& operator=(ChainLock&&) = delete;
+  ~ChainLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  explicit ChainLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+Status CheckDiskName(const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name[0] == '.') {
+    return Error::InvalidArgument("disk name '" + name +
+                                  "' must be a plain, non-hidden folder name (use --name)");
+  }
+  return OkStatus();
+}
+
+// Removes images and digest tables that no manifest names: what a run
+// killed between renames leaves. Called with the chain lock held.
+void RemoveOrphans(const ChainFolder& chain) {
+  std::set<std::string> named;
+  for (const auto& p : chain.points) {
+    named.insert(p.manifest.image);
+    named.insert(p.manifest.digest_table);
+  }
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(chain.dir, ec)) {
+    std::string name = entry.path().filename().string();
+    auto ext = entry.path().extension();
+    bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
+                (ext == ".qcow2" || ext == ".digests");
+    bool temp = name.size() > 11 && name[0] == '.' && name.ends_with(".barge-tmp");
+    if ((ours && !named.count(name)) || temp) fs::remove(entry.path(), ec);
+  }
+}
+
+Result<RangeList> DirtySet(const BackupRequest& req, OpenedSource& src, std::string& description) {
+  uint64_t size = src.image->size_bytes();
+  if (req.dirty_ranges) {
+    description = req.dirty_description.empty() ? "caller" : req.dirty_description;
+    return *req.dirty_ranges;
+  }
+  if (!req.dirty_extents_file.empty()) {
+    description = "extents:" + req.dirty_extents_file;
+    BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(req.dirty_extents_file, 4ull << 30));
+    auto file = formats::DecodeExtentsFile(text);
+    if (!file.ok()) return Error(file.error()).set_path(req.dirty_extents_file);
+    if (file->virtual_size && *file->virtual_size != size) {
+      return Error::InvalidArgument("extents file is for a disk of " +
+                                    std::to_string(*file->virtual_size) + " bytes, the source has " +
+                                    std::to_string(size))
+          .set_path(req.dirty_extents_file);
+    }
+    for (const Range& r : file->dirty) {
+      if (r.end() > size) {
+        return Error::InvalidArgument("extents file names bytes beyond the end of the source")
+            .set_path(req.dirty_extents_file)
+            .set_range(r.offset, r.length);
+      }
+    }
+    return file->dirty;
+  }
+  if (src.nbd != nullptr) {
+    description = "nbd:" + src.image->name() + ":" + req.dirty_bitmap;
+    return src.nbd->DirtyRanges(0, size);
+  }
+  description = "bitmap:" + req.dirty_bitmap;
+  for (const auto& b : src.image->info().bitmaps) {
+    if (b.name == req.dirty_bitmap && b.in_use) {
+      return Error::InvalidArgument("bitmap '" + req.dirty_bitmap +
+                                    "' is inconsistent (in use: the VM or qemu-nbd did not close "
+                                    "it cleanly); take a full backup")
+          .set_path(src.image->name());
+    }
+  }
+  return formats::ReadBitmapDirtyRanges(*src.image, req.dirty_bitmap);
+}
+
+std::string IdFor(uint32_t sequence, const std::string& started_at) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%04u", sequence);
+  return std::string(buf) + "-" + formats::CompactTimestamp(started_at);
+}
+
+Status WriteSmallStaged(const std::string& path, std::span<const std::byte> bytes,
+                        std::unique_ptr<StagedFile>& out) {
+  BARGE_ASSIGN_OR_RETURN(out, StagedFile::Create(path));
+  BARGE_RETURN_IF_ERROR(out->sink().WriteAt(0, bytes));
+  return OkStatus();
+}
+
+}  // namespace
+
+std::string DefaultDiskName(const std::string& location) {
+  std::string s = location;
+  if (auto q = s.find('?'); q != std::string::npos) s = s.substr(0, q);
+  while (!s.empty() && s.back() == '/') s.pop_back();
+  std::string base = s.substr(s.find_last_of('/') == std::string::npos ? 0 : s.find_last_of('/') + 1);
+  if (auto dot = base.find('.'); dot != std::string::npos && dot > 0) base = base.substr(0, dot);
+  return base.empty() ? "disk" : base;
+}
+
+Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
+                                     uint32_t cluster_bytes) {
+  uint64_t data = 0;
+  constexpr uint64_t kWindow = 1ull << 30;
+  for (const Range& r : work) {
+    for (uint64_t off = r.offset; off < r.end(); off += kWindow) {
+      uint64_t n = std::min(kWindow, r.end() - off);
+      BARGE_ASSIGN_OR_RETURN(ExtentList extents, source.Extents(off, n));
+      for (const Extent& e : extents) {
+        if (e.kind == ExtentKind::kData) data += e.length;
+      }
+    }
+  }
+  // L2 entries (8 bytes per cluster), refcounts and header: a generous 1%
+  // plus a few clusters.
+  uint64_t metadata = data / 100 + 16ull * cluster_bytes + (1u << 20);
+  return data + metadata;
+}
+
+Result<uint64_t> FreeBytes(const std::string& dir) {
+  struct statvfs st;
+  if (::statvfs(dir.c_str(), &st) != 0) return Error::FromErrno(errno, "statvfs", dir);
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+Result<BackupResult> RunBackup(const BackupRequest& req) {
+  auto start = std::chrono::steady_clock::now();
+  std::string started_at = formats::NowRfc3339();
+  int dirty_inputs = !req.dirty_bitmap.empty() + !req.dirty_extents_file.empty() +
+                     req.dirty_ranges.has_value();
+  if (req.incremental && dirty_inputs != 1) {
+    return Error::InvalidArgument("an incremental backup needs exactly one of --dirty-bitmap or --dirty-extents");
+  }
+  if (!req.incremental && dirty_inputs != 0) {
+    return Error::InvalidArgument("--dirty-bitmap/--dirty-extents need --incremental");
+  }
+
+  SourceSpec spec = req.source;
+  if (req.incremental && !req.dirty_bitmap.empty() && IsNbdUri(spec.location)) {
+    spec.nbd_dirty_context = req.dirty_bitmap.starts_with("qemu:")
+                                 ? req.dirty_bitmap
+                                 : "qemu:dirty-bitmap:" + req.dirty_bitmap;
+  }
+  BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(spec));
+  const uint64_t size = src.image->size_bytes();
+
+  std::string disk = req.disk_name.empty() ? DefaultDiskName(spec.location) : req.disk_name;
+  BARGE_RETURN_IF_ERROR(CheckDiskName(disk));
+  std::string chain_dir = (fs::path(req.target_dir) / disk).string();
+  std::error_code ec;
+  fs::create_directories(chain_dir, ec);
+  if (ec) return Error::FromErrno(ec.value(), "create folder", chain_dir);
+  BARGE_ASSIGN_OR_RETURN(ChainLock lock, ChainLock::Acquire(chain_dir));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(chain_dir));
+  RemoveOrphans(chain);
+
+  uint32_t cluster = req.copy.cluster_bytes;
+  formats::BackupManifest m;
+  formats::DigestTable parent_digests;
+  if (req.incremental) {
+    if (chain.empty()) {
+      return Error::InvalidArgument("no earlier backup in the chain folder: take a full backup first")
+          .set_path(chain_dir);
+    }
+    const formats::BackupManifest& pm = chain.latest().manifest;
+    if (pm.virtual_size != size) {
+      return Error::InvalidArgument("the disk's size changed from " + std::to_string(pm.virtual_size) +
+                                    " to " + std::to_string(size) + " bytes since backup " + pm.id +
+                                    ": take a full backup")
+          .set_path(spec.location);
+    }
+    cluster = pm.cluster_size;  // a chain keeps one cluster size
+    auto digests = EffectiveDigests(chain, chain.points.size() - 1);
+    if (!digests.ok()) {
+      return Error(digests.error()).Wrap("the parent chain does not verify; take a full backup");
+    }
+    parent_digests = std::move(digests).value();
+    m.parent = formats::ManifestParent{pm.id, pm.image, pm.image_digest};
+  }
+
+  std::string dirty_description;
+  RangeList work{{0, size}};
+  if (req.incremental) {
+    BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(req, src, dirty_description));
+    work = AlignRanges(dirty, cluster, size);
+  }
+
+  BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*src.image, work, cluster));
+  BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(chain_dir));
+  if (needed > free_bytes) {
+    return Error::NoSpace("the target needs up to " + std::to_string(needed) + " bytes for this backup, " +
+                          std::to_string(free_bytes) + " are free")
+        .set_path(chain_dir);
+  }
+
+  m.id = IdFor(chain.next_sequence(), started_at);
+  m.disk = disk;
+  m.type = req.incremental ? formats::BackupType::kIncremental : formats::BackupType::kFull;
+  m.reason = !req.reason.empty() ? req.reason
+             : req.incremental   ? "changed blocks from " + dirty_description
+             : chain.empty()     ? "first backup of the disk"
+                                 : "full backup requested";
+  m.source = spec.location;
+  m.source_format = src.format_name();
+  m.virtual_size = size;
+  m.cluster_size = cluster;
+  m.compression = req.compression == formats::Compression::kNone
+                      ? "none"
+                      : std::string(formats::CompressionName(req.compression)) + ":" +
+                            std::to_string(req.compression_level);
+  m.image = m.id + ".qcow2";
+  m.digest_table = m.id + ".digests";
+  m.checkpoint = req.checkpoint;
+  m.dirty_source = dirty_description;
+  m.dirty_bytes = req.incremental ? TotalBytes(work) : 0;
+  m.started_at = started_at;
+  m.tool_version = req.tool_version;
+
+  // The image.
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> image_file,
+                         StagedFile::Create(chain.PathOf(m.image)));
+  formats::Qcow2WriterOptions w;
+  w.virtual_size = size;
+  w.cluster_bits = static_cast<uint32_t>(std::countr_zero(cluster));
+  w.compression = req.compression;
+  if (m.parent) {
+    w.backing_file = m.parent->image;
+    w.backing_format = "qcow2";
+  }
+  BARGE_ASSIGN_OR_RETURN(
+      std::unique_ptr<Qcow2Destination> dest,
+      Qcow2Destination::Create(image_file->sink(), w,
+                               req.incremental ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit));
+  CopyOptions copy = req.copy;
+  copy.cluster_bytes = cluster;
+  copy.chunk_bytes = std::max(copy.chunk_bytes / cluster * cluster, cluster);
+  copy.compression = req.compression;
+  copy.compression_level = req.compression_level;
+  copy.record_zero_digests = req.incremental;
+  if (req.incremental) {
+    copy.base_digest = [&parent_digests](uint64_t c) { return FindDigest(parent_digests, c); };
+  }
+  Destination* dests[] = {dest.get()};
+  auto copied = RunCopy(*src.image, work, dests, copy);
+  if (!copied.ok()) return Error(copied.error()).Wrap("backup");
+  const formats::Qcow2WriterStats stats = dest->writer().stats();
+
+  formats::DigestTable table;
+  table.cluster_bytes = cluster;
+  table.virtual_size = size;
+  table.entries.reserve(copied->cluster_digests.size());
+  for (const ClusterDigest& d : copied->cluster_digests) {
+    table.entries.push_back({d.cluster_index, d.digest});
+  }
+  m.image_digest = copied->image_digest;
+  m.bytes_read = copied->bytes_read;
+  m.bytes_written = stats.file_bytes;
+  m.data_clusters = stats.data_clusters + stats.compressed_clusters;
+  m.compressed_clusters = stats.compressed_clusters;
+  m.zero_clusters = stats.zero_clusters;
+  m.finished_at = formats::NowRfc3339();
+
+  // Image, digests, manifest last: a manifest only ever names complete files.
+  std::unique_ptr<StagedFile> digests_file, manifest_file;
+  std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
+  BARGE_RETURN_IF_ERROR(WriteSmallStaged(chain.PathOf(m.digest_table), table_bytes, digests_file));
+  std::string text = formats::EncodeManifest(m);
+  BARGE_RETURN_IF_ERROR(WriteSmallStaged(chain.PathOf(m.id + ".json"),
+                                         std::as_bytes(std::span(text.data(), text.size())),
+                                         manifest_file));
+  Status committed = image_file->Commit();
+  if (committed.ok()) committed = digests_file->Commit();
+  if (committed.ok()) committed = manifest_file->Commit();
+  if (!committed.ok()) {
+    fs::remove(chain.PathOf(m.image), ec);
+    fs::remove(chain.PathOf(m.digest_table), ec);
+    return Error(committed.error()).Wrap("backup");
+  }
+
+  BackupResult result;
+  result.chain_dir = chain_dir;
+  result.image_path = chain.PathOf(m.image);
+  result.manifest_path = chain.PathOf(m.id + ".json");
+  result.digests_path = chain.PathOf(m.digest_table);
+  result.bytes_read = m.bytes_read;
+  result.image_bytes = m.bytes_written;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.manifest = std::move(m);
+  return result;
+}
+
+}  // namespace barge::pipeline

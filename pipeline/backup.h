@@ -1,0 +1,69 @@
+// Backup jobs: a full or incremental backup of one disk into its chain
+// folder (docs/formats/backup.md), on the copy pipeline.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "blockio/extent.h"
+#include "formats/manifest.h"
+#include "pipeline/copy.h"
+#include "pipeline/endpoints.h"
+
+namespace barge::pipeline {
+
+struct BackupRequest {
+  SourceSpec source;
+  std::string target_dir;  // the chain folder is target_dir/disk_name
+  std::string disk_name;   // "" = the source's base name without extension
+  bool incremental = false;
+  // What changed since the parent (incrementals; exactly one):
+  std::string dirty_bitmap;        // a qcow2 persistent bitmap, or the NBD
+                                   // export's qemu:dirty-bitmap:NAME
+  std::string dirty_extents_file;  // an extents file (docs/formats/extents.md)
+  std::optional<RangeList> dirty_ranges;  // given by the caller (orchestrate)
+  std::string dirty_description;   // recorded when dirty_ranges is given
+  std::string reason;              // recorded why; "" = a default per type
+  std::string checkpoint;          // recorded libvirt checkpoint name
+  formats::Compression compression = formats::Compression::kZstd;
+  int compression_level = 3;
+  // Pipeline knobs (cluster_bytes, memory, threads, progress, stats,
+  // cancel). Compression fields are taken from above.
+  CopyOptions copy;
+  std::string tool_version = "0.1.0";
+};
+
+struct BackupResult {
+  formats::BackupManifest manifest;
+  std::string chain_dir;
+  std::string image_path;
+  std::string manifest_path;
+  std::string digests_path;
+  uint64_t bytes_read = 0;
+  uint64_t image_bytes = 0;
+  double seconds = 0;
+};
+
+// Runs one backup. Before writing anything it checks: the source opens; for
+// an incremental, the chain has a latest point whose manifests and digest
+// tables verify, the virtual size is unchanged, and the dirty set is valid;
+// the target has room for the estimate (kNoSpace saying how much is
+// needed). Files go under temporary names and are renamed image, digests,
+// manifest last; on any error nothing new is left in the chain folder.
+// A second backup of the same chain folder at the same time fails at once.
+Result<BackupResult> RunBackup(const BackupRequest& request);
+
+// The default disk name for a source: its base name without extension
+// ("vm1.qcow2" -> "vm1"; "nbd://host/vda" -> "vda").
+std::string DefaultDiskName(const std::string& location);
+
+// Bytes a backup of `work` of `image` may need on the target at most
+// (allocated data stored uncompressed, plus metadata).
+Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
+                                     uint32_t cluster_bytes);
+
+// Free bytes for an unprivileged writer on the filesystem holding `dir`.
+Result<uint64_t> FreeBytes(const std::string& dir);
+
+}  // namespace barge::pipeline

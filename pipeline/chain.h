@@ -1,0 +1,66 @@
+// A disk's chain folder (docs/formats/backup.md): the manifests in it, how
+// they link, and the effective per-cluster digests at any point in time.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blockio/error.h"
+#include "formats/digest_table.h"
+#include "formats/manifest.h"
+
+namespace barge::pipeline {
+
+struct ChainPoint {
+  formats::BackupManifest manifest;
+  std::string manifest_path;
+  uint32_t sequence = 0;  // the position prefix of the id (0000 = first full)
+};
+
+// Every backup point of a chain folder, ordered by sequence. A folder may
+// hold several chains (a forced full starts a new one); each point's parent
+// link says which.
+struct ChainFolder {
+  std::string dir;
+  std::vector<ChainPoint> points;
+
+  bool empty() const { return points.empty(); }
+  const ChainPoint& latest() const { return points.back(); }
+  uint32_t next_sequence() const { return points.empty() ? 0 : points.back().sequence + 1; }
+  std::string PathOf(const std::string& file_name) const { return dir + "/" + file_name; }
+
+  // Finds a point: "latest" (or empty), a sequence number ("0", "3"), an id
+  // ("0003-20261122T151533Z"), or a time (RFC 3339 or compact): the newest
+  // point that started not after it. kNotFound otherwise.
+  Result<size_t> Resolve(std::string_view at) const;
+
+  // Indexes of the layers of point `index`, oldest (the full) first,
+  // following parent links. kCorruption if a link is broken (missing
+  // parent, parent digest mismatch, loop), naming the manifest.
+  Result<std::vector<size_t>> LayersOf(size_t index) const;
+};
+
+// Loads every manifest (*.json) of `dir`. A folder without manifests gives
+// an empty chain; a missing folder is kNotFound. Leftover temporaries of a
+// killed run (.*.barge-tmp) are ignored.
+Result<ChainFolder> LoadChainFolder(const std::string& dir);
+
+// Reads and validates one digest table file.
+Result<formats::DigestTable> LoadDigestTable(const std::string& path);
+
+// The effective digests of point `index` (its layers merged, newest wins),
+// checked against the manifest's image digest: kCorruption naming the point
+// if they disagree.
+Result<formats::DigestTable> EffectiveDigests(const ChainFolder& chain, size_t index);
+
+// Reads a small whole file (manifests); kNotFound / kIoError.
+Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes = 16 << 20);
+
+// Binary search for a cluster's digest in a sorted table.
+std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
+                                             uint64_t cluster_index);
+
+}  // namespace barge::pipeline

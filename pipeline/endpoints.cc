@@ -1,0 +1,64 @@
+// Source opening for every job.
+#include "pipeline/endpoints.h"
+
+#include <filesystem>
+
+#include "blockio/file.h"
+
+namespace barge::pipeline {
+
+std::string_view SourceKindName(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::kFile: return "file";
+    case SourceKind::kBlockDevice: return "block device";
+    case SourceKind::kNbd: return "nbd";
+  }
+  return "unknown";
+}
+
+std::string OpenedSource::format_name() const {
+  if (kind == SourceKind::kNbd) return "nbd";
+  return std::string(formats::ImageFormatName(image->format()));
+}
+
+Result<OpenedSource> OpenSource(const SourceSpec& spec) {
+  OpenedSource out;
+  formats::OpenOptions options;
+  options.allow_any_path = spec.allow_any_path;
+  if (!spec.format.empty()) {
+    BARGE_ASSIGN_OR_RETURN(options.format, formats::ParseImageFormat(spec.format));
+  }
+  if (IsNbdUri(spec.location)) {
+    if (spec.format == "qcow2") {
+      return Error::InvalidArgument("an NBD export is read as raw guest data (the server decodes the format)")
+          .set_path(spec.location);
+    }
+    NbdOptions nbd_options;
+    nbd_options.connections = spec.nbd_connections;
+    nbd_options.dirty_bitmap_context = spec.nbd_dirty_context;
+    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<NbdSource> nbd, OpenNbd(spec.location, nbd_options));
+    out.nbd = nbd.get();
+    out.kind = SourceKind::kNbd;
+    options.format = formats::ImageFormat::kRaw;
+    // The opener hands over the connection we already made.
+    auto held = std::make_shared<std::unique_ptr<NbdSource>>(std::move(nbd));
+    formats::SourceOpener opener = [held](const std::string&) -> Result<std::unique_ptr<BlockSource>> {
+      if (!*held) return Error::InvalidArgument("NBD source opened twice");
+      return std::unique_ptr<BlockSource>(std::move(*held));
+    };
+    BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(spec.location, opener, options));
+    return out;
+  }
+  out.kind = IsBlockDevice(spec.location) ? SourceKind::kBlockDevice : SourceKind::kFile;
+  if (!options.allow_any_path && !spec.allow_dirs.empty()) {
+    options.allowed_dirs = spec.allow_dirs;
+    std::error_code ec;
+    options.allowed_dirs.push_back(
+        std::filesystem::absolute(spec.location, ec).parent_path().string());
+  }
+  formats::SourceOpener opener = [](const std::string& path) { return OpenFileSource(path); };
+  BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(spec.location, opener, options));
+  return out;
+}
+
+}  // namespace barge::pipeline

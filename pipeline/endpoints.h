@@ -1,0 +1,38 @@
+// Opening what jobs read from: image files (raw or qcow2 with its chain),
+// block devices and NBD exports, all as a formats::Image guest view.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blockio/nbd.h"
+#include "formats/image.h"
+
+namespace barge::pipeline {
+
+struct SourceSpec {
+  std::string location;  // path, block device or NBD URI
+  // "" = detect for files (qcow2 magic, else raw). "raw" is never probed: a
+  // raw disk whose first bytes look like qcow2 stays raw. NBD is always raw.
+  std::string format;
+  bool allow_any_path = false;          // backing/data files anywhere
+  std::vector<std::string> allow_dirs;  // extra folders for backing/data files
+  uint32_t nbd_connections = 4;
+  std::string nbd_dirty_context;        // e.g. "qemu:dirty-bitmap:backup-vda"
+};
+
+enum class SourceKind : uint8_t { kFile, kBlockDevice, kNbd };
+std::string_view SourceKindName(SourceKind kind);
+
+struct OpenedSource {
+  std::unique_ptr<formats::Image> image;  // the guest view
+  SourceKind kind = SourceKind::kFile;
+  NbdSource* nbd = nullptr;  // points into `image` when kind == kNbd
+  // "raw", "qcow2" or "nbd" (as recorded in manifests).
+  std::string format_name() const;
+};
+
+Result<OpenedSource> OpenSource(const SourceSpec& spec);
+
+}  // namespace barge::pipeline
