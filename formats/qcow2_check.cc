@@ -1,0 +1,267 @@
+// qcow2 refcount and structure checker: one in-memory reference count per
+// host cluster, compared with the stored refcounts and COPIED flags.
+#include "formats/qcow2_check.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "formats/qcow2_bitmap.h"
+#include "formats/qcow2_header.h"
+#include "formats/qcow2_snapshot.h"
+
+namespace barge::formats::qcow2 {
+
+namespace {
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+class Checker {
+ public:
+  Checker(BlockSource& file, const Header& h, const CheckOptions& options)
+      : file_(file), h_(h), options_(options), cs_(h.cluster_size()) {}
+
+  Result<CheckReport> Run();
+
+ private:
+  void Corrupt(std::string message) {
+    ++report_.corruptions;
+    Note("ERROR " + std::move(message));
+  }
+  void Note(std::string message) {
+    if (report_.messages.size() < options_.max_messages) report_.messages.push_back(std::move(message));
+  }
+  bool InFile(uint64_t offset, uint64_t length) const {
+    return offset <= file_.size_bytes() && length <= file_.size_bytes() - offset;
+  }
+  // +1 on every host cluster that [offset, offset+length) touches.
+  void Reference(uint64_t offset, uint64_t length, const char* what) {
+    if (length == 0) return;
+    uint64_t first = offset >> h_.cluster_bits;
+    uint64_t last = (offset + (length - 1)) >> h_.cluster_bits;
+    if (offset + (length - 1) < offset) last = UINT64_MAX >> h_.cluster_bits;
+    if (last >= refs_.size()) {
+      Corrupt(std::string("counting reference for region exceeding the end of the file by one "
+                          "cluster or more: ") + what + " at " + Hex(offset));
+      last = refs_.empty() ? 0 : refs_.size() - 1;
+      if (first > last) return;
+    }
+    for (uint64_t c = first; c <= last; ++c) {
+      if (refs_[c] != UINT32_MAX) ++refs_[c];
+    }
+  }
+  // Reads metadata, charging it to the scan budget.
+  Status Read(uint64_t offset, std::span<std::byte> out) {
+    scanned_ += out.size();
+    if (scanned_ > options_.max_scan_bytes) {
+      return Error::NotSupported("check needs more metadata reads than its limit").set_path(file_.name());
+    }
+    return file_.ReadAt(offset, out);
+  }
+  Status CheckL1(uint64_t l1_offset, uint32_t l1_size, bool active);
+  Status CheckL2(uint64_t l2_offset, bool active);
+  Status CheckRefcountTable();
+  Status CheckBitmaps();
+  void CompareRefcounts();
+  void CheckCopied();
+
+  BlockSource& file_;
+  const Header& h_;
+  const CheckOptions& options_;
+  const uint64_t cs_;
+  CheckReport report_;
+  uint64_t scanned_ = 0;
+  std::vector<uint32_t> refs_;    // references we counted, per host cluster
+  std::vector<uint32_t> stored_;  // refcounts stored in the file (saturating)
+  // Active entries whose COPIED flag must equal (refcount == 1).
+  struct CopiedUse { uint64_t entry_offset, entry, host; bool l1; };
+  std::vector<CopiedUse> copied_;
+};
+
+Status Checker::CheckL2(uint64_t l2_offset, bool active) {
+  std::vector<std::byte> table(cs_);
+  BARGE_RETURN_IF_ERROR(Read(l2_offset, table));
+  const uint32_t entry_bytes = h_.l2_entry_bytes();
+  const uint64_t n = h_.l2_entries();
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t at = l2_offset + i * entry_bytes;
+    const uint64_t entry = LoadBe64(table.data() + i * entry_bytes);
+    if (entry & kOflagCompressed) {
+      if (entry & kOflagCopied) Corrupt("compressed cluster with the COPIED flag: l2_entry=" + Hex(entry));
+      const uint32_t x = CompressedOffsetBits(h_.cluster_bits);
+      const uint64_t off = entry & ((uint64_t{1} << x) - 1);
+      const uint64_t sectors = ((entry >> x) & ((uint64_t{1} << (h_.cluster_bits - 8)) - 1)) + 1;
+      Reference(off, sectors * kSectorBytes - (off & (kSectorBytes - 1)), "compressed cluster");
+      if (active) ++report_.allocated_clusters;
+      continue;
+    }
+    const uint64_t host = entry & kL2OffsetMask;
+    if (h_.extended_l2()) {
+      const uint64_t bitmap = LoadBe64(table.data() + i * entry_bytes + 8);
+      if (uint32_t(bitmap) & uint32_t(bitmap >> 32)) Corrupt("subcluster both allocated and zero at " + Hex(at));
+    }
+    if (host == 0) continue;
+    if (active) ++report_.allocated_clusters;
+    if (!IsClusterAligned(host, h_.cluster_bits)) {
+      Corrupt("data cluster is not properly aligned; L2 entry corrupted at " + Hex(at));
+      continue;
+    }
+    if (h_.has_data_file()) continue;  // lives in the data file: not refcounted
+    Reference(host, cs_, "data cluster");
+    if (active) copied_.push_back({at, entry, host, false});
+  }
+  return OkStatus();
+}
+
+Status Checker::CheckL1(uint64_t l1_offset, uint32_t l1_size, bool active) {
+  Reference(l1_offset, uint64_t{l1_size} * 8, "L1 table");
+  if (!InFile(l1_offset, uint64_t{l1_size} * 8)) return OkStatus();
+  std::vector<std::byte> l1(uint64_t{l1_size} * 8);
+  BARGE_RETURN_IF_ERROR(Read(l1_offset, l1));
+  for (uint32_t i = 0; i < l1_size; ++i) {
+    const uint64_t at = l1_offset + 8 * uint64_t{i};
+    const uint64_t entry = LoadBe64(l1.data() + 8 * uint64_t{i});
+    const uint64_t l2 = entry & kL1OffsetMask;
+    if (l2 == 0) continue;
+    if (!IsClusterAligned(l2, h_.cluster_bits)) {
+      Corrupt("L2 table offset " + Hex(l2) + " not aligned; L1 entry at " + Hex(at));
+      continue;
+    }
+    Reference(l2, cs_, "L2 table");
+    if (active) copied_.push_back({at, entry, l2, true});
+    if (!InFile(l2, cs_)) continue;  // reported by Reference
+    BARGE_RETURN_IF_ERROR(CheckL2(l2, active));
+  }
+  return OkStatus();
+}
+
+Status Checker::CheckRefcountTable() {
+  const uint64_t table_bytes = h_.refcount_table_bytes();
+  Reference(h_.refcount_table_offset, table_bytes, "refcount table");
+  if (!InFile(h_.refcount_table_offset, table_bytes)) return OkStatus();
+  std::vector<std::byte> table(table_bytes);
+  BARGE_RETURN_IF_ERROR(Read(h_.refcount_table_offset, table));
+  const uint64_t per_block = RefcountsPerBlock(h_.cluster_bits, h_.refcount_order);
+  const uint32_t bits = 1u << h_.refcount_order;
+  std::vector<std::byte> block(cs_);
+  for (uint64_t i = 0; i < table_bytes / 8; ++i) {
+    const uint64_t block_offset = LoadBe64(table.data() + 8 * i) & kRefcountTableOffsetMask;
+    if (block_offset == 0) continue;
+    if (!IsClusterAligned(block_offset, h_.cluster_bits)) {
+      Corrupt("refcount block offset " + Hex(block_offset) + " is not cluster aligned");
+      continue;
+    }
+    Reference(block_offset, cs_, "refcount block");
+    if (!InFile(block_offset, cs_)) continue;
+    BARGE_RETURN_IF_ERROR(Read(block_offset, block));
+    for (uint64_t j = 0; j < per_block; ++j) {
+      const uint64_t cluster = i * per_block + j;
+      if (cluster >= stored_.size()) break;
+      uint64_t value;
+      if (bits >= 8) {
+        value = 0;
+        for (uint32_t b = 0; b < bits / 8; ++b) value = (value << 8) | uint8_t(block[j * (bits / 8) + b]);
+      } else {
+        value = (uint8_t(block[j * bits / 8]) >> ((j * bits) % 8)) & ((1u << bits) - 1);
+      }
+      stored_[cluster] = uint32_t(std::min<uint64_t>(value, UINT32_MAX));
+    }
+  }
+  return OkStatus();
+}
+
+Status Checker::CheckBitmaps() {
+  if (!h_.bitmaps_valid()) return OkStatus();  // without autoclear bit 0 they are leaks
+  auto entries = ReadBitmapDirectory(file_, h_);
+  if (!entries.ok()) {
+    Corrupt(entries.error().message());
+    return OkStatus();
+  }
+  Reference(h_.bitmap_directory_offset, h_.bitmap_directory_size, "bitmap directory");
+  for (const BitmapEntry& e : *entries) {
+    const uint64_t table_bytes = uint64_t{e.info.table_size} * 8;
+    Reference(e.info.table_offset, table_bytes, "bitmap table");
+    std::vector<std::byte> table(table_bytes);  // inside the file (checked by the directory)
+    BARGE_RETURN_IF_ERROR(Read(e.info.table_offset, table));
+    for (uint64_t i = 0; i < e.info.table_size; ++i) {
+      const uint64_t entry = LoadBe64(table.data() + 8 * i);
+      const uint64_t data = entry & kBitmapTableOffsetMask;
+      if (entry & kBitmapTableReservedMask) Corrupt("bitmap '" + e.info.name + "' table entry has reserved bits");
+      if (data == 0) continue;
+      if (!IsClusterAligned(data, h_.cluster_bits)) {
+        Corrupt("bitmap '" + e.info.name + "' data cluster " + Hex(data) + " is not aligned");
+        continue;
+      }
+      Reference(data, cs_, "bitmap data cluster");
+    }
+  }
+  return OkStatus();
+}
+
+void Checker::CompareRefcounts() {
+  for (uint64_t c = 0; c < refs_.size(); ++c) {
+    if (stored_[c] < refs_[c]) {
+      Corrupt("cluster " + std::to_string(c) + " refcount=" + std::to_string(stored_[c]) +
+              " reference=" + std::to_string(refs_[c]));
+    } else if (stored_[c] > refs_[c]) {
+      ++report_.leaks;
+      Note("Leaked cluster " + std::to_string(c) + " refcount=" + std::to_string(stored_[c]) +
+           " reference=" + std::to_string(refs_[c]));
+    }
+  }
+}
+
+void Checker::CheckCopied() {
+  for (const CopiedUse& use : copied_) {
+    const uint64_t c = use.host >> h_.cluster_bits;
+    if (c >= stored_.size()) continue;
+    const bool want = stored_[c] == 1;
+    if (bool(use.entry & kOflagCopied) != want) {
+      Corrupt(std::string("OFLAG_COPIED ") + (use.l1 ? "L2 cluster" : "data cluster") +
+              ": entry=" + Hex(use.entry) + " at " + Hex(use.entry_offset) +
+              " refcount=" + std::to_string(stored_[c]));
+    }
+  }
+}
+
+Result<CheckReport> Checker::Run() {
+  const uint64_t file_clusters = SizeToClusters(file_.size_bytes(), h_.cluster_bits);
+  if (file_clusters > options_.max_file_clusters) {
+    return Error::NotSupported("file has " + std::to_string(file_clusters) +
+                               " clusters, more than the checker's limit")
+        .set_path(file_.name());
+  }
+  report_.file_clusters = file_clusters;
+  report_.total_clusters = SizeToClusters(h_.size, h_.cluster_bits);
+  refs_.assign(file_clusters, 0);
+  stored_.assign(file_clusters, 0);
+  Reference(0, cs_, "header");
+  BARGE_RETURN_IF_ERROR(CheckL1(h_.l1_table_offset, h_.l1_size, true));
+  auto snapshots = ReadSnapshotTable(file_, h_);
+  if (!snapshots.ok()) {
+    Corrupt(snapshots.error().message());
+  } else if (h_.nb_snapshots > 0) {
+    Reference(h_.snapshots_offset, snapshots->table_bytes, "snapshot table");
+    for (const SnapshotInfo& s : snapshots->snapshots) {
+      BARGE_RETURN_IF_ERROR(CheckL1(s.l1_table_offset, s.l1_size, false));
+    }
+  }
+  BARGE_RETURN_IF_ERROR(CheckRefcountTable());
+  BARGE_RETURN_IF_ERROR(CheckBitmaps());
+  CompareRefcounts();
+  CheckCopied();
+  return std::move(report_);
+}
+
+}  // namespace
+
+Result<CheckReport> CheckQcow2(BlockSource& file, const CheckOptions& options) {
+  BARGE_ASSIGN_OR_RETURN(Header h, ReadHeader(file));
+  Checker checker(file, h, options);
+  return checker.Run();
+}
+
+}  // namespace barge::formats::qcow2

@@ -1,0 +1,49 @@
+// Structural check of a qcow2 file (barge check), in the spirit of
+// `qemu-img check`: recompute every reference count and compare.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "blockio/source.h"
+
+namespace barge::formats::qcow2 {
+
+struct CheckOptions {
+  // Keep at most this many problem descriptions (counts are always exact).
+  size_t max_messages = 100;
+  // Refuse files with more clusters than this (8 bytes of memory each).
+  uint64_t max_file_clusters = uint64_t{1} << 27;
+  // Stop with kNotSupported after reading this many metadata bytes (crafted
+  // files can make many L1 entries or snapshots share one big L2 table).
+  uint64_t max_scan_bytes = uint64_t{64} << 30;
+};
+
+struct CheckReport {
+  uint64_t corruptions = 0;         // refcount too low, bad offsets, COPIED mismatches...
+  uint64_t leaks = 0;               // clusters whose refcount is higher than their references
+  uint64_t allocated_clusters = 0;  // guest clusters with data, compressed or ZERO_ALLOC
+  uint64_t total_clusters = 0;      // guest clusters of the virtual disk
+  uint64_t file_clusters = 0;       // host clusters of the file
+  std::vector<std::string> messages;  // the first problems, qemu-like wording
+
+  bool clean() const { return corruptions == 0 && leaks == 0; }
+  // The `barge check` exit code: 0 clean, 2 corruption, 3 leaks only.
+  int exit_code() const { return corruptions ? 2 : leaks ? 3 : 0; }
+};
+
+// Checks the image in `file` (the .qcow2 file itself; its backing and data
+// files are not opened). Counts a reference for: the header cluster, the
+// active and snapshot L1 tables and their L2 tables, data and ZERO_ALLOC
+// clusters (not when they live in an external data file), every host cluster
+// a compressed payload touches, the refcount table and blocks, the snapshot
+// table, the bitmap directory, tables and data clusters. Then compares with
+// the stored refcounts and the COPIED flags.
+// Returns the report, or an error when the header cannot be parsed
+// (kCorruption/kNotSupported), the file is too large for max_file_clusters
+// or needs more than max_scan_bytes of reads (kNotSupported), or the file cannot be read (kIoError). May block; the
+// memory used is about 8 bytes per host cluster.
+Result<CheckReport> CheckQcow2(BlockSource& file, const CheckOptions& options = {});
+
+}  // namespace barge::formats::qcow2

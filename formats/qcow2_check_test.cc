@@ -1,0 +1,151 @@
+// Tests for the qcow2 checker: qemu-made images are clean; poked refcounts
+// give the same verdict (exit code) as `qemu-img check`.
+#include "formats/qcow2_check.h"
+
+#include <gtest/gtest.h>
+
+#include "blockio/memory.h"
+#include "formats/qcow2_format.h"
+#include "tests/testing/testing.h"
+
+namespace barge::formats::qcow2 {
+namespace {
+
+using testing::Run;
+using testing::RunOk;
+using testing::TempDir;
+
+CheckReport MustCheck(const std::vector<std::byte>& bytes) {
+  MemorySource source(bytes, "check.qcow2");
+  auto report = CheckQcow2(source);
+  EXPECT_TRUE(report.ok()) << report.error().ToString();
+  return report.ok() ? *report : CheckReport{};
+}
+
+std::string Messages(const CheckReport& r) {
+  std::string s;
+  for (const auto& m : r.messages) s += m + "\n";
+  return s;
+}
+
+class Qcow2Check : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BARGE_REQUIRE_TOOL("qemu-img");
+    BARGE_REQUIRE_TOOL("qemu-io");
+  }
+  int QemuCheck(const std::vector<std::byte>& bytes) {
+    testing::WriteFile(dir_ / "q.qcow2", bytes);
+    return barge::testing::Run("qemu-img check -f qcow2 " + dir_ / "q.qcow2").exit_code;
+  }
+  TempDir dir_;
+};
+
+TEST_F(Qcow2Check, QemuImagesAreClean) {
+  const std::string img = dir_ / "i.qcow2";
+  const char* variants[] = {
+      "-o cluster_size=512",
+      "-o cluster_size=4k,refcount_bits=1",
+      "-o cluster_size=64k,refcount_bits=64",
+      "-o cluster_size=64k,extended_l2=on",
+      "-o compat=0.10",
+      "-o cluster_size=2M",
+  };
+  for (const char* opts : variants) {
+    SCOPED_TRACE(opts);
+    RunOk("rm -f " + img + " && qemu-img create -q -f qcow2 " + std::string(opts) + " " + img + " 4M");
+    RunOk("qemu-io -f qcow2 -c 'write -P 1 0 100k' -c 'write -z 1M 64k' -c 'write 3M 4k' -c 'write -z 0 4k' " + img);
+    const std::string o = opts;
+    if (o.find("compat=0.10") == std::string::npos) {  // v2 cannot store bitmaps
+      RunOk("qemu-img bitmap --add " + img + " b0 && qemu-io -f qcow2 -c 'write 2M 4k' " + img);
+    }
+    if (o.find("refcount_bits=1") == std::string::npos) {  // snapshots need refcounts > 1
+      RunOk("qemu-img snapshot -c s1 " + img + " && qemu-io -f qcow2 -c 'write -P 2 0 8k' " + img);
+    }
+    const auto bytes = testing::ReadFile(img);
+    CheckReport r = MustCheck(bytes);
+    EXPECT_TRUE(r.clean()) << Messages(r);
+    EXPECT_EQ(QemuCheck(bytes), 0);
+    EXPECT_GT(r.allocated_clusters, 0u);
+  }
+  // Compressed images, and packed payloads sharing clusters.
+  RunOk("qemu-img create -q -f raw " + dir_ / "s.raw" + " 2M && qemu-io -f raw -c 'write -P 5 0 1M' " + dir_ / "s.raw");
+  for (const char* type : {"zlib", "zstd"}) {
+    RunOk("rm -f " + img + " && qemu-img convert -c -O qcow2 -o cluster_size=4k,compression_type=" + std::string(type) +
+          " " + dir_ / "s.raw" + " " + img);
+    CheckReport r = MustCheck(testing::ReadFile(img));
+    EXPECT_TRUE(r.clean()) << type << "\n" << Messages(r);
+  }
+  // An external data file: data clusters are not refcounted.
+  RunOk("cd " + testing::ShellQuote(dir_.path().string()) +
+        " && qemu-img create -q -f qcow2 -o data_file=d.raw df.qcow2 1M && qemu-io -f qcow2 -c 'write 0 64k' df.qcow2");
+  CheckReport r = MustCheck(testing::ReadFile(dir_ / "df.qcow2"));
+  EXPECT_TRUE(r.clean()) << Messages(r);
+}
+
+TEST_F(Qcow2Check, PokedRefcountsMatchQemuVerdict) {
+  const std::string img = dir_ / "p.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + img + " 1M && qemu-io -f qcow2 -c 'write -P 1 0 64k' " + img);
+  const std::vector<std::byte> good = testing::ReadFile(img);
+  ASSERT_EQ(QemuCheck(good), 0);
+  ASSERT_TRUE(MustCheck(good).clean());
+  // 64 KiB clusters, 16-bit refcounts; find the first refcount block.
+  const uint64_t rt = LoadBe64(good.data() + 48);
+  const uint64_t block = LoadBe64(good.data() + rt);
+  const uint64_t l1 = LoadBe64(good.data() + 40);
+  const uint64_t l2 = LoadBe64(good.data() + l1) & kL1OffsetMask;
+  const uint64_t data = LoadBe64(good.data() + l2) & kL2OffsetMask;
+  auto set_refcount = [&](std::vector<std::byte>& b, uint64_t cluster, uint16_t v) {
+    StoreBe16(b.data() + block + 2 * cluster, v);
+  };
+
+  {  // Data cluster refcount 0: too low (corruption).
+    auto b = good;
+    set_refcount(b, data >> 16, 0);
+    CheckReport r = MustCheck(b);
+    EXPECT_GE(r.corruptions, 1u);
+    EXPECT_EQ(r.exit_code(), QemuCheck(b)) << Messages(r);
+  }
+  {  // A free cluster appended with refcount 1: a leak only.
+    auto b = good;
+    const uint64_t clusters = (b.size() + 0xffff) >> 16;
+    b.resize((clusters + 1) << 16);
+    set_refcount(b, clusters, 1);
+    CheckReport r = MustCheck(b);
+    EXPECT_EQ(r.corruptions, 0u) << Messages(r);
+    EXPECT_EQ(r.leaks, 1u);
+    EXPECT_EQ(r.exit_code(), 3);
+    EXPECT_EQ(QemuCheck(b), 3);
+  }
+  {  // L2 table refcount 2: a leak plus an OFLAG_COPIED corruption.
+    auto b = good;
+    set_refcount(b, l2 >> 16, 2);
+    CheckReport r = MustCheck(b);
+    EXPECT_EQ(r.leaks, 1u);
+    EXPECT_EQ(r.corruptions, 1u) << Messages(r);
+    EXPECT_EQ(r.exit_code(), QemuCheck(b));
+  }
+  {  // Two L2 entries aliasing one data cluster.
+    auto b = good;
+    StoreBe64(b.data() + l2 + 8, LoadBe64(b.data() + l2));
+    CheckReport r = MustCheck(b);
+    EXPECT_GE(r.corruptions, 1u);
+    EXPECT_EQ(r.exit_code(), QemuCheck(b)) << Messages(r);
+  }
+  {  // A data cluster beyond the end of the file.
+    auto b = good;
+    StoreBe64(b.data() + l2 + 8, kOflagCopied | (uint64_t{64} << 20));
+    CheckReport r = MustCheck(b);
+    EXPECT_GE(r.corruptions, 1u);
+    EXPECT_EQ(r.exit_code(), QemuCheck(b)) << Messages(r);
+  }
+}
+
+TEST_F(Qcow2Check, GarbageHeaderIsAnError) {
+  std::vector<std::byte> junk(4096, std::byte{0x5a});
+  MemorySource source(junk);
+  EXPECT_FALSE(CheckQcow2(source).ok());
+}
+
+}  // namespace
+}  // namespace barge::formats::qcow2

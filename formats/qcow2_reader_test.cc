@@ -1,0 +1,216 @@
+// Corrupt-image tests for the qcow2 reader: valid qemu-made images with bytes
+// poked at known offsets must fail with the right error, never crash.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "blockio/memory.h"
+#include "formats/image.h"
+#include "formats/qcow2_format.h"
+#include "formats/qcow2_header.h"
+#include "tests/testing/testing.h"
+
+namespace barge::formats {
+namespace {
+
+using namespace qcow2;
+using testing::RunOk;
+using testing::ShellQuote;
+using testing::TempDir;
+
+// Opens files from an in-memory map; anything else is NotFound.
+SourceOpener MemoryOpener(std::map<std::string, std::vector<std::byte>> files) {
+  return [files = std::move(files)](const std::string& path) -> Result<std::unique_ptr<BlockSource>> {
+    auto it = files.find(path);
+    if (it == files.end()) return Error::NotFound("no file " + path);
+    return std::unique_ptr<BlockSource>(std::make_unique<MemorySource>(it->second, path));
+  };
+}
+
+// Opens and reads everything; returns the first error code, or nullopt.
+std::optional<ErrorCode> OpenAndRead(const std::vector<std::byte>& bytes) {
+  auto image = OpenImage("/img.qcow2", MemoryOpener({{"/img.qcow2", bytes}}));
+  if (!image.ok()) return image.error().code();
+  std::vector<std::byte> buf(std::min<uint64_t>((*image)->size_bytes(), 8 << 20));
+  Status st = (*image)->ReadAt(0, buf);
+  if (!st.ok()) return st.error().code();
+  auto map = (*image)->Map(0, buf.size());
+  if (!map.ok()) return map.error().code();
+  return std::nullopt;
+}
+
+void Put32(std::vector<std::byte>& b, uint64_t off, uint32_t v) { StoreBe32(b.data() + off, v); }
+void Put64(std::vector<std::byte>& b, uint64_t off, uint64_t v) { StoreBe64(b.data() + off, v); }
+uint64_t Get64(const std::vector<std::byte>& b, uint64_t off) { return LoadBe64(b.data() + off); }
+
+class Qcow2Corrupt : public ::testing::Test {
+ protected:
+  void SetUp() override { BARGE_REQUIRE_TOOL("qemu-img"); }
+  // A 1 MiB image with data in its first cluster.
+  std::vector<std::byte> Make(const std::string& create_opts = "", const std::string& io = "write -P 1 0 64k") {
+    std::string img = dir_ / "t.qcow2";
+    RunOk("rm -f " + img + " && qemu-img create -q -f qcow2 " + create_opts + " " + img + " 1M");
+    if (!io.empty()) RunOk("qemu-io -f qcow2 -c '" + io + "' " + img);
+    return testing::ReadFile(img);
+  }
+  TempDir dir_;
+};
+
+TEST_F(Qcow2Corrupt, ValidImageReads) {
+  EXPECT_EQ(OpenAndRead(Make()), std::nullopt);
+}
+
+TEST_F(Qcow2Corrupt, HeaderFields) {
+  const auto good = Make();
+  auto poke = [&](auto fn) { auto b = good; fn(b); return OpenAndRead(b); };
+  EXPECT_EQ(poke([](auto& b) { Put64(b, 72, 1ull << 5); }), ErrorCode::kNotSupported);   // unknown incompat
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 20, 30); }), ErrorCode::kCorruption);            // cluster_bits
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 20, 8); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 32, 1); }), ErrorCode::kNotSupported);           // crypt_method
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 4, 4); }), ErrorCode::kNotSupported);            // version
+  EXPECT_EQ(poke([](auto& b) { Put64(b, 40, 1ull << 40); }), ErrorCode::kCorruption);    // L1 beyond EOF
+  EXPECT_EQ(poke([](auto& b) { Put64(b, 40, Get64(b, 40) + 8); }), ErrorCode::kCorruption);  // L1 misaligned
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 36, 0xffffffff); }), ErrorCode::kCorruption);    // huge l1_size
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 36, 0); }), ErrorCode::kCorruption);             // L1 too small
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 56, 0x10000); }), ErrorCode::kCorruption);       // refcount table
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 100, 100); }), ErrorCode::kCorruption);          // header_length
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 100, 1 << 20); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([](auto& b) { b[104] = std::byte{1}; }), ErrorCode::kCorruption);       // zstd w/o bit 3
+  EXPECT_EQ(poke([](auto& b) { Put32(b, 96, 7); }), ErrorCode::kCorruption);             // refcount_order
+  EXPECT_EQ(poke([](auto& b) { Put64(b, 88, kAutoclearDataFileRaw); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([](auto& b) { Put64(b, 72, kIncompatDataFile); }), ErrorCode::kCorruption);  // no name
+  EXPECT_EQ(poke([](auto& b) { b.resize(50); }), ErrorCode::kCorruption);                // truncated
+  EXPECT_EQ(poke([](auto& b) { b.resize(80); }), ErrorCode::kCorruption);
+}
+
+TEST_F(Qcow2Corrupt, ExtensionLengthOverflow) {
+  auto b = Make();
+  // qemu writes the feature-name table at header_length (112).
+  ASSERT_NE(LoadBe32(b.data() + 112), 0u);
+  Put32(b, 116, 0xfffffff0);
+  EXPECT_EQ(OpenAndRead(b), ErrorCode::kCorruption);
+}
+
+TEST_F(Qcow2Corrupt, L2OffsetsAndEntries) {
+  const auto good = Make();
+  const uint64_t l1 = Get64(good, 40);
+  const uint64_t l2 = Get64(good, l1) & kL1OffsetMask;
+  ASSERT_NE(l2, 0u);
+  auto poke = [&](auto fn) { auto b = good; fn(b); return OpenAndRead(b); };
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l1, Get64(b, l1) + 0x200); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l1, kOflagCopied | (1ull << 45)); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l2, Get64(b, l2) + 0x200); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l2, kOflagCopied | (1ull << 45)); }), ErrorCode::kCorruption);
+  // Compressed descriptor pointing past the end of the file.
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l2, kOflagCompressed | (b.size() + 4096)); }), ErrorCode::kCorruption);
+  // A compressed descriptor inside the file but over garbage.
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l2, kOflagCompressed | 0x200); }), ErrorCode::kCorruption);
+}
+
+TEST_F(Qcow2Corrupt, BitmapDirectory) {
+  std::string img = dir_ / "bm.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + img + " 1M && qemu-img bitmap --add " + img + " b0");
+  const auto good = testing::ReadFile(img);
+  EXPECT_EQ(OpenAndRead(good), std::nullopt);
+  // Find the bitmaps extension.
+  uint64_t ext = 112, dir = 0;
+  while (LoadBe32(good.data() + ext) != 0) {
+    if (LoadBe32(good.data() + ext) == kExtBitmaps) dir = Get64(good, ext + 8 + 16);
+    ext += 8 + ((LoadBe32(good.data() + ext + 4) + 7) & ~7u);
+  }
+  ASSERT_NE(dir, 0u);
+  auto poke = [&](auto fn) { auto b = good; fn(b); return OpenAndRead(b); };
+  EXPECT_EQ(poke([&](auto& b) { Put32(b, dir + 8, LoadBe32(b.data() + dir + 8) + 1); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([&](auto& b) { b[dir + 17] = std::byte{40}; }), ErrorCode::kCorruption);   // granularity
+  EXPECT_EQ(poke([&](auto& b) { Put32(b, dir + 20, 8); }), ErrorCode::kCorruption);       // extra data
+  EXPECT_EQ(poke([&](auto& b) { StoreBe16(b.data() + dir + 18, 0); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, dir, 1ull << 40); }), ErrorCode::kCorruption);
+}
+
+// Backing-file policy tests use real files.
+class Qcow2Backing : public ::testing::Test {
+ protected:
+  void SetUp() override { BARGE_REQUIRE_TOOL("qemu-img"); }
+  Result<std::unique_ptr<Image>> Open(const std::string& path, OpenOptions options = {}) {
+    return OpenImage(path, [](const std::string& p) -> Result<std::unique_ptr<BlockSource>> {
+      std::vector<std::byte> bytes = testing::ReadFile(p);
+      if (bytes.empty()) return Error::NotFound("missing " + p);
+      return std::unique_ptr<BlockSource>(std::make_unique<MemorySource>(std::move(bytes), p));
+    }, options);
+  }
+  std::string Cd() const { return "cd " + ShellQuote(dir_.path().string()) + " && "; }
+  TempDir dir_;
+};
+
+TEST_F(Qcow2Backing, RefusesJsonAndProtocolNames) {
+  RunOk(Cd() + "qemu-img create -q -f qcow2 base.qcow2 1M && qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 top.qcow2");
+  for (const char* name : {"json:{\"driver\":\"raw\",\"file\":{\"filename\":\"/etc/passwd\"}}", "nbd:unix:/x",
+                           "file:base.qcow2", "http://x/y"}) {
+    RunOk(Cd() + "qemu-img rebase -u -b " + ShellQuote(name) + " -F raw top.qcow2");
+    auto image = Open(dir_ / "top.qcow2");
+    ASSERT_FALSE(image.ok()) << name;
+    EXPECT_EQ(image.error().code(), ErrorCode::kInvalidArgument) << name;
+  }
+}
+
+TEST_F(Qcow2Backing, RefusesBackingOutsideFolderUnlessAllowed) {
+  TempDir other;
+  std::string base = other / "base.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + base + " 1M");
+  RunOk(Cd() + "qemu-img create -q -f qcow2 -b " + ShellQuote(base) + " -F qcow2 top.qcow2");
+  auto image = Open(dir_ / "top.qcow2");
+  ASSERT_FALSE(image.ok());
+  EXPECT_EQ(image.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(image.error().message().find("--allow-any-path"), std::string::npos);
+  OpenOptions any;
+  any.allow_any_path = true;
+  EXPECT_TRUE(Open(dir_ / "top.qcow2", any).ok());
+  OpenOptions listed;
+  listed.allowed_dirs = {dir_.path().string(), other.path().string()};
+  EXPECT_TRUE(Open(dir_ / "top.qcow2", listed).ok());
+  // "../" escapes are refused too.
+  RunOk(Cd() + "mkdir -p sub && qemu-img create -q -f qcow2 -b ../top.qcow2 -F qcow2 -u sub/s.qcow2 1M");
+  auto sub = Open(dir_ / "sub/s.qcow2");
+  EXPECT_EQ(sub.error().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST_F(Qcow2Backing, MissingFormatNameTooLongAndCycles) {
+  RunOk(Cd() + "qemu-img create -q -f qcow2 a.qcow2 1M && qemu-img create -q -f qcow2 -b a.qcow2 -F qcow2 b.qcow2");
+  EXPECT_TRUE(Open(dir_ / "b.qcow2").ok());
+  // A cycle: a -> b -> a, and a self loop.
+  RunOk(Cd() + "qemu-img rebase -u -b b.qcow2 -F qcow2 a.qcow2");
+  auto cycle = Open(dir_ / "b.qcow2");
+  ASSERT_FALSE(cycle.ok());
+  EXPECT_EQ(cycle.error().code(), ErrorCode::kCorruption);
+  RunOk(Cd() + "qemu-img rebase -u -b a.qcow2 -F qcow2 a.qcow2");
+  EXPECT_FALSE(Open(dir_ / "a.qcow2").ok());
+  OpenOptions shallow;
+  shallow.open_backing = false;
+  EXPECT_TRUE(Open(dir_ / "a.qcow2", shallow).ok());
+  // No backing format extension: rename its type so it is unknown.
+  RunOk(Cd() + "qemu-img create -q -f qcow2 c.qcow2 1M && qemu-img create -q -f qcow2 -b c.qcow2 -F qcow2 d.qcow2");
+  auto d = testing::ReadFile(dir_ / "d.qcow2");
+  ASSERT_EQ(LoadBe32(d.data() + 112), kExtBackingFormat);
+  Put32(d, 112, 0x12345678);
+  testing::WriteFile(dir_ / "d.qcow2", d);
+  auto noformat = Open(dir_ / "d.qcow2");
+  ASSERT_FALSE(noformat.ok());
+  EXPECT_NE(noformat.error().message().find("qemu-img rebase -u -F"), std::string::npos);
+  // Backing name too long.
+  Put32(d, 16, 2000);
+  testing::WriteFile(dir_ / "d.qcow2", d);
+  EXPECT_EQ(Open(dir_ / "d.qcow2").error().code(), ErrorCode::kCorruption);
+}
+
+TEST_F(Qcow2Backing, ChainDepthLimit) {
+  RunOk(Cd() + "qemu-img create -q -f qcow2 l0.qcow2 1M && qemu-img create -q -f qcow2 -b l0.qcow2 -F qcow2 l1.qcow2 && "
+               "qemu-img create -q -f qcow2 -b l1.qcow2 -F qcow2 l2.qcow2");
+  OpenOptions options;
+  options.max_chain_depth = 1;
+  EXPECT_EQ(Open(dir_ / "l2.qcow2", options).error().code(), ErrorCode::kInvalidArgument);
+  options.max_chain_depth = 2;
+  EXPECT_TRUE(Open(dir_ / "l2.qcow2", options).ok());
+}
+
+}  // namespace
+}  // namespace barge::formats
