@@ -2,12 +2,15 @@
 // poked at known offsets must fail with the right error, never crash.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
+#include <thread>
 
 #include "blockio/memory.h"
 #include "formats/image.h"
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
+#include "formats/qcow2_image.h"
 #include "tests/testing/testing.h"
 
 namespace barge::formats {
@@ -214,3 +217,52 @@ TEST_F(Qcow2Backing, ChainDepthLimit) {
 
 }  // namespace
 }  // namespace barge::formats
+
+namespace barge::formats::qcow2 {
+namespace {
+
+TEST(Qcow2L2Cache, EvictsAndReloads) {
+  std::vector<std::byte> file(8 * 512);
+  for (size_t i = 0; i < file.size(); ++i) file[i] = std::byte(i / 512);
+  MemorySource source(file);
+  L2Cache cache(source, 9, 2);
+  for (int round = 0; round < 3; ++round) {
+    for (uint64_t c = 0; c < 8; ++c) {
+      auto table = cache.Get(c * 512);
+      ASSERT_TRUE(table.ok());
+      EXPECT_EQ((**table)[0], std::byte(c));
+      EXPECT_EQ((**table)[511], std::byte(c));
+    }
+  }
+}
+
+TEST(Qcow2ConcurrentReads, ThreadsSeeTheSameBytes) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  barge::testing::TempDir dir;
+  std::string raw = dir / "s.raw";
+  barge::testing::WriteFile(raw, barge::testing::RandomBytes(2 << 20, 9));
+  std::string img = dir / "c.qcow2";
+  barge::testing::RunOk("qemu-img convert -c -O qcow2 -o cluster_size=4k " + raw + " " + img);
+  auto image = OpenImage(img, [](const std::string& p) -> Result<std::unique_ptr<BlockSource>> {
+    return std::unique_ptr<BlockSource>(std::make_unique<MemorySource>(barge::testing::ReadFile(p), p));
+  });
+  ASSERT_TRUE(image.ok()) << image.error().ToString();
+  const auto want = barge::testing::ReadFile(raw);
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::byte> buf(12345);
+      for (uint64_t off = t * 1000; off + buf.size() <= want.size(); off += 40000) {
+        if (!(*image)->ReadAt(off, buf).ok() || !std::equal(buf.begin(), buf.end(), want.begin() + off)) {
+          ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+}  // namespace
+}  // namespace barge::formats::qcow2
