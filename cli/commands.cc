@@ -15,6 +15,7 @@ int Main(int argc, char** argv) {
   RegisterImageCommands(app, exit_code);
   RegisterConvertCommand(app, exit_code);
   RegisterBitmapCommands(app, exit_code);
+  RegisterBackupCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -49,5 +49,7 @@ Result<uint64_t> ParseSize(const std::string& text);
 void RegisterImageCommands(CLI::App& app, int& exit_code);
 void RegisterConvertCommand(CLI::App& app, int& exit_code);
 void RegisterBitmapCommands(CLI::App& app, int& exit_code);
+void RegisterBackupCommand(CLI::App& app, int& exit_code);
+void RegisterRestoreCommands(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli

@@ -1,0 +1,105 @@
+// barge backup: a full or incremental backup of one disk into DIR/<name>/.
+#include <iostream>
+
+#include "cli/common.h"
+#include "cli/copy_flags.h"
+#include "cli/progress.h"
+#include "pipeline/backup.h"
+
+namespace barge::cli {
+namespace {
+
+using nlohmann::json;
+
+struct BackupArgs {
+  std::string source, source_format, target, name;
+  ImageFlags flags;
+  CopyFlags copy;
+  bool incremental = false;
+  std::string dirty_bitmap, dirty_extents, checkpoint;
+  int nbd_connections = 4;
+  bool as_json = false;
+};
+
+int RunBackupCommand(BackupArgs& a) {
+  pipeline::BackupRequest req;
+  CompressionChoice compression;
+  if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return ReportError(s.error());
+  req.compression = compression.type;
+  req.compression_level = compression.level;
+  req.source.location = a.source;
+  req.source.format = a.source_format;
+  req.source.allow_any_path = a.flags.allow_any_path;
+  req.source.allow_dirs = a.flags.allow_dirs;
+  req.source.nbd_connections = static_cast<uint32_t>(a.nbd_connections);
+  req.target_dir = a.target;
+  req.disk_name = a.name;
+  req.incremental = a.incremental;
+  req.dirty_bitmap = a.dirty_bitmap;
+  req.dirty_extents_file = a.dirty_extents;
+  req.checkpoint = a.checkpoint;
+
+  ProgressReporter progress(ChooseProgressMode(a.as_json), "backup");
+  req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
+  auto result = pipeline::RunBackup(req);
+  progress.Done();
+  if (!result.ok()) return ReportError(result.error());
+  const auto& m = result->manifest;
+  if (a.as_json) {
+    PrintJson({{"event", "result"},
+               {"id", m.id},
+               {"type", formats::BackupTypeName(m.type)},
+               {"reason", m.reason},
+               {"disk", m.disk},
+               {"image", result->image_path},
+               {"manifest", result->manifest_path},
+               {"digest_table", result->digests_path},
+               {"parent", m.parent ? json(m.parent->id) : json(nullptr)},
+               {"virtual_size", m.virtual_size},
+               {"dirty_bytes", m.dirty_bytes},
+               {"bytes_read", result->bytes_read},
+               {"bytes_written", result->image_bytes},
+               {"image_digest", m.image_digest.ToHex()},
+               {"duration_seconds", result->seconds}});
+    return kExitOk;
+  }
+  std::cout << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << a.source << "\n"
+            << "  reason:   " << m.reason << "\n"
+            << "  image:    " << result->image_path << "\n"
+            << "  read:     " << HumanBytes(result->bytes_read);
+  if (m.type == formats::BackupType::kIncremental) std::cout << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
+  std::cout << "\n  written:  " << HumanBytes(result->image_bytes) << " (" << m.compression << ")\n"
+            << "  digest:   " << m.image_digest.ToHex() << "\n"
+            << "  duration: " << result->seconds << " s\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterBackupCommand(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<BackupArgs>();
+  auto* cmd = app.add_subcommand("backup", "Back up a disk (full, or incremental from a dirty bitmap or extents file)");
+  cmd->add_option("--source", args->source, "Disk to read: image file, block device or nbd:// URI")
+      ->required();
+  cmd->add_option("--source-format", args->source_format,
+                  "raw or qcow2 (a file is detected when omitted; raw is never probed)")
+      ->check(CLI::IsMember({"raw", "qcow2"}));
+  cmd->add_option("--target", args->target, "Backup folder; the chain goes to TARGET/<name>/")->required();
+  cmd->add_option("--name", args->name, "Disk (chain) name; default: the source's base name");
+  cmd->add_flag("--incremental", args->incremental, "Only what changed since the chain's latest backup");
+  cmd->add_option("--dirty-bitmap", args->dirty_bitmap,
+                  "Changed blocks: a persistent bitmap of a qcow2 source, or the NBD export's "
+                  "qemu:dirty-bitmap:NAME");
+  cmd->add_option("--dirty-extents", args->dirty_extents, "Changed blocks: an extents file (JSON)");
+  cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint name to record in the manifest");
+  cmd->add_option("--nbd-connections", args->nbd_connections, "NBD connections (with multi-conn)")
+      ->capture_default_str();
+  args->flags.allow_any_path = false;
+  cmd->add_flag("--allow-any-path", args->flags.allow_any_path,
+                "Allow a qcow2 source's backing/data files outside its folder");
+  args->copy.AddTo(cmd, "zstd:3");
+  cmd->add_flag("--json", args->as_json, "Progress as JSON lines, then one result object");
+  cmd->callback([args, &exit_code]() { exit_code = RunBackupCommand(*args); });
+}
+
+}  // namespace barge::cli
