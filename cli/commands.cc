@@ -16,6 +16,7 @@ int Main(int argc, char** argv) {
   RegisterConvertCommand(app, exit_code);
   RegisterBitmapCommands(app, exit_code);
   RegisterBackupCommand(app, exit_code);
+  RegisterRestoreCommands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -172,3 +172,68 @@ std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
 }
 
 }  // namespace barge::pipeline
+
+namespace barge::pipeline {
+
+std::optional<formats::Digest128> OpenedPoint::Expected(uint64_t cluster_index) const {
+  if (auto d = FindDigest(digests, cluster_index)) return d;
+  return formats::ZeroClusterDigest(digests.cluster_bytes);
+}
+
+Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index) {
+  OpenedPoint out;
+  out.index = index;
+  out.point = &chain.points[index];
+  BARGE_ASSIGN_OR_RETURN(out.digests, EffectiveDigests(chain, index));
+  BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
+  formats::OpenOptions options;
+  options.format = formats::ImageFormat::kQcow2;
+  options.allowed_dirs = {chain.dir};
+  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
+  const auto& m = out.point->manifest;
+  auto image = formats::OpenImage(chain.PathOf(m.image), opener, options);
+  if (!image.ok()) return Error(image.error()).Wrap("backup " + m.id);
+  out.image = std::move(image).value();
+  // Walk the qcow2 chain top down and the manifests' layers newest first.
+  const formats::Image* layer = out.image.get();
+  for (size_t k = layers.size(); k-- > 0;) {
+    const auto& lm = chain.points[layers[k]].manifest;
+    if (layer == nullptr) {
+      return Error::Corruption("the image chain ends before layer " + lm.id)
+          .set_path(chain.PathOf(m.image));
+    }
+    if (fs::path(layer->info().path).filename() != lm.image) {
+      return Error::Corruption("image chain layer " + layer->info().path +
+                               " is not the layer the manifests name (" + lm.image + ")")
+          .set_path(chain.PathOf(m.image));
+    }
+    if (layer->size_bytes() < lm.virtual_size) {
+      return Error::Corruption("layer image is smaller than its manifest says")
+          .set_path(layer->info().path);
+    }
+    layer = layer->backing();
+  }
+  if (layer != nullptr) {
+    return Error::Corruption("the full backup's image has a backing file: " + layer->info().path)
+        .set_path(chain.PathOf(m.image));
+  }
+  return out;
+}
+
+Result<PointLocation> LocatePoint(const std::string& path, const std::string& at) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return PointLocation{path, at};
+  if (!fs::exists(path, ec)) return Error::NotFound("no such backup, image or chain folder").set_path(path);
+  fs::path p(path);
+  std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  fs::path manifest = p;
+  if (p.extension() != ".json") manifest.replace_extension(".json");
+  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(manifest.string()));
+  BARGE_ASSIGN_OR_RETURN(formats::BackupManifest m, formats::DecodeManifest(text));
+  if (!at.empty() && at != "latest" && at != m.id) {
+    return Error::InvalidArgument("--at conflicts with the backup the path names (" + m.id + ")");
+  }
+  return PointLocation{dir, m.id};
+}
+
+}  // namespace barge::pipeline

@@ -10,6 +10,8 @@
 
 #include "blockio/error.h"
 #include "formats/digest_table.h"
+#include "formats/image.h"
+#include <memory>
 #include "formats/manifest.h"
 
 namespace barge::pipeline {
@@ -62,5 +64,34 @@ Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes = 
 // Binary search for a cluster's digest in a sorted table.
 std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
                                              uint64_t cluster_index);
+
+}  // namespace barge::pipeline
+
+namespace barge::pipeline {
+
+// A point of a chain opened for reading: its image (with the layers below it
+// as the qcow2 backing chain), and the digests every cluster must have.
+struct OpenedPoint {
+  size_t index = 0;
+  const ChainPoint* point = nullptr;  // points into the ChainFolder
+  std::unique_ptr<formats::Image> image;
+  formats::DigestTable digests;  // effective digests (merged layers)
+  // Expected digest of any cluster (zero-cluster digest where none is listed).
+  std::optional<formats::Digest128> Expected(uint64_t cluster_index) const;
+};
+
+// Opens point `index`: checks the manifests and digest tables (as
+// EffectiveDigests), opens the image confined to the chain folder, and
+// checks that its qcow2 backing chain is exactly the layers the manifests
+// name (kCorruption otherwise, naming the layer).
+Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index);
+
+// The chain folder and point a user path names: a chain folder (with `at`),
+// a manifest file, or an image file with its manifest beside it.
+struct PointLocation {
+  std::string chain_dir;
+  std::string at;
+};
+Result<PointLocation> LocatePoint(const std::string& path, const std::string& at);
 
 }  // namespace barge::pipeline

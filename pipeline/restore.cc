@@ -1,0 +1,220 @@
+// Restore and verify jobs.
+#include "pipeline/restore.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "blockio/file.h"
+#include "blockio/nbd.h"
+#include "formats/qcow2_check.h"
+#include "pipeline/chain.h"
+#include "pipeline/staged_file.h"
+
+namespace barge::pipeline {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// True if any byte of the source is reported as data (allocated).
+Result<bool> HoldsData(BlockSource& source) {
+  constexpr uint64_t kWindow = 1ull << 30;
+  for (uint64_t off = 0; off < source.size_bytes(); off += kWindow) {
+    BARGE_ASSIGN_OR_RETURN(ExtentList e,
+                           source.Extents(off, std::min(kWindow, source.size_bytes() - off)));
+    for (const Extent& x : e) {
+      if (x.kind == ExtentKind::kData) return true;
+    }
+  }
+  return false;
+}
+
+// The restore target: a staged file, or an existing device / NBD export.
+struct Target {
+  std::unique_ptr<StagedFile> staged;
+  std::unique_ptr<BlockSink> existing;
+  BlockSink& sink() { return staged ? staged->sink() : *existing; }
+};
+
+Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
+  Target t;
+  const std::string& dst = req.destination;
+  if (IsNbdUri(dst) || IsBlockDevice(dst)) {
+    if (req.output_format != "raw") {
+      return Error::InvalidArgument("block devices and NBD exports take raw output").set_path(dst);
+    }
+    if (!req.force) {
+      // An export or device that reports data needs --force; devices report
+      // everything as data, so they always do.
+      std::unique_ptr<BlockSource> probe;
+      if (IsNbdUri(dst)) {
+        BARGE_ASSIGN_OR_RETURN(probe, OpenNbdSource(dst));
+      } else {
+        BARGE_ASSIGN_OR_RETURN(probe, OpenFileSource(dst));
+      }
+      BARGE_ASSIGN_OR_RETURN(bool has_data, HoldsData(*probe));
+      if (has_data) {
+        return Error::InvalidArgument("the destination is not empty; use --force to overwrite it")
+            .set_path(dst);
+      }
+    }
+    if (IsNbdUri(dst)) {
+      BARGE_ASSIGN_OR_RETURN(t.existing, OpenNbdSink(dst));
+    } else {
+      BARGE_ASSIGN_OR_RETURN(t.existing, OpenFileSink(dst, SinkMode::kExisting));
+    }
+    if (t.existing->size_bytes() < size) {
+      return Error::NoSpace("the destination holds " + std::to_string(t.existing->size_bytes()) +
+                            " bytes, the disk needs " + std::to_string(size))
+          .set_path(dst);
+    }
+    return t;
+  }
+  std::error_code ec;
+  if (fs::exists(dst, ec) && !req.force && fs::file_size(dst, ec) > 0) {
+    return Error::InvalidArgument("the destination file exists and is not empty; use --force to replace it")
+        .set_path(dst);
+  }
+  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(dst, /*overwrite=*/true));
+  return t;
+}
+
+}  // namespace
+
+Result<RestoreResult> RunRestore(const RestoreRequest& req) {
+  auto start = std::chrono::steady_clock::now();
+  if (req.output_format != "raw" && req.output_format != "qcow2") {
+    return Error::InvalidArgument("output format must be raw or qcow2");
+  }
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(req.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.at));
+  BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
+  const formats::BackupManifest& m = point.point->manifest;
+  BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(req, m.virtual_size));
+
+  std::unique_ptr<Destination> dest;
+  if (req.output_format == "qcow2") {
+    formats::Qcow2WriterOptions w;
+    w.virtual_size = m.virtual_size;
+    w.cluster_bits = static_cast<uint32_t>(std::countr_zero(m.cluster_size));
+    w.compression = req.compression;
+    BARGE_ASSIGN_OR_RETURN(dest, Qcow2Destination::Create(target.sink(), w, ZeroPolicy::kOmit));
+  } else {
+    RawDestinationOptions r;
+    r.virtual_size = m.virtual_size;
+    // Over existing bytes, zero ranges must really be written.
+    r.skip_zeroes_if_zero_initialized = target.staged != nullptr;
+    dest = std::make_unique<RawDestination>(target.sink(), r);
+  }
+
+  CopyOptions copy = req.copy;
+  copy.cluster_bytes = m.cluster_size;
+  copy.chunk_bytes = std::max(copy.chunk_bytes / m.cluster_size * m.cluster_size, m.cluster_size);
+  copy.compression = req.output_format == "qcow2" ? req.compression : formats::Compression::kNone;
+  copy.compression_level = req.compression_level;
+  copy.verify = [&point](uint64_t c) { return point.Expected(c); };
+  Destination* dests[] = {dest.get()};
+  auto copied = RunCopy(*point.image, {{0, m.virtual_size}}, dests, copy);
+  if (!copied.ok()) return Error(copied.error()).Wrap("restore of " + m.id);
+  if (copied->image_digest != m.image_digest) {
+    return Error::Corruption("restored image digest " + copied->image_digest.ToHex() +
+                             " differs from the manifest's " + m.image_digest.ToHex())
+        .set_path(point.point->manifest_path);
+  }
+  if (target.staged) BARGE_RETURN_IF_ERROR(target.staged->Commit());
+
+  RestoreResult r;
+  r.manifest = m;
+  BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
+  r.layers = layers.size();
+  r.bytes_read = copied->bytes_read;
+  r.bytes_written = (copied->clusters.data + copied->clusters.compressed) * uint64_t{m.cluster_size};
+  r.image_digest = copied->image_digest;
+  r.seconds = SecondsSince(start);
+  return r;
+}
+
+namespace {
+
+Status CheckLayerStructure(const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, OpenFileSource(path));
+  auto report = formats::qcow2::CheckQcow2(*file);
+  if (!report.ok()) return Error(report.error()).set_path(path);
+  if (!report->clean()) {
+    std::string first = report->messages.empty() ? "" : ": " + report->messages.front();
+    return Error::Corruption("structure check failed: " + std::to_string(report->corruptions) +
+                             " errors, " + std::to_string(report->leaks) + " leaked clusters" + first)
+        .set_path(path);
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<VerifyResult> RunVerify(const VerifyRequest& req) {
+  auto start = std::chrono::steady_clock::now();
+  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(req.path, req.at));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(where.chain_dir));
+  std::vector<size_t> targets;
+  if (req.all_points && !req.against.location.empty()) {
+    return Error::InvalidArgument("--against compares one point with a source; drop --all");
+  }
+  if (req.all_points) {
+    for (size_t i = 0; i < chain.points.size(); ++i) targets.push_back(i);
+    if (targets.empty()) return Error::NotFound("the chain folder holds no backups").set_path(chain.dir);
+  } else {
+    BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(where.at));
+    targets.push_back(index);
+  }
+
+  VerifyResult result;
+  std::vector<bool> structure_checked(chain.points.size(), false);
+  for (size_t index : targets) {
+    BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
+    const formats::BackupManifest& m = point.point->manifest;
+    BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
+    for (size_t l : layers) {
+      if (structure_checked[l]) continue;
+      BARGE_RETURN_IF_ERROR(CheckLayerStructure(chain.PathOf(chain.points[l].manifest.image)));
+      structure_checked[l] = true;
+    }
+    CopyOptions copy = req.copy;
+    copy.cluster_bytes = m.cluster_size;
+    copy.chunk_bytes = std::max(copy.chunk_bytes / m.cluster_size * m.cluster_size, m.cluster_size);
+    copy.compression = formats::Compression::kNone;
+    copy.verify = [&point](uint64_t c) { return point.Expected(c); };
+    auto copied = RunCopy(*point.image, {{0, m.virtual_size}}, {}, copy);
+    if (!copied.ok()) return Error(copied.error()).Wrap("verify of " + m.id);
+    if (copied->image_digest != m.image_digest) {
+      return Error::Corruption("image digest " + copied->image_digest.ToHex() +
+                               " differs from the manifest's " + m.image_digest.ToHex())
+          .set_path(point.point->manifest_path);
+    }
+    result.bytes_read += copied->bytes_read;
+    result.clusters_checked += (m.virtual_size + m.cluster_size - 1) / m.cluster_size;
+    result.verified_ids.push_back(m.id);
+
+    if (!req.against.location.empty()) {
+      BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(req.against));
+      if (src.image->size_bytes() != m.virtual_size) {
+        return Error::Corruption("the source has " + std::to_string(src.image->size_bytes()) +
+                                 " bytes, the backup " + std::to_string(m.virtual_size))
+            .set_path(req.against.location);
+      }
+      auto against = RunCopy(*src.image, WholeDisk(*src.image), {}, copy);
+      if (!against.ok()) {
+        return Error(against.error()).Wrap("source differs from backup " + m.id);
+      }
+      result.bytes_read += against->bytes_read;
+      result.against_checked = true;
+    }
+  }
+  result.seconds = SecondsSince(start);
+  return result;
+}
+
+}  // namespace barge::pipeline

@@ -1,0 +1,64 @@
+// Restore and verify jobs over a chain folder: any point in time flattened
+// in one parallel pass, every cluster checked against the chain's digests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "formats/manifest.h"
+#include "pipeline/copy.h"
+#include "pipeline/endpoints.h"
+
+namespace barge::pipeline {
+
+struct RestoreRequest {
+  std::string chain_dir;
+  std::string at;              // "", "latest", id, position or time
+  std::string destination;     // file path, block device or NBD URI
+  std::string output_format = "raw";  // raw or qcow2 (qcow2: files only)
+  bool force = false;          // allow writing over a non-empty destination
+  formats::Compression compression = formats::Compression::kNone;  // qcow2 output
+  int compression_level = 0;
+  CopyOptions copy;            // knobs; cluster size and verify are set here
+};
+
+struct RestoreResult {
+  formats::BackupManifest manifest;  // of the restored point
+  size_t layers = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;        // data bytes sent to the destination
+  formats::Digest128 image_digest;
+  double seconds = 0;
+};
+
+// Restores a point. Every cluster is checked against the chain's digests as
+// it passes (kCorruption naming the guest offset of the first bad one) and
+// the result's image digest must equal the manifest's. A file destination is
+// written under a temporary name and renamed when verified; an existing
+// non-empty file, a block device or an NBD export holding data needs force.
+// An NBD destination gets zero ranges as NBD zero requests.
+Result<RestoreResult> RunRestore(const RestoreRequest& request);
+
+struct VerifyRequest {
+  std::string path;       // chain folder, manifest or image
+  std::string at;         // with a chain folder
+  bool all_points = false;  // verify every point of the folder
+  SourceSpec against;     // location empty: none
+  CopyOptions copy;
+};
+
+struct VerifyResult {
+  std::vector<std::string> verified_ids;
+  uint64_t clusters_checked = 0;
+  uint64_t bytes_read = 0;
+  bool against_checked = false;
+  double seconds = 0;
+};
+
+// Verifies a point: manifests and digest tables, the qcow2 structure of every
+// layer (refcounts, references, flags), every stored cluster's digest, and
+// the image digest; with `against`, the source's contents too. Returns the
+// first problem as kCorruption naming the file and guest offset.
+Result<VerifyResult> RunVerify(const VerifyRequest& request);
+
+}  // namespace barge::pipeline
