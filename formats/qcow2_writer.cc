@@ -122,6 +122,38 @@ class Qcow2WriterImpl final : public Qcow2Writer {
     return Track(DoFinish());
   }
 
+  // The header for the given metadata offsets (zeros for the early fit
+  // check in StartImage).
+  qcow2::HeaderFields HeaderFor(uint64_t l1_offset, const qcow2::BitmapDirectory& bitmaps,
+                                const qcow2::RefcountLayout& refcounts) const {
+    qcow2::HeaderFields f;
+    f.cluster_bits = config_.cluster_bits;
+    f.virtual_size = config_.virtual_size;
+    f.l1_size = static_cast<uint32_t>(l1_.size() / 8);
+    f.l1_table_offset = l1_offset;
+    f.refcount_table_offset = refcounts.table_offset;
+    f.refcount_table_clusters = static_cast<uint32_t>(refcounts.table_clusters);
+    f.refcount_order = config_.refcount_order;
+    if (config_.compression == Compression::kZstd) {
+      f.compression_type = qcow2::kCompressionZstd;
+      f.incompatible_features |= qcow2::kIncompatCompression;
+    }
+    if (!config_.data_file.empty()) {
+      f.incompatible_features |= qcow2::kIncompatDataFile;
+      f.autoclear_features |= qcow2::kAutoclearDataFileRaw;
+      f.data_file = config_.data_file;
+    }
+    f.backing_file = config_.backing_file;
+    f.backing_format = config_.backing_format;
+    f.bitmap_count = static_cast<uint32_t>(config_.bitmaps.size());
+    if (f.bitmap_count > 0) {
+      f.autoclear_features |= qcow2::kAutoclearBitmaps;
+      f.bitmap_directory_size = bitmaps.size_bytes;
+      f.bitmap_directory_offset = bitmaps.offset;
+    }
+    return f;
+  }
+
   // Overlay only: maps every guest cluster to the same offset in the data file.
   Status MapIdentity() {
     for (uint64_t c = 0; c < cluster_count_; ++c) {
@@ -208,39 +240,6 @@ class Qcow2WriterImpl final : public Qcow2Writer {
     return OkStatus();
   }
 
- public:
-  qcow2::HeaderFields HeaderFor(uint64_t l1_offset, const qcow2::BitmapDirectory& bitmaps,
-                                const qcow2::RefcountLayout& refcounts) const {
-    qcow2::HeaderFields f;
-    f.cluster_bits = config_.cluster_bits;
-    f.virtual_size = config_.virtual_size;
-    f.l1_size = static_cast<uint32_t>(l1_.size() / 8);
-    f.l1_table_offset = l1_offset;
-    f.refcount_table_offset = refcounts.table_offset;
-    f.refcount_table_clusters = static_cast<uint32_t>(refcounts.table_clusters);
-    f.refcount_order = config_.refcount_order;
-    if (config_.compression == Compression::kZstd) {
-      f.compression_type = qcow2::kCompressionZstd;
-      f.incompatible_features |= qcow2::kIncompatCompression;
-    }
-    if (!config_.data_file.empty()) {
-      f.incompatible_features |= qcow2::kIncompatDataFile;
-      f.autoclear_features |= qcow2::kAutoclearDataFileRaw;
-      f.data_file = config_.data_file;
-    }
-    f.backing_file = config_.backing_file;
-    f.backing_format = config_.backing_format;
-    // Sized for the header-fit check before anything is written, too.
-    f.bitmap_count = static_cast<uint32_t>(config_.bitmaps.size());
-    if (f.bitmap_count > 0) {
-      f.autoclear_features |= qcow2::kAutoclearBitmaps;
-      f.bitmap_directory_size = bitmaps.size_bytes;
-      f.bitmap_directory_offset = bitmaps.offset;
-    }
-    return f;
-  }
-
- private:
   BlockSink& sink_;  // borrowed; must outlive the writer
   ImageConfig config_;
   HostFile host_;

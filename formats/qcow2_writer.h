@@ -1,5 +1,6 @@
 // Writes a new qcow2 image once, front to back (QCOW2.md §3): data clusters
-// in increasing guest order, then L2/L1, bitmaps, refcounts, header last.
+// in increasing guest order (each L2 table written as soon as the stream
+// leaves its range), then L1, bitmaps, refcounts, header last.
 #pragma once
 
 #include <cstdint>
@@ -42,9 +43,28 @@ struct Qcow2WriterStats {
 };
 
 // One writer per image; single-threaded (put a sequencer in front of it).
+//
+// The image is always version 3 with a 112-byte header; compression_type is
+// 1 (zstd, incompatible bit 3) or 0 (deflate, or no compression). Memory is
+// one L2 table, the L1 table, and refcount runs (one run per change of
+// refcount, so one per cluster only where compressed payloads share).
+//
+// Compressed payloads are packed byte by byte and share host clusters up to
+// the largest refcount the refcount order can hold. With refcount_order 0
+// (1-bit refcounts) they are not packed: each payload starts its own host
+// cluster, as qemu does. With order 1 at most three share a cluster.
+//
+// Errors: kInvalidArgument for bad options or a call out of order (such a
+// call changes nothing); sink errors come back with context, and after one
+// every later call fails (the file is incomplete and has no header).
 class Qcow2Writer {
  public:
   // `sink` must outlive the writer; it must be empty and able to grow.
+  // Writes cluster 0 as zeros. Refuses: cluster_bits outside 9..21,
+  // refcount_order outside 0..6, an L1 table over 32 MiB, a backing file
+  // without a format ("qcow2" or "raw") or over 1023 bytes, a header that does
+  // not fit in cluster 0, and bad bitmaps (names unique and 1..1023 bytes,
+  // granularity a power of two from 512 to 2^31).
   static Result<std::unique_ptr<Qcow2Writer>> Create(BlockSink& sink, Qcow2WriterOptions options);
   virtual ~Qcow2Writer() = default;
 
@@ -52,7 +72,8 @@ class Qcow2Writer {
   virtual uint64_t cluster_count() const = 0;
 
   // Each call names a cluster greater than every earlier one (else
-  // kInvalidArgument). Clusters never named stay unallocated.
+  // kInvalidArgument). Clusters never named stay unallocated (they read from
+  // the backing file, or as zeros without one).
   // `data` is the cluster's guest bytes: cluster_size() bytes, or fewer for
   // the last cluster of a disk whose size is not a multiple (zero padded).
   virtual Status WriteData(uint64_t cluster_index, std::span<const std::byte> data) = 0;
@@ -75,7 +96,10 @@ struct OverlayOptions {
 };
 
 // Writes a metadata-only overlay (data-file, data-file-raw, identity mapping
-// of every cluster) into `sink`. Never touches the data file.
+// `guest_offset | COPIED` of every cluster, refcount order 4, no compression,
+// bitmaps as given) into `sink`, which must be empty. Never touches the data
+// file. kInvalidArgument for a relative data file path (qemu would resolve it
+// against its working directory) or a size that is not a multiple of 512.
 Status WriteDataFileOverlay(BlockSink& sink, const OverlayOptions& options);
 
 }  // namespace barge::formats
