@@ -387,16 +387,26 @@ Status CopyJob::Run() {
     std::condition_variable cv;
     bool done = false;
     std::thread watchdog([&] { Watchdog(mu, cv, done); });
+    // Stops the watchdog however this scope is left (wait_for_all rethrows
+    // an exception that escaped TBB's own machinery, e.g. bad_alloc).
+    struct StopWatchdog {
+      std::mutex& mu;
+      std::condition_variable& cv;
+      bool& done;
+      std::thread& thread;
+      ~StopWatchdog() {
+        {
+          std::lock_guard lock(mu);
+          done = true;
+        }
+        cv.notify_all();
+        thread.join();
+      }
+    } stop{mu, cv, done, watchdog};
     plan.activate();
     g.wait_for_all();
-    {
-      std::lock_guard lock(mu);
-      done = true;
-    }
-    cv.notify_all();
-    watchdog.join();
-    gate_ = nullptr;
   }
+  gate_ = nullptr;
   // Chunks held by messages a cancelled graph dropped come back here.
   pool_.ReclaimAll();
   if (status_.failed()) return status_.TakeError();
