@@ -1,0 +1,501 @@
+// NBD source and sink over libnbd: a pool of connections (several only with
+// multi-conn), requests split to the server's limits, block status walked
+// until the asked range is covered.
+#include "blockio/nbd.h"
+
+#include <libnbd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+namespace barge {
+
+namespace {
+
+// NBD block status and write-zeroes lengths are 32-bit on the wire; ask for
+// at most this much per command (a multiple of any sane block size).
+constexpr uint64_t kMaxCommandBytes = uint64_t{1} << 30;
+// Deadline for each connection after the first (see OpenExport).
+constexpr std::chrono::milliseconds kExtraConnectTimeout{2000};
+
+// Turns libnbd's thread-local error of the call that just failed into an
+// Error. Must run on the failing thread before any other libnbd call.
+Error NbdError(std::string_view operation, const std::string& uri) {
+  int err = nbd_get_errno();
+  const char* text = nbd_get_error();
+  Error base = Error::FromErrno(err != 0 ? err : EIO, operation, uri);
+  // libnbd's text already names the call ("nbd_pread: ...").
+  Error e(base.code(), text != nullptr ? std::string(text) : base.message());
+  e.set_errno(base.errno_value()).set_retryable(base.retryable()).set_path(uri);
+  return e;
+}
+
+Error NbdError(std::string_view operation, const std::string& uri, uint64_t offset,
+               uint64_t length) {
+  Error e = NbdError(operation, uri);
+  e.set_range(offset, length);
+  return e;
+}
+
+// Owns one nbd_handle; disconnects politely, then closes.
+class NbdHandle {
+ public:
+  static Result<std::unique_ptr<NbdHandle>> Create(const std::string& uri) {
+    nbd_handle* h = nbd_create();
+    if (h == nullptr) return NbdError("nbd_create", uri);
+    return std::unique_ptr<NbdHandle>(new NbdHandle(h));
+  }
+  ~NbdHandle() {
+    // NBD_CMD_DISC lets the server finish cleanly; ignore failures (the
+    // connection may already be gone).
+    if (nbd_aio_is_ready(h_) == 1) nbd_shutdown(h_, 0);
+    nbd_close(h_);
+  }
+  NbdHandle(const NbdHandle&) = delete;
+  NbdHandle& operator=(const NbdHandle&) = delete;
+  nbd_handle* get() const { return h_; }
+
+ private:
+  explicit NbdHandle(nbd_handle* h) : h_(h) {}
+  nbd_handle* h_;
+};
+
+// What the first connection learned about the export.
+struct ExportInfo {
+  uint64_t size_bytes = 0;
+  bool read_only = false;
+  bool multi_conn = false;
+  bool can_zero = false;
+  bool can_fast_zero = false;
+  bool can_trim = false;
+  bool can_flush = false;
+  bool has_allocation = false;
+  uint32_t min_block_bytes = 1;
+  uint32_t request_bytes = 256 * 1024;
+};
+
+// Connects with a deadline. A server that is full (qemu-nbd past --shared)
+// accepts the socket but never starts the handshake, so a blocking
+// nbd_connect_uri would wait forever; the asynchronous connect plus
+// nbd_poll bounds that wait. A timeout is ETIMEDOUT (retryable).
+Result<std::unique_ptr<NbdHandle>> Connect(const std::string& uri, const NbdOptions& options,
+                                           std::chrono::milliseconds timeout) {
+  BARGE_ASSIGN_OR_RETURN(auto handle, NbdHandle::Create(uri));
+  nbd_handle* h = handle->get();
+  // Meta contexts must be requested before the handshake.
+  if (nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0) {
+    return NbdError("nbd_add_meta_context", uri);
+  }
+  if (!options.dirty_bitmap_context.empty() &&
+      nbd_add_meta_context(h, options.dirty_bitmap_context.c_str()) != 0) {
+    return NbdError("nbd_add_meta_context", uri);
+  }
+  if (nbd_aio_connect_uri(h, uri.c_str()) != 0) return NbdError("nbd_aio_connect_uri", uri);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (nbd_aio_is_connecting(h) == 1) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return Error::FromErrno(ETIMEDOUT, "nbd connect (server full or not answering)", uri);
+    }
+    if (nbd_poll(h, static_cast<int>(std::min<int64_t>(left.count(), 1000))) == -1) {
+      return NbdError("nbd_connect_uri", uri);
+    }
+  }
+  if (nbd_aio_is_ready(h) != 1) {
+    return Error::IoError("NBD handshake did not complete").set_path(uri);
+  }
+  return handle;
+}
+
+Result<ExportInfo> Probe(nbd_handle* h, const std::string& uri, const NbdOptions& options) {
+  ExportInfo info;
+  int64_t size = nbd_get_size(h);
+  if (size < 0) return NbdError("nbd_get_size", uri);
+  info.size_bytes = static_cast<uint64_t>(size);
+  // The nbd_can_* calls return -1 only on a closed handle; treat that as no.
+  info.read_only = nbd_is_read_only(h) == 1;
+  info.multi_conn = nbd_can_multi_conn(h) == 1;
+  info.can_zero = nbd_can_zero(h) == 1;
+  info.can_fast_zero = nbd_can_fast_zero(h) == 1;
+  info.can_trim = nbd_can_trim(h) == 1;
+  info.can_flush = nbd_can_flush(h) == 1;
+  info.has_allocation = nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+  if (!options.dirty_bitmap_context.empty() &&
+      nbd_can_meta_context(h, options.dirty_bitmap_context.c_str()) != 1) {
+    return Error::NotFound("server does not offer meta context " + options.dirty_bitmap_context)
+        .set_path(uri);
+  }
+  int64_t min_block = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
+  if (min_block > 0) info.min_block_bytes = static_cast<uint32_t>(min_block);
+  uint64_t request = std::max<uint32_t>(options.request_bytes, 4096);
+  int64_t max_block = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
+  if (max_block > 0) request = std::min<uint64_t>(request, static_cast<uint64_t>(max_block));
+  info.request_bytes = static_cast<uint32_t>(request);
+  return info;
+}
+
+// The connections of one export. Each serves one thread at a time: Lease
+// borrows one, waiting while all are busy. Thread-safe.
+class HandlePool {
+ public:
+  class Lease {
+   public:
+    Lease(HandlePool& pool, size_t index) : pool_(pool), index_(index) {}
+    ~Lease() { pool_.Return(index_); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    nbd_handle* get() const { return pool_.handles_[index_]->get(); }
+
+   private:
+    HandlePool& pool_;
+    size_t index_;
+  };
+
+  explicit HandlePool(std::vector<std::unique_ptr<NbdHandle>> handles)
+      : handles_(std::move(handles)) {
+    for (size_t i = 0; i < handles_.size(); ++i) free_.push_back(i);
+  }
+  size_t size() const { return handles_.size(); }
+  nbd_handle* first() const { return handles_.front()->get(); }
+
+  Lease Acquire() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    size_t index = free_.back();
+    free_.pop_back();
+    return Lease(*this, index);
+  }
+
+ private:
+  void Return(size_t index) {
+    {
+      std::lock_guard lock(mu_);
+      free_.push_back(index);
+    }
+    cv_.notify_one();
+  }
+
+  const std::vector<std::unique_ptr<NbdHandle>> handles_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<size_t> free_;  // guarded by mu_
+};
+
+struct Export {
+  ExportInfo info;
+  std::unique_ptr<HandlePool> pool;
+};
+
+// Opens the first connection, learns the export, then opens the extra
+// connections that multi-conn allows. An extra connection that fails is
+// dropped rather than failing the open: fewer connections only cost speed.
+Result<Export> OpenExport(const std::string& uri, const NbdOptions& options) {
+  std::vector<std::unique_ptr<NbdHandle>> handles;
+  BARGE_ASSIGN_OR_RETURN(auto first, Connect(uri, options, options.connect_timeout));
+  BARGE_ASSIGN_OR_RETURN(ExportInfo info, Probe(first->get(), uri, options));
+  handles.push_back(std::move(first));
+  uint32_t wanted = info.multi_conn ? std::max<uint32_t>(options.connections, 1) : 1;
+  // Extra connections get a short deadline: a server with fewer slots than
+  // we asked for just stays silent, and waiting long for it gains nothing.
+  auto extra_timeout = std::min(options.connect_timeout, kExtraConnectTimeout);
+  while (handles.size() < wanted) {
+    auto more = Connect(uri, options, extra_timeout);
+    if (!more.ok()) break;
+    handles.push_back(std::move(more).value());
+  }
+  return Export{info, std::make_unique<HandlePool>(std::move(handles))};
+}
+
+// Walks NBD_CMD_BLOCK_STATUS for `context` over [offset, offset+length) and
+// calls `emit` with each piece, clipped to the range, in order. The server
+// may describe less than asked (or more: the last extent may run past the
+// end); this repeats from where each answer stops. Replies are untrusted:
+// one that does not start at the asked offset or makes no progress is
+// kCorruption.
+Status WalkBlockStatus(nbd_handle* h, const std::string& uri, const char* context,
+                       uint64_t offset, uint64_t length,
+                       const std::function<void(uint64_t, uint64_t, uint32_t)>& emit) {
+  struct Reply {
+    explicit Reply(const char* c) : context(c) {}
+    const char* context;
+    uint64_t start = 0;
+    bool seen = false;
+    std::vector<std::pair<uint64_t, uint32_t>> pieces;  // (length, flags)
+  };
+  auto callback = [](void* user_data, const char* metacontext, uint64_t reply_offset,
+                     uint32_t* entries, size_t nr_entries, int* error) -> int {
+    auto* reply = static_cast<Reply*>(user_data);
+    if (std::string_view(metacontext) != reply->context) return 0;
+    reply->seen = true;
+    reply->start = reply_offset;
+    for (size_t i = 0; i + 1 < nr_entries; i += 2) reply->pieces.emplace_back(entries[i], entries[i + 1]);
+    return 0;
+  };
+  uint64_t pos = offset;
+  const uint64_t end = offset + length;
+  while (pos < end) {
+    uint64_t count = std::min(end - pos, kMaxCommandBytes);
+    Reply reply(context);
+    nbd_extent_callback cb{callback, &reply, nullptr};
+    if (nbd_block_status(h, count, pos, cb, 0) != 0) {
+      return NbdError("nbd_block_status", uri, pos, count);
+    }
+    if (!reply.seen) {
+      return Error::Corruption(std::string("no block status reply for ") + context)
+          .set_path(uri)
+          .set_range(pos, count);
+    }
+    if (reply.start != pos) {
+      return Error::Corruption("block status reply starts at the wrong offset")
+          .set_path(uri)
+          .set_range(reply.start, count);
+    }
+    uint64_t cursor = pos;
+    for (const auto& [piece_length, flags] : reply.pieces) {
+      if (piece_length == 0 || cursor >= end) break;
+      uint64_t n = std::min<uint64_t>(piece_length, end - cursor);
+      emit(cursor, n, flags);
+      cursor += n;
+    }
+    if (cursor == pos) {
+      return Error::Corruption("block status reply made no progress").set_path(uri).set_range(pos,
+                                                                                              count);
+    }
+    pos = cursor;
+  }
+  return OkStatus();
+}
+
+ExtentKind KindFromAllocation(uint32_t flags) {
+  bool hole = (flags & LIBNBD_STATE_HOLE) != 0;
+  bool zero = (flags & LIBNBD_STATE_ZERO) != 0;
+  // A hole without the zero bit may read as non-zero (a backing file shows
+  // through, for instance), so it must be read: kData.
+  if (hole && zero) return ExtentKind::kHole;
+  if (zero) return ExtentKind::kZero;
+  return ExtentKind::kData;
+}
+
+class NbdSourceImpl final : public NbdSource {
+ public:
+  NbdSourceImpl(std::string uri, Export ex, std::string dirty_context)
+      : uri_(std::move(uri)), info_(ex.info), pool_(std::move(ex.pool)),
+        dirty_context_(std::move(dirty_context)) {}
+
+  const std::string& name() const override { return uri_; }
+  uint64_t size_bytes() const override { return info_.size_bytes; }
+  uint32_t connections() const override { return static_cast<uint32_t>(pool_->size()); }
+
+  SourceCapabilities capabilities() const override {
+    SourceCapabilities caps;
+    caps.alignment_bytes = info_.min_block_bytes;
+    caps.preferred_request_bytes = info_.request_bytes;
+    caps.has_extents = info_.has_allocation;
+    caps.parallel_reads = pool_->size() > 1;
+    return caps;
+  }
+
+  Status ReadAt(uint64_t offset, std::span<std::byte> out) override {
+    BARGE_RETURN_IF_ERROR(CheckRange(offset, out.size()));
+    auto lease = pool_->Acquire();
+    // nbd_pread either fills the whole buffer or fails: NBD has no short
+    // reads, so there is nothing to resubmit.
+    for (size_t done = 0; done < out.size();) {
+      size_t n = std::min<size_t>(out.size() - done, info_.request_bytes);
+      if (nbd_pread(lease.get(), out.data() + done, n, offset + done, 0) != 0) {
+        return NbdError("nbd_pread", uri_, offset + done, n);
+      }
+      done += n;
+    }
+    return OkStatus();
+  }
+
+  Result<ExtentList> Extents(uint64_t offset, uint64_t length) override {
+    if (!info_.has_allocation) return BlockSource::Extents(offset, length);
+    BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
+    ExtentList out;
+    auto lease = pool_->Acquire();
+    BARGE_RETURN_IF_ERROR(WalkBlockStatus(
+        lease.get(), uri_, LIBNBD_CONTEXT_BASE_ALLOCATION, offset, length,
+        [&](uint64_t off, uint64_t len, uint32_t flags) {
+          out.push_back({off, len, KindFromAllocation(flags)});
+        }));
+    return MergeAdjacent(std::move(out));
+  }
+
+  Result<RangeList> DirtyRanges(uint64_t offset, uint64_t length) override {
+    if (dirty_context_.empty()) {
+      return Error::NotSupported("no dirty-bitmap meta context was requested").set_path(uri_);
+    }
+    BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
+    RangeList out;
+    auto lease = pool_->Acquire();
+    BARGE_RETURN_IF_ERROR(WalkBlockStatus(lease.get(), uri_, dirty_context_.c_str(), offset,
+                                          length, [&](uint64_t off, uint64_t len, uint32_t flags) {
+                                            if (flags & 1) out.push_back({off, len});
+                                          }));
+    return NormalizeRanges(std::move(out));
+  }
+
+ private:
+  const std::string uri_;
+  const ExportInfo info_;
+  const std::unique_ptr<HandlePool> pool_;
+  const std::string dirty_context_;
+};
+
+class NbdSink final : public BlockSink {
+ public:
+  NbdSink(std::string uri, Export ex)
+      : uri_(std::move(uri)), info_(ex.info), pool_(std::move(ex.pool)) {}
+
+  const std::string& name() const override { return uri_; }
+  uint64_t size_bytes() const override { return info_.size_bytes; }
+
+  SinkCapabilities capabilities() const override {
+    SinkCapabilities caps;
+    caps.alignment_bytes = info_.min_block_bytes;
+    caps.preferred_request_bytes = info_.request_bytes;
+    caps.can_zero = info_.can_zero;
+    caps.can_trim = info_.can_trim;
+    caps.zero_initialized = false;  // an export holds whatever it held
+    caps.can_grow = false;
+    return caps;
+  }
+
+  Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
+    BARGE_RETURN_IF_ERROR(CheckRange(offset, data.size()));
+    auto lease = pool_->Acquire();
+    for (size_t done = 0; done < data.size();) {
+      size_t n = std::min<size_t>(data.size() - done, info_.request_bytes);
+      if (nbd_pwrite(lease.get(), data.data() + done, n, offset + done, 0) != 0) {
+        return NbdError("nbd_pwrite", uri_, offset + done, n);
+      }
+      done += n;
+    }
+    return OkStatus();
+  }
+
+  Status WriteZeroes(uint64_t offset, uint64_t length) override {
+    BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
+    if (!info_.can_zero) return BlockSink::WriteZeroes(offset, length);
+    uint64_t pos = offset;
+    const uint64_t end = offset + length;
+    {
+      auto lease = pool_->Acquire();
+      while (pos < end) {
+        uint64_t n = std::min(end - pos, kMaxCommandBytes);
+        // Fast zero first: the server refuses (ENOTSUP) instead of writing
+        // zeros slowly; then ask again without the flag and let the server
+        // do the slow work, which still saves sending the bytes.
+        if (fast_zero_ && nbd_zero(lease.get(), n, pos, LIBNBD_CMD_FLAG_FAST_ZERO) == 0) {
+          pos += n;
+          continue;
+        }
+        if (fast_zero_) {
+          int err = nbd_get_errno();
+          if (err != ENOTSUP && err != EOPNOTSUPP) return NbdError("nbd_zero", uri_, pos, n);
+          fast_zero_ = false;  // a benign race: every thread learns the same
+        }
+        if (nbd_zero(lease.get(), n, pos, 0) != 0) {
+          int err = nbd_get_errno();
+          if (err != ENOTSUP && err != EOPNOTSUPP && err != EINVAL) {
+            return NbdError("nbd_zero", uri_, pos, n);
+          }
+          break;  // the server cannot zero after all: write zero buffers
+        }
+        pos += n;
+      }
+    }
+    // Outside the lease: the fallback's WriteAt takes a connection itself.
+    if (pos < end) return BlockSink::WriteZeroes(pos, end - pos);
+    return OkStatus();
+  }
+
+  Status Trim(uint64_t offset, uint64_t length) override {
+    if (!info_.can_trim) return BlockSink::Trim(offset, length);
+    BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
+    auto lease = pool_->Acquire();
+    for (uint64_t pos = offset; pos < offset + length;) {
+      uint64_t n = std::min(offset + length - pos, kMaxCommandBytes);
+      if (nbd_trim(lease.get(), n, pos, 0) != 0) return NbdError("nbd_trim", uri_, pos, n);
+      pos += n;
+    }
+    return OkStatus();
+  }
+
+  // With multi-conn, a flush on one connection covers completed writes on
+  // all of them (the server's promise); without it there is one connection.
+  // A server that does not offer flush has no volatile cache to flush.
+  Status Flush() override {
+    if (!info_.can_flush) return OkStatus();
+    auto lease = pool_->Acquire();
+    if (nbd_flush(lease.get(), 0) != 0) return NbdError("nbd_flush", uri_);
+    return OkStatus();
+  }
+
+ private:
+  Status CheckRange(uint64_t offset, uint64_t length) const {
+    if (offset > info_.size_bytes || length > info_.size_bytes - offset) {
+      return Error::NoSpace("write beyond end of export (size " +
+                            std::to_string(info_.size_bytes) + ")")
+          .set_path(uri_)
+          .set_range(offset, length);
+    }
+    return OkStatus();
+  }
+
+  const std::string uri_;
+  const ExportInfo info_;
+  const std::unique_ptr<HandlePool> pool_;
+  std::atomic<bool> fast_zero_{info_.can_fast_zero};
+};
+
+}  // namespace
+
+bool IsNbdUri(std::string_view uri) {
+  for (std::string_view scheme : {"nbd://", "nbds://", "nbd+unix://", "nbds+unix://",
+                                  "nbd+vsock://", "nbds+vsock://"}) {
+    if (uri.starts_with(scheme)) return true;
+  }
+  return false;
+}
+
+Result<std::unique_ptr<NbdSource>> OpenNbd(const std::string& uri, const NbdOptions& options) {
+  if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(uri);
+  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, options));
+  return std::unique_ptr<NbdSource>(
+      new NbdSourceImpl(uri, std::move(ex), options.dirty_bitmap_context));
+}
+
+Result<std::unique_ptr<BlockSource>> OpenNbdSource(const std::string& uri,
+                                                   const NbdOptions& options) {
+  BARGE_ASSIGN_OR_RETURN(auto source, OpenNbd(uri, options));
+  return std::unique_ptr<BlockSource>(std::move(source));
+}
+
+Result<RangeList> NbdDirtyRanges(BlockSource& source, uint64_t offset, uint64_t length) {
+  auto* nbd = dynamic_cast<NbdSource*>(&source);
+  if (nbd == nullptr) {
+    return Error::NotSupported("not an NBD source").set_path(source.name());
+  }
+  return nbd->DirtyRanges(offset, length);
+}
+
+Result<std::unique_ptr<BlockSink>> OpenNbdSink(const std::string& uri, const NbdOptions& options) {
+  if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(uri);
+  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, options));
+  if (ex.info.read_only) {
+    return Error::NotSupported("export is read-only").set_errno(EROFS).set_path(uri);
+  }
+  return std::unique_ptr<BlockSink>(new NbdSink(uri, std::move(ex)));
+}
+
+}  // namespace barge

@@ -1,0 +1,393 @@
+// NBD source and sink against real servers: nbdkit (memory, pattern,
+// sparse-random, nozero and log filters) and qemu-nbd exporting a qcow2
+// image with a dirty bitmap. nbdinfo is the oracle for extents.
+#include "blockio/nbd.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <chrono>
+#include <sstream>
+#include <thread>
+#include "blockio/buffer.h"
+#include "tests/testing/testing.h"
+namespace barge {
+namespace {
+
+using ::barge::testing::RandomBytes;
+using ::barge::testing::Run;
+using ::barge::testing::RunOk;
+using ::barge::testing::ShellQuote;
+using ::barge::testing::TempDir;
+
+// One server process on a Unix socket, stopped in the destructor.
+class Server {
+ public:
+  // `command` must listen on `socket` and stay in the foreground.
+  Server(const std::string& command, const std::string& socket) : socket_(socket) {
+    // Built before fork: the child of a threaded process may only exec.
+    std::string shell = "exec " + command + " >/dev/null 2>&1";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/bin/sh", "sh", "-c", shell.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Server() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 100; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Polls up to 10 s for the socket; false if it never shows or the server
+  // exits first.
+  bool WaitReady() {
+    for (int i = 0; i < 500; ++i) {
+      struct stat st;
+      if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return true;
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  std::string uri() const { return "nbd+unix:///?socket=" + socket_; }
+
+ private:
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+class NbdTest : public ::testing::Test {
+ protected:
+  // Starts `nbdkit ARGS` on a fresh socket in the temp dir.
+  std::unique_ptr<Server> Nbdkit(const std::string& args) {
+    std::string socket = dir_ / ("nbdkit" + std::to_string(counter_++) + ".sock");
+    auto server =
+        std::make_unique<Server>("nbdkit -f --exit-with-parent -U " + ShellQuote(socket) + " " + args, socket);
+    EXPECT_TRUE(server->WaitReady()) << "nbdkit " << args;
+    return server;
+  }
+  std::unique_ptr<Server> QemuNbd(const std::string& args) {
+    std::string socket = dir_ / ("qemu" + std::to_string(counter_++) + ".sock");
+    auto server = std::make_unique<Server>(
+        "qemu-nbd --socket=" + ShellQuote(socket) + " " + args, socket);
+    EXPECT_TRUE(server->WaitReady()) << "qemu-nbd " << args;
+    return server;
+  }
+  TempDir dir_;
+  int counter_ = 0;
+};
+// Parses `nbdinfo --map[=CONTEXT]` lines "offset length flags description".
+std::vector<std::tuple<uint64_t, uint64_t, uint32_t>> NbdinfoMap(const std::string& output) {
+  std::vector<std::tuple<uint64_t, uint64_t, uint32_t>> out;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    uint64_t offset, length;
+    uint32_t flags;
+    if (fields >> offset >> length >> flags) out.emplace_back(offset, length, flags);
+  }
+  return out;
+}
+TEST(NbdUriTest, RecognizesSchemes) {
+  EXPECT_TRUE(IsNbdUri("nbd://host:10809/export"));
+  EXPECT_TRUE(IsNbdUri("nbd+unix:///vda?socket=/run/x.sock"));
+  EXPECT_TRUE(IsNbdUri("nbds+unix:///?socket=/s"));
+  EXPECT_FALSE(IsNbdUri("/var/lib/disk.raw"));
+  EXPECT_FALSE(IsNbdUri("http://example/disk"));
+  auto bad = OpenNbdSource("/var/lib/disk.raw");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST_F(NbdTest, ConnectFailureCarriesUriAndErrno) {
+  BARGE_REQUIRE_TOOL("nbdkit");  // same package family; keeps CI skips uniform
+  std::string uri = "nbd+unix:///?socket=" + (dir_ / "nobody.sock");
+  auto source = OpenNbdSource(uri);
+  ASSERT_FALSE(source.ok());
+  EXPECT_EQ(source.error().path(), uri);
+  EXPECT_EQ(source.error().errno_value(), ENOENT);
+}
+TEST_F(NbdTest, PatternReadsAreExact) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  auto server = Nbdkit("pattern 16M");
+  NbdOptions options;
+  options.request_bytes = 64 * 1024;  // force splitting of the big read
+  auto source = OpenNbdSource(server->uri(), options);
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  EXPECT_EQ((*source)->size_bytes(), 16u << 20);
+  EXPECT_EQ((*source)->capabilities().preferred_request_bytes, 64u * 1024);
+  // The pattern plugin stores each 8-byte offset big-endian at that offset.
+  std::vector<std::byte> out((1 << 20) + 13);
+  uint64_t base = 3 * 4096 + 5;
+  ASSERT_TRUE((*source)->ReadAt(base, out).ok());
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint64_t pos = base + i;
+    uint64_t word = pos & ~uint64_t{7};
+    auto expected = std::byte((word >> (8 * (7 - (pos & 7)))) & 0xff);
+    ASSERT_EQ(out[i], expected) << "at " << pos;
+  }
+  std::vector<std::byte> past(16);
+  EXPECT_EQ((*source)->ReadAt((16 << 20) - 8, past).error().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST_F(NbdTest, SinkWritesZeroesTrimsAndFlushesThenSourceReadsBack) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  auto server = Nbdkit("memory 64M");
+  auto sink = OpenNbdSink(server->uri());
+  ASSERT_TRUE(sink.ok()) << sink.error().ToString();
+  SinkCapabilities caps = (*sink)->capabilities();
+  EXPECT_TRUE(caps.can_zero);
+  EXPECT_TRUE(caps.can_trim);
+  EXPECT_FALSE(caps.zero_initialized);
+  EXPECT_FALSE(caps.can_grow);
+  auto data = RandomBytes(3 * 1024 * 1024 + 100, 1);  // > request size, unaligned
+  ASSERT_TRUE((*sink)->WriteAt(1000, data).ok());
+  ASSERT_TRUE((*sink)->WriteZeroes(1000 + 4096, 65536).ok());
+  ASSERT_TRUE((*sink)->Trim(32 << 20, 1 << 20).ok());
+  ASSERT_TRUE((*sink)->Flush().ok());
+  Status beyond = (*sink)->WriteAt((64 << 20) - 10, std::span(data).first(100));
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_EQ(beyond.error().code(), ErrorCode::kNoSpace);
+
+  std::fill(data.begin() + 4096, data.begin() + 4096 + 65536, std::byte{0});
+  auto source = OpenNbd(server->uri());
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  EXPECT_EQ((*source)->connections(), 4u);  // nbdkit memory advertises multi-conn
+  EXPECT_TRUE((*source)->capabilities().parallel_reads);
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE((*source)->ReadAt(1000, back).ok());
+  EXPECT_EQ(back, data);
+}
+
+TEST_F(NbdTest, ConcurrentReadsShareConnections) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  auto server = Nbdkit("memory 16M");
+  auto data = RandomBytes(16 << 20, 2);
+  {
+    auto sink = OpenNbdSink(server->uri());
+    ASSERT_TRUE(sink.ok());
+    ASSERT_TRUE((*sink)->WriteAt(0, data).ok());
+    ASSERT_TRUE((*sink)->Flush().ok());
+  }
+  NbdOptions options;
+  options.connections = 2;  // fewer connections than threads: some wait
+  auto source = OpenNbd(server->uri(), options);
+  ASSERT_TRUE(source.ok());
+  EXPECT_EQ((*source)->connections(), 2u);
+  std::vector<int> bad(6, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::byte> buf(100000);
+      for (int i = 0; i < 20; ++i) {
+        uint64_t offset = (static_cast<uint64_t>(t) * 1234567 + i * 654321) % (data.size() - buf.size());
+        if (!(*source)->ReadAt(offset, buf).ok() ||
+            !std::equal(buf.begin(), buf.end(), data.begin() + offset)) {
+          ++bad[t];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 6; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
+}
+TEST_F(NbdTest, ExtentsMatchNbdinfoMap) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  BARGE_REQUIRE_TOOL("nbdinfo");
+  auto server = Nbdkit("sparse-random 64M seed=7 percent=30");
+  auto source = OpenNbdSource(server->uri());
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  ASSERT_TRUE((*source)->capabilities().has_extents);
+  auto extents = (*source)->Extents(0, 64 << 20);
+  ASSERT_TRUE(extents.ok()) << extents.error().ToString();
+  ExtentList expected;
+  for (auto [offset, length, flags] : NbdinfoMap(RunOk("nbdinfo --map " + ShellQuote(server->uri())))) {
+    ExtentKind kind = (flags & 3) == 3 ? ExtentKind::kHole
+                      : (flags & 2) ? ExtentKind::kZero
+                                    : ExtentKind::kData;
+    expected.push_back({offset, length, kind});
+  }
+  expected = MergeAdjacent(std::move(expected));
+  ASSERT_GT(expected.size(), 2u);
+  EXPECT_EQ(*extents, expected);
+
+  // A window in the middle is clipped exactly, and holes read as zeros.
+  const Extent& hole = expected[0].kind == ExtentKind::kHole ? expected[0] : expected[1];
+  auto window = (*source)->Extents(hole.offset + 1, hole.length - 2);
+  ASSERT_TRUE(window.ok());
+  EXPECT_EQ(*window, (ExtentList{{hole.offset + 1, hole.length - 2, ExtentKind::kHole}}));
+  std::vector<std::byte> zeros(std::min<uint64_t>(hole.length, 1 << 20));
+  ASSERT_TRUE((*source)->ReadAt(hole.offset, zeros).ok());
+  EXPECT_TRUE(IsAllZero(zeros));
+}
+
+TEST_F(NbdTest, FastZeroRefusalFallsBackToPlainZero) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  std::string log = dir_ / "nbdkit.log";
+  // fastzeromode=slow: fast zero is advertised but every fast request fails
+  // with ENOTSUP, as a server without cheap zeroing would.
+  auto server = Nbdkit("--filter=log --filter=nozero memory 8M zeromode=plugin fastzeromode=slow logfile=" +
+                       ShellQuote(log));
+  auto sink = OpenNbdSink(server->uri());
+  ASSERT_TRUE(sink.ok()) << sink.error().ToString();
+  ASSERT_TRUE((*sink)->WriteAt(0, RandomBytes(1 << 20, 3)).ok());
+  ASSERT_TRUE((*sink)->WriteZeroes(4096, 8192).ok());
+  ASSERT_TRUE((*sink)->WriteZeroes(65536, 4096).ok());  // no second fast try
+  ASSERT_TRUE((*sink)->Flush().ok());
+  auto source = OpenNbdSource(server->uri());
+  ASSERT_TRUE(source.ok());
+  std::vector<std::byte> back(8192);
+  ASSERT_TRUE((*source)->ReadAt(4096, back).ok());
+  EXPECT_TRUE(IsAllZero(back));
+  std::string text = RunOk("cat " + ShellQuote(log));
+  EXPECT_NE(text.find("fast=1"), std::string::npos) << text;
+  EXPECT_NE(text.find("fast=0"), std::string::npos) << text;
+}
+TEST_F(NbdTest, NoZeroServerGetsZeroBuffers) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  auto server = Nbdkit("--filter=nozero memory 8M");
+  auto sink = OpenNbdSink(server->uri());
+  ASSERT_TRUE(sink.ok());
+  EXPECT_FALSE((*sink)->capabilities().can_zero);
+  ASSERT_TRUE((*sink)->WriteAt(0, RandomBytes(1 << 20, 4)).ok());
+  ASSERT_TRUE((*sink)->WriteZeroes(100, 5000).ok());
+  auto source = OpenNbdSource(server->uri());
+  ASSERT_TRUE(source.ok());
+  std::vector<std::byte> back(5000);
+  ASSERT_TRUE((*source)->ReadAt(100, back).ok());
+  EXPECT_TRUE(IsAllZero(back));
+}
+
+class QemuBitmapTest : public NbdTest {
+ protected:
+  void SetUp() override {
+    BARGE_REQUIRE_TOOL("qemu-img");
+    BARGE_REQUIRE_TOOL("qemu-io");
+    BARGE_REQUIRE_TOOL("qemu-nbd");
+    image_ = dir_ / "disk.qcow2";
+    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(image_) + " 16M");
+    // Data written before the bitmap exists is allocated but not dirty.
+    RunOk("qemu-io -c 'write -q -P 0x11 8M 64k' " + ShellQuote(image_));
+    RunOk("qemu-img bitmap --add --enable " + ShellQuote(image_) + " bm0");
+    RunOk("qemu-io -c 'write -q -P 0xab 1M 64k' -c 'write -q -P 0xcd 5M 192k' " +
+          ShellQuote(image_));
+  }
+  std::string image_;
+};
+TEST_F(QemuBitmapTest, DirtyRangesAreTheWrittenRanges) {
+  BARGE_REQUIRE_TOOL("nbdinfo");
+  // -t keeps the server up across connections; -e 1 (the default) lets one
+  // client in at a time, so the oracle runs before we connect.
+  auto server = QemuNbd("-r -t -f qcow2 -B bm0 " + ShellQuote(image_));
+  RangeList oracle_dirty;
+  for (auto [offset, length, flags] : NbdinfoMap(
+           RunOk("nbdinfo --map=qemu:dirty-bitmap:bm0 " + ShellQuote(server->uri())))) {
+    if (flags & 1) oracle_dirty.push_back({offset, length});
+  }
+  ExtentList oracle_extents;
+  for (auto [offset, length, flags] : NbdinfoMap(RunOk("nbdinfo --map " + ShellQuote(server->uri())))) {
+    oracle_extents.push_back({offset, length,
+                              (flags & 3) == 3 ? ExtentKind::kHole
+                              : (flags & 2)    ? ExtentKind::kZero
+                                               : ExtentKind::kData});
+  }
+
+  NbdOptions options;
+  options.dirty_bitmap_context = "qemu:dirty-bitmap:bm0";
+  auto source = OpenNbd(server->uri(), options);
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  auto dirty = (*source)->DirtyRanges(0, 16 << 20);
+  ASSERT_TRUE(dirty.ok()) << dirty.error().ToString();
+  EXPECT_EQ(*dirty, (RangeList{{1 << 20, 64 << 10}, {5 << 20, 192 << 10}}));
+  EXPECT_EQ(*dirty, NormalizeRanges(oracle_dirty));
+  auto via_free_function = NbdDirtyRanges(**source, 0, 16 << 20);
+  ASSERT_TRUE(via_free_function.ok());
+  EXPECT_EQ(*via_free_function, *dirty);
+
+  // A window that cuts a dirty range in half.
+  auto part = (*source)->DirtyRanges((5 << 20) + 4096, 1 << 20);
+  ASSERT_TRUE(part.ok());
+  EXPECT_EQ(*part, (RangeList{{(5 << 20) + 4096, (192 << 10) - 4096}}));
+
+  std::vector<std::byte> block(64 << 10);
+  ASSERT_TRUE((*source)->ReadAt(1 << 20, block).ok());
+  EXPECT_EQ(block, std::vector<std::byte>(block.size(), std::byte{0xab}));
+
+  auto extents = (*source)->Extents(0, 16 << 20);
+  ASSERT_TRUE(extents.ok());
+  EXPECT_EQ(*extents, MergeAdjacent(oracle_extents));
+  // The pre-bitmap write at 8M is allocated data but not dirty.
+  bool saw_8m = false;
+  for (const Extent& e : *extents) {
+    if (e.offset <= (8u << 20) && e.end() > (8u << 20)) saw_8m = e.kind == ExtentKind::kData;
+  }
+  EXPECT_TRUE(saw_8m);
+}
+
+TEST_F(QemuBitmapTest, MultiConnFollowsTheServer) {
+  {
+    // qemu-nbd's default --shared=1 does not advertise multi-conn.
+    auto single = QemuNbd("-r -t -f qcow2 " + ShellQuote(image_));
+    auto source = OpenNbd(single->uri());
+    ASSERT_TRUE(source.ok()) << source.error().ToString();
+    EXPECT_EQ((*source)->connections(), 1u);
+    EXPECT_FALSE((*source)->capabilities().parallel_reads);
+  }
+  auto server = QemuNbd("-r -t -e 4 -f qcow2 " + ShellQuote(image_));
+  {
+    auto source = OpenNbd(server->uri());
+    ASSERT_TRUE(source.ok()) << source.error().ToString();
+    EXPECT_EQ((*source)->connections(), 4u);
+  }
+  auto sink = OpenNbdSink(server->uri());
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.error().code(), ErrorCode::kNotSupported);
+  EXPECT_EQ(sink.error().errno_value(), EROFS);
+}
+
+// qemu-nbd past its --shared limit accepts the socket and never answers:
+// extra connections are dropped, and a first connection times out.
+TEST_F(QemuBitmapTest, FullServerDoesNotHang) {
+  auto server = QemuNbd("-r -t -e 2 -f qcow2 " + ShellQuote(image_));
+  NbdOptions options;
+  options.connections = 4;
+  options.connect_timeout = std::chrono::milliseconds(300);
+  auto source = OpenNbd(server->uri(), options);
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  EXPECT_EQ((*source)->connections(), 2u);
+  std::vector<std::byte> block(4096);
+  ASSERT_TRUE((*source)->ReadAt(1 << 20, block).ok());
+  EXPECT_EQ(block[0], std::byte{0xab});
+
+  auto another = OpenNbd(server->uri(), options);
+  ASSERT_FALSE(another.ok());
+  EXPECT_EQ(another.error().errno_value(), ETIMEDOUT);
+  EXPECT_TRUE(another.error().retryable());
+}
+
+TEST_F(QemuBitmapTest, MissingBitmapContextIsNotFound) {
+  auto server = QemuNbd("-r -t -f qcow2 " + ShellQuote(image_));  // no -B
+  NbdOptions options;
+  options.dirty_bitmap_context = "qemu:dirty-bitmap:bm0";
+  auto source = OpenNbd(server->uri(), options);
+  ASSERT_FALSE(source.ok());
+  EXPECT_EQ(source.error().code(), ErrorCode::kNotFound);
+  auto plain = OpenNbd(server->uri());
+  ASSERT_TRUE(plain.ok()) << plain.error().ToString();
+  EXPECT_EQ((*plain)->DirtyRanges(0, 4096).error().code(), ErrorCode::kNotSupported);
+}
+
+}  // namespace
+}  // namespace barge
