@@ -259,6 +259,19 @@ TEST(Qcow2WriterOracleTest, ZeroClustersHideBackingData) {
         ShellQuote(dir / "expected.raw"));
 }
 
+TEST(Qcow2WriterOracleTest, EmptyAndTinyDisks) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  TempDir dir;
+  for (uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{512}, uint64_t{70000}}) {
+    WriteCase c{16, 4, Compression::kZstd, size, size};
+    SCOPED_TRACE(CaseName(c));
+    std::string image = dir / (CaseName(c) + ".qcow2");
+    WriteMixedImage(c, image, dir / (CaseName(c) + ".raw"));
+    ExpectClean(image);
+    ExpectSameAsRaw(image, dir / (CaseName(c) + ".raw"));
+  }
+}
+
 // Dirty ranges as qemu-nbd exports them: "offset length type description".
 RangeList NbdDirtyRanges(const std::string& image, const std::string& bitmap) {
   std::string out = RunOk("nbdinfo --map=qemu:dirty-bitmap:" + bitmap + " -- [ qemu-nbd -r -f qcow2 -B " +
