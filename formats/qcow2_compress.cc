@@ -116,6 +116,7 @@ struct ClusterCompressor::Impl {
   Compression type = Compression::kNone;
   int level = 0;
   std::unique_ptr<ZSTD_CCtx, ZstdCCtxDeleter> cctx;
+  std::unique_ptr<ZStream> deflater;  // reset, not rebuilt, per cluster
   std::vector<std::byte> out;
 };
 
@@ -159,9 +160,14 @@ Result<std::optional<std::span<const std::byte>>> ClusterCompressor::Compress(
   }
 
   if (cluster.size() > UINT_MAX) return Error::InvalidArgument("deflate: cluster too large");
-  ZStream zs;
-  if (!zs.InitDeflate(im.level)) return Error::IoError("deflate: deflateInit2 failed");
-  z_stream* s = zs.get();
+  if (!im.deflater) {
+    auto zs = std::make_unique<ZStream>();
+    if (!zs->InitDeflate(im.level)) return Error::IoError("deflate: deflateInit2 failed");
+    im.deflater = std::move(zs);
+  } else if (deflateReset(im.deflater->get()) != Z_OK) {
+    return Error::IoError("deflate: deflateReset failed");
+  }
+  z_stream* s = im.deflater->get();
   s->next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(cluster.data()));
   s->avail_in = static_cast<uInt>(cluster.size());
   s->next_out = reinterpret_cast<Bytef*>(im.out.data());
