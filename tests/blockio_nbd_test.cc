@@ -67,7 +67,7 @@ class Server {
   std::string socket_;
   pid_t pid_ = -1;
 };
-class NbdTest : public ::testing::Test {
+class BlockioNbdTest : public ::testing::Test {
  protected:
   // Starts `nbdkit ARGS` on a fresh socket in the temp dir.
   std::unique_ptr<Server> Nbdkit(const std::string& args) {
@@ -100,7 +100,7 @@ std::vector<std::tuple<uint64_t, uint64_t, uint32_t>> NbdinfoMap(const std::stri
   }
   return out;
 }
-TEST(NbdUriTest, RecognizesSchemes) {
+TEST(BlockioNbdUriTest, RecognizesSchemes) {
   EXPECT_TRUE(IsNbdUri("nbd://host:10809/export"));
   EXPECT_TRUE(IsNbdUri("nbd+unix:///vda?socket=/run/x.sock"));
   EXPECT_TRUE(IsNbdUri("nbds+unix:///?socket=/s"));
@@ -111,7 +111,7 @@ TEST(NbdUriTest, RecognizesSchemes) {
   EXPECT_EQ(bad.error().code(), ErrorCode::kInvalidArgument);
 }
 
-TEST_F(NbdTest, ConnectFailureCarriesUriAndErrno) {
+TEST_F(BlockioNbdTest, ConnectFailureCarriesUriAndErrno) {
   BARGE_REQUIRE_TOOL("nbdkit");  // same package family; keeps CI skips uniform
   std::string uri = "nbd+unix:///?socket=" + (dir_ / "nobody.sock");
   auto source = OpenNbdSource(uri);
@@ -119,7 +119,7 @@ TEST_F(NbdTest, ConnectFailureCarriesUriAndErrno) {
   EXPECT_EQ(source.error().path(), uri);
   EXPECT_EQ(source.error().errno_value(), ENOENT);
 }
-TEST_F(NbdTest, PatternReadsAreExact) {
+TEST_F(BlockioNbdTest, PatternReadsAreExact) {
   BARGE_REQUIRE_TOOL("nbdkit");
   auto server = Nbdkit("pattern 16M");
   NbdOptions options;
@@ -142,7 +142,7 @@ TEST_F(NbdTest, PatternReadsAreExact) {
   EXPECT_EQ((*source)->ReadAt((16 << 20) - 8, past).error().code(), ErrorCode::kInvalidArgument);
 }
 
-TEST_F(NbdTest, SinkWritesZeroesTrimsAndFlushesThenSourceReadsBack) {
+TEST_F(BlockioNbdTest, SinkWritesZeroesTrimsAndFlushesThenSourceReadsBack) {
   BARGE_REQUIRE_TOOL("nbdkit");
   auto server = Nbdkit("memory 64M");
   auto sink = OpenNbdSink(server->uri());
@@ -171,7 +171,7 @@ TEST_F(NbdTest, SinkWritesZeroesTrimsAndFlushesThenSourceReadsBack) {
   EXPECT_EQ(back, data);
 }
 
-TEST_F(NbdTest, ConcurrentReadsShareConnections) {
+TEST_F(BlockioNbdTest, ConcurrentReadsShareConnections) {
   BARGE_REQUIRE_TOOL("nbdkit");
   auto server = Nbdkit("memory 16M");
   auto data = RandomBytes(16 << 20, 2);
@@ -203,7 +203,7 @@ TEST_F(NbdTest, ConcurrentReadsShareConnections) {
   for (auto& th : threads) th.join();
   for (int t = 0; t < 6; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
 }
-TEST_F(NbdTest, ExtentsMatchNbdinfoMap) {
+TEST_F(BlockioNbdTest, ExtentsMatchNbdinfoMap) {
   BARGE_REQUIRE_TOOL("nbdkit");
   BARGE_REQUIRE_TOOL("nbdinfo");
   auto server = Nbdkit("sparse-random 64M seed=7 percent=30");
@@ -233,7 +233,7 @@ TEST_F(NbdTest, ExtentsMatchNbdinfoMap) {
   EXPECT_TRUE(IsAllZero(zeros));
 }
 
-TEST_F(NbdTest, FastZeroRefusalFallsBackToPlainZero) {
+TEST_F(BlockioNbdTest, FastZeroRefusalFallsBackToPlainZero) {
   BARGE_REQUIRE_TOOL("nbdkit");
   std::string log = dir_ / "nbdkit.log";
   // fastzeromode=slow: fast zero is advertised but every fast request fails
@@ -255,7 +255,7 @@ TEST_F(NbdTest, FastZeroRefusalFallsBackToPlainZero) {
   EXPECT_NE(text.find("fast=1"), std::string::npos) << text;
   EXPECT_NE(text.find("fast=0"), std::string::npos) << text;
 }
-TEST_F(NbdTest, NoZeroServerGetsZeroBuffers) {
+TEST_F(BlockioNbdTest, NoZeroServerGetsZeroBuffers) {
   BARGE_REQUIRE_TOOL("nbdkit");
   auto server = Nbdkit("--filter=nozero memory 8M");
   auto sink = OpenNbdSink(server->uri());
@@ -270,7 +270,7 @@ TEST_F(NbdTest, NoZeroServerGetsZeroBuffers) {
   EXPECT_TRUE(IsAllZero(back));
 }
 
-class QemuBitmapTest : public NbdTest {
+class BlockioNbdQemuTest : public BlockioNbdTest {
  protected:
   void SetUp() override {
     BARGE_REQUIRE_TOOL("qemu-img");
@@ -286,7 +286,7 @@ class QemuBitmapTest : public NbdTest {
   }
   std::string image_;
 };
-TEST_F(QemuBitmapTest, DirtyRangesAreTheWrittenRanges) {
+TEST_F(BlockioNbdQemuTest, DirtyRangesAreTheWrittenRanges) {
   BARGE_REQUIRE_TOOL("nbdinfo");
   // -t keeps the server up across connections; -e 1 (the default) lets one
   // client in at a time, so the oracle runs before we connect.
@@ -336,7 +336,7 @@ TEST_F(QemuBitmapTest, DirtyRangesAreTheWrittenRanges) {
   EXPECT_TRUE(saw_8m);
 }
 
-TEST_F(QemuBitmapTest, MultiConnFollowsTheServer) {
+TEST_F(BlockioNbdQemuTest, MultiConnFollowsTheServer) {
   {
     // qemu-nbd's default --shared=1 does not advertise multi-conn.
     auto single = QemuNbd("-r -t -f qcow2 " + ShellQuote(image_));
@@ -359,7 +359,7 @@ TEST_F(QemuBitmapTest, MultiConnFollowsTheServer) {
 
 // qemu-nbd past its --shared limit accepts the socket and never answers:
 // extra connections are dropped, and a first connection times out.
-TEST_F(QemuBitmapTest, FullServerDoesNotHang) {
+TEST_F(BlockioNbdQemuTest, FullServerDoesNotHang) {
   auto server = QemuNbd("-r -t -e 2 -f qcow2 " + ShellQuote(image_));
   NbdOptions options;
   options.connections = 4;
@@ -377,7 +377,7 @@ TEST_F(QemuBitmapTest, FullServerDoesNotHang) {
   EXPECT_TRUE(another.error().retryable());
 }
 
-TEST_F(QemuBitmapTest, MissingBitmapContextIsNotFound) {
+TEST_F(BlockioNbdQemuTest, MissingBitmapContextIsNotFound) {
   auto server = QemuNbd("-r -t -f qcow2 " + ShellQuote(image_));  // no -B
   NbdOptions options;
   options.dirty_bitmap_context = "qemu:dirty-bitmap:bm0";
