@@ -92,13 +92,28 @@ struct Op {
   bool finished = false;
 };
 
+// Waits for `in_flight` completions and discards them, so that the kernel no
+// longer touches the callers' buffers once the batch gives up. Best effort:
+// it stops if waiting itself fails (then nothing more can be done).
+void Drain(io_uring* r, unsigned in_flight) {
+  while (in_flight > 0) {
+    io_uring_cqe* cqe = nullptr;
+    int rc = io_uring_wait_cqe(r, &cqe);
+    if (rc == -EINTR || rc == -EAGAIN) continue;
+    if (rc < 0) return;
+    io_uring_cqe_seen(r, cqe);
+    --in_flight;
+  }
+}
+
 // Drives every op of `ops` to completion on `ring`. Each op has at most one
 // SQE in flight, covering its unfinished remainder, so a short read or write
 // is resubmitted from where it stopped and a completion needs no reordering.
 // -EINTR/-EAGAIN completions are resubmitted unchanged; other negative
 // results become the op's Error (errno converted here, at the first line that
-// sees it). Returns an error only when the ring itself failed; then some SQEs
-// may still be in flight and the caller must drop the ring, not reuse it.
+// sees it). Returns an error only when the ring itself failed (submit or wait
+// failing, not expected in practice); completions still due are drained
+// first, and the caller drops the ring rather than reuse it.
 Status RunBatch(Ring& ring, const UringTuning& tuning, IoKind kind, int fd,
                 const std::string& path, std::span<Op> ops) {
   io_uring* r = ring.get();
@@ -138,7 +153,10 @@ Status RunBatch(Ring& ring, const UringTuning& tuning, IoKind kind, int fd,
       do {
         rc = io_uring_submit(r);
       } while (rc == -EINTR || rc == -EAGAIN);
-      if (rc < 0) return Error::FromErrno(-rc, "io_uring_submit", path);
+      if (rc < 0) {
+        Drain(r, in_flight);
+        return Error::FromErrno(-rc, "io_uring_submit", path);
+      }
       in_flight += prepared;
     }
     // Wait for one completion, then reap everything that is ready.
@@ -147,7 +165,10 @@ Status RunBatch(Ring& ring, const UringTuning& tuning, IoKind kind, int fd,
     do {
       rc = io_uring_wait_cqe(r, &cqe);
     } while (rc == -EINTR || rc == -EAGAIN);
-    if (rc < 0) return Error::FromErrno(-rc, "io_uring_wait_cqe", path);
+    if (rc < 0) {
+      Drain(r, in_flight);
+      return Error::FromErrno(-rc, "io_uring_wait_cqe", path);
+    }
     unsigned head;
     unsigned seen = 0;
     io_uring_for_each_cqe(r, head, cqe) {
@@ -192,8 +213,9 @@ void RunOps(RingPool& pool, IoKind kind, int fd, const std::string& path, std::s
       pool.Give(std::move(ring).value());
       return;
     }
-    // The ring broke with requests possibly in flight: destroying it waits
-    // for them (io_uring_queue_exit), then the rest goes the synchronous way.
+    // The ring broke (RunBatch drained what it could): drop it and finish
+    // the unfinished remainders the synchronous way.
+    ring = Error::IoError("ring dropped");
   }
   for (Op& op : ops) {
     if (op.finished) continue;
