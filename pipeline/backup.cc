@@ -23,36 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Holds an exclusive flock on DIR/.lock for the life of the object.
-class ChainLock {
- public:
-  static Result<ChainLock> Acquire(const std::string& dir) {
-    std::string path = dir + "/.lock";
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return Error::FromErrno(errno, "open lock", path);
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      int err = errno;
-      ::close(fd);
-      if (err == EWOULDBLOCK) {
-        return Error::InvalidArgument("another barge job is writing this chain folder now")
-            .set_path(dir)
-            .set_retryable(true);
-      }
-      return Error::FromErrno(err, "flock", path);
-    }
-    return ChainLock(fd);
-  }
-  ChainLock(ChainLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  ChainLock& operator=(ChainLock&&) = delete;
-  ~ChainLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
- private:
-  explicit ChainLock(int fd) : fd_(fd) {}
-  int fd_;
-};
-
 Status CheckDiskName(const std::string& name) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
       name[0] == '.') {
@@ -200,7 +170,7 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   fs::create_directories(chain_dir, ec);
   if (ec) return Error::FromErrno(ec.value(), "create folder", chain_dir);
   BARGE_ASSIGN_OR_RETURN(ChainLock lock, ChainLock::Acquire(chain_dir));
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(chain_dir));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(chain_dir, &lock));
   RemoveOrphans(chain);
 
   uint32_t cluster = req.copy.cluster_bytes;

@@ -1,11 +1,17 @@
 // Chain folder scanning, point resolution and digest merging.
 #include "pipeline/chain.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "blockio/file.h"
+#include "pipeline/merge_journal.h"
 
 namespace barge::pipeline {
 
@@ -35,10 +41,49 @@ Result<formats::DigestTable> LoadDigestTable(const std::string& path) {
   return table;
 }
 
-Result<ChainFolder> LoadChainFolder(const std::string& dir) {
+Result<ChainLock> ChainLock::Acquire(const std::string& dir, bool wait) {
+  std::string path = dir + "/.lock";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Error::FromErrno(errno, "open lock", path);
+  int rc;
+  do {
+    rc = ::flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return Error::InvalidArgument("another barge job is writing this chain folder now")
+          .set_path(dir)
+          .set_retryable(true);
+    }
+    return Error::FromErrno(err, "flock", path);
+  }
+  return ChainLock(fd);
+}
+
+ChainLock::ChainLock(ChainLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+
+ChainLock::~ChainLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* held) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return Error::NotFound("no chain folder (no backup of this disk yet?)").set_path(dir);
+  }
+  // A merge switches files with several renames; its journal says how to
+  // finish. Complete it before reading any manifest, so no caller ever sees
+  // a half-switched folder (the lock keeps us off a merge still running).
+  if (held != nullptr) {
+    BARGE_RETURN_IF_ERROR(RecoverMerge(dir));
+  } else if (MergeJournalExists(dir)) {
+    auto lock = ChainLock::Acquire(dir, /*wait=*/true);
+    if (!lock.ok()) {
+      return Error(lock.error()).Wrap("an interrupted merge must be completed first");
+    }
+    BARGE_RETURN_IF_ERROR(CompleteMergeJournal(dir));
   }
   ChainFolder chain;
   chain.dir = dir;

@@ -45,10 +45,31 @@ struct ChainFolder {
   Result<std::vector<size_t>> LayersOf(size_t index) const;
 };
 
+// An exclusive flock on DIR/.lock for the life of the object: the writer's
+// lock of a chain folder (backup, merge, recovery of an interrupted merge).
+class ChainLock {
+ public:
+  // wait false: fails at once (kInvalidArgument, retryable) when another
+  // job holds the lock; true: blocks until it is free.
+  static Result<ChainLock> Acquire(const std::string& dir, bool wait = false);
+  ChainLock(ChainLock&& o) noexcept;
+  ChainLock& operator=(ChainLock&&) = delete;
+  ChainLock(const ChainLock&) = delete;
+  ~ChainLock();
+
+ private:
+  explicit ChainLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
 // Loads every manifest (*.json) of `dir`. A folder without manifests gives
 // an empty chain; a missing folder is kNotFound. Leftover temporaries of a
 // killed run (.*.barge-tmp) are ignored.
-Result<ChainFolder> LoadChainFolder(const std::string& dir);
+// First, an interrupted merge (its journal, pipeline/merge_journal.h) is
+// completed under the chain lock: `held` is the caller's lock, or null to
+// take it here (waiting for a merge still running). With `held`, staged
+// files of a merge that stopped before its journal are removed too.
+Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* held = nullptr);
 
 // Reads and validates one digest table file.
 Result<formats::DigestTable> LoadDigestTable(const std::string& path);

@@ -1,0 +1,61 @@
+// Merge (retention): folds the full backup and the increments up to a point
+// into a new full backup of that point, then removes the folded layers. The
+// on-disk protocol is in docs/formats/backup.md ("Merge").
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blockio/sink.h"
+#include "formats/manifest.h"
+#include "pipeline/copy.h"
+#include "pipeline/merge_journal.h"
+
+namespace barge::pipeline {
+
+struct MergeRequest {
+  std::string chain_dir;
+  std::string through;  // the point to fold into a full: id, position, time, latest
+  // Knobs (memory, threads, progress, stats, cancel); cluster size,
+  // compression and verify are the chain's.
+  CopyOptions copy;
+
+  // Test seams; unset in production.
+  // Wraps the sink of the new image (e.g. a FaultSink); it forwards to its
+  // argument, which outlives it.
+  std::function<std::unique_ptr<BlockSink>(BlockSink&)> wrap_image_sink;
+  // Called after each step from "staged" on; an error stops the merge there
+  // as a crash would, leaving every file as it is.
+  MergeStepHook after_step;
+};
+
+struct MergeResult {
+  bool merged = false;                  // false: the point already was a full
+  formats::BackupManifest manifest;     // the point's new (full) manifest
+  std::vector<std::string> folded_ids;  // the layers folded, oldest first (incl. the point)
+  std::vector<std::string> removed_files;
+  uint64_t bytes_read = 0;
+  uint64_t image_bytes = 0;             // size of the new image file
+  double seconds = 0;
+};
+
+// Merges under the chain lock. Steps: complete any interrupted merge (as
+// LoadChainFolder does); flatten the point into a staged full qcow2 (same
+// cluster size and compression, zero clusters omitted), every cluster
+// verified against the chain's digests; stage its digest table (data
+// clusters only) and a manifest with the point's id, file names and image
+// digest, type full, no parent; re-read and verify the staged image; write
+// the journal; rename image, digests, manifest; remove the folded layers
+// (manifests first); remove the journal. Points after the point are
+// untouched and restore as before.
+// Returns: the result (merged=false if the point already is a full); on an
+// error before the journal nothing in the folder changed; after it, the
+// next job that loads the folder completes the merge.
+// kInvalidArgument when a point of another branch still depends on a layer
+// that would be removed, or another job holds the folder.
+Result<MergeResult> RunMerge(const MergeRequest& request);
+
+}  // namespace barge::pipeline
