@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# barge backup / convert against qemu-img and nbdcopy on the same generated
+# disk (barge bench generate): wall time, CPU time, peak RSS, output size,
+# and the ratios next to the project's targets. Exits non-zero only when
+# something fails to run; missed targets are reported, not fatal.
+#
+#   bench/backup_vs_peers.sh [--size 2G] [--seed 1] [--workdir /var/tmp]
+#                            [--barge PATH] [--cache cold|warm|both]
+source "$(dirname "$0")/lib.sh"
+
+usage() { sed -n '2,9p' "$0"; }
+
+parse_common_flags "$@"
+need_tools qemu-img nbdcopy numfmt
+make_workdir
+print_machine
+
+DISK=$WORK/disk.raw
+echo
+echo "== disk"
+"$BARGE" bench generate --size "$SIZE" --seed "$SEED" "$DISK"
+echo "allocated: $(du -B1 "$DISK" | cut -f1) bytes of $(stat -c %s "$DISK")"
+
+echo
+echo "== runs"
+for mode in $(cache_modes); do
+  rm -rf "$WORK"/out*
+  prepare_cache "$mode" "$DISK"; echo " [$CACHE_HOW]"
+  measure barge-backup-zstd "$mode" "$WORK/out-bb" -- \
+    "$BARGE" backup --source "$DISK" --source-format raw --target "$WORK/out-bb" --name disk --compress zstd:3
+  prepare_cache "$mode" "$DISK"
+  measure qemu-img-convert-zstd "$mode" "$WORK/out-q.qcow2" -- \
+    qemu-img convert -f raw -O qcow2 -c -o compression_type=zstd -W -m 16 "$DISK" "$WORK/out-q.qcow2"
+  rm -rf "$WORK"/out*
+
+  prepare_cache "$mode" "$DISK"
+  measure barge-convert-raw "$mode" "$WORK/out-b.raw" -- \
+    "$BARGE" convert -f raw --compress none -O raw "$DISK" "$WORK/out-b.raw"
+  rm -f "$WORK"/out*
+  prepare_cache "$mode" "$DISK"
+  measure nbdcopy-raw "$mode" "$WORK/out-n.raw" -- \
+    nbdcopy "$DISK" "$WORK/out-n.raw"
+  rm -f "$WORK"/out*
+  prepare_cache "$mode" "$DISK"
+  measure qemu-img-convert-raw "$mode" "$WORK/out-qr.raw" -- \
+    qemu-img convert -f raw -O raw -W -m 16 "$DISK" "$WORK/out-qr.raw"
+  rm -f "$WORK"/out*
+done
+
+print_results
+
+echo
+echo "== ratios and targets"
+for mode in $(cache_modes); do
+  bw=$(get barge-backup-zstd "$mode" wall); qw=$(get qemu-img-convert-zstd "$mode" wall)
+  bs=$(get barge-backup-zstd "$mode" bytes); qs=$(get qemu-img-convert-zstd "$mode" bytes)
+  speed=$(ratio "$qw" "$bw"); size=$(ratio "$bs" "$qs")
+  cw=$(get barge-convert-raw "$mode" wall); nw=$(get nbdcopy-raw "$mode" wall); rw=$(get qemu-img-convert-raw "$mode" wall)
+  vs_nbd=$(ratio "$nw" "$cw"); vs_q=$(ratio "$rw" "$cw")
+  echo "[$mode]"
+  echo "  compressed backup: barge ${speed}x faster than qemu-img -c zstd   (target >= 1.5x: $(verdict "$speed" '>=' 1.5))"
+  echo "  compressed size:   barge/qemu-img = ${size}                       (target <= 1.05: $(verdict "$size" '<=' 1.05))"
+  echo "  raw copy:          barge ${vs_nbd}x nbdcopy's speed                (target >= 1.0: $(verdict "$vs_nbd" '>=' 1.0))"
+  echo "  raw copy:          barge ${vs_q}x qemu-img convert's speed"
+  echo "  cpu seconds:       barge backup $(get barge-backup-zstd "$mode" cpu), qemu-img $(get qemu-img-convert-zstd "$mode" cpu);" \
+       "barge convert $(get barge-convert-raw "$mode" cpu), nbdcopy $(get nbdcopy-raw "$mode" cpu)"
+done
+echo "  end-to-end vs slowest stage: see 'barge bench' (target >= 0.8)"

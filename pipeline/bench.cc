@@ -1,0 +1,407 @@
+#include "pipeline/bench.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "blockio/buffer.h"
+#include "blockio/file.h"
+#include "formats/digest.h"
+#include "formats/qcow2_compress.h"
+#include "pipeline/chunk.h"
+#include "pipeline/copy.h"
+#include "pipeline/destination.h"
+#include "pipeline/endpoints.h"
+#include "pipeline/stages.h"
+
+namespace barge::pipeline {
+namespace {
+
+int ResolveThreads(int threads) {
+  if (threads > 0) return threads;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+double Seconds(const timeval& tv) { return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6; }
+
+// Wall and CPU time of a scope, added to a measure (so windows accumulate).
+class Meter {
+ public:
+  explicit Meter(BenchMeasure& m) : m_(m), start_(std::chrono::steady_clock::now()) { getrusage(RUSAGE_SELF, &ru_); }
+  ~Meter() {
+    rusage now;
+    getrusage(RUSAGE_SELF, &now);
+    m_.wall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    m_.user_seconds += Seconds(now.ru_utime) - Seconds(ru_.ru_utime);
+    m_.system_seconds += Seconds(now.ru_stime) - Seconds(ru_.ru_stime);
+  }
+  Meter(const Meter&) = delete;
+  Meter& operator=(const Meter&) = delete;
+
+ private:
+  BenchMeasure& m_;
+  std::chrono::steady_clock::time_point start_;
+  rusage ru_{};
+};
+
+// Runs fn(item, thread) for item in [0, n) on `threads` threads; returns the
+// first error.
+template <typename Fn>
+Status ParallelFor(int threads, size_t n, Fn fn) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first;
+  auto work = [&](int t) {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+      Status s = fn(i, t);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first.ok()) first = std::move(s);
+        next.store(n);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  return first;
+}
+
+// fdatasync + POSIX_FADV_DONTNEED: the file's clean pages leave the cache.
+void DropFileCache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+std::string TempPath(const std::string& dir, const std::string& tag) {
+  return (std::filesystem::path(dir) / ("barge-bench-" + std::to_string(::getpid()) + "-" + tag)).string();
+}
+
+// Removes a file when it goes out of scope.
+struct FileGuard {
+  std::string path;
+  ~FileGuard() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove(path, ec);
+  }
+};
+
+uint32_t ClusterBitsOf(uint32_t cluster_bytes) {
+  uint32_t bits = 0;
+  while ((uint32_t{1} << bits) < cluster_bytes) ++bits;
+  return bits;
+}
+
+Result<BenchMeasure> ReadStage(BlockSource& source, const BenchOptions& o, int threads) {
+  BenchMeasure m;
+  m.name = "read";
+  m.threads = threads;
+  m.in_flight = static_cast<uint64_t>(threads);
+  m.note = "io_uring file source, allocated extents only (SEEK_DATA/SEEK_HOLE), one chunk batch per thread";
+  if (o.cold) DropFileCache(o.source);
+  ResetPeakRss();
+  ChunkPlanner planner(source, WholeDisk(source), o.cluster_bytes, o.chunk_bytes);
+  std::mutex mu;
+  std::atomic<uint64_t> bytes{0};
+  Reader reader(source);
+  std::vector<std::unique_ptr<Chunk>> chunks;
+  for (int t = 0; t < threads; ++t) chunks.push_back(std::make_unique<Chunk>(o.chunk_bytes, o.cluster_bytes, false));
+  Status st;
+  {
+    Meter meter(m);
+    st = ParallelFor(threads, static_cast<size_t>(threads), [&](size_t, int t) -> Status {
+      Chunk& c = *chunks[static_cast<size_t>(t)];
+      for (;;) {
+        Result<bool> more = [&] {
+          std::lock_guard<std::mutex> lock(mu);
+          return planner.Next(c);
+        }();
+        if (!more.ok()) return std::move(more).error();
+        if (!*more) return OkStatus();
+        auto n = reader.Read(c);
+        if (!n.ok()) return std::move(n).error();
+        bytes.fetch_add(*n, std::memory_order_relaxed);
+      }
+    });
+  }
+  if (!st.ok()) return std::move(st).error().Wrap("bench read");
+  m.input_bytes = bytes.load();
+  m.output_bytes = m.input_bytes;
+  m.peak_rss_bytes = PeakRssBytes();
+  return m;
+}
+
+// zero, xxh3, compress, sha512, write: each alone over windows of chunks held
+// in memory (reading them is not timed; the read stage measures that).
+Result<std::vector<BenchMeasure>> CpuStages(BlockSource& source, const BenchOptions& o, int threads,
+                                            BenchReport& report) {
+  const bool compress = o.compression != formats::Compression::kNone;
+  BenchMeasure zero, hash, comp, sha, write;
+  zero.name = "zero-detect";
+  zero.note = "IsAllZero over every read cluster";
+  hash.name = "xxh3-128";
+  hash.note = "HashCluster over non-zero clusters";
+  comp.name = "compress";
+  comp.note = std::string(formats::CompressionName(o.compression)) + ":" + std::to_string(o.compression_level) +
+              " per cluster, one compressor per thread";
+  sha.name = "sha512";
+  sha.note = "Sha512Stream over the whole logical disk, in order (zeros for holes)";
+  sha.serial = true;
+  sha.in_backup_path = false;
+  write.name = "qcow2-write";
+  write.note = "Qcow2Destination into a file in the workdir, payloads precompressed, then Finish";
+  write.serial = true;
+  zero.threads = hash.threads = comp.threads = threads;
+
+  const uint64_t footprint = uint64_t{o.chunk_bytes} * (compress ? 2 : 1);
+  const size_t window = static_cast<size_t>(std::max<uint64_t>(4, o.memory_bytes / footprint));
+  std::vector<std::unique_ptr<Chunk>> chunks;
+  for (size_t i = 0; i < window; ++i) chunks.push_back(std::make_unique<Chunk>(o.chunk_bytes, o.cluster_bytes, compress));
+  zero.in_flight = hash.in_flight = comp.in_flight = sha.in_flight = write.in_flight = window;
+
+  std::vector<std::unique_ptr<formats::ClusterCompressor>> compressors;
+  if (compress) {
+    for (int t = 0; t < threads; ++t)
+      compressors.push_back(std::make_unique<formats::ClusterCompressor>(o.compression, o.compression_level));
+  }
+  Sha512Stream sha_stream;
+
+  FileGuard out{TempPath(o.workdir, "stage.qcow2")};
+  BARGE_ASSIGN_OR_RETURN(auto sink, OpenFileSink(out.path, SinkMode::kCreateNew));
+  formats::Qcow2WriterOptions w;
+  w.virtual_size = source.size_bytes();
+  w.cluster_bits = ClusterBitsOf(o.cluster_bytes);
+  w.compression = o.compression;
+  BARGE_ASSIGN_OR_RETURN(auto dest, Qcow2Destination::Create(*sink, w, ZeroPolicy::kOmit));
+
+  ChunkPlanner planner(source, WholeDisk(source), o.cluster_bytes, o.chunk_bytes);
+  Reader reader(source);
+  ResetPeakRss();
+  std::atomic<uint64_t> zero_in{0}, hash_in{0}, comp_in{0}, comp_out{0};
+  for (bool done = false; !done;) {
+    size_t n = 0;
+    while (n < window) {
+      BARGE_ASSIGN_OR_RETURN(bool more, planner.Next(*chunks[n]));
+      if (!more) {
+        done = true;
+        break;
+      }
+      ++n;
+    }
+    if (n == 0) break;
+    BARGE_RETURN_IF_ERROR(ParallelFor(threads, n, [&](size_t i, int) -> Status {
+      auto r = reader.Read(*chunks[i]);
+      if (!r.ok()) return std::move(r).error();
+      return OkStatus();
+    }));
+    {
+      Meter meter(zero);
+      BARGE_RETURN_IF_ERROR(ParallelFor(threads, n, [&](size_t i, int) -> Status {
+        Chunk& c = *chunks[i];
+        uint64_t b = 0;
+        for (size_t k = 0; k < c.cluster_count(); ++k) {
+          if (c.states[k] != ClusterState::kData) continue;
+          auto d = c.ClusterData(k);
+          b += d.size();
+          if (IsAllZero(d)) c.states[k] = ClusterState::kZero;
+        }
+        zero_in.fetch_add(b, std::memory_order_relaxed);
+        return OkStatus();
+      }));
+    }
+    {
+      Meter meter(hash);
+      BARGE_RETURN_IF_ERROR(ParallelFor(threads, n, [&](size_t i, int) -> Status {
+        Chunk& c = *chunks[i];
+        uint64_t b = 0;
+        for (size_t k = 0; k < c.cluster_count(); ++k) {
+          if (c.states[k] != ClusterState::kData) continue;
+          auto d = c.ClusterData(k);
+          b += d.size();
+          c.digests[k] = formats::HashCluster(d, o.cluster_bytes);
+        }
+        hash_in.fetch_add(b, std::memory_order_relaxed);
+        return OkStatus();
+      }));
+    }
+    if (compress) {
+      Meter meter(comp);
+      BARGE_RETURN_IF_ERROR(ParallelFor(threads, n, [&](size_t i, int t) -> Status {
+        Chunk& c = *chunks[i];
+        uint64_t in = 0, outb = 0;
+        for (size_t k = 0; k < c.cluster_count(); ++k) {
+          if (c.states[k] != ClusterState::kData) continue;
+          auto d = c.ClusterData(k);
+          std::span<const std::byte> whole = d;
+          if (d.size() < o.cluster_bytes) {
+            auto slot = c.ClusterSlot(k);
+            std::memset(slot.data() + d.size(), 0, slot.size() - d.size());
+            whole = slot;
+          }
+          in += whole.size();
+          auto p = compressors[static_cast<size_t>(t)]->Compress(whole);
+          if (!p.ok()) return std::move(p).error();
+          if (p->has_value() && (**p).size() <= c.PayloadSlot(k).size()) {
+            std::memcpy(c.PayloadSlot(k).data(), (**p).data(), (**p).size());
+            c.payload_bytes[k] = static_cast<uint32_t>((**p).size());
+            c.states[k] = ClusterState::kCompressed;
+            outb += (**p).size();
+          } else {
+            outb += d.size();
+          }
+        }
+        comp_in.fetch_add(in, std::memory_order_relaxed);
+        comp_out.fetch_add(outb, std::memory_order_relaxed);
+        return OkStatus();
+      }));
+    }
+    {
+      Meter meter(sha);
+      for (size_t i = 0; i < n; ++i) {
+        BARGE_RETURN_IF_ERROR(sha_stream.UpdateChunk(*chunks[i]));
+        sha.input_bytes += chunks[i]->length_bytes;
+      }
+    }
+    {
+      Meter meter(write);
+      for (size_t i = 0; i < n; ++i) {
+        BARGE_RETURN_IF_ERROR(dest->Consume(*chunks[i]));
+        for (size_t k = 0; k < chunks[i]->cluster_count(); ++k) {
+          switch (chunks[i]->states[k]) {
+            case ClusterState::kCompressed: write.input_bytes += chunks[i]->payload_bytes[k]; break;
+            case ClusterState::kData: write.input_bytes += chunks[i]->ClusterLength(k); break;
+            default: break;
+          }
+        }
+      }
+    }
+  }
+  {
+    Meter meter(write);
+    BARGE_RETURN_IF_ERROR(dest->Finish());
+  }
+  {
+    Meter meter(sha);
+    BARGE_ASSIGN_OR_RETURN(std::string hex, sha_stream.FinishHex());
+    (void)hex;
+  }
+  write.output_bytes = sink->size_bytes();
+  zero.input_bytes = zero_in.load();
+  hash.input_bytes = hash_in.load();
+  comp.input_bytes = comp_in.load();
+  comp.output_bytes = comp_out.load();
+  uint64_t peak = PeakRssBytes();
+  for (BenchMeasure* m : {&zero, &hash, &comp, &sha, &write}) m->peak_rss_bytes = peak;
+  (void)report;
+  std::vector<BenchMeasure> out_stages{zero, hash};
+  if (compress) out_stages.push_back(comp);
+  out_stages.push_back(sha);
+  out_stages.push_back(write);
+  return out_stages;
+}
+
+Result<BenchMeasure> EndToEnd(BlockSource& source, const BenchOptions& o, int threads, BenchReport& report) {
+  BenchMeasure m;
+  m.name = "end-to-end";
+  m.note = "RunCopy (plan, read, zero+xxh3+compress, in-order digest) into a Qcow2Destination file, like backup";
+  m.threads = threads;
+  FileGuard out{TempPath(o.workdir, "e2e.qcow2")};
+  BARGE_ASSIGN_OR_RETURN(auto sink, OpenFileSink(out.path, SinkMode::kCreateNew));
+  formats::Qcow2WriterOptions w;
+  w.virtual_size = source.size_bytes();
+  w.cluster_bits = ClusterBitsOf(o.cluster_bytes);
+  w.compression = o.compression;
+  BARGE_ASSIGN_OR_RETURN(auto dest, Qcow2Destination::Create(*sink, w, ZeroPolicy::kOmit));
+  CopyOptions c;
+  c.cluster_bytes = o.cluster_bytes;
+  c.chunk_bytes = o.chunk_bytes;
+  c.memory_bytes = o.memory_bytes;
+  c.threads = threads;
+  c.compression = o.compression;
+  c.compression_level = o.compression_level;
+  if (o.cold) DropFileCache(o.source);
+  ResetPeakRss();
+  Destination* dests[] = {dest.get()};
+  Result<CopyResult> r = Error::IoError("not run");
+  {
+    Meter meter(m);
+    r = RunCopy(source, WholeDisk(source), dests, c);
+  }
+  if (!r.ok()) return std::move(r).error().Wrap("bench end-to-end");
+  m.peak_rss_bytes = PeakRssBytes();
+  m.input_bytes = r->bytes_processed;
+  m.output_bytes = sink->size_bytes();
+  m.in_flight = r->pool_high_water;
+  report.pool_chunks = r->pool_chunks;
+  report.pool_bytes = r->pool_bytes;
+  report.data_clusters = r->clusters.data;
+  report.compressed_clusters = r->clusters.compressed;
+  report.zero_clusters = r->clusters.zero;
+  report.hole_clusters = r->clusters.hole;
+  return m;
+}
+
+}  // namespace
+
+uint64_t PeakRssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+void ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+}
+
+Result<BenchReport> RunBench(const BenchOptions& o, void (*log)(const std::string&)) {
+  if (o.cluster_bytes < 512 || (o.cluster_bytes & (o.cluster_bytes - 1)) != 0 || o.chunk_bytes < o.cluster_bytes ||
+      o.chunk_bytes % o.cluster_bytes != 0) {
+    return Error::InvalidArgument("bench: cluster size must be a power of two >= 512 dividing the chunk size");
+  }
+  SourceSpec spec;
+  spec.location = o.source;
+  spec.format = "raw";
+  BARGE_ASSIGN_OR_RETURN(OpenedSource opened, OpenSource(spec));
+  BlockSource& source = *opened.image;
+  BenchReport report;
+  report.threads = ResolveThreads(o.threads);
+  report.logical_bytes = source.size_bytes();
+
+  if (log) log("stage: read");
+  BARGE_ASSIGN_OR_RETURN(BenchMeasure read, ReadStage(source, o, report.threads));
+  report.allocated_bytes = read.input_bytes;
+  report.stages.push_back(read);
+  if (log) log("stages: zero-detect, xxh3-128, compress, sha512, qcow2-write");
+  BARGE_ASSIGN_OR_RETURN(auto cpu, CpuStages(source, o, report.threads, report));
+  for (auto& m : cpu) report.stages.push_back(std::move(m));
+  if (log) log("end to end");
+  BARGE_ASSIGN_OR_RETURN(report.end_to_end, EndToEnd(source, o, report.threads, report));
+  return report;
+}
+
+}  // namespace barge::pipeline

@@ -1,0 +1,236 @@
+#include "pipeline/disk_generator.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace barge::pipeline {
+namespace {
+
+constexpr uint64_t kAlign = 4096;
+constexpr uint64_t kPiece = 1 << 20;  // data is generated per piece, each from its own seed
+
+// splitmix64: seeds and layout decisions. Defined by its arithmetic, so the
+// same on every platform (std:: distributions are not).
+uint64_t SplitMix(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// xoshiro256**: the random bytes.
+struct Xoshiro {
+  uint64_t s[4];
+  explicit Xoshiro(uint64_t seed) {
+    for (auto& w : s) w = SplitMix(seed);
+  }
+  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t Next() {
+    uint64_t result = Rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = Rotl(s[3], 45);
+    return result;
+  }
+};
+
+uint64_t PieceSeed(uint64_t seed, uint64_t extent, uint64_t piece) {
+  uint64_t s = seed ^ (extent * 0xD1B54A32D192ED03ull) ^ (piece * 0xABC98388FB8FAC03ull);
+  return SplitMix(s);
+}
+
+// A fixed vocabulary of pseudo-words per seed; words are drawn with a skew
+// towards the first ones (as in real text), with numbers and line breaks,
+// so zstd finds text-like redundancy (about 3x at level 3) but not runs.
+class TextSource {
+ public:
+  explicit TextSource(uint64_t seed) {
+    uint64_t s = seed ^ 0x7E47ull;
+    words_.reserve(kWords);
+    for (size_t i = 0; i < kWords; ++i) {
+      uint64_t r = SplitMix(s);
+      size_t len = 2 + r % 9;
+      std::string w;
+      for (size_t j = 0; j < len; ++j) {
+        r = (j % 8 == 7) ? SplitMix(s) : r >> 5;
+        w.push_back(static_cast<char>('a' + (r & 31) % 26));
+      }
+      words_.push_back(std::move(w));
+    }
+  }
+  void Fill(std::byte* out, size_t n, uint64_t piece_seed) const {
+    Xoshiro rng(piece_seed);
+    size_t pos = 0;
+    unsigned on_line = 0;
+    while (pos < n) {
+      uint64_t r = rng.Next();
+      std::string_view piece;
+      char number[24];
+      if ((r & 15) == 0) {
+        int len = std::snprintf(number, sizeof number, "%llu", static_cast<unsigned long long>((r >> 8) % 100000000));
+        piece = std::string_view(number, static_cast<size_t>(len));
+      } else {
+        // Skewed index: the product of two uniforms favours small indices.
+        uint64_t a = (r >> 8) % kWords, b = (r >> 24) % kWords;
+        piece = words_[(a * b) / kWords];
+      }
+      for (char c : piece) {
+        if (pos == n) return;
+        out[pos++] = static_cast<std::byte>(c);
+      }
+      if (pos == n) return;
+      if (++on_line >= 8 + ((r >> 40) & 7)) {
+        out[pos++] = std::byte{'\n'};
+        on_line = 0;
+      } else {
+        out[pos++] = std::byte{' '};
+      }
+    }
+  }
+
+ private:
+  static constexpr size_t kWords = 4096;
+  std::vector<std::string> words_;
+};
+
+struct PlannedExtent {
+  uint64_t offset;
+  uint64_t length;
+  ExtentKind kind;
+};
+
+// Calls `fn` for each extent of the layout, in order.
+void Layout(const DiskGeneratorOptions& o, const std::function<void(const PlannedExtent&)>& fn) {
+  const uint64_t size = o.size_bytes / kAlign * kAlign;
+  uint64_t state = o.seed ^ 0x1A70u;
+  uint32_t total_weight = 0;
+  for (uint32_t w : o.weights) total_weight += w;
+  if (total_weight == 0) total_weight = 1;
+  const double lo = std::log2(static_cast<double>(std::max(o.min_extent_bytes, kAlign)));
+  const double hi = std::log2(static_cast<double>(std::max(o.max_extent_bytes, o.min_extent_bytes)));
+  uint64_t pos = 0;
+  while (pos < size) {
+    uint64_t r = SplitMix(state);
+    uint32_t pick = static_cast<uint32_t>(r % total_weight);
+    size_t kind = 0;
+    while (kind + 1 < o.weights.size() && pick >= o.weights[kind]) pick -= o.weights[kind++];
+    // Log-uniform length from 53 random bits (exact double arithmetic).
+    double u = static_cast<double>(SplitMix(state) >> 11) * 0x1.0p-53;
+    uint64_t len = static_cast<uint64_t>(std::exp2(lo + u * (hi - lo)));
+    len = std::max(kAlign, len / kAlign * kAlign);
+    len = std::min(len, size - pos);
+    fn({pos, len, static_cast<ExtentKind>(kind)});
+    pos += len;
+  }
+}
+
+}  // namespace
+
+std::string_view ExtentKindName(ExtentKind kind) {
+  switch (kind) {
+    case ExtentKind::kHole: return "hole";
+    case ExtentKind::kZero: return "zero";
+    case ExtentKind::kText: return "text";
+    case ExtentKind::kRandom: return "random";
+    case ExtentKind::kCount: break;
+  }
+  return "?";
+}
+
+uint64_t DiskMix::extent_count() const {
+  uint64_t n = 0;
+  for (uint64_t e : extents) n += e;
+  return n;
+}
+
+uint64_t DiskMix::allocated_bytes() const {
+  return size_bytes - bytes[static_cast<size_t>(ExtentKind::kHole)];
+}
+
+double DiskMix::percent(ExtentKind kind) const {
+  return size_bytes == 0 ? 0.0 : 100.0 * static_cast<double>(bytes[static_cast<size_t>(kind)]) / static_cast<double>(size_bytes);
+}
+
+DiskMix PlanDisk(const DiskGeneratorOptions& options) {
+  DiskMix mix;
+  mix.size_bytes = options.size_bytes / kAlign * kAlign;
+  mix.seed = options.seed;
+  Layout(options, [&](const PlannedExtent& e) {
+    mix.bytes[static_cast<size_t>(e.kind)] += e.length;
+    mix.extents[static_cast<size_t>(e.kind)] += 1;
+  });
+  return mix;
+}
+
+Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions& options) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Error::FromErrno(errno, "open", path);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+
+  DiskMix mix;
+  mix.size_bytes = options.size_bytes / kAlign * kAlign;
+  mix.seed = options.seed;
+  TextSource text(options.seed);
+  std::vector<std::byte> buffer(kPiece);
+  std::vector<std::byte> zeros(kPiece);
+  Status failed;
+  uint64_t index = 0;
+
+  auto write_all = [&](const std::byte* data, uint64_t len, uint64_t offset) -> Status {
+    while (len > 0) {
+      ssize_t n = ::pwrite(fd, data, len, static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Error::FromErrno(errno, "write", path);
+      }
+      data += n;
+      len -= static_cast<uint64_t>(n);
+      offset += static_cast<uint64_t>(n);
+    }
+    return OkStatus();
+  };
+
+  Layout(options, [&](const PlannedExtent& e) {
+    const uint64_t extent_index = index++;
+    mix.bytes[static_cast<size_t>(e.kind)] += e.length;
+    mix.extents[static_cast<size_t>(e.kind)] += 1;
+    if (!failed.ok() || e.kind == ExtentKind::kHole) return;
+    for (uint64_t done = 0, piece = 0; done < e.length && failed.ok(); done += kPiece, ++piece) {
+      const uint64_t n = std::min(kPiece, e.length - done);
+      const std::byte* src = zeros.data();
+      if (e.kind == ExtentKind::kText) {
+        text.Fill(buffer.data(), n, PieceSeed(options.seed, extent_index, piece));
+        src = buffer.data();
+      } else if (e.kind == ExtentKind::kRandom) {
+        Xoshiro rng(PieceSeed(options.seed, extent_index, piece));
+        for (uint64_t i = 0; i < n; i += 8) {
+          uint64_t v = rng.Next();
+          std::memcpy(buffer.data() + i, &v, std::min<uint64_t>(8, n - i));
+        }
+        src = buffer.data();
+      }
+      failed = write_all(src, n, e.offset + done);
+    }
+  });
+  if (!failed.ok()) return std::move(failed).error();
+  if (::ftruncate(fd, static_cast<off_t>(mix.size_bytes)) != 0) return Error::FromErrno(errno, "truncate", path);
+  if (::fsync(fd) != 0) return Error::FromErrno(errno, "fsync", path);
+  return mix;
+}
+
+}  // namespace barge::pipeline

@@ -1,0 +1,47 @@
+// A deterministic, VM-like test disk for benchmarks: a sparse raw file of
+// holes, written zero runs, compressible text-like regions and random
+// (incompressible) regions, with extent sizes from 4 KiB to 64 MiB. The same
+// (size, seed) always gives the same bytes and layout, on any machine, so
+// scripts can feed the exact same disk to barge and to its peers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "blockio/error.h"
+
+namespace barge::pipeline {
+
+enum class ExtentKind : uint8_t { kHole, kZero, kText, kRandom, kCount };
+std::string_view ExtentKindName(ExtentKind kind);  // "hole", "zero", "text", "random"
+
+struct DiskMix {
+  uint64_t size_bytes = 0;
+  uint64_t seed = 0;
+  std::array<uint64_t, static_cast<size_t>(ExtentKind::kCount)> bytes{};
+  std::array<uint64_t, static_cast<size_t>(ExtentKind::kCount)> extents{};
+  uint64_t extent_count() const;
+  uint64_t allocated_bytes() const;  // everything but holes
+  double percent(ExtentKind kind) const;
+};
+
+struct DiskGeneratorOptions {
+  uint64_t size_bytes = 4ull << 30;  // rounded down to 4 KiB
+  uint64_t seed = 1;
+  // Shares of each kind, by extent count (they need not sum to anything).
+  std::array<uint32_t, static_cast<size_t>(ExtentKind::kCount)> weights{30, 10, 35, 25};
+  uint64_t min_extent_bytes = 4 << 10;   // log-uniform sizes in [min, max], 4 KiB aligned
+  uint64_t max_extent_bytes = 64 << 20;
+};
+
+// The layout alone (no file written): what GenerateDisk would produce.
+DiskMix PlanDisk(const DiskGeneratorOptions& options);
+
+// Writes the disk to `path` (created or truncated; holes are never written,
+// zero runs are written as zero bytes), then fsyncs it. Returns the mix.
+// Errors: the file's (kIoError, kNoSpace, ...).
+Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions& options);
+
+}  // namespace barge::pipeline
