@@ -17,6 +17,7 @@ int Main(int argc, char** argv) {
   RegisterBitmapCommands(app, exit_code);
   RegisterBackupCommand(app, exit_code);
   RegisterRestoreCommands(app, exit_code);
+  RegisterVmCommands(app, exit_code);
   RegisterBenchCommand(app, exit_code);
   RegisterMergeCommand(app, exit_code);
   try {

@@ -51,6 +51,7 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code);
 void RegisterBitmapCommands(CLI::App& app, int& exit_code);
 void RegisterBackupCommand(CLI::App& app, int& exit_code);
 void RegisterRestoreCommands(CLI::App& app, int& exit_code);
+void RegisterVmCommands(CLI::App& app, int& exit_code);
 void RegisterBenchCommand(CLI::App& app, int& exit_code);
 void RegisterMergeCommand(CLI::App& app, int& exit_code);
 

@@ -1,0 +1,53 @@
+// Changed-block tracking for raw disks: a metadata-only qcow2 overlay over
+// each raw disk (external data file) with one enabled persistent bitmap, and
+// the domain's persistent XML switched to it; the original XML is kept so
+// disable reverts exactly. State is kept in the catalog (table vm_cbt).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/libvirt_conn.h"
+#include "orchestrate/vm_backup.h"
+
+namespace barge::orchestrate {
+
+inline constexpr const char* kCbtBitmapName = "barge-cbt";
+
+struct CbtDisk {
+  std::string disk;
+  std::string data_file;  // the raw disk
+  std::string overlay;    // the qcow2 overlay
+};
+
+struct CbtStatus {
+  std::string domain;
+  // "Disabled", "Enabled", "PendingRestart" (the running instance still uses
+  // the XML from before enable/disable; takes effect at the next start).
+  std::string state;
+  std::string state_dir;
+  std::vector<CbtDisk> disks;
+};
+
+struct CbtRequest {
+  std::string domain;
+  std::string state_dir;  // "" = <catalog folder>/cbt/<domain>
+  std::string catalog_path;
+  std::string libvirt_uri;
+};
+
+// Creates the overlays (raw file disks only; kInvalidArgument when there is
+// none) and defines the domain on them. Enabling twice is an error.
+Result<CbtStatus> EnableCbt(const CbtRequest& request);
+// Defines the domain with the XML from before enable and removes the overlays.
+Result<CbtStatus> DisableCbt(const CbtRequest& request);
+Result<CbtStatus> GetCbtStatus(const CbtRequest& request);
+
+// The offline path of RunVmBackup (a shut-off domain).
+Result<VmBackupResult> RunOfflineCbtBackup(const VmBackupRequest& request, BackupCatalog& catalog,
+                                           virDomainPtr dom, const TrackerRecord* tracker,
+                                           const std::string& started_at);
+
+}  // namespace barge::orchestrate

@@ -1,0 +1,73 @@
+// RAII owners for libvirt connections, domains and checkpoints, libvirt
+// errors as barge Errors, and the few domain-XML facts orchestration needs.
+// The libvirt C API only; never virsh.
+#pragma once
+
+#include <libvirt/libvirt.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blockio/error.h"
+
+namespace barge::orchestrate {
+
+struct VirConnectDeleter { void operator()(virConnectPtr p) const { virConnectClose(p); } };
+struct VirDomainDeleter { void operator()(virDomainPtr p) const { virDomainFree(p); } };
+struct VirCheckpointDeleter {
+  void operator()(virDomainCheckpointPtr p) const { virDomainCheckpointFree(p); }
+};
+using VirConnection = std::unique_ptr<virConnect, VirConnectDeleter>;
+using VirDomain = std::unique_ptr<virDomain, VirDomainDeleter>;
+using VirCheckpoint = std::unique_ptr<virDomainCheckpoint, VirCheckpointDeleter>;
+
+// The URI: `uri`, else $BARGE_LIBVIRT_URI, else qemu:///system.
+std::string ResolveLibvirtUri(const std::string& uri);
+
+// Opens a connection (libvirt's own error printing is silenced once).
+Result<VirConnection> ConnectLibvirt(const std::string& uri = "");
+Result<VirDomain> LookupDomain(virConnectPtr conn, const std::string& name);  // kNotFound
+
+// The last libvirt error of this thread as an Error: "what: <libvirt message>";
+// missing domain/checkpoint -> kNotFound, guest agent problems -> kNotSupported.
+Error LastVirError(std::string_view what);
+// The libvirt error code (virErrorNumber) of the last error, 0 if none.
+int LastVirErrorCode();
+
+bool DomainIsActive(virDomainPtr dom);
+
+// A disk of a domain as its XML says (device='disk' only).
+struct DomainDisk {
+  std::string target;       // "vda"
+  std::string source_type;  // "file", "block", ...
+  std::string source;       // the file or device path
+  std::string format;       // driver type: "qcow2", "raw"
+  std::string element;      // the whole <disk>...</disk> text
+};
+
+// Parses the <disk device='disk'> elements of a domain XML.
+std::vector<DomainDisk> ParseDomainDisks(std::string_view domain_xml);
+Result<std::string> DomainXml(virDomainPtr dom, unsigned int flags = 0);
+Result<std::vector<DomainDisk>> DomainDisks(virDomainPtr dom);
+// Virtual size of a disk (virDomainGetBlockInfo capacity).
+Result<uint64_t> DiskCapacity(virDomainPtr dom, const std::string& target);
+Result<uint64_t> DiskAllocation(virDomainPtr dom, const std::string& target);
+
+// Checkpoints.
+Result<VirCheckpoint> LookupCheckpoint(virDomainPtr dom, const std::string& name);  // kNotFound
+Result<std::string> CheckpointXml(virDomainCheckpointPtr cp, unsigned int flags = 0);
+Result<std::vector<std::string>> ListCheckpointNames(virDomainPtr dom);
+// Deletes a checkpoint (bitmaps too, unless metadata_only).
+Status DeleteCheckpoint(virDomainPtr dom, const std::string& name, bool metadata_only = false);
+
+// Value of attribute `name` in the first tag `<tag ...>` of `xml`, "" if absent.
+std::string XmlAttr(std::string_view xml, std::string_view tag, std::string_view name);
+// Text of the first <tag>text</tag>, "" if absent.
+std::string XmlText(std::string_view xml, std::string_view tag);
+// Escapes &, <, >, ', " for XML attribute and text content.
+std::string XmlEscape(std::string_view s);
+
+}  // namespace barge::orchestrate

@@ -1,0 +1,174 @@
+// Trackers, checkpoint redefinition, planning and the doctor.
+#include "orchestrate/tracker.h"
+
+#include <filesystem>
+#include <map>
+
+#include "formats/manifest.h"
+#include "pipeline/chain.h"
+
+namespace barge::orchestrate {
+namespace {
+
+// Per disk of a checkpoint XML: disk -> (checkpoint kind, size attribute).
+std::map<std::string, std::pair<std::string, std::string>> CheckpointDisks(const std::string& xml) {
+  std::map<std::string, std::pair<std::string, std::string>> out;
+  std::string_view disks = xml;
+  size_t a = disks.find("<disks>");
+  size_t b = disks.find("</disks>");
+  if (a == std::string_view::npos || b == std::string_view::npos) return out;
+  disks = disks.substr(a, b - a);
+  size_t pos = 0;
+  while ((pos = disks.find("<disk ", pos)) != std::string_view::npos) {
+    size_t end = disks.find('>', pos);
+    std::string_view el = disks.substr(pos, end - pos + 1);
+    out[XmlAttr(el, "disk", "name")] = {XmlAttr(el, "disk", "checkpoint"), XmlAttr(el, "disk", "size")};
+    pos = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string NewCheckpointName(const std::string& tracker) {
+  return tracker + "-" + formats::CompactTimestamp(formats::NowRfc3339());
+}
+
+Result<std::vector<RedefineOutcome>> RedefineCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                         const std::string& domain) {
+  BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
+  std::vector<RedefineOutcome> out;
+  for (const auto& t : trackers) {
+    RedefineOutcome o{t.name, t.latest_checkpoint, "none", ""};
+    if (t.latest_checkpoint.empty()) {
+      out.push_back(o);
+      continue;
+    }
+    if (LookupCheckpoint(dom, t.latest_checkpoint).ok()) {
+      o.action = "present";
+      out.push_back(o);
+      continue;
+    }
+    auto stored = catalog.GetCheckpoint(t.latest_checkpoint);
+    std::string reason;
+    if (!stored.ok()) {
+      reason = "checkpoint lost: no stored XML to redefine it";
+    } else {
+      virDomainCheckpointPtr cp = virDomainCheckpointCreateXML(
+          dom, stored->xml.c_str(),
+          VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE | VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE_VALIDATE);
+      if (cp) {
+        virDomainCheckpointFree(cp);
+        o.action = "redefined";
+        out.push_back(o);
+        continue;
+      }
+      Error e = LastVirError("redefine");
+      reason = e.message().find("inconsistent") != std::string::npos
+                   ? "bitmap inconsistent"
+                   : "checkpoint redefinition failed";
+      reason += " (" + e.message() + ")";
+    }
+    BARGE_RETURN_IF_ERROR(catalog.MarkNeedsFull(t.name, reason));
+    o.action = "dropped";
+    o.reason = reason;
+    out.push_back(o);
+  }
+  return out;
+}
+
+Result<std::vector<DiskPlan>> PlanDisks(const TrackerRecord* tracker, virDomainPtr dom,
+                                        const std::vector<DomainDisk>& disks, bool force_full,
+                                        const std::string& target_dir, const std::string& domain) {
+  std::vector<DiskPlan> plans;
+  auto all_full = [&](const std::string& reason) {
+    for (const auto& d : disks) plans.push_back({d.target, false, reason});
+    return plans;
+  };
+  if (tracker == nullptr) return all_full("no tracker");
+  if (force_full) return all_full("--force-full");
+  if (tracker->needs_full) {
+    return all_full(tracker->needs_full_reason.empty() ? "tracker needs full" : tracker->needs_full_reason);
+  }
+  if (tracker->latest_checkpoint.empty()) return all_full("tracker empty");
+  auto cp = LookupCheckpoint(dom, tracker->latest_checkpoint);
+  if (!cp.ok()) {
+    if (cp.error().code() == ErrorCode::kNotFound) {
+      return all_full("checkpoint " + tracker->latest_checkpoint + " missing in libvirt");
+    }
+    return cp.error();
+  }
+  bool running = DomainIsActive(dom);
+  BARGE_ASSIGN_OR_RETURN(std::string xml,
+                         CheckpointXml(cp->get(), running ? VIR_DOMAIN_CHECKPOINT_XML_SIZE : 0));
+  auto cp_disks = CheckpointDisks(xml);
+  for (const auto& d : disks) {
+    DiskPlan p{d.target, false, ""};
+    auto it = cp_disks.find(d.target);
+    auto known = tracker->disks.find(d.target);
+    if (it == cp_disks.end() || it->second.first != "bitmap" || known == tracker->disks.end()) {
+      p.reason = "disk not in checkpoint " + tracker->latest_checkpoint;
+    } else if (running && it->second.second.empty()) {
+      // libvirt computes a size only from a usable bitmap.
+      p.reason = "bitmap inconsistent";
+    } else {
+      auto cap = DiskCapacity(dom, d.target);
+      if (!cap.ok()) return cap.error();
+      if (*cap != known->second) {
+        p.reason = "disk size changed";
+      } else if (!target_dir.empty()) {
+        std::string chain_dir = target_dir + "/" + domain + "/" + d.target;
+        auto chain = pipeline::LoadChainFolder(chain_dir);
+        if (!chain.ok() || chain->empty()) {
+          p.reason = "no backup chain in the target";
+        } else if (chain->latest().manifest.checkpoint != tracker->latest_checkpoint) {
+          p.reason = "chain does not end at checkpoint " + tracker->latest_checkpoint;
+        } else {
+          p.incremental = true;
+          p.reason = "incremental since " + tracker->latest_checkpoint;
+        }
+      } else {
+        p.incremental = true;
+        p.reason = "incremental since " + tracker->latest_checkpoint;
+      }
+    }
+    plans.push_back(std::move(p));
+  }
+  return plans;
+}
+
+Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const std::string& domain) {
+  DoctorReport r;
+  r.domain = domain;
+  r.running = DomainIsActive(dom);
+  BARGE_ASSIGN_OR_RETURN(r.trackers, catalog.ListTrackers(domain));
+  BARGE_ASSIGN_OR_RETURN(r.libvirt_checkpoints, ListCheckpointNames(dom));
+  for (const auto& t : r.trackers) {
+    if (t.latest_checkpoint.empty()) continue;
+    CheckpointState s;
+    s.name = t.latest_checkpoint;
+    auto cp = LookupCheckpoint(dom, t.latest_checkpoint);
+    s.in_libvirt = cp.ok();
+    if (cp.ok()) {
+      auto xml = CheckpointXml(cp->get(), r.running ? VIR_DOMAIN_CHECKPOINT_XML_SIZE : 0);
+      if (xml.ok()) {
+        for (const auto& [disk, v] : CheckpointDisks(*xml)) {
+          std::string flag = v.first;
+          if (flag == "bitmap" && r.running) {
+            flag = v.second.empty() ? "bitmap (no size: missing or inconsistent)"
+                                    : "bitmap (consistent, " + v.second + " bytes dirty)";
+          }
+          s.disks.emplace_back(disk, flag);
+        }
+      }
+    }
+    r.tracker_checkpoints.push_back(std::move(s));
+  }
+  BARGE_ASSIGN_OR_RETURN(auto disks, DomainDisks(dom));
+  const TrackerRecord* t = r.trackers.size() == 1 ? &r.trackers[0] : nullptr;
+  if (t) r.next_tracker = t->name;
+  BARGE_ASSIGN_OR_RETURN(r.next_backup, PlanDisks(t, dom, disks, false, "", domain));
+  return r;
+}
+
+}  // namespace barge::orchestrate

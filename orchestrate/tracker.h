@@ -1,0 +1,75 @@
+// Backup trackers over libvirt checkpoints: checkpoint names, redefinition
+// after libvirt lost its checkpoint metadata, and the doctor's report of
+// what the next backup will do.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/libvirt_conn.h"
+
+namespace barge::orchestrate {
+
+// "<tracker>-<UTC compact timestamp>", e.g. "t1-20261122T150102Z".
+std::string NewCheckpointName(const std::string& tracker);
+
+struct RedefineOutcome {
+  std::string tracker;
+  std::string checkpoint;
+  // "present" (libvirt still had it), "redefined", "dropped" (needs full),
+  // "none" (empty tracker).
+  std::string action;
+  std::string reason;  // with "dropped": why
+};
+
+// For every tracker of `domain`: if libvirt lacks its checkpoint, redefines
+// it from the stored XML with REDEFINE | REDEFINE_VALIDATE. A checkpoint that
+// libvirt refuses (bitmap missing or inconsistent) is dropped from the
+// tracker, which is marked so the next backup is full, with the reason.
+Result<std::vector<RedefineOutcome>> RedefineCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                         const std::string& domain);
+
+// Per disk: what the next backup of `disk` will be and why.
+struct DiskPlan {
+  std::string disk;
+  bool incremental = false;
+  std::string reason;
+};
+
+struct CheckpointState {
+  std::string name;
+  bool in_libvirt = false;
+  // Per disk: "bitmap" with a size libvirt could compute, "bitmap (no size:
+  // missing or inconsistent)", or "no".
+  std::vector<std::pair<std::string, std::string>> disks;
+};
+
+struct DoctorReport {
+  std::string domain;
+  bool running = false;
+  std::vector<TrackerRecord> trackers;
+  std::vector<std::string> libvirt_checkpoints;
+  std::vector<CheckpointState> tracker_checkpoints;
+  std::vector<DiskPlan> next_backup;  // for the tracker a plain backup would use
+  std::string next_tracker;
+};
+
+Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const std::string& domain);
+
+}  // namespace barge::orchestrate
+
+namespace barge::orchestrate {
+
+// Decides per disk whether the next backup of `disks` into `target_dir`
+// (chains at target_dir/<domain>/<disk>/) can be incremental from the
+// tracker's checkpoint. Full, with the reason, when: no tracker, the
+// tracker is empty or marked needs-full, force_full, libvirt lacks the
+// checkpoint, the disk's bitmap is inconsistent or missing, the disk is new
+// or changed size, or the disk's chain does not end at the checkpoint.
+// `target_dir` "" skips the chain check (doctor without a target).
+Result<std::vector<DiskPlan>> PlanDisks(const TrackerRecord* tracker, virDomainPtr dom,
+                                        const std::vector<DomainDisk>& disks, bool force_full,
+                                        const std::string& target_dir, const std::string& domain);
+
+}  // namespace barge::orchestrate

@@ -1,0 +1,395 @@
+// VM backup: plan, quiesce, pull-mode job, per-disk pipeline, commit.
+#include "orchestrate/vm_backup.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <optional>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "formats/manifest.h"
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/cbt.h"
+#include "orchestrate/libvirt_conn.h"
+#include "orchestrate/tracker.h"
+
+namespace barge::orchestrate {
+namespace {
+
+namespace fs = std::filesystem;
+
+// An exclusive, non-blocking flock on <catalog folder>/locks/<domain>.lock,
+// held for the object's lifetime (released by the kernel if we die).
+class DomainLock {
+ public:
+  static Result<std::unique_ptr<DomainLock>> Acquire(const std::string& catalog_path,
+                                                     const std::string& domain) {
+    std::string dir = CatalogDir(catalog_path) + "/locks";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return Error::FromErrno(ec.value(), "create lock folder", dir);
+    std::string path = dir + "/" + domain + ".lock";
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Error::FromErrno(errno, "open lock", path);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) {
+        return Error::InvalidArgument("a backup of domain '" + domain + "' is already running")
+            .set_path(path)
+            .set_retryable(true);
+      }
+      return Error::FromErrno(err, "lock", path);
+    }
+    return std::unique_ptr<DomainLock>(new DomainLock(fd));
+  }
+  ~DomainLock() { ::close(fd_); }
+  DomainLock(const DomainLock&) = delete;
+  DomainLock& operator=(const DomainLock&) = delete;
+
+ private:
+  explicit DomainLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+std::string JoinReasons(const std::vector<VmBackupDisk>& disks) {
+  std::set<std::string> distinct;
+  for (const auto& d : disks) distinct.insert(d.reason);
+  if (distinct.size() == 1) return *distinct.begin();
+  std::string out;
+  for (const auto& d : disks) out += (out.empty() ? "" : "; ") + d.disk + ": " + d.reason;
+  return out;
+}
+
+std::string BackupXml(const std::vector<DomainDisk>& all, const std::set<std::string>& selected,
+                      const std::map<std::string, bool>& incremental, const std::string& from,
+                      const std::string& socket, const std::string& scratch_dir) {
+  std::string x = "<domainbackup mode='pull'><server transport='unix' socket='" + XmlEscape(socket) +
+                  "'/><disks>";
+  for (const auto& d : all) {
+    if (!selected.count(d.target)) {
+      x += "<disk name='" + XmlEscape(d.target) + "' backup='no'/>";
+      continue;
+    }
+    // libvirt 9 needs the pull mode's scratch file named (copy-before-write).
+    x += "<disk name='" + XmlEscape(d.target) + "' backup='yes' type='file' ";
+    x += incremental.at(d.target) ? "backupmode='incremental' incremental='" + XmlEscape(from) + "'>"
+                                  : std::string("backupmode='full'>");
+    x += "<scratch file='" + XmlEscape(scratch_dir + "/" + d.target + ".qcow2") + "'/></disk>";
+  }
+  return x + "</disks></domainbackup>";
+}
+
+std::string CheckpointCreateXml(const std::string& name, const std::vector<DomainDisk>& all,
+                                const std::set<std::string>& selected) {
+  std::string x = "<domaincheckpoint><name>" + XmlEscape(name) + "</name><disks>";
+  for (const auto& d : all) {
+    x += "<disk name='" + XmlEscape(d.target) + "' checkpoint='" +
+         (selected.count(d.target) ? "bitmap" : "no") + "'/>";
+  }
+  return x + "</disks></domaincheckpoint>";
+}
+
+// "... for disk 'vda'" in libvirt's "checkpoint inconsistent" message.
+std::string DiskNamedIn(const std::string& message) {
+  size_t a = message.find("for disk '");
+  if (a == std::string::npos) return "";
+  a += 10;
+  size_t b = message.find('\'', a);
+  return b == std::string::npos ? "" : message.substr(a, b - a);
+}
+
+// Everything a run must undo on failure.
+struct Cleanup {
+  virDomainPtr dom = nullptr;
+  bool frozen = false;
+  bool job_started = false;
+  std::string new_checkpoint;
+  std::vector<std::string> files;  // new backup files
+  std::string socket;
+  std::string scratch_dir;
+
+  void Thaw() {
+    if (frozen && virDomainFSThaw(dom, nullptr, 0, 0) >= 0) frozen = false;
+  }
+  void EndJob() {
+    if (job_started) {
+      virDomainAbortJob(dom);
+      job_started = false;
+    }
+    if (!socket.empty()) ::unlink(socket.c_str());
+    std::error_code ec;
+    if (!scratch_dir.empty()) fs::remove_all(scratch_dir, ec);
+  }
+  void Undo() {
+    Thaw();
+    EndJob();
+    if (!new_checkpoint.empty()) (void)DeleteCheckpoint(dom, new_checkpoint);
+    std::error_code ec;
+    for (const auto& f : files) fs::remove(f, ec);
+  }
+};
+
+VmBackupDisk FromBackupResult(const std::string& disk, bool incremental, const std::string& reason,
+                              const pipeline::BackupResult& r) {
+  VmBackupDisk d;
+  d.disk = disk;
+  d.incremental = incremental;
+  d.reason = reason;
+  d.chain_dir = r.chain_dir;
+  d.image_path = r.image_path;
+  d.manifest_path = r.manifest_path;
+  d.virtual_size = r.manifest.virtual_size;
+  d.bytes_read = r.bytes_read;
+  d.bytes_written = r.image_bytes;
+  return d;
+}
+
+BackupRecord ToRecord(const VmBackupRequest& req, const VmBackupResult& res, const std::string& started) {
+  BackupRecord r;
+  r.domain = req.domain;
+  r.tracker = res.tracker;
+  r.type = res.backup_type;
+  r.reason = res.reason;
+  r.checkpoint = res.checkpoint;
+  r.parent_checkpoint = res.parent_checkpoint;
+  r.target = req.target;
+  r.started_at = started;
+  r.finished_at = formats::NowRfc3339();
+  r.duration_seconds = res.seconds;
+  for (const auto& d : res.disks) {
+    r.disks.push_back({d.disk, d.incremental ? "incremental" : "full", d.reason, d.chain_dir, d.image_path,
+                       d.manifest_path, d.virtual_size, d.bytes_read, d.bytes_written});
+  }
+  return r;
+}
+
+}  // namespace
+
+Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
+  VmBackupRequest req = req_in;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string started = formats::NowRfc3339();
+  if (req.domain.empty() || req.target.empty()) {
+    return Error::InvalidArgument("vm backup needs a domain and a target");
+  }
+  std::error_code ec;
+  fs::create_directories(req.target, ec);
+  if (ec) return Error::FromErrno(ec.value(), "create target", req.target);
+  req.target = fs::absolute(req.target, ec).lexically_normal().string();
+
+  BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(req.catalog_path));
+  BARGE_ASSIGN_OR_RETURN(auto lock, DomainLock::Acquire(req.catalog_path, req.domain));
+  BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
+  BARGE_ASSIGN_OR_RETURN(auto dom, LookupDomain(conn.get(), req.domain));
+
+  // Tracker.
+  std::optional<TrackerRecord> tracker;
+  if (!req.tracker.empty()) {
+    BARGE_ASSIGN_OR_RETURN(tracker, catalog->GetTracker(req.tracker));
+    if (tracker->domain != req.domain) {
+      return Error::InvalidArgument("tracker '" + req.tracker + "' belongs to domain '" + tracker->domain + "'");
+    }
+  } else {
+    BARGE_ASSIGN_OR_RETURN(auto list, catalog->ListTrackers(req.domain));
+    if (list.size() == 1) tracker = list[0];
+  }
+
+  if (!DomainIsActive(dom.get())) {
+    return RunOfflineCbtBackup(req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started);
+  }
+
+  // Disks.
+  BARGE_ASSIGN_OR_RETURN(auto all_disks, DomainDisks(dom.get()));
+  std::vector<DomainDisk> disks;
+  std::set<std::string> selected;
+  for (const auto& d : all_disks) {
+    if (req.disks.empty() || std::find(req.disks.begin(), req.disks.end(), d.target) != req.disks.end()) {
+      disks.push_back(d);
+      selected.insert(d.target);
+    }
+  }
+  for (const auto& want : req.disks) {
+    if (!selected.count(want)) return Error::NotFound("domain '" + req.domain + "' has no disk '" + want + "'");
+  }
+  if (disks.empty()) return Error::InvalidArgument("domain '" + req.domain + "' has no disks to back up");
+
+  BARGE_ASSIGN_OR_RETURN(auto plans, PlanDisks(tracker ? &*tracker : nullptr, dom.get(), disks, req.force_full,
+                                               req.target, req.domain));
+  std::map<std::string, bool> incremental;
+  std::map<std::string, std::string> reasons;
+  for (const auto& p : plans) {
+    incremental[p.disk] = p.incremental;
+    reasons[p.disk] = p.reason;
+  }
+
+  // Size estimate before anything starts.
+  uint64_t need = 0;
+  for (const auto& d : disks) {
+    BARGE_ASSIGN_OR_RETURN(uint64_t alloc, DiskAllocation(dom.get(), d.target));
+    BARGE_ASSIGN_OR_RETURN(uint64_t cap, DiskCapacity(dom.get(), d.target));
+    // Over a data file the qcow2 file holds metadata only: count the disk.
+    need += (d.format == "raw" || alloc < cap / 64) ? std::max(alloc, cap / 64) : alloc;
+  }
+  BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, pipeline::FreeBytes(req.target));
+  if (free_bytes < need) {
+    return Error::NoSpace("target has " + std::to_string(free_bytes) + " bytes free, the backup of '" +
+                          req.domain + "' may need " + std::to_string(need))
+        .set_path(req.target);
+  }
+
+  VmBackupResult res;
+  res.mode = "pull";
+  res.tracker = tracker ? tracker->name : "";
+  res.parent_checkpoint = tracker ? tracker->latest_checkpoint : "";
+  std::string checkpoint;
+  if (tracker) {
+    checkpoint = NewCheckpointName(tracker->name);
+    // Names have one-second resolution: wait out a same-second predecessor.
+    for (int i = 0; i < 3 && LookupCheckpoint(dom.get(), checkpoint).ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+      checkpoint = NewCheckpointName(tracker->name);
+    }
+  }
+
+  BackupRecord pending;
+  pending.domain = req.domain;
+  pending.target = req.target;
+  pending.started_at = started;
+  BARGE_ASSIGN_OR_RETURN(int64_t record_id, catalog->BeginBackup(pending));
+  res.record_id = record_id;
+
+  Cleanup cleanup;
+  cleanup.dom = dom.get();
+  auto fail = [&](Error e) -> Error {
+    cleanup.Undo();
+    res.checkpoint = checkpoint;
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    BackupRecord r = ToRecord(req, res, started);
+    r.error = e.ToString();
+    (void)catalog->FailBackup(record_id, r);
+    return e;
+  };
+
+  if (!req.skip_quiesce) {
+    if (virDomainFSFreeze(dom.get(), nullptr, 0, 0) < 0) {
+      Error e = LastVirError("quiesce");
+      return fail(Error(e.code(), "cannot quiesce domain '" + req.domain +
+                                      "': guest agent not available or not responding (" + e.message() +
+                                      "); use --skip-quiesce to back up without freezing"));
+    }
+    cleanup.frozen = true;
+  }
+
+  cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
+  ::unlink(cleanup.socket.c_str());
+  // Scratch files are created by libvirt and opened by QEMU (another user):
+  // the folder must be traversable.
+  cleanup.scratch_dir = req.target + "/.barge-scratch-" + req.domain;
+  fs::remove_all(cleanup.scratch_dir, ec);
+  fs::create_directories(cleanup.scratch_dir, ec);
+  if (ec) return fail(Error::FromErrno(ec.value(), "create scratch folder", cleanup.scratch_dir));
+  ::chmod(cleanup.scratch_dir.c_str(), 0711);
+  // A disk whose bitmap libvirt finds inconsistent only at job start goes full.
+  for (size_t attempt = 0; attempt <= disks.size(); ++attempt) {
+    std::string bxml = BackupXml(all_disks, selected, incremental, res.parent_checkpoint, cleanup.socket,
+                                   cleanup.scratch_dir);
+    std::string cxml = checkpoint.empty() ? "" : CheckpointCreateXml(checkpoint, all_disks, selected);
+    if (virDomainBackupBegin(dom.get(), bxml.c_str(), cxml.empty() ? nullptr : cxml.c_str(), 0) == 0) {
+      cleanup.job_started = true;
+      cleanup.new_checkpoint = checkpoint;
+      break;
+    }
+    Error e = LastVirError("backup begin");
+    bool any_incremental = false;
+    for (const auto& [d, inc] : incremental) any_incremental |= inc;
+    if (!any_incremental || e.message().find("inconsistent") == std::string::npos) return fail(e);
+    std::string bad = DiskNamedIn(e.message());
+    for (auto& [d, inc] : incremental) {
+      if (inc && (bad.empty() || d == bad)) {
+        inc = false;
+        reasons[d] = "bitmap inconsistent";
+      }
+    }
+  }
+  cleanup.Thaw();  // the job's point in time is fixed once it has started
+  if (!cleanup.job_started) return fail(Error::IoError("backup job did not start"));
+
+  // Every disk in parallel; each RunBackup is itself parallel.
+  std::vector<Result<pipeline::BackupResult>> results(disks.size(), Error::Cancelled("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < disks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const std::string& name = disks[i].target;
+      pipeline::BackupRequest br;
+      br.source.location = "nbd+unix:///" + name + "?socket=" + cleanup.socket;
+      br.target_dir = req.target + "/" + req.domain;
+      br.disk_name = name;
+      br.incremental = incremental[name];
+      if (br.incremental) br.dirty_bitmap = "qemu:dirty-bitmap:backup-" + name;
+      br.reason = reasons[name];
+      br.checkpoint = checkpoint;
+      br.compression = req.compression;
+      br.compression_level = req.compression_level;
+      br.copy = req.copy;
+      results[i] = pipeline::RunBackup(br);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::optional<Error> first_error;
+  for (size_t i = 0; i < disks.size(); ++i) {
+    const std::string& name = disks[i].target;
+    if (!results[i].ok()) {
+      if (!first_error) first_error = Error(results[i].error()).Wrap("disk " + name);
+      continue;
+    }
+    const auto& r = *results[i];
+    cleanup.files.insert(cleanup.files.end(), {r.image_path, r.manifest_path, r.digests_path});
+    res.disks.push_back(FromBackupResult(name, incremental[name], reasons[name], *results[i]));
+  }
+  if (!first_error) {
+    if (const char* f = std::getenv("BARGE_VM_BACKUP_FAULT"); f && std::string(f) == "after-read") {
+      first_error = Error::IoError("injected fault after reading every disk (BARGE_VM_BACKUP_FAULT)");
+    }
+  }
+  if (first_error) return fail(*first_error);
+  cleanup.EndJob();
+
+  bool all_incremental = true;
+  for (const auto& d : res.disks) all_incremental &= d.incremental;
+  res.backup_type = all_incremental ? "Incremental" : "Full";
+  res.reason = JoinReasons(res.disks);
+  res.checkpoint = checkpoint;
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::optional<CheckpointRecord> cp_record;
+  std::map<std::string, uint64_t> sizes;
+  if (!checkpoint.empty()) {
+    auto cp = LookupCheckpoint(dom.get(), checkpoint);
+    if (!cp.ok()) return fail(cp.error());
+    auto xml = CheckpointXml(cp->get());
+    if (!xml.ok()) return fail(xml.error());
+    cp_record = CheckpointRecord{checkpoint, res.tracker, req.domain, formats::NowRfc3339(), {}, *xml};
+    for (const auto& d : res.disks) {
+      cp_record->disks.push_back(d.disk);
+      sizes[d.disk] = d.virtual_size;
+    }
+  }
+  BackupRecord record = ToRecord(req, res, started);
+  if (Status s = catalog->CommitBackup(record_id, record, cp_record, sizes); !s.ok()) return fail(s.error());
+  // The tracker moved on: its previous checkpoint's bitmaps are no longer needed.
+  if (!res.parent_checkpoint.empty() && res.parent_checkpoint != checkpoint) {
+    (void)DeleteCheckpoint(dom.get(), res.parent_checkpoint);
+  }
+  return res;
+}
+
+}  // namespace barge::orchestrate

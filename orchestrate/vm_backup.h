@@ -1,0 +1,64 @@
+// Backup of a running libvirt domain: pull-mode backup job with a new
+// checkpoint, every selected disk's NBD export read through the backup
+// pipeline into TARGET/<domain>/<disk>/, the tracker advanced together with
+// the catalog record. Offline domains with a CBT overlay are read directly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "blockio/error.h"
+#include "pipeline/backup.h"
+
+namespace barge::orchestrate {
+
+struct VmBackupRequest {
+  std::string domain;
+  std::string tracker;      // "" = the domain's only tracker, if it has exactly one
+  std::string target;       // chains go to target/<domain>/<disk>/
+  std::string catalog_path;
+  std::string libvirt_uri;  // "" = ResolveLibvirtUri
+  bool force_full = false;
+  bool skip_quiesce = false;
+  std::vector<std::string> disks;  // empty = every disk of the domain
+  pipeline::CopyOptions copy;      // pipeline knobs (per disk)
+  formats::Compression compression = formats::Compression::kZstd;
+  int compression_level = 3;
+};
+
+struct VmBackupDisk {
+  std::string disk;
+  bool incremental = false;
+  std::string reason;
+  std::string chain_dir;
+  std::string image_path;
+  std::string manifest_path;
+  uint64_t virtual_size = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+};
+
+struct VmBackupResult {
+  std::string backup_type;  // "Full" (any disk full) or "Incremental"
+  std::string reason;
+  std::string checkpoint;   // created by this run ("" without a tracker)
+  std::string parent_checkpoint;
+  std::string tracker;
+  std::string mode;         // "pull" (libvirt job) or "offline" (CBT overlay)
+  int64_t record_id = 0;
+  std::vector<VmBackupDisk> disks;
+  double seconds = 0;
+};
+
+// Runs one VM backup. Refuses at once (nothing started) when another backup
+// of the domain holds its lock (<catalog folder>/locks/<domain>.lock), the
+// guest agent is missing for the quiesce (unless skip_quiesce), or the
+// target's free space is below the estimate (kNoSpace). On any later failure
+// the job is aborted, this run's checkpoint deleted, the new backup files
+// removed, the tracker left as it was, and the catalog record says why.
+// Test hook: BARGE_VM_BACKUP_FAULT=after-read fails the run after every disk
+// was read, before anything is committed.
+Result<VmBackupResult> RunVmBackup(const VmBackupRequest& request);
+
+}  // namespace barge::orchestrate

@@ -1,0 +1,254 @@
+// VM backups through libvirt (TCG, paused domains, no guest OS): trackers,
+// checkpoints, full/incremental, fallbacks, refusals and failure cleanup,
+// every point restored and compared with the disk at that point.
+#include <fcntl.h>
+#include <sys/file.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/testing.h"
+#include "tests/vm_libvirt_env.h"
+
+namespace barge::testing {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+class VmBackupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BARGE_REQUIRE_LIBVIRT();
+    OpenForQemu(dir_.path().string());
+    catalog_ = dir_ / "state/catalog.db";
+    target_ = dir_ / "backups";
+  }
+
+  std::string Barge(const std::string& args) {
+    return BargeBinary() + " " + args + " --catalog " + ShellQuote(catalog_);
+  }
+  json BargeJson(const std::string& args) {
+    std::string out = RunOk(Barge(args) + " --json");
+    json j = json::parse(out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << out;
+    return j;
+  }
+  json Backup(const std::string& domain, const std::string& extra = "") {
+    return BargeJson("vm backup --domain " + domain + " --target " + ShellQuote(target_) +
+                     " --skip-quiesce " + extra);
+  }
+  // The disk's bytes now (the domain's writes flushed first).
+  std::string Snapshot(TestDomain& dom, const std::string& raw, const std::string& name) {
+    dom.Flush();
+    std::string copy = dir_ / name;
+    RunOk("cp --sparse=always " + ShellQuote(raw) + " " + ShellQuote(copy));
+    return copy;
+  }
+  void ExpectRestores(const std::string& chain, int at, const std::string& expected) {
+    std::string out = dir_ / ("restored-" + std::to_string(at) + ".raw");
+    RunOk(BargeBinary() + " restore " + ShellQuote(chain) + " --at " + std::to_string(at) + " --to " +
+          ShellQuote(out) + " --force");
+    RunOk("cmp " + ShellQuote(out) + " " + ShellQuote(expected));
+    fs::remove(out);
+  }
+  std::string MakeQcow2(const std::string& name) {
+    std::string p = dir_ / name;
+    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " 64M");
+    return p;
+  }
+
+  TempDir dir_;
+  std::string catalog_;
+  std::string target_;
+};
+
+// CBT on a raw disk: full, then two incrementals, every point byte-identical.
+TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string raw = dir_ / "disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 666 " + ShellQuote(raw));
+  TestDomain dom("cbt", {{"vda", raw, "raw"}});
+  dom.Define(dir_.path().string());
+  json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
+  EXPECT_EQ(st["state"], "Enabled");
+  OpenForQemu(dir_ / "cbt");
+  dom.StartPaused();
+  EXPECT_EQ(BargeJson("cbt status --domain " + dom.name())["state"], "Enabled");
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+
+  dom.Write(0xee, "1M", "4M");
+  json b0 = Backup(dom.name());
+  EXPECT_EQ(b0["backupType"], "Full");
+  EXPECT_EQ(b0["reason"], "tracker empty");
+  std::string p0 = Snapshot(dom, raw, "p0.raw");
+  json t = BargeJson("tracker show t1");
+  EXPECT_EQ(t["latestCheckpoint"]["name"], b0["checkpointName"]);
+  EXPECT_EQ(t["latestCheckpoint"]["disks"][0]["name"], "vda");
+
+  dom.Write(0xaa, "10M", "1M");
+  json b1 = Backup(dom.name());
+  EXPECT_EQ(b1["backupType"], "Incremental") << b1.dump();
+  EXPECT_LE(b1["disks"][0]["bytesRead"].get<uint64_t>(), 2u << 20);
+  std::string p1 = Snapshot(dom, raw, "p1.raw");
+
+  dom.Write(0x55, "2M", "64k");
+  dom.Write(0x00, "40M", "1M");
+  json b2 = Backup(dom.name());
+  EXPECT_EQ(b2["backupType"], "Incremental");
+  std::string p2 = Snapshot(dom, raw, "p2.raw");
+
+  std::string chain = target_ + "/" + dom.name() + "/vda";
+  ExpectRestores(chain, 0, p0);
+  ExpectRestores(chain, 1, p1);
+  ExpectRestores(chain, 2, p2);
+  // libvirt keeps only the tracker's latest checkpoint.
+  std::string cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom.name() + " --name");
+  EXPECT_NE(cps.find(b2["checkpointName"].get<std::string>()), std::string::npos) << cps;
+  EXPECT_EQ(cps.find(b0["checkpointName"].get<std::string>()), std::string::npos) << cps;
+
+  json recs = json::parse(RunOk(Barge("vm backups --domain " + dom.name())));
+  ASSERT_EQ(recs.size(), 3u);
+  EXPECT_EQ(recs[2]["result"], "success");
+  // The catalog can be rebuilt from the manifests alone.
+  RunOk(Barge("catalog rebuild --target " + ShellQuote(target_)));
+  json rebuilt = json::parse(RunOk(Barge("vm backups --domain " + dom.name())));
+  ASSERT_EQ(rebuilt.size(), 3u);
+  EXPECT_EQ(rebuilt[1]["type"], "incremental");
+  EXPECT_EQ(rebuilt[1]["checkpoint"], b1["checkpointName"]);
+}
+
+// libvirt lost the checkpoint metadata (what a restarted libvirtd without
+// its metadata looks like): redefine from the catalog, next backup incremental.
+TEST_F(VmBackupTest, CheckpointRedefineAfterMetadataLoss) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("redef", {{"vda", disk, "qcow2"}});
+  dom.Define(dir_.path().string());
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xee, "1M", "4M");
+  json b0 = Backup(dom.name());
+  std::string cp = b0["checkpointName"];
+  RunOk(std::string(kVirsh) + "checkpoint-delete " + dom.name() + " " + cp + " --metadata");
+  json doc = BargeJson("doctor --domain " + dom.name());
+  EXPECT_EQ(doc["trackerCheckpoints"][0]["inLibvirt"], false);
+  EXPECT_EQ(doc["nextBackup"][0]["backupType"], "Full");
+
+  json re = BargeJson("checkpoint redefine --domain " + dom.name());
+  EXPECT_EQ(re[0]["action"], "redefined") << re.dump();
+  dom.Write(0x11, "20M", "1M");
+  json b1 = Backup(dom.name());
+  EXPECT_EQ(b1["backupType"], "Incremental") << b1.dump();
+  dom.Destroy();  // graceful: the disk file is now complete
+  std::string chain = target_ + "/" + dom.name() + "/vda";
+  std::string flat = dir_ / "flat.raw";
+  RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
+  ExpectRestores(chain, 1, flat);
+}
+
+// QEMU killed: bitmaps inconsistent, the next backup is full with the reason.
+TEST_F(VmBackupTest, CrashMakesNextBackupFullBitmapInconsistent) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("crash", {{"vda", disk, "qcow2"}});
+  dom.Define(dir_.path().string());
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xee, "1M", "4M");
+  EXPECT_EQ(Backup(dom.name())["backupType"], "Full");
+  dom.Write(0x22, "8M", "1M");
+  dom.Kill9();
+  dom.StartPaused();
+  json doc = BargeJson("doctor --domain " + dom.name());
+  EXPECT_EQ(doc["nextBackup"][0]["backupType"], "Full") << doc.dump();
+  json b1 = Backup(dom.name());
+  EXPECT_EQ(b1["backupType"], "Full");
+  EXPECT_EQ(b1["reason"], "bitmap inconsistent");
+  dom.Write(0x33, "30M", "1M");
+  json b2 = Backup(dom.name());
+  EXPECT_EQ(b2["backupType"], "Incremental") << b2.dump();
+  dom.Destroy();
+  std::string flat = dir_ / "flat.raw";
+  RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
+  ExpectRestores(target_ + "/" + dom.name() + "/vda", 2, flat);
+}
+
+// Force-full, the per-domain lock, quiesce without an agent, a target that
+// is too small, and a failure after reading: each leaves the tracker as is.
+TEST_F(VmBackupTest, RefusalsAndFailuresLeaveTrackerUnchanged) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("refuse", {{"vda", disk, "qcow2"}});
+  dom.Define(dir_.path().string());
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xee, "1M", "8M");
+
+  // No guest agent: refused unless --skip-quiesce.
+  std::string target = ShellQuote(target_);
+  auto r = ::barge::testing::Run(Barge("vm backup --domain " + dom.name() + " --target " + target));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--skip-quiesce"), std::string::npos) << r.output;
+  EXPECT_TRUE(BargeJson("tracker show t1")["latestCheckpoint"].is_null());
+
+  json b0 = Backup(dom.name());
+  std::string cp0 = b0["checkpointName"];
+  json b1 = Backup(dom.name(), "--force-full");
+  EXPECT_EQ(b1["backupType"], "Full");
+  EXPECT_EQ(b1["reason"], "--force-full");
+  std::string cp1 = b1["checkpointName"];
+
+  // A second backup of the same domain while one runs: refused at once.
+  {
+    std::string lock = dir_ / ("state/locks/" + dom.name() + ".lock");
+    int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    auto busy = ::barge::testing::Run("timeout 30 " + Barge("vm backup --skip-quiesce --domain " + dom.name() + " --target " + target));
+    ::close(fd);
+    EXPECT_NE(busy.exit_code, 0);
+    EXPECT_NE(busy.output.find("already running"), std::string::npos) << busy.output;
+  }
+
+  // Target too small: refused before anything starts.
+  std::string small = dir_ / "small";
+  fs::create_directories(small);
+  RunOk("mount -t tmpfs -o size=1M tmpfs " + ShellQuote(small));
+  auto full = ::barge::testing::Run(Barge("vm backup --skip-quiesce --force-full --domain " + dom.name() + " --target " +
+                        ShellQuote(small)));
+  ::barge::testing::Run("umount " + ShellQuote(small));
+  EXPECT_NE(full.exit_code, 0);
+  EXPECT_NE(full.output.find("NoSpace"), std::string::npos) << full.output;
+
+  // A failure after every disk was read: nothing committed, nothing left.
+  dom.Write(0x44, "20M", "1M");
+  auto before = fs::directory_iterator(target_ + "/" + dom.name() + "/vda");
+  size_t files_before = std::distance(before, fs::directory_iterator());
+  auto fail = ::barge::testing::Run("BARGE_VM_BACKUP_FAULT=after-read " +
+                  Barge("vm backup --skip-quiesce --domain " + dom.name() + " --target " + target));
+  EXPECT_NE(fail.exit_code, 0);
+  EXPECT_NE(fail.output.find("injected"), std::string::npos) << fail.output;
+  auto after = fs::directory_iterator(target_ + "/" + dom.name() + "/vda");
+  EXPECT_EQ(static_cast<size_t>(std::distance(after, fs::directory_iterator())), files_before);
+  EXPECT_EQ(BargeJson("tracker show t1")["latestCheckpoint"]["name"], cp1);
+  std::string cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom.name() + " --name");
+  EXPECT_EQ(cps.find('\n'), cps.rfind('\n')) << "one checkpoint expected: " << cps;
+  json recs = json::parse(RunOk(Barge("vm backups --domain " + dom.name())));
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(recs.back()["result"], "failed");
+  EXPECT_NE(recs.back()["error"].get<std::string>().find("injected"), std::string::npos);
+
+  // And the next backup is a correct incremental from cp1.
+  json b2 = Backup(dom.name());
+  EXPECT_EQ(b2["backupType"], "Incremental") << b2.dump();
+  EXPECT_EQ(b2["parentCheckpoint"], cp1);
+  dom.Destroy();
+  std::string flat = dir_ / "flat.raw";
+  RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
+  ExpectRestores(target_ + "/" + dom.name() + "/vda", 2, flat);
+}
+
+}  // namespace
+}  // namespace barge::testing
