@@ -64,9 +64,11 @@ print(f"dirtied {len(chosen)} of {clusters} clusters ({len(extents)} runs)")
 EOF
 }
 
-# backup_json ARGS...: runs barge backup --json, prints the image path.
+# backup_image ARGS...: runs barge backup into $TARGET/disk, prints the new
+# image's path (images are named NNNN-TIME.qcow2: the last one sorts last).
 backup_image() {
-  "$BARGE" backup --json "$@" | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["image"])'
+  "$BARGE" backup "$@" > /dev/null
+  ls -1 "$TARGET"/disk/*.qcow2 | sort | tail -1
 }
 
 echo
