@@ -99,10 +99,26 @@ std::string IdFor(uint32_t sequence, const std::string& started_at) {
   return std::string(buf) + "-" + formats::CompactTimestamp(started_at);
 }
 
-Status WriteSmallStaged(const std::string& path, std::span<const std::byte> bytes,
+// The sink output file `file_name` is written through: the staged file's
+// own, or the request's test wrapper around it (kept in `wrapper`).
+BlockSink& OutputSink(const BackupRequest& req, StagedFile& file, const std::string& file_name,
+                      std::unique_ptr<BlockSink>& wrapper) {
+  if (!req.wrap_sink) return file.sink();
+  wrapper = req.wrap_sink(file.sink(), file_name);
+  return *wrapper;
+}
+
+// Writes and flushes a small output file (digest table, manifest) under its
+// temporary name; `out` commits it later.
+Status WriteSmallStaged(const BackupRequest& req, const std::string& dir,
+                        const std::string& file_name, std::span<const std::byte> bytes,
                         std::unique_ptr<StagedFile>& out) {
-  BARGE_ASSIGN_OR_RETURN(out, StagedFile::Create(path));
-  BARGE_RETURN_IF_ERROR(out->sink().WriteAt(0, bytes));
+  BARGE_ASSIGN_OR_RETURN(out, StagedFile::Create(dir + "/" + file_name));
+  std::unique_ptr<BlockSink> wrapper;
+  BlockSink& sink = OutputSink(req, *out, file_name, wrapper);
+  Status st = sink.WriteAt(0, bytes);
+  if (st.ok()) st = sink.Flush();
+  if (!st.ok()) return std::move(st).error().Wrap("backup: writing " + file_name);
   return OkStatus();
 }
 
@@ -111,6 +127,13 @@ Status WriteSmallStaged(const std::string& path, std::span<const std::byte> byte
 std::string DefaultDiskName(const std::string& location) {
   std::string s = location;
   if (auto q = s.find('?'); q != std::string::npos) s = s.substr(0, q);
+  if (IsNbdUri(s)) {
+    // Only the export name counts: "nbd+unix:///?socket=S" has none, and
+    // "nbd://host:10809" must not name the chain after the host.
+    auto authority = s.find("://");
+    auto slash = s.find('/', authority == std::string::npos ? 0 : authority + 3);
+    s = slash == std::string::npos ? "" : s.substr(slash);
+  }
   while (!s.empty() && s.back() == '/') s.pop_back();
   std::string base = s.substr(s.find_last_of('/') == std::string::npos ? 0 : s.find_last_of('/') + 1);
   if (auto dot = base.find('.'); dot != std::string::npos && dot > 0) base = base.substr(0, dot);
@@ -238,6 +261,8 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   // The image.
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> image_file,
                          StagedFile::Create(chain.PathOf(m.image)));
+  std::unique_ptr<BlockSink> image_wrapper;  // declared after image_file: dies first
+  BlockSink& image_sink = OutputSink(req, *image_file, m.image, image_wrapper);
   formats::Qcow2WriterOptions w;
   w.virtual_size = size;
   w.cluster_bits = static_cast<uint32_t>(std::countr_zero(cluster));
@@ -246,10 +271,10 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
     w.backing_file = m.parent->image;
     w.backing_format = "qcow2";
   }
-  BARGE_ASSIGN_OR_RETURN(
-      std::unique_ptr<Qcow2Destination> dest,
-      Qcow2Destination::Create(image_file->sink(), w,
-                               req.incremental ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit));
+  auto created = Qcow2Destination::Create(
+      image_sink, w, req.incremental ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit);
+  if (!created.ok()) return Error(created.error()).Wrap("backup: starting " + m.image);
+  std::unique_ptr<Qcow2Destination> dest = std::move(created).value();
   CopyOptions copy = req.copy;
   copy.cluster_bytes = cluster;
   copy.chunk_bytes = std::max(copy.chunk_bytes / cluster * cluster, cluster);
@@ -260,7 +285,13 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
     copy.base_digest = [&parent_digests](uint64_t c) { return FindDigest(parent_digests, c); };
   }
   Destination* dests[] = {dest.get()};
-  auto copied = RunCopy(*src.image, work, dests, copy);
+  std::unique_ptr<BlockSource> source_wrapper;
+  BlockSource* source = src.image.get();
+  if (req.wrap_source) {
+    source_wrapper = req.wrap_source(*source);
+    source = source_wrapper.get();
+  }
+  auto copied = RunCopy(*source, work, dests, copy);
   if (!copied.ok()) return Error(copied.error()).Wrap("backup");
   const formats::Qcow2WriterStats stats = dest->writer().stats();
 
@@ -282,15 +313,19 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   // Image, digests, manifest last: a manifest only ever names complete files.
   std::unique_ptr<StagedFile> digests_file, manifest_file;
   std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
-  BARGE_RETURN_IF_ERROR(WriteSmallStaged(chain.PathOf(m.digest_table), table_bytes, digests_file));
+  BARGE_RETURN_IF_ERROR(
+      WriteSmallStaged(req, chain.dir, m.digest_table, table_bytes, digests_file));
   std::string text = formats::EncodeManifest(m);
-  BARGE_RETURN_IF_ERROR(WriteSmallStaged(chain.PathOf(m.id + ".json"),
+  BARGE_RETURN_IF_ERROR(WriteSmallStaged(req, chain.dir, m.id + ".json",
                                          std::as_bytes(std::span(text.data(), text.size())),
                                          manifest_file));
   Status committed = image_file->Commit();
   if (committed.ok()) committed = digests_file->Commit();
   if (committed.ok()) committed = manifest_file->Commit();
   if (!committed.ok()) {
+    // A commit can fail after its rename (syncing the folder): the manifest
+    // goes first so that no manifest ever names a removed file.
+    fs::remove(chain.PathOf(m.id + ".json"), ec);
     fs::remove(chain.PathOf(m.image), ec);
     fs::remove(chain.PathOf(m.digest_table), ec);
     return Error(committed.error()).Wrap("backup");

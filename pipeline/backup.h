@@ -3,10 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "blockio/extent.h"
+#include "blockio/sink.h"
+#include "blockio/source.h"
 #include "formats/manifest.h"
 #include "pipeline/copy.h"
 #include "pipeline/endpoints.h"
@@ -32,6 +36,15 @@ struct BackupRequest {
   // cancel). Compression fields are taken from above.
   CopyOptions copy;
   std::string tool_version = "0.1.0";
+
+  // Wrapper points for tests (fault injection, blockio/fault.h); unset in
+  // production. wrap_source wraps the source the copy reads (not the
+  // extent probe of the space estimate); wrap_sink wraps the sink of each
+  // output file (image, digest table, manifest; named by its final file
+  // name) for every write and flush of its contents. The wrapper forwards
+  // to its argument, which outlives it.
+  std::function<std::unique_ptr<BlockSource>(BlockSource&)> wrap_source;
+  std::function<std::unique_ptr<BlockSink>(BlockSink&, const std::string& file_name)> wrap_sink;
 };
 
 struct BackupResult {
@@ -55,7 +68,8 @@ struct BackupResult {
 Result<BackupResult> RunBackup(const BackupRequest& request);
 
 // The default disk name for a source: its base name without extension
-// ("vm1.qcow2" -> "vm1"; "nbd://host/vda" -> "vda").
+// ("vm1.qcow2" -> "vm1"; "nbd://host/vda" -> "vda"; an NBD URI without an
+// export name, "nbd+unix:///?socket=S" -> "disk").
 std::string DefaultDiskName(const std::string& location);
 
 // Bytes a backup of `work` of `image` may need on the target at most
