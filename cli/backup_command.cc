@@ -1,4 +1,6 @@
 // barge backup: a full or incremental backup of one disk into DIR/<name>/.
+#include <sys/resource.h>
+
 #include <iostream>
 
 #include "cli/common.h"
@@ -20,6 +22,14 @@ struct BackupArgs {
   int nbd_connections = 4;
   bool as_json = false;
 };
+
+// The process's peak resident set so far (0 if unknown): the memory bound
+// made visible (--memory caps the pipeline, not the process).
+uint64_t PeakRssBytes() {
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // ru_maxrss is in KiB on Linux
+}
 
 int RunBackupCommand(BackupArgs& a) {
   pipeline::BackupRequest req;
@@ -60,7 +70,8 @@ int RunBackupCommand(BackupArgs& a) {
                {"bytes_read", result->bytes_read},
                {"bytes_written", result->image_bytes},
                {"image_digest", m.image_digest.ToHex()},
-               {"duration_seconds", result->seconds}});
+               {"duration_seconds", result->seconds},
+               {"peak_rss_bytes", PeakRssBytes()}});
     return kExitOk;
   }
   std::cout << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << a.source << "\n"
