@@ -20,6 +20,7 @@ int Main(int argc, char** argv) {
   RegisterVmCommands(app, exit_code);
   RegisterBenchCommand(app, exit_code);
   RegisterMergeCommand(app, exit_code);
+  RegisterReplicateCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -54,5 +54,6 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code);
 void RegisterVmCommands(CLI::App& app, int& exit_code);
 void RegisterBenchCommand(CLI::App& app, int& exit_code);
 void RegisterMergeCommand(CLI::App& app, int& exit_code);
+void RegisterReplicateCommand(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli

@@ -1,0 +1,496 @@
+// RunReplicate: decide per destination (reuse, write, refuse), one fan-out
+// copy pass with SHA-512, then check, verify, rename and record each copy.
+#include "pipeline/replicate.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "blockio/file.h"
+#include "formats/qcow2_bitmap.h"
+#include "formats/qcow2_writer.h"
+#include "pipeline/staged_file.h"
+
+namespace barge::pipeline {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+Result<ReplicaFormat> ParseReplicaFormat(std::string_view name) {
+  if (name == "keep") return ReplicaFormat::kKeep;
+  if (name == "raw") return ReplicaFormat::kRaw;
+  if (name == "qcow2") return ReplicaFormat::kQcow2;
+  return Error::InvalidArgument("unknown format '" + std::string(name) + "' (use keep, raw or qcow2)");
+}
+
+Result<BackingPolicy> ParseBackingPolicy(std::string_view name) {
+  if (name == "flatten") return BackingPolicy::kFlatten;
+  if (name == "keep") return BackingPolicy::kKeep;
+  return Error::InvalidArgument("unknown backing policy '" + std::string(name) + "' (use flatten or keep)");
+}
+
+std::string_view ReplicaStateName(ReplicaState state) {
+  switch (state) {
+    case ReplicaState::kReady: return "ready";
+    case ReplicaState::kReused: return "reused";
+    case ReplicaState::kFailed: return "failed";
+  }
+  return "?";
+}
+
+bool ReplicateResult::all_ok() const {
+  if (checksum_mismatch) return false;
+  for (const auto& r : replicas) {
+    if (r.state == ReplicaState::kFailed) return false;
+  }
+  return true;
+}
+
+std::string ReplicaRecordPath(const std::string& path) { return path + ".sha512.json"; }
+
+Result<ReplicaRecord> ReadReplicaRecord(const std::string& path) {
+  std::string record_path = ReplicaRecordPath(path);
+  std::ifstream in(record_path);
+  if (!in) return Error::NotFound("no checksum record").set_path(record_path);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Error::Corruption("checksum record is not a JSON object").set_path(record_path);
+  }
+  ReplicaRecord r;
+  try {
+    r.sha512 = j.at("sha512").get<std::string>();
+    r.virtual_size = j.at("virtual_size").get<uint64_t>();
+    r.format = j.at("format").get<std::string>();
+    r.file_bytes = j.at("file_bytes").get<uint64_t>();
+    r.file_mtime_ns = j.at("file_mtime_ns").get<int64_t>();
+    r.source = j.value("source", "");
+    r.source_format = j.value("source_format", "");
+    r.created = j.value("created", "");
+    r.verified = j.value("verified", false);
+    r.bitmaps = j.value("bitmaps", std::vector<std::string>{});
+  } catch (const json::exception& e) {
+    return Error::Corruption(std::string("checksum record: ") + e.what()).set_path(record_path);
+  }
+  return r;
+}
+
+namespace {
+
+struct FileStamp {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+};
+
+Result<FileStamp> StatFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Error::FromErrno(errno, "stat", path);
+  return FileStamp{static_cast<uint64_t>(st.st_size),
+                   int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+std::string UtcNow() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+bool IsHex512(const std::string& s) {
+  if (s.size() != 128) return false;
+  for (char c : s) {
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Forwards to the real destination and reports its own progress, so each
+// copy's line moves at the speed of its writer, not of the reader.
+class ProgressDestination final : public Destination {
+ public:
+  ProgressDestination(std::unique_ptr<Destination> inner, size_t index, uint64_t total,
+                      const std::function<void(size_t, uint64_t, uint64_t)>* progress)
+      : inner_(std::move(inner)), index_(index), total_(total), progress_(progress) {}
+
+  const std::string& name() const override { return inner_->name(); }
+  formats::Compression compression() const override { return inner_->compression(); }
+  Status Consume(const Chunk& chunk) override {
+    BARGE_RETURN_IF_ERROR(inner_->Consume(chunk));
+    if (progress_ && *progress_) {
+      auto now = std::chrono::steady_clock::now();
+      if (now - last_ >= std::chrono::milliseconds(100)) {
+        last_ = now;
+        (*progress_)(index_, chunk.offset_bytes + chunk.length_bytes, total_);
+      }
+    }
+    return OkStatus();
+  }
+  Status Finish() override {
+    BARGE_RETURN_IF_ERROR(inner_->Finish());
+    if (progress_ && *progress_) (*progress_)(index_, total_, total_);
+    return OkStatus();
+  }
+
+ private:
+  std::unique_ptr<Destination> inner_;
+  size_t index_;
+  uint64_t total_;
+  const std::function<void(size_t, uint64_t, uint64_t)>* progress_;  // must outlive this
+  std::chrono::steady_clock::time_point last_{};
+};
+
+// One destination being written in this pass.
+struct Pending {
+  size_t index = 0;
+  std::unique_ptr<StagedFile> staged;
+  std::unique_ptr<BlockSink> wrapped;  // from the test seam, or null
+  std::unique_ptr<Destination> destination;
+  // An existing copy with a readable record whose checksum is unknown until
+  // the pass ends: reused (and the temporary dropped) when it matches.
+  std::optional<ReplicaRecord> maybe_reuse;
+  bool replaces_existing = false;
+};
+
+struct ReadBack {
+  std::string sha512_hex;
+  std::vector<ClusterDigest> cluster_digests;
+  std::vector<formats::BitmapSpec> bitmaps;
+};
+
+// Re-reads a finished copy through our reader: SHA-512 of its logical
+// content, its data cluster digests and (qcow2) its bitmaps.
+Result<ReadBack> ReadBackCopy(const std::string& path, formats::ImageFormat format,
+                              const CopyOptions& geometry, bool with_bitmaps) {
+  formats::OpenOptions open;
+  open.format = format;
+  open.open_backing = false;  // copies are flattened
+  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image, formats::OpenImage(path, opener, open));
+  CopyOptions o;
+  o.cluster_bytes = geometry.cluster_bytes;
+  o.chunk_bytes = geometry.chunk_bytes;
+  o.memory_bytes = geometry.memory_bytes;
+  o.threads = geometry.threads;
+  o.compression = formats::Compression::kNone;
+  o.sha512 = true;
+  o.cancel = geometry.cancel;
+  DigestCollector collector({image->size_bytes(), o.cluster_bytes, false, {}});
+  Destination* dests[] = {&collector};
+  BARGE_ASSIGN_OR_RETURN(CopyResult r, RunCopy(*image, WholeDisk(*image), dests, o));
+  ReadBack back{std::move(r.sha512_hex), std::move(r.cluster_digests), {}};
+  if (with_bitmaps) {
+    for (const auto& b : image->info().bitmaps) {
+      BARGE_ASSIGN_OR_RETURN(RangeList dirty, formats::ReadBitmapDirtyRanges(*image, b.name));
+      back.bitmaps.push_back({b.name, b.granularity_bytes, b.enabled, std::move(dirty)});
+    }
+  }
+  return back;
+}
+
+bool SameBitmaps(const std::vector<formats::BitmapSpec>& a, const std::vector<formats::BitmapSpec>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& x : a) {
+    bool found = false;
+    for (const auto& y : b) {
+      if (x.name != y.name) continue;
+      found = x.granularity_bytes == y.granularity_bytes && x.enabled == y.enabled &&
+              NormalizeRanges(x.dirty) == NormalizeRanges(y.dirty);
+    }
+    if (!found) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status WriteReplicaRecord(const std::string& path, const ReplicaRecord& r) {
+  json j = {{"sha512", r.sha512},          {"virtual_size", r.virtual_size},
+            {"format", r.format},          {"file_bytes", r.file_bytes},
+            {"file_mtime_ns", r.file_mtime_ns}, {"source", r.source},
+            {"source_format", r.source_format}, {"created", r.created},
+            {"verified", r.verified},      {"bitmaps", r.bitmaps},
+            {"tool", "barge 0.1.0"}};
+  std::string text = j.dump(2) + "\n";
+  std::string final_path = ReplicaRecordPath(path);
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> staged, StagedFile::Create(final_path, true));
+  BARGE_RETURN_IF_ERROR(
+      staged->sink().WriteAt(0, std::as_bytes(std::span<const char>(text.data(), text.size()))));
+  return staged->Commit();
+}
+
+bool FileMatchesRecord(const std::string& path, const ReplicaRecord& record) {
+  auto st = StatFile(path);
+  return st.ok() && st->size == record.file_bytes && st->mtime_ns == record.file_mtime_ns;
+}
+
+Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std::string> destinations,
+                                     const ReplicateOptions& options) {
+  auto start = std::chrono::steady_clock::now();
+  if (destinations.empty()) return Error::InvalidArgument("replicate: no destination");
+  std::string expected = Lower(options.expected_sha512);
+  if (!expected.empty() && !IsHex512(expected)) {
+    return Error::InvalidArgument("expected SHA-512 must be 128 hex digits");
+  }
+  for (size_t i = 0; i < destinations.size(); ++i) {
+    for (size_t k = 0; k < i; ++k) {
+      std::error_code ec;
+      if (fs::weakly_canonical(destinations[i], ec) == fs::weakly_canonical(destinations[k], ec)) {
+        return Error::InvalidArgument("destination given twice").set_path(destinations[i]);
+      }
+    }
+  }
+  const formats::ImageInfo& info = source.info();
+  bool source_qcow2 = info.format == formats::ImageFormat::kQcow2;
+  if (source_qcow2 && !info.backing_file.empty() && options.backing == BackingPolicy::kKeep) {
+    return Error::NotSupported(
+               "--backing keep (copy only the top layer and keep the backing name) is not "
+               "implemented; use --backing flatten")
+        .set_path(info.path);
+  }
+  bool out_qcow2 = options.format == ReplicaFormat::kQcow2 ||
+                   (options.format == ReplicaFormat::kKeep && source_qcow2);
+  formats::ImageFormat out_format = out_qcow2 ? formats::ImageFormat::kQcow2 : formats::ImageFormat::kRaw;
+
+  ReplicateResult result;
+  result.virtual_size = source.size_bytes();
+  result.format = std::string(formats::ImageFormatName(out_format));
+
+  // Persistent bitmaps of the top layer travel with a qcow2 copy (CBT
+  // survives the move). A stale (in-use) bitmap stops the job: copying it
+  // would hand out a bitmap that misses writes.
+  std::vector<formats::BitmapSpec> bitmaps;
+  if (source_qcow2) {
+    for (const auto& b : info.bitmaps) {
+      if (!out_qcow2) {
+        result.bitmaps_dropped = true;
+        continue;
+      }
+      auto dirty = formats::ReadBitmapDirtyRanges(source, b.name);
+      if (!dirty.ok()) return std::move(dirty).error().Wrap("bitmap " + b.name);
+      bitmaps.push_back({b.name, b.granularity_bytes, b.enabled, std::move(dirty).value()});
+      result.bitmaps.push_back(b.name);
+    }
+  }
+
+  result.replicas.resize(destinations.size());
+  std::vector<Pending> pending;
+  std::vector<size_t> reused_pre;  // reused by expected checksum, never written
+  auto fail = [&](size_t i, Error e) {
+    result.replicas[i].state = ReplicaState::kFailed;
+    result.replicas[i].error = std::move(e);
+  };
+  for (size_t i = 0; i < destinations.size(); ++i) {
+    const std::string& path = destinations[i];
+    result.replicas[i].path = path;
+    std::error_code ec;
+    auto status = fs::status(path, ec);
+    bool exists = fs::exists(status);
+    if (exists && !fs::is_regular_file(status)) {
+      fail(i, Error::NotSupported("destination is not a regular file").set_path(path));
+      continue;
+    }
+    Pending p;
+    p.index = i;
+    if (exists) {
+      auto record = ReadReplicaRecord(path);
+      bool usable = record.ok() && record->format == result.format &&
+                    record->virtual_size == result.virtual_size && FileMatchesRecord(path, *record);
+      if (usable && !expected.empty() && Lower(record->sha512) == expected) {
+        result.replicas[i].state = ReplicaState::kReused;
+        result.replicas[i].file_bytes = record->file_bytes;
+        reused_pre.push_back(i);
+        continue;
+      }
+      if (usable && expected.empty()) {
+        p.maybe_reuse = *record;
+      } else if (!options.force) {
+        fail(i, Error::InvalidArgument("exists and is not a matching copy (use --force to replace it)")
+                    .set_path(path));
+        continue;
+      }
+      p.replaces_existing = true;
+    }
+    auto staged = StagedFile::Create(path, /*overwrite=*/true);
+    if (!staged.ok()) {
+      fail(i, std::move(staged).error());
+      continue;
+    }
+    p.staged = std::move(staged).value();
+    BlockSink* sink = &p.staged->sink();
+    if (options.wrap_sink) {
+      p.wrapped = options.wrap_sink(i, *sink);
+      if (p.wrapped) sink = p.wrapped.get();
+    }
+    std::unique_ptr<Destination> dest;
+    if (out_qcow2) {
+      formats::Qcow2WriterOptions w;
+      w.virtual_size = result.virtual_size;
+      uint32_t bits = 0;
+      while ((uint64_t{1} << bits) < options.copy.cluster_bytes) ++bits;
+      w.cluster_bits = bits;
+      w.compression = options.copy.compression;
+      w.bitmaps = bitmaps;
+      auto d = Qcow2Destination::Create(*sink, std::move(w), ZeroPolicy::kOmit);
+      if (!d.ok()) {
+        fail(i, std::move(d).error());
+        continue;
+      }
+      dest = std::move(d).value();
+    } else {
+      dest = std::make_unique<RawDestination>(*sink, RawDestinationOptions{result.virtual_size, true});
+    }
+    p.destination = std::make_unique<ProgressDestination>(std::move(dest), i, result.virtual_size,
+                                                          &options.progress);
+    pending.push_back(std::move(p));
+  }
+
+  auto verify_reused = [&](size_t i, const std::string& want) {
+    auto back = ReadBackCopy(destinations[i], out_format, options.copy, false);
+    if (!back.ok()) {
+      fail(i, std::move(back).error().Wrap("verify"));
+    } else if (back->sha512_hex != want) {
+      fail(i, Error::Corruption("existing copy's SHA-512 " + back->sha512_hex +
+                                " does not match its record " + want)
+                  .set_path(destinations[i]));
+    } else {
+      result.replicas[i].verified = true;
+    }
+  };
+
+  if (pending.empty()) {
+    result.sha512_hex = expected;
+    if (options.verify) {
+      for (size_t i : reused_pre) verify_reused(i, expected);
+    }
+    result.elapsed = std::chrono::steady_clock::now() - start;
+    return result;
+  }
+
+  CopyOptions copy = options.copy;
+  copy.sha512 = true;
+  copy.failure_policy = DestinationFailurePolicy::kIsolate;
+  copy.progress = nullptr;
+  if (!out_qcow2) copy.compression = formats::Compression::kNone;
+  std::vector<Destination*> dests;
+  for (auto& p : pending) dests.push_back(p.destination.get());
+  auto copied = RunCopy(source, WholeDisk(source), dests, copy);
+  if (!copied.ok()) {
+    // The source or a shared stage failed (or every destination did): no
+    // copy can be trusted.
+    for (auto& p : pending) {
+      p.staged->Abandon();
+      fail(p.index, copied.error());
+    }
+    result.elapsed = std::chrono::steady_clock::now() - start;
+    return result;
+  }
+  result.sha512_hex = copied->sha512_hex;
+  result.bytes_read = copied->bytes_read;
+  if (!expected.empty() && copied->sha512_hex != expected) {
+    result.checksum_mismatch = true;
+    for (auto& p : pending) {
+      p.staged->Abandon();
+      fail(p.index, Error::Corruption("checksum mismatch: expected SHA-512 " + expected + ", source has " +
+                                      copied->sha512_hex));
+    }
+    result.elapsed = std::chrono::steady_clock::now() - start;
+    return result;
+  }
+
+  for (size_t k = 0; k < pending.size(); ++k) {
+    Pending& p = pending[k];
+    const std::string& path = destinations[p.index];
+    ReplicaResult& out = result.replicas[p.index];
+    const DestinationResult& dr = copied->destinations[k];
+    if (!dr.status.ok()) {
+      p.staged->Abandon();
+      fail(p.index, dr.status.error());
+      continue;
+    }
+    p.wrapped.reset();
+    if (p.maybe_reuse && Lower(p.maybe_reuse->sha512) == copied->sha512_hex) {
+      // The existing copy already holds this content: keep it untouched.
+      p.staged->Abandon();
+      out.state = ReplicaState::kReused;
+      out.file_bytes = p.maybe_reuse->file_bytes;
+      if (options.verify) verify_reused(p.index, copied->sha512_hex);
+      continue;
+    }
+    if (p.maybe_reuse && !options.force) {
+      p.staged->Abandon();
+      fail(p.index, Error::InvalidArgument("exists with a different checksum (use --force to replace it)")
+                        .set_path(path));
+      continue;
+    }
+    if (options.verify) {
+      auto back = ReadBackCopy(p.staged->temp_path(), out_format, options.copy, out_qcow2);
+      if (!back.ok()) {
+        p.staged->Abandon();
+        fail(p.index, std::move(back).error().Wrap("verify"));
+        continue;
+      }
+      std::string why;
+      if (back->sha512_hex != copied->sha512_hex) why = "SHA-512 differs";
+      else if (back->cluster_digests != copied->cluster_digests) why = "cluster digests differ";
+      else if (out_qcow2 && !SameBitmaps(back->bitmaps, bitmaps)) why = "bitmaps differ";
+      if (!why.empty()) {
+        p.staged->Abandon();
+        fail(p.index, Error::Corruption("verify: re-read copy: " + why).set_path(path));
+        continue;
+      }
+      out.verified = true;
+    }
+    // A stale record must never describe the new bytes: drop it first; a
+    // crash before the new record leaves a file without one (not ready).
+    std::error_code ec;
+    if (p.replaces_existing) fs::remove(ReplicaRecordPath(path), ec);
+    if (Status s = p.staged->Commit(); !s.ok()) {
+      fail(p.index, std::move(s).error());
+      continue;
+    }
+    auto stamp = StatFile(path);
+    if (!stamp.ok()) {
+      fail(p.index, std::move(stamp).error());
+      continue;
+    }
+    ReplicaRecord record;
+    record.sha512 = copied->sha512_hex;
+    record.virtual_size = result.virtual_size;
+    record.format = result.format;
+    record.file_bytes = stamp->size;
+    record.file_mtime_ns = stamp->mtime_ns;
+    record.source = options.source_location;
+    record.source_format = options.source_format;
+    record.created = UtcNow();
+    record.verified = out.verified;
+    record.bitmaps = result.bitmaps;
+    if (Status s = WriteReplicaRecord(path, record); !s.ok()) {
+      fail(p.index, std::move(s).error().Wrap("checksum record"));
+      continue;
+    }
+    out.state = ReplicaState::kReady;
+    out.file_bytes = stamp->size;
+  }
+  if (options.verify) {
+    for (size_t i : reused_pre) verify_reused(i, expected);
+  }
+  result.elapsed = std::chrono::steady_clock::now() - start;
+  return result;
+}
+
+}  // namespace barge::pipeline

@@ -1,0 +1,134 @@
+// Replication: one source read once and fanned out to several files (backing
+// images on several disks). Each copy is written under a temporary name,
+// checked against the SHA-512 of the source's logical content, optionally
+// re-read and verified, renamed, and described by a checksum record beside
+// it. docs/replication.md has the design and the record's fields.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blockio/error.h"
+#include "blockio/sink.h"
+#include "formats/image.h"
+#include "pipeline/copy.h"
+
+namespace barge::pipeline {
+
+// Output format of every copy: kKeep is qcow2 for a qcow2 source and raw for
+// anything else (raw file, block device, NBD export).
+enum class ReplicaFormat : uint8_t { kKeep, kRaw, kQcow2 };
+// "keep", "raw" or "qcow2"; else kInvalidArgument.
+Result<ReplicaFormat> ParseReplicaFormat(std::string_view name);
+
+// What happens to a qcow2 source's backing chain. Only kFlatten is
+// implemented: every copy holds the whole guest view and names no backing
+// file. kKeep (top layer only, same backing name) is refused with
+// kNotSupported.
+enum class BackingPolicy : uint8_t { kFlatten, kKeep };
+Result<BackingPolicy> ParseBackingPolicy(std::string_view name);
+
+enum class ReplicaState : uint8_t {
+  kReady,   // written, checked (and verified if asked), renamed, recorded
+  kReused,  // an existing file whose record matches; not rewritten
+  kFailed,  // see the error; no file or temporary left by this run
+};
+std::string_view ReplicaStateName(ReplicaState state);
+
+// The checksum record beside each copy (PATH.sha512.json).
+struct ReplicaRecord {
+  std::string sha512;           // of the logical (guest) content, lowercase hex
+  uint64_t virtual_size = 0;
+  std::string format;           // "raw" or "qcow2": the copy's format
+  uint64_t file_bytes = 0;      // the copy's file size when recorded
+  int64_t file_mtime_ns = 0;    // and its modification time
+  std::string source;           // where it came from
+  std::string source_format;
+  std::string created;          // UTC, ISO 8601
+  bool verified = false;        // re-read and compared when written
+  std::vector<std::string> bitmaps;  // persistent bitmaps carried (qcow2)
+};
+
+// PATH + ".sha512.json".
+std::string ReplicaRecordPath(const std::string& path);
+// Reads and parses the record of `path`. kNotFound when absent, kCorruption
+// when malformed.
+Result<ReplicaRecord> ReadReplicaRecord(const std::string& path);
+// Writes the record of `path` (temporary name, fsync, rename, folder sync).
+Status WriteReplicaRecord(const std::string& path, const ReplicaRecord& record);
+// True when the file at `path` exists with the record's size and mtime: the
+// cheap check that it is still the file the record describes.
+bool FileMatchesRecord(const std::string& path, const ReplicaRecord& record);
+
+struct ReplicateOptions {
+  // Geometry, memory, threads, compression, stall_timeout and cancel are
+  // used as given; sha512, failure_policy (kIsolate) and progress are set by
+  // RunReplicate.
+  CopyOptions copy;
+  ReplicaFormat format = ReplicaFormat::kKeep;
+  BackingPolicy backing = BackingPolicy::kFlatten;
+  // "" or 128 hex digits. A mismatch marks nothing ready.
+  std::string expected_sha512;
+  // Re-read each new copy through our reader and compare its per-cluster
+  // digests and SHA-512 with the copy pass (and its bitmaps with the
+  // source's); reused copies get their SHA-512 recomputed.
+  bool verify = false;
+  // Replace an existing file that is not a matching copy (else that
+  // destination fails).
+  bool force = false;
+  // For the record.
+  std::string source_location;
+  std::string source_format;
+  // (destination index, bytes done, bytes total), from the destinations'
+  // serial nodes, at most ~10 per second per destination and once at the
+  // end. Must not block.
+  std::function<void(size_t, uint64_t, uint64_t)> progress;
+  // Test seam: wraps the sink of destination `index` (e.g. in a FaultSink);
+  // the returned sink is written instead. `file_sink` outlives it.
+  std::function<std::unique_ptr<BlockSink>(size_t index, BlockSink& file_sink)> wrap_sink;
+};
+
+struct ReplicaResult {
+  std::string path;
+  ReplicaState state = ReplicaState::kFailed;
+  std::optional<Error> error;  // set when kFailed
+  bool verified = false;
+  uint64_t file_bytes = 0;
+};
+
+struct ReplicateResult {
+  // Of the source's logical content; the expected one when the source was
+  // not read (every destination reused by expected checksum).
+  std::string sha512_hex;
+  uint64_t virtual_size = 0;
+  std::string format;  // the copies' format
+  // With expected_sha512: the source's content differs; nothing is ready.
+  bool checksum_mismatch = false;
+  std::vector<std::string> bitmaps;  // persistent bitmaps carried to each copy
+  bool bitmaps_dropped = false;      // the source had bitmaps but the copies are raw
+  std::vector<ReplicaResult> replicas;  // in the order of `destinations`
+  uint64_t bytes_read = 0;
+  std::chrono::nanoseconds elapsed{0};
+
+  bool all_ok() const;  // no mismatch and no failed replica
+};
+
+// Copies `source` (opened with formats::OpenImage or OpenSource; it must
+// outlive the call) to every path in `destinations` (regular files, distinct)
+// in one read pass. One failing or stalled destination is reported failed
+// while the others complete. Blocks until done.
+// Returns the result (failed replicas and a checksum mismatch are in it), or
+// an error for what stops everything before any copy starts: bad options
+// (kInvalidArgument), kNotSupported (backing kKeep on a chained source), a
+// source bitmap that cannot be read (kCorruption: in use after a crash).
+Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std::string> destinations,
+                                     const ReplicateOptions& options);
+
+}  // namespace barge::pipeline

@@ -1,0 +1,150 @@
+// RunReplicate with one bad destination: a failing sink (fault injection
+// through the wrap_sink seam), a stalled one, and a full filesystem (a small
+// tmpfs, when this test may mount one). The bad one is reported failed and
+// leaves nothing behind; the others are ready and identical to the source.
+#include <gtest/gtest.h>
+
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "blockio/fault.h"
+#include "pipeline/endpoints.h"
+#include "pipeline/replicate.h"
+#include "pipeline/staged_file.h"
+#include "tests/testing/testing.h"
+
+namespace barge::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::RunOk;
+using testing::ShellQuote;
+using testing::TempDir;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+std::string MakeSource(const TempDir& dir, uint64_t size) {
+  std::string path = dir / "src.raw";
+  testing::WriteFile(path, testing::RandomBytes(size, 42));
+  return path;
+}
+
+ReplicateOptions SmallOptions() {
+  ReplicateOptions o;
+  o.copy.memory_bytes = 16 * kMiB;
+  o.copy.threads = 2;
+  o.copy.compression = formats::Compression::kNone;
+  o.format = ReplicaFormat::kRaw;
+  o.verify = true;
+  return o;
+}
+
+void ExpectReadyAndEqual(const ReplicaResult& r, const std::string& src) {
+  EXPECT_EQ(r.state, ReplicaState::kReady) << (r.error ? r.error->ToString() : "");
+  EXPECT_TRUE(fs::exists(r.path + ".sha512.json"));
+  RunOk("cmp " + ShellQuote(src) + " " + ShellQuote(r.path));
+}
+
+void ExpectFailedAndGone(const ReplicaResult& r) {
+  EXPECT_EQ(r.state, ReplicaState::kFailed);
+  EXPECT_TRUE(r.error.has_value());
+  EXPECT_FALSE(fs::exists(r.path));
+  EXPECT_FALSE(fs::exists(r.path + ".sha512.json"));
+  EXPECT_FALSE(fs::exists(StagedTempPath(r.path)));
+}
+
+TEST(ReplicateFaultsTest, FailingSinkFailsOnlyItsDestination) {
+  TempDir dir;
+  std::string src = MakeSource(dir, 8 * kMiB);
+  SourceSpec spec;
+  spec.location = src;
+  auto opened = OpenSource(spec);
+  ASSERT_TRUE(opened.ok()) << opened.error().ToString();
+  std::vector<std::string> dests = {dir / "a.raw", dir / "b.raw", dir / "c.raw"};
+  for (auto fmt : {ReplicaFormat::kRaw, ReplicaFormat::kQcow2}) {
+    for (const auto& d : dests) fs::remove(d), fs::remove(d + ".sha512.json");
+    ReplicateOptions o = SmallOptions();
+    o.format = fmt;
+    o.wrap_sink = [](size_t index, BlockSink& sink) -> std::unique_ptr<BlockSink> {
+      if (index != 1) return nullptr;
+      auto f = std::make_unique<FaultSink>(sink);
+      f->faults().AddRule(FaultRule::NthAndAfter(FaultOp::kWrite, 3));
+      return f;
+    };
+    auto r = RunReplicate(*opened->image, dests, o);
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    EXPECT_FALSE(r->all_ok());
+    ExpectFailedAndGone(r->replicas[1]);
+    EXPECT_EQ(r->replicas[1].error->code(), ErrorCode::kIoError);
+    for (size_t i : {0u, 2u}) {
+      if (fmt == ReplicaFormat::kRaw) {
+        ExpectReadyAndEqual(r->replicas[i], src);
+      } else {
+        EXPECT_EQ(r->replicas[i].state, ReplicaState::kReady);
+        if (testing::HaveTool("qemu-img")) {
+          RunOk("qemu-img check -q " + ShellQuote(dests[i]));
+          RunOk("qemu-img compare -q -F raw " + ShellQuote(dests[i]) + " " + ShellQuote(src));
+        }
+      }
+    }
+  }
+}
+
+TEST(ReplicateFaultsTest, StalledDestinationFailsWithoutHoldingOthers) {
+  TempDir dir;
+  std::string src = MakeSource(dir, 4 * kMiB);
+  SourceSpec spec;
+  spec.location = src;
+  auto opened = OpenSource(spec);
+  ASSERT_TRUE(opened.ok());
+  std::vector<std::string> dests = {dir / "a.raw", dir / "slow.raw", dir / "c.raw"};
+  ReplicateOptions o = SmallOptions();
+  o.copy.stall_timeout = std::chrono::milliseconds(300);
+  o.wrap_sink = [](size_t index, BlockSink& sink) -> std::unique_ptr<BlockSink> {
+    if (index != 1) return nullptr;
+    auto f = std::make_unique<FaultSink>(sink);
+    f->faults().SetDelay(FaultOp::kWrite, std::chrono::milliseconds(900));
+    return f;
+  };
+  std::vector<uint64_t> last(3, 0);
+  o.progress = [&](size_t i, uint64_t done, uint64_t) { last[i] = done; };
+  auto r = RunReplicate(*opened->image, dests, o);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ExpectFailedAndGone(r->replicas[1]);
+  EXPECT_NE(r->replicas[1].error->ToString().find("stall"), std::string::npos)
+      << r->replicas[1].error->ToString();
+  ExpectReadyAndEqual(r->replicas[0], src);
+  ExpectReadyAndEqual(r->replicas[2], src);
+  EXPECT_EQ(last[0], 4 * kMiB);
+  EXPECT_EQ(last[2], 4 * kMiB);
+}
+
+TEST(ReplicateFaultsTest, FullFilesystemFailsOnlyItsDestination) {
+  TempDir dir;
+  fs::path small = dir.path() / "small";
+  fs::create_directories(small);
+  if (::geteuid() != 0 || ::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=2m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{small.string()};
+  std::string src = MakeSource(dir, 8 * kMiB);
+  SourceSpec spec;
+  spec.location = src;
+  auto opened = OpenSource(spec);
+  ASSERT_TRUE(opened.ok());
+  std::vector<std::string> dests = {dir / "a.raw", (small / "full.raw").string(), dir / "c.raw"};
+  auto r = RunReplicate(*opened->image, dests, SmallOptions());
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ExpectFailedAndGone(r->replicas[1]);
+  EXPECT_EQ(r->replicas[1].error->code(), ErrorCode::kNoSpace) << r->replicas[1].error->ToString();
+  ExpectReadyAndEqual(r->replicas[0], src);
+  ExpectReadyAndEqual(r->replicas[2], src);
+}
+
+}  // namespace
+}  // namespace barge::pipeline
