@@ -21,6 +21,7 @@ int Main(int argc, char** argv) {
   RegisterBenchCommand(app, exit_code);
   RegisterMergeCommand(app, exit_code);
   RegisterReplicateCommand(app, exit_code);
+  RegisterStateCommands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -55,5 +55,6 @@ void RegisterVmCommands(CLI::App& app, int& exit_code);
 void RegisterBenchCommand(CLI::App& app, int& exit_code);
 void RegisterMergeCommand(CLI::App& app, int& exit_code);
 void RegisterReplicateCommand(CLI::App& app, int& exit_code);
+void RegisterStateCommands(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli

@@ -1,0 +1,74 @@
+// Moving a VM's persistent state folder (TPM/EFI files, CBT overlays with
+// their bitmaps) to a new volume: copy, verify, mark the new copy current,
+// then remove the old one, with a journal in the target so a re-run after a
+// crash at any step finishes or rolls back, never losing both copies.
+// docs/replication.md describes the journal.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "blockio/error.h"
+
+namespace barge::orchestrate {
+
+// The journal's steps, in order; each is durable (fsync) before the next
+// begins. The commit point is kCurrent: before it the old folder is the
+// current one and recovery removes the new copy; from it on the new one is
+// current and recovery finishes removing the old.
+enum class MigrateStep : int {
+  kNone = 0,
+  kBegin = 1,       // target created, journal opened (from, to)
+  kCopied = 2,      // every file copied and fsynced; sizes and SHA-512s listed
+  kVerified = 3,    // every copy re-read and equal to the listed SHA-512
+  kCurrent = 4,     // marker written in the target: the new copy is current
+  kOldRemoved = 5,  // the old folder is gone
+  kDone = 6,
+};
+std::string_view MigrateStepName(MigrateStep step);
+
+// The journal file inside the target folder, and the marker saying a folder
+// is the current copy of migrated state.
+inline constexpr const char* kMigrateJournalName = ".barge-migrate.journal";
+inline constexpr const char* kStateMarkerName = ".barge-state.json";
+
+struct StateMigrateOptions {
+  // Test hook: return kCancelled right after step `stop_after_step` is
+  // durable, touching nothing more (as if the process died there). 0: never.
+  int stop_after_step = 0;
+  // Test hook: stop (likewise) after copying this many files, before the
+  // kCopied step. 0: never.
+  int stop_after_files = 0;
+};
+
+struct MigratedFile {
+  std::string path;  // relative to the folder
+  std::string kind;  // "file", "dir" or "symlink"
+  uint64_t bytes = 0;
+  std::string sha512;  // files only
+};
+
+struct StateMigrateResult {
+  // "migrated", or "already-migrated" (journal says done, nothing to do).
+  std::string outcome;
+  // What recovery did with an earlier run's journal: "" (none), "rolled
+  // back" (partial new copy removed, then migrated again) or "finished"
+  // (the new copy was current; the old one's removal completed).
+  std::string recovery;
+  std::vector<MigratedFile> files;
+};
+
+// Moves `from` to `to` (which must not exist, be empty, or hold this
+// migration's journal). Symlinks are copied as links; other special files
+// are refused. A qcow2 file is copied byte for byte, so its bitmaps and its
+// data-file and backing names stay as they are; one whose data file or
+// backing file lies inside `from` (it would dangle) is refused.
+// Returns the result; kInvalidArgument/kNotSupported before anything is
+// touched; any other error before kCurrent leaves `from` current and removes
+// the new copy; an error after it leaves the new copy current (run again to
+// finish). May block for a long time.
+Result<StateMigrateResult> MigrateState(const std::string& from, const std::string& to,
+                                        const StateMigrateOptions& options = {});
+
+}  // namespace barge::orchestrate
