@@ -22,6 +22,7 @@ int Main(int argc, char** argv) {
   RegisterMergeCommand(app, exit_code);
   RegisterReplicateCommand(app, exit_code);
   RegisterStateCommands(app, exit_code);
+  RegisterImageCatalogCommands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -56,5 +56,6 @@ void RegisterBenchCommand(CLI::App& app, int& exit_code);
 void RegisterMergeCommand(CLI::App& app, int& exit_code);
 void RegisterReplicateCommand(CLI::App& app, int& exit_code);
 void RegisterStateCommands(CLI::App& app, int& exit_code);
+void RegisterImageCatalogCommands(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli

@@ -1,0 +1,111 @@
+// The backing-image catalog: per image and disk (a folder) the state of its
+// copy (pending, in-progress with percent, ready, failed with a message),
+// kept in SQLite and rebuildable by scanning the disks' checksum records.
+// Delivery sends from ready copies, at most N (3) concurrent sends per
+// sender, fewest active sends first. Schema: docs/replication.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blockio/error.h"
+#include "pipeline/replicate.h"
+
+namespace barge::orchestrate {
+
+struct ImageRecord {
+  std::string name;
+  std::string source;
+  std::string expected_sha512;  // as given ("" = none)
+  std::string sha512;           // of the first ready copy
+  std::string format;
+  uint64_t virtual_size = 0;
+  int64_t created = 0;  // Unix seconds
+};
+
+struct ImageCopyRecord {
+  std::string image;
+  std::string disk;      // folder
+  std::string path;      // disk/NAME
+  std::string state;     // "pending", "in-progress", "ready", "failed"
+  double percent = 0;
+  std::string message;   // why it failed
+  std::string sender;    // path of the copy it was sent from ("" = from the source)
+  int64_t updated = 0;       // Unix seconds of the last state change
+  int64_t unused_since = 0;  // Unix seconds; 0 = in use or not checked yet
+};
+
+struct SenderRecord {
+  std::string image;
+  std::string sender;       // path of a ready copy
+  int sends = 0;            // sends started from it
+  int max_concurrent = 0;   // most sends it served at once
+};
+
+struct SyncOptions {
+  int max_sends_per_sender = 3;
+  pipeline::ReplicateOptions replicate;  // copy geometry, verify, stall timeout
+};
+
+struct SyncResult {
+  std::vector<ImageCopyRecord> copies;  // of the disks asked for, after the sync
+  std::vector<SenderRecord> senders;    // this sync's
+};
+
+struct CleanupResult {
+  std::vector<std::string> removed;  // paths
+  std::vector<std::string> in_use;   // kept: a qcow2 in the disk's folder uses them
+  std::vector<std::string> waiting;  // kept: unused for less than the interval
+};
+
+// Thread-safe (one connection behind a mutex).
+class ImageCatalog {
+ public:
+  // Opens (creating file, folder and schema) the catalog at `db_path`.
+  static Result<std::unique_ptr<ImageCatalog>> Open(const std::string& db_path);
+  ~ImageCatalog();
+  ImageCatalog(const ImageCatalog&) = delete;
+  ImageCatalog& operator=(const ImageCatalog&) = delete;
+
+  // Prepares the first ready copy of `name` from `source` in `disk`
+  // (DISK/NAME), checked against `expected_sha512` if given. An image of
+  // that name must not exist yet, unless re-adding to a disk that failed.
+  // Returns the copy's record (state ready or failed, with the message).
+  Result<ImageCopyRecord> Add(const std::string& name, const std::string& source,
+                              const std::string& expected_sha512, const std::string& disk,
+                              const pipeline::ReplicateOptions& options);
+  // Delivers `name` to every disk in `disks` that lacks a ready copy, from
+  // ready copies (copies that become ready send too). Each send checks the
+  // image's SHA-512. kNotFound without a ready copy.
+  Result<SyncResult> Sync(const std::string& name, const std::vector<std::string>& disks,
+                          const SyncOptions& options);
+  // Every image, or one.
+  Result<std::vector<ImageRecord>> Images(const std::string& name = "");
+  Result<std::vector<ImageCopyRecord>> Copies(const std::string& name = "");
+  Result<std::vector<SenderRecord>> Senders(const std::string& name = "");
+  // Rebuilds the copies of `disks` (all known disks when empty) from their
+  // checksum records: a file whose record matches is ready, one that does
+  // not is failed; rows without a file are dropped.
+  Status Rescan(const std::vector<std::string>& disks);
+  // Removes ready copies that no qcow2 in their disk's folder uses as its
+  // backing file and that have been unused for at least `unused_for`
+  // (measured from when a cleanup first saw them unused, or their last
+  // update). A copy in use is never removed.
+  Result<CleanupResult> Cleanup(std::chrono::seconds unused_for);
+
+ private:
+  struct Db;
+  explicit ImageCatalog(std::unique_ptr<Db> db);
+  std::mutex mu_;
+  std::unique_ptr<Db> db_;  // guarded by mu_
+};
+
+// "90s", "15m", "2h", "7d", "0"; kInvalidArgument otherwise.
+Result<std::chrono::seconds> ParseDuration(const std::string& text);
+
+}  // namespace barge::orchestrate
