@@ -58,7 +58,7 @@ void CopyFlags::AddTo(CLI::App* app, const std::string& default_compress) {
   app->add_option("--cluster-size", cluster_size, "qcow2 cluster size (512 to 2M)")
       ->capture_default_str();
   app->add_option("--memory", memory,
-                  "Most memory for data in flight (buffers are reused; independent of disk size)")
+                  "Ceiling on buffers for data in flight (the pool is sized by threads up to this; independent of disk size)")
       ->capture_default_str();
   app->add_option("--threads", threads, "Worker threads (0 = all cores)")->capture_default_str();
 }

@@ -23,6 +23,10 @@ Chunk::Chunk(uint32_t chunk_bytes, uint32_t cluster_bytes, bool with_scratch)
       scratch_(with_scratch ? chunk_bytes : 0) {
   assert(cluster_bytes != 0 && chunk_bytes % cluster_bytes == 0);
   size_t clusters = chunk_bytes / cluster_bytes;
+  // Touch every page now: first-touch faults inside the copy cost more
+  // than the copy itself on some VMs.
+  data_.Zero();
+  scratch_.Zero();
   // Reserved once so that Reset never allocates in the hot path.
   states.reserve(clusters);
   digests.reserve(clusters);

@@ -451,9 +451,14 @@ CopyResult CopyJob::TakeResult() {
 
 }  // namespace
 
-size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scratch) {
+size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scratch, int threads,
+                      size_t destinations) {
   uint64_t footprint = ChunkFootprintBytes(chunk_bytes, with_scratch);
-  return static_cast<size_t>(std::max<uint64_t>(4, footprint ? memory_bytes / footprint : 4));
+  uint64_t ceiling = std::max<uint64_t>(4, footprint ? memory_bytes / footprint : 4);
+  uint64_t workers = threads > 0 ? static_cast<uint64_t>(threads)
+                                 : std::max(1u, std::thread::hardware_concurrency());
+  uint64_t wanted = std::max<uint64_t>(8, 4 * workers + 2 * destinations);
+  return static_cast<size_t>(std::min(ceiling, wanted));
 }
 
 Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
@@ -489,7 +494,8 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
     po.chunk_bytes = options.chunk_bytes;
     po.cluster_bytes = cluster;
     po.with_scratch = compress;
-    po.count = PoolChunkCount(options.memory_bytes, options.chunk_bytes, compress);
+    po.count = PoolChunkCount(options.memory_bytes, options.chunk_bytes, compress, options.threads,
+                              destinations.size());
     BARGE_ASSIGN_OR_RETURN(own_pool, BufferPool::Create(po));
     pool = own_pool.get();
   } else {

@@ -414,12 +414,12 @@ TEST(RunCopyTest, StalledDestinationIsIsolated) {
   // Margins are wide so that a loaded CI machine does not stall the good one.
   MemorySink good(source->size_bytes()), slow_target;
   FaultSink slow(slow_target);
-  slow.faults().SetDelay(FaultOp::kWrite, std::chrono::milliseconds(1000));
+  slow.faults().SetDelay(FaultOp::kWrite, std::chrono::milliseconds(2500));
   RawDestination d0(good, {source->size_bytes()}), d1(slow, {source->size_bytes()});
   Destination* dests[] = {&d0, &d1};
   CopyOptions o = SmallOptions();
   o.failure_policy = DestinationFailurePolicy::kIsolate;
-  o.stall_timeout = std::chrono::milliseconds(250);
+  o.stall_timeout = std::chrono::milliseconds(600);
   auto r = RunCopy(*source, WholeDisk(*source), dests, o);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_TRUE(r->destinations[0].status.ok());
