@@ -56,52 +56,7 @@ json ResultObject(const std::string& output) {
   return result;
 }
 
-// One server process on a Unix socket, stopped in the destructor.
-class Server {
- public:
-  // `command` must listen on `socket` and stay in the foreground.
-  Server(const std::string& command, const std::string& socket) : socket_(socket) {
-    // Built before fork: the child of a threaded process may only exec.
-    std::string shell = "exec " + command + " >/dev/null 2>&1";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execl("/bin/sh", "sh", "-c", shell.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  ~Server() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 100; ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  Server(const Server&) = delete;
-  Server& operator=(const Server&) = delete;
-
-  // Polls up to 10 s for the socket; false if it never shows or the server
-  // exits first.
-  bool WaitReady() {
-    for (int i = 0; i < 500; ++i) {
-      struct stat st;
-      if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return true;
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  }
-  std::string uri() const { return "nbd+unix:///?socket=" + socket_; }
-
- private:
-  std::string socket_;
-  pid_t pid_ = -1;
-};
+using Server = ::barge::testing::SocketServer;
 
 class BackupSourcesTest : public ::testing::Test {
  protected:

@@ -1,6 +1,8 @@
 // Test helpers.
 #include "tests/testing/testing.h"
 
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <thread>
 
 namespace barge::testing {
 
@@ -58,6 +61,41 @@ bool HaveTool(const std::string& tool) {
 bool ToolsRequired() {
   const char* v = std::getenv("BARGE_REQUIRE_TOOLS");
   return v != nullptr && std::string(v) == "1";
+}
+
+SocketServer::SocketServer(const std::string& command, const std::string& socket)
+    : socket_(socket) {
+  // Built before fork: the child of a threaded process may only exec.
+  std::string shell = "exec " + command + " >/dev/null 2>&1";
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::execl("/bin/sh", "sh", "-c", shell.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+}
+
+SocketServer::~SocketServer() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGTERM);
+  for (int i = 0; i < 100; ++i) {
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+}
+
+bool SocketServer::WaitReady() {
+  for (int i = 0; i < 500; ++i) {
+    struct stat st;
+    if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return true;
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 std::vector<std::byte> RandomBytes(size_t n, uint64_t seed) {

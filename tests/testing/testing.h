@@ -56,6 +56,26 @@ bool HaveTool(const std::string& tool);
   } while (0)
 bool ToolsRequired();
 
+// A server process (qemu-nbd, nbdkit) listening on a Unix socket, started
+// through /bin/sh and stopped (SIGTERM, then SIGKILL) in the destructor.
+class SocketServer {
+ public:
+  // `command` must listen on `socket` and stay in the foreground.
+  SocketServer(const std::string& command, const std::string& socket);
+  ~SocketServer();
+  SocketServer(const SocketServer&) = delete;
+  SocketServer& operator=(const SocketServer&) = delete;
+
+  // Polls up to 10 s for the socket; false if it never shows or the server
+  // exits first.
+  bool WaitReady();
+  std::string uri() const { return "nbd+unix:///?socket=" + socket_; }
+
+ private:
+  std::string socket_;
+  int pid_ = -1;
+};
+
 // Deterministic pseudo-random bytes (splitmix64 from `seed`).
 std::vector<std::byte> RandomBytes(size_t n, uint64_t seed);
 
