@@ -36,25 +36,7 @@ std::string ReadText(const std::string& path) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-// The `"event": "result"` object of a --json run: progress lines come
-// first, one object a line; the result may span lines (pretty-printed).
-json ResultObject(const std::string& output) {
-  std::istringstream in(output);
-  std::string line, pending;
-  json result;
-  while (std::getline(in, line)) {
-    if (pending.empty() && (line.empty() || line[0] != '{')) continue;
-    pending += line + "\n";
-    json j = json::parse(pending, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-      if (line == "}") pending.clear();  // a whole object that is not JSON
-      continue;
-    }
-    pending.clear();
-    if (j.is_object() && j.value("event", "") == "result") result = j;
-  }
-  return result;
-}
+using ::barge::testing::ResultObject;
 
 using Server = ::barge::testing::SocketServer;
 

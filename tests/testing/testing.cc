@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 namespace barge::testing {
@@ -96,6 +97,24 @@ bool SocketServer::WaitReady() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
+}
+
+nlohmann::json ResultObject(const std::string& output) {
+  std::istringstream in(output);
+  std::string line, pending;
+  nlohmann::json result;
+  while (std::getline(in, line)) {
+    if (pending.empty() && (line.empty() || line[0] != '{')) continue;
+    pending += line + "\n";
+    nlohmann::json j = nlohmann::json::parse(pending, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      if (line == "}") pending.clear();  // a whole object that is not JSON
+      continue;
+    }
+    pending.clear();
+    if (j.is_object() && j.value("event", "") == "result") result = j;
+  }
+  return result;
 }
 
 std::vector<std::byte> RandomBytes(size_t n, uint64_t seed) {

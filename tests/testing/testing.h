@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -75,6 +77,11 @@ class SocketServer {
   std::string socket_;
   int pid_ = -1;
 };
+
+// The `"event": "result"` object of a `--json` run: progress lines come
+// first, one object a line; the result may span lines (pretty-printed).
+// An empty json when there is none.
+nlohmann::json ResultObject(const std::string& output);
 
 // Deterministic pseudo-random bytes (splitmix64 from `seed`).
 std::vector<std::byte> RandomBytes(size_t n, uint64_t seed);
