@@ -21,6 +21,22 @@ Result<std::unique_ptr<orc::BackupCatalog>> OpenCatalog(const std::string& flag)
   return orc::BackupCatalog::Open(orc::ResolveCatalogPath(flag));
 }
 
+// The catalog, a libvirt connection and one domain, opened together (the
+// connection must outlive the domain: members are destroyed bottom up).
+struct DomainSession {
+  std::unique_ptr<orc::BackupCatalog> catalog;
+  orc::VirConnection conn;
+  orc::VirDomain dom;
+};
+
+Result<DomainSession> OpenDomainSession(const std::string& catalog_flag, const std::string& domain) {
+  DomainSession s;
+  BARGE_ASSIGN_OR_RETURN(s.catalog, OpenCatalog(catalog_flag));
+  BARGE_ASSIGN_OR_RETURN(s.conn, orc::ConnectLibvirt());
+  BARGE_ASSIGN_OR_RETURN(s.dom, orc::LookupDomain(s.conn.get(), domain));
+  return s;
+}
+
 json TrackerJson(const orc::TrackerRecord& t) {
   json disks = json::array();
   for (const auto& [d, size] : t.disks) disks.push_back({{"name", d}, {"size", size}});
@@ -168,13 +184,9 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
     cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
     cmd->add_flag("--json", std::get<2>(*a), "JSON output");
     cmd->callback([a, &exit_code] {
-      auto cat = OpenCatalog(std::get<1>(*a));
-      if (!cat.ok()) { exit_code = ReportError(cat.error()); return; }
-      auto conn = orc::ConnectLibvirt();
-      if (!conn.ok()) { exit_code = ReportError(conn.error()); return; }
-      auto dom = orc::LookupDomain(conn->get(), std::get<0>(*a));
-      if (!dom.ok()) { exit_code = ReportError(dom.error()); return; }
-      auto out = orc::RedefineCheckpoints(**cat, dom->get(), std::get<0>(*a));
+      auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a));
+      if (!session.ok()) { exit_code = ReportError(session.error()); return; }
+      auto out = orc::RedefineCheckpoints(*session->catalog, session->dom.get(), std::get<0>(*a));
       if (!out.ok()) { exit_code = ReportError(out.error()); return; }
       if (std::get<2>(*a)) {
         json arr = json::array();
@@ -197,13 +209,9 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
   doc->add_option("--catalog", std::get<1>(*a), "Catalog database");
   doc->add_flag("--json", std::get<2>(*a), "JSON output");
   doc->callback([a, &exit_code] {
-    auto cat = OpenCatalog(std::get<1>(*a));
-    if (!cat.ok()) { exit_code = ReportError(cat.error()); return; }
-    auto conn = orc::ConnectLibvirt();
-    if (!conn.ok()) { exit_code = ReportError(conn.error()); return; }
-    auto dom = orc::LookupDomain(conn->get(), std::get<0>(*a));
-    if (!dom.ok()) { exit_code = ReportError(dom.error()); return; }
-    auto r = orc::Diagnose(**cat, dom->get(), std::get<0>(*a));
+    auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a));
+    if (!session.ok()) { exit_code = ReportError(session.error()); return; }
+    auto r = orc::Diagnose(*session->catalog, session->dom.get(), std::get<0>(*a));
     if (!r.ok()) { exit_code = ReportError(r.error()); return; }
     json trackers = json::array();
     for (const auto& t : r->trackers) trackers.push_back(TrackerJson(t));
