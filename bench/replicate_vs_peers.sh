@@ -41,7 +41,7 @@ for mode in $(cache_modes); do
   rm -rf "$WORK/out"; mkdir -p "$WORK/out"
   prepare_cache "$mode" "$DISK"; echo " [$CACHE_HOW]"
   measure barge-replicate-x3 "$mode" "$WORK/out" -- \
-    "$BARGE" replicate "$DISK" -f raw --format raw --verify \
+    "$BARGE" replicate "$DISK" --source-format raw --format raw --verify \
     --to "$WORK/out/r1.raw" --to "$WORK/out/r2.raw" --to "$WORK/out/r3.raw"
   rm -rf "$WORK/out"; mkdir -p "$WORK/out"
   prepare_cache "$mode" "$DISK"

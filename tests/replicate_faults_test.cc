@@ -92,6 +92,61 @@ TEST(ReplicateFaultsTest, FailingSinkFailsOnlyItsDestination) {
   }
 }
 
+// Forwards everything but flips one bit of the first write at or past 64 KiB
+// (data in a raw copy; the first data cluster in a qcow2 one, whose header
+// cluster comes first): the copy looks written and flushed fine, only
+// --verify's re-read can catch it.
+class BitFlipSink : public BlockSink {
+ public:
+  explicit BitFlipSink(BlockSink& inner) : inner_(inner) {}
+  const std::string& name() const override { return inner_.name(); }
+  uint64_t size_bytes() const override { return inner_.size_bytes(); }
+  SinkCapabilities capabilities() const override { return inner_.capabilities(); }
+  Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
+    if (flipped_ || data.empty() || offset < kFirstDataOffset) return inner_.WriteAt(offset, data);
+    flipped_ = true;
+    std::vector<std::byte> copy(data.begin(), data.end());
+    copy[copy.size() / 2] ^= std::byte{0x10};
+    return inner_.WriteAt(offset, copy);
+  }
+  Status WriteZeroes(uint64_t offset, uint64_t length) override { return inner_.WriteZeroes(offset, length); }
+  Status Trim(uint64_t offset, uint64_t length) override { return inner_.Trim(offset, length); }
+  Status Flush() override { return inner_.Flush(); }
+  Status Truncate(uint64_t size_bytes) override { return inner_.Truncate(size_bytes); }
+
+ private:
+  static constexpr uint64_t kFirstDataOffset = 64 << 10;
+  BlockSink& inner_;
+  bool flipped_ = false;
+};
+
+TEST(ReplicateFaultsTest, VerifyCatchesACopyCorruptedOnTheWay) {
+  TempDir dir;
+  std::string src = MakeSource(dir, 8 * kMiB);
+  SourceSpec spec;
+  spec.location = src;
+  auto opened = OpenSource(spec);
+  ASSERT_TRUE(opened.ok()) << opened.error().ToString();
+  std::vector<std::string> dests = {dir / "a.raw", dir / "b.raw", dir / "c.raw"};
+  for (auto fmt : {ReplicaFormat::kRaw, ReplicaFormat::kQcow2}) {
+    for (const auto& d : dests) fs::remove(d), fs::remove(d + ".sha512.json");
+    ReplicateOptions o = SmallOptions();
+    o.format = fmt;
+    o.wrap_sink = [](size_t index, BlockSink& sink) -> std::unique_ptr<BlockSink> {
+      if (index != 2) return nullptr;
+      return std::make_unique<BitFlipSink>(sink);
+    };
+    auto r = RunReplicate(*opened->image, dests, o);
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    ExpectFailedAndGone(r->replicas[2]);
+    EXPECT_EQ(r->replicas[2].error->code(), ErrorCode::kCorruption) << r->replicas[2].error->ToString();
+    EXPECT_NE(r->replicas[2].error->ToString().find("verify"), std::string::npos);
+    EXPECT_EQ(r->replicas[0].state, ReplicaState::kReady);
+    EXPECT_EQ(r->replicas[1].state, ReplicaState::kReady);
+    if (fmt == ReplicaFormat::kRaw) ExpectReadyAndEqual(r->replicas[0], src);
+  }
+}
+
 TEST(ReplicateFaultsTest, StalledDestinationFailsWithoutHoldingOthers) {
   TempDir dir;
   std::string src = MakeSource(dir, 4 * kMiB);
