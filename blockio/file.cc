@@ -155,7 +155,36 @@ Result<ExtentList> FileSource::Extents(uint64_t offset, uint64_t length) {
 
 FileSink::FileSink(std::string path, Fd fd, FileInfo info, bool zero_initialized)
     : path_(std::move(path)), fd_(std::move(fd)), info_(info),
-      zero_initialized_(zero_initialized), size_bytes_(info.size_bytes) {}
+      zero_initialized_(zero_initialized), size_bytes_(info.size_bytes),
+      write_behind_(info.write_behind && !info.direct) {}
+
+namespace {
+// How far completed writes may run ahead of the range write-behind waits
+// for and drops: enough to keep the device busy, small enough that a copy
+// never fills the page cache.
+constexpr uint64_t kWriteBehindBytes = 16ull << 20;
+}  // namespace
+
+void FileSink::WroteRange(uint64_t offset, uint64_t length) {
+  if (!write_behind_ || length == 0) return;
+  // Errors are not reported here: Flush's fsync reports a failed writeback.
+  ::sync_file_range(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(length),
+                    SYNC_FILE_RANGE_WRITE);
+  std::pair<uint64_t, uint64_t> oldest{0, 0};
+  {
+    std::lock_guard lock(behind_mu_);
+    behind_.emplace_back(offset, length);
+    behind_bytes_ += length;
+    if (behind_bytes_ <= kWriteBehindBytes) return;
+    oldest = behind_.front();
+    behind_.pop_front();
+    behind_bytes_ -= oldest.second;
+  }
+  ::sync_file_range(fd_.get(), static_cast<off_t>(oldest.first), static_cast<off_t>(oldest.second),
+                    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+  ::posix_fadvise(fd_.get(), static_cast<off_t>(oldest.first), static_cast<off_t>(oldest.second),
+                  POSIX_FADV_DONTNEED);
+}
 
 uint64_t FileSink::size_bytes() const { return size_bytes_.load(); }
 
@@ -183,6 +212,7 @@ Status FileSink::WriteAt(uint64_t offset, std::span<const std::byte> data) {
   }
   BARGE_RETURN_IF_ERROR(internal::PwriteFull(fd_.get(), path_, offset, data));
   Grow(offset + data.size());
+  WroteRange(offset, data.size());
   return OkStatus();
 }
 
@@ -271,6 +301,7 @@ Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMod
   BARGE_ASSIGN_OR_RETURN(Fd fd, internal::OpenFd(path, flags, 0644));
   BARGE_ASSIGN_OR_RETURN(FileInfo info, internal::StatFd(fd, path));
   info.direct = options.direct;
+  info.write_behind = options.write_behind;
   bool zero_initialized = false;
   if (mode != SinkMode::kExisting && !info.is_block_device) {
     if (::ftruncate(fd.get(), 0) != 0) return Error::FromErrno(errno, "ftruncate", path);

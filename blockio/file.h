@@ -16,6 +16,13 @@ struct FileOptions {
   bool use_uring = true;
   // O_DIRECT (alignment then comes from the device's logical block size).
   bool direct = false;
+  // Sinks: write-behind for streaming output. Each write's writeback starts
+  // at once (sync_file_range); a range more than 16 MiB behind the newest
+  // is waited for and its pages dropped (POSIX_FADV_DONTNEED). A long copy
+  // then neither fills the page cache with pages nobody will read soon nor
+  // keeps taking fresh ones, the way nbdcopy writes files. Ignored with
+  // `direct`.
+  bool write_behind = true;
 };
 
 enum class SinkMode : uint8_t {

@@ -4,6 +4,8 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <deque>
+#include <mutex>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,6 +40,7 @@ struct FileInfo {
   bool is_block_device = false;
   bool direct = false;
   uint32_t logical_block_bytes = 512;
+  bool write_behind = false;
 };
 
 Result<Fd> OpenFd(const std::string& path, int flags, mode_t mode);
@@ -111,12 +114,21 @@ class FileSink : public BlockSink {
 
  protected:
   void Grow(uint64_t end);
+  // Called after each successful write of [offset, offset+length): starts
+  // its writeback at once and, once more than kWriteBehindBytes are in
+  // flight behind it, waits for the oldest range and drops its pages
+  // (see FileOptions::write_behind).
+  void WroteRange(uint64_t offset, uint64_t length);
   int fd() const { return fd_.get(); }
   std::string path_;
   internal::Fd fd_;
   internal::FileInfo info_;
   bool zero_initialized_;
   std::atomic<uint64_t> size_bytes_;
+  bool write_behind_ = false;
+  std::mutex behind_mu_;
+  std::deque<std::pair<uint64_t, uint64_t>> behind_;  // guarded by behind_mu_
+  uint64_t behind_bytes_ = 0;                         // guarded by behind_mu_
 };
 
 }  // namespace barge

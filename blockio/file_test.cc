@@ -3,7 +3,10 @@
 #include "blockio/file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -62,6 +65,53 @@ TEST_P(FileBackendTest, WriteThenReadRoundTrip) {
   std::vector<std::byte> part(12345);
   ASSERT_TRUE(source->ReadAt(4097, part).ok());
   EXPECT_TRUE(std::equal(part.begin(), part.end(), data.begin() + 4097));
+}
+
+// Pages of [offset, offset+length) of `path` resident in the page cache.
+size_t ResidentPages(const std::string& path, size_t length) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return 0;
+  void* map = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return 0;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((length + page - 1) / page);
+  size_t resident = 0;
+  if (::mincore(map, length, vec.data()) == 0) {
+    for (unsigned char v : vec) resident += v & 1;
+  }
+  ::munmap(map, length);
+  return resident;
+}
+
+TEST_P(FileBackendTest, WriteBehindDropsWrittenPagesFromTheCache) {
+  // tmpfs keeps its pages whatever we advise; write-behind needs a real
+  // filesystem to show.
+  struct statfs fs_info {};
+  ASSERT_EQ(::statfs(dir_.path().c_str(), &fs_info), 0);
+  if (fs_info.f_type == TMPFS_MAGIC) GTEST_SKIP() << "test folder is on tmpfs";
+  constexpr size_t kMiB = 1 << 20;
+  auto chunk = RandomBytes(kMiB, 5);
+  for (bool behind : {true, false}) {
+    std::string path = dir_ / (behind ? "behind.raw" : "cached.raw");
+    FileOptions o = options();
+    o.write_behind = behind;
+    auto sink = OpenFileSink(path, SinkMode::kCreateNew, o);
+    ASSERT_TRUE(sink.ok()) << sink.error().ToString();
+    for (size_t i = 0; i < 48; ++i) ASSERT_TRUE((*sink)->WriteAt(i * kMiB, chunk).ok());
+    ASSERT_TRUE((*sink)->Flush().ok());
+    // The first 16 MiB lie well behind the last write: with write-behind
+    // they were written out and dropped; without it they stay cached.
+    size_t resident = ResidentPages(path, 16 * kMiB);
+    const size_t pages = 16 * kMiB / static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    if (behind) {
+      EXPECT_LT(resident, pages / 4) << "write-behind left " << resident << " of " << pages << " pages cached";
+    } else {
+      EXPECT_GT(resident, pages / 2) << "without write-behind only " << resident << " of " << pages << " cached";
+    }
+    sink->reset();
+    EXPECT_EQ(ReadFile(path).size(), 48 * kMiB);
+  }
 }
 
 TEST_P(FileBackendTest, ReadBeyondEndIsInvalidArgument) {

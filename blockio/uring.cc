@@ -287,6 +287,7 @@ class UringSink final : public FileSink {
     RunOps(pool_, IoKind::kWrite, fd(), path_, std::span(&op, 1));
     BARGE_RETURN_IF_ERROR(op.status);
     Grow(offset + data.size());
+    WroteRange(offset, data.size());
     return OkStatus();
   }
 

@@ -15,7 +15,7 @@ HostFile::HostFile(BlockSink& sink, uint32_t cluster_bits, uint32_t refcount_ord
       refcount_order_(refcount_order),
       refcounts_(cluster_bits, refcount_order) {}
 
-Status HostFile::WriteAt(uint64_t offset, std::span<const std::byte> data, std::string_view what) {
+Status HostFile::WriteOut(uint64_t offset, std::span<const std::byte> data, std::string_view what) {
   Status st = sink_.WriteAt(offset, data);
   if (!st.ok()) {
     return std::move(st).error().Wrap("qcow2 writer: writing " + std::string(what) + " at offset " +
@@ -24,17 +24,50 @@ Status HostFile::WriteAt(uint64_t offset, std::span<const std::byte> data, std::
   return OkStatus();
 }
 
+Status HostFile::WriteAt(uint64_t offset, std::span<const std::byte> data, std::string_view what) {
+  BARGE_RETURN_IF_ERROR(FlushAppends());
+  return WriteOut(offset, data, what);
+}
+
+Status HostFile::FlushAppends() {
+  if (buffer_.empty()) return OkStatus();
+  Status st = WriteOut(buffer_offset_, buffer_, "appended clusters");
+  buffer_offset_ += buffer_.size();
+  buffer_.clear();
+  return st;
+}
+
+Status HostFile::Append(uint64_t offset, std::span<const std::byte> data, std::string_view what) {
+  // Appends only move forward; a gap (the unused tail of a packed cluster
+  // before an aligned append) is filled with zeros, as a hole would read.
+  if (!buffer_.empty() && offset < buffer_offset_ + buffer_.size()) {
+    return Error::InvalidArgument("qcow2 writer: append of " + std::string(what) + " at offset " +
+                                  std::to_string(offset) + " behind the end of the buffered data");
+  }
+  if (buffer_.empty()) {
+    buffer_offset_ = offset;
+  } else if (offset - (buffer_offset_ + buffer_.size()) > kAppendBufferBytes) {
+    BARGE_RETURN_IF_ERROR(FlushAppends());
+    buffer_offset_ = offset;
+  }
+  if (buffer_.capacity() < kAppendBufferBytes) buffer_.reserve(kAppendBufferBytes + cluster_size());
+  buffer_.resize(offset - buffer_offset_, std::byte{0});
+  buffer_.insert(buffer_.end(), data.begin(), data.end());
+  if (buffer_.size() >= kAppendBufferBytes) return FlushAppends();
+  return OkStatus();
+}
+
 Result<uint64_t> HostFile::AppendClusters(std::span<const std::byte> data, std::string_view what) {
   if (data.empty()) return uint64_t{0};
   uint64_t cs = cluster_size();
   uint64_t offset = (end_bytes_ + cs - 1) & ~(cs - 1);
   uint64_t clusters = (data.size() + cs - 1) >> cluster_bits_;
-  BARGE_RETURN_IF_ERROR(WriteAt(offset, data, what));
+  BARGE_RETURN_IF_ERROR(Append(offset, data, what));
   uint64_t tail = clusters * cs - data.size();
   if (tail > 0) {
     // Pad with real zeros so the file covers every cluster it references.
     std::vector<std::byte> zeros(tail);
-    BARGE_RETURN_IF_ERROR(WriteAt(offset + data.size(), zeros, what));
+    BARGE_RETURN_IF_ERROR(Append(offset + data.size(), zeros, what));
   }
   BARGE_RETURN_IF_ERROR(refcounts_.AddReference(offset >> cluster_bits_, clusters));
   end_bytes_ = offset + clusters * cs;
@@ -62,7 +95,7 @@ Result<uint64_t> HostFile::AppendPacked(std::span<const std::byte> payload) {
     return Error::NotSupported("qcow2 writer: compressed data beyond the offset limit of " +
                                std::to_string(cluster_bits_) + "-bit clusters");
   }
-  BARGE_RETURN_IF_ERROR(WriteAt(offset, payload, "a compressed cluster"));
+  BARGE_RETURN_IF_ERROR(Append(offset, payload, "a compressed cluster"));
   uint64_t first = offset >> cluster_bits_;
   uint64_t last = (offset + payload.size() - 1) >> cluster_bits_;
   BARGE_RETURN_IF_ERROR(refcounts_.AddReference(first, last - first + 1));
@@ -73,6 +106,7 @@ Result<uint64_t> HostFile::AppendPacked(std::span<const std::byte> payload) {
 Result<RefcountLayout> HostFile::WriteRefcountArea() {
   uint64_t cs = cluster_size();
   uint64_t base = (end_bytes_ + cs - 1) >> cluster_bits_;
+  BARGE_RETURN_IF_ERROR(FlushAppends());
   RefcountLayout layout = PlanRefcountArea(base, cluster_bits_, refcount_order_);
   BARGE_RETURN_IF_ERROR(refcounts_.WriteArea(sink_, layout));
   end_bytes_ = layout.end_offset;

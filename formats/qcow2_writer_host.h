@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "blockio/error.h"
 #include "blockio/sink.h"
@@ -36,18 +37,32 @@ class HostFile {
   Result<uint64_t> AppendPacked(std::span<const std::byte> payload);
 
   // Writes raw bytes at `offset` (the header), without counting anything.
+  // Appended bytes still buffered are written first.
   Status WriteAt(uint64_t offset, std::span<const std::byte> data, std::string_view what);
 
   // Sizes, counts and writes the refcount area after everything appended so
   // far. Nothing may be appended afterwards. Returns the layout.
   Result<RefcountLayout> WriteRefcountArea();
 
+  // Writes out the appended bytes still buffered.
+  Status FlushAppends();
+
  private:
+  // Appends go to one contiguous buffer written out in large requests
+  // (kAppendBufferBytes): a compressed image is mostly payloads of a few
+  // KiB, and one write per payload costs far more than one per few MiB.
+  static constexpr size_t kAppendBufferBytes = 4 << 20;
+  Status Append(uint64_t offset, std::span<const std::byte> data, std::string_view what);
+  Status WriteOut(uint64_t offset, std::span<const std::byte> data, std::string_view what);
+
   BlockSink& sink_;  // borrowed; must outlive this object
   uint32_t cluster_bits_;
   uint32_t refcount_order_;
   uint64_t end_bytes_ = 0;
   RefcountBuilder refcounts_;
+  // Bytes appended but not yet written; they belong at buffer_offset_.
+  std::vector<std::byte> buffer_;
+  uint64_t buffer_offset_ = 0;
 };
 
 }  // namespace barge::formats::qcow2

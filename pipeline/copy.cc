@@ -5,6 +5,7 @@
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
 
@@ -368,9 +369,14 @@ Status CopyJob::Run() {
     writers.reserve(states_.size());
     for (size_t i = 0; i < states_.size(); ++i) {
       // Serial and queueing: the queue is FIFO, and `ordered` emits in guest
-      // order, so each destination sees chunks in guest order.
+      // order, so each destination sees chunks in guest order. A lone
+      // destination that needs no order (raw at guest offsets) gets parallel
+      // writes; with several, a stalled one must not hold every thread.
+      const size_t concurrency = states_.size() == 1 && states_[i].destination->concurrent_consume()
+                                     ? flow::unlimited
+                                     : flow::serial;
       writers.push_back(std::make_unique<flow::function_node<Chunk*>>(
-          g, flow::serial, [this, i](Chunk* c) {
+          g, concurrency, [this, i](Chunk* c) {
             Write(i, c);
             return flow::continue_msg();
           }));
@@ -511,6 +517,10 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
   std::unique_ptr<CopyJob> job;
   Status status = Guard("copy", [&]() -> Status {
     job = std::make_unique<CopyJob>(source, destinations, options, *pool, planner, compression);
+    std::optional<oneapi::tbb::global_control> allow;
+    if (options.threads > 0) {
+      allow.emplace(oneapi::tbb::global_control::max_allowed_parallelism, static_cast<size_t>(options.threads));
+    }
     oneapi::tbb::task_arena arena(options.threads > 0 ? options.threads : oneapi::tbb::task_arena::automatic);
     // The graph is built inside the arena so its tasks run on its threads.
     return arena.execute([&] { return job->Run(); });

@@ -3,6 +3,8 @@
 #include "pipeline/copy.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <openssl/evp.h>
 
 #include <atomic>
@@ -125,8 +127,10 @@ TEST(RunCopyTest, RawCopyIsIdenticalAndSkipsHoles) {
     EXPECT_FALSE(Overlaps(op, 8 * kMiB, 12345)) << op.offset;
     EXPECT_NE(op.kind, SinkOp::Kind::kZero);  // a memory sink starts zeroed
   }
-  // Writes are whole data runs of a chunk: the first chunk is one 1 MiB write.
-  EXPECT_EQ(sink.ops().front(), (SinkOp{SinkOp::Kind::kWrite, 0, kMiB}));
+  // Writes are whole data runs of a chunk: the first chunk is one 1 MiB write
+  // (writes to a raw sink may run in any order).
+  EXPECT_NE(std::find(sink.ops().begin(), sink.ops().end(), SinkOp{SinkOp::Kind::kWrite, 0, kMiB}),
+            sink.ops().end());
   EXPECT_EQ(sink.ops().back().kind, SinkOp::Kind::kFlush);
   ASSERT_FALSE(progress.empty());
   EXPECT_EQ(progress.back(), std::make_pair(source->size_bytes(), source->size_bytes()));

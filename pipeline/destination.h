@@ -20,8 +20,10 @@ namespace barge::pipeline {
 
 // Threads: Consume and Finish are called by one thread at a time (the
 // destination's serial node), chunks in increasing guest order, each chunk
-// exactly once. Chunks are borrowed for the call only; a destination must
-// not keep pointers into them.
+// exactly once -- unless the destination says concurrent_consume(), then
+// Consume may run for several chunks at once, in any order (Finish still
+// comes alone, after the last). Chunks are borrowed for the call only; a
+// destination must not keep pointers into them.
 class Destination {
  public:
   Destination() = default;
@@ -41,6 +43,10 @@ class Destination {
   // After the last chunk: metadata, truncation, flush. Not called after an
   // error.
   virtual Status Finish() = 0;
+  // Consume is safe for several chunks at once and needs no order (a sink
+  // written at the chunks' own offsets). The copy then runs this
+  // destination's writes in parallel instead of through one serial node.
+  virtual bool concurrent_consume() const { return false; }
 };
 
 // What a qcow2 destination does with clusters that read as zero (kZero and
@@ -101,6 +107,9 @@ class RawDestination final : public Destination {
   Status Consume(const Chunk& chunk) override;
   // Truncates to virtual_size where the sink can grow, then flushes.
   Status Finish() override;
+  // Every chunk goes to its own guest range, and BlockSink allows writes
+  // to disjoint ranges at once.
+  bool concurrent_consume() const override { return true; }
 
  private:
   BlockSink& sink_;
