@@ -41,6 +41,11 @@ for mode in $(cache_modes); do
   measure nbdcopy-raw "$mode" "$WORK/out-n.raw" -- \
     nbdcopy "$DISK" "$WORK/out-n.raw"
   rm -f "$WORK"/out*
+  # The same copy made durable, as barge's is (nbdcopy does not flush).
+  prepare_cache "$mode" "$DISK"
+  measure nbdcopy-raw+sync "$mode" "$WORK/out-n.raw" -- \
+    bash -c 'nbdcopy "$1" "$2" && sync "$2"' _ "$DISK" "$WORK/out-n.raw"
+  rm -f "$WORK"/out*
   prepare_cache "$mode" "$DISK"
   measure qemu-img-convert-raw "$mode" "$WORK/out-qr.raw" -- \
     qemu-img convert -f raw -O raw -W -m 16 "$DISK" "$WORK/out-qr.raw"
@@ -57,10 +62,12 @@ for mode in $(cache_modes); do
   speed=$(ratio "$qw" "$bw"); size=$(ratio "$bs" "$qs")
   cw=$(get barge-convert-raw "$mode" wall); nw=$(get nbdcopy-raw "$mode" wall); rw=$(get qemu-img-convert-raw "$mode" wall)
   vs_nbd=$(ratio "$nw" "$cw"); vs_q=$(ratio "$rw" "$cw")
+  vs_nbd_sync=$(ratio "$(get nbdcopy-raw+sync "$mode" wall)" "$cw")
   echo "[$mode]"
   echo "  compressed backup: barge ${speed}x faster than qemu-img -c zstd   (target >= 1.5x: $(verdict "$speed" '>=' 1.5))"
   echo "  compressed size:   barge/qemu-img = ${size}                       (target <= 1.05: $(verdict "$size" '<=' 1.05))"
   echo "  raw copy:          barge ${vs_nbd}x nbdcopy's speed                (target >= 1.0: $(verdict "$vs_nbd" '>=' 1.0))"
+  echo "  raw copy:          barge ${vs_nbd_sync}x the speed of nbdcopy + sync (both durable; barge fsyncs its output, nbdcopy and qemu-img do not)"
   echo "  raw copy:          barge ${vs_q}x qemu-img convert's speed"
   echo "  cpu seconds:       barge backup $(get barge-backup-zstd "$mode" cpu), qemu-img $(get qemu-img-convert-zstd "$mode" cpu);" \
        "barge convert $(get barge-convert-raw "$mode" cpu), nbdcopy $(get nbdcopy-raw "$mode" cpu)"
