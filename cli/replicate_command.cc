@@ -100,6 +100,9 @@ int RunReplicateCommand(ReplicateArgs& a) {
   o.verify = a.verify;
   o.force = a.force;
   o.copy.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.stall_timeout_s * 1000));
+  // A kept backing chain is opened (for --verify) under the same policy.
+  o.allow_any_path = a.flags.allow_any_path;
+  o.allow_dirs = a.flags.allow_dirs;
 
   pipeline::SourceSpec spec;
   spec.location = a.source;
@@ -142,6 +145,8 @@ int RunReplicateCommand(ReplicateArgs& a) {
                {"checksum_mismatch", r.checksum_mismatch},
                {"bitmaps", r.bitmaps},
                {"bitmaps_dropped", r.bitmaps_dropped},
+               {"backing", a.backing},
+               {"backing_file", r.backing_file},
                {"bytes_read", r.bytes_read},
                {"seconds", secs},
                {"destinations", dests}});
@@ -157,6 +162,7 @@ int RunReplicateCommand(ReplicateArgs& a) {
               << HumanBytes(r.bytes_read) << " in " << secs << " s";
     if (!r.bitmaps.empty()) std::cout << ", " << r.bitmaps.size() << " bitmap(s) carried";
     if (r.bitmaps_dropped) std::cout << ", bitmaps dropped (raw output)";
+    if (!r.backing_file.empty()) std::cout << ", top layer only, backing file '" << r.backing_file << "'";
     std::cout << "\n";
   }
   return r.all_ok() ? kExitOk : kExitError;
@@ -176,7 +182,10 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"keep", "raw", "qcow2"}))
       ->capture_default_str();
   cmd->add_option("--backing", args->backing,
-                  "qcow2 source with a backing file: flatten (keep is not supported)")
+                  "qcow2 source with a backing file: flatten (each copy holds the whole guest view, "
+                  "no backing file) or keep (qcow2 copies of the top layer only, naming the same "
+                  "backing file as the source, resolved beside each copy: deliver the base there "
+                  "first, --verify needs it); the SHA-512 is of the guest view either way")
       ->check(CLI::IsMember({"flatten", "keep"}))
       ->capture_default_str();
   cmd->add_flag("--verify", args->verify, "Re-read each new copy and compare its digests");

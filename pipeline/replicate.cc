@@ -18,6 +18,7 @@
 #include "blockio/file.h"
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_writer.h"
+#include "pipeline/overlay_destination.h"
 #include "pipeline/staged_file.h"
 
 namespace barge::pipeline {
@@ -77,6 +78,7 @@ Result<ReplicaRecord> ReadReplicaRecord(const std::string& path) {
     r.created = j.value("created", "");
     r.verified = j.value("verified", false);
     r.bitmaps = j.value("bitmaps", std::vector<std::string>{});
+    r.backing_file = j.value("backing_file", "");
   } catch (const json::exception& e) {
     return Error::Corruption(std::string("checksum record: ") + e.what()).set_path(record_path);
   }
@@ -172,19 +174,64 @@ struct ReadBack {
   std::vector<formats::BitmapSpec> bitmaps;
 };
 
-// Re-reads a finished copy through our reader: SHA-512 of its logical
-// content, its data cluster digests and (qcow2) its bitmaps.
-// Re-reads a copy through the pipeline. A new copy is checked against the
-// copy pass's per-cluster xxh3-128 digests (sha512 = false: the SHA-512 was
-// taken once from the source, and equal cluster digests mean equal bytes);
-// a reused copy has only its record's SHA-512 to be checked against.
-Result<ReadBack> ReadBackCopy(const std::string& path, formats::ImageFormat format,
-                              const CopyOptions& geometry, bool with_bitmaps, bool sha512) {
+// How a copy is opened to be read back.
+struct CopyOpen {
+  formats::ImageFormat format = formats::ImageFormat::kRaw;
+  // --backing keep: open the chain the copy names (the logical content),
+  // under the source's path policy; else the copy alone (it is flat).
+  bool keep_backing = false;
+  bool allow_any_path = false;
+  std::vector<std::string> allow_dirs;
+};
+
+// Opens a copy (`path`; `final_path` is the name it has or will have, in
+// the same folder) for reading back. A kept backing file that is not beside
+// the copy is a kNotFound naming it.
+Result<std::unique_ptr<formats::Image>> OpenCopy(const std::string& path, const std::string& final_path,
+                                                 const CopyOpen& how) {
   formats::OpenOptions open;
-  open.format = format;
-  open.open_backing = false;  // copies are flattened
+  open.format = how.format;
+  open.open_backing = how.keep_backing;
   formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image, formats::OpenImage(path, opener, open));
+  if (!how.keep_backing) return formats::OpenImage(path, opener, open);
+  open.allow_any_path = how.allow_any_path;
+  if (!how.allow_any_path && !how.allow_dirs.empty()) {
+    // Extra folders add to, not replace, the copy's own folder.
+    open.allowed_dirs = how.allow_dirs;
+    std::error_code ec;
+    open.allowed_dirs.push_back(fs::absolute(path, ec).parent_path().string());
+  }
+  // Look for the backing file first, so a missing base gets a message that
+  // says what to do rather than a bare "No such file".
+  {
+    open.open_backing = false;
+    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> top, formats::OpenImage(path, opener, open));
+    open.open_backing = true;
+    const std::string& name = top->info().backing_file;
+    if (!name.empty() && name.find(':') == std::string::npos) {
+      fs::path resolved = fs::path(name).is_absolute() ? fs::path(name) : fs::path(path).parent_path() / name;
+      std::error_code ec;
+      if (!fs::exists(resolved, ec)) {
+        return Error::NotFound("backing file '" + name + "' not found at " +
+                               resolved.lexically_normal().string() +
+                               ": deliver the base image beside the copy before verifying it "
+                               "(--backing keep)")
+            .set_path(final_path);
+      }
+    }
+  }
+  return formats::OpenImage(path, opener, open);
+}
+
+// Re-reads a copy through the pipeline: SHA-512 of its logical content, its
+// data cluster digests and (qcow2) its bitmaps. A new copy is checked
+// against the copy pass's per-cluster xxh3-128 digests (sha512 = false: the
+// SHA-512 was taken once from the source, and equal cluster digests mean
+// equal bytes); a reused copy has only its record's SHA-512 to be checked
+// against.
+Result<ReadBack> ReadBackCopy(const std::string& path, const std::string& final_path, const CopyOpen& how,
+                              const CopyOptions& geometry, bool with_bitmaps, bool sha512) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image, OpenCopy(path, final_path, how));
   CopyOptions o;
   o.cluster_bytes = geometry.cluster_bytes;
   o.chunk_bytes = geometry.chunk_bytes;
@@ -229,6 +276,7 @@ Status WriteReplicaRecord(const std::string& path, const ReplicaRecord& r) {
             {"source_format", r.source_format}, {"created", r.created},
             {"verified", r.verified},      {"bitmaps", r.bitmaps},
             {"tool", "barge 0.1.0"}};
+  if (!r.backing_file.empty()) j["backing_file"] = r.backing_file;
   std::string text = j.dump(2) + "\n";
   std::string final_path = ReplicaRecordPath(path);
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> staged, StagedFile::Create(final_path, true));
@@ -260,19 +308,52 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
   }
   const formats::ImageInfo& info = source.info();
   bool source_qcow2 = info.format == formats::ImageFormat::kQcow2;
-  if (source_qcow2 && !info.backing_file.empty() && options.backing == BackingPolicy::kKeep) {
-    return Error::NotSupported(
-               "--backing keep (copy only the top layer and keep the backing name) is not "
-               "implemented; use --backing flatten")
-        .set_path(info.path);
-  }
   bool out_qcow2 = options.format == ReplicaFormat::kQcow2 ||
                    (options.format == ReplicaFormat::kKeep && source_qcow2);
   formats::ImageFormat out_format = out_qcow2 ? formats::ImageFormat::kQcow2 : formats::ImageFormat::kRaw;
+  const bool keep = options.backing == BackingPolicy::kKeep;
+  if (keep) {
+    if (!source_qcow2 || info.backing_file.empty()) {
+      return Error::InvalidArgument(
+                 "--backing keep copies only the top layer of a qcow2 image with a backing file, but "
+                 "this source " +
+                 std::string(source_qcow2 ? "has no backing file" : "is not a qcow2 image") +
+                 "; use --backing flatten (the default)")
+          .set_path(info.path);
+    }
+    if (!out_qcow2) {
+      return Error::InvalidArgument(
+                 "--backing keep needs qcow2 copies (a raw file cannot name a backing file); use "
+                 "--format keep or qcow2, or --backing flatten")
+          .set_path(info.path);
+    }
+    if (source.backing() == nullptr || info.backing_format.empty()) {
+      // OpenImage opens the chain by default; a source opened without it
+      // cannot give the logical content the SHA-512 is about.
+      return Error::InvalidArgument("--backing keep: the source's backing chain was not opened")
+          .set_path(info.path);
+    }
+  }
 
   ReplicateResult result;
   result.virtual_size = source.size_bytes();
   result.format = std::string(formats::ImageFormatName(out_format));
+  if (keep) {
+    result.backing_file = info.backing_file;
+    result.backing_format = info.backing_format;
+  }
+  CopyOpen copy_open;
+  copy_open.format = out_format;
+  copy_open.keep_backing = keep;
+  copy_open.allow_any_path = options.allow_any_path;
+  copy_open.allow_dirs = options.allow_dirs;
+  // --backing keep: the clusters each copy stores (the source's top layer).
+  RangeList top_allocation;
+  if (keep) {
+    auto allocated = TopLayerAllocation(source);
+    if (!allocated.ok()) return std::move(allocated).error().Wrap("map the top layer");
+    top_allocation = std::move(allocated).value();
+  }
 
   // Persistent bitmaps of the top layer travel with a qcow2 copy (CBT
   // survives the move). A stale (in-use) bitmap stops the job: copying it
@@ -313,7 +394,8 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
     if (exists) {
       auto record = ReadReplicaRecord(path);
       bool usable = record.ok() && record->format == result.format &&
-                    record->virtual_size == result.virtual_size && FileMatchesRecord(path, *record);
+                    record->virtual_size == result.virtual_size &&
+                    record->backing_file == result.backing_file && FileMatchesRecord(path, *record);
       if (usable && !expected.empty() && Lower(record->sha512) == expected) {
         result.replicas[i].state = ReplicaState::kReused;
         result.replicas[i].file_bytes = record->file_bytes;
@@ -349,12 +431,23 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
       w.cluster_bits = bits;
       w.compression = options.copy.compression;
       w.bitmaps = bitmaps;
-      auto d = Qcow2Destination::Create(*sink, std::move(w), ZeroPolicy::kOmit);
-      if (!d.ok()) {
-        fail(i, std::move(d).error());
-        continue;
+      if (keep) {
+        w.backing_file = result.backing_file;
+        w.backing_format = result.backing_format;
+        auto d = OverlayQcow2Destination::Create(*sink, std::move(w), top_allocation);
+        if (!d.ok()) {
+          fail(i, std::move(d).error());
+          continue;
+        }
+        dest = std::move(d).value();
+      } else {
+        auto d = Qcow2Destination::Create(*sink, std::move(w), ZeroPolicy::kOmit);
+        if (!d.ok()) {
+          fail(i, std::move(d).error());
+          continue;
+        }
+        dest = std::move(d).value();
       }
-      dest = std::move(d).value();
     } else {
       dest = std::make_unique<RawDestination>(*sink, RawDestinationOptions{result.virtual_size, true});
     }
@@ -364,7 +457,7 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
   }
 
   auto verify_reused = [&](size_t i, const std::string& want) {
-    auto back = ReadBackCopy(destinations[i], out_format, options.copy, false, true);
+    auto back = ReadBackCopy(destinations[i], destinations[i], copy_open, options.copy, false, true);
     if (!back.ok()) {
       fail(i, std::move(back).error().Wrap("verify"));
     } else if (back->sha512_hex != want) {
@@ -442,7 +535,7 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
       continue;
     }
     if (options.verify) {
-      auto back = ReadBackCopy(p.staged->temp_path(), out_format, options.copy, out_qcow2, false);
+      auto back = ReadBackCopy(p.staged->temp_path(), path, copy_open, options.copy, out_qcow2, false);
       if (!back.ok()) {
         p.staged->Abandon();
         fail(p.index, std::move(back).error().Wrap("verify"));
@@ -453,6 +546,9 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
       else if (back->cluster_digests != copied->cluster_digests) why = "cluster digests differ";
       else if (out_qcow2 && !SameBitmaps(back->bitmaps, bitmaps)) why = "bitmaps differ";
       if (!why.empty()) {
+        if (keep && why != "bitmaps differ") {
+          why += " (is the backing file beside the copy the same as the source's?)";
+        }
         p.staged->Abandon();
         fail(p.index, Error::Corruption("verify: re-read copy: " + why).set_path(path));
         continue;
@@ -483,6 +579,7 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
     record.created = UtcNow();
     record.verified = out.verified;
     record.bitmaps = result.bitmaps;
+    record.backing_file = result.backing_file;
     if (Status s = WriteReplicaRecord(path, record); !s.ok()) {
       fail(p.index, std::move(s).error().Wrap("checksum record"));
       continue;

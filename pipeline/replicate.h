@@ -28,10 +28,14 @@ enum class ReplicaFormat : uint8_t { kKeep, kRaw, kQcow2 };
 // "keep", "raw" or "qcow2"; else kInvalidArgument.
 Result<ReplicaFormat> ParseReplicaFormat(std::string_view name);
 
-// What happens to a qcow2 source's backing chain. Only kFlatten is
-// implemented: every copy holds the whole guest view and names no backing
-// file. kKeep (top layer only, same backing name) is refused with
-// kNotSupported.
+// What happens to a qcow2 source's backing chain.
+// kFlatten: every copy holds the whole guest view and names no backing file.
+// kKeep: every copy (qcow2) holds only the clusters the source's top layer
+// allocates (data as data, zero clusters as zero clusters, the rest
+// unallocated) and names the same backing file and format as the source's
+// header, verbatim; the user delivers the base next to each copy. Only for a
+// qcow2 source with a backing file and qcow2 output (else kInvalidArgument).
+// Either way the SHA-512 is that of the logical (guest) content.
 enum class BackingPolicy : uint8_t { kFlatten, kKeep };
 Result<BackingPolicy> ParseBackingPolicy(std::string_view name);
 
@@ -54,6 +58,9 @@ struct ReplicaRecord {
   std::string created;          // UTC, ISO 8601
   bool verified = false;        // re-read and compared when written
   std::vector<std::string> bitmaps;  // persistent bitmaps carried (qcow2)
+  // The backing file name the copy stores (--backing keep); "" when
+  // flattened. A copy is only reused for the same policy and name.
+  std::string backing_file;
 };
 
 // PATH + ".sha512.json".
@@ -78,11 +85,17 @@ struct ReplicateOptions {
   std::string expected_sha512;
   // Re-read each new copy through our reader and compare its per-cluster
   // digests and SHA-512 with the copy pass (and its bitmaps with the
-  // source's); reused copies get their SHA-512 recomputed.
+  // source's); reused copies get their SHA-512 recomputed. A kKeep copy is
+  // read with its backing chain (the logical content).
   bool verify = false;
   // Replace an existing file that is not a matching copy (else that
   // destination fails).
   bool force = false;
+  // Path policy for opening a kept backing chain when verifying a copy
+  // (its backing name resolves against the copy's folder): the source's
+  // flags. Empty allow_dirs: the copy's folder (and below) only.
+  bool allow_any_path = false;
+  std::vector<std::string> allow_dirs;
   // For the record.
   std::string source_location;
   std::string source_format;
@@ -113,6 +126,9 @@ struct ReplicateResult {
   bool checksum_mismatch = false;
   std::vector<std::string> bitmaps;  // persistent bitmaps carried to each copy
   bool bitmaps_dropped = false;      // the source had bitmaps but the copies are raw
+  // --backing keep: the backing file name (and format) every copy stores.
+  std::string backing_file;
+  std::string backing_format;
   std::vector<ReplicaResult> replicas;  // in the order of `destinations`
   uint64_t bytes_read = 0;
   std::chrono::nanoseconds elapsed{0};
@@ -126,8 +142,11 @@ struct ReplicateResult {
 // while the others complete. Blocks until done.
 // Returns the result (failed replicas and a checksum mismatch are in it), or
 // an error for what stops everything before any copy starts: bad options
-// (kInvalidArgument), kNotSupported (backing kKeep on a chained source), a
-// source bitmap that cannot be read (kCorruption: in use after a crash).
+// (kInvalidArgument, e.g. backing kKeep without a qcow2 source that has a
+// backing file, or with raw output), a source bitmap that cannot be read
+// (kCorruption: in use after a crash), a top layer that cannot be mapped.
+// With kKeep and verify, a copy whose backing file is not beside it fails
+// (kNotFound, naming the file); the others are unaffected.
 Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std::string> destinations,
                                      const ReplicateOptions& options);
 

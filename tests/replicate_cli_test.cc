@@ -1,7 +1,8 @@
 // barge replicate through the real CLI: raw and qcow2 (bitmaps, compressed
 // clusters) to three destinations, checked with qemu-img and barge compare;
 // expected checksum wrong (nothing ready, no temporaries); reuse of a good
-// copy.
+// copy; --backing keep (top layer only, same backing name) to three folders,
+// refused where it cannot apply, and verify without the base.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -195,22 +196,185 @@ TEST(ReplicateCliTest, ExistingGoodCopyIsReused) {
   EXPECT_EQ(Sha512File(a), Sha512File(other));
 }
 
-TEST(ReplicateCliTest, BackingKeepIsRefusedClearly) {
-  BARGE_REQUIRE_TOOL("qemu-img");
-  TempDir dir;
-  std::string base = dir / "base.raw";
-  MakeRaw(base, 16);
+// base.qcow2 (random data, text, a hole, a zero run) and top.qcow2 over it,
+// naming it by the relative name "base.qcow2": a persistent bitmap, data
+// writes and zero writes (over data and over the hole). Returns top's path.
+std::string MakeChain(const TempDir& dir) {
+  std::string raw = dir / "seed.raw";
+  MakeRaw(raw, 16);
+  std::string base = dir / "base.qcow2";
+  RunOk("qemu-img convert -f raw -O qcow2 " + ShellQuote(raw) + " " + ShellQuote(base));
+  fs::remove(raw);
   std::string top = dir / "top.qcow2";
-  RunOk("qemu-img create -q -f qcow2 -b base.raw -F raw " + ShellQuote(top));
-  auto res = testing::Run(Barge() + " replicate --backing keep " + ShellQuote(top) + " --to " +
-                 ShellQuote(dir / "copy.qcow2"));
+  RunOk("qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 " + ShellQuote(top));
+  RunOk("qemu-img bitmap --add " + ShellQuote(top) + " cbt0");
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x5a 1M 192K' -c 'write -z 3M 128K' -c 'write -P 0x6b 9M 64K'"
+        " -c 'write -z 5M 64K' -c 'write -P 0x7c 12M 1536' " + ShellQuote(top));
+  return top;
+}
+
+// `qemu-img map --output=json` of an image's chain without host offsets and
+// file names, neighbours with the same attributes merged: which layer holds
+// what, per guest range.
+json LayerMap(const std::string& image) {
+  json map = json::parse(RunOk("qemu-img map --output=json " + ShellQuote(image)));
+  json out = json::array();
+  for (json e : map) {
+    e.erase("offset");
+    e.erase("filename");
+    if (!out.empty()) {
+      json& last = out.back();
+      json a = last, b = e;
+      for (auto* x : {&a, &b}) {
+        x->erase("start");
+        x->erase("length");
+      }
+      if (a == b && last["start"].get<uint64_t>() + last["length"].get<uint64_t>() == e["start"]) {
+        last["length"] = last["length"].get<uint64_t>() + e["length"].get<uint64_t>();
+        continue;
+      }
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+json InfoOf(const std::string& image) {
+  return json::parse(RunOk("qemu-img info --output=json " + ShellQuote(image)));
+}
+
+TEST(ReplicateCliTest, BackingKeepCopiesTheTopLayerToThreeFolders) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  TempDir dir;
+  std::string top = MakeChain(dir);
+  json src_info = InfoOf(top);
+  ASSERT_EQ(src_info["backing-filename"], "base.qcow2");
+  json src_map = LayerMap(top);
+  json want_bitmaps = BitmapsOf(top);
+  ASSERT_EQ(want_bitmaps.size(), 1u);
+  std::string flat = dir / "flat.raw";
+  RunOk("qemu-img convert -O raw " + ShellQuote(top) + " " + ShellQuote(flat));
+  std::string sha = Sha512File(flat);
+
+  // The user delivers the base first: a byte copy beside each copy.
+  std::string cmd = Barge() + " replicate " + ShellQuote(top) + " --backing keep --verify --json";
+  for (int i = 0; i < 3; ++i) {
+    fs::path folder = dir.path() / ("disk" + std::to_string(i));
+    fs::create_directories(folder);
+    fs::copy_file(dir / "base.qcow2", folder / "base.qcow2");
+    cmd += " --to " + ShellQuote((folder / "top.qcow2").string());
+  }
+  json r = LastJson(RunOk(cmd));
+  EXPECT_EQ(r["sha512"], sha);  // of the guest view, as with flatten
+  EXPECT_EQ(r["format"], "qcow2");
+  EXPECT_EQ(r["backing_file"], "base.qcow2");
+  EXPECT_EQ(r["bitmaps"], json::array({"cbt0"}));
+  ASSERT_EQ(r["destinations"].size(), 3u);
+  for (const auto& d : r["destinations"]) {
+    EXPECT_EQ(d["state"], "ready") << d.dump();
+    EXPECT_EQ(d["verified"], true);
+    std::string path = d["path"];
+    json info = InfoOf(path);
+    EXPECT_EQ(info["backing-filename"], src_info["backing-filename"]);
+    EXPECT_EQ(info["backing-filename-format"], "qcow2");
+    EXPECT_EQ(info["full-backing-filename"], (fs::path(path).parent_path() / "base.qcow2").string());
+    EXPECT_EQ(BitmapsOf(path), want_bitmaps);
+    RunOk("qemu-img check -q " + ShellQuote(path));
+    RunOk("qemu-img compare -q " + ShellQuote(top) + " " + ShellQuote(path));
+    // The same clusters in the top layer (data, zero), the rest from the base.
+    EXPECT_EQ(LayerMap(path), src_map) << path;
+    json rec = json::parse(std::ifstream(path + ".sha512.json"));
+    EXPECT_EQ(rec["sha512"], sha);
+    EXPECT_EQ(rec["backing_file"], "base.qcow2");
+    EXPECT_EQ(rec["verified"], true);
+    EXPECT_TRUE(NoTemporaries(fs::path(path).parent_path()));
+  }
+  // Only the top layer was written: far smaller than the guest data.
+  EXPECT_LT(fs::file_size(dir / "disk0/top.qcow2"), 2 * kMiB);
+
+  // A second run finds matching copies and leaves them alone.
+  r = LastJson(RunOk(cmd));
+  for (const auto& d : r["destinations"]) {
+    EXPECT_EQ(d["state"], "reused") << d.dump();
+    EXPECT_EQ(d["verified"], true);
+  }
+  // A kept-backing copy is no match for a flattened one: refused, not reused.
+  auto res = testing::Run(Barge() + " replicate " + ShellQuote(top) + " --to " +
+                          ShellQuote(dir / "disk0/top.qcow2"));
   EXPECT_NE(res.exit_code, 0);
-  EXPECT_NE(res.output.find("NotSupported"), std::string::npos) << res.output;
-  // Flatten (the default) copies the guest view.
-  RunOk(Barge() + " replicate " + ShellQuote(top) + " --to " + ShellQuote(dir / "copy.qcow2"));
-  RunOk("qemu-img compare -q " + ShellQuote(top) + " " + ShellQuote(dir / "copy.qcow2"));
-  json info = json::parse(RunOk("qemu-img info --output=json " + ShellQuote(dir / "copy.qcow2")));
-  EXPECT_FALSE(info.contains("backing-filename"));
+  EXPECT_NE(res.output.find("--force"), std::string::npos) << res.output;
+}
+
+TEST(ReplicateCliTest, BackingKeepIsRefusedWithoutABackingFileOrForRawOutput) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  TempDir dir;
+  std::string top = MakeChain(dir);
+  fs::create_directories(dir.path() / "out");
+  std::string copy = dir / "out/copy";
+  struct Case {
+    std::string args;
+    std::string says;
+  };
+  const Case cases[] = {
+      {"--format raw " + ShellQuote(top), "raw file cannot name a backing file"},
+      {ShellQuote(dir / "base.qcow2"), "has no backing file"},
+      {"--format qcow2 " + ShellQuote(dir / "flat.raw"), "is not a qcow2 image"},
+  };
+  RunOk("qemu-img convert -O raw " + ShellQuote(dir / "base.qcow2") + " " + ShellQuote(dir / "flat.raw"));
+  for (const Case& c : cases) {
+    auto res = testing::Run(Barge() + " replicate --backing keep --verify " + c.args + " --to " +
+                            ShellQuote(copy));
+    EXPECT_NE(res.exit_code, 0) << c.args;
+    EXPECT_NE(res.output.find("InvalidArgument"), std::string::npos) << res.output;
+    EXPECT_NE(res.output.find(c.says), std::string::npos) << res.output;
+    EXPECT_NE(res.output.find("--backing flatten"), std::string::npos) << res.output;
+    EXPECT_TRUE(fs::is_empty(dir.path() / "out")) << c.args;
+  }
+  // Flatten (the default) copies the guest view and names no backing file.
+  RunOk(Barge() + " replicate " + ShellQuote(top) + " --to " + ShellQuote(copy));
+  RunOk("qemu-img compare -q " + ShellQuote(top) + " " + ShellQuote(copy));
+  EXPECT_FALSE(InfoOf(copy).contains("backing-filename"));
+}
+
+TEST(ReplicateCliTest, BackingKeepVerifyFailsOnlyTheCopyWithoutItsBase) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  TempDir dir;
+  std::string top = MakeChain(dir);
+  std::string cmd = Barge() + " replicate " + ShellQuote(top) + " --backing keep --json";
+  for (int i = 0; i < 3; ++i) {
+    fs::path folder = dir.path() / ("disk" + std::to_string(i));
+    fs::create_directories(folder);
+    if (i != 1) fs::copy_file(dir / "base.qcow2", folder / "base.qcow2");
+    cmd += " --to " + ShellQuote((folder / "top.qcow2").string());
+  }
+  auto res = testing::Run(cmd + " --verify");
+  EXPECT_NE(res.exit_code, 0) << res.output;
+  json r = LastJson(res.output);
+  ASSERT_EQ(r["destinations"].size(), 3u);
+  EXPECT_EQ(r["destinations"][0]["state"], "ready");
+  EXPECT_EQ(r["destinations"][2]["state"], "ready");
+  const json& missing = r["destinations"][1];
+  EXPECT_EQ(missing["state"], "failed");
+  std::string error = missing.value("error", "");
+  EXPECT_NE(error.find("backing file 'base.qcow2' not found at " + (dir / "disk1/base.qcow2")),
+            std::string::npos)
+      << error;
+  EXPECT_TRUE(fs::is_empty(dir.path() / "disk1"));
+  for (int i : {0, 2}) {
+    std::string path = dir / ("disk" + std::to_string(i) + "/top.qcow2");
+    RunOk("qemu-img compare -q " + ShellQuote(top) + " " + ShellQuote(path));
+  }
+
+  // Without --verify the copy is written without its base; delivered
+  // afterwards, the chain reads as the source.
+  r = LastJson(RunOk(cmd));
+  EXPECT_EQ(r["destinations"][1]["state"], "ready");
+  EXPECT_EQ(r["destinations"][1]["verified"], false);
+  fs::copy_file(dir / "base.qcow2", dir / "disk1/base.qcow2");
+  RunOk("qemu-img compare -q " + ShellQuote(top) + " " + ShellQuote(dir / "disk1/top.qcow2"));
 }
 
 }  // namespace
