@@ -133,7 +133,10 @@ class Refcounts {
     BARGE_ASSIGN_OR_RETURN(Block * b, Find(cluster / per_block_));
     const uint64_t index = cluster % per_block_;
     const uint64_t count = b ? LoadRefcount(b->bytes.data(), index, h_.refcount_order) : 0;
-    if (count == 0) return Bad("refcount of cluster " + Hex(cluster << h_.cluster_bits) + " is already 0", 0);
+    if (count == 0) {
+      return Bad("refcount of cluster " + Hex(cluster << h_.cluster_bits) + " is already 0",
+                 cluster << h_.cluster_bits);
+    }
     Set(*b, index, count - 1);
     return OkStatus();
   }
@@ -150,7 +153,7 @@ class Refcounts {
     uint64_t skipped = 0;
     while (run < count) {
       const uint64_t cluster = start + run;
-      if ((cluster + 1) << h_.cluster_bits > kMaxHostOffset || cluster >> (64 - h_.cluster_bits)) {
+      if (cluster >> (64 - h_.cluster_bits) || (cluster + 1) << h_.cluster_bits > kMaxHostOffset) {
         return Unsupported("no host offset below 2^56 left for " + what);
       }
       const uint64_t index = cluster / per_block_;
@@ -184,6 +187,7 @@ class Refcounts {
       Set(*b, c % per_block_, 1);
     }
     next_cluster_ = start + count;
+    allocated_end_ = next_cluster_ << h_.cluster_bits;
     return start << h_.cluster_bits;
   }
 
@@ -207,6 +211,8 @@ class Refcounts {
   }
 
   bool has_new_blocks() const { return !new_indices_.empty(); }
+  // One past the last cluster allocated, in bytes (0: none allocated).
+  uint64_t end_bytes() const { return allocated_end_; }
 
   // Points the refcount table at the new blocks (one 8-byte write each).
   // Must follow a flush of WriteBlocks: a table entry that reached the disk
@@ -279,6 +285,7 @@ class Refcounts {
   std::map<uint64_t, Block> blocks_;  // by refcount table index
   std::vector<uint64_t> new_indices_;
   uint64_t next_cluster_ = 0;
+  uint64_t allocated_end_ = 0;
 };
 
 // What the file says before the edit.
@@ -507,9 +514,8 @@ Status EditBitmaps(BlockSource& file, BlockSink& sink, const BitmapEdit& edit) {
   // with a table of zero entries (all clean) in clusters of its own.
   std::vector<std::byte> directory;
   for (const BitmapEntry* e : kept) {
-    const uint64_t pos = e->entry_offset - h.bitmap_directory_offset;
     std::vector<std::byte> entry(Align8(kBitmapDirEntryFixedBytes + e->info.name.size()));
-    BARGE_RETURN_IF_ERROR(file.ReadAt(h.bitmap_directory_offset + pos, entry));
+    BARGE_RETURN_IF_ERROR(file.ReadAt(e->entry_offset, entry));
     directory.insert(directory.end(), entry.begin(), entry.end());
   }
   struct NewTable {
@@ -544,6 +550,11 @@ Status EditBitmaps(BlockSource& file, BlockSink& sink, const BitmapEdit& edit) {
     BARGE_ASSIGN_OR_RETURN(extension->directory_offset,
                            refcounts.Allocate(SizeToClusters(directory.size(), h.cluster_bits),
                                               "the bitmap directory"));
+  }
+  // New clusters lie past the end of the file: a block device cannot take
+  // them (qemu allocates inside the device; this code does not).
+  if (!sink.capabilities().can_grow && refcounts.end_bytes() > sink.size_bytes()) {
+    return Unsupported("'" + sink.name() + "' cannot grow to hold the new bitmap clusters");
   }
   // Without bitmaps the extension goes and autoclear bit 0 is cleared (§6).
   // Unknown autoclear bits are cleared before the first change, as the

@@ -47,7 +47,8 @@ struct BitmapEdit {
 //   kNotSupported     not a qcow2 file; version 2; dirty (lazy refcounts)
 //                     image; new clusters would need a larger refcount
 //                     table; the header extensions would not fit in
-//                     cluster 0; `add` with dirty ranges;
+//                     cluster 0; `add` with dirty ranges; new clusters on a
+//                     sink that cannot grow (a block device);
 //   kNotFound         a bitmap in `remove` does not exist;
 //   kInvalidArgument  duplicate names, a new name that exists, a bad name or
 //                     granularity, or a kept bitmap with the in_use flag (the
