@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -600,52 +601,60 @@ uint64_t UsedTableEntries(const Bytes& bytes) {
   return used;
 }
 
-// 512-byte clusters: find images whose refcount blocks end right at the
-// end of the file, so the new table and directory need a new block.
-TEST(Qcow2BitmapEdit, NewRefcountBlockWhenTheOldOnesDoNotReach) {
-  int grew = 0;
-  for (uint64_t data = 1000; data < 1600 && grew < 3; data += 1) {
-    Qcow2WriterOptions o = TwoBitmaps(9, 4);
-    o.virtual_size = 1 << 20;
-    const Bytes image = MakeImage(o, data, 1);
-    const Header h = MustHeader(image);
-    const uint64_t per_block = RefcountsPerBlock(h.cluster_bits, h.refcount_order);
-    const uint64_t covered = UsedTableEntries(image) * per_block;
-    const uint64_t file_clusters = SizeToClusters(image.size(), h.cluster_bits);
-    if (covered - file_clusters >= 2) continue;
-    SCOPED_TRACE("data clusters " + std::to_string(data));
-    ++grew;
-    Outcome out = Apply(image, Rotation("a", "a2"));
-    ASSERT_TRUE(out.status.ok()) << out.status.error().ToString();
-    ExpectClean(out.bytes);
-    EXPECT_EQ(UsedTableEntries(out.bytes), UsedTableEntries(image) + 1);
-    EXPECT_EQ(Guest(out.bytes), Guest(image));
-    CrashAfterEveryWrite(image, Rotation("a", "a2"));
+// Clusters between the end of `image` and the end of what its refcount
+// table's blocks cover, and whether every table entry is in use.
+struct Coverage {
+  uint64_t slack_clusters = 0;
+  bool table_full = false;
+};
+
+Coverage CoverageOf(const Bytes& image) {
+  const Header h = MustHeader(image);
+  const uint64_t per_block = RefcountsPerBlock(h.cluster_bits, h.refcount_order);
+  const uint64_t used = UsedTableEntries(image);
+  return {used * per_block - SizeToClusters(image.size(), h.cluster_bits),
+          used == h.refcount_table_bytes() / 8};
+}
+
+// Images with 512-byte clusters and `data` clusters of data, from `data`
+// upwards, until `want` says yes; each step adds about half the slack, so
+// the file end approaches the covered limit without skipping it.
+Bytes FindImage(uint32_t refcount_order, uint64_t virtual_size, uint64_t data,
+                const std::function<bool(const Coverage&)>& want) {
+  for (int tries = 0; tries < 200; ++tries) {
+    Qcow2WriterOptions o = TwoBitmaps(9, refcount_order);
+    o.virtual_size = virtual_size;
+    Bytes image = MakeImage(o, data, 1);
+    const Coverage c = CoverageOf(image);
+    if (want(c)) return image;
+    data += std::max<uint64_t>(1, c.slack_clusters / 2);
   }
-  EXPECT_GT(grew, 0);
+  return {};
+}
+
+// The rotation's table and directory need two clusters; with fewer left
+// below the covered limit, a new refcount block goes into a free table
+// entry.
+TEST(Qcow2BitmapEdit, NewRefcountBlockWhenTheOldOnesDoNotReach) {
+  const Bytes image = FindImage(4, 1 << 20, 1000, [](const Coverage& c) { return c.slack_clusters < 2; });
+  ASSERT_FALSE(image.empty());
+  Outcome out = Apply(image, Rotation("a", "a2"));
+  ASSERT_TRUE(out.status.ok()) << out.status.error().ToString();
+  ExpectClean(out.bytes);
+  EXPECT_EQ(UsedTableEntries(out.bytes), UsedTableEntries(image) + 1);
+  EXPECT_EQ(Guest(out.bytes), Guest(image));
+  CrashAfterEveryWrite(image, Rotation("a", "a2"));
 }
 
 // 512-byte clusters with 64-bit refcounts: one table cluster covers 2 MiB.
 // When every table entry is used and the file ends at the covered limit,
 // growing the table is refused (before anything is written).
 TEST(Qcow2BitmapEdit, FullRefcountTableIsNotSupported) {
-  bool found = false;
-  for (uint64_t data = 3800; data < 4100 && !found; ++data) {
-    Qcow2WriterOptions o = TwoBitmaps(9, 6);
-    o.virtual_size = 4 << 20;
-    const Bytes image = MakeImage(o, data, 1);
-    const Header h = MustHeader(image);
-    const uint64_t entries = h.refcount_table_bytes() / 8;
-    const uint64_t per_block = RefcountsPerBlock(h.cluster_bits, h.refcount_order);
-    if (UsedTableEntries(image) != entries ||
-        entries * per_block - SizeToClusters(image.size(), h.cluster_bits) >= 2) {
-      continue;
-    }
-    found = true;
-    SCOPED_TRACE("data clusters " + std::to_string(data));
-    ExpectRefused(image, Rotation("a", "a2"), ErrorCode::kNotSupported);
-  }
-  EXPECT_TRUE(found);
+  const Bytes image = FindImage(6, 4 << 20, 3890, [](const Coverage& c) {
+    return c.table_full && c.slack_clusters < 2;
+  });
+  ASSERT_FALSE(image.empty());
+  ExpectRefused(image, Rotation("a", "a2"), ErrorCode::kNotSupported);
 }
 
 // A leaked cluster past the end of the file (an earlier crash) is skipped.
