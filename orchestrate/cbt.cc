@@ -196,13 +196,10 @@ Result<CbtStatus> DisableCbt(const CbtRequest& req) {
   return GetCbtStatus(req);
 }
 
-Result<VmBackupResult> RunOfflineCbtBackup(const VmBackupRequest& req, BackupCatalog& catalog,
-                                           virDomainPtr dom, const TrackerRecord* tracker,
-                                           const std::string& started_at) {
-  // TODO(vm-orchestration): read the overlay's bitmap directly and rotate it
-  // in place; formats/ cannot yet rewrite bitmaps of an existing image.
-  return Error::NotSupported("domain '" + req.domain +
-                             "' is not running: offline backup from a CBT overlay is not implemented yet");
+Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, const std::string& domain) {
+  BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(catalog, domain));
+  if (!row) return std::optional<std::vector<CbtDisk>>();
+  return std::optional<std::vector<CbtDisk>>(std::move(row->disks));
 }
 
 }  // namespace barge::orchestrate

@@ -45,9 +45,8 @@ Result<CbtStatus> EnableCbt(const CbtRequest& request);
 Result<CbtStatus> DisableCbt(const CbtRequest& request);
 Result<CbtStatus> GetCbtStatus(const CbtRequest& request);
 
-// The offline path of RunVmBackup (a shut-off domain).
-Result<VmBackupResult> RunOfflineCbtBackup(const VmBackupRequest& request, BackupCatalog& catalog,
-                                           virDomainPtr dom, const TrackerRecord* tracker,
-                                           const std::string& started_at);
+// The CBT overlays of `domain` (raw disk + metadata-only overlay per disk),
+// or nullopt when CBT is not enabled for it.
+Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, const std::string& domain);
 
 }  // namespace barge::orchestrate

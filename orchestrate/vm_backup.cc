@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <map>
 #include <optional>
 #include <cstdlib>
@@ -16,6 +17,9 @@
 #include <thread>
 
 #include "formats/manifest.h"
+#include "blockio/file.h"
+#include "formats/qcow2_bitmap_edit.h"
+#include "pipeline/endpoints.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/cbt.h"
 #include "orchestrate/libvirt_conn.h"
@@ -172,6 +176,218 @@ BackupRecord ToRecord(const VmBackupRequest& req, const VmBackupResult& res, con
   return r;
 }
 
+// The bitmaps of a CBT overlay, read directly (the domain is shut off).
+Result<std::vector<formats::BitmapInfo>> OverlayBitmaps(const CbtDisk& d) {
+  pipeline::SourceSpec spec;
+  spec.location = d.overlay;
+  spec.format = "qcow2";
+  spec.allow_dirs = {fs::path(d.data_file).parent_path().string()};
+  BARGE_ASSIGN_OR_RETURN(auto opened, pipeline::OpenSource(spec));
+  return opened.image->info().bitmaps;
+}
+
+// A checkpoint for a shut-off domain, defined from what the offline backup
+// put in the overlays (libvirt's REDEFINE: metadata only, bitmaps exist).
+std::string OfflineCheckpointXml(const std::string& name, const std::vector<DomainDisk>& all,
+                                 const std::set<std::string>& with_bitmap, const std::string& domain_xml) {
+  std::string x = "<domaincheckpoint><name>" + XmlEscape(name) + "</name><creationTime>" +
+                  std::to_string(::time(nullptr)) + "</creationTime><disks>";
+  for (const auto& d : all) {
+    if (with_bitmap.count(d.target)) {
+      x += "<disk name='" + XmlEscape(d.target) + "' checkpoint='bitmap' bitmap='" + XmlEscape(name) + "'/>";
+    } else {
+      x += "<disk name='" + XmlEscape(d.target) + "' checkpoint='no'/>";
+    }
+  }
+  return x + "</disks>" + domain_xml + "</domaincheckpoint>";
+}
+
+// A shut-off domain with CBT overlays: every disk is read from its overlay
+// (the raw disk through the overlay's data file), incremental from the
+// tracker's checkpoint bitmap read directly from the overlay; then each
+// overlay's bitmaps are rotated in place (the new checkpoint's bitmap added,
+// enabled and empty; the old one removed) and libvirt gets the new
+// checkpoint's metadata. A failure before the rotation changes nothing; one
+// during it leaves a disk whose old bitmap is gone, so its next backup is
+// full (never an incremental that misses writes).
+Result<VmBackupResult> RunOfflineBackup(const VmBackupRequest& req, BackupCatalog& catalog, virDomainPtr dom,
+                                        const TrackerRecord* tracker, const std::string& started,
+                                        std::chrono::steady_clock::time_point t0) {
+  BARGE_ASSIGN_OR_RETURN(auto cbt, CbtDisksOf(catalog, req.domain));
+  if (!cbt) {
+    return Error::InvalidArgument("domain '" + req.domain +
+                                  "' is not running and has no CBT overlay: start it for a pull-mode backup, "
+                                  "or enable CBT ('barge cbt enable') for offline backups");
+  }
+  BARGE_ASSIGN_OR_RETURN(auto all_disks, DomainDisks(dom));
+  std::vector<DomainDisk> disks;
+  std::map<std::string, CbtDisk> overlay_of;
+  for (const auto& c : *cbt) overlay_of[c.disk] = c;
+  std::set<std::string> selected;
+  for (const auto& d : all_disks) {
+    if (!req.disks.empty() && std::find(req.disks.begin(), req.disks.end(), d.target) == req.disks.end()) continue;
+    auto it = overlay_of.find(d.target);
+    if (it == overlay_of.end() || it->second.overlay != d.source) {
+      return Error::InvalidArgument("domain '" + req.domain + "' is not running and its disk '" + d.target +
+                                    "' is not on a CBT overlay: offline backups need CBT on every selected disk");
+    }
+    disks.push_back(d);
+    selected.insert(d.target);
+  }
+  for (const auto& want : req.disks) {
+    if (!selected.count(want)) return Error::NotFound("domain '" + req.domain + "' has no disk '" + want + "'");
+  }
+  if (disks.empty()) return Error::InvalidArgument("domain '" + req.domain + "' has no disks to back up");
+
+  BARGE_ASSIGN_OR_RETURN(auto plans, PlanDisks(tracker, dom, disks, req.force_full, req.target, req.domain));
+  std::map<std::string, bool> incremental;
+  std::map<std::string, std::string> reasons;
+  std::map<std::string, std::vector<formats::BitmapInfo>> bitmaps;
+  for (const auto& p : plans) {
+    BARGE_ASSIGN_OR_RETURN(bitmaps[p.disk], OverlayBitmaps(overlay_of[p.disk]));
+    incremental[p.disk] = p.incremental;
+    reasons[p.disk] = p.reason;
+    if (!p.incremental) continue;
+    // libvirt names a checkpoint's bitmap after the checkpoint.
+    const formats::BitmapInfo* b = nullptr;
+    for (const auto& x : bitmaps[p.disk]) {
+      if (x.name == tracker->latest_checkpoint) b = &x;
+    }
+    if (b == nullptr) {
+      incremental[p.disk] = false;
+      reasons[p.disk] = "bitmap " + tracker->latest_checkpoint + " missing in the CBT overlay";
+    } else if (b->in_use || !b->enabled) {
+      incremental[p.disk] = false;
+      reasons[p.disk] = "bitmap inconsistent";
+    }
+  }
+
+  VmBackupResult res;
+  res.mode = "offline";
+  res.tracker = tracker ? tracker->name : "";
+  res.parent_checkpoint = tracker ? tracker->latest_checkpoint : "";
+  std::string checkpoint;
+  if (tracker) {
+    checkpoint = NewCheckpointName(tracker->name);
+    for (int i = 0; i < 3 && LookupCheckpoint(dom, checkpoint).ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+      checkpoint = NewCheckpointName(tracker->name);
+    }
+  }
+
+  BackupRecord pending;
+  pending.domain = req.domain;
+  pending.target = req.target;
+  pending.started_at = started;
+  BARGE_ASSIGN_OR_RETURN(int64_t record_id, catalog.BeginBackup(pending));
+  res.record_id = record_id;
+  std::vector<std::string> new_files;
+  auto fail = [&](Error e) -> Error {
+    std::error_code ec;
+    for (const auto& f : new_files) fs::remove(f, ec);
+    res.checkpoint = checkpoint;
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    BackupRecord r = ToRecord(req, res, started);
+    r.error = e.ToString();
+    (void)catalog.FailBackup(record_id, r);
+    return e;
+  };
+
+  std::vector<Result<pipeline::BackupResult>> results(disks.size(), Error::Cancelled("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < disks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const std::string& name = disks[i].target;
+      const CbtDisk& c = overlay_of[name];
+      pipeline::BackupRequest br;
+      br.source.location = c.overlay;
+      br.source.format = "qcow2";
+      br.source.allow_dirs = {fs::path(c.data_file).parent_path().string()};
+      br.target_dir = req.target + "/" + req.domain;
+      br.disk_name = name;
+      br.incremental = incremental[name];
+      if (br.incremental) br.dirty_bitmap = tracker->latest_checkpoint;
+      br.reason = reasons[name];
+      br.checkpoint = checkpoint;
+      br.compression = req.compression;
+      br.compression_level = req.compression_level;
+      br.copy = req.copy;
+      results[i] = pipeline::RunBackup(br);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::optional<Error> first_error;
+  for (size_t i = 0; i < disks.size(); ++i) {
+    const std::string& name = disks[i].target;
+    if (!results[i].ok()) {
+      if (!first_error) first_error = Error(results[i].error()).Wrap("disk " + name);
+      continue;
+    }
+    const auto& r = *results[i];
+    new_files.insert(new_files.end(), {r.image_path, r.manifest_path, r.digests_path});
+    res.disks.push_back(FromBackupResult(name, incremental[name], reasons[name], r));
+  }
+  if (!first_error && DomainIsActive(dom)) {
+    first_error = Error::InvalidArgument("domain '" + req.domain +
+                                         "' was started during its offline backup; the backup is discarded");
+  }
+  if (!first_error) {
+    if (const char* f = std::getenv("BARGE_VM_BACKUP_FAULT"); f && std::string(f) == "after-read") {
+      first_error = Error::IoError("injected fault after reading every disk (BARGE_VM_BACKUP_FAULT)");
+    }
+  }
+  if (first_error) return fail(*first_error);
+
+  bool all_incremental = true;
+  for (const auto& d : res.disks) all_incremental &= d.incremental;
+  res.backup_type = all_incremental ? "Incremental" : "Full";
+  res.reason = JoinReasons(res.disks);
+  res.checkpoint = checkpoint;
+
+  std::optional<CheckpointRecord> cp_record;
+  std::map<std::string, uint64_t> sizes;
+  if (!checkpoint.empty()) {
+    // Rotate: the new checkpoint's bitmap replaces the old one in each overlay.
+    for (const auto& d : disks) {
+      formats::BitmapEdit edit;
+      uint32_t granularity = 64 << 10;
+      for (const auto& b : bitmaps[d.target]) {
+        if (b.name == res.parent_checkpoint) {
+          edit.remove.push_back(b.name);
+          granularity = b.granularity_bytes;
+        }
+      }
+      edit.add.push_back(formats::BitmapSpec{checkpoint, granularity, true, {}});
+      Status s = formats::EditBitmaps(
+          overlay_of[d.target].overlay, [](const std::string& p) { return OpenFileSource(p); },
+          [](const std::string& p) { return OpenFileSink(p, SinkMode::kExisting); }, edit);
+      if (!s.ok()) {
+        return fail(std::move(s).error().Wrap("rotate the CBT bitmap of disk " + d.target));
+      }
+    }
+    BARGE_ASSIGN_OR_RETURN(std::string domain_xml, DomainXml(dom, VIR_DOMAIN_XML_INACTIVE));
+    std::string xml = OfflineCheckpointXml(checkpoint, all_disks, selected, domain_xml);
+    virDomainCheckpointPtr cp = virDomainCheckpointCreateXML(dom, xml.c_str(), VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE);
+    if (cp == nullptr) return fail(LastVirError("define checkpoint " + checkpoint));
+    virDomainCheckpointFree(cp);
+    // The old checkpoint's bitmaps were removed with the rotation.
+    if (!res.parent_checkpoint.empty()) (void)DeleteCheckpoint(dom, res.parent_checkpoint, true);
+    auto looked = LookupCheckpoint(dom, checkpoint);
+    if (!looked.ok()) return fail(looked.error());
+    auto stored = CheckpointXml(looked->get());
+    if (!stored.ok()) return fail(stored.error());
+    cp_record = CheckpointRecord{checkpoint, res.tracker, req.domain, formats::NowRfc3339(), {}, *stored};
+    for (const auto& d : res.disks) {
+      cp_record->disks.push_back(d.disk);
+      sizes[d.disk] = d.virtual_size;
+    }
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  BackupRecord record = ToRecord(req, res, started);
+  if (Status s = catalog.CommitBackup(record_id, record, cp_record, sizes); !s.ok()) return fail(s.error());
+  return res;
+}
+
 }  // namespace
 
 Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
@@ -204,7 +420,7 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
   }
 
   if (!DomainIsActive(dom.get())) {
-    return RunOfflineCbtBackup(req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started);
+    return RunOfflineBackup(req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, t0);
   }
 
   // Disks.

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -117,6 +118,70 @@ TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
   ASSERT_EQ(rebuilt.size(), 3u);
   EXPECT_EQ(rebuilt[1]["type"], "incremental");
   EXPECT_EQ(rebuilt[1]["checkpoint"], b1["checkpointName"]);
+}
+
+// A shut-off domain with CBT: the offline backup reads the overlay's
+// checkpoint bitmap directly, rotates it in place (qemu-img check clean) and
+// defines the new checkpoint, so the next online backup is incremental.
+TEST_F(VmBackupTest, OfflineBackupFromCbtOverlayThenOnlineIncremental) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string raw = dir_ / "disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 666 " + ShellQuote(raw));
+  TestDomain dom("offline", {{"vda", raw, "raw"}});
+  dom.Define(dir_.path().string());
+  json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
+  ASSERT_EQ(st["state"], "Enabled");
+  std::string overlay = st["disks"][0]["overlay"];
+  OpenForQemu(dir_ / "cbt");
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xee, "1M", "4M");
+  json b0 = Backup(dom.name());
+  ASSERT_EQ(b0["backupType"], "Full");
+  std::string p0 = Snapshot(dom, raw, "p0.raw");
+
+  dom.Write(0x77, "20M", "2M");
+  std::string p1 = Snapshot(dom, raw, "p1.raw");
+  dom.Destroy();  // SIGTERM first: QEMU stores its bitmaps on the way out
+  // A failure after reading changes nothing: no files, same tracker, the
+  // overlay keeps the old checkpoint's bitmap.
+  std::string info_before = RunOk("qemu-img info --output=json " + ShellQuote(overlay));
+  auto failed = ::barge::testing::Run("BARGE_VM_BACKUP_FAULT=after-read " +
+                                      Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_)));
+  EXPECT_NE(failed.exit_code, 0);
+  EXPECT_NE(failed.output.find("injected"), std::string::npos) << failed.output;
+  EXPECT_EQ(BargeJson("tracker show t1")["latestCheckpoint"]["name"], b0["checkpointName"]);
+  EXPECT_EQ(RunOk("qemu-img info --output=json " + ShellQuote(overlay)), info_before);
+  json b1 = Backup(dom.name());
+  EXPECT_EQ(b1["mode"], "offline") << b1.dump();
+  EXPECT_EQ(b1["backupType"], "Incremental") << b1.dump();
+  EXPECT_LE(b1["disks"][0]["bytesRead"].get<uint64_t>(), 3u << 20);
+  EXPECT_EQ(b1["parentCheckpoint"], b0["checkpointName"]);
+  // Rotated in place: the new checkpoint's bitmap only, image still clean.
+  RunOk("qemu-img check -q " + ShellQuote(overlay));
+  json info = json::parse(RunOk("qemu-img info --output=json " + ShellQuote(overlay)));
+  std::vector<std::string> names;
+  for (const auto& b : info["format-specific"]["data"]["bitmaps"]) names.push_back(b["name"]);
+  EXPECT_NE(std::find(names.begin(), names.end(), b1["checkpointName"].get<std::string>()), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), b0["checkpointName"].get<std::string>()), names.end());
+  std::string cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom.name() + " --name");
+  EXPECT_NE(cps.find(b1["checkpointName"].get<std::string>()), std::string::npos) << cps;
+  EXPECT_EQ(cps.find(b0["checkpointName"].get<std::string>()), std::string::npos) << cps;
+  EXPECT_EQ(BargeJson("tracker show t1")["latestCheckpoint"]["name"], b1["checkpointName"]);
+
+  dom.StartPaused();
+  dom.Write(0x99, "30M", "1M");
+  json b2 = Backup(dom.name());
+  EXPECT_EQ(b2["mode"], "pull");
+  EXPECT_EQ(b2["backupType"], "Incremental") << b2.dump();
+  EXPECT_LE(b2["disks"][0]["bytesRead"].get<uint64_t>(), 2u << 20);
+  std::string p2 = Snapshot(dom, raw, "p2.raw");
+  dom.Destroy();
+
+  std::string chain = target_ + "/" + dom.name() + "/vda";
+  ExpectRestores(chain, 0, p0);
+  ExpectRestores(chain, 1, p1);
+  ExpectRestores(chain, 2, p2);
 }
 
 // libvirt lost the checkpoint metadata (what a restarted libvirtd without
