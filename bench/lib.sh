@@ -44,7 +44,12 @@ make_workdir() {
   WORK=$(mktemp -d "$WORKROOT/barge-peers-XXXXXX")
   RESULTS=$WORK/results.tsv
   : > "$RESULTS"
-  trap 'rm -rf "$WORK"' EXIT
+  # BARGE_BENCH_KEEP=1 keeps the work folder (data and outputs) for a look.
+  if [ "${BARGE_BENCH_KEEP:-0}" = 1 ]; then
+    trap 'echo "kept $WORK" >&2' EXIT
+  else
+    trap 'rm -rf "$WORK"' EXIT
+  fi
   trap 'exit 130' INT TERM
 }
 

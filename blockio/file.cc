@@ -258,7 +258,7 @@ Status FileSink::Trim(uint64_t offset, uint64_t length) {
 }
 
 Status FileSink::Flush() {
-  if (::fdatasync(fd_.get()) != 0) return Error::FromErrno(errno, "fdatasync", path_);
+  if (info_.sync && ::fdatasync(fd_.get()) != 0) return Error::FromErrno(errno, "fdatasync", path_);
   return OkStatus();
 }
 
@@ -302,6 +302,7 @@ Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMod
   BARGE_ASSIGN_OR_RETURN(FileInfo info, internal::StatFd(fd, path));
   info.direct = options.direct;
   info.write_behind = options.write_behind;
+  info.sync = options.sync;
   bool zero_initialized = false;
   if (mode != SinkMode::kExisting && !info.is_block_device) {
     if (::ftruncate(fd.get(), 0) != 0) return Error::FromErrno(errno, "ftruncate", path);

@@ -23,6 +23,10 @@ struct FileOptions {
   // keeps taking fresh ones, the way nbdcopy writes files. Ignored with
   // `direct`.
   bool write_behind = true;
+  // Sinks: false makes Flush return without fdatasync. The caller gives up
+  // durability on a crash for speed, as qemu-img convert (cache=unsafe by
+  // default) and nbdcopy do; the data is still written.
+  bool sync = true;
 };
 
 enum class SinkMode : uint8_t {

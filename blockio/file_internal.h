@@ -41,6 +41,7 @@ struct FileInfo {
   bool direct = false;
   uint32_t logical_block_bytes = 512;
   bool write_behind = false;
+  bool sync = true;
 };
 
 Result<Fd> OpenFd(const std::string& path, int flags, mode_t mode);

@@ -21,6 +21,7 @@ struct ConvertArgs {
   CopyFlags copy;
   std::string backing, backing_format;
   bool force = false;
+  bool no_sync = false;
   bool as_json = false;
 };
 
@@ -33,10 +34,12 @@ struct Output {
   Status Commit() { return staged ? staged->Commit() : device->Flush(); }
 };
 
-Result<Output> OpenOutput(const std::string& path, bool force, uint64_t needed_size) {
+Result<Output> OpenOutput(const std::string& path, bool force, bool sync, uint64_t needed_size) {
   Output out;
   if (IsBlockDevice(path)) {
-    BARGE_ASSIGN_OR_RETURN(out.device, OpenFileSink(path, SinkMode::kExisting));
+    FileOptions options;
+    options.sync = sync;
+    BARGE_ASSIGN_OR_RETURN(out.device, OpenFileSink(path, SinkMode::kExisting, options));
     if (out.device->size_bytes() < needed_size) {
       return Error::NoSpace("device is smaller than the image (" +
                             std::to_string(out.device->size_bytes()) + " < " +
@@ -45,7 +48,7 @@ Result<Output> OpenOutput(const std::string& path, bool force, uint64_t needed_s
     }
     return out;
   }
-  auto staged = pipeline::StagedFile::Create(path, force);
+  auto staged = pipeline::StagedFile::Create(path, force, sync);
   if (!staged.ok()) {
     Error e = std::move(staged).error();
     if (e.code() == ErrorCode::kInvalidArgument) e.Wrap("use --force to replace it");
@@ -71,7 +74,7 @@ int RunConvert(ConvertArgs& a) {
   formats::Image& image = *src->image;
   uint64_t size = image.size_bytes();
 
-  auto out = OpenOutput(a.dest, a.force, size);
+  auto out = OpenOutput(a.dest, a.force, !a.no_sync, size);
   if (!out.ok()) return ReportError(out.error());
   bool device = out->device != nullptr;
   if (qcow2 && device) {
@@ -158,6 +161,8 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--backing-format", args->backing_format, "Format of the backing file (default qcow2)")
       ->check(CLI::IsMember({"raw", "qcow2"}));
   cmd->add_flag("--force", args->force, "Replace an existing output file");
+  cmd->add_flag("--no-sync", args->no_sync,
+                "Do not fsync the output at the end (faster; a crash may lose it, as with qemu-img convert)");
   cmd->add_flag("--json", args->as_json, "Progress and result as JSON lines");
   cmd->callback([args, &exit_code]() { exit_code = RunConvert(*args); });
 }

@@ -15,6 +15,7 @@ struct RestoreArgs {
   std::string chain, at = "latest", to, output_format = "raw";
   CopyFlags copy;
   bool force = false;
+  bool no_sync = false;
   bool as_json = false;
 };
 
@@ -30,6 +31,7 @@ int RunRestoreCommand(RestoreArgs& a) {
   req.destination = a.to;
   req.output_format = a.output_format;
   req.force = a.force;
+  req.sync = !a.no_sync;
   req.compression = compression.type;
   req.compression_level = compression.level;
   ProgressReporter progress(ChooseProgressMode(a.as_json), "restore");
@@ -117,6 +119,8 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
         ->check(CLI::IsMember({"raw", "qcow2"}))
         ->capture_default_str();
     cmd->add_flag("--force", args->force, "Overwrite a destination that holds data");
+    cmd->add_flag("--no-sync", args->no_sync,
+                  "Do not fsync the output at the end (faster; a crash may lose it, as with qemu-img convert)");
     args->copy.AddTo(cmd, "none");
     cmd->add_flag("--json", args->as_json, "Progress and result as JSON");
     cmd->callback([args, &exit_code]() { exit_code = RunRestoreCommand(*args); });

@@ -65,7 +65,9 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
     if (IsNbdUri(dst)) {
       BARGE_ASSIGN_OR_RETURN(t.existing, OpenNbdSink(dst));
     } else {
-      BARGE_ASSIGN_OR_RETURN(t.existing, OpenFileSink(dst, SinkMode::kExisting));
+      FileOptions options;
+      options.sync = req.sync;
+      BARGE_ASSIGN_OR_RETURN(t.existing, OpenFileSink(dst, SinkMode::kExisting, options));
     }
     if (t.existing->size_bytes() < size) {
       return Error::NoSpace("the destination holds " + std::to_string(t.existing->size_bytes()) +
@@ -79,7 +81,7 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
     return Error::InvalidArgument("the destination file exists and is not empty; use --force to replace it")
         .set_path(dst);
   }
-  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(dst, /*overwrite=*/true));
+  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(dst, /*overwrite=*/true, req.sync));
   return t;
 }
 

@@ -17,6 +17,9 @@ struct RestoreRequest {
   std::string destination;     // file path, block device or NBD URI
   std::string output_format = "raw";  // raw or qcow2 (qcow2: files only)
   bool force = false;          // allow writing over a non-empty destination
+  // false: file and device outputs are not fsynced at the end (faster; a
+  // crash may lose the restored data, as with qemu-img convert).
+  bool sync = true;
   formats::Compression compression = formats::Compression::kNone;  // qcow2 output
   int compression_level = 0;
   CopyOptions copy;            // knobs; cluster size and verify are set here

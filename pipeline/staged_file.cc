@@ -30,7 +30,7 @@ Status SyncDirectory(const std::string& dir) {
 }
 
 Result<std::unique_ptr<StagedFile>> StagedFile::Create(const std::string& final_path,
-                                                       bool overwrite) {
+                                                       bool overwrite, bool sync) {
   std::error_code ec;
   if (!overwrite && fs::exists(final_path, ec)) {
     return Error::InvalidArgument("output exists (remove it or choose another name)")
@@ -39,14 +39,16 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(const std::string& final_
   std::string temp = StagedTempPath(final_path);
   // A leftover from a killed run is ours to replace.
   fs::remove(temp, ec);
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSink> sink, OpenFileSink(temp, SinkMode::kCreateNew));
-  return std::unique_ptr<StagedFile>(new StagedFile(final_path, temp, std::move(sink), overwrite));
+  FileOptions options;
+  options.sync = sync;
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSink> sink, OpenFileSink(temp, SinkMode::kCreateNew, options));
+  return std::unique_ptr<StagedFile>(new StagedFile(final_path, temp, std::move(sink), overwrite, sync));
 }
 
 StagedFile::StagedFile(std::string final_path, std::string temp_path,
-                       std::unique_ptr<BlockSink> sink, bool overwrite)
+                       std::unique_ptr<BlockSink> sink, bool overwrite, bool sync)
     : final_path_(std::move(final_path)), temp_path_(std::move(temp_path)),
-      sink_(std::move(sink)), overwrite_(overwrite) {}
+      sink_(std::move(sink)), overwrite_(overwrite), sync_(sync) {}
 
 StagedFile::~StagedFile() { Abandon(); }
 
@@ -76,6 +78,7 @@ Status StagedFile::Commit() {
     return s;
   }
   done_ = true;
+  if (!sync_) return OkStatus();
   return SyncDirectory(fs::path(final_path_).parent_path().string());
 }
 

@@ -15,8 +15,10 @@ namespace barge::pipeline {
 class StagedFile {
  public:
   // Fails with kInvalidArgument if `final_path` exists and !overwrite.
+  // sync = false: no fdatasync of the file nor fsync of its folder (the
+  // output may be lost or incomplete after a crash; see FileOptions::sync).
   static Result<std::unique_ptr<StagedFile>> Create(const std::string& final_path,
-                                                    bool overwrite = false);
+                                                    bool overwrite = false, bool sync = true);
   ~StagedFile();
   StagedFile(const StagedFile&) = delete;
   StagedFile& operator=(const StagedFile&) = delete;
@@ -32,11 +34,12 @@ class StagedFile {
 
  private:
   StagedFile(std::string final_path, std::string temp_path, std::unique_ptr<BlockSink> sink,
-             bool overwrite);
+             bool overwrite, bool sync);
   std::string final_path_;
   std::string temp_path_;
   std::unique_ptr<BlockSink> sink_;
   bool overwrite_;
+  bool sync_;
   bool done_ = false;
 };
 

@@ -40,7 +40,9 @@ void ExpectEveryPointRestores(const TempDir& tmp, const std::string& chain,
   ASSERT_EQ(ids.size(), saved.size());
   for (size_t k = 0; k < ids.size(); ++k) {
     std::string out = tmp / ("restored" + std::to_string(k) + ".raw");
-    RunOk(Barge() + " restore " + Q(chain) + " --at " + std::to_string(k) + " --to " + Q(out));
+    // Every other point without the final fsync: same bytes either way.
+    RunOk(Barge() + " restore " + Q(chain) + " --at " + std::to_string(k) + " --to " + Q(out) +
+          (k % 2 ? " --no-sync" : ""));
     EXPECT_TRUE(SameFile(out, saved[k])) << "barge restore of point " << k;
     fs::remove(out);
     RunOk("qemu-img convert -f qcow2 -O raw " + Q(chain + "/" + ids[k] + ".qcow2") + " " + Q(out));
