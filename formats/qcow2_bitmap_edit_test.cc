@@ -16,10 +16,14 @@
 #include "formats/qcow2_check.h"
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
+#include "formats/qcow2_check_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::formats {
 namespace {
+
+using qcow2::check_testing::Messages;
+using qcow2::check_testing::MustCheck;
 
 using namespace qcow2;
 using Bytes = std::vector<std::byte>;
@@ -104,19 +108,6 @@ RangeList Dirty(const Bytes& bytes, const std::string& name) {
   auto ranges = ReadBitmapDirtyRanges(*image, name);
   EXPECT_TRUE(ranges.ok()) << ranges.error().ToString();
   return ranges.ok() ? *ranges : RangeList{};
-}
-
-CheckReport MustCheck(const Bytes& bytes) {
-  MemorySource source(bytes, "check.qcow2");
-  auto report = CheckQcow2(source);
-  EXPECT_TRUE(report.ok()) << report.error().ToString();
-  return report.ok() ? *report : CheckReport{};
-}
-
-std::string Messages(const CheckReport& r) {
-  std::string s;
-  for (const auto& m : r.messages) s += m + "\n";
-  return s;
 }
 
 void ExpectClean(const Bytes& bytes) {

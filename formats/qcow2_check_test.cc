@@ -6,27 +6,18 @@
 
 #include "blockio/memory.h"
 #include "formats/qcow2_format.h"
+#include "formats/qcow2_check_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::formats::qcow2 {
 namespace {
 
+using check_testing::Messages;
+using check_testing::MustCheck;
+
 using testing::Run;
 using testing::RunOk;
 using testing::TempDir;
-
-CheckReport MustCheck(const std::vector<std::byte>& bytes) {
-  MemorySource source(bytes, "check.qcow2");
-  auto report = CheckQcow2(source);
-  EXPECT_TRUE(report.ok()) << report.error().ToString();
-  return report.ok() ? *report : CheckReport{};
-}
-
-std::string Messages(const CheckReport& r) {
-  std::string s;
-  for (const auto& m : r.messages) s += m + "\n";
-  return s;
-}
 
 class Qcow2Check : public ::testing::Test {
  protected:

@@ -18,40 +18,49 @@ Qcow2Destination::Qcow2Destination(std::unique_ptr<formats::Qcow2Writer> writer,
                                    formats::Compression compression, ZeroPolicy zero_policy)
     : writer_(std::move(writer)), name_(std::move(name)), compression_(compression), zero_policy_(zero_policy) {}
 
-Status Qcow2Destination::Consume(const Chunk& chunk) {
-  if (chunk.cluster_bytes() != writer_->cluster_size()) {
-    return Error::InvalidArgument("copy cluster size " + std::to_string(chunk.cluster_bytes()) +
-                                  " differs from the image's " + std::to_string(writer_->cluster_size()))
-        .set_path(name_);
+Status CheckQcow2ClusterSize(const Chunk& chunk, const formats::Qcow2Writer& writer, const std::string& name) {
+  if (chunk.cluster_bytes() == writer.cluster_size()) return OkStatus();
+  return Error::InvalidArgument("copy cluster size " + std::to_string(chunk.cluster_bytes()) +
+                                " differs from the image's " + std::to_string(writer.cluster_size()))
+      .set_path(name);
+}
+
+Status StoreQcow2Cluster(formats::Qcow2Writer& writer, const Chunk& chunk, size_t i, bool compressed_ok,
+                         bool store_zero, const std::string& name) {
+  const uint64_t cluster = chunk.first_cluster() + i;
+  Status s;
+  switch (chunk.states[i]) {
+    case ClusterState::kSkip:
+      return OkStatus();
+    case ClusterState::kHole:
+    case ClusterState::kZero:
+      if (!store_zero) return OkStatus();
+      s = writer.WriteZero(cluster);
+      break;
+    case ClusterState::kCompressed:
+      if (compressed_ok) {
+        s = writer.WriteCompressed(cluster, chunk.Payload(i));
+        break;
+      }
+      [[fallthrough]];
+    case ClusterState::kData:
+      s = writer.WriteData(cluster, chunk.ClusterData(i));
+      break;
   }
-  const uint64_t first = chunk.first_cluster();
+  if (!s.ok()) {
+    Error e = std::move(s).error();
+    if (!e.offset()) e.set_range(chunk.ClusterOffset(i), chunk.ClusterLength(i));
+    if (e.path().empty()) e.set_path(name);
+    return e;
+  }
+  return OkStatus();
+}
+
+Status Qcow2Destination::Consume(const Chunk& chunk) {
+  BARGE_RETURN_IF_ERROR(CheckQcow2ClusterSize(chunk, *writer_, name_));
   for (size_t i = 0; i < chunk.cluster_count(); ++i) {
-    const uint64_t cluster = first + i;
-    Status s;
-    switch (chunk.states[i]) {
-      case ClusterState::kSkip:
-        continue;
-      case ClusterState::kHole:
-      case ClusterState::kZero:
-        if (zero_policy_ == ZeroPolicy::kOmit) continue;
-        s = writer_->WriteZero(cluster);
-        break;
-      case ClusterState::kCompressed:
-        if (wants_compression()) {
-          s = writer_->WriteCompressed(cluster, chunk.Payload(i));
-          break;
-        }
-        [[fallthrough]];
-      case ClusterState::kData:
-        s = writer_->WriteData(cluster, chunk.ClusterData(i));
-        break;
-    }
-    if (!s.ok()) {
-      Error e = std::move(s).error();
-      if (!e.offset()) e.set_range(chunk.ClusterOffset(i), chunk.ClusterLength(i));
-      if (e.path().empty()) e.set_path(name_);
-      return e;
-    }
+    BARGE_RETURN_IF_ERROR(
+        StoreQcow2Cluster(*writer_, chunk, i, wants_compression(), zero_policy_ == ZeroPolicy::kZeroCluster, name_));
   }
   return OkStatus();
 }

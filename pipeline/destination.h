@@ -86,6 +86,17 @@ class Qcow2Destination final : public Destination {
   ZeroPolicy zero_policy_;
 };
 
+// The cluster-writing steps Qcow2Destination shares with other qcow2
+// destinations (pipeline/overlay_destination.h).
+// kInvalidArgument unless the chunk's cluster size is the image's.
+Status CheckQcow2ClusterSize(const Chunk& chunk, const formats::Qcow2Writer& writer, const std::string& name);
+// Stores cluster `i` of `chunk` as its state says: data (the compressed
+// payload when `compressed_ok`), zero and hole clusters as qcow2 zero
+// clusters when `store_zero` (else nothing), kSkip never. An error carries
+// the cluster's guest range and `name`.
+Status StoreQcow2Cluster(formats::Qcow2Writer& writer, const Chunk& chunk, size_t i, bool compressed_ok,
+                         bool store_zero, const std::string& name);
+
 struct RawDestinationOptions {
   // Guest size; Finish truncates a growable sink to it.
   uint64_t virtual_size = 0;

@@ -47,42 +47,12 @@ bool OverlayQcow2Destination::Overlaps(uint64_t begin, uint64_t end) {
 }
 
 Status OverlayQcow2Destination::Consume(const Chunk& chunk) {
-  if (chunk.cluster_bytes() != writer_->cluster_size()) {
-    return Error::InvalidArgument("copy cluster size " + std::to_string(chunk.cluster_bytes()) +
-                                  " differs from the image's " + std::to_string(writer_->cluster_size()))
-        .set_path(name_);
-  }
-  const uint64_t first = chunk.first_cluster();
+  BARGE_RETURN_IF_ERROR(CheckQcow2ClusterSize(chunk, *writer_, name_));
   for (size_t i = 0; i < chunk.cluster_count(); ++i) {
-    const ClusterState state = chunk.states[i];
-    if (state == ClusterState::kSkip) continue;
+    if (chunk.states[i] == ClusterState::kSkip) continue;
     const uint64_t begin = chunk.ClusterOffset(i);
     if (!Overlaps(begin, begin + chunk.ClusterLength(i))) continue;  // left to the backing file
-    const uint64_t cluster = first + i;
-    Status s;
-    switch (state) {
-      case ClusterState::kSkip:
-        continue;
-      case ClusterState::kHole:
-      case ClusterState::kZero:
-        s = writer_->WriteZero(cluster);
-        break;
-      case ClusterState::kCompressed:
-        if (wants_compression()) {
-          s = writer_->WriteCompressed(cluster, chunk.Payload(i));
-          break;
-        }
-        [[fallthrough]];
-      case ClusterState::kData:
-        s = writer_->WriteData(cluster, chunk.ClusterData(i));
-        break;
-    }
-    if (!s.ok()) {
-      Error e = std::move(s).error();
-      if (!e.offset()) e.set_range(chunk.ClusterOffset(i), chunk.ClusterLength(i));
-      if (e.path().empty()) e.set_path(name_);
-      return e;
-    }
+    BARGE_RETURN_IF_ERROR(StoreQcow2Cluster(*writer_, chunk, i, wants_compression(), /*store_zero=*/true, name_));
   }
   return OkStatus();
 }

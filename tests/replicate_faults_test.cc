@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "blockio/fault.h"
 #include "pipeline/endpoints.h"
@@ -55,7 +56,13 @@ void ExpectFailedAndGone(const ReplicaResult& r) {
   EXPECT_FALSE(fs::exists(StagedTempPath(r.path)));
 }
 
-TEST(ReplicateFaultsTest, FailingSinkFailsOnlyItsDestination) {
+// Replicates an 8 MiB random source to a.raw, b.raw and c.raw, raw then
+// qcow2, with destination `bad` wrapped by `wrap`; `check` judges each run
+// (the bad copy and the two good ones) with the source's path.
+void ReplicateWithOneBadDestination(
+    size_t bad, const std::function<std::unique_ptr<BlockSink>(BlockSink&)>& wrap,
+    const std::function<void(ReplicaFormat, const ReplicateResult&, const std::vector<std::string>&,
+                             const std::string&)>& check) {
   TempDir dir;
   std::string src = MakeSource(dir, 8 * kMiB);
   SourceSpec spec;
@@ -67,29 +74,38 @@ TEST(ReplicateFaultsTest, FailingSinkFailsOnlyItsDestination) {
     for (const auto& d : dests) fs::remove(d), fs::remove(d + ".sha512.json");
     ReplicateOptions o = SmallOptions();
     o.format = fmt;
-    o.wrap_sink = [](size_t index, BlockSink& sink) -> std::unique_ptr<BlockSink> {
-      if (index != 1) return nullptr;
-      auto f = std::make_unique<FaultSink>(sink);
-      f->faults().AddRule(FaultRule::NthAndAfter(FaultOp::kWrite, 3));
-      return f;
+    o.wrap_sink = [&](size_t index, BlockSink& sink) -> std::unique_ptr<BlockSink> {
+      return index == bad ? wrap(sink) : nullptr;
     };
     auto r = RunReplicate(*opened->image, dests, o);
     ASSERT_TRUE(r.ok()) << r.error().ToString();
-    EXPECT_FALSE(r->all_ok());
-    ExpectFailedAndGone(r->replicas[1]);
-    EXPECT_EQ(r->replicas[1].error->code(), ErrorCode::kIoError);
+    check(fmt, *r, dests, src);
+  }
+}
+
+TEST(ReplicateFaultsTest, FailingSinkFailsOnlyItsDestination) {
+  auto failing = [](BlockSink& sink) -> std::unique_ptr<BlockSink> {
+    auto f = std::make_unique<FaultSink>(sink);
+    f->faults().AddRule(FaultRule::NthAndAfter(FaultOp::kWrite, 3));
+    return f;
+  };
+  ReplicateWithOneBadDestination(1, failing, [](ReplicaFormat fmt, const ReplicateResult& r,
+                                                const std::vector<std::string>& dests, const std::string& src) {
+    EXPECT_FALSE(r.all_ok());
+    ExpectFailedAndGone(r.replicas[1]);
+    EXPECT_EQ(r.replicas[1].error->code(), ErrorCode::kIoError);
     for (size_t i : {0u, 2u}) {
       if (fmt == ReplicaFormat::kRaw) {
-        ExpectReadyAndEqual(r->replicas[i], src);
+        ExpectReadyAndEqual(r.replicas[i], src);
       } else {
-        EXPECT_EQ(r->replicas[i].state, ReplicaState::kReady);
+        EXPECT_EQ(r.replicas[i].state, ReplicaState::kReady);
         if (testing::HaveTool("qemu-img")) {
           RunOk("qemu-img check -q " + ShellQuote(dests[i]));
           RunOk("qemu-img compare -q -F raw " + ShellQuote(dests[i]) + " " + ShellQuote(src));
         }
       }
     }
-  }
+  });
 }
 
 // Forwards everything but flips one bit of the first write at or past 64 KiB
@@ -121,30 +137,17 @@ class BitFlipSink : public BlockSink {
 };
 
 TEST(ReplicateFaultsTest, VerifyCatchesACopyCorruptedOnTheWay) {
-  TempDir dir;
-  std::string src = MakeSource(dir, 8 * kMiB);
-  SourceSpec spec;
-  spec.location = src;
-  auto opened = OpenSource(spec);
-  ASSERT_TRUE(opened.ok()) << opened.error().ToString();
-  std::vector<std::string> dests = {dir / "a.raw", dir / "b.raw", dir / "c.raw"};
-  for (auto fmt : {ReplicaFormat::kRaw, ReplicaFormat::kQcow2}) {
-    for (const auto& d : dests) fs::remove(d), fs::remove(d + ".sha512.json");
-    ReplicateOptions o = SmallOptions();
-    o.format = fmt;
-    o.wrap_sink = [](size_t index, BlockSink& sink) -> std::unique_ptr<BlockSink> {
-      if (index != 2) return nullptr;
-      return std::make_unique<BitFlipSink>(sink);
-    };
-    auto r = RunReplicate(*opened->image, dests, o);
-    ASSERT_TRUE(r.ok()) << r.error().ToString();
-    ExpectFailedAndGone(r->replicas[2]);
-    EXPECT_EQ(r->replicas[2].error->code(), ErrorCode::kCorruption) << r->replicas[2].error->ToString();
-    EXPECT_NE(r->replicas[2].error->ToString().find("verify"), std::string::npos);
-    EXPECT_EQ(r->replicas[0].state, ReplicaState::kReady);
-    EXPECT_EQ(r->replicas[1].state, ReplicaState::kReady);
-    if (fmt == ReplicaFormat::kRaw) ExpectReadyAndEqual(r->replicas[0], src);
-  }
+  auto flipping = [](BlockSink& sink) -> std::unique_ptr<BlockSink> { return std::make_unique<BitFlipSink>(sink); };
+  ReplicateWithOneBadDestination(2, flipping, [](ReplicaFormat fmt, const ReplicateResult& r,
+                                                 const std::vector<std::string>&, const std::string& src) {
+    ExpectFailedAndGone(r.replicas[2]);
+    ASSERT_TRUE(r.replicas[2].error.has_value());
+    EXPECT_EQ(r.replicas[2].error->code(), ErrorCode::kCorruption) << r.replicas[2].error->ToString();
+    EXPECT_NE(r.replicas[2].error->ToString().find("verify"), std::string::npos);
+    EXPECT_EQ(r.replicas[0].state, ReplicaState::kReady);
+    EXPECT_EQ(r.replicas[1].state, ReplicaState::kReady);
+    if (fmt == ReplicaFormat::kRaw) ExpectReadyAndEqual(r.replicas[0], src);
+  });
 }
 
 TEST(ReplicateFaultsTest, StalledDestinationFailsWithoutHoldingOthers) {
