@@ -186,6 +186,7 @@ TEST_F(VmBackupTest, OfflineBackupFromCbtOverlayThenOnlineIncremental) {
 
 // libvirt lost the checkpoint metadata (what a restarted libvirtd without
 // its metadata looks like): redefine from the catalog, next backup incremental.
+// A real restart of libvirtd: VmLibvirtdRestartTest (vm_libvirtd_restart_test.cc).
 TEST_F(VmBackupTest, CheckpointRedefineAfterMetadataLoss) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
