@@ -1,8 +1,6 @@
 // VM backup: plan, quiesce, pull-mode job, per-disk pipeline, commit.
 #include "orchestrate/vm_backup.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +20,7 @@
 #include "pipeline/endpoints.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/cbt.h"
+#include "orchestrate/file_lock.h"
 #include "orchestrate/libvirt_conn.h"
 #include "orchestrate/tracker.h"
 
@@ -30,39 +29,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// An exclusive, non-blocking flock on <catalog folder>/locks/<domain>.lock,
-// held for the object's lifetime (released by the kernel if we die).
-class DomainLock {
- public:
-  static Result<std::unique_ptr<DomainLock>> Acquire(const std::string& catalog_path,
-                                                     const std::string& domain) {
-    std::string dir = CatalogDir(catalog_path) + "/locks";
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) return Error::FromErrno(ec.value(), "create lock folder", dir);
-    std::string path = dir + "/" + domain + ".lock";
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return Error::FromErrno(errno, "open lock", path);
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      int err = errno;
-      ::close(fd);
-      if (err == EWOULDBLOCK) {
-        return Error::InvalidArgument("a backup of domain '" + domain + "' is already running")
-            .set_path(path)
-            .set_retryable(true);
-      }
-      return Error::FromErrno(err, "lock", path);
-    }
-    return std::unique_ptr<DomainLock>(new DomainLock(fd));
-  }
-  ~DomainLock() { ::close(fd_); }
-  DomainLock(const DomainLock&) = delete;
-  DomainLock& operator=(const DomainLock&) = delete;
-
- private:
-  explicit DomainLock(int fd) : fd_(fd) {}
-  int fd_;
-};
+// An exclusive, non-blocking lock on <catalog folder>/locks/<domain>.lock,
+// held for the backup (released by the kernel if we die).
+Result<std::unique_ptr<FileLock>> LockDomain(const std::string& catalog_path, const std::string& domain) {
+  return FileLock::TryAcquire(CatalogDir(catalog_path) + "/locks/" + domain + ".lock",
+                              "a backup of domain '" + domain + "' is already running");
+}
 
 std::string JoinReasons(const std::vector<VmBackupDisk>& disks) {
   std::set<std::string> distinct;
@@ -403,7 +375,7 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
   req.target = fs::absolute(req.target, ec).lexically_normal().string();
 
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(req.catalog_path));
-  BARGE_ASSIGN_OR_RETURN(auto lock, DomainLock::Acquire(req.catalog_path, req.domain));
+  BARGE_ASSIGN_OR_RETURN(auto lock, LockDomain(req.catalog_path, req.domain));
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(auto dom, LookupDomain(conn.get(), req.domain));
 

@@ -1,0 +1,170 @@
+// FileLock (flock on a lock file) and ProcessOwner (pid + start time + boot
+// id + host, read from /proc).
+#include "orchestrate/file_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+namespace barge::orchestrate {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string ReadFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "unknown";
+  std::string host(buf);
+  for (char& c : host) {
+    if (c == ' ' || c == '=') c = '_';  // keep the encoding one token per part
+  }
+  return host;
+}
+
+std::string BootId() {
+  std::string id = ReadFirstLine("/proc/sys/kernel/random/boot_id");
+  return id.empty() ? "unknown" : id;
+}
+
+template <typename T>
+bool ParseNumber(std::string_view text, T& out) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+struct ProcStat {
+  char state = '?';
+  uint64_t start_ticks = 0;
+};
+
+// /proc/PID/stat: "PID (COMM) STATE PPID ..." where COMM may hold spaces and
+// parentheses, so the fields are counted from the last ')'. STATE is field
+// 3 and starttime field 22.
+Result<ProcStat> ReadProcStat(pid_t pid) {
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  std::ifstream in(path);
+  if (!in) return Error::NotFound("no process " + std::to_string(pid)).set_path(path);
+  std::string line;
+  std::getline(in, line);
+  size_t close = line.rfind(')');
+  if (close == std::string::npos) return Error::IoError("unexpected format").set_path(path);
+  std::istringstream fields(line.substr(close + 1));
+  std::vector<std::string> f;
+  for (std::string s; fields >> s;) f.push_back(s);
+  ProcStat st;
+  if (f.size() < 20 || f[0].size() != 1 || !ParseNumber(f[19], st.start_ticks)) {
+    return Error::IoError("unexpected format").set_path(path);
+  }
+  st.state = f[0][0];
+  return st;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<FileLock>> FileLock::TryAcquire(const std::string& path,
+                                                       const std::string& busy_message) {
+  std::error_code ec;
+  fs::path dir = fs::path(path).parent_path();
+  if (!dir.empty()) fs::create_directories(dir, ec);
+  if (ec) return Error::FromErrno(ec.value(), "create lock folder", dir.string());
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Error::FromErrno(errno, "open lock", path);
+  int rc;
+  do {
+    rc = ::flock(fd, LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return Error::InvalidArgument(busy_message).set_path(path).set_retryable(true);
+    return Error::FromErrno(err, "lock", path);
+  }
+  return std::unique_ptr<FileLock>(new FileLock(fd, path));
+}
+
+FileLock::~FileLock() { ::close(fd_); }
+
+ProcessOwner ProcessOwner::Self() {
+  // Cached per pid: a forked child is another process and gets its own.
+  static std::mutex mu;
+  static ProcessOwner cached;
+  std::lock_guard lock(mu);
+  pid_t pid = ::getpid();
+  if (cached.pid != pid) {
+    auto o = Of(pid);
+    if (o.ok()) {
+      cached = *o;
+    } else {
+      // No /proc: a start time of 0 makes our rows look gone to others on
+      // this host, but without /proc no one here can check them anyway.
+      cached = ProcessOwner{HostName(), BootId(), pid, 0};
+    }
+  }
+  return cached;
+}
+
+Result<ProcessOwner> ProcessOwner::Of(pid_t pid) {
+  BARGE_ASSIGN_OR_RETURN(ProcStat st, ReadProcStat(pid));
+  ProcessOwner o;
+  o.host = HostName();
+  o.boot_id = BootId();
+  o.pid = pid;
+  o.start_ticks = st.start_ticks;
+  return o;
+}
+
+std::string ProcessOwner::Encode() const {
+  return "pid=" + std::to_string(pid) + " start=" + std::to_string(start_ticks) + " boot=" + boot_id +
+         " host=" + host;
+}
+
+Result<ProcessOwner> ProcessOwner::Parse(const std::string& text) {
+  ProcessOwner o;
+  bool have_pid = false, have_start = false;
+  std::istringstream in(text);
+  for (std::string token; in >> token;) {
+    size_t eq = token.find('=');
+    if (eq == std::string::npos || eq + 1 == token.size()) {
+      return Error::InvalidArgument("not a process owner: '" + text + "'");
+    }
+    std::string_view key(token.data(), eq), value(token.data() + eq + 1, token.size() - eq - 1);
+    if (key == "pid") have_pid = ParseNumber(value, o.pid) && o.pid > 0;
+    else if (key == "start") have_start = ParseNumber(value, o.start_ticks);
+    else if (key == "boot") o.boot_id = value;
+    else if (key == "host") o.host = value;
+  }
+  if (!have_pid || !have_start || o.boot_id.empty() || o.host.empty()) {
+    return Error::InvalidArgument("not a process owner: '" + text + "'");
+  }
+  return o;
+}
+
+bool OwnerIsGone(const std::string& owner) {
+  auto o = ProcessOwner::Parse(owner);
+  if (!o.ok()) return true;
+  ProcessOwner self = ProcessOwner::Self();
+  if (o->host != self.host) return false;
+  if (o->boot_id != self.boot_id) return true;
+  auto st = ReadProcStat(o->pid);
+  if (!st.ok()) return st.error().code() == ErrorCode::kNotFound;
+  return st->start_ticks != o->start_ticks || st->state == 'Z' || st->state == 'X';
+}
+
+}  // namespace barge::orchestrate
