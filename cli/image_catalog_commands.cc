@@ -40,6 +40,7 @@ json CopyJson(const orchestrate::ImageCopyRecord& c) {
             {"percent", c.percent}, {"sender", c.sender}, {"updated", c.updated}};
   if (!c.message.empty()) j["message"] = c.message;
   if (c.unused_since) j["unused_since"] = c.unused_since;
+  if (!c.owner.empty()) j["owner"] = c.owner;
   return j;
 }
 
@@ -99,6 +100,8 @@ int RunSync(const CatalogArgs& a) {
 int RunStatus(const CatalogArgs& a) {
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return ReportError(cat.error());
+  // Copies whose sending process is gone show as failed, not in progress.
+  if (auto r = (*cat)->RecoverInterrupted(a.name); !r.ok()) return ReportError("image status", r.error());
   auto images = (*cat)->Images(a.name);
   if (!images.ok()) return ReportError(images.error());
   if (!a.name.empty() && images->empty()) return ReportError(Error::NotFound("no image '" + a.name + "'"));

@@ -1,20 +1,26 @@
 // ImageCatalog: SQLite rows for images and their copies per disk; add, sync
-// (bounded sends per sender, fewest active first), rescan and cleanup.
+// (bounded sends per sender, fewest active first), rescan, cleanup, and the
+// recovery of rows whose sending process is gone.
 #include "orchestrate/image_catalog.h"
 
-#include <sqlite3.h>
-
 #include <algorithm>
+#include <charconv>
 #include <condition_variable>
 #include <ctime>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "blockio/file.h"
 #include "formats/image.h"
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/file_lock.h"
+#include "orchestrate/sqlite_db.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/staged_file.h"
 
 namespace barge::orchestrate {
 
@@ -23,57 +29,6 @@ namespace fs = std::filesystem;
 namespace {
 
 int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
-
-// One prepared statement; binds are 1-based, columns 0-based.
-class Stmt {
- public:
-  Stmt(sqlite3* db, const char* sql) : db_(db) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
-  ~Stmt() { sqlite3_finalize(stmt_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-
-  Stmt& Bind(int i, const std::string& v) {
-    if (rc_ == SQLITE_OK) rc_ = sqlite3_bind_text(stmt_, i, v.c_str(), -1, SQLITE_TRANSIENT);
-    return *this;
-  }
-  Stmt& Bind(int i, int64_t v) {
-    if (rc_ == SQLITE_OK) rc_ = sqlite3_bind_int64(stmt_, i, v);
-    return *this;
-  }
-  Stmt& Bind(int i, double v) {
-    if (rc_ == SQLITE_OK) rc_ = sqlite3_bind_double(stmt_, i, v);
-    return *this;
-  }
-  // true with a row, false when done.
-  Result<bool> Step() {
-    if (rc_ != SQLITE_OK) return Fail("prepare/bind");
-    int rc = sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    rc_ = rc;
-    return Fail("step");
-  }
-  Status Run() {
-    while (true) {
-      BARGE_ASSIGN_OR_RETURN(bool row, Step());
-      if (!row) return OkStatus();
-    }
-  }
-  std::string Text(int c) const {
-    auto* t = sqlite3_column_text(stmt_, c);
-    return t ? reinterpret_cast<const char*>(t) : "";
-  }
-  int64_t Int(int c) const { return sqlite3_column_int64(stmt_, c); }
-  double Real(int c) const { return sqlite3_column_double(stmt_, c); }
-
- private:
-  Error Fail(const char* what) const {
-    return Error::IoError(std::string("sqlite ") + what + ": " + sqlite3_errmsg(db_));
-  }
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-  int rc_;
-};
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS images (
@@ -95,6 +50,7 @@ CREATE TABLE IF NOT EXISTS image_copies (
   sender TEXT NOT NULL DEFAULT '',
   updated INTEGER NOT NULL,
   unused_since INTEGER NOT NULL DEFAULT 0,
+  owner TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (image, disk)
 );
 CREATE TABLE IF NOT EXISTS image_senders (
@@ -107,20 +63,105 @@ CREATE TABLE IF NOT EXISTS image_senders (
 )sql";
 
 constexpr const char* kCopyColumns =
-    "image, disk, path, state, percent, message, sender, updated, unused_since";
+    "image, disk, path, state, percent, message, sender, updated, unused_since, owner";
 
-ImageCopyRecord CopyFromRow(const Stmt& s) {
+// SqliteStatement binds and reads no REAL values, so the percent travels as
+// text: written with to_chars (shortest exact form) and stored as REAL by a
+// CAST in the SQL; read back as SQLite's text form of the REAL. Both ends are
+// locale-independent.
+std::string PercentText(double percent) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), percent);
+  return ec == std::errc() ? std::string(buf, end) : "0";
+}
+
+double PercentColumn(const SqliteStatement& s, int column) {
+  std::string text = s.Text(column);
+  double v = 0;
+  std::from_chars(text.data(), text.data() + text.size(), v);
+  return v;
+}
+
+ImageCopyRecord CopyFromRow(const SqliteStatement& s) {
   ImageCopyRecord r;
   r.image = s.Text(0);
   r.disk = s.Text(1);
   r.path = s.Text(2);
   r.state = s.Text(3);
-  r.percent = s.Real(4);
+  r.percent = PercentColumn(s, 4);
   r.message = s.Text(5);
   r.sender = s.Text(6);
   r.updated = s.Int(7);
   r.unused_since = s.Int(8);
+  r.owner = s.Text(9);
   return r;
+}
+
+// Creates the tables, and adds the columns that older versions lacked
+// (image_copies.owner), in one transaction so that two processes opening an
+// old catalog at once do not both alter it.
+Status CreateOrMigrate(SqliteDb& db) {
+  BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(db));
+  BARGE_RETURN_IF_ERROR(db.Exec(kSchema));
+  bool has_owner = false;
+  {
+    BARGE_ASSIGN_OR_RETURN(auto st,
+                           db.Prepare("SELECT 1 FROM pragma_table_info('image_copies') WHERE name = 'owner'"));
+    BARGE_ASSIGN_OR_RETURN(has_owner, st.Step());
+  }
+  if (!has_owner) {
+    BARGE_RETURN_IF_ERROR(db.Exec("ALTER TABLE image_copies ADD COLUMN owner TEXT NOT NULL DEFAULT ''"));
+  }
+  return tx->Commit();
+}
+
+Status SetCopy(SqliteDb& db, const ImageCopyRecord& r) {
+  BARGE_ASSIGN_OR_RETURN(
+      auto s, db.Prepare("INSERT INTO image_copies (image, disk, path, state, percent, message, sender, updated, "
+                         "unused_since, owner) "
+                         "VALUES (?1, ?2, ?3, ?4, CAST(?5 AS REAL), ?6, ?7, ?8, ?9, ?10) "
+                         "ON CONFLICT (image, disk) DO UPDATE SET "
+                         "path = ?3, state = ?4, percent = CAST(?5 AS REAL), message = ?6, sender = ?7, "
+                         "updated = ?8, unused_since = ?9, owner = ?10"));
+  return s.Bind(1, r.image).Bind(2, r.disk).Bind(3, r.path).Bind(4, r.state).Bind(5, PercentText(r.percent))
+      .Bind(6, r.message).Bind(7, r.sender).Bind(8, r.updated).Bind(9, r.unused_since).Bind(10, r.owner).Run();
+}
+
+Status SetPercent(SqliteDb& db, const std::string& image, const std::string& disk, double percent) {
+  BARGE_ASSIGN_OR_RETURN(
+      auto s, db.Prepare("UPDATE image_copies SET percent = CAST(?3 AS REAL) WHERE image = ?1 AND disk = ?2"));
+  return s.Bind(1, image).Bind(2, disk).Bind(3, PercentText(percent)).Run();
+}
+
+// Rows of `image` ("" = all) on `disk` ("" = all); with `unfinished`, only
+// pending and in-progress ones.
+Result<std::vector<ImageCopyRecord>> CopiesOf(SqliteDb& db, const std::string& image, const std::string& disk = "",
+                                              bool unfinished = false) {
+  std::string sql = std::string("SELECT ") + kCopyColumns +
+                    " FROM image_copies WHERE (?1 = '' OR image = ?1) AND (?2 = '' OR disk = ?2)" +
+                    (unfinished ? " AND state IN ('pending', 'in-progress')" : "") + " ORDER BY image, disk";
+  BARGE_ASSIGN_OR_RETURN(auto s, db.Prepare(sql));
+  s.Bind(1, image).Bind(2, disk);
+  std::vector<ImageCopyRecord> out;
+  while (true) {
+    BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back(CopyFromRow(s));
+  }
+}
+
+Result<std::vector<ImageRecord>> ImagesOf(SqliteDb& db, const std::string& name) {
+  BARGE_ASSIGN_OR_RETURN(
+      auto s, db.Prepare("SELECT name, source, expected_sha512, sha512, format, virtual_size, created FROM images "
+                         "WHERE (?1 = '' OR name = ?1) ORDER BY name"));
+  s.Bind(1, name);
+  std::vector<ImageRecord> out;
+  while (true) {
+    BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4), static_cast<uint64_t>(s.Int(5)),
+                   s.Int(6)});
+  }
 }
 
 Status ValidName(const std::string& name) {
@@ -183,91 +224,35 @@ Result<std::chrono::seconds> ParseDuration(const std::string& text) {
   return std::chrono::seconds(v * mult);
 }
 
-struct ImageCatalog::Db {
-  sqlite3* handle = nullptr;
-  ~Db() { sqlite3_close(handle); }
-  Status Exec(const char* sql) {
-    char* err = nullptr;
-    if (sqlite3_exec(handle, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-      std::string msg = err ? err : "?";
-      sqlite3_free(err);
-      return Error::IoError("sqlite: " + msg);
-    }
-    return OkStatus();
-  }
-  Status SetCopy(const ImageCopyRecord& r) {
-    Stmt s(handle,
-           "INSERT INTO image_copies (image, disk, path, state, percent, message, sender, updated, unused_since) "
-           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (image, disk) DO UPDATE SET "
-           "path = ?3, state = ?4, percent = ?5, message = ?6, sender = ?7, updated = ?8, unused_since = ?9");
-    return s.Bind(1, r.image).Bind(2, r.disk).Bind(3, r.path).Bind(4, r.state).Bind(5, r.percent)
-        .Bind(6, r.message).Bind(7, r.sender).Bind(8, r.updated).Bind(9, r.unused_since).Run();
-  }
-  Status SetPercent(const std::string& image, const std::string& disk, double percent) {
-    Stmt s(handle, "UPDATE image_copies SET percent = ?3 WHERE image = ?1 AND disk = ?2");
-    return s.Bind(1, image).Bind(2, disk).Bind(3, percent).Run();
-  }
-  Result<std::vector<ImageCopyRecord>> Copies(const std::string& image, const std::string& disk = "") {
-    std::string sql = std::string("SELECT ") + kCopyColumns +
-                      " FROM image_copies WHERE (?1 = '' OR image = ?1) AND (?2 = '' OR disk = ?2) "
-                      "ORDER BY image, disk";
-    Stmt s(handle, sql.c_str());
-    s.Bind(1, image).Bind(2, disk);
-    std::vector<ImageCopyRecord> out;
-    while (true) {
-      BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) return out;
-      out.push_back(CopyFromRow(s));
-    }
-  }
-  Result<std::vector<ImageRecord>> Images(const std::string& name) {
-    Stmt s(handle,
-           "SELECT name, source, expected_sha512, sha512, format, virtual_size, created FROM images "
-           "WHERE (?1 = '' OR name = ?1) ORDER BY name");
-    s.Bind(1, name);
-    std::vector<ImageRecord> out;
-    while (true) {
-      BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) return out;
-      out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4),
-                     static_cast<uint64_t>(s.Int(5)), s.Int(6)});
-    }
-  }
-};
 
-ImageCatalog::ImageCatalog(std::unique_ptr<Db> db) : db_(std::move(db)) {}
+ImageCatalog::ImageCatalog(std::unique_ptr<SqliteDb> db, std::string lock_dir)
+    : db_(std::move(db)), lock_dir_(std::move(lock_dir)) {}
 ImageCatalog::~ImageCatalog() = default;
 
 Result<std::unique_ptr<ImageCatalog>> ImageCatalog::Open(const std::string& db_path) {
-  std::error_code ec;
-  fs::path parent = fs::path(db_path).parent_path();
-  if (!parent.empty()) fs::create_directories(parent, ec);
-  auto db = std::make_unique<Db>();
-  if (sqlite3_open_v2(db_path.c_str(), &db->handle, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                      nullptr) != SQLITE_OK) {
-    return Error::IoError(std::string("open catalog: ") + sqlite3_errmsg(db->handle)).set_path(db_path);
-  }
-  sqlite3_busy_timeout(db->handle, 10000);
-  BARGE_RETURN_IF_ERROR(db->Exec("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON;"));
-  BARGE_RETURN_IF_ERROR(db->Exec(kSchema));
-  return std::unique_ptr<ImageCatalog>(new ImageCatalog(std::move(db)));
+  BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(db_path));
+  BARGE_RETURN_IF_ERROR(CreateOrMigrate(*db));
+  return std::unique_ptr<ImageCatalog>(
+      new ImageCatalog(std::move(db), CatalogDir(db_path) + "/locks/images"));
 }
+
+std::string ImageCatalog::LockPath(const std::string& name) const { return lock_dir_ + "/" + name + ".lock"; }
 
 Result<std::vector<ImageRecord>> ImageCatalog::Images(const std::string& name) {
   std::lock_guard lock(mu_);
-  return db_->Images(name);
+  return ImagesOf(*db_, name);
 }
 
 Result<std::vector<ImageCopyRecord>> ImageCatalog::Copies(const std::string& name) {
   std::lock_guard lock(mu_);
-  return db_->Copies(name);
+  return CopiesOf(*db_, name);
 }
 
 Result<std::vector<SenderRecord>> ImageCatalog::Senders(const std::string& name) {
   std::lock_guard lock(mu_);
-  Stmt s(db_->handle,
-         "SELECT image, sender, sends, max_concurrent FROM image_senders WHERE (?1 = '' OR image = ?1) "
-         "ORDER BY image, sender");
+  BARGE_ASSIGN_OR_RETURN(
+      auto s, db_->Prepare("SELECT image, sender, sends, max_concurrent FROM image_senders "
+                           "WHERE (?1 = '' OR image = ?1) ORDER BY image, sender"));
   s.Bind(1, name);
   std::vector<SenderRecord> out;
   while (true) {
@@ -277,6 +262,55 @@ Result<std::vector<SenderRecord>> ImageCatalog::Senders(const std::string& name)
   }
 }
 
+Result<std::vector<ImageCopyRecord>> ImageCatalog::RecoverInterrupted(const std::string& name) {
+  return Recover(name, "");
+}
+
+Result<std::vector<ImageCopyRecord>> ImageCatalog::Recover(const std::string& name, const std::string& held) {
+  std::map<std::string, std::vector<ImageCopyRecord>> gone;  // by image
+  {
+    std::lock_guard lock(mu_);
+    BARGE_ASSIGN_OR_RETURN(auto rows, CopiesOf(*db_, name, "", /*unfinished=*/true));
+    for (auto& r : rows) {
+      if (OwnerIsGone(r.owner)) gone[r.image].push_back(std::move(r));
+    }
+  }
+  std::vector<ImageCopyRecord> recovered;
+  for (auto& [image, rows] : gone) {
+    // Holding the image's lock keeps a new add or sync from claiming these
+    // rows (and writing these temporaries) while we mark and remove them.
+    // A lock held elsewhere means a live add or sync, which recovered the
+    // image's rows itself when it started.
+    std::unique_ptr<FileLock> image_lock;
+    if (image != held) {
+      if (!ValidName(image).ok()) continue;
+      auto l = FileLock::TryAcquire(LockPath(image), "image " + image + " is busy");
+      if (!l.ok()) continue;
+      image_lock = std::move(l).value();
+    }
+    for (ImageCopyRecord& r : rows) {
+      {
+        // Only if the row is still the one we judged: same state, same owner.
+        std::lock_guard lock(mu_);
+        BARGE_ASSIGN_OR_RETURN(
+            auto s, db_->Prepare("UPDATE image_copies SET state = 'failed', message = ?5, owner = '', updated = ?6 "
+                                 "WHERE image = ?1 AND disk = ?2 AND state = ?3 AND owner = ?4"));
+        BARGE_RETURN_IF_ERROR(s.Bind(1, r.image).Bind(2, r.disk).Bind(3, r.state).Bind(4, r.owner)
+                                  .Bind(5, std::string(kInterruptedMessage)).Bind(6, Now()).Run());
+        if (db_->Changes() == 0) continue;
+      }
+      // What a killed RunReplicate leaves: the hidden temporaries of the copy
+      // and of its checksum record (pipeline/staged_file.h). The final names
+      // are left alone: a replaced copy keeps its old file until the rename.
+      std::error_code ec;
+      fs::remove(pipeline::StagedTempPath(r.path), ec);
+      fs::remove(pipeline::StagedTempPath(pipeline::ReplicaRecordPath(r.path)), ec);
+      recovered.push_back(std::move(r));
+    }
+  }
+  return recovered;
+}
+
 Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::string& source,
                                           const std::string& expected_sha512, const std::string& disk,
                                           const pipeline::ReplicateOptions& options) {
@@ -284,25 +318,32 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   std::error_code ec;
   fs::create_directories(disk, ec);
   if (!fs::is_directory(disk)) return Error::InvalidArgument("disk is not a folder").set_path(disk);
-  ImageCopyRecord copy{name, DiskKey(disk), CopyPath(DiskKey(disk), name), "in-progress", 0, "", "", Now(), 0};
+  BARGE_ASSIGN_OR_RETURN(auto image_lock, FileLock::TryAcquire(LockPath(name), "an image add or sync of " + name +
+                                                                                   " is already running"));
+  BARGE_ASSIGN_OR_RETURN(auto recovered, Recover(name, name));
+  (void)recovered;
+  ImageCopyRecord copy{name, DiskKey(disk), CopyPath(DiskKey(disk), name), "in-progress", 0, "", "", Now(), 0,
+                       ProcessOwner::Self().Encode()};
   {
     std::lock_guard lock(mu_);
-    BARGE_ASSIGN_OR_RETURN(auto existing, db_->Images(name));
+    BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+    BARGE_ASSIGN_OR_RETURN(auto existing, ImagesOf(*db_, name));
     if (!existing.empty()) {
-      BARGE_ASSIGN_OR_RETURN(auto copies, db_->Copies(name));
+      BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, name));
       for (const auto& c : copies) {
         if (c.state == "ready" || c.state == "in-progress") {
           return Error::InvalidArgument("image '" + name + "' exists (has a " + c.state + " copy on " + c.disk +
                                         "); use image sync to deliver it");
         }
       }
-      Stmt del(db_->handle, "DELETE FROM images WHERE name = ?1");
+      BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare("DELETE FROM images WHERE name = ?1"));
       BARGE_RETURN_IF_ERROR(del.Bind(1, name).Run());
     }
-    Stmt ins(db_->handle,
-             "INSERT INTO images (name, source, expected_sha512, created) VALUES (?1, ?2, ?3, ?4)");
+    BARGE_ASSIGN_OR_RETURN(
+        auto ins, db_->Prepare("INSERT INTO images (name, source, expected_sha512, created) VALUES (?1, ?2, ?3, ?4)"));
     BARGE_RETURN_IF_ERROR(ins.Bind(1, name).Bind(2, source).Bind(3, expected_sha512).Bind(4, Now()).Run());
-    BARGE_RETURN_IF_ERROR(db_->SetCopy(copy));
+    BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
+    BARGE_RETURN_IF_ERROR(tx->Commit());
   }
   pipeline::ReplicateOptions o = options;
   o.expected_sha512 = expected_sha512;
@@ -312,8 +353,9 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
     copy.state = "failed";
     copy.message = e.ToString();
     copy.updated = Now();
+    copy.owner.clear();
     std::lock_guard lock(mu_);
-    BARGE_RETURN_IF_ERROR(db_->SetCopy(copy));
+    BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
     return copy;
   };
   pipeline::SourceSpec spec;
@@ -327,7 +369,7 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
     if (done < total && now - last < std::chrono::seconds(1)) return;
     last = now;
     std::lock_guard lock(mu_);
-    (void)db_->SetPercent(copy.image, copy.disk, total ? 100.0 * static_cast<double>(done) / total : 100.0);
+    (void)SetPercent(*db_, copy.image, copy.disk, total ? 100.0 * static_cast<double>(done) / total : 100.0);
   };
   std::vector<std::string> dests = {copy.path};
   auto r = pipeline::RunReplicate(*src->image, dests, o);
@@ -337,17 +379,29 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   copy.state = "ready";
   copy.percent = 100;
   copy.updated = Now();
+  copy.owner.clear();
   std::lock_guard lock(mu_);
-  Stmt up(db_->handle, "UPDATE images SET sha512 = ?2, format = ?3, virtual_size = ?4 WHERE name = ?1");
+  BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+  BARGE_ASSIGN_OR_RETURN(
+      auto up, db_->Prepare("UPDATE images SET sha512 = ?2, format = ?3, virtual_size = ?4 WHERE name = ?1"));
   BARGE_RETURN_IF_ERROR(up.Bind(1, name).Bind(2, r->sha512_hex).Bind(3, r->format)
                             .Bind(4, static_cast<int64_t>(r->virtual_size)).Run());
-  BARGE_RETURN_IF_ERROR(db_->SetCopy(copy));
+  BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
+  BARGE_RETURN_IF_ERROR(tx->Commit());
   return copy;
 }
 
 Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector<std::string>& disks,
                                       const SyncOptions& options) {
   if (options.max_sends_per_sender < 1) return Error::InvalidArgument("max sends per sender must be >= 1");
+  BARGE_RETURN_IF_ERROR(ValidName(name));
+  // One sync (or add) of an image at a time, across processes: two would
+  // both send to the same disks and each count only its own sends.
+  BARGE_ASSIGN_OR_RETURN(auto image_lock,
+                         FileLock::TryAcquire(LockPath(name), "an image sync of " + name + " is already running"));
+  BARGE_ASSIGN_OR_RETURN(auto recovered, Recover(name, name));
+  (void)recovered;
+  const std::string owner = ProcessOwner::Self().Encode();
   ImageRecord image;
   struct Sender {
     std::string path;
@@ -360,10 +414,10 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
   std::vector<std::string> keys;
   {
     std::lock_guard lock(mu_);
-    BARGE_ASSIGN_OR_RETURN(auto images, db_->Images(name));
+    BARGE_ASSIGN_OR_RETURN(auto images, ImagesOf(*db_, name));
     if (images.empty()) return Error::NotFound("no image '" + name + "' in the catalog");
     image = images[0];
-    BARGE_ASSIGN_OR_RETURN(auto copies, db_->Copies(name));
+    BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, name));
     for (const auto& c : copies) {
       auto rec = pipeline::ReadReplicaRecord(c.path);
       if (c.state == "ready" && rec.ok() && pipeline::FileMatchesRecord(c.path, *rec) && rec->sha512 == image.sha512) {
@@ -371,6 +425,7 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
       }
     }
     if (senders.empty()) return Error::NotFound("image '" + name + "' has no ready copy to send from");
+    BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
     for (const std::string& d : disks) {
       std::error_code ec;
       fs::create_directories(d, ec);
@@ -379,10 +434,11 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
       keys.push_back(key);
       std::string path = CopyPath(key, name);
       if (std::any_of(senders.begin(), senders.end(), [&](const Sender& s) { return s.path == path; })) continue;
-      ImageCopyRecord c{name, key, path, "pending", 0, "", "", Now(), 0};
-      BARGE_RETURN_IF_ERROR(db_->SetCopy(c));
+      ImageCopyRecord c{name, key, path, "pending", 0, "", "", Now(), 0, owner};
+      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
       pending.push_back(std::move(c));
     }
+    BARGE_RETURN_IF_ERROR(tx->Commit());
   }
 
   // Dispatch: the sender with the fewest active sends under the limit
@@ -403,7 +459,7 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
       if (done < total && now - last < std::chrono::seconds(1)) return;
       last = now;
       std::lock_guard lock(mu_);
-      (void)db_->SetPercent(copy.image, copy.disk, total ? 100.0 * static_cast<double>(done) / total : 100.0);
+      (void)SetPercent(*db_, copy.image, copy.disk, total ? 100.0 * static_cast<double>(done) / total : 100.0);
     };
     std::optional<Error> error;
     pipeline::SourceSpec spec;
@@ -422,9 +478,10 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
     copy.message = error ? error->ToString() : "";
     copy.percent = error ? copy.percent : 100;
     copy.updated = Now();
+    copy.owner.clear();
     {
       std::lock_guard lock(mu_);
-      (void)db_->SetCopy(copy);
+      (void)SetCopy(*db_, copy);
     }
     std::lock_guard lock(m);
     senders[sender_index].active--;
@@ -454,9 +511,10 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
       copy.state = "in-progress";
       copy.sender = s.path;
       copy.updated = Now();
+      copy.owner = owner;
       {
         std::lock_guard db_lock(mu_);
-        (void)db_->SetCopy(copy);
+        (void)SetCopy(*db_, copy);
       }
       ++running;
       threads.emplace_back(send, std::move(copy), best, s.path);
@@ -470,80 +528,82 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
   for (const Sender& s : senders) {
     if (s.sends == 0) continue;
     result.senders.push_back({name, s.path, s.sends, s.max_concurrent});
-    Stmt up(db_->handle,
-            "INSERT INTO image_senders (image, sender, sends, max_concurrent) VALUES (?1, ?2, ?3, ?4) "
-            "ON CONFLICT (image, sender) DO UPDATE SET sends = sends + ?3, "
-            "max_concurrent = MAX(max_concurrent, ?4)");
+    BARGE_ASSIGN_OR_RETURN(
+        auto up, db_->Prepare("INSERT INTO image_senders (image, sender, sends, max_concurrent) VALUES (?1, ?2, ?3, ?4) "
+                              "ON CONFLICT (image, sender) DO UPDATE SET sends = sends + ?3, "
+                              "max_concurrent = MAX(max_concurrent, ?4)"));
     BARGE_RETURN_IF_ERROR(up.Bind(1, name).Bind(2, s.path).Bind(3, int64_t{s.sends})
                               .Bind(4, int64_t{s.max_concurrent}).Run());
   }
   for (const std::string& key : keys) {
-    BARGE_ASSIGN_OR_RETURN(auto rows, db_->Copies(name, key));
+    BARGE_ASSIGN_OR_RETURN(auto rows, CopiesOf(*db_, name, key));
     for (auto& r : rows) result.copies.push_back(std::move(r));
   }
   return result;
 }
 
 Status ImageCatalog::Rescan(const std::vector<std::string>& disks_arg) {
+  BARGE_ASSIGN_OR_RETURN(auto recovered, Recover("", ""));
+  (void)recovered;
   std::lock_guard lock(mu_);
   std::vector<std::string> disks;
   for (const auto& d : disks_arg) disks.push_back(DiskKey(d));
   if (disks.empty()) {
-    BARGE_ASSIGN_OR_RETURN(auto copies, db_->Copies(""));
+    BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, ""));
     for (const auto& c : copies) {
       if (std::find(disks.begin(), disks.end(), c.disk) == disks.end()) disks.push_back(c.disk);
     }
   }
-  BARGE_RETURN_IF_ERROR(db_->Exec("BEGIN IMMEDIATE"));
-  auto body = [&]() -> Status {
-    for (const std::string& disk : disks) {
-      Stmt del(db_->handle, "DELETE FROM image_copies WHERE disk = ?1");
-      BARGE_RETURN_IF_ERROR(del.Bind(1, disk).Run());
-      std::error_code ec;
-      if (!fs::is_directory(disk, ec)) continue;
-      const std::string suffix = ".sha512.json";
-      for (const auto& e : fs::directory_iterator(disk, ec)) {
-        std::string fname = e.path().filename().string();
-        if (fname.size() <= suffix.size() || fname.compare(fname.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-        std::string name = fname.substr(0, fname.size() - suffix.size());
-        if (!ValidName(name).ok()) continue;
-        std::string path = CopyPath(disk, name);
-        auto rec = pipeline::ReadReplicaRecord(path);
-        ImageCopyRecord c{name, disk, path, "ready", 100, "", "", Now(), 0};
-        if (!rec.ok()) {
-          c.state = "failed";
-          c.percent = 0;
-          c.message = rec.error().ToString();
-        } else if (!pipeline::FileMatchesRecord(path, *rec)) {
-          c.state = "failed";
-          c.percent = 0;
-          c.message = "file missing or changed since its checksum record";
-        }
-        Stmt ins(db_->handle,
-                 "INSERT INTO images (name, source, sha512, format, virtual_size, created) "
-                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (name) DO UPDATE SET "
-                 "sha512 = CASE WHEN sha512 = '' THEN ?3 ELSE sha512 END");
-        BARGE_RETURN_IF_ERROR(ins.Bind(1, name).Bind(2, rec.ok() ? rec->source : std::string())
-                                  .Bind(3, rec.ok() ? rec->sha512 : std::string())
-                                  .Bind(4, rec.ok() ? rec->format : std::string())
-                                  .Bind(5, static_cast<int64_t>(rec.ok() ? rec->virtual_size : 0))
-                                  .Bind(6, Now()).Run());
-        BARGE_RETURN_IF_ERROR(db_->SetCopy(c));
-      }
+  BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+  for (const std::string& disk : disks) {
+    // Pending and in-progress rows left after the recovery belong to a live
+    // add or sync (or to another host): kept as they are, file or not.
+    std::set<std::string> live;  // images
+    {
+      BARGE_ASSIGN_OR_RETURN(auto rows, CopiesOf(*db_, "", disk, /*unfinished=*/true));
+      for (const auto& r : rows) live.insert(r.image);
     }
-    return OkStatus();
-  };
-  Status s = body();
-  if (!s.ok()) {
-    (void)db_->Exec("ROLLBACK");
-    return s;
+    BARGE_ASSIGN_OR_RETURN(
+        auto del, db_->Prepare("DELETE FROM image_copies WHERE disk = ?1 AND state NOT IN ('pending', 'in-progress')"));
+    BARGE_RETURN_IF_ERROR(del.Bind(1, disk).Run());
+    std::error_code ec;
+    if (!fs::is_directory(disk, ec)) continue;
+    const std::string suffix = ".sha512.json";
+    for (const auto& e : fs::directory_iterator(disk, ec)) {
+      std::string fname = e.path().filename().string();
+      if (fname.size() <= suffix.size() || fname.compare(fname.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      std::string name = fname.substr(0, fname.size() - suffix.size());
+      if (!ValidName(name).ok() || live.count(name)) continue;
+      std::string path = CopyPath(disk, name);
+      auto rec = pipeline::ReadReplicaRecord(path);
+      ImageCopyRecord c{name, disk, path, "ready", 100, "", "", Now(), 0, ""};
+      if (!rec.ok()) {
+        c.state = "failed";
+        c.percent = 0;
+        c.message = rec.error().ToString();
+      } else if (!pipeline::FileMatchesRecord(path, *rec)) {
+        c.state = "failed";
+        c.percent = 0;
+        c.message = "file missing or changed since its checksum record";
+      }
+      BARGE_ASSIGN_OR_RETURN(
+          auto ins, db_->Prepare("INSERT INTO images (name, source, sha512, format, virtual_size, created) "
+                                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (name) DO UPDATE SET "
+                                 "sha512 = CASE WHEN sha512 = '' THEN ?3 ELSE sha512 END"));
+      BARGE_RETURN_IF_ERROR(ins.Bind(1, name).Bind(2, rec.ok() ? rec->source : std::string())
+                                .Bind(3, rec.ok() ? rec->sha512 : std::string())
+                                .Bind(4, rec.ok() ? rec->format : std::string())
+                                .Bind(5, static_cast<int64_t>(rec.ok() ? rec->virtual_size : 0))
+                                .Bind(6, Now()).Run());
+      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
+    }
   }
-  return db_->Exec("COMMIT");
+  return tx->Commit();
 }
 
 Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for) {
   std::lock_guard lock(mu_);
-  BARGE_ASSIGN_OR_RETURN(auto copies, db_->Copies(""));
+  BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, ""));
   CleanupResult result;
   int64_t now = Now();
   for (ImageCopyRecord& c : copies) {
@@ -562,20 +622,20 @@ Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for) {
     if (used) {
       c.unused_since = 0;
       result.in_use.push_back(c.path);
-      BARGE_RETURN_IF_ERROR(db_->SetCopy(c));
+      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
       continue;
     }
     if (c.unused_since == 0) c.unused_since = c.updated;
     if (now - c.unused_since < unused_for.count()) {
       result.waiting.push_back(c.path);
-      BARGE_RETURN_IF_ERROR(db_->SetCopy(c));
+      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
       continue;
     }
     // The record goes first: a file without one is never taken as ready.
     fs::remove(pipeline::ReplicaRecordPath(c.path), ec);
     fs::remove(c.path, ec);
     if (ec) return Error::FromErrno(ec.value(), "remove", c.path);
-    Stmt del(db_->handle, "DELETE FROM image_copies WHERE image = ?1 AND disk = ?2");
+    BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare("DELETE FROM image_copies WHERE image = ?1 AND disk = ?2"));
     BARGE_RETURN_IF_ERROR(del.Bind(1, c.image).Bind(2, c.disk).Run());
     result.removed.push_back(c.path);
   }

@@ -2,7 +2,10 @@
 // copy (pending, in-progress with percent, ready, failed with a message),
 // kept in SQLite and rebuildable by scanning the disks' checksum records.
 // Delivery sends from ready copies, at most N (3) concurrent sends per
-// sender, fewest active sends first. Schema: docs/replication.md.
+// sender, fewest active sends first. Add and sync of one image exclude each
+// other across processes (a lock file per image); rows left pending or
+// in-progress by a process that is gone are marked failed. Schema and
+// locking: docs/replication.md.
 #pragma once
 
 #include <chrono>
@@ -17,6 +20,8 @@
 #include "pipeline/replicate.h"
 
 namespace barge::orchestrate {
+
+class SqliteDb;
 
 struct ImageRecord {
   std::string name;
@@ -38,7 +43,15 @@ struct ImageCopyRecord {
   std::string sender;    // path of the copy it was sent from ("" = from the source)
   int64_t updated = 0;       // Unix seconds of the last state change
   int64_t unused_since = 0;  // Unix seconds; 0 = in use or not checked yet
+  // Pending and in-progress rows: the process that will send or is sending
+  // the copy (ProcessOwner::Encode() of orchestrate/file_lock.h); "" in
+  // other states.
+  std::string owner;
 };
+
+// The message of a copy whose sending process is gone (killed, crashed,
+// machine rebooted) while it was pending or in progress.
+inline constexpr const char* kInterruptedMessage = "interrupted (the sending process is gone)";
 
 struct SenderRecord {
   std::string image;
@@ -63,7 +76,8 @@ struct CleanupResult {
   std::vector<std::string> waiting;  // kept: unused for less than the interval
 };
 
-// Thread-safe (one connection behind a mutex).
+// Thread-safe (one connection behind a mutex). Several processes may use
+// one catalog at once (SQLite WAL; the per-image lock for add and sync).
 class ImageCatalog {
  public:
   // Opens (creating file, folder and schema) the catalog at `db_path`.
@@ -75,22 +89,39 @@ class ImageCatalog {
   // Prepares the first ready copy of `name` from `source` in `disk`
   // (DISK/NAME), checked against `expected_sha512` if given. An image of
   // that name must not exist yet, unless re-adding to a disk that failed.
+  // Holds the image's lock throughout (kInvalidArgument, retryable, when
+  // another add or sync of `name` holds it) and first recovers the image's
+  // interrupted rows.
   // Returns the copy's record (state ready or failed, with the message).
   Result<ImageCopyRecord> Add(const std::string& name, const std::string& source,
                               const std::string& expected_sha512, const std::string& disk,
                               const pipeline::ReplicateOptions& options);
   // Delivers `name` to every disk in `disks` that lacks a ready copy, from
   // ready copies (copies that become ready send too). Each send checks the
-  // image's SHA-512. kNotFound without a ready copy.
+  // image's SHA-512. Holds the image's lock throughout: kInvalidArgument,
+  // retryable ("an image sync of NAME is already running"), at once when
+  // another process (or another call in this one) syncs or adds `name`.
+  // Recovers the image's interrupted rows first, so they are sent again.
+  // kNotFound without a ready copy.
   Result<SyncResult> Sync(const std::string& name, const std::vector<std::string>& disks,
                           const SyncOptions& options);
+  // Marks failed (kInterruptedMessage) every pending or in-progress copy of
+  // `name` (every image when "") whose owner is gone (OwnerIsGone), and
+  // removes the stale temporary files (".NAME.barge-tmp") of the copy and of
+  // its checksum record. An image whose lock another add or sync holds is
+  // skipped: that process recovered its rows when it started, and the rows
+  // now pending or in progress are its own. Rows of a live process are never
+  // touched. Returns the rows it marked (their state before).
+  Result<std::vector<ImageCopyRecord>> RecoverInterrupted(const std::string& name = "");
   // Every image, or one.
   Result<std::vector<ImageRecord>> Images(const std::string& name = "");
   Result<std::vector<ImageCopyRecord>> Copies(const std::string& name = "");
   Result<std::vector<SenderRecord>> Senders(const std::string& name = "");
   // Rebuilds the copies of `disks` (all known disks when empty) from their
   // checksum records: a file whose record matches is ready, one that does
-  // not is failed; rows without a file are dropped.
+  // not is failed; rows without a file are dropped. Recovers interrupted
+  // rows first; pending and in-progress rows of a live process are kept
+  // as they are.
   Status Rescan(const std::vector<std::string>& disks);
   // Removes ready copies that no qcow2 in their disk's folder uses as its
   // backing file and that have been unused for at least `unused_for`
@@ -99,10 +130,16 @@ class ImageCatalog {
   Result<CleanupResult> Cleanup(std::chrono::seconds unused_for);
 
  private:
-  struct Db;
-  explicit ImageCatalog(std::unique_ptr<Db> db);
+  ImageCatalog(std::unique_ptr<SqliteDb> db, std::string lock_dir);
+  // The image's lock file: <catalog folder>/locks/images/NAME.lock.
+  std::string LockPath(const std::string& name) const;
+  // RecoverInterrupted, where the caller already holds the lock of image
+  // `held` ("" for none).
+  Result<std::vector<ImageCopyRecord>> Recover(const std::string& name, const std::string& held);
+
   std::mutex mu_;
-  std::unique_ptr<Db> db_;  // guarded by mu_
+  std::unique_ptr<SqliteDb> db_;  // guarded by mu_
+  const std::string lock_dir_;
 };
 
 // "90s", "15m", "2h", "7d", "0"; kInvalidArgument otherwise.

@@ -1,0 +1,190 @@
+// ImageCatalog across processes: an old catalog gains the owner column;
+// pending and in-progress rows of gone owners are marked interrupted (their
+// temporaries removed), those of live or remote owners are left alone; the
+// per-image lock refuses a second sync and holds back recovery.
+#include "orchestrate/image_catalog.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <tuple>
+
+#include "orchestrate/file_lock.h"
+#include "orchestrate/sqlite_db.h"
+#include "tests/testing/testing.h"
+
+namespace barge::orchestrate {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The image_copies table as versions before the owner column made it.
+constexpr const char* kOldSchema = R"sql(
+CREATE TABLE images (name TEXT PRIMARY KEY, source TEXT NOT NULL, expected_sha512 TEXT NOT NULL DEFAULT '',
+  sha512 TEXT NOT NULL DEFAULT '', format TEXT NOT NULL DEFAULT '', virtual_size INTEGER NOT NULL DEFAULT 0,
+  created INTEGER NOT NULL);
+CREATE TABLE image_copies (image TEXT NOT NULL REFERENCES images(name) ON DELETE CASCADE, disk TEXT NOT NULL,
+  path TEXT NOT NULL, state TEXT NOT NULL CHECK (state IN ('pending', 'in-progress', 'ready', 'failed')),
+  percent REAL NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '', sender TEXT NOT NULL DEFAULT '',
+  updated INTEGER NOT NULL, unused_since INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (image, disk));
+CREATE TABLE image_senders (image TEXT NOT NULL REFERENCES images(name) ON DELETE CASCADE, sender TEXT NOT NULL,
+  sends INTEGER NOT NULL DEFAULT 0, max_concurrent INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (image, sender));
+)sql";
+
+class ImageCatalogTest : public ::testing::Test {
+ protected:
+  std::string Db() const { return dir_ / "catalog.db"; }
+  std::string Disk(const std::string& name) const {
+    fs::create_directories(dir_ / name);
+    return fs::canonical(dir_ / name).string();
+  }
+  // A hidden temporary as a killed RunReplicate leaves it.
+  std::string Temp(const std::string& disk, const std::string& name) const {
+    std::string t = disk + "/." + name + ".barge-tmp";
+    barge::testing::WriteFile(t, barge::testing::RandomBytes(4096, 1));
+    return t;
+  }
+  std::map<std::string, ImageCopyRecord> CopiesByDisk(ImageCatalog& c, const std::string& image) {
+    auto copies = c.Copies(image);
+    EXPECT_TRUE(copies.ok());
+    std::map<std::string, ImageCopyRecord> out;
+    if (copies.ok()) {
+      for (auto& r : *copies) out[r.disk] = r;
+    }
+    return out;
+  }
+  barge::testing::TempDir dir_;
+};
+
+TEST_F(ImageCatalogTest, OldCatalogGainsOwnerAndItsUnownedRowsAreInterrupted) {
+  std::string a = Disk("a"), b = Disk("b");
+  std::string temp = Temp(a, "base");
+  {
+    auto db = SqliteDb::Open(Db());
+    ASSERT_TRUE(db.ok()) << db.error().ToString();
+    ASSERT_TRUE((*db)->Exec(kOldSchema).ok());
+    ASSERT_TRUE((*db)->Exec("INSERT INTO images (name, source, created) VALUES ('base', '/src', 1);").ok());
+    std::string rows = "INSERT INTO image_copies (image, disk, path, state, percent, updated) VALUES "
+                       "('base', '" + a + "', '" + a + "/base', 'in-progress', 37.5, 1), "
+                       "('base', '" + b + "', '" + b + "/base', 'ready', 100, 1);";
+    ASSERT_TRUE((*db)->Exec(rows).ok());
+  }
+  auto cat = ImageCatalog::Open(Db());
+  ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+  auto before = CopiesByDisk(**cat, "base");
+  EXPECT_EQ(before[a].state, "in-progress");
+  EXPECT_EQ(before[a].percent, 37.5);
+  EXPECT_EQ(before[a].owner, "");
+
+  auto recovered = (*cat)->RecoverInterrupted();
+  ASSERT_TRUE(recovered.ok()) << recovered.error().ToString();
+  ASSERT_EQ(recovered->size(), 1u);
+  EXPECT_EQ((*recovered)[0].disk, a);
+  auto after = CopiesByDisk(**cat, "base");
+  EXPECT_EQ(after[a].state, "failed");
+  EXPECT_EQ(after[a].message, kInterruptedMessage);
+  EXPECT_EQ(after[a].percent, 37.5);
+  EXPECT_EQ(after[b].state, "ready");
+  EXPECT_FALSE(fs::exists(temp));
+
+  // Opening again (already migrated) changes nothing.
+  cat->reset();
+  auto again = ImageCatalog::Open(Db());
+  ASSERT_TRUE(again.ok()) << again.error().ToString();
+  EXPECT_EQ(CopiesByDisk(**again, "base")[a].state, "failed");
+}
+
+TEST_F(ImageCatalogTest, OnlyGoneOwnersAreRecovered) {
+  std::string live = Disk("live"), remote = Disk("remote"), dead = Disk("dead"), queued = Disk("queued");
+  ProcessOwner self = ProcessOwner::Self();
+  ProcessOwner elsewhere = self;
+  elsewhere.host += "-elsewhere";
+  elsewhere.pid = 1;
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  auto child_owner = ProcessOwner::Of(child);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(child_owner.ok());
+
+  auto cat = ImageCatalog::Open(Db());
+  ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+  {
+    auto db = SqliteDb::Open(Db());
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("INSERT INTO images (name, source, created) VALUES ('base', '/src', 1);").ok());
+    auto st = (*db)->Prepare("INSERT INTO image_copies (image, disk, path, state, updated, owner) "
+                             "VALUES ('base', ?1, ?1 || '/base', ?2, 1, ?3)");
+    ASSERT_TRUE(st.ok());
+    for (auto [disk, state, owner] : {std::tuple{live, "in-progress", self.Encode()},
+                                      std::tuple{remote, "in-progress", elsewhere.Encode()},
+                                      std::tuple{dead, "in-progress", child_owner->Encode()},
+                                      std::tuple{queued, "pending", child_owner->Encode()}}) {
+      ASSERT_TRUE(st->Bind(1, disk).Bind(2, state).Bind(3, owner).Run().ok());
+      ASSERT_TRUE(st->Reset().ok());
+    }
+  }
+  std::string live_temp = Temp(live, "base"), remote_temp = Temp(remote, "base"), dead_temp = Temp(dead, "base");
+
+  // While another process (here: another lock) holds the image, nothing is
+  // touched: that add or sync owns the image's rows.
+  {
+    auto held = FileLock::TryAcquire(dir_ / "locks/images/base.lock", "busy");
+    ASSERT_TRUE(held.ok()) << held.error().ToString();
+    auto r = (*cat)->RecoverInterrupted("base");
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    EXPECT_TRUE(r->empty());
+    EXPECT_EQ(CopiesByDisk(**cat, "base")[dead].state, "in-progress");
+    EXPECT_TRUE(fs::exists(dead_temp));
+  }
+
+  auto r = (*cat)->RecoverInterrupted("base");
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->size(), 2u);
+  auto rows = CopiesByDisk(**cat, "base");
+  EXPECT_EQ(rows[live].state, "in-progress");
+  EXPECT_EQ(rows[live].owner, self.Encode());
+  EXPECT_EQ(rows[remote].state, "in-progress");
+  EXPECT_EQ(rows[dead].state, "failed");
+  EXPECT_EQ(rows[dead].message, kInterruptedMessage);
+  EXPECT_EQ(rows[dead].owner, "");
+  EXPECT_EQ(rows[queued].state, "failed");
+  EXPECT_TRUE(fs::exists(live_temp));
+  EXPECT_TRUE(fs::exists(remote_temp));
+  EXPECT_FALSE(fs::exists(dead_temp));
+
+  // Nothing more to do the second time.
+  r = (*cat)->RecoverInterrupted();
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->empty());
+}
+
+TEST_F(ImageCatalogTest, SyncOfALockedImageIsRefusedAtOnce) {
+  auto cat = ImageCatalog::Open(Db());
+  ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+  auto held = FileLock::TryAcquire(dir_ / "locks/images/base.lock", "busy");
+  ASSERT_TRUE(held.ok());
+  auto r = (*cat)->Sync("base", {Disk("a")}, SyncOptions{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(r.error().retryable());
+  EXPECT_EQ(r.error().message(), "an image sync of base is already running");
+  held->reset();
+  // Free again: now it fails for its real reason.
+  r = (*cat)->Sync("base", {Disk("a")}, SyncOptions{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), ErrorCode::kNotFound) << r.error().ToString();
+  // Names that could leave the lock folder are refused before any lock.
+  EXPECT_EQ((*cat)->Sync("../x", {Disk("a")}, SyncOptions{}).error().code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace barge::orchestrate
