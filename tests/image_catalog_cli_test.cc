@@ -2,10 +2,20 @@
 // backing image added on one disk, delivered to four more with at most three
 // concurrent sends per ready copy, status per disk, cleanup that keeps used
 // copies and removes unused ones only after the interval, and a catalog
-// rebuilt from the disks.
+// rebuilt from the disks. Across processes: a sync killed mid-send is marked
+// interrupted and redone; a second sync of the same image is refused while
+// syncs of different images run side by side.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -110,6 +120,188 @@ TEST(ImageCatalogCliTest, WrongChecksumIsFailedWithMessage) {
   EXPECT_FALSE(fs::exists(c.Disk(0) + "/base"));
   // Sync has nothing to send from.
   EXPECT_NE(testing::Run(c.Cmd("sync base --disks " + ShellQuote(c.Disk(1)))).exit_code, 0);
+}
+
+// A background barge process (stdout and stderr on /dev/null), killed and
+// reaped by the destructor if the test did not wait for it (a failed ASSERT
+// must not leave a stopped process behind).
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& argv) {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Waits (up to 60 s) until the process has written to the temporary of
+  // `copy_path` (".NAME.barge-tmp"), then stops it (SIGSTOP): the send is
+  // caught in the middle whatever the machine's speed. False if the process
+  // ended first.
+  bool StopMidSend(const std::string& copy_path) {
+    fs::path p(copy_path);
+    std::string temp = (p.parent_path() / ("." + p.filename().string() + ".barge-tmp")).string();
+    for (int i = 0; i < 60000; ++i) {
+      std::error_code ec;
+      uintmax_t size = fs::file_size(temp, ec);
+      if (!ec && size > 0) return ::kill(pid_, SIGSTOP) == 0;
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+  void Signal(int sig) { ::kill(pid_, sig); }
+  // Exit code, or 128 + signal.
+  int Wait() {
+    int status = 0;
+    pid_t pid = std::exchange(pid_, -1);
+    if (::waitpid(pid, &status, 0) != pid) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// A 256 MiB image beside the small one: big enough that a throttled send
+// (one thread, small buffers, a verifying re-read) takes a while.
+struct BigCatalog : Catalog {
+  std::string big_src = dir / "big.raw";
+  BigCatalog() {
+    testing::WriteFile(big_src, testing::RandomBytes(256 * kMiB, 7));
+    RunOk(Cmd("add big --source " + ShellQuote(big_src) + " --disk " + ShellQuote(Disk(0))));
+  }
+  // Disk i, created, as the catalog names it (canonical path).
+  std::string DiskKey(int i) const {
+    fs::create_directories(Disk(i));
+    return fs::canonical(Disk(i)).string();
+  }
+  std::vector<std::string> SlowSync(const std::string& name, const std::string& disks) const {
+    return {testing::BargeBinary(), "image", "sync", name, "--disks", disks, "--catalog", db,
+            "--threads", "1", "--memory", "8M", "--verify"};
+  }
+};
+
+json CopyOn(const json& status, const std::string& disk) {
+  for (const auto& cp : status[0]["copies"]) {
+    if (cp["disk"] == disk) return cp;
+  }
+  return json();
+}
+
+TEST(ImageCatalogCliTest, KilledSyncIsInterruptedAndRedone) {
+  BigCatalog c;
+  std::string disk = c.DiskKey(1);
+  std::string copy = disk + "/big";
+  std::string temp = disk + "/.big.barge-tmp";
+
+  Child sync(c.SlowSync("big", disk));
+  ASSERT_TRUE(sync.StopMidSend(copy)) << "the sync finished before it could be caught mid-send";
+
+  // While its process lives (stopped here), the copy stays in progress,
+  // owned by it, and its temporary stays: only gone owners are recovered.
+  json status = json::parse(RunOk(c.Cmd("status big --json")));
+  json cp = CopyOn(status, disk);
+  EXPECT_EQ(cp["state"], "in-progress") << status.dump();
+  EXPECT_EQ(cp.value("owner", "").rfind("pid=" + std::to_string(sync.pid()) + " ", 0), 0u) << cp.dump();
+  EXPECT_TRUE(fs::exists(temp));
+
+  sync.Signal(SIGKILL);
+  ASSERT_EQ(sync.Wait(), 128 + SIGKILL);
+
+  status = json::parse(RunOk(c.Cmd("status big --json")));
+  cp = CopyOn(status, disk);
+  EXPECT_EQ(cp["state"], "failed") << status.dump();
+  EXPECT_EQ(cp.value("message", ""), "interrupted (the sending process is gone)") << cp.dump();
+  EXPECT_FALSE(cp.contains("owner")) << cp.dump();
+  EXPECT_FALSE(fs::exists(copy));
+  for (const auto& e : fs::directory_iterator(disk)) {
+    EXPECT_FALSE(e.path().filename().string().ends_with(".barge-tmp")) << e.path();
+  }
+
+  // The next sync sends it again.
+  json result = json::parse(RunOk(c.Cmd("sync big --json --disks " + ShellQuote(disk))));
+  ASSERT_EQ(result["copies"].size(), 1u) << result.dump();
+  EXPECT_EQ(result["copies"][0]["state"], "ready") << result.dump();
+  RunOk("cmp " + ShellQuote(c.big_src) + " " + ShellQuote(copy));
+  status = json::parse(RunOk(c.Cmd("status big --json")));
+  for (const auto& each : status[0]["copies"]) EXPECT_EQ(each["state"], "ready") << status.dump();
+}
+
+TEST(ImageCatalogCliTest, RescanKeepsALiveSyncAndRecoversAKilledOne) {
+  BigCatalog c;
+  std::string disk = c.DiskKey(1);
+  Child sync(c.SlowSync("big", disk));
+  ASSERT_TRUE(sync.StopMidSend(disk + "/big")) << "the sync finished before it could be caught mid-send";
+  // The live sync's row has no file or record yet; rescan keeps it.
+  json status = json::parse(RunOk(c.Cmd("rescan --json --disks " + ShellQuote(disk))));
+  EXPECT_EQ(CopyOn(status, disk)["state"], "in-progress") << status.dump();
+  EXPECT_TRUE(fs::exists(disk + "/.big.barge-tmp"));
+  sync.Signal(SIGKILL);
+  ASSERT_EQ(sync.Wait(), 128 + SIGKILL);
+  // Once it is gone, rescan removes its temporary, and rebuilds the disk
+  // from its records: there is none, so no row.
+  status = json::parse(RunOk(c.Cmd("rescan --json --disks " + ShellQuote(disk))));
+  EXPECT_TRUE(CopyOn(status, disk).is_null()) << status.dump();
+  EXPECT_FALSE(fs::exists(disk + "/.big.barge-tmp"));
+}
+
+TEST(ImageCatalogCliTest, SecondSyncOfAnImageIsRefusedOthersRunAlongside) {
+  BigCatalog c;
+  RunOk(c.Cmd("add small --source " + ShellQuote(c.src) + " --disk " + ShellQuote(c.Disk(0))));
+  std::string disks = c.DiskKey(1) + "," + c.DiskKey(2);
+  Child first(c.SlowSync("big", disks));
+  ASSERT_TRUE(first.StopMidSend(c.DiskKey(1) + "/big")) << "the sync finished before it could be caught mid-send";
+
+  // The same image: refused at once, whatever the disks.
+  auto t0 = std::chrono::steady_clock::now();
+  auto busy = testing::Run(c.Cmd("sync big --disks " + ShellQuote(c.Disk(3))));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_NE(busy.exit_code, 0);
+  EXPECT_NE(busy.output.find("an image sync of big is already running"), std::string::npos) << busy.output;
+  EXPECT_FALSE(fs::exists(c.Disk(3) + "/big"));
+
+  // Another image: runs to the end while the first is still mid-send.
+  json other = json::parse(RunOk(c.Cmd("sync small --json --disks " + ShellQuote(disks))));
+  ASSERT_EQ(other["copies"].size(), 2u) << other.dump();
+  for (const auto& cp : other["copies"]) EXPECT_EQ(cp["state"], "ready") << cp.dump();
+
+  first.Signal(SIGCONT);
+  EXPECT_EQ(first.Wait(), 0);
+  json status = json::parse(RunOk(c.Cmd("status --json")));
+  ASSERT_EQ(status.size(), 2u) << status.dump();
+  for (const auto& image : status) {
+    EXPECT_EQ(image["copies"].size(), 3u) << image.dump();
+    for (const auto& cp : image["copies"]) EXPECT_EQ(cp["state"], "ready") << cp.dump();
+    // Each sender within the 3-send limit.
+    for (const auto& s : image["senders"]) EXPECT_LE(s["max_concurrent"].get<int>(), 3) << image.dump();
+  }
+  for (int i : {1, 2}) {
+    RunOk("cmp " + ShellQuote(c.big_src) + " " + ShellQuote(c.Disk(i) + "/big"));
+    RunOk("cmp " + ShellQuote(c.src) + " " + ShellQuote(c.Disk(i) + "/small"));
+  }
+  // With the first done, the image syncs again.
+  RunOk(c.Cmd("sync big --disks " + ShellQuote(c.Disk(3))));
 }
 
 }  // namespace
