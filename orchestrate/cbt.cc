@@ -4,7 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -44,7 +48,8 @@ Result<std::optional<CbtRow>> LoadRow(BackupCatalog& catalog, const std::string&
   json a = json::parse(st.Text(2), nullptr, false);
   if (a.is_array()) {
     for (const auto& j : a) {
-      r.disks.push_back({j.value("disk", ""), j.value("data_file", ""), j.value("overlay", "")});
+      r.disks.push_back({j.value("disk", ""), j.value("data_file", ""), j.value("overlay", ""),
+                         j.value("original_owner", "")});
     }
   }
   return std::optional<CbtRow>(std::move(r));
@@ -69,6 +74,59 @@ std::string SwitchDisk(const DomainDisk& d, const std::string& new_format, const
 }
 
 Result<VirDomain> Domain(virConnectPtr conn, const std::string& name) { return LookupDomain(conn, name); }
+
+// "+uid:+gid" -> {uid, gid}.
+std::optional<std::pair<uid_t, gid_t>> ParseDacLabel(std::string label) {
+  label.erase(std::remove(label.begin(), label.end(), '+'), label.end());
+  size_t colon = label.find(':');
+  if (colon == std::string::npos) return std::nullopt;
+  try {
+    return std::make_pair(static_cast<uid_t>(std::stoul(label.substr(0, colon))),
+                          static_cast<gid_t>(std::stoul(label.substr(colon + 1))));
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+// The text of the first <tag ...>TEXT</tag> at or after `from`.
+std::string ElementText(const std::string& xml, const std::string& tag, size_t from = 0) {
+  size_t a = xml.find("<" + tag, from);
+  if (a == std::string::npos) return "";
+  a = xml.find('>', a);
+  size_t b = xml.find("</" + tag + ">", a);
+  if (a == std::string::npos || b == std::string::npos) return "";
+  return xml.substr(a + 1, b - a - 1);
+}
+
+// The user and group QEMU runs as for this domain under libvirt's DAC
+// model: the domain's own static DAC label if it has one, else the
+// driver's base label for the domain type from the capabilities.
+std::optional<std::pair<uid_t, gid_t>> QemuDacOwner(virConnectPtr conn, const std::string& domain_xml) {
+  for (size_t p = domain_xml.find("<seclabel"); p != std::string::npos; p = domain_xml.find("<seclabel", p + 1)) {
+    size_t end = domain_xml.find('>', p);
+    std::string open = domain_xml.substr(p, end - p);
+    if (open.find("model='dac'") == std::string::npos && open.find("model=\"dac\"") == std::string::npos) continue;
+    if (auto owner = ParseDacLabel(ElementText(domain_xml, "label", p))) return owner;
+  }
+  char* caps = virConnectGetCapabilities(conn);
+  if (caps == nullptr) return std::nullopt;
+  std::string c(caps);
+  free(caps);
+  std::string type = domain_xml.find("type='kvm'") != std::string::npos ? "kvm" : "qemu";
+  size_t dac = c.find("<model>dac</model>");
+  if (dac == std::string::npos) return std::nullopt;
+  size_t label = c.find("<baselabel type='" + type + "'>", dac);
+  if (label == std::string::npos) return std::nullopt;
+  return ParseDacLabel(ElementText(c, "baselabel", label));
+}
+
+// True when `owner` can read and write the file as its mode bits stand.
+bool OwnerCanReadWrite(const struct stat& st, std::pair<uid_t, gid_t> owner) {
+  if (owner.first == 0) return true;
+  if (st.st_uid == owner.first) return (st.st_mode & S_IRUSR) && (st.st_mode & S_IWUSR);
+  if (st.st_gid == owner.second) return (st.st_mode & S_IRGRP) && (st.st_mode & S_IWGRP);
+  return (st.st_mode & S_IROTH) && (st.st_mode & S_IWOTH);
+}
 
 }  // namespace
 
@@ -114,8 +172,16 @@ Result<CbtStatus> EnableCbt(const CbtRequest& req) {
 
   std::string new_xml = xml;
   std::vector<CbtDisk> done;
+  // libvirt 9 labels the overlay when the domain starts but not the data
+  // file QEMU then opens by itself: hand the raw disk to QEMU's user now
+  // (as libvirt's dynamic ownership would for the raw disk itself) and give
+  // it back on disable.
+  const auto qemu_owner = QemuDacOwner(conn.get(), xml);
   auto undo = [&] {
-    for (const auto& d : done) fs::remove(d.overlay, ec);
+    for (const auto& d : done) {
+      fs::remove(d.overlay, ec);
+      if (auto o = ParseDacLabel(d.original_owner)) (void)::chown(d.data_file.c_str(), o->first, o->second);
+    }
   };
   for (const auto& d : ParseDomainDisks(xml)) {
     if (d.format != "raw" || d.source_type != "file" || d.source.empty()) continue;
@@ -148,10 +214,18 @@ Result<CbtStatus> EnableCbt(const CbtRequest& req) {
       undo();
       return Error(s.error()).Wrap("CBT overlay for " + d.target);
     }
-    // QEMU opens the data file itself (libvirt 9 does not label it): give
-    // it the overlay's owner once libvirt labels that.
     ::chmod(overlay.c_str(), 0644);
-    done.push_back({d.target, data, overlay});
+    done.push_back({d.target, data, overlay, ""});
+    if (qemu_owner && !OwnerCanReadWrite(st, *qemu_owner)) {
+      if (::chown(data.c_str(), qemu_owner->first, qemu_owner->second) != 0) {
+        Error e = Error::FromErrno(errno, "give QEMU's user (" + std::to_string(qemu_owner->first) + ":" +
+                                              std::to_string(qemu_owner->second) + ") the raw disk",
+                                   data);
+        undo();
+        return e.Wrap("CBT for " + d.target + " (run as root, or let that user read and write the file)");
+      }
+      done.back().original_owner = std::to_string(st.st_uid) + ":" + std::to_string(st.st_gid);
+    }
     new_xml = ReplaceOnce(new_xml, d.element, SwitchDisk(d, "qcow2", overlay));
   }
   if (done.empty()) return Error::InvalidArgument("domain '" + req.domain + "' has no raw file disks");
@@ -163,7 +237,10 @@ Result<CbtStatus> EnableCbt(const CbtRequest& req) {
   }
   virDomainFree(defined);
   json disks = json::array();
-  for (const auto& d : done) disks.push_back({{"disk", d.disk}, {"data_file", d.data_file}, {"overlay", d.overlay}});
+  for (const auto& d : done) {
+    disks.push_back({{"disk", d.disk}, {"data_file", d.data_file}, {"overlay", d.overlay},
+                     {"original_owner", d.original_owner}});
+  }
   BARGE_ASSIGN_OR_RETURN(auto ins, catalog->db().Prepare(
       "INSERT INTO vm_cbt(domain, state_dir, original_xml, disks, enabled_at) VALUES(?,?,?,?,?)"));
   ins.Bind(1, req.domain).Bind(2, state_dir).Bind(3, xml).Bind(4, disks.dump()).Bind(5, formats::NowRfc3339());
@@ -192,6 +269,11 @@ Result<CbtStatus> DisableCbt(const CbtRequest& req) {
   if (!DomainIsActive(dom.get())) {
     std::error_code ec;
     for (const auto& d : row->disks) fs::remove(d.overlay, ec);
+  }
+  // The raw disk goes back to its owner from before enable (libvirt's own
+  // dynamic ownership takes over again for the raw disk).
+  for (const auto& d : row->disks) {
+    if (auto o = ParseDacLabel(d.original_owner)) (void)::chown(d.data_file.c_str(), o->first, o->second);
   }
   return GetCbtStatus(req);
 }

@@ -20,6 +20,9 @@ struct CbtDisk {
   std::string disk;
   std::string data_file;  // the raw disk
   std::string overlay;    // the qcow2 overlay
+  // The data file's owner before enable ("uid:gid"), when enable handed it
+  // to QEMU's user; disable gives it back. "" = unchanged.
+  std::string original_owner;
 };
 
 struct CbtStatus {

@@ -3,6 +3,8 @@
 // every point restored and compared with the disk at that point.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -69,7 +71,8 @@ class VmBackupTest : public ::testing::Test {
 TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string raw = dir_ / "disk.raw";
-  RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 666 " + ShellQuote(raw));
+  // Owned by root, 0644: `cbt enable` must give QEMU's user access itself.
+  RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 644 " + ShellQuote(raw));
   TestDomain dom("cbt", {{"vda", raw, "raw"}});
   dom.Define(dir_.path().string());
   json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
@@ -118,6 +121,17 @@ TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
   ASSERT_EQ(rebuilt.size(), 3u);
   EXPECT_EQ(rebuilt[1]["type"], "incremental");
   EXPECT_EQ(rebuilt[1]["checkpoint"], b1["checkpointName"]);
+
+  // Disable gives the raw disk back to its owner from before enable.
+  struct stat before_disable {};
+  ASSERT_EQ(::stat(raw.c_str(), &before_disable), 0);
+  dom.Destroy();
+  EXPECT_EQ(BargeJson("cbt disable --domain " + dom.name())["state"], "Disabled");
+  struct stat after {};
+  ASSERT_EQ(::stat(raw.c_str(), &after), 0);
+  EXPECT_EQ(after.st_uid, ::getuid());
+  EXPECT_EQ(after.st_gid, ::getgid());
+  if (::getuid() == 0) EXPECT_NE(before_disable.st_uid, 0u) << "enable should have handed the disk to QEMU's user";
 }
 
 // A shut-off domain with CBT: the offline backup reads the overlay's
@@ -126,7 +140,8 @@ TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
 TEST_F(VmBackupTest, OfflineBackupFromCbtOverlayThenOnlineIncremental) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string raw = dir_ / "disk.raw";
-  RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 666 " + ShellQuote(raw));
+  // Owned by root, 0644: `cbt enable` must give QEMU's user access itself.
+  RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 644 " + ShellQuote(raw));
   TestDomain dom("offline", {{"vda", raw, "raw"}});
   dom.Define(dir_.path().string());
   json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
