@@ -11,6 +11,7 @@
 #include <optional>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -148,6 +149,73 @@ BackupRecord ToRecord(const VmBackupRequest& req, const VmBackupResult& res, con
   return r;
 }
 
+// The start of a run, online or offline: tracker and parent checkpoint in
+// `res`, a new checkpoint name (with a tracker; returned), and the catalog's
+// "running" record (its id in res.record_id).
+Result<std::string> StartRun(const VmBackupRequest& req, BackupCatalog& catalog, virDomainPtr dom,
+                     const TrackerRecord* tracker, const std::string& started, VmBackupResult& res) {
+  res.tracker = tracker ? tracker->name : "";
+  res.parent_checkpoint = tracker ? tracker->latest_checkpoint : "";
+  std::string checkpoint;
+  if (tracker) {
+    checkpoint = NewCheckpointName(tracker->name);
+    // Names have one-second resolution: wait out a same-second predecessor.
+    for (int i = 0; i < 3 && LookupCheckpoint(dom, checkpoint).ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+      checkpoint = NewCheckpointName(tracker->name);
+    }
+  }
+  BackupRecord pending;
+  pending.domain = req.domain;
+  pending.target = req.target;
+  pending.started_at = started;
+  BARGE_ASSIGN_OR_RETURN(res.record_id, catalog.BeginBackup(pending));
+  return checkpoint;
+}
+
+// One backup per disk, all in parallel (each RunBackup is itself
+// parallel). `set_source` fills in where a disk is read from and its dirty
+// set; the rest of each request is common. The disks that succeeded are
+// added to `res` and their new files to `new_files`; returns the first
+// disk's error, if any.
+std::optional<Error> BackupDisks(const VmBackupRequest& req, const std::vector<DomainDisk>& disks,
+                                 const std::map<std::string, bool>& incremental,
+                                 const std::map<std::string, std::string>& reasons, const std::string& checkpoint,
+                                 const std::function<void(const std::string& disk, pipeline::BackupRequest&)>& set_source,
+                                 VmBackupResult& res, std::vector<std::string>& new_files) {
+  std::vector<Result<pipeline::BackupResult>> results(disks.size(), Error::Cancelled("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < disks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const std::string& name = disks[i].target;
+      pipeline::BackupRequest br;
+      br.target_dir = req.target + "/" + req.domain;
+      br.disk_name = name;
+      br.incremental = incremental.at(name);
+      br.reason = reasons.at(name);
+      br.checkpoint = checkpoint;
+      br.compression = req.compression;
+      br.compression_level = req.compression_level;
+      br.copy = req.copy;
+      set_source(name, br);
+      results[i] = pipeline::RunBackup(br);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::optional<Error> first_error;
+  for (size_t i = 0; i < disks.size(); ++i) {
+    const std::string& name = disks[i].target;
+    if (!results[i].ok()) {
+      if (!first_error) first_error = Error(results[i].error()).Wrap("disk " + name);
+      continue;
+    }
+    const auto& r = *results[i];
+    new_files.insert(new_files.end(), {r.image_path, r.manifest_path, r.digests_path});
+    res.disks.push_back(FromBackupResult(name, incremental.at(name), reasons.at(name), r));
+  }
+  return first_error;
+}
+
 // The bitmaps of a CBT overlay, read directly (the domain is shut off).
 Result<std::vector<formats::BitmapInfo>> OverlayBitmaps(const CbtDisk& d) {
   pipeline::SourceSpec spec;
@@ -236,23 +304,8 @@ Result<VmBackupResult> RunOfflineBackup(const VmBackupRequest& req, BackupCatalo
 
   VmBackupResult res;
   res.mode = "offline";
-  res.tracker = tracker ? tracker->name : "";
-  res.parent_checkpoint = tracker ? tracker->latest_checkpoint : "";
-  std::string checkpoint;
-  if (tracker) {
-    checkpoint = NewCheckpointName(tracker->name);
-    for (int i = 0; i < 3 && LookupCheckpoint(dom, checkpoint).ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-      checkpoint = NewCheckpointName(tracker->name);
-    }
-  }
-
-  BackupRecord pending;
-  pending.domain = req.domain;
-  pending.target = req.target;
-  pending.started_at = started;
-  BARGE_ASSIGN_OR_RETURN(int64_t record_id, catalog.BeginBackup(pending));
-  res.record_id = record_id;
+  BARGE_ASSIGN_OR_RETURN(std::string checkpoint, StartRun(req, catalog, dom, tracker, started, res));
+  const int64_t record_id = res.record_id;
   std::vector<std::string> new_files;
   auto fail = [&](Error e) -> Error {
     std::error_code ec;
@@ -265,40 +318,16 @@ Result<VmBackupResult> RunOfflineBackup(const VmBackupRequest& req, BackupCatalo
     return e;
   };
 
-  std::vector<Result<pipeline::BackupResult>> results(disks.size(), Error::Cancelled("not run"));
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < disks.size(); ++i) {
-    threads.emplace_back([&, i] {
-      const std::string& name = disks[i].target;
-      const CbtDisk& c = overlay_of[name];
-      pipeline::BackupRequest br;
-      br.source.location = c.overlay;
-      br.source.format = "qcow2";
-      br.source.allow_dirs = {fs::path(c.data_file).parent_path().string()};
-      br.target_dir = req.target + "/" + req.domain;
-      br.disk_name = name;
-      br.incremental = incremental[name];
-      if (br.incremental) br.dirty_bitmap = tracker->latest_checkpoint;
-      br.reason = reasons[name];
-      br.checkpoint = checkpoint;
-      br.compression = req.compression;
-      br.compression_level = req.compression_level;
-      br.copy = req.copy;
-      results[i] = pipeline::RunBackup(br);
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::optional<Error> first_error;
-  for (size_t i = 0; i < disks.size(); ++i) {
-    const std::string& name = disks[i].target;
-    if (!results[i].ok()) {
-      if (!first_error) first_error = Error(results[i].error()).Wrap("disk " + name);
-      continue;
-    }
-    const auto& r = *results[i];
-    new_files.insert(new_files.end(), {r.image_path, r.manifest_path, r.digests_path});
-    res.disks.push_back(FromBackupResult(name, incremental[name], reasons[name], r));
-  }
+  std::optional<Error> first_error = BackupDisks(
+      req, disks, incremental, reasons, checkpoint,
+      [&](const std::string& name, pipeline::BackupRequest& br) {
+        const CbtDisk& c = overlay_of.at(name);
+        br.source.location = c.overlay;
+        br.source.format = "qcow2";
+        br.source.allow_dirs = {fs::path(c.data_file).parent_path().string()};
+        if (br.incremental) br.dirty_bitmap = tracker->latest_checkpoint;
+      },
+      res, new_files);
   if (!first_error && DomainIsActive(dom)) {
     first_error = Error::InvalidArgument("domain '" + req.domain +
                                          "' was started during its offline backup; the backup is discarded");
@@ -436,24 +465,9 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
 
   VmBackupResult res;
   res.mode = "pull";
-  res.tracker = tracker ? tracker->name : "";
-  res.parent_checkpoint = tracker ? tracker->latest_checkpoint : "";
-  std::string checkpoint;
-  if (tracker) {
-    checkpoint = NewCheckpointName(tracker->name);
-    // Names have one-second resolution: wait out a same-second predecessor.
-    for (int i = 0; i < 3 && LookupCheckpoint(dom.get(), checkpoint).ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-      checkpoint = NewCheckpointName(tracker->name);
-    }
-  }
-
-  BackupRecord pending;
-  pending.domain = req.domain;
-  pending.target = req.target;
-  pending.started_at = started;
-  BARGE_ASSIGN_OR_RETURN(int64_t record_id, catalog->BeginBackup(pending));
-  res.record_id = record_id;
+  BARGE_ASSIGN_OR_RETURN(std::string checkpoint,
+                         StartRun(req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, res));
+  const int64_t record_id = res.record_id;
 
   Cleanup cleanup;
   cleanup.dom = dom.get();
@@ -511,38 +525,13 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
   cleanup.Thaw();  // the job's point in time is fixed once it has started
   if (!cleanup.job_started) return fail(Error::IoError("backup job did not start"));
 
-  // Every disk in parallel; each RunBackup is itself parallel.
-  std::vector<Result<pipeline::BackupResult>> results(disks.size(), Error::Cancelled("not run"));
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < disks.size(); ++i) {
-    threads.emplace_back([&, i] {
-      const std::string& name = disks[i].target;
-      pipeline::BackupRequest br;
-      br.source.location = "nbd+unix:///" + name + "?socket=" + cleanup.socket;
-      br.target_dir = req.target + "/" + req.domain;
-      br.disk_name = name;
-      br.incremental = incremental[name];
-      if (br.incremental) br.dirty_bitmap = "qemu:dirty-bitmap:backup-" + name;
-      br.reason = reasons[name];
-      br.checkpoint = checkpoint;
-      br.compression = req.compression;
-      br.compression_level = req.compression_level;
-      br.copy = req.copy;
-      results[i] = pipeline::RunBackup(br);
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::optional<Error> first_error;
-  for (size_t i = 0; i < disks.size(); ++i) {
-    const std::string& name = disks[i].target;
-    if (!results[i].ok()) {
-      if (!first_error) first_error = Error(results[i].error()).Wrap("disk " + name);
-      continue;
-    }
-    const auto& r = *results[i];
-    cleanup.files.insert(cleanup.files.end(), {r.image_path, r.manifest_path, r.digests_path});
-    res.disks.push_back(FromBackupResult(name, incremental[name], reasons[name], *results[i]));
-  }
+  std::optional<Error> first_error = BackupDisks(
+      req, disks, incremental, reasons, checkpoint,
+      [&](const std::string& name, pipeline::BackupRequest& br) {
+        br.source.location = "nbd+unix:///" + name + "?socket=" + cleanup.socket;
+        if (br.incremental) br.dirty_bitmap = "qemu:dirty-bitmap:backup-" + name;
+      },
+      res, cleanup.files);
   if (!first_error) {
     if (const char* f = std::getenv("BARGE_VM_BACKUP_FAULT"); f && std::string(f) == "after-read") {
       first_error = Error::IoError("injected fault after reading every disk (BARGE_VM_BACKUP_FAULT)");
