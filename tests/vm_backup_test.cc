@@ -20,28 +20,8 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-class VmBackupTest : public ::testing::Test {
+class VmBackupTest : public VmTestBase {
  protected:
-  void SetUp() override {
-    BARGE_REQUIRE_LIBVIRT();
-    OpenForQemu(dir_.path().string());
-    catalog_ = dir_ / "state/catalog.db";
-    target_ = dir_ / "backups";
-  }
-
-  std::string Barge(const std::string& args) {
-    return BargeBinary() + " " + args + " --catalog " + ShellQuote(catalog_);
-  }
-  json BargeJson(const std::string& args) {
-    std::string out = RunOk(Barge(args) + " --json");
-    json j = json::parse(out, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << out;
-    return j;
-  }
-  json Backup(const std::string& domain, const std::string& extra = "") {
-    return BargeJson("vm backup --domain " + domain + " --target " + ShellQuote(target_) +
-                     " --skip-quiesce " + extra);
-  }
   // The disk's bytes now (the domain's writes flushed first).
   std::string Snapshot(TestDomain& dom, const std::string& raw, const std::string& name) {
     dom.Flush();
@@ -49,22 +29,11 @@ class VmBackupTest : public ::testing::Test {
     RunOk("cp --sparse=always " + ShellQuote(raw) + " " + ShellQuote(copy));
     return copy;
   }
-  void ExpectRestores(const std::string& chain, int at, const std::string& expected) {
-    std::string out = dir_ / ("restored-" + std::to_string(at) + ".raw");
-    RunOk(BargeBinary() + " restore " + ShellQuote(chain) + " --at " + std::to_string(at) + " --to " +
-          ShellQuote(out) + " --force");
-    RunOk("cmp " + ShellQuote(out) + " " + ShellQuote(expected));
-    fs::remove(out);
-  }
   std::string MakeQcow2(const std::string& name) {
     std::string p = dir_ / name;
     RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " 64M");
     return p;
   }
-
-  TempDir dir_;
-  std::string catalog_;
-  std::string target_;
 };
 
 // CBT on a raw disk: full, then two incrementals, every point byte-identical.

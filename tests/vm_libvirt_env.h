@@ -9,10 +9,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/testing/testing.h"
 
@@ -117,6 +120,44 @@ class TestDomain {
  private:
   std::string name_;
   std::vector<TestDisk> disks_;
+};
+
+// Shared fixture of the libvirt tests: a temporary folder open to QEMU, a
+// catalog and a backup target in it, and the barge commands they run.
+class VmTestBase : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BARGE_REQUIRE_LIBVIRT();
+    OpenForQemu(dir_.path().string());
+    catalog_ = dir_ / "state/catalog.db";
+    target_ = dir_ / "backups";
+  }
+
+  std::string Barge(const std::string& args) {
+    return BargeBinary() + " " + args + " --catalog " + ShellQuote(catalog_);
+  }
+  nlohmann::json BargeJson(const std::string& args) {
+    std::string out = RunOk(Barge(args) + " --json");
+    nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << out;
+    return j;
+  }
+  nlohmann::json Backup(const std::string& domain, const std::string& extra = "") {
+    return BargeJson("vm backup --domain " + domain + " --target " + ShellQuote(target_) + " --skip-quiesce " +
+                     extra);
+  }
+  // Restores point `at` of `chain` and compares it with `expected` (raw).
+  void ExpectRestores(const std::string& chain, int at, const std::string& expected) {
+    std::string out = dir_ / ("restored-" + std::to_string(at) + ".raw");
+    RunOk(BargeBinary() + " restore " + ShellQuote(chain) + " --at " + std::to_string(at) + " --to " +
+          ShellQuote(out) + " --force");
+    RunOk("cmp " + ShellQuote(out) + " " + ShellQuote(expected));
+    std::filesystem::remove(out);
+  }
+
+  TempDir dir_;
+  std::string catalog_;
+  std::string target_;
 };
 
 }  // namespace barge::testing

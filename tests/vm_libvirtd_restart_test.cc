@@ -68,27 +68,11 @@ struct LibvirtdBackOnExit {
   ~LibvirtdBackOnExit() { EnsureLibvirtd(); }
 };
 
-class VmLibvirtdRestartTest : public ::testing::Test {
+class VmLibvirtdRestartTest : public VmTestBase {
  protected:
   void SetUp() override {
-    BARGE_REQUIRE_LIBVIRT();
+    VmTestBase::SetUp();
     BARGE_REQUIRE_TOOL("qemu-img");
-    OpenForQemu(dir_.path().string());
-    catalog_ = dir_ / "state/catalog.db";
-    target_ = dir_ / "backups";
-  }
-
-  std::string Barge(const std::string& args) {
-    return BargeBinary() + " " + args + " --catalog " + ShellQuote(catalog_);
-  }
-  json BargeJson(const std::string& args) {
-    std::string out = RunOk(Barge(args) + " --json");
-    json j = json::parse(out, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << out;
-    return j;
-  }
-  json Backup(const std::string& domain) {
-    return BargeJson("vm backup --domain " + domain + " --target " + ShellQuote(target_) + " --skip-quiesce");
   }
   // The disk's bytes now, as raw: the domain's writes flushed first, the
   // image read beside the running QEMU (-U: no lock taken).
@@ -98,20 +82,9 @@ class VmLibvirtdRestartTest : public ::testing::Test {
     RunOk("qemu-img convert -U -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
     return flat;
   }
-  void ExpectRestores(const std::string& chain, int at, const std::string& expected) {
-    std::string out = dir_ / ("restored-" + std::to_string(at) + ".raw");
-    RunOk(BargeBinary() + " restore " + ShellQuote(chain) + " --at " + std::to_string(at) + " --to " +
-          ShellQuote(out) + " --force");
-    RunOk("cmp " + ShellQuote(out) + " " + ShellQuote(expected));
-    fs::remove(out);
-  }
   std::string CheckpointNames(const std::string& domain) {
     return RunOk(std::string(kVirsh) + "checkpoint-list " + domain + " --name");
   }
-
-  TempDir dir_;
-  std::string catalog_;
-  std::string target_;
 };
 
 // libvirtd restarted after its checkpoint metadata was lost: the running
