@@ -111,7 +111,9 @@ measure() {
   local wall user sys rss
   read -r wall user sys rss < <(tail -1 "$tfile")
   local bytes=0
-  if [ -d "$output" ]; then
+  if [ -n "${MEASURE_WRITTEN_SINCE:-}" ]; then
+    bytes=$(( $(dir_bytes "$output") - MEASURE_WRITTEN_SINCE ))
+  elif [ -d "$output" ]; then
     bytes=$(find "$output" -name '*.qcow2' -printf '%s\n' | awk '{s+=$1} END {print s+0}')
   elif [[ "$output" == *.qcow2 ]]; then
     bytes=$(stat -c %s "$output")
@@ -123,6 +125,21 @@ measure() {
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$cache" "$wall" "$cpu" "$rss" "$bytes" >> "$RESULTS"
   printf '  %-28s %-18s wall %7ss  cpu %7ss  rss %6s MiB  out %s\n' "$label" "$cache" "$wall" "$cpu" \
     "$((rss / 1024))" "$(numfmt --to=iec-i --suffix=B "$bytes")"
+}
+
+# dir_bytes DIR: apparent size of every regular file under DIR (0 if none).
+dir_bytes() {
+  [ -d "$1" ] || { echo 0; return; }
+  find "$1" -type f -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}'
+}
+
+# measure_written LABEL CACHE DIR -- CMD ARGS...: as measure, but the output
+# bytes are what CMD added to folder DIR (every file, apparent size), so a
+# second backup into the same folder counts only its own files.
+measure_written() {
+  local since
+  since=$(dir_bytes "$3")
+  MEASURE_WRITTEN_SINCE=$since measure "$@"
 }
 
 # Field of a result row: get LABEL CACHE FIELD (wall, cpu, rss, bytes).
