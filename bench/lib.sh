@@ -114,7 +114,7 @@ measure() {
   if [ -n "${MEASURE_WRITTEN_SINCE:-}" ]; then
     bytes=$(( $(dir_bytes "$output") - MEASURE_WRITTEN_SINCE ))
   elif [ -d "$output" ]; then
-    bytes=$(find "$output" -name '*.qcow2' -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+    bytes=$(find "$output" -name '*.qcow2' -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}')
   elif [[ "$output" == *.qcow2 ]]; then
     bytes=$(stat -c %s "$output")
   elif [ -e "$output" ]; then
