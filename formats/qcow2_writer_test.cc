@@ -314,7 +314,9 @@ TEST(Qcow2WriterTest, HeaderIsWrittenLastThenFlushed) {
   EXPECT_EQ(ops.front().kind, SinkOp::Kind::kWrite);
   EXPECT_EQ(ops.front().offset, 0u);
   EXPECT_GT(ops.front().length, 4096u);
-  EXPECT_TRUE(std::all_of(sink.contents().begin() + 120, sink.contents().begin() + 4096,
+  const auto contents = sink.contents();
+  ASSERT_GE(contents.size(), 4096u);
+  EXPECT_TRUE(std::all_of(contents.begin() + 120, contents.begin() + 4096,
                           [](std::byte b) { return b == std::byte{0}; }));
   EXPECT_EQ(ops.back().kind, SinkOp::Kind::kFlush);
   const SinkOp& header = ops[ops.size() - 2];
