@@ -342,8 +342,16 @@ Result<std::vector<std::byte>> RebuildCluster0(const std::vector<std::byte>& c0,
                                                uint64_t autoclear,
                                                const std::optional<BitmapsExtension>& bitmaps) {
   const uint64_t cs = h.cluster_size();
-  const uint64_t limit = h.backing_file_offset ? h.backing_file_offset
-                                               : std::min<uint64_t>(cs, c0.size());
+  // The records end at the backing file name, if any, and never past the
+  // bytes of cluster 0 that were read (bytes from the image are untrusted).
+  uint64_t limit = std::min<uint64_t>(cs, c0.size());
+  if (h.backing_file_offset != 0 &&
+      (h.backing_file_offset > limit || h.backing_file_size > limit - h.backing_file_offset)) {
+    return Error::Corruption("qcow2 backing file name (offset " + std::to_string(h.backing_file_offset) +
+                             ", " + std::to_string(h.backing_file_size) + " bytes) lies outside cluster 0");
+  }
+
+  if (h.backing_file_offset != 0) limit = std::min<uint64_t>(limit, h.backing_file_offset);
   std::vector<std::byte> area;  // records and end marker
   auto append = [&](uint32_t type, std::span<const std::byte> data) {
     const size_t at = area.size();
@@ -364,6 +372,11 @@ Result<std::vector<std::byte>> RebuildCluster0(const std::vector<std::byte>& c0,
     const uint32_t type = LoadBe32(c0.data() + off);
     const uint32_t len = LoadBe32(c0.data() + off + 4);
     if (type == kExtEnd) break;
+    if (len > limit - off - 8) {
+      return Error::Corruption("qcow2 header extension 0x" + std::to_string(type) + " at offset " +
+                               std::to_string(off) + " runs past the header area (" + std::to_string(len) +
+                               " bytes)");
+    }
     if (type == kExtBitmaps) {
       if (bitmaps) append(kExtBitmaps, ext);
       placed = true;
@@ -383,8 +396,10 @@ Result<std::vector<std::byte>> RebuildCluster0(const std::vector<std::byte>& c0,
     return Unsupported("the header extensions and backing file name need " +
                        std::to_string(new_end) + " bytes, more than cluster 0 holds");
   }
-  const uint64_t old_end =
-      std::max<uint64_t>(h.extensions_end, h.backing_file_offset + h.backing_file_size);
+  // Without a backing file (offset 0) its size field means nothing.
+  const uint64_t old_end = std::max<uint64_t>(
+      std::min<uint64_t>(h.extensions_end, limit),
+      h.backing_file_offset ? h.backing_file_offset + h.backing_file_size : 0);
   std::vector<std::byte> out(std::max(old_end, new_end));
   std::copy_n(c0.begin(), h.header_length, out.begin());
   StoreBe64(out.data() + 88, autoclear);
