@@ -236,6 +236,17 @@ Result<std::unique_ptr<ImageCatalog>> ImageCatalog::Open(const std::string& db_p
       new ImageCatalog(std::move(db), CatalogDir(db_path) + "/locks/images"));
 }
 
+std::function<void(size_t, uint64_t, uint64_t)> ImageCatalog::PercentRecorder(const ImageCopyRecord& copy) {
+  return [this, image = copy.image, disk = copy.disk, last = std::chrono::steady_clock::now()](
+             size_t, uint64_t done, uint64_t total) mutable {
+    auto now = std::chrono::steady_clock::now();
+    if (done < total && now - last < std::chrono::seconds(1)) return;
+    last = now;
+    std::lock_guard lock(mu_);
+    (void)SetPercent(*db_, image, disk, total ? 100.0 * static_cast<double>(done) / total : 100.0);
+  };
+}
+
 std::string ImageCatalog::LockPath(const std::string& name) const { return lock_dir_ + "/" + name + ".lock"; }
 
 Result<std::vector<ImageRecord>> ImageCatalog::Images(const std::string& name) {
@@ -363,14 +374,7 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   auto src = pipeline::OpenSource(spec);
   if (!src.ok()) return finish(src.error());
   o.source_format = src->format_name();
-  auto last = std::chrono::steady_clock::now();
-  o.progress = [&](size_t, uint64_t done, uint64_t total) {
-    auto now = std::chrono::steady_clock::now();
-    if (done < total && now - last < std::chrono::seconds(1)) return;
-    last = now;
-    std::lock_guard lock(mu_);
-    (void)SetPercent(*db_, copy.image, copy.disk, total ? 100.0 * static_cast<double>(done) / total : 100.0);
-  };
+  o.progress = PercentRecorder(copy);
   std::vector<std::string> dests = {copy.path};
   auto r = pipeline::RunReplicate(*src->image, dests, o);
   if (!r.ok()) return finish(r.error());
@@ -453,14 +457,7 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
     o.force = true;
     o.source_location = sender_path;
     o.source_format = image.format;
-    auto last = std::chrono::steady_clock::now();
-    o.progress = [&](size_t, uint64_t done, uint64_t total) {
-      auto now = std::chrono::steady_clock::now();
-      if (done < total && now - last < std::chrono::seconds(1)) return;
-      last = now;
-      std::lock_guard lock(mu_);
-      (void)SetPercent(*db_, copy.image, copy.disk, total ? 100.0 * static_cast<double>(done) / total : 100.0);
-    };
+    o.progress = PercentRecorder(copy);
     std::optional<Error> error;
     pipeline::SourceSpec spec;
     spec.location = sender_path;

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -136,6 +137,9 @@ class ImageCatalog {
   // RecoverInterrupted, where the caller already holds the lock of image
   // `held` ("" for none).
   Result<std::vector<ImageCopyRecord>> Recover(const std::string& name, const std::string& held);
+  // A replicate progress callback that records the copy's percent at most
+  // once a second (and at the end).
+  std::function<void(size_t, uint64_t, uint64_t)> PercentRecorder(const ImageCopyRecord& copy);
 
   std::mutex mu_;
   std::unique_ptr<SqliteDb> db_;  // guarded by mu_

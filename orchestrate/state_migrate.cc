@@ -18,6 +18,7 @@
 
 #include "blockio/file.h"
 #include "formats/image.h"
+#include "formats/manifest.h"
 #include "pipeline/staged_file.h"
 #include "pipeline/stages.h"
 
@@ -42,15 +43,6 @@ std::string_view MigrateStepName(MigrateStep step) {
 namespace {
 
 constexpr size_t kBlockBytes = 1 << 20;
-
-std::string UtcNow() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // Owns one file descriptor.
 class Fd {
@@ -117,7 +109,7 @@ class Journal {
   Status Append(MigrateStep step, json fields) {
     fields["step"] = static_cast<int>(step);
     fields["name"] = MigrateStepName(step);
-    fields["time"] = UtcNow();
+    fields["time"] = formats::NowRfc3339();
     std::string line = fields.dump() + "\n";
     bool created = !fs::exists(path_);
     Fd fd(::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
@@ -324,7 +316,7 @@ Status VerifyAll(const std::vector<Entry>& entries) {
 }
 
 Status WriteMarker(const fs::path& to, const fs::path& from, size_t files) {
-  json j = {{"current", true}, {"migrated_from", from.string()}, {"migrated_at", UtcNow()}, {"entries", files}};
+  json j = {{"current", true}, {"migrated_from", from.string()}, {"migrated_at", formats::NowRfc3339()}, {"entries", files}};
   std::string text = j.dump(2) + "\n";
   BARGE_ASSIGN_OR_RETURN(auto staged, pipeline::StagedFile::Create((to / kStateMarkerName).string(), true));
   BARGE_RETURN_IF_ERROR(staged->sink().WriteAt(0, std::as_bytes(std::span(text.data(), text.size()))));

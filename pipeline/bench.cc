@@ -59,6 +59,20 @@ class Meter {
   rusage ru_{};
 };
 
+// Calls fn(chunk, k, bytes) for each data cluster k of `c`; returns the
+// bytes it covered.
+template <typename Fn>
+uint64_t ForEachDataCluster(Chunk& c, Fn fn) {
+  uint64_t bytes = 0;
+  for (size_t k = 0; k < c.cluster_count(); ++k) {
+    if (c.states[k] != ClusterState::kData) continue;
+    auto d = c.ClusterData(k);
+    bytes += d.size();
+    fn(c, k, d);
+  }
+  return bytes;
+}
+
 // Runs fn(item, thread) for item in [0, n) on `threads` threads; returns the
 // first error.
 template <typename Fn>
@@ -216,30 +230,20 @@ Result<std::vector<BenchMeasure>> CpuStages(BlockSource& source, const BenchOpti
     {
       Meter meter(zero);
       BARGE_RETURN_IF_ERROR(ParallelFor(threads, n, [&](size_t i, int) -> Status {
-        Chunk& c = *chunks[i];
-        uint64_t b = 0;
-        for (size_t k = 0; k < c.cluster_count(); ++k) {
-          if (c.states[k] != ClusterState::kData) continue;
-          auto d = c.ClusterData(k);
-          b += d.size();
-          if (IsAllZero(d)) c.states[k] = ClusterState::kZero;
-        }
-        zero_in.fetch_add(b, std::memory_order_relaxed);
+        zero_in.fetch_add(ForEachDataCluster(*chunks[i], [](Chunk& c, size_t k, std::span<const std::byte> d) {
+                            if (IsAllZero(d)) c.states[k] = ClusterState::kZero;
+                          }),
+                          std::memory_order_relaxed);
         return OkStatus();
       }));
     }
     {
       Meter meter(hash);
       BARGE_RETURN_IF_ERROR(ParallelFor(threads, n, [&](size_t i, int) -> Status {
-        Chunk& c = *chunks[i];
-        uint64_t b = 0;
-        for (size_t k = 0; k < c.cluster_count(); ++k) {
-          if (c.states[k] != ClusterState::kData) continue;
-          auto d = c.ClusterData(k);
-          b += d.size();
-          c.digests[k] = formats::HashCluster(d, o.cluster_bytes);
-        }
-        hash_in.fetch_add(b, std::memory_order_relaxed);
+        hash_in.fetch_add(ForEachDataCluster(*chunks[i], [&](Chunk& c, size_t k, std::span<const std::byte> d) {
+                            c.digests[k] = formats::HashCluster(d, o.cluster_bytes);
+                          }),
+                          std::memory_order_relaxed);
         return OkStatus();
       }));
     }

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/file.h"
+#include "formats/manifest.h"
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_writer.h"
 #include "pipeline/overlay_destination.h"
@@ -97,15 +98,6 @@ Result<FileStamp> StatFile(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) return Error::FromErrno(errno, "stat", path);
   return FileStamp{static_cast<uint64_t>(st.st_size),
                    int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
-}
-
-std::string UtcNow() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 bool IsHex512(const std::string& s) {
@@ -576,7 +568,7 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
     record.file_mtime_ns = stamp->mtime_ns;
     record.source = options.source_location;
     record.source_format = options.source_format;
-    record.created = UtcNow();
+    record.created = formats::NowRfc3339();
     record.verified = out.verified;
     record.bitmaps = result.bitmaps;
     record.backing_file = result.backing_file;
