@@ -30,6 +30,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Test hook: true when BARGE_VM_BACKUP_FAULT names this point.
+bool FaultInjected(const char* point) {
+  const char* f = std::getenv("BARGE_VM_BACKUP_FAULT");
+  return f != nullptr && std::string(f) == point;
+}
+
 // An exclusive, non-blocking lock on <catalog folder>/locks/<domain>.lock,
 // held for the backup (released by the kernel if we die).
 Result<std::unique_ptr<FileLock>> LockDomain(const std::string& catalog_path, const std::string& domain) {
@@ -333,7 +339,7 @@ Result<VmBackupResult> RunOfflineBackup(const VmBackupRequest& req, BackupCatalo
                                          "' was started during its offline backup; the backup is discarded");
   }
   if (!first_error) {
-    if (const char* f = std::getenv("BARGE_VM_BACKUP_FAULT"); f && std::string(f) == "after-read") {
+    if (FaultInjected("after-read")) {
       first_error = Error::IoError("injected fault after reading every disk (BARGE_VM_BACKUP_FAULT)");
     }
   }
@@ -489,6 +495,9 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
                                       "); use --skip-quiesce to back up without freezing"));
     }
     cleanup.frozen = true;
+    if (FaultInjected("after-freeze")) {
+      return fail(Error::IoError("injected fault after freezing the guest (BARGE_VM_BACKUP_FAULT)"));
+    }
   }
 
   cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
@@ -533,7 +542,7 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
       },
       res, cleanup.files);
   if (!first_error) {
-    if (const char* f = std::getenv("BARGE_VM_BACKUP_FAULT"); f && std::string(f) == "after-read") {
+    if (FaultInjected("after-read")) {
       first_error = Error::IoError("injected fault after reading every disk (BARGE_VM_BACKUP_FAULT)");
     }
   }

@@ -57,8 +57,10 @@ struct VmBackupResult {
 // target's free space is below the estimate (kNoSpace). On any later failure
 // the job is aborted, this run's checkpoint deleted, the new backup files
 // removed, the tracker left as it was, and the catalog record says why.
-// Test hook: BARGE_VM_BACKUP_FAULT=after-read fails the run after every disk
-// was read, before anything is committed.
+// Test hooks: BARGE_VM_BACKUP_FAULT=after-read fails the run after every disk
+// was read, before anything is committed; =after-freeze fails it right after
+// the guest's filesystems were frozen, before the backup job begins (the
+// failure path must thaw them).
 Result<VmBackupResult> RunVmBackup(const VmBackupRequest& request);
 
 }  // namespace barge::orchestrate
