@@ -11,7 +11,12 @@ build_pkgs=(cmake ninja-build g++ pkg-config libtbb-dev libzstd-dev libxxhash-de
   nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev)
 demo_pkgs=(qemu-utils)
 test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux
-  qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients)
+  qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
+  e2fsprogs xz-utils gzip
+  # qemu-ga's libraries: tests/guest/make_guest.sh copies them from the host
+  # into the quiesce test's guest (kernel, busybox and qemu-ga themselves are
+  # fetched with `apt-get download`, never installed).
+  libglib2.0-0 libnuma1 liburing2 libudev1 libpcre2-8-0)
 
 pkgs=("${build_pkgs[@]}")
 case "$profile" in

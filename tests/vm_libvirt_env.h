@@ -1,7 +1,8 @@
 // Test environment for libvirt integration tests: starts virtlogd + libvirtd
 // as /work/shared/TESTBED.md describes when none answers, and throwaway
 // domains (no OS, 64 MiB, pc, TCG, virtio disks) started paused, with guest
-// writes through the QEMU monitor's qemu-io on the disk backend.
+// writes through the QEMU monitor's qemu-io on the disk backend. A domain
+// may also boot a kernel directly (DomainExtras; the quiesce test's guest).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -58,11 +59,21 @@ struct TestDisk {
   std::string format;  // raw / qcow2
 };
 
+// What a domain has beyond the defaults: more memory, elements inside <os>
+// (<kernel>, <initrd>, <cmdline> for direct kernel boot) and inside
+// <devices> (channels, serial ports).
+struct DomainExtras {
+  int memory_mib = 64;
+  std::string os_xml;
+  std::string devices_xml;
+};
+
 // A throwaway persistent domain, destroyed and undefined (with its checkpoint
 // metadata) on destruction.
 class TestDomain {
  public:
-  TestDomain(const std::string& prefix, std::vector<TestDisk> disks) : disks_(std::move(disks)) {
+  TestDomain(const std::string& prefix, std::vector<TestDisk> disks, DomainExtras extras = {})
+      : disks_(std::move(disks)), extras_(std::move(extras)) {
     static std::atomic<int> counter{0};
     name_ = "barge-" + prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   }
@@ -76,14 +87,16 @@ class TestDomain {
   const std::string& name() const { return name_; }
 
   std::string Xml() const {
-    std::string x = "<domain type='qemu'><name>" + name_ +
-                    "</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>"
-                    "<os><type arch='x86_64' machine='pc'>hvm</type></os><devices>";
+    std::string x = "<domain type='qemu'><name>" + name_ + "</name><memory unit='MiB'>" +
+                    std::to_string(extras_.memory_mib) +
+                    "</memory><vcpu>1</vcpu>"
+                    "<os><type arch='x86_64' machine='pc'>hvm</type>" +
+                    extras_.os_xml + "</os><devices>";
     for (const auto& d : disks_) {
       x += "<disk type='file' device='disk'><driver name='qemu' type='" + d.format + "'/><source file='" +
            d.path + "'/><target dev='" + d.target + "' bus='virtio'/></disk>";
     }
-    return x + "</devices></domain>";
+    return x + extras_.devices_xml + "</devices></domain>";
   }
 
   void Define(const std::string& dir) {
@@ -95,6 +108,7 @@ class TestDomain {
     RunOk(std::string(kVirsh) + "define " + xml_path);
   }
   void StartPaused() { RunOk(std::string(kVirsh) + "start " + name_ + " --paused"); }
+  void Start() { RunOk(std::string(kVirsh) + "start " + name_); }
   void Destroy() { RunOk(std::string(kVirsh) + "destroy " + name_); }
   // SIGKILL of the QEMU process: persistent bitmaps stay marked in use.
   void Kill9() {
@@ -120,6 +134,7 @@ class TestDomain {
  private:
   std::string name_;
   std::vector<TestDisk> disks_;
+  DomainExtras extras_;
 };
 
 // Shared fixture of the libvirt tests: a temporary folder open to QEMU, a
