@@ -162,68 +162,138 @@ Status Qcow2Image::MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& 
 
 Status Qcow2Image::ReadAt(uint64_t offset, std::span<std::byte> out) {
   BARGE_RETURN_IF_ERROR(CheckRange(offset, out.size()));
-  std::vector<Run> runs;
-  BARGE_RETURN_IF_ERROR(MapLayer(offset, out.size(), runs));
-  for (const Run& run : runs) {
-    BARGE_RETURN_IF_ERROR(ReadRun(run, out.subspan(run.guest_offset - offset, run.length)));
-  }
-  return OkStatus();
+  const Piece whole{offset, out};
+  return ReadPieces(std::span(&whole, 1));
 }
 
-Status Qcow2Image::ReadRun(const Run& run, std::span<std::byte> out) {
-  switch (run.kind) {
-    case RunKind::kZero:
-      std::memset(out.data(), 0, out.size());
-      return OkStatus();
-    case RunKind::kUnallocated:
-      return ReadBacking(run.guest_offset, out);
-    case RunKind::kCompressed:
-      return ReadCompressed(run, out);
-    case RunKind::kData:
-      break;
-  }
-  BlockSource* src = file_.get();
-  if (header_.has_data_file()) {
-    if (!data_file_) {
-      return Error::NotSupported("the external data file was not opened").set_path(info_.path);
-    }
-    src = data_file_.get();
-  }
-  // Bytes past the end of the file read as zeros, as qemu's file driver does.
-  const uint64_t src_size = src->size_bytes();
-  const uint64_t avail = run.host_offset >= src_size ? 0 : std::min<uint64_t>(out.size(), src_size - run.host_offset);
-  if (avail > 0) BARGE_RETURN_IF_ERROR(src->ReadAt(run.host_offset, out.first(avail)));
-  std::memset(out.data() + avail, 0, out.size() - avail);
-  return OkStatus();
-}
+// A stored run of this layer to fetch from its file: a compressed payload or
+// uncompressed data.
+struct Qcow2Image::Fetch {
+  uint64_t host = 0;        // first byte in the file
+  uint64_t end = 0;         // past the last byte, clipped to the file's end
+  std::span<std::byte> dst; // the guest bytes it fills
+  bool compressed = false;
+  uint64_t in_cluster = 0;  // compressed: where dst starts in the cluster
+};
 
-Status Qcow2Image::ReadCompressed(const Run& run, std::span<std::byte> out) {
+Status Qcow2Image::ReadPieces(std::span<const Piece> pieces) {
   const uint32_t cb = header_.cluster_bits;
   const uint32_t x = CompressedOffsetBits(cb);
-  const uint64_t host = run.l2_entry & ((uint64_t{1} << x) - 1);
-  const uint64_t sectors = ((run.l2_entry >> x) & ((uint64_t{1} << (cb - 8)) - 1)) + 1;
-  uint64_t payload_bytes = sectors * kSectorBytes - (host & (kSectorBytes - 1));
-  // The last payload may end inside a final, partial sector of the file.
-  payload_bytes = std::min(payload_bytes, file_->size_bytes() - host);
-  std::vector<std::byte> payload(payload_bytes);
-  BARGE_RETURN_IF_ERROR(file_->ReadAt(host, payload));
-  std::vector<std::byte> cluster(header_.cluster_size());
-  Status st = DecompressCluster(CompressionOf(header_), payload, cluster);
-  if (!st.ok()) {
-    return Error(std::move(st).error()).set_path(info_.path).set_offset(host);
+  const uint64_t file_size = file_->size_bytes();
+  const uint64_t backing_size = backing_ ? backing_->size_bytes() : 0;
+  std::vector<Run> runs;
+  std::vector<Fetch> fetches;
+  std::vector<Piece> below;
+  for (const Piece& piece : pieces) {
+    runs.clear();
+    BARGE_RETURN_IF_ERROR(MapLayer(piece.offset, piece.out.size(), runs));
+    for (const Run& run : runs) {
+      std::span<std::byte> dst = piece.out.subspan(run.guest_offset - piece.offset, run.length);
+      switch (run.kind) {
+        case RunKind::kZero:
+          std::memset(dst.data(), 0, dst.size());
+          break;
+        case RunKind::kUnallocated: {
+          // Past the end of a shorter backing file the disk reads as zeros.
+          const uint64_t in_backing =
+              run.guest_offset < backing_size ? std::min(run.length, backing_size - run.guest_offset) : 0;
+          if (in_backing > 0) below.push_back({run.guest_offset, dst.first(in_backing)});
+          std::memset(dst.data() + in_backing, 0, dst.size() - in_backing);
+          break;
+        }
+        case RunKind::kCompressed: {
+          const uint64_t host = run.l2_entry & ((uint64_t{1} << x) - 1);
+          const uint64_t sectors = ((run.l2_entry >> x) & ((uint64_t{1} << (cb - 8)) - 1)) + 1;
+          // The descriptor's sectors, less the part of the first sector
+          // before the payload; the last payload may end inside a final,
+          // partial sector of the file.
+          const uint64_t bytes = sectors * kSectorBytes - (host & (kSectorBytes - 1));
+          fetches.push_back({host, host + std::min(bytes, file_size - host), dst, true,
+                             OffsetIntoCluster(run.guest_offset, cb)});
+          break;
+        }
+        case RunKind::kData:
+          if (header_.has_data_file()) {
+            BARGE_RETURN_IF_ERROR(ReadDataFile(run, dst));
+          } else {
+            // Bytes past the end of the file read as zeros, as qemu's file
+            // driver does.
+            const uint64_t host = std::min(run.host_offset, file_size);
+            fetches.push_back({host, host + std::min<uint64_t>(dst.size(), file_size - host), dst});
+          }
+          break;
+      }
+    }
   }
-  const uint64_t in_cluster = OffsetIntoCluster(run.guest_offset, cb);
-  std::memcpy(out.data(), cluster.data() + in_cluster, out.size());
+  BARGE_RETURN_IF_ERROR(FetchRuns(fetches));
+  if (below.empty()) return OkStatus();
+  // A qcow2 backing layer takes every range at once, so its reads batch too.
+  if (auto* layer = dynamic_cast<Qcow2Image*>(backing_.get())) return layer->ReadPieces(below);
+  for (const Piece& p : below) BARGE_RETURN_IF_ERROR(backing_->ReadAt(p.offset, p.out));
   return OkStatus();
 }
 
-Status Qcow2Image::ReadBacking(uint64_t offset, std::span<std::byte> out) {
-  uint64_t from_backing = 0;
-  if (backing_ && offset < backing_->size_bytes()) {
-    from_backing = std::min<uint64_t>(out.size(), backing_->size_bytes() - offset);
-    BARGE_RETURN_IF_ERROR(backing_->ReadAt(offset, out.first(from_backing)));
+Status Qcow2Image::FetchRuns(std::vector<Fetch>& fetches) {
+  const uint64_t cs = header_.cluster_size();
+  std::sort(fetches.begin(), fetches.end(), [](const Fetch& a, const Fetch& b) { return a.host < b.host; });
+  // Runs close together in the file are fetched with one read: a writer
+  // appends a chunk's payloads one after another, so a chunk of compressed
+  // clusters costs one read instead of one per cluster. The buffers are
+  // reused per thread; nothing below calls into another layer while they
+  // are in use.
+  constexpr uint64_t kMaxGap = 16 << 10;
+  constexpr uint64_t kMaxBatch = 4 << 20;
+  thread_local std::vector<std::byte> batch;
+  thread_local std::vector<std::byte> cluster;
+  for (size_t i = 0; i < fetches.size();) {
+    const uint64_t first = fetches[i].host;
+    uint64_t last = fetches[i].end;
+    size_t j = i + 1;
+    while (j < fetches.size() && fetches[j].host <= last + kMaxGap &&
+           std::max(last, fetches[j].end) - first <= kMaxBatch) {
+      last = std::max(last, fetches[j].end);
+      ++j;
+    }
+    const Fetch& lone = fetches[i];
+    if (j == i + 1 && !lone.compressed) {
+      // Uncompressed data on its own goes straight to its destination.
+      BARGE_RETURN_IF_ERROR(file_->ReadAt(lone.host, lone.dst.first(lone.end - lone.host)));
+      std::memset(lone.dst.data() + (lone.end - lone.host), 0, lone.dst.size() - (lone.end - lone.host));
+      ++i;
+      continue;
+    }
+    if (batch.size() < last - first) batch.resize(last - first);
+    BARGE_RETURN_IF_ERROR(file_->ReadAt(first, std::span(batch).first(last - first)));
+    for (; i < j; ++i) {
+      const Fetch& f = fetches[i];
+      std::span<const std::byte> bytes = std::span(batch).subspan(f.host - first, f.end - f.host);
+      if (!f.compressed) {
+        std::memcpy(f.dst.data(), bytes.data(), bytes.size());
+        std::memset(f.dst.data() + bytes.size(), 0, f.dst.size() - bytes.size());
+        continue;
+      }
+      // A whole cluster decodes in place; part of one goes through a copy.
+      const bool whole = f.in_cluster == 0 && f.dst.size() == cs;
+      if (!whole && cluster.size() < cs) cluster.resize(cs);
+      std::span<std::byte> target = whole ? f.dst : std::span(cluster).first(cs);
+      Status st = DecompressCluster(CompressionOf(header_), bytes, target);
+      if (!st.ok()) return Error(std::move(st).error()).set_path(info_.path).set_offset(f.host);
+      if (!whole) std::memcpy(f.dst.data(), cluster.data() + f.in_cluster, f.dst.size());
+    }
   }
-  std::memset(out.data() + from_backing, 0, out.size() - from_backing);
+  return OkStatus();
+}
+
+Status Qcow2Image::ReadDataFile(const Run& run, std::span<std::byte> out) {
+  if (!data_file_) {
+    return Error::NotSupported("the external data file was not opened").set_path(info_.path);
+  }
+  // Bytes past the end of the file read as zeros, as qemu's file driver does.
+  const uint64_t src_size = data_file_->size_bytes();
+  const uint64_t avail =
+      run.host_offset >= src_size ? 0 : std::min<uint64_t>(out.size(), src_size - run.host_offset);
+  if (avail > 0) BARGE_RETURN_IF_ERROR(data_file_->ReadAt(run.host_offset, out.first(avail)));
+  std::memset(out.data() + avail, 0, out.size() - avail);
   return OkStatus();
 }
 

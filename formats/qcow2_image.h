@@ -79,9 +79,20 @@ class Qcow2Image final : public Image {
   Status MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& out);
 
  private:
-  Status ReadRun(const Run& run, std::span<std::byte> out);
-  Status ReadCompressed(const Run& run, std::span<std::byte> out);
-  Status ReadBacking(uint64_t offset, std::span<std::byte> out);
+  // Guest bytes of this layer to fill: the ranges a read covers, then the
+  // ranges that fall through from the layer above.
+  struct Piece {
+    uint64_t offset = 0;
+    std::span<std::byte> out;
+  };
+  struct Fetch;
+  // Fills the pieces from this layer, then every range that falls through
+  // from the backing file in one call, so reads batch on every layer.
+  Status ReadPieces(std::span<const Piece> pieces);
+  // Reads the stored runs of this layer, nearby ones with one read, and
+  // decodes the compressed ones.
+  Status FetchRuns(std::vector<Fetch>& fetches);
+  Status ReadDataFile(const Run& run, std::span<std::byte> out);
   Error Bad(std::string what, uint64_t offset) const;
 
   std::unique_ptr<BlockSource> file_;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <random>
 #include <tuple>
 
 #include "blockio/file.h"
@@ -85,6 +86,17 @@ void CheckAgainstQemu(const TempDir& dir, const std::string& path) {
     ASSERT_TRUE(image->ReadAt(1999, part).ok());
     ASSERT_TRUE(std::equal(part.begin(), part.end(), want.begin() + 1999));
   }
+  // Unaligned reads of random spans: parts of clusters at both ends, runs of
+  // every kind in between, from every layer of a chain.
+  std::mt19937_64 rng(17);
+  for (int i = 0; i < 64; ++i) {
+    const size_t off = rng() % got.size();
+    const size_t n = 1 + rng() % std::min<size_t>(got.size() - off, 700 << 10);
+    std::vector<std::byte> part(n);
+    Status st = image->ReadAt(off, part);
+    ASSERT_TRUE(st.ok()) << st.error().ToString();
+    ASSERT_TRUE(std::equal(part.begin(), part.end(), want.begin() + off)) << "at " << off << " +" << n;
+  }
   // Map: same data/zero/present/depth per byte as qemu-img map.
   auto json = nlohmann::json::parse(RunOk(cd + "qemu-img map -f qcow2 --output=json " + ShellQuote(path)));
   std::vector<Span> theirs;
@@ -131,8 +143,14 @@ void CheckAgainstQemu(const TempDir& dir, const std::string& path) {
 // A 4 MiB raw disk: random data with zero and hole regions.
 std::string MakeRaw(const TempDir& dir, uint64_t size = 4 << 20, uint64_t seed = 1) {
   std::vector<std::byte> bytes = testing::RandomBytes(size, seed);
+  // Per 192 KiB: 64 KiB of zeros, 64 KiB of compressible text, 64 KiB of
+  // random bytes (so `qemu-img convert -c` makes compressed clusters too).
   for (uint64_t off = 0; off < size; off += 192 * 1024) {
     std::fill_n(bytes.begin() + off, std::min<uint64_t>(64 * 1024, size - off), std::byte{0});
+    const std::string line = "line of block " + std::to_string(off) + ", fairly compressible\n";
+    for (uint64_t i = off + 64 * 1024; i < std::min<uint64_t>(off + 128 * 1024, size); ++i) {
+      bytes[i] = std::byte(line[i % line.size()]);
+    }
   }
   std::string path = dir / ("src" + std::to_string(seed) + ".raw");
   testing::WriteFile(path, bytes);
