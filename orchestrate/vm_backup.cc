@@ -99,9 +99,27 @@ struct Cleanup {
   std::vector<std::string> files;  // new backup files
   std::string socket;
   std::string scratch_dir;
+  bool thaw_fault_used = false;
 
-  void Thaw() {
-    if (frozen && virDomainFSThaw(dom, nullptr, 0, 0) >= 0) frozen = false;
+  // Thaws a frozen guest, retrying a few times. Returns why the guest may
+  // still be frozen, or an empty string.
+  std::string Thaw() {
+    if (!frozen) return {};
+    std::string why;
+    if (FaultInjected("thaw-once") && !thaw_fault_used) {
+      thaw_fault_used = true;
+      return "injected thaw failure (BARGE_VM_BACKUP_FAULT)";
+    }
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(250 * attempt));
+      if (virDomainFSThaw(dom, nullptr, 0, 0) >= 0) {
+        frozen = false;
+        return {};
+      }
+      why = LastVirError("thaw").message();
+    }
+    return "the guest's file systems may still be frozen: thaw failed 3 times (" + why +
+           "); thaw them with 'virsh domfsthaw " + std::string(virDomainGetName(dom)) + "'";
   }
   void EndJob() {
     if (job_started) {
@@ -112,12 +130,14 @@ struct Cleanup {
     std::error_code ec;
     if (!scratch_dir.empty()) fs::remove_all(scratch_dir, ec);
   }
-  void Undo() {
-    Thaw();
+  // Returns Thaw's warning.
+  std::string Undo() {
+    std::string thaw = Thaw();
     EndJob();
     if (!new_checkpoint.empty()) (void)DeleteCheckpoint(dom, new_checkpoint);
     std::error_code ec;
     for (const auto& f : files) fs::remove(f, ec);
+    return thaw;
   }
 };
 
@@ -478,7 +498,7 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
   Cleanup cleanup;
   cleanup.dom = dom.get();
   auto fail = [&](Error e) -> Error {
-    cleanup.Undo();
+    if (std::string thaw = cleanup.Undo(); !thaw.empty()) e = Error(e.code(), e.message() + "; " + thaw);
     res.checkpoint = checkpoint;
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     BackupRecord r = ToRecord(req, res, started);
@@ -531,7 +551,12 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
       }
     }
   }
-  cleanup.Thaw();  // the job's point in time is fixed once it has started
+  // The job's point in time is fixed once it has started. A guest that
+  // cannot be thawed is not left frozen for the whole copy unnoticed.
+  // (fail's cleanup tries again and says whether the guest is still frozen.)
+  if (!cleanup.Thaw().empty()) {
+    return fail(Error::IoError("cannot thaw domain '" + req.domain + "' once its backup job had started"));
+  }
   if (!cleanup.job_started) return fail(Error::IoError("backup job did not start"));
 
   std::optional<Error> first_error = BackupDisks(

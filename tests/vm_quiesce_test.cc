@@ -250,6 +250,24 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
   EXPECT_EQ(ReadBlock(expected, 1), Stamp("barge-hook thaw 3"));
   WriteBlock(expected, 1, Stamp("barge-hook thaw 2"));
   ExpectRestores(Chain("vda"), 1, expected);
+
+  // A thaw that fails once the job has started (BARGE_VM_BACKUP_FAULT=
+  // thaw-once): the run stops rather than copy with the guest frozen, its
+  // cleanup thaws the guest, and nothing is committed.
+  std::string cp1 = b1["checkpointName"];
+  auto unthawed = ::barge::testing::Run("BARGE_VM_BACKUP_FAULT=thaw-once " +
+                      Barge("vm backup --domain " + dom_->name() + " --target " + ShellQuote(target_)));
+  EXPECT_NE(unthawed.exit_code, 0);
+  EXPECT_NE(unthawed.output.find("cannot thaw"), std::string::npos) << unthawed.output;
+  EXPECT_EQ(unthawed.output.find("may still be frozen"), std::string::npos) << unthawed.output;
+  std::vector<std::string> hooks = HookLines(8);
+  ASSERT_EQ(hooks.size(), 8u) << SerialLog();
+  EXPECT_EQ(hooks[6], "barge-hook freeze 4");
+  EXPECT_EQ(hooks[7], "barge-hook thaw 4");
+  EXPECT_EQ(FreezeStatus(), "thawed");
+  EXPECT_EQ(BargeJson("tracker show t1")["latestCheckpoint"]["name"], cp1);
+  cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom_->name() + " --name");
+  EXPECT_EQ(cps.find('\n'), cps.rfind('\n')) << "one checkpoint expected: " << cps;
 }
 
 }  // namespace
