@@ -108,7 +108,7 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   args->flags.allow_any_path = false;
   cmd->add_flag("--allow-any-path", args->flags.allow_any_path,
                 "Allow a qcow2 source's backing/data files outside its folder");
-  args->copy.AddTo(cmd, "zstd:3");
+  args->copy.AddTo(cmd, DefaultCompression());
   cmd->add_flag("--json", args->as_json, "Progress as JSON lines, then one result object");
   cmd->callback([args, &exit_code]() { exit_code = RunBackupCommand(*args); });
 }

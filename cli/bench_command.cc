@@ -324,7 +324,7 @@ void RegisterBenchCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--workdir", args->workdir, "Folder for the temporary folder (disk and outputs)")
       ->capture_default_str();
   cmd->add_option("--chunk-size", args->chunk_size, "Pipeline chunk (largest read)")->capture_default_str();
-  args->copy.AddTo(cmd, "zstd:3");
+  args->copy.AddTo(cmd, DefaultCompression());
   cmd->add_flag("--cold", args->cold, "Drop the source's cached pages before the read and end-to-end runs");
   cmd->add_flag("--keep", args->keep, "Keep the generated disk (its path is printed)");
   cmd->add_flag("--json", args->as_json, "One JSON result object");

@@ -22,10 +22,10 @@ Result<CompressionChoice> ParseCompression(const std::string& text) {
     if (!level_text.empty()) return Error::InvalidArgument("'none' takes no level");
     return c;
   } else if (name == "zstd") {
-    c = {formats::Compression::kZstd, 3};
+    c = {formats::Compression::kZstd, formats::kDefaultZstdLevel};
     max_level = 19;
   } else if (name == "deflate" || name == "zlib") {
-    c = {formats::Compression::kDeflate, 6};
+    c = {formats::Compression::kDeflate, formats::kDefaultDeflateLevel};
     max_level = 9;
   } else {
     return Error::InvalidArgument("unknown compression '" + text +
@@ -49,6 +49,10 @@ Result<uint32_t> ClusterBits(uint64_t cluster_bytes) {
   }
   return Error::InvalidArgument("cluster size must be a power of two from 512 to 2M, not " +
                                 std::to_string(cluster_bytes));
+}
+
+std::string DefaultCompression() {
+  return CompressionChoice{formats::Compression::kZstd, formats::kDefaultZstdLevel}.ToString();
 }
 
 void CopyFlags::AddTo(CLI::App* app, const std::string& default_compress) {

@@ -21,6 +21,9 @@ struct CompressionChoice {
 // "zstd", "zstd:N" (1..19), "deflate"/"zlib"[:N] (1..9), "none".
 Result<CompressionChoice> ParseCompression(const std::string& text);
 
+// What backups compress with unless told: "zstd:" + formats::kDefaultZstdLevel.
+std::string DefaultCompression();
+
 struct CopyFlags {
   std::string compress;
   std::string cluster_size = "64K";

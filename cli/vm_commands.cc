@@ -271,7 +271,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   cmd->add_flag("--skip-quiesce", a->req.skip_quiesce, "Do not freeze guest filesystems (no guest agent)");
   cmd->add_option("--disks", a->disks, "Only these disks (vda,vdb)")->delimiter(',');
   cmd->add_option("--catalog", a->catalog, "Catalog database");
-  a->copy.AddTo(cmd, "zstd:3");
+  a->copy.AddTo(cmd, DefaultCompression());
   cmd->add_flag("--json", a->as_json, "JSON result");
   cmd->callback([a, &exit_code] {
     orc::VmBackupRequest req = a->req;

@@ -22,6 +22,13 @@ Result<ImageFormat> ParseImageFormat(std::string_view name);
 enum class Compression : uint8_t { kNone, kZstd, kDeflate };
 std::string_view CompressionName(Compression c);  // "none", "zstd", "zlib"
 
+// barge's zstd level when none is given. Each 64 KiB cluster is its own
+// frame, and at that size level 2 stores within 0.1% of level 3's bytes
+// (qemu's level) for 25-35% less CPU; level 1 costs 2-7% more bytes
+// (docs/benchmarks.md, "compression level").
+inline constexpr int kDefaultZstdLevel = 2;
+inline constexpr int kDefaultDeflateLevel = 6;
+
 struct BitmapInfo {
   std::string name;
   uint32_t granularity_bytes = 0;

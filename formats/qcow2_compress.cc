@@ -13,7 +13,6 @@ namespace barge::formats {
 namespace {
 
 constexpr size_t kSectorBytes = 512;
-constexpr int kDefaultZstdLevel = 3;
 // qemu writes raw deflate with a 4 KiB window and memLevel 9; readers built
 // with any windowBits between 12 and 15 can then decode it.
 constexpr int kDeflateWriteWindowBits = -12;
@@ -125,7 +124,7 @@ ClusterCompressor::ClusterCompressor(Compression type, int level) : impl_(std::m
   if (type == Compression::kZstd) {
     impl_->level = (level >= 1 && level <= ZSTD_maxCLevel()) ? level : kDefaultZstdLevel;
   } else if (type == Compression::kDeflate) {
-    impl_->level = (level >= 1 && level <= 9) ? level : Z_DEFAULT_COMPRESSION;
+    impl_->level = (level >= 1 && level <= 9) ? level : kDefaultDeflateLevel;
   }
 }
 

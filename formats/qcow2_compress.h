@@ -16,7 +16,8 @@ namespace barge::formats {
 // Holds the compression context; one per thread.
 class ClusterCompressor {
  public:
-  // level: zstd 1..19 (default 3), deflate 1..9 (default 6 = Z_DEFAULT_COMPRESSION).
+  // level: zstd 1..19, deflate 1..9; out of range: kDefaultZstdLevel /
+  // kDefaultDeflateLevel (image.h).
   ClusterCompressor(Compression type, int level);
   ~ClusterCompressor();
   ClusterCompressor(const ClusterCompressor&) = delete;

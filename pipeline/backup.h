@@ -31,7 +31,7 @@ struct BackupRequest {
   std::string reason;              // recorded why; "" = a default per type
   std::string checkpoint;          // recorded libvirt checkpoint name
   formats::Compression compression = formats::Compression::kZstd;
-  int compression_level = 3;
+  int compression_level = formats::kDefaultZstdLevel;
   // Pipeline knobs (cluster_bytes, memory, threads, progress, stats,
   // cancel). Compression fields are taken from above.
   CopyOptions copy;

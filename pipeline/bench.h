@@ -20,7 +20,7 @@ struct BenchOptions {
   uint64_t memory_bytes = 256ull << 20;
   int threads = 0;                    // 0 = all cores
   formats::Compression compression = formats::Compression::kZstd;
-  int compression_level = 3;
+  int compression_level = formats::kDefaultZstdLevel;
   // Drop the source's pages (fdatasync + POSIX_FADV_DONTNEED) before the read
   // stage and before the end-to-end run: "cold" page cache for that file.
   bool cold = false;

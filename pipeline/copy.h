@@ -71,7 +71,7 @@ struct CopyOptions {
   // Compression for destinations that want it: must be their type (else
   // kInvalidArgument), or kNone to store every cluster raw.
   formats::Compression compression = formats::Compression::kZstd;
-  int compression_level = 3;
+  int compression_level = formats::kDefaultZstdLevel;
   bool sha512 = false;                 // SHA-512 of the work set's bytes in guest order
   // Expected digest per cluster: a mismatch fails the copy with kCorruption
   // before the chunk reaches any destination.
