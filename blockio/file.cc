@@ -309,11 +309,6 @@ Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMod
     info.size_bytes = 0;
     zero_initialized = true;
   }
-  if (internal::UringWanted(options)) {
-    // No ring: fall back to pwrite. `fd` is still ours on failure.
-    auto uring = internal::MakeUringSink(path, fd, info, zero_initialized);
-    if (uring.ok()) return std::move(uring).value();
-  }
   return std::unique_ptr<BlockSink>(new FileSink(path, std::move(fd), info, zero_initialized));
 }
 

@@ -1,5 +1,6 @@
-// Regular files and block devices as sources and sinks. Reads and writes go
-// through io_uring when a ring can be set up, else plain pread/pwrite.
+// Regular files and block devices as sources and sinks. Reads go through
+// io_uring when a ring can be set up, else pread; writes use pwrite (see
+// uring.cc for why).
 #pragma once
 
 #include <memory>
@@ -11,7 +12,7 @@
 namespace barge {
 
 struct FileOptions {
-  // Try io_uring first; fall back to pread/pwrite when it is unavailable.
+  // Sources: try io_uring first; fall back to pread when it is unavailable.
   // BARGE_NO_URING=1 in the environment forces the fallback process-wide.
   bool use_uring = true;
   // O_DIRECT (alignment then comes from the device's logical block size).

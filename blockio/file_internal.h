@@ -50,13 +50,11 @@ Status PreadFull(int fd, const std::string& path, uint64_t offset, std::span<std
 Status PwriteFull(int fd, const std::string& path, uint64_t offset,
                   std::span<const std::byte> data);
 
-// io_uring variants (uring.cc). They fail when no ring can be created; the
-// caller then uses the synchronous classes below. `fd` is moved from only on
-// success.
+// The io_uring source (uring.cc; writes have none, see there). It fails when
+// no ring can be created; the caller then uses the synchronous class below.
+// `fd` is moved from only on success.
 Result<std::unique_ptr<BlockSource>> MakeUringSource(const std::string& path, Fd& fd,
                                                      const FileInfo& info);
-Result<std::unique_ptr<BlockSink>> MakeUringSink(const std::string& path, Fd& fd,
-                                                 const FileInfo& info, bool zero_initialized);
 // Ring sizing. Defaults suit production; tests shrink them to force several
 // rounds per batch and resubmission of partial transfers.
 struct UringTuning {
@@ -70,13 +68,9 @@ struct UringTuning {
 Result<std::unique_ptr<BlockSource>> MakeUringSource(const std::string& path, Fd& fd,
                                                      const FileInfo& info,
                                                      const UringTuning& tuning);
-Result<std::unique_ptr<BlockSink>> MakeUringSink(const std::string& path, Fd& fd,
-                                                 const FileInfo& info, bool zero_initialized,
-                                                 const UringTuning& tuning);
-// True when the object came from MakeUringSource/MakeUringSink (for tests
-// that must know which path they exercise).
+// True when the source came from MakeUringSource (for tests that must know
+// which path they exercise).
 bool IsUringBacked(const BlockSource& source);
-bool IsUringBacked(const BlockSink& sink);
 
 // False when the caller or the environment turned io_uring off: see file.cc.
 bool UringWanted(const FileOptions& options);

@@ -1,5 +1,5 @@
-// Tests of the file backends, run once over io_uring and once over
-// pread/pwrite (FileOptions::use_uring), so both paths keep the same contract.
+// Tests of the file backends, run once with io_uring reads and once with
+// pread (FileOptions::use_uring), so both paths keep the same contract.
 #include "blockio/file.h"
 
 #include <fcntl.h>
@@ -39,7 +39,6 @@ class FileBackendTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<BlockSink> Sink(const std::string& path, SinkMode mode) {
     auto s = OpenFileSink(path, mode, options());
     EXPECT_TRUE(s.ok()) << s.error().ToString();
-    EXPECT_EQ(internal::IsUringBacked(**s), GetParam());
     return std::move(s).value();
   }
   TempDir dir_;
@@ -303,7 +302,6 @@ TEST(FileBackendEnvTest, NoUringEnvForcesFallback) {
   ASSERT_TRUE(source.ok());
   ASSERT_TRUE(sink.ok());
   EXPECT_FALSE(internal::IsUringBacked(**source));
-  EXPECT_FALSE(internal::IsUringBacked(**sink));
   auto again = OpenFileSource(path);
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(internal::IsUringBacked(**again));

@@ -1,5 +1,12 @@
-// io_uring backends for files and block devices: UringSource and UringSink
-// extend the pread/pwrite classes of file.cc and keep them as the fallback.
+// io_uring reads of files and block devices: UringSource extends the pread
+// class of file.cc and keeps it as the fallback.
+//
+// Writes have no io_uring path. A buffered write to a file cannot complete
+// without blocking, so io_uring hands every one to an io-wq worker thread:
+// the caller still waits, a second thread does the copy, and concurrent
+// writers' workers contend for the inode lock. Measured on this project's
+// 2-core machine, pwrite from the pipeline's own threads made a raw convert
+// 27% and a chain restore 7% faster (docs/benchmarks.md).
 #include <liburing.h>
 
 #include <algorithm>
@@ -77,8 +84,6 @@ class RingPool {
   std::vector<std::unique_ptr<Ring>> free_;  // guarded by mu_
 };
 
-enum class IoKind : uint8_t { kRead, kWrite };
-
 // One caller request inside a batch; `done_bytes` advances as completions
 // (possibly short) arrive.
 struct Op {
@@ -114,8 +119,8 @@ void Drain(io_uring* r, unsigned in_flight) {
 // sees it). Returns an error only when the ring itself failed (submit or wait
 // failing, not expected in practice); completions still due are drained
 // first, and the caller drops the ring rather than reuse it.
-Status RunBatch(Ring& ring, const UringTuning& tuning, IoKind kind, int fd,
-                const std::string& path, std::span<Op> ops) {
+Status RunBatch(Ring& ring, const UringTuning& tuning, int fd, const std::string& path,
+                std::span<Op> ops) {
   io_uring* r = ring.get();
   std::deque<size_t> queue;
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -126,7 +131,6 @@ Status RunBatch(Ring& ring, const UringTuning& tuning, IoKind kind, int fd,
     }
     queue.push_back(i);
   }
-  const char* op_name = kind == IoKind::kRead ? "io_uring read" : "io_uring write";
   unsigned in_flight = 0;
   while (!queue.empty() || in_flight > 0) {
     unsigned prepared = 0;
@@ -138,11 +142,7 @@ Status RunBatch(Ring& ring, const UringTuning& tuning, IoKind kind, int fd,
       Op& op = ops[i];
       uint64_t pos = op.offset + op.done_bytes;
       unsigned n = static_cast<unsigned>(std::min(op.length - op.done_bytes, tuning.max_sqe_bytes));
-      if (kind == IoKind::kRead) {
-        io_uring_prep_read(sqe, fd, op.data + op.done_bytes, n, pos);
-      } else {
-        io_uring_prep_write(sqe, fd, op.data + op.done_bytes, n, pos);
-      }
+      io_uring_prep_read(sqe, fd, op.data + op.done_bytes, n, pos);
       io_uring_sqe_set_data64(sqe, i);
       ++prepared;
     }
@@ -178,12 +178,11 @@ Status RunBatch(Ring& ring, const UringTuning& tuning, IoKind kind, int fd,
       if (res == -EINTR || res == -EAGAIN) {
         queue.push_back(&op - ops.data());
       } else if (res < 0) {
-        op.status = Error::FromErrno(-res, op_name, path, op.offset + op.done_bytes,
+        op.status = Error::FromErrno(-res, "io_uring read", path, op.offset + op.done_bytes,
                                      op.length - op.done_bytes);
         op.finished = true;
       } else if (res == 0) {
-        op.status = Error::IoError(kind == IoKind::kRead ? "unexpected end of file"
-                                                         : "write made no progress")
+        op.status = Error::IoError("unexpected end of file")
                         .set_path(path)
                         .set_range(op.offset + op.done_bytes, op.length - op.done_bytes);
         op.finished = true;
@@ -202,13 +201,13 @@ Status RunBatch(Ring& ring, const UringTuning& tuning, IoKind kind, int fd,
   return OkStatus();
 }
 
-// Runs `ops` on a ring from `pool`, or with pread/pwrite when no ring can be
-// had (memlock limits reached by a burst of new threads): every path ends in
-// the same per-op statuses.
-void RunOps(RingPool& pool, IoKind kind, int fd, const std::string& path, std::span<Op> ops) {
+// Runs `ops` on a ring from `pool`, or with pread when no ring can be had
+// (memlock limits reached by a burst of new threads): every path ends in the
+// same per-op statuses.
+void RunOps(RingPool& pool, int fd, const std::string& path, std::span<Op> ops) {
   auto ring = pool.Take(path);
   if (ring.ok()) {
-    Status s = RunBatch(**ring, pool.tuning(), kind, fd, path, ops);
+    Status s = RunBatch(**ring, pool.tuning(), fd, path, ops);
     if (s.ok()) {
       pool.Give(std::move(ring).value());
       return;
@@ -221,9 +220,7 @@ void RunOps(RingPool& pool, IoKind kind, int fd, const std::string& path, std::s
     if (op.finished) continue;
     uint64_t pos = op.offset + op.done_bytes;
     size_t n = op.length - op.done_bytes;
-    op.status = kind == IoKind::kRead
-                    ? PreadFull(fd, path, pos, std::span(op.data + op.done_bytes, n))
-                    : PwriteFull(fd, path, pos, std::span<const std::byte>(op.data + op.done_bytes, n));
+    op.status = PreadFull(fd, path, pos, std::span(op.data + op.done_bytes, n));
     op.finished = true;
   }
 }
@@ -239,7 +236,7 @@ class UringSource final : public FileSource {
   Status ReadAt(uint64_t offset, std::span<std::byte> out) override {
     BARGE_RETURN_IF_ERROR(CheckRange(offset, out.size()));
     Op op(offset, out.data(), out.size());
-    RunOps(pool_, IoKind::kRead, fd(), path_, std::span(&op, 1));
+    RunOps(pool_, fd(), path_, std::span(&op, 1));
     return op.status;
   }
 
@@ -255,40 +252,13 @@ class UringSource final : public FileSource {
         ops[i].finished = true;
       }
     }
-    RunOps(pool_, IoKind::kRead, fd(), path_, ops);
+    RunOps(pool_, fd(), path_, ops);
     Status first;
     for (size_t i = 0; i < requests.size(); ++i) {
       requests[i].status = std::move(ops[i].status);
       if (!requests[i].status.ok() && first.ok()) first = requests[i].status;
     }
     return first;
-  }
-
- private:
-  RingPool pool_;
-};
-
-// Writes through a pool of rings; zeroing, trim, flush and truncate stay
-// synchronous (FileSink). Thread-safe for disjoint ranges.
-class UringSink final : public FileSink {
- public:
-  UringSink(std::string path, Fd fd, FileInfo info, bool zero_initialized,
-            const UringTuning& tuning, std::unique_ptr<Ring> first)
-      : FileSink(std::move(path), std::move(fd), info, zero_initialized),
-        pool_(tuning, std::move(first)) {}
-
-  Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
-    if (info_.is_block_device && offset + data.size() > info_.size_bytes) {
-      return Error::NoSpace("write beyond end of device").set_path(path_).set_range(offset,
-                                                                                    data.size());
-    }
-    // io_uring_prep_write takes a const buffer; the cast only fits Op.
-    Op op(offset, const_cast<std::byte*>(data.data()), data.size());
-    RunOps(pool_, IoKind::kWrite, fd(), path_, std::span(&op, 1));
-    BARGE_RETURN_IF_ERROR(op.status);
-    Grow(offset + data.size());
-    WroteRange(offset, data.size());
-    return OkStatus();
   }
 
  private:
@@ -302,11 +272,6 @@ Result<std::unique_ptr<BlockSource>> MakeUringSource(const std::string& path, Fd
   return MakeUringSource(path, fd, info, UringTuning{});
 }
 
-Result<std::unique_ptr<BlockSink>> MakeUringSink(const std::string& path, Fd& fd,
-                                                 const FileInfo& info, bool zero_initialized) {
-  return MakeUringSink(path, fd, info, zero_initialized, UringTuning{});
-}
-
 Result<std::unique_ptr<BlockSource>> MakeUringSource(const std::string& path, Fd& fd,
                                                      const FileInfo& info,
                                                      const UringTuning& tuning) {
@@ -317,20 +282,8 @@ Result<std::unique_ptr<BlockSource>> MakeUringSource(const std::string& path, Fd
       new UringSource(path, std::move(fd), info, tuning, std::move(ring)));
 }
 
-Result<std::unique_ptr<BlockSink>> MakeUringSink(const std::string& path, Fd& fd,
-                                                 const FileInfo& info, bool zero_initialized,
-                                                 const UringTuning& tuning) {
-  BARGE_ASSIGN_OR_RETURN(auto ring, Ring::Create(tuning.queue_depth, path));
-  return std::unique_ptr<BlockSink>(
-      new UringSink(path, std::move(fd), info, zero_initialized, tuning, std::move(ring)));
-}
-
 bool IsUringBacked(const BlockSource& source) {
   return dynamic_cast<const UringSource*>(&source) != nullptr;
-}
-
-bool IsUringBacked(const BlockSink& sink) {
-  return dynamic_cast<const UringSink*>(&sink) != nullptr;
 }
 
 }  // namespace barge::internal

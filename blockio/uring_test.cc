@@ -1,4 +1,4 @@
-// io_uring specifics: batches bigger than the ring, transfers split into
+// io_uring specifics: batches bigger than the ring, reads split into
 // partial pieces that must be resubmitted, ring pool growth under many
 // threads. The shared contract of both file paths is in file_test.cc.
 #include <fcntl.h>
@@ -31,16 +31,6 @@ std::unique_ptr<BlockSource> TinySource(const std::string& path) {
   return std::move(source).value();
 }
 
-std::unique_ptr<BlockSink> TinySink(const std::string& path) {
-  auto fd = OpenFd(path, O_RDWR | O_CREAT, 0644);
-  EXPECT_TRUE(fd.ok());
-  auto info = StatFd(*fd, path);
-  EXPECT_TRUE(info.ok());
-  auto sink = MakeUringSink(path, *fd, *info, false, kTiny);
-  EXPECT_TRUE(sink.ok()) << sink.error().ToString();
-  return std::move(sink).value();
-}
-
 TEST(UringTest, PartialTransfersAreResubmitted) {
   TempDir dir;
   std::string path = dir / "disk.raw";
@@ -50,18 +40,6 @@ TEST(UringTest, PartialTransfersAreResubmitted) {
   std::vector<std::byte> out(data.size() - 5);
   ASSERT_TRUE(source->ReadAt(5, out).ok());
   EXPECT_TRUE(std::equal(out.begin(), out.end(), data.begin() + 5));
-}
-
-TEST(UringTest, WritesSplitIntoPiecesLandWhole) {
-  TempDir dir;
-  std::string path = dir / "out.raw";
-  auto data = RandomBytes((512 << 10) + 9, 2);
-  {
-    auto sink = TinySink(path);
-    ASSERT_TRUE(sink->WriteAt(0, data).ok());
-    EXPECT_EQ(sink->size_bytes(), data.size());
-  }
-  EXPECT_EQ(ReadFile(path), data);
 }
 
 TEST(UringTest, ReadManyLongerThanTheRing) {

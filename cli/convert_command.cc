@@ -68,7 +68,11 @@ int RunConvert(ConvertArgs& a) {
   }
   if (!a.backing.empty() && !qcow2) return ReportError(Error::InvalidArgument("--backing needs -O qcow2"));
 
-  pipeline::SourceSpec spec{a.source, a.flags.format, a.flags.allow_any_path, a.flags.allow_dirs};
+  pipeline::SourceSpec spec;
+  spec.location = a.source;
+  spec.format = a.flags.format;
+  spec.allow_any_path = a.flags.allow_any_path;
+  spec.allow_dirs = a.flags.allow_dirs;
   auto src = pipeline::OpenSource(spec);
   if (!src.ok()) return ReportError(src.error());
   formats::Image& image = *src->image;

@@ -169,8 +169,12 @@ TEST_P(Qcow2WriterMatrixTest, EveryRefcountOrderAndCompression) {
       Qcow2WriterStats stats = WriteMixedImage(c, image, raw);
       if (HasFailure()) return;
       EXPECT_EQ(stats.file_bytes, ReadFile(image).size());
-      if (clusters > 10) EXPECT_GT(stats.zero_clusters, 0u);
-      if (comp != Compression::kNone && bits > 9) EXPECT_GT(stats.compressed_clusters, 0u);
+      if (clusters > 10) {
+        EXPECT_GT(stats.zero_clusters, 0u);
+      }
+      if (comp != Compression::kNone && bits > 9) {
+        EXPECT_GT(stats.compressed_clusters, 0u);
+      }
       ExpectClean(image);
       ExpectSameAsRaw(image, raw);
       auto info = Json("qemu-img info -f qcow2 --output=json " + ShellQuote(image));
