@@ -58,10 +58,25 @@ class ZStream {
   bool deflating_ = false;
 };
 
+// The largest window a payload may ask the decoder for: 8 MiB, four times
+// the largest cluster (2 MiB). A frame only needs a window as big as its
+// content, but one from an untrusted image may declare up to zstd's default
+// limit of 128 MiB, allocated per decoding thread. Such a frame is refused.
+constexpr int kZstdWindowLogMax = 23;
+
+ZSTD_DCtx* NewZstdDCtx() {
+  ZSTD_DCtx* d = ZSTD_createDCtx();
+  if (d != nullptr && ZSTD_isError(ZSTD_DCtx_setParameter(d, ZSTD_d_windowLogMax, kZstdWindowLogMax))) {
+    ZSTD_freeDCtx(d);
+    return nullptr;
+  }
+  return d;
+}
+
 Status DecompressZstd(std::span<const std::byte> payload, std::span<std::byte> out) {
   // One decoder context per thread: DecompressCluster is called from many
   // reader threads and a context is too costly to build per cluster.
-  thread_local std::unique_ptr<ZSTD_DCtx, ZstdDCtxDeleter> dctx(ZSTD_createDCtx());
+  thread_local std::unique_ptr<ZSTD_DCtx, ZstdDCtxDeleter> dctx(NewZstdDCtx());
   if (!dctx) return Error::IoError("zstd: cannot allocate a decompression context");
   ZSTD_DCtx_reset(dctx.get(), ZSTD_reset_session_only);
 

@@ -2,6 +2,7 @@
 #include "formats/qcow2_compress.h"
 
 #include <gtest/gtest.h>
+#include <zstd.h>
 
 #include <cstring>
 #include <vector>
@@ -161,6 +162,41 @@ TEST(CompressFormatTest, ZstdPayloadIsOneFrameWithContentSize) {
   uint8_t fhd = uint8_t(p[4]);
   EXPECT_EQ(fhd & 0x04, 0);
   EXPECT_TRUE((fhd & 0xc0) != 0 || (fhd & 0x20) != 0);
+}
+
+// A frame that declares a 32 MiB window and no content size (a crafted
+// image's payload) is refused instead of making the decoder allocate it.
+TEST(CompressFormatTest, ZstdFrameWithHugeWindowIsCorruption) {
+  std::vector<std::byte> cluster = Compressible(65536, 4);
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  ASSERT_NE(c, nullptr);
+  ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog, 25);
+  ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 0);
+  std::vector<std::byte> frame(ZSTD_compressBound(cluster.size()));
+  ZSTD_outBuffer o{frame.data(), frame.size(), 0};
+  ZSTD_inBuffer in{cluster.data(), cluster.size(), 0};
+  // Streaming in two steps: the size is not known when the header is made.
+  ASSERT_FALSE(ZSTD_isError(ZSTD_compressStream2(c, &o, &in, ZSTD_e_continue)));
+  size_t left = 0;
+  do {
+    left = ZSTD_compressStream2(c, &o, &in, ZSTD_e_end);
+    ASSERT_FALSE(ZSTD_isError(left));
+  } while (left != 0);
+  ZSTD_freeCCtx(c);
+  frame.resize(o.pos);
+  // The same bytes decode with a window zstd allows by default.
+  std::vector<std::byte> check(65536);
+  ZSTD_DCtx* d = ZSTD_createDCtx();
+  ZSTD_inBuffer din{frame.data(), frame.size(), 0};
+  ZSTD_outBuffer dout{check.data(), check.size(), 0};
+  EXPECT_FALSE(ZSTD_isError(ZSTD_decompressStream(d, &dout, &din)));
+  ZSTD_freeDCtx(d);
+  EXPECT_EQ(check, cluster);
+
+  std::vector<std::byte> out(65536);
+  Status st = DecompressCluster(Compression::kZstd, frame, out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kCorruption);
 }
 
 TEST(CompressFormatTest, DeflateHasNoZlibHeader) {
