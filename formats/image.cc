@@ -99,4 +99,21 @@ Result<std::unique_ptr<Image>> OpenImage(const std::string& path, const SourceOp
   return OpenQcow2(std::move(file), path, opener, options);
 }
 
+Result<std::optional<ImageInfo>> ProbeQcow2Layer(const std::string& path, const SourceOpener& opener) {
+  auto file = opener(path);
+  if (!file.ok() || (*file)->size_bytes() < 4) return std::optional<ImageInfo>();
+  std::array<std::byte, 4> magic;
+  if (!(*file)->ReadAt(0, magic).ok() ||
+      magic != std::array<std::byte, 4>{std::byte{'Q'}, std::byte{'F'}, std::byte{'I'}, std::byte{0xfb}}) {
+    return std::optional<ImageInfo>();
+  }
+  OpenOptions o;
+  o.format = ImageFormat::kQcow2;
+  o.open_backing = false;
+  o.open_data_file = false;
+  o.allow_any_path = true;
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Image> image, OpenQcow2(std::move(file).value(), path, opener, o));
+  return std::optional<ImageInfo>(image->info());
+}
+
 }  // namespace barge::formats

@@ -126,4 +126,10 @@ class Image : public BlockSource {
 Result<std::unique_ptr<Image>> OpenImage(const std::string& path, const SourceOpener& opener,
                                          const OpenOptions& options = {});
 
+// The header view of one qcow2 layer, for callers that look at the names it
+// stores (backing file, data file) without following them: nullopt when
+// `path` cannot be opened or does not start with the qcow2 magic; an error
+// when it does but the header or tables are bad.
+Result<std::optional<ImageInfo>> ProbeQcow2Layer(const std::string& path, const SourceOpener& opener);
+
 }  // namespace barge::formats

@@ -9,7 +9,6 @@
 #include <ctime>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <thread>
@@ -185,19 +184,9 @@ std::string CopyPath(const std::string& disk, const std::string& name) { return 
 // The backing file `qcow2` names, resolved against its folder; "" if none
 // or not a qcow2 file.
 std::string BackingOf(const fs::path& qcow2) {
-  char magic[4] = {};
-  std::ifstream in(qcow2, std::ios::binary);
-  in.read(magic, 4);
-  if (in.gcount() != 4 || std::string_view(magic, 4) != std::string_view("QFI\xfb", 4)) return "";
-  formats::OpenOptions o;
-  o.format = formats::ImageFormat::kQcow2;
-  o.open_backing = false;
-  o.open_data_file = false;
-  o.allow_any_path = true;
-  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
-  auto image = formats::OpenImage(qcow2.string(), opener, o);
-  if (!image.ok() || (*image)->info().backing_file.empty()) return "";
-  fs::path b((*image)->info().backing_file);
+  auto info = formats::ProbeQcow2Layer(qcow2.string(), [](const std::string& p) { return OpenFileSource(p); });
+  if (!info.ok() || !*info || (*info)->backing_file.empty()) return "";
+  fs::path b((*info)->backing_file);
   if (b.is_relative()) b = qcow2.parent_path() / b;
   std::error_code ec;
   return fs::weakly_canonical(b, ec).string();

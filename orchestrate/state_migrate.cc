@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -156,21 +155,10 @@ bool Inside(const fs::path& p, const fs::path& dir) {
 // Refuses a qcow2 file whose data file or backing file lies inside the
 // folder being moved: its stored absolute name would dangle afterwards.
 Status CheckQcow2References(const fs::path& file, const fs::path& from) {
-  char magic[4] = {};
-  {
-    std::ifstream in(file, std::ios::binary);
-    in.read(magic, 4);
-    if (in.gcount() != 4 || std::memcmp(magic, "QFI\xfb", 4) != 0) return OkStatus();
-  }
-  formats::OpenOptions o;
-  o.format = formats::ImageFormat::kQcow2;
-  o.open_backing = false;
-  o.open_data_file = false;
-  o.allow_any_path = true;
-  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image, formats::OpenImage(file.string(), opener, o));
-  const formats::ImageInfo& info = image->info();
-  for (const std::string* name : {&info.data_file, &info.backing_file}) {
+  BARGE_ASSIGN_OR_RETURN(std::optional<formats::ImageInfo> info,
+                         formats::ProbeQcow2Layer(file.string(), [](const std::string& p) { return OpenFileSource(p); }));
+  if (!info) return OkStatus();
+  for (const std::string* name : {&info->data_file, &info->backing_file}) {
     if (name->empty()) continue;
     fs::path p(*name);
     if (p.is_absolute() && Inside(p, from)) {
