@@ -1,6 +1,7 @@
 // barge convert: copy any image (raw/qcow2 chain/device/NBD) into a raw or
 // qcow2 file or a block device, through the copy pipeline.
 #include <filesystem>
+#include <optional>
 #include <iostream>
 
 #include "blockio/file.h"
@@ -8,6 +9,7 @@
 #include "cli/copy_flags.h"
 #include "cli/progress.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/overlay_destination.h"
 #include "pipeline/staged_file.h"
 
 namespace barge::cli {
@@ -85,23 +87,43 @@ int RunConvert(ConvertArgs& a) {
     return ReportError(Error::NotSupported("qcow2 output goes to a file, not a block device"));
   }
 
+  // The backing image, opened to compare against: the output stores only
+  // the clusters that read differently (as qemu-img convert -B does).
+  std::optional<pipeline::OpenedSource> backing;
+  if (!a.backing.empty()) {
+    std::filesystem::path b(a.backing);
+    if (b.is_relative()) b = std::filesystem::path(a.dest).parent_path() / b;
+    pipeline::SourceSpec bspec;
+    bspec.location = b.lexically_normal().string();
+    bspec.format = a.backing_format.empty() ? "qcow2" : a.backing_format;
+    bspec.allow_any_path = a.flags.allow_any_path;
+    bspec.allow_dirs = a.flags.allow_dirs;
+    auto opened = pipeline::OpenSource(bspec);
+    if (!opened.ok()) {
+      return ReportError(Error(opened.error())
+                             .Wrap("cannot open the backing file '" + a.backing +
+                                   "' (named relative to the output; convert stores only what differs from it)"));
+    }
+    backing = std::move(opened).value();
+  }
+
   std::unique_ptr<pipeline::Destination> dest;
   if (qcow2) {
     formats::Qcow2WriterOptions w;
     w.virtual_size = size;
     w.cluster_bits = *ClusterBits(options.cluster_bytes);
     w.compression = compression.type;
-    auto zero_policy = pipeline::ZeroPolicy::kOmit;
-    if (!a.backing.empty()) {
+    if (backing) {
       w.backing_file = a.backing;
       w.backing_format = a.backing_format.empty() ? "qcow2" : a.backing_format;
-      // Everything is stored, zero clusters included, so the output reads
-      // the same as the source whatever the backing file holds.
-      zero_policy = pipeline::ZeroPolicy::kZeroCluster;
+      auto d = pipeline::OverlayQcow2Destination::CreateDiff(out->sink(), w, *backing->image);
+      if (!d.ok()) return ReportError(d.error());
+      dest = std::move(d).value();
+    } else {
+      auto d = pipeline::Qcow2Destination::Create(out->sink(), w, pipeline::ZeroPolicy::kOmit);
+      if (!d.ok()) return ReportError(d.error());
+      dest = std::move(d).value();
     }
-    auto d = pipeline::Qcow2Destination::Create(out->sink(), w, zero_policy);
-    if (!d.ok()) return ReportError(d.error());
-    dest = std::move(d).value();
   } else {
     pipeline::RawDestinationOptions r;
     r.virtual_size = size;
@@ -161,7 +183,8 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code) {
   args->flags.AddTo(cmd);
   args->copy.AddTo(cmd, "none");
   cmd->add_option("--backing", args->backing,
-                  "qcow2 output: name of a backing file to store (relative to the output)");
+                  "qcow2 output: backing file to store by this name (relative to the output); "
+                  "only clusters that differ from it are written");
   cmd->add_option("--backing-format", args->backing_format, "Format of the backing file (default qcow2)")
       ->check(CLI::IsMember({"raw", "qcow2"}));
   cmd->add_flag("--force", args->force, "Replace an existing output file");

@@ -2,12 +2,15 @@
 // and a qcow2 destination that stores only the clusters of such a map while
 // the copy reads (and hashes) the whole guest view. `barge replicate
 // --backing keep` uses both: the SHA-512 covers the logical disk, the copy
-// holds the top layer and names the same backing file.
+// holds the top layer and names the same backing file. `barge convert
+// --backing` stores only what differs from the backing image.
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "blockio/error.h"
 #include "blockio/extent.h"
@@ -37,6 +40,13 @@ class OverlayQcow2Destination final : public Destination {
   static Result<std::unique_ptr<OverlayQcow2Destination>> Create(BlockSink& sink,
                                                                 formats::Qcow2WriterOptions options,
                                                                 const RangeList& allocated);
+  // The same, deciding per cluster by content instead: a cluster is stored
+  // when its bytes differ from what `backing` (the image the backing file
+  // name refers to; it must outlive the destination) reads there, zero and
+  // hole clusters included; clusters that read the same are left to it.
+  static Result<std::unique_ptr<OverlayQcow2Destination>> CreateDiff(BlockSink& sink,
+                                                                    formats::Qcow2WriterOptions options,
+                                                                    formats::Image& backing);
 
   const std::string& name() const override { return name_; }
   formats::Compression compression() const override { return compression_; }
@@ -45,15 +55,20 @@ class OverlayQcow2Destination final : public Destination {
 
  private:
   OverlayQcow2Destination(std::unique_ptr<formats::Qcow2Writer> writer, std::string name,
-                          formats::Compression compression, const RangeList& allocated);
+                          formats::Compression compression, const RangeList* allocated,
+                          formats::Image* backing);
   // True when [begin, end) overlaps `allocated_`. Calls come in increasing
   // guest order, so a cursor walks the list once.
   bool Overlaps(uint64_t begin, uint64_t end);
+  // What the backing image reads over the chunk's window (zeros past its end).
+  Result<std::span<const std::byte>> ReadBacking(const Chunk& chunk);
 
   std::unique_ptr<formats::Qcow2Writer> writer_;
   std::string name_;
   formats::Compression compression_;
-  const RangeList& allocated_;
+  const RangeList* allocated_;     // set: store the clusters overlapping it
+  formats::Image* backing_;        // set: store the clusters that differ from it
+  std::vector<std::byte> below_;   // ReadBacking's buffer (Consume is serial)
   size_t cursor_ = 0;
 };
 
