@@ -161,12 +161,13 @@ int RunCleanup(const CatalogArgs& a) {
   auto r = (*cat)->Cleanup(*interval);
   if (!r.ok()) return ReportError("image cleanup", r.error());
   if (a.as_json) {
-    PrintJson({{"removed", r->removed}, {"in_use", r->in_use}, {"waiting", r->waiting}});
+    PrintJson({{"removed", r->removed}, {"in_use", r->in_use}, {"waiting", r->waiting}, {"busy", r->busy}});
     return kExitOk;
   }
   for (const auto& p : r->removed) std::cout << "removed " << p << "\n";
   for (const auto& p : r->in_use) std::cout << "in use  " << p << "\n";
   for (const auto& p : r->waiting) std::cout << "waiting " << p << "\n";
+  for (const auto& p : r->busy) std::cout << "busy    " << p << "  (an add or sync of its image is running)\n";
   return kExitOk;
 }
 

@@ -617,6 +617,12 @@ Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for) {
       BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
       continue;
     }
+    auto image_lock = FileLock::TryAcquire(LockPath(c.image), "image " + c.image + " is busy");
+    if (!image_lock.ok()) {
+      if (!image_lock.error().retryable()) return image_lock.error();
+      result.busy.push_back(c.path);
+      continue;
+    }
     // The record goes first: a file without one is never taken as ready.
     fs::remove(pipeline::ReplicaRecordPath(c.path), ec);
     fs::remove(c.path, ec);

@@ -75,6 +75,7 @@ struct CleanupResult {
   std::vector<std::string> removed;  // paths
   std::vector<std::string> in_use;   // kept: a qcow2 in the disk's folder uses them
   std::vector<std::string> waiting;  // kept: unused for less than the interval
+  std::vector<std::string> busy;     // kept: an add or sync of the image holds its lock
 };
 
 // Thread-safe (one connection behind a mutex). Several processes may use
@@ -127,7 +128,9 @@ class ImageCatalog {
   // Removes ready copies that no qcow2 in their disk's folder uses as its
   // backing file and that have been unused for at least `unused_for`
   // (measured from when a cleanup first saw them unused, or their last
-  // update). A copy in use is never removed.
+  // update). A copy in use is never removed, nor one whose image an add or
+  // sync (another process included) is working on: removal holds the
+  // image's lock, so a sync never loses the copy it sends from.
   Result<CleanupResult> Cleanup(std::chrono::seconds unused_for);
 
  private:

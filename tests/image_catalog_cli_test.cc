@@ -7,6 +7,7 @@
 // syncs of different images run side by side.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -86,6 +87,19 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
   EXPECT_TRUE(clean["removed"].empty()) << clean.dump();
   EXPECT_EQ(clean["in_use"].size(), 1u);
   EXPECT_EQ(clean["waiting"].size(), 4u);
+  {
+    // While another process holds the image's lock (a sync sending from
+    // these copies), cleanup removes nothing of that image.
+    std::string lock = c.dir / "locks/images/base.lock";
+    int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    json held = json::parse(RunOk(c.Cmd("cleanup --json --unused-for 0")));
+    ::close(fd);
+    EXPECT_TRUE(held["removed"].empty()) << held.dump();
+    EXPECT_EQ(held["busy"].size(), 4u) << held.dump();
+    for (int i : {0, 2, 3, 4}) EXPECT_TRUE(fs::exists(c.Disk(i) + "/base"));
+  }
   clean = json::parse(RunOk(c.Cmd("cleanup --json --unused-for 0")));
   EXPECT_EQ(clean["removed"].size(), 4u) << clean.dump();
   EXPECT_EQ(clean["in_use"].size(), 1u);
