@@ -4,7 +4,6 @@
 #include "orchestrate/image_catalog.h"
 
 #include <algorithm>
-#include <charconv>
 #include <condition_variable>
 #include <ctime>
 #include <deque>
@@ -64,30 +63,13 @@ CREATE TABLE IF NOT EXISTS image_senders (
 constexpr const char* kCopyColumns =
     "image, disk, path, state, percent, message, sender, updated, unused_since, owner";
 
-// SqliteStatement binds and reads no REAL values, so the percent travels as
-// text: written with to_chars (shortest exact form) and stored as REAL by a
-// CAST in the SQL; read back as SQLite's text form of the REAL. Both ends are
-// locale-independent.
-std::string PercentText(double percent) {
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), percent);
-  return ec == std::errc() ? std::string(buf, end) : "0";
-}
-
-double PercentColumn(const SqliteStatement& s, int column) {
-  std::string text = s.Text(column);
-  double v = 0;
-  std::from_chars(text.data(), text.data() + text.size(), v);
-  return v;
-}
-
 ImageCopyRecord CopyFromRow(const SqliteStatement& s) {
   ImageCopyRecord r;
   r.image = s.Text(0);
   r.disk = s.Text(1);
   r.path = s.Text(2);
   r.state = s.Text(3);
-  r.percent = PercentColumn(s, 4);
+  r.percent = s.Real(4);
   r.message = s.Text(5);
   r.sender = s.Text(6);
   r.updated = s.Int(7);
@@ -118,18 +100,18 @@ Status SetCopy(SqliteDb& db, const ImageCopyRecord& r) {
   BARGE_ASSIGN_OR_RETURN(
       auto s, db.Prepare("INSERT INTO image_copies (image, disk, path, state, percent, message, sender, updated, "
                          "unused_since, owner) "
-                         "VALUES (?1, ?2, ?3, ?4, CAST(?5 AS REAL), ?6, ?7, ?8, ?9, ?10) "
+                         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
                          "ON CONFLICT (image, disk) DO UPDATE SET "
-                         "path = ?3, state = ?4, percent = CAST(?5 AS REAL), message = ?6, sender = ?7, "
+                         "path = ?3, state = ?4, percent = ?5, message = ?6, sender = ?7, "
                          "updated = ?8, unused_since = ?9, owner = ?10"));
-  return s.Bind(1, r.image).Bind(2, r.disk).Bind(3, r.path).Bind(4, r.state).Bind(5, PercentText(r.percent))
+  return s.Bind(1, r.image).Bind(2, r.disk).Bind(3, r.path).Bind(4, r.state).BindReal(5, r.percent)
       .Bind(6, r.message).Bind(7, r.sender).Bind(8, r.updated).Bind(9, r.unused_since).Bind(10, r.owner).Run();
 }
 
 Status SetPercent(SqliteDb& db, const std::string& image, const std::string& disk, double percent) {
   BARGE_ASSIGN_OR_RETURN(
-      auto s, db.Prepare("UPDATE image_copies SET percent = CAST(?3 AS REAL) WHERE image = ?1 AND disk = ?2"));
-  return s.Bind(1, image).Bind(2, disk).Bind(3, PercentText(percent)).Run();
+      auto s, db.Prepare("UPDATE image_copies SET percent = ?3 WHERE image = ?1 AND disk = ?2"));
+  return s.Bind(1, image).Bind(2, disk).BindReal(3, percent).Run();
 }
 
 // Rows of `image` ("" = all) on `disk` ("" = all); with `unfinished`, only

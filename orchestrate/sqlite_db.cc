@@ -81,6 +81,13 @@ SqliteStatement& SqliteStatement::Bind(int index, int64_t value) {
   return *this;
 }
 
+SqliteStatement& SqliteStatement::BindReal(int index, double value) {
+  if (sqlite3_bind_double(stmt_, index, value) != SQLITE_OK && bind_status_.ok()) {
+    bind_status_ = db_->LastError("bind");
+  }
+  return *this;
+}
+
 SqliteStatement& SqliteStatement::BindNull(int index) {
   if (sqlite3_bind_null(stmt_, index) != SQLITE_OK && bind_status_.ok()) {
     bind_status_ = db_->LastError("bind");
@@ -116,6 +123,7 @@ std::string SqliteStatement::Text(int column) const {
 }
 
 int64_t SqliteStatement::Int(int column) const { return sqlite3_column_int64(stmt_, column); }
+double SqliteStatement::Real(int column) const { return sqlite3_column_double(stmt_, column); }
 bool SqliteStatement::IsNull(int column) const { return sqlite3_column_type(stmt_, column) == SQLITE_NULL; }
 
 Result<std::unique_ptr<SqliteTransaction>> SqliteTransaction::Begin(SqliteDb& db) {

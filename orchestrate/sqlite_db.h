@@ -59,6 +59,8 @@ class SqliteStatement {
   SqliteStatement& Bind(int index, std::string_view text);
   SqliteStatement& Bind(int index, int64_t value);
   SqliteStatement& BindNull(int index);
+  // Named apart from Bind: an int argument would match both int64_t and double.
+  SqliteStatement& BindReal(int index, double value);
 
   // Steps once: true with a row, false when done; an Error otherwise.
   Result<bool> Step();
@@ -68,6 +70,7 @@ class SqliteStatement {
 
   std::string Text(int column) const;
   int64_t Int(int column) const;
+  double Real(int column) const;
   bool IsNull(int column) const;
 
  private:
