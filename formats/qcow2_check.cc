@@ -91,10 +91,8 @@ Status Checker::CheckL2(uint64_t l2_offset, bool active) {
     const uint64_t entry = LoadBe64(table.data() + i * entry_bytes);
     if (entry & kOflagCompressed) {
       if (entry & kOflagCopied) Corrupt("compressed cluster with the COPIED flag: l2_entry=" + Hex(entry));
-      const uint32_t x = CompressedOffsetBits(h_.cluster_bits);
-      const uint64_t off = entry & ((uint64_t{1} << x) - 1);
-      const uint64_t sectors = ((entry >> x) & ((uint64_t{1} << (h_.cluster_bits - 8)) - 1)) + 1;
-      Reference(off, sectors * kSectorBytes - (off & (kSectorBytes - 1)), "compressed cluster");
+      const CompressedPayload payload = DecodeCompressed(entry, h_.cluster_bits);
+      Reference(payload.host, payload.bytes, "compressed cluster");
       if (active) ++report_.allocated_clusters;
       continue;
     }

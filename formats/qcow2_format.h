@@ -124,4 +124,20 @@ inline uint64_t RefcountsPerBlock(uint32_t cluster_bits, uint32_t refcount_order
 // Compressed descriptor: bit x = 70 - cluster_bits splits offset and sectors.
 inline uint32_t CompressedOffsetBits(uint32_t cluster_bits) { return 70 - cluster_bits; }
 
+// Where a compressed cluster's payload lies, from its L2 entry: the host
+// offset, and the bytes of the stored sectors from there (their count less
+// the part of the first sector before the payload). Unchecked: the payload
+// may reach past the end of the file (the last one may end inside a final,
+// partial sector).
+struct CompressedPayload {
+  uint64_t host = 0;
+  uint64_t bytes = 0;
+};
+inline CompressedPayload DecodeCompressed(uint64_t l2_entry, uint32_t cluster_bits) {
+  const uint32_t x = CompressedOffsetBits(cluster_bits);
+  const uint64_t host = l2_entry & ((uint64_t{1} << x) - 1);
+  const uint64_t sectors = ((l2_entry >> x) & ((uint64_t{1} << (cluster_bits - 8)) - 1)) + 1;
+  return {host, sectors * kSectorBytes - (host & (kSectorBytes - 1))};
+}
+
 }  // namespace barge::formats::qcow2

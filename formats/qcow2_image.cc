@@ -114,8 +114,7 @@ Status Qcow2Image::MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& 
       if (entry & kOflagCompressed) {
         if (data_file) return Bad("L2 entry: compressed cluster in an image with a data file", entry_pos);
         if (ext && bitmap != 0) return Bad("L2 entry: compressed cluster with a subcluster bitmap", entry_pos);
-        const uint32_t x = CompressedOffsetBits(cb);
-        const uint64_t host = entry & ((uint64_t{1} << x) - 1);
+        const uint64_t host = DecodeCompressed(entry, cb).host;
         if ((host >> 56) != 0 || host >= file_size) {
           return Bad("L2 entry: compressed data offset lies beyond the end of the file", entry_pos);
         }
@@ -178,7 +177,6 @@ struct Qcow2Image::Fetch {
 
 Status Qcow2Image::ReadPieces(std::span<const Piece> pieces) {
   const uint32_t cb = header_.cluster_bits;
-  const uint32_t x = CompressedOffsetBits(cb);
   const uint64_t file_size = file_->size_bytes();
   const uint64_t backing_size = backing_ ? backing_->size_bytes() : 0;
   std::vector<Run> runs;
@@ -202,13 +200,10 @@ Status Qcow2Image::ReadPieces(std::span<const Piece> pieces) {
           break;
         }
         case RunKind::kCompressed: {
-          const uint64_t host = run.l2_entry & ((uint64_t{1} << x) - 1);
-          const uint64_t sectors = ((run.l2_entry >> x) & ((uint64_t{1} << (cb - 8)) - 1)) + 1;
-          // The descriptor's sectors, less the part of the first sector
-          // before the payload; the last payload may end inside a final,
-          // partial sector of the file.
-          const uint64_t bytes = sectors * kSectorBytes - (host & (kSectorBytes - 1));
-          fetches.push_back({host, host + std::min(bytes, file_size - host), dst, true,
+          // MapLayer checked that the payload starts inside the file; it
+          // may end past it (inside a final, partial sector).
+          const CompressedPayload p = DecodeCompressed(run.l2_entry, cb);
+          fetches.push_back({p.host, p.host + std::min(p.bytes, file_size - p.host), dst, true,
                              OffsetIntoCluster(run.guest_offset, cb)});
           break;
         }

@@ -111,7 +111,9 @@ TEST(RefcountBuilderTest, WriteAreaEncodesEveryOrder) {
     const uint32_t bits = 9;
     RefcountBuilder b(bits, order);
     ASSERT_TRUE(b.AddReference(0, 5).ok());
-    if (order > 0) ASSERT_TRUE(b.AddReference(4).ok());  // cluster 4: refcount 2
+    if (order > 0) {
+      ASSERT_TRUE(b.AddReference(4).ok());  // cluster 4: refcount 2
+    }
     ASSERT_TRUE(b.AddReference(7, 2).ok());             // hole at 5..6
     RefcountLayout l = PlanRefcountArea(9, bits, order);
     MemorySink sink;
@@ -127,7 +129,9 @@ TEST(RefcountBuilderTest, WriteAreaEncodesEveryOrder) {
     for (uint64_t c = 0; c < total + 3; ++c) {
       uint64_t want = (c < 5 || (c >= 7 && c < total)) ? 1 : 0;
       if (c == 4 && order > 0) want = 2;
-      if (c / per_block < l.block_count) EXPECT_EQ(refcount(c), want) << "cluster " << c;
+      if (c / per_block < l.block_count) {
+        EXPECT_EQ(refcount(c), want) << "cluster " << c;
+      }
     }
   }
 }
