@@ -156,6 +156,21 @@ VmBackupDisk FromBackupResult(const std::string& disk, bool incremental, const s
   return d;
 }
 
+// The catalog's record of a run's new checkpoint, holding the XML libvirt
+// now stores for it (for a later redefine); fills the disks' sizes.
+Result<CheckpointRecord> NewCheckpointRecord(virDomainPtr dom, const std::string& checkpoint,
+                                             const std::string& domain, const VmBackupResult& res,
+                                             std::map<std::string, uint64_t>& sizes) {
+  BARGE_ASSIGN_OR_RETURN(auto cp, LookupCheckpoint(dom, checkpoint));
+  BARGE_ASSIGN_OR_RETURN(std::string xml, CheckpointXml(cp.get()));
+  CheckpointRecord r{checkpoint, res.tracker, domain, formats::NowRfc3339(), {}, std::move(xml)};
+  for (const auto& d : res.disks) {
+    r.disks.push_back(d.disk);
+    sizes[d.disk] = d.virtual_size;
+  }
+  return r;
+}
+
 BackupRecord ToRecord(const VmBackupRequest& req, const VmBackupResult& res, const std::string& started) {
   BackupRecord r;
   r.domain = req.domain;
@@ -399,15 +414,9 @@ Result<VmBackupResult> RunOfflineBackup(const VmBackupRequest& req, BackupCatalo
     virDomainCheckpointFree(cp);
     // The old checkpoint's bitmaps were removed with the rotation.
     if (!res.parent_checkpoint.empty()) (void)DeleteCheckpoint(dom, res.parent_checkpoint, true);
-    auto looked = LookupCheckpoint(dom, checkpoint);
-    if (!looked.ok()) return fail(looked.error());
-    auto stored = CheckpointXml(looked->get());
-    if (!stored.ok()) return fail(stored.error());
-    cp_record = CheckpointRecord{checkpoint, res.tracker, req.domain, formats::NowRfc3339(), {}, *stored};
-    for (const auto& d : res.disks) {
-      cp_record->disks.push_back(d.disk);
-      sizes[d.disk] = d.virtual_size;
-    }
+    auto made = NewCheckpointRecord(dom, checkpoint, req.domain, res, sizes);
+    if (!made.ok()) return fail(made.error());
+    cp_record = std::move(made).value();
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   BackupRecord record = ToRecord(req, res, started);
@@ -584,15 +593,9 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
   std::optional<CheckpointRecord> cp_record;
   std::map<std::string, uint64_t> sizes;
   if (!checkpoint.empty()) {
-    auto cp = LookupCheckpoint(dom.get(), checkpoint);
-    if (!cp.ok()) return fail(cp.error());
-    auto xml = CheckpointXml(cp->get());
-    if (!xml.ok()) return fail(xml.error());
-    cp_record = CheckpointRecord{checkpoint, res.tracker, req.domain, formats::NowRfc3339(), {}, *xml};
-    for (const auto& d : res.disks) {
-      cp_record->disks.push_back(d.disk);
-      sizes[d.disk] = d.virtual_size;
-    }
+    auto made = NewCheckpointRecord(dom.get(), checkpoint, req.domain, res, sizes);
+    if (!made.ok()) return fail(made.error());
+    cp_record = std::move(made).value();
   }
   BackupRecord record = ToRecord(req, res, started);
   if (Status s = catalog->CommitBackup(record_id, record, cp_record, sizes); !s.ok()) return fail(s.error());
