@@ -6,6 +6,7 @@
 #
 #   bench/backup_vs_peers.sh [--size 2G] [--seed 1] [--workdir /var/tmp]
 #                            [--barge PATH] [--cache cold|warm|both]
+#                            [--repeat 1]   (N runs each, tools in turn; medians)
 source "$(dirname "$0")/lib.sh"
 
 usage() { sed -n '2,9p' "$0"; }
@@ -24,8 +25,9 @@ echo "allocated: $(du -B1 "$DISK" | cut -f1) bytes of $(stat -c %s "$DISK")"
 echo
 echo "== runs"
 for mode in $(cache_modes); do
+for run in $(runs); do
   rm -rf "$WORK"/out*
-  prepare_cache "$mode" "$DISK"; echo " [$CACHE_HOW]"
+  prepare_cache "$mode" "$DISK"; echo " [$CACHE_HOW, run $run of $REPEAT]"
   # barge's default level (zstd:2), then qemu's level (3) for like with like.
   measure barge-backup-zstd "$mode" "$WORK/out-bb" -- \
     "$BARGE" backup --source "$DISK" --source-format raw --target "$WORK/out-bb" --name disk
@@ -61,6 +63,7 @@ for mode in $(cache_modes); do
   measure qemu-img-convert-raw "$mode" "$WORK/out-qr.raw" -- \
     qemu-img convert -f raw -O raw -W -m 16 "$DISK" "$WORK/out-qr.raw"
   rm -f "$WORK"/out*
+done
 done
 
 print_results

@@ -9,6 +9,7 @@ WORKROOT=${WORKROOT:-/var/tmp}
 SIZE=${SIZE:-2G}
 SEED=${SEED:-1}
 CACHE=${CACHE:-both}   # cold, warm or both
+REPEAT=${REPEAT:-1}    # runs of each measurement; figures are their medians
 
 die() { echo "error: $*" >&2; exit 2; }
 
@@ -30,11 +31,13 @@ parse_common_flags() {
       --workdir) WORKROOT=$2; shift 2 ;;
       --barge) BARGE=$2; shift 2 ;;
       --cache) CACHE=$2; shift 2 ;;
+      --repeat) REPEAT=$2; shift 2 ;;
       -h|--help) usage; exit 0 ;;
       *) die "unknown flag $1 (see --help)" ;;
     esac
   done
   case "$CACHE" in cold|warm|both) ;; *) die "--cache must be cold, warm or both" ;; esac
+  [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a whole number >= 1"
   command -v "$BARGE" >/dev/null 2>&1 || die "barge not found (set --barge PATH or BARGE=)"
   BARGE=$(command -v "$BARGE")
 }
@@ -142,12 +145,18 @@ measure_written() {
   MEASURE_WRITTEN_SINCE=$since measure "$@"
 }
 
-# Field of a result row: get LABEL CACHE FIELD (wall, cpu, rss, bytes).
+# Field of a measurement: get LABEL CACHE FIELD (wall, cpu, rss, bytes), the
+# median over its runs (--repeat; the lower middle one of an even count).
 get() {
   awk -F'\t' -v l="$1" -v c="$2" -v f="$3" '
     BEGIN { i = (f == "wall") ? 3 : (f == "cpu") ? 4 : (f == "rss") ? 5 : 6 }
-    $1 == l && $2 == c { v = $i } END { print v }' "$RESULTS"
+    $1 == l && $2 == c { print $i }' "$RESULTS" | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'
 }
+
+# runs: the run numbers of each measurement, 1 .. $REPEAT. Loop over them
+# inside a cache mode, so that the tools take turns (a drift of the machine
+# then touches all of them alike).
+runs() { seq "$REPEAT"; }
 
 # ratio A B: A / B with 2 decimals ("-" when B is 0 or empty).
 ratio() {
@@ -175,7 +184,14 @@ prepare_cache() {
 
 print_results() {
   echo
-  echo "== results (wall/cpu seconds, peak RSS MiB, output bytes)"
-  printf '%-28s %-6s %8s %8s %8s %14s\n' tool cache wall cpu rss_MiB output
-  awk -F'\t' '{ printf "%-28s %-6s %8s %8s %8d %14s\n", $1, $2, $3, $4, $5 / 1024, $6 }' "$RESULTS"
+  echo "== results (medians of $REPEAT run(s): wall/cpu seconds, peak RSS MiB, output bytes; wall's range)"
+  printf '%-28s %-6s %8s %8s %8s %14s  %s\n' tool cache wall cpu rss_MiB output wall_min-max
+  local label cache
+  awk -F'\t' '!seen[$1 FS $2]++ { print $1 "\t" $2 }' "$RESULTS" | while IFS=$'\t' read -r label cache; do
+    local walls
+    walls=$(awk -F'\t' -v l="$label" -v c="$cache" '$1 == l && $2 == c { print $3 }' "$RESULTS" | sort -g)
+    printf '%-28s %-6s %8s %8s %8d %14s  %s-%s\n' "$label" "$cache" "$(get "$label" "$cache" wall)" \
+      "$(get "$label" "$cache" cpu)" "$(( $(get "$label" "$cache" rss) / 1024 ))" "$(get "$label" "$cache" bytes)" \
+      "$(head -1 <<< "$walls")" "$(tail -1 <<< "$walls")"
+  done
 }

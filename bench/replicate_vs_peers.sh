@@ -7,6 +7,7 @@
 #
 #   bench/replicate_vs_peers.sh [--size 2G] [--seed 1] [--workdir /var/tmp]
 #                               [--barge PATH] [--cache cold|warm|both]
+#                               [--repeat 1]   (N runs each, tools in turn; medians)
 source "$(dirname "$0")/lib.sh"
 
 usage() { sed -n '2,10p' "$0"; }
@@ -38,8 +39,9 @@ export -f peer_copy
 echo
 echo "== runs"
 for mode in $(cache_modes); do
+for run in $(runs); do
   rm -rf "$WORK/out"; mkdir -p "$WORK/out"
-  prepare_cache "$mode" "$DISK"; echo " [$CACHE_HOW]"
+  prepare_cache "$mode" "$DISK"; echo " [$CACHE_HOW, run $run of $REPEAT]"
   measure barge-replicate-x3 "$mode" "$WORK/out" -- \
     "$BARGE" replicate "$DISK" --source-format raw --format raw --verify \
     --to "$WORK/out/r1.raw" --to "$WORK/out/r2.raw" --to "$WORK/out/r3.raw"
@@ -50,6 +52,7 @@ for mode in $(cache_modes); do
   prepare_cache "$mode" "$DISK"
   measure nbdcopy-sha512sum-x3 "$mode" "$WORK/out" -- bash -c 'peer_copy nbd "$1" "$2"' _ "$DISK" "$WORK/out"
   rm -rf "$WORK/out"
+done
 done
 
 print_results

@@ -8,10 +8,12 @@
 #
 #   bench/restore_vs_peers.sh [--size 2G] [--incr-size 8G] [--seed 1]
 #                             [--workdir /var/tmp] [--barge PATH]
-#                             [--cache cold|warm|both]
+#                             [--cache cold|warm|both] [--repeat 1]
+# --repeat N runs every measurement N times (the tools take turns) and
+# reports medians.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,12p' "$0"; }
+usage() { sed -n '2,13p' "$0"; }
 
 INCR_SIZE=8G
 args=()
@@ -107,8 +109,9 @@ export LAYERS_STR="${LAYERS[*]}" TOP
 echo
 echo "== restore runs"
 for mode in $(cache_modes); do
+for run in $(runs); do
   rm -rf "$WORK"/out* "$WORK/kv"
-  prepare_cache "$mode" "$CHAIN"; echo " [$CACHE_HOW]"
+  prepare_cache "$mode" "$CHAIN"; echo " [$CACHE_HOW, run $run of $REPEAT]"
   measure barge-restore-raw "$mode" "$WORK/out-b.raw" -- "$BARGE" restore "$CHAIN" --to "$WORK/out-b.raw"
   rm -f "$WORK"/out*
   # Without the final fsync, like the peers below (qemu-img convert does not
@@ -133,6 +136,7 @@ for mode in $(cache_modes); do
     bash -c 'qemu-img convert -f qcow2 -O raw -W -m 16 "$1" "$2" && sync "$2"' _ "$TOP" "$WORK/out-q.raw"
   rm -f "$WORK"/out*
 done
+done
 
 echo
 echo "== incremental (1% dirty) vs full backup of a $INCR_SIZE disk"
@@ -140,15 +144,17 @@ rm -rf "$TARGET" "$DISK"
 DISK2=$WORK/disk2.raw
 "$BARGE" bench generate --size "$INCR_SIZE" --seed "$((SEED + 1))" "$DISK2"
 for mode in $(cache_modes); do
+for run in $(runs); do
   rm -rf "$WORK/b2"
-  prepare_cache "$mode" "$DISK2"; echo " [$CACHE_HOW]"
+  prepare_cache "$mode" "$DISK2"; echo " [$CACHE_HOW, run $run of $REPEAT]"
   measure barge-full-backup "$mode" "$WORK/b2" -- \
     "$BARGE" backup --source "$DISK2" --source-format raw --target "$WORK/b2" --name disk
-  dirty "$DISK2" 1 "$((SEED * 1000 + 7))" "$WORK/dirty-1pct.json"
+  dirty "$DISK2" 1 "$((SEED * 1000 + 7 + run))" "$WORK/dirty-1pct.json"
   prepare_cache "$mode" "$DISK2"
   measure barge-incr-1pct "$mode" "$WORK/b2" -- \
     "$BARGE" backup --source "$DISK2" --source-format raw --target "$WORK/b2" --name disk \
     --incremental --dirty-extents "$WORK/dirty-1pct.json"
+done
 done
 
 print_results

@@ -21,6 +21,8 @@ source "$(dirname "$0")/lib.sh"
 usage() { sed -n '2,17p' "$0"; }
 
 parse_common_flags "$@"
+# Each run extends a checkpoint chain; one run per cache mode.
+[ "$REPEAT" = 1 ] || die "--repeat is not supported here"
 need_tools virsh virtnbdbackup qemu-img numfmt python3
 [ "$(id -u)" = 0 ] || die "needs root (libvirt's system instance)"
 SIZE_BYTES=$(numfmt --from=iec "$SIZE")
