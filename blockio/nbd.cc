@@ -303,16 +303,41 @@ class NbdSourceImpl final : public NbdSource {
   }
 
   Status ReadAt(uint64_t offset, std::span<std::byte> out) override {
-    BARGE_RETURN_IF_ERROR(CheckRange(offset, out.size()));
-    auto lease = pool_->Acquire();
-    // nbd_pread either fills the whole buffer or fails: NBD has no short
-    // reads, so there is nothing to resubmit.
-    for (size_t done = 0; done < out.size();) {
-      size_t n = std::min<size_t>(out.size() - done, info_.request_bytes);
-      if (nbd_pread(lease.get(), out.data() + done, n, offset + done, 0) != 0) {
-        return NbdError("nbd_pread", uri_, offset + done, n);
+    ReadRequest one{offset, out, {}};
+    return ReadMany(std::span(&one, 1));
+  }
+
+  // Every request, split to the server's request size, goes out on one
+  // connection with up to kMaxInFlight commands in flight: the answers'
+  // round trips overlap instead of adding up (the server may answer in any
+  // order). NBD has no short reads: a command fills its piece or fails.
+  // Every command is reaped before returning, failed or not, as the
+  // buffers are the caller's.
+  Status ReadMany(std::span<ReadRequest> requests) override {
+    struct Piece {
+      size_t request;
+      uint64_t offset;
+      std::byte* data;
+      size_t length;
+      int64_t cookie = -1;
+    };
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ReadRequest& r = requests[i];
+      r.status = CheckRange(r.offset, r.buffer.size());
+      if (!r.status.ok()) continue;
+      for (size_t done = 0; done < r.buffer.size();) {
+        size_t n = std::min<size_t>(r.buffer.size() - done, info_.request_bytes);
+        pieces.push_back({i, r.offset + done, r.buffer.data() + done, n});
+        done += n;
       }
-      done += n;
+    }
+    if (!pieces.empty()) {
+      auto lease = pool_->Acquire();
+      RunPieces(lease.get(), pieces, requests);
+    }
+    for (const ReadRequest& r : requests) {
+      if (!r.status.ok()) return r.status;
     }
     return OkStatus();
   }
@@ -345,6 +370,52 @@ class NbdSourceImpl final : public NbdSource {
   }
 
  private:
+  // At most this many reads in flight on one connection (nbdcopy keeps 64
+  // per connection; qemu's server runs each in a coroutine of its own).
+  static constexpr size_t kMaxInFlight = 16;
+
+  // Issues, polls for and reaps the pieces' commands; a failed piece's error
+  // becomes its request's status (the first one per request is kept).
+  template <typename Piece>
+  void RunPieces(nbd_handle* h, std::vector<Piece>& pieces, std::span<ReadRequest> requests) {
+    auto fail = [&](const Piece& p, Error e) {
+      if (requests[p.request].status.ok()) requests[p.request].status = std::move(e);
+    };
+    std::vector<size_t> in_flight;
+    size_t next = 0;
+    while (next < pieces.size() || !in_flight.empty()) {
+      while (next < pieces.size() && in_flight.size() < kMaxInFlight) {
+        Piece& p = pieces[next];
+        if (!requests[p.request].status.ok()) {  // its request already failed
+          ++next;
+          continue;
+        }
+        p.cookie = nbd_aio_pread(h, p.data, p.length, p.offset, nbd_completion_callback{nullptr, nullptr, nullptr}, 0);
+        if (p.cookie == -1) {
+          // Not queued (a dead connection, say): neither is anything after it.
+          Error e = NbdError("nbd_aio_pread", uri_, p.offset, p.length);
+          for (; next < pieces.size(); ++next) fail(pieces[next], e);
+          break;
+        }
+        in_flight.push_back(next++);
+      }
+      if (in_flight.empty()) break;
+      // A dead connection retires its commands with an error, so reaping
+      // below always ends; a poll error alone changes nothing.
+      if (nbd_poll(h, -1) == -1 && nbd_aio_is_dead(h) != 1 && nbd_aio_is_closed(h) != 1) {
+        Error e = NbdError("nbd_poll", uri_);
+        for (size_t k : in_flight) fail(pieces[k], e);
+      }
+      std::erase_if(in_flight, [&](size_t k) {
+        Piece& p = pieces[k];
+        int done = nbd_aio_command_completed(h, p.cookie);
+        if (done == 0) return false;
+        if (done == -1) fail(p, NbdError("nbd_pread", uri_, p.offset, p.length));
+        return true;
+      });
+    }
+  }
+
   const std::string uri_;
   const ExportInfo info_;
   const std::unique_ptr<HandlePool> pool_;

@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 #include "blockio/buffer.h"
@@ -95,6 +97,59 @@ TEST_F(BlockioNbdTest, PatternReadsAreExact) {
   }
   std::vector<std::byte> past(16);
   EXPECT_EQ((*source)->ReadAt((16 << 20) - 8, past).error().code(), ErrorCode::kInvalidArgument);
+}
+
+// The pattern plugin's byte at `pos`: each 8-byte offset stored big-endian.
+std::byte PatternByte(uint64_t pos) {
+  uint64_t word = pos & ~uint64_t{7};
+  return std::byte((word >> (8 * (7 - (pos & 7)))) & 0xff);
+}
+
+// Many scattered requests, split into more pieces than one connection keeps
+// in flight, come back exact (answers arrive in any order).
+TEST_F(BlockioNbdTest, ReadManyOfScatteredRequestsIsExact) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  auto server = Nbdkit("pattern 64M");
+  NbdOptions options;
+  options.request_bytes = 4096;
+  auto source = OpenNbdSource(server->uri(), options);
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  std::vector<std::vector<std::byte>> buffers;
+  std::vector<ReadRequest> requests;
+  for (uint64_t i = 0; i < 40; ++i) {
+    buffers.emplace_back(4096 * (1 + i % 7) + i);  // up to 7 pieces, ragged ends
+    requests.push_back({(i * 1543 % 64) << 20 | (i * 613), buffers.back(), {}});
+  }
+  ASSERT_TRUE((*source)->ReadMany(requests).ok());
+  for (const ReadRequest& r : requests) {
+    ASSERT_TRUE(r.status.ok());
+    for (size_t k = 0; k < r.buffer.size(); ++k) ASSERT_EQ(r.buffer[k], PatternByte(r.offset + k)) << r.offset + k;
+  }
+}
+
+// A read the server fails is that request's error, with its range; the other
+// requests of the batch still complete, and so does a later read.
+TEST_F(BlockioNbdTest, ReadManyFailureIsThatRequestsStatus) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  std::string trigger = dir_ / "fail-now";
+  auto server = Nbdkit("--filter=error pattern 16M error-pread=EIO error-pread-rate=100% error-pread-file=" +
+                       ShellQuote(trigger));
+  auto source = OpenNbdSource(server->uri());
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  std::vector<std::byte> a(8192), b(8192);
+  std::vector<ReadRequest> requests = {{0, a, {}}, {1 << 20, b, {}}};
+  ASSERT_TRUE((*source)->ReadMany(requests).ok());
+  { std::ofstream touch(trigger); }
+  Status st = (*source)->ReadMany(requests);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kIoError) << st.error().ToString();
+  for (const ReadRequest& r : requests) {
+    ASSERT_FALSE(r.status.ok());
+    EXPECT_EQ(r.status.error().offset(), r.offset) << r.status.error().ToString();
+  }
+  std::filesystem::remove(trigger);
+  ASSERT_TRUE((*source)->ReadAt(4096, a).ok());
+  EXPECT_EQ(a[3], PatternByte(4096 + 3));
 }
 
 TEST_F(BlockioNbdTest, SinkWritesZeroesTrimsAndFlushesThenSourceReadsBack) {
