@@ -283,6 +283,79 @@ ExtentKind KindFromAllocation(uint32_t flags) {
   return ExtentKind::kData;
 }
 
+// One NBD command of a pipelined batch: a piece of a caller's request,
+// at most the server's request size.
+struct Command {
+  size_t request = 0;  // index of the caller's request it belongs to
+  uint64_t offset = 0;
+  const std::byte* data = nullptr;
+  size_t length = 0;
+  int64_t cookie = -1;
+};
+
+// At most this many commands in flight on one connection (nbdcopy keeps 64
+// per connection; qemu's server runs each in a coroutine of its own).
+constexpr size_t kMaxInFlight = 16;
+
+// Issues every command on `h` with `issue` (an nbd_aio_* call returning its
+// cookie, or -1 with libnbd's error set), up to kMaxInFlight at a time, and
+// reaps every one before returning, failed or not: the buffers are the
+// caller's. A failure becomes status[command.request] (the first per
+// request is kept), and the request's commands not yet issued are skipped.
+// The answers' round trips overlap instead of adding up; the server may
+// answer in any order.
+void RunPipelined(nbd_handle* h, const std::string& uri, std::string_view operation,
+                  std::vector<Command>& commands, std::vector<Status>& status,
+                  const std::function<int64_t(nbd_handle*, const Command&)>& issue) {
+  auto fail = [&](const Command& c, Error e) {
+    if (status[c.request].ok()) status[c.request] = std::move(e);
+  };
+  std::vector<size_t> in_flight;
+  size_t next = 0;
+  while (next < commands.size() || !in_flight.empty()) {
+    while (next < commands.size() && in_flight.size() < kMaxInFlight) {
+      Command& c = commands[next];
+      if (!status[c.request].ok()) {
+        ++next;
+        continue;
+      }
+      c.cookie = issue(h, c);
+      if (c.cookie == -1) {
+        // Not queued (a dead connection, say): neither is anything after it.
+        Error e = NbdError(operation, uri, c.offset, c.length);
+        for (; next < commands.size(); ++next) fail(commands[next], e);
+        break;
+      }
+      in_flight.push_back(next++);
+    }
+    if (in_flight.empty()) break;
+    // A dead connection retires its commands with an error, so reaping
+    // below always ends; a poll error on a live one is recorded.
+    if (nbd_poll(h, -1) == -1 && nbd_aio_is_dead(h) != 1 && nbd_aio_is_closed(h) != 1) {
+      Error e = NbdError("nbd_poll", uri);
+      for (size_t k : in_flight) fail(commands[k], e);
+    }
+    std::erase_if(in_flight, [&](size_t k) {
+      const Command& c = commands[k];
+      int done = nbd_aio_command_completed(h, c.cookie);
+      if (done == 0) return false;
+      if (done == -1) fail(c, NbdError(operation, uri, c.offset, c.length));
+      return true;
+    });
+  }
+}
+
+// Splits [offset, offset + length) of request `request` into commands of at
+// most `max_bytes`.
+void AddCommands(std::vector<Command>& out, size_t request, uint64_t offset, const std::byte* data,
+                 size_t length, uint32_t max_bytes) {
+  for (size_t done = 0; done < length;) {
+    size_t n = std::min<size_t>(length - done, max_bytes);
+    out.push_back({request, offset + done, data + done, n});
+    done += n;
+  }
+}
+
 class NbdSourceImpl final : public NbdSource {
  public:
   NbdSourceImpl(std::string uri, Export ex, std::string dirty_context)
@@ -307,39 +380,30 @@ class NbdSourceImpl final : public NbdSource {
     return ReadMany(std::span(&one, 1));
   }
 
-  // Every request, split to the server's request size, goes out on one
-  // connection with up to kMaxInFlight commands in flight: the answers'
-  // round trips overlap instead of adding up (the server may answer in any
-  // order). NBD has no short reads: a command fills its piece or fails.
-  // Every command is reaped before returning, failed or not, as the
-  // buffers are the caller's.
+  // Every request goes out on one connection, pipelined (RunPipelined).
+  // NBD has no short reads: a command fills its piece or fails.
   Status ReadMany(std::span<ReadRequest> requests) override {
-    struct Piece {
-      size_t request;
-      uint64_t offset;
-      std::byte* data;
-      size_t length;
-      int64_t cookie = -1;
-    };
-    std::vector<Piece> pieces;
+    std::vector<Command> commands;
+    std::vector<Status> status(requests.size());
     for (size_t i = 0; i < requests.size(); ++i) {
-      ReadRequest& r = requests[i];
-      r.status = CheckRange(r.offset, r.buffer.size());
-      if (!r.status.ok()) continue;
-      for (size_t done = 0; done < r.buffer.size();) {
-        size_t n = std::min<size_t>(r.buffer.size() - done, info_.request_bytes);
-        pieces.push_back({i, r.offset + done, r.buffer.data() + done, n});
-        done += n;
-      }
+      const ReadRequest& r = requests[i];
+      status[i] = CheckRange(r.offset, r.buffer.size());
+      if (status[i].ok()) AddCommands(commands, i, r.offset, r.buffer.data(), r.buffer.size(), info_.request_bytes);
     }
-    if (!pieces.empty()) {
+    if (!commands.empty()) {
       auto lease = pool_->Acquire();
-      RunPieces(lease.get(), pieces, requests);
+      RunPipelined(lease.get(), uri_, "nbd_pread", commands, status, [](nbd_handle* h, const Command& c) {
+        // The buffer is the caller's writable ReadRequest buffer.
+        return nbd_aio_pread(h, const_cast<std::byte*>(c.data), c.length, c.offset,
+                             nbd_completion_callback{nullptr, nullptr, nullptr}, 0);
+      });
     }
-    for (const ReadRequest& r : requests) {
-      if (!r.status.ok()) return r.status;
+    Status first;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (!status[i].ok() && first.ok()) first = status[i];
+      requests[i].status = std::move(status[i]);
     }
-    return OkStatus();
+    return first;
   }
 
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override {
@@ -370,52 +434,6 @@ class NbdSourceImpl final : public NbdSource {
   }
 
  private:
-  // At most this many reads in flight on one connection (nbdcopy keeps 64
-  // per connection; qemu's server runs each in a coroutine of its own).
-  static constexpr size_t kMaxInFlight = 16;
-
-  // Issues, polls for and reaps the pieces' commands; a failed piece's error
-  // becomes its request's status (the first one per request is kept).
-  template <typename Piece>
-  void RunPieces(nbd_handle* h, std::vector<Piece>& pieces, std::span<ReadRequest> requests) {
-    auto fail = [&](const Piece& p, Error e) {
-      if (requests[p.request].status.ok()) requests[p.request].status = std::move(e);
-    };
-    std::vector<size_t> in_flight;
-    size_t next = 0;
-    while (next < pieces.size() || !in_flight.empty()) {
-      while (next < pieces.size() && in_flight.size() < kMaxInFlight) {
-        Piece& p = pieces[next];
-        if (!requests[p.request].status.ok()) {  // its request already failed
-          ++next;
-          continue;
-        }
-        p.cookie = nbd_aio_pread(h, p.data, p.length, p.offset, nbd_completion_callback{nullptr, nullptr, nullptr}, 0);
-        if (p.cookie == -1) {
-          // Not queued (a dead connection, say): neither is anything after it.
-          Error e = NbdError("nbd_aio_pread", uri_, p.offset, p.length);
-          for (; next < pieces.size(); ++next) fail(pieces[next], e);
-          break;
-        }
-        in_flight.push_back(next++);
-      }
-      if (in_flight.empty()) break;
-      // A dead connection retires its commands with an error, so reaping
-      // below always ends; a poll error alone changes nothing.
-      if (nbd_poll(h, -1) == -1 && nbd_aio_is_dead(h) != 1 && nbd_aio_is_closed(h) != 1) {
-        Error e = NbdError("nbd_poll", uri_);
-        for (size_t k : in_flight) fail(pieces[k], e);
-      }
-      std::erase_if(in_flight, [&](size_t k) {
-        Piece& p = pieces[k];
-        int done = nbd_aio_command_completed(h, p.cookie);
-        if (done == 0) return false;
-        if (done == -1) fail(p, NbdError("nbd_pread", uri_, p.offset, p.length));
-        return true;
-      });
-    }
-  }
-
   const std::string uri_;
   const ExportInfo info_;
   const std::unique_ptr<HandlePool> pool_;
@@ -443,15 +461,14 @@ class NbdSink final : public BlockSink {
 
   Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
     BARGE_RETURN_IF_ERROR(CheckRange(offset, data.size()));
+    std::vector<Command> commands;
+    AddCommands(commands, 0, offset, data.data(), data.size(), info_.request_bytes);
+    std::vector<Status> status(1);
     auto lease = pool_->Acquire();
-    for (size_t done = 0; done < data.size();) {
-      size_t n = std::min<size_t>(data.size() - done, info_.request_bytes);
-      if (nbd_pwrite(lease.get(), data.data() + done, n, offset + done, 0) != 0) {
-        return NbdError("nbd_pwrite", uri_, offset + done, n);
-      }
-      done += n;
-    }
-    return OkStatus();
+    RunPipelined(lease.get(), uri_, "nbd_pwrite", commands, status, [](nbd_handle* h, const Command& c) {
+      return nbd_aio_pwrite(h, c.data, c.length, c.offset, nbd_completion_callback{nullptr, nullptr, nullptr}, 0);
+    });
+    return status[0];
   }
 
   Status WriteZeroes(uint64_t offset, uint64_t length) override {

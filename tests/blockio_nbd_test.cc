@@ -152,6 +152,34 @@ TEST_F(BlockioNbdTest, ReadManyFailureIsThatRequestsStatus) {
   EXPECT_EQ(a[3], PatternByte(4096 + 3));
 }
 
+// A write whose pieces the server fails is an error with a failing piece's
+// range; once the server recovers, the same write succeeds.
+TEST_F(BlockioNbdTest, PipelinedWriteFailureCarriesTheRange) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  std::string trigger = dir_ / "fail-now";
+  auto server = Nbdkit("--filter=error memory 16M error-pwrite=EIO error-pwrite-rate=100% error-pwrite-file=" +
+                       ShellQuote(trigger));
+  NbdOptions options;
+  options.request_bytes = 4096;
+  auto sink = OpenNbdSink(server->uri(), options);
+  ASSERT_TRUE(sink.ok()) << sink.error().ToString();
+  auto data = RandomBytes(40 * 4096, 2);  // 40 pieces: more than one connection keeps in flight
+  { std::ofstream touch(trigger); }
+  Status st = (*sink)->WriteAt(8192, data);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kIoError) << st.error().ToString();
+  ASSERT_TRUE(st.error().offset().has_value());
+  EXPECT_GE(*st.error().offset(), 8192u);
+  EXPECT_LT(*st.error().offset(), 8192u + data.size());
+  std::filesystem::remove(trigger);
+  ASSERT_TRUE((*sink)->WriteAt(8192, data).ok());
+  auto source = OpenNbdSource(server->uri());
+  ASSERT_TRUE(source.ok());
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE((*source)->ReadAt(8192, back).ok());
+  EXPECT_TRUE(back == data);
+}
+
 TEST_F(BlockioNbdTest, SinkWritesZeroesTrimsAndFlushesThenSourceReadsBack) {
   BARGE_REQUIRE_TOOL("nbdkit");
   auto server = Nbdkit("memory 64M");
