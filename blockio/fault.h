@@ -113,6 +113,8 @@ class FaultSource final : public BlockSource {
   // Each request is one kRead call; the ones no rule fails go to the
   // target's ReadMany together, so batching is preserved.
   Status ReadMany(std::span<ReadRequest> requests) override;
+  // A hint: passed on, never failed.
+  void WillNeed(uint64_t offset, uint64_t length) override { target_.WillNeed(offset, length); }
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override;
 
  private:

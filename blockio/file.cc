@@ -186,6 +186,12 @@ void FileSink::WroteRange(uint64_t offset, uint64_t length) {
                   POSIX_FADV_DONTNEED);
 }
 
+void FileSource::WillNeed(uint64_t offset, uint64_t length) {
+  if (length == 0 || offset >= info_.size_bytes) return;
+  length = std::min(length, info_.size_bytes - offset);
+  ::posix_fadvise(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
+}
+
 uint64_t FileSink::size_bytes() const { return size_bytes_.load(); }
 
 SinkCapabilities FileSink::capabilities() const {

@@ -85,6 +85,7 @@ class FileSource : public BlockSource {
   uint64_t size_bytes() const override { return info_.size_bytes; }
   SourceCapabilities capabilities() const override;
   Status ReadAt(uint64_t offset, std::span<std::byte> out) override;
+  void WillNeed(uint64_t offset, uint64_t length) override;
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override;
 
  protected:

@@ -55,6 +55,11 @@ class BlockSource {
   // backends submit the whole batch at once.
   virtual Status ReadMany(std::span<ReadRequest> requests);
 
+  // A hint that [offset, offset + length) will be read soon: a file starts
+  // reading it into the page cache and returns without waiting. Never
+  // fails; the default does nothing.
+  virtual void WillNeed(uint64_t offset, uint64_t length) { (void)offset, (void)length; }
+
   // Extents covering exactly [offset, offset + length), sorted, contiguous.
   // May return coarser answers (kData where unsure) but never claims
   // kZero/kHole for bytes that are not zero. The default says "all data".

@@ -45,6 +45,7 @@ class RawImage final : public Image {
     return file_->ReadAt(offset, out);
   }
   Status ReadMany(std::span<ReadRequest> requests) override { return file_->ReadMany(requests); }
+  void WillNeed(uint64_t offset, uint64_t length) override { file_->WillNeed(offset, length); }
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override {
     return file_->Extents(offset, length);
   }

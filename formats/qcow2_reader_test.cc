@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "blockio/memory.h"
@@ -262,6 +263,95 @@ TEST(Qcow2ConcurrentReads, ThreadsSeeTheSameBytes) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(mismatches.load(), 0);
+}
+
+// A file that logs its data reads and read-ahead hints, in call order.
+class AdviceLog final : public BlockSource {
+ public:
+  struct Call {
+    bool hint;
+    uint64_t offset, length;
+  };
+  explicit AdviceLog(std::vector<std::byte> bytes, std::string name) : file_(std::move(bytes), std::move(name)) {}
+  const std::string& name() const override { return file_.name(); }
+  uint64_t size_bytes() const override { return file_.size_bytes(); }
+  Status ReadAt(uint64_t offset, std::span<std::byte> out) override {
+    if (out.size() > 4096) Log({false, offset, out.size()});  // more than an L2 table: data
+    return file_.ReadAt(offset, out);
+  }
+  void WillNeed(uint64_t offset, uint64_t length) override { Log({true, offset, length}); }
+  std::vector<Call> calls() {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+
+ private:
+  void Log(Call c) {
+    std::lock_guard lock(mu_);
+    calls_.push_back(c);
+  }
+  MemorySource file_;
+  std::mutex mu_;
+  std::vector<Call> calls_;
+};
+
+// A pass in guest order over a layer is read ahead: hints never overlap and
+// always move forward, and every data read after the first lies inside what
+// was hinted before it. A jump far ahead is not hinted; reading on from
+// there is.
+TEST(Qcow2ReadAhead, SequentialPassIsHintedAheadAndJumpsAreNot) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  barge::testing::TempDir dir;
+  std::string raw = dir / "s.raw";
+  barge::testing::WriteFile(raw, barge::testing::RandomBytes(48 << 20, 4));
+  std::string img = dir / "d.qcow2";
+  barge::testing::RunOk("qemu-img convert -O qcow2 -o cluster_size=4k " + raw + " " + img);
+  AdviceLog* log = nullptr;
+  auto image = OpenImage(img, [&log](const std::string& p) -> Result<std::unique_ptr<BlockSource>> {
+    auto file = std::make_unique<AdviceLog>(barge::testing::ReadFile(p), p);
+    log = file.get();
+    return std::unique_ptr<BlockSource>(std::move(file));
+  });
+  ASSERT_TRUE(image.ok()) << image.error().ToString();
+  std::vector<std::byte> buf(1 << 20);
+  for (uint64_t off = 0; off < (8u << 20); off += buf.size()) ASSERT_TRUE((*image)->ReadAt(off, buf).ok());
+
+  uint64_t hinted_end = 0;
+  bool first_read = true;
+  size_t hints = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> hinted;
+  for (const AdviceLog::Call& c : log->calls()) {
+    if (c.hint) {
+      EXPECT_GE(c.offset, hinted_end) << "hints overlap or go back";
+      if (!hinted.empty() && hinted.back().second == c.offset) {
+        hinted.back().second = c.offset + c.length;  // one stretch with the one before
+      } else {
+        hinted.emplace_back(c.offset, c.offset + c.length);
+      }
+      hinted_end = c.offset + c.length;
+      ++hints;
+      continue;
+    }
+    if (first_read) {
+      first_read = false;
+      continue;
+    }
+    bool inside = std::any_of(hinted.begin(), hinted.end(), [&](auto& h) {
+      return c.offset >= h.first && c.offset + c.length <= h.second;
+    });
+    EXPECT_TRUE(inside) << "read at " << c.offset << " was not hinted before";
+  }
+  EXPECT_GE(hints, 2u);
+
+  // Far past the hinted end: no hint; the next read on from it: hinted.
+  ASSERT_TRUE((*image)->ReadAt(40u << 20, buf).ok());
+  auto after_jump = log->calls();
+  EXPECT_FALSE(after_jump.back().hint);
+  EXPECT_EQ(std::count_if(after_jump.begin(), after_jump.end(), [](auto& c) { return c.hint; }),
+            static_cast<long>(hints));
+  ASSERT_TRUE((*image)->ReadAt(41u << 20, buf).ok());
+  auto later = log->calls();
+  EXPECT_GT(std::count_if(later.begin(), later.end(), [](auto& c) { return c.hint; }), static_cast<long>(hints));
 }
 
 }  // namespace
