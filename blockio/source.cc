@@ -1,6 +1,8 @@
 // Default implementations of BlockSource's optional operations.
 #include "blockio/source.h"
 
+#include <algorithm>
+
 namespace barge {
 
 Status BlockSource::ReadMany(std::span<ReadRequest> requests) {
@@ -26,6 +28,17 @@ Status BlockSource::CheckRange(uint64_t offset, uint64_t length) const {
         .set_range(offset, length);
   }
   return OkStatus();
+}
+
+void ReadAheadMark::Before(BlockSource& source, uint64_t end) {
+  uint64_t until = until_.load(std::memory_order_relaxed);
+  if (end + ahead_bytes_ / 2 <= until) return;
+  const bool onward = until == 0 || end <= until + ahead_bytes_;
+  const uint64_t next = onward ? end + ahead_bytes_ : end;
+  // One thread of several racing past the same mark hints; the others go on.
+  if (!until_.compare_exchange_strong(until, next, std::memory_order_relaxed)) return;
+  const uint64_t from = std::max(until, end);
+  if (onward) source.WillNeed(from, next - from);
 }
 
 }  // namespace barge

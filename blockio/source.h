@@ -2,6 +2,7 @@
 // block devices, NBD exports, images seen through a format).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -68,6 +69,22 @@ class BlockSource {
  protected:
   // kInvalidArgument unless [offset, offset+length) is inside the source.
   Status CheckRange(uint64_t offset, uint64_t length) const;
+};
+
+// Read-ahead for a forward pass over a source whose reads have gaps (skipped
+// holes, clusters a newer layer replaced), which the kernel's own read-ahead
+// takes for random reads: hints the next `ahead_bytes` once a read comes
+// within half of that of what was hinted. A read far past the mark (a
+// reader jumping about) only moves it. Thread-safe.
+class ReadAheadMark {
+ public:
+  explicit ReadAheadMark(uint64_t ahead_bytes = 8 << 20) : ahead_bytes_(ahead_bytes) {}
+  // Call before a read of `source` that ends at `end`.
+  void Before(BlockSource& source, uint64_t end);
+
+ private:
+  const uint64_t ahead_bytes_;
+  std::atomic<uint64_t> until_{0};  // hinted up to here
 };
 
 }  // namespace barge

@@ -233,7 +233,9 @@ Status Qcow2Image::FetchRuns(std::vector<Fetch>& fetches) {
   std::sort(fetches.begin(), fetches.end(), [](const Fetch& a, const Fetch& b) { return a.host < b.host; });
   // Runs close together in the file are fetched with one read: a writer
   // appends a chunk's payloads one after another, so a chunk of compressed
-  // clusters costs one read instead of one per cluster. The buffers are
+  // clusters costs one read instead of one per cluster. Payloads lie in
+  // guest order, so a pass in guest order reads the file front to back (with
+  // gaps) and read_ahead_ hints what comes next. The buffers are
   // reused per thread; nothing below calls into another layer while they
   // are in use.
   constexpr uint64_t kMaxGap = 16 << 10;
@@ -252,14 +254,14 @@ Status Qcow2Image::FetchRuns(std::vector<Fetch>& fetches) {
     const Fetch& lone = fetches[i];
     if (j == i + 1 && !lone.compressed) {
       // Uncompressed data on its own goes straight to its destination.
-      AdviseAfter(lone.end);
+      read_ahead_.Before(*file_, lone.end);
       BARGE_RETURN_IF_ERROR(file_->ReadAt(lone.host, lone.dst.first(lone.end - lone.host)));
       std::memset(lone.dst.data() + (lone.end - lone.host), 0, lone.dst.size() - (lone.end - lone.host));
       ++i;
       continue;
     }
     if (batch.size() < last - first) batch.resize(last - first);
-    AdviseAfter(last);
+    read_ahead_.Before(*file_, last);
     BARGE_RETURN_IF_ERROR(file_->ReadAt(first, std::span(batch).first(last - first)));
     for (; i < j; ++i) {
       const Fetch& f = fetches[i];
@@ -279,23 +281,6 @@ Status Qcow2Image::FetchRuns(std::vector<Fetch>& fetches) {
     }
   }
   return OkStatus();
-}
-
-void Qcow2Image::AdviseAfter(uint64_t host_end) {
-  // A writer lays payloads out in guest order, so a pass in guest order reads
-  // each layer file front to back, but with gaps (clusters a newer layer
-  // replaced, holes): the kernel takes such reads for random ones and reads
-  // nothing ahead. Ask for the next stretch of the file once a read comes
-  // within kAhead / 2 of what was asked for before.
-  // A read far past that (a reader jumping about) only moves the mark.
-  constexpr uint64_t kAhead = 8 << 20;
-  uint64_t until = advised_until_.load(std::memory_order_relaxed);
-  if (host_end + kAhead / 2 <= until) return;
-  const bool onward = until == 0 || host_end <= until + kAhead;
-  const uint64_t next = onward ? host_end + kAhead : host_end;
-  if (!advised_until_.compare_exchange_strong(until, next, std::memory_order_relaxed)) return;
-  const uint64_t from = std::max(until, host_end);
-  if (onward) file_->WillNeed(from, next - from);
 }
 
 Status Qcow2Image::ReadDataFile(const Run& run, std::span<std::byte> out) {

@@ -2,7 +2,6 @@
 // (qcow2_reader.cc), the bitmap reader and tests. Not for other layers.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -94,7 +93,6 @@ class Qcow2Image final : public Image {
   // decodes the compressed ones.
   Status FetchRuns(std::vector<Fetch>& fetches);
   Status ReadDataFile(const Run& run, std::span<std::byte> out);
-  void AdviseAfter(uint64_t host_end);
   Error Bad(std::string what, uint64_t offset) const;
 
   std::unique_ptr<BlockSource> file_;
@@ -104,8 +102,8 @@ class Qcow2Image final : public Image {
   L2Cache l2_cache_;
   std::unique_ptr<Image> backing_;
   std::unique_ptr<BlockSource> data_file_;
-  // The file is asked to read ahead up to here (see FetchRuns).
-  std::atomic<uint64_t> advised_until_{0};
+  // Read-ahead of file_ for passes in guest order (see FetchRuns).
+  ReadAheadMark read_ahead_;
 };
 
 // The qcow2 layer behind `image`, or nullptr when it is not a qcow2 image.

@@ -133,6 +133,7 @@ Result<uint64_t> Reader::Read(Chunk& chunk) {
     i = j;
   }
   if (requests.empty()) return uint64_t{0};
+  read_ahead_.Before(source_, requests.back().offset + requests.back().buffer.size());
   Status status = source_.ReadMany(requests);
   if (!status.ok()) {
     for (const ReadRequest& r : requests) {

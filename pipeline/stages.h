@@ -68,8 +68,10 @@ class ChunkPlanner {
 };
 
 // Reads the kData clusters of a chunk: each run of adjacent kData clusters is
-// one request (up to the whole window), all runs in one ReadMany batch.
-// Thread-safe if the source is (BlockSource promises it).
+// one request (up to the whole window), all runs in one ReadMany batch. The
+// source is hinted ahead of the pass (ReadAheadMark): chunks come in guest
+// order with holes skipped. Thread-safe if the source is (BlockSource
+// promises it).
 class Reader {
  public:
   explicit Reader(BlockSource& source) : source_(source) {}  // source must outlive
@@ -79,6 +81,7 @@ class Reader {
 
  private:
   BlockSource& source_;
+  ReadAheadMark read_ahead_;
 };
 
 // Time spent per sub-step of ClusterProcessor::Process, for JobStats.
