@@ -300,7 +300,7 @@ constexpr size_t kMaxInFlight = 16;
 // Issues every command on `h` with `issue` (an nbd_aio_* call returning its
 // cookie, or -1 with libnbd's error set), up to kMaxInFlight at a time, and
 // reaps every one before returning, failed or not: the buffers are the
-// caller's. A failure becomes status[command.request] (the first per
+// caller's (only a failing nbd_poll on a live connection ends it early). A failure becomes status[command.request] (the first per
 // request is kept), and the request's commands not yet issued are skipped.
 // The answers' round trips overlap instead of adding up; the server may
 // answer in any order.
@@ -330,10 +330,12 @@ void RunPipelined(nbd_handle* h, const std::string& uri, std::string_view operat
     }
     if (in_flight.empty()) break;
     // A dead connection retires its commands with an error, so reaping
-    // below always ends; a poll error on a live one is recorded.
+    // below always ends. A poll that fails on a live one ends the wait, as
+    // libnbd's own synchronous calls do (polling again could spin).
     if (nbd_poll(h, -1) == -1 && nbd_aio_is_dead(h) != 1 && nbd_aio_is_closed(h) != 1) {
       Error e = NbdError("nbd_poll", uri);
       for (size_t k : in_flight) fail(commands[k], e);
+      return;
     }
     std::erase_if(in_flight, [&](size_t k) {
       const Command& c = commands[k];
