@@ -135,31 +135,19 @@ TEST(ReaderTest, ReadsOnlyDataRunsInOneRequestEach) {
   EXPECT_EQ(0, std::memcmp(chunk.ClusterData(2).data(), source->bytes().data() + 10 * kCluster, 1000));
 }
 
-// A source that records the reader's read-ahead hints.
-class HintedSource final : public BlockSource {
- public:
-  explicit HintedSource(BlockSource& target) : target_(target) {}
-  const std::string& name() const override { return target_.name(); }
-  uint64_t size_bytes() const override { return target_.size_bytes(); }
-  Status ReadAt(uint64_t offset, std::span<std::byte> out) override { return target_.ReadAt(offset, out); }
-  void WillNeed(uint64_t offset, uint64_t length) override { hints.emplace_back(offset, length); }
-  std::vector<std::pair<uint64_t, uint64_t>> hints;
-
- private:
-  BlockSource& target_;
-};
-
 TEST(ReaderTest, HintsTheSourceAheadOfThePass) {
   auto source = PlannerSource();
-  HintedSource hinted(*source);
+  testing::CallLog hinted(*source);
   ChunkPlanner planner(*source, {{0, source->size_bytes()}}, kCluster, kChunk);
   Reader reader(hinted);
   Chunk chunk(kChunk, kCluster, false);
   ASSERT_TRUE(*planner.Next(chunk));  // D D H H
   ASSERT_TRUE(reader.Read(chunk).ok());
-  ASSERT_EQ(hinted.hints.size(), 1u);
-  EXPECT_EQ(hinted.hints[0].first, 2u * kCluster);  // from the end of the first read on
-  EXPECT_GT(hinted.hints[0].second, 0u);
+  const auto hints = hinted.hints();
+  ASSERT_EQ(hints.size(), 1u);
+  EXPECT_EQ(hints[0].first, 2u * kCluster);  // from the end of the first read on
+  EXPECT_GT(hints[0].second, hints[0].first);
+  EXPECT_TRUE(hinted.calls().front().hint);  // the hint goes out before the read
 }
 
 TEST(ReaderTest, ErrorNamesTheOffset) {

@@ -153,4 +153,32 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
+Status CallLog::ReadAt(uint64_t offset, std::span<std::byte> out) {
+  Log({false, offset, out.size()});
+  return target_.ReadAt(offset, out);
+}
+
+Status CallLog::ReadMany(std::span<ReadRequest> requests) {
+  for (const ReadRequest& r : requests) Log({false, r.offset, r.buffer.size()});
+  return target_.ReadMany(requests);
+}
+
+void CallLog::Log(Call call) {
+  std::lock_guard lock(mu_);
+  calls_.push_back(call);
+}
+
+std::vector<CallLog::Call> CallLog::calls() const {
+  std::lock_guard lock(mu_);
+  return calls_;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> CallLog::hints() const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const Call& c : calls()) {
+    if (c.hint) out.emplace_back(c.offset, c.offset + c.length);
+  }
+  return out;
+}
+
 }  // namespace barge::testing

@@ -8,8 +8,13 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "blockio/source.h"
 
 namespace barge::testing {
 
@@ -92,5 +97,38 @@ std::vector<std::byte> ReadFile(const std::string& path);
 
 // Single-quotes `s` for /bin/sh.
 std::string ShellQuote(const std::string& s);
+
+// A source that passes everything on to `target` and logs, in call order,
+// its reads (ReadAt, and ReadMany's requests) and read-ahead hints
+// (WillNeed, kept, not passed on). For tests of who reads and hints what.
+// Thread-safe.
+class CallLog final : public BlockSource {
+ public:
+  struct Call {
+    bool hint = false;  // WillNeed; else a read
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  explicit CallLog(BlockSource& target) : target_(target) {}  // target must outlive
+  explicit CallLog(std::unique_ptr<BlockSource> owned) : owned_(std::move(owned)), target_(*owned_) {}
+
+  const std::string& name() const override { return target_.name(); }
+  uint64_t size_bytes() const override { return target_.size_bytes(); }
+  Status ReadAt(uint64_t offset, std::span<std::byte> out) override;
+  Status ReadMany(std::span<ReadRequest> requests) override;
+  void WillNeed(uint64_t offset, uint64_t length) override { Log({true, offset, length}); }
+  Result<ExtentList> Extents(uint64_t offset, uint64_t length) override { return target_.Extents(offset, length); }
+
+  std::vector<Call> calls() const;
+  // The hints as [begin, end) ranges, in call order.
+  std::vector<std::pair<uint64_t, uint64_t>> hints() const;
+
+ private:
+  void Log(Call call);
+  std::unique_ptr<BlockSource> owned_;
+  BlockSource& target_;
+  mutable std::mutex mu_;
+  std::vector<Call> calls_;  // guarded by mu_
+};
 
 }  // namespace barge::testing
