@@ -87,7 +87,9 @@ class BackupCorruptionTest : public ::testing::Test {
   CommandResult VerifyFails(int exact = 0) {
     CommandResult r = testing::Run(Barge("verify --json " + ShellQuote(chain_)));
     EXPECT_TRUE(r.exit_code == 1 || r.exit_code == 2) << r.output;
-    if (exact != 0) EXPECT_EQ(r.exit_code, exact) << r.output;
+    if (exact != 0) {
+      EXPECT_EQ(r.exit_code, exact) << r.output;
+    }
     EXPECT_NE(r.output.find("barge: "), std::string::npos) << r.output;
     json j = ResultObject(r.output);
     EXPECT_EQ(j.value("ok", true), false) << r.output;

@@ -100,7 +100,9 @@ TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
   ASSERT_EQ(::stat(raw.c_str(), &after), 0);
   EXPECT_EQ(after.st_uid, ::getuid());
   EXPECT_EQ(after.st_gid, ::getgid());
-  if (::getuid() == 0) EXPECT_NE(before_disable.st_uid, 0u) << "enable should have handed the disk to QEMU's user";
+  if (::getuid() == 0) {
+    EXPECT_NE(before_disable.st_uid, 0u) << "enable should have handed the disk to QEMU's user";
+  }
 }
 
 // A shut-off domain with CBT: the offline backup reads the overlay's
