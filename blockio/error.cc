@@ -16,6 +16,8 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kNotFound: return "NotFound";
     case ErrorCode::kNoSpace: return "NoSpace";
     case ErrorCode::kCancelled: return "Cancelled";
+    case ErrorCode::kBusy: return "Busy";
+    case ErrorCode::kInternal: return "Internal";
   }
   return "Unknown";
 }
@@ -37,6 +39,8 @@ ErrorCode CodeForErrno(int err) {
       return ErrorCode::kNotSupported;
     case ECANCELED:
       return ErrorCode::kCancelled;
+    case EBUSY:
+      return ErrorCode::kBusy;
     default:
       return ErrorCode::kIoError;
   }
@@ -65,6 +69,11 @@ Error Error::FromErrno(int err, std::string_view operation, std::string_view pat
 
 Error& Error::Wrap(std::string_view outer) {
   message_ = std::string(outer) + ": " + message_;
+  return *this;
+}
+
+Error& Error::Also(const Result<void>& cleanup) {
+  if (!cleanup.ok()) message_ += "; cleanup also failed: " + cleanup.error().ToString();
   return *this;
 }
 

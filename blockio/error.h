@@ -20,9 +20,14 @@ enum class ErrorCode : uint8_t {
   kNotFound,         // a file, bitmap, backup or layer does not exist
   kNoSpace,          // ENOSPC/EDQUOT, or a space estimate that does not fit
   kCancelled,        // the job was stopped before it finished
+  kBusy,             // a lock is held by another process (retryable)
+  kInternal,         // a broken invariant of barge itself (a bug)
 };
 
 std::string_view ErrorCodeName(ErrorCode code);
+
+template <typename T>
+class Result;
 
 class Error {
  public:
@@ -30,7 +35,8 @@ class Error {
 
   // From an errno at the first line that sees it. ENOSPC/EDQUOT map to
   // kNoSpace, ENOENT to kNotFound, EINVAL to kInvalidArgument, EOPNOTSUPP to
-  // kNotSupported; EINTR/EAGAIN/EBUSY/ETIMEDOUT are marked retryable.
+  // kNotSupported, EBUSY to kBusy; EINTR/EAGAIN/EBUSY/ETIMEDOUT are marked
+  // retryable.
   static Error FromErrno(int err, std::string_view operation, std::string_view path);
   static Error FromErrno(int err, std::string_view operation, std::string_view path,
                          uint64_t offset, uint64_t length);
@@ -42,6 +48,13 @@ class Error {
   static Error IoError(std::string message) { return {ErrorCode::kIoError, std::move(message)}; }
   static Error NoSpace(std::string message) { return {ErrorCode::kNoSpace, std::move(message)}; }
   static Error Cancelled(std::string message) { return {ErrorCode::kCancelled, std::move(message)}; }
+  // Always retryable: the holder may let go.
+  static Error Busy(std::string message) {
+    Error e(ErrorCode::kBusy, std::move(message));
+    e.retryable_ = true;
+    return e;
+  }
+  static Error Internal(std::string message) { return {ErrorCode::kInternal, std::move(message)}; }
 
   ErrorCode code() const { return code_; }
   int errno_value() const { return errno_; }
@@ -58,6 +71,11 @@ class Error {
   Error& set_offset(uint64_t offset) { offset_ = offset; return *this; }
   // Prefixes the message with an outer operation: "backup: <old message>".
   Error& Wrap(std::string_view outer);
+  // Records a second failure that happened while cleaning up after this
+  // one (removing a temporary file, releasing a lock): appended to the
+  // message, so that no cleanup failure goes unreported. An ok status
+  // changes nothing.
+  Error& Also(const Result<void>& cleanup);
 
   // "Corruption: <path>: <message> (offset 0x..., length N, errno E: text)".
   std::string ToString() const;

@@ -1,0 +1,161 @@
+// PosixEnv: names, locks (flock and QEMU's image lock bytes), atomic
+// writes, the sweep of stale temporaries, and the temporaries registry.
+#include "blockio/env.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/testing/testing.h"
+
+namespace barge {
+namespace {
+
+using testing::TempDir;
+
+TEST(PosixEnvTest, CreateDirsListStatAndRemoveTree) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  std::string deep = dir / "a/b/c";
+  ASSERT_TRUE(env.CreateDirs(deep).ok());
+  ASSERT_TRUE(env.CreateDirs(deep).ok());  // existing: fine
+  ASSERT_TRUE(env.WriteFileAtomic(deep + "/f", std::string_view("hello")).ok());
+  auto names = env.ListDir(deep);
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, std::vector<std::string>{"f"});  // no temporary left beside it
+  auto st = env.Stat(deep + "/f");
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE(st->is_regular());
+  EXPECT_EQ(st->size_bytes, 5u);
+  auto text = env.ReadFile(deep + "/f");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "hello");
+  EXPECT_EQ(env.ReadFile(deep + "/f", 4).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(env.Stat(deep + "/missing").error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(env.ListDir(deep + "/missing").error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(env.CreateDir(deep + "/f").error().code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(env.RemoveTree(dir / "a").ok());
+  EXPECT_FALSE(env.Exists(dir / "a"));
+  EXPECT_TRUE(env.RemoveTree(dir / "a").ok());  // missing: fine
+}
+
+TEST(PosixEnvTest, WriteFileAtomicReplaces) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  std::string f = dir / "m.json";
+  ASSERT_TRUE(env.WriteFileAtomic(f, std::string_view("old")).ok());
+  ASSERT_TRUE(env.WriteFileAtomic(f, std::string_view("newer")).ok());
+  EXPECT_EQ(*env.ReadFile(f), "newer");
+  EXPECT_FALSE(env.Exists(TempPathFor(f)));
+}
+
+TEST(PosixEnvTest, LinkRefusesToReplace) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  ASSERT_TRUE(env.WriteFileAtomic(dir / "a", std::string_view("a")).ok());
+  ASSERT_TRUE(env.WriteFileAtomic(dir / "b", std::string_view("b")).ok());
+  Status s = env.Link(dir / "a", dir / "b");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().errno_value(), EEXIST);
+  EXPECT_EQ(*env.ReadFile(dir / "b"), "b");
+}
+
+TEST(PosixEnvTest, LockFileIsExclusiveAndBusyIsRetryable) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  LockOptions o;
+  o.busy_message = "another job holds it";
+  auto first = env.LockFile(dir / ".lock", o);
+  ASSERT_TRUE(first.ok()) << first.error().ToString();
+  auto second = env.LockFile(dir / ".lock", o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.error().code(), ErrorCode::kBusy);
+  EXPECT_TRUE(second.error().retryable());
+  EXPECT_NE(second.error().message().find("another job holds it"), std::string::npos);
+  first->reset();
+  EXPECT_TRUE(env.LockFile(dir / ".lock", o).ok());
+  LockOptions no_create;
+  no_create.create = false;
+  EXPECT_EQ(env.LockFile(dir / "absent", no_create).error().code(), ErrorCode::kNotFound);
+  EXPECT_FALSE(env.Exists(dir / "absent"));
+}
+
+TEST(PosixEnvTest, SweepRemovesOnlyUnlockedTemporaries) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  std::string live = TempPathFor(dir / "live.qcow2");
+  std::string stale = TempPathFor(dir / "stale.qcow2");
+  auto live_lock = env.LockFile(live);  // a writer still at work
+  ASSERT_TRUE(live_lock.ok());
+  ASSERT_TRUE(env.WriteFileAtomic(dir / "keep.json", std::string_view("{}")).ok());
+  {
+    auto sink = env.OpenSink(stale, SinkMode::kCreateNew);  // a killed run's leftover
+    ASSERT_TRUE(sink.ok());
+  }
+  auto removed = SweepStaleTemporaries(env, dir.path().string());
+  ASSERT_TRUE(removed.ok()) << removed.error().ToString();
+  EXPECT_EQ(*removed, std::vector<std::string>{".stale.qcow2.barge-tmp"});
+  EXPECT_TRUE(env.Exists(live));
+  EXPECT_FALSE(env.Exists(stale));
+  EXPECT_TRUE(env.Exists(dir / "keep.json"));
+  EXPECT_TRUE(SweepStaleTemporaries(env, dir / "missing").ok());
+}
+
+TEST(PosixEnvTest, TempNames) {
+  EXPECT_EQ(TempPathFor("/a/b/x.qcow2"), "/a/b/.x.qcow2.barge-tmp");
+  EXPECT_EQ(TempPathFor("x"), ".x.barge-tmp");
+  EXPECT_TRUE(IsTempName(".x.qcow2.barge-tmp"));
+  EXPECT_FALSE(IsTempName("x.qcow2.barge-tmp"));
+  EXPECT_FALSE(IsTempName(".barge-tmp"));
+}
+
+TEST(PosixEnvTest, ImageLocksConflictLikeQemus) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  std::string img = dir / "disk.qcow2";
+  ASSERT_TRUE(env.WriteFileAtomic(img, std::string_view("not really an image")).ok());
+  {
+    auto reader = env.LockImage(img, ImageAccess::kRead);
+    ASSERT_TRUE(reader.ok()) << reader.error().ToString();
+    auto reader2 = env.LockImage(img, ImageAccess::kRead);
+    EXPECT_TRUE(reader2.ok());  // readers share
+    auto writer = env.LockImage(img, ImageAccess::kExclusiveWrite);
+    ASSERT_FALSE(writer.ok());
+    EXPECT_EQ(writer.error().code(), ErrorCode::kBusy);
+  }
+  auto writer = env.LockImage(img, ImageAccess::kExclusiveWrite);
+  ASSERT_TRUE(writer.ok()) << writer.error().ToString();
+  auto reader = env.LockImage(img, ImageAccess::kRead);
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.error().code(), ErrorCode::kBusy);
+  EXPECT_EQ(reader.error().path(), img);
+  EXPECT_EQ(env.LockImage(dir / "missing", ImageAccess::kRead).error().code(), ErrorCode::kNotFound);
+}
+
+TEST(PosixEnvTest, RegisteredTemporariesAreRemovedOnDemand) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  std::string a = dir / ".a.barge-tmp", b = dir / ".b.barge-tmp";
+  ASSERT_TRUE(env.OpenSink(a, SinkMode::kCreateNew).ok());
+  ASSERT_TRUE(env.OpenSink(b, SinkMode::kCreateNew).ok());
+  TempRegistration ra(a);
+  {
+    TempRegistration rb(b);
+  }  // b's owner finished with it: no longer registered
+  EXPECT_EQ(RemoveRegisteredTemporaries(), 1u);
+  EXPECT_FALSE(env.Exists(a));
+  EXPECT_TRUE(env.Exists(b));
+}
+
+TEST(ErrorTest, AlsoRecordsAFailedCleanup) {
+  Error e = Error::IoError("write failed");
+  e.Also(OkStatus());
+  EXPECT_EQ(e.message(), "write failed");
+  e.Also(Error::NotFound("gone").set_path("/x"));
+  EXPECT_NE(e.message().find("cleanup also failed: NotFound: /x: gone"), std::string::npos);
+  EXPECT_EQ(e.code(), ErrorCode::kIoError);
+  EXPECT_EQ(Error::FromErrno(EBUSY, "open", "/dev/sdz").code(), ErrorCode::kBusy);
+}
+
+}  // namespace
+}  // namespace barge

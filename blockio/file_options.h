@@ -1,0 +1,34 @@
+// How a file or block device is opened as a source or sink (shared by the
+// file backends, blockio/file.h, and the filesystem seam, blockio/env.h).
+#pragma once
+
+#include <cstdint>
+
+namespace barge {
+
+struct FileOptions {
+  // Sources: try io_uring first; fall back to pread when it is unavailable.
+  // BARGE_NO_URING=1 in the environment forces the fallback process-wide.
+  bool use_uring = true;
+  // O_DIRECT (alignment then comes from the device's logical block size).
+  bool direct = false;
+  // Sinks: write-behind for streaming output. Each write's writeback starts
+  // at once (sync_file_range); a range more than 16 MiB behind the newest
+  // is waited for and its pages dropped (POSIX_FADV_DONTNEED). A long copy
+  // then neither fills the page cache with pages nobody will read soon nor
+  // keeps taking fresh ones, the way nbdcopy writes files. Ignored with
+  // `direct`.
+  bool write_behind = true;
+  // Sinks: false makes Flush return without fdatasync. The caller gives up
+  // durability on a crash for speed, as qemu-img convert (cache=unsafe by
+  // default) and nbdcopy do; the data is still written.
+  bool sync = true;
+};
+
+enum class SinkMode : uint8_t {
+  kCreateNew,  // O_CREAT|O_EXCL: fail if the path exists
+  kTruncate,   // O_CREAT|O_TRUNC: replace a regular file's contents
+  kExisting,   // open an existing file or block device as is
+};
+
+}  // namespace barge
