@@ -89,6 +89,9 @@ namespace barge {
 //     successful Flush (lying disks), nor bad sectors. Holes are not
 //     restored exactly (a saved range of data reads back as data), and
 //     metadata (mode, owner, times) is not rolled back.
+//   - Side effects of the bookkeeping: pinned files have one more hard
+//     link, and removed files keep their space until their removal is
+//     durable (Space() reports less free space than a real run would).
 //
 // ---- Crash points ----
 // Durability boundaries are the calls counted as kSync (every sink Flush,

@@ -303,6 +303,23 @@ TEST_F(FaultEnvTest, CrossFolderRenameIsDurablePerFolder) {
   EXPECT_EQ(Contents(Path("b/f")), "x");
 }
 
+TEST_F(FaultEnvTest, RemovedTreeComesBackUnlessSynced) {
+  ASSERT_TRUE(PosixEnv().CreateDirs(Path("chain/sub")).ok());
+  Durable(Path("chain/a"), "a");
+  Durable(Path("chain/sub/b"), "b");
+  ASSERT_TRUE(env_.RemoveTree(Path("chain")).ok());
+  EXPECT_FALSE(PosixEnv().Exists(Path("chain")));
+  PowerLoss();
+  EXPECT_EQ(Contents(Path("chain/a")), "a");
+  EXPECT_EQ(Contents(Path("chain/sub/b")), "b");
+
+  ASSERT_TRUE(env_.RemoveTree(Path("chain")).ok());
+  ASSERT_TRUE(env_.SyncDir(work_).ok());
+  PowerLoss();
+  EXPECT_FALSE(PosixEnv().Exists(Path("chain")));
+  EXPECT_TRUE(Stash().empty());
+}
+
 // ---- crash points ----
 
 TEST_F(FaultEnvTest, CrashEndsEveryLaterCallAndDropsTheCleanup) {
@@ -415,6 +432,46 @@ TEST_F(FaultEnvTest, CrashPointsFindAPublishWithoutFlush) {
       EXPECT_EQ(partial, 0);
     } else {
       EXPECT_GT(partial, 0);
+    }
+  }
+}
+
+// Four threads replace files while the machine dies under them: every file
+// is whole, old or new, and the sweep of temporaries finds the rest.
+TEST_F(FaultEnvTest, CrashUnderFourThreadsLeavesEveryFileOldOrNew) {
+  constexpr int kThreads = 4;
+  constexpr int kFiles = 5;
+  auto name = [&](int t, int i) { return Path("f" + std::to_string(t) + "-" + std::to_string(i)); };
+  for (uint64_t crash_after : {0, 1, 7, 20, 45, 1000}) {
+    SCOPED_TRACE(crash_after);
+    for (int t = 0; t < kThreads; ++t) {
+      for (int i = 0; i < kFiles; ++i) Durable(name(t, i), "old");
+    }
+    env_.MarkDurable();
+    env_.CrashAfter(crash_after);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < kFiles; ++i) {
+          if (!env_.WriteFileAtomic(name(t, i), std::string_view("new")).ok()) return;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(env_.crashed(), crash_after < 3 * kThreads * kFiles);
+    PowerLoss();
+    // One thread's folder sync also makes the others' temporaries durable,
+    // as on a real filesystem: the recovery step sweeps them.
+    auto swept = SweepStaleTemporaries(PosixEnv(), work_);
+    ASSERT_TRUE(swept.ok());
+    auto names = PosixEnv().ListDir(work_);
+    ASSERT_TRUE(names.ok());
+    EXPECT_EQ(names->size(), size_t{kThreads * kFiles});
+    for (int t = 0; t < kThreads; ++t) {
+      for (int i = 0; i < kFiles; ++i) {
+        std::string now = Contents(name(t, i));
+        EXPECT_TRUE(now == "old" || now == "new") << now;
+      }
     }
   }
 }
