@@ -70,8 +70,9 @@ namespace barge {
 // It needs every sink, source and lock from before to be closed, and no
 // other call running.
 //
-// The model is deliberately the strictest that POSIX allows, so that code
-// passing under it is safe on any filesystem:
+// The model is deliberately strict about what is durable (only what POSIX
+// promises), so that code passing under it does not lean on one
+// filesystem's generosity:
 //   - Real filesystems usually keep more: ext4 (data=ordered) commits a
 //     rename that replaces a file after flushing the new file's data
 //     (auto_da_alloc), and its fsync of a new file also commits the file's
@@ -86,9 +87,9 @@ namespace barge {
 //     unsynced writes are dropped all together, never in part, so torn
 //     writes (part of a write, or some unsynced writes but not others,
 //     kept) are not simulated; nor are lost or reordered writes after a
-//     successful Flush (lying disks), nor bad sectors. Holes are not
-//     restored exactly (a saved range of data reads back as data), and
-//     metadata (mode, owner, times) is not rolled back.
+//     successful Flush (lying disks), nor bad sectors. Allocation is not
+//     restored exactly (a saved range goes back as data, or as a hole when
+//     all zeros), and metadata (mode, owner, times) is not rolled back.
 //   - Side effects of the bookkeeping: pinned files have one more hard
 //     link, and removed files keep their space until their removal is
 //     durable (Space() reports less free space than a real run would).
