@@ -140,10 +140,21 @@ Result<Placement> PlaceBackup(const std::vector<TargetState>& targets, uint64_t 
   return Placement{t.path, false, reason};
 }
 
-std::set<std::string> KeepNewest(const std::vector<RestorePoint>& points, size_t count) {
+namespace {
+
+// Points newest first; points of the same second keep their reverse scan
+// order (a folder lists a chain's points oldest first).
+std::vector<const RestorePoint*> NewestFirst(const std::vector<RestorePoint>& points) {
   std::vector<const RestorePoint*> sorted;
-  for (const auto& p : points) sorted.push_back(&p);
+  for (auto it = points.rbegin(); it != points.rend(); ++it) sorted.push_back(&*it);
   std::stable_sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->time > b->time; });
+  return sorted;
+}
+
+}  // namespace
+
+std::set<std::string> KeepNewest(const std::vector<RestorePoint>& points, size_t count) {
+  std::vector<const RestorePoint*> sorted = NewestFirst(points);
   std::set<std::string> keep;
   for (size_t i = 0; i < sorted.size() && i < count; ++i) keep.insert(sorted[i]->key);
   return keep;
@@ -155,9 +166,7 @@ Result<std::set<std::string>> SelectForget(const std::vector<RestorePoint>& poin
         "forget needs at least one of --keep-last, --keep-daily, --keep-weekly, --keep-monthly above 0");
   }
   using namespace std::chrono;
-  std::vector<const RestorePoint*> sorted;
-  for (const auto& p : points) sorted.push_back(&p);
-  std::stable_sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->time > b->time; });
+  std::vector<const RestorePoint*> sorted = NewestFirst(points);
   auto day_of = [](SysSeconds t) { return floor<days>(t).time_since_epoch().count(); };
   auto week_of = [](SysSeconds t) {
     // ISO weeks start on Monday; day 0 (1970-01-01) was a Thursday.
@@ -256,9 +265,7 @@ RetentionPlan PlanRetention(const std::vector<RestorePoint>& points, const std::
                               std::vector<std::string>(c.ids.begin(), c.ids.begin() + *first), c.ids[*first]});
     }
   }
-  std::vector<const RestorePoint*> sorted;
-  for (const auto& p : points) sorted.push_back(&p);
-  std::stable_sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->time > b->time; });
+  std::vector<const RestorePoint*> sorted = NewestFirst(points);
   for (const RestorePoint* p : sorted) {
     (keep.count(p->key) ? plan.keep : plan.forget).push_back(p->key);
   }
