@@ -300,6 +300,11 @@ Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options)
 Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const ForgetPolicy& keep,
                                                      const ForgetOptions& options) {
   Env& env = options.env != nullptr ? *options.env : Env::Default();
+  for (const auto& want : options.only_sources) {
+    if (policy.FindSource(want) == nullptr) {
+      return Error::NotFound("policy " + policy.name + " has no source '" + want + "'");
+    }
+  }
   BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
   std::unique_ptr<PolicyCatalog> catalog;
   if (!options.dry_run) {
@@ -323,11 +328,6 @@ Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const
       if (!s2.ok()) rep.error = s2.error().ToString();
     }
     out.push_back(std::move(rep));
-  }
-  for (const auto& want : options.only_sources) {
-    if (policy.FindSource(want) == nullptr) {
-      return Error::NotFound("policy " + policy.name + " has no source '" + want + "'");
-    }
   }
   return out;
 }
