@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "blockio/error.h"
+#include "orchestrate/time_text.h"  // ParseDuration
 #include "pipeline/replicate.h"
 
 namespace barge::orchestrate {
@@ -148,8 +149,5 @@ class ImageCatalog {
   std::unique_ptr<SqliteDb> db_;  // guarded by mu_
   const std::string lock_dir_;
 };
-
-// "90s", "15m", "2h", "7d", "0"; kInvalidArgument otherwise.
-Result<std::chrono::seconds> ParseDuration(const std::string& text);
 
 }  // namespace barge::orchestrate
