@@ -126,13 +126,19 @@ Result<int64_t> ParseDurationSeconds(std::string_view text) {
         case 'h': unit = 3600; rank = 3; break;
         case 'd': unit = 86400; rank = 4; break;
         case 'w': unit = 7 * 86400; rank = 5; break;
-        default: return bad("unknown unit '" + std::string(1, text[pos]) + "'");
+        default:
+          return bad("unknown unit '" + std::string(1, text[pos]) + "' at position " + std::to_string(pos + 1));
       }
       ++pos;
-      if (rank >= last_rank) return bad("units must go from largest to smallest, each once");
+      if (rank >= last_rank) {
+        return bad("units must go from largest to smallest, each once (position " + std::to_string(pos) + ")");
+      }
       last_rank = rank;
     }
-    if (n > (uint64_t{INT64_MAX} - total) / unit) return bad("too large");
+    // A century is more than any schedule or retention needs, and keeps
+    // every sum far from overflow.
+    constexpr uint64_t kMax = 100ull * 366 * 86400;
+    if (n > (kMax - total) / unit) return bad("longer than 100 years");
     total += n * unit;
   }
   return static_cast<int64_t>(total);

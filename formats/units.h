@@ -20,9 +20,10 @@ std::string HumanBytesExact(uint64_t bytes);
 // fraction, a negative number, overflow).
 Result<uint64_t> ParseSize(std::string_view text);
 
-// Durations: "0", "90s", "15m", "26h", "7d", "1w", "1d12h30m" (units s, m,
-// h, d, w; whole numbers; a bare number is seconds). kInvalidArgument
-// naming the text otherwise.
+// Durations: "0", "90s", "15m", "26h", "7d", "1w", "1d12h30m" (units w, d,
+// h, m, s, largest first, each once; whole numbers; a bare number is
+// seconds; at most 100 years). kInvalidArgument naming the text and the
+// position of the first bad character otherwise.
 Result<int64_t> ParseDurationSeconds(std::string_view text);
 // "1d12h", "15m", "0s": the shortest form ParseDurationSeconds reads back.
 std::string FormatDurationSeconds(int64_t seconds);

@@ -149,5 +149,4 @@ class ImageCatalog {
   const std::string lock_dir_;
 };
 
-
 }  // namespace barge::orchestrate

@@ -43,7 +43,7 @@ TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
   // Owned by root, 0644: `cbt enable` must give QEMU's user access itself.
   RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 644 " + ShellQuote(raw));
   TestDomain dom("cbt", {{"vda", raw, "raw"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
   EXPECT_EQ(st["state"], "Enabled");
   OpenForQemu(dir_ / "cbt");
@@ -114,7 +114,7 @@ TEST_F(VmBackupTest, OfflineBackupFromCbtOverlayThenOnlineIncremental) {
   // Owned by root, 0644: `cbt enable` must give QEMU's user access itself.
   RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 644 " + ShellQuote(raw));
   TestDomain dom("offline", {{"vda", raw, "raw"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
   ASSERT_EQ(st["state"], "Enabled");
   std::string overlay = st["disks"][0]["overlay"];
@@ -177,7 +177,7 @@ TEST_F(VmBackupTest, CheckpointRedefineAfterMetadataLoss) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("redef", {{"vda", disk, "qcow2"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   dom.StartPaused();
   RunOk(Barge("tracker create t1 --domain " + dom.name()));
   dom.Write(0xee, "1M", "4M");
@@ -205,7 +205,7 @@ TEST_F(VmBackupTest, CrashMakesNextBackupFullBitmapInconsistent) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("crash", {{"vda", disk, "qcow2"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   dom.StartPaused();
   RunOk(Barge("tracker create t1 --domain " + dom.name()));
   dom.Write(0xee, "1M", "4M");
@@ -233,7 +233,7 @@ TEST_F(VmBackupTest, RefusalsAndFailuresLeaveTrackerUnchanged) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("refuse", {{"vda", disk, "qcow2"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   dom.StartPaused();
   RunOk(Barge("tracker create t1 --domain " + dom.name()));
   dom.Write(0xee, "1M", "8M");

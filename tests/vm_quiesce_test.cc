@@ -97,7 +97,7 @@ class VmQuiesceTest : public VmTestBase {
                          "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>";
     dom_ = std::make_unique<TestDomain>("quiesce", std::vector<TestDisk>{{"vda", vda_, "raw"}, {"vdb", vdb_, "raw"}},
                                         extras);
-    dom_->Define(dir_.path().string());
+    ASSERT_NO_FATAL_FAILURE(dom_->Define(dir_.path().string()));
     json st = BargeJson("cbt enable --domain " + dom_->name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
     ASSERT_EQ(st["state"], "Enabled") << st.dump();
     OpenForQemu(dir_ / "cbt");
