@@ -146,8 +146,10 @@ TEST(IncrementalRestoreTest, TamperedMiddleLayerFailsNamingTheCluster) {
   std::string out = RunOk(Barge() + " restore " + Q(c.dir) + " --to " + Q(tmp / "r.raw"), 2);
   EXPECT_NE(out.find(hex), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(tmp / "r.raw"));
-  out = RunOk(Barge() + " verify " + Q(c.dir), 2);
-  EXPECT_NE(out.find(hex), std::string::npos) << out;
+  nlohmann::json error = testing::RunError(Barge() + " verify --json " + Q(c.dir), 2);
+  EXPECT_EQ(error.value("code", ""), "Corruption") << error.dump();
+  EXPECT_EQ(error.value("offset", ~uint64_t{0}), guest) << error.dump();
+  EXPECT_NE(error.value("message", "").find(hex), std::string::npos) << error.dump();
   // The point below the tampered layer is still good.
   RunOk(Barge() + " restore " + Q(c.dir) + " --at 1 --to " + Q(tmp / "r1.raw"));
   EXPECT_TRUE(SameFile(tmp / "r1.raw", c.saved[1]));
@@ -163,8 +165,8 @@ TEST(IncrementalRestoreTest, MissingMiddleLayerNamesTheMissingBackup) {
   // A broken chain is corruption of the backup: exit 2 (docs/errors.md).
   std::string out = RunOk(Barge() + " restore " + Q(c.dir) + " --to " + Q(tmp / "r.raw"), 2);
   EXPECT_NE(out.find("parent backup " + ids[3] + " is missing"), std::string::npos) << out;
-  out = RunOk(Barge() + " verify --all " + Q(c.dir), 2);
-  EXPECT_NE(out.find(ids[3]), std::string::npos) << out;
+  nlohmann::json error = testing::RunError(Barge() + " verify --all --json " + Q(c.dir), 2);
+  EXPECT_NE(error.dump().find(ids[3]), std::string::npos) << error.dump();
   // Points below the gap restore.
   RunOk(Barge() + " restore " + Q(c.dir) + " --at 2 --to " + Q(tmp / "r2.raw"));
   EXPECT_TRUE(SameFile(tmp / "r2.raw", c.saved[2]));

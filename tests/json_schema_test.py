@@ -147,6 +147,7 @@ class Runner:
         self.barge, self.tmp, self.schema, self.verbose = barge, tmp, schema, verbose
         self.failures = []
         self.ran_ok, self.ran_failing, self.ran_usage = set(), set(), set()
+        self.seen = set()  # the kinds of events validated
         self.env = dict(os.environ)
         self.env.update(
             {
@@ -185,9 +186,11 @@ class Runner:
             print(f"$ barge {label}  -> {p.returncode}\n{p.stdout}", end="")
         {0: self.ran_ok, 64: self.ran_usage}.get(p.returncode, self.ran_failing).add(name or command)
         try:
-            return [json.loads(line) for line in p.stdout.splitlines()]
+            events = [json.loads(line) for line in p.stdout.splitlines()]
         except json.JSONDecodeError:
             return []
+        self.seen.update(e.get("event") for e in events if isinstance(e, dict))
+        return events
 
 
 def leaf_commands(barge):
@@ -248,6 +251,12 @@ def scenario(r):
     r.run("compare", [t("top.qcow2"), t("top.qcow2")])
     r.run("compare", [t("base.qcow2"), t("top.qcow2")], expect=1)
     r.run("compare", [t("top.qcow2"), missing], expect=2)
+    # Sizes differ, the tail reads as zeros: identical, with a warning.
+    shutil.copy(t("disk.raw"), t("longer.raw"))
+    os.truncate(t("longer.raw"), 20 << 20)
+    events = r.run("compare", [t("disk.raw"), t("longer.raw")])
+    if "warning" not in [e.get("event") for e in events]:
+        r.failures.append("compare of images of different sizes: no warning event")
     r.run("bitmap list", [t("top.qcow2")])
     r.run("bitmap list", [missing], expect=1)
     r.run("bitmap dump", [t("top.qcow2"), "b1"])
@@ -396,6 +405,9 @@ def main():
             problems.append(f"{command}: never failed (other than a usage error) in this test")
         if command not in r.ran_usage:
             problems.append(f"{command}: never had a usage error in this test")
+    for event in EVENTS:
+        if event not in r.seen:
+            problems.append(f"no {event} event was validated in this test")
     for name in schema["$defs"]:
         if name.startswith("result-") and name[len("result-"):] not in [c.replace(" ", "-") for c in commands]:
             problems.append(f"docs/json.md: '{name}' is no command of `barge --help`")

@@ -141,6 +141,7 @@ TEST_P(StateMigrateCrashAt, RerunIsConsistent) {
   auto crashed = testing::Run(s.Migrate(GetParam().env));
   ASSERT_NE(crashed.exit_code, 0) << crashed.output;
   ASSERT_NE(crashed.output.find("test hook"), std::string::npos) << crashed.output;
+  EXPECT_EQ(testing::ErrorOf(crashed.stdout_text).value("exit_code", -1), crashed.exit_code) << crashed.output;
   // Never both lost: before the commit point the old copy is intact; after
   // it the new one is complete (the old may be partly removed).
   if (GetParam().new_is_current) {
