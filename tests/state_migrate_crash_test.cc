@@ -132,6 +132,10 @@ struct CrashPoint {
   bool new_is_current;  // the crash came after the commit point
 };
 
+// The test's name shows the hook (gtest would print the struct's bytes, a
+// pointer among them: a new ctest name every build).
+void PrintTo(const CrashPoint& p, std::ostream* os) { *os << p.env; }
+
 class StateMigrateCrashAt : public ::testing::TestWithParam<CrashPoint> {};
 
 TEST_P(StateMigrateCrashAt, RerunIsConsistent) {
