@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.environ.get("BARGE_JSON_DOC") or os.path.join(ROOT, "docs", "json.md")
 EVENTS = ("progress", "warning", "result", "error")
 # Commands whose verdict is their exit code: they end with their result,
-# not an error event (docs/json.md, "Exit codes").
+# not an error event (docs/json.md, "How a run ends").
 VERDICTS = {("check", 2), ("check", 3), ("compare", 1)}
 
 
@@ -100,7 +100,12 @@ def check_run(stdout, exit_code, command=None, schema=None):
     if stdout and not stdout.endswith("\n"):
         problems.append("stdout: the last line has no newline")
     events = []
-    for n, line in enumerate(stdout.splitlines(), 1):
+    # Lines end at "\n" only (str.splitlines would also split at U+2028,
+    # which JSON strings may hold unescaped).
+    lines = stdout.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    for n, line in enumerate(lines, 1):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError:
@@ -111,7 +116,7 @@ def check_run(stdout, exit_code, command=None, schema=None):
             continue
         for p in _validate(schema, "envelope", obj):
             problems.append(f"line {n}: {p}")
-        if obj.get("event") not in EVENTS:
+        if obj.get("event") not in EVENTS or not isinstance(obj.get("command"), str):
             continue
         if command is not None and obj.get("command") != command:
             problems.append(f"line {n}: command {obj.get('command')!r}, expected {command!r}")
@@ -133,7 +138,7 @@ def check_run(stdout, exit_code, command=None, schema=None):
             problems.append(f"exit {exit_code} needs one error event, last; got {kinds}")
         elif events[-1].get("exit_code") != exit_code:
             problems.append(f"the error's exit_code {events[-1].get('exit_code')} is not the exit status {exit_code}")
-        if results > 1 or (results == 1 and kinds.index("result") > kinds.index("error")):
+        if results > 1 or (results == 1 and errors == 1 and kinds.index("result") > kinds.index("error")):
             problems.append(f"at most one result, before the error; got {kinds}")
     return problems
 
@@ -186,7 +191,7 @@ class Runner:
             print(f"$ barge {label}  -> {p.returncode}\n{p.stdout}", end="")
         {0: self.ran_ok, 64: self.ran_usage}.get(p.returncode, self.ran_failing).add(name or command)
         try:
-            events = [json.loads(line) for line in p.stdout.splitlines()]
+            events = [json.loads(line) for line in p.stdout.split("\n") if line]
         except json.JSONDecodeError:
             return []
         self.seen.update(e.get("event") for e in events if isinstance(e, dict))

@@ -47,7 +47,7 @@ CommandResult Run(const std::string& command) {
   }
   pid_t pid = ::fork();
   if (pid == 0) {
-    int null = ::open("/dev/null", O_RDONLY);
+    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null >= 0) ::dup2(null, 0);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
