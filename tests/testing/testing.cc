@@ -62,7 +62,10 @@ CommandResult Run(const std::string& command) {
     return result;
   }
   // Both pipes drained as data comes, so neither side can fill and block
-  // the child; `output` keeps the order the chunks arrived in.
+  // the child; `output` keeps the order the chunks arrived in, stderr's
+  // first when both are ready (it is unbuffered: what a tool says there
+  // usually came before what its buffered stdout flushes at exit). Parse
+  // stdout_text, not output: the interleaving is only approximate.
   struct pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
   std::string* alone[2] = {&result.stdout_text, &result.stderr_text};
   int open_fds = 2;
@@ -72,7 +75,7 @@ CommandResult Run(const std::string& command) {
       if (errno == EINTR) continue;
       break;
     }
-    for (int i = 0; i < 2; ++i) {
+    for (int i : {1, 0}) {
       if (fds[i].fd < 0 || fds[i].revents == 0) continue;
       ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;

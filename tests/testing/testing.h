@@ -34,7 +34,7 @@ class TempDir {
 
 struct CommandResult {
   int exit_code = -1;        // the exit status, or 128 + the signal that ended it
-  std::string output;        // stdout and stderr together, in the order they came
+  std::string output;        // stdout and stderr together, about in the order they came
   std::string stdout_text;   // stdout alone (a --json run's NDJSON events)
   std::string stderr_text;   // stderr alone
 };
