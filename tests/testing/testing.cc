@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 namespace barge::testing {
@@ -141,10 +142,37 @@ SocketServer::~SocketServer() {
   ::waitpid(pid_, nullptr, 0);
 }
 
+namespace {
+
+// True once a Unix socket bound to `path` is listening: the socket file
+// shows at bind(), before listen(), and a client connecting in between is
+// refused. Read from /proc/net/unix (Flags has __SO_ACCEPTCON, 0x10000),
+// not by connecting: qemu-nbd without --persistent would serve the probe
+// and exit.
+bool Listening(const std::string& path) {
+  std::ifstream in("/proc/net/unix");
+  std::string line;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string num, refs, protocol, flags, type, state, inode, name;
+    if (!(fields >> num >> refs >> protocol >> flags >> type >> state >> inode >> name)) continue;
+    if (name == path && (std::stoul(flags, nullptr, 16) & 0x10000) != 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool SocketServer::WaitReady() {
+  int seen = 0;  // polls since the socket file showed
   for (int i = 0; i < 500; ++i) {
     struct stat st;
-    if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return true;
+    if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+      // A server that names its socket otherwise than we do never shows in
+      // /proc/net/unix under our name: after 2 s, the file is enough.
+      if (Listening(socket_) || ++seen > 100) return true;
+    }
     if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
       pid_ = -1;
       return false;

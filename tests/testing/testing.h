@@ -76,8 +76,8 @@ class SocketServer {
   SocketServer(const SocketServer&) = delete;
   SocketServer& operator=(const SocketServer&) = delete;
 
-  // Polls up to 10 s for the socket; false if it never shows or the server
-  // exits first.
+  // Polls up to 10 s for the socket to listen; false if it never does or
+  // the server exits first.
   bool WaitReady();
   std::string uri() const { return "nbd+unix:///?socket=" + socket_; }
 
