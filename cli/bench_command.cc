@@ -314,9 +314,10 @@ void RegisterBenchCommand(CLI::App& app, int& exit_code) {
   auto gen = std::make_shared<GenerateArgs>();
   auto generate_cmd = std::make_shared<CLI::App*>(nullptr);
   auto* cmd = AddCommand(app, "bench", "Measure each pipeline stage and the whole pipeline on one disk", exit_code,
-                         [args, generate_cmd](Output& out) {
-                           // `bench generate` ran instead (its own callback).
-                           if (*generate_cmd != nullptr && (*generate_cmd)->parsed()) return int{kExitOk};
+                         [args, generate_cmd, &exit_code](Output& out) {
+                           // `bench generate` ran instead (its own callback, before
+                           // this one): keep its exit code.
+                           if (*generate_cmd != nullptr && (*generate_cmd)->parsed()) return exit_code;
                            return RunBenchCommand(*args, out);
                          });
   cmd->require_subcommand(0, 1);

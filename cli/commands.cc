@@ -38,7 +38,9 @@ std::string CommandPath(const CLI::App* app) {
 std::string Suggestion(const CLI::ParseError& e, CLI::App* at, int argc, char** argv) {
   // An option the command does not have wins: CLI11 reports a missing
   // required option first, though the typo is the cause ("--sorce").
-  std::vector<std::string> known = {"--help", "-h"};
+  // --json is every command's (a group's too, for the error's shape), so
+  // it is never the typo ("barge infoo --json x": the command is).
+  std::vector<std::string> known = {"--help", "-h", "--json"};
   for (const CLI::Option* o : at->get_options()) {
     for (const auto& l : o->get_lnames()) known.push_back("--" + l);
     for (const auto& sn : o->get_snames()) known.push_back("-" + sn);

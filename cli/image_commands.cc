@@ -20,11 +20,9 @@ std::vector<const formats::Image*> Chain(const formats::Image& top) {
   return chain;
 }
 
+// As `bitmap list`: qemu-img's "flags" (in-use, auto) as booleans.
 json BitmapJson(const formats::BitmapInfo& b) {
-  json flags = json::array();
-  if (b.in_use) flags.push_back("in-use");
-  if (b.enabled) flags.push_back("auto");
-  return {{"name", b.name}, {"granularity", b.granularity_bytes}, {"flags", flags}};
+  return {{"name", b.name}, {"granularity", b.granularity_bytes}, {"enabled", b.enabled}, {"in_use", b.in_use}};
 }
 
 json LayerJson(const formats::ImageInfo& info) {
@@ -60,7 +58,7 @@ json LayerJson(const formats::ImageInfo& info) {
                               {"vm_state_size", s.vm_state_size},
                               {"date", formats::FormatRfc3339({static_cast<int64_t>(s.date_sec),
                                                                static_cast<int32_t>(s.date_nsec)})},
-                              {"vm_clock_nsec", s.vm_clock_nsec}});
+                              {"vm_clock_seconds", static_cast<double>(s.vm_clock_nsec) / 1e9}});
   }
   return j;
 }

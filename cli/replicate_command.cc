@@ -37,7 +37,8 @@ class MultiProgress {
  public:
   MultiProgress(Output& out, const std::vector<std::string>& names)
       : out_(out), mode_(out.json() ? Mode::kEvents : ::isatty(STDERR_FILENO) ? Mode::kBar : Mode::kNone),
-        names_(names), done_(names.size(), 0), total_(names.size(), 0), last_json_(names.size()) {}
+        names_(names), done_(names.size(), 0), total_(names.size(), 0), last_json_(names.size()),
+        start_(std::chrono::steady_clock::now()) {}
 
   void Update(size_t i, uint64_t done, uint64_t total) {
     if (mode_ == Mode::kNone || i >= names_.size()) return;
@@ -48,9 +49,12 @@ class MultiProgress {
     if (mode_ == Mode::kEvents) {
       if (done < total && now - last_json_[i] < std::chrono::seconds(1)) return;
       last_json_[i] = now;
+      double secs = std::chrono::duration<double>(now - start_).count();
       out_.Progress({{"job", "replicate"}, {"destination", names_[i]},
                      {"done_bytes", done}, {"total_bytes", total},
-                     {"percent", total ? static_cast<int>(1000.0 * done / total) / 10.0 : 100.0}});
+                     {"percent", total ? static_cast<int>(1000.0 * done / total) / 10.0 : 100.0},
+                     {"bytes_per_second", secs > 0 ? static_cast<uint64_t>(static_cast<double>(done) / secs) : 0},
+                     {"elapsed_seconds", secs}});
       return;
     }
     if (done < total && now - last_draw_ < std::chrono::milliseconds(200)) return;
@@ -80,6 +84,7 @@ class MultiProgress {
   std::mutex mu_;
   std::vector<uint64_t> done_, total_;
   std::vector<std::chrono::steady_clock::time_point> last_json_;
+  std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_draw_{};
   bool drawn_ = false;
 };
@@ -125,7 +130,15 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
     json dests = json::array();
     for (const auto& d : r.replicas) {
       json j = {{"path", d.path}, {"state", pipeline::ReplicaStateName(d.state)}, {"verified", d.verified}};
-      if (d.error) j["error"] = {{"code", ErrorCodeName(d.error->code())}, {"message", d.error->message()}, {"file", d.error->path()}};
+      if (d.error) {
+        // As the error event's fields (docs/json.md).
+        json e = {{"code", ErrorCodeName(d.error->code())}, {"message", d.error->message()},
+                  {"retryable", d.error->retryable()}};
+        if (!d.error->path().empty()) e["file"] = d.error->path();
+        if (d.error->offset()) e["offset"] = *d.error->offset();
+        if (d.error->errno_value() != 0) e["errno"] = d.error->errno_value();
+        j["error"] = std::move(e);
+      }
       if (d.state != pipeline::ReplicaState::kFailed) j["file_bytes"] = d.file_bytes;
       dests.push_back(std::move(j));
     }

@@ -76,7 +76,9 @@ json RecordJson(const orc::BackupRecord& r) {
   return {{"id", r.id}, {"domain", r.domain}, {"tracker", r.tracker}, {"type", Lower(r.type)},
           {"reason", r.reason}, {"checkpoint", r.checkpoint}, {"parent_checkpoint", r.parent_checkpoint},
           {"target", r.target}, {"disks", disks}, {"started_at", r.started_at},
-          {"finished_at", r.finished_at}, {"duration_seconds", r.duration_seconds}, {"result", r.result},
+          // A running record has no end yet: null, not "" (times are RFC 3339).
+          {"finished_at", r.finished_at.empty() ? json(nullptr) : json(r.finished_at)},
+          {"duration_seconds", r.duration_seconds}, {"result", r.result},
           {"error", r.error}};
 }
 

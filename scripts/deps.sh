@@ -16,6 +16,8 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux
   e2fsprogs xz-utils gzip
   # promtool tests the shipped alerting rules (deploy/prometheus/).
   prometheus
+  # tests/json_schema_test.py validates every command's --json output
+  python3 python3-jsonschema
   # qemu-ga's libraries: tests/guest/make_guest.sh copies them from the host
   # into the quiesce test's guest (kernel, busybox and qemu-ga themselves are
   # fetched with `apt-get download`, never installed).

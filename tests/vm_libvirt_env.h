@@ -159,12 +159,8 @@ class VmTestBase : public ::testing::Test {
   std::string Barge(const std::string& args) {
     return BargeBinary() + " " + args + " --catalog " + ShellQuote(catalog_);
   }
-  nlohmann::json BargeJson(const std::string& args) {
-    std::string out = RunOk(Barge(args) + " --json");
-    nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << out;
-    return j;
-  }
+  // The result event of `barge ARGS --json` (docs/json.md), which must exit 0.
+  nlohmann::json BargeJson(const std::string& args) { return ::barge::testing::RunResult(Barge(args) + " --json"); }
   nlohmann::json Backup(const std::string& domain, const std::string& extra = "") {
     return BargeJson("vm backup --domain " + domain + " --target " + ShellQuote(target_) + " --skip-quiesce " +
                      extra);

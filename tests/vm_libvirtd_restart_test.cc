@@ -68,8 +68,8 @@ TEST_F(VmLibvirtdRestartTest, RestartWithCheckpointMetadataLostThenRedefine) {
   RunOk(Barge("tracker create t1 --domain " + dom.name()));
   dom.Write(0xee, "1M", "4M");
   json b0 = Backup(dom.name());
-  ASSERT_EQ(b0["backupType"], "Full") << b0.dump();
-  std::string cp0 = b0["checkpointName"];
+  ASSERT_EQ(b0["backup_type"], "full") << b0.dump();
+  std::string cp0 = b0["checkpoint"];
   dom.Write(0x11, "20M", "1M");
 
   // Stop libvirtd; QEMU keeps running. Remove the checkpoint metadata. The
@@ -88,22 +88,22 @@ TEST_F(VmLibvirtdRestartTest, RestartWithCheckpointMetadataLostThenRedefine) {
   EXPECT_NE(RunOk(std::string(kVirsh) + "domstate " + dom.name()).find("paused"), std::string::npos);
   EXPECT_EQ(CheckpointNames(dom.name()).find(cp0), std::string::npos) << "libvirt should have lost " << cp0;
   json doc = BargeJson("doctor --domain " + dom.name());
-  EXPECT_EQ(doc["trackerCheckpoints"][0]["inLibvirt"], false) << doc.dump();
+  EXPECT_EQ(doc["tracker_checkpoints"][0]["in_libvirt"], false) << doc.dump();
 
   json re = BargeJson("checkpoint redefine --domain " + dom.name());
   ASSERT_EQ(re.size(), 1u) << re.dump();
-  EXPECT_EQ(re[0]["action"], "redefined") << re.dump();
+  EXPECT_EQ(re["checkpoints"][0]["action"], "redefined") << re.dump();
   EXPECT_NE(CheckpointNames(dom.name()).find(cp0), std::string::npos);
   json b1 = Backup(dom.name());
-  EXPECT_EQ(b1["backupType"], "Incremental") << b1.dump();
-  EXPECT_EQ(b1["parentCheckpoint"], cp0);
-  EXPECT_LE(b1["disks"][0]["bytesRead"].get<uint64_t>(), 2u << 20) << b1.dump();
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(b1["parent_checkpoint"], cp0);
+  EXPECT_LE(b1["disks"][0]["bytes_read"].get<uint64_t>(), 2u << 20) << b1.dump();
   std::string chain = target_ + "/" + dom.name() + "/vda";
   std::string p1 = FlatNow(dom, disk, "p1.raw");
   ExpectRestores(chain, 1, p1);
 
   // A plain restart, metadata kept: libvirt reloads the checkpoint itself.
-  std::string cp1 = b1["checkpointName"];
+  std::string cp1 = b1["checkpoint"];
   dom.Write(0x22, "30M", "2M");
   {
     LibvirtdLock lock;
@@ -114,9 +114,9 @@ TEST_F(VmLibvirtdRestartTest, RestartWithCheckpointMetadataLostThenRedefine) {
   }
   EXPECT_NE(CheckpointNames(dom.name()).find(cp1), std::string::npos);
   json b2 = Backup(dom.name());
-  EXPECT_EQ(b2["backupType"], "Incremental") << b2.dump();
-  EXPECT_EQ(b2["parentCheckpoint"], cp1);
-  EXPECT_LE(b2["disks"][0]["bytesRead"].get<uint64_t>(), 3u << 20) << b2.dump();
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_EQ(b2["parent_checkpoint"], cp1);
+  EXPECT_LE(b2["disks"][0]["bytes_read"].get<uint64_t>(), 3u << 20) << b2.dump();
   dom.Destroy();  // graceful: the disk file is complete
   std::string flat = dir_ / "flat.raw";
   RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
