@@ -91,7 +91,7 @@ TEST_F(VmLibvirtdRestartTest, RestartWithCheckpointMetadataLostThenRedefine) {
   EXPECT_EQ(doc["tracker_checkpoints"][0]["in_libvirt"], false) << doc.dump();
 
   json re = BargeJson("checkpoint redefine --domain " + dom.name());
-  ASSERT_EQ(re.size(), 1u) << re.dump();
+  ASSERT_EQ(re["checkpoints"].size(), 1u) << re.dump();
   EXPECT_EQ(re["checkpoints"][0]["action"], "redefined") << re.dump();
   EXPECT_NE(CheckpointNames(dom.name()).find(cp0), std::string::npos);
   json b1 = Backup(dom.name());

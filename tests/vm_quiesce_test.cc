@@ -183,7 +183,7 @@ TEST_F(VmQuiesceTest, FreezeBeforeTheJobThawAfter) {
   EXPECT_EQ(FreezeStatus(), "thawed");
 
   json b0 = QuiescedBackup();
-  ASSERT_TRUE(b0.contains("backupType")) << b0.dump();
+  ASSERT_TRUE(b0.contains("backup_type")) << b0.dump();
   EXPECT_EQ(b0["backup_type"], "full") << b0.dump();
   EXPECT_EQ(HookLines(2), (std::vector<std::string>{"barge-hook freeze 1", "barge-hook thaw 1"})) << SerialLog();
   EXPECT_EQ(FreezeStatus(), "thawed");
@@ -214,7 +214,7 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
   if (HasFatalFailure()) return;
   RunOk(Barge("tracker create t1 --domain " + dom_->name()));
   json b0 = QuiescedBackup();
-  ASSERT_TRUE(b0.contains("checkpointName")) << b0.dump();
+  ASSERT_TRUE(b0.contains("checkpoint")) << b0.dump();
   std::string cp0 = b0["checkpoint"];
   size_t files_before = std::distance(fs::directory_iterator(Chain("vda")), fs::directory_iterator());
 
@@ -240,7 +240,7 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
   // The guest still answers and freezes: an incremental from cp0 whose point
   // in time holds the third freeze's stamp and the failed run's thaw stamp.
   json b1 = QuiescedBackup();
-  ASSERT_TRUE(b1.contains("backupType")) << b1.dump();
+  ASSERT_TRUE(b1.contains("backup_type")) << b1.dump();
   EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
   EXPECT_EQ(b1["parent_checkpoint"], cp0);
   EXPECT_EQ(HookLines(6).size(), 6u) << SerialLog();
