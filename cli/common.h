@@ -51,5 +51,7 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code);
 void RegisterReplicateCommand(CLI::App& app, int& exit_code);
 void RegisterStateCommands(CLI::App& app, int& exit_code);
 void RegisterImageCatalogCommands(CLI::App& app, int& exit_code);
+// These add to groups the ones above made ("bitmap"): register them last.
+void RegisterBitmapEditCommands(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli
