@@ -16,6 +16,7 @@
 #include "formats/qcow2_bitmap.h"
 #include "pipeline/chain.h"
 #include "pipeline/staged_file.h"
+#include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
 
@@ -32,20 +33,22 @@ Status CheckDiskName(const std::string& name) {
   return OkStatus();
 }
 
-// Removes images and digest tables that no manifest names: what a run
-// killed between renames leaves. Called with the chain lock held.
+// Removes images, digest tables and verification records that no manifest
+// names: what a run killed between renames leaves, and the records of
+// points a merge folded. Called with the chain lock held.
 void RemoveOrphans(const ChainFolder& chain) {
   std::set<std::string> named;
   for (const auto& p : chain.points) {
     named.insert(p.manifest.image);
     named.insert(p.manifest.digest_table);
+    named.insert(VerificationFileName(p.manifest.id));
   }
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(chain.dir, ec)) {
     std::string name = entry.path().filename().string();
     auto ext = entry.path().extension();
     bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
-                (ext == ".qcow2" || ext == ".digests");
+                (ext == ".qcow2" || ext == ".digests" || ext == ".verified");
     bool temp = name.size() > 11 && name[0] == '.' && name.ends_with(".barge-tmp");
     if ((ours && !named.count(name)) || temp) fs::remove(entry.path(), ec);
   }
