@@ -118,6 +118,7 @@ int Main(int argc, char** argv) {
   RegisterStateCommands(app, exit_code);
   RegisterImageCatalogCommands(app, exit_code);
   RegisterBitmapEditCommands(app, exit_code);
+  RegisterListCommands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -51,7 +51,9 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code);
 void RegisterReplicateCommand(CLI::App& app, int& exit_code);
 void RegisterStateCommands(CLI::App& app, int& exit_code);
 void RegisterImageCatalogCommands(CLI::App& app, int& exit_code);
-// These add to groups the ones above made ("bitmap"): register them last.
+// These add to groups the ones above made ("bitmap", "catalog"): register
+// them last.
 void RegisterBitmapEditCommands(CLI::App& app, int& exit_code);
+void RegisterListCommands(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli
