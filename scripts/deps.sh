@@ -13,6 +13,8 @@ demo_pkgs=(qemu-utils)
 test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux
   qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
   e2fsprogs xz-utils gzip
+  # man and groff render `barge man` in its test (bash runs the completion's)
+  man-db groff-base bash
   # qemu-ga's libraries: tests/guest/make_guest.sh copies them from the host
   # into the quiesce test's guest (kernel, busybox and qemu-ga themselves are
   # fetched with `apt-get download`, never installed).
