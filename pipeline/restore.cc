@@ -73,8 +73,8 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
       BARGE_ASSIGN_OR_RETURN(t.existing, OpenFileSink(dst, SinkMode::kExisting, options));
     }
     if (t.existing->size_bytes() < size) {
-      return Error::NoSpace("the destination holds " + std::to_string(t.existing->size_bytes()) +
-                            " bytes, the disk needs " + std::to_string(size))
+      return Error::NoSpace("the destination holds " + formats::HumanBytesExact(t.existing->size_bytes()) +
+                            ", the disk needs " + formats::HumanBytesExact(size))
           .set_path(dst);
     }
     return t;
@@ -259,8 +259,8 @@ Result<VerifyResult> RunVerify(const VerifyRequest& req) {
     if (!req.against.location.empty()) {
       BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(req.against));
       if (src.image->size_bytes() != m.virtual_size) {
-        return Error::Corruption("the source has " + std::to_string(src.image->size_bytes()) +
-                                 " bytes, the backup " + std::to_string(m.virtual_size))
+        return Error::Corruption("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
+                                 ", the backup " + formats::HumanBytesExact(m.virtual_size))
             .set_path(req.against.location);
       }
       auto against = RunCopy(*src.image, WholeDisk(*src.image), {}, copy);
