@@ -230,6 +230,27 @@ TEST_F(ListCliTest, StaleAndOrphanRecords) {
   EXPECT_TRUE(fs::exists(chain_ + "/" + inc["id"].get<std::string>() + ".verified"));
 }
 
+// A record that cannot be written (here: a folder squats its name, which
+// even root cannot rename a file over) is a warning; the verification
+// still passes. `list` warns about the unreadable record and shows never.
+TEST_F(ListCliTest, UnwritableRecordIsAWarning) {
+  auto full = Backup("");
+  fs::create_directory(chain_ + "/" + full["id"].get<std::string>() + ".verified");
+  auto r = Sh(Barge() + " verify --json " + Q(chain_));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto warnings = Events(r.output, "warning");
+  ASSERT_EQ(warnings.size(), 1u) << r.output;
+  EXPECT_NE(warnings[0].value("message", "").find("could not record the verification of " +
+                                                  full["id"].get<std::string>()),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(ResultLine(r.output)["verified"], nlohmann::json::array({full["id"]}));
+  auto listed = Sh(Barge() + " list --json " + Q(chain_));
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_TRUE(ResultLine(listed.output)["points"][0]["last_verification"].is_null());
+  EXPECT_FALSE(Events(listed.output, "warning").empty()) << listed.output;
+}
+
 TEST_F(ListCliTest, MissingImagesEmptyFoldersAndMistakes) {
   auto full = Backup("");
   auto inc = Incremental("write -P 0xbb 2M 64k");
