@@ -36,6 +36,7 @@ struct CommandDoc {
   std::vector<OptionDoc> options;
   std::vector<PositionalDoc> positionals;
   std::vector<std::string> subcommands;
+  bool runnable = false;  // runs by itself (not a group that needs a subcommand)
   std::string Path() const {
     std::string s;
     for (const auto& p : path) s += (s.empty() ? "" : " ") + p;
@@ -69,6 +70,7 @@ void Collect(const CLI::App* app, std::vector<std::string> path, std::vector<Com
   CommandDoc doc;
   doc.path = path;
   doc.description = app->get_description();
+  doc.runnable = app->get_require_subcommand_min() == 0;
   for (const CLI::Option* o : app->get_options()) {
     if (o->get_group().empty()) continue;  // hidden
     if (o->get_positional() && !o->nonpositional()) {
@@ -316,13 +318,15 @@ std::string ManPage(const std::vector<CommandDoc>& tree) {
             "error as \"barge: Code: file: what\". Sizes on the command line take K, M, G, T suffixes "
             "(binary).")
     << "\n.SH COMMANDS\n";
-  std::vector<const CommandDoc*> leaves;
+  std::vector<const CommandDoc*> leaves;  // every command that runs (bench too, not only bench generate)
   for (const auto& c : tree) {
-    if (!c.path.empty() && c.subcommands.empty()) leaves.push_back(&c);
+    if (!c.path.empty() && c.runnable) leaves.push_back(&c);
   }
   std::sort(leaves.begin(), leaves.end(), [](const CommandDoc* a, const CommandDoc* b) { return a->path < b->path; });
   for (const CommandDoc* c : leaves) {
-    o << ".SS \"" << RoffArg(c->Path()) << "\"\n" << Synopsis(*c) << "\n.PP\n" << Roff(c->description) << ".\n";
+    const bool stop = !c->description.empty() && c->description.back() == '.';
+    o << ".SS \"" << RoffArg(c->Path()) << "\"\n" << Synopsis(*c) << "\n.PP\n" << Roff(c->description)
+      << (stop ? "\n" : ".\n");
     for (const auto& p : c->positionals) {
       o << ".TP\n\\fI" << Roff(p.name) << "\\fR" << (p.repeated ? "..." : "") << "\n" << Roff(p.description)
         << (p.required ? "" : " (optional)") << "\n";

@@ -151,7 +151,7 @@ TEST_F(ManPageTest, NamesEveryCommandExitCodeAndVariable) {
   for (const auto& path : leaves) {
     EXPECT_NE(text.find("barge " + path + " "), std::string::npos) << path;
   }
-  for (const char* want : {"barge list CHAIN", "barge bitmap clear IMAGE NAME...", "--granularity GRANULARITY",
+  for (const char* want : {"barge list CHAIN", "barge bench [options]", "barge bench generate", "barge bitmap clear IMAGE NAME...", "--granularity GRANULARITY",
                            "--output-format raw|qcow2", "(default: latest)", "(required)", "--json"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want;
   }
