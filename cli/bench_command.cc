@@ -299,8 +299,9 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
   t << Format("slowest backup-path stage: %s at %.1f MiB/s logical; zero+xxh3+compress together on the same "
               "cores %.1f MiB/s logical (sha512 is not on the backup path)\n",
               slowest ? slowest->name.c_str() : "-", slowest_logical, cpu_bound_logical);
-  t << Format("cpu: backup-path stages alone %.2f s, end-to-end %.2f s (pipeline overhead %+.0f%%)\n", stages_cpu,
-              e2e_cpu, stages_cpu > 0 ? 100.0 * (e2e_cpu - stages_cpu) / stages_cpu : 0.0);
+  t << Format("cpu: backup-path stages alone %s, end-to-end %s (pipeline overhead %+.0f%%)\n",
+              HumanSeconds(stages_cpu).c_str(), HumanSeconds(e2e_cpu).c_str(),
+              stages_cpu > 0 ? 100.0 * (e2e_cpu - stages_cpu) / stages_cpu : 0.0);
   t << Format("end-to-end: %.1f MiB/s logical = %.2f x slowest stage (target >= 0.80: %s)\n", e2e_logical, ratio,
               ratio >= 0.8 ? "met" : "missed");
   if (keep_dir) t << Format("kept: %s\n", source.c_str());

@@ -28,7 +28,7 @@ int RunBitmapList(const std::string& path, const ImageFlags& flags, Output& out)
   out.Result({{"image", path}, {"bitmaps", arr}});
   if (bitmaps.empty()) out.text() << "no bitmaps\n";
   for (const auto& b : bitmaps) {
-    out.text() << b.name << "  granularity " << b.granularity_bytes << "  "
+    out.text() << b.name << "  granularity " << HumanBytes(b.granularity_bytes) << "  "
               << (b.enabled ? "enabled" : "disabled")
               << (b.in_use ? "  IN USE (inconsistent: take a full backup)" : "") << "\n";
   }

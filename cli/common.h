@@ -17,6 +17,9 @@
 
 namespace barge::cli {
 
+// barge's version (`barge --version`, the man page, completion scripts).
+inline constexpr const char* kBargeVersion = "0.1.0";
+
 // Options every command that opens images shares.
 struct ImageFlags {
   std::string format;  // "", "raw" or "qcow2"
@@ -51,5 +54,10 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code);
 void RegisterReplicateCommand(CLI::App& app, int& exit_code);
 void RegisterStateCommands(CLI::App& app, int& exit_code);
 void RegisterImageCatalogCommands(CLI::App& app, int& exit_code);
+// These add to groups the ones above made ("bitmap", "catalog") or walk
+// the whole tree ("completion", "man"): register them last.
+void RegisterBitmapEditCommands(CLI::App& app, int& exit_code);
+void RegisterListCommands(CLI::App& app, int& exit_code);
+void RegisterDocCommands(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli

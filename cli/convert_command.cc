@@ -162,7 +162,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   cli_out.text() << "converted " << a.source << " -> " << a.dest << " (" << a.output_format << ", "
             << compression.ToString() << "): " << HumanBytes(size) << " virtual, read "
             << HumanBytes(result->bytes_read) << ", wrote " << HumanBytes(written) << " in "
-            << HumanSeconds(secs) << "\n";
+            << HumanSeconds(secs) << ", image digest xxh3-128:" << result->image_digest.ToHex() << "\n";
   return kExitOk;
 }
 

@@ -92,8 +92,8 @@ void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
   if (!info.bitmaps.empty()) {
     t << "bitmaps:\n";
     for (const auto& b : info.bitmaps) {
-      t << "  " << b.name << ": granularity " << b.granularity_bytes
-                << ", enabled " << (b.enabled ? "yes" : "no")
+      t << "  " << b.name << ": granularity " << HumanBytes(b.granularity_bytes)
+                << (b.enabled ? ", enabled" : ", disabled")
                 << (b.in_use ? ", IN USE (inconsistent)" : "") << "\n";
     }
   }
@@ -174,16 +174,18 @@ int RunMap(const std::string& path, const ImageFlags& flags, Output& out) {
   std::snprintf(line, sizeof line, "%-20s%-20s%-8s%-6s%s\n", "Offset", "Length", "Kind", "Depth", "File");
   out.text() << line;
   for (const auto& e : all) {
-    std::string file = e.depth >= 0 && e.depth <= bottom ? chain[e.depth]->info().path : "-";
+    // A hole is allocated in no layer: no file holds its bytes.
+    std::string file = e.kind != ExtentKind::kHole && e.depth >= 0 && e.depth <= bottom ? chain[e.depth]->info().path : "-";
     std::string kind(ExtentKindName(e.kind));
     if (e.compressed) kind += "/z";
     std::snprintf(line, sizeof line, "0x%-18llx0x%-18llx%-8s%-6d", static_cast<unsigned long long>(e.offset),
                   static_cast<unsigned long long>(e.length), kind.c_str(), e.depth < 0 ? bottom : e.depth);
     out.text() << line << file << "\n";
   }
-  out.text() << "Kind: data (stored), data/z (stored compressed), zero (reads as zeros), hole (not\n"
-                "allocated: reads as zeros or from a backing file). Depth: 0 = the image itself,\n"
-                "1 = its backing file, and so on; File: the layer holding the bytes.\n";
+  out.text() << "\nOffset, Length: guest bytes, in hex. Kind: data = stored, data/z = stored compressed,\n"
+                "zero = reads as zeros (a zero cluster), hole = allocated in no layer (reads as zeros).\n"
+                "Depth: the layer that answers, 0 = the image itself, 1 = its backing file, and so on;\n"
+                "File: that layer's file.\n";
   return kExitOk;
 }
 
@@ -255,7 +257,7 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
     return identical ? kExitOk : 1;
   };
   if (strict_size && sa != sb) {
-    return result(false, std::nullopt, "Image size mismatch: " + std::to_string(sa) + " vs " + std::to_string(sb));
+    return result(false, std::nullopt, "Image size mismatch: " + HumanBytesExact(sa) + " vs " + HumanBytesExact(sb));
   }
   auto diff = CompareRange(**a, **b, 0, std::min(sa, sb));
   if (!diff.ok()) return out.Fail(diff.error(), kExitCompareError);

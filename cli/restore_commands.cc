@@ -77,6 +77,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   auto r = pipeline::RunVerify(req);
   progress.Done();
   if (!r.ok()) return out.Fail(r.error());
+  for (const auto& w : r->warnings) out.Warning(w);
   out.Result({{"ok", true},
               {"verified", r->verified_ids},
               {"clusters_checked", r->clusters_checked},
@@ -84,7 +85,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
               {"against_source", r->against_checked},
               {"duration_seconds", r->seconds}});
   for (const auto& id : r->verified_ids) out.text() << "verified " << id << "\n";
-  out.text() << "structure, " << r->clusters_checked << " cluster digests and image digest OK"
+  out.text() << "structure, " << r->clusters_checked << " cluster digests (xxh3-128) and image digest OK"
              << (r->against_checked ? "; the source matches" : "") << " (" << HumanSeconds(r->seconds)
              << ")\n";
   return kExitOk;

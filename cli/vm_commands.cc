@@ -2,6 +2,7 @@
 // domains (trackers, checkpoints, VM backups, CBT overlays, the catalog).
 #include <cctype>
 
+#include "cli/catalog_json.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "orchestrate/backup_catalog.h"
@@ -42,6 +43,9 @@ Result<DomainSession> OpenDomainSession(const std::string& catalog_flag, const s
   return s;
 }
 
+}  // namespace
+
+// Shared with `catalog list` (cli/catalog_json.h).
 json TrackerJson(const orc::TrackerRecord& t) {
   json disks = json::array();
   for (const auto& [d, size] : t.disks) disks.push_back({{"name", d}, {"virtual_size", size}});
@@ -81,6 +85,8 @@ json RecordJson(const orc::BackupRecord& r) {
           {"duration_seconds", r.duration_seconds}, {"result", r.result},
           {"error", r.error}};
 }
+
+namespace {
 
 json CbtJson(const orc::CbtStatus& s) {
   json disks = json::array();

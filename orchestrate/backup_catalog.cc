@@ -213,12 +213,9 @@ Status BackupCatalog::MarkNeedsFull(const std::string& tracker, const std::strin
   return tx->Commit();
 }
 
-Result<CheckpointRecord> BackupCatalog::GetCheckpoint(const std::string& name) {
-  BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare(
-      "SELECT name, tracker, domain, created_at, disks, xml FROM vm_checkpoints WHERE name=?"));
-  st.Bind(1, name);
-  BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
-  if (!row) return Error::NotFound("no checkpoint '" + name + "' in the catalog");
+namespace {
+
+CheckpointRecord CheckpointFromRow(const SqliteStatement& st) {
   CheckpointRecord c;
   c.name = st.Text(0);
   c.tracker = st.Text(1);
@@ -230,6 +227,31 @@ Result<CheckpointRecord> BackupCatalog::GetCheckpoint(const std::string& name) {
   }
   c.xml = st.Text(5);
   return c;
+}
+
+}  // namespace
+
+Result<CheckpointRecord> BackupCatalog::GetCheckpoint(const std::string& name) {
+  BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+      "SELECT name, tracker, domain, created_at, disks, xml FROM vm_checkpoints WHERE name=?"));
+  st.Bind(1, name);
+  BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
+  if (!row) return Error::NotFound("no checkpoint '" + name + "' in the catalog");
+  return CheckpointFromRow(st);
+}
+
+Result<std::vector<CheckpointRecord>> BackupCatalog::ListCheckpoints(const std::string& domain) {
+  BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+      "SELECT name, tracker, domain, created_at, disks, xml FROM vm_checkpoints "
+      "WHERE ?='' OR domain=? ORDER BY created_at, name"));
+  st.Bind(1, domain).Bind(2, domain);
+  std::vector<CheckpointRecord> out;
+  for (;;) {
+    BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) break;
+    out.push_back(CheckpointFromRow(st));
+  }
+  return out;
 }
 
 Status BackupCatalog::WriteBackupRow(int64_t id, const BackupRecord& r) {

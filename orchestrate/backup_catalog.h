@@ -82,6 +82,8 @@ class BackupCatalog {
   Status MarkNeedsFull(const std::string& tracker, const std::string& reason);
 
   Result<CheckpointRecord> GetCheckpoint(const std::string& name);  // kNotFound
+  // Every checkpoint (of `domain`, if not empty), oldest first.
+  Result<std::vector<CheckpointRecord>> ListCheckpoints(const std::string& domain = "");
 
   // A run starts: inserts a "running" record, returns its id.
   Result<int64_t> BeginBackup(const BackupRecord& record);

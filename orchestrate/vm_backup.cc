@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "formats/manifest.h"
+#include "formats/units.h"
 #include "blockio/file.h"
 #include "formats/qcow2_bitmap_edit.h"
 #include "pipeline/endpoints.h"
@@ -493,8 +494,8 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
   }
   BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, pipeline::FreeBytes(req.target));
   if (free_bytes < need) {
-    return Error::NoSpace("target has " + std::to_string(free_bytes) + " bytes free, the backup of '" +
-                          req.domain + "' may need " + std::to_string(need))
+    return Error::NoSpace("target has " + formats::HumanBytesExact(free_bytes) + " free, the backup of '" +
+                          req.domain + "' may need " + formats::HumanBytesExact(need))
         .set_path(req.target);
   }
 

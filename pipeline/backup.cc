@@ -14,8 +14,10 @@
 #include "formats/digest_table.h"
 #include "formats/extents_file.h"
 #include "formats/qcow2_bitmap.h"
+#include "formats/units.h"
 #include "pipeline/chain.h"
 #include "pipeline/staged_file.h"
+#include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
 
@@ -32,20 +34,22 @@ Status CheckDiskName(const std::string& name) {
   return OkStatus();
 }
 
-// Removes images and digest tables that no manifest names: what a run
-// killed between renames leaves. Called with the chain lock held.
+// Removes images, digest tables and verification records that no manifest
+// names: what a run killed between renames leaves, and the records of
+// points a merge folded. Called with the chain lock held.
 void RemoveOrphans(const ChainFolder& chain) {
   std::set<std::string> named;
   for (const auto& p : chain.points) {
     named.insert(p.manifest.image);
     named.insert(p.manifest.digest_table);
+    named.insert(VerificationFileName(p.manifest.id));
   }
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(chain.dir, ec)) {
     std::string name = entry.path().filename().string();
     auto ext = entry.path().extension();
     bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
-                (ext == ".qcow2" || ext == ".digests");
+                (ext == ".qcow2" || ext == ".digests" || ext == ".verified");
     bool temp = name.size() > 11 && name[0] == '.' && name.ends_with(".barge-tmp");
     if ((ours && !named.count(name)) || temp) fs::remove(entry.path(), ec);
   }
@@ -64,8 +68,8 @@ Result<RangeList> DirtySet(const BackupRequest& req, OpenedSource& src, std::str
     if (!file.ok()) return Error(file.error()).set_path(req.dirty_extents_file);
     if (file->virtual_size && *file->virtual_size != size) {
       return Error::InvalidArgument("extents file is for a disk of " +
-                                    std::to_string(*file->virtual_size) + " bytes, the source has " +
-                                    std::to_string(size))
+                                    formats::HumanBytesExact(*file->virtual_size) + ", the source has " +
+                                    formats::HumanBytesExact(size))
           .set_path(req.dirty_extents_file);
     }
     for (const Range& r : file->dirty) {
@@ -206,8 +210,8 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
     }
     const formats::BackupManifest& pm = chain.latest().manifest;
     if (pm.virtual_size != size) {
-      return Error::InvalidArgument("the disk's size changed from " + std::to_string(pm.virtual_size) +
-                                    " to " + std::to_string(size) + " bytes since backup " + pm.id +
+      return Error::InvalidArgument("the disk's size changed from " + formats::HumanBytesExact(pm.virtual_size) +
+                                    " to " + formats::HumanBytesExact(size) + " since backup " + pm.id +
                                     ": take a full backup")
           .set_path(spec.location);
     }
@@ -230,8 +234,8 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*src.image, work, cluster));
   BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(chain_dir));
   if (needed > free_bytes) {
-    return Error::NoSpace("the target needs up to " + std::to_string(needed) + " bytes for this backup, " +
-                          std::to_string(free_bytes) + " are free")
+    return Error::NoSpace("the target needs up to " + formats::HumanBytesExact(needed) + " for this backup, " +
+                          formats::HumanBytesExact(free_bytes) + " are free")
         .set_path(chain_dir);
   }
 

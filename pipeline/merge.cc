@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <set>
 
+#include "blockio/env.h"
 #include "blockio/file.h"
 #include "formats/digest_table.h"
 #include "formats/qcow2_check.h"
 #include "pipeline/chain.h"
 #include "pipeline/staged_file.h"
+#include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
 
@@ -217,6 +219,14 @@ Result<MergeResult> RunMerge(const MergeRequest& req) {
     }
   }
 
+  // ID's verification record vouches for the image about to be replaced:
+  // it goes (durably) before the switch can start.
+  if (Status s = Env::Default().Unlink(chain.PathOf(VerificationFileName(pm.id)));
+      !s.ok() && s.error().code() != ErrorCode::kNotFound) {
+    return s.error();
+  }
+  BARGE_RETURN_IF_ERROR(Env::Default().SyncDir(chain.dir));
+
   // 2. The journal: from here on the merge completes, now or on recovery.
   MergeJournal journal;
   journal.through = pm.id;
@@ -245,6 +255,11 @@ Result<MergeResult> RunMerge(const MergeRequest& req) {
         .Wrap("merge through " + pm.id +
               " stopped during the switch-over; the next barge merge, backup, restore or verify "
               "of this folder completes it");
+  }
+  // The folded points' verification records (best effort: the next
+  // backup removes what is left).
+  for (size_t k = 0; k + 1 < layers.size(); ++k) {
+    (void)Env::Default().Unlink(chain.PathOf(VerificationFileName(chain.points[layers[k]].manifest.id)));
   }
   result.merged = true;
   result.manifest = std::move(m);

@@ -56,12 +56,17 @@ struct VerifyResult {
   uint64_t bytes_read = 0;
   bool against_checked = false;
   double seconds = 0;
+  // Verification records that could not be written (a read-only folder).
+  std::vector<std::string> warnings;
 };
 
 // Verifies a point: manifests and digest tables, the qcow2 structure of every
 // layer (refcounts, references, flags), every stored cluster's digest, and
 // the image digest; with `against`, the source's contents too. Returns the
 // first problem as kCorruption naming the file and guest offset.
+// Each point's outcome (passed, or failed with damaged, unreadable or
+// missing data) is kept beside its manifest as <id>.verified
+// (pipeline/verification_record.h); `against` does not change it.
 Result<VerifyResult> RunVerify(const VerifyRequest& request);
 
 }  // namespace barge::pipeline

@@ -18,6 +18,8 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux
   prometheus
   # tests/json_schema_test.py validates every command's --json output
   python3 python3-jsonschema
+  # man and groff render `barge man` in its test (bash runs the completion's)
+  man-db groff-base bash
   # qemu-ga's libraries: tests/guest/make_guest.sh copies them from the host
   # into the quiesce test's guest (kernel, busybox and qemu-ga themselves are
   # fetched with `apt-get download`, never installed).
