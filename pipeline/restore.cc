@@ -94,6 +94,7 @@ Result<RestoreResult> RunRestore(const RestoreRequest& req) {
   }
   BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(req.chain_dir));
   BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.at));
+  if (req.on_point) req.on_point(index, chain.points[index].manifest);
   BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
   const formats::BackupManifest& m = point.point->manifest;
   BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(req, m.virtual_size));
@@ -131,6 +132,7 @@ Result<RestoreResult> RunRestore(const RestoreRequest& req) {
 
   RestoreResult r;
   r.manifest = m;
+  r.position = index;
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   r.layers = layers.size();
   r.bytes_read = copied->bytes_read;
@@ -199,6 +201,8 @@ Result<VerifyResult> RunVerify(const VerifyRequest& req) {
     result.bytes_read += copied->bytes_read;
     result.clusters_checked += (m.virtual_size + m.cluster_size - 1) / m.cluster_size;
     result.verified_ids.push_back(m.id);
+    result.verified_positions.push_back(index);
+    result.verified_started_at.push_back(m.started_at);
 
     if (!req.against.location.empty()) {
       BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(req.against));
