@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "blockio/file.h"
+#include "blockio/thread.h"
 #include "formats/image.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/file_lock.h"
@@ -465,7 +466,21 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
         (void)SetCopy(*db_, copy);
       }
       ++running;
-      threads.emplace_back(send, std::move(copy), best, s.path);
+      auto thread = StartThread("image send", send, copy, best, s.path);
+      if (!thread.ok()) {
+        // Not sent: this copy fails with the reason; the next may fare better.
+        --running;
+        --s.active;
+        --s.sends;
+        copy.state = "failed";
+        copy.message = thread.error().ToString();
+        copy.updated = Now();
+        copy.owner.clear();
+        std::lock_guard db_lock(mu_);
+        (void)SetCopy(*db_, copy);
+        continue;
+      }
+      threads.push_back(std::move(thread).value());
     }
     cv.wait(lock, [&] { return running == 0; });
   }

@@ -17,6 +17,7 @@
 
 #include "formats/manifest.h"
 #include "blockio/file.h"
+#include "blockio/thread.h"
 #include "formats/qcow2_bitmap_edit.h"
 #include "pipeline/endpoints.h"
 #include "orchestrate/backup_catalog.h"
@@ -227,7 +228,7 @@ std::optional<Error> BackupDisks(const VmBackupRequest& req, const std::vector<D
   std::vector<Result<pipeline::BackupResult>> results(disks.size(), Error::Cancelled("not run"));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < disks.size(); ++i) {
-    threads.emplace_back([&, i] {
+    auto started = StartThread("backup of disk " + disks[i].target, [&, i] {
       const std::string& name = disks[i].target;
       pipeline::BackupRequest br;
       br.target_dir = req.target + "/" + req.domain;
@@ -241,6 +242,11 @@ std::optional<Error> BackupDisks(const VmBackupRequest& req, const std::vector<D
       set_source(name, br);
       results[i] = pipeline::RunBackup(br);
     });
+    if (started.ok()) {
+      threads.push_back(std::move(started).value());
+    } else {
+      results[i] = started.error();
+    }
   }
   for (auto& t : threads) t.join();
   std::optional<Error> first_error;
