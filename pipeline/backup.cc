@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <set>
 
+#include "blockio/env.h"
 #include "formats/digest_table.h"
 #include "formats/extents_file.h"
 #include "formats/qcow2_bitmap.h"
@@ -33,8 +34,10 @@ Status CheckDiskName(const std::string& name) {
 }
 
 // Removes images and digest tables that no manifest names: what a run
-// killed between renames leaves. Called with the chain lock held.
+// killed between renames leaves; and temporaries no live writer holds.
+// Called with the chain lock held.
 void RemoveOrphans(const ChainFolder& chain) {
+  (void)SweepStaleTemporaries(Env::Default(), chain.dir);
   std::set<std::string> named;
   for (const auto& p : chain.points) {
     named.insert(p.manifest.image);
@@ -46,8 +49,7 @@ void RemoveOrphans(const ChainFolder& chain) {
     auto ext = entry.path().extension();
     bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
                 (ext == ".qcow2" || ext == ".digests");
-    bool temp = name.size() > 11 && name[0] == '.' && name.ends_with(".barge-tmp");
-    if ((ours && !named.count(name)) || temp) fs::remove(entry.path(), ec);
+    if (ours && !named.count(name)) fs::remove(entry.path(), ec);
   }
 }
 
