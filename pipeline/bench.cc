@@ -403,6 +403,9 @@ Result<BenchReport> RunBench(const BenchOptions& o, void (*log)(const std::strin
   spec.format = "raw";
   BARGE_ASSIGN_OR_RETURN(OpenedSource opened, OpenSource(spec));
   BlockSource& source = *opened.image;
+  if (source.size_bytes() == 0) {
+    return Error::InvalidArgument("the source is empty: nothing to measure").set_path(o.source);
+  }
   BenchReport report;
   report.threads = ResolveThreads(o.threads);
   report.logical_bytes = source.size_bytes();
