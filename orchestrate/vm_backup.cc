@@ -236,6 +236,9 @@ std::optional<Error> BackupDisks(const VmBackupRequest& req, const std::vector<D
       br.incremental = incremental.at(name);
       br.reason = reasons.at(name);
       br.checkpoint = checkpoint;
+      // The chain is this domain's disk: a size change is a resize (the
+      // plan made this backup full for it), never another disk.
+      br.allow_resize = true;
       br.compression = req.compression;
       br.compression_level = req.compression_level;
       br.copy = req.copy;

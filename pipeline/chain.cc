@@ -361,8 +361,17 @@ Result<PointLocation> LocatePoint(const std::string& path, const std::string& at
   std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
   fs::path manifest = p;
   if (p.extension() != ".json") manifest.replace_extension(".json");
+  if (!fs::exists(manifest, ec)) {
+    // The user named a file that is not a backup (or its manifest is gone).
+    return Error::NotFound("no backup manifest beside it (" + manifest.filename().string() +
+                           "): verify checks barge backups, named by their chain folder, manifest or image; "
+                           "for the structure of any qcow2 file use barge check")
+        .set_path(path);
+  }
   BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(manifest.string()));
-  BARGE_ASSIGN_OR_RETURN(formats::BackupManifest m, formats::DecodeManifest(text));
+  auto decoded = formats::DecodeManifest(text);
+  if (!decoded.ok()) return Error(decoded.error()).set_path(manifest.string());
+  formats::BackupManifest m = std::move(decoded).value();
   if (!at.empty() && at != "latest" && at != m.id) {
     return Error::InvalidArgument("--at conflicts with the backup the path names (" + m.id + ")");
   }

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <filesystem>
 
+#include "blockio/env.h"
 #include "blockio/file.h"
 #include "blockio/nbd.h"
 #include "formats/qcow2_check.h"
+#include "formats/units.h"
 #include "pipeline/chain.h"
 #include "pipeline/staged_file.h"
 
@@ -70,12 +72,18 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
       BARGE_ASSIGN_OR_RETURN(t.existing, OpenFileSink(dst, SinkMode::kExisting, options));
     }
     if (t.existing->size_bytes() < size) {
-      return Error::NoSpace("the destination holds " + std::to_string(t.existing->size_bytes()) +
-                            " bytes, the disk needs " + std::to_string(size))
+      return Error::NoSpace("the destination holds " + formats::HumanBytesExact(t.existing->size_bytes()) +
+                            ", the disk needs " + formats::HumanBytesExact(size))
           .set_path(dst);
     }
     return t;
   }
+  BARGE_RETURN_IF_ERROR(CheckOutputPath(dst));
+  // Leftovers of killed runs in the output's folder go first (a live
+  // writer's temporary is locked and kept).
+  (void)SweepStaleTemporaries(Env::Default(), fs::path(dst).parent_path().empty()
+                                                  ? std::string(".")
+                                                  : fs::path(dst).parent_path().string());
   std::error_code ec;
   if (fs::exists(dst, ec) && !req.force && fs::file_size(dst, ec) > 0) {
     return Error::InvalidArgument("the destination file exists and is not empty; use --force to replace it")
@@ -207,8 +215,8 @@ Result<VerifyResult> RunVerify(const VerifyRequest& req) {
     if (!req.against.location.empty()) {
       BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(req.against));
       if (src.image->size_bytes() != m.virtual_size) {
-        return Error::Corruption("the source has " + std::to_string(src.image->size_bytes()) +
-                                 " bytes, the backup " + std::to_string(m.virtual_size))
+        return Error::Corruption("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
+                                 ", the backup " + formats::HumanBytesExact(m.virtual_size))
             .set_path(req.against.location);
       }
       auto against = RunCopy(*src.image, WholeDisk(*src.image), {}, copy);

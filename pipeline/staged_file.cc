@@ -18,6 +18,31 @@ namespace fs = std::filesystem;
 
 std::string StagedTempPath(const std::string& final_path) { return TempPathFor(final_path); }
 
+Status CheckOutputPath(const std::string& path) {
+  Env& env = Env::Default();
+  auto st = env.Stat(path);
+  if (st.ok()) {
+    if (st->is_regular()) return OkStatus();
+    if (st->is_directory()) {
+      return Error::InvalidArgument("is a folder; name the output file in it").set_path(path);
+    }
+    if (st->is_block_device()) return OkStatus();
+    return Error::InvalidArgument(
+               "is not a regular file or block device (a character device such as /dev/null, a FIFO or a "
+               "socket): the output is written under a temporary name beside it and renamed over it, which "
+               "cannot work here; write to a file, a block device or an NBD export")
+        .set_path(path);
+  }
+  if (st.error().code() != ErrorCode::kNotFound) return st.error();
+  std::string dir = fs::path(path).parent_path().string();
+  if (dir.empty()) return OkStatus();
+  auto d = env.Stat(dir);
+  if (!d.ok() || !d->is_directory()) {
+    return Error::NotFound("the output's folder does not exist").set_path(dir);
+  }
+  return OkStatus();
+}
+
 Status SyncDirectory(const std::string& dir) {
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Error::FromErrno(errno, "open folder", dir);
@@ -53,9 +78,13 @@ Result<std::unique_ptr<EnvLock>> LockTemp(Env& env, const std::string& temp, con
 Result<std::unique_ptr<StagedFile>> StagedFile::Create(const std::string& final_path,
                                                        bool overwrite, bool sync) {
   Env& env = Env::Default();
+  BARGE_RETURN_IF_ERROR(CheckOutputPath(final_path));
   if (!overwrite && env.Exists(final_path)) {
     return Error::InvalidArgument("output exists (remove it or choose another name)")
         .set_path(final_path);
+  }
+  if (auto st = env.Stat(final_path); st.ok() && st->is_block_device()) {
+    return Error::InvalidArgument("is a block device: it is written in place, not replaced").set_path(final_path);
   }
   std::string temp = StagedTempPath(final_path);
   // Only a regular file can be a writer's temporary; anything else at the

@@ -58,6 +58,13 @@ class StagedFile {
 // of a killed run.
 std::string StagedTempPath(const std::string& final_path);
 
+// Whether `path` can name an output file: nothing there yet (in a folder
+// that exists) or a regular file. kInvalidArgument naming `path` for a
+// folder, a character device (/dev/null), a FIFO or a socket; kNotFound
+// naming the folder when it is missing. Block devices are the caller's to
+// accept or refuse before this.
+Status CheckOutputPath(const std::string& path);
+
 // fsync of a folder (after a rename or unlink in it).
 Status SyncDirectory(const std::string& dir);
 
