@@ -35,6 +35,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   pipeline::BackupRequest req;
   CompressionChoice compression;
   if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
+  if (a.incremental && a.copy.cluster_size_given()) {
+    return out.Usage("--cluster-size does not apply to an incremental: it keeps its chain's cluster size");
+  }
   req.compression = compression.type;
   req.compression_level = compression.level;
   req.source.location = a.source;

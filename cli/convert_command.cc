@@ -74,6 +74,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   bool qcow2 = a.output_format == "qcow2";
   if (!qcow2 && compression.type != formats::Compression::kNone) return cli_out.Usage("--compress needs -O qcow2");
   if (!a.backing.empty() && !qcow2) return cli_out.Usage("--backing needs -O qcow2");
+  if (!a.backing_format.empty() && a.backing.empty()) return cli_out.Usage("--backing-format needs --backing");
   if (!qcow2 && a.copy.cluster_size_given()) {
     return cli_out.Usage("--cluster-size needs -O qcow2 (a raw output has no clusters)");
   }

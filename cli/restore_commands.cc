@@ -82,6 +82,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   if (Status s = a.copy.Apply(req.copy, unused); !s.ok()) return out.Usage(s.error().message());
   if (auto at = pipeline::ParsePointSelector(a.at); !at.ok()) return out.Usage("--at: " + at.error().message());
   if (a.all && !a.at.empty()) return out.Usage("--at and --all exclude each other");
+  if (!a.against_format.empty() && a.against.empty()) return out.Usage("--against-format needs --against");
   req.path = a.path;
   req.at = a.at;
   req.all_points = a.all;

@@ -19,6 +19,7 @@
 #include "blockio/file.h"
 #include "blockio/thread.h"
 #include "formats/qcow2_bitmap_edit.h"
+#include "formats/units.h"
 #include "pipeline/endpoints.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/cbt.h"
@@ -502,8 +503,8 @@ Result<VmBackupResult> RunVmBackup(const VmBackupRequest& req_in) {
   }
   BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, pipeline::FreeBytes(req.target));
   if (free_bytes < need) {
-    return Error::NoSpace("target has " + std::to_string(free_bytes) + " bytes free, the backup of '" +
-                          req.domain + "' may need " + std::to_string(need))
+    return Error::NoSpace("target has " + formats::HumanBytesExact(free_bytes) + " free, the backup of '" +
+                          req.domain + "' may need " + formats::HumanBytesExact(need))
         .set_path(req.target);
   }
 

@@ -22,7 +22,7 @@ Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes) {
   uint64_t size = fs::file_size(path, ec);
   if (ec) return Error::FromErrno(ec.value(), "stat", path);
   if (size > max_bytes) {
-    return Error::Corruption("file is too large (" + std::to_string(size) + " bytes)").set_path(path);
+    return Error::Corruption("file is too large (" + formats::HumanBytesExact(size) + ")").set_path(path);
   }
   std::ifstream f(path, std::ios::binary);
   if (!f) return Error::FromErrno(errno ? errno : EIO, "open", path);

@@ -303,6 +303,12 @@ TEST_F(UserMixupsTest, OptionsThatMeanNothingForACommandAreRefused) {
            {"replicate " + Q(disk_) + " --to " + Q(dir_ / "rep.raw") + " --compress zstd",
             "--compress applies to qcow2 copies"},
            {"verify " + Q(chain) + " --all --at 0", "--at and --all exclude each other"},
+           {"verify " + Q(chain) + " --against-format raw", "--against-format needs --against"},
+           {"convert -f raw " + Q(disk_) + " " + Q(dir_ / "c.qcow2") + " -O qcow2 --backing-format raw",
+            "--backing-format needs --backing"},
+           {"backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") +
+                " --name d --incremental --dirty-extents x.json --cluster-size 1M",
+            "--cluster-size does not apply to an incremental"},
        }) {
     CommandResult r = Sh(Barge(c.args));
     EXPECT_EQ(r.exit_code, 64) << c.args << "\n" << r.output;
