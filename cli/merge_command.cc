@@ -35,6 +35,7 @@ int RunMergeCommand(MergeArgs& a, Output& out) {
   if (!r.ok()) return out.Fail(r.error());
   {
     out.Result({{"id", r->manifest.id},
+               {"started_at", r->manifest.started_at},
                {"merged", r->merged},
                {"dry_run", r->dry_run},
                {"folded", r->folded_ids},
@@ -46,7 +47,8 @@ int RunMergeCommand(MergeArgs& a, Output& out) {
   }
   if (r->dry_run && r->folded_ids.size() > 1) {
     out.text() << "would merge " << r->folded_ids.size() << " layers (" << r->folded_ids.front() << ".."
-               << r->folded_ids.back() << ") into full backup " << r->manifest.id << " (dry run: nothing changed)\n";
+               << r->folded_ids.back() << ") into full backup " << r->manifest.id << " (taken "
+               << r->manifest.started_at << "; dry run: nothing changed)\n";
     for (const auto& f : r->removed_files) out.text() << "  would remove " << f << "\n";
     return kExitOk;
   }
@@ -55,7 +57,8 @@ int RunMergeCommand(MergeArgs& a, Output& out) {
     return kExitOk;
   }
   out.text() << "merged " << r->folded_ids.size() << " layers (" << r->folded_ids.front() << ".."
-             << r->folded_ids.back() << ") into full backup " << r->manifest.id << ": "
+             << r->folded_ids.back() << ") into full backup " << r->manifest.id << " (taken "
+             << r->manifest.started_at << ", now the oldest point of its chain): "
              << HumanBytes(r->image_bytes) << ", every cluster verified, image digest xxh3-128:"
              << r->manifest.image_digest.ToHex() << " in " << HumanSeconds(r->seconds) << "\n";
   for (const auto& f : r->removed_files) out.text() << "  removed " << f << "\n";

@@ -93,8 +93,15 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   auto r = pipeline::RunVerify(req);
   progress.Done();
   if (!r.ok()) return out.Fail(r.error());
+  json points = json::array();
+  for (size_t i = 0; i < r->verified_ids.size(); ++i) {
+    points.push_back({{"id", r->verified_ids[i]},
+                      {"position", r->verified_positions[i]},
+                      {"started_at", r->verified_started_at[i]}});
+  }
   out.Result({{"ok", true},
               {"verified", r->verified_ids},
+              {"points", points},
               {"clusters_checked", r->clusters_checked},
               {"bytes_read", r->bytes_read},
               {"against_source", r->against_checked},
