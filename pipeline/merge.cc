@@ -115,6 +115,8 @@ Result<MergeResult> RunMerge(const MergeRequest& req) {
   // again after a crash finds the point already full).
   BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(req.chain_dir, &lock));
   BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(through));
+  // Temporaries of killed runs (a live writer's are locked and kept).
+  if (!req.dry_run) (void)SweepStaleTemporaries(Env::Default(), chain.dir);
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   const formats::BackupManifest& pm = chain.points[index].manifest;
 
