@@ -90,8 +90,9 @@ TEST_F(UserMixupsTest, ThreadStartFailureIsAnErrorNotAnAbort) {
   for (int mib = 100; mib <= 400; mib += 25) {
     CommandResult r = Sh("ulimit -c 0; ulimit -v " + std::to_string(mib * 1024) + "; " +
                           Barge("convert -f raw " + Q(big) + " " + Q(out) + " --force --threads 16 --memory 16M"));
-    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1) << "ulimit -v " << mib << "M: exit " << r.exit_code << "\n"
-                                                      << r.output;
+    // 127: the loader itself found too little room (before barge ran).
+    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1 || r.exit_code == 127)
+        << "ulimit -v " << mib << "M: exit " << r.exit_code << "\n" << r.output;
     if (r.output.find("could not start a thread") != std::string::npos) ++thread_errors;
     EXPECT_FALSE(fs::exists(dir_ / ".out.raw.barge-tmp")) << "ulimit -v " << mib << "M";
   }
