@@ -60,6 +60,18 @@ std::string DefaultCompression() {
   return CompressionChoice{formats::Compression::kZstd, formats::kDefaultZstdLevel}.ToString();
 }
 
+namespace {
+
+int MaxThreads() { return static_cast<int>(pipeline::MaxThreads()); }
+
+uint64_t MaxMemoryBytes() {
+  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  uint64_t half_ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page / 2 : 0;
+  return std::max<uint64_t>(half_ram, 64ull << 20);
+}
+
+}  // namespace
+
 void CopyFlags::AddTo(CLI::App* app, const std::string& default_compress, unsigned which,
                       std::string why_not) {
   command_ = app->get_name();
@@ -80,10 +92,12 @@ void CopyFlags::AddTo(CLI::App* app, const std::string& default_compress, unsign
                              ->group(group(kClusterSizeFlag));
   memory_option_ =
       app->add_option("--memory", memory,
-                      "Ceiling on buffers for data in flight (the pool is sized by threads up to this; independent of disk size)")
+                      "Ceiling on buffers for data in flight (the pool is sized by threads up to this; independent of "
+                      "disk size): 4M to " + HumanBytes(MaxMemoryBytes()))
           ->capture_default_str()
           ->group(group(kResourceFlags));
-  threads_option_ = app->add_option("--threads", threads, "Worker threads (0 = all cores)")
+  threads_option_ = app->add_option("--threads", threads,
+                                    "Worker threads, 1 to " + std::to_string(MaxThreads()) + " (0 = all cores)")
                         ->capture_default_str()
                         ->group(group(kResourceFlags));
 }
@@ -94,13 +108,6 @@ bool CopyFlags::cluster_size_given() const {
   return cluster_size_option_ != nullptr && cluster_size_option_->count() > 0;
 }
 
-int MaxThreads() { return static_cast<int>(pipeline::MaxThreads()); }
-
-uint64_t MaxMemoryBytes() {
-  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  uint64_t half_ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page / 2 : 0;
-  return std::max<uint64_t>(half_ram, 64ull << 20);
-}
 
 Status ApplyResourceFlags(const std::string& memory, int threads, pipeline::CopyOptions& options) {
   auto mem = ParseSize(memory);
