@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "blockio/env.h"
 #include "blockio/file.h"
 #include "blockio/thread.h"
 #include "formats/image.h"
@@ -265,9 +266,14 @@ Result<std::vector<ImageCopyRecord>> ImageCatalog::Recover(const std::string& na
       // What a killed RunReplicate leaves: the hidden temporaries of the copy
       // and of its checksum record (pipeline/staged_file.h). The final names
       // are left alone: a replaced copy keeps its old file until the rename.
-      std::error_code ec;
-      fs::remove(pipeline::StagedTempPath(r.path), ec);
-      fs::remove(pipeline::StagedTempPath(pipeline::ReplicaRecordPath(r.path)), ec);
+      // Only while no live writer holds them (a replicate run may write the
+      // same path outside the catalog).
+      for (const std::string& temp : {pipeline::StagedTempPath(r.path),
+                                      pipeline::StagedTempPath(pipeline::ReplicaRecordPath(r.path))}) {
+        LockOptions o;
+        o.create = false;
+        if (auto held = Env::Default().LockFile(temp, o); held.ok()) (void)Env::Default().Unlink(temp);
+      }
       recovered.push_back(std::move(r));
     }
   }
