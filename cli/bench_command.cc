@@ -24,6 +24,7 @@ namespace fs = std::filesystem;
 
 struct BenchArgs {
   std::string size = "4G";
+  CLI::Option* size_option = nullptr;
   uint64_t seed = 1;
   std::string source;
   std::string workdir = "/var/tmp";
@@ -38,6 +39,8 @@ struct GenerateArgs {
   uint64_t seed = 1;
   std::string out;
 };
+
+bool size_option_given(const BenchArgs& a) { return a.size_option != nullptr && a.size_option->count() > 0; }
 
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
@@ -107,6 +110,7 @@ void PrintMix(std::ostream& t, const pipeline::DiskMix& mix, const std::string& 
 int RunGenerate(const GenerateArgs& a, Output& out) {
   auto size = ParseSize(a.size);
   if (!size.ok()) return out.Usage("--size: " + size.error().message());
+  if (Status s = pipeline::CheckGeneratedDiskSize(*size); !s.ok()) return out.Usage("--size: " + s.error().message());
   pipeline::DiskGeneratorOptions g;
   g.size_bytes = *size;
   g.seed = a.seed;
@@ -130,6 +134,21 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
     return out.Usage("--chunk-size must be a multiple of the cluster size, at most 64M");
   }
 
+  uint64_t size_bytes = 0;
+  if (a.source.empty()) {
+    auto size = ParseSize(a.size);
+    if (!size.ok()) return out.Usage("--size: " + size.error().message());
+    if (Status s = pipeline::CheckGeneratedDiskSize(*size); !s.ok()) return out.Usage("--size: " + s.error().message());
+    if (*size < pipeline::kMinBenchDiskBytes) {
+      return out.Usage("--size: bench measures a disk of at least " + HumanBytes(pipeline::kMinBenchDiskBytes) +
+                       " (smaller ones finish within a few chunks: the table would show timer noise), not " +
+                       HumanBytesExact(*size));
+    }
+    size_bytes = *size;
+  } else if (size_option_given(a)) {
+    return out.Usage("--size sizes the generated disk; it does not apply with --source");
+  }
+
   // Everything the run writes lives in one temp folder under the workdir.
   std::string tmpl = (fs::path(a.workdir) / "barge-bench-XXXXXX").string();
   if (::mkdtemp(tmpl.data()) == nullptr) {
@@ -140,13 +159,11 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
   std::optional<pipeline::DiskMix> mix;
   bool keep_dir = false;
   if (source.empty()) {
-    auto size = ParseSize(a.size);
-    if (!size.ok()) return out.Usage("--size: " + size.error().message());
     source = (fs::path(dir) / "disk.raw").string();
     pipeline::DiskGeneratorOptions g;
-    g.size_bytes = *size;
+    g.size_bytes = size_bytes;
     g.seed = a.seed;
-    Log("generating " + HumanBytes(*size) + " disk (seed " + std::to_string(a.seed) + ")");
+    Log("generating " + HumanBytes(size_bytes) + " disk (seed " + std::to_string(a.seed) + ")");
     auto m = pipeline::GenerateDisk(source, g);
     if (!m.ok()) {
       std::error_code ec;
@@ -316,13 +333,15 @@ void RegisterBenchCommand(CLI::App& app, int& exit_code) {
   auto generate_cmd = std::make_shared<CLI::App*>(nullptr);
   auto* cmd = AddCommand(app, "bench", "Measure each pipeline stage and the whole pipeline on one disk", exit_code,
                          [args, generate_cmd, &exit_code](Output& out) {
-                           // `bench generate` ran instead (its own callback, before
-                           // this one): keep its exit code.
+                           // `bench generate` ran instead (its own callback,
+                           // which set the exit code: keep it).
                            if (*generate_cmd != nullptr && (*generate_cmd)->parsed()) return exit_code;
                            return RunBenchCommand(*args, out);
                          });
   cmd->require_subcommand(0, 1);
-  cmd->add_option("--size", args->size, "Size of the generated disk (without --source)")->capture_default_str();
+  args->size_option = cmd->add_option("--size", args->size,
+                                      "Size of the generated disk (without --source; at least 64M, a multiple of 4K)")
+                          ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed of the generated disk")->capture_default_str();
   cmd->add_option("--source", args->source, "Raw disk file to measure instead of a generated one");
   cmd->add_option("--workdir", args->workdir, "Folder for the temporary folder (disk and outputs)")
@@ -335,7 +354,7 @@ void RegisterBenchCommand(CLI::App& app, int& exit_code) {
   auto* g = AddCommand(*cmd, "generate", "Write the deterministic VM-like test disk (sparse raw) to OUT", exit_code,
                        [gen](Output& out) { return RunGenerate(*gen, out); });
   *generate_cmd = g;
-  g->add_option("--size", gen->size, "Virtual size")->capture_default_str();
+  g->add_option("--size", gen->size, "Virtual size (at least 1M, a multiple of 4K)")->capture_default_str();
   g->add_option("--seed", gen->seed, "Seed: the same size and seed give the same bytes")->capture_default_str();
   g->add_option("out", gen->out, "Output file (created or replaced)")->required();
 

@@ -1,12 +1,16 @@
 // Shared CLI helpers.
 #include "cli/common.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <iostream>
 
+#include "blockio/env.h"
 #include "blockio/file.h"
+#include "blockio/nbd.h"
+#include "pipeline/endpoints.h"
 
 namespace barge::cli {
 
@@ -31,6 +35,15 @@ Result<formats::OpenOptions> ImageFlags::ToOpenOptions() const {
 
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
                                                       const formats::OpenOptions& options) {
+  if (IsNbdUri(path)) {
+    if (options.format == formats::ImageFormat::kQcow2) {
+      return Error::NotSupported("an NBD export is read as served (raw); qcow2 over NBD is not read").set_path(path);
+    }
+    pipeline::SourceSpec spec;
+    spec.location = path;
+    BARGE_ASSIGN_OR_RETURN(pipeline::OpenedSource opened, pipeline::OpenSource(spec));
+    return std::move(opened.image);
+  }
   formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
   formats::OpenOptions o = options;
   if (!o.allow_any_path && !o.allowed_dirs.empty()) {
@@ -40,6 +53,21 @@ Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
     o.allowed_dirs.push_back(dir.string());
   }
   return formats::OpenImage(path, opener, o);
+}
+
+void WarnIfMisnamed(Output& out, const std::string& path, const std::string& format_flag) {
+  if (!format_flag.empty() || IsNbdUri(path)) return;
+  std::string lower = path;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!lower.ends_with(".qcow2")) return;
+  auto file = Env::Default().OpenSource(path);
+  if (!file.ok()) return;
+  auto probed = formats::ProbeFormatName(**file);
+  if (!probed.ok() || *probed == "qcow2") return;
+  out.Warning("named .qcow2 but " +
+                  (*probed == "raw" ? std::string("holds no qcow2 header") : "is a " + *probed + " image") +
+                  ": read as a raw disk (is it the file you meant? give the format, e.g. -f raw, to silence this)",
+              path);
 }
 
 std::string Format(const char* fmt, ...) {

@@ -30,9 +30,16 @@ struct ImageFlags {
   Result<formats::OpenOptions> ToOpenOptions() const;
 };
 
-// Opens a file or block device image (with its backing chain) for reading.
+// Opens a file or block device image (with its backing chain) for reading,
+// or an NBD export (nbd://, nbd+unix://; raw, as the export serves it).
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
                                                       const formats::OpenOptions& options);
+
+// A file named "*.qcow2" whose bytes are not a qcow2 image is read as a raw
+// disk when no format is given: a mix-up worth a warning (Output::Warning),
+// unless `format_flag` says which format it is. Files only; silent when the
+// file cannot be read (opening it reports that).
+void WarnIfMisnamed(Output& out, const std::string& path, const std::string& format_flag);
 
 // printf-style formatting into a string (tables of the text output).
 std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

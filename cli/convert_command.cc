@@ -50,6 +50,13 @@ Result<OutputTarget> OpenOutput(const std::string& path, bool force, bool sync, 
     }
     return out;
   }
+  // Not a place for a file at all (/dev/null, a folder): said as such, not
+  // as "use --force".
+  BARGE_RETURN_IF_ERROR(pipeline::CheckOutputPath(path));
+  // Leftovers of killed runs in the output's folder go first (a live
+  // writer's temporary is locked and kept).
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  (void)SweepStaleTemporaries(Env::Default(), dir.empty() ? "." : dir);
   auto staged = pipeline::StagedFile::Create(path, force, sync);
   if (!staged.ok()) {
     Error e = std::move(staged).error();
@@ -67,6 +74,11 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   bool qcow2 = a.output_format == "qcow2";
   if (!qcow2 && compression.type != formats::Compression::kNone) return cli_out.Usage("--compress needs -O qcow2");
   if (!a.backing.empty() && !qcow2) return cli_out.Usage("--backing needs -O qcow2");
+  if (!a.backing_format.empty() && a.backing.empty()) return cli_out.Usage("--backing-format needs --backing");
+  if (!qcow2 && a.copy.cluster_size_given()) {
+    return cli_out.Usage("--cluster-size needs -O qcow2 (a raw output has no clusters)");
+  }
+  WarnIfMisnamed(cli_out, a.source, a.flags.format);
 
   pipeline::SourceSpec spec;
   spec.location = a.source;

@@ -4,6 +4,7 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/interrupt.h"
 #include "orchestrate/catalog_path.h"
 #include "orchestrate/image_catalog.h"
 
@@ -17,10 +18,12 @@ struct CatalogArgs {
   std::string name, source, expected_sha512, disk, disks, unused_for = "24h";
   CopyFlags copy;
   bool verify = false;
+  bool dry_run = false;
 };
 
 Result<std::unique_ptr<orchestrate::ImageCatalog>> OpenCatalog(const CatalogArgs& a) {
-  return orchestrate::ImageCatalog::Open(orchestrate::ResolveCatalogPath(a.catalog));
+  BARGE_ASSIGN_OR_RETURN(std::string path, orchestrate::CatalogPathFromFlag(a.catalog));
+  return orchestrate::ImageCatalog::Open(path);
 }
 
 std::vector<std::string> SplitList(const std::string& text) {
@@ -63,6 +66,7 @@ Status ApplyCopy(const CatalogArgs& a, pipeline::ReplicateOptions& o) {
 int RunAdd(const CatalogArgs& a, Output& out) {
   pipeline::ReplicateOptions o;
   if (Status s = ApplyCopy(a, o); !s.ok()) return out.Usage(s.error().message());
+  WarnIfMisnamed(out, a.source, "");
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return out.Fail(cat.error());
   auto r = (*cat)->Add(a.name, a.source, a.expected_sha512, a.disk, o);
@@ -83,6 +87,7 @@ int RunSync(const CatalogArgs& a, Output& out) {
   if (!cat.ok()) return out.Fail(cat.error());
   auto r = (*cat)->Sync(a.name, SplitList(a.disks), o);
   if (!r.ok()) return out.Fail(r.error());
+  if (CancelFlag().load()) return out.Fail(Error::Cancelled("image sync of " + a.name + " interrupted"));
   size_t failed = 0;
   for (const auto& c : r->copies) failed += c.state != "ready";
   json copies = json::array(), senders = json::array();
@@ -164,11 +169,17 @@ int RunCleanup(const CatalogArgs& a, Output& out) {
   if (!interval.ok()) return out.Usage("--unused-for: " + interval.error().message());
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return out.Fail(cat.error());
-  auto r = (*cat)->Cleanup(std::chrono::seconds(*interval));
+  auto r = (*cat)->Cleanup(std::chrono::seconds(*interval), a.dry_run);
   if (!r.ok()) return out.Fail(r.error());
-  out.Result({{"removed", r->removed}, {"in_use", r->in_use}, {"waiting", r->waiting}, {"busy", r->busy}});
+  out.Result({{"removed", r->removed},
+              {"in_use", r->in_use},
+              {"waiting", r->waiting},
+              {"busy", r->busy},
+              {"last_copy", r->last_copy},
+              {"dry_run", r->dry_run}});
   std::ostream& t = out.text();
-  for (const auto& p : r->removed) t << "removed " << p << "\n";
+  for (const auto& p : r->removed) t << (r->dry_run ? "would remove " : "removed ") << p << "\n";
+  for (const auto& p : r->last_copy) t << "kept    " << p << "  (the image's last ready copy)\n";
   for (const auto& p : r->in_use) t << "in use  " << p << "\n";
   for (const auto& p : r->waiting) t << "waiting " << p << "\n";
   for (const auto& p : r->busy) t << "busy    " << p << "  (an add or sync of its image is running)\n";
@@ -221,9 +232,11 @@ void RegisterImageCatalogCommands(CLI::App& app, int& exit_code) {
   {
     auto a = std::make_shared<CatalogArgs>();
     auto* cmd = AddCommand(*image, "cleanup",
-                           "Remove copies no qcow2 in their disk folder uses, once unused for the interval",
+                           "Remove copies no qcow2 in their disk folder uses, once unused for the interval "
+                           "(never an image's last ready copy)",
                            exit_code, [a](Output& out) { return RunCleanup(*a, out); });
     cmd->add_option("--unused-for", a->unused_for, "Interval: 90s, 15m, 2h, 7d, 0")->capture_default_str();
+    cmd->add_flag("--dry-run", a->dry_run, "Say which copies would be removed; change nothing");
     add_common(cmd, *a);
   }
 }

@@ -6,6 +6,7 @@
 
 #include "blockio/buffer.h"
 #include "blockio/env.h"
+#include "blockio/nbd.h"
 #include "cli/common.h"
 #include "formats/qcow2_check.h"
 
@@ -109,6 +110,7 @@ void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
 int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   auto options = flags.ToOpenOptions();
   if (!options.ok()) return out.Usage(options.error().message());
+  WarnIfMisnamed(out, path, flags.format);
   options->open_data_file = false;  // info never needs the data file's bytes
   auto image = OpenImageFile(path, *options);
   if (!image.ok()) return out.Fail(image.error());
@@ -127,6 +129,7 @@ int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
 int RunMap(const std::string& path, const ImageFlags& flags, Output& out) {
   auto options = flags.ToOpenOptions();
   if (!options.ok()) return out.Usage(options.error().message());
+  WarnIfMisnamed(out, path, flags.format);
   auto image = OpenImageFile(path, *options);
   if (!image.ok()) return out.Fail(image.error());
   auto chain = Chain(**image);
@@ -243,6 +246,8 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
   auto bo = b_flags.ToOpenOptions();
   if (!ao.ok()) return out.Fail(ao.error(), kExitCompareError);
   if (!bo.ok()) return out.Fail(bo.error(), kExitCompareError);
+  WarnIfMisnamed(out, a_path, a_flags.format);
+  WarnIfMisnamed(out, b_path, b_flags.format);
   auto a = OpenImageFile(a_path, *ao);
   if (!a.ok()) return out.Fail(a.error(), kExitCompareError);
   auto b = OpenImageFile(b_path, *bo);
@@ -276,8 +281,22 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
 }
 
 int RunCheck(const std::string& path, Output& out) {
+  if (IsNbdUri(path)) {
+    return out.Fail(Error::NotSupported("check reads a qcow2 file's structure; an NBD export is not a file")
+                        .set_path(path));
+  }
   auto file = Env::Default().OpenSource(path);
   if (!file.ok()) return out.Fail(file.error());
+  // Not a qcow2 at all is a wrong input (exit 1), not a damaged image (2).
+  auto probed = formats::ProbeFormatName(**file);
+  if (!probed.ok()) return out.Fail(Error(probed.error()).set_path(path));
+  if (*probed != "qcow2") {
+    return out.Fail(Error::InvalidArgument("not a qcow2 image (its first bytes " +
+                                           (*probed == "raw" ? std::string("hold no image header: raw")
+                                                             : "are a " + *probed + " header") +
+                                           "); check inspects qcow2 structure only")
+                        .set_path(path));
+  }
   auto report = formats::qcow2::CheckQcow2(**file);
   if (!report.ok()) return out.Fail(Error(report.error()).set_path(path));
   const auto& r = *report;
@@ -320,7 +339,7 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     auto args = std::make_shared<PathArgs>();
     auto* cmd = AddCommand(app, "info", "Show an image's format, size, chain, bitmaps, snapshots", exit_code,
                            [args](Output& out) { return RunInfo(args->path, args->flags, out); });
-    cmd->add_option("image", args->path, "Image file or block device")->required();
+    cmd->add_option("image", args->path, "Image file, block device or nbd:// URI")->required();
     args->flags.AddTo(cmd);
   }
   {
@@ -349,8 +368,8 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
                              args->b_flags.allow_dirs = args->a_flags.allow_dirs;
                              return RunCompare(args->a, args->b, args->a_flags, args->b_flags, args->strict, out);
                            });
-    cmd->add_option("a", args->a, "First image")->required();
-    cmd->add_option("b", args->b, "Second image")->required();
+    cmd->add_option("a", args->a, "First image (file, block device or nbd:// URI)")->required();
+    cmd->add_option("b", args->b, "Second image (file, block device or nbd:// URI)")->required();
     args->a_flags.AddTo(cmd, "-f,--format-a");
     cmd->add_option("-F,--format-b", args->b_flags.format, "Format of the second image")
         ->check(CLI::IsMember({"raw", "qcow2"}));

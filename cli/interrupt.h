@@ -15,6 +15,12 @@ namespace barge::cli {
 // Installs the handlers and the watcher thread; idempotent.
 void InstallInterruptHandling(std::chrono::seconds grace = std::chrono::seconds(30));
 
+// std::terminate (an exception no one caught, on any thread; oneTBB's
+// "pthread_create has failed" on a worker) reports the error like any
+// other, removes registered temporaries and exits 1 (a thread that could
+// not start) or 70 (anything else): never an abort. Call once, first.
+void InstallTerminateHandler(int argc, char** argv);
+
 // True once SIGINT or SIGTERM arrived. Give its address to
 // pipeline::CopyOptions::cancel and poll it in long loops.
 const std::atomic<bool>& CancelFlag();

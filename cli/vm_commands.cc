@@ -24,7 +24,8 @@ std::string Lower(std::string s) {
 }
 
 Result<std::unique_ptr<orc::BackupCatalog>> OpenCatalog(const std::string& flag) {
-  return orc::BackupCatalog::Open(orc::ResolveCatalogPath(flag));
+  BARGE_ASSIGN_OR_RETURN(std::string path, orc::CatalogPathFromFlag(flag));
+  return orc::BackupCatalog::Open(path);
 }
 
 // The catalog, a libvirt connection and one domain, opened together (the
@@ -266,7 +267,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   auto* cmd = AddCommand(*vm, "backup", "Full or incremental backup of a domain's disks (libvirt pull mode)",
                          exit_code, [a](Output& out) {
     orc::VmBackupRequest req = a->req;
-    req.catalog_path = orc::ResolveCatalogPath(a->catalog);
+    auto catalog_path = orc::CatalogPathFromFlag(a->catalog);
+    if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+    req.catalog_path = *catalog_path;
     req.disks = a->disks;
     CompressionChoice compression;
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
@@ -333,7 +336,9 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
     std::string v = verb;
     auto* cmd = AddCommand(*cbt, verb, std::string(verb) + " CBT for a domain", exit_code, [a, v](Output& out) {
       orc::CbtRequest req = std::get<0>(*a);
-      req.catalog_path = orc::ResolveCatalogPath(std::get<1>(*a));
+      auto catalog_path = orc::CatalogPathFromFlag(std::get<1>(*a));
+      if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+      req.catalog_path = *catalog_path;
       auto s = v == "enable" ? orc::EnableCbt(req) : v == "disable" ? orc::DisableCbt(req) : orc::GetCbtStatus(req);
       if (!s.ok()) return out.Fail(s.error());
       out.Result(CbtJson(*s));

@@ -126,6 +126,14 @@ class Image : public BlockSource {
 Result<std::unique_ptr<Image>> OpenImage(const std::string& path, const SourceOpener& opener,
                                          const OpenOptions& options = {});
 
+// What the first bytes of `file` say it is, as qemu-img's probes would:
+// "qcow2" (also version 1), "qed", "vmdk", "vhdx", "vpc", "vdi", "luks",
+// "parallels", "bochs", "cloop", or "raw" when no image magic matches. Only
+// a read error fails. For refusing mix-ups (an image given where a raw disk
+// is wanted, a ".qcow2" that is not one); OpenImage itself detects only
+// qcow2.
+Result<std::string> ProbeFormatName(BlockSource& file);
+
 // The header view of one qcow2 layer, for callers that look at the names it
 // stores (backing file, data file) without following them: nullopt when
 // `path` cannot be opened or does not start with the qcow2 magic; an error

@@ -12,7 +12,9 @@
 #include <set>
 #include <thread>
 
+#include "blockio/env.h"
 #include "blockio/file.h"
+#include "blockio/thread.h"
 #include "formats/image.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/file_lock.h"
@@ -264,9 +266,14 @@ Result<std::vector<ImageCopyRecord>> ImageCatalog::Recover(const std::string& na
       // What a killed RunReplicate leaves: the hidden temporaries of the copy
       // and of its checksum record (pipeline/staged_file.h). The final names
       // are left alone: a replaced copy keeps its old file until the rename.
-      std::error_code ec;
-      fs::remove(pipeline::StagedTempPath(r.path), ec);
-      fs::remove(pipeline::StagedTempPath(pipeline::ReplicaRecordPath(r.path)), ec);
+      // Only while no live writer holds them (a replicate run may write the
+      // same path outside the catalog).
+      for (const std::string& temp : {pipeline::StagedTempPath(r.path),
+                                      pipeline::StagedTempPath(pipeline::ReplicaRecordPath(r.path))}) {
+        LockOptions o;
+        o.create = false;
+        if (auto held = Env::Default().LockFile(temp, o); held.ok()) (void)Env::Default().Unlink(temp);
+      }
       recovered.push_back(std::move(r));
     }
   }
@@ -311,14 +318,20 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   o.expected_sha512 = expected_sha512;
   o.force = true;  // the disk folder's file of this name is ours
   o.source_location = source;
+  // A failed add leaves no row: the image has no copy (and had none ready:
+  // see above), so it is not in the catalog.
   auto finish = [&](Error e) -> Result<ImageCopyRecord> {
-    copy.state = "failed";
-    copy.message = e.ToString();
-    copy.updated = Now();
-    copy.owner.clear();
     std::lock_guard lock(mu_);
-    BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
-    return copy;
+    auto forget = [&]() -> Status {
+      BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+      for (const char* sql : {"DELETE FROM image_copies WHERE image = ?1", "DELETE FROM image_senders WHERE image = ?1",
+                              "DELETE FROM images WHERE name = ?1"}) {
+        BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare(sql));
+        BARGE_RETURN_IF_ERROR(del.Bind(1, name).Run());
+      }
+      return tx->Commit();
+    };
+    return std::move(e.Also(forget()));
   };
   pipeline::SourceSpec spec;
   spec.location = source;
@@ -437,17 +450,32 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
     --running;
     cv.notify_all();
   };
+  const std::atomic<bool>* cancel = options.replicate.copy.cancel;
   {
     std::unique_lock lock(m);
     senders.reserve(senders.size() + pending.size());  // indexes stay valid; no reallocation
     while (!pending.empty()) {
+      if (cancel && cancel->load()) {
+        // Stopped: the disks not sent to fail now, not as "interrupted"
+        // rows left to the next recovery.
+        std::lock_guard db_lock(mu_);
+        for (ImageCopyRecord& copy : pending) {
+          copy.state = "failed";
+          copy.message = "cancelled before its send started";
+          copy.updated = Now();
+          copy.owner.clear();
+          (void)SetCopy(*db_, copy);
+        }
+        pending.clear();
+        break;
+      }
       size_t best = senders.size();
       for (size_t i = 0; i < senders.size(); ++i) {
         if (senders[i].active >= options.max_sends_per_sender) continue;
         if (best == senders.size() || senders[i].active < senders[best].active) best = i;
       }
       if (best == senders.size()) {
-        cv.wait(lock);
+        cv.wait_for(lock, std::chrono::milliseconds(100));  // and look at `cancel` again
         continue;
       }
       ImageCopyRecord copy = std::move(pending.front());
@@ -465,7 +493,21 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
         (void)SetCopy(*db_, copy);
       }
       ++running;
-      threads.emplace_back(send, std::move(copy), best, s.path);
+      auto thread = StartThread("image send", send, copy, best, s.path);
+      if (!thread.ok()) {
+        // Not sent: this copy fails with the reason; the next may fare better.
+        --running;
+        --s.active;
+        --s.sends;
+        copy.state = "failed";
+        copy.message = thread.error().ToString();
+        copy.updated = Now();
+        copy.owner.clear();
+        std::lock_guard db_lock(mu_);
+        (void)SetCopy(*db_, copy);
+        continue;
+      }
+      threads.push_back(std::move(thread).value());
     }
     cv.wait(lock, [&] { return running == 0; });
   }
@@ -549,11 +591,16 @@ Status ImageCatalog::Rescan(const std::vector<std::string>& disks_arg) {
   return tx->Commit();
 }
 
-Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for) {
+Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for, bool dry_run) {
   std::lock_guard lock(mu_);
   BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, ""));
   CleanupResult result;
+  result.dry_run = dry_run;
   int64_t now = Now();
+  // Ready copies per image not removed (so far): the last one always stays.
+  std::map<std::string, size_t> ready;
+  for (const ImageCopyRecord& c : copies) ready[c.image] += c.state == "ready";
+  auto record = [&](const ImageCopyRecord& c) { return dry_run ? OkStatus() : SetCopy(*db_, c); };
   for (ImageCopyRecord& c : copies) {
     if (c.state != "ready") continue;
     std::error_code ec;
@@ -570,19 +617,29 @@ Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for) {
     if (used) {
       c.unused_since = 0;
       result.in_use.push_back(c.path);
-      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
+      BARGE_RETURN_IF_ERROR(record(c));
       continue;
     }
     if (c.unused_since == 0) c.unused_since = c.updated;
     if (now - c.unused_since < unused_for.count()) {
       result.waiting.push_back(c.path);
-      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
+      BARGE_RETURN_IF_ERROR(record(c));
+      continue;
+    }
+    if (ready[c.image] <= 1) {
+      result.last_copy.push_back(c.path);
+      BARGE_RETURN_IF_ERROR(record(c));
       continue;
     }
     auto image_lock = FileLock::TryAcquire(LockPath(c.image), "image " + c.image + " is busy");
     if (!image_lock.ok()) {
       if (!image_lock.error().retryable()) return image_lock.error();
       result.busy.push_back(c.path);
+      continue;
+    }
+    --ready[c.image];
+    if (dry_run) {
+      result.removed.push_back(c.path);
       continue;
     }
     // The record goes first: a file without one is never taken as ready.

@@ -76,6 +76,8 @@ struct CleanupResult {
   std::vector<std::string> in_use;   // kept: a qcow2 in the disk's folder uses them
   std::vector<std::string> waiting;  // kept: unused for less than the interval
   std::vector<std::string> busy;     // kept: an add or sync of the image holds its lock
+  std::vector<std::string> last_copy;  // kept: the image's last ready copy
+  bool dry_run = false;              // nothing was removed: `removed` would be
 };
 
 // Thread-safe (one connection behind a mutex). Several processes may use
@@ -94,7 +96,11 @@ class ImageCatalog {
   // Holds the image's lock throughout (kInvalidArgument, retryable, when
   // another add or sync of `name` holds it) and first recovers the image's
   // interrupted rows.
-  // Returns the copy's record (state ready or failed, with the message).
+  // Returns the copy's record (state ready). A failed add returns its
+  // error and leaves no row of the image (nor of its copy) behind: a copy
+  // that never became ready is no copy; add again once the cause is fixed.
+  // A killed add leaves an in-progress row, marked failed ("interrupted")
+  // by the next command that recovers rows.
   Result<ImageCopyRecord> Add(const std::string& name, const std::string& source,
                               const std::string& expected_sha512, const std::string& disk,
                               const pipeline::ReplicateOptions& options);
@@ -104,7 +110,8 @@ class ImageCatalog {
   // retryable ("an image sync of NAME is already running"), at once when
   // another process (or another call in this one) syncs or adds `name`.
   // Recovers the image's interrupted rows first, so they are sent again.
-  // kNotFound without a ready copy.
+  // kNotFound without a ready copy. Once options.replicate.copy.cancel is
+  // set no new send starts; the disks not sent to are marked failed.
   Result<SyncResult> Sync(const std::string& name, const std::vector<std::string>& disks,
                           const SyncOptions& options);
   // Marks failed (kInterruptedMessage) every pending or in-progress copy of
@@ -130,8 +137,11 @@ class ImageCatalog {
   // (measured from when a cleanup first saw them unused, or their last
   // update). A copy in use is never removed, nor one whose image an add or
   // sync (another process included) is working on: removal holds the
-  // image's lock, so a sync never loses the copy it sends from.
-  Result<CleanupResult> Cleanup(std::chrono::seconds unused_for);
+  // image's lock, so a sync never loses the copy it sends from. Nor is the
+  // last ready copy of an image ever removed (unused or not, the image
+  // would be gone). dry_run: report what would be removed; change nothing
+  // (not even the "unused since" times).
+  Result<CleanupResult> Cleanup(std::chrono::seconds unused_for, bool dry_run = false);
 
  private:
   ImageCatalog(std::unique_ptr<SqliteDb> db, std::string lock_dir);

@@ -18,7 +18,9 @@
 #include "formats/manifest.h"
 #include "formats/units.h"
 #include "blockio/file.h"
+#include "blockio/thread.h"
 #include "formats/qcow2_bitmap_edit.h"
+#include "formats/units.h"
 #include "pipeline/endpoints.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/cbt.h"
@@ -228,7 +230,7 @@ std::optional<Error> BackupDisks(const VmBackupRequest& req, const std::vector<D
   std::vector<Result<pipeline::BackupResult>> results(disks.size(), Error::Cancelled("not run"));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < disks.size(); ++i) {
-    threads.emplace_back([&, i] {
+    auto started = StartThread("backup of disk " + disks[i].target, [&, i] {
       const std::string& name = disks[i].target;
       pipeline::BackupRequest br;
       br.target_dir = req.target + "/" + req.domain;
@@ -236,12 +238,20 @@ std::optional<Error> BackupDisks(const VmBackupRequest& req, const std::vector<D
       br.incremental = incremental.at(name);
       br.reason = reasons.at(name);
       br.checkpoint = checkpoint;
+      // The chain is this domain's disk: a size change is a resize (the
+      // plan made this backup full for it), never another disk.
+      br.allow_resize = true;
       br.compression = req.compression;
       br.compression_level = req.compression_level;
       br.copy = req.copy;
       set_source(name, br);
       results[i] = pipeline::RunBackup(br);
     });
+    if (started.ok()) {
+      threads.push_back(std::move(started).value());
+    } else {
+      results[i] = started.error();
+    }
   }
   for (auto& t : threads) t.join();
   std::optional<Error> first_error;

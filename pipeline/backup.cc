@@ -9,8 +9,10 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <set>
 
+#include "blockio/env.h"
 #include "formats/digest_table.h"
 #include "formats/extents_file.h"
 #include "formats/qcow2_bitmap.h"
@@ -35,9 +37,11 @@ Status CheckDiskName(const std::string& name) {
 }
 
 // Removes images, digest tables and verification records that no manifest
-// names: what a run killed between renames leaves, and the records of
-// points a merge folded. Called with the chain lock held.
+// names (what a run killed between renames leaves, and the records of
+// points a merge folded), and temporaries no live writer holds. Called
+// with the chain lock held.
 void RemoveOrphans(const ChainFolder& chain) {
+  (void)SweepStaleTemporaries(Env::Default(), chain.dir);
   std::set<std::string> named;
   for (const auto& p : chain.points) {
     named.insert(p.manifest.image);
@@ -50,8 +54,7 @@ void RemoveOrphans(const ChainFolder& chain) {
     auto ext = entry.path().extension();
     bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
                 (ext == ".qcow2" || ext == ".digests" || ext == ".verified");
-    bool temp = name.size() > 11 && name[0] == '.' && name.ends_with(".barge-tmp");
-    if ((ours && !named.count(name)) || temp) fs::remove(entry.path(), ec);
+    if (ours && !named.count(name)) fs::remove(entry.path(), ec);
   }
 }
 
@@ -67,9 +70,8 @@ Result<RangeList> DirtySet(const BackupRequest& req, OpenedSource& src, std::str
     auto file = formats::DecodeExtentsFile(text);
     if (!file.ok()) return Error(file.error()).set_path(req.dirty_extents_file);
     if (file->virtual_size && *file->virtual_size != size) {
-      return Error::InvalidArgument("extents file is for a disk of " +
-                                    formats::HumanBytesExact(*file->virtual_size) + ", the source has " +
-                                    formats::HumanBytesExact(size))
+      return Error::InvalidArgument("extents file is for a disk of " + formats::HumanBytesExact(*file->virtual_size) +
+                                    ", the source has " + formats::HumanBytesExact(size))
           .set_path(req.dirty_extents_file);
     }
     for (const Range& r : file->dirty) {
@@ -194,11 +196,38 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   BARGE_RETURN_IF_ERROR(CheckDiskName(disk));
   std::string chain_dir = (fs::path(req.target_dir) / disk).string();
   std::error_code ec;
-  fs::create_directories(chain_dir, ec);
-  if (ec) return Error::FromErrno(ec.value(), "create folder", chain_dir);
-  BARGE_ASSIGN_OR_RETURN(ChainLock lock, ChainLock::Acquire(chain_dir));
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(chain_dir, &lock));
+  Env& env = Env::Default();
+  // The folders this run creates (target, then chain folder): a first
+  // backup that fails removes them again.
+  std::vector<std::string> created_dirs;
+  for (const std::string& d : {req.target_dir, chain_dir}) {
+    if (!d.empty() && !env.Exists(d)) created_dirs.push_back(d);
+  }
+  std::optional<ChainLock> lock;
+  for (int attempt = 0; !lock; ++attempt) {
+    BARGE_RETURN_IF_ERROR(env.CreateDirs(chain_dir));
+    auto acquired = ChainLock::Acquire(chain_dir);
+    // A failed first backup of the same chain may have removed the folder
+    // between our mkdir and our lock: make it again.
+    if (!acquired.ok() && acquired.error().code() == ErrorCode::kNotFound && attempt < 3) continue;
+    if (!acquired.ok()) return acquired.error();
+    lock.emplace(std::move(acquired).value());
+  }
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(chain_dir, &*lock));
   RemoveOrphans(chain);
+  // A first backup that fails leaves no lock file and no empty folder
+  // behind. Declared before the staged files: it runs after they removed
+  // their temporaries, and while the lock is still held.
+  struct FirstBackupCleanup {
+    ChainLock* lock = nullptr;  // null: disarmed
+    std::vector<std::string> created;
+    ~FirstBackupCleanup() {
+      if (lock == nullptr) return;
+      lock->RemoveLockFile();
+      // Deepest first; RemoveDir fails on a folder someone else filled.
+      for (auto it = created.rbegin(); it != created.rend(); ++it) (void)Env::Default().RemoveDir(*it);
+    }
+  } first_cleanup{chain.empty() ? &*lock : nullptr, created_dirs};
 
   uint32_t cluster = req.copy.cluster_bytes;
   formats::BackupManifest m;
@@ -222,6 +251,15 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
     }
     parent_digests = std::move(digests).value();
     m.parent = formats::ManifestParent{pm.id, pm.image, pm.image_digest};
+  } else if (!chain.empty() && chain.latest().manifest.virtual_size != size && !req.allow_resize) {
+    // Most likely another disk backed up under this chain's name.
+    const formats::BackupManifest& pm = chain.latest().manifest;
+    return Error::InvalidArgument("the chain's latest backup " + pm.id + " is of a " +
+                                  formats::HumanBytesExact(pm.virtual_size) + " disk (" + pm.source + "), this one has " +
+                                  formats::HumanBytesExact(size) +
+                                  ": another disk? back it up under another --name; if this disk was resized, "
+                                  "pass --allow-resize")
+        .set_path(chain_dir);
   }
 
   std::string dirty_description;
@@ -344,6 +382,7 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   result.image_bytes = m.bytes_written;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.manifest = std::move(m);
+  first_cleanup.lock = nullptr;  // the chain has its first point
   return result;
 }
 

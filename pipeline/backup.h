@@ -30,6 +30,10 @@ struct BackupRequest {
   std::string dirty_description;   // recorded when dirty_ranges is given
   std::string reason;              // recorded why; "" = a default per type
   std::string checkpoint;          // recorded libvirt checkpoint name
+  // A full backup of a disk whose size differs from the chain's latest
+  // point is refused (another disk backed up under this name?) unless
+  // this says the disk was resized.
+  bool allow_resize = false;
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = formats::kDefaultZstdLevel;
   // Pipeline knobs (cluster_bytes, memory, threads, progress, stats,
@@ -61,9 +65,12 @@ struct BackupResult {
 // Runs one backup. Before writing anything it checks: the source opens; for
 // an incremental, the chain has a latest point whose manifests and digest
 // tables verify, the virtual size is unchanged, and the dirty set is valid;
+// for a full into a chain that has points, the size is the latest's (or
+// allow_resize);
 // the target has room for the estimate (kNoSpace saying how much is
 // needed). Files go under temporary names and are renamed image, digests,
-// manifest last; on any error nothing new is left in the chain folder.
+// manifest last; on any error nothing new is left in the chain folder (and
+// a first backup that fails leaves no chain folder and no lock file).
 // A second backup of the same chain folder at the same time fails at once.
 Result<BackupResult> RunBackup(const BackupRequest& request);
 

@@ -19,6 +19,7 @@
 
 #include "blockio/buffer.h"
 #include "blockio/file.h"
+#include "blockio/thread.h"
 #include "formats/digest.h"
 #include "formats/qcow2_compress.h"
 #include "pipeline/chunk.h"
@@ -91,9 +92,19 @@ Status ParallelFor(int threads, size_t n, Fn fn) {
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
+  Status started;
+  for (int t = 1; t < threads && started.ok(); ++t) {
+    auto thread = StartThread("bench worker", work, t);
+    if (thread.ok()) {
+      pool.push_back(std::move(thread).value());
+    } else {
+      started = thread.error();
+      next.store(n);  // the started ones stop; the run fails
+    }
+  }
+  if (started.ok()) work(0);
   for (auto& th : pool) th.join();
+  if (!started.ok()) return started;
   return first;
 }
 
@@ -392,6 +403,9 @@ Result<BenchReport> RunBench(const BenchOptions& o, void (*log)(const std::strin
   spec.format = "raw";
   BARGE_ASSIGN_OR_RETURN(OpenedSource opened, OpenSource(spec));
   BlockSource& source = *opened.image;
+  if (source.size_bytes() == 0) {
+    return Error::InvalidArgument("the source is empty: nothing to measure").set_path(o.source);
+  }
   BenchReport report;
   report.threads = ResolveThreads(o.threads);
   report.logical_bytes = source.size_bytes();

@@ -22,7 +22,7 @@ Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes) {
   uint64_t size = fs::file_size(path, ec);
   if (ec) return Error::FromErrno(ec.value(), "stat", path);
   if (size > max_bytes) {
-    return Error::Corruption("file is too large (" + std::to_string(size) + " bytes)").set_path(path);
+    return Error::Corruption("file is too large (" + formats::HumanBytesExact(size) + ")").set_path(path);
   }
   std::ifstream f(path, std::ios::binary);
   if (!f) return Error::FromErrno(errno ? errno : EIO, "open", path);
@@ -42,30 +42,34 @@ Result<formats::DigestTable> LoadDigestTable(const std::string& path) {
 }
 
 Result<ChainLock> ChainLock::Acquire(const std::string& dir, bool wait) {
-  std::string path = dir + "/.lock";
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno(errno, "open lock", path);
-  int rc;
-  do {
-    rc = ::flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB));
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
-    int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) {
-      return Error::InvalidArgument("another barge job is writing this chain folder now")
-          .set_path(dir)
-          .set_retryable(true);
+  Env& env = Env::Default();
+  auto st = env.Stat(dir);
+  if (!st.ok() || !st->is_directory()) {
+    if (st.ok() || st.error().code() == ErrorCode::kNotFound) {
+      return Error::NotFound("no such chain folder (nothing backed up under this name?)").set_path(dir);
     }
-    return Error::FromErrno(err, "flock", path);
+    return st.error();
   }
-  return ChainLock(fd);
+  LockOptions o;
+  o.wait = wait;
+  o.busy_message = "another barge job is writing this chain folder now";
+  auto lock = env.LockFile(dir + "/.lock", o);
+  if (!lock.ok()) {
+    Error e = std::move(lock).error();
+    if (e.code() == ErrorCode::kBusy) e.set_path(dir);
+    return e;
+  }
+  return ChainLock(std::move(lock).value());
 }
 
-ChainLock::ChainLock(ChainLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+ChainLock::~ChainLock() = default;
 
-ChainLock::~ChainLock() {
-  if (fd_ >= 0) ::close(fd_);
+void ChainLock::RemoveLockFile() {
+  if (!lock_) return;
+  // Unlinked while held: a job that opened the file meanwhile finds, once
+  // it gets the flock, that the name no longer leads to it, and retries.
+  (void)Env::Default().Unlink(lock_->path());
+  lock_.reset();
 }
 
 Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* held) {
@@ -120,34 +124,118 @@ Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* hel
   return chain;
 }
 
+namespace {
+
+bool AllDigits(std::string_view s) {
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+// "0003-20261122T151533Z": a sequence, '-', the compact UTC start time.
+bool LooksLikeId(std::string_view s) {
+  auto dash = s.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash > 9 || !AllDigits(s.substr(0, dash))) return false;
+  std::string_view time = s.substr(dash + 1);
+  return time.find_first_of("-:") == std::string_view::npos && formats::ParseRfc3339(time).ok();
+}
+
+}  // namespace
+
+Result<PointSelector> ParsePointSelector(std::string_view text) {
+  PointSelector sel;
+  sel.text = std::string(text);
+  if (text.empty() || text == "latest") return sel;
+  if (AllDigits(text)) {
+    if (text.size() > 9) {
+      return Error::InvalidArgument("position " + std::string(text) + " is out of range");
+    }
+    sel.kind = PointSelector::Kind::kPosition;
+    sel.position = static_cast<size_t>(std::stoul(std::string(text)));
+    return sel;
+  }
+  if (LooksLikeId(text)) {
+    sel.kind = PointSelector::Kind::kId;
+    return sel;
+  }
+  auto time = formats::ParseRfc3339(text);
+  if (!time.ok()) {
+    // Text that starts like a date gets the parser's reason.
+    bool datelike = text.size() >= 4 && AllDigits(text.substr(0, 4));
+    return Error::InvalidArgument(
+        "'" + std::string(text) + "' names no backup point: use 'latest', a position (0 = the oldest point), " +
+        "a backup id (0003-20261122T151533Z) or an RFC 3339 time (2026-11-24T01:05:49-05:00)" +
+        (datelike ? " (" + time.error().message() + ")" : std::string()));
+  }
+  sel.kind = PointSelector::Kind::kTime;
+  sel.time = *time;
+  return sel;
+}
+
+Result<formats::Timestamp> ChainFolder::StartedAt(size_t index) const {
+  const formats::BackupManifest& m = points[index].manifest;
+  if (!m.started_at.empty()) {
+    auto t = formats::ParseRfc3339(m.started_at);
+    if (!t.ok()) {
+      return Error::Corruption("started_at is not an RFC 3339 time: " + t.error().message())
+          .set_path(points[index].manifest_path);
+    }
+    return t;
+  }
+  auto dash = m.id.find('-');
+  if (dash != std::string::npos) {
+    if (auto t = formats::ParseRfc3339(std::string_view(m.id).substr(dash + 1)); t.ok()) return t;
+  }
+  return Error::Corruption("the manifest has no start time (started_at) and its id holds none")
+      .set_path(points[index].manifest_path);
+}
+
 Result<size_t> ChainFolder::Resolve(std::string_view at) const {
+  BARGE_ASSIGN_OR_RETURN(PointSelector sel, ParsePointSelector(at));
+  return Resolve(sel);
+}
+
+Result<size_t> ChainFolder::Resolve(const PointSelector& at) const {
   if (points.empty()) return Error::NotFound("the chain folder holds no backups").set_path(dir);
-  if (at.empty() || at == "latest") return points.size() - 1;
-  for (size_t i = 0; i < points.size(); ++i) {
-    if (points[i].manifest.id == at) return i;
-  }
-  if (std::all_of(at.begin(), at.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) &&
-      at.size() <= 9) {
-    uint32_t seq = static_cast<uint32_t>(std::stoul(std::string(at)));
-    for (size_t i = 0; i < points.size(); ++i) {
-      if (points[i].sequence == seq) return i;
+  switch (at.kind) {
+    case PointSelector::Kind::kLatest:
+      return points.size() - 1;
+    case PointSelector::Kind::kPosition:
+      if (at.position < points.size()) return at.position;
+      return Error::NotFound("no backup at position " + at.text + ": the folder holds " +
+                             std::to_string(points.size()) + " point" + (points.size() == 1 ? "" : "s") +
+                             " (positions 0 to " + std::to_string(points.size() - 1) + ", oldest first)")
+          .set_path(dir);
+    case PointSelector::Kind::kId:
+      for (size_t i = 0; i < points.size(); ++i) {
+        if (points[i].manifest.id == at.text) return i;
+      }
+      return Error::NotFound("no backup with id " + at.text + " in the folder").set_path(dir);
+    case PointSelector::Kind::kTime: {
+      // The newest start at or before the instant; sequence breaks ties.
+      std::optional<size_t> best;
+      formats::Timestamp best_time;
+      size_t oldest = 0;
+      formats::Timestamp oldest_time;
+      for (size_t i = 0; i < points.size(); ++i) {
+        BARGE_ASSIGN_OR_RETURN(formats::Timestamp t, StartedAt(i));
+        if (i == 0 || t < oldest_time) {
+          oldest = i;
+          oldest_time = t;
+        }
+        if (t <= at.time && (!best || t >= best_time)) {
+          best = i;
+          best_time = t;
+        }
+      }
+      if (best) return *best;
+      return Error::NotFound("no backup started at or before " + at.text + " (" +
+                             formats::FormatRfc3339(at.time) + "): the oldest, " +
+                             points[oldest].manifest.id + ", started at " +
+                             formats::FormatRfc3339(oldest_time))
+          .set_path(dir);
     }
-    return Error::NotFound("no backup at position " + std::string(at)).set_path(dir);
   }
-  // A time: compare compact forms (20261122T150102Z), which sort as text.
-  std::string wanted = formats::CompactTimestamp(at);
-  if (wanted.size() >= 8 && std::isdigit(static_cast<unsigned char>(wanted[0]))) {
-    std::optional<size_t> best;
-    for (size_t i = 0; i < points.size(); ++i) {
-      std::string started = formats::CompactTimestamp(points[i].manifest.started_at);
-      if (!started.empty() && started <= wanted) best = i;
-    }
-    if (best) return *best;
-    return Error::NotFound("no backup started at or before " + std::string(at)).set_path(dir);
-  }
-  return Error::NotFound("no backup '" + std::string(at) +
-                         "' (use an id, a position, a time or 'latest')")
-      .set_path(dir);
+  return Error::InvalidArgument("unknown point selector");
 }
 
 Result<std::vector<size_t>> ChainFolder::LayersOf(size_t index) const {
@@ -273,8 +361,17 @@ Result<PointLocation> LocatePoint(const std::string& path, const std::string& at
   std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
   fs::path manifest = p;
   if (p.extension() != ".json") manifest.replace_extension(".json");
+  if (!fs::exists(manifest, ec)) {
+    // The user named a file that is not a backup (or its manifest is gone).
+    return Error::NotFound("no backup manifest beside it (" + manifest.filename().string() +
+                           "): verify checks barge backups, named by their chain folder, manifest or image; "
+                           "for the structure of any qcow2 file use barge check")
+        .set_path(path);
+  }
   BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(manifest.string()));
-  BARGE_ASSIGN_OR_RETURN(formats::BackupManifest m, formats::DecodeManifest(text));
+  auto decoded = formats::DecodeManifest(text);
+  if (!decoded.ok()) return Error(decoded.error()).set_path(manifest.string());
+  formats::BackupManifest m = std::move(decoded).value();
   if (!at.empty() && at != "latest" && at != m.id) {
     return Error::InvalidArgument("--at conflicts with the backup the path names (" + m.id + ")");
   }

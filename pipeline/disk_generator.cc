@@ -1,5 +1,7 @@
 #include "pipeline/disk_generator.h"
 
+#include "formats/units.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -119,7 +121,10 @@ void Layout(const DiskGeneratorOptions& o, const std::function<void(const Planne
   for (uint32_t w : o.weights) total_weight += w;
   if (total_weight == 0) total_weight = 1;
   const double lo = std::log2(static_cast<double>(std::max(o.min_extent_bytes, kAlign)));
-  const double hi = std::log2(static_cast<double>(std::max(o.max_extent_bytes, o.min_extent_bytes)));
+  // Extents of at most 1/16 of the disk, so a small disk is a mix too (a
+  // 4 MiB disk used to be one hole); from 1 GiB up this is max_extent_bytes.
+  const uint64_t max_extent = std::min(o.max_extent_bytes, std::max(size / 16, kAlign));
+  const double hi = std::log2(static_cast<double>(std::max(max_extent, o.min_extent_bytes)));
   uint64_t pos = 0;
   while (pos < size) {
     uint64_t r = SplitMix(state);
@@ -163,6 +168,20 @@ double DiskMix::percent(ExtentKind kind) const {
   return size_bytes == 0 ? 0.0 : 100.0 * static_cast<double>(bytes[static_cast<size_t>(kind)]) / static_cast<double>(size_bytes);
 }
 
+Status CheckGeneratedDiskSize(uint64_t size_bytes) {
+  if (size_bytes < kMinGeneratedDiskBytes) {
+    return Error::InvalidArgument("the generated disk must be at least " + formats::HumanBytes(kMinGeneratedDiskBytes) +
+                                  " (room for a mix of holes, zeros, text and random data), not " +
+                                  formats::HumanBytesExact(size_bytes));
+  }
+  if (size_bytes % kGeneratedDiskUnitBytes != 0) {
+    return Error::InvalidArgument("the generated disk's size must be a multiple of 4 KiB (its extent unit), not " +
+                                  formats::HumanBytesExact(size_bytes) + "; e.g. " +
+                                  formats::HumanBytesExact(size_bytes / kGeneratedDiskUnitBytes * kGeneratedDiskUnitBytes));
+  }
+  return OkStatus();
+}
+
 DiskMix PlanDisk(const DiskGeneratorOptions& options) {
   DiskMix mix;
   mix.size_bytes = options.size_bytes / kAlign * kAlign;
@@ -175,6 +194,7 @@ DiskMix PlanDisk(const DiskGeneratorOptions& options) {
 }
 
 Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions& options) {
+  BARGE_RETURN_IF_ERROR(CheckGeneratedDiskSize(options.size_bytes));
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Error::FromErrno(errno, "open", path);
   struct Closer {

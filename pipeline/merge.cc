@@ -87,15 +87,37 @@ Status VerifyStagedImage(const std::string& path, const formats::DigestTable& ta
   return OkStatus();
 }
 
+// Whether `dir` holds a manifest or a merge journal: a folder without
+// either has nothing to merge (and gets no lock file). kNotFound naming the
+// folder when it is missing or not a folder.
+Result<bool> HoldsBackups(const std::string& dir) {
+  Env& env = Env::Default();
+  auto st = env.Stat(dir);
+  if ((st.ok() && !st->is_directory()) || (!st.ok() && st.error().code() == ErrorCode::kNotFound)) {
+    return Error::NotFound("no such chain folder (nothing backed up under this name?)").set_path(dir);
+  }
+  if (!st.ok()) return st.error();
+  if (MergeJournalExists(dir)) return true;
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+  return std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return !n.empty() && n[0] != '.' && n.ends_with(".json");
+  });
+}
+
 }  // namespace
 
 Result<MergeResult> RunMerge(const MergeRequest& req) {
   auto start = std::chrono::steady_clock::now();
+  BARGE_ASSIGN_OR_RETURN(bool holds, HoldsBackups(req.chain_dir));
+  if (!holds) return Error::NotFound("the chain folder holds no backups: nothing to merge").set_path(req.chain_dir);
+  BARGE_ASSIGN_OR_RETURN(PointSelector through, ParsePointSelector(req.through));
   BARGE_ASSIGN_OR_RETURN(ChainLock lock, ChainLock::Acquire(req.chain_dir));
   // Completes an interrupted merge first (re-entrant: running the same merge
   // again after a crash finds the point already full).
   BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(req.chain_dir, &lock));
-  BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.through));
+  BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(through));
+  // Temporaries of killed runs (a live writer's are locked and kept).
+  if (!req.dry_run) (void)SweepStaleTemporaries(Env::Default(), chain.dir);
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   const formats::BackupManifest& pm = chain.points[index].manifest;
 
@@ -118,6 +140,21 @@ Result<MergeResult> RunMerge(const MergeRequest& req) {
     }
   }
 
+  if (req.dry_run) {
+    result.dry_run = true;
+    for (size_t k = 0; k < layers.size(); ++k) result.folded_ids.push_back(chain.points[layers[k]].manifest.id);
+    for (size_t k = 0; k + 1 < layers.size(); ++k) {
+      const ChainPoint& p = chain.points[layers[k]];
+      result.removed_files.push_back(fs::path(p.manifest_path).filename().string());
+    }
+    for (size_t k = 0; k + 1 < layers.size(); ++k) {
+      result.removed_files.push_back(chain.points[layers[k]].manifest.image);
+      result.removed_files.push_back(chain.points[layers[k]].manifest.digest_table);
+    }
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return result;
+  }
+
   // 1. Flatten the point into a staged full image, verified on the way.
   BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
   BARGE_ASSIGN_OR_RETURN(auto compression, ParseManifestCompression(pm.compression));
@@ -125,15 +162,18 @@ Result<MergeResult> RunMerge(const MergeRequest& req) {
   const std::string digests_staged = chain.PathOf(MergeStagedName(pm.digest_table));
   const std::string manifest_name = fs::path(chain.points[index].manifest_path).filename().string();
   const std::string manifest_staged = chain.PathOf(MergeStagedName(manifest_name));
-  // Until the journal exists, an error leaves the folder as it was.
+  // Until the journal exists, an error leaves the folder as it was; so does
+  // a forced exit (a second SIGINT), through the registrations.
   struct Cleanup {
     std::vector<std::string> paths;
+    std::vector<TempRegistration> registered;
     bool armed = true;
     ~Cleanup() {
       std::error_code ec;
       if (armed) for (const auto& p : paths) fs::remove(p, ec);
     }
-  } cleanup{{image_staged, digests_staged, manifest_staged}};
+  } cleanup{{image_staged, digests_staged, manifest_staged}, {}};
+  for (const auto& p : cleanup.paths) cleanup.registered.emplace_back(p);
 
   formats::DigestTable table;
   table.cluster_bytes = pm.cluster_size;
@@ -228,6 +268,15 @@ Result<MergeResult> RunMerge(const MergeRequest& req) {
   BARGE_RETURN_IF_ERROR(Env::Default().SyncDir(chain.dir));
 
   // 2. The journal: from here on the merge completes, now or on recovery.
+  // Last chance to stop with the folder unchanged.
+  if (req.copy.cancel && req.copy.cancel->load()) {
+    return Error::Cancelled("merge cancelled before the switch-over; nothing changed").set_path(chain.dir);
+  }
+  // The staged files are the journal's from here on: a forced exit must
+  // leave them (unregistered before the journal exists, so no exit can
+  // remove a file the journal needs; a leftover without a journal is
+  // removed by the next merge or backup).
+  cleanup.registered.clear();
   MergeJournal journal;
   journal.through = pm.id;
   journal.renames = {{MergeStagedName(pm.image), pm.image, image_size},

@@ -19,6 +19,9 @@ namespace barge::pipeline {
 struct MergeRequest {
   std::string chain_dir;
   std::string through;  // the point to fold into a full: id, position, time, latest
+  // Only say what the merge would do (folded ids, files removed): nothing
+  // is written, not even the lock file.
+  bool dry_run = false;
   // Knobs (memory, threads, progress, stats, cancel); cluster size,
   // compression and verify are the chain's.
   CopyOptions copy;
@@ -33,10 +36,11 @@ struct MergeRequest {
 };
 
 struct MergeResult {
-  bool merged = false;                  // false: the point already was a full
+  bool merged = false;                  // false: the point already was a full, or a dry run
+  bool dry_run = false;
   formats::BackupManifest manifest;     // the point's new (full) manifest
   std::vector<std::string> folded_ids;  // the layers folded, oldest first (incl. the point)
-  std::vector<std::string> removed_files;
+  std::vector<std::string> removed_files;  // (a dry run: would be removed)
   uint64_t bytes_read = 0;
   uint64_t image_bytes = 0;             // size of the new image file
   double seconds = 0;
@@ -54,8 +58,11 @@ struct MergeResult {
 // Returns: the result (merged=false if the point already is a full); on an
 // error before the journal nothing in the folder changed; after it, the
 // next job that loads the folder completes the merge.
-// kInvalidArgument when a point of another branch still depends on a layer
-// that would be removed, or another job holds the folder.
+// kNotFound naming the chain folder when it is missing or holds no backups
+// (and then no lock file is left behind); kInvalidArgument when a point of
+// another branch still depends on a layer that would be removed; kBusy when
+// another job holds the folder; kCancelled when options.copy.cancel is set
+// before the journal is written (nothing changed).
 Result<MergeResult> RunMerge(const MergeRequest& request);
 
 }  // namespace barge::pipeline

@@ -43,6 +43,7 @@ void Patch(std::vector<std::byte>& disk, uint64_t offset, uint64_t length, int p
 struct Chain {
   std::string dir;
   std::vector<std::vector<std::byte>> disks;
+  std::vector<std::string> ids;  // ids[k]: point k's id (stable across merges)
 };
 
 void Backup(const std::string& raw, const std::string& target, std::optional<RangeList> dirty) {
@@ -84,6 +85,10 @@ Chain MakeChain(const TempDir& tmp) {
     c.disks.push_back(disk);
   }
   c.dir = tmp / "d";
+  auto chain = LoadChainFolder(c.dir);
+  if (chain.ok()) {
+    for (const auto& p : chain->points) c.ids.push_back(p.manifest.id);
+  }
   return c;
 }
 
@@ -107,16 +112,20 @@ std::set<std::string> Listing(const std::string& dir) {
   return names;
 }
 
-// Every point from `first` on restores to the disk it saw; the ones before
-// are gone; verify --all passes.
+// Every point from `first` on restores to the disk it saw, named by its id
+// and by its position (now k - first); the ones before are gone; verify
+// --all passes.
 void ExpectPointsFrom(const Chain& c, const TempDir& tmp, size_t first) {
   auto chain = LoadChainFolder(c.dir);
   ASSERT_TRUE(chain.ok()) << chain.error().ToString();
   ASSERT_EQ(chain->points.size(), c.disks.size() - first);
   for (size_t k = first; k < c.disks.size(); ++k) {
-    auto bytes = Restore(c.dir, std::to_string(k), tmp / "restored.raw");
-    ASSERT_TRUE(bytes.ok()) << "point " << k << ": " << bytes.error().ToString();
-    EXPECT_TRUE(*bytes == c.disks[k]) << "point " << k << " differs";
+    EXPECT_EQ(chain->points[k - first].manifest.id, c.ids[k]);
+    for (const std::string& at : {c.ids[k], std::to_string(k - first)}) {
+      auto bytes = Restore(c.dir, at, tmp / "restored.raw");
+      ASSERT_TRUE(bytes.ok()) << "point " << k << " as " << at << ": " << bytes.error().ToString();
+      EXPECT_TRUE(*bytes == c.disks[k]) << "point " << k << " as " << at << " differs";
+    }
   }
   VerifyRequest v;
   v.path = c.dir;
@@ -164,7 +173,65 @@ TEST(MergeTest, ThroughMiddlePointFoldsOlderLayers) {
   Patch(c.disks.back(), 3 * kMiB, 4096, 0x66);
   testing::WriteFile(raw, c.disks.back());
   Backup(raw, tmp.path().string(), RangeList{{3 * kMiB, 4096}});
+  auto after = LoadChainFolder(c.dir);
+  ASSERT_TRUE(after.ok());
+  c.ids.push_back(after->latest().manifest.id);
+  EXPECT_EQ(c.ids.back().substr(0, 5), "0005-");  // sequences are never reused
   ExpectPointsFrom(c, tmp, 2);
+}
+
+// Issue 12: "--at 0" is documented as the full; after a merge it said "no
+// backup at position 0" (positions were the ids' numbers). Position 0 is
+// the oldest point of the folder: the merged full.
+TEST(MergeTest, AtZeroAfterMergeIsTheMergedFull) {
+  TempDir tmp;
+  Chain c = MakeChain(tmp);
+  ASSERT_TRUE(Merge(c.dir, c.ids[2]).ok());
+  auto bytes = Restore(c.dir, "0", tmp / "restored.raw");
+  ASSERT_TRUE(bytes.ok()) << bytes.error().ToString();
+  EXPECT_TRUE(*bytes == c.disks[2]);
+  auto chain = LoadChainFolder(c.dir);
+  ASSERT_TRUE(chain.ok());
+  EXPECT_EQ(chain->points[*chain->Resolve("0")].manifest.id, c.ids[2]);
+  EXPECT_EQ(chain->points[*chain->Resolve("2")].manifest.id, c.ids[4]);
+  EXPECT_EQ(chain->Resolve("3").error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(chain->Resolve(c.ids[1]).error().code(), ErrorCode::kNotFound);  // folded away
+}
+
+TEST(MergeTest, DryRunSaysWhatWouldChangeAndChangesNothing) {
+  TempDir tmp;
+  Chain c = MakeChain(tmp);
+  std::set<std::string> listing = Listing(c.dir);
+  MergeRequest req;
+  req.chain_dir = c.dir;
+  req.through = c.ids[2];
+  req.dry_run = true;
+  req.copy = Knobs();
+  auto r = RunMerge(req);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_TRUE(r->dry_run);
+  EXPECT_FALSE(r->merged);
+  EXPECT_EQ(r->folded_ids, (std::vector<std::string>{c.ids[0], c.ids[1], c.ids[2]}));
+  EXPECT_EQ(r->removed_files.size(), 6u);
+  EXPECT_EQ(Listing(c.dir), listing);
+  ExpectPointsFrom(c, tmp, 0);
+}
+
+// Issue 12: "merge bk/nonexist" failed with ".lock: open lock failed"; a
+// merge of an empty folder left a .lock behind.
+TEST(MergeTest, MissingOrEmptyFolderIsNotFoundAndLeavesNoLock) {
+  TempDir tmp;
+  auto missing = Merge(tmp / "nonexist", "latest");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(missing.error().path(), tmp / "nonexist");
+  EXPECT_EQ(missing.error().message().find(".lock"), std::string::npos) << missing.error().ToString();
+  EXPECT_FALSE(fs::exists(tmp / "nonexist"));
+  fs::create_directories(tmp / "empty");
+  auto empty = Merge(tmp / "empty", "latest");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.error().code(), ErrorCode::kNotFound);
+  EXPECT_TRUE(fs::is_empty(tmp / "empty"));
 }
 
 TEST(MergeTest, ThroughFullIsNothingAndThroughLatestKeepsOnePoint) {
@@ -183,7 +250,10 @@ TEST(MergeTest, ThroughFullIsNothingAndThroughLatestKeepsOnePoint) {
   EXPECT_EQ(Listing(c.dir).size(), 3u);  // json, qcow2, digests of point 4
   ExpectPointsFrom(c, tmp, 4);
   // Twice: nothing left to fold.
-  r = Merge(c.dir, "4");
+  r = Merge(c.dir, c.ids[4]);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->merged);
+  r = Merge(c.dir, "0");
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->merged);
 }
@@ -222,7 +292,7 @@ TEST(MergeTest, CrashAtEveryStepIsCompletedByTheNextJob) {
     fs::remove_all(c.dir);
     fs::copy(pristine, c.dir, fs::copy_options::recursive);
     int calls = 0;
-    auto r = Merge(c.dir, "3", [&](std::string_view step) -> Status {
+    auto r = Merge(c.dir, c.ids[3], [&](std::string_view step) -> Status {
       if (++calls == k) return Error::Cancelled("simulated crash after: " + std::string(step));
       return OkStatus();
     });
@@ -237,7 +307,7 @@ TEST(MergeTest, CrashAtEveryStepIsCompletedByTheNextJob) {
     EXPECT_EQ(MergeJournalExists(c.dir), committed && k < 15) << "step " << k;
     // Alternate who recovers: a reader (restore) or the merge itself.
     if (k % 2 == 0) ExpectPointsFrom(c, tmp, committed ? 3 : 0);
-    auto again = Merge(c.dir, "3");
+    auto again = Merge(c.dir, c.ids[3]);
     ASSERT_TRUE(again.ok()) << again.error().ToString();
     EXPECT_EQ(again->merged, !committed) << "step " << k;
     EXPECT_FALSE(MergeJournalExists(c.dir));

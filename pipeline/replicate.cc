@@ -11,10 +11,12 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "blockio/env.h"
 #include "blockio/file.h"
 #include "formats/manifest.h"
 #include "formats/qcow2_bitmap.h"
@@ -297,6 +299,16 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
         return Error::InvalidArgument("destination given twice").set_path(destinations[i]);
       }
     }
+  }
+  // Leftovers of killed runs in the destinations' folders go first (a live
+  // writer's temporary is locked and kept).
+  {
+    std::set<std::string> dirs;
+    for (const auto& d : destinations) {
+      std::string dir = fs::path(d).parent_path().string();
+      dirs.insert(dir.empty() ? "." : dir);
+    }
+    for (const auto& dir : dirs) (void)SweepStaleTemporaries(Env::Default(), dir);
   }
   const formats::ImageInfo& info = source.info();
   bool source_qcow2 = info.format == formats::ImageFormat::kQcow2;

@@ -79,6 +79,12 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
     }
     return t;
   }
+  BARGE_RETURN_IF_ERROR(CheckOutputPath(dst));
+  // Leftovers of killed runs in the output's folder go first (a live
+  // writer's temporary is locked and kept).
+  (void)SweepStaleTemporaries(Env::Default(), fs::path(dst).parent_path().empty()
+                                                  ? std::string(".")
+                                                  : fs::path(dst).parent_path().string());
   std::error_code ec;
   if (fs::exists(dst, ec) && !req.force && fs::file_size(dst, ec) > 0) {
     return Error::InvalidArgument("the destination file exists and is not empty; use --force to replace it")
@@ -97,6 +103,7 @@ Result<RestoreResult> RunRestore(const RestoreRequest& req) {
   }
   BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(req.chain_dir));
   BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.at));
+  if (req.on_point) req.on_point(index, chain.points[index].manifest);
   BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
   const formats::BackupManifest& m = point.point->manifest;
   BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(req, m.virtual_size));
@@ -134,6 +141,7 @@ Result<RestoreResult> RunRestore(const RestoreRequest& req) {
 
   RestoreResult r;
   r.manifest = m;
+  r.position = index;
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   r.layers = layers.size();
   r.bytes_read = copied->bytes_read;
@@ -255,6 +263,8 @@ Result<VerifyResult> RunVerify(const VerifyRequest& req) {
     result.bytes_read += verified->bytes_read;
     result.clusters_checked += verified->clusters_checked;
     result.verified_ids.push_back(m.id);
+    result.verified_positions.push_back(index);
+    result.verified_started_at.push_back(m.started_at);
 
     if (!req.against.location.empty()) {
       BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(req.against));

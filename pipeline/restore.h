@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "formats/manifest.h"
@@ -23,10 +24,14 @@ struct RestoreRequest {
   formats::Compression compression = formats::Compression::kNone;  // qcow2 output
   int compression_level = 0;
   CopyOptions copy;            // knobs; cluster size and verify are set here
+  // Called once the point is chosen, before any data moves: its position
+  // (index in the folder's list, oldest first) and manifest. May be null.
+  std::function<void(size_t position, const formats::BackupManifest&)> on_point;
 };
 
 struct RestoreResult {
   formats::BackupManifest manifest;  // of the restored point
+  size_t position = 0;               // its index in the folder's list
   size_t layers = 0;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;        // data bytes sent to the destination
@@ -52,6 +57,8 @@ struct VerifyRequest {
 
 struct VerifyResult {
   std::vector<std::string> verified_ids;
+  std::vector<size_t> verified_positions;  // in step with verified_ids
+  std::vector<std::string> verified_started_at;
   uint64_t clusters_checked = 0;
   uint64_t bytes_read = 0;
   bool against_checked = false;
