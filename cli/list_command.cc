@@ -51,6 +51,13 @@ std::string Rfc3339(const std::string& text) {
   return t.ok() ? formats::FormatRfc3339(*t) : text;
 }
 
+// The same for JSON, where a time is RFC 3339 UTC or null: null when the
+// manifest has none (the field is optional) or it is not a time.
+json TimeJson(const std::string& text) {
+  auto t = formats::ParseRfc3339(text);
+  return t.ok() ? json(formats::FormatRfc3339(*t)) : json(nullptr);
+}
+
 std::optional<double> SecondsBetween(const std::string& from, const std::string& to) {
   auto a = formats::ParseRfc3339(from);
   auto b = formats::ParseRfc3339(to);
@@ -70,7 +77,7 @@ struct PointView {
 json VerificationJson(const std::optional<pipeline::LastVerification>& v) {
   if (!v) return nullptr;
   json j = {{"result", v->record.ok ? "ok" : "failed"},
-            {"verified_at", v->record.verified_at},
+            {"verified_at", TimeJson(v->record.verified_at)},
             {"duration_seconds", v->record.duration_seconds},
             {"clusters_checked", v->record.clusters_checked},
             {"stale", v->stale}};
@@ -93,8 +100,8 @@ json PointJson(const PointView& p) {
             {"reason", m.reason},
             {"chain", p.chain.empty() ? json(nullptr) : json(p.chain)},
             {"parent", m.parent ? json(m.parent->id) : json(nullptr)},
-            {"started_at", Rfc3339(m.started_at)},
-            {"finished_at", Rfc3339(m.finished_at)},
+            {"started_at", TimeJson(m.started_at)},
+            {"finished_at", TimeJson(m.finished_at)},
             {"virtual_size", m.virtual_size},
             {"cluster_size", m.cluster_size},
             {"compression", m.compression},
@@ -109,7 +116,7 @@ json PointJson(const PointView& p) {
             {"source", m.source},
             {"image_digest", "xxh3-128:" + m.image_digest.ToHex()},
             {"last_verification", VerificationJson(p.verification)}};
-  if (auto d = SecondsBetween(m.started_at, m.finished_at)) j["duration_seconds"] = *d;
+  if (auto d = SecondsBetween(m.started_at, m.finished_at); d && *d >= 0) j["duration_seconds"] = *d;
   if (!p.broken.empty()) j["broken"] = p.broken;
   return j;
 }

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/env.h"
+#include "formats/units.h"
 
 namespace barge::pipeline {
 namespace {
@@ -63,8 +64,11 @@ Result<VerificationRecord> DecodeVerificationRecord(std::string_view text) {
   r.ok = result == "ok";
   BARGE_ASSIGN_OR_RETURN(r.error, str("error"));
   BARGE_ASSIGN_OR_RETURN(r.verified_at, str("verified_at"));
+  if (auto t = formats::ParseRfc3339(r.verified_at); !t.ok()) return Bad("verified_at: " + t.error().message());
   auto d = j.find("duration_seconds");
-  if (d == j.end() || !d->is_number()) return Bad("'duration_seconds' is missing or not a number");
+  if (d == j.end() || !d->is_number() || d->get<double>() < 0) {
+    return Bad("'duration_seconds' is missing or not a number of seconds");
+  }
   r.duration_seconds = d->get<double>();
   BARGE_ASSIGN_OR_RETURN(r.clusters_checked, uint("clusters_checked"));
   BARGE_ASSIGN_OR_RETURN(r.image, str("image"));

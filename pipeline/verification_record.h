@@ -31,7 +31,8 @@ std::string VerificationFileName(std::string_view id);
 
 std::string EncodeVerificationRecord(const VerificationRecord& record);
 // Parses untrusted JSON: unknown fields are ignored; a missing or mistyped
-// field, another format or a newer version is kCorruption.
+// field (verified_at not RFC 3339, duration_seconds negative included),
+// another format or a newer version is kCorruption.
 Result<VerificationRecord> DecodeVerificationRecord(std::string_view json);
 
 // Replaces point `index`'s record atomically (Env::WriteFileAtomic: a

@@ -58,7 +58,9 @@ TEST(VerificationRecord, UntrustedInputIsCorruption) {
        {std::string(), std::string("[]"), std::string("{"), std::string("{\"format\": \"barge-verification\"}"),
         with("barge-verification", "barge-backup-manifest"), with("\"format_version\": 1", "\"format_version\": 2"),
         with("\"result\": \"ok\"", "\"result\": \"maybe\""), with("\"image_bytes\": 123456", "\"image_bytes\": -1"),
-        with("xxh3-128-cluster-fold", "sha256"), with("fedcba9876543210", "zz")}) {
+        with("xxh3-128-cluster-fold", "sha256"), with("fedcba9876543210", "zz"),
+        // list prints these as an RFC 3339 time and a number of seconds.
+        with("2026-11-23T10:00:00Z", "yesterday"), with("\"duration_seconds\": ", "\"duration_seconds\": -")}) {
     auto r = DecodeVerificationRecord(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.error().code(), ErrorCode::kCorruption) << bad;

@@ -8,6 +8,8 @@ with its one result, that a failed run ends with one error event whose
 exit_code is the exit status, and that every object validates against its
 schema. The libvirt commands run against libvirt's built-in test driver
 (test:///default) where it can, and on their error paths otherwise.
+Every command must also fail once other than by a usage error, but those
+in NO_RUNTIME_FAILURE, which cannot.
 
   tests/json_schema_test.py BARGE            the test (ctest runs it); 77 = skipped
   tests/json_schema_test.py --check EXIT_CODE COMMAND... < STDOUT
@@ -25,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -35,6 +38,11 @@ EVENTS = ("progress", "warning", "result", "error")
 # Commands whose verdict is their exit code: they end with their result,
 # not an error event (docs/json.md, "How a run ends").
 VERDICTS = {("check", 2), ("check", 3), ("compare", 1)}
+# Commands with no failure but a usage error: they print text made from the
+# command definitions alone (nothing they read can be missing or bad, and
+# `completion zsh`, an unknown shell, is a usage error), so the test does
+# not require them to fail otherwise. docs/json.md, "completion bash, man".
+NO_RUNTIME_FAILURE = ("completion bash", "man")
 
 
 def load_schema(doc=DOC):
@@ -198,6 +206,11 @@ class Runner:
         return events
 
 
+def result_of(events):
+    """The result object of a run's events, or {}."""
+    return next((e for e in events if isinstance(e, dict) and e.get("event") == "result"), {})
+
+
 def leaf_commands(barge):
     """Every command `barge --help` lists (recursively) that takes --json."""
     found = []
@@ -266,6 +279,26 @@ def scenario(r):
     r.run("bitmap list", [missing], expect=1)
     r.run("bitmap dump", [t("top.qcow2"), "b1"])
     r.run("bitmap dump", [t("top.qcow2"), "nope"], expect=1)
+    # Bitmap edits, on an image of their own (top.qcow2's b1 feeds the
+    # incremental backup below).
+    edit = t("edit.qcow2")
+    r.sh("qemu-img", "create", "-q", "-f", "qcow2", edit, "4M")
+    r.run("bitmap add", [edit, "e1", "e2"])
+    r.run("bitmap add", [edit, "e3", "--granularity", "1M", "--disabled"])
+    r.run("bitmap add", [edit, "e1"], expect=1)  # exists
+    r.run("bitmap add", [t("disk.raw"), "e1"], expect=1)  # raw: no bitmaps
+    r.run("bitmap add", [edit, "e4", "--granularity", "3"], expect=64)
+    r.sh("qemu-io", "-f", "qcow2", "-c", "write -P 0x44 0 128K", edit)
+    r.run("bitmap clear", [edit, "e1"])
+    r.run("bitmap clear", [edit, "nope"], expect=1)
+    r.run("bitmap disable", [edit, "e1", "e2"])
+    if result_of(r.run("bitmap disable", [edit, "e1"])).get("changed") is not False:
+        r.failures.append("bitmap disable of a disabled bitmap: not a result with changed false")
+    r.run("bitmap disable", [missing, "e1"], expect=1)
+    r.run("bitmap enable", [edit, "e1", "e3"])
+    r.run("bitmap enable", [edit, "nope"], expect=1)
+    r.run("bitmap remove", [edit, "e2"])
+    r.run("bitmap remove", [edit, "e2"], expect=1)  # gone
     r.run("overlay create", [t("overlay.qcow2"), "--data-file", t("disk.raw"), "--bitmap", "cbt0"])
     r.run("info", [t("overlay.qcow2")])  # a data file
     r.run("overlay create", ["--data-file", missing, t("overlay2.qcow2")], expect=1)
@@ -292,6 +325,35 @@ def scenario(r):
     chain = t("backups/vm1/vda")
     r.run("verify", [chain, "--all"])
     r.run("verify", [t("backups/none")], expect=1)
+    # list: the chain, verified; then copies (outside backups/, which
+    # catalog rebuild reads) for its nullable fields: a failed verification
+    # and a missing image; a broken link and a manifest without times.
+    if [p.get("last_verification", {}).get("result") for p in result_of(r.run("list", [chain])).get("points", [])] \
+            != ["ok", "ok"]:
+        r.failures.append("list after verify --all: not two points verified ok")
+    r.run("list", [t("backups/none")], expect=1)
+    r.run("list", [t("text.txt")], expect=1)  # no chain folder, manifest or image
+    points = sorted(os.listdir(chain))
+    full_id, inc_id = [f[: -len(".json")] for f in points if f.endswith(".json")]
+    damaged, broken = t("lists/damaged"), t("lists/broken")
+    for copy in (damaged, broken):
+        shutil.copytree(chain, copy)
+    os.remove(os.path.join(damaged, full_id + ".digests"))
+    r.run("verify", [damaged, "--at", "0"], expect=1)  # records the failure
+    os.remove(os.path.join(damaged, inc_id + ".qcow2"))
+    listed = result_of(r.run("list", [damaged])).get("points", [])
+    if [(p.get("last_verification") or {}).get("result") for p in listed] != ["failed", "ok"] \
+            or [p.get("image_bytes") for p in listed][1:] != [None]:
+        r.failures.append(f"list of a damaged chain: not a failed verification and a missing image: {listed}")
+    os.remove(os.path.join(broken, full_id + ".json"))
+    with open(os.path.join(broken, inc_id + ".json")) as f:
+        manifest = json.load(f)
+    del manifest["started_at"], manifest["finished_at"]
+    with open(os.path.join(broken, inc_id + ".json"), "w") as f:
+        json.dump(manifest, f)
+    listed = result_of(r.run("list", [broken])).get("points", [])
+    if [(p.get("chain"), p.get("started_at"), "broken" in p) for p in listed] != [(None, None, True)]:
+        r.failures.append(f"list of a chain without its full: not one broken point without times: {listed}")
     r.run("restore", [chain, "--to", t("restored.raw")])
     r.run("restore", [chain, "--to", t("restored.raw")], expect=1)  # exists: needs --force
     r.run("merge", [chain, "--through", "latest"])
@@ -343,12 +405,42 @@ def scenario(r):
     r.run("cbt disable", ["--domain", "nope"] + bcat, expect=1)
     r.run("vm backup", ["--domain", "nope", "--target", t("vmb")] + bcat, expect=1)
     r.run("vm backup", ["--domain", "test", "--target", t("vmb"), "--skip-quiesce"] + bcat, expect=1)
+    # catalog list: the tracker and catalog rebuild's record. Only a
+    # successful vm backup makes checkpoints, so a copy of the catalog gets
+    # what one would have recorded (a checkpoint, the tracker at it) and a
+    # run still going (finished_at null), for their schemas.
+    r.run("catalog list", bcat)
+    r.run("catalog list", ["--domain", "vm1"] + bcat)
+    r.run("catalog list", ["--catalog", t("no-catalog.db")], expect=1)
+    r.run("catalog list", ["--catalog", t("text.txt")], expect=1)  # not a database
+    src, dst = sqlite3.connect(t("backups.db")), sqlite3.connect(t("listed.db"))
+    with dst:
+        src.backup(dst)
+        dst.execute("INSERT INTO vm_checkpoints(name, tracker, domain, created_at, disks, xml) "
+                    "VALUES ('t1-20261124T060549Z', 't1', 'test', '2026-11-24T06:05:49Z', '[\"vda\"]', '<x/>')")
+        dst.execute("UPDATE vm_trackers SET latest_checkpoint='t1-20261124T060549Z', "
+                    "checkpoint_created_at='2026-11-24T06:05:49Z', disks='{\"vda\": 4194304}' WHERE name='t1'")
+        dst.execute("INSERT INTO vm_backups(domain, tracker, target, started_at, result) "
+                    "VALUES ('test', 't1', 'vmb', '2026-11-24T06:06:00Z', 'running')")
+    src.close()
+    dst.close()
+    listed = result_of(r.run("catalog list", ["--catalog", t("listed.db")]))
+    if not (listed.get("checkpoints") and any(b.get("finished_at") is None for b in listed.get("backups", []))
+            and any(tr.get("latest_checkpoint") for tr in listed.get("trackers", []))):
+        r.failures.append("catalog list of the populated copy: no checkpoint, tracker at one or running backup: "
+                          f"{listed}")
     # No libvirt at all: a bogus URI.
     no_libvirt = {"BARGE_LIBVIRT_URI": "qemu+unix:///system?socket=" + t("no-such-socket")}
     r.run("doctor", ["--domain", "vm1"] + bcat, expect=1, env=no_libvirt)
     r.run("vm backup", ["--domain", "vm1", "--target", t("vmb")] + bcat, expect=1, env=no_libvirt)
     r.run("tracker delete", ["t1"] + bcat)
     r.run("tracker delete", ["t1"] + bcat, expect=1)
+
+    # Generated documentation: success only (see NO_RUNTIME_FAILURE).
+    if not result_of(r.run("completion bash", [])).get("script", "").startswith("# bash completion for barge"):
+        r.failures.append("completion bash: the result has no script")
+    if ".TH" not in result_of(r.run("man", [])).get("page", ""):
+        r.failures.append("man: the result has no manual page")
 
     # The benchmark, tiny.
     r.run("bench", ["--size", "8M", "--workdir", r.tmp, "--threads", "2"])
@@ -406,7 +498,7 @@ def main():
         # Every command succeeds once, but those that need a real domain.
         if command not in r.ran_ok and command not in ("vm backup", "cbt enable", "cbt disable"):
             problems.append(f"{command}: never ran successfully in this test")
-        if command not in r.ran_failing:
+        if command not in r.ran_failing and command not in NO_RUNTIME_FAILURE:
             problems.append(f"{command}: never failed (other than a usage error) in this test")
         if command not in r.ran_usage:
             problems.append(f"{command}: never had a usage error in this test")
