@@ -117,6 +117,8 @@ int Main(int argc, char** argv) {
   RegisterReplicateCommand(app, exit_code);
   RegisterStateCommands(app, exit_code);
   RegisterImageCatalogCommands(app, exit_code);
+  RegisterPolicyCommands(app, exit_code);
+  RegisterServeCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

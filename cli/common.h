@@ -51,5 +51,7 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code);
 void RegisterReplicateCommand(CLI::App& app, int& exit_code);
 void RegisterStateCommands(CLI::App& app, int& exit_code);
 void RegisterImageCatalogCommands(CLI::App& app, int& exit_code);
+void RegisterPolicyCommands(CLI::App& app, int& exit_code);
+void RegisterServeCommand(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli

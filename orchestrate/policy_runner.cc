@@ -146,6 +146,7 @@ class Runner {
       r.error = id.error().ToString();
       return;
     }
+    r.id = *id;
     const auto t0 = std::chrono::steady_clock::now();
     Status result = Backup(s, o);
     r.duration_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -312,7 +313,12 @@ Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options)
   // We hold the lock: a "running" record is a dead process's.
   BARGE_RETURN_IF_ERROR(catalog->FailInterrupted(policy.name));
   Runner runner(policy, options, env, *backend, *catalog);
-  return runner.Run();
+  const auto t0 = std::chrono::steady_clock::now();
+  const SysSeconds started = options.now ? options.now() : NowSeconds();
+  BARGE_ASSIGN_OR_RETURN(RunReport report, runner.Run());
+  report.started_at = started;
+  report.duration_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
 }
 
 Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const ForgetPolicy& keep,

@@ -154,6 +154,8 @@ struct SourceOutcome {
 
 struct RunReport {
   std::string run_id;
+  SysSeconds started_at{};       // when the run began (RunOptions::now)
+  double duration_seconds = 0;   // how long it took, lock and retention included
   std::vector<SourceOutcome> sources;
   size_t ran = 0;
   size_t failed = 0;
