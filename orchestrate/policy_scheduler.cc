@@ -83,13 +83,20 @@ SysSeconds PolicyScheduler::Pass() {
   o.manual = false;
   o.only_sources.clear();
   o.wait_for_lock = false;
+  const SysSeconds start = clock_.Now();
   // Stopped before it began: nothing is started (and nothing recorded).
   auto report = stop_.load() ? Result<RunReport>(RunReport{}) : RunPolicyOnce(policy, o);
-  std::string error;
-  bool busy = false;
+  const bool busy = !report.ok() && report.error().code() == ErrorCode::kBusy;
+  {
+    // The counts first: whoever on_run tells sees them already.
+    std::lock_guard lock(mu_);
+    status_.last_error = report.ok() ? "" : report.error().ToString();
+    if (report.ok() && report->ran > 0) {
+      ++status_.runs;
+      if (report->failed > 0) ++status_.failed_runs;
+    }
+  }
   if (!report.ok()) {
-    busy = report.error().code() == ErrorCode::kBusy;
-    error = report.error().ToString();
     if (opt_.on_error) opt_.on_error(report.error());
   } else if (report->ran > 0 && opt_.on_run) {
     opt_.on_run(*report);
@@ -97,21 +104,18 @@ SysSeconds PolicyScheduler::Pass() {
   RefreshMetrics(policy);
 
   // The next pass: the next slot, the next metrics refresh, or a retry
-  // when another process held the lock, whichever comes first.
+  // when another process held the lock, whichever comes first. The slot
+  // is the one after the pass began: a slot that came while it ran is due
+  // now (at once, coalesced), not skipped.
   const SysSeconds now = clock_.Now();
   SysSeconds next = now + std::max(opt_.refresh, std::chrono::seconds(1));
   if (busy) next = std::min(next, now + std::max(opt_.busy_retry, std::chrono::seconds(1)));
   if (policy.schedule) {
-    if (auto slot = policy.schedule->Next(now); slot.ok()) next = std::min(next, *slot);
+    if (auto slot = policy.schedule->Next(start); slot.ok()) next = std::min(next, *slot);
   }
   std::lock_guard lock(mu_);
   status_.running = false;
   status_.last_pass = now;
-  status_.last_error = error;
-  if (report.ok() && report->ran > 0) {
-    ++status_.runs;
-    if (report->failed > 0) ++status_.failed_runs;
-  }
   return next;
 }
 
