@@ -119,6 +119,8 @@ int Main(int argc, char** argv) {
   RegisterReplicateCommand(app, exit_code);
   RegisterStateCommands(app, exit_code);
   RegisterImageCatalogCommands(app, exit_code);
+  RegisterPolicyCommands(app, exit_code);
+  RegisterServeCommand(app, exit_code);
   RegisterBitmapEditCommands(app, exit_code);
   RegisterListCommands(app, exit_code);
   RegisterDocCommands(app, exit_code);

@@ -26,6 +26,8 @@ namespace barge::cli {
 namespace {
 
 std::atomic<bool> g_cancel{false};
+std::atomic<uint64_t> g_reloads{0};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "incremented in a signal handler");
 std::atomic<int> g_signal{0};
 int g_pipe[2] = {-1, -1};
 
@@ -38,6 +40,8 @@ void OnSignal(int sig) {
   ssize_t n = ::write(g_pipe[1], &byte, 1);
   static_cast<void>(n);
 }
+
+void OnReload(int) { g_reloads.fetch_add(1); }
 
 void Watch(std::chrono::seconds grace) {
   char byte;
@@ -130,5 +134,18 @@ void InstallTerminateHandler(int argc, char** argv) {
 const std::atomic<bool>& CancelFlag() { return g_cancel; }
 
 int InterruptSignal() { return g_signal.load(); }
+
+void InstallReloadHandling() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = OnReload;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGHUP, &sa, nullptr);
+  });
+}
+
+uint64_t ReloadRequests() { return g_reloads.load(); }
 
 }  // namespace barge::cli

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 
 namespace barge::cli {
 
@@ -27,5 +28,13 @@ const std::atomic<bool>& CancelFlag();
 
 // The first signal that arrived (SIGINT or SIGTERM), 0 when none.
 int InterruptSignal();
+
+// SIGHUP asks a daemon (barge serve) to reload its configuration: installs
+// a handler that counts the signals (instead of SIGHUP's default, which
+// ends the process); idempotent. Other commands keep the default.
+void InstallReloadHandling();
+
+// How many SIGHUPs arrived since InstallReloadHandling(). Poll it.
+uint64_t ReloadRequests();
 
 }  // namespace barge::cli

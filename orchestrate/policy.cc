@@ -143,8 +143,8 @@ class Checker {
   std::vector<std::string> errors_;
 };
 
-std::optional<HookSpec> ParseHook(Checker& c, const YAML::Node& node, std::string_view key) {
-  HookSpec h;
+std::optional<PolicyHook> ParseHook(Checker& c, const YAML::Node& node, std::string_view key) {
+  PolicyHook h;
   if (node.IsScalar()) {
     h.command = node.Scalar();
   } else if (node.IsMap()) {

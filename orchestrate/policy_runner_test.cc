@@ -236,7 +236,7 @@ TEST_F(PolicyRunnerTest, MaxRunTimeFailuresAndLock) {
   EXPECT_FALSE(stats->last_success);
 
   // Hooks need a hook runner.
-  p.pre_hook = HookSpec{"true", std::chrono::seconds(5)};
+  p.pre_hook = PolicyHook{"true", std::chrono::seconds(5)};
   EXPECT_EQ(RunPolicyOnce(p, o).error().code(), ErrorCode::kInvalidArgument);
 }
 
