@@ -70,6 +70,11 @@ void WarnIfMisnamed(Output& out, const std::string& path, const std::string& for
               path);
 }
 
+nlohmann::json TimeJson(const std::string& text) {
+  auto t = formats::ParseRfc3339(text);
+  return t.ok() ? nlohmann::json(formats::FormatRfc3339(*t)) : nlohmann::json(nullptr);
+}
+
 std::string Format(const char* fmt, ...) {
   va_list args;
   va_start(args, fmt);

@@ -41,6 +41,11 @@ Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
 // file cannot be read (opening it reports that).
 void WarnIfMisnamed(Output& out, const std::string& path, const std::string& format_flag);
 
+// A manifest's time for JSON, where a time is RFC 3339 UTC or null: null
+// when the manifest has none (the field is optional) or it is not a time
+// (docs/json.md, field rules).
+nlohmann::json TimeJson(const std::string& text);
+
 // printf-style formatting into a string (tables of the text output).
 std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -51,13 +51,6 @@ std::string Rfc3339(const std::string& text) {
   return t.ok() ? formats::FormatRfc3339(*t) : text;
 }
 
-// The same for JSON, where a time is RFC 3339 UTC or null: null when the
-// manifest has none (the field is optional) or it is not a time.
-json TimeJson(const std::string& text) {
-  auto t = formats::ParseRfc3339(text);
-  return t.ok() ? json(formats::FormatRfc3339(*t)) : json(nullptr);
-}
-
 std::optional<double> SecondsBetween(const std::string& from, const std::string& to) {
   auto a = formats::ParseRfc3339(from);
   auto b = formats::ParseRfc3339(to);

@@ -35,7 +35,7 @@ int RunMergeCommand(MergeArgs& a, Output& out) {
   if (!r.ok()) return out.Fail(r.error());
   {
     out.Result({{"id", r->manifest.id},
-               {"started_at", r->manifest.started_at},
+               {"started_at", TimeJson(r->manifest.started_at)},
                {"merged", r->merged},
                {"dry_run", r->dry_run},
                {"folded", r->folded_ids},

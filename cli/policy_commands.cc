@@ -109,9 +109,11 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
       std::cerr << file << ":" << (p.line ? std::to_string(p.line) + ":" + std::to_string(p.column) + ":" : "")
                 << " " << p.message << "\n";
     }
-    std::cerr << "barge: policy " << file << " is invalid: " << problems.size() << " problem"
-              << (problems.size() == 1 ? "" : "s") << "\n";
-    return kExitError;
+    // Then the run's error (stderr line and error event): the result above
+    // lists the problems, the error ends the run (docs/json.md).
+    return out.Fail(Error::InvalidArgument("the policy is invalid: " + std::to_string(problems.size()) +
+                                           " problem" + (problems.size() == 1 ? "" : "s"))
+                        .set_path(file));
   }
   const orc::Policy& p = *policy;
   const auto next = orc::NextRunTimes(p, after, 5);
@@ -241,8 +243,18 @@ int RunRun(RunArgs& a, Output& out) {
                                                                                 : json(a.metrics_textfile);
   out.Result(j);
   PrintRunReport(out.text(), *policy, *report);
-  if (report->stopped && InterruptSignal() != 0) return 128 + InterruptSignal();
-  if (report->failed > 0 || !textfile_error.empty()) return kExitError;
+  // A run that did not fully succeed ends with its error after the result
+  // (docs/json.md, "How a run ends"): stopped by a signal (130/143), a
+  // source failed, or the textfile not written (1).
+  if (report->stopped && InterruptSignal() != 0) return out.Fail(Error::Cancelled(report->stop_reason));
+  if (report->failed > 0) {
+    return out.Fail(Error::IoError(std::to_string(report->failed) + " of " + std::to_string(report->ran) +
+                                   " source(s) failed" + (report->stopped ? " (" + report->stop_reason + ")" : ""))
+                        .set_path(a.policy));
+  }
+  if (!textfile_error.empty()) {
+    return out.Fail(Error::IoError("metrics textfile not written: " + textfile_error).set_path(a.metrics_textfile));
+  }
   return kExitOk;
 }
 
@@ -328,7 +340,11 @@ int RunForget(ForgetArgs& a, Output& out) {
               {"failed", failed},
               {"sources", sources}});
   if (a.dry_run) t << "dry run: nothing was changed\n";
-  return failed ? kExitError : kExitOk;
+  if (failed > 0) {
+    return out.Fail(Error::IoError(std::to_string(failed) + " source(s) could not be forgotten as planned")
+                        .set_path(a.policy));
+  }
+  return kExitOk;
 }
 
 // ---- runs list ----

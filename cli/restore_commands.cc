@@ -52,7 +52,7 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
   if (!r.ok()) return out.Fail(r.error());
   out.Result({{"id", r->manifest.id},
               {"position", r->position},
-              {"started_at", r->manifest.started_at},
+              {"started_at", TimeJson(r->manifest.started_at)},
               {"destination", a.to},
               {"format", a.output_format},
               {"layers", r->layers},
@@ -98,7 +98,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   for (size_t i = 0; i < r->verified_ids.size(); ++i) {
     points.push_back({{"id", r->verified_ids[i]},
                       {"position", r->verified_positions[i]},
-                      {"started_at", r->verified_started_at[i]}});
+                      {"started_at", TimeJson(r->verified_started_at[i])}});
   }
   out.Result({{"ok", true},
               {"verified", r->verified_ids},

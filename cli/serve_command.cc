@@ -172,7 +172,11 @@ int RunServe(ServeArgs& a, Output& out) {
               {"uptime_seconds",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - serve_start).count()}});
   out.text() << "barge serve: stopped (" << st.runs << " run(s))\n";
-  return signal != 0 ? 128 + signal : kExitSigterm;
+  // A daemon stops only by a signal: the result says what it did, the
+  // error event after it why it stopped (exit 130/143, as every command a
+  // signal stops; docs/json.md, "serve's daemon events").
+  return out.Fail(Error::Cancelled(signal == SIGINT ? "stopped by SIGINT" : "stopped by SIGTERM"),
+                  signal != 0 ? 128 + signal : kExitSigterm);
 }
 
 }  // namespace

@@ -27,14 +27,22 @@ import json
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.environ.get("BARGE_JSON_DOC") or os.path.join(ROOT, "docs", "json.md")
 EVENTS = ("progress", "warning", "result", "error")
+# The one documented extension of the four: the daemon `serve` also prints
+# "ready" and "run" (docs/json.md, "serve's daemon events"); no other
+# command may.
+SERVE = "serve"
+SERVE_EVENTS = ("ready", "run")
 # Commands whose verdict is their exit code: they end with their result,
 # not an error event (docs/json.md, "How a run ends").
 VERDICTS = {("check", 2), ("check", 3), ("compare", 1)}
@@ -122,16 +130,22 @@ def check_run(stdout, exit_code, command=None, schema=None):
         if not isinstance(obj, dict):
             problems.append(f"line {n} is not an object: {line!r}")
             continue
-        for p in _validate(schema, "envelope", obj):
+        serve = obj.get("command") == SERVE
+        for p in _validate(schema, "envelope-serve" if serve else "envelope", obj):
             problems.append(f"line {n}: {p}")
-        if obj.get("event") not in EVENTS or not isinstance(obj.get("command"), str):
+        daemon_event = serve and obj.get("event") in SERVE_EVENTS
+        if (obj.get("event") not in EVENTS and not daemon_event) or not isinstance(obj.get("command"), str):
             continue
         if command is not None and obj.get("command") != command:
             problems.append(f"line {n}: command {obj.get('command')!r}, expected {command!r}")
-        name = result_def(obj["command"]) if obj["event"] == "result" else obj["event"]
+        if daemon_event:
+            name = f"{SERVE}-{obj['event']}"
+        else:
+            name = result_def(obj["command"]) if obj["event"] == "result" else obj["event"]
         for p in _validate(schema, name, obj):
             problems.append(f"line {n}: {p}")
-        events.append(obj)
+        if not daemon_event:  # how a run ends is told by the four
+            events.append(obj)
     kinds = [e.get("event") for e in events]
     results, errors = kinds.count("result"), kinds.count("error")
     last = kinds[-1] if kinds else None
@@ -203,6 +217,49 @@ class Runner:
         except json.JSONDecodeError:
             return []
         self.seen.update(e.get("event") for e in events if isinstance(e, dict))
+        return events
+
+
+    def serve(self, args):
+        """Runs `barge serve ARGS --json` until its first `ready` event, then
+        stops it with SIGTERM, and checks the whole run. A daemon never
+        exits 0: it succeeds when it served and, stopped, ends with its
+        result and then a Cancelled error, exit 143 (docs/json.md,
+        "serve's daemon events"). Returns its events."""
+        argv = [self.barge, "serve"] + list(args) + ["--json"]
+        label = " ".join(argv[1:])
+        p = subprocess.Popen(argv, cwd=self.tmp, env=self.env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        watchdog = threading.Timer(120, p.kill)  # a serve that never gets ready
+        watchdog.start()
+        head = []
+        try:
+            for line in p.stdout:
+                head.append(line)
+                if line.startswith('{"event":"ready",'):
+                    p.send_signal(signal.SIGTERM)
+                    break
+            rest, err = p.communicate(timeout=120)
+        finally:
+            watchdog.cancel()
+        stdout = "".join(head) + rest
+        problems = check_run(stdout, p.returncode, "serve", self.schema)
+        try:
+            events = [json.loads(line) for line in stdout.split("\n") if line]
+        except json.JSONDecodeError:
+            events = []
+        kinds = [e.get("event") for e in events if isinstance(e, dict)]
+        last = events[-1] if events and isinstance(events[-1], dict) else {}
+        if p.returncode != 143 or "ready" not in kinds or "result" not in kinds or last.get("code") != "Cancelled":
+            problems.append(f"exit {p.returncode} with {kinds}: expected ready, a result and a Cancelled error, "
+                            "exit 143")
+        if problems:
+            self.failures.append(f"{label}\n  " + "\n  ".join(problems) + f"\n  stdout: {stdout}\n  stderr: {err}")
+        else:
+            self.ran_ok.add("serve")
+        if self.verbose:
+            print(f"$ barge {label}  -> {p.returncode}\n{stdout}", end="")
+        self.seen.update(k for k in kinds if k in EVENTS)
         return events
 
 
@@ -363,7 +420,7 @@ def scenario(r):
     cat = ["--catalog", t("images.db")]
     r.run("image add", ["base", "--source", t("disk.raw"), "--disk", t("d0")] + cat)
     r.run("image add", ["bad", "--source", t("disk.raw"), "--disk", t("d0"),
-                        "--expected-sha512", "a" * 128] + cat, expect=1)
+                        "--expected-sha512", "a" * 128] + cat, expect=2)  # a checksum mismatch: corruption
     r.run("image sync", ["base", "--disks", t("d1") + "," + t("d2")] + cat)
     r.run("image sync", ["nope", "--disks", t("d3")] + cat, expect=1)
     r.run("image status", cat)
@@ -436,15 +493,52 @@ def scenario(r):
     r.run("tracker delete", ["t1"] + bcat)
     r.run("tracker delete", ["t1"] + bcat, expect=1)
 
+    # Policies: a tiny one over the raw disk into a temporary target; the
+    # run records go to $BARGE_CATALOG.
+    os.makedirs(t("policy-target"))
+    policy, broken_policy, bad_policy = t("tiny.yaml"), t("broken.yaml"), t("bad.yaml")
+    with open(policy, "w") as f:
+        f.write(f"name: tiny\nsources:\n  - image: {t('disk.raw')}\nschedule: '@daily'\nretention_count: 3\n"
+                f"targets: [{t('policy-target')}]\nfree_space_multiple: 0\n")
+    with open(broken_policy, "w") as f:  # its image is missing
+        f.write(f"name: broken\nsources:\n  - image: {missing}\ntargets: [{t('policy-target')}]\n"
+                "free_space_multiple: 0\n")
+    with open(bad_policy, "w") as f:  # a relative path, an unknown key, no targets
+        f.write("name: bad\nsources:\n  - image: disk.raw\nretention: 3\n")
+    r.run("policy check", [policy, "--from", "2026-11-24T12:00:00Z"])
+    if len(result_of(r.run("policy check", [bad_policy], expect=1)).get("problems", [])) != 3:
+        r.failures.append("policy check of a file with three problems: not three problems in its result")
+    r.run("policy check", [missing], expect=1)
+    if result_of(r.run("run", ["--policy", policy])).get("ran") != 1:
+        r.failures.append("run of a policy never backed up: not one source ran")
+    r.run("run", ["--policy", policy])  # nothing due until tomorrow
+    r.run("run", ["--policy", broken_policy, "--force"], expect=1)  # a result, then the error
+    r.run("run", ["--policy", missing], expect=1)
+    r.run("runs list", [])
+    r.run("runs list", ["--policy", policy, "--source", "disk", "--limit", "1"])
+    r.run("runs list", ["--catalog", t("text.txt/runs.db")], expect=1)
+    time.sleep(1.1)  # backup ids tell time to the second
+    r.run("run", ["--policy", policy, "--force"])
+    r.run("forget", ["--policy", policy, "--keep-last", "1", "--dry-run"])
+    r.run("forget", ["--policy", policy, "--keep-last", "1"])
+    r.run("forget", ["--policy", missing, "--keep-last", "1"], expect=1)
+    r.serve(["--policy", policy, "--listen", "127.0.0.1:0"])
+    r.run("serve", ["--policy", missing, "--listen", "127.0.0.1:0"], expect=1)
+
     # Generated documentation: success only (see NO_RUNTIME_FAILURE).
     if not result_of(r.run("completion bash", [])).get("script", "").startswith("# bash completion for barge"):
         r.failures.append("completion bash: the result has no script")
     if ".TH" not in result_of(r.run("man", [])).get("page", ""):
         r.failures.append("man: the result has no manual page")
 
-    # The benchmark, tiny.
-    r.run("bench", ["--size", "8M", "--workdir", r.tmp, "--threads", "2"])
-    r.run("bench", ["--size", "8M", "--workdir", missing], expect=1)
+    # The benchmark, as small as it goes (64 MiB generated), and on a given
+    # disk (--size sizes only a generated one: a usage error with --source).
+    r.run("bench", ["--size", "64M", "--workdir", r.tmp, "--threads", "2"])
+    r.run("bench", ["--source", t("disk.raw"), "--workdir", r.tmp, "--threads", "2"])
+    r.run("bench", ["--size", "64M", "--workdir", missing], expect=1)
+    r.run("bench", ["--source", missing, "--workdir", r.tmp], expect=1)
+    r.run("bench", ["--size", "64M", "--source", t("disk.raw")], expect=64)
+    r.run("bench", ["--size", "8M"], expect=64)  # below 64 MiB
 
 
 def usage_errors(r, commands):

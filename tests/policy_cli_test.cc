@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -24,15 +25,33 @@ using namespace policy_testing;
 using testing::RunOk;
 using testing::TempDir;
 
-// `barge ARGS --json`: the result object (empty when none) and the exit code.
+// `barge ARGS --json` with the catalog, its stdout read strictly as NDJSON
+// (testing::Events): the exit code; the result event (ResultOf: one, no
+// error before it), empty when the run printed none (a usage error); and,
+// unless it exited 0, the error event that must end it, whose exit_code is
+// the exit status (ErrorOf). A run exiting 0 has no error event.
 struct CliResult {
   int exit_code = -1;
-  json result;
-  std::string output;
+  json result = json::object();
+  json error = json::object();
+  std::string output;  // stdout and stderr, for messages
 };
 CliResult BargeJson(const std::string& args, const std::string& catalog) {
-  auto r = testing::Run("BARGE_CATALOG=" + Q(catalog) + " " + Barge() + " " + args + " --json 2>/dev/null");
-  return {r.exit_code, testing::ResultObject(r.output), r.output};
+  auto r = testing::Run("BARGE_CATALOG=" + Q(catalog) + " " + Barge() + " " + args + " --json");
+  CliResult c;
+  c.exit_code = r.exit_code;
+  c.output = r.output;
+  const std::vector<json> events = testing::Events(r.stdout_text);
+  if (std::any_of(events.begin(), events.end(), [](const json& e) { return e.at("event") == "result"; })) {
+    c.result = testing::ResultOf(r.stdout_text);
+  }
+  if (r.exit_code == 0) {
+    for (const json& e : events) EXPECT_NE(e.at("event"), "error") << args << ": exit 0 with an error: " << r.output;
+  } else {
+    c.error = testing::ErrorOf(r.stdout_text);
+    EXPECT_EQ(c.error.value("exit_code", -1), r.exit_code) << args << ": " << r.output;
+  }
+  return c;
 }
 
 const json& SourceOf(const json& result, const std::string& name) {
@@ -338,13 +357,15 @@ TEST(PolicyCliTest, RunStoppedPastMaxRunTimeOrBySigtermLeavesNothing) {
   // Wait until its record says running, then stop it.
   ASSERT_TRUE(WaitFor([&] {
     auto l = testing::Run("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " runs list --limit 1 --json");
-    json res = testing::ResultObject(l.output);
+    if (l.exit_code != 0) return false;  // no catalog yet
+    json res = testing::ResultOf(l.stdout_text);
     return res.contains("runs") && !res["runs"].empty() && res["runs"][0]["result"] == "running";
   }, std::chrono::seconds(20)));
   run.Signal(SIGTERM);
   EXPECT_EQ(run.Wait(std::chrono::seconds(30)), 143) << run.err();
-  json result = testing::ResultObject(run.out());
+  json result = testing::ResultOf(run.out());
   ASSERT_FALSE(result.empty()) << run.out() << run.err();
+  EXPECT_EQ(testing::ErrorOf(run.out()).value("exit_code", -1), 143) << run.out();
   EXPECT_EQ(SourceOf(result, "slow").at("error").get<std::string>().rfind("stopped by SIGTERM", 0), 0u)
       << result.dump();
   CliResult runs = BargeJson("runs list --policy stop --source slow --limit 1", cat);

@@ -150,7 +150,12 @@ TEST(PolicyServeTest, HealthMetricsReloadNotifyAndSigterm) {
       EXPECT_EQ(s.at("error").get<std::string>().rfind("stopped by SIGTERM", 0), 0u) << s.dump();
     }
   }
-  json result = testing::ResultObject(serve.out());
+  // Its whole stdout, strictly: the four events and serve's own two
+  // (ready, run); the result, then the error that says why it stopped.
+  json result = testing::ResultOf(serve.out(), testing::Stream::kServe);
+  json stopped = testing::ErrorOf(serve.out(), testing::Stream::kServe);
+  EXPECT_EQ(stopped.value("code", ""), "Cancelled") << serve.out();
+  EXPECT_EQ(stopped.value("exit_code", -1), 143) << serve.out();
   EXPECT_EQ(result.at("stopped_by"), "SIGTERM");
   EXPECT_EQ(result.at("runs"), 2);
   for (const auto& e : fs::recursive_directory_iterator(dir / "t")) {
@@ -158,8 +163,8 @@ TEST(PolicyServeTest, HealthMetricsReloadNotifyAndSigterm) {
     EXPECT_EQ(e.path().string().find("/slow/") != std::string::npos && e.path().extension() == ".json", false)
         << e.path();
   }
-  auto listed = testing::ResultObject(
-      testing::Run("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " runs list --policy srv --source slow --json").output);
+  auto listed = testing::RunResult("BARGE_CATALOG=" + Q(cat) + " " + Barge() +
+                                   " runs list --policy srv --source slow --json");
   ASSERT_EQ(listed.at("runs").size(), 1u);
   EXPECT_EQ(listed.at("runs")[0].at("result"), "failed");
 }
