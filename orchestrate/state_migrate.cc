@@ -120,16 +120,10 @@ class Journal {
   }
 
   // The records so far; a torn last line (a crash mid-append) is ignored.
-  std::vector<json> Read() const {
-    std::vector<json> out;
+  std::vector<MigrateJournalRecord> Read() const {
     std::ifstream in(path_);
-    std::string line;
-    while (std::getline(in, line)) {
-      json j = json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("step")) break;
-      out.push_back(std::move(j));
-    }
-    return out;
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return ParseMigrateJournal(text);
   }
 
   const std::string& path() const { return path_; }
@@ -355,6 +349,23 @@ Status Finish(const fs::path& from, Journal& journal, MigrateStep last, const St
 
 }  // namespace
 
+std::vector<MigrateJournalRecord> ParseMigrateJournal(std::string_view text) {
+  std::vector<MigrateJournalRecord> out;
+  while (!text.empty()) {
+    const size_t eol = text.find('\n');
+    const std::string_view line = text.substr(0, eol);
+    text = eol == std::string_view::npos ? std::string_view() : text.substr(eol + 1);
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step")) break;
+    MigrateJournalRecord r;
+    r.step = static_cast<MigrateStep>(j.value("step", 0));
+    r.from = j.value("from", "");
+    r.to = j.value("to", "");
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 Result<StateMigrateResult> MigrateState(const std::string& from_arg, const std::string& to_arg,
                                         const StateMigrateOptions& options) {
   std::error_code ec;
@@ -369,13 +380,12 @@ Result<StateMigrateResult> MigrateState(const std::string& from_arg, const std::
   Journal journal((to / kMigrateJournalName).string());
 
   if (fs::exists(journal.path())) {
-    std::vector<json> records = journal.Read();
+    std::vector<MigrateJournalRecord> records = journal.Read();
     MigrateStep last = MigrateStep::kNone;
-    for (const json& r : records) last = static_cast<MigrateStep>(r.value("step", 0));
-    if (!records.empty() && (records[0].value("from", "") != from.string() ||
-                             records[0].value("to", "") != to.string())) {
+    for (const MigrateJournalRecord& r : records) last = r.step;
+    if (!records.empty() && (records[0].from != from.string() || records[0].to != to.string())) {
       return Error::InvalidArgument("the target holds the journal of another migration (from " +
-                                    records[0].value("from", "?") + ")")
+                                    (records[0].from.empty() ? "?" : records[0].from) + ")")
           .set_path(journal.path());
     }
     if (last == MigrateStep::kDone) {
@@ -431,7 +441,7 @@ Result<StateMigrateResult> MigrateState(const std::string& from_arg, const std::
     // The journal may or may not hold kCurrent (its append failed): only a
     // journal without it may be rolled back.
     MigrateStep last = MigrateStep::kNone;
-    for (const json& r : journal.Read()) last = static_cast<MigrateStep>(r.value("step", 0));
+    for (const MigrateJournalRecord& r : journal.Read()) last = r.step;
     if (last < MigrateStep::kCurrent) {
       if (Status rb = RollBack(to, journal); !rb.ok()) e.Wrap("rollback failed too (" + rb.error().ToString() + ")");
       return e.Wrap("migration failed; the old folder stays current and the new copy was removed");
