@@ -41,11 +41,14 @@ struct MigrateJournalRecord {
   std::string to;
 };
 
-// Parses the journal's text: one JSON object per line, in order. Reading
-// stops at the first line that is not a record (a torn last line: a crash
-// mid-append). The journal lives in the target folder, so its bytes are
-// untrusted input.
-std::vector<MigrateJournalRecord> ParseMigrateJournal(std::string_view text);
+// Parses the journal's text: one JSON object per line, in order. The
+// journal lives in the target folder, so its bytes are untrusted input.
+// An unterminated last line that is not a record is a torn append (a crash
+// mid-write) and is ignored. Returns kCorruption for anything a migration
+// never writes: a complete line that is not a record, a step that is not
+// an integer 1..6, steps that do not run 1, 2, 3... from a first record
+// naming both folders, or non-string folder names.
+Result<std::vector<MigrateJournalRecord>> ParseMigrateJournal(std::string_view text);
 
 struct StateMigrateOptions {
   // Test hook: return kCancelled right after step `stop_after_step` is
