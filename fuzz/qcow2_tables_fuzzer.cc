@@ -34,10 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   info.path = "fuzz.qcow2";
   info.format = ImageFormat::kQcow2;
   qcow2::Qcow2Image image(std::move(file), *header, {}, info);
-  for (const qcow2::BitmapEntry& e : *dir) {
-    // Bound the bitmap data scanned (tables may repeat one data cluster).
-    if (uint64_t{e.info.table_size} * header->cluster_size() > (4u << 20)) continue;
-    (void)ReadBitmapDirtyRanges(image, e.info.name).ok();
-  }
+  // No bound here: each data cluster may be named once, so the work is
+  // bounded by the file (a repeated one was a 16M-range blow-up).
+  for (const qcow2::BitmapEntry& e : *dir) (void)ReadBitmapDirtyRanges(image, e.info.name).ok();
   return 0;
 }
