@@ -285,7 +285,13 @@ Result<CheckReport> Checker::Run() {
 }  // namespace
 
 Result<CheckReport> CheckQcow2(BlockSource& file, const CheckOptions& options) {
-  BARGE_ASSIGN_OR_RETURN(Header h, ReadHeader(file));
+  auto header = ReadHeader(file);
+  if (!header.ok()) {
+    Error e = std::move(header).error();
+    if (e.path().empty()) e.set_path(file.name());  // name the file, as OpenImage does
+    return e;
+  }
+  const Header h = std::move(header).value();
   Checker checker(file, h, options);
   return checker.Run();
 }

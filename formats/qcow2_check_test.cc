@@ -177,8 +177,11 @@ TEST_F(Qcow2Check, SnapshotsSharingTablesStayClean) {
 
 TEST_F(Qcow2Check, GarbageHeaderIsAnError) {
   std::vector<std::byte> junk(4096, std::byte{0x5a});
-  MemorySource source(junk);
-  EXPECT_FALSE(CheckQcow2(source).ok());
+  MemorySource source(junk, "junk.qcow2");
+  auto r = CheckQcow2(source);
+  ASSERT_FALSE(r.ok());
+  // The error names the file (barge check printed header errors without it).
+  EXPECT_EQ(r.error().path(), "junk.qcow2") << r.error().ToString();
 }
 
 }  // namespace
