@@ -194,6 +194,12 @@ TEST_F(HostileImagesTest, BackingFileIsAHostFile) {
     ExpectOpenError(img, ErrorCode::kInvalidArgument, "outside the allowed folders");
     fs::remove(img);
   }
+  // A name inside the folder that is a symlink to a host file: names are
+  // resolved (symlinks followed) before the folder rule.
+  fs::create_symlink("/etc/passwd", dir_.path() / "vm" / "innocent.raw");
+  const std::string img = Image("overlay.qcow2");
+  SetBacking(img, "innocent.raw");
+  ExpectRefused(Cli("info", img), "InvalidArgument", img, "resolves to /etc/passwd");
 }
 
 TEST_F(HostileImagesTest, BackingFileJsonOrProtocolName) {
