@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the qcow2 seed images of the fuzz corpus with qemu-img and qemu-io:
-# small (4 KiB - 200 KiB) valid images that between them hold data,
+# small (3 KiB - 100 KiB; mostly 512-byte clusters, so a few KiB hold many
+# tables) valid images that between them hold data,
 # compressed (zlib and zstd), zero and unallocated clusters, bitmaps with
 # dirty bits, an internal snapshot, a backing name, an external data file,
 # extended L2, v2 headers and refcount widths 1 and 64. The structure-aware
@@ -28,43 +29,44 @@ fill() {
 
 # 1. Plain image, 512-byte clusters: many L2 tables and refcount entries.
 img -o cluster_size=512 plain512.qcow2 64K && fill plain512.qcow2 512
-# 2. 4 KiB clusters, refcount_bits=1 (packed refcounts), zero-alloc cluster.
-img -o cluster_size=4096,refcount_bits=1 refcount1.qcow2 256K && fill refcount1.qcow2 4096
-io refcount1.qcow2 -c "write -z 0 4096"  # ZERO_ALLOC over data
-# 3. refcount_bits=64.
-img -o cluster_size=4096,refcount_bits=64 refcount64.qcow2 128K && fill refcount64.qcow2 4096
+# 2. refcount_bits=1 (packed refcounts), zero-alloc cluster.
+img -o cluster_size=512,refcount_bits=1 refcount1.qcow2 64K && fill refcount1.qcow2 512
+io refcount1.qcow2 -c "write -z 0 512"  # ZERO_ALLOC over data
+# 3. refcount_bits=64, 1 KiB clusters.
+img -o cluster_size=1024,refcount_bits=64 refcount64.qcow2 64K && fill refcount64.qcow2 1024
 # 4. Compressed clusters, zlib and zstd (low-entropy data compresses).
 printf 'barge seed %.0s' $(seq 1 3000) | head -c 65536 > text.raw
-qemu-img convert -q -f raw -O qcow2 -c -o cluster_size=4096 text.raw zlib.qcow2
-qemu-img convert -q -f raw -O qcow2 -c -o cluster_size=4096,compression_type=zstd text.raw zstd.qcow2
-io zlib.qcow2 -c "write -z 8192 4096"
+head -c 16384 text.raw > text16k.raw
+qemu-img convert -q -f raw -O qcow2 -c -o cluster_size=512 text.raw zlib.qcow2
+qemu-img convert -q -f raw -O qcow2 -c -o cluster_size=4096,compression_type=zstd text16k.raw zstd.qcow2
+io zlib.qcow2 -c "write -z 8192 512"
 # 5. Extended L2 (subclusters), 16 KiB clusters.
 img -o cluster_size=16384,extended_l2=on ext_l2.qcow2 128K
 io ext_l2.qcow2 -c "write -P 0x77 0 1024" -c "write -z 20480 2048" -c "write -P 0x12 34816 4096"
 # 6. Persistent bitmaps with dirty bits (qemu-io writes while they track).
-img -o cluster_size=4096 bitmaps.qcow2 256K
-qemu-img bitmap --add -g 4096 bitmaps.qcow2 b0
-qemu-img bitmap --add -g 65536 --disable bitmaps.qcow2 frozen
-fill bitmaps.qcow2 4096
+img -o cluster_size=512 bitmaps.qcow2 64K
+qemu-img bitmap --add -g 512 bitmaps.qcow2 b0
+qemu-img bitmap --add -g 4096 --disable bitmaps.qcow2 frozen
+fill bitmaps.qcow2 512
 # 7. Internal snapshot, then more writes (the snapshot L1 shares L2 tables).
-img -o cluster_size=4096 snapshot.qcow2 128K && fill snapshot.qcow2 4096
+img -o cluster_size=512 snapshot.qcow2 64K && fill snapshot.qcow2 512
 qemu-img snapshot -c snap1 snapshot.qcow2
-io snapshot.qcow2 -c "write -P 0x99 4096 4096"
+io snapshot.qcow2 -c "write -P 0x99 512 512"
 # 8. Backing name (relative, with format), overlay with own data.
-img -o cluster_size=4096 base.qcow2 128K && fill base.qcow2 4096
-img -o cluster_size=4096 -b base.qcow2 -F qcow2 overlay.qcow2
-io overlay.qcow2 -c "write -P 0x44 4096 4096" -c "write -z 0 4096"
+img -o cluster_size=512 base.qcow2 64K && fill base.qcow2 512
+img -o cluster_size=512 -b base.qcow2 -F qcow2 overlay.qcow2
+io overlay.qcow2 -c "write -P 0x44 512 512" -c "write -z 0 512"
 # 9. External data file (raw flag off) and data_file_raw.
-img -o cluster_size=4096,data_file=data.raw datafile.qcow2 64K
-io datafile.qcow2 -c "write -P 0x55 0 8192"
-img -o cluster_size=4096,data_file=data2.raw,data_file_raw=on datafile_raw.qcow2 64K
+img -o cluster_size=512,data_file=data.raw datafile.qcow2 64K
+io datafile.qcow2 -c "write -P 0x55 0 2048"
+img -o cluster_size=512,data_file=data2.raw,data_file_raw=on datafile_raw.qcow2 16K
 # 10. Version 2 header (compat 0.10).
 img -o cluster_size=512,compat=0.10 v2.qcow2 64K && fill v2.qcow2 512
 # 11. Backing chain for the chain target: raw <- mid (qcow2) <- top.
-head -c 65536 text.raw > chain_base.raw
-img -o cluster_size=4096 -b chain_base.raw -F raw chain_mid.qcow2 64K
-io chain_mid.qcow2 -c "write -P 0x21 0 4096"
-img -o cluster_size=512 -b chain_mid.qcow2 -F qcow2 chain_top.qcow2 64K
+head -c 16384 text.raw > chain_base.raw
+img -o cluster_size=512 -b chain_base.raw -F raw chain_mid.qcow2 16K
+io chain_mid.qcow2 -c "write -P 0x21 0 1024"
+img -o cluster_size=512 -b chain_mid.qcow2 -F qcow2 chain_top.qcow2 16K
 io chain_top.qcow2 -c "write -P 0x31 8192 512"
 
 seeds=(plain512 refcount1 refcount64 zlib zstd ext_l2 bitmaps snapshot overlay datafile datafile_raw v2)
