@@ -611,7 +611,7 @@ size_t MutateQcow2Files(uint8_t* data, size_t size, size_t max_size, unsigned in
     joined.insert(joined.end(), files[i].begin(), files[i].end());
   }
   if (joined.size() > max_size) return size;
-  std::memcpy(data, joined.data(), joined.size());
+  if (!joined.empty()) std::memcpy(data, joined.data(), joined.size());  // empty: data() may be null
   return joined.size();
 }
 
