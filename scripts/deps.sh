@@ -10,7 +10,7 @@ build_pkgs=(cmake ninja-build g++ pkg-config libtbb-dev libzstd-dev libxxhash-de
   libnbd-dev libvirt-dev liburing-dev zlib1g-dev libssl-dev libsqlite3-dev
   nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev)
 demo_pkgs=(qemu-utils)
-test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux
+test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux time
   qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
   e2fsprogs xz-utils gzip
   # qemu-ga's libraries: tests/guest/make_guest.sh copies them from the host
