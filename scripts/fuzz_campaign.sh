@@ -81,7 +81,7 @@ for name in "${list[@]}"; do
     rm -rf "$keep"
     mkdir -p "$keep"
     cp "$corpus"/seed_* "$corpus"/regress_* "$keep/" 2>/dev/null || true
-    total=$(du -cb "$keep" | tail -1 | cut -f1)
+    total=$(find "$keep" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
     # Merged inputs are named by the SHA-1 of their bytes: skip the named
     # ones already kept.
     kept_sums=" $( (cd "$keep" && sha1sum -- * 2>/dev/null || true) | awk '{print $1}' | paste -sd' ' -) "
@@ -98,7 +98,7 @@ for name in "${list[@]}"; do
     [ "$dropped" -eq 0 ] || echo "fuzz_campaign: $name: $dropped merged inputs left out (corpus cap $cap bytes)" >&2
   fi
   files=$(find "$corpus" -type f | wc -l)
-  bytes=$(du -cb "$corpus" | tail -1 | cut -f1)
+  bytes=$(find "$corpus" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
   rows+=("$(printf '%-32s %10s %7s %7s %7s %6s %9s' "$name" "${execs:-?}" "${cov:-?}" "${ft:-?}" "$crashes" "$files" "$bytes")")
 done
 printf '%-32s %10s %7s %7s %7s %6s %9s\n' target execs cov ft crashes inputs bytes
