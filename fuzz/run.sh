@@ -5,7 +5,7 @@
 #   fuzz/run.sh BUILD_DIR SECONDS
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=$1
+build=$(cd "$1" && pwd)
 seconds=${2:-20}
 work=$(mktemp -d /var/tmp/barge-fuzz-XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -26,6 +26,6 @@ for src in "$root"/fuzz/*_fuzzer.cc; do
     exit 1
   }
   grep -E '^stat::number_of_executed_units' "$work/$name.log" || true
-  grep -E '^#[0-9]+ +DONE' "$work/$name.log" | tail -1 || true
+  grep -E '^#[0-9]+[[:space:]]+DONE' "$work/$name.log" | tail -1 || true
 done
 echo "fuzz: $found targets ran clean"

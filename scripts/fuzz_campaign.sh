@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # A fuzzing campaign of a chosen length: each target in turn (one at a time)
 # runs for --seconds on a scratch copy of fuzz/corpus/<target>/, then the
-# new inputs are merged back (-merge=1: only inputs that add coverage, the
-# smaller first) and the committed corpus is kept under --corpus-cap bytes
-# (seed_* and regress_* inputs always stay). Prints executions, coverage
-# (libFuzzer's cov and ft) and crashes per target; crash inputs are kept in
-# the work folder and make the script exit 1.
+# new inputs are merged back (-set_cover_merge=1: a near-minimal set of
+# inputs with the same coverage) and the committed corpus is kept under --corpus-cap bytes
+# (default 384 KiB) and --max-inputs files (default 1000); seed_* and
+# regress_* inputs always stay. Prints executions, coverage (libFuzzer's cov
+# and ft) and crashes per target; crash inputs are kept in the work folder
+# and make the script exit 1.
 #   scripts/fuzz_campaign.sh --seconds N [--targets a,b,...] [--build DIR]
-#                            [--corpus-cap BYTES] [--no-merge] [--work DIR]
+#                            [--corpus-cap BYTES] [--max-inputs N] [--no-merge] [--work DIR]
 # Needs the fuzz build: CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja
 #   -DCMAKE_BUILD_TYPE=Debug -DBARGE_SANITIZE=ON -DBARGE_FUZZ=ON -DBARGE_BENCH=OFF
 set -euo pipefail
@@ -15,7 +16,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=""
 targets=""
 build="$root/build-fuzz"
-cap=$((512 * 1024))
+cap=$((384 * 1024))
+max_inputs=1000
 merge=1
 work=""
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -25,6 +27,7 @@ while (($#)); do
     --targets) targets=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --corpus-cap) cap=$2; shift 2 ;;
+    --max-inputs) max_inputs=$2; shift 2 ;;
     --no-merge) merge=0; shift ;;
     --work) work=$2; shift 2 ;;
     -h|--help) usage ;;
@@ -68,12 +71,12 @@ for name in "${list[@]}"; do
     grep -E 'ERROR|SUMMARY|Test unit written' "$scratch/fuzz.log" | head -5 >&2 || true
   fi
   if [ "$merge" -eq 1 ] && [ "$rc" -eq 0 ]; then
-    # Minimize into a fresh folder: the committed seeds first, so they
-    # stay, then everything new that adds coverage.
+    # Minimize into a fresh folder: a greedy set cover of everything
+    # (committed and new) with the same features.
     fresh="$scratch/merged"
     rm -rf "$fresh"
     mkdir -p "$fresh"
-    (cd "$scratch" && "$bin" -merge=1 "${flags[@]}" "$fresh" "$corpus" "$scratch/corpus" \
+    (cd "$scratch" && "$bin" -set_cover_merge=1 "${flags[@]}" "$fresh" "$corpus" "$scratch/corpus" \
         >"$scratch/merge.log" 2>&1) || { echo "fuzz_campaign: merge of $name failed" >&2; tail -5 "$scratch/merge.log" >&2; failed=1; }
     # seed_* and regress_* keep their names; then new inputs, smallest
     # first, while the folder stays under the cap.
@@ -86,16 +89,21 @@ for name in "${list[@]}"; do
     # ones already kept.
     kept_sums=" $( (cd "$keep" && sha1sum -- * 2>/dev/null || true) | awk '{print $1}' | paste -sd' ' -) "
     dropped=0
+    count=$(find "$keep" -type f | wc -l)
     while read -r size file; do
       base=$(basename "$file")
       [[ "$kept_sums" == *" $base "* ]] && continue
-      if [ $((total + size)) -gt "$cap" ]; then dropped=$((dropped + 1)); continue; fi
+      if [ $((total + size)) -gt "$cap" ] || [ "$count" -ge "$max_inputs" ]; then
+        dropped=$((dropped + 1))
+        continue
+      fi
+      count=$((count + 1))
       cp "$file" "$keep/$base"
       total=$((total + size))
     done < <(find "$fresh" -type f -printf '%s %p\n' | sort -n)
     find "$corpus" -type f ! -name 'seed_*' ! -name 'regress_*' -delete
     cp "$keep/." -r "$corpus/"
-    [ "$dropped" -eq 0 ] || echo "fuzz_campaign: $name: $dropped merged inputs left out (corpus cap $cap bytes)" >&2
+    [ "$dropped" -eq 0 ] || echo "fuzz_campaign: $name: $dropped merged inputs left out (cap $cap bytes, $max_inputs inputs)" >&2
   fi
   files=$(find "$corpus" -type f | wc -l)
   bytes=$(find "$corpus" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
