@@ -44,8 +44,8 @@ TEST(ParseMigrateJournalTest, TornLastLineIsIgnored) {
 // regress_step_not_integer.jsonl): a "step" that was not an integer made
 // json::value() throw, and the uncaught exception ended the process.
 TEST(ParseMigrateJournalTest, NonIntegerStepIsCorruptionNotAnException) {
-  for (const std::string& step : {"\"2026-11-22T15:01:02Z\"", "1.5", "null", "[1]", "1e300", "-1"}) {
-    auto r = ParseMigrateJournal("{\"from\":\"/a\",\"step\":" + step + ",\"to\":\"/b\"}\n");
+  for (const char* step : {"\"2026-11-22T15:01:02Z\"", "1.5", "null", "[1]", "1e300", "-1"}) {
+    auto r = ParseMigrateJournal(std::string("{\"from\":\"/a\",\"step\":") + step + ",\"to\":\"/b\"}\n");
     ASSERT_FALSE(r.ok()) << step;
     EXPECT_EQ(r.error().code(), ErrorCode::kCorruption) << step;
   }

@@ -25,7 +25,7 @@ TEST(ReplicaRecordTest, DecodesWhatIsWritten) {
 // size written as 1e111 went through get<uint64_t>(), a float-to-integer
 // conversion out of range (UBSan: undefined behaviour).
 TEST(ReplicaRecordTest, FloatSizeIsCorruptionNotUndefinedBehaviour) {
-  for (const std::string& size : {"1e111", "-1", "1.5", "\"10\"", "null"}) {
+  for (const char* size : {"1e111", "-1", "1.5", "\"10\"", "null"}) {
     std::string text = kGood;
     text.replace(text.find("1048576"), 7, size);
     auto r = DecodeReplicaRecord(text);

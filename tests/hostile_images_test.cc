@@ -246,7 +246,7 @@ TEST_F(HostileImagesTest, DataFileOutsideTheFolder) {
   // Absolute, relative with .., and a host file (same length as the name
   // qemu-img wrote, poked in: qemu-img create would truncate it).
   const std::string outside = (dir_.path() / "elsewhere" / "disk.raw").string();
-  for (const std::string opt : {outside, std::string("../elsewhere/disk.raw"), std::string("host_________")}) {
+  for (const std::string& opt : {outside, std::string("../elsewhere/disk.raw"), std::string("host_________")}) {
     SCOPED_TRACE(opt);
     const std::string img = Image("df.qcow2", "-o data_file=" + ShellQuote(opt));
     std::string words = "outside the allowed folders";
