@@ -75,7 +75,8 @@ std::string SwitchDisk(const DomainDisk& d, const std::string& new_format, const
 
 Result<VirDomain> Domain(virConnectPtr conn, const std::string& name) { return LookupDomain(conn, name); }
 
-// "+uid:+gid" -> {uid, gid}.
+}  // namespace
+
 std::optional<std::pair<uid_t, gid_t>> ParseDacLabel(std::string label) {
   label.erase(std::remove(label.begin(), label.end(), '+'), label.end());
   size_t colon = label.find(':');
@@ -88,8 +89,7 @@ std::optional<std::pair<uid_t, gid_t>> ParseDacLabel(std::string label) {
   }
 }
 
-// The text of the first <tag ...>TEXT</tag> at or after `from`.
-std::string ElementText(const std::string& xml, const std::string& tag, size_t from = 0) {
+std::string ElementText(const std::string& xml, const std::string& tag, size_t from) {
   size_t a = xml.find("<" + tag, from);
   if (a == std::string::npos) return "";
   a = xml.find('>', a);
@@ -97,6 +97,8 @@ std::string ElementText(const std::string& xml, const std::string& tag, size_t f
   if (a == std::string::npos || b == std::string::npos) return "";
   return xml.substr(a + 1, b - a - 1);
 }
+
+namespace {
 
 // The user and group QEMU runs as for this domain under libvirt's DAC
 // model: the domain's own static DAC label if it has one, else the

@@ -4,6 +4,8 @@
 // disable reverts exactly. State is kept in the catalog (table vm_cbt).
 #pragma once
 
+#include <sys/types.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +17,12 @@
 namespace barge::orchestrate {
 
 inline constexpr const char* kCbtBitmapName = "barge-cbt";
+
+// Parsing of libvirt replies (domain XML, capabilities), untrusted input:
+// a DAC label "+uid:+gid" -> {uid, gid} (nullopt when malformed), and the
+// text of the first <tag ...>TEXT</tag> at or after `from` ("" if none).
+std::optional<std::pair<uid_t, gid_t>> ParseDacLabel(std::string label);
+std::string ElementText(const std::string& xml, const std::string& tag, size_t from = 0);
 
 struct CbtDisk {
   std::string disk;

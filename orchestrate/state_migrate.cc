@@ -111,30 +111,43 @@ class Journal {
     fields["time"] = formats::NowRfc3339();
     std::string line = fields.dump() + "\n";
     bool created = !fs::exists(path_);
-    Fd fd(::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
+    Fd fd(::open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
     if (fd.get() < 0) return Error::FromErrno(errno, "open journal", path_);
+    BARGE_RETURN_IF_ERROR(CutTornLine(fd.get()));
     BARGE_RETURN_IF_ERROR(WriteAll(fd.get(), line.data(), line.size(), path_));
     if (::fdatasync(fd.get()) != 0) return Error::FromErrno(errno, "fdatasync journal", path_);
     if (created) BARGE_RETURN_IF_ERROR(pipeline::SyncDirectory(fs::path(path_).parent_path().string()));
     return OkStatus();
   }
 
-  // The records so far; a torn last line (a crash mid-append) is ignored.
-  std::vector<json> Read() const {
-    std::vector<json> out;
+  // The records so far; a torn last line (a crash mid-append) is ignored
+  // (and cut off by the next Append, so a new record never continues it).
+  Result<std::vector<MigrateJournalRecord>> Read() const {
     std::ifstream in(path_);
-    std::string line;
-    while (std::getline(in, line)) {
-      json j = json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("step")) break;
-      out.push_back(std::move(j));
-    }
-    return out;
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto records = ParseMigrateJournal(text);
+    if (!records.ok()) return std::move(records).error().set_path(path_);
+    return records;
   }
 
   const std::string& path() const { return path_; }
 
  private:
+  // Truncates the file after its last newline when the append before a
+  // crash stopped part-way through a line.
+  Status CutTornLine(int fd) const {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) return Error::FromErrno(errno, "stat journal", path_);
+    if (st.st_size == 0) return OkStatus();
+    std::string text(static_cast<size_t>(st.st_size), '\0');
+    BARGE_ASSIGN_OR_RETURN(size_t n, PreadFull(fd, reinterpret_cast<std::byte*>(text.data()), text.size(), 0, path_));
+    text.resize(n);
+    if (text.empty() || text.back() == '\n') return OkStatus();
+    const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+    if (::ftruncate(fd, static_cast<off_t>(keep)) != 0) return Error::FromErrno(errno, "truncate journal", path_);
+    return OkStatus();
+  }
+
   std::string path_;
 };
 
@@ -355,6 +368,47 @@ Status Finish(const fs::path& from, Journal& journal, MigrateStep last, const St
 
 }  // namespace
 
+Result<std::vector<MigrateJournalRecord>> ParseMigrateJournal(std::string_view text) {
+  std::vector<MigrateJournalRecord> out;
+  size_t line_number = 0;
+  while (!text.empty()) {
+    const size_t eol = text.find('\n');
+    const bool complete = eol != std::string_view::npos;
+    const std::string_view line = text.substr(0, eol);
+    text = complete ? text.substr(eol + 1) : std::string_view();
+    ++line_number;
+    auto bad = [&](const std::string& why) {
+      return Error::Corruption("migration journal line " + std::to_string(line_number) + ": " + why);
+    };
+    // Fields are checked before use: json's value() throws on a type
+    // mismatch, and a step outside the enum would steer recovery.
+    const json j = json::parse(line, nullptr, false);
+    const bool is_record = !j.is_discarded() && j.is_object() && j.contains("step");
+    if (!is_record) {
+      if (!complete) break;  // a torn append
+      return bad("not a journal record");
+    }
+    const json& step = j["step"];
+    const int expected = static_cast<int>(out.size()) + 1;
+    if (!step.is_number_integer() || step.get<int64_t>() != expected) {
+      return bad("step " + step.dump() + " where step " + std::to_string(expected) + " was due");
+    }
+    MigrateJournalRecord r;
+    r.step = static_cast<MigrateStep>(expected);
+    if (expected > static_cast<int>(MigrateStep::kDone)) return bad("steps past 'done'");
+    for (auto [key, field] : {std::pair{"from", &r.from}, std::pair{"to", &r.to}}) {
+      if (!j.contains(key)) continue;
+      if (!j[key].is_string()) return bad(std::string("'") + key + "' is not a string");
+      *field = j[key].get<std::string>();
+    }
+    if (r.step == MigrateStep::kBegin && (r.from.empty() || r.to.empty())) {
+      return bad("the first record must name both folders");
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 Result<StateMigrateResult> MigrateState(const std::string& from_arg, const std::string& to_arg,
                                         const StateMigrateOptions& options) {
   std::error_code ec;
@@ -369,13 +423,12 @@ Result<StateMigrateResult> MigrateState(const std::string& from_arg, const std::
   Journal journal((to / kMigrateJournalName).string());
 
   if (fs::exists(journal.path())) {
-    std::vector<json> records = journal.Read();
+    BARGE_ASSIGN_OR_RETURN(std::vector<MigrateJournalRecord> records, journal.Read());
     MigrateStep last = MigrateStep::kNone;
-    for (const json& r : records) last = static_cast<MigrateStep>(r.value("step", 0));
-    if (!records.empty() && (records[0].value("from", "") != from.string() ||
-                             records[0].value("to", "") != to.string())) {
+    for (const MigrateJournalRecord& r : records) last = r.step;
+    if (!records.empty() && (records[0].from != from.string() || records[0].to != to.string())) {
       return Error::InvalidArgument("the target holds the journal of another migration (from " +
-                                    records[0].value("from", "?") + ")")
+                                    (records[0].from.empty() ? "?" : records[0].from) + ")")
           .set_path(journal.path());
     }
     if (last == MigrateStep::kDone) {
@@ -430,8 +483,13 @@ Result<StateMigrateResult> MigrateState(const std::string& from_arg, const std::
     if (e.code() == ErrorCode::kCancelled) return e;  // the test hook: a "crash", touch nothing
     // The journal may or may not hold kCurrent (its append failed): only a
     // journal without it may be rolled back.
+    auto records = journal.Read();
+    if (!records.ok()) {
+      return e.Wrap("the journal cannot be read back (" + records.error().ToString() +
+                    "); nothing was rolled back");
+    }
     MigrateStep last = MigrateStep::kNone;
-    for (const json& r : journal.Read()) last = static_cast<MigrateStep>(r.value("step", 0));
+    for (const MigrateJournalRecord& r : *records) last = r.step;
     if (last < MigrateStep::kCurrent) {
       if (Status rb = RollBack(to, journal); !rb.ok()) e.Wrap("rollback failed too (" + rb.error().ToString() + ")");
       return e.Wrap("migration failed; the old folder stays current and the new copy was removed");

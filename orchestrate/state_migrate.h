@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "blockio/error.h"
@@ -32,6 +33,22 @@ std::string_view MigrateStepName(MigrateStep step);
 // is the current copy of migrated state.
 inline constexpr const char* kMigrateJournalName = ".barge-migrate.journal";
 inline constexpr const char* kStateMarkerName = ".barge-state.json";
+
+// One record of the journal, as read back.
+struct MigrateJournalRecord {
+  MigrateStep step = MigrateStep::kNone;
+  std::string from;  // the first record's: the migration's folders
+  std::string to;
+};
+
+// Parses the journal's text: one JSON object per line, in order. The
+// journal lives in the target folder, so its bytes are untrusted input.
+// An unterminated last line that is not a record is a torn append (a crash
+// mid-write) and is ignored. Returns kCorruption for anything a migration
+// never writes: a complete line that is not a record, a step that is not
+// an integer 1..6, steps that do not run 1, 2, 3... from a first record
+// naming both folders, or non-string folder names.
+Result<std::vector<MigrateJournalRecord>> ParseMigrateJournal(std::string_view text);
 
 struct StateMigrateOptions {
   // Test hook: return kCancelled right after step `stop_after_step` is

@@ -8,9 +8,7 @@
 #include "pipeline/chain.h"
 
 namespace barge::orchestrate {
-namespace {
 
-// Per disk of a checkpoint XML: disk -> (checkpoint kind, size attribute).
 std::map<std::string, std::pair<std::string, std::string>> CheckpointDisks(const std::string& xml) {
   std::map<std::string, std::pair<std::string, std::string>> out;
   std::string_view disks = xml;
@@ -27,8 +25,6 @@ std::map<std::string, std::pair<std::string, std::string>> CheckpointDisks(const
   }
   return out;
 }
-
-}  // namespace
 
 std::string NewCheckpointName(const std::string& tracker) {
   return tracker + "-" + formats::CompactTimestamp(formats::NowRfc3339());

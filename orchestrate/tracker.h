@@ -3,6 +3,8 @@
 // what the next backup will do.
 #pragma once
 
+#include <map>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,10 @@ namespace barge::orchestrate {
 
 // "<tracker>-<UTC compact timestamp>", e.g. "t1-20261122T150102Z".
 std::string NewCheckpointName(const std::string& tracker);
+
+// Per disk of a libvirt checkpoint XML (untrusted: libvirt's reply, or the
+// copy kept in the catalog): disk name -> (checkpoint kind, size attribute).
+std::map<std::string, std::pair<std::string, std::string>> CheckpointDisks(const std::string& xml);
 
 struct RedefineOutcome {
   std::string tracker;

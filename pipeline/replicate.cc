@@ -61,13 +61,20 @@ bool ReplicateResult::all_ok() const {
 
 std::string ReplicaRecordPath(const std::string& path) { return path + ".sha512.json"; }
 
-Result<ReplicaRecord> ReadReplicaRecord(const std::string& path) {
-  std::string record_path = ReplicaRecordPath(path);
-  std::ifstream in(record_path);
-  if (!in) return Error::NotFound("no checksum record").set_path(record_path);
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+Result<ReplicaRecord> DecodeReplicaRecord(std::string_view text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return Error::Corruption("checksum record is not a JSON object").set_path(record_path);
+    return Error::Corruption("checksum record is not a JSON object");
+  }
+  // Numbers are type-checked first: get<uint64_t>() on a float (1e111)
+  // is a float-to-integer conversion out of range, undefined behaviour.
+  for (const char* key : {"virtual_size", "file_bytes"}) {
+    if (!j.contains(key) || !j[key].is_number_unsigned()) {
+      return Error::Corruption(std::string("checksum record: '") + key + "' is not a non-negative integer");
+    }
+  }
+  if (!j.contains("file_mtime_ns") || !j["file_mtime_ns"].is_number_integer()) {
+    return Error::Corruption("checksum record: 'file_mtime_ns' is not an integer");
   }
   ReplicaRecord r;
   try {
@@ -83,8 +90,18 @@ Result<ReplicaRecord> ReadReplicaRecord(const std::string& path) {
     r.bitmaps = j.value("bitmaps", std::vector<std::string>{});
     r.backing_file = j.value("backing_file", "");
   } catch (const json::exception& e) {
-    return Error::Corruption(std::string("checksum record: ") + e.what()).set_path(record_path);
+    return Error::Corruption(std::string("checksum record: ") + e.what());
   }
+  return r;
+}
+
+Result<ReplicaRecord> ReadReplicaRecord(const std::string& path) {
+  std::string record_path = ReplicaRecordPath(path);
+  std::ifstream in(record_path);
+  if (!in) return Error::NotFound("no checksum record").set_path(record_path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto r = DecodeReplicaRecord(text);
+  if (!r.ok()) return std::move(r).error().set_path(record_path);
   return r;
 }
 

@@ -68,6 +68,9 @@ std::string ReplicaRecordPath(const std::string& path);
 // Reads and parses the record of `path`. kNotFound when absent, kCorruption
 // when malformed.
 Result<ReplicaRecord> ReadReplicaRecord(const std::string& path);
+// Parses a record's text (it sits beside the copy on a disk: untrusted);
+// kCorruption when malformed.
+Result<ReplicaRecord> DecodeReplicaRecord(std::string_view text);
 // Writes the record of `path` (temporary name, fsync, rename, folder sync).
 Status WriteReplicaRecord(const std::string& path, const ReplicaRecord& record);
 // True when the file at `path` exists with the record's size and mtime: the

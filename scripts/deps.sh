@@ -13,7 +13,7 @@ build_pkgs=(cmake ninja-build g++ pkg-config libtbb-dev libzstd-dev libxxhash-de
   # API answers /healthz.
   prometheus-cpp-dev libcivetweb-dev)
 demo_pkgs=(qemu-utils)
-test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux
+test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux time
   qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
   e2fsprogs xz-utils gzip
   # promtool tests the shipped alerting rules (deploy/prometheus/); the
