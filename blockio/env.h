@@ -42,6 +42,7 @@ struct FileStat {
 struct SpaceInfo {
   uint64_t free_bytes = 0;   // available to an unprivileged writer (f_bavail)
   uint64_t total_bytes = 0;
+  uint64_t filesystem_type = 0;  // statfs(2)'s f_type magic (0xEF53 ext4...), 0 if unknown
 };
 
 // A lock held for the object's lifetime; the destructor releases it. The
@@ -115,7 +116,8 @@ class Env {
   // snapshot of its contents read at open, so ReadFile works on it.
   virtual Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path,
                                                           const FileOptions& options = {}) = 0;
-  // A file or block device as a sink. New files get mode 0644.
+  // A file or block device as a sink. New files get options.create_mode
+  // (0644 unless asked otherwise).
   virtual Result<std::unique_ptr<BlockSink>> OpenSink(const std::string& path, SinkMode mode,
                                                       const FileOptions& options = {}) = 0;
 
@@ -147,7 +149,7 @@ class Env {
   virtual Status RemoveDir(const std::string& dir) = 0;
   // Makes the folder's entries (creates, renames, unlinks in it) durable.
   virtual Status SyncDir(const std::string& dir) = 0;
-  // Free and total bytes of the filesystem holding `path`.
+  // Free and total bytes, and the type, of the filesystem holding `path`.
   virtual Result<SpaceInfo> Space(const std::string& path) = 0;
   // chown/chmod (cbt enable grants QEMU's user access to a data file).
   virtual Status SetOwner(const std::string& path, uint32_t uid, uint32_t gid) = 0;

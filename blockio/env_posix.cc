@@ -326,6 +326,8 @@ class PosixEnvImpl final : public Env {
     SpaceInfo info;
     info.free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
     info.total_bytes = static_cast<uint64_t>(st.f_blocks) * st.f_frsize;
+    struct statfs fs;
+    if (::statfs(path.c_str(), &fs) == 0) info.filesystem_type = static_cast<uint64_t>(fs.f_type);
     return info;
   }
 

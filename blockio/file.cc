@@ -311,11 +311,12 @@ Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMod
     case SinkMode::kTruncate: flags |= O_CREAT; break;
     case SinkMode::kExisting: break;
   }
-  auto opened = internal::OpenFd(path, flags, 0644);
+  const mode_t create_mode = static_cast<mode_t>(options.create_mode & 07777);
+  auto opened = internal::OpenFd(path, flags, create_mode);
   if (!opened.ok() && mode == SinkMode::kExisting && opened.error().errno_value() == EACCES) {
     // Writable but not readable (a kernel control file such as
     // /proc/self/clear_refs): a sink never reads, so write-only will do.
-    opened = internal::OpenFd(path, (flags & ~O_RDWR) | O_WRONLY, 0644);
+    opened = internal::OpenFd(path, (flags & ~O_RDWR) | O_WRONLY, create_mode);
   }
   if (!opened.ok()) return std::move(opened).error();
   Fd fd = std::move(opened).value();
