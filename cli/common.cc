@@ -6,7 +6,8 @@
 #include <cstdio>
 #include <iostream>
 
-#include "blockio/file.h"
+#include "blockio/path.h"
+#include "pipeline/endpoints.h"
 
 namespace barge::cli {
 
@@ -31,15 +32,12 @@ Result<formats::OpenOptions> ImageFlags::ToOpenOptions() const {
 
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
                                                       const formats::OpenOptions& options) {
-  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
   formats::OpenOptions o = options;
   if (!o.allow_any_path && !o.allowed_dirs.empty()) {
     // Extra folders add to, not replace, the image's own folder.
-    std::error_code ec;
-    auto dir = std::filesystem::absolute(path, ec).parent_path();
-    o.allowed_dirs.push_back(dir.string());
+    o.allowed_dirs.push_back(DirName(AbsolutePath(path)));
   }
-  return formats::OpenImage(path, opener, o);
+  return pipeline::OpenImageFile(Env::Default(), path, o);
 }
 
 std::string Format(const char* fmt, ...) {

@@ -27,7 +27,8 @@ struct ImageFlags {
   Result<formats::OpenOptions> ToOpenOptions() const;
 };
 
-// Opens a file or block device image (with its backing chain) for reading.
+// Opens a file or block device image (with its backing chain) for reading,
+// through Env::Default() (the Env every command runs on).
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
                                                       const formats::OpenOptions& options);
 

@@ -20,7 +20,7 @@ struct CatalogArgs {
 };
 
 Result<std::unique_ptr<orchestrate::ImageCatalog>> OpenCatalog(const CatalogArgs& a) {
-  return orchestrate::ImageCatalog::Open(orchestrate::ResolveCatalogPath(a.catalog));
+  return orchestrate::ImageCatalog::Open(Env::Default(), orchestrate::ResolveCatalogPath(a.catalog));
 }
 
 std::vector<std::string> SplitList(const std::string& text) {

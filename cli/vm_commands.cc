@@ -23,7 +23,7 @@ std::string Lower(std::string s) {
 }
 
 Result<std::unique_ptr<orc::BackupCatalog>> OpenCatalog(const std::string& flag) {
-  return orc::BackupCatalog::Open(orc::ResolveCatalogPath(flag));
+  return orc::BackupCatalog::Open(Env::Default(), orc::ResolveCatalogPath(flag));
 }
 
 // The catalog, a libvirt connection and one domain, opened together (the
@@ -264,7 +264,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
     req.compression = compression.type;
     req.compression_level = compression.level;
-    auto r = orc::RunVmBackup(req);
+    auto r = orc::RunVmBackup(Env::Default(), req);
     if (!r.ok()) return out.Fail(r.error());
     out.Result(BackupResultJson(*r));
     std::ostream& o = out.text();
@@ -326,7 +326,9 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(*cbt, verb, std::string(verb) + " CBT for a domain", exit_code, [a, v](Output& out) {
       orc::CbtRequest req = std::get<0>(*a);
       req.catalog_path = orc::ResolveCatalogPath(std::get<1>(*a));
-      auto s = v == "enable" ? orc::EnableCbt(req) : v == "disable" ? orc::DisableCbt(req) : orc::GetCbtStatus(req);
+      auto s = v == "enable" ? orc::EnableCbt(Env::Default(), req)
+                             : v == "disable" ? orc::DisableCbt(Env::Default(), req)
+                                              : orc::GetCbtStatus(Env::Default(), req);
       if (!s.ok()) return out.Fail(s.error());
       out.Result(CbtJson(*s));
       out.text() << "CBT for " << s->domain << ": " << s->state << "\n";

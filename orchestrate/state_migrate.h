@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 
 namespace barge::orchestrate {
@@ -32,15 +33,6 @@ std::string_view MigrateStepName(MigrateStep step);
 // is the current copy of migrated state.
 inline constexpr const char* kMigrateJournalName = ".barge-migrate.journal";
 inline constexpr const char* kStateMarkerName = ".barge-state.json";
-
-struct StateMigrateOptions {
-  // Test hook: return kCancelled right after step `stop_after_step` is
-  // durable, touching nothing more (as if the process died there). 0: never.
-  int stop_after_step = 0;
-  // Test hook: stop (likewise) after copying this many files, before the
-  // kCopied step. 0: never.
-  int stop_after_files = 0;
-};
 
 struct MigratedFile {
   std::string path;  // relative to the folder
@@ -67,8 +59,9 @@ struct StateMigrateResult {
 // Returns the result; kInvalidArgument/kNotSupported before anything is
 // touched; any other error before kCurrent leaves `from` current and removes
 // the new copy; an error after it leaves the new copy current (run again to
-// finish). May block for a long time.
-Result<StateMigrateResult> MigrateState(const std::string& from, const std::string& to,
-                                        const StateMigrateOptions& options = {});
+// finish). May block for a long time. Every file operation goes through
+// `env`: a test stops it after any durable step, or after any file copied,
+// as a crash would (tests/testing/env_wrappers.h).
+Result<StateMigrateResult> MigrateState(Env& env, const std::string& from, const std::string& to);
 
 }  // namespace barge::orchestrate

@@ -1,39 +1,25 @@
 // Chain folder scanning, point resolution and digest merging.
 #include "pipeline/chain.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <utility>
 
-#include "blockio/file.h"
+#include "blockio/path.h"
+#include "pipeline/endpoints.h"
 #include "pipeline/merge_journal.h"
 
 namespace barge::pipeline {
 
-namespace fs = std::filesystem;
-
-Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes) {
-  std::error_code ec;
-  uint64_t size = fs::file_size(path, ec);
-  if (ec) return Error::FromErrno(ec.value(), "stat", path);
-  if (size > max_bytes) {
-    return Error::Corruption("file is too large (" + std::to_string(size) + " bytes)").set_path(path);
+Result<std::string> ReadSmallFile(Env& env, const std::string& path, uint64_t max_bytes) {
+  BARGE_ASSIGN_OR_RETURN(FileStat st, env.Stat(path));
+  if (st.size_bytes > max_bytes) {
+    return Error::Corruption("file is too large (" + std::to_string(st.size_bytes) + " bytes)").set_path(path);
   }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Error::FromErrno(errno ? errno : EIO, "open", path);
-  std::string s(size, '\0');
-  f.read(s.data(), static_cast<std::streamsize>(size));
-  if (static_cast<uint64_t>(f.gcount()) != size) return Error::IoError("short read").set_path(path);
-  return s;
+  return env.ReadFile(path, max_bytes);
 }
 
-Result<formats::DigestTable> LoadDigestTable(const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, OpenFileSource(path));
+Result<formats::DigestTable> LoadDigestTable(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path));
   std::vector<std::byte> bytes(file->size_bytes());
   BARGE_RETURN_IF_ERROR(file->ReadAt(0, bytes));
   auto table = formats::DecodeDigestTable(bytes);
@@ -41,61 +27,43 @@ Result<formats::DigestTable> LoadDigestTable(const std::string& path) {
   return table;
 }
 
-Result<ChainLock> ChainLock::Acquire(const std::string& dir, bool wait) {
-  std::string path = dir + "/.lock";
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno(errno, "open lock", path);
-  int rc;
-  do {
-    rc = ::flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB));
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
-    int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) {
-      return Error::InvalidArgument("another barge job is writing this chain folder now")
-          .set_path(dir)
-          .set_retryable(true);
-    }
-    return Error::FromErrno(err, "flock", path);
-  }
-  return ChainLock(fd);
+Result<std::unique_ptr<EnvLock>> LockChainFolder(Env& env, const std::string& dir, bool wait) {
+  LockOptions o;
+  o.wait = wait;
+  o.busy_message = "another barge job is writing this chain folder now";
+  return env.LockFile(dir + "/.lock", o);
 }
 
-ChainLock::ChainLock(ChainLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-
-ChainLock::~ChainLock() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* held) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
+Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const EnvLock* held) {
+  auto st = env.Stat(dir);
+  if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
+  if (!st.ok() || !st->is_directory()) {
     return Error::NotFound("no chain folder (no backup of this disk yet?)").set_path(dir);
   }
   // A merge switches files with several renames; its journal says how to
   // finish. Complete it before reading any manifest, so no caller ever sees
   // a half-switched folder (the lock keeps us off a merge still running).
   if (held != nullptr) {
-    BARGE_RETURN_IF_ERROR(RecoverMerge(dir));
-  } else if (MergeJournalExists(dir)) {
-    auto lock = ChainLock::Acquire(dir, /*wait=*/true);
+    BARGE_RETURN_IF_ERROR(RecoverMerge(env, dir));
+  } else if (MergeJournalExists(env, dir)) {
+    auto lock = LockChainFolder(env, dir, /*wait=*/true);
     if (!lock.ok()) {
       return Error(lock.error()).Wrap("an interrupted merge must be completed first");
     }
-    BARGE_RETURN_IF_ERROR(CompleteMergeJournal(dir));
+    BARGE_RETURN_IF_ERROR(CompleteMergeJournal(env, dir));
   }
   ChainFolder chain;
   chain.dir = dir;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name.empty() || name[0] == '.' || entry.path().extension() != ".json") continue;
-    BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(entry.path().string()));
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+  for (const std::string& name : names) {
+    if (name.empty() || name[0] == '.' || Extension(name) != ".json") continue;
+    const std::string path = chain.PathOf(name);
+    BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path));
     auto m = formats::DecodeManifest(text);
-    if (!m.ok()) return Error(m.error()).set_path(entry.path().string());
+    if (!m.ok()) return Error(m.error()).set_path(path);
     ChainPoint p;
     p.manifest = std::move(m).value();
-    p.manifest_path = entry.path().string();
+    p.manifest_path = path;
     // The id starts with the 4+ digit sequence.
     const std::string& id = p.manifest.id;
     size_t digits = 0;
@@ -107,7 +75,6 @@ Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* hel
     p.sequence = static_cast<uint32_t>(std::stoul(id.substr(0, digits)));
     chain.points.push_back(std::move(p));
   }
-  if (ec) return Error::FromErrno(ec.value(), "list folder", dir);
   std::sort(chain.points.begin(), chain.points.end(),
             [](const ChainPoint& a, const ChainPoint& b) { return a.sequence < b.sequence; });
   for (size_t i = 1; i < chain.points.size(); ++i) {
@@ -181,13 +148,13 @@ Result<std::vector<size_t>> ChainFolder::LayersOf(size_t index) const {
   return layers;
 }
 
-Result<formats::DigestTable> EffectiveDigests(const ChainFolder& chain, size_t index) {
+Result<formats::DigestTable> EffectiveDigests(Env& env, const ChainFolder& chain, size_t index) {
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   std::vector<formats::DigestTable> tables;
   tables.reserve(layers.size());
   for (size_t i : layers) {
     const auto& m = chain.points[i].manifest;
-    BARGE_ASSIGN_OR_RETURN(formats::DigestTable t, LoadDigestTable(chain.PathOf(m.digest_table)));
+    BARGE_ASSIGN_OR_RETURN(formats::DigestTable t, LoadDigestTable(env, chain.PathOf(m.digest_table)));
     if (t.cluster_bytes != m.cluster_size || t.virtual_size != m.virtual_size) {
       return Error::Corruption("digest table does not match its manifest (cluster or disk size)")
           .set_path(chain.PathOf(m.digest_table));
@@ -225,18 +192,17 @@ std::optional<formats::Digest128> OpenedPoint::Expected(uint64_t cluster_index) 
   return formats::ZeroClusterDigest(digests.cluster_bytes);
 }
 
-Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index) {
+Result<OpenedPoint> OpenPoint(Env& env, const ChainFolder& chain, size_t index) {
   OpenedPoint out;
   out.index = index;
   out.point = &chain.points[index];
-  BARGE_ASSIGN_OR_RETURN(out.digests, EffectiveDigests(chain, index));
+  BARGE_ASSIGN_OR_RETURN(out.digests, EffectiveDigests(env, chain, index));
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   formats::OpenOptions options;
   options.format = formats::ImageFormat::kQcow2;
   options.allowed_dirs = {chain.dir};
-  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
   const auto& m = out.point->manifest;
-  auto image = formats::OpenImage(chain.PathOf(m.image), opener, options);
+  auto image = OpenImageFile(env, chain.PathOf(m.image), options);
   if (!image.ok()) return Error(image.error()).Wrap("backup " + m.id);
   out.image = std::move(image).value();
   // Walk the qcow2 chain top down and the manifests' layers newest first.
@@ -247,7 +213,7 @@ Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index) {
       return Error::Corruption("the image chain ends before layer " + lm.id)
           .set_path(chain.PathOf(m.image));
     }
-    if (fs::path(layer->info().path).filename() != lm.image) {
+    if (BaseName(layer->info().path) != lm.image) {
       return Error::Corruption("image chain layer " + layer->info().path +
                                " is not the layer the manifests name (" + lm.image + ")")
           .set_path(chain.PathOf(m.image));
@@ -265,15 +231,19 @@ Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index) {
   return out;
 }
 
-Result<PointLocation> LocatePoint(const std::string& path, const std::string& at) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return PointLocation{path, at};
-  if (!fs::exists(path, ec)) return Error::NotFound("no such backup, image or chain folder").set_path(path);
-  fs::path p(path);
-  std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  fs::path manifest = p;
-  if (p.extension() != ".json") manifest.replace_extension(".json");
-  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(manifest.string()));
+Result<PointLocation> LocatePoint(Env& env, const std::string& path, const std::string& at) {
+  auto st = env.Stat(path);
+  if (st.ok() && st->is_directory()) return PointLocation{path, at};
+  if (!st.ok()) {
+    if (st.error().code() != ErrorCode::kNotFound) return st.error();
+    return Error::NotFound("no such backup, image or chain folder").set_path(path);
+  }
+  std::string dir = DirName(path);
+  std::string manifest = path;
+  if (std::string ext = Extension(path); ext != ".json") {
+    manifest = path.substr(0, path.size() - ext.size()) + ".json";
+  }
+  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, manifest));
   BARGE_ASSIGN_OR_RETURN(formats::BackupManifest m, formats::DecodeManifest(text));
   if (!at.empty() && at != "latest" && at != m.id) {
     return Error::InvalidArgument("--at conflicts with the backup the path names (" + m.id + ")");

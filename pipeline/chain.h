@@ -8,10 +8,12 @@
 #include <string_view>
 #include <vector>
 
+#include <memory>
+
+#include "blockio/env.h"
 #include "blockio/error.h"
 #include "formats/digest_table.h"
 #include "formats/image.h"
-#include <memory>
 #include "formats/manifest.h"
 
 namespace barge::pipeline {
@@ -45,42 +47,36 @@ struct ChainFolder {
   Result<std::vector<size_t>> LayersOf(size_t index) const;
 };
 
-// An exclusive flock on DIR/.lock for the life of the object: the writer's
-// lock of a chain folder (backup, merge, recovery of an interrupted merge).
-class ChainLock {
- public:
-  // wait false: fails at once (kInvalidArgument, retryable) when another
-  // job holds the lock; true: blocks until it is free.
-  static Result<ChainLock> Acquire(const std::string& dir, bool wait = false);
-  ChainLock(ChainLock&& o) noexcept;
-  ChainLock& operator=(ChainLock&&) = delete;
-  ChainLock(const ChainLock&) = delete;
-  ~ChainLock();
+// The writer's lock of a chain folder (backup, merge, recovery of an
+// interrupted merge): Env::LockFile on DIR/.lock, held while the returned
+// lock lives. wait false: fails at once (kBusy, retryable: "another barge
+// job is writing this chain folder now") when another job holds it; true:
+// blocks until it is free.
+Result<std::unique_ptr<EnvLock>> LockChainFolder(Env& env, const std::string& dir, bool wait = false);
 
- private:
-  explicit ChainLock(int fd) : fd_(fd) {}
-  int fd_;
-};
+// Every function below reads through `env`.
 
 // Loads every manifest (*.json) of `dir`. A folder without manifests gives
 // an empty chain; a missing folder is kNotFound. Leftover temporaries of a
 // killed run (.*.barge-tmp) are ignored.
 // First, an interrupted merge (its journal, pipeline/merge_journal.h) is
-// completed under the chain lock: `held` is the caller's lock, or null to
-// take it here (waiting for a merge still running). With `held`, staged
-// files of a merge that stopped before its journal are removed too.
-Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* held = nullptr);
+// completed under the chain lock: `held` is the caller's lock (from
+// LockChainFolder), or null to take it here (waiting for a merge still
+// running). With `held`, staged files of a merge that stopped before its
+// journal are removed too.
+Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const EnvLock* held = nullptr);
 
 // Reads and validates one digest table file.
-Result<formats::DigestTable> LoadDigestTable(const std::string& path);
+Result<formats::DigestTable> LoadDigestTable(Env& env, const std::string& path);
 
 // The effective digests of point `index` (its layers merged, newest wins),
 // checked against the manifest's image digest: kCorruption naming the point
 // if they disagree.
-Result<formats::DigestTable> EffectiveDigests(const ChainFolder& chain, size_t index);
+Result<formats::DigestTable> EffectiveDigests(Env& env, const ChainFolder& chain, size_t index);
 
-// Reads a small whole file (manifests); kNotFound / kIoError.
-Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes = 16 << 20);
+// Reads a small whole file (manifests, journals); kNotFound / kIoError, and
+// kCorruption when it is larger than `max_bytes`.
+Result<std::string> ReadSmallFile(Env& env, const std::string& path, uint64_t max_bytes = 16 << 20);
 
 // Binary search for a cluster's digest in a sorted table.
 std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
@@ -105,7 +101,8 @@ struct OpenedPoint {
 // EffectiveDigests), opens the image confined to the chain folder, and
 // checks that its qcow2 backing chain is exactly the layers the manifests
 // name (kCorruption otherwise, naming the layer).
-Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index);
+// `env` must outlive the opened point.
+Result<OpenedPoint> OpenPoint(Env& env, const ChainFolder& chain, size_t index);
 
 // The chain folder and point a user path names: a chain folder (with `at`),
 // a manifest file, or an image file with its manifest beside it.
@@ -113,6 +110,6 @@ struct PointLocation {
   std::string chain_dir;
   std::string at;
 };
-Result<PointLocation> LocatePoint(const std::string& path, const std::string& at);
+Result<PointLocation> LocatePoint(Env& env, const std::string& path, const std::string& at);
 
 }  // namespace barge::pipeline

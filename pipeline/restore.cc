@@ -2,17 +2,13 @@
 #include "pipeline/restore.h"
 
 #include <chrono>
-#include <filesystem>
 
-#include "blockio/file.h"
 #include "blockio/nbd.h"
 #include "formats/qcow2_check.h"
 #include "pipeline/chain.h"
 #include "pipeline/staged_file.h"
 
 namespace barge::pipeline {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -40,10 +36,12 @@ struct Target {
   BlockSink& sink() { return staged ? staged->sink() : *existing; }
 };
 
-Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
+Result<Target> OpenTarget(Env& env, const RestoreRequest& req, uint64_t size) {
   Target t;
   const std::string& dst = req.destination;
-  if (IsNbdUri(dst) || IsBlockDevice(dst)) {
+  Result<FileStat> st = IsNbdUri(dst) ? Error::NotFound("an NBD URI") : env.Stat(dst);
+  if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
+  if (IsNbdUri(dst) || (st.ok() && st->is_block_device())) {
     if (req.output_format != "raw") {
       return Error::InvalidArgument("block devices and NBD exports take raw output").set_path(dst);
     }
@@ -54,7 +52,7 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
       if (IsNbdUri(dst)) {
         BARGE_ASSIGN_OR_RETURN(probe, OpenNbdSource(dst));
       } else {
-        BARGE_ASSIGN_OR_RETURN(probe, OpenFileSource(dst));
+        BARGE_ASSIGN_OR_RETURN(probe, env.OpenSource(dst));
       }
       BARGE_ASSIGN_OR_RETURN(bool has_data, HoldsData(*probe));
       if (has_data) {
@@ -67,7 +65,7 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
     } else {
       FileOptions options;
       options.sync = req.sync;
-      BARGE_ASSIGN_OR_RETURN(t.existing, OpenFileSink(dst, SinkMode::kExisting, options));
+      BARGE_ASSIGN_OR_RETURN(t.existing, env.OpenSink(dst, SinkMode::kExisting, options));
     }
     if (t.existing->size_bytes() < size) {
       return Error::NoSpace("the destination holds " + std::to_string(t.existing->size_bytes()) +
@@ -76,27 +74,29 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
     }
     return t;
   }
-  std::error_code ec;
-  if (fs::exists(dst, ec) && !req.force && fs::file_size(dst, ec) > 0) {
+  if (st.ok() && st->is_directory()) {
+    return Error::InvalidArgument("the destination is a folder; name a file in it").set_path(dst);
+  }
+  if (st.ok() && !req.force && st->size_bytes > 0) {
     return Error::InvalidArgument("the destination file exists and is not empty; use --force to replace it")
         .set_path(dst);
   }
-  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(dst, /*overwrite=*/true, req.sync));
+  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(env, dst, /*overwrite=*/true, req.sync));
   return t;
 }
 
 }  // namespace
 
-Result<RestoreResult> RunRestore(const RestoreRequest& req) {
+Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   auto start = std::chrono::steady_clock::now();
   if (req.output_format != "raw" && req.output_format != "qcow2") {
     return Error::InvalidArgument("output format must be raw or qcow2");
   }
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(req.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, req.chain_dir));
   BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.at));
-  BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
+  BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(env, chain, index));
   const formats::BackupManifest& m = point.point->manifest;
-  BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(req, m.virtual_size));
+  BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(env, req, m.virtual_size));
 
   std::unique_ptr<Destination> dest;
   if (req.output_format == "qcow2") {
@@ -142,8 +142,8 @@ Result<RestoreResult> RunRestore(const RestoreRequest& req) {
 
 namespace {
 
-Status CheckLayerStructure(const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, OpenFileSource(path));
+Status CheckLayerStructure(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path));
   auto report = formats::qcow2::CheckQcow2(*file);
   if (!report.ok()) return Error(report.error()).set_path(path);
   if (!report->clean()) {
@@ -157,10 +157,10 @@ Status CheckLayerStructure(const std::string& path) {
 
 }  // namespace
 
-Result<VerifyResult> RunVerify(const VerifyRequest& req) {
+Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
   auto start = std::chrono::steady_clock::now();
-  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(req.path, req.at));
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(where.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(env, req.path, req.at));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, where.chain_dir));
   std::vector<size_t> targets;
   if (req.all_points && !req.against.location.empty()) {
     return Error::InvalidArgument("--against compares one point with a source; drop --all");
@@ -176,12 +176,12 @@ Result<VerifyResult> RunVerify(const VerifyRequest& req) {
   VerifyResult result;
   std::vector<bool> structure_checked(chain.points.size(), false);
   for (size_t index : targets) {
-    BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
+    BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(env, chain, index));
     const formats::BackupManifest& m = point.point->manifest;
     BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
     for (size_t l : layers) {
       if (structure_checked[l]) continue;
-      BARGE_RETURN_IF_ERROR(CheckLayerStructure(chain.PathOf(chain.points[l].manifest.image)));
+      BARGE_RETURN_IF_ERROR(CheckLayerStructure(env, chain.PathOf(chain.points[l].manifest.image)));
       structure_checked[l] = true;
     }
     CopyOptions copy = req.copy;
@@ -201,7 +201,7 @@ Result<VerifyResult> RunVerify(const VerifyRequest& req) {
     result.verified_ids.push_back(m.id);
 
     if (!req.against.location.empty()) {
-      BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(req.against));
+      BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, req.against));
       if (src.image->size_bytes() != m.virtual_size) {
         return Error::Corruption("the source has " + std::to_string(src.image->size_bytes()) +
                                  " bytes, the backup " + std::to_string(m.virtual_size))

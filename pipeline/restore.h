@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "blockio/env.h"
 #include "formats/manifest.h"
 #include "pipeline/copy.h"
 #include "pipeline/endpoints.h"
@@ -40,7 +41,8 @@ struct RestoreResult {
 // written under a temporary name and renamed when verified; an existing
 // non-empty file, a block device or an NBD export holding data needs force.
 // An NBD destination gets zero ranges as NBD zero requests.
-Result<RestoreResult> RunRestore(const RestoreRequest& request);
+// Reads the chain and writes a file destination through `env`.
+Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& request);
 
 struct VerifyRequest {
   std::string path;       // chain folder, manifest or image
@@ -62,6 +64,7 @@ struct VerifyResult {
 // layer (refcounts, references, flags), every stored cluster's digest, and
 // the image digest; with `against`, the source's contents too. Returns the
 // first problem as kCorruption naming the file and guest offset.
-Result<VerifyResult> RunVerify(const VerifyRequest& request);
+// Reads the chain (and the `against` source) through `env`.
+Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& request);
 
 }  // namespace barge::pipeline
