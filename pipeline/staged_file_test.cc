@@ -1,0 +1,109 @@
+// StagedFile: the temporary is locked while written (a sweep keeps it) and
+// registered; commit publishes with link (never replacing a file that
+// appeared meanwhile) or rename; abandon and failures remove the temporary.
+#include "pipeline/staged_file.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/env_wrappers.h"
+#include "tests/testing/testing.h"
+
+namespace barge::pipeline {
+namespace {
+
+using testing::TempDir;
+
+std::span<const std::byte> Bytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
+
+TEST(StagedFileTest, CommitPublishesAndSweepsKeepALiveWriter) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  const std::string out = dir / "out.raw";
+  auto staged = StagedFile::Create(env, out);
+  ASSERT_TRUE(staged.ok()) << staged.error().ToString();
+  EXPECT_EQ((*staged)->temp_path(), TempPathFor(out));
+  ASSERT_TRUE((*staged)->sink().WriteAt(0, Bytes("data")).ok());
+  // A live writer's temporary survives a sweep, and a second writer is busy.
+  auto swept = SweepStaleTemporaries(env, dir.path().string());
+  ASSERT_TRUE(swept.ok());
+  EXPECT_TRUE(swept->empty());
+  EXPECT_EQ(StagedFile::Create(env, out).error().code(), ErrorCode::kBusy);
+  EXPECT_FALSE(env.Exists(out));
+  ASSERT_TRUE((*staged)->Commit().ok());
+  EXPECT_EQ(*env.ReadFile(out), "data");
+  EXPECT_FALSE(env.Exists(TempPathFor(out)));
+  EXPECT_EQ(StagedFile::Create(env, out).error().code(), ErrorCode::kInvalidArgument);  // exists
+}
+
+TEST(StagedFileTest, LinkNeverReplacesAFileThatAppeared) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  const std::string out = dir / "out.raw";
+  auto staged = StagedFile::Create(env, out);
+  ASSERT_TRUE(staged.ok());
+  {
+    // Another writer creates the final name meanwhile (not WriteFileAtomic:
+    // it uses the same temporary name, ours, and would be refused Busy).
+    auto theirs = env.OpenSink(out, SinkMode::kCreateNew);
+    ASSERT_TRUE(theirs.ok());
+    ASSERT_TRUE((*theirs)->WriteAt(0, Bytes("theirs")).ok());
+  }
+  Status s = (*staged)->Commit();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().errno_value(), EEXIST);
+  EXPECT_EQ(*env.ReadFile(out), "theirs");
+  EXPECT_FALSE(env.Exists(TempPathFor(out)));
+
+  auto replacing = StagedFile::Create(env, out, /*overwrite=*/true);
+  ASSERT_TRUE(replacing.ok());
+  ASSERT_TRUE((*replacing)->sink().WriteAt(0, Bytes("ours")).ok());
+  ASSERT_TRUE((*replacing)->Commit().ok());
+  EXPECT_EQ(*env.ReadFile(out), "ours");
+}
+
+TEST(StagedFileTest, AbandonAndDestructorRemoveTheTemporary) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  {
+    auto staged = StagedFile::Create(env, dir / "a");
+    ASSERT_TRUE(staged.ok());
+    EXPECT_TRUE(env.Exists(TempPathFor(dir / "a")));
+    EXPECT_TRUE((*staged)->Abandon().ok());
+    EXPECT_FALSE(env.Exists(TempPathFor(dir / "a")));
+    EXPECT_TRUE((*staged)->Abandon().ok());  // twice: nothing left to do
+    EXPECT_EQ((*staged)->Commit().error().code(), ErrorCode::kInvalidArgument);
+  }
+  {
+    auto staged = StagedFile::Create(env, dir / "b");
+    ASSERT_TRUE(staged.ok());
+  }
+  EXPECT_FALSE(env.Exists(TempPathFor(dir / "b")));
+  EXPECT_FALSE(env.Exists(dir / "b"));
+}
+
+// A failed flush leaves no temporary; a failed folder sync comes after the
+// publish and leaves the file (the caller decides).
+TEST(StagedFileTest, FailuresGoThroughTheEnv) {
+  TempDir dir;
+  testing::FaultFilesEnv env(PosixEnv(), [](const std::string&, FaultInjector& faults) {
+    faults.AddRule(FaultRule::Always(FaultOp::kFlush, EIO));
+  });
+  auto staged = StagedFile::Create(env, dir / "c");
+  ASSERT_TRUE(staged.ok());
+  Status s = (*staged)->Commit();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code(), ErrorCode::kIoError);
+  EXPECT_FALSE(PosixEnv().Exists(dir / "c"));
+  EXPECT_FALSE(PosixEnv().Exists(TempPathFor(dir / "c")));
+
+  testing::StopEnv stop(PosixEnv());
+  stop.StopAfter(1, [](EnvOp op, const std::string&) { return op == EnvOp::kSyncDir; });
+  auto published = StagedFile::Create(stop, dir / "d");
+  ASSERT_TRUE(published.ok());
+  EXPECT_FALSE((*published)->Commit().ok());
+  EXPECT_TRUE(stop.stopped());
+  EXPECT_TRUE(PosixEnv().Exists(dir / "d"));
+}
+
+}  // namespace
+}  // namespace barge::pipeline
