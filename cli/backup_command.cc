@@ -56,7 +56,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
 
   ProgressReporter progress(out, "backup");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  auto result = pipeline::RunBackup(req);
+  auto result = pipeline::RunBackup(Env::Default(), req);
   progress.Done();
   if (!result.ok()) return out.Fail(result.error());
   const auto& m = result->manifest;

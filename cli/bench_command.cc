@@ -2,15 +2,14 @@
 // disk, then the whole backup-like pipeline, with the knobs printed next to
 // the numbers. `barge bench generate` writes the deterministic test disk so
 // scripts can give peers the exact same data.
-#include <sys/statfs.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 
+#include "blockio/path.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "pipeline/bench.h"
@@ -20,7 +19,6 @@ namespace barge::cli {
 namespace {
 
 using nlohmann::json;
-namespace fs = std::filesystem;
 
 struct BenchArgs {
   std::string size = "4G";
@@ -44,10 +42,14 @@ bool size_option_given(const BenchArgs& a) { return a.size_option != nullptr && 
 
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
+std::string CpuModel(Env& env) {
+  auto text = env.ReadFile("/proc/cpuinfo");
+  if (!text.ok()) return "unknown";
+  for (size_t at = 0; at < text->size();) {
+    size_t end = text->find('\n', at);
+    if (end == std::string::npos) end = text->size();
+    std::string line = text->substr(at, end - at);
+    at = end + 1;
     if (line.rfind("model name", 0) == 0) {
       auto colon = line.find(':');
       if (colon != std::string::npos) return line.substr(colon + 2);
@@ -56,10 +58,10 @@ std::string CpuModel() {
   return "unknown";
 }
 
-std::string FilesystemOf(const std::string& path) {
-  struct statfs s {};
-  if (::statfs(path.c_str(), &s) != 0) return "unknown";
-  switch (static_cast<unsigned long>(s.f_type)) {
+std::string FilesystemOf(Env& env, const std::string& path) {
+  auto space = env.Space(path);
+  if (!space.ok() || space->filesystem_type == 0) return "unknown";
+  switch (static_cast<unsigned long>(space->filesystem_type)) {
     case 0xEF53: return "ext2/3/4";
     case 0x58465342: return "xfs";
     case 0x9123683E: return "btrfs";
@@ -69,7 +71,7 @@ std::string FilesystemOf(const std::string& path) {
     case 0x6969: return "nfs";
     default: {
       char buf[32];
-      std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(s.f_type));
+      std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(space->filesystem_type));
       return buf;
     }
   }
@@ -78,11 +80,12 @@ std::string FilesystemOf(const std::string& path) {
 json MachineJson(const std::string& workdir, int threads) {
   utsname u{};
   ::uname(&u);
-  return {{"cpu", CpuModel()},
+  Env& env = Env::Default();
+  return {{"cpu", CpuModel(env)},
           {"cores", threads},
           {"kernel", std::string(u.sysname) + " " + u.release},
           {"workdir", workdir},
-          {"filesystem", FilesystemOf(workdir)}};
+          {"filesystem", FilesystemOf(env, workdir)}};
 }
 
 json MixJson(const pipeline::DiskMix& mix) {
@@ -114,7 +117,7 @@ int RunGenerate(const GenerateArgs& a, Output& out) {
   pipeline::DiskGeneratorOptions g;
   g.size_bytes = *size;
   g.seed = a.seed;
-  auto mix = pipeline::GenerateDisk(a.out, g);
+  auto mix = pipeline::GenerateDisk(Env::Default(), a.out, g);
   if (!mix.ok()) return out.Fail(mix.error());
   out.Result({{"path", a.out}, {"disk", MixJson(*mix)}});
   PrintMix(out.text(), *mix, a.out);
@@ -122,6 +125,21 @@ int RunGenerate(const GenerateArgs& a, Output& out) {
 }
 
 void Log(const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); }
+
+// A new, private folder "barge-bench-PID-N" under `workdir` (no other live
+// process has our pid; a dead one's leftover is skipped).
+Result<std::string> MakeScratchFolder(Env& env, const std::string& workdir) {
+  for (int n = 0; n < 1000; ++n) {
+    std::string dir = JoinPath(workdir, "barge-bench-" + std::to_string(::getpid()) + "-" + std::to_string(n));
+    auto st = env.StatNoFollow(dir);
+    if (st.ok()) continue;
+    if (st.error().code() != ErrorCode::kNotFound) return st.error();
+    BARGE_RETURN_IF_ERROR(env.CreateDir(dir));
+    BARGE_RETURN_IF_ERROR(env.SetMode(dir, 0700));
+    return dir;
+  }
+  return Error::InvalidArgument("no free scratch folder name").set_path(workdir);
+}
 
 int RunBenchCommand(const BenchArgs& a, Output& out) {
   std::ostream& t = out.text();
@@ -149,27 +167,31 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
     return out.Usage("--size sizes the generated disk; it does not apply with --source");
   }
 
-  // Everything the run writes lives in one temp folder under the workdir.
-  std::string tmpl = (fs::path(a.workdir) / "barge-bench-XXXXXX").string();
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    return out.Fail(Error::FromErrno(errno, "mkdtemp", tmpl));
-  }
-  const std::string dir = tmpl;
+  // Everything the run writes lives in one new folder under the workdir.
+  Env& env = Env::Default();
+  auto made = MakeScratchFolder(env, a.workdir);
+  if (!made.ok()) return out.Fail(made.error());
+  const std::string dir = *made;
+  // Removes the scratch folder (keeping a generated disk with --keep).
+  auto remove_scratch = [&](bool keep_disk, const std::string& disk) -> Status {
+    if (!keep_disk) return env.RemoveTree(dir);
+    BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+    for (const std::string& name : names) {
+      if (JoinPath(dir, name) != disk) BARGE_RETURN_IF_ERROR(env.RemoveTree(JoinPath(dir, name)));
+    }
+    return OkStatus();
+  };
   std::string source = a.source;
   std::optional<pipeline::DiskMix> mix;
   bool keep_dir = false;
   if (source.empty()) {
-    source = (fs::path(dir) / "disk.raw").string();
+    source = JoinPath(dir, "disk.raw");
     pipeline::DiskGeneratorOptions g;
     g.size_bytes = size_bytes;
     g.seed = a.seed;
     Log("generating " + HumanBytes(size_bytes) + " disk (seed " + std::to_string(a.seed) + ")");
-    auto m = pipeline::GenerateDisk(source, g);
-    if (!m.ok()) {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-      return out.Fail(m.error());
-    }
+    auto m = pipeline::GenerateDisk(env, source, g);
+    if (!m.ok()) return out.Fail(std::move(m).error().Also(remove_scratch(false, "")));
     mix = *m;
     keep_dir = a.keep;
   }
@@ -184,17 +206,10 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
   o.compression = compression.type;
   o.compression_level = compression.level;
   o.cold = a.cold;
-  auto report = pipeline::RunBench(o, out.json() ? nullptr : Log);
-  {
-    std::error_code ec;
-    if (keep_dir) {
-      for (const auto& e : fs::directory_iterator(dir, ec))
-        if (e.path() != fs::path(source)) fs::remove(e.path(), ec);
-    } else {
-      fs::remove_all(dir, ec);
-    }
-  }
-  if (!report.ok()) return out.Fail(report.error());
+  auto report = pipeline::RunBench(env, o, out.json() ? nullptr : Log);
+  Status removed = remove_scratch(keep_dir, source);
+  if (!report.ok()) return out.Fail(std::move(report).error().Also(removed));
+  if (!removed.ok()) out.Warning("bench scratch folder not removed: " + removed.error().ToString(), dir);
   const pipeline::BenchReport& r = *report;
 
   // Derived numbers: logical MiB/s (virtual size / wall time), the slowest

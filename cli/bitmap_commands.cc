@@ -122,7 +122,7 @@ int RunOverlayCreate(const std::string& data_file, const std::string& overlay,
     b.enabled = true;
     o.bitmaps.push_back(b);
   }
-  auto staged = pipeline::StagedFile::Create(overlay);
+  auto staged = pipeline::StagedFile::Create(Env::Default(), overlay);
   if (!staged.ok()) return out.Fail(staged.error());
   Status s = formats::WriteDataFileOverlay((*staged)->sink(), o);
   if (s.ok()) s = (*staged)->Commit();

@@ -8,8 +8,8 @@
 #include <iostream>
 
 #include "blockio/env.h"
-#include "blockio/file.h"
 #include "blockio/nbd.h"
+#include "blockio/path.h"
 #include "pipeline/endpoints.h"
 
 namespace barge::cli {
@@ -41,18 +41,15 @@ Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
     }
     pipeline::SourceSpec spec;
     spec.location = path;
-    BARGE_ASSIGN_OR_RETURN(pipeline::OpenedSource opened, pipeline::OpenSource(spec));
+    BARGE_ASSIGN_OR_RETURN(pipeline::OpenedSource opened, pipeline::OpenSource(Env::Default(), spec));
     return std::move(opened.image);
   }
-  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
   formats::OpenOptions o = options;
   if (!o.allow_any_path && !o.allowed_dirs.empty()) {
     // Extra folders add to, not replace, the image's own folder.
-    std::error_code ec;
-    auto dir = std::filesystem::absolute(path, ec).parent_path();
-    o.allowed_dirs.push_back(dir.string());
+    o.allowed_dirs.push_back(DirName(AbsolutePath(path)));
   }
-  return formats::OpenImage(path, opener, o);
+  return pipeline::OpenImageFile(Env::Default(), path, o);
 }
 
 void WarnIfMisnamed(Output& out, const std::string& path, const std::string& format_flag) {

@@ -31,7 +31,8 @@ struct ImageFlags {
 };
 
 // Opens a file or block device image (with its backing chain) for reading,
-// or an NBD export (nbd://, nbd+unix://; raw, as the export serves it).
+// or an NBD export (nbd://, nbd+unix://; raw, as the export serves it),
+// through Env::Default() (the Env every command runs on).
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
                                                       const formats::OpenOptions& options);
 

@@ -1,11 +1,10 @@
 // barge convert: copy any image (raw/qcow2 chain/device/NBD) into a raw or
 // qcow2 file or a block device, through the copy pipeline.
-#include <filesystem>
 #include <optional>
 #include <iostream>
 
 #include "blockio/env.h"
-#include "blockio/file.h"
+#include "blockio/path.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/progress.h"
@@ -38,10 +37,12 @@ struct OutputTarget {
 
 Result<OutputTarget> OpenOutput(const std::string& path, bool force, bool sync, uint64_t needed_size) {
   OutputTarget out;
-  if (IsBlockDevice(path)) {
+  Env& env = Env::Default();
+  auto st = env.Stat(path);
+  if (st.ok() && st->is_block_device()) {
     FileOptions options;
     options.sync = sync;
-    BARGE_ASSIGN_OR_RETURN(out.device, OpenFileSink(path, SinkMode::kExisting, options));
+    BARGE_ASSIGN_OR_RETURN(out.device, env.OpenSink(path, SinkMode::kExisting, options));
     if (out.device->size_bytes() < needed_size) {
       return Error::NoSpace("device is smaller than the image (" +
                             HumanBytesExact(out.device->size_bytes()) + " < " +
@@ -52,12 +53,12 @@ Result<OutputTarget> OpenOutput(const std::string& path, bool force, bool sync, 
   }
   // Not a place for a file at all (/dev/null, a folder): said as such, not
   // as "use --force".
-  BARGE_RETURN_IF_ERROR(pipeline::CheckOutputPath(path));
+  BARGE_RETURN_IF_ERROR(pipeline::CheckOutputPath(env, path));
   // Leftovers of killed runs in the output's folder go first (a live
   // writer's temporary is locked and kept).
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  (void)SweepStaleTemporaries(Env::Default(), dir.empty() ? "." : dir);
-  auto staged = pipeline::StagedFile::Create(path, force, sync);
+  IgnoreError(SweepStaleTemporaries(env, DirName(path)),
+              "a leftover that cannot be removed now is swept by a later run");
+  auto staged = pipeline::StagedFile::Create(env, path, force, sync);
   if (!staged.ok()) {
     Error e = std::move(staged).error();
     if (e.code() == ErrorCode::kInvalidArgument) e.Wrap("use --force to replace it");
@@ -85,7 +86,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   spec.format = a.flags.format;
   spec.allow_any_path = a.flags.allow_any_path;
   spec.allow_dirs = a.flags.allow_dirs;
-  auto src = pipeline::OpenSource(spec);
+  auto src = pipeline::OpenSource(Env::Default(), spec);
   if (!src.ok()) return cli_out.Fail(src.error());
   formats::Image& image = *src->image;
   uint64_t size = image.size_bytes();
@@ -101,14 +102,12 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   // the clusters that read differently (as qemu-img convert -B does).
   std::optional<pipeline::OpenedSource> backing;
   if (!a.backing.empty()) {
-    std::filesystem::path b(a.backing);
-    if (b.is_relative()) b = std::filesystem::path(a.dest).parent_path() / b;
     pipeline::SourceSpec bspec;
-    bspec.location = b.lexically_normal().string();
+    bspec.location = LexicallyNormal(JoinPath(DirName(a.dest), a.backing));
     bspec.format = a.backing_format.empty() ? "qcow2" : a.backing_format;
     bspec.allow_any_path = a.flags.allow_any_path;
     bspec.allow_dirs = a.flags.allow_dirs;
-    auto opened = pipeline::OpenSource(bspec);
+    auto opened = pipeline::OpenSource(Env::Default(), bspec);
     if (!opened.ok()) {
       return cli_out.Fail(Error(opened.error())
                               .Wrap("cannot open the backing file '" + a.backing +

@@ -22,8 +22,8 @@ struct CatalogArgs {
 };
 
 Result<std::unique_ptr<orchestrate::ImageCatalog>> OpenCatalog(const CatalogArgs& a) {
-  BARGE_ASSIGN_OR_RETURN(std::string path, orchestrate::CatalogPathFromFlag(a.catalog));
-  return orchestrate::ImageCatalog::Open(path);
+  BARGE_ASSIGN_OR_RETURN(std::string path, orchestrate::CatalogPathFromFlag(Env::Default(), a.catalog));
+  return orchestrate::ImageCatalog::Open(Env::Default(), path);
 }
 
 std::vector<std::string> SplitList(const std::string& text) {

@@ -115,9 +115,9 @@ json PointJson(const PointView& p) {
 }
 
 int RunList(const std::string& path, Output& out) {
-  auto where = pipeline::LocatePoint(path, "");
+  auto where = pipeline::LocatePoint(Env::Default(), path, "");
   if (!where.ok()) return out.Fail(where.error());
-  auto chain = pipeline::LoadChainFolder(where->chain_dir);
+  auto chain = pipeline::LoadChainFolder(Env::Default(), where->chain_dir);
   if (!chain.ok()) return out.Fail(chain.error());
   Env& env = Env::Default();
 
@@ -147,7 +147,7 @@ int RunList(const std::string& path, Output& out) {
       out.Warning("backup " + p.manifest->id + " cannot be restored: " + p.broken,
                   chain->points[i].manifest_path);
     }
-    auto v = pipeline::ReadLastVerification(*chain, i, p.image ? p.image->size_bytes : 0);
+    auto v = pipeline::ReadLastVerification(Env::Default(), *chain, i, p.image ? p.image->size_bytes : 0);
     if (v.ok()) {
       p.verification = *v;
     } else {
@@ -234,7 +234,7 @@ int RunCatalogList(const std::string& catalog_flag, const std::string& domain, O
                                     "name another)")
                         .set_path(path));
   }
-  auto catalog = orc::BackupCatalog::Open(path);
+  auto catalog = orc::BackupCatalog::Open(Env::Default(), path);
   if (!catalog.ok()) return out.Fail(catalog.error());
   auto trackers = (*catalog)->ListTrackers(domain);
   if (!trackers.ok()) return out.Fail(trackers.error());

@@ -30,7 +30,7 @@ int RunMergeCommand(MergeArgs& a, Output& out) {
   req.dry_run = a.dry_run;
   ProgressReporter progress(out, "merge");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  auto r = pipeline::RunMerge(req);
+  auto r = pipeline::RunMerge(Env::Default(), req);
   progress.Done();
   if (!r.ok()) return out.Fail(r.error());
   {

@@ -90,7 +90,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
   }
   auto text = Env::Default().ReadFile(file, 1 << 20);
   if (!text.ok()) return out.Fail(text.error());
-  auto policy = orc::ParsePolicy(*text, file);
+  auto policy = orc::ParsePolicy(Env::Default(), *text, file);
   if (!policy.ok()) {
     std::vector<Problem> problems = SplitProblems(file, policy.error().message());
     // File order; problems of the whole file (a missing field) first.
@@ -208,7 +208,7 @@ std::string UnknownSource(const orc::Policy& p, const std::vector<std::string>& 
 
 // The node-exporter textfile: the policy's metrics now. Returns "" or why not.
 std::string WriteTextfile(const orc::Policy& p, const std::string& catalog_path, const std::string& path) {
-  auto catalog = orc::PolicyCatalog::Open(catalog_path);
+  auto catalog = orc::PolicyCatalog::Open(Env::Default(), catalog_path);
   if (!catalog.ok()) return catalog.error().ToString();
   auto snap = orc::CollectPolicyMetrics(p, **catalog, Env::Default(), orc::NowSeconds());
   if (!snap.ok()) return snap.error().ToString();
@@ -217,7 +217,7 @@ std::string WriteTextfile(const orc::Policy& p, const std::string& catalog_path,
 }
 
 int RunRun(RunArgs& a, Output& out) {
-  auto policy = orc::LoadPolicy(a.policy);
+  auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
   if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
   orc::RunOptions o;
@@ -231,7 +231,7 @@ int RunRun(RunArgs& a, Output& out) {
   auto hooks = orc::NewPolicyHookRunner();
   o.hooks = hooks.get();
 
-  auto report = orc::RunPolicyOnce(*policy, o);
+  auto report = orc::RunPolicyOnce(Env::Default(), *policy, o);
   // The textfile is written whatever happened: it shows the failures too.
   std::string textfile_error;
   if (!a.metrics_textfile.empty()) textfile_error = WriteTextfile(*policy, o.catalog_path, a.metrics_textfile);
@@ -269,7 +269,7 @@ struct ForgetArgs {
 };
 
 int RunForget(ForgetArgs& a, Output& out) {
-  auto policy = orc::LoadPolicy(a.policy);
+  auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
   if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
   if (a.keep.keep_last + a.keep.keep_daily + a.keep.keep_weekly + a.keep.keep_monthly == 0) {
@@ -288,7 +288,7 @@ int RunForget(ForgetArgs& a, Output& out) {
     if (!points.ok()) continue;
     for (const auto& p : points->points) when[p.key] = p.time;
   }
-  auto reports = orc::ForgetPoints(*policy, a.keep, o);
+  auto reports = orc::ForgetPoints(Env::Default(), *policy, a.keep, o);
   if (!reports.ok()) return out.Fail(reports.error());
 
   auto point = [&](const std::string& key) {
@@ -371,11 +371,11 @@ int RunRunsList(RunsArgs& a, Output& out) {
   std::string name = a.policy;
   // A policy file names its policy; anything else is a name.
   if (auto st = Env::Default().Stat(a.policy); !a.policy.empty() && st.ok() && st->is_regular()) {
-    auto p = orc::LoadPolicy(a.policy);
+    auto p = orc::LoadPolicy(Env::Default(), a.policy);
     if (!p.ok()) return out.Fail(p.error());
     name = p->name;
   }
-  auto catalog = orc::PolicyCatalog::Open(orc::ResolveCatalogPath(a.catalog));
+  auto catalog = orc::PolicyCatalog::Open(Env::Default(), orc::ResolveCatalogPath(a.catalog));
   if (!catalog.ok()) return out.Fail(catalog.error());
   auto runs = (*catalog)->ListRuns({name, a.source, a.limit});
   if (!runs.ok()) return out.Fail(runs.error());

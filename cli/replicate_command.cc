@@ -115,7 +115,7 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   spec.allow_any_path = a.flags.allow_any_path;
   spec.allow_dirs = a.flags.allow_dirs;
   WarnIfMisnamed(out, a.source, a.flags.format);
-  auto src = pipeline::OpenSource(spec);
+  auto src = pipeline::OpenSource(Env::Default(), spec);
   if (!src.ok()) return out.Fail(src.error());
   o.source_location = a.source;
   o.source_format = src->format_name();
@@ -130,7 +130,7 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
 
   MultiProgress progress(out, a.to);
   o.progress = [&](size_t i, uint64_t done, uint64_t total) { progress.Update(i, done, total); };
-  auto result = pipeline::RunReplicate(*src->image, a.to, o);
+  auto result = pipeline::RunReplicate(Env::Default(), *src->image, a.to, o);
   progress.Done();
   if (!result.ok()) return out.Fail(result.error());
   const auto& r = *result;

@@ -47,7 +47,7 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
   };
   ProgressReporter progress(out, "restore");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  auto r = pipeline::RunRestore(req);
+  auto r = pipeline::RunRestore(Env::Default(), req);
   progress.Done();
   if (!r.ok()) return out.Fail(r.error());
   out.Result({{"id", r->manifest.id},
@@ -90,7 +90,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   req.against.format = a.against_format;
   ProgressReporter progress(out, "verify");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  auto r = pipeline::RunVerify(req);
+  auto r = pipeline::RunVerify(Env::Default(), req);
   progress.Done();
   if (!r.ok()) return out.Fail(r.error());
   for (const auto& w : r->warnings) out.Warning(w);

@@ -76,7 +76,7 @@ struct ServeArgs {
 };
 
 int RunServe(ServeArgs& a, Output& out) {
-  auto policy = orc::LoadPolicy(a.policy);
+  auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
   // Before anything can take a while: a SIGHUP from now on is a reload.
   InstallReloadHandling();
@@ -115,7 +115,7 @@ int RunServe(ServeArgs& a, Output& out) {
   const std::string host = a.listen.substr(0, a.listen.rfind(':'));
   const std::string address = host + ":" + std::to_string(port);
 
-  orc::PolicyScheduler sched(*policy, so);
+  orc::PolicyScheduler sched(Env::Default(), *policy, so);
   sched_ptr = &sched;
   g_health_of = &sched;
   std::thread loop([&sched] { sched.Loop(); });
@@ -149,7 +149,7 @@ int RunServe(ServeArgs& a, Output& out) {
     if (uint64_t n = ReloadRequests(); n != reloads_seen) {
       reloads_seen = n;
       static_cast<void>(SdNotify(SdReloadingMessage()));
-      auto fresh = orc::LoadPolicy(a.policy);
+      auto fresh = orc::LoadPolicy(Env::Default(), a.policy);
       if (fresh.ok()) {
         sched.Replace(std::move(fresh).value());
         ready(true);

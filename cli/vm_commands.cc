@@ -24,8 +24,8 @@ std::string Lower(std::string s) {
 }
 
 Result<std::unique_ptr<orc::BackupCatalog>> OpenCatalog(const std::string& flag) {
-  BARGE_ASSIGN_OR_RETURN(std::string path, orc::CatalogPathFromFlag(flag));
-  return orc::BackupCatalog::Open(path);
+  BARGE_ASSIGN_OR_RETURN(std::string path, orc::CatalogPathFromFlag(Env::Default(), flag));
+  return orc::BackupCatalog::Open(Env::Default(), path);
 }
 
 // The catalog, a libvirt connection and one domain, opened together (the
@@ -267,7 +267,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   auto* cmd = AddCommand(*vm, "backup", "Full or incremental backup of a domain's disks (libvirt pull mode)",
                          exit_code, [a](Output& out) {
     orc::VmBackupRequest req = a->req;
-    auto catalog_path = orc::CatalogPathFromFlag(a->catalog);
+    auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a->catalog);
     if (!catalog_path.ok()) return out.Fail(catalog_path.error());
     req.catalog_path = *catalog_path;
     req.disks = a->disks;
@@ -275,7 +275,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
     req.compression = compression.type;
     req.compression_level = compression.level;
-    auto r = orc::RunVmBackup(req);
+    auto r = orc::RunVmBackup(Env::Default(), req);
     if (!r.ok()) return out.Fail(r.error());
     out.Result(BackupResultJson(*r));
     std::ostream& o = out.text();
@@ -336,10 +336,12 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
     std::string v = verb;
     auto* cmd = AddCommand(*cbt, verb, std::string(verb) + " CBT for a domain", exit_code, [a, v](Output& out) {
       orc::CbtRequest req = std::get<0>(*a);
-      auto catalog_path = orc::CatalogPathFromFlag(std::get<1>(*a));
+      auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), std::get<1>(*a));
       if (!catalog_path.ok()) return out.Fail(catalog_path.error());
       req.catalog_path = *catalog_path;
-      auto s = v == "enable" ? orc::EnableCbt(req) : v == "disable" ? orc::DisableCbt(req) : orc::GetCbtStatus(req);
+      auto s = v == "enable" ? orc::EnableCbt(Env::Default(), req)
+                             : v == "disable" ? orc::DisableCbt(Env::Default(), req)
+                                              : orc::GetCbtStatus(Env::Default(), req);
       if (!s.ok()) return out.Fail(s.error());
       out.Result(CbtJson(*s));
       out.text() << "CBT for " << s->domain << ": " << s->state << "\n";

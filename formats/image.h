@@ -91,6 +91,17 @@ struct MappedExtent {
 // files itself; the caller passes the backend (e.g. blockio::OpenFileSource).
 using SourceOpener = std::function<Result<std::unique_ptr<BlockSource>>(const std::string& path)>;
 
+// What the path policy learns about a file name from the caller's view of
+// the filesystem (formats/ has none): its canonical path, symbolic links
+// and ".." resolved (for the allowed-folder check), and the file's identity
+// (device, inode) when it exists (for loop detection). An empty canonical
+// path means "unknown": the name is then compared as written.
+struct PathFacts {
+  std::string canonical;
+  std::optional<std::pair<uint64_t, uint64_t>> identity;
+};
+using PathInspector = std::function<PathFacts(const std::string& path)>;
+
 struct OpenOptions {
   // nullopt: detect (qcow2 magic, else raw). Given: used as is, never probed.
   std::optional<ImageFormat> format;
@@ -105,6 +116,10 @@ struct OpenOptions {
   bool open_data_file = true;
   // Longest chain accepted; deeper chains (or cycles) are refused.
   int max_chain_depth = 256;
+  // Unset: names are compared as written (lexically), which a symbolic
+  // link can fool. Callers that open real files pass one built on their
+  // Env (pipeline::ImageOpenOptions does).
+  PathInspector inspect_path;
 };
 
 // A disk image seen as the guest sees it. Reads are thread-safe.

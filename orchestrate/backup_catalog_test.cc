@@ -12,7 +12,7 @@ namespace {
 class BackupCatalogTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto c = BackupCatalog::Open(dir_ / "sub/catalog.db");
+    auto c = BackupCatalog::Open(PosixEnv(), dir_ / "sub/catalog.db");
     ASSERT_TRUE(c.ok()) << c.error().ToString();
     catalog_ = std::move(*c);
   }
@@ -121,7 +121,7 @@ TEST_F(BackupCatalogTest, ListCheckpointsByDomainOldestFirst) {
 TEST_F(BackupCatalogTest, ReopenKeepsData) {
   ASSERT_TRUE(catalog_->CreateTracker("t1", "vm1").ok());
   catalog_.reset();
-  auto c = BackupCatalog::Open(dir_ / "sub/catalog.db");
+  auto c = BackupCatalog::Open(PosixEnv(), dir_ / "sub/catalog.db");
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE((*c)->GetTracker("t1").ok());
 }

@@ -17,10 +17,9 @@ std::string ResolveCatalogPath(const std::string& flag_value) {
   return std::string(home && *home ? home : "/root") + "/.local/state/barge/catalog.db";
 }
 
-Result<std::string> CatalogPathFromFlag(const std::string& flag_value) {
+Result<std::string> CatalogPathFromFlag(Env& env, const std::string& flag_value) {
   std::string path = ResolveCatalogPath(flag_value);
   if (flag_value.empty()) return path;
-  Env& env = Env::Default();
   if (auto st = env.Stat(path); st.ok() && st->is_directory()) {
     return Error::InvalidArgument("--catalog names a folder; give the catalog's database file (e.g. " + path +
                                   "/catalog.db)")

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 
 namespace barge::orchestrate {
@@ -14,6 +15,6 @@ std::string ResolveCatalogPath(const std::string& flag_value);
 // folder that exists: kNotFound naming the folder otherwise (a typo in the
 // flag must not create a new, empty catalog somewhere), kInvalidArgument
 // when it names a folder. The default places are created as needed.
-Result<std::string> CatalogPathFromFlag(const std::string& flag_value);
+Result<std::string> CatalogPathFromFlag(Env& env, const std::string& flag_value);
 
 }  // namespace barge::orchestrate

@@ -49,12 +49,17 @@ struct CbtRequest {
   std::string libvirt_uri;
 };
 
+// The state folder, the overlays and the raw disks' owners are handled
+// through `env`.
 // Creates the overlays (raw file disks only; kInvalidArgument when there is
 // none) and defines the domain on them. Enabling twice is an error.
-Result<CbtStatus> EnableCbt(const CbtRequest& request);
-// Defines the domain with the XML from before enable and removes the overlays.
-Result<CbtStatus> DisableCbt(const CbtRequest& request);
-Result<CbtStatus> GetCbtStatus(const CbtRequest& request);
+Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& request);
+// Defines the domain with the XML from before enable and removes the
+// overlays. A failure to remove an overlay or give a raw disk back after
+// the domain was redefined is an error naming what is left (CBT is
+// disabled all the same).
+Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& request);
+Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& request);
 
 // The CBT overlays of `domain` (raw disk + metadata-only overlay per disk),
 // or nullopt when CBT is not enabled for it.

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 #include "pipeline/replicate.h"
 
@@ -85,7 +86,10 @@ struct CleanupResult {
 class ImageCatalog {
  public:
   // Opens (creating file, folder and schema) the catalog at `db_path`.
-  static Result<std::unique_ptr<ImageCatalog>> Open(const std::string& db_path);
+  // Every file the catalog handles besides the database itself (disk
+  // folders, copies and their records, lock files, /proc for owners) goes
+  // through `env`, which must outlive the catalog.
+  static Result<std::unique_ptr<ImageCatalog>> Open(Env& env, const std::string& db_path);
   ~ImageCatalog();
   ImageCatalog(const ImageCatalog&) = delete;
   ImageCatalog& operator=(const ImageCatalog&) = delete;
@@ -93,9 +97,9 @@ class ImageCatalog {
   // Prepares the first ready copy of `name` from `source` in `disk`
   // (DISK/NAME), checked against `expected_sha512` if given. An image of
   // that name must not exist yet, unless re-adding to a disk that failed.
-  // Holds the image's lock throughout (kInvalidArgument, retryable, when
-  // another add or sync of `name` holds it) and first recovers the image's
-  // interrupted rows.
+  // Holds the image's lock throughout (kBusy, retryable, when another add
+  // or sync of `name` holds it) and first recovers the image's interrupted
+  // rows.
   // Returns the copy's record (state ready). A failed add returns its
   // error and leaves no row of the image (nor of its copy) behind: a copy
   // that never became ready is no copy; add again once the cause is fixed.
@@ -106,8 +110,8 @@ class ImageCatalog {
                               const pipeline::ReplicateOptions& options);
   // Delivers `name` to every disk in `disks` that lacks a ready copy, from
   // ready copies (copies that become ready send too). Each send checks the
-  // image's SHA-512. Holds the image's lock throughout: kInvalidArgument,
-  // retryable ("an image sync of NAME is already running"), at once when
+  // image's SHA-512. Holds the image's lock throughout: kBusy, retryable
+  // ("an image sync of NAME is already running"), at once when
   // another process (or another call in this one) syncs or adds `name`.
   // Recovers the image's interrupted rows first, so they are sent again.
   // kNotFound without a ready copy. Once options.replicate.copy.cancel is
@@ -144,7 +148,11 @@ class ImageCatalog {
   Result<CleanupResult> Cleanup(std::chrono::seconds unused_for, bool dry_run = false);
 
  private:
-  ImageCatalog(std::unique_ptr<SqliteDb> db, std::string lock_dir);
+  ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string lock_dir);
+  // The key of a disk folder: its canonical path.
+  std::string DiskKey(const std::string& disk);
+  // The copy's state after a send, written by a send thread.
+  Status RecordCopy(const ImageCopyRecord& copy);
   // The image's lock file: <catalog folder>/locks/images/NAME.lock.
   std::string LockPath(const std::string& name) const;
   // RecoverInterrupted, where the caller already holds the lock of image
@@ -154,6 +162,7 @@ class ImageCatalog {
   // once a second (and at the end).
   std::function<void(size_t, uint64_t, uint64_t)> PercentRecorder(const ImageCopyRecord& copy);
 
+  Env& env_;
   std::mutex mu_;
   std::unique_ptr<SqliteDb> db_;  // guarded by mu_
   const std::string lock_dir_;

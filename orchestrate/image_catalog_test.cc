@@ -65,7 +65,7 @@ TEST_F(ImageCatalogTest, OldCatalogGainsOwnerAndItsUnownedRowsAreInterrupted) {
   std::string a = Disk("a"), b = Disk("b");
   std::string temp = Temp(a, "base");
   {
-    auto db = SqliteDb::Open(Db());
+    auto db = SqliteDb::Open(PosixEnv(), Db());
     ASSERT_TRUE(db.ok()) << db.error().ToString();
     ASSERT_TRUE((*db)->Exec(kOldSchema).ok());
     ASSERT_TRUE((*db)->Exec("INSERT INTO images (name, source, created) VALUES ('base', '/src', 1);").ok());
@@ -74,7 +74,7 @@ TEST_F(ImageCatalogTest, OldCatalogGainsOwnerAndItsUnownedRowsAreInterrupted) {
                        "('base', '" + b + "', '" + b + "/base', 'ready', 100, 1);";
     ASSERT_TRUE((*db)->Exec(rows).ok());
   }
-  auto cat = ImageCatalog::Open(Db());
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(cat.ok()) << cat.error().ToString();
   auto before = CopiesByDisk(**cat, "base");
   EXPECT_EQ(before[a].state, "in-progress");
@@ -94,14 +94,14 @@ TEST_F(ImageCatalogTest, OldCatalogGainsOwnerAndItsUnownedRowsAreInterrupted) {
 
   // Opening again (already migrated) changes nothing.
   cat->reset();
-  auto again = ImageCatalog::Open(Db());
+  auto again = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(again.ok()) << again.error().ToString();
   EXPECT_EQ(CopiesByDisk(**again, "base")[a].state, "failed");
 }
 
 TEST_F(ImageCatalogTest, OnlyGoneOwnersAreRecovered) {
   std::string live = Disk("live"), remote = Disk("remote"), dead = Disk("dead"), queued = Disk("queued");
-  ProcessOwner self = ProcessOwner::Self();
+  ProcessOwner self = ProcessOwner::Self(PosixEnv());
   ProcessOwner elsewhere = self;
   elsewhere.host += "-elsewhere";
   elsewhere.pid = 1;
@@ -110,15 +110,15 @@ TEST_F(ImageCatalogTest, OnlyGoneOwnersAreRecovered) {
     ::pause();
     ::_exit(0);
   }
-  auto child_owner = ProcessOwner::Of(child);
+  auto child_owner = ProcessOwner::Of(PosixEnv(), child);
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
   ASSERT_TRUE(child_owner.ok());
 
-  auto cat = ImageCatalog::Open(Db());
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(cat.ok()) << cat.error().ToString();
   {
-    auto db = SqliteDb::Open(Db());
+    auto db = SqliteDb::Open(PosixEnv(), Db());
     ASSERT_TRUE(db.ok());
     ASSERT_TRUE((*db)->Exec("INSERT INTO images (name, source, created) VALUES ('base', '/src', 1);").ok());
     auto st = (*db)->Prepare("INSERT INTO image_copies (image, disk, path, state, updated, owner) "
@@ -137,7 +137,7 @@ TEST_F(ImageCatalogTest, OnlyGoneOwnersAreRecovered) {
   // While another process (here: another lock) holds the image, nothing is
   // touched: that add or sync owns the image's rows.
   {
-    auto held = FileLock::TryAcquire(dir_ / "locks/images/base.lock", "busy");
+    auto held = TryLockFile(PosixEnv(), dir_ / "locks/images/base.lock", "busy");
     ASSERT_TRUE(held.ok()) << held.error().ToString();
     auto r = (*cat)->RecoverInterrupted("base");
     ASSERT_TRUE(r.ok()) << r.error().ToString();
@@ -168,13 +168,13 @@ TEST_F(ImageCatalogTest, OnlyGoneOwnersAreRecovered) {
 }
 
 TEST_F(ImageCatalogTest, SyncOfALockedImageIsRefusedAtOnce) {
-  auto cat = ImageCatalog::Open(Db());
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(cat.ok()) << cat.error().ToString();
-  auto held = FileLock::TryAcquire(dir_ / "locks/images/base.lock", "busy");
+  auto held = TryLockFile(PosixEnv(), dir_ / "locks/images/base.lock", "busy");
   ASSERT_TRUE(held.ok());
   auto r = (*cat)->Sync("base", {Disk("a")}, SyncOptions{});
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(r.error().code(), ErrorCode::kBusy);
   EXPECT_TRUE(r.error().retryable());
   EXPECT_EQ(r.error().message(), "an image sync of base is already running");
   held->reset();

@@ -76,11 +76,10 @@ struct Policy {
 // per line, as "FILE:LINE:COLUMN: message" (unknown keys with "did you
 // mean ...?", wrong types, bad values, missing required fields, duplicate
 // keys or source names); YAML syntax errors the same way.
-Result<Policy> ParsePolicy(std::string_view yaml, std::string_view file_name = "policy",
-                           Env& env = Env::Default());
+Result<Policy> ParsePolicy(Env& env, std::string_view yaml, std::string_view file_name = "policy");
 
 // Reads `path` through `env` (at most 1 MiB) and parses it.
-Result<Policy> LoadPolicy(const std::string& path, Env& env = Env::Default());
+Result<Policy> LoadPolicy(Env& env, const std::string& path);
 
 // The next `count` scheduled run times after `after` (empty without a
 // schedule).

@@ -94,7 +94,7 @@ TEST(PolicyHooksTest, FailingPreHookSkipsTheBackupAndPostHookStillRuns) {
   TempDir dir;
   ASSERT_TRUE(Env::Default().CreateDirs(dir / "t").ok());
   const std::string log = dir / "hooks.log";
-  auto p = ParsePolicy("name: hooked\nsources:\n  - nbd: nbd://h/good\n  - nbd: nbd://h/bad\ntargets: [" + (dir / "t") +
+  auto p = ParsePolicy(Env::Default(), "name: hooked\nsources:\n  - nbd: nbd://h/good\n  - nbd: nbd://h/bad\ntargets: [" + (dir / "t") +
                        "]\npre_hook: 'echo pre $BARGE_SOURCE >> " + log +
                        "; test $BARGE_SOURCE != bad || { echo cannot freeze >&2; exit 5; }'\n"
                        "post_hook: {command: 'echo post $BARGE_SOURCE $BARGE_HOOK_STATUS >> " + log +
@@ -107,7 +107,7 @@ TEST(PolicyHooksTest, FailingPreHookSkipsTheBackupAndPostHookStillRuns) {
   o.backend = &backend;
   o.hooks = hooks.get();
   o.manual = true;
-  auto r = RunPolicyOnce(*p, o);
+  auto r = RunPolicyOnce(Env::Default(), *p, o);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(backend.backups.load(), 1);
   EXPECT_EQ(r->failed, 1u);

@@ -44,8 +44,8 @@ class Runner {
         return std::uniform_int_distribution<size_t>(0, n - 1)(rng_);
       };
     }
-    run_id_ = policy.name + "-" + FormatRfc3339(now_()) + "-" + std::to_string(ProcessOwner::Self().pid);
-    host_ = ProcessOwner::Self().host;
+    run_id_ = policy.name + "-" + FormatRfc3339(now_()) + "-" + std::to_string(ProcessOwner::Self(env_).pid);
+    host_ = ProcessOwner::Self(env_).host;
   }
 
   // Runs f with the catalog connection to itself.
@@ -297,8 +297,7 @@ std::string PolicyLockPath(const std::string& catalog_path, const std::string& p
 
 std::string BargeVersion() { return pipeline::BackupRequest().tool_version; }
 
-Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options) {
-  Env& env = options.env != nullptr ? *options.env : Env::Default();
+Result<RunReport> RunPolicyOnce(Env& env, const Policy& policy, const RunOptions& options) {
   if ((policy.pre_hook || policy.post_hook) && options.hooks == nullptr) {
     return Error::InvalidArgument("policy " + policy.name + " has hooks but no hook runner was given");
   }
@@ -309,7 +308,7 @@ Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options)
     backend = own_backend.get();
   }
   BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
-  BARGE_ASSIGN_OR_RETURN(auto catalog, PolicyCatalog::Open(options.catalog_path));
+  BARGE_ASSIGN_OR_RETURN(auto catalog, PolicyCatalog::Open(env, options.catalog_path));
   // We hold the lock: a "running" record is a dead process's.
   BARGE_RETURN_IF_ERROR(catalog->FailInterrupted(policy.name));
   Runner runner(policy, options, env, *backend, *catalog);
@@ -321,9 +320,8 @@ Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options)
   return report;
 }
 
-Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const ForgetPolicy& keep,
+Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& policy, const ForgetPolicy& keep,
                                                      const ForgetOptions& options) {
-  Env& env = options.env != nullptr ? *options.env : Env::Default();
   for (const auto& want : options.only_sources) {
     if (policy.FindSource(want) == nullptr) {
       return Error::NotFound("policy " + policy.name + " has no source '" + want + "'");
@@ -332,7 +330,7 @@ Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const
   BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
   std::unique_ptr<PolicyCatalog> catalog;
   if (!options.dry_run) {
-    BARGE_ASSIGN_OR_RETURN(catalog, PolicyCatalog::Open(options.catalog_path));
+    BARGE_ASSIGN_OR_RETURN(catalog, PolicyCatalog::Open(env, options.catalog_path));
   }
   std::vector<ForgetSourceReport> out;
   for (const auto& s : policy.sources) {

@@ -123,7 +123,6 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
 
 struct RunOptions {
   std::string catalog_path;  // the policy lock goes to <its folder>/locks/
-  Env* env = nullptr;        // null: Env::Default()
   std::function<SysSeconds()> now;  // the clock; null: the system clock
   PickFn pick;                      // placement tie-break; null: random
   SourceBackend* backend = nullptr; // null: NewDefaultSourceBackend(env)
@@ -168,13 +167,12 @@ struct RunReport {
 // another run of the policy holds its lock (unless wait_for_lock);
 // kInvalidArgument when the policy has hooks and no HookRunner was given;
 // catalog errors.
-Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options);
+Result<RunReport> RunPolicyOnce(Env& env, const Policy& policy, const RunOptions& options);
 
 // ---- forget ----
 
 struct ForgetOptions {
   std::string catalog_path;
-  Env* env = nullptr;
   std::vector<std::string> only_sources;  // empty = every source of the policy
   bool dry_run = false;
   bool wait_for_lock = false;
@@ -190,7 +188,7 @@ struct ForgetSourceReport {
 // restic-style retention over each source's points with the guarantee of
 // PlanRetention; with dry_run only the plans. Takes the policy's lock
 // (kBusy when a run holds it, unless wait_for_lock).
-Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const ForgetPolicy& keep,
+Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& policy, const ForgetPolicy& keep,
                                                      const ForgetOptions& options);
 
 // The lock file of a policy: <catalog folder>/locks/policy-<name>.lock.

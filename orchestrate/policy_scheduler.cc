@@ -23,8 +23,9 @@ SchedulerClock& SystemSchedulerClock() {
   return clock;
 }
 
-PolicyScheduler::PolicyScheduler(Policy policy, SchedulerOptions options)
-    : opt_(std::move(options)),
+PolicyScheduler::PolicyScheduler(Env& env, Policy policy, SchedulerOptions options)
+    : env_(env),
+      opt_(std::move(options)),
       clock_(opt_.clock != nullptr ? *opt_.clock : SystemSchedulerClock()),
       policy_(std::move(policy)) {
   status_.policy = policy_.name;
@@ -85,7 +86,7 @@ SysSeconds PolicyScheduler::Pass() {
   o.wait_for_lock = false;
   const SysSeconds start = clock_.Now();
   // Stopped before it began: nothing is started (and nothing recorded).
-  auto report = stop_.load() ? Result<RunReport>(RunReport{}) : RunPolicyOnce(policy, o);
+  auto report = stop_.load() ? Result<RunReport>(RunReport{}) : RunPolicyOnce(env_, policy, o);
   const bool busy = !report.ok() && report.error().code() == ErrorCode::kBusy;
   {
     // The counts first: whoever on_run tells sees them already.
@@ -121,13 +122,13 @@ SysSeconds PolicyScheduler::Pass() {
 
 void PolicyScheduler::RefreshMetrics(const Policy& policy) {
   if (opt_.metrics == nullptr && opt_.metrics_textfile.empty()) return;
-  Env& env = opt_.run.env != nullptr ? *opt_.run.env : Env::Default();
+  Env& env = env_;
   const SysSeconds now = clock_.Now();
   for (const auto& s : policy.sources) first_seen_.emplace(s.name, now);
   auto fail = [this](const Error& e) {
     if (opt_.on_error) opt_.on_error(e);
   };
-  auto catalog = PolicyCatalog::Open(opt_.run.catalog_path);
+  auto catalog = PolicyCatalog::Open(env, opt_.run.catalog_path);
   if (!catalog.ok()) return fail(catalog.error());
   auto snap = CollectPolicyMetrics(policy, **catalog, env, now);
   if (!snap.ok()) return fail(snap.error());

@@ -67,7 +67,8 @@ struct SchedulerStatus {
 // Thread-safe: Loop() on one thread; Replace, Stop and status from others.
 class PolicyScheduler {
  public:
-  PolicyScheduler(Policy policy, SchedulerOptions options);
+  // `env` must outlive the scheduler.
+  PolicyScheduler(Env& env, Policy policy, SchedulerOptions options);
   PolicyScheduler(const PolicyScheduler&) = delete;
   PolicyScheduler& operator=(const PolicyScheduler&) = delete;
 
@@ -95,6 +96,7 @@ class PolicyScheduler {
   SysSeconds Pass();
   void RefreshMetrics(const Policy& policy);
 
+  Env& env_;
   SchedulerOptions opt_;
   SchedulerClock& clock_;
   mutable std::mutex mu_;

@@ -70,7 +70,7 @@ class PolicySchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "t").ok()); }
   Policy Parse(const std::string& extra) {
-    auto p = ParsePolicy("name: sched\nsources:\n  - nbd: nbd://h/one\ntargets: [" + (dir_ / "t") + "]\n" + extra);
+    auto p = ParsePolicy(Env::Default(), "name: sched\nsources:\n  - nbd: nbd://h/one\ntargets: [" + (dir_ / "t") + "]\n" + extra);
     EXPECT_TRUE(p.ok()) << p.error().message();
     return p.ok() ? *p : Policy{};
   }
@@ -105,7 +105,7 @@ class PolicySchedulerTest : public ::testing::Test {
 };
 
 TEST_F(PolicySchedulerTest, SlotsCoalescingReplaceAndMetrics) {
-  PolicyScheduler sched(Parse("schedule: '*/5 * * * *'\n"), Options());
+  PolicyScheduler sched(Env::Default(), Parse("schedule: '*/5 * * * *'\n"), Options());
   std::thread loop([&] { sched.Loop(); });
 
   // Never backed up: due at once; then asleep until the 10:05 slot.
@@ -151,10 +151,10 @@ TEST_F(PolicySchedulerTest, SlotsCoalescingReplaceAndMetrics) {
 
 TEST_F(PolicySchedulerTest, StopEndsTheRunInProgressAndFailsItsRecords) {
   auto o = Options();
-  auto p = ParsePolicy("name: sched\nsources:\n  - nbd: nbd://h/slow\ntargets: [" + (dir_ / "t") +
+  auto p = ParsePolicy(Env::Default(), "name: sched\nsources:\n  - nbd: nbd://h/slow\ntargets: [" + (dir_ / "t") +
                        "]\nschedule: '@daily'\n");
   ASSERT_TRUE(p.ok());
-  PolicyScheduler sched(*p, o);
+  PolicyScheduler sched(Env::Default(), *p, o);
   std::thread loop([&] { sched.Loop(); });
   ASSERT_TRUE(Eventually([&] { return backend_.blocked.load(); }));
   EXPECT_TRUE(sched.status().running);
@@ -165,7 +165,7 @@ TEST_F(PolicySchedulerTest, StopEndsTheRunInProgressAndFailsItsRecords) {
   const RunRecord& r = report.sources[0].record;
   EXPECT_EQ(r.result, "failed");
   EXPECT_EQ(r.error.rfind("stopped by SIGTERM", 0), 0u) << r.error;
-  auto catalog = PolicyCatalog::Open(dir_ / "catalog.db");
+  auto catalog = PolicyCatalog::Open(PosixEnv(), dir_ / "catalog.db");
   ASSERT_TRUE(catalog.ok());
   auto runs = (*catalog)->ListRuns({"sched", "", 0});
   ASSERT_TRUE(runs.ok());
@@ -186,7 +186,7 @@ TEST_F(PolicySchedulerTest, AnotherProcessHoldingTheLockIsRetried) {
   ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "locks").ok());
   auto held = Env::Default().LockFile(PolicyLockPath(o.run.catalog_path, "sched"));
   ASSERT_TRUE(held.ok());
-  PolicyScheduler sched(Parse("schedule: '@daily'\n"), o);
+  PolicyScheduler sched(Env::Default(), Parse("schedule: '@daily'\n"), o);
   std::thread loop([&] { sched.Loop(); });
   ASSERT_TRUE(Eventually([&] { return sched.status().next_pass.has_value(); }));
   EXPECT_EQ(FormatRfc3339(*sched.status().next_pass), "2026-11-22T10:00:40Z");
@@ -207,7 +207,7 @@ TEST_F(PolicySchedulerTest, SourceNeverRunKnownSinceFirstSeen) {
   // the daemon knows the source (so a missing-backup alert can fire).
   auto o = Options();
   o.metrics_textfile = dir_ / "barge.prom";
-  PolicyScheduler sched(Parse("max_duration_without_backup: 1h\n"), o);
+  PolicyScheduler sched(Env::Default(), Parse("max_duration_without_backup: 1h\n"), o);
   std::thread loop([&] { sched.Loop(); });
   ASSERT_TRUE(Eventually([&] { return sched.status().last_pass.has_value(); }));
   sched.Stop("done");

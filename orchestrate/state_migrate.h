@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 
 namespace barge::orchestrate {
@@ -50,15 +51,6 @@ struct MigrateJournalRecord {
 // naming both folders, or non-string folder names.
 Result<std::vector<MigrateJournalRecord>> ParseMigrateJournal(std::string_view text);
 
-struct StateMigrateOptions {
-  // Test hook: return kCancelled right after step `stop_after_step` is
-  // durable, touching nothing more (as if the process died there). 0: never.
-  int stop_after_step = 0;
-  // Test hook: stop (likewise) after copying this many files, before the
-  // kCopied step. 0: never.
-  int stop_after_files = 0;
-};
-
 struct MigratedFile {
   std::string path;  // relative to the folder
   std::string kind;  // "file", "dir" or "symlink"
@@ -84,8 +76,9 @@ struct StateMigrateResult {
 // Returns the result; kInvalidArgument/kNotSupported before anything is
 // touched; any other error before kCurrent leaves `from` current and removes
 // the new copy; an error after it leaves the new copy current (run again to
-// finish). May block for a long time.
-Result<StateMigrateResult> MigrateState(const std::string& from, const std::string& to,
-                                        const StateMigrateOptions& options = {});
+// finish). May block for a long time. Every file operation goes through
+// `env`: a test stops it after any durable step, or after any file copied,
+// as a crash would (tests/testing/env_wrappers.h).
+Result<StateMigrateResult> MigrateState(Env& env, const std::string& from, const std::string& to);
 
 }  // namespace barge::orchestrate

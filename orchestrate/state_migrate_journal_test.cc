@@ -84,7 +84,7 @@ TEST(MigrateStateJournalTest, CorruptJournalTouchesNothing) {
   // A journal that would say 'current' (recovery removes the old folder)
   // were its steps not out of order.
   std::ofstream(to / kMigrateJournalName) << Begin(from.string(), to.string()) + Line(4);
-  auto r = MigrateState(from.string(), to.string());
+  auto r = MigrateState(PosixEnv(), from.string(), to.string());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), ErrorCode::kCorruption) << r.error().ToString();
   EXPECT_EQ(r.error().path(), (to / kMigrateJournalName).string());
@@ -101,7 +101,7 @@ TEST(MigrateStateJournalTest, AppendCutsATornLineFirst) {
   // Stopped while appending 'old-removed' after the commit point.
   std::ofstream(to / kMigrateJournalName)
       << Begin(from.string(), to.string()) + Line(2) + Line(3) + Line(4) + "{\"name\":\"old-re";
-  auto r = MigrateState(from.string(), to.string());
+  auto r = MigrateState(PosixEnv(), from.string(), to.string());
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->recovery, "finished");
   EXPECT_FALSE(fs::exists(from));

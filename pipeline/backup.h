@@ -3,13 +3,11 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 
+#include "blockio/env.h"
 #include "blockio/extent.h"
-#include "blockio/sink.h"
 #include "blockio/source.h"
 #include "formats/manifest.h"
 #include "pipeline/copy.h"
@@ -40,15 +38,6 @@ struct BackupRequest {
   // cancel). Compression fields are taken from above.
   CopyOptions copy;
   std::string tool_version = "0.1.0";
-
-  // Wrapper points for tests (fault injection, blockio/fault.h); unset in
-  // production. wrap_source wraps the source the copy reads (not the
-  // extent probe of the space estimate); wrap_sink wraps the sink of each
-  // output file (image, digest table, manifest; named by its final file
-  // name) for every write and flush of its contents. The wrapper forwards
-  // to its argument, which outlives it.
-  std::function<std::unique_ptr<BlockSource>(BlockSource&)> wrap_source;
-  std::function<std::unique_ptr<BlockSink>(BlockSink&, const std::string& file_name)> wrap_sink;
 };
 
 struct BackupResult {
@@ -71,8 +60,10 @@ struct BackupResult {
 // needed). Files go under temporary names and are renamed image, digests,
 // manifest last; on any error nothing new is left in the chain folder (and
 // a first backup that fails leaves no chain folder and no lock file).
-// A second backup of the same chain folder at the same time fails at once.
-Result<BackupResult> RunBackup(const BackupRequest& request);
+// A second backup of the same chain folder at the same time fails at once
+// (kBusy). Every file is opened, written, renamed and synced through `env`
+// (tests wrap it to fail or stop any call, blockio/env.h).
+Result<BackupResult> RunBackup(Env& env, const BackupRequest& request);
 
 // The default disk name for a source: its base name without extension
 // ("vm1.qcow2" -> "vm1"; "nbd://host/vda" -> "vda"; an NBD URI without an
@@ -85,6 +76,6 @@ Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
                                      uint32_t cluster_bytes);
 
 // Free bytes for an unprivileged writer on the filesystem holding `dir`.
-Result<uint64_t> FreeBytes(const std::string& dir);
+Result<uint64_t> FreeBytes(Env& env, const std::string& dir);
 
 }  // namespace barge::pipeline

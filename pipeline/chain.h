@@ -8,11 +8,12 @@
 #include <string_view>
 #include <vector>
 
+#include <memory>
+
 #include "blockio/env.h"
 #include "blockio/error.h"
 #include "formats/digest_table.h"
 #include "formats/image.h"
-#include <memory>
 #include "formats/manifest.h"
 #include "formats/units.h"
 
@@ -80,16 +81,17 @@ struct ChainFolder {
   Result<std::vector<size_t>> LayersOf(size_t index) const;
 };
 
-// An exclusive flock on DIR/.lock for the life of the object: the writer's
+// An exclusive lock on DIR/.lock for the life of the object: the writer's
 // lock of a chain folder (backup, merge, recovery of an interrupted merge).
 // Taken through Env::LockFile, so a lock file removed by its holder (a
 // failed first backup cleans up after itself) is never held by two.
 class ChainLock {
  public:
-  // wait false: fails at once (kBusy, retryable) when another job holds
-  // the lock; true: blocks until it is free. A missing folder is kNotFound
-  // naming it.
-  static Result<ChainLock> Acquire(const std::string& dir, bool wait = false);
+  // wait false: fails at once (kBusy, retryable: "another barge job is
+  // writing this chain folder now") when another job holds the lock; true:
+  // blocks until it is free. A missing folder is kNotFound naming it.
+  // `env` must outlive the lock.
+  static Result<ChainLock> Acquire(Env& env, const std::string& dir, bool wait = false);
   ChainLock(ChainLock&& o) noexcept = default;
   ChainLock& operator=(ChainLock&&) = delete;
   ChainLock(const ChainLock&) = delete;
@@ -97,32 +99,37 @@ class ChainLock {
 
   // Removes DIR/.lock while still holding it (a chain folder this job
   // created and leaves empty), then releases it.
-  void RemoveLockFile();
+  Status RemoveLockFile();
 
  private:
-  explicit ChainLock(std::unique_ptr<EnvLock> lock) : lock_(std::move(lock)) {}
+  ChainLock(Env& env, std::unique_ptr<EnvLock> lock) : env_(&env), lock_(std::move(lock)) {}
+  Env* env_;
   std::unique_ptr<EnvLock> lock_;
 };
+
+// Every function below reads through `env`.
 
 // Loads every manifest (*.json) of `dir`. A folder without manifests gives
 // an empty chain; a missing folder is kNotFound. Leftover temporaries of a
 // killed run (.*.barge-tmp) are ignored.
 // First, an interrupted merge (its journal, pipeline/merge_journal.h) is
-// completed under the chain lock: `held` is the caller's lock, or null to
-// take it here (waiting for a merge still running). With `held`, staged
-// files of a merge that stopped before its journal are removed too.
-Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* held = nullptr);
+// completed under the chain lock: `held` is the caller's lock (from
+// ChainLock::Acquire), or null to take it here (waiting for a merge still
+// running). With `held`, staged files of a merge that stopped before its
+// journal are removed too.
+Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const ChainLock* held = nullptr);
 
 // Reads and validates one digest table file.
-Result<formats::DigestTable> LoadDigestTable(const std::string& path);
+Result<formats::DigestTable> LoadDigestTable(Env& env, const std::string& path);
 
 // The effective digests of point `index` (its layers merged, newest wins),
 // checked against the manifest's image digest: kCorruption naming the point
 // if they disagree.
-Result<formats::DigestTable> EffectiveDigests(const ChainFolder& chain, size_t index);
+Result<formats::DigestTable> EffectiveDigests(Env& env, const ChainFolder& chain, size_t index);
 
-// Reads a small whole file (manifests); kNotFound / kIoError.
-Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes = 16 << 20);
+// Reads a small whole file (manifests, journals); kNotFound / kIoError, and
+// kCorruption when it is larger than `max_bytes`.
+Result<std::string> ReadSmallFile(Env& env, const std::string& path, uint64_t max_bytes = 16 << 20);
 
 // Binary search for a cluster's digest in a sorted table.
 std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
@@ -147,7 +154,8 @@ struct OpenedPoint {
 // EffectiveDigests), opens the image confined to the chain folder, and
 // checks that its qcow2 backing chain is exactly the layers the manifests
 // name (kCorruption otherwise, naming the layer).
-Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index);
+// `env` must outlive the opened point.
+Result<OpenedPoint> OpenPoint(Env& env, const ChainFolder& chain, size_t index);
 
 // The chain folder and point a user path names: a chain folder (with `at`),
 // a manifest file, or an image file with its manifest beside it.
@@ -155,6 +163,6 @@ struct PointLocation {
   std::string chain_dir;
   std::string at;
 };
-Result<PointLocation> LocatePoint(const std::string& path, const std::string& at);
+Result<PointLocation> LocatePoint(Env& env, const std::string& path, const std::string& at);
 
 }  // namespace barge::pipeline

@@ -1,10 +1,5 @@
 #include "pipeline/disk_generator.h"
 
-#include "formats/units.h"
-
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -12,6 +7,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "formats/units.h"
 
 namespace barge::pipeline {
 namespace {
@@ -193,14 +190,13 @@ DiskMix PlanDisk(const DiskGeneratorOptions& options) {
   return mix;
 }
 
-Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions& options) {
+Result<DiskMix> GenerateDisk(Env& env, const std::string& path, const DiskGeneratorOptions& options) {
   BARGE_RETURN_IF_ERROR(CheckGeneratedDiskSize(options.size_bytes));
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno(errno, "open", path);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  // Plain buffered writes: the disk stays in the page cache for whoever
+  // reads it next (a warm bench run), as a shell's dd would leave it.
+  FileOptions o;
+  o.write_behind = false;
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSink> sink, env.OpenSink(path, SinkMode::kTruncate, o));
 
   DiskMix mix;
   mix.size_bytes = options.size_bytes / kAlign * kAlign;
@@ -212,17 +208,7 @@ Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions
   uint64_t index = 0;
 
   auto write_all = [&](const std::byte* data, uint64_t len, uint64_t offset) -> Status {
-    while (len > 0) {
-      ssize_t n = ::pwrite(fd, data, len, static_cast<off_t>(offset));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Error::FromErrno(errno, "write", path);
-      }
-      data += n;
-      len -= static_cast<uint64_t>(n);
-      offset += static_cast<uint64_t>(n);
-    }
-    return OkStatus();
+    return sink->WriteAt(offset, std::span(data, len));
   };
 
   Layout(options, [&](const PlannedExtent& e) {
@@ -248,8 +234,8 @@ Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions
     }
   });
   if (!failed.ok()) return std::move(failed).error();
-  if (::ftruncate(fd, static_cast<off_t>(mix.size_bytes)) != 0) return Error::FromErrno(errno, "truncate", path);
-  if (::fsync(fd) != 0) return Error::FromErrno(errno, "fsync", path);
+  BARGE_RETURN_IF_ERROR(sink->Truncate(mix.size_bytes));
+  BARGE_RETURN_IF_ERROR(sink->Flush());
   return mix;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 
 namespace barge::pipeline {
@@ -52,6 +53,8 @@ DiskMix PlanDisk(const DiskGeneratorOptions& options);
 // zero runs are written as zero bytes), then fsyncs it. Returns the mix.
 // Errors: CheckGeneratedDiskSize's (before `path` is touched); the file's
 // (kIoError, kNoSpace, ...).
-Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions& options);
+// Writes the disk to `path` (replaced if it exists) through `env`: holes
+// are never written, the file is truncated to the size and synced.
+Result<DiskMix> GenerateDisk(Env& env, const std::string& path, const DiskGeneratorOptions& options);
 
 }  // namespace barge::pipeline

@@ -16,7 +16,7 @@ TEST(DiskGeneratorTest, SizeBelowOneMiBOrNotA4KMultipleIsRefusedAndNoFileWritten
   for (uint64_t size : {uint64_t{0}, uint64_t{1000}, uint64_t{4096}, (uint64_t{1} << 20) + 512}) {
     DiskGeneratorOptions o;
     o.size_bytes = size;
-    auto r = GenerateDisk(dir / "d.raw", o);
+    auto r = GenerateDisk(PosixEnv(), dir / "d.raw", o);
     ASSERT_FALSE(r.ok()) << size;
     EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
     EXPECT_FALSE(std::filesystem::exists(dir / "d.raw")) << size;

@@ -4,12 +4,10 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "blockio/sink.h"
+#include "blockio/env.h"
 #include "formats/manifest.h"
 #include "pipeline/copy.h"
 #include "pipeline/merge_journal.h"
@@ -25,14 +23,6 @@ struct MergeRequest {
   // Knobs (memory, threads, progress, stats, cancel); cluster size,
   // compression and verify are the chain's.
   CopyOptions copy;
-
-  // Test seams; unset in production.
-  // Wraps the sink of the new image (e.g. a FaultSink); it forwards to its
-  // argument, which outlives it.
-  std::function<std::unique_ptr<BlockSink>(BlockSink&)> wrap_image_sink;
-  // Called after each step from "staged" on; an error stops the merge there
-  // as a crash would, leaving every file as it is.
-  MergeStepHook after_step;
 };
 
 struct MergeResult {
@@ -46,7 +36,8 @@ struct MergeResult {
   double seconds = 0;
 };
 
-// Merges under the chain lock. Steps: complete any interrupted merge (as
+// Merges under the chain lock; every file operation goes through `env`
+// (tests fail or stop it at any call to check the protocol). Steps: complete any interrupted merge (as
 // LoadChainFolder does); flatten the point into a staged full qcow2 (same
 // cluster size and compression, zero clusters omitted), every cluster
 // verified against the chain's digests; stage its digest table (data
@@ -63,6 +54,6 @@ struct MergeResult {
 // another branch still depends on a layer that would be removed; kBusy when
 // another job holds the folder; kCancelled when options.copy.cancel is set
 // before the journal is written (nothing changed).
-Result<MergeResult> RunMerge(const MergeRequest& request);
+Result<MergeResult> RunMerge(Env& env, const MergeRequest& request);
 
 }  // namespace barge::pipeline

@@ -14,6 +14,7 @@
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
 #include "pipeline/restore.h"
+#include "tests/testing/env_wrappers.h"
 #include "tests/testing/testing.h"
 
 namespace barge::pipeline {
@@ -55,7 +56,7 @@ void Backup(const std::string& raw, const std::string& target, std::optional<Ran
   req.incremental = dirty.has_value();
   req.dirty_ranges = dirty;
   req.copy = Knobs();
-  auto r = RunBackup(req);
+  auto r = RunBackup(PosixEnv(), req);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
 }
 
@@ -85,7 +86,7 @@ Chain MakeChain(const TempDir& tmp) {
     c.disks.push_back(disk);
   }
   c.dir = tmp / "d";
-  auto chain = LoadChainFolder(c.dir);
+  auto chain = LoadChainFolder(PosixEnv(), c.dir);
   if (chain.ok()) {
     for (const auto& p : chain->points) c.ids.push_back(p.manifest.id);
   }
@@ -100,7 +101,7 @@ Result<std::vector<std::byte>> Restore(const std::string& dir, const std::string
   req.destination = out;
   req.force = true;
   req.copy = Knobs();
-  auto r = RunRestore(req);
+  auto r = RunRestore(PosixEnv(), req);
   if (!r.ok()) return r.error();
   return testing::ReadFile(out);
 }
@@ -116,7 +117,7 @@ std::set<std::string> Listing(const std::string& dir) {
 // and by its position (now k - first); the ones before are gone; verify
 // --all passes.
 void ExpectPointsFrom(const Chain& c, const TempDir& tmp, size_t first) {
-  auto chain = LoadChainFolder(c.dir);
+  auto chain = LoadChainFolder(PosixEnv(), c.dir);
   ASSERT_TRUE(chain.ok()) << chain.error().ToString();
   ASSERT_EQ(chain->points.size(), c.disks.size() - first);
   for (size_t k = first; k < c.disks.size(); ++k) {
@@ -131,25 +132,29 @@ void ExpectPointsFrom(const Chain& c, const TempDir& tmp, size_t first) {
   v.path = c.dir;
   v.all_points = true;
   v.copy = Knobs();
-  auto verified = RunVerify(v);
+  auto verified = RunVerify(PosixEnv(), v);
   ASSERT_TRUE(verified.ok()) << verified.error().ToString();
   EXPECT_EQ(verified->verified_ids.size(), c.disks.size() - first);
 }
 
-Result<MergeResult> Merge(const std::string& dir, const std::string& through,
-                          MergeStepHook hook = {}) {
+Result<MergeResult> Merge(const std::string& dir, const std::string& through, Env& env = PosixEnv()) {
   MergeRequest req;
   req.chain_dir = dir;
   req.through = through;
   req.copy = Knobs();
-  req.after_step = std::move(hook);
-  return RunMerge(req);
+  return RunMerge(env, req);
+}
+
+bool JournalExists(const std::string& dir) {
+  auto exists = MergeJournalExists(PosixEnv(), dir);
+  EXPECT_TRUE(exists.ok()) << exists.error().ToString();
+  return exists.ok() && *exists;
 }
 
 TEST(MergeTest, ThroughMiddlePointFoldsOlderLayers) {
   TempDir tmp;
   Chain c = MakeChain(tmp);
-  auto before = LoadChainFolder(c.dir);
+  auto before = LoadChainFolder(PosixEnv(), c.dir);
   ASSERT_TRUE(before.ok());
   const formats::BackupManifest old2 = before->points[2].manifest;
 
@@ -164,7 +169,7 @@ TEST(MergeTest, ThroughMiddlePointFoldsOlderLayers) {
   EXPECT_EQ(r->manifest.image_digest, old2.image_digest);
   EXPECT_EQ(r->manifest.reason, "merged " + before->points[0].manifest.id + ".." + old2.id);
   for (const auto& f : r->removed_files) EXPECT_FALSE(fs::exists(c.dir + "/" + f)) << f;
-  EXPECT_FALSE(MergeJournalExists(c.dir));
+  EXPECT_FALSE(JournalExists(c.dir));
   ExpectPointsFrom(c, tmp, 2);
 
   // The chain goes on: an incremental on top of the merged chain.
@@ -173,7 +178,7 @@ TEST(MergeTest, ThroughMiddlePointFoldsOlderLayers) {
   Patch(c.disks.back(), 3 * kMiB, 4096, 0x66);
   testing::WriteFile(raw, c.disks.back());
   Backup(raw, tmp.path().string(), RangeList{{3 * kMiB, 4096}});
-  auto after = LoadChainFolder(c.dir);
+  auto after = LoadChainFolder(PosixEnv(), c.dir);
   ASSERT_TRUE(after.ok());
   c.ids.push_back(after->latest().manifest.id);
   EXPECT_EQ(c.ids.back().substr(0, 5), "0005-");  // sequences are never reused
@@ -190,7 +195,7 @@ TEST(MergeTest, AtZeroAfterMergeIsTheMergedFull) {
   auto bytes = Restore(c.dir, "0", tmp / "restored.raw");
   ASSERT_TRUE(bytes.ok()) << bytes.error().ToString();
   EXPECT_TRUE(*bytes == c.disks[2]);
-  auto chain = LoadChainFolder(c.dir);
+  auto chain = LoadChainFolder(PosixEnv(), c.dir);
   ASSERT_TRUE(chain.ok());
   EXPECT_EQ(chain->points[*chain->Resolve("0")].manifest.id, c.ids[2]);
   EXPECT_EQ(chain->points[*chain->Resolve("2")].manifest.id, c.ids[4]);
@@ -207,7 +212,7 @@ TEST(MergeTest, DryRunSaysWhatWouldChangeAndChangesNothing) {
   req.through = c.ids[2];
   req.dry_run = true;
   req.copy = Knobs();
-  auto r = RunMerge(req);
+  auto r = RunMerge(PosixEnv(), req);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_TRUE(r->dry_run);
   EXPECT_FALSE(r->merged);
@@ -263,16 +268,16 @@ TEST(MergeTest, FailedImageWriteLeavesFolderAsItWas) {
   Chain c = MakeChain(tmp);
   std::set<std::string> listing = Listing(c.dir);
   for (FaultOp op : {FaultOp::kWrite, FaultOp::kFlush}) {
-    MergeRequest req;
-    req.chain_dir = c.dir;
-    req.through = "3";
-    req.copy = Knobs();
-    req.wrap_image_sink = [op](BlockSink& sink) {
-      auto f = std::make_unique<FaultSink>(sink);
-      f->faults().AddRule(FaultRule::NthAndAfter(op, op == FaultOp::kFlush ? 1 : 2));
-      return f;
-    };
-    auto r = RunMerge(req);
+    // The new image is written under its temporary name:
+    // ..<image>.qcow2.merge-new.barge-tmp.
+    bool wrapped = false;
+    testing::FaultFilesEnv env(PosixEnv(), [&](const std::string& path, FaultInjector& faults) {
+      if (!path.ends_with(".qcow2.merge-new.barge-tmp")) return;
+      wrapped = true;
+      faults.AddRule(FaultRule::NthAndAfter(op, op == FaultOp::kFlush ? 1 : 2));
+    });
+    auto r = Merge(c.dir, "3", env);
+    ASSERT_TRUE(wrapped);
     ASSERT_FALSE(r.ok()) << FaultOpName(op);
     EXPECT_EQ(r.error().code(), ErrorCode::kIoError) << r.error().ToString();
     EXPECT_EQ(Listing(c.dir), listing) << FaultOpName(op);
@@ -280,42 +285,53 @@ TEST(MergeTest, FailedImageWriteLeavesFolderAsItWas) {
   ExpectPointsFrom(c, tmp, 0);
 }
 
-// Stops the merge after its k-th step as a crash would, for every k, then
+bool IsJournal(const std::string& path) { return path.ends_with(std::string(kMergeJournalName)); }
+
+// Stops the merge right after its k-th durability boundary (flush, folder
+// sync, rename, link, unlink) as a killed process would, for every k, then
 // lets the next job (a restore, or the merge run again) finish the work.
+// This covers every step of the switch-over (after the staging, after the
+// journal, after each rename and removal, after the journal's removal)
+// and every point of the staging before it.
 TEST(MergeTest, CrashAtEveryStepIsCompletedByTheNextJob) {
   TempDir tmp;
   Chain c = MakeChain(tmp);
   std::string pristine = tmp / "pristine";
   fs::copy(c.dir, pristine, fs::copy_options::recursive);
-  int steps_total = 0;
+  int boundaries = 0;
+  int switch_over_steps = 0;  // crash points after the journal was written
   for (int k = 1;; ++k) {
     fs::remove_all(c.dir);
     fs::copy(pristine, c.dir, fs::copy_options::recursive);
-    int calls = 0;
-    auto r = Merge(c.dir, c.ids[3], [&](std::string_view step) -> Status {
-      if (++calls == k) return Error::Cancelled("simulated crash after: " + std::string(step));
-      return OkStatus();
-    });
+    testing::StopEnv env(PosixEnv());
+    env.StopAfter(k);
+    auto r = Merge(c.dir, c.ids[3], env);
     if (r.ok()) {
-      steps_total = k - 1;
+      ASSERT_FALSE(env.stopped());
+      boundaries = k - 1;
       break;
     }
-    ASSERT_EQ(r.error().code(), ErrorCode::kCancelled) << r.error().ToString();
-    // Step 1 staged the files (no journal yet: nothing changed); from step
-    // 2 on the journal decides and the merge completes.
-    const bool committed = k >= 2;
-    EXPECT_EQ(MergeJournalExists(c.dir), committed && k < 15) << "step " << k;
+    ASSERT_TRUE(env.stopped()) << r.error().ToString();
+    // Before the journal's rename nothing changed; from it on the journal
+    // decides and the merge completes.
+    const bool committed = env.Happened(EnvOp::kRename, IsJournal);
+    const bool journal_removed = env.Happened(EnvOp::kUnlink, IsJournal);
+    switch_over_steps += committed;
+    EXPECT_EQ(JournalExists(c.dir), committed && !journal_removed) << "boundary " << k;
     // Alternate who recovers: a reader (restore) or the merge itself.
     if (k % 2 == 0) ExpectPointsFrom(c, tmp, committed ? 3 : 0);
     auto again = Merge(c.dir, c.ids[3]);
     ASSERT_TRUE(again.ok()) << again.error().ToString();
-    EXPECT_EQ(again->merged, !committed) << "step " << k;
-    EXPECT_FALSE(MergeJournalExists(c.dir));
+    EXPECT_EQ(again->merged, !committed) << "boundary " << k;
+    EXPECT_FALSE(JournalExists(c.dir));
     ExpectPointsFrom(c, tmp, 3);
     for (const auto& name : Listing(c.dir)) EXPECT_NE(name[0], '.') << name;
   }
-  // staged, journal, 3 renames, 9 removals, journal removed.
-  EXPECT_EQ(steps_total, 15);
+  // From the journal on: its rename and folder sync, 3 renames, a folder
+  // sync, 9 removals, a folder sync, the journal's removal and a last
+  // folder sync. Before it, the staging's flushes, links and syncs.
+  EXPECT_EQ(switch_over_steps, 18);
+  EXPECT_GT(boundaries, switch_over_steps) << boundaries;
 }
 
 TEST(MergeTest, JournalNamesOnlyChainFiles) {
@@ -341,12 +357,13 @@ TEST(MergeTest, JournalNamesOnlyChainFiles) {
 TEST(MergeTest, DamagedStagedFileStopsRecoveryWithoutLoss) {
   TempDir tmp;
   Chain c = MakeChain(tmp);
-  int calls = 0;
-  auto r = Merge(c.dir, "2", [&](std::string_view) -> Status {
-    return ++calls == 2 ? Error::Cancelled("crash after the journal") : OkStatus();
-  });
+  // A crash right after the journal's rename.
+  testing::StopEnv env(PosixEnv());
+  env.StopAfter(1, [](EnvOp op, const std::string& path) { return op == EnvOp::kRename && IsJournal(path); });
+  auto r = Merge(c.dir, "2", env);
   ASSERT_FALSE(r.ok());
-  ASSERT_TRUE(MergeJournalExists(c.dir));
+  ASSERT_TRUE(env.stopped());
+  ASSERT_TRUE(JournalExists(c.dir));
   std::set<std::string> listing = Listing(c.dir);
   // The staged image loses its tail: the journal cannot be completed, and
   // nothing is renamed or removed.
@@ -356,7 +373,7 @@ TEST(MergeTest, DamagedStagedFileStopsRecoveryWithoutLoss) {
   }
   ASSERT_FALSE(staged.empty());
   fs::resize_file(staged, fs::file_size(staged) - 512);
-  auto chain = LoadChainFolder(c.dir);
+  auto chain = LoadChainFolder(PosixEnv(), c.dir);
   ASSERT_FALSE(chain.ok());
   EXPECT_EQ(chain.error().code(), ErrorCode::kCorruption) << chain.error().ToString();
   EXPECT_NE(chain.error().ToString().find("merge journal"), std::string::npos);

@@ -2,10 +2,9 @@
 #include "pipeline/restore.h"
 
 #include <chrono>
-#include <filesystem>
 
 #include "blockio/env.h"
-#include "blockio/file.h"
+#include "blockio/path.h"
 #include "blockio/nbd.h"
 #include "formats/qcow2_check.h"
 #include "formats/units.h"
@@ -14,8 +13,6 @@
 #include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -43,10 +40,12 @@ struct Target {
   BlockSink& sink() { return staged ? staged->sink() : *existing; }
 };
 
-Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
+Result<Target> OpenTarget(Env& env, const RestoreRequest& req, uint64_t size) {
   Target t;
   const std::string& dst = req.destination;
-  if (IsNbdUri(dst) || IsBlockDevice(dst)) {
+  Result<FileStat> st = IsNbdUri(dst) ? Error::NotFound("an NBD URI") : env.Stat(dst);
+  if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
+  if (IsNbdUri(dst) || (st.ok() && st->is_block_device())) {
     if (req.output_format != "raw") {
       return Error::InvalidArgument("block devices and NBD exports take raw output").set_path(dst);
     }
@@ -57,7 +56,7 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
       if (IsNbdUri(dst)) {
         BARGE_ASSIGN_OR_RETURN(probe, OpenNbdSource(dst));
       } else {
-        BARGE_ASSIGN_OR_RETURN(probe, OpenFileSource(dst));
+        BARGE_ASSIGN_OR_RETURN(probe, env.OpenSource(dst));
       }
       BARGE_ASSIGN_OR_RETURN(bool has_data, HoldsData(*probe));
       if (has_data) {
@@ -70,7 +69,7 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
     } else {
       FileOptions options;
       options.sync = req.sync;
-      BARGE_ASSIGN_OR_RETURN(t.existing, OpenFileSink(dst, SinkMode::kExisting, options));
+      BARGE_ASSIGN_OR_RETURN(t.existing, env.OpenSink(dst, SinkMode::kExisting, options));
     }
     if (t.existing->size_bytes() < size) {
       return Error::NoSpace("the destination holds " + formats::HumanBytesExact(t.existing->size_bytes()) +
@@ -79,34 +78,32 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
     }
     return t;
   }
-  BARGE_RETURN_IF_ERROR(CheckOutputPath(dst));
+  BARGE_RETURN_IF_ERROR(CheckOutputPath(env, dst));
   // Leftovers of killed runs in the output's folder go first (a live
   // writer's temporary is locked and kept).
-  (void)SweepStaleTemporaries(Env::Default(), fs::path(dst).parent_path().empty()
-                                                  ? std::string(".")
-                                                  : fs::path(dst).parent_path().string());
-  std::error_code ec;
-  if (fs::exists(dst, ec) && !req.force && fs::file_size(dst, ec) > 0) {
+  IgnoreError(SweepStaleTemporaries(env, DirName(dst)),
+              "a leftover that cannot be removed now goes at a later run");
+  if (st.ok() && !req.force && st->size_bytes > 0) {
     return Error::InvalidArgument("the destination file exists and is not empty; use --force to replace it")
         .set_path(dst);
   }
-  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(dst, /*overwrite=*/true, req.sync));
+  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(env, dst, /*overwrite=*/true, req.sync));
   return t;
 }
 
 }  // namespace
 
-Result<RestoreResult> RunRestore(const RestoreRequest& req) {
+Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   auto start = std::chrono::steady_clock::now();
   if (req.output_format != "raw" && req.output_format != "qcow2") {
     return Error::InvalidArgument("output format must be raw or qcow2");
   }
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(req.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, req.chain_dir));
   BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.at));
   if (req.on_point) req.on_point(index, chain.points[index].manifest);
-  BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
+  BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(env, chain, index));
   const formats::BackupManifest& m = point.point->manifest;
-  BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(req, m.virtual_size));
+  BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(env, req, m.virtual_size));
 
   std::unique_ptr<Destination> dest;
   if (req.output_format == "qcow2") {
@@ -153,8 +150,8 @@ Result<RestoreResult> RunRestore(const RestoreRequest& req) {
 
 namespace {
 
-Status CheckLayerStructure(const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, OpenFileSource(path));
+Status CheckLayerStructure(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path));
   auto report = formats::qcow2::CheckQcow2(*file);
   if (!report.ok()) return Error(report.error()).set_path(path);
   if (!report->clean()) {
@@ -176,15 +173,15 @@ struct VerifiedPoint {
 
 // Checks point `index` itself: manifests, digest tables, the structure of
 // each layer not checked yet, every cluster's digest and the image digest.
-Result<VerifiedPoint> VerifyPointData(const ChainFolder& chain, size_t index, const CopyOptions& options,
+Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t index, const CopyOptions& options,
                                       std::vector<bool>& structure_checked) {
   VerifiedPoint v;
-  BARGE_ASSIGN_OR_RETURN(v.point, OpenPoint(chain, index));
+  BARGE_ASSIGN_OR_RETURN(v.point, OpenPoint(env, chain, index));
   const formats::BackupManifest& m = v.point.point->manifest;
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   for (size_t l : layers) {
     if (structure_checked[l]) continue;
-    BARGE_RETURN_IF_ERROR(CheckLayerStructure(chain.PathOf(chain.points[l].manifest.image)));
+    BARGE_RETURN_IF_ERROR(CheckLayerStructure(env, chain.PathOf(chain.points[l].manifest.image)));
     structure_checked[l] = true;
   }
   v.copy = options;
@@ -209,7 +206,7 @@ Result<VerifiedPoint> VerifyPointData(const ChainFolder& chain, size_t index, co
 // or a failure that says something about the backup (damaged, unreadable
 // or missing data), not an interruption or a lack of resources. A record
 // that cannot be written is a warning, not a failed verification.
-void RecordOutcome(const ChainFolder& chain, size_t index, const Result<VerifiedPoint>& outcome,
+void RecordOutcome(Env& env, const ChainFolder& chain, size_t index, const Result<VerifiedPoint>& outcome,
                    double seconds, std::vector<std::string>& warnings) {
   if (!outcome.ok()) {
     const ErrorCode code = outcome.error().code();
@@ -224,19 +221,19 @@ void RecordOutcome(const ChainFolder& chain, size_t index, const Result<Verified
   r.duration_seconds = seconds;
   r.clusters_checked = outcome.ok() ? outcome->clusters_checked : 0;
   r.image = m.image;
-  auto st = Env::Default().Stat(chain.PathOf(m.image));
+  auto st = env.Stat(chain.PathOf(m.image));
   r.image_bytes = st.ok() ? st->size_bytes : 0;
   r.image_digest = m.image_digest;
-  Status s = WriteVerificationRecord(chain, index, r);
+  Status s = WriteVerificationRecord(env, chain, index, r);
   if (!s.ok()) warnings.push_back("could not record the verification of " + m.id + ": " + s.error().ToString());
 }
 
 }  // namespace
 
-Result<VerifyResult> RunVerify(const VerifyRequest& req) {
+Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
   auto start = std::chrono::steady_clock::now();
-  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(req.path, req.at));
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(where.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(env, req.path, req.at));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, where.chain_dir));
   std::vector<size_t> targets;
   if (req.all_points && !req.against.location.empty()) {
     return Error::InvalidArgument("--against compares one point with a source; drop --all");
@@ -253,8 +250,8 @@ Result<VerifyResult> RunVerify(const VerifyRequest& req) {
   std::vector<bool> structure_checked(chain.points.size(), false);
   for (size_t index : targets) {
     const auto point_start = std::chrono::steady_clock::now();
-    auto verified = VerifyPointData(chain, index, req.copy, structure_checked);
-    RecordOutcome(chain, index, verified, SecondsSince(point_start), result.warnings);
+    auto verified = VerifyPointData(env, chain, index, req.copy, structure_checked);
+    RecordOutcome(env, chain, index, verified, SecondsSince(point_start), result.warnings);
     if (!verified.ok()) return verified.error();
     const formats::BackupManifest& m = verified->point.point->manifest;
     CopyOptions copy = verified->copy;
@@ -267,7 +264,7 @@ Result<VerifyResult> RunVerify(const VerifyRequest& req) {
     result.verified_started_at.push_back(m.started_at);
 
     if (!req.against.location.empty()) {
-      BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(req.against));
+      BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, req.against));
       if (src.image->size_bytes() != m.virtual_size) {
         return Error::Corruption("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
                                  ", the backup " + formats::HumanBytesExact(m.virtual_size))

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "blockio/env.h"
 #include "formats/manifest.h"
 #include "pipeline/copy.h"
 #include "pipeline/endpoints.h"
@@ -45,7 +46,8 @@ struct RestoreResult {
 // written under a temporary name and renamed when verified; an existing
 // non-empty file, a block device or an NBD export holding data needs force.
 // An NBD destination gets zero ranges as NBD zero requests.
-Result<RestoreResult> RunRestore(const RestoreRequest& request);
+// Reads the chain and writes a file destination through `env`.
+Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& request);
 
 struct VerifyRequest {
   std::string path;       // chain folder, manifest or image
@@ -74,6 +76,7 @@ struct VerifyResult {
 // Each point's outcome (passed, or failed with damaged, unreadable or
 // missing data) is kept beside its manifest as <id>.verified
 // (pipeline/verification_record.h); `against` does not change it.
-Result<VerifyResult> RunVerify(const VerifyRequest& request);
+// Reads the chain (and the `against` source) through `env`.
+Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& request);
 
 }  // namespace barge::pipeline

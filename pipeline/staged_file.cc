@@ -1,32 +1,20 @@
-// StagedFile: temporary name, flush, rename, sync.
+// StagedFile: locked temporary name, flush, link or rename, folder sync.
 #include "pipeline/staged_file.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <filesystem>
 #include <thread>
 
-#include "blockio/env.h"
+#include "blockio/path.h"
 
 namespace barge::pipeline {
 
-namespace fs = std::filesystem;
-
-std::string StagedTempPath(const std::string& final_path) { return TempPathFor(final_path); }
-
-Status CheckOutputPath(const std::string& path) {
-  Env& env = Env::Default();
+Status CheckOutputPath(Env& env, const std::string& path) {
   auto st = env.Stat(path);
   if (st.ok()) {
-    if (st->is_regular()) return OkStatus();
+    if (st->is_regular() || st->is_block_device()) return OkStatus();
     if (st->is_directory()) {
       return Error::InvalidArgument("is a folder; name the output file in it").set_path(path);
     }
-    if (st->is_block_device()) return OkStatus();
     return Error::InvalidArgument(
                "is not a regular file or block device (a character device such as /dev/null, a FIFO or a "
                "socket): the output is written under a temporary name beside it and renamed over it, which "
@@ -34,22 +22,12 @@ Status CheckOutputPath(const std::string& path) {
         .set_path(path);
   }
   if (st.error().code() != ErrorCode::kNotFound) return st.error();
-  std::string dir = fs::path(path).parent_path().string();
-  if (dir.empty()) return OkStatus();
+  std::string dir = DirName(path);
+  if (dir.empty() || dir == ".") return OkStatus();
   auto d = env.Stat(dir);
   if (!d.ok() || !d->is_directory()) {
     return Error::NotFound("the output's folder does not exist").set_path(dir);
   }
-  return OkStatus();
-}
-
-Status SyncDirectory(const std::string& dir) {
-  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Error::FromErrno(errno, "open folder", dir);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return Error::FromErrno(err, "fsync folder", dir);
   return OkStatus();
 }
 
@@ -59,96 +37,94 @@ namespace {
 // leftover's lock for an instant before removing it: kBusy is retried
 // briefly before it counts as another live writer.
 Result<std::unique_ptr<EnvLock>> LockTemp(Env& env, const std::string& temp, const std::string& final_path) {
-  LockOptions o;
-  o.busy_message = "another process is writing this output now (its temporary " + temp + " is locked)";
+  LockOptions lo;
+  lo.busy_message = "another process is writing this file (its temporary " + temp + " is locked)";
   for (int attempt = 0;; ++attempt) {
-    auto lock = env.LockFile(temp, o);
-    if (lock.ok() || lock.error().code() != ErrorCode::kBusy || attempt == 4) {
-      if (!lock.ok() && lock.error().code() == ErrorCode::kBusy) {
-        return Error(lock.error()).set_path(final_path);
-      }
-      return lock;
-    }
+    auto lock = env.LockFile(temp, lo);
+    if (lock.ok()) return lock;
+    Error e = std::move(lock).error();
+    if (e.code() != ErrorCode::kBusy) return e;
+    if (attempt == 4) return e.set_path(final_path);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
 }  // namespace
 
-Result<std::unique_ptr<StagedFile>> StagedFile::Create(const std::string& final_path,
+Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::string& final_path,
                                                        bool overwrite, bool sync) {
-  Env& env = Env::Default();
-  BARGE_RETURN_IF_ERROR(CheckOutputPath(final_path));
-  if (!overwrite && env.Exists(final_path)) {
-    return Error::InvalidArgument("output exists (remove it or choose another name)")
-        .set_path(final_path);
+  BARGE_RETURN_IF_ERROR(CheckOutputPath(env, final_path));
+  {
+    auto st = env.Stat(final_path);
+    if (st.ok() && st->is_block_device()) {
+      return Error::InvalidArgument("is a block device: it is written in place, not replaced").set_path(final_path);
+    }
+    if (st.ok() && !overwrite) {
+      return Error::InvalidArgument("output exists (remove it or choose another name)")
+          .set_path(final_path);
+    }
+    if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
   }
-  if (auto st = env.Stat(final_path); st.ok() && st->is_block_device()) {
-    return Error::InvalidArgument("is a block device: it is written in place, not replaced").set_path(final_path);
-  }
-  std::string temp = StagedTempPath(final_path);
+  std::string temp = TempPathFor(final_path);
   // Only a regular file can be a writer's temporary; anything else at the
   // name (a planted symbolic link above all) is removed, never written
   // through.
   if (auto st = env.StatNoFollow(temp); st.ok() && !st->is_regular()) {
     BARGE_RETURN_IF_ERROR(env.Unlink(temp));
   }
-  // Locked before it is written: a live writer's temporary is refused
-  // (kBusy), the unlocked leftover of a killed run is ours to truncate.
+  // A leftover of a killed run is unlocked, hence ours to replace; a live
+  // writer's is not.
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<EnvLock> lock, LockTemp(env, temp, final_path));
-  TempRegistration registered(temp);
+  TempRegistration registration(temp);
   FileOptions options;
   options.sync = sync;
   auto sink = env.OpenSink(temp, SinkMode::kTruncate, options);
-  if (!sink.ok()) {
-    (void)env.Unlink(temp);
-    return sink.error();
-  }
-  return std::unique_ptr<StagedFile>(new StagedFile(final_path, temp, std::move(lock), std::move(registered),
-                                                    std::move(sink).value(), overwrite, sync));
+  if (!sink.ok()) return std::move(sink).error().Also(env.UnlinkIfExists(temp));
+  std::unique_ptr<StagedFile> file(new StagedFile(env, final_path, std::move(temp), std::move(lock),
+                                                  std::move(registration), overwrite, sync));
+  file->sink_ = std::move(sink).value();
+  return file;
 }
 
-StagedFile::StagedFile(std::string final_path, std::string temp_path, std::unique_ptr<EnvLock> lock,
-                       TempRegistration registered, std::unique_ptr<BlockSink> sink, bool overwrite, bool sync)
-    : final_path_(std::move(final_path)), temp_path_(std::move(temp_path)), lock_(std::move(lock)),
-      registered_(std::move(registered)), sink_(std::move(sink)), overwrite_(overwrite), sync_(sync) {}
+StagedFile::StagedFile(Env& env, std::string final_path, std::string temp_path,
+                       std::unique_ptr<EnvLock> lock, TempRegistration registration, bool overwrite,
+                       bool sync)
+    : env_(env), final_path_(std::move(final_path)), temp_path_(std::move(temp_path)),
+      lock_(std::move(lock)), registration_(std::move(registration)), overwrite_(overwrite), sync_(sync) {}
 
-StagedFile::~StagedFile() { Abandon(); }
-
-void StagedFile::Release() {
-  registered_ = TempRegistration();
-  lock_.reset();
+StagedFile::~StagedFile() {
+  IgnoreError(Abandon(),
+              "an error is already on its way out; the unlocked temporary goes at the next sweep");
 }
 
-void StagedFile::Abandon() {
-  if (done_) return;
+Status StagedFile::Abandon() {
+  if (done_) return OkStatus();
   done_ = true;
   sink_.reset();
-  // Removed while still locked: no other writer can have it.
-  (void)Env::Default().Unlink(temp_path_);
-  Release();
+  // Removed while still locked, so a sweep never sees it unlocked and half
+  // written.
+  Status removed = env_.UnlinkIfExists(temp_path_);
+  lock_.reset();
+  registration_ = TempRegistration();
+  return removed;
 }
 
 Status StagedFile::Commit() {
   if (done_) return Error::InvalidArgument("staged file already finished").set_path(final_path_);
-  Env& env = Env::Default();
-  BARGE_RETURN_IF_ERROR(sink_->Flush());
+  Status s = sink_->Flush();
   sink_.reset();
-  if (!overwrite_) {
+  if (s.ok()) {
     // link() fails if the target appeared meanwhile; rename() would replace it.
-    if (Status s = env.Link(temp_path_, final_path_); !s.ok()) {
-      Abandon();
-      return s;
-    }
-    (void)env.Unlink(temp_path_);
-  } else if (Status s = env.Rename(temp_path_, final_path_); !s.ok()) {
-    Abandon();
-    return s;
+    s = overwrite_ ? env_.Rename(temp_path_, final_path_) : env_.Link(temp_path_, final_path_);
   }
+  if (!s.ok()) return std::move(s).error().Also(Abandon());
   done_ = true;
-  Release();
+  registration_ = TempRegistration();
+  Status published = overwrite_ ? OkStatus() : env_.Unlink(temp_path_);
+  lock_.reset();
+  BARGE_RETURN_IF_ERROR(published);
   if (!sync_) return OkStatus();
-  return SyncDirectory(fs::path(final_path_).parent_path().string());
+  return env_.SyncDir(DirName(final_path_));
 }
 
 }  // namespace barge::pipeline

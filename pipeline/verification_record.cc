@@ -84,16 +84,16 @@ Result<VerificationRecord> DecodeVerificationRecord(std::string_view text) {
   return r;
 }
 
-Status WriteVerificationRecord(const ChainFolder& chain, size_t index, const VerificationRecord& record) {
+Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index, const VerificationRecord& record) {
   const std::string path = chain.PathOf(VerificationFileName(chain.points[index].manifest.id));
-  return Env::Default().WriteFileAtomic(path, EncodeVerificationRecord(record));
+  return env.WriteFileAtomic(path, EncodeVerificationRecord(record));
 }
 
-Result<std::optional<LastVerification>> ReadLastVerification(const ChainFolder& chain, size_t index,
+Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,
                                                              uint64_t image_bytes) {
   const formats::BackupManifest& m = chain.points[index].manifest;
   const std::string path = chain.PathOf(VerificationFileName(m.id));
-  auto text = Env::Default().ReadFile(path, kMaxRecordBytes);
+  auto text = env.ReadFile(path, kMaxRecordBytes);
   if (!text.ok()) {
     if (text.error().code() == ErrorCode::kNotFound) return std::optional<LastVerification>();
     return text.error();

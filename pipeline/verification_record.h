@@ -37,7 +37,7 @@ Result<VerificationRecord> DecodeVerificationRecord(std::string_view json);
 
 // Replaces point `index`'s record atomically (Env::WriteFileAtomic: a
 // crash leaves the old record or the new one). May block.
-Status WriteVerificationRecord(const ChainFolder& chain, size_t index, const VerificationRecord& record);
+Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index, const VerificationRecord& record);
 
 // What `list` shows for a point.
 struct LastVerification {
@@ -51,7 +51,7 @@ struct LastVerification {
 // Point `index`'s record: nullopt when it was never verified; kCorruption
 // naming the file when the record cannot be read as one. `image_bytes` is
 // the image file's size now (for the stale check). May block.
-Result<std::optional<LastVerification>> ReadLastVerification(const ChainFolder& chain, size_t index,
+Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,
                                                              uint64_t image_bytes);
 
 }  // namespace barge::pipeline

@@ -79,7 +79,7 @@ TEST(VerificationRecord, WrittenBesideTheManifestAndStaleWhenTheImageChanges) {
   p.manifest.image_digest = {1, 2};
   chain.points.push_back(p);
 
-  auto none = ReadLastVerification(chain, 0, 4096);
+  auto none = ReadLastVerification(PosixEnv(), chain, 0, 4096);
   ASSERT_TRUE(none.ok()) << none.error().ToString();
   EXPECT_FALSE(none->has_value());
 
@@ -90,23 +90,23 @@ TEST(VerificationRecord, WrittenBesideTheManifestAndStaleWhenTheImageChanges) {
   r.image = p.manifest.image;
   r.image_bytes = 4096;
   r.image_digest = {1, 2};
-  ASSERT_TRUE(WriteVerificationRecord(chain, 0, r).ok());
+  ASSERT_TRUE(WriteVerificationRecord(PosixEnv(), chain, 0, r).ok());
   EXPECT_TRUE(std::filesystem::exists(dir / "0000-20261122T150102Z.verified"));
-  auto fresh = ReadLastVerification(chain, 0, 4096);
+  auto fresh = ReadLastVerification(PosixEnv(), chain, 0, 4096);
   ASSERT_TRUE(fresh.ok() && fresh->has_value());
   EXPECT_TRUE((*fresh)->record.ok);
   EXPECT_FALSE((*fresh)->stale);
   // Another image size (a merge rewrote it) or digest: stale.
-  auto resized = ReadLastVerification(chain, 0, 8192);
+  auto resized = ReadLastVerification(PosixEnv(), chain, 0, 8192);
   ASSERT_TRUE(resized.ok() && resized->has_value());
   EXPECT_TRUE((*resized)->stale);
   chain.points[0].manifest.image_digest = {3, 4};
-  auto redigested = ReadLastVerification(chain, 0, 4096);
+  auto redigested = ReadLastVerification(PosixEnv(), chain, 0, 4096);
   ASSERT_TRUE(redigested.ok() && redigested->has_value());
   EXPECT_TRUE((*redigested)->stale);
   // A damaged record is an error naming the file, not "never verified".
   ASSERT_TRUE(Env::Default().WriteFileAtomic(dir / "0000-20261122T150102Z.verified", std::string("{oops")).ok());
-  auto damaged = ReadLastVerification(chain, 0, 4096);
+  auto damaged = ReadLastVerification(PosixEnv(), chain, 0, 4096);
   ASSERT_FALSE(damaged.ok());
   EXPECT_EQ(damaged.error().code(), ErrorCode::kCorruption);
   EXPECT_NE(damaged.error().path().find(".verified"), std::string::npos);

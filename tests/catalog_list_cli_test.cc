@@ -54,7 +54,7 @@ orc::BackupRecord Record(const std::string& domain, const std::string& tracker, 
 // Two domains: vm1 with a tracker at a checkpoint and a successful and a
 // failed run; vm2 with a tracker that needs a full and no runs.
 void Populate(const std::string& path) {
-  auto catalog = orc::BackupCatalog::Open(path);
+  auto catalog = orc::BackupCatalog::Open(PosixEnv(), path);
   ASSERT_TRUE(catalog.ok()) << catalog.error().ToString();
   auto& c = **catalog;
   ASSERT_TRUE(c.CreateTracker("nightly", "vm1").ok());
