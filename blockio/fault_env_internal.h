@@ -186,6 +186,7 @@ class FaultEnv::Impl {
   Status CreateDir(const std::string& dir);
   Status Rename(const std::string& from, const std::string& to);
   Status Link(const std::string& from, const std::string& to);
+  Status CreateSymlink(const std::string& link_target, const std::string& path);
   Status Unlink(const std::string& path);
   Status RemoveDir(const std::string& dir);
   Status SyncDir(const std::string& dir);
