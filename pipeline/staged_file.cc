@@ -5,6 +5,48 @@
 
 namespace barge::pipeline {
 
+namespace {
+
+// An error about the temporary names the output the user asked for (the
+// temporary is barge's own business): its path becomes `final_path`.
+Error Named(Error e, const std::string& temp_path, const std::string& final_path) {
+  if (e.path().empty() || e.path() == temp_path) e.set_path(final_path);
+  return e;
+}
+
+Status Named(Status s, const std::string& temp_path, const std::string& final_path) {
+  if (s.ok()) return s;
+  return Named(std::move(s).error(), temp_path, final_path);
+}
+
+// The temporary's sink as the writer sees it: named after the final path,
+// so that the errors and messages of every layer above (qcow2 writer,
+// destinations, the pipeline) name the user's file.
+class NamedSink final : public BlockSink {
+ public:
+  NamedSink(std::unique_ptr<BlockSink> target, std::string final_path)
+      : target_(std::move(target)), final_path_(std::move(final_path)) {}
+  const std::string& name() const override { return final_path_; }
+  uint64_t size_bytes() const override { return target_->size_bytes(); }
+  SinkCapabilities capabilities() const override { return target_->capabilities(); }
+  Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
+    return Fix(target_->WriteAt(offset, data));
+  }
+  Status WriteZeroes(uint64_t offset, uint64_t length) override {
+    return Fix(target_->WriteZeroes(offset, length));
+  }
+  Status Trim(uint64_t offset, uint64_t length) override { return Fix(target_->Trim(offset, length)); }
+  Status Flush() override { return Fix(target_->Flush()); }
+  Status Truncate(uint64_t size_bytes) override { return Fix(target_->Truncate(size_bytes)); }
+
+ private:
+  Status Fix(Status s) const { return Named(std::move(s), target_->name(), final_path_); }
+  std::unique_ptr<BlockSink> target_;
+  std::string final_path_;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::string& final_path,
                                                        bool overwrite, bool sync) {
   if (!overwrite) {
@@ -21,19 +63,15 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
   LockOptions lo;
   lo.busy_message = "another process is writing this file";
   auto lock = env.LockFile(temp, lo);
-  if (!lock.ok()) {
-    Error e = std::move(lock).error();
-    if (e.code() == ErrorCode::kBusy) e.set_path(final_path);
-    return e;
-  }
+  if (!lock.ok()) return Named(std::move(lock).error(), temp, final_path);
   TempRegistration registration(temp);
   FileOptions options;
   options.sync = sync;
   auto sink = env.OpenSink(temp, SinkMode::kTruncate, options);
-  if (!sink.ok()) return std::move(sink).error().Also(env.UnlinkIfExists(temp));
+  if (!sink.ok()) return Named(std::move(sink).error(), temp, final_path).Also(env.UnlinkIfExists(temp));
   std::unique_ptr<StagedFile> file(new StagedFile(env, final_path, std::move(temp), std::move(lock).value(),
                                                   std::move(registration), overwrite, sync));
-  file->sink_ = std::move(sink).value();
+  file->sink_ = std::make_unique<NamedSink>(std::move(sink).value(), final_path);
   return file;
 }
 
@@ -67,13 +105,19 @@ Status StagedFile::Commit() {
   if (s.ok()) {
     // link() fails if the target appeared meanwhile; rename() would replace it.
     s = overwrite_ ? env_.Rename(temp_path_, final_path_) : env_.Link(temp_path_, final_path_);
+    if (!s.ok()) {
+      Error e = std::move(s).error();
+      s = e.errno_value() != 0
+              ? Error::FromErrno(e.errno_value(), overwrite_ ? "publish (rename)" : "publish (link)", final_path_)
+              : Named(std::move(e), temp_path_, final_path_);
+    }
   }
-  if (!s.ok()) return std::move(s).error().Also(Abandon());
+  if (!s.ok()) return Named(std::move(s).error(), temp_path_, final_path_).Also(Abandon());
   done_ = true;
   registration_ = TempRegistration();
   Status published = overwrite_ ? OkStatus() : env_.Unlink(temp_path_);
   lock_.reset();
-  BARGE_RETURN_IF_ERROR(published);
+  BARGE_RETURN_IF_ERROR(Named(std::move(published), temp_path_, final_path_));
   if (!sync_) return OkStatus();
   return env_.SyncDir(DirName(final_path_));
 }
