@@ -135,7 +135,9 @@ TEST(StagedFileTest, Issue13ErrorsNameTheOutputNotTheTemporary) {
         EXPECT_EQ(s.error().ToString().find(".barge-tmp"), std::string::npos) << s.error().ToString();
         // (A failed removal of the temporary itself leaves it: unlocked, a
         // sweep's to remove.)
-        if (op != EnvOp::kUnlink) EXPECT_FALSE(PosixEnv().Exists(TempPathFor(out)));
+        if (op != EnvOp::kUnlink) {
+          EXPECT_FALSE(PosixEnv().Exists(TempPathFor(out)));
+        }
         ASSERT_TRUE(PosixEnv().UnlinkIfExists(TempPathFor(out)).ok());
       }
     }
