@@ -38,6 +38,23 @@ TEST_P(CampaignTest, InjectedErrors) {
 
 TEST_P(CampaignTest, Kill) { Expect(KillCampaign(*scenario_, GetSizing().seed)); }
 
+TEST_P(CampaignTest, FullFilesystem) {
+  std::string skipped;
+  Figure fig = FullFilesystemCampaign(*scenario_, GetSizing().seed, &skipped);
+  if (!skipped.empty()) GTEST_SKIP() << "no tmpfs for the full-filesystem campaign: " << skipped;
+  Expect(fig);
+}
+
+TEST(ConcurrentCatalogTest, TwoImageSyncsOneKilled) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  Figure fig = ConcurrentCatalogCampaign(GetSizing().seed);
+  Report(fig);
+  EXPECT_EQ(fig.lost_or_damaged, 0u);
+  EXPECT_EQ(fig.other, 0u);
+  EXPECT_GT(fig.tried, 1u);
+  for (const auto& f : fig.failures) ADD_FAILURE() << f;
+}
+
 std::string Name(const ::testing::TestParamInfo<std::string>& info) {
   std::string n = info.param;
   for (char& c : n) {

@@ -3,8 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <random>
 
@@ -241,6 +247,11 @@ Figure InjectedErrorCampaign(Scenario& s, uint64_t seed) {
           o = s.Run(ws, runner);
         }
         bool fired = env.calls(op) >= n;
+        // A temporary whose own removal failed stays (a sweep's to remove).
+        std::set<std::string> undeletable;
+        for (const auto& inj : env.injections()) {
+          if (inj.op == EnvOp::kUnlink) undeletable.insert(inj.path);
+        }
         env.ClearFaults();
         env.MarkDurable();
         if (!fired) {
@@ -253,12 +264,12 @@ Figure InjectedErrorCampaign(Scenario& s, uint64_t seed) {
         if (o.exit_code == 0) {
           // The failure was one the command may ignore: then it did all.
           s.Check(ws, Phase::kDone, f);
-          CheckNoTemporaries(ws.work(), f, "after success");
+          CheckNoTemporaries(ws.work(), f, "after success", undeletable);
         } else {
           std::string bad = JudgeError(o, err, s.UserPaths(ws));
           if (!bad.empty()) f.Add(Finding::kBadError, bad);
           s.Check(ws, Phase::kFailed, f);
-          CheckNoTemporaries(ws.work(), f, "after the error");
+          CheckNoTemporaries(ws.work(), f, "after the error", undeletable);
           RecoverAndCheck(s, ws, runner, /*process_gone=*/false, f);
         }
         Tally(fig, f, where);
@@ -307,6 +318,207 @@ Figure KillCampaign(Scenario& s, uint64_t seed) {
   }
   fig.seconds = Since(start);
   fig.extra = {{"clean_run_us", duration.count()}, {"killed_before_exit", killed}, {"seed", seed}};
+  return fig;
+}
+
+
+// ---- a real full filesystem ----
+
+namespace {
+
+// A tmpfs mounted over a folder for the life of the object.
+class TmpfsMount {
+ public:
+  TmpfsMount(const std::string& dir, uint64_t size_bytes) : dir_(dir) {
+    std::string opts = "size=" + std::to_string(size_bytes) + ",mode=0755";
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
+      error_ = "mount -t tmpfs -o " + opts + " " + dir + ": " + std::strerror(errno);
+    }
+  }
+  ~TmpfsMount() {
+    if (error_.empty()) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string dir_;
+  std::string error_;
+};
+
+// Bytes the files below `dir` occupy (allocated blocks).
+uint64_t UsedBytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    struct stat st{};
+    if (::lstat(it->path().c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_blocks) * 512 + 4096;
+  }
+  return total;
+}
+
+// Fills the filesystem of `path` (a file it creates) until ENOSPC, then
+// gives back `leave_bytes`. Returns the bytes written.
+uint64_t Fill(const std::string& path, uint64_t leave_bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return 0;
+  std::vector<char> chunk(64 * 1024, 'f');
+  uint64_t written = 0;
+  for (;;) {
+    ssize_t n = ::write(fd, chunk.data(), chunk.size());
+    if (n <= 0) break;
+    written += static_cast<uint64_t>(n);
+  }
+  uint64_t keep = written > leave_bytes ? written - leave_bytes : 0;
+  if (::ftruncate(fd, static_cast<off_t>(keep)) != 0) keep = written;
+  ::close(fd);
+  return keep;
+}
+
+// Runs the filler when the command opens its first temporary for writing
+// (its free-space estimate, if any, is behind it by then).
+class FillingEnv final : public EnvWrapper {
+ public:
+  FillingEnv(Env& target, std::string filler, uint64_t leave_bytes)
+      : EnvWrapper(target), filler_(std::move(filler)), leave_bytes_(leave_bytes) {}
+  Result<std::unique_ptr<BlockSink>> OpenSink(const std::string& path, SinkMode mode,
+                                              const FileOptions& options) override {
+    std::string base = BaseName(path);
+    if (!filled_ && (IsTempName(base) || base.ends_with(".merge-new") || base.ends_with("-journal.json"))) {
+      filled_ = true;
+      filled_bytes_ = Fill(filler_, leave_bytes_);
+    }
+    return EnvWrapper::OpenSink(path, mode, options);
+  }
+  bool filled() const { return filled_; }
+  uint64_t filled_bytes() const { return filled_bytes_; }
+
+ private:
+  std::string filler_;
+  uint64_t leave_bytes_;
+  bool filled_ = false;
+  uint64_t filled_bytes_ = 0;
+};
+
+}  // namespace
+
+Figure FullFilesystemCampaign(Scenario& s, uint64_t seed, std::string* skipped) {
+  auto start = std::chrono::steady_clock::now();
+  Figure fig;
+  fig.campaign = "full-fs";
+  fig.command = s.name();
+  Workspace ws(s.name() + "-fullfs");
+  ws.seed = seed;
+  s.Build(ws);
+  ws.SaveTemplate();
+  // Room for the tree and the command's output, so that any estimate
+  // passes; the filler takes it when the first temporary opens.
+  uint64_t size = UsedBytes(ws.templ()) + 3 * ws.disk_bytes + (4 << 20);
+  RemoveTree(ws.work());
+  std::filesystem::create_directories(ws.work());
+  TmpfsMount mount(ws.work(), size);
+  if (!mount.error().empty()) {
+    *skipped = mount.error();
+    return fig;
+  }
+  InProcessRunner runner(ws.capture());
+  nlohmann::json rounds = nlohmann::json::array();
+  // Free space left to the command after the fill: nothing, a few
+  // clusters, a little more (writes fail at different places).
+  for (uint64_t leave : {uint64_t{0}, uint64_t{192} << 10, uint64_t{1} << 20}) {
+    ws.ResetWork();
+    std::string filler = ws.work("zz-filler");
+    FillingEnv env(PosixEnv(), filler, leave);
+    Outcome o;
+    {
+      ScopedDefaultEnv scoped(env);
+      o = s.Run(ws, runner);
+    }
+    Findings f;
+    f.set_stage("full");
+    std::string where = "left " + std::to_string(leave >> 10) + " KiB";
+    if (!env.filled()) {
+      f.Add(Finding::kBadError, "the command opened no temporary: nothing filled");
+    } else if (o.exit_code == 0) {
+      // It fit in what was left.
+      s.Check(ws, Phase::kDone, f);
+      CheckNoTemporaries(ws.work(), f, "after success");
+    } else {
+      std::string bad = JudgeError(o, ENOSPC, s.UserPaths(ws));
+      if (!bad.empty()) f.Add(Finding::kBadError, bad);
+      s.Check(ws, Phase::kFailed, f);
+      CheckNoTemporaries(ws.work(), f, "after the error");
+    }
+    rounds.push_back({{"leave_kib", leave >> 10}, {"filled_bytes", env.filled_bytes()},
+                      {"exit", o.exit_code}, {"code", o.error.is_null() ? "" : o.error.value("code", "")}});
+    // The user frees space and runs it again.
+    RemoveTree(filler);
+    RecoverAndCheck(s, ws, runner, false, f);
+    Tally(fig, f, where);
+  }
+  fig.seconds = Since(start);
+  fig.extra = {{"tmpfs_bytes", size}, {"rounds", rounds}, {"seed", seed}};
+  return fig;
+}
+
+// ---- two catalog writers at once ----
+
+Figure ConcurrentCatalogCampaign(uint64_t seed) {
+  auto start = std::chrono::steady_clock::now();
+  Figure fig;
+  fig.campaign = "concurrency";
+  fig.command = "image-sync x2";
+  std::unique_ptr<Scenario> s = MakeScenario("image-sync");
+  Workspace ws("catalog-2proc");
+  ws.seed = seed;
+  ws.disk_bytes = 16 << 20;
+  s->Build(ws);
+  ws.SaveTemplate();
+  InProcessRunner in_process(ws.capture());
+  auto args = [&](const char* disk) {
+    return std::vector<std::string>{"image", "sync", "base", "--disks", ws.work(disk), "--verify",
+                                    "--catalog", ws.work("cat/images.db")};
+  };
+  // A clean pair gives the duration.
+  ws.ResetWork();
+  Started a0 = StartBarge(ws.capture(), "-a", args("d2"));
+  Started b0 = StartBarge(ws.capture(), "-b", args("d3"));
+  Outcome oa = WaitFor(a0), ob = WaitFor(b0);
+  auto duration = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - a0.start);
+  {
+    Findings f;
+    f.set_stage("both run");
+    ExpectSuccess(oa, "sync d2", f);
+    ExpectSuccess(ob, "sync d3", f);
+    s->Check(ws, Phase::kRecovered, f);
+    Tally(fig, f, "no kill");
+  }
+  std::mt19937_64 rng(seed * 7777 + 11);
+  uint64_t killed = 0;
+  for (int k = 0; k < GetSizing().kills(); ++k) {
+    ws.ResetWork();
+    auto delay = std::chrono::microseconds(rng() % std::max<int64_t>(1, duration.count()));
+    bool kill_a = k % 2 == 0;
+    Started a = StartBarge(ws.capture(), "-a", args("d2"));
+    Started b = StartBarge(ws.capture(), "-b", args("d3"));
+    Outcome ra = WaitFor(a, kill_a ? std::optional(delay) : std::nullopt);
+    Outcome rb = WaitFor(b, kill_a ? std::nullopt : std::optional(delay));
+    const Outcome& victim = kill_a ? ra : rb;
+    const Outcome& survivor = kill_a ? rb : ra;
+    killed += victim.killed;
+    Findings f;
+    f.set_stage("before recovery");
+    // The other process is not disturbed by its neighbour's death.
+    ExpectSuccess(survivor, "the process not killed", f);
+    if (!victim.killed && victim.exit_code != 0) f.Add(Finding::kBadError, "failed without a kill: " + victim.Describe());
+    s->Check(ws, Phase::kFailed, f);
+    RecoverAndCheck(*s, ws, in_process, false, f);
+    Tally(fig, f, std::string(kill_a ? "kill d2's" : "kill d3's") + " at " + std::to_string(delay.count()) + " us");
+  }
+  fig.seconds = Since(start);
+  fig.extra = {{"clean_pair_us", duration.count()}, {"killed_before_exit", killed}, {"seed", seed}};
   return fig;
 }
 

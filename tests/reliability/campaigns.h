@@ -11,6 +11,14 @@ namespace barge::reliability {
 Figure PowerLossCampaign(Scenario& scenario, uint64_t seed);
 Figure InjectedErrorCampaign(Scenario& scenario, uint64_t seed);
 Figure KillCampaign(Scenario& scenario, uint64_t seed);
+// The work tree on a small tmpfs that a filler fills (leaving a few
+// clusters) when the command opens its first temporary, i.e. after its
+// free-space estimate passed; then the filler goes and the recovery runs.
+// `skipped` says why when no tmpfs could be mounted (not root, no mount).
+Figure FullFilesystemCampaign(Scenario& scenario, uint64_t seed, std::string* skipped);
+// Two `barge image sync` processes on one image catalog at once, one of
+// them killed at a random moment (or none, every fourth round).
+Figure ConcurrentCatalogCampaign(uint64_t seed);
 
 // "" when the failed outcome's error is clear: a non-zero exit, the code
 // that `err` maps to, and a file that is one of `user_paths` (or below one)

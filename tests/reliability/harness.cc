@@ -166,55 +166,83 @@ Outcome InProcessRunner::Child(const std::vector<std::string>& args) {
   return Capture([&] { return ChildMain(args); });
 }
 
-Outcome ProcessRunner::Spawn(const std::vector<std::string>& argv) {
-  fs::create_directories(capture_dir_);
-  std::string out_path = capture_dir_ + "/stdout", err_path = capture_dir_ + "/stderr";
+namespace {
+
+Started StartArgv(const std::string& capture_dir, const std::string& tag, const std::vector<std::string>& argv) {
+  fs::create_directories(capture_dir);
+  Started p;
+  p.out_path = capture_dir + "/stdout" + tag;
+  p.err_path = capture_dir + "/stderr" + tag;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 1, p.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  Outcome o;
   pid_t pid = 0;
-  auto start = std::chrono::steady_clock::now();
+  p.start = std::chrono::steady_clock::now();
   int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
-    o.errors = "spawn failed: " + std::string(std::strerror(rc));
+    p.spawn_error = "spawn failed: " + std::string(std::strerror(rc));
+    return p;
+  }
+  p.pid = pid;
+  return p;
+}
+
+}  // namespace
+
+Started StartBarge(const std::string& capture_dir, const std::string& tag, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {testing::BargeBinary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--json");
+  return StartArgv(capture_dir, tag, argv);
+}
+
+Outcome WaitFor(const Started& p, std::optional<std::chrono::microseconds> kill_after) {
+  Outcome o;
+  if (p.pid < 0) {
+    o.errors = p.spawn_error;
     return o;
   }
   int status = 0;
-  if (kill_after_) {
+  if (kill_after) {
     // Sleep until the kill time unless the process ends first.
-    auto deadline = start + *kill_after_;
+    auto deadline = p.start + *kill_after;
     for (;;) {
-      pid_t done = ::waitpid(pid, &status, WNOHANG);
-      if (done == pid) break;
+      pid_t done = ::waitpid(p.pid, &status, WNOHANG);
+      if (done == p.pid) break;
       auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
+        ::kill(p.pid, SIGKILL);
+        ::waitpid(p.pid, &status, 0);
         break;
       }
       auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
       std::this_thread::sleep_for(std::min(left, std::chrono::microseconds(200)));
     }
   } else {
-    ::waitpid(pid, &status, 0);
+    ::waitpid(p.pid, &status, 0);
   }
-  last_duration_ =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
   if (WIFSIGNALED(status)) {
     o.killed = WTERMSIG(status) == SIGKILL;
     o.exit_code = 128 + WTERMSIG(status);
   } else {
     o.exit_code = WEXITSTATUS(status);
   }
-  o.output = ReadText(out_path);
-  o.errors = ReadText(err_path);
+  o.output = ReadText(p.out_path);
+  o.errors = ReadText(p.err_path);
   ParseEvents(o);
+  return o;
+}
+
+Outcome ProcessRunner::Spawn(const std::vector<std::string>& argv) {
+  Started p = StartArgv(capture_dir_, "", argv);
+  Outcome o = WaitFor(p, kill_after_);
+  last_duration_ =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - p.start);
   return o;
 }
 
@@ -404,8 +432,12 @@ std::vector<std::string> Temporaries(const std::string& dir) {
   return out;
 }
 
-void CheckNoTemporaries(const std::string& dir, Findings& f, const std::string& when) {
-  for (const auto& t : Temporaries(dir)) f.Add(Finding::kLeftover, when + ": temporary left: " + t);
+void CheckNoTemporaries(const std::string& dir, Findings& f, const std::string& when,
+                        const std::set<std::string>& undeletable) {
+  for (const auto& t : Temporaries(dir)) {
+    if (undeletable.count(dir + "/" + t)) continue;
+    f.Add(Finding::kLeftover, when + ": temporary left: " + t);
+  }
 }
 
 Result<std::vector<std::byte>> ReadImage(const std::string& path, bool allow_any_path) {

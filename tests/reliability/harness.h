@@ -124,6 +124,20 @@ class ProcessRunner final : public Runner {
   std::chrono::microseconds last_duration_{0};
 };
 
+// A process started without waiting (two at once, for the catalogs).
+struct Started {
+  int pid = -1;
+  std::string out_path, err_path;
+  std::chrono::steady_clock::time_point start;
+  std::string spawn_error;
+};
+// Starts `barge ARGS... --json`, its output captured under `capture_dir`
+// with `tag` in the names.
+Started StartBarge(const std::string& capture_dir, const std::string& tag, const std::vector<std::string>& args);
+// Waits for it; with `kill_after`, sends SIGKILL that long after its
+// start unless it ended before.
+Outcome WaitFor(const Started& p, std::optional<std::chrono::microseconds> kill_after = std::nullopt);
+
 // The child modes of the reliability binary; returns the exit code.
 int ChildMain(const std::vector<std::string>& args);
 // The path of this binary (for ProcessRunner::Child).
@@ -233,8 +247,11 @@ std::vector<std::string> ChainIds(const std::string& dir);
 void CheckOutputFile(const std::string& path, const std::string& golden, bool qcow2, bool must_exist,
                      Finding kind, Findings& f);
 
-// No temporaries left below `dir`.
-void CheckNoTemporaries(const std::string& dir, Findings& f, const std::string& when);
+// No temporaries left below `dir`, but those in `undeletable` (absolute
+// paths whose removal was the injected failure: they cannot go, and the
+// next run's sweep must remove them).
+void CheckNoTemporaries(const std::string& dir, Findings& f, const std::string& when,
+                        const std::set<std::string>& undeletable = {});
 
 // ---- figures ----
 

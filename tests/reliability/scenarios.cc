@@ -131,8 +131,6 @@ std::vector<std::string> Cat(std::vector<std::string> a, const std::vector<std::
   return a;
 }
 
-std::string Basename(const std::string& p) { return BaseName(p); }
-
 bool ErrorSays(const Outcome& o, const std::string& code, const std::string& text) {
   return !o.error.is_null() && o.error.value("code", "") == code &&
          o.error.value("message", "").find(text) != std::string::npos;
