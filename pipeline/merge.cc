@@ -202,8 +202,16 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
   };
   auto staged = stage();
   if (!staged.ok()) {
-    // Until the journal exists, an error leaves the folder as it was.
+    // Until the journal exists, an error leaves the folder as it was. An
+    // error about a staged file names the file it was to become: the
+    // staged names are barge's own business, as StagedFile's temporaries
+    // are (issue 13).
     Error e = std::move(staged).error();
+    for (const auto& [staged_path, final_name] : {std::pair{image_staged, pm.image},
+                                                  std::pair{digests_staged, pm.digest_table},
+                                                  std::pair{manifest_staged, manifest_name}}) {
+      if (e.path() == staged_path) e.set_path(chain.PathOf(final_name));
+    }
     for (const std::string& p : {image_staged, digests_staged, manifest_staged}) e.Also(env.UnlinkIfExists(p));
     return e;
   }
