@@ -45,6 +45,22 @@ class NamedSink final : public BlockSink {
   std::string final_path_;
 };
 
+// Removes `temp` when no live writer holds it: the leftover of a run that
+// published its output but failed to remove the temporary's name (a hard
+// link to the output). Such a file is in no folder a backup or merge
+// sweeps, so the next writer of the same name takes it (issue 13).
+Status RemoveStaleTemporary(Env& env, const std::string& temp) {
+  LockOptions lo;
+  lo.create = false;
+  auto lock = env.LockFile(temp, lo);
+  if (!lock.ok()) {
+    ErrorCode code = lock.error().code();
+    return code == ErrorCode::kNotFound || code == ErrorCode::kBusy ? OkStatus() : Status(lock.error());
+  }
+  // Removed while locked, as Abandon does.
+  return env.UnlinkIfExists(temp);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::string& final_path,
@@ -53,7 +69,8 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
     auto st = env.Stat(final_path);
     if (st.ok()) {
       return Error::InvalidArgument("output exists (remove it or choose another name)")
-          .set_path(final_path);
+          .set_path(final_path)
+          .Also(Named(RemoveStaleTemporary(env, TempPathFor(final_path)), TempPathFor(final_path), final_path));
     }
     if (st.error().code() != ErrorCode::kNotFound) return st.error();
   }
