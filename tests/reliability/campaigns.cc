@@ -427,7 +427,7 @@ Figure FullFilesystemCampaign(Scenario& s, uint64_t seed, std::string* skipped) 
   nlohmann::json rounds = nlohmann::json::array();
   // Free space left to the command after the fill: nothing, a few
   // clusters, a little more (writes fail at different places).
-  for (uint64_t leave : {uint64_t{0}, uint64_t{192} << 10, uint64_t{1} << 20}) {
+  for (uint64_t leave : GetSizing().fill_leave_bytes()) {
     ws.ResetWork();
     std::string filler = ws.work("zz-filler");
     FillingEnv env(PosixEnv(), filler, leave);

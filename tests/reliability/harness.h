@@ -37,9 +37,14 @@ struct Sizing {
   int variants() const { return long_run() ? 3 : 1; }
   // At most this many sites per (kind, errno) in the error campaign; every
   // site when 0.
-  uint64_t max_sites() const { return quick() ? 6 : 0; }
+  uint64_t max_sites() const { return quick() ? 3 : 0; }
   // Kills per command.
-  int kills() const { return quick() ? 3 : long_run() ? 40 : 12; }
+  int kills() const { return quick() ? 2 : long_run() ? 40 : 12; }
+  // Free space left by the full-filesystem campaign's filler, per round.
+  std::vector<uint64_t> fill_leave_bytes() const {
+    if (quick()) return {192 << 10};
+    return {0, 192 << 10, 1 << 20};
+  }
 };
 const Sizing& GetSizing();
 
