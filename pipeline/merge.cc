@@ -239,6 +239,10 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
     // (its folder sync): then the merge is committed and the next job
     // completes it; otherwise nothing changed.
     Error e = std::move(s).error();
+    // The journal is barge's own file: the error names the chain folder.
+    if (BaseName(e.path()) == kMergeJournalName || IsTempName(BaseName(e.path()))) {
+      e.set_path(chain.dir).Wrap("writing the merge journal");
+    }
     auto committed = MergeJournalExists(env, chain.dir);
     if (committed.ok() && !*committed) {
       for (const std::string& p : {image_staged, digests_staged, manifest_staged}) e.Also(env.UnlinkIfExists(p));

@@ -218,8 +218,8 @@ TEST(MergeTest, FailedImageWriteLeavesFolderAsItWas) {
 
 // Found by the reliability campaign (issue 13): an error while staging
 // the merged image, its digest table or its manifest named the staged
-// file (".NAME.merge-new"), barge's own name, instead of the file the user
-// knows. Every write, flush, link, rename and folder sync of the staging
+// file (".NAME.merge-new"), and one while writing the journal named
+// ".merge-journal.json": barge's own names, not a file the user knows. Every write, flush, link, rename and folder sync of the staging
 // fails once in turn; the error names a chain file, never a staged one.
 TEST(MergeTest, Issue13StagingErrorsNameTheChainFileNotTheStagedOne) {
   TempDir tmp;
@@ -256,6 +256,7 @@ TEST(MergeTest, Issue13StagingErrorsNameTheChainFileNotTheStagedOne) {
       ++tried;
       EXPECT_EQ(r.error().path().find(".merge-new"), std::string::npos) << r.error().ToString();
       EXPECT_EQ(r.error().path().find(".barge-tmp"), std::string::npos) << r.error().ToString();
+      EXPECT_EQ(r.error().path().find("merge-journal"), std::string::npos) << r.error().ToString();
       EXPECT_TRUE(r.error().path().starts_with(c.dir)) << r.error().ToString();
       EXPECT_EQ(r.error().code(), ErrorCode::kNoSpace) << r.error().ToString();
       EXPECT_EQ(Listing(c.dir), listing) << EnvOpName(op) << " #" << n;
