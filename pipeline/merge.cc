@@ -253,7 +253,12 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
   // 3. Switch over: the same code path as recovery.
   Status switched = CompleteMergeJournal(env, chain.dir);
   if (!switched.ok()) {
-    return Error(switched.error())
+    Error e = switched.error();
+    // The journal and the staged names are barge's own files: the error
+    // names the chain folder (issue 13).
+    std::string base = BaseName(e.path());
+    if (base == kMergeJournalName || base.ends_with(".merge-new") || IsTempName(base)) e.set_path(chain.dir);
+    return std::move(e)
         .Wrap("merge through " + pm.id +
               " stopped during the switch-over; the next barge merge, backup, restore or verify "
               "of this folder completes it");
