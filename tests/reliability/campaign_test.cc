@@ -41,11 +41,11 @@ TEST_P(CampaignTest, Kill) { Expect(KillCampaign(*scenario_, GetSizing().seed));
 TEST_P(CampaignTest, FullFilesystem) {
   std::string skipped;
   Figure fig = FullFilesystemCampaign(*scenario_, GetSizing().seed, &skipped);
-  if (!skipped.empty()) GTEST_SKIP() << "no tmpfs for the full-filesystem campaign: " << skipped;
+  if (!skipped.empty()) GTEST_SKIP() << "full-filesystem campaign not run: " << skipped;
   Expect(fig);
 }
 
-TEST(ConcurrentCatalogTest, TwoImageSyncsOneKilled) {
+TEST(ConcurrentCatalogTest, AddAndSyncAtOnceOneKilled) {
   BARGE_REQUIRE_TOOL("qemu-img");
   Figure fig = ConcurrentCatalogCampaign(GetSizing().seed);
   Report(fig);

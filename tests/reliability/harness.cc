@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +44,9 @@ const Sizing& GetSizing() {
     if (const char* l = std::getenv("BARGE_RELIABILITY_LEVEL"); l != nullptr && *l) s.level = l;
     if (const char* seed = std::getenv("BARGE_RELIABILITY_SEED"); seed != nullptr && *seed) {
       s.seed = std::strtoull(seed, nullptr, 10);
+    }
+    if (const char* k = std::getenv("BARGE_RELIABILITY_KILLS"); k != nullptr && *k) {
+      s.kills_override = std::atoi(k);
     }
     return s;
   }();
@@ -436,6 +440,13 @@ void CheckNoTemporaries(const std::string& dir, Findings& f, const std::string& 
                         const std::set<std::string>& undeletable) {
   for (const auto& t : Temporaries(dir)) {
     if (undeletable.count(dir + "/" + t)) continue;
+    // A committed merge's staged files wait for its journal (the next job
+    // completes it): work pending, not a leftover.
+    std::error_code ec;
+    if (t.ends_with(".merge-new") &&
+        fs::exists(fs::path(dir + "/" + t).parent_path() / ".merge-journal.json", ec)) {
+      continue;
+    }
     f.Add(Finding::kLeftover, when + ": temporary left: " + t);
   }
 }
@@ -642,7 +653,67 @@ void CheckOutputFile(const std::string& path, const std::string& golden, bool qc
 
 // ---- figures ----
 
+namespace {
+
+std::mutex g_figures_mu;
+std::vector<Figure> g_figures;  // guarded by g_figures_mu
+
+}  // namespace
+
+std::string SummaryTable() {
+  std::lock_guard lock(g_figures_mu);
+  // command -> campaign -> (tried, lost or damaged, other)
+  std::map<std::string, std::map<std::string, std::array<uint64_t, 3>>> sum;
+  std::vector<std::string> order;
+  for (const Figure& f : g_figures) {
+    if (!sum.count(f.command)) order.push_back(f.command);
+    auto& cell = sum[f.command][f.campaign];
+    cell[0] += f.tried;
+    cell[1] += f.lost_or_damaged;
+    cell[2] += f.other;
+  }
+  const char* campaigns[] = {"power-loss", "errors", "kill", "full-fs", "concurrency"};
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-20s %14s %14s %10s %10s %12s %10s\n", "command", "crash points",
+                "errors inj.", "kills", "full fs", "concurrent", "lost/dmg");
+  out << line;
+  std::array<uint64_t, 5> total_tried{};
+  uint64_t total_lost = 0, total_other = 0;
+  for (const auto& cmd : order) {
+    std::array<uint64_t, 5> tried{};
+    uint64_t lost = 0, other = 0;
+    for (size_t k = 0; k < 5; ++k) {
+      auto it = sum[cmd].find(campaigns[k]);
+      if (it == sum[cmd].end()) continue;
+      tried[k] = it->second[0];
+      lost += it->second[1];
+      other += it->second[2];
+      total_tried[k] += tried[k];
+    }
+    total_lost += lost;
+    total_other += other;
+    auto cell = [&](size_t k) { return sum[cmd].count(campaigns[k]) ? std::to_string(tried[k]) : std::string("-"); };
+    std::snprintf(line, sizeof line, "%-20s %14s %14s %10s %10s %12s %10s\n", cmd.c_str(), cell(0).c_str(),
+                  cell(1).c_str(), cell(2).c_str(), cell(3).c_str(), cell(4).c_str(),
+                  (std::to_string(lost) + (other ? " (+" + std::to_string(other) + ")" : "")).c_str());
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "%-20s %14llu %14llu %10llu %10llu %12llu %10s\n", "total",
+                static_cast<unsigned long long>(total_tried[0]), static_cast<unsigned long long>(total_tried[1]),
+                static_cast<unsigned long long>(total_tried[2]), static_cast<unsigned long long>(total_tried[3]),
+                static_cast<unsigned long long>(total_tried[4]),
+                (std::to_string(total_lost) + (total_other ? " (+" + std::to_string(total_other) + ")" : "")).c_str());
+  out << line;
+  out << "(lost/dmg: runs that lost or damaged anything or did not recover; (+N): leftovers or unclear errors)\n";
+  return out.str();
+}
+
 void Report(const Figure& fig) {
+  {
+    std::lock_guard lock(g_figures_mu);
+    g_figures.push_back(fig);
+  }
   nlohmann::json j = {{"campaign", fig.campaign},
                       {"command", fig.command},
                       {"level", GetSizing().level},

@@ -39,7 +39,9 @@ struct Sizing {
   // site when 0.
   uint64_t max_sites() const { return quick() ? 3 : 0; }
   // Kills per command.
-  int kills() const { return quick() ? 2 : long_run() ? 40 : 12; }
+  int kills() const { return kills_override >= 0 ? kills_override : quick() ? 2 : long_run() ? 40 : 12; }
+  // BARGE_RELIABILITY_KILLS, when set.
+  int kills_override = -1;
   // Free space left by the full-filesystem campaign's filler, per round.
   std::vector<uint64_t> fill_leave_bytes() const {
     if (quick()) return {192 << 10};
@@ -274,6 +276,9 @@ struct Figure {
 // Appends the figure to $BARGE_RELIABILITY_REPORT (one JSON line) and
 // prints it.
 void Report(const Figure& figure);
+// The figures reported so far, summed per command and campaign, as a
+// table (printed when the binary ends).
+std::string SummaryTable();
 
 // The Env a recovery runs on after a simulated power loss: the crashed
 // run's process is gone (reading /proc/<this pid>/stat fails as for a

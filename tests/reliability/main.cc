@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
+
 #include <string>
 #include <vector>
 
@@ -22,5 +24,8 @@ int main(int argc, char** argv) {
   // that plays "the crashed process is gone" hides it later.
   barge::orchestrate::ProcessOwner::Self(barge::PosixEnv());
   ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  int rc = RUN_ALL_TESTS();
+  std::string table = barge::reliability::SummaryTable();
+  std::printf("\n%s", table.c_str());
+  return rc;
 }
