@@ -471,16 +471,17 @@ Result<std::string> Env::ReadFile(const std::string& path, uint64_t max_bytes) {
 
 Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> bytes, bool sync) {
   std::string temp = TempPathFor(path);
+  // Errors name `path`, the file the caller knows; the temporary is ours.
+  auto named = [&](Error e) {
+    if (e.path().empty() || e.path() == temp) e.set_path(path);
+    return e;
+  };
   LockOptions lo;
   lo.busy_message = "another process is writing this file";
   auto lock = LockFile(temp, lo);
-  if (!lock.ok()) {
-    Error e = std::move(lock).error();
-    if (e.code() == ErrorCode::kBusy) e.set_path(path);
-    return e;
-  }
+  if (!lock.ok()) return named(std::move(lock).error());
   TempRegistration registered(temp);
-  auto fail = [&](Error e) -> Status { return e.Also(Unlink(temp)); };
+  auto fail = [&](Error e) -> Status { return named(std::move(e)).Also(Unlink(temp)); };
   FileOptions o;
   o.write_behind = false;
   o.sync = sync;
@@ -490,7 +491,11 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
   if (s.ok()) s = (*sink)->Flush();
   sink->reset();
   if (!s.ok()) return fail(std::move(s).error());
-  if (Status r = Rename(temp, path); !r.ok()) return fail(std::move(r).error());
+  if (Status r = Rename(temp, path); !r.ok()) {
+    Error e = std::move(r).error();
+    if (e.errno_value() != 0) e = Error::FromErrno(e.errno_value(), "replace (rename)", path);
+    return fail(std::move(e));
+  }
   if (!sync) return OkStatus();
   return SyncDir(ParentOf(path));
 }

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "blockio/fault_env.h"
 #include "tests/testing/testing.h"
 
 namespace barge {
@@ -213,6 +214,26 @@ TEST(ErrorTest, AlsoRecordsAFailedCleanup) {
   EXPECT_NE(e.message().find("cleanup also failed: NotFound: /x: gone"), std::string::npos);
   EXPECT_EQ(e.code(), ErrorCode::kIoError);
   EXPECT_EQ(Error::FromErrno(EBUSY, "open", "/dev/sdz").code(), ErrorCode::kBusy);
+}
+
+// Issue 13 (found by the reliability campaign): WriteFileAtomic's errors
+// named its hidden temporary. Each failing step names the file asked for.
+TEST(PosixEnvTest, Issue13WriteFileAtomicErrorsNameTheFile) {
+  testing::TempDir dir;
+  FaultEnv env(PosixEnv(), dir / "stash");
+  const std::string f = dir / "m.json";
+  for (EnvOp op : {EnvOp::kOpen, EnvOp::kWrite, EnvOp::kSync, EnvOp::kRename}) {
+    SCOPED_TRACE(EnvOpName(op));
+    env.ClearFaults();
+    env.FailCall(op, 1, ENOSPC);
+    env.ResetCounters();
+    Status s = env.WriteFileAtomic(f, std::string_view("{}"));
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().path(), f) << s.error().ToString();
+    EXPECT_EQ(s.error().code(), ErrorCode::kNoSpace) << s.error().ToString();
+    EXPECT_EQ(s.error().ToString().find(".barge-tmp"), std::string::npos) << s.error().ToString();
+    EXPECT_FALSE(PosixEnv().Exists(TempPathFor(f)));
+  }
 }
 
 }  // namespace

@@ -296,6 +296,7 @@ void FaultEnv::FailCall(EnvOp op, uint64_t n, int err, bool and_after) {
   impl_->FailCall(op, n, err, and_after);
 }
 void FaultEnv::ClearFaults() { impl_->ClearFaults(); }
+std::vector<FaultEnv::Injection> FaultEnv::injections() const { return impl_->injections(); }
 uint64_t FaultEnv::calls(EnvOp op) const { return impl_->calls(op); }
 uint64_t FaultEnv::boundaries() const { return impl_->boundaries(); }
 void FaultEnv::ResetCounters() { impl_->ResetCounters(); }

@@ -128,7 +128,18 @@ class FaultEnv final : public EnvWrapper {
   void FailCall(EnvOp op, uint64_t n, int err = EIO, bool and_after = false);
   // Fails every call of `op`.
   void FailAll(EnvOp op, int err = EIO) { FailCall(op, 1, err, true); }
+  // Removes the rules, and forgets the injections below.
   void ClearFaults();
+  // The calls a rule failed, in order: kind, its count, the errno and the
+  // path the call named (a test can tell which file an error hit, e.g. a
+  // failed removal that had to leave its file behind).
+  struct Injection {
+    EnvOp op;
+    uint64_t n;
+    int err;
+    std::string path;
+  };
+  std::vector<Injection> injections() const;
   // Calls of `op` made while the Env was alive (the dying one included).
   uint64_t calls(EnvOp op) const;
   // Durability boundaries met so far (see above), counted the same way.

@@ -625,6 +625,10 @@ TEST_F(FaultEnvTest, CountsEveryKindOfCall) {
   env_.FailAll(EnvOp::kOpen, EROFS);
   EXPECT_EQ(env_.ListDir(work_).error().errno_value(), EROFS);
   EXPECT_EQ(env_.ReadLink(Path("g")).error().errno_value(), EROFS);
+  ASSERT_EQ(env_.injections().size(), 2u);
+  EXPECT_EQ(env_.injections()[1].op, EnvOp::kStat);
+  EXPECT_EQ(env_.injections()[1].path, Path("g"));
+  EXPECT_EQ(env_.injections()[1].err, EROFS);
   EXPECT_EQ(env_.LockFile(Path(".lock")).error().errno_value(), EROFS);
   EXPECT_EQ(env_.Space(work_).error().errno_value(), EROFS);
   EXPECT_EQ(env_.SetMode(Path("g"), 0644).error().errno_value(), EROFS);

@@ -1,5 +1,6 @@
 // barge image add|sync|status|rescan|cleanup: the backing-image catalog
 // (copies per disk folder, delivered from ready copies).
+#include <algorithm>
 #include <sstream>
 
 #include "cli/common.h"
@@ -55,6 +56,15 @@ void PrintCopy(std::ostream& t, const orchestrate::ImageCopyRecord& c) {
   t << "\n";
 }
 
+// A copy that is not ready, as the command's error: it names the copy's
+// file, and a copy that failed for want of space fails the command with
+// NoSpace (its message is the send's error, Error::ToString, code first),
+// so that scripts can tell a full disk from a broken one (issue 13).
+Error CopyError(const orchestrate::ImageCopyRecord& c, std::string what) {
+  bool no_space = c.message.starts_with(std::string(ErrorCodeName(ErrorCode::kNoSpace)) + ": ");
+  return Error(no_space ? ErrorCode::kNoSpace : ErrorCode::kIoError, std::move(what)).set_path(c.path);
+}
+
 Status ApplyCopy(const CatalogArgs& a, pipeline::ReplicateOptions& o) {
   CompressionChoice compression;
   BARGE_RETURN_IF_ERROR(a.copy.Apply(o.copy, compression));
@@ -74,8 +84,7 @@ int RunAdd(const CatalogArgs& a, Output& out) {
   out.Result({{"copy", CopyJson(*r)}});
   PrintCopy(out.text(), *r);
   if (r->state != "ready") {
-    return out.Fail(Error::IoError("the copy is " + r->state + (r->message.empty() ? "" : ": " + r->message))
-                        .set_path(r->path));
+    return out.Fail(CopyError(*r, "the copy is " + r->state + (r->message.empty() ? "" : ": " + r->message)));
   }
   return kExitOk;
 }
@@ -102,8 +111,12 @@ int RunSync(const CatalogArgs& a, Output& out) {
                << " at once\n";
   }
   if (failed) {
-    return out.Fail(Error::IoError(std::to_string(failed) + " of " + std::to_string(r->copies.size()) +
-                                   " copies are not ready (see the result for each)"));
+    // The first copy that is not ready names the error; the result lists each.
+    const auto& first = *std::find_if(r->copies.begin(), r->copies.end(),
+                                      [](const auto& c) { return c.state != "ready"; });
+    return out.Fail(CopyError(first, std::to_string(failed) + " of " + std::to_string(r->copies.size()) +
+                                         " copies are not ready (see the result for each); the first is " +
+                                         first.state + (first.message.empty() ? "" : ": " + first.message)));
   }
   return kExitOk;
 }

@@ -664,6 +664,10 @@ Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for, boo
     // The record goes first: a file without one is never taken as ready.
     BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(pipeline::ReplicaRecordPath(c.path)));
     BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(c.path));
+    // The removal is durable before the row goes: after a power loss, a
+    // copy that came back still has its row, and the next cleanup removes
+    // it (issue 13).
+    BARGE_RETURN_IF_ERROR(env_.SyncDir(DirName(c.path)));
     BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare("DELETE FROM image_copies WHERE image = ?1 AND disk = ?2"));
     BARGE_RETURN_IF_ERROR(del.Bind(1, c.image).Bind(2, c.disk).Run());
     result.removed.push_back(c.path);

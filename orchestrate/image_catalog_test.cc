@@ -14,6 +14,7 @@
 #include <map>
 #include <tuple>
 
+#include "blockio/fault_env.h"
 #include "orchestrate/file_lock.h"
 #include "orchestrate/sqlite_db.h"
 #include "tests/testing/testing.h"
@@ -184,6 +185,54 @@ TEST_F(ImageCatalogTest, SyncOfALockedImageIsRefusedAtOnce) {
   EXPECT_EQ(r.error().code(), ErrorCode::kNotFound) << r.error().ToString();
   // Names that could leave the lock folder are refused before any lock.
   EXPECT_EQ((*cat)->Sync("../x", {Disk("a")}, SyncOptions{}).error().code(), ErrorCode::kInvalidArgument);
+}
+
+// Issue 13 (found by the reliability campaign): cleanup removed a copy and
+// its record, then deleted the row, without syncing the folder. A power
+// loss brought the files back with no row left, so no later cleanup ever
+// removed them. Now a removal is durable before its row goes, and a crash
+// before that leaves the row for the next cleanup.
+TEST_F(ImageCatalogTest, Issue13CleanupRemovalIsDurableBeforeTheRowGoes) {
+  std::string src = dir_ / "src.raw";
+  barge::testing::WriteFile(src, barge::testing::RandomBytes(256 << 10, 3));
+  std::string a = Disk("a");
+  std::string copy = a + "/base";
+  FaultEnv env(PosixEnv(), dir_ / "stash");
+  {
+    auto cat = ImageCatalog::Open(env, Db());
+    ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+    auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
+    ASSERT_TRUE(added.ok()) << added.error().ToString();
+    ASSERT_EQ(added->state, "ready") << added->message;
+    env.MarkDurable();
+    auto r = (*cat)->Cleanup(std::chrono::seconds(0));
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    ASSERT_EQ(r->removed, std::vector<std::string>{copy});
+  }
+  ASSERT_TRUE(env.SimulatePowerLoss().ok());
+  EXPECT_FALSE(fs::exists(copy)) << "reported removed, back after a power loss";
+  EXPECT_FALSE(fs::exists(pipeline::ReplicaRecordPath(copy)));
+
+  // A crash between the unlinks and the folder sync: the files come back
+  // and keep their row, and the next cleanup removes them.
+  {
+    auto cat = ImageCatalog::Open(env, Db());
+    ASSERT_TRUE(cat.ok());
+    auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
+    ASSERT_TRUE(added.ok()) << added.error().ToString();
+    env.MarkDurable();
+    env.CrashAfter(2);  // the record's and the copy's unlinks
+    EXPECT_FALSE((*cat)->Cleanup(std::chrono::seconds(0)).ok());
+  }
+  ASSERT_TRUE(env.SimulatePowerLoss().ok());
+  ASSERT_TRUE(fs::exists(copy));
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
+  ASSERT_TRUE(cat.ok());
+  EXPECT_EQ(CopiesByDisk(**cat, "base")[a].state, "ready");
+  auto r = (*cat)->Cleanup(std::chrono::seconds(0));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->removed, std::vector<std::string>{copy});
+  EXPECT_FALSE(fs::exists(copy));
 }
 
 }  // namespace

@@ -246,8 +246,16 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
   };
   auto staged = stage();
   if (!staged.ok()) {
-    // Until the journal exists, an error leaves the folder as it was.
+    // Until the journal exists, an error leaves the folder as it was. An
+    // error about a staged file names the file it was to become: the
+    // staged names are barge's own business, as StagedFile's temporaries
+    // are (issue 13).
     Error e = std::move(staged).error();
+    for (const auto& [staged_path, final_name] : {std::pair{image_staged, pm.image},
+                                                  std::pair{digests_staged, pm.digest_table},
+                                                  std::pair{manifest_staged, manifest_name}}) {
+      if (e.path() == staged_path) e.set_path(chain.PathOf(final_name));
+    }
     for (const std::string& p : {image_staged, digests_staged, manifest_staged}) e.Also(env.UnlinkIfExists(p));
     return e;
   }
@@ -289,6 +297,10 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
     // (its folder sync): then the merge is committed and the next job
     // completes it; otherwise nothing changed.
     Error e = std::move(s).error();
+    // The journal is barge's own file: the error names the chain folder.
+    if (BaseName(e.path()) == kMergeJournalName || IsTempName(BaseName(e.path()))) {
+      e.set_path(chain.dir).Wrap("writing the merge journal");
+    }
     auto committed = MergeJournalExists(env, chain.dir);
     if (committed.ok() && !*committed) {
       for (const std::string& p : {image_staged, digests_staged, manifest_staged}) e.Also(env.UnlinkIfExists(p));
@@ -299,7 +311,12 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
   // 3. Switch over: the same code path as recovery.
   Status switched = CompleteMergeJournal(env, chain.dir);
   if (!switched.ok()) {
-    return Error(switched.error())
+    Error e = switched.error();
+    // The journal and the staged names are barge's own files: the error
+    // names the chain folder (issue 13).
+    std::string base = BaseName(e.path());
+    if (base == kMergeJournalName || base.ends_with(".merge-new") || IsTempName(base)) e.set_path(chain.dir);
+    return std::move(e)
         .Wrap("merge through " + pm.id +
               " stopped during the switch-over; the next barge merge, backup, restore or verify "
               "of this folder completes it");

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "blockio/fault.h"
+#include "blockio/fault_env.h"
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
 #include "pipeline/restore.h"
@@ -282,6 +283,62 @@ TEST(MergeTest, FailedImageWriteLeavesFolderAsItWas) {
     EXPECT_EQ(r.error().code(), ErrorCode::kIoError) << r.error().ToString();
     EXPECT_EQ(Listing(c.dir), listing) << FaultOpName(op);
   }
+  ExpectPointsFrom(c, tmp, 0);
+}
+
+// Found by the reliability campaign (issue 13): an error while staging
+// the merged image, its digest table or its manifest named the staged
+// file (".NAME.merge-new"), and one while writing the journal named
+// ".merge-journal.json": barge's own names, not a file the user knows. Every write, flush, link, rename and folder sync of the staging
+// fails once in turn; the error names a chain file, never a staged one.
+TEST(MergeTest, Issue13StagingErrorsNameTheChainFileNotTheStagedOne) {
+  TempDir tmp;
+  Chain c = MakeChain(tmp);
+  std::set<std::string> listing = Listing(c.dir);
+  FaultEnv env(PosixEnv(), tmp / "stash");
+  const std::string saved = tmp / "saved";
+  fs::copy(c.dir, saved, fs::copy_options::recursive);
+  int tried = 0;
+  for (EnvOp op : {EnvOp::kWrite, EnvOp::kSync, EnvOp::kRename, EnvOp::kLink, EnvOp::kUnlink, EnvOp::kSyncDir}) {
+    for (uint64_t n = 1;; ++n) {
+      env.ClearFaults();
+      env.ResetCounters();
+      env.FailCall(op, n, ENOSPC);
+      auto r = Merge(c.dir, "3", env);
+      bool fired = !env.injections().empty();
+      env.ClearFaults();
+      if (!fired) {
+        // The run without a fault merged: back to the chain before.
+        fs::remove_all(c.dir);
+        fs::copy(saved, c.dir, fs::copy_options::recursive);
+        break;
+      }
+      ASSERT_FALSE(r.ok()) << EnvOpName(op) << " #" << n;
+      auto journal = MergeJournalExists(PosixEnv(), c.dir);
+      ASSERT_TRUE(journal.ok());
+      ++tried;
+      EXPECT_EQ(r.error().path().find(".merge-new"), std::string::npos) << r.error().ToString();
+      EXPECT_EQ(r.error().path().find(".barge-tmp"), std::string::npos) << r.error().ToString();
+      EXPECT_EQ(r.error().path().find("merge-journal"), std::string::npos) << r.error().ToString();
+      EXPECT_TRUE(r.error().path().starts_with(c.dir)) << r.error().ToString();
+      EXPECT_EQ(r.error().code(), ErrorCode::kNoSpace) << r.error().ToString();
+      if (*journal) {
+        // Committed: the next job completes it (CrashAtEveryStep...); the
+        // switch-over's errors name the chain folder too.
+        fs::remove_all(c.dir);
+        fs::copy(saved, c.dir, fs::copy_options::recursive);
+        continue;
+      }
+      if (Listing(c.dir) != listing) {
+        // Only the folder sync after the journal's removal fails once the
+        // merge is complete: then it stays done.
+        EXPECT_EQ(op, EnvOp::kSyncDir) << "#" << n;
+        fs::remove_all(c.dir);
+        fs::copy(saved, c.dir, fs::copy_options::recursive);
+      }
+    }
+  }
+  EXPECT_GT(tried, 5);
   ExpectPointsFrom(c, tmp, 0);
 }
 

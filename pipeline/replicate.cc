@@ -558,21 +558,26 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
       }
       out.verified = true;
     }
-    // A stale record must never describe the new bytes: drop it first; a
-    // crash before the new record leaves a file without one (not ready).
+    // A stale record must never describe the new bytes: drop it first.
     if (p.replaces_existing) {
       if (Status s = env.UnlinkIfExists(ReplicaRecordPath(path)); !s.ok()) {
         abandon(p, std::move(s).error());
         continue;
       }
     }
-    if (Status s = p.staged->Commit(); !s.ok()) {
-      fail(p.index, std::move(s).error());
+    // The record is written before the copy appears under its name, and
+    // describes the temporary's size and mtime (the rename keeps them): a
+    // crash before the rename leaves a record that matches no file (not
+    // ready; the next run writes the copy again), one after it a ready
+    // copy. Never a file of ours without its record, which a re-run would
+    // refuse to replace without --force (issue 13).
+    if (Status s = p.staged->sink().Flush(); !s.ok()) {
+      abandon(p, std::move(s).error().set_path(path));
       continue;
     }
-    auto stamp = StatFile(env, path);
+    auto stamp = StatFile(env, p.staged->temp_path());
     if (!stamp.ok()) {
-      fail(p.index, std::move(stamp).error());
+      abandon(p, std::move(stamp).error().set_path(path));
       continue;
     }
     ReplicaRecord record;
@@ -588,7 +593,14 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
     record.bitmaps = result.bitmaps;
     record.backing_file = result.backing_file;
     if (Status s = WriteReplicaRecord(env, path, record); !s.ok()) {
-      fail(p.index, std::move(s).error().Wrap("checksum record"));
+      abandon(p, std::move(s).error().Wrap("checksum record"));
+      continue;
+    }
+    if (Status s = p.staged->Commit(); !s.ok()) {
+      // The record now describes no file: drop it (a failure to is harmless).
+      Error e = std::move(s).error();
+      if (!FileMatchesRecord(env, path, record)) e.Also(env.UnlinkIfExists(ReplicaRecordPath(path)));
+      fail(p.index, std::move(e));
       continue;
     }
     out.state = ReplicaState::kReady;

@@ -33,6 +33,60 @@ Status CheckOutputPath(Env& env, const std::string& path) {
 
 namespace {
 
+// An error about the temporary names the output the user asked for (the
+// temporary is barge's own business): its path becomes `final_path`.
+Error Named(Error e, const std::string& temp_path, const std::string& final_path) {
+  if (e.path().empty() || e.path() == temp_path) e.set_path(final_path);
+  return e;
+}
+
+Status Named(Status s, const std::string& temp_path, const std::string& final_path) {
+  if (s.ok()) return s;
+  return Named(std::move(s).error(), temp_path, final_path);
+}
+
+// The temporary's sink as the writer sees it: named after the final path,
+// so that the errors and messages of every layer above (qcow2 writer,
+// destinations, the pipeline) name the user's file.
+class NamedSink final : public BlockSink {
+ public:
+  NamedSink(std::unique_ptr<BlockSink> target, std::string final_path)
+      : target_(std::move(target)), final_path_(std::move(final_path)) {}
+  const std::string& name() const override { return final_path_; }
+  uint64_t size_bytes() const override { return target_->size_bytes(); }
+  SinkCapabilities capabilities() const override { return target_->capabilities(); }
+  Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
+    return Fix(target_->WriteAt(offset, data));
+  }
+  Status WriteZeroes(uint64_t offset, uint64_t length) override {
+    return Fix(target_->WriteZeroes(offset, length));
+  }
+  Status Trim(uint64_t offset, uint64_t length) override { return Fix(target_->Trim(offset, length)); }
+  Status Flush() override { return Fix(target_->Flush()); }
+  Status Truncate(uint64_t size_bytes) override { return Fix(target_->Truncate(size_bytes)); }
+
+ private:
+  Status Fix(Status s) const { return Named(std::move(s), target_->name(), final_path_); }
+  std::unique_ptr<BlockSink> target_;
+  std::string final_path_;
+};
+
+// Removes `temp` when no live writer holds it: the leftover of a run that
+// published its output but failed to remove the temporary's name (a hard
+// link to the output). Such a file is in no folder a backup or merge
+// sweeps, so the next writer of the same name takes it (issue 13).
+Status RemoveStaleTemporary(Env& env, const std::string& temp) {
+  LockOptions lo;
+  lo.create = false;
+  auto lock = env.LockFile(temp, lo);
+  if (!lock.ok()) {
+    ErrorCode code = lock.error().code();
+    return code == ErrorCode::kNotFound || code == ErrorCode::kBusy ? OkStatus() : Status(lock.error());
+  }
+  // Removed while locked, as Abandon does.
+  return env.UnlinkIfExists(temp);
+}
+
 // Locks `temp`, creating it. A sweep of stale temporaries holds a
 // leftover's lock for an instant before removing it: kBusy is retried
 // briefly before it counts as another live writer.
@@ -43,7 +97,7 @@ Result<std::unique_ptr<EnvLock>> LockTemp(Env& env, const std::string& temp, con
     auto lock = env.LockFile(temp, lo);
     if (lock.ok()) return lock;
     Error e = std::move(lock).error();
-    if (e.code() != ErrorCode::kBusy) return e;
+    if (e.code() != ErrorCode::kBusy) return Named(std::move(e), temp, final_path);
     if (attempt == 4) return e.set_path(final_path);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -61,7 +115,8 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
     }
     if (st.ok() && !overwrite) {
       return Error::InvalidArgument("output exists (remove it or choose another name)")
-          .set_path(final_path);
+          .set_path(final_path)
+          .Also(Named(RemoveStaleTemporary(env, TempPathFor(final_path)), TempPathFor(final_path), final_path));
     }
     if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
   }
@@ -70,19 +125,20 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
   // name (a planted symbolic link above all) is removed, never written
   // through.
   if (auto st = env.StatNoFollow(temp); st.ok() && !st->is_regular()) {
-    BARGE_RETURN_IF_ERROR(env.Unlink(temp));
+    BARGE_RETURN_IF_ERROR(Named(env.Unlink(temp), temp, final_path));
   }
   // A leftover of a killed run is unlocked, hence ours to replace; a live
   // writer's is not.
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<EnvLock> lock, LockTemp(env, temp, final_path));
+  auto lock = LockTemp(env, temp, final_path);
+  if (!lock.ok()) return lock.error();
   TempRegistration registration(temp);
   FileOptions options;
   options.sync = sync;
   auto sink = env.OpenSink(temp, SinkMode::kTruncate, options);
-  if (!sink.ok()) return std::move(sink).error().Also(env.UnlinkIfExists(temp));
-  std::unique_ptr<StagedFile> file(new StagedFile(env, final_path, std::move(temp), std::move(lock),
+  if (!sink.ok()) return Named(std::move(sink).error(), temp, final_path).Also(env.UnlinkIfExists(temp));
+  std::unique_ptr<StagedFile> file(new StagedFile(env, final_path, std::move(temp), std::move(lock).value(),
                                                   std::move(registration), overwrite, sync));
-  file->sink_ = std::move(sink).value();
+  file->sink_ = std::make_unique<NamedSink>(std::move(sink).value(), final_path);
   return file;
 }
 
@@ -116,13 +172,19 @@ Status StagedFile::Commit() {
   if (s.ok()) {
     // link() fails if the target appeared meanwhile; rename() would replace it.
     s = overwrite_ ? env_.Rename(temp_path_, final_path_) : env_.Link(temp_path_, final_path_);
+    if (!s.ok()) {
+      Error e = std::move(s).error();
+      s = e.errno_value() != 0
+              ? Error::FromErrno(e.errno_value(), overwrite_ ? "publish (rename)" : "publish (link)", final_path_)
+              : Named(std::move(e), temp_path_, final_path_);
+    }
   }
-  if (!s.ok()) return std::move(s).error().Also(Abandon());
+  if (!s.ok()) return Named(std::move(s).error(), temp_path_, final_path_).Also(Abandon());
   done_ = true;
   registration_ = TempRegistration();
   Status published = overwrite_ ? OkStatus() : env_.Unlink(temp_path_);
   lock_.reset();
-  BARGE_RETURN_IF_ERROR(published);
+  BARGE_RETURN_IF_ERROR(Named(std::move(published), temp_path_, final_path_));
   if (!sync_) return OkStatus();
   return env_.SyncDir(DirName(final_path_));
 }

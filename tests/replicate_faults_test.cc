@@ -12,6 +12,7 @@
 
 #include "blockio/env.h"
 #include "blockio/fault.h"
+#include "blockio/fault_env.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/replicate.h"
 #include "tests/testing/testing.h"
@@ -223,6 +224,61 @@ TEST(ReplicateFaultsTest, FullFilesystemFailsOnlyItsDestination) {
   EXPECT_EQ(r->replicas[1].error->code(), ErrorCode::kNoSpace) << r->replicas[1].error->ToString();
   ExpectReadyAndEqual(r->replicas[0], src);
   ExpectReadyAndEqual(r->replicas[2], src);
+}
+
+// Issue 13 (found by the reliability campaign): a power loss between a
+// copy's rename and its checksum record left a copy without a record, which
+// the same command run again refused to replace ("exists and is not a
+// matching copy", --force needed). The record now goes first: at every
+// crash point, the plain re-run completes and both copies are ready.
+TEST(ReplicateFaultsTest, Issue13RerunAfterPowerLossAtAnyBoundaryNeedsNoForce) {
+  TempDir dir;
+  std::string src = MakeSource(dir, 2 * kMiB);
+  std::vector<std::string> dests = {dir / "a/base.raw", dir / "b/base.raw"};
+  FaultEnv env(PosixEnv(), dir / "stash");
+  auto replicate = [&](Env& e) -> Result<ReplicateResult> {
+    SourceSpec spec;
+    spec.location = src;
+    auto opened = OpenSource(e, spec);
+    if (!opened.ok()) return opened.error();
+    return RunReplicate(e, *opened->image, dests, SmallOptions());
+  };
+  auto setup = [&]() -> Status {
+    fs::remove_all(dir / "a");
+    fs::remove_all(dir / "b");
+    fs::create_directories(dir / "a");
+    fs::create_directories(dir / "b");
+    return OkStatus();
+  };
+  auto op = [&](Env& e) -> Status {
+    auto r = replicate(e);
+    if (!r.ok()) return r.error();
+    return r->all_ok() ? OkStatus() : Status(Error::IoError("a copy failed"));
+  };
+  uint64_t points = 0;
+  auto check = [&](const CrashPoint& p) {
+    SCOPED_TRACE("crash after " + std::to_string(p.after_boundaries) + " of " + std::to_string(p.boundaries));
+    ++points;
+    for (const auto& d : dests) {
+      // Never a record that describes a file it does not match.
+      auto record = ReadReplicaRecord(PosixEnv(), d);
+      if (record.ok() && fs::exists(d)) {
+        EXPECT_TRUE(FileMatchesRecord(PosixEnv(), d, *record)) << d;
+      }
+    }
+    auto again = replicate(PosixEnv());
+    ASSERT_TRUE(again.ok()) << again.error().ToString();
+    ASSERT_TRUE(again->all_ok());
+    for (const auto& r : again->replicas) {
+      // Written again, or reused (a copy that made it, with its record).
+      EXPECT_NE(r.state, ReplicaState::kFailed) << r.error->ToString();
+      EXPECT_TRUE(fs::exists(r.path + ".sha512.json"));
+      RunOk("cmp " + ShellQuote(src) + " " + ShellQuote(r.path));
+    }
+  };
+  auto runs = ForEachCrashPoint(env, setup, op, check);
+  ASSERT_TRUE(runs.ok()) << runs.error().ToString();
+  EXPECT_GT(points, 10u);
 }
 
 }  // namespace
