@@ -12,7 +12,7 @@ namespace {
 
 std::string Probe(const std::string& head, size_t at = 0, size_t size = 4096) {
   std::vector<std::byte> bytes(size);
-  std::memcpy(bytes.data() + at, head.data(), head.size());
+  if (!head.empty()) std::memcpy(bytes.data() + at, head.data(), head.size());
   MemorySource src(std::move(bytes));
   auto r = ProbeFormatName(src);
   return r.ok() ? *r : "error: " + r.error().ToString();

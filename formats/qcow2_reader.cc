@@ -55,7 +55,15 @@ Result<std::string> ResolveName(const std::string& image_path, const std::string
   if (options.allow_any_path) return result;
   const std::string canon = Inspect(result, options).canonical;
   for (const std::string& dir : state.allowed_dirs) {
-    if (IsInsidePath(canon, dir)) return result;
+    if (!IsInsidePath(canon, dir)) continue;
+    // The folder itself is inside it, but is no file (found by fuzzing:
+    // a backing name "." or "x/..").
+    if (canon == LexicallyNormal(dir)) {
+      return Error::InvalidArgument(std::string(what) + " '" + stored + "' names the folder " + canon +
+                                    ", not a file")
+          .set_path(image_path);
+    }
+    return result;
   }
   return Error::InvalidArgument(std::string(what) + " '" + stored + "' resolves to " + canon +
                                 ", outside the allowed folders; pass --allow-any-path to permit it")

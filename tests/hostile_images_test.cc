@@ -207,6 +207,14 @@ TEST_F(HostileImagesTest, BackingFileIsAHostFile) {
     ExpectOpenError(img, ErrorCode::kInvalidArgument, "outside the allowed folders");
     fs::remove(img);
   }
+  // The folder itself (found by the qcow2_chain fuzzer): no file at all.
+  for (const std::string name : {".", "sub/.."}) {
+    SCOPED_TRACE(name);
+    const std::string img = Image("overlay.qcow2");
+    SetBacking(img, name);
+    ExpectRefused(Cli("info", img), "InvalidArgument", img, "names the folder");
+    fs::remove(img);
+  }
   // A name inside the folder that is a symlink to a host file: names are
   // resolved (symlinks followed) before the folder rule.
   fs::create_symlink("/etc/passwd", dir_.path() / "vm" / "innocent.raw");
