@@ -1,0 +1,290 @@
+// Copy-on-write refcount table and blocks for one metadata edit.
+#include "formats/qcow2_refcount_shadow.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+namespace barge::formats::qcow2 {
+
+namespace {
+
+// Host offsets of metadata must fit in bits 9..55 of table entries.
+constexpr uint64_t kMaxHostOffset = uint64_t{1} << 56;
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+Error Bad(const std::string& what, uint64_t offset) {
+  return Error::Corruption("qcow2 refcounts: " + what).set_offset(offset);
+}
+
+}  // namespace
+
+uint64_t LoadRefcount(const std::byte* block, uint64_t index, uint32_t order) {
+  const uint32_t bits = 1u << order;
+  if (bits < 8) {
+    const uint64_t bit = index * bits;
+    return (uint8_t(block[bit / 8]) >> (bit % 8)) & ((1u << bits) - 1);
+  }
+  const std::byte* p = block + index * (bits / 8);
+  uint64_t v = 0;
+  for (uint32_t i = 0; i < bits / 8; ++i) v = (v << 8) | uint8_t(p[i]);
+  return v;
+}
+
+void StoreRefcount(std::byte* block, uint64_t index, uint32_t order, uint64_t value) {
+  const uint32_t bits = 1u << order;
+  if (bits < 8) {
+    const uint64_t bit = index * bits;
+    const uint8_t mask = static_cast<uint8_t>(((1u << bits) - 1) << (bit % 8));
+    const uint8_t old = uint8_t(block[bit / 8]);
+    block[bit / 8] = std::byte((old & ~mask) | ((value << (bit % 8)) & mask));
+    return;
+  }
+  std::byte* p = block + index * (bits / 8);
+  for (uint32_t i = bits / 8; i-- > 0;) {
+    p[i] = std::byte(value & 0xff);
+    value >>= 8;
+  }
+}
+
+struct RefcountShadow::Block {
+  uint64_t old_offset = 0;  // 0: the table had no block here
+  uint64_t new_offset = 0;  // 0: not placed (unchanged blocks stay where they are)
+  bool changed = false;
+  std::vector<std::byte> bytes;
+};
+
+RefcountShadow::RefcountShadow(BlockSource& file, const Header& header)
+    : file_(file),
+      h_(header),
+      per_block_(RefcountsPerBlock(header.cluster_bits, header.refcount_order)),
+      max_refcount_(header.refcount_order == 6 ? UINT64_MAX
+                                               : (uint64_t{1} << (1u << header.refcount_order)) - 1) {}
+
+RefcountShadow::~RefcountShadow() = default;
+
+Status RefcountShadow::Load() {
+  const uint64_t file_size = file_.size_bytes();
+  const uint64_t bytes = h_.refcount_table_bytes();
+  if (bytes == 0 || h_.refcount_table_offset > file_size || bytes > file_size - h_.refcount_table_offset) {
+    return Bad("refcount table at " + Hex(h_.refcount_table_offset) + " (" +
+                   std::to_string(h_.refcount_table_clusters) + " clusters) lies beyond the end of the file",
+               48);
+  }
+  std::vector<std::byte> raw(bytes);
+  BARGE_RETURN_IF_ERROR(file_.ReadAt(h_.refcount_table_offset, raw));
+  old_table_.resize(bytes / 8);
+  for (size_t i = 0; i < old_table_.size(); ++i) old_table_[i] = LoadBe64(raw.data() + 8 * i);
+  blocks_.resize(old_table_.size());
+  cursor_ = 0;
+  return OkStatus();
+}
+
+Result<RefcountShadow::Block*> RefcountShadow::FindOrLoad(uint64_t index, bool create) {
+  if (index < blocks_.size() && blocks_[index]) return blocks_[index].get();
+  const uint64_t entry = index < old_table_.size() ? old_table_[index] : 0;
+  if (entry == 0 && !create) return static_cast<Block*>(nullptr);
+  if (index >= blocks_.size()) blocks_.resize(index + 1);
+  auto b = std::make_unique<Block>();
+  b->bytes.assign(h_.cluster_size(), std::byte{0});
+  if (entry != 0) {
+    const uint64_t entry_at = h_.refcount_table_offset + 8 * index;
+    const uint64_t file_size = file_.size_bytes();
+    if ((entry & ~kRefcountTableOffsetMask) != 0 || !IsClusterAligned(entry, h_.cluster_bits)) {
+      return Bad("refcount table entry " + Hex(entry) + " is not a cluster-aligned offset", entry_at);
+    }
+    if (entry >= file_size) {
+      return Bad("refcount block at " + Hex(entry) + " lies beyond the end of the file", entry_at);
+    }
+    // qemu reads a short final cluster as zero-padded; so do we.
+    const uint64_t avail = std::min(h_.cluster_size(), file_size - entry);
+    BARGE_RETURN_IF_ERROR(file_.ReadAt(entry, std::span<std::byte>(b->bytes).first(avail)));
+    b->old_offset = entry;
+  }
+  blocks_[index] = std::move(b);
+  return blocks_[index].get();
+}
+
+Result<uint64_t> RefcountShadow::Get(uint64_t cluster) {
+  BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(cluster / per_block_, false));
+  return b ? LoadRefcount(b->bytes.data(), cluster % per_block_, h_.refcount_order) : 0;
+}
+
+Status RefcountShadow::Add(uint64_t cluster, int64_t delta, const char* what) {
+  if (delta == 0) return OkStatus();
+  if (finished_) return Error::Internal("qcow2 refcounts: change after Finish");
+  BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(cluster / per_block_, delta > 0));
+  const uint64_t index = cluster % per_block_;
+  const uint64_t count = b ? LoadRefcount(b->bytes.data(), index, h_.refcount_order) : 0;
+  const uint64_t offset = cluster << h_.cluster_bits;
+  uint64_t now;
+  if (delta < 0) {
+    const uint64_t down = static_cast<uint64_t>(-delta);
+    if (count < down) {
+      return Bad(std::string(what) + " at " + Hex(offset) + " has refcount " + std::to_string(count) +
+                     ", lower than its references",
+                 offset);
+    }
+    now = count - down;
+    if (now == 0) {
+      if (cluster >= freed_.size()) freed_.resize(cluster + 1);
+      freed_[cluster] = true;
+    }
+  } else {
+    const uint64_t up = static_cast<uint64_t>(delta);
+    if (count > max_refcount_ - up) {
+      return Error::NotSupported("qcow2 refcounts: " + std::string(what) + " at " + Hex(offset) +
+                                 " would need a refcount above " + std::to_string(max_refcount_) +
+                                 ", the most " + std::to_string(1u << h_.refcount_order) +
+                                 "-bit refcounts hold (qemu refuses too)")
+          .set_offset(offset);
+    }
+    if (count == 0) {
+      return Bad(std::string(what) + " at " + Hex(offset) + " is referenced but its refcount is 0", offset);
+    }
+    now = count + up;
+  }
+  StoreRefcount(b->bytes.data(), index, h_.refcount_order, now);
+  b->changed = true;
+  return OkStatus();
+}
+
+Result<uint64_t> RefcountShadow::Allocate(uint64_t count, const char* what) {
+  if (finished_) return Error::Internal("qcow2 refcounts: allocation after Finish");
+  if (count == 0) return Error::Internal("qcow2 refcounts: empty allocation");
+  uint64_t start = cursor_;
+  uint64_t run = 0;
+  bool at_cursor = true;  // every cluster from cursor_ to start is in use
+  while (run < count) {
+    const uint64_t cluster = start + run;
+    if (cluster >= (kMaxHostOffset >> h_.cluster_bits)) {
+      return Error::NotSupported(std::string("qcow2 refcounts: no host offset below 2^56 left for ") + what);
+    }
+    const uint64_t index = cluster / per_block_;
+    BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(index, false));
+    if (!b) {
+      // No block: the whole range is free; jump over it.
+      const uint64_t block_end = (index + 1) * per_block_;
+      const uint64_t take = std::min(count - run, block_end - cluster);
+      bool clear = true;
+      for (uint64_t c = cluster; c < cluster + take; ++c) {
+        if (IsFreed(c)) {
+          clear = false;
+          start = c + 1;
+          run = 0;
+          break;
+        }
+      }
+      if (clear) run += take;
+      at_cursor = false;
+      continue;
+    }
+    if (LoadRefcount(b->bytes.data(), cluster % per_block_, h_.refcount_order) != 0 || IsFreed(cluster)) {
+      if (at_cursor) cursor_ = cluster + 1;
+      start = cluster + 1;
+      run = 0;
+      continue;
+    }
+    at_cursor = false;
+    ++run;
+  }
+  for (uint64_t c = start; c < start + count; ++c) {
+    BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(c / per_block_, true));
+    StoreRefcount(b->bytes.data(), c % per_block_, h_.refcount_order, 1);
+    b->changed = true;
+  }
+  allocated_end_cluster_ = std::max(allocated_end_cluster_, start + count);
+  return start << h_.cluster_bits;
+}
+
+Status RefcountShadow::Release(uint64_t cluster) {
+  BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(cluster / per_block_, false));
+  if (!b || LoadRefcount(b->bytes.data(), cluster % per_block_, h_.refcount_order) != 1) {
+    return Error::Internal("qcow2 refcounts: release of a cluster this edit did not allocate");
+  }
+  StoreRefcount(b->bytes.data(), cluster % per_block_, h_.refcount_order, 0);
+  cursor_ = std::min(cursor_, cluster);
+  return OkStatus();
+}
+
+Status RefcountShadow::Finish() {
+  // The old table goes once the header names the new one.
+  for (uint64_t i = 0; i < h_.refcount_table_clusters; ++i) {
+    BARGE_RETURN_IF_ERROR(Add((h_.refcount_table_offset >> h_.cluster_bits) + i, -1, "refcount table"));
+  }
+  const uint64_t max_table_clusters = kMaxRefcountTableBytes >> h_.cluster_bits;
+  for (int round = 0;; ++round) {
+    if (round > 1000) return Error::Internal("qcow2 refcounts: block placement does not settle");
+    // Every changed block moves to a new cluster; placing one changes the
+    // counts of two clusters (the old copy freed, the new one used), which
+    // may change more blocks, or need blocks the table does not have yet.
+    bool placed_any = false;
+    for (uint64_t i = 0; i < blocks_.size(); ++i) {
+      Block* b = blocks_[i].get();
+      if (!b || !b->changed || b->new_offset != 0) continue;
+      if (b->old_offset != 0) {
+        BARGE_RETURN_IF_ERROR(Add(b->old_offset >> h_.cluster_bits, -1, "refcount block"));
+      }
+      BARGE_ASSIGN_OR_RETURN(b->new_offset, Allocate(1, "a refcount block"));
+      placed_any = true;
+    }
+    if (placed_any) continue;
+    // The table: as large as the old one, larger when blocks lie beyond it.
+    uint64_t entries = old_table_.size();
+    for (uint64_t i = blocks_.size(); i-- > 0;) {
+      if (blocks_[i] && (blocks_[i]->new_offset || blocks_[i]->old_offset)) {
+        entries = std::max<uint64_t>(entries, i + 1);
+        break;
+      }
+    }
+    const uint64_t clusters = SizeToClusters(entries * 8, h_.cluster_bits);
+    if (clusters > max_table_clusters) {
+      return Error::NotSupported("qcow2 refcounts: the refcount table would need " + std::to_string(clusters) +
+                                 " clusters, more than qemu's 8 MiB limit");
+    }
+    if (new_table_offset_ != 0 && new_table_clusters_ >= clusters) break;
+    if (new_table_offset_ != 0) {
+      for (uint64_t c = 0; c < new_table_clusters_; ++c) {
+        BARGE_RETURN_IF_ERROR(Release((new_table_offset_ >> h_.cluster_bits) + c));
+      }
+    }
+    BARGE_ASSIGN_OR_RETURN(new_table_offset_, Allocate(clusters, "the refcount table"));
+    new_table_clusters_ = clusters;
+  }
+  finished_ = true;
+  return OkStatus();
+}
+
+bool RefcountShadow::changed() const {
+  return std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b && b->changed; });
+}
+
+uint64_t RefcountShadow::write_bytes() const {
+  uint64_t n = new_table_clusters_ << h_.cluster_bits;
+  for (const auto& b : blocks_) {
+    if (b && b->new_offset) n += h_.cluster_size();
+  }
+  return n;
+}
+
+Status RefcountShadow::WriteNew(BlockSink& sink) {
+  if (!finished_) return Error::Internal("qcow2 refcounts: write before Finish");
+  std::vector<std::byte> table(new_table_clusters_ << h_.cluster_bits);
+  for (uint64_t i = 0; i < blocks_.size() || i < old_table_.size(); ++i) {
+    uint64_t entry = i < old_table_.size() ? old_table_[i] : 0;
+    const Block* b = i < blocks_.size() ? blocks_[i].get() : nullptr;
+    if (b && b->new_offset) {
+      entry = b->new_offset;
+      BARGE_RETURN_IF_ERROR(sink.WriteAt(b->new_offset, b->bytes));
+    }
+    if (entry != 0) StoreBe64(table.data() + 8 * i, entry);
+  }
+  return sink.WriteAt(new_table_offset_, table);
+}
+
+}  // namespace barge::formats::qcow2
