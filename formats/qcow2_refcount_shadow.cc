@@ -272,6 +272,23 @@ uint64_t RefcountShadow::write_bytes() const {
   return n;
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> RefcountShadow::FreedRanges() const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  const uint64_t cs = h_.cluster_size();
+  for (uint64_t c = 0; c < freed_.size(); ++c) {
+    if (!freed_[c]) continue;
+    // A freed cluster is never allocated again in the same edit, so its
+    // count is still 0.
+    const uint64_t offset = c << h_.cluster_bits;
+    if (!out.empty() && out.back().first + out.back().second == offset) {
+      out.back().second += cs;
+    } else {
+      out.emplace_back(offset, cs);
+    }
+  }
+  return out;
+}
+
 Status RefcountShadow::WriteNew(BlockSink& sink) {
   if (!finished_) return Error::Internal("qcow2 refcounts: write before Finish");
   std::vector<std::byte> table(new_table_clusters_ << h_.cluster_bits);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "blockio/error.h"
@@ -63,6 +64,9 @@ class RefcountShadow {
   uint64_t write_bytes() const;
   // Writes the placed blocks and the new table (no flush).
   Status WriteNew(BlockSink& sink);
+  // The clusters this edit freed (in use before, count 0 now), as merged
+  // [offset, offset + length) byte ranges in increasing order.
+  std::vector<std::pair<uint64_t, uint64_t>> FreedRanges() const;
 
  private:
   struct Block;

@@ -433,6 +433,11 @@ Status Transaction::Commit(BlockSink& sink) {
   size_t hi = header.size();
   while (hi > lo && header[hi - 1] == cluster0_[hi - 1]) --hi;
 
+  const auto freed = rc_->FreedRanges();
+  for (const auto& [offset, length] : freed) {
+    plan.freed_clusters += length >> cb;
+    plan.freed_bytes += length;
+  }
   plan.new_file_bytes = std::max(file_size_, rc_->end_bytes());
   plan.write_bytes = rc_->write_bytes() + (l2_copies.size() + l2_in_place_.size()) * cs +
                      (l1_changed ? new_l1.size() * 8 : 0) + table_bytes.size() + (hi - lo);
@@ -476,6 +481,20 @@ Status Transaction::Commit(BlockSink& sink) {
   BARGE_RETURN_IF_ERROR(InStep(sink.WriteAt(lo, std::span(header).subspan(lo, hi - lo)), "switching the header"));
   BARGE_RETURN_IF_ERROR(InStep(sink.Flush(), "switching the header"));
   for (Entry& e : entries_) e.is_new = false;
+
+  // Step 3: give the freed clusters back to the filesystem. They are free
+  // in the new refcounts, so this is only a hint; a crash here changes
+  // nothing, and a file system without hole punching keeps the bytes.
+  if (options_.discard_freed && sink.capabilities().can_trim) {
+    for (const auto& [offset, length] : freed) {
+      if (offset >= file_size_) break;
+      Status trimmed = sink.Trim(offset, std::min(length, file_size_ - offset));
+      if (trimmed.ok()) continue;
+      if (trimmed.error().code() == ErrorCode::kNotSupported) break;
+      return std::move(trimmed).error().Wrap(
+          "qcow2 snapshot edit: committed, but discarding the freed clusters failed");
+    }
+  }
   return OkStatus();
 }
 

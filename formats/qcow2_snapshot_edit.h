@@ -24,6 +24,7 @@ struct SnapshotEditPlan {
   uint64_t write_bytes = 0;      // bytes the edit writes
   uint64_t freed_clusters = 0;   // clusters whose refcount drops to 0
   uint64_t copied_l2_tables = 0; // active L2 tables given a new copy (COPIED flags)
+  uint64_t freed_bytes = 0;      // bytes of those clusters (discarded after the commit)
 };
 
 struct SnapshotEditOptions {
@@ -33,6 +34,10 @@ struct SnapshotEditOptions {
   // Keeps L2 tables read during the edit in memory up to this many bytes;
   // past it they are read again when needed.
   uint64_t l2_cache_bytes = 256ull << 20;
+  // After the commit, discard (punch holes in) the clusters the edit freed,
+  // as qemu does for snapshot deletes (pass-discard-snapshot), so the file
+  // gives the space back. Skipped on sinks that cannot trim.
+  bool discard_freed = true;
 };
 
 struct SnapshotCreateSpec {
@@ -85,7 +90,8 @@ struct SnapshotRollbackResult {
 //                  refcount 0, a count below its references, offsets
 //                  outside the file);
 //   kIoError/kNoSpace from the file (the image is then the old or the new
-//                  one, as above);
+//                  one, as above; an error while discarding freed clusters
+//                  comes after the commit and says so);
 //   the error before_write returned.
 // May block. One caller at a time per image; the caller must make sure no
 // other process has the image open (orchestrate takes QEMU's image lock).
