@@ -22,6 +22,7 @@
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_refcount_shadow.h"
+#include "pipeline/endpoints.h"
 #include "tests/testing/testing.h"
 
 namespace barge::formats {
@@ -222,6 +223,35 @@ TEST_F(SnapshotOracle, QemuMadeSnapshotsReadTheSameThroughBarge) {
   ASSERT_OK(Delete(img, "a"));
   ExpectQemuClean(img);
   EXPECT_EQ(BargeRead(img, "b"), QemuRead(dir_, img, "b"));
+}
+
+// What convert/backup/compare/map open: a pipeline source at a snapshot.
+TEST_F(SnapshotOracle, PipelineSourceAtASnapshot) {
+  const std::string img = NewImage("", "4M");
+  QemuIo(img, "write -P 0x81 0 1M");
+  ASSERT_OK(Create(img, "s1"));
+  QemuIo(img, "write -P 0x82 0 2M");
+  pipeline::SourceSpec spec;
+  spec.location = img;
+  spec.snapshot = "s1";
+  auto opened = pipeline::OpenSource(spec);
+  ASSERT_TRUE(opened.ok()) << opened.error().ToString();
+  std::vector<std::byte> got(opened->image->size_bytes());
+  ASSERT_OK(opened->image->ReadAt(0, got));
+  EXPECT_EQ(got, QemuRead(dir_, img, "s1"));
+  ASSERT_TRUE(opened->image->info().opened_snapshot.has_value());
+  EXPECT_EQ(opened->image->info().opened_snapshot->id, "1");
+  spec.snapshot = "nope";
+  auto missing = pipeline::OpenSource(spec);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code(), ErrorCode::kNotFound);
+  const std::string raw = dir_ / "plain.raw";
+  RunOk("truncate -s 1M " + ShellQuote(raw));
+  spec.location = raw;
+  spec.snapshot = "s1";
+  auto on_raw = pipeline::OpenSource(spec);
+  ASSERT_FALSE(on_raw.ok());
+  EXPECT_EQ(on_raw.error().code(), ErrorCode::kInvalidArgument);
 }
 
 TEST_F(SnapshotOracle, ImageVariants) {
