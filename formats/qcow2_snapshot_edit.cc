@@ -68,6 +68,8 @@ class Transaction {
   Status Rollback(size_t index);
   // Plans the rest, calls before_write, writes, commits.
   Status Commit(BlockSink& sink);
+  // EstimateSnapshotCreateBytes, once loaded.
+  uint64_t EstimateCreate() const;
 
  private:
   std::vector<SnapshotInfo> Infos() const {
@@ -145,6 +147,25 @@ Status Transaction::Load() {
   }
   rc_ = std::make_unique<RefcountShadow>(file_, h_);
   return rc_->Load();
+}
+
+uint64_t Transaction::EstimateCreate() const {
+  const uint64_t cs = h_.cluster_size();
+  const uint64_t per_block = RefcountsPerBlock(h_.cluster_bits, h_.refcount_order);
+  uint64_t l2_tables = 0;
+  for (uint64_t e : old_active_l1_) l2_tables += (e & kL1OffsetMask) != 0;
+  const uint64_t l1_clusters = SizeToClusters(old_active_l1_.size() * 8, h_.cluster_bits);
+  // A new entry: fixed part, extra data, an id of up to 20 digits, a name.
+  const uint64_t table_clusters =
+      SizeToClusters(old_table_bytes_ + 8 + kSnapshotFixedBytes + kSnapshotKnownExtraBytes + 20 +
+                         kMaxSnapshotNameBytes,
+                     h_.cluster_bits);
+  // Every existing refcount block may move; new clusters may need new
+  // blocks, and the table may grow by a cluster.
+  uint64_t blocks = SizeToClusters(file_size_, h_.cluster_bits) / per_block + 1;
+  const uint64_t new_clusters = 2 * l1_clusters + l2_tables + table_clusters + h_.refcount_table_clusters + 1;
+  blocks += new_clusters / per_block + 2;
+  return (new_clusters + blocks) * cs;
 }
 
 Result<std::vector<uint64_t>> Transaction::ReadL1(uint64_t offset, uint32_t size, const std::string& what) {
@@ -548,6 +569,13 @@ Result<SnapshotRollbackResult> RollbackSnapshot(BlockSource& file, BlockSink& si
   BARGE_RETURN_IF_ERROR(t.Commit(sink));
   result.target = t.entries()[index].info;
   return result;
+}
+
+Result<uint64_t> EstimateSnapshotCreateBytes(BlockSource& file) {
+  SnapshotEditOptions options;
+  Transaction t(file, options);
+  BARGE_RETURN_IF_ERROR(t.Load());
+  return t.EstimateCreate();
 }
 
 Result<std::vector<SnapshotInfo>> ListSnapshots(BlockSource& file) {

@@ -122,6 +122,12 @@ Result<SnapshotRollbackResult> RollbackSnapshot(BlockSource& file, BlockSink& si
                                                 const std::string& id_or_name, bool discard_newer,
                                                 const SnapshotEditOptions& options = {});
 
+// An upper bound of the bytes CreateSnapshot writes (new clusters, which may
+// fill holes or grow the file), from the header, the active L1 table and the
+// refcount table only: cheap enough for a free-space check before anything
+// else runs. kNotSupported when not qcow2, kCorruption for bad tables.
+Result<uint64_t> EstimateSnapshotCreateBytes(BlockSource& file);
+
 // The snapshot list (table order). kCorruption for a malformed table,
 // kNotSupported when `file` is not qcow2.
 Result<std::vector<SnapshotInfo>> ListSnapshots(BlockSource& file);

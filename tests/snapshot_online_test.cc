@@ -1,0 +1,125 @@
+// Disk snapshots of a running (paused) libvirt domain through QEMU (QMP
+// blockdev-snapshot-internal-sync / -delete-internal-sync), and of the same
+// domain once shut off through its disk file: qemu-img check clean,
+// qemu-img snapshot -l agrees, and each snapshot reads what the guest had
+// written at that moment.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "orchestrate/snapshot.h"
+#include "tests/testing/testing.h"
+#include "tests/vm_libvirt_env.h"
+
+namespace barge::orchestrate {
+namespace {
+
+using barge::testing::ReadFile;
+using barge::testing::RunOk;
+using barge::testing::ShellQuote;
+using barge::testing::TestDisk;
+using barge::testing::TestDomain;
+
+class SnapshotOnlineTest : public barge::testing::VmTestBase {
+ protected:
+  std::vector<std::string> QemuNames(const std::string& image) {
+    std::string out = RunOk("qemu-img info -f qcow2 --output=json " + ShellQuote(image));
+    auto j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+    std::vector<std::string> names;
+    if (j.contains("snapshots")) {
+      for (const auto& s : j["snapshots"]) names.push_back(s["id"].get<std::string>() + ":" + s["name"].get<std::string>());
+    }
+    return names;
+  }
+  std::vector<std::byte> QemuRead(const std::string& image, const std::string& snapshot) {
+    const std::string out = dir_ / "read.raw";
+    RunOk("qemu-img convert -f qcow2 -O raw -l " + ShellQuote("snapshot.name=" + snapshot) + " " +
+          ShellQuote(image) + " " + ShellQuote(out));
+    return ReadFile(out);
+  }
+};
+
+void Fill(std::vector<std::byte>& disk, uint64_t offset, uint64_t length, int pattern) {
+  std::fill_n(disk.begin() + offset, length, std::byte(pattern));
+}
+
+TEST_F(SnapshotOnlineTest, RunningDomainThenShutOff) {
+  constexpr uint64_t kMiB = 1 << 20;
+  const std::string img = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -f qcow2 " + ShellQuote(img) + " 16M");
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x11 0 1M' " + ShellQuote(img));
+  std::vector<std::byte> expected(16 * kMiB);
+  Fill(expected, 0, kMiB, 0x11);
+  TestDomain dom("snap", {TestDisk{"vda", img, "qcow2"}});
+  dom.Define(dir_.path().string());
+  dom.StartPaused();
+  dom.Write(0x22, "1M", "1M");
+  Fill(expected, kMiB, kMiB, 0x22);
+
+  SnapshotTarget target;
+  target.domain = dom.name();
+  target.disk = "vda";
+  SnapshotCreateRequest req;
+  req.target = target;
+  req.name = "s1";
+  auto s1 = CreateDiskSnapshot(req);
+  ASSERT_TRUE(s1.ok()) << s1.error().ToString();
+  EXPECT_EQ(s1->mode, "online");
+  EXPECT_EQ(s1->image, img);
+  EXPECT_EQ(s1->snapshot.id, "1");
+
+  dom.Write(0x33, "0", "512k");
+  Fill(expected, 0, 512 << 10, 0x33);
+  req.name = "s2";
+  ASSERT_TRUE(CreateDiskSnapshot(req).ok());
+  // QEMU refuses a name the disk has.
+  auto again = CreateDiskSnapshot(req);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), ErrorCode::kInvalidArgument);
+
+  auto listing = ListDiskSnapshots(target);
+  ASSERT_TRUE(listing.ok()) << listing.error().ToString();
+  EXPECT_EQ(listing->mode, "online");
+  ASSERT_EQ(listing->snapshots.size(), 2u);
+  EXPECT_EQ(listing->snapshots[1].info.name, "s2");
+
+  // No rename or rollback under a running guest; no quiesce without an agent.
+  EXPECT_EQ(RenameDiskSnapshot(target, "s1", "x").error().code(), ErrorCode::kNotSupported);
+  auto rollback = RollbackDiskSnapshot(target, "s1", false);
+  ASSERT_FALSE(rollback.ok());
+  EXPECT_EQ(rollback.error().code(), ErrorCode::kBusy);
+  EXPECT_NE(rollback.error().message().find("shut the domain off"), std::string::npos);
+  req.name = "q";
+  req.consistency.quiesce = true;
+  auto quiesced = CreateDiskSnapshot(req);
+  ASSERT_FALSE(quiesced.ok());
+  EXPECT_NE(quiesced.error().message().find("quiesce"), std::string::npos) << quiesced.error().ToString();
+  // The image file itself is QEMU's while the domain runs.
+  SnapshotTarget file_target;
+  file_target.image = img;
+  EXPECT_EQ(DeleteDiskSnapshot(file_target, "s1").error().code(), ErrorCode::kBusy);
+
+  auto deleted = DeleteDiskSnapshot(target, "s1");
+  ASSERT_TRUE(deleted.ok()) << deleted.error().ToString();
+  EXPECT_EQ(deleted->snapshot.name, "s1");
+
+  dom.Destroy();
+  RunOk("qemu-img check -f qcow2 " + ShellQuote(img));
+  EXPECT_EQ(QemuNames(img), std::vector<std::string>{"2:s2"});
+  EXPECT_EQ(QemuRead(img, "s2"), expected);
+
+  // Shut off: the same target edits the file.
+  req.name = "s3";
+  req.consistency.quiesce = false;
+  auto s3 = CreateDiskSnapshot(req);
+  ASSERT_TRUE(s3.ok()) << s3.error().ToString();
+  EXPECT_EQ(s3->mode, "offline");
+  auto rolled = RollbackDiskSnapshot(target, "s2", true);
+  ASSERT_TRUE(rolled.ok()) << rolled.error().ToString();
+  ASSERT_EQ(rolled->discarded.size(), 1u);
+  RunOk("qemu-img check -f qcow2 " + ShellQuote(img));
+  EXPECT_EQ(QemuNames(img), std::vector<std::string>{"2:s2"});
+}
+
+}  // namespace
+}  // namespace barge::orchestrate
