@@ -124,6 +124,11 @@ Result<formats::SnapshotInfo> FindOnline(const Resolved& r, const std::string& i
 
 }  // namespace
 
+Result<std::string> SnapshotImagePath(const SnapshotTarget& target) {
+  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
+  return r.image;
+}
+
 Result<SnapshotOpResult> CreateDiskSnapshot(const SnapshotCreateRequest& req, Env& env) {
   BARGE_RETURN_IF_ERROR(formats::qcow2::ValidateSnapshotName(req.name));
   BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(req.target));

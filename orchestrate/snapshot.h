@@ -52,6 +52,10 @@ struct SnapshotCreateRequest {
   SpacePolicy space;
 };
 
+// The image file of a target: the path given, or the disk's file (as the
+// running QEMU has it open, or as the shut-off domain's XML names it).
+Result<std::string> SnapshotImagePath(const SnapshotTarget& target);
+
 // What one operation did.
 struct SnapshotOpResult {
   std::string mode;   // "offline" (barge edited the file) or "online" (QEMU did)
