@@ -25,6 +25,7 @@ Error Bad(const std::string& what, uint64_t offset) {
 }  // namespace
 
 uint64_t LoadRefcount(const std::byte* block, uint64_t index, uint32_t order) {
+  if (order == 4) return LoadBe16(block + 2 * index);  // qemu's default, the hot path
   const uint32_t bits = 1u << order;
   if (bits < 8) {
     const uint64_t bit = index * bits;
@@ -37,6 +38,10 @@ uint64_t LoadRefcount(const std::byte* block, uint64_t index, uint32_t order) {
 }
 
 void StoreRefcount(std::byte* block, uint64_t index, uint32_t order, uint64_t value) {
+  if (order == 4) {
+    StoreBe16(block + 2 * index, static_cast<uint16_t>(value));
+    return;
+  }
   const uint32_t bits = 1u << order;
   if (bits < 8) {
     const uint64_t bit = index * bits;
@@ -111,46 +116,66 @@ Result<RefcountShadow::Block*> RefcountShadow::FindOrLoad(uint64_t index, bool c
 }
 
 Result<uint64_t> RefcountShadow::Get(uint64_t cluster) {
-  BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(cluster / per_block_, false));
+  const uint64_t index = cluster / per_block_;
+  if (index < blocks_.size() && blocks_[index]) {
+    return LoadRefcount(blocks_[index]->bytes.data(), cluster % per_block_, h_.refcount_order);
+  }
+  BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(index, false));
   return b ? LoadRefcount(b->bytes.data(), cluster % per_block_, h_.refcount_order) : 0;
 }
 
 Status RefcountShadow::Add(uint64_t cluster, int64_t delta, const char* what) {
-  if (delta == 0) return OkStatus();
+  return AddRun(cluster, 1, delta, what);
+}
+
+Status RefcountShadow::AddRun(uint64_t first, uint64_t count, int64_t delta, const char* what) {
+  if (delta == 0 || count == 0) return OkStatus();
   if (finished_) return Error::Internal("qcow2 refcounts: change after Finish");
-  BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(cluster / per_block_, delta > 0));
-  const uint64_t index = cluster % per_block_;
-  const uint64_t count = b ? LoadRefcount(b->bytes.data(), index, h_.refcount_order) : 0;
-  const uint64_t offset = cluster << h_.cluster_bits;
-  uint64_t now;
-  if (delta < 0) {
-    const uint64_t down = static_cast<uint64_t>(-delta);
-    if (count < down) {
-      return Bad(std::string(what) + " at " + Hex(offset) + " has refcount " + std::to_string(count) +
-                     ", lower than its references",
-                 offset);
+  const uint32_t order = h_.refcount_order;
+  const uint64_t end = first + count;
+  for (uint64_t cluster = first; cluster < end;) {
+    const uint64_t block_index = cluster / per_block_;
+    const uint64_t block_end = std::min(end, (block_index + 1) * per_block_);
+    BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(block_index, delta > 0));
+    for (; cluster < block_end; ++cluster) {
+      const uint64_t index = cluster % per_block_;
+      const uint64_t count_now = b ? LoadRefcount(b->bytes.data(), index, order) : 0;
+      const uint64_t offset = cluster << h_.cluster_bits;
+      uint64_t next;
+      if (delta < 0) {
+        const uint64_t down = static_cast<uint64_t>(-delta);
+        if (count_now < down) {
+          return Bad(std::string(what) + " at " + Hex(offset) + " has refcount " + std::to_string(count_now) +
+                         ", lower than its references",
+                     offset);
+        }
+        next = count_now - down;
+        if (next == 0) {
+          if (cluster >= freed_.size()) {
+            freed_.resize(cluster + 1);
+            discard_.resize(cluster + 1);
+          }
+          freed_[cluster] = true;
+          discard_[cluster] = discard_class_;
+        }
+      } else {
+        const uint64_t up = static_cast<uint64_t>(delta);
+        if (count_now > max_refcount_ - up) {
+          return Error::NotSupported("qcow2 refcounts: " + std::string(what) + " at " + Hex(offset) +
+                                     " would need a refcount above " + std::to_string(max_refcount_) +
+                                     ", the most " + std::to_string(1u << order) +
+                                     "-bit refcounts hold (qemu refuses too)")
+              .set_offset(offset);
+        }
+        if (count_now == 0) {
+          return Bad(std::string(what) + " at " + Hex(offset) + " is referenced but its refcount is 0", offset);
+        }
+        next = count_now + up;
+      }
+      StoreRefcount(b->bytes.data(), index, order, next);
     }
-    now = count - down;
-    if (now == 0) {
-      if (cluster >= freed_.size()) freed_.resize(cluster + 1);
-      freed_[cluster] = true;
-    }
-  } else {
-    const uint64_t up = static_cast<uint64_t>(delta);
-    if (count > max_refcount_ - up) {
-      return Error::NotSupported("qcow2 refcounts: " + std::string(what) + " at " + Hex(offset) +
-                                 " would need a refcount above " + std::to_string(max_refcount_) +
-                                 ", the most " + std::to_string(1u << h_.refcount_order) +
-                                 "-bit refcounts hold (qemu refuses too)")
-          .set_offset(offset);
-    }
-    if (count == 0) {
-      return Bad(std::string(what) + " at " + Hex(offset) + " is referenced but its refcount is 0", offset);
-    }
-    now = count + up;
+    b->changed = true;
   }
-  StoreRefcount(b->bytes.data(), index, h_.refcount_order, now);
-  b->changed = true;
   return OkStatus();
 }
 
@@ -272,11 +297,11 @@ uint64_t RefcountShadow::write_bytes() const {
   return n;
 }
 
-std::vector<std::pair<uint64_t, uint64_t>> RefcountShadow::FreedRanges() const {
+std::vector<std::pair<uint64_t, uint64_t>> RefcountShadow::FreedRanges(bool discardable_only) const {
   std::vector<std::pair<uint64_t, uint64_t>> out;
   const uint64_t cs = h_.cluster_size();
   for (uint64_t c = 0; c < freed_.size(); ++c) {
-    if (!freed_[c]) continue;
+    if (!freed_[c] || (discardable_only && !discard_[c])) continue;
     // A freed cluster is never allocated again in the same edit, so its
     // count is still 0.
     const uint64_t offset = c << h_.cluster_bits;

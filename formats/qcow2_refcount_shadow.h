@@ -44,6 +44,12 @@ class RefcountShadow {
   // would go below 0, kNotSupported when above max_refcount() (`what`
   // names the cluster's use in the message).
   Status Add(uint64_t cluster, int64_t delta, const char* what);
+  // The same for `count` clusters from `first`.
+  Status AddRun(uint64_t first, uint64_t count, int64_t delta, const char* what);
+  // Clusters freed while this is set are the ones FreedRanges(true)
+  // returns: what a snapshot delete or rollback freed, which qemu discards
+  // (pass-discard-snapshot), apart from metadata that only moved.
+  void set_discard_class(bool discard) { discard_class_ = discard; }
   // `count` contiguous clusters, free in the old structures and not yet
   // used by this edit (first fit from the start of the file), each counted
   // 1. Returns the host offset of the first.
@@ -65,8 +71,9 @@ class RefcountShadow {
   // Writes the placed blocks and the new table (no flush).
   Status WriteNew(BlockSink& sink);
   // The clusters this edit freed (in use before, count 0 now), as merged
-  // [offset, offset + length) byte ranges in increasing order.
-  std::vector<std::pair<uint64_t, uint64_t>> FreedRanges() const;
+  // [offset, offset + length) byte ranges in increasing order; only those
+  // freed under set_discard_class(true) when `discardable_only`.
+  std::vector<std::pair<uint64_t, uint64_t>> FreedRanges(bool discardable_only = false) const;
 
  private:
   struct Block;
@@ -84,6 +91,8 @@ class RefcountShadow {
   std::vector<uint64_t> old_table_;
   std::vector<std::unique_ptr<Block>> blocks_;  // by table index, loaded on use
   std::vector<bool> freed_;                     // by cluster
+  std::vector<bool> discard_;                   // by cluster: freed under the discard class
+  bool discard_class_ = false;
   uint64_t cursor_ = 0;                         // first cluster Allocate looks at
   uint64_t allocated_end_cluster_ = 0;
   uint64_t new_table_offset_ = 0;

@@ -211,6 +211,15 @@ Status Transaction::ApplyView(const std::vector<uint64_t>& l1, uint64_t l1_offse
   const uint32_t cb = h_.cluster_bits;
   const uint32_t entry_bytes = h_.l2_entry_bytes();
   const uint64_t n = h_.l2_entries();
+  // What a view drops is what a snapshot delete or rollback frees.
+  rc_->set_discard_class(delta < 0);
+  // Consecutive data clusters (the common case) are counted as one run.
+  uint64_t run_first = 0, run_count = 0;
+  auto flush_run = [&]() -> Status {
+    Status s = rc_->AddRun(run_first, run_count, delta, "data cluster");
+    run_count = 0;
+    return s;
+  };
   for (size_t i = 0; i < l1.size(); ++i) {
     const uint64_t l2 = l1[i] & kL1OffsetMask;
     if (l2 == 0) continue;
@@ -234,9 +243,18 @@ Status Transaction::ApplyView(const std::vector<uint64_t>& l1, uint64_t l1_offse
       if (host == 0) continue;
       if (!IsClusterAligned(host, cb)) return Bad("L2 entry: data cluster offset is not cluster aligned", at);
       if (host >= file_size_) return Bad("L2 entry: data cluster lies beyond the end of the file", at);
-      BARGE_RETURN_IF_ERROR(rc_->Add(host >> cb, delta, "data cluster"));
+      const uint64_t c = host >> cb;
+      if (run_count > 0 && c == run_first + run_count) {
+        ++run_count;
+        continue;
+      }
+      if (run_count > 0) BARGE_RETURN_IF_ERROR(flush_run());
+      run_first = c;
+      run_count = 1;
     }
   }
+  BARGE_RETURN_IF_ERROR(flush_run());
+  rc_->set_discard_class(false);
   return OkStatus();
 }
 
@@ -322,7 +340,9 @@ Status Transaction::Delete(size_t index) {
   BARGE_ASSIGN_OR_RETURN(std::vector<uint64_t> l1,
                          ReadL1(e.info.l1_table_offset, e.info.l1_size, "L1 table of snapshot " + e.info.id));
   BARGE_RETURN_IF_ERROR(ApplyView(l1, e.info.l1_table_offset, -1));
+  rc_->set_discard_class(true);
   BARGE_RETURN_IF_ERROR(FreeRange(e.info.l1_table_offset, uint64_t{e.info.l1_size} * 8, "snapshot L1 table"));
+  rc_->set_discard_class(false);
   entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(index));
   table_changed_ = true;
   return OkStatus();
@@ -507,7 +527,7 @@ Status Transaction::Commit(BlockSink& sink) {
   // in the new refcounts, so this is only a hint; a crash here changes
   // nothing, and a file system without hole punching keeps the bytes.
   if (options_.discard_freed && sink.capabilities().can_trim) {
-    for (const auto& [offset, length] : freed) {
+    for (const auto& [offset, length] : rc_->FreedRanges(true)) {
       if (offset >= file_size_) break;
       Status trimmed = sink.Trim(offset, std::min(length, file_size_ - offset));
       if (trimmed.ok()) continue;

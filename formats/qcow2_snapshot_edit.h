@@ -34,9 +34,10 @@ struct SnapshotEditOptions {
   // Keeps L2 tables read during the edit in memory up to this many bytes;
   // past it they are read again when needed.
   uint64_t l2_cache_bytes = 256ull << 20;
-  // After the commit, discard (punch holes in) the clusters the edit freed,
-  // as qemu does for snapshot deletes (pass-discard-snapshot), so the file
-  // gives the space back. Skipped on sinks that cannot trim.
+  // After the commit, discard (punch holes in) the clusters that deleted
+  // snapshots or a rollback freed, as qemu does (pass-discard-snapshot), so
+  // the file gives the space back; metadata that only moved is kept for
+  // later edits. Skipped on sinks that cannot trim.
   bool discard_freed = true;
 };
 
