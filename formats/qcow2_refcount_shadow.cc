@@ -24,39 +24,6 @@ Error Bad(const std::string& what, uint64_t offset) {
 
 }  // namespace
 
-uint64_t LoadRefcount(const std::byte* block, uint64_t index, uint32_t order) {
-  if (order == 4) return LoadBe16(block + 2 * index);  // qemu's default, the hot path
-  const uint32_t bits = 1u << order;
-  if (bits < 8) {
-    const uint64_t bit = index * bits;
-    return (uint8_t(block[bit / 8]) >> (bit % 8)) & ((1u << bits) - 1);
-  }
-  const std::byte* p = block + index * (bits / 8);
-  uint64_t v = 0;
-  for (uint32_t i = 0; i < bits / 8; ++i) v = (v << 8) | uint8_t(p[i]);
-  return v;
-}
-
-void StoreRefcount(std::byte* block, uint64_t index, uint32_t order, uint64_t value) {
-  if (order == 4) {
-    StoreBe16(block + 2 * index, static_cast<uint16_t>(value));
-    return;
-  }
-  const uint32_t bits = 1u << order;
-  if (bits < 8) {
-    const uint64_t bit = index * bits;
-    const uint8_t mask = static_cast<uint8_t>(((1u << bits) - 1) << (bit % 8));
-    const uint8_t old = uint8_t(block[bit / 8]);
-    block[bit / 8] = std::byte((old & ~mask) | ((value << (bit % 8)) & mask));
-    return;
-  }
-  std::byte* p = block + index * (bits / 8);
-  for (uint32_t i = bits / 8; i-- > 0;) {
-    p[i] = std::byte(value & 0xff);
-    value >>= 8;
-  }
-}
-
 struct RefcountShadow::Block {
   uint64_t old_offset = 0;  // 0: the table had no block here
   uint64_t new_offset = 0;  // 0: not placed (unchanged blocks stay where they are)
@@ -86,6 +53,10 @@ Status RefcountShadow::Load() {
   old_table_.resize(bytes / 8);
   for (size_t i = 0; i < old_table_.size(); ++i) old_table_[i] = LoadBe64(raw.data() + 8 * i);
   blocks_.resize(old_table_.size());
+  loaded_.resize(old_table_.size());
+  const uint64_t file_clusters = SizeToClusters(file_size, h_.cluster_bits);
+  freed_.assign(file_clusters, false);
+  discard_.assign(file_clusters, false);
   cursor_ = 0;
   return OkStatus();
 }
@@ -94,7 +65,10 @@ Result<RefcountShadow::Block*> RefcountShadow::FindOrLoad(uint64_t index, bool c
   if (index < blocks_.size() && blocks_[index]) return blocks_[index].get();
   const uint64_t entry = index < old_table_.size() ? old_table_[index] : 0;
   if (entry == 0 && !create) return static_cast<Block*>(nullptr);
-  if (index >= blocks_.size()) blocks_.resize(index + 1);
+  if (index >= blocks_.size()) {
+    blocks_.resize(index + 1);
+    loaded_.resize(index + 1);
+  }
   auto b = std::make_unique<Block>();
   b->bytes.assign(h_.cluster_size(), std::byte{0});
   if (entry != 0) {
@@ -111,16 +85,23 @@ Result<RefcountShadow::Block*> RefcountShadow::FindOrLoad(uint64_t index, bool c
     BARGE_RETURN_IF_ERROR(file_.ReadAt(entry, std::span<std::byte>(b->bytes).first(avail)));
     b->old_offset = entry;
   }
+  loaded_[index] = b->bytes.data();
   blocks_[index] = std::move(b);
   return blocks_[index].get();
 }
 
-Result<uint64_t> RefcountShadow::Get(uint64_t cluster) {
-  const uint64_t index = cluster / per_block_;
-  if (index < blocks_.size() && blocks_[index]) {
-    return LoadRefcount(blocks_[index]->bytes.data(), cluster % per_block_, h_.refcount_order);
+void RefcountShadow::MarkFreed(uint64_t cluster) {
+  if (cluster >= freed_.size()) {
+    freed_.resize(cluster + 1);
+    discard_.resize(cluster + 1);
   }
-  BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(index, false));
+  freed_[cluster] = true;
+  discard_[cluster] = discard_class_;
+  freed_end_ = std::max(freed_end_, cluster + 1);
+}
+
+Result<uint64_t> RefcountShadow::GetSlow(uint64_t cluster) {
+  BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(cluster / per_block_, false));
   return b ? LoadRefcount(b->bytes.data(), cluster % per_block_, h_.refcount_order) : 0;
 }
 
@@ -137,6 +118,18 @@ Status RefcountShadow::AddRun(uint64_t first, uint64_t count, int64_t delta, con
     const uint64_t block_index = cluster / per_block_;
     const uint64_t block_end = std::min(end, (block_index + 1) * per_block_);
     BARGE_ASSIGN_OR_RETURN(Block * b, FindOrLoad(block_index, delta > 0));
+    if (b && order == 4 && (delta == 1 || delta == -1)) {
+      // The common case, one tight loop: 16-bit counts, +1 or -1.
+      std::byte* p = b->bytes.data() + 2 * (cluster % per_block_);
+      for (; cluster < block_end; ++cluster, p += 2) {
+        const uint16_t now = LoadBe16(p);
+        if (delta > 0 ? (now == 0 || now == 0xffff) : now == 0) break;  // the general loop reports it
+        StoreBe16(p, static_cast<uint16_t>(now + delta));
+        if (now + delta == 0) MarkFreed(cluster);
+      }
+      b->changed = true;
+      if (cluster == block_end) continue;
+    }
     for (; cluster < block_end; ++cluster) {
       const uint64_t index = cluster % per_block_;
       const uint64_t count_now = b ? LoadRefcount(b->bytes.data(), index, order) : 0;
@@ -150,14 +143,7 @@ Status RefcountShadow::AddRun(uint64_t first, uint64_t count, int64_t delta, con
                      offset);
         }
         next = count_now - down;
-        if (next == 0) {
-          if (cluster >= freed_.size()) {
-            freed_.resize(cluster + 1);
-            discard_.resize(cluster + 1);
-          }
-          freed_[cluster] = true;
-          discard_[cluster] = discard_class_;
-        }
+        if (next == 0) MarkFreed(cluster);
       } else {
         const uint64_t up = static_cast<uint64_t>(delta);
         if (count_now > max_refcount_ - up) {
@@ -300,7 +286,7 @@ uint64_t RefcountShadow::write_bytes() const {
 std::vector<std::pair<uint64_t, uint64_t>> RefcountShadow::FreedRanges(bool discardable_only) const {
   std::vector<std::pair<uint64_t, uint64_t>> out;
   const uint64_t cs = h_.cluster_size();
-  for (uint64_t c = 0; c < freed_.size(); ++c) {
+  for (uint64_t c = 0; c < freed_end_; ++c) {
     if (!freed_[c] || (discardable_only && !discard_[c])) continue;
     // A freed cluster is never allocated again in the same edit, so its
     // count is still 0.

@@ -1,6 +1,6 @@
 // Offline internal snapshot edits: every operation is planned in memory as
 // refcount deltas and table changes, then written as copy-on-write metadata
-// and switched with one header write (docs/formats/qcow2.md §5.1).
+// and switched with one header write (docs/formats/qcow2.md §5.3).
 #include "formats/qcow2_snapshot_edit.h"
 
 #include <algorithm>
@@ -211,12 +211,15 @@ Status Transaction::ApplyView(const std::vector<uint64_t>& l1, uint64_t l1_offse
   const uint32_t cb = h_.cluster_bits;
   const uint32_t entry_bytes = h_.l2_entry_bytes();
   const uint64_t n = h_.l2_entries();
-  // What a view drops is what a snapshot delete or rollback frees.
-  rc_->set_discard_class(delta < 0);
+  // The data a view drops is what a snapshot delete or rollback frees for
+  // the file system; freed L2 tables are left for the next edit's copies.
+  const bool discard = delta < 0;
   // Consecutive data clusters (the common case) are counted as one run.
   uint64_t run_first = 0, run_count = 0;
   auto flush_run = [&]() -> Status {
+    rc_->set_discard_class(discard);
     Status s = rc_->AddRun(run_first, run_count, delta, "data cluster");
+    rc_->set_discard_class(false);
     run_count = 0;
     return s;
   };
@@ -234,9 +237,11 @@ Status Transaction::ApplyView(const std::vector<uint64_t>& l1, uint64_t l1_offse
         if ((p.host >> 56) != 0 || p.host >= file_size_) {
           return Bad("L2 entry: compressed data offset " + Hex(p.host) + " lies beyond the end of the file", at);
         }
+        rc_->set_discard_class(discard);
         for (uint64_t c = p.host >> cb; c <= (p.host + p.bytes - 1) >> cb; ++c) {
           BARGE_RETURN_IF_ERROR(rc_->Add(c, delta, "compressed data cluster"));
         }
+        rc_->set_discard_class(false);
         continue;
       }
       const uint64_t host = entry & kL2OffsetMask;
@@ -253,9 +258,7 @@ Status Transaction::ApplyView(const std::vector<uint64_t>& l1, uint64_t l1_offse
       run_count = 1;
     }
   }
-  BARGE_RETURN_IF_ERROR(flush_run());
-  rc_->set_discard_class(false);
-  return OkStatus();
+  return flush_run();
 }
 
 Result<bool> Transaction::FixFlags(std::vector<std::byte>& table) {
@@ -340,9 +343,7 @@ Status Transaction::Delete(size_t index) {
   BARGE_ASSIGN_OR_RETURN(std::vector<uint64_t> l1,
                          ReadL1(e.info.l1_table_offset, e.info.l1_size, "L1 table of snapshot " + e.info.id));
   BARGE_RETURN_IF_ERROR(ApplyView(l1, e.info.l1_table_offset, -1));
-  rc_->set_discard_class(true);
   BARGE_RETURN_IF_ERROR(FreeRange(e.info.l1_table_offset, uint64_t{e.info.l1_size} * 8, "snapshot L1 table"));
-  rc_->set_discard_class(false);
   entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(index));
   table_changed_ = true;
   return OkStatus();

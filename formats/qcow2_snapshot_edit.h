@@ -1,7 +1,7 @@
 // Offline qcow2 internal snapshots: create, delete, rename and roll back
 // (qemu's qcow2_snapshot_goto) by editing an image no process has open.
 // Each call is one transaction that commits with a single header write;
-// the write order and the crash states are in docs/formats/qcow2.md §5.1.
+// the write order and the crash states are in docs/formats/qcow2.md §5.3.
 #pragma once
 
 #include <cstdint>
@@ -34,10 +34,11 @@ struct SnapshotEditOptions {
   // Keeps L2 tables read during the edit in memory up to this many bytes;
   // past it they are read again when needed.
   uint64_t l2_cache_bytes = 256ull << 20;
-  // After the commit, discard (punch holes in) the clusters that deleted
-  // snapshots or a rollback freed, as qemu does (pass-discard-snapshot), so
-  // the file gives the space back; metadata that only moved is kept for
-  // later edits. Skipped on sinks that cannot trim.
+  // After the commit, discard (punch holes in) the data clusters that
+  // deleted snapshots or a rollback freed, as qemu does
+  // (pass-discard-snapshot), so the file gives the space back. Freed
+  // metadata (L1/L2 tables, refcount blocks) is kept: the next edit's new
+  // metadata goes there. Skipped on sinks that cannot trim.
   bool discard_freed = true;
 };
 
