@@ -126,6 +126,7 @@ Status RefcountShadow::AddRun(uint64_t first, uint64_t count, int64_t delta, con
         if (delta > 0 ? (now == 0 || now == 0xffff) : now == 0) break;  // the general loop reports it
         StoreBe16(p, static_cast<uint16_t>(now + delta));
         if (now + delta == 0) MarkFreed(cluster);
+        crossed_one_ += (now == 1) != (now + delta == 1);
       }
       b->changed = true;
       if (cluster == block_end) continue;
@@ -159,6 +160,7 @@ Status RefcountShadow::AddRun(uint64_t first, uint64_t count, int64_t delta, con
         next = count_now + up;
       }
       StoreRefcount(b->bytes.data(), index, order, next);
+      crossed_one_ += (count_now == 1) != (next == 1);
     }
     b->changed = true;
   }

@@ -95,6 +95,9 @@ class RefcountShadow {
 
   // Whether any count changed.
   bool changed() const;
+  // How many Add/AddRun changes moved a count onto 1 or off it (the
+  // changes that can flip a COPIED flag). Allocations are not counted.
+  uint64_t crossed_one() const { return crossed_one_; }
   // Places every changed block and a new table (growing it when blocks lie
   // beyond the old one), counting their clusters and freeing the old
   // table and the old copies of the changed blocks. After it, no more
@@ -135,6 +138,7 @@ class RefcountShadow {
   std::vector<bool> discard_;                   // by cluster: freed under the discard class
   bool discard_class_ = false;
   uint64_t freed_end_ = 0;                      // one past the last freed cluster
+  uint64_t crossed_one_ = 0;
   uint64_t cursor_ = 0;                         // first cluster Allocate looks at
   uint64_t allocated_end_cluster_ = 0;
   uint64_t new_table_offset_ = 0;

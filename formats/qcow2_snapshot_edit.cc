@@ -42,6 +42,55 @@ Status InStep(Status s, const char* step) {
 
 using L2Table = std::shared_ptr<const std::vector<std::byte>>;
 
+// Collects the writes of step 1 and sends them sorted, those that continue
+// each other as one write (up to 4 MiB), so the file system sees few large
+// writes. Single-threaded; `sink` must outlive it.
+class BatchedWriter {
+ public:
+  explicit BatchedWriter(BlockSink& sink) : sink_(sink), adapter_(*this) {}
+  void Add(uint64_t offset, std::vector<std::byte> bytes) {
+    if (!bytes.empty()) writes_.emplace(offset, std::move(bytes));
+  }
+  // A sink whose WriteAt adds to the batch (for RefcountShadow::WriteNew).
+  BlockSink& AsSink() { return adapter_; }
+  Status Write() {
+    constexpr uint64_t kMaxBytes = 4 << 20;
+    std::vector<std::byte> run;
+    uint64_t run_offset = 0;
+    for (auto& [offset, bytes] : writes_) {
+      if (!run.empty() && (offset != run_offset + run.size() || run.size() + bytes.size() > kMaxBytes)) {
+        BARGE_RETURN_IF_ERROR(sink_.WriteAt(run_offset, run));
+        run.clear();
+      }
+      if (run.empty()) run_offset = offset;
+      run.insert(run.end(), bytes.begin(), bytes.end());
+    }
+    if (!run.empty()) BARGE_RETURN_IF_ERROR(sink_.WriteAt(run_offset, run));
+    writes_.clear();
+    return OkStatus();
+  }
+
+ private:
+  class Adapter final : public BlockSink {
+   public:
+    explicit Adapter(BatchedWriter& w) : w_(w) {}
+    const std::string& name() const override { return w_.sink_.name(); }
+    uint64_t size_bytes() const override { return w_.sink_.size_bytes(); }
+    Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
+      w_.Add(offset, std::vector<std::byte>(data.begin(), data.end()));
+      return OkStatus();
+    }
+    Status Flush() override { return Error::Internal("batched writer: flush through the batch"); }
+
+   private:
+    BatchedWriter& w_;
+  };
+
+  BlockSink& sink_;
+  Adapter adapter_;
+  std::map<uint64_t, std::vector<std::byte>> writes_;  // by offset; never overlapping
+};
+
 // One snapshot of the table being edited.
 struct Entry {
   SnapshotInfo info;
@@ -223,6 +272,12 @@ Status Transaction::ApplyView(const std::vector<uint64_t>& l1, uint64_t l1_offse
     run_count = 0;
     return s;
   };
+  // Ask for all the view's tables at once (a cold cache then waits once).
+  for (uint64_t e : l1) {
+    if ((e & kL1OffsetMask) != 0 && !l2_cache_.count(e & kL1OffsetMask)) {
+      file_.WillNeed(e & kL1OffsetMask, h_.cluster_size());
+    }
+  }
   for (size_t i = 0; i < l1.size(); ++i) {
     const uint64_t l2 = l1[i] & kL1OffsetMask;
     if (l2 == 0) continue;
@@ -390,11 +445,23 @@ Status Transaction::Commit(BlockSink& sink) {
   // The active tables: COPIED exactly where the new count is 1. A table the
   // old active image uses cannot change before the header switch, so it
   // gets a new copy; a table only snapshots use is fixed in place.
+  // When the active image keeps its tables and no count moved onto or off
+  // 1, no flag of theirs can change: they are not read again (a delete of
+  // a snapshot that shares nothing with the active image, or any create
+  // after the first).
   std::map<uint64_t, std::vector<std::byte>> l2_copies;  // new offset -> table
+  const bool same_tables = active_l1_.size() == old_active_l1_.size() &&
+                           std::equal(active_l1_.begin(), active_l1_.end(), old_active_l1_.begin(),
+                                      [](uint64_t a, uint64_t b) { return (a & kL1OffsetMask) == (b & kL1OffsetMask); });
+  const bool flags_may_change = !same_tables || rc_->crossed_one() > 0;
   std::vector<uint64_t> new_l1(active_l1_.size(), 0);
   for (size_t i = 0; i < active_l1_.size(); ++i) {
     uint64_t l2 = active_l1_[i] & kL1OffsetMask;
     if (l2 == 0) continue;
+    if (!flags_may_change) {
+      new_l1[i] = l2;
+      continue;
+    }
     BARGE_RETURN_IF_ERROR(CheckL2Offset(l2, h_.l1_table_offset + 8 * i));
     BARGE_ASSIGN_OR_RETURN(L2Table table, ReadL2(l2));
     std::vector<std::byte> fixed = *table;
@@ -494,29 +561,23 @@ Status Transaction::Commit(BlockSink& sink) {
   // Step 1: everything new, into clusters the current refcounts call free,
   // and the flags of tables only snapshots use. Nothing the current header
   // reaches changes, so any subset of these writes leaves the old image.
+  // New clusters are mostly consecutive: writes that continue each other go
+  // out as one.
+  BatchedWriter out(sink);
   auto write_l1 = [&](uint64_t offset, const std::vector<uint64_t>& l1) {
     std::vector<std::byte> raw(l1.size() * 8);
     for (size_t i = 0; i < l1.size(); ++i) StoreBe64(raw.data() + 8 * i, l1[i]);
-    return sink.WriteAt(offset, raw);
+    out.Add(offset, std::move(raw));
   };
-  for (const auto& [offset, table] : l2_copies) {
-    BARGE_RETURN_IF_ERROR(InStep(sink.WriteAt(offset, table), "writing L2 table copies"));
-  }
-  for (const auto& [offset, table] : l2_in_place_) {
-    BARGE_RETURN_IF_ERROR(InStep(sink.WriteAt(offset, table), "fixing snapshot L2 flags"));
-  }
+  for (auto& [offset, table] : l2_copies) out.Add(offset, std::move(table));
+  for (auto& [offset, table] : l2_in_place_) out.Add(offset, table);
   for (const Entry& e : entries_) {
-    if (e.is_new && !e.new_l1.empty()) {
-      BARGE_RETURN_IF_ERROR(InStep(write_l1(e.info.l1_table_offset, e.new_l1), "writing the snapshot L1 table"));
-    }
+    if (e.is_new && !e.new_l1.empty()) write_l1(e.info.l1_table_offset, e.new_l1);
   }
-  if (l1_changed && !new_l1.empty()) {
-    BARGE_RETURN_IF_ERROR(InStep(write_l1(next.l1_table_offset, new_l1), "writing the active L1 table"));
-  }
-  if (!table_bytes.empty()) {
-    BARGE_RETURN_IF_ERROR(InStep(sink.WriteAt(next.snapshots_offset, table_bytes), "writing the snapshot table"));
-  }
-  BARGE_RETURN_IF_ERROR(InStep(rc_->WriteNew(sink), "writing the refcounts"));
+  if (l1_changed && !new_l1.empty()) write_l1(next.l1_table_offset, new_l1);
+  if (!table_bytes.empty()) out.Add(next.snapshots_offset, std::move(table_bytes));
+  BARGE_RETURN_IF_ERROR(InStep(rc_->WriteNew(out.AsSink()), "writing the refcounts"));
+  BARGE_RETURN_IF_ERROR(InStep(out.Write(), "writing the new metadata"));
   BARGE_RETURN_IF_ERROR(InStep(sink.Flush(), "writing the new metadata"));
 
   // Step 2: the commit point, one write inside the first sector.

@@ -67,6 +67,15 @@ class Pass {
     }
     size_t max_l1 = 0;
     for (const View& view : views_) max_l1 = std::max(max_l1, view.l1.size());
+    // Ask for every L2 table at once: a cold pass then waits for the disk
+    // once, not once per table.
+    std::set<uint64_t> tables;
+    for (const View& view : views_) {
+      for (uint64_t e : view.l1) {
+        if (e & kL1OffsetMask) tables.insert(e & kL1OffsetMask);
+      }
+    }
+    for (uint64_t l2 : tables) file_.WillNeed(l2, h_.cluster_size());
     for (size_t i = 0; i < max_l1; ++i) BARGE_RETURN_IF_ERROR(Index(i));
     std::vector<uint64_t> owned(views_.size(), 0);
     for (uint32_t o : owner_) {

@@ -84,7 +84,10 @@ Result<Opened> Open(Env& env, const std::string& path, bool read_only) {
   o.lock = std::move(*lock);
   BARGE_ASSIGN_OR_RETURN(o.source, env.OpenSource(path));
   if (!read_only) {
-    BARGE_ASSIGN_OR_RETURN(o.sink, env.OpenSink(path, SinkMode::kExisting));
+    // A few megabytes of metadata and two flushes: no write-behind.
+    FileOptions options;
+    options.write_behind = false;
+    BARGE_ASSIGN_OR_RETURN(o.sink, env.OpenSink(path, SinkMode::kExisting, options));
   }
   return o;
 }
