@@ -95,9 +95,9 @@ void RefcountShadow::MarkFreed(uint64_t cluster) {
     freed_.resize(cluster + 1);
     discard_.resize(cluster + 1);
   }
+  if (!freed_[cluster]) freed_list_.push_back(cluster);
   freed_[cluster] = true;
   discard_[cluster] = discard_class_;
-  freed_end_ = std::max(freed_end_, cluster + 1);
 }
 
 Result<uint64_t> RefcountShadow::GetSlow(uint64_t cluster) {
@@ -197,6 +197,19 @@ Result<uint64_t> RefcountShadow::Allocate(uint64_t count, const char* what) {
       at_cursor = false;
       continue;
     }
+    if (run == 0 && h_.refcount_order == 4) {
+      // Skip the clusters in use in this block in one tight loop (most of
+      // a full image's clusters are).
+      const std::byte* p = b->bytes.data();
+      uint64_t c = cluster;
+      const uint64_t block_end = (index + 1) * per_block_;
+      while (c < block_end && (LoadBe16(p + 2 * (c % per_block_)) != 0 || IsFreed(c))) ++c;
+      if (c != cluster) {
+        if (at_cursor) cursor_ = c;
+        start = c;
+        continue;
+      }
+    }
     if (LoadRefcount(b->bytes.data(), cluster % per_block_, h_.refcount_order) != 0 || IsFreed(cluster)) {
       if (at_cursor) cursor_ = cluster + 1;
       start = cluster + 1;
@@ -288,8 +301,10 @@ uint64_t RefcountShadow::write_bytes() const {
 std::vector<std::pair<uint64_t, uint64_t>> RefcountShadow::FreedRanges(bool discardable_only) const {
   std::vector<std::pair<uint64_t, uint64_t>> out;
   const uint64_t cs = h_.cluster_size();
-  for (uint64_t c = 0; c < freed_end_; ++c) {
-    if (!freed_[c] || (discardable_only && !discard_[c])) continue;
+  std::vector<uint64_t> freed = freed_list_;
+  std::sort(freed.begin(), freed.end());
+  for (uint64_t c : freed) {
+    if (discardable_only && !discard_[c]) continue;
     // A freed cluster is never allocated again in the same edit, so its
     // count is still 0.
     const uint64_t offset = c << h_.cluster_bits;

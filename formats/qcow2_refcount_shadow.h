@@ -137,7 +137,7 @@ class RefcountShadow {
   std::vector<bool> freed_;                     // by cluster
   std::vector<bool> discard_;                   // by cluster: freed under the discard class
   bool discard_class_ = false;
-  uint64_t freed_end_ = 0;                      // one past the last freed cluster
+  std::vector<uint64_t> freed_list_;            // the freed clusters, in the order freed
   uint64_t crossed_one_ = 0;
   uint64_t cursor_ = 0;                         // first cluster Allocate looks at
   uint64_t allocated_end_cluster_ = 0;

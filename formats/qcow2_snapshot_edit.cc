@@ -214,7 +214,7 @@ uint64_t Transaction::EstimateCreate() const {
   uint64_t blocks = SizeToClusters(file_size_, h_.cluster_bits) / per_block + 1;
   const uint64_t new_clusters = 2 * l1_clusters + l2_tables + table_clusters + h_.refcount_table_clusters + 1;
   blocks += new_clusters / per_block + 2;
-  return (new_clusters + blocks) * cs;
+  return (new_clusters + blocks) * cs + kSectorBytes;  // and the header write
 }
 
 Result<std::vector<uint64_t>> Transaction::ReadL1(uint64_t offset, uint32_t size, const std::string& what) {

@@ -470,6 +470,35 @@ TEST(SnapshotEdit, Refusals) {
   }
 }
 
+TEST(SnapshotEdit, EstimateBoundsWhatCreateWrites) {
+  for (uint32_t cluster_bits : {9u, 16u}) {
+    ImageSpec spec;
+    spec.cluster_bits = cluster_bits;
+    spec.refcount_order = cluster_bits == 9 ? 6 : 4;
+    spec.virtual_size = cluster_bits == 9 ? (1952 << 10) : (8 << 20);
+    spec.every = 1;
+    Bytes image = MakeImage(spec);
+    for (int i = 0; i < 3; ++i) {
+      MemorySource source(image);
+      auto estimate = EstimateSnapshotCreateBytes(source);
+      ASSERT_TRUE(estimate.ok()) << estimate.error().ToString();
+      Loaded l(image);
+      SnapshotCreateSpec create;
+      create.name = "s" + std::to_string(i);
+      SnapshotEditOptions o;
+      SnapshotEditPlan plan;
+      o.before_write = [&](const SnapshotEditPlan& p) {
+        plan = p;
+        return OkStatus();
+      };
+      ASSERT_TRUE(CreateSnapshot(l.source, l.sink, create, o).ok());
+      EXPECT_GE(*estimate, plan.write_bytes) << "cluster_bits " << cluster_bits;
+      EXPECT_GE(*estimate, plan.new_file_bytes - plan.file_bytes);
+      image = l.sink.contents();
+    }
+  }
+}
+
 TEST(SnapshotEdit, CorruptRefcountsAreRefusedWithoutWriting) {
   const Bytes image = MakeImage({});
   MemorySource source(image);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orchestrate/snapshot.h"
+#include "orchestrate/snapshot_apply.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 
@@ -119,6 +120,52 @@ TEST_F(SnapshotOnlineTest, RunningDomainThenShutOff) {
   ASSERT_EQ(rolled->discarded.size(), 1u);
   RunOk("qemu-img check -f qcow2 " + ShellQuote(img));
   EXPECT_EQ(QemuNames(img), std::vector<std::string>{"2:s2"});
+}
+
+// apply on a running domain: creates and deletes go through QEMU, a rename
+// only changes barge's record, a rollback is refused (state error with the
+// reason) and done by the next apply once the domain is shut off.
+TEST_F(SnapshotOnlineTest, ApplyOnARunningDomain) {
+  const std::string img = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -f qcow2 " + ShellQuote(img) + " 16M");
+  TestDomain dom("apply", {TestDisk{"vda", img, "qcow2"}});
+  dom.Define(dir_.path().string());
+  dom.StartPaused();
+  dom.Write(0x41, "0", "1M");
+  auto apply = [&](const std::string& json) {
+    auto config = ParseApplyConfig(json);
+    EXPECT_TRUE(config.ok());
+    ApplyRequest req;
+    req.target.domain = dom.name();
+    req.target.disk = "vda";
+    req.config = *config;
+    req.catalog_path = catalog_;
+    auto r = ApplySnapshotConfig(req);
+    EXPECT_TRUE(r.ok()) << r.error().ToString();
+    return r.ok() ? *r : ApplyResult{};
+  };
+  ApplyResult r = apply(R"({"snapshots": [{"uuid": "u1", "display_name": "one"}, {"uuid": "u2"}]})");
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.mode, "online");
+  dom.Write(0x42, "0", "1M");
+  r = apply(R"({"snapshots": [{"uuid": "u1", "display_name": "first", "rollback": {"counter": 1}}]})");
+  ASSERT_EQ(r.actions.size(), 3u);  // delete u2, rename u1, rollback u1
+  EXPECT_TRUE(r.actions[0].ok && r.actions[1].ok);
+  EXPECT_FALSE(r.actions[2].ok);
+  ASSERT_EQ(r.snapshots.size(), 1u);
+  EXPECT_EQ(r.snapshots[0].stored.display_name, "first");
+  EXPECT_EQ(r.snapshots[0].stored.state, SnapshotState::kError);
+  EXPECT_NE(r.snapshots[0].stored.message.find("shut the domain off"), std::string::npos);
+
+  dom.Destroy();
+  EXPECT_EQ(QemuNames(img), std::vector<std::string>{"1:u1"});
+  r = apply(R"({"snapshots": [{"uuid": "u1", "display_name": "first", "rollback": {"counter": 1}}]})");
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.mode, "offline");
+  EXPECT_EQ(r.snapshots[0].stored.state, SnapshotState::kCreated);
+  EXPECT_EQ(r.snapshots[0].stored.rollback_counter, 1u);
+  RunOk("qemu-img check -f qcow2 " + ShellQuote(img));
+  RunOk("qemu-io -f qcow2 -r -c 'read -P 0x41 0 1M' " + ShellQuote(img));
 }
 
 }  // namespace
