@@ -20,7 +20,6 @@ struct BackupArgs {
   bool incremental = false;
   std::string dirty_bitmap, dirty_extents, checkpoint;
   int nbd_connections = 4;
-  bool as_json = false;
 };
 
 // The process's peak resident set so far (0 if unknown): the memory bound
@@ -31,10 +30,10 @@ uint64_t PeakRssBytes() {
   return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // ru_maxrss is in KiB on Linux
 }
 
-int RunBackupCommand(BackupArgs& a) {
+int RunBackupCommand(BackupArgs& a, Output& out) {
   pipeline::BackupRequest req;
   CompressionChoice compression;
-  if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return ReportError(s.error());
+  if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
   req.compression = compression.type;
   req.compression_level = compression.level;
   req.source.location = a.source;
@@ -49,39 +48,40 @@ int RunBackupCommand(BackupArgs& a) {
   req.dirty_extents_file = a.dirty_extents;
   req.checkpoint = a.checkpoint;
 
-  ProgressReporter progress(ChooseProgressMode(a.as_json), "backup");
+  ProgressReporter progress(out, "backup");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
   auto result = pipeline::RunBackup(req);
   progress.Done();
-  if (!result.ok()) return ReportError(result.error());
+  if (!result.ok()) return out.Fail(result.error());
   const auto& m = result->manifest;
-  if (a.as_json) {
-    PrintJson({{"event", "result"},
-               {"id", m.id},
+  {
+    out.Result({{"id", m.id},
                {"type", formats::BackupTypeName(m.type)},
                {"reason", m.reason},
                {"disk", m.disk},
                {"image", result->image_path},
                {"manifest", result->manifest_path},
                {"digest_table", result->digests_path},
-               {"parent", m.parent ? json(m.parent->id) : json(nullptr)},
+                {"parent", m.parent ? json(m.parent->id) : json(nullptr)},
                {"virtual_size", m.virtual_size},
                {"dirty_bytes", m.dirty_bytes},
                {"bytes_read", result->bytes_read},
                {"bytes_written", result->image_bytes},
-               {"image_digest", m.image_digest.ToHex()},
+               {"image_digest", "xxh3-128:" + m.image_digest.ToHex()},
+               {"started_at", m.started_at},
+               {"finished_at", m.finished_at},
                {"duration_seconds", result->seconds},
                {"peak_rss_bytes", PeakRssBytes()}});
-    return kExitOk;
   }
-  std::cout << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << a.source << "\n"
-            << "  reason:   " << m.reason << "\n"
-            << "  image:    " << result->image_path << "\n"
-            << "  read:     " << HumanBytes(result->bytes_read);
-  if (m.type == formats::BackupType::kIncremental) std::cout << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
-  std::cout << "\n  written:  " << HumanBytes(result->image_bytes) << " (" << m.compression << ")\n"
-            << "  digest:   " << m.image_digest.ToHex() << "\n"
-            << "  duration: " << result->seconds << " s\n";
+  std::ostream& t = out.text();
+  t << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << a.source << "\n"
+    << "  reason:   " << m.reason << "\n"
+    << "  image:    " << result->image_path << "\n"
+    << "  read:     " << HumanBytes(result->bytes_read);
+  if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
+  t << "\n  written:  " << HumanBytes(result->image_bytes) << " (" << m.compression << ")\n"
+    << "  digest:   xxh3-128:" << m.image_digest.ToHex() << "\n"
+    << "  duration: " << HumanSeconds(result->seconds) << "\n";
   return kExitOk;
 }
 
@@ -89,7 +89,8 @@ int RunBackupCommand(BackupArgs& a) {
 
 void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BackupArgs>();
-  auto* cmd = app.add_subcommand("backup", "Back up a disk (full, or incremental from a dirty bitmap or extents file)");
+  auto* cmd = AddCommand(app, "backup", "Back up a disk (full, or incremental from a dirty bitmap or extents file)",
+                         exit_code, [args](Output& out) { return RunBackupCommand(*args, out); });
   cmd->add_option("--source", args->source, "Disk to read: image file, block device or nbd:// URI")
       ->required();
   cmd->add_option("--source-format", args->source_format,
@@ -109,8 +110,6 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--allow-any-path", args->flags.allow_any_path,
                 "Allow a qcow2 source's backing/data files outside its folder");
   args->copy.AddTo(cmd, DefaultCompression());
-  cmd->add_flag("--json", args->as_json, "Progress as JSON lines, then one result object");
-  cmd->callback([args, &exit_code]() { exit_code = RunBackupCommand(*args); });
 }
 
 }  // namespace barge::cli

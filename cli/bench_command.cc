@@ -31,14 +31,12 @@ struct BenchArgs {
   CopyFlags copy;
   bool cold = false;
   bool keep = false;
-  bool as_json = false;
 };
 
 struct GenerateArgs {
   std::string size = "4G";
   uint64_t seed = 1;
   std::string out;
-  bool as_json = false;
 };
 
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -95,49 +93,47 @@ json MixJson(const pipeline::DiskMix& mix) {
           {"allocated", mix.allocated_bytes()}, {"kinds", kinds}};
 }
 
-void PrintMix(const pipeline::DiskMix& mix, const std::string& path) {
-  std::printf("disk: %s, %s, seed %llu, %llu extents:", path.c_str(), HumanBytes(mix.size_bytes).c_str(),
+void PrintMix(std::ostream& t, const pipeline::DiskMix& mix, const std::string& path) {
+  t << Format("disk: %s, %s, seed %llu, %llu extents:", path.c_str(), HumanBytes(mix.size_bytes).c_str(),
               static_cast<unsigned long long>(mix.seed), static_cast<unsigned long long>(mix.extent_count()));
   for (size_t k = 0; k < static_cast<size_t>(pipeline::ExtentKind::kCount); ++k) {
     auto kind = static_cast<pipeline::ExtentKind>(k);
-    std::printf(" %s %.1f%% (%llu)", std::string(pipeline::ExtentKindName(kind)).c_str(), mix.percent(kind),
+    t << Format(" %s %.1f%% (%llu)", std::string(pipeline::ExtentKindName(kind)).c_str(), mix.percent(kind),
                 static_cast<unsigned long long>(mix.extents[k]));
   }
-  std::printf("\n");
+  t << Format("\n");
 }
 
-int RunGenerate(const GenerateArgs& a) {
+int RunGenerate(const GenerateArgs& a, Output& out) {
   auto size = ParseSize(a.size);
-  if (!size.ok()) return ReportError(size.error());
+  if (!size.ok()) return out.Usage("--size: " + size.error().message());
   pipeline::DiskGeneratorOptions g;
   g.size_bytes = *size;
   g.seed = a.seed;
   auto mix = pipeline::GenerateDisk(a.out, g);
-  if (!mix.ok()) return ReportError("generate", mix.error());
-  if (a.as_json) {
-    PrintJson({{"event", "result"}, {"path", a.out}, {"disk", MixJson(*mix)}});
-  } else {
-    PrintMix(*mix, a.out);
-  }
+  if (!mix.ok()) return out.Fail(mix.error());
+  out.Result({{"path", a.out}, {"disk", MixJson(*mix)}});
+  PrintMix(out.text(), *mix, a.out);
   return kExitOk;
 }
 
 void Log(const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); }
 
-int RunBenchCommand(const BenchArgs& a) {
+int RunBenchCommand(const BenchArgs& a, Output& out) {
+  std::ostream& t = out.text();
   pipeline::CopyOptions copy;
   CompressionChoice compression;
-  if (Status s = a.copy.Apply(copy, compression); !s.ok()) return ReportError(s.error());
+  if (Status s = a.copy.Apply(copy, compression); !s.ok()) return out.Usage(s.error().message());
   auto chunk = ParseSize(a.chunk_size);
-  if (!chunk.ok()) return ReportError(chunk.error());
+  if (!chunk.ok()) return out.Usage("--chunk-size: " + chunk.error().message());
   if (*chunk < copy.cluster_bytes || *chunk % copy.cluster_bytes != 0 || *chunk > (64u << 20)) {
-    return ReportError(Error::InvalidArgument("--chunk-size must be a multiple of the cluster size, at most 64M"));
+    return out.Usage("--chunk-size must be a multiple of the cluster size, at most 64M");
   }
 
   // Everything the run writes lives in one temp folder under the workdir.
   std::string tmpl = (fs::path(a.workdir) / "barge-bench-XXXXXX").string();
   if (::mkdtemp(tmpl.data()) == nullptr) {
-    return ReportError(Error::FromErrno(errno, "mkdtemp", tmpl));
+    return out.Fail(Error::FromErrno(errno, "mkdtemp", tmpl));
   }
   const std::string dir = tmpl;
   std::string source = a.source;
@@ -145,7 +141,7 @@ int RunBenchCommand(const BenchArgs& a) {
   bool keep_dir = false;
   if (source.empty()) {
     auto size = ParseSize(a.size);
-    if (!size.ok()) return ReportError(size.error());
+    if (!size.ok()) return out.Usage("--size: " + size.error().message());
     source = (fs::path(dir) / "disk.raw").string();
     pipeline::DiskGeneratorOptions g;
     g.size_bytes = *size;
@@ -155,7 +151,7 @@ int RunBenchCommand(const BenchArgs& a) {
     if (!m.ok()) {
       std::error_code ec;
       fs::remove_all(dir, ec);
-      return ReportError("generate", m.error());
+      return out.Fail(m.error());
     }
     mix = *m;
     keep_dir = a.keep;
@@ -171,7 +167,7 @@ int RunBenchCommand(const BenchArgs& a) {
   o.compression = compression.type;
   o.compression_level = compression.level;
   o.cold = a.cold;
-  auto report = pipeline::RunBench(o, a.as_json ? nullptr : Log);
+  auto report = pipeline::RunBench(o, out.json() ? nullptr : Log);
   {
     std::error_code ec;
     if (keep_dir) {
@@ -181,7 +177,7 @@ int RunBenchCommand(const BenchArgs& a) {
       fs::remove_all(dir, ec);
     }
   }
-  if (!report.ok()) return ReportError("bench", report.error());
+  if (!report.ok()) return out.Fail(report.error());
   const pipeline::BenchReport& r = *report;
 
   // Derived numbers: logical MiB/s (virtual size / wall time), the slowest
@@ -219,7 +215,7 @@ int RunBenchCommand(const BenchArgs& a) {
                 {"seed", a.seed},
                 {"size", r.logical_bytes}};
 
-  if (a.as_json) {
+  if (out.json()) {
     json stages = json::array();
     auto to_json = [&](const pipeline::BenchMeasure& m) {
       return json{{"name", m.name},
@@ -237,8 +233,7 @@ int RunBenchCommand(const BenchArgs& a) {
                   {"in_backup_path", m.in_backup_path}};
     };
     for (const auto& m : r.stages) stages.push_back(to_json(m));
-    json out = {{"event", "result"},
-                {"machine", MachineJson(a.workdir, r.threads)},
+    json result = {{"machine", MachineJson(a.workdir, r.threads)},
                 {"knobs", knobs},
                 {"source", a.source.empty() ? json("generated") : json(a.source)},
                 {"stages", stages},
@@ -259,28 +254,28 @@ int RunBenchCommand(const BenchArgs& a) {
                 {"backup_path_stages_cpu_seconds", stages_cpu},
                 {"end_to_end_cpu_seconds", e2e_cpu},
                 {"target_ratio", 0.8}};
-    if (mix) out["disk"] = MixJson(*mix);
-    if (keep_dir) out["kept"] = source;
-    PrintJson(out);
+    if (mix) result["disk"] = MixJson(*mix);
+    if (keep_dir) result["kept"] = source;
+    out.Result(result);
     return kExitOk;
   }
 
   json machine = MachineJson(a.workdir, r.threads);
-  std::printf("machine: %s, %d threads, %s, %s on %s\n", machine["cpu"].get<std::string>().c_str(), r.threads,
+  t << Format("machine: %s, %d threads, %s, %s on %s\n", machine["cpu"].get<std::string>().c_str(), r.threads,
               machine["kernel"].get<std::string>().c_str(), machine["filesystem"].get<std::string>().c_str(),
               a.workdir.c_str());
-  std::printf("knobs: --threads %d --memory %s --chunk-size %s --cluster-size %s --compress %s --seed %llu "
+  t << Format("knobs: --threads %d --memory %s --chunk-size %s --cluster-size %s --compress %s --seed %llu "
               "--size %s, cache %s\n",
               r.threads, HumanBytes(copy.memory_bytes).c_str(), HumanBytes(o.chunk_bytes).c_str(),
               HumanBytes(o.cluster_bytes).c_str(), compression.ToString().c_str(),
               static_cast<unsigned long long>(a.seed), HumanBytes(r.logical_bytes).c_str(), cache.c_str());
-  if (mix) PrintMix(*mix, keep_dir ? source : "generated (deleted)");
-  else std::printf("disk: %s, %s\n", source.c_str(), HumanBytes(r.logical_bytes).c_str());
-  std::printf("\n%-12s %7s %9s %11s %10s %12s %8s %8s %10s\n", "stage", "threads", "in-flight", "input",
+  if (mix) PrintMix(t, *mix, keep_dir ? source : "generated (deleted)");
+  else t << Format("disk: %s, %s\n", source.c_str(), HumanBytes(r.logical_bytes).c_str());
+  t << Format("\n%-12s %7s %9s %11s %10s %12s %8s %8s %10s\n", "stage", "threads", "in-flight", "input",
               "MiB/s in", "MiB/s logic", "wall s", "cpu s", "peak RSS");
   auto row = [&](const pipeline::BenchMeasure& m) {
     std::string name = m.name + (m.in_backup_path ? "" : "*");
-    std::printf("%-12s %7d %9llu %11s %10.1f %12.1f %8.2f %8.2f %10s\n", name.c_str(), m.serial ? 1 : m.threads,
+    t << Format("%-12s %7d %9llu %11s %10.1f %12.1f %8.2f %8.2f %10s\n", name.c_str(), m.serial ? 1 : m.threads,
                 static_cast<unsigned long long>(m.in_flight), HumanBytes(m.input_bytes).c_str(),
                 m.wall_seconds > 0 ? MiB(m.input_bytes) / m.wall_seconds : 0.0,
                 m.wall_seconds > 0 ? logical / m.wall_seconds : 0.0, m.wall_seconds,
@@ -288,27 +283,27 @@ int RunBenchCommand(const BenchArgs& a) {
   };
   for (const auto& m : r.stages) row(m);
   row(e);
-  std::printf("\n");
-  for (const auto& m : r.stages) std::printf("  %-12s %s\n", m.name.c_str(), m.note.c_str());
-  std::printf("  %-12s %s\n", e.name.c_str(), e.note.c_str());
-  std::printf("  (* not on the backup path: replication streams SHA-512)\n");
-  std::printf("\nend-to-end: read %s, wrote %s (%llu data, %llu compressed, %llu zero, %llu hole clusters), "
+  t << Format("\n");
+  for (const auto& m : r.stages) t << Format("  %-12s %s\n", m.name.c_str(), m.note.c_str());
+  t << Format("  %-12s %s\n", e.name.c_str(), e.note.c_str());
+  t << Format("  (* not on the backup path: replication streams SHA-512)\n");
+  t << Format("\nend-to-end: read %s, wrote %s (%llu data, %llu compressed, %llu zero, %llu hole clusters), "
               "pool %llu chunks (%s), at most %llu in flight\n",
               HumanBytes(r.allocated_bytes).c_str(), HumanBytes(e.output_bytes).c_str(),
               static_cast<unsigned long long>(r.data_clusters), static_cast<unsigned long long>(r.compressed_clusters),
               static_cast<unsigned long long>(r.zero_clusters), static_cast<unsigned long long>(r.hole_clusters),
               static_cast<unsigned long long>(r.pool_chunks), HumanBytes(r.pool_bytes).c_str(),
               static_cast<unsigned long long>(e.in_flight));
-  std::printf("limits: read %.1f MiB/s (allocated bytes); %s %.1f MiB/s per core x %d = %.1f MiB/s\n", read_mibs,
+  t << Format("limits: read %.1f MiB/s (allocated bytes); %s %.1f MiB/s per core x %d = %.1f MiB/s\n", read_mibs,
               compression.ToString().c_str(), zstd_per_core, r.threads, zstd_per_core * r.threads);
-  std::printf("slowest backup-path stage: %s at %.1f MiB/s logical; zero+xxh3+compress together on the same "
+  t << Format("slowest backup-path stage: %s at %.1f MiB/s logical; zero+xxh3+compress together on the same "
               "cores %.1f MiB/s logical (sha512 is not on the backup path)\n",
               slowest ? slowest->name.c_str() : "-", slowest_logical, cpu_bound_logical);
-  std::printf("cpu: backup-path stages alone %.2f s, end-to-end %.2f s (pipeline overhead %+.0f%%)\n", stages_cpu,
+  t << Format("cpu: backup-path stages alone %.2f s, end-to-end %.2f s (pipeline overhead %+.0f%%)\n", stages_cpu,
               e2e_cpu, stages_cpu > 0 ? 100.0 * (e2e_cpu - stages_cpu) / stages_cpu : 0.0);
-  std::printf("end-to-end: %.1f MiB/s logical = %.2f x slowest stage (target >= 0.80: %s)\n", e2e_logical, ratio,
+  t << Format("end-to-end: %.1f MiB/s logical = %.2f x slowest stage (target >= 0.80: %s)\n", e2e_logical, ratio,
               ratio >= 0.8 ? "met" : "missed");
-  if (keep_dir) std::printf("kept: %s\n", source.c_str());
+  if (keep_dir) t << Format("kept: %s\n", source.c_str());
   return kExitOk;
 }
 
@@ -316,7 +311,15 @@ int RunBenchCommand(const BenchArgs& a) {
 
 void RegisterBenchCommand(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BenchArgs>();
-  auto* cmd = app.add_subcommand("bench", "Measure each pipeline stage and the whole pipeline on one disk");
+  auto gen = std::make_shared<GenerateArgs>();
+  auto generate_cmd = std::make_shared<CLI::App*>(nullptr);
+  auto* cmd = AddCommand(app, "bench", "Measure each pipeline stage and the whole pipeline on one disk", exit_code,
+                         [args, generate_cmd, &exit_code](Output& out) {
+                           // `bench generate` ran instead (its own callback, before
+                           // this one): keep its exit code.
+                           if (*generate_cmd != nullptr && (*generate_cmd)->parsed()) return exit_code;
+                           return RunBenchCommand(*args, out);
+                         });
   cmd->require_subcommand(0, 1);
   cmd->add_option("--size", args->size, "Size of the generated disk (without --source)")->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed of the generated disk")->capture_default_str();
@@ -327,19 +330,14 @@ void RegisterBenchCommand(CLI::App& app, int& exit_code) {
   args->copy.AddTo(cmd, DefaultCompression());
   cmd->add_flag("--cold", args->cold, "Drop the source's cached pages before the read and end-to-end runs");
   cmd->add_flag("--keep", args->keep, "Keep the generated disk (its path is printed)");
-  cmd->add_flag("--json", args->as_json, "One JSON result object");
 
-  auto gen = std::make_shared<GenerateArgs>();
-  auto* g = cmd->add_subcommand("generate", "Write the deterministic VM-like test disk (sparse raw) to OUT");
+  auto* g = AddCommand(*cmd, "generate", "Write the deterministic VM-like test disk (sparse raw) to OUT", exit_code,
+                       [gen](Output& out) { return RunGenerate(*gen, out); });
+  *generate_cmd = g;
   g->add_option("--size", gen->size, "Virtual size")->capture_default_str();
   g->add_option("--seed", gen->seed, "Seed: the same size and seed give the same bytes")->capture_default_str();
   g->add_option("out", gen->out, "Output file (created or replaced)")->required();
-  g->add_flag("--json", gen->as_json, "Result as JSON");
-  g->callback([gen, &exit_code]() { exit_code = RunGenerate(*gen); });
-  cmd->callback([args, g, &exit_code]() {
-    if (g->parsed()) return;
-    exit_code = RunBenchCommand(*args);
-  });
+
 }
 
 }  // namespace barge::cli

@@ -3,14 +3,110 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <sstream>
+
 #include "cli/common.h"
+#include "cli/interrupt.h"
+#include "cli/output.h"
 
 namespace barge::cli {
 
+namespace {
+
+// The deepest subcommand the parse reached (the app itself if none).
+CLI::App* DeepestParsed(CLI::App& app) {
+  CLI::App* at = &app;
+  for (;;) {
+    auto subs = at->get_subcommands();
+    if (subs.empty()) return at;
+    at = subs.front();
+  }
+}
+
+std::string CommandPath(const CLI::App* app) {
+  std::string name;
+  for (const CLI::App* p = app; p != nullptr && p->get_parent() != nullptr; p = p->get_parent()) {
+    name = name.empty() ? p->get_name() : p->get_name() + " " + name;
+  }
+  return name;
+}
+
+// "did you mean" for the words CLI11 did not expect (an unknown option or
+// subcommand of the deepest command reached), or for the first plain word
+// after that command when it wants a subcommand and got none.
+std::string Suggestion(const CLI::ParseError& e, CLI::App* at, int argc, char** argv) {
+  // An option the command does not have wins: CLI11 reports a missing
+  // required option first, though the typo is the cause ("--sorce").
+  // --json is every command's (a group's too, for the error's shape), so
+  // it is never the typo ("barge infoo --json x": the command is).
+  std::vector<std::string> known = {"--help", "-h", "--json"};
+  for (const CLI::Option* o : at->get_options()) {
+    for (const auto& l : o->get_lnames()) known.push_back("--" + l);
+    for (const auto& sn : o->get_snames()) known.push_back("-" + sn);
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string w = argv[i];
+    if (w == "--") break;
+    if (!w.starts_with("--")) continue;
+    std::string bare = w.substr(0, w.find('='));
+    if (std::find(known.begin(), known.end(), bare) != known.end()) continue;
+    std::string match = ClosestMatch(bare, known);
+    return "!unknown option " + bare + (match.empty() ? "" : "; did you mean " + match + "?");
+  }
+  std::vector<std::string> unexpected;
+  std::string what = e.what();
+  if (auto colon = what.find(": "); colon != std::string::npos && dynamic_cast<const CLI::ExtrasError*>(&e)) {
+    std::istringstream words(what.substr(colon + 2));
+    for (std::string w; words >> w;) unexpected.push_back(w);
+  } else if (!at->get_subcommands({}).empty()) {
+    // The word after the command path is the would-be subcommand.
+    std::vector<std::string> path;
+    for (const CLI::App* p = at; p != nullptr && p->get_parent() != nullptr; p = p->get_parent()) {
+      path.insert(path.begin(), p->get_name());
+    }
+    size_t matched = 0;
+    for (int i = 1; i < argc; ++i) {
+      std::string w = argv[i];
+      if (w.starts_with("-")) continue;
+      if (matched < path.size() && w == path[matched]) {
+        ++matched;
+        continue;
+      }
+      if (matched == path.size()) {
+        unexpected.push_back(w);
+        break;
+      }
+    }
+  }
+  for (const std::string& word : unexpected) {
+    std::vector<std::string> candidates;
+    if (word.starts_with("-")) {
+      for (const CLI::Option* o : at->get_options()) {
+        for (const auto& l : o->get_lnames()) candidates.push_back("--" + l);
+        for (const auto& s : o->get_snames()) candidates.push_back("-" + s);
+      }
+      std::string bare = word.substr(0, word.find('='));
+      std::string match = ClosestMatch(bare, candidates);
+      if (!match.empty()) return "did you mean " + match + "?";
+    } else {
+      for (const CLI::App* s : at->get_subcommands({})) candidates.push_back(s->get_name());
+      std::string match = ClosestMatch(word, candidates);
+      if (!match.empty()) return "!unknown command '" + word + "'; did you mean '" + match + "'?";
+      return "!unknown command '" + word + "'";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 int Main(int argc, char** argv) {
+  InstallInterruptHandling();
   CLI::App app{"barge: fast, verified block data for VM disks"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "barge 0.1.0");
+  app.footer(ExitCodeTable());
   int exit_code = kExitOk;
   RegisterImageCommands(app, exit_code);
   RegisterConvertCommand(app, exit_code);
@@ -25,8 +121,25 @@ int Main(int argc, char** argv) {
   RegisterImageCatalogCommands(app, exit_code);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    CLI::App* at = DeepestParsed(app);
+    std::string path = CommandPath(at);
+    bool json = false;
+    for (int i = 1; i < argc; ++i) json |= std::string_view(argv[i]) == "--json";
+    std::string message = e.what();
+    // A hint starting with '!' replaces CLI11's message ("A subcommand is
+    // required" says less than "unknown command 'restor'").
+    if (std::string hint = Suggestion(e, at, argc, argv); hint.starts_with("!")) message = hint.substr(1);
+    else if (!hint.empty()) message += "; " + hint;
+    message += " (see: barge " + (path.empty() ? "" : path + " ") + "--help)";
+    Output out(path.empty() ? "barge" : path, json);
+    return out.Usage(message);
   }
   return exit_code;
 }

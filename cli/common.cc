@@ -2,6 +2,7 @@
 #include "cli/common.h"
 
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <iostream>
 
@@ -41,53 +42,17 @@ Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
   return formats::OpenImage(path, opener, o);
 }
 
-int ReportError(const Error& error, int exit_code) {
-  std::cerr << "barge: " << error.ToString() << "\n";
-  return exit_code;
-}
-
-int ReportError(const std::string& context, const Error& error, int exit_code) {
-  std::cerr << "barge: " << context << ": " << error.ToString() << "\n";
-  return exit_code;
-}
-
-void PrintJson(const nlohmann::json& j) { std::cout << j.dump(2) << "\n"; }
-
-std::string HumanBytes(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 5) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.3g %s", v, kUnits[u]);
-  return buf;
-}
-
-Result<uint64_t> ParseSize(const std::string& text) {
-  if (text.empty()) return Error::InvalidArgument("empty size");
-  size_t pos = 0;
-  uint64_t value = 0;
-  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) {
-    uint64_t digit = text[pos] - '0';
-    if (value > (UINT64_MAX - digit) / 10) return Error::InvalidArgument("size too large: " + text);
-    value = value * 10 + digit;
-    ++pos;
-  }
-  if (pos == 0) return Error::InvalidArgument("not a size: '" + text + "'");
-  std::string unit = text.substr(pos);
-  int shift = 0;
-  if (unit.empty() || unit == "b" || unit == "B") shift = 0;
-  else if (unit == "k" || unit == "K" || unit == "KiB") shift = 10;
-  else if (unit == "m" || unit == "M" || unit == "MiB") shift = 20;
-  else if (unit == "g" || unit == "G" || unit == "GiB") shift = 30;
-  else if (unit == "t" || unit == "T" || unit == "TiB") shift = 40;
-  else return Error::InvalidArgument("unknown size unit in '" + text + "' (use K, M, G, T)");
-  if (shift && value > (UINT64_MAX >> shift)) return Error::InvalidArgument("size too large: " + text);
-  return value << shift;
+std::string Format(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  va_list copy;
+  va_copy(copy, args);
+  int n = std::vsnprintf(nullptr, 0, fmt, copy);
+  va_end(copy);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, fmt, args);
+  va_end(args);
+  return out;
 }
 
 }  // namespace barge::cli

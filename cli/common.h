@@ -11,12 +11,11 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/error.h"
+#include "cli/output.h"
 #include "formats/image.h"
+#include "formats/units.h"
 
 namespace barge::cli {
-
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitError = 1;
 
 // Options every command that opens images shares.
 struct ImageFlags {
@@ -32,18 +31,13 @@ struct ImageFlags {
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
                                                       const formats::OpenOptions& options);
 
-// Prints "barge: <error>" to stderr and returns `exit_code`.
-int ReportError(const Error& error, int exit_code = kExitError);
-int ReportError(const std::string& context, const Error& error, int exit_code = kExitError);
+// printf-style formatting into a string (tables of the text output).
+std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-// Prints a JSON document to stdout.
-void PrintJson(const nlohmann::json& j);
-
-// "1.5 GiB" style sizes.
-std::string HumanBytes(uint64_t bytes);
-
-// Parses "4G", "512M", "65536", "64k" (binary units). kInvalidArgument else.
-Result<uint64_t> ParseSize(const std::string& text);
+using formats::HumanBytes;
+using formats::HumanBytesExact;
+using formats::HumanSeconds;
+using formats::ParseSize;
 
 // Each subcommand file registers its commands through one of these.
 void RegisterImageCommands(CLI::App& app, int& exit_code);

@@ -4,6 +4,7 @@
 #include <optional>
 #include <iostream>
 
+#include "blockio/env.h"
 #include "blockio/file.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
@@ -24,28 +25,27 @@ struct ConvertArgs {
   std::string backing, backing_format;
   bool force = false;
   bool no_sync = false;
-  bool as_json = false;
 };
 
 // Where the output goes: a staged file (renamed when complete) or a block
 // device written in place.
-struct Output {
+struct OutputTarget {
   std::unique_ptr<pipeline::StagedFile> staged;
   std::unique_ptr<BlockSink> device;
   BlockSink& sink() { return staged ? staged->sink() : *device; }
   Status Commit() { return staged ? staged->Commit() : device->Flush(); }
 };
 
-Result<Output> OpenOutput(const std::string& path, bool force, bool sync, uint64_t needed_size) {
-  Output out;
+Result<OutputTarget> OpenOutput(const std::string& path, bool force, bool sync, uint64_t needed_size) {
+  OutputTarget out;
   if (IsBlockDevice(path)) {
     FileOptions options;
     options.sync = sync;
     BARGE_ASSIGN_OR_RETURN(out.device, OpenFileSink(path, SinkMode::kExisting, options));
     if (out.device->size_bytes() < needed_size) {
       return Error::NoSpace("device is smaller than the image (" +
-                            std::to_string(out.device->size_bytes()) + " < " +
-                            std::to_string(needed_size) + " bytes)")
+                            HumanBytesExact(out.device->size_bytes()) + " < " +
+                            HumanBytesExact(needed_size) + ")")
           .set_path(path);
     }
     return out;
@@ -60,15 +60,13 @@ Result<Output> OpenOutput(const std::string& path, bool force, bool sync, uint64
   return out;
 }
 
-int RunConvert(ConvertArgs& a) {
+int RunConvert(ConvertArgs& a, Output& cli_out) {
   pipeline::CopyOptions options;
   CompressionChoice compression;
-  if (Status s = a.copy.Apply(options, compression); !s.ok()) return ReportError(s.error());
+  if (Status s = a.copy.Apply(options, compression); !s.ok()) return cli_out.Usage(s.error().message());
   bool qcow2 = a.output_format == "qcow2";
-  if (!qcow2 && compression.type != formats::Compression::kNone) {
-    return ReportError(Error::InvalidArgument("--compress needs -O qcow2"));
-  }
-  if (!a.backing.empty() && !qcow2) return ReportError(Error::InvalidArgument("--backing needs -O qcow2"));
+  if (!qcow2 && compression.type != formats::Compression::kNone) return cli_out.Usage("--compress needs -O qcow2");
+  if (!a.backing.empty() && !qcow2) return cli_out.Usage("--backing needs -O qcow2");
 
   pipeline::SourceSpec spec;
   spec.location = a.source;
@@ -76,15 +74,15 @@ int RunConvert(ConvertArgs& a) {
   spec.allow_any_path = a.flags.allow_any_path;
   spec.allow_dirs = a.flags.allow_dirs;
   auto src = pipeline::OpenSource(spec);
-  if (!src.ok()) return ReportError(src.error());
+  if (!src.ok()) return cli_out.Fail(src.error());
   formats::Image& image = *src->image;
   uint64_t size = image.size_bytes();
 
   auto out = OpenOutput(a.dest, a.force, !a.no_sync, size);
-  if (!out.ok()) return ReportError(out.error());
+  if (!out.ok()) return cli_out.Fail(out.error());
   bool device = out->device != nullptr;
   if (qcow2 && device) {
-    return ReportError(Error::NotSupported("qcow2 output goes to a file, not a block device"));
+    return cli_out.Fail(Error::NotSupported("qcow2 output goes to a file, not a block device").set_path(a.dest));
   }
 
   // The backing image, opened to compare against: the output stores only
@@ -100,9 +98,9 @@ int RunConvert(ConvertArgs& a) {
     bspec.allow_dirs = a.flags.allow_dirs;
     auto opened = pipeline::OpenSource(bspec);
     if (!opened.ok()) {
-      return ReportError(Error(opened.error())
-                             .Wrap("cannot open the backing file '" + a.backing +
-                                   "' (named relative to the output; convert stores only what differs from it)"));
+      return cli_out.Fail(Error(opened.error())
+                              .Wrap("cannot open the backing file '" + a.backing +
+                                    "' (named relative to the output; convert stores only what differs from it)"));
     }
     backing = std::move(opened).value();
   }
@@ -117,11 +115,11 @@ int RunConvert(ConvertArgs& a) {
       w.backing_file = a.backing;
       w.backing_format = a.backing_format.empty() ? "qcow2" : a.backing_format;
       auto d = pipeline::OverlayQcow2Destination::CreateDiff(out->sink(), w, *backing->image);
-      if (!d.ok()) return ReportError(d.error());
+      if (!d.ok()) return cli_out.Fail(d.error());
       dest = std::move(d).value();
     } else {
       auto d = pipeline::Qcow2Destination::Create(out->sink(), w, pipeline::ZeroPolicy::kOmit);
-      if (!d.ok()) return ReportError(d.error());
+      if (!d.ok()) return cli_out.Fail(d.error());
       dest = std::move(d).value();
     }
   } else {
@@ -132,21 +130,21 @@ int RunConvert(ConvertArgs& a) {
     dest = std::make_unique<pipeline::RawDestination>(out->sink(), r);
   }
 
-  ProgressReporter progress(ChooseProgressMode(a.as_json), "convert");
+  ProgressReporter progress(cli_out, "convert");
   options.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
   pipeline::Destination* dests[] = {dest.get()};
   auto result = pipeline::RunCopy(image, pipeline::WholeDisk(image), dests, options);
   progress.Done();
-  if (!result.ok()) return ReportError("convert", result.error());
-  if (Status s = out->Commit(); !s.ok()) return ReportError("convert", s.error());
+  if (!result.ok()) return cli_out.Fail(result.error());
+  if (Status s = out->Commit(); !s.ok()) return cli_out.Fail(s.error());
 
   double secs = std::chrono::duration<double>(result->elapsed).count();
   uint64_t written = 0;
-  std::error_code ec;
-  if (!device) written = std::filesystem::file_size(a.dest, ec);
-  if (a.as_json) {
-    PrintJson({{"event", "result"},
-               {"source", a.source},
+  if (!device) {
+    if (auto st = Env::Default().Stat(a.dest); st.ok()) written = st->size_bytes;
+  }
+  {
+    cli_out.Result({{"source", a.source},
                {"destination", a.dest},
                {"format", a.output_format},
                {"compression", compression.ToString()},
@@ -158,14 +156,13 @@ int RunConvert(ConvertArgs& a) {
                  {"compressed", result->clusters.compressed},
                  {"zero", result->clusters.zero},
                  {"hole", result->clusters.hole}}},
-               {"image_digest", result->image_digest.ToHex()},
-               {"seconds", secs}});
-    return kExitOk;
+               {"image_digest", "xxh3-128:" + result->image_digest.ToHex()},
+               {"duration_seconds", secs}});
   }
-  std::cout << "converted " << a.source << " -> " << a.dest << " (" << a.output_format << ", "
+  cli_out.text() << "converted " << a.source << " -> " << a.dest << " (" << a.output_format << ", "
             << compression.ToString() << "): " << HumanBytes(size) << " virtual, read "
             << HumanBytes(result->bytes_read) << ", wrote " << HumanBytes(written) << " in "
-            << secs << " s\n";
+            << HumanSeconds(secs) << "\n";
   return kExitOk;
 }
 
@@ -173,8 +170,9 @@ int RunConvert(ConvertArgs& a) {
 
 void RegisterConvertCommand(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ConvertArgs>();
-  auto* cmd = app.add_subcommand(
-      "convert", "Copy an image (raw, qcow2 chain, block device, NBD URI) to raw or qcow2");
+  auto* cmd = AddCommand(
+      app, "convert", "Copy an image (raw, qcow2 chain, block device, NBD URI) to raw or qcow2", exit_code,
+      [args](Output& out) { return RunConvert(*args, out); });
   cmd->add_option("source", args->source, "Source image, block device or nbd:// URI")->required();
   cmd->add_option("dest", args->dest, "Destination file or block device")->required();
   cmd->add_option("-O,--output-format", args->output_format, "raw or qcow2")
@@ -190,8 +188,6 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", args->force, "Replace an existing output file");
   cmd->add_flag("--no-sync", args->no_sync,
                 "Do not fsync the output at the end (faster; a crash may lose it, as with qemu-img convert)");
-  cmd->add_flag("--json", args->as_json, "Progress and result as JSON lines");
-  cmd->callback([args, &exit_code]() { exit_code = RunConvert(*args); });
 }
 
 }  // namespace barge::cli

@@ -1,7 +1,12 @@
 // Parsing of the copy pipeline's flags.
 #include "cli/copy_flags.h"
 
+#include <unistd.h>
+
+#include <thread>
+
 #include "cli/common.h"
+#include "cli/interrupt.h"
 
 namespace barge::cli {
 
@@ -67,19 +72,39 @@ void CopyFlags::AddTo(CLI::App* app, const std::string& default_compress) {
   app->add_option("--threads", threads, "Worker threads (0 = all cores)")->capture_default_str();
 }
 
+int MaxThreads() { return static_cast<int>(pipeline::MaxThreads()); }
+
+uint64_t MaxMemoryBytes() {
+  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  uint64_t half_ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page / 2 : 0;
+  return std::max<uint64_t>(half_ram, 64ull << 20);
+}
+
+Status ApplyResourceFlags(const std::string& memory, int threads, pipeline::CopyOptions& options) {
+  auto mem = ParseSize(memory);
+  if (!mem.ok()) return Error(mem.error()).Wrap("--memory");
+  if (*mem < (4u << 20) || *mem > MaxMemoryBytes()) {
+    return Error::InvalidArgument("--memory must be from 4M to " + HumanBytes(MaxMemoryBytes()) +
+                                  " (half of this machine's memory), not " + memory);
+  }
+  if (threads < 0 || threads > MaxThreads()) {
+    return Error::InvalidArgument("--threads must be from 1 to " + std::to_string(MaxThreads()) +
+                                  " (0 = one per core), not " + std::to_string(threads));
+  }
+  options.memory_bytes = *mem;
+  options.threads = threads;
+  options.cancel = &CancelFlag();
+  return OkStatus();
+}
+
 Status CopyFlags::Apply(pipeline::CopyOptions& options, CompressionChoice& compression) const {
   BARGE_ASSIGN_OR_RETURN(compression, ParseCompression(compress));
   BARGE_ASSIGN_OR_RETURN(uint64_t cluster, ParseSize(cluster_size));
   BARGE_RETURN_IF_ERROR(ClusterBits(cluster));
-  BARGE_ASSIGN_OR_RETURN(options.memory_bytes, ParseSize(memory));
-  if (options.memory_bytes < (4u << 20)) {
-    return Error::InvalidArgument("--memory must be at least 4M");
-  }
-  if (threads < 0) return Error::InvalidArgument("--threads must be 0 or more");
+  BARGE_RETURN_IF_ERROR(ApplyResourceFlags(memory, threads, options));
   options.cluster_bytes = static_cast<uint32_t>(cluster);
   // Chunks of at least 1 MiB (large reads), at least one cluster.
   options.chunk_bytes = std::max<uint32_t>(options.cluster_bytes, 1u << 20);
-  options.threads = threads;
   options.compression = compression.type;
   options.compression_level = compression.level;
   return OkStatus();

@@ -32,9 +32,16 @@ struct CopyFlags {
 
   // `default_compress` is shown in --help and used when the flag is absent.
   void AddTo(CLI::App* app, const std::string& default_compress);
-  // Fills cluster size, memory, threads, compression of `options`.
+  // Fills cluster size, memory, threads, compression of `options`, and
+  // points its cancel flag at SIGINT/SIGTERM's (cli/interrupt.h).
+  // kInvalidArgument naming the flag and its allowed range otherwise.
   Status Apply(pipeline::CopyOptions& options, CompressionChoice& compression) const;
 };
+
+// --memory and --threads alone (commands whose cluster size and
+// compression come from elsewhere, e.g. merge), checked against their
+// ranges; also points options.cancel at SIGINT/SIGTERM's flag.
+Status ApplyResourceFlags(const std::string& memory, int threads, pipeline::CopyOptions& options);
 
 // log2 of a power-of-two cluster size in 512..2M, else kInvalidArgument.
 Result<uint32_t> ClusterBits(uint64_t cluster_bytes);

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "blockio/buffer.h"
-#include "blockio/file.h"
+#include "blockio/env.h"
 #include "cli/common.h"
 #include "formats/qcow2_check.h"
 
@@ -20,11 +20,9 @@ std::vector<const formats::Image*> Chain(const formats::Image& top) {
   return chain;
 }
 
+// As `bitmap list`: qemu-img's "flags" (in-use, auto) as booleans.
 json BitmapJson(const formats::BitmapInfo& b) {
-  json flags = json::array();
-  if (b.in_use) flags.push_back("in-use");
-  if (b.enabled) flags.push_back("auto");
-  return {{"name", b.name}, {"granularity", b.granularity_bytes}, {"flags", flags}};
+  return {{"name", b.name}, {"granularity", b.granularity_bytes}, {"enabled", b.enabled}, {"in_use", b.in_use}};
 }
 
 json LayerJson(const formats::ImageInfo& info) {
@@ -58,82 +56,79 @@ json LayerJson(const formats::ImageInfo& info) {
                               {"name", s.name},
                               {"virtual_size", s.virtual_size},
                               {"vm_state_size", s.vm_state_size},
-                              {"date_sec", s.date_sec},
-                              {"date_nsec", s.date_nsec},
-                              {"vm_clock_nsec", s.vm_clock_nsec}});
+                              {"date", formats::FormatRfc3339({static_cast<int64_t>(s.date_sec),
+                                                               static_cast<int32_t>(s.date_nsec)})},
+                              {"vm_clock_seconds", static_cast<double>(s.vm_clock_nsec) / 1e9}});
   }
   return j;
 }
 
-void PrintLayerText(const formats::ImageInfo& info) {
-  std::cout << "image: " << info.path << "\n"
+void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
+  t << "image: " << info.path << "\n"
             << "file format: " << formats::ImageFormatName(info.format) << "\n"
             << "virtual size: " << HumanBytes(info.virtual_size) << " (" << info.virtual_size
             << " bytes)\n"
             << "file size: " << HumanBytes(info.file_size) << "\n";
   if (info.format != formats::ImageFormat::kQcow2) return;
-  std::cout << "cluster_size: " << info.cluster_size() << "\n"
+  t << "cluster_size: " << info.cluster_size() << "\n"
             << "version: " << info.version << (info.version >= 3 ? " (compat 1.1)" : " (compat 0.10)")
             << "\n"
             << "compression type: "
             << (info.compression == formats::Compression::kZstd ? "zstd" : "zlib") << "\n"
             << "refcount bits: " << info.refcount_bits << "\n";
-  if (info.extended_l2) std::cout << "extended l2: true\n";
-  if (info.dirty) std::cout << "dirty flag: true\n";
-  if (info.corrupt) std::cout << "corrupt: true\n";
+  if (info.extended_l2) t << "extended l2: true\n";
+  if (info.dirty) t << "dirty flag: true\n";
+  if (info.corrupt) t << "corrupt: true\n";
   if (!info.backing_file.empty()) {
-    std::cout << "backing file: " << info.backing_file;
-    if (!info.backing_path.empty()) std::cout << " (actual path: " << info.backing_path << ")";
-    std::cout << "\nbacking file format: "
+    t << "backing file: " << info.backing_file;
+    if (!info.backing_path.empty()) t << " (actual path: " << info.backing_path << ")";
+    t << "\nbacking file format: "
               << (info.backing_format.empty() ? "(none)" : info.backing_format) << "\n";
   }
   if (!info.data_file.empty()) {
-    std::cout << "data file: " << info.data_file << "\n"
+    t << "data file: " << info.data_file << "\n"
               << "data file raw: " << (info.data_file_raw ? "true" : "false") << "\n";
   }
   if (!info.bitmaps.empty()) {
-    std::cout << "bitmaps:\n";
+    t << "bitmaps:\n";
     for (const auto& b : info.bitmaps) {
-      std::cout << "  " << b.name << ": granularity " << b.granularity_bytes
+      t << "  " << b.name << ": granularity " << b.granularity_bytes
                 << ", enabled " << (b.enabled ? "yes" : "no")
                 << (b.in_use ? ", IN USE (inconsistent)" : "") << "\n";
     }
   }
   if (!info.snapshots.empty()) {
-    std::cout << "snapshots:\n";
+    t << "snapshots:\n";
     for (const auto& s : info.snapshots) {
-      std::cout << "  " << s.id << "  " << s.name << "  vm state " << HumanBytes(s.vm_state_size)
-                << "  date " << s.date_sec << "\n";
+      t << "  " << s.id << "  " << s.name << "  vm state " << HumanBytes(s.vm_state_size)
+                << "  date " << formats::FormatRfc3339({static_cast<int64_t>(s.date_sec), 0}) << "\n";
     }
   }
 }
 
-int RunInfo(const std::string& path, const ImageFlags& flags, bool as_json) {
+int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   auto options = flags.ToOpenOptions();
-  if (!options.ok()) return ReportError(options.error());
+  if (!options.ok()) return out.Usage(options.error().message());
   options->open_data_file = false;  // info never needs the data file's bytes
   auto image = OpenImageFile(path, *options);
-  if (!image.ok()) return ReportError(image.error());
+  if (!image.ok()) return out.Fail(image.error());
   auto chain = Chain(**image);
-  if (as_json) {
-    json j = LayerJson((*image)->info());
-    j["chain"] = json::array();
-    for (const auto* layer : chain) j["chain"].push_back(LayerJson(layer->info()));
-    PrintJson(j);
-    return kExitOk;
-  }
+  json j = LayerJson((*image)->info());
+  j["chain"] = json::array();
+  for (const auto* layer : chain) j["chain"].push_back(LayerJson(layer->info()));
+  out.Result(j);
   for (size_t i = 0; i < chain.size(); ++i) {
-    if (i > 0) std::cout << "\n";
-    PrintLayerText(chain[i]->info());
+    if (i > 0) out.text() << "\n";
+    PrintLayerText(chain[i]->info(), out.text());
   }
   return kExitOk;
 }
 
-int RunMap(const std::string& path, const ImageFlags& flags, bool as_json) {
+int RunMap(const std::string& path, const ImageFlags& flags, Output& out) {
   auto options = flags.ToOpenOptions();
-  if (!options.ok()) return ReportError(options.error());
+  if (!options.ok()) return out.Usage(options.error().message());
   auto image = OpenImageFile(path, *options);
-  if (!image.ok()) return ReportError(image.error());
+  if (!image.ok()) return out.Fail(image.error());
   auto chain = Chain(**image);
   int bottom = static_cast<int>(chain.size()) - 1;
   uint64_t size = (*image)->size_bytes();
@@ -141,7 +136,7 @@ int RunMap(const std::string& path, const ImageFlags& flags, bool as_json) {
   std::vector<formats::MappedExtent> all;
   for (uint64_t off = 0; off < size; off += kWindow) {
     auto part = (*image)->Map(off, std::min(kWindow, size - off));
-    if (!part.ok()) return ReportError(part.error());
+    if (!part.ok()) return out.Fail(part.error());
     for (auto& e : *part) {
       // Merge neighbours that look the same, as qemu-img map does.
       if (!all.empty()) {
@@ -158,7 +153,7 @@ int RunMap(const std::string& path, const ImageFlags& flags, bool as_json) {
       all.push_back(e);
     }
   }
-  if (as_json) {
+  if (out.json()) {
     json arr = json::array();
     for (const auto& e : all) {
       json j = {{"start", e.offset},
@@ -172,18 +167,23 @@ int RunMap(const std::string& path, const ImageFlags& flags, bool as_json) {
       if (e.depth >= 0 && e.depth <= bottom) j["file"] = chain[e.depth]->info().path;
       arr.push_back(j);
     }
-    PrintJson(arr);
+    out.Result({{"extents", arr}});
     return kExitOk;
   }
-  std::printf("%-20s%-20s%-8s%-6s%s\n", "Offset", "Length", "Kind", "Depth", "File");
+  char line[512];
+  std::snprintf(line, sizeof line, "%-20s%-20s%-8s%-6s%s\n", "Offset", "Length", "Kind", "Depth", "File");
+  out.text() << line;
   for (const auto& e : all) {
     std::string file = e.depth >= 0 && e.depth <= bottom ? chain[e.depth]->info().path : "-";
     std::string kind(ExtentKindName(e.kind));
     if (e.compressed) kind += "/z";
-    std::printf("0x%-18llx0x%-18llx%-8s%-6d%s\n", static_cast<unsigned long long>(e.offset),
-                static_cast<unsigned long long>(e.length), kind.c_str(),
-                e.depth < 0 ? bottom : e.depth, file.c_str());
+    std::snprintf(line, sizeof line, "0x%-18llx0x%-18llx%-8s%-6d", static_cast<unsigned long long>(e.offset),
+                  static_cast<unsigned long long>(e.length), kind.c_str(), e.depth < 0 ? bottom : e.depth);
+    out.text() << line << file << "\n";
   }
+  out.text() << "Kind: data (stored), data/z (stored compressed), zero (reads as zeros), hole (not\n"
+                "allocated: reads as zeros or from a backing file). Depth: 0 = the image itself,\n"
+                "1 = its backing file, and so on; File: the layer holding the bytes.\n";
   return kExitOk;
 }
 
@@ -234,50 +234,53 @@ Result<std::optional<uint64_t>> FirstNonZero(formats::Image& img, uint64_t offse
 }
 
 int RunCompare(const std::string& a_path, const std::string& b_path, const ImageFlags& a_flags,
-               const ImageFlags& b_flags, bool strict_size) {
+               const ImageFlags& b_flags, bool strict_size, Output& out) {
+  // As qemu-img compare: 0 identical, 1 different, 2 any error.
   constexpr int kExitCompareError = 2;
   auto ao = a_flags.ToOpenOptions();
   auto bo = b_flags.ToOpenOptions();
-  if (!ao.ok()) return ReportError(ao.error(), kExitCompareError);
-  if (!bo.ok()) return ReportError(bo.error(), kExitCompareError);
+  if (!ao.ok()) return out.Fail(ao.error(), kExitCompareError);
+  if (!bo.ok()) return out.Fail(bo.error(), kExitCompareError);
   auto a = OpenImageFile(a_path, *ao);
-  if (!a.ok()) return ReportError(a.error(), kExitCompareError);
+  if (!a.ok()) return out.Fail(a.error(), kExitCompareError);
   auto b = OpenImageFile(b_path, *bo);
-  if (!b.ok()) return ReportError(b.error(), kExitCompareError);
+  if (!b.ok()) return out.Fail(b.error(), kExitCompareError);
   uint64_t sa = (*a)->size_bytes(), sb = (*b)->size_bytes();
+  auto result = [&](bool identical, std::optional<uint64_t> offset, const std::string& text) {
+    json j = {{"a", a_path}, {"b", b_path}, {"identical", identical}, {"a_virtual_size", sa},
+              {"b_virtual_size", sb}};
+    if (offset) j["first_difference"] = *offset;
+    out.Result(j);
+    out.text() << text << "\n";
+    return identical ? kExitOk : 1;
+  };
   if (strict_size && sa != sb) {
-    std::cout << "Image size mismatch: " << sa << " vs " << sb << "\n";
-    return 1;
+    return result(false, std::nullopt, "Image size mismatch: " + std::to_string(sa) + " vs " + std::to_string(sb));
   }
   auto diff = CompareRange(**a, **b, 0, std::min(sa, sb));
-  if (!diff.ok()) return ReportError(diff.error(), kExitCompareError);
+  if (!diff.ok()) return out.Fail(diff.error(), kExitCompareError);
   if (!*diff && sa != sb) {
     // The larger image's tail must read as zeros, as qemu-img compare says.
     auto& bigger = sa > sb ? *a : *b;
     diff = FirstNonZero(*bigger, std::min(sa, sb), std::max(sa, sb));
-    if (!diff.ok()) return ReportError(diff.error(), kExitCompareError);
-    if (!*diff) std::cerr << "Warning: image size mismatch!\n";
+    if (!diff.ok()) return out.Fail(diff.error(), kExitCompareError);
+    if (!*diff) {
+      out.Warning("image size mismatch (" + HumanBytesExact(sa) + " vs " + HumanBytesExact(sb) +
+                  "); the larger one's tail reads as zeros");
+    }
   }
-  if (*diff) {
-    std::cout << "Content mismatch at offset " << **diff << "!\n";
-    return 1;
-  }
-  std::cout << "Images are identical.\n";
-  return kExitOk;
+  if (*diff) return result(false, **diff, "Content mismatch at offset " + std::to_string(**diff) + "!");
+  return result(true, std::nullopt, "Images are identical.");
 }
 
-int RunCheck(const std::string& path, bool as_json) {
-  auto file = OpenFileSource(path);
-  if (!file.ok()) return ReportError(file.error());
+int RunCheck(const std::string& path, Output& out) {
+  auto file = Env::Default().OpenSource(path);
+  if (!file.ok()) return out.Fail(file.error());
   auto report = formats::qcow2::CheckQcow2(**file);
-  if (!report.ok()) {
-    // A header we cannot parse is corruption for the caller, as qemu-img says.
-    int code = report.error().code() == ErrorCode::kCorruption ? 2 : kExitError;
-    return ReportError(report.error(), code);
-  }
+  if (!report.ok()) return out.Fail(Error(report.error()).set_path(path));
   const auto& r = *report;
-  if (as_json) {
-    PrintJson({{"filename", path},
+  {
+    out.Result({{"filename", path},
                {"check_errors", 0},
                {"corruptions", r.corruptions},
                {"leaks", r.leaks},
@@ -285,16 +288,19 @@ int RunCheck(const std::string& path, bool as_json) {
                {"total_clusters", r.total_clusters},
                {"file_clusters", r.file_clusters},
                {"messages", r.messages}});
-    return r.exit_code();
   }
-  for (const auto& m : r.messages) std::cout << m << "\n";
-  if (r.clean()) std::cout << "No errors were found on the image.\n";
-  if (r.corruptions) std::cout << r.corruptions << " errors were found on the image.\n";
-  if (r.leaks) std::cout << r.leaks << " leaked clusters were found on the image.\n";
+  std::ostream& t = out.text();
+  for (const auto& m : r.messages) t << m << "\n";
+  if (r.clean()) t << "No errors were found on the image.\n";
+  if (r.corruptions) t << r.corruptions << " errors were found on the image.\n";
+  if (r.leaks) t << r.leaks << " leaked clusters were found on the image.\n";
   if (r.total_clusters) {
-    std::printf("%llu/%llu = %.2f%% allocated\n", static_cast<unsigned long long>(r.allocated_clusters),
-                static_cast<unsigned long long>(r.total_clusters),
-                100.0 * static_cast<double>(r.allocated_clusters) / static_cast<double>(r.total_clusters));
+    char line[128];
+    std::snprintf(line, sizeof line, "%llu/%llu = %.2f%% allocated\n",
+                  static_cast<unsigned long long>(r.allocated_clusters),
+                  static_cast<unsigned long long>(r.total_clusters),
+                  100.0 * static_cast<double>(r.allocated_clusters) / static_cast<double>(r.total_clusters));
+    t << line;
   }
   return r.exit_code();
 }
@@ -307,52 +313,46 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
   struct PathArgs {
     std::string path;
     ImageFlags flags;
-    bool as_json = false;
   };
   {
-    auto* cmd = app.add_subcommand("info", "Show an image's format, size, chain, bitmaps, snapshots");
     auto args = std::make_shared<PathArgs>();
+    auto* cmd = AddCommand(app, "info", "Show an image's format, size, chain, bitmaps, snapshots", exit_code,
+                           [args](Output& out) { return RunInfo(args->path, args->flags, out); });
     cmd->add_option("image", args->path, "Image file or block device")->required();
     args->flags.AddTo(cmd);
-    cmd->add_flag("--json", args->as_json, "Print JSON");
-    cmd->callback([args, &exit_code]() { exit_code = RunInfo(args->path, args->flags, args->as_json); });
   }
   {
-    auto* cmd = app.add_subcommand("map", "Show data/zero/hole extents and the chain layer of each");
     auto args = std::make_shared<PathArgs>();
+    auto* cmd = AddCommand(app, "map", "Show data/zero/hole extents and the chain layer of each", exit_code,
+                           [args](Output& out) { return RunMap(args->path, args->flags, out); });
     cmd->add_option("image", args->path, "Image file or block device")->required();
     args->flags.AddTo(cmd);
-    cmd->add_flag("--json", args->as_json, "Print JSON (fields as qemu-img map, plus compressed)");
-    cmd->callback([args, &exit_code]() { exit_code = RunMap(args->path, args->flags, args->as_json); });
   }
   {
-    auto* cmd = app.add_subcommand(
-        "check", "Check a qcow2 file's structure (exit 0 clean, 2 corruption, 3 leaks only)");
     auto args = std::make_shared<PathArgs>();
+    auto* cmd = AddCommand(app, "check", "Check a qcow2 file's structure (exit 0 clean, 2 corruption, 3 leaks only)",
+                           exit_code, [args](Output& out) { return RunCheck(args->path, out); });
     cmd->add_option("image", args->path, "qcow2 file")->required();
-    cmd->add_flag("--json", args->as_json, "Print JSON");
-    cmd->callback([args, &exit_code]() { exit_code = RunCheck(args->path, args->as_json); });
   }
   {
-    auto* cmd = app.add_subcommand(
-        "compare", "Compare two images' guest data (exit 0 same, 1 different, 2 error)");
     struct CompareArgs {
       std::string a, b;
       ImageFlags a_flags, b_flags;
       bool strict = false;
     };
     auto args = std::make_shared<CompareArgs>();
+    auto* cmd = AddCommand(app, "compare", "Compare two images' guest data (exit 0 same, 1 different, 2 error)",
+                           exit_code, [args](Output& out) {
+                             args->b_flags.allow_any_path = args->a_flags.allow_any_path;
+                             args->b_flags.allow_dirs = args->a_flags.allow_dirs;
+                             return RunCompare(args->a, args->b, args->a_flags, args->b_flags, args->strict, out);
+                           });
     cmd->add_option("a", args->a, "First image")->required();
     cmd->add_option("b", args->b, "Second image")->required();
     args->a_flags.AddTo(cmd, "-f,--format-a");
     cmd->add_option("-F,--format-b", args->b_flags.format, "Format of the second image")
         ->check(CLI::IsMember({"raw", "qcow2"}));
     cmd->add_flag("-s,--strict", args->strict, "Images of different sizes differ");
-    cmd->callback([args, &exit_code]() {
-      args->b_flags.allow_any_path = args->a_flags.allow_any_path;
-      args->b_flags.allow_dirs = args->a_flags.allow_dirs;
-      exit_code = RunCompare(args->a, args->b, args->a_flags, args->b_flags, args->strict);
-    });
   }
 }
 

@@ -1,14 +1,19 @@
 // barge's entry point: the only place that catches exceptions.
 #include <exception>
 #include <iostream>
+#include <new>
 
 #include "cli/commands.h"
+#include "cli/output.h"
 
 int main(int argc, char** argv) {
   try {
     return barge::cli::Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::cerr << "barge: NoSpace: out of memory (lower --memory or --threads)\n";
+    return barge::cli::kExitError;
   } catch (const std::exception& e) {
-    std::cerr << "barge: internal error: " << e.what() << "\n";
-    return 70;
+    std::cerr << "barge: Internal: " << e.what() << " (a bug in barge: please report it)\n";
+    return barge::cli::kExitInternal;
   }
 }

@@ -1,48 +1,40 @@
-// Progress bar and JSON progress lines.
+// Progress bar and progress events.
 #include "cli/progress.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 
-#include <nlohmann/json.hpp>
-
-#include "cli/common.h"
+#include "formats/units.h"
 
 namespace barge::cli {
 
-ProgressMode ChooseProgressMode(bool json) {
-  if (json) return ProgressMode::kJsonLines;
-  return ::isatty(STDERR_FILENO) ? ProgressMode::kBar : ProgressMode::kNone;
-}
-
-ProgressReporter::ProgressReporter(ProgressMode mode, std::string label)
-    : mode_(mode), label_(std::move(label)), start_(std::chrono::steady_clock::now()),
+ProgressReporter::ProgressReporter(Output& out, std::string job)
+    : out_(out),
+      mode_(out.json() ? Mode::kEvents : ::isatty(STDERR_FILENO) ? Mode::kBar : Mode::kNone),
+      job_(std::move(job)), start_(std::chrono::steady_clock::now()),
       last_(start_ - std::chrono::seconds(10)) {}
 
 ProgressReporter::~ProgressReporter() { Done(); }
 
 void ProgressReporter::Update(uint64_t done, uint64_t total) {
-  if (mode_ == ProgressMode::kNone) return;
+  if (mode_ == Mode::kNone) return;
   std::lock_guard lock(mu_);
   auto now = std::chrono::steady_clock::now();
   bool final = done >= total;
-  auto interval = mode_ == ProgressMode::kBar ? std::chrono::milliseconds(200)
-                                              : std::chrono::milliseconds(1000);
+  auto interval = mode_ == Mode::kBar ? std::chrono::milliseconds(200) : std::chrono::milliseconds(1000);
   if (!final && now - last_ < interval) return;
   last_ = now;
   double secs = std::chrono::duration<double>(now - start_).count();
   double rate = secs > 0 ? static_cast<double>(done) / secs : 0;
   double pct = total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0;
-  if (mode_ == ProgressMode::kJsonLines) {
-    nlohmann::json j = {{"event", "progress"},
-                        {"job", label_},
-                        {"done_bytes", done},
-                        {"total_bytes", total},
-                        {"percent", static_cast<int>(pct * 10) / 10.0},
-                        {"bytes_per_second", static_cast<uint64_t>(rate)}};
-    std::printf("%s\n", j.dump().c_str());
-    std::fflush(stdout);
+  if (mode_ == Mode::kEvents) {
+    out_.Progress({{"job", job_},
+                   {"done_bytes", done},
+                   {"total_bytes", total},
+                   {"percent", static_cast<int>(pct * 10) / 10.0},
+                   {"bytes_per_second", static_cast<uint64_t>(rate)},
+                   {"elapsed_seconds", secs}});
     return;
   }
   constexpr int kWidth = 30;
@@ -50,14 +42,15 @@ void ProgressReporter::Update(uint64_t done, uint64_t total) {
   std::string bar(filled, '#');
   bar.resize(kWidth, '.');
   double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
-  std::fprintf(stderr, "\r%s [%s] %5.1f%% %s/s ETA %ds ", label_.c_str(), bar.c_str(), pct,
-               HumanBytes(static_cast<uint64_t>(rate)).c_str(), static_cast<int>(eta));
+  std::fprintf(stderr, "\r%s [%s] %5.1f%% %s/s ETA %s ", job_.c_str(), bar.c_str(), pct,
+               formats::HumanBytes(static_cast<uint64_t>(rate)).c_str(),
+               formats::HumanSeconds(eta).c_str());
   drew_ = true;
 }
 
 void ProgressReporter::Done() {
   std::lock_guard lock(mu_);
-  if (mode_ == ProgressMode::kBar && drew_) {
+  if (mode_ == Mode::kBar && drew_) {
     std::fprintf(stderr, "\n");
     drew_ = false;
   }

@@ -1,5 +1,6 @@
-// Progress output for long jobs: a bar with rate and ETA on a terminal,
-// periodic JSON lines with --json, nothing otherwise.
+// Progress output for long jobs: a bar with rate and ETA on stderr when it
+// is a terminal, "progress" events (about one a second) under --json,
+// nothing otherwise.
 #pragma once
 
 #include <chrono>
@@ -7,25 +8,27 @@
 #include <mutex>
 #include <string>
 
+#include "cli/output.h"
+
 namespace barge::cli {
 
-enum class ProgressMode : uint8_t { kNone, kBar, kJsonLines };
-
-// Picks kBar when stderr is a terminal, kJsonLines for --json, else kNone.
-ProgressMode ChooseProgressMode(bool json);
-
-// Thread-safe; Update may be called from any thread.
+// Thread-safe; Update may be called from any thread. `out` must outlive it.
 class ProgressReporter {
  public:
-  ProgressReporter(ProgressMode mode, std::string label);
+  ProgressReporter(Output& out, std::string job);
   ~ProgressReporter();
+  ProgressReporter(const ProgressReporter&) = delete;
+  ProgressReporter& operator=(const ProgressReporter&) = delete;
+
   void Update(uint64_t done_bytes, uint64_t total_bytes);
   // Ends the bar line (a final update should come first).
   void Done();
 
  private:
-  ProgressMode mode_;
-  std::string label_;
+  enum class Mode : uint8_t { kNone, kBar, kEvents };
+  Output& out_;
+  Mode mode_;
+  std::string job_;
   std::mutex mu_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_;

@@ -28,7 +28,6 @@ struct ReplicateArgs {
   double stall_timeout_s = 60;
   bool verify = false;
   bool force = false;
-  bool as_json = false;
 };
 
 // One line per destination: redrawn in place on a terminal (cursor up),
@@ -36,24 +35,26 @@ struct ReplicateArgs {
 // serial nodes.
 class MultiProgress {
  public:
-  MultiProgress(ProgressMode mode, const std::vector<std::string>& names)
-      : mode_(mode), names_(names), done_(names.size(), 0), total_(names.size(), 0),
-        last_json_(names.size()) {}
+  MultiProgress(Output& out, const std::vector<std::string>& names)
+      : out_(out), mode_(out.json() ? Mode::kEvents : ::isatty(STDERR_FILENO) ? Mode::kBar : Mode::kNone),
+        names_(names), done_(names.size(), 0), total_(names.size(), 0), last_json_(names.size()),
+        start_(std::chrono::steady_clock::now()) {}
 
   void Update(size_t i, uint64_t done, uint64_t total) {
-    if (mode_ == ProgressMode::kNone || i >= names_.size()) return;
+    if (mode_ == Mode::kNone || i >= names_.size()) return;
     std::lock_guard lock(mu_);
     done_[i] = done;
     total_[i] = total;
     auto now = std::chrono::steady_clock::now();
-    if (mode_ == ProgressMode::kJsonLines) {
+    if (mode_ == Mode::kEvents) {
       if (done < total && now - last_json_[i] < std::chrono::seconds(1)) return;
       last_json_[i] = now;
-      json j = {{"event", "progress"}, {"job", "replicate"}, {"destination", names_[i]},
-                {"done_bytes", done}, {"total_bytes", total},
-                {"percent", total ? static_cast<int>(1000.0 * done / total) / 10.0 : 100.0}};
-      std::printf("%s\n", j.dump().c_str());
-      std::fflush(stdout);
+      double secs = std::chrono::duration<double>(now - start_).count();
+      out_.Progress({{"job", "replicate"}, {"destination", names_[i]},
+                     {"done_bytes", done}, {"total_bytes", total},
+                     {"percent", total ? static_cast<int>(1000.0 * done / total) / 10.0 : 100.0},
+                     {"bytes_per_second", secs > 0 ? static_cast<uint64_t>(static_cast<double>(done) / secs) : 0},
+                     {"elapsed_seconds", secs}});
       return;
     }
     if (done < total && now - last_draw_ < std::chrono::milliseconds(200)) return;
@@ -63,7 +64,7 @@ class MultiProgress {
 
   void Done() {
     std::lock_guard lock(mu_);
-    if (mode_ == ProgressMode::kBar && drawn_) Draw();
+    if (mode_ == Mode::kBar && drawn_) Draw();
   }
 
  private:
@@ -76,24 +77,27 @@ class MultiProgress {
     drawn_ = true;
   }
 
-  ProgressMode mode_;
+  enum class Mode : uint8_t { kNone, kBar, kEvents };
+  Output& out_;
+  Mode mode_;
   std::vector<std::string> names_;
   std::mutex mu_;
   std::vector<uint64_t> done_, total_;
   std::vector<std::chrono::steady_clock::time_point> last_json_;
+  std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_draw_{};
   bool drawn_ = false;
 };
 
-int RunReplicateCommand(ReplicateArgs& a) {
+int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   pipeline::ReplicateOptions o;
   CompressionChoice compression;
-  if (Status s = a.copy.Apply(o.copy, compression); !s.ok()) return ReportError(s.error());
+  if (Status s = a.copy.Apply(o.copy, compression); !s.ok()) return out.Usage(s.error().message());
   auto format = pipeline::ParseReplicaFormat(a.format);
-  if (!format.ok()) return ReportError(format.error());
+  if (!format.ok()) return out.Usage(format.error().message());
   auto backing = pipeline::ParseBackingPolicy(a.backing);
-  if (!backing.ok()) return ReportError(backing.error());
-  if (a.stall_timeout_s < 0) return ReportError(Error::InvalidArgument("--stall-timeout must be >= 0"));
+  if (!backing.ok()) return out.Usage(backing.error().message());
+  if (a.stall_timeout_s < 0) return out.Usage("--stall-timeout must be >= 0");
   o.format = *format;
   o.backing = *backing;
   o.expected_sha512 = a.expected_sha512;
@@ -110,33 +114,35 @@ int RunReplicateCommand(ReplicateArgs& a) {
   spec.allow_any_path = a.flags.allow_any_path;
   spec.allow_dirs = a.flags.allow_dirs;
   auto src = pipeline::OpenSource(spec);
-  if (!src.ok()) return ReportError("replicate", src.error());
+  if (!src.ok()) return out.Fail(src.error());
   o.source_location = a.source;
   o.source_format = src->format_name();
 
-  MultiProgress progress(ChooseProgressMode(a.as_json), a.to);
+  MultiProgress progress(out, a.to);
   o.progress = [&](size_t i, uint64_t done, uint64_t total) { progress.Update(i, done, total); };
   auto result = pipeline::RunReplicate(*src->image, a.to, o);
   progress.Done();
-  if (!result.ok()) return ReportError("replicate", result.error());
+  if (!result.ok()) return out.Fail(result.error());
   const auto& r = *result;
   double secs = std::chrono::duration<double>(r.elapsed).count();
 
-  if (r.checksum_mismatch) {
-    std::cerr << "barge: replicate: checksum mismatch, nothing made ready\n"
-              << "  expected sha512: " << a.expected_sha512 << "\n"
-              << "  source   sha512: " << r.sha512_hex << "\n";
-  }
-  if (a.as_json) {
+  {
     json dests = json::array();
     for (const auto& d : r.replicas) {
       json j = {{"path", d.path}, {"state", pipeline::ReplicaStateName(d.state)}, {"verified", d.verified}};
-      if (d.error) j["error"] = d.error->ToString();
+      if (d.error) {
+        // As the error event's fields (docs/json.md).
+        json e = {{"code", ErrorCodeName(d.error->code())}, {"message", d.error->message()},
+                  {"retryable", d.error->retryable()}};
+        if (!d.error->path().empty()) e["file"] = d.error->path();
+        if (d.error->offset()) e["offset"] = *d.error->offset();
+        if (d.error->errno_value() != 0) e["errno"] = d.error->errno_value();
+        j["error"] = std::move(e);
+      }
       if (d.state != pipeline::ReplicaState::kFailed) j["file_bytes"] = d.file_bytes;
       dests.push_back(std::move(j));
     }
-    PrintJson({{"event", "result"},
-               {"source", a.source},
+    out.Result({{"source", a.source},
                {"source_format", o.source_format},
                {"format", r.format},
                {"virtual_size", r.virtual_size},
@@ -148,32 +154,45 @@ int RunReplicateCommand(ReplicateArgs& a) {
                {"backing", a.backing},
                {"backing_file", r.backing_file},
                {"bytes_read", r.bytes_read},
-               {"seconds", secs},
+               {"duration_seconds", secs},
                {"destinations", dests}});
-  } else {
-    for (const auto& d : r.replicas) {
-      std::cout << pipeline::ReplicaStateName(d.state) << " " << d.path;
-      if (d.verified) std::cout << " (verified)";
-      if (d.error) std::cout << ": " << d.error->ToString();
-      std::cout << "\n";
-    }
-    std::cout << "sha512 " << r.sha512_hex << "\n"
-              << HumanBytes(r.virtual_size) << " virtual, " << r.format << ", read "
-              << HumanBytes(r.bytes_read) << " in " << secs << " s";
-    if (!r.bitmaps.empty()) std::cout << ", " << r.bitmaps.size() << " bitmap(s) carried";
-    if (r.bitmaps_dropped) std::cout << ", bitmaps dropped (raw output)";
-    if (!r.backing_file.empty()) std::cout << ", top layer only, backing file '" << r.backing_file << "'";
-    std::cout << "\n";
   }
-  return r.all_ok() ? kExitOk : kExitError;
+  std::ostream& t = out.text();
+  for (const auto& d : r.replicas) {
+    t << pipeline::ReplicaStateName(d.state) << " " << d.path;
+    if (d.verified) t << " (verified)";
+    if (d.error) t << ": " << d.error->ToString();
+    t << "\n";
+  }
+  t << "sha512 " << r.sha512_hex << "\n"
+    << HumanBytes(r.virtual_size) << " virtual, " << r.format << ", read " << HumanBytes(r.bytes_read)
+    << " in " << HumanSeconds(secs);
+  if (!r.bitmaps.empty()) t << ", " << r.bitmaps.size() << " bitmap(s) carried";
+  if (r.bitmaps_dropped) t << ", bitmaps dropped (raw output)";
+  if (!r.backing_file.empty()) t << ", top layer only, backing file '" << r.backing_file << "'";
+  t << "\n";
+  if (r.checksum_mismatch) {
+    return out.Fail(Error::Corruption("checksum mismatch, nothing made ready: expected sha512 " +
+                                      a.expected_sha512 + ", the source has " + r.sha512_hex)
+                        .set_path(a.source));
+  }
+  if (!r.all_ok()) {
+    size_t failed = 0;
+    for (const auto& d : r.replicas) failed += d.state == pipeline::ReplicaState::kFailed;
+    return out.Fail(Error::IoError(std::to_string(failed) + " of " + std::to_string(r.replicas.size()) +
+                                   " copies failed (see the result for each)")
+                        .set_path(a.source));
+  }
+  return kExitOk;
 }
 
 }  // namespace
 
 void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ReplicateArgs>();
-  auto* cmd = app.add_subcommand(
-      "replicate", "Copy one image to several files in one read pass, SHA-512 checked and recorded");
+  auto* cmd = AddCommand(
+      app, "replicate", "Copy one image to several files in one read pass, SHA-512 checked and recorded",
+      exit_code, [args](Output& out) { return RunReplicateCommand(*args, out); });
   cmd->add_option("source", args->source, "Source: raw/qcow2 file, block device or nbd:// URI")->required();
   cmd->add_option("--to", args->to, "Destination file (repeatable)")->required();
   cmd->add_option("--expected-sha512", args->expected_sha512,
@@ -195,8 +214,6 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   args->flags.AddTo(cmd, "--source-format");
   args->copy.AddTo(cmd, "none");
-  cmd->add_flag("--json", args->as_json, "Progress as JSON lines, then one result object");
-  cmd->callback([args, &exit_code]() { exit_code = RunReplicateCommand(*args); });
 }
 
 }  // namespace barge::cli

@@ -16,15 +16,14 @@ struct RestoreArgs {
   CopyFlags copy;
   bool force = false;
   bool no_sync = false;
-  bool as_json = false;
 };
 
-int RunRestoreCommand(RestoreArgs& a) {
+int RunRestoreCommand(RestoreArgs& a, Output& out) {
   pipeline::RestoreRequest req;
   CompressionChoice compression;
-  if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return ReportError(s.error());
+  if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
   if (compression.type != formats::Compression::kNone && a.output_format != "qcow2") {
-    return ReportError(Error::InvalidArgument("--compress needs -O qcow2"));
+    return out.Usage("--compress needs -O qcow2");
   }
   req.chain_dir = a.chain;
   req.at = a.at;
@@ -34,30 +33,27 @@ int RunRestoreCommand(RestoreArgs& a) {
   req.sync = !a.no_sync;
   req.compression = compression.type;
   req.compression_level = compression.level;
-  ProgressReporter progress(ChooseProgressMode(a.as_json), "restore");
+  ProgressReporter progress(out, "restore");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
   auto r = pipeline::RunRestore(req);
   progress.Done();
-  if (!r.ok()) return ReportError(r.error());
-  if (a.as_json) {
-    PrintJson({{"event", "result"},
-               {"id", r->manifest.id},
-               {"destination", a.to},
-               {"format", a.output_format},
-               {"layers", r->layers},
-               {"virtual_size", r->manifest.virtual_size},
-               {"bytes_read", r->bytes_read},
-               {"bytes_written", r->bytes_written},
-               {"image_digest", r->image_digest.ToHex()},
-               {"verified", true},
-               {"duration_seconds", r->seconds}});
-    return kExitOk;
-  }
-  std::cout << "restored " << r->manifest.id << " (" << r->layers << " layer"
-            << (r->layers == 1 ? "" : "s") << ") to " << a.to << ": "
-            << HumanBytes(r->manifest.virtual_size) << ", read " << HumanBytes(r->bytes_read)
-            << ", every cluster verified, image digest " << r->image_digest.ToHex() << " in "
-            << r->seconds << " s\n";
+  if (!r.ok()) return out.Fail(r.error());
+  out.Result({{"id", r->manifest.id},
+              {"started_at", r->manifest.started_at},
+              {"destination", a.to},
+              {"format", a.output_format},
+              {"layers", r->layers},
+              {"virtual_size", r->manifest.virtual_size},
+              {"bytes_read", r->bytes_read},
+              {"bytes_written", r->bytes_written},
+              {"image_digest", "xxh3-128:" + r->image_digest.ToHex()},
+              {"verified", true},
+              {"duration_seconds", r->seconds}});
+  out.text() << "restored point " << r->manifest.id << " (taken " << r->manifest.started_at << ", "
+             << r->layers << " layer" << (r->layers == 1 ? "" : "s") << ") to " << a.to << ": "
+             << HumanBytes(r->manifest.virtual_size) << ", read " << HumanBytes(r->bytes_read)
+             << ", every cluster verified, image digest xxh3-128:" << r->image_digest.ToHex()
+             << " in " << HumanSeconds(r->seconds) << "\n";
   return kExitOk;
 }
 
@@ -65,43 +61,32 @@ struct VerifyArgs {
   std::string path, at, against, against_format;
   bool all = false;
   CopyFlags copy;
-  bool as_json = false;
 };
 
-int RunVerifyCommand(VerifyArgs& a) {
+int RunVerifyCommand(VerifyArgs& a, Output& out) {
   pipeline::VerifyRequest req;
   CompressionChoice unused;
-  if (Status s = a.copy.Apply(req.copy, unused); !s.ok()) return ReportError(s.error());
+  if (Status s = a.copy.Apply(req.copy, unused); !s.ok()) return out.Usage(s.error().message());
   req.path = a.path;
   req.at = a.at;
   req.all_points = a.all;
   req.against.location = a.against;
   req.against.format = a.against_format;
-  ProgressReporter progress(ChooseProgressMode(a.as_json), "verify");
+  ProgressReporter progress(out, "verify");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
   auto r = pipeline::RunVerify(req);
   progress.Done();
-  if (!r.ok()) {
-    if (a.as_json) {
-      json j = {{"event", "result"}, {"ok", false}, {"error", r.error().ToString()}};
-      if (r.error().offset()) j["offset"] = *r.error().offset();
-      PrintJson(j);
-    }
-    return ReportError(r.error(), r.error().code() == ErrorCode::kCorruption ? 2 : kExitError);
-  }
-  if (a.as_json) {
-    PrintJson({{"event", "result"},
-               {"ok", true},
-               {"verified", r->verified_ids},
-               {"clusters_checked", r->clusters_checked},
-               {"bytes_read", r->bytes_read},
-               {"against_source", r->against_checked},
-               {"duration_seconds", r->seconds}});
-    return kExitOk;
-  }
-  for (const auto& id : r->verified_ids) std::cout << "verified " << id << "\n";
-  std::cout << "structure, " << r->clusters_checked << " cluster digests and image digest OK"
-            << (r->against_checked ? "; the source matches" : "") << " (" << r->seconds << " s)\n";
+  if (!r.ok()) return out.Fail(r.error());
+  out.Result({{"ok", true},
+              {"verified", r->verified_ids},
+              {"clusters_checked", r->clusters_checked},
+              {"bytes_read", r->bytes_read},
+              {"against_source", r->against_checked},
+              {"duration_seconds", r->seconds}});
+  for (const auto& id : r->verified_ids) out.text() << "verified " << id << "\n";
+  out.text() << "structure, " << r->clusters_checked << " cluster digests and image digest OK"
+             << (r->against_checked ? "; the source matches" : "") << " (" << HumanSeconds(r->seconds)
+             << ")\n";
   return kExitOk;
 }
 
@@ -110,7 +95,8 @@ int RunVerifyCommand(VerifyArgs& a) {
 void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
   {
     auto args = std::make_shared<RestoreArgs>();
-    auto* cmd = app.add_subcommand("restore", "Restore (flatten) any point of a backup chain, verified");
+    auto* cmd = AddCommand(app, "restore", "Restore (flatten) any point of a backup chain, verified",
+                           exit_code, [args](Output& out) { return RunRestoreCommand(*args, out); });
     cmd->add_option("chain", args->chain, "The disk's chain folder (TARGET/<name>/)")->required();
     cmd->add_option("--at", args->at, "latest, a backup id, a position (0 = the full) or a time")
         ->capture_default_str();
@@ -122,13 +108,12 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     cmd->add_flag("--no-sync", args->no_sync,
                   "Do not fsync the output at the end (faster; a crash may lose it, as with qemu-img convert)");
     args->copy.AddTo(cmd, "none");
-    cmd->add_flag("--json", args->as_json, "Progress and result as JSON");
-    cmd->callback([args, &exit_code]() { exit_code = RunRestoreCommand(*args); });
   }
   {
     auto args = std::make_shared<VerifyArgs>();
-    auto* cmd = app.add_subcommand(
-        "verify", "Verify a backup: structure, every cluster digest, the image digest (exit 2 on mismatch)");
+    auto* cmd = AddCommand(
+        app, "verify", "Verify a backup: structure, every cluster digest, the image digest (exit 2 on mismatch)",
+        exit_code, [args](Output& out) { return RunVerifyCommand(*args, out); });
     cmd->add_option("path", args->path, "Chain folder, manifest (.json) or backup image (.qcow2)")
         ->required();
     cmd->add_option("--at", args->at, "With a chain folder: which point (default latest)");
@@ -137,8 +122,6 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("--against-format", args->against_format, "raw or qcow2")
         ->check(CLI::IsMember({"raw", "qcow2"}));
     args->copy.AddTo(cmd, "none");
-    cmd->add_flag("--json", args->as_json, "Result as JSON");
-    cmd->callback([args, &exit_code]() { exit_code = RunVerifyCommand(*args); });
   }
 }
 

@@ -1,6 +1,6 @@
 // barge tracker|checkpoint|doctor|vm|cbt|catalog: orchestration of libvirt
 // domains (trackers, checkpoints, VM backups, CBT overlays, the catalog).
-#include <iostream>
+#include <cctype>
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
@@ -16,6 +16,11 @@ namespace {
 
 using nlohmann::json;
 namespace orc = barge::orchestrate;
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
 Result<std::unique_ptr<orc::BackupCatalog>> OpenCatalog(const std::string& flag) {
   return orc::BackupCatalog::Open(orc::ResolveCatalogPath(flag));
@@ -39,216 +44,207 @@ Result<DomainSession> OpenDomainSession(const std::string& catalog_flag, const s
 
 json TrackerJson(const orc::TrackerRecord& t) {
   json disks = json::array();
-  for (const auto& [d, size] : t.disks) disks.push_back({{"name", d}, {"size", size}});
+  for (const auto& [d, size] : t.disks) disks.push_back({{"name", d}, {"virtual_size", size}});
   json latest = t.latest_checkpoint.empty()
                     ? json(nullptr)
-                    : json{{"name", t.latest_checkpoint}, {"creationTime", t.checkpoint_created_at},
+                    : json{{"name", t.latest_checkpoint}, {"created_at", t.checkpoint_created_at},
                            {"disks", disks}};
-  return {{"name", t.name}, {"domain", t.domain}, {"createdAt", t.created_at}, {"latestCheckpoint", latest},
-          {"needsFull", t.needs_full}, {"needsFullReason", t.needs_full_reason}};
+  return {{"name", t.name}, {"domain", t.domain}, {"created_at", t.created_at}, {"latest_checkpoint", latest},
+          {"needs_full", t.needs_full}, {"needs_full_reason", t.needs_full_reason}};
 }
 
 json BackupResultJson(const orc::VmBackupResult& r) {
   json disks = json::array();
   for (const auto& d : r.disks) {
-    disks.push_back({{"disk", d.disk}, {"backupType", d.incremental ? "Incremental" : "Full"},
-                     {"reason", d.reason}, {"chainDir", d.chain_dir}, {"image", d.image_path},
-                     {"manifest", d.manifest_path}, {"virtualSize", d.virtual_size},
-                     {"bytesRead", d.bytes_read}, {"bytesWritten", d.bytes_written}});
+    disks.push_back({{"disk", d.disk}, {"backup_type", d.incremental ? "incremental" : "full"},
+                     {"reason", d.reason}, {"chain_dir", d.chain_dir}, {"image", d.image_path},
+                     {"manifest", d.manifest_path}, {"virtual_size", d.virtual_size},
+                     {"bytes_read", d.bytes_read}, {"bytes_written", d.bytes_written}});
   }
-  return {{"backupType", r.backup_type}, {"reason", r.reason}, {"checkpointName", r.checkpoint},
-          {"parentCheckpoint", r.parent_checkpoint}, {"tracker", r.tracker}, {"mode", r.mode},
-          {"recordId", r.record_id}, {"disks", disks}, {"durationSeconds", r.seconds}};
+  return {{"backup_type", Lower(r.backup_type)}, {"reason", r.reason}, {"checkpoint", r.checkpoint},
+          {"parent_checkpoint", r.parent_checkpoint}, {"tracker", r.tracker}, {"mode", r.mode},
+          {"record_id", r.record_id}, {"disks", disks}, {"duration_seconds", r.seconds}};
 }
 
 json RecordJson(const orc::BackupRecord& r) {
   json disks = json::array();
   for (const auto& d : r.disks) {
     disks.push_back({{"disk", d.disk}, {"type", d.type}, {"reason", d.reason}, {"image", d.image_path},
-                     {"virtualSize", d.virtual_size}, {"bytesRead", d.bytes_read},
-                     {"bytesWritten", d.bytes_written}});
+                     {"virtual_size", d.virtual_size}, {"bytes_read", d.bytes_read},
+                     {"bytes_written", d.bytes_written}});
   }
-  return {{"id", r.id}, {"domain", r.domain}, {"tracker", r.tracker}, {"type", r.type},
-          {"reason", r.reason}, {"checkpoint", r.checkpoint}, {"parentCheckpoint", r.parent_checkpoint},
-          {"target", r.target}, {"disks", disks}, {"startedAt", r.started_at},
-          {"finishedAt", r.finished_at}, {"durationSeconds", r.duration_seconds}, {"result", r.result},
+  return {{"id", r.id}, {"domain", r.domain}, {"tracker", r.tracker}, {"type", Lower(r.type)},
+          {"reason", r.reason}, {"checkpoint", r.checkpoint}, {"parent_checkpoint", r.parent_checkpoint},
+          {"target", r.target}, {"disks", disks}, {"started_at", r.started_at},
+          // A running record has no end yet: null, not "" (times are RFC 3339).
+          {"finished_at", r.finished_at.empty() ? json(nullptr) : json(r.finished_at)},
+          {"duration_seconds", r.duration_seconds}, {"result", r.result},
           {"error", r.error}};
 }
 
 json CbtJson(const orc::CbtStatus& s) {
   json disks = json::array();
-  for (const auto& d : s.disks) disks.push_back({{"disk", d.disk}, {"dataFile", d.data_file}, {"overlay", d.overlay}});
-  return {{"domain", s.domain}, {"state", s.state}, {"stateDir", s.state_dir}, {"disks", disks}};
+  for (const auto& d : s.disks) disks.push_back({{"disk", d.disk}, {"data_file", d.data_file}, {"overlay", d.overlay}});
+  return {{"domain", s.domain}, {"state", s.state}, {"state_dir", s.state_dir}, {"disks", disks}};
 }
 
 void RegisterTracker(CLI::App& app, int& exit_code) {
-  auto* tracker = app.add_subcommand("tracker", "Backup trackers (latest checkpoint of a domain)");
-  tracker->require_subcommand(1);
+  auto* tracker = AddGroup(app, "tracker", "Backup trackers (latest checkpoint of a domain)");
   {
     auto a = std::make_shared<std::tuple<std::string, std::string, std::string>>();
-    auto* cmd = tracker->add_subcommand("create", "Create an empty tracker for a domain");
+    auto* cmd = AddCommand(*tracker, "create", "Create an empty tracker for a domain", exit_code, [a](Output& out) {
+      auto cat = OpenCatalog(std::get<2>(*a));
+      if (!cat.ok()) return out.Fail(cat.error());
+      auto conn = orc::ConnectLibvirt();
+      if (!conn.ok()) return out.Fail(conn.error());
+      if (auto d = orc::LookupDomain(conn->get(), std::get<1>(*a)); !d.ok()) return out.Fail(d.error());
+      if (Status s = (*cat)->CreateTracker(std::get<0>(*a), std::get<1>(*a)); !s.ok()) return out.Fail(s.error());
+      out.Result({{"tracker", std::get<0>(*a)}, {"domain", std::get<1>(*a)}});
+      out.text() << "created tracker " << std::get<0>(*a) << " for domain " << std::get<1>(*a) << "\n";
+      return int{kExitOk};
+    });
     cmd->add_option("name", std::get<0>(*a), "Tracker name")->required();
     cmd->add_option("--domain", std::get<1>(*a), "libvirt domain")->required();
     cmd->add_option("--catalog", std::get<2>(*a), "Catalog database");
-    cmd->callback([a, &exit_code] {
-      auto cat = OpenCatalog(std::get<2>(*a));
-      if (!cat.ok()) { exit_code = ReportError(cat.error()); return; }
-      auto conn = orc::ConnectLibvirt();
-      if (!conn.ok()) { exit_code = ReportError(conn.error()); return; }
-      if (auto d = orc::LookupDomain(conn->get(), std::get<1>(*a)); !d.ok()) {
-        exit_code = ReportError(d.error());
-        return;
-      }
-      if (Status s = (*cat)->CreateTracker(std::get<0>(*a), std::get<1>(*a)); !s.ok()) {
-        exit_code = ReportError(s.error());
-        return;
-      }
-      std::cout << "created tracker " << std::get<0>(*a) << " for domain " << std::get<1>(*a) << "\n";
-    });
-  }
-  {
-    auto a = std::make_shared<std::tuple<std::string, std::string, bool>>();
-    auto* cmd = tracker->add_subcommand("list", "List trackers");
-    cmd->add_option("--domain", std::get<0>(*a), "Only this domain's");
-    cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
-    cmd->add_flag("--json", std::get<2>(*a), "JSON output");
-    cmd->callback([a, &exit_code] {
-      auto cat = OpenCatalog(std::get<1>(*a));
-      if (!cat.ok()) { exit_code = ReportError(cat.error()); return; }
-      auto list = (*cat)->ListTrackers(std::get<0>(*a));
-      if (!list.ok()) { exit_code = ReportError(list.error()); return; }
-      if (std::get<2>(*a)) {
-        json arr = json::array();
-        for (const auto& t : *list) arr.push_back(TrackerJson(t));
-        PrintJson(arr);
-        return;
-      }
-      for (const auto& t : *list) {
-        std::cout << t.name << "\t" << t.domain << "\t"
-                  << (t.latest_checkpoint.empty() ? "-" : t.latest_checkpoint)
-                  << (t.needs_full ? "\tneeds full: " + t.needs_full_reason : "") << "\n";
-      }
-    });
-  }
-  {
-    auto a = std::make_shared<std::tuple<std::string, std::string, bool>>();
-    auto* cmd = tracker->add_subcommand("show", "Show a tracker");
-    cmd->add_option("name", std::get<0>(*a), "Tracker name")->required();
-    cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
-    cmd->add_flag("--json", std::get<2>(*a), "JSON output");
-    cmd->callback([a, &exit_code] {
-      auto cat = OpenCatalog(std::get<1>(*a));
-      if (!cat.ok()) { exit_code = ReportError(cat.error()); return; }
-      auto t = (*cat)->GetTracker(std::get<0>(*a));
-      if (!t.ok()) { exit_code = ReportError(t.error()); return; }
-      if (std::get<2>(*a)) { PrintJson(TrackerJson(*t)); return; }
-      std::cout << "tracker:           " << t->name << "\ndomain:            " << t->domain
-                << "\ncreated:           " << t->created_at << "\nlatest checkpoint: "
-                << (t->latest_checkpoint.empty() ? "(none)" : t->latest_checkpoint + " at " + t->checkpoint_created_at)
-                << "\n";
-      for (const auto& [d, size] : t->disks) std::cout << "  disk " << d << ": " << HumanBytes(size) << "\n";
-      if (t->needs_full) std::cout << "next backup:       full (" << t->needs_full_reason << ")\n";
-    });
   }
   {
     auto a = std::make_shared<std::tuple<std::string, std::string>>();
-    auto* cmd = tracker->add_subcommand("delete", "Delete a tracker (and its libvirt checkpoint)");
+    auto* cmd = AddCommand(*tracker, "list", "List trackers", exit_code, [a](Output& out) {
+      auto cat = OpenCatalog(std::get<1>(*a));
+      if (!cat.ok()) return out.Fail(cat.error());
+      auto list = (*cat)->ListTrackers(std::get<0>(*a));
+      if (!list.ok()) return out.Fail(list.error());
+      json arr = json::array();
+      for (const auto& t : *list) arr.push_back(TrackerJson(t));
+      out.Result({{"trackers", arr}});
+      for (const auto& t : *list) {
+        out.text() << t.name << "\t" << t.domain << "\t"
+                   << (t.latest_checkpoint.empty() ? "-" : t.latest_checkpoint)
+                   << (t.needs_full ? "\tneeds full: " + t.needs_full_reason : "") << "\n";
+      }
+      return int{kExitOk};
+    });
+    cmd->add_option("--domain", std::get<0>(*a), "Only this domain's");
+    cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
+  }
+  {
+    auto a = std::make_shared<std::tuple<std::string, std::string>>();
+    auto* cmd = AddCommand(*tracker, "show", "Show a tracker", exit_code, [a](Output& out) {
+      auto cat = OpenCatalog(std::get<1>(*a));
+      if (!cat.ok()) return out.Fail(cat.error());
+      auto t = (*cat)->GetTracker(std::get<0>(*a));
+      if (!t.ok()) return out.Fail(t.error());
+      out.Result({{"tracker", TrackerJson(*t)}});
+      std::ostream& o = out.text();
+      o << "tracker:           " << t->name << "\ndomain:            " << t->domain
+        << "\ncreated:           " << t->created_at << "\nlatest checkpoint: "
+        << (t->latest_checkpoint.empty() ? "(none)" : t->latest_checkpoint + " at " + t->checkpoint_created_at)
+        << "\n";
+      for (const auto& [d, size] : t->disks) o << "  disk " << d << ": " << HumanBytes(size) << "\n";
+      if (t->needs_full) o << "next backup:       full (" << t->needs_full_reason << ")\n";
+      return int{kExitOk};
+    });
     cmd->add_option("name", std::get<0>(*a), "Tracker name")->required();
     cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
-    cmd->callback([a, &exit_code] {
+  }
+  {
+    auto a = std::make_shared<std::tuple<std::string, std::string>>();
+    auto* cmd = AddCommand(*tracker, "delete", "Delete a tracker (and its libvirt checkpoint)", exit_code,
+                           [a](Output& out) {
       auto cat = OpenCatalog(std::get<1>(*a));
-      if (!cat.ok()) { exit_code = ReportError(cat.error()); return; }
+      if (!cat.ok()) return out.Fail(cat.error());
       auto t = (*cat)->GetTracker(std::get<0>(*a));
-      if (!t.ok()) { exit_code = ReportError(t.error()); return; }
+      if (!t.ok()) return out.Fail(t.error());
+      bool checkpoint_deleted = false;
       if (!t->latest_checkpoint.empty()) {
-        if (auto conn = orc::ConnectLibvirt(); conn.ok()) {
-          if (auto d = orc::LookupDomain(conn->get(), t->domain); d.ok()) {
-            (void)orc::DeleteCheckpoint(d->get(), t->latest_checkpoint);
-          }
+        // The tracker goes either way; a checkpoint libvirt cannot delete
+        // (domain gone, libvirtd down) is reported, not fatal.
+        auto conn = orc::ConnectLibvirt();
+        Status s = conn.ok() ? OkStatus() : Status(conn.error());
+        if (s.ok()) {
+          auto d = orc::LookupDomain(conn->get(), t->domain);
+          s = d.ok() ? orc::DeleteCheckpoint(d->get(), t->latest_checkpoint) : Status(d.error());
         }
+        if (s.ok()) checkpoint_deleted = true;
+        else out.Warning("could not delete checkpoint " + t->latest_checkpoint + ": " + s.error().ToString());
       }
-      if (Status s = (*cat)->DeleteTracker(t->name); !s.ok()) { exit_code = ReportError(s.error()); return; }
-      std::cout << "deleted tracker " << t->name << "\n";
+      if (Status s = (*cat)->DeleteTracker(t->name); !s.ok()) return out.Fail(s.error());
+      out.Result({{"tracker", t->name}, {"checkpoint_deleted", checkpoint_deleted}});
+      out.text() << "deleted tracker " << t->name << "\n";
+      return int{kExitOk};
     });
+    cmd->add_option("name", std::get<0>(*a), "Tracker name")->required();
+    cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
   }
 }
 
 void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
-  auto* cp = app.add_subcommand("checkpoint", "libvirt checkpoints of trackers");
-  cp->require_subcommand(1);
+  auto* cp = AddGroup(app, "checkpoint", "libvirt checkpoints of trackers");
   {
-    auto a = std::make_shared<std::tuple<std::string, std::string, bool>>();
-    auto* cmd = cp->add_subcommand("redefine",
-                                   "Redefine trackers' checkpoints libvirt lost (after a libvirtd restart)");
+    auto a = std::make_shared<std::tuple<std::string, std::string>>();
+    auto* cmd = AddCommand(*cp, "redefine", "Redefine trackers' checkpoints libvirt lost (after a libvirtd restart)",
+                           exit_code, [a](Output& out) {
+      auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a));
+      if (!session.ok()) return out.Fail(session.error());
+      auto r = orc::RedefineCheckpoints(*session->catalog, session->dom.get(), std::get<0>(*a));
+      if (!r.ok()) return out.Fail(r.error());
+      json arr = json::array();
+      for (const auto& o : *r) {
+        arr.push_back({{"tracker", o.tracker}, {"checkpoint", o.checkpoint}, {"action", o.action}, {"reason", o.reason}});
+      }
+      out.Result({{"domain", std::get<0>(*a)}, {"checkpoints", arr}});
+      for (const auto& o : *r) {
+        out.text() << o.tracker << ": " << (o.checkpoint.empty() ? "(no checkpoint)" : o.checkpoint) << " "
+                   << o.action << (o.reason.empty() ? "" : " (" + o.reason + "; next backup is full)") << "\n";
+      }
+      return int{kExitOk};
+    });
     cmd->add_option("--domain", std::get<0>(*a), "libvirt domain")->required();
     cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
-    cmd->add_flag("--json", std::get<2>(*a), "JSON output");
-    cmd->callback([a, &exit_code] {
-      auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a));
-      if (!session.ok()) { exit_code = ReportError(session.error()); return; }
-      auto out = orc::RedefineCheckpoints(*session->catalog, session->dom.get(), std::get<0>(*a));
-      if (!out.ok()) { exit_code = ReportError(out.error()); return; }
-      if (std::get<2>(*a)) {
-        json arr = json::array();
-        for (const auto& o : *out) {
-          arr.push_back({{"tracker", o.tracker}, {"checkpoint", o.checkpoint}, {"action", o.action},
-                         {"reason", o.reason}});
-        }
-        PrintJson(arr);
-        return;
-      }
-      for (const auto& o : *out) {
-        std::cout << o.tracker << ": " << (o.checkpoint.empty() ? "(no checkpoint)" : o.checkpoint) << " "
-                  << o.action << (o.reason.empty() ? "" : " (" + o.reason + "; next backup is full)") << "\n";
-      }
-    });
   }
-  auto a = std::make_shared<std::tuple<std::string, std::string, bool>>();
-  auto* doc = app.add_subcommand("doctor", "What barge and libvirt know about a domain's backups");
-  doc->add_option("--domain", std::get<0>(*a), "libvirt domain")->required();
-  doc->add_option("--catalog", std::get<1>(*a), "Catalog database");
-  doc->add_flag("--json", std::get<2>(*a), "JSON output");
-  doc->callback([a, &exit_code] {
+  auto a = std::make_shared<std::tuple<std::string, std::string>>();
+  auto* doc = AddCommand(app, "doctor", "What barge and libvirt know about a domain's backups", exit_code,
+                         [a](Output& out) {
     auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a));
-    if (!session.ok()) { exit_code = ReportError(session.error()); return; }
+    if (!session.ok()) return out.Fail(session.error());
     auto r = orc::Diagnose(*session->catalog, session->dom.get(), std::get<0>(*a));
-    if (!r.ok()) { exit_code = ReportError(r.error()); return; }
+    if (!r.ok()) return out.Fail(r.error());
     json trackers = json::array();
     for (const auto& t : r->trackers) trackers.push_back(TrackerJson(t));
     json cps = json::array();
     for (const auto& c : r->tracker_checkpoints) {
       json disks = json::object();
       for (const auto& [d, f] : c.disks) disks[d] = f;
-      cps.push_back({{"name", c.name}, {"inLibvirt", c.in_libvirt}, {"disks", disks}});
+      cps.push_back({{"name", c.name}, {"in_libvirt", c.in_libvirt}, {"disks", disks}});
     }
     json next = json::array();
     for (const auto& p : r->next_backup) {
-      next.push_back({{"disk", p.disk}, {"backupType", p.incremental ? "Incremental" : "Full"}, {"reason", p.reason}});
+      next.push_back({{"disk", p.disk}, {"backup_type", p.incremental ? "incremental" : "full"}, {"reason", p.reason}});
     }
-    if (std::get<2>(*a)) {
-      PrintJson({{"domain", r->domain}, {"running", r->running}, {"trackers", trackers},
-                 {"libvirtCheckpoints", r->libvirt_checkpoints}, {"trackerCheckpoints", cps},
-                 {"nextTracker", r->next_tracker}, {"nextBackup", next}});
-      return;
-    }
-    std::cout << "domain " << r->domain << (r->running ? " (running)" : " (not running)") << "\n";
+    out.Result({{"domain", r->domain}, {"running", r->running}, {"trackers", trackers},
+                {"libvirt_checkpoints", r->libvirt_checkpoints}, {"tracker_checkpoints", cps},
+                {"next_tracker", r->next_tracker}, {"next_backup", next}});
+    std::ostream& o = out.text();
+    o << "domain " << r->domain << (r->running ? " (running)" : " (not running)") << "\n";
     for (const auto& t : r->trackers) {
-      std::cout << "tracker " << t.name << ": checkpoint "
-                << (t.latest_checkpoint.empty() ? "(none)" : t.latest_checkpoint)
-                << (t.needs_full ? ", needs full: " + t.needs_full_reason : "") << "\n";
+      o << "tracker " << t.name << ": checkpoint " << (t.latest_checkpoint.empty() ? "(none)" : t.latest_checkpoint)
+        << (t.needs_full ? ", needs full: " + t.needs_full_reason : "") << "\n";
     }
-    std::cout << "libvirt checkpoints:";
-    for (const auto& n : r->libvirt_checkpoints) std::cout << " " << n;
-    std::cout << (r->libvirt_checkpoints.empty() ? " (none)\n" : "\n");
+    o << "libvirt checkpoints:";
+    for (const auto& n : r->libvirt_checkpoints) o << " " << n;
+    o << (r->libvirt_checkpoints.empty() ? " (none)\n" : "\n");
     for (const auto& c : r->tracker_checkpoints) {
-      std::cout << "checkpoint " << c.name << ": " << (c.in_libvirt ? "in libvirt" : "MISSING in libvirt") << "\n";
-      for (const auto& [d, f] : c.disks) std::cout << "  " << d << ": " << f << "\n";
+      o << "checkpoint " << c.name << ": " << (c.in_libvirt ? "in libvirt" : "MISSING in libvirt") << "\n";
+      for (const auto& [d, f] : c.disks) o << "  " << d << ": " << f << "\n";
     }
-    std::cout << "next backup" << (r->next_tracker.empty() ? "" : " (tracker " + r->next_tracker + ")") << ":\n";
+    o << "next backup" << (r->next_tracker.empty() ? "" : " (tracker " + r->next_tracker + ")") << ":\n";
     for (const auto& p : r->next_backup) {
-      std::cout << "  " << p.disk << ": " << (p.incremental ? "incremental" : "full") << " (" << p.reason << ")\n";
+      o << "  " << p.disk << ": " << (p.incremental ? "incremental" : "full") << " (" << p.reason << ")\n";
     }
+    return int{kExitOk};
   });
+  doc->add_option("--domain", std::get<0>(*a), "libvirt domain")->required();
+  doc->add_option("--catalog", std::get<1>(*a), "Catalog database");
 }
 
 struct VmBackupArgs {
@@ -256,14 +252,33 @@ struct VmBackupArgs {
   std::string catalog;
   std::vector<std::string> disks;
   CopyFlags copy;
-  bool as_json = false;
 };
 
 void RegisterVm(CLI::App& app, int& exit_code) {
-  auto* vm = app.add_subcommand("vm", "Backups of libvirt domains");
-  vm->require_subcommand(1);
+  auto* vm = AddGroup(app, "vm", "Backups of libvirt domains");
   auto a = std::make_shared<VmBackupArgs>();
-  auto* cmd = vm->add_subcommand("backup", "Full or incremental backup of a domain's disks (libvirt pull mode)");
+  auto* cmd = AddCommand(*vm, "backup", "Full or incremental backup of a domain's disks (libvirt pull mode)",
+                         exit_code, [a](Output& out) {
+    orc::VmBackupRequest req = a->req;
+    req.catalog_path = orc::ResolveCatalogPath(a->catalog);
+    req.disks = a->disks;
+    CompressionChoice compression;
+    if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
+    req.compression = compression.type;
+    req.compression_level = compression.level;
+    auto r = orc::RunVmBackup(req);
+    if (!r.ok()) return out.Fail(r.error());
+    out.Result(BackupResultJson(*r));
+    std::ostream& o = out.text();
+    o << r->backup_type << " backup of " << req.domain << " (" << r->reason << ")\n"
+      << "  checkpoint: " << (r->checkpoint.empty() ? "(none, no tracker)" : r->checkpoint) << "\n";
+    for (const auto& d : r->disks) {
+      o << "  " << d.disk << ": " << (d.incremental ? "incremental" : "full") << ", read " << HumanBytes(d.bytes_read)
+        << ", wrote " << HumanBytes(d.bytes_written) << " -> " << d.image_path << "\n";
+    }
+    o << "  duration: " << HumanSeconds(r->seconds) << "\n";
+    return int{kExitOk};
+  });
   cmd->add_option("--domain", a->req.domain, "libvirt domain")->required();
   cmd->add_option("--tracker", a->req.tracker, "Tracker (default: the domain's only tracker)");
   cmd->add_option("--target", a->req.target, "Backup folder; chains go to TARGET/<domain>/<disk>/")->required();
@@ -272,77 +287,59 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   cmd->add_option("--disks", a->disks, "Only these disks (vda,vdb)")->delimiter(',');
   cmd->add_option("--catalog", a->catalog, "Catalog database");
   a->copy.AddTo(cmd, DefaultCompression());
-  cmd->add_flag("--json", a->as_json, "JSON result");
-  cmd->callback([a, &exit_code] {
-    orc::VmBackupRequest req = a->req;
-    req.catalog_path = orc::ResolveCatalogPath(a->catalog);
-    req.disks = a->disks;
-    CompressionChoice compression;
-    if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) { exit_code = ReportError(s.error()); return; }
-    req.compression = compression.type;
-    req.compression_level = compression.level;
-    auto r = orc::RunVmBackup(req);
-    if (!r.ok()) { exit_code = ReportError(r.error()); return; }
-    if (a->as_json) { PrintJson(BackupResultJson(*r)); return; }
-    std::cout << r->backup_type << " backup of " << req.domain << " (" << r->reason << ")\n"
-              << "  checkpoint: " << (r->checkpoint.empty() ? "(none, no tracker)" : r->checkpoint) << "\n";
-    for (const auto& d : r->disks) {
-      std::cout << "  " << d.disk << ": " << (d.incremental ? "incremental" : "full") << ", read "
-                << HumanBytes(d.bytes_read) << ", wrote " << HumanBytes(d.bytes_written) << " -> " << d.image_path
-                << "\n";
-    }
-    std::cout << "  duration: " << r->seconds << " s\n";
-  });
   auto b = std::make_shared<std::tuple<std::string, std::string>>();
-  auto* list = vm->add_subcommand("backups", "Backup records of the catalog (JSON)");
-  list->add_option("--domain", std::get<0>(*b), "Only this domain's");
-  list->add_option("--catalog", std::get<1>(*b), "Catalog database");
-  list->callback([b, &exit_code] {
+  auto* list = AddCommand(*vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {
     auto cat = OpenCatalog(std::get<1>(*b));
-    if (!cat.ok()) { exit_code = ReportError(cat.error()); return; }
+    if (!cat.ok()) return out.Fail(cat.error());
     auto recs = (*cat)->ListBackups(std::get<0>(*b));
-    if (!recs.ok()) { exit_code = ReportError(recs.error()); return; }
+    if (!recs.ok()) return out.Fail(recs.error());
     json arr = json::array();
     for (const auto& r : *recs) arr.push_back(RecordJson(r));
-    PrintJson(arr);
+    out.Result({{"backups", arr}});
+    for (const auto& r : *recs) {
+      out.text() << r.id << "  " << r.domain << "  " << Lower(r.type) << "  " << r.started_at << "  " << r.result
+                 << (r.error.empty() ? "" : ": " + r.error) << "\n";
+    }
+    return int{kExitOk};
   });
+  list->add_option("--domain", std::get<0>(*b), "Only this domain's");
+  list->add_option("--catalog", std::get<1>(*b), "Catalog database");
   auto c = std::make_shared<std::tuple<std::string, std::string>>();
-  auto* cat_cmd = app.add_subcommand("catalog", "The backup catalog");
-  cat_cmd->require_subcommand(1);
-  auto* rebuild = cat_cmd->add_subcommand("rebuild", "Re-create backup records from a backup folder's manifests");
+  auto* cat_cmd = AddGroup(app, "catalog", "The backup catalog");
+  auto* rebuild = AddCommand(*cat_cmd, "rebuild", "Re-create backup records from a backup folder's manifests",
+                             exit_code, [c](Output& out) {
+    auto cat = OpenCatalog(std::get<1>(*c));
+    if (!cat.ok()) return out.Fail(cat.error());
+    auto n = (*cat)->RebuildFromTarget(std::get<0>(*c));
+    if (!n.ok()) return out.Fail(n.error());
+    out.Result({{"target", std::get<0>(*c)}, {"records", *n}});
+    out.text() << "rebuilt " << *n << " backup records from " << std::get<0>(*c) << "\n";
+    return int{kExitOk};
+  });
   rebuild->add_option("--target", std::get<0>(*c), "Backup folder (TARGET/<domain>/<disk>/)")->required();
   rebuild->add_option("--catalog", std::get<1>(*c), "Catalog database");
-  rebuild->callback([c, &exit_code] {
-    auto cat = OpenCatalog(std::get<1>(*c));
-    if (!cat.ok()) { exit_code = ReportError(cat.error()); return; }
-    auto n = (*cat)->RebuildFromTarget(std::get<0>(*c));
-    if (!n.ok()) { exit_code = ReportError(n.error()); return; }
-    std::cout << "rebuilt " << *n << " backup records from " << std::get<0>(*c) << "\n";
-  });
 }
 
 void RegisterCbt(CLI::App& app, int& exit_code) {
-  auto* cbt = app.add_subcommand("cbt", "Changed-block tracking for raw disks (qcow2 overlay with a bitmap)");
-  cbt->require_subcommand(1);
+  auto* cbt = AddGroup(app, "cbt", "Changed-block tracking for raw disks (qcow2 overlay with a bitmap)");
   for (const char* verb : {"enable", "disable", "status"}) {
-    auto a = std::make_shared<std::tuple<orc::CbtRequest, std::string, bool>>();
-    auto* cmd = cbt->add_subcommand(verb, std::string(verb) + " CBT for a domain");
-    cmd->add_option("--domain", std::get<0>(*a).domain, "libvirt domain")->required();
-    cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
-    if (std::string(verb) == "enable") {
-      cmd->add_option("--state-dir", std::get<0>(*a).state_dir, "Where overlays go (default: beside the catalog)");
-    }
-    cmd->add_flag("--json", std::get<2>(*a), "JSON output");
+    auto a = std::make_shared<std::tuple<orc::CbtRequest, std::string>>();
     std::string v = verb;
-    cmd->callback([a, v, &exit_code] {
+    auto* cmd = AddCommand(*cbt, verb, std::string(verb) + " CBT for a domain", exit_code, [a, v](Output& out) {
       orc::CbtRequest req = std::get<0>(*a);
       req.catalog_path = orc::ResolveCatalogPath(std::get<1>(*a));
       auto s = v == "enable" ? orc::EnableCbt(req) : v == "disable" ? orc::DisableCbt(req) : orc::GetCbtStatus(req);
-      if (!s.ok()) { exit_code = ReportError(s.error()); return; }
-      if (std::get<2>(*a)) { PrintJson(CbtJson(*s)); return; }
-      std::cout << "CBT for " << s->domain << ": " << s->state << "\n";
-      for (const auto& d : s->disks) std::cout << "  " << d.disk << ": " << d.overlay << " over " << d.data_file << "\n";
+      if (!s.ok()) return out.Fail(s.error());
+      out.Result(CbtJson(*s));
+      out.text() << "CBT for " << s->domain << ": " << s->state << "\n";
+      for (const auto& d : s->disks) out.text() << "  " << d.disk << ": " << d.overlay << " over " << d.data_file << "\n";
+      return int{kExitOk};
     });
+    cmd->add_option("--domain", std::get<0>(*a).domain, "libvirt domain")->required();
+    cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
+    if (v == "enable") {
+      cmd->add_option("--state-dir", std::get<0>(*a).state_dir, "Where overlays go (default: beside the catalog)");
+    }
   }
 }
 

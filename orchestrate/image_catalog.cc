@@ -176,26 +176,6 @@ std::string BackingOf(const fs::path& qcow2) {
 
 }  // namespace
 
-Result<std::chrono::seconds> ParseDuration(const std::string& text) {
-  if (text.empty()) return Error::InvalidArgument("empty duration");
-  size_t pos = 0;
-  int64_t v = 0;
-  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) {
-    if (v > (INT64_MAX / 10) - 10) return Error::InvalidArgument("duration too large: " + text);
-    v = v * 10 + (text[pos++] - '0');
-  }
-  if (pos == 0) return Error::InvalidArgument("not a duration: '" + text + "' (e.g. 90s, 15m, 2h, 7d)");
-  std::string unit = text.substr(pos);
-  int64_t mult = 0;
-  if (unit.empty() || unit == "s") mult = 1;
-  else if (unit == "m") mult = 60;
-  else if (unit == "h") mult = 3600;
-  else if (unit == "d") mult = 86400;
-  else return Error::InvalidArgument("unknown duration unit in '" + text + "' (use s, m, h, d)");
-  return std::chrono::seconds(v * mult);
-}
-
-
 ImageCatalog::ImageCatalog(std::unique_ptr<SqliteDb> db, std::string lock_dir)
     : db_(std::move(db)), lock_dir_(std::move(lock_dir)) {}
 ImageCatalog::~ImageCatalog() = default;

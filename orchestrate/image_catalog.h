@@ -149,7 +149,4 @@ class ImageCatalog {
   const std::string lock_dir_;
 };
 
-// "90s", "15m", "2h", "7d", "0"; kInvalidArgument otherwise.
-Result<std::chrono::seconds> ParseDuration(const std::string& text);
-
 }  // namespace barge::orchestrate

@@ -457,6 +457,22 @@ CopyResult CopyJob::TakeResult() {
 
 }  // namespace
 
+size_t MaxThreads() {
+  return std::max<size_t>(16, 8 * std::max(1u, std::thread::hardware_concurrency()));
+}
+
+namespace {
+// oneTBB starts at most one worker per core unless told otherwise. The limit
+// is process-wide (the smallest of all live global_control objects wins),
+// so it is raised once, to MaxThreads(), for the life of the process, and
+// each copy's own task_arena sets that copy's concurrency: concurrent
+// copies (the disks of a VM backup) never clamp each other.
+void RaiseParallelismLimit() {
+  static oneapi::tbb::global_control limit(oneapi::tbb::global_control::max_allowed_parallelism,
+                                           MaxThreads());
+}
+}  // namespace
+
 size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scratch, int threads,
                       size_t destinations) {
   uint64_t footprint = ChunkFootprintBytes(chunk_bytes, with_scratch);
@@ -476,6 +492,10 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
   }
   if (options.chunk_bytes < cluster || options.chunk_bytes % cluster != 0) {
     return Error::InvalidArgument("copy: chunk size must be a multiple of the cluster size");
+  }
+  if (options.threads < 0 || static_cast<size_t>(options.threads) > MaxThreads()) {
+    return Error::InvalidArgument("copy: threads must be from 0 to " + std::to_string(MaxThreads()) +
+                                  ", not " + std::to_string(options.threads));
   }
   if (destinations.size() > std::numeric_limits<uint32_t>::max()) {
     return Error::InvalidArgument("copy: too many destinations");
@@ -517,10 +537,7 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
   std::unique_ptr<CopyJob> job;
   Status status = Guard("copy", [&]() -> Status {
     job = std::make_unique<CopyJob>(source, destinations, options, *pool, planner, compression);
-    std::optional<oneapi::tbb::global_control> allow;
-    if (options.threads > 0) {
-      allow.emplace(oneapi::tbb::global_control::max_allowed_parallelism, static_cast<size_t>(options.threads));
-    }
+    RaiseParallelismLimit();
     oneapi::tbb::task_arena arena(options.threads > 0 ? options.threads : oneapi::tbb::task_arena::automatic);
     // The graph is built inside the arena so its tasks run on its threads.
     return arena.execute([&] { return job->Run(); });

@@ -52,8 +52,9 @@ cp --sparse=always disk.raw point1.raw
 
 step "More changes (including a discard) and a second incremental"
 qio -c "write -P 0xc3 $((mib / 2))M 2M" -c "discard $((mib / 10 * 5 + 8))M 1M" -c "write -P 0xd4 $((mib - 1))M 1M"
+# --json: NDJSON (progress events, then the result); a few of the result's fields.
 "$barge" backup --source disk.qcow2 --target backups --name vda --incremental --dirty-bitmap cbt0 --json |
-  tail -n +1 | grep -E '"(id|type|dirty_bytes|bytes_written)"'
+  grep '"event":"result"' | grep -oE '"(id|type|dirty_bytes|bytes_written)":[^,}]*'
 qemu-img bitmap --clear disk.qcow2 cbt0
 cp --sparse=always disk.raw point2.raw
 ls -l backups/vda

@@ -8,11 +8,16 @@ profile=${1:-test}
 
 build_pkgs=(cmake ninja-build g++ pkg-config libtbb-dev libzstd-dev libxxhash-dev
   libnbd-dev libvirt-dev liburing-dev zlib1g-dev libssl-dev libsqlite3-dev
-  nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev)
+  nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev
+  prometheus-cpp-dev)
 demo_pkgs=(qemu-utils)
 test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux
   qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
   e2fsprogs xz-utils gzip
+  # promtool tests the shipped alerting rules (deploy/prometheus/).
+  prometheus
+  # tests/json_schema_test.py validates every command's --json output
+  python3 python3-jsonschema
   # qemu-ga's libraries: tests/guest/make_guest.sh copies them from the host
   # into the quiesce test's guest (kernel, busybox and qemu-ga themselves are
   # fetched with `apt-get download`, never installed).

@@ -57,7 +57,8 @@ uint64_t ReadBe64(const std::string& path, uint64_t offset) {
   return v;
 }
 
-using ::barge::testing::ResultObject;
+using ::barge::testing::ErrorOf;
+using ::barge::testing::ResultOf;
 
 class BackupCorruptionTest : public ::testing::Test {
  protected:
@@ -72,9 +73,9 @@ class BackupCorruptionTest : public ::testing::Test {
     for (uint64_t i = 8 * kMiB; i < 16 * kMiB; ++i) bytes[i] = std::byte{0};
     disk_ = dir_ / "vm.raw";
     testing::WriteFile(disk_, bytes);
-    json r = ResultObject(RunOk(Barge("backup --source " + ShellQuote(disk_) + " --target " +
-                                      ShellQuote(dir_ / "b") + " --json")));
-    ASSERT_TRUE(r.is_object());
+    json r = testing::RunResult(Barge("backup --source " + ShellQuote(disk_) + " --target " +
+                                      ShellQuote(dir_ / "b") + " --json"));
+    ASSERT_FALSE(r.empty());
     image_ = r["image"];
     manifest_ = r["manifest"];
     digests_ = r["digest_table"];
@@ -82,17 +83,19 @@ class BackupCorruptionTest : public ::testing::Test {
     RunOk(Barge("verify " + ShellQuote(chain_)));  // intact before we poke it
   }
 
-  // Runs barge verify --json; the result must be a clean failure: exit 1
-  // or 2 (2: Corruption), never a signal, with `exact` if given.
+  // Runs barge verify --json; it must be a clean failure: exit 1 or 2 (2:
+  // Corruption), never a signal, with `exact` if given; the error on
+  // stderr, and as the error event ending stdout, with no result.
   CommandResult VerifyFails(int exact = 0) {
     CommandResult r = testing::Run(Barge("verify --json " + ShellQuote(chain_)));
     EXPECT_TRUE(r.exit_code == 1 || r.exit_code == 2) << r.output;
     if (exact != 0) {
       EXPECT_EQ(r.exit_code, exact) << r.output;
     }
-    EXPECT_NE(r.output.find("barge: "), std::string::npos) << r.output;
-    json j = ResultObject(r.output);
-    EXPECT_EQ(j.value("ok", true), false) << r.output;
+    EXPECT_NE(r.stderr_text.find("barge: "), std::string::npos) << r.output;
+    json error = ErrorOf(r.stdout_text);
+    EXPECT_EQ(error.value("exit_code", -1), r.exit_code) << r.output;
+    for (const json& e : testing::Events(r.stdout_text)) EXPECT_NE(e["event"], "result") << r.output;
     return r;
   }
 
@@ -102,7 +105,7 @@ class BackupCorruptionTest : public ::testing::Test {
     uint64_t host = 0;
   };
   Stored FirstStored(bool compressed) {
-    json map = json::parse(RunOk(Barge("map --json " + ShellQuote(image_))), nullptr, false);
+    json map = testing::RunResult(Barge("map --json " + ShellQuote(image_)))["extents"];
     for (const auto& e : map) {
       if (e.value("data", false) && e.value("compressed", false) == compressed) {
         return {e["start"].get<uint64_t>(), e.value("offset", uint64_t{0})};
@@ -126,7 +129,7 @@ TEST_F(BackupCorruptionTest, FlippedByteInRawCluster) {
   EXPECT_EQ(testing::Run("qemu-img check " + ShellQuote(image_)).exit_code, 0);
   CommandResult r = VerifyFails(2);
   EXPECT_NE(r.output.find("guest offset " + Hex(guest)), std::string::npos) << r.output;
-  EXPECT_EQ(ResultObject(r.output).value("offset", ~0ull), guest) << r.output;
+  EXPECT_EQ(ErrorOf(r.stdout_text).value("offset", ~0ull), guest) << r.output;
   // Restore refuses too, and leaves no output file.
   CommandResult restore = testing::Run(Barge("restore " + ShellQuote(chain_) + " --to " + ShellQuote(dir_ / "out.raw")));
   EXPECT_NE(restore.exit_code, 0) << restore.output;

@@ -40,12 +40,15 @@ pid_t Spawn(const std::vector<std::string>& argv) {
 TEST(BackupKillTest, KilledRunLeavesNothingFinishedAndRerunSucceeds) {
   TempDir dir;
   std::string disk = dir / "big.raw";
-  testing::WriteFile(disk, testing::RandomBytes(256 * kMiB, 31));
+  testing::WriteFile(disk, testing::RandomBytes(128 * kMiB, 31));
   std::string target = dir / "b";
   std::string chain = target + "/big";
 
+  // zstd's slowest level on one thread keeps the run going for seconds on
+  // any machine (at the default level a fast machine finished 256 MiB
+  // within the 0.2 s below, and the kill came too late).
   pid_t pid = Spawn({testing::BargeBinary(), "backup", "--source", disk, "--target", target, "--threads",
-                     "1", "--memory", "8M"});
+                     "1", "--memory", "8M", "--compress", "zstd:19"});
   ASSERT_GT(pid, 0);
   // Kill 0.2 s into writing the image (a fixed delay from the start is
   // flaky: a loaded or sanitizer build may not have opened it yet).

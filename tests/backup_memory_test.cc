@@ -11,25 +11,20 @@ namespace barge {
 namespace {
 
 using nlohmann::json;
-using ::barge::testing::RunOk;
 using ::barge::testing::ShellQuote;
 using ::barge::testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-using ::barge::testing::ResultObject;
 
 // Peak RSS of a backup of a random disk of `size` bytes with --memory 16M.
 uint64_t PeakRssOfBackup(const TempDir& dir, uint64_t size) {
   std::string disk = dir / ("d" + std::to_string(size >> 20) + ".raw");
   testing::WriteFile(disk, testing::RandomBytes(size, size));
-  std::string out = RunOk(ShellQuote(testing::BargeBinary()) + " backup --json --memory 16M --threads 2 --source " +
-                          ShellQuote(disk) + " --target " + ShellQuote(dir / "b"));
+  json r = testing::RunResult(ShellQuote(testing::BargeBinary()) + " backup --json --memory 16M --threads 2 --source " +
+                              ShellQuote(disk) + " --target " + ShellQuote(dir / "b"));
   std::filesystem::remove(disk);
-  json r = ResultObject(out);
-  if (r.is_object()) return r.value("peak_rss_bytes", uint64_t{0});
-  ADD_FAILURE() << "no result in\n" << out;
-  return 0;
+  return r.value("peak_rss_bytes", uint64_t{0});
 }
 
 TEST(BackupMemoryTest, PeakRssIsBoundedAndIndependentOfDiskSize) {

@@ -36,7 +36,7 @@ std::string ReadText(const std::string& path) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-using ::barge::testing::ResultObject;
+using ::barge::testing::ResultOf;
 
 using Server = ::barge::testing::SocketServer;
 
@@ -53,11 +53,9 @@ class BackupSourcesTest : public ::testing::Test {
   // Returns the --json result.
   json BackupAndJudge(const std::string& source, const std::string& name,
                       const std::string& qemu_format, const std::string& extra = "") {
-    std::string out = RunOk(Barge("backup --source " + ShellQuote(source) + " --target " +
-                                  ShellQuote(target_) + " --name " + name + " --json " + extra));
-    json r = ResultObject(out);
-    EXPECT_TRUE(r.is_object()) << out;
-    if (!r.is_object()) return r;
+    json r = testing::RunResult(Barge("backup --source " + ShellQuote(source) + " --target " +
+                                      ShellQuote(target_) + " --name " + name + " --json " + extra));
+    if (r.empty()) return r;
     std::string image = r.value("image", "");
     EXPECT_EQ(r.value("type", ""), "full");
 
@@ -205,10 +203,9 @@ TEST_F(BackupSourcesTest, NbdUriWithoutExportNameGetsPlainDefaultName) {
 
 TEST_F(BackupSourcesTest, JsonResultAndTextOutput) {
   std::string disk = MakeRawDisk("vm1.raw", 16 * kMiB, 3);
-  std::string out = RunOk(Barge("backup --source " + ShellQuote(disk) + " --target " +
-                                ShellQuote(target_) + " --json"));
-  json r = ResultObject(out);
-  ASSERT_TRUE(r.is_object()) << out;
+  json r = testing::RunResult(Barge("backup --source " + ShellQuote(disk) + " --target " +
+                                    ShellQuote(target_) + " --json"));
+  ASSERT_FALSE(r.empty());
   for (const char* key : {"id", "type", "image", "manifest", "digest_table", "bytes_read",
                           "bytes_written", "duration_seconds", "peak_rss_bytes", "image_digest"}) {
     EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
@@ -247,10 +244,9 @@ TEST_F(BackupSourcesTest, SourceFormatRawIsNeverProbed) {
   std::memcpy(bytes.data(), header.data(), header.size());
   testing::WriteFile(disk, bytes);
 
-  std::string out = RunOk(Barge("backup --source-format raw --source " + ShellQuote(disk) +
-                                " --target " + ShellQuote(target_) + " --name asraw --json"));
-  json r = ResultObject(out);
-  ASSERT_TRUE(r.is_object()) << out;
+  json r = testing::RunResult(Barge("backup --source-format raw --source " + ShellQuote(disk) +
+                                    " --target " + ShellQuote(target_) + " --name asraw --json"));
+  ASSERT_FALSE(r.empty());
   EXPECT_EQ(r["virtual_size"].get<uint64_t>(), 16 * kMiB);
   EXPECT_EQ(testing::Run("qemu-img compare -f qcow2 -F raw " + ShellQuote(r["image"].get<std::string>()) + " " +
                 ShellQuote(disk)).exit_code,
@@ -264,13 +260,14 @@ TEST_F(BackupSourcesTest, SourceFormatRawIsNeverProbed) {
                                    ShellQuote(target_) + " --name probed --json"));
   EXPECT_LT(probed.exit_code, 128) << probed.output;  // no crash
   if (probed.exit_code == 0) {
-    json p = ResultObject(probed.output);
+    json p = ResultOf(probed.stdout_text);
     EXPECT_EQ(p["virtual_size"].get<uint64_t>(), 1 * kMiB) << probed.output;
     EXPECT_NE(testing::Run("qemu-img compare -f qcow2 -F raw " + ShellQuote(p["image"].get<std::string>()) + " " +
                   ShellQuote(disk)).exit_code,
               0);
   } else {
-    EXPECT_NE(probed.output.find("barge:"), std::string::npos) << probed.output;
+    EXPECT_NE(probed.stderr_text.find("barge:"), std::string::npos) << probed.output;
+    EXPECT_EQ(testing::ErrorOf(probed.stdout_text).value("exit_code", -1), probed.exit_code) << probed.output;
   }
 }
 

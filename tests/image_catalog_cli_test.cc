@@ -49,13 +49,13 @@ struct Catalog {
 TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
   BARGE_REQUIRE_TOOL("qemu-img");
   Catalog c;
-  json added = json::parse(RunOk(c.Cmd("add base --json --source " + ShellQuote(c.src) + " --disk " +
-                                       ShellQuote(c.Disk(0)))));
+  json added = testing::RunResult(c.Cmd("add base --json --source " + ShellQuote(c.src) + " --disk " +
+                                       ShellQuote(c.Disk(0))))["copy"];
   EXPECT_EQ(added["state"], "ready") << added.dump();
   std::string first = added["path"];
 
   std::string disks = c.Disk(1) + "," + c.Disk(2) + "," + c.Disk(3) + "," + c.Disk(4);
-  json sync = json::parse(RunOk(c.Cmd("sync base --json --disks " + ShellQuote(disks))));
+  json sync = testing::RunResult(c.Cmd("sync base --json --disks " + ShellQuote(disks)));
   ASSERT_EQ(sync["copies"].size(), 4u) << sync.dump();
   for (const auto& cp : sync["copies"]) {
     EXPECT_EQ(cp["state"], "ready") << cp.dump();
@@ -75,7 +75,7 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
   EXPECT_EQ(first_max, 3) << sync.dump();
   EXPECT_EQ(total, 4);
 
-  json status = json::parse(RunOk(c.Cmd("status base --json")));
+  json status = testing::RunResult(c.Cmd("status base --json"))["images"];
   ASSERT_EQ(status.size(), 1u);
   EXPECT_EQ(status[0]["copies"].size(), 5u);
   for (const auto& cp : status[0]["copies"]) EXPECT_EQ(cp["state"], "ready");
@@ -83,7 +83,7 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
 
   // A VM disk on disk1 uses the copy there as its backing file.
   RunOk("qemu-img create -q -f qcow2 -b base -F raw " + ShellQuote(c.Disk(1) + "/vm.qcow2"));
-  json clean = json::parse(RunOk(c.Cmd("cleanup --json --unused-for 1h")));
+  json clean = testing::RunResult(c.Cmd("cleanup --json --unused-for 1h"));
   EXPECT_TRUE(clean["removed"].empty()) << clean.dump();
   EXPECT_EQ(clean["in_use"].size(), 1u);
   EXPECT_EQ(clean["waiting"].size(), 4u);
@@ -94,13 +94,13 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
     int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
-    json held = json::parse(RunOk(c.Cmd("cleanup --json --unused-for 0")));
+    json held = testing::RunResult(c.Cmd("cleanup --json --unused-for 0"));
     ::close(fd);
     EXPECT_TRUE(held["removed"].empty()) << held.dump();
     EXPECT_EQ(held["busy"].size(), 4u) << held.dump();
     for (int i : {0, 2, 3, 4}) EXPECT_TRUE(fs::exists(c.Disk(i) + "/base"));
   }
-  clean = json::parse(RunOk(c.Cmd("cleanup --json --unused-for 0")));
+  clean = testing::RunResult(c.Cmd("cleanup --json --unused-for 0"));
   EXPECT_EQ(clean["removed"].size(), 4u) << clean.dump();
   EXPECT_EQ(clean["in_use"].size(), 1u);
   EXPECT_TRUE(fs::exists(c.Disk(1) + "/base"));
@@ -114,7 +114,7 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
   fs::remove(c.db);
   fs::remove(c.db + "-wal");
   fs::remove(c.db + "-shm");
-  status = json::parse(RunOk(c.Cmd("rescan --json --disks " + ShellQuote(c.Disk(1) + "," + c.Disk(2)))));
+  status = testing::RunResult(c.Cmd("rescan --json --disks " + ShellQuote(c.Disk(1) + "," + c.Disk(2))))["images"];
   ASSERT_EQ(status.size(), 1u) << status.dump();
   ASSERT_EQ(status[0]["copies"].size(), 1u);
   EXPECT_EQ(status[0]["copies"][0]["state"], "ready");
@@ -126,7 +126,7 @@ TEST(ImageCatalogCliTest, WrongChecksumIsFailedWithMessage) {
   auto r = testing::Run(c.Cmd("add base --source " + ShellQuote(c.src) + " --disk " + ShellQuote(c.Disk(0)) +
                      " --expected-sha512 " + std::string(128, 'a')));
   EXPECT_NE(r.exit_code, 0);
-  json status = json::parse(RunOk(c.Cmd("status --json")));
+  json status = testing::RunResult(c.Cmd("status --json"))["images"];
   ASSERT_EQ(status.size(), 1u);
   ASSERT_EQ(status[0]["copies"].size(), 1u);
   EXPECT_EQ(status[0]["copies"][0]["state"], "failed");
@@ -234,7 +234,7 @@ TEST(ImageCatalogCliTest, KilledSyncIsInterruptedAndRedone) {
 
   // While its process lives (stopped here), the copy stays in progress,
   // owned by it, and its temporary stays: only gone owners are recovered.
-  json status = json::parse(RunOk(c.Cmd("status big --json")));
+  json status = testing::RunResult(c.Cmd("status big --json"))["images"];
   json cp = CopyOn(status, disk);
   EXPECT_EQ(cp["state"], "in-progress") << status.dump();
   EXPECT_EQ(cp.value("owner", "").rfind("pid=" + std::to_string(sync.pid()) + " ", 0), 0u) << cp.dump();
@@ -243,7 +243,7 @@ TEST(ImageCatalogCliTest, KilledSyncIsInterruptedAndRedone) {
   sync.Signal(SIGKILL);
   ASSERT_EQ(sync.Wait(), 128 + SIGKILL);
 
-  status = json::parse(RunOk(c.Cmd("status big --json")));
+  status = testing::RunResult(c.Cmd("status big --json"))["images"];
   cp = CopyOn(status, disk);
   EXPECT_EQ(cp["state"], "failed") << status.dump();
   EXPECT_EQ(cp.value("message", ""), "interrupted (the sending process is gone)") << cp.dump();
@@ -254,11 +254,11 @@ TEST(ImageCatalogCliTest, KilledSyncIsInterruptedAndRedone) {
   }
 
   // The next sync sends it again.
-  json result = json::parse(RunOk(c.Cmd("sync big --json --disks " + ShellQuote(disk))));
+  json result = testing::RunResult(c.Cmd("sync big --json --disks " + ShellQuote(disk)));
   ASSERT_EQ(result["copies"].size(), 1u) << result.dump();
   EXPECT_EQ(result["copies"][0]["state"], "ready") << result.dump();
   RunOk("cmp " + ShellQuote(c.big_src) + " " + ShellQuote(copy));
-  status = json::parse(RunOk(c.Cmd("status big --json")));
+  status = testing::RunResult(c.Cmd("status big --json"))["images"];
   for (const auto& each : status[0]["copies"]) EXPECT_EQ(each["state"], "ready") << status.dump();
 }
 
@@ -268,14 +268,14 @@ TEST(ImageCatalogCliTest, RescanKeepsALiveSyncAndRecoversAKilledOne) {
   Child sync(c.SlowSync("big", disk));
   ASSERT_TRUE(sync.StopMidSend(disk + "/big")) << "the sync finished before it could be caught mid-send";
   // The live sync's row has no file or record yet; rescan keeps it.
-  json status = json::parse(RunOk(c.Cmd("rescan --json --disks " + ShellQuote(disk))));
+  json status = testing::RunResult(c.Cmd("rescan --json --disks " + ShellQuote(disk)))["images"];
   EXPECT_EQ(CopyOn(status, disk)["state"], "in-progress") << status.dump();
   EXPECT_TRUE(fs::exists(disk + "/.big.barge-tmp"));
   sync.Signal(SIGKILL);
   ASSERT_EQ(sync.Wait(), 128 + SIGKILL);
   // Once it is gone, rescan removes its temporary, and rebuilds the disk
   // from its records: there is none, so no row.
-  status = json::parse(RunOk(c.Cmd("rescan --json --disks " + ShellQuote(disk))));
+  status = testing::RunResult(c.Cmd("rescan --json --disks " + ShellQuote(disk)))["images"];
   EXPECT_TRUE(CopyOn(status, disk).is_null()) << status.dump();
   EXPECT_FALSE(fs::exists(disk + "/.big.barge-tmp"));
 }
@@ -296,13 +296,13 @@ TEST(ImageCatalogCliTest, SecondSyncOfAnImageIsRefusedOthersRunAlongside) {
   EXPECT_FALSE(fs::exists(c.Disk(3) + "/big"));
 
   // Another image: runs to the end while the first is still mid-send.
-  json other = json::parse(RunOk(c.Cmd("sync small --json --disks " + ShellQuote(disks))));
+  json other = testing::RunResult(c.Cmd("sync small --json --disks " + ShellQuote(disks)));
   ASSERT_EQ(other["copies"].size(), 2u) << other.dump();
   for (const auto& cp : other["copies"]) EXPECT_EQ(cp["state"], "ready") << cp.dump();
 
   first.Signal(SIGCONT);
   EXPECT_EQ(first.Wait(), 0);
-  json status = json::parse(RunOk(c.Cmd("status --json")));
+  json status = testing::RunResult(c.Cmd("status --json"))["images"];
   ASSERT_EQ(status.size(), 2u) << status.dump();
   for (const auto& image : status) {
     EXPECT_EQ(image["copies"].size(), 3u) << image.dump();

@@ -144,9 +144,9 @@ TEST(IncrementalChainTest, BitmapGranularityFinerAndCoarserThanClusters) {
       ApplyOps(image, steps[k]);
       saved.push_back(tmp / ("p" + std::to_string(k + 1) + ".raw"));
       SaveSource(image, saved.back());
-      std::string out = RunOk(Barge() + " backup --json --source " + Q(image) + " --target " +
-                              Q(tmp / "t") + " --name vda --incremental --dirty-bitmap cbt0");
-      EXPECT_EQ(LastJson(out).value("dirty_bytes", uint64_t{0}), expected_dirty[k]) << out;
+      nlohmann::json r = RunResult(Barge() + " backup --json --source " + Q(image) + " --target " +
+                                   Q(tmp / "t") + " --name vda --incremental --dirty-bitmap cbt0");
+      EXPECT_EQ(r.value("dirty_bytes", uint64_t{0}), expected_dirty[k]) << r.dump();
       RunOk("qemu-img bitmap --clear " + Q(image) + " cbt0");
     }
     ExpectEveryPointRestores(tmp, tmp / "t/vda", saved);

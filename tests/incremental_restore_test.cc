@@ -89,9 +89,8 @@ TEST(IncrementalRestoreTest, MergeAtSeveralPointsKeepsEveryRemainingPoint) {
   EXPECT_NE(out.find("nothing to merge"), std::string::npos) << out;
   ExpectPointsFrom(tmp, c, 0);
 
-  out = RunOk(Barge() + " merge --json " + Q(c.dir) + " --through 2");
-  nlohmann::json r = LastJson(out);
-  EXPECT_EQ(r.value("id", ""), ids[2]) << out;
+  nlohmann::json r = RunResult(Barge() + " merge --json " + Q(c.dir) + " --through 2");
+  EXPECT_EQ(r.value("id", ""), ids[2]) << r.dump();
   EXPECT_TRUE(r.value("merged", false));
   EXPECT_EQ(r["folded"].size(), 3u);
   EXPECT_EQ(r["removed"].size(), 6u);
@@ -143,11 +142,14 @@ TEST(IncrementalRestoreTest, TamperedMiddleLayerFailsNamingTheCluster) {
   }
   char hex[32];
   std::snprintf(hex, sizeof hex, "offset 0x%llx", static_cast<unsigned long long>(guest));
-  std::string out = RunOk(Barge() + " restore " + Q(c.dir) + " --to " + Q(tmp / "r.raw"), 1);
+  // Exit 2: corruption (docs/errors.md).
+  std::string out = RunOk(Barge() + " restore " + Q(c.dir) + " --to " + Q(tmp / "r.raw"), 2);
   EXPECT_NE(out.find(hex), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(tmp / "r.raw"));
-  out = RunOk(Barge() + " verify " + Q(c.dir), 2);
-  EXPECT_NE(out.find(hex), std::string::npos) << out;
+  nlohmann::json error = testing::RunError(Barge() + " verify --json " + Q(c.dir), 2);
+  EXPECT_EQ(error.value("code", ""), "Corruption") << error.dump();
+  EXPECT_EQ(error.value("offset", ~uint64_t{0}), guest) << error.dump();
+  EXPECT_NE(error.value("message", "").find(hex), std::string::npos) << error.dump();
   // The point below the tampered layer is still good.
   RunOk(Barge() + " restore " + Q(c.dir) + " --at 1 --to " + Q(tmp / "r1.raw"));
   EXPECT_TRUE(SameFile(tmp / "r1.raw", c.saved[1]));
@@ -160,10 +162,11 @@ TEST(IncrementalRestoreTest, MissingMiddleLayerNamesTheMissingBackup) {
   Chain c = MakeChain(tmp);
   std::vector<std::string> ids = PointIds(c.dir);
   for (const char* ext : {".json", ".qcow2", ".digests"}) fs::remove(c.dir + "/" + ids[3] + ext);
-  std::string out = RunOk(Barge() + " restore " + Q(c.dir) + " --to " + Q(tmp / "r.raw"), 1);
+  // A broken chain is corruption of the backup: exit 2 (docs/errors.md).
+  std::string out = RunOk(Barge() + " restore " + Q(c.dir) + " --to " + Q(tmp / "r.raw"), 2);
   EXPECT_NE(out.find("parent backup " + ids[3] + " is missing"), std::string::npos) << out;
-  out = RunOk(Barge() + " verify --all " + Q(c.dir), 2);
-  EXPECT_NE(out.find(ids[3]), std::string::npos) << out;
+  nlohmann::json error = testing::RunError(Barge() + " verify --all --json " + Q(c.dir), 2);
+  EXPECT_NE(error.dump().find(ids[3]), std::string::npos) << error.dump();
   // Points below the gap restore.
   RunOk(Barge() + " restore " + Q(c.dir) + " --at 2 --to " + Q(tmp / "r2.raw"));
   EXPECT_TRUE(SameFile(tmp / "r2.raw", c.saved[2]));

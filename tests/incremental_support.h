@@ -20,6 +20,7 @@
 namespace barge::incremental_testing {
 
 using testing::RunOk;
+using testing::RunResult;
 using testing::ShellQuote;
 
 inline constexpr uint64_t kKiB = 1024;
@@ -105,15 +106,6 @@ inline std::vector<std::string> PointIds(const std::string& chain_dir) {
   }
   std::sort(ids.begin(), ids.end());
   return ids;
-}
-
-// The last JSON object barge printed (its result line).
-inline nlohmann::json LastJson(const std::string& output) {
-  size_t end = output.find_last_of('}');
-  if (end == std::string::npos) return {};
-  size_t start = output.rfind("\n{", end);
-  start = start == std::string::npos ? 0 : start + 1;
-  return nlohmann::json::parse(output.substr(start, end - start + 1), nullptr, false);
 }
 
 // A qemu filename for a layer opened on its own (its backing file ignored).

@@ -37,11 +37,11 @@ Status Edit(const std::string& path, const BitmapEdit& edit) {
   return EditBitmaps(path, OpenRead, OpenWrite, edit);
 }
 
+// The JSON document a command prints on stdout (its stderr kept apart).
 nlohmann::json Json(const std::string& command) {
-  std::string out = RunOk(command);
-  auto brace = out.find('{');
-  if (brace == std::string::npos) return {};
-  return nlohmann::json::parse(out.substr(brace), nullptr, false);
+  auto r = Run(command);
+  EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
+  return nlohmann::json::parse(r.stdout_text, nullptr, false);
 }
 
 // qemu-img check exit code and its JSON report.
@@ -56,8 +56,7 @@ QemuCheck Check(const std::string& image) {
   auto r = Run("qemu-img check -f qcow2 --output=json " + ShellQuote(image));
   c.exit_code = r.exit_code;
   c.output = r.output;
-  auto brace = r.output.find('{');
-  if (brace != std::string::npos) c.report = nlohmann::json::parse(r.output.substr(brace), nullptr, false);
+  c.report = nlohmann::json::parse(r.stdout_text, nullptr, false);
   return c;
 }
 

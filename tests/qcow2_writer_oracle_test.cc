@@ -63,18 +63,18 @@ std::vector<std::byte> ClusterBytes(Kind kind, size_t n, uint64_t cluster, uint6
   return out;
 }
 
+// The JSON document a command prints on stdout (its stderr kept apart).
 nlohmann::json Json(const std::string& command) {
-  std::string out = RunOk(command);
-  auto brace = out.find('{');
-  if (brace == std::string::npos) return {};
-  return nlohmann::json::parse(out.substr(brace), nullptr, false);
+  auto r = Run(command);
+  EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
+  return nlohmann::json::parse(r.stdout_text, nullptr, false);
 }
 
 // qemu-img check must be clean (exit 0, no leaks, no corruptions).
 void ExpectClean(const std::string& image) {
   auto r = Run("qemu-img check -f qcow2 --output=json " + ShellQuote(image));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')), nullptr, false);
+  auto j = nlohmann::json::parse(r.stdout_text, nullptr, false);
   EXPECT_EQ(j.value("leaks", 0), 0) << r.output;
   EXPECT_EQ(j.value("corruptions", 0), 0) << r.output;
   EXPECT_EQ(j.value("check-errors", 0), 0) << r.output;

@@ -43,7 +43,7 @@ TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
   // Owned by root, 0644: `cbt enable` must give QEMU's user access itself.
   RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 644 " + ShellQuote(raw));
   TestDomain dom("cbt", {{"vda", raw, "raw"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
   EXPECT_EQ(st["state"], "Enabled");
   OpenForQemu(dir_ / "cbt");
@@ -53,23 +53,23 @@ TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
 
   dom.Write(0xee, "1M", "4M");
   json b0 = Backup(dom.name());
-  EXPECT_EQ(b0["backupType"], "Full");
+  EXPECT_EQ(b0["backup_type"], "full");
   EXPECT_EQ(b0["reason"], "tracker empty");
   std::string p0 = Snapshot(dom, raw, "p0.raw");
   json t = BargeJson("tracker show t1");
-  EXPECT_EQ(t["latestCheckpoint"]["name"], b0["checkpointName"]);
-  EXPECT_EQ(t["latestCheckpoint"]["disks"][0]["name"], "vda");
+  EXPECT_EQ(t["tracker"]["latest_checkpoint"]["name"], b0["checkpoint"]);
+  EXPECT_EQ(t["tracker"]["latest_checkpoint"]["disks"][0]["name"], "vda");
 
   dom.Write(0xaa, "10M", "1M");
   json b1 = Backup(dom.name());
-  EXPECT_EQ(b1["backupType"], "Incremental") << b1.dump();
-  EXPECT_LE(b1["disks"][0]["bytesRead"].get<uint64_t>(), 2u << 20);
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_LE(b1["disks"][0]["bytes_read"].get<uint64_t>(), 2u << 20);
   std::string p1 = Snapshot(dom, raw, "p1.raw");
 
   dom.Write(0x55, "2M", "64k");
   dom.Write(0x00, "40M", "1M");
   json b2 = Backup(dom.name());
-  EXPECT_EQ(b2["backupType"], "Incremental");
+  EXPECT_EQ(b2["backup_type"], "incremental");
   std::string p2 = Snapshot(dom, raw, "p2.raw");
 
   std::string chain = target_ + "/" + dom.name() + "/vda";
@@ -78,18 +78,18 @@ TEST_F(VmBackupTest, CbtRawDiskFullThenIncrementalsRestoreEveryPoint) {
   ExpectRestores(chain, 2, p2);
   // libvirt keeps only the tracker's latest checkpoint.
   std::string cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom.name() + " --name");
-  EXPECT_NE(cps.find(b2["checkpointName"].get<std::string>()), std::string::npos) << cps;
-  EXPECT_EQ(cps.find(b0["checkpointName"].get<std::string>()), std::string::npos) << cps;
+  EXPECT_NE(cps.find(b2["checkpoint"].get<std::string>()), std::string::npos) << cps;
+  EXPECT_EQ(cps.find(b0["checkpoint"].get<std::string>()), std::string::npos) << cps;
 
-  json recs = json::parse(RunOk(Barge("vm backups --domain " + dom.name())));
+  json recs = BargeJson("vm backups --domain " + dom.name())["backups"];
   ASSERT_EQ(recs.size(), 3u);
   EXPECT_EQ(recs[2]["result"], "success");
   // The catalog can be rebuilt from the manifests alone.
   RunOk(Barge("catalog rebuild --target " + ShellQuote(target_)));
-  json rebuilt = json::parse(RunOk(Barge("vm backups --domain " + dom.name())));
+  json rebuilt = BargeJson("vm backups --domain " + dom.name())["backups"];
   ASSERT_EQ(rebuilt.size(), 3u);
   EXPECT_EQ(rebuilt[1]["type"], "incremental");
-  EXPECT_EQ(rebuilt[1]["checkpoint"], b1["checkpointName"]);
+  EXPECT_EQ(rebuilt[1]["checkpoint"], b1["checkpoint"]);
 
   // Disable gives the raw disk back to its owner from before enable.
   struct stat before_disable {};
@@ -114,7 +114,7 @@ TEST_F(VmBackupTest, OfflineBackupFromCbtOverlayThenOnlineIncremental) {
   // Owned by root, 0644: `cbt enable` must give QEMU's user access itself.
   RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 644 " + ShellQuote(raw));
   TestDomain dom("offline", {{"vda", raw, "raw"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
   ASSERT_EQ(st["state"], "Enabled");
   std::string overlay = st["disks"][0]["overlay"];
@@ -123,7 +123,7 @@ TEST_F(VmBackupTest, OfflineBackupFromCbtOverlayThenOnlineIncremental) {
   RunOk(Barge("tracker create t1 --domain " + dom.name()));
   dom.Write(0xee, "1M", "4M");
   json b0 = Backup(dom.name());
-  ASSERT_EQ(b0["backupType"], "Full");
+  ASSERT_EQ(b0["backup_type"], "full");
   std::string p0 = Snapshot(dom, raw, "p0.raw");
 
   dom.Write(0x77, "20M", "2M");
@@ -136,31 +136,31 @@ TEST_F(VmBackupTest, OfflineBackupFromCbtOverlayThenOnlineIncremental) {
                                       Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_)));
   EXPECT_NE(failed.exit_code, 0);
   EXPECT_NE(failed.output.find("injected"), std::string::npos) << failed.output;
-  EXPECT_EQ(BargeJson("tracker show t1")["latestCheckpoint"]["name"], b0["checkpointName"]);
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"]["name"], b0["checkpoint"]);
   EXPECT_EQ(RunOk("qemu-img info --output=json " + ShellQuote(overlay)), info_before);
   json b1 = Backup(dom.name());
   EXPECT_EQ(b1["mode"], "offline") << b1.dump();
-  EXPECT_EQ(b1["backupType"], "Incremental") << b1.dump();
-  EXPECT_LE(b1["disks"][0]["bytesRead"].get<uint64_t>(), 3u << 20);
-  EXPECT_EQ(b1["parentCheckpoint"], b0["checkpointName"]);
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_LE(b1["disks"][0]["bytes_read"].get<uint64_t>(), 3u << 20);
+  EXPECT_EQ(b1["parent_checkpoint"], b0["checkpoint"]);
   // Rotated in place: the new checkpoint's bitmap only, image still clean.
   RunOk("qemu-img check -q " + ShellQuote(overlay));
   json info = json::parse(RunOk("qemu-img info --output=json " + ShellQuote(overlay)));
   std::vector<std::string> names;
   for (const auto& b : info["format-specific"]["data"]["bitmaps"]) names.push_back(b["name"]);
-  EXPECT_NE(std::find(names.begin(), names.end(), b1["checkpointName"].get<std::string>()), names.end());
-  EXPECT_EQ(std::find(names.begin(), names.end(), b0["checkpointName"].get<std::string>()), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), b1["checkpoint"].get<std::string>()), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), b0["checkpoint"].get<std::string>()), names.end());
   std::string cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom.name() + " --name");
-  EXPECT_NE(cps.find(b1["checkpointName"].get<std::string>()), std::string::npos) << cps;
-  EXPECT_EQ(cps.find(b0["checkpointName"].get<std::string>()), std::string::npos) << cps;
-  EXPECT_EQ(BargeJson("tracker show t1")["latestCheckpoint"]["name"], b1["checkpointName"]);
+  EXPECT_NE(cps.find(b1["checkpoint"].get<std::string>()), std::string::npos) << cps;
+  EXPECT_EQ(cps.find(b0["checkpoint"].get<std::string>()), std::string::npos) << cps;
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"]["name"], b1["checkpoint"]);
 
   dom.StartPaused();
   dom.Write(0x99, "30M", "1M");
   json b2 = Backup(dom.name());
   EXPECT_EQ(b2["mode"], "pull");
-  EXPECT_EQ(b2["backupType"], "Incremental") << b2.dump();
-  EXPECT_LE(b2["disks"][0]["bytesRead"].get<uint64_t>(), 2u << 20);
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_LE(b2["disks"][0]["bytes_read"].get<uint64_t>(), 2u << 20);
   std::string p2 = Snapshot(dom, raw, "p2.raw");
   dom.Destroy();
 
@@ -177,22 +177,22 @@ TEST_F(VmBackupTest, CheckpointRedefineAfterMetadataLoss) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("redef", {{"vda", disk, "qcow2"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   dom.StartPaused();
   RunOk(Barge("tracker create t1 --domain " + dom.name()));
   dom.Write(0xee, "1M", "4M");
   json b0 = Backup(dom.name());
-  std::string cp = b0["checkpointName"];
+  std::string cp = b0["checkpoint"];
   RunOk(std::string(kVirsh) + "checkpoint-delete " + dom.name() + " " + cp + " --metadata");
   json doc = BargeJson("doctor --domain " + dom.name());
-  EXPECT_EQ(doc["trackerCheckpoints"][0]["inLibvirt"], false);
-  EXPECT_EQ(doc["nextBackup"][0]["backupType"], "Full");
+  EXPECT_EQ(doc["tracker_checkpoints"][0]["in_libvirt"], false);
+  EXPECT_EQ(doc["next_backup"][0]["backup_type"], "full");
 
   json re = BargeJson("checkpoint redefine --domain " + dom.name());
-  EXPECT_EQ(re[0]["action"], "redefined") << re.dump();
+  EXPECT_EQ(re["checkpoints"][0]["action"], "redefined") << re.dump();
   dom.Write(0x11, "20M", "1M");
   json b1 = Backup(dom.name());
-  EXPECT_EQ(b1["backupType"], "Incremental") << b1.dump();
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
   dom.Destroy();  // graceful: the disk file is now complete
   std::string chain = target_ + "/" + dom.name() + "/vda";
   std::string flat = dir_ / "flat.raw";
@@ -205,22 +205,22 @@ TEST_F(VmBackupTest, CrashMakesNextBackupFullBitmapInconsistent) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("crash", {{"vda", disk, "qcow2"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   dom.StartPaused();
   RunOk(Barge("tracker create t1 --domain " + dom.name()));
   dom.Write(0xee, "1M", "4M");
-  EXPECT_EQ(Backup(dom.name())["backupType"], "Full");
+  EXPECT_EQ(Backup(dom.name())["backup_type"], "full");
   dom.Write(0x22, "8M", "1M");
   dom.Kill9();
   dom.StartPaused();
   json doc = BargeJson("doctor --domain " + dom.name());
-  EXPECT_EQ(doc["nextBackup"][0]["backupType"], "Full") << doc.dump();
+  EXPECT_EQ(doc["next_backup"][0]["backup_type"], "full") << doc.dump();
   json b1 = Backup(dom.name());
-  EXPECT_EQ(b1["backupType"], "Full");
+  EXPECT_EQ(b1["backup_type"], "full");
   EXPECT_EQ(b1["reason"], "bitmap inconsistent");
   dom.Write(0x33, "30M", "1M");
   json b2 = Backup(dom.name());
-  EXPECT_EQ(b2["backupType"], "Incremental") << b2.dump();
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
   dom.Destroy();
   std::string flat = dir_ / "flat.raw";
   RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
@@ -233,7 +233,7 @@ TEST_F(VmBackupTest, RefusalsAndFailuresLeaveTrackerUnchanged) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("refuse", {{"vda", disk, "qcow2"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   dom.StartPaused();
   RunOk(Barge("tracker create t1 --domain " + dom.name()));
   dom.Write(0xee, "1M", "8M");
@@ -243,14 +243,14 @@ TEST_F(VmBackupTest, RefusalsAndFailuresLeaveTrackerUnchanged) {
   auto r = ::barge::testing::Run(Barge("vm backup --domain " + dom.name() + " --target " + target));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--skip-quiesce"), std::string::npos) << r.output;
-  EXPECT_TRUE(BargeJson("tracker show t1")["latestCheckpoint"].is_null());
+  EXPECT_TRUE(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"].is_null());
 
   json b0 = Backup(dom.name());
-  std::string cp0 = b0["checkpointName"];
+  std::string cp0 = b0["checkpoint"];
   json b1 = Backup(dom.name(), "--force-full");
-  EXPECT_EQ(b1["backupType"], "Full");
+  EXPECT_EQ(b1["backup_type"], "full");
   EXPECT_EQ(b1["reason"], "--force-full");
-  std::string cp1 = b1["checkpointName"];
+  std::string cp1 = b1["checkpoint"];
 
   // A second backup of the same domain while one runs: refused at once.
   {
@@ -284,18 +284,18 @@ TEST_F(VmBackupTest, RefusalsAndFailuresLeaveTrackerUnchanged) {
   EXPECT_NE(fail.output.find("injected"), std::string::npos) << fail.output;
   auto after = fs::directory_iterator(target_ + "/" + dom.name() + "/vda");
   EXPECT_EQ(static_cast<size_t>(std::distance(after, fs::directory_iterator())), files_before);
-  EXPECT_EQ(BargeJson("tracker show t1")["latestCheckpoint"]["name"], cp1);
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"]["name"], cp1);
   std::string cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom.name() + " --name");
   EXPECT_EQ(cps.find('\n'), cps.rfind('\n')) << "one checkpoint expected: " << cps;
-  json recs = json::parse(RunOk(Barge("vm backups --domain " + dom.name())));
+  json recs = BargeJson("vm backups --domain " + dom.name())["backups"];
   ASSERT_FALSE(recs.empty());
   EXPECT_EQ(recs.back()["result"], "failed");
   EXPECT_NE(recs.back()["error"].get<std::string>().find("injected"), std::string::npos);
 
   // And the next backup is a correct incremental from cp1.
   json b2 = Backup(dom.name());
-  EXPECT_EQ(b2["backupType"], "Incremental") << b2.dump();
-  EXPECT_EQ(b2["parentCheckpoint"], cp1);
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_EQ(b2["parent_checkpoint"], cp1);
   dom.Destroy();
   std::string flat = dir_ / "flat.raw";
   RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));

@@ -1,19 +1,19 @@
-// Test environment for libvirt integration tests: starts virtlogd + libvirtd
-// as /work/shared/TESTBED.md describes when none answers, and throwaway
-// domains (no OS, 64 MiB, pc, TCG, virtio disks) started paused, with guest
-// writes through the QEMU monitor's qemu-io on the disk backend. A domain
-// may also boot a kernel directly (DomainExtras; the quiesce test's guest).
+// Test environment for libvirt integration tests: virtlogd + libvirtd started
+// once for all test processes (under a machine-wide lock) and ready only once
+// QEMU is probed, and throwaway domains (no OS, 64 MiB, pc, TCG, virtio
+// disks) started paused, with guest writes through the QEMU monitor's qemu-io
+// on the disk backend. A domain may also boot a kernel directly
+// (DomainExtras; the quiesce test's guest). Every test domain is named
+// "barge-test-<pid>-..." and removed by its owner's destructor, or by the
+// sweep of the next test process once its owner is gone.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <filesystem>
-#include <chrono>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,30 +22,69 @@
 
 namespace barge::testing {
 
+// virsh for test bodies, once EnsureLibvirtd has succeeded (warm daemon).
 inline constexpr const char* kVirsh = "timeout 60 virsh -q -c qemu:///system ";
 
-// True once libvirtd answers (starting it if needed, at most ~30 s).
-inline bool EnsureLibvirtd() {
-  if (Run(std::string(kVirsh) + "version").exit_code == 0) return true;
-  Run("mkdir -p /var/log/libvirt /var/run/libvirt /var/lib/libvirt/qemu;"
-      "getent group kvm >/dev/null || groupadd -r kvm;"
-      "getent passwd libvirt-qemu >/dev/null || { groupadd -r libvirt-qemu;"
-      " useradd -r -g libvirt-qemu -G kvm libvirt-qemu; }");
-  Run("pgrep -x virtlogd >/dev/null || virtlogd -d");
-  Run("pgrep -x libvirtd >/dev/null || libvirtd -d");
-  for (int i = 0; i < 60; ++i) {
-    if (Run(std::string(kVirsh) + "version").exit_code == 0) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  }
-  return false;
-}
+// How long a test waits for the lock, the daemons' start and the first probe
+// of QEMU together: seconds on an idle machine, far longer on two cores busy
+// with parallel tests.
+inline constexpr double kLibvirtdReadySeconds = 420;
 
-#define BARGE_REQUIRE_LIBVIRT()                                      \
-  do {                                                               \
-    BARGE_REQUIRE_TOOL("virsh");                                     \
-    BARGE_REQUIRE_TOOL("libvirtd");                                  \
-    BARGE_REQUIRE_TOOL("qemu-system-x86_64");                        \
-    ASSERT_TRUE(::barge::testing::EnsureLibvirtd()) << "libvirtd did not start"; \
+// The machine-wide lock over starting and stopping the test daemons: ctest
+// runs tests in parallel processes, and exactly one of them may start
+// libvirtd (or stop it, VmLibvirtdRestartTest) while the others wait. An
+// flock on a file under /run/lock, taken with O_CLOEXEC so that a daemon
+// started under it does not inherit it. One per process at a time.
+class LibvirtdLock {
+ public:
+  // Waits up to `timeout_seconds` for the lock; held() tells whether it came.
+  explicit LibvirtdLock(double timeout_seconds = kLibvirtdReadySeconds);
+  ~LibvirtdLock();
+  LibvirtdLock(const LibvirtdLock&) = delete;
+  LibvirtdLock& operator=(const LibvirtdLock&) = delete;
+
+  bool held() const { return fd_ >= 0; }
+  const std::string& error() const { return error_; }  // why not held
+
+ private:
+  int fd_ = -1;
+  std::string error_;
+};
+
+// Makes libvirtd usable for a test, whatever state the machine is in: under
+// the lock, prepares the machine (TESTBED.md's folders, user and groups;
+// /dev/kvm as udev would leave it), starts virtlogd and libvirtd when they
+// are not running, waits until the daemon answers and has probed QEMU
+// (`virsh domcapabilities` and `virsh capabilities`; minutes with an empty
+// capability cache on a loaded machine), checks that the probe stays cached,
+// and removes test domains whose process is gone. Fails with what it saw
+// (and the daemon log's tail) if the daemon is not ready within
+// kLibvirtdReadySeconds.
+// Prints one line of timings to stderr. May block that long.
+::testing::AssertionResult EnsureLibvirtd();
+// The same, for a caller that already holds the lock.
+::testing::AssertionResult EnsureLibvirtd(const LibvirtdLock& held);
+
+// SIGTERM to libvirtd (its pid file names it); waits up to 30 s until the
+// process has exited. Running QEMU processes stay. The caller holds the lock
+// until EnsureLibvirtd has brought the daemon back.
+::testing::AssertionResult StopLibvirtd(const LibvirtdLock& held);
+
+// Destroys and undefines `domain` (with its checkpoint and snapshot
+// metadata) and checks that libvirt no longer lists it.
+::testing::AssertionResult RemoveDomain(const std::string& domain);
+
+// Removes every domain named like a test domain whose process is no longer
+// running (killed runs, timed-out defines); returns how many it removed.
+int SweepTestDomains();
+
+#define BARGE_REQUIRE_LIBVIRT()                        \
+  do {                                                 \
+    BARGE_REQUIRE_TOOL("virsh");                       \
+    BARGE_REQUIRE_TOOL("libvirtd");                    \
+    BARGE_REQUIRE_TOOL("virtlogd");                    \
+    BARGE_REQUIRE_TOOL("qemu-system-x86_64");          \
+    ASSERT_TRUE(::barge::testing::EnsureLibvirtd());   \
   } while (0)
 
 // Makes `dir` and its parents up to / traversable by the QEMU user.
@@ -68,73 +107,42 @@ struct DomainExtras {
   std::string devices_xml;
 };
 
-// A throwaway persistent domain, destroyed and undefined (with its checkpoint
-// metadata) on destruction.
+// A throwaway persistent domain named "barge-test-<pid>-<prefix>-<n>",
+// destroyed and undefined (with its checkpoint metadata) on destruction,
+// whether the test passed, failed or threw; a removal that does not happen
+// is a test failure. One thread at a time.
 class TestDomain {
  public:
-  TestDomain(const std::string& prefix, std::vector<TestDisk> disks, DomainExtras extras = {})
-      : disks_(std::move(disks)), extras_(std::move(extras)) {
-    static std::atomic<int> counter{0};
-    name_ = "barge-" + prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  }
-  ~TestDomain() {
-    Run(std::string(kVirsh) + "destroy " + name_ + " 2>/dev/null");
-    Run(std::string(kVirsh) + "undefine " + name_ + " --checkpoints-metadata 2>/dev/null");
-  }
+  TestDomain(const std::string& prefix, std::vector<TestDisk> disks, DomainExtras extras = {});
+  ~TestDomain();
   TestDomain(const TestDomain&) = delete;
   TestDomain& operator=(const TestDomain&) = delete;
 
   const std::string& name() const { return name_; }
+  std::string Xml() const;
 
-  std::string Xml() const {
-    std::string x = "<domain type='qemu'><name>" + name_ + "</name><memory unit='MiB'>" +
-                    std::to_string(extras_.memory_mib) +
-                    "</memory><vcpu>1</vcpu>"
-                    "<os><type arch='x86_64' machine='pc'>hvm</type>" +
-                    extras_.os_xml + "</os><devices>";
-    for (const auto& d : disks_) {
-      x += "<disk type='file' device='disk'><driver name='qemu' type='" + d.format + "'/><source file='" +
-           d.path + "'/><target dev='" + d.target + "' bus='virtio'/></disk>";
-    }
-    return x + extras_.devices_xml + "</devices></domain>";
-  }
-
-  void Define(const std::string& dir) {
-    std::string xml_path = dir + "/" + name_ + ".xml";
-    FILE* f = fopen(xml_path.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    fputs(Xml().c_str(), f);
-    fclose(f);
-    RunOk(std::string(kVirsh) + "define " + xml_path);
-  }
+  // Writes the XML into `dir` and defines it (generous timeout: the first
+  // define of a process may still find the daemon busy).
+  void Define(const std::string& dir);
   void StartPaused() { RunOk(std::string(kVirsh) + "start " + name_ + " --paused"); }
   void Start() { RunOk(std::string(kVirsh) + "start " + name_); }
   void Destroy() { RunOk(std::string(kVirsh) + "destroy " + name_); }
   // SIGKILL of the QEMU process: persistent bitmaps stay marked in use.
-  void Kill9() {
-    RunOk("kill -9 $(cat /var/run/libvirt/qemu/" + name_ + ".pid)");
-    for (int i = 0; i < 40; ++i) {
-      if (Run(std::string(kVirsh) + "domstate " + name_).output.find("shut off") != std::string::npos) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    }
-  }
+  void Kill9();
   // Guest write of `pattern` through the disk's virtio backend (disk index i).
   void Write(int pattern, const std::string& offset, const std::string& length, int disk = 0) {
     Hmp("write -P " + std::to_string(pattern) + " " + offset + " " + length, disk);
   }
   void Flush(int disk = 0) { Hmp("flush", disk); }
-  void Hmp(const std::string& qemu_io, int disk) {
-    std::string dev = disk == 0 ? "virtio-disk0" : "virtio-disk" + std::to_string(disk);
-    std::string out = RunOk(std::string(kVirsh) + "qemu-monitor-command " + name_ + " --hmp " +
-                            ShellQuote("qemu-io -d /machine/peripheral/" + dev + "/virtio-backend \"" +
-                                       qemu_io + "\""));
-    EXPECT_EQ(out.find("rror"), std::string::npos) << out;
-  }
+  void Hmp(const std::string& qemu_io, int disk);
 
  private:
   std::string name_;
   std::vector<TestDisk> disks_;
   DomainExtras extras_;
+  // The define ran past its timeout: libvirtd may still complete it after
+  // virsh gave up, so the destructor waits for the domain to appear.
+  bool define_timed_out_ = false;
 };
 
 // Shared fixture of the libvirt tests: a temporary folder open to QEMU, a
@@ -151,12 +159,8 @@ class VmTestBase : public ::testing::Test {
   std::string Barge(const std::string& args) {
     return BargeBinary() + " " + args + " --catalog " + ShellQuote(catalog_);
   }
-  nlohmann::json BargeJson(const std::string& args) {
-    std::string out = RunOk(Barge(args) + " --json");
-    nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << out;
-    return j;
-  }
+  // The result event of `barge ARGS --json` (docs/json.md), which must exit 0.
+  nlohmann::json BargeJson(const std::string& args) { return ::barge::testing::RunResult(Barge(args) + " --json"); }
   nlohmann::json Backup(const std::string& domain, const std::string& extra = "") {
     return BargeJson("vm backup --domain " + domain + " --target " + ShellQuote(target_) + " --skip-quiesce " +
                      extra);

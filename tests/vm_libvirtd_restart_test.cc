@@ -3,16 +3,8 @@
 // with SIGTERM while QEMU keeps running, started again, and the next backups
 // are checked. Restarting the daemon disturbs every other libvirt test, so
 // tests/CMakeLists.txt registers VmLibvirtdRestartTest.* with RUN_SERIAL.
-#include <signal.h>
-#include <sys/types.h>
-
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -25,47 +17,22 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-// Where libvirtd -d writes its pid and where the QEMU driver keeps
-// checkpoint metadata (one folder per domain, one XML per checkpoint).
-constexpr const char* kLibvirtdPidFile = "/var/run/libvirtd.pid";
+// Where the QEMU driver keeps checkpoint metadata (one folder per domain,
+// one XML per checkpoint).
 constexpr const char* kCheckpointStateDir = "/var/lib/libvirt/qemu/checkpoint/";
-
-// The running libvirtd's pid from its pid file, or -1.
-pid_t LibvirtdPid() {
-  std::ifstream in(kLibvirtdPidFile);
-  long pid = -1;
-  if (!(in >> pid) || pid <= 0) return -1;
-  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
-  std::string name;
-  if (!std::getline(comm, name) || name != "libvirtd") return -1;
-  return static_cast<pid_t>(pid);
-}
-
-// True once `pid` is gone and reaped: a zombie still matches
-// `pgrep -x libvirtd`, and EnsureLibvirtd would not start a new daemon.
-bool ProcessGone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
-
-// SIGTERM to libvirtd (by the pid in its pid file), then waits up to 30 s
-// until the process is gone.
-::testing::AssertionResult StopLibvirtd() {
-  pid_t pid = LibvirtdPid();
-  if (pid <= 0) return ::testing::AssertionFailure() << "no libvirtd pid in " << kLibvirtdPidFile;
-  if (::kill(pid, SIGTERM) != 0) return ::testing::AssertionFailure() << "kill: " << std::strerror(errno);
-  for (int i = 0; i < 120; ++i) {
-    if (ProcessGone(pid)) return ::testing::AssertionSuccess();
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
-  return ::testing::AssertionFailure() << "libvirtd " << pid << " still there (running or not reaped) 30 s after SIGTERM";
-}
 
 bool QemuRunning(const std::string& domain) {
   return Run("kill -0 $(cat /var/run/libvirt/qemu/" + domain + ".pid)").exit_code == 0;
 }
 
-// Starts libvirtd again on scope exit, whatever happened in between, so a
-// failed test does not leave the daemon down for the tests after it.
+// Starts libvirtd again on scope exit, whatever happened in between, and
+// waits until it has probed QEMU, so a failed test does not leave the daemon
+// down for the tests after it.
 struct LibvirtdBackOnExit {
-  ~LibvirtdBackOnExit() { EnsureLibvirtd(); }
+  ~LibvirtdBackOnExit() {
+    ::testing::AssertionResult up = EnsureLibvirtd();
+    if (!up) ADD_FAILURE() << up.message();
+  }
 };
 
 class VmLibvirtdRestartTest : public VmTestBase {
@@ -95,52 +62,61 @@ TEST_F(VmLibvirtdRestartTest, RestartWithCheckpointMetadataLostThenRedefine) {
   std::string disk = dir_ / "d.qcow2";
   RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M");
   TestDomain dom("restart", {{"vda", disk, "qcow2"}});
-  dom.Define(dir_.path().string());
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   dom.StartPaused();
   LibvirtdBackOnExit back_on_exit;  // destroyed before `dom`, which needs libvirtd
   RunOk(Barge("tracker create t1 --domain " + dom.name()));
   dom.Write(0xee, "1M", "4M");
   json b0 = Backup(dom.name());
-  ASSERT_EQ(b0["backupType"], "Full") << b0.dump();
-  std::string cp0 = b0["checkpointName"];
+  ASSERT_EQ(b0["backup_type"], "full") << b0.dump();
+  std::string cp0 = b0["checkpoint"];
   dom.Write(0x11, "20M", "1M");
 
-  // Stop libvirtd; QEMU keeps running. Remove the checkpoint metadata.
+  // Stop libvirtd; QEMU keeps running. Remove the checkpoint metadata. The
+  // lock keeps other test processes from starting the daemon meanwhile.
   std::string meta_dir = kCheckpointStateDir + dom.name();
   ASSERT_TRUE(fs::exists(meta_dir + "/" + cp0 + ".xml")) << "checkpoint metadata not where expected: " << meta_dir;
-  ASSERT_TRUE(StopLibvirtd());
-  EXPECT_TRUE(QemuRunning(dom.name()));
-  fs::remove_all(meta_dir);
-  ASSERT_TRUE(EnsureLibvirtd()) << "libvirtd did not start again";
+  {
+    LibvirtdLock lock;
+    ASSERT_TRUE(lock.held()) << lock.error();
+    ASSERT_TRUE(StopLibvirtd(lock));
+    EXPECT_TRUE(QemuRunning(dom.name()));
+    fs::remove_all(meta_dir);
+    ASSERT_TRUE(EnsureLibvirtd(lock)) << "libvirtd did not start again";
+  }
   EXPECT_TRUE(QemuRunning(dom.name()));
   EXPECT_NE(RunOk(std::string(kVirsh) + "domstate " + dom.name()).find("paused"), std::string::npos);
   EXPECT_EQ(CheckpointNames(dom.name()).find(cp0), std::string::npos) << "libvirt should have lost " << cp0;
   json doc = BargeJson("doctor --domain " + dom.name());
-  EXPECT_EQ(doc["trackerCheckpoints"][0]["inLibvirt"], false) << doc.dump();
+  EXPECT_EQ(doc["tracker_checkpoints"][0]["in_libvirt"], false) << doc.dump();
 
   json re = BargeJson("checkpoint redefine --domain " + dom.name());
-  ASSERT_EQ(re.size(), 1u) << re.dump();
-  EXPECT_EQ(re[0]["action"], "redefined") << re.dump();
+  ASSERT_EQ(re["checkpoints"].size(), 1u) << re.dump();
+  EXPECT_EQ(re["checkpoints"][0]["action"], "redefined") << re.dump();
   EXPECT_NE(CheckpointNames(dom.name()).find(cp0), std::string::npos);
   json b1 = Backup(dom.name());
-  EXPECT_EQ(b1["backupType"], "Incremental") << b1.dump();
-  EXPECT_EQ(b1["parentCheckpoint"], cp0);
-  EXPECT_LE(b1["disks"][0]["bytesRead"].get<uint64_t>(), 2u << 20) << b1.dump();
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(b1["parent_checkpoint"], cp0);
+  EXPECT_LE(b1["disks"][0]["bytes_read"].get<uint64_t>(), 2u << 20) << b1.dump();
   std::string chain = target_ + "/" + dom.name() + "/vda";
   std::string p1 = FlatNow(dom, disk, "p1.raw");
   ExpectRestores(chain, 1, p1);
 
   // A plain restart, metadata kept: libvirt reloads the checkpoint itself.
-  std::string cp1 = b1["checkpointName"];
+  std::string cp1 = b1["checkpoint"];
   dom.Write(0x22, "30M", "2M");
-  ASSERT_TRUE(StopLibvirtd());
-  EXPECT_TRUE(QemuRunning(dom.name()));
-  ASSERT_TRUE(EnsureLibvirtd()) << "libvirtd did not start again";
+  {
+    LibvirtdLock lock;
+    ASSERT_TRUE(lock.held()) << lock.error();
+    ASSERT_TRUE(StopLibvirtd(lock));
+    EXPECT_TRUE(QemuRunning(dom.name()));
+    ASSERT_TRUE(EnsureLibvirtd(lock)) << "libvirtd did not start again";
+  }
   EXPECT_NE(CheckpointNames(dom.name()).find(cp1), std::string::npos);
   json b2 = Backup(dom.name());
-  EXPECT_EQ(b2["backupType"], "Incremental") << b2.dump();
-  EXPECT_EQ(b2["parentCheckpoint"], cp1);
-  EXPECT_LE(b2["disks"][0]["bytesRead"].get<uint64_t>(), 3u << 20) << b2.dump();
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_EQ(b2["parent_checkpoint"], cp1);
+  EXPECT_LE(b2["disks"][0]["bytes_read"].get<uint64_t>(), 3u << 20) << b2.dump();
   dom.Destroy();  // graceful: the disk file is complete
   std::string flat = dir_ / "flat.raw";
   RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));

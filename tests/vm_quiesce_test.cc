@@ -97,7 +97,7 @@ class VmQuiesceTest : public VmTestBase {
                          "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>";
     dom_ = std::make_unique<TestDomain>("quiesce", std::vector<TestDisk>{{"vda", vda_, "raw"}, {"vdb", vdb_, "raw"}},
                                         extras);
-    dom_->Define(dir_.path().string());
+    ASSERT_NO_FATAL_FAILURE(dom_->Define(dir_.path().string()));
     json st = BargeJson("cbt enable --domain " + dom_->name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
     ASSERT_EQ(st["state"], "Enabled") << st.dump();
     OpenForQemu(dir_ / "cbt");
@@ -183,8 +183,8 @@ TEST_F(VmQuiesceTest, FreezeBeforeTheJobThawAfter) {
   EXPECT_EQ(FreezeStatus(), "thawed");
 
   json b0 = QuiescedBackup();
-  ASSERT_TRUE(b0.contains("backupType")) << b0.dump();
-  EXPECT_EQ(b0["backupType"], "Full") << b0.dump();
+  ASSERT_TRUE(b0.contains("backup_type")) << b0.dump();
+  EXPECT_EQ(b0["backup_type"], "full") << b0.dump();
   EXPECT_EQ(HookLines(2), (std::vector<std::string>{"barge-hook freeze 1", "barge-hook thaw 1"})) << SerialLog();
   EXPECT_EQ(FreezeStatus(), "thawed");
 
@@ -214,8 +214,8 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
   if (HasFatalFailure()) return;
   RunOk(Barge("tracker create t1 --domain " + dom_->name()));
   json b0 = QuiescedBackup();
-  ASSERT_TRUE(b0.contains("checkpointName")) << b0.dump();
-  std::string cp0 = b0["checkpointName"];
+  ASSERT_TRUE(b0.contains("checkpoint")) << b0.dump();
+  std::string cp0 = b0["checkpoint"];
   size_t files_before = std::distance(fs::directory_iterator(Chain("vda")), fs::directory_iterator());
 
   auto failed = ::barge::testing::Run("BARGE_VM_BACKUP_FAULT=after-freeze " +
@@ -226,13 +226,13 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
                                                     "barge-hook freeze 2", "barge-hook thaw 2"}))
       << SerialLog();
   EXPECT_EQ(FreezeStatus(), "thawed");
-  EXPECT_EQ(BargeJson("tracker show t1")["latestCheckpoint"]["name"], cp0);
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"]["name"], cp0);
   std::string cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom_->name() + " --name");
   EXPECT_EQ(cps.find('\n'), cps.rfind('\n')) << "one checkpoint expected: " << cps;
   EXPECT_NE(cps.find(cp0), std::string::npos) << cps;
   EXPECT_EQ(static_cast<size_t>(std::distance(fs::directory_iterator(Chain("vda")), fs::directory_iterator())),
             files_before);
-  json recs = json::parse(RunOk(Barge("vm backups --domain " + dom_->name())));
+  json recs = BargeJson("vm backups --domain " + dom_->name())["backups"];
   ASSERT_EQ(recs.size(), 2u);
   EXPECT_EQ(recs.back()["result"], "failed");
   EXPECT_NE(recs.back()["error"].get<std::string>().find("injected"), std::string::npos);
@@ -240,9 +240,9 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
   // The guest still answers and freezes: an incremental from cp0 whose point
   // in time holds the third freeze's stamp and the failed run's thaw stamp.
   json b1 = QuiescedBackup();
-  ASSERT_TRUE(b1.contains("backupType")) << b1.dump();
-  EXPECT_EQ(b1["backupType"], "Incremental") << b1.dump();
-  EXPECT_EQ(b1["parentCheckpoint"], cp0);
+  ASSERT_TRUE(b1.contains("backup_type")) << b1.dump();
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(b1["parent_checkpoint"], cp0);
   EXPECT_EQ(HookLines(6).size(), 6u) << SerialLog();
   EXPECT_EQ(FreezeStatus(), "thawed");
   std::string expected = Copy(vda_, "vda-expected.raw");
@@ -254,7 +254,7 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
   // A thaw that fails once the job has started (BARGE_VM_BACKUP_FAULT=
   // thaw-once): the run stops rather than copy with the guest frozen, its
   // cleanup thaws the guest, and nothing is committed.
-  std::string cp1 = b1["checkpointName"];
+  std::string cp1 = b1["checkpoint"];
   auto unthawed = ::barge::testing::Run("BARGE_VM_BACKUP_FAULT=thaw-once " +
                       Barge("vm backup --domain " + dom_->name() + " --target " + ShellQuote(target_)));
   EXPECT_NE(unthawed.exit_code, 0);
@@ -265,7 +265,7 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
   EXPECT_EQ(hooks[6], "barge-hook freeze 4");
   EXPECT_EQ(hooks[7], "barge-hook thaw 4");
   EXPECT_EQ(FreezeStatus(), "thawed");
-  EXPECT_EQ(BargeJson("tracker show t1")["latestCheckpoint"]["name"], cp1);
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"]["name"], cp1);
   cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom_->name() + " --name");
   EXPECT_EQ(cps.find('\n'), cps.rfind('\n')) << "one checkpoint expected: " << cps;
 }

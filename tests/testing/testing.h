@@ -33,15 +33,18 @@ class TempDir {
 };
 
 struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
+  int exit_code = -1;        // the exit status, or 128 + the signal that ended it
+  std::string output;        // stdout and stderr together, about in the order they came
+  std::string stdout_text;   // stdout alone (a --json run's NDJSON events)
+  std::string stderr_text;   // stderr alone
 };
 
-// Runs `command` with /bin/sh, capturing stdout and stderr.
+// Runs `command` with /bin/sh (stdin /dev/null), capturing stdout and
+// stderr, each alone and both together.
 CommandResult Run(const std::string& command);
 
 // Runs and fails the test (ADD_FAILURE) with the output when the exit code
-// differs from `expected_exit`. Returns the output.
+// differs from `expected_exit`. Returns the output (stdout and stderr).
 std::string RunOk(const std::string& command, int expected_exit = 0);
 
 // The path of the built barge binary.
@@ -73,8 +76,8 @@ class SocketServer {
   SocketServer(const SocketServer&) = delete;
   SocketServer& operator=(const SocketServer&) = delete;
 
-  // Polls up to 10 s for the socket; false if it never shows or the server
-  // exits first.
+  // Polls up to 10 s for the socket to listen; false if it never does or
+  // the server exits first.
   bool WaitReady();
   std::string uri() const { return "nbd+unix:///?socket=" + socket_; }
 
@@ -83,10 +86,33 @@ class SocketServer {
   int pid_ = -1;
 };
 
-// The `"event": "result"` object of a `--json` run: progress lines come
-// first, one object a line; the result may span lines (pretty-printed).
-// An empty json when there is none.
-nlohmann::json ResultObject(const std::string& output);
+// A --json run's stdout read strictly as NDJSON (docs/json.md): every line
+// one JSON object with a string "event" (progress, warning, result, error)
+// and a non-empty string "command"; no blank line, no other text; the last
+// line ends with a newline. Anything else is a test failure (ADD_FAILURE
+// quoting the line). Returns the objects that parsed, in order.
+std::vector<nlohmann::json> Events(const std::string& stdout_text);
+
+// The one "result" event of `stdout_text` (Events). A failure unless there
+// is exactly one, and only progress and warning events before it (an error
+// may follow it: a failed run's report, e.g. replicate's per copy). An
+// empty object when there is none.
+nlohmann::json ResultOf(const std::string& stdout_text);
+
+// The one "error" event of `stdout_text` (Events), which must be the last
+// line and carry code, message and exit_code. An empty object when there
+// is none (a failure).
+nlohmann::json ErrorOf(const std::string& stdout_text);
+
+// Runs a --json command (the flag is the caller's), fails the test unless
+// it exits `expected_exit`, and returns ResultOf its stdout (exit 0: no
+// error event either).
+nlohmann::json RunResult(const std::string& command, int expected_exit = 0);
+
+// Runs a --json command expected to fail with `expected_exit`: fails the
+// test unless it does and its stdout ends with an error event whose
+// exit_code is that code. Returns the error event.
+nlohmann::json RunError(const std::string& command, int expected_exit);
 
 // Deterministic pseudo-random bytes (splitmix64 from `seed`).
 std::vector<std::byte> RandomBytes(size_t n, uint64_t seed);

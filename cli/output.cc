@@ -1,0 +1,175 @@
+// Output: text or NDJSON events, errors with their exit codes, and the
+// subcommand registration every command goes through.
+#include "cli/output.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <ostream>
+#include <streambuf>
+
+#include "cli/interrupt.h"
+
+namespace barge::cli {
+
+namespace {
+
+// A stream that drops everything: text() under --json.
+class NullBuffer final : public std::streambuf {
+ protected:
+  int overflow(int c) override { return traits_type::not_eof(c); }
+  std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
+};
+
+std::ostream& NullStream() {
+  static NullBuffer buffer;
+  static std::ostream stream(&buffer);
+  return stream;
+}
+
+std::string FullName(const CLI::App* app) {
+  std::string name = app->get_name();
+  for (const CLI::App* p = app->get_parent(); p != nullptr && p->get_parent() != nullptr;
+       p = p->get_parent()) {
+    name = p->get_name() + " " + name;
+  }
+  return name;
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+std::string ExitCodeTable() {
+  return "Exit codes:\n"
+         "  0    success (check: no errors; compare: identical)\n"
+         "  1    failed: I/O, not found, not supported, invalid input, no space\n"
+         "       (compare: the images differ)\n"
+         "  2    corruption: an image, manifest or digest table is damaged or does\n"
+         "       not match its digests (compare: any error)\n"
+         "  3    check: leaked clusters only\n"
+         "  4    busy: another process holds a lock on it; retry later\n"
+         "  64   usage: unknown command or option, bad option value\n"
+         "  70   internal error (a bug in barge)\n"
+         "  130  interrupted (SIGINT); 143 terminated (SIGTERM): temporaries removed\n";
+}
+
+int ExitCodeFor(const Error& error) {
+  switch (error.code()) {
+    case ErrorCode::kCorruption: return kExitCorruption;
+    case ErrorCode::kBusy: return kExitBusy;
+    case ErrorCode::kInternal: return kExitInternal;
+    case ErrorCode::kCancelled:
+      if (InterruptSignal() == SIGINT) return kExitSigint;
+      if (InterruptSignal() == SIGTERM) return kExitSigterm;
+      return kExitError;
+    default: return kExitError;
+  }
+}
+
+Output::Output(std::string command, bool json) : command_(std::move(command)), json_(json) {}
+
+std::ostream& Output::text() { return json_ ? NullStream() : std::cout; }
+
+void Output::Event(std::string_view event, const nlohmann::json& fields) {
+  if (!json_) return;
+  // "event" and "command" first, for people reading the stream.
+  nlohmann::ordered_json j;
+  j["event"] = event;
+  j["command"] = command_;
+  if (fields.is_object()) {
+    for (auto it = fields.begin(); it != fields.end(); ++it) j[it.key()] = it.value();
+  }
+  // One line per event, whole: never interleaved with another thread's.
+  std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::lock_guard lock(mu_);
+  std::cout.flush();
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fflush(stdout);
+}
+
+void Output::Warning(const std::string& message, const std::string& file) {
+  {
+    std::lock_guard lock(mu_);
+    std::cerr << "barge: warning: " << (file.empty() ? "" : file + ": ") << message << "\n";
+  }
+  nlohmann::json j = {{"message", message}};
+  if (!file.empty()) j["file"] = file;
+  Event("warning", j);
+}
+
+int Output::Fail(const Error& error) { return Fail(error, ExitCodeFor(error)); }
+
+int Output::Fail(const Error& error, int exit_code) {
+  // Interrupted runs exit 130/143 whatever the command's own codes say.
+  if (error.code() == ErrorCode::kCancelled && InterruptSignal() != 0) {
+    exit_code = 128 + InterruptSignal();
+  }
+  {
+    std::lock_guard lock(mu_);
+    std::cerr << "barge: " << error.ToString() << "\n";
+  }
+  nlohmann::json j = {{"code", ErrorCodeName(error.code())},
+                      {"message", error.message()},
+                      {"exit_code", exit_code},
+                      {"retryable", error.retryable()}};
+  if (!error.path().empty()) j["file"] = error.path();
+  if (error.offset()) j["offset"] = *error.offset();
+  if (error.length()) j["length"] = *error.length();
+  if (error.errno_value() != 0) j["errno"] = error.errno_value();
+  Event("error", j);
+  return exit_code;
+}
+
+int Output::Usage(const std::string& message) {
+  return Fail(Error::InvalidArgument(message), kExitUsage);
+}
+
+CLI::App* AddCommand(CLI::App& parent, const std::string& name, const std::string& description,
+                     int& exit_code, std::function<int(Output&)> run) {
+  CLI::App* cmd = parent.add_subcommand(name, description);
+  auto json = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json, "NDJSON on stdout: one object per line with an \"event\" (docs/json.md)");
+  cmd->callback([cmd, json, run = std::move(run), &exit_code]() {
+    Output out(FullName(cmd), *json);
+    exit_code = run(out);
+  });
+  return cmd;
+}
+
+CLI::App* AddGroup(CLI::App& parent, const std::string& name, const std::string& description) {
+  CLI::App* group = parent.add_subcommand(name, description);
+  group->require_subcommand(1);
+  return group;
+}
+
+std::string ClosestMatch(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (const auto& c : candidates) {
+    size_t d = EditDistance(word, c);
+    if (d < best_distance) {
+      best_distance = d;
+      best = c;
+    }
+  }
+  // A typo: at most 2 edits, fewer than the word has letters.
+  if (best_distance <= 2 && best_distance < word.size()) return best;
+  return "";
+}
+
+}  // namespace barge::cli

@@ -1,0 +1,335 @@
+// One run of a policy, and forget (orchestrate/policy_runner.h).
+#include "orchestrate/policy_runner.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/file_lock.h"
+#include "orchestrate/time_text.h"
+#include "pipeline/backup.h"
+
+namespace barge::orchestrate {
+
+namespace {
+
+bool Selected(const std::vector<std::string>& only, const std::string& name) {
+  return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+}
+
+Result<std::unique_ptr<EnvLock>> LockPolicy(Env& env, const std::string& catalog_path, const std::string& policy,
+                                            bool wait) {
+  const std::string path = PolicyLockPath(catalog_path, policy);
+  BARGE_RETURN_IF_ERROR(env.CreateDirs(path.substr(0, path.find_last_of('/'))));
+  LockOptions lo;
+  lo.create = true;
+  lo.wait = wait;
+  lo.busy_message = "a run of policy " + policy + " is in progress";
+  return env.LockFile(path, lo);
+}
+
+class Runner {
+ public:
+  Runner(const Policy& policy, const RunOptions& options, Env& env, SourceBackend& backend, PolicyCatalog& catalog)
+      : policy_(policy), opt_(options), env_(env), backend_(backend), catalog_(catalog) {
+    now_ = options.now ? options.now : [] { return NowSeconds(); };
+    if (options.pick) {
+      pick_ = options.pick;
+    } else {
+      pick_ = [this](size_t n) {
+        std::lock_guard lock(mu_);
+        return std::uniform_int_distribution<size_t>(0, n - 1)(rng_);
+      };
+    }
+    run_id_ = policy.name + "-" + FormatRfc3339(now_()) + "-" + std::to_string(ProcessOwner::Self().pid);
+    host_ = ProcessOwner::Self().host;
+  }
+
+  // Runs f with the catalog connection to itself.
+  template <typename F>
+  auto Locked(F f) {
+    std::lock_guard lock(catalog_mu_);
+    return f();
+  }
+
+  Result<RunReport> Run() {
+    RunReport report;
+    report.run_id = run_id_;
+    std::vector<size_t> due;
+    for (const auto& s : policy_.sources) {
+      if (!Selected(opt_.only_sources, s.name)) continue;
+      SourceOutcome o;
+      o.source = s.name;
+      BARGE_ASSIGN_OR_RETURN(SourceState st, Locked([&] { return catalog_.StateOf(policy_.name, s.name); }));
+      o.due = DecideDue(policy_, st, now_(), false);
+      if (opt_.manual) {
+        o.due.due = true;
+        o.due.trigger = Trigger::kManual;
+        o.due.why = "manual run";
+      }
+      if (o.due.due) due.push_back(report.sources.size());
+      report.sources.push_back(std::move(o));
+    }
+    if (due.empty()) return report;
+
+    std::atomic<size_t> next{0};
+    std::atomic<size_t> active_workers{0};
+    auto worker = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < due.size();) {
+        SourceOutcome& o = report.sources[due[i]];
+        RunSource(*policy_.FindSource(o.source), o);
+      }
+      std::lock_guard lock(mu_);
+      if (--active_workers == 0) done_cv_.notify_all();
+    };
+    const size_t n = std::min<size_t>(policy_.max_parallel, due.size());
+    active_workers = n;
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < n; ++i) threads.emplace_back(worker);
+    Watch(active_workers);
+    for (auto& t : threads) t.join();
+
+    for (const auto& o : report.sources) {
+      if (!o.ran) continue;
+      ++report.ran;
+      if (o.record.result != "success") ++report.failed;
+    }
+    report.stopped = cancel_.load();
+    report.stop_reason = StopReason();
+    return report;
+  }
+
+ private:
+  std::string StopReason() {
+    std::lock_guard lock(mu_);
+    return stop_reason_;
+  }
+
+  // Stops the run at max_run_time or when asked; returns when every worker
+  // is done.
+  void Watch(std::atomic<size_t>& active) {
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_lock lock(mu_);
+    while (active.load() > 0) {
+      done_cv_.wait_for(lock, std::chrono::milliseconds(50));
+      if (cancel_) continue;
+      if (policy_.max_run_time.count() > 0 && std::chrono::steady_clock::now() - start >= policy_.max_run_time) {
+        stop_reason_ = "stopped: max_run_time " + FormatDuration(policy_.max_run_time) + " exceeded";
+        cancel_ = true;
+      } else if (opt_.stop != nullptr && opt_.stop->load()) {
+        stop_reason_ = "stopped: the run was asked to stop";
+        cancel_ = true;
+      }
+    }
+  }
+
+  void RunSource(const PolicySource& s, SourceOutcome& o) {
+    o.ran = true;
+    RunRecord& r = o.record;
+    r.run_id = run_id_;
+    r.policy = policy_.name;
+    r.source = s.name;
+    r.source_kind = std::string(PolicySourceKindName(s.kind));
+    r.trigger = std::string(TriggerName(o.due.trigger));
+    r.trigger_detail = o.due.why;
+    r.reason = policy_.reason;
+    r.host = host_;
+    r.started_at = FormatRfc3339(now_());
+    r.barge_version = BargeVersion();
+    r.result = "running";
+    auto id = Locked([&] { return catalog_.BeginRun(r); });
+    if (!id.ok()) {
+      r.result = "failed";
+      r.error = id.error().ToString();
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Status result = Backup(s, o);
+    r.duration_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.finished_at = FormatRfc3339(now_());
+    if (result.ok()) {
+      r.result = "success";
+    } else {
+      r.result = "failed";
+      r.points.clear();
+      std::string stop = cancel_ ? StopReason() : "";
+      r.error = stop.empty() ? result.error().ToString() : stop + " (" + result.error().ToString() + ")";
+    }
+    Status finished = Locked([&] { return catalog_.FinishRun(*id, r); });
+    if (!finished.ok()) {
+      r.result = "failed";
+      r.error += std::string(r.error.empty() ? "" : "; ") + "record not written: " + finished.error().ToString();
+    }
+  }
+
+  Status Backup(const PolicySource& s, SourceOutcome& o) {
+    RunRecord& r = o.record;
+    if (cancel_) return Error::Cancelled("not started");
+    BARGE_ASSIGN_OR_RETURN(SourcePoints points, ScanSource(env_, policy_, s));
+
+    // Retention first: with retention_count points, the oldest goes before
+    // the new one is made. A failure is reported but does not stop the
+    // backup (a fresh point matters more than an extra old one).
+    if (points.points.size() >= policy_.retention_count) {
+      RetentionPlan plan =
+          PlanRetention(points.points, points.chains, KeepNewest(points.points, policy_.retention_count - 1));
+      Status applied = Locked([&] { return ApplyRetention(env_, plan, &catalog_, opt_.copy); });
+      o.retention = std::to_string(plan.forget.size()) + " point(s) removed";
+      if (!applied.ok()) o.retention = "retention failed: " + applied.error().ToString();
+      BARGE_ASSIGN_OR_RETURN(points, ScanSource(env_, policy_, s));
+    }
+
+    // Full or incremental.
+    std::string blocker;
+    if (points.newest_chain) {
+      std::string last_cleared;
+      BARGE_ASSIGN_OR_RETURN(auto runs, Locked([&] { return catalog_.ListRuns({policy_.name, s.name, 50}); }));
+      for (const auto& run : runs) {
+        if (run.result != "success") continue;
+        for (const auto& p : run.points) {
+          if (p.chain_dir == points.newest_chain_dir) last_cleared = p.id;
+        }
+        break;
+      }
+      BARGE_ASSIGN_OR_RETURN(blocker, backend_.IncrementalBlocker(s, points.newest_id, last_cleared));
+    }
+    TypeDecision type = DecideBackupType(policy_, s, points.newest_chain, blocker.empty(), blocker);
+
+    // Placement.
+    BARGE_ASSIGN_OR_RETURN(uint64_t allocated, backend_.AllocatedBytes(s));
+    BARGE_ASSIGN_OR_RETURN(auto counts, Locked([&] { return catalog_.SuccessCounts(policy_.name, s.name); }));
+    std::vector<TargetState> targets;
+    for (const auto& t : policy_.targets) {
+      TargetState ts{t, std::nullopt, "", counts.count(t) ? counts[t] : 0};
+      auto space = env_.Space(t);
+      if (space.ok()) ts.free_bytes = space->free_bytes;
+      else ts.error = space.error().ToString();
+      targets.push_back(std::move(ts));
+    }
+    BARGE_ASSIGN_OR_RETURN(Placement place,
+                           PlaceBackup(targets, allocated, policy_.free_space_multiple, type, points.newest_chain,
+                                       pick_));
+    r.target = place.target;
+    r.type = place.incremental ? "incremental" : "full";
+    r.type_reason = place.incremental ? type.reason : place.reason;
+
+    HookContext ctx{policy_.name, s.name, "pre", place.target, ""};
+    if (policy_.pre_hook) {
+      Status pre = opt_.hooks->Run(*policy_.pre_hook, ctx, &cancel_);
+      if (!pre.ok()) return std::move(pre).error().Wrap("pre_hook");
+    }
+    SourceBackupRequest req;
+    req.source = &s;
+    req.policy = policy_.name;
+    req.target_dir = place.target + "/" + policy_.name;
+    req.incremental = place.incremental;
+    req.reason = r.type_reason;
+    req.compression = policy_.compression;
+    req.compression_level = policy_.compression_level;
+    req.catalog_path = opt_.catalog_path;
+    req.copy = opt_.copy;
+    req.copy.cancel = &cancel_;
+    BARGE_RETURN_IF_ERROR(env_.CreateDirs(req.target_dir));
+    auto done = backend_.Backup(req);
+    if (policy_.post_hook) {
+      ctx.phase = "post";
+      ctx.result = done.ok() ? "success" : "failed";
+      Status post = opt_.hooks->Run(*policy_.post_hook, ctx, nullptr);
+      if (!post.ok()) {
+        if (!done.ok()) return Error(done.error()).Also(post);
+        return std::move(post).error().Wrap("post_hook");
+      }
+    }
+    if (!done.ok()) return done.error();
+    r.type = done->type;
+    r.type_reason = done->type_reason;
+    r.bytes_read = done->bytes_read;
+    r.bytes_written = done->bytes_written;
+    r.points = done->points;
+    r.error = done->warning;
+    return OkStatus();
+  }
+
+  const Policy& policy_;
+  const RunOptions& opt_;
+  Env& env_;
+  SourceBackend& backend_;
+  PolicyCatalog& catalog_;  // guarded by catalog_mu_
+  std::mutex catalog_mu_;
+  std::function<SysSeconds()> now_;
+  PickFn pick_;
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  std::mt19937_64 rng_{std::random_device{}()};  // guarded by mu_
+  std::string stop_reason_;                      // guarded by mu_
+  std::atomic<bool> cancel_{false};
+  std::string run_id_;
+  std::string host_;
+};
+
+}  // namespace
+
+std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy) {
+  return CatalogDir(catalog_path) + "/locks/policy-" + policy + ".lock";
+}
+
+std::string BargeVersion() { return pipeline::BackupRequest().tool_version; }
+
+Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options) {
+  Env& env = options.env != nullptr ? *options.env : Env::Default();
+  if ((policy.pre_hook || policy.post_hook) && options.hooks == nullptr) {
+    return Error::InvalidArgument("policy " + policy.name + " has hooks but no hook runner was given");
+  }
+  std::unique_ptr<SourceBackend> own_backend;
+  SourceBackend* backend = options.backend;
+  if (backend == nullptr) {
+    own_backend = NewDefaultSourceBackend(env);
+    backend = own_backend.get();
+  }
+  BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
+  BARGE_ASSIGN_OR_RETURN(auto catalog, PolicyCatalog::Open(options.catalog_path));
+  // We hold the lock: a "running" record is a dead process's.
+  BARGE_RETURN_IF_ERROR(catalog->FailInterrupted(policy.name));
+  Runner runner(policy, options, env, *backend, *catalog);
+  return runner.Run();
+}
+
+Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const ForgetPolicy& keep,
+                                                     const ForgetOptions& options) {
+  Env& env = options.env != nullptr ? *options.env : Env::Default();
+  for (const auto& want : options.only_sources) {
+    if (policy.FindSource(want) == nullptr) {
+      return Error::NotFound("policy " + policy.name + " has no source '" + want + "'");
+    }
+  }
+  BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
+  std::unique_ptr<PolicyCatalog> catalog;
+  if (!options.dry_run) {
+    BARGE_ASSIGN_OR_RETURN(catalog, PolicyCatalog::Open(options.catalog_path));
+  }
+  std::vector<ForgetSourceReport> out;
+  for (const auto& s : policy.sources) {
+    if (!Selected(options.only_sources, s.name)) continue;
+    ForgetSourceReport rep;
+    rep.source = s.name;
+    auto points = ScanSource(env, policy, s);
+    if (!points.ok()) {
+      rep.error = points.error().ToString();
+      out.push_back(std::move(rep));
+      continue;
+    }
+    BARGE_ASSIGN_OR_RETURN(auto kept, SelectForget(points->points, keep));
+    rep.plan = PlanRetention(points->points, points->chains, kept);
+    if (!options.dry_run) {
+      Status s2 = ApplyRetention(env, rep.plan, catalog.get(), options.copy);
+      if (!s2.ok()) rep.error = s2.error().ToString();
+    }
+    out.push_back(std::move(rep));
+  }
+  return out;
+}
+
+}  // namespace barge::orchestrate

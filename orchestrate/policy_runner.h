@@ -1,0 +1,193 @@
+// Runs a backup policy once (`barge run --policy FILE`, and each tick of
+// `barge serve`): under the policy's lock, every due source is backed up
+// (max_parallel at once, each failure recorded without stopping the
+// others) after retention made room, within max_run_time, with a record
+// per source. Also `forget` and the scan of a source's points. The
+// decisions themselves are pure (orchestrate/policy_decisions.h); this file
+// gathers their inputs and carries them out. docs/policies.md.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blockio/env.h"
+#include "blockio/error.h"
+#include "orchestrate/policy.h"
+#include "orchestrate/policy_catalog.h"
+#include "orchestrate/policy_decisions.h"
+#include "pipeline/copy.h"
+
+namespace barge::orchestrate {
+
+// ---- hooks ----
+
+struct HookContext {
+  std::string policy;
+  std::string source;
+  std::string phase;   // "pre" or "post"
+  std::string target;  // the chosen target folder
+  std::string result;  // post: "success" or "failed"
+};
+
+// Runs pre/post hook commands. The policy runner needs only this; the
+// command runner with timeouts lives in orchestrate/hooks.h (another
+// branch) and is adapted to it. Thread-safe: hooks of different sources
+// run at once.
+class HookRunner {
+ public:
+  virtual ~HookRunner() = default;
+  // Runs `hook` to its end or its timeout, or until *cancel turns true.
+  // Returns ok when the command exited 0; an Error saying why otherwise.
+  virtual Status Run(const HookSpec& hook, const HookContext& context, const std::atomic<bool>* cancel) = 0;
+};
+
+// ---- where backups come from ----
+
+struct SourceBackupRequest {
+  const PolicySource* source = nullptr;  // must outlive the call
+  std::string policy;
+  std::string target_dir;  // <target>/<policy>: image/NBD chains in target_dir/<source name>,
+                           // domain chains in target_dir/<domain>/<disk>
+  bool incremental = false;
+  std::string reason;      // why this type
+  formats::Compression compression = formats::Compression::kZstd;
+  int compression_level = formats::kDefaultZstdLevel;
+  std::string catalog_path;   // domains: trackers and VM backup records
+  pipeline::CopyOptions copy;  // its `cancel` stops the backup (kCancelled)
+};
+
+struct SourceBackupResult {
+  std::vector<PointPart> points;  // one per disk
+  std::string type;               // "full" or "incremental", as done
+  std::string type_reason;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  std::string warning;            // done, but something to report (e.g. a bitmap not cleared)
+};
+
+// What the runner asks of a source; the default one backs up through the
+// pipeline and libvirt, tests substitute their own. Thread-safe.
+class SourceBackend {
+ public:
+  virtual ~SourceBackend() = default;
+  // Bytes the source occupies (the free-space rule's base).
+  virtual Result<uint64_t> AllocatedBytes(const PolicySource& source) = 0;
+  // Whether the source's change tracking allows an incremental onto the
+  // chain whose newest point is `chain_latest` (an id; "" = no chain);
+  // `last_cleared` is the point the policy's last successful run made
+  // (the bitmap was cleared after it). Returns "" when it does, else why not.
+  virtual Result<std::string> IncrementalBlocker(const PolicySource& source, const std::string& chain_latest,
+                                                 const std::string& last_cleared) = 0;
+  // One backup. On failure nothing new is left in the chain folders.
+  virtual Result<SourceBackupResult> Backup(const SourceBackupRequest& request) = 0;
+};
+
+// Images: pipeline::RunBackup under QEMU's image lock (kExclusiveWrite with
+// a bitmap, so no QEMU writes between the read and the bitmap's clear),
+// incremental from the persistent bitmap, then the bitmap cleared (or
+// added when missing) with formats::RotateBitmap. NBD: RunBackup, full.
+// Domains: RunVmBackup (force_full for a full), the tracker created when
+// missing. Files are opened through `env`, which must outlive it.
+std::unique_ptr<SourceBackend> NewDefaultSourceBackend(Env& env);
+
+// ---- a source's points ----
+
+struct SourcePoints {
+  std::vector<RestorePoint> points;
+  std::vector<ChainView> chains;
+  std::optional<ChainSummary> newest_chain;  // the chain with the newest point
+  std::string newest_chain_dir;              // of its first disk
+  std::string newest_id;                     // the newest point of that chain folder
+};
+
+// Every point of `source` on the policy's targets (missing folders are
+// empty). kCorruption when a chain folder's points do not form linear
+// chains (retention then refuses to touch the source).
+Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySource& source);
+
+// Carries out `plan`: each action under its chain folder's lock (kBusy, the
+// action skipped, when a backup or merge of that chain runs), removals
+// newest point first (manifest before image and digests; folder synced),
+// merges with pipeline::RunMerge; records of removed points are marked in
+// `catalog` (may be null). Stops at the first failure and returns it.
+Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalog, const pipeline::CopyOptions& copy);
+
+// ---- running ----
+
+struct RunOptions {
+  std::string catalog_path;  // the policy lock goes to <its folder>/locks/
+  Env* env = nullptr;        // null: Env::Default()
+  std::function<SysSeconds()> now;  // the clock; null: the system clock
+  PickFn pick;                      // placement tie-break; null: random
+  SourceBackend* backend = nullptr; // null: NewDefaultSourceBackend(env)
+  HookRunner* hooks = nullptr;      // required when the policy has hooks
+  // Every source is due now (trigger manual), whatever the schedule says.
+  bool manual = false;
+  // Only these sources (names); empty = all.
+  std::vector<std::string> only_sources;
+  // Wait for a run of the same policy to end instead of failing with kBusy.
+  bool wait_for_lock = false;
+  // Set to stop the run cleanly (SIGTERM): backups in progress are
+  // cancelled (partial files removed) and recorded as failed.
+  const std::atomic<bool>* stop = nullptr;
+  pipeline::CopyOptions copy;  // pipeline knobs; `cancel` is the runner's
+};
+
+struct SourceOutcome {
+  std::string source;
+  DueDecision due;
+  bool ran = false;
+  RunRecord record;             // when ran
+  std::string retention;        // what retention did ("" = nothing)
+};
+
+struct RunReport {
+  std::string run_id;
+  std::vector<SourceOutcome> sources;
+  size_t ran = 0;
+  size_t failed = 0;
+  bool stopped = false;         // by max_run_time or `stop`
+  std::string stop_reason;
+};
+
+// Runs what is due now.
+// Returns: the report (source failures are in it, not errors); kBusy when
+// another run of the policy holds its lock (unless wait_for_lock);
+// kInvalidArgument when the policy has hooks and no HookRunner was given;
+// catalog errors.
+Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options);
+
+// ---- forget ----
+
+struct ForgetOptions {
+  std::string catalog_path;
+  Env* env = nullptr;
+  std::vector<std::string> only_sources;  // empty = every source of the policy
+  bool dry_run = false;
+  bool wait_for_lock = false;
+  pipeline::CopyOptions copy;
+};
+
+struct ForgetSourceReport {
+  std::string source;
+  RetentionPlan plan;
+  std::string error;  // the plan could not be made or applied
+};
+
+// restic-style retention over each source's points with the guarantee of
+// PlanRetention; with dry_run only the plans. Takes the policy's lock
+// (kBusy when a run holds it, unless wait_for_lock).
+Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const ForgetPolicy& keep,
+                                                     const ForgetOptions& options);
+
+// The lock file of a policy: <catalog folder>/locks/policy-<name>.lock.
+std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy);
+
+// barge's version as records and manifests state it.
+std::string BargeVersion();
+
+}  // namespace barge::orchestrate

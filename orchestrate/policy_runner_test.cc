@@ -1,0 +1,263 @@
+// The policy runner end to end on real image files: placement over two
+// targets, retention (whole chains removed, fulls merged forward with every
+// remaining point still opening and verifying), bitmap incrementals with
+// the bitmap cleared after each backup, full targets, max_run_time, the
+// policy lock, records and forget.
+#include "orchestrate/policy_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "orchestrate/time_text.h"
+#include "pipeline/chain.h"
+#include "tests/testing/testing.h"
+
+namespace barge::orchestrate {
+namespace {
+
+using barge::testing::TempDir;
+
+class PolicyRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "t1").ok());
+    ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "t2").ok());
+  }
+  // A raw disk of `mib` MiB with a pattern that depends on `seed`.
+  void MakeRaw(const std::string& path, int mib, int seed) {
+    std::string data(static_cast<size_t>(mib) << 20, '\0');
+    for (size_t i = 0; i < data.size(); i += 4096) data[i] = static_cast<char>(seed + i / 4096);
+    ASSERT_TRUE(Env::Default().WriteFileAtomic(path, data, false).ok());
+  }
+  Policy Parse(const std::string& yaml) {
+    auto p = ParsePolicy(yaml);
+    EXPECT_TRUE(p.ok()) << p.error().message();
+    return p.ok() ? *p : Policy{};
+  }
+  RunOptions Options() {
+    RunOptions o;
+    o.catalog_path = dir_ / "catalog.db";
+    o.now = [this] { return now_; };
+    o.pick = [](size_t) { return size_t{0}; };
+    o.copy.memory_bytes = 16 << 20;
+    return o;
+  }
+  size_t Points(const std::string& chain_dir) {
+    auto c = pipeline::LoadChainFolder(chain_dir);
+    return c.ok() ? c->points.size() : 0;
+  }
+  // Every point of the chain folder opens, its layers and digests check.
+  void ExpectAllRestorable(const std::string& chain_dir) {
+    auto c = pipeline::LoadChainFolder(chain_dir);
+    ASSERT_TRUE(c.ok()) << c.error().ToString();
+    for (size_t i = 0; i < c->points.size(); ++i) {
+      auto p = pipeline::OpenPoint(*c, i);
+      EXPECT_TRUE(p.ok()) << chain_dir << " point " << i << ": " << p.error().ToString();
+    }
+  }
+
+  TempDir dir_;
+  SysSeconds now_ = *ParseRfc3339("2026-11-22T10:00:00Z");
+};
+
+TEST_F(PolicyRunnerTest, ScheduleSpreadRetentionAndRecords) {
+  MakeRaw(dir_ / "a.raw", 2, 1);
+  MakeRaw(dir_ / "b.raw", 2, 7);
+  Policy p = Parse("name: pol\nsources:\n  - image: " + (dir_ / "a.raw") + "\n  - image: " + (dir_ / "b.raw") +
+                   "\nschedule: '* * * * *'\nretention_count: 3\nmax_parallel: 2\ntargets: [" + (dir_ / "t1") +
+                   ", " + (dir_ / "t2") + "]\nfree_space_multiple: 1\n");
+  RunOptions o = Options();
+  for (int run = 0; run < 4; ++run) {
+    auto r = RunPolicyOnce(p, o);
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    ASSERT_EQ(r->ran, 2u) << "run " << run;
+    EXPECT_EQ(r->failed, 0u) << r->sources[0].record.error << r->sources[1].record.error;
+    // Same minute again: nothing due.
+    auto again = RunPolicyOnce(p, o);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->ran, 0u);
+    EXPECT_NE(again->sources[0].due.why.find("next slot"), std::string::npos) << again->sources[0].due.why;
+    now_ += std::chrono::minutes(3);  // three slots pass: coalesced into one run
+    // Backup ids and manifests tell time to the second; keep runs apart.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  }
+  // Raw sources: every backup is a new chain, spread t1, t2, t1, t2 (fewest
+  // present backups first); retention 3: the oldest chain was removed.
+  for (const char* src : {"a", "b"}) {
+    EXPECT_EQ(Points(dir_ / ("t1/pol/" + std::string(src))) + Points(dir_ / ("t2/pol/" + std::string(src))), 3u)
+        << src;
+    EXPECT_GE(Points(dir_ / ("t1/pol/" + std::string(src))), 1u);
+    EXPECT_GE(Points(dir_ / ("t2/pol/" + std::string(src))), 1u);
+  }
+  auto catalog = PolicyCatalog::Open(o.catalog_path);
+  ASSERT_TRUE(catalog.ok());
+  auto runs = (*catalog)->ListRuns({"pol", "a", 0});
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 4u);
+  EXPECT_EQ(runs->back().point_state, "removed");  // the first backup went
+  EXPECT_EQ(runs->front().point_state, "present");
+  EXPECT_EQ(runs->front().trigger, "schedule");
+  EXPECT_NE(runs->front().trigger_detail.find("3 slots since the last run, coalesced"), std::string::npos)
+      << runs->front().trigger_detail;
+  EXPECT_EQ(runs->front().type, "full");
+  EXPECT_EQ(runs->front().result, "success");
+  EXPECT_EQ(runs->front().barge_version, BargeVersion());
+  EXPECT_FALSE(runs->front().host.empty());
+  EXPECT_GT(runs->front().bytes_read, 0u);
+  EXPECT_EQ(runs->back().trigger_detail, "never backed up");
+
+  // A changed reason: one more backup at once, then nothing.
+  p.reason = "before-upgrade";
+  auto r = RunPolicyOnce(p, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->ran, 2u);
+  EXPECT_EQ(r->sources[0].record.trigger, "reason");
+  EXPECT_EQ(RunPolicyOnce(p, o)->ran, 0u);
+
+  // forget: dry run first (nothing changes), then for real.
+  ForgetOptions fo;
+  fo.catalog_path = o.catalog_path;
+  fo.dry_run = true;
+  fo.only_sources = {"a"};
+  auto plan = ForgetPoints(p, ForgetPolicy{1, 0, 0, 0}, fo);
+  ASSERT_TRUE(plan.ok()) << plan.error().ToString();
+  ASSERT_EQ(plan->size(), 1u);
+  EXPECT_EQ((*plan)[0].plan.forget.size(), 2u);
+  EXPECT_EQ(Points(dir_ / "t1/pol/a") + Points(dir_ / "t2/pol/a"), 3u);
+  fo.dry_run = false;
+  ASSERT_TRUE(ForgetPoints(p, ForgetPolicy{1, 0, 0, 0}, fo).ok());
+  EXPECT_EQ(Points(dir_ / "t1/pol/a") + Points(dir_ / "t2/pol/a"), 1u);
+  fo.only_sources = {"zzz"};
+  EXPECT_EQ(ForgetPoints(p, ForgetPolicy{1, 0, 0, 0}, fo).error().code(), ErrorCode::kNotFound);
+}
+
+TEST_F(PolicyRunnerTest, BitmapIncrementalsAndMergeForward) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  const std::string img = dir_ / "vm.qcow2";
+  barge::testing::RunOk("qemu-img create -q -f qcow2 " + img + " 8M && qemu-io -f qcow2 -c 'write -P 0x11 0 4M' " +
+                        img + " >/dev/null && qemu-img bitmap --add --enable " + img + " cbt0");
+  Policy p = Parse("name: inc\nsources:\n  - image: " + img + "\n    bitmap: cbt0\nretention_count: 3\ntargets: [" +
+                   (dir_ / "t1") + "]\n");
+  RunOptions o = Options();
+  o.manual = true;
+  const std::string chain = dir_ / "t1/inc/vm";
+  std::vector<std::string> types;
+  for (int i = 0; i < 5; ++i) {
+    if (i > 0) {
+      barge::testing::RunOk("qemu-io -f qcow2 -c 'write -P " + std::to_string(0x20 + i) + " " + std::to_string(i) +
+                            "M 64k' " + img + " >/dev/null");
+    }
+    auto r = RunPolicyOnce(p, o);
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    ASSERT_EQ(r->failed, 0u) << r->sources[0].record.error;
+    types.push_back(r->sources[0].record.type);
+    EXPECT_TRUE(r->sources[0].record.error.empty()) << r->sources[0].record.error;  // bitmap cleared
+    ExpectAllRestorable(chain);
+    now_ += std::chrono::minutes(1);
+  }
+  EXPECT_EQ(types, (std::vector<std::string>{"full", "incremental", "incremental", "incremental", "incremental"}));
+  // retention 3: the full was merged forward twice; one chain of 3 points.
+  auto c = pipeline::LoadChainFolder(chain);
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(c->points.size(), 3u);
+  EXPECT_EQ(c->points[0].manifest.type, formats::BackupType::kFull);
+  EXPECT_NE(c->points[0].manifest.reason.find("merged"), std::string::npos);
+  // The newest point holds what the image holds now.
+  auto restored = dir_ / "restored.raw";
+  barge::testing::RunOk("qemu-img convert -O raw " + chain + "/" + c->points[2].manifest.image + " " + restored +
+                        " && qemu-img compare -q -f raw -F qcow2 " + restored + " " + img);
+  barge::testing::RunOk("qemu-img check -q " + img);
+
+  // A lost bitmap means a full, and the bitmap comes back.
+  barge::testing::RunOk("qemu-img bitmap --remove " + img + " cbt0");
+  auto r = RunPolicyOnce(p, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->sources[0].record.type, "full");
+  EXPECT_NE(r->sources[0].record.type_reason.find("bitmap cbt0 missing"), std::string::npos)
+      << r->sources[0].record.type_reason;
+  EXPECT_NE(barge::testing::RunOk("qemu-img info " + img).find("cbt0"), std::string::npos);
+}
+
+// A backend that blocks until cancelled (or fails on demand).
+class FakeBackend : public SourceBackend {
+ public:
+  Result<uint64_t> AllocatedBytes(const PolicySource& s) override { return uint64_t{1} << 20; }
+  Result<std::string> IncrementalBlocker(const PolicySource&, const std::string&, const std::string&) override {
+    return std::string();
+  }
+  Result<SourceBackupResult> Backup(const SourceBackupRequest& r) override {
+    ++started;
+    if (r.source->name == "bad") return Error::IoError("injected failure");
+    while (!r.copy.cancel->load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return Error::Cancelled("copy cancelled");
+  }
+  std::atomic<int> started{0};
+};
+
+TEST_F(PolicyRunnerTest, MaxRunTimeFailuresAndLock) {
+  Policy p = Parse("name: slow\nsources:\n  - nbd: nbd://h/bad\n  - nbd: nbd://h/one\n  - nbd: nbd://h/two\n"
+                   "  - nbd: nbd://h/three\nmax_parallel: 2\nmax_run_time: 1s\ntargets: [" + (dir_ / "t1") + "]\n");
+  FakeBackend backend;
+  RunOptions o = Options();
+  o.backend = &backend;
+  o.manual = true;
+
+  // A second run of the policy is refused while one holds the lock.
+  ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "locks").ok());
+  auto held = Env::Default().LockFile(PolicyLockPath(o.catalog_path, "slow"));
+  ASSERT_TRUE(held.ok());
+  auto busy = RunPolicyOnce(p, o);
+  ASSERT_FALSE(busy.ok());
+  EXPECT_EQ(busy.error().code(), ErrorCode::kBusy);
+  held->reset();
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = RunPolicyOnce(p, o);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_TRUE(r->stopped);
+  EXPECT_EQ(r->stop_reason, "stopped: max_run_time 1s exceeded");
+  EXPECT_EQ(r->ran, 4u);
+  EXPECT_EQ(r->failed, 4u);
+  EXPECT_EQ(backend.started.load(), 3);  // "bad" failed alone; two ran until stopped; one never started
+  for (const auto& s : r->sources) {
+    if (s.source == "bad") {
+      EXPECT_NE(s.record.error.find("injected failure"), std::string::npos) << s.record.error;
+    } else {
+      EXPECT_NE(s.record.error.find("stopped: max_run_time 1s exceeded"), std::string::npos) << s.record.error;
+    }
+  }
+  auto catalog = PolicyCatalog::Open(o.catalog_path);
+  auto stats = (*catalog)->StatsOf("slow", "one");
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->runs_by_result["failed"], 1u);
+  EXPECT_FALSE(stats->last_success);
+
+  // Hooks need a hook runner.
+  p.pre_hook = HookSpec{"true", std::chrono::seconds(5)};
+  EXPECT_EQ(RunPolicyOnce(p, o).error().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST_F(PolicyRunnerTest, NoQualifyingTargetFailsWithTheReason) {
+  MakeRaw(dir_ / "a.raw", 1, 3);
+  Policy p = Parse("name: full\nsources:\n  - image: " + (dir_ / "a.raw") + "\ntargets: [" + (dir_ / "t1") +
+                   ", /nonexistent-barge-target]\nfree_space_multiple: 1000\n");
+  RunOptions o = Options();
+  o.manual = true;
+  // Allocated bytes of a 1 MiB file x 1000 exceed a scratch filesystem only
+  // when it has under 1 GiB free: make the need certain with a huge multiple.
+  p.free_space_multiple = 1000 * 1000;
+  auto r = RunPolicyOnce(p, o);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_EQ(r->failed, 1u);
+  const std::string& e = r->sources[0].record.error;
+  EXPECT_NE(e.find("NoSpace"), std::string::npos) << e;
+  EXPECT_NE(e.find("no target qualifies"), std::string::npos) << e;
+  EXPECT_NE(e.find("/nonexistent-barge-target: "), std::string::npos) << e;
+  EXPECT_EQ(Points(dir_ / "t1/full/a"), 0u);
+}
+
+}  // namespace
+}  // namespace barge::orchestrate

@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""Every barge command's --json output against the schemas in docs/json.md.
+
+Runs each command (every leaf of `barge --help`) on small generated data,
+on success and on error paths, and checks that stdout is pure NDJSON (one
+object a line, each with "event" and "command"), that a run exiting 0 ends
+with its one result, that a failed run ends with one error event whose
+exit_code is the exit status, and that every object validates against its
+schema. The libvirt commands run against libvirt's built-in test driver
+(test:///default) where it can, and on their error paths otherwise.
+
+  tests/json_schema_test.py BARGE            the test (ctest runs it); 77 = skipped
+  tests/json_schema_test.py --check EXIT_CODE COMMAND... < STDOUT
+                                             checks one run's stdout (exit 1 if
+                                             it breaks the convention), e.g. from
+                                             the libvirt tests' fixture
+  tests/json_schema_test.py --schema         prints the merged schema
+
+Importable (sys.path.insert(0, "tests")): load_schema(), check_run().
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.environ.get("BARGE_JSON_DOC") or os.path.join(ROOT, "docs", "json.md")
+EVENTS = ("progress", "warning", "result", "error")
+# Commands whose verdict is their exit code: they end with their result,
+# not an error event (docs/json.md, "How a run ends").
+VERDICTS = {("check", 2), ("check", 3), ("compare", 1)}
+
+
+def load_schema(doc=DOC):
+    """The merged schema: every ```json block of docs/json.md holds named
+    definitions; they become one draft 2020-12 schema's $defs."""
+    with open(doc, encoding="utf-8") as f:
+        text = f.read()
+    defs = {}
+    for block in re.findall(r"^```json\n(.*?)^```", text, re.S | re.M):
+        try:
+            part = json.loads(block)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"{doc}: a ```json block is not JSON ({e}):\n{block}")
+        for name, schema in part.items():
+            if name in defs:
+                raise SystemExit(f"{doc}: '{name}' is defined twice")
+            defs[name] = schema
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$defs": defs}
+
+
+_schema = None
+
+
+def _default_schema():
+    global _schema
+    if _schema is None:
+        _schema = load_schema()
+    return _schema
+
+
+def result_def(command):
+    return "result-" + command.replace(" ", "-")
+
+
+def _validator(schema, name):
+    import jsonschema
+
+    root = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": "#/$defs/" + name}
+    return jsonschema.Draft202012Validator(root, format_checker=jsonschema.FormatChecker())
+
+
+_validators = {}
+
+
+def _validate(schema, name, obj):
+    """Problems (strings) of `obj` against definition `name`."""
+    if name not in schema["$defs"]:
+        return [f"no schema '{name}' in docs/json.md"]
+    key = (id(schema), name)
+    if key not in _validators:
+        _validators[key] = _validator(schema, name)
+    return [
+        f"{name}: {'/'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
+        for e in _validators[key].iter_errors(obj)
+    ]
+
+
+def check_run(stdout, exit_code, command=None, schema=None):
+    """Problems (strings) of one --json run: its stdout and exit status.
+    `command`, if given, is the name every event must carry."""
+    schema = schema or _default_schema()
+    problems = []
+    if stdout and not stdout.endswith("\n"):
+        problems.append("stdout: the last line has no newline")
+    events = []
+    # Lines end at "\n" only (str.splitlines would also split at U+2028,
+    # which JSON strings may hold unescaped).
+    lines = stdout.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    for n, line in enumerate(lines, 1):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            problems.append(f"line {n} is not JSON: {line!r}")
+            continue
+        if not isinstance(obj, dict):
+            problems.append(f"line {n} is not an object: {line!r}")
+            continue
+        for p in _validate(schema, "envelope", obj):
+            problems.append(f"line {n}: {p}")
+        if obj.get("event") not in EVENTS or not isinstance(obj.get("command"), str):
+            continue
+        if command is not None and obj.get("command") != command:
+            problems.append(f"line {n}: command {obj.get('command')!r}, expected {command!r}")
+        name = result_def(obj["command"]) if obj["event"] == "result" else obj["event"]
+        for p in _validate(schema, name, obj):
+            problems.append(f"line {n}: {p}")
+        events.append(obj)
+    kinds = [e.get("event") for e in events]
+    results, errors = kinds.count("result"), kinds.count("error")
+    last = kinds[-1] if kinds else None
+    if exit_code == 0:
+        if results != 1 or errors != 0 or last != "result":
+            problems.append(f"exit 0 needs one result, last, and no error; got {kinds}")
+    elif last == "result" and (events[-1].get("command"), exit_code) in VERDICTS:
+        if results != 1 or errors != 0:
+            problems.append(f"a verdict (exit {exit_code}) is one result and no error; got {kinds}")
+    else:
+        if errors != 1 or last != "error":
+            problems.append(f"exit {exit_code} needs one error event, last; got {kinds}")
+        elif events[-1].get("exit_code") != exit_code:
+            problems.append(f"the error's exit_code {events[-1].get('exit_code')} is not the exit status {exit_code}")
+        if results > 1 or (results == 1 and errors == 1 and kinds.index("result") > kinds.index("error")):
+            problems.append(f"at most one result, before the error; got {kinds}")
+    return problems
+
+
+# ---------------------------------------------------------------------------
+# The test.
+
+
+class Runner:
+    def __init__(self, barge, tmp, schema, verbose):
+        self.barge, self.tmp, self.schema, self.verbose = barge, tmp, schema, verbose
+        self.failures = []
+        self.ran_ok, self.ran_failing, self.ran_usage = set(), set(), set()
+        self.seen = set()  # the kinds of events validated
+        self.env = dict(os.environ)
+        self.env.update(
+            {
+                "BARGE_CATALOG": self.path("state/catalog.db"),
+                "XDG_STATE_HOME": self.path("state"),
+                "HOME": self.path("home"),
+                "BARGE_LIBVIRT_URI": "test:///default",
+                "LC_ALL": "C",
+            }
+        )
+        os.makedirs(self.path("home"), exist_ok=True)
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+    def sh(self, *argv):
+        subprocess.run(argv, check=True, cwd=self.tmp, env=self.env, stdout=subprocess.DEVNULL)
+
+    def run(self, command, args, expect=0, env=None, json_flag=True, name=None):
+        """Runs `barge COMMAND ARGS [--json]`, checks the run; returns its
+        events (the parsed lines) or [] when the run did not parse."""
+        argv = [self.barge] + command.split() + list(args) + (["--json"] if json_flag else [])
+        e = dict(self.env)
+        e.update(env or {})
+        p = subprocess.run(argv, cwd=self.tmp, env=e, capture_output=True, text=True, timeout=300)
+        label = " ".join(argv[1:])
+        problems = check_run(p.stdout, p.returncode, name or command, self.schema)
+        if expect is not None and p.returncode != expect:
+            problems.append(f"exit {p.returncode}, expected {expect}")
+        # An error event is on stderr too (a verdict has none).
+        if any(line.startswith('{"event":"error",') for line in p.stdout.splitlines()) and "barge: " not in p.stderr:
+            problems.append("an error event without its 'barge: ' line on stderr")
+        if problems:
+            self.failures.append(f"{label}\n  " + "\n  ".join(problems) + f"\n  stdout: {p.stdout}\n  stderr: {p.stderr}")
+        if self.verbose:
+            print(f"$ barge {label}  -> {p.returncode}\n{p.stdout}", end="")
+        {0: self.ran_ok, 64: self.ran_usage}.get(p.returncode, self.ran_failing).add(name or command)
+        try:
+            events = [json.loads(line) for line in p.stdout.split("\n") if line]
+        except json.JSONDecodeError:
+            return []
+        self.seen.update(e.get("event") for e in events if isinstance(e, dict))
+        return events
+
+
+def leaf_commands(barge):
+    """Every command `barge --help` lists (recursively) that takes --json."""
+    found = []
+
+    def walk(path):
+        text = subprocess.run([barge] + path + ["--help"], capture_output=True, text=True).stdout
+        if path and "--json" in text:
+            found.append(" ".join(path))
+        subs = re.search(r"^Subcommands:\n((?:  \S.*\n)+)", text, re.M)
+        for line in subs.group(1).splitlines() if subs else []:
+            walk(path + [line.split()[0]])
+
+    walk([])
+    return found
+
+
+def scenario(r):
+    """Every command on success and on error paths."""
+    t = r.path
+    missing = t("no-such-file")
+    # Disks: a generated raw disk, a qcow2 with a bitmap, a snapshot and a
+    # backing file.
+    r.run("bench generate", ["--size", "16M", "--seed", "3", t("disk.raw")])
+    r.run("bench generate", ["--size", "1x", t("bad.raw")], expect=64)
+    r.run("bench generate", ["--size", "1M", t("no-such-dir/d.raw")], expect=1)
+    r.sh("qemu-img", "create", "-q", "-f", "qcow2", t("base.qcow2"), "4M")
+    r.sh("qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 1M", t("base.qcow2"))
+    r.sh("qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", t("top.qcow2"))
+    r.sh("qemu-img", "bitmap", "--add", t("top.qcow2"), "b1")
+    r.sh("qemu-io", "-f", "qcow2", "-c", "write -P 0x22 1M 512K", "-c", "write -z 3M 64K", t("top.qcow2"))
+    r.sh("qemu-img", "snapshot", "-c", "s1", t("base.qcow2"))
+    with open(t("text.txt"), "w") as f:
+        f.write("not an image\n" * 100)
+
+    r.run("info", [t("top.qcow2")])
+    r.run("info", [t("disk.raw")])
+    r.run("info", [missing], expect=1)
+    r.run("map", [t("top.qcow2")])
+    r.run("map", [missing], expect=1)
+    r.run("check", [t("top.qcow2")])
+    r.run("check", [missing], expect=1)
+    r.run("check", [t("text.txt")], expect=None)  # not a qcow2 file: an error
+    # Verdicts: the header cluster's refcount (16 bits) made 2 (a leak) or
+    # 0 (corruption) in copies of base.qcow2.
+    for refcount, verdict in ((2, 3), (0, 2)):
+        name = t(f"refcount{refcount}.qcow2")
+        shutil.copy(t("base.qcow2"), name)
+        with open(name, "r+b") as f:
+            f.seek(48)
+            table = int.from_bytes(f.read(8), "big")
+            f.seek(table)
+            block = int.from_bytes(f.read(8), "big")
+            f.seek(block)
+            f.write(refcount.to_bytes(2, "big"))
+        r.run("check", [name], expect=verdict)
+    r.run("compare", [t("top.qcow2"), t("top.qcow2")])
+    r.run("compare", [t("base.qcow2"), t("top.qcow2")], expect=1)
+    r.run("compare", [t("top.qcow2"), missing], expect=2)
+    # Sizes differ, the tail reads as zeros: identical, with a warning.
+    shutil.copy(t("disk.raw"), t("longer.raw"))
+    os.truncate(t("longer.raw"), 20 << 20)
+    events = r.run("compare", [t("disk.raw"), t("longer.raw")])
+    if "warning" not in [e.get("event") for e in events]:
+        r.failures.append("compare of images of different sizes: no warning event")
+    r.run("bitmap list", [t("top.qcow2")])
+    r.run("bitmap list", [missing], expect=1)
+    r.run("bitmap dump", [t("top.qcow2"), "b1"])
+    r.run("bitmap dump", [t("top.qcow2"), "nope"], expect=1)
+    r.run("overlay create", [t("overlay.qcow2"), "--data-file", t("disk.raw"), "--bitmap", "cbt0"])
+    r.run("info", [t("overlay.qcow2")])  # a data file
+    r.run("overlay create", ["--data-file", missing, t("overlay2.qcow2")], expect=1)
+
+    # Copies: convert, replicate.
+    r.run("convert", ["-O", "qcow2", "--compress", "zstd", t("top.qcow2"), t("flat.qcow2")])
+    r.run("convert", [t("disk.raw"), t("flat.qcow2")], expect=1)  # exists: needs --force
+    r.run("convert", [missing, t("x.raw")], expect=1)
+    for d in ("r1", "r2", "r3"):
+        os.makedirs(t(d))
+    r.run("replicate", [t("disk.raw"), "--to", t("r1/disk.raw"), "--to", t("r2/disk.raw"), "--verify"])
+    r.run("replicate", [t("disk.raw"), "--to", t("r3/disk.raw"), "--expected-sha512", "0" * 128], expect=2)
+    r.run("replicate", [missing, "--to", t("r3/x")], expect=1)
+
+    # Backups: a full and an incremental from the bitmap, verify, restore,
+    # merge.
+    # TARGET/<domain>/<disk>/, as vm backup lays it out, for catalog rebuild.
+    target = t("backups/vm1")
+    r.run("backup", ["--source", t("top.qcow2"), "--target", target, "--name", "vda"])
+    r.sh("qemu-io", "-f", "qcow2", "-c", "write -P 0x33 2M 128K", t("top.qcow2"))
+    r.run("backup", ["--source", t("top.qcow2"), "--target", target, "--name", "vda",
+                     "--incremental", "--dirty-bitmap", "b1"])
+    r.run("backup", ["--source", missing, "--target", target], expect=1)
+    chain = t("backups/vm1/vda")
+    r.run("verify", [chain, "--all"])
+    r.run("verify", [t("backups/none")], expect=1)
+    r.run("restore", [chain, "--to", t("restored.raw")])
+    r.run("restore", [chain, "--to", t("restored.raw")], expect=1)  # exists: needs --force
+    r.run("merge", [chain, "--through", "latest"])
+    r.run("merge", [t("backups/none"), "--through", "latest"], expect=1)
+
+    # The backing-image catalog.
+    cat = ["--catalog", t("images.db")]
+    r.run("image add", ["base", "--source", t("disk.raw"), "--disk", t("d0")] + cat)
+    r.run("image add", ["bad", "--source", t("disk.raw"), "--disk", t("d0"),
+                        "--expected-sha512", "a" * 128] + cat, expect=1)
+    r.run("image sync", ["base", "--disks", t("d1") + "," + t("d2")] + cat)
+    r.run("image sync", ["nope", "--disks", t("d3")] + cat, expect=1)
+    r.run("image status", cat)
+    r.run("image status", ["nope"] + cat, expect=1)
+    r.run("image rescan", ["--disks", t("d1")] + cat)
+    r.run("image rescan", ["--catalog", t("text.txt/images.db")], expect=1)
+    r.run("image cleanup", ["--unused-for", "0"] + cat)
+    r.run("image cleanup", ["--unused-for", "soon"] + cat, expect=64)
+    r.run("image cleanup", ["--catalog", t("text.txt/images.db")], expect=1)
+
+    # A VM's state folder.
+    os.makedirs(t("state-old/tpm"))
+    with open(t("state-old/tpm/permall"), "wb") as f:
+        f.write(os.urandom(1000))
+    r.run("state migrate", ["--from", t("state-old"), "--to", t("state-new")])
+    r.run("state migrate", ["--from", missing, "--to", t("state-new2")], expect=1)
+
+    # The backup catalog and libvirt, through libvirt's test driver (no
+    # daemon): domain "test" exists there; its disks do not, so vm backup
+    # and cbt enable/disable only fail.
+    bcat = ["--catalog", t("backups.db")]
+    r.run("catalog rebuild", ["--target", t("backups")] + bcat)
+    r.run("catalog rebuild", ["--target", missing] + bcat, expect=1)
+    r.run("vm backups", bcat)
+    r.run("vm backups", ["--catalog", t("text.txt/b.db")], expect=1)
+    r.run("tracker create", ["t1", "--domain", "test"] + bcat)
+    r.run("tracker create", ["t2", "--domain", "nope"] + bcat, expect=1)
+    r.run("tracker list", bcat)
+    r.run("tracker list", ["--catalog", t("text.txt/b.db")], expect=1)
+    r.run("tracker show", ["t1"] + bcat)
+    r.run("tracker show", ["nope"] + bcat, expect=1)
+    r.run("doctor", ["--domain", "test"] + bcat)
+    r.run("doctor", ["--domain", "nope"] + bcat, expect=1)
+    r.run("checkpoint redefine", ["--domain", "test"] + bcat)
+    r.run("checkpoint redefine", ["--domain", "nope"] + bcat, expect=1)
+    r.run("cbt status", ["--domain", "test"] + bcat)
+    r.run("cbt status", ["--domain", "nope"] + bcat, expect=1)
+    r.run("cbt enable", ["--domain", "nope", "--state-dir", t("cbt")] + bcat, expect=1)
+    r.run("cbt disable", ["--domain", "nope"] + bcat, expect=1)
+    r.run("vm backup", ["--domain", "nope", "--target", t("vmb")] + bcat, expect=1)
+    r.run("vm backup", ["--domain", "test", "--target", t("vmb"), "--skip-quiesce"] + bcat, expect=1)
+    # No libvirt at all: a bogus URI.
+    no_libvirt = {"BARGE_LIBVIRT_URI": "qemu+unix:///system?socket=" + t("no-such-socket")}
+    r.run("doctor", ["--domain", "vm1"] + bcat, expect=1, env=no_libvirt)
+    r.run("vm backup", ["--domain", "vm1", "--target", t("vmb")] + bcat, expect=1, env=no_libvirt)
+    r.run("tracker delete", ["t1"] + bcat)
+    r.run("tracker delete", ["t1"] + bcat, expect=1)
+
+    # The benchmark, tiny.
+    r.run("bench", ["--size", "8M", "--workdir", r.tmp, "--threads", "2"])
+    r.run("bench", ["--size", "8M", "--workdir", missing], expect=1)
+
+
+def usage_errors(r, commands):
+    """A bad flag and a bad value: exit 64, an error event naming the command."""
+    for command in commands:
+        r.run(command, ["--no-such-flag"], expect=64)
+    r.run("convert", ["--threads", "99999", "a", "b"], expect=64)
+    r.run("infoo", ["x"], expect=64, name="barge")
+    r.run("", [], expect=64, name="barge")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("args", nargs="*", metavar="BARGE | COMMAND",
+                    help="the barge binary; with --check, the command every event names (optional)")
+    ap.add_argument("--check", type=int, metavar="EXIT_CODE", help="check one run's stdout (stdin)")
+    ap.add_argument("--schema", action="store_true", help="print the merged schema")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every run's stdout")
+    a = ap.parse_args()
+    if a.schema:
+        json.dump(load_schema(), sys.stdout, indent=2)
+        print()
+        return 0
+    if importlib.util.find_spec("jsonschema") is None:
+        print("skip: python3-jsonschema is not installed", file=sys.stderr)
+        return 1 if os.environ.get("BARGE_REQUIRE_TOOLS") == "1" else 77
+    if a.check is not None:
+        problems = check_run(sys.stdin.read(), a.check, " ".join(a.args) or None)
+        for p in problems:
+            print(p, file=sys.stderr)
+        return 1 if problems else 0
+    if len(a.args) != 1:
+        ap.error("give the barge binary")
+    barge = os.path.abspath(a.args[0])
+    for tool in ("qemu-img", "qemu-io"):
+        if shutil.which(tool) is None:
+            print(f"skip: {tool} is missing", file=sys.stderr)
+            return 1 if os.environ.get("BARGE_REQUIRE_TOOLS") == "1" else 77
+
+    schema = load_schema()
+    commands = leaf_commands(barge)
+    base = os.environ.get("TMPDIR") or "/var/tmp"
+    with tempfile.TemporaryDirectory(prefix="barge-json-", dir=base) as tmp:
+        r = Runner(barge, tmp, schema, a.verbose)
+        scenario(r)
+        usage_errors(r, commands)
+    problems = list(r.failures)
+    for command in commands:
+        if result_def(command) not in schema["$defs"]:
+            problems.append(f"{command}: no result schema '{result_def(command)}' in docs/json.md")
+        # Every command succeeds once, but those that need a real domain.
+        if command not in r.ran_ok and command not in ("vm backup", "cbt enable", "cbt disable"):
+            problems.append(f"{command}: never ran successfully in this test")
+        if command not in r.ran_failing:
+            problems.append(f"{command}: never failed (other than a usage error) in this test")
+        if command not in r.ran_usage:
+            problems.append(f"{command}: never had a usage error in this test")
+    for event in EVENTS:
+        if event not in r.seen:
+            problems.append(f"no {event} event was validated in this test")
+    for name in schema["$defs"]:
+        if name.startswith("result-") and name[len("result-"):] not in [c.replace(" ", "-") for c in commands]:
+            problems.append(f"docs/json.md: '{name}' is no command of `barge --help`")
+    for p in problems:
+        print("FAIL: " + p, file=sys.stderr)
+    print(f"{len(commands)} commands, {len(r.failures)} runs failed, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
