@@ -119,6 +119,7 @@ int Main(int argc, char** argv) {
   RegisterReplicateCommand(app, exit_code);
   RegisterStateCommands(app, exit_code);
   RegisterImageCatalogCommands(app, exit_code);
+  RegisterSnapshotCommands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -51,5 +51,6 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code);
 void RegisterReplicateCommand(CLI::App& app, int& exit_code);
 void RegisterStateCommands(CLI::App& app, int& exit_code);
 void RegisterImageCatalogCommands(CLI::App& app, int& exit_code);
+void RegisterSnapshotCommands(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli

@@ -299,4 +299,12 @@ Result<std::vector<StoredSnapshot>> LoadSnapshotStates(const SnapshotTarget& tar
   return store->Load(key);
 }
 
+Status RecordSnapshotState(const SnapshotTarget& target, const std::string& catalog_path,
+                           const StoredSnapshot& snapshot, Env& env) {
+  BARGE_ASSIGN_OR_RETURN(std::string key, StateKey(target, env));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStateStore> store,
+                         SnapshotStateStore::Open(ResolveCatalogPath(catalog_path)));
+  return store->Put(key, snapshot);
+}
+
 }  // namespace barge::orchestrate

@@ -101,4 +101,10 @@ Result<ApplyResult> ApplySnapshotConfig(const ApplyRequest& request, Env& env = 
 Result<std::vector<StoredSnapshot>> LoadSnapshotStates(const SnapshotTarget& target,
                                                        const std::string& catalog_path, Env& env = Env::Default());
 
+// Records (inserts or replaces) one snapshot's state for a disk, keyed like
+// apply's: `snapshot create --uuid` records the display name of the
+// snapshot it made so that `list` shows it and a later apply knows it.
+Status RecordSnapshotState(const SnapshotTarget& target, const std::string& catalog_path,
+                           const StoredSnapshot& snapshot, Env& env = Env::Default());
+
 }  // namespace barge::orchestrate
