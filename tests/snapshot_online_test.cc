@@ -168,5 +168,65 @@ TEST_F(SnapshotOnlineTest, ApplyOnARunningDomain) {
   RunOk("qemu-io -f qcow2 -r -c 'read -P 0x41 0 1M' " + ShellQuote(img));
 }
 
+// The same through the binary: `barge snapshot ... --domain D --disk vda`
+// goes through QEMU while the domain runs (rollback and rename refused with
+// the reason), through the file once it is shut off.
+TEST_F(SnapshotOnlineTest, CliOnARunningDomain) {
+  const std::string img = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -f qcow2 " + ShellQuote(img) + " 16M");
+  TestDomain dom("snapcli", {TestDisk{"vda", img, "qcow2"}});
+  dom.Define(dir_.path().string());
+  dom.StartPaused();
+  dom.Write(0x51, "0", "1M");
+  const std::string disk = " --domain " + dom.name() + " --disk vda";
+  const std::string barge = ShellQuote(barge::testing::BargeBinary()) + " snapshot ";
+  const std::string log = dir_ / "hook.log";
+
+  std::string text = RunOk(barge + "create --name s1" + disk + " --pre-hook " +
+                           ShellQuote("echo \"$BARGE_DOMAIN $BARGE_DISK $BARGE_IMAGE\" > " + ShellQuote(log)));
+  EXPECT_NE(text.find("created snapshot 's1' (id 1) of " + img + " (online)"), std::string::npos) << text;
+  EXPECT_EQ(barge::testing::RunOk("cat " + ShellQuote(log)), dom.name() + " vda " + img + "\n");
+  dom.Write(0x52, "0", "512k");
+  nlohmann::json s2 = barge::testing::RunResult(barge + "create --json --name s2" + disk);
+  EXPECT_EQ(s2["mode"], "online");
+  EXPECT_EQ(s2["snapshot"]["id"], "2");
+
+  nlohmann::json list = barge::testing::RunResult(barge + "list --json" + disk);
+  EXPECT_EQ(list["mode"], "online");
+  EXPECT_EQ(list["image"], img);
+  ASSERT_EQ(list["snapshots"].size(), 2u);
+  EXPECT_EQ(list["snapshots"][1]["name"], "s2");
+
+  // Refused while it runs, with the reason; the image file itself is QEMU's.
+  nlohmann::json e = barge::testing::RunError(barge + "rollback --json" + disk + " s1", 4);
+  EXPECT_EQ(e["code"], "Busy");
+  EXPECT_NE(e["message"].get<std::string>().find("shut the domain off"), std::string::npos) << e;
+  e = barge::testing::RunError(barge + "rename --json" + disk + " s1 x", 1);
+  EXPECT_EQ(e["code"], "NotSupported");
+  barge::testing::RunError(barge + "delete --json " + ShellQuote(img) + " s1", 4);
+  e = barge::testing::RunError(barge + "create --json --quiesce --name q" + disk, 1);
+  EXPECT_NE(e["message"].get<std::string>().find("quiesce"), std::string::npos) << e;
+
+  nlohmann::json deleted = barge::testing::RunResult(barge + "delete --json" + disk + " s1");
+  EXPECT_EQ(deleted["mode"], "online");
+  EXPECT_EQ(deleted["snapshot"]["name"], "s1");
+
+  dom.Destroy();
+  RunOk("qemu-img check -f qcow2 " + ShellQuote(img));
+  EXPECT_EQ(QemuNames(img), std::vector<std::string>{"2:s2"});
+  // What barge reads at the snapshot is what qemu reads.
+  const std::string ours = dir_ / "s2.raw";
+  RunOk(ShellQuote(barge::testing::BargeBinary()) + " convert --snapshot s2 " + ShellQuote(img) + " " +
+        ShellQuote(ours));
+  EXPECT_EQ(barge::testing::ReadFile(ours), QemuRead(img, "s2"));
+
+  // Shut off: the same words edit the file.
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x53 2M 1M' " + ShellQuote(img));
+  nlohmann::json rolled = barge::testing::RunResult(barge + "rollback --json" + disk + " s2");
+  EXPECT_EQ(rolled["mode"], "offline");
+  RunOk("qemu-img check -f qcow2 " + ShellQuote(img));
+  RunOk("qemu-io -f qcow2 -r -c 'read -P 0x52 0 512k' -c 'read -P 0 2M 1M' " + ShellQuote(img));
+}
+
 }  // namespace
 }  // namespace barge::orchestrate
