@@ -191,6 +191,14 @@ TEST_F(SnapshotOnlineTest, CliOnARunningDomain) {
   EXPECT_EQ(s2["mode"], "online");
   EXPECT_EQ(s2["snapshot"]["id"], "2");
 
+  // A backup of the snapshot while the guest runs and writes on.
+  const std::string backups = dir_ / "bk";
+  nlohmann::json bk = barge::testing::RunResult(ShellQuote(barge::testing::BargeBinary()) + " backup --json --source " +
+                                                ShellQuote(img) + " --snapshot s2 --target " + ShellQuote(backups) +
+                                                " --name vda");
+  EXPECT_EQ(bk["snapshot"], "s2");
+  dom.Write(0x54, "0", "256k");
+
   nlohmann::json list = barge::testing::RunResult(barge + "list --json" + disk);
   EXPECT_EQ(list["mode"], "online");
   EXPECT_EQ(list["image"], img);
@@ -219,6 +227,10 @@ TEST_F(SnapshotOnlineTest, CliOnARunningDomain) {
   RunOk(ShellQuote(barge::testing::BargeBinary()) + " convert --snapshot s2 " + ShellQuote(img) + " " +
         ShellQuote(ours));
   EXPECT_EQ(barge::testing::ReadFile(ours), QemuRead(img, "s2"));
+  const std::string restored = dir_ / "restored.raw";
+  RunOk(ShellQuote(barge::testing::BargeBinary()) + " restore " + ShellQuote(backups + "/vda") + " --to " +
+        ShellQuote(restored));
+  EXPECT_EQ(barge::testing::ReadFile(restored), QemuRead(img, "s2"));
 
   // Shut off: the same words edit the file.
   RunOk("qemu-io -f qcow2 -c 'write -P 0x53 2M 1M' " + ShellQuote(img));
