@@ -63,8 +63,8 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   // already, and needs no hooks).
   std::map<std::string, std::string> hook_env = {{"BARGE_OPERATION", "backup"},
                                                  {"BARGE_IMAGE", a.source},
-                                                 {"BARGE_DISK", a.name.empty() ? a.source : a.name},
-                                                 {"BARGE_SNAPSHOT", a.snapshot}};
+                                                 {"BARGE_DISK", a.name.empty() ? a.source : a.name}};
+  if (!a.snapshot.empty()) hook_env["BARGE_SNAPSHOT"] = a.snapshot;
   orchestrate::HookedResult hooked;
   std::optional<pipeline::BackupResult> result;
   Status done = orchestrate::RunWithHooks(*hooks, hook_env, [&]() -> Status {

@@ -163,10 +163,10 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
     if (!a.snapshot.empty()) j["snapshot"] = a.snapshot;
     cli_out.Result(j);
   }
-  cli_out.text() << "converted " << a.source << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'") << " -> " << a.dest << " (" << a.output_format << ", "
-            << compression.ToString() << "): " << HumanBytes(size) << " virtual, read "
-            << HumanBytes(result->bytes_read) << ", wrote " << HumanBytes(written) << " in "
-            << HumanSeconds(secs) << "\n";
+  cli_out.text() << "converted " << a.source << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'")
+                 << " -> " << a.dest << " (" << a.output_format << ", " << compression.ToString()
+                 << "): " << HumanBytes(size) << " virtual, read " << HumanBytes(result->bytes_read) << ", wrote "
+                 << HumanBytes(written) << " in " << HumanSeconds(secs) << "\n";
   return kExitOk;
 }
 

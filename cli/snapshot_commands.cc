@@ -73,6 +73,11 @@ struct TargetArgs {
   }
 };
 
+// A usage error, pointing at the command's help as the parser's do.
+int BadUsage(const Error& error, Output& out) {
+  return out.Usage(error.message() + " (see: barge " + out.command() + " --help)");
+}
+
 std::string TimeText(uint32_t sec, uint32_t nsec) {
   return formats::FormatRfc3339({static_cast<int64_t>(sec), static_cast<int32_t>(nsec)});
 }
@@ -114,10 +119,10 @@ int RunCreate(const TargetArgs& t, const std::string& name, const std::string& u
               const HookFlags& hooks, const std::string& catalog, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
-  if (!target.ok()) return out.Usage(target.error().message());
-  if (name.empty()) return out.Usage("--name must not be empty");
+  if (!target.ok()) return BadUsage(target.error(), out);
+  if (name.empty()) return BadUsage(Error::InvalidArgument("--name must not be empty"), out);
   auto spec = hooks.ToSpec();
-  if (!spec.ok()) return out.Usage(spec.error().message());
+  if (!spec.ok()) return BadUsage(spec.error(), out);
   orc::SnapshotCreateRequest req;
   req.target = *target;
   // With --uuid the qcow2 snapshot is named by the uuid and NAME is its
@@ -167,7 +172,7 @@ Result<std::map<std::string, orc::StoredSnapshot>> StatesByName(const orc::Snaps
 int RunList(const TargetArgs& t, const std::string& catalog, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
-  if (!target.ok()) return out.Usage(target.error().message());
+  if (!target.ok()) return BadUsage(target.error(), out);
   auto listing = orc::ListDiskSnapshots(*target);
   if (!listing.ok()) return out.Fail(listing.error());
   ReportWarnings(listing->warnings, listing->image, out);
@@ -217,7 +222,7 @@ int RunList(const TargetArgs& t, const std::string& catalog, Output& out) {
 int RunRename(const TargetArgs& t, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
-  if (!target.ok()) return out.Usage(target.error().message());
+  if (!target.ok()) return BadUsage(target.error(), out);
   auto r = orc::RenameDiskSnapshot(*target, words[0], words[1]);
   if (!r.ok()) return out.Fail(r.error());
   ReportWarnings(r->warnings, r->image, out);
@@ -231,7 +236,7 @@ int RunRename(const TargetArgs& t, Output& out) {
 int RunDelete(const TargetArgs& t, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
-  if (!target.ok()) return out.Usage(target.error().message());
+  if (!target.ok()) return BadUsage(target.error(), out);
   auto r = orc::DeleteDiskSnapshot(*target, words[0]);
   if (!r.ok()) return out.Fail(r.error());
   ReportWarnings(r->warnings, r->image, out);
@@ -243,7 +248,7 @@ int RunDelete(const TargetArgs& t, Output& out) {
 int RunRollback(const TargetArgs& t, bool discard_newer, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
-  if (!target.ok()) return out.Usage(target.error().message());
+  if (!target.ok()) return BadUsage(target.error(), out);
   auto r = orc::RollbackDiskSnapshot(*target, words[0], discard_newer);
   if (!r.ok()) return out.Fail(r.error());
   ReportWarnings(r->warnings, r->image, out);
@@ -276,9 +281,9 @@ int RunApply(const TargetArgs& t, const std::string& config_path, const std::str
              const HookFlags& hooks, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
-  if (!target.ok()) return out.Usage(target.error().message());
+  if (!target.ok()) return BadUsage(target.error(), out);
   auto spec = hooks.ToSpec();
-  if (!spec.ok()) return out.Usage(spec.error().message());
+  if (!spec.ok()) return BadUsage(spec.error(), out);
   auto text = Env::Default().ReadFile(config_path);
   if (!text.ok()) return out.Fail(text.error());
   auto config = orc::ParseApplyConfig(*text);
@@ -331,7 +336,7 @@ int RunApply(const TargetArgs& t, const std::string& config_path, const std::str
 int RunMetrics(const TargetArgs& t, const std::string& textfile, const std::string& catalog, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
-  if (!target.ok()) return out.Usage(target.error().message());
+  if (!target.ok()) return BadUsage(target.error(), out);
   auto listing = orc::ListDiskSnapshots(*target);
   if (!listing.ok()) return out.Fail(listing.error());
   ReportWarnings(listing->warnings, listing->image, out);
