@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   target.image = argv[2];
   if (op == "metrics") {
     const auto t0 = std::chrono::steady_clock::now();
-    auto listing = ListDiskSnapshots(target);
+    auto listing = ListDiskSnapshots(PosixEnv(), target);
     if (!listing.ok()) return Fail(listing.error());
     for (const auto& s : listing->snapshots) {
       std::printf("%s %s vol_size=%llu referenced=%llu logical=%llu used=%llu written=%llu ratio=%.2f\n",
@@ -57,11 +57,11 @@ int main(int argc, char** argv) {
       SnapshotCreateRequest req;
       req.target = target;
       req.name = argv[i];
-      r = CreateDiskSnapshot(req);
+      r = CreateDiskSnapshot(PosixEnv(), req);
     } else if (op == "delete") {
-      r = DeleteDiskSnapshot(target, argv[i]);
+      r = DeleteDiskSnapshot(PosixEnv(), target, argv[i]);
     } else if (op == "rollback") {
-      r = RollbackDiskSnapshot(target, argv[i], false);
+      r = RollbackDiskSnapshot(PosixEnv(), target, argv[i], false);
     }
     if (!r.ok()) return Fail(r.error());
     std::printf("%s %s: %.3f s\n", op.c_str(), argv[i], Since(t0));

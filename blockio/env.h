@@ -23,7 +23,7 @@
 namespace barge {
 
 struct FileStat {
-  enum class Type : uint8_t { kRegular, kDirectory, kBlockDevice, kOther };
+  enum class Type : uint8_t { kRegular, kDirectory, kBlockDevice, kSymlink, kOther };
   Type type = Type::kOther;
   uint64_t size_bytes = 0;     // regular files; block devices report 0
   int64_t mtime_ns = 0;        // nanoseconds since the epoch
@@ -36,11 +36,13 @@ struct FileStat {
   bool is_regular() const { return type == Type::kRegular; }
   bool is_directory() const { return type == Type::kDirectory; }
   bool is_block_device() const { return type == Type::kBlockDevice; }
+  bool is_symlink() const { return type == Type::kSymlink; }  // StatNoFollow only
 };
 
 struct SpaceInfo {
   uint64_t free_bytes = 0;   // available to an unprivileged writer (f_bavail)
   uint64_t total_bytes = 0;
+  uint64_t filesystem_type = 0;  // statfs(2)'s f_type magic (0xEF53 ext4...), 0 if unknown
 };
 
 // A lock held for the object's lifetime; the destructor releases it. The
@@ -84,12 +86,12 @@ enum class EnvOp : uint8_t {
   kSync,      // a sink's Flush (fdatasync)
   kSyncDir,   // SyncDir
   kRename,    // Rename
-  kLink,      // Link
+  kLink,      // Link, CreateSymlink
   kUnlink,    // Unlink, RemoveDir
   kMkdir,     // CreateDir
   kList,      // ListDir
   kLock,      // LockFile, LockImage
-  kStat,      // Stat, Space
+  kStat,      // Stat, StatNoFollow, ReadLink, RealPath, Space
   kSetOwner,  // SetOwner, SetMode
 };
 inline constexpr size_t kEnvOpCount = 13;
@@ -109,17 +111,20 @@ class Env {
   static Env& Default();
 
   // ---- block data ----
-  // A file or block device as a source (blockio/file.h's backends).
+  // A file or block device as a source (blockio/file.h's backends). A
+  // kernel pseudo-file (procfs, sysfs: it reports no size) gives a
+  // snapshot of its contents read at open, so ReadFile works on it.
   virtual Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path,
                                                           const FileOptions& options = {}) = 0;
-  // A file or block device as a sink. New files get mode 0644.
+  // A file or block device as a sink. New files get options.create_mode
+  // (0644 unless asked otherwise).
   virtual Result<std::unique_ptr<BlockSink>> OpenSink(const std::string& path, SinkMode mode,
                                                       const FileOptions& options = {}) = 0;
 
   // ---- names ----
   // Follows symbolic links. kNotFound when nothing is there.
   virtual Result<FileStat> Stat(const std::string& path) = 0;
-  // Does not follow a final symbolic link (a link reports kOther).
+  // Does not follow a final symbolic link (a link reports kSymlink).
   virtual Result<FileStat> StatNoFollow(const std::string& path) = 0;
   // The names in `dir` (no "." or ".."), sorted. kNotFound for a missing
   // folder.
@@ -132,13 +137,19 @@ class Env {
   // A second name for `from`; fails with EEXIST (kInvalidArgument) when
   // `to` exists: a publish that never replaces.
   virtual Status Link(const std::string& from, const std::string& to) = 0;
+  // A symbolic link at `path` holding `target` as is (not resolved);
+  // fails with EEXIST (kInvalidArgument) when `path` exists.
+  virtual Status CreateSymlink(const std::string& target, const std::string& path) = 0;
+  // The text a symbolic link holds. kNotFound when missing;
+  // kInvalidArgument (EINVAL) when `path` is not a link.
+  virtual Result<std::string> ReadLink(const std::string& path) = 0;
   // kNotFound when missing.
   virtual Status Unlink(const std::string& path) = 0;
   // An empty folder. kNotFound when missing.
   virtual Status RemoveDir(const std::string& dir) = 0;
   // Makes the folder's entries (creates, renames, unlinks in it) durable.
   virtual Status SyncDir(const std::string& dir) = 0;
-  // Free and total bytes of the filesystem holding `path`.
+  // Free and total bytes, and the type, of the filesystem holding `path`.
   virtual Result<SpaceInfo> Space(const std::string& path) = 0;
   // chown/chmod (cbt enable grants QEMU's user access to a data file).
   virtual Status SetOwner(const std::string& path, uint32_t uid, uint32_t gid) = 0;
@@ -184,6 +195,8 @@ class Env {
   // Removes a file or a folder with everything in it. A missing path is
   // not an error.
   Status RemoveTree(const std::string& path);
+  // Unlink, where a file that is already gone is not an error.
+  Status UnlinkIfExists(const std::string& path);
 };
 
 // Forwards every call to a target Env (leveldb's EnvWrapper): a wrapper
@@ -215,6 +228,10 @@ class EnvWrapper : public Env {
   Status Link(const std::string& from, const std::string& to) override {
     return target_.Link(from, to);
   }
+  Status CreateSymlink(const std::string& target, const std::string& path) override {
+    return target_.CreateSymlink(target, path);
+  }
+  Result<std::string> ReadLink(const std::string& path) override { return target_.ReadLink(path); }
   Status Unlink(const std::string& path) override { return target_.Unlink(path); }
   Status RemoveDir(const std::string& dir) override { return target_.RemoveDir(dir); }
   Status SyncDir(const std::string& dir) override { return target_.SyncDir(dir); }
@@ -262,6 +279,13 @@ class ScopedDefaultEnv {
 std::string TempPathFor(const std::string& final_path);
 // True for names of that form.
 bool IsTempName(std::string_view file_name);
+
+// The absolute path of `path` with symbolic links and ".." resolved as far
+// as it exists (the missing rest is added lexically), like
+// std::filesystem::weakly_canonical; the lexical AbsolutePath when nothing
+// can be resolved. For path policies (is a backing file inside a folder?)
+// and for telling two names of one file apart.
+std::string CanonicalPath(Env& env, const std::string& path);
 
 // Removes the leftover temporaries of killed runs in `dir`: every
 // ".*.barge-tmp" whose lock is free. A file a live process still writes

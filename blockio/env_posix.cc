@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -17,6 +18,8 @@
 
 #include "blockio/env.h"
 #include "blockio/file.h"
+#include "blockio/memory.h"
+#include "blockio/path.h"
 
 namespace barge {
 
@@ -62,6 +65,7 @@ FileStat FromStat(const struct stat& st) {
   if (S_ISREG(st.st_mode)) s.type = FileStat::Type::kRegular;
   else if (S_ISDIR(st.st_mode)) s.type = FileStat::Type::kDirectory;
   else if (S_ISBLK(st.st_mode)) s.type = FileStat::Type::kBlockDevice;
+  else if (S_ISLNK(st.st_mode)) s.type = FileStat::Type::kSymlink;
   s.size_bytes = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
   s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   s.mode = st.st_mode & 07777;
@@ -183,6 +187,30 @@ std::string DescribeOpeners(const struct stat& target) {
   return out;
 }
 
+// procfs and sysfs files report a size of 0 whatever they hold.
+bool IsPseudoFile(const std::string& path) {
+  constexpr long kProcMagic = 0x9fa0, kSysfsMagic = 0x62656572;
+  struct statfs fs;
+  return ::statfs(path.c_str(), &fs) == 0 && (fs.f_type == kProcMagic || fs.f_type == kSysfsMagic);
+}
+
+// The whole contents of a pseudo-file, read to its end (at most 16 MiB).
+Result<std::unique_ptr<BlockSource>> SnapshotPseudoFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Error::FromErrno(errno, "open", path);
+  std::vector<std::byte> bytes;
+  std::byte buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error::FromErrno(errno, "read", path);
+    if (n == 0) break;
+    bytes.insert(bytes.end(), buf, buf + n);
+    if (bytes.size() > (16u << 20)) return Error::InvalidArgument("pseudo-file too large").set_path(path);
+  }
+  return std::unique_ptr<BlockSource>(new MemorySource(std::move(bytes), path));
+}
+
 class ImageLock final : public EnvLock {
  public:
   ImageLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
@@ -198,7 +226,10 @@ class PosixEnvImpl final : public Env {
  public:
   Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path,
                                                   const FileOptions& options) override {
-    return OpenFileSource(path, options);
+    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> source, OpenFileSource(path, options));
+    // Only an empty-looking file pays for the filesystem type check.
+    if (source->size_bytes() == 0 && IsPseudoFile(path)) return SnapshotPseudoFile(path);
+    return source;
   }
 
   Result<std::unique_ptr<BlockSink>> OpenSink(const std::string& path, SinkMode mode,
@@ -256,6 +287,22 @@ class PosixEnvImpl final : public Env {
     return OkStatus();
   }
 
+  Status CreateSymlink(const std::string& target, const std::string& path) override {
+    if (::symlink(target.c_str(), path.c_str()) != 0) {
+      return Error::FromErrno(errno, "symlink to " + target, path);
+    }
+    return OkStatus();
+  }
+
+  Result<std::string> ReadLink(const std::string& path) override {
+    std::string buf(PATH_MAX, '\0');
+    ssize_t n = ::readlink(path.c_str(), buf.data(), buf.size());
+    if (n < 0) return Error::FromErrno(errno, "readlink", path);
+    if (static_cast<size_t>(n) == buf.size()) return Error::InvalidArgument("link too long").set_path(path);
+    buf.resize(static_cast<size_t>(n));
+    return buf;
+  }
+
   Status Unlink(const std::string& path) override {
     if (::unlink(path.c_str()) != 0) return Error::FromErrno(errno, "remove", path);
     return OkStatus();
@@ -279,6 +326,8 @@ class PosixEnvImpl final : public Env {
     SpaceInfo info;
     info.free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
     info.total_bytes = static_cast<uint64_t>(st.f_blocks) * st.f_frsize;
+    struct statfs fs;
+    if (::statfs(path.c_str(), &fs) == 0) info.filesystem_type = static_cast<uint64_t>(fs.f_type);
     return info;
   }
 
@@ -422,16 +471,17 @@ Result<std::string> Env::ReadFile(const std::string& path, uint64_t max_bytes) {
 
 Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> bytes, bool sync) {
   std::string temp = TempPathFor(path);
+  // Errors name `path`, the file the caller knows; the temporary is ours.
+  auto named = [&](Error e) {
+    if (e.path().empty() || e.path() == temp) e.set_path(path);
+    return e;
+  };
   LockOptions lo;
   lo.busy_message = "another process is writing this file";
   auto lock = LockFile(temp, lo);
-  if (!lock.ok()) {
-    Error e = std::move(lock).error();
-    if (e.code() == ErrorCode::kBusy) e.set_path(path);
-    return e;
-  }
+  if (!lock.ok()) return named(std::move(lock).error());
   TempRegistration registered(temp);
-  auto fail = [&](Error e) -> Status { return e.Also(Unlink(temp)); };
+  auto fail = [&](Error e) -> Status { return named(std::move(e)).Also(Unlink(temp)); };
   FileOptions o;
   o.write_behind = false;
   o.sync = sync;
@@ -441,7 +491,11 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
   if (s.ok()) s = (*sink)->Flush();
   sink->reset();
   if (!s.ok()) return fail(std::move(s).error());
-  if (Status r = Rename(temp, path); !r.ok()) return fail(std::move(r).error());
+  if (Status r = Rename(temp, path); !r.ok()) {
+    Error e = std::move(r).error();
+    if (e.errno_value() != 0) e = Error::FromErrno(e.errno_value(), "replace (rename)", path);
+    return fail(std::move(e));
+  }
   if (!sync) return OkStatus();
   return SyncDir(ParentOf(path));
 }
@@ -461,6 +515,25 @@ Status Env::RemoveTree(const std::string& path) {
   for (const auto& n : names) BARGE_RETURN_IF_ERROR(RemoveTree(path + "/" + n));
   Status s = RemoveDir(path);
   return s.ok() || s.error().code() == ErrorCode::kNotFound ? OkStatus() : s;
+}
+
+Status Env::UnlinkIfExists(const std::string& path) {
+  Status s = Unlink(path);
+  return s.ok() || s.error().code() == ErrorCode::kNotFound ? OkStatus() : s;
+}
+
+std::string CanonicalPath(Env& env, const std::string& path) {
+  std::string abs = AbsolutePath(path);
+  // The longest existing prefix is resolved; what follows it is added as
+  // written (it cannot hold links: it does not exist).
+  std::string head = abs, tail;
+  for (;;) {
+    auto real = env.RealPath(head);
+    if (real.ok()) return tail.empty() ? *real : LexicallyNormal(JoinPath(*real, tail));
+    if (head == "/" || real.error().code() != ErrorCode::kNotFound) return abs;
+    tail = tail.empty() ? BaseName(head) : JoinPath(BaseName(head), tail);
+    head = DirName(head);
+  }
 }
 
 std::string TempPathFor(const std::string& final_path) {

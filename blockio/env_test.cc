@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "blockio/fault_env.h"
 #include "tests/testing/testing.h"
 
 namespace barge {
@@ -147,6 +148,64 @@ TEST(PosixEnvTest, RegisteredTemporariesAreRemovedOnDemand) {
   EXPECT_TRUE(env.Exists(b));
 }
 
+TEST(PosixEnvTest, SymlinksAreReadAndMadeAsText) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  ASSERT_TRUE(env.WriteFileAtomic(dir / "f", std::string_view("x")).ok());
+  ASSERT_TRUE(env.CreateSymlink("f", dir / "l").ok());
+  EXPECT_EQ(env.CreateSymlink("f", dir / "l").error().errno_value(), EEXIST);
+  EXPECT_EQ(*env.ReadLink(dir / "l"), "f");
+  EXPECT_TRUE(env.StatNoFollow(dir / "l")->is_symlink());
+  EXPECT_TRUE(env.Stat(dir / "l")->is_regular());
+  EXPECT_EQ(env.ReadLink(dir / "f").error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(env.ReadLink(dir / "missing").error().code(), ErrorCode::kNotFound);
+  ASSERT_TRUE(env.RemoveTree(dir / "l").ok());  // the link, not its target
+  EXPECT_TRUE(env.Exists(dir / "f"));
+}
+
+TEST(PosixEnvTest, CanonicalPathResolvesWhatExists) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  ASSERT_TRUE(env.CreateDirs(dir / "real/sub").ok());
+  ASSERT_TRUE(env.CreateSymlink(dir / "real", dir / "link").ok());
+  std::string real = *env.RealPath(dir / "real");
+  EXPECT_EQ(CanonicalPath(env, dir / "link/sub"), real + "/sub");
+  EXPECT_EQ(CanonicalPath(env, dir / "link/missing/x.qcow2"), real + "/missing/x.qcow2");
+  EXPECT_EQ(CanonicalPath(env, dir / "link/sub/../x"), real + "/x");
+}
+
+TEST(PosixEnvTest, UnlinkIfExists) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  ASSERT_TRUE(env.WriteFileAtomic(dir / "f", std::string_view("x")).ok());
+  EXPECT_TRUE(env.UnlinkIfExists(dir / "f").ok());
+  EXPECT_TRUE(env.UnlinkIfExists(dir / "f").ok());
+  EXPECT_TRUE(env.UnlinkIfExists(dir / "missing/deeper/f").ok());
+}
+
+// procfs files report no size: ReadFile still gets their contents.
+TEST(PosixEnvTest, ReadFileOfPseudoFiles) {
+  Env& env = PosixEnv();
+  auto status = env.ReadFile("/proc/self/status");
+  ASSERT_TRUE(status.ok()) << status.error().ToString();
+  EXPECT_NE(status->find("VmHWM:"), std::string::npos);
+  auto boot_id = env.ReadFile("/proc/sys/kernel/random/boot_id");
+  ASSERT_TRUE(boot_id.ok()) << boot_id.error().ToString();
+  EXPECT_EQ(boot_id->size(), 37u);  // a UUID and a newline
+}
+
+// A sink on an existing file the caller may write but not read (a kernel
+// control file) opens write-only.
+TEST(PosixEnvTest, WriteOnlySinkOfControlFile) {
+  Env& env = PosixEnv();
+  FileOptions o;
+  o.write_behind = false;
+  o.sync = false;
+  auto sink = env.OpenSink("/proc/self/clear_refs", SinkMode::kExisting, o);
+  ASSERT_TRUE(sink.ok()) << sink.error().ToString();
+  EXPECT_TRUE((*sink)->WriteAt(0, std::as_bytes(std::span("5", 1))).ok());
+}
+
 TEST(ErrorTest, AlsoRecordsAFailedCleanup) {
   Error e = Error::IoError("write failed");
   e.Also(OkStatus());
@@ -155,6 +214,26 @@ TEST(ErrorTest, AlsoRecordsAFailedCleanup) {
   EXPECT_NE(e.message().find("cleanup also failed: NotFound: /x: gone"), std::string::npos);
   EXPECT_EQ(e.code(), ErrorCode::kIoError);
   EXPECT_EQ(Error::FromErrno(EBUSY, "open", "/dev/sdz").code(), ErrorCode::kBusy);
+}
+
+// Issue 13 (found by the reliability campaign): WriteFileAtomic's errors
+// named its hidden temporary. Each failing step names the file asked for.
+TEST(PosixEnvTest, Issue13WriteFileAtomicErrorsNameTheFile) {
+  testing::TempDir dir;
+  FaultEnv env(PosixEnv(), dir / "stash");
+  const std::string f = dir / "m.json";
+  for (EnvOp op : {EnvOp::kOpen, EnvOp::kWrite, EnvOp::kSync, EnvOp::kRename}) {
+    SCOPED_TRACE(EnvOpName(op));
+    env.ClearFaults();
+    env.FailCall(op, 1, ENOSPC);
+    env.ResetCounters();
+    Status s = env.WriteFileAtomic(f, std::string_view("{}"));
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().path(), f) << s.error().ToString();
+    EXPECT_EQ(s.error().code(), ErrorCode::kNoSpace) << s.error().ToString();
+    EXPECT_EQ(s.error().ToString().find(".barge-tmp"), std::string::npos) << s.error().ToString();
+    EXPECT_FALSE(PosixEnv().Exists(TempPathFor(f)));
+  }
 }
 
 }  // namespace

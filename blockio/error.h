@@ -144,6 +144,14 @@ using Status = Result<void>;
 
 inline Status OkStatus() { return Status(); }
 
+// Drops a result on purpose, where nobody could act on a failure: a
+// destructor removing a temporary on the way out of an error that is
+// already being reported (a sweep removes what it leaves), a best-effort
+// progress note. `why` says at the call site why ignoring it is correct.
+// Everywhere else a failure is returned, or recorded with Error::Also.
+template <typename T>
+inline void IgnoreError(const Result<T>& /*result*/, std::string_view /*why*/) {}
+
 }  // namespace barge
 
 #define BARGE_CONCAT_INNER(a, b) a##b

@@ -115,6 +115,7 @@ class FaultSource final : public BlockSource {
   Status ReadMany(std::span<ReadRequest> requests) override;
   // A hint: passed on, never failed.
   void WillNeed(uint64_t offset, uint64_t length) override { target_.WillNeed(offset, length); }
+  void DontNeed(uint64_t offset, uint64_t length) override { target_.DontNeed(offset, length); }
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override;
 
  private:

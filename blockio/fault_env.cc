@@ -4,20 +4,15 @@
 #include "blockio/fault_env.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <system_error>
 
 #include "blockio/fault_env_internal.h"
+#include "blockio/path.h"
 
 namespace barge {
 
 std::string FaultEnv::Impl::Normal(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::path p = std::filesystem::absolute(path.empty() ? "." : path, ec);
-  if (ec) p = path;
-  std::string s = p.lexically_normal().string();
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  return s;
+  // Lexical (blockio/path.h): no trailing slash, "." and ".." resolved.
+  return AbsolutePath(path.empty() ? "." : path);
 }
 
 std::string FaultEnv::Impl::Join(const std::string& dir, const std::string& name) {
@@ -150,6 +145,17 @@ Status FaultEnv::Impl::Link(const std::string& from, const std::string& to) {
   std::string t = Normal(to);
   auto node = NodeAt(t);
   auto loc = Locate(t);
+  if (node && loc) Record(*loc, std::nullopt, node);
+  return OkStatus();
+}
+
+Status FaultEnv::Impl::CreateSymlink(const std::string& link_target, const std::string& path) {
+  std::lock_guard lock(mu_);
+  BARGE_RETURN_IF_ERROR(target_.CreateSymlink(link_target, path));
+  // A new entry, as a create: undone by removing the link.
+  std::string p = Normal(path);
+  auto node = NodeAt(p);
+  auto loc = Locate(p);
   if (node && loc) Record(*loc, std::nullopt, node);
   return OkStatus();
 }
@@ -290,6 +296,7 @@ void FaultEnv::FailCall(EnvOp op, uint64_t n, int err, bool and_after) {
   impl_->FailCall(op, n, err, and_after);
 }
 void FaultEnv::ClearFaults() { impl_->ClearFaults(); }
+std::vector<FaultEnv::Injection> FaultEnv::injections() const { return impl_->injections(); }
 uint64_t FaultEnv::calls(EnvOp op) const { return impl_->calls(op); }
 uint64_t FaultEnv::boundaries() const { return impl_->boundaries(); }
 void FaultEnv::ResetCounters() { impl_->ResetCounters(); }
@@ -336,6 +343,14 @@ Status FaultEnv::Rename(const std::string& from, const std::string& to) {
 
 Status FaultEnv::Link(const std::string& from, const std::string& to) {
   return impl_->Gate(EnvOp::kLink, to, [&] { return impl_->Link(from, to); });
+}
+
+Status FaultEnv::CreateSymlink(const std::string& link_target, const std::string& path) {
+  return impl_->Gate(EnvOp::kLink, path, [&] { return impl_->CreateSymlink(link_target, path); });
+}
+
+Result<std::string> FaultEnv::ReadLink(const std::string& path) {
+  return impl_->Gate(EnvOp::kStat, path, [&] { return target().ReadLink(path); });
 }
 
 Status FaultEnv::Unlink(const std::string& path) {

@@ -18,9 +18,9 @@ namespace barge {
 // Wraps `target` (normally PosixEnv() over a test's temporary folder).
 //
 // ---- Errors ----
-// Every call is counted by kind (EnvOp, env.h; besides env.h's list,
-// StatNoFollow and RealPath count as kStat, and a source's Extents as
-// kRead). Sinks and sources it opens are wrapped: WriteAt, WriteZeroes,
+// Every call is counted by kind (EnvOp, env.h: CreateSymlink counts as
+// kLink; StatNoFollow, ReadLink, RealPath and Space as kStat; a source's
+// Extents as kRead). Sinks and sources it opens are wrapped: WriteAt, WriteZeroes,
 // Trim and Truncate count as kWrite, Flush as kSync, ReadAt, each request
 // of ReadMany and Extents as kRead (WillNeed is a hint: never counted nor
 // failed). A failed call has no effect and returns
@@ -41,11 +41,12 @@ namespace barge {
 //     the undo log is cleared and the synced size becomes the size. A Flush
 //     with !sync (no fdatasync) makes nothing durable.
 // Names, per folder entry (by the folder's device and inode):
-//   - creates (OpenSink, CreateDir, LockFile with `create`), renames (the
-//     entry left and the entry taken, with any file or empty folder it
-//     replaced), links and unlinks (Unlink, RemoveDir) are durable only once
-//     their folder is synced (SyncDir) after them. A rename across folders
-//     is two changes, each durable with its own folder.
+//   - creates (OpenSink, CreateDir, CreateSymlink, LockFile with
+//     `create`), renames (the entry left and the entry taken, with any file
+//     or empty folder it replaced), links and unlinks (Unlink, RemoveDir)
+//     are durable only once their folder is synced (SyncDir) after them.
+//     A rename across folders is two changes, each durable with its own
+//     folder.
 //   - To be able to bring back a file that an unlink or a replacing rename
 //     removed, the FaultEnv keeps a hard link to it in the stash folder
 //     (hence the stash must be on the same filesystem). Files with unsynced
@@ -96,8 +97,9 @@ namespace barge {
 //
 // ---- Crash points ----
 // Durability boundaries are the calls counted as kSync (every sink Flush,
-// with or without FileOptions::sync), kSyncDir, kRename, kLink and kUnlink
-// (Unlink and RemoveDir), failed ones included. CrashAfter(n): the n-th
+// with or without FileOptions::sync), kSyncDir, kRename, kLink (Link and
+// CreateSymlink) and kUnlink (Unlink and RemoveDir; UnlinkIfExists and
+// RemoveTree are made of them), failed ones included. CrashAfter(n): the n-th
 // boundary call reaches the disk, then the machine dies before it returns:
 // it returns Error kIoError "simulated power loss", and so does every later
 // call of any kind (from any thread, sinks and sources included) without
@@ -126,7 +128,18 @@ class FaultEnv final : public EnvWrapper {
   void FailCall(EnvOp op, uint64_t n, int err = EIO, bool and_after = false);
   // Fails every call of `op`.
   void FailAll(EnvOp op, int err = EIO) { FailCall(op, 1, err, true); }
+  // Removes the rules, and forgets the injections below.
   void ClearFaults();
+  // The calls a rule failed, in order: kind, its count, the errno and the
+  // path the call named (a test can tell which file an error hit, e.g. a
+  // failed removal that had to leave its file behind).
+  struct Injection {
+    EnvOp op;
+    uint64_t n;
+    int err;
+    std::string path;
+  };
+  std::vector<Injection> injections() const;
   // Calls of `op` made while the Env was alive (the dying one included).
   uint64_t calls(EnvOp op) const;
   // Durability boundaries met so far (see above), counted the same way.
@@ -165,6 +178,8 @@ class FaultEnv final : public EnvWrapper {
   Status CreateDir(const std::string& dir) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status Link(const std::string& from, const std::string& to) override;
+  Status CreateSymlink(const std::string& link_target, const std::string& path) override;
+  Result<std::string> ReadLink(const std::string& path) override;
   Status Unlink(const std::string& path) override;
   Status RemoveDir(const std::string& dir) override;
   Status SyncDir(const std::string& dir) override;

@@ -99,6 +99,7 @@ class FaultEnv::Impl {
     }
     for (const Rule& r : rules_) {
       if (r.op != op || (r.and_after ? n < r.n : n != r.n)) continue;
+      injections_.push_back({op, n, r.err, path});
       std::string what = "injected " + std::string(EnvOpName(op));
       if (range) return {Error::FromErrno(r.err, what, path, range->first, range->second)};
       return {Error::FromErrno(r.err, what, path)};
@@ -133,6 +134,11 @@ class FaultEnv::Impl {
   void ClearFaults() {
     std::lock_guard lock(mu_);
     rules_.clear();
+    injections_.clear();
+  }
+  std::vector<FaultEnv::Injection> injections() const {
+    std::lock_guard lock(mu_);
+    return injections_;
   }
   uint64_t calls(EnvOp op) const {
     std::lock_guard lock(mu_);
@@ -186,6 +192,7 @@ class FaultEnv::Impl {
   Status CreateDir(const std::string& dir);
   Status Rename(const std::string& from, const std::string& to);
   Status Link(const std::string& from, const std::string& to);
+  Status CreateSymlink(const std::string& link_target, const std::string& path);
   Status Unlink(const std::string& path);
   Status RemoveDir(const std::string& dir);
   Status SyncDir(const std::string& dir);
@@ -264,6 +271,7 @@ class FaultEnv::Impl {
   std::optional<uint64_t> crash_left_;          // boundaries until the crash; guarded by mu_
   bool dead_ = false;                           // guarded by mu_
   std::vector<Rule> rules_;                     // guarded by mu_
+  std::vector<FaultEnv::Injection> injections_; // failed by a rule; guarded by mu_
   std::map<Id, FileData> files_;                // files with unsynced data; guarded by mu_
   std::map<Id, PinState> pins_;                 // guarded by mu_
   std::vector<NameChange> changes_;             // oldest first; guarded by mu_

@@ -257,6 +257,42 @@ TEST_F(FaultEnvTest, LinkIsUndoneUnlessTheFolderIsSynced) {
   EXPECT_EQ(Contents(b), "x");
 }
 
+// A symbolic link is a name like any other: its creation is undone unless
+// the folder is synced, and an unsynced removal brings it back (as a link,
+// still holding its text).
+TEST_F(FaultEnvTest, SymlinkIsUndoneUnlessTheFolderIsSynced) {
+  std::string a = Path("a"), l = Path("l");
+  Durable(a, "x");
+  ASSERT_TRUE(env_.CreateSymlink("a", l).ok());
+  EXPECT_EQ(env_.boundaries(), 1u);
+  EXPECT_EQ(env_.calls(EnvOp::kLink), 1u);
+  PowerLoss();
+  EXPECT_FALSE(PosixEnv().StatNoFollow(l).ok());
+  EXPECT_EQ(Contents(a), "x");
+
+  ASSERT_TRUE(env_.CreateSymlink("a", l).ok());
+  ASSERT_TRUE(env_.SyncDir(work_).ok());
+  PowerLoss();
+  auto text = env_.ReadLink(l);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "a");
+
+  ASSERT_TRUE(env_.Unlink(l).ok());
+  PowerLoss();
+  auto st = PosixEnv().StatNoFollow(l);
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE(st->is_symlink());
+  EXPECT_EQ(Contents(l), "x");  // through the link
+  EXPECT_EQ(Contents(a), "x");
+
+  // A crash at the symlink boundary: it is made, then the machine dies.
+  env_.CrashAfter(1);
+  ASSERT_FALSE(env_.CreateSymlink("a", Path("m")).ok());
+  EXPECT_TRUE(env_.crashed());
+  PowerLoss();
+  EXPECT_FALSE(PosixEnv().StatNoFollow(Path("m")).ok());
+}
+
 TEST_F(FaultEnvTest, FolderCreationIsUndoneUnlessItsParentIsSynced) {
   std::string deep = Path("a/b");
   ASSERT_TRUE(env_.CreateDirs(deep).ok());
@@ -550,6 +586,10 @@ TEST_F(FaultEnvTest, CountsEveryKindOfCall) {
   ASSERT_TRUE(env_.Rename(f, Path("g")).ok());
   ASSERT_TRUE(env_.Link(Path("g"), Path("h")).ok());
   ASSERT_TRUE(env_.Unlink(Path("h")).ok());
+  ASSERT_TRUE(env_.CreateSymlink("g", Path("s")).ok());
+  ASSERT_TRUE(env_.ReadLink(Path("s")).ok());
+  ASSERT_TRUE(env_.UnlinkIfExists(Path("s")).ok());
+  ASSERT_TRUE(env_.UnlinkIfExists(Path("s")).ok());  // gone: still a call
   ASSERT_TRUE(env_.CreateDir(Path("d")).ok());
   ASSERT_TRUE(env_.RemoveDir(Path("d")).ok());
   ASSERT_TRUE(env_.ListDir(work_).ok());
@@ -568,12 +608,13 @@ TEST_F(FaultEnvTest, CountsEveryKindOfCall) {
   };
   for (Want w : {Want{EnvOp::kOpen, 2}, Want{EnvOp::kRead, 4}, Want{EnvOp::kWrite, 4},
                  Want{EnvOp::kSync, 1}, Want{EnvOp::kSyncDir, 1}, Want{EnvOp::kRename, 1},
-                 Want{EnvOp::kLink, 1}, Want{EnvOp::kUnlink, 2}, Want{EnvOp::kMkdir, 1},
-                 Want{EnvOp::kList, 1}, Want{EnvOp::kLock, 2}, Want{EnvOp::kStat, 4},
+                 Want{EnvOp::kLink, 2}, Want{EnvOp::kUnlink, 4}, Want{EnvOp::kMkdir, 1},
+                 Want{EnvOp::kList, 1}, Want{EnvOp::kLock, 2}, Want{EnvOp::kStat, 5},
                  Want{EnvOp::kSetOwner, 2}}) {
     EXPECT_EQ(env_.calls(w.op), w.calls) << EnvOpName(w.op);
   }
-  EXPECT_EQ(env_.boundaries(), 6u);  // sync, sync-dir, rename, link, unlink, rmdir
+  // sync, sync-dir, rename, link, unlink, symlink, 2 unlinks, rmdir
+  EXPECT_EQ(env_.boundaries(), 9u);
 
   // Every kind can be failed.
   env_.FailAll(EnvOp::kList, EROFS);
@@ -583,6 +624,11 @@ TEST_F(FaultEnvTest, CountsEveryKindOfCall) {
   env_.FailAll(EnvOp::kMkdir, EROFS);
   env_.FailAll(EnvOp::kOpen, EROFS);
   EXPECT_EQ(env_.ListDir(work_).error().errno_value(), EROFS);
+  EXPECT_EQ(env_.ReadLink(Path("g")).error().errno_value(), EROFS);
+  ASSERT_EQ(env_.injections().size(), 2u);
+  EXPECT_EQ(env_.injections()[1].op, EnvOp::kStat);
+  EXPECT_EQ(env_.injections()[1].path, Path("g"));
+  EXPECT_EQ(env_.injections()[1].err, EROFS);
   EXPECT_EQ(env_.LockFile(Path(".lock")).error().errno_value(), EROFS);
   EXPECT_EQ(env_.Space(work_).error().errno_value(), EROFS);
   EXPECT_EQ(env_.SetMode(Path("g"), 0644).error().errno_value(), EROFS);

@@ -192,6 +192,13 @@ void FileSource::WillNeed(uint64_t offset, uint64_t length) {
   ::posix_fadvise(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
 }
 
+void FileSource::DontNeed(uint64_t offset, uint64_t length) {
+  // Dirty pages cannot be dropped: write them back first (another writer's,
+  // e.g. a disk image just generated). A hint: failures are ignored.
+  if (::fdatasync(fd_.get()) != 0) return;
+  ::posix_fadvise(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_DONTNEED);
+}
+
 uint64_t FileSink::size_bytes() const { return size_bytes_.load(); }
 
 SinkCapabilities FileSink::capabilities() const {
@@ -304,7 +311,15 @@ Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMod
     case SinkMode::kTruncate: flags |= O_CREAT; break;
     case SinkMode::kExisting: break;
   }
-  BARGE_ASSIGN_OR_RETURN(Fd fd, internal::OpenFd(path, flags, 0644));
+  const mode_t create_mode = static_cast<mode_t>(options.create_mode & 07777);
+  auto opened = internal::OpenFd(path, flags, create_mode);
+  if (!opened.ok() && mode == SinkMode::kExisting && opened.error().errno_value() == EACCES) {
+    // Writable but not readable (a kernel control file such as
+    // /proc/self/clear_refs): a sink never reads, so write-only will do.
+    opened = internal::OpenFd(path, (flags & ~O_RDWR) | O_WRONLY, create_mode);
+  }
+  if (!opened.ok()) return std::move(opened).error();
+  Fd fd = std::move(opened).value();
   BARGE_ASSIGN_OR_RETURN(FileInfo info, internal::StatFd(fd, path));
   info.direct = options.direct;
   info.write_behind = options.write_behind;

@@ -86,6 +86,7 @@ class FileSource : public BlockSource {
   SourceCapabilities capabilities() const override;
   Status ReadAt(uint64_t offset, std::span<std::byte> out) override;
   void WillNeed(uint64_t offset, uint64_t length) override;
+  void DontNeed(uint64_t offset, uint64_t length) override;
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override;
 
  protected:

@@ -23,6 +23,10 @@ struct FileOptions {
   // durability on a crash for speed, as qemu-img convert (cache=unsafe by
   // default) and nbdcopy do; the data is still written.
   bool sync = true;
+  // Sinks: the mode bits of a file the open creates (the umask applies).
+  // Private files are created private rather than narrowed afterwards: a
+  // reader that opened the file in between would keep its descriptor.
+  uint32_t create_mode = 0644;
 };
 
 enum class SinkMode : uint8_t {

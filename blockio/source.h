@@ -59,7 +59,12 @@ class BlockSource {
   // A hint that [offset, offset + length) will be read soon: a file starts
   // reading it into the page cache and returns without waiting. Never
   // fails; the default does nothing.
-  virtual void WillNeed(uint64_t offset, uint64_t length) { (void)offset, (void)length; }
+  virtual void WillNeed(uint64_t /*offset*/, uint64_t /*length*/) {}
+
+  // A hint that [offset, offset + length) will not be read again soon: a
+  // file writes back and drops its cached pages, so the next read comes
+  // from the disk (bench --cold). Never fails; the default does nothing.
+  virtual void DontNeed(uint64_t /*offset*/, uint64_t /*length*/) {}
 
   // Extents covering exactly [offset, offset + length), sorted, contiguous.
   // May return coarser answers (kData where unsure) but never claims

@@ -21,6 +21,7 @@ struct BackupArgs {
   ImageFlags flags;
   CopyFlags copy;
   bool incremental = false;
+  bool allow_resize = false;
   std::string dirty_bitmap, dirty_extents, checkpoint;
   int nbd_connections = 4;
   std::string snapshot;
@@ -41,6 +42,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
   auto hooks = a.hooks.ToSpec();
   if (!hooks.ok()) return out.Usage(hooks.error().message());
+  if (a.incremental && a.copy.cluster_size_given()) {
+    return out.Usage("--cluster-size does not apply to an incremental: it keeps its chain's cluster size");
+  }
   req.compression = compression.type;
   req.compression_level = compression.level;
   req.source.location = a.source;
@@ -55,6 +59,8 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.dirty_bitmap = a.dirty_bitmap;
   req.dirty_extents_file = a.dirty_extents;
   req.checkpoint = a.checkpoint;
+  req.allow_resize = a.allow_resize;
+  WarnIfMisnamed(out, a.source, a.source_format);
 
   ProgressReporter progress(out, "backup");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
@@ -68,7 +74,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   orchestrate::HookedResult hooked;
   std::optional<pipeline::BackupResult> result;
   Status done = orchestrate::RunWithHooks(*hooks, hook_env, [&]() -> Status {
-    auto r = pipeline::RunBackup(req);
+    auto r = pipeline::RunBackup(Env::Default(), req);
     if (!r.ok()) return std::move(r).error();
     result = std::move(r).value();
     return OkStatus();
@@ -132,6 +138,9 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
                   "qemu:dirty-bitmap:NAME");
   cmd->add_option("--dirty-extents", args->dirty_extents, "Changed blocks: an extents file (JSON)");
   cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint name to record in the manifest");
+  cmd->add_flag("--allow-resize", args->allow_resize,
+                "A full backup of a disk whose size changed since the chain's latest point (else refused: "
+                "another disk under the same --name?)");
   cmd->add_option("--nbd-connections", args->nbd_connections, "NBD connections (with multi-conn)")
       ->capture_default_str();
   args->flags.allow_any_path = false;

@@ -2,15 +2,14 @@
 // disk, then the whole backup-like pipeline, with the knobs printed next to
 // the numbers. `barge bench generate` writes the deterministic test disk so
 // scripts can give peers the exact same data.
-#include <sys/statfs.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 
+#include "blockio/path.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "pipeline/bench.h"
@@ -20,10 +19,10 @@ namespace barge::cli {
 namespace {
 
 using nlohmann::json;
-namespace fs = std::filesystem;
 
 struct BenchArgs {
   std::string size = "4G";
+  CLI::Option* size_option = nullptr;
   uint64_t seed = 1;
   std::string source;
   std::string workdir = "/var/tmp";
@@ -39,12 +38,18 @@ struct GenerateArgs {
   std::string out;
 };
 
+bool size_option_given(const BenchArgs& a) { return a.size_option != nullptr && a.size_option->count() > 0; }
+
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
+std::string CpuModel(Env& env) {
+  auto text = env.ReadFile("/proc/cpuinfo");
+  if (!text.ok()) return "unknown";
+  for (size_t at = 0; at < text->size();) {
+    size_t end = text->find('\n', at);
+    if (end == std::string::npos) end = text->size();
+    std::string line = text->substr(at, end - at);
+    at = end + 1;
     if (line.rfind("model name", 0) == 0) {
       auto colon = line.find(':');
       if (colon != std::string::npos) return line.substr(colon + 2);
@@ -53,10 +58,10 @@ std::string CpuModel() {
   return "unknown";
 }
 
-std::string FilesystemOf(const std::string& path) {
-  struct statfs s {};
-  if (::statfs(path.c_str(), &s) != 0) return "unknown";
-  switch (static_cast<unsigned long>(s.f_type)) {
+std::string FilesystemOf(Env& env, const std::string& path) {
+  auto space = env.Space(path);
+  if (!space.ok() || space->filesystem_type == 0) return "unknown";
+  switch (static_cast<unsigned long>(space->filesystem_type)) {
     case 0xEF53: return "ext2/3/4";
     case 0x58465342: return "xfs";
     case 0x9123683E: return "btrfs";
@@ -66,7 +71,7 @@ std::string FilesystemOf(const std::string& path) {
     case 0x6969: return "nfs";
     default: {
       char buf[32];
-      std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(s.f_type));
+      std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(space->filesystem_type));
       return buf;
     }
   }
@@ -75,11 +80,12 @@ std::string FilesystemOf(const std::string& path) {
 json MachineJson(const std::string& workdir, int threads) {
   utsname u{};
   ::uname(&u);
-  return {{"cpu", CpuModel()},
+  Env& env = Env::Default();
+  return {{"cpu", CpuModel(env)},
           {"cores", threads},
           {"kernel", std::string(u.sysname) + " " + u.release},
           {"workdir", workdir},
-          {"filesystem", FilesystemOf(workdir)}};
+          {"filesystem", FilesystemOf(env, workdir)}};
 }
 
 json MixJson(const pipeline::DiskMix& mix) {
@@ -107,10 +113,11 @@ void PrintMix(std::ostream& t, const pipeline::DiskMix& mix, const std::string& 
 int RunGenerate(const GenerateArgs& a, Output& out) {
   auto size = ParseSize(a.size);
   if (!size.ok()) return out.Usage("--size: " + size.error().message());
+  if (Status s = pipeline::CheckGeneratedDiskSize(*size); !s.ok()) return out.Usage("--size: " + s.error().message());
   pipeline::DiskGeneratorOptions g;
   g.size_bytes = *size;
   g.seed = a.seed;
-  auto mix = pipeline::GenerateDisk(a.out, g);
+  auto mix = pipeline::GenerateDisk(Env::Default(), a.out, g);
   if (!mix.ok()) return out.Fail(mix.error());
   out.Result({{"path", a.out}, {"disk", MixJson(*mix)}});
   PrintMix(out.text(), *mix, a.out);
@@ -118,6 +125,21 @@ int RunGenerate(const GenerateArgs& a, Output& out) {
 }
 
 void Log(const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); }
+
+// A new, private folder "barge-bench-PID-N" under `workdir` (no other live
+// process has our pid; a dead one's leftover is skipped).
+Result<std::string> MakeScratchFolder(Env& env, const std::string& workdir) {
+  for (int n = 0; n < 1000; ++n) {
+    std::string dir = JoinPath(workdir, "barge-bench-" + std::to_string(::getpid()) + "-" + std::to_string(n));
+    auto st = env.StatNoFollow(dir);
+    if (st.ok()) continue;
+    if (st.error().code() != ErrorCode::kNotFound) return st.error();
+    BARGE_RETURN_IF_ERROR(env.CreateDir(dir));
+    BARGE_RETURN_IF_ERROR(env.SetMode(dir, 0700));
+    return dir;
+  }
+  return Error::InvalidArgument("no free scratch folder name").set_path(workdir);
+}
 
 int RunBenchCommand(const BenchArgs& a, Output& out) {
   std::ostream& t = out.text();
@@ -130,29 +152,46 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
     return out.Usage("--chunk-size must be a multiple of the cluster size, at most 64M");
   }
 
-  // Everything the run writes lives in one temp folder under the workdir.
-  std::string tmpl = (fs::path(a.workdir) / "barge-bench-XXXXXX").string();
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    return out.Fail(Error::FromErrno(errno, "mkdtemp", tmpl));
+  uint64_t size_bytes = 0;
+  if (a.source.empty()) {
+    auto size = ParseSize(a.size);
+    if (!size.ok()) return out.Usage("--size: " + size.error().message());
+    if (Status s = pipeline::CheckGeneratedDiskSize(*size); !s.ok()) return out.Usage("--size: " + s.error().message());
+    if (*size < pipeline::kMinBenchDiskBytes) {
+      return out.Usage("--size: bench measures a disk of at least " + HumanBytes(pipeline::kMinBenchDiskBytes) +
+                       " (smaller ones finish within a few chunks: the table would show timer noise), not " +
+                       HumanBytesExact(*size));
+    }
+    size_bytes = *size;
+  } else if (size_option_given(a)) {
+    return out.Usage("--size sizes the generated disk; it does not apply with --source");
   }
-  const std::string dir = tmpl;
+
+  // Everything the run writes lives in one new folder under the workdir.
+  Env& env = Env::Default();
+  auto made = MakeScratchFolder(env, a.workdir);
+  if (!made.ok()) return out.Fail(made.error());
+  const std::string dir = *made;
+  // Removes the scratch folder (keeping a generated disk with --keep).
+  auto remove_scratch = [&](bool keep_disk, const std::string& disk) -> Status {
+    if (!keep_disk) return env.RemoveTree(dir);
+    BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+    for (const std::string& name : names) {
+      if (JoinPath(dir, name) != disk) BARGE_RETURN_IF_ERROR(env.RemoveTree(JoinPath(dir, name)));
+    }
+    return OkStatus();
+  };
   std::string source = a.source;
   std::optional<pipeline::DiskMix> mix;
   bool keep_dir = false;
   if (source.empty()) {
-    auto size = ParseSize(a.size);
-    if (!size.ok()) return out.Usage("--size: " + size.error().message());
-    source = (fs::path(dir) / "disk.raw").string();
+    source = JoinPath(dir, "disk.raw");
     pipeline::DiskGeneratorOptions g;
-    g.size_bytes = *size;
+    g.size_bytes = size_bytes;
     g.seed = a.seed;
-    Log("generating " + HumanBytes(*size) + " disk (seed " + std::to_string(a.seed) + ")");
-    auto m = pipeline::GenerateDisk(source, g);
-    if (!m.ok()) {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-      return out.Fail(m.error());
-    }
+    Log("generating " + HumanBytes(size_bytes) + " disk (seed " + std::to_string(a.seed) + ")");
+    auto m = pipeline::GenerateDisk(env, source, g);
+    if (!m.ok()) return out.Fail(std::move(m).error().Also(remove_scratch(false, "")));
     mix = *m;
     keep_dir = a.keep;
   }
@@ -167,17 +206,10 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
   o.compression = compression.type;
   o.compression_level = compression.level;
   o.cold = a.cold;
-  auto report = pipeline::RunBench(o, out.json() ? nullptr : Log);
-  {
-    std::error_code ec;
-    if (keep_dir) {
-      for (const auto& e : fs::directory_iterator(dir, ec))
-        if (e.path() != fs::path(source)) fs::remove(e.path(), ec);
-    } else {
-      fs::remove_all(dir, ec);
-    }
-  }
-  if (!report.ok()) return out.Fail(report.error());
+  auto report = pipeline::RunBench(env, o, out.json() ? nullptr : Log);
+  Status removed = remove_scratch(keep_dir, source);
+  if (!report.ok()) return out.Fail(std::move(report).error().Also(removed));
+  if (!removed.ok()) out.Warning("bench scratch folder not removed: " + removed.error().ToString(), dir);
   const pipeline::BenchReport& r = *report;
 
   // Derived numbers: logical MiB/s (virtual size / wall time), the slowest
@@ -299,8 +331,9 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
   t << Format("slowest backup-path stage: %s at %.1f MiB/s logical; zero+xxh3+compress together on the same "
               "cores %.1f MiB/s logical (sha512 is not on the backup path)\n",
               slowest ? slowest->name.c_str() : "-", slowest_logical, cpu_bound_logical);
-  t << Format("cpu: backup-path stages alone %.2f s, end-to-end %.2f s (pipeline overhead %+.0f%%)\n", stages_cpu,
-              e2e_cpu, stages_cpu > 0 ? 100.0 * (e2e_cpu - stages_cpu) / stages_cpu : 0.0);
+  t << Format("cpu: backup-path stages alone %s, end-to-end %s (pipeline overhead %+.0f%%)\n",
+              HumanSeconds(stages_cpu).c_str(), HumanSeconds(e2e_cpu).c_str(),
+              stages_cpu > 0 ? 100.0 * (e2e_cpu - stages_cpu) / stages_cpu : 0.0);
   t << Format("end-to-end: %.1f MiB/s logical = %.2f x slowest stage (target >= 0.80: %s)\n", e2e_logical, ratio,
               ratio >= 0.8 ? "met" : "missed");
   if (keep_dir) t << Format("kept: %s\n", source.c_str());
@@ -315,13 +348,15 @@ void RegisterBenchCommand(CLI::App& app, int& exit_code) {
   auto generate_cmd = std::make_shared<CLI::App*>(nullptr);
   auto* cmd = AddCommand(app, "bench", "Measure each pipeline stage and the whole pipeline on one disk", exit_code,
                          [args, generate_cmd, &exit_code](Output& out) {
-                           // `bench generate` ran instead (its own callback, before
-                           // this one): keep its exit code.
+                           // `bench generate` ran instead (its own callback,
+                           // which set the exit code: keep it).
                            if (*generate_cmd != nullptr && (*generate_cmd)->parsed()) return exit_code;
                            return RunBenchCommand(*args, out);
                          });
   cmd->require_subcommand(0, 1);
-  cmd->add_option("--size", args->size, "Size of the generated disk (without --source)")->capture_default_str();
+  args->size_option = cmd->add_option("--size", args->size,
+                                      "Size of the generated disk (without --source; at least 64M, a multiple of 4K)")
+                          ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed of the generated disk")->capture_default_str();
   cmd->add_option("--source", args->source, "Raw disk file to measure instead of a generated one");
   cmd->add_option("--workdir", args->workdir, "Folder for the temporary folder (disk and outputs)")
@@ -334,7 +369,7 @@ void RegisterBenchCommand(CLI::App& app, int& exit_code) {
   auto* g = AddCommand(*cmd, "generate", "Write the deterministic VM-like test disk (sparse raw) to OUT", exit_code,
                        [gen](Output& out) { return RunGenerate(*gen, out); });
   *generate_cmd = g;
-  g->add_option("--size", gen->size, "Virtual size")->capture_default_str();
+  g->add_option("--size", gen->size, "Virtual size (at least 1M, a multiple of 4K)")->capture_default_str();
   g->add_option("--seed", gen->seed, "Seed: the same size and seed give the same bytes")->capture_default_str();
   g->add_option("out", gen->out, "Output file (created or replaced)")->required();
 

@@ -28,7 +28,7 @@ int RunBitmapList(const std::string& path, const ImageFlags& flags, Output& out)
   out.Result({{"image", path}, {"bitmaps", arr}});
   if (bitmaps.empty()) out.text() << "no bitmaps\n";
   for (const auto& b : bitmaps) {
-    out.text() << b.name << "  granularity " << b.granularity_bytes << "  "
+    out.text() << b.name << "  granularity " << HumanBytes(b.granularity_bytes) << "  "
               << (b.enabled ? "enabled" : "disabled")
               << (b.in_use ? "  IN USE (inconsistent: take a full backup)" : "") << "\n";
   }
@@ -83,9 +83,34 @@ int RunOverlayCreate(const std::string& data_file, const std::string& overlay,
   if (!st->is_regular()) {
     return out.Fail(Error::InvalidArgument("data file must be a regular raw file").set_path(data_file));
   }
+  // The data file holds the guest's raw bytes: an image there (a qcow2
+  // above all) would be shown to the guest as its own bytes, header and
+  // all, and written through as raw.
+  {
+    auto file = env.OpenSource(abs);
+    if (!file.ok()) return out.Fail(file.error());
+    auto probed = formats::ProbeFormatName(**file);
+    if (!probed.ok()) return out.Fail(Error(probed.error()).set_path(data_file));
+    if (*probed != "raw") {
+      return out.Fail(Error::InvalidArgument("is a " + *probed +
+                                             " image, not a raw disk: an overlay's data file holds the guest's raw "
+                                             "bytes (convert it first: barge convert " + data_file + " DISK.raw)")
+                          .set_path(data_file));
+    }
+  }
   // qemu sees floor(size/512)*512 bytes; never claim more than the file has.
   uint64_t size = st->size_bytes & ~uint64_t{511};
-  if (size == 0) return out.Fail(Error::InvalidArgument("data file is empty").set_path(data_file));
+  if (size == 0) {
+    return out.Fail(Error::InvalidArgument("data file is smaller than one 512-byte sector (" +
+                                           HumanBytesExact(st->size_bytes) + ")")
+                        .set_path(data_file));
+  }
+  if (size != st->size_bytes) {
+    out.Warning("size " + HumanBytesExact(st->size_bytes) + " is not a multiple of 512: the guest sees " +
+                    HumanBytesExact(size) + " (the last " + std::to_string(st->size_bytes - size) +
+                    " bytes are not part of the disk)",
+                data_file);
+  }
   formats::OverlayOptions o;
   o.virtual_size = size;
   o.data_file_path = abs;
@@ -97,7 +122,7 @@ int RunOverlayCreate(const std::string& data_file, const std::string& overlay,
     b.enabled = true;
     o.bitmaps.push_back(b);
   }
-  auto staged = pipeline::StagedFile::Create(overlay);
+  auto staged = pipeline::StagedFile::Create(Env::Default(), overlay);
   if (!staged.ok()) return out.Fail(staged.error());
   Status s = formats::WriteDataFileOverlay((*staged)->sink(), o);
   if (s.ok()) s = (*staged)->Commit();
@@ -150,6 +175,9 @@ void RegisterBitmapCommands(CLI::App& app, int& exit_code) {
         exit_code, [args](Output& out) {
           auto g = ParseSize(args->granularity);
           if (!g.ok()) return out.Usage("--granularity: " + g.error().message());
+          if (*g < 512 || *g > (uint64_t{1} << 31) || (*g & (*g - 1)) != 0) {
+            return out.Usage("--granularity must be a power of two from 512 to 2G, not " + args->granularity);
+          }
           return RunOverlayCreate(args->data_file, args->overlay, args->bitmaps, *g, args->cluster_bits, out);
         });
     cmd->add_option("--data-file", args->data_file, "The raw disk")->required();

@@ -105,7 +105,7 @@ int Main(int argc, char** argv) {
   InstallInterruptHandling();
   CLI::App app{"barge: fast, verified block data for VM disks"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "barge 0.1.0");
+  app.set_version_flag("--version", std::string("barge ") + kBargeVersion);
   app.footer(ExitCodeTable());
   int exit_code = kExitOk;
   RegisterImageCommands(app, exit_code);
@@ -120,6 +120,11 @@ int Main(int argc, char** argv) {
   RegisterStateCommands(app, exit_code);
   RegisterImageCatalogCommands(app, exit_code);
   RegisterSnapshotCommands(app, exit_code);
+  RegisterPolicyCommands(app, exit_code);
+  RegisterServeCommand(app, exit_code);
+  RegisterBitmapEditCommands(app, exit_code);
+  RegisterListCommands(app, exit_code);
+  RegisterDocCommands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,12 +1,16 @@
 // Shared CLI helpers.
 #include "cli/common.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <iostream>
 
-#include "blockio/file.h"
+#include "blockio/env.h"
+#include "blockio/nbd.h"
+#include "blockio/path.h"
+#include "pipeline/endpoints.h"
 
 namespace barge::cli {
 
@@ -31,15 +35,42 @@ Result<formats::OpenOptions> ImageFlags::ToOpenOptions() const {
 
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
                                                       const formats::OpenOptions& options) {
-  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
+  if (IsNbdUri(path)) {
+    if (options.format == formats::ImageFormat::kQcow2) {
+      return Error::NotSupported("an NBD export is read as served (raw); qcow2 over NBD is not read").set_path(path);
+    }
+    pipeline::SourceSpec spec;
+    spec.location = path;
+    spec.snapshot = options.snapshot;  // refused: an NBD export has no internal snapshots
+    BARGE_ASSIGN_OR_RETURN(pipeline::OpenedSource opened, pipeline::OpenSource(Env::Default(), spec));
+    return std::move(opened.image);
+  }
   formats::OpenOptions o = options;
   if (!o.allow_any_path && !o.allowed_dirs.empty()) {
     // Extra folders add to, not replace, the image's own folder.
-    std::error_code ec;
-    auto dir = std::filesystem::absolute(path, ec).parent_path();
-    o.allowed_dirs.push_back(dir.string());
+    o.allowed_dirs.push_back(DirName(AbsolutePath(path)));
   }
-  return formats::OpenImage(path, opener, o);
+  return pipeline::OpenImageFile(Env::Default(), path, o);
+}
+
+void WarnIfMisnamed(Output& out, const std::string& path, const std::string& format_flag) {
+  if (!format_flag.empty() || IsNbdUri(path)) return;
+  std::string lower = path;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!lower.ends_with(".qcow2")) return;
+  auto file = Env::Default().OpenSource(path);
+  if (!file.ok()) return;
+  auto probed = formats::ProbeFormatName(**file);
+  if (!probed.ok() || *probed == "qcow2") return;
+  out.Warning("named .qcow2 but " +
+                  (*probed == "raw" ? std::string("holds no qcow2 header") : "is a " + *probed + " image") +
+                  ": read as a raw disk (is it the file you meant? give the format, e.g. -f raw, to silence this)",
+              path);
+}
+
+nlohmann::json TimeJson(const std::string& text) {
+  auto t = formats::ParseRfc3339(text);
+  return t.ok() ? nlohmann::json(formats::FormatRfc3339(*t)) : nlohmann::json(nullptr);
 }
 
 std::string Format(const char* fmt, ...) {

@@ -17,6 +17,9 @@
 
 namespace barge::cli {
 
+// barge's version (`barge --version`, the man page, completion scripts).
+inline constexpr const char* kBargeVersion = "0.1.0";
+
 // Options every command that opens images shares.
 struct ImageFlags {
   std::string format;  // "", "raw" or "qcow2"
@@ -27,9 +30,22 @@ struct ImageFlags {
   Result<formats::OpenOptions> ToOpenOptions() const;
 };
 
-// Opens a file or block device image (with its backing chain) for reading.
+// Opens a file or block device image (with its backing chain) for reading,
+// or an NBD export (nbd://, nbd+unix://; raw, as the export serves it),
+// through Env::Default() (the Env every command runs on).
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
                                                       const formats::OpenOptions& options);
+
+// A file named "*.qcow2" whose bytes are not a qcow2 image is read as a raw
+// disk when no format is given: a mix-up worth a warning (Output::Warning),
+// unless `format_flag` says which format it is. Files only; silent when the
+// file cannot be read (opening it reports that).
+void WarnIfMisnamed(Output& out, const std::string& path, const std::string& format_flag);
+
+// A manifest's time for JSON, where a time is RFC 3339 UTC or null: null
+// when the manifest has none (the field is optional) or it is not a time
+// (docs/json.md, field rules).
+nlohmann::json TimeJson(const std::string& text);
 
 // printf-style formatting into a string (tables of the text output).
 std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -52,5 +68,12 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code);
 void RegisterStateCommands(CLI::App& app, int& exit_code);
 void RegisterImageCatalogCommands(CLI::App& app, int& exit_code);
 void RegisterSnapshotCommands(CLI::App& app, int& exit_code);
+void RegisterPolicyCommands(CLI::App& app, int& exit_code);
+void RegisterServeCommand(CLI::App& app, int& exit_code);
+// These add to groups the ones above made ("bitmap", "catalog") or walk
+// the whole tree ("completion", "man"): register them last.
+void RegisterBitmapEditCommands(CLI::App& app, int& exit_code);
+void RegisterListCommands(CLI::App& app, int& exit_code);
+void RegisterDocCommands(CLI::App& app, int& exit_code);
 
 }  // namespace barge::cli

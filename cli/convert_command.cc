@@ -1,11 +1,10 @@
 // barge convert: copy any image (raw/qcow2 chain/device/NBD) into a raw or
 // qcow2 file or a block device, through the copy pipeline.
-#include <filesystem>
 #include <optional>
 #include <iostream>
 
 #include "blockio/env.h"
-#include "blockio/file.h"
+#include "blockio/path.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/progress.h"
@@ -39,10 +38,12 @@ struct OutputTarget {
 
 Result<OutputTarget> OpenOutput(const std::string& path, bool force, bool sync, uint64_t needed_size) {
   OutputTarget out;
-  if (IsBlockDevice(path)) {
+  Env& env = Env::Default();
+  auto st = env.Stat(path);
+  if (st.ok() && st->is_block_device()) {
     FileOptions options;
     options.sync = sync;
-    BARGE_ASSIGN_OR_RETURN(out.device, OpenFileSink(path, SinkMode::kExisting, options));
+    BARGE_ASSIGN_OR_RETURN(out.device, env.OpenSink(path, SinkMode::kExisting, options));
     if (out.device->size_bytes() < needed_size) {
       return Error::NoSpace("device is smaller than the image (" +
                             HumanBytesExact(out.device->size_bytes()) + " < " +
@@ -51,7 +52,14 @@ Result<OutputTarget> OpenOutput(const std::string& path, bool force, bool sync, 
     }
     return out;
   }
-  auto staged = pipeline::StagedFile::Create(path, force, sync);
+  // Not a place for a file at all (/dev/null, a folder): said as such, not
+  // as "use --force".
+  BARGE_RETURN_IF_ERROR(pipeline::CheckOutputPath(env, path));
+  // Leftovers of killed runs in the output's folder go first (a live
+  // writer's temporary is locked and kept).
+  IgnoreError(SweepStaleTemporaries(env, DirName(path)),
+              "a leftover that cannot be removed now is swept by a later run");
+  auto staged = pipeline::StagedFile::Create(env, path, force, sync);
   if (!staged.ok()) {
     Error e = std::move(staged).error();
     if (e.code() == ErrorCode::kInvalidArgument) e.Wrap("use --force to replace it");
@@ -68,6 +76,11 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   bool qcow2 = a.output_format == "qcow2";
   if (!qcow2 && compression.type != formats::Compression::kNone) return cli_out.Usage("--compress needs -O qcow2");
   if (!a.backing.empty() && !qcow2) return cli_out.Usage("--backing needs -O qcow2");
+  if (!a.backing_format.empty() && a.backing.empty()) return cli_out.Usage("--backing-format needs --backing");
+  if (!qcow2 && a.copy.cluster_size_given()) {
+    return cli_out.Usage("--cluster-size needs -O qcow2 (a raw output has no clusters)");
+  }
+  WarnIfMisnamed(cli_out, a.source, a.flags.format);
 
   pipeline::SourceSpec spec;
   spec.location = a.source;
@@ -75,7 +88,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   spec.allow_any_path = a.flags.allow_any_path;
   spec.allow_dirs = a.flags.allow_dirs;
   spec.snapshot = a.snapshot;
-  auto src = pipeline::OpenSource(spec);
+  auto src = pipeline::OpenSource(Env::Default(), spec);
   if (!src.ok()) return cli_out.Fail(src.error());
   formats::Image& image = *src->image;
   uint64_t size = image.size_bytes();
@@ -91,14 +104,12 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   // the clusters that read differently (as qemu-img convert -B does).
   std::optional<pipeline::OpenedSource> backing;
   if (!a.backing.empty()) {
-    std::filesystem::path b(a.backing);
-    if (b.is_relative()) b = std::filesystem::path(a.dest).parent_path() / b;
     pipeline::SourceSpec bspec;
-    bspec.location = b.lexically_normal().string();
+    bspec.location = LexicallyNormal(JoinPath(DirName(a.dest), a.backing));
     bspec.format = a.backing_format.empty() ? "qcow2" : a.backing_format;
     bspec.allow_any_path = a.flags.allow_any_path;
     bspec.allow_dirs = a.flags.allow_dirs;
-    auto opened = pipeline::OpenSource(bspec);
+    auto opened = pipeline::OpenSource(Env::Default(), bspec);
     if (!opened.ok()) {
       return cli_out.Fail(Error(opened.error())
                               .Wrap("cannot open the backing file '" + a.backing +
@@ -166,7 +177,8 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   cli_out.text() << "converted " << a.source << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'")
                  << " -> " << a.dest << " (" << a.output_format << ", " << compression.ToString()
                  << "): " << HumanBytes(size) << " virtual, read " << HumanBytes(result->bytes_read) << ", wrote "
-                 << HumanBytes(written) << " in " << HumanSeconds(secs) << "\n";
+                 << HumanBytes(written) << " in " << HumanSeconds(secs) << ", image digest xxh3-128:"
+                 << result->image_digest.ToHex() << "\n";
   return kExitOk;
 }
 

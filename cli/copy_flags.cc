@@ -60,17 +60,7 @@ std::string DefaultCompression() {
   return CompressionChoice{formats::Compression::kZstd, formats::kDefaultZstdLevel}.ToString();
 }
 
-void CopyFlags::AddTo(CLI::App* app, const std::string& default_compress) {
-  compress = default_compress;
-  app->add_option("--compress", compress, "zstd[:LEVEL], deflate[:LEVEL] or none")
-      ->capture_default_str();
-  app->add_option("--cluster-size", cluster_size, "qcow2 cluster size (512 to 2M)")
-      ->capture_default_str();
-  app->add_option("--memory", memory,
-                  "Ceiling on buffers for data in flight (the pool is sized by threads up to this; independent of disk size)")
-      ->capture_default_str();
-  app->add_option("--threads", threads, "Worker threads (0 = all cores)")->capture_default_str();
-}
+namespace {
 
 int MaxThreads() { return static_cast<int>(pipeline::MaxThreads()); }
 
@@ -79,6 +69,45 @@ uint64_t MaxMemoryBytes() {
   uint64_t half_ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page / 2 : 0;
   return std::max<uint64_t>(half_ram, 64ull << 20);
 }
+
+}  // namespace
+
+void CopyFlags::AddTo(CLI::App* app, const std::string& default_compress, unsigned which,
+                      std::string why_not) {
+  command_ = app->get_name();
+  for (const CLI::App* p = app->get_parent(); p != nullptr && p->get_parent() != nullptr; p = p->get_parent()) {
+    command_ = p->get_name() + " " + command_;
+  }
+  which_ = which;
+  why_not_ = std::move(why_not);
+  compress = default_compress;
+  // Flags outside `which` stay parseable but hidden (group ""), so Apply
+  // can refuse them with the reason.
+  auto group = [which](unsigned flag) { return (which & flag) ? std::string("Options") : std::string(); };
+  compress_option_ = app->add_option("--compress", compress, "zstd[:LEVEL], deflate[:LEVEL] or none")
+                         ->capture_default_str()
+                         ->group(group(kCompressFlag));
+  cluster_size_option_ = app->add_option("--cluster-size", cluster_size, "qcow2 cluster size (512 to 2M)")
+                             ->capture_default_str()
+                             ->group(group(kClusterSizeFlag));
+  memory_option_ =
+      app->add_option("--memory", memory,
+                      "Ceiling on buffers for data in flight (the pool is sized by threads up to this; independent of "
+                      "disk size): 4M to " + HumanBytes(MaxMemoryBytes()))
+          ->capture_default_str()
+          ->group(group(kResourceFlags));
+  threads_option_ = app->add_option("--threads", threads,
+                                    "Worker threads, 1 to " + std::to_string(MaxThreads()) + " (0 = all cores)")
+                        ->capture_default_str()
+                        ->group(group(kResourceFlags));
+}
+
+bool CopyFlags::compress_given() const { return compress_option_ != nullptr && compress_option_->count() > 0; }
+
+bool CopyFlags::cluster_size_given() const {
+  return cluster_size_option_ != nullptr && cluster_size_option_->count() > 0;
+}
+
 
 Status ApplyResourceFlags(const std::string& memory, int threads, pipeline::CopyOptions& options) {
   auto mem = ParseSize(memory);
@@ -98,6 +127,16 @@ Status ApplyResourceFlags(const std::string& memory, int threads, pipeline::Copy
 }
 
 Status CopyFlags::Apply(pipeline::CopyOptions& options, CompressionChoice& compression) const {
+  // A flag that means nothing for the command is refused, not ignored.
+  const std::pair<unsigned, CLI::Option*> flags[] = {{kCompressFlag, compress_option_},
+                                                     {kClusterSizeFlag, cluster_size_option_},
+                                                     {kResourceFlags, memory_option_},
+                                                     {kResourceFlags, threads_option_}};
+  for (const auto& [flag, option] : flags) {
+    if ((which_ & flag) || option == nullptr || option->count() == 0) continue;
+    return Error::InvalidArgument("--" + option->get_lnames().front() + " does not apply to " + command_ +
+                                  (why_not_.empty() ? "" : ": " + why_not_));
+  }
   BARGE_ASSIGN_OR_RETURN(compression, ParseCompression(compress));
   BARGE_ASSIGN_OR_RETURN(uint64_t cluster, ParseSize(cluster_size));
   BARGE_RETURN_IF_ERROR(ClusterBits(cluster));

@@ -24,18 +24,43 @@ Result<CompressionChoice> ParseCompression(const std::string& text);
 // What backups compress with unless told: "zstd:" + formats::kDefaultZstdLevel.
 std::string DefaultCompression();
 
+// Which of the copy flags a command takes (a bit set).
+enum CopyFlagSet : unsigned {
+  kCompressFlag = 1u << 0,     // --compress
+  kClusterSizeFlag = 1u << 1,  // --cluster-size
+  kResourceFlags = 1u << 2,    // --memory, --threads
+  kAllCopyFlags = kCompressFlag | kClusterSizeFlag | kResourceFlags,
+};
+
 struct CopyFlags {
   std::string compress;
   std::string cluster_size = "64K";
   std::string memory = "256M";
   int threads = 0;
 
-  // `default_compress` is shown in --help and used when the flag is absent.
-  void AddTo(CLI::App* app, const std::string& default_compress);
+  // Registers the flags in `which` (`default_compress` is shown in --help
+  // and used when --compress is absent). The others are registered hidden,
+  // so that giving one is refused by Apply with `why_not` ("verify only
+  // reads") instead of being ignored or called unknown.
+  void AddTo(CLI::App* app, const std::string& default_compress, unsigned which = kAllCopyFlags,
+             std::string why_not = "");
+  // Whether the user gave the flag (not its default).
+  bool compress_given() const;
+  bool cluster_size_given() const;
   // Fills cluster size, memory, threads, compression of `options`, and
   // points its cancel flag at SIGINT/SIGTERM's (cli/interrupt.h).
-  // kInvalidArgument naming the flag and its allowed range otherwise.
+  // kInvalidArgument naming the flag and its allowed range, or a flag the
+  // command does not take and why.
   Status Apply(pipeline::CopyOptions& options, CompressionChoice& compression) const;
+
+ private:
+  std::string command_;
+  unsigned which_ = kAllCopyFlags;
+  std::string why_not_;
+  CLI::Option* compress_option_ = nullptr;
+  CLI::Option* cluster_size_option_ = nullptr;
+  CLI::Option* memory_option_ = nullptr;
+  CLI::Option* threads_option_ = nullptr;
 };
 
 // --memory and --threads alone (commands whose cluster size and

@@ -1,9 +1,11 @@
 // barge image add|sync|status|rescan|cleanup: the backing-image catalog
 // (copies per disk folder, delivered from ready copies).
+#include <algorithm>
 #include <sstream>
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/interrupt.h"
 #include "orchestrate/catalog_path.h"
 #include "orchestrate/image_catalog.h"
 
@@ -17,10 +19,12 @@ struct CatalogArgs {
   std::string name, source, expected_sha512, disk, disks, unused_for = "24h";
   CopyFlags copy;
   bool verify = false;
+  bool dry_run = false;
 };
 
 Result<std::unique_ptr<orchestrate::ImageCatalog>> OpenCatalog(const CatalogArgs& a) {
-  return orchestrate::ImageCatalog::Open(orchestrate::ResolveCatalogPath(a.catalog));
+  BARGE_ASSIGN_OR_RETURN(std::string path, orchestrate::CatalogPathFromFlag(Env::Default(), a.catalog));
+  return orchestrate::ImageCatalog::Open(Env::Default(), path);
 }
 
 std::vector<std::string> SplitList(const std::string& text) {
@@ -52,6 +56,15 @@ void PrintCopy(std::ostream& t, const orchestrate::ImageCopyRecord& c) {
   t << "\n";
 }
 
+// A copy that is not ready, as the command's error: it names the copy's
+// file, and a copy that failed for want of space fails the command with
+// NoSpace (its message is the send's error, Error::ToString, code first),
+// so that scripts can tell a full disk from a broken one (issue 13).
+Error CopyError(const orchestrate::ImageCopyRecord& c, std::string what) {
+  bool no_space = c.message.starts_with(std::string(ErrorCodeName(ErrorCode::kNoSpace)) + ": ");
+  return Error(no_space ? ErrorCode::kNoSpace : ErrorCode::kIoError, std::move(what)).set_path(c.path);
+}
+
 Status ApplyCopy(const CatalogArgs& a, pipeline::ReplicateOptions& o) {
   CompressionChoice compression;
   BARGE_RETURN_IF_ERROR(a.copy.Apply(o.copy, compression));
@@ -63,6 +76,7 @@ Status ApplyCopy(const CatalogArgs& a, pipeline::ReplicateOptions& o) {
 int RunAdd(const CatalogArgs& a, Output& out) {
   pipeline::ReplicateOptions o;
   if (Status s = ApplyCopy(a, o); !s.ok()) return out.Usage(s.error().message());
+  WarnIfMisnamed(out, a.source, "");
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return out.Fail(cat.error());
   auto r = (*cat)->Add(a.name, a.source, a.expected_sha512, a.disk, o);
@@ -70,8 +84,7 @@ int RunAdd(const CatalogArgs& a, Output& out) {
   out.Result({{"copy", CopyJson(*r)}});
   PrintCopy(out.text(), *r);
   if (r->state != "ready") {
-    return out.Fail(Error::IoError("the copy is " + r->state + (r->message.empty() ? "" : ": " + r->message))
-                        .set_path(r->path));
+    return out.Fail(CopyError(*r, "the copy is " + r->state + (r->message.empty() ? "" : ": " + r->message)));
   }
   return kExitOk;
 }
@@ -83,6 +96,7 @@ int RunSync(const CatalogArgs& a, Output& out) {
   if (!cat.ok()) return out.Fail(cat.error());
   auto r = (*cat)->Sync(a.name, SplitList(a.disks), o);
   if (!r.ok()) return out.Fail(r.error());
+  if (CancelFlag().load()) return out.Fail(Error::Cancelled("image sync of " + a.name + " interrupted"));
   size_t failed = 0;
   for (const auto& c : r->copies) failed += c.state != "ready";
   json copies = json::array(), senders = json::array();
@@ -97,8 +111,12 @@ int RunSync(const CatalogArgs& a, Output& out) {
                << " at once\n";
   }
   if (failed) {
-    return out.Fail(Error::IoError(std::to_string(failed) + " of " + std::to_string(r->copies.size()) +
-                                   " copies are not ready (see the result for each)"));
+    // The first copy that is not ready names the error; the result lists each.
+    const auto& first = *std::find_if(r->copies.begin(), r->copies.end(),
+                                      [](const auto& c) { return c.state != "ready"; });
+    return out.Fail(CopyError(first, std::to_string(failed) + " of " + std::to_string(r->copies.size()) +
+                                         " copies are not ready (see the result for each); the first is " +
+                                         first.state + (first.message.empty() ? "" : ": " + first.message)));
   }
   return kExitOk;
 }
@@ -164,11 +182,17 @@ int RunCleanup(const CatalogArgs& a, Output& out) {
   if (!interval.ok()) return out.Usage("--unused-for: " + interval.error().message());
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return out.Fail(cat.error());
-  auto r = (*cat)->Cleanup(std::chrono::seconds(*interval));
+  auto r = (*cat)->Cleanup(std::chrono::seconds(*interval), a.dry_run);
   if (!r.ok()) return out.Fail(r.error());
-  out.Result({{"removed", r->removed}, {"in_use", r->in_use}, {"waiting", r->waiting}, {"busy", r->busy}});
+  out.Result({{"removed", r->removed},
+              {"in_use", r->in_use},
+              {"waiting", r->waiting},
+              {"busy", r->busy},
+              {"last_copy", r->last_copy},
+              {"dry_run", r->dry_run}});
   std::ostream& t = out.text();
-  for (const auto& p : r->removed) t << "removed " << p << "\n";
+  for (const auto& p : r->removed) t << (r->dry_run ? "would remove " : "removed ") << p << "\n";
+  for (const auto& p : r->last_copy) t << "kept    " << p << "  (the image's last ready copy)\n";
   for (const auto& p : r->in_use) t << "in use  " << p << "\n";
   for (const auto& p : r->waiting) t << "waiting " << p << "\n";
   for (const auto& p : r->busy) t << "busy    " << p << "  (an add or sync of its image is running)\n";
@@ -221,9 +245,11 @@ void RegisterImageCatalogCommands(CLI::App& app, int& exit_code) {
   {
     auto a = std::make_shared<CatalogArgs>();
     auto* cmd = AddCommand(*image, "cleanup",
-                           "Remove copies no qcow2 in their disk folder uses, once unused for the interval",
+                           "Remove copies no qcow2 in their disk folder uses, once unused for the interval "
+                           "(never an image's last ready copy)",
                            exit_code, [a](Output& out) { return RunCleanup(*a, out); });
     cmd->add_option("--unused-for", a->unused_for, "Interval: 90s, 15m, 2h, 7d, 0")->capture_default_str();
+    cmd->add_flag("--dry-run", a->dry_run, "Say which copies would be removed; change nothing");
     add_common(cmd, *a);
   }
 }

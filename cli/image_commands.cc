@@ -6,6 +6,7 @@
 
 #include "blockio/buffer.h"
 #include "blockio/env.h"
+#include "blockio/nbd.h"
 #include "cli/common.h"
 #include "formats/qcow2_check.h"
 
@@ -92,8 +93,8 @@ void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
   if (!info.bitmaps.empty()) {
     t << "bitmaps:\n";
     for (const auto& b : info.bitmaps) {
-      t << "  " << b.name << ": granularity " << b.granularity_bytes
-                << ", enabled " << (b.enabled ? "yes" : "no")
+      t << "  " << b.name << ": granularity " << HumanBytes(b.granularity_bytes)
+                << (b.enabled ? ", enabled" : ", disabled")
                 << (b.in_use ? ", IN USE (inconsistent)" : "") << "\n";
     }
   }
@@ -109,6 +110,7 @@ void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
 int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   auto options = flags.ToOpenOptions();
   if (!options.ok()) return out.Usage(options.error().message());
+  WarnIfMisnamed(out, path, flags.format);
   options->open_data_file = false;  // info never needs the data file's bytes
   auto image = OpenImageFile(path, *options);
   if (!image.ok()) return out.Fail(image.error());
@@ -128,12 +130,16 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
   auto options = flags.ToOpenOptions();
   if (!options.ok()) return out.Usage(options.error().message());
   options->snapshot = snapshot;
+  WarnIfMisnamed(out, path, flags.format);
   auto image = OpenImageFile(path, *options);
   if (!image.ok()) return out.Fail(image.error());
   auto chain = Chain(**image);
   int bottom = static_cast<int>(chain.size()) - 1;
   uint64_t size = (*image)->size_bytes();
-  constexpr uint64_t kWindow = 1ull << 30;
+  // Windows of 1 GiB, or 1/4096 of the disk when larger: a hostile image
+  // may claim 2 EiB (2^31 windows of 1 GiB took hours); Map's own cost is
+  // per L1 entry and per allocated cluster, not per byte.
+  const uint64_t kWindow = std::max<uint64_t>(1ull << 30, ((size >> 12) + (1ull << 30) - 1) & ~((1ull << 30) - 1));
   std::vector<formats::MappedExtent> all;
   for (uint64_t off = 0; off < size; off += kWindow) {
     auto part = (*image)->Map(off, std::min(kWindow, size - off));
@@ -177,16 +183,18 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
   std::snprintf(line, sizeof line, "%-20s%-20s%-8s%-6s%s\n", "Offset", "Length", "Kind", "Depth", "File");
   out.text() << line;
   for (const auto& e : all) {
-    std::string file = e.depth >= 0 && e.depth <= bottom ? chain[e.depth]->info().path : "-";
+    // A hole is allocated in no layer: no file holds its bytes.
+    std::string file = e.kind != ExtentKind::kHole && e.depth >= 0 && e.depth <= bottom ? chain[e.depth]->info().path : "-";
     std::string kind(ExtentKindName(e.kind));
     if (e.compressed) kind += "/z";
     std::snprintf(line, sizeof line, "0x%-18llx0x%-18llx%-8s%-6d", static_cast<unsigned long long>(e.offset),
                   static_cast<unsigned long long>(e.length), kind.c_str(), e.depth < 0 ? bottom : e.depth);
     out.text() << line << file << "\n";
   }
-  out.text() << "Kind: data (stored), data/z (stored compressed), zero (reads as zeros), hole (not\n"
-                "allocated: reads as zeros or from a backing file). Depth: 0 = the image itself,\n"
-                "1 = its backing file, and so on; File: the layer holding the bytes.\n";
+  out.text() << "\nOffset, Length: guest bytes, in hex. Kind: data = stored, data/z = stored compressed,\n"
+                "zero = reads as zeros (a zero cluster), hole = allocated in no layer (reads as zeros).\n"
+                "Depth: the layer that answers, 0 = the image itself, 1 = its backing file, and so on;\n"
+                "File: that layer's file.\n";
   return kExitOk;
 }
 
@@ -248,6 +256,8 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
   if (!bo.ok()) return out.Fail(bo.error(), kExitCompareError);
   ao->snapshot = a_snapshot;
   bo->snapshot = b_snapshot;
+  WarnIfMisnamed(out, a_path, a_flags.format);
+  WarnIfMisnamed(out, b_path, b_flags.format);
   auto a = OpenImageFile(a_path, *ao);
   if (!a.ok()) return out.Fail(a.error(), kExitCompareError);
   auto b = OpenImageFile(b_path, *bo);
@@ -264,7 +274,7 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
     return identical ? kExitOk : 1;
   };
   if (strict_size && sa != sb) {
-    return result(false, std::nullopt, "Image size mismatch: " + std::to_string(sa) + " vs " + std::to_string(sb));
+    return result(false, std::nullopt, "Image size mismatch: " + HumanBytesExact(sa) + " vs " + HumanBytesExact(sb));
   }
   auto diff = CompareRange(**a, **b, 0, std::min(sa, sb));
   if (!diff.ok()) return out.Fail(diff.error(), kExitCompareError);
@@ -283,8 +293,22 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
 }
 
 int RunCheck(const std::string& path, Output& out) {
+  if (IsNbdUri(path)) {
+    return out.Fail(Error::NotSupported("check reads a qcow2 file's structure; an NBD export is not a file")
+                        .set_path(path));
+  }
   auto file = Env::Default().OpenSource(path);
   if (!file.ok()) return out.Fail(file.error());
+  // Not a qcow2 at all is a wrong input (exit 1), not a damaged image (2).
+  auto probed = formats::ProbeFormatName(**file);
+  if (!probed.ok()) return out.Fail(Error(probed.error()).set_path(path));
+  if (*probed != "qcow2") {
+    return out.Fail(Error::InvalidArgument("not a qcow2 image (its first bytes " +
+                                           (*probed == "raw" ? std::string("hold no image header: raw")
+                                                             : "are a " + *probed + " header") +
+                                           "); check inspects qcow2 structure only")
+                        .set_path(path));
+  }
   auto report = formats::qcow2::CheckQcow2(**file);
   if (!report.ok()) return out.Fail(Error(report.error()).set_path(path));
   const auto& r = *report;
@@ -327,7 +351,7 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     auto args = std::make_shared<PathArgs>();
     auto* cmd = AddCommand(app, "info", "Show an image's format, size, chain, bitmaps, snapshots", exit_code,
                            [args](Output& out) { return RunInfo(args->path, args->flags, out); });
-    cmd->add_option("image", args->path, "Image file or block device")->required();
+    cmd->add_option("image", args->path, "Image file, block device or nbd:// URI")->required();
     args->flags.AddTo(cmd);
   }
   {
@@ -362,8 +386,8 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
                              return RunCompare(args->a, args->b, args->a_flags, args->b_flags, args->a_snapshot,
                                               args->b_snapshot, args->strict, out);
                            });
-    cmd->add_option("a", args->a, "First image")->required();
-    cmd->add_option("b", args->b, "Second image")->required();
+    cmd->add_option("a", args->a, "First image (file, block device or nbd:// URI)")->required();
+    cmd->add_option("b", args->b, "Second image (file, block device or nbd:// URI)")->required();
     args->a_flags.AddTo(cmd, "-f,--format-a");
     cmd->add_option("-F,--format-b", args->b_flags.format, "Format of the second image")
         ->check(CLI::IsMember({"raw", "qcow2"}));

@@ -4,9 +4,11 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "cli/interrupt.h"
 #include "cli/output.h"
 
 int main(int argc, char** argv) {
+  barge::cli::InstallTerminateHandler(argc, argv);
   try {
     return barge::cli::Main(argc, argv);
   } catch (const std::bad_alloc&) {

@@ -5,32 +5,39 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/progress.h"
+#include "pipeline/chain.h"
 #include "pipeline/merge.h"
 
 namespace barge::cli {
 namespace {
 
 struct MergeArgs {
-  std::string chain, through, memory = "256M";
-  int threads = 0;
+  std::string chain, through;
+  CopyFlags copy;
+  bool dry_run = false;
 };
 
 int RunMergeCommand(MergeArgs& a, Output& out) {
   pipeline::MergeRequest req;
   // Cluster size and compression are the chain's: only the knobs are flags.
-  if (Status s = ApplyResourceFlags(a.memory, a.threads, req.copy); !s.ok()) {
-    return out.Usage(s.error().message());
+  CompressionChoice unused;
+  if (Status s = a.copy.Apply(req.copy, unused); !s.ok()) return out.Usage(s.error().message());
+  if (auto at = pipeline::ParsePointSelector(a.through); !at.ok()) {
+    return out.Usage("--through: " + at.error().message());
   }
   req.chain_dir = a.chain;
   req.through = a.through;
+  req.dry_run = a.dry_run;
   ProgressReporter progress(out, "merge");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  auto r = pipeline::RunMerge(req);
+  auto r = pipeline::RunMerge(Env::Default(), req);
   progress.Done();
   if (!r.ok()) return out.Fail(r.error());
   {
     out.Result({{"id", r->manifest.id},
+               {"started_at", TimeJson(r->manifest.started_at)},
                {"merged", r->merged},
+               {"dry_run", r->dry_run},
                {"folded", r->folded_ids},
                {"removed", r->removed_files},
                {"bytes_read", r->bytes_read},
@@ -38,12 +45,20 @@ int RunMergeCommand(MergeArgs& a, Output& out) {
                {"image_digest", "xxh3-128:" + r->manifest.image_digest.ToHex()},
                {"duration_seconds", r->seconds}});
   }
+  if (r->dry_run && r->folded_ids.size() > 1) {
+    out.text() << "would merge " << r->folded_ids.size() << " layers (" << r->folded_ids.front() << ".."
+               << r->folded_ids.back() << ") into full backup " << r->manifest.id << " (taken "
+               << r->manifest.started_at << "; dry run: nothing changed)\n";
+    for (const auto& f : r->removed_files) out.text() << "  would remove " << f << "\n";
+    return kExitOk;
+  }
   if (!r->merged) {
     out.text() << r->manifest.id << " already is a full backup: nothing to merge\n";
     return kExitOk;
   }
   out.text() << "merged " << r->folded_ids.size() << " layers (" << r->folded_ids.front() << ".."
-             << r->folded_ids.back() << ") into full backup " << r->manifest.id << ": "
+             << r->folded_ids.back() << ") into full backup " << r->manifest.id << " (taken "
+             << r->manifest.started_at << ", now the oldest point of its chain): "
              << HumanBytes(r->image_bytes) << ", every cluster verified, image digest xxh3-128:"
              << r->manifest.image_digest.ToHex() << " in " << HumanSeconds(r->seconds) << "\n";
   for (const auto& f : r->removed_files) out.text() << "  removed " << f << "\n";
@@ -59,10 +74,11 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code) {
       exit_code, [args](Output& out) { return RunMergeCommand(*args, out); });
   cmd->add_option("chain", args->chain, "The disk's chain folder (TARGET/<name>/)")->required();
   cmd->add_option("--through", args->through,
-                  "The point that becomes the full: a backup id, a position, a time or latest")
+                  "The point that becomes the full: latest, a position (0 = the oldest point), a backup id, "
+                  "or an RFC 3339 time (the newest point taken at or before it)")
       ->required();
-  cmd->add_option("--memory", args->memory, "Memory for buffers in flight")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  cmd->add_flag("--dry-run", args->dry_run, "Say which points would be folded and which files removed; change nothing");
+  args->copy.AddTo(cmd, "none", kResourceFlags, "a merge keeps the chain's cluster size and compression");
 }
 
 }  // namespace barge::cli

@@ -8,6 +8,7 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/interrupt.h"
 #include "cli/progress.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/replicate.h"
@@ -113,14 +114,23 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   spec.format = a.flags.format;
   spec.allow_any_path = a.flags.allow_any_path;
   spec.allow_dirs = a.flags.allow_dirs;
-  auto src = pipeline::OpenSource(spec);
+  WarnIfMisnamed(out, a.source, a.flags.format);
+  auto src = pipeline::OpenSource(Env::Default(), spec);
   if (!src.ok()) return out.Fail(src.error());
   o.source_location = a.source;
   o.source_format = src->format_name();
+  // Compression and cluster size shape qcow2 copies only.
+  const bool qcow2_copies = o.format == pipeline::ReplicaFormat::kQcow2 ||
+                            (o.format == pipeline::ReplicaFormat::kKeep && src->format_name() == "qcow2");
+  if (!qcow2_copies && (a.copy.compress_given() || a.copy.cluster_size_given())) {
+    return out.Usage(std::string(a.copy.compress_given() ? "--compress" : "--cluster-size") +
+                     " applies to qcow2 copies; these copies are raw (--format " + a.format +
+                     ", a " + src->format_name() + " source): use --format qcow2");
+  }
 
   MultiProgress progress(out, a.to);
   o.progress = [&](size_t i, uint64_t done, uint64_t total) { progress.Update(i, done, total); };
-  auto result = pipeline::RunReplicate(*src->image, a.to, o);
+  auto result = pipeline::RunReplicate(Env::Default(), *src->image, a.to, o);
   progress.Done();
   if (!result.ok()) return out.Fail(result.error());
   const auto& r = *result;
@@ -171,6 +181,7 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   if (r.bitmaps_dropped) t << ", bitmaps dropped (raw output)";
   if (!r.backing_file.empty()) t << ", top layer only, backing file '" << r.backing_file << "'";
   t << "\n";
+  if (CancelFlag().load()) return out.Fail(Error::Cancelled("replicate interrupted").set_path(a.source));
   if (r.checksum_mismatch) {
     return out.Fail(Error::Corruption("checksum mismatch, nothing made ready: expected sha512 " +
                                       a.expected_sha512 + ", the source has " + r.sha512_hex)

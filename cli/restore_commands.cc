@@ -4,6 +4,7 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/progress.h"
+#include "pipeline/chain.h"
 #include "pipeline/restore.h"
 
 namespace barge::cli {
@@ -18,6 +19,11 @@ struct RestoreArgs {
   bool no_sync = false;
 };
 
+// "position 2, taken 2026-11-24T06:05:49Z": which point a command chose.
+std::string PointText(size_t position, const std::string& started_at) {
+  return "position " + std::to_string(position) + ", taken " + (started_at.empty() ? "(unknown)" : started_at);
+}
+
 int RunRestoreCommand(RestoreArgs& a, Output& out) {
   pipeline::RestoreRequest req;
   CompressionChoice compression;
@@ -25,6 +31,7 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
   if (compression.type != formats::Compression::kNone && a.output_format != "qcow2") {
     return out.Usage("--compress needs -O qcow2");
   }
+  if (auto at = pipeline::ParsePointSelector(a.at); !at.ok()) return out.Usage("--at: " + at.error().message());
   req.chain_dir = a.chain;
   req.at = a.at;
   req.destination = a.to;
@@ -33,13 +40,19 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
   req.sync = !a.no_sync;
   req.compression = compression.type;
   req.compression_level = compression.level;
+  req.on_point = [&](size_t position, const formats::BackupManifest& m) {
+    out.text() << "restoring point " << m.id << " (" << PointText(position, m.started_at) << ") to " << a.to
+               << "\n";
+    out.text().flush();
+  };
   ProgressReporter progress(out, "restore");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  auto r = pipeline::RunRestore(req);
+  auto r = pipeline::RunRestore(Env::Default(), req);
   progress.Done();
   if (!r.ok()) return out.Fail(r.error());
   out.Result({{"id", r->manifest.id},
-              {"started_at", r->manifest.started_at},
+              {"position", r->position},
+              {"started_at", TimeJson(r->manifest.started_at)},
               {"destination", a.to},
               {"format", a.output_format},
               {"layers", r->layers},
@@ -49,8 +62,8 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
               {"image_digest", "xxh3-128:" + r->image_digest.ToHex()},
               {"verified", true},
               {"duration_seconds", r->seconds}});
-  out.text() << "restored point " << r->manifest.id << " (taken " << r->manifest.started_at << ", "
-             << r->layers << " layer" << (r->layers == 1 ? "" : "s") << ") to " << a.to << ": "
+  out.text() << "restored point " << r->manifest.id << " (" << PointText(r->position, r->manifest.started_at)
+             << ", " << r->layers << " layer" << (r->layers == 1 ? "" : "s") << ") to " << a.to << ": "
              << HumanBytes(r->manifest.virtual_size) << ", read " << HumanBytes(r->bytes_read)
              << ", every cluster verified, image digest xxh3-128:" << r->image_digest.ToHex()
              << " in " << HumanSeconds(r->seconds) << "\n";
@@ -67,6 +80,9 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   pipeline::VerifyRequest req;
   CompressionChoice unused;
   if (Status s = a.copy.Apply(req.copy, unused); !s.ok()) return out.Usage(s.error().message());
+  if (auto at = pipeline::ParsePointSelector(a.at); !at.ok()) return out.Usage("--at: " + at.error().message());
+  if (a.all && !a.at.empty()) return out.Usage("--at and --all exclude each other");
+  if (!a.against_format.empty() && a.against.empty()) return out.Usage("--against-format needs --against");
   req.path = a.path;
   req.at = a.at;
   req.all_points = a.all;
@@ -74,17 +90,28 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   req.against.format = a.against_format;
   ProgressReporter progress(out, "verify");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  auto r = pipeline::RunVerify(req);
+  auto r = pipeline::RunVerify(Env::Default(), req);
   progress.Done();
   if (!r.ok()) return out.Fail(r.error());
+  for (const auto& w : r->warnings) out.Warning(w);
+  json points = json::array();
+  for (size_t i = 0; i < r->verified_ids.size(); ++i) {
+    points.push_back({{"id", r->verified_ids[i]},
+                      {"position", r->verified_positions[i]},
+                      {"started_at", TimeJson(r->verified_started_at[i])}});
+  }
   out.Result({{"ok", true},
               {"verified", r->verified_ids},
+              {"points", points},
               {"clusters_checked", r->clusters_checked},
               {"bytes_read", r->bytes_read},
               {"against_source", r->against_checked},
               {"duration_seconds", r->seconds}});
-  for (const auto& id : r->verified_ids) out.text() << "verified " << id << "\n";
-  out.text() << "structure, " << r->clusters_checked << " cluster digests and image digest OK"
+  for (size_t i = 0; i < r->verified_ids.size(); ++i) {
+    out.text() << "verified " << r->verified_ids[i] << " ("
+               << PointText(r->verified_positions[i], r->verified_started_at[i]) << ")\n";
+  }
+  out.text() << "structure, " << r->clusters_checked << " cluster digests (xxh3-128) and image digest OK"
              << (r->against_checked ? "; the source matches" : "") << " (" << HumanSeconds(r->seconds)
              << ")\n";
   return kExitOk;
@@ -98,7 +125,9 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(app, "restore", "Restore (flatten) any point of a backup chain, verified",
                            exit_code, [args](Output& out) { return RunRestoreCommand(*args, out); });
     cmd->add_option("chain", args->chain, "The disk's chain folder (TARGET/<name>/)")->required();
-    cmd->add_option("--at", args->at, "latest, a backup id, a position (0 = the full) or a time")
+    cmd->add_option("--at", args->at,
+                    "latest; a position (0 = the oldest point: the full, or after a merge the merged "
+                    "full); a backup id; or an RFC 3339 time (the newest point taken at or before it)")
         ->capture_default_str();
     cmd->add_option("--to", args->to, "Destination: new file, block device or nbd:// URI")->required();
     cmd->add_option("-O,--output-format", args->output_format, "raw or qcow2")
@@ -107,7 +136,8 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     cmd->add_flag("--force", args->force, "Overwrite a destination that holds data");
     cmd->add_flag("--no-sync", args->no_sync,
                   "Do not fsync the output at the end (faster; a crash may lose it, as with qemu-img convert)");
-    args->copy.AddTo(cmd, "none");
+    args->copy.AddTo(cmd, "none", kCompressFlag | kResourceFlags,
+                     "a restore keeps the chain's cluster size");
   }
   {
     auto args = std::make_shared<VerifyArgs>();
@@ -116,12 +146,14 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
         exit_code, [args](Output& out) { return RunVerifyCommand(*args, out); });
     cmd->add_option("path", args->path, "Chain folder, manifest (.json) or backup image (.qcow2)")
         ->required();
-    cmd->add_option("--at", args->at, "With a chain folder: which point (default latest)");
+    cmd->add_option("--at", args->at,
+                    "With a chain folder: which point (default latest): a position, an id or an RFC 3339 time, "
+                    "as restore --at");
     cmd->add_flag("--all", args->all, "Verify every point of the chain folder");
     cmd->add_option("--against", args->against, "Also compare with this source (file, device, nbd:// URI)");
     cmd->add_option("--against-format", args->against_format, "raw or qcow2")
         ->check(CLI::IsMember({"raw", "qcow2"}));
-    args->copy.AddTo(cmd, "none");
+    args->copy.AddTo(cmd, "none", kResourceFlags, "verify only reads");
   }
 }
 

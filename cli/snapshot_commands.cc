@@ -115,7 +115,7 @@ json OpJson(const orc::SnapshotOpResult& r) {
   return {{"image", r.image}, {"mode", r.mode}, {"snapshot", SnapshotJson(r.snapshot)}};
 }
 
-int RunCreate(const TargetArgs& t, const std::string& name, const std::string& uuid, bool quiesce,
+int RunCreate(Env& env, const TargetArgs& t, const std::string& name, const std::string& uuid, bool quiesce,
               const HookFlags& hooks, const std::string& catalog, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
@@ -130,17 +130,19 @@ int RunCreate(const TargetArgs& t, const std::string& name, const std::string& u
   req.name = uuid.empty() ? name : uuid;
   req.consistency.quiesce = quiesce;
   req.consistency.hooks = *spec;
-  auto r = orc::CreateDiskSnapshot(req);
+  auto r = orc::CreateDiskSnapshot(env, req);
   if (!r.ok()) return out.Fail(r.error());
   ReportWarnings(r->warnings, r->image, out);
   if (!uuid.empty()) {
+    auto catalog_path = orc::CatalogPathFromFlag(env, catalog);
+    if (!catalog_path.ok()) return out.Fail(catalog_path.error());
     orc::StoredSnapshot s;
     s.uuid = uuid;
     s.display_name = name;
     s.state = orc::SnapshotState::kCreated;
     s.snapshot_id = r->snapshot.id;
     s.created_at = r->snapshot.date_sec;
-    if (Status st = orc::RecordSnapshotState(*target, catalog, s); !st.ok()) {
+    if (Status st = orc::RecordSnapshotState(env, *target, *catalog_path, s); !st.ok()) {
       return out.Fail(Error(st.error()).Wrap("snapshot " + Describe(r->snapshot) +
                                              " was created, but its display name was not recorded"));
     }
@@ -160,23 +162,23 @@ int RunCreate(const TargetArgs& t, const std::string& name, const std::string& u
 
 // The stored states of a disk by uuid (the qcow2 name); none when the
 // catalog does not exist (listing creates no catalog).
-Result<std::map<std::string, orc::StoredSnapshot>> StatesByName(const orc::SnapshotTarget& target,
+Result<std::map<std::string, orc::StoredSnapshot>> StatesByName(Env& env, const orc::SnapshotTarget& target,
                                                                 const std::string& catalog) {
   std::map<std::string, orc::StoredSnapshot> by_name;
-  if (!Env::Default().Exists(orc::ResolveCatalogPath(catalog))) return by_name;
-  BARGE_ASSIGN_OR_RETURN(std::vector<orc::StoredSnapshot> states, orc::LoadSnapshotStates(target, catalog));
+  if (!env.Exists(orc::ResolveCatalogPath(catalog))) return by_name;
+  BARGE_ASSIGN_OR_RETURN(std::vector<orc::StoredSnapshot> states, orc::LoadSnapshotStates(env, target, catalog));
   for (auto& s : states) by_name[s.uuid] = std::move(s);
   return by_name;
 }
 
-int RunList(const TargetArgs& t, const std::string& catalog, Output& out) {
+int RunList(Env& env, const TargetArgs& t, const std::string& catalog, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
   if (!target.ok()) return BadUsage(target.error(), out);
-  auto listing = orc::ListDiskSnapshots(*target);
+  auto listing = orc::ListDiskSnapshots(env, *target);
   if (!listing.ok()) return out.Fail(listing.error());
   ReportWarnings(listing->warnings, listing->image, out);
-  auto states = StatesByName(*target, catalog);
+  auto states = StatesByName(env, *target, catalog);
   if (!states.ok()) return out.Fail(states.error());
   json arr = json::array();
   std::ostream& o = out.text();
@@ -219,11 +221,11 @@ int RunList(const TargetArgs& t, const std::string& catalog, Output& out) {
   return kExitOk;
 }
 
-int RunRename(const TargetArgs& t, Output& out) {
+int RunRename(Env& env, const TargetArgs& t, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
   if (!target.ok()) return BadUsage(target.error(), out);
-  auto r = orc::RenameDiskSnapshot(*target, words[0], words[1]);
+  auto r = orc::RenameDiskSnapshot(env, *target, words[0], words[1]);
   if (!r.ok()) return out.Fail(r.error());
   ReportWarnings(r->warnings, r->image, out);
   json j = OpJson(*r);
@@ -233,11 +235,11 @@ int RunRename(const TargetArgs& t, Output& out) {
   return kExitOk;
 }
 
-int RunDelete(const TargetArgs& t, Output& out) {
+int RunDelete(Env& env, const TargetArgs& t, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
   if (!target.ok()) return BadUsage(target.error(), out);
-  auto r = orc::DeleteDiskSnapshot(*target, words[0]);
+  auto r = orc::DeleteDiskSnapshot(env, *target, words[0]);
   if (!r.ok()) return out.Fail(r.error());
   ReportWarnings(r->warnings, r->image, out);
   out.Result(OpJson(*r));
@@ -245,11 +247,11 @@ int RunDelete(const TargetArgs& t, Output& out) {
   return kExitOk;
 }
 
-int RunRollback(const TargetArgs& t, bool discard_newer, Output& out) {
+int RunRollback(Env& env, const TargetArgs& t, bool discard_newer, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
   if (!target.ok()) return BadUsage(target.error(), out);
-  auto r = orc::RollbackDiskSnapshot(*target, words[0], discard_newer);
+  auto r = orc::RollbackDiskSnapshot(env, *target, words[0], discard_newer);
   if (!r.ok()) return out.Fail(r.error());
   ReportWarnings(r->warnings, r->image, out);
   json j = OpJson(*r);
@@ -277,24 +279,26 @@ json StoredJson(const orc::ApplySnapshotStatus& s) {
   return j;
 }
 
-int RunApply(const TargetArgs& t, const std::string& config_path, const std::string& catalog, bool quiesce,
+int RunApply(Env& env, const TargetArgs& t, const std::string& config_path, const std::string& catalog, bool quiesce,
              const HookFlags& hooks, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
   if (!target.ok()) return BadUsage(target.error(), out);
   auto spec = hooks.ToSpec();
   if (!spec.ok()) return BadUsage(spec.error(), out);
-  auto text = Env::Default().ReadFile(config_path);
+  auto text = env.ReadFile(config_path);
   if (!text.ok()) return out.Fail(text.error());
   auto config = orc::ParseApplyConfig(*text);
   if (!config.ok()) return out.Fail(Error(config.error()).set_path(config_path));
+  auto catalog_path = orc::CatalogPathFromFlag(env, catalog);
+  if (!catalog_path.ok()) return out.Fail(catalog_path.error());
   orc::ApplyRequest req;
   req.target = *target;
   req.config = std::move(config).value();
-  req.catalog_path = catalog;
+  req.catalog_path = *catalog_path;
   req.consistency.quiesce = quiesce;
   req.consistency.hooks = *spec;
-  auto r = orc::ApplySnapshotConfig(req);
+  auto r = orc::ApplySnapshotConfig(env, req);
   if (!r.ok()) return out.Fail(r.error());
   json actions = json::array();
   std::ostream& o = out.text();
@@ -333,14 +337,14 @@ int RunApply(const TargetArgs& t, const std::string& config_path, const std::str
   return kExitOk;
 }
 
-int RunMetrics(const TargetArgs& t, const std::string& textfile, const std::string& catalog, Output& out) {
+int RunMetrics(Env& env, const TargetArgs& t, const std::string& textfile, const std::string& catalog, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
   if (!target.ok()) return BadUsage(target.error(), out);
-  auto listing = orc::ListDiskSnapshots(*target);
+  auto listing = orc::ListDiskSnapshots(env, *target);
   if (!listing.ok()) return out.Fail(listing.error());
   ReportWarnings(listing->warnings, listing->image, out);
-  auto states = StatesByName(*target, catalog);
+  auto states = StatesByName(env, *target, catalog);
   if (!states.ok()) return out.Fail(states.error());
   std::string text = orc::SnapshotMetricsText(*listing, [&](const orc::SnapshotListEntry& e) {
     orc::Labels labels;
@@ -356,7 +360,7 @@ int RunMetrics(const TargetArgs& t, const std::string& textfile, const std::stri
   if (!textfile.empty()) {
     // node-exporter's textfile collector reads *.prom files whenever it is
     // scraped: replace the file atomically so it never sees half of one.
-    if (Status s = Env::Default().WriteFileAtomic(textfile, text); !s.ok()) return out.Fail(s.error());
+    if (Status s = env.WriteFileAtomic(textfile, text); !s.ok()) return out.Fail(s.error());
     j["textfile"] = textfile;
     out.text() << "wrote the metrics of " << listing->snapshots.size() << " snapshots of " << listing->image
                << " to " << textfile << "\n";
@@ -383,10 +387,10 @@ void RegisterSnapshotCommands(CLI::App& app, int& exit_code) {
       HookFlags hooks;
     };
     auto a = std::make_shared<Args>();
-    auto* cmd = AddCommand(*group, "create", "Take a snapshot (QEMU does it while the domain runs)", exit_code,
-                           [a](Output& out) {
-                             return RunCreate(a->target, a->name, a->uuid, a->quiesce, a->hooks, a->catalog, out);
-                           });
+    auto* cmd = AddCommand(
+        *group, "create", "Take a snapshot (QEMU does it while the domain runs)", exit_code, [a](Output& out) {
+          return RunCreate(Env::Default(), a->target, a->name, a->uuid, a->quiesce, a->hooks, a->catalog, out);
+        });
     a->target.AddTo(cmd, {"IMAGE"}, kImageHelp);
     cmd->add_option("--name", a->name, "Snapshot name (with --uuid: its display name)")->required();
     cmd->add_option("--uuid", a->uuid,
@@ -402,20 +406,20 @@ void RegisterSnapshotCommands(CLI::App& app, int& exit_code) {
     };
     auto a = std::make_shared<Args>();
     auto* cmd = AddCommand(*group, "list", "List snapshots with their space metrics (used, referenced, written...)",
-                           exit_code, [a](Output& out) { return RunList(a->target, a->catalog, out); });
+                           exit_code, [a](Output& out) { return RunList(Env::Default(), a->target, a->catalog, out); });
     a->target.AddTo(cmd, {"IMAGE"}, kImageHelp);
     cmd->add_option("--catalog", a->catalog, "Catalog database (display names and states)");
   }
   {
     auto a = std::make_shared<TargetArgs>();
     auto* cmd = AddCommand(*group, "rename", "Rename a snapshot (offline only: QEMU cannot)", exit_code,
-                           [a](Output& out) { return RunRename(*a, out); });
+                           [a](Output& out) { return RunRename(Env::Default(), *a, out); });
     a->AddTo(cmd, {"IMAGE", "NAME", "NEW_NAME"}, {kImageHelp[0], "Snapshot id or name", "Its new name"});
   }
   {
     auto a = std::make_shared<TargetArgs>();
     auto* cmd = AddCommand(*group, "delete", "Delete a snapshot, freeing its used bytes", exit_code,
-                           [a](Output& out) { return RunDelete(*a, out); });
+                           [a](Output& out) { return RunDelete(Env::Default(), *a, out); });
     a->AddTo(cmd, {"IMAGE", "NAME"}, {kImageHelp[0], "Snapshot id or name"});
   }
   {
@@ -425,7 +429,7 @@ void RegisterSnapshotCommands(CLI::App& app, int& exit_code) {
     };
     auto a = std::make_shared<Args>();
     auto* cmd = AddCommand(*group, "rollback", "Roll the disk back to a snapshot (domain shut off)", exit_code,
-                           [a](Output& out) { return RunRollback(a->target, a->discard_newer, out); });
+                           [a](Output& out) { return RunRollback(Env::Default(), a->target, a->discard_newer, out); });
     a->target.AddTo(cmd, {"IMAGE", "NAME"}, {kImageHelp[0], "Snapshot id or name"});
     cmd->add_flag("--discard-newer", a->discard_newer,
                   "Also delete the snapshots taken after it (reported as implicitly deleted)");
@@ -438,10 +442,11 @@ void RegisterSnapshotCommands(CLI::App& app, int& exit_code) {
       HookFlags hooks;
     };
     auto a = std::make_shared<Args>();
-    auto* cmd = AddCommand(*group, "apply", "Reconcile the disk's snapshots with a desired set (controller interface)",
-                           exit_code, [a](Output& out) {
-                             return RunApply(a->target, a->config, a->catalog, a->quiesce, a->hooks, out);
-                           });
+    auto* cmd =
+        AddCommand(*group, "apply", "Reconcile the disk's snapshots with a desired set (controller interface)",
+                   exit_code, [a](Output& out) {
+                     return RunApply(Env::Default(), a->target, a->config, a->catalog, a->quiesce, a->hooks, out);
+                   });
     a->target.AddTo(cmd, {"IMAGE"}, kImageHelp);
     cmd->add_option("--config", a->config, "JSON file listing every snapshot that must exist (docs/snapshots.md)")
         ->required();
@@ -455,8 +460,9 @@ void RegisterSnapshotCommands(CLI::App& app, int& exit_code) {
       std::string textfile, catalog;
     };
     auto a = std::make_shared<Args>();
-    auto* cmd = AddCommand(*group, "metrics", "The snapshots' space metrics in Prometheus text format", exit_code,
-                           [a](Output& out) { return RunMetrics(a->target, a->textfile, a->catalog, out); });
+    auto* cmd =
+        AddCommand(*group, "metrics", "The snapshots' space metrics in Prometheus text format", exit_code,
+                   [a](Output& out) { return RunMetrics(Env::Default(), a->target, a->textfile, a->catalog, out); });
     a->target.AddTo(cmd, {"IMAGE"}, kImageHelp);
     cmd->add_option("--textfile", a->textfile,
                     "Write them to this file, replaced atomically (node-exporter's textfile collector: *.prom)");

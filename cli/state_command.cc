@@ -1,6 +1,5 @@
 // barge state migrate: move a VM's persistent state folder to a new volume
 // (journaled copy, verify, switch, remove the old), re-entrant after a crash.
-#include <cstdlib>
 #include <iostream>
 
 #include "cli/common.h"
@@ -13,17 +12,8 @@ struct MigrateArgs {
   std::string from, to;
 };
 
-int EnvInt(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : 0;
-}
-
 int RunMigrate(const MigrateArgs& a, Output& out) {
-  orchestrate::StateMigrateOptions o;
-  // Test hooks (see tests/state_migrate_*_test.cc): stop as if killed.
-  o.stop_after_step = EnvInt("BARGE_TEST_MIGRATE_STOP_AFTER_STEP");
-  o.stop_after_files = EnvInt("BARGE_TEST_MIGRATE_STOP_AFTER_FILES");
-  auto r = orchestrate::MigrateState(a.from, a.to, o);
+  auto r = orchestrate::MigrateState(Env::Default(), a.from, a.to);
   if (!r.ok()) return out.Fail(r.error());
   nlohmann::json files = nlohmann::json::array();
   for (const auto& f : r->files) {

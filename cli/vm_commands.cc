@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 
+#include "cli/catalog_json.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/hook_flags.h"
@@ -26,7 +27,8 @@ std::string Lower(std::string s) {
 }
 
 Result<std::unique_ptr<orc::BackupCatalog>> OpenCatalog(const std::string& flag) {
-  return orc::BackupCatalog::Open(orc::ResolveCatalogPath(flag));
+  BARGE_ASSIGN_OR_RETURN(std::string path, orc::CatalogPathFromFlag(Env::Default(), flag));
+  return orc::BackupCatalog::Open(Env::Default(), path);
 }
 
 // The catalog, a libvirt connection and one domain, opened together (the
@@ -45,6 +47,9 @@ Result<DomainSession> OpenDomainSession(const std::string& catalog_flag, const s
   return s;
 }
 
+}  // namespace
+
+// Shared with `catalog list` (cli/catalog_json.h).
 json TrackerJson(const orc::TrackerRecord& t) {
   json disks = json::array();
   for (const auto& [d, size] : t.disks) disks.push_back({{"name", d}, {"virtual_size", size}});
@@ -84,6 +89,8 @@ json RecordJson(const orc::BackupRecord& r) {
           {"duration_seconds", r.duration_seconds}, {"result", r.result},
           {"error", r.error}};
 }
+
+namespace {
 
 json CbtJson(const orc::CbtStatus& s) {
   json disks = json::array();
@@ -264,7 +271,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   auto* cmd = AddCommand(*vm, "backup", "Full or incremental backup of a domain's disks (libvirt pull mode)",
                          exit_code, [a](Output& out) {
     orc::VmBackupRequest req = a->req;
-    req.catalog_path = orc::ResolveCatalogPath(a->catalog);
+    auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a->catalog);
+    if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+    req.catalog_path = *catalog_path;
     req.disks = a->disks;
     CompressionChoice compression;
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
@@ -278,7 +287,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     orc::HookedResult hooked;
     std::optional<orc::VmBackupResult> r;
     Status done = orc::RunWithHooks(*hooks, hook_env, [&]() -> Status {
-      auto run = orc::RunVmBackup(req);
+      auto run = orc::RunVmBackup(Env::Default(), req);
       if (!run.ok()) return std::move(run).error();
       r = std::move(run).value();
       return OkStatus();
@@ -347,8 +356,12 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
     std::string v = verb;
     auto* cmd = AddCommand(*cbt, verb, std::string(verb) + " CBT for a domain", exit_code, [a, v](Output& out) {
       orc::CbtRequest req = std::get<0>(*a);
-      req.catalog_path = orc::ResolveCatalogPath(std::get<1>(*a));
-      auto s = v == "enable" ? orc::EnableCbt(req) : v == "disable" ? orc::DisableCbt(req) : orc::GetCbtStatus(req);
+      auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), std::get<1>(*a));
+      if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+      req.catalog_path = *catalog_path;
+      auto s = v == "enable" ? orc::EnableCbt(Env::Default(), req)
+                             : v == "disable" ? orc::DisableCbt(Env::Default(), req)
+                                              : orc::GetCbtStatus(Env::Default(), req);
       if (!s.ok()) return out.Fail(s.error());
       out.Result(CbtJson(*s));
       out.text() << "CBT for " << s->domain << ": " << s->state << "\n";

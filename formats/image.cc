@@ -1,7 +1,9 @@
 // Format names, raw images, and format detection for OpenImage.
 #include "formats/image.h"
 
+#include <algorithm>
 #include <array>
+#include <span>
 
 #include "formats/qcow2_open.h"
 
@@ -104,6 +106,25 @@ Result<std::unique_ptr<Image>> OpenImage(const std::string& path, const SourceOp
     return WrapRaw(std::move(file), path);
   }
   return OpenQcow2(std::move(file), path, opener, options);
+}
+
+Result<std::string> ProbeFormatName(BlockSource& file) {
+  std::array<char, 512> head{};
+  const uint64_t n = std::min<uint64_t>(head.size(), file.size_bytes());
+  BARGE_RETURN_IF_ERROR(file.ReadAt(0, std::as_writable_bytes(std::span(head.data(), n))));
+  const std::string_view h(head.data(), n);
+  auto at = [&](size_t offset, std::string_view magic) { return h.substr(std::min(offset, h.size())).starts_with(magic); };
+  if (at(0, std::string_view("QFI\xfb", 4))) return std::string("qcow2");
+  if (at(0, std::string_view("QED\0", 4))) return std::string("qed");
+  if (at(0, "KDMV") || at(0, "COWD") || at(0, "# Disk DescriptorFile")) return std::string("vmdk");
+  if (at(0, "vhdxfile")) return std::string("vhdx");
+  if (at(0, "conectix")) return std::string("vpc");
+  if (at(64, std::string_view("\x7f\x10\xda\xbe", 4))) return std::string("vdi");
+  if (at(0, std::string_view("LUKS\xba\xbe", 6))) return std::string("luks");
+  if (at(0, "WithoutFreeSpace") || at(0, "WithouFreSpacExt")) return std::string("parallels");
+  if (at(0, "Bochs Virtual HD Image")) return std::string("bochs");
+  if (at(0, "#!/bin/sh\n#V2.0 Format\nmodprobe cloop")) return std::string("cloop");
+  return std::string("raw");
 }
 
 Result<std::optional<ImageInfo>> ProbeQcow2Layer(const std::string& path, const SourceOpener& opener) {

@@ -98,6 +98,17 @@ struct MappedExtent {
 // files itself; the caller passes the backend (e.g. blockio::OpenFileSource).
 using SourceOpener = std::function<Result<std::unique_ptr<BlockSource>>(const std::string& path)>;
 
+// What the path policy learns about a file name from the caller's view of
+// the filesystem (formats/ has none): its canonical path, symbolic links
+// and ".." resolved (for the allowed-folder check), and the file's identity
+// (device, inode) when it exists (for loop detection). An empty canonical
+// path means "unknown": the name is then compared as written.
+struct PathFacts {
+  std::string canonical;
+  std::optional<std::pair<uint64_t, uint64_t>> identity;
+};
+using PathInspector = std::function<PathFacts(const std::string& path)>;
+
 struct OpenOptions {
   // nullopt: detect (qcow2 magic, else raw). Given: used as is, never probed.
   std::optional<ImageFormat> format;
@@ -120,6 +131,10 @@ struct OpenOptions {
   // active state). kNotFound when there is no such snapshot,
   // kInvalidArgument for a raw image or a name several snapshots share.
   std::string snapshot;
+  // Unset: names are compared as written (lexically), which a symbolic
+  // link can fool. Callers that open real files pass one built on their
+  // Env (pipeline::ImageOpenOptions does).
+  PathInspector inspect_path;
 };
 
 // A disk image seen as the guest sees it. Reads are thread-safe.
@@ -140,6 +155,14 @@ class Image : public BlockSource {
 // or with a json:/protocol name, kNotFound for a missing file.
 Result<std::unique_ptr<Image>> OpenImage(const std::string& path, const SourceOpener& opener,
                                          const OpenOptions& options = {});
+
+// What the first bytes of `file` say it is, as qemu-img's probes would:
+// "qcow2" (also version 1), "qed", "vmdk", "vhdx", "vpc", "vdi", "luks",
+// "parallels", "bochs", "cloop", or "raw" when no image magic matches. Only
+// a read error fails. For refusing mix-ups (an image given where a raw disk
+// is wanted, a ".qcow2" that is not one); OpenImage itself detects only
+// qcow2.
+Result<std::string> ProbeFormatName(BlockSource& file);
 
 // The header view of one qcow2 layer, for callers that look at the names it
 // stores (backing file, data file) without following them: nullopt when

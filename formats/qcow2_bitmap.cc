@@ -88,6 +88,14 @@ namespace barge::formats {
 
 using namespace qcow2;
 
+namespace {
+
+// 16 bytes each: 256 MiB. A 1 TiB disk tracked at 64 KiB has 16M granules,
+// so only a pathological (or crafted) bitmap has more separate ranges.
+constexpr size_t kMaxDirtyRanges = size_t{1} << 24;
+
+}  // namespace
+
 Result<RangeList> ReadBitmapDirtyRanges(const Image& image, std::string_view bitmap_name) {
   const Qcow2Image* q = AsQcow2(image);
   if (!q) return Error::NotSupported("persistent bitmaps exist only in qcow2 images").set_path(image.info().path);
@@ -126,7 +134,17 @@ Result<RangeList> ReadBitmapDirtyRanges(const Image& image, std::string_view bit
       ranges.push_back({start, end - start});
     }
   };
+  auto too_fragmented = [&]() {
+    return Error::NotSupported("bitmap '" + e.info.name + "' has more than " + std::to_string(kMaxDirtyRanges) +
+                               " separate dirty ranges; take a full backup instead")
+        .set_path(image.info().path);
+  };
   std::vector<std::byte> data(cs);
+  // Each data cluster belongs to one table entry (its refcount is 1). A
+  // crafted table that names one cluster of alternating bits in every
+  // entry turned a 400 KB file into billions of ranges; the file now has to
+  // hold every bit it sets.
+  std::set<uint64_t> data_clusters;
   for (uint64_t i = 0; i < e.info.table_size; ++i) {
     const uint64_t entry_at = e.info.table_offset + 8 * i;
     const uint64_t entry = LoadBe64(table.data() + 8 * i);
@@ -135,6 +153,7 @@ Result<RangeList> ReadBitmapDirtyRanges(const Image& image, std::string_view bit
     }
     const uint64_t data_offset = entry & kBitmapTableOffsetMask;
     const uint64_t first_bit = i * bits_per_cluster;
+    if (ranges.size() > kMaxDirtyRanges) return too_fragmented();
     if (data_offset == 0) {
       if (entry & 1) add_bits(first_bit, bits_per_cluster);
       continue;
@@ -142,6 +161,12 @@ Result<RangeList> ReadBitmapDirtyRanges(const Image& image, std::string_view bit
     if (!IsClusterAligned(data_offset, h.cluster_bits) || data_offset > file.size_bytes() ||
         cs > file.size_bytes() - data_offset) {
       return Error::Corruption("bitmap data cluster offset is misaligned or beyond the end of the file")
+          .set_path(image.info().path)
+          .set_offset(entry_at);
+    }
+    if (!data_clusters.insert(data_offset).second) {
+      return Error::Corruption("bitmap '" + e.info.name + "' names data cluster " + std::to_string(data_offset) +
+                               " in more than one table entry")
           .set_path(image.info().path)
           .set_offset(entry_at);
     }
@@ -158,6 +183,7 @@ Result<RangeList> ReadBitmapDirtyRanges(const Image& image, std::string_view bit
       }
     }
   }
+  if (ranges.size() > kMaxDirtyRanges) return too_fragmented();
   return NormalizeRanges(std::move(ranges));
 }
 

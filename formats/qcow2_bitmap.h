@@ -41,7 +41,9 @@ namespace barge::formats {
 //   kNotSupported  `image` is not qcow2 (e.g. raw);
 //   kNotFound      no bitmap of that name;
 //   kCorruption    the bitmap is in use (stale after a crash: take a full
-//                  backup), or its table or data are malformed.
+//                  backup), or its table or data are malformed (a data
+//                  cluster named by two table entries included);
+//   kNotSupported  more than 16M separate dirty ranges (take a full backup).
 // Thread-safe; may block.
 Result<RangeList> ReadBitmapDirtyRanges(const Image& image, std::string_view bitmap_name);
 

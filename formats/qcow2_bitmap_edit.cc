@@ -1,6 +1,7 @@
-// In-place persistent bitmap edits of an existing qcow2 image: everything is
-// read, validated and planned in memory first, then written in the
-// crash-safe order of docs/formats/qcow2.md §4.1.
+// In-place persistent bitmap edits of an existing qcow2 image (remove, add,
+// clear, enable, disable): everything is read, validated and planned in
+// memory first, then written in the crash-safe order of
+// docs/formats/qcow2.md §4.1.
 #include "formats/qcow2_bitmap_edit.h"
 
 #include <algorithm>
@@ -426,7 +427,7 @@ Status WriteChangedRange(BlockSink& sink, std::span<const std::byte> before,
 }
 
 // The clusters an edit frees: the old directory, and the tables and data
-// clusters of the removed bitmaps (each data offset checked).
+// clusters of the removed and cleared bitmaps (each data offset checked).
 Result<std::vector<uint64_t>> ClustersToFree(BlockSource& file, const ImageState& s,
                                              const std::vector<const BitmapEntry*>& removed) {
   const Header& h = s.header;
@@ -462,19 +463,53 @@ Result<std::vector<uint64_t>> ClustersToFree(BlockSource& file, const ImageState
   return out;
 }
 
-// Checks the edit against the image. Fills `removed` and `kept`.
-Status ValidateEdit(const ImageState& s, const BitmapEdit& edit,
-                    std::vector<const BitmapEntry*>& removed, std::vector<const BitmapEntry*>& kept) {
+// What the edit does to the bitmaps of the image.
+struct Plan {
+  std::vector<const BitmapEntry*> removed;  // in the order of `remove`
+  std::vector<const BitmapEntry*> kept;     // in directory order
+  std::set<std::string> cleared;
+  std::map<std::string, bool> enabled;      // kept bitmaps whose auto flag is set or cleared
+  // Kept bitmaps whose directory entry changes (cleared, or the auto flag
+  // flipped), or bitmaps removed or added: false means nothing to write.
+  bool changes = false;
+};
+
+// Checks the edit against the image and plans it.
+Result<Plan> PlanEdit(const ImageState& s, const BitmapEdit& edit) {
+  Plan plan;
+  auto find = [&](const std::string& name) -> const BitmapEntry* {
+    auto it = std::find_if(s.bitmaps.begin(), s.bitmaps.end(),
+                           [&](const BitmapEntry& e) { return e.info.name == name; });
+    return it == s.bitmaps.end() ? nullptr : &*it;
+  };
   std::set<std::string> remove_names;
   for (const std::string& name : edit.remove) {
     if (!remove_names.insert(name).second) return Invalid("bitmap '" + name + "' is named twice to remove");
-    auto it = std::find_if(s.bitmaps.begin(), s.bitmaps.end(),
-                           [&](const BitmapEntry& e) { return e.info.name == name; });
-    if (it == s.bitmaps.end()) {
-      return Error::NotFound("qcow2 bitmap edit: no bitmap named '" + name + "' to remove");
-    }
-    removed.push_back(&*it);
+    const BitmapEntry* e = find(name);
+    if (e == nullptr) return Error::NotFound("qcow2 bitmap edit: no bitmap named '" + name + "' to remove");
+    plan.removed.push_back(e);
   }
+  // Clear, enable and disable name existing bitmaps that are kept.
+  auto check_kept = [&](const std::string& name, const char* verb) -> Status {
+    if (find(name) == nullptr) {
+      return Error::NotFound("qcow2 bitmap edit: no bitmap named '" + name + "' to " + verb);
+    }
+    if (remove_names.count(name)) return Invalid("bitmap '" + name + "' is both removed and " + verb + "d");
+    return OkStatus();
+  };
+  for (const std::string& name : edit.clear) {
+    BARGE_RETURN_IF_ERROR(check_kept(name, "clear"));
+    if (!plan.cleared.insert(name).second) return Invalid("bitmap '" + name + "' is named twice to clear");
+  }
+  for (const auto& [names, on] : {std::pair{&edit.enable, true}, std::pair{&edit.disable, false}}) {
+    for (const std::string& name : *names) {
+      BARGE_RETURN_IF_ERROR(check_kept(name, on ? "enable" : "disable"));
+      if (!plan.enabled.emplace(name, on).second) {
+        return Invalid("bitmap '" + name + "' is named twice to enable or disable");
+      }
+    }
+  }
+  plan.changes = !edit.remove.empty() || !edit.add.empty() || !edit.clear.empty();
   std::vector<BitmapSpec> result;  // the bitmaps after the edit
   for (const BitmapEntry& e : s.bitmaps) {
     if (remove_names.count(e.info.name)) continue;
@@ -483,21 +518,27 @@ Status ValidateEdit(const ImageState& s, const BitmapEdit& edit,
                      "' is in use: a qemu process has the image open, or it was not closed "
                      "cleanly; remove that bitmap too or close the image first");
     }
-    kept.push_back(&e);
-    result.push_back(BitmapSpec{e.info.name, e.info.granularity_bytes, e.info.enabled, {}});
+    plan.kept.push_back(&e);
+    bool enabled = e.info.enabled;
+    if (auto it = plan.enabled.find(e.info.name); it != plan.enabled.end()) {
+      plan.changes |= it->second != enabled;
+      enabled = it->second;
+    }
+    result.push_back(BitmapSpec{e.info.name, e.info.granularity_bytes, enabled, {}});
   }
   for (const BitmapSpec& b : edit.add) {
     if (!b.dirty.empty()) {
       return Unsupported("new bitmap '" + b.name + "' must be empty (dirty ranges are not written)");
     }
-    if (std::any_of(kept.begin(), kept.end(), [&](const BitmapEntry* e) { return e->info.name == b.name; })) {
+    if (std::any_of(plan.kept.begin(), plan.kept.end(),
+                    [&](const BitmapEntry* e) { return e->info.name == b.name; })) {
       return Invalid("bitmap '" + b.name + "' already exists and is not removed");
     }
     result.push_back(BitmapSpec{b.name, b.granularity_bytes, b.enabled, {}});
   }
   Status valid = ValidateBitmaps(result, s.header.size, s.header.cluster_bits);
   if (!valid.ok()) return std::move(valid).error().Wrap("qcow2 bitmap edit");
-  return OkStatus();
+  return plan;
 }
 
 }  // namespace
@@ -506,13 +547,19 @@ Status EditBitmaps(BlockSource& file, BlockSink& sink, const BitmapEdit& edit) {
   // Read and plan: nothing is written until every check has passed.
   BARGE_ASSIGN_OR_RETURN(ImageState s, ReadState(file));
   const Header& h = s.header;
-  std::vector<const BitmapEntry*> removed, kept;
-  BARGE_RETURN_IF_ERROR(ValidateEdit(s, edit, removed, kept));
-  if (edit.remove.empty() && edit.add.empty()) return OkStatus();
+  BARGE_ASSIGN_OR_RETURN(Plan plan, PlanEdit(s, edit));
+  if (!plan.changes) return OkStatus();
+  const std::vector<const BitmapEntry*>& removed = plan.removed;
+  const std::vector<const BitmapEntry*>& kept = plan.kept;
 
   Refcounts refcounts(file, h);
   BARGE_RETURN_IF_ERROR(refcounts.Load());
-  BARGE_ASSIGN_OR_RETURN(std::vector<uint64_t> to_free, ClustersToFree(file, s, removed));
+  // A cleared bitmap's old table and data go exactly as a removed one's.
+  std::vector<const BitmapEntry*> dropped_tables = removed;
+  for (const BitmapEntry* e : kept) {
+    if (plan.cleared.count(e->info.name)) dropped_tables.push_back(e);
+  }
+  BARGE_ASSIGN_OR_RETURN(std::vector<uint64_t> to_free, ClustersToFree(file, s, dropped_tables));
   std::map<uint64_t, uint64_t> frees;
   for (uint64_t c : to_free) ++frees[c];
   for (const auto& [cluster, times] : frees) {
@@ -525,19 +572,33 @@ Status EditBitmaps(BlockSource& file, BlockSink& sink, const BitmapEdit& edit) {
     }
   }
 
-  // The new directory: kept entries byte for byte, then the new ones, each
-  // with a table of zero entries (all clean) in clusters of its own.
-  std::vector<std::byte> directory;
-  for (const BitmapEntry* e : kept) {
-    std::vector<std::byte> entry(Align8(kBitmapDirEntryFixedBytes + e->info.name.size()));
-    BARGE_RETURN_IF_ERROR(file.ReadAt(e->entry_offset, entry));
-    directory.insert(directory.end(), entry.begin(), entry.end());
-  }
+  // The new directory: kept entries byte for byte (but a cleared one's
+  // table offset and a changed auto flag), then the new ones. Cleared and
+  // new bitmaps get a table of zero entries (all clean) in clusters of its
+  // own.
   struct NewTable {
     uint64_t offset = 0;
     uint64_t bytes = 0;
   };
   std::vector<NewTable> new_tables;
+  std::vector<std::byte> directory;
+  for (const BitmapEntry* e : kept) {
+    std::vector<std::byte> entry(Align8(kBitmapDirEntryFixedBytes + e->info.name.size()));
+    BARGE_RETURN_IF_ERROR(file.ReadAt(e->entry_offset, entry));
+    if (plan.cleared.count(e->info.name)) {
+      NewTable t;
+      t.bytes = uint64_t{e->info.table_size} * 8;
+      BARGE_ASSIGN_OR_RETURN(t.offset, refcounts.Allocate(SizeToClusters(t.bytes, h.cluster_bits),
+                                                          "the new table of bitmap '" + e->info.name + "'"));
+      new_tables.push_back(t);
+      StoreBe64(entry.data(), t.offset);
+    }
+    if (auto it = plan.enabled.find(e->info.name); it != plan.enabled.end()) {
+      const uint32_t flags = LoadBe32(entry.data() + 12);
+      StoreBe32(entry.data() + 12, it->second ? flags | kBitmapAuto : flags & ~kBitmapAuto);
+    }
+    directory.insert(directory.end(), entry.begin(), entry.end());
+  }
   for (const BitmapSpec& b : edit.add) {
     const uint64_t entries = BitmapTableEntries(h.size, b.granularity_bytes, h.cluster_bits);
     NewTable t;
@@ -601,6 +662,9 @@ Status EditBitmaps(BlockSource& file, BlockSink& sink, const BitmapEdit& edit) {
   }
   if (marked) BARGE_RETURN_IF_ERROR(InStep(sink.Flush(), "marking bitmaps in use"));
 
+  // Cleared bitmaps are not marked: the old directory keeps referencing
+  // their old, intact table and data until the switch in step 3.
+
   // Step 2: the new tables and directory in new clusters, then their
   // refcounts. Nothing references them yet, so any subset reaching the disk
   // is at worst a leak; new refcount blocks are linked into the table only
@@ -633,8 +697,9 @@ Status EditBitmaps(BlockSource& file, BlockSink& sink, const BitmapEdit& edit) {
   BARGE_RETURN_IF_ERROR(InStep(WriteChangedRange(sink, cluster0, new_cluster0), "switching the header"));
   BARGE_RETURN_IF_ERROR(InStep(sink.Flush(), "switching the header"));
 
-  // Step 4: free the old directory and the removed bitmaps. A crash before
-  // this point leaves these clusters leaked, nothing worse.
+  // Step 4: free the old directory, the removed bitmaps and the cleared
+  // bitmaps' old tables and data. A crash before this point leaves these
+  // clusters leaked, nothing worse.
   for (uint64_t c : to_free) BARGE_RETURN_IF_ERROR(refcounts.Decrement(c));
   BARGE_RETURN_IF_ERROR(InStep(refcounts.WriteBlocks(sink), "freeing old bitmap clusters"));
   return InStep(sink.Flush(), "freeing old bitmap clusters");

@@ -334,6 +334,67 @@ TEST(Qcow2BitmapEdit, DataFileOverlayRotation) {
   EXPECT_TRUE(h.data_file_raw());
 }
 
+TEST(Qcow2BitmapEdit, ClearEmptiesTheBitmapAndKeepsEverythingElse) {
+  const Bytes image = MakeImage(TwoBitmaps());
+  ASSERT_FALSE(Dirty(image, "a").empty());
+  BitmapEdit edit;
+  edit.clear = {"a"};
+  Outcome o = Apply(image, edit);
+  ASSERT_TRUE(o.status.ok()) << o.status.error().ToString();
+  ExpectClean(o.bytes);
+  EXPECT_EQ(Bitmaps(o.bytes), Bitmaps(image));  // names, granularities, flags
+  EXPECT_TRUE(Dirty(o.bytes, "a").empty());
+  EXPECT_EQ(Dirty(o.bytes, "b"), Dirty(image, "b"));
+  EXPECT_EQ(Guest(o.bytes), Guest(image));
+  // The directory keeps its order; only a's table moved.
+  MemorySource before(image), after(o.bytes);
+  auto old_dir = ReadBitmapDirectory(before, MustHeader(image));
+  auto new_dir = ReadBitmapDirectory(after, MustHeader(o.bytes));
+  ASSERT_TRUE(old_dir.ok() && new_dir.ok());
+  ASSERT_EQ(new_dir->size(), 2u);
+  EXPECT_EQ((*new_dir)[0].info.name, "a");
+  EXPECT_NE((*new_dir)[0].info.table_offset, (*old_dir)[0].info.table_offset);
+  EXPECT_EQ((*new_dir)[1].info.table_offset, (*old_dir)[1].info.table_offset);
+  // a's old data clusters were freed: clearing a clean bitmap again leaks
+  // nothing either.
+  Outcome again = Apply(o.bytes, edit);
+  ASSERT_TRUE(again.status.ok()) << again.status.error().ToString();
+  ExpectClean(again.bytes);
+}
+
+TEST(Qcow2BitmapEdit, EnableAndDisableFlipTheAutoFlag) {
+  const Bytes image = MakeImage(TwoBitmaps());  // a enabled, b disabled
+  BitmapEdit edit;
+  edit.enable = {"b"};
+  edit.disable = {"a"};
+  Outcome o = Apply(image, edit);
+  ASSERT_TRUE(o.status.ok()) << o.status.error().ToString();
+  ExpectClean(o.bytes);
+  EXPECT_EQ(Bitmaps(o.bytes), (BitmapSet{{"a", {65536, 0}}, {"b", {4096, kBitmapAuto}}}));
+  EXPECT_EQ(Dirty(o.bytes, "a"), Dirty(image, "a"));
+  EXPECT_EQ(Dirty(o.bytes, "b"), Dirty(image, "b"));
+  // Clear and enable together: the rotation of a frozen bitmap.
+  BitmapEdit rotate;
+  rotate.clear = {"a"};
+  rotate.enable = {"a"};
+  Outcome r = Apply(o.bytes, rotate);
+  ASSERT_TRUE(r.status.ok()) << r.status.error().ToString();
+  ExpectClean(r.bytes);
+  EXPECT_EQ(Bitmaps(r.bytes), (BitmapSet{{"a", {65536, kBitmapAuto}}, {"b", {4096, kBitmapAuto}}}));
+  EXPECT_TRUE(Dirty(r.bytes, "a").empty());
+}
+
+TEST(Qcow2BitmapEdit, EnablingAnEnabledBitmapWritesNothing) {
+  const Bytes image = MakeImage(TwoBitmaps());
+  BitmapEdit edit;
+  edit.enable = {"a"};
+  edit.disable = {"b"};
+  Outcome o = Apply(image, edit);
+  ASSERT_TRUE(o.status.ok()) << o.status.error().ToString();
+  EXPECT_TRUE(o.ops.empty());
+  EXPECT_EQ(o.bytes, image);
+}
+
 // Every error is found before the first write.
 void ExpectRefused(const Bytes& image, const BitmapEdit& edit, ErrorCode code) {
   Outcome o = Apply(image, edit);
@@ -359,6 +420,22 @@ TEST(Qcow2BitmapEdit, BadEditsAreRefusedWithoutWriting) {
   BitmapEdit dirty;
   dirty.add = {BitmapSpec{"x", 65536, true, {{0, 4096}}}};
   ExpectRefused(image, dirty, ErrorCode::kNotSupported);
+  for (auto field : {&BitmapEdit::clear, &BitmapEdit::enable, &BitmapEdit::disable}) {
+    BitmapEdit missing;
+    (missing.*field) = {"nope"};
+    ExpectRefused(image, missing, ErrorCode::kNotFound);
+    BitmapEdit both;
+    both.remove = {"a"};
+    (both.*field) = {"a"};
+    ExpectRefused(image, both, ErrorCode::kInvalidArgument);
+    BitmapEdit twice;
+    (twice.*field) = {"b", "b"};
+    ExpectRefused(image, twice, ErrorCode::kInvalidArgument);
+  }
+  BitmapEdit on_and_off;
+  on_and_off.enable = {"a"};
+  on_and_off.disable = {"a"};
+  ExpectRefused(image, on_and_off, ErrorCode::kInvalidArgument);
   Loaded l(image);
   Status s = RotateBitmap(l.source, l.sink, "missing", "x");
   ASSERT_FALSE(s.ok());
@@ -371,6 +448,12 @@ TEST(Qcow2BitmapEdit, InUseBitmapsMayOnlyBeRemoved) {
   // Entry "a" is first in the directory: flags at +12.
   StoreBe32(image.data() + h.bitmap_directory_offset + 12, kBitmapInUse | kBitmapAuto);
   ExpectRefused(image, Rotation("b", "b2"), ErrorCode::kInvalidArgument);
+  BitmapEdit clear;  // as qemu-img bitmap --clear: "inconsistent and cannot be used"
+  clear.clear = {"a"};
+  ExpectRefused(image, clear, ErrorCode::kInvalidArgument);
+  BitmapEdit disable;
+  disable.disable = {"a"};
+  ExpectRefused(image, disable, ErrorCode::kInvalidArgument);
   Outcome o = Apply(image, Rotation("a", "a2"));
   ASSERT_TRUE(o.status.ok()) << o.status.error().ToString();
   ExpectClean(o.bytes);
@@ -479,11 +562,22 @@ TEST(Qcow2BitmapEdit, GarbageMetadataNeverCrashes) {
 
 enum class CrashState { kOld, kOldMarkedInUse, kNew };
 
-// Classifies the bitmaps of `bytes` as the old set (the removed ones maybe
-// marked in_use) or the new set; fails the test for anything else.
-std::optional<CrashState> Classify(const BitmapSet& now, const BitmapSet& old_set, const BitmapSet& new_set,
-                                   const std::set<std::string>& removed) {
-  if (now == new_set) return CrashState::kNew;
+// Classifies the bitmaps of `bytes`: the old set (the removed ones maybe
+// marked in_use) while the header still names the old directory, else the
+// new set; fails the test for anything else. (The directory decides, not
+// the set: a clear changes no name or flag.)
+std::optional<CrashState> Classify(const Bytes& bytes, const Header& old_header, const BitmapSet& old_set,
+                                   const BitmapSet& new_set, const std::set<std::string>& removed) {
+  const Header h = MustHeader(bytes);
+  const bool old_directory = old_header.has_bitmaps_extension
+                                 ? h.has_bitmaps_extension &&
+                                       h.bitmap_directory_offset == old_header.bitmap_directory_offset
+                                 : !h.has_bitmaps_extension;
+  const BitmapSet now = Bitmaps(bytes);
+  if (!old_directory) {
+    if (now != new_set) return std::nullopt;
+    return CrashState::kNew;
+  }
   if (now.size() != old_set.size()) return std::nullopt;
   bool marked = false;
   for (const auto& [name, info] : old_set) {
@@ -499,13 +593,16 @@ std::optional<CrashState> Classify(const BitmapSet& now, const BitmapSet& old_se
 // Runs `edit` with the Nth write (then the Nth flush) failing, for every N
 // until the edit gets through, and checks both the state the writes so far
 // left (the process died) and the state after a power loss (everything
-// since the last flush forgotten).
+// since the last flush forgotten): old or new bitmaps, each with the dirty
+// ranges it should have (cleared ones empty in the new state).
 void CrashAfterEveryWrite(const Bytes& image, const BitmapEdit& edit) {
   const BitmapSet old_set = Bitmaps(image);
+  const Header old_header = MustHeader(image);
   Outcome done = Apply(image, edit);
   ASSERT_TRUE(done.status.ok()) << done.status.error().ToString();
   const BitmapSet new_set = Bitmaps(done.bytes);
   const std::set<std::string> removed(edit.remove.begin(), edit.remove.end());
+  const std::set<std::string> cleared(edit.clear.begin(), edit.clear.end());
   const Bytes guest = Guest(image);
   std::set<CrashState> seen;
   for (FaultOp op : {FaultOp::kWrite, FaultOp::kFlush}) {
@@ -526,13 +623,17 @@ void CrashAfterEveryWrite(const Bytes& image, const BitmapEdit& edit) {
       for (const Bytes* b : {&died, &lost}) {
         CheckReport r = MustCheck(*b);
         EXPECT_EQ(r.corruptions, 0u) << Messages(r);
-        auto state = Classify(Bitmaps(*b), old_set, new_set, removed);
+        auto state = Classify(*b, old_header, old_set, new_set, removed);
         ASSERT_TRUE(state.has_value());
         seen.insert(*state);
         EXPECT_EQ(Guest(*b), guest);
         for (const auto& [name, info] : Bitmaps(*b)) {
           if (!(info.second & kBitmapInUse) && old_set.count(name) && !removed.count(name)) {
-            EXPECT_EQ(Dirty(*b, name), Dirty(image, name)) << name;
+            if (*state == CrashState::kNew && cleared.count(name)) {
+              EXPECT_TRUE(Dirty(*b, name).empty()) << name;
+            } else {
+              EXPECT_EQ(Dirty(*b, name), Dirty(image, name)) << name;
+            }
           }
         }
         // Before the switch the same edit can simply be run again; it
@@ -542,6 +643,7 @@ void CrashAfterEveryWrite(const Bytes& image, const BitmapEdit& edit) {
           ASSERT_TRUE(retry.status.ok()) << retry.status.error().ToString();
           EXPECT_EQ(MustCheck(retry.bytes).corruptions, 0u);
           EXPECT_EQ(Bitmaps(retry.bytes), new_set);
+          for (const std::string& name : cleared) EXPECT_TRUE(Dirty(retry.bytes, name).empty()) << name;
         }
       }
     }
@@ -550,6 +652,8 @@ void CrashAfterEveryWrite(const Bytes& image, const BitmapEdit& edit) {
   EXPECT_TRUE(seen.count(CrashState::kNew));
   if (!removed.empty()) {
     EXPECT_TRUE(seen.count(CrashState::kOldMarkedInUse));
+  } else {
+    EXPECT_FALSE(seen.count(CrashState::kOldMarkedInUse));
   }
 }
 
@@ -579,6 +683,36 @@ TEST(Qcow2BitmapEditCrash, RemoveLastAndAddFirst) {
   BitmapEdit add;
   add.add = {BitmapSpec{"first", 65536, true, {}}};
   CrashAfterEveryWrite(MakeImage({}), add);
+}
+
+TEST(Qcow2BitmapEditCrash, Clear) {
+  BitmapEdit edit;
+  edit.clear = {"a"};
+  CrashAfterEveryWrite(MakeImage(TwoBitmaps()), edit);
+}
+
+TEST(Qcow2BitmapEditCrash, ClearSmallClustersOneBitRefcounts) {
+  BitmapEdit edit;
+  edit.clear = {"b", "a"};
+  CrashAfterEveryWrite(MakeImage(TwoBitmaps(9, 0), 200), edit);
+}
+
+TEST(Qcow2BitmapEditCrash, EnableDisable) {
+  BitmapEdit edit;
+  edit.enable = {"b"};
+  edit.disable = {"a"};
+  CrashAfterEveryWrite(MakeImage(TwoBitmaps()), edit);
+}
+
+TEST(Qcow2BitmapEditCrash, EverythingAtOnce) {
+  Qcow2WriterOptions o = TwoBitmaps(12, 3);
+  o.bitmaps.push_back(BitmapSpec{"c", 512, true, {{0, 4 << 20}}});
+  BitmapEdit edit;
+  edit.remove = {"c"};
+  edit.clear = {"a", "b"};
+  edit.enable = {"b"};
+  edit.add = {BitmapSpec{"x", 512, false, {}}};
+  CrashAfterEveryWrite(MakeImage(o), edit);
 }
 
 // ---- Refcount coverage ----

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_header.h"
@@ -12,6 +13,11 @@
 namespace barge::formats::qcow2 {
 
 namespace {
+
+// The automatic scan budget: four times the file plus this. Walking each
+// table once reads each metadata byte about once (refcount blocks and
+// bitmap data too), so only crafted files come near it.
+constexpr uint64_t kScanAllowanceBytes = uint64_t{256} << 20;
 
 std::string Hex(uint64_t v) {
   char buf[32];
@@ -37,8 +43,8 @@ class Checker {
   bool InFile(uint64_t offset, uint64_t length) const {
     return offset <= file_.size_bytes() && length <= file_.size_bytes() - offset;
   }
-  // +1 on every host cluster that [offset, offset+length) touches.
-  void Reference(uint64_t offset, uint64_t length, const char* what) {
+  // +times on every host cluster that [offset, offset+length) touches.
+  void Reference(uint64_t offset, uint64_t length, const char* what, uint64_t times = 1) {
     if (length == 0) return;
     uint64_t first = offset >> h_.cluster_bits;
     uint64_t last = (offset + (length - 1)) >> h_.cluster_bits;
@@ -49,20 +55,24 @@ class Checker {
       last = refs_.empty() ? 0 : refs_.size() - 1;
       if (first > last) return;
     }
-    for (uint64_t c = first; c <= last; ++c) {
-      if (refs_[c] != UINT32_MAX) ++refs_[c];
-    }
+    for (uint64_t c = first; c <= last; ++c) refs_[c] = uint32_t(std::min<uint64_t>(refs_[c] + times, UINT32_MAX));
   }
   // Reads metadata, charging it to the scan budget.
   Status Read(uint64_t offset, std::span<std::byte> out) {
     scanned_ += out.size();
-    if (scanned_ > options_.max_scan_bytes) {
+    if (scanned_ > scan_limit_) {
       return Error::NotSupported("check needs more metadata reads than its limit").set_path(file_.name());
     }
     return file_.ReadAt(offset, out);
   }
-  Status CheckL1(uint64_t l1_offset, uint32_t l1_size, bool active);
-  Status CheckL2(uint64_t l2_offset, bool active);
+  // How often a table is referenced: by any L1 (or snapshot table entry),
+  // and by the active L1 alone.
+  struct Uses {
+    uint64_t times = 0;
+    uint64_t active = 0;
+  };
+  Status CheckL1(uint64_t l1_offset, uint32_t l1_size, const Uses& uses);
+  Status CheckL2(uint64_t l2_offset, const Uses& uses);
   Status CheckRefcountTable();
   Status CheckBitmaps();
   void CompareRefcounts();
@@ -74,14 +84,21 @@ class Checker {
   const uint64_t cs_;
   CheckReport report_;
   uint64_t scanned_ = 0;
+  uint64_t scan_limit_ = 0;
   std::vector<uint32_t> refs_;    // references we counted, per host cluster
   std::vector<uint32_t> stored_;  // refcounts stored in the file (saturating)
   // Active entries whose COPIED flag must equal (refcount == 1).
   struct CopiedUse { uint64_t entry_offset, entry, host; bool l1; };
   std::vector<CopiedUse> copied_;
+  // Each L1 and L2 table is read and walked once, its references counted
+  // `times` over: snapshots share tables, and a crafted file can point
+  // millions of L1 entries at one L2 table (re-reading it for each made a
+  // 17 MB file cost 128 GiB of reads).
+  std::map<std::pair<uint64_t, uint32_t>, Uses> l1_tables_;  // (offset, entries)
+  std::map<uint64_t, Uses> l2_tables_;
 };
 
-Status Checker::CheckL2(uint64_t l2_offset, bool active) {
+Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
   std::vector<std::byte> table(cs_);
   BARGE_RETURN_IF_ERROR(Read(l2_offset, table));
   const uint32_t entry_bytes = h_.l2_entry_bytes();
@@ -92,8 +109,8 @@ Status Checker::CheckL2(uint64_t l2_offset, bool active) {
     if (entry & kOflagCompressed) {
       if (entry & kOflagCopied) Corrupt("compressed cluster with the COPIED flag: l2_entry=" + Hex(entry));
       const CompressedPayload payload = DecodeCompressed(entry, h_.cluster_bits);
-      Reference(payload.host, payload.bytes, "compressed cluster");
-      if (active) ++report_.allocated_clusters;
+      Reference(payload.host, payload.bytes, "compressed cluster", uses.times);
+      report_.allocated_clusters += uses.active;
       continue;
     }
     const uint64_t host = entry & kL2OffsetMask;
@@ -102,20 +119,21 @@ Status Checker::CheckL2(uint64_t l2_offset, bool active) {
       if (uint32_t(bitmap) & uint32_t(bitmap >> 32)) Corrupt("subcluster both allocated and zero at " + Hex(at));
     }
     if (host == 0) continue;
-    if (active) ++report_.allocated_clusters;
+    report_.allocated_clusters += uses.active;
     if (!IsClusterAligned(host, h_.cluster_bits)) {
       Corrupt("data cluster is not properly aligned; L2 entry corrupted at " + Hex(at));
       continue;
     }
     if (h_.has_data_file()) continue;  // lives in the data file: not refcounted
-    Reference(host, cs_, "data cluster");
-    if (active) copied_.push_back({at, entry, host, false});
+    Reference(host, cs_, "data cluster", uses.times);
+    if (uses.active) copied_.push_back({at, entry, host, false});
   }
   return OkStatus();
 }
 
-Status Checker::CheckL1(uint64_t l1_offset, uint32_t l1_size, bool active) {
-  Reference(l1_offset, uint64_t{l1_size} * 8, "L1 table");
+// Counts the L2 tables of one L1 table; they are walked later, once each.
+Status Checker::CheckL1(uint64_t l1_offset, uint32_t l1_size, const Uses& uses) {
+  Reference(l1_offset, uint64_t{l1_size} * 8, "L1 table", uses.times);
   if (!InFile(l1_offset, uint64_t{l1_size} * 8)) return OkStatus();
   std::vector<std::byte> l1(uint64_t{l1_size} * 8);
   BARGE_RETURN_IF_ERROR(Read(l1_offset, l1));
@@ -128,10 +146,10 @@ Status Checker::CheckL1(uint64_t l1_offset, uint32_t l1_size, bool active) {
       Corrupt("L2 table offset " + Hex(l2) + " not aligned; L1 entry at " + Hex(at));
       continue;
     }
-    Reference(l2, cs_, "L2 table");
-    if (active) copied_.push_back({at, entry, l2, true});
-    if (!InFile(l2, cs_)) continue;  // reported by Reference
-    BARGE_RETURN_IF_ERROR(CheckL2(l2, active));
+    Uses& l2_uses = l2_tables_[l2];
+    l2_uses.times += uses.times;
+    l2_uses.active += uses.active;
+    if (uses.active) copied_.push_back({at, entry, l2, true});
   }
   return OkStatus();
 }
@@ -227,6 +245,8 @@ void Checker::CheckCopied() {
 
 Result<CheckReport> Checker::Run() {
   const uint64_t file_clusters = SizeToClusters(file_.size_bytes(), h_.cluster_bits);
+  scan_limit_ = options_.max_scan_bytes ? options_.max_scan_bytes
+                                        : 4 * file_.size_bytes() + kScanAllowanceBytes;
   if (file_clusters > options_.max_file_clusters) {
     return Error::NotSupported("file has " + std::to_string(file_clusters) +
                                " clusters, more than the checker's limit")
@@ -237,15 +257,23 @@ Result<CheckReport> Checker::Run() {
   refs_.assign(file_clusters, 0);
   stored_.assign(file_clusters, 0);
   Reference(0, cs_, "header");
-  BARGE_RETURN_IF_ERROR(CheckL1(h_.l1_table_offset, h_.l1_size, true));
+  Uses& active = l1_tables_[{h_.l1_table_offset, h_.l1_size}];
+  active.times = 1;
+  active.active = 1;
   auto snapshots = ReadSnapshotTable(file_, h_);
   if (!snapshots.ok()) {
     Corrupt(snapshots.error().message());
   } else if (h_.nb_snapshots > 0) {
     Reference(h_.snapshots_offset, snapshots->table_bytes, "snapshot table");
-    for (const SnapshotInfo& s : snapshots->snapshots) {
-      BARGE_RETURN_IF_ERROR(CheckL1(s.l1_table_offset, s.l1_size, false));
-    }
+    for (const SnapshotInfo& s : snapshots->snapshots) ++l1_tables_[{s.l1_table_offset, s.l1_size}].times;
+  }
+  for (const auto& [table, uses] : l1_tables_) {
+    BARGE_RETURN_IF_ERROR(CheckL1(table.first, table.second, uses));
+  }
+  for (const auto& [l2, uses] : l2_tables_) {
+    Reference(l2, cs_, "L2 table", uses.times);
+    if (!InFile(l2, cs_)) continue;  // reported by Reference
+    BARGE_RETURN_IF_ERROR(CheckL2(l2, uses));
   }
   BARGE_RETURN_IF_ERROR(CheckRefcountTable());
   BARGE_RETURN_IF_ERROR(CheckBitmaps());
@@ -257,7 +285,13 @@ Result<CheckReport> Checker::Run() {
 }  // namespace
 
 Result<CheckReport> CheckQcow2(BlockSource& file, const CheckOptions& options) {
-  BARGE_ASSIGN_OR_RETURN(Header h, ReadHeader(file));
+  auto header = ReadHeader(file);
+  if (!header.ok()) {
+    Error e = std::move(header).error();
+    if (e.path().empty()) e.set_path(file.name());  // name the file, as OpenImage does
+    return e;
+  }
+  const Header h = std::move(header).value();
   Checker checker(file, h, options);
   return checker.Run();
 }

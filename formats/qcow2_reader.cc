@@ -1,12 +1,10 @@
 // Opening qcow2 images: header, L1 table, bitmaps and snapshot listing, and
 // the backing chain and data file under barge's path policy (never probe,
 // no json:/protocol names, stay inside the allowed folders, no cycles).
-#include <sys/stat.h>
-
-#include <filesystem>
 #include <set>
 #include <utility>
 
+#include "blockio/path.h"
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_image.h"
 #include "formats/qcow2_open.h"
@@ -14,7 +12,6 @@
 
 namespace barge::formats {
 
-namespace fs = std::filesystem;
 using qcow2::Header;
 using qcow2::Qcow2Image;
 
@@ -22,17 +19,16 @@ namespace {
 
 // What every layer of one OpenImage call shares.
 struct ChainState {
-  std::vector<fs::path> allowed_dirs;  // canonical
+  std::vector<std::string> allowed_dirs;  // canonical
   std::set<std::pair<uint64_t, uint64_t>> seen_inodes;
   std::set<std::string> seen_paths;  // canonical
 };
 
-fs::path Canonical(const std::string& path) {
-  std::error_code ec;
-  fs::path abs = fs::absolute(path, ec);
-  if (ec) return fs::path(path).lexically_normal();
-  fs::path canon = fs::weakly_canonical(abs, ec);
-  return ec ? abs.lexically_normal() : canon;
+PathFacts Inspect(const std::string& path, const OpenOptions& options) {
+  PathFacts facts;
+  if (options.inspect_path) facts = options.inspect_path(path);
+  if (facts.canonical.empty()) facts.canonical = AbsolutePath(path);
+  return facts;
 }
 
 // "nbd:", "http:", "file:", "json:" ... anything like ^[a-zA-Z0-9+.-]+:
@@ -45,15 +41,6 @@ bool HasProtocolPrefix(std::string_view name) {
   return i > 0 && i < name.size() && name[i] == ':';
 }
 
-bool IsInside(const fs::path& path, const fs::path& dir) {
-  auto p = path.begin();
-  for (auto d = dir.begin(); d != dir.end(); ++d, ++p) {
-    if (d->empty()) continue;  // trailing separator
-    if (p == path.end() || *p != *d) return false;
-  }
-  return true;
-}
-
 // Resolves a backing or data file name stored in `image_path` and applies the
 // folder policy. `what` is "backing file" or "data file".
 Result<std::string> ResolveName(const std::string& image_path, const std::string& stored,
@@ -64,29 +51,23 @@ Result<std::string> ResolveName(const std::string& image_path, const std::string
                                   "' uses a json: or protocol prefix; barge opens plain files only")
         .set_path(image_path);
   }
-  fs::path name(stored);
-  fs::path resolved = name.is_absolute() ? name : fs::path(image_path).parent_path() / name;
-  std::string result = resolved.lexically_normal().string();
+  std::string result = LexicallyNormal(JoinPath(DirName(image_path), stored));
   if (options.allow_any_path) return result;
-  const fs::path canon = Canonical(result);
-  for (const fs::path& dir : state.allowed_dirs) {
-    if (IsInside(canon, dir)) return result;
+  const std::string canon = Inspect(result, options).canonical;
+  for (const std::string& dir : state.allowed_dirs) {
+    if (IsInsidePath(canon, dir)) return result;
   }
-  return Error::InvalidArgument(std::string(what) + " '" + stored + "' resolves to " +
-                                canon.string() +
+  return Error::InvalidArgument(std::string(what) + " '" + stored + "' resolves to " + canon +
                                 ", outside the allowed folders; pass --allow-any-path to permit it")
       .set_path(image_path);
 }
 
 // Records `path` as a chain member; kCorruption if it was seen already.
-Status EnterChain(const std::string& path, ChainState& state) {
-  const std::string canon = Canonical(path).string();
-  struct stat st;
-  bool have_inode = ::stat(path.c_str(), &st) == 0;
+Status EnterChain(const std::string& path, const OpenOptions& options, ChainState& state) {
+  const PathFacts facts = Inspect(path, options);
+  const std::string& canon = facts.canonical;
   bool repeat = !state.seen_paths.insert(canon).second;
-  if (have_inode) {
-    repeat |= !state.seen_inodes.insert({uint64_t(st.st_dev), uint64_t(st.st_ino)}).second;
-  }
+  if (facts.identity) repeat |= !state.seen_inodes.insert(*facts.identity).second;
   if (repeat) {
     return Error::Corruption("backing chain loops back to " + canon).set_path(path);
   }
@@ -115,7 +96,7 @@ Result<std::unique_ptr<Image>> OpenBacking(const Header& h, const std::string& p
   }
   BARGE_ASSIGN_OR_RETURN(std::string backing_path,
                          ResolveName(path, h.backing_file, "backing file", options, state));
-  BARGE_RETURN_IF_ERROR(EnterChain(backing_path, state));
+  BARGE_RETURN_IF_ERROR(EnterChain(backing_path, options, state));
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, opener(backing_path));
   if (format == ImageFormat::kRaw) return WrapRaw(std::move(file), backing_path);
   return OpenLayer(std::move(file), backing_path, opener, options, state, depth + 1);
@@ -201,11 +182,11 @@ Result<std::unique_ptr<Image>> OpenQcow2(std::unique_ptr<BlockSource> file,
                                          const OpenOptions& options) {
   ChainState state;
   if (options.allowed_dirs.empty()) {
-    state.allowed_dirs.push_back(Canonical(path).parent_path());
+    state.allowed_dirs.push_back(DirName(Inspect(path, options).canonical));
   } else {
-    for (const std::string& dir : options.allowed_dirs) state.allowed_dirs.push_back(Canonical(dir));
+    for (const std::string& dir : options.allowed_dirs) state.allowed_dirs.push_back(Inspect(dir, options).canonical);
   }
-  BARGE_RETURN_IF_ERROR(EnterChain(path, state));
+  BARGE_RETURN_IF_ERROR(EnterChain(path, options, state));
   return OpenLayer(std::move(file), path, opener, options, state, 0);
 }
 

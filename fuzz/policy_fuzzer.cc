@@ -6,11 +6,12 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "blockio/env.h"
 #include "orchestrate/policy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);
-  auto p = barge::orchestrate::ParsePolicy(text, "fuzz");
+  auto p = barge::orchestrate::ParsePolicy(barge::PosixEnv(), text, "fuzz");
   if (!p.ok()) return 0;
   if (p->name.empty() || p->sources.empty() || p->targets.empty() || p->retention_count < 1 ||
       p->max_parallel < 1 || p->max_parallel > 64) {

@@ -12,6 +12,13 @@
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_bitmap_edit.h"
 #include "formats/qcow2_header.h"
+#include "fuzz/qcow2_mutator.h"
+
+// Structure-aware: edits header fields, L1/L2, refcount, bitmap and
+// snapshot entries of the (valid) seed images; see qcow2_mutator.h.
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  return barge::fuzz::MutateQcow2(data, size, max_size, seed);
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::byte* p = reinterpret_cast<const std::byte*>(data);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs every built fuzz target for a fixed time on a scratch copy of its seed
-# corpus. Only crashes, sanitizer reports and hangs fail.
+# corpus (CI). Only crashes, sanitizer reports and hangs fail. Longer runs
+# that grow the corpus: scripts/fuzz_campaign.sh.
 #   fuzz/run.sh BUILD_DIR SECONDS
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=$1
+build=$(cd "$1" && pwd)
 seconds=${2:-20}
 work=$(mktemp -d /var/tmp/barge-fuzz-XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -25,5 +26,6 @@ for src in "$root"/fuzz/*_fuzzer.cc; do
     exit 1
   }
   grep -E '^stat::number_of_executed_units' "$work/$name.log" || true
+  grep -E '^#[0-9]+[[:space:]]+DONE' "$work/$name.log" | tail -1 || true
 done
 echo "fuzz: $found targets ran clean"

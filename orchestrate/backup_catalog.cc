@@ -2,10 +2,10 @@
 #include "orchestrate/backup_catalog.h"
 
 #include <algorithm>
-#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
+#include "blockio/path.h"
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
 
@@ -142,14 +142,11 @@ BackupRecord BackupFromRow(SqliteStatement& s) {
 
 }  // namespace
 
-std::string CatalogDir(const std::string& catalog_path) {
-  auto parent = std::filesystem::path(catalog_path).parent_path();
-  return parent.empty() ? "." : parent.string();
-}
+std::string CatalogDir(const std::string& catalog_path) { return DirName(catalog_path); }
 
-Result<std::unique_ptr<BackupCatalog>> BackupCatalog::Open(const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(path));
-  std::unique_ptr<BackupCatalog> c(new BackupCatalog(std::move(db)));
+Result<std::unique_ptr<BackupCatalog>> BackupCatalog::Open(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(env, path));
+  std::unique_ptr<BackupCatalog> c(new BackupCatalog(env, std::move(db)));
   BARGE_RETURN_IF_ERROR(c->Migrate());
   return c;
 }
@@ -213,12 +210,9 @@ Status BackupCatalog::MarkNeedsFull(const std::string& tracker, const std::strin
   return tx->Commit();
 }
 
-Result<CheckpointRecord> BackupCatalog::GetCheckpoint(const std::string& name) {
-  BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare(
-      "SELECT name, tracker, domain, created_at, disks, xml FROM vm_checkpoints WHERE name=?"));
-  st.Bind(1, name);
-  BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
-  if (!row) return Error::NotFound("no checkpoint '" + name + "' in the catalog");
+namespace {
+
+CheckpointRecord CheckpointFromRow(const SqliteStatement& st) {
   CheckpointRecord c;
   c.name = st.Text(0);
   c.tracker = st.Text(1);
@@ -230,6 +224,31 @@ Result<CheckpointRecord> BackupCatalog::GetCheckpoint(const std::string& name) {
   }
   c.xml = st.Text(5);
   return c;
+}
+
+}  // namespace
+
+Result<CheckpointRecord> BackupCatalog::GetCheckpoint(const std::string& name) {
+  BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+      "SELECT name, tracker, domain, created_at, disks, xml FROM vm_checkpoints WHERE name=?"));
+  st.Bind(1, name);
+  BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
+  if (!row) return Error::NotFound("no checkpoint '" + name + "' in the catalog");
+  return CheckpointFromRow(st);
+}
+
+Result<std::vector<CheckpointRecord>> BackupCatalog::ListCheckpoints(const std::string& domain) {
+  BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+      "SELECT name, tracker, domain, created_at, disks, xml FROM vm_checkpoints "
+      "WHERE ?='' OR domain=? ORDER BY created_at, name"));
+  st.Bind(1, domain).Bind(2, domain);
+  std::vector<CheckpointRecord> out;
+  for (;;) {
+    BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) break;
+    out.push_back(CheckpointFromRow(st));
+  }
+  return out;
 }
 
 Status BackupCatalog::WriteBackupRow(int64_t id, const BackupRecord& r) {
@@ -317,23 +336,32 @@ Result<BackupRecord> BackupCatalog::GetBackup(int64_t id) {
 }
 
 Result<size_t> BackupCatalog::RebuildFromTarget(const std::string& target) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::string abs = fs::absolute(target, ec).lexically_normal().string();
-  if (!fs::is_directory(abs, ec)) return Error::NotFound("no backup folder").set_path(abs);
+  std::string abs = AbsolutePath(target);
+  auto st = env_.Stat(abs);
+  if (!st.ok() || !st->is_directory()) return Error::NotFound("no backup folder").set_path(abs);
+  // Folders only; anything else (and what cannot be listed) is skipped.
+  auto folders = [this](const std::string& dir) {
+    std::vector<std::string> out;
+    auto names = env_.ListDir(dir);
+    if (!names.ok()) return out;
+    for (const std::string& n : *names) {
+      auto s = env_.Stat(JoinPath(dir, n));
+      if (s.ok() && s->is_directory()) out.push_back(n);
+    }
+    return out;
+  };
   // (domain, group key) -> record; the key is the checkpoint, else the id.
   std::map<std::pair<std::string, std::string>, BackupRecord> groups;
-  for (const auto& dom : fs::directory_iterator(abs, ec)) {
-    if (!dom.is_directory()) continue;
-    for (const auto& disk : fs::directory_iterator(dom.path(), ec)) {
-      if (!disk.is_directory()) continue;
-      auto chain = pipeline::LoadChainFolder(disk.path().string());
+  for (const std::string& domain : folders(abs)) {
+    const std::string dom_dir = JoinPath(abs, domain);
+    for (const std::string& disk : folders(dom_dir)) {
+      auto chain = pipeline::LoadChainFolder(env_, JoinPath(dom_dir, disk));
       if (!chain.ok()) continue;
       for (const auto& p : chain->points) {
         const auto& m = p.manifest;
         std::string key = m.checkpoint.empty() ? m.started_at : m.checkpoint;
-        auto& r = groups[{dom.path().filename().string(), key}];
-        r.domain = dom.path().filename().string();
+        auto& r = groups[{domain, key}];
+        r.domain = domain;
         r.target = abs;
         r.checkpoint = m.checkpoint;
         r.result = "success";

@@ -69,9 +69,13 @@ struct BackupRecord {
 // successful backup that advanced it.
 class BackupCatalog {
  public:
-  static Result<std::unique_ptr<BackupCatalog>> Open(const std::string& path);
+  // The catalog's folder is made, and backup folders are scanned, through
+  // `env`, which must outlive the catalog.
+  static Result<std::unique_ptr<BackupCatalog>> Open(Env& env, const std::string& path);
   const std::string& path() const { return db_->path(); }
   SqliteDb& db() { return *db_; }
+  // The Env it was opened with.
+  Env& env() { return env_; }
 
   // kInvalidArgument if the name exists or is not [A-Za-z0-9_.-]+.
   Status CreateTracker(const std::string& name, const std::string& domain);
@@ -82,6 +86,8 @@ class BackupCatalog {
   Status MarkNeedsFull(const std::string& tracker, const std::string& reason);
 
   Result<CheckpointRecord> GetCheckpoint(const std::string& name);  // kNotFound
+  // Every checkpoint (of `domain`, if not empty), oldest first.
+  Result<std::vector<CheckpointRecord>> ListCheckpoints(const std::string& domain = "");
 
   // A run starts: inserts a "running" record, returns its id.
   Result<int64_t> BeginBackup(const BackupRecord& record);
@@ -102,9 +108,10 @@ class BackupCatalog {
   Result<size_t> RebuildFromTarget(const std::string& target);
 
  private:
-  explicit BackupCatalog(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
+  BackupCatalog(Env& env, std::unique_ptr<SqliteDb> db) : env_(env), db_(std::move(db)) {}
   Status Migrate();
   Status WriteBackupRow(int64_t id, const BackupRecord& r);
+  Env& env_;
   std::unique_ptr<SqliteDb> db_;
 };
 

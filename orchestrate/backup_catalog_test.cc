@@ -12,7 +12,7 @@ namespace {
 class BackupCatalogTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto c = BackupCatalog::Open(dir_ / "sub/catalog.db");
+    auto c = BackupCatalog::Open(PosixEnv(), dir_ / "sub/catalog.db");
     ASSERT_TRUE(c.ok()) << c.error().ToString();
     catalog_ = std::move(*c);
   }
@@ -93,10 +93,35 @@ TEST_F(BackupCatalogTest, MarkNeedsFullDropsCheckpoint) {
   EXPECT_EQ(catalog_->GetCheckpoint("t1-a").error().code(), ErrorCode::kNotFound);
 }
 
+TEST_F(BackupCatalogTest, ListCheckpointsByDomainOldestFirst) {
+  EXPECT_TRUE(catalog_->ListCheckpoints()->empty());
+  ASSERT_TRUE(catalog_->CreateTracker("t1", "vm1").ok());
+  ASSERT_TRUE(catalog_->CreateTracker("t2", "vm2").ok());
+  auto a = catalog_->BeginBackup(Record("t2-x"));
+  BackupRecord r2 = Record("t2-x");
+  r2.domain = "vm2";
+  r2.tracker = "t2";
+  CheckpointRecord later{"t2-x", "t2", "vm2", "2026-11-23T00:00:00Z", {"vda", "vdb"}, "<x/>"};
+  ASSERT_TRUE(catalog_->CommitBackup(*a, r2, later, {{"vda", 1}, {"vdb", 2}}).ok());
+  auto b = catalog_->BeginBackup(Record("t1-a"));
+  CheckpointRecord earlier{"t1-a", "t1", "vm1", "2026-11-22T00:00:00Z", {"vda"}, "<y/>"};
+  ASSERT_TRUE(catalog_->CommitBackup(*b, Record("t1-a"), earlier, {{"vda", 1}}).ok());
+  auto all = catalog_->ListCheckpoints();
+  ASSERT_TRUE(all.ok()) << all.error().ToString();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].name, "t1-a");
+  EXPECT_EQ((*all)[1].name, "t2-x");
+  EXPECT_EQ((*all)[1].disks, (std::vector<std::string>{"vda", "vdb"}));
+  auto vm2 = catalog_->ListCheckpoints("vm2");
+  ASSERT_TRUE(vm2.ok());
+  ASSERT_EQ(vm2->size(), 1u);
+  EXPECT_EQ((*vm2)[0].tracker, "t2");
+}
+
 TEST_F(BackupCatalogTest, ReopenKeepsData) {
   ASSERT_TRUE(catalog_->CreateTracker("t1", "vm1").ok());
   catalog_.reset();
-  auto c = BackupCatalog::Open(dir_ / "sub/catalog.db");
+  auto c = BackupCatalog::Open(PosixEnv(), dir_ / "sub/catalog.db");
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE((*c)->GetTracker("t1").ok());
 }

@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 
+#include "blockio/env.h"
+
 namespace barge::orchestrate {
 
 std::string ResolveCatalogPath(const std::string& flag_value) {
@@ -13,6 +15,26 @@ std::string ResolveCatalogPath(const std::string& flag_value) {
   }
   const char* home = std::getenv("HOME");
   return std::string(home && *home ? home : "/root") + "/.local/state/barge/catalog.db";
+}
+
+Result<std::string> CatalogPathFromFlag(Env& env, const std::string& flag_value) {
+  std::string path = ResolveCatalogPath(flag_value);
+  if (flag_value.empty()) return path;
+  if (auto st = env.Stat(path); st.ok() && st->is_directory()) {
+    return Error::InvalidArgument("--catalog names a folder; give the catalog's database file (e.g. " + path +
+                                  "/catalog.db)")
+        .set_path(path);
+  }
+  auto slash = path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  auto st = env.Stat(dir);
+  if (!st.ok() || !st->is_directory()) {
+    return Error::NotFound("the folder of --catalog " + path +
+                           " does not exist (an explicit catalog's folder is not created: make it first, "
+                           "or leave --catalog out for the default)")
+        .set_path(dir);
+  }
+  return path;
 }
 
 }  // namespace barge::orchestrate

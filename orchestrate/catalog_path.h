@@ -4,8 +4,17 @@
 
 #include <string>
 
+#include "blockio/env.h"
+#include "blockio/error.h"
+
 namespace barge::orchestrate {
 
 std::string ResolveCatalogPath(const std::string& flag_value);
+
+// ResolveCatalogPath, and an explicit --catalog must name a file in a
+// folder that exists: kNotFound naming the folder otherwise (a typo in the
+// flag must not create a new, empty catalog somewhere), kInvalidArgument
+// when it names a folder. The default places are created as needed.
+Result<std::string> CatalogPathFromFlag(Env& env, const std::string& flag_value);
 
 }  // namespace barge::orchestrate

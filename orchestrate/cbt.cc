@@ -2,11 +2,9 @@
 #include "orchestrate/cbt.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
 #include <optional>
 #include <utility>
 
@@ -18,7 +16,6 @@
 namespace barge::orchestrate {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kCbtSchema = R"sql(
@@ -75,7 +72,8 @@ std::string SwitchDisk(const DomainDisk& d, const std::string& new_format, const
 
 Result<VirDomain> Domain(virConnectPtr conn, const std::string& name) { return LookupDomain(conn, name); }
 
-// "+uid:+gid" -> {uid, gid}.
+}  // namespace
+
 std::optional<std::pair<uid_t, gid_t>> ParseDacLabel(std::string label) {
   label.erase(std::remove(label.begin(), label.end(), '+'), label.end());
   size_t colon = label.find(':');
@@ -88,8 +86,7 @@ std::optional<std::pair<uid_t, gid_t>> ParseDacLabel(std::string label) {
   }
 }
 
-// The text of the first <tag ...>TEXT</tag> at or after `from`.
-std::string ElementText(const std::string& xml, const std::string& tag, size_t from = 0) {
+std::string ElementText(const std::string& xml, const std::string& tag, size_t from) {
   size_t a = xml.find("<" + tag, from);
   if (a == std::string::npos) return "";
   a = xml.find('>', a);
@@ -97,6 +94,8 @@ std::string ElementText(const std::string& xml, const std::string& tag, size_t f
   if (a == std::string::npos || b == std::string::npos) return "";
   return xml.substr(a + 1, b - a - 1);
 }
+
+namespace {
 
 // The user and group QEMU runs as for this domain under libvirt's DAC
 // model: the domain's own static DAC label if it has one, else the
@@ -121,17 +120,17 @@ std::optional<std::pair<uid_t, gid_t>> QemuDacOwner(virConnectPtr conn, const st
 }
 
 // True when `owner` can read and write the file as its mode bits stand.
-bool OwnerCanReadWrite(const struct stat& st, std::pair<uid_t, gid_t> owner) {
+bool OwnerCanReadWrite(const FileStat& st, std::pair<uid_t, gid_t> owner) {
   if (owner.first == 0) return true;
-  if (st.st_uid == owner.first) return (st.st_mode & S_IRUSR) && (st.st_mode & S_IWUSR);
-  if (st.st_gid == owner.second) return (st.st_mode & S_IRGRP) && (st.st_mode & S_IWGRP);
-  return (st.st_mode & S_IROTH) && (st.st_mode & S_IWOTH);
+  if (st.uid == owner.first) return (st.mode & S_IRUSR) && (st.mode & S_IWUSR);
+  if (st.gid == owner.second) return (st.mode & S_IRGRP) && (st.mode & S_IWGRP);
+  return (st.mode & S_IROTH) && (st.mode & S_IWOTH);
 }
 
 }  // namespace
 
-Result<CbtStatus> GetCbtStatus(const CbtRequest& req) {
-  BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(req.catalog_path));
+Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& req) {
+  BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(auto dom, Domain(conn.get(), req.domain));
   BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
@@ -155,8 +154,8 @@ Result<CbtStatus> GetCbtStatus(const CbtRequest& req) {
   return s;
 }
 
-Result<CbtStatus> EnableCbt(const CbtRequest& req) {
-  BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(req.catalog_path));
+Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
+  BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
   if (row) return Error::InvalidArgument("CBT is already enabled for domain '" + req.domain + "'");
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
@@ -164,11 +163,14 @@ Result<CbtStatus> EnableCbt(const CbtRequest& req) {
   BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom.get(), VIR_DOMAIN_XML_INACTIVE | VIR_DOMAIN_XML_SECURE));
   std::string state_dir = req.state_dir.empty() ? CatalogDir(req.catalog_path) + "/cbt/" + req.domain
                                                 : req.state_dir;
-  std::error_code ec;
-  fs::create_directories(state_dir, ec);
-  if (ec) return Error::FromErrno(ec.value(), "create state folder", state_dir);
-  state_dir = fs::canonical(state_dir, ec).string();
-  ::chmod(state_dir.c_str(), 0755);
+  if (Status made = env.CreateDirs(state_dir); !made.ok()) {
+    return std::move(made).error().Wrap("create state folder");
+  }
+  BARGE_ASSIGN_OR_RETURN(state_dir, env.RealPath(state_dir));
+  // QEMU (another user) opens the overlays: the folder must be readable
+  // and traversable by others.
+  BARGE_ASSIGN_OR_RETURN(FileStat dir_st, env.Stat(state_dir));
+  if ((dir_st.mode & 0005) != 0005) BARGE_RETURN_IF_ERROR(env.SetMode(state_dir, (dir_st.mode & 07777) | 0755));
 
   std::string new_xml = xml;
   std::vector<CbtDisk> done;
@@ -177,64 +179,52 @@ Result<CbtStatus> EnableCbt(const CbtRequest& req) {
   // (as libvirt's dynamic ownership would for the raw disk itself) and give
   // it back on disable.
   const auto qemu_owner = QemuDacOwner(conn.get(), xml);
-  auto undo = [&] {
+  // Undoes what was done so far; what cannot be undone is added to `e`.
+  auto undo = [&](Error e) -> Error {
     for (const auto& d : done) {
-      fs::remove(d.overlay, ec);
-      if (auto o = ParseDacLabel(d.original_owner)) (void)::chown(d.data_file.c_str(), o->first, o->second);
+      e.Also(env.UnlinkIfExists(d.overlay));
+      if (auto o = ParseDacLabel(d.original_owner)) e.Also(env.SetOwner(d.data_file, o->first, o->second));
     }
+    return e;
   };
   for (const auto& d : ParseDomainDisks(xml)) {
     if (d.format != "raw" || d.source_type != "file" || d.source.empty()) continue;
-    std::string data = fs::canonical(d.source, ec).string();
-    if (ec) {
-      undo();
-      return Error::FromErrno(ec.value(), "resolve raw disk", d.source);
-    }
-    struct stat st;
-    if (::stat(data.c_str(), &st) != 0) {
-      undo();
-      return Error::FromErrno(errno, "stat", data);
-    }
+    auto resolved = env.RealPath(d.source);
+    if (!resolved.ok()) return undo(std::move(resolved).error().Wrap("resolve raw disk"));
+    const std::string data = *resolved;
+    auto data_st = env.Stat(data);
+    if (!data_st.ok()) return undo(std::move(data_st).error());
+    const FileStat& st = *data_st;
     formats::OverlayOptions o;
-    o.virtual_size = static_cast<uint64_t>(st.st_size) & ~uint64_t{511};
+    o.virtual_size = st.size_bytes & ~uint64_t{511};
     o.data_file_path = data;
     formats::BitmapSpec b;
     b.name = kCbtBitmapName;
     b.enabled = true;
     o.bitmaps.push_back(b);
     std::string overlay = state_dir + "/" + d.target + ".qcow2";
-    auto staged = pipeline::StagedFile::Create(overlay);
-    if (!staged.ok()) {
-      undo();
-      return staged.error();
-    }
+    auto staged = pipeline::StagedFile::Create(env, overlay);
+    if (!staged.ok()) return undo(std::move(staged).error());
     Status s = formats::WriteDataFileOverlay((*staged)->sink(), o);
     if (s.ok()) s = (*staged)->Commit();
-    if (!s.ok()) {
-      undo();
-      return Error(s.error()).Wrap("CBT overlay for " + d.target);
-    }
-    ::chmod(overlay.c_str(), 0644);
+    if (!s.ok()) return undo(std::move(s).error().Wrap("CBT overlay for " + d.target));
     done.push_back({d.target, data, overlay, ""});
+    // The process's umask may have narrowed the new file's mode.
+    if (Status m = env.SetMode(overlay, 0644); !m.ok()) return undo(std::move(m).error());
     if (qemu_owner && !OwnerCanReadWrite(st, *qemu_owner)) {
-      if (::chown(data.c_str(), qemu_owner->first, qemu_owner->second) != 0) {
-        Error e = Error::FromErrno(errno, "give QEMU's user (" + std::to_string(qemu_owner->first) + ":" +
-                                              std::to_string(qemu_owner->second) + ") the raw disk",
-                                   data);
-        undo();
-        return e.Wrap("CBT for " + d.target + " (run as root, or let that user read and write the file)");
+      if (Status c = env.SetOwner(data, qemu_owner->first, qemu_owner->second); !c.ok()) {
+        Error e = std::move(c).error().Wrap("give QEMU's user (" + std::to_string(qemu_owner->first) + ":" +
+                                            std::to_string(qemu_owner->second) + ") the raw disk");
+        return undo(std::move(e.Wrap("CBT for " + d.target +
+                                     " (run as root, or let that user read and write the file)")));
       }
-      done.back().original_owner = std::to_string(st.st_uid) + ":" + std::to_string(st.st_gid);
+      done.back().original_owner = std::to_string(st.uid) + ":" + std::to_string(st.gid);
     }
     new_xml = ReplaceOnce(new_xml, d.element, SwitchDisk(d, "qcow2", overlay));
   }
   if (done.empty()) return Error::InvalidArgument("domain '" + req.domain + "' has no raw file disks");
   virDomainPtr defined = virDomainDefineXML(conn.get(), new_xml.c_str());
-  if (!defined) {
-    Error e = LastVirError("define domain on CBT overlays");
-    undo();
-    return e;
-  }
+  if (!defined) return undo(LastVirError("define domain on CBT overlays"));
   virDomainFree(defined);
   json disks = json::array();
   for (const auto& d : done) {
@@ -245,16 +235,20 @@ Result<CbtStatus> EnableCbt(const CbtRequest& req) {
       "INSERT INTO vm_cbt(domain, state_dir, original_xml, disks, enabled_at) VALUES(?,?,?,?,?)"));
   ins.Bind(1, req.domain).Bind(2, state_dir).Bind(3, xml).Bind(4, disks.dump()).Bind(5, formats::NowRfc3339());
   if (Status s = ins.Run(); !s.ok()) {
+    Error e = std::move(s).error();
     virDomainPtr back = virDomainDefineXML(conn.get(), xml.c_str());
-    if (back) virDomainFree(back);
-    undo();
-    return s.error();
+    if (back) {
+      virDomainFree(back);
+    } else {
+      e.Also(LastVirError("define domain with its original XML again"));
+    }
+    return undo(std::move(e));
   }
-  return GetCbtStatus(req);
+  return GetCbtStatus(env, req);
 }
 
-Result<CbtStatus> DisableCbt(const CbtRequest& req) {
-  BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(req.catalog_path));
+Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
+  BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
   if (!row) return Error::InvalidArgument("CBT is not enabled for domain '" + req.domain + "'");
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
@@ -265,17 +259,24 @@ Result<CbtStatus> DisableCbt(const CbtRequest& req) {
   BARGE_ASSIGN_OR_RETURN(auto del, catalog->db().Prepare("DELETE FROM vm_cbt WHERE domain=?"));
   del.Bind(1, req.domain);
   BARGE_RETURN_IF_ERROR(del.Run());
+  // From here on CBT is disabled; what cannot be cleaned up is reported.
+  std::optional<Error> left;
+  auto note = [&left](Status s) {
+    if (s.ok()) return;
+    if (!left) left = Error(s.error()).Wrap("CBT is disabled, but cleaning up failed");
+    else left->Also(s);
+  };
   // A running QEMU still has the overlays open; they go when it stops.
   if (!DomainIsActive(dom.get())) {
-    std::error_code ec;
-    for (const auto& d : row->disks) fs::remove(d.overlay, ec);
+    for (const auto& d : row->disks) note(env.UnlinkIfExists(d.overlay));
   }
   // The raw disk goes back to its owner from before enable (libvirt's own
   // dynamic ownership takes over again for the raw disk).
   for (const auto& d : row->disks) {
-    if (auto o = ParseDacLabel(d.original_owner)) (void)::chown(d.data_file.c_str(), o->first, o->second);
+    if (auto o = ParseDacLabel(d.original_owner)) note(env.SetOwner(d.data_file, o->first, o->second));
   }
-  return GetCbtStatus(req);
+  if (left) return *left;
+  return GetCbtStatus(env, req);
 }
 
 Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, const std::string& domain) {

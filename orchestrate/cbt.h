@@ -4,6 +4,8 @@
 // disable reverts exactly. State is kept in the catalog (table vm_cbt).
 #pragma once
 
+#include <sys/types.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +17,12 @@
 namespace barge::orchestrate {
 
 inline constexpr const char* kCbtBitmapName = "barge-cbt";
+
+// Parsing of libvirt replies (domain XML, capabilities), untrusted input:
+// a DAC label "+uid:+gid" -> {uid, gid} (nullopt when malformed), and the
+// text of the first <tag ...>TEXT</tag> at or after `from` ("" if none).
+std::optional<std::pair<uid_t, gid_t>> ParseDacLabel(std::string label);
+std::string ElementText(const std::string& xml, const std::string& tag, size_t from = 0);
 
 struct CbtDisk {
   std::string disk;
@@ -41,12 +49,17 @@ struct CbtRequest {
   std::string libvirt_uri;
 };
 
+// The state folder, the overlays and the raw disks' owners are handled
+// through `env`.
 // Creates the overlays (raw file disks only; kInvalidArgument when there is
 // none) and defines the domain on them. Enabling twice is an error.
-Result<CbtStatus> EnableCbt(const CbtRequest& request);
-// Defines the domain with the XML from before enable and removes the overlays.
-Result<CbtStatus> DisableCbt(const CbtRequest& request);
-Result<CbtStatus> GetCbtStatus(const CbtRequest& request);
+Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& request);
+// Defines the domain with the XML from before enable and removes the
+// overlays. A failure to remove an overlay or give a raw disk back after
+// the domain was redefined is an error naming what is left (CBT is
+// disabled all the same).
+Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& request);
+Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& request);
 
 // The CBT overlays of `domain` (raw disk + metadata-only overlay per disk),
 // or nullopt when CBT is not enabled for it.

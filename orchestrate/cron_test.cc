@@ -154,7 +154,7 @@ std::string TzDir() {
 }
 
 bool HaveZone(const char* name) {
-  auto z = TimeZone::Load(name);
+  auto z = TimeZone::Load(Env::Default(), name);
   return z.ok();
 }
 
@@ -184,7 +184,7 @@ TEST(TimeZoneTest, OffsetsMatchGlibc) {
                          "Asia/Kolkata", "America/Sao_Paulo", "Pacific/Chatham", "Africa/Casablanca"};
   int checked = 0;
   for (const char* name : zones) {
-    auto z = TimeZone::Load(name);
+    auto z = TimeZone::Load(Env::Default(), name);
     if (!z.ok()) continue;  // zone missing on this system
     ScopedTz tz(name);
     // Every 7 hours 13 minutes from 1960 to 2060: past the end of the
@@ -201,13 +201,13 @@ TEST(TimeZoneTest, OffsetsMatchGlibc) {
 }
 
 TEST(TimeZoneTest, LoadErrors) {
-  EXPECT_TRUE(TimeZone::Load("UTC")->is_utc());
-  EXPECT_TRUE(TimeZone::Load("")->is_utc());
-  EXPECT_EQ(TimeZone::Load("../etc/passwd").error().code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(TimeZone::Load("/etc/localtime").error().code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(TimeZone::Load("Europe//Berlin").error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(TimeZone::Load(Env::Default(), "UTC")->is_utc());
+  EXPECT_TRUE(TimeZone::Load(Env::Default(), "")->is_utc());
+  EXPECT_EQ(TimeZone::Load(Env::Default(), "../etc/passwd").error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(TimeZone::Load(Env::Default(), "/etc/localtime").error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(TimeZone::Load(Env::Default(), "Europe//Berlin").error().code(), ErrorCode::kInvalidArgument);
   if (HaveZone("Europe/Berlin")) {
-    EXPECT_EQ(TimeZone::Load("Mars/Olympus_Mons").error().code(), ErrorCode::kNotFound);
+    EXPECT_EQ(TimeZone::Load(Env::Default(), "Mars/Olympus_Mons").error().code(), ErrorCode::kNotFound);
   }
   EXPECT_EQ(TimeZone::FromTzif("x", "TZif2").error().code(), ErrorCode::kCorruption);
   EXPECT_EQ(TimeZone::FromTzif("x", std::string(60, 'a')).error().code(), ErrorCode::kCorruption);
@@ -244,7 +244,7 @@ TEST(CronTest, ZoneDaylightSavingGapsAndOverlaps) {
   EXPECT_EQ(FormatRfc3339(runs[1]), "2030-03-31T01:00:00Z");  // 03:00 CEST (02:00 skipped)
   EXPECT_EQ(FormatRfc3339(runs[2]), "2030-03-31T02:00:00Z");  // 04:00 CEST
   if (HaveZone("Europe/Berlin")) {
-    EXPECT_EQ(NextAfter("0 2 * * *", "2026-07-01T00:30:00Z", *TimeZone::Load("Europe/Berlin")),
+    EXPECT_EQ(NextAfter("0 2 * * *", "2026-07-01T00:30:00Z", *TimeZone::Load(Env::Default(), "Europe/Berlin")),
               "2026-07-02T00:00:00Z");
   }
 }

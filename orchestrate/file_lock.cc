@@ -1,31 +1,26 @@
-// FileLock (flock on a lock file) and ProcessOwner (pid + start time + boot
-// id + host, read from /proc).
+// TryLockFile (Env::LockFile on a lock file) and ProcessOwner (pid + start
+// time + boot id + host, read from /proc through the Env).
 #include "orchestrate/file_lock.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <charconv>
-#include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <string_view>
 #include <vector>
 
-namespace barge::orchestrate {
+#include "blockio/path.h"
 
-namespace fs = std::filesystem;
+namespace barge::orchestrate {
 
 namespace {
 
-std::string ReadFirstLine(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
+// The first line of a small file ("" when it cannot be read).
+std::string ReadFirstLine(Env& env, const std::string& path) {
+  auto text = env.ReadFile(path, 1 << 16);
+  if (!text.ok()) return "";
+  return text->substr(0, text->find('\n'));
 }
 
 std::string HostName() {
@@ -38,8 +33,8 @@ std::string HostName() {
   return host;
 }
 
-std::string BootId() {
-  std::string id = ReadFirstLine("/proc/sys/kernel/random/boot_id");
+std::string BootId(Env& env) {
+  std::string id = ReadFirstLine(env, "/proc/sys/kernel/random/boot_id");
   return id.empty() ? "unknown" : id;
 }
 
@@ -57,12 +52,11 @@ struct ProcStat {
 // /proc/PID/stat: "PID (COMM) STATE PPID ..." where COMM may hold spaces and
 // parentheses, so the fields are counted from the last ')'. STATE is field
 // 3 and starttime field 22.
-Result<ProcStat> ReadProcStat(pid_t pid) {
+Result<ProcStat> ReadProcStat(Env& env, pid_t pid) {
   std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  std::ifstream in(path);
-  if (!in) return Error::NotFound("no process " + std::to_string(pid)).set_path(path);
-  std::string line;
-  std::getline(in, line);
+  auto text = env.ReadFile(path, 1 << 16);
+  if (!text.ok()) return Error::NotFound("no process " + std::to_string(pid)).set_path(path);
+  std::string line = text->substr(0, text->find('\n'));
   size_t close = line.rfind(')');
   if (close == std::string::npos) return Error::IoError("unexpected format").set_path(path);
   std::istringstream fields(line.substr(close + 1));
@@ -78,53 +72,38 @@ Result<ProcStat> ReadProcStat(pid_t pid) {
 
 }  // namespace
 
-Result<std::unique_ptr<FileLock>> FileLock::TryAcquire(const std::string& path,
-                                                       const std::string& busy_message) {
-  std::error_code ec;
-  fs::path dir = fs::path(path).parent_path();
-  if (!dir.empty()) fs::create_directories(dir, ec);
-  if (ec) return Error::FromErrno(ec.value(), "create lock folder", dir.string());
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno(errno, "open lock", path);
-  int rc;
-  do {
-    rc = ::flock(fd, LOCK_EX | LOCK_NB);
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
-    int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) return Error::InvalidArgument(busy_message).set_path(path).set_retryable(true);
-    return Error::FromErrno(err, "lock", path);
-  }
-  return std::unique_ptr<FileLock>(new FileLock(fd, path));
+Result<std::unique_ptr<EnvLock>> TryLockFile(Env& env, const std::string& path,
+                                             const std::string& busy_message) {
+  BARGE_RETURN_IF_ERROR(env.CreateDirs(DirName(path)));
+  LockOptions o;
+  o.busy_message = busy_message;
+  return env.LockFile(path, o);
 }
 
-FileLock::~FileLock() { ::close(fd_); }
-
-ProcessOwner ProcessOwner::Self() {
+ProcessOwner ProcessOwner::Self(Env& env) {
   // Cached per pid: a forked child is another process and gets its own.
   static std::mutex mu;
   static ProcessOwner cached;
   std::lock_guard lock(mu);
   pid_t pid = ::getpid();
   if (cached.pid != pid) {
-    auto o = Of(pid);
+    auto o = Of(env, pid);
     if (o.ok()) {
       cached = *o;
     } else {
       // No /proc: a start time of 0 makes our rows look gone to others on
       // this host, but without /proc no one here can check them anyway.
-      cached = ProcessOwner{HostName(), BootId(), pid, 0};
+      cached = ProcessOwner{HostName(), BootId(env), pid, 0};
     }
   }
   return cached;
 }
 
-Result<ProcessOwner> ProcessOwner::Of(pid_t pid) {
-  BARGE_ASSIGN_OR_RETURN(ProcStat st, ReadProcStat(pid));
+Result<ProcessOwner> ProcessOwner::Of(Env& env, pid_t pid) {
+  BARGE_ASSIGN_OR_RETURN(ProcStat st, ReadProcStat(env, pid));
   ProcessOwner o;
   o.host = HostName();
-  o.boot_id = BootId();
+  o.boot_id = BootId(env);
   o.pid = pid;
   o.start_ticks = st.start_ticks;
   return o;
@@ -156,13 +135,13 @@ Result<ProcessOwner> ProcessOwner::Parse(const std::string& text) {
   return o;
 }
 
-bool OwnerIsGone(const std::string& owner) {
+bool OwnerIsGone(Env& env, const std::string& owner) {
   auto o = ProcessOwner::Parse(owner);
   if (!o.ok()) return true;
-  ProcessOwner self = ProcessOwner::Self();
+  ProcessOwner self = ProcessOwner::Self(env);
   if (o->host != self.host) return false;
   if (o->boot_id != self.boot_id) return true;
-  auto st = ReadProcStat(o->pid);
+  auto st = ReadProcStat(env, o->pid);
   if (!st.ok()) return st.error().code() == ErrorCode::kNotFound;
   return st->start_ticks != o->start_ticks || st->state == 'Z' || st->state == 'X';
 }

@@ -1,4 +1,4 @@
-// Cross-process exclusion for catalog work: an exclusive flock on a lock
+// Cross-process exclusion for catalog work: an exclusive lock on a lock
 // file (vm backup per domain, image add/sync per image), and the identity of
 // a process written into catalog rows so that a later process can tell
 // whether the row's writer is gone (killed, crashed, machine rebooted).
@@ -10,38 +10,23 @@
 #include <memory>
 #include <string>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 
 namespace barge::orchestrate {
 
-// An exclusive, non-blocking flock on one file, held for the object's
-// lifetime. The kernel releases it when the process dies (kill -9 included),
-// so a lock is never stale. flock locks belong to the open file description:
-// a second TryAcquire of the same path conflicts even inside one process.
-// The file itself is left in place (removing it would race with a waiter
-// that already opened it). One thread at a time per object.
-class FileLock {
- public:
-  // Creates the file's folder and the file when missing, then takes the lock
-  // without waiting.
-  // Returns:
-  //   the held lock;
-  //   kInvalidArgument, retryable, with `busy_message` and the lock's path,
-  //     when another open file description holds it;
-  //   an errno Error when the folder or file cannot be made or opened.
-  static Result<std::unique_ptr<FileLock>> TryAcquire(const std::string& path,
-                                                      const std::string& busy_message);
-  ~FileLock();
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
-  const std::string& path() const { return path_; }
-
- private:
-  FileLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-  int fd_;
-  std::string path_;
-};
+// Env::LockFile (an exclusive flock, released by the kernel when the
+// process dies, so never stale; a second lock of the same path conflicts
+// even inside one process) on `path`, without waiting, after creating the
+// file's folder. The lock file itself is left in place (removing it would
+// race with a waiter that already opened it).
+// Returns:
+//   the held lock;
+//   kBusy (retryable) with `busy_message` and the lock's path when another
+//     lock holds it;
+//   an errno Error when the folder or file cannot be made or opened.
+Result<std::unique_ptr<EnvLock>> TryLockFile(Env& env, const std::string& path,
+                                             const std::string& busy_message);
 
 // Who a process is, precisely enough to survive pid reuse: host name, the
 // kernel's boot id (/proc/sys/kernel/random/boot_id), pid and the process's
@@ -54,10 +39,11 @@ struct ProcessOwner {
   pid_t pid = 0;
   uint64_t start_ticks = 0;
 
-  // The calling process (cached per pid). Thread-safe.
-  static ProcessOwner Self();
+  // The calling process (cached per pid; /proc read through `env` the
+  // first time). Thread-safe.
+  static ProcessOwner Self(Env& env);
   // A live process of this machine; kNotFound when there is none.
-  static Result<ProcessOwner> Of(pid_t pid);
+  static Result<ProcessOwner> Of(Env& env, pid_t pid);
   // Parses Encode()'s form; kInvalidArgument for anything else.
   static Result<ProcessOwner> Parse(const std::string& text);
   std::string Encode() const;
@@ -71,7 +57,7 @@ struct ProcessOwner {
 //         was reused), or it is a zombie;
 //   false when that process still runs, and for an owner on another host
 //         (this machine cannot tell, so it never claims one is gone).
-// Reads /proc; does not block. Thread-safe.
-bool OwnerIsGone(const std::string& owner);
+// Reads /proc through `env`; does not block. Thread-safe.
+bool OwnerIsGone(Env& env, const std::string& owner);
 
 }  // namespace barge::orchestrate

@@ -1,4 +1,4 @@
-// FileLock: exclusive while held, free again once released; ProcessOwner:
+// TryLockFile: exclusive while held, free again once released; ProcessOwner:
 // encoding, and which owners count as gone (dead, zombie, reused pid,
 // rebooted) and which do not (alive, another host).
 #include "orchestrate/file_lock.h"
@@ -14,36 +14,36 @@
 namespace barge::orchestrate {
 namespace {
 
-TEST(FileLockTest, ExclusiveUntilReleased) {
+TEST(TryLockFileTest, ExclusiveUntilReleased) {
   barge::testing::TempDir dir;
   std::string path = dir / "locks/sub/x.lock";
-  auto first = FileLock::TryAcquire(path, "x is busy");
+  auto first = TryLockFile(PosixEnv(), path, "x is busy");
   ASSERT_TRUE(first.ok()) << first.error().ToString();
   EXPECT_EQ((*first)->path(), path);
 
   // A second open file description conflicts, even in the same process.
-  auto second = FileLock::TryAcquire(path, "x is busy");
+  auto second = TryLockFile(PosixEnv(), path, "x is busy");
   ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(second.error().code(), ErrorCode::kBusy);
   EXPECT_TRUE(second.error().retryable());
   EXPECT_EQ(second.error().message(), "x is busy");
   EXPECT_EQ(second.error().path(), path);
 
   // Another file is independent.
-  EXPECT_TRUE(FileLock::TryAcquire(dir / "locks/sub/y.lock", "y is busy").ok());
+  EXPECT_TRUE(TryLockFile(PosixEnv(), dir / "locks/sub/y.lock", "y is busy").ok());
 
   first->reset();
-  EXPECT_TRUE(FileLock::TryAcquire(path, "x is busy").ok());
+  EXPECT_TRUE(TryLockFile(PosixEnv(), path, "x is busy").ok());
 }
 
-TEST(FileLockTest, DiesWithItsProcess) {
+TEST(TryLockFileTest, DiesWithItsProcess) {
   barge::testing::TempDir dir;
   std::string path = dir / "x.lock";
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
   pid_t child = ::fork();
   if (child == 0) {
-    auto lock = FileLock::TryAcquire(path, "busy");
+    auto lock = TryLockFile(PosixEnv(), path, "busy");
     char c = lock.ok() ? 1 : 0;
     (void)!::write(ready[1], &c, 1);
     ::pause();
@@ -52,16 +52,16 @@ TEST(FileLockTest, DiesWithItsProcess) {
   char c = 0;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   ASSERT_EQ(c, 1);
-  EXPECT_FALSE(FileLock::TryAcquire(path, "busy").ok());
+  EXPECT_FALSE(TryLockFile(PosixEnv(), path, "busy").ok());
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
-  EXPECT_TRUE(FileLock::TryAcquire(path, "busy").ok());
+  EXPECT_TRUE(TryLockFile(PosixEnv(), path, "busy").ok());
   ::close(ready[0]);
   ::close(ready[1]);
 }
 
 TEST(ProcessOwnerTest, EncodeParse) {
-  ProcessOwner self = ProcessOwner::Self();
+  ProcessOwner self = ProcessOwner::Self(PosixEnv());
   EXPECT_EQ(self.pid, ::getpid());
   EXPECT_GT(self.start_ticks, 0u);
   std::string text = self.Encode();
@@ -79,38 +79,38 @@ TEST(ProcessOwnerTest, EncodeParse) {
 }
 
 TEST(ProcessOwnerTest, WhichOwnersAreGone) {
-  ProcessOwner self = ProcessOwner::Self();
-  EXPECT_FALSE(OwnerIsGone(self.Encode()));
+  ProcessOwner self = ProcessOwner::Self(PosixEnv());
+  EXPECT_FALSE(OwnerIsGone(PosixEnv(), self.Encode()));
   // Nothing a live barge writes: older versions stored no owner.
-  EXPECT_TRUE(OwnerIsGone(""));
-  EXPECT_TRUE(OwnerIsGone("not an owner"));
+  EXPECT_TRUE(OwnerIsGone(PosixEnv(), ""));
+  EXPECT_TRUE(OwnerIsGone(PosixEnv(), "not an owner"));
 
   ProcessOwner reused = self;  // our pid, another start time
   reused.start_ticks += 1;
-  EXPECT_TRUE(OwnerIsGone(reused.Encode()));
+  EXPECT_TRUE(OwnerIsGone(PosixEnv(), reused.Encode()));
   ProcessOwner rebooted = self;
   rebooted.boot_id = "00000000-0000-0000-0000-000000000000";
-  EXPECT_TRUE(OwnerIsGone(rebooted.Encode()));
+  EXPECT_TRUE(OwnerIsGone(PosixEnv(), rebooted.Encode()));
   // Another machine: this one cannot tell, so never "gone".
   ProcessOwner remote = reused;
   remote.host = self.host + "-elsewhere";
-  EXPECT_FALSE(OwnerIsGone(remote.Encode()));
+  EXPECT_FALSE(OwnerIsGone(PosixEnv(), remote.Encode()));
 
   pid_t child = ::fork();
   if (child == 0) {
     ::pause();
     ::_exit(0);
   }
-  auto owner = ProcessOwner::Of(child);
+  auto owner = ProcessOwner::Of(PosixEnv(), child);
   ASSERT_TRUE(owner.ok()) << owner.error().ToString();
-  EXPECT_FALSE(OwnerIsGone(owner->Encode()));
+  EXPECT_FALSE(OwnerIsGone(PosixEnv(), owner->Encode()));
   ::kill(child, SIGKILL);
   // Killed but not reaped yet: a zombie is gone too.
-  for (int i = 0; i < 1000 && !OwnerIsGone(owner->Encode()); ++i) ::usleep(1000);
-  EXPECT_TRUE(OwnerIsGone(owner->Encode()));
+  for (int i = 0; i < 1000 && !OwnerIsGone(PosixEnv(), owner->Encode()); ++i) ::usleep(1000);
+  EXPECT_TRUE(OwnerIsGone(PosixEnv(), owner->Encode()));
   ::waitpid(child, nullptr, 0);
-  EXPECT_TRUE(OwnerIsGone(owner->Encode()));
-  EXPECT_FALSE(ProcessOwner::Of(child).ok());
+  EXPECT_TRUE(OwnerIsGone(PosixEnv(), owner->Encode()));
+  EXPECT_FALSE(ProcessOwner::Of(PosixEnv(), child).ok());
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // Hook commands: posix_spawn of /bin/sh -c in a process group of its own,
-// output captured through a pipe, a deadline enforced on the whole group.
+// output captured through a socket pair, a deadline enforced on the whole group.
 #include "orchestrate/hooks.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,7 +33,7 @@ std::vector<std::string> Environment(const std::map<std::string, std::string>& e
   return out;
 }
 
-// Owns the read end of the output pipe.
+// Owns the read end of the output socket pair.
 struct Fd {
   int fd = -1;
   ~Fd() {
@@ -70,10 +71,15 @@ Result<HookRun> RunHookCommand(const std::string& phase, const std::string& comm
   run.phase = phase;
   run.command = command;
   const auto start = std::chrono::steady_clock::now();
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return Error::FromErrno(errno, "pipe", phase + "-hook");
-  Fd out{pipe_fds[0]};
-  Fd in{pipe_fds[1]};
+  // A socket pair, not a pipe: our end is read without blocking
+  // (MSG_DONTWAIT) while the command's end stays an ordinary blocking
+  // stdout, and no file status flag needs changing.
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    return Error::FromErrno(errno, "socketpair", phase + "-hook");
+  }
+  Fd out{fds[0]};
+  Fd in{fds[1]};
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -104,12 +110,11 @@ Result<HookRun> RunHookCommand(const std::string& phase, const std::string& comm
   if (spawned != 0) return Error::FromErrno(spawned, "posix_spawn /bin/sh", phase + "-hook");
   ::close(in.fd);
   in.fd = -1;
-  ::fcntl(out.fd, F_SETFL, ::fcntl(out.fd, F_GETFL) | O_NONBLOCK);
 
   auto drain = [&] {
     char buf[4096];
     for (;;) {
-      ssize_t n = ::read(out.fd, buf, sizeof buf);
+      ssize_t n = ::recv(out.fd, buf, sizeof buf, MSG_DONTWAIT);
       if (n <= 0) return n == 0;  // true at end of file
       run.output.append(buf, static_cast<size_t>(n));
       if (run.output.size() > kMaxOutputBytes) run.output.erase(0, run.output.size() - kMaxOutputBytes);
@@ -143,8 +148,8 @@ Result<HookRun> RunHookCommand(const std::string& phase, const std::string& comm
     if (w == pid) exited = true;
     if (w < 0 && errno != EINTR) return Error::FromErrno(errno, "waitpid", phase + "-hook");
   }
-  // Output the command left in the pipe (children it left behind may hold
-  // the pipe open; they are not waited for).
+  // Output the command left in the socket (children it left behind may hold
+  // their end open; they are not waited for).
   if (!eof) drain();
   // Whatever it started in its group goes with it once the deadline passed.
   if (run.timed_out) ::kill(-pid, SIGKILL);

@@ -7,22 +7,21 @@
 #include <condition_variable>
 #include <ctime>
 #include <deque>
-#include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
-#include "blockio/file.h"
+#include "blockio/env.h"
+#include "blockio/path.h"
+#include "blockio/thread.h"
 #include "formats/image.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/file_lock.h"
 #include "orchestrate/sqlite_db.h"
 #include "pipeline/endpoints.h"
-#include "pipeline/staged_file.h"
 
 namespace barge::orchestrate {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -155,36 +154,50 @@ Status ValidName(const std::string& name) {
   return OkStatus();
 }
 
-std::string DiskKey(const std::string& disk) {
-  std::error_code ec;
-  fs::path p = fs::weakly_canonical(fs::absolute(disk, ec), ec);
-  return p.string();
-}
-
-std::string CopyPath(const std::string& disk, const std::string& name) { return (fs::path(disk) / name).string(); }
+std::string CopyPath(const std::string& disk, const std::string& name) { return JoinPath(disk, name); }
 
 // The backing file `qcow2` names, resolved against its folder; "" if none
 // or not a qcow2 file.
-std::string BackingOf(const fs::path& qcow2) {
-  auto info = formats::ProbeQcow2Layer(qcow2.string(), [](const std::string& p) { return OpenFileSource(p); });
+std::string BackingOf(Env& env, const std::string& qcow2) {
+  auto info = formats::ProbeQcow2Layer(qcow2, pipeline::EnvSourceOpener(env));
   if (!info.ok() || !*info || (*info)->backing_file.empty()) return "";
-  fs::path b((*info)->backing_file);
-  if (b.is_relative()) b = qcow2.parent_path() / b;
-  std::error_code ec;
-  return fs::weakly_canonical(b, ec).string();
+  return CanonicalPath(env, JoinPath(DirName(qcow2), (*info)->backing_file));
+}
+
+// Every regular file under `dir` (links to files included; linked folders
+// are not entered).
+Status ListFilesUnder(Env& env, const std::string& dir, std::vector<std::string>& out) {
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+  for (const std::string& name : names) {
+    std::string path = JoinPath(dir, name);
+    BARGE_ASSIGN_OR_RETURN(FileStat st, env.StatNoFollow(path));
+    if (st.is_directory()) {
+      BARGE_RETURN_IF_ERROR(ListFilesUnder(env, path, out));
+    } else if (st.is_regular() || (st.is_symlink() && env.Stat(path).ok() && env.Stat(path)->is_regular())) {
+      out.push_back(std::move(path));
+    }
+  }
+  return OkStatus();
 }
 
 }  // namespace
 
-ImageCatalog::ImageCatalog(std::unique_ptr<SqliteDb> db, std::string lock_dir)
-    : db_(std::move(db)), lock_dir_(std::move(lock_dir)) {}
+ImageCatalog::ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string lock_dir)
+    : env_(env), db_(std::move(db)), lock_dir_(std::move(lock_dir)) {}
 ImageCatalog::~ImageCatalog() = default;
 
-Result<std::unique_ptr<ImageCatalog>> ImageCatalog::Open(const std::string& db_path) {
-  BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(db_path));
+Result<std::unique_ptr<ImageCatalog>> ImageCatalog::Open(Env& env, const std::string& db_path) {
+  BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(env, db_path));
   BARGE_RETURN_IF_ERROR(CreateOrMigrate(*db));
   return std::unique_ptr<ImageCatalog>(
-      new ImageCatalog(std::move(db), CatalogDir(db_path) + "/locks/images"));
+      new ImageCatalog(env, std::move(db), CatalogDir(db_path) + "/locks/images"));
+}
+
+std::string ImageCatalog::DiskKey(const std::string& disk) { return CanonicalPath(env_, disk); }
+
+Status ImageCatalog::RecordCopy(const ImageCopyRecord& copy) {
+  std::lock_guard lock(mu_);
+  return SetCopy(*db_, copy);
 }
 
 std::function<void(size_t, uint64_t, uint64_t)> ImageCatalog::PercentRecorder(const ImageCopyRecord& copy) {
@@ -194,7 +207,8 @@ std::function<void(size_t, uint64_t, uint64_t)> ImageCatalog::PercentRecorder(co
     if (done < total && now - last < std::chrono::seconds(1)) return;
     last = now;
     std::lock_guard lock(mu_);
-    (void)SetPercent(*db_, image, disk, total ? 100.0 * static_cast<double>(done) / total : 100.0);
+    IgnoreError(SetPercent(*db_, image, disk, total ? 100.0 * static_cast<double>(done) / total : 100.0),
+                "a progress note; the copy's state is recorded at its end, with its error checked");
   };
 }
 
@@ -234,7 +248,7 @@ Result<std::vector<ImageCopyRecord>> ImageCatalog::Recover(const std::string& na
     std::lock_guard lock(mu_);
     BARGE_ASSIGN_OR_RETURN(auto rows, CopiesOf(*db_, name, "", /*unfinished=*/true));
     for (auto& r : rows) {
-      if (OwnerIsGone(r.owner)) gone[r.image].push_back(std::move(r));
+      if (OwnerIsGone(env_, r.owner)) gone[r.image].push_back(std::move(r));
     }
   }
   std::vector<ImageCopyRecord> recovered;
@@ -243,11 +257,12 @@ Result<std::vector<ImageCopyRecord>> ImageCatalog::Recover(const std::string& na
     // rows (and writing these temporaries) while we mark and remove them.
     // A lock held elsewhere means a live add or sync, which recovered the
     // image's rows itself when it started.
-    std::unique_ptr<FileLock> image_lock;
+    std::unique_ptr<EnvLock> image_lock;
     if (image != held) {
       if (!ValidName(image).ok()) continue;
-      auto l = FileLock::TryAcquire(LockPath(image), "image " + image + " is busy");
-      if (!l.ok()) continue;
+      auto l = TryLockFile(env_, LockPath(image), "image " + image + " is busy");
+      if (!l.ok() && l.error().code() == ErrorCode::kBusy) continue;
+      if (!l.ok()) return l.error();
       image_lock = std::move(l).value();
     }
     for (ImageCopyRecord& r : rows) {
@@ -264,9 +279,13 @@ Result<std::vector<ImageCopyRecord>> ImageCatalog::Recover(const std::string& na
       // What a killed RunReplicate leaves: the hidden temporaries of the copy
       // and of its checksum record (pipeline/staged_file.h). The final names
       // are left alone: a replaced copy keeps its old file until the rename.
-      std::error_code ec;
-      fs::remove(pipeline::StagedTempPath(r.path), ec);
-      fs::remove(pipeline::StagedTempPath(pipeline::ReplicaRecordPath(r.path)), ec);
+      // Only while no live writer holds them (a replicate run may write the
+      // same path outside the catalog).
+      for (const std::string& temp : {TempPathFor(r.path), TempPathFor(pipeline::ReplicaRecordPath(r.path))}) {
+        LockOptions o;
+        o.create = false;
+        if (auto held = env_.LockFile(temp, o); held.ok()) BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(temp));
+      }
       recovered.push_back(std::move(r));
     }
   }
@@ -277,15 +296,12 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
                                           const std::string& expected_sha512, const std::string& disk,
                                           const pipeline::ReplicateOptions& options) {
   BARGE_RETURN_IF_ERROR(ValidName(name));
-  std::error_code ec;
-  fs::create_directories(disk, ec);
-  if (!fs::is_directory(disk)) return Error::InvalidArgument("disk is not a folder").set_path(disk);
-  BARGE_ASSIGN_OR_RETURN(auto image_lock, FileLock::TryAcquire(LockPath(name), "an image add or sync of " + name +
-                                                                                   " is already running"));
-  BARGE_ASSIGN_OR_RETURN(auto recovered, Recover(name, name));
-  (void)recovered;
+  BARGE_RETURN_IF_ERROR(env_.CreateDirs(disk));
+  BARGE_ASSIGN_OR_RETURN(auto image_lock, TryLockFile(env_, LockPath(name), "an image add or sync of " + name +
+                                                                                " is already running"));
+  BARGE_RETURN_IF_ERROR(Recover(name, name));
   ImageCopyRecord copy{name, DiskKey(disk), CopyPath(DiskKey(disk), name), "in-progress", 0, "", "", Now(), 0,
-                       ProcessOwner::Self().Encode()};
+                       ProcessOwner::Self(env_).Encode()};
   {
     std::lock_guard lock(mu_);
     BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
@@ -311,23 +327,29 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   o.expected_sha512 = expected_sha512;
   o.force = true;  // the disk folder's file of this name is ours
   o.source_location = source;
+  // A failed add leaves no row: the image has no copy (and had none ready:
+  // see above), so it is not in the catalog.
   auto finish = [&](Error e) -> Result<ImageCopyRecord> {
-    copy.state = "failed";
-    copy.message = e.ToString();
-    copy.updated = Now();
-    copy.owner.clear();
     std::lock_guard lock(mu_);
-    BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
-    return copy;
+    auto forget = [&]() -> Status {
+      BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+      for (const char* sql : {"DELETE FROM image_copies WHERE image = ?1", "DELETE FROM image_senders WHERE image = ?1",
+                              "DELETE FROM images WHERE name = ?1"}) {
+        BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare(sql));
+        BARGE_RETURN_IF_ERROR(del.Bind(1, name).Run());
+      }
+      return tx->Commit();
+    };
+    return std::move(e.Also(forget()));
   };
   pipeline::SourceSpec spec;
   spec.location = source;
-  auto src = pipeline::OpenSource(spec);
+  auto src = pipeline::OpenSource(env_, spec);
   if (!src.ok()) return finish(src.error());
   o.source_format = src->format_name();
   o.progress = PercentRecorder(copy);
   std::vector<std::string> dests = {copy.path};
-  auto r = pipeline::RunReplicate(*src->image, dests, o);
+  auto r = pipeline::RunReplicate(env_, *src->image, dests, o);
   if (!r.ok()) return finish(r.error());
   const auto& rep = r->replicas[0];
   if (rep.state == pipeline::ReplicaState::kFailed) return finish(*rep.error);
@@ -353,10 +375,9 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
   // One sync (or add) of an image at a time, across processes: two would
   // both send to the same disks and each count only its own sends.
   BARGE_ASSIGN_OR_RETURN(auto image_lock,
-                         FileLock::TryAcquire(LockPath(name), "an image sync of " + name + " is already running"));
-  BARGE_ASSIGN_OR_RETURN(auto recovered, Recover(name, name));
-  (void)recovered;
-  const std::string owner = ProcessOwner::Self().Encode();
+                         TryLockFile(env_, LockPath(name), "an image sync of " + name + " is already running"));
+  BARGE_RETURN_IF_ERROR(Recover(name, name));
+  const std::string owner = ProcessOwner::Self(env_).Encode();
   ImageRecord image;
   struct Sender {
     std::string path;
@@ -374,22 +395,30 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
     image = images[0];
     BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, name));
     for (const auto& c : copies) {
-      auto rec = pipeline::ReadReplicaRecord(c.path);
-      if (c.state == "ready" && rec.ok() && pipeline::FileMatchesRecord(c.path, *rec) && rec->sha512 == image.sha512) {
+      auto rec = pipeline::ReadReplicaRecord(env_, c.path);
+      if (c.state == "ready" && rec.ok() && pipeline::FileMatchesRecord(env_, c.path, *rec) &&
+          rec->sha512 == image.sha512) {
         senders.push_back({c.path});
       }
     }
     if (senders.empty()) return Error::NotFound("image '" + name + "' has no ready copy to send from");
     BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
     for (const std::string& d : disks) {
-      std::error_code ec;
-      fs::create_directories(d, ec);
+      Status made = env_.CreateDirs(d);
       std::string key = DiskKey(d);
       if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
       keys.push_back(key);
       std::string path = CopyPath(key, name);
       if (std::any_of(senders.begin(), senders.end(), [&](const Sender& s) { return s.path == path; })) continue;
       ImageCopyRecord c{name, key, path, "pending", 0, "", "", Now(), 0, owner};
+      if (!made.ok()) {
+        // This disk cannot take a copy; the others still can.
+        c.state = "failed";
+        c.message = made.error().ToString();
+        c.owner.clear();
+        BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
+        continue;
+      }
       BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
       pending.push_back(std::move(c));
     }
@@ -402,6 +431,7 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
   std::condition_variable cv;
   std::vector<std::thread> threads;
   int running = 0;
+  std::optional<Error> record_error;  // guarded by m: the first state the catalog failed to record
   auto send = [&](ImageCopyRecord copy, size_t sender_index, std::string sender_path) {
     pipeline::ReplicateOptions o = options.replicate;
     o.expected_sha512 = image.sha512;
@@ -413,12 +443,12 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
     pipeline::SourceSpec spec;
     spec.location = sender_path;
     spec.format = image.format;
-    auto src = pipeline::OpenSource(spec);
+    auto src = pipeline::OpenSource(env_, spec);
     if (!src.ok()) {
       error = src.error();
     } else {
       std::vector<std::string> dests = {copy.path};
-      auto r = pipeline::RunReplicate(*src->image, dests, o);
+      auto r = pipeline::RunReplicate(env_, *src->image, dests, o);
       if (!r.ok()) error = r.error();
       else if (r->replicas[0].state == pipeline::ReplicaState::kFailed) error = *r->replicas[0].error;
     }
@@ -427,27 +457,40 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
     copy.percent = error ? copy.percent : 100;
     copy.updated = Now();
     copy.owner.clear();
-    {
-      std::lock_guard lock(mu_);
-      (void)SetCopy(*db_, copy);
-    }
+    Status recorded = RecordCopy(copy);
     std::lock_guard lock(m);
+    if (!recorded.ok() && !record_error) record_error = std::move(recorded).error();
     senders[sender_index].active--;
     if (!error) senders.push_back({copy.path});
     --running;
     cv.notify_all();
   };
+  const std::atomic<bool>* cancel = options.replicate.copy.cancel;
   {
     std::unique_lock lock(m);
     senders.reserve(senders.size() + pending.size());  // indexes stay valid; no reallocation
     while (!pending.empty()) {
+      if (cancel && cancel->load()) {
+        // Stopped: the disks not sent to fail now, not as "interrupted"
+        // rows left to the next recovery.
+        std::lock_guard db_lock(mu_);
+        for (ImageCopyRecord& copy : pending) {
+          copy.state = "failed";
+          copy.message = "cancelled before its send started";
+          copy.updated = Now();
+          copy.owner.clear();
+          IgnoreError(SetCopy(*db_, copy), "the row stays in progress; the next command marks it failed (interrupted)");
+        }
+        pending.clear();
+        break;
+      }
       size_t best = senders.size();
       for (size_t i = 0; i < senders.size(); ++i) {
         if (senders[i].active >= options.max_sends_per_sender) continue;
         if (best == senders.size() || senders[i].active < senders[best].active) best = i;
       }
       if (best == senders.size()) {
-        cv.wait(lock);
+        cv.wait_for(lock, std::chrono::milliseconds(100));  // and look at `cancel` again
         continue;
       }
       ImageCopyRecord copy = std::move(pending.front());
@@ -460,16 +503,30 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
       copy.sender = s.path;
       copy.updated = Now();
       copy.owner = owner;
-      {
-        std::lock_guard db_lock(mu_);
-        (void)SetCopy(*db_, copy);
+      if (Status recorded = RecordCopy(copy); !recorded.ok() && !record_error) {
+        record_error = std::move(recorded).error();
       }
       ++running;
-      threads.emplace_back(send, std::move(copy), best, s.path);
+      auto thread = StartThread("image send", send, copy, best, s.path);
+      if (!thread.ok()) {
+        // Not sent: this copy fails with the reason; the next may fare better.
+        --running;
+        --s.active;
+        --s.sends;
+        copy.state = "failed";
+        copy.message = thread.error().ToString();
+        copy.updated = Now();
+        copy.owner.clear();
+        std::lock_guard db_lock(mu_);
+        IgnoreError(SetCopy(*db_, copy), "the row stays in progress; the next command marks it failed (interrupted)");
+        continue;
+      }
+      threads.push_back(std::move(thread).value());
     }
     cv.wait(lock, [&] { return running == 0; });
   }
   for (auto& t : threads) t.join();
+  if (record_error) return std::move(*record_error).Wrap("image sync of " + name + ": recording a copy's state");
 
   SyncResult result;
   std::lock_guard lock(mu_);
@@ -491,8 +548,7 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
 }
 
 Status ImageCatalog::Rescan(const std::vector<std::string>& disks_arg) {
-  BARGE_ASSIGN_OR_RETURN(auto recovered, Recover("", ""));
-  (void)recovered;
+  BARGE_RETURN_IF_ERROR(Recover("", ""));
   std::lock_guard lock(mu_);
   std::vector<std::string> disks;
   for (const auto& d : disks_arg) disks.push_back(DiskKey(d));
@@ -514,22 +570,22 @@ Status ImageCatalog::Rescan(const std::vector<std::string>& disks_arg) {
     BARGE_ASSIGN_OR_RETURN(
         auto del, db_->Prepare("DELETE FROM image_copies WHERE disk = ?1 AND state NOT IN ('pending', 'in-progress')"));
     BARGE_RETURN_IF_ERROR(del.Bind(1, disk).Run());
-    std::error_code ec;
-    if (!fs::is_directory(disk, ec)) continue;
+    auto st = env_.Stat(disk);
+    if (!st.ok() || !st->is_directory()) continue;
     const std::string suffix = ".sha512.json";
-    for (const auto& e : fs::directory_iterator(disk, ec)) {
-      std::string fname = e.path().filename().string();
+    BARGE_ASSIGN_OR_RETURN(std::vector<std::string> fnames, env_.ListDir(disk));
+    for (const std::string& fname : fnames) {
       if (fname.size() <= suffix.size() || fname.compare(fname.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
       std::string name = fname.substr(0, fname.size() - suffix.size());
       if (!ValidName(name).ok() || live.count(name)) continue;
       std::string path = CopyPath(disk, name);
-      auto rec = pipeline::ReadReplicaRecord(path);
+      auto rec = pipeline::ReadReplicaRecord(env_, path);
       ImageCopyRecord c{name, disk, path, "ready", 100, "", "", Now(), 0, ""};
       if (!rec.ok()) {
         c.state = "failed";
         c.percent = 0;
         c.message = rec.error().ToString();
-      } else if (!pipeline::FileMatchesRecord(path, *rec)) {
+      } else if (!pipeline::FileMatchesRecord(env_, path, *rec)) {
         c.state = "failed";
         c.percent = 0;
         c.message = "file missing or changed since its checksum record";
@@ -549,20 +605,30 @@ Status ImageCatalog::Rescan(const std::vector<std::string>& disks_arg) {
   return tx->Commit();
 }
 
-Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for) {
+Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for, bool dry_run) {
   std::lock_guard lock(mu_);
   BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, ""));
   CleanupResult result;
+  result.dry_run = dry_run;
   int64_t now = Now();
+  // Ready copies per image not removed (so far): the last one always stays.
+  std::map<std::string, size_t> ready;
+  for (const ImageCopyRecord& c : copies) ready[c.image] += c.state == "ready";
+  auto record = [&](const ImageCopyRecord& c) { return dry_run ? OkStatus() : SetCopy(*db_, c); };
   for (ImageCopyRecord& c : copies) {
     if (c.state != "ready") continue;
-    std::error_code ec;
-    std::string target = fs::weakly_canonical(c.path, ec).string();
+    std::string target = CanonicalPath(env_, c.path);
+    // A copy is in use while any qcow2 under its disk folder names it; a
+    // folder that cannot be listed keeps every copy (never removed unseen).
+    std::vector<std::string> files;
+    if (Status listed = ListFilesUnder(env_, c.disk, files);
+        !listed.ok() && listed.error().code() != ErrorCode::kNotFound) {
+      return std::move(listed).error();
+    }
     bool used = false;
-    for (auto it = fs::recursive_directory_iterator(c.disk, ec); !ec && it != fs::recursive_directory_iterator();
-         it.increment(ec)) {
-      if (!it->is_regular_file() || it->path() == fs::path(c.path)) continue;
-      if (BackingOf(it->path()) == target) {
+    for (const std::string& f : files) {
+      if (f == c.path) continue;
+      if (BackingOf(env_, f) == target) {
         used = true;
         break;
       }
@@ -570,25 +636,38 @@ Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for) {
     if (used) {
       c.unused_since = 0;
       result.in_use.push_back(c.path);
-      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
+      BARGE_RETURN_IF_ERROR(record(c));
       continue;
     }
     if (c.unused_since == 0) c.unused_since = c.updated;
     if (now - c.unused_since < unused_for.count()) {
       result.waiting.push_back(c.path);
-      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
+      BARGE_RETURN_IF_ERROR(record(c));
       continue;
     }
-    auto image_lock = FileLock::TryAcquire(LockPath(c.image), "image " + c.image + " is busy");
+    if (ready[c.image] <= 1) {
+      result.last_copy.push_back(c.path);
+      BARGE_RETURN_IF_ERROR(record(c));
+      continue;
+    }
+    auto image_lock = TryLockFile(env_, LockPath(c.image), "image " + c.image + " is busy");
     if (!image_lock.ok()) {
-      if (!image_lock.error().retryable()) return image_lock.error();
+      if (image_lock.error().code() != ErrorCode::kBusy) return image_lock.error();
       result.busy.push_back(c.path);
       continue;
     }
+    --ready[c.image];
+    if (dry_run) {
+      result.removed.push_back(c.path);
+      continue;
+    }
     // The record goes first: a file without one is never taken as ready.
-    fs::remove(pipeline::ReplicaRecordPath(c.path), ec);
-    fs::remove(c.path, ec);
-    if (ec) return Error::FromErrno(ec.value(), "remove", c.path);
+    BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(pipeline::ReplicaRecordPath(c.path)));
+    BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(c.path));
+    // The removal is durable before the row goes: after a power loss, a
+    // copy that came back still has its row, and the next cleanup removes
+    // it (issue 13).
+    BARGE_RETURN_IF_ERROR(env_.SyncDir(DirName(c.path)));
     BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare("DELETE FROM image_copies WHERE image = ?1 AND disk = ?2"));
     BARGE_RETURN_IF_ERROR(del.Bind(1, c.image).Bind(2, c.disk).Run());
     result.removed.push_back(c.path);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 #include "pipeline/replicate.h"
 
@@ -76,6 +77,8 @@ struct CleanupResult {
   std::vector<std::string> in_use;   // kept: a qcow2 in the disk's folder uses them
   std::vector<std::string> waiting;  // kept: unused for less than the interval
   std::vector<std::string> busy;     // kept: an add or sync of the image holds its lock
+  std::vector<std::string> last_copy;  // kept: the image's last ready copy
+  bool dry_run = false;              // nothing was removed: `removed` would be
 };
 
 // Thread-safe (one connection behind a mutex). Several processes may use
@@ -83,7 +86,10 @@ struct CleanupResult {
 class ImageCatalog {
  public:
   // Opens (creating file, folder and schema) the catalog at `db_path`.
-  static Result<std::unique_ptr<ImageCatalog>> Open(const std::string& db_path);
+  // Every file the catalog handles besides the database itself (disk
+  // folders, copies and their records, lock files, /proc for owners) goes
+  // through `env`, which must outlive the catalog.
+  static Result<std::unique_ptr<ImageCatalog>> Open(Env& env, const std::string& db_path);
   ~ImageCatalog();
   ImageCatalog(const ImageCatalog&) = delete;
   ImageCatalog& operator=(const ImageCatalog&) = delete;
@@ -91,20 +97,25 @@ class ImageCatalog {
   // Prepares the first ready copy of `name` from `source` in `disk`
   // (DISK/NAME), checked against `expected_sha512` if given. An image of
   // that name must not exist yet, unless re-adding to a disk that failed.
-  // Holds the image's lock throughout (kInvalidArgument, retryable, when
-  // another add or sync of `name` holds it) and first recovers the image's
-  // interrupted rows.
-  // Returns the copy's record (state ready or failed, with the message).
+  // Holds the image's lock throughout (kBusy, retryable, when another add
+  // or sync of `name` holds it) and first recovers the image's interrupted
+  // rows.
+  // Returns the copy's record (state ready). A failed add returns its
+  // error and leaves no row of the image (nor of its copy) behind: a copy
+  // that never became ready is no copy; add again once the cause is fixed.
+  // A killed add leaves an in-progress row, marked failed ("interrupted")
+  // by the next command that recovers rows.
   Result<ImageCopyRecord> Add(const std::string& name, const std::string& source,
                               const std::string& expected_sha512, const std::string& disk,
                               const pipeline::ReplicateOptions& options);
   // Delivers `name` to every disk in `disks` that lacks a ready copy, from
   // ready copies (copies that become ready send too). Each send checks the
-  // image's SHA-512. Holds the image's lock throughout: kInvalidArgument,
-  // retryable ("an image sync of NAME is already running"), at once when
+  // image's SHA-512. Holds the image's lock throughout: kBusy, retryable
+  // ("an image sync of NAME is already running"), at once when
   // another process (or another call in this one) syncs or adds `name`.
   // Recovers the image's interrupted rows first, so they are sent again.
-  // kNotFound without a ready copy.
+  // kNotFound without a ready copy. Once options.replicate.copy.cancel is
+  // set no new send starts; the disks not sent to are marked failed.
   Result<SyncResult> Sync(const std::string& name, const std::vector<std::string>& disks,
                           const SyncOptions& options);
   // Marks failed (kInterruptedMessage) every pending or in-progress copy of
@@ -130,11 +141,18 @@ class ImageCatalog {
   // (measured from when a cleanup first saw them unused, or their last
   // update). A copy in use is never removed, nor one whose image an add or
   // sync (another process included) is working on: removal holds the
-  // image's lock, so a sync never loses the copy it sends from.
-  Result<CleanupResult> Cleanup(std::chrono::seconds unused_for);
+  // image's lock, so a sync never loses the copy it sends from. Nor is the
+  // last ready copy of an image ever removed (unused or not, the image
+  // would be gone). dry_run: report what would be removed; change nothing
+  // (not even the "unused since" times).
+  Result<CleanupResult> Cleanup(std::chrono::seconds unused_for, bool dry_run = false);
 
  private:
-  ImageCatalog(std::unique_ptr<SqliteDb> db, std::string lock_dir);
+  ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string lock_dir);
+  // The key of a disk folder: its canonical path.
+  std::string DiskKey(const std::string& disk);
+  // The copy's state after a send, written by a send thread.
+  Status RecordCopy(const ImageCopyRecord& copy);
   // The image's lock file: <catalog folder>/locks/images/NAME.lock.
   std::string LockPath(const std::string& name) const;
   // RecoverInterrupted, where the caller already holds the lock of image
@@ -144,6 +162,7 @@ class ImageCatalog {
   // once a second (and at the end).
   std::function<void(size_t, uint64_t, uint64_t)> PercentRecorder(const ImageCopyRecord& copy);
 
+  Env& env_;
   std::mutex mu_;
   std::unique_ptr<SqliteDb> db_;  // guarded by mu_
   const std::string lock_dir_;

@@ -14,6 +14,7 @@
 #include <map>
 #include <tuple>
 
+#include "blockio/fault_env.h"
 #include "orchestrate/file_lock.h"
 #include "orchestrate/sqlite_db.h"
 #include "tests/testing/testing.h"
@@ -65,7 +66,7 @@ TEST_F(ImageCatalogTest, OldCatalogGainsOwnerAndItsUnownedRowsAreInterrupted) {
   std::string a = Disk("a"), b = Disk("b");
   std::string temp = Temp(a, "base");
   {
-    auto db = SqliteDb::Open(Db());
+    auto db = SqliteDb::Open(PosixEnv(), Db());
     ASSERT_TRUE(db.ok()) << db.error().ToString();
     ASSERT_TRUE((*db)->Exec(kOldSchema).ok());
     ASSERT_TRUE((*db)->Exec("INSERT INTO images (name, source, created) VALUES ('base', '/src', 1);").ok());
@@ -74,7 +75,7 @@ TEST_F(ImageCatalogTest, OldCatalogGainsOwnerAndItsUnownedRowsAreInterrupted) {
                        "('base', '" + b + "', '" + b + "/base', 'ready', 100, 1);";
     ASSERT_TRUE((*db)->Exec(rows).ok());
   }
-  auto cat = ImageCatalog::Open(Db());
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(cat.ok()) << cat.error().ToString();
   auto before = CopiesByDisk(**cat, "base");
   EXPECT_EQ(before[a].state, "in-progress");
@@ -94,14 +95,14 @@ TEST_F(ImageCatalogTest, OldCatalogGainsOwnerAndItsUnownedRowsAreInterrupted) {
 
   // Opening again (already migrated) changes nothing.
   cat->reset();
-  auto again = ImageCatalog::Open(Db());
+  auto again = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(again.ok()) << again.error().ToString();
   EXPECT_EQ(CopiesByDisk(**again, "base")[a].state, "failed");
 }
 
 TEST_F(ImageCatalogTest, OnlyGoneOwnersAreRecovered) {
   std::string live = Disk("live"), remote = Disk("remote"), dead = Disk("dead"), queued = Disk("queued");
-  ProcessOwner self = ProcessOwner::Self();
+  ProcessOwner self = ProcessOwner::Self(PosixEnv());
   ProcessOwner elsewhere = self;
   elsewhere.host += "-elsewhere";
   elsewhere.pid = 1;
@@ -110,15 +111,15 @@ TEST_F(ImageCatalogTest, OnlyGoneOwnersAreRecovered) {
     ::pause();
     ::_exit(0);
   }
-  auto child_owner = ProcessOwner::Of(child);
+  auto child_owner = ProcessOwner::Of(PosixEnv(), child);
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
   ASSERT_TRUE(child_owner.ok());
 
-  auto cat = ImageCatalog::Open(Db());
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(cat.ok()) << cat.error().ToString();
   {
-    auto db = SqliteDb::Open(Db());
+    auto db = SqliteDb::Open(PosixEnv(), Db());
     ASSERT_TRUE(db.ok());
     ASSERT_TRUE((*db)->Exec("INSERT INTO images (name, source, created) VALUES ('base', '/src', 1);").ok());
     auto st = (*db)->Prepare("INSERT INTO image_copies (image, disk, path, state, updated, owner) "
@@ -137,7 +138,7 @@ TEST_F(ImageCatalogTest, OnlyGoneOwnersAreRecovered) {
   // While another process (here: another lock) holds the image, nothing is
   // touched: that add or sync owns the image's rows.
   {
-    auto held = FileLock::TryAcquire(dir_ / "locks/images/base.lock", "busy");
+    auto held = TryLockFile(PosixEnv(), dir_ / "locks/images/base.lock", "busy");
     ASSERT_TRUE(held.ok()) << held.error().ToString();
     auto r = (*cat)->RecoverInterrupted("base");
     ASSERT_TRUE(r.ok()) << r.error().ToString();
@@ -168,13 +169,13 @@ TEST_F(ImageCatalogTest, OnlyGoneOwnersAreRecovered) {
 }
 
 TEST_F(ImageCatalogTest, SyncOfALockedImageIsRefusedAtOnce) {
-  auto cat = ImageCatalog::Open(Db());
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(cat.ok()) << cat.error().ToString();
-  auto held = FileLock::TryAcquire(dir_ / "locks/images/base.lock", "busy");
+  auto held = TryLockFile(PosixEnv(), dir_ / "locks/images/base.lock", "busy");
   ASSERT_TRUE(held.ok());
   auto r = (*cat)->Sync("base", {Disk("a")}, SyncOptions{});
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(r.error().code(), ErrorCode::kBusy);
   EXPECT_TRUE(r.error().retryable());
   EXPECT_EQ(r.error().message(), "an image sync of base is already running");
   held->reset();
@@ -184,6 +185,54 @@ TEST_F(ImageCatalogTest, SyncOfALockedImageIsRefusedAtOnce) {
   EXPECT_EQ(r.error().code(), ErrorCode::kNotFound) << r.error().ToString();
   // Names that could leave the lock folder are refused before any lock.
   EXPECT_EQ((*cat)->Sync("../x", {Disk("a")}, SyncOptions{}).error().code(), ErrorCode::kInvalidArgument);
+}
+
+// Issue 13 (found by the reliability campaign): cleanup removed a copy and
+// its record, then deleted the row, without syncing the folder. A power
+// loss brought the files back with no row left, so no later cleanup ever
+// removed them. Now a removal is durable before its row goes, and a crash
+// before that leaves the row for the next cleanup.
+TEST_F(ImageCatalogTest, Issue13CleanupRemovalIsDurableBeforeTheRowGoes) {
+  std::string src = dir_ / "src.raw";
+  barge::testing::WriteFile(src, barge::testing::RandomBytes(256 << 10, 3));
+  std::string a = Disk("a");
+  std::string copy = a + "/base";
+  FaultEnv env(PosixEnv(), dir_ / "stash");
+  {
+    auto cat = ImageCatalog::Open(env, Db());
+    ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+    auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
+    ASSERT_TRUE(added.ok()) << added.error().ToString();
+    ASSERT_EQ(added->state, "ready") << added->message;
+    env.MarkDurable();
+    auto r = (*cat)->Cleanup(std::chrono::seconds(0));
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    ASSERT_EQ(r->removed, std::vector<std::string>{copy});
+  }
+  ASSERT_TRUE(env.SimulatePowerLoss().ok());
+  EXPECT_FALSE(fs::exists(copy)) << "reported removed, back after a power loss";
+  EXPECT_FALSE(fs::exists(pipeline::ReplicaRecordPath(copy)));
+
+  // A crash between the unlinks and the folder sync: the files come back
+  // and keep their row, and the next cleanup removes them.
+  {
+    auto cat = ImageCatalog::Open(env, Db());
+    ASSERT_TRUE(cat.ok());
+    auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
+    ASSERT_TRUE(added.ok()) << added.error().ToString();
+    env.MarkDurable();
+    env.CrashAfter(2);  // the record's and the copy's unlinks
+    EXPECT_FALSE((*cat)->Cleanup(std::chrono::seconds(0)).ok());
+  }
+  ASSERT_TRUE(env.SimulatePowerLoss().ok());
+  ASSERT_TRUE(fs::exists(copy));
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
+  ASSERT_TRUE(cat.ok());
+  EXPECT_EQ(CopiesByDisk(**cat, "base")[a].state, "ready");
+  auto r = (*cat)->Cleanup(std::chrono::seconds(0));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->removed, std::vector<std::string>{copy});
+  EXPECT_FALSE(fs::exists(copy));
 }
 
 }  // namespace

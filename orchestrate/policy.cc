@@ -143,8 +143,8 @@ class Checker {
   std::vector<std::string> errors_;
 };
 
-std::optional<HookSpec> ParseHook(Checker& c, const YAML::Node& node, std::string_view key) {
-  HookSpec h;
+std::optional<PolicyHook> ParseHook(Checker& c, const YAML::Node& node, std::string_view key) {
+  PolicyHook h;
   if (node.IsScalar()) {
     h.command = node.Scalar();
   } else if (node.IsMap()) {
@@ -235,7 +235,7 @@ void ParseSchedule(Checker& c, const YAML::Node& node, Env& env, Policy& p) {
       break;
     }
   }
-  auto zone = TimeZone::Load(zone_name, env);
+  auto zone = TimeZone::Load(env, zone_name);
   if (!zone.ok()) {
     c.Fail(node.Mark(), "'schedule': " + zone.error().message());
     return;
@@ -361,7 +361,7 @@ const PolicySource* Policy::FindSource(std::string_view source_name) const {
   return nullptr;
 }
 
-Result<Policy> ParsePolicy(std::string_view yaml, std::string_view file_name, Env& env) {
+Result<Policy> ParsePolicy(Env& env, std::string_view yaml, std::string_view file_name) {
   Checker c(file_name);
   try {
     YAML::Node root = YAML::Load(std::string(yaml));
@@ -374,10 +374,10 @@ Result<Policy> ParsePolicy(std::string_view yaml, std::string_view file_name, En
   }
 }
 
-Result<Policy> LoadPolicy(const std::string& path, Env& env) {
+Result<Policy> LoadPolicy(Env& env, const std::string& path) {
   auto text = env.ReadFile(path, 1 << 20);
   if (!text.ok()) return std::move(text).error().Wrap("policy");
-  return ParsePolicy(*text, path, env);
+  return ParsePolicy(env, *text, path);
 }
 
 std::vector<std::chrono::sys_seconds> NextRunTimes(const Policy& policy, std::chrono::sys_seconds after,

@@ -37,8 +37,9 @@ struct PolicySource {
 };
 
 // A command run before or after each source's backup (docs/policies.md,
-// "Hooks"). Run through a HookRunner (orchestrate/policy_runner.h).
-struct HookSpec {
+// "Hooks"). Run through a HookRunner (orchestrate/policy_runner.h). Not
+// named HookSpec: orchestrate/hooks.h (snapshots' pre/post pair) has that.
+struct PolicyHook {
   std::string command;                        // run by /bin/sh -c
   std::chrono::seconds timeout{std::chrono::minutes(5)};
 };
@@ -63,8 +64,8 @@ struct Policy {
   uint32_t full_every = 0;            // a new chain after this many points; 0 = never
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = formats::kDefaultZstdLevel;
-  std::optional<HookSpec> pre_hook;
-  std::optional<HookSpec> post_hook;
+  std::optional<PolicyHook> pre_hook;
+  std::optional<PolicyHook> post_hook;
 
   const PolicySource* FindSource(std::string_view source_name) const;
 };
@@ -75,11 +76,10 @@ struct Policy {
 // per line, as "FILE:LINE:COLUMN: message" (unknown keys with "did you
 // mean ...?", wrong types, bad values, missing required fields, duplicate
 // keys or source names); YAML syntax errors the same way.
-Result<Policy> ParsePolicy(std::string_view yaml, std::string_view file_name = "policy",
-                           Env& env = Env::Default());
+Result<Policy> ParsePolicy(Env& env, std::string_view yaml, std::string_view file_name = "policy");
 
 // Reads `path` through `env` (at most 1 MiB) and parses it.
-Result<Policy> LoadPolicy(const std::string& path, Env& env = Env::Default());
+Result<Policy> LoadPolicy(Env& env, const std::string& path);
 
 // The next `count` scheduled run times after `after` (empty without a
 // schedule).

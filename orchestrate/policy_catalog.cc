@@ -52,8 +52,8 @@ std::optional<SysSeconds> Time(const std::string& text) {
 
 }  // namespace
 
-Result<std::unique_ptr<PolicyCatalog>> PolicyCatalog::Open(const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(path));
+Result<std::unique_ptr<PolicyCatalog>> PolicyCatalog::Open(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(env, path));
   BARGE_RETURN_IF_ERROR(db->Exec(kSchema));
   return std::unique_ptr<PolicyCatalog>(new PolicyCatalog(std::move(db)));
 }

@@ -67,7 +67,7 @@ struct SourceRunStats {
 class PolicyCatalog {
  public:
   // Opens (creating) the catalog file and its policy tables.
-  static Result<std::unique_ptr<PolicyCatalog>> Open(const std::string& path);
+  static Result<std::unique_ptr<PolicyCatalog>> Open(Env& env, const std::string& path);
   const std::string& path() const { return db_->path(); }
 
   // Inserts a "running" record (its points are ignored); returns its id.

@@ -26,7 +26,7 @@ RunRecord NewRun(const std::string& source, const std::string& started, const st
 
 TEST(PolicyCatalogTest, RecordsStateAndStats) {
   barge::testing::TempDir dir;
-  auto c = PolicyCatalog::Open(dir / "catalog.db");
+  auto c = PolicyCatalog::Open(PosixEnv(), dir / "catalog.db");
   ASSERT_TRUE(c.ok()) << c.error().ToString();
   auto& cat = **c;
   EXPECT_FALSE(cat.StateOf("p", "disk")->last_attempt);

@@ -16,7 +16,7 @@ Policy MakePolicy(const char* schedule = "0 2 * * *", const char* reason = "") {
                                  "  - nbd: nbd://h/e\ntargets: [/a, /b, /c]\nreason: '") +
                      reason + "'\n";
   if (*schedule) yaml += std::string("schedule: '") + schedule + "'\n";
-  auto p = ParsePolicy(yaml);
+  auto p = ParsePolicy(Env::Default(), yaml);
   EXPECT_TRUE(p.ok()) << p.error().message();
   return *p;
 }

@@ -16,10 +16,10 @@ using barge::testing::TempDir;
 TEST(PolicyMetricsTest, SnapshotTextfileAndPromtool) {
   TempDir dir;
   ASSERT_TRUE(Env::Default().CreateDirs(dir / "t1").ok());
-  auto policy = ParsePolicy("name: nightly\nsources:\n  - image: /vm/disk.qcow2\n  - image: /vm/new.qcow2\n"
+  auto policy = ParsePolicy(Env::Default(), "name: nightly\nsources:\n  - image: /vm/disk.qcow2\n  - image: /vm/new.qcow2\n"
                             "max_duration_without_backup: 26h\ntargets: [" + (dir / "t1") + ", /nonexistent-barge-t]\n");
   ASSERT_TRUE(policy.ok()) << policy.error().message();
-  auto catalog = PolicyCatalog::Open(dir / "catalog.db");
+  auto catalog = PolicyCatalog::Open(PosixEnv(), dir / "catalog.db");
   ASSERT_TRUE(catalog.ok());
   RunRecord r;
   r.run_id = "x";

@@ -44,8 +44,8 @@ class Runner {
         return std::uniform_int_distribution<size_t>(0, n - 1)(rng_);
       };
     }
-    run_id_ = policy.name + "-" + FormatRfc3339(now_()) + "-" + std::to_string(ProcessOwner::Self().pid);
-    host_ = ProcessOwner::Self().host;
+    run_id_ = policy.name + "-" + FormatRfc3339(now_()) + "-" + std::to_string(ProcessOwner::Self(env_).pid);
+    host_ = ProcessOwner::Self(env_).host;
   }
 
   // Runs f with the catalog connection to itself.
@@ -120,7 +120,7 @@ class Runner {
         stop_reason_ = "stopped: max_run_time " + FormatDuration(policy_.max_run_time) + " exceeded";
         cancel_ = true;
       } else if (opt_.stop != nullptr && opt_.stop->load()) {
-        stop_reason_ = "stopped: the run was asked to stop";
+        stop_reason_ = opt_.stop_reason ? opt_.stop_reason() : "stopped: the run was asked to stop";
         cancel_ = true;
       }
     }
@@ -146,6 +146,7 @@ class Runner {
       r.error = id.error().ToString();
       return;
     }
+    r.id = *id;
     const auto t0 = std::chrono::steady_clock::now();
     Status result = Backup(s, o);
     r.duration_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -176,7 +177,9 @@ class Runner {
     if (points.points.size() >= policy_.retention_count) {
       RetentionPlan plan =
           PlanRetention(points.points, points.chains, KeepNewest(points.points, policy_.retention_count - 1));
-      Status applied = Locked([&] { return ApplyRetention(env_, plan, &catalog_, opt_.copy); });
+      pipeline::CopyOptions copy = opt_.copy;
+      copy.cancel = &cancel_;  // a merge stops with the run (its new file removed)
+      Status applied = Locked([&] { return ApplyRetention(env_, plan, &catalog_, copy); });
       o.retention = std::to_string(plan.forget.size()) + " point(s) removed";
       if (!applied.ok()) o.retention = "retention failed: " + applied.error().ToString();
       BARGE_ASSIGN_OR_RETURN(points, ScanSource(env_, policy_, s));
@@ -216,10 +219,26 @@ class Runner {
     r.type = place.incremental ? "incremental" : "full";
     r.type_reason = place.incremental ? type.reason : place.reason;
 
-    HookContext ctx{policy_.name, s.name, "pre", place.target, ""};
+    HookContext ctx{policy_.name, s.name, "pre", place.target, "", ""};
+    // The post hook runs after every pre hook, whatever happened between
+    // (it may undo what the pre hook did, e.g. thaw a frozen filesystem).
+    auto post_hook = [&](const std::string& result, const std::string& error) -> Status {
+      if (!policy_.post_hook) return OkStatus();
+      ctx.phase = "post";
+      ctx.result = result;
+      ctx.error = error;
+      Status post = opt_.hooks->Run(*policy_.post_hook, ctx, nullptr);
+      if (!post.ok()) return std::move(post).error().Wrap("post_hook");
+      return OkStatus();
+    };
     if (policy_.pre_hook) {
       Status pre = opt_.hooks->Run(*policy_.pre_hook, ctx, &cancel_);
-      if (!pre.ok()) return std::move(pre).error().Wrap("pre_hook");
+      if (!pre.ok()) {
+        Error e = std::move(pre).error().Wrap("pre_hook (backup skipped)");
+        Status post = post_hook("aborted", e.ToString());
+        if (!post.ok()) e.Also(post);
+        return e;
+      }
     }
     SourceBackupRequest req;
     req.source = &s;
@@ -232,16 +251,16 @@ class Runner {
     req.catalog_path = opt_.catalog_path;
     req.copy = opt_.copy;
     req.copy.cancel = &cancel_;
-    BARGE_RETURN_IF_ERROR(env_.CreateDirs(req.target_dir));
-    auto done = backend_.Backup(req);
-    if (policy_.post_hook) {
-      ctx.phase = "post";
-      ctx.result = done.ok() ? "success" : "failed";
-      Status post = opt_.hooks->Run(*policy_.post_hook, ctx, nullptr);
-      if (!post.ok()) {
-        if (!done.ok()) return Error(done.error()).Also(post);
-        return std::move(post).error().Wrap("post_hook");
-      }
+    Result<SourceBackupResult> done = Error::Internal("not run");
+    if (Status made = env_.CreateDirs(req.target_dir); made.ok()) {
+      done = backend_.Backup(req);
+    } else {
+      done = made.error();
+    }
+    Status post = post_hook(done.ok() ? "success" : "failed", done.ok() ? "" : done.error().ToString());
+    if (!post.ok()) {
+      if (!done.ok()) return Error(done.error()).Also(post);
+      return post;
     }
     if (!done.ok()) return done.error();
     r.type = done->type;
@@ -278,8 +297,7 @@ std::string PolicyLockPath(const std::string& catalog_path, const std::string& p
 
 std::string BargeVersion() { return pipeline::BackupRequest().tool_version; }
 
-Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options) {
-  Env& env = options.env != nullptr ? *options.env : Env::Default();
+Result<RunReport> RunPolicyOnce(Env& env, const Policy& policy, const RunOptions& options) {
   if ((policy.pre_hook || policy.post_hook) && options.hooks == nullptr) {
     return Error::InvalidArgument("policy " + policy.name + " has hooks but no hook runner was given");
   }
@@ -290,16 +308,20 @@ Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options)
     backend = own_backend.get();
   }
   BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
-  BARGE_ASSIGN_OR_RETURN(auto catalog, PolicyCatalog::Open(options.catalog_path));
+  BARGE_ASSIGN_OR_RETURN(auto catalog, PolicyCatalog::Open(env, options.catalog_path));
   // We hold the lock: a "running" record is a dead process's.
   BARGE_RETURN_IF_ERROR(catalog->FailInterrupted(policy.name));
   Runner runner(policy, options, env, *backend, *catalog);
-  return runner.Run();
+  const auto t0 = std::chrono::steady_clock::now();
+  const SysSeconds started = options.now ? options.now() : NowSeconds();
+  BARGE_ASSIGN_OR_RETURN(RunReport report, runner.Run());
+  report.started_at = started;
+  report.duration_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
 }
 
-Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const ForgetPolicy& keep,
+Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& policy, const ForgetPolicy& keep,
                                                      const ForgetOptions& options) {
-  Env& env = options.env != nullptr ? *options.env : Env::Default();
   for (const auto& want : options.only_sources) {
     if (policy.FindSource(want) == nullptr) {
       return Error::NotFound("policy " + policy.name + " has no source '" + want + "'");
@@ -308,7 +330,7 @@ Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const
   BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
   std::unique_ptr<PolicyCatalog> catalog;
   if (!options.dry_run) {
-    BARGE_ASSIGN_OR_RETURN(catalog, PolicyCatalog::Open(options.catalog_path));
+    BARGE_ASSIGN_OR_RETURN(catalog, PolicyCatalog::Open(env, options.catalog_path));
   }
   std::vector<ForgetSourceReport> out;
   for (const auto& s : policy.sources) {

@@ -30,19 +30,22 @@ struct HookContext {
   std::string source;
   std::string phase;   // "pre" or "post"
   std::string target;  // the chosen target folder
-  std::string result;  // post: "success" or "failed"
+  // post: "success", "failed" (the backup failed) or "aborted" (the pre
+  // hook failed, nothing was backed up); `error` says why when not success.
+  std::string result;
+  std::string error;
 };
 
-// Runs pre/post hook commands. The policy runner needs only this; the
-// command runner with timeouts lives in orchestrate/hooks.h (another
-// branch) and is adapted to it. Thread-safe: hooks of different sources
-// run at once.
+// Runs pre/post hook commands. The policy runner needs only this;
+// NewPolicyHookRunner (orchestrate/policy_hooks.h) is the command runner.
+// The runner calls the post hook after every pre hook it called, whatever
+// happened in between. Thread-safe: hooks of different sources run at once.
 class HookRunner {
  public:
   virtual ~HookRunner() = default;
   // Runs `hook` to its end or its timeout, or until *cancel turns true.
   // Returns ok when the command exited 0; an Error saying why otherwise.
-  virtual Status Run(const HookSpec& hook, const HookContext& context, const std::atomic<bool>* cancel) = 0;
+  virtual Status Run(const PolicyHook& hook, const HookContext& context, const std::atomic<bool>* cancel) = 0;
 };
 
 // ---- where backups come from ----
@@ -120,7 +123,6 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
 
 struct RunOptions {
   std::string catalog_path;  // the policy lock goes to <its folder>/locks/
-  Env* env = nullptr;        // null: Env::Default()
   std::function<SysSeconds()> now;  // the clock; null: the system clock
   PickFn pick;                      // placement tie-break; null: random
   SourceBackend* backend = nullptr; // null: NewDefaultSourceBackend(env)
@@ -134,6 +136,10 @@ struct RunOptions {
   // Set to stop the run cleanly (SIGTERM): backups in progress are
   // cancelled (partial files removed) and recorded as failed.
   const std::atomic<bool>* stop = nullptr;
+  // What the records of a run stopped through `stop` say ("stopped by
+  // SIGTERM"); null: "stopped: the run was asked to stop". Called once,
+  // when the stop is seen.
+  std::function<std::string()> stop_reason;
   pipeline::CopyOptions copy;  // pipeline knobs; `cancel` is the runner's
 };
 
@@ -147,6 +153,8 @@ struct SourceOutcome {
 
 struct RunReport {
   std::string run_id;
+  SysSeconds started_at{};       // when the run began (RunOptions::now)
+  double duration_seconds = 0;   // how long it took, lock and retention included
   std::vector<SourceOutcome> sources;
   size_t ran = 0;
   size_t failed = 0;
@@ -159,13 +167,12 @@ struct RunReport {
 // another run of the policy holds its lock (unless wait_for_lock);
 // kInvalidArgument when the policy has hooks and no HookRunner was given;
 // catalog errors.
-Result<RunReport> RunPolicyOnce(const Policy& policy, const RunOptions& options);
+Result<RunReport> RunPolicyOnce(Env& env, const Policy& policy, const RunOptions& options);
 
 // ---- forget ----
 
 struct ForgetOptions {
   std::string catalog_path;
-  Env* env = nullptr;
   std::vector<std::string> only_sources;  // empty = every source of the policy
   bool dry_run = false;
   bool wait_for_lock = false;
@@ -181,7 +188,7 @@ struct ForgetSourceReport {
 // restic-style retention over each source's points with the guarantee of
 // PlanRetention; with dry_run only the plans. Takes the policy's lock
 // (kBusy when a run holds it, unless wait_for_lock).
-Result<std::vector<ForgetSourceReport>> ForgetPoints(const Policy& policy, const ForgetPolicy& keep,
+Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& policy, const ForgetPolicy& keep,
                                                      const ForgetOptions& options);
 
 // The lock file of a policy: <catalog folder>/locks/policy-<name>.lock.

@@ -31,7 +31,7 @@ class PolicyRunnerTest : public ::testing::Test {
     ASSERT_TRUE(Env::Default().WriteFileAtomic(path, data, false).ok());
   }
   Policy Parse(const std::string& yaml) {
-    auto p = ParsePolicy(yaml);
+    auto p = ParsePolicy(Env::Default(), yaml);
     EXPECT_TRUE(p.ok()) << p.error().message();
     return p.ok() ? *p : Policy{};
   }
@@ -44,15 +44,15 @@ class PolicyRunnerTest : public ::testing::Test {
     return o;
   }
   size_t Points(const std::string& chain_dir) {
-    auto c = pipeline::LoadChainFolder(chain_dir);
+    auto c = pipeline::LoadChainFolder(PosixEnv(), chain_dir);
     return c.ok() ? c->points.size() : 0;
   }
   // Every point of the chain folder opens, its layers and digests check.
   void ExpectAllRestorable(const std::string& chain_dir) {
-    auto c = pipeline::LoadChainFolder(chain_dir);
+    auto c = pipeline::LoadChainFolder(PosixEnv(), chain_dir);
     ASSERT_TRUE(c.ok()) << c.error().ToString();
     for (size_t i = 0; i < c->points.size(); ++i) {
-      auto p = pipeline::OpenPoint(*c, i);
+      auto p = pipeline::OpenPoint(PosixEnv(), *c, i);
       EXPECT_TRUE(p.ok()) << chain_dir << " point " << i << ": " << p.error().ToString();
     }
   }
@@ -69,12 +69,12 @@ TEST_F(PolicyRunnerTest, ScheduleSpreadRetentionAndRecords) {
                    ", " + (dir_ / "t2") + "]\nfree_space_multiple: 1\n");
   RunOptions o = Options();
   for (int run = 0; run < 4; ++run) {
-    auto r = RunPolicyOnce(p, o);
+    auto r = RunPolicyOnce(Env::Default(), p, o);
     ASSERT_TRUE(r.ok()) << r.error().ToString();
     ASSERT_EQ(r->ran, 2u) << "run " << run;
     EXPECT_EQ(r->failed, 0u) << r->sources[0].record.error << r->sources[1].record.error;
     // Same minute again: nothing due.
-    auto again = RunPolicyOnce(p, o);
+    auto again = RunPolicyOnce(Env::Default(), p, o);
     ASSERT_TRUE(again.ok());
     EXPECT_EQ(again->ran, 0u);
     EXPECT_NE(again->sources[0].due.why.find("next slot"), std::string::npos) << again->sources[0].due.why;
@@ -90,7 +90,7 @@ TEST_F(PolicyRunnerTest, ScheduleSpreadRetentionAndRecords) {
     EXPECT_GE(Points(dir_ / ("t1/pol/" + std::string(src))), 1u);
     EXPECT_GE(Points(dir_ / ("t2/pol/" + std::string(src))), 1u);
   }
-  auto catalog = PolicyCatalog::Open(o.catalog_path);
+  auto catalog = PolicyCatalog::Open(PosixEnv(), o.catalog_path);
   ASSERT_TRUE(catalog.ok());
   auto runs = (*catalog)->ListRuns({"pol", "a", 0});
   ASSERT_TRUE(runs.ok());
@@ -109,27 +109,27 @@ TEST_F(PolicyRunnerTest, ScheduleSpreadRetentionAndRecords) {
 
   // A changed reason: one more backup at once, then nothing.
   p.reason = "before-upgrade";
-  auto r = RunPolicyOnce(p, o);
+  auto r = RunPolicyOnce(Env::Default(), p, o);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->ran, 2u);
   EXPECT_EQ(r->sources[0].record.trigger, "reason");
-  EXPECT_EQ(RunPolicyOnce(p, o)->ran, 0u);
+  EXPECT_EQ(RunPolicyOnce(Env::Default(), p, o)->ran, 0u);
 
   // forget: dry run first (nothing changes), then for real.
   ForgetOptions fo;
   fo.catalog_path = o.catalog_path;
   fo.dry_run = true;
   fo.only_sources = {"a"};
-  auto plan = ForgetPoints(p, ForgetPolicy{1, 0, 0, 0}, fo);
+  auto plan = ForgetPoints(Env::Default(), p, ForgetPolicy{1, 0, 0, 0}, fo);
   ASSERT_TRUE(plan.ok()) << plan.error().ToString();
   ASSERT_EQ(plan->size(), 1u);
   EXPECT_EQ((*plan)[0].plan.forget.size(), 2u);
   EXPECT_EQ(Points(dir_ / "t1/pol/a") + Points(dir_ / "t2/pol/a"), 3u);
   fo.dry_run = false;
-  ASSERT_TRUE(ForgetPoints(p, ForgetPolicy{1, 0, 0, 0}, fo).ok());
+  ASSERT_TRUE(ForgetPoints(Env::Default(), p, ForgetPolicy{1, 0, 0, 0}, fo).ok());
   EXPECT_EQ(Points(dir_ / "t1/pol/a") + Points(dir_ / "t2/pol/a"), 1u);
   fo.only_sources = {"zzz"};
-  EXPECT_EQ(ForgetPoints(p, ForgetPolicy{1, 0, 0, 0}, fo).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(ForgetPoints(Env::Default(), p, ForgetPolicy{1, 0, 0, 0}, fo).error().code(), ErrorCode::kNotFound);
 }
 
 TEST_F(PolicyRunnerTest, BitmapIncrementalsAndMergeForward) {
@@ -149,7 +149,7 @@ TEST_F(PolicyRunnerTest, BitmapIncrementalsAndMergeForward) {
       barge::testing::RunOk("qemu-io -f qcow2 -c 'write -P " + std::to_string(0x20 + i) + " " + std::to_string(i) +
                             "M 64k' " + img + " >/dev/null");
     }
-    auto r = RunPolicyOnce(p, o);
+    auto r = RunPolicyOnce(Env::Default(), p, o);
     ASSERT_TRUE(r.ok()) << r.error().ToString();
     ASSERT_EQ(r->failed, 0u) << r->sources[0].record.error;
     types.push_back(r->sources[0].record.type);
@@ -159,7 +159,7 @@ TEST_F(PolicyRunnerTest, BitmapIncrementalsAndMergeForward) {
   }
   EXPECT_EQ(types, (std::vector<std::string>{"full", "incremental", "incremental", "incremental", "incremental"}));
   // retention 3: the full was merged forward twice; one chain of 3 points.
-  auto c = pipeline::LoadChainFolder(chain);
+  auto c = pipeline::LoadChainFolder(PosixEnv(), chain);
   ASSERT_TRUE(c.ok());
   ASSERT_EQ(c->points.size(), 3u);
   EXPECT_EQ(c->points[0].manifest.type, formats::BackupType::kFull);
@@ -172,7 +172,7 @@ TEST_F(PolicyRunnerTest, BitmapIncrementalsAndMergeForward) {
 
   // A lost bitmap means a full, and the bitmap comes back.
   barge::testing::RunOk("qemu-img bitmap --remove " + img + " cbt0");
-  auto r = RunPolicyOnce(p, o);
+  auto r = RunPolicyOnce(Env::Default(), p, o);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->sources[0].record.type, "full");
   EXPECT_NE(r->sources[0].record.type_reason.find("bitmap cbt0 missing"), std::string::npos)
@@ -208,13 +208,13 @@ TEST_F(PolicyRunnerTest, MaxRunTimeFailuresAndLock) {
   ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "locks").ok());
   auto held = Env::Default().LockFile(PolicyLockPath(o.catalog_path, "slow"));
   ASSERT_TRUE(held.ok());
-  auto busy = RunPolicyOnce(p, o);
+  auto busy = RunPolicyOnce(Env::Default(), p, o);
   ASSERT_FALSE(busy.ok());
   EXPECT_EQ(busy.error().code(), ErrorCode::kBusy);
   held->reset();
 
   auto t0 = std::chrono::steady_clock::now();
-  auto r = RunPolicyOnce(p, o);
+  auto r = RunPolicyOnce(Env::Default(), p, o);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   EXPECT_TRUE(r->stopped);
@@ -229,15 +229,15 @@ TEST_F(PolicyRunnerTest, MaxRunTimeFailuresAndLock) {
       EXPECT_NE(s.record.error.find("stopped: max_run_time 1s exceeded"), std::string::npos) << s.record.error;
     }
   }
-  auto catalog = PolicyCatalog::Open(o.catalog_path);
+  auto catalog = PolicyCatalog::Open(PosixEnv(), o.catalog_path);
   auto stats = (*catalog)->StatsOf("slow", "one");
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->runs_by_result["failed"], 1u);
   EXPECT_FALSE(stats->last_success);
 
   // Hooks need a hook runner.
-  p.pre_hook = HookSpec{"true", std::chrono::seconds(5)};
-  EXPECT_EQ(RunPolicyOnce(p, o).error().code(), ErrorCode::kInvalidArgument);
+  p.pre_hook = PolicyHook{"true", std::chrono::seconds(5)};
+  EXPECT_EQ(RunPolicyOnce(Env::Default(), p, o).error().code(), ErrorCode::kInvalidArgument);
 }
 
 TEST_F(PolicyRunnerTest, NoQualifyingTargetFailsWithTheReason) {
@@ -249,7 +249,7 @@ TEST_F(PolicyRunnerTest, NoQualifyingTargetFailsWithTheReason) {
   // Allocated bytes of a 1 MiB file x 1000 exceed a scratch filesystem only
   // when it has under 1 GiB free: make the need certain with a huge multiple.
   p.free_space_multiple = 1000 * 1000;
-  auto r = RunPolicyOnce(p, o);
+  auto r = RunPolicyOnce(Env::Default(), p, o);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   ASSERT_EQ(r->failed, 1u);
   const std::string& e = r->sources[0].record.error;

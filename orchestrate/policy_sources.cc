@@ -46,7 +46,7 @@ class DefaultBackend final : public SourceBackend {
         pipeline::SourceSpec spec;
         spec.location = s.location;
         spec.nbd_connections = 1;
-        BARGE_ASSIGN_OR_RETURN(auto opened, pipeline::OpenSource(spec));
+        BARGE_ASSIGN_OR_RETURN(auto opened, pipeline::OpenSource(env_, spec));
         return opened.image->size_bytes();
       }
       case PolicySourceKind::kDomain: {
@@ -102,7 +102,7 @@ class DefaultBackend final : public SourceBackend {
     br.compression_level = r.compression_level;
     br.copy = r.copy;
     br.tool_version = BargeVersion();
-    BARGE_ASSIGN_OR_RETURN(auto done, pipeline::RunBackup(br));
+    BARGE_ASSIGN_OR_RETURN(auto done, pipeline::RunBackup(env_, br));
     SourceBackupResult out;
     out.points.push_back({done.chain_dir, done.manifest.id});
     out.type = r.incremental ? "incremental" : "full";
@@ -148,7 +148,7 @@ class DefaultBackend final : public SourceBackend {
     const PolicySource& s = *r.source;
     const std::string tracker = s.tracker.empty() ? r.policy : s.tracker;
     {
-      BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(r.catalog_path));
+      BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env_, r.catalog_path));
       auto t = catalog->GetTracker(tracker);
       if (!t.ok()) {
         if (t.error().code() != ErrorCode::kNotFound) return t.error();
@@ -166,7 +166,7 @@ class DefaultBackend final : public SourceBackend {
     vr.copy = r.copy;
     vr.compression = r.compression;
     vr.compression_level = r.compression_level;
-    BARGE_ASSIGN_OR_RETURN(auto done, RunVmBackup(vr));
+    BARGE_ASSIGN_OR_RETURN(auto done, RunVmBackup(env_, vr));
     SourceBackupResult out;
     out.type = done.backup_type == "Incremental" ? "incremental" : "full";
     out.type_reason = done.reason;
@@ -211,7 +211,7 @@ Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySour
     // Domain points group the disks' points of one run by checkpoint.
     std::map<std::string, size_t> point_index;
     for (const auto& dir : dirs) {
-      BARGE_ASSIGN_OR_RETURN(auto folder, pipeline::LoadChainFolder(dir));
+      BARGE_ASSIGN_OR_RETURN(auto folder, pipeline::LoadChainFolder(env, dir));
       std::vector<ChainView> chains;
       std::map<std::string, size_t> chain_of_last;  // id ending a chain -> chain index
       for (const auto& p : folder.points) {
@@ -260,7 +260,7 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
       mr.chain_dir = a.chain_dir;
       mr.through = a.through;
       mr.copy = copy;
-      auto merged = pipeline::RunMerge(mr);
+      auto merged = pipeline::RunMerge(env, mr);
       if (!merged.ok()) return BusyChain(merged.error(), a.chain_dir).Wrap("merge " + a.chain_dir + " through " + a.through);
       if (catalog != nullptr) {
         for (const auto& id : merged->folded_ids) {
@@ -270,7 +270,7 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
       }
       continue;
     }
-    auto lock = pipeline::ChainLock::Acquire(a.chain_dir, /*wait=*/false);
+    auto lock = pipeline::ChainLock::Acquire(env, a.chain_dir, /*wait=*/false);
     if (!lock.ok()) return BusyChain(lock.error(), a.chain_dir);
     // Newest first: a stop half way leaves a shorter chain whose every
     // point still restores. Each point's manifest goes first, so nothing

@@ -24,7 +24,7 @@ free_space_multiple: 2
 )";
 
 TEST(PolicyTest, ReadmeExample) {
-  auto p = ParsePolicy(kExample, "nightly.yaml");
+  auto p = ParsePolicy(Env::Default(), kExample, "nightly.yaml");
   ASSERT_TRUE(p.ok()) << p.error().message();
   EXPECT_EQ(p->name, "nightly");
   ASSERT_EQ(p->sources.size(), 2u);
@@ -56,7 +56,7 @@ TEST(PolicyTest, ReadmeExample) {
 }
 
 TEST(PolicyTest, EveryField) {
-  auto p = ParsePolicy(R"(name: all-fields
+  auto p = ParsePolicy(Env::Default(), R"(name: all-fields
 sources:
   - name: web
     nbd: nbd+unix:///vda?socket=/run/s.sock
@@ -103,15 +103,15 @@ post_hook:
 }
 
 TEST(PolicyTest, ScheduleTimeZone) {
-  auto p = ParsePolicy("name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\nschedule: 'CRON_TZ=UTC 0 2 * * *'\n");
+  auto p = ParsePolicy(Env::Default(), "name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\nschedule: 'CRON_TZ=UTC 0 2 * * *'\n");
   ASSERT_TRUE(p.ok()) << p.error().message();
   EXPECT_TRUE(p->schedule->zone().is_utc());
-  auto bad = ParsePolicy("name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\nschedule: 'TZ=Mars/Base 0 2 * * *'\n");
+  auto bad = ParsePolicy(Env::Default(), "name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\nschedule: 'TZ=Mars/Base 0 2 * * *'\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message().find("policy:4:11: 'schedule': unknown time zone 'Mars/Base'"), std::string::npos)
       << bad.error().message();
   // No schedule: only reasons and manual runs.
-  auto none = ParsePolicy("name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\n");
+  auto none = ParsePolicy(Env::Default(), "name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\n");
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->schedule);
   EXPECT_TRUE(NextRunTimes(*none, *ParseRfc3339("2026-01-01T00:00:00Z"), 5).empty());
@@ -145,7 +145,7 @@ TEST(PolicyTest, ErrorsNameTheLine) {
       {"reason: [a]\n", "'reason' must be a single value"},
   };
   for (const auto& c : cases) {
-    auto p = ParsePolicy(head + c.yaml);
+    auto p = ParsePolicy(Env::Default(), head + c.yaml);
     ASSERT_FALSE(p.ok()) << c.yaml;
     EXPECT_EQ(p.error().code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(p.error().message().find(c.want), std::string::npos)
@@ -175,20 +175,20 @@ TEST(PolicyTest, StructureErrors) {
       {"name: p\nsources: [{image: /d}]\ntargets: [/t]\nreason: a: b\n", "policy:4:10: YAML: illegal map value"},
   };
   for (const auto& c : cases) {
-    auto p = ParsePolicy(c.yaml);
+    auto p = ParsePolicy(Env::Default(), c.yaml);
     ASSERT_FALSE(p.ok()) << c.yaml;
     EXPECT_NE(p.error().message().find(c.want), std::string::npos)
         << c.yaml << "\n got: " << p.error().message() << "\n want: " << c.want;
   }
   // Every problem is reported, one per line.
-  auto p = ParsePolicy("name: p\nsources: [{image: /d}]\ntargets: [/t]\nretention_count: 0\nmax_parallel: 0\n");
+  auto p = ParsePolicy(Env::Default(), "name: p\nsources: [{image: /d}]\ntargets: [/t]\nretention_count: 0\nmax_parallel: 0\n");
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.error().message().find("policy:4:"), std::string::npos);
   EXPECT_NE(p.error().message().find("\npolicy:5:"), std::string::npos);
 }
 
 TEST(PolicyTest, LoadThroughEnv) {
-  auto missing = LoadPolicy("/nonexistent/barge-policy.yaml");
+  auto missing = LoadPolicy(Env::Default(), "/nonexistent/barge-policy.yaml");
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.error().code(), ErrorCode::kNotFound);
 }

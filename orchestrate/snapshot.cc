@@ -132,7 +132,7 @@ Result<std::string> SnapshotImagePath(const SnapshotTarget& target) {
   return r.image;
 }
 
-Result<SnapshotOpResult> CreateDiskSnapshot(const SnapshotCreateRequest& req, Env& env) {
+Result<SnapshotOpResult> CreateDiskSnapshot(Env& env, const SnapshotCreateRequest& req) {
   BARGE_RETURN_IF_ERROR(formats::qcow2::ValidateSnapshotName(req.name));
   BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(req.target));
   SnapshotOpResult res;
@@ -220,7 +220,7 @@ Result<SnapshotOpResult> CreateDiskSnapshot(const SnapshotCreateRequest& req, En
   return res;
 }
 
-Result<SnapshotOpResult> DeleteDiskSnapshot(const SnapshotTarget& target, const std::string& id_or_name, Env& env) {
+Result<SnapshotOpResult> DeleteDiskSnapshot(Env& env, const SnapshotTarget& target, const std::string& id_or_name) {
   BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
   SnapshotOpResult res;
   res.image = r.image;
@@ -238,8 +238,8 @@ Result<SnapshotOpResult> DeleteDiskSnapshot(const SnapshotTarget& target, const 
   return res;
 }
 
-Result<SnapshotOpResult> RenameDiskSnapshot(const SnapshotTarget& target, const std::string& id_or_name,
-                                            const std::string& new_name, Env& env) {
+Result<SnapshotOpResult> RenameDiskSnapshot(Env& env, const SnapshotTarget& target, const std::string& id_or_name,
+                                            const std::string& new_name) {
   BARGE_RETURN_IF_ERROR(formats::qcow2::ValidateSnapshotName(new_name));
   BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
   if (r.online) {
@@ -258,8 +258,8 @@ Result<SnapshotOpResult> RenameDiskSnapshot(const SnapshotTarget& target, const 
   return res;
 }
 
-Result<SnapshotOpResult> RollbackDiskSnapshot(const SnapshotTarget& target, const std::string& id_or_name,
-                                              bool discard_newer, Env& env) {
+Result<SnapshotOpResult> RollbackDiskSnapshot(Env& env, const SnapshotTarget& target, const std::string& id_or_name,
+                                              bool discard_newer) {
   BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
   if (r.online) {
     return Error::Busy("domain '" + target.domain +
@@ -278,7 +278,7 @@ Result<SnapshotOpResult> RollbackDiskSnapshot(const SnapshotTarget& target, cons
   return res;
 }
 
-Result<SnapshotListing> ListDiskSnapshots(const SnapshotTarget& target, Env& env) {
+Result<SnapshotListing> ListDiskSnapshots(Env& env, const SnapshotTarget& target) {
   BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
   SnapshotListing out;
   out.image = r.image;

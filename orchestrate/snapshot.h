@@ -81,22 +81,21 @@ struct SnapshotOpResult {
 //   kNotSupported     what QEMU refuses (external data file, 1-bit
 //                     refcounts, ...), or no guest agent for quiesce;
 //   formats' errors for the image itself.
-Result<SnapshotOpResult> CreateDiskSnapshot(const SnapshotCreateRequest& request, Env& env = Env::Default());
+Result<SnapshotOpResult> CreateDiskSnapshot(Env& env, const SnapshotCreateRequest& request);
 
 // Deletes the snapshot `id_or_name` (id first, then a unique name).
-Result<SnapshotOpResult> DeleteDiskSnapshot(const SnapshotTarget& target, const std::string& id_or_name,
-                                            Env& env = Env::Default());
+Result<SnapshotOpResult> DeleteDiskSnapshot(Env& env, const SnapshotTarget& target, const std::string& id_or_name);
 
 // Renames it (offline only: QEMU has no command for it; a running domain is
 // kNotSupported).
-Result<SnapshotOpResult> RenameDiskSnapshot(const SnapshotTarget& target, const std::string& id_or_name,
-                                            const std::string& new_name, Env& env = Env::Default());
+Result<SnapshotOpResult> RenameDiskSnapshot(Env& env, const SnapshotTarget& target, const std::string& id_or_name,
+                                            const std::string& new_name);
 
 // Rolls the disk back to the snapshot, keeping newer snapshots unless
 // `discard_newer` (then deleted in the same transaction and returned in
 // `discarded`). A running domain is refused with kBusy: shut it off first.
-Result<SnapshotOpResult> RollbackDiskSnapshot(const SnapshotTarget& target, const std::string& id_or_name,
-                                              bool discard_newer, Env& env = Env::Default());
+Result<SnapshotOpResult> RollbackDiskSnapshot(Env& env, const SnapshotTarget& target, const std::string& id_or_name,
+                                              bool discard_newer);
 
 struct SnapshotListEntry {
   formats::SnapshotInfo info;
@@ -119,7 +118,7 @@ struct SnapshotListing {
 // name the domain and disk instead); online the list is QEMU's and the
 // metrics are read from the file as QEMU last wrote it (a warning says so
 // if that fails).
-Result<SnapshotListing> ListDiskSnapshots(const SnapshotTarget& target, Env& env = Env::Default());
+Result<SnapshotListing> ListDiskSnapshots(Env& env, const SnapshotTarget& target);
 
 using Labels = std::vector<std::pair<std::string, std::string>>;
 

@@ -47,8 +47,8 @@ std::string LockName(const std::string& image) {
 SnapshotStateStore::SnapshotStateStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
 SnapshotStateStore::~SnapshotStateStore() = default;
 
-Result<std::unique_ptr<SnapshotStateStore>> SnapshotStateStore::Open(const std::string& db_path) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::Open(db_path));
+Result<std::unique_ptr<SnapshotStateStore>> SnapshotStateStore::Open(Env& env, const std::string& db_path) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::Open(env, db_path));
   BARGE_RETURN_IF_ERROR(db->Exec(kSchema));
   return std::unique_ptr<SnapshotStateStore>(new SnapshotStateStore(std::move(db)));
 }
@@ -162,7 +162,7 @@ class Applier {
         s.message.clear();
         BARGE_RETURN_IF_ERROR(store_.Put(key_, s));
         BARGE_RETURN_IF_ERROR(Fault(a, "before"));
-        auto deleted = DeleteDiskSnapshot(req_.target, a.uuid, env_);
+        auto deleted = DeleteDiskSnapshot(env_, req_.target, a.uuid);
         BARGE_RETURN_IF_ERROR(Fault(a, "after"));
         if (!deleted.ok() && deleted.error().code() != ErrorCode::kNotFound) return failed(deleted.error());
         rows_.erase(a.uuid);
@@ -176,7 +176,7 @@ class Applier {
           return OkStatus();
         }
         BARGE_RETURN_IF_ERROR(Fault(a, "before"));
-        auto rolled = RollbackDiskSnapshot(req_.target, a.uuid, a.discard_newer, env_);
+        auto rolled = RollbackDiskSnapshot(env_, req_.target, a.uuid, a.discard_newer);
         BARGE_RETURN_IF_ERROR(Fault(a, "after"));
         if (!rolled.ok()) return failed(rolled.error());
         s.state = SnapshotState::kCreated;
@@ -208,7 +208,7 @@ class Applier {
         create.name = a.uuid;
         create.consistency = req_.consistency;
         create.space = req_.space;
-        auto made = CreateDiskSnapshot(create, env_);
+        auto made = CreateDiskSnapshot(env_, create);
         BARGE_RETURN_IF_ERROR(Fault(a, "after"));
         if (!made.ok()) return failed(made.error());
         s.state = SnapshotState::kCreated;
@@ -232,25 +232,26 @@ class Applier {
   std::map<std::string, std::string> ids_;  // image snapshot name -> id at the start
 };
 
-Result<std::string> StateKey(const SnapshotTarget& target, Env& env) {
+Result<std::string> StateKey(Env& env, const SnapshotTarget& target) {
   BARGE_ASSIGN_OR_RETURN(std::string path, SnapshotImagePath(target));
   return env.RealPath(path);
 }
 
 }  // namespace
 
-Result<ApplyResult> ApplySnapshotConfig(const ApplyRequest& req, Env& env) {
+Result<ApplyResult> ApplySnapshotConfig(Env& env, const ApplyRequest& req) {
   ApplyResult result;
-  BARGE_ASSIGN_OR_RETURN(result.image, StateKey(req.target, env));
+  BARGE_ASSIGN_OR_RETURN(result.image, StateKey(env, req.target));
   const std::string catalog = ResolveCatalogPath(req.catalog_path);
   const std::string lock_dir = CatalogDir(catalog) + "/locks";
   BARGE_RETURN_IF_ERROR(env.CreateDirs(lock_dir));
   LockOptions lock_options;
   lock_options.busy_message = "another snapshot apply of '" + result.image + "' is running";
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<EnvLock> lock, env.LockFile(lock_dir + "/" + LockName(result.image), lock_options));
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStateStore> store, SnapshotStateStore::Open(catalog));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<EnvLock> lock,
+                         env.LockFile(lock_dir + "/" + LockName(result.image), lock_options));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStateStore> store, SnapshotStateStore::Open(env, catalog));
   BARGE_ASSIGN_OR_RETURN(std::vector<StoredSnapshot> stored, store->Load(result.image));
-  BARGE_ASSIGN_OR_RETURN(SnapshotListing before, ListDiskSnapshots(req.target, env));
+  BARGE_ASSIGN_OR_RETURN(SnapshotListing before, ListDiskSnapshots(env, req.target));
   result.mode = before.mode;
   std::vector<formats::SnapshotInfo> image;
   for (const SnapshotListEntry& e : before.snapshots) image.push_back(e.info);
@@ -267,7 +268,7 @@ Result<ApplyResult> ApplySnapshotConfig(const ApplyRequest& req, Env& env) {
   BARGE_ASSIGN_OR_RETURN(std::vector<StoredSnapshot> now, store->Load(result.image));
   std::map<std::string, const StoredSnapshot*> rows;
   for (const StoredSnapshot& s : now) rows[s.uuid] = &s;
-  auto after = ListDiskSnapshots(req.target, env);
+  auto after = ListDiskSnapshots(env, req.target);
   std::map<std::string, const SnapshotListEntry*> entries;
   if (after.ok()) {
     for (const SnapshotListEntry& e : after->snapshots) entries[e.info.name] = &e;
@@ -291,19 +292,19 @@ Result<ApplyResult> ApplySnapshotConfig(const ApplyRequest& req, Env& env) {
   return result;
 }
 
-Result<std::vector<StoredSnapshot>> LoadSnapshotStates(const SnapshotTarget& target, const std::string& catalog_path,
-                                                       Env& env) {
-  BARGE_ASSIGN_OR_RETURN(std::string key, StateKey(target, env));
+Result<std::vector<StoredSnapshot>> LoadSnapshotStates(Env& env, const SnapshotTarget& target,
+                                                       const std::string& catalog_path) {
+  BARGE_ASSIGN_OR_RETURN(std::string key, StateKey(env, target));
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStateStore> store,
-                         SnapshotStateStore::Open(ResolveCatalogPath(catalog_path)));
+                         SnapshotStateStore::Open(env, ResolveCatalogPath(catalog_path)));
   return store->Load(key);
 }
 
-Status RecordSnapshotState(const SnapshotTarget& target, const std::string& catalog_path,
-                           const StoredSnapshot& snapshot, Env& env) {
-  BARGE_ASSIGN_OR_RETURN(std::string key, StateKey(target, env));
+Status RecordSnapshotState(Env& env, const SnapshotTarget& target, const std::string& catalog_path,
+                           const StoredSnapshot& snapshot) {
+  BARGE_ASSIGN_OR_RETURN(std::string key, StateKey(env, target));
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStateStore> store,
-                         SnapshotStateStore::Open(ResolveCatalogPath(catalog_path)));
+                         SnapshotStateStore::Open(env, ResolveCatalogPath(catalog_path)));
   return store->Put(key, snapshot);
 }
 

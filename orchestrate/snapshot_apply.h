@@ -29,7 +29,7 @@ class SqliteDb;
 class SnapshotStateStore {
  public:
   // Opens (creating file, folder and table) the catalog at `db_path`.
-  static Result<std::unique_ptr<SnapshotStateStore>> Open(const std::string& db_path);
+  static Result<std::unique_ptr<SnapshotStateStore>> Open(Env& env, const std::string& db_path);
   ~SnapshotStateStore();
   SnapshotStateStore(const SnapshotStateStore&) = delete;
   SnapshotStateStore& operator=(const SnapshotStateStore&) = delete;
@@ -94,17 +94,17 @@ struct ApplyResult {
 // failing action makes its snapshot "error" and the apply goes on with
 // the next; the result says which failed (ok() false). Errors returned:
 // the target, the lock, the catalog, the image list, or `fault`.
-Result<ApplyResult> ApplySnapshotConfig(const ApplyRequest& request, Env& env = Env::Default());
+Result<ApplyResult> ApplySnapshotConfig(Env& env, const ApplyRequest& request);
 
 // The stored states of a disk (for `snapshot list` to show display names
 // and states), keyed like apply's.
-Result<std::vector<StoredSnapshot>> LoadSnapshotStates(const SnapshotTarget& target,
-                                                       const std::string& catalog_path, Env& env = Env::Default());
+Result<std::vector<StoredSnapshot>> LoadSnapshotStates(Env& env, const SnapshotTarget& target,
+                                                       const std::string& catalog_path);
 
 // Records (inserts or replaces) one snapshot's state for a disk, keyed like
 // apply's: `snapshot create --uuid` records the display name of the
 // snapshot it made so that `list` shows it and a later apply knows it.
-Status RecordSnapshotState(const SnapshotTarget& target, const std::string& catalog_path,
-                           const StoredSnapshot& snapshot, Env& env = Env::Default());
+Status RecordSnapshotState(Env& env, const SnapshotTarget& target, const std::string& catalog_path,
+                           const StoredSnapshot& snapshot);
 
 }  // namespace barge::orchestrate

@@ -42,7 +42,7 @@ class SnapshotApplyTest : public ::testing::Test {
     req.config = *config;
     req.catalog_path = catalog_;
     req.fault = std::move(fault);
-    return ApplySnapshotConfig(req);
+    return ApplySnapshotConfig(Env::Default(), req);
   }
   ApplyResult MustApply(const std::string& config_json) {
     auto r = Apply(config_json);
@@ -56,7 +56,7 @@ class SnapshotApplyTest : public ::testing::Test {
   std::vector<std::string> ImageNames() {
     SnapshotTarget t;
     t.image = image_;
-    auto l = ListDiskSnapshots(t);
+    auto l = ListDiskSnapshots(Env::Default(), t);
     EXPECT_TRUE(l.ok());
     std::vector<std::string> out;
     if (l.ok()) {
@@ -134,7 +134,7 @@ TEST_F(SnapshotApplyTest, IssueScenarios) {
   r = MustApply(R"({"snapshots": [{"uuid": "u4"}]})");
   EXPECT_EQ(Actions(r), (V{"forget:u2", "forget:u3", "delete:u1", "create:u4"}));
   EXPECT_EQ(ImageNames(), V{"u4"});
-  auto states = LoadSnapshotStates(SnapshotTarget{image_, "", "", ""}, catalog_);
+  auto states = LoadSnapshotStates(Env::Default(), SnapshotTarget{image_, "", "", ""}, catalog_);
   ASSERT_TRUE(states.ok());
   ASSERT_EQ(states->size(), 1u);
   EXPECT_EQ((*states)[0].uuid, "u4");
@@ -149,7 +149,7 @@ TEST_F(SnapshotApplyTest, InterruptedApplyResumes) {
                     });
   ASSERT_FALSE(died.ok());
   EXPECT_EQ(ImageNames(), (V{"u1", "u2"}));
-  auto states = LoadSnapshotStates(SnapshotTarget{image_, "", "", ""}, catalog_);
+  auto states = LoadSnapshotStates(Env::Default(), SnapshotTarget{image_, "", "", ""}, catalog_);
   ASSERT_TRUE(states.ok());
   ASSERT_EQ(states->size(), 2u);
   EXPECT_EQ((*states)[1].state, SnapshotState::kCreating);
@@ -184,14 +184,14 @@ TEST_F(SnapshotApplyTest, FailuresAreRecordedAndRetried) {
   req.config = *config;
   req.catalog_path = catalog_;
   req.consistency.hooks.pre = "echo not now; exit 1";
-  auto r = ApplySnapshotConfig(req);
+  auto r = ApplySnapshotConfig(Env::Default(), req);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_FALSE(r->ok());
   EXPECT_EQ(States(*r), V{"u1=error"});
   EXPECT_NE(r->snapshots[0].stored.message.find("not now"), std::string::npos) << r->snapshots[0].stored.message;
   EXPECT_TRUE(ImageNames().empty());
   req.consistency.hooks.pre.clear();
-  r = ApplySnapshotConfig(req);
+  r = ApplySnapshotConfig(Env::Default(), req);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->ok());
   EXPECT_EQ(States(*r), V{"u1=created"});
@@ -216,7 +216,7 @@ TEST_F(SnapshotApplyTest, SnapshotsBargeDoesNotManageAreLeftAlone) {
   SnapshotCreateRequest manual;
   manual.target.image = image_;
   manual.name = "manual";
-  ASSERT_TRUE(CreateDiskSnapshot(manual).ok());
+  ASSERT_TRUE(CreateDiskSnapshot(Env::Default(), manual).ok());
   ApplyResult r = MustApply(R"({"snapshots": [{"uuid": "u1"}]})");
   EXPECT_EQ(Actions(r), V{"create:u1"});
   r = MustApply(R"({"snapshots": []})");

@@ -38,7 +38,7 @@ SnapshotTarget At(const std::string& image) {
 }
 
 std::vector<std::string> Names(const std::string& image) {
-  auto listing = ListDiskSnapshots(At(image));
+  auto listing = ListDiskSnapshots(Env::Default(), At(image));
   EXPECT_TRUE(listing.ok()) << listing.error().ToString();
   std::vector<std::string> out;
   if (listing.ok()) {
@@ -53,7 +53,7 @@ Result<SnapshotOpResult> Create(const std::string& image, const std::string& nam
   req.target.image = image;
   req.name = name;
   req.consistency.hooks = std::move(hooks);
-  return CreateDiskSnapshot(req, env);
+  return CreateDiskSnapshot(env, req);
 }
 
 TEST(DiskSnapshot, OfflineLifecycle) {
@@ -65,20 +65,20 @@ TEST(DiskSnapshot, OfflineLifecycle) {
   EXPECT_EQ(a->snapshot.id, "1");
   ASSERT_TRUE(Create(img, "b").ok());
   EXPECT_EQ(Names(img), (std::vector<std::string>{"1:a", "2:b"}));
-  auto listing = ListDiskSnapshots(At(img));
+  auto listing = ListDiskSnapshots(Env::Default(), At(img));
   ASSERT_TRUE(listing.ok());
   ASSERT_EQ(listing->snapshots.size(), 2u);
   EXPECT_TRUE(listing->has_usage);
   EXPECT_EQ(listing->snapshots[0].usage.logical_referenced, 2u << 20);
   EXPECT_EQ(listing->snapshots[1].usage.written, 0u);
 
-  auto renamed = RenameDiskSnapshot(At(img), "a", "first");
+  auto renamed = RenameDiskSnapshot(Env::Default(), At(img), "a", "first");
   ASSERT_TRUE(renamed.ok()) << renamed.error().ToString();
-  auto rolled = RollbackDiskSnapshot(At(img), "first", true);
+  auto rolled = RollbackDiskSnapshot(Env::Default(), At(img), "first", true);
   ASSERT_TRUE(rolled.ok()) << rolled.error().ToString();
   ASSERT_EQ(rolled->discarded.size(), 1u);
   EXPECT_EQ(rolled->discarded[0].name, "b");
-  auto deleted = DeleteDiskSnapshot(At(img), "1");
+  auto deleted = DeleteDiskSnapshot(Env::Default(), At(img), "1");
   ASSERT_TRUE(deleted.ok()) << deleted.error().ToString();
   EXPECT_EQ(deleted->snapshot.name, "first");
   EXPECT_TRUE(Names(img).empty());
@@ -90,15 +90,15 @@ TEST(DiskSnapshot, TargetsAreChecked) {
   SnapshotTarget both = At(img);
   both.domain = "dom";
   both.disk = "vda";
-  EXPECT_EQ(DeleteDiskSnapshot(both, "a").error().code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(DeleteDiskSnapshot(SnapshotTarget{}, "a").error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(DeleteDiskSnapshot(Env::Default(), both, "a").error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(DeleteDiskSnapshot(Env::Default(), SnapshotTarget{}, "a").error().code(), ErrorCode::kInvalidArgument);
   SnapshotCreateRequest req;
   req.target.image = img;
   req.name = "q";
   req.consistency.quiesce = true;
-  EXPECT_EQ(CreateDiskSnapshot(req).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CreateDiskSnapshot(Env::Default(), req).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(Create(img, std::string(300, 'n')).error().code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(DeleteDiskSnapshot(At(img), "nope").error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(DeleteDiskSnapshot(Env::Default(), At(img), "nope").error().code(), ErrorCode::kNotFound);
 }
 
 TEST(DiskSnapshot, RefusedWhileAnotherProcessHoldsTheImage) {
@@ -167,7 +167,7 @@ TEST(DiskSnapshot, PrometheusText) {
   testing::TempDir dir;
   const std::string img = MakeImage(dir);
   ASSERT_TRUE(Create(img, "a\"b").ok());
-  auto listing = ListDiskSnapshots(At(img));
+  auto listing = ListDiskSnapshots(Env::Default(), At(img));
   ASSERT_TRUE(listing.ok());
   const std::string text = SnapshotMetricsText(*listing, [](const SnapshotListEntry& e) {
     return Labels{{"state", "created"}};

@@ -1,15 +1,14 @@
 // SQLite RAII wrapper.
 #include "orchestrate/sqlite_db.h"
 
-#include <filesystem>
+#include "blockio/path.h"
 
 namespace barge::orchestrate {
 
-Result<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path) {
-  std::error_code ec;
-  auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  if (ec) return Error::FromErrno(ec.value(), "create catalog folder", parent.string());
+Result<std::unique_ptr<SqliteDb>> SqliteDb::Open(Env& env, const std::string& path) {
+  if (Status made = env.CreateDirs(DirName(path)); !made.ok()) {
+    return std::move(made).error().Wrap("create catalog folder");
+  }
   sqlite3* raw = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &raw,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
@@ -132,7 +131,12 @@ Result<std::unique_ptr<SqliteTransaction>> SqliteTransaction::Begin(SqliteDb& db
 }
 
 SqliteTransaction::~SqliteTransaction() {
-  if (!done_) (void)db_.Exec("ROLLBACK");
+  if (!done_) {
+    IgnoreError(db_.Exec("ROLLBACK"),
+                "the error that abandons the transaction is already on its way out; should the ROLLBACK fail "
+                "too, SQLite undoes the open transaction when the connection closes, and the next BEGIN on "
+                "this connection fails and says so");
+  }
 }
 
 Status SqliteTransaction::Commit() {

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 
 namespace barge::orchestrate {
@@ -24,7 +25,11 @@ class SqliteDb {
  public:
   // Opens (creating it and its parent folder if missing) the database file,
   // with WAL journal and foreign keys on. kIoError naming the path otherwise.
-  static Result<std::unique_ptr<SqliteDb>> Open(const std::string& path);
+  // The folder is made through `env`; the database file, its WAL and its
+  // locks are SQLite's own (its VFS does the I/O and fsyncs, and is not
+  // routed through the Env: SQLite's transactions give their own crash
+  // safety, and a crash test of the catalogs kills real processes).
+  static Result<std::unique_ptr<SqliteDb>> Open(Env& env, const std::string& path);
   ~SqliteDb();
   SqliteDb(const SqliteDb&) = delete;
   SqliteDb& operator=(const SqliteDb&) = delete;

@@ -2,28 +2,23 @@
 // recovery of an earlier run's journal.
 #include "orchestrate/state_migrate.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <ctime>
-#include <filesystem>
-#include <fstream>
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "blockio/file.h"
+#include "blockio/path.h"
 #include "formats/image.h"
 #include "formats/manifest.h"
-#include "pipeline/staged_file.h"
+#include "pipeline/endpoints.h"
 #include "pipeline/stages.h"
 
 namespace barge::orchestrate {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string_view MigrateStepName(MigrateStep step) {
@@ -41,341 +36,332 @@ std::string_view MigrateStepName(MigrateStep step) {
 
 namespace {
 
-constexpr size_t kBlockBytes = 1 << 20;
-
-// Owns one file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-Status WriteAll(int fd, const char* data, size_t n, const std::string& path) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Error::FromErrno(errno, "write", path);
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return OkStatus();
-}
-
-Status PwriteAll(int fd, const std::byte* data, size_t n, off_t off, const std::string& path) {
-  while (n > 0) {
-    ssize_t w = ::pwrite(fd, data, n, off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Error::FromErrno(errno, "write", path);
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-    off += w;
-  }
-  return OkStatus();
-}
-
-// Reads up to n bytes; fewer only at end of file.
-Result<size_t> PreadFull(int fd, std::byte* out, size_t n, off_t off, const std::string& path) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::pread(fd, out + got, n - got, off + static_cast<off_t>(got));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return Error::FromErrno(errno, "read", path);
-    }
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
-  }
-  return got;
-}
+constexpr uint64_t kBlockBytes = 1 << 20;
 
 // The journal: one JSON object per line, appended and fdatasync'ed.
 class Journal {
  public:
-  explicit Journal(std::string path) : path_(std::move(path)) {}
+  Journal(Env& env, std::string path) : env_(env), path_(std::move(path)) {}
 
   Status Append(MigrateStep step, json fields) {
     fields["step"] = static_cast<int>(step);
     fields["name"] = MigrateStepName(step);
     fields["time"] = formats::NowRfc3339();
     std::string line = fields.dump() + "\n";
-    bool created = !fs::exists(path_);
-    Fd fd(::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
-    if (fd.get() < 0) return Error::FromErrno(errno, "open journal", path_);
-    BARGE_RETURN_IF_ERROR(WriteAll(fd.get(), line.data(), line.size(), path_));
-    if (::fdatasync(fd.get()) != 0) return Error::FromErrno(errno, "fdatasync journal", path_);
-    if (created) BARGE_RETURN_IF_ERROR(pipeline::SyncDirectory(fs::path(path_).parent_path().string()));
+    auto st = env_.Stat(path_);
+    if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
+    const bool created = !st.ok();
+    FileOptions o;
+    o.write_behind = false;
+    o.create_mode = 0600;
+    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSink> sink,
+                           env_.OpenSink(path_, created ? SinkMode::kCreateNew : SinkMode::kExisting, o));
+    uint64_t end = sink->size_bytes();
+    if (!created && end > 0) {
+      BARGE_ASSIGN_OR_RETURN(end, CutTornLine(*sink));
+    }
+    BARGE_RETURN_IF_ERROR(sink->WriteAt(end, std::as_bytes(std::span(line.data(), line.size()))));
+    BARGE_RETURN_IF_ERROR(sink->Flush());
+    if (created) BARGE_RETURN_IF_ERROR(env_.SyncDir(DirName(path_)));
     return OkStatus();
   }
 
-  // The records so far; a torn last line (a crash mid-append) is ignored.
-  std::vector<json> Read() const {
-    std::vector<json> out;
-    std::ifstream in(path_);
-    std::string line;
-    while (std::getline(in, line)) {
-      json j = json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("step")) break;
-      out.push_back(std::move(j));
+  // The records so far; a torn last line (a crash mid-append) is ignored
+  // (and cut off by the next Append, so a new record never continues it).
+  // No journal: no records.
+  Result<std::vector<MigrateJournalRecord>> Read() const {
+    auto text = env_.ReadFile(path_);
+    if (!text.ok()) {
+      if (text.error().code() == ErrorCode::kNotFound) return std::vector<MigrateJournalRecord>{};
+      return std::move(text).error();
     }
-    return out;
+    auto records = ParseMigrateJournal(*text);
+    if (!records.ok()) return std::move(records).error().set_path(path_);
+    return records;
   }
 
   const std::string& path() const { return path_; }
 
  private:
+  // Truncates the journal after its last newline when the append before a
+  // crash stopped part-way through a line; returns where the next record
+  // goes.
+  Result<uint64_t> CutTornLine(BlockSink& sink) const {
+    BARGE_ASSIGN_OR_RETURN(std::string text, env_.ReadFile(path_));
+    if (text.empty() || text.back() == '\n') return static_cast<uint64_t>(text.size());
+    const size_t newline = text.rfind('\n');
+    const uint64_t keep = newline == std::string::npos ? 0 : newline + 1;
+    BARGE_RETURN_IF_ERROR(sink.Truncate(keep));
+    return keep;
+  }
+
+  Env& env_;
   std::string path_;
 };
 
 struct Entry {
   MigratedFile file;
-  fs::path source;
-  fs::path target;
-  mode_t mode = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
+  std::string source;
+  std::string target;
+  uint32_t mode = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
 };
-
-bool Inside(const fs::path& p, const fs::path& dir) {
-  auto rel = p.lexically_normal().lexically_relative(dir);
-  return !rel.empty() && *rel.begin() != "..";
-}
 
 // Refuses a qcow2 file whose data file or backing file lies inside the
 // folder being moved: its stored absolute name would dangle afterwards.
-Status CheckQcow2References(const fs::path& file, const fs::path& from) {
+Status CheckQcow2References(Env& env, const std::string& file, const std::string& from) {
   BARGE_ASSIGN_OR_RETURN(std::optional<formats::ImageInfo> info,
-                         formats::ProbeQcow2Layer(file.string(), [](const std::string& p) { return OpenFileSource(p); }));
+                         formats::ProbeQcow2Layer(file, pipeline::EnvSourceOpener(env)));
   if (!info) return OkStatus();
   for (const std::string* name : {&info->data_file, &info->backing_file}) {
     if (name->empty()) continue;
-    fs::path p(*name);
-    if (p.is_absolute() && Inside(p, from)) {
+    if (IsAbsolutePath(*name) && IsInsidePath(*name, from)) {
       return Error::NotSupported("qcow2 file names '" + *name +
                                  "' inside the folder being moved by an absolute path; it would "
                                  "dangle after the move")
-          .set_path(file.string());
+          .set_path(file);
     }
   }
   return OkStatus();
 }
 
-Result<std::vector<Entry>> Scan(const fs::path& from, const fs::path& to) {
-  std::vector<Entry> out;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(from, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    const fs::path& p = it->path();
-    fs::path rel = p.lexically_relative(from);
-    if (rel == kMigrateJournalName) continue;  // an earlier migration's, not state
-    struct stat st;
-    if (::lstat(p.c_str(), &st) != 0) return Error::FromErrno(errno, "lstat", p.string());
+// Every entry under `dir` (relative names `rel`/NAME), links not followed.
+Status ScanInto(Env& env, const std::string& from, const std::string& to, const std::string& rel,
+                std::vector<Entry>& out) {
+  const std::string dir = JoinPath(from, rel);
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+  for (const std::string& name : names) {
+    const std::string r = JoinPath(rel, name);
+    if (r == kMigrateJournalName) continue;  // an earlier migration's, not state
+    const std::string p = JoinPath(from, r);
+    BARGE_ASSIGN_OR_RETURN(FileStat st, env.StatNoFollow(p));
     Entry e;
-    e.file.path = rel.string();
+    e.file.path = r;
     e.source = p;
-    e.target = to / rel;
-    e.mode = st.st_mode & 07777;
-    e.uid = st.st_uid;
-    e.gid = st.st_gid;
-    if (S_ISDIR(st.st_mode)) {
+    e.target = JoinPath(to, r);
+    e.mode = st.mode & 07777;
+    e.uid = st.uid;
+    e.gid = st.gid;
+    if (st.is_directory()) {
       e.file.kind = "dir";
-    } else if (S_ISLNK(st.st_mode)) {
+      out.push_back(std::move(e));
+      BARGE_RETURN_IF_ERROR(ScanInto(env, from, to, r, out));
+      continue;
+    }
+    if (st.is_symlink()) {
       e.file.kind = "symlink";
-    } else if (S_ISREG(st.st_mode)) {
+    } else if (st.is_regular()) {
       e.file.kind = "file";
-      e.file.bytes = static_cast<uint64_t>(st.st_size);
-      BARGE_RETURN_IF_ERROR(CheckQcow2References(p, from));
+      e.file.bytes = st.size_bytes;
+      BARGE_RETURN_IF_ERROR(CheckQcow2References(env, p, from));
     } else {
-      return Error::NotSupported("not a regular file, folder or symlink").set_path(p.string());
+      return Error::NotSupported("not a regular file, folder or symlink").set_path(p);
     }
     out.push_back(std::move(e));
   }
-  if (ec) return Error::FromErrno(ec.value(), "scan folder", from.string());
+  return OkStatus();
+}
+
+Result<std::vector<Entry>> Scan(Env& env, const std::string& from, const std::string& to) {
+  std::vector<Entry> out;
+  if (Status s = ScanInto(env, from, to, "", out); !s.ok()) return std::move(s).error().Wrap("scan folder");
+  // A folder sorts before what it holds.
   std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.file.path < b.file.path; });
   return out;
 }
 
 // SHA-512 of a file's bytes.
-Result<std::string> HashFile(const fs::path& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Error::FromErrno(errno, "open", path.string());
+Result<std::string> HashFile(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> in, env.OpenSource(path));
   pipeline::Sha512Stream sha;
   std::vector<std::byte> buf(kBlockBytes);
-  off_t off = 0;
-  for (;;) {
-    BARGE_ASSIGN_OR_RETURN(size_t n, PreadFull(fd.get(), buf.data(), buf.size(), off, path.string()));
-    if (n == 0) break;
-    BARGE_RETURN_IF_ERROR(sha.Update(std::span(buf.data(), n)));
-    off += static_cast<off_t>(n);
+  for (uint64_t off = 0; off < in->size_bytes(); off += kBlockBytes) {
+    std::span<std::byte> block(buf.data(), std::min(kBlockBytes, in->size_bytes() - off));
+    BARGE_RETURN_IF_ERROR(in->ReadAt(off, block));
+    BARGE_RETURN_IF_ERROR(sha.Update(block));
   }
   return sha.FinishHex();
 }
 
-// Copies a regular file, leaving all-zero blocks as holes, then fsyncs it.
-// Returns the SHA-512 of the bytes read.
-Result<std::string> CopyFile(const Entry& e) {
-  std::string src = e.source.string(), dst = e.target.string();
-  Fd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
-  if (in.get() < 0) return Error::FromErrno(errno, "open", src);
-  Fd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (out.get() < 0) return Error::FromErrno(errno, "create", dst);
+// Copies a regular file, leaving all-zero blocks as holes, with its mode
+// (and owner, as root), then syncs it. Created private: no other user ever
+// sees it readable before its mode is set. Returns the SHA-512 of the
+// bytes read.
+Result<std::string> CopyFile(Env& env, const Entry& e) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> in, env.OpenSource(e.source));
+  if (in->size_bytes() != e.file.bytes) {
+    return Error::IoError("file changed size while being copied").set_path(e.source);
+  }
+  FileOptions o;
+  o.create_mode = 0600;
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSink> out, env.OpenSink(e.target, SinkMode::kTruncate, o));
   pipeline::Sha512Stream sha;
   std::vector<std::byte> buf(kBlockBytes);
-  off_t off = 0;
-  for (;;) {
-    BARGE_ASSIGN_OR_RETURN(size_t n, PreadFull(in.get(), buf.data(), buf.size(), off, src));
-    if (n == 0) break;
-    BARGE_RETURN_IF_ERROR(sha.Update(std::span(buf.data(), n)));
-    bool zero = std::all_of(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(n),
-                            [](std::byte b) { return b == std::byte{0}; });
-    if (!zero) BARGE_RETURN_IF_ERROR(PwriteAll(out.get(), buf.data(), n, off, dst));
-    off += static_cast<off_t>(n);
+  for (uint64_t off = 0; off < e.file.bytes; off += kBlockBytes) {
+    std::span<std::byte> block(buf.data(), std::min(kBlockBytes, e.file.bytes - off));
+    BARGE_RETURN_IF_ERROR(in->ReadAt(off, block));
+    BARGE_RETURN_IF_ERROR(sha.Update(block));
+    bool zero = std::all_of(block.begin(), block.end(), [](std::byte b) { return b == std::byte{0}; });
+    if (!zero) BARGE_RETURN_IF_ERROR(out->WriteAt(off, block));
   }
-  if (::ftruncate(out.get(), off) != 0) return Error::FromErrno(errno, "truncate", dst);
-  if (off != static_cast<off_t>(e.file.bytes)) {
-    return Error::IoError("file changed size while being copied").set_path(src);
-  }
-  if (::fchmod(out.get(), e.mode) != 0) return Error::FromErrno(errno, "chmod", dst);
-  if (::geteuid() == 0 && ::fchown(out.get(), e.uid, e.gid) != 0) return Error::FromErrno(errno, "chown", dst);
-  if (::fsync(out.get()) != 0) return Error::FromErrno(errno, "fsync", dst);
+  BARGE_RETURN_IF_ERROR(out->Truncate(e.file.bytes));
+  BARGE_RETURN_IF_ERROR(env.SetMode(e.target, e.mode));
+  if (::geteuid() == 0) BARGE_RETURN_IF_ERROR(env.SetOwner(e.target, e.uid, e.gid));
+  BARGE_RETURN_IF_ERROR(out->Flush());
   return sha.FinishHex();
 }
 
-Status CopyAll(std::vector<Entry>& entries, const fs::path& to, const StateMigrateOptions& options) {
-  int files = 0;
-  std::vector<fs::path> dirs = {to};
+Status CopyAll(Env& env, std::vector<Entry>& entries, const std::string& to) {
+  std::vector<std::string> dirs = {to};
   for (Entry& e : entries) {
     if (e.file.kind == "dir") {
-      if (::mkdir(e.target.c_str(), 0700) != 0 && errno != EEXIST) {
-        return Error::FromErrno(errno, "mkdir", e.target.string());
-      }
-      if (::chmod(e.target.c_str(), e.mode) != 0) return Error::FromErrno(errno, "chmod", e.target.string());
+      BARGE_RETURN_IF_ERROR(env.CreateDir(e.target));
+      BARGE_RETURN_IF_ERROR(env.SetMode(e.target, e.mode));
       dirs.push_back(e.target);
     } else if (e.file.kind == "symlink") {
-      std::error_code ec;
-      fs::path link = fs::read_symlink(e.source, ec);
-      if (ec) return Error::FromErrno(ec.value(), "readlink", e.source.string());
-      fs::create_symlink(link, e.target, ec);
-      if (ec) return Error::FromErrno(ec.value(), "symlink", e.target.string());
-      e.file.sha512 = link.string();  // compared as text on verify
+      BARGE_ASSIGN_OR_RETURN(std::string link, env.ReadLink(e.source));
+      BARGE_RETURN_IF_ERROR(env.CreateSymlink(link, e.target));
+      e.file.sha512 = link;  // compared as text on verify
     } else {
-      BARGE_ASSIGN_OR_RETURN(e.file.sha512, CopyFile(e));
-      if (options.stop_after_files > 0 && ++files >= options.stop_after_files) {
-        return Error::Cancelled("test hook: stopped after " + std::to_string(files) + " files");
-      }
+      BARGE_ASSIGN_OR_RETURN(e.file.sha512, CopyFile(env, e));
     }
   }
-  for (const fs::path& d : dirs) BARGE_RETURN_IF_ERROR(pipeline::SyncDirectory(d.string()));
+  for (const std::string& d : dirs) BARGE_RETURN_IF_ERROR(env.SyncDir(d));
   return OkStatus();
 }
 
-Status VerifyAll(const std::vector<Entry>& entries) {
+Status VerifyAll(Env& env, const std::vector<Entry>& entries) {
   for (const Entry& e : entries) {
     if (e.file.kind == "dir") {
-      if (!fs::is_directory(e.target)) return Error::Corruption("folder missing in the copy").set_path(e.target.string());
+      auto st = env.Stat(e.target);
+      if (!st.ok() || !st->is_directory()) {
+        return Error::Corruption("folder missing in the copy").set_path(e.target);
+      }
     } else if (e.file.kind == "symlink") {
-      std::error_code ec;
-      if (fs::read_symlink(e.target, ec).string() != e.file.sha512 || ec) {
-        return Error::Corruption("symlink differs in the copy").set_path(e.target.string());
+      auto link = env.ReadLink(e.target);
+      if (!link.ok() || *link != e.file.sha512) {
+        return Error::Corruption("symlink differs in the copy").set_path(e.target);
       }
     } else {
-      std::error_code ec;
-      if (fs::file_size(e.target, ec) != e.file.bytes || ec) {
-        return Error::Corruption("size differs in the copy").set_path(e.target.string());
+      auto st = env.Stat(e.target);
+      if (!st.ok() || st->size_bytes != e.file.bytes) {
+        return Error::Corruption("size differs in the copy").set_path(e.target);
       }
-      BARGE_ASSIGN_OR_RETURN(std::string sha, HashFile(e.target));
+      BARGE_ASSIGN_OR_RETURN(std::string sha, HashFile(env, e.target));
       if (sha != e.file.sha512) {
-        return Error::Corruption("SHA-512 of the copy differs from the original's").set_path(e.target.string());
+        return Error::Corruption("SHA-512 of the copy differs from the original's").set_path(e.target);
       }
     }
   }
   return OkStatus();
 }
 
-Status WriteMarker(const fs::path& to, const fs::path& from, size_t files) {
-  json j = {{"current", true}, {"migrated_from", from.string()}, {"migrated_at", formats::NowRfc3339()}, {"entries", files}};
-  std::string text = j.dump(2) + "\n";
-  BARGE_ASSIGN_OR_RETURN(auto staged, pipeline::StagedFile::Create((to / kStateMarkerName).string(), true));
-  BARGE_RETURN_IF_ERROR(staged->sink().WriteAt(0, std::as_bytes(std::span(text.data(), text.size()))));
-  return staged->Commit();
+Status WriteMarker(Env& env, const std::string& to, const std::string& from, size_t files) {
+  json j = {{"current", true}, {"migrated_from", from}, {"migrated_at", formats::NowRfc3339()}, {"entries", files}};
+  return env.WriteFileAtomic(JoinPath(to, kStateMarkerName), j.dump(2) + "\n");
 }
 
 // Removes the new copy: everything in `to` but the journal, then the
 // journal (so a crash in between still finds it and rolls back again), then
 // the folder if it is empty (a mount point stays).
-Status RollBack(const fs::path& to, const Journal& journal) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(to, ec)) {
-    if (e.path().filename() == kMigrateJournalName) continue;
-    fs::remove_all(e.path(), ec);
-    if (ec) return Error::FromErrno(ec.value(), "remove", e.path().string());
+Status RollBack(Env& env, const std::string& to, const Journal& journal) {
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(to));
+  for (const std::string& name : names) {
+    if (name == kMigrateJournalName) continue;
+    BARGE_RETURN_IF_ERROR(env.RemoveTree(JoinPath(to, name)));
   }
-  BARGE_RETURN_IF_ERROR(pipeline::SyncDirectory(to.string()));
-  fs::remove(journal.path(), ec);
-  BARGE_RETURN_IF_ERROR(pipeline::SyncDirectory(to.string()));
-  if (::rmdir(to.c_str()) == 0) BARGE_RETURN_IF_ERROR(pipeline::SyncDirectory(to.parent_path().string()));
-  return OkStatus();
+  BARGE_RETURN_IF_ERROR(env.SyncDir(to));
+  BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(journal.path()));
+  BARGE_RETURN_IF_ERROR(env.SyncDir(to));
+  Status removed = env.RemoveDir(to);
+  if (removed.ok()) return env.SyncDir(DirName(to));
+  // A mount point cannot be removed (EBUSY) and stays, empty.
+  if (removed.error().errno_value() == EBUSY) return OkStatus();
+  return removed;
 }
 
-Status RemoveOld(const fs::path& from) {
-  std::error_code ec;
-  fs::remove_all(from, ec);
-  if (ec) return Error::FromErrno(ec.value(), "remove old copy", from.string());
-  return pipeline::SyncDirectory(from.parent_path().string());
-}
-
-Status StopHook(const StateMigrateOptions& options, MigrateStep step) {
-  if (options.stop_after_step == static_cast<int>(step)) {
-    return Error::Cancelled("test hook: stopped after step " + std::string(MigrateStepName(step)));
-  }
-  return OkStatus();
+Status RemoveOld(Env& env, const std::string& from) {
+  if (Status s = env.RemoveTree(from); !s.ok()) return std::move(s).error().Wrap("remove old copy");
+  return env.SyncDir(DirName(from));
 }
 
 // From kCurrent on: the new copy is current; finish removing the old one.
-Status Finish(const fs::path& from, Journal& journal, MigrateStep last, const StateMigrateOptions& options) {
+Status Finish(Env& env, const std::string& from, Journal& journal, MigrateStep last) {
   if (last < MigrateStep::kOldRemoved) {
-    BARGE_RETURN_IF_ERROR(RemoveOld(from));
+    BARGE_RETURN_IF_ERROR(RemoveOld(env, from));
     BARGE_RETURN_IF_ERROR(journal.Append(MigrateStep::kOldRemoved, json::object()));
-    BARGE_RETURN_IF_ERROR(StopHook(options, MigrateStep::kOldRemoved));
   }
   if (last < MigrateStep::kDone) BARGE_RETURN_IF_ERROR(journal.Append(MigrateStep::kDone, json::object()));
   return OkStatus();
 }
 
+bool IsEmptyFolder(Env& env, const std::string& dir) {
+  auto names = env.ListDir(dir);
+  return names.ok() && names->empty();
+}
+
 }  // namespace
 
-Result<StateMigrateResult> MigrateState(const std::string& from_arg, const std::string& to_arg,
-                                        const StateMigrateOptions& options) {
-  std::error_code ec;
-  fs::path from = fs::absolute(from_arg, ec).lexically_normal();
-  fs::path to = fs::absolute(to_arg, ec).lexically_normal();
-  if (from.filename().empty()) from = from.parent_path();
-  if (to.filename().empty()) to = to.parent_path();
-  if (from == to || Inside(to, from) || Inside(from, to)) {
+Result<std::vector<MigrateJournalRecord>> ParseMigrateJournal(std::string_view text) {
+  std::vector<MigrateJournalRecord> out;
+  size_t line_number = 0;
+  while (!text.empty()) {
+    const size_t eol = text.find('\n');
+    const bool complete = eol != std::string_view::npos;
+    const std::string_view line = text.substr(0, eol);
+    text = complete ? text.substr(eol + 1) : std::string_view();
+    ++line_number;
+    auto bad = [&](const std::string& why) {
+      return Error::Corruption("migration journal line " + std::to_string(line_number) + ": " + why);
+    };
+    // Fields are checked before use: json's value() throws on a type
+    // mismatch, and a step outside the enum would steer recovery.
+    const json j = json::parse(line, nullptr, false);
+    const bool is_record = !j.is_discarded() && j.is_object() && j.contains("step");
+    if (!is_record) {
+      if (!complete) break;  // a torn append
+      return bad("not a journal record");
+    }
+    const json& step = j["step"];
+    const int expected = static_cast<int>(out.size()) + 1;
+    if (!step.is_number_integer() || step.get<int64_t>() != expected) {
+      return bad("step " + step.dump() + " where step " + std::to_string(expected) + " was due");
+    }
+    MigrateJournalRecord r;
+    r.step = static_cast<MigrateStep>(expected);
+    if (expected > static_cast<int>(MigrateStep::kDone)) return bad("steps past 'done'");
+    for (auto [key, field] : {std::pair{"from", &r.from}, std::pair{"to", &r.to}}) {
+      if (!j.contains(key)) continue;
+      if (!j[key].is_string()) return bad(std::string("'") + key + "' is not a string");
+      *field = j[key].get<std::string>();
+    }
+    if (r.step == MigrateStep::kBegin && (r.from.empty() || r.to.empty())) {
+      return bad("the first record must name both folders");
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Result<StateMigrateResult> MigrateState(Env& env, const std::string& from_arg, const std::string& to_arg) {
+  const std::string from = AbsolutePath(from_arg);
+  const std::string to = AbsolutePath(to_arg);
+  if (from == to || IsInsidePath(to, from) || IsInsidePath(from, to)) {
     return Error::InvalidArgument("source and target folders must be distinct and not nested");
   }
   StateMigrateResult result;
-  Journal journal((to / kMigrateJournalName).string());
+  Journal journal(env, JoinPath(to, kMigrateJournalName));
 
-  if (fs::exists(journal.path())) {
-    std::vector<json> records = journal.Read();
+  auto journal_st = env.Stat(journal.path());
+  if (!journal_st.ok() && journal_st.error().code() != ErrorCode::kNotFound) return journal_st.error();
+  if (journal_st.ok()) {
+    BARGE_ASSIGN_OR_RETURN(std::vector<MigrateJournalRecord> records, journal.Read());
     MigrateStep last = MigrateStep::kNone;
-    for (const json& r : records) last = static_cast<MigrateStep>(r.value("step", 0));
-    if (!records.empty() && (records[0].value("from", "") != from.string() ||
-                             records[0].value("to", "") != to.string())) {
+    for (const MigrateJournalRecord& r : records) last = r.step;
+    if (!records.empty() && (records[0].from != from || records[0].to != to)) {
       return Error::InvalidArgument("the target holds the journal of another migration (from " +
-                                    records[0].value("from", "?") + ")")
+                                    (records[0].from.empty() ? "?" : records[0].from) + ")")
           .set_path(journal.path());
     }
     if (last == MigrateStep::kDone) {
@@ -383,66 +369,65 @@ Result<StateMigrateResult> MigrateState(const std::string& from_arg, const std::
       return result;
     }
     if (last >= MigrateStep::kCurrent) {
-      BARGE_RETURN_IF_ERROR(Finish(from, journal, last, options));
+      BARGE_RETURN_IF_ERROR(Finish(env, from, journal, last));
       result.outcome = "migrated";
       result.recovery = "finished";
       return result;
     }
     // Before the commit point the old folder is current: drop the partial
     // new copy, then migrate again from the start.
-    BARGE_RETURN_IF_ERROR(RollBack(to, journal));
+    BARGE_RETURN_IF_ERROR(RollBack(env, to, journal));
     result.recovery = "rolled back";
   }
 
-  if (!fs::is_directory(from)) return Error::NotFound("no state folder to migrate").set_path(from.string());
-  if (fs::exists(to)) {
-    if (!fs::is_directory(to) || !fs::is_empty(to)) {
-      return Error::InvalidArgument("target exists and is not an empty folder").set_path(to.string());
-    }
+  auto from_st = env.Stat(from);
+  if (!from_st.ok() || !from_st->is_directory()) {
+    return Error::NotFound("no state folder to migrate").set_path(from);
   }
-  BARGE_ASSIGN_OR_RETURN(std::vector<Entry> entries, Scan(from, to));
-  if (!fs::exists(to)) {
-    fs::create_directories(to, ec);
-    if (ec) return Error::FromErrno(ec.value(), "create folder", to.string());
-    BARGE_RETURN_IF_ERROR(pipeline::SyncDirectory(to.parent_path().string()));
+  auto to_st = env.Stat(to);
+  if (to_st.ok() && (!to_st->is_directory() || !IsEmptyFolder(env, to))) {
+    return Error::InvalidArgument("target exists and is not an empty folder").set_path(to);
+  }
+  BARGE_ASSIGN_OR_RETURN(std::vector<Entry> entries, Scan(env, from, to));
+  if (!to_st.ok()) {
+    if (Status made = env.CreateDirs(to); !made.ok()) return std::move(made).error().Wrap("create folder");
+    BARGE_RETURN_IF_ERROR(env.SyncDir(DirName(to)));
   }
 
   // Steps before the commit point: any error removes the new copy.
   auto before_commit = [&]() -> Status {
-    BARGE_RETURN_IF_ERROR(journal.Append(MigrateStep::kBegin, {{"from", from.string()}, {"to", to.string()}}));
-    BARGE_RETURN_IF_ERROR(StopHook(options, MigrateStep::kBegin));
-    BARGE_RETURN_IF_ERROR(CopyAll(entries, to, options));
+    BARGE_RETURN_IF_ERROR(journal.Append(MigrateStep::kBegin, {{"from", from}, {"to", to}}));
+    BARGE_RETURN_IF_ERROR(CopyAll(env, entries, to));
     json files = json::array();
     for (const Entry& e : entries) {
       files.push_back({{"path", e.file.path}, {"kind", e.file.kind}, {"bytes", e.file.bytes},
                        {"sha512", e.file.sha512}});
     }
     BARGE_RETURN_IF_ERROR(journal.Append(MigrateStep::kCopied, {{"files", files}}));
-    BARGE_RETURN_IF_ERROR(StopHook(options, MigrateStep::kCopied));
-    BARGE_RETURN_IF_ERROR(VerifyAll(entries));
+    BARGE_RETURN_IF_ERROR(VerifyAll(env, entries));
     BARGE_RETURN_IF_ERROR(journal.Append(MigrateStep::kVerified, json::object()));
-    BARGE_RETURN_IF_ERROR(StopHook(options, MigrateStep::kVerified));
-    BARGE_RETURN_IF_ERROR(WriteMarker(to, from, entries.size()));
+    BARGE_RETURN_IF_ERROR(WriteMarker(env, to, from, entries.size()));
     return journal.Append(MigrateStep::kCurrent, json::object());
   };
   if (Status s = before_commit(); !s.ok()) {
     Error e = std::move(s).error();
-    if (e.code() == ErrorCode::kCancelled) return e;  // the test hook: a "crash", touch nothing
     // The journal may or may not hold kCurrent (its append failed): only a
     // journal without it may be rolled back.
+    auto records = journal.Read();
+    if (!records.ok()) {
+      return e.Wrap("the journal cannot be read back (" + records.error().ToString() +
+                    "); nothing was rolled back");
+    }
     MigrateStep last = MigrateStep::kNone;
-    for (const json& r : journal.Read()) last = static_cast<MigrateStep>(r.value("step", 0));
+    for (const MigrateJournalRecord& r : *records) last = r.step;
     if (last < MigrateStep::kCurrent) {
-      if (Status rb = RollBack(to, journal); !rb.ok()) e.Wrap("rollback failed too (" + rb.error().ToString() + ")");
+      e.Also(RollBack(env, to, journal));
       return e.Wrap("migration failed; the old folder stays current and the new copy was removed");
     }
     return e;
   }
-  BARGE_RETURN_IF_ERROR(StopHook(options, MigrateStep::kCurrent));
-  if (Status s = Finish(from, journal, MigrateStep::kCurrent, options); !s.ok()) {
-    Error e = std::move(s).error();
-    if (e.code() == ErrorCode::kCancelled) return e;
-    return e.Wrap("the new copy is current; run again to finish removing the old one");
+  if (Status s = Finish(env, from, journal, MigrateStep::kCurrent); !s.ok()) {
+    return std::move(s).error().Wrap("the new copy is current; run again to finish removing the old one");
   }
   result.outcome = "migrated";
   for (Entry& e : entries) result.files.push_back(std::move(e.file));

@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 
 namespace barge::orchestrate {
@@ -33,14 +35,21 @@ std::string_view MigrateStepName(MigrateStep step);
 inline constexpr const char* kMigrateJournalName = ".barge-migrate.journal";
 inline constexpr const char* kStateMarkerName = ".barge-state.json";
 
-struct StateMigrateOptions {
-  // Test hook: return kCancelled right after step `stop_after_step` is
-  // durable, touching nothing more (as if the process died there). 0: never.
-  int stop_after_step = 0;
-  // Test hook: stop (likewise) after copying this many files, before the
-  // kCopied step. 0: never.
-  int stop_after_files = 0;
+// One record of the journal, as read back.
+struct MigrateJournalRecord {
+  MigrateStep step = MigrateStep::kNone;
+  std::string from;  // the first record's: the migration's folders
+  std::string to;
 };
+
+// Parses the journal's text: one JSON object per line, in order. The
+// journal lives in the target folder, so its bytes are untrusted input.
+// An unterminated last line that is not a record is a torn append (a crash
+// mid-write) and is ignored. Returns kCorruption for anything a migration
+// never writes: a complete line that is not a record, a step that is not
+// an integer 1..6, steps that do not run 1, 2, 3... from a first record
+// naming both folders, or non-string folder names.
+Result<std::vector<MigrateJournalRecord>> ParseMigrateJournal(std::string_view text);
 
 struct MigratedFile {
   std::string path;  // relative to the folder
@@ -67,8 +76,9 @@ struct StateMigrateResult {
 // Returns the result; kInvalidArgument/kNotSupported before anything is
 // touched; any other error before kCurrent leaves `from` current and removes
 // the new copy; an error after it leaves the new copy current (run again to
-// finish). May block for a long time.
-Result<StateMigrateResult> MigrateState(const std::string& from, const std::string& to,
-                                        const StateMigrateOptions& options = {});
+// finish). May block for a long time. Every file operation goes through
+// `env`: a test stops it after any durable step, or after any file copied,
+// as a crash would (tests/testing/env_wrappers.h).
+Result<StateMigrateResult> MigrateState(Env& env, const std::string& from, const std::string& to);
 
 }  // namespace barge::orchestrate

@@ -277,7 +277,7 @@ Result<TimeZone> TimeZone::FromTzif(std::string name, std::string_view bytes) {
   return z;
 }
 
-Result<TimeZone> TimeZone::Load(std::string_view name, Env& env) {
+Result<TimeZone> TimeZone::Load(Env& env, std::string_view name) {
   if (name.empty() || name == "UTC" || name == "Etc/UTC" || name == "Z") return Utc();
   std::string n(name);
   bool ok = n.front() != '/' && n.back() != '/';

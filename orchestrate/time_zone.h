@@ -29,7 +29,7 @@ class TimeZone {
   // Returns: the zone; kInvalidArgument for a name that is not a plain
   // relative path (empty parts, "..", leading '/'); kNotFound when no such
   // zone file exists; kCorruption for a file that is not valid TZif.
-  static Result<TimeZone> Load(std::string_view name, Env& env = Env::Default());
+  static Result<TimeZone> Load(Env& env, std::string_view name);
 
   // Parses TZif bytes (versions 1 to 4; the 64-bit data of version 2+ and
   // its POSIX TZ footer for instants after the last transition). Leap

@@ -1,16 +1,13 @@
 // Trackers, checkpoint redefinition, planning and the doctor.
 #include "orchestrate/tracker.h"
 
-#include <filesystem>
 #include <map>
 
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
 
 namespace barge::orchestrate {
-namespace {
 
-// Per disk of a checkpoint XML: disk -> (checkpoint kind, size attribute).
 std::map<std::string, std::pair<std::string, std::string>> CheckpointDisks(const std::string& xml) {
   std::map<std::string, std::pair<std::string, std::string>> out;
   std::string_view disks = xml;
@@ -27,8 +24,6 @@ std::map<std::string, std::pair<std::string, std::string>> CheckpointDisks(const
   }
   return out;
 }
-
-}  // namespace
 
 std::string NewCheckpointName(const std::string& tracker) {
   return tracker + "-" + formats::CompactTimestamp(formats::NowRfc3339());
@@ -77,7 +72,7 @@ Result<std::vector<RedefineOutcome>> RedefineCheckpoints(BackupCatalog& catalog,
   return out;
 }
 
-Result<std::vector<DiskPlan>> PlanDisks(const TrackerRecord* tracker, virDomainPtr dom,
+Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, virDomainPtr dom,
                                         const std::vector<DomainDisk>& disks, bool force_full,
                                         const std::string& target_dir, const std::string& domain) {
   std::vector<DiskPlan> plans;
@@ -118,7 +113,7 @@ Result<std::vector<DiskPlan>> PlanDisks(const TrackerRecord* tracker, virDomainP
         p.reason = "disk size changed";
       } else if (!target_dir.empty()) {
         std::string chain_dir = target_dir + "/" + domain + "/" + d.target;
-        auto chain = pipeline::LoadChainFolder(chain_dir);
+        auto chain = pipeline::LoadChainFolder(env, chain_dir);
         if (!chain.ok() || chain->empty()) {
           p.reason = "no backup chain in the target";
         } else if (chain->latest().manifest.checkpoint != tracker->latest_checkpoint) {
@@ -167,7 +162,7 @@ Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const st
   BARGE_ASSIGN_OR_RETURN(auto disks, DomainDisks(dom));
   const TrackerRecord* t = r.trackers.size() == 1 ? &r.trackers[0] : nullptr;
   if (t) r.next_tracker = t->name;
-  BARGE_ASSIGN_OR_RETURN(r.next_backup, PlanDisks(t, dom, disks, false, "", domain));
+  BARGE_ASSIGN_OR_RETURN(r.next_backup, PlanDisks(catalog.env(), t, dom, disks, false, "", domain));
   return r;
 }
 

@@ -3,6 +3,8 @@
 // what the next backup will do.
 #pragma once
 
+#include <map>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,10 @@ namespace barge::orchestrate {
 
 // "<tracker>-<UTC compact timestamp>", e.g. "t1-20261122T150102Z".
 std::string NewCheckpointName(const std::string& tracker);
+
+// Per disk of a libvirt checkpoint XML (untrusted: libvirt's reply, or the
+// copy kept in the catalog): disk name -> (checkpoint kind, size attribute).
+std::map<std::string, std::pair<std::string, std::string>> CheckpointDisks(const std::string& xml);
 
 struct RedefineOutcome {
   std::string tracker;
@@ -67,8 +73,9 @@ namespace barge::orchestrate {
 // tracker is empty or marked needs-full, force_full, libvirt lacks the
 // checkpoint, the disk's bitmap is inconsistent or missing, the disk is new
 // or changed size, or the disk's chain does not end at the checkpoint.
-// `target_dir` "" skips the chain check (doctor without a target).
-Result<std::vector<DiskPlan>> PlanDisks(const TrackerRecord* tracker, virDomainPtr dom,
+// `target_dir` "" skips the chain check (doctor without a target); the
+// chain folders are read through `env`.
+Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, virDomainPtr dom,
                                         const std::vector<DomainDisk>& disks, bool force_full,
                                         const std::string& target_dir, const std::string& domain);
 

@@ -61,6 +61,7 @@ struct VmBackupResult {
 // was read, before anything is committed; =after-freeze fails it right after
 // the guest's filesystems were frozen, before the backup job begins (the
 // failure path must thaw them).
-Result<VmBackupResult> RunVmBackup(const VmBackupRequest& request);
+// Chain folders, lock files and overlays are handled through `env`.
+Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& request);
 
 }  // namespace barge::orchestrate

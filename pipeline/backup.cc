@@ -1,25 +1,22 @@
 // Full and incremental backups into a chain folder.
 #include "pipeline/backup.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/statvfs.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
+#include <optional>
 #include <set>
 
+#include "blockio/env.h"
+#include "blockio/path.h"
 #include "formats/digest_table.h"
 #include "formats/extents_file.h"
 #include "formats/qcow2_bitmap.h"
+#include "formats/units.h"
 #include "pipeline/chain.h"
 #include "pipeline/staged_file.h"
+#include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -32,26 +29,30 @@ Status CheckDiskName(const std::string& name) {
   return OkStatus();
 }
 
-// Removes images and digest tables that no manifest names: what a run
-// killed between renames leaves. Called with the chain lock held.
-void RemoveOrphans(const ChainFolder& chain) {
+// Removes images, digest tables and verification records that no manifest
+// names (what a run killed between renames leaves, and the records of
+// points a merge folded), and temporaries no live writer holds. Called
+// with the chain lock held.
+Status RemoveOrphans(Env& env, const ChainFolder& chain) {
   std::set<std::string> named;
   for (const auto& p : chain.points) {
     named.insert(p.manifest.image);
     named.insert(p.manifest.digest_table);
+    named.insert(VerificationFileName(p.manifest.id));
   }
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(chain.dir, ec)) {
-    std::string name = entry.path().filename().string();
-    auto ext = entry.path().extension();
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(chain.dir));
+  for (const std::string& name : names) {
+    std::string ext = Extension(name);
     bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
-                (ext == ".qcow2" || ext == ".digests");
-    bool temp = name.size() > 11 && name[0] == '.' && name.ends_with(".barge-tmp");
-    if ((ours && !named.count(name)) || temp) fs::remove(entry.path(), ec);
+                (ext == ".qcow2" || ext == ".digests" || ext == ".verified");
+    if (ours && !named.count(name)) BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(chain.PathOf(name)));
   }
+  auto swept = SweepStaleTemporaries(env, chain.dir);
+  if (!swept.ok()) return swept.error();
+  return OkStatus();
 }
 
-Result<RangeList> DirtySet(const BackupRequest& req, OpenedSource& src, std::string& description) {
+Result<RangeList> DirtySet(Env& env, const BackupRequest& req, OpenedSource& src, std::string& description) {
   uint64_t size = src.image->size_bytes();
   if (req.dirty_ranges) {
     description = req.dirty_description.empty() ? "caller" : req.dirty_description;
@@ -59,13 +60,12 @@ Result<RangeList> DirtySet(const BackupRequest& req, OpenedSource& src, std::str
   }
   if (!req.dirty_extents_file.empty()) {
     description = "extents:" + req.dirty_extents_file;
-    BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(req.dirty_extents_file, 4ull << 30));
+    BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, req.dirty_extents_file, 4ull << 30));
     auto file = formats::DecodeExtentsFile(text);
     if (!file.ok()) return Error(file.error()).set_path(req.dirty_extents_file);
     if (file->virtual_size && *file->virtual_size != size) {
-      return Error::InvalidArgument("extents file is for a disk of " +
-                                    std::to_string(*file->virtual_size) + " bytes, the source has " +
-                                    std::to_string(size))
+      return Error::InvalidArgument("extents file is for a disk of " + formats::HumanBytesExact(*file->virtual_size) +
+                                    ", the source has " + formats::HumanBytesExact(size))
           .set_path(req.dirty_extents_file);
     }
     for (const Range& r : file->dirty) {
@@ -99,25 +99,15 @@ std::string IdFor(uint32_t sequence, const std::string& started_at) {
   return std::string(buf) + "-" + formats::CompactTimestamp(started_at);
 }
 
-// The sink output file `file_name` is written through: the staged file's
-// own, or the request's test wrapper around it (kept in `wrapper`).
-BlockSink& OutputSink(const BackupRequest& req, StagedFile& file, const std::string& file_name,
-                      std::unique_ptr<BlockSink>& wrapper) {
-  if (!req.wrap_sink) return file.sink();
-  wrapper = req.wrap_sink(file.sink(), file_name);
-  return *wrapper;
-}
-
 // Writes and flushes a small output file (digest table, manifest) under its
 // temporary name; `out` commits it later.
-Status WriteSmallStaged(const BackupRequest& req, const std::string& dir,
-                        const std::string& file_name, std::span<const std::byte> bytes,
-                        std::unique_ptr<StagedFile>& out) {
-  BARGE_ASSIGN_OR_RETURN(out, StagedFile::Create(dir + "/" + file_name));
-  std::unique_ptr<BlockSink> wrapper;
-  BlockSink& sink = OutputSink(req, *out, file_name, wrapper);
-  Status st = sink.WriteAt(0, bytes);
-  if (st.ok()) st = sink.Flush();
+Status WriteSmallStaged(Env& env, const std::string& dir, const std::string& file_name,
+                        std::span<const std::byte> bytes, std::unique_ptr<StagedFile>& out) {
+  auto created = StagedFile::Create(env, dir + "/" + file_name);
+  if (!created.ok()) return std::move(created).error().Wrap("backup: writing " + file_name);
+  out = std::move(created).value();
+  Status st = out->sink().WriteAt(0, bytes);
+  if (st.ok()) st = out->sink().Flush();
   if (!st.ok()) return std::move(st).error().Wrap("backup: writing " + file_name);
   return OkStatus();
 }
@@ -159,13 +149,12 @@ Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
   return data + metadata;
 }
 
-Result<uint64_t> FreeBytes(const std::string& dir) {
-  struct statvfs st;
-  if (::statvfs(dir.c_str(), &st) != 0) return Error::FromErrno(errno, "statvfs", dir);
-  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+Result<uint64_t> FreeBytes(Env& env, const std::string& dir) {
+  BARGE_ASSIGN_OR_RETURN(SpaceInfo space, env.Space(dir));
+  return space.free_bytes;
 }
 
-Result<BackupResult> RunBackup(const BackupRequest& req) {
+Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   auto start = std::chrono::steady_clock::now();
   std::string started_at = formats::NowRfc3339();
   int dirty_inputs = !req.dirty_bitmap.empty() + !req.dirty_extents_file.empty() +
@@ -183,18 +172,48 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
                                  ? req.dirty_bitmap
                                  : "qemu:dirty-bitmap:" + req.dirty_bitmap;
   }
-  BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(spec));
+  BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, spec));
   const uint64_t size = src.image->size_bytes();
 
   std::string disk = req.disk_name.empty() ? DefaultDiskName(spec.location) : req.disk_name;
   BARGE_RETURN_IF_ERROR(CheckDiskName(disk));
-  std::string chain_dir = (fs::path(req.target_dir) / disk).string();
-  std::error_code ec;
-  fs::create_directories(chain_dir, ec);
-  if (ec) return Error::FromErrno(ec.value(), "create folder", chain_dir);
-  BARGE_ASSIGN_OR_RETURN(ChainLock lock, ChainLock::Acquire(chain_dir));
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(chain_dir, &lock));
-  RemoveOrphans(chain);
+  std::string chain_dir = JoinPath(req.target_dir, disk);
+  // The folders this run creates (target, then chain folder): a first
+  // backup that fails removes them again.
+  std::vector<std::string> created_dirs;
+  for (const std::string& d : {req.target_dir, chain_dir}) {
+    if (d.empty()) continue;
+    auto st = env.Stat(d);
+    if (!st.ok() && st.error().code() == ErrorCode::kNotFound) created_dirs.push_back(d);
+  }
+  std::optional<ChainLock> lock;
+  for (int attempt = 0; !lock; ++attempt) {
+    BARGE_RETURN_IF_ERROR(env.CreateDirs(chain_dir));
+    auto acquired = ChainLock::Acquire(env, chain_dir);
+    // A failed first backup of the same chain may have removed the folder
+    // between our mkdir and our lock: make it again.
+    if (!acquired.ok() && acquired.error().code() == ErrorCode::kNotFound && attempt < 3) continue;
+    if (!acquired.ok()) return acquired.error();
+    lock.emplace(std::move(acquired).value());
+  }
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, chain_dir, &*lock));
+  BARGE_RETURN_IF_ERROR(RemoveOrphans(env, chain));
+  // A first backup that fails leaves no lock file and no empty folder
+  // behind. Declared before the staged files: it runs after they removed
+  // their temporaries, and while the lock is still held.
+  struct FirstBackupCleanup {
+    Env& env;
+    ChainLock* lock = nullptr;  // null: disarmed
+    std::vector<std::string> created;
+    ~FirstBackupCleanup() {
+      if (lock == nullptr) return;
+      IgnoreError(lock->RemoveLockFile(), "a failed backup's error is on its way; a stale .lock is harmless");
+      // Deepest first; RemoveDir fails on a folder someone else filled.
+      for (auto it = created.rbegin(); it != created.rend(); ++it) {
+        IgnoreError(env.RemoveDir(*it), "a folder another job filled meanwhile stays");
+      }
+    }
+  } first_cleanup{env, chain.empty() ? &*lock : nullptr, created_dirs};
 
   uint32_t cluster = req.copy.cluster_bytes;
   formats::BackupManifest m;
@@ -206,32 +225,41 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
     }
     const formats::BackupManifest& pm = chain.latest().manifest;
     if (pm.virtual_size != size) {
-      return Error::InvalidArgument("the disk's size changed from " + std::to_string(pm.virtual_size) +
-                                    " to " + std::to_string(size) + " bytes since backup " + pm.id +
+      return Error::InvalidArgument("the disk's size changed from " + formats::HumanBytesExact(pm.virtual_size) +
+                                    " to " + formats::HumanBytesExact(size) + " since backup " + pm.id +
                                     ": take a full backup")
           .set_path(spec.location);
     }
     cluster = pm.cluster_size;  // a chain keeps one cluster size
-    auto digests = EffectiveDigests(chain, chain.points.size() - 1);
+    auto digests = EffectiveDigests(env, chain, chain.points.size() - 1);
     if (!digests.ok()) {
       return Error(digests.error()).Wrap("the parent chain does not verify; take a full backup");
     }
     parent_digests = std::move(digests).value();
     m.parent = formats::ManifestParent{pm.id, pm.image, pm.image_digest};
+  } else if (!chain.empty() && chain.latest().manifest.virtual_size != size && !req.allow_resize) {
+    // Most likely another disk backed up under this chain's name.
+    const formats::BackupManifest& pm = chain.latest().manifest;
+    return Error::InvalidArgument("the chain's latest backup " + pm.id + " is of a " +
+                                  formats::HumanBytesExact(pm.virtual_size) + " disk (" + pm.source + "), this one has " +
+                                  formats::HumanBytesExact(size) +
+                                  ": another disk? back it up under another --name; if this disk was resized, "
+                                  "pass --allow-resize")
+        .set_path(chain_dir);
   }
 
   std::string dirty_description;
   RangeList work{{0, size}};
   if (req.incremental) {
-    BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(req, src, dirty_description));
+    BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(env, req, src, dirty_description));
     work = AlignRanges(dirty, cluster, size);
   }
 
   BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*src.image, work, cluster));
-  BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(chain_dir));
+  BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(env, chain_dir));
   if (needed > free_bytes) {
-    return Error::NoSpace("the target needs up to " + std::to_string(needed) + " bytes for this backup, " +
-                          std::to_string(free_bytes) + " are free")
+    return Error::NoSpace("the target needs up to " + formats::HumanBytesExact(needed) + " for this backup, " +
+                          formats::HumanBytesExact(free_bytes) + " are free")
         .set_path(chain_dir);
   }
 
@@ -259,10 +287,10 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   m.tool_version = req.tool_version;
 
   // The image.
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> image_file,
-                         StagedFile::Create(chain.PathOf(m.image)));
-  std::unique_ptr<BlockSink> image_wrapper;  // declared after image_file: dies first
-  BlockSink& image_sink = OutputSink(req, *image_file, m.image, image_wrapper);
+  auto created_image = StagedFile::Create(env, chain.PathOf(m.image));
+  if (!created_image.ok()) return std::move(created_image).error().Wrap("backup: starting " + m.image);
+  std::unique_ptr<StagedFile> image_file = std::move(created_image).value();
+  BlockSink& image_sink = image_file->sink();
   formats::Qcow2WriterOptions w;
   w.virtual_size = size;
   w.cluster_bits = static_cast<uint32_t>(std::countr_zero(cluster));
@@ -285,13 +313,7 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
     copy.base_digest = [&parent_digests](uint64_t c) { return FindDigest(parent_digests, c); };
   }
   Destination* dests[] = {dest.get()};
-  std::unique_ptr<BlockSource> source_wrapper;
-  BlockSource* source = src.image.get();
-  if (req.wrap_source) {
-    source_wrapper = req.wrap_source(*source);
-    source = source_wrapper.get();
-  }
-  auto copied = RunCopy(*source, work, dests, copy);
+  auto copied = RunCopy(*src.image, work, dests, copy);
   if (!copied.ok()) return Error(copied.error()).Wrap("backup");
   const formats::Qcow2WriterStats stats = dest->writer().stats();
 
@@ -313,10 +335,9 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   // Image, digests, manifest last: a manifest only ever names complete files.
   std::unique_ptr<StagedFile> digests_file, manifest_file;
   std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
-  BARGE_RETURN_IF_ERROR(
-      WriteSmallStaged(req, chain.dir, m.digest_table, table_bytes, digests_file));
+  BARGE_RETURN_IF_ERROR(WriteSmallStaged(env, chain.dir, m.digest_table, table_bytes, digests_file));
   std::string text = formats::EncodeManifest(m);
-  BARGE_RETURN_IF_ERROR(WriteSmallStaged(req, chain.dir, m.id + ".json",
+  BARGE_RETURN_IF_ERROR(WriteSmallStaged(env, chain.dir, m.id + ".json",
                                          std::as_bytes(std::span(text.data(), text.size())),
                                          manifest_file));
   Status committed = image_file->Commit();
@@ -325,10 +346,11 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   if (!committed.ok()) {
     // A commit can fail after its rename (syncing the folder): the manifest
     // goes first so that no manifest ever names a removed file.
-    fs::remove(chain.PathOf(m.id + ".json"), ec);
-    fs::remove(chain.PathOf(m.image), ec);
-    fs::remove(chain.PathOf(m.digest_table), ec);
-    return Error(committed.error()).Wrap("backup");
+    Error e = Error(committed.error()).Wrap("backup");
+    for (const std::string& name : {m.id + ".json", m.image, m.digest_table}) {
+      e.Also(env.UnlinkIfExists(chain.PathOf(name)));
+    }
+    return e;
   }
 
   BackupResult result;
@@ -340,6 +362,7 @@ Result<BackupResult> RunBackup(const BackupRequest& req) {
   result.image_bytes = m.bytes_written;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.manifest = std::move(m);
+  first_cleanup.lock = nullptr;  // the chain has its first point
   return result;
 }
 

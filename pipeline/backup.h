@@ -3,13 +3,11 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 
+#include "blockio/env.h"
 #include "blockio/extent.h"
-#include "blockio/sink.h"
 #include "blockio/source.h"
 #include "formats/manifest.h"
 #include "pipeline/copy.h"
@@ -30,21 +28,16 @@ struct BackupRequest {
   std::string dirty_description;   // recorded when dirty_ranges is given
   std::string reason;              // recorded why; "" = a default per type
   std::string checkpoint;          // recorded libvirt checkpoint name
+  // A full backup of a disk whose size differs from the chain's latest
+  // point is refused (another disk backed up under this name?) unless
+  // this says the disk was resized.
+  bool allow_resize = false;
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = formats::kDefaultZstdLevel;
   // Pipeline knobs (cluster_bytes, memory, threads, progress, stats,
   // cancel). Compression fields are taken from above.
   CopyOptions copy;
   std::string tool_version = "0.1.0";
-
-  // Wrapper points for tests (fault injection, blockio/fault.h); unset in
-  // production. wrap_source wraps the source the copy reads (not the
-  // extent probe of the space estimate); wrap_sink wraps the sink of each
-  // output file (image, digest table, manifest; named by its final file
-  // name) for every write and flush of its contents. The wrapper forwards
-  // to its argument, which outlives it.
-  std::function<std::unique_ptr<BlockSource>(BlockSource&)> wrap_source;
-  std::function<std::unique_ptr<BlockSink>(BlockSink&, const std::string& file_name)> wrap_sink;
 };
 
 struct BackupResult {
@@ -61,11 +54,16 @@ struct BackupResult {
 // Runs one backup. Before writing anything it checks: the source opens; for
 // an incremental, the chain has a latest point whose manifests and digest
 // tables verify, the virtual size is unchanged, and the dirty set is valid;
+// for a full into a chain that has points, the size is the latest's (or
+// allow_resize);
 // the target has room for the estimate (kNoSpace saying how much is
 // needed). Files go under temporary names and are renamed image, digests,
-// manifest last; on any error nothing new is left in the chain folder.
-// A second backup of the same chain folder at the same time fails at once.
-Result<BackupResult> RunBackup(const BackupRequest& request);
+// manifest last; on any error nothing new is left in the chain folder (and
+// a first backup that fails leaves no chain folder and no lock file).
+// A second backup of the same chain folder at the same time fails at once
+// (kBusy). Every file is opened, written, renamed and synced through `env`
+// (tests wrap it to fail or stop any call, blockio/env.h).
+Result<BackupResult> RunBackup(Env& env, const BackupRequest& request);
 
 // The default disk name for a source: its base name without extension
 // ("vm1.qcow2" -> "vm1"; "nbd://host/vda" -> "vda"; an NBD URI without an
@@ -78,6 +76,6 @@ Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
                                      uint32_t cluster_bytes);
 
 // Free bytes for an unprivileged writer on the filesystem holding `dir`.
-Result<uint64_t> FreeBytes(const std::string& dir);
+Result<uint64_t> FreeBytes(Env& env, const std::string& dir);
 
 }  // namespace barge::pipeline

@@ -1,6 +1,5 @@
 #include "pipeline/bench.h"
 
-#include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -10,15 +9,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "blockio/buffer.h"
-#include "blockio/file.h"
+#include "blockio/path.h"
+#include "blockio/thread.h"
 #include "formats/digest.h"
 #include "formats/qcow2_compress.h"
 #include "pipeline/chunk.h"
@@ -91,31 +89,41 @@ Status ParallelFor(int threads, size_t n, Fn fn) {
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
+  Status started;
+  for (int t = 1; t < threads && started.ok(); ++t) {
+    auto thread = StartThread("bench worker", work, t);
+    if (thread.ok()) {
+      pool.push_back(std::move(thread).value());
+    } else {
+      started = thread.error();
+      next.store(n);  // the started ones stop; the run fails
+    }
+  }
+  if (started.ok()) work(0);
   for (auto& th : pool) th.join();
+  if (!started.ok()) return started;
   return first;
 }
 
-// fdatasync + POSIX_FADV_DONTNEED: the file's clean pages leave the cache.
-void DropFileCache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
+// The file's pages leave the page cache (written back first), so the
+// next read comes from the disk. Best effort, as the hint it is.
+void DropFileCache(Env& env, const std::string& path) {
+  auto source = env.OpenSource(path);
+  if (source.ok()) (*source)->DontNeed(0, 0);  // 0: to the end of the file
 }
 
 std::string TempPath(const std::string& dir, const std::string& tag) {
-  return (std::filesystem::path(dir) / ("barge-bench-" + std::to_string(::getpid()) + "-" + tag)).string();
+  return JoinPath(dir, "barge-bench-" + std::to_string(::getpid()) + "-" + tag);
 }
 
-// Removes a file when it goes out of scope.
+// Removes a bench output file when it goes out of scope.
 struct FileGuard {
+  Env& env;
   std::string path;
   ~FileGuard() {
-    std::error_code ec;
-    if (!path.empty()) std::filesystem::remove(path, ec);
+    if (!path.empty()) {
+      IgnoreError(env.UnlinkIfExists(path), "a scratch file of a finished measurement; nothing depends on it");
+    }
   }
 };
 
@@ -125,14 +133,14 @@ uint32_t ClusterBitsOf(uint32_t cluster_bytes) {
   return bits;
 }
 
-Result<BenchMeasure> ReadStage(BlockSource& source, const BenchOptions& o, int threads) {
+Result<BenchMeasure> ReadStage(Env& env, BlockSource& source, const BenchOptions& o, int threads) {
   BenchMeasure m;
   m.name = "read";
   m.threads = threads;
   m.in_flight = static_cast<uint64_t>(threads);
   m.note = "io_uring file source, allocated extents only (SEEK_DATA/SEEK_HOLE), one chunk batch per thread";
-  if (o.cold) DropFileCache(o.source);
-  ResetPeakRss();
+  if (o.cold) DropFileCache(env, o.source);
+  ResetPeakRss(env);
   ChunkPlanner planner(source, WholeDisk(source), o.cluster_bytes, o.chunk_bytes);
   std::mutex mu;
   std::atomic<uint64_t> bytes{0};
@@ -160,13 +168,13 @@ Result<BenchMeasure> ReadStage(BlockSource& source, const BenchOptions& o, int t
   if (!st.ok()) return std::move(st).error().Wrap("bench read");
   m.input_bytes = bytes.load();
   m.output_bytes = m.input_bytes;
-  m.peak_rss_bytes = PeakRssBytes();
+  m.peak_rss_bytes = PeakRssBytes(env);
   return m;
 }
 
 // zero, xxh3, compress, sha512, write: each alone over windows of chunks held
 // in memory (reading them is not timed; the read stage measures that).
-Result<std::vector<BenchMeasure>> CpuStages(BlockSource& source, const BenchOptions& o, int threads,
+Result<std::vector<BenchMeasure>> CpuStages(Env& env, BlockSource& source, const BenchOptions& o, int threads,
                                             BenchReport& report) {
   const bool compress = o.compression != formats::Compression::kNone;
   BenchMeasure zero, hash, comp, sha, write;
@@ -199,8 +207,8 @@ Result<std::vector<BenchMeasure>> CpuStages(BlockSource& source, const BenchOpti
   }
   Sha512Stream sha_stream;
 
-  FileGuard out{TempPath(o.workdir, "stage.qcow2")};
-  BARGE_ASSIGN_OR_RETURN(auto sink, OpenFileSink(out.path, SinkMode::kCreateNew));
+  FileGuard out{env, TempPath(o.workdir, "stage.qcow2")};
+  BARGE_ASSIGN_OR_RETURN(auto sink, env.OpenSink(out.path, SinkMode::kCreateNew));
   formats::Qcow2WriterOptions w;
   w.virtual_size = source.size_bytes();
   w.cluster_bits = ClusterBitsOf(o.cluster_bytes);
@@ -209,7 +217,7 @@ Result<std::vector<BenchMeasure>> CpuStages(BlockSource& source, const BenchOpti
 
   ChunkPlanner planner(source, WholeDisk(source), o.cluster_bytes, o.chunk_bytes);
   Reader reader(source);
-  ResetPeakRss();
+  ResetPeakRss(env);
   std::atomic<uint64_t> zero_in{0}, hash_in{0}, comp_in{0}, comp_out{0};
   for (bool done = false; !done;) {
     size_t n = 0;
@@ -305,17 +313,15 @@ Result<std::vector<BenchMeasure>> CpuStages(BlockSource& source, const BenchOpti
   }
   {
     Meter meter(sha);
-    BARGE_ASSIGN_OR_RETURN(std::string hex, sha_stream.FinishHex());
-    (void)hex;
+    BARGE_RETURN_IF_ERROR(sha_stream.FinishHex());
   }
   write.output_bytes = sink->size_bytes();
   zero.input_bytes = zero_in.load();
   hash.input_bytes = hash_in.load();
   comp.input_bytes = comp_in.load();
   comp.output_bytes = comp_out.load();
-  uint64_t peak = PeakRssBytes();
+  uint64_t peak = PeakRssBytes(env);
   for (BenchMeasure* m : {&zero, &hash, &comp, &sha, &write}) m->peak_rss_bytes = peak;
-  (void)report;
   std::vector<BenchMeasure> out_stages{zero, hash};
   if (compress) out_stages.push_back(comp);
   out_stages.push_back(sha);
@@ -323,13 +329,14 @@ Result<std::vector<BenchMeasure>> CpuStages(BlockSource& source, const BenchOpti
   return out_stages;
 }
 
-Result<BenchMeasure> EndToEnd(BlockSource& source, const BenchOptions& o, int threads, BenchReport& report) {
+Result<BenchMeasure> EndToEnd(Env& env, BlockSource& source, const BenchOptions& o, int threads,
+                              BenchReport& report) {
   BenchMeasure m;
   m.name = "end-to-end";
   m.note = "RunCopy (plan, read, zero+xxh3+compress, in-order digest) into a Qcow2Destination file, like backup";
   m.threads = threads;
-  FileGuard out{TempPath(o.workdir, "e2e.qcow2")};
-  BARGE_ASSIGN_OR_RETURN(auto sink, OpenFileSink(out.path, SinkMode::kCreateNew));
+  FileGuard out{env, TempPath(o.workdir, "e2e.qcow2")};
+  BARGE_ASSIGN_OR_RETURN(auto sink, env.OpenSink(out.path, SinkMode::kCreateNew));
   formats::Qcow2WriterOptions w;
   w.virtual_size = source.size_bytes();
   w.cluster_bits = ClusterBitsOf(o.cluster_bytes);
@@ -342,8 +349,8 @@ Result<BenchMeasure> EndToEnd(BlockSource& source, const BenchOptions& o, int th
   c.threads = threads;
   c.compression = o.compression;
   c.compression_level = o.compression_level;
-  if (o.cold) DropFileCache(o.source);
-  ResetPeakRss();
+  if (o.cold) DropFileCache(env, o.source);
+  ResetPeakRss(env);
   Destination* dests[] = {dest.get()};
   Result<CopyResult> r = Error::IoError("not run");
   {
@@ -351,7 +358,7 @@ Result<BenchMeasure> EndToEnd(BlockSource& source, const BenchOptions& o, int th
     r = RunCopy(source, WholeDisk(source), dests, c);
   }
   if (!r.ok()) return std::move(r).error().Wrap("bench end-to-end");
-  m.peak_rss_bytes = PeakRssBytes();
+  m.peak_rss_bytes = PeakRssBytes(env);
   m.input_bytes = r->bytes_processed;
   m.output_bytes = sink->size_bytes();
   m.in_flight = r->pool_high_water;
@@ -366,23 +373,27 @@ Result<BenchMeasure> EndToEnd(BlockSource& source, const BenchOptions& o, int th
 
 }  // namespace
 
-uint64_t PeakRssBytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+uint64_t PeakRssBytes(Env& env) {
+  if (auto status = env.ReadFile("/proc/self/status"); status.ok()) {
+    size_t at = status->find("\nVmHWM:");
+    if (at != std::string::npos) return std::strtoull(status->c_str() + at + 7, nullptr, 10) * 1024;
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
 }
 
-void ResetPeakRss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
+void ResetPeakRss(Env& env) {
+  FileOptions o;
+  o.write_behind = false;
+  o.sync = false;
+  auto clear_refs = env.OpenSink("/proc/self/clear_refs", SinkMode::kExisting, o);
+  if (!clear_refs.ok()) return;  // no /proc: documented in bench.h
+  IgnoreError((*clear_refs)->WriteAt(0, std::as_bytes(std::span("5", 1))),
+              "a measurement aid: without the reset the figure is the peak so far, as bench.h says");
 }
 
-Result<BenchReport> RunBench(const BenchOptions& o, void (*log)(const std::string&)) {
+Result<BenchReport> RunBench(Env& env, const BenchOptions& o, void (*log)(const std::string&)) {
   if (o.cluster_bytes < 512 || (o.cluster_bytes & (o.cluster_bytes - 1)) != 0 || o.chunk_bytes < o.cluster_bytes ||
       o.chunk_bytes % o.cluster_bytes != 0) {
     return Error::InvalidArgument("bench: cluster size must be a power of two >= 512 dividing the chunk size");
@@ -390,21 +401,24 @@ Result<BenchReport> RunBench(const BenchOptions& o, void (*log)(const std::strin
   SourceSpec spec;
   spec.location = o.source;
   spec.format = "raw";
-  BARGE_ASSIGN_OR_RETURN(OpenedSource opened, OpenSource(spec));
+  BARGE_ASSIGN_OR_RETURN(OpenedSource opened, OpenSource(env, spec));
   BlockSource& source = *opened.image;
+  if (source.size_bytes() == 0) {
+    return Error::InvalidArgument("the source is empty: nothing to measure").set_path(o.source);
+  }
   BenchReport report;
   report.threads = ResolveThreads(o.threads);
   report.logical_bytes = source.size_bytes();
 
   if (log) log("stage: read");
-  BARGE_ASSIGN_OR_RETURN(BenchMeasure read, ReadStage(source, o, report.threads));
+  BARGE_ASSIGN_OR_RETURN(BenchMeasure read, ReadStage(env, source, o, report.threads));
   report.allocated_bytes = read.input_bytes;
   report.stages.push_back(read);
   if (log) log("stages: zero-detect, xxh3-128, compress, sha512, qcow2-write");
-  BARGE_ASSIGN_OR_RETURN(auto cpu, CpuStages(source, o, report.threads, report));
+  BARGE_ASSIGN_OR_RETURN(auto cpu, CpuStages(env, source, o, report.threads, report));
   for (auto& m : cpu) report.stages.push_back(std::move(m));
   if (log) log("end to end");
-  BARGE_ASSIGN_OR_RETURN(report.end_to_end, EndToEnd(source, o, report.threads, report));
+  BARGE_ASSIGN_OR_RETURN(report.end_to_end, EndToEnd(env, source, o, report.threads, report));
   return report;
 }
 

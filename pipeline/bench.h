@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 #include "formats/image.h"
 
@@ -55,13 +56,24 @@ struct BenchReport {
   uint64_t data_clusters = 0, compressed_clusters = 0, zero_clusters = 0, hole_clusters = 0;
 };
 
-// Runs every stage alone, then the end-to-end copy. Progress lines (one per
+// The smallest generated disk `barge bench` measures: below it every stage
+// finishes within a few chunks and timer noise is all the table shows.
+inline constexpr uint64_t kMinBenchDiskBytes = 64ull << 20;
+
+// Runs every stage alone, then the end-to-end copy. An empty source is
+// kInvalidArgument (nothing to measure). Progress lines (one per
 // phase) go to `log` when not null.
-Result<BenchReport> RunBench(const BenchOptions& options, void (*log)(const std::string&) = nullptr);
+// Reads the source and writes (then removes) its output files in
+// `options.workdir` through `env`.
+Result<BenchReport> RunBench(Env& env, const BenchOptions& options,
+                             void (*log)(const std::string&) = nullptr);
 
 // Process peak resident memory (VmHWM) and its reset (/proc/self/clear_refs;
 // best effort: without it the peak is since the process started).
-uint64_t PeakRssBytes();
-void ResetPeakRss();
+// VmHWM of /proc/self/status (getrusage's maxrss without /proc), and its
+// reset through /proc/self/clear_refs (a no-op where it cannot be written:
+// the next figure is then the process's peak so far).
+uint64_t PeakRssBytes(Env& env);
+void ResetPeakRss(Env& env);
 
 }  // namespace barge::pipeline

@@ -1,39 +1,25 @@
 // Chain folder scanning, point resolution and digest merging.
 #include "pipeline/chain.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <utility>
 
-#include "blockio/file.h"
+#include "blockio/path.h"
+#include "pipeline/endpoints.h"
 #include "pipeline/merge_journal.h"
 
 namespace barge::pipeline {
 
-namespace fs = std::filesystem;
-
-Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes) {
-  std::error_code ec;
-  uint64_t size = fs::file_size(path, ec);
-  if (ec) return Error::FromErrno(ec.value(), "stat", path);
-  if (size > max_bytes) {
-    return Error::Corruption("file is too large (" + std::to_string(size) + " bytes)").set_path(path);
+Result<std::string> ReadSmallFile(Env& env, const std::string& path, uint64_t max_bytes) {
+  BARGE_ASSIGN_OR_RETURN(FileStat st, env.Stat(path));
+  if (st.size_bytes > max_bytes) {
+    return Error::Corruption("file is too large (" + formats::HumanBytesExact(st.size_bytes) + ")").set_path(path);
   }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Error::FromErrno(errno ? errno : EIO, "open", path);
-  std::string s(size, '\0');
-  f.read(s.data(), static_cast<std::streamsize>(size));
-  if (static_cast<uint64_t>(f.gcount()) != size) return Error::IoError("short read").set_path(path);
-  return s;
+  return env.ReadFile(path, max_bytes);
 }
 
-Result<formats::DigestTable> LoadDigestTable(const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, OpenFileSource(path));
+Result<formats::DigestTable> LoadDigestTable(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path));
   std::vector<std::byte> bytes(file->size_bytes());
   BARGE_RETURN_IF_ERROR(file->ReadAt(0, bytes));
   auto table = formats::DecodeDigestTable(bytes);
@@ -41,61 +27,67 @@ Result<formats::DigestTable> LoadDigestTable(const std::string& path) {
   return table;
 }
 
-Result<ChainLock> ChainLock::Acquire(const std::string& dir, bool wait) {
-  std::string path = dir + "/.lock";
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno(errno, "open lock", path);
-  int rc;
-  do {
-    rc = ::flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB));
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
-    int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) {
-      return Error::InvalidArgument("another barge job is writing this chain folder now")
-          .set_path(dir)
-          .set_retryable(true);
+Result<ChainLock> ChainLock::Acquire(Env& env, const std::string& dir, bool wait) {
+  auto st = env.Stat(dir);
+  if (!st.ok() || !st->is_directory()) {
+    if (st.ok() || st.error().code() == ErrorCode::kNotFound) {
+      return Error::NotFound("no such chain folder (nothing backed up under this name?)").set_path(dir);
     }
-    return Error::FromErrno(err, "flock", path);
+    return st.error();
   }
-  return ChainLock(fd);
+  LockOptions o;
+  o.wait = wait;
+  o.busy_message = "another barge job is writing this chain folder now";
+  auto lock = env.LockFile(JoinPath(dir, ".lock"), o);
+  if (!lock.ok()) {
+    Error e = std::move(lock).error();
+    if (e.code() == ErrorCode::kBusy) e.set_path(dir);
+    return e;
+  }
+  return ChainLock(env, std::move(lock).value());
 }
 
-ChainLock::ChainLock(ChainLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+ChainLock::~ChainLock() = default;
 
-ChainLock::~ChainLock() {
-  if (fd_ >= 0) ::close(fd_);
+Status ChainLock::RemoveLockFile() {
+  if (!lock_) return OkStatus();
+  // Unlinked while held: a job that opened the file meanwhile finds, once
+  // it gets the lock, that the name no longer leads to it, and retries.
+  Status removed = env_->UnlinkIfExists(lock_->path());
+  lock_.reset();
+  return removed;
 }
 
-Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* held) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
+Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const ChainLock* held) {
+  auto st = env.Stat(dir);
+  if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
+  if (!st.ok() || !st->is_directory()) {
     return Error::NotFound("no chain folder (no backup of this disk yet?)").set_path(dir);
   }
   // A merge switches files with several renames; its journal says how to
   // finish. Complete it before reading any manifest, so no caller ever sees
   // a half-switched folder (the lock keeps us off a merge still running).
   if (held != nullptr) {
-    BARGE_RETURN_IF_ERROR(RecoverMerge(dir));
-  } else if (MergeJournalExists(dir)) {
-    auto lock = ChainLock::Acquire(dir, /*wait=*/true);
+    BARGE_RETURN_IF_ERROR(RecoverMerge(env, dir));
+  } else if (MergeJournalExists(env, dir)) {
+    auto lock = ChainLock::Acquire(env, dir, /*wait=*/true);
     if (!lock.ok()) {
       return Error(lock.error()).Wrap("an interrupted merge must be completed first");
     }
-    BARGE_RETURN_IF_ERROR(CompleteMergeJournal(dir));
+    BARGE_RETURN_IF_ERROR(CompleteMergeJournal(env, dir));
   }
   ChainFolder chain;
   chain.dir = dir;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name.empty() || name[0] == '.' || entry.path().extension() != ".json") continue;
-    BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(entry.path().string()));
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+  for (const std::string& name : names) {
+    if (name.empty() || name[0] == '.' || Extension(name) != ".json") continue;
+    const std::string path = chain.PathOf(name);
+    BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path));
     auto m = formats::DecodeManifest(text);
-    if (!m.ok()) return Error(m.error()).set_path(entry.path().string());
+    if (!m.ok()) return Error(m.error()).set_path(path);
     ChainPoint p;
     p.manifest = std::move(m).value();
-    p.manifest_path = entry.path().string();
+    p.manifest_path = path;
     // The id starts with the 4+ digit sequence.
     const std::string& id = p.manifest.id;
     size_t digits = 0;
@@ -107,7 +99,6 @@ Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* hel
     p.sequence = static_cast<uint32_t>(std::stoul(id.substr(0, digits)));
     chain.points.push_back(std::move(p));
   }
-  if (ec) return Error::FromErrno(ec.value(), "list folder", dir);
   std::sort(chain.points.begin(), chain.points.end(),
             [](const ChainPoint& a, const ChainPoint& b) { return a.sequence < b.sequence; });
   for (size_t i = 1; i < chain.points.size(); ++i) {
@@ -120,34 +111,118 @@ Result<ChainFolder> LoadChainFolder(const std::string& dir, const ChainLock* hel
   return chain;
 }
 
+namespace {
+
+bool AllDigits(std::string_view s) {
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+// "0003-20261122T151533Z": a sequence, '-', the compact UTC start time.
+bool LooksLikeId(std::string_view s) {
+  auto dash = s.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash > 9 || !AllDigits(s.substr(0, dash))) return false;
+  std::string_view time = s.substr(dash + 1);
+  return time.find_first_of("-:") == std::string_view::npos && formats::ParseRfc3339(time).ok();
+}
+
+}  // namespace
+
+Result<PointSelector> ParsePointSelector(std::string_view text) {
+  PointSelector sel;
+  sel.text = std::string(text);
+  if (text.empty() || text == "latest") return sel;
+  if (AllDigits(text)) {
+    if (text.size() > 9) {
+      return Error::InvalidArgument("position " + std::string(text) + " is out of range");
+    }
+    sel.kind = PointSelector::Kind::kPosition;
+    sel.position = static_cast<size_t>(std::stoul(std::string(text)));
+    return sel;
+  }
+  if (LooksLikeId(text)) {
+    sel.kind = PointSelector::Kind::kId;
+    return sel;
+  }
+  auto time = formats::ParseRfc3339(text);
+  if (!time.ok()) {
+    // Text that starts like a date gets the parser's reason.
+    bool datelike = text.size() >= 4 && AllDigits(text.substr(0, 4));
+    return Error::InvalidArgument(
+        "'" + std::string(text) + "' names no backup point: use 'latest', a position (0 = the oldest point), " +
+        "a backup id (0003-20261122T151533Z) or an RFC 3339 time (2026-11-24T01:05:49-05:00)" +
+        (datelike ? " (" + time.error().message() + ")" : std::string()));
+  }
+  sel.kind = PointSelector::Kind::kTime;
+  sel.time = *time;
+  return sel;
+}
+
+Result<formats::Timestamp> ChainFolder::StartedAt(size_t index) const {
+  const formats::BackupManifest& m = points[index].manifest;
+  if (!m.started_at.empty()) {
+    auto t = formats::ParseRfc3339(m.started_at);
+    if (!t.ok()) {
+      return Error::Corruption("started_at is not an RFC 3339 time: " + t.error().message())
+          .set_path(points[index].manifest_path);
+    }
+    return t;
+  }
+  auto dash = m.id.find('-');
+  if (dash != std::string::npos) {
+    if (auto t = formats::ParseRfc3339(std::string_view(m.id).substr(dash + 1)); t.ok()) return t;
+  }
+  return Error::Corruption("the manifest has no start time (started_at) and its id holds none")
+      .set_path(points[index].manifest_path);
+}
+
 Result<size_t> ChainFolder::Resolve(std::string_view at) const {
+  BARGE_ASSIGN_OR_RETURN(PointSelector sel, ParsePointSelector(at));
+  return Resolve(sel);
+}
+
+Result<size_t> ChainFolder::Resolve(const PointSelector& at) const {
   if (points.empty()) return Error::NotFound("the chain folder holds no backups").set_path(dir);
-  if (at.empty() || at == "latest") return points.size() - 1;
-  for (size_t i = 0; i < points.size(); ++i) {
-    if (points[i].manifest.id == at) return i;
-  }
-  if (std::all_of(at.begin(), at.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) &&
-      at.size() <= 9) {
-    uint32_t seq = static_cast<uint32_t>(std::stoul(std::string(at)));
-    for (size_t i = 0; i < points.size(); ++i) {
-      if (points[i].sequence == seq) return i;
+  switch (at.kind) {
+    case PointSelector::Kind::kLatest:
+      return points.size() - 1;
+    case PointSelector::Kind::kPosition:
+      if (at.position < points.size()) return at.position;
+      return Error::NotFound("no backup at position " + at.text + ": the folder holds " +
+                             std::to_string(points.size()) + " point" + (points.size() == 1 ? "" : "s") +
+                             " (positions 0 to " + std::to_string(points.size() - 1) + ", oldest first)")
+          .set_path(dir);
+    case PointSelector::Kind::kId:
+      for (size_t i = 0; i < points.size(); ++i) {
+        if (points[i].manifest.id == at.text) return i;
+      }
+      return Error::NotFound("no backup with id " + at.text + " in the folder").set_path(dir);
+    case PointSelector::Kind::kTime: {
+      // The newest start at or before the instant; sequence breaks ties.
+      std::optional<size_t> best;
+      formats::Timestamp best_time;
+      size_t oldest = 0;
+      formats::Timestamp oldest_time;
+      for (size_t i = 0; i < points.size(); ++i) {
+        BARGE_ASSIGN_OR_RETURN(formats::Timestamp t, StartedAt(i));
+        if (i == 0 || t < oldest_time) {
+          oldest = i;
+          oldest_time = t;
+        }
+        if (t <= at.time && (!best || t >= best_time)) {
+          best = i;
+          best_time = t;
+        }
+      }
+      if (best) return *best;
+      return Error::NotFound("no backup started at or before " + at.text + " (" +
+                             formats::FormatRfc3339(at.time) + "): the oldest, " +
+                             points[oldest].manifest.id + ", started at " +
+                             formats::FormatRfc3339(oldest_time))
+          .set_path(dir);
     }
-    return Error::NotFound("no backup at position " + std::string(at)).set_path(dir);
   }
-  // A time: compare compact forms (20261122T150102Z), which sort as text.
-  std::string wanted = formats::CompactTimestamp(at);
-  if (wanted.size() >= 8 && std::isdigit(static_cast<unsigned char>(wanted[0]))) {
-    std::optional<size_t> best;
-    for (size_t i = 0; i < points.size(); ++i) {
-      std::string started = formats::CompactTimestamp(points[i].manifest.started_at);
-      if (!started.empty() && started <= wanted) best = i;
-    }
-    if (best) return *best;
-    return Error::NotFound("no backup started at or before " + std::string(at)).set_path(dir);
-  }
-  return Error::NotFound("no backup '" + std::string(at) +
-                         "' (use an id, a position, a time or 'latest')")
-      .set_path(dir);
+  return Error::InvalidArgument("unknown point selector");
 }
 
 Result<std::vector<size_t>> ChainFolder::LayersOf(size_t index) const {
@@ -181,13 +256,13 @@ Result<std::vector<size_t>> ChainFolder::LayersOf(size_t index) const {
   return layers;
 }
 
-Result<formats::DigestTable> EffectiveDigests(const ChainFolder& chain, size_t index) {
+Result<formats::DigestTable> EffectiveDigests(Env& env, const ChainFolder& chain, size_t index) {
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   std::vector<formats::DigestTable> tables;
   tables.reserve(layers.size());
   for (size_t i : layers) {
     const auto& m = chain.points[i].manifest;
-    BARGE_ASSIGN_OR_RETURN(formats::DigestTable t, LoadDigestTable(chain.PathOf(m.digest_table)));
+    BARGE_ASSIGN_OR_RETURN(formats::DigestTable t, LoadDigestTable(env, chain.PathOf(m.digest_table)));
     if (t.cluster_bytes != m.cluster_size || t.virtual_size != m.virtual_size) {
       return Error::Corruption("digest table does not match its manifest (cluster or disk size)")
           .set_path(chain.PathOf(m.digest_table));
@@ -225,18 +300,17 @@ std::optional<formats::Digest128> OpenedPoint::Expected(uint64_t cluster_index) 
   return formats::ZeroClusterDigest(digests.cluster_bytes);
 }
 
-Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index) {
+Result<OpenedPoint> OpenPoint(Env& env, const ChainFolder& chain, size_t index) {
   OpenedPoint out;
   out.index = index;
   out.point = &chain.points[index];
-  BARGE_ASSIGN_OR_RETURN(out.digests, EffectiveDigests(chain, index));
+  BARGE_ASSIGN_OR_RETURN(out.digests, EffectiveDigests(env, chain, index));
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   formats::OpenOptions options;
   options.format = formats::ImageFormat::kQcow2;
   options.allowed_dirs = {chain.dir};
-  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
   const auto& m = out.point->manifest;
-  auto image = formats::OpenImage(chain.PathOf(m.image), opener, options);
+  auto image = OpenImageFile(env, chain.PathOf(m.image), options);
   if (!image.ok()) return Error(image.error()).Wrap("backup " + m.id);
   out.image = std::move(image).value();
   // Walk the qcow2 chain top down and the manifests' layers newest first.
@@ -247,7 +321,7 @@ Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index) {
       return Error::Corruption("the image chain ends before layer " + lm.id)
           .set_path(chain.PathOf(m.image));
     }
-    if (fs::path(layer->info().path).filename() != lm.image) {
+    if (BaseName(layer->info().path) != lm.image) {
       return Error::Corruption("image chain layer " + layer->info().path +
                                " is not the layer the manifests name (" + lm.image + ")")
           .set_path(chain.PathOf(m.image));
@@ -265,16 +339,30 @@ Result<OpenedPoint> OpenPoint(const ChainFolder& chain, size_t index) {
   return out;
 }
 
-Result<PointLocation> LocatePoint(const std::string& path, const std::string& at) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return PointLocation{path, at};
-  if (!fs::exists(path, ec)) return Error::NotFound("no such backup, image or chain folder").set_path(path);
-  fs::path p(path);
-  std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  fs::path manifest = p;
-  if (p.extension() != ".json") manifest.replace_extension(".json");
-  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(manifest.string()));
-  BARGE_ASSIGN_OR_RETURN(formats::BackupManifest m, formats::DecodeManifest(text));
+Result<PointLocation> LocatePoint(Env& env, const std::string& path, const std::string& at) {
+  auto st = env.Stat(path);
+  if (st.ok() && st->is_directory()) return PointLocation{path, at};
+  if (!st.ok()) {
+    if (st.error().code() != ErrorCode::kNotFound) return st.error();
+    return Error::NotFound("no such backup, image or chain folder").set_path(path);
+  }
+  std::string dir = DirName(path);
+  std::string manifest = path;
+  if (std::string ext = Extension(path); ext != ".json") {
+    manifest = path.substr(0, path.size() - ext.size()) + ".json";
+  }
+  if (auto ms = env.Stat(manifest); !ms.ok()) {
+    if (ms.error().code() != ErrorCode::kNotFound) return ms.error();
+    // The user named a file that is not a backup (or its manifest is gone).
+    return Error::NotFound("no backup manifest beside it (" + BaseName(manifest) +
+                           "): verify checks barge backups, named by their chain folder, manifest or image; "
+                           "for the structure of any qcow2 file use barge check")
+        .set_path(path);
+  }
+  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, manifest));
+  auto decoded = formats::DecodeManifest(text);
+  if (!decoded.ok()) return Error(decoded.error()).set_path(manifest);
+  formats::BackupManifest m = std::move(decoded).value();
   if (!at.empty() && at != "latest" && at != m.id) {
     return Error::InvalidArgument("--at conflicts with the backup the path names (" + m.id + ")");
   }

@@ -16,8 +16,11 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <system_error>
 #include <thread>
 #include <tuple>
+
+#include "blockio/thread.h"
 
 namespace barge::pipeline {
 namespace {
@@ -37,7 +40,15 @@ auto Guard(std::string_view stage, F&& body) -> decltype(body()) {
     return body();
   } catch (const std::bad_alloc&) {
     return Error::IoError(std::string(stage) + ": out of memory").set_errno(ENOMEM);
+  } catch (const std::system_error& e) {
+    // std::thread's way of saying it could not start one.
+    if (e.code().value() == EAGAIN) return ThreadStartError(stage, EAGAIN);
+    return Error::IoError(std::string(stage) + ": unexpected exception: " + e.what());
   } catch (const std::exception& e) {
+    // oneTBB's, when it cannot start a worker on the calling thread.
+    if (std::string_view(e.what()).find("pthread_create") != std::string_view::npos) {
+      return ThreadStartError(std::string(stage) + " worker", EAGAIN);
+    }
     return Error::IoError(std::string(stage) + ": unexpected exception: " + e.what());
   }
 }
@@ -344,6 +355,31 @@ void CopyJob::Watchdog(std::mutex& mu, std::condition_variable& cv, const bool& 
 
 Status CopyJob::Run() {
   {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    auto watchdog = StartThread("copy watchdog", [&] { Watchdog(mu, cv, done); });
+    // Started before the graph exists: leaving a scope with edges made but
+    // the graph never run is not safe in oneTBB (its destructor runs
+    // forwarding tasks of nodes already destroyed).
+    if (!watchdog.ok()) return watchdog.error();
+    // Stops the watchdog however this scope is left (wait_for_all rethrows
+    // an exception that escaped TBB's own machinery, e.g. bad_alloc), after
+    // the graph (declared below) has waited for its tasks.
+    struct StopWatchdog {
+      std::mutex& mu;
+      std::condition_variable& cv;
+      bool& done;
+      std::thread& thread;
+      ~StopWatchdog() {
+        {
+          std::lock_guard lock(mu);
+          done = true;
+        }
+        cv.notify_all();
+        thread.join();
+      }
+    } stop{mu, cv, done, *watchdog};
     flow::graph g(context_);
 
     flow::input_node<Chunk*> plan(g, [this](oneapi::tbb::flow_control& fc) { return Plan(fc); });
@@ -389,26 +425,6 @@ Status CopyJob::Run() {
     flow::make_edge(sequencer, ordered);
     for (auto& w : writers) flow::make_edge(flow::output_port<0>(ordered), *w);
 
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::thread watchdog([&] { Watchdog(mu, cv, done); });
-    // Stops the watchdog however this scope is left (wait_for_all rethrows
-    // an exception that escaped TBB's own machinery, e.g. bad_alloc).
-    struct StopWatchdog {
-      std::mutex& mu;
-      std::condition_variable& cv;
-      bool& done;
-      std::thread& thread;
-      ~StopWatchdog() {
-        {
-          std::lock_guard lock(mu);
-          done = true;
-        }
-        cv.notify_all();
-        thread.join();
-      }
-    } stop{mu, cv, done, watchdog};
     plan.activate();
     g.wait_for_all();
   }

@@ -12,6 +12,8 @@
 #include <functional>
 #include <thread>
 
+#include <oneapi/tbb/task_arena.h>
+
 #include "blockio/fault.h"
 #include "blockio/memory.h"
 #include "tests/testing/testing.h"
@@ -498,6 +500,77 @@ TEST(RunCopyTest, MemoryBoundHoldsFor128MiBWith8MiB) {
   EXPECT_LE(max_ahead, r->pool_chunks);
   EXPECT_EQ(source.faults().calls(FaultOp::kRead), 128u);
   EXPECT_EQ(sink.contents(), bytes);
+}
+
+// Issue 12: RunCopy set a process-wide thread limit (global_control), so
+// the parallel disk copies of a multi-disk VM backup clamped each other to
+// the smallest --threads. Each copy runs in its own arena: a one-thread
+// copy running alongside leaves the other its four threads. Seen from
+// inside each copy's destination: the arena's concurrency, and how many
+// Consume calls of the four-thread copy overlap.
+TEST(RunCopyTest, ConcurrentCopiesDoNotClampEachOther) {
+  TestDisk disk = MakeDisk();
+  auto narrow_src = disk.Source();
+  auto wide_src = disk.Source();
+  std::atomic<bool> wide_done{false};
+  std::atomic<int> narrow_arena{0}, wide_arena{0};
+
+  // The narrow copy (1 thread) holds its first chunk until the wide copy
+  // is done, so both run at once throughout.
+  HookDestination narrow([&](const Chunk&) -> Status {
+    narrow_arena = oneapi::tbb::this_task_arena::max_concurrency();
+    for (int i = 0; i < 2000 && !wide_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return OkStatus();
+  });
+  Result<CopyResult> narrow_result = Error::Cancelled("not run");
+  std::atomic<bool> narrow_started{false};
+  std::thread narrow_thread([&] {
+    CopyOptions o = SmallOptions();
+    o.threads = 1;
+    Destination* dests[] = {&narrow};
+    narrow_started = true;
+    narrow_result = RunCopy(*narrow_src, WholeDisk(*narrow_src), dests, o);
+  });
+  while (!narrow_started || narrow_arena == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+  // Parallel writes (one destination that needs no order), each slow
+  // enough for others to start meanwhile.
+  class Wide final : public Destination {
+   public:
+    explicit Wide(std::atomic<int>& arena) : arena_(arena) {}
+    const std::string& name() const override { return name_; }
+    bool concurrent_consume() const override { return true; }
+    Status Consume(const Chunk&) override {
+      arena_ = oneapi::tbb::this_task_arena::max_concurrency();
+      int now = ++running_;
+      int peak = peak_.load();
+      while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      --running_;
+      return OkStatus();
+    }
+    Status Finish() override { return OkStatus(); }
+    int peak() const { return peak_; }
+
+   private:
+    std::atomic<int>& arena_;
+    std::string name_ = "wide";
+    std::atomic<int> running_{0}, peak_{0};
+  } wide(wide_arena);
+  CopyOptions o = SmallOptions();
+  o.threads = 4;
+  o.memory_bytes = 32 * kMiB;
+  Destination* dests[] = {&wide};
+  auto wide_result = RunCopy(*wide_src, WholeDisk(*wide_src), dests, o);
+  wide_done = true;
+  narrow_thread.join();
+  ASSERT_TRUE(wide_result.ok()) << wide_result.error().ToString();
+  ASSERT_TRUE(narrow_result.ok()) << narrow_result.error().ToString();
+  EXPECT_EQ(narrow_arena.load(), 1);
+  EXPECT_EQ(wide_arena.load(), 4);
+  // With a process-wide limit of 1 only the calling thread would work.
+  EXPECT_GE(wide.peak(), 3) << "the four-thread copy ran at most " << wide.peak() << " writes at once";
 }
 
 TEST(RunCopyTest, RejectsBadGeometry) {

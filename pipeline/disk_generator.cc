@@ -1,8 +1,5 @@
 #include "pipeline/disk_generator.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -10,6 +7,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "formats/units.h"
 
 namespace barge::pipeline {
 namespace {
@@ -119,7 +118,10 @@ void Layout(const DiskGeneratorOptions& o, const std::function<void(const Planne
   for (uint32_t w : o.weights) total_weight += w;
   if (total_weight == 0) total_weight = 1;
   const double lo = std::log2(static_cast<double>(std::max(o.min_extent_bytes, kAlign)));
-  const double hi = std::log2(static_cast<double>(std::max(o.max_extent_bytes, o.min_extent_bytes)));
+  // Extents of at most 1/16 of the disk, so a small disk is a mix too (a
+  // 4 MiB disk used to be one hole); from 1 GiB up this is max_extent_bytes.
+  const uint64_t max_extent = std::min(o.max_extent_bytes, std::max(size / 16, kAlign));
+  const double hi = std::log2(static_cast<double>(std::max(max_extent, o.min_extent_bytes)));
   uint64_t pos = 0;
   while (pos < size) {
     uint64_t r = SplitMix(state);
@@ -163,6 +165,20 @@ double DiskMix::percent(ExtentKind kind) const {
   return size_bytes == 0 ? 0.0 : 100.0 * static_cast<double>(bytes[static_cast<size_t>(kind)]) / static_cast<double>(size_bytes);
 }
 
+Status CheckGeneratedDiskSize(uint64_t size_bytes) {
+  if (size_bytes < kMinGeneratedDiskBytes) {
+    return Error::InvalidArgument("the generated disk must be at least " + formats::HumanBytes(kMinGeneratedDiskBytes) +
+                                  " (room for a mix of holes, zeros, text and random data), not " +
+                                  formats::HumanBytesExact(size_bytes));
+  }
+  if (size_bytes % kGeneratedDiskUnitBytes != 0) {
+    return Error::InvalidArgument("the generated disk's size must be a multiple of 4 KiB (its extent unit), not " +
+                                  formats::HumanBytesExact(size_bytes) + "; e.g. " +
+                                  formats::HumanBytesExact(size_bytes / kGeneratedDiskUnitBytes * kGeneratedDiskUnitBytes));
+  }
+  return OkStatus();
+}
+
 DiskMix PlanDisk(const DiskGeneratorOptions& options) {
   DiskMix mix;
   mix.size_bytes = options.size_bytes / kAlign * kAlign;
@@ -174,13 +190,13 @@ DiskMix PlanDisk(const DiskGeneratorOptions& options) {
   return mix;
 }
 
-Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions& options) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno(errno, "open", path);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+Result<DiskMix> GenerateDisk(Env& env, const std::string& path, const DiskGeneratorOptions& options) {
+  BARGE_RETURN_IF_ERROR(CheckGeneratedDiskSize(options.size_bytes));
+  // Plain buffered writes: the disk stays in the page cache for whoever
+  // reads it next (a warm bench run), as a shell's dd would leave it.
+  FileOptions o;
+  o.write_behind = false;
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSink> sink, env.OpenSink(path, SinkMode::kTruncate, o));
 
   DiskMix mix;
   mix.size_bytes = options.size_bytes / kAlign * kAlign;
@@ -192,17 +208,7 @@ Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions
   uint64_t index = 0;
 
   auto write_all = [&](const std::byte* data, uint64_t len, uint64_t offset) -> Status {
-    while (len > 0) {
-      ssize_t n = ::pwrite(fd, data, len, static_cast<off_t>(offset));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Error::FromErrno(errno, "write", path);
-      }
-      data += n;
-      len -= static_cast<uint64_t>(n);
-      offset += static_cast<uint64_t>(n);
-    }
-    return OkStatus();
+    return sink->WriteAt(offset, std::span(data, len));
   };
 
   Layout(options, [&](const PlannedExtent& e) {
@@ -228,8 +234,8 @@ Result<DiskMix> GenerateDisk(const std::string& path, const DiskGeneratorOptions
     }
   });
   if (!failed.ok()) return std::move(failed).error();
-  if (::ftruncate(fd, static_cast<off_t>(mix.size_bytes)) != 0) return Error::FromErrno(errno, "truncate", path);
-  if (::fsync(fd) != 0) return Error::FromErrno(errno, "fsync", path);
+  BARGE_RETURN_IF_ERROR(sink->Truncate(mix.size_bytes));
+  BARGE_RETURN_IF_ERROR(sink->Flush());
   return mix;
 }
 

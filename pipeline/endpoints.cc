@@ -1,9 +1,7 @@
 // Source opening for every job.
 #include "pipeline/endpoints.h"
 
-#include <filesystem>
-
-#include "blockio/file.h"
+#include "blockio/path.h"
 
 namespace barge::pipeline {
 
@@ -21,7 +19,26 @@ std::string OpenedSource::format_name() const {
   return std::string(formats::ImageFormatName(image->format()));
 }
 
-Result<OpenedSource> OpenSource(const SourceSpec& spec) {
+formats::SourceOpener EnvSourceOpener(Env& env) {
+  return [&env](const std::string& path) { return env.OpenSource(path); };
+}
+
+formats::PathInspector EnvPathInspector(Env& env) {
+  return [&env](const std::string& path) {
+    formats::PathFacts facts;
+    facts.canonical = CanonicalPath(env, path);
+    if (auto st = env.Stat(path); st.ok()) facts.identity = std::pair{st->device, st->inode};
+    return facts;
+  };
+}
+
+Result<std::unique_ptr<formats::Image>> OpenImageFile(Env& env, const std::string& path,
+                                                      formats::OpenOptions options) {
+  options.inspect_path = EnvPathInspector(env);
+  return formats::OpenImage(path, EnvSourceOpener(env), options);
+}
+
+Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec) {
   OpenedSource out;
   formats::OpenOptions options;
   options.allow_any_path = spec.allow_any_path;
@@ -54,15 +71,13 @@ Result<OpenedSource> OpenSource(const SourceSpec& spec) {
     BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(spec.location, opener, options));
     return out;
   }
-  out.kind = IsBlockDevice(spec.location) ? SourceKind::kBlockDevice : SourceKind::kFile;
+  auto st = env.Stat(spec.location);
+  out.kind = st.ok() && st->is_block_device() ? SourceKind::kBlockDevice : SourceKind::kFile;
   if (!options.allow_any_path && !spec.allow_dirs.empty()) {
     options.allowed_dirs = spec.allow_dirs;
-    std::error_code ec;
-    options.allowed_dirs.push_back(
-        std::filesystem::absolute(spec.location, ec).parent_path().string());
+    options.allowed_dirs.push_back(DirName(AbsolutePath(spec.location)));
   }
-  formats::SourceOpener opener = [](const std::string& path) { return OpenFileSource(path); };
-  BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(spec.location, opener, options));
+  BARGE_ASSIGN_OR_RETURN(out.image, OpenImageFile(env, spec.location, options));
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/nbd.h"
 #include "formats/image.h"
 
@@ -37,6 +38,17 @@ struct OpenedSource {
   std::string format_name() const;
 };
 
-Result<OpenedSource> OpenSource(const SourceSpec& spec);
+// Files, block devices and backing chains are opened through `env`, which
+// must outlive the opened source.
+Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec);
+
+// formats::OpenImage's view of the filesystem through `env` (which must
+// outlive what is opened with them): the opener of every file of a chain,
+// and the path facts of its folder policy (canonical names, identities).
+formats::SourceOpener EnvSourceOpener(Env& env);
+formats::PathInspector EnvPathInspector(Env& env);
+// formats::OpenImage of `path` through `env` (opener and path facts set).
+Result<std::unique_ptr<formats::Image>> OpenImageFile(Env& env, const std::string& path,
+                                                      formats::OpenOptions options = {});
 
 }  // namespace barge::pipeline

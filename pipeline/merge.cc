@@ -5,18 +5,18 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
-#include <filesystem>
 #include <set>
 
-#include "blockio/file.h"
+#include "blockio/env.h"
+#include "blockio/path.h"
 #include "formats/digest_table.h"
 #include "formats/qcow2_check.h"
 #include "pipeline/chain.h"
+#include "pipeline/endpoints.h"
 #include "pipeline/staged_file.h"
+#include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -40,20 +40,17 @@ Result<std::pair<formats::Compression, int>> ParseManifestCompression(const std:
 }
 
 // Writes a small file under `final_path` (a staged name itself), synced.
-Result<uint64_t> WriteStagedSmall(const std::string& final_path, std::span<const std::byte> bytes) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> file,
-                         StagedFile::Create(final_path, /*overwrite=*/true));
-  BARGE_RETURN_IF_ERROR(file->sink().WriteAt(0, bytes));
-  BARGE_RETURN_IF_ERROR(file->Commit());
+Result<uint64_t> WriteStagedSmall(Env& env, const std::string& final_path, std::span<const std::byte> bytes) {
+  BARGE_RETURN_IF_ERROR(env.WriteFileAtomic(final_path, bytes));
   return bytes.size();
 }
 
 // Re-reads the staged image on its own (no backing file may exist) and
 // checks its structure, every cluster's digest and the image digest.
-Status VerifyStagedImage(const std::string& path, const formats::DigestTable& table,
+Status VerifyStagedImage(Env& env, const std::string& path, const formats::DigestTable& table,
                          const formats::Digest128& image_digest, const CopyOptions& knobs) {
   {
-    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, OpenFileSource(path));
+    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path));
     auto report = formats::qcow2::CheckQcow2(*file);
     if (!report.ok()) return Error(report.error()).set_path(path);
     if (!report->clean()) {
@@ -62,10 +59,8 @@ Status VerifyStagedImage(const std::string& path, const formats::DigestTable& ta
   }
   formats::OpenOptions options;
   options.format = formats::ImageFormat::kQcow2;
-  options.allowed_dirs = {fs::path(path).parent_path().string()};
-  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image,
-                         formats::OpenImage(path, opener, options));
+  options.allowed_dirs = {DirName(path)};
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image, OpenImageFile(env, path, options));
   if (image->backing() != nullptr || !image->info().backing_file.empty()) {
     return Error::Corruption("the merged image has a backing file").set_path(path);
   }
@@ -85,15 +80,48 @@ Status VerifyStagedImage(const std::string& path, const formats::DigestTable& ta
   return OkStatus();
 }
 
+// Whether `dir` holds a manifest or a merge journal: a folder without
+// either has nothing to merge (and gets no lock file). kNotFound naming the
+// folder when it is missing or not a folder.
+Result<bool> HoldsBackups(Env& env, const std::string& dir) {
+  auto st = env.Stat(dir);
+  if ((st.ok() && !st->is_directory()) || (!st.ok() && st.error().code() == ErrorCode::kNotFound)) {
+    return Error::NotFound("no such chain folder (nothing backed up under this name?)").set_path(dir);
+  }
+  if (!st.ok()) return st.error();
+  BARGE_ASSIGN_OR_RETURN(bool journal, MergeJournalExists(env, dir));
+  if (journal) return true;
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+  return std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return !n.empty() && n[0] != '.' && n.ends_with(".json");
+  });
+}
+
+// What step 1 staged: the sizes the journal records.
+struct Staged {
+  uint64_t image_bytes = 0;
+  uint64_t digests_bytes = 0;
+  uint64_t manifest_bytes = 0;
+  formats::BackupManifest manifest;
+  uint64_t bytes_read = 0;
+};
+
 }  // namespace
 
-Result<MergeResult> RunMerge(const MergeRequest& req) {
+Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
   auto start = std::chrono::steady_clock::now();
-  BARGE_ASSIGN_OR_RETURN(ChainLock lock, ChainLock::Acquire(req.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(bool holds, HoldsBackups(env, req.chain_dir));
+  if (!holds) return Error::NotFound("the chain folder holds no backups: nothing to merge").set_path(req.chain_dir);
+  BARGE_ASSIGN_OR_RETURN(PointSelector through, ParsePointSelector(req.through));
+  BARGE_ASSIGN_OR_RETURN(ChainLock lock, ChainLock::Acquire(env, req.chain_dir));
   // Completes an interrupted merge first (re-entrant: running the same merge
   // again after a crash finds the point already full).
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(req.chain_dir, &lock));
-  BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.through));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, req.chain_dir, &lock));
+  BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(through));
+  // Temporaries of killed runs (a live writer's are locked and kept).
+  if (!req.dry_run) {
+    IgnoreError(SweepStaleTemporaries(env, chain.dir), "a leftover that cannot be removed now goes at a later run");
+  }
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   const formats::BackupManifest& pm = chain.points[index].manifest;
 
@@ -116,116 +144,146 @@ Result<MergeResult> RunMerge(const MergeRequest& req) {
     }
   }
 
-  // 1. Flatten the point into a staged full image, verified on the way.
-  BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
-  BARGE_ASSIGN_OR_RETURN(auto compression, ParseManifestCompression(pm.compression));
+  if (req.dry_run) {
+    result.dry_run = true;
+    for (size_t k = 0; k < layers.size(); ++k) result.folded_ids.push_back(chain.points[layers[k]].manifest.id);
+    for (size_t k = 0; k + 1 < layers.size(); ++k) {
+      result.removed_files.push_back(BaseName(chain.points[layers[k]].manifest_path));
+    }
+    for (size_t k = 0; k + 1 < layers.size(); ++k) {
+      result.removed_files.push_back(chain.points[layers[k]].manifest.image);
+      result.removed_files.push_back(chain.points[layers[k]].manifest.digest_table);
+    }
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return result;
+  }
+
+  const std::string manifest_name = BaseName(chain.points[index].manifest_path);
   const std::string image_staged = chain.PathOf(MergeStagedName(pm.image));
   const std::string digests_staged = chain.PathOf(MergeStagedName(pm.digest_table));
-  const std::string manifest_name = fs::path(chain.points[index].manifest_path).filename().string();
   const std::string manifest_staged = chain.PathOf(MergeStagedName(manifest_name));
-  // Until the journal exists, an error leaves the folder as it was.
-  struct Cleanup {
-    std::vector<std::string> paths;
-    bool armed = true;
-    ~Cleanup() {
-      std::error_code ec;
-      if (armed) for (const auto& p : paths) fs::remove(p, ec);
-    }
-  } cleanup{{image_staged, digests_staged, manifest_staged}};
+  // Until the journal exists, a forced exit (a second SIGINT) removes the
+  // staged files, through these registrations.
+  std::vector<TempRegistration> registered;
+  for (const std::string& p : {image_staged, digests_staged, manifest_staged}) registered.emplace_back(p);
 
-  formats::DigestTable table;
-  table.cluster_bytes = pm.cluster_size;
-  table.virtual_size = pm.virtual_size;
-  const formats::Digest128 zero = formats::ZeroClusterDigest(pm.cluster_size);
-  // A full backup's zero clusters are implicit.
-  for (const auto& e : point.digests.entries) {
-    if (e.digest != zero) table.entries.push_back(e);
-  }
-  if (formats::ImageDigestOf(table) != pm.image_digest) {
-    return Error::Corruption("the point's data digests do not add up to its image digest")
-        .set_path(chain.points[index].manifest_path);
-  }
-
-  formats::Qcow2WriterStats stats;
-  {
-    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> image_file,
-                           StagedFile::Create(image_staged, /*overwrite=*/true));
-    std::unique_ptr<BlockSink> wrapper;  // dies before image_file
-    BlockSink* sink = &image_file->sink();
-    if (req.wrap_image_sink) {
-      wrapper = req.wrap_image_sink(*sink);
-      sink = wrapper.get();
+  // 1. Flatten the point into a staged full image, verified on the way.
+  auto stage = [&]() -> Result<Staged> {
+    BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(env, chain, index));
+    BARGE_ASSIGN_OR_RETURN(auto compression, ParseManifestCompression(pm.compression));
+    formats::DigestTable table;
+    table.cluster_bytes = pm.cluster_size;
+    table.virtual_size = pm.virtual_size;
+    const formats::Digest128 zero = formats::ZeroClusterDigest(pm.cluster_size);
+    // A full backup's zero clusters are implicit.
+    for (const auto& e : point.digests.entries) {
+      if (e.digest != zero) table.entries.push_back(e);
     }
-    formats::Qcow2WriterOptions w;
-    w.virtual_size = pm.virtual_size;
-    w.cluster_bits = static_cast<uint32_t>(std::countr_zero(pm.cluster_size));
-    w.compression = compression.first;
-    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Qcow2Destination> dest,
-                           Qcow2Destination::Create(*sink, w, ZeroPolicy::kOmit));
-    CopyOptions copy = req.copy;
-    copy.cluster_bytes = pm.cluster_size;
-    copy.chunk_bytes = std::max(copy.chunk_bytes / pm.cluster_size * pm.cluster_size, pm.cluster_size);
-    copy.compression = compression.first;
-    copy.compression_level = compression.second;
-    copy.record_zero_digests = false;
-    copy.verify = [&point](uint64_t c) { return point.Expected(c); };
-    Destination* dests[] = {dest.get()};
-    auto copied = RunCopy(*point.image, {{0, pm.virtual_size}}, dests, copy);
-    if (!copied.ok()) return Error(copied.error()).Wrap("merge through " + pm.id);
-    if (copied->image_digest != pm.image_digest) {
-      return Error::Corruption("flattened image digest " + copied->image_digest.ToHex() +
-                               " differs from the manifest's " + pm.image_digest.ToHex())
+    if (formats::ImageDigestOf(table) != pm.image_digest) {
+      return Error::Corruption("the point's data digests do not add up to its image digest")
           .set_path(chain.points[index].manifest_path);
     }
-    bool same = copied->cluster_digests.size() == table.entries.size();
-    for (size_t i = 0; same && i < table.entries.size(); ++i) {
-      same = copied->cluster_digests[i].cluster_index == table.entries[i].cluster_index &&
-             copied->cluster_digests[i].digest == table.entries[i].digest;
-    }
-    if (!same) {
-      return Error::Corruption("the flattened image's data clusters differ from the digest tables")
-          .set_path(chain.dir);
-    }
-    stats = dest->writer().stats();
-    result.bytes_read = copied->bytes_read;
-    wrapper.reset();
-    BARGE_RETURN_IF_ERROR(image_file->Commit());
-  }
 
-  formats::BackupManifest m = pm;
-  m.type = formats::BackupType::kFull;
-  m.parent.reset();
-  m.reason = "merged " + chain.points[layers.front()].manifest.id + ".." + pm.id;
-  m.bytes_written = stats.file_bytes;
-  m.data_clusters = stats.data_clusters + stats.compressed_clusters;
-  m.compressed_clusters = stats.compressed_clusters;
-  m.zero_clusters = stats.zero_clusters;
-  std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
-  BARGE_ASSIGN_OR_RETURN(uint64_t digests_size, WriteStagedSmall(digests_staged, table_bytes));
-  std::string text = formats::EncodeManifest(m);
-  BARGE_ASSIGN_OR_RETURN(
-      uint64_t manifest_size,
-      WriteStagedSmall(manifest_staged, std::as_bytes(std::span(text.data(), text.size()))));
-  BARGE_RETURN_IF_ERROR(VerifyStagedImage(image_staged, table, pm.image_digest, req.copy));
-  std::error_code ec;
-  uint64_t image_size = fs::file_size(image_staged, ec);
-  if (ec) return Error::FromErrno(ec.value(), "stat", image_staged);
-  if (req.after_step) {
-    if (Status s = req.after_step("staged"); !s.ok()) {
-      cleanup.armed = false;  // a crash cleans nothing
-      return s.error();
+    Staged staged;
+    formats::Qcow2WriterStats stats;
+    {
+      BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> image_file,
+                             StagedFile::Create(env, image_staged, /*overwrite=*/true));
+      formats::Qcow2WriterOptions w;
+      w.virtual_size = pm.virtual_size;
+      w.cluster_bits = static_cast<uint32_t>(std::countr_zero(pm.cluster_size));
+      w.compression = compression.first;
+      BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Qcow2Destination> dest,
+                             Qcow2Destination::Create(image_file->sink(), w, ZeroPolicy::kOmit));
+      CopyOptions copy = req.copy;
+      copy.cluster_bytes = pm.cluster_size;
+      copy.chunk_bytes = std::max(copy.chunk_bytes / pm.cluster_size * pm.cluster_size, pm.cluster_size);
+      copy.compression = compression.first;
+      copy.compression_level = compression.second;
+      copy.record_zero_digests = false;
+      copy.verify = [&point](uint64_t c) { return point.Expected(c); };
+      Destination* dests[] = {dest.get()};
+      auto copied = RunCopy(*point.image, {{0, pm.virtual_size}}, dests, copy);
+      if (!copied.ok()) return Error(copied.error()).Wrap("merge through " + pm.id);
+      if (copied->image_digest != pm.image_digest) {
+        return Error::Corruption("flattened image digest " + copied->image_digest.ToHex() +
+                                 " differs from the manifest's " + pm.image_digest.ToHex())
+            .set_path(chain.points[index].manifest_path);
+      }
+      bool same = copied->cluster_digests.size() == table.entries.size();
+      for (size_t i = 0; same && i < table.entries.size(); ++i) {
+        same = copied->cluster_digests[i].cluster_index == table.entries[i].cluster_index &&
+               copied->cluster_digests[i].digest == table.entries[i].digest;
+      }
+      if (!same) {
+        return Error::Corruption("the flattened image's data clusters differ from the digest tables")
+            .set_path(chain.dir);
+      }
+      stats = dest->writer().stats();
+      staged.bytes_read = copied->bytes_read;
+      BARGE_RETURN_IF_ERROR(image_file->Commit());
     }
+
+    formats::BackupManifest& m = staged.manifest;
+    m = pm;
+    m.type = formats::BackupType::kFull;
+    m.parent.reset();
+    m.reason = "merged " + chain.points[layers.front()].manifest.id + ".." + pm.id;
+    m.bytes_written = stats.file_bytes;
+    m.data_clusters = stats.data_clusters + stats.compressed_clusters;
+    m.compressed_clusters = stats.compressed_clusters;
+    m.zero_clusters = stats.zero_clusters;
+    std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
+    BARGE_ASSIGN_OR_RETURN(staged.digests_bytes, WriteStagedSmall(env, digests_staged, table_bytes));
+    std::string text = formats::EncodeManifest(m);
+    BARGE_ASSIGN_OR_RETURN(
+        staged.manifest_bytes,
+        WriteStagedSmall(env, manifest_staged, std::as_bytes(std::span(text.data(), text.size()))));
+    BARGE_RETURN_IF_ERROR(VerifyStagedImage(env, image_staged, table, pm.image_digest, req.copy));
+    BARGE_ASSIGN_OR_RETURN(FileStat st, env.Stat(image_staged));
+    staged.image_bytes = st.size_bytes;
+    return staged;
+  };
+  auto staged = stage();
+  if (!staged.ok()) {
+    // Until the journal exists, an error leaves the folder as it was. An
+    // error about a staged file names the file it was to become: the
+    // staged names are barge's own business, as StagedFile's temporaries
+    // are (issue 13).
+    Error e = std::move(staged).error();
+    for (const auto& [staged_path, final_name] : {std::pair{image_staged, pm.image},
+                                                  std::pair{digests_staged, pm.digest_table},
+                                                  std::pair{manifest_staged, manifest_name}}) {
+      if (e.path() == staged_path) e.set_path(chain.PathOf(final_name));
+    }
+    for (const std::string& p : {image_staged, digests_staged, manifest_staged}) e.Also(env.UnlinkIfExists(p));
+    return e;
   }
+  result.bytes_read = staged->bytes_read;
+
+  // ID's verification record vouches for the image about to be replaced:
+  // it goes (durably) before the switch can start.
+  BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(chain.PathOf(VerificationFileName(pm.id))));
+  BARGE_RETURN_IF_ERROR(env.SyncDir(chain.dir));
 
   // 2. The journal: from here on the merge completes, now or on recovery.
+  // Last chance to stop with the folder unchanged.
+  if (req.copy.cancel && req.copy.cancel->load()) {
+    return Error::Cancelled("merge cancelled before the switch-over; nothing changed").set_path(chain.dir);
+  }
+  // The staged files are the journal's from here on: a forced exit must
+  // leave them (unregistered before the journal exists, so no exit can
+  // remove a file the journal needs; a leftover without a journal is
+  // removed by the next merge or backup).
+  registered.clear();
   MergeJournal journal;
   journal.through = pm.id;
-  journal.renames = {{MergeStagedName(pm.image), pm.image, image_size},
-                     {MergeStagedName(pm.digest_table), pm.digest_table, digests_size},
-                     {MergeStagedName(manifest_name), manifest_name, manifest_size}};
+  journal.renames = {{MergeStagedName(pm.image), pm.image, staged->image_bytes},
+                     {MergeStagedName(pm.digest_table), pm.digest_table, staged->digests_bytes},
+                     {MergeStagedName(manifest_name), manifest_name, staged->manifest_bytes}};
   for (size_t k = 0; k + 1 < layers.size(); ++k) {
     const ChainPoint& p = chain.points[layers[k]];
-    journal.remove.push_back(fs::path(p.manifest_path).filename().string());
+    journal.remove.push_back(BaseName(p.manifest_path));
     result.folded_ids.push_back(p.manifest.id);
   }
   result.folded_ids.push_back(pm.id);
@@ -234,22 +292,45 @@ Result<MergeResult> RunMerge(const MergeRequest& req) {
     journal.remove.push_back(lm.image);
     journal.remove.push_back(lm.digest_table);
   }
-  BARGE_RETURN_IF_ERROR(WriteMergeJournal(chain.dir, journal));
-  cleanup.armed = false;
-  if (req.after_step) BARGE_RETURN_IF_ERROR(req.after_step("journal written"));
+  if (Status s = WriteMergeJournal(env, chain.dir, journal); !s.ok()) {
+    // The journal's rename may have happened before a later step failed
+    // (its folder sync): then the merge is committed and the next job
+    // completes it; otherwise nothing changed.
+    Error e = std::move(s).error();
+    // The journal is barge's own file: the error names the chain folder.
+    if (BaseName(e.path()) == kMergeJournalName || IsTempName(BaseName(e.path()))) {
+      e.set_path(chain.dir).Wrap("writing the merge journal");
+    }
+    auto committed = MergeJournalExists(env, chain.dir);
+    if (committed.ok() && !*committed) {
+      for (const std::string& p : {image_staged, digests_staged, manifest_staged}) e.Also(env.UnlinkIfExists(p));
+    }
+    return e;
+  }
 
   // 3. Switch over: the same code path as recovery.
-  Status switched = CompleteMergeJournal(chain.dir, req.after_step);
+  Status switched = CompleteMergeJournal(env, chain.dir);
   if (!switched.ok()) {
-    return Error(switched.error())
+    Error e = switched.error();
+    // The journal and the staged names are barge's own files: the error
+    // names the chain folder (issue 13).
+    std::string base = BaseName(e.path());
+    if (base == kMergeJournalName || base.ends_with(".merge-new") || IsTempName(base)) e.set_path(chain.dir);
+    return std::move(e)
         .Wrap("merge through " + pm.id +
               " stopped during the switch-over; the next barge merge, backup, restore or verify "
               "of this folder completes it");
   }
+  // The folded points' verification records (best effort: the next
+  // backup removes what is left).
+  for (size_t k = 0; k + 1 < layers.size(); ++k) {
+    IgnoreError(env.UnlinkIfExists(chain.PathOf(VerificationFileName(chain.points[layers[k]].manifest.id))),
+                "the merge is done; a stale record is removed by the next backup");
+  }
   result.merged = true;
-  result.manifest = std::move(m);
+  result.manifest = std::move(staged->manifest);
   result.removed_files = journal.remove;
-  result.image_bytes = image_size;
+  result.image_bytes = staged->image_bytes;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

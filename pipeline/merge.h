@@ -4,12 +4,10 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "blockio/sink.h"
+#include "blockio/env.h"
 #include "formats/manifest.h"
 #include "pipeline/copy.h"
 #include "pipeline/merge_journal.h"
@@ -19,30 +17,27 @@ namespace barge::pipeline {
 struct MergeRequest {
   std::string chain_dir;
   std::string through;  // the point to fold into a full: id, position, time, latest
+  // Only say what the merge would do (folded ids, files removed): nothing
+  // is written, not even the lock file.
+  bool dry_run = false;
   // Knobs (memory, threads, progress, stats, cancel); cluster size,
   // compression and verify are the chain's.
   CopyOptions copy;
-
-  // Test seams; unset in production.
-  // Wraps the sink of the new image (e.g. a FaultSink); it forwards to its
-  // argument, which outlives it.
-  std::function<std::unique_ptr<BlockSink>(BlockSink&)> wrap_image_sink;
-  // Called after each step from "staged" on; an error stops the merge there
-  // as a crash would, leaving every file as it is.
-  MergeStepHook after_step;
 };
 
 struct MergeResult {
-  bool merged = false;                  // false: the point already was a full
+  bool merged = false;                  // false: the point already was a full, or a dry run
+  bool dry_run = false;
   formats::BackupManifest manifest;     // the point's new (full) manifest
   std::vector<std::string> folded_ids;  // the layers folded, oldest first (incl. the point)
-  std::vector<std::string> removed_files;
+  std::vector<std::string> removed_files;  // (a dry run: would be removed)
   uint64_t bytes_read = 0;
   uint64_t image_bytes = 0;             // size of the new image file
   double seconds = 0;
 };
 
-// Merges under the chain lock. Steps: complete any interrupted merge (as
+// Merges under the chain lock; every file operation goes through `env`
+// (tests fail or stop it at any call to check the protocol). Steps: complete any interrupted merge (as
 // LoadChainFolder does); flatten the point into a staged full qcow2 (same
 // cluster size and compression, zero clusters omitted), every cluster
 // verified against the chain's digests; stage its digest table (data
@@ -54,8 +49,11 @@ struct MergeResult {
 // Returns: the result (merged=false if the point already is a full); on an
 // error before the journal nothing in the folder changed; after it, the
 // next job that loads the folder completes the merge.
-// kInvalidArgument when a point of another branch still depends on a layer
-// that would be removed, or another job holds the folder.
-Result<MergeResult> RunMerge(const MergeRequest& request);
+// kNotFound naming the chain folder when it is missing or holds no backups
+// (and then no lock file is left behind); kInvalidArgument when a point of
+// another branch still depends on a layer that would be removed; kBusy when
+// another job holds the folder; kCancelled when options.copy.cancel is set
+// before the journal is written (nothing changed).
+Result<MergeResult> RunMerge(Env& env, const MergeRequest& request);
 
 }  // namespace barge::pipeline

@@ -1,19 +1,12 @@
 // Merge journal: encoding, durable writing and roll-forward recovery.
 #include "pipeline/merge_journal.h"
 
-#include <unistd.h>
-
-#include <cerrno>
-#include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "pipeline/chain.h"
-#include "pipeline/staged_file.h"
 
 namespace barge::pipeline {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
@@ -90,85 +83,74 @@ Result<MergeJournal> DecodeMergeJournal(std::string_view text) {
   return out;
 }
 
-bool MergeJournalExists(const std::string& dir) {
-  std::error_code ec;
-  return fs::exists(fs::path(dir) / kMergeJournalName, ec);
+Result<bool> MergeJournalExists(Env& env, const std::string& dir) {
+  auto st = env.Stat(dir + "/" + std::string(kMergeJournalName));
+  if (st.ok()) return true;
+  if (st.error().code() == ErrorCode::kNotFound) return false;
+  return st.error();
 }
 
-Status WriteMergeJournal(const std::string& dir, const MergeJournal& journal) {
-  std::string text = EncodeMergeJournal(journal);
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> file,
-                         StagedFile::Create(dir + "/" + std::string(kMergeJournalName),
-                                            /*overwrite=*/true));
-  BARGE_RETURN_IF_ERROR(
-      file->sink().WriteAt(0, std::as_bytes(std::span(text.data(), text.size()))));
-  // Commit flushes the file, renames it and syncs the folder: the journal is
-  // durable before the caller's first rename.
-  return file->Commit();
+Status WriteMergeJournal(Env& env, const std::string& dir, const MergeJournal& journal) {
+  // Flushed, renamed and the folder synced: the journal is durable before
+  // the caller's first rename.
+  return env.WriteFileAtomic(dir + "/" + std::string(kMergeJournalName), EncodeMergeJournal(journal));
 }
 
-Status CompleteMergeJournal(const std::string& dir, const MergeStepHook& after_step) {
+Status CompleteMergeJournal(Env& env, const std::string& dir) {
   const std::string path = dir + "/" + std::string(kMergeJournalName);
-  if (!MergeJournalExists(dir)) return OkStatus();
-  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, 1 << 20));
+  BARGE_ASSIGN_OR_RETURN(bool exists, MergeJournalExists(env, dir));
+  if (!exists) return OkStatus();
+  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path, 1 << 20));
   auto journal = DecodeMergeJournal(text);
   if (!journal.ok()) return Error(journal.error()).set_path(path);
-  auto step = [&](const std::string& what) {
-    return after_step ? after_step(what) : OkStatus();
-  };
 
   // 1. The renames. The staged files were complete and synced before the
   // journal was written, so doing the rest in any state is safe; a staged
   // file that is gone was renamed before the stop.
   for (const auto& r : journal->renames) {
     std::string from = dir + "/" + r.from, to = dir + "/" + r.to;
-    std::error_code ec;
-    if (fs::exists(from, ec)) {
-      uint64_t size = fs::file_size(from, ec);
-      if (ec || size != r.size_bytes) {
-        return JournalError(dir, "staged file " + r.from + " has " + std::to_string(size) +
+    auto staged = env.Stat(from);
+    if (!staged.ok() && staged.error().code() != ErrorCode::kNotFound) return staged.error();
+    if (staged.ok()) {
+      if (staged->size_bytes != r.size_bytes) {
+        return JournalError(dir, "staged file " + r.from + " has " + std::to_string(staged->size_bytes) +
                                      " bytes, the journal says " + std::to_string(r.size_bytes));
       }
-      if (::rename(from.c_str(), to.c_str()) != 0) return Error::FromErrno(errno, "rename", from);
+      BARGE_RETURN_IF_ERROR(env.Rename(from, to));
     } else {
-      uint64_t size = fs::file_size(to, ec);
-      if (ec || size != r.size_bytes) {
+      auto done = env.Stat(to);
+      if (!done.ok() || done->size_bytes != r.size_bytes) {
         return JournalError(dir, "cannot complete the merge through " + journal->through + ": " +
                                      r.from + " is gone and " + r.to + " is not the merged file");
       }
     }
-    BARGE_RETURN_IF_ERROR(step("renamed " + r.to));
   }
   // The renames must be durable before anything they replace is deleted.
-  BARGE_RETURN_IF_ERROR(SyncDirectory(dir));
+  BARGE_RETURN_IF_ERROR(env.SyncDir(dir));
 
   // 2. The folded layers: manifests first, so no manifest ever names a
   // missing image or digest table.
-  for (const auto& name : journal->remove) {
-    std::string p = dir + "/" + name;
-    if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Error::FromErrno(errno, "remove", p);
-    BARGE_RETURN_IF_ERROR(step("removed " + name));
-  }
-  BARGE_RETURN_IF_ERROR(SyncDirectory(dir));
+  for (const auto& name : journal->remove) BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(dir + "/" + name));
+  BARGE_RETURN_IF_ERROR(env.SyncDir(dir));
 
   // 3. Done: the journal goes last.
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Error::FromErrno(errno, "remove", path);
-  BARGE_RETURN_IF_ERROR(SyncDirectory(dir));
-  return step("removed the journal");
+  BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(path));
+  return env.SyncDir(dir);
 }
 
-Status RecoverMerge(const std::string& dir) {
-  if (MergeJournalExists(dir)) return CompleteMergeJournal(dir);
+Status RecoverMerge(Env& env, const std::string& dir) {
+  BARGE_ASSIGN_OR_RETURN(bool exists, MergeJournalExists(env, dir));
+  if (exists) return CompleteMergeJournal(env, dir);
   // No journal: a merge that stopped earlier changed nothing but may have
-  // left staged files.
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
+  // left staged files (and their temporaries, which the sweep takes).
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+  for (const std::string& name : names) {
     if (name.size() > kStagedSuffix.size() + 1 && name[0] == '.' && name.ends_with(kStagedSuffix)) {
-      std::error_code remove_ec;
-      fs::remove(entry.path(), remove_ec);
+      BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(dir + "/" + name));
     }
   }
+  auto swept = SweepStaleTemporaries(env, dir);
+  if (!swept.ok()) return swept.error();
   return OkStatus();
 }
 

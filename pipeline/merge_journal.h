@@ -5,11 +5,11 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
 
 namespace barge::pipeline {
@@ -38,25 +38,27 @@ std::string EncodeMergeJournal(const MergeJournal& journal);
 // else. kCorruption otherwise.
 Result<MergeJournal> DecodeMergeJournal(std::string_view json);
 
-bool MergeJournalExists(const std::string& dir);
+// The functions below touch the chain folder through `env`.
 
-// Writes the journal durably (staged, fsynced, renamed, folder synced).
-Status WriteMergeJournal(const std::string& dir, const MergeJournal& journal);
+// Stat of the journal: kNotFound is false; any other error is returned.
+Result<bool> MergeJournalExists(Env& env, const std::string& dir);
 
-// Called after each step of the switch-over with what was just done; an
-// error stops there as a crash would (nothing is cleaned up). Tests only.
-using MergeStepHook = std::function<Status(std::string_view step)>;
+// Writes the journal durably (Env::WriteFileAtomic: temporary, fsync,
+// rename, folder sync).
+Status WriteMergeJournal(Env& env, const std::string& dir, const MergeJournal& journal);
 
 // Rolls the journal of `dir` forward. Needs the chain lock. Idempotent:
 // every rename whose staged file is still there is done (a staged file that
 // is gone must already sit under its final name, checked by size), the
 // folder is synced, the old files are removed (missing ones are fine),
 // and the journal is removed last. Returns OK when there is no journal;
-// kCorruption when a rename can neither be done nor found done.
-Status CompleteMergeJournal(const std::string& dir, const MergeStepHook& after_step = {});
+// kCorruption when a rename can neither be done nor found done. A crash
+// between any two of its steps (tests stop the Env there) is completed by
+// the next call.
+Status CompleteMergeJournal(Env& env, const std::string& dir);
 
 // With the chain lock held: completes a journal if there is one, else
 // removes staged files of a merge that stopped before writing its journal.
-Status RecoverMerge(const std::string& dir);
+Status RecoverMerge(Env& env, const std::string& dir);
 
 }  // namespace barge::pipeline

@@ -2,29 +2,25 @@
 // copy pass with SHA-512, then check, verify, rename and record each copy.
 #include "pipeline/replicate.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cctype>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "blockio/file.h"
+#include "blockio/env.h"
+#include "blockio/path.h"
 #include "formats/manifest.h"
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_writer.h"
+#include "pipeline/endpoints.h"
 #include "pipeline/overlay_destination.h"
 #include "pipeline/staged_file.h"
 
 namespace barge::pipeline {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 Result<ReplicaFormat> ParseReplicaFormat(std::string_view name) {
@@ -59,13 +55,20 @@ bool ReplicateResult::all_ok() const {
 
 std::string ReplicaRecordPath(const std::string& path) { return path + ".sha512.json"; }
 
-Result<ReplicaRecord> ReadReplicaRecord(const std::string& path) {
-  std::string record_path = ReplicaRecordPath(path);
-  std::ifstream in(record_path);
-  if (!in) return Error::NotFound("no checksum record").set_path(record_path);
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+Result<ReplicaRecord> DecodeReplicaRecord(std::string_view text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return Error::Corruption("checksum record is not a JSON object").set_path(record_path);
+    return Error::Corruption("checksum record is not a JSON object");
+  }
+  // Numbers are type-checked first: get<uint64_t>() on a float (1e111)
+  // is a float-to-integer conversion out of range, undefined behaviour.
+  for (const char* key : {"virtual_size", "file_bytes"}) {
+    if (!j.contains(key) || !j[key].is_number_unsigned()) {
+      return Error::Corruption(std::string("checksum record: '") + key + "' is not a non-negative integer");
+    }
+  }
+  if (!j.contains("file_mtime_ns") || !j["file_mtime_ns"].is_number_integer()) {
+    return Error::Corruption("checksum record: 'file_mtime_ns' is not an integer");
   }
   ReplicaRecord r;
   try {
@@ -81,8 +84,22 @@ Result<ReplicaRecord> ReadReplicaRecord(const std::string& path) {
     r.bitmaps = j.value("bitmaps", std::vector<std::string>{});
     r.backing_file = j.value("backing_file", "");
   } catch (const json::exception& e) {
-    return Error::Corruption(std::string("checksum record: ") + e.what()).set_path(record_path);
+    return Error::Corruption(std::string("checksum record: ") + e.what());
   }
+  return r;
+}
+
+Result<ReplicaRecord> ReadReplicaRecord(Env& env, const std::string& path) {
+  std::string record_path = ReplicaRecordPath(path);
+  auto text = env.ReadFile(record_path, 1 << 20);
+  if (!text.ok()) {
+    if (text.error().code() == ErrorCode::kNotFound) {
+      return Error::NotFound("no checksum record").set_path(record_path);
+    }
+    return text.error();
+  }
+  auto r = DecodeReplicaRecord(*text);
+  if (!r.ok()) return std::move(r).error().set_path(record_path);
   return r;
 }
 
@@ -93,11 +110,9 @@ struct FileStamp {
   int64_t mtime_ns = 0;
 };
 
-Result<FileStamp> StatFile(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return Error::FromErrno(errno, "stat", path);
-  return FileStamp{static_cast<uint64_t>(st.st_size),
-                   int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
+Result<FileStamp> StatFile(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(FileStat st, env.Stat(path));
+  return FileStamp{st.size_bytes, st.mtime_ns};
 }
 
 bool IsHex512(const std::string& s) {
@@ -152,7 +167,6 @@ class ProgressDestination final : public Destination {
 struct Pending {
   size_t index = 0;
   std::unique_ptr<StagedFile> staged;
-  std::unique_ptr<BlockSink> wrapped;  // from the test seam, or null
   std::unique_ptr<Destination> destination;
   // An existing copy with a readable record whose checksum is unknown until
   // the pass ends: reused (and the temporary dropped) when it matches.
@@ -179,40 +193,38 @@ struct CopyOpen {
 // Opens a copy (`path`; `final_path` is the name it has or will have, in
 // the same folder) for reading back. A kept backing file that is not beside
 // the copy is a kNotFound naming it.
-Result<std::unique_ptr<formats::Image>> OpenCopy(const std::string& path, const std::string& final_path,
+Result<std::unique_ptr<formats::Image>> OpenCopy(Env& env, const std::string& path, const std::string& final_path,
                                                  const CopyOpen& how) {
   formats::OpenOptions open;
   open.format = how.format;
   open.open_backing = how.keep_backing;
-  formats::SourceOpener opener = [](const std::string& p) { return OpenFileSource(p); };
-  if (!how.keep_backing) return formats::OpenImage(path, opener, open);
+  if (!how.keep_backing) return OpenImageFile(env, path, open);
   open.allow_any_path = how.allow_any_path;
   if (!how.allow_any_path && !how.allow_dirs.empty()) {
     // Extra folders add to, not replace, the copy's own folder.
     open.allowed_dirs = how.allow_dirs;
-    std::error_code ec;
-    open.allowed_dirs.push_back(fs::absolute(path, ec).parent_path().string());
+    open.allowed_dirs.push_back(DirName(AbsolutePath(path)));
   }
   // Look for the backing file first, so a missing base gets a message that
   // says what to do rather than a bare "No such file".
   {
     open.open_backing = false;
-    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> top, formats::OpenImage(path, opener, open));
+    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> top, OpenImageFile(env, path, open));
     open.open_backing = true;
     const std::string& name = top->info().backing_file;
     if (!name.empty() && name.find(':') == std::string::npos) {
-      fs::path resolved = fs::path(name).is_absolute() ? fs::path(name) : fs::path(path).parent_path() / name;
-      std::error_code ec;
-      if (!fs::exists(resolved, ec)) {
-        return Error::NotFound("backing file '" + name + "' not found at " +
-                               resolved.lexically_normal().string() +
+      std::string resolved = LexicallyNormal(JoinPath(DirName(path), name));
+      auto st = env.Stat(resolved);
+      if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
+      if (!st.ok()) {
+        return Error::NotFound("backing file '" + name + "' not found at " + resolved +
                                ": deliver the base image beside the copy before verifying it "
                                "(--backing keep)")
             .set_path(final_path);
       }
     }
   }
-  return formats::OpenImage(path, opener, open);
+  return OpenImageFile(env, path, open);
 }
 
 // Re-reads a copy through the pipeline: SHA-512 of its logical content, its
@@ -221,9 +233,9 @@ Result<std::unique_ptr<formats::Image>> OpenCopy(const std::string& path, const 
 // SHA-512 was taken once from the source, and equal cluster digests mean
 // equal bytes); a reused copy has only its record's SHA-512 to be checked
 // against.
-Result<ReadBack> ReadBackCopy(const std::string& path, const std::string& final_path, const CopyOpen& how,
-                              const CopyOptions& geometry, bool with_bitmaps, bool sha512) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image, OpenCopy(path, final_path, how));
+Result<ReadBack> ReadBackCopy(Env& env, const std::string& path, const std::string& final_path,
+                              const CopyOpen& how, const CopyOptions& geometry, bool with_bitmaps, bool sha512) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image, OpenCopy(env, path, final_path, how));
   CopyOptions o;
   o.cluster_bytes = geometry.cluster_bytes;
   o.chunk_bytes = geometry.chunk_bytes;
@@ -261,7 +273,7 @@ bool SameBitmaps(const std::vector<formats::BitmapSpec>& a, const std::vector<fo
 
 }  // namespace
 
-Status WriteReplicaRecord(const std::string& path, const ReplicaRecord& r) {
+Status WriteReplicaRecord(Env& env, const std::string& path, const ReplicaRecord& r) {
   json j = {{"sha512", r.sha512},          {"virtual_size", r.virtual_size},
             {"format", r.format},          {"file_bytes", r.file_bytes},
             {"file_mtime_ns", r.file_mtime_ns}, {"source", r.source},
@@ -269,20 +281,15 @@ Status WriteReplicaRecord(const std::string& path, const ReplicaRecord& r) {
             {"verified", r.verified},      {"bitmaps", r.bitmaps},
             {"tool", "barge 0.1.0"}};
   if (!r.backing_file.empty()) j["backing_file"] = r.backing_file;
-  std::string text = j.dump(2) + "\n";
-  std::string final_path = ReplicaRecordPath(path);
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> staged, StagedFile::Create(final_path, true));
-  BARGE_RETURN_IF_ERROR(
-      staged->sink().WriteAt(0, std::as_bytes(std::span<const char>(text.data(), text.size()))));
-  return staged->Commit();
+  return env.WriteFileAtomic(ReplicaRecordPath(path), j.dump(2) + "\n");
 }
 
-bool FileMatchesRecord(const std::string& path, const ReplicaRecord& record) {
-  auto st = StatFile(path);
+bool FileMatchesRecord(Env& env, const std::string& path, const ReplicaRecord& record) {
+  auto st = StatFile(env, path);
   return st.ok() && st->size == record.file_bytes && st->mtime_ns == record.file_mtime_ns;
 }
 
-Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std::string> destinations,
+Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span<const std::string> destinations,
                                      const ReplicateOptions& options) {
   auto start = std::chrono::steady_clock::now();
   if (destinations.empty()) return Error::InvalidArgument("replicate: no destination");
@@ -292,10 +299,18 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
   }
   for (size_t i = 0; i < destinations.size(); ++i) {
     for (size_t k = 0; k < i; ++k) {
-      std::error_code ec;
-      if (fs::weakly_canonical(destinations[i], ec) == fs::weakly_canonical(destinations[k], ec)) {
+      if (CanonicalPath(env, destinations[i]) == CanonicalPath(env, destinations[k])) {
         return Error::InvalidArgument("destination given twice").set_path(destinations[i]);
       }
+    }
+  }
+  // Leftovers of killed runs in the destinations' folders go first (a live
+  // writer's temporary is locked and kept).
+  {
+    std::set<std::string> dirs;
+    for (const auto& d : destinations) dirs.insert(DirName(d));
+    for (const auto& dir : dirs) {
+      IgnoreError(SweepStaleTemporaries(env, dir), "a leftover that cannot be removed now goes at a later run");
     }
   }
   const formats::ImageInfo& info = source.info();
@@ -371,23 +386,29 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
     result.replicas[i].state = ReplicaState::kFailed;
     result.replicas[i].error = std::move(e);
   };
+  // Drops a pending copy's temporary; a failure to remove it is reported
+  // with the reason the copy failed.
+  auto abandon = [&](Pending& p, Error e) { fail(p.index, std::move(e.Also(p.staged->Abandon()))); };
   for (size_t i = 0; i < destinations.size(); ++i) {
     const std::string& path = destinations[i];
     result.replicas[i].path = path;
-    std::error_code ec;
-    auto status = fs::status(path, ec);
-    bool exists = fs::exists(status);
-    if (exists && !fs::is_regular_file(status)) {
+    auto status = env.Stat(path);
+    if (!status.ok() && status.error().code() != ErrorCode::kNotFound) {
+      fail(i, status.error());
+      continue;
+    }
+    bool exists = status.ok();
+    if (exists && !status->is_regular()) {
       fail(i, Error::NotSupported("destination is not a regular file").set_path(path));
       continue;
     }
     Pending p;
     p.index = i;
     if (exists) {
-      auto record = ReadReplicaRecord(path);
+      auto record = ReadReplicaRecord(env, path);
       bool usable = record.ok() && record->format == result.format &&
                     record->virtual_size == result.virtual_size &&
-                    record->backing_file == result.backing_file && FileMatchesRecord(path, *record);
+                    record->backing_file == result.backing_file && FileMatchesRecord(env, path, *record);
       if (usable && !expected.empty() && Lower(record->sha512) == expected) {
         result.replicas[i].state = ReplicaState::kReused;
         result.replicas[i].file_bytes = record->file_bytes;
@@ -403,17 +424,13 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
       }
       p.replaces_existing = true;
     }
-    auto staged = StagedFile::Create(path, /*overwrite=*/true);
+    auto staged = StagedFile::Create(env, path, /*overwrite=*/true);
     if (!staged.ok()) {
       fail(i, std::move(staged).error());
       continue;
     }
     p.staged = std::move(staged).value();
     BlockSink* sink = &p.staged->sink();
-    if (options.wrap_sink) {
-      p.wrapped = options.wrap_sink(i, *sink);
-      if (p.wrapped) sink = p.wrapped.get();
-    }
     std::unique_ptr<Destination> dest;
     if (out_qcow2) {
       formats::Qcow2WriterOptions w;
@@ -428,14 +445,14 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
         w.backing_format = result.backing_format;
         auto d = OverlayQcow2Destination::Create(*sink, std::move(w), top_allocation);
         if (!d.ok()) {
-          fail(i, std::move(d).error());
+          abandon(p, std::move(d).error());
           continue;
         }
         dest = std::move(d).value();
       } else {
         auto d = Qcow2Destination::Create(*sink, std::move(w), ZeroPolicy::kOmit);
         if (!d.ok()) {
-          fail(i, std::move(d).error());
+          abandon(p, std::move(d).error());
           continue;
         }
         dest = std::move(d).value();
@@ -449,7 +466,7 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
   }
 
   auto verify_reused = [&](size_t i, const std::string& want) {
-    auto back = ReadBackCopy(destinations[i], destinations[i], copy_open, options.copy, false, true);
+    auto back = ReadBackCopy(env, destinations[i], destinations[i], copy_open, options.copy, false, true);
     if (!back.ok()) {
       fail(i, std::move(back).error().Wrap("verify"));
     } else if (back->sha512_hex != want) {
@@ -481,10 +498,7 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
   if (!copied.ok()) {
     // The source or a shared stage failed (or every destination did): no
     // copy can be trusted.
-    for (auto& p : pending) {
-      p.staged->Abandon();
-      fail(p.index, copied.error());
-    }
+    for (auto& p : pending) abandon(p, copied.error());
     result.elapsed = std::chrono::steady_clock::now() - start;
     return result;
   }
@@ -493,9 +507,8 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
   if (!expected.empty() && copied->sha512_hex != expected) {
     result.checksum_mismatch = true;
     for (auto& p : pending) {
-      p.staged->Abandon();
-      fail(p.index, Error::Corruption("checksum mismatch: expected SHA-512 " + expected + ", source has " +
-                                      copied->sha512_hex));
+      abandon(p, Error::Corruption("checksum mismatch: expected SHA-512 " + expected + ", source has " +
+                                   copied->sha512_hex));
     }
     result.elapsed = std::chrono::steady_clock::now() - start;
     return result;
@@ -507,30 +520,29 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
     ReplicaResult& out = result.replicas[p.index];
     const DestinationResult& dr = copied->destinations[k];
     if (!dr.status.ok()) {
-      p.staged->Abandon();
-      fail(p.index, dr.status.error());
+      abandon(p, dr.status.error());
       continue;
     }
-    p.wrapped.reset();
     if (p.maybe_reuse && Lower(p.maybe_reuse->sha512) == copied->sha512_hex) {
       // The existing copy already holds this content: keep it untouched.
-      p.staged->Abandon();
+      if (Status dropped = p.staged->Abandon(); !dropped.ok()) {
+        fail(p.index, std::move(dropped).error());
+        continue;
+      }
       out.state = ReplicaState::kReused;
       out.file_bytes = p.maybe_reuse->file_bytes;
       if (options.verify) verify_reused(p.index, copied->sha512_hex);
       continue;
     }
     if (p.maybe_reuse && !options.force) {
-      p.staged->Abandon();
-      fail(p.index, Error::InvalidArgument("exists with a different checksum (use --force to replace it)")
-                        .set_path(path));
+      abandon(p, Error::InvalidArgument("exists with a different checksum (use --force to replace it)")
+                     .set_path(path));
       continue;
     }
     if (options.verify) {
-      auto back = ReadBackCopy(p.staged->temp_path(), path, copy_open, options.copy, out_qcow2, false);
+      auto back = ReadBackCopy(env, p.staged->temp_path(), path, copy_open, options.copy, out_qcow2, false);
       if (!back.ok()) {
-        p.staged->Abandon();
-        fail(p.index, std::move(back).error().Wrap("verify"));
+        abandon(p, std::move(back).error().Wrap("verify"));
         continue;
       }
       std::string why;
@@ -541,23 +553,31 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
         if (keep && why != "bitmaps differ") {
           why += " (is the backing file beside the copy the same as the source's?)";
         }
-        p.staged->Abandon();
-        fail(p.index, Error::Corruption("verify: re-read copy: " + why).set_path(path));
+        abandon(p, Error::Corruption("verify: re-read copy: " + why).set_path(path));
         continue;
       }
       out.verified = true;
     }
-    // A stale record must never describe the new bytes: drop it first; a
-    // crash before the new record leaves a file without one (not ready).
-    std::error_code ec;
-    if (p.replaces_existing) fs::remove(ReplicaRecordPath(path), ec);
-    if (Status s = p.staged->Commit(); !s.ok()) {
-      fail(p.index, std::move(s).error());
+    // A stale record must never describe the new bytes: drop it first.
+    if (p.replaces_existing) {
+      if (Status s = env.UnlinkIfExists(ReplicaRecordPath(path)); !s.ok()) {
+        abandon(p, std::move(s).error());
+        continue;
+      }
+    }
+    // The record is written before the copy appears under its name, and
+    // describes the temporary's size and mtime (the rename keeps them): a
+    // crash before the rename leaves a record that matches no file (not
+    // ready; the next run writes the copy again), one after it a ready
+    // copy. Never a file of ours without its record, which a re-run would
+    // refuse to replace without --force (issue 13).
+    if (Status s = p.staged->sink().Flush(); !s.ok()) {
+      abandon(p, std::move(s).error().set_path(path));
       continue;
     }
-    auto stamp = StatFile(path);
+    auto stamp = StatFile(env, p.staged->temp_path());
     if (!stamp.ok()) {
-      fail(p.index, std::move(stamp).error());
+      abandon(p, std::move(stamp).error().set_path(path));
       continue;
     }
     ReplicaRecord record;
@@ -572,8 +592,15 @@ Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std
     record.verified = out.verified;
     record.bitmaps = result.bitmaps;
     record.backing_file = result.backing_file;
-    if (Status s = WriteReplicaRecord(path, record); !s.ok()) {
-      fail(p.index, std::move(s).error().Wrap("checksum record"));
+    if (Status s = WriteReplicaRecord(env, path, record); !s.ok()) {
+      abandon(p, std::move(s).error().Wrap("checksum record"));
+      continue;
+    }
+    if (Status s = p.staged->Commit(); !s.ok()) {
+      // The record now describes no file: drop it (a failure to is harmless).
+      Error e = std::move(s).error();
+      if (!FileMatchesRecord(env, path, record)) e.Also(env.UnlinkIfExists(ReplicaRecordPath(path)));
+      fail(p.index, std::move(e));
       continue;
     }
     out.state = ReplicaState::kReady;

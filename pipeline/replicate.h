@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/error.h"
-#include "blockio/sink.h"
 #include "formats/image.h"
 #include "pipeline/copy.h"
 
@@ -67,12 +67,16 @@ struct ReplicaRecord {
 std::string ReplicaRecordPath(const std::string& path);
 // Reads and parses the record of `path`. kNotFound when absent, kCorruption
 // when malformed.
-Result<ReplicaRecord> ReadReplicaRecord(const std::string& path);
-// Writes the record of `path` (temporary name, fsync, rename, folder sync).
-Status WriteReplicaRecord(const std::string& path, const ReplicaRecord& record);
+Result<ReplicaRecord> ReadReplicaRecord(Env& env, const std::string& path);
+// Parses a record's text (it sits beside the copy on a disk: untrusted);
+// kCorruption when malformed.
+Result<ReplicaRecord> DecodeReplicaRecord(std::string_view text);
+// Writes the record of `path` (Env::WriteFileAtomic: temporary name, fsync,
+// rename, folder sync).
+Status WriteReplicaRecord(Env& env, const std::string& path, const ReplicaRecord& record);
 // True when the file at `path` exists with the record's size and mtime: the
 // cheap check that it is still the file the record describes.
-bool FileMatchesRecord(const std::string& path, const ReplicaRecord& record);
+bool FileMatchesRecord(Env& env, const std::string& path, const ReplicaRecord& record);
 
 struct ReplicateOptions {
   // Geometry, memory, threads, compression, stall_timeout and cancel are
@@ -103,9 +107,6 @@ struct ReplicateOptions {
   // serial nodes, at most ~10 per second per destination and once at the
   // end. Must not block.
   std::function<void(size_t, uint64_t, uint64_t)> progress;
-  // Test seam: wraps the sink of destination `index` (e.g. in a FaultSink);
-  // the returned sink is written instead. `file_sink` outlives it.
-  std::function<std::unique_ptr<BlockSink>(size_t index, BlockSink& file_sink)> wrap_sink;
 };
 
 struct ReplicaResult {
@@ -146,8 +147,11 @@ struct ReplicateResult {
 // backing file, or with raw output), a source bitmap that cannot be read
 // (kCorruption: in use after a crash), a top layer that cannot be mapped.
 // With kKeep and verify, a copy whose backing file is not beside it fails
-// (kNotFound, naming the file); the others are unaffected.
-Result<ReplicateResult> RunReplicate(formats::Image& source, std::span<const std::string> destinations,
+// (kNotFound, naming the file); the others are unaffected. The copies,
+// their records and the read-back go through `env` (a test that wraps it
+// can fail one destination's writes: they are the sinks it opens under
+// that destination's temporary name).
+Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span<const std::string> destinations,
                                      const ReplicateOptions& options);
 
 }  // namespace barge::pipeline

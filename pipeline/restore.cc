@@ -2,17 +2,17 @@
 #include "pipeline/restore.h"
 
 #include <chrono>
-#include <filesystem>
 
-#include "blockio/file.h"
+#include "blockio/env.h"
+#include "blockio/path.h"
 #include "blockio/nbd.h"
 #include "formats/qcow2_check.h"
+#include "formats/units.h"
 #include "pipeline/chain.h"
 #include "pipeline/staged_file.h"
+#include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -40,10 +40,12 @@ struct Target {
   BlockSink& sink() { return staged ? staged->sink() : *existing; }
 };
 
-Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
+Result<Target> OpenTarget(Env& env, const RestoreRequest& req, uint64_t size) {
   Target t;
   const std::string& dst = req.destination;
-  if (IsNbdUri(dst) || IsBlockDevice(dst)) {
+  Result<FileStat> st = IsNbdUri(dst) ? Error::NotFound("an NBD URI") : env.Stat(dst);
+  if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
+  if (IsNbdUri(dst) || (st.ok() && st->is_block_device())) {
     if (req.output_format != "raw") {
       return Error::InvalidArgument("block devices and NBD exports take raw output").set_path(dst);
     }
@@ -54,7 +56,7 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
       if (IsNbdUri(dst)) {
         BARGE_ASSIGN_OR_RETURN(probe, OpenNbdSource(dst));
       } else {
-        BARGE_ASSIGN_OR_RETURN(probe, OpenFileSource(dst));
+        BARGE_ASSIGN_OR_RETURN(probe, env.OpenSource(dst));
       }
       BARGE_ASSIGN_OR_RETURN(bool has_data, HoldsData(*probe));
       if (has_data) {
@@ -67,36 +69,41 @@ Result<Target> OpenTarget(const RestoreRequest& req, uint64_t size) {
     } else {
       FileOptions options;
       options.sync = req.sync;
-      BARGE_ASSIGN_OR_RETURN(t.existing, OpenFileSink(dst, SinkMode::kExisting, options));
+      BARGE_ASSIGN_OR_RETURN(t.existing, env.OpenSink(dst, SinkMode::kExisting, options));
     }
     if (t.existing->size_bytes() < size) {
-      return Error::NoSpace("the destination holds " + std::to_string(t.existing->size_bytes()) +
-                            " bytes, the disk needs " + std::to_string(size))
+      return Error::NoSpace("the destination holds " + formats::HumanBytesExact(t.existing->size_bytes()) +
+                            ", the disk needs " + formats::HumanBytesExact(size))
           .set_path(dst);
     }
     return t;
   }
-  std::error_code ec;
-  if (fs::exists(dst, ec) && !req.force && fs::file_size(dst, ec) > 0) {
+  BARGE_RETURN_IF_ERROR(CheckOutputPath(env, dst));
+  // Leftovers of killed runs in the output's folder go first (a live
+  // writer's temporary is locked and kept).
+  IgnoreError(SweepStaleTemporaries(env, DirName(dst)),
+              "a leftover that cannot be removed now goes at a later run");
+  if (st.ok() && !req.force && st->size_bytes > 0) {
     return Error::InvalidArgument("the destination file exists and is not empty; use --force to replace it")
         .set_path(dst);
   }
-  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(dst, /*overwrite=*/true, req.sync));
+  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(env, dst, /*overwrite=*/true, req.sync));
   return t;
 }
 
 }  // namespace
 
-Result<RestoreResult> RunRestore(const RestoreRequest& req) {
+Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   auto start = std::chrono::steady_clock::now();
   if (req.output_format != "raw" && req.output_format != "qcow2") {
     return Error::InvalidArgument("output format must be raw or qcow2");
   }
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(req.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, req.chain_dir));
   BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.at));
-  BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
+  if (req.on_point) req.on_point(index, chain.points[index].manifest);
+  BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(env, chain, index));
   const formats::BackupManifest& m = point.point->manifest;
-  BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(req, m.virtual_size));
+  BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(env, req, m.virtual_size));
 
   std::unique_ptr<Destination> dest;
   if (req.output_format == "qcow2") {
@@ -131,6 +138,7 @@ Result<RestoreResult> RunRestore(const RestoreRequest& req) {
 
   RestoreResult r;
   r.manifest = m;
+  r.position = index;
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
   r.layers = layers.size();
   r.bytes_read = copied->bytes_read;
@@ -142,8 +150,8 @@ Result<RestoreResult> RunRestore(const RestoreRequest& req) {
 
 namespace {
 
-Status CheckLayerStructure(const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, OpenFileSource(path));
+Status CheckLayerStructure(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path));
   auto report = formats::qcow2::CheckQcow2(*file);
   if (!report.ok()) return Error(report.error()).set_path(path);
   if (!report->clean()) {
@@ -155,12 +163,77 @@ Status CheckLayerStructure(const std::string& path) {
   return OkStatus();
 }
 
+// A point whose backup data passed verification, ready for `against`.
+struct VerifiedPoint {
+  OpenedPoint point;
+  CopyOptions copy;  // as used, but for `verify` (it pointed at the local point)
+  uint64_t bytes_read = 0;
+  uint64_t clusters_checked = 0;
+};
+
+// Checks point `index` itself: manifests, digest tables, the structure of
+// each layer not checked yet, every cluster's digest and the image digest.
+Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t index, const CopyOptions& options,
+                                      std::vector<bool>& structure_checked) {
+  VerifiedPoint v;
+  BARGE_ASSIGN_OR_RETURN(v.point, OpenPoint(env, chain, index));
+  const formats::BackupManifest& m = v.point.point->manifest;
+  BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
+  for (size_t l : layers) {
+    if (structure_checked[l]) continue;
+    BARGE_RETURN_IF_ERROR(CheckLayerStructure(env, chain.PathOf(chain.points[l].manifest.image)));
+    structure_checked[l] = true;
+  }
+  v.copy = options;
+  v.copy.cluster_bytes = m.cluster_size;
+  v.copy.chunk_bytes = std::max(v.copy.chunk_bytes / m.cluster_size * m.cluster_size, m.cluster_size);
+  v.copy.compression = formats::Compression::kNone;
+  v.copy.verify = [&v](uint64_t c) { return v.point.Expected(c); };
+  auto copied = RunCopy(*v.point.image, {{0, m.virtual_size}}, {}, v.copy);
+  v.copy.verify = nullptr;
+  if (!copied.ok()) return Error(copied.error()).Wrap("verify of " + m.id);
+  if (copied->image_digest != m.image_digest) {
+    return Error::Corruption("image digest " + copied->image_digest.ToHex() +
+                             " differs from the manifest's " + m.image_digest.ToHex())
+        .set_path(v.point.point->manifest_path);
+  }
+  v.bytes_read = copied->bytes_read;
+  v.clusters_checked = (m.virtual_size + m.cluster_size - 1) / m.cluster_size;
+  return v;
+}
+
+// Keeps the outcome of a point's check as its verification record: a pass,
+// or a failure that says something about the backup (damaged, unreadable
+// or missing data), not an interruption or a lack of resources. A record
+// that cannot be written is a warning, not a failed verification.
+void RecordOutcome(Env& env, const ChainFolder& chain, size_t index, const Result<VerifiedPoint>& outcome,
+                   double seconds, std::vector<std::string>& warnings) {
+  if (!outcome.ok()) {
+    const ErrorCode code = outcome.error().code();
+    if (code != ErrorCode::kCorruption && code != ErrorCode::kIoError && code != ErrorCode::kNotFound) return;
+  }
+  const formats::BackupManifest& m = chain.points[index].manifest;
+  VerificationRecord r;
+  r.id = m.id;
+  r.ok = outcome.ok();
+  if (!outcome.ok()) r.error = outcome.error().ToString();
+  r.verified_at = formats::FormatRfc3339({formats::Now().seconds, 0});  // whole seconds, as manifests
+  r.duration_seconds = seconds;
+  r.clusters_checked = outcome.ok() ? outcome->clusters_checked : 0;
+  r.image = m.image;
+  auto st = env.Stat(chain.PathOf(m.image));
+  r.image_bytes = st.ok() ? st->size_bytes : 0;
+  r.image_digest = m.image_digest;
+  Status s = WriteVerificationRecord(env, chain, index, r);
+  if (!s.ok()) warnings.push_back("could not record the verification of " + m.id + ": " + s.error().ToString());
+}
+
 }  // namespace
 
-Result<VerifyResult> RunVerify(const VerifyRequest& req) {
+Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
   auto start = std::chrono::steady_clock::now();
-  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(req.path, req.at));
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(where.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(env, req.path, req.at));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, where.chain_dir));
   std::vector<size_t> targets;
   if (req.all_points && !req.against.location.empty()) {
     return Error::InvalidArgument("--against compares one point with a source; drop --all");
@@ -176,35 +249,25 @@ Result<VerifyResult> RunVerify(const VerifyRequest& req) {
   VerifyResult result;
   std::vector<bool> structure_checked(chain.points.size(), false);
   for (size_t index : targets) {
-    BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(chain, index));
-    const formats::BackupManifest& m = point.point->manifest;
-    BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
-    for (size_t l : layers) {
-      if (structure_checked[l]) continue;
-      BARGE_RETURN_IF_ERROR(CheckLayerStructure(chain.PathOf(chain.points[l].manifest.image)));
-      structure_checked[l] = true;
-    }
-    CopyOptions copy = req.copy;
-    copy.cluster_bytes = m.cluster_size;
-    copy.chunk_bytes = std::max(copy.chunk_bytes / m.cluster_size * m.cluster_size, m.cluster_size);
-    copy.compression = formats::Compression::kNone;
+    const auto point_start = std::chrono::steady_clock::now();
+    auto verified = VerifyPointData(env, chain, index, req.copy, structure_checked);
+    RecordOutcome(env, chain, index, verified, SecondsSince(point_start), result.warnings);
+    if (!verified.ok()) return verified.error();
+    const formats::BackupManifest& m = verified->point.point->manifest;
+    CopyOptions copy = verified->copy;
+    const OpenedPoint& point = verified->point;
     copy.verify = [&point](uint64_t c) { return point.Expected(c); };
-    auto copied = RunCopy(*point.image, {{0, m.virtual_size}}, {}, copy);
-    if (!copied.ok()) return Error(copied.error()).Wrap("verify of " + m.id);
-    if (copied->image_digest != m.image_digest) {
-      return Error::Corruption("image digest " + copied->image_digest.ToHex() +
-                               " differs from the manifest's " + m.image_digest.ToHex())
-          .set_path(point.point->manifest_path);
-    }
-    result.bytes_read += copied->bytes_read;
-    result.clusters_checked += (m.virtual_size + m.cluster_size - 1) / m.cluster_size;
+    result.bytes_read += verified->bytes_read;
+    result.clusters_checked += verified->clusters_checked;
     result.verified_ids.push_back(m.id);
+    result.verified_positions.push_back(index);
+    result.verified_started_at.push_back(m.started_at);
 
     if (!req.against.location.empty()) {
-      BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(req.against));
+      BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, req.against));
       if (src.image->size_bytes() != m.virtual_size) {
-        return Error::Corruption("the source has " + std::to_string(src.image->size_bytes()) +
-                                 " bytes, the backup " + std::to_string(m.virtual_size))
+        return Error::Corruption("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
+                                 ", the backup " + formats::HumanBytesExact(m.virtual_size))
             .set_path(req.against.location);
       }
       auto against = RunCopy(*src.image, WholeDisk(*src.image), {}, copy);

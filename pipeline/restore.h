@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
+#include "blockio/env.h"
 #include "formats/manifest.h"
 #include "pipeline/copy.h"
 #include "pipeline/endpoints.h"
@@ -23,10 +25,14 @@ struct RestoreRequest {
   formats::Compression compression = formats::Compression::kNone;  // qcow2 output
   int compression_level = 0;
   CopyOptions copy;            // knobs; cluster size and verify are set here
+  // Called once the point is chosen, before any data moves: its position
+  // (index in the folder's list, oldest first) and manifest. May be null.
+  std::function<void(size_t position, const formats::BackupManifest&)> on_point;
 };
 
 struct RestoreResult {
   formats::BackupManifest manifest;  // of the restored point
+  size_t position = 0;               // its index in the folder's list
   size_t layers = 0;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;        // data bytes sent to the destination
@@ -40,7 +46,8 @@ struct RestoreResult {
 // written under a temporary name and renamed when verified; an existing
 // non-empty file, a block device or an NBD export holding data needs force.
 // An NBD destination gets zero ranges as NBD zero requests.
-Result<RestoreResult> RunRestore(const RestoreRequest& request);
+// Reads the chain and writes a file destination through `env`.
+Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& request);
 
 struct VerifyRequest {
   std::string path;       // chain folder, manifest or image
@@ -52,16 +59,24 @@ struct VerifyRequest {
 
 struct VerifyResult {
   std::vector<std::string> verified_ids;
+  std::vector<size_t> verified_positions;  // in step with verified_ids
+  std::vector<std::string> verified_started_at;
   uint64_t clusters_checked = 0;
   uint64_t bytes_read = 0;
   bool against_checked = false;
   double seconds = 0;
+  // Verification records that could not be written (a read-only folder).
+  std::vector<std::string> warnings;
 };
 
 // Verifies a point: manifests and digest tables, the qcow2 structure of every
 // layer (refcounts, references, flags), every stored cluster's digest, and
 // the image digest; with `against`, the source's contents too. Returns the
 // first problem as kCorruption naming the file and guest offset.
-Result<VerifyResult> RunVerify(const VerifyRequest& request);
+// Each point's outcome (passed, or failed with damaged, unreadable or
+// missing data) is kept beside its manifest as <id>.verified
+// (pipeline/verification_record.h); `against` does not change it.
+// Reads the chain (and the `against` source) through `env`.
+Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& request);
 
 }  // namespace barge::pipeline

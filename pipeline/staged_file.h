@@ -1,12 +1,17 @@
 // Output files that appear under their final name only when complete: data
-// goes to a hidden temporary name beside the target, is flushed, then
-// renamed (and the folder synced). A crash or error leaves no file that looks
-// finished; the destructor removes an uncommitted temporary.
+// goes to a hidden temporary name beside the target (".NAME.barge-tmp",
+// blockio/env.h's TempPathFor), is flushed, then published (linked, or
+// renamed over an older file) and the folder synced. The writer holds a
+// LockFile on the temporary so that a sweep (SweepStaleTemporaries) can tell
+// a live writer's file from a killed run's leftover, and registers it for
+// removal on a forced exit (TempRegistration). A crash or error leaves no
+// file that looks finished. Every step goes through the Env.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "blockio/env.h"
 #include "blockio/sink.h"
 
 namespace barge::pipeline {
@@ -14,11 +19,19 @@ namespace barge::pipeline {
 // One thread at a time.
 class StagedFile {
  public:
-  // Fails with kInvalidArgument if `final_path` exists and !overwrite.
+  // `env` must outlive the object.
+  // Returns: the staged file, its temporary created empty and locked;
+  // kInvalidArgument if `final_path` exists and !overwrite, or cannot name
+  // an output file (CheckOutputPath; a block device is written in place,
+  // never staged); kBusy (naming `final_path`) if another process is
+  // writing the same temporary. The unlocked leftover of a killed run is
+  // taken over; anything but a regular file at the temporary's name (a
+  // planted symbolic link) is removed, never written through.
   // sync = false: no fdatasync of the file nor fsync of its folder (the
   // output may be lost or incomplete after a crash; see FileOptions::sync).
-  static Result<std::unique_ptr<StagedFile>> Create(const std::string& final_path,
+  static Result<std::unique_ptr<StagedFile>> Create(Env& env, const std::string& final_path,
                                                     bool overwrite = false, bool sync = true);
+  // Removes an uncommitted temporary (see Abandon).
   ~StagedFile();
   StagedFile(const StagedFile&) = delete;
   StagedFile& operator=(const StagedFile&) = delete;
@@ -27,27 +40,35 @@ class StagedFile {
   const std::string& temp_path() const { return temp_path_; }
   const std::string& final_path() const { return final_path_; }
 
-  // Flushes, renames to the final name and syncs the folder.
+  // Flushes, publishes under the final name (link when !overwrite, so a
+  // file that appeared meanwhile is never replaced; rename otherwise) and
+  // syncs the folder. A failure before the publish removes the temporary;
+  // one after it (the folder sync) leaves the published file.
   Status Commit();
-  // Removes the temporary file now (also done by the destructor).
-  void Abandon();
+  // Closes and removes the temporary now. The destructor does the same
+  // and can only drop a failure: the temporary is then unlocked, and the
+  // next sweep of its folder removes it.
+  Status Abandon();
 
  private:
-  StagedFile(std::string final_path, std::string temp_path, std::unique_ptr<BlockSink> sink,
-             bool overwrite, bool sync);
+  StagedFile(Env& env, std::string final_path, std::string temp_path, std::unique_ptr<EnvLock> lock,
+             TempRegistration registration, bool overwrite, bool sync);
+  Env& env_;
   std::string final_path_;
   std::string temp_path_;
+  std::unique_ptr<EnvLock> lock_;  // on the temporary, until it is gone
+  TempRegistration registration_;
   std::unique_ptr<BlockSink> sink_;
   bool overwrite_;
   bool sync_;
   bool done_ = false;
 };
 
-// The temporary name StagedFile uses for `final_path` (".NAME.barge-tmp").
-// Exposed so cleanup and tests can find leftovers of a killed run.
-std::string StagedTempPath(const std::string& final_path);
-
-// fsync of a folder (after a rename or unlink in it).
-Status SyncDirectory(const std::string& dir);
+// Whether `path` can name an output file: nothing there yet (in a folder
+// that exists), a regular file or a block device (the caller accepts or
+// refuses those). kInvalidArgument naming `path` for a folder, a character
+// device (/dev/null), a FIFO or a socket; kNotFound naming the folder when
+// it is missing.
+Status CheckOutputPath(Env& env, const std::string& path);
 
 }  // namespace barge::pipeline

@@ -9,15 +9,22 @@ profile=${1:-test}
 build_pkgs=(cmake ninja-build g++ pkg-config libtbb-dev libzstd-dev libxxhash-dev
   libnbd-dev libvirt-dev liburing-dev zlib1g-dev libssl-dev libsqlite3-dev
   nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev
-  prometheus-cpp-dev)
+  # barge serve: prometheus-cpp's Exposer (/metrics) on civetweb, whose C
+  # API answers /healthz.
+  prometheus-cpp-dev libcivetweb-dev)
 demo_pkgs=(qemu-utils)
-test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux
+test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux time
   qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
   e2fsprogs xz-utils gzip
-  # promtool tests the shipped alerting rules (deploy/prometheus/).
+  # promtool tests the shipped alerting rules (deploy/prometheus/); the
+  # server scrapes barge serve in tests/policy_serve_test.cc.
   prometheus
   # tests/json_schema_test.py validates every command's --json output
   python3 python3-jsonschema
+  # man and groff render `barge man` in its test (bash runs the completion's)
+  man-db groff-base bash
+  # systemd-analyze verifies deploy/systemd/ (works without systemd running).
+  systemd
   # qemu-ga's libraries: tests/guest/make_guest.sh copies them from the host
   # into the quiesce test's guest (kernel, busybox and qemu-ga themselves are
   # fetched with `apt-get download`, never installed).

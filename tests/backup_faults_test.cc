@@ -1,5 +1,6 @@
 // Backup jobs that fail: injected sink faults (EIO, ENOSPC) on each output
-// file and operation the backup uses, a source read error mid-stream, a
+// file and operation the backup uses, a source read error mid-stream (both
+// injected by the Env the job runs on, tests/testing/env_wrappers.h), a
 // real full filesystem (tmpfs) refused by the space estimate, and a second
 // backup of a chain folder that is being written. Each failure must give a
 // clear error, leave nothing that looks finished, and let a re-run succeed.
@@ -19,6 +20,7 @@
 #include "blockio/fault.h"
 #include "pipeline/backup.h"
 #include "pipeline/restore.h"
+#include "tests/testing/env_wrappers.h"
 #include "tests/testing/testing.h"
 
 namespace barge::pipeline {
@@ -26,6 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::barge::testing::CommandResult;
+using ::barge::testing::FaultFilesEnv;
 using ::barge::testing::RunOk;
 using ::barge::testing::ShellQuote;
 using ::barge::testing::TempDir;
@@ -76,13 +79,13 @@ class BackupFaultsTest : public ::testing::Test {
 
   // A re-run without faults succeeds and verifies against the source.
   void ExpectRerunSucceeds() {
-    auto again = RunBackup(Request());
+    auto again = RunBackup(PosixEnv(), Request());
     ASSERT_TRUE(again.ok()) << again.error().ToString();
     VerifyRequest v;
     v.path = chain_;
     v.against.location = disk_;
     v.against.format = "raw";
-    auto verified = RunVerify(v);
+    auto verified = RunVerify(PosixEnv(), v);
     ASSERT_TRUE(verified.ok()) << verified.error().ToString();
     EXPECT_TRUE(verified->against_checked);
     for (const auto& name : Leftovers(chain_)) {
@@ -93,6 +96,14 @@ class BackupFaultsTest : public ::testing::Test {
   TempDir dir_;
   std::string disk_, target_, chain_;
 };
+
+// The output file a sink the backup opens is for: every output is written
+// under its temporary name ".NAME.barge-tmp" (pipeline/staged_file.h).
+std::string OutputName(const std::string& path) {
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  if (name.starts_with(".") && name.ends_with(".barge-tmp")) name = name.substr(1, name.size() - 11);
+  return name;
+}
 
 struct SinkFault {
   std::string file;  // ".qcow2", ".digests" or ".json": which output file
@@ -113,16 +124,13 @@ class BackupSinkFaultTest : public BackupFaultsTest,
 TEST_P(BackupSinkFaultTest, FailsCleanlyAndRerunSucceeds) {
   const SinkFault& f = GetParam();
   bool wrapped = false;
-  BackupRequest req = Request();
-  req.wrap_sink = [&](BlockSink& sink, const std::string& name) -> std::unique_ptr<BlockSink> {
-    auto fault = std::make_unique<FaultSink>(sink);
-    if (name.ends_with(f.file)) {
+  FaultFilesEnv env(PosixEnv(), [&](const std::string& path, FaultInjector& faults) {
+    if (OutputName(path).ends_with(f.file)) {
       wrapped = true;
-      fault->faults().AddRule(FaultRule::NthAndAfter(f.op, f.nth, f.err));
+      faults.AddRule(FaultRule::NthAndAfter(f.op, f.nth, f.err));
     }
-    return fault;
-  };
-  auto r = RunBackup(req);
+  });
+  auto r = RunBackup(env, Request());
   ASSERT_TRUE(wrapped);
   ASSERT_FALSE(r.ok()) << "the fault never fired";
   const Error& e = r.error();
@@ -152,7 +160,7 @@ INSTANTIATE_TEST_SUITE_P(
 // zero requests (unallocated clusters read as zero) and the file grows by
 // writes. If that changes, the new operation belongs in the table above.
 // Forwards to a FaultSink it owns and adds its call counts to `totals`
-// when destroyed (RunBackup destroys its wrappers before returning).
+// when destroyed (RunBackup closes its sinks before returning).
 class CountingSink final : public BlockSink {
  public:
   CountingSink(std::unique_ptr<FaultSink> inner, std::array<uint64_t, kFaultOpCount>& totals)
@@ -174,6 +182,29 @@ class CountingSink final : public BlockSink {
   std::array<uint64_t, kFaultOpCount>& totals_;
 };
 
+// Wraps every sink opened for a backup output (a temporary) in a
+// CountingSink whose FaultSink fails zeroing, trimming and truncation.
+class CountingEnv final : public EnvWrapper {
+ public:
+  CountingEnv(Env& target, std::array<uint64_t, kFaultOpCount>& totals, int& files)
+      : EnvWrapper(target), totals_(totals), files_(files) {}
+  Result<std::unique_ptr<BlockSink>> OpenSink(const std::string& path, SinkMode mode,
+                                              const FileOptions& o) override {
+    BARGE_ASSIGN_OR_RETURN(auto sink, target().OpenSink(path, mode, o));
+    if (OutputName(path) == path.substr(path.find_last_of('/') + 1)) return sink;  // not an output
+    auto fault = std::make_unique<FaultSink>(std::move(sink));
+    for (FaultOp op : {FaultOp::kZero, FaultOp::kTrim, FaultOp::kTruncate}) {
+      fault->faults().AddRule(FaultRule::Always(op, EIO));
+    }
+    ++files_;
+    return std::unique_ptr<BlockSink>(std::make_unique<CountingSink>(std::move(fault), totals_));
+  }
+
+ private:
+  std::array<uint64_t, kFaultOpCount>& totals_;
+  int& files_;
+};
+
 // The backup's sinks see only writes and flushes: sparse qcow2 needs no
 // zero requests (unallocated clusters read as zero) and the file grows by
 // writes. If that changes, the new operation belongs in the table above.
@@ -187,15 +218,8 @@ TEST_F(BackupFaultsTest, BackupUsesOnlyWriteAndFlush) {
       req.incremental = true;
       req.dirty_ranges = RangeList{{0, 2 * kMiB}};
     }
-    req.wrap_sink = [&](BlockSink& sink, const std::string&) -> std::unique_ptr<BlockSink> {
-      auto fault = std::make_unique<FaultSink>(sink);
-      for (FaultOp op : {FaultOp::kZero, FaultOp::kTrim, FaultOp::kTruncate}) {
-        fault->faults().AddRule(FaultRule::Always(op, EIO));
-      }
-      ++files;
-      return std::make_unique<CountingSink>(std::move(fault), totals);
-    };
-    auto r = RunBackup(req);
+    CountingEnv env(PosixEnv(), totals, files);
+    auto r = RunBackup(env, req);
     ASSERT_TRUE(r.ok()) << r.error().ToString();
     EXPECT_EQ(files, 3);  // image, digest table, manifest
     EXPECT_GT(totals[size_t(FaultOp::kWrite)], 3u);
@@ -211,15 +235,13 @@ TEST_F(BackupFaultsTest, SourceReadErrorMidStream) {
   for (FaultRule rule : {FaultRule::InRange(FaultOp::kRead, 5 * kMiB + 4096, 1, EIO),
                          FaultRule::Nth(FaultOp::kRead, 3, EIO)}) {
     SCOPED_TRACE(rule.nth_call);
-    BackupRequest req = Request();
     bool wrapped = false;
-    req.wrap_source = [&](BlockSource& source) -> std::unique_ptr<BlockSource> {
-      auto fault = std::make_unique<FaultSource>(source);
-      fault->faults().AddRule(rule);
+    FaultFilesEnv env(PosixEnv(), {}, [&](const std::string& path, FaultInjector& faults) {
+      if (path != disk_) return;
+      faults.AddRule(rule);
       wrapped = true;
-      return fault;
-    };
-    auto r = RunBackup(req);
+    });
+    auto r = RunBackup(env, Request());
     ASSERT_TRUE(wrapped);
     ASSERT_FALSE(r.ok());
     const Error& e = r.error();
@@ -236,30 +258,27 @@ TEST_F(BackupFaultsTest, SourceReadErrorMidStream) {
 // A faulted incremental leaves the chain as it was: the full still restores
 // and a re-run of the incremental succeeds.
 TEST_F(BackupFaultsTest, FailedIncrementalLeavesChainIntact) {
-  auto full = RunBackup(Request());
+  auto full = RunBackup(PosixEnv(), Request());
   ASSERT_TRUE(full.ok()) << full.error().ToString();
   BackupRequest inc = Request();
   inc.incremental = true;
   inc.dirty_ranges = RangeList{{0, 1 * kMiB}, {6 * kMiB, 64 << 10}};
-  inc.wrap_sink = [&](BlockSink& sink, const std::string& name) -> std::unique_ptr<BlockSink> {
-    auto fault = std::make_unique<FaultSink>(sink);
-    if (name.ends_with(".json")) fault->faults().AddRule(FaultRule::Always(FaultOp::kFlush, ENOSPC));
-    return fault;
-  };
-  auto failed = RunBackup(inc);
+  FaultFilesEnv env(PosixEnv(), [&](const std::string& path, FaultInjector& faults) {
+    if (OutputName(path).ends_with(".json")) faults.AddRule(FaultRule::Always(FaultOp::kFlush, ENOSPC));
+  });
+  auto failed = RunBackup(env, inc);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.error().code(), ErrorCode::kNoSpace) << failed.error().ToString();
   std::vector<std::string> left = Leftovers(chain_);
   EXPECT_EQ(left.size(), 3u) << Join(left);  // the full's three files only
   for (const auto& name : left) EXPECT_EQ(name.rfind("0000-", 0), 0u) << name;
-  inc.wrap_sink = nullptr;
-  auto ok = RunBackup(inc);
+  auto ok = RunBackup(PosixEnv(), inc);
   ASSERT_TRUE(ok.ok()) << ok.error().ToString();
   EXPECT_EQ(ok->manifest.id.rfind("0001-", 0), 0u) << ok->manifest.id;
   VerifyRequest v;
   v.path = chain_;
   v.all_points = true;
-  auto verified = RunVerify(v);
+  auto verified = RunVerify(PosixEnv(), v);
   ASSERT_TRUE(verified.ok()) << verified.error().ToString();
   EXPECT_EQ(verified->verified_ids.size(), 2u);
 }
@@ -316,7 +335,7 @@ TEST_F(BackupTmpfsTest, SpaceEstimateErrorIsNoSpace) {
   BackupRequest req;
   req.source.location = disk;
   req.target_dir = mount_;
-  auto r = RunBackup(req);
+  auto r = RunBackup(PosixEnv(), req);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), ErrorCode::kNoSpace) << r.error().ToString();
   EXPECT_EQ(r.error().path(), mount_ + "/big");
@@ -340,17 +359,25 @@ TEST_F(BackupFaultsTest, SecondBackupOfLockedChainFailsAtOnce) {
 
 // Two real jobs: a slowed backup holds the folder while the CLI tries.
 TEST_F(BackupFaultsTest, ConcurrentBackupOfSameChainFails) {
-  BackupRequest slow = Request();
   std::atomic<bool> reading{false};
-  slow.wrap_source = [&](BlockSource& source) -> std::unique_ptr<BlockSource> {
-    auto fault = std::make_unique<FaultSource>(source);
-    fault->faults().SetDelay(FaultOp::kRead, std::chrono::milliseconds(60));
+  FaultFilesEnv slow(PosixEnv(), {}, [&](const std::string& path, FaultInjector& faults) {
+    if (path != disk_) return;
+    faults.SetDelay(FaultOp::kRead, std::chrono::milliseconds(60));
     reading = true;
-    return fault;
-  };
+  });
   Result<BackupResult> first = Error::Cancelled("not run");
-  std::thread worker([&] { first = RunBackup(slow); });
-  while (!reading) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::thread worker([&] { first = RunBackup(slow, Request()); });
+  // The source is opened before the chain lock is taken: wait for the lock.
+  auto chain_locked = [&] {
+    LockOptions probe;
+    probe.create = false;
+    auto lock = PosixEnv().LockFile(chain_ + "/.lock", probe);
+    return !lock.ok() && lock.error().code() == ErrorCode::kBusy;
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((!reading || !chain_locked()) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   CommandResult r = testing::Run(Barge("backup --source " + ShellQuote(disk_) + " --target " + ShellQuote(target_)));
   worker.join();
   EXPECT_NE(r.exit_code, 0) << r.output;

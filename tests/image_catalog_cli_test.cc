@@ -8,12 +8,15 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
+#include <sstream>
 #include <filesystem>
 #include <thread>
 #include <utility>
@@ -121,19 +124,54 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
   EXPECT_EQ(status[0]["sha512"], RunOk("sha512sum " + ShellQuote(c.src)).substr(0, 128));
 }
 
+// A failed add reports why and leaves no catalog row (issue 12): the image
+// is not in the catalog until an add succeeds.
 TEST(ImageCatalogCliTest, WrongChecksumIsFailedWithMessage) {
   Catalog c;
   auto r = testing::Run(c.Cmd("add base --source " + ShellQuote(c.src) + " --disk " + ShellQuote(c.Disk(0)) +
                      " --expected-sha512 " + std::string(128, 'a')));
-  EXPECT_NE(r.exit_code, 0);
-  json status = testing::RunResult(c.Cmd("status --json"))["images"];
-  ASSERT_EQ(status.size(), 1u);
-  ASSERT_EQ(status[0]["copies"].size(), 1u);
-  EXPECT_EQ(status[0]["copies"][0]["state"], "failed");
-  EXPECT_NE(status[0]["copies"][0]["message"].get<std::string>().find("mismatch"), std::string::npos);
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // the content is not what was expected
+  EXPECT_NE(r.output.find("mismatch"), std::string::npos) << r.output;
+  r = testing::Run(c.Cmd("status base"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("no image 'base'"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(c.Disk(0) + "/base"));
   // Sync has nothing to send from.
   EXPECT_NE(testing::Run(c.Cmd("sync base --disks " + ShellQuote(c.Disk(1)))).exit_code, 0);
+}
+
+// Found by the reliability campaign (issue 13): a copy that failed for
+// want of space failed `image add` and `image sync` with IoError, and
+// sync's error named no file. Each disk here is a tmpfs too small for the
+// image: the error is NoSpace and names the copy on that disk.
+TEST(ImageCatalogCliTest, Issue13FullDiskFailsWithNoSpaceNamingTheCopy) {
+  Catalog c;
+  std::vector<std::string> mounted;
+  for (int i : {0, 1, 2}) {
+    fs::create_directories(c.Disk(i));
+    if (i == 0) continue;  // disk0 holds the first copy
+    if (::mount("tmpfs", c.Disk(i).c_str(), "tmpfs", 0, "size=4m") != 0) {
+      for (const auto& m : mounted) ::umount2(m.c_str(), MNT_DETACH);
+      GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << std::strerror(errno);
+    }
+    mounted.push_back(c.Disk(i));
+  }
+  RunOk(c.Cmd("add base --source " + ShellQuote(c.src) + " --disk " + ShellQuote(c.Disk(0))));
+  for (const std::string& args : {"add other --source " + ShellQuote(c.src) + " --disk " + ShellQuote(c.Disk(1)),
+                                  "sync base --disks " + ShellQuote(c.Disk(1) + "," + c.Disk(2))}) {
+    auto r = testing::Run(c.Cmd(args + " --json"));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    json error;
+    std::stringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      auto j = json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("event", "") == "error") error = j;
+    }
+    ASSERT_TRUE(error.is_object()) << r.output;
+    EXPECT_EQ(error.value("code", ""), "NoSpace") << error.dump();
+    EXPECT_TRUE(error.value("file", "").starts_with(c.Disk(1))) << error.dump();
+  }
+  for (const auto& m : mounted) ::umount2(m.c_str(), MNT_DETACH);
 }
 
 // A background barge process (stdout and stderr on /dev/null), killed and

@@ -110,8 +110,9 @@ TEST(IncrementalRestoreTest, MergeAtSeveralPointsKeepsEveryRemainingPoint) {
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(c.dir)) left.push_back(e.path().filename());
   std::sort(left.begin(), left.end());
+  // (.verified: the record of ExpectPointsFrom's `verify --all`.)
   EXPECT_EQ(left, (std::vector<std::string>{".lock", ids[5] + ".digests", ids[5] + ".json",
-                                            ids[5] + ".qcow2"}));
+                                            ids[5] + ".qcow2", ids[5] + ".verified"}));
 }
 
 TEST(IncrementalRestoreTest, TamperedMiddleLayerFailsNamingTheCluster) {

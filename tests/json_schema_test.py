@@ -8,6 +8,8 @@ with its one result, that a failed run ends with one error event whose
 exit_code is the exit status, and that every object validates against its
 schema. The libvirt commands run against libvirt's built-in test driver
 (test:///default) where it can, and on their error paths otherwise.
+Every command must also fail once other than by a usage error, but those
+in NO_RUNTIME_FAILURE, which cannot.
 
   tests/json_schema_test.py BARGE            the test (ctest runs it); 77 = skipped
   tests/json_schema_test.py --check EXIT_CODE COMMAND... < STDOUT
@@ -25,16 +27,30 @@ import json
 import os
 import re
 import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.environ.get("BARGE_JSON_DOC") or os.path.join(ROOT, "docs", "json.md")
 EVENTS = ("progress", "warning", "result", "error")
+# The one documented extension of the four: the daemon `serve` also prints
+# "ready" and "run" (docs/json.md, "serve's daemon events"); no other
+# command may.
+SERVE = "serve"
+SERVE_EVENTS = ("ready", "run")
 # Commands whose verdict is their exit code: they end with their result,
 # not an error event (docs/json.md, "How a run ends").
 VERDICTS = {("check", 2), ("check", 3), ("compare", 1)}
+# Commands with no failure but a usage error: they print text made from the
+# command definitions alone (nothing they read can be missing or bad, and
+# `completion zsh`, an unknown shell, is a usage error), so the test does
+# not require them to fail otherwise. docs/json.md, "completion bash, man".
+NO_RUNTIME_FAILURE = ("completion bash", "man")
 
 
 def load_schema(doc=DOC):
@@ -114,16 +130,22 @@ def check_run(stdout, exit_code, command=None, schema=None):
         if not isinstance(obj, dict):
             problems.append(f"line {n} is not an object: {line!r}")
             continue
-        for p in _validate(schema, "envelope", obj):
+        serve = obj.get("command") == SERVE
+        for p in _validate(schema, "envelope-serve" if serve else "envelope", obj):
             problems.append(f"line {n}: {p}")
-        if obj.get("event") not in EVENTS or not isinstance(obj.get("command"), str):
+        daemon_event = serve and obj.get("event") in SERVE_EVENTS
+        if (obj.get("event") not in EVENTS and not daemon_event) or not isinstance(obj.get("command"), str):
             continue
         if command is not None and obj.get("command") != command:
             problems.append(f"line {n}: command {obj.get('command')!r}, expected {command!r}")
-        name = result_def(obj["command"]) if obj["event"] == "result" else obj["event"]
+        if daemon_event:
+            name = f"{SERVE}-{obj['event']}"
+        else:
+            name = result_def(obj["command"]) if obj["event"] == "result" else obj["event"]
         for p in _validate(schema, name, obj):
             problems.append(f"line {n}: {p}")
-        events.append(obj)
+        if not daemon_event:  # how a run ends is told by the four
+            events.append(obj)
     kinds = [e.get("event") for e in events]
     results, errors = kinds.count("result"), kinds.count("error")
     last = kinds[-1] if kinds else None
@@ -198,6 +220,54 @@ class Runner:
         return events
 
 
+    def serve(self, args):
+        """Runs `barge serve ARGS --json` until its first `ready` event, then
+        stops it with SIGTERM, and checks the whole run. A daemon never
+        exits 0: it succeeds when it served and, stopped, ends with its
+        result and then a Cancelled error, exit 143 (docs/json.md,
+        "serve's daemon events"). Returns its events."""
+        argv = [self.barge, "serve"] + list(args) + ["--json"]
+        label = " ".join(argv[1:])
+        p = subprocess.Popen(argv, cwd=self.tmp, env=self.env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        watchdog = threading.Timer(120, p.kill)  # a serve that never gets ready
+        watchdog.start()
+        head = []
+        try:
+            for line in p.stdout:
+                head.append(line)
+                if line.startswith('{"event":"ready",'):
+                    p.send_signal(signal.SIGTERM)
+                    break
+            rest, err = p.communicate(timeout=120)
+        finally:
+            watchdog.cancel()
+        stdout = "".join(head) + rest
+        problems = check_run(stdout, p.returncode, "serve", self.schema)
+        try:
+            events = [json.loads(line) for line in stdout.split("\n") if line]
+        except json.JSONDecodeError:
+            events = []
+        kinds = [e.get("event") for e in events if isinstance(e, dict)]
+        last = events[-1] if events and isinstance(events[-1], dict) else {}
+        if p.returncode != 143 or "ready" not in kinds or "result" not in kinds or last.get("code") != "Cancelled":
+            problems.append(f"exit {p.returncode} with {kinds}: expected ready, a result and a Cancelled error, "
+                            "exit 143")
+        if problems:
+            self.failures.append(f"{label}\n  " + "\n  ".join(problems) + f"\n  stdout: {stdout}\n  stderr: {err}")
+        else:
+            self.ran_ok.add("serve")
+        if self.verbose:
+            print(f"$ barge {label}  -> {p.returncode}\n{stdout}", end="")
+        self.seen.update(k for k in kinds if k in EVENTS)
+        return events
+
+
+def result_of(events):
+    """The result object of a run's events, or {}."""
+    return next((e for e in events if isinstance(e, dict) and e.get("event") == "result"), {})
+
+
 def leaf_commands(barge):
     """Every command `barge --help` lists (recursively) that takes --json."""
     found = []
@@ -266,6 +336,26 @@ def scenario(r):
     r.run("bitmap list", [missing], expect=1)
     r.run("bitmap dump", [t("top.qcow2"), "b1"])
     r.run("bitmap dump", [t("top.qcow2"), "nope"], expect=1)
+    # Bitmap edits, on an image of their own (top.qcow2's b1 feeds the
+    # incremental backup below).
+    edit = t("edit.qcow2")
+    r.sh("qemu-img", "create", "-q", "-f", "qcow2", edit, "4M")
+    r.run("bitmap add", [edit, "e1", "e2"])
+    r.run("bitmap add", [edit, "e3", "--granularity", "1M", "--disabled"])
+    r.run("bitmap add", [edit, "e1"], expect=1)  # exists
+    r.run("bitmap add", [t("disk.raw"), "e1"], expect=1)  # raw: no bitmaps
+    r.run("bitmap add", [edit, "e4", "--granularity", "3"], expect=64)
+    r.sh("qemu-io", "-f", "qcow2", "-c", "write -P 0x44 0 128K", edit)
+    r.run("bitmap clear", [edit, "e1"])
+    r.run("bitmap clear", [edit, "nope"], expect=1)
+    r.run("bitmap disable", [edit, "e1", "e2"])
+    if result_of(r.run("bitmap disable", [edit, "e1"])).get("changed") is not False:
+        r.failures.append("bitmap disable of a disabled bitmap: not a result with changed false")
+    r.run("bitmap disable", [missing, "e1"], expect=1)
+    r.run("bitmap enable", [edit, "e1", "e3"])
+    r.run("bitmap enable", [edit, "nope"], expect=1)
+    r.run("bitmap remove", [edit, "e2"])
+    r.run("bitmap remove", [edit, "e2"], expect=1)  # gone
     r.run("overlay create", [t("overlay.qcow2"), "--data-file", t("disk.raw"), "--bitmap", "cbt0"])
     r.run("info", [t("overlay.qcow2")])  # a data file
     r.run("overlay create", ["--data-file", missing, t("overlay2.qcow2")], expect=1)
@@ -292,6 +382,35 @@ def scenario(r):
     chain = t("backups/vm1/vda")
     r.run("verify", [chain, "--all"])
     r.run("verify", [t("backups/none")], expect=1)
+    # list: the chain, verified; then copies (outside backups/, which
+    # catalog rebuild reads) for its nullable fields: a failed verification
+    # and a missing image; a broken link and a manifest without times.
+    if [p.get("last_verification", {}).get("result") for p in result_of(r.run("list", [chain])).get("points", [])] \
+            != ["ok", "ok"]:
+        r.failures.append("list after verify --all: not two points verified ok")
+    r.run("list", [t("backups/none")], expect=1)
+    r.run("list", [t("text.txt")], expect=1)  # no chain folder, manifest or image
+    points = sorted(os.listdir(chain))
+    full_id, inc_id = [f[: -len(".json")] for f in points if f.endswith(".json")]
+    damaged, broken = t("lists/damaged"), t("lists/broken")
+    for copy in (damaged, broken):
+        shutil.copytree(chain, copy)
+    os.remove(os.path.join(damaged, full_id + ".digests"))
+    r.run("verify", [damaged, "--at", "0"], expect=1)  # records the failure
+    os.remove(os.path.join(damaged, inc_id + ".qcow2"))
+    listed = result_of(r.run("list", [damaged])).get("points", [])
+    if [(p.get("last_verification") or {}).get("result") for p in listed] != ["failed", "ok"] \
+            or [p.get("image_bytes") for p in listed][1:] != [None]:
+        r.failures.append(f"list of a damaged chain: not a failed verification and a missing image: {listed}")
+    os.remove(os.path.join(broken, full_id + ".json"))
+    with open(os.path.join(broken, inc_id + ".json")) as f:
+        manifest = json.load(f)
+    del manifest["started_at"], manifest["finished_at"]
+    with open(os.path.join(broken, inc_id + ".json"), "w") as f:
+        json.dump(manifest, f)
+    listed = result_of(r.run("list", [broken])).get("points", [])
+    if [(p.get("chain"), p.get("started_at"), "broken" in p) for p in listed] != [(None, None, True)]:
+        r.failures.append(f"list of a chain without its full: not one broken point without times: {listed}")
     r.run("restore", [chain, "--to", t("restored.raw")])
     r.run("restore", [chain, "--to", t("restored.raw")], expect=1)  # exists: needs --force
     r.run("merge", [chain, "--through", "latest"])
@@ -301,7 +420,7 @@ def scenario(r):
     cat = ["--catalog", t("images.db")]
     r.run("image add", ["base", "--source", t("disk.raw"), "--disk", t("d0")] + cat)
     r.run("image add", ["bad", "--source", t("disk.raw"), "--disk", t("d0"),
-                        "--expected-sha512", "a" * 128] + cat, expect=1)
+                        "--expected-sha512", "a" * 128] + cat, expect=2)  # a checksum mismatch: corruption
     r.run("image sync", ["base", "--disks", t("d1") + "," + t("d2")] + cat)
     r.run("image sync", ["nope", "--disks", t("d3")] + cat, expect=1)
     r.run("image status", cat)
@@ -343,6 +462,30 @@ def scenario(r):
     r.run("cbt disable", ["--domain", "nope"] + bcat, expect=1)
     r.run("vm backup", ["--domain", "nope", "--target", t("vmb")] + bcat, expect=1)
     r.run("vm backup", ["--domain", "test", "--target", t("vmb"), "--skip-quiesce"] + bcat, expect=1)
+    # catalog list: the tracker and catalog rebuild's record. Only a
+    # successful vm backup makes checkpoints, so a copy of the catalog gets
+    # what one would have recorded (a checkpoint, the tracker at it) and a
+    # run still going (finished_at null), for their schemas.
+    r.run("catalog list", bcat)
+    r.run("catalog list", ["--domain", "vm1"] + bcat)
+    r.run("catalog list", ["--catalog", t("no-catalog.db")], expect=1)
+    r.run("catalog list", ["--catalog", t("text.txt")], expect=1)  # not a database
+    src, dst = sqlite3.connect(t("backups.db")), sqlite3.connect(t("listed.db"))
+    with dst:
+        src.backup(dst)
+        dst.execute("INSERT INTO vm_checkpoints(name, tracker, domain, created_at, disks, xml) "
+                    "VALUES ('t1-20261124T060549Z', 't1', 'test', '2026-11-24T06:05:49Z', '[\"vda\"]', '<x/>')")
+        dst.execute("UPDATE vm_trackers SET latest_checkpoint='t1-20261124T060549Z', "
+                    "checkpoint_created_at='2026-11-24T06:05:49Z', disks='{\"vda\": 4194304}' WHERE name='t1'")
+        dst.execute("INSERT INTO vm_backups(domain, tracker, target, started_at, result) "
+                    "VALUES ('test', 't1', 'vmb', '2026-11-24T06:06:00Z', 'running')")
+    src.close()
+    dst.close()
+    listed = result_of(r.run("catalog list", ["--catalog", t("listed.db")]))
+    if not (listed.get("checkpoints") and any(b.get("finished_at") is None for b in listed.get("backups", []))
+            and any(tr.get("latest_checkpoint") for tr in listed.get("trackers", []))):
+        r.failures.append("catalog list of the populated copy: no checkpoint, tracker at one or running backup: "
+                          f"{listed}")
     # No libvirt at all: a bogus URI.
     no_libvirt = {"BARGE_LIBVIRT_URI": "qemu+unix:///system?socket=" + t("no-such-socket")}
     r.run("doctor", ["--domain", "vm1"] + bcat, expect=1, env=no_libvirt)
@@ -386,9 +529,52 @@ def scenario(r):
     r.run("snapshot apply", [missing, "--config", t("snapcfg.json")], expect=1)
     r.run("snapshot list", [snap])
 
-    # The benchmark, tiny.
-    r.run("bench", ["--size", "8M", "--workdir", r.tmp, "--threads", "2"])
-    r.run("bench", ["--size", "8M", "--workdir", missing], expect=1)
+    # Policies: a tiny one over the raw disk into a temporary target; the
+    # run records go to $BARGE_CATALOG.
+    os.makedirs(t("policy-target"))
+    policy, broken_policy, bad_policy = t("tiny.yaml"), t("broken.yaml"), t("bad.yaml")
+    with open(policy, "w") as f:
+        f.write(f"name: tiny\nsources:\n  - image: {t('disk.raw')}\nschedule: '@daily'\nretention_count: 3\n"
+                f"targets: [{t('policy-target')}]\nfree_space_multiple: 0\n")
+    with open(broken_policy, "w") as f:  # its image is missing
+        f.write(f"name: broken\nsources:\n  - image: {missing}\ntargets: [{t('policy-target')}]\n"
+                "free_space_multiple: 0\n")
+    with open(bad_policy, "w") as f:  # a relative path, an unknown key, no targets
+        f.write("name: bad\nsources:\n  - image: disk.raw\nretention: 3\n")
+    r.run("policy check", [policy, "--from", "2026-11-24T12:00:00Z"])
+    if len(result_of(r.run("policy check", [bad_policy], expect=1)).get("problems", [])) != 3:
+        r.failures.append("policy check of a file with three problems: not three problems in its result")
+    r.run("policy check", [missing], expect=1)
+    if result_of(r.run("run", ["--policy", policy])).get("ran") != 1:
+        r.failures.append("run of a policy never backed up: not one source ran")
+    r.run("run", ["--policy", policy])  # nothing due until tomorrow
+    r.run("run", ["--policy", broken_policy, "--force"], expect=1)  # a result, then the error
+    r.run("run", ["--policy", missing], expect=1)
+    r.run("runs list", [])
+    r.run("runs list", ["--policy", policy, "--source", "disk", "--limit", "1"])
+    r.run("runs list", ["--catalog", t("text.txt/runs.db")], expect=1)
+    time.sleep(1.1)  # backup ids tell time to the second
+    r.run("run", ["--policy", policy, "--force"])
+    r.run("forget", ["--policy", policy, "--keep-last", "1", "--dry-run"])
+    r.run("forget", ["--policy", policy, "--keep-last", "1"])
+    r.run("forget", ["--policy", missing, "--keep-last", "1"], expect=1)
+    r.serve(["--policy", policy, "--listen", "127.0.0.1:0"])
+    r.run("serve", ["--policy", missing, "--listen", "127.0.0.1:0"], expect=1)
+
+    # Generated documentation: success only (see NO_RUNTIME_FAILURE).
+    if not result_of(r.run("completion bash", [])).get("script", "").startswith("# bash completion for barge"):
+        r.failures.append("completion bash: the result has no script")
+    if ".TH" not in result_of(r.run("man", [])).get("page", ""):
+        r.failures.append("man: the result has no manual page")
+
+    # The benchmark, as small as it goes (64 MiB generated), and on a given
+    # disk (--size sizes only a generated one: a usage error with --source).
+    r.run("bench", ["--size", "64M", "--workdir", r.tmp, "--threads", "2"])
+    r.run("bench", ["--source", t("disk.raw"), "--workdir", r.tmp, "--threads", "2"])
+    r.run("bench", ["--size", "64M", "--workdir", missing], expect=1)
+    r.run("bench", ["--source", missing, "--workdir", r.tmp], expect=1)
+    r.run("bench", ["--size", "64M", "--source", t("disk.raw")], expect=64)
+    r.run("bench", ["--size", "8M"], expect=64)  # below 64 MiB
 
 
 def usage_errors(r, commands):
@@ -442,7 +628,7 @@ def main():
         # Every command succeeds once, but those that need a real domain.
         if command not in r.ran_ok and command not in ("vm backup", "cbt enable", "cbt disable"):
             problems.append(f"{command}: never ran successfully in this test")
-        if command not in r.ran_failing:
+        if command not in r.ran_failing and command not in NO_RUNTIME_FAILURE:
             problems.append(f"{command}: never failed (other than a usage error) in this test")
         if command not in r.ran_usage:
             problems.append(f"{command}: never had a usage error in this test")

@@ -247,6 +247,55 @@ TEST_P(Qcow2BitmapEditOracle, DyingAfterEveryWriteLeavesAValidImage) {
   EXPECT_GT(seen["new"], 0);
 }
 
+// The same for clear and disable together: what reached the file passes
+// qemu-img check (leaks allowed) and qemu sees the old bitmaps (cbt0 dirty,
+// enabled) or the new ones (cbt0 empty, disabled), nothing in between.
+TEST_P(Qcow2BitmapEditOracle, DyingDuringClearAndDisableLeavesAValidImage) {
+  const std::string base = dir_ / "base.qcow2";
+  const std::string img = dir_ / "img.qcow2";
+  RunOk("qemu-img create -q -f qcow2 -o cluster_size=" + GetParam() + " " + ShellQuote(base) + " 8M");
+  RunOk("qemu-img bitmap --add -g 65536 " + ShellQuote(base) + " cbt0");
+  RunOk("qemu-img bitmap --add -g 4096 " + ShellQuote(base) + " keep");
+  QemuIo(base, "-c 'write -P 0xbb 4M 64k'");
+  const QemuBitmaps old_set = {{"cbt0", "65536 auto"}, {"keep", "4096 auto"}};
+  const QemuBitmaps new_set = {{"cbt0", "65536 "}, {"keep", "4096 auto"}};
+  ASSERT_EQ(InfoBitmaps(base), old_set);
+  BitmapEdit edit;
+  edit.clear = {"cbt0"};
+  edit.disable = {"cbt0"};
+  std::map<std::string, int> seen;
+  for (uint64_t n = 1;; ++n) {
+    SCOPED_TRACE("write " + std::to_string(n));
+    RunOk("cp " + ShellQuote(base) + " " + ShellQuote(img));
+    auto source = OpenFileSource(img);
+    auto sink = OpenFileSink(img, SinkMode::kExisting);
+    ASSERT_TRUE(source.ok() && sink.ok());
+    FaultSink faulty(std::move(*sink));
+    faulty.faults().AddRule(FaultRule::Nth(FaultOp::kWrite, n));
+    Status s = EditBitmaps(**source, faulty, edit);
+    QemuCheck c = Check(img);
+    EXPECT_TRUE(c.exit_code == 0 || c.exit_code == 3) << c.output;
+    EXPECT_EQ(c.report.value("corruptions", 0), 0) << c.output;
+    const QemuBitmaps now = InfoBitmaps(img);
+    if (now == old_set) {
+      ++seen["old"];
+      EXPECT_EQ(BargeDirty(img, "cbt0"), (RangeList{{4 << 20, 64 << 10}}));
+    } else {
+      EXPECT_EQ(now, new_set);
+      EXPECT_TRUE(BargeDirty(img, "cbt0").empty());
+      ++seen["new"];
+    }
+    EXPECT_EQ(BargeDirty(img, "keep"), (RangeList{{4 << 20, 64 << 10}}));
+    if (s.ok()) {
+      EXPECT_EQ(c.exit_code, 0) << c.output;
+      break;
+    }
+    ASSERT_LT(n, 100u);
+  }
+  EXPECT_GT(seen["old"], 0);
+  EXPECT_GT(seen["new"], 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(ClusterSizes, Qcow2BitmapEditOracle, ::testing::Values("512", "64k", "2M"),
                          [](const auto& info) { return "cs" + info.param; });
 

@@ -234,7 +234,7 @@ TEST_F(SnapshotOracle, PipelineSourceAtASnapshot) {
   pipeline::SourceSpec spec;
   spec.location = img;
   spec.snapshot = "s1";
-  auto opened = pipeline::OpenSource(spec);
+  auto opened = pipeline::OpenSource(Env::Default(), spec);
   ASSERT_TRUE(opened.ok()) << opened.error().ToString();
   std::vector<std::byte> got(opened->image->size_bytes());
   ASSERT_OK(opened->image->ReadAt(0, got));
@@ -242,14 +242,14 @@ TEST_F(SnapshotOracle, PipelineSourceAtASnapshot) {
   ASSERT_TRUE(opened->image->info().opened_snapshot.has_value());
   EXPECT_EQ(opened->image->info().opened_snapshot->id, "1");
   spec.snapshot = "nope";
-  auto missing = pipeline::OpenSource(spec);
+  auto missing = pipeline::OpenSource(Env::Default(), spec);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.error().code(), ErrorCode::kNotFound);
   const std::string raw = dir_ / "plain.raw";
   RunOk("truncate -s 1M " + ShellQuote(raw));
   spec.location = raw;
   spec.snapshot = "s1";
-  auto on_raw = pipeline::OpenSource(spec);
+  auto on_raw = pipeline::OpenSource(Env::Default(), spec);
   ASSERT_FALSE(on_raw.ok());
   EXPECT_EQ(on_raw.error().code(), ErrorCode::kInvalidArgument);
 }

@@ -1,5 +1,5 @@
 // RunReplicate with one bad destination: a failing sink (fault injection
-// through the wrap_sink seam), a stalled one, and a full filesystem (a small
+// by the Env the job runs on), a stalled one, and a full filesystem (a small
 // tmpfs, when this test may mount one). The bad one is reported failed and
 // leaves nothing behind; the others are ready and identical to the source.
 #include <gtest/gtest.h>
@@ -10,10 +10,11 @@
 #include <filesystem>
 #include <functional>
 
+#include "blockio/env.h"
 #include "blockio/fault.h"
+#include "blockio/fault_env.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/replicate.h"
-#include "pipeline/staged_file.h"
 #include "tests/testing/testing.h"
 
 namespace barge::pipeline {
@@ -25,6 +26,27 @@ using testing::ShellQuote;
 using testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
+
+using SinkWrap = std::function<std::unique_ptr<BlockSink>(std::unique_ptr<BlockSink>)>;
+
+// Runs a job with the sink of one destination wrapped: the sink opened
+// under its temporary name (pipeline/staged_file.h), which is where the
+// copy is written. Everything else passes through.
+class WrapDestinationEnv final : public EnvWrapper {
+ public:
+  WrapDestinationEnv(std::string destination, SinkWrap wrap)
+      : EnvWrapper(PosixEnv()), temp_(TempPathFor(destination)), wrap_(std::move(wrap)) {}
+  Result<std::unique_ptr<BlockSink>> OpenSink(const std::string& path, SinkMode mode,
+                                              const FileOptions& o) override {
+    BARGE_ASSIGN_OR_RETURN(auto sink, target().OpenSink(path, mode, o));
+    if (path != temp_) return sink;
+    return wrap_(std::move(sink));
+  }
+
+ private:
+  std::string temp_;
+  SinkWrap wrap_;
+};
 
 std::string MakeSource(const TempDir& dir, uint64_t size) {
   std::string path = dir / "src.raw";
@@ -53,39 +75,37 @@ void ExpectFailedAndGone(const ReplicaResult& r) {
   EXPECT_TRUE(r.error.has_value());
   EXPECT_FALSE(fs::exists(r.path));
   EXPECT_FALSE(fs::exists(r.path + ".sha512.json"));
-  EXPECT_FALSE(fs::exists(StagedTempPath(r.path)));
+  EXPECT_FALSE(fs::exists(TempPathFor(r.path)));
 }
 
 // Replicates an 8 MiB random source to a.raw, b.raw and c.raw, raw then
 // qcow2, with destination `bad` wrapped by `wrap`; `check` judges each run
 // (the bad copy and the two good ones) with the source's path.
 void ReplicateWithOneBadDestination(
-    size_t bad, const std::function<std::unique_ptr<BlockSink>(BlockSink&)>& wrap,
+    size_t bad, const SinkWrap& wrap,
     const std::function<void(ReplicaFormat, const ReplicateResult&, const std::vector<std::string>&,
                              const std::string&)>& check) {
   TempDir dir;
   std::string src = MakeSource(dir, 8 * kMiB);
   SourceSpec spec;
   spec.location = src;
-  auto opened = OpenSource(spec);
+  auto opened = OpenSource(PosixEnv(), spec);
   ASSERT_TRUE(opened.ok()) << opened.error().ToString();
   std::vector<std::string> dests = {dir / "a.raw", dir / "b.raw", dir / "c.raw"};
   for (auto fmt : {ReplicaFormat::kRaw, ReplicaFormat::kQcow2}) {
     for (const auto& d : dests) fs::remove(d), fs::remove(d + ".sha512.json");
     ReplicateOptions o = SmallOptions();
     o.format = fmt;
-    o.wrap_sink = [&](size_t index, BlockSink& sink) -> std::unique_ptr<BlockSink> {
-      return index == bad ? wrap(sink) : nullptr;
-    };
-    auto r = RunReplicate(*opened->image, dests, o);
+    WrapDestinationEnv env(dests[bad], wrap);
+    auto r = RunReplicate(env, *opened->image, dests, o);
     ASSERT_TRUE(r.ok()) << r.error().ToString();
     check(fmt, *r, dests, src);
   }
 }
 
 TEST(ReplicateFaultsTest, FailingSinkFailsOnlyItsDestination) {
-  auto failing = [](BlockSink& sink) -> std::unique_ptr<BlockSink> {
-    auto f = std::make_unique<FaultSink>(sink);
+  auto failing = [](std::unique_ptr<BlockSink> sink) -> std::unique_ptr<BlockSink> {
+    auto f = std::make_unique<FaultSink>(std::move(sink));
     f->faults().AddRule(FaultRule::NthAndAfter(FaultOp::kWrite, 3));
     return f;
   };
@@ -114,7 +134,7 @@ TEST(ReplicateFaultsTest, FailingSinkFailsOnlyItsDestination) {
 // --verify's re-read can catch it.
 class BitFlipSink : public BlockSink {
  public:
-  explicit BitFlipSink(BlockSink& inner) : inner_(inner) {}
+  explicit BitFlipSink(std::unique_ptr<BlockSink> inner) : owned_(std::move(inner)), inner_(*owned_) {}
   const std::string& name() const override { return inner_.name(); }
   uint64_t size_bytes() const override { return inner_.size_bytes(); }
   SinkCapabilities capabilities() const override { return inner_.capabilities(); }
@@ -132,12 +152,15 @@ class BitFlipSink : public BlockSink {
 
  private:
   static constexpr uint64_t kFirstDataOffset = 64 << 10;
+  std::unique_ptr<BlockSink> owned_;
   BlockSink& inner_;
   bool flipped_ = false;
 };
 
 TEST(ReplicateFaultsTest, VerifyCatchesACopyCorruptedOnTheWay) {
-  auto flipping = [](BlockSink& sink) -> std::unique_ptr<BlockSink> { return std::make_unique<BitFlipSink>(sink); };
+  auto flipping = [](std::unique_ptr<BlockSink> sink) -> std::unique_ptr<BlockSink> {
+    return std::make_unique<BitFlipSink>(std::move(sink));
+  };
   ReplicateWithOneBadDestination(2, flipping, [](ReplicaFormat fmt, const ReplicateResult& r,
                                                  const std::vector<std::string>&, const std::string& src) {
     ExpectFailedAndGone(r.replicas[2]);
@@ -155,20 +178,19 @@ TEST(ReplicateFaultsTest, StalledDestinationFailsWithoutHoldingOthers) {
   std::string src = MakeSource(dir, 4 * kMiB);
   SourceSpec spec;
   spec.location = src;
-  auto opened = OpenSource(spec);
+  auto opened = OpenSource(PosixEnv(), spec);
   ASSERT_TRUE(opened.ok());
   std::vector<std::string> dests = {dir / "a.raw", dir / "slow.raw", dir / "c.raw"};
   ReplicateOptions o = SmallOptions();
   o.copy.stall_timeout = std::chrono::milliseconds(300);
-  o.wrap_sink = [](size_t index, BlockSink& sink) -> std::unique_ptr<BlockSink> {
-    if (index != 1) return nullptr;
-    auto f = std::make_unique<FaultSink>(sink);
+  WrapDestinationEnv env(dests[1], [](std::unique_ptr<BlockSink> sink) -> std::unique_ptr<BlockSink> {
+    auto f = std::make_unique<FaultSink>(std::move(sink));
     f->faults().SetDelay(FaultOp::kWrite, std::chrono::milliseconds(900));
     return f;
-  };
+  });
   std::vector<uint64_t> last(3, 0);
   o.progress = [&](size_t i, uint64_t done, uint64_t) { last[i] = done; };
-  auto r = RunReplicate(*opened->image, dests, o);
+  auto r = RunReplicate(env, *opened->image, dests, o);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   ExpectFailedAndGone(r->replicas[1]);
   EXPECT_NE(r->replicas[1].error->ToString().find("stall"), std::string::npos)
@@ -193,15 +215,70 @@ TEST(ReplicateFaultsTest, FullFilesystemFailsOnlyItsDestination) {
   std::string src = MakeSource(dir, 8 * kMiB);
   SourceSpec spec;
   spec.location = src;
-  auto opened = OpenSource(spec);
+  auto opened = OpenSource(PosixEnv(), spec);
   ASSERT_TRUE(opened.ok());
   std::vector<std::string> dests = {dir / "a.raw", (small / "full.raw").string(), dir / "c.raw"};
-  auto r = RunReplicate(*opened->image, dests, SmallOptions());
+  auto r = RunReplicate(PosixEnv(), *opened->image, dests, SmallOptions());
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   ExpectFailedAndGone(r->replicas[1]);
   EXPECT_EQ(r->replicas[1].error->code(), ErrorCode::kNoSpace) << r->replicas[1].error->ToString();
   ExpectReadyAndEqual(r->replicas[0], src);
   ExpectReadyAndEqual(r->replicas[2], src);
+}
+
+// Issue 13 (found by the reliability campaign): a power loss between a
+// copy's rename and its checksum record left a copy without a record, which
+// the same command run again refused to replace ("exists and is not a
+// matching copy", --force needed). The record now goes first: at every
+// crash point, the plain re-run completes and both copies are ready.
+TEST(ReplicateFaultsTest, Issue13RerunAfterPowerLossAtAnyBoundaryNeedsNoForce) {
+  TempDir dir;
+  std::string src = MakeSource(dir, 2 * kMiB);
+  std::vector<std::string> dests = {dir / "a/base.raw", dir / "b/base.raw"};
+  FaultEnv env(PosixEnv(), dir / "stash");
+  auto replicate = [&](Env& e) -> Result<ReplicateResult> {
+    SourceSpec spec;
+    spec.location = src;
+    auto opened = OpenSource(e, spec);
+    if (!opened.ok()) return opened.error();
+    return RunReplicate(e, *opened->image, dests, SmallOptions());
+  };
+  auto setup = [&]() -> Status {
+    fs::remove_all(dir / "a");
+    fs::remove_all(dir / "b");
+    fs::create_directories(dir / "a");
+    fs::create_directories(dir / "b");
+    return OkStatus();
+  };
+  auto op = [&](Env& e) -> Status {
+    auto r = replicate(e);
+    if (!r.ok()) return r.error();
+    return r->all_ok() ? OkStatus() : Status(Error::IoError("a copy failed"));
+  };
+  uint64_t points = 0;
+  auto check = [&](const CrashPoint& p) {
+    SCOPED_TRACE("crash after " + std::to_string(p.after_boundaries) + " of " + std::to_string(p.boundaries));
+    ++points;
+    for (const auto& d : dests) {
+      // Never a record that describes a file it does not match.
+      auto record = ReadReplicaRecord(PosixEnv(), d);
+      if (record.ok() && fs::exists(d)) {
+        EXPECT_TRUE(FileMatchesRecord(PosixEnv(), d, *record)) << d;
+      }
+    }
+    auto again = replicate(PosixEnv());
+    ASSERT_TRUE(again.ok()) << again.error().ToString();
+    ASSERT_TRUE(again->all_ok());
+    for (const auto& r : again->replicas) {
+      // Written again, or reused (a copy that made it, with its record).
+      EXPECT_NE(r.state, ReplicaState::kFailed) << r.error->ToString();
+      EXPECT_TRUE(fs::exists(r.path + ".sha512.json"));
+      RunOk("cmp " + ShellQuote(src) + " " + ShellQuote(r.path));
+    }
+  };
+  auto runs = ForEachCrashPoint(env, setup, op, check);
+  ASSERT_TRUE(runs.ok()) << runs.error().ToString();
+  EXPECT_GT(points, 10u);
 }
 
 }  // namespace

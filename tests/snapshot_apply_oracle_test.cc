@@ -31,7 +31,7 @@ class SnapshotApplyOracle : public ::testing::Test {
     req.target.image = img_;
     req.config = *config;
     req.catalog_path = dir_ / "catalog.db";
-    auto r = ApplySnapshotConfig(req);
+    auto r = ApplySnapshotConfig(Env::Default(), req);
     EXPECT_TRUE(r.ok()) << r.error().ToString();
     if (!r.ok()) return {};
     EXPECT_TRUE(r->ok());

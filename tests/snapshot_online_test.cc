@@ -63,7 +63,7 @@ TEST_F(SnapshotOnlineTest, RunningDomainThenShutOff) {
   SnapshotCreateRequest req;
   req.target = target;
   req.name = "s1";
-  auto s1 = CreateDiskSnapshot(req);
+  auto s1 = CreateDiskSnapshot(Env::Default(), req);
   ASSERT_TRUE(s1.ok()) << s1.error().ToString();
   EXPECT_EQ(s1->mode, "online");
   EXPECT_EQ(s1->image, img);
@@ -72,35 +72,35 @@ TEST_F(SnapshotOnlineTest, RunningDomainThenShutOff) {
   dom.Write(0x33, "0", "512k");
   Fill(expected, 0, 512 << 10, 0x33);
   req.name = "s2";
-  ASSERT_TRUE(CreateDiskSnapshot(req).ok());
+  ASSERT_TRUE(CreateDiskSnapshot(Env::Default(), req).ok());
   // QEMU refuses a name the disk has.
-  auto again = CreateDiskSnapshot(req);
+  auto again = CreateDiskSnapshot(Env::Default(), req);
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.error().code(), ErrorCode::kInvalidArgument);
 
-  auto listing = ListDiskSnapshots(target);
+  auto listing = ListDiskSnapshots(Env::Default(), target);
   ASSERT_TRUE(listing.ok()) << listing.error().ToString();
   EXPECT_EQ(listing->mode, "online");
   ASSERT_EQ(listing->snapshots.size(), 2u);
   EXPECT_EQ(listing->snapshots[1].info.name, "s2");
 
   // No rename or rollback under a running guest; no quiesce without an agent.
-  EXPECT_EQ(RenameDiskSnapshot(target, "s1", "x").error().code(), ErrorCode::kNotSupported);
-  auto rollback = RollbackDiskSnapshot(target, "s1", false);
+  EXPECT_EQ(RenameDiskSnapshot(Env::Default(), target, "s1", "x").error().code(), ErrorCode::kNotSupported);
+  auto rollback = RollbackDiskSnapshot(Env::Default(), target, "s1", false);
   ASSERT_FALSE(rollback.ok());
   EXPECT_EQ(rollback.error().code(), ErrorCode::kBusy);
   EXPECT_NE(rollback.error().message().find("shut the domain off"), std::string::npos);
   req.name = "q";
   req.consistency.quiesce = true;
-  auto quiesced = CreateDiskSnapshot(req);
+  auto quiesced = CreateDiskSnapshot(Env::Default(), req);
   ASSERT_FALSE(quiesced.ok());
   EXPECT_NE(quiesced.error().message().find("quiesce"), std::string::npos) << quiesced.error().ToString();
   // The image file itself is QEMU's while the domain runs.
   SnapshotTarget file_target;
   file_target.image = img;
-  EXPECT_EQ(DeleteDiskSnapshot(file_target, "s1").error().code(), ErrorCode::kBusy);
+  EXPECT_EQ(DeleteDiskSnapshot(Env::Default(), file_target, "s1").error().code(), ErrorCode::kBusy);
 
-  auto deleted = DeleteDiskSnapshot(target, "s1");
+  auto deleted = DeleteDiskSnapshot(Env::Default(), target, "s1");
   ASSERT_TRUE(deleted.ok()) << deleted.error().ToString();
   EXPECT_EQ(deleted->snapshot.name, "s1");
 
@@ -112,10 +112,10 @@ TEST_F(SnapshotOnlineTest, RunningDomainThenShutOff) {
   // Shut off: the same target edits the file.
   req.name = "s3";
   req.consistency.quiesce = false;
-  auto s3 = CreateDiskSnapshot(req);
+  auto s3 = CreateDiskSnapshot(Env::Default(), req);
   ASSERT_TRUE(s3.ok()) << s3.error().ToString();
   EXPECT_EQ(s3->mode, "offline");
-  auto rolled = RollbackDiskSnapshot(target, "s2", true);
+  auto rolled = RollbackDiskSnapshot(Env::Default(), target, "s2", true);
   ASSERT_TRUE(rolled.ok()) << rolled.error().ToString();
   ASSERT_EQ(rolled->discarded.size(), 1u);
   RunOk("qemu-img check -f qcow2 " + ShellQuote(img));
@@ -140,7 +140,7 @@ TEST_F(SnapshotOnlineTest, ApplyOnARunningDomain) {
     req.target.disk = "vda";
     req.config = *config;
     req.catalog_path = catalog_;
-    auto r = ApplySnapshotConfig(req);
+    auto r = ApplySnapshotConfig(Env::Default(), req);
     EXPECT_TRUE(r.ok()) << r.error().ToString();
     return r.ok() ? *r : ApplyResult{};
   };

@@ -95,7 +95,7 @@ TEST_F(SnapshotQuiesceTest, SnapshotBetweenFreezeAndThaw) {
   req.consistency.quiesce = true;
   req.consistency.hooks.pre = "echo \"$BARGE_HOOK_PHASE $BARGE_DOMAIN $BARGE_DISK $BARGE_SNAPSHOT\" >> " + log;
   req.consistency.hooks.post = "echo \"$BARGE_HOOK_PHASE $BARGE_HOOK_STATUS\" >> " + log;
-  auto made = CreateDiskSnapshot(req);
+  auto made = CreateDiskSnapshot(Env::Default(), req);
   ASSERT_TRUE(made.ok()) << made.error().ToString();
   EXPECT_EQ(made->mode, "online");
   EXPECT_TRUE(made->warnings.empty());

@@ -1,9 +1,11 @@
-// barge state migrate through the real CLI: a state folder with TPM/EFI
-// files and a CBT overlay (bitmap cbt0 over a raw disk on another volume) is
-// moved with a crash injected after each journal step (and in the middle of
-// the copy); a re-run ends consistent, the bytes are identical, and the CBT
-// chain continues: an incremental backup from the moved overlay is
-// incremental and restores equal to the disk.
+// barge state migrate: a state folder with TPM/EFI files and a CBT overlay
+// (bitmap cbt0 over a raw disk on another volume) is moved with a crash
+// injected after each journal step (and in the middle of the copy) by the
+// Env the migration runs on (in this process; a crash = every call fails
+// from then on, tests/testing/env_wrappers.h); a re-run of the real CLI
+// ends consistent, the bytes are identical, and the CBT chain continues: an
+// incremental backup from the moved overlay is incremental and restores
+// equal to the disk.
 #include <gtest/gtest.h>
 
 #include <sys/mount.h>
@@ -16,6 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "blockio/env.h"
+#include "orchestrate/state_migrate.h"
+#include "tests/testing/env_wrappers.h"
 #include "tests/testing/testing.h"
 
 namespace barge {
@@ -128,13 +133,15 @@ TEST(StateMigrateCrashTest, CleanMigration) {
 }
 
 struct CrashPoint {
-  const char* env;
+  const char* name;
+  // The process dies right after the n-th flush of the journal (step n is
+  // durable), or with `files`, of a copied file.
+  uint64_t after = 0;
+  bool files = false;
   bool new_is_current;  // the crash came after the commit point
 };
 
-// The test's name shows the hook (gtest would print the struct's bytes, a
-// pointer among them: a new ctest name every build).
-void PrintTo(const CrashPoint& p, std::ostream* os) { *os << p.env; }
+std::string CrashPointName(const ::testing::TestParamInfo<CrashPoint>& info) { return info.param.name; }
 
 class StateMigrateCrashAt : public ::testing::TestWithParam<CrashPoint> {};
 
@@ -142,10 +149,16 @@ TEST_P(StateMigrateCrashAt, RerunIsConsistent) {
   BARGE_REQUIRE_TOOL("qemu-img");
   BARGE_REQUIRE_TOOL("qemu-io");
   Scenario s;
-  auto crashed = testing::Run(s.Migrate(GetParam().env));
-  ASSERT_NE(crashed.exit_code, 0) << crashed.output;
-  ASSERT_NE(crashed.output.find("test hook"), std::string::npos) << crashed.output;
-  EXPECT_EQ(testing::ErrorOf(crashed.stdout_text).value("exit_code", -1), crashed.exit_code) << crashed.output;
+  const CrashPoint& p = GetParam();
+  testing::StopEnv env(PosixEnv());
+  env.StopAfter(p.after, [&](EnvOp op, const std::string& path) {
+    if (op != EnvOp::kSync) return false;
+    const bool journal = path.ends_with(orchestrate::kMigrateJournalName);
+    return p.files ? !journal && path.starts_with(s.new_dir.string() + "/") : journal;
+  });
+  auto crashed = orchestrate::MigrateState(env, s.old_dir.string(), s.new_dir.string());
+  ASSERT_FALSE(crashed.ok());
+  ASSERT_TRUE(env.stopped()) << crashed.error().ToString();
   // Never both lost: before the commit point the old copy is intact; after
   // it the new one is complete (the old may be partly removed).
   if (GetParam().new_is_current) {
@@ -163,12 +176,13 @@ TEST_P(StateMigrateCrashAt, RerunIsConsistent) {
 
 INSTANTIATE_TEST_SUITE_P(
     Steps, StateMigrateCrashAt,
-    ::testing::Values(CrashPoint{"BARGE_TEST_MIGRATE_STOP_AFTER_STEP=1", false},
-                      CrashPoint{"BARGE_TEST_MIGRATE_STOP_AFTER_FILES=2", false},
-                      CrashPoint{"BARGE_TEST_MIGRATE_STOP_AFTER_STEP=2", false},
-                      CrashPoint{"BARGE_TEST_MIGRATE_STOP_AFTER_STEP=3", false},
-                      CrashPoint{"BARGE_TEST_MIGRATE_STOP_AFTER_STEP=4", true},
-                      CrashPoint{"BARGE_TEST_MIGRATE_STOP_AFTER_STEP=5", true}));
+    ::testing::Values(CrashPoint{"AfterBegin", 1, false, false},
+                      CrashPoint{"AfterTwoFiles", 2, true, false},
+                      CrashPoint{"AfterCopied", 2, false, false},
+                      CrashPoint{"AfterVerified", 3, false, false},
+                      CrashPoint{"AfterCurrent", 4, false, true},
+                      CrashPoint{"AfterOldRemoved", 5, false, true}),
+    CrashPointName);
 
 TEST(StateMigrateCrashTest, FailureRemovesNewCopyAndKeepsOld) {
   BARGE_REQUIRE_TOOL("qemu-img");

@@ -152,6 +152,9 @@ class VmTestBase : public ::testing::Test {
   void SetUp() override {
     BARGE_REQUIRE_LIBVIRT();
     OpenForQemu(dir_.path().string());
+    // An explicit --catalog's folder must exist (barge never creates it).
+    std::filesystem::create_directories(dir_ / "state");
+    OpenForQemu(dir_ / "state");
     catalog_ = dir_ / "state/catalog.db";
     target_ = dir_ / "backups";
   }

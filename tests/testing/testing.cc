@@ -182,8 +182,9 @@ bool SocketServer::WaitReady() {
   return false;
 }
 
-std::vector<nlohmann::json> Events(const std::string& stdout_text) {
+std::vector<nlohmann::json> Events(const std::string& stdout_text, Stream stream) {
   static const std::set<std::string> kEvents = {"progress", "warning", "result", "error"};
+  static const std::set<std::string> kServeEvents = {"ready", "run"};
   std::vector<nlohmann::json> events;
   if (!stdout_text.empty() && stdout_text.back() != '\n') {
     ADD_FAILURE() << "NDJSON: the last line has no newline:\n" << stdout_text;
@@ -200,13 +201,20 @@ std::vector<nlohmann::json> Events(const std::string& stdout_text) {
       continue;
     }
     auto event = j.find("event");
-    if (event == j.end() || !event->is_string() || kEvents.count(event->get<std::string>()) == 0) {
-      ADD_FAILURE() << "NDJSON: line " << line_no << " has no event progress/warning/result/error: " << line;
+    const bool daemon_event = stream == Stream::kServe && event != j.end() && event->is_string() &&
+                              kServeEvents.count(event->get<std::string>()) != 0;
+    if (event == j.end() || !event->is_string() || (kEvents.count(event->get<std::string>()) == 0 && !daemon_event)) {
+      ADD_FAILURE() << "NDJSON: line " << line_no << " has no event progress/warning/result/error"
+                    << (stream == Stream::kServe ? "/ready/run: " : ": ") << line;
       continue;
     }
     auto command = j.find("command");
     if (command == j.end() || !command->is_string() || command->get<std::string>().empty()) {
       ADD_FAILURE() << "NDJSON: line " << line_no << " has no command: " << line;
+      continue;
+    }
+    if (daemon_event && *command != "serve") {
+      ADD_FAILURE() << "NDJSON: line " << line_no << ": a " << *event << " event is serve's only: " << line;
       continue;
     }
     events.push_back(std::move(j));
@@ -237,10 +245,12 @@ nlohmann::json ResultOfEvents(const std::vector<nlohmann::json>& events, const s
 
 }  // namespace
 
-nlohmann::json ResultOf(const std::string& stdout_text) { return ResultOfEvents(Events(stdout_text), stdout_text); }
+nlohmann::json ResultOf(const std::string& stdout_text, Stream stream) {
+  return ResultOfEvents(Events(stdout_text, stream), stdout_text);
+}
 
-nlohmann::json ErrorOf(const std::string& stdout_text) {
-  std::vector<nlohmann::json> events = Events(stdout_text);
+nlohmann::json ErrorOf(const std::string& stdout_text, Stream stream) {
+  std::vector<nlohmann::json> events = Events(stdout_text, stream);
   int errors = 0;
   for (const nlohmann::json& e : events) errors += e["event"] == "error";
   if (errors != 1 || events.empty() || events.back()["event"] != "error") {

@@ -86,23 +86,30 @@ class SocketServer {
   int pid_ = -1;
 };
 
+// Which events a --json stream may carry: the four of every command
+// (progress, warning, result, error), or, for the long-running `barge
+// serve` only, those and its two documented daemon events, "ready" and
+// "run" (docs/json.md, "serve's daemon events"), each naming "serve".
+enum class Stream { kCommand, kServe };
+
 // A --json run's stdout read strictly as NDJSON (docs/json.md): every line
-// one JSON object with a string "event" (progress, warning, result, error)
-// and a non-empty string "command"; no blank line, no other text; the last
-// line ends with a newline. Anything else is a test failure (ADD_FAILURE
-// quoting the line). Returns the objects that parsed, in order.
-std::vector<nlohmann::json> Events(const std::string& stdout_text);
+// one JSON object with a string "event" (progress, warning, result, error;
+// with kServe also ready and run) and a non-empty string "command"; no
+// blank line, no other text; the last line ends with a newline. Anything
+// else is a test failure (ADD_FAILURE quoting the line). Returns the
+// objects that parsed, in order.
+std::vector<nlohmann::json> Events(const std::string& stdout_text, Stream stream = Stream::kCommand);
 
 // The one "result" event of `stdout_text` (Events). A failure unless there
-// is exactly one, and only progress and warning events before it (an error
-// may follow it: a failed run's report, e.g. replicate's per copy). An
-// empty object when there is none.
-nlohmann::json ResultOf(const std::string& stdout_text);
+// is exactly one, and only progress and warning events (and, with kServe,
+// ready and run) before it (an error may follow it: a failed run's report,
+// e.g. replicate's per copy). An empty object when there is none.
+nlohmann::json ResultOf(const std::string& stdout_text, Stream stream = Stream::kCommand);
 
 // The one "error" event of `stdout_text` (Events), which must be the last
 // line and carry code, message and exit_code. An empty object when there
 // is none (a failure).
-nlohmann::json ErrorOf(const std::string& stdout_text);
+nlohmann::json ErrorOf(const std::string& stdout_text, Stream stream = Stream::kCommand);
 
 // Runs a --json command (the flag is the caller's), fails the test unless
 // it exits `expected_exit`, and returns ResultOf its stdout (exit 0: no

@@ -1,0 +1,95 @@
+// Lexical path helpers (no filesystem access; getcwd for AbsolutePath).
+#include "blockio/path.h"
+
+#include <unistd.h>
+
+#include <vector>
+
+namespace barge {
+
+namespace {
+
+std::string_view TrimTrailingSlashes(std::string_view p) {
+  while (p.size() > 1 && p.back() == '/') p.remove_suffix(1);
+  return p;
+}
+
+}  // namespace
+
+std::string DirName(std::string_view path) {
+  std::string_view p = TrimTrailingSlashes(path);
+  auto slash = p.find_last_of('/');
+  if (slash == std::string_view::npos) return ".";
+  std::string_view dir = TrimTrailingSlashes(p.substr(0, slash));
+  return dir.empty() ? "/" : std::string(dir);
+}
+
+std::string BaseName(std::string_view path) {
+  std::string_view p = TrimTrailingSlashes(path);
+  if (p == "/") return "/";
+  auto slash = p.find_last_of('/');
+  return std::string(slash == std::string_view::npos ? p : p.substr(slash + 1));
+}
+
+std::string Extension(std::string_view path) {
+  std::string base = BaseName(path);
+  auto dot = base.find_last_of('.');
+  if (dot == std::string::npos || dot == 0 || base == "..") return "";
+  return base.substr(dot);
+}
+
+std::string JoinPath(std::string_view dir, std::string_view name) {
+  if (dir.empty() || IsAbsolutePath(name)) return std::string(name);
+  if (name.empty()) return std::string(dir);
+  std::string out(dir);
+  if (out.back() != '/') out += '/';
+  out += name;
+  return out;
+}
+
+bool IsAbsolutePath(std::string_view path) { return !path.empty() && path[0] == '/'; }
+
+std::string LexicallyNormal(std::string_view path) {
+  if (path.empty()) return "";
+  const bool absolute = IsAbsolutePath(path);
+  std::vector<std::string_view> parts;
+  size_t i = 0;
+  while (i < path.size()) {
+    size_t j = path.find('/', i);
+    if (j == std::string_view::npos) j = path.size();
+    std::string_view part = path.substr(i, j - i);
+    i = j + 1;
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      if (!parts.empty() && parts.back() != "..") {
+        parts.pop_back();
+        continue;
+      }
+      if (absolute) continue;  // "/.." is "/"
+    }
+    parts.push_back(part);
+  }
+  std::string out = absolute ? "/" : "";
+  for (size_t k = 0; k < parts.size(); ++k) {
+    if (k > 0) out += '/';
+    out += parts[k];
+  }
+  return out.empty() ? "." : out;
+}
+
+std::string AbsolutePath(std::string_view path) {
+  if (IsAbsolutePath(path)) return LexicallyNormal(path);
+  std::string cwd(4096, '\0');
+  if (::getcwd(cwd.data(), cwd.size()) == nullptr) return LexicallyNormal(path);
+  cwd.resize(cwd.find('\0'));
+  return LexicallyNormal(JoinPath(cwd, path));
+}
+
+bool IsInsidePath(std::string_view path, std::string_view dir) {
+  std::string p = LexicallyNormal(path), d = LexicallyNormal(dir);
+  if (d == "/") return IsAbsolutePath(p);
+  if (p == d) return true;
+  return p.size() > d.size() && p.compare(0, d.size(), d) == 0 && p[d.size()] == '/';
+}
+
+}  // namespace barge

@@ -1,0 +1,323 @@
+// barge list (every point of a chain folder, like `restic snapshots` or
+// `qemu-img info --backing-chain`) and barge catalog list (what the backup
+// catalog records: trackers, checkpoints, backup runs).
+#include <map>
+#include <optional>
+
+#include "blockio/env.h"
+#include "cli/catalog_json.h"
+#include "cli/common.h"
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/catalog_path.h"
+#include "pipeline/chain.h"
+#include "pipeline/verification_record.h"
+
+namespace barge::cli {
+namespace {
+
+using nlohmann::json;
+namespace orc = barge::orchestrate;
+
+// Columns padded to their widest cell, two spaces apart; the last column is
+// not padded (free text such as a reason goes there).
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void Print(std::ostream& out, const std::string& indent = "") const {
+    std::vector<size_t> widths;
+    for (const auto& row : rows_) {
+      if (widths.size() < row.size()) widths.resize(row.size(), 0);
+      for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+    }
+    for (const auto& row : rows_) {
+      std::string line = indent;
+      for (size_t i = 0; i < row.size(); ++i) {
+        line += row[i];
+        if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+      }
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      out << line << "\n";
+    }
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// A manifest time as RFC 3339 UTC (as written, if it does not parse).
+std::string Rfc3339(const std::string& text) {
+  auto t = formats::ParseRfc3339(text);
+  return t.ok() ? formats::FormatRfc3339(*t) : text;
+}
+
+std::optional<double> SecondsBetween(const std::string& from, const std::string& to) {
+  auto a = formats::ParseRfc3339(from);
+  auto b = formats::ParseRfc3339(to);
+  if (!a.ok() || !b.ok()) return std::nullopt;
+  return static_cast<double>(b->seconds - a->seconds) + (b->nanos - a->nanos) / 1e9;
+}
+
+struct PointView {
+  size_t position = 0;
+  const formats::BackupManifest* manifest = nullptr;
+  std::optional<FileStat> image;           // nullopt: the image file is missing
+  std::string chain;                        // id of the point's full; "" if a link is broken
+  std::string broken;                       // why the layers cannot be followed
+  std::optional<pipeline::LastVerification> verification;
+};
+
+json VerificationJson(const std::optional<pipeline::LastVerification>& v) {
+  if (!v) return nullptr;
+  json j = {{"result", v->record.ok ? "ok" : "failed"},
+            {"verified_at", TimeJson(v->record.verified_at)},
+            {"duration_seconds", v->record.duration_seconds},
+            {"clusters_checked", v->record.clusters_checked},
+            {"stale", v->stale}};
+  if (!v->record.ok) j["error"] = v->record.error;
+  return j;
+}
+
+std::string VerificationText(const std::optional<pipeline::LastVerification>& v) {
+  if (!v) return "never";
+  std::string s = (v->record.ok ? "ok " : "FAILED ") + v->record.verified_at;
+  if (v->stale) s += " (stale: image replaced since)";
+  return s;
+}
+
+json PointJson(const PointView& p) {
+  const formats::BackupManifest& m = *p.manifest;
+  json j = {{"position", p.position},
+            {"id", m.id},
+            {"type", formats::BackupTypeName(m.type)},
+            {"reason", m.reason},
+            {"chain", p.chain.empty() ? json(nullptr) : json(p.chain)},
+            {"parent", m.parent ? json(m.parent->id) : json(nullptr)},
+            {"started_at", TimeJson(m.started_at)},
+            {"finished_at", TimeJson(m.finished_at)},
+            {"virtual_size", m.virtual_size},
+            {"cluster_size", m.cluster_size},
+            {"compression", m.compression},
+            {"image", m.image},
+            {"image_bytes", p.image ? json(p.image->size_bytes) : json(nullptr)},
+            {"allocated_bytes", p.image ? json(p.image->allocated_bytes) : json(nullptr)},
+            {"bytes_written", m.bytes_written},
+            {"bytes_read", m.bytes_read},
+            {"dirty_bytes", m.dirty_bytes},
+            {"dirty_source", m.dirty_source},
+            {"checkpoint", m.checkpoint},
+            {"source", m.source},
+            {"image_digest", "xxh3-128:" + m.image_digest.ToHex()},
+            {"last_verification", VerificationJson(p.verification)}};
+  if (auto d = SecondsBetween(m.started_at, m.finished_at); d && *d >= 0) j["duration_seconds"] = *d;
+  if (!p.broken.empty()) j["broken"] = p.broken;
+  return j;
+}
+
+int RunList(const std::string& path, Output& out) {
+  auto where = pipeline::LocatePoint(Env::Default(), path, "");
+  if (!where.ok()) return out.Fail(where.error());
+  auto chain = pipeline::LoadChainFolder(Env::Default(), where->chain_dir);
+  if (!chain.ok()) return out.Fail(chain.error());
+  Env& env = Env::Default();
+
+  std::vector<PointView> points;
+  std::vector<std::string> chain_order;  // ids of the fulls, as they appear
+  uint64_t stored = 0;
+  for (size_t i = 0; i < chain->points.size(); ++i) {
+    PointView p;
+    p.position = i;
+    p.manifest = &chain->points[i].manifest;
+    auto st = env.Stat(chain->PathOf(p.manifest->image));
+    if (st.ok()) {
+      p.image = *st;
+      stored += st->size_bytes;
+    } else {
+      out.Warning("the image of backup " + p.manifest->id + " is missing: " + st.error().ToString(),
+                  chain->PathOf(p.manifest->image));
+    }
+    auto layers = chain->LayersOf(i);
+    if (layers.ok()) {
+      p.chain = chain->points[layers->front()].manifest.id;
+      if (std::find(chain_order.begin(), chain_order.end(), p.chain) == chain_order.end()) {
+        chain_order.push_back(p.chain);
+      }
+    } else {
+      p.broken = layers.error().message();
+      out.Warning("backup " + p.manifest->id + " cannot be restored: " + p.broken,
+                  chain->points[i].manifest_path);
+    }
+    auto v = pipeline::ReadLastVerification(Env::Default(), *chain, i, p.image ? p.image->size_bytes : 0);
+    if (v.ok()) {
+      p.verification = *v;
+    } else {
+      out.Warning("unreadable verification record (shown as never verified): " + v.error().message(),
+                  v.error().path());
+    }
+    points.push_back(std::move(p));
+  }
+
+  json chains = json::array();
+  for (const std::string& full : chain_order) {
+    json ids = json::array();
+    for (const PointView& p : points) {
+      if (p.chain == full) ids.push_back(p.manifest->id);
+    }
+    chains.push_back({{"full", full}, {"points", ids}, {"latest", ids.back()}});
+  }
+  json arr = json::array();
+  for (const PointView& p : points) arr.push_back(PointJson(p));
+  uint64_t virtual_size = points.empty() ? 0 : points.back().manifest->virtual_size;
+  out.Result({{"chain_dir", chain->dir},
+              {"points", arr},
+              {"chains", chains},
+              {"image_bytes", stored},
+              {"virtual_size", virtual_size}});
+
+  std::ostream& t = out.text();
+  if (points.empty()) {
+    t << chain->dir << ": no backups\n";
+    return kExitOk;
+  }
+  t << chain->dir << ": " << points.size() << (points.size() == 1 ? " point" : " points") << " in "
+    << chain_order.size() << (chain_order.size() == 1 ? " chain" : " chains") << ", " << HumanBytes(stored)
+    << " stored for a " << HumanBytes(virtual_size) << " disk\n";
+  // One table per chain (a forced full starts a new one), then the points
+  // whose links are broken.
+  std::vector<std::string> groups = chain_order;
+  if (std::any_of(points.begin(), points.end(), [](const PointView& p) { return p.chain.empty(); })) {
+    groups.push_back("");
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    t << "\n";
+    if (groups[g].empty()) {
+      t << "broken (a parent is missing or does not match):\n";
+    } else {
+      t << "chain " << g + 1 << " (full " << groups[g] << "):\n";
+    }
+    Table table({"POS", "ID", "TYPE", "TAKEN", "SIZE", "STORED", "COMPRESSION", "PARENT", "VERIFIED", "REASON"});
+    for (const PointView& p : points) {
+      if (p.chain != groups[g]) continue;
+      const formats::BackupManifest& m = *p.manifest;
+      std::string parent = "-";
+      if (m.parent) {
+        parent = m.parent->id;
+        for (const PointView& q : points) {
+          if (q.manifest->id == m.parent->id) parent = std::to_string(q.position);
+        }
+      }
+      table.Add({std::to_string(p.position), m.id, std::string(formats::BackupTypeName(m.type)),
+                 Rfc3339(m.started_at), HumanBytes(m.virtual_size),
+                 p.image ? HumanBytes(p.image->size_bytes) : "MISSING", m.compression, parent,
+                 VerificationText(p.verification), m.reason});
+    }
+    table.Print(t, "  ");
+  }
+  return kExitOk;
+}
+
+// "trackers (2):" above a table, or "trackers: none".
+void Heading(std::ostream& t, const char* what, size_t count) {
+  t << "\n" << what << (count == 0 ? ": none\n" : " (" + std::to_string(count) + "):\n");
+}
+
+json CheckpointJson(const orc::CheckpointRecord& c) {
+  return {{"name", c.name}, {"tracker", c.tracker}, {"domain", c.domain}, {"created_at", c.created_at},
+          {"disks", c.disks}};
+}
+
+int RunCatalogList(const std::string& catalog_flag, const std::string& domain, Output& out) {
+  const std::string path = orc::ResolveCatalogPath(catalog_flag);
+  // Listing never creates a catalog.
+  if (!Env::Default().Exists(path)) {
+    return out.Fail(Error::NotFound("no catalog here (nothing recorded yet; --catalog or $BARGE_CATALOG "
+                                    "name another)")
+                        .set_path(path));
+  }
+  auto catalog = orc::BackupCatalog::Open(Env::Default(), path);
+  if (!catalog.ok()) return out.Fail(catalog.error());
+  auto trackers = (*catalog)->ListTrackers(domain);
+  if (!trackers.ok()) return out.Fail(trackers.error());
+  auto checkpoints = (*catalog)->ListCheckpoints(domain);
+  if (!checkpoints.ok()) return out.Fail(checkpoints.error());
+  auto backups = (*catalog)->ListBackups(domain);
+  if (!backups.ok()) return out.Fail(backups.error());
+
+  json tj = json::array(), cj = json::array(), bj = json::array();
+  for (const auto& tr : *trackers) tj.push_back(TrackerJson(tr));
+  for (const auto& c : *checkpoints) cj.push_back(CheckpointJson(c));
+  for (const auto& b : *backups) bj.push_back(RecordJson(b));
+  out.Result({{"catalog", path}, {"trackers", tj}, {"checkpoints", cj}, {"backups", bj}});
+
+  std::ostream& t = out.text();
+  t << "catalog " << path << (domain.empty() ? "" : " (domain " + domain + ")") << "\n";
+  Heading(t, "trackers", trackers->size());
+  if (!trackers->empty()) {
+    Table table({"NAME", "DOMAIN", "CREATED", "LATEST CHECKPOINT", "DISKS", "NEXT BACKUP"});
+    for (const auto& tr : *trackers) {
+      std::string disks;
+      for (const auto& [d, size] : tr.disks) disks += (disks.empty() ? "" : ", ") + d + " " + HumanBytes(size);
+      std::string next = tr.needs_full ? "full (" + tr.needs_full_reason + ")"
+                         : tr.latest_checkpoint.empty() ? "full (no checkpoint yet)"
+                                                        : "incremental";
+      table.Add({tr.name, tr.domain, tr.created_at,
+                 tr.latest_checkpoint.empty() ? "-" : tr.latest_checkpoint + " (" + tr.checkpoint_created_at + ")",
+                 disks.empty() ? "-" : disks, next});
+    }
+    table.Print(t, "  ");
+  }
+  Heading(t, "checkpoints", checkpoints->size());
+  if (!checkpoints->empty()) {
+    Table table({"NAME", "TRACKER", "DOMAIN", "CREATED", "DISKS"});
+    for (const auto& c : *checkpoints) {
+      std::string disks;
+      for (const auto& d : c.disks) disks += (disks.empty() ? "" : ", ") + d;
+      table.Add({c.name, c.tracker, c.domain, c.created_at, disks});
+    }
+    table.Print(t, "  ");
+  }
+  Heading(t, "backups", backups->size());
+  if (!backups->empty()) {
+    Table table({"ID", "DOMAIN", "TRACKER", "TYPE", "STARTED", "DURATION", "READ", "WRITTEN", "RESULT"});
+    for (const auto& b : *backups) {
+      uint64_t read = 0, written = 0;
+      for (const auto& d : b.disks) {
+        read += d.bytes_read;
+        written += d.bytes_written;
+      }
+      std::string result = b.result + (b.error.empty() ? "" : ": " + b.error);
+      table.Add({std::to_string(b.id), b.domain, b.tracker.empty() ? "-" : b.tracker, b.type.empty() ? "-" : b.type,
+                 b.started_at, b.result == "running" ? "-" : HumanSeconds(b.duration_seconds), HumanBytes(read),
+                 HumanBytes(written), result});
+    }
+    table.Print(t, "  ");
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterListCommands(CLI::App& app, int& exit_code) {
+  {
+    auto path = std::make_shared<std::string>();
+    auto* cmd = AddCommand(app, "list",
+                           "List the points of a chain folder: id, type, time, sizes, parent, last verification",
+                           exit_code, [path](Output& out) { return RunList(*path, out); });
+    cmd->add_option("chain", *path, "The disk's chain folder (TARGET/<name>/), or one of its manifests or images")
+        ->required();
+  }
+  {
+    struct Args {
+      std::string catalog, domain;
+    };
+    auto args = std::make_shared<Args>();
+    CLI::App* catalog = app.get_subcommand("catalog");  // made by RegisterVmCommands
+    auto* cmd = AddCommand(*catalog, "list", "Show the catalog's trackers, checkpoints and backup records", exit_code,
+                           [args](Output& out) { return RunCatalogList(args->catalog, args->domain, out); });
+    cmd->add_option("--catalog", args->catalog, "Catalog database (default: $BARGE_CATALOG, else "
+                                                "$XDG_STATE_HOME/barge/catalog.db)");
+    cmd->add_option("--domain", args->domain, "Only this domain's");
+  }
+}
+
+}  // namespace barge::cli

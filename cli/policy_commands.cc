@@ -1,0 +1,455 @@
+// barge policy check | run | forget | runs list: backup policies from the
+// command line (docs/policies.md). `barge serve` is in serve_command.cc.
+#include <algorithm>
+#include <iostream>
+#include <map>
+
+#include "cli/common.h"
+#include "cli/copy_flags.h"
+#include "cli/interrupt.h"
+#include "cli/policy_output.h"
+#include "orchestrate/catalog_path.h"
+#include "orchestrate/policy.h"
+#include "orchestrate/policy_hooks.h"
+#include "orchestrate/policy_metrics.h"
+#include "orchestrate/policy_runner.h"
+#include "orchestrate/time_text.h"
+
+namespace barge::cli {
+namespace {
+
+using nlohmann::json;
+namespace orc = barge::orchestrate;
+
+// ---- policy check ----
+
+struct Problem {
+  int line = 0;  // 0: the whole file
+  int column = 0;
+  std::string message;
+};
+
+// ParsePolicy's "FILE:LINE:COLUMN: message" (or "FILE: message") lines.
+std::vector<Problem> SplitProblems(const std::string& file, const std::string& text) {
+  std::vector<Problem> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    start = end == std::string::npos ? text.size() + 1 : end + 1;
+    if (line.empty()) continue;
+    Problem p;
+    p.message = line;
+    if (line.starts_with(file + ":")) {
+      std::string rest = line.substr(file.size() + 1);
+      int l = 0, c = 0, used = 0;
+      if (std::sscanf(rest.c_str(), "%d:%d: %n", &l, &c, &used) == 2 && used > 0) {
+        p.line = l;
+        p.column = c;
+        p.message = rest.substr(static_cast<size_t>(used));
+      } else if (rest.starts_with(" ")) {
+        p.message = rest.substr(1);
+      }
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+json SourcesJson(const orc::Policy& p) {
+  json out = json::array();
+  for (const auto& s : p.sources) {
+    json j = {{"name", s.name}, {"kind", std::string(orc::PolicySourceKindName(s.kind))}, {"location", s.location}};
+    if (s.kind == orc::PolicySourceKind::kImage) j["bitmap"] = s.bitmap.empty() ? json(nullptr) : json(s.bitmap);
+    if (s.kind == orc::PolicySourceKind::kDomain) j["tracker"] = s.tracker.empty() ? p.name : s.tracker;
+    out.push_back(j);
+  }
+  return out;
+}
+
+std::string CompressionText(const orc::Policy& p) {
+  switch (p.compression) {
+    case formats::Compression::kNone: return "none";
+    case formats::Compression::kZstd: return "zstd:" + std::to_string(p.compression_level);
+    case formats::Compression::kDeflate: return "zlib:" + std::to_string(p.compression_level);
+  }
+  return "?";
+}
+
+json HookJson(const std::optional<orc::PolicyHook>& h) {
+  if (!h) return nullptr;
+  return {{"command", h->command}, {"timeout_seconds", h->timeout.count()}};
+}
+
+int RunCheck(const std::string& file, const std::string& from, Output& out) {
+  orc::SysSeconds after = orc::NowSeconds();
+  if (!from.empty()) {
+    auto t = orc::ParseRfc3339(from);
+    if (!t.ok()) return out.Usage("--from: " + t.error().message());
+    after = *t;
+  }
+  auto text = Env::Default().ReadFile(file, 1 << 20);
+  if (!text.ok()) return out.Fail(text.error());
+  auto policy = orc::ParsePolicy(Env::Default(), *text, file);
+  if (!policy.ok()) {
+    std::vector<Problem> problems = SplitProblems(file, policy.error().message());
+    // File order; problems of the whole file (a missing field) first.
+    std::stable_sort(problems.begin(), problems.end(), [](const Problem& x, const Problem& y) {
+      return std::pair(x.line, x.column) < std::pair(y.line, y.column);
+    });
+    json list = json::array();
+    for (const auto& p : problems) {
+      list.push_back({{"line", p.line == 0 ? json(nullptr) : json(p.line)},
+                      {"column", p.column == 0 ? json(nullptr) : json(p.column)},
+                      {"message", p.message}});
+    }
+    out.Result({{"file", file}, {"valid", false}, {"problems", list}});
+    // Compiler-style, one a line, on stderr in both modes (editors jump to them).
+    for (const auto& p : problems) {
+      std::cerr << file << ":" << (p.line ? std::to_string(p.line) + ":" + std::to_string(p.column) + ":" : "")
+                << " " << p.message << "\n";
+    }
+    // Then the run's error (stderr line and error event): the result above
+    // lists the problems, the error ends the run (docs/json.md).
+    return out.Fail(Error::InvalidArgument("the policy is invalid: " + std::to_string(problems.size()) +
+                                           " problem" + (problems.size() == 1 ? "" : "s"))
+                        .set_path(file));
+  }
+  const orc::Policy& p = *policy;
+  const auto next = orc::NextRunTimes(p, after, 5);
+  json next_json = json::array();
+  for (auto t : next) next_json.push_back(orc::FormatRfc3339(t));
+  const std::string zone = p.schedule ? p.schedule->zone().name() : "";
+  json targets = p.targets;
+  out.Result({{"file", file},
+              {"valid", true},
+              {"problems", json::array()},
+              {"policy", p.name},
+              {"sources", SourcesJson(p)},
+              {"targets", targets},
+              {"reason", p.reason},
+              {"schedule", p.schedule ? json(p.schedule->expression()) : json(nullptr)},
+              {"time_zone", p.schedule ? json(zone.empty() ? "UTC" : zone) : json(nullptr)},
+              {"next_runs", next_json},
+              {"max_duration_without_backup_seconds", p.max_duration_without_backup.count()},
+              {"retention_count", p.retention_count},
+              {"free_space_multiple", p.free_space_multiple},
+              {"max_run_time_seconds", p.max_run_time.count()},
+              {"max_parallel", p.max_parallel},
+              {"full_every", p.full_every},
+              {"compression", CompressionText(p)},
+              {"pre_hook", HookJson(p.pre_hook)},
+              {"post_hook", HookJson(p.post_hook)}});
+  std::ostream& o = out.text();
+  o << "policy " << p.name << " (" << file << ") is valid\n";
+  for (const auto& s : p.sources) {
+    o << "  source " << s.name << ": " << orc::PolicySourceKindName(s.kind) << " " << s.location;
+    if (!s.bitmap.empty()) o << ", incrementals from bitmap " << s.bitmap;
+    if (s.kind == orc::PolicySourceKind::kDomain) o << ", tracker " << (s.tracker.empty() ? p.name : s.tracker);
+    o << "\n";
+  }
+  o << "  targets: ";
+  for (size_t i = 0; i < p.targets.size(); ++i) o << (i ? ", " : "") << p.targets[i];
+  o << " (free space >= " << p.free_space_multiple << "x a source's allocated bytes)\n";
+  o << "  keeps " << p.retention_count << " point(s) per source, " << p.max_parallel << " source(s) at once"
+    << (p.max_run_time.count() ? ", runs stopped after " + orc::FormatDuration(p.max_run_time) : "")
+    << (p.full_every ? ", a new chain every " + std::to_string(p.full_every) + " points" : "") << ", "
+    << CompressionText(p) << "\n";
+  o << "  alert: "
+    << (p.max_duration_without_backup.count() ? "after " + orc::FormatDuration(p.max_duration_without_backup) +
+                                                    " without a successful backup"
+                                              : "off (max_duration_without_backup: 0)")
+    << "\n";
+  if (!p.schedule) {
+    o << "  no schedule: backups run when the reason changes or with barge run --force\n";
+    return kExitOk;
+  }
+  o << "  schedule: " << p.schedule->expression() << " (" << (zone.empty() ? "UTC" : zone) << ")\n"
+    << "  next runs:\n";
+  for (auto t : next) {
+    o << "    " << orc::FormatRfc3339(t);
+    if (!p.schedule->zone().is_utc()) {
+      auto local = p.schedule->zone().ToLocal(t);
+      auto days = std::chrono::floor<std::chrono::days>(local);
+      std::chrono::hh_mm_ss hms(local - days);
+      o << Format(" (%02d:%02d %s)", static_cast<int>(hms.hours().count()), static_cast<int>(hms.minutes().count()),
+                  zone.c_str());
+    }
+    o << "\n";
+  }
+  return kExitOk;
+}
+
+// ---- run ----
+
+struct RunArgs {
+  std::string policy, catalog, metrics_textfile, memory = "256M";
+  std::vector<std::string> sources;
+  bool force = false, wait = false;
+  int threads = 0;
+};
+
+// Unknown --source names are usage errors, listing the policy's.
+std::string UnknownSource(const orc::Policy& p, const std::vector<std::string>& wanted) {
+  for (const auto& w : wanted) {
+    if (p.FindSource(w) != nullptr) continue;
+    std::vector<std::string> names;
+    std::string list;
+    for (const auto& s : p.sources) {
+      names.push_back(s.name);
+      list += (list.empty() ? "" : ", ") + s.name;
+    }
+    std::string match = ClosestMatch(w, names);
+    return "policy " + p.name + " has no source '" + w + "'" + (match.empty() ? "" : "; did you mean '" + match + "'?") +
+           " (sources: " + list + ")";
+  }
+  return "";
+}
+
+// The node-exporter textfile: the policy's metrics now. Returns "" or why not.
+std::string WriteTextfile(const orc::Policy& p, const std::string& catalog_path, const std::string& path) {
+  auto catalog = orc::PolicyCatalog::Open(Env::Default(), catalog_path);
+  if (!catalog.ok()) return catalog.error().ToString();
+  auto snap = orc::CollectPolicyMetrics(p, **catalog, Env::Default(), orc::NowSeconds());
+  if (!snap.ok()) return snap.error().ToString();
+  Status s = orc::WritePolicyMetricsTextfile(Env::Default(), path, {*snap});
+  return s.ok() ? "" : s.error().ToString();
+}
+
+int RunRun(RunArgs& a, Output& out) {
+  auto policy = orc::LoadPolicy(Env::Default(), a.policy);
+  if (!policy.ok()) return out.Fail(policy.error());
+  if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
+  orc::RunOptions o;
+  o.catalog_path = orc::ResolveCatalogPath(a.catalog);
+  if (Status s = ApplyResourceFlags(a.memory, a.threads, o.copy); !s.ok()) return out.Usage(s.error().message());
+  o.manual = a.force;
+  o.only_sources = a.sources;
+  o.wait_for_lock = a.wait;
+  o.stop = &CancelFlag();
+  o.stop_reason = SignalStopReason;
+  auto hooks = orc::NewPolicyHookRunner();
+  o.hooks = hooks.get();
+
+  auto report = orc::RunPolicyOnce(Env::Default(), *policy, o);
+  // The textfile is written whatever happened: it shows the failures too.
+  std::string textfile_error;
+  if (!a.metrics_textfile.empty()) textfile_error = WriteTextfile(*policy, o.catalog_path, a.metrics_textfile);
+  if (!textfile_error.empty()) out.Warning("metrics textfile not written: " + textfile_error, a.metrics_textfile);
+  if (!report.ok()) return out.Fail(report.error());
+
+  json j = RunReportJson(*policy, *report);
+  j["metrics_textfile"] = a.metrics_textfile.empty() || !textfile_error.empty() ? json(nullptr)
+                                                                                : json(a.metrics_textfile);
+  out.Result(j);
+  PrintRunReport(out.text(), *policy, *report);
+  // A run that did not fully succeed ends with its error after the result
+  // (docs/json.md, "How a run ends"): stopped by a signal (130/143), a
+  // source failed, or the textfile not written (1).
+  if (report->stopped && InterruptSignal() != 0) return out.Fail(Error::Cancelled(report->stop_reason));
+  if (report->failed > 0) {
+    return out.Fail(Error::IoError(std::to_string(report->failed) + " of " + std::to_string(report->ran) +
+                                   " source(s) failed" + (report->stopped ? " (" + report->stop_reason + ")" : ""))
+                        .set_path(a.policy));
+  }
+  if (!textfile_error.empty()) {
+    return out.Fail(Error::IoError("metrics textfile not written: " + textfile_error).set_path(a.metrics_textfile));
+  }
+  return kExitOk;
+}
+
+// ---- forget ----
+
+struct ForgetArgs {
+  std::string policy, catalog, memory = "256M";
+  std::vector<std::string> sources;
+  orc::ForgetPolicy keep;
+  bool dry_run = false;
+  int threads = 0;
+};
+
+int RunForget(ForgetArgs& a, Output& out) {
+  auto policy = orc::LoadPolicy(Env::Default(), a.policy);
+  if (!policy.ok()) return out.Fail(policy.error());
+  if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
+  if (a.keep.keep_last + a.keep.keep_daily + a.keep.keep_weekly + a.keep.keep_monthly == 0) {
+    return out.Usage("give at least one of --keep-last, --keep-daily, --keep-weekly, --keep-monthly above 0 "
+                     "(all 0 would forget every point)");
+  }
+  orc::ForgetOptions o;
+  o.catalog_path = orc::ResolveCatalogPath(a.catalog);
+  o.only_sources = a.sources;
+  o.dry_run = a.dry_run;
+  if (Status s = ApplyResourceFlags(a.memory, a.threads, o.copy); !s.ok()) return out.Usage(s.error().message());
+  // Each point's time, for the report (the scan before forget changes anything).
+  std::map<std::string, orc::SysSeconds> when;
+  for (const auto& s : policy->sources) {
+    auto points = orc::ScanSource(Env::Default(), *policy, s);
+    if (!points.ok()) continue;
+    for (const auto& p : points->points) when[p.key] = p.time;
+  }
+  auto reports = orc::ForgetPoints(Env::Default(), *policy, a.keep, o);
+  if (!reports.ok()) return out.Fail(reports.error());
+
+  auto point = [&](const std::string& key) {
+    size_t bar = key.rfind('|');
+    auto t = when.find(key);
+    return json{{"folder", key.substr(0, bar)},
+                {"id", bar == std::string::npos ? key : key.substr(bar + 1)},
+                {"time", t == when.end() ? json(nullptr) : json(orc::FormatRfc3339(t->second))}};
+  };
+  json sources = json::array();
+  size_t forgotten = 0, failed = 0;
+  std::ostream& t = out.text();
+  for (const auto& r : *reports) {
+    json kept = json::array(), gone = json::array(), anyway = json::array(), actions = json::array();
+    for (const auto& k : r.plan.keep) kept.push_back(point(k));
+    for (const auto& k : r.plan.forget) gone.push_back(point(k));
+    for (const auto& [k, why] : r.plan.kept_anyway) {
+      json p = point(k);
+      p["why"] = why;
+      anyway.push_back(p);
+    }
+    for (const auto& act : r.plan.actions) {
+      actions.push_back({{"action", std::string(orc::RetentionActionKindName(act.kind))},
+                         {"chain_dir", act.chain_dir},
+                         {"ids", act.ids},
+                         {"through", act.through.empty() ? json(nullptr) : json(act.through)}});
+    }
+    forgotten += r.plan.forget.size();
+    failed += r.error.empty() ? 0 : 1;
+    sources.push_back({{"source", r.source}, {"kept", kept}, {"forgotten", gone}, {"kept_anyway", anyway},
+                       {"actions", actions}, {"error", r.error}});
+    t << r.source << ": keep " << r.plan.keep.size() << ", forget " << r.plan.forget.size()
+      << (r.plan.kept_anyway.empty() ? "" : ", kept anyway " + std::to_string(r.plan.kept_anyway.size())) << "\n";
+    for (const auto& [k, why] : r.plan.kept_anyway) t << "  kept anyway " << k << ": " << why << "\n";
+    for (const auto& act : r.plan.actions) {
+      t << "  " << (a.dry_run ? "would " : "") << orc::RetentionActionKindName(act.kind) << " " << act.chain_dir
+        << ":";
+      for (const auto& id : act.ids) t << " " << id;
+      if (!act.through.empty()) t << " (into " << act.through << ")";
+      t << "\n";
+    }
+    if (!r.error.empty()) t << "  FAILED: " << r.error << "\n";
+  }
+  out.Result({{"policy", policy->name},
+              {"dry_run", a.dry_run},
+              {"keep", {{"last", a.keep.keep_last}, {"daily", a.keep.keep_daily}, {"weekly", a.keep.keep_weekly},
+                        {"monthly", a.keep.keep_monthly}}},
+              {"forgotten", forgotten},
+              {"failed", failed},
+              {"sources", sources}});
+  if (a.dry_run) t << "dry run: nothing was changed\n";
+  if (failed > 0) {
+    return out.Fail(Error::IoError(std::to_string(failed) + " source(s) could not be forgotten as planned")
+                        .set_path(a.policy));
+  }
+  return kExitOk;
+}
+
+// ---- runs list ----
+
+json RecordJson(const orc::RunRecord& r) {
+  json points = json::array();
+  for (const auto& p : r.points) points.push_back({{"chain_dir", p.chain_dir}, {"id", p.id}});
+  auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
+  return {{"id", r.id}, {"run_id", r.run_id}, {"policy", r.policy}, {"source", r.source},
+          {"source_kind", r.source_kind}, {"trigger", r.trigger}, {"trigger_detail", r.trigger_detail},
+          {"reason", r.reason}, {"host", r.host}, {"target", or_null(r.target)}, {"type", or_null(r.type)},
+          {"type_reason", r.type_reason}, {"started_at", r.started_at}, {"finished_at", or_null(r.finished_at)},
+          {"duration_seconds", r.duration_seconds}, {"bytes_read", r.bytes_read},
+          {"bytes_written", r.bytes_written}, {"result", r.result}, {"error", r.error},
+          {"barge_version", r.barge_version}, {"points", points}, {"point_state", or_null(r.point_state)}};
+}
+
+struct RunsArgs {
+  std::string policy, source, catalog;
+  size_t limit = 0;
+};
+
+int RunRunsList(RunsArgs& a, Output& out) {
+  std::string name = a.policy;
+  // A policy file names its policy; anything else is a name.
+  if (auto st = Env::Default().Stat(a.policy); !a.policy.empty() && st.ok() && st->is_regular()) {
+    auto p = orc::LoadPolicy(Env::Default(), a.policy);
+    if (!p.ok()) return out.Fail(p.error());
+    name = p->name;
+  }
+  auto catalog = orc::PolicyCatalog::Open(Env::Default(), orc::ResolveCatalogPath(a.catalog));
+  if (!catalog.ok()) return out.Fail(catalog.error());
+  auto runs = (*catalog)->ListRuns({name, a.source, a.limit});
+  if (!runs.ok()) return out.Fail(runs.error());
+  json list = json::array();
+  for (const auto& r : *runs) list.push_back(RecordJson(r));
+  out.Result({{"runs", list}});
+  std::ostream& t = out.text();
+  if (runs->empty()) t << "no runs recorded" << (name.empty() ? "" : " for policy " + name) << "\n";
+  for (const auto& r : *runs) {
+    t << r.started_at << "  " << r.policy << "/" << r.source << "  " << r.result << "  " << r.trigger;
+    if (!r.type.empty()) t << "  " << r.type;
+    if (!r.target.empty()) t << "  " << r.target;
+    if (r.result == "success") {
+      t << "  read " << HumanBytes(r.bytes_read) << ", wrote " << HumanBytes(r.bytes_written) << " in "
+        << HumanSeconds(r.duration_seconds);
+    }
+    if (!r.point_state.empty() && r.point_state != "present") t << "  (point " << r.point_state << ")";
+    if (!r.error.empty()) t << "\n    " << r.error;
+    t << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
+  {
+    auto* group = AddGroup(app, "policy", "Backup policy files");
+    auto a = std::make_shared<std::pair<std::string, std::string>>();
+    auto* cmd = AddCommand(*group, "check", "Validate a policy file (FILE:LINE:COLUMN errors) and show its next runs",
+                           exit_code, [a](Output& out) { return RunCheck(a->first, a->second, out); });
+    cmd->add_option("file", a->first, "Policy file (YAML)")->required();
+    cmd->add_option("--from", a->second, "Next runs after this time (RFC 3339; default now)");
+  }
+  {
+    auto a = std::make_shared<RunArgs>();
+    auto* cmd = AddCommand(app, "run", "Run a policy once: what is due now (for cron and systemd timers)", exit_code,
+                           [a](Output& out) { return RunRun(*a, out); });
+    cmd->add_option("--policy", a->policy, "Policy file (YAML)")->required();
+    cmd->add_option("--source", a->sources, "Only this source (repeatable)");
+    cmd->add_flag("--force", a->force, "Back up every (selected) source now, due or not (trigger manual)");
+    cmd->add_flag("--wait", a->wait, "Wait for a run of the same policy to end instead of failing (exit 4)");
+    cmd->add_option("--metrics-textfile", a->metrics_textfile,
+                    "Write the policy's metrics there afterwards, atomically (node-exporter textfile collector)");
+    cmd->add_option("--catalog", a->catalog, "Catalog database (run records)");
+    cmd->add_option("--threads", a->threads, "Worker threads per backup (0 = all cores)")->capture_default_str();
+    cmd->add_option("--memory", a->memory, "Data in flight per backup")->capture_default_str();
+  }
+  {
+    auto a = std::make_shared<ForgetArgs>();
+    auto* cmd = AddCommand(app, "forget",
+                           "Remove a policy's points restic-style; every kept point stays restorable", exit_code,
+                           [a](Output& out) { return RunForget(*a, out); });
+    cmd->add_option("--policy", a->policy, "Policy file (YAML)")->required();
+    cmd->add_option("--keep-last", a->keep.keep_last, "Keep the N newest points");
+    cmd->add_option("--keep-daily", a->keep.keep_daily, "Keep the newest point of each of the N newest days (UTC)");
+    cmd->add_option("--keep-weekly", a->keep.keep_weekly, "... of each of the N newest ISO weeks");
+    cmd->add_option("--keep-monthly", a->keep.keep_monthly, "... of each of the N newest months");
+    cmd->add_flag("--dry-run", a->dry_run, "Show what would go; change nothing");
+    cmd->add_option("--source", a->sources, "Only this source (repeatable)");
+    cmd->add_option("--catalog", a->catalog, "Catalog database (run records are marked)");
+    cmd->add_option("--threads", a->threads, "Worker threads of merges (0 = all cores)")->capture_default_str();
+    cmd->add_option("--memory", a->memory, "Data in flight of merges")->capture_default_str();
+  }
+  {
+    auto* group = AddGroup(app, "runs", "Policy run records");
+    auto a = std::make_shared<RunsArgs>();
+    auto* cmd = AddCommand(*group, "list", "Policy runs, newest first", exit_code,
+                           [a](Output& out) { return RunRunsList(*a, out); });
+    cmd->add_option("--policy", a->policy, "Only this policy (a name or a policy file)");
+    cmd->add_option("--source", a->source, "Only this source");
+    cmd->add_option("--limit", a->limit, "At most N records (0 = all)");
+    cmd->add_option("--catalog", a->catalog, "Catalog database");
+  }
+}
+
+}  // namespace barge::cli

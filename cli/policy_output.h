@@ -1,0 +1,26 @@
+// What `barge run` and `barge serve` print about a policy run: the JSON
+// object (run's result, serve's "run" events) and the readable lines.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "orchestrate/policy.h"
+#include "orchestrate/policy_runner.h"
+
+namespace barge::cli {
+
+// {policy, run_id, started_at, finished_at, duration_seconds, due, ran,
+// succeeded, failed, stopped, stop_reason, sources: [...]} (docs/policies.md,
+// "JSON").
+nlohmann::json RunReportJson(const orchestrate::Policy& policy, const orchestrate::RunReport& report);
+
+// One line per source (what ran, why, where, how it ended), then a summary.
+void PrintRunReport(std::ostream& out, const orchestrate::Policy& policy, const orchestrate::RunReport& report);
+
+// The stop reason of runs ended by SIGINT or SIGTERM ("stopped by SIGTERM").
+std::string SignalStopReason();
+
+}  // namespace barge::cli

@@ -1,0 +1,199 @@
+// barge serve: a policy's daemon (docs/policies.md, "barge serve"): the
+// scheduler loop on its own thread, /metrics (prometheus-cpp's Exposer with
+// the policy's collector) and /healthz on one listening address, SIGHUP to
+// reload the policy, SIGTERM/SIGINT to stop the run in progress and exit,
+// and systemd's readiness notifications.
+#include <CivetServer.h>
+#include <civetweb.h>
+#include <prometheus/exposer.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "cli/common.h"
+#include "cli/copy_flags.h"
+#include "cli/interrupt.h"
+#include "cli/policy_output.h"
+#include "cli/sd_notify.h"
+#include "orchestrate/catalog_path.h"
+#include "orchestrate/policy_hooks.h"
+#include "orchestrate/policy_scheduler.h"
+#include "orchestrate/time_text.h"
+
+namespace barge::cli {
+namespace {
+
+using nlohmann::json;
+namespace orc = barge::orchestrate;
+
+constexpr const char* kDefaultListen = "127.0.0.1:9847";
+
+// The scheduler /healthz reports on (civetweb's callback has no user data
+// of ours: the Exposer owns the server). Set while serve runs.
+std::atomic<orc::PolicyScheduler*> g_health_of{nullptr};
+
+json StatusJson(const orc::SchedulerStatus& s) {
+  auto time = [](const std::optional<orc::SysSeconds>& t) {
+    return t ? json(orc::FormatRfc3339(*t)) : json(nullptr);
+  };
+  return {{"status", s.stopping ? "stopping" : "ok"}, {"policy", s.policy},  {"running", s.running},
+          {"last_pass_at", time(s.last_pass)},       {"next_pass_at", time(s.next_pass)},
+          {"runs", s.runs},                          {"failed_runs", s.failed_runs},
+          {"last_error", s.last_error}};
+}
+
+// civetweb's begin_request: answers /healthz itself (200 while serving,
+// 503 once stopping); every other request goes on to the Exposer.
+int BeginRequest(mg_connection* conn) {
+  const mg_request_info* info = mg_get_request_info(conn);
+  if (info == nullptr || info->local_uri == nullptr || std::string_view(info->local_uri) != "/healthz") return 0;
+  orc::PolicyScheduler* sched = g_health_of.load();
+  orc::SchedulerStatus st;
+  if (sched != nullptr) st = sched->status();
+  else st.stopping = true;
+  const int code = st.stopping ? 503 : 200;
+  const std::string body = StatusJson(st).dump() + "\n";
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+            "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
+            code, code == 200 ? "OK" : "Service Unavailable", body.size());
+  mg_write(conn, body.data(), body.size());
+  return code;
+}
+
+std::string StatusLine(const orc::SchedulerStatus& s) {
+  std::string line = "policy " + s.policy + ": " + std::to_string(s.runs) + " run(s), " +
+                     std::to_string(s.failed_runs) + " with failures";
+  if (s.next_pass) line += "; next check " + orc::FormatRfc3339(*s.next_pass);
+  return line;
+}
+
+struct ServeArgs {
+  std::string policy, listen = kDefaultListen, metrics_textfile, catalog, memory = "256M";
+  int threads = 0;
+};
+
+int RunServe(ServeArgs& a, Output& out) {
+  auto policy = orc::LoadPolicy(Env::Default(), a.policy);
+  if (!policy.ok()) return out.Fail(policy.error());
+  // Before anything can take a while: a SIGHUP from now on is a reload.
+  InstallReloadHandling();
+  uint64_t reloads_seen = ReloadRequests();
+
+  orc::SchedulerOptions so;
+  so.run.catalog_path = orc::ResolveCatalogPath(a.catalog);
+  if (Status s = ApplyResourceFlags(a.memory, a.threads, so.run.copy); !s.ok()) return out.Usage(s.error().message());
+  auto hooks = orc::NewPolicyHookRunner();
+  so.run.hooks = hooks.get();
+  so.metrics_textfile = a.metrics_textfile;
+  auto collector = std::make_shared<orc::PolicyMetricsCollector>();
+  so.metrics = collector.get();
+  const auto serve_start = std::chrono::steady_clock::now();
+  orc::PolicyScheduler* sched_ptr = nullptr;  // set before the loop starts
+  so.on_run = [&out, &sched_ptr](const orc::RunReport& r) {
+    const orc::Policy p = sched_ptr->policy();
+    out.Event("run", RunReportJson(p, r));
+    PrintRunReport(out.text(), p, r);
+    out.text().flush();
+  };
+  so.on_error = [&out](const Error& e) { out.Warning(e.ToString()); };
+
+  std::unique_ptr<prometheus::Exposer> exposer;
+  static CivetCallbacks callbacks{};
+  callbacks.begin_request = BeginRequest;
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(a.listen, 2, &callbacks);
+  } catch (const std::exception& e) {
+    return out.Fail(Error::IoError(std::string("cannot listen on ") + a.listen + ": " + e.what() +
+                                   " (--listen HOST:PORT; port in use?)"));
+  }
+  exposer->RegisterCollectable(collector);
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  const int port = ports.empty() ? 0 : ports.front();
+  const std::string host = a.listen.substr(0, a.listen.rfind(':'));
+  const std::string address = host + ":" + std::to_string(port);
+
+  orc::PolicyScheduler sched(Env::Default(), *policy, so);
+  sched_ptr = &sched;
+  g_health_of = &sched;
+  std::thread loop([&sched] { sched.Loop(); });
+
+  auto ready = [&](bool reloaded) {
+    orc::Policy p = sched.policy();
+    json j = {{"policy", p.name},        {"policy_file", a.policy}, {"listen", address}, {"port", port},
+              {"metrics_url", "http://" + address + "/metrics"},    {"health_url", "http://" + address + "/healthz"},
+              {"reloaded", reloaded},    {"pid", static_cast<int64_t>(::getpid())}};
+    out.Event("ready", j);
+    out.text() << (reloaded ? "reloaded policy " : "serving policy ") << p.name << " from " << a.policy
+               << ": metrics at http://" << address << "/metrics, health at /healthz\n";
+    out.text().flush();
+    if (Status s = SdNotify("READY=1\nSTATUS=" + StatusLine(sched.status())); !s.ok()) {
+      out.Warning("sd_notify: " + s.error().ToString());
+    }
+  };
+  ready(false);
+
+  // The main thread watches the signals; the loop thread does the work.
+  int signal = 0;
+  for (;;) {
+    if (CancelFlag().load()) {
+      signal = InterruptSignal();
+      static_cast<void>(SdNotify("STOPPING=1\nSTATUS=stopping: " + SignalStopReason()));
+      out.text() << "barge serve: " << SignalStopReason() << ": stopping the run in progress\n";
+      out.text().flush();
+      sched.Stop(SignalStopReason());
+      break;
+    }
+    if (uint64_t n = ReloadRequests(); n != reloads_seen) {
+      reloads_seen = n;
+      static_cast<void>(SdNotify(SdReloadingMessage()));
+      auto fresh = orc::LoadPolicy(Env::Default(), a.policy);
+      if (fresh.ok()) {
+        sched.Replace(std::move(fresh).value());
+        ready(true);
+      } else {
+        out.Warning("reload failed; keeping policy " + sched.policy().name + ": " + fresh.error().ToString(),
+                    a.policy);
+        static_cast<void>(SdNotify("READY=1\nSTATUS=reload failed, old policy kept"));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  loop.join();
+  g_health_of = nullptr;
+  exposer.reset();
+  const orc::SchedulerStatus st = sched.status();
+  out.Result({{"policy", st.policy},
+              {"runs", st.runs},
+              {"failed_runs", st.failed_runs},
+              {"stopped_by", signal == SIGINT ? "SIGINT" : "SIGTERM"},
+              {"uptime_seconds",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - serve_start).count()}});
+  out.text() << "barge serve: stopped (" << st.runs << " run(s))\n";
+  // A daemon stops only by a signal: the result says what it did, the
+  // error event after it why it stopped (exit 130/143, as every command a
+  // signal stops; docs/json.md, "serve's daemon events").
+  return out.Fail(Error::Cancelled(signal == SIGINT ? "stopped by SIGINT" : "stopped by SIGTERM"),
+                  signal != 0 ? 128 + signal : kExitSigterm);
+}
+
+}  // namespace
+
+void RegisterServeCommand(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<ServeArgs>();
+  auto* cmd = AddCommand(app, "serve",
+                         "Run a policy as a daemon: its schedule, /metrics and /healthz; SIGHUP reloads, SIGTERM stops",
+                         exit_code, [a](Output& out) { return RunServe(*a, out); });
+  cmd->add_option("--policy", a->policy, "Policy file (YAML); SIGHUP reads it again")->required();
+  cmd->add_option("--listen", a->listen, "HOST:PORT for /metrics and /healthz (port 0: any free one)")
+      ->capture_default_str();
+  cmd->add_option("--metrics-textfile", a->metrics_textfile,
+                  "Also write the metrics there after each check, atomically (node-exporter textfile collector)");
+  cmd->add_option("--catalog", a->catalog, "Catalog database (run records)");
+  cmd->add_option("--threads", a->threads, "Worker threads per backup (0 = all cores)")->capture_default_str();
+  cmd->add_option("--memory", a->memory, "Data in flight per backup")->capture_default_str();
+}
+
+}  // namespace barge::cli

@@ -1,0 +1,163 @@
+// MigrateState through a test's Env: a crash (the Env stops, as a killed
+// process would) after every durability boundary of a migration, each
+// followed by a re-run that must end with the new folder complete and
+// current and the old one gone; and a failing copy that must roll back.
+#include "orchestrate/state_migrate.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <map>
+
+#include "tests/testing/env_wrappers.h"
+#include "tests/testing/testing.h"
+
+namespace barge::orchestrate {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+// Relative path -> what it is: a file's bytes, a link's target, or a folder,
+// with its permission bits. Journal and marker excluded.
+std::map<std::string, std::string> Snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+    std::string rel = it->path().lexically_relative(dir).string();
+    if (rel == kMigrateJournalName || rel == kStateMarkerName) continue;
+    struct stat st;
+    EXPECT_EQ(::lstat(it->path().c_str(), &st), 0);
+    std::string mode = " mode " + std::to_string(st.st_mode & 07777);
+    if (it->is_symlink()) {
+      out[rel] = "link " + fs::read_symlink(it->path()).string();
+    } else if (it->is_directory()) {
+      out[rel] = "dir" + mode;
+    } else {
+      auto bytes = testing::ReadFile(it->path().string());
+      out[rel] = std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()) + mode;
+    }
+  }
+  return out;
+}
+
+class StateMigrateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    from_ = dir_.path() / "old/state";
+    to_ = dir_.path() / "new/state";
+    fs::create_directories(from_ / "tpm2");
+    fs::create_directories(from_ / "efi/deep");
+    fs::create_directories(dir_.path() / "new");
+    testing::WriteFile((from_ / "tpm2/permall").string(), testing::RandomBytes(10000, 1));
+    fs::permissions(from_ / "tpm2/permall", fs::perms::owner_read | fs::perms::owner_write);
+    fs::permissions(from_ / "tpm2", fs::perms::owner_all);
+    auto vars = testing::RandomBytes(3 << 20, 2);
+    std::fill(vars.begin() + (1 << 20), vars.begin() + (2 << 20), std::byte{0});  // a hole in the copy
+    testing::WriteFile((from_ / "efi/VARS.fd").string(), vars);
+    testing::WriteFile((from_ / "efi/deep/empty").string(), {});
+    fs::create_symlink("../tpm2/permall", from_ / "efi/link");
+    before_ = Snapshot(from_);
+  }
+
+  Result<StateMigrateResult> Migrate(Env& env) { return MigrateState(env, from_.string(), to_.string()); }
+
+  void ExpectFinished() {
+    EXPECT_FALSE(fs::exists(from_));
+    EXPECT_EQ(Snapshot(to_), before_);
+    EXPECT_TRUE(fs::exists(to_ / kStateMarkerName));
+    for (const auto& e : fs::directory_iterator(to_)) {
+      EXPECT_FALSE(e.path().filename().string().ends_with(".barge-tmp")) << e.path();
+    }
+  }
+
+  TempDir dir_;
+  fs::path from_, to_;
+  std::map<std::string, std::string> before_;
+};
+
+TEST_F(StateMigrateTest, MovesFilesLinksFoldersAndModes) {
+  auto r = Migrate(PosixEnv());
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->outcome, "migrated");
+  EXPECT_EQ(r->recovery, "");
+  EXPECT_EQ(r->files.size(), before_.size());
+  ExpectFinished();
+  auto again = Migrate(PosixEnv());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->outcome, "already-migrated");
+}
+
+// A crash after each boundary in turn (journal appends, file syncs, folder
+// syncs, renames, removals): never are both copies lost, and the re-run
+// finishes from whichever side was current.
+TEST_F(StateMigrateTest, CrashAtEveryBoundaryThenRerun) {
+  const fs::path pristine = dir_.path() / "pristine";
+  fs::copy(from_, pristine, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  int rolled_back = 0, finished = 0;
+  for (uint64_t k = 1;; ++k) {
+    SCOPED_TRACE("crash after boundary " + std::to_string(k));
+    fs::remove_all(dir_.path() / "old");
+    fs::remove_all(to_);
+    fs::create_directories(from_.parent_path());
+    fs::copy(pristine, from_, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+    fs::permissions(from_, fs::status(pristine).permissions());
+    testing::StopEnv env(PosixEnv());
+    env.StopAfter(k);
+    auto r = Migrate(env);
+    if (r.ok()) {
+      EXPECT_FALSE(env.stopped());
+      ExpectFinished();
+      break;
+    }
+    ASSERT_TRUE(env.stopped()) << r.error().ToString();
+    const bool current = fs::exists(to_ / kStateMarkerName);
+    if (current) {
+      EXPECT_EQ(Snapshot(to_), before_);  // the old one may be partly removed
+    } else {
+      EXPECT_EQ(Snapshot(from_), before_);
+    }
+    auto again = Migrate(PosixEnv());
+    ASSERT_TRUE(again.ok()) << again.error().ToString();
+    if (again->outcome == "already-migrated") {
+      ++finished;  // the crash came after the last step was durable
+    } else {
+      EXPECT_EQ(again->outcome, "migrated");
+      EXPECT_TRUE(again->recovery.empty() || again->recovery == "rolled back" || again->recovery == "finished");
+      rolled_back += again->recovery == "rolled back";
+      finished += again->recovery == "finished";
+    }
+    ExpectFinished();
+  }
+  // Both sides of the commit point were hit many times.
+  EXPECT_GT(rolled_back, 5);
+  EXPECT_GT(finished, 2);
+}
+
+TEST_F(StateMigrateTest, FailedCopyRollsBackAndKeepsTheOld) {
+  testing::FaultFilesEnv env(PosixEnv(), [](const std::string& path, FaultInjector& faults) {
+    if (path.ends_with("VARS.fd")) faults.AddRule(FaultRule::Nth(FaultOp::kWrite, 2, ENOSPC));
+  });
+  auto r = Migrate(env);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), ErrorCode::kNoSpace) << r.error().ToString();
+  EXPECT_NE(r.error().message().find("stays current"), std::string::npos) << r.error().ToString();
+  EXPECT_FALSE(fs::exists(to_));
+  EXPECT_EQ(Snapshot(from_), before_);
+  auto again = Migrate(PosixEnv());
+  ASSERT_TRUE(again.ok()) << again.error().ToString();
+  ExpectFinished();
+}
+
+TEST_F(StateMigrateTest, RefusesNestedFoldersAndANonEmptyTarget) {
+  EXPECT_EQ(MigrateState(PosixEnv(), from_.string(), (from_ / "sub").string()).error().code(),
+            ErrorCode::kInvalidArgument);
+  fs::create_directories(to_);
+  testing::WriteFile((to_ / "stray").string(), testing::RandomBytes(10, 3));
+  EXPECT_EQ(Migrate(PosixEnv()).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(Snapshot(from_), before_);
+}
+
+}  // namespace
+}  // namespace barge::orchestrate

@@ -1,0 +1,57 @@
+// The outcome of the last `barge verify` of a backup point, kept beside its
+// manifest as <id>.verified (format: docs/formats/backup.md), so that
+// `barge list` can say when each point was last proven intact.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "blockio/error.h"
+#include "formats/digest.h"
+#include "pipeline/chain.h"
+
+namespace barge::pipeline {
+
+struct VerificationRecord {
+  std::string id;                  // the point's backup id
+  bool ok = false;                 // result: "ok" or "failed"
+  std::string error;               // when failed: what was wrong
+  std::string verified_at;         // RFC 3339 UTC, when the check ended
+  double duration_seconds = 0;
+  uint64_t clusters_checked = 0;
+  std::string image;               // the image file name at the time
+  uint64_t image_bytes = 0;        // its size at the time
+  formats::Digest128 image_digest; // the manifest's image digest at the time
+};
+
+// "<id>.verified".
+std::string VerificationFileName(std::string_view id);
+
+std::string EncodeVerificationRecord(const VerificationRecord& record);
+// Parses untrusted JSON: unknown fields are ignored; a missing or mistyped
+// field (verified_at not RFC 3339, duration_seconds negative included),
+// another format or a newer version is kCorruption.
+Result<VerificationRecord> DecodeVerificationRecord(std::string_view json);
+
+// Replaces point `index`'s record atomically (Env::WriteFileAtomic: a
+// crash leaves the old record or the new one). May block.
+Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index, const VerificationRecord& record);
+
+// What `list` shows for a point.
+struct LastVerification {
+  VerificationRecord record;
+  // The record is for other bytes than the point has now (its image file
+  // was replaced, e.g. by a merge, or the digest differs): it proves
+  // nothing about them.
+  bool stale = false;
+};
+
+// Point `index`'s record: nullopt when it was never verified; kCorruption
+// naming the file when the record cannot be read as one. `image_bytes` is
+// the image file's size now (for the stale check). May block.
+Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,
+                                                             uint64_t image_bytes);
+
+}  // namespace barge::pipeline

@@ -1,0 +1,286 @@
+// barge list: every point of a chain folder with its position, type, time,
+// sizes, parent, chain and last verification (kept by barge verify as
+// <id>.verified); several chains in one folder; missing images; merges.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/testing/testing.h"
+
+namespace barge {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::RunOk;
+using testing::ShellQuote;
+using testing::TempDir;
+
+testing::CommandResult Sh(const std::string& command) { return testing::Run(command); }
+std::string Barge() { return ShellQuote(testing::BargeBinary()); }
+std::string Q(const std::string& s) { return ShellQuote(s); }
+
+// The "result" line of a --json run's NDJSON.
+nlohmann::json ResultLine(const std::string& output) {
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("event", "") == "result") return j;
+  }
+  return {};
+}
+
+std::vector<nlohmann::json> Events(const std::string& output, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("event", "") == event) out.push_back(j);
+  }
+  return out;
+}
+
+class ListCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BARGE_REQUIRE_TOOL("qemu-img");
+    BARGE_REQUIRE_TOOL("qemu-io");
+    disk_ = dir_ / "disk.qcow2";
+    chain_ = dir_ / "bk/vda";
+    RunOk("qemu-img create -q -f qcow2 " + Q(disk_) + " 8M");
+    RunOk("qemu-io -f qcow2 -c 'write -P 0xaa 0 1M' " + Q(disk_));
+    RunOk("qemu-img bitmap --add " + Q(disk_) + " cbt0");
+  }
+  nlohmann::json Backup(const std::string& extra) {
+    return ResultLine(RunOk(Barge() + " backup --json --source " + Q(disk_) + " --target " + Q(dir_ / "bk") +
+                            " --name vda " + extra));
+  }
+  nlohmann::json Incremental(const std::string& write) {
+    RunOk("qemu-io -f qcow2 -c " + Q(write) + " " + Q(disk_));
+    auto r = Backup("--incremental --dirty-bitmap cbt0");
+    RunOk(Barge() + " bitmap clear " + Q(disk_) + " cbt0");
+    return r;
+  }
+  nlohmann::json List() { return ResultLine(RunOk(Barge() + " list --json " + Q(chain_))); }
+
+  TempDir dir_;
+  std::string disk_, chain_;
+};
+
+TEST_F(ListCliTest, EveryPointWithItsChainSizesAndVerification) {
+  auto full = Backup("");
+  auto inc1 = Incremental("write -P 0xbb 2M 64k");
+  auto inc2 = Incremental("write -P 0xcc 3M 128k");
+  auto full2 = Backup("");  // a full in the same folder starts a second chain
+  auto inc3 = Incremental("write -P 0xdd 4M 64k");
+
+  auto list = List();
+  ASSERT_EQ(list["chain_dir"], chain_);
+  const auto& points = list["points"];
+  ASSERT_EQ(points.size(), 5u);
+  const std::vector<nlohmann::json> made = {full, inc1, inc2, full2, inc3};
+  uint64_t stored = 0;
+  for (size_t i = 0; i < points.size(); ++i) {
+    SCOPED_TRACE(i);
+    const auto& p = points[i];
+    EXPECT_EQ(p["position"], i);
+    EXPECT_EQ(p["id"], made[i]["id"]);
+    EXPECT_EQ(p["type"], made[i]["type"]);
+    EXPECT_EQ(p["reason"], made[i]["reason"]);
+    EXPECT_EQ(p["parent"], made[i]["parent"]);
+    EXPECT_EQ(p["started_at"], made[i]["started_at"]);
+    EXPECT_EQ(p["virtual_size"], 8 << 20);
+    EXPECT_EQ(p["compression"], "zstd:2");
+    EXPECT_EQ(p["image_digest"], made[i]["image_digest"]);
+    EXPECT_EQ(p["bytes_written"], made[i]["bytes_written"]);
+    const std::string image = chain_ + "/" + p["image"].get<std::string>();
+    EXPECT_EQ(p["image_bytes"], fs::file_size(image));
+    EXPECT_GT(p["allocated_bytes"].get<uint64_t>(), 0u);
+    EXPECT_TRUE(p["last_verification"].is_null());
+    EXPECT_TRUE(p.contains("duration_seconds"));
+    stored += p["image_bytes"].get<uint64_t>();
+  }
+  EXPECT_EQ(list["image_bytes"], stored);
+  EXPECT_EQ(points[1]["dirty_bytes"], 64 << 10);
+  EXPECT_EQ(points[1]["dirty_source"], "bitmap:cbt0");
+  // Chains: 0..2 hang off the first full, 3..4 off the second.
+  for (int i : {0, 1, 2}) EXPECT_EQ(points[i]["chain"], full["id"]);
+  for (int i : {3, 4}) EXPECT_EQ(points[i]["chain"], full2["id"]);
+  ASSERT_EQ(list["chains"].size(), 2u);
+  EXPECT_EQ(list["chains"][0]["full"], full["id"]);
+  EXPECT_EQ(list["chains"][0]["latest"], inc2["id"]);
+  EXPECT_EQ(list["chains"][0]["points"].size(), 3u);
+  EXPECT_EQ(list["chains"][1]["points"], nlohmann::json::array({full2["id"], inc3["id"]}));
+
+  // Readable text: a table per chain, positions, parents by position.
+  std::string text = RunOk(Barge() + " list " + Q(chain_));
+  EXPECT_NE(text.find("5 points in 2 chains"), std::string::npos) << text;
+  EXPECT_NE(text.find("chain 1 (full " + full["id"].get<std::string>() + ")"), std::string::npos) << text;
+  EXPECT_NE(text.find("chain 2 (full " + full2["id"].get<std::string>() + ")"), std::string::npos) << text;
+  EXPECT_NE(text.find("never"), std::string::npos) << text;
+  EXPECT_NE(text.find("incremental"), std::string::npos) << text;
+  EXPECT_NE(text.find(points[0]["started_at"].get<std::string>()), std::string::npos) << text;
+  // A manifest or an image path names its folder too.
+  auto by_image = ResultLine(RunOk(Barge() + " list --json " + Q(chain_ + "/" + points[2]["image"].get<std::string>())));
+  EXPECT_EQ(by_image["points"].size(), 5u);
+}
+
+TEST_F(ListCliTest, VerifyRecordsItsOutcomeForList) {
+  auto full = Backup("--compress none");  // data clusters at offsets qemu-img map shows
+  auto inc = Incremental("write -P 0xbb 2M 64k");
+  auto verify = ResultLine(RunOk(Barge() + " verify --json " + Q(chain_) + " --at 1"));
+  ASSERT_EQ(verify["verified"], nlohmann::json::array({inc["id"]}));
+
+  // The record beside the manifest (docs/formats/backup.md).
+  const std::string record_path = chain_ + "/" + inc["id"].get<std::string>() + ".verified";
+  ASSERT_TRUE(fs::exists(record_path));
+  std::ifstream f(record_path);
+  auto record = nlohmann::json::parse(f, nullptr, false);
+  EXPECT_EQ(record["format"], "barge-verification");
+  EXPECT_EQ(record["format_version"], 1);
+  EXPECT_EQ(record["id"], inc["id"]);
+  EXPECT_EQ(record["result"], "ok");
+  EXPECT_EQ(record["image_digest"]["algorithm"], "xxh3-128-cluster-fold");
+  EXPECT_EQ("xxh3-128:" + record["image_digest"]["value"].get<std::string>(), inc["image_digest"]);
+  EXPECT_EQ(record["clusters_checked"], 128);
+
+  auto list = List();
+  EXPECT_TRUE(list["points"][0]["last_verification"].is_null());
+  const auto& v = list["points"][1]["last_verification"];
+  ASSERT_TRUE(v.is_object());
+  EXPECT_EQ(v["result"], "ok");
+  EXPECT_EQ(v["verified_at"], record["verified_at"]);
+  EXPECT_FALSE(v["stale"].get<bool>());
+  EXPECT_EQ(v["clusters_checked"], 128);
+  std::string text = RunOk(Barge() + " list " + Q(chain_));
+  EXPECT_NE(text.find("ok " + record["verified_at"].get<std::string>()), std::string::npos) << text;
+
+  // Damage the full's image data: verify fails (exit 2) and list says so
+  // for the point that was checked.
+  const std::string full_image = chain_ + "/" + full["id"].get<std::string>() + ".qcow2";
+  auto map = nlohmann::json::parse(RunOk("qemu-img map -f qcow2 --output=json " + Q(full_image)));
+  uint64_t host = 0;
+  for (const auto& e : map) {
+    if (e.value("data", false) && e.contains("offset")) host = e["offset"].get<uint64_t>();
+  }
+  ASSERT_GT(host, 0u);
+  RunOk("printf 'XXXXXXXX' | dd of=" + Q(full_image) + " bs=1 seek=" + std::to_string(host + 100) +
+        " conv=notrunc status=none");
+  auto bad = Sh(Barge() + " verify --json " + Q(chain_) + " --at 0");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  list = List();
+  const auto& failed = list["points"][0]["last_verification"];
+  ASSERT_TRUE(failed.is_object()) << list.dump();
+  EXPECT_EQ(failed["result"], "failed");
+  EXPECT_FALSE(failed.value("error", "").empty());
+  EXPECT_NE(RunOk(Barge() + " list " + Q(chain_)).find("FAILED"), std::string::npos);
+  // The incremental's own record stays until it is verified again.
+  EXPECT_EQ(list["points"][1]["last_verification"]["result"], "ok");
+}
+
+TEST_F(ListCliTest, AMergeDropsTheRecordsOfWhatItRewritesAndFolds) {
+  auto full = Backup("");
+  auto inc1 = Incremental("write -P 0xbb 2M 64k");
+  auto inc2 = Incremental("write -P 0xcc 3M 64k");
+  RunOk(Barge() + " verify " + Q(chain_) + " --all");
+  for (const auto& p : {full, inc1, inc2}) {
+    EXPECT_TRUE(fs::exists(chain_ + "/" + p["id"].get<std::string>() + ".verified"));
+  }
+  RunOk(Barge() + " merge " + Q(chain_) + " --through 1");
+  auto list = List();
+  ASSERT_EQ(list["points"].size(), 2u);
+  EXPECT_EQ(list["points"][0]["id"], inc1["id"]);
+  EXPECT_EQ(list["points"][0]["type"], "full");
+  // Its image was rewritten by the merge: never verified since. The folded
+  // point's record is gone; the untouched point keeps its own.
+  EXPECT_TRUE(list["points"][0]["last_verification"].is_null());
+  EXPECT_FALSE(fs::exists(chain_ + "/" + full["id"].get<std::string>() + ".verified"));
+  EXPECT_EQ(list["points"][1]["last_verification"]["result"], "ok");
+  RunOk(Barge() + " verify " + Q(chain_) + " --at " + inc1["id"].get<std::string>());
+  EXPECT_EQ(List()["points"][0]["last_verification"]["result"], "ok");
+}
+
+// A record whose image was replaced behind barge's back (another size) is
+// shown as stale; a leftover record of a point that is gone is removed by
+// the next backup.
+TEST_F(ListCliTest, StaleAndOrphanRecords) {
+  auto full = Backup("");
+  auto inc = Incremental("write -P 0xbb 2M 64k");
+  RunOk(Barge() + " verify " + Q(chain_) + " --all");
+  const std::string image = chain_ + "/" + full["id"].get<std::string>() + ".qcow2";
+  const uint64_t size = fs::file_size(image);
+  fs::resize_file(image, size + 65536);  // another file now, the same manifest
+  auto list = List();
+  EXPECT_TRUE(list["points"][0]["last_verification"]["stale"].get<bool>());
+  EXPECT_FALSE(list["points"][1]["last_verification"]["stale"].get<bool>());
+  EXPECT_NE(RunOk(Barge() + " list " + Q(chain_)).find("stale"), std::string::npos);
+  fs::resize_file(image, size);
+  EXPECT_FALSE(List()["points"][0]["last_verification"]["stale"].get<bool>());
+
+  const std::string orphan = chain_ + "/0077-20200101T000000Z.verified";
+  fs::copy_file(chain_ + "/" + inc["id"].get<std::string>() + ".verified", orphan);
+  EXPECT_EQ(List()["points"].size(), 2u);  // not a point
+  Incremental("write -P 0xdd 4M 64k");
+  EXPECT_FALSE(fs::exists(orphan));
+  EXPECT_TRUE(fs::exists(chain_ + "/" + inc["id"].get<std::string>() + ".verified"));
+}
+
+// A record that cannot be written (here: a folder squats its name, which
+// even root cannot rename a file over) is a warning; the verification
+// still passes. `list` warns about the unreadable record and shows never.
+TEST_F(ListCliTest, UnwritableRecordIsAWarning) {
+  auto full = Backup("");
+  fs::create_directory(chain_ + "/" + full["id"].get<std::string>() + ".verified");
+  auto r = Sh(Barge() + " verify --json " + Q(chain_));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto warnings = Events(r.output, "warning");
+  ASSERT_EQ(warnings.size(), 1u) << r.output;
+  EXPECT_NE(warnings[0].value("message", "").find("could not record the verification of " +
+                                                  full["id"].get<std::string>()),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(ResultLine(r.output)["verified"], nlohmann::json::array({full["id"]}));
+  auto listed = Sh(Barge() + " list --json " + Q(chain_));
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_TRUE(ResultLine(listed.output)["points"][0]["last_verification"].is_null());
+  EXPECT_FALSE(Events(listed.output, "warning").empty()) << listed.output;
+}
+
+TEST_F(ListCliTest, MissingImagesEmptyFoldersAndMistakes) {
+  auto full = Backup("");
+  auto inc = Incremental("write -P 0xbb 2M 64k");
+  fs::remove(chain_ + "/" + full["id"].get<std::string>() + ".qcow2");
+  auto r = Sh(Barge() + " list --json " + Q(chain_));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto list = ResultLine(r.output);
+  EXPECT_TRUE(list["points"][0]["image_bytes"].is_null());
+  EXPECT_EQ(list["points"][1]["image_bytes"], fs::file_size(chain_ + "/" + inc["id"].get<std::string>() + ".qcow2"));
+  EXPECT_FALSE(Events(r.output, "warning").empty()) << r.output;
+  EXPECT_NE(RunOk(Barge() + " list " + Q(chain_) + " 2>&1").find("MISSING"), std::string::npos);
+
+  // A broken parent link: the point is listed apart, with the reason.
+  fs::remove(chain_ + "/" + full["id"].get<std::string>() + ".json");
+  list = List();
+  ASSERT_EQ(list["points"].size(), 1u);
+  EXPECT_TRUE(list["points"][0]["chain"].is_null());
+  EXPECT_NE(list["points"][0].value("broken", "").find("missing"), std::string::npos) << list.dump();
+  EXPECT_NE(RunOk(Barge() + " list " + Q(chain_) + " 2>/dev/null").find("broken"), std::string::npos);
+
+  fs::create_directories(dir_ / "empty");
+  auto empty = ResultLine(RunOk(Barge() + " list --json " + Q(dir_ / "empty")));
+  EXPECT_TRUE(empty["points"].empty());
+  EXPECT_NE(RunOk(Barge() + " list " + Q(dir_ / "empty")).find("no backups"), std::string::npos);
+
+  auto absent = Sh(Barge() + " list " + Q(dir_ / "absent"));
+  EXPECT_EQ(absent.exit_code, 1) << absent.output;
+  EXPECT_NE(absent.output.find("absent"), std::string::npos) << absent.output;
+  EXPECT_EQ(Sh(Barge() + " list").exit_code, 64);
+}
+
+}  // namespace
+}  // namespace barge

@@ -1,0 +1,404 @@
+// barge policy check / run / runs list / forget / restore end to end on real
+// images (issue 15): a policy over a qcow2 disk with a persistent bitmap
+// and two raw disks, two targets and a one-minute schedule, run twice in
+// one slot and again across the slot boundary (real time); retention
+// across merges with every remaining point restored and compared with
+// qemu-img; a reason change; a full target (a small tmpfs: the policy's
+// free space rule, and the backup's own estimate); a run stopped past its max_run_time and one stopped by
+// SIGTERM, both recorded failed with no partial files.
+#include <sys/mount.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "tests/policy_support.h"
+
+namespace barge {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace policy_testing;
+
+using testing::RunOk;
+using testing::TempDir;
+
+// `barge ARGS --json` with the catalog, its stdout read strictly as NDJSON
+// (testing::Events): the exit code; the result event (ResultOf: one, no
+// error before it), empty when the run printed none (a usage error); and,
+// unless it exited 0, the error event that must end it, whose exit_code is
+// the exit status (ErrorOf). A run exiting 0 has no error event.
+struct CliResult {
+  int exit_code = -1;
+  json result = json::object();
+  json error = json::object();
+  std::string output;  // stdout and stderr, for messages
+};
+CliResult BargeJson(const std::string& args, const std::string& catalog) {
+  auto r = testing::Run("BARGE_CATALOG=" + Q(catalog) + " " + Barge() + " " + args + " --json");
+  CliResult c;
+  c.exit_code = r.exit_code;
+  c.output = r.output;
+  const std::vector<json> events = testing::Events(r.stdout_text);
+  if (std::any_of(events.begin(), events.end(), [](const json& e) { return e.at("event") == "result"; })) {
+    c.result = testing::ResultOf(r.stdout_text);
+  }
+  if (r.exit_code == 0) {
+    for (const json& e : events) EXPECT_NE(e.at("event"), "error") << args << ": exit 0 with an error: " << r.output;
+  } else {
+    c.error = testing::ErrorOf(r.stdout_text);
+    EXPECT_EQ(c.error.value("exit_code", -1), r.exit_code) << args << ": " << r.output;
+  }
+  return c;
+}
+
+const json& SourceOf(const json& result, const std::string& name) {
+  for (const auto& s : result.at("sources")) {
+    if (s.at("source") == name) return s;
+  }
+  static const json none;
+  ADD_FAILURE() << "no source " << name << " in " << result.dump();
+  return none;
+}
+
+// Files under `dir` whose names say "unfinished" (staged temporaries).
+std::vector<std::string> Leftovers(const std::string& dir) {
+  std::vector<std::string> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.find("barge-tmp") != std::string::npos) out.push_back(e.path().string());
+  }
+  return out;
+}
+
+// Backup points (manifests) under `dir`.
+size_t Manifests(const std::string& dir) {
+  size_t n = 0;
+  if (!fs::exists(dir)) return 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) n += e.path().extension() == ".json" ? 1 : 0;
+  return n;
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  testing::WriteFile(path, std::vector<std::byte>(reinterpret_cast<const std::byte*>(text.data()),
+                                                  reinterpret_cast<const std::byte*>(text.data()) + text.size()));
+}
+
+// The image's guest-visible contents now, as a raw file (the oracle a
+// restore is compared with).
+void SaveState(const std::string& image, const std::string& raw) {
+  RunOk("qemu-img convert -U -f qcow2 -O raw " + Q(image) + " " + Q(raw));
+}
+
+TEST(PolicyCliTest, CheckReportsEveryProblemWithItsPlace) {
+  TempDir dir;
+  WriteText(dir / "bad.yaml", "name: nightly\nsources:\n  - image: disk.qcow2\nretention: 3\ntargets: [/b]\n"
+                              "schedule: '0 2 * * 9'\n");
+  CliResult r = BargeJson("policy check " + Q(dir / "bad.yaml"), dir / "c.db");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.result.at("valid"), false);
+  std::vector<std::string> got;
+  for (const auto& p : r.result.at("problems")) {
+    got.push_back(std::to_string(p.at("line").get<int>()) + ":" + std::to_string(p.at("column").get<int>()) + " " +
+                  p.at("message").get<std::string>());
+  }
+  ASSERT_EQ(got.size(), 3u) << r.output;
+  EXPECT_EQ(got[0], "3:12 'image' must be an absolute path, not 'disk.qcow2'");
+  EXPECT_EQ(got[1], "4:1 unknown key 'retention' in the policy (did you mean 'retention_count'?)");
+  EXPECT_NE(got[2].find("6:11 'schedule': "), std::string::npos) << got[2];
+  // Text mode: compiler-style lines on stderr.
+  auto text = testing::Run(Barge() + " policy check " + Q(dir / "bad.yaml"));
+  EXPECT_NE(text.output.find(dir / "bad.yaml" + ":4:1: unknown key 'retention'"), std::string::npos) << text.output;
+
+  WriteText(dir / "ok.yaml", "name: nightly\nsources:\n  - image: /vm/disk.qcow2\n    bitmap: cbt0\n"
+                             "  - domain: vm1\n    tracker: nightly\nreason: ''\n"
+                             "schedule: 'CRON_TZ=Europe/Berlin 0 2 * * *'\nmax_duration_without_backup: 26h\n"
+                             "retention_count: 15\ntargets: [/backups/a, /backups/b]\nfree_space_multiple: 2\n");
+  r = BargeJson("policy check " + Q(dir / "ok.yaml") + " --from 2026-11-24T12:00:00Z", dir / "c.db");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.result.at("valid"), true);
+  EXPECT_EQ(r.result.at("policy"), "nightly");
+  EXPECT_EQ(r.result.at("time_zone"), "Europe/Berlin");
+  EXPECT_EQ(r.result.at("max_duration_without_backup_seconds"), 26 * 3600);
+  EXPECT_EQ(r.result.at("next_runs"), json({"2026-11-25T01:00:00Z", "2026-11-26T01:00:00Z", "2026-11-27T01:00:00Z",
+                                            "2026-11-28T01:00:00Z", "2026-11-29T01:00:00Z"}));
+  EXPECT_EQ(r.result.at("sources").size(), 2u);
+}
+
+TEST(PolicyCliTest, ScheduleAcrossSlotsRetentionRestoreAndReasonChange) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  TempDir dir;
+  const std::string vm = dir / "vm.qcow2", a = dir / "a.raw", b = dir / "b.raw", cat = dir / "catalog.db";
+  RunOk("qemu-img create -q -f qcow2 " + Q(vm) + " 16M && qemu-io -f qcow2 -c 'write -P 0x11 0 6M' " + Q(vm) +
+        " >/dev/null && qemu-img bitmap --add --enable " + Q(vm) + " cbt0");
+  testing::WriteFile(a, testing::RandomBytes(3 << 20, 1));
+  RunOk("truncate -s 8M " + Q(b) + " && qemu-io -f raw -c 'write -P 0x5a 1M 1M' " + Q(b) + " >/dev/null");
+  fs::create_directories(dir / "t1");
+  fs::create_directories(dir / "t2");
+  const std::string policy_head = "name: e2e\nsources:\n  - image: " + vm + "\n    bitmap: cbt0\n  - image: " + a +
+                                  "\n  - image: " + b + "\n";
+  const std::string policy_tail = "schedule: '* * * * *'\nretention_count: 3\nmax_parallel: 2\ntargets: [" +
+                                  (dir / "t1") + ", " + (dir / "t2") + "]\nfree_space_multiple: 1\n"
+                                  "max_duration_without_backup: 1h\n";
+  const std::string policy = dir / "e2e.yaml";
+  WriteText(policy, policy_head + policy_tail);
+  const std::string run = "run --policy " + Q(policy);
+
+  // Two runs inside one slot: the first backs up everything (never backed
+  // up), the second finds nothing due.
+  if (SecondsIntoMinute() > 50) SleepPastNextMinute();
+  std::map<std::string, std::string> state_of;  // vm point id -> raw copy of the disk then
+  SaveState(vm, dir / "state0.raw");
+  CliResult r1 = BargeJson(run + " --metrics-textfile " + Q(dir / "barge.prom"), cat);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_EQ(r1.result.at("ran"), 3);
+  EXPECT_EQ(r1.result.at("failed"), 0);
+  EXPECT_EQ(r1.result.at("metrics_textfile"), dir / "barge.prom");
+  for (const char* s : {"vm", "a", "b"}) {
+    const json& src = SourceOf(r1.result, s);
+    EXPECT_EQ(src.at("result"), "success") << src.dump();
+    EXPECT_EQ(src.at("trigger"), "schedule");
+    EXPECT_EQ(src.at("due_reason"), "never backed up");
+    EXPECT_EQ(src.at("type"), "full");
+  }
+  state_of[SourceOf(r1.result, "vm").at("points")[0].at("id")] = dir / "state0.raw";
+  const std::string a_first_target = SourceOf(r1.result, "a").at("target");
+
+  CliResult r2 = BargeJson(run, cat);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  if (r2.result.at("started_at").get<std::string>().substr(0, 16) ==
+      r1.result.at("started_at").get<std::string>().substr(0, 16)) {
+    EXPECT_EQ(r2.result.at("ran"), 0) << r2.output;
+    EXPECT_EQ(SourceOf(r2.result, "vm").at("result"), "not_due");
+    EXPECT_EQ(SourceOf(r2.result, "vm").at("due_reason").get<std::string>().rfind("next slot ", 0), 0u);
+  }
+
+  // The node-exporter textfile of the first run.
+  std::string prom = Background::Slurp(dir / "barge.prom");
+  EXPECT_NE(prom.find("barge_policy_runs_total{policy=\"e2e\",source=\"vm\",result=\"success\"} 1"),
+            std::string::npos)
+      << prom;
+  EXPECT_NE(prom.find("barge_policy_retained_points{policy=\"e2e\",source=\"a\"} 1"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("barge_policy_max_duration_without_backup_seconds{policy=\"e2e\",source=\"b\"} 3600"),
+            std::string::npos);
+  if (testing::HaveTool("promtool")) RunOk("promtool check metrics < " + Q(dir / "barge.prom"));
+
+  // Across the slot boundary: due again (schedule); the bitmap makes the
+  // qcow2 an incremental; the raw disks' new chains go to the other target
+  // (fewest successful backups of the source).
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x22 1M 64k' " + Q(vm) + " >/dev/null");
+  SaveState(vm, dir / "state1.raw");
+  SleepPastNextMinute();
+  CliResult r3 = BargeJson(run, cat);
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  EXPECT_EQ(r3.result.at("ran"), 3) << r3.output;
+  EXPECT_EQ(SourceOf(r3.result, "vm").at("type"), "incremental");
+  EXPECT_EQ(SourceOf(r3.result, "vm").at("trigger"), "schedule");
+  EXPECT_EQ(SourceOf(r3.result, "vm").at("due_reason").get<std::string>().rfind("slot ", 0), 0u);
+  EXPECT_LT(SourceOf(r3.result, "vm").at("bytes_read").get<uint64_t>(), 1u << 20);  // only the changed cluster
+  EXPECT_NE(SourceOf(r3.result, "a").at("target"), a_first_target);
+  state_of[SourceOf(r3.result, "vm").at("points")[0].at("id")] = dir / "state1.raw";
+
+  // Retention across merges: three more points of the qcow2 (forced runs,
+  // changes between them); retention_count 3 merges the oldest forward.
+  for (int i = 2; i <= 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // backup ids tell time to the second
+    RunOk("qemu-io -f qcow2 -c 'write -P " + std::to_string(0x30 + i) + " " + std::to_string(i + 2) + "M 128k' " +
+          Q(vm) + " >/dev/null");
+    const std::string state = dir / ("state" + std::to_string(i) + ".raw");
+    SaveState(vm, state);
+    CliResult r = BargeJson(run + " --force --source vm", cat);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_EQ(r.result.at("ran"), 1);
+    const json& src = SourceOf(r.result, "vm");
+    EXPECT_EQ(src.at("trigger"), "manual");
+    EXPECT_EQ(src.at("type"), "incremental") << src.dump();
+    if (i >= 3) {
+      EXPECT_EQ(src.at("retention"), "1 point(s) removed") << src.dump();
+    }
+    state_of[src.at("points")[0].at("id")] = state;
+  }
+  const std::string chain = SourceOf(r1.result, "vm").at("points")[0].at("chain_dir");
+  std::set<std::string> ids;
+  for (const auto& e : fs::directory_iterator(chain)) {
+    if (e.path().extension() == ".json") ids.insert(e.path().stem().string());
+  }
+  ASSERT_EQ(ids.size(), 3u);
+  // Every remaining point restores to the disk as it was when it was taken.
+  for (const auto& id : ids) {
+    ASSERT_TRUE(state_of.count(id)) << id;
+    const std::string out = dir / ("restored-" + id + ".raw");
+    CliResult rr = BargeJson("restore " + Q(chain) + " --at " + Q(id) + " --to " + Q(out) + " --no-sync", cat);
+    ASSERT_EQ(rr.exit_code, 0) << rr.output;
+    RunOk("qemu-img compare -q -f raw -F raw " + Q(out) + " " + Q(state_of[id]));
+  }
+  RunOk("qemu-img check -q " + Q(vm));
+  // The records of the merged points say so; the newest are present.
+  CliResult runs = BargeJson("runs list --policy " + Q(policy) + " --source vm", cat);
+  ASSERT_EQ(runs.exit_code, 0) << runs.output;
+  ASSERT_EQ(runs.result.at("runs").size(), 5u);
+  EXPECT_EQ(runs.result.at("runs")[0].at("point_state"), "present");
+  EXPECT_EQ(runs.result.at("runs")[4].at("point_state"), "removed");
+  EXPECT_EQ(runs.result.at("runs")[4].at("result"), "success");
+
+  // A changed reason: every source once (a one-time backup), then no more.
+  WriteText(policy, policy_head + "reason: before-upgrade\n" + policy_tail);
+  CliResult r4 = BargeJson(run, cat);
+  ASSERT_EQ(r4.exit_code, 0) << r4.output;
+  EXPECT_EQ(r4.result.at("ran"), 3);
+  for (const char* s : {"vm", "a", "b"}) {
+    EXPECT_EQ(SourceOf(r4.result, s).at("trigger"), "reason");
+    EXPECT_EQ(SourceOf(r4.result, s).at("due_reason"), "reason changed from '' to 'before-upgrade'");
+  }
+  CliResult r5 = BargeJson(run, cat);
+  ASSERT_EQ(r5.exit_code, 0) << r5.output;
+  for (const auto& s : r5.result.at("sources")) EXPECT_NE(s.at("trigger"), "reason") << s.dump();
+  EXPECT_TRUE(Leftovers(dir / "t1").empty() && Leftovers(dir / "t2").empty());
+}
+
+// A small tmpfs mounted for the test's life (root only; absent otherwise).
+class TmpfsMount {
+ public:
+  TmpfsMount(const std::string& dir, const std::string& size) : dir_(dir) {
+    fs::create_directories(dir);
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0;
+  }
+  ~TmpfsMount() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+TEST(PolicyCliTest, FullTargetFailsTheSourceOthersGoOn) {
+  TempDir dir;
+  const std::string big = dir / "big.raw", small = dir / "small.raw", cat = dir / "catalog.db";
+  testing::WriteFile(big, testing::RandomBytes(12 << 20, 2));  // incompressible
+  testing::WriteFile(small, testing::RandomBytes(1 << 20, 3));
+  TmpfsMount tmpfs(dir / "full", "8m");
+  const std::string target = tmpfs.mounted() ? dir / "full" : dir / "t";
+  fs::create_directories(target);
+  // Without a tmpfs (not root), the free space rule makes the target "full".
+  const std::string multiple = tmpfs.mounted() ? "1" : "1000";
+  const std::string policy = dir / "p.yaml";
+  auto write_policy = [&](const std::string& m) {
+    WriteText(policy, "name: full\nsources:\n  - image: " + big + "\n  - image: " + small + "\ntargets: [" + target +
+                          "]\nfree_space_multiple: " + m + "\n");
+  };
+  write_policy(multiple);
+  CliResult r = BargeJson("run --force --policy " + Q(policy), cat);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.result.at("failed"), 1);
+  const json& b = SourceOf(r.result, "big");
+  EXPECT_EQ(b.at("result"), "failed");
+  EXPECT_NE(b.at("error").get<std::string>().find("NoSpace"), std::string::npos) << b.dump();
+  EXPECT_NE(b.at("error").get<std::string>().find("no target qualifies"), std::string::npos) << b.dump();
+  if (tmpfs.mounted()) {
+    EXPECT_EQ(SourceOf(r.result, "small").at("result"), "success") << r.output;
+  }
+  EXPECT_EQ(Manifests(target + "/full/big"), 0u);
+  if (!tmpfs.mounted()) {
+    GTEST_SKIP() << "tmpfs not mounted (needs root): checked the free-space rule only";
+  }
+  // The policy's check off: the backup's own estimate (every allocated
+  // byte stored uncompressed, plus metadata) refuses the small filesystem;
+  // nothing is left behind and the record says why.
+  write_policy("0");
+  r = BargeJson("run --force --source big --policy " + Q(policy), cat);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const json& b2 = SourceOf(r.result, "big");
+  EXPECT_EQ(b2.at("result"), "failed");
+  EXPECT_NE(b2.at("error").get<std::string>().find("NoSpace"), std::string::npos) << b2.dump();
+  EXPECT_NE(b2.at("error").get<std::string>().find("the target needs up to"), std::string::npos) << b2.dump();
+  EXPECT_EQ(Manifests(target + "/full/big"), 0u);
+  EXPECT_TRUE(Leftovers(target).empty());
+  CliResult runs = BargeJson("runs list --policy full --source big", cat);
+  ASSERT_EQ(runs.result.at("runs").size(), 2u);
+  EXPECT_EQ(runs.result.at("runs")[0].at("result"), "failed");
+}
+
+TEST(PolicyCliTest, RunStoppedPastMaxRunTimeOrBySigtermLeavesNothing) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  TempDir dir;
+  const std::string sock = dir / "slow.sock", cat = dir / "catalog.db";
+  // 200 ms per read: a 256 MiB export takes minutes.
+  testing::SocketServer slow("nbdkit -f -U " + Q(sock) + " --filter=delay pattern 256M rdelay=200ms", sock);
+  ASSERT_TRUE(slow.WaitReady());
+  testing::WriteFile(dir / "quick.raw", testing::RandomBytes(1 << 20, 4));
+  fs::create_directories(dir / "t");
+  const std::string policy = dir / "p.yaml";
+  WriteText(policy, "name: stop\nsources:\n  - nbd: " + slow.uri() + "\n    name: slow\n  - image: " +
+                        (dir / "quick.raw") + "\nmax_parallel: 2\nmax_run_time: 3s\ntargets: [" + (dir / "t") +
+                        "]\nfree_space_multiple: 0\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  CliResult r = BargeJson("run --force --policy " + Q(policy), cat);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.result.at("stopped"), true);
+  EXPECT_EQ(r.result.at("stop_reason"), "stopped: max_run_time 3s exceeded");
+  const json& s = SourceOf(r.result, "slow");
+  EXPECT_EQ(s.at("result"), "failed");
+  EXPECT_EQ(s.at("error").get<std::string>().rfind("stopped: max_run_time 3s exceeded", 0), 0u) << s.dump();
+  EXPECT_EQ(SourceOf(r.result, "quick").at("result"), "success");
+  EXPECT_EQ(Manifests(dir / "t/stop/slow"), 0u);
+  EXPECT_TRUE(Leftovers(dir / "t").empty());
+
+  // SIGTERM: the run stops the same way, recorded "stopped by SIGTERM";
+  // barge exits 143.
+  Background run(Barge() + " run --force --source slow --json --policy " + Q(policy), dir / "out", dir / "err",
+                 {{"BARGE_CATALOG", cat}});
+  // Wait until its record says running, then stop it.
+  ASSERT_TRUE(WaitFor([&] {
+    auto l = testing::Run("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " runs list --limit 1 --json");
+    if (l.exit_code != 0) return false;  // no catalog yet
+    json res = testing::ResultOf(l.stdout_text);
+    return res.contains("runs") && !res["runs"].empty() && res["runs"][0]["result"] == "running";
+  }, std::chrono::seconds(20)));
+  run.Signal(SIGTERM);
+  EXPECT_EQ(run.Wait(std::chrono::seconds(30)), 143) << run.err();
+  json result = testing::ResultOf(run.out());
+  ASSERT_FALSE(result.empty()) << run.out() << run.err();
+  EXPECT_EQ(testing::ErrorOf(run.out()).value("exit_code", -1), 143) << run.out();
+  EXPECT_EQ(SourceOf(result, "slow").at("error").get<std::string>().rfind("stopped by SIGTERM", 0), 0u)
+      << result.dump();
+  CliResult runs = BargeJson("runs list --policy stop --source slow --limit 1", cat);
+  EXPECT_EQ(runs.result.at("runs")[0].at("result"), "failed");
+  EXPECT_EQ(Manifests(dir / "t/stop/slow"), 0u);
+  EXPECT_TRUE(Leftovers(dir / "t").empty());
+}
+
+TEST(PolicyCliTest, ForgetKeepsEveryRemainingPointRestorable) {
+  TempDir dir;
+  const std::string cat = dir / "catalog.db";
+  testing::WriteFile(dir / "d.raw", testing::RandomBytes(1 << 20, 5));
+  fs::create_directories(dir / "t");
+  const std::string policy = dir / "p.yaml";
+  WriteText(policy, "name: fg\nsources:\n  - image: " + (dir / "d.raw") + "\nretention_count: 10\ntargets: [" +
+                        (dir / "t") + "]\nfree_space_multiple: 0\n");
+  for (int i = 0; i < 3; ++i) {
+    if (i) std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    ASSERT_EQ(BargeJson("run --force --policy " + Q(policy), cat).exit_code, 0);
+  }
+  CliResult dry = BargeJson("forget --policy " + Q(policy) + " --keep-last 1 --dry-run", cat);
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_EQ(dry.result.at("dry_run"), true);
+  EXPECT_EQ(dry.result.at("forgotten"), 2);
+  EXPECT_EQ(Manifests(dir / "t"), 3u);
+  CliResult done = BargeJson("forget --policy " + Q(policy) + " --keep-last 1", cat);
+  ASSERT_EQ(done.exit_code, 0) << done.output;
+  EXPECT_EQ(done.result.at("sources")[0].at("kept").size(), 1u);
+  EXPECT_EQ(Manifests(dir / "t"), 1u);
+  // Every count 0 is refused (it would forget everything).
+  EXPECT_EQ(BargeJson("forget --policy " + Q(policy), cat).exit_code, 64);
+  EXPECT_EQ(BargeJson("run --policy " + Q(policy) + " --source nope", cat).exit_code, 64);
+}
+
+}  // namespace
+}  // namespace barge
