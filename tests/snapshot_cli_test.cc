@@ -130,7 +130,8 @@ TEST_F(SnapshotCliTest, LifecycleTextAndJsonAgreeWithQemu) {
   json deleted = RunResult(Barge("snapshot delete --json " + ShellQuote(img_) + " first"));
   EXPECT_EQ(deleted["snapshot"]["id"], "1");
   ExpectClean();
-  EXPECT_GE(before - AllocatedBytes(), used - 2 * 65536);
+  // (Less one cluster: the edit's new metadata may land in a hole.)
+  EXPECT_GE(before - AllocatedBytes(), used - 3 * 65536);
   EXPECT_EQ(QemuSnapshots(), (std::vector<std::string>{"2:s2", "3:third"}));
   text = RunOk(Barge("snapshot delete " + ShellQuote(img_) + " 2"));
   EXPECT_NE(text.find("deleted snapshot 's2' (id 2)"), std::string::npos) << text;
