@@ -34,6 +34,9 @@ ensure_libvirtd() {
   mkdir -p /var/log/libvirt /var/run/libvirt /var/lib/libvirt/qemu
   getent group kvm >/dev/null || groupadd -r kvm
   getent passwd libvirt-qemu >/dev/null || { groupadd -r libvirt-qemu; useradd -r -g libvirt-qemu -G kvm libvirt-qemu; }
+  # No udev here: give group kvm (QEMU's user is in it) the /dev/kvm access
+  # udev would, or libvirt re-probes QEMU at every lookup (tests do the same).
+  if [ -c /dev/kvm ]; then chgrp kvm /dev/kvm && chmod g+rw /dev/kvm; fi
   pgrep -x virtlogd >/dev/null || virtlogd -d
   pgrep -x libvirtd >/dev/null || libvirtd -d
   local i

@@ -4,6 +4,10 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
 #include <sstream>
 
 #include "cli/common.h"
@@ -99,6 +103,19 @@ std::string Suggestion(const CLI::ParseError& e, CLI::App* at, int argc, char** 
   return "";
 }
 
+// A run whose answer could not be written to stdout (a full disk, a
+// closed file) has not answered: exit 1 with the reason on stderr, unless
+// it failed already.
+int CheckStdoutWritten(int exit_code) {
+  std::cout.flush();
+  const bool failed = std::cout.fail() || std::fflush(stdout) != 0 || std::ferror(stdout) != 0;
+  if (!failed) return exit_code;
+  const int err = errno;
+  std::cerr << "barge: IoError: <stdout>: the output could not be written"
+            << (err != 0 ? std::string(" (") + std::strerror(err) + ")" : std::string()) << "\n";
+  return exit_code == kExitOk ? kExitError : exit_code;
+}
+
 }  // namespace
 
 int Main(int argc, char** argv) {
@@ -128,11 +145,11 @@ int Main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return CheckStdoutWritten(app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return CheckStdoutWritten(app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return CheckStdoutWritten(app.exit(e));
   } catch (const CLI::ParseError& e) {
     CLI::App* at = DeepestParsed(app);
     std::string path = CommandPath(at);
@@ -145,9 +162,9 @@ int Main(int argc, char** argv) {
     else if (!hint.empty()) message += "; " + hint;
     message += " (see: barge " + (path.empty() ? "" : path + " ") + "--help)";
     Output out(path.empty() ? "barge" : path, json);
-    return out.Usage(message);
+    return CheckStdoutWritten(out.Usage(message));
   }
-  return exit_code;
+  return CheckStdoutWritten(exit_code);
 }
 
 }  // namespace barge::cli

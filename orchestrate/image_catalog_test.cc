@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "blockio/fault_env.h"
+#include "blockio/path.h"
 #include "orchestrate/file_lock.h"
 #include "orchestrate/sqlite_db.h"
 #include "tests/testing/testing.h"
@@ -195,19 +196,25 @@ TEST_F(ImageCatalogTest, SyncOfALockedImageIsRefusedAtOnce) {
 TEST_F(ImageCatalogTest, Issue13CleanupRemovalIsDurableBeforeTheRowGoes) {
   std::string src = dir_ / "src.raw";
   barge::testing::WriteFile(src, barge::testing::RandomBytes(256 << 10, 3));
-  std::string a = Disk("a");
-  std::string copy = a + "/base";
+  // Two copies: cleanup keeps an image's last ready copy, and removes the
+  // other.
+  const std::string a = Disk("a");
+  const std::string b = Disk("b");
   FaultEnv env(PosixEnv(), dir_ / "stash");
+  std::string copy;  // the copy cleanup removes
   {
     auto cat = ImageCatalog::Open(env, Db());
     ASSERT_TRUE(cat.ok()) << cat.error().ToString();
     auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
     ASSERT_TRUE(added.ok()) << added.error().ToString();
     ASSERT_EQ(added->state, "ready") << added->message;
+    ASSERT_TRUE((*cat)->Sync("base", {b}, SyncOptions{}).ok());
     env.MarkDurable();
     auto r = (*cat)->Cleanup(std::chrono::seconds(0));
     ASSERT_TRUE(r.ok()) << r.error().ToString();
-    ASSERT_EQ(r->removed, std::vector<std::string>{copy});
+    ASSERT_EQ(r->removed.size(), 1u);
+    ASSERT_EQ(r->last_copy.size(), 1u);
+    copy = r->removed[0];
   }
   ASSERT_TRUE(env.SimulatePowerLoss().ok());
   EXPECT_FALSE(fs::exists(copy)) << "reported removed, back after a power loss";
@@ -215,11 +222,11 @@ TEST_F(ImageCatalogTest, Issue13CleanupRemovalIsDurableBeforeTheRowGoes) {
 
   // A crash between the unlinks and the folder sync: the files come back
   // and keep their row, and the next cleanup removes them.
+  const std::string disk = DirName(copy);
   {
     auto cat = ImageCatalog::Open(env, Db());
     ASSERT_TRUE(cat.ok());
-    auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
-    ASSERT_TRUE(added.ok()) << added.error().ToString();
+    ASSERT_TRUE((*cat)->Sync("base", {disk}, SyncOptions{}).ok());
     env.MarkDurable();
     env.CrashAfter(2);  // the record's and the copy's unlinks
     EXPECT_FALSE((*cat)->Cleanup(std::chrono::seconds(0)).ok());
@@ -228,7 +235,7 @@ TEST_F(ImageCatalogTest, Issue13CleanupRemovalIsDurableBeforeTheRowGoes) {
   ASSERT_TRUE(fs::exists(copy));
   auto cat = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(cat.ok());
-  EXPECT_EQ(CopiesByDisk(**cat, "base")[a].state, "ready");
+  EXPECT_EQ(CopiesByDisk(**cat, "base")[disk].state, "ready");
   auto r = (*cat)->Cleanup(std::chrono::seconds(0));
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->removed, std::vector<std::string>{copy});

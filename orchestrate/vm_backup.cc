@@ -124,11 +124,22 @@ struct Cleanup {
   }
   // Ends the pull job and removes its socket and scratch folder.
   Status EndJob() {
+    Status s = OkStatus();
     if (job_started) {
-      virDomainAbortJob(dom);
       job_started = false;
+      if (virDomainAbortJob(dom) < 0) {
+        s = LastVirError("end the backup job of domain " + std::string(virDomainGetName(dom)));
+      } else {
+        // QEMU holds the scratch files until the job is gone: wait for it
+        // (at most 30 s) before they are removed.
+        for (int i = 0; i < 300; ++i) {
+          virDomainJobInfo info{};
+          if (virDomainGetJobInfo(dom, &info) < 0 || info.type == VIR_DOMAIN_JOB_NONE) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      }
     }
-    Status s = socket.empty() ? OkStatus() : env.UnlinkIfExists(socket);
+    if (Status unlinked = socket.empty() ? OkStatus() : env.UnlinkIfExists(socket); s.ok()) s = std::move(unlinked);
     if (!scratch_dir.empty()) {
       Status removed = env.RemoveTree(scratch_dir);
       if (s.ok()) s = std::move(removed);

@@ -355,8 +355,8 @@ Result<PointLocation> LocatePoint(Env& env, const std::string& path, const std::
     if (ms.error().code() != ErrorCode::kNotFound) return ms.error();
     // The user named a file that is not a backup (or its manifest is gone).
     return Error::NotFound("no backup manifest beside it (" + BaseName(manifest) +
-                           "): verify checks barge backups, named by their chain folder, manifest or image; "
-                           "for the structure of any qcow2 file use barge check")
+                           "): not a barge backup; name a chain folder, or a backup's manifest or image "
+                           "(for the structure of any qcow2 file use barge check)")
         .set_path(path);
   }
   BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, manifest));

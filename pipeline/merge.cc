@@ -263,8 +263,16 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
 
   // ID's verification record vouches for the image about to be replaced:
   // it goes (durably) before the switch can start.
-  BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(chain.PathOf(VerificationFileName(pm.id))));
-  BARGE_RETURN_IF_ERROR(env.SyncDir(chain.dir));
+  {
+    Status s = env.UnlinkIfExists(chain.PathOf(VerificationFileName(pm.id)));
+    if (s.ok()) s = env.SyncDir(chain.dir);
+    if (!s.ok()) {
+      // Before the journal: the folder goes back to what it was.
+      Error e = std::move(s).error();
+      for (const std::string& p : {image_staged, digests_staged, manifest_staged}) e.Also(env.UnlinkIfExists(p));
+      return e;
+    }
+  }
 
   // 2. The journal: from here on the merge completes, now or on recovery.
   // Last chance to stop with the folder unchanged.

@@ -306,6 +306,7 @@ TEST(MergeTest, Issue13StagingErrorsNameTheChainFileNotTheStagedOne) {
       env.FailCall(op, n, ENOSPC);
       auto r = Merge(c.dir, "3", env);
       bool fired = !env.injections().empty();
+      const std::string failed_path = fired ? env.injections()[0].path : "";
       env.ClearFaults();
       if (!fired) {
         // The run without a fault merged: back to the chain before.
@@ -313,7 +314,14 @@ TEST(MergeTest, Issue13StagingErrorsNameTheChainFileNotTheStagedOne) {
         fs::copy(saved, c.dir, fs::copy_options::recursive);
         break;
       }
-      ASSERT_FALSE(r.ok()) << EnvOpName(op) << " #" << n;
+      if (r.ok() && op == EnvOp::kUnlink && failed_path.ends_with(".verified")) {
+        // The folded points' verification records go after the merge is
+        // done, best effort (the next backup removes what is left).
+        fs::remove_all(c.dir);
+        fs::copy(saved, c.dir, fs::copy_options::recursive);
+        continue;
+      }
+      ASSERT_FALSE(r.ok()) << EnvOpName(op) << " #" << n << " " << failed_path;
       auto journal = MergeJournalExists(PosixEnv(), c.dir);
       ASSERT_TRUE(journal.ok());
       ++tried;
@@ -332,7 +340,7 @@ TEST(MergeTest, Issue13StagingErrorsNameTheChainFileNotTheStagedOne) {
       if (Listing(c.dir) != listing) {
         // Only the folder sync after the journal's removal fails once the
         // merge is complete: then it stays done.
-        EXPECT_EQ(op, EnvOp::kSyncDir) << "#" << n;
+        EXPECT_EQ(op, EnvOp::kSyncDir) << "#" << n << " " << failed_path;
         fs::remove_all(c.dir);
         fs::copy(saved, c.dir, fs::copy_options::recursive);
       }

@@ -93,11 +93,13 @@ void ExpectBounded(const Measured& m) {
   }
 }
 
-// A refusal: exit 1 (barge check: 2, as qemu-img check for an image it
-// cannot read), "barge: [command: ]<Code>: <file>: ..." with `words` in it.
+// A refusal: exit 2 for Corruption (docs/errors.md: damaged data, as
+// qemu-img check for an image it cannot read), 1 for any other code;
+// "barge: [command: ]<Code>: <file>: ..." with `words` in it.
 void ExpectRefused(const Measured& m, const std::string& code, const std::string& file, const std::string& words,
-                   int exit_code = 1) {
+                   int exit_code = -1) {
   ExpectBounded(m);
+  if (exit_code < 0) exit_code = code == "Corruption" ? 2 : 1;
   EXPECT_EQ(m.exit_code, exit_code) << m.output;
   EXPECT_EQ(m.output.rfind("barge: ", 0), 0u) << m.output;
   EXPECT_NE(m.output.find(code + ": " + file + ": "), std::string::npos) << m.output;
