@@ -2,9 +2,12 @@
 #include <sys/resource.h>
 
 #include <iostream>
+#include <map>
+#include <optional>
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/hook_flags.h"
 #include "cli/progress.h"
 #include "pipeline/backup.h"
 
@@ -21,6 +24,8 @@ struct BackupArgs {
   bool allow_resize = false;
   std::string dirty_bitmap, dirty_extents, checkpoint;
   int nbd_connections = 4;
+  std::string snapshot;
+  HookFlags hooks;
 };
 
 // The process's peak resident set so far (0 if unknown): the memory bound
@@ -35,6 +40,8 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   pipeline::BackupRequest req;
   CompressionChoice compression;
   if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
+  auto hooks = a.hooks.ToSpec();
+  if (!hooks.ok()) return out.Usage(hooks.error().message());
   if (a.incremental && a.copy.cluster_size_given()) {
     return out.Usage("--cluster-size does not apply to an incremental: it keeps its chain's cluster size");
   }
@@ -45,6 +52,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.source.allow_any_path = a.flags.allow_any_path;
   req.source.allow_dirs = a.flags.allow_dirs;
   req.source.nbd_connections = static_cast<uint32_t>(a.nbd_connections);
+  req.source.snapshot = a.snapshot;
   req.target_dir = a.target;
   req.disk_name = a.name;
   req.incremental = a.incremental;
@@ -56,12 +64,27 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
 
   ProgressReporter progress(out, "backup");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  auto result = pipeline::RunBackup(Env::Default(), req);
+  // The hooks bracket the whole read: the source is the consistent point
+  // only while the application stays flushed (a --snapshot source is one
+  // already, and needs no hooks).
+  std::map<std::string, std::string> hook_env = {{"BARGE_OPERATION", "backup"},
+                                                 {"BARGE_IMAGE", a.source},
+                                                 {"BARGE_DISK", a.name.empty() ? a.source : a.name}};
+  if (!a.snapshot.empty()) hook_env["BARGE_SNAPSHOT"] = a.snapshot;
+  orchestrate::HookedResult hooked;
+  std::optional<pipeline::BackupResult> result;
+  Status done = orchestrate::RunWithHooks(*hooks, hook_env, [&]() -> Status {
+    auto r = pipeline::RunBackup(Env::Default(), req);
+    if (!r.ok()) return std::move(r).error();
+    result = std::move(r).value();
+    return OkStatus();
+  }, &hooked);
   progress.Done();
-  if (!result.ok()) return out.Fail(result.error());
+  for (const auto& w : hooked.warnings) out.Warning(w, a.source);
+  if (!done.ok()) return out.Fail(done.error());
   const auto& m = result->manifest;
   {
-    out.Result({{"id", m.id},
+    json j = {{"id", m.id},
                {"type", formats::BackupTypeName(m.type)},
                {"reason", m.reason},
                {"disk", m.disk},
@@ -77,17 +100,22 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
                {"started_at", m.started_at},
                {"finished_at", m.finished_at},
                {"duration_seconds", result->seconds},
-               {"peak_rss_bytes", PeakRssBytes()}});
+               {"peak_rss_bytes", PeakRssBytes()}};
+    if (!a.snapshot.empty()) j["snapshot"] = a.snapshot;
+    if (!hooked.runs.empty()) j["hooks"] = HookRunsJson(hooked.runs);
+    out.Result(j);
   }
   std::ostream& t = out.text();
-  t << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << a.source << "\n"
+  t << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << a.source
+    << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'") << "\n"
     << "  reason:   " << m.reason << "\n"
     << "  image:    " << result->image_path << "\n"
     << "  read:     " << HumanBytes(result->bytes_read);
   if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
   t << "\n  written:  " << HumanBytes(result->image_bytes) << " (" << m.compression << ")\n"
     << "  digest:   xxh3-128:" << m.image_digest.ToHex() << "\n"
-    << "  duration: " << HumanSeconds(result->seconds) << "\n";
+    << "  duration: " << HumanSeconds(result->seconds) << "\n"
+    << HookRunsText(hooked.runs);
   return kExitOk;
 }
 
@@ -118,6 +146,9 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   args->flags.allow_any_path = false;
   cmd->add_flag("--allow-any-path", args->flags.allow_any_path,
                 "Allow a qcow2 source's backing/data files outside its folder");
+  cmd->add_option("-l,--snapshot", args->snapshot,
+                  "Read a qcow2 source at this internal snapshot (id or name): a consistent point of a running VM");
+  args->hooks.AddTo(cmd);
   args->copy.AddTo(cmd, DefaultCompression());
 }
 

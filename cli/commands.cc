@@ -136,6 +136,7 @@ int Main(int argc, char** argv) {
   RegisterReplicateCommand(app, exit_code);
   RegisterStateCommands(app, exit_code);
   RegisterImageCatalogCommands(app, exit_code);
+  RegisterSnapshotCommands(app, exit_code);
   RegisterPolicyCommands(app, exit_code);
   RegisterServeCommand(app, exit_code);
   RegisterBitmapEditCommands(app, exit_code);

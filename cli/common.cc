@@ -41,6 +41,7 @@ Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
     }
     pipeline::SourceSpec spec;
     spec.location = path;
+    spec.snapshot = options.snapshot;  // refused: an NBD export has no internal snapshots
     BARGE_ASSIGN_OR_RETURN(pipeline::OpenedSource opened, pipeline::OpenSource(Env::Default(), spec));
     return std::move(opened.image);
   }

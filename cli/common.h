@@ -67,6 +67,7 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code);
 void RegisterReplicateCommand(CLI::App& app, int& exit_code);
 void RegisterStateCommands(CLI::App& app, int& exit_code);
 void RegisterImageCatalogCommands(CLI::App& app, int& exit_code);
+void RegisterSnapshotCommands(CLI::App& app, int& exit_code);
 void RegisterPolicyCommands(CLI::App& app, int& exit_code);
 void RegisterServeCommand(CLI::App& app, int& exit_code);
 // These add to groups the ones above made ("bitmap", "catalog") or walk

@@ -22,6 +22,7 @@ struct ConvertArgs {
   ImageFlags flags;
   CopyFlags copy;
   std::string backing, backing_format;
+  std::string snapshot;
   bool force = false;
   bool no_sync = false;
 };
@@ -86,6 +87,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   spec.format = a.flags.format;
   spec.allow_any_path = a.flags.allow_any_path;
   spec.allow_dirs = a.flags.allow_dirs;
+  spec.snapshot = a.snapshot;
   auto src = pipeline::OpenSource(Env::Default(), spec);
   if (!src.ok()) return cli_out.Fail(src.error());
   formats::Image& image = *src->image;
@@ -155,7 +157,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
     if (auto st = Env::Default().Stat(a.dest); st.ok()) written = st->size_bytes;
   }
   {
-    cli_out.Result({{"source", a.source},
+    json j = {{"source", a.source},
                {"destination", a.dest},
                {"format", a.output_format},
                {"compression", compression.ToString()},
@@ -168,12 +170,15 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
                  {"zero", result->clusters.zero},
                  {"hole", result->clusters.hole}}},
                {"image_digest", "xxh3-128:" + result->image_digest.ToHex()},
-               {"duration_seconds", secs}});
+               {"duration_seconds", secs}};
+    if (!a.snapshot.empty()) j["snapshot"] = a.snapshot;
+    cli_out.Result(j);
   }
-  cli_out.text() << "converted " << a.source << " -> " << a.dest << " (" << a.output_format << ", "
-            << compression.ToString() << "): " << HumanBytes(size) << " virtual, read "
-            << HumanBytes(result->bytes_read) << ", wrote " << HumanBytes(written) << " in "
-            << HumanSeconds(secs) << ", image digest xxh3-128:" << result->image_digest.ToHex() << "\n";
+  cli_out.text() << "converted " << a.source << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'")
+                 << " -> " << a.dest << " (" << a.output_format << ", " << compression.ToString()
+                 << "): " << HumanBytes(size) << " virtual, read " << HumanBytes(result->bytes_read) << ", wrote "
+                 << HumanBytes(written) << " in " << HumanSeconds(secs) << ", image digest xxh3-128:"
+                 << result->image_digest.ToHex() << "\n";
   return kExitOk;
 }
 
@@ -190,6 +195,8 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"raw", "qcow2"}))
       ->capture_default_str();
   args->flags.AddTo(cmd);
+  cmd->add_option("-l,--snapshot", args->snapshot,
+                  "Read the qcow2 source at this internal snapshot (id or name), as qemu-img convert -l does");
   args->copy.AddTo(cmd, "none");
   cmd->add_option("--backing", args->backing,
                   "qcow2 output: backing file to store by this name (relative to the output); "

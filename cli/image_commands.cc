@@ -126,9 +126,10 @@ int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   return kExitOk;
 }
 
-int RunMap(const std::string& path, const ImageFlags& flags, Output& out) {
+int RunMap(const std::string& path, const ImageFlags& flags, const std::string& snapshot, Output& out) {
   auto options = flags.ToOpenOptions();
   if (!options.ok()) return out.Usage(options.error().message());
+  options->snapshot = snapshot;
   WarnIfMisnamed(out, path, flags.format);
   auto image = OpenImageFile(path, *options);
   if (!image.ok()) return out.Fail(image.error());
@@ -173,7 +174,9 @@ int RunMap(const std::string& path, const ImageFlags& flags, Output& out) {
       if (e.depth >= 0 && e.depth <= bottom) j["file"] = chain[e.depth]->info().path;
       arr.push_back(j);
     }
-    out.Result({{"extents", arr}});
+    json result = {{"extents", arr}};
+    if (!snapshot.empty()) result["snapshot"] = snapshot;
+    out.Result(result);
     return kExitOk;
   }
   char line[512];
@@ -241,14 +244,18 @@ Result<std::optional<uint64_t>> FirstNonZero(formats::Image& img, uint64_t offse
   return std::optional<uint64_t>();
 }
 
+// `a_snapshot`, `b_snapshot`: read that image at this internal snapshot ("" = its current state).
 int RunCompare(const std::string& a_path, const std::string& b_path, const ImageFlags& a_flags,
-               const ImageFlags& b_flags, bool strict_size, Output& out) {
+               const ImageFlags& b_flags, const std::string& a_snapshot, const std::string& b_snapshot,
+               bool strict_size, Output& out) {
   // As qemu-img compare: 0 identical, 1 different, 2 any error.
   constexpr int kExitCompareError = 2;
   auto ao = a_flags.ToOpenOptions();
   auto bo = b_flags.ToOpenOptions();
   if (!ao.ok()) return out.Fail(ao.error(), kExitCompareError);
   if (!bo.ok()) return out.Fail(bo.error(), kExitCompareError);
+  ao->snapshot = a_snapshot;
+  bo->snapshot = b_snapshot;
   WarnIfMisnamed(out, a_path, a_flags.format);
   WarnIfMisnamed(out, b_path, b_flags.format);
   auto a = OpenImageFile(a_path, *ao);
@@ -260,6 +267,8 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
     json j = {{"a", a_path}, {"b", b_path}, {"identical", identical}, {"a_virtual_size", sa},
               {"b_virtual_size", sb}};
     if (offset) j["first_difference"] = *offset;
+    if (!a_snapshot.empty()) j["a_snapshot"] = a_snapshot;
+    if (!b_snapshot.empty()) j["b_snapshot"] = b_snapshot;
     out.Result(j);
     out.text() << text << "\n";
     return identical ? kExitOk : 1;
@@ -346,11 +355,16 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     args->flags.AddTo(cmd);
   }
   {
-    auto args = std::make_shared<PathArgs>();
+    struct MapArgs {
+      std::string path, snapshot;
+      ImageFlags flags;
+    };
+    auto args = std::make_shared<MapArgs>();
     auto* cmd = AddCommand(app, "map", "Show data/zero/hole extents and the chain layer of each", exit_code,
-                           [args](Output& out) { return RunMap(args->path, args->flags, out); });
+                           [args](Output& out) { return RunMap(args->path, args->flags, args->snapshot, out); });
     cmd->add_option("image", args->path, "Image file or block device")->required();
     args->flags.AddTo(cmd);
+    cmd->add_option("-l,--snapshot", args->snapshot, "Map the qcow2 image at this internal snapshot (id or name)");
   }
   {
     auto args = std::make_shared<PathArgs>();
@@ -360,7 +374,7 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
   }
   {
     struct CompareArgs {
-      std::string a, b;
+      std::string a, b, a_snapshot, b_snapshot;
       ImageFlags a_flags, b_flags;
       bool strict = false;
     };
@@ -369,7 +383,8 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
                            exit_code, [args](Output& out) {
                              args->b_flags.allow_any_path = args->a_flags.allow_any_path;
                              args->b_flags.allow_dirs = args->a_flags.allow_dirs;
-                             return RunCompare(args->a, args->b, args->a_flags, args->b_flags, args->strict, out);
+                             return RunCompare(args->a, args->b, args->a_flags, args->b_flags, args->a_snapshot,
+                                              args->b_snapshot, args->strict, out);
                            });
     cmd->add_option("a", args->a, "First image (file, block device or nbd:// URI)")->required();
     cmd->add_option("b", args->b, "Second image (file, block device or nbd:// URI)")->required();
@@ -377,6 +392,8 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("-F,--format-b", args->b_flags.format, "Format of the second image")
         ->check(CLI::IsMember({"raw", "qcow2"}));
     cmd->add_flag("-s,--strict", args->strict, "Images of different sizes differ");
+    cmd->add_option("-l,--snapshot", args->a_snapshot, "Read the first (qcow2) image at this internal snapshot");
+    cmd->add_option("--snapshot-b", args->b_snapshot, "Read the second (qcow2) image at this internal snapshot");
   }
 }
 

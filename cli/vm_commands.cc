@@ -1,10 +1,13 @@
 // barge tracker|checkpoint|doctor|vm|cbt|catalog: orchestration of libvirt
 // domains (trackers, checkpoints, VM backups, CBT overlays, the catalog).
 #include <cctype>
+#include <map>
+#include <optional>
 
 #include "cli/catalog_json.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/hook_flags.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/catalog_path.h"
 #include "orchestrate/cbt.h"
@@ -259,6 +262,7 @@ struct VmBackupArgs {
   std::string catalog;
   std::vector<std::string> disks;
   CopyFlags copy;
+  HookFlags hooks;
 };
 
 void RegisterVm(CLI::App& app, int& exit_code) {
@@ -275,9 +279,24 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
     req.compression = compression.type;
     req.compression_level = compression.level;
-    auto r = orc::RunVmBackup(Env::Default(), req);
-    if (!r.ok()) return out.Fail(r.error());
-    out.Result(BackupResultJson(*r));
+    auto hooks = a->hooks.ToSpec();
+    if (!hooks.ok()) return out.Usage(hooks.error().message());
+    // The hooks bracket the whole run (the guest freeze and the backup job
+    // come inside the pre-hook's flush).
+    std::map<std::string, std::string> hook_env = {{"BARGE_OPERATION", "vm-backup"}, {"BARGE_DOMAIN", req.domain}};
+    orc::HookedResult hooked;
+    std::optional<orc::VmBackupResult> r;
+    Status done = orc::RunWithHooks(*hooks, hook_env, [&]() -> Status {
+      auto run = orc::RunVmBackup(Env::Default(), req);
+      if (!run.ok()) return std::move(run).error();
+      r = std::move(run).value();
+      return OkStatus();
+    }, &hooked);
+    for (const auto& w : hooked.warnings) out.Warning(w, req.domain);
+    if (!done.ok()) return out.Fail(done.error());
+    json result = BackupResultJson(*r);
+    if (!hooked.runs.empty()) result["hooks"] = HookRunsJson(hooked.runs);
+    out.Result(result);
     std::ostream& o = out.text();
     o << r->backup_type << " backup of " << req.domain << " (" << r->reason << ")\n"
       << "  checkpoint: " << (r->checkpoint.empty() ? "(none, no tracker)" : r->checkpoint) << "\n";
@@ -285,7 +304,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       o << "  " << d.disk << ": " << (d.incremental ? "incremental" : "full") << ", read " << HumanBytes(d.bytes_read)
         << ", wrote " << HumanBytes(d.bytes_written) << " -> " << d.image_path << "\n";
     }
-    o << "  duration: " << HumanSeconds(r->seconds) << "\n";
+    o << "  duration: " << HumanSeconds(r->seconds) << "\n" << HookRunsText(hooked.runs);
     return int{kExitOk};
   });
   cmd->add_option("--domain", a->req.domain, "libvirt domain")->required();
@@ -295,6 +314,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   cmd->add_flag("--skip-quiesce", a->req.skip_quiesce, "Do not freeze guest filesystems (no guest agent)");
   cmd->add_option("--disks", a->disks, "Only these disks (vda,vdb)")->delimiter(',');
   cmd->add_option("--catalog", a->catalog, "Catalog database");
+  a->hooks.AddTo(cmd);
   a->copy.AddTo(cmd, DefaultCompression());
   auto b = std::make_shared<std::tuple<std::string, std::string>>();
   auto* list = AddCommand(*vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {

@@ -98,7 +98,13 @@ Result<std::unique_ptr<Image>> OpenImage(const std::string& path, const SourceOp
       }
     }
   }
-  if (format == ImageFormat::kRaw) return WrapRaw(std::move(file), path);
+  if (format == ImageFormat::kRaw) {
+    if (!options.snapshot.empty()) {
+      return Error::InvalidArgument("'" + path + "' is a raw image; only qcow2 images have snapshots")
+          .set_path(path);
+    }
+    return WrapRaw(std::move(file), path);
+  }
   return OpenQcow2(std::move(file), path, opener, options);
 }
 

@@ -47,6 +47,9 @@ struct SnapshotInfo {
   uint32_t date_sec = 0;
   uint32_t date_nsec = 0;
   uint64_t vm_clock_nsec = 0;
+  // Instruction count of record/replay; UINT64_MAX when the entry has none
+  // (extra data shorter than 24 bytes), as qemu reads it.
+  uint64_t icount = UINT64_MAX;
   uint32_t l1_size = 0;
   uint64_t l1_table_offset = 0;
 };
@@ -72,6 +75,10 @@ struct ImageInfo {
   bool data_file_raw = false;
   std::vector<BitmapInfo> bitmaps;
   std::vector<SnapshotInfo> snapshots;
+  // Set when the image was opened at an internal snapshot
+  // (OpenOptions::snapshot): the guest view is that snapshot's, and
+  // virtual_size is its disk size.
+  std::optional<SnapshotInfo> opened_snapshot;
 
   uint32_t cluster_size() const { return cluster_bits ? 1u << cluster_bits : 0; }
 };
@@ -116,6 +123,14 @@ struct OpenOptions {
   bool open_data_file = true;
   // Longest chain accepted; deeper chains (or cycles) are refused.
   int max_chain_depth = 256;
+  // Non-empty: read the top qcow2 layer at this internal snapshot (an id,
+  // else a unique name, as qemu-img convert -l snapshot.name= finds it)
+  // instead of its active state: reads go through the snapshot's L1 table,
+  // the size is the snapshot's disk size, the backing chain is the image's,
+  // and the image's persistent bitmaps are not listed (they track the
+  // active state). kNotFound when there is no such snapshot,
+  // kInvalidArgument for a raw image or a name several snapshots share.
+  std::string snapshot;
   // Unset: names are compared as written (lexically), which a symbolic
   // link can fool. Callers that open real files pass one built on their
   // Env (pipeline::ImageOpenOptions does).

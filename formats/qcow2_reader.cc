@@ -118,12 +118,6 @@ Result<std::unique_ptr<Image>> OpenLayer(std::unique_ptr<BlockSource> file, cons
   if (!header_or.ok()) return with_path(std::move(header_or).error());
   Header h = std::move(header_or).value();
 
-  std::vector<uint64_t> l1(h.l1_size);
-  {
-    std::vector<std::byte> raw(uint64_t{h.l1_size} * 8);  // inside the file, <= 32 MiB
-    if (!raw.empty()) BARGE_RETURN_IF_ERROR(file->ReadAt(h.l1_table_offset, raw));
-    for (size_t i = 0; i < l1.size(); ++i) l1[i] = qcow2::LoadBe64(raw.data() + 8 * i);
-  }
 
   ImageInfo info;
   info.path = path;
@@ -149,6 +143,27 @@ Result<std::unique_ptr<Image>> OpenLayer(std::unique_ptr<BlockSource> file, cons
   auto snapshots = qcow2::ReadSnapshotTable(*file, h);
   if (!snapshots.ok()) return with_path(std::move(snapshots).error());
   info.snapshots = std::move(snapshots->snapshots);
+  if (depth == 0 && !options.snapshot.empty()) {
+    // The snapshot's L1 table stands in for the active one (qemu's
+    // qcow2_snapshot_load_tmp); the table parser checked it lies inside
+    // the file and is at most 32 MiB.
+    auto index = qcow2::FindSnapshot(info.snapshots, options.snapshot);
+    if (!index.ok()) return with_path(std::move(index).error().Wrap("open at snapshot"));
+    const SnapshotInfo& sn = info.snapshots[*index];
+    h.l1_table_offset = sn.l1_table_offset;
+    h.l1_size = sn.l1_size;
+    h.size = sn.virtual_size & ~uint64_t{511};
+    info.virtual_size = h.size;
+    info.opened_snapshot = sn;
+    info.bitmaps.clear();
+  }
+
+  std::vector<uint64_t> l1(h.l1_size);
+  {
+    std::vector<std::byte> raw(uint64_t{h.l1_size} * 8);  // inside the file, <= 32 MiB
+    if (!raw.empty()) BARGE_RETURN_IF_ERROR(file->ReadAt(h.l1_table_offset, raw));
+    for (size_t i = 0; i < l1.size(); ++i) l1[i] = qcow2::LoadBe64(raw.data() + 8 * i);
+  }
 
   std::unique_ptr<Image> backing;
   if (!h.backing_file.empty() && options.open_backing) {

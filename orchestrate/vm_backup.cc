@@ -24,6 +24,7 @@
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/cbt.h"
 #include "orchestrate/file_lock.h"
+#include "orchestrate/guest_freeze.h"
 #include "orchestrate/libvirt_conn.h"
 #include "orchestrate/tracker.h"
 
@@ -117,16 +118,9 @@ struct Cleanup {
       thaw_fault_used = true;
       return "injected thaw failure (BARGE_VM_BACKUP_FAULT)";
     }
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(250 * attempt));
-      if (virDomainFSThaw(dom, nullptr, 0, 0) >= 0) {
-        frozen = false;
-        return {};
-      }
-      why = LastVirError("thaw").message();
-    }
-    return "the guest's file systems may still be frozen: thaw failed 3 times (" + why +
-           "); thaw them with 'virsh domfsthaw " + std::string(virDomainGetName(dom)) + "'";
+    why = ThawGuest(dom);
+    if (why.empty()) frozen = false;
+    return why;
   }
   // Ends the pull job and removes its socket and scratch folder.
   Status EndJob() {

@@ -42,12 +42,17 @@ Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec) {
   OpenedSource out;
   formats::OpenOptions options;
   options.allow_any_path = spec.allow_any_path;
+  options.snapshot = spec.snapshot;
   if (!spec.format.empty()) {
     BARGE_ASSIGN_OR_RETURN(options.format, formats::ParseImageFormat(spec.format));
   }
   if (IsNbdUri(spec.location)) {
     if (spec.format == "qcow2") {
       return Error::InvalidArgument("an NBD export is read as raw guest data (the server decodes the format)")
+          .set_path(spec.location);
+    }
+    if (!spec.snapshot.empty()) {
+      return Error::InvalidArgument("an NBD export has no internal snapshots; read the qcow2 file at the snapshot")
           .set_path(spec.location);
     }
     NbdOptions nbd_options;

@@ -493,6 +493,42 @@ def scenario(r):
     r.run("tracker delete", ["t1"] + bcat)
     r.run("tracker delete", ["t1"] + bcat, expect=1)
 
+    # Internal snapshots: every snapshot command on an image file, its
+    # error paths (a missing snapshot, a missing image, a bad config), and
+    # the readers at a snapshot.
+    snap = t("snap.qcow2")
+    r.sh("qemu-img", "create", "-q", "-f", "qcow2", snap, "4M")
+    r.sh("qemu-io", "-f", "qcow2", "-c", "write -P 0x44 0 1M", snap)
+    r.run("snapshot create", [snap, "--name", "a", "--pre-hook", "true", "--post-hook", "true"])
+    r.run("snapshot create", [snap, "--name", "a"], expect=1)  # the name is taken
+    r.run("snapshot create", [snap, "--name", "b", "--pre-hook", "exit 3"], expect=1)
+    r.sh("qemu-io", "-f", "qcow2", "-c", "write -P 0x55 0 512K", snap)
+    r.run("snapshot create", [snap, "--name", "two", "--uuid", "u-2"])
+    r.run("snapshot list", [snap])
+    r.run("snapshot list", [missing], expect=1)
+    r.run("snapshot metrics", [snap])
+    r.run("snapshot metrics", [snap, "--textfile", t("snap.prom")])
+    r.run("snapshot metrics", [missing], expect=1)
+    r.run("convert", ["--snapshot", "a", snap, t("snap-a.raw")])
+    r.run("convert", ["--snapshot", "nope", snap, t("snap-nope.raw")], expect=1)
+    r.run("map", ["--snapshot", "a", snap])
+    r.run("compare", ["--snapshot", "a", snap, t("snap-a.raw")])
+    r.run("backup", ["--source", snap, "--snapshot", "a", "--target", t("snapbk"), "--name", "snap",
+                     "--pre-hook", "true", "--post-hook", "true"])
+    r.run("backup", ["--source", snap, "--target", t("snapbk2"), "--pre-hook", "exit 1"], expect=1)
+    r.run("snapshot rename", [snap, "a", "first"])
+    r.run("snapshot rename", [snap, "nope", "x"], expect=1)
+    r.run("snapshot rollback", [snap, "first", "--discard-newer"])
+    r.run("snapshot rollback", [snap, "nope"], expect=1)
+    r.run("snapshot delete", [snap, "first"])
+    r.run("snapshot delete", [snap, "first"], expect=1)
+    with open(t("snapcfg.json"), "w") as f:
+        json.dump({"snapshots": [{"uuid": "u1", "display_name": "one"}, {"uuid": "u2"}]}, f)
+    r.run("snapshot apply", [snap, "--config", t("snapcfg.json")])
+    r.run("snapshot apply", [snap, "--config", t("text.txt")], expect=1)
+    r.run("snapshot apply", [missing, "--config", t("snapcfg.json")], expect=1)
+    r.run("snapshot list", [snap])
+
     # Policies: a tiny one over the raw disk into a temporary target; the
     # run records go to $BARGE_CATALOG.
     os.makedirs(t("policy-target"))

@@ -247,10 +247,25 @@ TEST_F(VmBackupTest, RefusalsAndFailuresLeaveTrackerUnchanged) {
 
   json b0 = Backup(dom.name());
   std::string cp0 = b0["checkpoint"];
-  json b1 = Backup(dom.name(), "--force-full");
+  // Consistency hooks bracket the run (RunWithHooks, as snapshot create).
+  const std::string log = dir_ / "hooks.log";
+  const std::string hook =
+      ShellQuote("echo \"$BARGE_HOOK_PHASE $BARGE_OPERATION $BARGE_DOMAIN $BARGE_HOOK_STATUS\" >> " + ShellQuote(log));
+  json b1 = Backup(dom.name(), "--force-full --pre-hook " + hook + " --post-hook " + hook);
   EXPECT_EQ(b1["backup_type"], "full");
   EXPECT_EQ(b1["reason"], "--force-full");
+  ASSERT_EQ(b1["hooks"].size(), 2u);
+  EXPECT_EQ(RunOk("cat " + ShellQuote(log)),
+            "pre vm-backup " + dom.name() + " \npost vm-backup " + dom.name() + " ok\n");
   std::string cp1 = b1["checkpoint"];
+  // A failing pre-hook: no backup, the post-hook told so, the tracker as it was.
+  fs::remove(log);
+  auto aborted = ::barge::testing::Run(Barge("vm backup --skip-quiesce --domain " + dom.name() + " --target " +
+                                             ShellQuote(target_) + " --pre-hook 'exit 5' --post-hook " + hook));
+  EXPECT_EQ(aborted.exit_code, 1) << aborted.output;
+  EXPECT_NE(aborted.output.find("pre-hook"), std::string::npos) << aborted.output;
+  EXPECT_EQ(RunOk("cat " + ShellQuote(log)), "post vm-backup " + dom.name() + " aborted\n");
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"]["name"], cp1);
 
   // A second backup of the same domain while one runs: refused at once.
   {

@@ -1,0 +1,473 @@
+// barge snapshot create|list|rename|delete|rollback|apply|metrics: internal
+// snapshots of a qcow2 disk, named as an image file or as a libvirt
+// domain's disk (orchestrate/snapshot.h). Behaviour in docs/snapshots.md,
+// results in docs/json.md.
+#include <algorithm>
+#include <cctype>
+#include <map>
+
+#include "blockio/env.h"
+#include "cli/common.h"
+#include "cli/hook_flags.h"
+#include "orchestrate/catalog_path.h"
+#include "orchestrate/snapshot.h"
+#include "orchestrate/snapshot_apply.h"
+
+namespace barge::cli {
+namespace {
+
+using nlohmann::json;
+namespace orc = barge::orchestrate;
+
+// IMAGE and the words after it, or --domain D --disk vda and the same words
+// without IMAGE. CLI11 fills positionals in order, so with a domain the
+// words land one slot early and are shifted back here.
+struct TargetArgs {
+  std::string slots[3];  // slot 0 is IMAGE
+  std::string domain, disk;
+  std::vector<std::string> names;  // what each slot means, for messages ("NAME")
+
+  // Adds the positionals (`names`, "IMAGE" first) and --domain/--disk.
+  void AddTo(CLI::App* cmd, std::vector<std::string> slot_names, const std::vector<std::string>& help) {
+    names = std::move(slot_names);
+    for (size_t i = 0; i < names.size(); ++i) {
+      std::string name = names[i];
+      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+      cmd->add_option(name, slots[i], help[i]);
+    }
+    cmd->add_option("--domain", domain, "A libvirt domain (instead of IMAGE; needs --disk)");
+    cmd->add_option("--disk", disk, "The domain's disk target (vda)");
+  }
+
+  // The target, and in `words` the values of the slots after IMAGE; a usage
+  // message as kInvalidArgument when something is missing or extra.
+  Result<orc::SnapshotTarget> Resolve(std::vector<std::string>& words) const {
+    orc::SnapshotTarget t;
+    std::vector<std::string> given;
+    for (const auto& s : slots) {
+      if (!s.empty()) given.push_back(s);
+    }
+    if (!domain.empty() || !disk.empty()) {
+      if (domain.empty()) return Error::InvalidArgument("--disk needs --domain");
+      if (disk.empty()) return Error::InvalidArgument("--domain needs --disk (the disk target, e.g. vda)");
+      if (given.size() > names.size() - 1) {
+        return Error::InvalidArgument("both an IMAGE and --domain given: name one of them");
+      }
+      t.domain = domain;
+      t.disk = disk;
+      given.insert(given.begin(), "");
+    } else {
+      if (given.empty()) return Error::InvalidArgument("name an IMAGE, or --domain D --disk vda");
+      t.image = given[0];
+    }
+    for (size_t i = 1; i < names.size(); ++i) {
+      if (i >= given.size()) return Error::InvalidArgument("missing " + names[i]);
+      words.push_back(given[i]);
+    }
+    return t;
+  }
+
+  // The disk in messages: the image path, or "domain D disk vda".
+  std::string Describe(const orc::SnapshotTarget& t) const {
+    return t.image.empty() ? "domain " + t.domain + " disk " + t.disk : t.image;
+  }
+};
+
+// A usage error, pointing at the command's help as the parser's do.
+int BadUsage(const Error& error, Output& out) {
+  return out.Usage(error.message() + " (see: barge " + out.command() + " --help)");
+}
+
+std::string TimeText(uint32_t sec, uint32_t nsec) {
+  return formats::FormatRfc3339({static_cast<int64_t>(sec), static_cast<int32_t>(nsec)});
+}
+
+json UnixTimeJson(int64_t seconds) {
+  return seconds == 0 ? json(nullptr) : json(formats::FormatRfc3339({seconds, 0}));
+}
+
+json SnapshotJson(const formats::SnapshotInfo& s) {
+  return {{"id", s.id},
+          {"name", s.name},
+          {"vol_size", s.virtual_size},
+          {"vm_state_size", s.vm_state_size},
+          {"creation_time", TimeText(s.date_sec, s.date_nsec)},
+          {"vm_clock_seconds", static_cast<double>(s.vm_clock_nsec) / 1e9}};
+}
+
+void AddUsage(json& j, const formats::SnapshotUsage& u) {
+  j["vol_size"] = u.vol_size;
+  j["referenced"] = u.referenced;
+  j["logical_referenced"] = u.logical_referenced;
+  j["used"] = u.used;
+  j["written"] = u.written;
+  j["compress_ratio"] = u.compress_ratio;
+}
+
+std::string Describe(const formats::SnapshotInfo& s) { return "'" + s.name + "' (id " + s.id + ")"; }
+
+void ReportWarnings(const std::vector<std::string>& warnings, const std::string& image, Output& out) {
+  for (const auto& w : warnings) out.Warning(w, image);
+}
+
+// Common to the commands that change one snapshot.
+json OpJson(const orc::SnapshotOpResult& r) {
+  return {{"image", r.image}, {"mode", r.mode}, {"snapshot", SnapshotJson(r.snapshot)}};
+}
+
+int RunCreate(Env& env, const TargetArgs& t, const std::string& name, const std::string& uuid, bool quiesce,
+              const HookFlags& hooks, const std::string& catalog, Output& out) {
+  std::vector<std::string> words;
+  auto target = t.Resolve(words);
+  if (!target.ok()) return BadUsage(target.error(), out);
+  if (name.empty()) return BadUsage(Error::InvalidArgument("--name must not be empty"), out);
+  auto spec = hooks.ToSpec();
+  if (!spec.ok()) return BadUsage(spec.error(), out);
+  orc::SnapshotCreateRequest req;
+  req.target = *target;
+  // With --uuid the qcow2 snapshot is named by the uuid and NAME is its
+  // display name (as `snapshot apply` keeps them), recorded in the catalog.
+  req.name = uuid.empty() ? name : uuid;
+  req.consistency.quiesce = quiesce;
+  req.consistency.hooks = *spec;
+  auto r = orc::CreateDiskSnapshot(env, req);
+  if (!r.ok()) return out.Fail(r.error());
+  ReportWarnings(r->warnings, r->image, out);
+  if (!uuid.empty()) {
+    auto catalog_path = orc::CatalogPathFromFlag(env, catalog);
+    if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+    orc::StoredSnapshot s;
+    s.uuid = uuid;
+    s.display_name = name;
+    s.state = orc::SnapshotState::kCreated;
+    s.snapshot_id = r->snapshot.id;
+    s.created_at = r->snapshot.date_sec;
+    if (Status st = orc::RecordSnapshotState(env, *target, *catalog_path, s); !st.ok()) {
+      return out.Fail(Error(st.error()).Wrap("snapshot " + Describe(r->snapshot) +
+                                             " was created, but its display name was not recorded"));
+    }
+  }
+  json j = OpJson(*r);
+  if (!uuid.empty()) {
+    j["uuid"] = uuid;
+    j["display_name"] = name;
+  }
+  j["hooks"] = HookRunsJson(r->hooks);
+  out.Result(j);
+  out.text() << "created snapshot " << Describe(r->snapshot) << " of " << r->image << " (" << r->mode << ")";
+  if (!uuid.empty()) out.text() << ", display name '" << name << "'";
+  out.text() << "\n" << HookRunsText(r->hooks);
+  return kExitOk;
+}
+
+// The stored states of a disk by uuid (the qcow2 name); none when the
+// catalog does not exist (listing creates no catalog).
+Result<std::map<std::string, orc::StoredSnapshot>> StatesByName(Env& env, const orc::SnapshotTarget& target,
+                                                                const std::string& catalog) {
+  std::map<std::string, orc::StoredSnapshot> by_name;
+  if (!env.Exists(orc::ResolveCatalogPath(catalog))) return by_name;
+  BARGE_ASSIGN_OR_RETURN(std::vector<orc::StoredSnapshot> states, orc::LoadSnapshotStates(env, target, catalog));
+  for (auto& s : states) by_name[s.uuid] = std::move(s);
+  return by_name;
+}
+
+int RunList(Env& env, const TargetArgs& t, const std::string& catalog, Output& out) {
+  std::vector<std::string> words;
+  auto target = t.Resolve(words);
+  if (!target.ok()) return BadUsage(target.error(), out);
+  auto listing = orc::ListDiskSnapshots(env, *target);
+  if (!listing.ok()) return out.Fail(listing.error());
+  ReportWarnings(listing->warnings, listing->image, out);
+  auto states = StatesByName(env, *target, catalog);
+  if (!states.ok()) return out.Fail(states.error());
+  json arr = json::array();
+  std::ostream& o = out.text();
+  o << Format("%-4s %-20s %-20s %10s %10s %10s %10s %6s %s\n", "ID", "NAME", "CREATED", "VOL_SIZE", "REFERENCED",
+              "USED", "WRITTEN", "RATIO", "STATE");
+  for (const auto& e : listing->snapshots) {
+    json j = SnapshotJson(e.info);
+    std::string state = "created";
+    if (auto it = states->find(e.info.name); it != states->end()) {
+      state = std::string(orc::SnapshotStateName(it->second.state));
+      j["uuid"] = it->second.uuid;
+      j["display_name"] = it->second.display_name;
+      if (!it->second.message.empty()) j["state_message"] = it->second.message;
+    }
+    j["state"] = state;
+    if (e.has_usage) AddUsage(j, e.usage);
+    arr.push_back(j);
+    auto size = [&](uint64_t v) { return e.has_usage ? HumanBytes(v) : std::string("-"); };
+    std::string name = e.info.name;
+    if (j.contains("display_name") && j["display_name"] != e.info.name) {
+      name = j["display_name"].get<std::string>() + " [" + e.info.name + "]";
+    }
+    o << Format("%-4s %-20s %-20s %10s %10s %10s %10s %6s %s\n", e.info.id.c_str(), name.c_str(),
+                TimeText(e.info.date_sec, 0).c_str(), HumanBytes(e.info.virtual_size).c_str(),
+                size(e.usage.referenced).c_str(), size(e.usage.used).c_str(), size(e.usage.written).c_str(),
+                e.has_usage ? Format("%.2fx", e.usage.compress_ratio).c_str() : "-", state.c_str());
+  }
+  if (listing->snapshots.empty()) o << "(no snapshots)\n";
+  json result = {{"image", listing->image}, {"mode", listing->mode}, {"cluster_size", listing->cluster_size},
+                 {"snapshots", arr}};
+  if (listing->has_usage) {
+    json active;
+    AddUsage(active, listing->active);
+    result["active"] = active;
+    o << "current state: referenced " << HumanBytes(listing->active.referenced) << ", only it holds "
+      << HumanBytes(listing->active.used) << ", written since the last snapshot "
+      << HumanBytes(listing->active.written) << "\n";
+  }
+  out.Result(result);
+  return kExitOk;
+}
+
+int RunRename(Env& env, const TargetArgs& t, Output& out) {
+  std::vector<std::string> words;
+  auto target = t.Resolve(words);
+  if (!target.ok()) return BadUsage(target.error(), out);
+  auto r = orc::RenameDiskSnapshot(env, *target, words[0], words[1]);
+  if (!r.ok()) return out.Fail(r.error());
+  ReportWarnings(r->warnings, r->image, out);
+  json j = OpJson(*r);
+  j["old_name"] = words[0];
+  out.Result(j);
+  out.text() << "renamed snapshot '" << words[0] << "' of " << r->image << " to " << Describe(r->snapshot) << "\n";
+  return kExitOk;
+}
+
+int RunDelete(Env& env, const TargetArgs& t, Output& out) {
+  std::vector<std::string> words;
+  auto target = t.Resolve(words);
+  if (!target.ok()) return BadUsage(target.error(), out);
+  auto r = orc::DeleteDiskSnapshot(env, *target, words[0]);
+  if (!r.ok()) return out.Fail(r.error());
+  ReportWarnings(r->warnings, r->image, out);
+  out.Result(OpJson(*r));
+  out.text() << "deleted snapshot " << Describe(r->snapshot) << " of " << r->image << " (" << r->mode << ")\n";
+  return kExitOk;
+}
+
+int RunRollback(Env& env, const TargetArgs& t, bool discard_newer, Output& out) {
+  std::vector<std::string> words;
+  auto target = t.Resolve(words);
+  if (!target.ok()) return BadUsage(target.error(), out);
+  auto r = orc::RollbackDiskSnapshot(env, *target, words[0], discard_newer);
+  if (!r.ok()) return out.Fail(r.error());
+  ReportWarnings(r->warnings, r->image, out);
+  json j = OpJson(*r);
+  json gone = json::array();
+  for (const auto& s : r->discarded) gone.push_back(SnapshotJson(s));
+  j["implicitly_deleted"] = gone;
+  out.Result(j);
+  out.text() << "rolled " << r->image << " back to snapshot " << Describe(r->snapshot) << "\n";
+  for (const auto& s : r->discarded) out.text() << "  implicitly deleted: " << Describe(s) << "\n";
+  return kExitOk;
+}
+
+json StoredJson(const orc::ApplySnapshotStatus& s) {
+  const orc::StoredSnapshot& st = s.stored;
+  json j = {{"uuid", st.uuid},
+            {"display_name", st.display_name},
+            {"state", std::string(orc::SnapshotStateName(st.state))},
+            {"message", st.message},
+            {"id", st.snapshot_id},
+            {"rollback_counter", st.rollback_counter},
+            {"last_rollback_at", UnixTimeJson(st.last_rollback_at)},
+            {"created_at", UnixTimeJson(st.created_at)},
+            {"updated_at", UnixTimeJson(st.updated_at)}};
+  if (s.has_usage) AddUsage(j, s.usage);
+  return j;
+}
+
+int RunApply(Env& env, const TargetArgs& t, const std::string& config_path, const std::string& catalog, bool quiesce,
+             const HookFlags& hooks, Output& out) {
+  std::vector<std::string> words;
+  auto target = t.Resolve(words);
+  if (!target.ok()) return BadUsage(target.error(), out);
+  auto spec = hooks.ToSpec();
+  if (!spec.ok()) return BadUsage(spec.error(), out);
+  auto text = env.ReadFile(config_path);
+  if (!text.ok()) return out.Fail(text.error());
+  auto config = orc::ParseApplyConfig(*text);
+  if (!config.ok()) return out.Fail(Error(config.error()).set_path(config_path));
+  auto catalog_path = orc::CatalogPathFromFlag(env, catalog);
+  if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+  orc::ApplyRequest req;
+  req.target = *target;
+  req.config = std::move(config).value();
+  req.catalog_path = *catalog_path;
+  req.consistency.quiesce = quiesce;
+  req.consistency.hooks = *spec;
+  auto r = orc::ApplySnapshotConfig(env, req);
+  if (!r.ok()) return out.Fail(r.error());
+  json actions = json::array();
+  std::ostream& o = out.text();
+  int failed = 0;
+  std::string first_failure;
+  for (const auto& a : r->actions) {
+    json j = {{"action", std::string(orc::ActionKindName(a.action.kind))},
+              {"uuid", a.action.uuid},
+              {"reason", a.action.reason},
+              {"ok", a.ok}};
+    if (!a.action.display_name.empty()) j["display_name"] = a.action.display_name;
+    if (!a.ok) {
+      j["error"] = a.error;
+      if (failed++ == 0) first_failure = a.action.uuid + ": " + a.error;
+    }
+    actions.push_back(j);
+    o << "  " << orc::ActionKindName(a.action.kind) << " " << a.action.uuid << ": "
+      << (a.ok ? a.action.reason : "FAILED: " + a.error) << "\n";
+  }
+  if (r->actions.empty()) o << "  nothing to do\n";
+  json snapshots = json::array();
+  for (const auto& s : r->snapshots) {
+    snapshots.push_back(StoredJson(s));
+    o << Format("%-38s %-24s %s", s.stored.uuid.c_str(), s.stored.display_name.c_str(),
+                std::string(orc::SnapshotStateName(s.stored.state)).c_str());
+    if (!s.stored.message.empty()) o << " (" << s.stored.message << ")";
+    o << "\n";
+  }
+  out.Result({{"image", r->image}, {"mode", r->mode}, {"ok", r->ok()}, {"actions", actions},
+              {"snapshots", snapshots}});
+  if (failed > 0) {
+    return out.Fail(Error::IoError(std::to_string(failed) + " of " + std::to_string(r->actions.size()) +
+                                   " snapshot actions failed; first: " + first_failure)
+                        .set_path(r->image));
+  }
+  return kExitOk;
+}
+
+int RunMetrics(Env& env, const TargetArgs& t, const std::string& textfile, const std::string& catalog, Output& out) {
+  std::vector<std::string> words;
+  auto target = t.Resolve(words);
+  if (!target.ok()) return BadUsage(target.error(), out);
+  auto listing = orc::ListDiskSnapshots(env, *target);
+  if (!listing.ok()) return out.Fail(listing.error());
+  ReportWarnings(listing->warnings, listing->image, out);
+  auto states = StatesByName(env, *target, catalog);
+  if (!states.ok()) return out.Fail(states.error());
+  std::string text = orc::SnapshotMetricsText(*listing, [&](const orc::SnapshotListEntry& e) {
+    orc::Labels labels;
+    std::string state = "created";
+    if (auto it = states->find(e.info.name); it != states->end()) {
+      labels.push_back({"display_name", it->second.display_name});
+      state = std::string(orc::SnapshotStateName(it->second.state));
+    }
+    labels.push_back({"state", state});
+    return labels;
+  });
+  json j = {{"image", listing->image}, {"snapshots", listing->snapshots.size()}};
+  if (!textfile.empty()) {
+    // node-exporter's textfile collector reads *.prom files whenever it is
+    // scraped: replace the file atomically so it never sees half of one.
+    if (Status s = env.WriteFileAtomic(textfile, text); !s.ok()) return out.Fail(s.error());
+    j["textfile"] = textfile;
+    out.text() << "wrote the metrics of " << listing->snapshots.size() << " snapshots of " << listing->image
+               << " to " << textfile << "\n";
+  } else {
+    j["text"] = text;
+    out.text() << text;
+  }
+  out.Result(j);
+  return kExitOk;
+}
+
+const std::vector<std::string> kImageHelp = {"qcow2 image (or --domain/--disk)"};
+
+}  // namespace
+
+void RegisterSnapshotCommands(CLI::App& app, int& exit_code) {
+  auto* group = AddGroup(app, "snapshot",
+                         "Internal snapshots of a qcow2 disk: an image file, or --domain D --disk vda");
+  {
+    struct Args {
+      TargetArgs target;
+      std::string name, uuid, catalog;
+      bool quiesce = false;
+      HookFlags hooks;
+    };
+    auto a = std::make_shared<Args>();
+    auto* cmd = AddCommand(
+        *group, "create", "Take a snapshot (QEMU does it while the domain runs)", exit_code, [a](Output& out) {
+          return RunCreate(Env::Default(), a->target, a->name, a->uuid, a->quiesce, a->hooks, a->catalog, out);
+        });
+    a->target.AddTo(cmd, {"IMAGE"}, kImageHelp);
+    cmd->add_option("--name", a->name, "Snapshot name (with --uuid: its display name)")->required();
+    cmd->add_option("--uuid", a->uuid,
+                    "Name the qcow2 snapshot by this uuid and record NAME as its display name (as apply does)");
+    cmd->add_flag("--quiesce", a->quiesce, "Freeze the guest's file systems around it (running domain, guest agent)");
+    a->hooks.AddTo(cmd);
+    cmd->add_option("--catalog", a->catalog, "Catalog database (display names and states)");
+  }
+  {
+    struct Args {
+      TargetArgs target;
+      std::string catalog;
+    };
+    auto a = std::make_shared<Args>();
+    auto* cmd = AddCommand(*group, "list", "List snapshots with their space metrics (used, referenced, written...)",
+                           exit_code, [a](Output& out) { return RunList(Env::Default(), a->target, a->catalog, out); });
+    a->target.AddTo(cmd, {"IMAGE"}, kImageHelp);
+    cmd->add_option("--catalog", a->catalog, "Catalog database (display names and states)");
+  }
+  {
+    auto a = std::make_shared<TargetArgs>();
+    auto* cmd = AddCommand(*group, "rename", "Rename a snapshot (offline only: QEMU cannot)", exit_code,
+                           [a](Output& out) { return RunRename(Env::Default(), *a, out); });
+    a->AddTo(cmd, {"IMAGE", "NAME", "NEW_NAME"}, {kImageHelp[0], "Snapshot id or name", "Its new name"});
+  }
+  {
+    auto a = std::make_shared<TargetArgs>();
+    auto* cmd = AddCommand(*group, "delete", "Delete a snapshot, freeing its used bytes", exit_code,
+                           [a](Output& out) { return RunDelete(Env::Default(), *a, out); });
+    a->AddTo(cmd, {"IMAGE", "NAME"}, {kImageHelp[0], "Snapshot id or name"});
+  }
+  {
+    struct Args {
+      TargetArgs target;
+      bool discard_newer = false;
+    };
+    auto a = std::make_shared<Args>();
+    auto* cmd = AddCommand(*group, "rollback", "Roll the disk back to a snapshot (domain shut off)", exit_code,
+                           [a](Output& out) { return RunRollback(Env::Default(), a->target, a->discard_newer, out); });
+    a->target.AddTo(cmd, {"IMAGE", "NAME"}, {kImageHelp[0], "Snapshot id or name"});
+    cmd->add_flag("--discard-newer", a->discard_newer,
+                  "Also delete the snapshots taken after it (reported as implicitly deleted)");
+  }
+  {
+    struct Args {
+      TargetArgs target;
+      std::string config, catalog;
+      bool quiesce = false;
+      HookFlags hooks;
+    };
+    auto a = std::make_shared<Args>();
+    auto* cmd =
+        AddCommand(*group, "apply", "Reconcile the disk's snapshots with a desired set (controller interface)",
+                   exit_code, [a](Output& out) {
+                     return RunApply(Env::Default(), a->target, a->config, a->catalog, a->quiesce, a->hooks, out);
+                   });
+    a->target.AddTo(cmd, {"IMAGE"}, kImageHelp);
+    cmd->add_option("--config", a->config, "JSON file listing every snapshot that must exist (docs/snapshots.md)")
+        ->required();
+    cmd->add_option("--catalog", a->catalog, "Catalog database (snapshot states)");
+    cmd->add_flag("--quiesce", a->quiesce, "Freeze the guest's file systems around each create");
+    a->hooks.AddTo(cmd);
+  }
+  {
+    struct Args {
+      TargetArgs target;
+      std::string textfile, catalog;
+    };
+    auto a = std::make_shared<Args>();
+    auto* cmd =
+        AddCommand(*group, "metrics", "The snapshots' space metrics in Prometheus text format", exit_code,
+                   [a](Output& out) { return RunMetrics(Env::Default(), a->target, a->textfile, a->catalog, out); });
+    a->target.AddTo(cmd, {"IMAGE"}, kImageHelp);
+    cmd->add_option("--textfile", a->textfile,
+                    "Write them to this file, replaced atomically (node-exporter's textfile collector: *.prom)");
+    cmd->add_option("--catalog", a->catalog, "Catalog database (display names and states as labels)");
+  }
+}
+
+}  // namespace barge::cli

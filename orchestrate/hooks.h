@@ -1,0 +1,73 @@
+// Consistency hooks: user commands run before and after a consistent point
+// (a snapshot, a backup, a VM backup) so that an application can flush and
+// resume. One small component every job uses the same way; the contract is
+// in docs/snapshots.md ("Consistency hooks").
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "blockio/error.h"
+
+namespace barge::orchestrate {
+
+// The environment names a hook sees, besides the caller's own variables and
+// the process environment.
+inline constexpr const char* kHookPhaseVar = "BARGE_HOOK_PHASE";    // "pre" or "post"
+inline constexpr const char* kHookStatusVar = "BARGE_HOOK_STATUS";  // post only: ok, failed, aborted
+inline constexpr const char* kHookErrorVar = "BARGE_HOOK_ERROR";    // post only: why, when not ok
+
+struct HookSpec {
+  std::string pre;   // shell command (/bin/sh -c); "" = none
+  std::string post;  // shell command; "" = none
+  // Each command is stopped (SIGTERM to its process group, SIGKILL 2 s
+  // later) when it runs longer.
+  std::chrono::milliseconds timeout{60000};
+};
+
+// How one command ended.
+struct HookRun {
+  std::string phase;    // "pre" or "post"
+  std::string command;
+  int exit_code = -1;   // -1 when killed by a signal or not started
+  int signal = 0;       // the signal that ended it, if any
+  bool timed_out = false;
+  std::string output;   // stdout and stderr together, at most the last 64 KiB
+  double seconds = 0;
+  bool ok() const { return exit_code == 0 && !timed_out; }
+  // "pre-hook 'cmd' exited with 3: <last line of output>", "... timed out after 5 s".
+  std::string Describe() const;
+};
+
+// Runs `command` with /bin/sh -c, stdin from /dev/null, stdout and stderr
+// captured, `env` added to the process environment, in a process group of
+// its own. Blocks until it ends or the timeout stops it.
+// Returns the run (also when the command failed), or kIoError when it
+// cannot be started at all.
+Result<HookRun> RunHookCommand(const std::string& phase, const std::string& command,
+                               const std::map<std::string, std::string>& env,
+                               std::chrono::milliseconds timeout);
+
+struct HookedResult {
+  std::vector<HookRun> runs;          // the hooks that ran, in order
+  std::vector<std::string> warnings;  // a failed post-hook after a good body
+};
+
+// pre-hook, then `body`, then post-hook:
+//   - a pre-hook that fails (non-zero exit, timeout, cannot start) aborts:
+//     `body` is not called, the post-hook still runs (status "aborted"),
+//     and the error (kCancelled, naming the pre-hook) is returned;
+//   - the post-hook runs whatever `body` returned (status "ok" or
+//     "failed" with the error in BARGE_HOOK_ERROR);
+//   - a failing post-hook after a good body is a warning, not an error
+//     (the consistent point exists); after a failed body it is appended to
+//     the body's error (Error::Also).
+// `env` goes to both hooks (each also gets BARGE_HOOK_PHASE). `result`, if
+// given, receives the runs and warnings in either case.
+Status RunWithHooks(const HookSpec& hooks, const std::map<std::string, std::string>& env,
+                    const std::function<Status()>& body, HookedResult* result = nullptr);
+
+}  // namespace barge::orchestrate
