@@ -42,6 +42,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
   auto hooks = a.hooks.ToSpec();
   if (!hooks.ok()) return out.Usage(hooks.error().message());
+  if (a.incremental && a.dirty_bitmap.empty() == a.dirty_extents.empty()) {
+    return out.Usage("--incremental needs exactly one of --dirty-bitmap or --dirty-extents (where the changes are)");
+  }
   if (a.incremental && a.copy.cluster_size_given()) {
     return out.Usage("--cluster-size does not apply to an incremental: it keeps its chain's cluster size");
   }

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <iostream>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "cli/common.h"
 #include "cli/interrupt.h"
@@ -142,6 +144,19 @@ int Main(int argc, char** argv) {
   RegisterBitmapEditCommands(app, exit_code);
   RegisterListCommands(app, exit_code);
   RegisterDocCommands(app, exit_code);
+  // `barge --json list X` means `barge list X --json`: --json belongs to
+  // every command, so one given before the command moves after it.
+  std::vector<char*> args(argv, argv + argc);
+  {
+    size_t first_word = 1;
+    while (first_word < args.size() && std::string_view(args[first_word]).starts_with("-")) ++first_word;
+    auto moved = std::stable_partition(args.begin() + 1, args.begin() + static_cast<long>(first_word),
+                                       [](const char* w) { return std::string_view(w) != "--json"; });
+    if (moved != args.begin() + static_cast<long>(first_word)) {
+      std::rotate(moved, args.begin() + static_cast<long>(first_word), args.end());
+    }
+  }
+  argv = args.data();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -185,7 +185,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
 struct RunArgs {
   std::string policy, catalog, metrics_textfile, memory = "256M";
   std::vector<std::string> sources;
-  bool force = false, wait = false;
+  bool force = false, full = false, wait = false;
   int threads = 0;
 };
 
@@ -221,9 +221,15 @@ int RunRun(RunArgs& a, Output& out) {
   if (!policy.ok()) return out.Fail(policy.error());
   if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
   orc::RunOptions o;
-  o.catalog_path = orc::ResolveCatalogPath(a.catalog);
+  // An explicit --catalog in a missing folder is an error, not a new
+  // catalog (and a first backup of every source) somewhere else.
+  auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a.catalog);
+  if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+  o.catalog_path = *catalog_path;
   if (Status s = ApplyResourceFlags(a.memory, a.threads, o.copy); !s.ok()) return out.Usage(s.error().message());
+  if (a.full && !a.force) return out.Usage("--full starts new chains now: give it with --force");
   o.manual = a.force;
+  o.full = a.full;
   o.only_sources = a.sources;
   o.wait_for_lock = a.wait;
   o.stop = &CancelFlag();
@@ -277,7 +283,9 @@ int RunForget(ForgetArgs& a, Output& out) {
                      "(all 0 would forget every point)");
   }
   orc::ForgetOptions o;
-  o.catalog_path = orc::ResolveCatalogPath(a.catalog);
+  auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a.catalog);
+  if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+  o.catalog_path = *catalog_path;
   o.only_sources = a.sources;
   o.dry_run = a.dry_run;
   if (Status s = ApplyResourceFlags(a.memory, a.threads, o.copy); !s.ok()) return out.Usage(s.error().message());
@@ -375,7 +383,15 @@ int RunRunsList(RunsArgs& a, Output& out) {
     if (!p.ok()) return out.Fail(p.error());
     name = p->name;
   }
-  auto catalog = orc::PolicyCatalog::Open(Env::Default(), orc::ResolveCatalogPath(a.catalog));
+  auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a.catalog);
+  if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+  // Listing never creates a catalog.
+  if (!Env::Default().Exists(*catalog_path)) {
+    return out.Fail(Error::NotFound("no catalog here (nothing recorded yet; --catalog or $BARGE_CATALOG "
+                                    "name another)")
+                        .set_path(*catalog_path));
+  }
+  auto catalog = orc::PolicyCatalog::Open(Env::Default(), *catalog_path);
   if (!catalog.ok()) return out.Fail(catalog.error());
   auto runs = (*catalog)->ListRuns({name, a.source, a.limit});
   if (!runs.ok()) return out.Fail(runs.error());
@@ -417,6 +433,8 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("--policy", a->policy, "Policy file (YAML)")->required();
     cmd->add_option("--source", a->sources, "Only this source (repeatable)");
     cmd->add_flag("--force", a->force, "Back up every (selected) source now, due or not (trigger manual)");
+    cmd->add_flag("--full", a->full,
+                  "With --force: full backups (new chains), e.g. after a bitmap was removed and added again");
     cmd->add_flag("--wait", a->wait, "Wait for a run of the same policy to end instead of failing (exit 4)");
     cmd->add_option("--metrics-textfile", a->metrics_textfile,
                     "Write the policy's metrics there afterwards, atomically (node-exporter textfile collector)");
@@ -447,7 +465,7 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
                            [a](Output& out) { return RunRunsList(*a, out); });
     cmd->add_option("--policy", a->policy, "Only this policy (a name or a policy file)");
     cmd->add_option("--source", a->source, "Only this source");
-    cmd->add_option("--limit", a->limit, "At most N records (0 = all)");
+    cmd->add_option("--limit", a->limit, "At most N records (0 = all)")->check(CLI::NonNegativeNumber);
     cmd->add_option("--catalog", a->catalog, "Catalog database");
   }
 }

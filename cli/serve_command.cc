@@ -83,7 +83,9 @@ int RunServe(ServeArgs& a, Output& out) {
   uint64_t reloads_seen = ReloadRequests();
 
   orc::SchedulerOptions so;
-  so.run.catalog_path = orc::ResolveCatalogPath(a.catalog);
+  auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a.catalog);
+  if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+  so.run.catalog_path = *catalog_path;
   if (Status s = ApplyResourceFlags(a.memory, a.threads, so.run.copy); !s.ok()) return out.Usage(s.error().message());
   auto hooks = orc::NewPolicyHookRunner();
   so.run.hooks = hooks.get();

@@ -199,6 +199,7 @@ class Runner {
       }
       BARGE_ASSIGN_OR_RETURN(blocker, backend_.IncrementalBlocker(s, points.newest_id, last_cleared));
     }
+    if (opt_.full) blocker = "a full backup was asked for (--full)";
     TypeDecision type = DecideBackupType(policy_, s, points.newest_chain, blocker.empty(), blocker);
 
     // Placement.

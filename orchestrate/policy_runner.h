@@ -129,6 +129,10 @@ struct RunOptions {
   HookRunner* hooks = nullptr;      // required when the policy has hooks
   // Every source is due now (trigger manual), whatever the schedule says.
   bool manual = false;
+  // Every backup of this run is a full one (a new chain): for change
+  // tracking that was lost in a way barge cannot see (a bitmap removed and
+  // added again).
+  bool full = false;
   // Only these sources (names); empty = all.
   std::vector<std::string> only_sources;
   // Wait for a run of the same policy to end instead of failing with kBusy.

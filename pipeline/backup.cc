@@ -62,7 +62,12 @@ Result<RangeList> DirtySet(Env& env, const BackupRequest& req, OpenedSource& src
     description = "extents:" + req.dirty_extents_file;
     BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, req.dirty_extents_file, 4ull << 30));
     auto file = formats::DecodeExtentsFile(text);
-    if (!file.ok()) return Error(file.error()).set_path(req.dirty_extents_file);
+    if (!file.ok()) {
+      // The user's input, not barge's data: a bad file is invalid input
+      // (exit 1), as a wrong size or an extent out of range is.
+      Error e = std::move(file).error();
+      return Error::InvalidArgument("not a valid extents file: " + e.message()).set_path(req.dirty_extents_file);
+    }
     if (file->virtual_size && *file->virtual_size != size) {
       return Error::InvalidArgument("extents file is for a disk of " + formats::HumanBytesExact(*file->virtual_size) +
                                     ", the source has " + formats::HumanBytesExact(size))
@@ -126,7 +131,9 @@ std::string DefaultDiskName(const std::string& location) {
   }
   while (!s.empty() && s.back() == '/') s.pop_back();
   std::string base = s.substr(s.find_last_of('/') == std::string::npos ? 0 : s.find_last_of('/') + 1);
-  if (auto dot = base.find('.'); dot != std::string::npos && dot > 0) base = base.substr(0, dot);
+  // Only the last extension goes ("disk.v1.raw" -> "disk.v1"), as the
+  // documented "base name without its extension".
+  if (auto dot = base.rfind('.'); dot != std::string::npos && dot > 0) base = base.substr(0, dot);
   return base.empty() ? "disk" : base;
 }
 

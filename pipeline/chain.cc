@@ -304,8 +304,21 @@ Result<OpenedPoint> OpenPoint(Env& env, const ChainFolder& chain, size_t index) 
   OpenedPoint out;
   out.index = index;
   out.point = &chain.points[index];
-  BARGE_ASSIGN_OR_RETURN(out.digests, EffectiveDigests(env, chain, index));
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
+  // A file a manifest names and the folder lacks breaks the chain from that
+  // point on: damage to the backup (exit 2), not a missing input.
+  for (size_t l : layers) {
+    const auto& lm = chain.points[l].manifest;
+    for (const std::string& name : {lm.image, lm.digest_table}) {
+      auto st = env.Stat(chain.PathOf(name));
+      if (!st.ok() && st.error().code() == ErrorCode::kNotFound) {
+        return Error::Corruption("missing: backup " + lm.id + " names this file; the chain is broken from " +
+                                 lm.id + " on")
+            .set_path(chain.PathOf(name));
+      }
+    }
+  }
+  BARGE_ASSIGN_OR_RETURN(out.digests, EffectiveDigests(env, chain, index));
   formats::OpenOptions options;
   options.format = formats::ImageFormat::kQcow2;
   options.allowed_dirs = {chain.dir};

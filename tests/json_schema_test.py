@@ -396,7 +396,7 @@ def scenario(r):
     for copy in (damaged, broken):
         shutil.copytree(chain, copy)
     os.remove(os.path.join(damaged, full_id + ".digests"))
-    r.run("verify", [damaged, "--at", "0"], expect=1)  # records the failure
+    r.run("verify", [damaged, "--at", "0"], expect=2)  # a broken chain: records the failure
     os.remove(os.path.join(damaged, inc_id + ".qcow2"))
     listed = result_of(r.run("list", [damaged])).get("points", [])
     if [(p.get("last_verification") or {}).get("result") for p in listed] != ["failed", "ok"] \

@@ -1,0 +1,154 @@
+// Issue 12: what a second new-user trial found (after the snapshot and
+// policy commands landed), through the real binary: each test is named
+// after the defect and checks the exit code, the message and what is (not)
+// left on disk.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/testing/testing.h"
+
+namespace barge::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+std::string Barge(const std::string& args) { return ShellQuote(BargeBinary()) + " " + args; }
+std::string Q(const std::string& s) { return ShellQuote(s); }
+// testing::Run (the fixture's own Run() would hide it).
+CommandResult Sh(const std::string& command) { return ::barge::testing::Run(command); }
+void WriteText(const std::string& path, const std::string& text) {
+  const auto* b = reinterpret_cast<const std::byte*>(text.data());
+  WriteFile(path, std::vector<std::byte>(b, b + text.size()));
+}
+
+class NewUserTrialTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    disk_ = dir_ / "disk.raw";
+    WriteFile(disk_, RandomBytes(4 * kMiB, 21));
+  }
+  TempDir dir_;
+  std::string disk_;
+};
+
+// `barge --json list X` was a usage error ("--json ...; did you mean --json?").
+TEST_F(NewUserTrialTest, JsonBeforeTheCommandIsTheCommandsJson) {
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") + " --name d"));
+  CommandResult r = Sh(Barge("--json list " + Q(dir_ / "bk/d")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json result = ResultOf(r.stdout_text);
+  EXPECT_EQ(result.value("command", ""), "list") << r.stdout_text;
+}
+
+// A chain whose middle image was deleted (its manifest kept) restored with
+// "NotFound ... open failed", exit 1: a broken chain is damage, exit 2,
+// naming the missing file.
+TEST_F(NewUserTrialTest, RestoreOfAChainMissingAMiddleImageIsCorruptionNamingIt) {
+  const std::string target = dir_ / "bk";
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) + " --name d"));
+  const std::string extents = dir_ / "extents.json";
+  WriteText(extents, R"({"format":"barge-extents","version":1,"virtual_size":4194304,"extents":[{"offset":0,"length":65536}]})");
+  for (int i = 0; i < 2; ++i) {
+    RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) + " --name d --incremental "
+                "--dirty-extents " + Q(extents)));
+  }
+  std::string middle;
+  for (const auto& e : fs::directory_iterator(target + "/d")) {
+    std::string name = e.path().filename().string();
+    if (name.starts_with("0001-") && name.ends_with(".qcow2")) middle = e.path().string();
+  }
+  ASSERT_FALSE(middle.empty());
+  fs::remove(middle);
+  CommandResult r = Sh(Barge("restore " + Q(target + "/d") + " --to " + Q(dir_ / "r.raw")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("Corruption: " + middle + ": missing"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "r.raw"));
+  // The full before the gap still restores.
+  RunOk(Barge("restore " + Q(target + "/d") + " --at 0 --to " + Q(dir_ / "r0.raw")));
+}
+
+// A --dirty-extents file that is not one was "Corruption", exit 2: it is the
+// user's input, exit 1.
+TEST_F(NewUserTrialTest, ABadExtentsFileIsInvalidInput) {
+  const std::string target = dir_ / "bk";
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) + " --name d"));
+  CommandResult r = Sh(Barge("backup --source " + Q(disk_) + " --target " + Q(target) +
+                              " --name d --incremental --dirty-extents " + Q(disk_)));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("InvalidArgument: " + disk_ + ": not a valid extents file"), std::string::npos)
+      << r.output;
+}
+
+// `backup --incremental` without a source of changes exited 1: a usage error.
+TEST_F(NewUserTrialTest, IncrementalWithoutChangesIsAUsageError) {
+  CommandResult r = Sh(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") + " --incremental"));
+  EXPECT_EQ(r.exit_code, 64) << r.output;
+  EXPECT_NE(r.output.find("--incremental needs exactly one of --dirty-bitmap or --dirty-extents"),
+            std::string::npos)
+      << r.output;
+}
+
+// `runs list --limit -1` reached SQLite ("datatype mismatch"); `runs list`
+// of a catalog that does not exist created it; `run --catalog` in a missing
+// folder created the folder and backed everything up as never backed up.
+TEST_F(NewUserTrialTest, PolicyCatalogFlagsAreCheckedBeforeAnythingIsCreated) {
+  CommandResult r = Sh(Barge("runs list --limit -1 --catalog " + Q(dir_ / "c.db")));
+  EXPECT_EQ(r.exit_code, 64) << r.output;
+  r = Sh(Barge("runs list --catalog " + Q(dir_ / "c.db")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("no catalog here"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "c.db"));
+
+  const std::string policy = dir_ / "p.yaml";
+  WriteText(policy, "name: p\nsources:\n  - image: " + disk_ + "\ntargets: [" + (dir_ / "t") + "]\n");
+  fs::create_directories(dir_ / "t");
+  r = Sh(Barge("run --policy " + Q(policy) + " --force --catalog " + Q(dir_ / "typo/c.db")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the folder of --catalog"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "typo"));
+  EXPECT_TRUE(fs::is_empty(dir_ / "t"));
+}
+
+// Sources "disk.v1.raw" and "disk.v2.raw" were both named "disk" (the name
+// was cut at the first dot) and the policy was refused.
+TEST_F(NewUserTrialTest, DefaultNamesDropOnlyTheLastExtension) {
+  WriteFile(dir_ / "disk.v1.raw", RandomBytes(kMiB, 1));
+  WriteFile(dir_ / "disk.v2.raw", RandomBytes(kMiB, 2));
+  const std::string policy = dir_ / "p.yaml";
+  WriteText(policy, "name: p\nsources:\n  - image: " + (dir_ / "disk.v1.raw") + "\n  - image: " +
+                        (dir_ / "disk.v2.raw") + "\ntargets: [" + (dir_ / "t") + "]\n");
+  RunOk(Barge("policy check " + Q(policy)));
+  RunOk(Barge("backup --source " + Q(dir_ / "disk.v1.raw") + " --target " + Q(dir_ / "bk")));
+  EXPECT_TRUE(fs::is_directory(dir_ / "bk/disk.v1"));
+}
+
+// A bitmap removed and added again cannot be told from the one barge
+// cleared: `run --force --full` starts new chains (README, docs/policies.md).
+TEST_F(NewUserTrialTest, PolicyRunFullStartsANewChain) {
+  const std::string image = dir_ / "vm.qcow2";
+  RunOk("qemu-img convert -q -f raw -O qcow2 " + Q(disk_) + " " + Q(image));
+  RunOk("qemu-img bitmap --add " + Q(image) + " cbt0");
+  const std::string policy = dir_ / "p.yaml";
+  fs::create_directories(dir_ / "t");
+  WriteText(policy, "name: p\nsources:\n  - image: " + image + "\n    bitmap: cbt0\ntargets: [" + (dir_ / "t") +
+                        "]\n");
+  const std::string cat = " --catalog " + Q(dir_ / "c.db");
+  RunOk(Barge("run --policy " + Q(policy) + " --force" + cat));
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x78 1M 64K' " + Q(image) + " >/dev/null");
+  RunOk("qemu-img bitmap --remove " + Q(image) + " cbt0");
+  RunOk("qemu-img bitmap --add " + Q(image) + " cbt0");
+  CommandResult r = Sh(Barge("run --policy " + Q(policy) + " --full" + cat));
+  EXPECT_EQ(r.exit_code, 64) << r.output;  // --full needs --force
+  nlohmann::json result = RunResult(Barge("run --policy " + Q(policy) + " --force --full --json" + cat));
+  EXPECT_NE(result.dump().find("\"full\""), std::string::npos) << result.dump();
+  // The newest point restores the disk as it is now.
+  const std::string chain = dir_ / "t/p/vm";
+  RunOk(Barge("restore " + Q(chain) + " --to " + Q(dir_ / "r.raw")));
+  RunOk("qemu-img compare -q -f raw -F qcow2 " + Q(dir_ / "r.raw") + " " + Q(image));
+}
+
+}  // namespace
+}  // namespace barge::testing
