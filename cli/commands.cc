@@ -41,7 +41,39 @@ std::string CommandPath(const CLI::App* app) {
 // "did you mean" for the words CLI11 did not expect (an unknown option or
 // subcommand of the deepest command reached), or for the first plain word
 // after that command when it wants a subcommand and got none.
+// The first word after `at`'s command path on the command line ("" when
+// none): the would-be subcommand of a group.
+std::string WordAfterPath(const CLI::App* at, int argc, char** argv) {
+  std::vector<std::string> path;
+  for (const CLI::App* p = at; p != nullptr && p->get_parent() != nullptr; p = p->get_parent()) {
+    path.insert(path.begin(), p->get_name());
+  }
+  size_t matched = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string w = argv[i];
+    if (w == "--") break;
+    if (w.starts_with("-")) continue;
+    if (matched < path.size() && w == path[matched]) {
+      ++matched;
+      continue;
+    }
+    if (matched == path.size()) return w;
+  }
+  return "";
+}
+
 std::string Suggestion(const CLI::ParseError& e, CLI::App* at, int argc, char** argv) {
+  // A group whose subcommand is mistyped: that is the cause, whatever
+  // options follow ("barge snapshot craete IMG --name x").
+  if (!at->get_subcommands({}).empty()) {
+    const std::string word = WordAfterPath(at, argc, argv);
+    std::vector<std::string> names;
+    for (const CLI::App* s : at->get_subcommands({})) names.push_back(s->get_name());
+    if (!word.empty() && std::find(names.begin(), names.end(), word) == names.end()) {
+      std::string match = ClosestMatch(word, names);
+      return "!unknown command '" + word + "'" + (match.empty() ? "" : "; did you mean '" + match + "'?");
+    }
+  }
   // An option the command does not have wins: CLI11 reports a missing
   // required option first, though the typo is the cause ("--sorce").
   // --json is every command's (a group's too, for the error's shape), so

@@ -1,10 +1,12 @@
 // barge list (every point of a chain folder, like `restic snapshots` or
 // `qemu-img info --backing-chain`) and barge catalog list (what the backup
 // catalog records: trackers, checkpoints, backup runs).
+#include <algorithm>
 #include <map>
 #include <optional>
 
 #include "blockio/env.h"
+#include "blockio/path.h"
 #include "cli/catalog_json.h"
 #include "cli/common.h"
 #include "orchestrate/backup_catalog.h"
@@ -168,6 +170,25 @@ int RunList(const std::string& path, Output& out) {
   json arr = json::array();
   for (const PointView& p : points) arr.push_back(PointJson(p));
   uint64_t virtual_size = points.empty() ? 0 : points.back().manifest->virtual_size;
+  if (points.empty()) {
+    // A backup target (`backup --target`) holds chain folders, not points:
+    // name them.
+    std::vector<std::string> chains_in;
+    if (auto names = env.ListDir(chain->dir); names.ok()) {
+      for (const std::string& name : *names) {
+        auto sub = pipeline::LoadChainFolder(env, JoinPath(chain->dir, name));
+        if (sub.ok() && !sub->points.empty()) chains_in.push_back(name);
+      }
+    }
+    std::sort(chains_in.begin(), chains_in.end());
+    if (!chains_in.empty()) {
+      std::string list;
+      for (const auto& c : chains_in) list += (list.empty() ? "" : ", ") + c;
+      out.Warning("a backup target, not a chain folder: its chains are " + list + " (barge list " +
+                      JoinPath(chain->dir, chains_in.front()) + ")",
+                  chain->dir);
+    }
+  }
   out.Result({{"chain_dir", chain->dir},
               {"points", arr},
               {"chains", chains},

@@ -215,8 +215,9 @@ Result<size_t> ChainFolder::Resolve(const PointSelector& at) const {
         }
       }
       if (best) return *best;
-      return Error::NotFound("no backup started at or before " + at.text + " (" +
-                             formats::FormatRfc3339(at.time) + "): the oldest, " +
+      const std::string utc = formats::FormatRfc3339(at.time);
+      return Error::NotFound("no backup started at or before " + at.text + (at.text == utc ? "" : " (" + utc + ")") +
+                             ": the oldest, " +
                              points[oldest].manifest.id + ", started at " +
                              formats::FormatRfc3339(oldest_time))
           .set_path(dir);

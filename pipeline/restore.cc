@@ -100,10 +100,11 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   }
   BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, req.chain_dir));
   BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.at));
-  if (req.on_point) req.on_point(index, chain.points[index].manifest);
   BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(env, chain, index));
   const formats::BackupManifest& m = point.point->manifest;
   BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(env, req, m.virtual_size));
+  // Said once the destination is accepted (a refused one says only why).
+  if (req.on_point) req.on_point(index, m);
 
   std::unique_ptr<Destination> dest;
   if (req.output_format == "qcow2") {

@@ -150,5 +150,30 @@ TEST_F(NewUserTrialTest, PolicyRunFullStartsANewChain) {
   RunOk("qemu-img compare -q -f raw -F qcow2 " + Q(dir_ / "r.raw") + " " + Q(image));
 }
 
+// `snapshot craete IMG --name x` blamed --name ("unknown option"), not the
+// mistyped command.
+TEST_F(NewUserTrialTest, AMistypedSubcommandIsNamedWhateverFollows) {
+  CommandResult r = Sh(Barge("snapshot craete " + Q(dir_ / "x.qcow2") + " --name x"));
+  EXPECT_EQ(r.exit_code, 64) << r.output;
+  EXPECT_NE(r.output.find("unknown command 'craete'; did you mean 'create'?"), std::string::npos) << r.output;
+}
+
+// `barge list TARGET` (the --target folder) said only "no backups".
+TEST_F(NewUserTrialTest, ListOfABackupTargetNamesItsChains) {
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") + " --name vda"));
+  CommandResult r = Sh(Barge("list " + Q(dir_ / "bk")));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("a backup target, not a chain folder: its chains are vda"), std::string::npos)
+      << r.output;
+}
+
+// A refused destination printed "restoring point ... to X" first.
+TEST_F(NewUserTrialTest, ARefusedRestoreDestinationSaysOnlyWhy) {
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") + " --name vda"));
+  CommandResult r = Sh(Barge("restore " + Q(dir_ / "bk/vda") + " --to /dev/null"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.stdout_text, "") << r.output;
+}
+
 }  // namespace
 }  // namespace barge::testing
