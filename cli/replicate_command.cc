@@ -189,10 +189,22 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   }
   if (!r.all_ok()) {
     size_t failed = 0;
-    for (const auto& d : r.replicas) failed += d.state == pipeline::ReplicaState::kFailed;
+    const pipeline::ReplicaResult* first = nullptr;
+    for (const auto& d : r.replicas) {
+      if (d.state != pipeline::ReplicaState::kFailed) continue;
+      ++failed;
+      if (first == nullptr && d.error) first = &d;
+    }
+    // The run's error is the first failed copy's (its code and file), with
+    // the count: the source was read fine.
+    if (first != nullptr) {
+      Error e = *first->error;
+      return out.Fail(Error(e.code(), std::to_string(failed) + " of " + std::to_string(r.replicas.size()) +
+                                          " copies failed (see the result for each); the first: " + e.message())
+                          .set_path(e.path()));
+    }
     return out.Fail(Error::IoError(std::to_string(failed) + " of " + std::to_string(r.replicas.size()) +
-                                   " copies failed (see the result for each)")
-                        .set_path(a.source));
+                                   " copies failed (see the result for each)"));
   }
   return kExitOk;
 }

@@ -267,13 +267,21 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
     if (!req.against.location.empty()) {
       BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, req.against));
       if (src.image->size_bytes() != m.virtual_size) {
-        return Error::Corruption("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
+        return Error::InvalidArgument("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
                                  ", the backup " + formats::HumanBytesExact(m.virtual_size))
             .set_path(req.against.location);
       }
       auto against = RunCopy(*src.image, WholeDisk(*src.image), {}, copy);
       if (!against.ok()) {
-        return Error(against.error()).Wrap("source differs from backup " + m.id);
+        Error e = std::move(against).error();
+        // The backup's own data checked out above: a source that reads
+        // otherwise changed since (or is another disk). Its bytes are no
+        // damage to the backup (exit 2 says that), so it is an input error.
+        if (e.code() != ErrorCode::kCorruption) return e.Wrap("reading the source to compare");
+        return Error::InvalidArgument("the source differs from backup " + m.id +
+                                      " (the backup itself verified; the source changed since or is another "
+                                      "disk): " + e.message())
+            .set_path(req.against.location);
       }
       result.bytes_read += against->bytes_read;
       result.against_checked = true;

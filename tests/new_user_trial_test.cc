@@ -175,5 +175,26 @@ TEST_F(NewUserTrialTest, ARefusedRestoreDestinationSaysOnlyWhy) {
   EXPECT_EQ(r.stdout_text, "") << r.output;
 }
 
+// verify --against a source that changed since the point said
+// "Corruption" (exit 2: damage to the backup) naming the user's disk.
+TEST_F(NewUserTrialTest, VerifyAgainstAChangedSourceIsNoDamageToTheBackup) {
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") + " --name vda"));
+  WriteFile(disk_, RandomBytes(4 * kMiB, 22));
+  CommandResult r = Sh(Barge("verify " + Q(dir_ / "bk/vda") + " --against " + Q(disk_)));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("InvalidArgument: " + disk_ + ": the source differs from backup"), std::string::npos)
+      << r.output;
+  RunOk(Barge("verify " + Q(dir_ / "bk/vda")));  // the backup itself is fine
+}
+
+// replicate to /dev/null: the copy failed NotSupported naming /dev/null,
+// the run's error was IoError naming the source.
+TEST_F(NewUserTrialTest, AFailedReplicaCopyIsTheRunsErrorNamingTheCopy) {
+  CommandResult r = Sh(Barge("replicate " + Q(disk_) + " --to /dev/null"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.stderr_text.find(": /dev/null: 1 of 1 copies failed"), std::string::npos) << r.output;
+  EXPECT_EQ(r.stderr_text.find(disk_), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace barge::testing
