@@ -149,6 +149,8 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   args->flags.allow_any_path = false;
   cmd->add_flag("--allow-any-path", args->flags.allow_any_path,
                 "Allow a qcow2 source's backing/data files outside its folder");
+  cmd->add_option("--allow-dir", args->flags.allow_dirs,
+                  "Also allow a qcow2 source's backing and data files under this folder (repeatable)");
   cmd->add_option("-l,--snapshot", args->snapshot,
                   "Read a qcow2 source at this internal snapshot (id or name): a consistent point of a running VM");
   args->hooks.AddTo(cmd);

@@ -66,7 +66,7 @@ Result<std::string> ResolveName(const std::string& image_path, const std::string
     return result;
   }
   return Error::InvalidArgument(std::string(what) + " '" + stored + "' resolves to " + canon +
-                                ", outside the allowed folders; pass --allow-any-path to permit it")
+                                ", outside the allowed folders; pass --allow-dir FOLDER or --allow-any-path to permit it")
       .set_path(image_path);
 }
 
