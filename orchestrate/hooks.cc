@@ -52,7 +52,9 @@ std::string LastLine(const std::string& text) {
 
 std::string HookRun::Describe() const {
   std::string s = phase + "-hook '" + command + "' ";
-  if (timed_out) {
+  if (cancelled) {
+    s += "was stopped: the run was cancelled";
+  } else if (timed_out) {
     s += "timed out after " + std::to_string(static_cast<int>(seconds)) + " s and was stopped";
   } else if (signal != 0) {
     s += "was killed by signal " + std::to_string(signal);
@@ -66,7 +68,7 @@ std::string HookRun::Describe() const {
 
 Result<HookRun> RunHookCommand(const std::string& phase, const std::string& command,
                                const std::map<std::string, std::string>& env,
-                               std::chrono::milliseconds timeout) {
+                               std::chrono::milliseconds timeout, const std::atomic<bool>* cancel) {
   HookRun run;
   run.phase = phase;
   run.command = command;
@@ -127,6 +129,12 @@ Result<HookRun> RunHookCommand(const std::string& phase, const std::string& comm
   bool term_sent = false, kill_sent = false;
   while (!exited) {
     const auto now = std::chrono::steady_clock::now();
+    if (!term_sent && cancel != nullptr && cancel->load()) {
+      run.cancelled = true;
+      ::kill(-pid, SIGTERM);
+      term_sent = true;
+      kill_at = now + kKillGrace;
+    }
     if (!term_sent && now >= deadline) {
       run.timed_out = true;
       ::kill(-pid, SIGTERM);
@@ -152,7 +160,7 @@ Result<HookRun> RunHookCommand(const std::string& phase, const std::string& comm
   // their end open; they are not waited for).
   if (!eof) drain();
   // Whatever it started in its group goes with it once the deadline passed.
-  if (run.timed_out) ::kill(-pid, SIGKILL);
+  if (run.timed_out || run.cancelled) ::kill(-pid, SIGKILL);
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) run.signal = WTERMSIG(status);

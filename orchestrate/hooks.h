@@ -4,6 +4,7 @@
 // in docs/snapshots.md ("Consistency hooks").
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -35,9 +36,10 @@ struct HookRun {
   int exit_code = -1;   // -1 when killed by a signal or not started
   int signal = 0;       // the signal that ended it, if any
   bool timed_out = false;
+  bool cancelled = false;  // stopped because the caller's cancel flag was set
   std::string output;   // stdout and stderr together, at most the last 64 KiB
   double seconds = 0;
-  bool ok() const { return exit_code == 0 && !timed_out; }
+  bool ok() const { return exit_code == 0 && !timed_out && !cancelled; }
   // "pre-hook 'cmd' exited with 3: <last line of output>", "... timed out after 5 s".
   std::string Describe() const;
 };
@@ -47,9 +49,11 @@ struct HookRun {
 // its own. Blocks until it ends or the timeout stops it.
 // Returns the run (also when the command failed), or kIoError when it
 // cannot be started at all.
+// A set `cancel` stops the command the same way (HookRun::cancelled).
 Result<HookRun> RunHookCommand(const std::string& phase, const std::string& command,
                                const std::map<std::string, std::string>& env,
-                               std::chrono::milliseconds timeout);
+                               std::chrono::milliseconds timeout,
+                               const std::atomic<bool>* cancel = nullptr);
 
 struct HookedResult {
   std::vector<HookRun> runs;          // the hooks that ran, in order

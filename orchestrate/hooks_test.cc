@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "blockio/env.h"
@@ -42,6 +43,29 @@ TEST(Hooks, TimeoutStopsTheWholeGroup) {
   EXPECT_NE(run->Describe().find("timed out"), std::string::npos);
   std::this_thread::sleep_for(1500ms);
   EXPECT_FALSE(Env::Default().Exists(marker)) << "a child of the hook outlived the timeout";
+}
+
+// A policy run's stop (max_run_time, SIGTERM) reaches a hook in progress:
+// the cancel flag stops its whole group as the timeout does.
+TEST(Hooks, CancelStopsTheWholeGroup) {
+  testing::TempDir dir;
+  const std::string marker = dir / "late";
+  std::atomic<bool> cancel{false};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(200ms);
+    cancel = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto run = RunHookCommand("pre", "(sleep 1; touch " + marker + ") & sleep 30", {}, 60s, &cancel);
+  stopper.join();
+  ASSERT_TRUE(run.ok());
+  EXPECT_TRUE(run->cancelled);
+  EXPECT_FALSE(run->timed_out);
+  EXPECT_FALSE(run->ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_NE(run->Describe().find("cancelled"), std::string::npos);
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_FALSE(Env::Default().Exists(marker)) << "a child of the hook outlived the cancel";
 }
 
 TEST(Hooks, PreFailureAbortsAndPostStillRuns) {
