@@ -13,6 +13,7 @@
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
+#include "formats/qcow2_refcount_shadow.h"
 #include "formats/qcow2_writer_meta.h"
 
 namespace barge::formats {
@@ -62,36 +63,6 @@ Status InStep(Status s, const char* step) {
 Status WithPath(Status s, const std::string& path) {
   if (s.ok() || !s.error().path().empty()) return s;
   return std::move(s).error().set_path(path);
-}
-
-// Refcount entry `index` of a block: orders 0..2 are packed from the least
-// significant bit of each byte, orders 3..6 are big-endian (QCOW2.md §3).
-uint64_t LoadRefcount(const std::byte* block, uint64_t index, uint32_t order) {
-  const uint32_t bits = 1u << order;
-  if (bits < 8) {
-    const uint64_t bit = index * bits;
-    return (uint8_t(block[bit / 8]) >> (bit % 8)) & ((1u << bits) - 1);
-  }
-  const std::byte* p = block + index * (bits / 8);
-  uint64_t v = 0;
-  for (uint32_t i = 0; i < bits / 8; ++i) v = (v << 8) | uint8_t(p[i]);
-  return v;
-}
-
-void StoreRefcount(std::byte* block, uint64_t index, uint32_t order, uint64_t value) {
-  const uint32_t bits = 1u << order;
-  if (bits < 8) {
-    const uint64_t bit = index * bits;
-    const uint8_t mask = static_cast<uint8_t>(((1u << bits) - 1) << (bit % 8));
-    const uint8_t old = uint8_t(block[bit / 8]);
-    block[bit / 8] = std::byte((old & ~mask) | ((value << (bit % 8)) & mask));
-    return;
-  }
-  std::byte* p = block + index * (bits / 8);
-  for (uint32_t i = bits / 8; i-- > 0;) {
-    p[i] = std::byte(value & 0xff);
-    value >>= 8;
-  }
 }
 
 // The refcounts an edit reads and changes: the refcount table, the blocks
