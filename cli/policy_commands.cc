@@ -150,7 +150,11 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
   }
   o << "  targets: ";
   for (size_t i = 0; i < p.targets.size(); ++i) o << (i ? ", " : "") << p.targets[i];
-  o << " (free space >= " << p.free_space_multiple << "x a source's allocated bytes)\n";
+  if (p.free_space_multiple > 0) {
+    o << " (free space >= " << p.free_space_multiple << "x a source's allocated bytes)\n";
+  } else {
+    o << " (no free-space check: free_space_multiple is 0)\n";
+  }
   o << "  keeps " << p.retention_count << " point(s) per source, " << p.max_parallel << " source(s) at once"
     << (p.max_run_time.count() ? ", runs stopped after " + orc::FormatDuration(p.max_run_time) : "")
     << (p.full_every ? ", a new chain every " + std::to_string(p.full_every) + " points" : "") << ", "
