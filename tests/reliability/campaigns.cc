@@ -131,6 +131,21 @@ std::string JudgeError(const Outcome& o, int err, const std::vector<std::string>
       if (d.contains("error")) errors.push_back(d["error"]);
     }
   }
+  // A policy run's per-source failures: "Code: FILE: message" strings
+  // (the command's own error only counts the failed sources).
+  if (o.result.is_object() && o.result.contains("sources")) {
+    for (const auto& src : o.result["sources"]) {
+      if (src.value("result", "") != "failed" || !src.contains("error") || !src["error"].is_string()) continue;
+      std::string text = src["error"].get<std::string>();
+      size_t colon = text.find(": ");
+      if (colon == std::string::npos) continue;
+      std::string rest = text.substr(colon + 2);
+      size_t end = rest.find(": ");
+      errors.push_back({{"code", text.substr(0, colon)},
+                        {"file", rest.starts_with("/") && end != std::string::npos ? rest.substr(0, end) : ""},
+                        {"message", text}});
+    }
+  }
   if (errors.empty()) return "no error event (stderr: " + o.errors.substr(0, 200) + ")";
   std::string want = (err == ENOSPC || err == EDQUOT) ? "NoSpace" : "IoError";
   bool code_ok = false, named = false;
