@@ -407,12 +407,21 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
     if (images.empty()) return Error::NotFound("no image '" + name + "' in the catalog");
     image = images[0];
     BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, name));
+    // A ready copy whose record cannot be read (an I/O error, not a missing
+    // record) is no sender; when it was the only one, that error is the
+    // answer, not NotFound (found by the reliability campaign).
+    std::optional<Error> unreadable;
     for (const auto& c : copies) {
       auto rec = pipeline::ReadReplicaRecord(env_, c.path);
       if (c.state == "ready" && rec.ok() && pipeline::FileMatchesRecord(env_, c.path, *rec) &&
           rec->sha512 == image.sha512) {
         senders.push_back({c.path});
+      } else if (c.state == "ready" && !rec.ok() && rec.error().code() != ErrorCode::kNotFound && !unreadable) {
+        unreadable = rec.error();
       }
+    }
+    if (senders.empty() && unreadable) {
+      return std::move(*unreadable).Wrap("image '" + name + "' has no ready copy to send from");
     }
     if (senders.empty()) return Error::NotFound("image '" + name + "' has no ready copy to send from");
     BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));

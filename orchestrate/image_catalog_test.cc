@@ -298,5 +298,28 @@ TEST_F(ImageCatalogTest, Issue13CleanupKeepsACopyWhoseNeighbourCannotBeRead) {
   EXPECT_FALSE(fs::exists(c + "/base"));
 }
 
+// The only ready copy's checksum record cannot be read: sync fails with
+// that I/O error naming the record, not with NotFound (found by the
+// reliability campaign: "has no ready copy to send from" for an EIO).
+TEST_F(ImageCatalogTest, Issue13SyncWhoseOnlySenderCannotBeReadSaysWhy) {
+  std::string src = dir_ / "src.raw";
+  barge::testing::WriteFile(src, barge::testing::RandomBytes(256 << 10, 5));
+  const std::string a = Disk("a"), b = Disk("b");
+  {
+    auto cat = ImageCatalog::Open(PosixEnv(), Db());
+    ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+    auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
+    ASSERT_TRUE(added.ok()) << added.error().ToString();
+  }
+  FailOpenOfEnv env(pipeline::ReplicaRecordPath(a + "/base"));
+  auto cat = ImageCatalog::Open(env, Db());
+  ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+  auto r = (*cat)->Sync("base", {b}, SyncOptions{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), ErrorCode::kIoError) << r.error().ToString();
+  EXPECT_EQ(r.error().path(), pipeline::ReplicaRecordPath(a + "/base")) << r.error().ToString();
+  EXPECT_NE(r.error().ToString().find("no ready copy to send from"), std::string::npos) << r.error().ToString();
+}
+
 }  // namespace
 }  // namespace barge::orchestrate
