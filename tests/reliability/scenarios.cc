@@ -552,7 +552,8 @@ class ImageAddScenario final : public CatalogScenario {
     }
   }
   std::vector<std::string> UserPaths(const Workspace& ws) const override {
-    return {ws.work("src.qcow2"), ws.work("d1"), Catalog(ws)};
+    // The catalog's folder too: its locks/ go there (docs/replication.md).
+    return {ws.work("src.qcow2"), ws.work("d1"), Catalog(ws), ws.work("cat")};
   }
 };
 
