@@ -4,6 +4,7 @@
 #include "orchestrate/image_catalog.h"
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <ctime>
 #include <deque>
@@ -157,11 +158,23 @@ Status ValidName(const std::string& name) {
 std::string CopyPath(const std::string& disk, const std::string& name) { return JoinPath(disk, name); }
 
 // The backing file `qcow2` names, resolved against its folder; "" if none
-// or not a qcow2 file.
-std::string BackingOf(Env& env, const std::string& qcow2) {
-  auto info = formats::ProbeQcow2Layer(qcow2, pipeline::EnvSourceOpener(env));
-  if (!info.ok() || !*info || (*info)->backing_file.empty()) return "";
-  return CanonicalPath(env, JoinPath(DirName(qcow2), (*info)->backing_file));
+// or not a qcow2 file; the error when the file cannot be read.
+Result<std::string> BackingOf(Env& env, const std::string& qcow2) {
+  // ProbeQcow2Layer takes a file it cannot open or read for one that is not
+  // a qcow2, which here would read "does not use the copy": open it and
+  // read its magic first, and hand the probe that open file.
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(qcow2));
+  if (file->size_bytes() >= 4) {
+    std::array<std::byte, 4> magic;
+    BARGE_RETURN_IF_ERROR(file->ReadAt(0, magic));
+  }
+  auto opener = [&](const std::string& path) -> Result<std::unique_ptr<BlockSource>> {
+    if (file != nullptr && path == qcow2) return std::move(file);
+    return env.OpenSource(path);
+  };
+  BARGE_ASSIGN_OR_RETURN(auto info, formats::ProbeQcow2Layer(qcow2, opener));
+  if (!info || info->backing_file.empty()) return std::string();
+  return CanonicalPath(env, JoinPath(DirName(qcow2), info->backing_file));
 }
 
 // Every regular file under `dir` (links to files included; linked folders
@@ -394,12 +407,21 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
     if (images.empty()) return Error::NotFound("no image '" + name + "' in the catalog");
     image = images[0];
     BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, name));
+    // A ready copy whose record cannot be read (an I/O error, not a missing
+    // record) is no sender; when it was the only one, that error is the
+    // answer, not NotFound (found by the reliability campaign).
+    std::optional<Error> unreadable;
     for (const auto& c : copies) {
       auto rec = pipeline::ReadReplicaRecord(env_, c.path);
       if (c.state == "ready" && rec.ok() && pipeline::FileMatchesRecord(env_, c.path, *rec) &&
           rec->sha512 == image.sha512) {
         senders.push_back({c.path});
+      } else if (c.state == "ready" && !rec.ok() && rec.error().code() != ErrorCode::kNotFound && !unreadable) {
+        unreadable = rec.error();
       }
+    }
+    if (senders.empty() && unreadable) {
+      return std::move(*unreadable).Wrap("image '" + name + "' has no ready copy to send from");
     }
     if (senders.empty()) return Error::NotFound("image '" + name + "' has no ready copy to send from");
     BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
@@ -619,7 +641,10 @@ Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for, boo
     if (c.state != "ready") continue;
     std::string target = CanonicalPath(env_, c.path);
     // A copy is in use while any qcow2 under its disk folder names it; a
-    // folder that cannot be listed keeps every copy (never removed unseen).
+    // folder that cannot be listed, or a file in it that cannot be read
+    // (it may name the copy), stops the cleanup: never removed unseen
+    // (found by the reliability campaign: an open that failed with EIO let
+    // cleanup remove a VM disk's backing file).
     std::vector<std::string> files;
     if (Status listed = ListFilesUnder(env_, c.disk, files);
         !listed.ok() && listed.error().code() != ErrorCode::kNotFound) {
@@ -628,7 +653,8 @@ Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for, boo
     bool used = false;
     for (const std::string& f : files) {
       if (f == c.path) continue;
-      if (BackingOf(env_, f) == target) {
+      BARGE_ASSIGN_OR_RETURN(std::string backing, BackingOf(env_, f));
+      if (backing == target) {
         used = true;
         break;
       }

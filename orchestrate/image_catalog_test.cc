@@ -242,5 +242,84 @@ TEST_F(ImageCatalogTest, Issue13CleanupRemovalIsDurableBeforeTheRowGoes) {
   EXPECT_FALSE(fs::exists(copy));
 }
 
+// Fails opening one file for reading (EIO); everything else passes.
+class FailOpenOfEnv final : public EnvWrapper {
+ public:
+  explicit FailOpenOfEnv(std::string path) : EnvWrapper(PosixEnv()), path_(std::move(path)) {}
+  Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path, const FileOptions& o) override {
+    if (path == path_) return Error::FromErrno(EIO, "open", path);
+    return target().OpenSource(path, o);
+  }
+
+ private:
+  std::string path_;
+};
+
+// A VM disk beside a copy that cannot be read may name the copy as its
+// backing file: cleanup stops with that file's error and removes nothing
+// unseen (found by the reliability campaign: an EIO opening the disk let
+// cleanup remove the backing file it used).
+TEST_F(ImageCatalogTest, Issue13CleanupKeepsACopyWhoseNeighbourCannotBeRead) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string src = dir_ / "src.raw";
+  barge::testing::WriteFile(src, barge::testing::RandomBytes(256 << 10, 4));
+  const std::string a = Disk("a"), b = Disk("b"), c = Disk("c");
+  {
+    auto cat = ImageCatalog::Open(PosixEnv(), Db());
+    ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+    auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
+    ASSERT_TRUE(added.ok()) << added.error().ToString();
+    ASSERT_EQ(added->state, "ready") << added->message;
+    ASSERT_TRUE((*cat)->Sync("base", {b, c}, SyncOptions{}).ok());
+  }
+  // A VM disk on a uses a's copy.
+  barge::testing::RunOk("qemu-img create -f qcow2 -b base -F raw " + barge::testing::ShellQuote(a + "/vm.qcow2") +
+                        " >/dev/null");
+  FailOpenOfEnv env(a + "/vm.qcow2");
+  {
+    auto cat = ImageCatalog::Open(env, Db());
+    ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+    auto r = (*cat)->Cleanup(std::chrono::seconds(0));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code(), ErrorCode::kIoError) << r.error().ToString();
+    EXPECT_EQ(r.error().path(), a + "/vm.qcow2") << r.error().ToString();
+    EXPECT_TRUE(fs::exists(a + "/base"));
+    EXPECT_TRUE(fs::exists(pipeline::ReplicaRecordPath(a + "/base")));
+  }
+  // Readable again: a's copy is in use and stays, b's and c's go.
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
+  ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+  auto r = (*cat)->Cleanup(std::chrono::seconds(0));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->in_use, std::vector<std::string>{a + "/base"});
+  EXPECT_TRUE(fs::exists(a + "/base"));
+  EXPECT_EQ(r->removed.size(), 2u);
+  EXPECT_FALSE(fs::exists(b + "/base"));
+  EXPECT_FALSE(fs::exists(c + "/base"));
+}
+
+// The only ready copy's checksum record cannot be read: sync fails with
+// that I/O error naming the record, not with NotFound (found by the
+// reliability campaign: "has no ready copy to send from" for an EIO).
+TEST_F(ImageCatalogTest, Issue13SyncWhoseOnlySenderCannotBeReadSaysWhy) {
+  std::string src = dir_ / "src.raw";
+  barge::testing::WriteFile(src, barge::testing::RandomBytes(256 << 10, 5));
+  const std::string a = Disk("a"), b = Disk("b");
+  {
+    auto cat = ImageCatalog::Open(PosixEnv(), Db());
+    ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+    auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
+    ASSERT_TRUE(added.ok()) << added.error().ToString();
+  }
+  FailOpenOfEnv env(pipeline::ReplicaRecordPath(a + "/base"));
+  auto cat = ImageCatalog::Open(env, Db());
+  ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+  auto r = (*cat)->Sync("base", {b}, SyncOptions{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), ErrorCode::kIoError) << r.error().ToString();
+  EXPECT_EQ(r.error().path(), pipeline::ReplicaRecordPath(a + "/base")) << r.error().ToString();
+  EXPECT_NE(r.error().ToString().find("no ready copy to send from"), std::string::npos) << r.error().ToString();
+}
+
 }  // namespace
 }  // namespace barge::orchestrate

@@ -170,6 +170,8 @@ class Runner {
     RunRecord& r = o.record;
     if (cancel_) return Error::Cancelled("not started");
     BARGE_ASSIGN_OR_RETURN(SourcePoints points, ScanSource(env_, policy_, s));
+    // Records of points an interrupted retention already removed or folded.
+    BARGE_RETURN_IF_ERROR(Locked([&] { return MarkMissingPointsRemoved(env_, catalog_, policy_, s, points); }));
 
     // Retention first: with retention_count points, the oldest goes before
     // the new one is made. A failure is reported but does not stop the
@@ -183,6 +185,10 @@ class Runner {
       o.retention = std::to_string(plan.forget.size()) + " point(s) removed";
       if (!applied.ok()) o.retention = "retention failed: " + applied.error().ToString();
       BARGE_ASSIGN_OR_RETURN(points, ScanSource(env_, policy_, s));
+      // A retention that failed after a merge or removal committed.
+      if (!applied.ok()) {
+        BARGE_RETURN_IF_ERROR(Locked([&] { return MarkMissingPointsRemoved(env_, catalog_, policy_, s, points); }));
+      }
     }
 
     // Full or incremental.

@@ -119,6 +119,15 @@ Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySour
 // `catalog` (may be null). Stops at the first failure and returns it.
 Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalog, const pipeline::CopyOptions& copy);
 
+// Records of `source` that say a point part is present whose chain folder
+// was scanned into `points` (the folder exists) but no longer holds it are
+// marked "removed": a retention merge or removal that committed on disk
+// before a crash, an error or a kill could not mark them (issue 13; found
+// by the reliability campaign). A folder that is missing (a target not
+// mounted) proves nothing and is left alone. Returns the parts marked.
+Result<size_t> MarkMissingPointsRemoved(Env& env, PolicyCatalog& catalog, const Policy& policy,
+                                        const PolicySource& source, const SourcePoints& points);
+
 // ---- running ----
 
 struct RunOptions {

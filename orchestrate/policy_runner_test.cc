@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <thread>
 
 #include "orchestrate/time_text.h"
@@ -257,6 +258,59 @@ TEST_F(PolicyRunnerTest, NoQualifyingTargetFailsWithTheReason) {
   EXPECT_NE(e.find("no target qualifies"), std::string::npos) << e;
   EXPECT_NE(e.find("/nonexistent-barge-target: "), std::string::npos) << e;
   EXPECT_EQ(Points(dir_ / "t1/full/a"), 0u);
+}
+
+// A retention removal or merge that committed on disk before the process
+// died (or before an error) never marked its records: the next run finds
+// the points gone from their folder and marks them removed, while a record
+// whose folder is missing (a target not mounted) stays as it was. Found by
+// the reliability campaign (policy-run: power loss during the retention
+// merge left the folded full backup's record "present").
+TEST_F(PolicyRunnerTest, RecordsOfPointsAnInterruptedRetentionRemovedAreMarked) {
+  MakeRaw(dir_ / "a.raw", 1, 5);
+  Policy p = Parse("name: rec\nsources:\n  - image: " + (dir_ / "a.raw") + "\ntargets: [" + (dir_ / "t1") +
+                   "]\nretention_count: 10\nfree_space_multiple: 0\n");
+  RunOptions o = Options();
+  o.manual = true;
+  for (int run = 0; run < 2; ++run) {
+    auto r = RunPolicyOnce(Env::Default(), p, o);
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    ASSERT_EQ(r->failed, 0u) << r->sources[0].record.error;
+    now_ += std::chrono::minutes(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  }
+  auto catalog = PolicyCatalog::Open(PosixEnv(), o.catalog_path);
+  ASSERT_TRUE(catalog.ok());
+  auto runs = (*catalog)->ListRuns({"rec", "a", 0});
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 2u);
+  // The oldest point goes as retention removes one (manifest, image,
+  // digests), with no record update: the process died there.
+  const PointPart gone = runs->back().points.at(0);
+  for (const char* ext : {".json", ".qcow2", ".digests"}) {
+    Status s = PosixEnv().Unlink(gone.chain_dir + "/" + gone.id + ext);
+    ASSERT_TRUE(s.ok() || s.error().code() == ErrorCode::kNotFound) << s.error().ToString();
+  }
+  auto r = RunPolicyOnce(Env::Default(), p, o);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_EQ(r->failed, 0u) << r->sources[0].record.error;
+  runs = (*catalog)->ListRuns({"rec", "a", 0});
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 3u);
+  EXPECT_EQ(runs->back().point_state, "removed");
+  EXPECT_EQ((*runs)[1].point_state, "present");
+  EXPECT_EQ(runs->front().point_state, "present");
+
+  // A folder that is not there (the target unmounted) proves nothing.
+  ASSERT_EQ(::rename((dir_ / "t1").c_str(), (dir_ / "t1-away").c_str()), 0);
+  ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "t1").ok());
+  auto away = RunPolicyOnce(Env::Default(), p, o);
+  ASSERT_TRUE(away.ok()) << away.error().ToString();
+  runs = (*catalog)->ListRuns({"rec", "a", 0});
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 4u);
+  EXPECT_EQ((*runs)[1].point_state, "present");
+  EXPECT_EQ((*runs)[2].point_state, "present");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // plans (orchestrate/policy_runner.h).
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "formats/qcow2_bitmap_edit.h"
 #include "orchestrate/backup_catalog.h"
@@ -251,6 +252,28 @@ Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySour
     }
   }
   return out;
+}
+
+Result<size_t> MarkMissingPointsRemoved(Env& env, PolicyCatalog& catalog, const Policy& policy,
+                                        const PolicySource& source, const SourcePoints& points) {
+  std::set<std::pair<std::string, std::string>> present;
+  for (const auto& p : points.points) {
+    for (const auto& part : p.parts) present.emplace(part.chain_dir, part.id);
+  }
+  RunFilter filter;
+  filter.policy = policy.name;
+  filter.source = source.name;
+  BARGE_ASSIGN_OR_RETURN(auto runs, catalog.ListRuns(filter));
+  size_t marked = 0;
+  for (const auto& r : runs) {
+    if (r.result != "success" || (r.point_state != "present" && r.point_state != "partly removed")) continue;
+    for (const auto& part : r.points) {
+      if (present.count({part.chain_dir, part.id}) || !env.Exists(part.chain_dir)) continue;
+      BARGE_ASSIGN_OR_RETURN(size_t n, catalog.MarkPointRemoved(part.chain_dir, part.id, "removed"));
+      marked += n;
+    }
+  }
+  return marked;
 }
 
 Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalog, const pipeline::CopyOptions& copy) {

@@ -542,7 +542,11 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
     if (options.verify) {
       auto back = ReadBackCopy(env, p.staged->temp_path(), path, copy_open, options.copy, out_qcow2, false);
       if (!back.ok()) {
-        abandon(p, std::move(back).error().Wrap("verify"));
+        // The copy is read back under its temporary name: an error names
+        // the copy the user asked for (issue 13).
+        Error e = std::move(back).error();
+        if (e.path().empty() || e.path() == p.staged->temp_path()) e.set_path(path);
+        abandon(p, std::move(e).Wrap("verify"));
         continue;
       }
       std::string why;

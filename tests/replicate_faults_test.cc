@@ -281,5 +281,45 @@ TEST(ReplicateFaultsTest, Issue13RerunAfterPowerLossAtAnyBoundaryNeedsNoForce) {
   EXPECT_GT(points, 10u);
 }
 
+// Reading the copy back for --verify (under its temporary name) fails: the
+// error names the destination, never the hidden temporary (issue 13; found
+// by the reliability campaign at its default size, which fails opens too:
+// replicate and image add named .NAME.barge-tmp).
+class FailOpenOfEnv final : public EnvWrapper {
+ public:
+  explicit FailOpenOfEnv(std::string path) : EnvWrapper(PosixEnv()), path_(std::move(path)) {}
+  Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path, const FileOptions& o) override {
+    if (path == path_) return Error::FromErrno(EIO, "open", path);
+    return target().OpenSource(path, o);
+  }
+
+ private:
+  std::string path_;
+};
+
+TEST(ReplicateFaultsTest, Issue13VerifyOpenErrorNamesTheCopyNotItsTemporary) {
+  TempDir dir;
+  std::string src = MakeSource(dir, 2 * kMiB);
+  SourceSpec spec;
+  spec.location = src;
+  auto opened = OpenSource(PosixEnv(), spec);
+  ASSERT_TRUE(opened.ok()) << opened.error().ToString();
+  std::vector<std::string> dests = {dir / "a.raw", dir / "b.raw"};
+  for (auto fmt : {ReplicaFormat::kRaw, ReplicaFormat::kQcow2}) {
+    for (const auto& d : dests) fs::remove(d), fs::remove(d + ".sha512.json");
+    ReplicateOptions o = SmallOptions();
+    o.format = fmt;
+    FailOpenOfEnv env(TempPathFor(dests[1]));
+    auto r = RunReplicate(env, *opened->image, dests, o);
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    ExpectFailedAndGone(r->replicas[1]);
+    ASSERT_TRUE(r->replicas[1].error.has_value());
+    EXPECT_EQ(r->replicas[1].error->path(), dests[1]) << r->replicas[1].error->ToString();
+    EXPECT_EQ(r->replicas[1].error->ToString().find("barge-tmp"), std::string::npos)
+        << r->replicas[1].error->ToString();
+    EXPECT_EQ(r->replicas[0].state, ReplicaState::kReady);
+  }
+}
+
 }  // namespace
 }  // namespace barge::pipeline

@@ -131,6 +131,21 @@ std::string JudgeError(const Outcome& o, int err, const std::vector<std::string>
       if (d.contains("error")) errors.push_back(d["error"]);
     }
   }
+  // A policy run's per-source failures: "Code: FILE: message" strings
+  // (the command's own error only counts the failed sources).
+  if (o.result.is_object() && o.result.contains("sources")) {
+    for (const auto& src : o.result["sources"]) {
+      if (src.value("result", "") != "failed" || !src.contains("error") || !src["error"].is_string()) continue;
+      std::string text = src["error"].get<std::string>();
+      size_t colon = text.find(": ");
+      if (colon == std::string::npos) continue;
+      std::string rest = text.substr(colon + 2);
+      size_t end = rest.find(": ");
+      errors.push_back({{"code", text.substr(0, colon)},
+                        {"file", rest.starts_with("/") && end != std::string::npos ? rest.substr(0, end) : ""},
+                        {"message", text}});
+    }
+  }
   if (errors.empty()) return "no error event (stderr: " + o.errors.substr(0, 200) + ")";
   std::string want = (err == ENOSPC || err == EDQUOT) ? "NoSpace" : "IoError";
   bool code_ok = false, named = false;
@@ -459,9 +474,11 @@ Figure FullFilesystemCampaign(Scenario& s, uint64_t seed, std::string* skipped) 
     }
     rounds.push_back({{"leave_kib", leave >> 10}, {"filled_bytes", env.filled_bytes()},
                       {"exit", o.exit_code}, {"code", o.error.is_null() ? "" : o.error.value("code", "")}});
-    // The user frees space and runs it again.
+    // The user frees space and runs it again. The failed command's process
+    // has ended by then: catalog rows it could not finish on the full disk
+    // (still in progress, owned by it) are a gone process's.
     RemoveTree(filler);
-    RecoverAndCheck(s, ws, runner, false, f);
+    RecoverAndCheck(s, ws, runner, s.NeedsProcessGone(), f);
     Tally(fig, f, where);
   }
   fig.seconds = Since(start);

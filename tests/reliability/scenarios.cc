@@ -1,7 +1,8 @@
 // The commands of the reliability campaign: backup (full, incremental from
 // a qcow2 bitmap and from an extents file), merge, restore, convert,
-// replicate, image add/sync/cleanup, state migrate, overlay create and the
-// offline bitmap rotation.
+// replicate, image add/sync/cleanup, state migrate, overlay create, the
+// offline bitmap rotation, the offline snapshot edits (create, delete,
+// rename, rollback) and a policy run.
 #include "tests/reliability/scenarios.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include "formats/qcow2_bitmap_edit.h"
 #include "formats/qcow2_writer.h"
 #include "orchestrate/image_catalog.h"
+#include "orchestrate/policy_catalog.h"
 #include "orchestrate/state_migrate.h"
 #include "pipeline/backup.h"
 #include "pipeline/endpoints.h"
@@ -550,7 +552,8 @@ class ImageAddScenario final : public CatalogScenario {
     }
   }
   std::vector<std::string> UserPaths(const Workspace& ws) const override {
-    return {ws.work("src.qcow2"), ws.work("d1"), Catalog(ws)};
+    // The catalog's folder too: its locks/ go there (docs/replication.md).
+    return {ws.work("src.qcow2"), ws.work("d1"), Catalog(ws), ws.work("cat")};
   }
 };
 
@@ -846,6 +849,326 @@ class BitmapRotateScenario final : public Scenario {
   RangeList keep0_, cp1_;
 };
 
+// ---- snapshots ----
+
+// An image file's internal snapshots as barge's reader lists them, and what
+// each reads (memoized per file content: most crash points leave one of a
+// few files).
+struct SnapshotFacts {
+  std::string problem;  // the image does not open or check
+  std::vector<std::pair<std::string, std::string>> list;  // (id, name), table order
+  std::map<std::string, std::string> reads;  // name -> golden tag it reads as, or the problem
+  std::string active;                         // golden tag of the active state, or the problem
+};
+
+// Offline `barge snapshot create|delete|rename|rollback` on a qcow2 with two
+// snapshots (s1, s2) and data written after each (docs/snapshots.md: each
+// edit is one transaction committed by a single header write; after a crash
+// the image is the old one or the new one, qemu-img check clean).
+class SnapshotScenario final : public Scenario {
+ public:
+  enum Kind { kCreate, kDelete, kRename, kRollback };
+  explicit SnapshotScenario(Kind kind) : kind_(kind) {}
+
+  std::string name() const override {
+    return kind_ == kCreate   ? "snapshot-create"
+           : kind_ == kDelete ? "snapshot-delete"
+           : kind_ == kRename ? "snapshot-rename"
+                              : "snapshot-rollback";
+  }
+  std::string command() const override {
+    return kind_ == kCreate   ? "barge snapshot create IMG.qcow2 --name s3 (2 snapshots there)"
+           : kind_ == kDelete ? "barge snapshot delete IMG.qcow2 s1"
+           : kind_ == kRename ? "barge snapshot rename IMG.qcow2 s2 s2-renamed"
+                              : "barge snapshot rollback IMG.qcow2 s1 (s2 kept)";
+  }
+  uint64_t kill_disk_bytes() const override { return 16 << 20; }
+
+  void Build(Workspace& ws) override {
+    std::string img = ws.work("disk.qcow2");
+    WriteBytes(ws.golden("A.raw"), MakeDiskBytes(ws.disk_bytes, ws.seed));
+    RunOk("qemu-img convert -f raw -O qcow2 " + Q(ws.golden("A.raw")) + " " + Q(img));
+    RunOk("qemu-img snapshot -c s1 " + Q(img));
+    Write(ws, img, ws.seed + 1);
+    RunOk("qemu-img convert -f qcow2 -O raw " + Q(img) + " " + Q(ws.golden("B.raw")));
+    RunOk("qemu-img snapshot -c s2 " + Q(img));
+    Write(ws, img, ws.seed + 2);
+    RunOk("qemu-img convert -f qcow2 -O raw " + Q(img) + " " + Q(ws.golden("C.raw")));
+    for (const char* g : {"A", "B", "C"}) goldens_[g] = ReadAll(ws.golden(std::string(g) + ".raw"));
+    old_list_ = {{"1", "s1"}, {"2", "s2"}};
+    old_reads_ = {{"s1", "A"}, {"s2", "B"}};
+    switch (kind_) {
+      case kCreate:
+        new_list_ = {{"1", "s1"}, {"2", "s2"}, {"3", "s3"}};
+        new_reads_ = {{"s1", "A"}, {"s2", "B"}, {"s3", "C"}};
+        break;
+      case kDelete:
+        new_list_ = {{"2", "s2"}};
+        new_reads_ = {{"s2", "B"}};
+        break;
+      case kRename:
+        new_list_ = {{"1", "s1"}, {"2", "s2-renamed"}};
+        new_reads_ = {{"s1", "A"}, {"s2-renamed", "B"}};
+        break;
+      case kRollback:
+        new_list_ = old_list_;
+        new_reads_ = old_reads_;
+        break;
+    }
+    SnapshotFacts facts = Facts(ws);
+    ASSERT_TRUE(facts.problem.empty()) << facts.problem;
+    ASSERT_EQ(facts.list, old_list_);
+  }
+
+  std::vector<std::string> Args(const Workspace& ws) const {
+    std::string img = ws.work("disk.qcow2");
+    switch (kind_) {
+      case kCreate: return {"snapshot", "create", img, "--name", "s3"};
+      case kDelete: return {"snapshot", "delete", img, "s1"};
+      case kRename: return {"snapshot", "rename", img, "s2", "s2-renamed"};
+      case kRollback: break;
+    }
+    return {"snapshot", "rollback", img, "s1"};
+  }
+  Outcome Run(Workspace& ws, Runner& runner) override { return runner.Barge(Args(ws)); }
+
+  void Recover(Workspace& ws, Runner& runner, Findings& f) override {
+    // Done already (the new list): the re-run would be refused (a taken
+    // name, no such snapshot). A rollback is always run again.
+    if (kind_ != kRollback) {
+      SnapshotFacts facts = Facts(ws);
+      if (facts.problem.empty() && facts.list == new_list_) return;
+    }
+    Outcome o = Run(ws, runner);
+    if (o.exit_code != 0) f.Add(Finding::kNotRecovered, "re-run: " + o.Describe());
+  }
+
+  void Check(Workspace& ws, Phase phase, Findings& f) override {
+    SnapshotFacts facts = Facts(ws);
+    if (!facts.problem.empty()) {
+      f.Add(Finding::kDamaged, "image: " + facts.problem);
+      return;
+    }
+    bool is_old = facts.list == old_list_, is_new = facts.list == new_list_;
+    if (!is_old && !is_new) {
+      std::string s;
+      for (const auto& [id, n] : facts.list) s += id + ":" + n + " ";
+      f.Add(Finding::kDamaged, "the snapshot list is neither the old nor the new one: " + s);
+      return;
+    }
+    if (phase != Phase::kFailed && !is_new) f.Add(Finding::kNotRecovered, "the snapshot list is still the old one");
+    // Every snapshot listed reads as it did (barge's reader and qemu's).
+    const auto& want = is_new ? new_reads_ : old_reads_;
+    for (const auto& [n, tag] : want) {
+      auto it = facts.reads.find(n);
+      std::string got = it == facts.reads.end() ? "not read" : it->second;
+      if (got != tag) f.Add(Finding::kLost, "snapshot " + n + " reads " + got + ", not " + tag);
+    }
+    // The active state: unchanged, or (rollback) s1's once committed.
+    if (kind_ == kRollback) {
+      if (facts.active != "A" && facts.active != "C") f.Add(Finding::kLost, "active state reads " + facts.active);
+      if (phase != Phase::kFailed && facts.active != "A") {
+        f.Add(Finding::kNotRecovered, "not rolled back: the active state reads " + facts.active);
+      }
+    } else if (facts.active != "C") {
+      f.Add(Finding::kLost, "active state reads " + facts.active + ", not C");
+    }
+  }
+  std::vector<std::string> UserPaths(const Workspace& ws) const override { return {ws.work("disk.qcow2")}; }
+
+ private:
+  // Guest writes through qemu-io (a few 64 KiB ranges and a zeroed one).
+  static void Write(Workspace& ws, const std::string& img, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::string cmd = "qemu-io -f qcow2";
+    for (int k = 0; k < 6; ++k) {
+      uint64_t off = (rng() % (ws.disk_bytes / (64 * kKiB))) * 64 * kKiB;
+      cmd += " -c " + Q("write -P " + std::to_string(1 + rng() % 250) + " " + std::to_string(off) + " 64k");
+    }
+    cmd += " -c " + Q("write -z " + std::to_string((rng() % (ws.disk_bytes / (64 * kKiB))) * 64 * kKiB) + " 64k");
+    RunOk(cmd + " " + Q(img) + " >/dev/null");
+  }
+
+  std::string Tag(const Result<std::vector<std::byte>>& bytes) const {
+    if (!bytes.ok()) return bytes.error().ToString();
+    for (const auto& [tag, g] : goldens_) {
+      if (CompareBytes(*bytes, g).empty()) return tag;
+    }
+    return "other bytes";
+  }
+
+  SnapshotFacts Facts(Workspace& ws) {
+    std::string img = ws.work("disk.qcow2");
+    std::string key = FileDigest(img);
+    if (auto it = facts_.find(key); it != facts_.end()) return it->second;
+    SnapshotFacts facts;
+    facts.problem = GetOracles().CheckQcow2(img);
+    formats::OpenOptions o;
+    o.open_backing = false;
+    auto image = pipeline::OpenImageFile(PosixEnv(), img, o);
+    if (facts.problem.empty() && !image.ok()) facts.problem = image.error().ToString();
+    if (facts.problem.empty()) {
+      for (const auto& s : (*image)->info().snapshots) facts.list.emplace_back(s.id, s.name);
+      facts.active = Tag(ReadImage(img));
+      std::string raw = ws.scratch("snapshot.raw");
+      for (const auto& [id, n] : facts.list) {
+        o.snapshot = n;
+        auto at = pipeline::OpenImageFile(PosixEnv(), img, o);
+        std::string tag;
+        if (!at.ok()) {
+          tag = at.error().ToString();
+        } else {
+          std::vector<std::byte> bytes((*at)->size_bytes());
+          Status s = (*at)->ReadAt(0, bytes);
+          tag = s.ok() ? Tag(bytes) : s.error().ToString();
+        }
+        // qemu's reader must agree (qemu-img convert -l).
+        std::string cmd = "qemu-img convert -f qcow2 -O raw -l " + Q("snapshot.name=" + n) + " " + Q(img) + " " +
+                          Q(raw) + " 2>&1";
+        std::string qemu_tag = testing::Run(cmd).exit_code == 0 ? Tag(ReadAll(raw)) : "qemu-img convert -l failed";
+        std::error_code ec;
+        fs::remove(raw, ec);
+        if (qemu_tag != tag) tag = "barge reads " + tag + ", qemu-img " + qemu_tag;
+        facts.reads[n] = tag;
+      }
+    }
+    facts_[key] = facts;
+    return facts;
+  }
+
+  Kind kind_;
+  std::map<std::string, std::vector<std::byte>> goldens_;
+  std::vector<std::pair<std::string, std::string>> old_list_, new_list_;
+  std::map<std::string, std::string> old_reads_, new_reads_;
+  std::map<std::string, SnapshotFacts> facts_;
+};
+
+// ---- policy run ----
+
+// `barge run --policy P --force`: one image source (qcow2 with bitmap
+// cbt0) whose chain already holds a full and an incremental, retention 2
+// (so the run first folds the full into the incremental), then an
+// incremental backup and the bitmap's clear. Checks: every point present
+// verifies and restores its data; every record that says success with its
+// points present has them; no record stays 'running' after the re-run; the
+// source's data unchanged and its image checks (leaks allowed: a failed or
+// interrupted bitmap clear, docs/formats/qcow2.md §4.1).
+class PolicyRunScenario final : public Scenario {
+ public:
+  std::string name() const override { return "policy-run"; }
+  std::string command() const override {
+    return "barge run --policy P --force (image source with bitmap, retention_count 2 over full+incremental)";
+  }
+  uint64_t kill_disk_bytes() const override { return 16 << 20; }
+  void Build(Workspace& ws) override {
+    std::string src = ws.work("src.qcow2");
+    WriteBytes(ws.golden("g0.raw"), MakeDiskBytes(ws.disk_bytes, ws.seed));
+    RunOk("qemu-img convert -f raw -O qcow2 " + Q(ws.golden("g0.raw")) + " " + Q(src));
+    RunOk("qemu-img bitmap --add " + Q(src) + " cbt0");
+    fs::create_directories(ws.work("T"));
+    fs::create_directories(ws.work("cat"));
+    WriteText(ws.work("policy.yaml"), "name: pol\n"
+                                      "sources:\n"
+                                      "  - image: " + src + "\n"
+                                      "    bitmap: cbt0\n"
+                                      "targets: [" + ws.work("T") + "]\n"
+                                      "retention_count: 2\n"
+                                      "free_space_multiple: 0\n");
+    InProcessRunner runner(ws.capture());
+    for (int p = 0; p < 2; ++p) {
+      Outcome o = Run(ws, runner);
+      ASSERT_EQ(o.exit_code, 0) << o.Describe();
+      GuestWrites(ws, src, ws.seed + 1 + p);
+      RunOk("qemu-img convert -f qcow2 -O raw " + Q(src) + " " + Q(ws.golden(p == 0 ? "g1.raw" : "g2.raw")));
+    }
+    // The guest wrote after each run: the first point holds g0, the
+    // second g1, anything new g2.
+    ids_ = ChainIds(Chain(ws));
+    ASSERT_EQ(ids_.size(), 2u);
+  }
+  Outcome Run(Workspace& ws, Runner& runner) override {
+    return runner.Barge(Cat({"run", "--policy", ws.work("policy.yaml"), "--force", "--catalog", Catalog(ws)}, Common()));
+  }
+  void Check(Workspace& ws, Phase phase, Findings& f) override {
+    ChainExpectation e;
+    e.golden[ids_[0]] = ws.golden("g0.raw");
+    e.golden[ids_[1]] = ws.golden("g1.raw");
+    e.new_golden = ws.golden("g2.raw");
+    if (phase != Phase::kRecovered) {
+      // This run's retention may fold the full into the incremental; the
+      // re-run's retention may fold more (by design).
+      e.required = {ids_[0], ids_[1]};
+      e.may_vanish = {ids_[0]};
+      e.merge_through = ids_[1];
+    }
+    CheckChainFolder(ws, Chain(ws), e, f);
+    std::vector<std::string> now = ChainIds(Chain(ws));
+    if (phase != Phase::kFailed && (now.empty() || now.back() == ids_[0] || now.back() == ids_[1])) {
+      f.Add(phase == Phase::kDone ? Finding::kLost : Finding::kNotRecovered, "no new point in the chain");
+    }
+    // The source: its data as it was, its image sound.
+    auto guest = ReadImage(ws.work("src.qcow2"));
+    if (!guest.ok() || !CompareBytes(*guest, ReadAll(ws.golden("g2.raw"))).empty()) {
+      f.Add(Finding::kDamaged, "the source's data changed");
+    }
+    // A bitmap clear that fails (or is cut short) leaks clusters and the
+    // run still succeeds, with a warning on its record (docs/policies.md).
+    std::string problem = GetOracles().CheckQcow2(ws.work("src.qcow2"), /*leaks_ok=*/true);
+    if (!problem.empty()) f.Add(Finding::kDamaged, "source: " + problem);
+    // The records.
+    auto cat = orchestrate::PolicyCatalog::Open(PosixEnv(), Catalog(ws));
+    if (!cat.ok()) {
+      f.Add(Finding::kDamaged, "catalog: " + cat.error().ToString());
+      return;
+    }
+    orchestrate::RunFilter filter;
+    filter.policy = "pol";
+    auto runs = (*cat)->ListRuns(filter);
+    if (!runs.ok()) {
+      f.Add(Finding::kDamaged, "catalog: " + runs.error().ToString());
+      return;
+    }
+    for (const auto& r : *runs) {
+      if (r.result == "success" && r.point_state == "present") {
+        for (const auto& part : r.points) {
+          std::vector<std::string> ids = ChainIds(part.chain_dir);
+          // Before the next run, the record of the full backup a committed
+          // retention merge folded may still say present (a power loss
+          // after the merge's switch-over; the next run marks it).
+          bool folded = phase == Phase::kFailed && part.id == ids_[0] &&
+                        std::find(ids.begin(), ids.end(), ids_[1]) != ids.end();
+          if (!folded && std::find(ids.begin(), ids.end(), part.id) == ids.end()) {
+            f.Add(Finding::kLost, "record " + std::to_string(r.id) + " says success, its point " + part.id + " is gone");
+          }
+        }
+      }
+      if (phase == Phase::kRecovered && r.result == "running") {
+        f.Add(Finding::kNotRecovered, "record " + std::to_string(r.id) + " still running after the next run");
+      }
+    }
+    if (phase == Phase::kRecovered && (runs->empty() || runs->front().result != "success")) {
+      f.Add(Finding::kNotRecovered, "the re-run's record is not a success");
+    }
+  }
+  std::vector<std::string> UserPaths(const Workspace& ws) const override {
+    return {ws.work("T"), ws.work("src.qcow2"), Catalog(ws), ws.work("policy.yaml")};
+  }
+
+ private:
+  std::string Catalog(const Workspace& ws) const { return ws.work("cat/catalog.db"); }
+  std::string Chain(const Workspace& ws) const { return ws.work("T/pol/src"); }
+  static void GuestWrites(Workspace& ws, const std::string& img, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::string cmd = "qemu-io -f qcow2";
+    for (int k = 0; k < 5; ++k) {
+      uint64_t off = (rng() % (ws.disk_bytes / (64 * kKiB))) * 64 * kKiB;
+      cmd += " -c " + Q("write -P " + std::to_string(1 + rng() % 250) + " " + std::to_string(off) + " 64k");
+    }
+    RunOk(cmd + " " + Q(img) + " >/dev/null");
+  }
+  std::vector<std::string> ids_;
+};
+
 }  // namespace
 
 // ---- Scenario ----
@@ -882,6 +1205,11 @@ std::vector<std::unique_ptr<Scenario>> AllScenarios() {
   all.push_back(std::make_unique<StateMigrateScenario>());
   all.push_back(std::make_unique<OverlayCreateScenario>());
   all.push_back(std::make_unique<BitmapRotateScenario>());
+  all.push_back(std::make_unique<SnapshotScenario>(SnapshotScenario::kCreate));
+  all.push_back(std::make_unique<SnapshotScenario>(SnapshotScenario::kDelete));
+  all.push_back(std::make_unique<SnapshotScenario>(SnapshotScenario::kRename));
+  all.push_back(std::make_unique<SnapshotScenario>(SnapshotScenario::kRollback));
+  all.push_back(std::make_unique<PolicyRunScenario>());
   return all;
 }
 
