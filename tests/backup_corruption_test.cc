@@ -224,7 +224,7 @@ TEST_F(BackupCorruptionTest, TruncatedImage) {
 
 TEST_F(BackupCorruptionTest, MissingImage) {
   fs::remove(image_);
-  CommandResult r = VerifyFails(1);
+  CommandResult r = VerifyFails(2);  // a broken chain: damage to the backup (docs/errors.md)
   EXPECT_NE(r.output.find(fs::path(image_).filename().string()), std::string::npos) << r.output;
 }
 

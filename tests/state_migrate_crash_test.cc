@@ -142,6 +142,9 @@ struct CrashPoint {
 };
 
 std::string CrashPointName(const ::testing::TestParamInfo<CrashPoint>& info) { return info.param.name; }
+// gtest prints a parameter into the test's listing (and ctest's name): its
+// name, not its bytes (a pointer among them, a new name every build).
+void PrintTo(const CrashPoint& p, std::ostream* os) { *os << p.name; }
 
 class StateMigrateCrashAt : public ::testing::TestWithParam<CrashPoint> {};
 
