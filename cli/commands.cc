@@ -99,23 +99,7 @@ std::string Suggestion(const CLI::ParseError& e, CLI::App* at, int argc, char** 
     for (std::string w; words >> w;) unexpected.push_back(w);
   } else if (!at->get_subcommands({}).empty()) {
     // The word after the command path is the would-be subcommand.
-    std::vector<std::string> path;
-    for (const CLI::App* p = at; p != nullptr && p->get_parent() != nullptr; p = p->get_parent()) {
-      path.insert(path.begin(), p->get_name());
-    }
-    size_t matched = 0;
-    for (int i = 1; i < argc; ++i) {
-      std::string w = argv[i];
-      if (w.starts_with("-")) continue;
-      if (matched < path.size() && w == path[matched]) {
-        ++matched;
-        continue;
-      }
-      if (matched == path.size()) {
-        unexpected.push_back(w);
-        break;
-      }
-    }
+    if (std::string w = WordAfterPath(at, argc, argv); !w.empty()) unexpected.push_back(w);
   }
   for (const std::string& word : unexpected) {
     std::vector<std::string> candidates;
