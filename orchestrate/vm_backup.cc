@@ -422,6 +422,13 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
         }
       }
       edit.add.push_back(formats::BitmapSpec{checkpoint, granularity, true, {}});
+      // QEMU's image lock first, as qemu-img does: a domain started
+      // meanwhile must not open the overlay while its bitmaps are edited
+      // (Busy, naming the holder).
+      auto image_lock = env.LockImage(overlay_of[d.target].overlay, ImageAccess::kExclusiveWrite);
+      if (!image_lock.ok()) {
+        return fail(std::move(image_lock).error().Wrap("rotate the CBT bitmap of disk " + d.target));
+      }
       Status s = formats::EditBitmaps(
           overlay_of[d.target].overlay, pipeline::EnvSourceOpener(env),
           [&env](const std::string& p) { return env.OpenSink(p, SinkMode::kExisting); }, edit);
