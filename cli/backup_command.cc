@@ -134,7 +134,15 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
                   "raw or qcow2 (a file is detected when omitted; raw is never probed)")
       ->check(CLI::IsMember({"raw", "qcow2"}));
   cmd->add_option("--target", args->target, "Backup folder; the chain goes to TARGET/<name>/")->required();
-  cmd->add_option("--name", args->name, "Disk (chain) name; default: the source's base name");
+  cmd->add_option("--name", args->name, "Disk (chain) name; default: the source's base name")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v.empty() || v == "." || v == ".." || v.find('/') != std::string::npos) {
+              return "a chain name is one folder name: not empty, '.', '..' or with a '/' (got '" + v + "')";
+            }
+            return "";
+          },
+          "NAME"));
   cmd->add_flag("--incremental", args->incremental, "Only what changed since the chain's latest backup");
   cmd->add_option("--dirty-bitmap", args->dirty_bitmap,
                   "Changed blocks: a persistent bitmap of a qcow2 source, or the NBD export's "

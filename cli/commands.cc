@@ -193,6 +193,8 @@ int Main(int argc, char** argv) {
     else if (!hint.empty()) message += "; " + hint;
     message += " (see: barge " + (path.empty() ? "" : path + " ") + "--help)";
     Output out(path.empty() ? "barge" : path, json);
+    // `barge` alone: the command list first, then why it is not enough.
+    if (argc == 1) std::cerr << app.help();
     return CheckStdoutWritten(out.Usage(message));
   }
   return CheckStdoutWritten(exit_code);

@@ -196,5 +196,24 @@ TEST_F(NewUserTrialTest, AFailedReplicaCopyIsTheRunsErrorNamingTheCopy) {
   EXPECT_EQ(r.stderr_text.find(disk_), std::string::npos) << r.output;
 }
 
+// `backup --name ''` fell back to the default name and `--name ../../evil`
+// exited 1 (the pipeline refused it): both are bad option values (64).
+TEST_F(NewUserTrialTest, AChainNameIsOneFolderName) {
+  for (const std::string name : {"''", "../../evil", "a/b", ".."}) {
+    CommandResult r = Sh(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") + " --name " + name));
+    EXPECT_EQ(r.exit_code, 64) << name << ": " << r.output;
+    EXPECT_NE(r.output.find("a chain name is one folder name"), std::string::npos) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "bk"));
+}
+
+// `barge` alone printed only "A subcommand is required".
+TEST_F(NewUserTrialTest, BargeAloneListsTheCommands) {
+  CommandResult r = Sh(Barge(""));
+  EXPECT_EQ(r.exit_code, 64) << r.output;
+  EXPECT_NE(r.stderr_text.find("snapshot"), std::string::npos) << r.output;
+  EXPECT_NE(r.stderr_text.find("A subcommand is required"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace barge::testing
