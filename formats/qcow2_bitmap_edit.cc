@@ -218,11 +218,8 @@ class Refcounts {
     const uint64_t entry = table_[index];
     const uint64_t entry_at = h_.refcount_table_offset + 8 * index;
     const uint64_t file_size = file_.size_bytes();
-    if ((entry & ~kRefcountTableOffsetMask) != 0 || !IsClusterAligned(entry, h_.cluster_bits)) {
-      return Bad("refcount table entry " + Hex(entry) + " is not a cluster-aligned offset", entry_at);
-    }
-    if (entry >= file_size) {
-      return Bad("refcount block at " + Hex(entry) + " lies beyond the end of the file", entry_at);
+    if (std::string why = qcow2::RefcountBlockEntryProblem(entry, h_, file_size); !why.empty()) {
+      return Bad(why, entry_at);
     }
     Block b;
     b.offset = entry;

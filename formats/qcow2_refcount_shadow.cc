@@ -24,6 +24,14 @@ Error Bad(const std::string& what, uint64_t offset) {
 
 }  // namespace
 
+std::string RefcountBlockEntryProblem(uint64_t entry, const Header& header, uint64_t file_size) {
+  if ((entry & ~kRefcountTableOffsetMask) != 0 || !IsClusterAligned(entry, header.cluster_bits)) {
+    return "refcount table entry " + Hex(entry) + " is not a cluster-aligned offset";
+  }
+  if (entry >= file_size) return "refcount block at " + Hex(entry) + " lies beyond the end of the file";
+  return "";
+}
+
 struct RefcountShadow::Block {
   uint64_t old_offset = 0;  // 0: the table had no block here
   uint64_t new_offset = 0;  // 0: not placed (unchanged blocks stay where they are)
@@ -74,12 +82,7 @@ Result<RefcountShadow::Block*> RefcountShadow::FindOrLoad(uint64_t index, bool c
   if (entry != 0) {
     const uint64_t entry_at = h_.refcount_table_offset + 8 * index;
     const uint64_t file_size = file_.size_bytes();
-    if ((entry & ~kRefcountTableOffsetMask) != 0 || !IsClusterAligned(entry, h_.cluster_bits)) {
-      return Bad("refcount table entry " + Hex(entry) + " is not a cluster-aligned offset", entry_at);
-    }
-    if (entry >= file_size) {
-      return Bad("refcount block at " + Hex(entry) + " lies beyond the end of the file", entry_at);
-    }
+    if (std::string why = RefcountBlockEntryProblem(entry, h_, file_size); !why.empty()) return Bad(why, entry_at);
     // qemu reads a short final cluster as zero-padded; so do we.
     const uint64_t avail = std::min(h_.cluster_size(), file_size - entry);
     BARGE_RETURN_IF_ERROR(file_.ReadAt(entry, std::span<std::byte>(b->bytes).first(avail)));

@@ -55,6 +55,11 @@ inline void StoreRefcount(std::byte* block, uint64_t index, uint32_t order, uint
   }
 }
 
+// Why refcount table entry `entry` (non-zero) cannot name a refcount block
+// of a file of `file_size` bytes; "" when it can. Bytes read from an image
+// are untrusted: every edit checks an entry before following it.
+std::string RefcountBlockEntryProblem(uint64_t entry, const Header& header, uint64_t file_size);
+
 // Single-threaded; `file` and `header` are borrowed and must outlive it.
 class RefcountShadow {
  public:
