@@ -83,25 +83,9 @@ Status FaultSource::ReadAt(uint64_t offset, std::span<std::byte> out) {
 }
 
 Status FaultSource::ReadMany(std::span<ReadRequest> requests) {
-  std::vector<ReadRequest> pass;
-  std::vector<size_t> pass_index;
-  Status first;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    ReadRequest& r = requests[i];
-    r.status = faults_.OnCall(FaultOp::kRead, true, r.offset, r.buffer.size(), name());
-    if (r.status.ok()) {
-      pass.push_back({r.offset, r.buffer, {}});
-      pass_index.push_back(i);
-    } else if (first.ok()) {
-      first = r.status;
-    }
-  }
-  if (!pass.empty()) {
-    Status s = target_.ReadMany(pass);
-    for (size_t j = 0; j < pass.size(); ++j) requests[pass_index[j]].status = pass[j].status;
-    if (!s.ok() && first.ok()) first = std::move(s);
-  }
-  return first;
+  return ReadManyAdmitted(target_, requests, [this](const ReadRequest& r) {
+    return faults_.OnCall(FaultOp::kRead, true, r.offset, r.buffer.size(), name());
+  });
 }
 
 Result<ExtentList> FaultSource::Extents(uint64_t offset, uint64_t length) {

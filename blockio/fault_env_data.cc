@@ -86,25 +86,9 @@ class FaultEnv::Impl::Source final : public BlockSource {
   // Each request is one kRead; the ones that go ahead reach the target's
   // ReadMany together, so batching is kept.
   Status ReadMany(std::span<ReadRequest> requests) override {
-    std::vector<ReadRequest> pass;
-    std::vector<size_t> pass_index;
-    Status first;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      ReadRequest& r = requests[i];
-      r.status = env_.Admit(EnvOp::kRead, name(), std::pair(r.offset, uint64_t{r.buffer.size()})).status;
-      if (r.status.ok()) {
-        pass.push_back({r.offset, r.buffer, {}});
-        pass_index.push_back(i);
-      } else if (first.ok()) {
-        first = r.status;
-      }
-    }
-    if (!pass.empty()) {
-      Status s = target_->ReadMany(pass);
-      for (size_t j = 0; j < pass.size(); ++j) requests[pass_index[j]].status = pass[j].status;
-      if (!s.ok() && first.ok()) first = std::move(s);
-    }
-    return first;
+    return ReadManyAdmitted(*target_, requests, [this](const ReadRequest& r) {
+      return env_.Admit(EnvOp::kRead, name(), std::pair(r.offset, uint64_t{r.buffer.size()})).status;
+    });
   }
 
   void WillNeed(uint64_t offset, uint64_t length) override { target_->WillNeed(offset, length); }

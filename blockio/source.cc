@@ -41,4 +41,27 @@ void ReadAheadMark::Before(BlockSource& source, uint64_t end) {
   if (onward) source.WillNeed(from, next - from);
 }
 
+Status ReadManyAdmitted(BlockSource& target, std::span<ReadRequest> requests,
+                        const std::function<Status(const ReadRequest&)>& admit) {
+  std::vector<ReadRequest> pass;
+  std::vector<size_t> pass_index;
+  Status first;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ReadRequest& r = requests[i];
+    r.status = admit(r);
+    if (r.status.ok()) {
+      pass.push_back({r.offset, r.buffer, {}});
+      pass_index.push_back(i);
+    } else if (first.ok()) {
+      first = r.status;
+    }
+  }
+  if (!pass.empty()) {
+    Status s = target.ReadMany(pass);
+    for (size_t j = 0; j < pass.size(); ++j) requests[pass_index[j]].status = pass[j].status;
+    if (!s.ok() && first.ok()) first = std::move(s);
+  }
+  return first;
+}
+
 }  // namespace barge

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -91,5 +92,12 @@ class ReadAheadMark {
   const uint64_t ahead_bytes_;
   std::atomic<uint64_t> until_{0};  // hinted up to here
 };
+
+// ReadMany through a gate (fault-injecting wrappers): each request is
+// first `admit`ted; a refused one gets the refusal as its status, the
+// admitted ones reach `target.ReadMany` together (batching kept). Returns
+// the first failure, refusals first.
+Status ReadManyAdmitted(BlockSource& target, std::span<ReadRequest> requests,
+                        const std::function<Status(const ReadRequest&)>& admit);
 
 }  // namespace barge
