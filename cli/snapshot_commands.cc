@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 
 #include "blockio/env.h"
 #include "cli/common.h"
@@ -171,15 +172,42 @@ Result<std::map<std::string, orc::StoredSnapshot>> StatesByName(Env& env, const 
   return by_name;
 }
 
-int RunList(Env& env, const TargetArgs& t, const std::string& catalog, Output& out) {
+// A disk's snapshots with their stored states (list and metrics).
+struct Listed {
+  orc::SnapshotListing listing;
+  std::map<std::string, orc::StoredSnapshot> states;
+};
+
+// Resolves the target, lists its snapshots (warnings reported) and loads
+// their states; on failure reports it and sets `exit_code`.
+std::optional<Listed> ListWithStates(Env& env, const TargetArgs& t, const std::string& catalog, Output& out,
+                                     int& exit_code) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
-  if (!target.ok()) return BadUsage(target.error(), out);
+  if (!target.ok()) {
+    exit_code = BadUsage(target.error(), out);
+    return std::nullopt;
+  }
   auto listing = orc::ListDiskSnapshots(env, *target);
-  if (!listing.ok()) return out.Fail(listing.error());
+  if (!listing.ok()) {
+    exit_code = out.Fail(listing.error());
+    return std::nullopt;
+  }
   ReportWarnings(listing->warnings, listing->image, out);
   auto states = StatesByName(env, *target, catalog);
-  if (!states.ok()) return out.Fail(states.error());
+  if (!states.ok()) {
+    exit_code = out.Fail(states.error());
+    return std::nullopt;
+  }
+  return Listed{std::move(listing).value(), std::move(states).value()};
+}
+
+int RunList(Env& env, const TargetArgs& t, const std::string& catalog, Output& out) {
+  int exit_code = kExitOk;
+  std::optional<Listed> listed = ListWithStates(env, t, catalog, out, exit_code);
+  if (!listed) return exit_code;
+  const orc::SnapshotListing* listing = &listed->listing;
+  const auto* states = &listed->states;
   json arr = json::array();
   std::ostream& o = out.text();
   o << Format("%-4s %-20s %-20s %10s %10s %10s %10s %6s %s\n", "ID", "NAME", "CREATED", "VOL_SIZE", "REFERENCED",
@@ -338,14 +366,11 @@ int RunApply(Env& env, const TargetArgs& t, const std::string& config_path, cons
 }
 
 int RunMetrics(Env& env, const TargetArgs& t, const std::string& textfile, const std::string& catalog, Output& out) {
-  std::vector<std::string> words;
-  auto target = t.Resolve(words);
-  if (!target.ok()) return BadUsage(target.error(), out);
-  auto listing = orc::ListDiskSnapshots(env, *target);
-  if (!listing.ok()) return out.Fail(listing.error());
-  ReportWarnings(listing->warnings, listing->image, out);
-  auto states = StatesByName(env, *target, catalog);
-  if (!states.ok()) return out.Fail(states.error());
+  int exit_code = kExitOk;
+  std::optional<Listed> listed = ListWithStates(env, t, catalog, out, exit_code);
+  if (!listed) return exit_code;
+  const orc::SnapshotListing* listing = &listed->listing;
+  const auto* states = &listed->states;
   std::string text = orc::SnapshotMetricsText(*listing, [&](const orc::SnapshotListEntry& e) {
     orc::Labels labels;
     std::string state = "created";
