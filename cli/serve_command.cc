@@ -17,6 +17,7 @@
 #include "cli/interrupt.h"
 #include "cli/policy_output.h"
 #include "cli/sd_notify.h"
+#include "formats/json_fields.h"
 #include "orchestrate/catalog_path.h"
 #include "orchestrate/policy_hooks.h"
 #include "orchestrate/policy_scheduler.h"
@@ -54,7 +55,7 @@ int BeginRequest(mg_connection* conn) {
   if (sched != nullptr) st = sched->status();
   else st.stopping = true;
   const int code = st.stopping ? 503 : 200;
-  const std::string body = StatusJson(st).dump() + "\n";
+  const std::string body = formats::DumpJsonForDisplay(StatusJson(st)) + "\n";
   mg_printf(conn,
             "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
             "Cache-Control: no-store\r\nConnection: close\r\n\r\n",

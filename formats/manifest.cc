@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/json_fields.h"
+
 namespace barge::formats {
 
 using nlohmann::json;
@@ -13,7 +15,7 @@ std::string_view BackupTypeName(BackupType type) {
   return type == BackupType::kFull ? "full" : "incremental";
 }
 
-std::string EncodeManifest(const BackupManifest& m) {
+Result<std::string> EncodeManifest(const BackupManifest& m) {
   json j;
   j["format"] = "barge-backup-manifest";
   j["format_version"] = m.format_version;
@@ -45,7 +47,8 @@ std::string EncodeManifest(const BackupManifest& m) {
                  {"compressed_clusters", m.compressed_clusters},
                  {"zero_clusters", m.zero_clusters}};
   j["image_digest"] = {{"algorithm", "xxh3-128-cluster-fold"}, {"value", m.image_digest.ToHex()}};
-  return j.dump(2) + "\n";
+  BARGE_ASSIGN_OR_RETURN(std::string text, DumpJson(j, 2, "manifest " + m.id + ".json"));
+  return text + "\n";
 }
 
 namespace {

@@ -51,7 +51,7 @@ struct BackupManifest {
   Digest128 image_digest;        // fold of every cluster's digest at this point
 };
 
-std::string EncodeManifest(const BackupManifest& manifest);
+Result<std::string> EncodeManifest(const BackupManifest& manifest);
 
 // Parses untrusted JSON: unknown fields are ignored, missing or mistyped
 // required fields, bad digests, file names with '/' or "..", and

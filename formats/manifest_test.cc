@@ -33,7 +33,7 @@ BackupManifest Sample() {
 
 TEST(ManifestTest, RoundTrip) {
   BackupManifest m = Sample();
-  auto back = DecodeManifest(EncodeManifest(m));
+  auto back = DecodeManifest(EncodeManifest(m).value());
   ASSERT_TRUE(back.ok()) << back.error().ToString();
   EXPECT_EQ(back->id, m.id);
   EXPECT_EQ(back->type, BackupType::kIncremental);
@@ -44,10 +44,18 @@ TEST(ManifestTest, RoundTrip) {
   EXPECT_EQ(back->virtual_size, m.virtual_size);
 }
 
+TEST(ManifestTest, SourceThatIsNotUtf8IsAnErrorNotAnException) {
+  BackupManifest m = Sample();
+  m.source = "/srv/disk-\xff.raw";
+  auto text = EncodeManifest(m);
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.error().code(), ErrorCode::kInvalidArgument);
+}
+
 TEST(ManifestTest, RejectsBadInput) {
   EXPECT_EQ(DecodeManifest("not json").error().code(), ErrorCode::kCorruption);
   EXPECT_EQ(DecodeManifest("[]").error().code(), ErrorCode::kCorruption);
-  std::string good = EncodeManifest(Sample());
+  std::string good = EncodeManifest(Sample()).value();
   auto replace = [&](const std::string& from, const std::string& to) {
     std::string s = good;
     size_t at = s.find(from);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/path.h"
+#include "formats/json_fields.h"
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
 
@@ -75,16 +76,18 @@ std::vector<BackupDiskRecord> DisksFromJson(const std::string& text) {
   json a = json::parse(text, nullptr, false);
   if (!a.is_array()) return out;
   for (const auto& j : a) {
+    // A damaged entry reads as empty fields: the listing shows it, and a
+    // restore of it fails on the missing chain folder.
     BackupDiskRecord d;
-    d.disk = j.value("disk", "");
-    d.type = j.value("type", "");
-    d.reason = j.value("reason", "");
-    d.chain_dir = j.value("chain_dir", "");
-    d.image_path = j.value("image", "");
-    d.manifest_path = j.value("manifest", "");
-    d.virtual_size = j.value("virtual_size", uint64_t{0});
-    d.bytes_read = j.value("bytes_read", uint64_t{0});
-    d.bytes_written = j.value("bytes_written", uint64_t{0});
+    d.disk = formats::JsonString(j, "disk");
+    d.type = formats::JsonString(j, "type");
+    d.reason = formats::JsonString(j, "reason");
+    d.chain_dir = formats::JsonString(j, "chain_dir");
+    d.image_path = formats::JsonString(j, "image");
+    d.manifest_path = formats::JsonString(j, "manifest");
+    d.virtual_size = formats::JsonUint(j, "virtual_size");
+    d.bytes_read = formats::JsonUint(j, "bytes_read");
+    d.bytes_written = formats::JsonUint(j, "bytes_written");
     out.push_back(std::move(d));
   }
   return out;
@@ -252,12 +255,13 @@ Result<std::vector<CheckpointRecord>> BackupCatalog::ListCheckpoints(const std::
 }
 
 Status BackupCatalog::WriteBackupRow(int64_t id, const BackupRecord& r) {
+  BARGE_ASSIGN_OR_RETURN(std::string disks, formats::DumpJson(DisksJson(r.disks), -1, "backup record of " + r.domain));
   BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare(
       "UPDATE vm_backups SET domain=?, tracker=?, type=?, reason=?, checkpoint=?, "
       "parent_checkpoint=?, target=?, disks=?, started_at=?, finished_at=?, duration_seconds=?, "
       "result=?, error=? WHERE id=?"));
   st.Bind(1, r.domain).Bind(2, r.tracker).Bind(3, r.type).Bind(4, r.reason).Bind(5, r.checkpoint)
-      .Bind(6, r.parent_checkpoint).Bind(7, r.target).Bind(8, DisksJson(r.disks).dump())
+      .Bind(6, r.parent_checkpoint).Bind(7, r.target).Bind(8, disks)
       .Bind(9, r.started_at).Bind(10, r.finished_at).Bind(11, std::to_string(r.duration_seconds))
       .Bind(12, r.result).Bind(13, r.error).Bind(14, id);
   BARGE_RETURN_IF_ERROR(st.Run());
@@ -294,18 +298,21 @@ Status BackupCatalog::CommitBackup(int64_t id, const BackupRecord& record,
     BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare("DELETE FROM vm_checkpoints WHERE tracker=?"));
     del.Bind(1, record.tracker);
     BARGE_RETURN_IF_ERROR(del.Run());
+    BARGE_ASSIGN_OR_RETURN(std::string checkpoint_disks,
+                           formats::DumpJson(json(checkpoint->disks), -1, "checkpoint " + checkpoint->name));
     BARGE_ASSIGN_OR_RETURN(auto ins, db_->Prepare(
         "INSERT INTO vm_checkpoints(name, tracker, domain, created_at, disks, xml) "
         "VALUES(?,?,?,?,?,?)"));
     ins.Bind(1, checkpoint->name).Bind(2, record.tracker).Bind(3, checkpoint->domain)
-        .Bind(4, checkpoint->created_at).Bind(5, json(checkpoint->disks).dump()).Bind(6, checkpoint->xml);
+        .Bind(4, checkpoint->created_at).Bind(5, checkpoint_disks).Bind(6, checkpoint->xml);
     BARGE_RETURN_IF_ERROR(ins.Run());
     json sizes = json::object();
     for (const auto& [d, s] : disk_sizes) sizes[d] = s;
+    BARGE_ASSIGN_OR_RETURN(std::string sizes_text, formats::DumpJson(sizes, -1, "tracker " + record.tracker));
     BARGE_ASSIGN_OR_RETURN(auto up, db_->Prepare(
         "UPDATE vm_trackers SET latest_checkpoint=?, checkpoint_created_at=?, disks=?, "
         "needs_full=0, needs_full_reason='' WHERE name=?"));
-    up.Bind(1, checkpoint->name).Bind(2, checkpoint->created_at).Bind(3, sizes.dump())
+    up.Bind(1, checkpoint->name).Bind(2, checkpoint->created_at).Bind(3, sizes_text)
         .Bind(4, record.tracker);
     BARGE_RETURN_IF_ERROR(up.Run());
     if (db_->Changes() == 0) return Error::NotFound("tracker '" + record.tracker + "' vanished");

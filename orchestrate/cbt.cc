@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/json_fields.h"
 #include "formats/qcow2_writer.h"
 #include "pipeline/staged_file.h"
 
@@ -45,8 +46,9 @@ Result<std::optional<CbtRow>> LoadRow(BackupCatalog& catalog, const std::string&
   json a = json::parse(st.Text(2), nullptr, false);
   if (a.is_array()) {
     for (const auto& j : a) {
-      r.disks.push_back({j.value("disk", ""), j.value("data_file", ""), j.value("overlay", ""),
-                         j.value("original_owner", "")});
+      if (!j.is_object()) return Error::Corruption("catalog: vm_cbt.disks of domain '" + domain + "' is damaged");
+      r.disks.push_back({formats::JsonString(j, "disk"), formats::JsonString(j, "data_file"),
+                         formats::JsonString(j, "overlay"), formats::JsonString(j, "original_owner")});
     }
   }
   return std::optional<CbtRow>(std::move(r));
@@ -231,9 +233,11 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
     disks.push_back({{"disk", d.disk}, {"data_file", d.data_file}, {"overlay", d.overlay},
                      {"original_owner", d.original_owner}});
   }
+  auto disks_text = formats::DumpJson(disks, -1, "the CBT record of domain '" + req.domain + "'");
+  if (!disks_text.ok()) return undo(std::move(disks_text).error());
   BARGE_ASSIGN_OR_RETURN(auto ins, catalog->db().Prepare(
       "INSERT INTO vm_cbt(domain, state_dir, original_xml, disks, enabled_at) VALUES(?,?,?,?,?)"));
-  ins.Bind(1, req.domain).Bind(2, state_dir).Bind(3, xml).Bind(4, disks.dump()).Bind(5, formats::NowRfc3339());
+  ins.Bind(1, req.domain).Bind(2, state_dir).Bind(3, xml).Bind(4, *disks_text).Bind(5, formats::NowRfc3339());
   if (Status s = ins.Run(); !s.ok()) {
     Error e = std::move(s).error();
     virDomainPtr back = virDomainDefineXML(conn.get(), xml.c_str());

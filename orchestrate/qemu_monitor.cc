@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "formats/json_fields.h"
 #include "orchestrate/libvirt_conn.h"
 
 namespace barge::orchestrate {
@@ -15,13 +16,16 @@ using nlohmann::json;
 
 formats::SnapshotInfo FromQemu(const json& s) {
   formats::SnapshotInfo info;
-  info.id = s.value("id", "");
-  info.name = s.value("name", "");
-  info.vm_state_size = s.value("vm-state-size", uint64_t{0});
-  info.date_sec = static_cast<uint32_t>(s.value("date-sec", uint64_t{0}));
-  info.date_nsec = static_cast<uint32_t>(s.value("date-nsec", uint64_t{0}));
-  info.vm_clock_nsec = s.value("vm-clock-sec", uint64_t{0}) * 1000000000ull + s.value("vm-clock-nsec", uint64_t{0});
-  if (s.contains("icount")) info.icount = s["icount"].get<uint64_t>();
+  // A field QEMU leaves out, or sends with another type, reads as empty.
+  info.id = formats::JsonString(s, "id");
+  info.name = formats::JsonString(s, "name");
+  info.vm_state_size = formats::JsonUint(s, "vm-state-size");
+  info.date_sec = static_cast<uint32_t>(formats::JsonUint(s, "date-sec"));
+  info.date_nsec = static_cast<uint32_t>(formats::JsonUint(s, "date-nsec"));
+  info.vm_clock_nsec = formats::JsonUint(s, "vm-clock-sec") * 1000000000ull + formats::JsonUint(s, "vm-clock-nsec");
+  if (s.is_object() && s.contains("icount") && s["icount"].is_number_unsigned()) {
+    info.icount = s["icount"].get<uint64_t>();
+  }
   return info;
 }
 
@@ -40,9 +44,10 @@ Result<std::string> QmpCommand(virDomainPtr dom, const std::string& command_json
   }
   if (j.contains("error")) {
     const json& e = j["error"];
-    return Error::InvalidArgument("QEMU: " + (e.is_object() ? e.value("desc", e.dump()) : e.dump()));
+    const std::string text = formats::DumpJsonForDisplay(e);
+    return Error::InvalidArgument("QEMU: " + formats::JsonString(e, "desc", text));
   }
-  return j.contains("return") ? j["return"].dump() : std::string("{}");
+  return j.contains("return") ? formats::DumpJsonForDisplay(j["return"]) : std::string("{}");
 }
 
 Result<QemuDisk> FindQemuDisk(virDomainPtr dom, const std::string& target) {
@@ -61,11 +66,11 @@ Result<QemuDisk> FindQemuDisk(virDomainPtr dom, const std::string& target) {
   if (!devices.is_array()) return Error::IoError("QEMU monitor: query-block did not return a list");
   const json* found = nullptr;
   for (const json& d : devices) {
-    if (!d.contains("inserted")) continue;
-    const std::string qdev = d.value("qdev", "");
+    if (!d.is_object() || !d.contains("inserted") || !d["inserted"].is_object()) continue;
+    const std::string qdev = formats::JsonString(d, "qdev");
     const bool by_alias = !alias.empty() && (qdev == alias || qdev.find("/" + alias + "/") != std::string::npos ||
-                                             d.value("device", "") == "drive-" + alias);
-    const bool by_file = !disk->source.empty() && d["inserted"].value("file", "") == disk->source;
+                                             formats::JsonString(d, "device") == "drive-" + alias);
+    const bool by_file = !disk->source.empty() && formats::JsonString(d["inserted"], "file") == disk->source;
     if (by_alias || (!found && by_file)) found = &d;
     if (by_alias) break;
   }
@@ -75,12 +80,13 @@ Result<QemuDisk> FindQemuDisk(virDomainPtr dom, const std::string& target) {
   }
   const json& inserted = (*found)["inserted"];
   QemuDisk out;
-  out.node_name = inserted.value("node-name", "");
-  out.qdev = found->value("qdev", "");
-  out.file = inserted.value("file", "");
-  out.format = inserted.value("drv", "");
-  if (out.node_name.empty()) out.node_name = found->value("device", "");
-  if (inserted.contains("image") && inserted["image"].contains("snapshots")) {
+  out.node_name = formats::JsonString(inserted, "node-name");
+  out.qdev = formats::JsonString(*found, "qdev");
+  out.file = formats::JsonString(inserted, "file");
+  out.format = formats::JsonString(inserted, "drv");
+  if (out.node_name.empty()) out.node_name = formats::JsonString(*found, "device");
+  if (inserted.contains("image") && inserted["image"].is_object() && inserted["image"].contains("snapshots") &&
+      inserted["image"]["snapshots"].is_array()) {
     for (const json& s : inserted["image"]["snapshots"]) out.snapshots.push_back(FromQemu(s));
   }
   return out;

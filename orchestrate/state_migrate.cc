@@ -13,6 +13,7 @@
 
 #include "blockio/path.h"
 #include "formats/image.h"
+#include "formats/json_fields.h"
 #include "formats/manifest.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/stages.h"
@@ -47,7 +48,8 @@ class Journal {
     fields["step"] = static_cast<int>(step);
     fields["name"] = MigrateStepName(step);
     fields["time"] = formats::NowRfc3339();
-    std::string line = fields.dump() + "\n";
+    BARGE_ASSIGN_OR_RETURN(std::string line, formats::DumpJson(fields, -1, "state migration journal " + path_));
+    line += "\n";
     auto st = env_.Stat(path_);
     if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
     const bool created = !st.ok();
@@ -259,7 +261,8 @@ Status VerifyAll(Env& env, const std::vector<Entry>& entries) {
 
 Status WriteMarker(Env& env, const std::string& to, const std::string& from, size_t files) {
   json j = {{"current", true}, {"migrated_from", from}, {"migrated_at", formats::NowRfc3339()}, {"entries", files}};
-  return env.WriteFileAtomic(JoinPath(to, kStateMarkerName), j.dump(2) + "\n");
+  BARGE_ASSIGN_OR_RETURN(std::string text, formats::DumpJson(j, 2, "state marker in " + to));
+  return env.WriteFileAtomic(JoinPath(to, kStateMarkerName), text + "\n");
 }
 
 // Removes the new copy: everything in `to` but the journal, then the

@@ -292,6 +292,14 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.dirty_bytes = req.incremental ? TotalBytes(work) : 0;
   m.started_at = started_at;
   m.tool_version = req.tool_version;
+  // A manifest that cannot be written (a source path that is not UTF-8)
+  // fails now, not after the copy.
+  if (auto encoded = formats::EncodeManifest(m); !encoded.ok()) {
+    return Error::InvalidArgument(
+               "the source's path or the disk name is not valid UTF-8, which a manifest (JSON) cannot record; "
+               "link the source under a UTF-8 name or pass --name")
+        .set_path(spec.location);
+  }
 
   // The image.
   auto created_image = StagedFile::Create(env, chain.PathOf(m.image));
@@ -343,7 +351,7 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   std::unique_ptr<StagedFile> digests_file, manifest_file;
   std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
   BARGE_RETURN_IF_ERROR(WriteSmallStaged(env, chain.dir, m.digest_table, table_bytes, digests_file));
-  std::string text = formats::EncodeManifest(m);
+  BARGE_ASSIGN_OR_RETURN(std::string text, formats::EncodeManifest(m));
   BARGE_RETURN_IF_ERROR(WriteSmallStaged(env, chain.dir, m.id + ".json",
                                          std::as_bytes(std::span(text.data(), text.size())),
                                          manifest_file));

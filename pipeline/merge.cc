@@ -235,7 +235,7 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
     m.zero_clusters = stats.zero_clusters;
     std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
     BARGE_ASSIGN_OR_RETURN(staged.digests_bytes, WriteStagedSmall(env, digests_staged, table_bytes));
-    std::string text = formats::EncodeManifest(m);
+    BARGE_ASSIGN_OR_RETURN(std::string text, formats::EncodeManifest(m));
     BARGE_ASSIGN_OR_RETURN(
         staged.manifest_bytes,
         WriteStagedSmall(env, manifest_staged, std::as_bytes(std::span(text.data(), text.size()))));

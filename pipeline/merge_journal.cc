@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/json_fields.h"
 #include "pipeline/chain.h"
 
 namespace barge::pipeline {
@@ -36,7 +37,7 @@ std::string MergeStagedName(const std::string& final_name) {
   return "." + final_name + std::string(kStagedSuffix);
 }
 
-std::string EncodeMergeJournal(const MergeJournal& journal) {
+Result<std::string> EncodeMergeJournal(const MergeJournal& journal) {
   json renames = json::array();
   for (const auto& r : journal.renames) {
     renames.push_back({{"from", r.from}, {"to", r.to}, {"size", r.size_bytes}});
@@ -46,14 +47,15 @@ std::string EncodeMergeJournal(const MergeJournal& journal) {
             {"through", journal.through},
             {"renames", renames},
             {"remove", journal.remove}};
-  return j.dump(2) + "\n";
+  BARGE_ASSIGN_OR_RETURN(std::string text, formats::DumpJson(j, 2, "merge journal through " + journal.through));
+  return text + "\n";
 }
 
 Result<MergeJournal> DecodeMergeJournal(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto bad = [](const std::string& why) { return Error::Corruption("merge journal: " + why); };
   if (!j.is_object()) return bad("not a JSON object");
-  if (j.value("format", "") != kFormat) return bad("format is not " + std::string(kFormat));
+  if (formats::JsonString(j, "format") != kFormat) return bad("format is not " + std::string(kFormat));
   if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != 1) {
     return Error::NotSupported("merge journal: unsupported version");
   }
@@ -93,7 +95,8 @@ Result<bool> MergeJournalExists(Env& env, const std::string& dir) {
 Status WriteMergeJournal(Env& env, const std::string& dir, const MergeJournal& journal) {
   // Flushed, renamed and the folder synced: the journal is durable before
   // the caller's first rename.
-  return env.WriteFileAtomic(dir + "/" + std::string(kMergeJournalName), EncodeMergeJournal(journal));
+  BARGE_ASSIGN_OR_RETURN(std::string text, EncodeMergeJournal(journal));
+  return env.WriteFileAtomic(dir + "/" + std::string(kMergeJournalName), text);
 }
 
 Status CompleteMergeJournal(Env& env, const std::string& dir) {

@@ -31,7 +31,7 @@ struct MergeJournal {
 // so chain scans ignore it.
 std::string MergeStagedName(const std::string& final_name);
 
-std::string EncodeMergeJournal(const MergeJournal& journal);
+Result<std::string> EncodeMergeJournal(const MergeJournal& journal);
 // Parses untrusted JSON. Every name must be a plain file name of the chain
 // folder of the expected kind (staged names for `from`, backup files for
 // `to` and `remove`): a journal never makes us rename or delete anything

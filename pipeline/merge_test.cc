@@ -404,7 +404,7 @@ TEST(MergeTest, JournalNamesOnlyChainFiles) {
   j.through = "0003-x";
   j.renames = {{MergeStagedName("0003-x.qcow2"), "0003-x.qcow2", 10}};
   j.remove = {"0000-x.json", "0000-x.qcow2"};
-  auto back = DecodeMergeJournal(EncodeMergeJournal(j));
+  auto back = DecodeMergeJournal(EncodeMergeJournal(j).value());
   ASSERT_TRUE(back.ok()) << back.error().ToString();
   EXPECT_EQ(back->remove, j.remove);
   EXPECT_EQ(back->renames[0].size_bytes, 10u);
@@ -414,6 +414,9 @@ TEST(MergeTest, JournalNamesOnlyChainFiles) {
         std::string(R"({"format":"barge-merge-journal","version":1,"through":"x","renames":[],"remove":[".lock"]})"),
         std::string(R"({"format":"barge-merge-journal","version":1,"through":"x","renames":[{"from":"a","to":"0001-x.json","size":1}],"remove":[]})"),
         std::string(R"({"format":"barge-merge-journal","version":1,"through":"x","renames":[{"from":".0001-x.json.merge-new","to":"/tmp/0001-x.json","size":1}],"remove":[]})"),
+        std::string(R"({"format":1,"version":1,"through":"x","renames":[],"remove":[]})"),
+        std::string(R"({"format":null,"version":1,"through":"x","renames":[],"remove":[]})"),
+        std::string(R"({"format":["barge-merge-journal"],"version":1,"through":"x","renames":[],"remove":[]})"),
         std::string("not json")}) {
     EXPECT_FALSE(DecodeMergeJournal(bad).ok()) << bad;
   }

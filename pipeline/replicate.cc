@@ -12,6 +12,7 @@
 
 #include "blockio/env.h"
 #include "blockio/path.h"
+#include "formats/json_fields.h"
 #include "formats/manifest.h"
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_writer.h"
@@ -281,7 +282,8 @@ Status WriteReplicaRecord(Env& env, const std::string& path, const ReplicaRecord
             {"verified", r.verified},      {"bitmaps", r.bitmaps},
             {"tool", "barge 0.1.0"}};
   if (!r.backing_file.empty()) j["backing_file"] = r.backing_file;
-  return env.WriteFileAtomic(ReplicaRecordPath(path), j.dump(2) + "\n");
+  BARGE_ASSIGN_OR_RETURN(std::string text, formats::DumpJson(j, 2, "checksum record of " + path));
+  return env.WriteFileAtomic(ReplicaRecordPath(path), text + "\n");
 }
 
 bool FileMatchesRecord(Env& env, const std::string& path, const ReplicaRecord& record) {

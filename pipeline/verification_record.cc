@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/env.h"
+#include "formats/json_fields.h"
 #include "formats/units.h"
 
 namespace barge::pipeline {
@@ -22,7 +23,7 @@ Error Bad(const std::string& what) { return Error::Corruption("verification reco
 
 std::string VerificationFileName(std::string_view id) { return std::string(id) + ".verified"; }
 
-std::string EncodeVerificationRecord(const VerificationRecord& r) {
+Result<std::string> EncodeVerificationRecord(const VerificationRecord& r) {
   nlohmann::ordered_json j;
   j["format"] = kFormat;
   j["format_version"] = kVersion;
@@ -35,7 +36,8 @@ std::string EncodeVerificationRecord(const VerificationRecord& r) {
   j["image"] = r.image;
   j["image_bytes"] = r.image_bytes;
   j["image_digest"] = {{"algorithm", kDigestAlgorithm}, {"value", r.image_digest.ToHex()}};
-  return j.dump(2) + "\n";
+  BARGE_ASSIGN_OR_RETURN(std::string text, formats::DumpJson(j, 2, "verification record of " + r.id));
+  return text + "\n";
 }
 
 Result<VerificationRecord> DecodeVerificationRecord(std::string_view text) {
@@ -75,7 +77,7 @@ Result<VerificationRecord> DecodeVerificationRecord(std::string_view text) {
   BARGE_ASSIGN_OR_RETURN(r.image_bytes, uint("image_bytes"));
   auto digest = j.find("image_digest");
   if (digest == j.end() || !digest->is_object() || !digest->contains("value") ||
-      !(*digest)["value"].is_string() || digest->value("algorithm", "") != kDigestAlgorithm) {
+      !(*digest)["value"].is_string() || formats::JsonString(*digest, "algorithm") != kDigestAlgorithm) {
     return Bad("'image_digest' is missing or not an xxh3-128-cluster-fold digest");
   }
   auto value = formats::Digest128::FromHex((*digest)["value"].get<std::string>());
@@ -86,7 +88,8 @@ Result<VerificationRecord> DecodeVerificationRecord(std::string_view text) {
 
 Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index, const VerificationRecord& record) {
   const std::string path = chain.PathOf(VerificationFileName(chain.points[index].manifest.id));
-  return env.WriteFileAtomic(path, EncodeVerificationRecord(record));
+  BARGE_ASSIGN_OR_RETURN(std::string text, EncodeVerificationRecord(record));
+  return env.WriteFileAtomic(path, text);
 }
 
 Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,

@@ -29,7 +29,7 @@ struct VerificationRecord {
 // "<id>.verified".
 std::string VerificationFileName(std::string_view id);
 
-std::string EncodeVerificationRecord(const VerificationRecord& record);
+Result<std::string> EncodeVerificationRecord(const VerificationRecord& record);
 // Parses untrusted JSON: unknown fields are ignored; a missing or mistyped
 // field (verified_at not RFC 3339, duration_seconds negative included),
 // another format or a newer version is kCorruption.

@@ -30,7 +30,7 @@ TEST(VerificationRecord, RoundTrip) {
     VerificationRecord r = Sample();
     r.ok = ok;
     if (!ok) r.error = "Corruption: x.qcow2: cluster 7 (guest offset 458752) differs from its digest";
-    const std::string text = EncodeVerificationRecord(r);
+    const std::string text = EncodeVerificationRecord(r).value();
     EXPECT_NE(text.find("\"format\": \"barge-verification\""), std::string::npos) << text;
     EXPECT_NE(text.find(ok ? "\"result\": \"ok\"" : "\"result\": \"failed\""), std::string::npos) << text;
     auto back = DecodeVerificationRecord(text);
@@ -48,7 +48,7 @@ TEST(VerificationRecord, RoundTrip) {
 }
 
 TEST(VerificationRecord, UntrustedInputIsCorruption) {
-  const std::string good = EncodeVerificationRecord(Sample());
+  const std::string good = EncodeVerificationRecord(Sample()).value();
   auto with = [&](const std::string& from, const std::string& to) {
     std::string s = good;
     s.replace(s.find(from), from.size(), to);
@@ -59,6 +59,8 @@ TEST(VerificationRecord, UntrustedInputIsCorruption) {
         with("barge-verification", "barge-backup-manifest"), with("\"format_version\": 1", "\"format_version\": 2"),
         with("\"result\": \"ok\"", "\"result\": \"maybe\""), with("\"image_bytes\": 123456", "\"image_bytes\": -1"),
         with("xxh3-128-cluster-fold", "sha256"), with("fedcba9876543210", "zz"),
+        // A field of another type is damage, not an exception.
+        with("\"xxh3-128-cluster-fold\"", "7"), with("\"xxh3-128-cluster-fold\"", "null"),
         // list prints these as an RFC 3339 time and a number of seconds.
         with("2026-11-23T10:00:00Z", "yesterday"), with("\"duration_seconds\": ", "\"duration_seconds\": -")}) {
     auto r = DecodeVerificationRecord(bad);

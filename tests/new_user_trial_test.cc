@@ -207,6 +207,20 @@ TEST_F(NewUserTrialTest, AChainNameIsOneFolderName) {
   EXPECT_FALSE(fs::exists(dir_ / "bk"));
 }
 
+// A source path that is not UTF-8 made the manifest's JSON encoder throw
+// after the whole copy: now refused up front with a clear error, nothing
+// written, never "Internal".
+TEST_F(NewUserTrialTest, ASourcePathThatIsNotUtf8IsRefusedBeforeTheCopy) {
+  const std::string odd = dir_ / "d\xffisk.raw";
+  fs::copy_file(disk_, odd);
+  CommandResult r = Sh(Barge("backup --json --source " + Q(odd) + " --target " + Q(dir_ / "bk") + " --name d"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.stdout_text.find("\"code\":\"InvalidArgument\""), std::string::npos) << r.output;
+  EXPECT_NE(r.stdout_text.find("not valid UTF-8"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Internal"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "bk/d") && !fs::is_empty(dir_ / "bk/d")) << "the chain folder holds files";
+}
+
 // `barge` alone printed only "A subcommand is required".
 TEST_F(NewUserTrialTest, BargeAloneListsTheCommands) {
   CommandResult r = Sh(Barge(""));
