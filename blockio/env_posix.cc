@@ -479,7 +479,13 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
   LockOptions lo;
   lo.busy_message = "another process is writing this file";
   auto lock = LockFile(temp, lo);
-  if (!lock.ok()) return named(std::move(lock).error());
+  if (!lock.ok()) {
+    // The first file made beside `path`: ENOENT here means its folder is missing.
+    if (lock.error().code() == ErrorCode::kNotFound) {
+      return Error::NotFound("cannot write the file: its folder " + ParentOf(path) + " does not exist").set_path(path);
+    }
+    return named(std::move(lock).error());
+  }
   TempRegistration registered(temp);
   auto fail = [&](Error e) -> Status { return named(std::move(e)).Also(Unlink(temp)); };
   FileOptions o;

@@ -40,6 +40,17 @@ TEST(PosixEnvTest, CreateDirsListStatAndRemoveTree) {
   EXPECT_TRUE(env.RemoveTree(dir / "a").ok());  // missing: fine
 }
 
+TEST(PosixEnvTest, WriteFileAtomicIntoAMissingFolderSaysSo) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  const std::string f = dir / "no-such-folder/metrics.prom";
+  Status s = env.WriteFileAtomic(f, std::string_view("x"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(s.error().path(), f);
+  EXPECT_NE(s.error().message().find("does not exist"), std::string::npos) << s.error().ToString();
+}
+
 TEST(PosixEnvTest, WriteFileAtomicReplaces) {
   TempDir dir;
   Env& env = PosixEnv();

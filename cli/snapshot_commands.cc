@@ -10,6 +10,7 @@
 #include "blockio/env.h"
 #include "cli/common.h"
 #include "cli/hook_flags.h"
+#include "formats/qcow2_snapshot.h"
 #include "orchestrate/catalog_path.h"
 #include "orchestrate/snapshot.h"
 #include "orchestrate/snapshot_apply.h"
@@ -417,7 +418,15 @@ void RegisterSnapshotCommands(CLI::App& app, int& exit_code) {
           return RunCreate(Env::Default(), a->target, a->name, a->uuid, a->quiesce, a->hooks, a->catalog, out);
         });
     a->target.AddTo(cmd, {"IMAGE"}, kImageHelp);
-    cmd->add_option("--name", a->name, "Snapshot name (with --uuid: its display name)")->required();
+    cmd->add_option("--name", a->name, "Snapshot name (with --uuid: its display name)")
+        ->required()
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+              // The qcow2 format's rule (at most 255 bytes, no NUL), as a usage error.
+              auto valid = formats::qcow2::ValidateSnapshotName(v);
+              return valid.ok() ? "" : valid.error().message();
+            },
+            "NAME"));
     cmd->add_option("--uuid", a->uuid,
                     "Name the qcow2 snapshot by this uuid and record NAME as its display name (as apply does)");
     cmd->add_flag("--quiesce", a->quiesce, "Freeze the guest's file systems around it (running domain, guest agent)");
