@@ -91,6 +91,20 @@ Result<Target> OpenTarget(Env& env, const RestoreRequest& req, uint64_t size) {
   return t;
 }
 
+// A cluster that does not match its digest is named by the layer file that
+// holds it (the damaged file), not by the top image the copy read through.
+Error NameDamagedLayer(const OpenedPoint& point, const ChainFolder& chain, Error e) {
+  if (e.code() != ErrorCode::kCorruption || !e.offset()) return e;
+  auto map = point.image->Map(*e.offset(), 1);
+  if (!map.ok() || map->empty()) return e;
+  const int depth = map->front().depth;
+  if (depth < 0 || static_cast<size_t>(depth) > point.index) return e;
+  const ChainPoint& layer = chain.points[point.index - static_cast<size_t>(depth)];
+  e.set_path(chain.PathOf(layer.manifest.image));
+  if (depth > 0) e.Wrap("layer " + layer.manifest.id + " (under " + point.point->manifest.id + ")");
+  return e;
+}
+
 }  // namespace
 
 Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
@@ -129,7 +143,7 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   copy.verify = [&point](uint64_t c) { return point.Expected(c); };
   Destination* dests[] = {dest.get()};
   auto copied = RunCopy(*point.image, {{0, m.virtual_size}}, dests, copy);
-  if (!copied.ok()) return Error(copied.error()).Wrap("restore of " + m.id);
+  if (!copied.ok()) return NameDamagedLayer(point, chain, Error(copied.error())).Wrap("restore of " + m.id);
   if (copied->image_digest != m.image_digest) {
     return Error::Corruption("restored image digest " + copied->image_digest.ToHex() +
                              " differs from the manifest's " + m.image_digest.ToHex())
