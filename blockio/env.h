@@ -183,7 +183,8 @@ class Env {
   bool Exists(const std::string& path);
   // Every missing folder of `dir`, parents first (mkdir -p).
   Status CreateDirs(const std::string& dir);
-  // The whole file; kInvalidArgument when larger than `max_bytes`.
+  // The whole file, or what a pipe (`<(command)`) holds to its end;
+  // kInvalidArgument when larger than `max_bytes`.
   Result<std::string> ReadFile(const std::string& path, uint64_t max_bytes = 16 << 20);
   // Replaces `path` atomically with `bytes`: written to the hidden
   // temporary name ".NAME.barge-tmp" beside it, flushed (unless !sync),

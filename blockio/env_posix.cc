@@ -194,8 +194,14 @@ bool IsPseudoFile(const std::string& path) {
   return ::statfs(path.c_str(), &fs) == 0 && (fs.f_type == kProcMagic || fs.f_type == kSysfsMagic);
 }
 
-// The whole contents of a pseudo-file, read to its end (at most 16 MiB).
-Result<std::unique_ptr<BlockSource>> SnapshotPseudoFile(const std::string& path) {
+bool IsPipe(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
+// The whole contents of a pseudo-file or a pipe, read to its end (at most
+// `limit` bytes).
+Result<std::unique_ptr<BlockSource>> SnapshotStream(const std::string& path, uint64_t limit) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return Error::FromErrno(errno, "open", path);
   std::vector<std::byte> bytes;
@@ -206,7 +212,9 @@ Result<std::unique_ptr<BlockSource>> SnapshotPseudoFile(const std::string& path)
     if (n < 0) return Error::FromErrno(errno, "read", path);
     if (n == 0) break;
     bytes.insert(bytes.end(), buf, buf + n);
-    if (bytes.size() > (16u << 20)) return Error::InvalidArgument("pseudo-file too large").set_path(path);
+    if (bytes.size() > limit) {
+      return Error::InvalidArgument("holds more than " + std::to_string(limit) + " bytes").set_path(path);
+    }
   }
   return std::unique_ptr<BlockSource>(new MemorySource(std::move(bytes), path));
 }
@@ -226,9 +234,16 @@ class PosixEnvImpl final : public Env {
  public:
   Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path,
                                                   const FileOptions& options) override {
+    if (IsPipe(path)) {
+      // Refused before the open, which would wait for a writer.
+      if (options.pipe_limit == 0) {
+        return Error::InvalidArgument("a pipe cannot be a disk: not a regular file or block device").set_path(path);
+      }
+      return SnapshotStream(path, options.pipe_limit);
+    }
     BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> source, OpenFileSource(path, options));
     // Only an empty-looking file pays for the filesystem type check.
-    if (source->size_bytes() == 0 && IsPseudoFile(path)) return SnapshotPseudoFile(path);
+    if (source->size_bytes() == 0 && IsPseudoFile(path)) return SnapshotStream(path, 16u << 20);
     return source;
   }
 
@@ -458,6 +473,7 @@ Status Env::CreateDirs(const std::string& dir) {
 Result<std::string> Env::ReadFile(const std::string& path, uint64_t max_bytes) {
   FileOptions o;
   o.use_uring = false;
+  o.pipe_limit = max_bytes;
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> src, OpenSource(path, o));
   uint64_t size = src->size_bytes();
   if (size > max_bytes) {

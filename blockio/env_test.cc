@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <string>
+#include <thread>
 
 #include "blockio/fault_env.h"
 #include "tests/testing/testing.h"
@@ -38,6 +42,39 @@ TEST(PosixEnvTest, CreateDirsListStatAndRemoveTree) {
   ASSERT_TRUE(env.RemoveTree(dir / "a").ok());
   EXPECT_FALSE(env.Exists(dir / "a"));
   EXPECT_TRUE(env.RemoveTree(dir / "a").ok());  // missing: fine
+}
+
+TEST(PosixEnvTest, ReadFileReadsAPipeToItsEndButOpenSourceRefusesIt) {
+  TempDir dir;
+  Env& env = PosixEnv();
+  const std::string fifo = dir / "extents.pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string text(100000, 'x');  // more than a pipe buffer
+  std::thread writer([&] {
+    FILE* f = std::fopen(fifo.c_str(), "w");
+    if (f == nullptr) return;
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  });
+  auto read = env.ReadFile(fifo, 1 << 20);
+  writer.join();
+  ASSERT_TRUE(read.ok()) << read.error().ToString();
+  EXPECT_EQ(*read, text);
+  // Over the limit: an error, not a truncated read. (5000 bytes fit in
+  // the pipe's buffer: the writer is done before the reader gives up.)
+  std::thread writer2([&] {
+    FILE* f = std::fopen(fifo.c_str(), "w");
+    if (f == nullptr) return;
+    std::fwrite(text.data(), 1, 5000, f);
+    std::fclose(f);
+  });
+  auto small = env.ReadFile(fifo, 1000);
+  writer2.join();
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.error().code(), ErrorCode::kInvalidArgument);
+  // A disk is never a pipe: without pipe_limit it is refused at once
+  // (no writer: an open would wait for one).
+  EXPECT_FALSE(env.OpenSource(fifo, {}).ok());
 }
 
 TEST(PosixEnvTest, WriteFileAtomicIntoAMissingFolderSaysSo) {

@@ -27,6 +27,10 @@ struct FileOptions {
   // Private files are created private rather than narrowed afterwards: a
   // reader that opened the file in between would keep its descriptor.
   uint32_t create_mode = 0644;
+  // Sources, through the Env: a pipe (a FIFO, `<(command)`, /dev/stdin) is
+  // read to its end at open, at most this many bytes, and served from
+  // memory. 0 refuses pipes (a disk never is one); Env::ReadFile sets it.
+  uint64_t pipe_limit = 0;
 };
 
 enum class SinkMode : uint8_t {

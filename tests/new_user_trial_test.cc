@@ -221,6 +221,20 @@ TEST_F(NewUserTrialTest, ASourcePathThatIsNotUtf8IsRefusedBeforeTheCopy) {
   EXPECT_FALSE(fs::exists(dir_ / "bk/d") && !fs::is_empty(dir_ / "bk/d")) << "the chain folder holds files";
 }
 
+// `--dirty-extents <(command)` was refused as "not a regular file".
+TEST_F(NewUserTrialTest, DirtyExtentsFromAPipe) {
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") + " --name d"));
+  CommandResult r = Sh("bash -c " + Q(Barge("backup --json --source " + Q(disk_) + " --target " + Q(dir_ / "bk") +
+                                            " --name d --incremental --dirty-extents " +
+                                            "<(echo '[{\"offset\":65536,\"length\":65536}]')")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ResultOf(r.stdout_text).value("type", ""), "incremental") << r.stdout_text;
+  // A pipe as the disk is still refused, at once.
+  CommandResult src = Sh("bash -c " + Q(Barge("backup --source <(cat " + Q(disk_) + ") --target " + Q(dir_ / "bk2"))));
+  EXPECT_EQ(src.exit_code, 1) << src.output;
+  EXPECT_NE(src.output.find("a pipe cannot be a disk"), std::string::npos) << src.output;
+}
+
 // `barge` alone printed only "A subcommand is required".
 TEST_F(NewUserTrialTest, BargeAloneListsTheCommands) {
   CommandResult r = Sh(Barge(""));
