@@ -83,7 +83,7 @@ json VerificationJson(const std::optional<pipeline::LastVerification>& v) {
 std::string VerificationText(const std::optional<pipeline::LastVerification>& v) {
   if (!v) return "never";
   std::string s = (v->record.ok ? "ok " : "FAILED ") + v->record.verified_at;
-  if (v->stale) s += " (stale: image replaced since)";
+  if (v->stale) s += " (stale: image changed since)";
   return s;
 }
 
@@ -149,7 +149,7 @@ int RunList(const std::string& path, Output& out) {
       out.Warning("backup " + p.manifest->id + " cannot be restored: " + p.broken,
                   chain->points[i].manifest_path);
     }
-    auto v = pipeline::ReadLastVerification(Env::Default(), *chain, i, p.image ? p.image->size_bytes : 0);
+    auto v = pipeline::ReadLastVerification(Env::Default(), *chain, i, p.image ? *p.image : FileStat{});
     if (v.ok()) {
       p.verification = *v;
     } else {

@@ -93,7 +93,7 @@ Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index,
 }
 
 Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,
-                                                             uint64_t image_bytes) {
+                                                             const FileStat& image) {
   const formats::BackupManifest& m = chain.points[index].manifest;
   const std::string path = chain.PathOf(VerificationFileName(m.id));
   auto text = env.ReadFile(path, kMaxRecordBytes);
@@ -103,9 +103,12 @@ Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const Cha
   }
   auto record = DecodeVerificationRecord(*text);
   if (!record.ok()) return Error(record.error()).set_path(path);
+  // The record is written after the check ends: an image modified later
+  // (bytes overwritten in place, same size) holds bytes it never saw.
+  BARGE_ASSIGN_OR_RETURN(FileStat written, env.Stat(path));
   LastVerification last;
-  last.stale = record->id != m.id || record->image != m.image || record->image_bytes != image_bytes ||
-               record->image_digest != m.image_digest;
+  last.stale = record->id != m.id || record->image != m.image || record->image_bytes != image.size_bytes ||
+               record->image_digest != m.image_digest || image.mtime_ns > written.mtime_ns;
   last.record = std::move(record).value();
   return std::optional<LastVerification>(std::move(last));
 }

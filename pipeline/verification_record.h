@@ -43,15 +43,16 @@ Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index,
 struct LastVerification {
   VerificationRecord record;
   // The record is for other bytes than the point has now (its image file
-  // was replaced, e.g. by a merge, or the digest differs): it proves
-  // nothing about them.
+  // was replaced, e.g. by a merge, the digest differs, or the file was
+  // modified after the record was written): it proves nothing about them.
   bool stale = false;
 };
 
 // Point `index`'s record: nullopt when it was never verified; kCorruption
-// naming the file when the record cannot be read as one. `image_bytes` is
-// the image file's size now (for the stale check). May block.
+// naming the file when the record cannot be read as one. `image` is the
+// image file's stat now (size and modification time, for the stale check).
+// May block.
 Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,
-                                                             uint64_t image_bytes);
+                                                             const FileStat& image);
 
 }  // namespace barge::pipeline

@@ -12,6 +12,14 @@
 namespace barge::pipeline {
 namespace {
 
+// An image file of `bytes` modified long before any record.
+FileStat ImageStat(uint64_t bytes) {
+  FileStat st;
+  st.size_bytes = bytes;
+  st.mtime_ns = 1;
+  return st;
+}
+
 VerificationRecord Sample() {
   VerificationRecord r;
   r.id = "0001-20261122T151533Z";
@@ -81,7 +89,7 @@ TEST(VerificationRecord, WrittenBesideTheManifestAndStaleWhenTheImageChanges) {
   p.manifest.image_digest = {1, 2};
   chain.points.push_back(p);
 
-  auto none = ReadLastVerification(PosixEnv(), chain, 0, 4096);
+  auto none = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096));
   ASSERT_TRUE(none.ok()) << none.error().ToString();
   EXPECT_FALSE(none->has_value());
 
@@ -94,21 +102,29 @@ TEST(VerificationRecord, WrittenBesideTheManifestAndStaleWhenTheImageChanges) {
   r.image_digest = {1, 2};
   ASSERT_TRUE(WriteVerificationRecord(PosixEnv(), chain, 0, r).ok());
   EXPECT_TRUE(std::filesystem::exists(dir / "0000-20261122T150102Z.verified"));
-  auto fresh = ReadLastVerification(PosixEnv(), chain, 0, 4096);
+  auto fresh = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096));
   ASSERT_TRUE(fresh.ok() && fresh->has_value());
   EXPECT_TRUE((*fresh)->record.ok);
   EXPECT_FALSE((*fresh)->stale);
   // Another image size (a merge rewrote it) or digest: stale.
-  auto resized = ReadLastVerification(PosixEnv(), chain, 0, 8192);
+  auto resized = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(8192));
   ASSERT_TRUE(resized.ok() && resized->has_value());
   EXPECT_TRUE((*resized)->stale);
   chain.points[0].manifest.image_digest = {3, 4};
-  auto redigested = ReadLastVerification(PosixEnv(), chain, 0, 4096);
+  auto redigested = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096));
   ASSERT_TRUE(redigested.ok() && redigested->has_value());
   EXPECT_TRUE((*redigested)->stale);
+  chain.points[0].manifest.image_digest = {1, 2};
+  // Same size and digest, but the file was modified after the record was
+  // written (bytes overwritten in place): stale.
+  FileStat modified = ImageStat(4096);
+  modified.mtime_ns = PosixEnv().Stat(dir / "0000-20261122T150102Z.verified")->mtime_ns + 1;
+  auto touched = ReadLastVerification(PosixEnv(), chain, 0, modified);
+  ASSERT_TRUE(touched.ok() && touched->has_value());
+  EXPECT_TRUE((*touched)->stale);
   // A damaged record is an error naming the file, not "never verified".
   ASSERT_TRUE(Env::Default().WriteFileAtomic(dir / "0000-20261122T150102Z.verified", std::string("{oops")).ok());
-  auto damaged = ReadLastVerification(PosixEnv(), chain, 0, 4096);
+  auto damaged = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096));
   ASSERT_FALSE(damaged.ok());
   EXPECT_EQ(damaged.error().code(), ErrorCode::kCorruption);
   EXPECT_NE(damaged.error().path().find(".verified"), std::string::npos);
