@@ -124,7 +124,7 @@ class CopyJob {
         states_(destinations.size()),
         digests_({source.size_bytes(), options.cluster_bytes, options.record_zero_digests, options.base_digest}) {
     for (size_t i = 0; i < destinations.size(); ++i) states_[i].destination = destinations[i];
-    if (options.verify) verifier_.emplace(options.verify, source.name());
+    if (options.verify) verifier_.emplace(options.verify, source.name(), options.verify_holder);
     if (options.sha512) sha512_.emplace();
   }
 

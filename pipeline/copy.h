@@ -81,6 +81,9 @@ struct CopyOptions {
   // Expected digest per cluster: a mismatch fails the copy with kCorruption
   // before the chunk reaches any destination.
   DigestLookup verify;
+  // With `verify`: the file a mismatching cluster is named by (a chain's
+  // damaged layer); unset: the source.
+  HolderLookup verify_holder;
   // Image digest: clusters outside the work set (an incremental's parent).
   BaseDigestLookup base_digest;
   // Record zero clusters of the work set in cluster_digests too.

@@ -91,18 +91,17 @@ Result<Target> OpenTarget(Env& env, const RestoreRequest& req, uint64_t size) {
   return t;
 }
 
-// A cluster that does not match its digest is named by the layer file that
-// holds it (the damaged file), not by the top image the copy read through.
-Error NameDamagedLayer(const OpenedPoint& point, const ChainFolder& chain, Error e) {
-  if (e.code() != ErrorCode::kCorruption || !e.offset()) return e;
-  auto map = point.image->Map(*e.offset(), 1);
-  if (!map.ok() || map->empty()) return e;
-  const int depth = map->front().depth;
-  if (depth < 0 || static_cast<size_t>(depth) > point.index) return e;
-  const ChainPoint& layer = chain.points[point.index - static_cast<size_t>(depth)];
-  e.set_path(chain.PathOf(layer.manifest.image));
-  if (depth > 0) e.Wrap("layer " + layer.manifest.id + " (under " + point.point->manifest.id + ")");
-  return e;
+// The layer file of `point`'s chain that holds a guest offset's bytes: a
+// cluster that does not match its digest is named by it (the damaged file),
+// not by the top image the copy reads through.
+HolderLookup LayerHolding(const OpenedPoint& point, const ChainFolder& chain) {
+  return [&point, &chain](uint64_t offset) -> std::string {
+    auto map = point.image->Map(offset, 1);
+    if (!map.ok() || map->empty()) return "";
+    const int depth = map->front().depth;
+    if (depth < 0 || static_cast<size_t>(depth) > point.index) return "";
+    return chain.PathOf(chain.points[point.index - static_cast<size_t>(depth)].manifest.image);
+  };
 }
 
 }  // namespace
@@ -141,9 +140,10 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   copy.compression = req.output_format == "qcow2" ? req.compression : formats::Compression::kNone;
   copy.compression_level = req.compression_level;
   copy.verify = [&point](uint64_t c) { return point.Expected(c); };
+  copy.verify_holder = LayerHolding(point, chain);
   Destination* dests[] = {dest.get()};
   auto copied = RunCopy(*point.image, {{0, m.virtual_size}}, dests, copy);
-  if (!copied.ok()) return NameDamagedLayer(point, chain, Error(copied.error())).Wrap("restore of " + m.id);
+  if (!copied.ok()) return Error(copied.error()).Wrap("restore of " + m.id);
   if (copied->image_digest != m.image_digest) {
     return Error::Corruption("restored image digest " + copied->image_digest.ToHex() +
                              " differs from the manifest's " + m.image_digest.ToHex())
@@ -204,8 +204,10 @@ Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t
   v.copy.chunk_bytes = std::max(v.copy.chunk_bytes / m.cluster_size * m.cluster_size, m.cluster_size);
   v.copy.compression = formats::Compression::kNone;
   v.copy.verify = [&v](uint64_t c) { return v.point.Expected(c); };
+  v.copy.verify_holder = LayerHolding(v.point, chain);
   auto copied = RunCopy(*v.point.image, {{0, m.virtual_size}}, {}, v.copy);
   v.copy.verify = nullptr;
+  v.copy.verify_holder = nullptr;
   if (!copied.ok()) return Error(copied.error()).Wrap("verify of " + m.id);
   if (copied->image_digest != m.image_digest) {
     return Error::Corruption("image digest " + copied->image_digest.ToHex() +
@@ -222,7 +224,7 @@ Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t
 // or missing data), not an interruption or a lack of resources. A record
 // that cannot be written is a warning, not a failed verification.
 void RecordOutcome(Env& env, const ChainFolder& chain, size_t index, const Result<VerifiedPoint>& outcome,
-                   double seconds, std::vector<std::string>& warnings) {
+                   double seconds, int64_t layers_mtime_ns, std::vector<std::string>& warnings) {
   if (!outcome.ok()) {
     const ErrorCode code = outcome.error().code();
     if (code != ErrorCode::kCorruption && code != ErrorCode::kIoError && code != ErrorCode::kNotFound) return;
@@ -239,6 +241,7 @@ void RecordOutcome(Env& env, const ChainFolder& chain, size_t index, const Resul
   auto st = env.Stat(chain.PathOf(m.image));
   r.image_bytes = st.ok() ? st->size_bytes : 0;
   r.image_digest = m.image_digest;
+  r.layers_mtime_ns = layers_mtime_ns;
   Status s = WriteVerificationRecord(env, chain, index, r);
   if (!s.ok()) warnings.push_back("could not record the verification of " + m.id + ": " + s.error().ToString());
 }
@@ -265,13 +268,16 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
   std::vector<bool> structure_checked(chain.points.size(), false);
   for (size_t index : targets) {
     const auto point_start = std::chrono::steady_clock::now();
+    // Taken before the check: a layer modified during it makes the record stale.
+    const int64_t layers_mtime_ns = NewestLayerMtime(env, chain, index);
     auto verified = VerifyPointData(env, chain, index, req.copy, structure_checked);
-    RecordOutcome(env, chain, index, verified, SecondsSince(point_start), result.warnings);
+    RecordOutcome(env, chain, index, verified, SecondsSince(point_start), layers_mtime_ns, result.warnings);
     if (!verified.ok()) return verified.error();
     const formats::BackupManifest& m = verified->point.point->manifest;
     CopyOptions copy = verified->copy;
     const OpenedPoint& point = verified->point;
     copy.verify = [&point](uint64_t c) { return point.Expected(c); };
+    copy.verify_holder = LayerHolding(point, chain);
     result.bytes_read += verified->bytes_read;
     result.clusters_checked += verified->clusters_checked;
     result.verified_ids.push_back(m.id);

@@ -218,10 +218,11 @@ Status Verifier::Check(const Chunk& chunk) const {
     if (chunk.states[i] == ClusterState::kSkip) continue;
     std::optional<formats::Digest128> want = expected_(first + i);
     if (!want || *want == chunk.digests[i]) continue;
+    std::string holder = holder_ ? holder_(chunk.ClusterOffset(i)) : std::string();
     return Error::Corruption("cluster " + std::to_string(first + i) + " at guest offset " +
                              Hex(chunk.ClusterOffset(i)) + " does not match its expected digest (expected " +
                              want->ToHex() + ", got " + chunk.digests[i].ToHex() + ")")
-        .set_path(source_name_)
+        .set_path(holder.empty() ? source_name_ : holder)
         .set_range(chunk.ClusterOffset(i), chunk.ClusterLength(i));
   }
   return OkStatus();

@@ -114,19 +114,25 @@ class ClusterProcessor {
 // Expected digest of a guest cluster, or nullopt when there is none to check.
 using DigestLookup = std::function<std::optional<formats::Digest128>(uint64_t cluster_index)>;
 
+// The file that holds a guest offset's bytes (in a backing chain: the layer
+// the bytes come from), or "" when not known.
+using HolderLookup = std::function<std::string(uint64_t guest_offset)>;
+
 // Compares each cluster's digest (all but kSkip) with the expected one.
-// Thread-safe if the lookup is.
+// Thread-safe if the lookups are.
 class Verifier {
  public:
-  Verifier(DigestLookup expected, std::string source_name)
-      : expected_(std::move(expected)), source_name_(std::move(source_name)) {}
+  Verifier(DigestLookup expected, std::string source_name, HolderLookup holder = nullptr)
+      : expected_(std::move(expected)), source_name_(std::move(source_name)), holder_(std::move(holder)) {}
   // kCorruption naming the guest offset of the first mismatching cluster of
-  // the chunk (with set_range), else ok.
+  // the chunk (with set_range) and the file holding it (the holder lookup's
+  // answer, else the source), else ok.
   Status Check(const Chunk& chunk) const;
 
  private:
   DigestLookup expected_;
   std::string source_name_;
+  HolderLookup holder_;
 };
 
 // SHA-512 of the logical content, fed in guest order (OpenSSL EVP). One

@@ -1,6 +1,9 @@
 // Verification records: <id>.verified beside a point's manifest.
 #include "pipeline/verification_record.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
 
 #include "blockio/env.h"
@@ -36,6 +39,7 @@ Result<std::string> EncodeVerificationRecord(const VerificationRecord& r) {
   j["image"] = r.image;
   j["image_bytes"] = r.image_bytes;
   j["image_digest"] = {{"algorithm", kDigestAlgorithm}, {"value", r.image_digest.ToHex()}};
+  if (r.layers_mtime_ns > 0) j["layers_mtime_ns"] = r.layers_mtime_ns;
   BARGE_ASSIGN_OR_RETURN(std::string text, formats::DumpJson(j, 2, "verification record of " + r.id));
   return text + "\n";
 }
@@ -83,7 +87,25 @@ Result<VerificationRecord> DecodeVerificationRecord(std::string_view text) {
   auto value = formats::Digest128::FromHex((*digest)["value"].get<std::string>());
   if (!value.ok()) return Bad("image_digest: " + value.error().message());
   r.image_digest = *value;
+  if (auto t = j.find("layers_mtime_ns"); t != j.end()) {
+    if (!t->is_number_unsigned()) return Bad("'layers_mtime_ns' is not a whole number");
+    const uint64_t ns = t->get<uint64_t>();
+    if (ns > static_cast<uint64_t>(INT64_MAX)) return Bad("'layers_mtime_ns' is out of range");
+    r.layers_mtime_ns = static_cast<int64_t>(ns);
+  }
   return r;
+}
+
+int64_t NewestLayerMtime(Env& env, const ChainFolder& chain, size_t index) {
+  auto layers = chain.LayersOf(index);
+  if (!layers.ok()) return 0;
+  int64_t newest = 0;
+  for (size_t l : *layers) {
+    auto st = env.Stat(chain.PathOf(chain.points[l].manifest.image));
+    if (!st.ok()) return 0;
+    newest = std::max(newest, st->mtime_ns);
+  }
+  return newest;
 }
 
 Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index, const VerificationRecord& record) {
@@ -103,12 +125,20 @@ Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const Cha
   }
   auto record = DecodeVerificationRecord(*text);
   if (!record.ok()) return Error(record.error()).set_path(path);
-  // The record is written after the check ends: an image modified later
-  // (bytes overwritten in place, same size) holds bytes it never saw.
-  BARGE_ASSIGN_OR_RETURN(FileStat written, env.Stat(path));
+  // Bytes overwritten in place keep the size: a layer modified since the
+  // check (its time differs from the one recorded) holds bytes it never
+  // saw. A record without that time: the image modified after the record
+  // was written.
+  bool modified = false;
+  if (record->layers_mtime_ns > 0) {
+    modified = NewestLayerMtime(env, chain, index) != record->layers_mtime_ns;
+  } else {
+    BARGE_ASSIGN_OR_RETURN(FileStat written, env.Stat(path));
+    modified = image.mtime_ns > written.mtime_ns;
+  }
   LastVerification last;
   last.stale = record->id != m.id || record->image != m.image || record->image_bytes != image.size_bytes ||
-               record->image_digest != m.image_digest || image.mtime_ns > written.mtime_ns;
+               record->image_digest != m.image_digest || modified;
   last.record = std::move(record).value();
   return std::optional<LastVerification>(std::move(last));
 }

@@ -24,7 +24,15 @@ struct VerificationRecord {
   std::string image;               // the image file name at the time
   uint64_t image_bytes = 0;        // its size at the time
   formats::Digest128 image_digest; // the manifest's image digest at the time
+  // The newest modification time among the point's layer images when the
+  // check began (NewestLayerMtime); 0: not recorded (older records).
+  int64_t layers_mtime_ns = 0;
 };
+
+// The newest modification time (ns since the epoch) among the image files
+// of point `index`'s layers; 0 when its layers cannot be followed or a file
+// cannot be stat'ed.
+int64_t NewestLayerMtime(Env& env, const ChainFolder& chain, size_t index);
 
 // "<id>.verified".
 std::string VerificationFileName(std::string_view id);
@@ -43,8 +51,9 @@ Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index,
 struct LastVerification {
   VerificationRecord record;
   // The record is for other bytes than the point has now (its image file
-  // was replaced, e.g. by a merge, the digest differs, or the file was
-  // modified after the record was written): it proves nothing about them.
+  // was replaced, e.g. by a merge, the digest differs, or the file or a
+  // layer under it was modified since the check): it proves nothing about
+  // them.
   bool stale = false;
 };
 
