@@ -10,6 +10,7 @@
 #include "blockio/env.h"
 #include "cli/common.h"
 #include "cli/hook_flags.h"
+#include "formats/json_fields.h"
 #include "formats/qcow2_snapshot.h"
 #include "orchestrate/catalog_path.h"
 #include "orchestrate/snapshot.h"
@@ -422,9 +423,12 @@ void RegisterSnapshotCommands(CLI::App& app, int& exit_code) {
         ->required()
         ->check(CLI::Validator(
             [](std::string& v) -> std::string {
-              // The qcow2 format's rule (at most 255 bytes, no NUL), as a usage error.
+              // The qcow2 format's rule (at most 255 bytes, no NUL), and
+              // UTF-8 (list --json and metrics labels must carry it), as a
+              // usage error.
               auto valid = formats::qcow2::ValidateSnapshotName(v);
-              return valid.ok() ? "" : valid.error().message();
+              if (!valid.ok()) return valid.error().message();
+              return formats::IsUtf8(v) ? "" : "the snapshot name is not valid UTF-8";
             },
             "NAME"));
     cmd->add_option("--uuid", a->uuid,

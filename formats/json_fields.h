@@ -23,6 +23,9 @@ uint64_t JsonUint(const nlohmann::json& j, std::string_view key, uint64_t fallba
 // j[key] when j is an object holding a bool there, else `fallback`.
 bool JsonBool(const nlohmann::json& j, std::string_view key, bool fallback = false);
 
+// Whether `text` is valid UTF-8 (what a JSON document can hold exactly).
+bool IsUtf8(std::string_view text);
+
 // j serialised like nlohmann's dump(indent). Text that is not valid UTF-8
 // is an InvalidArgument naming `what` (a JSON document cannot hold it
 // exactly, and a record that renamed a file would name a different one).

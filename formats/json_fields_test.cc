@@ -26,6 +26,20 @@ TEST(JsonFieldsTest, WrongTypesReadAsTheFallback) {
   }
 }
 
+TEST(JsonFieldsTest, IsUtf8AgreesWithTheJsonEncoder) {
+  for (const std::string& good : {std::string(""), std::string("plain"), std::string("caf\xc3\xa9"),
+                                  std::string("\xe2\x82\xac"), std::string("\xf0\x9f\x98\x80")}) {
+    EXPECT_TRUE(IsUtf8(good)) << good;
+    EXPECT_TRUE(DumpJson(json(good), -1, "x").ok());
+  }
+  for (const std::string& bad : {std::string("\xff"), std::string("a\xc3"), std::string("\xc0\xaf"),
+                                 std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"),
+                                 std::string("\xe2\x82"), std::string("\x80")}) {
+    EXPECT_FALSE(IsUtf8(bad)) << testing::PrintToString(bad);
+    EXPECT_FALSE(DumpJson(json(bad), -1, "x").ok()) << testing::PrintToString(bad);
+  }
+}
+
 TEST(JsonFieldsTest, TextThatIsNotUtf8IsAnErrorOrReplaced) {
   json j = {{"path", std::string("/srv/\xff\xfe.qcow2")}};
   auto dumped = DumpJson(j, 2, "record x");

@@ -10,6 +10,7 @@
 #include "blockio/path.h"
 #include "formats/digest_table.h"
 #include "formats/extents_file.h"
+#include "formats/json_fields.h"
 #include "formats/qcow2_bitmap.h"
 #include "formats/units.h"
 #include "pipeline/chain.h"
@@ -292,14 +293,23 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.dirty_bytes = req.incremental ? TotalBytes(work) : 0;
   m.started_at = started_at;
   m.tool_version = req.tool_version;
-  // A manifest that cannot be written (a source path that is not UTF-8)
-  // fails now, not after the copy.
-  if (auto encoded = formats::EncodeManifest(m); !encoded.ok()) {
+  // A manifest that cannot be written (text that is not UTF-8) fails now,
+  // not after the copy, naming what to change.
+  if (!formats::IsUtf8(m.source)) {
     return Error::InvalidArgument(
-               "the source's path or the disk name is not valid UTF-8, which a manifest (JSON) cannot record; "
-               "link the source under a UTF-8 name or pass --name")
+               "the source's path is not valid UTF-8, which a manifest (JSON) cannot record; "
+               "link the source under a UTF-8 name")
         .set_path(spec.location);
   }
+  if (!formats::IsUtf8(m.disk)) {
+    return Error::InvalidArgument("the chain name is not valid UTF-8, which a manifest (JSON) cannot record; pass --name")
+        .set_path(spec.location);
+  }
+  if (!formats::IsUtf8(req.dirty_extents_file)) {
+    return Error::InvalidArgument("the --dirty-extents path is not valid UTF-8, which a manifest (JSON) cannot record")
+        .set_path(req.dirty_extents_file);
+  }
+  BARGE_RETURN_IF_ERROR(formats::EncodeManifest(m));
 
   // The image.
   auto created_image = StagedFile::Create(env, chain.PathOf(m.image));

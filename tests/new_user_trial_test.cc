@@ -219,6 +219,18 @@ TEST_F(NewUserTrialTest, ASourcePathThatIsNotUtf8IsRefusedBeforeTheCopy) {
   EXPECT_NE(r.stdout_text.find("not valid UTF-8"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("Internal"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir_ / "bk/d") && !fs::is_empty(dir_ / "bk/d")) << "the chain folder holds files";
+  // Each input is named: a chain name, an extents path.
+  CommandResult name = Sh(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") + " --name " +
+                                Q("v\xff" "da")));
+  EXPECT_EQ(name.exit_code, 1) << name.output;
+  EXPECT_NE(name.output.find("the chain name is not valid UTF-8"), std::string::npos) << name.output;
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") + " --name d"));
+  const std::string extents = dir_ / "e\xff.json";
+  WriteText(extents, R"([{"offset":0,"length":65536}])");
+  CommandResult ext = Sh(Barge("backup --source " + Q(disk_) + " --target " + Q(dir_ / "bk") +
+                               " --name d --incremental --dirty-extents " + Q(extents)));
+  EXPECT_EQ(ext.exit_code, 1) << ext.output;
+  EXPECT_NE(ext.output.find("the --dirty-extents path is not valid UTF-8"), std::string::npos) << ext.output;
 }
 
 // `--dirty-extents <(command)` was refused as "not a regular file".

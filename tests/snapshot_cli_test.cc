@@ -190,6 +190,8 @@ TEST_F(SnapshotCliTest, ErrorsNameTheImageAndUsageErrorsExit64) {
   // The qcow2 name rule is checked with the other flags: a usage error.
   json too_long = RunError(Barge("snapshot create --json " + ShellQuote(img_) + " --name " + std::string(300, 'x')), 64);
   EXPECT_NE(too_long["message"].get<std::string>().find("longer than 255 bytes"), std::string::npos) << too_long;
+  json not_utf8 = RunError(Barge("snapshot create --json " + ShellQuote(img_) + " --name " + ShellQuote("s\xffn")), 64);
+  EXPECT_NE(not_utf8["message"].get<std::string>().find("not valid UTF-8"), std::string::npos) << not_utf8;
   // Reading a missing snapshot.
   json missing = RunError(Barge("convert --json --snapshot nope " + ShellQuote(img_) + " " +
                                 ShellQuote(dir_ / "x.raw")), 1);
