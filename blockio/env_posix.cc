@@ -500,6 +500,9 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
     if (lock.error().code() == ErrorCode::kNotFound) {
       return Error::NotFound("cannot write the file: its folder " + ParentOf(path) + " does not exist").set_path(path);
     }
+    if (lock.error().errno_value() == ENOTDIR) {
+      return Error::InvalidArgument("cannot write the file: " + ParentOf(path) + " is not a folder").set_path(path);
+    }
     return named(std::move(lock).error());
   }
   TempRegistration registered(temp);
@@ -515,7 +518,11 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
   if (!s.ok()) return fail(std::move(s).error());
   if (Status r = Rename(temp, path); !r.ok()) {
     Error e = std::move(r).error();
-    if (e.errno_value() != 0) e = Error::FromErrno(e.errno_value(), "replace (rename)", path);
+    if (e.errno_value() == EISDIR) {
+      e = Error::InvalidArgument("cannot replace it with a file: it is a folder").set_path(path);
+    } else if (e.errno_value() != 0) {
+      e = Error::FromErrno(e.errno_value(), "replace (rename)", path);
+    }
     return fail(std::move(e));
   }
   if (!sync) return OkStatus();

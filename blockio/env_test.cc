@@ -93,6 +93,16 @@ TEST(PosixEnvTest, WriteFileAtomicIntoAMissingFolderSaysSo) {
   EXPECT_EQ(s.error().code(), ErrorCode::kNotFound);
   EXPECT_EQ(s.error().path(), f);
   EXPECT_NE(s.error().message().find("does not exist"), std::string::npos) << s.error().ToString();
+  // Under a file, or over a folder: said so.
+  ASSERT_TRUE(env.WriteFileAtomic(dir / "plain", std::string_view("x")).ok());
+  Status under = env.WriteFileAtomic(dir / "plain/metrics.prom", std::string_view("x"));
+  ASSERT_FALSE(under.ok());
+  EXPECT_NE(under.error().message().find("is not a folder"), std::string::npos) << under.error().ToString();
+  ASSERT_TRUE(env.CreateDirs(dir / "sub").ok());
+  Status over = env.WriteFileAtomic(dir / "sub", std::string_view("x"));
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.error().message().find("it is a folder"), std::string::npos) << over.error().ToString();
+  EXPECT_FALSE(env.Exists(dir / ".sub.barge-tmp"));
 }
 
 TEST(PosixEnvTest, WriteFileAtomicReplaces) {
