@@ -149,7 +149,18 @@ int RunList(const std::string& path, Output& out) {
       out.Warning("backup " + p.manifest->id + " cannot be restored: " + p.broken,
                   chain->points[i].manifest_path);
     }
-    auto v = pipeline::ReadLastVerification(Env::Default(), *chain, i, p.image ? *p.image : FileStat{});
+    // The newest layer modification time, from the stats above (0: a layer
+    // is missing or cannot be followed).
+    int64_t newest_layer_mtime_ns = 0;
+    for (size_t l : layers.ok() ? *layers : std::vector<size_t>{}) {
+      const std::optional<FileStat>& layer = l == i ? p.image : points[l].image;
+      if (!layer) {
+        newest_layer_mtime_ns = 0;
+        break;
+      }
+      newest_layer_mtime_ns = std::max(newest_layer_mtime_ns, layer->mtime_ns);
+    }
+    auto v = pipeline::ReadLastVerification(env, *chain, i, p.image ? *p.image : FileStat{}, newest_layer_mtime_ns);
     if (v.ok()) {
       p.verification = *v;
     } else {

@@ -18,6 +18,7 @@
 #include "blockio/path.h"
 #include "orchestrate/file_lock.h"
 #include "orchestrate/sqlite_db.h"
+#include "tests/testing/env_wrappers.h"
 #include "tests/testing/testing.h"
 
 namespace barge::orchestrate {
@@ -242,19 +243,6 @@ TEST_F(ImageCatalogTest, Issue13CleanupRemovalIsDurableBeforeTheRowGoes) {
   EXPECT_FALSE(fs::exists(copy));
 }
 
-// Fails opening one file for reading (EIO); everything else passes.
-class FailOpenOfEnv final : public EnvWrapper {
- public:
-  explicit FailOpenOfEnv(std::string path) : EnvWrapper(PosixEnv()), path_(std::move(path)) {}
-  Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path, const FileOptions& o) override {
-    if (path == path_) return Error::FromErrno(EIO, "open", path);
-    return target().OpenSource(path, o);
-  }
-
- private:
-  std::string path_;
-};
-
 // A VM disk beside a copy that cannot be read may name the copy as its
 // backing file: cleanup stops with that file's error and removes nothing
 // unseen (found by the reliability campaign: an EIO opening the disk let
@@ -275,7 +263,7 @@ TEST_F(ImageCatalogTest, Issue13CleanupKeepsACopyWhoseNeighbourCannotBeRead) {
   // A VM disk on a uses a's copy.
   barge::testing::RunOk("qemu-img create -f qcow2 -b base -F raw " + barge::testing::ShellQuote(a + "/vm.qcow2") +
                         " >/dev/null");
-  FailOpenOfEnv env(a + "/vm.qcow2");
+  testing::FailOpenEnv env(PosixEnv(), a + "/vm.qcow2");
   {
     auto cat = ImageCatalog::Open(env, Db());
     ASSERT_TRUE(cat.ok()) << cat.error().ToString();
@@ -311,7 +299,7 @@ TEST_F(ImageCatalogTest, Issue13SyncWhoseOnlySenderCannotBeReadSaysWhy) {
     auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
     ASSERT_TRUE(added.ok()) << added.error().ToString();
   }
-  FailOpenOfEnv env(pipeline::ReplicaRecordPath(a + "/base"));
+  testing::FailOpenEnv env(PosixEnv(), pipeline::ReplicaRecordPath(a + "/base"));
   auto cat = ImageCatalog::Open(env, Db());
   ASSERT_TRUE(cat.ok()) << cat.error().ToString();
   auto r = (*cat)->Sync("base", {b}, SyncOptions{});

@@ -295,21 +295,22 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.tool_version = req.tool_version;
   // A manifest that cannot be written (text that is not UTF-8) fails now,
   // not after the copy, naming what to change.
-  if (!formats::IsUtf8(m.source)) {
-    return Error::InvalidArgument(
-               "the source's path is not valid UTF-8, which a manifest (JSON) cannot record; "
-               "link the source under a UTF-8 name")
-        .set_path(spec.location);
+  struct UserText {
+    const std::string& text;
+    const char* what;
+    const char* remedy;
+    const std::string& file;
+  };
+  for (const UserText& t : {UserText{m.source, "the source's path", "; link the source under a UTF-8 name", spec.location},
+                            UserText{m.disk, "the chain name", "; pass --name", spec.location},
+                            UserText{req.dirty_extents_file, "the --dirty-extents path", "", req.dirty_extents_file}}) {
+    if (!formats::IsUtf8(t.text)) {
+      return Error::InvalidArgument(std::string(t.what) + " is not valid UTF-8, which a manifest (JSON) cannot record" +
+                                    t.remedy)
+          .set_path(t.file);
+    }
   }
-  if (!formats::IsUtf8(m.disk)) {
-    return Error::InvalidArgument("the chain name is not valid UTF-8, which a manifest (JSON) cannot record; pass --name")
-        .set_path(spec.location);
-  }
-  if (!formats::IsUtf8(req.dirty_extents_file)) {
-    return Error::InvalidArgument("the --dirty-extents path is not valid UTF-8, which a manifest (JSON) cannot record")
-        .set_path(req.dirty_extents_file);
-  }
-  BARGE_RETURN_IF_ERROR(formats::EncodeManifest(m));
+  BARGE_RETURN_IF_ERROR(formats::EncodeManifest(m));  // anything else (a --reason, a checkpoint name)
 
   // The image.
   auto created_image = StagedFile::Create(env, chain.PathOf(m.image));

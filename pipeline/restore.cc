@@ -94,13 +94,13 @@ Result<Target> OpenTarget(Env& env, const RestoreRequest& req, uint64_t size) {
 // The layer file of `point`'s chain that holds a guest offset's bytes: a
 // cluster that does not match its digest is named by it (the damaged file),
 // not by the top image the copy reads through.
-HolderLookup LayerHolding(const OpenedPoint& point, const ChainFolder& chain) {
-  return [&point, &chain](uint64_t offset) -> std::string {
+HolderLookup LayerHolding(const OpenedPoint& point) {
+  return [&point](uint64_t offset) -> std::string {
     auto map = point.image->Map(offset, 1);
-    if (!map.ok() || map->empty()) return "";
-    const int depth = map->front().depth;
-    if (depth < 0 || static_cast<size_t>(depth) > point.index) return "";
-    return chain.PathOf(chain.points[point.index - static_cast<size_t>(depth)].manifest.image);
+    if (!map.ok() || map->empty() || map->front().depth < 0) return "";
+    const formats::Image* layer = point.image.get();
+    for (int depth = map->front().depth; depth > 0 && layer != nullptr; --depth) layer = layer->backing();
+    return layer != nullptr ? layer->info().path : "";
   };
 }
 
@@ -140,7 +140,7 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   copy.compression = req.output_format == "qcow2" ? req.compression : formats::Compression::kNone;
   copy.compression_level = req.compression_level;
   copy.verify = [&point](uint64_t c) { return point.Expected(c); };
-  copy.verify_holder = LayerHolding(point, chain);
+  copy.verify_holder = LayerHolding(point);
   Destination* dests[] = {dest.get()};
   auto copied = RunCopy(*point.image, {{0, m.virtual_size}}, dests, copy);
   if (!copied.ok()) return Error(copied.error()).Wrap("restore of " + m.id);
@@ -204,7 +204,7 @@ Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t
   v.copy.chunk_bytes = std::max(v.copy.chunk_bytes / m.cluster_size * m.cluster_size, m.cluster_size);
   v.copy.compression = formats::Compression::kNone;
   v.copy.verify = [&v](uint64_t c) { return v.point.Expected(c); };
-  v.copy.verify_holder = LayerHolding(v.point, chain);
+  v.copy.verify_holder = LayerHolding(v.point);
   auto copied = RunCopy(*v.point.image, {{0, m.virtual_size}}, {}, v.copy);
   v.copy.verify = nullptr;
   v.copy.verify_holder = nullptr;
@@ -277,7 +277,7 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
     CopyOptions copy = verified->copy;
     const OpenedPoint& point = verified->point;
     copy.verify = [&point](uint64_t c) { return point.Expected(c); };
-    copy.verify_holder = LayerHolding(point, chain);
+    copy.verify_holder = LayerHolding(point);
     result.bytes_read += verified->bytes_read;
     result.clusters_checked += verified->clusters_checked;
     result.verified_ids.push_back(m.id);

@@ -115,7 +115,7 @@ Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index,
 }
 
 Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,
-                                                             const FileStat& image) {
+                                                             const FileStat& image, int64_t newest_layer_mtime_ns) {
   const formats::BackupManifest& m = chain.points[index].manifest;
   const std::string path = chain.PathOf(VerificationFileName(m.id));
   auto text = env.ReadFile(path, kMaxRecordBytes);
@@ -131,7 +131,7 @@ Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const Cha
   // was written.
   bool modified = false;
   if (record->layers_mtime_ns > 0) {
-    modified = NewestLayerMtime(env, chain, index) != record->layers_mtime_ns;
+    modified = newest_layer_mtime_ns != record->layers_mtime_ns;
   } else {
     BARGE_ASSIGN_OR_RETURN(FileStat written, env.Stat(path));
     modified = image.mtime_ns > written.mtime_ns;

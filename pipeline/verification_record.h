@@ -58,10 +58,10 @@ struct LastVerification {
 };
 
 // Point `index`'s record: nullopt when it was never verified; kCorruption
-// naming the file when the record cannot be read as one. `image` is the
-// image file's stat now (size and modification time, for the stale check).
-// May block.
+// naming the file when the record cannot be read as one. For the stale
+// check: `image` is the image file's stat now, `newest_layer_mtime_ns` what
+// NewestLayerMtime would say now (the caller has the stats). May block.
 Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,
-                                                             const FileStat& image);
+                                                             const FileStat& image, int64_t newest_layer_mtime_ns);
 
 }  // namespace barge::pipeline

@@ -89,7 +89,7 @@ TEST(VerificationRecord, WrittenBesideTheManifestAndStaleWhenTheImageChanges) {
   p.manifest.image_digest = {1, 2};
   chain.points.push_back(p);
 
-  auto none = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096));
+  auto none = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096), 0);
   ASSERT_TRUE(none.ok()) << none.error().ToString();
   EXPECT_FALSE(none->has_value());
 
@@ -102,16 +102,16 @@ TEST(VerificationRecord, WrittenBesideTheManifestAndStaleWhenTheImageChanges) {
   r.image_digest = {1, 2};
   ASSERT_TRUE(WriteVerificationRecord(PosixEnv(), chain, 0, r).ok());
   EXPECT_TRUE(std::filesystem::exists(dir / "0000-20261122T150102Z.verified"));
-  auto fresh = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096));
+  auto fresh = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096), 0);
   ASSERT_TRUE(fresh.ok() && fresh->has_value());
   EXPECT_TRUE((*fresh)->record.ok);
   EXPECT_FALSE((*fresh)->stale);
   // Another image size (a merge rewrote it) or digest: stale.
-  auto resized = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(8192));
+  auto resized = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(8192), 0);
   ASSERT_TRUE(resized.ok() && resized->has_value());
   EXPECT_TRUE((*resized)->stale);
   chain.points[0].manifest.image_digest = {3, 4};
-  auto redigested = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096));
+  auto redigested = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096), 0);
   ASSERT_TRUE(redigested.ok() && redigested->has_value());
   EXPECT_TRUE((*redigested)->stale);
   chain.points[0].manifest.image_digest = {1, 2};
@@ -119,12 +119,22 @@ TEST(VerificationRecord, WrittenBesideTheManifestAndStaleWhenTheImageChanges) {
   // written (bytes overwritten in place): stale.
   FileStat modified = ImageStat(4096);
   modified.mtime_ns = PosixEnv().Stat(dir / "0000-20261122T150102Z.verified")->mtime_ns + 1;
-  auto touched = ReadLastVerification(PosixEnv(), chain, 0, modified);
+  auto touched = ReadLastVerification(PosixEnv(), chain, 0, modified, 0);
   ASSERT_TRUE(touched.ok() && touched->has_value());
   EXPECT_TRUE((*touched)->stale);
+  // A record that keeps the layers' newest time: fresh while it is the
+  // same, stale when any layer's time moved (either way).
+  r.layers_mtime_ns = 5000;
+  ASSERT_TRUE(WriteVerificationRecord(PosixEnv(), chain, 0, r).ok());
+  for (int64_t now : {int64_t{5000}, int64_t{5001}, int64_t{4999}}) {
+    auto with_time = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096), now);
+    ASSERT_TRUE(with_time.ok() && with_time->has_value());
+    EXPECT_EQ((*with_time)->record.layers_mtime_ns, 5000);
+    EXPECT_EQ((*with_time)->stale, now != 5000) << now;
+  }
   // A damaged record is an error naming the file, not "never verified".
   ASSERT_TRUE(Env::Default().WriteFileAtomic(dir / "0000-20261122T150102Z.verified", std::string("{oops")).ok());
-  auto damaged = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096));
+  auto damaged = ReadLastVerification(PosixEnv(), chain, 0, ImageStat(4096), 0);
   ASSERT_FALSE(damaged.ok());
   EXPECT_EQ(damaged.error().code(), ErrorCode::kCorruption);
   EXPECT_NE(damaged.error().path().find(".verified"), std::string::npos);

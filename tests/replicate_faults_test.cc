@@ -15,6 +15,7 @@
 #include "blockio/fault_env.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/replicate.h"
+#include "tests/testing/env_wrappers.h"
 #include "tests/testing/testing.h"
 
 namespace barge::pipeline {
@@ -285,18 +286,6 @@ TEST(ReplicateFaultsTest, Issue13RerunAfterPowerLossAtAnyBoundaryNeedsNoForce) {
 // error names the destination, never the hidden temporary (issue 13; found
 // by the reliability campaign at its default size, which fails opens too:
 // replicate and image add named .NAME.barge-tmp).
-class FailOpenOfEnv final : public EnvWrapper {
- public:
-  explicit FailOpenOfEnv(std::string path) : EnvWrapper(PosixEnv()), path_(std::move(path)) {}
-  Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path, const FileOptions& o) override {
-    if (path == path_) return Error::FromErrno(EIO, "open", path);
-    return target().OpenSource(path, o);
-  }
-
- private:
-  std::string path_;
-};
-
 TEST(ReplicateFaultsTest, Issue13VerifyOpenErrorNamesTheCopyNotItsTemporary) {
   TempDir dir;
   std::string src = MakeSource(dir, 2 * kMiB);
@@ -309,7 +298,7 @@ TEST(ReplicateFaultsTest, Issue13VerifyOpenErrorNamesTheCopyNotItsTemporary) {
     for (const auto& d : dests) fs::remove(d), fs::remove(d + ".sha512.json");
     ReplicateOptions o = SmallOptions();
     o.format = fmt;
-    FailOpenOfEnv env(TempPathFor(dests[1]));
+    testing::FailOpenEnv env(PosixEnv(), TempPathFor(dests[1]));
     auto r = RunReplicate(env, *opened->image, dests, o);
     ASSERT_TRUE(r.ok()) << r.error().ToString();
     ExpectFailedAndGone(r->replicas[1]);

@@ -3,10 +3,12 @@
 //   StopEnv: a process killed right after its n-th durability boundary.
 //   FaultFilesEnv: FaultSink/FaultSource (blockio/fault.h) around the
 //   files a job opens, chosen by path.
+//   FailOpenEnv: opening one file for reading fails (EIO).
 // Power loss (dropping what was not synced) is blockio/fault_env.h's job.
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -220,6 +222,19 @@ class FaultFilesEnv final : public EnvWrapper {
  private:
   Configure on_sink_;
   Configure on_source_;
+};
+
+// Opening `path` as a source fails with EIO; everything else passes.
+class FailOpenEnv final : public EnvWrapper {
+ public:
+  FailOpenEnv(Env& target, std::string path) : EnvWrapper(target), path_(std::move(path)) {}
+  Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path, const FileOptions& o) override {
+    if (path == path_) return Error::FromErrno(EIO, "open", path);
+    return target().OpenSource(path, o);
+  }
+
+ private:
+  std::string path_;
 };
 
 }  // namespace barge::testing
