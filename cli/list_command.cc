@@ -382,7 +382,8 @@ void RegisterListCommands(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(app, "list",
                            "List the points of a chain folder: id, type, time, sizes, parent, last verification",
                            exit_code, [path](Output& out) { return RunList(*path, out); });
-    cmd->add_option("chain", *path, "The disk's chain folder (TARGET/<name>/), or one of its manifests or images")
+    cmd->add_option("chain", *path, "The disk's chain folder (TARGET/<name>/), one of its manifests or images, or a "
+                    "target (lists the chain folders below it)")
         ->required();
   }
   {

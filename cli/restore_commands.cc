@@ -196,7 +196,9 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("--at", args->at,
                     "With a chain folder: which point (default latest): a position, an id or an RFC 3339 time, "
                     "as restore --at");
-    cmd->add_flag("--all", args->all, "Verify every point of the chain folder");
+    cmd->add_flag("--all", args->all,
+                  "Verify every point of the chain folder; one that fails does not stop the others (those that "
+                  "read through it are skipped), and each point's outcome is reported");
     cmd->add_option("--against", args->against, "Also compare with this source (file, device, nbd:// URI)");
     cmd->add_option("--against-format", args->against_format, "raw or qcow2")
         ->check(CLI::IsMember({"raw", "qcow2"}));
