@@ -113,7 +113,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   // others (passed, failed, or skipped because a layer it reads failed).
   json points = json::array();
   json verified = json::array();
-  uint64_t clusters_checked = 0;
+  uint64_t clusters_checked = 0, bytes_read = 0;
   size_t passed = 0, failed = 0, skipped = 0;
   for (const auto& o : outcomes) {
     json p = {{"id", o.id}, {"position", o.position}, {"started_at", TimeJson(o.started_at)}};
@@ -123,6 +123,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
         p["result"] = "passed";
         verified.push_back(o.id);
         clusters_checked += o.clusters_checked;
+        bytes_read += o.bytes_read;
         out.text() << "verified " << o.id << " (" << line << ")\n";
         ++passed;
         break;
@@ -148,7 +149,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
               {"verified", verified},
               {"points", points},
               {"clusters_checked", clusters_checked},
-              {"bytes_read", r.ok() ? r->bytes_read : 0},
+              {"bytes_read", bytes_read},
               {"against_source", r.ok() && r->against_checked},
               {"duration_seconds", seconds}});
   if (!r.ok()) {

@@ -321,6 +321,7 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
     result.verified_positions.push_back(index);
     result.verified_started_at.push_back(m.started_at);
 
+    uint64_t against_bytes = 0;
     if (!req.against.location.empty()) {
       BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, req.against));
       std::optional<Error> differs;
@@ -342,19 +343,22 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
         if (e.offset()) differs->set_offset(*e.offset());
         if (e.offset() && e.length()) differs->set_range(*e.offset(), *e.length());
       } else {
-        result.bytes_read += against->bytes_read;
+        against_bytes = against->bytes_read;
+        result.bytes_read += against_bytes;
         result.against_checked = true;
       }
       if (differs) {
         VerifyOutcome o;
         o.source_differs = true;
         o.clusters_checked = verified->clusters_checked;
+        o.bytes_read = verified->bytes_read;
         report(VerifyOutcome::State::kPassed, index, std::move(o));
         return *differs;
       }
     }
     VerifyOutcome passed;
     passed.clusters_checked = verified->clusters_checked;
+    passed.bytes_read = verified->bytes_read + against_bytes;
     report(VerifyOutcome::State::kPassed, index, std::move(passed));
   }
   if (first_failure) return *first_failure;

@@ -64,6 +64,7 @@ struct VerifyOutcome {
   std::string failed_layer;  // kSkipped: id of the earlier point that failed
   bool source_differs = false;  // kPassed: `against` does not match the point
   uint64_t clusters_checked = 0;  // kPassed
+  uint64_t bytes_read = 0;        // kPassed: of the point (and the source it matched)
 };
 
 struct VerifyRequest {

@@ -160,6 +160,8 @@ TEST_F(CliFindingsTest, VerifyAllReportsEveryPoint) {
   EXPECT_EQ(points[2]["failed_layer"], ids[1]);
   EXPECT_EQ(points[3]["result"], "passed");  // the second chain does not read through it
   EXPECT_EQ(result["verified"], nlohmann::json::array({ids[0], ids[3]}));
+  EXPECT_EQ(result["clusters_checked"], 2 * 64);  // two 4 MiB points of 64 KiB clusters
+  EXPECT_GT(result["bytes_read"].get<uint64_t>(), 0u);
   nlohmann::json e = ErrorOf(r.stdout_text);
   EXPECT_EQ(e["exit_code"], 2);
 
