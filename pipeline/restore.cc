@@ -340,8 +340,11 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
                                          " (the backup itself verified; the source changed since or is "
                                          "another disk): " + e.message())
                       .set_path(req.against.location);
-        if (e.offset()) differs->set_offset(*e.offset());
-        if (e.offset() && e.length()) differs->set_range(*e.offset(), *e.length());
+        if (e.offset() && e.length()) {
+          differs->set_range(*e.offset(), *e.length());
+        } else if (e.offset()) {
+          differs->set_offset(*e.offset());
+        }
       } else {
         against_bytes = against->bytes_read;
         result.bytes_read += against_bytes;

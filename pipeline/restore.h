@@ -74,7 +74,8 @@ struct VerifyRequest {
   SourceSpec against;     // location empty: none
   CopyOptions copy;
   // Called (on the caller's thread) as each point's outcome is known, in
-  // position order; may be empty.
+  // position order; may be empty. Without all_points a point that fails
+  // is not reported here: the returned error is its outcome.
   std::function<void(const VerifyOutcome&)> on_point;
 };
 

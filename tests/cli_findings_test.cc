@@ -324,7 +324,7 @@ TEST_F(CliFindingsTest, SigintStopsBenchPromptly) {
   // A disk large enough that generating and measuring it takes far longer
   // than the second the signal waits.
   CommandResult r = Sh("sh -c " + Q("echo $$ > " + Q(pidfile) + "; exec " +
-                                    Barge("bench --size 8G --workdir " + Q(dir_.path().string()))) +
+                                    Barge("bench --size 4G --workdir " + Q(dir_.path().string()))) +
                        " & sleep 2; kill -INT $(cat " + Q(pidfile) + "); wait $!");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(r.exit_code, 130) << r.output;
