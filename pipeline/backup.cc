@@ -53,6 +53,9 @@ Status RemoveOrphans(Env& env, const ChainFolder& chain) {
   return OkStatus();
 }
 
+// dirty.source of extents read from a pipe (docs/formats/backup.md).
+constexpr std::string_view kExtentsFromAPipe = "extents:pipe";
+
 Result<RangeList> DirtySet(Env& env, const BackupRequest& req, OpenedSource& src, std::string& description) {
   uint64_t size = src.image->size_bytes();
   if (req.dirty_ranges) {
@@ -60,7 +63,14 @@ Result<RangeList> DirtySet(Env& env, const BackupRequest& req, OpenedSource& src
     return *req.dirty_ranges;
   }
   if (!req.dirty_extents_file.empty()) {
-    description = "extents:" + req.dirty_extents_file;
+    BARGE_ASSIGN_OR_RETURN(FileStat st, env.Stat(req.dirty_extents_file));
+    if (st.is_directory()) {
+      return Error::InvalidArgument("a folder, not an extents file (JSON)").set_path(req.dirty_extents_file);
+    }
+    // A pipe's name (`--dirty-extents <(cbt-tool ...)`: /dev/fd/63) is
+    // gone when the backup ends: the manifest says a pipe instead.
+    description = st.is_regular() || st.is_block_device() ? "extents:" + req.dirty_extents_file
+                                                          : std::string(kExtentsFromAPipe);
     BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, req.dirty_extents_file, 4ull << 30));
     auto file = formats::DecodeExtentsFile(text);
     if (!file.ok()) {
@@ -139,11 +149,15 @@ std::string DefaultDiskName(const std::string& location) {
 }
 
 Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
-                                     uint32_t cluster_bytes) {
+                                     uint32_t cluster_bytes, const std::atomic<bool>* cancel) {
   uint64_t data = 0;
   constexpr uint64_t kWindow = 1ull << 30;
   for (const Range& r : work) {
     for (uint64_t off = r.offset; off < r.end(); off += kWindow) {
+      // Each window asks the source (an NBD server may take its time).
+      if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+        return Error::Cancelled("backup interrupted while estimating its size").set_path(source.name());
+      }
       uint64_t n = std::min(kWindow, r.end() - off);
       BARGE_ASSIGN_OR_RETURN(ExtentList extents, source.Extents(off, n));
       for (const Extent& e : extents) {
@@ -263,7 +277,7 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
     work = AlignRanges(dirty, cluster, size);
   }
 
-  BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*src.image, work, cluster));
+  BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*src.image, work, cluster, req.copy.cancel));
   BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(env, chain_dir));
   if (needed > free_bytes) {
     return Error::NoSpace("the target needs up to " + formats::HumanBytesExact(needed) + " for this backup, " +
@@ -275,7 +289,9 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.disk = disk;
   m.type = req.incremental ? formats::BackupType::kIncremental : formats::BackupType::kFull;
   m.reason = !req.reason.empty() ? req.reason
-             : req.incremental   ? "changed blocks from " + dirty_description
+             : req.incremental   ? "changed blocks from " + (dirty_description == kExtentsFromAPipe
+                                                                   ? std::string("extents read from a pipe")
+                                                                   : dirty_description)
              : chain.empty()     ? "first backup of the disk"
                                  : "full backup requested";
   m.source = spec.location;

@@ -2,6 +2,7 @@
 // folder (docs/formats/backup.md), on the copy pipeline.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -71,9 +72,10 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& request);
 std::string DefaultDiskName(const std::string& location);
 
 // Bytes a backup of `work` of `image` may need on the target at most
-// (allocated data stored uncompressed, plus metadata).
+// (allocated data stored uncompressed, plus metadata). kCancelled once
+// `cancel` (may be null) is set, polled between 1 GiB extent queries.
 Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
-                                     uint32_t cluster_bytes);
+                                     uint32_t cluster_bytes, const std::atomic<bool>* cancel = nullptr);
 
 // Free bytes for an unprivileged writer on the filesystem holding `dir`.
 Result<uint64_t> FreeBytes(Env& env, const std::string& dir);
