@@ -106,7 +106,7 @@ class ForgetCliTest : public ::testing::Test {
 TEST_F(ForgetCliTest, ChainFolderKeepsWhatTheRulesSayAndWhy) {
   // No rule at all is a usage error (it would remove every point), as are
   // a chain folder and a policy both, or --source without a policy.
-  for (const std::string& args : {"", "--keep-last 0", "--keep-within 0", "--keep-last 1 --policy " + Q(disk_),
+  for (const std::string& args : std::vector<std::string>{"", "--keep-last 0", "--keep-within 0", "--keep-last 1 --policy " + Q(disk_),
                                   "--keep-last 1 --source x", "--keep-within 2x"}) {
     auto r = Forget(args + " --json");
     EXPECT_EQ(r.exit_code, 64) << args << ": " << r.output;
