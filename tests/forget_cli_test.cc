@@ -201,6 +201,35 @@ TEST_F(ForgetCliTest, ChainFolderKeepsWhatTheRulesSayAndWhy) {
   EXPECT_EQ(testing::Run(Barge() + " forget " + Q(dir_ / "nope") + " --keep-last 1").exit_code, 1);
 }
 
+// A merged full says what it is (issue 18): the folded increments' dirty
+// source and bytes are not its own.
+TEST(MergedFullTest, HasNoDirtySourceOfItsOwn) {
+  BARGE_REQUIRE_TOOL("qemu-io");
+  TempDir dir;
+  const std::string disk = dir / "d.raw", extents = dir / "dirty.json";
+  testing::WriteFile(disk, testing::RandomBytes(2 << 20, 9));
+  const std::string backup = Barge() + " backup --source " + Q(disk) + " --target " + Q(dir / "bk") + " --name d";
+  RunOk(backup);
+  RunOk("qemu-io -f raw -c 'write -P 0x5a 1M 64k' " + Q(disk) + " >/dev/null");
+  WriteExtentsFile(extents, {{incremental_testing::Op::kWrite, 1 << 20, 64 << 10}}, 2 << 20);
+  RunOk(backup + " --incremental --dirty-extents " + Q(extents));
+  const std::string chain = dir / "bk/d";
+  const std::vector<std::string> ids = PointIds(chain);
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(ReadJson(chain + "/" + ids[1] + ".json").at("dirty").at("source"), "extents:" + extents);
+  RunOk(Barge() + " merge " + Q(chain) + " --through latest");
+  json m = ReadJson(chain + "/" + ids[1] + ".json");
+  EXPECT_EQ(m.at("type"), "full");
+  EXPECT_EQ(m.at("reason"), "merged " + ids[0] + ".." + ids[1]);
+  EXPECT_EQ(m.at("dirty").at("source"), "");
+  EXPECT_EQ(m.at("dirty").at("bytes"), 0);
+  json list = testing::RunResult(Barge() + " list --json " + Q(chain));
+  EXPECT_EQ(list.at("points")[0].at("dirty_source"), "");
+  EXPECT_EQ(list.at("points")[0].at("dirty_bytes"), 0);
+  RunOk(Barge() + " restore " + Q(chain) + " --to " + Q(dir / "r.raw") + " --no-sync");
+  RunOk("qemu-img compare -q -f raw -F raw " + Q(dir / "r.raw") + " " + Q(disk));
+}
+
 // `runs list` after a forget that merged: the folded points' records say
 // "merged into ID" (JSON: each point's state; text: the record line), and
 // the text shows each record's point ids and states.
@@ -224,7 +253,8 @@ TEST(RunsListCliTest, FoldedPointsSayWhereTheyWent) {
   const std::string chain = dir / "t/fold/vm";
   std::vector<std::string> ids = PointIds(chain);
   ASSERT_EQ(ids.size(), 3u);
-  RunOk(env + Barge() + " forget --policy " + Q(policy) + " --keep-last 1");
+  // The chain folder's forget marks the policy's records in the catalog too.
+  RunOk(env + Barge() + " forget " + Q(chain) + " --keep-last 1");
   EXPECT_EQ(PointIds(chain), std::vector<std::string>{ids[2]});
 
   json runs = testing::RunResult(env + Barge() + " runs list --policy fold --json");
