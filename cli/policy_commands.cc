@@ -526,7 +526,7 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
                            "Remove old points restic-style, of a chain folder or a policy's sources; every kept "
                            "point stays restorable",
                            exit_code, [a](Output& out) { return RunForget(*a, out); });
-    cmd->add_option("chain_dir", a->chain_dir, "Chain folder (or --policy)");
+    cmd->add_option("chain", a->chain_dir, "The disk's chain folder (TARGET/<name>/); or --policy");
     cmd->add_option("--policy", a->policy, "Policy file (YAML): each of its sources' points");
     cmd->add_option("--keep-last", a->keep.keep_last, "Keep the N newest points");
     cmd->add_option("--keep-hourly", a->keep.keep_hourly,
