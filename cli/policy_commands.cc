@@ -279,8 +279,8 @@ struct ForgetArgs {
 };
 
 // What one source's (or the chain folder's) forget did or would do: its
-// JSON object, and its text lines on `t`. `failed` counts a source whose
-// plan could not be made or applied.
+// JSON object, and its text lines on `t` (each kept point with the rules
+// that keep it, each point removed, the actions).
 json ForgetReportJson(const orc::ForgetSourceReport& r, bool dry_run, std::ostream& t) {
   std::map<std::string, orc::SysSeconds> when;
   for (const auto& p : r.points) when[p.key] = p.time;
