@@ -111,7 +111,12 @@ json PointJson(const PointView& p) {
             {"source", m.source},
             {"image_digest", "xxh3-128:" + m.image_digest.ToHex()},
             {"last_verification", VerificationJson(p.verification)}};
-  if (auto d = SecondsBetween(m.started_at, m.finished_at); d && *d >= 0) j["duration_seconds"] = *d;
+  // The manifest's own measure; older manifests only have whole-second times.
+  if (m.duration_seconds) {
+    j["duration_seconds"] = *m.duration_seconds;
+  } else if (auto d = SecondsBetween(m.started_at, m.finished_at); d && *d >= 0) {
+    j["duration_seconds"] = *d;
+  }
   if (!p.broken.empty()) j["broken"] = p.broken;
   return j;
 }

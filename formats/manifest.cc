@@ -40,6 +40,7 @@ Result<std::string> EncodeManifest(const BackupManifest& m) {
   j["dirty"] = {{"source", m.dirty_source}, {"bytes", m.dirty_bytes}};
   j["started_at"] = m.started_at;
   j["finished_at"] = m.finished_at;
+  if (m.duration_seconds) j["duration_seconds"] = *m.duration_seconds;
   j["tool"] = {{"name", "barge"}, {"version", m.tool_version}};
   j["counts"] = {{"bytes_read", m.bytes_read},
                  {"bytes_written", m.bytes_written},
@@ -173,6 +174,10 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
   }
   m.started_at = r.Str(j, "started_at", false);
   m.finished_at = r.Str(j, "finished_at", false);
+  if (auto it = j.find("duration_seconds"); it != j.end()) {
+    if (!it->is_number() || it->get<double>() < 0) r.Fail("duration_seconds must be a number of seconds >= 0");
+    else m.duration_seconds = it->get<double>();
+  }
   if (auto it = j.find("tool"); it != j.end() && it->is_object()) {
     m.tool_version = r.Str(*it, "version", false);
   }

@@ -42,6 +42,10 @@ struct BackupManifest {
   uint64_t dirty_bytes = 0;
   std::string started_at;    // RFC 3339 UTC
   std::string finished_at;
+  // How long the backup took, to the microsecond; nullopt in manifests
+  // written before barge recorded it (started_at/finished_at then tell it
+  // to the second).
+  std::optional<double> duration_seconds;
   std::string tool_version;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;    // size of the image file

@@ -2,6 +2,7 @@
 #include "pipeline/backup.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <set>
@@ -373,6 +374,9 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.compressed_clusters = stats.compressed_clusters;
   m.zero_clusters = stats.zero_clusters;
   m.finished_at = formats::NowRfc3339();
+  // Exact to the microsecond (the times above are whole seconds).
+  m.duration_seconds =
+      std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e6) / 1e6;
 
   // Image, digests, manifest last: a manifest only ever names complete files.
   std::unique_ptr<StagedFile> digests_file, manifest_file;

@@ -418,6 +418,14 @@ def scenario(r):
     listed = result_of(r.run("list", [broken])).get("points", [])
     if [(p.get("chain"), p.get("started_at"), "broken" in p) for p in listed] != [(None, None, True)]:
         r.failures.append(f"list of a chain without its full: not one broken point without times: {listed}")
+    # forget of a chain folder (a copy: catalog rebuild reads backups/).
+    forgot = t("lists/forget")
+    shutil.copytree(chain, forgot)
+    r.run("forget", [forgot, "--keep-last", "1", "--keep-daily", "2", "--dry-run"])
+    r.run("forget", [forgot, "--keep-within", "1h"])  # keeps both: nothing to do
+    r.run("forget", [forgot, "--keep-last", "1"])  # the full is merged into the increment
+    r.run("forget", [forgot], expect=64)  # no keep rule
+    r.run("forget", [t("backups/none"), "--keep-last", "1"], expect=1)
     r.run("restore", [chain, "--to", t("restored.raw")])
     r.run("restore", [chain, "--to", t("restored.raw")], expect=1)  # exists: needs --force
     r.run("merge", [chain, "--through", "latest"])
@@ -565,6 +573,7 @@ def scenario(r):
     r.run("forget", ["--policy", policy, "--keep-last", "1", "--dry-run"])
     r.run("forget", ["--policy", policy, "--keep-last", "1"])
     r.run("forget", ["--policy", missing, "--keep-last", "1"], expect=1)
+    r.run("runs list", ["--policy", policy])  # points removed by forget
     r.serve(["--policy", policy, "--listen", "127.0.0.1:0"])
     r.run("serve", ["--policy", missing, "--listen", "127.0.0.1:0"], expect=1)
 
