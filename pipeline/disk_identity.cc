@@ -73,7 +73,10 @@ Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::Dis
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
     const formats::BackupManifest& m = chain.points[*it].manifest;
     if (!m.disk_identity) continue;
-    if (*m.disk_identity == source) return std::string();
+    const formats::DiskIdentity& d = *m.disk_identity;
+    // Sizes are not compared: the same disk resized is the size check's
+    // case (a full with --allow-resize), not another disk.
+    if (d.kind == source.kind && d.location == source.location && d.target == source.target) return std::string();
     const std::string latest = chain.latest().manifest.id;
     return "the chain's latest backup " + latest + " is of " + m.disk_identity->Describe() +
            (*it == chain.points.size() - 1 ? "" : " (as its layer " + m.id + " records)") + ", this source is " +

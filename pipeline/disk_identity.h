@@ -32,8 +32,10 @@ std::string NbdUriWithoutCredentials(std::string_view uri);
 
 // For an incremental onto the latest point of `chain`: "" when the chain
 // records no disk (written before barge recorded one: usable as before) or
-// records `source`; else a sentence naming both disks (the chain's from
-// the newest layer of its latest point that records one). kCorruption when
+// records `source`'s kind, location and target (a size change is the
+// caller's size check's to report); else a sentence naming both disks
+// (the chain's from the newest layer of its latest point that records
+// one). kCorruption when
 // the latest point's parent links are broken.
 Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::DiskIdentity& source);
 
