@@ -77,15 +77,6 @@ class ChainIdentityTest : public ::testing::Test {
 TEST_F(ChainIdentityTest, IncrementalOfAnotherDiskIsRefusedNamingBoth) {
   RunOk(Backup(a_, ""));
   const std::string chain = target_ + "/disk";
-  const std::string full = Manifests(chain).at(0);
-  const json fm = ReadJson(full);
-  ASSERT_TRUE(fm.contains("disk_identity")) << fm.dump(2);
-  EXPECT_EQ(fm["disk_identity"]["kind"], "file");
-  EXPECT_EQ(fm["disk_identity"]["location"], a_);
-  EXPECT_EQ(fm["disk_identity"]["virtual_size"], 8u << 20);
-  ASSERT_TRUE(fm.contains("chain_id"));
-  EXPECT_EQ(fm["chain_id"].get<std::string>().size(), 32u);
-
   Change(b_, "0x33");
   CommandResult r = Sh(Backup(b_, "--incremental --dirty-bitmap cbt0"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -94,6 +85,14 @@ TEST_F(ChainIdentityTest, IncrementalOfAnotherDiskIsRefusedNamingBoth) {
   EXPECT_NE(r.output.find("file " + b_), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--name"), std::string::npos) << r.output;
   EXPECT_EQ(Manifests(chain).size(), 1u);
+
+  const json fm = ReadJson(Manifests(chain).at(0));
+  ASSERT_TRUE(fm.contains("disk_identity")) << fm.dump(2);
+  EXPECT_EQ(fm["disk_identity"]["kind"], "file");
+  EXPECT_EQ(fm["disk_identity"]["location"], a_);
+  EXPECT_EQ(fm["disk_identity"]["virtual_size"], 8u << 20);
+  ASSERT_TRUE(fm.contains("chain_id"));
+  EXPECT_EQ(fm["chain_id"].get<std::string>().size(), 32u);
 
   // The chain's own disk, named through a symbolic link and a relative
   // path, extends it; the incremental carries the chain's id.
