@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "pipeline/backup.h"
+#include "tests/testing/testing.h"
+
 namespace barge::pipeline {
 namespace {
 
@@ -79,6 +82,53 @@ TEST(DiskIdentityTest, CheckOneDiskNamesTheFirstForeignLayer) {
   // Layers without identity (older barge) are passed over.
   c = Chain({Point("0000-x", {}, {}, ""), Point("0001-x", "0000-x", kA, "c1"), Point("0002-x", "0001-x", kA, "c1")});
   EXPECT_TRUE(CheckOneDisk(c, {0, 1, 2}).ok());
+}
+
+// What vm backup asks of RunBackup: the domain's disk as the identity,
+// whatever the source's location, and changes since the chain's checkpoint.
+TEST(DiskIdentityTest, RunBackupChecksADomainDiskAndItsCheckpoint) {
+  testing::TempDir tmp;
+  const std::string raw = tmp / "disk.raw";
+  testing::WriteFile(raw, testing::RandomBytes(1 << 20, 7));
+  const formats::DiskIdentity vda{"domain", "vm1", "vda", 0};
+  auto request = [&](std::optional<RangeList> dirty, const formats::DiskIdentity& disk, const std::string& since) {
+    BackupRequest req;
+    req.source.location = raw;
+    req.source.format = "raw";
+    req.target_dir = tmp / "t";
+    req.disk_name = "vda";
+    req.incremental = dirty.has_value();
+    req.dirty_ranges = dirty;
+    req.disk_identity = disk;
+    req.since_checkpoint = since;
+    req.checkpoint = since.empty() ? "cp1" : "cp2";
+    req.copy.memory_bytes = 8 << 20;
+    req.copy.threads = 2;
+    return RunBackup(PosixEnv(), req);
+  };
+  auto full = request(std::nullopt, vda, "");
+  ASSERT_TRUE(full.ok()) << full.error().ToString();
+  ASSERT_TRUE(full->manifest.disk_identity.has_value());
+  EXPECT_EQ(full->manifest.disk_identity->location, "vm1");
+  EXPECT_EQ(full->manifest.disk_identity->target, "vda");
+  EXPECT_EQ(full->manifest.disk_identity->virtual_size, 1u << 20);  // the source's size
+
+  const RangeList dirty{{0, 65536}};
+  auto stale = request(dirty, vda, "cp0");
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(stale.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(stale.error().message().find("since checkpoint cp0"), std::string::npos) << stale.error().message();
+  EXPECT_NE(stale.error().message().find("ends at checkpoint cp1"), std::string::npos) << stale.error().message();
+
+  auto other = request(dirty, formats::DiskIdentity{"domain", "vm2", "vda", 0}, "cp1");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.error().message().find("disk vda of domain vm1"), std::string::npos) << other.error().message();
+  EXPECT_NE(other.error().message().find("disk vda of domain vm2"), std::string::npos) << other.error().message();
+
+  auto inc = request(dirty, vda, "cp1");
+  ASSERT_TRUE(inc.ok()) << inc.error().ToString();
+  EXPECT_EQ(inc->manifest.chain_id, full->manifest.chain_id);
+  EXPECT_EQ(inc->manifest.disk_identity, full->manifest.disk_identity);
 }
 
 }  // namespace
