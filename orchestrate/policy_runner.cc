@@ -199,7 +199,7 @@ class Runner {
       // An incremental extends only its own disk's chain: a source that
       // reads another disk now (its location changed, or another policy
       // of this name wrote the chain) starts a new chain, saying why.
-      BARGE_ASSIGN_OR_RETURN(std::optional<formats::DiskIdentity> identity, backend_.DiskIdentity(s));
+      BARGE_ASSIGN_OR_RETURN(std::optional<formats::DiskIdentity> identity, backend_.IdentifyDisk(s));
       if (identity) {
         BARGE_ASSIGN_OR_RETURN(pipeline::ChainFolder folder, pipeline::LoadChainFolder(env_, points.newest_chain_dir));
         BARGE_ASSIGN_OR_RETURN(std::string other, pipeline::OtherDiskReason(folder, *identity));

@@ -66,7 +66,7 @@ class DefaultBackend final : public SourceBackend {
     return Error::Internal("unknown source kind");
   }
 
-  Result<std::optional<formats::DiskIdentity>> DiskIdentity(const PolicySource& s) override {
+  Result<std::optional<formats::DiskIdentity>> IdentifyDisk(const PolicySource& s) override {
     if (s.kind != PolicySourceKind::kImage) return std::optional<formats::DiskIdentity>();
     pipeline::SourceSpec spec;
     spec.location = s.location;
