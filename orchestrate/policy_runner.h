@@ -84,8 +84,7 @@ class SourceBackend {
   // runner's check that an incremental extends that disk's own chain;
   // nullopt = not known here (domains: their chains are per domain disk,
   // and RunVmBackup checks the checkpoint). The default knows none.
-  virtual Result<std::optional<formats::DiskIdentity>> IdentifyDisk(const PolicySource& source) {
-    (void)source;
+  virtual Result<std::optional<formats::DiskIdentity>> IdentifyDisk(const PolicySource& /*source*/) {
     return std::optional<formats::DiskIdentity>();
   }
   // Whether the source's change tracking allows an incremental onto the

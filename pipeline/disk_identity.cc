@@ -5,8 +5,6 @@
 #include <optional>
 #include <random>
 
-#include "blockio/nbd.h"
-
 namespace barge::pipeline {
 
 formats::DiskIdentity IdentityOf(Env& env, const SourceSpec& spec, const OpenedSource& source) {
