@@ -1,5 +1,5 @@
 // The JSON manifest beside each backup image: everything needed to restore
-// and verify it without a database. Field list: docs/formats/manifest.md.
+// and verify it without a database. Field list: docs/formats/backup.md.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,20 @@ struct ManifestParent {
   std::string id;
   std::string image;         // file name in the same chain folder
   Digest128 image_digest;    // the parent's whole-image digest
+};
+
+// The disk a point was read from (docs/formats/backup.md, "Which disk a
+// chain holds"): every point of one chain records the same one.
+struct DiskIdentity {
+  std::string kind;      // "file", "block", "nbd" or "domain"
+  std::string location;  // file/block: canonical path; nbd: the URI without
+                         // credentials; domain: the domain's name
+  std::string target;    // domain: the disk's target ("vda"); else ""
+  uint64_t virtual_size = 0;
+
+  bool operator==(const DiskIdentity&) const = default;
+  // "file /var/lib/a.qcow2 (1 GiB)", "disk vda of domain vm1 (10 GiB)".
+  std::string Describe() const;
 };
 
 struct BackupManifest {
@@ -53,6 +67,10 @@ struct BackupManifest {
   uint64_t compressed_clusters = 0;
   uint64_t zero_clusters = 0;    // stored as zero clusters
   Digest128 image_digest;        // fold of every cluster's digest at this point
+  // Absent in manifests written before barge recorded them: such a point
+  // is of whatever disk the rest of its chain records.
+  std::optional<DiskIdentity> disk_identity;
+  std::string chain_id;          // made at the full, carried by its incrementals
 };
 
 Result<std::string> EncodeManifest(const BackupManifest& manifest);

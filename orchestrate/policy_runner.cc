@@ -12,6 +12,8 @@
 #include "orchestrate/file_lock.h"
 #include "orchestrate/time_text.h"
 #include "pipeline/backup.h"
+#include "pipeline/chain.h"
+#include "pipeline/disk_identity.h"
 #include "pipeline/merge.h"
 
 namespace barge::orchestrate {
@@ -196,6 +198,17 @@ class Runner {
     // Full or incremental.
     std::string blocker;
     if (points.newest_chain) {
+      // An incremental extends only its own disk's chain: a source that
+      // reads another disk now (its location changed, or another policy
+      // of this name wrote the chain) starts a new chain, saying why.
+      BARGE_ASSIGN_OR_RETURN(std::optional<formats::DiskIdentity> identity, backend_.IdentifyDisk(s));
+      if (identity) {
+        BARGE_ASSIGN_OR_RETURN(pipeline::ChainFolder folder, pipeline::LoadChainFolder(env_, points.newest_chain_dir));
+        BARGE_ASSIGN_OR_RETURN(std::string other, pipeline::OtherDiskReason(folder, *identity));
+        if (!other.empty()) blocker = other + ": a new chain starts";
+      }
+    }
+    if (points.newest_chain && blocker.empty()) {
       std::string last_cleared;
       BARGE_ASSIGN_OR_RETURN(auto runs, Locked([&] { return catalog_.ListRuns({policy_.name, s.name, 50}); }));
       for (const auto& run : runs) {

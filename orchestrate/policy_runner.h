@@ -16,6 +16,7 @@
 
 #include "blockio/env.h"
 #include "blockio/error.h"
+#include "formats/manifest.h"
 #include "orchestrate/policy.h"
 #include "orchestrate/policy_catalog.h"
 #include "orchestrate/policy_decisions.h"
@@ -80,6 +81,13 @@ class SourceBackend {
   virtual ~SourceBackend() = default;
   // Bytes the source occupies (the free-space rule's base).
   virtual Result<uint64_t> AllocatedBytes(const PolicySource& source) = 0;
+  // The disk the source reads now (pipeline/disk_identity.h), for the
+  // runner's check that an incremental extends that disk's own chain;
+  // nullopt = not known here (domains: their chains are per domain disk,
+  // and RunVmBackup checks the checkpoint). The default knows none.
+  virtual Result<std::optional<formats::DiskIdentity>> IdentifyDisk(const PolicySource& /*source*/) {
+    return std::optional<formats::DiskIdentity>();
+  }
   // Whether the source's change tracking allows an incremental onto the
   // chain whose newest point is `chain_latest` (an id; "" = no chain);
   // `last_cleared` is the point the policy's last successful run made

@@ -14,6 +14,7 @@
 #include "orchestrate/vm_backup.h"
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
+#include "pipeline/disk_identity.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/merge.h"
 
@@ -64,6 +65,15 @@ class DefaultBackend final : public SourceBackend {
       }
     }
     return Error::Internal("unknown source kind");
+  }
+
+  Result<std::optional<formats::DiskIdentity>> IdentifyDisk(const PolicySource& s) override {
+    if (s.kind != PolicySourceKind::kImage) return std::optional<formats::DiskIdentity>();
+    pipeline::SourceSpec spec;
+    spec.location = s.location;
+    spec.allow_dirs = {Parent(s.location)};  // as Backup opens it
+    BARGE_ASSIGN_OR_RETURN(formats::DiskIdentity id, pipeline::IdentifySource(env_, spec));
+    return std::optional<formats::DiskIdentity>(std::move(id));
   }
 
   Result<std::string> IncrementalBlocker(const PolicySource& s, const std::string& chain_latest,

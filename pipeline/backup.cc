@@ -15,6 +15,7 @@
 #include "formats/qcow2_bitmap.h"
 #include "formats/units.h"
 #include "pipeline/chain.h"
+#include "pipeline/disk_identity.h"
 #include "pipeline/staged_file.h"
 #include "pipeline/verification_record.h"
 
@@ -197,6 +198,8 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   }
   BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, spec));
   const uint64_t size = src.image->size_bytes();
+  formats::DiskIdentity identity = req.disk_identity ? *req.disk_identity : IdentityOf(env, spec, src);
+  identity.virtual_size = size;
 
   std::string disk = req.disk_name.empty() ? DefaultDiskName(spec.location) : req.disk_name;
   BARGE_RETURN_IF_ERROR(CheckDiskName(disk));
@@ -247,6 +250,21 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
           .set_path(chain_dir);
     }
     const formats::BackupManifest& pm = chain.latest().manifest;
+    // Another disk's changes on this chain would restore to neither disk.
+    BARGE_ASSIGN_OR_RETURN(std::string other_disk, OtherDiskReason(chain, identity));
+    if (!other_disk.empty()) {
+      return Error::InvalidArgument(other_disk + ": an incremental only extends its own disk's chain; to start a "
+                                    "new chain, back this disk up under another --name (or, if it replaced the "
+                                    "chain's disk, take a full backup: no --incremental)")
+          .set_path(chain_dir);
+    }
+    if (!req.since_checkpoint.empty() && pm.checkpoint != req.since_checkpoint) {
+      return Error::InvalidArgument("the changes read are since checkpoint " + req.since_checkpoint +
+                                    ", the chain's latest backup " + pm.id + " ends at " +
+                                    (pm.checkpoint.empty() ? "no checkpoint" : "checkpoint " + pm.checkpoint) +
+                                    ": take a full backup")
+          .set_path(chain_dir);
+    }
     if (pm.virtual_size != size) {
       return Error::InvalidArgument("the disk's size changed from " + formats::HumanBytesExact(pm.virtual_size) +
                                     " to " + formats::HumanBytesExact(size) + " since backup " + pm.id +
@@ -260,6 +278,8 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
     }
     parent_digests = std::move(digests).value();
     m.parent = formats::ManifestParent{pm.id, pm.image, pm.image_digest};
+    // A chain written before chain ids gets one from its first incremental.
+    m.chain_id = pm.chain_id.empty() ? NewChainId() : pm.chain_id;
   } else if (!chain.empty() && chain.latest().manifest.virtual_size != size && !req.allow_resize) {
     // Most likely another disk backed up under this chain's name.
     const formats::BackupManifest& pm = chain.latest().manifest;
@@ -307,6 +327,8 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.digest_table = m.id + ".digests";
   m.checkpoint = req.checkpoint;
   m.dirty_source = dirty_description;
+  m.disk_identity = identity;
+  if (m.chain_id.empty()) m.chain_id = NewChainId();  // a full starts a chain
   m.dirty_bytes = req.incremental ? TotalBytes(work) : 0;
   m.started_at = started_at;
   m.tool_version = req.tool_version;
