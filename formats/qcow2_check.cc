@@ -84,6 +84,7 @@ class Checker {
   };
   Status CheckL1(uint64_t l1_offset, uint32_t l1_size, const Uses& uses);
   Status CheckL2(uint64_t l2_offset, const Uses& uses);
+  Status CheckSnapshotExtraData(uint64_t table_bytes);
   Status ReadRefcounts();
   void CountRefcountBlocks();
   Status CheckBitmaps();
@@ -195,6 +196,22 @@ Status Checker::CheckL1(uint64_t l1_offset, uint32_t l1_size, const Uses& uses) 
     l2_uses.times += uses.times;
     l2_uses.active += uses.active;
     if (uses.active) copied_.push_back({at, entry, l2, true});
+  }
+  return OkStatus();
+}
+
+// qemu: every snapshot table entry of a version 3 image carries at least
+// 16 bytes of extra data (the 64-bit VM state size and the disk size). The
+// table was validated by ReadSnapshotTable.
+Status Checker::CheckSnapshotExtraData(uint64_t table_bytes) {
+  if (h_.version < 3) return OkStatus();
+  std::vector<std::byte> table(table_bytes);
+  BARGE_RETURN_IF_ERROR(Read(h_.snapshots_offset, table));
+  uint64_t pos = 0;
+  for (uint32_t i = 0; i < h_.nb_snapshots && pos + 40 <= table.size(); ++i) {
+    const uint32_t extra = LoadBe32(table.data() + pos + 36);
+    if (extra < 16) Corrupt("snapshot table entry " + std::to_string(i) + " is incomplete (" + std::to_string(extra) + " bytes of extra data)");
+    pos += (40 + uint64_t{extra} + LoadBe16(table.data() + pos + 12) + LoadBe16(table.data() + pos + 14) + 7) & ~uint64_t{7};
   }
   return OkStatus();
 }
@@ -355,6 +372,7 @@ Result<CheckReport> Checker::Run() {
     Corrupt(snapshots.error().message());
   } else if (h_.nb_snapshots > 0) {
     if (h_.has_data_file()) Corrupt(std::to_string(h_.nb_snapshots) + " snapshots in an image with a data file");
+    BARGE_RETURN_IF_ERROR(CheckSnapshotExtraData(snapshots->table_bytes));
     for (const SnapshotInfo& s : snapshots->snapshots) ++l1_tables_[{s.l1_table_offset, s.l1_size}].times;
   }
   for (const auto& [table, uses] : l1_tables_) {
