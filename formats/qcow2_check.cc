@@ -129,7 +129,9 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
     const uint64_t entry = LoadBe64(table.data() + i * entry_bytes);
     const uint64_t bitmap = ext ? LoadBe64(table.data() + i * entry_bytes + 8) : 0;
     if (entry & kOflagCompressed) {
-      if (entry & kOflagCopied) Corrupt("compressed cluster with the COPIED flag: l2_entry=" + Hex(entry) + " at " + Hex(at));
+      if (entry & kOflagCopied) {
+        Corrupt("compressed cluster with the COPIED flag: l2_entry=" + Hex(entry) + " at " + Hex(at));
+      }
       if (data_file) {
         Corrupt("compressed cluster in an image with a data file: l2_entry=" + Hex(entry) + " at " + Hex(at));
         continue;
@@ -210,8 +212,12 @@ Status Checker::CheckSnapshotExtraData(uint64_t table_bytes) {
   uint64_t pos = 0;
   for (uint32_t i = 0; i < h_.nb_snapshots && pos + 40 <= table.size(); ++i) {
     const uint32_t extra = LoadBe32(table.data() + pos + 36);
-    if (extra < 16) Corrupt("snapshot table entry " + std::to_string(i) + " is incomplete (" + std::to_string(extra) + " bytes of extra data)");
-    pos += (40 + uint64_t{extra} + LoadBe16(table.data() + pos + 12) + LoadBe16(table.data() + pos + 14) + 7) & ~uint64_t{7};
+    if (extra < 16) {
+      Corrupt("snapshot table entry " + std::to_string(i) + " is incomplete (" + std::to_string(extra) +
+              " bytes of extra data)");
+    }
+    const uint64_t names = LoadBe16(table.data() + pos + 12) + LoadBe16(table.data() + pos + 14);
+    pos += (40 + uint64_t{extra} + names + 7) & ~uint64_t{7};
   }
   return OkStatus();
 }
@@ -299,7 +305,8 @@ Status Checker::CheckBitmaps() {
       const uint64_t entry = LoadBe64(table.data() + 8 * i);
       const uint64_t data = entry & kBitmapTableOffsetMask;
       if (entry & kBitmapTableReservedMask) {
-        Corrupt("bitmap '" + e.info.name + "' table entry " + std::to_string(i) + " has reserved bits set: " + Hex(entry));
+        Corrupt("bitmap '" + e.info.name + "' table entry " + std::to_string(i) +
+                " has reserved bits set: " + Hex(entry));
         continue;
       }
       if (data == 0) continue;

@@ -248,7 +248,8 @@ TEST(Qcow2CheckOracleTest, MutatedImagesAgreeWithQemuImg) {
       const std::string cd = "cd " + ShellQuote(dir.path().string()) + " && ";
       detail = names[i] + " (" + origin[i] + "): qemu-img exit " + std::to_string(v.qemu) + ", barge exit " +
                std::to_string(v.barge) + "\n--- qemu-img check:\n" + testing::Run(cd + QemuCheck(names[i])).output +
-               "--- barge check:\n" + testing::Run(cd + ShellQuote(testing::BargeBinary()) + " check " + names[i]).output;
+               "--- barge check:\n" +
+               testing::Run(cd + ShellQuote(testing::BargeBinary()) + " check " + names[i]).output;
       if (const char* keep = std::getenv("BARGE_CHECK_DIFF_KEEP")) {
         std::error_code ec;
         fs::create_directories(keep, ec);
@@ -264,7 +265,8 @@ TEST(Qcow2CheckOracleTest, MutatedImagesAgreeWithQemuImg) {
     }
   }
   std::ostringstream summary;
-  summary << count << " images (" << cli_runs << " also through the CLI) in " << seconds << " s: " << agree << " agree, " << stricter
+  summary << count << " images (" << cli_runs << " also through the CLI) in " << seconds << " s: " << agree
+          << " agree, " << stricter
           << " where barge is stricter, " << missed << " missed, " << no_verdict
           << " that qemu-img could not check\n  (qemu exit, barge exit): count";
   for (const auto& [k, n] : table) summary << "\n  (" << k.first << ", " << k.second << "): " << n;
