@@ -8,7 +8,8 @@
 // deliberate differences; every other field must agree.
 #include <gtest/gtest.h>
 
-#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <ctime>
 #include <filesystem>
@@ -43,11 +44,11 @@ W raw raw.img -c 'write -P 0x11 64k 4k' -c 'write -P 0x12 1M 192k' -c 'write -z 
 qemu-img create -q -f qcow2 c64k.qcow2 4M
 W qcow2 c64k.qcow2 -c 'write -P 1 0 128k' -c 'write -P 2 256k 192k' -c 'write -z 64k 64k' \
   -c 'write -z 512k 64k' -c 'discard 320k 64k' -c 'write -c -P 3 1M 64k' -c 'write -c -P 4 1088k 64k' \
-  -c 'write -P 5 2M 4k'
+  -c 'write -P 5 2M 64k'
 qemu-img create -q -f qcow2 -o cluster_size=512 c512.qcow2 1M
 W qcow2 c512.qcow2 -c 'write -P 1 0 1536' -c 'write -z 512 512' -c 'write -P 2 100k 3k' -c 'write -c -P 7 200k 512'
 qemu-img create -q -f qcow2 -o cluster_size=2M c2m.qcow2 8M
-W qcow2 c2m.qcow2 -c 'write -P 1 0 64k' -c 'write -P 2 4M 1M' -c 'write -z 6M 2M'
+W qcow2 c2m.qcow2 -c 'write -P 1 0 2M' -c 'write -P 2 4M 2M' -c 'write -z 6M 2M'
 # zlib and zstd clusters, as qemu-img convert -c writes them.
 qemu-img convert -f raw -O qcow2 -c raw.img zlib.qcow2
 qemu-img convert -f raw -O qcow2 -c -o compression_type=zstd raw.img zstd.qcow2
@@ -77,7 +78,7 @@ qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 top.qcow2 6M
 W qcow2 top.qcow2 -c 'write -P 4 64k 64k' -c 'write -P 5 5M 64k'
 # Over a raw backing file with holes.
 qemu-img create -q -f qcow2 -b raw.img -F raw overraw.qcow2 6M
-W qcow2 overraw.qcow2 -c 'write -P 6 1M 64k' -c 'write -P 7 5M 4k'
+W qcow2 overraw.qcow2 -c 'write -P 6 1M 64k' -c 'write -P 7 5M 64k'
 # Extended L2 over a backing file: unallocated subclusters read from it.
 qemu-img create -q -f qcow2 -o cluster_size=64k,extended_l2=on -b base.qcow2 -F qcow2 extov.qcow2 4M
 W qcow2 extov.qcow2 -c 'write -P 8 4k 4k' -c 'write -z 2M 4k'
@@ -90,6 +91,11 @@ qemu-img create -q -f qcow2 -o refcount_bits=1 r1.qcow2 4M
 W qcow2 r1.qcow2 -c 'write -P 1 0 64k'
 qemu-img create -q -f qcow2 -o refcount_bits=64,lazy_refcounts=on r64.qcow2 4M
 W qcow2 r64.qcow2 -c 'write -P 1 0 64k'
+# Data is written in whole clusters (except with extended L2, where qemu
+# writes subclusters without copy-on-write): a partial write into a fresh
+# cluster leaves a hole in the host file, the image then looks
+# metadata-preallocated to qemu, and qemu-img map's answer depends on the
+# filesystem's writeback state (docs/formats/qcow2.md, section 8).
 )";
 
 const std::vector<CorpusImage>& Corpus() {
@@ -198,12 +204,22 @@ TEST_F(QemuImgParityTest, InfoMatchesQemuImgFieldByField) {
     const json& d = q["format-specific"]["data"];
     EXPECT_EQ(Compat(b), d["compat"]);
     EXPECT_EQ(b["refcount_bits"], d["refcount-bits"]);
-    EXPECT_EQ(b["corrupt"], d["corrupt"]);
-    if (d.contains("compression-type")) EXPECT_EQ(b["compression_type"], d["compression-type"]);
-    if (d.contains("lazy-refcounts")) EXPECT_EQ(b["lazy_refcounts"], d["lazy-refcounts"]);
-    if (d.contains("extended-l2")) EXPECT_EQ(b["extended_l2"], d["extended-l2"]);
+    if (d.contains("corrupt")) {
+      EXPECT_EQ(b["corrupt"], d["corrupt"]);
+    }
+    if (d.contains("compression-type")) {
+      EXPECT_EQ(b["compression_type"], d["compression-type"]);
+    }
+    if (d.contains("lazy-refcounts")) {
+      EXPECT_EQ(b["lazy_refcounts"], d["lazy-refcounts"]);
+    }
+    if (d.contains("extended-l2")) {
+      EXPECT_EQ(b["extended_l2"], d["extended-l2"]);
+    }
     EXPECT_EQ(b.value("data_file", ""), d.value("data-file", ""));
-    if (d.contains("data-file-raw")) EXPECT_EQ(b["data_file_raw"], d["data-file-raw"]);
+    if (d.contains("data-file-raw")) {
+      EXPECT_EQ(b["data_file_raw"], d["data-file-raw"]);
+    }
     EXPECT_EQ(b.value("backing_file", ""), q.value("backing-filename", ""));
     EXPECT_EQ(b.value("backing_format", ""), q.value("backing-filename-format", ""));
     json qb = d.value("bitmaps", json::array());
@@ -254,7 +270,9 @@ TEST_F(QemuImgParityTest, InfoTextHasQemuImgLines) {
                   trimmed.starts_with("compression type:") || trimmed.starts_with("cluster_size:");
       if (trimmed == "Snapshot list:") in_snapshots = true;
       if (trimmed.starts_with("Format specific")) in_snapshots = false;
-      if (want || in_snapshots) EXPECT_NE(b.find(trimmed), std::string::npos) << "missing: " << trimmed << "\n" << b;
+      if (want || in_snapshots) {
+        EXPECT_NE(b.find(trimmed), std::string::npos) << "missing: " << trimmed << "\n" << b;
+      }
     }
   }
 }
@@ -300,9 +318,12 @@ TEST_F(QemuImgParityTest, CompareMatchesQemuImg) {
 // A backing file without a recorded format: info shows the image and what
 // is missing; reading data through it stays refused.
 TEST_F(QemuImgParityTest, InfoShowsAnImageWhoseBackingFormatIsMissing) {
-  // qemu-img rebase -u without -F drops the backing-format extension.
+  // qemu-img 7.2 writes the backing-format extension first (at byte 112);
+  // an unknown type there leaves the format unrecorded, as in images made
+  // before qemu 6.1 required -F.
   RunOk(InDir("qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 nofmt.qcow2 4M && "
-              "qemu-img rebase -u -f qcow2 -b base.qcow2 nofmt.qcow2"));
+              "test \"$(od -An -tx1 -j112 -N4 nofmt.qcow2)\" = ' e2 79 2a ca' && "
+              "printf '\\013\\255\\360\\015' | dd of=nofmt.qcow2 bs=1 seek=112 conv=notrunc status=none"));
   json q = QemuJson("info --output=json -f qcow2 nofmt.qcow2");
   ASSERT_FALSE(q.contains("backing-filename-format")) << q.dump();
   CommandResult r = ::barge::testing::Run(Barge("info --json -f qcow2 nofmt.qcow2"));
@@ -321,8 +342,29 @@ TEST_F(QemuImgParityTest, InfoShowsAnImageWhoseBackingFormatIsMissing) {
   fs::remove(P("nofmt.qcow2"));
 }
 
-// convert's output is no larger than qemu-img convert's on the same input
-// (raw: allocated bytes; qcow2: file length), and reads the same.
+// The bytes of a file's data extents (SEEK_DATA/SEEK_HOLE): the space its
+// contents take, without the filesystem's own extent-tree blocks (which
+// st_blocks also counts and which depend on write order).
+uint64_t DataBytes(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  EXPECT_GE(fd, 0) << path;
+  if (fd < 0) return 0;
+  uint64_t total = 0;
+  off_t pos = 0;
+  while (true) {
+    off_t data = ::lseek(fd, pos, SEEK_DATA);
+    if (data < 0) break;
+    off_t hole = ::lseek(fd, data, SEEK_HOLE);
+    total += static_cast<uint64_t>(hole - data);
+    pos = hole;
+  }
+  ::close(fd);
+  return total;
+}
+
+// convert's output takes no more space than qemu-img convert's on the same
+// input (the bytes of its data extents; raw outputs also have the same
+// length), and reads the same.
 TEST_F(QemuImgParityTest, ConvertIsAsSparseAsQemuImg) {
   struct Out {
     std::string args_q, args_b;
@@ -338,14 +380,9 @@ TEST_F(QemuImgParityTest, ConvertIsAsSparseAsQemuImg) {
       RunOk(Barge("convert --no-sync -f " + img.format + " " + o.args_b + " " + img.name + " b.out"));
       RunOk(InDir("qemu-img compare -f " + std::string(o.qcow2 ? "qcow2" : "raw") + " -F " +
                   (o.qcow2 ? "qcow2" : "raw") + " q.out b.out"));
-      struct stat qs {}, bs {};
-      ASSERT_EQ(::stat(P("q.out").c_str(), &qs), 0);
-      ASSERT_EQ(::stat(P("b.out").c_str(), &bs), 0);
-      if (o.qcow2) {
-        EXPECT_LE(bs.st_size, qs.st_size);
-      } else {
-        EXPECT_EQ(bs.st_size, qs.st_size);
-        EXPECT_LE(bs.st_blocks, qs.st_blocks);
+      EXPECT_LE(DataBytes(P("b.out")), DataBytes(P("q.out")));
+      if (!o.qcow2) {
+        EXPECT_EQ(fs::file_size(P("b.out")), fs::file_size(P("q.out")));
       }
       fs::remove(P("q.out"));
       fs::remove(P("b.out"));
