@@ -235,7 +235,7 @@ TEST_F(QemuImgParityTest, InfoMatchesQemuImgFieldByField) {
     json qs = q.value("snapshots", json::array());
     ASSERT_EQ(b["snapshots"].size(), qs.size());
     for (size_t i = 0; i < qs.size(); ++i) {
-      const json& bs = b["snapshots"][i];
+      json bs = b["snapshots"][i];
       EXPECT_EQ(bs["id"], qs[i]["id"]);
       EXPECT_EQ(bs["name"], qs[i]["name"]);
       EXPECT_EQ(bs["vm_state_size"], qs[i]["vm-state-size"]);
