@@ -1,7 +1,6 @@
 // barge info / map / compare: look at images the way qemu-img does.
 #include <algorithm>
 #include <cstring>
-#include <ctime>
 #include <optional>
 #include <iostream>
 #include <vector>
@@ -87,21 +86,13 @@ json LayerJson(const formats::ImageInfo& info) {
   return j;
 }
 
-// One row of qemu-img's snapshot table (block/snapshot.c,
-// bdrv_snapshot_dump): local time, VM clock as HH:MM:SS.mmm, icount.
-std::string SnapshotRow(const formats::SnapshotInfo& s) {
-  char date[32] = "";
-  std::time_t t = static_cast<std::time_t>(s.date_sec);
-  std::tm tm{};
-  if (localtime_r(&t, &tm) != nullptr) std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S", &tm);
-  const uint64_t secs = s.vm_clock_nsec / 1000000000;
-  char clock[48];
-  std::snprintf(clock, sizeof clock, "%02llu:%02llu:%02llu.%03llu", static_cast<unsigned long long>(secs / 3600),
+// The guest clock as qemu-img's snapshot table prints it (block/snapshot.c,
+// bdrv_snapshot_dump): HH:MM:SS.mmm.
+std::string VmClock(uint64_t nsec) {
+  const uint64_t secs = nsec / 1000000000;
+  return Format("%02llu:%02llu:%02llu.%03llu", static_cast<unsigned long long>(secs / 3600),
                 static_cast<unsigned long long>((secs / 60) % 60), static_cast<unsigned long long>(secs % 60),
-                static_cast<unsigned long long>((s.vm_clock_nsec / 1000000) % 1000));
-  std::string icount = s.icount == UINT64_MAX ? "" : std::to_string(s.icount);
-  return Format("%-9s %-16s %8s%20s%13s%11s", s.id.c_str(), s.name.c_str(), HumanBytes(s.vm_state_size).c_str(),
-                date, clock, icount.c_str());
+                static_cast<unsigned long long>((nsec / 1000000) % 1000));
 }
 
 void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
@@ -140,9 +131,14 @@ void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
     }
   }
   if (!info.snapshots.empty()) {
-    t << "Snapshot list:\n"
-      << Format("%-10s%-17s%8s%20s%13s%11s", "ID", "TAG", "VM SIZE", "DATE", "VM CLOCK", "ICOUNT") << "\n";
-    for (const auto& s : info.snapshots) t << SnapshotRow(s) << "\n";
+    // qemu-img's columns; the date in RFC 3339 UTC (qemu prints local time).
+    t << "snapshots:\n";
+    for (const auto& s : info.snapshots) {
+      t << "  " << s.id << "  " << s.name << "  vm state " << HumanBytes(s.vm_state_size) << "  date "
+        << formats::FormatRfc3339({static_cast<int64_t>(s.date_sec), 0}) << "  vm clock " << VmClock(s.vm_clock_nsec);
+      if (s.icount != UINT64_MAX) t << "  icount " << s.icount;
+      t << "\n";
+    }
   }
 }
 
@@ -276,9 +272,10 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
     out.text() << line << file << "\n";
   }
   out.text() << "\nOffset, Length: guest bytes, in hex. Kind: data = stored, data/z = stored compressed,\n"
-                "zero = reads as zeros (a zero cluster, or a hole of a raw file), hole = allocated in no\n"
-                "layer (reads as zeros). Depth: the layer that answers, 0 = the image itself, 1 = its\n"
-                "backing file, and so on; File: that layer's file.\n";
+                "zero = reads as zeros (a zero cluster, or a hole of a raw file),\n"
+                "hole = allocated in no layer (reads as zeros).\n"
+                "Depth: the layer that answers, 0 = the image itself, 1 = its backing file, and so on;\n"
+                "File: that layer's file.\n";
   return kExitOk;
 }
 

@@ -252,8 +252,8 @@ TEST_F(QemuImgParityTest, InfoMatchesQemuImgFieldByField) {
 }
 
 // The text lines qemu-img info prints for what barge also shows: the same
-// words, the same values (sizes as qemu's "336 KiB"), the snapshot table
-// with VM CLOCK and ICOUNT.
+// words, the same values (sizes as qemu's "336 KiB"); each snapshot's VM
+// CLOCK and ICOUNT (barge's date is RFC 3339 UTC, qemu's local time).
 TEST_F(QemuImgParityTest, InfoTextHasQemuImgLines) {
   for (const char* name : {"snap.qcow2", "r64.qcow2", "raw.img", "c64k.qcow2"}) {
     SCOPED_TRACE(name);
@@ -268,11 +268,24 @@ TEST_F(QemuImgParityTest, InfoTextHasQemuImgLines) {
       bool want = trimmed.starts_with("disk size:") || trimmed.starts_with("virtual size:") ||
                   trimmed.starts_with("lazy refcounts:") || trimmed.starts_with("refcount bits:") ||
                   trimmed.starts_with("compression type:") || trimmed.starts_with("cluster_size:");
-      if (trimmed == "Snapshot list:") in_snapshots = true;
-      if (trimmed.starts_with("Format specific")) in_snapshots = false;
-      if (want || in_snapshots) {
+      if (want) {
         EXPECT_NE(b.find(trimmed), std::string::npos) << "missing: " << trimmed << "\n" << b;
       }
+      if (trimmed.starts_with("Format specific")) in_snapshots = false;
+      if (in_snapshots && !trimmed.starts_with("ID ")) {
+        // ID TAG SIZE UNIT DATE TIME CLOCK [ICOUNT]
+        std::istringstream row(trimmed);
+        std::vector<std::string> f;
+        for (std::string w; row >> w;) f.push_back(w);
+        ASSERT_GE(f.size(), 7u) << trimmed;
+        std::string want_line = "  " + f[0] + "  " + f[1] + "  vm state " + f[2] + " " + f[3];
+        std::string tail = "  vm clock " + f[6] + (f.size() > 7 ? "  icount " + f[7] : "") + "\n";
+        auto at = b.find(want_line);
+        ASSERT_NE(at, std::string::npos) << want_line << "\n" << b;
+        std::string barge_line = b.substr(at, b.find('\n', at) + 1 - at);
+        EXPECT_TRUE(barge_line.ends_with(tail)) << barge_line << " vs " << trimmed;
+      }
+      if (trimmed == "Snapshot list:") in_snapshots = true;
     }
   }
 }
