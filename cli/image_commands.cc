@@ -446,9 +446,10 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     cmd->footer(
         "As qemu-img info, with these differences (docs/formats/qcow2.md, section 8): every layer of the\n"
         "backing chain is shown (as --backing-chain); \"disk size\" (JSON actual_size) is the space the file\n"
-        "takes and \"file length\" (file_size) its apparent size; JSON names are snake_case. A backing file\n"
-        "with no recorded format is shown but not opened (barge never probes a format): the output says\n"
-        "how to record it (qemu-img rebase -u -F FORMAT -b NAME IMAGE).");
+        "takes and \"file length\" (file_size) its apparent size; snapshot dates are RFC 3339 UTC (qemu\n"
+        "prints local time); JSON names are snake_case. A backing file with no recorded format is shown\n"
+        "but not opened (barge never probes a format): the output says how to record it\n"
+        "(qemu-img rebase -u -F FORMAT -b NAME IMAGE).");
   }
   {
     struct MapArgs {
