@@ -48,12 +48,18 @@ class Checker {
     if (length == 0) return;
     uint64_t first = offset >> h_.cluster_bits;
     uint64_t last = (offset + (length - 1)) >> h_.cluster_bits;
-    if (offset + (length - 1) < offset) last = UINT64_MAX >> h_.cluster_bits;
-    if (last >= refs_.size()) {
+    // As qemu-img check: a region that ends a cluster or more past the end
+    // of the file is an error and counts nothing; one that ends less than a
+    // cluster past it counts (its last cluster then has no refcount).
+    const uint64_t end = offset + (length - 1) < offset ? UINT64_MAX : offset + length;
+    if (end > file_.size_bytes() && end - file_.size_bytes() >= cs_) {
       Corrupt(std::string("counting reference for region exceeding the end of the file by one "
                           "cluster or more: ") + what + " at " + Hex(offset));
-      last = refs_.empty() ? 0 : refs_.size() - 1;
-      if (first > last) return;
+      return;
+    }
+    if (last >= refs_.size()) {
+      refs_.resize(last + 1, 0);
+      stored_.resize(last + 1, 0);
     }
     for (uint64_t c = first; c <= last; ++c) refs_[c] = uint32_t(std::min<uint64_t>(refs_[c] + times, UINT32_MAX));
   }
@@ -118,11 +124,15 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
       const uint64_t bitmap = LoadBe64(table.data() + i * entry_bytes + 8);
       if (uint32_t(bitmap) & uint32_t(bitmap >> 32)) Corrupt("subcluster both allocated and zero at " + Hex(at));
     }
-    if (host == 0) continue;
+    // With a data file, COPIED and offset 0 is guest cluster 0 in place.
+    const bool mapped = host != 0 || (h_.has_data_file() && (entry & kOflagCopied) &&
+                                      (h_.extended_l2() || !(entry & kOflagZero)));
+    if (!mapped) continue;
     report_.allocated_clusters += uses.active;
+    // As qemu-img check, the range an unaligned offset names is still
+    // counted: no leak, and an error for a straddled cluster without refcount.
     if (!IsClusterAligned(host, h_.cluster_bits)) {
       Corrupt("data cluster is not properly aligned; L2 entry corrupted at " + Hex(at));
-      continue;
     }
     if (h_.has_data_file()) continue;  // lives in the data file: not refcounted
     Reference(host, cs_, "data cluster", uses.times);
@@ -233,12 +243,14 @@ void Checker::CompareRefcounts() {
 void Checker::CheckCopied() {
   for (const CopiedUse& use : copied_) {
     const uint64_t c = use.host >> h_.cluster_bits;
-    if (c >= stored_.size()) continue;
-    const bool want = stored_[c] == 1;
+    // Past the end of the file the refcount is 0 (qemu-img check then adds
+    // this error to the one for the reference).
+    const uint64_t refcount = c < stored_.size() ? stored_[c] : 0;
+    const bool want = refcount == 1;
     if (bool(use.entry & kOflagCopied) != want) {
       Corrupt(std::string("OFLAG_COPIED ") + (use.l1 ? "L2 cluster" : "data cluster") +
               ": entry=" + Hex(use.entry) + " at " + Hex(use.entry_offset) +
-              " refcount=" + std::to_string(stored_[c]));
+              " refcount=" + std::to_string(refcount));
     }
   }
 }

@@ -375,6 +375,44 @@ uint64_t DataBytes(const std::string& path) {
   return total;
 }
 
+// check's counts as qemu-img check --output=json gives them: on every
+// corpus image (allocated clusters of a data-file image whose guest cluster
+// 0 is written included), and on two damaged L2 entries: a data cluster
+// past the end of the file (the reference error plus OFLAG_COPIED, one
+// leak) and an unaligned one (the alignment error plus the straddled
+// cluster without a refcount, no leak).
+TEST_F(QemuImgParityTest, CheckCountsMatchQemuImg) {
+  // 64 KiB clusters: header, refcount table, refcount block, L1, then the
+  // L2 table at 0x40000 and the data cluster at 0x50000.
+  const char* damage = R"sh(set -e
+for e in 8000000010000000 8000000000050200; do
+  qemu-img create -q -f qcow2 bad$e.qcow2 1M
+  qemu-io -f qcow2 -c 'write -P 1 0 64k' bad$e.qcow2 >/dev/null
+  test "$(od -An -tx1 -j262144 -N8 bad$e.qcow2)" = ' 80 00 00 00 00 05 00 00'
+  printf "$(echo $e | sed 's/../\\x&/g')" | dd of=bad$e.qcow2 bs=1 seek=262144 conv=notrunc status=none
+done)sh";
+  RunOk(InDir("bash -c " + ShellQuote(damage)));
+  std::vector<std::string> images = {"bad8000000010000000.qcow2", "bad8000000000050200.qcow2"};
+  for (const CorpusImage& img : Corpus()) {
+    if (img.format == "qcow2") images.push_back(img.name);
+  }
+  for (const std::string& name : images) {
+    SCOPED_TRACE(name);
+    CommandResult qr = ::barge::testing::Run(InDir("qemu-img check --output=json -f qcow2 " + name + " 2>/dev/null"));
+    json q = json::parse(qr.stdout_text, nullptr, false);
+    ASSERT_FALSE(q.is_discarded()) << qr.output;
+    CommandResult br = ::barge::testing::Run(Barge("check --json " + name));
+    EXPECT_EQ(br.exit_code, qr.exit_code) << br.output;
+    json b = ResultOf(br.stdout_text);
+    EXPECT_EQ(b["corruptions"], q.value("corruptions", 0)) << br.stdout_text;
+    EXPECT_EQ(b["leaks"], q.value("leaks", 0)) << br.stdout_text;
+    EXPECT_EQ(b["allocated_clusters"], q["allocated-clusters"]);
+    EXPECT_EQ(b["total_clusters"], q["total-clusters"]);
+  }
+  EXPECT_GT(images.size(), 10u);
+  for (size_t i = 0; i < 2; ++i) fs::remove(P(images[i]));
+}
+
 // convert's output takes no more space than qemu-img convert's on the same
 // input (the bytes of its data extents; raw outputs also have the same
 // length), and reads the same.
