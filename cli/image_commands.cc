@@ -473,6 +473,9 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(app, "check", "Check a qcow2 file's structure (exit 0 clean, 2 corruption, 3 leaks only)",
                            exit_code, [args](Output& out) { return RunCheck(args->path, out); });
     cmd->add_option("image", args->path, "qcow2 file")->required();
+    cmd->footer(
+        "Counts as qemu-img check does (corruptions, leaks, allocated and total clusters); qemu-img's image\n"
+        "end offset and fragmented/compressed cluster counts are not reported (docs/formats/qcow2.md, section 8).");
   }
   {
     struct CompareArgs {
