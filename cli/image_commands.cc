@@ -1,12 +1,14 @@
 // barge info / map / compare: look at images the way qemu-img does.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <iostream>
 #include <vector>
 
 #include "blockio/buffer.h"
 #include "blockio/env.h"
 #include "blockio/nbd.h"
+#include "blockio/path.h"
 #include "cli/common.h"
 #include "formats/qcow2_check.h"
 
@@ -26,11 +28,28 @@ json BitmapJson(const formats::BitmapInfo& b) {
   return {{"name", b.name}, {"granularity", b.granularity_bytes}, {"enabled", b.enabled}, {"in_use", b.in_use}};
 }
 
+// qemu-img's "disk size" / actual-size: the bytes the file occupies
+// (st_blocks); nullopt when it cannot be learnt (an NBD export).
+std::optional<uint64_t> ActualSize(const formats::ImageInfo& info) {
+  if (IsNbdUri(info.path)) return std::nullopt;
+  auto st = Env::Default().Stat(info.path);
+  if (!st.ok()) return std::nullopt;
+  return st->allocated_bytes;
+}
+
+// How to record a missing backing format (barge never probes one).
+std::string MissingBackingFormatFix(const formats::ImageInfo& info) {
+  return "backing file '" + info.backing_file +
+         "' has no recorded format and barge never probes formats, so the image's data cannot be read; "
+         "record it with `qemu-img rebase -u -F <raw|qcow2> -b '" + info.backing_file + "' " + info.path + "`";
+}
+
 json LayerJson(const formats::ImageInfo& info) {
   json j = {{"filename", info.path},
             {"format", formats::ImageFormatName(info.format)},
             {"virtual_size", info.virtual_size},
             {"file_size", info.file_size}};
+  if (auto actual = ActualSize(info)) j["actual_size"] = *actual;
   if (info.format != formats::ImageFormat::kQcow2) return j;
   j["version"] = info.version;
   j["cluster_size"] = info.cluster_size();
@@ -53,30 +72,43 @@ json LayerJson(const formats::ImageInfo& info) {
   for (const auto& b : info.bitmaps) j["bitmaps"].push_back(BitmapJson(b));
   j["snapshots"] = json::array();
   for (const auto& s : info.snapshots) {
-    j["snapshots"].push_back({{"id", s.id},
-                              {"name", s.name},
-                              {"virtual_size", s.virtual_size},
-                              {"vm_state_size", s.vm_state_size},
-                              {"date", formats::FormatRfc3339({static_cast<int64_t>(s.date_sec),
-                                                               static_cast<int32_t>(s.date_nsec)})},
-                              {"vm_clock_seconds", static_cast<double>(s.vm_clock_nsec) / 1e9}});
+    json sj = {{"id", s.id},
+               {"name", s.name},
+               {"virtual_size", s.virtual_size},
+               {"vm_state_size", s.vm_state_size},
+               {"date", formats::FormatRfc3339({static_cast<int64_t>(s.date_sec),
+                                                static_cast<int32_t>(s.date_nsec)})},
+               {"vm_clock_seconds", static_cast<double>(s.vm_clock_nsec) / 1e9}};
+    // qemu-img leaves icount out when the snapshot has none.
+    if (s.icount != UINT64_MAX) sj["icount"] = s.icount;
+    j["snapshots"].push_back(sj);
   }
   return j;
 }
 
+// The guest clock as qemu-img's snapshot table prints it (block/snapshot.c,
+// bdrv_snapshot_dump): HH:MM:SS.mmm.
+std::string VmClock(uint64_t nsec) {
+  const uint64_t secs = nsec / 1000000000;
+  return Format("%02llu:%02llu:%02llu.%03llu", static_cast<unsigned long long>(secs / 3600),
+                static_cast<unsigned long long>((secs / 60) % 60), static_cast<unsigned long long>(secs % 60),
+                static_cast<unsigned long long>((nsec / 1000000) % 1000));
+}
+
 void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
   t << "image: " << info.path << "\n"
-            << "file format: " << formats::ImageFormatName(info.format) << "\n"
-            << "virtual size: " << HumanBytes(info.virtual_size) << " (" << info.virtual_size
-            << " bytes)\n"
-            << "file size: " << HumanBytes(info.file_size) << "\n";
+    << "file format: " << formats::ImageFormatName(info.format) << "\n"
+    << "virtual size: " << HumanBytes(info.virtual_size) << " (" << info.virtual_size << " bytes)\n";
+  // qemu-img's "disk size" is the space the file takes; barge adds the
+  // file's length (a sparse file's apparent size).
+  if (auto actual = ActualSize(info)) t << "disk size: " << HumanBytes(*actual) << "\n";
+  t << "file length: " << HumanBytes(info.file_size) << "\n";
   if (info.format != formats::ImageFormat::kQcow2) return;
   t << "cluster_size: " << info.cluster_size() << "\n"
-            << "version: " << info.version << (info.version >= 3 ? " (compat 1.1)" : " (compat 0.10)")
-            << "\n"
-            << "compression type: "
-            << (info.compression == formats::Compression::kZstd ? "zstd" : "zlib") << "\n"
-            << "refcount bits: " << info.refcount_bits << "\n";
+    << "version: " << info.version << (info.version >= 3 ? " (compat 1.1)" : " (compat 0.10)") << "\n"
+    << "compression type: " << (info.compression == formats::Compression::kZstd ? "zstd" : "zlib") << "\n"
+    << "lazy refcounts: " << (info.lazy_refcounts ? "true" : "false") << "\n"
+    << "refcount bits: " << info.refcount_bits << "\n";
   if (info.extended_l2) t << "extended l2: true\n";
   if (info.dirty) t << "dirty flag: true\n";
   if (info.corrupt) t << "corrupt: true\n";
@@ -84,25 +116,28 @@ void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
     t << "backing file: " << info.backing_file;
     if (!info.backing_path.empty()) t << " (actual path: " << info.backing_path << ")";
     t << "\nbacking file format: "
-              << (info.backing_format.empty() ? "(none)" : info.backing_format) << "\n";
+      << (info.backing_format.empty() ? "(not recorded) " + MissingBackingFormatFix(info) : info.backing_format)
+      << "\n";
   }
   if (!info.data_file.empty()) {
     t << "data file: " << info.data_file << "\n"
-              << "data file raw: " << (info.data_file_raw ? "true" : "false") << "\n";
+      << "data file raw: " << (info.data_file_raw ? "true" : "false") << "\n";
   }
   if (!info.bitmaps.empty()) {
     t << "bitmaps:\n";
     for (const auto& b : info.bitmaps) {
       t << "  " << b.name << ": granularity " << HumanBytes(b.granularity_bytes)
-                << (b.enabled ? ", enabled" : ", disabled")
-                << (b.in_use ? ", IN USE (inconsistent)" : "") << "\n";
+        << (b.enabled ? ", enabled" : ", disabled") << (b.in_use ? ", IN USE (inconsistent)" : "") << "\n";
     }
   }
   if (!info.snapshots.empty()) {
+    // qemu-img's columns; the date in RFC 3339 UTC (qemu prints local time).
     t << "snapshots:\n";
     for (const auto& s : info.snapshots) {
-      t << "  " << s.id << "  " << s.name << "  vm state " << HumanBytes(s.vm_state_size)
-                << "  date " << formats::FormatRfc3339({static_cast<int64_t>(s.date_sec), 0}) << "\n";
+      t << "  " << s.id << "  " << s.name << "  vm state " << HumanBytes(s.vm_state_size) << "  date "
+        << formats::FormatRfc3339({static_cast<int64_t>(s.date_sec), 0}) << "  vm clock " << VmClock(s.vm_clock_nsec);
+      if (s.icount != UINT64_MAX) t << "  icount " << s.icount;
+      t << "\n";
     }
   }
 }
@@ -112,9 +147,14 @@ int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   if (!options.ok()) return out.Usage(options.error().message());
   WarnIfMisnamed(out, path, flags.format);
   options->open_data_file = false;  // info never needs the data file's bytes
+  // Shown, not read: a layer whose backing format is not recorded ends the
+  // chain here, with a warning that says how to record it.
+  options->stop_at_unrecorded_backing_format = true;
   auto image = OpenImageFile(path, *options);
   if (!image.ok()) return out.Fail(image.error());
   auto chain = Chain(**image);
+  const formats::ImageInfo& last = chain.back()->info();
+  if (!last.backing_file.empty() && last.backing_format.empty()) out.Warning(MissingBackingFormatFix(last), last.path);
   json j = LayerJson((*image)->info());
   j["chain"] = json::array();
   for (const auto* layer : chain) j["chain"].push_back(LayerJson(layer->info()));
@@ -126,6 +166,44 @@ int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   return kExitOk;
 }
 
+// One extent as qemu-img map --output=json reports it, plus barge's
+// "compressed" and "file".
+struct MapEntry {
+  uint64_t start = 0, length = 0;
+  int depth = 0;
+  bool present = false, zero = false, data = false, compressed = false;
+  std::optional<uint64_t> offset;
+  std::string file;  // the file `offset` points into ("" = none)
+};
+
+// The file a layer's host offsets point into: its external data file when
+// it has one (resolved as barge opens it: against the image's folder), else
+// the layer's own file.
+std::string HostFile(const formats::ImageInfo& info) {
+  if (info.data_file.empty()) return info.path;
+  return IsAbsolutePath(info.data_file) ? info.data_file : JoinPath(DirName(info.path), info.data_file);
+}
+
+// As qemu-img map: a raw layer's holes are present zeros at their own
+// offset (the raw file answers for them), a qcow2 hole is "not present".
+MapEntry ToMapEntry(const formats::MappedExtent& e, const std::vector<const formats::Image*>& chain) {
+  const int bottom = static_cast<int>(chain.size()) - 1;
+  MapEntry m;
+  m.start = e.offset;
+  m.length = e.length;
+  m.depth = e.depth < 0 ? bottom : e.depth;
+  const formats::ImageInfo& layer = chain[std::clamp(m.depth, 0, bottom)]->info();
+  const bool raw_layer = layer.format == formats::ImageFormat::kRaw;
+  m.present = e.kind != ExtentKind::kHole || raw_layer;
+  m.zero = e.kind != ExtentKind::kData;
+  m.data = e.kind == ExtentKind::kData;
+  m.compressed = e.compressed;
+  m.offset = e.host_offset;
+  if (raw_layer && !m.offset) m.offset = e.offset;
+  if (m.offset) m.file = HostFile(layer);
+  return m;
+}
+
 int RunMap(const std::string& path, const ImageFlags& flags, const std::string& snapshot, Output& out) {
   auto options = flags.ToOpenOptions();
   if (!options.ok()) return out.Usage(options.error().message());
@@ -134,25 +212,25 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
   auto image = OpenImageFile(path, *options);
   if (!image.ok()) return out.Fail(image.error());
   auto chain = Chain(**image);
-  int bottom = static_cast<int>(chain.size()) - 1;
   uint64_t size = (*image)->size_bytes();
   // Windows of 1 GiB, or 1/4096 of the disk when larger: a hostile image
   // may claim 2 EiB (2^31 windows of 1 GiB took hours); Map's own cost is
   // per L1 entry and per allocated cluster, not per byte.
   const uint64_t kWindow = std::max<uint64_t>(1ull << 30, ((size >> 12) + (1ull << 30) - 1) & ~((1ull << 30) - 1));
-  std::vector<formats::MappedExtent> all;
+  std::vector<MapEntry> all;
   for (uint64_t off = 0; off < size; off += kWindow) {
     auto part = (*image)->Map(off, std::min(kWindow, size - off));
     if (!part.ok()) return out.Fail(part.error());
-    for (auto& e : *part) {
+    for (const auto& mapped : *part) {
+      MapEntry e = ToMapEntry(mapped, chain);
       // Merge neighbours that look the same, as qemu-img map does.
       if (!all.empty()) {
         auto& last = all.back();
-        bool contiguous_host = (!last.host_offset && !e.host_offset) ||
-                               (last.host_offset && e.host_offset &&
-                                *last.host_offset + last.length == *e.host_offset);
-        if (last.kind == e.kind && last.depth == e.depth && last.compressed == e.compressed &&
-            contiguous_host && last.offset + last.length == e.offset) {
+        bool contiguous_host = (!last.offset && !e.offset) ||
+                               (last.offset && e.offset && *last.offset + last.length == *e.offset);
+        if (last.depth == e.depth && last.present == e.present && last.zero == e.zero && last.data == e.data &&
+            last.compressed == e.compressed && last.file == e.file && contiguous_host &&
+            last.start + last.length == e.start) {
           last.length += e.length;
           continue;
         }
@@ -163,15 +241,17 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
   if (out.json()) {
     json arr = json::array();
     for (const auto& e : all) {
-      json j = {{"start", e.offset},
+      json j = {{"start", e.start},
                 {"length", e.length},
-                {"depth", e.depth < 0 ? bottom : e.depth},
-                {"present", e.kind != ExtentKind::kHole},
-                {"zero", e.kind != ExtentKind::kData},
-                {"data", e.kind == ExtentKind::kData},
+                {"depth", e.depth},
+                {"present", e.present},
+                {"zero", e.zero},
+                {"data", e.data},
                 {"compressed", e.compressed}};
-      if (e.host_offset) j["offset"] = *e.host_offset;
-      if (e.depth >= 0 && e.depth <= bottom) j["file"] = chain[e.depth]->info().path;
+      if (e.offset) {
+        j["offset"] = *e.offset;
+        j["file"] = e.file;
+      }
       arr.push_back(j);
     }
     json result = {{"extents", arr}};
@@ -184,15 +264,16 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
   out.text() << line;
   for (const auto& e : all) {
     // A hole is allocated in no layer: no file holds its bytes.
-    std::string file = e.kind != ExtentKind::kHole && e.depth >= 0 && e.depth <= bottom ? chain[e.depth]->info().path : "-";
-    std::string kind(ExtentKindName(e.kind));
+    std::string file = e.present ? chain[e.depth]->info().path : "-";
+    std::string kind = e.data ? "data" : e.present ? "zero" : "hole";
     if (e.compressed) kind += "/z";
-    std::snprintf(line, sizeof line, "0x%-18llx0x%-18llx%-8s%-6d", static_cast<unsigned long long>(e.offset),
-                  static_cast<unsigned long long>(e.length), kind.c_str(), e.depth < 0 ? bottom : e.depth);
+    std::snprintf(line, sizeof line, "0x%-18llx0x%-18llx%-8s%-6d", static_cast<unsigned long long>(e.start),
+                  static_cast<unsigned long long>(e.length), kind.c_str(), e.depth);
     out.text() << line << file << "\n";
   }
   out.text() << "\nOffset, Length: guest bytes, in hex. Kind: data = stored, data/z = stored compressed,\n"
-                "zero = reads as zeros (a zero cluster), hole = allocated in no layer (reads as zeros).\n"
+                "zero = reads as zeros (a zero cluster, or a hole of a raw file),\n"
+                "hole = allocated in no layer (reads as zeros).\n"
                 "Depth: the layer that answers, 0 = the image itself, 1 = its backing file, and so on;\n"
                 "File: that layer's file.\n";
   return kExitOk;
@@ -266,7 +347,12 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
   auto result = [&](bool identical, std::optional<uint64_t> offset, const std::string& text) {
     json j = {{"a", a_path}, {"b", b_path}, {"identical", identical}, {"a_virtual_size", sa},
               {"b_virtual_size", sb}};
-    if (offset) j["first_difference"] = *offset;
+    // qemu-img compare names the 512-byte sector that differs; the byte
+    // itself comes beside it.
+    if (offset) {
+      j["first_difference"] = *offset / 512 * 512;
+      j["first_difference_byte"] = *offset;
+    }
     if (!a_snapshot.empty()) j["a_snapshot"] = a_snapshot;
     if (!b_snapshot.empty()) j["b_snapshot"] = b_snapshot;
     out.Result(j);
@@ -288,7 +374,11 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
                   "); the larger one's tail reads as zeros");
     }
   }
-  if (*diff) return result(false, **diff, "Content mismatch at offset " + std::to_string(**diff) + "!");
+  if (*diff) {
+    return result(false, **diff,
+                  "Content mismatch at offset " + std::to_string(**diff / 512 * 512) + "! (the first differing byte is " +
+                      std::to_string(**diff) + ")");
+  }
   return result(true, std::nullopt, "Images are identical.");
 }
 
@@ -353,6 +443,13 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
                            [args](Output& out) { return RunInfo(args->path, args->flags, out); });
     cmd->add_option("image", args->path, "Image file, block device or nbd:// URI")->required();
     args->flags.AddTo(cmd);
+    cmd->footer(
+        "As qemu-img info, with these differences (docs/formats/qcow2.md, section 8): every layer of the\n"
+        "backing chain is shown (as --backing-chain); \"disk size\" (JSON actual_size) is the space the file\n"
+        "takes and \"file length\" (file_size) its apparent size; snapshot dates are RFC 3339 UTC (qemu\n"
+        "prints local time); JSON names are snake_case. A backing file with no recorded format is shown\n"
+        "but not opened (barge never probes a format): the output says how to record it\n"
+        "(qemu-img rebase -u -F FORMAT -b NAME IMAGE).");
   }
   {
     struct MapArgs {
@@ -365,12 +462,20 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("image", args->path, "Image file or block device")->required();
     args->flags.AddTo(cmd);
     cmd->add_option("-l,--snapshot", args->snapshot, "Map the qcow2 image at this internal snapshot (id or name)");
+    cmd->footer(
+        "--json gives qemu-img map --output=json's fields (start, length, depth, present, zero, data, offset)\n"
+        "with the same values, plus \"compressed\" and \"file\" (the file an offset points into: an external\n"
+        "data file where the image has one). The text table is barge's own (docs/formats/qcow2.md, section 8).\n"
+        "A backing file with no recorded format is refused: barge never probes a format.");
   }
   {
     auto args = std::make_shared<PathArgs>();
     auto* cmd = AddCommand(app, "check", "Check a qcow2 file's structure (exit 0 clean, 2 corruption, 3 leaks only)",
                            exit_code, [args](Output& out) { return RunCheck(args->path, out); });
     cmd->add_option("image", args->path, "qcow2 file")->required();
+    cmd->footer(
+        "Counts as qemu-img check does (corruptions, leaks, allocated and total clusters); qemu-img's image\n"
+        "end offset and fragmented/compressed cluster counts are not reported (docs/formats/qcow2.md, section 8).");
   }
   {
     struct CompareArgs {
@@ -394,6 +499,10 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     cmd->add_flag("-s,--strict", args->strict, "Images of different sizes differ");
     cmd->add_option("-l,--snapshot", args->a_snapshot, "Read the first (qcow2) image at this internal snapshot");
     cmd->add_option("--snapshot-b", args->b_snapshot, "Read the second (qcow2) image at this internal snapshot");
+    cmd->footer(
+        "As qemu-img compare: \"Content mismatch at offset N!\" names the start of the first differing\n"
+        "512-byte sector; barge adds the first differing byte (JSON first_difference_byte). A backing file\n"
+        "with no recorded format is refused: barge never probes a format (docs/formats/qcow2.md, section 8).");
   }
 }
 

@@ -90,7 +90,10 @@ struct MappedExtent {
   ExtentKind kind = ExtentKind::kData;  // kHole: unallocated in every layer
   int depth = -1;                       // chain layer holding it (0 = top), -1 = none
   bool compressed = false;
-  std::optional<uint64_t> host_offset;  // for uncompressed data in the layer file
+  // Where the bytes lie in the layer's file (its data file when it has one):
+  // uncompressed data, and (as qemu-img map reports) zero or unallocated
+  // runs of a cluster that keeps its host cluster.
+  std::optional<uint64_t> host_offset;
   friend bool operator==(const MappedExtent&, const MappedExtent&) = default;
 };
 
@@ -121,6 +124,12 @@ struct OpenOptions {
   bool open_backing = true;
   // Do not open the external data file (info/map/check still work).
   bool open_data_file = true;
+  // A layer whose backing file has no recorded format (barge never probes)
+  // is opened without its backing file instead of refused: the chain stops
+  // there, with ImageInfo::backing_format and backing_path empty. For
+  // `info`, which shows the image and says what is missing; the guest view
+  // of such an image is wrong (backing data is missing), never read it.
+  bool stop_at_unrecorded_backing_format = false;
   // Longest chain accepted; deeper chains (or cycles) are refused.
   int max_chain_depth = 256;
   // Non-empty: read the top qcow2 layer at this internal snapshot (an id,

@@ -153,16 +153,19 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
     const uint32_t zero = uint32_t(bitmap >> 32);
     // Offset 0 with COPIED in a data-file image is guest cluster 0 of the
     // data file; otherwise offset 0 is a zero (bit 0) or unallocated entry.
-    const bool mapped = host != 0 || (data_file && (entry & kOflagCopied));
+    // (Without extended L2, a ZERO flag there makes it a zero cluster.)
+    const bool mapped = host != 0 || (data_file && (entry & kOflagCopied) &&
+                                      (h_.extended_l2() || !(entry & kOflagZero)));
     if (!mapped) {
       if (alloc != 0) Corrupt("unallocated cluster with a non-zero subcluster allocation bitmap at " + Hex(at));
       continue;
     }
     report_.allocated_clusters += uses.active;
     if (alloc & zero) Corrupt("subcluster both allocated and zero at " + Hex(at));
+    // As qemu-img check, the range an unaligned offset names is still
+    // counted: no leak, and an error for a straddled cluster without refcount.
     if (!IsClusterAligned(host, h_.cluster_bits)) {
       Corrupt("data cluster is not properly aligned; L2 entry corrupted at " + Hex(at));
-      continue;
     }
     if (!data_file) Reference(host, cs_, "data cluster", uses.times);
     if (uses.active) copied_.push_back({at, entry, host, false});
@@ -343,8 +346,9 @@ void Checker::CheckCopied() {
     const uint64_t c = use.host >> h_.cluster_bits;
     // Data in a data file has refcount 1 by definition.
     const bool in_data_file = !use.l1 && h_.has_data_file();
-    if (!in_data_file && c >= stored_.size()) continue;
-    const uint32_t refcount = in_data_file ? 1 : stored_[c];
+    // Past the end of the refcounts the refcount is 0 (qemu-img check then
+    // adds this error to the one for the reference).
+    const uint32_t refcount = in_data_file ? 1 : c < stored_.size() ? stored_[c] : 0;
     const bool want = refcount == 1;
     if (bool(use.entry & kOflagCopied) != want) {
       Corrupt(std::string("OFLAG_COPIED ") + (use.l1 ? "L2 cluster" : "data cluster") +

@@ -45,9 +45,10 @@ void Append(std::vector<Run>& out, const Run& run) {
   if (!out.empty()) {
     Run& last = out.back();
     bool contiguous = last.guest_offset + last.length == run.guest_offset && last.kind == run.kind;
-    if (contiguous && (run.kind == RunKind::kZero || run.kind == RunKind::kUnallocated ||
-                       (run.kind == RunKind::kData &&
-                        last.host_offset + last.length == run.host_offset))) {
+    bool with_host = run.kind == RunKind::kData || run.allocated;
+    bool host_ok = (run.kind == RunKind::kData || last.allocated == run.allocated) &&
+                   (!with_host || last.host_offset + last.length == run.host_offset);
+    if (contiguous && run.kind != RunKind::kCompressed && host_ok) {
       last.length += run.length;
       return;
     }
@@ -148,7 +149,10 @@ Status Qcow2Image::MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& 
         RunKind kind = (entry & kOflagZero) ? RunKind::kZero
                        : mapped             ? RunKind::kData
                                             : RunKind::kUnallocated;
-        Append(out, {pos, cluster_end - pos, kind, kind == RunKind::kData ? host + (pos - cluster_start) : 0});
+        // ZERO_ALLOC keeps its host cluster.
+        const bool keeps_host = mapped && kind != RunKind::kUnallocated;
+        Append(out, {pos, cluster_end - pos, kind, keeps_host ? host + (pos - cluster_start) : 0, 0,
+                     keeps_host && kind != RunKind::kData});
         pos = cluster_end;
         continue;
       }
@@ -163,7 +167,8 @@ Status Qcow2Image::MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& 
         RunKind kind = (alloc >> sc) & 1  ? RunKind::kData
                        : (zero >> sc) & 1 ? RunKind::kZero
                                           : RunKind::kUnallocated;
-        Append(out, {pos, sub_end - pos, kind, kind == RunKind::kData ? host + (pos - cluster_start) : 0});
+        Append(out, {pos, sub_end - pos, kind, mapped ? host + (pos - cluster_start) : 0, 0,
+                     mapped && kind != RunKind::kData});
         pos = sub_end;
       }
     }
@@ -357,6 +362,7 @@ Result<std::vector<MappedExtent>> Qcow2Image::Map(uint64_t offset, uint64_t leng
         break;
       case RunKind::kZero:
         m.kind = ExtentKind::kZero;
+        if (run.allocated) m.host_offset = run.host_offset;
         add(m);
         break;
       case RunKind::kUnallocated: {
@@ -376,6 +382,9 @@ Result<std::vector<MappedExtent>> Qcow2Image::Map(uint64_t offset, uint64_t leng
         m.length = run.length - in_backing;
         m.kind = ExtentKind::kHole;
         m.depth = 0;
+        // An unallocated subcluster of an allocated cluster, not covered by
+        // a backing file: qemu-img map gives its host offset.
+        if (run.allocated) m.host_offset = run.host_offset + in_backing;
         add(m);
         break;
       }

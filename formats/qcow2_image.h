@@ -47,8 +47,12 @@ struct Run {
   uint64_t guest_offset = 0;
   uint64_t length = 0;
   RunKind kind = RunKind::kUnallocated;
-  uint64_t host_offset = 0;  // kData: host byte of guest_offset
+  uint64_t host_offset = 0;  // kData, or `allocated`: host byte of guest_offset
   uint64_t l2_entry = 0;     // kCompressed: the descriptor word
+  // kZero / kUnallocated inside a cluster that keeps its host cluster
+  // (ZERO_ALLOC; zero or unallocated subclusters of an allocated extended-L2
+  // cluster): host_offset is valid, as qemu-img map reports it.
+  bool allocated = false;
 };
 
 class Qcow2Image final : public Image {

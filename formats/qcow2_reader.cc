@@ -166,7 +166,8 @@ Result<std::unique_ptr<Image>> OpenLayer(std::unique_ptr<BlockSource> file, cons
   }
 
   std::unique_ptr<Image> backing;
-  if (!h.backing_file.empty() && options.open_backing) {
+  const bool unrecorded = h.backing_format.empty() && options.stop_at_unrecorded_backing_format;
+  if (!h.backing_file.empty() && options.open_backing && !unrecorded) {
     BARGE_ASSIGN_OR_RETURN(backing, OpenBacking(h, path, opener, options, state, depth));
     info.backing_path = backing->info().path;
   }

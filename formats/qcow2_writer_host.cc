@@ -2,9 +2,11 @@
 // writer and keeps their refcounts (QCOW2.md §3, §4).
 #include "formats/qcow2_writer_host.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "blockio/buffer.h"
 #include "formats/qcow2_format.h"
 
 namespace barge::formats::qcow2 {
@@ -31,10 +33,32 @@ Status HostFile::WriteAt(uint64_t offset, std::span<const std::byte> data, std::
 
 Status HostFile::FlushAppends() {
   if (buffer_.empty()) return OkStatus();
-  Status st = WriteOut(buffer_offset_, buffer_, "appended clusters");
+  Status st = WriteSparse();
   buffer_offset_ += buffer_.size();
   buffer_.clear();
   return st;
+}
+
+Status HostFile::WriteSparse() {
+  const std::span<const std::byte> bytes(buffer_);
+  if (!sink_.capabilities().zero_initialized) return WriteOut(buffer_offset_, bytes, "appended clusters");
+  // On a sink that reads unwritten bytes as zeros, all-zero 4 KiB blocks
+  // (the unused tail of the L1 table's cluster and of the last packed
+  // cluster, zero blocks inside data) are left unwritten: the file then
+  // takes no more space than qemu-img's. The file's length is set by the
+  // refcount area, which is written last.
+  constexpr uint64_t kBlock = 4096;
+  uint64_t run = 0, pos = 0;  // run: start of the pending bytes to write
+  while (pos < bytes.size()) {
+    const uint64_t n = std::min<uint64_t>(kBlock - (buffer_offset_ + pos) % kBlock, bytes.size() - pos);
+    if (IsAllZero(bytes.subspan(pos, n))) {
+      if (pos > run) BARGE_RETURN_IF_ERROR(WriteOut(buffer_offset_ + run, bytes.subspan(run, pos - run), "appended clusters"));
+      run = pos + n;
+    }
+    pos += n;
+  }
+  if (pos > run) BARGE_RETURN_IF_ERROR(WriteOut(buffer_offset_ + run, bytes.subspan(run, pos - run), "appended clusters"));
+  return OkStatus();
 }
 
 Status HostFile::Append(uint64_t offset, std::span<const std::byte> data, std::string_view what) {

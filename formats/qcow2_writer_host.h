@@ -54,6 +54,9 @@ class HostFile {
   static constexpr size_t kAppendBufferBytes = 4 << 20;
   Status Append(uint64_t offset, std::span<const std::byte> data, std::string_view what);
   Status WriteOut(uint64_t offset, std::span<const std::byte> data, std::string_view what);
+  // Writes the buffer, leaving all-zero 4 KiB blocks unwritten where the
+  // sink reads them as zeros.
+  Status WriteSparse();
 
   BlockSink& sink_;  // borrowed; must outlive this object
   uint32_t cluster_bits_;

@@ -108,7 +108,9 @@ struct RawDestinationOptions {
 
 // Writes the guest bytes into a BlockSink at their guest offsets. Adjacent
 // data clusters of a chunk go out as one WriteAt; zero/hole runs are skipped
-// on a zero-initialized sink, else one WriteZeroes per run.
+// on a zero-initialized sink, else one WriteZeroes per run. On a
+// zero-initialized sink, all-zero 4 KiB blocks inside data clusters are
+// skipped too (as qemu-img convert leaves them sparse).
 class RawDestination final : public Destination {
  public:
   // `sink` must outlive the destination.
@@ -123,6 +125,9 @@ class RawDestination final : public Destination {
   bool concurrent_consume() const override { return true; }
 
  private:
+  // Writes `bytes` at `offset`, leaving out its all-zero 4 KiB blocks.
+  Status WriteSparse(uint64_t offset, std::span<const std::byte> bytes);
+
   BlockSink& sink_;
   RawDestinationOptions options_;
   bool skip_zeroes_;

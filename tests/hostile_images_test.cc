@@ -241,14 +241,20 @@ TEST_F(HostileImagesTest, BackingFileJsonOrProtocolName) {
 }
 
 // qemu probes a backing file without a recorded format (a raw file holding
-// a qcow2 header is then read as qcow2); barge never probes.
+// a qcow2 header is then read as qcow2); barge never probes: reading is
+// refused, and info shows the image with the missing format and its fix.
 TEST_F(HostileImagesTest, BackingFileWithoutFormatIsNotProbed) {
   const std::string base = Image("base.qcow2");
   const std::string img = Image("overlay.qcow2", "-b base.qcow2 -F qcow2");
   const uint64_t ext = FindExtension(img, kExtBackingFormat);
   ASSERT_NE(ext, 0u);
   Poke32(img, ext, 0x0badf00d);  // the format record becomes an unknown one
-  ExpectRefused(Cli("info", img), "InvalidArgument", img, "barge never probes formats");
+  ExpectRefused(Cli("map", img), "InvalidArgument", img, "barge never probes formats");
+  Measured info = Cli("info", img);
+  EXPECT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("has no recorded format and barge never probes formats"), std::string::npos)
+      << info.output;
+  EXPECT_NE(info.output.find("qemu-img rebase -u -F"), std::string::npos) << info.output;
   ExpectOpenError(img, ErrorCode::kInvalidArgument, "never probes");
 }
 
