@@ -1046,9 +1046,9 @@ class SnapshotScenario final : public Scenario {
 // ---- policy run ----
 
 // `barge run --policy P --force`: one image source (qcow2 with bitmap
-// cbt0) whose chain already holds a full and an incremental, retention 2
-// (so the run first folds the full into the incremental), then an
-// incremental backup and the bitmap's clear. Checks: every point present
+// cbt0) whose chain already holds a full and an incremental, retention 2:
+// an incremental backup and the bitmap's clear, then (the new point
+// verified) the full folded into the incremental. Checks: every point present
 // verifies and restores its data; every record that says success with its
 // points present has them; no record stays 'running' after the re-run; the
 // source's data unchanged and its image checks (leaks allowed: a failed or
