@@ -106,7 +106,7 @@ using PickFn = std::function<size_t(size_t n)>;
 // Returns: the placement; kNoSpace when no target qualifies, the message
 // listing each target's free bytes (or error) against the bytes needed;
 // when no target could be used at all (each one's space query failed:
-// a missing target), the first target's error code instead (kNotFound
+// a missing target; mounted read-only), the first target's error code instead (kNotFound
 // for a missing target).
 Result<Placement> PlaceBackup(const std::vector<TargetState>& targets, uint64_t allocated_bytes,
                               double free_space_multiple, const TypeDecision& type,

@@ -202,6 +202,8 @@ class Runner {
       if (!space.ok()) {
         ts.error = space.error().ToString();
         ts.error_code = space.error().code();
+      } else if (space->read_only) {
+        ts.error = "IoError: " + t + ": the filesystem is mounted read-only";
       } else {
         ts.free_bytes = space->free_bytes;
       }

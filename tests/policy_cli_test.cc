@@ -444,8 +444,9 @@ TEST(PolicyCliTest, FailedBackupNeverCostsARestorePoint) {
 }
 
 // Issue 18: a missing target fails the source with NotFound (not
-// NoSpace), and is not created.
-TEST(PolicyCliTest, MissingTargetIsNotFound) {
+// NoSpace), and is not created; a read-only one never qualifies and is
+// down in the metrics.
+TEST(PolicyCliTest, MissingOrReadOnlyTarget) {
   TempDir dir;
   const std::string cat = dir / "catalog.db", policy = dir / "p.yaml";
   testing::WriteFile(dir / "a.raw", testing::RandomBytes(1 << 20, 31));
@@ -456,6 +457,20 @@ TEST(PolicyCliTest, MissingTargetIsNotFound) {
   const std::string error = SourceOf(r.result, "a").at("error");
   EXPECT_EQ(error.rfind("NotFound: no target can be used; " + (dir / "nowhere") + ": NotFound", 0), 0u) << error;
   EXPECT_FALSE(fs::exists(dir / "nowhere"));  // a missing target is never created
+
+  TmpfsMount ro(dir / "ro", "1m", MS_RDONLY);
+  if (!ro.mounted()) GTEST_SKIP() << "tmpfs not mounted (needs root)";
+  WriteText(policy, "name: tg\nsources:\n  - image: " + (dir / "a.raw") + "\ntargets: [" + (dir / "ro") +
+                        "]\nfree_space_multiple: 0\n");
+  r = BargeJson("run --force --policy " + Q(policy) + " --metrics-textfile " + Q(dir / "m.prom"), cat);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(SourceOf(r.result, "a").at("error"),
+            "IoError: no target can be used; " + (dir / "ro") + ": IoError: " + (dir / "ro") +
+                ": the filesystem is mounted read-only")
+      << r.output;
+  const std::string prom = Background::Slurp(dir / "m.prom");
+  EXPECT_NE(prom.find("barge_policy_target_up{policy=\"tg\",target=\"" + (dir / "ro") + "\"} 0"), std::string::npos)
+      << prom;
 }
 
 // Issue 18: after a failed slot, the next `run` retries the source (not

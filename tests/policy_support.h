@@ -192,9 +192,10 @@ inline int FreePort() {
 // A small tmpfs mounted for the test's life (root only; absent otherwise).
 class TmpfsMount {
  public:
-  TmpfsMount(const std::string& dir, const std::string& size) : dir_(dir) {
+  // `flags`: mount(2)'s (MS_RDONLY: a read-only one).
+  TmpfsMount(const std::string& dir, const std::string& size, unsigned long flags = 0) : dir_(dir) {
     std::filesystem::create_directories(dir);
-    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0;
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", flags, ("size=" + size).c_str()) == 0;
   }
   ~TmpfsMount() {
     if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
