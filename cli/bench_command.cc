@@ -12,6 +12,7 @@
 #include "blockio/path.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/interrupt.h"
 #include "pipeline/bench.h"
 #include "pipeline/disk_generator.h"
 
@@ -117,6 +118,7 @@ int RunGenerate(const GenerateArgs& a, Output& out) {
   pipeline::DiskGeneratorOptions g;
   g.size_bytes = *size;
   g.seed = a.seed;
+  g.cancel = &CancelFlag();
   auto mix = pipeline::GenerateDisk(Env::Default(), a.out, g);
   if (!mix.ok()) return out.Fail(mix.error());
   out.Result({{"path", a.out}, {"disk", MixJson(*mix)}});
@@ -189,6 +191,7 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
     pipeline::DiskGeneratorOptions g;
     g.size_bytes = size_bytes;
     g.seed = a.seed;
+    g.cancel = &CancelFlag();
     Log("generating " + HumanBytes(size_bytes) + " disk (seed " + std::to_string(a.seed) + ")");
     auto m = pipeline::GenerateDisk(env, source, g);
     if (!m.ok()) return out.Fail(std::move(m).error().Also(remove_scratch(false, "")));
@@ -206,6 +209,7 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
   o.compression = compression.type;
   o.compression_level = compression.level;
   o.cold = a.cold;
+  o.cancel = &CancelFlag();
   auto report = pipeline::RunBench(env, o, out.json() ? nullptr : Log);
   Status removed = remove_scratch(keep_dir, source);
   if (!report.ok()) return out.Fail(std::move(report).error().Also(removed));

@@ -101,6 +101,9 @@ std::string Suggestion(const CLI::ParseError& e, CLI::App* at, int argc, char** 
     // The word after the command path is the would-be subcommand.
     if (std::string w = WordAfterPath(at, argc, argv); !w.empty()) unexpected.push_back(w);
   }
+  // An unknown option first: the words after it may be its value
+  // ("replicate X --to Y -O raw").
+  std::stable_partition(unexpected.begin(), unexpected.end(), [](const std::string& w) { return w.starts_with("-"); });
   for (const std::string& word : unexpected) {
     std::vector<std::string> candidates;
     if (word.starts_with("-")) {
@@ -110,7 +113,11 @@ std::string Suggestion(const CLI::ParseError& e, CLI::App* at, int argc, char** 
       }
       std::string bare = word.substr(0, word.find('='));
       std::string match = ClosestMatch(bare, candidates);
-      if (!match.empty()) return "did you mean " + match + "?";
+      return "!unknown option " + bare + (match.empty() ? "" : "; did you mean " + match + "?");
+    } else if (at->get_subcommands({}).empty()) {
+      // A command without subcommands got one word more than its
+      // positionals take ("snapshot rename IMG a b c").
+      return "!unexpected extra argument '" + word + "'";
     } else {
       for (const CLI::App* s : at->get_subcommands({})) candidates.push_back(s->get_name());
       std::string match = ClosestMatch(word, candidates);
@@ -141,7 +148,6 @@ int Main(int argc, char** argv) {
   CLI::App app{"barge: fast, verified block data for VM disks"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("barge ") + kBargeVersion);
-  app.footer(ExitCodeTable());
   int exit_code = kExitOk;
   RegisterImageCommands(app, exit_code);
   RegisterConvertCommand(app, exit_code);
@@ -160,6 +166,9 @@ int Main(int argc, char** argv) {
   RegisterBitmapEditCommands(app, exit_code);
   RegisterListCommands(app, exit_code);
   RegisterDocCommands(app, exit_code);
+  // The exit codes once, in `barge --help` (and the man page): set after
+  // the commands, which would otherwise each inherit it as their footer.
+  app.footer(ExitCodeTable());
   // `barge --json list X` means `barge list X --json`: --json belongs to
   // every command, so one given before the command moves after it.
   std::vector<char*> args(argv, argv + argc);

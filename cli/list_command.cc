@@ -111,9 +111,56 @@ json PointJson(const PointView& p) {
             {"source", m.source},
             {"image_digest", "xxh3-128:" + m.image_digest.ToHex()},
             {"last_verification", VerificationJson(p.verification)}};
-  if (auto d = SecondsBetween(m.started_at, m.finished_at); d && *d >= 0) j["duration_seconds"] = *d;
+  // The manifest's own measure; older manifests only have whole-second times.
+  if (m.duration_seconds) {
+    j["duration_seconds"] = *m.duration_seconds;
+  } else if (auto d = SecondsBetween(m.started_at, m.finished_at); d && *d >= 0) {
+    j["duration_seconds"] = *d;
+  }
   if (!p.broken.empty()) j["broken"] = p.broken;
   return j;
+}
+
+// A chain folder found below a target: its path relative to the target and
+// a summary of its points.
+struct FolderView {
+  std::string relative;
+  size_t points = 0;
+  std::string latest;             // id of the newest point
+  std::string latest_started_at;
+  uint64_t image_bytes = 0;       // image files present
+};
+
+// Chain folders below `dir`, up to TARGET/<policy>/<domain>/<disk>/ (three
+// levels: docs/policies.md), sorted by path. A folder with points is a chain
+// folder and is not searched further; hidden and unreadable ones are skipped.
+void FindChainFolders(Env& env, const std::string& dir, const std::string& relative, int depth,
+                      std::vector<FolderView>& found) {
+  constexpr int kMaxDepth = 3;
+  auto names = env.ListDir(dir);
+  if (!names.ok()) return;
+  std::sort(names->begin(), names->end());
+  for (const std::string& name : *names) {
+    if (name.empty() || name[0] == '.') continue;
+    const std::string path = JoinPath(dir, name);
+    auto st = env.Stat(path);
+    if (!st.ok() || !st->is_directory()) continue;
+    const std::string rel = relative.empty() ? name : relative + "/" + name;
+    auto sub = pipeline::LoadChainFolder(env, path);
+    if (sub.ok() && !sub->points.empty()) {
+      FolderView f;
+      f.relative = rel;
+      f.points = sub->points.size();
+      f.latest = sub->points.back().manifest.id;
+      f.latest_started_at = sub->points.back().manifest.started_at;
+      for (const auto& p : sub->points) {
+        if (auto image = env.Stat(sub->PathOf(p.manifest.image)); image.ok()) f.image_bytes += image->size_bytes;
+      }
+      found.push_back(std::move(f));
+    } else if (depth < kMaxDepth) {
+      FindChainFolders(env, path, rel, depth + 1, found);
+    }
+  }
 }
 
 int RunList(const std::string& path, Output& out) {
@@ -181,32 +228,37 @@ int RunList(const std::string& path, Output& out) {
   json arr = json::array();
   for (const PointView& p : points) arr.push_back(PointJson(p));
   uint64_t virtual_size = points.empty() ? 0 : points.back().manifest->virtual_size;
-  if (points.empty()) {
-    // A backup target (`backup --target`) holds chain folders, not points:
-    // name them.
-    std::vector<std::string> chains_in;
-    if (auto names = env.ListDir(chain->dir); names.ok()) {
-      for (const std::string& name : *names) {
-        auto sub = pipeline::LoadChainFolder(env, JoinPath(chain->dir, name));
-        if (sub.ok() && !sub->points.empty()) chains_in.push_back(name);
-      }
-    }
-    std::sort(chains_in.begin(), chains_in.end());
-    if (!chains_in.empty()) {
-      std::string list;
-      for (const auto& c : chains_in) list += (list.empty() ? "" : ", ") + c;
-      out.Warning("a backup target, not a chain folder: its chains are " + list + " (barge list " +
-                      JoinPath(chain->dir, chains_in.front()) + ")",
-                  chain->dir);
-    }
+  // A backup or policy target (`backup --target`, a policy's targets) holds
+  // chain folders, not points: list them.
+  std::vector<FolderView> below;
+  if (points.empty()) FindChainFolders(env, chain->dir, "", 1, below);
+  json folders = json::array();
+  for (const FolderView& f : below) {
+    folders.push_back({{"path", JoinPath(chain->dir, f.relative)},
+                       {"points", f.points},
+                       {"latest", f.latest},
+                       {"latest_started_at", TimeJson(f.latest_started_at)},
+                       {"image_bytes", f.image_bytes}});
   }
   out.Result({{"chain_dir", chain->dir},
               {"points", arr},
               {"chains", chains},
               {"image_bytes", stored},
-              {"virtual_size", virtual_size}});
+              {"virtual_size", virtual_size},
+              {"chain_folders", folders}});
 
   std::ostream& t = out.text();
+  if (points.empty() && !below.empty()) {
+    t << chain->dir << ": a backup target, " << below.size()
+      << (below.size() == 1 ? " chain folder" : " chain folders") << " below it (barge list FOLDER for its points):\n";
+    Table table({"FOLDER", "POINTS", "LATEST", "TAKEN", "STORED"});
+    for (const FolderView& f : below) {
+      table.Add({f.relative, std::to_string(f.points), f.latest, Rfc3339(f.latest_started_at),
+                 HumanBytes(f.image_bytes)});
+    }
+    table.Print(t, "  ");
+    return kExitOk;
+  }
   if (points.empty()) {
     t << chain->dir << ": no backups\n";
     return kExitOk;
@@ -335,7 +387,8 @@ void RegisterListCommands(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(app, "list",
                            "List the points of a chain folder: id, type, time, sizes, parent, last verification",
                            exit_code, [path](Output& out) { return RunList(*path, out); });
-    cmd->add_option("chain", *path, "The disk's chain folder (TARGET/<name>/), or one of its manifests or images")
+    cmd->add_option("chain", *path, "The disk's chain folder (TARGET/<name>/), one of its manifests or images, or a "
+                    "target (lists the chain folders below it)")
         ->required();
   }
   {

@@ -277,99 +277,169 @@ int RunRun(RunArgs& a, Output& out) {
 // ---- forget ----
 
 struct ForgetArgs {
-  std::string policy, catalog, memory = "256M";
+  std::string policy, chain_dir, catalog, within, memory = "256M";
   std::vector<std::string> sources;
   orc::ForgetPolicy keep;
   bool dry_run = false;
   int threads = 0;
 };
 
+// What one source's (or the chain folder's) forget did or would do: its
+// JSON object, and its text lines on `t` (each kept point with the rules
+// that keep it, each point removed, the actions).
+json ForgetReportJson(const orc::ForgetSourceReport& r, bool dry_run, std::ostream& t) {
+  std::map<std::string, orc::SysSeconds> when;
+  for (const auto& p : r.points) when[p.key] = p.time;
+  auto point = [&](const std::string& key) {
+    size_t bar = key.rfind('|');
+    auto it = when.find(key);
+    return json{{"folder", key.substr(0, bar == std::string::npos ? 0 : bar)},
+                {"id", bar == std::string::npos ? key : key.substr(bar + 1)},
+                {"time", it == when.end() ? json(nullptr) : json(orc::FormatRfc3339(it->second))}};
+  };
+  std::map<std::string, std::string> anyway_why(r.plan.kept_anyway.begin(), r.plan.kept_anyway.end());
+  json kept = json::array(), gone = json::array(), anyway = json::array(), actions = json::array();
+  t << r.source << ": keep " << r.plan.keep.size() << ", " << (dry_run ? "would remove " : "remove ")
+    << r.plan.forget.size()
+    << (r.plan.kept_anyway.empty() ? "" : ", kept anyway " + std::to_string(r.plan.kept_anyway.size())) << "\n";
+  for (const auto& k : r.plan.keep) {
+    json p = point(k);
+    auto rules = r.why_kept.find(k);
+    p["reasons"] = rules == r.why_kept.end() ? json::array() : json(rules->second);
+    t << "  keep " << p["id"].get<std::string>() << ": ";
+    if (rules != r.why_kept.end()) {
+      for (size_t i = 0; i < rules->second.size(); ++i) t << (i ? ", " : "") << rules->second[i];
+    } else if (auto w = anyway_why.find(k); w != anyway_why.end()) {
+      t << "kept anyway, " << w->second;
+    }
+    t << "\n";
+    kept.push_back(p);
+  }
+  for (const auto& k : r.plan.forget) {
+    json p = point(k);
+    t << "  " << (dry_run ? "would remove " : "remove ") << p["id"].get<std::string>() << "\n";
+    gone.push_back(p);
+  }
+  for (const auto& [k, why] : r.plan.kept_anyway) {
+    json p = point(k);
+    p["why"] = why;
+    anyway.push_back(p);
+  }
+  for (const auto& act : r.plan.actions) {
+    actions.push_back({{"action", std::string(orc::RetentionActionKindName(act.kind))},
+                       {"chain_dir", act.chain_dir},
+                       {"ids", act.ids},
+                       {"through", act.through.empty() ? json(nullptr) : json(act.through)}});
+    t << "  " << (dry_run ? "would " : "") << orc::RetentionActionKindName(act.kind) << " " << act.chain_dir << ":";
+    for (const auto& id : act.ids) t << " " << id;
+    if (!act.through.empty()) t << " (into " << act.through << ")";
+    t << "\n";
+  }
+  if (!r.error.empty()) t << "  FAILED: " << r.error << "\n";
+  return {{"source", r.source}, {"kept", kept}, {"forgotten", gone}, {"kept_anyway", anyway},
+          {"actions", actions}, {"error", r.error}};
+}
+
 int RunForget(ForgetArgs& a, Output& out) {
-  auto policy = orc::LoadPolicy(Env::Default(), a.policy);
-  if (!policy.ok()) return out.Fail(policy.error());
-  if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
-  if (a.keep.keep_last + a.keep.keep_daily + a.keep.keep_weekly + a.keep.keep_monthly == 0) {
-    return out.Usage("give at least one of --keep-last, --keep-daily, --keep-weekly, --keep-monthly above 0 "
-                     "(all 0 would forget every point)");
+  if (a.policy.empty() == a.chain_dir.empty()) {
+    return out.Usage("give a chain folder or --policy FILE (one of them)");
+  }
+  if (!a.chain_dir.empty() && !a.sources.empty()) return out.Usage("--source goes with --policy, not a chain folder");
+  if (!a.within.empty()) {
+    auto d = orc::ParseDuration(a.within);
+    if (!d.ok()) return out.Usage("--keep-within: " + d.error().message());
+    a.keep.keep_within = *d;
+  }
+  if (a.keep.empty()) {
+    return out.Usage("give at least one keep rule: --keep-last, --keep-hourly, --keep-daily, --keep-weekly, "
+                     "--keep-monthly, --keep-yearly above 0, or --keep-within (none would forget every point)");
+  }
+  std::optional<orc::Policy> policy;
+  if (!a.policy.empty()) {
+    auto loaded = orc::LoadPolicy(Env::Default(), a.policy);
+    if (!loaded.ok()) return out.Fail(loaded.error());
+    if (std::string bad = UnknownSource(*loaded, a.sources); !bad.empty()) return out.Usage(bad);
+    policy = std::move(*loaded);
   }
   orc::ForgetOptions o;
-  auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a.catalog);
-  if (!catalog_path.ok()) return out.Fail(catalog_path.error());
-  o.catalog_path = *catalog_path;
+  if (policy || !a.catalog.empty()) {
+    auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a.catalog);
+    if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+    o.catalog_path = *catalog_path;
+  } else {
+    o.catalog_path = orc::ResolveCatalogPath("");  // used only when it exists
+  }
   o.only_sources = a.sources;
   o.dry_run = a.dry_run;
   if (Status s = ApplyResourceFlags(a.memory, a.threads, o.copy); !s.ok()) return out.Usage(s.error().message());
-  // Each point's time, for the report (the scan before forget changes anything).
-  std::map<std::string, orc::SysSeconds> when;
-  for (const auto& s : policy->sources) {
-    auto points = orc::ScanSource(Env::Default(), *policy, s);
-    if (!points.ok()) continue;
-    for (const auto& p : points->points) when[p.key] = p.time;
-  }
-  auto reports = orc::ForgetPoints(Env::Default(), *policy, a.keep, o);
-  if (!reports.ok()) return out.Fail(reports.error());
 
-  auto point = [&](const std::string& key) {
-    size_t bar = key.rfind('|');
-    auto t = when.find(key);
-    return json{{"folder", key.substr(0, bar)},
-                {"id", bar == std::string::npos ? key : key.substr(bar + 1)},
-                {"time", t == when.end() ? json(nullptr) : json(orc::FormatRfc3339(t->second))}};
-  };
+  std::vector<orc::ForgetSourceReport> reports;
+  if (policy) {
+    auto r = orc::ForgetPoints(Env::Default(), *policy, a.keep, o);
+    if (!r.ok()) return out.Fail(r.error());
+    reports = std::move(*r);
+  } else {
+    auto r = orc::ForgetChainFolder(Env::Default(), a.chain_dir, a.keep, o);
+    if (!r.ok()) return out.Fail(r.error());
+    reports.push_back(std::move(*r));
+  }
+
   json sources = json::array();
   size_t forgotten = 0, failed = 0;
-  std::ostream& t = out.text();
-  for (const auto& r : *reports) {
-    json kept = json::array(), gone = json::array(), anyway = json::array(), actions = json::array();
-    for (const auto& k : r.plan.keep) kept.push_back(point(k));
-    for (const auto& k : r.plan.forget) gone.push_back(point(k));
-    for (const auto& [k, why] : r.plan.kept_anyway) {
-      json p = point(k);
-      p["why"] = why;
-      anyway.push_back(p);
-    }
-    for (const auto& act : r.plan.actions) {
-      actions.push_back({{"action", std::string(orc::RetentionActionKindName(act.kind))},
-                         {"chain_dir", act.chain_dir},
-                         {"ids", act.ids},
-                         {"through", act.through.empty() ? json(nullptr) : json(act.through)}});
-    }
+  for (const auto& r : reports) {
+    sources.push_back(ForgetReportJson(r, a.dry_run, out.text()));
     forgotten += r.plan.forget.size();
     failed += r.error.empty() ? 0 : 1;
-    sources.push_back({{"source", r.source}, {"kept", kept}, {"forgotten", gone}, {"kept_anyway", anyway},
-                       {"actions", actions}, {"error", r.error}});
-    t << r.source << ": keep " << r.plan.keep.size() << ", forget " << r.plan.forget.size()
-      << (r.plan.kept_anyway.empty() ? "" : ", kept anyway " + std::to_string(r.plan.kept_anyway.size())) << "\n";
-    for (const auto& [k, why] : r.plan.kept_anyway) t << "  kept anyway " << k << ": " << why << "\n";
-    for (const auto& act : r.plan.actions) {
-      t << "  " << (a.dry_run ? "would " : "") << orc::RetentionActionKindName(act.kind) << " " << act.chain_dir
-        << ":";
-      for (const auto& id : act.ids) t << " " << id;
-      if (!act.through.empty()) t << " (into " << act.through << ")";
-      t << "\n";
-    }
-    if (!r.error.empty()) t << "  FAILED: " << r.error << "\n";
   }
-  out.Result({{"policy", policy->name},
-              {"dry_run", a.dry_run},
-              {"keep", {{"last", a.keep.keep_last}, {"daily", a.keep.keep_daily}, {"weekly", a.keep.keep_weekly},
-                        {"monthly", a.keep.keep_monthly}}},
-              {"forgotten", forgotten},
-              {"failed", failed},
-              {"sources", sources}});
-  if (a.dry_run) t << "dry run: nothing was changed\n";
+  json result = {{"dry_run", a.dry_run},
+                 {"keep", {{"last", a.keep.keep_last}, {"hourly", a.keep.keep_hourly}, {"daily", a.keep.keep_daily},
+                           {"weekly", a.keep.keep_weekly}, {"monthly", a.keep.keep_monthly},
+                           {"yearly", a.keep.keep_yearly}, {"within_seconds", a.keep.keep_within.count()}}},
+                 {"forgotten", forgotten},
+                 {"failed", failed},
+                 {"sources", sources}};
+  if (policy) result["policy"] = policy->name;
+  else result["chain_dir"] = a.chain_dir;
+  out.Result(result);
+  if (a.dry_run) out.text() << "dry run: nothing was changed\n";
   if (failed > 0) {
     return out.Fail(Error::IoError(std::to_string(failed) + " source(s) could not be forgotten as planned")
-                        .set_path(a.policy));
+                        .set_path(policy ? a.policy : a.chain_dir));
   }
   return kExitOk;
 }
 
 // ---- runs list ----
 
+// A point part's state as the catalog keeps it: "present", "removed" or
+// "merged into ID".
+std::string PartState(const orc::RunRecord& r, size_t i) {
+  return i < r.point_states.size() ? r.point_states[i] : "present";
+}
+
+// What became of a run's point, for the text line: "" while present, else
+// "point removed", "point merged into ID[, ID...]" (every part folded into
+// a later point), "point partly removed".
+std::string PointFate(const orc::RunRecord& r) {
+  if (r.point_state.empty() || r.point_state == "present") return "";
+  if (r.point_state != "removed") return "point " + r.point_state;
+  std::vector<std::string> into;
+  for (size_t i = 0; i < r.points.size(); ++i) {
+    const std::string state = PartState(r, i);
+    if (!state.starts_with("merged into ")) return "point removed";
+    std::string id = state.substr(std::string("merged into ").size());
+    if (std::find(into.begin(), into.end(), id) == into.end()) into.push_back(id);
+  }
+  std::string text = "point merged into ";
+  for (size_t i = 0; i < into.size(); ++i) text += (i ? ", " : "") + into[i];
+  return text;
+}
+
 json RecordJson(const orc::RunRecord& r) {
   json points = json::array();
-  for (const auto& p : r.points) points.push_back({{"chain_dir", p.chain_dir}, {"id", p.id}});
+  for (size_t i = 0; i < r.points.size(); ++i) {
+    points.push_back({{"chain_dir", r.points[i].chain_dir}, {"id", r.points[i].id}, {"state", PartState(r, i)}});
+  }
   auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
   return {{"id", r.id}, {"run_id", r.run_id}, {"policy", r.policy}, {"source", r.source},
           {"source_kind", r.source_kind}, {"trigger", r.trigger}, {"trigger_detail", r.trigger_detail},
@@ -418,9 +488,13 @@ int RunRunsList(RunsArgs& a, Output& out) {
       t << "  read " << HumanBytes(r.bytes_read) << ", wrote " << HumanBytes(r.bytes_written) << " in "
         << HumanSeconds(r.duration_seconds);
     }
-    if (!r.point_state.empty() && r.point_state != "present") t << "  (point " << r.point_state << ")";
+    if (std::string fate = PointFate(r); !fate.empty()) t << "  (" << fate << ")";
+    t << "  [record " << r.id << "]";
     if (!r.error.empty()) t << "\n    " << r.error;
     t << "\n";
+    for (size_t i = 0; i < r.points.size(); ++i) {
+      t << "    point " << r.points[i].id << " in " << r.points[i].chain_dir << ": " << PartState(r, i) << "\n";
+    }
   }
   return kExitOk;
 }
@@ -455,15 +529,22 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
   {
     auto a = std::make_shared<ForgetArgs>();
     auto* cmd = AddCommand(app, "forget",
-                           "Remove a policy's points restic-style; every kept point stays restorable", exit_code,
-                           [a](Output& out) { return RunForget(*a, out); });
-    cmd->add_option("--policy", a->policy, "Policy file (YAML)")->required();
+                           "Remove old points restic-style, of a chain folder or a policy's sources; every kept "
+                           "point stays restorable",
+                           exit_code, [a](Output& out) { return RunForget(*a, out); });
+    cmd->add_option("chain", a->chain_dir, "The disk's chain folder (TARGET/<name>/); or --policy");
+    cmd->add_option("--policy", a->policy, "Policy file (YAML): each of its sources' points");
     cmd->add_option("--keep-last", a->keep.keep_last, "Keep the N newest points");
-    cmd->add_option("--keep-daily", a->keep.keep_daily, "Keep the newest point of each of the N newest days (UTC)");
+    cmd->add_option("--keep-hourly", a->keep.keep_hourly,
+                    "Keep the newest point of each of the N newest hours (UTC) that have points");
+    cmd->add_option("--keep-daily", a->keep.keep_daily, "... of each of the N newest days (UTC)");
     cmd->add_option("--keep-weekly", a->keep.keep_weekly, "... of each of the N newest ISO weeks");
     cmd->add_option("--keep-monthly", a->keep.keep_monthly, "... of each of the N newest months");
+    cmd->add_option("--keep-yearly", a->keep.keep_yearly, "... of each of the N newest years");
+    cmd->add_option("--keep-within", a->within,
+                    "Keep every point within DURATION (e.g. 2d12h) of the newest point");
     cmd->add_flag("--dry-run", a->dry_run, "Show what would go; change nothing");
-    cmd->add_option("--source", a->sources, "Only this source (repeatable)");
+    cmd->add_option("--source", a->sources, "With --policy: only this source (repeatable)");
     cmd->add_option("--catalog", a->catalog, "Catalog database (run records are marked)");
     cmd->add_option("--threads", a->threads, "Worker threads of merges (0 = all cores)")->capture_default_str();
     cmd->add_option("--memory", a->memory, "Data in flight of merges")->capture_default_str();

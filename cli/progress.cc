@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "cli/common.h"
 #include "formats/units.h"
 
 namespace barge::cli {
@@ -14,6 +15,12 @@ ProgressReporter::ProgressReporter(Output& out, std::string job)
       mode_(out.json() ? Mode::kEvents : ::isatty(STDERR_FILENO) ? Mode::kBar : Mode::kNone),
       job_(std::move(job)), start_(std::chrono::steady_clock::now()),
       last_(start_ - std::chrono::seconds(10)) {}
+
+ProgressReporter::ProgressReporter(Output& out, std::string job, std::FILE* bar)
+    : ProgressReporter(out, std::move(job)) {
+  mode_ = Mode::kBar;
+  bar_ = bar;
+}
 
 ProgressReporter::~ProgressReporter() { Done(); }
 
@@ -42,17 +49,25 @@ void ProgressReporter::Update(uint64_t done, uint64_t total) {
   std::string bar(filled, '#');
   bar.resize(kWidth, '.');
   double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
-  std::fprintf(stderr, "\r%s [%s] %5.1f%% %s/s ETA %s ", job_.c_str(), bar.c_str(), pct,
-               formats::HumanBytes(static_cast<uint64_t>(rate)).c_str(),
-               formats::HumanSeconds(eta).c_str());
+  std::string line = job_ + " [" + bar + "] " + Format("%5.1f%% ", pct) +
+                     formats::HumanBytes(static_cast<uint64_t>(rate)) + "/s ETA " + formats::HumanSeconds(eta);
+  // "\r" only moves the cursor: blank what a longer line drew before
+  // ("ETA 10 s" after "ETA 1.5 min" left "ETA 10 s s").
+  const size_t width = line.size();
+  if (width < drawn_width_) line.append(drawn_width_ - width, ' ');
+  std::fprintf(bar_, "\r%s", line.c_str());
+  std::fflush(bar_);
+  drawn_width_ = width;
   drew_ = true;
 }
 
 void ProgressReporter::Done() {
   std::lock_guard lock(mu_);
   if (mode_ == Mode::kBar && drew_) {
-    std::fprintf(stderr, "\n");
+    std::fprintf(bar_, "\n");
+    std::fflush(bar_);
     drew_ = false;
+    drawn_width_ = 0;
   }
 }
 

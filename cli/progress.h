@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <string>
 
@@ -16,6 +17,9 @@ namespace barge::cli {
 class ProgressReporter {
  public:
   ProgressReporter(Output& out, std::string job);
+  // Draws the bar into `bar` whether or not it is a terminal (tests).
+  // `bar` must outlive it.
+  ProgressReporter(Output& out, std::string job, std::FILE* bar);
   ~ProgressReporter();
   ProgressReporter(const ProgressReporter&) = delete;
   ProgressReporter& operator=(const ProgressReporter&) = delete;
@@ -32,7 +36,9 @@ class ProgressReporter {
   std::mutex mu_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_;
+  std::FILE* bar_ = stderr;
   bool drew_ = false;
+  size_t drawn_width_ = 0;  // of the line on screen, for blanking what a shorter one leaves
 };
 
 }  // namespace barge::cli

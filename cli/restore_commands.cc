@@ -1,4 +1,6 @@
 // barge restore and barge verify.
+#include <algorithm>
+#include <chrono>
 #include <iostream>
 
 #include "cli/common.h"
@@ -88,28 +90,72 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   req.all_points = a.all;
   req.against.location = a.against;
   req.against.format = a.against_format;
+  std::vector<pipeline::VerifyOutcome> outcomes;
+  req.on_point = [&](const pipeline::VerifyOutcome& o) { outcomes.push_back(o); };
   ProgressReporter progress(out, "verify");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
+  const auto start = std::chrono::steady_clock::now();
   auto r = pipeline::RunVerify(Env::Default(), req);
   progress.Done();
-  if (!r.ok()) return out.Fail(r.error());
-  for (const auto& w : r->warnings) out.Warning(w);
-  json points = json::array();
-  for (size_t i = 0; i < r->verified_ids.size(); ++i) {
-    points.push_back({{"id", r->verified_ids[i]},
-                      {"position", r->verified_positions[i]},
-                      {"started_at", TimeJson(r->verified_started_at[i])}});
+  using State = pipeline::VerifyOutcome::State;
+  const bool some_failed = std::any_of(outcomes.begin(), outcomes.end(),
+                                       [](const auto& o) { return o.state == State::kFailed; });
+  if (!r.ok() && !(a.all && some_failed)) {
+    // A source that differs from a point that verified is a mismatch (2),
+    // though no damage to the backup (the error is no Corruption).
+    if (!outcomes.empty() && outcomes.back().source_differs) return out.Fail(r.error(), kExitCorruption);
+    return out.Fail(r.error());
   }
-  out.Result({{"ok", true},
-              {"verified", r->verified_ids},
+  if (r.ok()) {
+    for (const auto& w : r->warnings) out.Warning(w);
+  }
+  // Every point's outcome: with --all, a failed point does not hide the
+  // others (passed, failed, or skipped because a layer it reads failed).
+  json points = json::array();
+  json verified = json::array();
+  uint64_t clusters_checked = 0, bytes_read = 0;
+  size_t passed = 0, failed = 0, skipped = 0;
+  for (const auto& o : outcomes) {
+    json p = {{"id", o.id}, {"position", o.position}, {"started_at", TimeJson(o.started_at)}};
+    std::string line = PointText(o.position, o.started_at);
+    switch (o.state) {
+      case State::kPassed:
+        p["result"] = "passed";
+        verified.push_back(o.id);
+        clusters_checked += o.clusters_checked;
+        bytes_read += o.bytes_read;
+        out.text() << "verified " << o.id << " (" << line << ")\n";
+        ++passed;
+        break;
+      case State::kFailed:
+        p["result"] = "failed";
+        p["error"] = o.error;
+        out.text() << "FAILED " << o.id << " (" << line << "): " << o.error << "\n";
+        ++failed;
+        break;
+      case State::kSkipped:
+        p["result"] = "skipped";
+        p["failed_layer"] = o.failed_layer;
+        out.text() << "skipped " << o.id << " (" << line << "): reads through " << o.failed_layer
+                   << ", which failed\n";
+        ++skipped;
+        break;
+    }
+    points.push_back(std::move(p));
+  }
+  const double seconds =
+      r.ok() ? r->seconds : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.Result({{"ok", r.ok()},
+              {"verified", verified},
               {"points", points},
-              {"clusters_checked", r->clusters_checked},
-              {"bytes_read", r->bytes_read},
-              {"against_source", r->against_checked},
-              {"duration_seconds", r->seconds}});
-  for (size_t i = 0; i < r->verified_ids.size(); ++i) {
-    out.text() << "verified " << r->verified_ids[i] << " ("
-               << PointText(r->verified_positions[i], r->verified_started_at[i]) << ")\n";
+              {"clusters_checked", clusters_checked},
+              {"bytes_read", bytes_read},
+              {"against_source", r.ok() && r->against_checked},
+              {"duration_seconds", seconds}});
+  if (!r.ok()) {
+    out.text() << passed << " of " << outcomes.size() << " points verified, " << failed << " FAILED, " << skipped
+               << " skipped (" << HumanSeconds(seconds) << ")\n";
+    return out.Fail(r.error());
   }
   out.text() << "structure, " << r->clusters_checked << " cluster digests (xxh3-128) and image digest OK"
              << (r->against_checked ? "; the source matches" : "") << " (" << HumanSeconds(r->seconds)
@@ -124,7 +170,9 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     auto args = std::make_shared<RestoreArgs>();
     auto* cmd = AddCommand(app, "restore", "Restore (flatten) any point of a backup chain, verified",
                            exit_code, [args](Output& out) { return RunRestoreCommand(*args, out); });
-    cmd->add_option("chain", args->chain, "The disk's chain folder (TARGET/<name>/)")->required();
+    cmd->add_option("chain", args->chain,
+                    "The disk's chain folder (TARGET/<name>/), or a point's manifest (.json) or image (.qcow2)")
+        ->required();
     cmd->add_option("--at", args->at,
                     "latest; a position (0 = the oldest point: the full, or after a merge the merged "
                     "full); a backup id; or an RFC 3339 time (the newest point taken at or before it)")
@@ -149,7 +197,9 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("--at", args->at,
                     "With a chain folder: which point (default latest): a position, an id or an RFC 3339 time, "
                     "as restore --at");
-    cmd->add_flag("--all", args->all, "Verify every point of the chain folder");
+    cmd->add_flag("--all", args->all,
+                  "Verify every point of the chain folder; one that fails does not stop the others (those that "
+                  "read through it are skipped), and each point's outcome is reported");
     cmd->add_option("--against", args->against, "Also compare with this source (file, device, nbd:// URI)");
     cmd->add_option("--against-format", args->against_format, "raw or qcow2")
         ->check(CLI::IsMember({"raw", "qcow2"}));

@@ -81,6 +81,15 @@ int BadUsage(const Error& error, Output& out) {
   return out.Usage(error.message() + " (see: barge " + out.command() + " --help)");
 }
 
+// Why `name` cannot name a snapshot ("" if it can): the qcow2 format's rule
+// (at most 255 bytes, no NUL), and UTF-8 (list --json and metrics labels
+// must carry it). A usage error for create and rename alike.
+std::string SnapshotNameProblem(const std::string& name) {
+  auto valid = formats::qcow2::ValidateSnapshotName(name);
+  if (!valid.ok()) return valid.error().message();
+  return formats::IsUtf8(name) ? "" : "the snapshot name is not valid UTF-8";
+}
+
 std::string TimeText(uint32_t sec, uint32_t nsec) {
   return formats::FormatRfc3339({static_cast<int64_t>(sec), static_cast<int32_t>(nsec)});
 }
@@ -255,6 +264,9 @@ int RunRename(Env& env, const TargetArgs& t, Output& out) {
   std::vector<std::string> words;
   auto target = t.Resolve(words);
   if (!target.ok()) return BadUsage(target.error(), out);
+  if (std::string problem = SnapshotNameProblem(words[1]); !problem.empty()) {
+    return BadUsage(Error::InvalidArgument("NEW_NAME: " + problem), out);
+  }
   auto r = orc::RenameDiskSnapshot(env, *target, words[0], words[1]);
   if (!r.ok()) return out.Fail(r.error());
   ReportWarnings(r->warnings, r->image, out);
@@ -425,14 +437,7 @@ void RegisterSnapshotCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("--name", a->name, "Snapshot name (with --uuid: its display name)")
         ->required()
         ->check(CLI::Validator(
-            [](std::string& v) -> std::string {
-              // The qcow2 format's rule (at most 255 bytes, no NUL), and
-              // UTF-8 (list --json and metrics labels must carry it), as a
-              // usage error.
-              auto valid = formats::qcow2::ValidateSnapshotName(v);
-              if (!valid.ok()) return valid.error().message();
-              return formats::IsUtf8(v) ? "" : "the snapshot name is not valid UTF-8";
-            },
+            [](std::string& v) -> std::string { return SnapshotNameProblem(v); },
             "NAME"));
     cmd->add_option("--uuid", a->uuid,
                     "Name the qcow2 snapshot by this uuid and record NAME as its display name (as apply does)");

@@ -32,29 +32,55 @@ std::string_view CompressionName(Compression c) {
 namespace {
 
 // A raw file: guest view == file bytes; extents from the file's allocation.
+// A size that is not a multiple of 512 is rounded up, the tail reading as
+// zeros, as QEMU does (qemu-img info shows a 24-byte file as a 512 B disk):
+// a disk is whole sectors, and barge's copies then equal qemu-img's.
 class RawImage final : public Image {
  public:
-  RawImage(std::unique_ptr<BlockSource> file, const std::string& path) : file_(std::move(file)) {
+  static constexpr uint64_t kSectorBytes = 512;
+
+  RawImage(std::unique_ptr<BlockSource> file, const std::string& path)
+      : file_(std::move(file)), file_bytes_(file_->size_bytes()) {
     info_.path = path;
     info_.format = ImageFormat::kRaw;
-    info_.virtual_size = file_->size_bytes();
-    info_.file_size = file_->size_bytes();
+    info_.virtual_size = (file_bytes_ + kSectorBytes - 1) / kSectorBytes * kSectorBytes;
+    info_.file_size = file_bytes_;
   }
   const std::string& name() const override { return file_->name(); }
-  uint64_t size_bytes() const override { return file_->size_bytes(); }
+  uint64_t size_bytes() const override { return info_.virtual_size; }
   SourceCapabilities capabilities() const override { return file_->capabilities(); }
   Status ReadAt(uint64_t offset, std::span<std::byte> out) override {
-    return file_->ReadAt(offset, out);
+    if (offset + out.size() <= file_bytes_) return file_->ReadAt(offset, out);
+    BARGE_RETURN_IF_ERROR(CheckRange(offset, out.size()));
+    const uint64_t in_file = offset < file_bytes_ ? file_bytes_ - offset : 0;
+    if (in_file > 0) BARGE_RETURN_IF_ERROR(file_->ReadAt(offset, out.first(in_file)));
+    std::fill(out.begin() + static_cast<std::ptrdiff_t>(in_file), out.end(), std::byte{0});
+    return OkStatus();
   }
-  Status ReadMany(std::span<ReadRequest> requests) override { return file_->ReadMany(requests); }
-  void WillNeed(uint64_t offset, uint64_t length) override { file_->WillNeed(offset, length); }
+  Status ReadMany(std::span<ReadRequest> requests) override {
+    // Only a request that reaches the padded tail goes one at a time.
+    const bool tail = std::any_of(requests.begin(), requests.end(),
+                                  [&](const ReadRequest& r) { return r.offset + r.buffer.size() > file_bytes_; });
+    return tail ? Image::ReadMany(requests) : file_->ReadMany(requests);
+  }
+  void WillNeed(uint64_t offset, uint64_t length) override {
+    if (offset < file_bytes_) file_->WillNeed(offset, std::min(length, file_bytes_ - offset));
+  }
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override {
-    return file_->Extents(offset, length);
+    if (offset + length <= file_bytes_) return file_->Extents(offset, length);
+    BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
+    ExtentList out;
+    if (offset < file_bytes_) {
+      BARGE_ASSIGN_OR_RETURN(out, file_->Extents(offset, file_bytes_ - offset));
+    }
+    const uint64_t tail = std::max(offset, file_bytes_);
+    if (offset + length > tail) out.push_back({tail, offset + length - tail, ExtentKind::kZero});
+    return out;
   }
   const ImageInfo& info() const override { return info_; }
   const Image* backing() const override { return nullptr; }
   Result<std::vector<MappedExtent>> Map(uint64_t offset, uint64_t length) override {
-    BARGE_ASSIGN_OR_RETURN(ExtentList extents, file_->Extents(offset, length));
+    BARGE_ASSIGN_OR_RETURN(ExtentList extents, Extents(offset, length));
     std::vector<MappedExtent> out;
     for (const Extent& e : extents) {
       MappedExtent m;
@@ -72,6 +98,7 @@ class RawImage final : public Image {
 
  private:
   std::unique_ptr<BlockSource> file_;
+  uint64_t file_bytes_;  // the file's own size; size_bytes() rounds it up
   ImageInfo info_;
 };
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/json_fields.h"
+#include "formats/units.h"
 
 namespace barge::formats {
 
@@ -13,6 +14,14 @@ using nlohmann::json;
 
 std::string_view BackupTypeName(BackupType type) {
   return type == BackupType::kFull ? "full" : "incremental";
+}
+
+std::string DiskIdentity::Describe() const {
+  std::string what = kind == "domain" ? "disk " + target + " of domain " + location
+                     : kind == "nbd"  ? "NBD export " + location
+                     : kind == "block" ? "block device " + location
+                                       : kind + " " + location;
+  return what + " (" + HumanBytes(virtual_size) + ")";
 }
 
 Result<std::string> EncodeManifest(const BackupManifest& m) {
@@ -40,6 +49,7 @@ Result<std::string> EncodeManifest(const BackupManifest& m) {
   j["dirty"] = {{"source", m.dirty_source}, {"bytes", m.dirty_bytes}};
   j["started_at"] = m.started_at;
   j["finished_at"] = m.finished_at;
+  if (m.duration_seconds) j["duration_seconds"] = *m.duration_seconds;
   j["tool"] = {{"name", "barge"}, {"version", m.tool_version}};
   j["counts"] = {{"bytes_read", m.bytes_read},
                  {"bytes_written", m.bytes_written},
@@ -47,6 +57,12 @@ Result<std::string> EncodeManifest(const BackupManifest& m) {
                  {"compressed_clusters", m.compressed_clusters},
                  {"zero_clusters", m.zero_clusters}};
   j["image_digest"] = {{"algorithm", "xxh3-128-cluster-fold"}, {"value", m.image_digest.ToHex()}};
+  if (m.disk_identity) {
+    const DiskIdentity& d = *m.disk_identity;
+    j["disk_identity"] = {{"kind", d.kind}, {"location", d.location}, {"virtual_size", d.virtual_size}};
+    if (!d.target.empty()) j["disk_identity"]["target"] = d.target;
+  }
+  if (!m.chain_id.empty()) j["chain_id"] = m.chain_id;
   BARGE_ASSIGN_OR_RETURN(std::string text, DumpJson(j, 2, "manifest " + m.id + ".json"));
   return text + "\n";
 }
@@ -173,6 +189,10 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
   }
   m.started_at = r.Str(j, "started_at", false);
   m.finished_at = r.Str(j, "finished_at", false);
+  if (auto it = j.find("duration_seconds"); it != j.end()) {
+    if (!it->is_number() || it->get<double>() < 0) r.Fail("duration_seconds must be a number of seconds >= 0");
+    else m.duration_seconds = it->get<double>();
+  }
   if (auto it = j.find("tool"); it != j.end() && it->is_object()) {
     m.tool_version = r.Str(*it, "version", false);
   }
@@ -186,6 +206,23 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
   const json& digest = r.Obj(j, "image_digest");
   if (r.Str(digest, "algorithm") != "xxh3-128-cluster-fold") r.Fail("unknown image digest algorithm");
   m.image_digest = r.Hex(r.Str(digest, "value"), "image_digest");
+  // Optional (older manifests lack them); present, they must be well formed:
+  // a chain's disk check relies on them.
+  if (auto it = j.find("disk_identity"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      r.Fail("disk_identity must be an object");
+    } else {
+      DiskIdentity d;
+      d.kind = r.Str(*it, "kind");
+      d.location = r.Str(*it, "location");
+      d.target = r.Str(*it, "target", false);
+      d.virtual_size = r.U64(*it, "virtual_size");
+      if (d.kind.empty() || d.location.empty()) r.Fail("disk_identity needs a kind and a location");
+      if (d.kind == "domain" && d.target.empty()) r.Fail("disk_identity of a domain needs the disk's target");
+      m.disk_identity = std::move(d);
+    }
+  }
+  m.chain_id = r.Str(j, "chain_id", false);
   BARGE_RETURN_IF_ERROR(r.error());
   return m;
 }

@@ -1,5 +1,5 @@
 // The JSON manifest beside each backup image: everything needed to restore
-// and verify it without a database. Field list: docs/formats/manifest.md.
+// and verify it without a database. Field list: docs/formats/backup.md.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,20 @@ struct ManifestParent {
   Digest128 image_digest;    // the parent's whole-image digest
 };
 
+// The disk a point was read from (docs/formats/backup.md, "Which disk a
+// chain holds"): every point of one chain records the same one.
+struct DiskIdentity {
+  std::string kind;      // "file", "block", "nbd" or "domain"
+  std::string location;  // file/block: canonical path; nbd: the URI without
+                         // credentials; domain: the domain's name
+  std::string target;    // domain: the disk's target ("vda"); else ""
+  uint64_t virtual_size = 0;
+
+  bool operator==(const DiskIdentity&) const = default;
+  // "file /var/lib/a.qcow2 (1 GiB)", "disk vda of domain vm1 (10 GiB)".
+  std::string Describe() const;
+};
+
 struct BackupManifest {
   uint32_t format_version = kManifestFormatVersion;
   std::string id;            // unique within the chain, e.g. 20261122T150102Z-0001
@@ -42,6 +56,10 @@ struct BackupManifest {
   uint64_t dirty_bytes = 0;
   std::string started_at;    // RFC 3339 UTC
   std::string finished_at;
+  // How long the backup took, to the microsecond; nullopt in manifests
+  // written before barge recorded it (started_at/finished_at then tell it
+  // to the second).
+  std::optional<double> duration_seconds;
   std::string tool_version;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;    // size of the image file
@@ -49,6 +67,10 @@ struct BackupManifest {
   uint64_t compressed_clusters = 0;
   uint64_t zero_clusters = 0;    // stored as zero clusters
   Digest128 image_digest;        // fold of every cluster's digest at this point
+  // Absent in manifests written before barge recorded them: such a point
+  // is of whatever disk the rest of its chain records.
+  std::optional<DiskIdentity> disk_identity;
+  std::string chain_id;          // made at the full, carried by its incrementals
 };
 
 Result<std::string> EncodeManifest(const BackupManifest& manifest);

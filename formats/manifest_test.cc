@@ -70,6 +70,68 @@ TEST(ManifestTest, RejectsBadInput) {
   EXPECT_FALSE(DecodeManifest(replace("\"type\": \"incremental\"", "\"type\": \"weird\"")).ok());
 }
 
+TEST(ManifestTest, DiskIdentityAndChainIdRoundTrip) {
+  BackupManifest m = Sample();
+  m.disk_identity = DiskIdentity{"domain", "vm1", "vda", 1 << 30};
+  m.chain_id = "0123456789abcdef0123456789abcdef";
+  std::string text = EncodeManifest(m).value();
+  EXPECT_NE(text.find("\"disk_identity\""), std::string::npos) << text;
+  auto back = DecodeManifest(text);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  ASSERT_TRUE(back->disk_identity.has_value());
+  EXPECT_EQ(*back->disk_identity, *m.disk_identity);
+  EXPECT_EQ(back->chain_id, m.chain_id);
+
+  m.disk_identity = DiskIdentity{"file", "/srv/a.qcow2", "", 4096};
+  back = DecodeManifest(EncodeManifest(m).value());
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  EXPECT_EQ(*back->disk_identity, *m.disk_identity);
+  EXPECT_EQ(back->disk_identity->Describe(), "file /srv/a.qcow2 (4 KiB)");
+}
+
+TEST(ManifestTest, WithoutDiskIdentityDecodesAsBefore) {
+  // A manifest written before barge recorded identities has neither field.
+  std::string text = EncodeManifest(Sample()).value();
+  EXPECT_EQ(text.find("disk_identity"), std::string::npos);
+  EXPECT_EQ(text.find("chain_id"), std::string::npos);
+  auto back = DecodeManifest(text);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  EXPECT_FALSE(back->disk_identity.has_value());
+  EXPECT_TRUE(back->chain_id.empty());
+}
+
+TEST(ManifestTest, MalformedDiskIdentityIsCorruptionNotAnException) {
+  BackupManifest m = Sample();
+  m.disk_identity = DiskIdentity{"file", "/srv/a.qcow2", "", 4096};
+  m.chain_id = "abc";
+  const std::string good = EncodeManifest(m).value();
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  for (const std::string& bad : {
+           replace("\"location\": \"/srv/a.qcow2\"", "\"location\": 7"),
+           replace("\"location\": \"/srv/a.qcow2\"", "\"location\": \"\""),
+           replace("\"kind\": \"file\"", "\"kind\": [1]"),
+           replace("\"kind\": \"file\"", "\"kind\": \"domain\""),  // a domain needs a target
+           replace("\"virtual_size\": 4096", "\"virtual_size\": -4096"),
+           replace("\"chain_id\": \"abc\"", "\"chain_id\": {}"),
+       }) {
+    auto r = DecodeManifest(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code(), ErrorCode::kCorruption) << bad;
+  }
+  auto r = DecodeManifest(replace("\"disk_identity\": {", "\"disk_identity\": 5, \"x\": {"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), ErrorCode::kCorruption);
+  // null is as absent.
+  r = DecodeManifest(replace("\"chain_id\": \"abc\"", "\"chain_id\": null"));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_TRUE(r->chain_id.empty());
+}
+
 TEST(DigestTableTest, EncodeDecodeAndCorruption) {
   DigestTable t{65536, 10 * 65536 + 100, {{0, {1, 2}}, {3, {3, 4}}, {10, {5, 6}}}};
   std::vector<std::byte> bytes = EncodeDigestTable(t);

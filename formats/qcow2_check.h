@@ -42,7 +42,10 @@ struct CheckReport {
 // clusters (not when they live in an external data file), every host cluster
 // a compressed payload touches, the refcount table and blocks, the snapshot
 // table, the bitmap directory, tables and data clusters. Then compares with
-// the stored refcounts and the COPIED flags.
+// the stored refcounts and the COPIED flags. What counts as a corruption
+// (reserved bits, misaligned offsets, regions past the end of the file,
+// shared refcount blocks...) follows `qemu-img check`; the rules and the
+// few places where barge is stricter are in docs/formats/qcow2.md §3.1.
 // Returns the report, or an error when the header cannot be parsed
 // (kCorruption/kNotSupported), the file is too large for max_file_clusters
 // or needs more than max_scan_bytes of reads (kNotSupported), or the file cannot be read (kIoError). May block; the

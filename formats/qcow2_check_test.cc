@@ -132,6 +132,47 @@ TEST_F(Qcow2Check, PokedRefcountsMatchQemuVerdict) {
   }
 }
 
+// Issue 18: an L1, L2 or refcount table entry with reserved bits set is a
+// corruption for qemu-img check (exit 2); barge check called it clean (the
+// bits were masked off and the offsets followed).
+TEST_F(Qcow2Check, ReservedBitsInEntriesAreCorruption) {
+  const std::string img = dir_ / "r.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + img + " 1M && qemu-io -f qcow2 -c 'write -P 1 0 64k' " + img);
+  const std::vector<std::byte> good = testing::ReadFile(img);
+  ASSERT_TRUE(MustCheck(good).clean());
+  const uint64_t l1 = LoadBe64(good.data() + 40);
+  const uint64_t l2 = LoadBe64(good.data() + l1) & kL1OffsetMask;
+  const uint64_t rt = LoadBe64(good.data() + 48);
+  ASSERT_NE(LoadBe64(good.data() + l2), 0u);  // the written cluster's entry
+  struct Poke {
+    const char* what;
+    uint64_t at;
+    uint64_t bits;
+  };
+  const Poke pokes[] = {
+      {"L1 entry, bit 0", l1, 1},
+      {"L1 entry, bit 56", l1, uint64_t{1} << 56},
+      {"L1 entry, bit 62", l1, uint64_t{1} << 62},
+      {"L2 entry, bit 1", l2, 2},
+      {"L2 entry, bit 8", l2, 0x100},
+      {"L2 entry, bit 56", l2, uint64_t{1} << 56},
+      {"L2 entry, bit 61", l2, uint64_t{1} << 61},
+      {"unallocated L2 entry, bit 4", l2 + 8, 0x10},
+      {"refcount table entry, bit 0", rt, 1},
+      {"refcount table entry, bit 8", rt, 0x100},
+  };
+  for (const Poke& p : pokes) {
+    SCOPED_TRACE(p.what);
+    auto b = good;
+    StoreBe64(b.data() + p.at, LoadBe64(b.data() + p.at) | p.bits);
+    CheckReport r = MustCheck(b);
+    EXPECT_GE(r.corruptions, 1u) << Messages(r);
+    EXPECT_NE(Messages(r).find("reserved bits"), std::string::npos) << Messages(r);
+    EXPECT_EQ(r.exit_code(), 2);
+    EXPECT_EQ(QemuCheck(b), 2);
+  }
+}
+
 // Found while building the hostile-image table (docs/security.md): every
 // L1 entry of a crafted image names the same L2 table. The checker read
 // that table once per L1 entry (a 17 MB 1 PiB image with 64 KiB clusters,

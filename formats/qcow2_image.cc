@@ -3,7 +3,9 @@
 #include "formats/qcow2_image.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "formats/qcow2_compress.h"
 
@@ -53,6 +55,12 @@ void Append(std::vector<Run>& out, const Run& run) {
   out.push_back(run);
 }
 
+std::string HexOffset(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 Compression CompressionOf(const Header& h) {
   return h.compression_type == kCompressionZstd ? Compression::kZstd : Compression::kDeflate;
 }
@@ -94,6 +102,9 @@ Status Qcow2Image::MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& 
     const uint64_t l1_entry = l1_index < l1_.size() ? l1_[l1_index] : 0;
     const uint64_t l2_offset = l1_entry & kL1OffsetMask;
     const uint64_t l1_entry_pos = header_.l1_table_offset + 8 * l1_index;
+    // Reserved bits mean the entry is not what we think it is (qemu-img
+    // check calls it corrupt): refuse it rather than follow the offset.
+    if (l1_entry & kL1ReservedMask) return Bad("L1 entry has reserved bits set", l1_entry_pos);
     if (l2_offset == 0) {
       Append(out, {pos, l1_span_end - pos, RunKind::kUnallocated});
       pos = l1_span_end;
@@ -122,6 +133,7 @@ Status Qcow2Image::MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& 
         pos = cluster_end;
         continue;
       }
+      if (entry & kL2ReservedMask) return Bad("L2 entry has reserved bits set", entry_pos);
       const uint64_t host = entry & kL2OffsetMask;
       const bool mapped = host != 0 || (data_file && (entry & kOflagCopied));
       if (mapped) {
@@ -173,6 +185,7 @@ struct Qcow2Image::Fetch {
   std::span<std::byte> dst; // the guest bytes it fills
   bool compressed = false;
   uint64_t in_cluster = 0;  // compressed: where dst starts in the cluster
+  uint64_t guest = 0;       // compressed: the guest offset of the cluster
 };
 
 Status Qcow2Image::ReadPieces(std::span<const Piece> pieces) {
@@ -203,8 +216,9 @@ Status Qcow2Image::ReadPieces(std::span<const Piece> pieces) {
           // MapLayer checked that the payload starts inside the file; it
           // may end past it (inside a final, partial sector).
           const CompressedPayload p = DecodeCompressed(run.l2_entry, cb);
-          fetches.push_back({p.host, p.host + std::min(p.bytes, file_size - p.host), dst, true,
-                             OffsetIntoCluster(run.guest_offset, cb)});
+          const uint64_t in_cluster = OffsetIntoCluster(run.guest_offset, cb);
+          fetches.push_back({p.host, p.host + std::min(p.bytes, file_size - p.host), dst, true, in_cluster,
+                             run.guest_offset - in_cluster});
           break;
         }
         case RunKind::kData:
@@ -276,7 +290,16 @@ Status Qcow2Image::FetchRuns(std::vector<Fetch>& fetches) {
       if (!whole && cluster.size() < cs) cluster.resize(cs);
       std::span<std::byte> target = whole ? f.dst : std::span(cluster).first(cs);
       Status st = DecompressCluster(CompressionOf(header_), bytes, target);
-      if (!st.ok()) return Error(std::move(st).error()).set_path(info_.path).set_offset(f.host);
+      if (!st.ok()) {
+        // Named like a damaged uncompressed cluster: the guest cluster and
+        // this layer's file; the payload's host offset is in the message.
+        Error e = std::move(st).error();
+        return Error(e.code(), "compressed cluster " + std::to_string(f.guest >> header_.cluster_bits) +
+                                 " at guest offset " + HexOffset(f.guest) + " (payload at host offset " +
+                                 HexOffset(f.host) + ") does not decompress: " + e.message())
+            .set_path(info_.path)
+            .set_range(f.guest, cs);
+      }
       if (!whole) std::memcpy(f.dst.data(), cluster.data() + f.in_cluster, f.dst.size());
     }
   }

@@ -108,6 +108,26 @@ TEST_F(Qcow2Corrupt, L2OffsetsAndEntries) {
   EXPECT_EQ(poke([&](auto& b) { Put64(b, l2, kOflagCompressed | (b.size() + 4096)); }), ErrorCode::kCorruption);
   // A compressed descriptor inside the file but over garbage.
   EXPECT_EQ(poke([&](auto& b) { Put64(b, l2, kOflagCompressed | 0x200); }), ErrorCode::kCorruption);
+  // Reserved bits (qemu-img check: corrupt) are refused, not masked off and
+  // followed (issue 18): in the L1 entry, in a data and an unallocated L2
+  // entry.
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l1, Get64(b, l1) | (1ull << 56)); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l1, Get64(b, l1) | 1); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l2, Get64(b, l2) | 2); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l2, Get64(b, l2) | (1ull << 60)); }), ErrorCode::kCorruption);
+  EXPECT_EQ(poke([&](auto& b) { Put64(b, l2 + 8, 0x100); }), ErrorCode::kCorruption);
+  auto image = OpenImage("/img.qcow2", MemoryOpener({{"/img.qcow2", [&] {
+                                                       auto b = good;
+                                                       Put64(b, l2, Get64(b, l2) | 2);
+                                                       return b;
+                                                     }()}}));
+  ASSERT_TRUE(image.ok());
+  std::vector<std::byte> buf(4096);
+  Status st = (*image)->ReadAt(0, buf);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message().find("reserved bits"), std::string::npos) << st.error().ToString();
+  EXPECT_EQ(st.error().offset(), l2) << st.error().ToString();
+  EXPECT_EQ(st.error().path(), "/img.qcow2");
 }
 
 TEST_F(Qcow2Corrupt, BitmapDirectory) {

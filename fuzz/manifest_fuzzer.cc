@@ -16,5 +16,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!encoded.ok()) std::abort();
   auto again = barge::formats::DecodeManifest(*encoded);
   if (!again.ok() || again->id != m->id || again->image_digest != m->image_digest) std::abort();
+  if (again->disk_identity != m->disk_identity || again->chain_id != m->chain_id) std::abort();
   return 0;
 }

@@ -155,7 +155,28 @@ Status ValidName(const std::string& name) {
   return OkStatus();
 }
 
-std::string CopyPath(const std::string& disk, const std::string& name) { return JoinPath(disk, name); }
+// The extension of a source file (".qcow2", ".raw", ".img"): "" for a URI,
+// a name without one, or anything but a short run of letters and digits.
+std::string SourceExtension(const std::string& source) {
+  if (source.find("://") != std::string::npos) return "";
+  const std::string base = source.substr(source.find_last_of('/') + 1);
+  const size_t dot = base.find_last_of('.');
+  if (dot == std::string::npos || dot == 0 || base.size() - dot > 9 || base.size() - dot < 2) return "";
+  const std::string ext = base.substr(dot);
+  if (!std::all_of(ext.begin() + 1, ext.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); })) {
+    return "";
+  }
+  return ext;
+}
+
+// Image `name`'s copy in `disk`: the name with its source's extension
+// (base -> base.qcow2), so the file says its format to people and tools;
+// the name alone when it already ends with it or the source has none.
+std::string CopyPath(const std::string& disk, const std::string& name, const std::string& source) {
+  const std::string ext = SourceExtension(source);
+  const bool has = !ext.empty() && name.size() > ext.size() && name.ends_with(ext);
+  return JoinPath(disk, has ? name : name + ext);
+}
 
 // The backing file `qcow2` names, resolved against its folder; "" if none
 // or not a qcow2 file; the error when the file cannot be read.
@@ -313,7 +334,7 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   BARGE_ASSIGN_OR_RETURN(auto image_lock, TryLockFile(env_, LockPath(name), "an image add or sync of " + name +
                                                                                 " is already running"));
   BARGE_RETURN_IF_ERROR(Recover(name, name));
-  ImageCopyRecord copy{name, DiskKey(disk), CopyPath(DiskKey(disk), name), "in-progress", 0, "", "", Now(), 0,
+  ImageCopyRecord copy{name, DiskKey(disk), CopyPath(DiskKey(disk), name, source), "in-progress", 0, "", "", Now(), 0,
                        ProcessOwner::Self(env_).Encode()};
   {
     std::lock_guard lock(mu_);
@@ -430,7 +451,7 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
       std::string key = DiskKey(d);
       if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
       keys.push_back(key);
-      std::string path = CopyPath(key, name);
+      std::string path = CopyPath(key, name, image.source);
       if (std::any_of(senders.begin(), senders.end(), [&](const Sender& s) { return s.path == path; })) continue;
       ImageCopyRecord c{name, key, path, "pending", 0, "", "", Now(), 0, owner};
       if (!made.ok()) {
@@ -598,10 +619,17 @@ Status ImageCatalog::Rescan(const std::vector<std::string>& disks_arg) {
     BARGE_ASSIGN_OR_RETURN(std::vector<std::string> fnames, env_.ListDir(disk));
     for (const std::string& fname : fnames) {
       if (fname.size() <= suffix.size() || fname.compare(fname.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-      std::string name = fname.substr(0, fname.size() - suffix.size());
-      if (!ValidName(name).ok() || live.count(name)) continue;
-      std::string path = CopyPath(disk, name);
+      // The copy's file is the image's name and its source's extension
+      // (older copies: the name alone).
+      const std::string file = fname.substr(0, fname.size() - suffix.size());
+      const std::string path = JoinPath(disk, file);
       auto rec = pipeline::ReadReplicaRecord(env_, path);
+      std::string name = file;
+      if (const std::string ext = rec.ok() ? SourceExtension(rec->source) : "";
+          !ext.empty() && file.size() > ext.size() && file.ends_with(ext)) {
+        name = file.substr(0, file.size() - ext.size());
+      }
+      if (!ValidName(name).ok() || live.count(name)) continue;
       ImageCopyRecord c{name, disk, path, "ready", 100, "", "", Now(), 0, ""};
       if (!rec.ok()) {
         c.state = "failed";

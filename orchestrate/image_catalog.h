@@ -38,7 +38,7 @@ struct ImageRecord {
 struct ImageCopyRecord {
   std::string image;
   std::string disk;      // folder
-  std::string path;      // disk/NAME
+  std::string path;      // disk/NAME plus the source's extension (disk/base.qcow2)
   std::string state;     // "pending", "in-progress", "ready", "failed"
   double percent = 0;
   std::string message;   // why it failed

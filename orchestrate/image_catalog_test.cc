@@ -261,7 +261,7 @@ TEST_F(ImageCatalogTest, Issue13CleanupKeepsACopyWhoseNeighbourCannotBeRead) {
     ASSERT_TRUE((*cat)->Sync("base", {b, c}, SyncOptions{}).ok());
   }
   // A VM disk on a uses a's copy.
-  barge::testing::RunOk("qemu-img create -f qcow2 -b base -F raw " + barge::testing::ShellQuote(a + "/vm.qcow2") +
+  barge::testing::RunOk("qemu-img create -f qcow2 -b base.raw -F raw " + barge::testing::ShellQuote(a + "/vm.qcow2") +
                         " >/dev/null");
   testing::FailOpenEnv env(PosixEnv(), a + "/vm.qcow2");
   {
@@ -271,19 +271,19 @@ TEST_F(ImageCatalogTest, Issue13CleanupKeepsACopyWhoseNeighbourCannotBeRead) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code(), ErrorCode::kIoError) << r.error().ToString();
     EXPECT_EQ(r.error().path(), a + "/vm.qcow2") << r.error().ToString();
-    EXPECT_TRUE(fs::exists(a + "/base"));
-    EXPECT_TRUE(fs::exists(pipeline::ReplicaRecordPath(a + "/base")));
+    EXPECT_TRUE(fs::exists(a + "/base.raw"));
+    EXPECT_TRUE(fs::exists(pipeline::ReplicaRecordPath(a + "/base.raw")));
   }
   // Readable again: a's copy is in use and stays, b's and c's go.
   auto cat = ImageCatalog::Open(PosixEnv(), Db());
   ASSERT_TRUE(cat.ok()) << cat.error().ToString();
   auto r = (*cat)->Cleanup(std::chrono::seconds(0));
   ASSERT_TRUE(r.ok()) << r.error().ToString();
-  EXPECT_EQ(r->in_use, std::vector<std::string>{a + "/base"});
-  EXPECT_TRUE(fs::exists(a + "/base"));
+  EXPECT_EQ(r->in_use, std::vector<std::string>{a + "/base.raw"});
+  EXPECT_TRUE(fs::exists(a + "/base.raw"));
   EXPECT_EQ(r->removed.size(), 2u);
-  EXPECT_FALSE(fs::exists(b + "/base"));
-  EXPECT_FALSE(fs::exists(c + "/base"));
+  EXPECT_FALSE(fs::exists(b + "/base.raw"));
+  EXPECT_FALSE(fs::exists(c + "/base.raw"));
 }
 
 // The only ready copy's checksum record cannot be read: sync fails with
@@ -299,13 +299,13 @@ TEST_F(ImageCatalogTest, Issue13SyncWhoseOnlySenderCannotBeReadSaysWhy) {
     auto added = (*cat)->Add("base", src, "", a, pipeline::ReplicateOptions{});
     ASSERT_TRUE(added.ok()) << added.error().ToString();
   }
-  testing::FailOpenEnv env(PosixEnv(), pipeline::ReplicaRecordPath(a + "/base"));
+  testing::FailOpenEnv env(PosixEnv(), pipeline::ReplicaRecordPath(a + "/base.raw"));
   auto cat = ImageCatalog::Open(env, Db());
   ASSERT_TRUE(cat.ok()) << cat.error().ToString();
   auto r = (*cat)->Sync("base", {b}, SyncOptions{});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), ErrorCode::kIoError) << r.error().ToString();
-  EXPECT_EQ(r.error().path(), pipeline::ReplicaRecordPath(a + "/base")) << r.error().ToString();
+  EXPECT_EQ(r.error().path(), pipeline::ReplicaRecordPath(a + "/base.raw")) << r.error().ToString();
   EXPECT_NE(r.error().ToString().find("no ready copy to send from"), std::string::npos) << r.error().ToString();
 }
 

@@ -144,6 +144,7 @@ Result<std::vector<RunRecord>> PolicyCatalog::Query(const std::string& where, co
       BARGE_ASSIGN_OR_RETURN(bool row, pst.Step());
       if (!row) break;
       r.points.push_back({pst.Text(0), pst.Text(1)});
+      r.point_states.push_back(pst.Text(2));
       ++total;
       if (pst.Text(2) == "present") ++present;
     }

@@ -41,8 +41,11 @@ struct RunRecord {
   std::string error;          // why it failed
   std::string barge_version;
   std::vector<PointPart> points;  // what it made (success only)
-  // "present", "removed" (retention or forget removed every part), "partly
-  // removed", "" when it made no point.
+  // Per entry of `points` (ListRuns): "present", "removed", or "merged into
+  // ID" (retention or forget folded it into the full of ID).
+  std::vector<std::string> point_states;
+  // "present", "removed" (retention or forget removed or merged every
+  // part), "partly removed", "" when it made no point.
   std::string point_state;
 };
 

@@ -179,47 +179,90 @@ std::set<std::string> KeepNewest(const std::vector<RestorePoint>& points, size_t
   return keep;
 }
 
-Result<std::set<std::string>> SelectForget(const std::vector<RestorePoint>& points, const ForgetPolicy& policy) {
-  if (policy.keep_last == 0 && policy.keep_daily == 0 && policy.keep_weekly == 0 && policy.keep_monthly == 0) {
+Result<ForgetSelection> SelectForgetWhy(const std::vector<RestorePoint>& points, const ForgetPolicy& policy) {
+  if (policy.empty()) {
     return Error::InvalidArgument(
-        "forget needs at least one of --keep-last, --keep-daily, --keep-weekly, --keep-monthly above 0");
+        "forget needs at least one keep rule (--keep-last, --keep-hourly, --keep-daily, --keep-weekly, "
+        "--keep-monthly, --keep-yearly above 0, or --keep-within)");
   }
   using namespace std::chrono;
   std::vector<const RestorePoint*> sorted = NewestFirst(points);
-  auto day_of = [](SysSeconds t) { return floor<days>(t).time_since_epoch().count(); };
+  // Each bucket rule: the period a time falls in, as a number (to compare)
+  // and as the text the report shows.
+  struct Period {
+    int64_t value;
+    std::string label;
+  };
+  auto hour_of = [](SysSeconds t) {
+    const auto day = floor<days>(t);
+    const int64_t h = floor<hours>(t - day).count();
+    return Period{floor<hours>(t).time_since_epoch().count(),
+                  FormatRfc3339(t).substr(0, 10) + "T" + (h < 10 ? "0" : "") + std::to_string(h)};
+  };
+  auto day_of = [](SysSeconds t) {
+    return Period{floor<days>(t).time_since_epoch().count(), FormatRfc3339(t).substr(0, 10)};
+  };
   auto week_of = [](SysSeconds t) {
-    // ISO weeks start on Monday; day 0 (1970-01-01) was a Thursday.
+    // ISO weeks start on Monday; day 0 (1970-01-01) was a Thursday, so
+    // week w runs from day 7w-3 to 7w+3 and its Thursday (day 7w) names
+    // its ISO year.
     int64_t d = floor<days>(t).time_since_epoch().count() + 3;
-    return d >= 0 ? d / 7 : -((-d + 6) / 7);
+    int64_t w = d >= 0 ? d / 7 : -((-d + 6) / 7);
+    const sys_days thursday{days{7 * w}};
+    const year_month_day ymd{thursday};
+    const int64_t doy = (thursday - sys_days{ymd.year() / January / 1}).count();
+    char label[32];
+    std::snprintf(label, sizeof label, "%04d-W%02d", static_cast<int>(ymd.year()), static_cast<int>(doy / 7 + 1));
+    return Period{w, label};
   };
   auto month_of = [](SysSeconds t) {
     year_month_day ymd{floor<days>(t)};
-    return static_cast<int64_t>(static_cast<int>(ymd.year())) * 12 + static_cast<unsigned>(ymd.month());
+    return Period{static_cast<int64_t>(static_cast<int>(ymd.year())) * 12 + static_cast<unsigned>(ymd.month()),
+                  FormatRfc3339(t).substr(0, 7)};
+  };
+  auto year_of = [](SysSeconds t) {
+    year_month_day ymd{floor<days>(t)};
+    return Period{static_cast<int>(ymd.year()), FormatRfc3339(t).substr(0, 4)};
   };
   struct Bucket {
+    const char* name;
     uint32_t left;
-    std::function<int64_t(SysSeconds)> of;
+    std::function<Period(SysSeconds)> of;
     std::optional<int64_t> last;
   };
-  std::vector<Bucket> buckets = {{policy.keep_daily, day_of, {}},
-                                 {policy.keep_weekly, week_of, {}},
-                                 {policy.keep_monthly, month_of, {}}};
-  std::set<std::string> keep;
+  std::vector<Bucket> buckets = {{"hourly", policy.keep_hourly, hour_of, {}},
+                                 {"daily", policy.keep_daily, day_of, {}},
+                                 {"weekly", policy.keep_weekly, week_of, {}},
+                                 {"monthly", policy.keep_monthly, month_of, {}},
+                                 {"yearly", policy.keep_yearly, year_of, {}}};
+  ForgetSelection keep;
   uint32_t last_left = policy.keep_last;
+  const std::string last_label = "last " + std::to_string(policy.keep_last);
   for (const RestorePoint* p : sorted) {
     if (last_left > 0) {
-      keep.insert(p->key);
+      keep[p->key].push_back(last_label);
       --last_left;
     }
+    // A rule counts a period once, at its newest point.
     for (auto& b : buckets) {
       if (b.left == 0) continue;
-      int64_t v = b.of(p->time);
-      if (b.last && *b.last == v) continue;
-      b.last = v;
+      Period v = b.of(p->time);
+      if (b.last && *b.last == v.value) continue;
+      b.last = v.value;
       --b.left;
-      keep.insert(p->key);
+      keep[p->key].push_back(std::string(b.name) + " " + v.label);
+    }
+    if (policy.keep_within.count() > 0 && p->time > sorted.front()->time - policy.keep_within) {
+      keep[p->key].push_back("within " + FormatDuration(policy.keep_within));
     }
   }
+  return keep;
+}
+
+Result<std::set<std::string>> SelectForget(const std::vector<RestorePoint>& points, const ForgetPolicy& policy) {
+  BARGE_ASSIGN_OR_RETURN(ForgetSelection why, SelectForgetWhy(points, policy));
+  std::set<std::string> keep;
+  for (const auto& [key, rules] : why) keep.insert(key);
   return keep;
 }
 

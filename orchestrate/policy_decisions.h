@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -170,16 +171,37 @@ RetentionPlan PlanRetention(const std::vector<RestorePoint>& points, const std::
 // the new point and the retention_count - 1 newest others).
 std::set<std::string> KeepNewest(const std::vector<RestorePoint>& points, size_t count);
 
-// restic-style selection: the newest `last` points; the newest point of
-// each of the `daily` newest days (UTC) that have points; likewise ISO
-// weeks and months. The union is kept.
+// restic-style selection (restic's `forget` policy): the newest `last`
+// points; the newest point of each of the `hourly` newest hours (UTC) that
+// have points; likewise days, ISO weeks, months and years; every point
+// whose time is within `within` of the newest point (later than newest -
+// within). The union is kept.
 struct ForgetPolicy {
+  // (Field order: the older four first, so brace-initialised values keep
+  // their meaning.)
   uint32_t keep_last = 0;
   uint32_t keep_daily = 0;
   uint32_t keep_weekly = 0;
   uint32_t keep_monthly = 0;
+  uint32_t keep_hourly = 0;
+  uint32_t keep_yearly = 0;
+  std::chrono::seconds keep_within{0};
+  // No rule keeps anything: forget would remove every point.
+  bool empty() const {
+    return keep_last == 0 && keep_hourly == 0 && keep_daily == 0 && keep_weekly == 0 && keep_monthly == 0 &&
+           keep_yearly == 0 && keep_within.count() <= 0;
+  }
 };
-// kInvalidArgument when every count is 0 (that would forget everything).
+
+// Restore point key -> why it is kept, one entry per rule that keeps it, in
+// rule order: "last 3" (--keep-last 3), "hourly 2026-11-25T14", "daily
+// 2026-11-25", "weekly 2026-W48", "monthly 2026-11", "yearly 2026",
+// "within 2d12h". Points not kept are absent.
+using ForgetSelection = std::map<std::string, std::vector<std::string>>;
+
+// kInvalidArgument when `policy` is empty() (that would forget everything).
+Result<ForgetSelection> SelectForgetWhy(const std::vector<RestorePoint>& points, const ForgetPolicy& policy);
+// The keys of SelectForgetWhy.
 Result<std::set<std::string>> SelectForget(const std::vector<RestorePoint>& points, const ForgetPolicy& policy);
 
 }  // namespace barge::orchestrate

@@ -313,5 +313,66 @@ TEST(ForgetTest, ResticStyleSelection) {
   EXPECT_EQ(plan.keep.size() + plan.forget.size(), points.size());
 }
 
+
+// Issue 18: restic's full rule set (hourly, yearly, within) and the reason
+// each point is kept.
+TEST(ForgetTest, HourlyYearlyWithinAndWhy) {
+  // Every 20 minutes from 2024-12-31T22:00Z to 2025-01-01T02:00Z, then one
+  // point on 2023-06-01 and one on 2026-11-25T10:00Z (the newest).
+  std::vector<RestorePoint> points;
+  auto add = [&](SysSeconds t) { points.push_back({FormatRfc3339(t), t, {}}); };
+  add(T("2023-06-01T12:00:00Z"));
+  for (int m = 0; m <= 240; m += 20) add(T("2024-12-31T22:00:00Z") + std::chrono::minutes(m));
+  add(T("2026-11-25T10:00:00Z"));
+
+  ForgetPolicy hourly;
+  hourly.keep_hourly = 3;
+  auto h = SelectForgetWhy(points, hourly);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(*h, (ForgetSelection{{"2026-11-25T10:00:00Z", {"hourly 2026-11-25T10"}},
+                                 {"2025-01-01T02:00:00Z", {"hourly 2025-01-01T02"}},
+                                 {"2025-01-01T01:40:00Z", {"hourly 2025-01-01T01"}}}));
+
+  ForgetPolicy yearly;
+  yearly.keep_yearly = 5;  // only 4 years have points: each keeps its newest
+  auto y = SelectForgetWhy(points, yearly);
+  ASSERT_TRUE(y.ok());
+  EXPECT_EQ(*y, (ForgetSelection{{"2026-11-25T10:00:00Z", {"yearly 2026"}},
+                                 {"2025-01-01T02:00:00Z", {"yearly 2025"}},
+                                 {"2024-12-31T23:40:00Z", {"yearly 2024"}},
+                                 {"2023-06-01T12:00:00Z", {"yearly 2023"}}}));
+
+  // Within: relative to the newest point, not to now; strictly later than
+  // newest - within.
+  std::vector<RestorePoint> recent;
+  for (int i = 0; i < 6; ++i) {
+    auto t = T("2026-11-20T00:00:00Z") + std::chrono::hours(12 * i);  // ... 11-22T12:00
+    recent.push_back({FormatRfc3339(t), t, {}});
+  }
+  ForgetPolicy within;
+  within.keep_within = std::chrono::hours(36);
+  auto w = SelectForgetWhy(recent, within);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(*w, (ForgetSelection{{"2026-11-22T12:00:00Z", {"within 1d12h"}},
+                                 {"2026-11-22T00:00:00Z", {"within 1d12h"}},
+                                 {"2026-11-21T12:00:00Z", {"within 1d12h"}}}));
+
+  // Rules combine by union; a point kept by several lists each, in rule
+  // order. ISO week labels use the ISO year (2024-12-31 is in 2025-W01).
+  ForgetPolicy mixed;
+  mixed.keep_last = 2;
+  mixed.keep_daily = 2;
+  mixed.keep_weekly = 2;
+  mixed.keep_within = std::chrono::hours(1);
+  auto m = SelectForgetWhy(points, mixed);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(*m, (ForgetSelection{
+                    {"2026-11-25T10:00:00Z", {"last 2", "daily 2026-11-25", "weekly 2026-W48", "within 1h"}},
+                    {"2025-01-01T02:00:00Z", {"last 2", "daily 2025-01-01", "weekly 2025-W01"}}}));
+  EXPECT_EQ(SelectForget(points, mixed)->size(), 2u);
+  // No rule at all is refused (it would forget everything).
+  EXPECT_EQ(SelectForgetWhy(points, ForgetPolicy{}).error().code(), ErrorCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace barge::orchestrate

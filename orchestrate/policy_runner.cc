@@ -13,6 +13,8 @@
 #include "orchestrate/time_text.h"
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
+#include "pipeline/disk_identity.h"
+#include "pipeline/merge.h"
 
 namespace barge::orchestrate {
 
@@ -178,6 +180,17 @@ class Runner {
     // Full or incremental.
     std::string blocker;
     if (points.newest_chain) {
+      // An incremental extends only its own disk's chain: a source that
+      // reads another disk now (its location changed, or another policy
+      // of this name wrote the chain) starts a new chain, saying why.
+      BARGE_ASSIGN_OR_RETURN(std::optional<formats::DiskIdentity> identity, backend_.IdentifyDisk(s));
+      if (identity) {
+        BARGE_ASSIGN_OR_RETURN(pipeline::ChainFolder folder, pipeline::LoadChainFolder(env_, points.newest_chain_dir));
+        BARGE_ASSIGN_OR_RETURN(std::string other, pipeline::OtherDiskReason(folder, *identity));
+        if (!other.empty()) blocker = other + ": a new chain starts";
+      }
+    }
+    if (points.newest_chain && blocker.empty()) {
       std::string last_cleared;
       BARGE_ASSIGN_OR_RETURN(auto runs, Locked([&] { return catalog_.ListRuns({policy_.name, s.name, 50}); }));
       for (const auto& run : runs) {
@@ -398,6 +411,16 @@ class Runner {
   std::string host_;
 };
 
+// The selection and plan of one source's (or folder's) points into `rep`.
+Status PlanForget(const SourcePoints& points, const ForgetPolicy& keep, ForgetSourceReport& rep) {
+  BARGE_ASSIGN_OR_RETURN(rep.why_kept, SelectForgetWhy(points.points, keep));
+  std::set<std::string> kept;
+  for (const auto& [key, rules] : rep.why_kept) kept.insert(key);
+  rep.points = points.points;
+  rep.plan = PlanRetention(points.points, points.chains, kept);
+  return OkStatus();
+}
+
 }  // namespace
 
 std::string PolicyOwnerPath(const std::string& target, const std::string& policy_name) {
@@ -486,8 +509,7 @@ Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& pol
       out.push_back(std::move(rep));
       continue;
     }
-    BARGE_ASSIGN_OR_RETURN(auto kept, SelectForget(points->points, keep));
-    rep.plan = PlanRetention(points->points, points->chains, kept);
+    BARGE_RETURN_IF_ERROR(PlanForget(*points, keep, rep));
     if (!options.dry_run) {
       Status s2 = ApplyRetention(env, rep.plan, catalog.get(), options.copy);
       if (!s2.ok()) rep.error = s2.error().ToString();
@@ -495,6 +517,32 @@ Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& pol
     out.push_back(std::move(rep));
   }
   return out;
+}
+
+Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_dir, const ForgetPolicy& keep,
+                                             const ForgetOptions& options) {
+  // Refused before the lock file is made.
+  if (keep.empty()) return SelectForgetWhy({}, keep).error();
+  BARGE_ASSIGN_OR_RETURN(bool holds, pipeline::HoldsBackups(env, chain_dir));
+  if (!holds) return Error::NotFound("the chain folder holds no backups: nothing to forget").set_path(chain_dir);
+  BARGE_ASSIGN_OR_RETURN(pipeline::ChainLock lock, pipeline::ChainLock::Acquire(env, chain_dir, options.wait_for_lock));
+  // Under the lock: an interrupted merge is completed first, then nothing
+  // changes the folder until the last action is done.
+  BARGE_ASSIGN_OR_RETURN(pipeline::ChainFolder folder, pipeline::LoadChainFolder(env, chain_dir, &lock));
+  BARGE_ASSIGN_OR_RETURN(SourcePoints points, ScanChainFolder(folder));
+  ForgetSourceReport rep;
+  rep.source = chain_dir;
+  BARGE_RETURN_IF_ERROR(PlanForget(points, keep, rep));
+  if (options.dry_run || rep.plan.empty()) return rep;
+  // A policy's chain folder: its run records learn what went. Never a new
+  // catalog for a folder no policy made.
+  std::unique_ptr<PolicyCatalog> catalog;
+  if (!options.catalog_path.empty() && env.Exists(options.catalog_path)) {
+    BARGE_ASSIGN_OR_RETURN(catalog, PolicyCatalog::Open(env, options.catalog_path));
+  }
+  Status applied = ApplyRetention(env, rep.plan, catalog.get(), options.copy, &lock);
+  if (!applied.ok()) rep.error = applied.error().ToString();
+  return rep;
 }
 
 }  // namespace barge::orchestrate

@@ -17,9 +17,11 @@
 
 #include "blockio/env.h"
 #include "blockio/error.h"
+#include "formats/manifest.h"
 #include "orchestrate/policy.h"
 #include "orchestrate/policy_catalog.h"
 #include "orchestrate/policy_decisions.h"
+#include "pipeline/chain.h"
 #include "pipeline/copy.h"
 
 namespace barge::orchestrate {
@@ -80,6 +82,13 @@ class SourceBackend {
   virtual ~SourceBackend() = default;
   // Bytes the source occupies (the free-space rule's base).
   virtual Result<uint64_t> AllocatedBytes(const PolicySource& source) = 0;
+  // The disk the source reads now (pipeline/disk_identity.h), for the
+  // runner's check that an incremental extends that disk's own chain;
+  // nullopt = not known here (domains: their chains are per domain disk,
+  // and RunVmBackup checks the checkpoint). The default knows none.
+  virtual Result<std::optional<formats::DiskIdentity>> IdentifyDisk(const PolicySource& /*source*/) {
+    return std::optional<formats::DiskIdentity>();
+  }
   // Whether the source's change tracking allows an incremental onto the
   // chain whose newest point is `chain_latest` (an id; "" = no chain);
   // `last_cleared` is the point the policy's last successful run made
@@ -113,12 +122,20 @@ struct SourcePoints {
 // chains (retention then refuses to touch the source).
 Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySource& source);
 
+// The points of one loaded chain folder, each its own restore point (key
+// "<dir>|<id>", time its manifest's started_at), and its linear chains.
+// kCorruption as ScanSource. newest_chain's target is the folder.
+Result<SourcePoints> ScanChainFolder(const pipeline::ChainFolder& folder);
+
 // Carries out `plan`: each action under its chain folder's lock (kBusy, the
 // action skipped, when a backup or merge of that chain runs), removals
 // newest point first (manifest before image and digests; folder synced),
 // merges with pipeline::RunMerge; records of removed points are marked in
 // `catalog` (may be null). Stops at the first failure and returns it.
-Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalog, const pipeline::CopyOptions& copy);
+// `held`: the caller already holds the lock of every chain folder the plan
+// touches (a forget of one chain folder), or null.
+Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalog, const pipeline::CopyOptions& copy,
+                      const pipeline::ChainLock* held = nullptr);
 
 // Records of `source` that say a point part is present whose chain folder
 // was scanned into `points` (the folder exists) but no longer holds it are
@@ -200,7 +217,9 @@ struct ForgetOptions {
 };
 
 struct ForgetSourceReport {
-  std::string source;
+  std::string source;  // a policy's source name, or the chain folder
+  std::vector<RestorePoint> points;  // as scanned before anything changed
+  ForgetSelection why_kept;          // the rules that keep each selected point
   RetentionPlan plan;
   std::string error;  // the plan could not be made or applied
 };
@@ -210,6 +229,17 @@ struct ForgetSourceReport {
 // (kBusy when a run holds it, unless wait_for_lock).
 Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& policy, const ForgetPolicy& keep,
                                                      const ForgetOptions& options);
+
+// The same over one chain folder (`barge forget DIR`), every point of it a
+// restore point: under the folder's chain lock from the scan to the last
+// action (kBusy when a backup or merge holds it, unless wait_for_lock), so
+// nothing changes between plan and removal. Records of removed points are
+// marked in the catalog at options.catalog_path when that file exists (it
+// is never created here; "" = none). The report's error says why an action
+// failed; kNotFound for a missing folder, kInvalidArgument for an empty
+// `keep`, kCorruption when the points do not form linear chains.
+Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_dir, const ForgetPolicy& keep,
+                                             const ForgetOptions& options);
 
 // ---- which policy file owns a target's policy folder ----
 

@@ -3,6 +3,7 @@
 // plans (orchestrate/policy_runner.h).
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "formats/qcow2_bitmap_edit.h"
@@ -13,6 +14,7 @@
 #include "orchestrate/vm_backup.h"
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
+#include "pipeline/disk_identity.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/merge.h"
 
@@ -63,6 +65,15 @@ class DefaultBackend final : public SourceBackend {
       }
     }
     return Error::Internal("unknown source kind");
+  }
+
+  Result<std::optional<formats::DiskIdentity>> IdentifyDisk(const PolicySource& s) override {
+    if (s.kind != PolicySourceKind::kImage) return std::optional<formats::DiskIdentity>();
+    pipeline::SourceSpec spec;
+    spec.location = s.location;
+    spec.allow_dirs = {Parent(s.location)};  // as Backup opens it
+    BARGE_ASSIGN_OR_RETURN(formats::DiskIdentity id, pipeline::IdentifySource(env_, spec));
+    return std::optional<formats::DiskIdentity>(std::move(id));
   }
 
   Result<std::string> IncrementalBlocker(const PolicySource& s, const std::string& chain_latest,
@@ -193,6 +204,41 @@ class DefaultBackend final : public SourceBackend {
   Env& env_;
 };
 
+// The linear chains of a loaded folder, and for each of its points the
+// index of its chain. kCorruption when a point does not extend the end of
+// a chain (retention leaves such a folder alone).
+struct LinkedChains {
+  std::vector<ChainView> chains;
+  std::vector<size_t> chain_of;  // per folder point
+};
+Result<LinkedChains> LinkChains(const pipeline::ChainFolder& folder) {
+  LinkedChains out;
+  std::map<std::string, size_t> chain_of_last;  // id ending a chain -> chain index
+  for (const auto& p : folder.points) {
+    const auto& m = p.manifest;
+    if (!m.parent) {
+      out.chains.push_back({folder.dir, {m.id}});
+    } else {
+      auto it = chain_of_last.find(m.parent->id);
+      if (it == chain_of_last.end()) {
+        return Error::Corruption("point " + m.id + " does not extend the end of a chain (parent " + m.parent->id +
+                                 "); retention leaves this source alone")
+            .set_path(folder.dir);
+      }
+      out.chains[it->second].ids.push_back(m.id);
+      chain_of_last.erase(it);
+    }
+    chain_of_last[m.id] = out.chains.size() - 1;
+    out.chain_of.push_back(chain_of_last[m.id]);
+  }
+  return out;
+}
+
+SysSeconds PointTime(const formats::BackupManifest& m) {
+  auto t = ParseRfc3339(m.started_at);
+  return t.ok() ? *t : SysSeconds{};
+}
+
 Error BusyChain(const Error& e, const std::string& dir) {
   if (e.retryable()) return Error::Busy("a backup or merge of chain " + dir + " runs; retention skipped it");
   return e;
@@ -224,25 +270,10 @@ Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySour
     std::map<std::string, size_t> point_index;
     for (const auto& dir : dirs) {
       BARGE_ASSIGN_OR_RETURN(auto folder, pipeline::LoadChainFolder(env, dir));
-      std::vector<ChainView> chains;
-      std::map<std::string, size_t> chain_of_last;  // id ending a chain -> chain index
-      for (const auto& p : folder.points) {
-        const auto& m = p.manifest;
-        if (!m.parent) {
-          chains.push_back({dir, {m.id}});
-        } else {
-          auto it = chain_of_last.find(m.parent->id);
-          if (it == chain_of_last.end()) {
-            return Error::Corruption("point " + m.id + " does not extend the end of a chain (parent " +
-                                     m.parent->id + "); retention leaves this source alone")
-                .set_path(dir);
-          }
-          chains[it->second].ids.push_back(m.id);
-          chain_of_last.erase(it);
-        }
-        chain_of_last[m.id] = chains.size() - 1;
-        auto t = ParseRfc3339(m.started_at);
-        SysSeconds when = t.ok() ? *t : SysSeconds{};
+      BARGE_ASSIGN_OR_RETURN(LinkedChains linked, LinkChains(folder));
+      for (size_t i = 0; i < folder.points.size(); ++i) {
+        const auto& m = folder.points[i].manifest;
+        const SysSeconds when = PointTime(m);
         std::string key = source.kind == PolicySourceKind::kDomain
                               ? base + "|" + (m.checkpoint.empty() ? m.id.substr(m.id.find('-') + 1) : m.checkpoint)
                               : dir + "|" + m.id;
@@ -253,15 +284,33 @@ Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySour
         rp.parts.push_back({dir, m.id});
         if (!newest_time || when >= *newest_time) {  // same second: the later point in the folder
           newest_time = when;
-          size_t c = chain_of_last[m.id];
-          out.newest_chain = ChainSummary{target, chains[c].ids.size()};
+          out.newest_chain = ChainSummary{target, linked.chains[linked.chain_of[i]].ids.size()};
           out.newest_chain_dir = dir;
           out.newest_id = m.id;
         }
       }
-      for (auto& c : chains) out.chains.push_back(std::move(c));
+      for (auto& c : linked.chains) out.chains.push_back(std::move(c));
     }
   }
+  return out;
+}
+
+Result<SourcePoints> ScanChainFolder(const pipeline::ChainFolder& folder) {
+  SourcePoints out;
+  BARGE_ASSIGN_OR_RETURN(LinkedChains linked, LinkChains(folder));
+  std::optional<SysSeconds> newest_time;
+  for (size_t i = 0; i < folder.points.size(); ++i) {
+    const auto& m = folder.points[i].manifest;
+    const SysSeconds when = PointTime(m);
+    out.points.push_back({folder.dir + "|" + m.id, when, {{folder.dir, m.id}}});
+    if (!newest_time || when >= *newest_time) {
+      newest_time = when;
+      out.newest_chain = ChainSummary{folder.dir, linked.chains[linked.chain_of[i]].ids.size()};
+      out.newest_chain_dir = folder.dir;
+      out.newest_id = m.id;
+    }
+  }
+  out.chains = std::move(linked.chains);
   return out;
 }
 
@@ -287,12 +336,14 @@ Result<size_t> MarkMissingPointsRemoved(Env& env, PolicyCatalog& catalog, const 
   return marked;
 }
 
-Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalog, const pipeline::CopyOptions& copy) {
+Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalog, const pipeline::CopyOptions& copy,
+                      const pipeline::ChainLock* held) {
   for (const auto& a : plan.actions) {
     if (a.kind == RetentionActionKind::kMergeThrough) {
       pipeline::MergeRequest mr;
       mr.chain_dir = a.chain_dir;
       mr.through = a.through;
+      mr.held = held;
       mr.copy = copy;
       auto merged = pipeline::RunMerge(env, mr);
       if (!merged.ok()) return BusyChain(merged.error(), a.chain_dir).Wrap("merge " + a.chain_dir + " through " + a.through);
@@ -304,8 +355,12 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
       }
       continue;
     }
-    auto lock = pipeline::ChainLock::Acquire(env, a.chain_dir, /*wait=*/false);
-    if (!lock.ok()) return BusyChain(lock.error(), a.chain_dir);
+    std::optional<pipeline::ChainLock> own_lock;
+    if (held == nullptr) {
+      auto lock = pipeline::ChainLock::Acquire(env, a.chain_dir, /*wait=*/false);
+      if (!lock.ok()) return BusyChain(lock.error(), a.chain_dir);
+      own_lock.emplace(std::move(*lock));
+    }
     // Newest first: a stop half way leaves a shorter chain whose every
     // point still restores. Each point's manifest goes first, so nothing
     // looks like a backup once its image is gone.

@@ -253,6 +253,9 @@ std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std
       // The chain is this domain's disk: a size change is a resize (the
       // plan made this backup full for it), never another disk.
       br.allow_resize = true;
+      // The disk is the domain's, whichever socket or overlay it is read
+      // through: online and offline backups extend one chain.
+      br.disk_identity = formats::DiskIdentity{"domain", req.domain, name, 0};
       br.compression = req.compression;
       br.compression_level = req.compression_level;
       br.copy = req.copy;
@@ -388,7 +391,10 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
         br.source.location = c.overlay;
         br.source.format = "qcow2";
         br.source.allow_dirs = {DirName(c.data_file)};
-        if (br.incremental) br.dirty_bitmap = tracker->latest_checkpoint;
+        if (br.incremental) {
+          br.dirty_bitmap = tracker->latest_checkpoint;
+          br.since_checkpoint = tracker->latest_checkpoint;
+        }
       },
       res, new_files);
   if (!first_error && DomainIsActive(dom)) {
@@ -603,7 +609,10 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
       env, req, disks, incremental, reasons, checkpoint,
       [&](const std::string& name, pipeline::BackupRequest& br) {
         br.source.location = "nbd+unix:///" + name + "?socket=" + cleanup.socket;
-        if (br.incremental) br.dirty_bitmap = "qemu:dirty-bitmap:backup-" + name;
+        if (br.incremental) {
+          br.dirty_bitmap = "qemu:dirty-bitmap:backup-" + name;
+          br.since_checkpoint = res.parent_checkpoint;
+        }
       },
       res, cleanup.files);
   if (!first_error) {

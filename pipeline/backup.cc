@@ -2,6 +2,7 @@
 #include "pipeline/backup.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <set>
@@ -14,6 +15,7 @@
 #include "formats/qcow2_bitmap.h"
 #include "formats/units.h"
 #include "pipeline/chain.h"
+#include "pipeline/disk_identity.h"
 #include "pipeline/staged_file.h"
 #include "pipeline/verification_record.h"
 
@@ -53,6 +55,9 @@ Status RemoveOrphans(Env& env, const ChainFolder& chain) {
   return OkStatus();
 }
 
+// dirty.source of extents read from a pipe (docs/formats/backup.md).
+constexpr std::string_view kExtentsFromAPipe = "extents:pipe";
+
 Result<RangeList> DirtySet(Env& env, const BackupRequest& req, OpenedSource& src, std::string& description) {
   uint64_t size = src.image->size_bytes();
   if (req.dirty_ranges) {
@@ -60,7 +65,14 @@ Result<RangeList> DirtySet(Env& env, const BackupRequest& req, OpenedSource& src
     return *req.dirty_ranges;
   }
   if (!req.dirty_extents_file.empty()) {
-    description = "extents:" + req.dirty_extents_file;
+    BARGE_ASSIGN_OR_RETURN(FileStat st, env.Stat(req.dirty_extents_file));
+    if (st.is_directory()) {
+      return Error::InvalidArgument("a folder, not an extents file (JSON)").set_path(req.dirty_extents_file);
+    }
+    // A pipe's name (`--dirty-extents <(cbt-tool ...)`: /dev/fd/63) is
+    // gone when the backup ends: the manifest says a pipe instead.
+    description = st.is_regular() || st.is_block_device() ? "extents:" + req.dirty_extents_file
+                                                          : std::string(kExtentsFromAPipe);
     BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, req.dirty_extents_file, 4ull << 30));
     auto file = formats::DecodeExtentsFile(text);
     if (!file.ok()) {
@@ -139,11 +151,15 @@ std::string DefaultDiskName(const std::string& location) {
 }
 
 Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
-                                     uint32_t cluster_bytes) {
+                                     uint32_t cluster_bytes, const std::atomic<bool>* cancel) {
   uint64_t data = 0;
   constexpr uint64_t kWindow = 1ull << 30;
   for (const Range& r : work) {
     for (uint64_t off = r.offset; off < r.end(); off += kWindow) {
+      // Each window asks the source (an NBD server may take its time).
+      if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+        return Error::Cancelled("backup interrupted while estimating its size").set_path(source.name());
+      }
       uint64_t n = std::min(kWindow, r.end() - off);
       BARGE_ASSIGN_OR_RETURN(ExtentList extents, source.Extents(off, n));
       for (const Extent& e : extents) {
@@ -182,6 +198,8 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   }
   BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, spec));
   const uint64_t size = src.image->size_bytes();
+  formats::DiskIdentity identity = req.disk_identity ? *req.disk_identity : IdentityOf(env, spec, src);
+  identity.virtual_size = size;
 
   std::string disk = req.disk_name.empty() ? DefaultDiskName(spec.location) : req.disk_name;
   BARGE_RETURN_IF_ERROR(CheckDiskName(disk));
@@ -232,6 +250,21 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
           .set_path(chain_dir);
     }
     const formats::BackupManifest& pm = chain.latest().manifest;
+    // Another disk's changes on this chain would restore to neither disk.
+    BARGE_ASSIGN_OR_RETURN(std::string other_disk, OtherDiskReason(chain, identity));
+    if (!other_disk.empty()) {
+      return Error::InvalidArgument(other_disk + ": an incremental only extends its own disk's chain; to start a "
+                                    "new chain, back this disk up under another --name (or, if it replaced the "
+                                    "chain's disk, take a full backup: no --incremental)")
+          .set_path(chain_dir);
+    }
+    if (!req.since_checkpoint.empty() && pm.checkpoint != req.since_checkpoint) {
+      return Error::InvalidArgument("the changes read are since checkpoint " + req.since_checkpoint +
+                                    ", the chain's latest backup " + pm.id + " ends at " +
+                                    (pm.checkpoint.empty() ? "no checkpoint" : "checkpoint " + pm.checkpoint) +
+                                    ": take a full backup")
+          .set_path(chain_dir);
+    }
     if (pm.virtual_size != size) {
       return Error::InvalidArgument("the disk's size changed from " + formats::HumanBytesExact(pm.virtual_size) +
                                     " to " + formats::HumanBytesExact(size) + " since backup " + pm.id +
@@ -245,6 +278,8 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
     }
     parent_digests = std::move(digests).value();
     m.parent = formats::ManifestParent{pm.id, pm.image, pm.image_digest};
+    // A chain written before chain ids gets one from its first incremental.
+    m.chain_id = pm.chain_id.empty() ? NewChainId() : pm.chain_id;
   } else if (!chain.empty() && chain.latest().manifest.virtual_size != size && !req.allow_resize) {
     // Most likely another disk backed up under this chain's name.
     const formats::BackupManifest& pm = chain.latest().manifest;
@@ -263,7 +298,7 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
     work = AlignRanges(dirty, cluster, size);
   }
 
-  BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*src.image, work, cluster));
+  BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*src.image, work, cluster, req.copy.cancel));
   BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(env, chain_dir));
   if (needed > free_bytes) {
     return Error::NoSpace("the target needs up to " + formats::HumanBytesExact(needed) + " for this backup, " +
@@ -275,7 +310,9 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.disk = disk;
   m.type = req.incremental ? formats::BackupType::kIncremental : formats::BackupType::kFull;
   m.reason = !req.reason.empty() ? req.reason
-             : req.incremental   ? "changed blocks from " + dirty_description
+             : req.incremental   ? "changed blocks from " + (dirty_description == kExtentsFromAPipe
+                                                                   ? std::string("extents read from a pipe")
+                                                                   : dirty_description)
              : chain.empty()     ? "first backup of the disk"
                                  : "full backup requested";
   m.source = spec.location;
@@ -290,6 +327,8 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.digest_table = m.id + ".digests";
   m.checkpoint = req.checkpoint;
   m.dirty_source = dirty_description;
+  m.disk_identity = identity;
+  if (m.chain_id.empty()) m.chain_id = NewChainId();  // a full starts a chain
   m.dirty_bytes = req.incremental ? TotalBytes(work) : 0;
   m.started_at = started_at;
   m.tool_version = req.tool_version;
@@ -357,6 +396,9 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.compressed_clusters = stats.compressed_clusters;
   m.zero_clusters = stats.zero_clusters;
   m.finished_at = formats::NowRfc3339();
+  // Exact to the microsecond (the times above are whole seconds).
+  m.duration_seconds =
+      std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e6) / 1e6;
 
   // Image, digests, manifest last: a manifest only ever names complete files.
   std::unique_ptr<StagedFile> digests_file, manifest_file;

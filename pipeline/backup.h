@@ -2,6 +2,7 @@
 // folder (docs/formats/backup.md), on the copy pipeline.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,6 +29,14 @@ struct BackupRequest {
   std::string dirty_description;   // recorded when dirty_ranges is given
   std::string reason;              // recorded why; "" = a default per type
   std::string checkpoint;          // recorded libvirt checkpoint name
+  // Incrementals from a libvirt checkpoint: the checkpoint the changes are
+  // since, which must be the one the chain's latest point recorded.
+  std::string since_checkpoint;
+  // The disk read, where the source's location does not name it (a
+  // domain's disk read through a socket made for one run); nullopt = the
+  // source's own identity (pipeline/disk_identity.h). Its virtual size is
+  // always the source's.
+  std::optional<formats::DiskIdentity> disk_identity;
   // A full backup of a disk whose size differs from the chain's latest
   // point is refused (another disk backed up under this name?) unless
   // this says the disk was resized.
@@ -53,12 +62,16 @@ struct BackupResult {
 
 // Runs one backup. Before writing anything it checks: the source opens; for
 // an incremental, the chain has a latest point whose manifests and digest
-// tables verify, the virtual size is unchanged, and the dirty set is valid;
+// tables verify, that point is of this disk (OtherDiskReason; otherwise
+// kInvalidArgument naming both disks and how to start a new chain), its
+// checkpoint is since_checkpoint (when given), the virtual size is
+// unchanged, and the dirty set is valid;
 // for a full into a chain that has points, the size is the latest's (or
 // allow_resize);
 // the target has room for the estimate (kNoSpace saying how much is
 // needed). Files go under temporary names and are renamed image, digests,
-// manifest last; on any error nothing new is left in the chain folder (and
+// manifest last (recording the disk's identity and the chain id: a new one
+// for a full, the parent's for an incremental); on any error nothing new is left in the chain folder (and
 // a first backup that fails leaves no chain folder and no lock file).
 // A second backup of the same chain folder at the same time fails at once
 // (kBusy). Every file is opened, written, renamed and synced through `env`
@@ -71,9 +84,10 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& request);
 std::string DefaultDiskName(const std::string& location);
 
 // Bytes a backup of `work` of `image` may need on the target at most
-// (allocated data stored uncompressed, plus metadata).
+// (allocated data stored uncompressed, plus metadata). kCancelled once
+// `cancel` (may be null) is set, polled between 1 GiB extent queries.
 Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
-                                     uint32_t cluster_bytes);
+                                     uint32_t cluster_bytes, const std::atomic<bool>* cancel = nullptr);
 
 // Free bytes for an unprivileged writer on the filesystem holding `dir`.
 Result<uint64_t> FreeBytes(Env& env, const std::string& dir);

@@ -3,6 +3,7 @@
 // time (getrusage deltas), peak RSS and threads for each. No TBB types here.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ struct BenchOptions {
   // Drop the source's pages (fdatasync + POSIX_FADV_DONTNEED) before the read
   // stage and before the end-to-end run: "cold" page cache for that file.
   bool cold = false;
+  // May be null; set true to stop (kCancelled): polled per chunk or window
+  // of chunks in every stage, and by the end-to-end copy.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // One measured run (a stage alone, or the pipeline).

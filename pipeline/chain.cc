@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "blockio/path.h"
+#include "pipeline/disk_identity.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/merge_journal.h"
 
@@ -306,6 +307,9 @@ Result<OpenedPoint> OpenPoint(Env& env, const ChainFolder& chain, size_t index) 
   out.index = index;
   out.point = &chain.points[index];
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
+  // Layers of two disks add up to neither: damage, however well each
+  // layer's own digests check out.
+  BARGE_RETURN_IF_ERROR(CheckOneDisk(chain, layers));
   // A file a manifest names and the folder lacks breaks the chain from that
   // point on: damage to the backup (exit 2), not a missing input.
   for (size_t l : layers) {

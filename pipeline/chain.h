@@ -150,8 +150,9 @@ struct OpenedPoint {
   std::optional<formats::Digest128> Expected(uint64_t cluster_index) const;
 };
 
-// Opens point `index`: checks the manifests and digest tables (as
-// EffectiveDigests), opens the image confined to the chain folder, and
+// Opens point `index`: checks that its layers record one disk
+// (CheckOneDisk, pipeline/disk_identity.h), the manifests and digest tables
+// (as EffectiveDigests), opens the image confined to the chain folder, and
 // checks that its qcow2 backing chain is exactly the layers the manifests
 // name (kCorruption otherwise, naming the layer).
 // `env` must outlive the opened point.

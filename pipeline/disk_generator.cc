@@ -230,6 +230,10 @@ Result<DiskMix> GenerateDisk(Env& env, const std::string& path, const DiskGenera
         }
         src = buffer.data();
       }
+      if (options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed)) {
+        failed = Error::Cancelled("generating the disk was interrupted").set_path(path);
+        break;
+      }
       failed = write_all(src, n, e.offset + done);
     }
   });

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -35,6 +36,8 @@ struct DiskGeneratorOptions {
   std::array<uint32_t, static_cast<size_t>(ExtentKind::kCount)> weights{30, 10, 35, 25};
   uint64_t min_extent_bytes = 4 << 10;   // log-uniform sizes in [min, max], 4 KiB aligned
   uint64_t max_extent_bytes = 64 << 20;  // and at most 1/16 of the disk
+  // May be null; set true to stop writing (kCancelled). Polled per 1 MiB.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // The generator lays extents out in 4 KiB units, and a disk smaller than

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <optional>
 #include <set>
 
 #include "blockio/env.h"
@@ -80,9 +81,17 @@ Status VerifyStagedImage(Env& env, const std::string& path, const formats::Diges
   return OkStatus();
 }
 
-// Whether `dir` holds a manifest or a merge journal: a folder without
-// either has nothing to merge (and gets no lock file). kNotFound naming the
-// folder when it is missing or not a folder.
+// What step 1 staged: the sizes the journal records.
+struct Staged {
+  uint64_t image_bytes = 0;
+  uint64_t digests_bytes = 0;
+  uint64_t manifest_bytes = 0;
+  formats::BackupManifest manifest;
+  uint64_t bytes_read = 0;
+};
+
+}  // namespace
+
 Result<bool> HoldsBackups(Env& env, const std::string& dir) {
   auto st = env.Stat(dir);
   if ((st.ok() && !st->is_directory()) || (!st.ok() && st.error().code() == ErrorCode::kNotFound)) {
@@ -97,23 +106,17 @@ Result<bool> HoldsBackups(Env& env, const std::string& dir) {
   });
 }
 
-// What step 1 staged: the sizes the journal records.
-struct Staged {
-  uint64_t image_bytes = 0;
-  uint64_t digests_bytes = 0;
-  uint64_t manifest_bytes = 0;
-  formats::BackupManifest manifest;
-  uint64_t bytes_read = 0;
-};
-
-}  // namespace
-
 Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
   auto start = std::chrono::steady_clock::now();
   BARGE_ASSIGN_OR_RETURN(bool holds, HoldsBackups(env, req.chain_dir));
   if (!holds) return Error::NotFound("the chain folder holds no backups: nothing to merge").set_path(req.chain_dir);
   BARGE_ASSIGN_OR_RETURN(PointSelector through, ParsePointSelector(req.through));
-  BARGE_ASSIGN_OR_RETURN(ChainLock lock, ChainLock::Acquire(env, req.chain_dir));
+  std::optional<ChainLock> own_lock;
+  if (req.held == nullptr) {
+    BARGE_ASSIGN_OR_RETURN(ChainLock taken, ChainLock::Acquire(env, req.chain_dir));
+    own_lock.emplace(std::move(taken));
+  }
+  const ChainLock& lock = req.held != nullptr ? *req.held : *own_lock;
   // Completes an interrupted merge first (re-entrant: running the same merge
   // again after a crash finds the point already full).
   BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, req.chain_dir, &lock));
@@ -229,6 +232,10 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
     m.type = formats::BackupType::kFull;
     m.parent.reset();
     m.reason = "merged " + chain.points[layers.front()].manifest.id + ".." + pm.id;
+    // A full reads no change tracking: the folded increments' dirty source
+    // and bytes describe them, not this point (issue 18).
+    m.dirty_source.clear();
+    m.dirty_bytes = 0;
     m.bytes_written = stats.file_bytes;
     m.data_clusters = stats.data_clusters + stats.compressed_clusters;
     m.compressed_clusters = stats.compressed_clusters;

@@ -9,10 +9,16 @@
 
 #include "blockio/env.h"
 #include "formats/manifest.h"
+#include "pipeline/chain.h"
 #include "pipeline/copy.h"
 #include "pipeline/merge_journal.h"
 
 namespace barge::pipeline {
+
+// Whether `dir` holds a manifest or a merge journal: a folder without
+// either has nothing to merge or forget (and gets no lock file). kNotFound
+// naming the folder when it is missing or not a folder.
+Result<bool> HoldsBackups(Env& env, const std::string& dir);
 
 struct MergeRequest {
   std::string chain_dir;
@@ -20,6 +26,9 @@ struct MergeRequest {
   // Only say what the merge would do (folded ids, files removed): nothing
   // is written, not even the lock file.
   bool dry_run = false;
+  // The caller's lock of `chain_dir` (ChainLock::Acquire; a forget that
+  // plans and merges under one lock), or null to take it here.
+  const ChainLock* held = nullptr;
   // Knobs (memory, threads, progress, stats, cancel); cluster size,
   // compression and verify are the chain's.
   CopyOptions copy;

@@ -374,6 +374,13 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
         result.bitmaps_dropped = true;
         continue;
       }
+      // The copy's record (JSON) and result name each bitmap carried: a
+      // name that is not UTF-8 is refused now, not after the copy.
+      if (!formats::IsUtf8(b.name)) {
+        return Error::InvalidArgument("a bitmap's name is not valid UTF-8, which the copy's record (JSON) cannot "
+                                      "carry; remove it (qemu-img bitmap --remove) or copy to raw, which drops bitmaps")
+            .set_path(info.path);
+      }
       auto dirty = formats::ReadBitmapDirtyRanges(source, b.name);
       if (!dirty.ok()) return std::move(dirty).error().Wrap("bitmap " + b.name);
       bitmaps.push_back({b.name, b.granularity_bytes, b.enabled, std::move(dirty).value()});

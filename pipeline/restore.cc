@@ -1,7 +1,9 @@
 // Restore and verify jobs.
 #include "pipeline/restore.h"
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "blockio/env.h"
 #include "blockio/path.h"
@@ -111,8 +113,11 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   if (req.output_format != "raw" && req.output_format != "qcow2") {
     return Error::InvalidArgument("output format must be raw or qcow2");
   }
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, req.chain_dir));
-  BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(req.at));
+  // A point's own manifest or image names its folder and the point, as
+  // for verify and list.
+  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(env, req.chain_dir, req.at));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, where.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(where.at));
   BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(env, chain, index));
   const formats::BackupManifest& m = point.point->manifest;
   BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(env, req, m.virtual_size));
@@ -266,13 +271,45 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
 
   VerifyResult result;
   std::vector<bool> structure_checked(chain.points.size(), false);
+  std::vector<bool> failed(chain.points.size(), false);
+  std::optional<Error> first_failure;
+  auto report = [&](VerifyOutcome::State state, size_t index, VerifyOutcome o = {}) {
+    const formats::BackupManifest& m = chain.points[index].manifest;
+    o.state = state;
+    o.position = index;
+    o.id = m.id;
+    o.started_at = m.started_at;
+    if (req.on_point) req.on_point(o);
+  };
   for (size_t index : targets) {
+    // A point that reads through a layer that failed is not checked: its
+    // verdict would only repeat that failure.
+    if (auto layers = chain.LayersOf(index); layers.ok()) {
+      auto bad = std::find_if(layers->begin(), layers->end(), [&](size_t l) { return failed[l]; });
+      if (bad != layers->end()) {
+        VerifyOutcome o;
+        o.failed_layer = chain.points[*bad].manifest.id;
+        report(VerifyOutcome::State::kSkipped, index, std::move(o));
+        continue;
+      }
+    }
     const auto point_start = std::chrono::steady_clock::now();
     // Taken before the check: a layer modified during it makes the record stale.
     const int64_t layers_mtime_ns = NewestLayerMtime(env, chain, index);
     auto verified = VerifyPointData(env, chain, index, req.copy, structure_checked);
     RecordOutcome(env, chain, index, verified, SecondsSince(point_start), layers_mtime_ns, result.warnings);
-    if (!verified.ok()) return verified.error();
+    if (!verified.ok()) {
+      const ErrorCode code = verified.error().code();
+      const bool about_the_data =
+          code == ErrorCode::kCorruption || code == ErrorCode::kIoError || code == ErrorCode::kNotFound;
+      if (!req.all_points || !about_the_data) return verified.error();
+      failed[index] = true;
+      VerifyOutcome o;
+      o.error = verified.error().ToString();
+      report(VerifyOutcome::State::kFailed, index, std::move(o));
+      if (!first_failure) first_failure = verified.error();
+      continue;
+    }
     const formats::BackupManifest& m = verified->point.point->manifest;
     CopyOptions copy = verified->copy;
     const OpenedPoint& point = verified->point;
@@ -284,29 +321,50 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
     result.verified_positions.push_back(index);
     result.verified_started_at.push_back(m.started_at);
 
+    uint64_t against_bytes = 0;
     if (!req.against.location.empty()) {
       BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, req.against));
+      std::optional<Error> differs;
       if (src.image->size_bytes() != m.virtual_size) {
-        return Error::InvalidArgument("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
-                                 ", the backup " + formats::HumanBytesExact(m.virtual_size))
-            .set_path(req.against.location);
-      }
-      auto against = RunCopy(*src.image, WholeDisk(*src.image), {}, copy);
-      if (!against.ok()) {
+        differs = Error::InvalidArgument("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
+                                         ", the backup " + formats::HumanBytesExact(m.virtual_size))
+                      .set_path(req.against.location);
+      } else if (auto against = RunCopy(*src.image, WholeDisk(*src.image), {}, copy); !against.ok()) {
         Error e = std::move(against).error();
         // The backup's own data checked out above: a source that reads
         // otherwise changed since (or is another disk). Its bytes are no
-        // damage to the backup (exit 2 says that), so it is an input error.
+        // damage to the backup, so it is no kCorruption; the command
+        // still calls it a mismatch (verify's exit 2, docs/errors.md).
         if (e.code() != ErrorCode::kCorruption) return e.Wrap("reading the source to compare");
-        return Error::InvalidArgument("the source differs from backup " + m.id +
-                                      " (the backup itself verified; the source changed since or is another "
-                                      "disk): " + e.message())
-            .set_path(req.against.location);
+        differs = Error::InvalidArgument("the source differs from backup " + m.id +
+                                         " (the backup itself verified; the source changed since or is "
+                                         "another disk): " + e.message())
+                      .set_path(req.against.location);
+        if (e.offset() && e.length()) {
+          differs->set_range(*e.offset(), *e.length());
+        } else if (e.offset()) {
+          differs->set_offset(*e.offset());
+        }
+      } else {
+        against_bytes = against->bytes_read;
+        result.bytes_read += against_bytes;
+        result.against_checked = true;
       }
-      result.bytes_read += against->bytes_read;
-      result.against_checked = true;
+      if (differs) {
+        VerifyOutcome o;
+        o.source_differs = true;
+        o.clusters_checked = verified->clusters_checked;
+        o.bytes_read = verified->bytes_read;
+        report(VerifyOutcome::State::kPassed, index, std::move(o));
+        return *differs;
+      }
     }
+    VerifyOutcome passed;
+    passed.clusters_checked = verified->clusters_checked;
+    passed.bytes_read = verified->bytes_read + against_bytes;
+    report(VerifyOutcome::State::kPassed, index, std::move(passed));
   }
+  if (first_failure) return *first_failure;
   result.seconds = SecondsSince(start);
   return result;
 }

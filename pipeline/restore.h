@@ -14,7 +14,7 @@
 namespace barge::pipeline {
 
 struct RestoreRequest {
-  std::string chain_dir;
+  std::string chain_dir;       // chain folder, or one of its manifests or images (LocatePoint)
   std::string at;              // "", "latest", id, position or time
   std::string destination;     // file path, block device or NBD URI
   std::string output_format = "raw";  // raw or qcow2 (qcow2: files only)
@@ -49,12 +49,34 @@ struct RestoreResult {
 // Reads the chain and writes a file destination through `env`.
 Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& request);
 
+// What verify found for one point (VerifyRequest::on_point).
+struct VerifyOutcome {
+  enum class State : uint8_t {
+    kPassed,   // its data verified (with `against`: see source_differs)
+    kFailed,   // damaged, unreadable or missing data: `error`
+    kSkipped,  // not checked: it reads through `failed_layer`, which failed
+  };
+  State state = State::kPassed;
+  size_t position = 0;
+  std::string id;
+  std::string started_at;
+  std::string error;         // kFailed: Error::ToString()
+  std::string failed_layer;  // kSkipped: id of the earlier point that failed
+  bool source_differs = false;  // kPassed: `against` does not match the point
+  uint64_t clusters_checked = 0;  // kPassed
+  uint64_t bytes_read = 0;        // kPassed: of the point (and the source it matched)
+};
+
 struct VerifyRequest {
   std::string path;       // chain folder, manifest or image
   std::string at;         // with a chain folder
   bool all_points = false;  // verify every point of the folder
   SourceSpec against;     // location empty: none
   CopyOptions copy;
+  // Called (on the caller's thread) as each point's outcome is known, in
+  // position order; may be empty. Without all_points a point that fails
+  // is not reported here: the returned error is its outcome.
+  std::function<void(const VerifyOutcome&)> on_point;
 };
 
 struct VerifyResult {
@@ -72,7 +94,12 @@ struct VerifyResult {
 // Verifies a point: manifests and digest tables, the qcow2 structure of every
 // layer (refcounts, references, flags), every stored cluster's digest, and
 // the image digest; with `against`, the source's contents too. Returns the
-// first problem as kCorruption naming the file and guest offset.
+// first problem as kCorruption naming the file and guest offset; a source
+// that differs from a point that verified is kInvalidArgument naming the
+// source (its outcome has source_differs). With `all_points`, a point whose
+// data fails does not stop the others: each later point that reads through
+// it is skipped, every other one is still checked, and the first failure
+// is returned at the end (an interruption or any other error stops at once).
 // Each point's outcome (passed, or failed with damaged, unreadable or
 // missing data) is kept beside its manifest as <id>.verified
 // (pipeline/verification_record.h); `against` does not change it.

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -158,6 +159,48 @@ TEST_F(BackupCorruptionTest, FlippedByteInCompressedCluster) {
   EXPECT_NE(r.output.find("Corruption"), std::string::npos) << r.output;
 }
 
+// Issue 18: a compressed cluster whose zstd frame does not decode was
+// reported at the payload's host offset in the file; it is named like a
+// damaged uncompressed cluster: by its guest offset and the layer file that
+// holds it, also when a later point of the chain is read through it.
+TEST_F(BackupCorruptionTest, UndecodableZstdClusterNamesGuestOffsetAndLayer) {
+  // A second point on top (one random cluster changed, the compressed part
+  // untouched), whose restore reads the damaged cluster from the first.
+  const std::string extents = dir_ / "extents.json";
+  {
+    std::ofstream out(extents);
+    out << R"({"format":"barge-extents","version":1,"virtual_size":16777216,"extents":[{"offset":0,"length":65536}]})";
+  }
+  json second = testing::RunResult(Barge("backup --source " + ShellQuote(disk_) + " --target " +
+                                         ShellQuote(dir_ / "b") + " --incremental --dirty-extents " +
+                                         ShellQuote(extents) + " --json"));
+  ASSERT_NE(second.value("image", ""), image_);
+  Stored c = FirstStored(/*compressed=*/true);
+  ASSERT_GE(c.guest, 4 * kMiB);
+  uint64_t l1 = ReadBe64(image_, 40);
+  uint64_t l2 = ReadBe64(image_, l1) & 0x00fffffffffffe00ull;
+  uint64_t entry = ReadBe64(image_, l2 + 8 * (c.guest / kCluster));
+  ASSERT_TRUE(entry & (1ull << 62)) << std::hex << entry;
+  c.host = entry & ((1ull << 54) - 1);
+  ASSERT_EQ(ReadBe64(image_, c.host) >> 32, 0x28b52ffdu);  // the zstd frame magic
+  FlipByte(image_, c.host, 0xff);  // no frame any more: zstd refuses it
+  const std::string where = "guest offset " + Hex(c.guest);
+  CommandResult r = VerifyFails(2);
+  EXPECT_NE(r.output.find(where), std::string::npos) << r.output;
+  json error = ErrorOf(r.stdout_text);
+  EXPECT_EQ(error.value("offset", ~0ull), c.guest) << r.output;
+  EXPECT_EQ(error.value("file", ""), image_) << r.output;
+  // Restore of the latest point reads through the second image: the error
+  // names the first, where the damage is.
+  CommandResult restore = testing::Run(Barge("restore --json " + ShellQuote(chain_) + " --to " +
+                                             ShellQuote(dir_ / "out.raw")));
+  EXPECT_EQ(restore.exit_code, 2) << restore.output;
+  EXPECT_NE(restore.output.find(where), std::string::npos) << restore.output;
+  EXPECT_EQ(ErrorOf(restore.stdout_text).value("file", ""), image_) << restore.output;
+  EXPECT_EQ(ErrorOf(restore.stdout_text).value("offset", ~0ull), c.guest) << restore.output;
+  EXPECT_FALSE(fs::exists(dir_ / "out.raw"));
+}
+
 TEST_F(BackupCorruptionTest, FlippedL2Entry) {
   uint64_t l1 = ReadBe64(image_, 40);  // l1_table_offset
   uint64_t l2 = ReadBe64(image_, l1) & 0x00fffffffffffe00ull;
@@ -167,6 +210,23 @@ TEST_F(BackupCorruptionTest, FlippedL2Entry) {
   EXPECT_NE(testing::Run("qemu-img check " + ShellQuote(image_)).exit_code, 0) << "qemu-img must agree";
   CommandResult r = VerifyFails(2);
   EXPECT_NE(r.output.find(fs::path(image_).filename().string()), std::string::npos) << r.output;
+}
+
+// Issue 18: a reserved bit in an L2 entry: qemu-img check reports a
+// corruption (exit 2); barge check said "No errors were found" and verify
+// "structure OK".
+TEST_F(BackupCorruptionTest, ReservedBitInL2Entry) {
+  uint64_t l1 = ReadBe64(image_, 40);
+  uint64_t l2 = ReadBe64(image_, l1) & 0x00fffffffffffe00ull;
+  ASSERT_NE(ReadBe64(image_, l2), 0u);  // cluster 0 (random data) is stored
+  FlipByte(image_, l2 + 7, 0x02);       // bit 1: reserved
+  EXPECT_EQ(testing::Run("qemu-img check " + ShellQuote(image_)).exit_code, 2);
+  CommandResult check = testing::Run(Barge("check " + ShellQuote(image_)));
+  EXPECT_EQ(check.exit_code, 2) << check.output;
+  EXPECT_NE(check.output.find("reserved bits"), std::string::npos) << check.output;
+  CommandResult r = VerifyFails(2);
+  EXPECT_NE(r.output.find("structure check failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("reserved bits"), std::string::npos) << r.output;
 }
 
 TEST_F(BackupCorruptionTest, FlippedRefcount) {

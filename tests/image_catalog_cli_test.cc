@@ -56,6 +56,8 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
                                        ShellQuote(c.Disk(0))))["copy"];
   EXPECT_EQ(added["state"], "ready") << added.dump();
   std::string first = added["path"];
+  // A copy keeps its source's extension (issue 18): the file says its format.
+  EXPECT_EQ(first, fs::canonical(c.Disk(0)).string() + "/base.raw");
 
   std::string disks = c.Disk(1) + "," + c.Disk(2) + "," + c.Disk(3) + "," + c.Disk(4);
   json sync = testing::RunResult(c.Cmd("sync base --json --disks " + ShellQuote(disks)));
@@ -85,7 +87,7 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
   EXPECT_EQ(status[0]["senders"].size(), 2u) << status.dump();
 
   // A VM disk on disk1 uses the copy there as its backing file.
-  RunOk("qemu-img create -q -f qcow2 -b base -F raw " + ShellQuote(c.Disk(1) + "/vm.qcow2"));
+  RunOk("qemu-img create -q -f qcow2 -b base.raw -F raw " + ShellQuote(c.Disk(1) + "/vm.qcow2"));
   json clean = testing::RunResult(c.Cmd("cleanup --json --unused-for 1h"));
   EXPECT_TRUE(clean["removed"].empty()) << clean.dump();
   EXPECT_EQ(clean["in_use"].size(), 1u);
@@ -101,15 +103,15 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
     ::close(fd);
     EXPECT_TRUE(held["removed"].empty()) << held.dump();
     EXPECT_EQ(held["busy"].size(), 4u) << held.dump();
-    for (int i : {0, 2, 3, 4}) EXPECT_TRUE(fs::exists(c.Disk(i) + "/base"));
+    for (int i : {0, 2, 3, 4}) EXPECT_TRUE(fs::exists(c.Disk(i) + "/base.raw"));
   }
   clean = testing::RunResult(c.Cmd("cleanup --json --unused-for 0"));
   EXPECT_EQ(clean["removed"].size(), 4u) << clean.dump();
   EXPECT_EQ(clean["in_use"].size(), 1u);
-  EXPECT_TRUE(fs::exists(c.Disk(1) + "/base"));
+  EXPECT_TRUE(fs::exists(c.Disk(1) + "/base.raw"));
   for (int i : {0, 2, 3, 4}) {
-    EXPECT_FALSE(fs::exists(c.Disk(i) + "/base"));
-    EXPECT_FALSE(fs::exists(c.Disk(i) + "/base.sha512.json"));
+    EXPECT_FALSE(fs::exists(c.Disk(i) + "/base.raw"));
+    EXPECT_FALSE(fs::exists(c.Disk(i) + "/base.raw.sha512.json"));
   }
   RunOk("qemu-img compare -q " + ShellQuote(c.Disk(1) + "/vm.qcow2") + " " + ShellQuote(c.src));
 
@@ -120,6 +122,8 @@ TEST(ImageCatalogCliTest, AddSyncStatusCleanupRescan) {
   status = testing::RunResult(c.Cmd("rescan --json --disks " + ShellQuote(c.Disk(1) + "," + c.Disk(2))))["images"];
   ASSERT_EQ(status.size(), 1u) << status.dump();
   ASSERT_EQ(status[0]["copies"].size(), 1u);
+  EXPECT_EQ(status[0]["name"], "base");  // the file's extension is the source's, not the name's
+  EXPECT_EQ(status[0]["copies"][0]["path"], fs::canonical(c.Disk(1)).string() + "/base.raw");
   EXPECT_EQ(status[0]["copies"][0]["state"], "ready");
   EXPECT_EQ(status[0]["sha512"], RunOk("sha512sum " + ShellQuote(c.src)).substr(0, 128));
 }
@@ -135,7 +139,7 @@ TEST(ImageCatalogCliTest, WrongChecksumIsFailedWithMessage) {
   r = testing::Run(c.Cmd("status base"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("no image 'base'"), std::string::npos) << r.output;
-  EXPECT_FALSE(fs::exists(c.Disk(0) + "/base"));
+  EXPECT_FALSE(fs::exists(c.Disk(0) + "/base.raw"));
   // Sync has nothing to send from.
   EXPECT_NE(testing::Run(c.Cmd("sync base --disks " + ShellQuote(c.Disk(1)))).exit_code, 0);
 }
@@ -264,8 +268,8 @@ json CopyOn(const json& status, const std::string& disk) {
 TEST(ImageCatalogCliTest, KilledSyncIsInterruptedAndRedone) {
   BigCatalog c;
   std::string disk = c.DiskKey(1);
-  std::string copy = disk + "/big";
-  std::string temp = disk + "/.big.barge-tmp";
+  std::string copy = disk + "/big.raw";
+  std::string temp = disk + "/.big.raw.barge-tmp";
 
   Child sync(c.SlowSync("big", disk));
   ASSERT_TRUE(sync.StopMidSend(copy)) << "the sync finished before it could be caught mid-send";
@@ -304,18 +308,18 @@ TEST(ImageCatalogCliTest, RescanKeepsALiveSyncAndRecoversAKilledOne) {
   BigCatalog c;
   std::string disk = c.DiskKey(1);
   Child sync(c.SlowSync("big", disk));
-  ASSERT_TRUE(sync.StopMidSend(disk + "/big")) << "the sync finished before it could be caught mid-send";
+  ASSERT_TRUE(sync.StopMidSend(disk + "/big.raw")) << "the sync finished before it could be caught mid-send";
   // The live sync's row has no file or record yet; rescan keeps it.
   json status = testing::RunResult(c.Cmd("rescan --json --disks " + ShellQuote(disk)))["images"];
   EXPECT_EQ(CopyOn(status, disk)["state"], "in-progress") << status.dump();
-  EXPECT_TRUE(fs::exists(disk + "/.big.barge-tmp"));
+  EXPECT_TRUE(fs::exists(disk + "/.big.raw.barge-tmp"));
   sync.Signal(SIGKILL);
   ASSERT_EQ(sync.Wait(), 128 + SIGKILL);
   // Once it is gone, rescan removes its temporary, and rebuilds the disk
   // from its records: there is none, so no row.
   status = testing::RunResult(c.Cmd("rescan --json --disks " + ShellQuote(disk)))["images"];
   EXPECT_TRUE(CopyOn(status, disk).is_null()) << status.dump();
-  EXPECT_FALSE(fs::exists(disk + "/.big.barge-tmp"));
+  EXPECT_FALSE(fs::exists(disk + "/.big.raw.barge-tmp"));
 }
 
 TEST(ImageCatalogCliTest, SecondSyncOfAnImageIsRefusedOthersRunAlongside) {
@@ -323,7 +327,7 @@ TEST(ImageCatalogCliTest, SecondSyncOfAnImageIsRefusedOthersRunAlongside) {
   RunOk(c.Cmd("add small --source " + ShellQuote(c.src) + " --disk " + ShellQuote(c.Disk(0))));
   std::string disks = c.DiskKey(1) + "," + c.DiskKey(2);
   Child first(c.SlowSync("big", disks));
-  ASSERT_TRUE(first.StopMidSend(c.DiskKey(1) + "/big")) << "the sync finished before it could be caught mid-send";
+  ASSERT_TRUE(first.StopMidSend(c.DiskKey(1) + "/big.raw")) << "the sync finished before it could be caught mid-send";
 
   // The same image: refused at once, whatever the disks.
   auto t0 = std::chrono::steady_clock::now();
@@ -331,7 +335,7 @@ TEST(ImageCatalogCliTest, SecondSyncOfAnImageIsRefusedOthersRunAlongside) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   EXPECT_NE(busy.exit_code, 0);
   EXPECT_NE(busy.output.find("an image sync of big is already running"), std::string::npos) << busy.output;
-  EXPECT_FALSE(fs::exists(c.Disk(3) + "/big"));
+  EXPECT_FALSE(fs::exists(c.Disk(3) + "/big.raw"));
 
   // Another image: runs to the end while the first is still mid-send.
   json other = testing::RunResult(c.Cmd("sync small --json --disks " + ShellQuote(disks)));
@@ -349,8 +353,8 @@ TEST(ImageCatalogCliTest, SecondSyncOfAnImageIsRefusedOthersRunAlongside) {
     for (const auto& s : image["senders"]) EXPECT_LE(s["max_concurrent"].get<int>(), 3) << image.dump();
   }
   for (int i : {1, 2}) {
-    RunOk("cmp " + ShellQuote(c.big_src) + " " + ShellQuote(c.Disk(i) + "/big"));
-    RunOk("cmp " + ShellQuote(c.src) + " " + ShellQuote(c.Disk(i) + "/small"));
+    RunOk("cmp " + ShellQuote(c.big_src) + " " + ShellQuote(c.Disk(i) + "/big.raw"));
+    RunOk("cmp " + ShellQuote(c.src) + " " + ShellQuote(c.Disk(i) + "/small.raw"));
   }
   // With the first done, the image syncs again.
   RunOk(c.Cmd("sync big --disks " + ShellQuote(c.Disk(3))));

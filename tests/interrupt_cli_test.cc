@@ -257,12 +257,12 @@ TEST_P(InterruptTest, ImageAddAndSync) {
   RunOk(Barge("image add base --source " + Q(disk_) + " --disk " + Q(dir_ / "disk0") + " --catalog " + Q(db)));
   Interrupt({"image", "sync", "base", "--disks", dir_ / "disk1", "--catalog", db, "--threads", "1", "--memory",
              "4M", "--verify"},
-            [&] { return HasData(dir_ / "disk1/.base.barge-tmp"); }, "image sync");
+            [&] { return HasData(dir_ / "disk1/.base.raw.barge-tmp"); }, "image sync");
   EXPECT_TRUE(LockFree(dir_ / "locks/images/base.lock"));
-  EXPECT_FALSE(fs::exists(dir_ / "disk1/base"));
+  EXPECT_FALSE(fs::exists(dir_ / "disk1/base.raw"));  // the source's extension
   // The next sync delivers it.
   RunOk(Barge("image sync base --disks " + Q(dir_ / "disk1") + " --catalog " + Q(db)));
-  RunOk("cmp " + Q(disk_) + " " + Q(dir_ / "disk1/base"));
+  RunOk("cmp " + Q(disk_) + " " + Q(dir_ / "disk1/base.raw"));
 }
 
 // A second signal while the job unwinds (here: waiting up to 2 s for the

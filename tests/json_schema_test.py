@@ -389,6 +389,9 @@ def scenario(r):
             != ["ok", "ok"]:
         r.failures.append("list after verify --all: not two points verified ok")
     r.run("list", [t("backups/none")], expect=1)
+    # A target: the chain folders below it.
+    if [f.get("path") for f in result_of(r.run("list", [t("backups")])).get("chain_folders", [])] != [chain]:
+        r.failures.append("list of a target: not its one chain folder")
     r.run("list", [t("text.txt")], expect=1)  # no chain folder, manifest or image
     points = sorted(os.listdir(chain))
     full_id, inc_id = [f[: -len(".json")] for f in points if f.endswith(".json")]
@@ -397,6 +400,10 @@ def scenario(r):
         shutil.copytree(chain, copy)
     os.remove(os.path.join(damaged, full_id + ".digests"))
     r.run("verify", [damaged, "--at", "0"], expect=2)  # a broken chain: records the failure
+    # --all: every point's outcome (the full failed, the incremental skipped), then the error.
+    if [p.get("result") for p in result_of(r.run("verify", [damaged, "--all"], expect=2)).get("points", [])] \
+            != ["failed", "skipped"]:
+        r.failures.append("verify --all of a damaged chain: not a failed and a skipped point")
     os.remove(os.path.join(damaged, inc_id + ".qcow2"))
     listed = result_of(r.run("list", [damaged])).get("points", [])
     if [(p.get("last_verification") or {}).get("result") for p in listed] != ["failed", "ok"] \
@@ -411,6 +418,14 @@ def scenario(r):
     listed = result_of(r.run("list", [broken])).get("points", [])
     if [(p.get("chain"), p.get("started_at"), "broken" in p) for p in listed] != [(None, None, True)]:
         r.failures.append(f"list of a chain without its full: not one broken point without times: {listed}")
+    # forget of a chain folder (a copy: catalog rebuild reads backups/).
+    forgot = t("lists/forget")
+    shutil.copytree(chain, forgot)
+    r.run("forget", [forgot, "--keep-last", "1", "--keep-daily", "2", "--dry-run"])
+    r.run("forget", [forgot, "--keep-within", "1h"])  # keeps both: nothing to do
+    r.run("forget", [forgot, "--keep-last", "1"])  # the full is merged into the increment
+    r.run("forget", [forgot], expect=64)  # no keep rule
+    r.run("forget", [t("backups/none"), "--keep-last", "1"], expect=1)
     r.run("restore", [chain, "--to", t("restored.raw")])
     r.run("restore", [chain, "--to", t("restored.raw")], expect=1)  # exists: needs --force
     r.run("merge", [chain, "--through", "latest"])
@@ -558,6 +573,7 @@ def scenario(r):
     r.run("forget", ["--policy", policy, "--keep-last", "1", "--dry-run"])
     r.run("forget", ["--policy", policy, "--keep-last", "1"])
     r.run("forget", ["--policy", missing, "--keep-last", "1"], expect=1)
+    r.run("runs list", ["--policy", policy])  # points removed by forget
     r.serve(["--policy", policy, "--listen", "127.0.0.1:0"])
     r.run("serve", ["--policy", missing, "--listen", "127.0.0.1:0"], expect=1)
 

@@ -246,16 +246,16 @@ TEST_F(UserMixupsTest, ImageCleanupNeverRemovesTheLastReadyCopy) {
   RunOk(image("add base --source " + Q(disk_) + " --disk " + Q(dir_ / "disk0")));
   std::string out = RunOk(image("cleanup --unused-for 0"));
   EXPECT_NE(out.find("last ready copy"), std::string::npos) << out;
-  EXPECT_TRUE(fs::exists(dir_ / "disk0/base"));
+  EXPECT_TRUE(fs::exists(dir_ / "disk0/base.raw"));
   RunOk(image("sync base --disks " + Q(dir_ / "disk1")));
   out = RunOk(image("cleanup --unused-for 0 --dry-run"));
   EXPECT_NE(out.find("would remove"), std::string::npos) << out;
-  EXPECT_TRUE(fs::exists(dir_ / "disk0/base"));
-  EXPECT_TRUE(fs::exists(dir_ / "disk1/base"));
+  EXPECT_TRUE(fs::exists(dir_ / "disk0/base.raw"));
+  EXPECT_TRUE(fs::exists(dir_ / "disk1/base.raw"));
   out = RunOk(image("cleanup --unused-for 0"));
   EXPECT_NE(out.find("removed "), std::string::npos) << out;
   EXPECT_NE(out.find("last ready copy"), std::string::npos) << out;
-  EXPECT_NE(fs::exists(dir_ / "disk0/base"), fs::exists(dir_ / "disk1/base"));  // exactly one left
+  EXPECT_NE(fs::exists(dir_ / "disk0/base.raw"), fs::exists(dir_ / "disk1/base.raw"));  // exactly one left
 }
 
 // A failed "image add" left a failed row (and the image) in the catalog.
@@ -270,7 +270,7 @@ TEST_F(UserMixupsTest, FailedImageAddLeavesNoCatalogRow) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("no image 'base'"), std::string::npos) << r.output;
   EXPECT_EQ(RunOk(image("status")), "");
-  EXPECT_FALSE(fs::exists(dir_ / "disk0/base"));
+  EXPECT_FALSE(fs::exists(dir_ / "disk0/base.raw"));
   RunOk(image("add base --source " + Q(disk_) + " --disk " + Q(dir_ / "disk0")));
 }
 

@@ -520,7 +520,7 @@ Figure ConcurrentCatalogCampaign(uint64_t seed) {
     if (o.exit_code != 0 && !exists) f.Add(Finding::kNotRecovered, "image add re-run: " + o.Describe());
   };
   auto check_add = [&](Phase phase, Findings& f) {
-    std::string copy = ws.work("d4/other");
+    std::string copy = ws.work("d4/other.qcow2");
     std::error_code ec;
     if (std::filesystem::exists(copy, ec)) {
       auto record = pipeline::ReadReplicaRecord(PosixEnv(), copy);

@@ -600,7 +600,7 @@ class ImageCleanupScenario final : public CatalogScenario {
     Add(ws, ws.work("d1"));
     Sync(ws, {ws.work("d2"), ws.work("d3")});
     // A VM disk on d1 uses its copy as backing file: that copy stays.
-    RunOk("qemu-img create -f qcow2 -b base -F qcow2 " + Q(ws.work("d1/vm.qcow2")) + " >/dev/null");
+    RunOk("qemu-img create -f qcow2 -b base.qcow2 -F qcow2 " + Q(ws.work("d1/vm.qcow2")) + " >/dev/null");
     d1_digest_ = TreeDigest(ws.work("d1"));
   }
   Outcome Run(Workspace& ws, Runner& runner) override {

@@ -1,0 +1,128 @@
+// Disk identities of sources and the one-disk-per-chain checks.
+#include "pipeline/disk_identity.h"
+
+#include <cstdio>
+#include <optional>
+#include <random>
+
+namespace barge::pipeline {
+
+formats::DiskIdentity IdentityOf(Env& env, const SourceSpec& spec, const OpenedSource& source) {
+  formats::DiskIdentity id;
+  switch (source.kind) {
+    case SourceKind::kNbd:
+      id.kind = "nbd";
+      id.location = NbdUriWithoutCredentials(spec.location);
+      break;
+    case SourceKind::kBlockDevice:
+      id.kind = "block";
+      id.location = CanonicalPath(env, spec.location);
+      break;
+    case SourceKind::kFile:
+      id.kind = "file";
+      id.location = CanonicalPath(env, spec.location);
+      break;
+  }
+  id.virtual_size = source.image->size_bytes();
+  return id;
+}
+
+Result<formats::DiskIdentity> IdentifySource(Env& env, const SourceSpec& spec) {
+  BARGE_ASSIGN_OR_RETURN(OpenedSource source, OpenSource(env, spec));
+  return IdentityOf(env, spec, source);
+}
+
+std::string NbdUriWithoutCredentials(std::string_view uri) {
+  std::string_view rest = uri;
+  std::string out;
+  if (auto scheme = rest.find("://"); scheme != std::string_view::npos) {
+    out = std::string(rest.substr(0, scheme + 3));
+    rest.remove_prefix(scheme + 3);
+    // The authority ends at the first '/', '?' or '#'; its user part at its
+    // last '@'.
+    size_t end = rest.find_first_of("/?#");
+    std::string_view authority = rest.substr(0, end);
+    if (auto at = authority.rfind('@'); at != std::string_view::npos) rest.remove_prefix(at + 1);
+  }
+  size_t q = rest.find('?');
+  out += rest.substr(0, q);
+  if (q == std::string_view::npos) return out;
+  std::string_view query = rest.substr(q + 1);
+  std::string fragment;
+  if (auto hash = query.find('#'); hash != std::string_view::npos) {
+    fragment = std::string(query.substr(hash));
+    query = query.substr(0, hash);
+  }
+  std::string kept;
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view param = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (param.empty() || param.starts_with("tls-")) continue;
+    kept += (kept.empty() ? "" : "&") + std::string(param);
+  }
+  if (!kept.empty()) out += "?" + kept;
+  return out + fragment;
+}
+
+Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::DiskIdentity& source) {
+  if (chain.empty()) return std::string();
+  BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(chain.points.size() - 1));
+  for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
+    const formats::BackupManifest& m = chain.points[*it].manifest;
+    if (!m.disk_identity) continue;
+    const formats::DiskIdentity& d = *m.disk_identity;
+    // Sizes are not compared: the same disk resized is the size check's
+    // case (a full with --allow-resize), not another disk.
+    if (d.kind == source.kind && d.location == source.location && d.target == source.target) return std::string();
+    const std::string latest = chain.latest().manifest.id;
+    return "the chain's latest backup " + latest + " is of " + m.disk_identity->Describe() +
+           (*it == chain.points.size() - 1 ? "" : " (as its layer " + m.id + " records)") + ", this source is " +
+           source.Describe();
+  }
+  return std::string();
+}
+
+Status CheckOneDisk(const ChainFolder& chain, const std::vector<size_t>& layers) {
+  std::optional<size_t> disk_from, chain_id_from;
+  for (size_t i : layers) {
+    const ChainPoint& p = chain.points[i];
+    const formats::BackupManifest& m = p.manifest;
+    if (m.disk_identity) {
+      if (!disk_from) {
+        disk_from = i;
+      } else if (const auto& first = chain.points[*disk_from].manifest; *first.disk_identity != *m.disk_identity) {
+        return Error::Corruption("the chain mixes disks: backup " + m.id + " is of " + m.disk_identity->Describe() +
+                                 ", backup " + first.id + " before it in its chain of " +
+                                 first.disk_identity->Describe() + "; the points from " + m.id +
+                                 " on do not restore that disk (the earlier points do)")
+            .set_path(p.manifest_path);
+      }
+    }
+    if (!m.chain_id.empty()) {
+      if (!chain_id_from) {
+        chain_id_from = i;
+      } else if (const auto& first = chain.points[*chain_id_from].manifest; first.chain_id != m.chain_id) {
+        return Error::Corruption("the chain mixes disks: backup " + m.id + " belongs to chain " + m.chain_id +
+                                 ", backup " + first.id + " before it to chain " + first.chain_id +
+                                 "; the points from " + m.id + " on do not restore that disk (the earlier "
+                                 "points do)")
+            .set_path(p.manifest_path);
+      }
+    }
+  }
+  return OkStatus();
+}
+
+std::string NewChainId() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 4; ++i) {
+    char buf[9];
+    std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(rd()));
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace barge::pipeline

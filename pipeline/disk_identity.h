@@ -1,0 +1,52 @@
+// Which disk a chain holds (docs/formats/backup.md, "Which disk a chain
+// holds"): the identity of a source, and the checks that keep one chain to
+// one disk (an incremental extends only its own disk's chain; a chain whose
+// points record different disks is damaged).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blockio/env.h"
+#include "blockio/error.h"
+#include "formats/manifest.h"
+#include "pipeline/chain.h"
+#include "pipeline/endpoints.h"
+
+namespace barge::pipeline {
+
+// The identity of an opened source: "file" or "block" with its canonical
+// path (symbolic links and ".." resolved through `env`), or "nbd" with the
+// URI as NbdUriWithoutCredentials gives it; the source's virtual size.
+formats::DiskIdentity IdentityOf(Env& env, const SourceSpec& spec, const OpenedSource& source);
+
+// Opens `spec` (through `env`) and returns IdentityOf it.
+Result<formats::DiskIdentity> IdentifySource(Env& env, const SourceSpec& spec);
+
+// `uri` without what may hold a credential or a key's location: the user
+// part of the authority ("user:secret@") and every tls-* query parameter
+// (tls-psk-file, tls-certificates, tls-username, ...). Other parameters
+// (socket=) stay, in their order.
+std::string NbdUriWithoutCredentials(std::string_view uri);
+
+// For an incremental onto the latest point of `chain`: "" when the chain
+// records no disk (written before barge recorded one: usable as before) or
+// records `source`'s kind, location and target (a size change is the
+// caller's size check's to report); else a sentence naming both disks
+// (the chain's from the newest layer of its latest point that records
+// one). kCorruption when
+// the latest point's parent links are broken.
+Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::DiskIdentity& source);
+
+// Checks that the layers of one point (indexes into `chain`, the full
+// first, as ChainFolder::LayersOf gives them) record one disk and one
+// chain id. Layers that record none (older manifests) are passed over.
+// kCorruption naming the first layer that differs from the oldest one
+// that records a disk (or a chain id), and the disks.
+Status CheckOneDisk(const ChainFolder& chain, const std::vector<size_t>& layers);
+
+// A new chain id: 32 random hex digits.
+std::string NewChainId();
+
+}  // namespace barge::pipeline
