@@ -43,6 +43,7 @@ struct SpaceInfo {
   uint64_t free_bytes = 0;   // available to an unprivileged writer (f_bavail)
   uint64_t total_bytes = 0;
   uint64_t filesystem_type = 0;  // statfs(2)'s f_type magic (0xEF53 ext4...), 0 if unknown
+  bool read_only = false;        // mounted read-only (statvfs's ST_RDONLY)
 };
 
 // A lock held for the object's lifetime; the destructor releases it. The

@@ -341,6 +341,7 @@ class PosixEnvImpl final : public Env {
     SpaceInfo info;
     info.free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
     info.total_bytes = static_cast<uint64_t>(st.f_blocks) * st.f_frsize;
+    info.read_only = (st.f_flag & ST_RDONLY) != 0;
     struct statfs fs;
     if (::statfs(path.c_str(), &fs) == 0) info.filesystem_type = static_cast<uint64_t>(fs.f_type);
     return info;

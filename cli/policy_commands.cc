@@ -115,7 +115,11 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
                                            " problem" + (problems.size() == 1 ? "" : "s"))
                         .set_path(file));
   }
+  policy->file = CanonicalPath(Env::Default(), file);
   const orc::Policy& p = *policy;
+  // The file is valid; what a run would meet now is a warning each.
+  const std::vector<std::string> warnings = orc::PolicyWarnings(Env::Default(), p);
+  for (const auto& w : warnings) out.Warning(w, file);
   const auto next = orc::NextRunTimes(p, after, 5);
   json next_json = json::array();
   for (auto t : next) next_json.push_back(orc::FormatRfc3339(t));
@@ -124,6 +128,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
   out.Result({{"file", file},
               {"valid", true},
               {"problems", json::array()},
+              {"warnings", warnings},
               {"policy", p.name},
               {"sources", SourcesJson(p)},
               {"targets", targets},
@@ -141,7 +146,8 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
               {"pre_hook", HookJson(p.pre_hook)},
               {"post_hook", HookJson(p.post_hook)}});
   std::ostream& o = out.text();
-  o << "policy " << p.name << " (" << file << ") is valid\n";
+  o << "policy " << p.name << " (" << file << ") is valid"
+    << (warnings.empty() ? "" : ", with " + std::to_string(warnings.size()) + " warning(s) above") << "\n";
   for (const auto& s : p.sources) {
     o << "  source " << s.name << ": " << orc::PolicySourceKindName(s.kind) << " " << s.location;
     if (!s.bitmap.empty()) o << ", incrementals from bitmap " << s.bitmap;

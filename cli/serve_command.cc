@@ -5,9 +5,14 @@
 // and systemd's readiness notifications.
 #include <CivetServer.h>
 #include <civetweb.h>
+#include <netdb.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <atomic>
 #include <thread>
@@ -71,6 +76,40 @@ std::string StatusLine(const orc::SchedulerStatus& s) {
   return line;
 }
 
+// Why civetweb could not listen on `listen` (its exception says only "null
+// context when constructing CivetServer"): binds the address once, as it
+// would, and returns the system's reason ("Address already in use"), or
+// "" when the bind works now.
+std::string ListenProblem(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  const std::string port = colon == std::string::npos ? listen : listen.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return std::string("cannot resolve the address: ") + ::gai_strerror(rc);
+  }
+  std::string problem;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as civetweb does
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 1) != 0) {
+      const int err = errno;
+      problem = std::string(std::strerror(err)) + (err == EADDRINUSE ? " (another process listens there)" : "");
+    }
+    ::close(fd);
+    if (!problem.empty()) break;
+  }
+  ::freeaddrinfo(found);
+  return problem;
+}
+
 struct ServeArgs {
   std::string policy, listen = kDefaultListen, metrics_textfile, catalog, memory = "256M";
   int threads = 0;
@@ -109,8 +148,9 @@ int RunServe(ServeArgs& a, Output& out) {
   try {
     exposer = std::make_unique<prometheus::Exposer>(a.listen, 2, &callbacks);
   } catch (const std::exception& e) {
-    return out.Fail(Error::IoError(std::string("cannot listen on ") + a.listen + ": " + e.what() +
-                                   " (--listen HOST:PORT; port in use?)"));
+    const std::string why = ListenProblem(a.listen);
+    return out.Fail(Error::IoError("cannot listen on " + a.listen + ": " + (why.empty() ? e.what() : why) +
+                                   " (--listen HOST:PORT)"));
   }
   exposer->RegisterCollectable(collector);
   const std::vector<int> ports = exposer->GetListeningPorts();

@@ -383,6 +383,9 @@ int RunMetrics(Env& env, const TargetArgs& t, const std::string& textfile, const
   int exit_code = kExitOk;
   std::optional<Listed> listed = ListWithStates(env, t, catalog, out, exit_code);
   if (!listed) return exit_code;
+  // One disk is one series however its path was typed (relative, through
+  // a symbolic link): the `image` label is the canonical path.
+  listed->listing.image = CanonicalPath(env, listed->listing.image);
   const orc::SnapshotListing* listing = &listed->listing;
   const auto* states = &listed->states;
   std::string text = orc::SnapshotMetricsText(*listing, [&](const orc::SnapshotListEntry& e) {

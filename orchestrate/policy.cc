@@ -377,7 +377,9 @@ Result<Policy> ParsePolicy(Env& env, std::string_view yaml, std::string_view fil
 Result<Policy> LoadPolicy(Env& env, const std::string& path) {
   auto text = env.ReadFile(path, 1 << 20);
   if (!text.ok()) return std::move(text).error().Wrap("policy");
-  return ParsePolicy(env, *text, path);
+  BARGE_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(env, *text, path));
+  policy.file = CanonicalPath(env, path);
+  return policy;
 }
 
 std::vector<std::chrono::sys_seconds> NextRunTimes(const Policy& policy, std::chrono::sys_seconds after,

@@ -66,6 +66,9 @@ struct Policy {
   int compression_level = formats::kDefaultZstdLevel;
   std::optional<PolicyHook> pre_hook;
   std::optional<PolicyHook> post_hook;
+  // The file it was read from (LoadPolicy: its canonical path; "" from
+  // ParsePolicy): the owner of its folders on the targets (policy_runner.h).
+  std::string file;
 
   const PolicySource* FindSource(std::string_view source_name) const;
 };

@@ -173,6 +173,7 @@ Result<SourceState> PolicyCatalog::StateOf(const std::string& policy, const std:
   if (!runs.empty()) {
     s.last_attempt = Time(runs[0].started_at);
     s.last_reason = runs[0].reason;
+    s.last_failed = runs[0].result == "failed";
   }
   return s;
 }

@@ -28,7 +28,8 @@ std::string_view RetentionActionKindName(RetentionActionKind kind) {
   return "?";
 }
 
-DueDecision DecideDue(const Policy& policy, const SourceState& state, SysSeconds now, bool run_in_progress) {
+DueDecision DecideDue(const Policy& policy, const SourceState& state, SysSeconds now, bool run_in_progress,
+                      std::chrono::seconds retry_after) {
   DueDecision d;
   if (policy.schedule) {
     auto next = policy.schedule->Next(now);
@@ -45,7 +46,18 @@ DueDecision DecideDue(const Policy& policy, const SourceState& state, SysSeconds
     d.why = "reason changed from '" + last_reason + "' to '" + policy.reason + "'";
     return d;
   }
+  // A failed last attempt is retried (after retry_after) unless a slot
+  // makes the source due anyway.
+  auto retry = [&](DueDecision& d) {
+    if (!state.last_failed || !state.last_attempt || now < *state.last_attempt + retry_after) return false;
+    d.due = true;
+    d.trigger = policy.schedule ? Trigger::kSchedule : Trigger::kReason;
+    d.coalesced_slots = 0;
+    d.why = "retry: the last backup (" + FormatRfc3339(*state.last_attempt) + ") failed";
+    return true;
+  };
   if (!policy.schedule) {
+    if (retry(d)) return d;
     d.why = "no schedule and the reason is unchanged";
     return d;
   }
@@ -67,6 +79,7 @@ DueDecision DecideDue(const Policy& policy, const SourceState& state, SysSeconds
     after = *slot;
   }
   if (d.coalesced_slots == 0) {
+    if (retry(d)) return d;
     d.why = d.next ? "next slot " + FormatRfc3339(*d.next) : "no slot ahead";
     return d;
   }
@@ -122,6 +135,12 @@ Result<Placement> PlaceBackup(const std::vector<TargetState>& targets, uint64_t 
     best.push_back(i);
   }
   if (best.empty()) {
+    if (std::none_of(targets.begin(), targets.end(), [](const TargetState& t) { return t.free_bytes.has_value(); }) &&
+        !targets.empty()) {
+      std::string m = "no target can be used";
+      for (const auto& t : targets) m += "; " + t.path + ": " + t.error;
+      return Error(targets.front().error_code, m);
+    }
     char need[64];
     std::snprintf(need, sizeof need, "%.0f", needed);
     std::string m = "no target qualifies: each needs " + std::string(need) + " bytes free (" +

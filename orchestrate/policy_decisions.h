@@ -32,6 +32,7 @@ std::string_view TriggerName(Trigger trigger);  // "reason", "schedule", "manual
 struct SourceState {
   std::optional<SysSeconds> last_attempt;  // start of its last run, any result
   std::optional<std::string> last_reason;  // the policy's reason at that run; nullopt = never ran
+  bool last_failed = false;                // that run failed (stopped, interrupted included)
 };
 
 struct DueDecision {
@@ -50,8 +51,12 @@ struct DueDecision {
 //     "") is due once, trigger kReason;
 //   - with a schedule, a source never attempted is due at once; else it is
 //     due when a slot passed after its last attempt: every slot passed since
-//     is coalesced into this one run (trigger kSchedule).
-DueDecision DecideDue(const Policy& policy, const SourceState& state, SysSeconds now, bool run_in_progress);
+//     is coalesced into this one run (trigger kSchedule);
+//   - a source whose last attempt failed is due again (a retry) once
+//     `retry_after` passed since that attempt, without waiting for the next
+//     slot (trigger kSchedule; kReason without a schedule).
+DueDecision DecideDue(const Policy& policy, const SourceState& state, SysSeconds now, bool run_in_progress,
+                      std::chrono::seconds retry_after = std::chrono::seconds(0));
 
 // ---- full or incremental ----
 
@@ -81,6 +86,7 @@ struct TargetState {
   std::optional<uint64_t> free_bytes;  // nullopt: the space query failed (`error` says why)
   std::string error;
   uint64_t successful_backups = 0;     // of this source on this target
+  ErrorCode error_code = ErrorCode::kIoError;  // of `error`
 };
 
 struct Placement {
@@ -99,7 +105,10 @@ using PickFn = std::function<size_t(size_t n)>;
 // target with the fewest successful backups of the source, `pick` choosing
 // among ties.
 // Returns: the placement; kNoSpace when no target qualifies, the message
-// listing each target's free bytes (or error) against the bytes needed.
+// listing each target's free bytes (or error) against the bytes needed;
+// when no target could be used at all (each one's space query failed:
+// a missing target; mounted read-only), the first target's error code instead (kNotFound
+// for a missing target).
 Result<Placement> PlaceBackup(const std::vector<TargetState>& targets, uint64_t allocated_bytes,
                               double free_space_multiple, const TypeDecision& type,
                               const std::optional<ChainSummary>& chain, const PickFn& pick);
@@ -158,8 +167,8 @@ struct RetentionPlan {
 RetentionPlan PlanRetention(const std::vector<RestorePoint>& points, const std::vector<ChainView>& chains,
                             const std::set<std::string>& keep);
 
-// The `count` newest points (the retention_count rule: before a backup,
-// keep retention_count - 1 so that the new one makes retention_count).
+// The `count` newest points (the retention_count rule: after a backup,
+// the new point and the retention_count - 1 newest others).
 std::set<std::string> KeepNewest(const std::vector<RestorePoint>& points, size_t count);
 
 // restic-style selection (restic's `forget` policy): the newest `last`

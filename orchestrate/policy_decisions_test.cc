@@ -73,6 +73,38 @@ TEST(DecideDueTest, Table) {
   }
 }
 
+// Issue 18: a failed last attempt is due again at the next run (after
+// retry_after), not only at the next slot; a success is not.
+TEST(DecideDueTest, FailedLastAttemptIsRetried) {
+  Policy daily = MakePolicy("0 2 * * *", "");
+  SourceState st;
+  st.last_attempt = T("2026-11-22T02:00:05Z");
+  st.last_reason = "";
+  st.last_failed = true;
+  DueDecision d = DecideDue(daily, st, T("2026-11-22T02:10:00Z"), false);
+  EXPECT_TRUE(d.due) << d.why;
+  EXPECT_EQ(d.trigger, Trigger::kSchedule);
+  EXPECT_EQ(d.why, "retry: the last backup (2026-11-22T02:00:05Z) failed");
+  // Not before retry_after (serve's wait); a slot still makes it due.
+  EXPECT_FALSE(DecideDue(daily, st, T("2026-11-22T02:03:00Z"), false, std::chrono::minutes(5)).due);
+  EXPECT_TRUE(DecideDue(daily, st, T("2026-11-22T02:05:05Z"), false, std::chrono::minutes(5)).due);
+  DueDecision slot = DecideDue(daily, st, T("2026-11-23T02:00:00Z"), false, std::chrono::hours(48));
+  EXPECT_TRUE(slot.due);
+  EXPECT_EQ(slot.why, "slot 2026-11-23T02:00:00Z");
+  EXPECT_FALSE(DecideDue(daily, st, T("2026-11-22T02:10:00Z"), true).due);  // in progress
+  // Without a schedule: the reason's backup is retried.
+  Policy manual = MakePolicy("", "r1");
+  st.last_reason = "r1";
+  DueDecision r = DecideDue(manual, st, T("2026-11-22T02:10:00Z"), false);
+  EXPECT_TRUE(r.due);
+  EXPECT_EQ(r.trigger, Trigger::kReason);
+  // A success waits for the next slot.
+  st.last_failed = false;
+  EXPECT_FALSE(DecideDue(manual, st, T("2026-11-22T02:10:00Z"), false).due);
+  st.last_reason = "";
+  EXPECT_FALSE(DecideDue(daily, st, T("2026-11-22T02:10:00Z"), false).due);
+}
+
 TEST(DecideBackupTypeTest, Table) {
   Policy p = MakePolicy();
   p.full_every = 3;
@@ -144,6 +176,16 @@ TEST(PlaceBackupTest, Table) {
   EXPECT_NE(none.error().message().find("each needs 20000 bytes free"), std::string::npos) << none.error().message();
   EXPECT_NE(none.error().message().find("/b: 5000 bytes free"), std::string::npos);
   EXPECT_NE(none.error().message().find("/d: Stat: EIO"), std::string::npos);
+
+  // No target usable at all (issue 18): the targets' own error, not
+  // NoSpace (a missing target is NotFound).
+  auto missing = PlaceBackup({{"/gone", std::nullopt, "NotFound: /gone: statvfs", 0, ErrorCode::kNotFound},
+                              {"/ro", std::nullopt, "IoError: /ro: statvfs", 0, ErrorCode::kIoError}},
+                             100, 0, full, std::nullopt, first);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(missing.error().message(),
+            "no target can be used; /gone: NotFound: /gone: statvfs; /ro: IoError: /ro: statvfs");
 }
 
 // ---- retention ----

@@ -112,7 +112,8 @@ std::vector<prometheus::MetricFamily> PolicyMetricFamilies(const std::vector<Pol
     }
     for (const auto& t : snap.targets) {
       const std::vector<prometheus::ClientMetric::Label> l = {{"policy", snap.policy}, {"target", t.path}};
-      f.Gauge("barge_policy_target_up", "1 when the target's free space could be read.", l, t.space ? 1 : 0);
+      f.Gauge("barge_policy_target_up", "1 when the target's free space could be read and it is writable.", l,
+              t.space && !t.space->read_only ? 1 : 0);
       if (!t.space) continue;
       f.Gauge("barge_policy_target_free_bytes", "Bytes free on the target's filesystem for barge.", l,
               static_cast<double>(t.space->free_bytes));

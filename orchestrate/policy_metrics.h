@@ -34,7 +34,7 @@ struct SourceMetrics {
 
 struct TargetMetrics {
   std::string path;
-  std::optional<SpaceInfo> space;  // nullopt: the query failed
+  std::optional<SpaceInfo> space;  // nullopt: the query failed (up 0, as when it is read_only)
 };
 
 struct PolicyMetricsSnapshot {

@@ -68,7 +68,7 @@ class Runner {
       SourceOutcome o;
       o.source = s.name;
       BARGE_ASSIGN_OR_RETURN(SourceState st, Locked([&] { return catalog_.StateOf(policy_.name, s.name); }));
-      o.due = DecideDue(policy_, st, now_(), false);
+      o.due = DecideDue(policy_, st, now_(), false, opt_.retry_failed_after);
       if (opt_.manual) {
         o.due.due = true;
         o.due.trigger = Trigger::kManual;
@@ -177,24 +177,6 @@ class Runner {
     // Records of points an interrupted retention already removed or folded.
     BARGE_RETURN_IF_ERROR(Locked([&] { return MarkMissingPointsRemoved(env_, catalog_, policy_, s, points); }));
 
-    // Retention first: with retention_count points, the oldest goes before
-    // the new one is made. A failure is reported but does not stop the
-    // backup (a fresh point matters more than an extra old one).
-    if (points.points.size() >= policy_.retention_count) {
-      RetentionPlan plan =
-          PlanRetention(points.points, points.chains, KeepNewest(points.points, policy_.retention_count - 1));
-      pipeline::CopyOptions copy = opt_.copy;
-      copy.cancel = &cancel_;  // a merge stops with the run (its new file removed)
-      Status applied = Locked([&] { return ApplyRetention(env_, plan, &catalog_, copy); });
-      o.retention = std::to_string(plan.forget.size()) + " point(s) removed";
-      if (!applied.ok()) o.retention = "retention failed: " + applied.error().ToString();
-      BARGE_ASSIGN_OR_RETURN(points, ScanSource(env_, policy_, s));
-      // A retention that failed after a merge or removal committed.
-      if (!applied.ok()) {
-        BARGE_RETURN_IF_ERROR(Locked([&] { return MarkMissingPointsRemoved(env_, catalog_, policy_, s, points); }));
-      }
-    }
-
     // Full or incremental.
     std::string blocker;
     if (points.newest_chain) {
@@ -230,8 +212,14 @@ class Runner {
     for (const auto& t : policy_.targets) {
       TargetState ts{t, std::nullopt, "", counts.count(t) ? counts[t] : 0};
       auto space = env_.Space(t);
-      if (space.ok()) ts.free_bytes = space->free_bytes;
-      else ts.error = space.error().ToString();
+      if (!space.ok()) {
+        ts.error = space.error().ToString();
+        ts.error_code = space.error().code();
+      } else if (space->read_only) {
+        ts.error = "IoError: " + t + ": the filesystem is mounted read-only";
+      } else {
+        ts.free_bytes = space->free_bytes;
+      }
       targets.push_back(std::move(ts));
     }
     BARGE_ASSIGN_OR_RETURN(Placement place,
@@ -274,11 +262,16 @@ class Runner {
     req.copy = opt_.copy;
     req.copy.cancel = &cancel_;
     Result<SourceBackupResult> done = Error::Internal("not run");
-    if (Status made = env_.CreateDirs(req.target_dir); made.ok()) {
+    const bool fresh_folder = !env_.Exists(req.target_dir);
+    if (Status made = ClaimFolder(place.target); made.ok()) {
       done = backend_.Backup(req);
     } else {
       done = made.error();
     }
+    // A failed first backup leaves no folder behind, as a plain backup
+    // does: the policy folder this source created goes again while it
+    // holds nothing but its owner file.
+    if (!done.ok() && fresh_folder) DropFolder(place.target);
     Status post = post_hook(done.ok() ? "success" : "failed", done.ok() ? "" : done.error().ToString());
     if (!post.ok()) {
       if (!done.ok()) return Error(done.error()).Also(post);
@@ -291,7 +284,113 @@ class Runner {
     r.bytes_written = done->bytes_written;
     r.points = done->points;
     r.error = done->warning;
+    return RetainAfter(s, o, done->points);
+  }
+
+  // Retention, once the new point of `s` (`made`, one part per disk) is
+  // committed: it must open as a restore opens it (manifests, digest
+  // tables against the image digest, the qcow2 backing chain the manifests
+  // name), else the source fails and nothing is removed. Keeps
+  // retention_count points, the new one included. A retention failure is
+  // reported on the outcome and does not fail the backup.
+  Status RetainAfter(const PolicySource& s, SourceOutcome& o, const std::vector<PointPart>& made) {
+    for (const auto& part : made) {
+      Status ok = VerifyNewPoint(part);
+      if (!ok.ok()) {
+        o.retention = "retention skipped: the new point does not verify";
+        return std::move(ok).error().Wrap("the new point " + part.id + " does not verify; retention skipped");
+      }
+    }
+    if (cancel_) {
+      o.retention = "retention skipped: the run was stopped";
+      return OkStatus();
+    }
+    auto points = ScanSource(env_, policy_, s);
+    if (!points.ok()) {
+      o.retention = "retention skipped: " + points.error().ToString();
+      return OkStatus();
+    }
+    // The restore point(s) the new parts belong to: always kept.
+    std::set<std::string> fresh;
+    size_t found = 0;
+    for (const auto& p : points->points) {
+      for (const auto& part : p.parts) {
+        for (const auto& m : made) {
+          if (part.chain_dir == m.chain_dir && part.id == m.id) {
+            fresh.insert(p.key);
+            ++found;
+          }
+        }
+      }
+    }
+    if (found != made.size()) {
+      o.retention = "retention skipped: the new point is not among the source's points";
+      return OkStatus();
+    }
+    if (points->points.size() <= policy_.retention_count) return OkStatus();
+    std::vector<RestorePoint> older;
+    for (const auto& p : points->points) {
+      if (!fresh.count(p.key)) older.push_back(p);
+    }
+    const size_t room = policy_.retention_count > fresh.size() ? policy_.retention_count - fresh.size() : 0;
+    std::set<std::string> keep = KeepNewest(older, room);
+    keep.insert(fresh.begin(), fresh.end());
+    RetentionPlan plan = PlanRetention(points->points, points->chains, keep);
+    pipeline::CopyOptions copy = opt_.copy;
+    copy.cancel = &cancel_;  // a merge stops with the run (its new file removed)
+    Status applied = Locked([&] { return ApplyRetention(env_, plan, &catalog_, copy); });
+    o.retention = std::to_string(plan.forget.size()) + " point(s) removed";
+    if (!applied.ok()) {
+      o.retention = "retention failed: " + applied.error().ToString();
+      // A retention that failed after a merge or removal committed.
+      auto after = ScanSource(env_, policy_, s);
+      if (after.ok()) {
+        IgnoreError(Locked([&] { return MarkMissingPointsRemoved(env_, catalog_, policy_, s, *after); }),
+                    "the next run marks them; the retention's own error is reported");
+      }
+    }
     return OkStatus();
+  }
+
+  // Creates <target>/<policy> and records the policy file as its owner
+  // (once); refuses a folder another policy file owns.
+  Status ClaimFolder(const std::string& target) {
+    const std::string dir = target + "/" + policy_.name;
+    BARGE_RETURN_IF_ERROR(env_.CreateDirs(dir));
+    if (policy_.file.empty()) return OkStatus();
+    std::lock_guard lock(claim_mu_);  // sources of one run claim one folder
+    BARGE_ASSIGN_OR_RETURN(std::string owner, PolicyFolderOwner(env_, target, policy_.name));
+    if (owner.empty()) {
+      BARGE_RETURN_IF_ERROR(env_.WriteFileAtomic(PolicyOwnerPath(target, policy_.name), policy_.file + "\n"));
+    }
+    return CheckPolicyFolders(env_, policy_);
+  }
+
+  // Removes <target>/<policy> with its owner file when nothing else is in
+  // it (another source of this run may have filled it meanwhile: then it
+  // stays, and so does the owner file).
+  void DropFolder(const std::string& target) {
+    const std::string dir = target + "/" + policy_.name;
+    std::lock_guard lock(claim_mu_);
+    auto names = env_.ListDir(dir);
+    if (!names.ok()) return;
+    for (const auto& n : *names) {
+      if (n != ".barge-policy") return;
+    }
+    if (!names->empty() && !env_.Unlink(PolicyOwnerPath(target, policy_.name)).ok()) return;
+    IgnoreError(env_.RemoveDir(dir), "a folder another process filled meanwhile stays");
+  }
+
+  // The new point opens as a restore would open it.
+  Status VerifyNewPoint(const PointPart& part) {
+    BARGE_ASSIGN_OR_RETURN(pipeline::ChainFolder chain, pipeline::LoadChainFolder(env_, part.chain_dir));
+    for (size_t i = 0; i < chain.points.size(); ++i) {
+      if (chain.points[i].manifest.id != part.id) continue;
+      auto opened = pipeline::OpenPoint(env_, chain, i);
+      if (!opened.ok()) return opened.error();
+      return OkStatus();
+    }
+    return Error::NotFound("no point " + part.id + " in its chain folder").set_path(part.chain_dir);
   }
 
   const Policy& policy_;
@@ -300,6 +399,7 @@ class Runner {
   SourceBackend& backend_;
   PolicyCatalog& catalog_;  // guarded by catalog_mu_
   std::mutex catalog_mu_;
+  std::mutex claim_mu_;
   std::function<SysSeconds()> now_;
   PickFn pick_;
   std::mutex mu_;
@@ -323,6 +423,38 @@ Status PlanForget(const SourcePoints& points, const ForgetPolicy& keep, ForgetSo
 
 }  // namespace
 
+std::string PolicyOwnerPath(const std::string& target, const std::string& policy_name) {
+  return target + "/" + policy_name + "/.barge-policy";
+}
+
+Result<std::string> PolicyFolderOwner(Env& env, const std::string& target, const std::string& policy_name) {
+  const std::string path = PolicyOwnerPath(target, policy_name);
+  auto text = env.ReadFile(path, 64 << 10);
+  if (!text.ok()) {
+    if (text.error().code() == ErrorCode::kNotFound) return std::string();
+    return text.error();
+  }
+  std::string owner = *text;
+  while (!owner.empty() && (owner.back() == '\n' || owner.back() == '\r')) owner.pop_back();
+  if (owner.empty() || owner.find('\n') != std::string::npos) {
+    return Error::Corruption("not a policy owner file (one line, the policy file's path)").set_path(path);
+  }
+  return owner;
+}
+
+Status CheckPolicyFolders(Env& env, const Policy& policy) {
+  if (policy.file.empty()) return OkStatus();
+  for (const auto& t : policy.targets) {
+    BARGE_ASSIGN_OR_RETURN(std::string owner, PolicyFolderOwner(env, t, policy.name));
+    if (owner.empty() || owner == policy.file) continue;
+    return Error::InvalidArgument("policy " + policy.name + " of " + policy.file + ": the folder " + t + "/" +
+                                  policy.name + " belongs to policy file " + owner +
+                                  ", which has the same name; give one of them another `name`")
+        .set_path(PolicyOwnerPath(t, policy.name));
+  }
+  return OkStatus();
+}
+
 std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy) {
   return CatalogDir(catalog_path) + "/locks/policy-" + policy + ".lock";
 }
@@ -339,6 +471,7 @@ Result<RunReport> RunPolicyOnce(Env& env, const Policy& policy, const RunOptions
     own_backend = NewDefaultSourceBackend(env);
     backend = own_backend.get();
   }
+  BARGE_RETURN_IF_ERROR(CheckPolicyFolders(env, policy));
   BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
   BARGE_ASSIGN_OR_RETURN(auto catalog, PolicyCatalog::Open(env, options.catalog_path));
   // We hold the lock: a "running" record is a dead process's.
@@ -359,6 +492,7 @@ Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& pol
       return Error::NotFound("policy " + policy.name + " has no source '" + want + "'");
     }
   }
+  BARGE_RETURN_IF_ERROR(CheckPolicyFolders(env, policy));
   BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
   std::unique_ptr<PolicyCatalog> catalog;
   if (!options.dry_run) {

@@ -1,8 +1,9 @@
 // Runs a backup policy once (`barge run --policy FILE`, and each tick of
 // `barge serve`): under the policy's lock, every due source is backed up
 // (max_parallel at once, each failure recorded without stopping the
-// others) after retention made room, within max_run_time, with a record
-// per source. Also `forget` and the scan of a source's points. The
+// others), within max_run_time, with a record per source; retention of a
+// source runs only after its new point is committed and verified, so a
+// failed backup never costs a restore point. Also `forget` and the scan of a source's points. The
 // decisions themselves are pure (orchestrate/policy_decisions.h); this file
 // gathers their inputs and carries them out. docs/policies.md.
 #pragma once
@@ -159,6 +160,10 @@ struct RunOptions {
   // tracking that was lost in a way barge cannot see (a bitmap removed and
   // added again).
   bool full = false;
+  // A source whose last attempt failed is due again once this passed since
+  // that attempt (DecideDue): `run` retries at once, `serve` waits
+  // (SchedulerOptions::retry_failed_after).
+  std::chrono::seconds retry_failed_after{0};
   // Only these sources (names); empty = all.
   std::vector<std::string> only_sources;
   // Wait for a run of the same policy to end instead of failing with kBusy.
@@ -178,7 +183,7 @@ struct SourceOutcome {
   DueDecision due;
   bool ran = false;
   RunRecord record;             // when ran
-  std::string retention;        // what retention did ("" = nothing)
+  std::string retention;        // what retention did after the backup ("" = nothing), or why it was skipped
 };
 
 struct RunReport {
@@ -195,6 +200,8 @@ struct RunReport {
 // Runs what is due now.
 // Returns: the report (source failures are in it, not errors); kBusy when
 // another run of the policy holds its lock (unless wait_for_lock);
+// kInvalidArgument when a target's folder of the policy's name belongs to
+// another policy file (CheckPolicyFolders);
 // kInvalidArgument when the policy has hooks and no HookRunner was given;
 // catalog errors.
 Result<RunReport> RunPolicyOnce(Env& env, const Policy& policy, const RunOptions& options);
@@ -233,6 +240,33 @@ Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& pol
 // `keep`, kCorruption when the points do not form linear chains.
 Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_dir, const ForgetPolicy& keep,
                                              const ForgetOptions& options);
+
+// ---- which policy file owns a target's policy folder ----
+
+// Chains of a policy live in <target>/<policy name>/; two policy files
+// with one name writing to one target would mix their points (and one's
+// retention would remove the other's). The first run that writes there
+// records its policy file (Policy::file) in <target>/<name>/.barge-policy
+// (written atomically); a run or forget of a policy with the same name
+// from another file is refused.
+std::string PolicyOwnerPath(const std::string& target, const std::string& policy_name);
+
+// The policy file recorded in `target`'s folder of `policy_name`; "" when
+// none is (no folder, or a folder from before owner files).
+Result<std::string> PolicyFolderOwner(Env& env, const std::string& target, const std::string& policy_name);
+
+// kInvalidArgument naming both files when a target's folder of the
+// policy's name belongs to another policy file; ok otherwise (and always
+// for a policy with no `file`).
+Status CheckPolicyFolders(Env& env, const Policy& policy);
+
+// What `policy check` can see now that would fail or surprise a run, one
+// message each: a target folder that does not exist (or is no folder) or
+// whose policy folder belongs to another policy file (same name); an image
+// source that does not exist or cannot be opened; a bitmap the image does
+// not have (every backup full until the first adds it). Domains and NBD
+// exports are not contacted.
+std::vector<std::string> PolicyWarnings(Env& env, const Policy& policy);
 
 // The lock file of a policy: <catalog folder>/locks/policy-<name>.lock.
 std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy);

@@ -260,6 +260,93 @@ TEST_F(PolicyRunnerTest, NoQualifyingTargetFailsWithTheReason) {
   EXPECT_EQ(Points(dir_ / "t1/full/a"), 0u);
 }
 
+// Issue 18: retention runs only after the new point is committed and
+// verified. Two points, retention_count 2: a backup stopped by
+// max_run_time, one with the source gone, one with no target qualifying,
+// and a "successful" backup whose point does not open each leave both
+// points; a real backup then keeps the new point and the newest other.
+class StallingBackend : public SourceBackend {
+ public:
+  explicit StallingBackend(SourceBackend& real) : real_(real) {}
+  Result<uint64_t> AllocatedBytes(const PolicySource& s) override { return real_.AllocatedBytes(s); }
+  Result<std::string> IncrementalBlocker(const PolicySource& s, const std::string& a, const std::string& b) override {
+    return real_.IncrementalBlocker(s, a, b);
+  }
+  Result<SourceBackupResult> Backup(const SourceBackupRequest& r) override {
+    if (mode == "stall") {
+      while (!r.copy.cancel->load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return Error::Cancelled("copy cancelled");
+    }
+    if (mode == "bogus") {  // says it made a point it did not
+      SourceBackupResult out;
+      out.points.push_back({r.target_dir + "/" + r.source->name, "full-20991231T000000Z"});
+      out.type = "full";
+      return out;
+    }
+    return real_.Backup(r);
+  }
+  std::string mode = "real";
+
+ private:
+  SourceBackend& real_;
+};
+
+TEST_F(PolicyRunnerTest, FailedOrStoppedBackupKeepsEveryPoint) {
+  MakeRaw(dir_ / "a.raw", 1, 9);
+  Policy p = Parse("name: keep\nsources:\n  - image: " + (dir_ / "a.raw") + "\ntargets: [" + (dir_ / "t1") +
+                   "]\nretention_count: 2\nfree_space_multiple: 0\nmax_run_time: 1s\n");
+  auto real = NewDefaultSourceBackend(Env::Default());
+  StallingBackend backend(*real);
+  RunOptions o = Options();
+  o.manual = true;
+  o.backend = &backend;
+  const std::string chain = dir_ / "t1/keep/a";
+  auto run = [&](const std::string& mode) {
+    backend.mode = mode;
+    auto r = RunPolicyOnce(Env::Default(), p, o);
+    EXPECT_TRUE(r.ok()) << r.error().ToString();
+    now_ += std::chrono::minutes(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    return r.ok() ? r->sources.at(0) : SourceOutcome{};
+  };
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(run("real").record.result, "success");
+  ASSERT_EQ(Points(chain), 2u);
+
+  SourceOutcome stopped = run("stall");
+  EXPECT_EQ(stopped.record.result, "failed");
+  EXPECT_NE(stopped.record.error.find("max_run_time"), std::string::npos) << stopped.record.error;
+  EXPECT_EQ(Points(chain), 2u) << stopped.retention;
+
+  SourceOutcome bogus = run("bogus");
+  EXPECT_EQ(bogus.record.result, "failed");
+  EXPECT_NE(bogus.record.error.find("does not verify; retention skipped"), std::string::npos) << bogus.record.error;
+  EXPECT_EQ(Points(chain), 2u) << bogus.retention;
+
+  ASSERT_EQ(::rename((dir_ / "a.raw").c_str(), (dir_ / "moved.raw").c_str()), 0);
+  SourceOutcome gone = run("real");
+  EXPECT_EQ(gone.record.result, "failed");
+  EXPECT_NE(gone.record.error.find("NotFound"), std::string::npos) << gone.record.error;
+  EXPECT_EQ(Points(chain), 2u) << gone.retention;
+  ASSERT_EQ(::rename((dir_ / "moved.raw").c_str(), (dir_ / "a.raw").c_str()), 0);
+
+  p.free_space_multiple = 1e12;
+  SourceOutcome full = run("real");
+  EXPECT_NE(full.record.error.find("NoSpace"), std::string::npos) << full.record.error;
+  EXPECT_EQ(Points(chain), 2u) << full.retention;
+  p.free_space_multiple = 0;
+
+  auto before = pipeline::LoadChainFolder(PosixEnv(), chain);
+  ASSERT_TRUE(before.ok());
+  SourceOutcome ok = run("real");
+  ASSERT_EQ(ok.record.result, "success") << ok.record.error;
+  EXPECT_EQ(ok.retention, "1 point(s) removed");
+  auto after = pipeline::LoadChainFolder(PosixEnv(), chain);
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->points.size(), 2u);
+  EXPECT_EQ(after->points[0].manifest.id, before->points[1].manifest.id);
+  EXPECT_EQ(after->points[1].manifest.id, ok.record.points.at(0).id);
+}
+
 // A retention removal or merge that committed on disk before the process
 // died (or before an error) never marked its records: the next run finds
 // the points gone from their folder and marks them removed, while a record

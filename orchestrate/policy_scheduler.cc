@@ -84,6 +84,7 @@ SysSeconds PolicyScheduler::Pass() {
   o.manual = false;
   o.only_sources.clear();
   o.wait_for_lock = false;
+  o.retry_failed_after = opt_.retry_failed_after;
   const SysSeconds start = clock_.Now();
   // Stopped before it began: nothing is started (and nothing recorded).
   auto report = stop_.load() ? Result<RunReport>(RunReport{}) : RunPolicyOnce(env_, policy, o);
@@ -91,7 +92,23 @@ SysSeconds PolicyScheduler::Pass() {
   {
     // The counts first: whoever on_run tells sees them already.
     std::lock_guard lock(mu_);
-    status_.last_error = report.ok() ? "" : report.error().ToString();
+    if (report.ok()) {
+      // A source's failure stays until its next backup succeeds (a pass
+      // with nothing due changes nothing); sources no longer in the
+      // policy drop out.
+      for (const auto& o : report->sources) {
+        if (!o.ran) continue;
+        if (o.record.result == "success") source_errors_.erase(o.source);
+        else source_errors_[o.source] = o.record.error;
+      }
+      std::erase_if(source_errors_, [&](const auto& e) { return policy.FindSource(e.first) == nullptr; });
+      status_.last_error.clear();
+      for (const auto& [name, error] : source_errors_) {
+        status_.last_error += (status_.last_error.empty() ? "" : "; ") + std::string("source ") + name + ": " + error;
+      }
+    } else {
+      status_.last_error = report.error().ToString();
+    }
     if (report.ok() && report->ran > 0) {
       ++status_.runs;
       if (report->failed > 0) ++status_.failed_runs;

@@ -43,6 +43,7 @@ struct SchedulerOptions {
   SchedulerClock* clock = nullptr;         // null: SystemSchedulerClock(); must outlive
   std::chrono::seconds refresh{30};        // metrics refreshed at least this often
   std::chrono::seconds busy_retry{10};     // another process runs the policy: try again after this
+  std::chrono::seconds retry_failed_after{300};  // a failed source is retried after this (or at its next slot)
   PolicyMetricsCollector* metrics = nullptr;  // updated after each pass (may be null); must outlive
   std::string metrics_textfile;            // also written there, atomically ("" = no file)
   // Called on the loop's thread after each run that backed something up.
@@ -61,7 +62,11 @@ struct SchedulerStatus {
   std::optional<SysSeconds> next_pass;  // when the loop wakes next
   uint64_t runs = 0;                    // passes that backed something up
   uint64_t failed_runs = 0;             // of those, with a failed source
-  std::string last_error;               // of the last pass ("" when it went well)
+  // Why the last pass could not run (a lock held, the catalog), else what
+  // each source whose latest backup in this daemon failed says
+  // ("source NAME: error; ..."); "" when the pass ran and every source's
+  // latest backup succeeded.
+  std::string last_error;
 };
 
 // Thread-safe: Loop() on one thread; Replace, Stop and status from others.
@@ -106,6 +111,7 @@ class PolicyScheduler {
   std::string stop_reason_;                     // guarded by mu_
   bool wake_ = false;                           // guarded by mu_: Replace() happened
   std::map<std::string, SysSeconds> first_seen_;  // loop thread only
+  std::map<std::string, std::string> source_errors_;  // guarded by mu_: latest failure per source
   std::atomic<bool> stop_{false};
 };
 

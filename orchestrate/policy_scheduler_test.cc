@@ -43,6 +43,7 @@ class FakeBackend final : public SourceBackend {
   }
   Result<SourceBackupResult> Backup(const SourceBackupRequest& r) override {
     ++backups;
+    if (r.source->name == "bad" && fail_bad) return Error::IoError("injected read failure");
     if (r.source->name == "slow") {
       blocked = true;
       while (!r.copy.cancel->load()) std::this_thread::sleep_for(5ms);
@@ -54,6 +55,7 @@ class FakeBackend final : public SourceBackend {
   }
   std::atomic<int> backups{0};
   std::atomic<bool> blocked{false};
+  std::atomic<bool> fail_bad{true};
 };
 
 // Polls `done` for up to 10 s.
@@ -147,6 +149,31 @@ TEST_F(PolicySchedulerTest, SlotsCoalescingReplaceAndMetrics) {
   sched.Stop("stopped by test");
   loop.join();
   EXPECT_TRUE(sched.status().stopping);
+}
+
+// Issue 18: /healthz's last_error shows a failing source, also after a
+// pass with nothing due, until its next backup succeeds.
+TEST_F(PolicySchedulerTest, LastErrorShowsAFailingSourceUntilItSucceeds) {
+  auto p = ParsePolicy(Env::Default(), "name: sched\nsources:\n  - nbd: nbd://h/one\n  - nbd: nbd://h/bad\n"
+                                       "targets: [" + (dir_ / "t") + "]\nschedule: '*/5 * * * *'\n");
+  ASSERT_TRUE(p.ok());
+  PolicyScheduler sched(Env::Default(), *p, Options());
+  std::thread loop([&] { sched.Loop(); });
+  ASSERT_TRUE(Eventually([&] { return Reports() == 1 && sched.status().last_pass.has_value(); }));
+  EXPECT_EQ(sched.status().last_error, "source bad: IoError: injected read failure");
+  // A pass with nothing due (the same policy again) keeps it.
+  sched.Replace(*p);
+  ASSERT_TRUE(Eventually([&] { return clock_.waits() >= 2 && !sched.status().running; }));
+  EXPECT_EQ(Reports(), 1u);
+  EXPECT_EQ(sched.status().last_error, "source bad: IoError: injected read failure");
+  // The next slot's backup succeeds: all is well again.
+  backend_.fail_bad = false;
+  clock_.Set(*ParseRfc3339("2026-11-22T10:05:00Z"));
+  ASSERT_TRUE(Eventually([&] { return Reports() == 2; }));
+  ASSERT_TRUE(Eventually([&] { return !sched.status().running; }));
+  EXPECT_EQ(sched.status().last_error, "");
+  sched.Stop("done");
+  loop.join();
 }
 
 TEST_F(PolicySchedulerTest, StopEndsTheRunInProgressAndFailsItsRecords) {

@@ -42,7 +42,7 @@ class DefaultBackend final : public SourceBackend {
     switch (s.kind) {
       case PolicySourceKind::kImage: {
         BARGE_ASSIGN_OR_RETURN(FileStat st, env_.Stat(s.location));
-        if (!st.is_block_device()) return st.allocated_bytes;
+        if (!st.is_block_device()) return st.allocated_bytes + DataFileBytes(s.location);
         [[fallthrough]];
       }
       case PolicySourceKind::kNbd: {
@@ -132,6 +132,17 @@ class DefaultBackend final : public SourceBackend {
   }
 
  private:
+  // A CBT overlay's data file (the raw disk) holds the data: its allocated
+  // bytes (0 when the image has none or it cannot be read: the backup
+  // itself then says why).
+  uint64_t DataFileBytes(const std::string& path) {
+    auto image = formats::OpenImage(path, Opener(), OpenOptionsFor(path));
+    if (!image.ok() || (*image)->info().data_file.empty()) return 0;
+    std::string data = (*image)->info().data_file;
+    if (data[0] != '/') data = Parent(path) + "/" + data;
+    auto st = env_.Stat(data);
+    return st.ok() ? (st->is_block_device() ? (*image)->size_bytes() : st->allocated_bytes) : 0;
+  }
   Result<std::vector<formats::BitmapInfo>> Bitmaps(const std::string& path) {
     BARGE_ASSIGN_OR_RETURN(auto image, formats::OpenImage(path, Opener(), OpenOptionsFor(path)));
     return image->info().bitmaps;
@@ -364,6 +375,49 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
     }
   }
   return OkStatus();
+}
+
+std::vector<std::string> PolicyWarnings(Env& env, const Policy& policy) {
+  std::vector<std::string> out;
+  for (const auto& t : policy.targets) {
+    auto st = env.Stat(t);
+    if (!st.ok()) {
+      out.push_back("target " + t + ": " + (st.error().code() == ErrorCode::kNotFound ? "does not exist"
+                                                                                   : st.error().ToString()));
+      continue;
+    }
+    if (!st->is_directory()) {
+      out.push_back("target " + t + ": not a folder");
+      continue;
+    }
+    auto owner = PolicyFolderOwner(env, t, policy.name);
+    if (!owner.ok()) {
+      out.push_back("target " + t + ": " + owner.error().ToString());
+    } else if (!owner->empty() && !policy.file.empty() && *owner != policy.file) {
+      out.push_back("target " + t + ": its folder " + policy.name + " belongs to policy file " + *owner +
+                    ", which has the same name: runs of this file will be refused; give one of them another `name`");
+    }
+  }
+  for (const auto& s : policy.sources) {
+    if (s.kind != PolicySourceKind::kImage) continue;
+    formats::OpenOptions o;
+    o.open_backing = false;
+    o.open_data_file = false;
+    o.allowed_dirs = {Parent(s.location)};
+    auto image = formats::OpenImage(s.location, [&env](const std::string& p) { return env.OpenSource(p); }, o);
+    if (!image.ok()) {
+      out.push_back("source " + s.name + ": image " + s.location + ": " +
+                    (image.error().code() == ErrorCode::kNotFound ? "does not exist" : image.error().ToString()));
+      continue;
+    }
+    if (s.bitmap.empty()) continue;
+    const auto& bitmaps = (*image)->info().bitmaps;
+    if (std::none_of(bitmaps.begin(), bitmaps.end(), [&](const auto& b) { return b.name == s.bitmap; })) {
+      out.push_back("source " + s.name + ": image " + s.location + " has no bitmap " + s.bitmap +
+                    ": every backup is full until the first one adds it");
+    }
+  }
+  return out;
 }
 
 }  // namespace barge::orchestrate

@@ -6,8 +6,6 @@
 // qemu-img; a reason change; a full target (a small tmpfs: the policy's
 // free space rule, and the backup's own estimate); a run stopped past its max_run_time and one stopped by
 // SIGTERM, both recorded failed with no partial files.
-#include <sys/mount.h>
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -74,14 +72,6 @@ std::vector<std::string> Leftovers(const std::string& dir) {
   return out;
 }
 
-// Backup points (manifests) under `dir`.
-size_t Manifests(const std::string& dir) {
-  size_t n = 0;
-  if (!fs::exists(dir)) return 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) n += e.path().extension() == ".json" ? 1 : 0;
-  return n;
-}
-
 void WriteText(const std::string& path, const std::string& text) {
   testing::WriteFile(path, std::vector<std::byte>(reinterpret_cast<const std::byte*>(text.data()),
                                                   reinterpret_cast<const std::byte*>(text.data()) + text.size()));
@@ -126,6 +116,80 @@ TEST(PolicyCliTest, CheckReportsEveryProblemWithItsPlace) {
   EXPECT_EQ(r.result.at("next_runs"), json({"2026-11-25T01:00:00Z", "2026-11-26T01:00:00Z", "2026-11-27T01:00:00Z",
                                             "2026-11-28T01:00:00Z", "2026-11-29T01:00:00Z"}));
   EXPECT_EQ(r.result.at("sources").size(), 2u);
+}
+
+// Issue 18: `policy check` warns about what a run would meet: a missing
+// target, a missing image, a bitmap the image lacks (the file stays valid).
+TEST(PolicyCliTest, CheckWarnsAboutMissingTargetImageAndBitmap) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  TempDir dir;
+  const std::string vm = dir / "vm.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + Q(vm) + " 1M");
+  fs::create_directories(dir / "t");
+  WriteText(dir / "p.yaml", "name: w\nsources:\n  - image: " + vm + "\n    bitmap: cbt0\n  - image: " +
+                                (dir / "gone.raw") + "\ntargets: [" + (dir / "t") + ", " + (dir / "nowhere") +
+                                "]\n");
+  CliResult r = BargeJson("policy check " + Q(dir / "p.yaml"), dir / "c.db");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.result.at("valid"), true);
+  EXPECT_EQ(r.result.at("warnings"),
+            json({"target " + (dir / "nowhere") + ": does not exist",
+                  "source vm: image " + vm + " has no bitmap cbt0: every backup is full until the first one adds it",
+                  "source gone: image " + (dir / "gone.raw") + ": does not exist"}))
+      << r.output;
+  auto text = testing::Run(Barge() + " policy check " + Q(dir / "p.yaml"));
+  EXPECT_EQ(text.exit_code, 0);
+  EXPECT_NE(text.output.find("with 3 warning(s)"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("has no bitmap cbt0"), std::string::npos) << text.output;
+  // All present: no warning.
+  RunOk("qemu-img bitmap --add --enable " + Q(vm) + " cbt0");
+  WriteText(dir / "p.yaml", "name: w\nsources:\n  - image: " + vm + "\n    bitmap: cbt0\ntargets: [" + (dir / "t") +
+                                "]\n");
+  r = BargeJson("policy check " + Q(dir / "p.yaml"), dir / "c.db");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.result.at("warnings"), json::array()) << r.output;
+}
+
+// Issue 18: two policy files with one name and a common target. The first
+// run claims TARGET/NAME (.barge-policy names its file); the other file's
+// run, serve pass and forget are refused naming the first file, and
+// `policy check` warns.
+TEST(PolicyCliTest, TwoPolicyFilesWithOneNameAreRefused) {
+  TempDir dir;
+  const std::string cat = dir / "catalog.db";
+  testing::WriteFile(dir / "a.raw", testing::RandomBytes(1 << 20, 21));
+  fs::create_directories(dir / "t");
+  fs::create_directories(dir / "one");
+  fs::create_directories(dir / "two");
+  const std::string body = "name: same\nsources:\n  - image: " + (dir / "a.raw") + "\ntargets: [" + (dir / "t") +
+                           "]\nfree_space_multiple: 0\n";
+  const std::string first_path = dir / "one/p.yaml", second = dir / "two/p.yaml";
+  WriteText(first_path, body);
+  WriteText(second, body);
+  const std::string first = fs::canonical(first_path).string();
+  ASSERT_EQ(BargeJson("run --force --policy " + Q(first), cat).exit_code, 0);
+  EXPECT_EQ(Background::Slurp(dir / "t/same/.barge-policy"), first + "\n");
+  ASSERT_EQ(Manifests(dir / "t"), 1u);
+
+  CliResult r = BargeJson("run --force --policy " + Q(second), cat);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.error.value("code", ""), "InvalidArgument") << r.output;
+  EXPECT_NE(r.error.value("message", "").find("belongs to policy file " + first), std::string::npos) << r.output;
+  EXPECT_EQ(Manifests(dir / "t"), 1u);
+  CliResult f = BargeJson("forget --policy " + Q(second) + " --keep-last 1", cat);
+  EXPECT_EQ(f.exit_code, 1) << f.output;
+  EXPECT_NE(f.error.value("message", "").find("belongs to policy file " + first), std::string::npos) << f.output;
+
+  CliResult check = BargeJson("policy check " + Q(second), cat);
+  ASSERT_EQ(check.exit_code, 0) << check.output;
+  ASSERT_EQ(check.result.at("warnings").size(), 1u) << check.output;
+  EXPECT_NE(check.result.at("warnings")[0].get<std::string>().find("belongs to policy file " + first),
+            std::string::npos);
+  EXPECT_EQ(BargeJson("policy check " + Q(first), cat).result.at("warnings"), json::array());
+  // The owner's own runs go on.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_EQ(BargeJson("run --force --policy " + Q(first), cat).exit_code, 0);
+  EXPECT_EQ(Manifests(dir / "t"), 2u);
 }
 
 TEST(PolicyCliTest, ScheduleAcrossSlotsRetentionRestoreAndReasonChange) {
@@ -260,23 +324,6 @@ TEST(PolicyCliTest, ScheduleAcrossSlotsRetentionRestoreAndReasonChange) {
   EXPECT_TRUE(Leftovers(dir / "t1").empty() && Leftovers(dir / "t2").empty());
 }
 
-// A small tmpfs mounted for the test's life (root only; absent otherwise).
-class TmpfsMount {
- public:
-  TmpfsMount(const std::string& dir, const std::string& size) : dir_(dir) {
-    fs::create_directories(dir);
-    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0;
-  }
-  ~TmpfsMount() {
-    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
-  }
-  bool mounted() const { return mounted_; }
-
- private:
-  std::string dir_;
-  bool mounted_ = false;
-};
-
 TEST(PolicyCliTest, FullTargetFailsTheSourceOthersGoOn) {
   TempDir dir;
   const std::string big = dir / "big.raw", small = dir / "small.raw", cat = dir / "catalog.db";
@@ -322,6 +369,201 @@ TEST(PolicyCliTest, FullTargetFailsTheSourceOthersGoOn) {
   CliResult runs = BargeJson("runs list --policy full --source big", cat);
   ASSERT_EQ(runs.result.at("runs").size(), 2u);
   EXPECT_EQ(runs.result.at("runs")[0].at("result"), "failed");
+}
+
+// Issue 18: a failed backup never costs a restore point. Two sources with
+// retention_count 2 and two points each: an image removed, an NBD export
+// whose reads fail, then a full target; each run fails and every point
+// stays. A later successful backup applies retention after its new point:
+// 2 points remain, the new one among them.
+TEST(PolicyCliTest, FailedBackupNeverCostsARestorePoint) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  TempDir dir;
+  const std::string disk = dir / "d.raw", cat = dir / "catalog.db", broken = dir / "reads-fail";
+  const std::string sock = dir / "n.sock";
+  testing::SocketServer nbd("nbdkit -f -U " + Q(sock) + " --filter=error pattern 2M error-pread=EIO "
+                            "error-pread-rate=1 error-pread-file=" + Q(broken), sock);
+  ASSERT_TRUE(nbd.WaitReady());
+  testing::WriteFile(disk, testing::RandomBytes(1 << 20, 11));
+  TmpfsMount tmpfs(dir / "t", "16m");
+  fs::create_directories(dir / "t");
+  const std::string policy = dir / "p.yaml";
+  WriteText(policy, "name: keep\nsources:\n  - image: " + disk + "\n    name: d\n  - nbd: " + nbd.uri() +
+                        "\n    name: n\nretention_count: 2\ntargets: [" + (dir / "t") +
+                        "]\nfree_space_multiple: 1\n");
+  const std::string run = "run --force --policy " + Q(policy);
+  for (int i = 0; i < 2; ++i) {
+    if (i) std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // ids tell time to the second
+    CliResult r = BargeJson(run, cat);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::string d_chain = dir / "t/keep/d", n_chain = dir / "t/keep/n";
+  ASSERT_EQ(Manifests(d_chain), 2u);
+  ASSERT_EQ(Manifests(n_chain), 2u);
+  auto expect_kept = [&](const CliResult& r, const std::string& code) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    for (const char* s : {"d", "n"}) {
+      const json& src = SourceOf(r.result, s);
+      EXPECT_EQ(src.at("result"), "failed") << src.dump();
+      EXPECT_EQ(src.at("retention"), "") << src.dump();
+    }
+    EXPECT_EQ(Manifests(d_chain), 2u) << r.output;
+    EXPECT_EQ(Manifests(n_chain), 2u) << r.output;
+    EXPECT_NE(SourceOf(r.result, "d").at("error").get<std::string>().find(code), std::string::npos) << r.output;
+  };
+
+  // The disk moved away; the export's reads fail.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  fs::rename(disk, dir / "moved.raw");
+  WriteText(broken, "");
+  CliResult gone = BargeJson(run, cat);
+  expect_kept(gone, "NotFound");
+  EXPECT_NE(SourceOf(gone.result, "n").at("error").get<std::string>().find("IoError"), std::string::npos)
+      << gone.output;
+
+  // Back and readable, but the target is full.
+  fs::rename(dir / "moved.raw", disk);
+  fs::remove(broken);
+  if (tmpfs.mounted()) {
+    FillUpTo(dir / "t/filler", 256 << 10);
+    CliResult full = BargeJson(run, cat);
+    expect_kept(full, "NoSpace");
+    fs::remove(dir / "t/filler");
+  }
+
+  // A backup that succeeds: the new point is kept, the oldest goes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  CliResult ok = BargeJson(run + " --source d", cat);
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_EQ(SourceOf(ok.result, "d").at("retention"), "1 point(s) removed");
+  const std::string newest = SourceOf(ok.result, "d").at("points")[0].at("id");
+  EXPECT_EQ(Manifests(d_chain), 2u);
+  EXPECT_TRUE(fs::exists(d_chain + "/" + newest + ".json"));
+  EXPECT_EQ(Manifests(n_chain), 2u);
+  if (!tmpfs.mounted()) GTEST_SKIP() << "tmpfs not mounted (needs root): the full target not checked";
+}
+
+// Issue 18: a missing target fails the source with NotFound (not
+// NoSpace), and is not created; a read-only one never qualifies and is
+// down in the metrics.
+TEST(PolicyCliTest, MissingOrReadOnlyTarget) {
+  TempDir dir;
+  const std::string cat = dir / "catalog.db", policy = dir / "p.yaml";
+  testing::WriteFile(dir / "a.raw", testing::RandomBytes(1 << 20, 31));
+  WriteText(policy, "name: tg\nsources:\n  - image: " + (dir / "a.raw") + "\ntargets: [" + (dir / "nowhere") +
+                        "]\nfree_space_multiple: 0\n");
+  CliResult r = BargeJson("run --force --policy " + Q(policy), cat);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string error = SourceOf(r.result, "a").at("error");
+  EXPECT_EQ(error.rfind("NotFound: no target can be used; " + (dir / "nowhere") + ": NotFound", 0), 0u) << error;
+  EXPECT_FALSE(fs::exists(dir / "nowhere"));  // a missing target is never created
+
+  TmpfsMount ro(dir / "ro", "1m", MS_RDONLY);
+  if (!ro.mounted()) GTEST_SKIP() << "tmpfs not mounted (needs root)";
+  WriteText(policy, "name: tg\nsources:\n  - image: " + (dir / "a.raw") + "\ntargets: [" + (dir / "ro") +
+                        "]\nfree_space_multiple: 0\n");
+  r = BargeJson("run --force --policy " + Q(policy) + " --metrics-textfile " + Q(dir / "m.prom"), cat);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(SourceOf(r.result, "a").at("error"),
+            "IoError: no target can be used; " + (dir / "ro") + ": IoError: " + (dir / "ro") +
+                ": the filesystem is mounted read-only")
+      << r.output;
+  const std::string prom = Background::Slurp(dir / "m.prom");
+  EXPECT_NE(prom.find("barge_policy_target_up{policy=\"tg\",target=\"" + (dir / "ro") + "\"} 0"), std::string::npos)
+      << prom;
+}
+
+// Issue 18: after a failed slot, the next `run` retries the source (not
+// "not due" until the next slot); after a success it waits again.
+TEST(PolicyCliTest, FailedSourceIsRetriedAtTheNextRun) {
+  TempDir dir;
+  const std::string cat = dir / "catalog.db", policy = dir / "p.yaml", disk = dir / "d.raw";
+  fs::create_directories(dir / "t");
+  WriteText(policy, "name: retry\nsources:\n  - image: " + disk + "\nschedule: '0 2 * * *'\ntargets: [" +
+                        (dir / "t") + "]\nfree_space_multiple: 0\n");
+  CliResult r1 = BargeJson("run --policy " + Q(policy), cat);  // never backed up: due; the disk is missing
+  EXPECT_EQ(r1.exit_code, 1) << r1.output;
+  EXPECT_EQ(SourceOf(r1.result, "d").at("result"), "failed");
+  testing::WriteFile(disk, testing::RandomBytes(1 << 20, 41));
+  CliResult r2 = BargeJson("run --policy " + Q(policy), cat);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  const json& d = SourceOf(r2.result, "d");
+  EXPECT_EQ(d.at("result"), "success") << d.dump();
+  EXPECT_EQ(d.at("trigger"), "schedule");
+  EXPECT_EQ(d.at("due_reason").get<std::string>().rfind("retry: the last backup (", 0), 0u) << d.dump();
+  CliResult r3 = BargeJson("run --policy " + Q(policy), cat);
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  EXPECT_EQ(SourceOf(r3.result, "d").at("result"), "not_due") << r3.output;
+}
+
+// Issue 18 (README, docs/policies.md "Raw disks with change tracking"):
+// a raw disk's CBT route in a policy. A CBT overlay over the raw file, the
+// overlay as the image source with its bitmap: a full, then an
+// incremental holding only the writes through the overlay; the newest
+// point restores to the raw disk's bytes. The free-space rule counts the
+// raw file's allocation.
+TEST(PolicyCliTest, RawDiskThroughACbtOverlay) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  TempDir dir;
+  const std::string raw = dir / "disk.raw", overlay = dir / "disk.qcow2", cat = dir / "catalog.db";
+  RunOk("truncate -s 16M " + Q(raw) + " && qemu-io -f raw -c 'write -P 0x5a 0 6M' " + Q(raw) + " >/dev/null");
+  RunOk(Barge() + " overlay create --data-file " + Q(raw) + " " + Q(overlay) + " --bitmap cbt0");
+  TmpfsMount tmpfs(dir / "t", "24m");
+  fs::create_directories(dir / "t");
+  const std::string policy = dir / "p.yaml";
+  auto write_policy = [&](const std::string& multiple) {
+    WriteText(policy, "name: cbt\nsources:\n  - image: " + overlay + "\n    bitmap: cbt0\n    name: disk\ntargets: [" +
+                          (dir / "t") + "]\nfree_space_multiple: " + multiple + "\n");
+  };
+  if (tmpfs.mounted()) {
+    // 5 x the raw file's 6 MiB of data exceed the 24 MiB target (the
+    // overlay file alone is a few hundred KiB).
+    write_policy("5");
+    CliResult big = BargeJson("run --force --policy " + Q(policy), cat);
+    ASSERT_EQ(big.exit_code, 1) << big.output;
+    const std::string need = SourceOf(big.result, "disk").at("error");
+    const size_t paren = need.find(" bytes free (");
+    ASSERT_NE(paren, std::string::npos) << need;
+    EXPECT_GE(std::stoull(need.substr(paren + 13)), 6ull << 20) << need;  // the raw file's data counts
+  }
+
+  write_policy("1");
+  CliResult full = BargeJson("run --force --policy " + Q(policy), cat);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  EXPECT_EQ(SourceOf(full.result, "disk").at("type"), "full");
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x77 8M 64k' " + Q(overlay) + " >/dev/null");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  CliResult inc = BargeJson("run --force --policy " + Q(policy), cat);
+  ASSERT_EQ(inc.exit_code, 0) << inc.output;
+  const json& d = SourceOf(inc.result, "disk");
+  EXPECT_EQ(d.at("type"), "incremental") << d.dump();
+  EXPECT_LE(d.at("bytes_read").get<uint64_t>(), 1u << 20) << d.dump();
+  const std::string chain = d.at("points")[0].at("chain_dir");
+  const std::string id = d.at("points")[0].at("id");
+  CliResult rr = BargeJson("restore " + Q(chain) + " --at " + Q(id) + " --to " + Q(dir / "restored.raw") +
+                           " --no-sync", cat);
+  ASSERT_EQ(rr.exit_code, 0) << rr.output;
+  RunOk("qemu-img compare -q -f raw -F raw " + Q(dir / "restored.raw") + " " + Q(raw));
+}
+
+// Issue 18: a first policy backup that fails (reads fail; or stopped)
+// leaves no folder behind in the target, as a plain `barge backup` does.
+TEST(PolicyCliTest, FailedFirstBackupLeavesNoFolder) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  TempDir dir;
+  const std::string sock = dir / "n.sock", cat = dir / "catalog.db";
+  testing::SocketServer nbd("nbdkit -f -U " + Q(sock) + " --filter=error pattern 2M error-pread=EIO "
+                            "error-pread-rate=1", sock);
+  ASSERT_TRUE(nbd.WaitReady());
+  fs::create_directories(dir / "t");
+  const std::string policy = dir / "p.yaml";
+  WriteText(policy, "name: first\nsources:\n  - nbd: " + nbd.uri() + "\n    name: n\ntargets: [" + (dir / "t") +
+                        "]\nfree_space_multiple: 0\n");
+  CliResult r = BargeJson("run --force --policy " + Q(policy), cat);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(SourceOf(r.result, "n").at("result"), "failed");
+  EXPECT_TRUE(fs::is_empty(dir / "t")) << fs::directory_iterator(dir / "t")->path();
 }
 
 TEST(PolicyCliTest, RunStoppedPastMaxRunTimeOrBySigtermLeavesNothing) {

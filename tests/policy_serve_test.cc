@@ -169,6 +169,107 @@ TEST(PolicyServeTest, HealthMetricsReloadNotifyAndSigterm) {
   EXPECT_EQ(listed.at("runs")[0].at("result"), "failed");
 }
 
+// Issue 18 under serve: a failed backup never costs a restore point
+// (the disk moved away and an export whose reads fail, then a full
+// target), and /healthz's last_error says which source fails and why.
+TEST(PolicyServeTest, FailedBackupKeepsPointsAndHealthShowsTheError) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  TempDir dir;
+  const std::string cat = dir / "catalog.db", policy = dir / "keep.yaml", disk = dir / "d.raw";
+  const std::string sock = dir / "n.sock", broken = dir / "reads-fail";
+  testing::SocketServer nbd("nbdkit -f -U " + Q(sock) + " --filter=error pattern 2M error-pread=EIO "
+                            "error-pread-rate=1 error-pread-file=" + Q(broken), sock);
+  ASSERT_TRUE(nbd.WaitReady());
+  testing::WriteFile(disk, testing::RandomBytes(1 << 20, 51));
+  TmpfsMount tmpfs(dir / "t", "16m");
+  fs::create_directories(dir / "t");
+  auto write_policy = [&](const std::string& reason) {
+    WriteText(policy, "name: keep\nreason: '" + reason + "'\nsources:\n  - image: " + disk + "\n    name: d\n"
+                      "  - nbd: " + nbd.uri() + "\n    name: n\nretention_count: 2\ntargets: [" + (dir / "t") +
+                      "]\nfree_space_multiple: 1\n");
+  };
+  write_policy("");
+  for (int i = 0; i < 2; ++i) {
+    if (i) std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    RunOk("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " run --force --policy " + Q(policy));
+  }
+  ASSERT_EQ(Manifests(dir / "t/keep/d"), 2u);
+  ASSERT_EQ(Manifests(dir / "t/keep/n"), 2u);
+
+  // The disk moves away and the export's reads fail; a new reason makes
+  // the first pass back up both at once.
+  fs::rename(disk, dir / "moved.raw");
+  WriteText(broken, "");
+  write_policy("r1");
+  Background serve(Barge() + " serve --policy " + Q(policy) + " --listen 127.0.0.1:0 --json", dir / "out",
+                   dir / "err", {{"BARGE_CATALOG", cat}});
+  ASSERT_TRUE(WaitFor([&] { return ServePort(serve) > 0; }, std::chrono::seconds(30))) << serve.err();
+  const int port = ServePort(serve);
+  ASSERT_TRUE(WaitFor([&] { return EventsOf(serve.out(), "run").size() == 1; }, std::chrono::seconds(60)))
+      << serve.out() << serve.err();
+  for (const auto& s : EventsOf(serve.out(), "run")[0].at("sources")) {
+    EXPECT_EQ(s.at("result"), "failed") << s.dump();
+    EXPECT_EQ(s.at("retention"), "") << s.dump();
+  }
+  EXPECT_EQ(Manifests(dir / "t/keep/d"), 2u);
+  EXPECT_EQ(Manifests(dir / "t/keep/n"), 2u);
+  ASSERT_TRUE(WaitFor([&] { return !json::parse(HttpGet(port, "/healthz").body, nullptr, false).value("running", true); },
+                      std::chrono::seconds(10)));
+  json h = json::parse(HttpGet(port, "/healthz").body);
+  const std::string last_error = h.at("last_error");
+  EXPECT_EQ(last_error.rfind("source d: NotFound", 0), 0u) << h.dump();
+  EXPECT_NE(last_error.find("; source n: "), std::string::npos) << h.dump();
+
+  // Back and readable, but the target is full.
+  if (tmpfs.mounted()) {
+    fs::rename(dir / "moved.raw", disk);
+    fs::remove(broken);
+    FillUpTo(dir / "t/filler", 256 << 10);
+    write_policy("r2");
+    serve.Signal(SIGHUP);
+    ASSERT_TRUE(WaitFor([&] { return EventsOf(serve.out(), "run").size() == 2; }, std::chrono::seconds(60)))
+        << serve.out() << serve.err();
+    for (const auto& s : EventsOf(serve.out(), "run")[1].at("sources")) {
+      EXPECT_EQ(s.at("result"), "failed") << s.dump();
+      EXPECT_NE(s.at("error").get<std::string>().find("NoSpace"), std::string::npos) << s.dump();
+    }
+    EXPECT_EQ(Manifests(dir / "t/keep/d"), 2u);
+    EXPECT_EQ(Manifests(dir / "t/keep/n"), 2u);
+    ASSERT_TRUE(WaitFor([&] {
+      return json::parse(HttpGet(port, "/healthz").body, nullptr, false).value("last_error", "").find("NoSpace") !=
+             std::string::npos;
+    }, std::chrono::seconds(10)));
+    fs::remove(dir / "t/filler");
+  }
+  serve.Signal(SIGTERM);
+  EXPECT_EQ(serve.Wait(std::chrono::seconds(30)), 143) << serve.err();
+  if (!tmpfs.mounted()) GTEST_SKIP() << "tmpfs not mounted (needs root): the full target not checked";
+}
+
+// Issue 18: a --listen address in use says so (not civetweb's "null
+// context when constructing CivetServer").
+TEST(PolicyServeTest, ListenAddressInUseSaysSo) {
+  TempDir dir;
+  fs::create_directories(dir / "t");
+  WriteText(dir / "p.yaml", "name: busy\nsources:\n  - image: " + (dir / "d.raw") + "\ntargets: [" + (dir / "t") +
+                                "]\n");
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string listen = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  auto r = testing::Run("BARGE_CATALOG=" + Q(dir / "c.db") + " " + Barge() + " serve --policy " + Q(dir / "p.yaml") +
+                        " --listen " + listen);
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot listen on " + listen + ": Address already in use"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("null context"), std::string::npos) << r.output;
+}
+
 // Prometheus's firing alerts named `alert` for source `source`.
 bool Firing(int prom_port, const std::string& alert, const std::string& source) {
   HttpReply r = HttpGet(prom_port, "/api/v1/alerts");

@@ -7,11 +7,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -185,6 +187,44 @@ inline int FreePort() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// A small tmpfs mounted for the test's life (root only; absent otherwise).
+class TmpfsMount {
+ public:
+  // `flags`: mount(2)'s (MS_RDONLY: a read-only one).
+  TmpfsMount(const std::string& dir, const std::string& size, unsigned long flags = 0) : dir_(dir) {
+    std::filesystem::create_directories(dir);
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", flags, ("size=" + size).c_str()) == 0;
+  }
+  ~TmpfsMount() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+// Backup points (manifests) under `dir`, recursively.
+inline size_t Manifests(const std::string& dir) {
+  size_t n = 0;
+  if (!std::filesystem::exists(dir)) return 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    n += e.path().extension() == ".json" ? 1 : 0;
+  }
+  return n;
+}
+
+// Fills the filesystem of `dir` with the file `path` until `leave` bytes
+// (about) stay free.
+inline void FillUpTo(const std::string& path, uint64_t leave) {
+  const auto space = std::filesystem::space(std::filesystem::path(path).parent_path());
+  const uint64_t fill = space.available > leave ? space.available - leave : 0;
+  testing::RunOk("fallocate -l " + std::to_string(fill) + " " + Q(path));
 }
 
 // Seconds into the current UTC minute.

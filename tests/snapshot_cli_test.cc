@@ -313,6 +313,16 @@ TEST_F(SnapshotCliTest, ApplyAndMetrics) {
     EXPECT_EQ(entry.path().filename().string().find(".barge-tmp"), std::string::npos) << entry.path();
   }
   EXPECT_EQ(RunOk(Barge("snapshot metrics " + ShellQuote(img_) + " --catalog " + ShellQuote(catalog_))), metrics);
+  // Issue 18: one disk is one series, however its path is typed (relative,
+  // through a symbolic link, with "..").
+  fs::create_symlink(img_, dir_ / "link.qcow2");
+  fs::create_directories(dir_ / "sub");
+  for (const std::string& typed : {std::string("disk.qcow2"), std::string("link.qcow2"), std::string("sub/../disk.qcow2")}) {
+    EXPECT_EQ(RunOk("cd " + ShellQuote(dir_.path().string()) + " && " +
+                    Barge("snapshot metrics " + ShellQuote(typed) + " --catalog " + ShellQuote(catalog_))),
+              metrics)
+        << typed;
+  }
 }
 
 }  // namespace
