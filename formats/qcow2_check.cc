@@ -124,6 +124,7 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
   const uint64_t n = h_.l2_entries();
   const bool ext = h_.extended_l2();
   const bool data_file = h_.has_data_file();
+  uint64_t next_contiguous = 0;  // host offset right after the last mapped cluster
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t at = l2_offset + i * entry_bytes;
     const uint64_t entry = LoadBe64(table.data() + i * entry_bytes);
@@ -143,6 +144,10 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
       const CompressedPayload payload = DecodeCompressed(entry, h_.cluster_bits);
       Reference(payload.host, payload.bytes, "compressed cluster", uses.times);
       report_.allocated_clusters += uses.active;
+      // A compressed cluster counts as fragmented too (qemu: it shares
+      // sectors with its neighbours, so they are read again).
+      report_.compressed_clusters += uses.active;
+      report_.fragmented_clusters += uses.active;
       continue;
     }
     if (entry & kL2ReservedMask) {
@@ -161,6 +166,9 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
       continue;
     }
     report_.allocated_clusters += uses.active;
+    // Fragmentation is counted within one L2 table, as qemu walks it.
+    if (next_contiguous != 0 && host != next_contiguous) report_.fragmented_clusters += uses.active;
+    next_contiguous = host + cs_;
     if (alloc & zero) Corrupt("subcluster both allocated and zero at " + Hex(at));
     // As qemu-img check, the range an unaligned offset names is still
     // counted: no leak, and an error for a straddled cluster without refcount.
@@ -330,6 +338,7 @@ Status Checker::CheckBitmaps() {
 
 void Checker::CompareRefcounts() {
   for (uint64_t c = 0; c < compared_clusters_; ++c) {
+    if (stored_[c] > 0 || refs_[c] > 0) report_.image_end_offset = (c + 1) << h_.cluster_bits;
     if (stored_[c] < refs_[c]) {
       Corrupt("cluster " + std::to_string(c) + " refcount=" + std::to_string(stored_[c]) +
               " reference=" + std::to_string(refs_[c]));

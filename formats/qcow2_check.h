@@ -29,6 +29,14 @@ struct CheckReport {
   uint64_t allocated_clusters = 0;  // guest clusters with data, compressed or ZERO_ALLOC
   uint64_t total_clusters = 0;      // guest clusters of the virtual disk
   uint64_t file_clusters = 0;       // host clusters of the file
+  // As qemu-img check counts them (active L1 table only): compressed guest
+  // clusters, and fragmented ones (compressed, or stored elsewhere than
+  // right after the previous cluster of the same L2 table).
+  uint64_t compressed_clusters = 0;
+  uint64_t fragmented_clusters = 0;
+  // One past the last host cluster that is referenced or has a refcount,
+  // in bytes (qemu-img check's "Image end offset").
+  uint64_t image_end_offset = 0;
   std::vector<std::string> messages;  // the first problems, qemu-like wording
 
   bool clean() const { return corruptions == 0 && leaks == 0; }

@@ -408,6 +408,9 @@ done)sh";
     EXPECT_EQ(b["leaks"], q.value("leaks", 0)) << br.stdout_text;
     EXPECT_EQ(b["allocated_clusters"], q["allocated-clusters"]);
     EXPECT_EQ(b["total_clusters"], q["total-clusters"]);
+    EXPECT_EQ(b["compressed_clusters"], q.value("compressed-clusters", 0));
+    EXPECT_EQ(b["fragmented_clusters"], q.value("fragmented-clusters", 0));
+    EXPECT_EQ(b["image_end_offset"], q["image-end-offset"]);
   }
   EXPECT_GT(images.size(), 10u);
   for (size_t i = 0; i < 2; ++i) fs::remove(P(images[i]));
