@@ -354,7 +354,9 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
   for (const char* verb : {"enable", "disable", "status"}) {
     auto a = std::make_shared<std::tuple<orc::CbtRequest, std::string>>();
     std::string v = verb;
-    auto* cmd = AddCommand(*cbt, verb, std::string(verb) + " CBT for a domain", exit_code, [a, v](Output& out) {
+    std::string what = v == "status" ? "CBT state of a domain"
+                       : v + " CBT for a shut-off domain (a running one is refused)";
+    auto* cmd = AddCommand(*cbt, verb, what, exit_code, [a, v](Output& out) {
       orc::CbtRequest req = std::get<0>(*a);
       auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), std::get<1>(*a));
       if (!catalog_path.ok()) return out.Fail(catalog_path.error());

@@ -162,6 +162,14 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
   if (row) return Error::InvalidArgument("CBT is already enabled for domain '" + req.domain + "'");
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(auto dom, Domain(conn.get(), req.domain));
+  // The raw disk of a running domain is labelled by libvirt for the running
+  // QEMU: libvirt gives it back to its remembered owner when the domain
+  // stops, after which QEMU (on the overlay) could no longer open it. Only
+  // a shut-off domain can be switched safely.
+  if (DomainIsActive(dom.get())) {
+    return Error::InvalidArgument("domain '" + req.domain +
+                                  "' is running: shut it down first, then enable CBT (nothing changed)");
+  }
   BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom.get(), VIR_DOMAIN_XML_INACTIVE | VIR_DOMAIN_XML_SECURE));
   std::string state_dir = req.state_dir.empty() ? CatalogDir(req.catalog_path) + "/cbt/" + req.domain
                                                 : req.state_dir;
@@ -257,8 +265,43 @@ Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
   if (!row) return Error::InvalidArgument("CBT is not enabled for domain '" + req.domain + "'");
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(auto dom, Domain(conn.get(), req.domain));
-  virDomainPtr defined = virDomainDefineXML(conn.get(), row->original_xml.c_str());
-  if (!defined) return LastVirError("define domain with its original XML");
+  // A running QEMU has the overlays and the raw disks open (labelled for
+  // it): switching back is only safe on a shut-off domain.
+  if (DomainIsActive(dom.get())) {
+    return Error::InvalidArgument("domain '" + req.domain +
+                                  "' is running on its CBT overlays: shut it down first, then disable CBT "
+                                  "(nothing changed)");
+  }
+  // Only the disks enable moved onto overlays go back, on the definition as
+  // it is now: every other change made since enable stays.
+  BARGE_ASSIGN_OR_RETURN(std::string now_xml,
+                         DomainXml(dom.get(), VIR_DOMAIN_XML_INACTIVE | VIR_DOMAIN_XML_SECURE));
+  const auto now_disks = ParseDomainDisks(now_xml);
+  const auto original_disks = ParseDomainDisks(row->original_xml);
+  std::string new_xml = now_xml;
+  for (const auto& c : row->disks) {
+    auto d = std::find_if(now_disks.begin(), now_disks.end(), [&](const DomainDisk& x) { return x.target == c.disk; });
+    if (d == now_disks.end()) {
+      return Error::InvalidArgument("domain '" + req.domain + "' has no disk " + c.disk +
+                                    " any more (CBT put it on overlay " + c.overlay +
+                                    "): not disabling, the definition was changed since enable (nothing changed)");
+    }
+    if (d->source_type != "file" || d->source != c.overlay || d->format != "qcow2") {
+      return Error::InvalidArgument("disk " + c.disk + " of domain '" + req.domain + "' is now " + d->format +
+                                    " " + (d->source.empty() ? "(no source)" : d->source) +
+                                    ", not the CBT overlay " + c.overlay +
+                                    " (qcow2): not disabling, the definition was changed since enable "
+                                    "(nothing changed)");
+    }
+    // The raw disk's path as the definition named it before enable.
+    std::string raw = c.data_file;
+    for (const auto& o : original_disks) {
+      if (o.target == c.disk && !o.source.empty()) raw = o.source;
+    }
+    new_xml = ReplaceOnce(new_xml, d->element, SwitchDisk(*d, "raw", raw));
+  }
+  virDomainPtr defined = virDomainDefineXML(conn.get(), new_xml.c_str());
+  if (!defined) return LastVirError("define domain back on its raw disks");
   virDomainFree(defined);
   BARGE_ASSIGN_OR_RETURN(auto del, catalog->db().Prepare("DELETE FROM vm_cbt WHERE domain=?"));
   del.Bind(1, req.domain);
@@ -270,10 +313,7 @@ Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
     if (!left) left = Error(s.error()).Wrap("CBT is disabled, but cleaning up failed");
     else left->Also(s);
   };
-  // A running QEMU still has the overlays open; they go when it stops.
-  if (!DomainIsActive(dom.get())) {
-    for (const auto& d : row->disks) note(env.UnlinkIfExists(d.overlay));
-  }
+  for (const auto& d : row->disks) note(env.UnlinkIfExists(d.overlay));
   // The raw disk goes back to its owner from before enable (libvirt's own
   // dynamic ownership takes over again for the raw disk).
   for (const auto& d : row->disks) {

@@ -1,7 +1,8 @@
 // Changed-block tracking for raw disks: a metadata-only qcow2 overlay over
 // each raw disk (external data file) with one enabled persistent bitmap, and
-// the domain's persistent XML switched to it; the original XML is kept so
-// disable reverts exactly. State is kept in the catalog (table vm_cbt).
+// the domain's persistent XML switched to it; disable switches those disks
+// back on the definition as it is then (other changes since enable stay).
+// Both refuse a running domain. State is kept in the catalog (table vm_cbt).
 #pragma once
 
 #include <sys/types.h>
@@ -52,10 +53,13 @@ struct CbtRequest {
 // The state folder, the overlays and the raw disks' owners are handled
 // through `env`.
 // Creates the overlays (raw file disks only; kInvalidArgument when there is
-// none) and defines the domain on them. Enabling twice is an error.
+// none) and defines the domain on them. Enabling twice, or on a running
+// domain (its raw disks are labelled for the running QEMU), is an error.
 Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& request);
-// Defines the domain with the XML from before enable and removes the
-// overlays. A failure to remove an overlay or give a raw disk back after
+// Switches each disk enable moved back from its overlay to its raw disk, on
+// the domain's definition as it is now, and removes the overlays. Refuses
+// (kInvalidArgument, nothing changed) a running domain, and a definition
+// where such a disk is gone or no longer on barge's overlay. A failure to remove an overlay or give a raw disk back after
 // the domain was redefined is an error naming what is left (CBT is
 // disabled all the same).
 Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& request);
