@@ -255,7 +255,10 @@ std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std
       br.allow_resize = true;
       // The disk is the domain's, whichever socket or overlay it is read
       // through: online and offline backups extend one chain.
-      br.disk_identity = formats::DiskIdentity{"domain", req.domain, name, 0};
+      // The file behind the target too: disks that swapped files keep
+      // their targets (PlanDisks takes a full for them).
+      br.disk_identity = formats::DiskIdentity{"domain", req.domain, name, 0,
+                                               disks[i].source.empty() ? "" : CanonicalPath(env, disks[i].source)};
       br.compression = req.compression;
       br.compression_level = req.compression_level;
       br.copy = req.copy;

@@ -74,7 +74,7 @@ Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::Dis
     const formats::DiskIdentity& d = *m.disk_identity;
     // Sizes are not compared: the same disk resized is the size check's
     // case (a full with --allow-resize), not another disk.
-    if (d.kind == source.kind && d.location == source.location && d.target == source.target) return std::string();
+    if (d.SameDisk(source, false)) return std::string();
     const std::string latest = chain.latest().manifest.id;
     return "the chain's latest backup " + latest + " is of " + m.disk_identity->Describe() +
            (*it == chain.points.size() - 1 ? "" : " (as its layer " + m.id + " records)") + ", this source is " +
@@ -91,7 +91,7 @@ Status CheckOneDisk(const ChainFolder& chain, const std::vector<size_t>& layers)
     if (m.disk_identity) {
       if (!disk_from) {
         disk_from = i;
-      } else if (const auto& first = chain.points[*disk_from].manifest; *first.disk_identity != *m.disk_identity) {
+      } else if (const auto& first = chain.points[*disk_from].manifest; !first.disk_identity->SameDisk(*m.disk_identity)) {
         return Error::Corruption("the chain mixes disks: backup " + m.id + " is of " + m.disk_identity->Describe() +
                                  ", backup " + first.id + " before it in its chain of " +
                                  first.disk_identity->Describe() + "; the points from " + m.id +

@@ -32,7 +32,8 @@ std::string NbdUriWithoutCredentials(std::string_view uri);
 
 // For an incremental onto the latest point of `chain`: "" when the chain
 // records no disk (written before barge recorded one: usable as before) or
-// records `source`'s kind, location and target (a size change is the
+// records `source`'s kind, location, target and (where both record one)
+// the file behind a domain's target (a size change is the
 // caller's size check's to report); else a sentence naming both disks
 // (the chain's from the newest layer of its latest point that records
 // one). kCorruption when
