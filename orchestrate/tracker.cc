@@ -97,21 +97,7 @@ Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, 
   BARGE_ASSIGN_OR_RETURN(std::string xml,
                          CheckpointXml(cp->get(), running ? VIR_DOMAIN_CHECKPOINT_XML_SIZE : 0));
   auto cp_disks = CheckpointDisks(xml);
-  // The domain's definition when the checkpoint was taken (libvirt keeps
-  // it in the checkpoint's XML): which file each target was on then.
-  std::map<std::string, std::string> cp_sources;
-  if (size_t a = xml.find("<domain "); a != std::string::npos) {
-    if (size_t b = xml.find("</domain>", a); b != std::string::npos) {
-      for (const auto& was : ParseDomainDisks(std::string_view(xml).substr(a, b + 9 - a))) {
-        if (!was.source.empty()) cp_sources[was.target] = CanonicalPath(env, was.source);
-      }
-    }
-  }
   for (const auto& d : disks) {
-    const std::string now = d.source.empty() ? "" : CanonicalPath(env, d.source);
-    auto moved = [&](const std::string& was, const std::string& where) {
-      return "disk " + d.target + " is now " + now + ", was " + was + " (" + where + "): a new chain starts";
-    };
     DiskPlan p{d.target, false, ""};
     auto it = cp_disks.find(d.target);
     auto known = tracker->disks.find(d.target);
@@ -123,11 +109,8 @@ Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, 
     } else {
       auto cap = DiskCapacity(dom, d.target);
       if (!cap.ok()) return cap.error();
-      auto was = cp_sources.find(d.target);
       if (*cap != known->second) {
         p.reason = "disk size changed";
-      } else if (!now.empty() && was != cp_sources.end() && was->second != now) {
-        p.reason = moved(was->second, "at checkpoint " + tracker->latest_checkpoint);
       } else if (!target_dir.empty()) {
         std::string chain_dir = target_dir + "/" + domain + "/" + d.target;
         auto chain = pipeline::LoadChainFolder(env, chain_dir);
@@ -135,9 +118,6 @@ Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, 
           p.reason = "no backup chain in the target";
         } else if (chain->latest().manifest.checkpoint != tracker->latest_checkpoint) {
           p.reason = "chain does not end at checkpoint " + tracker->latest_checkpoint;
-        } else if (const auto& id = chain->latest().manifest.disk_identity;
-                   !now.empty() && id && !id->source.empty() && id->source != now) {
-          p.reason = moved(id->source, "in backup " + chain->latest().manifest.id);
         } else {
           p.incremental = true;
           p.reason = "incremental since " + tracker->latest_checkpoint;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -217,6 +218,11 @@ TEST_F(VmBackupTest, SwappedDisksTakeFullsNotMixedChains) {
   dom.Write(0xbb, "8M", "2M", 1);
   json b0 = Backup(dom.name());
   EXPECT_EQ(b0["backup_type"], "full");
+  std::map<std::string, std::string> b0_id;  // disk -> its point's id
+  for (const auto& d : b0["disks"]) {
+    std::ifstream in(d["manifest"].get<std::string>());
+    b0_id[d["disk"]] = json::parse(in)["id"];
+  }
   // Each disk then gets writes its bitmap records.
   dom.Write(0x11, "20M", "1M", 0);
   dom.Write(0x22, "30M", "1M", 1);
@@ -238,9 +244,6 @@ TEST_F(VmBackupTest, SwappedDisksTakeFullsNotMixedChains) {
   dom.Write(0x33, "40M", "1M", 0);  // now on b.qcow2
   dom.Write(0x44, "50M", "1M", 1);  // now on a.qcow2
 
-  json doc = BargeJson("doctor --domain " + dom.name());
-  for (const auto& n : doc["next_backup"]) EXPECT_EQ(n["backup_type"], "full") << doc.dump();
-
   json b1 = Backup(dom.name());
   EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
   const std::string ca = fs::canonical(a).string(), cb = fs::canonical(b).string();
@@ -250,7 +253,7 @@ TEST_F(VmBackupTest, SwappedDisksTakeFullsNotMixedChains) {
     const std::string now = vda ? cb : ca, was = vda ? ca : cb;
     EXPECT_EQ(d["backup_type"], "full") << d.dump();
     EXPECT_EQ(d["reason"], "disk " + d["disk"].get<std::string>() + " is now " + now + ", was " + was +
-                               " (at checkpoint " + b0["checkpoint"].get<std::string>() + "): a new chain starts")
+                               " (backup " + b0_id[d["disk"]] + "): a new chain starts")
         << d.dump();
     std::ifstream in(d["manifest"].get<std::string>());
     json m = json::parse(in);
