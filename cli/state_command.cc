@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/common.h"
+#include "orchestrate/catalog_path.h"
 #include "orchestrate/state_migrate.h"
 
 namespace barge::cli {
@@ -10,10 +11,29 @@ namespace {
 
 struct MigrateArgs {
   std::string from, to;
+  std::string catalog;
+  bool no_libvirt = false;
 };
 
 int RunMigrate(const MigrateArgs& a, Output& out) {
-  auto r = orchestrate::MigrateState(Env::Default(), a.from, a.to);
+  // A running or paused domain holds the folder's files open: refused
+  // before anything is touched. Shut-off domains and the catalog are switched to the new folder inside
+  // the journaled step (before its commit point).
+  orchestrate::MigrateRepoint repoint;
+  if (!a.no_libvirt) {
+    if (Status s = orchestrate::CheckNoActiveDomainUses(Env::Default(), a.from); !s.ok()) return out.Fail(s.error());
+    std::string catalog = orchestrate::ResolveCatalogPath("");
+    if (!a.catalog.empty()) {
+      auto path = orchestrate::CatalogPathFromFlag(Env::Default(), a.catalog);
+      if (!path.ok()) return out.Fail(path.error());
+      if (auto st = Env::Default().Stat(*path); !st.ok()) return out.Fail(Error(st.error()).Wrap("catalog"));
+      catalog = *path;
+    }
+    repoint = [catalog](const std::string& old_dir, const std::string& new_dir) {
+      return orchestrate::RepointDomainsAndCatalog(Env::Default(), old_dir, new_dir, "", catalog);
+    };
+  }
+  auto r = orchestrate::MigrateState(Env::Default(), a.from, a.to, repoint);
   if (!r.ok()) return out.Fail(r.error());
   nlohmann::json files = nlohmann::json::array();
   for (const auto& f : r->files) {
@@ -37,6 +57,10 @@ void RegisterStateCommands(CLI::App& app, int& exit_code) {
       exit_code, [args](Output& out) { return RunMigrate(*args, out); });
   cmd->add_option("--from", args->from, "Current state folder")->required();
   cmd->add_option("--to", args->to, "New folder (absent or empty; holds the journal)")->required();
+  cmd->add_option("--catalog", args->catalog, "Catalog whose CBT records name the folder (its files are repointed)");
+  cmd->add_flag("--no-libvirt", args->no_libvirt,
+                "Leave libvirt (BARGE_LIBVIRT_URI, else qemu:///system) and the catalog alone: no check for a "
+                "running domain, no domain XML or catalog switched to the new folder");
 }
 
 }  // namespace barge::cli

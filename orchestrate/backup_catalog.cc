@@ -165,7 +165,15 @@ Status BackupCatalog::CreateTracker(const std::string& name, const std::string& 
                                                "VALUES(?,?,?) ON CONFLICT(name) DO NOTHING"));
   st.Bind(1, name).Bind(2, domain).Bind(3, formats::NowRfc3339());
   BARGE_RETURN_IF_ERROR(st.Run());
-  if (db_->Changes() == 0) return Error::InvalidArgument("tracker '" + name + "' exists");
+  if (db_->Changes() == 0) {
+    // Tracker names are global in the catalog: say whose it is.
+    auto owner = GetTracker(name);
+    if (owner.ok() && owner->domain != domain) {
+      return Error::InvalidArgument("tracker '" + name + "' exists for domain '" + owner->domain +
+                                    "' (tracker names are unique across domains)");
+    }
+    return Error::InvalidArgument("tracker '" + name + "' exists for domain '" + domain + "'");
+  }
   return OkStatus();
 }
 

@@ -62,7 +62,17 @@ Result<VirConnection> ConnectLibvirt(const std::string& uri) {
 
 Result<VirDomain> LookupDomain(virConnectPtr conn, const std::string& name) {
   virDomainPtr d = virDomainLookupByName(conn, name.c_str());
-  if (!d) return LastVirError("domain '" + name + "'");
+  if (!d) {
+    if (LastVirErrorCode() == VIR_ERR_NO_DOMAIN) {
+      std::string where;
+      if (char* uri = virConnectGetURI(conn)) {
+        where = std::string(" in ") + uri;
+        std::free(uri);
+      }
+      return Error::NotFound("domain '" + name + "' does not exist" + where);
+    }
+    return LastVirError("domain '" + name + "'");
+  }
   return VirDomain(d);
 }
 

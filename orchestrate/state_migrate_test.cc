@@ -10,6 +10,9 @@
 
 #include <filesystem>
 #include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/testing/env_wrappers.h"
 #include "tests/testing/testing.h"
@@ -133,6 +136,73 @@ TEST_F(StateMigrateTest, CrashAtEveryBoundaryThenRerun) {
   // Both sides of the commit point were hit many times.
   EXPECT_GT(rolled_back, 5);
   EXPECT_GT(finished, 2);
+}
+
+// What the domains and the catalog name (the repoint's stand-in): switched
+// inside the journaled step, so that after any crash and the re-run it names
+// the new folder, and whenever the new folder is current it names it.
+TEST_F(StateMigrateTest, RepointFollowsTheCommitPointAcrossCrashes) {
+  const fs::path pristine = dir_.path() / "pristine";
+  fs::copy(from_, pristine, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  for (uint64_t k = 1;; ++k) {
+    SCOPED_TRACE("crash after boundary " + std::to_string(k));
+    fs::remove_all(dir_.path() / "old");
+    fs::remove_all(to_);
+    fs::create_directories(from_.parent_path());
+    fs::copy(pristine, from_, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+    std::string pointed = from_.string();
+    MigrateRepoint repoint = [&pointed](const std::string& old_dir, const std::string& new_dir) -> Status {
+      if (pointed == old_dir) pointed = new_dir;
+      return OkStatus();
+    };
+    testing::StopEnv env(PosixEnv());
+    env.StopAfter(k);
+    auto r = MigrateState(env, from_.string(), to_.string(), repoint);
+    if (r.ok()) {
+      EXPECT_EQ(pointed, to_.string());
+      ExpectFinished();
+      break;
+    }
+    ASSERT_TRUE(env.stopped()) << r.error().ToString();
+    if (fs::exists(to_ / kStateMarkerName)) {
+      EXPECT_EQ(pointed, to_.string());
+    }
+    auto again = MigrateState(PosixEnv(), from_.string(), to_.string(), repoint);
+    ASSERT_TRUE(again.ok()) << again.error().ToString();
+    EXPECT_EQ(pointed, to_.string());
+    ExpectFinished();
+  }
+}
+
+// A repoint that fails (a domain started meanwhile): the migration rolls
+// back, the repoint is undone, the old folder stays current.
+TEST_F(StateMigrateTest, FailedRepointRollsBack) {
+  std::vector<std::pair<std::string, std::string>> calls;
+  MigrateRepoint repoint = [&calls](const std::string& old_dir, const std::string& new_dir) -> Status {
+    calls.emplace_back(old_dir, new_dir);
+    if (calls.size() == 1) return Error::Busy("domain 'd' was started during the migration");
+    return OkStatus();
+  };
+  auto r = MigrateState(PosixEnv(), from_.string(), to_.string(), repoint);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), ErrorCode::kBusy) << r.error().ToString();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0], std::make_pair(from_.string(), to_.string()));
+  EXPECT_EQ(calls[1], std::make_pair(to_.string(), from_.string()));
+  EXPECT_EQ(Snapshot(from_), before_);
+  EXPECT_FALSE(fs::exists(to_));
+}
+
+TEST(ReplacePathPrefixTest, WholeValuesAndPrefixesOnly) {
+  const std::string xml =
+      "<disk><source file='/s/vm'/><source file=\"/s/vm/vda.qcow2\"/><nvram>/s/vm/VARS.fd</nvram>"
+      "<x a='/s/vm2/y'/><x a='/s/vmx'/><x a='p/s/vm/z'/></disk>";
+  EXPECT_EQ(ReplacePathPrefix(xml, "/s/vm", "/t/new", true),
+            "<disk><source file='/t/new'/><source file=\"/t/new/vda.qcow2\"/><nvram>/t/new/VARS.fd</nvram>"
+            "<x a='/s/vm2/y'/><x a='/s/vmx'/><x a='p/s/vm/z'/></disk>");
+  EXPECT_EQ(ReplacePathPrefix("<a f='/s/a&amp;b/c'/>", "/s/a&b", "/t/n", true), "<a f='/t/n/c'/>");
+  EXPECT_EQ(ReplacePathPrefix(R"([{"overlay":"/s/vm/vda.qcow2","data_file":"/d/x.raw"}])", "/s/vm", "/t", false),
+            R"([{"overlay":"/t/vda.qcow2","data_file":"/d/x.raw"}])");
 }
 
 TEST_F(StateMigrateTest, FailedCopyRollsBackAndKeepsTheOld) {

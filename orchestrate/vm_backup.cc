@@ -513,6 +513,13 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
 
 }  // namespace
 
+std::string MultipleTrackersMessage(const std::string& domain, const std::vector<TrackerRecord>& trackers) {
+  std::string names;
+  for (const TrackerRecord& t : trackers) names += (names.empty() ? "" : ", ") + t.name;
+  return "domain '" + domain + "' has " + std::to_string(trackers.size()) + " trackers (" + names +
+         "): name one with --tracker";
+}
+
 Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   VmBackupRequest req = req_in;
   auto t0 = std::chrono::steady_clock::now();
@@ -520,7 +527,17 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (req.domain.empty() || req.target.empty()) {
     return Error::InvalidArgument("vm backup needs a domain and a target");
   }
-  if (Status made = env.CreateDirs(req.target); !made.ok()) return std::move(made).error().Wrap("create target");
+  // The target must exist: creating it would put a backup meant for an
+  // unmounted backup volume on the file system beneath its mount point.
+  {
+    auto target_st = env.Stat(req.target);
+    if (!target_st.ok()) {
+      if (target_st.error().code() != ErrorCode::kNotFound) return std::move(target_st).error();
+      return Error::NotFound("backup target folder does not exist (create it first; is the backup volume mounted?)")
+          .set_path(req.target);
+    }
+    if (!target_st->is_directory()) return Error::InvalidArgument("backup target is not a folder").set_path(req.target);
+  }
   req.target = AbsolutePath(req.target);
 
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
@@ -538,6 +555,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   } else {
     BARGE_ASSIGN_OR_RETURN(auto list, catalog->ListTrackers(req.domain));
     if (list.size() == 1) tracker = list[0];
+    if (list.size() > 1) return Error::InvalidArgument(MultipleTrackersMessage(req.domain, list));
   }
 
   if (!DomainIsActive(dom.get())) {

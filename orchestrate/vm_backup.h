@@ -51,7 +51,10 @@ struct VmBackupResult {
   double seconds = 0;
 };
 
-// Runs one VM backup. Refuses at once (nothing started) when another backup
+// Runs one VM backup. Refuses at once (nothing started, nothing created)
+// when the target folder does not exist (kNotFound: an unmounted backup
+// volume), the domain has several trackers and none is named
+// (kInvalidArgument, MultipleTrackersMessage), another backup
 // of the domain holds its lock (<catalog folder>/locks/<domain>.lock), the
 // guest agent is missing for the quiesce (unless skip_quiesce), or the
 // target's free space is below the estimate (kNoSpace). On any later failure
@@ -63,5 +66,9 @@ struct VmBackupResult {
 // failure path must thaw them).
 // Chain folders, lock files and overlays are handled through `env`.
 Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& request);
+
+struct TrackerRecord;
+// "domain 'D' has N trackers (a, b): name one with --tracker".
+std::string MultipleTrackersMessage(const std::string& domain, const std::vector<TrackerRecord>& trackers);
 
 }  // namespace barge::orchestrate

@@ -450,8 +450,8 @@ def scenario(r):
     os.makedirs(t("state-old/tpm"))
     with open(t("state-old/tpm/permall"), "wb") as f:
         f.write(os.urandom(1000))
-    r.run("state migrate", ["--from", t("state-old"), "--to", t("state-new")])
-    r.run("state migrate", ["--from", missing, "--to", t("state-new2")], expect=1)
+    r.run("state migrate", ["--no-libvirt", "--from", t("state-old"), "--to", t("state-new")])
+    r.run("state migrate", ["--no-libvirt", "--from", missing, "--to", t("state-new2")], expect=1)
 
     # The backup catalog and libvirt, through libvirt's test driver (no
     # daemon): domain "test" exists there; its disks do not, so vm backup

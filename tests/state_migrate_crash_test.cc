@@ -90,7 +90,7 @@ struct Scenario {
   }
 
   std::string Migrate(const std::string& env = "") {
-    return env + " " + Barge() + " state migrate --json --from " + ShellQuote(old_dir.string()) + " --to " +
+    return env + " " + Barge() + " state migrate --json --no-libvirt --from " + ShellQuote(old_dir.string()) + " --to " +
            ShellQuote(new_dir.string());
   }
 
@@ -209,7 +209,7 @@ TEST(StateMigrateCrashTest, FailureRemovesNewCopyAndKeepsOld) {
     std::string path;
     ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
   } unmount{small.string()};
-  r = testing::Run(Barge() + " state migrate --from " + ShellQuote(s.old_dir.string()) + " --to " +
+  r = testing::Run(Barge() + " state migrate --no-libvirt --from " + ShellQuote(s.old_dir.string()) + " --to " +
           ShellQuote((small / "state").string()));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("stays current"), std::string::npos) << r.output;

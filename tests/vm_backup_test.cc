@@ -392,5 +392,83 @@ TEST_F(VmBackupTest, RefusalsAndFailuresLeaveTrackerUnchanged) {
   ExpectRestores(target_ + "/" + dom.name() + "/vda", 2, flat);
 }
 
+// A target folder that does not exist (an unmounted backup volume) is
+// refused: NotFound naming it, nothing created, the tracker unchanged, no
+// checkpoint in libvirt.
+TEST_F(VmBackupTest, MissingTargetRefusedNothingCreated) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("notarget", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xee, "1M", "1M");
+  const std::string mount = dir_ / "mnt";
+  const std::string missing = mount + "/backups";
+  auto r = ::barge::testing::Run(Barge("vm backup --skip-quiesce --domain " + dom.name() + " --target " +
+                                       ShellQuote(missing)));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("NotFound: " + missing + ":"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(mount));
+  EXPECT_TRUE(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"].is_null());
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "checkpoint-list " + dom.name() + " --name"), "");
+  EXPECT_TRUE(BargeJson("vm backups --domain " + dom.name())["backups"].empty());
+  // A file where the folder should be: refused as well.
+  RunOk("touch " + ShellQuote(mount));
+  r = ::barge::testing::Run(Barge("vm backup --skip-quiesce --domain " + dom.name() + " --target " +
+                                  ShellQuote(mount)));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("not a folder"), std::string::npos) << r.output;
+  EXPECT_TRUE(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"].is_null());
+}
+
+// Two trackers on one domain and no --tracker: a usage error naming both;
+// nothing backed up, no checkpoint. With --tracker the named one advances.
+TEST_F(VmBackupTest, TwoTrackersWithoutTrackerFlagIsUsageError) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("twotrackers", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create daily --domain " + dom.name()));
+  RunOk(Barge("tracker create weekly --domain " + dom.name()));
+  dom.Write(0xee, "1M", "1M");
+  auto r = ::barge::testing::Run(Barge("vm backup --skip-quiesce --domain " + dom.name() + " --target " +
+                                       ShellQuote(target_)));
+  EXPECT_EQ(r.exit_code, 64) << r.output;
+  EXPECT_NE(r.output.find("has 2 trackers (daily, weekly)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--tracker"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(target_ + "/" + dom.name()));
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "checkpoint-list " + dom.name() + " --name"), "");
+  EXPECT_TRUE(BargeJson("vm backups --domain " + dom.name())["backups"].empty());
+
+  json b = Backup(dom.name(), "--tracker weekly");
+  EXPECT_EQ(b["tracker"], "weekly");
+  EXPECT_EQ(BargeJson("tracker show weekly")["tracker"]["latest_checkpoint"]["name"], b["checkpoint"]);
+  EXPECT_TRUE(BargeJson("tracker show daily")["tracker"]["latest_checkpoint"].is_null());
+}
+
+// Tracker names are global: a clash names the domain that owns the name.
+// A domain libvirt does not know is named as such by cbt disable.
+TEST_F(VmBackupTest, TrackerClashNamesOwnerAndUnknownDomainSaysSo) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  TestDomain a("owner", {{"vda", MakeQcow2("a.qcow2"), "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(a.Define(dir_.path().string()));
+  TestDomain b("other", {{"vda", MakeQcow2("b.qcow2"), "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(b.Define(dir_.path().string()));
+  RunOk(Barge("tracker create nightly --domain " + a.name()));
+  auto r = ::barge::testing::Run(Barge("tracker create nightly --domain " + b.name()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tracker 'nightly' exists for domain '" + a.name() + "'"), std::string::npos) << r.output;
+  EXPECT_EQ(BargeJson("tracker show nightly")["tracker"]["domain"], a.name());
+
+  const std::string nosuch = "barge-test-" + std::to_string(::getpid()) + "-nosuch";
+  r = ::barge::testing::Run(Barge("cbt disable --domain " + nosuch));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("NotFound"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("domain '" + nosuch + "' does not exist"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("not enabled"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace barge::testing

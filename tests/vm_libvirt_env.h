@@ -156,7 +156,9 @@ class VmTestBase : public ::testing::Test {
     std::filesystem::create_directories(dir_ / "state");
     OpenForQemu(dir_ / "state");
     catalog_ = dir_ / "state/catalog.db";
+    // The backup target must exist (vm backup refuses a missing one).
     target_ = dir_ / "backups";
+    std::filesystem::create_directories(target_);
   }
 
   std::string Barge(const std::string& args) {

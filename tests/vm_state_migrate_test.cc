@@ -1,0 +1,123 @@
+// barge state migrate against a real libvirtd: a state folder (CBT
+// overlays) that a running or paused domain uses is not moved.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/testing.h"
+#include "tests/vm_libvirt_env.h"
+
+namespace barge::testing {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+class VmStateMigrateTest : public VmTestBase {
+ protected:
+  // Names and sizes of everything under `dir`, sorted.
+  static std::vector<std::string> Listing(const std::string& dir) {
+    std::vector<std::string> out;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      out.push_back(e.path().string() + (e.is_regular_file() ? " " + std::to_string(e.file_size()) : ""));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+// The domain runs (paused) on a CBT overlay in the state folder: the
+// migration is refused with Busy naming the domain, and nothing is touched
+// (the old folder as it was, no new folder, the overlay still opens in QEMU
+// and the domain's XML still names it).
+TEST_F(VmStateMigrateTest, RunningDomainRefusedNothingTouched) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string raw = dir_ / "disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw));
+  TestDomain dom("migrate", {{"vda", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  const std::string state = dir_ / "cbt";
+  json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(state));
+  ASSERT_EQ(st["state"], "Enabled");
+  const std::string overlay = st["disks"][0]["overlay"];
+  OpenForQemu(state);
+  const std::string to = dir_ / "newvol/cbt";
+
+  for (const char* how : {"paused", "running"}) {
+    SCOPED_TRACE(how);
+    if (std::string(how) == "paused") {
+      dom.StartPaused();
+    } else {
+      RunOk(std::string(kVirsh) + "resume " + dom.name());
+    }
+    dom.Write(0xee, "1M", "1M");
+    const auto before = Listing(state);
+    auto r = ::barge::testing::Run(BargeBinary() + " state migrate --from " + ShellQuote(state) + " --to " +
+                                   ShellQuote(to));
+    EXPECT_EQ(r.exit_code, 4) << r.output;
+    EXPECT_NE(r.output.find("Busy"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("domain '" + dom.name() + "' is " + how), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir_ / "newvol"));
+    EXPECT_EQ(Listing(state), before);
+    EXPECT_NE(RunOk(std::string(kVirsh) + "domblklist " + dom.name()).find(overlay), std::string::npos);
+    // QEMU still writes through the overlay it has open.
+    dom.Write(0x11, "2M", "1M");
+  }
+  dom.Destroy();
+  EXPECT_TRUE(fs::exists(overlay));
+}
+
+// Shut off, the folder moves and the domain's persistent XML and the
+// catalog's CBT record name the new copy (switched inside the journaled
+// step): the domain starts on the moved overlay, and the next backup is an
+// incremental from the checkpoint whose bitmap moved with it.
+TEST_F(VmStateMigrateTest, ShutOffDomainAndCatalogFollowTheFolder) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string raw = dir_ / "disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw));
+  TestDomain dom("follow", {{"vda", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  const std::string state = dir_ / "cbt";
+  json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(state));
+  ASSERT_EQ(st["state"], "Enabled");
+  OpenForQemu(state);
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xee, "1M", "4M");
+  json b0 = Backup(dom.name());
+  ASSERT_EQ(b0["backup_type"], "full");
+  dom.Destroy();
+
+  fs::create_directories(dir_ / "newvol");
+  OpenForQemu(dir_ / "newvol");
+  const std::string to = dir_ / "newvol/cbt";
+  json m = ::barge::testing::RunResult(BargeBinary() + " state migrate --json --from " + ShellQuote(state) +
+                                       " --to " + ShellQuote(to) + " --catalog " + ShellQuote(catalog_));
+  EXPECT_EQ(m["outcome"], "migrated");
+  EXPECT_FALSE(fs::exists(state));
+  const std::string new_overlay = to + "/vda.qcow2";
+  std::string blk = RunOk(std::string(kVirsh) + "domblklist " + dom.name());
+  EXPECT_NE(blk.find(new_overlay), std::string::npos) << blk;
+  EXPECT_EQ(blk.find(state + "/"), std::string::npos) << blk;
+  json cbt = BargeJson("cbt status --domain " + dom.name());
+  EXPECT_EQ(cbt["state_dir"], to) << cbt.dump();
+  EXPECT_EQ(cbt["disks"][0]["overlay"], new_overlay) << cbt.dump();
+
+  OpenForQemu(to);
+  dom.StartPaused();
+  dom.Write(0x33, "20M", "1M");
+  json b1 = Backup(dom.name());
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(b1["parent_checkpoint"], b0["checkpoint"]);
+  dom.Destroy();
+  ExpectRestores(target_ + "/" + dom.name() + "/vda", 1, raw);
+}
+
+}  // namespace
+}  // namespace barge::testing
