@@ -258,7 +258,7 @@ std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std
       // The disk is the domain's, whichever socket or overlay it is read
       // through: online and offline backups extend one chain.
       // The file behind the target too: disks that swapped files keep
-      // their targets (PlanDisks takes a full for them).
+      // their targets (FullWhereTheFileChanged makes them fulls).
       br.disk_identity = formats::DiskIdentity{"domain", req.domain, name, 0, disk_files.at(name)};
       br.compression = req.compression;
       br.compression_level = req.compression_level;
