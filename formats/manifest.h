@@ -31,6 +31,10 @@ struct DiskIdentity {
                          // credentials; domain: the domain's name
   std::string target;    // domain: the disk's target ("vda"); else ""
   uint64_t virtual_size = 0;
+  // file/block: the location the disk had in the chain's point before this
+  // one, when `barge state migrate` moved it since (its marker says so);
+  // "" = not moved. Recorded by the first point taken at the new location.
+  std::string moved_from;
 
   bool operator==(const DiskIdentity&) const = default;
   // "file /var/lib/a.qcow2 (1 GiB)", "disk vda of domain vm1 (10 GiB)".
