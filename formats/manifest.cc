@@ -62,6 +62,7 @@ Result<std::string> EncodeManifest(const BackupManifest& m) {
     j["disk_identity"] = {{"kind", d.kind}, {"location", d.location}, {"virtual_size", d.virtual_size}};
     if (!d.target.empty()) j["disk_identity"]["target"] = d.target;
     if (!d.source.empty()) j["disk_identity"]["source"] = d.source;
+    if (!d.moved_from.empty()) j["disk_identity"]["moved_from"] = d.moved_from;
   }
   if (!m.chain_id.empty()) j["chain_id"] = m.chain_id;
   BARGE_ASSIGN_OR_RETURN(std::string text, DumpJson(j, 2, "manifest " + m.id + ".json"));
@@ -217,6 +218,7 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
       d.kind = r.Str(*it, "kind");
       d.location = r.Str(*it, "location");
       d.target = r.Str(*it, "target", false);
+      d.moved_from = r.Str(*it, "moved_from", false);
       d.virtual_size = r.U64(*it, "virtual_size");
       d.source = r.Str(*it, "source", false);
       if (d.kind.empty() || d.location.empty()) r.Fail("disk_identity needs a kind and a location");

@@ -34,6 +34,10 @@ struct DiskIdentity {
   std::string source;    // domain: the canonical path of the file or device
                          // behind the target when backed up ("" in older
                          // manifests: not compared); else ""
+  // file/block: the location the disk had in the chain's point before this
+  // one, when `barge state migrate` moved it since (its marker says so);
+  // "" = not moved. Recorded by the first point taken at the new location.
+  std::string moved_from;
 
   bool operator==(const DiskIdentity&) const = default;
   // The same disk: equal but for a `source` that either one lacks (older

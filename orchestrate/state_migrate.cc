@@ -651,4 +651,20 @@ Status CheckNoActiveDomainUses(Env& env, const std::string& folder, const std::s
   return OkStatus();
 }
 
+std::string MovedFromLocation(Env& env, const std::string& path) {
+  std::string dir = DirName(path);
+  // A state folder holds its files a few levels deep at most.
+  for (int depth = 0; depth < 8 && !dir.empty() && dir != "/"; ++depth, dir = DirName(dir)) {
+    auto text = env.ReadFile(JoinPath(dir, kStateMarkerName), 1 << 20);
+    if (!text.ok()) continue;
+    json marker = json::parse(*text, nullptr, false);
+    std::string from = marker.is_object() ? formats::JsonString(marker, "migrated_from") : "";
+    if (from.empty() || !IsAbsolutePath(from)) return "";
+    from = LexicallyNormal(from);
+    const std::string old_dir = JoinPath(CanonicalPath(env, DirName(from)), BaseName(from));
+    return JoinPath(old_dir, path.substr(dir.size() + 1));
+  }
+  return "";
+}
+
 }  // namespace barge::orchestrate

@@ -52,6 +52,15 @@ struct MigrateJournalRecord {
 // naming both folders, or non-string folder names.
 Result<std::vector<MigrateJournalRecord>> ParseMigrateJournal(std::string_view text);
 
+// Where the file at `path` (canonical) was before `barge state migrate`
+// moved its folder: the nearest folder above it holding the marker
+// (kStateMarkerName) names the old folder, and the file's place below it is
+// kept ("/new/sub/disk.qcow2" from "/old" -> "/old/sub/disk.qcow2", with the
+// existing part of /old's path resolved as CanonicalPath does). "" when no
+// marker is found, it cannot be read or it names no folder (the marker is
+// untrusted: it is only ever a hint that backup compares with its chain).
+std::string MovedFromLocation(Env& env, const std::string& path);
+
 struct MigratedFile {
   std::string path;  // relative to the folder
   std::string kind;  // "file", "dir" or "symlink"

@@ -252,6 +252,19 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
     const formats::BackupManifest& pm = chain.latest().manifest;
     // Another disk's changes on this chain would restore to neither disk.
     BARGE_ASSIGN_OR_RETURN(std::string other_disk, OtherDiskReason(chain, identity));
+    if (!other_disk.empty() && req.previous_location && (identity.kind == "file" || identity.kind == "block")) {
+      // The chain's disk moved by `barge state migrate`: the point records
+      // where it came from, so the chain stays one disk (CheckOneDisk).
+      formats::DiskIdentity moved = identity;
+      moved.moved_from = req.previous_location(identity.location);
+      if (!moved.moved_from.empty()) {
+        BARGE_ASSIGN_OR_RETURN(std::string still_other, OtherDiskReason(chain, moved));
+        if (still_other.empty()) {
+          identity = std::move(moved);
+          other_disk.clear();
+        }
+      }
+    }
     if (!other_disk.empty()) {
       return Error::InvalidArgument(other_disk + ": an incremental only extends its own disk's chain; to start a "
                                     "new chain, back this disk up under another --name (or, if it replaced the "

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -37,6 +38,11 @@ struct BackupRequest {
   // source's own identity (pipeline/disk_identity.h). Its virtual size is
   // always the source's.
   std::optional<formats::DiskIdentity> disk_identity;
+  // For a file source whose path is not the one the chain records: the
+  // path it had before `barge state migrate` moved it (from the migration's
+  // marker; orchestrate's MovedFromLocation), or "". Unset: moves are not
+  // looked for (the incremental is refused as another disk's).
+  std::function<std::string(const std::string& canonical_path)> previous_location;
   // A full backup of a disk whose size differs from the chain's latest
   // point is refused (another disk backed up under this name?) unless
   // this says the disk was resized.

@@ -65,6 +65,13 @@ std::string NbdUriWithoutCredentials(std::string_view uri) {
   return out + fragment;
 }
 
+bool SameDiskMaybeMoved(const formats::DiskIdentity& older, const formats::DiskIdentity& newer) {
+  if (older.kind != newer.kind || older.target != newer.target) return false;
+  // A domain disk's file (`source`) is compared where both record one.
+  if (!older.source.empty() && !newer.source.empty() && older.source != newer.source) return false;
+  return older.location == newer.location || (!newer.moved_from.empty() && newer.moved_from == older.location);
+}
+
 Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::DiskIdentity& source) {
   if (chain.empty()) return std::string();
   BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(chain.points.size() - 1));
@@ -74,7 +81,7 @@ Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::Dis
     const formats::DiskIdentity& d = *m.disk_identity;
     // Sizes are not compared: the same disk resized is the size check's
     // case (a full with --allow-resize), not another disk.
-    if (d.SameDisk(source, false)) return std::string();
+    if (SameDiskMaybeMoved(d, source)) return std::string();
     const std::string latest = chain.latest().manifest.id;
     return "the chain's latest backup " + latest + " is of " + m.disk_identity->Describe() +
            (*it == chain.points.size() - 1 ? "" : " (as its layer " + m.id + " records)") + ", this source is " +
@@ -89,15 +96,20 @@ Status CheckOneDisk(const ChainFolder& chain, const std::vector<size_t>& layers)
     const ChainPoint& p = chain.points[i];
     const formats::BackupManifest& m = p.manifest;
     if (m.disk_identity) {
-      if (!disk_from) {
-        disk_from = i;
-      } else if (const auto& first = chain.points[*disk_from].manifest; !first.disk_identity->SameDisk(*m.disk_identity)) {
-        return Error::Corruption("the chain mixes disks: backup " + m.id + " is of " + m.disk_identity->Describe() +
+      // Each layer is compared with the one before it that records a disk,
+      // so a disk moved by `state migrate` (moved_from) stays one disk.
+      if (disk_from) {
+        const auto& first = chain.points[*disk_from].manifest;
+        if (!SameDiskMaybeMoved(*first.disk_identity, *m.disk_identity) ||
+            first.disk_identity->virtual_size != m.disk_identity->virtual_size) {
+          return Error::Corruption("the chain mixes disks: backup " + m.id + " is of " + m.disk_identity->Describe() +
                                  ", backup " + first.id + " before it in its chain of " +
                                  first.disk_identity->Describe() + "; the points from " + m.id +
                                  " on do not restore that disk (the earlier points do)")
-            .set_path(p.manifest_path);
+              .set_path(p.manifest_path);
+        }
       }
+      disk_from = i;
     }
     if (!m.chain_id.empty()) {
       if (!chain_id_from) {

@@ -38,11 +38,21 @@ std::string NbdUriWithoutCredentials(std::string_view uri);
 // (the chain's from the newest layer of its latest point that records
 // one). kCorruption when
 // the latest point's parent links are broken.
+// A source whose `moved_from` names the chain's recorded location is the
+// chain's disk moved by `barge state migrate`.
 Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::DiskIdentity& source);
+
+// Whether `newer` is the disk `older` records: same kind, target and
+// location, or a location `newer` records it was moved to from `older`'s;
+// for domain disks the same `source` where both record one. Sizes are not
+// compared.
+bool SameDiskMaybeMoved(const formats::DiskIdentity& older, const formats::DiskIdentity& newer);
 
 // Checks that the layers of one point (indexes into `chain`, the full
 // first, as ChainFolder::LayersOf gives them) record one disk and one
-// chain id. Layers that record none (older manifests) are passed over.
+// chain id. Layers that record none (older manifests) are passed over; a
+// layer that records a move (moved_from) from the previous layer's location
+// is the same disk.
 // kCorruption naming the first layer that differs from the oldest one
 // that records a disk (or a chain id), and the disks.
 Status CheckOneDisk(const ChainFolder& chain, const std::vector<size_t>& layers);

@@ -84,6 +84,28 @@ TEST(DiskIdentityTest, CheckOneDiskNamesTheFirstForeignLayer) {
   EXPECT_TRUE(CheckOneDisk(c, {0, 1, 2}).ok());
 }
 
+// A disk that `barge state migrate` moved is one disk when the point taken
+// at the new place records where it came from (and only then).
+TEST(DiskIdentityTest, AMoveRecordedByTheNewPointKeepsOneDisk) {
+  formats::DiskIdentity moved{"file", "/new/a.qcow2", "", 1 << 20};
+  EXPECT_FALSE(SameDiskMaybeMoved(kA, moved));
+  EXPECT_NE(OtherDiskReason(Chain({Point("0000-x", {}, kA, "c1")}), moved).value(), "");
+  moved.moved_from = kA.location;
+  EXPECT_TRUE(SameDiskMaybeMoved(kA, moved));
+  EXPECT_EQ(OtherDiskReason(Chain({Point("0000-x", {}, kA, "c1")}), moved).value(), "");
+  formats::DiskIdentity later{"file", "/new/a.qcow2", "", 1 << 20};  // the next point: not moved again
+  ChainFolder c = Chain({Point("0000-x", {}, kA, "c1"), Point("0001-x", "0000-x", moved, "c1"),
+                         Point("0002-x", "0001-x", later, "c1")});
+  EXPECT_TRUE(CheckOneDisk(c, {0, 1, 2}).ok());
+  // A move from somewhere else is another disk.
+  formats::DiskIdentity elsewhere = moved;
+  elsewhere.moved_from = kB.location;
+  c = Chain({Point("0000-x", {}, kA, "c1"), Point("0001-x", "0000-x", elsewhere, "c1")});
+  Status s = CheckOneDisk(c, {0, 1});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().path(), "/t/disk/0001-x.json");
+}
+
 // What vm backup asks of RunBackup: the domain's disk as the identity,
 // whatever the source's location, and changes since the chain's checkpoint.
 TEST(DiskIdentityTest, RunBackupChecksADomainDiskAndItsCheckpoint) {

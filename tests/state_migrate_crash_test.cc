@@ -113,6 +113,12 @@ struct Scenario {
                                 ShellQuote(backups.string()) + " --name vda --incremental --dirty-bitmap cbt0");
     EXPECT_EQ(b["type"], "incremental") << b.dump();
     EXPECT_EQ(b["dirty_bytes"], (1 << 20) + (192 << 10)) << b.dump();
+    // The new point records where the disk came from, so the chain is
+    // still one disk; another file (not moved) is still refused.
+    json m = json::parse(RunOk("cat " + ShellQuote((backups / "vda").string()) + "/0001-*.json"));
+    EXPECT_EQ(m["disk_identity"]["location"], (new_dir / "disk.qcow2").string()) << m.dump();
+    EXPECT_EQ(m["disk_identity"]["moved_from"], (old_dir / "disk.qcow2").string()) << m.dump();
+    RunOk(Barge() + " verify --all " + ShellQuote((backups / "vda").string()));
     std::string restored = (dir.path() / "restored.raw").string();
     RunOk(Barge() + " restore " + ShellQuote((backups / "vda").string()) + " --to " + ShellQuote(restored));
     RunOk("cmp " + ShellQuote(restored) + " " + ShellQuote((vol / "disk.raw").string()));
