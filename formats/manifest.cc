@@ -21,7 +21,7 @@ std::string DiskIdentity::Describe() const {
                      : kind == "nbd"  ? "NBD export " + location
                      : kind == "block" ? "block device " + location
                                        : kind + " " + location;
-  return what + " (" + HumanBytes(virtual_size) + ")";
+  return what + (source.empty() ? "" : " on " + source) + " (" + HumanBytes(virtual_size) + ")";
 }
 
 Result<std::string> EncodeManifest(const BackupManifest& m) {
@@ -61,6 +61,7 @@ Result<std::string> EncodeManifest(const BackupManifest& m) {
     const DiskIdentity& d = *m.disk_identity;
     j["disk_identity"] = {{"kind", d.kind}, {"location", d.location}, {"virtual_size", d.virtual_size}};
     if (!d.target.empty()) j["disk_identity"]["target"] = d.target;
+    if (!d.source.empty()) j["disk_identity"]["source"] = d.source;
     if (!d.moved_from.empty()) j["disk_identity"]["moved_from"] = d.moved_from;
   }
   if (!m.chain_id.empty()) j["chain_id"] = m.chain_id;
@@ -219,6 +220,7 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
       d.target = r.Str(*it, "target", false);
       d.moved_from = r.Str(*it, "moved_from", false);
       d.virtual_size = r.U64(*it, "virtual_size");
+      d.source = r.Str(*it, "source", false);
       if (d.kind.empty() || d.location.empty()) r.Fail("disk_identity needs a kind and a location");
       if (d.kind == "domain" && d.target.empty()) r.Fail("disk_identity of a domain needs the disk's target");
       m.disk_identity = std::move(d);

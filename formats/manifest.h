@@ -31,12 +31,21 @@ struct DiskIdentity {
                          // credentials; domain: the domain's name
   std::string target;    // domain: the disk's target ("vda"); else ""
   uint64_t virtual_size = 0;
+  std::string source;    // domain: the canonical path of the file or device
+                         // behind the target when backed up ("" in older
+                         // manifests: not compared); else ""
   // file/block: the location the disk had in the chain's point before this
   // one, when `barge state migrate` moved it since (its marker says so);
   // "" = not moved. Recorded by the first point taken at the new location.
   std::string moved_from;
 
   bool operator==(const DiskIdentity&) const = default;
+  // The same disk: equal but for a `source` that either one lacks (older
+  // manifests) and, where `with_size` is false, the size.
+  bool SameDisk(const DiskIdentity& o, bool with_size = true) const {
+    return kind == o.kind && location == o.location && target == o.target &&
+           (!with_size || virtual_size == o.virtual_size) && (source.empty() || o.source.empty() || source == o.source);
+  }
   // "file /var/lib/a.qcow2 (1 GiB)", "disk vda of domain vm1 (10 GiB)".
   std::string Describe() const;
 };

@@ -89,6 +89,27 @@ TEST(ManifestTest, DiskIdentityAndChainIdRoundTrip) {
   EXPECT_EQ(back->disk_identity->Describe(), "file /srv/a.qcow2 (4 KiB)");
 }
 
+// A domain disk's identity records the file behind its target (issue 25:
+// disks that swapped files); a manifest without it is not compared on it.
+TEST(ManifestTest, DomainDiskSourceRoundTripsAndComparesWhenBothHaveIt) {
+  BackupManifest m = Sample();
+  m.disk_identity = DiskIdentity{"domain", "vm1", "vdb", 1 << 20, "/srv/a.qcow2"};
+  std::string text = EncodeManifest(m).value();
+  EXPECT_NE(text.find("\"source\": \"/srv/a.qcow2\""), std::string::npos) << text;
+  auto back = DecodeManifest(text);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  EXPECT_EQ(*back->disk_identity, *m.disk_identity);
+  EXPECT_EQ(back->disk_identity->Describe(), "disk vdb of domain vm1 on /srv/a.qcow2 (1 MiB)");
+
+  const DiskIdentity older{"domain", "vm1", "vdb", 1 << 20};
+  const DiskIdentity swapped{"domain", "vm1", "vdb", 1 << 20, "/srv/b.qcow2"};
+  EXPECT_TRUE(m.disk_identity->SameDisk(older));
+  EXPECT_TRUE(older.SameDisk(*m.disk_identity));
+  EXPECT_FALSE(m.disk_identity->SameDisk(swapped));
+  EXPECT_FALSE(m.disk_identity->SameDisk(DiskIdentity{"domain", "vm1", "vdb", 2 << 20, "/srv/a.qcow2"}));
+  EXPECT_TRUE(m.disk_identity->SameDisk(DiskIdentity{"domain", "vm1", "vdb", 2 << 20, "/srv/a.qcow2"}, false));
+}
+
 TEST(ManifestTest, WithoutDiskIdentityDecodesAsBefore) {
   // A manifest written before barge recorded identities has neither field.
   std::string text = EncodeManifest(Sample()).value();

@@ -67,6 +67,8 @@ std::string NbdUriWithoutCredentials(std::string_view uri) {
 
 bool SameDiskMaybeMoved(const formats::DiskIdentity& older, const formats::DiskIdentity& newer) {
   if (older.kind != newer.kind || older.target != newer.target) return false;
+  // A domain disk's file (`source`) is compared where both record one.
+  if (!older.source.empty() && !newer.source.empty() && older.source != newer.source) return false;
   return older.location == newer.location || (!newer.moved_from.empty() && newer.moved_from == older.location);
 }
 

@@ -32,7 +32,8 @@ std::string NbdUriWithoutCredentials(std::string_view uri);
 
 // For an incremental onto the latest point of `chain`: "" when the chain
 // records no disk (written before barge recorded one: usable as before) or
-// records `source`'s kind, location and target (a size change is the
+// records `source`'s kind, location, target and (where both record one)
+// the file behind a domain's target (a size change is the
 // caller's size check's to report); else a sentence naming both disks
 // (the chain's from the newest layer of its latest point that records
 // one). kCorruption when
@@ -42,8 +43,9 @@ std::string NbdUriWithoutCredentials(std::string_view uri);
 Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::DiskIdentity& source);
 
 // Whether `newer` is the disk `older` records: same kind, target and
-// location, or a location `newer` records it was moved to from `older`'s.
-// Sizes are not compared.
+// location, or a location `newer` records it was moved to from `older`'s;
+// for domain disks the same `source` where both record one. Sizes are not
+// compared.
 bool SameDiskMaybeMoved(const formats::DiskIdentity& older, const formats::DiskIdentity& newer);
 
 // Checks that the layers of one point (indexes into `chain`, the full

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -198,6 +200,79 @@ TEST_F(VmBackupTest, CheckpointRedefineAfterMetadataLoss) {
   std::string flat = dir_ / "flat.raw";
   RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
   ExpectRestores(chain, 1, flat);
+}
+
+// Two same-size disks swap files between backups (issue 25): the target
+// names stay, the files behind them changed. Each disk's next backup is a
+// full with the reason, restores to the disk's current content, and every
+// chain verifies; never an incremental onto the other disk's chain.
+TEST_F(VmBackupTest, SwappedDisksTakeFullsNotMixedChains) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string a = MakeQcow2("a.qcow2");
+  std::string b = MakeQcow2("b.qcow2");
+  TestDomain dom("swap", {{"vda", a, "qcow2"}, {"vdb", b, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xaa, "1M", "4M", 0);
+  dom.Write(0xbb, "8M", "2M", 1);
+  json b0 = Backup(dom.name());
+  EXPECT_EQ(b0["backup_type"], "full");
+  std::map<std::string, std::string> b0_id;  // disk -> its point's id
+  for (const auto& d : b0["disks"]) {
+    std::ifstream in(d["manifest"].get<std::string>());
+    b0_id[d["disk"]] = json::parse(in)["id"];
+  }
+  // Each disk then gets writes its bitmap records.
+  dom.Write(0x11, "20M", "1M", 0);
+  dom.Write(0x22, "30M", "1M", 1);
+  dom.Destroy();
+
+  // Swap the files behind vda and vdb in the (shut-off) definition.
+  std::string xml = RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name());
+  const std::string fa = "file='" + a + "'", fb = "file='" + b + "'";
+  size_t pa = xml.find(fa), pb = xml.find(fb);
+  ASSERT_NE(pa, std::string::npos) << xml;
+  ASSERT_NE(pb, std::string::npos) << xml;
+  ASSERT_LT(pa, pb);
+  xml.replace(pb, fb.size(), fa);
+  xml.replace(pa, fa.size(), fb);
+  std::string swapped = dir_ / "swapped.xml";
+  std::ofstream(swapped) << xml;
+  RunOk(std::string(kVirsh) + "define " + ShellQuote(swapped));
+  dom.StartPaused();
+  dom.Write(0x33, "40M", "1M", 0);  // now on b.qcow2
+  dom.Write(0x44, "50M", "1M", 1);  // now on a.qcow2
+
+  json b1 = Backup(dom.name());
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
+  const std::string ca = fs::canonical(a).string(), cb = fs::canonical(b).string();
+  ASSERT_EQ(b1["disks"].size(), 2u) << b1.dump();
+  for (const auto& d : b1["disks"]) {
+    const bool vda = d["disk"] == "vda";
+    const std::string now = vda ? cb : ca, was = vda ? ca : cb;
+    EXPECT_EQ(d["backup_type"], "full") << d.dump();
+    EXPECT_EQ(d["reason"], "disk " + d["disk"].get<std::string>() + " is now " + now + ", was " + was +
+                               " (backup " + b0_id[d["disk"]] + "): a new chain starts")
+        << d.dump();
+    std::ifstream in(d["manifest"].get<std::string>());
+    json m = json::parse(in);
+    EXPECT_EQ(m["type"], "full") << m.dump();
+    EXPECT_EQ(m["reason"], d["reason"]);
+    EXPECT_EQ(m["disk_identity"]["source"], now) << m.dump();
+  }
+  dom.Destroy();  // graceful: the disk files are now complete
+
+  std::string flat_a = dir_ / "flat-a.raw", flat_b = dir_ / "flat-b.raw";
+  RunOk("qemu-img convert -O raw " + ShellQuote(a) + " " + ShellQuote(flat_a));
+  RunOk("qemu-img convert -O raw " + ShellQuote(b) + " " + ShellQuote(flat_b));
+  std::string vda = target_ + "/" + dom.name() + "/vda", vdb = target_ + "/" + dom.name() + "/vdb";
+  ExpectRestores(vda, 1, flat_b);
+  ExpectRestores(vdb, 1, flat_a);
+  RunOk(BargeBinary() + " verify " + ShellQuote(vda) + " --all");
+  RunOk(BargeBinary() + " verify " + ShellQuote(vdb) + " --all");
+  fs::remove(flat_a);
+  fs::remove(flat_b);
 }
 
 // QEMU killed: bitmaps inconsistent, the next backup is full with the reason.
