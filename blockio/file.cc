@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -91,17 +92,16 @@ Status PwriteFull(int fd, const std::string& path, uint64_t offset,
   return OkStatus();
 }
 
-// BARGE_NO_URING=1 in the environment forces the pread/pwrite path for every
-// file opened by this process, whatever FileOptions says. Tests use it to
-// cover both paths; operators use it where io_uring misbehaves (seccomp
-// profiles that let io_uring_setup succeed but fail operations).
+// SetUringAllowed's process-wide switch.
+std::atomic<bool> uring_allowed{true};
+
 bool UringWanted(const FileOptions& options) {
-  if (!options.use_uring) return false;
-  const char* env = std::getenv("BARGE_NO_URING");
-  return env == nullptr || std::strcmp(env, "1") != 0;
+  return options.use_uring && uring_allowed.load(std::memory_order_relaxed);
 }
 
 }  // namespace internal
+
+void SetUringAllowed(bool allowed) { internal::uring_allowed.store(allowed, std::memory_order_relaxed); }
 
 using internal::Fd;
 using internal::FileInfo;

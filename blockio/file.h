@@ -21,6 +21,13 @@ Result<std::unique_ptr<BlockSource>> OpenFileSource(const std::string& path,
 Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMode mode,
                                                 const FileOptions& options = {});
 
+// Process-wide: false makes every file opened from now on use pread and
+// pwrite, whatever FileOptions::use_uring says (the program decides: the CLI
+// sets it from BARGE_NO_URING=1, for hosts where io_uring misbehaves, e.g.
+// seccomp profiles that let io_uring_setup succeed but fail operations).
+// Library code never reads the environment. Safe from any thread.
+void SetUringAllowed(bool allowed);
+
 // True when `path` names a block device.
 bool IsBlockDevice(const std::string& path);
 

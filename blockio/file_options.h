@@ -8,7 +8,7 @@ namespace barge {
 
 struct FileOptions {
   // Sources: try io_uring first; fall back to pread when it is unavailable.
-  // BARGE_NO_URING=1 in the environment forces the fallback process-wide.
+  // SetUringAllowed(false) (blockio/file.h) forces the fallback process-wide.
   bool use_uring = true;
   // O_DIRECT (alignment then comes from the device's logical block size).
   bool direct = false;

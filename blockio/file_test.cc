@@ -291,14 +291,14 @@ TEST_P(FileBackendTest, FullFileSystemIsNoSpace) {
 INSTANTIATE_TEST_SUITE_P(Paths, FileBackendTest, ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "Uring" : "Sync"; });
 
-TEST(FileBackendEnvTest, NoUringEnvForcesFallback) {
+TEST(FileBackendEnvTest, UringNotAllowedForcesFallback) {
   TempDir dir;
   std::string path = dir / "disk.raw";
   WriteFile(path, RandomBytes(4096, 12));
-  ASSERT_EQ(::setenv("BARGE_NO_URING", "1", 1), 0);
+  SetUringAllowed(false);
   auto source = OpenFileSource(path);
   auto sink = OpenFileSink(path, SinkMode::kExisting);
-  ::unsetenv("BARGE_NO_URING");
+  SetUringAllowed(true);
   ASSERT_TRUE(source.ok());
   ASSERT_TRUE(sink.ok());
   EXPECT_FALSE(internal::IsUringBacked(**source));

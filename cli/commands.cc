@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <sstream>
 #include <string_view>
 #include <vector>
 
+#include "blockio/file.h"
 #include "cli/common.h"
 #include "cli/interrupt.h"
 #include "cli/output.h"
@@ -145,6 +147,11 @@ int CheckStdoutWritten(int exit_code) {
 
 int Main(int argc, char** argv) {
   InstallInterruptHandling();
+  // User configuration (barge man, ENVIRONMENT): read here, never by the
+  // libraries.
+  if (const char* no_uring = std::getenv("BARGE_NO_URING"); no_uring != nullptr && std::strcmp(no_uring, "1") == 0) {
+    SetUringAllowed(false);
+  }
   CLI::App app{"barge: fast, verified block data for VM disks"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("barge ") + kBargeVersion);

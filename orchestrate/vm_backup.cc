@@ -32,14 +32,9 @@
 namespace barge::orchestrate {
 namespace {
 
-// Test hook: true when BARGE_VM_BACKUP_FAULT names this point. Kept as an
-// environment variable rather than a test's Env (blockio/env.h): its
-// points are libvirt's and the guest agent's (after the freeze, a failed
-// thaw) or lie between the disks' backups and the commit, and the tests
-// that use them drive the real CLI in another process, against libvirt.
-bool FaultInjected(const char* point) {
-  const char* f = std::getenv("BARGE_VM_BACKUP_FAULT");
-  return f != nullptr && std::string(f) == point;
+// The error the request's fault seam injects at `point`, if any.
+Status InjectedFault(const VmBackupRequest& req, VmBackupFaults::Point point) {
+  return req.faults != nullptr ? req.faults->At(point) : OkStatus();
 }
 
 // An exclusive, non-blocking lock on <catalog folder>/locks/<domain>.lock,
@@ -108,18 +103,18 @@ struct Cleanup {
   std::vector<std::string> files;  // new backup files
   std::string socket;
   std::string scratch_dir;
-  bool thaw_fault_used = false;
+  VmBackupFaults* faults = nullptr;  // the request's test seam
 
   // Thaws a frozen guest, retrying a few times. Returns why the guest may
   // still be frozen, or an empty string.
   std::string Thaw() {
     if (!frozen) return {};
-    std::string why;
-    if (FaultInjected("thaw-once") && !thaw_fault_used) {
-      thaw_fault_used = true;
-      return "injected thaw failure (BARGE_VM_BACKUP_FAULT)";
+    if (faults != nullptr) {
+      if (Status injected = faults->At(VmBackupFaults::Point::kThaw); !injected.ok()) {
+        return injected.error().message();
+      }
     }
-    why = ThawGuest(dom);
+    std::string why = ThawGuest(dom);
     if (why.empty()) frozen = false;
     return why;
   }
@@ -450,8 +445,8 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
                                          "' was started during its offline backup; the backup is discarded");
   }
   if (!first_error) {
-    if (FaultInjected("after-read")) {
-      first_error = Error::IoError("injected fault after reading every disk (BARGE_VM_BACKUP_FAULT)");
+    if (Status injected = InjectedFault(req, VmBackupFaults::Point::kAfterRead); !injected.ok()) {
+      first_error = std::move(injected).error();
     }
   }
   if (first_error) return fail(*first_error);
@@ -610,6 +605,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   const int64_t record_id = res.record_id;
 
   Cleanup cleanup(env);
+  cleanup.faults = req.faults;
   cleanup.dom = dom.get();
   auto fail = [&](Error e) -> Error {
     cleanup.Undo(e);
@@ -629,8 +625,8 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
                                       "); use --skip-quiesce to back up without freezing"));
     }
     cleanup.frozen = true;
-    if (FaultInjected("after-freeze")) {
-      return fail(Error::IoError("injected fault after freezing the guest (BARGE_VM_BACKUP_FAULT)"));
+    if (Status injected = InjectedFault(req, VmBackupFaults::Point::kAfterFreeze); !injected.ok()) {
+      return fail(std::move(injected).error());
     }
   }
 
@@ -684,8 +680,8 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
       },
       res, cleanup.files);
   if (!first_error) {
-    if (FaultInjected("after-read")) {
-      first_error = Error::IoError("injected fault after reading every disk (BARGE_VM_BACKUP_FAULT)");
+    if (Status injected = InjectedFault(req, VmBackupFaults::Point::kAfterRead); !injected.ok()) {
+      first_error = std::move(injected).error();
     }
   }
   if (first_error) return fail(*first_error);

@@ -13,6 +13,22 @@
 
 namespace barge::orchestrate {
 
+// Where a test makes a VM backup fail, injected through the request as the
+// filesystem's faults are through the Env (blockio/env.h). The points are
+// libvirt's and the guest agent's, which no Env sees. Each At() is called
+// from the run's thread.
+class VmBackupFaults {
+ public:
+  enum class Point : uint8_t {
+    kAfterFreeze,  // the guest's filesystems were just frozen, no job yet
+    kThaw,         // instead of one thaw of the guest (its error: why the thaw failed)
+    kAfterRead,    // every disk was read, nothing committed yet
+  };
+  virtual ~VmBackupFaults() = default;
+  // OkStatus: go on; an error: the run fails at `point` with it.
+  virtual Status At(Point point) = 0;
+};
+
 struct VmBackupRequest {
   std::string domain;
   std::string tracker;      // "" = the domain's only tracker, if it has exactly one
@@ -25,6 +41,7 @@ struct VmBackupRequest {
   pipeline::CopyOptions copy;      // pipeline knobs (per disk)
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = 3;
+  VmBackupFaults* faults = nullptr;  // tests only; must outlive the run
 };
 
 struct VmBackupDisk {
@@ -60,10 +77,8 @@ struct VmBackupResult {
 // target's free space is below the estimate (kNoSpace). On any later failure
 // the job is aborted, this run's checkpoint deleted, the new backup files
 // removed, the tracker left as it was, and the catalog record says why.
-// Test hooks: BARGE_VM_BACKUP_FAULT=after-read fails the run after every disk
-// was read, before anything is committed; =after-freeze fails it right after
-// the guest's filesystems were frozen, before the backup job begins (the
-// failure path must thaw them).
+// request.faults, when set, can fail the run at the points VmBackupFaults
+// names (the failure paths must thaw a frozen guest and commit nothing).
 // Chain folders, lock files and overlays are handled through `env`.
 Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& request);
 

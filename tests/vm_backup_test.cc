@@ -134,10 +134,10 @@ TEST_F(VmBackupTest, OfflineBackupFromCbtOverlayThenOnlineIncremental) {
   // A failure after reading changes nothing: no files, same tracker, the
   // overlay keeps the old checkpoint's bitmap.
   std::string info_before = RunOk("qemu-img info --output=json " + ShellQuote(overlay));
-  auto failed = ::barge::testing::Run("BARGE_VM_BACKUP_FAULT=after-read " +
-                                      Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_)));
-  EXPECT_NE(failed.exit_code, 0);
-  EXPECT_NE(failed.output.find("injected"), std::string::npos) << failed.output;
+  std::string failed = VmBackupFailingAt(orchestrate::VmBackupFaults::Point::kAfterRead, dom.name(), target_,
+                                         /*skip_quiesce=*/false);
+  EXPECT_NE(failed, "");
+  EXPECT_NE(failed.find("injected"), std::string::npos) << failed;
   EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"]["name"], b0["checkpoint"]);
   EXPECT_EQ(RunOk("qemu-img info --output=json " + ShellQuote(overlay)), info_before);
   json b1 = Backup(dom.name());
@@ -368,10 +368,10 @@ TEST_F(VmBackupTest, RefusalsAndFailuresLeaveTrackerUnchanged) {
   dom.Write(0x44, "20M", "1M");
   auto before = fs::directory_iterator(target_ + "/" + dom.name() + "/vda");
   size_t files_before = std::distance(before, fs::directory_iterator());
-  auto fail = ::barge::testing::Run("BARGE_VM_BACKUP_FAULT=after-read " +
-                  Barge("vm backup --skip-quiesce --domain " + dom.name() + " --target " + target));
-  EXPECT_NE(fail.exit_code, 0);
-  EXPECT_NE(fail.output.find("injected"), std::string::npos) << fail.output;
+  std::string fail = VmBackupFailingAt(orchestrate::VmBackupFaults::Point::kAfterRead, dom.name(), target_,
+                                       /*skip_quiesce=*/true);
+  EXPECT_NE(fail, "");
+  EXPECT_NE(fail.find("injected"), std::string::npos) << fail;
   auto after = fs::directory_iterator(target_ + "/" + dom.name() + "/vda");
   EXPECT_EQ(static_cast<size_t>(std::distance(after, fs::directory_iterator())), files_before);
   EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"]["name"], cp1);

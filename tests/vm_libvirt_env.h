@@ -18,9 +18,32 @@
 
 #include <nlohmann/json.hpp>
 
+#include "blockio/env.h"
+#include "orchestrate/vm_backup.h"
 #include "tests/testing/testing.h"
 
 namespace barge::testing {
+
+// The VM backup's fault seam for tests: fails the run once, at one point.
+class FailVmBackupOnce final : public orchestrate::VmBackupFaults {
+ public:
+  explicit FailVmBackupOnce(Point point) : point_(point) {}
+  Status At(Point point) override {
+    if (point != point_ || fired_) return OkStatus();
+    fired_ = true;
+    switch (point) {
+      case Point::kAfterFreeze: return Error::IoError("injected fault after freezing the guest");
+      case Point::kThaw: return Error::IoError("injected thaw failure");
+      case Point::kAfterRead: return Error::IoError("injected fault after reading every disk");
+    }
+    return OkStatus();
+  }
+  bool fired() const { return fired_; }
+
+ private:
+  Point point_;
+  bool fired_ = false;
+};
 
 // virsh for test bodies, once EnsureLibvirtd has succeeded (warm daemon).
 inline constexpr const char* kVirsh = "timeout 60 virsh -q -c qemu:///system ";
@@ -169,6 +192,23 @@ class VmTestBase : public ::testing::Test {
   nlohmann::json Backup(const std::string& domain, const std::string& extra = "") {
     return BargeJson("vm backup --domain " + domain + " --target " + ShellQuote(target_) + " --skip-quiesce " +
                      extra);
+  }
+  // `vm backup --domain D --target T [--skip-quiesce]` run in this process
+  // (the CLI's run, without its hooks) with FailVmBackupOnce at `point`.
+  // Returns the run's error as `barge` prints it, "" when it succeeded.
+  // Expects the fault to have been reached.
+  std::string VmBackupFailingAt(orchestrate::VmBackupFaults::Point point, const std::string& domain,
+                                const std::string& target, bool skip_quiesce) {
+    FailVmBackupOnce fault(point);
+    orchestrate::VmBackupRequest req;
+    req.domain = domain;
+    req.target = target;
+    req.catalog_path = catalog_;
+    req.skip_quiesce = skip_quiesce;
+    req.faults = &fault;
+    auto run = orchestrate::RunVmBackup(Env::Default(), req);
+    EXPECT_TRUE(fault.fired()) << "the run never reached the injected fault";
+    return run.ok() ? std::string() : run.error().ToString();
   }
   // Restores point `at` of `chain` and compares it with `expected` (raw).
   void ExpectRestores(const std::string& chain, int at, const std::string& expected) {

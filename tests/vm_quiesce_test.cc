@@ -206,7 +206,7 @@ TEST_F(VmQuiesceTest, FreezeBeforeTheJobThawAfter) {
             std::string::npos);
 }
 
-// A failure right after the freeze (BARGE_VM_BACKUP_FAULT=after-freeze):
+// A failure right after the freeze (the fault seam's kAfterFreeze):
 // barge thaws the guest on its way out, commits nothing, and the next
 // quiesced backup is an incremental from the previous checkpoint.
 TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
@@ -218,10 +218,10 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
   std::string cp0 = b0["checkpoint"];
   size_t files_before = std::distance(fs::directory_iterator(Chain("vda")), fs::directory_iterator());
 
-  auto failed = ::barge::testing::Run("BARGE_VM_BACKUP_FAULT=after-freeze " +
-                    Barge("vm backup --domain " + dom_->name() + " --target " + ShellQuote(target_)));
-  EXPECT_NE(failed.exit_code, 0);
-  EXPECT_NE(failed.output.find("injected fault after freezing"), std::string::npos) << failed.output;
+  std::string failed = VmBackupFailingAt(orchestrate::VmBackupFaults::Point::kAfterFreeze, dom_->name(), target_,
+                                         /*skip_quiesce=*/false);
+  EXPECT_NE(failed, "");
+  EXPECT_NE(failed.find("injected fault after freezing"), std::string::npos) << failed;
   EXPECT_EQ(HookLines(4), (std::vector<std::string>{"barge-hook freeze 1", "barge-hook thaw 1",
                                                     "barge-hook freeze 2", "barge-hook thaw 2"}))
       << SerialLog();
@@ -251,15 +251,15 @@ TEST_F(VmQuiesceTest, FailureAfterFreezeThawsTheGuest) {
   WriteBlock(expected, 1, Stamp("barge-hook thaw 2"));
   ExpectRestores(Chain("vda"), 1, expected);
 
-  // A thaw that fails once the job has started (BARGE_VM_BACKUP_FAULT=
-  // thaw-once): the run stops rather than copy with the guest frozen, its
+  // A thaw that fails once the job has started (the fault seam's kThaw,
+  // once): the run stops rather than copy with the guest frozen, its
   // cleanup thaws the guest, and nothing is committed.
   std::string cp1 = b1["checkpoint"];
-  auto unthawed = ::barge::testing::Run("BARGE_VM_BACKUP_FAULT=thaw-once " +
-                      Barge("vm backup --domain " + dom_->name() + " --target " + ShellQuote(target_)));
-  EXPECT_NE(unthawed.exit_code, 0);
-  EXPECT_NE(unthawed.output.find("cannot thaw"), std::string::npos) << unthawed.output;
-  EXPECT_EQ(unthawed.output.find("may still be frozen"), std::string::npos) << unthawed.output;
+  std::string unthawed = VmBackupFailingAt(orchestrate::VmBackupFaults::Point::kThaw, dom_->name(), target_,
+                                           /*skip_quiesce=*/false);
+  EXPECT_NE(unthawed, "");
+  EXPECT_NE(unthawed.find("cannot thaw"), std::string::npos) << unthawed;
+  EXPECT_EQ(unthawed.find("may still be frozen"), std::string::npos) << unthawed;
   std::vector<std::string> hooks = HookLines(8);
   ASSERT_EQ(hooks.size(), 8u) << SerialLog();
   EXPECT_EQ(hooks[6], "barge-hook freeze 4");
