@@ -147,8 +147,9 @@ int CheckStdoutWritten(int exit_code) {
 
 int Main(int argc, char** argv) {
   InstallInterruptHandling();
-  // User configuration (barge man, ENVIRONMENT): read here, never by the
-  // libraries.
+  // User configuration (barge man, ENVIRONMENT). The I/O layers read no
+  // environment; orchestrate reads only BARGE_CATALOG and
+  // BARGE_LIBVIRT_URI, user settings too (never a test seam).
   if (const char* no_uring = std::getenv("BARGE_NO_URING"); no_uring != nullptr && std::strcmp(no_uring, "1") == 0) {
     SetUringAllowed(false);
   }
