@@ -8,11 +8,10 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge {
@@ -20,6 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using ::barge::testing::Barge;
 using ::barge::testing::CommandResult;
 using ::barge::testing::RunOk;
 using ::barge::testing::ShellQuote;
@@ -27,8 +27,6 @@ using ::barge::testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kCluster = 64 << 10;
-
-std::string Barge(const std::string& args) { return ShellQuote(testing::BargeBinary()) + " " + args; }
 
 std::string Hex(uint64_t v) {
   char buf[32];
@@ -167,10 +165,7 @@ TEST_F(BackupCorruptionTest, UndecodableZstdClusterNamesGuestOffsetAndLayer) {
   // A second point on top (one random cluster changed, the compressed part
   // untouched), whose restore reads the damaged cluster from the first.
   const std::string extents = dir_ / "extents.json";
-  {
-    std::ofstream out(extents);
-    out << R"({"format":"barge-extents","version":1,"virtual_size":16777216,"extents":[{"offset":0,"length":65536}]})";
-  }
+  testing::WriteExtentsFile(extents, {{0, kCluster}}, 16 * kMiB);
   json second = testing::RunResult(Barge("backup --source " + ShellQuote(disk_) + " --target " +
                                          ShellQuote(dir_ / "b") + " --incremental --dirty-extents " +
                                          ShellQuote(extents) + " --json"));

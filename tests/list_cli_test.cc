@@ -10,19 +10,18 @@
 #include <sstream>
 #include <string>
 
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Barge;
+using testing::Q;
 using testing::RunOk;
-using testing::ShellQuote;
+using testing::Sh;
 using testing::TempDir;
-
-testing::CommandResult Sh(const std::string& command) { return testing::Run(command); }
-std::string Barge() { return ShellQuote(testing::BargeBinary()); }
-std::string Q(const std::string& s) { return ShellQuote(s); }
 
 // The "result" line of a --json run's NDJSON.
 nlohmann::json ResultLine(const std::string& output) {
