@@ -8,11 +8,10 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge {
@@ -20,6 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using ::barge::testing::Barge;
 using ::barge::testing::CommandResult;
 using ::barge::testing::RunOk;
 using ::barge::testing::ShellQuote;
@@ -27,8 +27,6 @@ using ::barge::testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kCluster = 64 << 10;
-
-std::string Barge(const std::string& args) { return ShellQuote(testing::BargeBinary()) + " " + args; }
 
 std::string Hex(uint64_t v) {
   char buf[32];
@@ -116,6 +114,22 @@ class BackupCorruptionTest : public ::testing::Test {
     return {};
   }
 
+  // The host offset of the image's first L2 table (l1_table_offset at 40,
+  // then L1 entry 0: guest offsets below 512 MiB).
+  uint64_t FirstL2() const { return ReadBe64(image_, ReadBe64(image_, 40)) & 0x00fffffffffffe00ull; }
+
+  // The first compressed cluster, its host offset read from its L2 entry
+  // (map gives none for compressed clusters, as qemu-img). Compressed entry
+  // (cluster_bits 16): bit 62 set, host offset in bits 0..53
+  // (docs/formats/qcow2.md). Use under ASSERT_NO_FATAL_FAILURE.
+  void FirstCompressed(Stored* c) {
+    *c = FirstStored(/*compressed=*/true);
+    ASSERT_GE(c->guest, 4 * kMiB);
+    uint64_t entry = ReadBe64(image_, FirstL2() + 8 * (c->guest / kCluster));
+    ASSERT_TRUE(entry & (1ull << 62)) << std::hex << entry;
+    c->host = entry & ((1ull << 54) - 1);
+  }
+
   TempDir dir_;
   std::string disk_, image_, manifest_, digests_, chain_;
 };
@@ -139,16 +153,8 @@ TEST_F(BackupCorruptionTest, FlippedByteInRawCluster) {
 }
 
 TEST_F(BackupCorruptionTest, FlippedByteInCompressedCluster) {
-  // Map has no host offset for compressed clusters (as qemu-img): read the
-  // L2 entry. Compressed entry (cluster_bits 16): bit 62 set, host offset
-  // in bits 0..53 (docs/formats/qcow2.md).
-  Stored c = FirstStored(/*compressed=*/true);
-  ASSERT_GE(c.guest, 4 * kMiB);
-  uint64_t l1 = ReadBe64(image_, 40);
-  uint64_t l2 = ReadBe64(image_, l1) & 0x00fffffffffffe00ull;
-  uint64_t entry = ReadBe64(image_, l2 + 8 * (c.guest / kCluster));
-  ASSERT_TRUE(entry & (1ull << 62)) << std::hex << entry;
-  c.host = entry & ((1ull << 54) - 1);
+  Stored c;
+  ASSERT_NO_FATAL_FAILURE(FirstCompressed(&c));
   // Inside the compressed payload (past the zstd frame header).
   FlipByte(image_, c.host + 100, 0x10);
   CommandResult r = VerifyFails();
@@ -167,21 +173,13 @@ TEST_F(BackupCorruptionTest, UndecodableZstdClusterNamesGuestOffsetAndLayer) {
   // A second point on top (one random cluster changed, the compressed part
   // untouched), whose restore reads the damaged cluster from the first.
   const std::string extents = dir_ / "extents.json";
-  {
-    std::ofstream out(extents);
-    out << R"({"format":"barge-extents","version":1,"virtual_size":16777216,"extents":[{"offset":0,"length":65536}]})";
-  }
+  testing::WriteExtentsFile(extents, {{0, kCluster}}, 16 * kMiB);
   json second = testing::RunResult(Barge("backup --source " + ShellQuote(disk_) + " --target " +
                                          ShellQuote(dir_ / "b") + " --incremental --dirty-extents " +
                                          ShellQuote(extents) + " --json"));
   ASSERT_NE(second.value("image", ""), image_);
-  Stored c = FirstStored(/*compressed=*/true);
-  ASSERT_GE(c.guest, 4 * kMiB);
-  uint64_t l1 = ReadBe64(image_, 40);
-  uint64_t l2 = ReadBe64(image_, l1) & 0x00fffffffffffe00ull;
-  uint64_t entry = ReadBe64(image_, l2 + 8 * (c.guest / kCluster));
-  ASSERT_TRUE(entry & (1ull << 62)) << std::hex << entry;
-  c.host = entry & ((1ull << 54) - 1);
+  Stored c;
+  ASSERT_NO_FATAL_FAILURE(FirstCompressed(&c));
   ASSERT_EQ(ReadBe64(image_, c.host) >> 32, 0x28b52ffdu);  // the zstd frame magic
   FlipByte(image_, c.host, 0xff);  // no frame any more: zstd refuses it
   const std::string where = "guest offset " + Hex(c.guest);
@@ -202,8 +200,7 @@ TEST_F(BackupCorruptionTest, UndecodableZstdClusterNamesGuestOffsetAndLayer) {
 }
 
 TEST_F(BackupCorruptionTest, FlippedL2Entry) {
-  uint64_t l1 = ReadBe64(image_, 40);  // l1_table_offset
-  uint64_t l2 = ReadBe64(image_, l1) & 0x00fffffffffffe00ull;
+  uint64_t l2 = FirstL2();
   ASSERT_NE(l2, 0u);
   // Entry of cluster 0 (random data): move its host offset by 0x10000 * 256.
   FlipByte(image_, l2 + 5, 0x01);
@@ -216,8 +213,7 @@ TEST_F(BackupCorruptionTest, FlippedL2Entry) {
 // corruption (exit 2); barge check said "No errors were found" and verify
 // "structure OK".
 TEST_F(BackupCorruptionTest, ReservedBitInL2Entry) {
-  uint64_t l1 = ReadBe64(image_, 40);
-  uint64_t l2 = ReadBe64(image_, l1) & 0x00fffffffffffe00ull;
+  uint64_t l2 = FirstL2();
   ASSERT_NE(ReadBe64(image_, l2), 0u);  // cluster 0 (random data) is stored
   FlipByte(image_, l2 + 7, 0x02);       // bit 1: reserved
   EXPECT_EQ(testing::Run("qemu-img check " + ShellQuote(image_)).exit_code, 2);

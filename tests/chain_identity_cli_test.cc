@@ -6,11 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::testing {
@@ -18,33 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::string Barge(const std::string& args) { return ShellQuote(BargeBinary()) + " " + args; }
-std::string Q(const std::string& s) { return ShellQuote(s); }
-CommandResult Sh(const std::string& command) { return ::barge::testing::Run(command); }
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
-
-json ReadJson(const std::string& path) { return json::parse(Slurp(path)); }
-void WriteJson(const std::string& path, const json& j) { WriteText(path, j.dump(2) + "\n"); }
-
-// The manifests of a chain folder, oldest first.
-std::vector<std::string> Manifests(const std::string& chain_dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(chain_dir)) {
-    std::string name = e.path().filename().string();
-    if (name[0] != '.' && e.path().extension() == ".json") out.push_back(e.path().string());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-std::string Stem(const std::string& path) { return fs::path(path).stem().string(); }
 
 class ChainIdentityTest : public ::testing::Test {
  protected:
@@ -84,9 +58,9 @@ TEST_F(ChainIdentityTest, IncrementalOfAnotherDiskIsRefusedNamingBoth) {
   EXPECT_NE(r.output.find("file " + a_), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("file " + b_), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--name"), std::string::npos) << r.output;
-  EXPECT_EQ(Manifests(chain).size(), 1u);
+  EXPECT_EQ(PointIds(chain).size(), 1u);
 
-  const json fm = ReadJson(Manifests(chain).at(0));
+  const json fm = ReadJson(ManifestPath(chain, PointIds(chain).at(0)));
   ASSERT_TRUE(fm.contains("disk_identity")) << fm.dump(2);
   EXPECT_EQ(fm["disk_identity"]["kind"], "file");
   EXPECT_EQ(fm["disk_identity"]["location"], a_);
@@ -99,8 +73,8 @@ TEST_F(ChainIdentityTest, IncrementalOfAnotherDiskIsRefusedNamingBoth) {
   fs::create_symlink(a_, dir_ / "link.qcow2");
   Change(a_, "0x44");
   RunOk("cd " + Q(dir_.path().string()) + " && " + Backup("link.qcow2", "--incremental --dirty-bitmap cbt0"));
-  ASSERT_EQ(Manifests(chain).size(), 2u);
-  const json im = ReadJson(Manifests(chain).at(1));
+  ASSERT_EQ(PointIds(chain).size(), 2u);
+  const json im = ReadJson(ManifestPath(chain, PointIds(chain).at(1)));
   EXPECT_EQ(im["type"], "incremental");
   EXPECT_EQ(im["disk_identity"], fm["disk_identity"]);
   EXPECT_EQ(im["chain_id"], fm["chain_id"]);
@@ -144,13 +118,13 @@ TEST_F(ChainIdentityTest, PolicyWhoseSourceChangedDiskStartsANewChainSayingWhy) 
   EXPECT_NE(listed.stdout_text.find("a new chain starts"), std::string::npos) << listed.stdout_text;
 
   const std::string chain = target_ + "/nightly/disk";
-  const auto manifests = Manifests(chain);
-  ASSERT_EQ(manifests.size(), 3u);
-  const json newest = ReadJson(manifests[2]);
+  const auto ids = PointIds(chain);
+  ASSERT_EQ(ids.size(), 3u);
+  const json newest = ReadJson(ManifestPath(chain, ids[2]));
   EXPECT_EQ(newest["type"], "full");
   EXPECT_TRUE(newest["parent"].is_null());
   EXPECT_EQ(newest["disk_identity"]["location"], b_);
-  EXPECT_NE(newest["chain_id"], ReadJson(manifests[0])["chain_id"]);
+  EXPECT_NE(newest["chain_id"], ReadJson(ManifestPath(chain, ids[0]))["chain_id"]);
   RunOk(Barge("verify --all " + Q(chain)));
   // The new chain restores to disk B as it is now.
   const std::string out = dir_ / "restored.raw";
@@ -167,10 +141,14 @@ TEST_F(ChainIdentityTest, VerifyFailsOnAChainThatMixesDisksNamingTheFirstForeign
     RunOk(Backup(a_, "--incremental --dirty-bitmap cbt0"));
   }
   const std::string chain = target_ + "/disk";
-  const auto manifests = Manifests(chain);
-  ASSERT_EQ(manifests.size(), 3u);
+  const auto ids = PointIds(chain);
+  ASSERT_EQ(ids.size(), 3u);
+  std::vector<std::string> manifests;
   std::vector<json> original;
-  for (const auto& m : manifests) original.push_back(ReadJson(m));
+  for (const auto& id : ids) {
+    manifests.push_back(ManifestPath(chain, id));
+    original.push_back(ReadJson(manifests.back()));
+  }
   RunOk(Barge("verify --all " + Q(chain)));
 
   // Point 1 (and so 2 above it) claims disk B.
@@ -180,7 +158,7 @@ TEST_F(ChainIdentityTest, VerifyFailsOnAChainThatMixesDisksNamingTheFirstForeign
   CommandResult r = Sh(Barge("verify --all " + Q(chain)));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("barge: Corruption: " + manifests[1]), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("mixes disks: backup " + Stem(manifests[1])), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mixes disks: backup " + ids[1]), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("file " + b_), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("file " + a_), std::string::npos) << r.output;
   // The full before it still verifies on its own; a restore of the mixed
@@ -197,7 +175,7 @@ TEST_F(ChainIdentityTest, VerifyFailsOnAChainThatMixesDisksNamingTheFirstForeign
   r = Sh(Barge("verify --all " + Q(chain)));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("barge: Corruption: " + manifests[2]), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("mixes disks: backup " + Stem(manifests[2])), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mixes disks: backup " + ids[2]), std::string::npos) << r.output;
 
   // Written before this change: no identity, no chain id. Verifies, and an
   // incremental still extends it (recording identity and a chain id).
@@ -210,9 +188,9 @@ TEST_F(ChainIdentityTest, VerifyFailsOnAChainThatMixesDisksNamingTheFirstForeign
   RunOk(Barge("verify --all " + Q(chain)));
   Change(a_, "0x73");
   RunOk(Backup(a_, "--incremental --dirty-bitmap cbt0"));
-  const auto now = Manifests(chain);
+  const auto now = PointIds(chain);
   ASSERT_EQ(now.size(), 4u);
-  const json newest = ReadJson(now[3]);
+  const json newest = ReadJson(ManifestPath(chain, now[3]));
   EXPECT_EQ(newest["disk_identity"]["location"], a_);
   EXPECT_EQ(newest["chain_id"].get<std::string>().size(), 32u);
   RunOk(Barge("verify --all " + Q(chain)));

@@ -6,10 +6,10 @@
 #include <csignal>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::testing {
@@ -18,15 +18,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string Barge(const std::string& args) { return ShellQuote(BargeBinary()) + " " + args; }
-std::string Q(const std::string& s) { return ShellQuote(s); }
-CommandResult Sh(const std::string& command) { return ::barge::testing::Run(command); }
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-}
-bool Has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 class CliFindingsTest : public ::testing::Test {
  protected:
@@ -40,8 +31,7 @@ class CliFindingsTest : public ::testing::Test {
     const std::string target = dir_ / "bk";
     RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) + " --name d --compress none"));
     const std::string extents = dir_ / "extents.json";
-    WriteText(extents, R"({"format":"barge-extents","version":1,"virtual_size":4194304,)"
-                       R"("extents":[{"offset":0,"length":65536}]})");
+    WriteExtentsFile(extents, {{0, 64 << 10}}, 4 * kMiB);
     for (int i = 0; i < incrementals; ++i) {
       RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) +
                   " --name d --incremental --dirty-extents " + Q(extents)));
@@ -241,8 +231,7 @@ TEST_F(CliFindingsTest, ExtentsFromAPipeAndAFolder) {
   const std::string target = dir_ / "bk";
   RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) + " --name d"));
   const std::string extents = dir_ / "extents.json";
-  WriteText(extents, R"({"format":"barge-extents","version":1,"virtual_size":4194304,)"
-                     R"("extents":[{"offset":0,"length":65536}]})");
+  WriteExtentsFile(extents, {{0, 64 << 10}}, 4 * kMiB);
   // bash for <(...): /bin/sh may lack process substitution.
   CommandResult r = Sh("bash -c " + Q(Barge("backup --json --source " + Q(disk_) + " --target " + Q(target) +
                                             " --name d --incremental --dirty-extents <(cat " + Q(extents) + ")")));

@@ -19,26 +19,22 @@
 #include <thread>
 #include <vector>
 
-#include "tests/incremental_support.h"
+#include "tests/testing/cli_testing.h"
+#include "tests/testing/testing.h"
 
 namespace barge {
 namespace {
 
 namespace fs = std::filesystem;
-using incremental_testing::PointIds;
-using incremental_testing::WriteExtentsFile;
 using json = nlohmann::json;
+using testing::Barge;
+using testing::PointIds;
+using testing::Q;
+using testing::ReadJson;
 using testing::RunOk;
 using testing::TempDir;
-
-std::string Q(const std::string& s) { return testing::ShellQuote(s); }
-std::string Barge() { return Q(testing::BargeBinary()); }
-
-json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  return json::parse(in);
-}
-void WriteJson(const std::string& path, const json& j) { std::ofstream(path) << j.dump(2) << "\n"; }
+using testing::WriteExtentsFile;
+using testing::WriteJson;
 
 // A chain of six points of a raw disk (a full and five incrementals from
 // extents files), each taken at a made-up time (the manifests' started_at
@@ -63,7 +59,7 @@ class ForgetCliTest : public ::testing::Test {
         RunOk("qemu-io -f raw -c 'write -P " + std::to_string(0x40 + i) + " " + std::to_string(offset) +
               " 192k' " + Q(disk_) + " >/dev/null");
         const std::string extents = dir_ / ("dirty" + std::to_string(i) + ".json");
-        WriteExtentsFile(extents, {{incremental_testing::Op::kWrite, offset, 192 << 10}}, kSize);
+        WriteExtentsFile(extents, {{offset, 192 << 10}}, kSize);
         args += " --incremental --dirty-extents " + Q(extents);
       }
       RunOk(Barge() + args);
@@ -211,7 +207,7 @@ TEST(MergedFullTest, HasNoDirtySourceOfItsOwn) {
   const std::string backup = Barge() + " backup --source " + Q(disk) + " --target " + Q(dir / "bk") + " --name d";
   RunOk(backup);
   RunOk("qemu-io -f raw -c 'write -P 0x5a 1M 64k' " + Q(disk) + " >/dev/null");
-  WriteExtentsFile(extents, {{incremental_testing::Op::kWrite, 1 << 20, 64 << 10}}, 2 << 20);
+  WriteExtentsFile(extents, {{1 << 20, 64 << 10}}, 2 << 20);
   RunOk(backup + " --incremental --dirty-extents " + Q(extents));
   const std::string chain = dir / "bk/d";
   const std::vector<std::string> ids = PointIds(chain);

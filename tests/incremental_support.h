@@ -11,23 +11,25 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::incremental_testing {
 
+using testing::Barge;
+using testing::PointIds;
+using testing::Q;
 using testing::RunOk;
 using testing::RunResult;
 using testing::ShellQuote;
 
 inline constexpr uint64_t kKiB = 1024;
 inline constexpr uint64_t kMiB = 1024 * kKiB;
-
-inline std::string Q(const std::string& s) { return ShellQuote(s); }
-inline std::string Barge() { return Q(testing::BargeBinary()); }
 
 // One guest change, as qemu-io makes it.
 struct Op {
@@ -53,14 +55,9 @@ inline void ApplyOps(const std::string& image, const std::vector<Op>& ops) {
 
 // docs/formats/extents.md, from the ranges the ops touched.
 inline void WriteExtentsFile(const std::string& path, const std::vector<Op>& ops, uint64_t size) {
-  nlohmann::json extents = nlohmann::json::array();
-  for (const Op& op : ops) extents.push_back({{"offset", op.offset}, {"length", op.length}});
-  nlohmann::json j = {{"format", "barge-extents"}, {"version", 1}, {"virtual_size", size},
-                      {"extents", extents}};
-  std::string text = j.dump();
-  testing::WriteFile(path, std::vector<std::byte>(reinterpret_cast<const std::byte*>(text.data()),
-                                                  reinterpret_cast<const std::byte*>(text.data()) +
-                                                      text.size()));
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const Op& op : ops) ranges.emplace_back(op.offset, op.length);
+  testing::WriteExtentsFile(path, ranges, size);
 }
 
 // A qemu-nbd export of one image for the life of the object.
@@ -96,17 +93,6 @@ class NbdExport {
   std::string socket_, pid_file_;
   bool stopped_ = false;
 };
-
-// The manifests' stems of a chain folder in chain order ("0000-...").
-inline std::vector<std::string> PointIds(const std::string& chain_dir) {
-  std::vector<std::string> ids;
-  for (const auto& e : std::filesystem::directory_iterator(chain_dir)) {
-    std::string name = e.path().filename().string();
-    if (name[0] != '.' && e.path().extension() == ".json") ids.push_back(e.path().stem().string());
-  }
-  std::sort(ids.begin(), ids.end());
-  return ids;
-}
 
 // A qemu filename for a layer opened on its own (its backing file ignored).
 inline std::string LayerAlone(const std::string& path) {

@@ -7,41 +7,28 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Barge;
+using testing::Q;
+using testing::ResultOf;
 using testing::RunOk;
-using testing::ShellQuote;
+using testing::RunResult;
+using testing::Sh;
 using testing::TempDir;
 
-testing::CommandResult Sh(const std::string& command) { return testing::Run(command); }
-std::string Barge() { return ShellQuote(testing::BargeBinary()); }
-std::string Q(const std::string& s) { return ShellQuote(s); }
-
-// The "result" line of a --json run's NDJSON.
-nlohmann::json ResultLine(const std::string& output) {
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("event", "") == "result") return j;
-  }
-  return {};
-}
-
-std::vector<nlohmann::json> Events(const std::string& output, const std::string& event) {
+// The warning events of a --json run's stdout (read strictly: Events).
+std::vector<nlohmann::json> Warnings(const std::string& stdout_text) {
   std::vector<nlohmann::json> out;
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("event", "") == event) out.push_back(j);
+  for (const auto& e : testing::Events(stdout_text)) {
+    if (e.value("event", "") == "warning") out.push_back(e);
   }
   return out;
 }
@@ -58,8 +45,8 @@ class ListCliTest : public ::testing::Test {
     RunOk("qemu-img bitmap --add " + Q(disk_) + " cbt0");
   }
   nlohmann::json Backup(const std::string& extra) {
-    return ResultLine(RunOk(Barge() + " backup --json --source " + Q(disk_) + " --target " + Q(dir_ / "bk") +
-                            " --name vda " + extra));
+    return RunResult(Barge() + " backup --json --source " + Q(disk_) + " --target " + Q(dir_ / "bk") +
+                     " --name vda " + extra);
   }
   nlohmann::json Incremental(const std::string& write) {
     RunOk("qemu-io -f qcow2 -c " + Q(write) + " " + Q(disk_));
@@ -67,7 +54,7 @@ class ListCliTest : public ::testing::Test {
     RunOk(Barge() + " bitmap clear " + Q(disk_) + " cbt0");
     return r;
   }
-  nlohmann::json List() { return ResultLine(RunOk(Barge() + " list --json " + Q(chain_))); }
+  nlohmann::json List() { return RunResult(Barge() + " list --json " + Q(chain_)); }
 
   TempDir dir_;
   std::string disk_, chain_;
@@ -127,14 +114,14 @@ TEST_F(ListCliTest, EveryPointWithItsChainSizesAndVerification) {
   EXPECT_NE(text.find("incremental"), std::string::npos) << text;
   EXPECT_NE(text.find(points[0]["started_at"].get<std::string>()), std::string::npos) << text;
   // A manifest or an image path names its folder too.
-  auto by_image = ResultLine(RunOk(Barge() + " list --json " + Q(chain_ + "/" + points[2]["image"].get<std::string>())));
+  auto by_image = RunResult(Barge() + " list --json " + Q(chain_ + "/" + points[2]["image"].get<std::string>()));
   EXPECT_EQ(by_image["points"].size(), 5u);
 }
 
 TEST_F(ListCliTest, VerifyRecordsItsOutcomeForList) {
   auto full = Backup("--compress none");  // data clusters at offsets qemu-img map shows
   auto inc = Incremental("write -P 0xbb 2M 64k");
-  auto verify = ResultLine(RunOk(Barge() + " verify --json " + Q(chain_) + " --at 1"));
+  auto verify = RunResult(Barge() + " verify --json " + Q(chain_) + " --at 1");
   ASSERT_EQ(verify["verified"], nlohmann::json::array({inc["id"]}));
 
   // The record beside the manifest (docs/formats/backup.md).
@@ -256,17 +243,17 @@ TEST_F(ListCliTest, UnwritableRecordIsAWarning) {
   fs::create_directory(chain_ + "/" + full["id"].get<std::string>() + ".verified");
   auto r = Sh(Barge() + " verify --json " + Q(chain_));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto warnings = Events(r.output, "warning");
+  auto warnings = Warnings(r.stdout_text);
   ASSERT_EQ(warnings.size(), 1u) << r.output;
   EXPECT_NE(warnings[0].value("message", "").find("could not record the verification of " +
                                                   full["id"].get<std::string>()),
             std::string::npos)
       << r.output;
-  EXPECT_EQ(ResultLine(r.output)["verified"], nlohmann::json::array({full["id"]}));
+  EXPECT_EQ(ResultOf(r.stdout_text)["verified"], nlohmann::json::array({full["id"]}));
   auto listed = Sh(Barge() + " list --json " + Q(chain_));
   ASSERT_EQ(listed.exit_code, 0) << listed.output;
-  EXPECT_TRUE(ResultLine(listed.output)["points"][0]["last_verification"].is_null());
-  EXPECT_FALSE(Events(listed.output, "warning").empty()) << listed.output;
+  EXPECT_TRUE(ResultOf(listed.stdout_text)["points"][0]["last_verification"].is_null());
+  EXPECT_FALSE(Warnings(listed.stdout_text).empty()) << listed.output;
 }
 
 TEST_F(ListCliTest, MissingImagesEmptyFoldersAndMistakes) {
@@ -275,10 +262,10 @@ TEST_F(ListCliTest, MissingImagesEmptyFoldersAndMistakes) {
   fs::remove(chain_ + "/" + full["id"].get<std::string>() + ".qcow2");
   auto r = Sh(Barge() + " list --json " + Q(chain_));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto list = ResultLine(r.output);
+  auto list = ResultOf(r.stdout_text);
   EXPECT_TRUE(list["points"][0]["image_bytes"].is_null());
   EXPECT_EQ(list["points"][1]["image_bytes"], fs::file_size(chain_ + "/" + inc["id"].get<std::string>() + ".qcow2"));
-  EXPECT_FALSE(Events(r.output, "warning").empty()) << r.output;
+  EXPECT_FALSE(Warnings(r.stdout_text).empty()) << r.output;
   EXPECT_NE(RunOk(Barge() + " list " + Q(chain_) + " 2>&1").find("MISSING"), std::string::npos);
 
   // A broken parent link: the point is listed apart, with the reason.
@@ -290,7 +277,7 @@ TEST_F(ListCliTest, MissingImagesEmptyFoldersAndMistakes) {
   EXPECT_NE(RunOk(Barge() + " list " + Q(chain_) + " 2>/dev/null").find("broken"), std::string::npos);
 
   fs::create_directories(dir_ / "empty");
-  auto empty = ResultLine(RunOk(Barge() + " list --json " + Q(dir_ / "empty")));
+  auto empty = RunResult(Barge() + " list --json " + Q(dir_ / "empty"));
   EXPECT_TRUE(empty["points"].empty());
   EXPECT_NE(RunOk(Barge() + " list " + Q(dir_ / "empty")).find("no backups"), std::string::npos);
 

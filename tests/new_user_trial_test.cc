@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::testing {
@@ -14,15 +15,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string Barge(const std::string& args) { return ShellQuote(BargeBinary()) + " " + args; }
-std::string Q(const std::string& s) { return ShellQuote(s); }
-// testing::Run (the fixture's own Run() would hide it).
-CommandResult Sh(const std::string& command) { return ::barge::testing::Run(command); }
-void WriteText(const std::string& path, const std::string& text) {
-  const auto* b = reinterpret_cast<const std::byte*>(text.data());
-  WriteFile(path, std::vector<std::byte>(b, b + text.size()));
-}
 
 class NewUserTrialTest : public ::testing::Test {
  protected:
@@ -50,7 +42,7 @@ TEST_F(NewUserTrialTest, RestoreOfAChainMissingAMiddleImageIsCorruptionNamingIt)
   const std::string target = dir_ / "bk";
   RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) + " --name d"));
   const std::string extents = dir_ / "extents.json";
-  WriteText(extents, R"({"format":"barge-extents","version":1,"virtual_size":4194304,"extents":[{"offset":0,"length":65536}]})");
+  WriteExtentsFile(extents, {{0, 64 << 10}}, 4 * kMiB);
   for (int i = 0; i < 2; ++i) {
     RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) + " --name d --incremental "
                 "--dirty-extents " + Q(extents)));

@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 
 #include <filesystem>
-#include <fstream>
 
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::testing {
@@ -16,11 +16,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string Barge(const std::string& args) { return ShellQuote(BargeBinary()) + " " + args; }
-std::string Q(const std::string& s) { return ShellQuote(s); }
-// testing::Run (a fixture's own Run() would hide it).
-CommandResult Sh(const std::string& command) { return ::barge::testing::Run(command); }
 
 // Hidden temporaries, lock files and staged merge files under `dir`.
 std::vector<std::string> Leftovers(const std::string& dir) {
@@ -326,11 +321,7 @@ TEST_F(UserMixupsTest, OptionsThatMeanNothingForACommandAreRefused) {
 // "...Zjunk" was accepted. The chosen point is printed.
 TEST_F(UserMixupsTest, RestoreAtTimePicksTheNewestPointBeforeTheInstantAndSaysWhich) {
   const std::string chain = TwoPointChain();
-  std::vector<std::string> ids;
-  for (const auto& e : fs::directory_iterator(chain)) {
-    if (e.path().extension() == ".json") ids.push_back(e.path().stem().string());
-  }
-  std::sort(ids.begin(), ids.end());
+  const std::vector<std::string> ids = PointIds(chain);
   ASSERT_EQ(ids.size(), 2u);
   // Far in the future, written with an offset: the newest point.
   std::string out = RunOk(Barge("restore " + Q(chain) + " --at 2999-01-01T01:05:49-05:00 --to " +
