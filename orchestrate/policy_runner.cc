@@ -182,11 +182,11 @@ class Runner {
     if (points.newest_chain) {
       // An incremental extends only its own disk's chain: a source that
       // reads another disk now (its location changed, or another policy
-      // of this name wrote the chain) starts a new chain, saying why.
+      // of this name wrote the chain) starts a new chain, saying why. A
+      // disk `barge state migrate` moved is still its chain's (moved_from).
       BARGE_ASSIGN_OR_RETURN(std::optional<formats::DiskIdentity> identity, backend_.IdentifyDisk(s));
       if (identity) {
-        BARGE_ASSIGN_OR_RETURN(pipeline::ChainFolder folder, pipeline::LoadChainFolder(env_, points.newest_chain_dir));
-        BARGE_ASSIGN_OR_RETURN(std::string other, pipeline::OtherDiskReason(folder, *identity));
+        BARGE_ASSIGN_OR_RETURN(std::string other, pipeline::OtherDiskReason(points.newest_folder, *identity));
         if (!other.empty()) blocker = other + ": a new chain starts";
       }
     }

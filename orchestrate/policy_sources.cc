@@ -10,6 +10,7 @@
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/libvirt_conn.h"
 #include "orchestrate/policy_runner.h"
+#include "orchestrate/state_migrate.h"
 #include "orchestrate/time_text.h"
 #include "orchestrate/vm_backup.h"
 #include "pipeline/backup.h"
@@ -73,6 +74,7 @@ class DefaultBackend final : public SourceBackend {
     spec.location = s.location;
     spec.allow_dirs = {Parent(s.location)};  // as Backup opens it
     BARGE_ASSIGN_OR_RETURN(formats::DiskIdentity id, pipeline::IdentifySource(env_, spec));
+    if (id.kind == "file" || id.kind == "block") id.moved_from = FollowStateMigrations(env_)(id.location);
     return std::optional<formats::DiskIdentity>(std::move(id));
   }
 
@@ -108,6 +110,7 @@ class DefaultBackend final : public SourceBackend {
     br.target_dir = r.target_dir;
     br.disk_name = s.name;
     br.incremental = r.incremental;
+    br.previous_location = FollowStateMigrations(env_);
     if (r.incremental) br.dirty_bitmap = s.bitmap;
     br.reason = r.reason;
     br.compression = r.compression;
@@ -246,6 +249,10 @@ Error BusyChain(const Error& e, const std::string& dir) {
 
 }  // namespace
 
+std::function<std::string(const std::string&)> FollowStateMigrations(Env& env) {
+  return [&env](const std::string& path) { return MovedFromLocation(env, path); };
+}
+
 std::unique_ptr<SourceBackend> NewDefaultSourceBackend(Env& env) { return std::make_unique<DefaultBackend>(env); }
 
 Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySource& source) {
@@ -290,6 +297,7 @@ Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySour
         }
       }
       for (auto& c : linked.chains) out.chains.push_back(std::move(c));
+      if (out.newest_chain_dir == dir) out.newest_folder = std::move(folder);
     }
   }
   return out;
