@@ -260,8 +260,9 @@ Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_
 // with one name writing to one target would mix their points (and one's
 // retention would remove the other's). The first run that writes there
 // records its policy file (Policy::file) in <target>/<name>/.barge-policy
-// (written atomically); a run or forget of a policy with the same name
-// from another file is refused.
+// (published complete, and never replaced: of two runs that claim at once,
+// one wins); a run or forget of a policy with the same name from another
+// file is refused.
 std::string PolicyOwnerPath(const std::string& target, const std::string& policy_name);
 
 // The policy file recorded in `target`'s folder of `policy_name`; "" when
