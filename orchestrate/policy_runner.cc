@@ -458,10 +458,8 @@ class Runner {
 // The selection and plan of one source's (or folder's) points into `rep`.
 Status PlanForget(const SourcePoints& points, const ForgetPolicy& keep, ForgetSourceReport& rep) {
   BARGE_ASSIGN_OR_RETURN(rep.why_kept, SelectForgetWhy(points.points, keep));
-  std::set<std::string> kept;
-  for (const auto& [key, rules] : rep.why_kept) kept.insert(key);
   rep.points = points.points;
-  rep.plan = PlanRetention(points.points, points.chains, kept);
+  rep.plan = PlanRetention(points.points, points.chains, KeysOf(rep.why_kept));
   return OkStatus();
 }
 
@@ -563,7 +561,7 @@ Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& pol
 Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_dir, const ForgetPolicy& keep,
                                              const ForgetOptions& options) {
   // Refused before the lock file is made.
-  if (keep.empty()) return SelectForgetWhy({}, keep).error();
+  BARGE_RETURN_IF_ERROR(CheckForgetPolicy(keep));
   BARGE_ASSIGN_OR_RETURN(bool holds, pipeline::HoldsBackups(env, chain_dir));
   if (!holds) return Error::NotFound("the chain folder holds no backups: nothing to forget").set_path(chain_dir);
   BARGE_ASSIGN_OR_RETURN(pipeline::ChainLock lock, pipeline::ChainLock::Acquire(env, chain_dir, options.wait_for_lock));
