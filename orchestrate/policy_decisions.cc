@@ -35,6 +35,7 @@ DueDecision DecideDue(const Policy& policy, const SourceState& state, SysSeconds
     auto next = policy.schedule->Next(now);
     if (next.ok()) d.next = *next;
   }
+  if (state.last_failed && state.last_attempt) d.retry = *state.last_attempt + retry_after;
   if (run_in_progress) {
     d.why = "a run of policy " + policy.name + " is in progress";
     return d;

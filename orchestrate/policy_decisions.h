@@ -42,6 +42,7 @@ struct DueDecision {
   std::optional<SysSeconds> slot;   // schedule: the newest slot passed
   size_t coalesced_slots = 0;       // schedule: slots passed since the last attempt (>= 1 when due)
   std::optional<SysSeconds> next;   // schedule: the next slot after now
+  std::optional<SysSeconds> retry;  // the last attempt failed: when it is retried (last attempt + retry_after)
 };
 
 // Whether a source is due at `now`:
