@@ -250,7 +250,9 @@ class Runner {
         ts.error = space.error().ToString();
         ts.error_code = space.error().code();
       } else if (space->read_only) {
-        ts.error = "IoError: " + t + ": the filesystem is mounted read-only";
+        const Error read_only = Error::IoError("the filesystem is mounted read-only").set_path(t);
+        ts.error = read_only.ToString();
+        ts.error_code = read_only.code();
       } else {
         ts.free_bytes = space->free_bytes;
       }
