@@ -9,7 +9,7 @@
 #include "cli/copy_flags.h"
 #include "cli/hook_flags.h"
 #include "cli/progress.h"
-#include "orchestrate/state_migrate.h"
+#include "orchestrate/policy_runner.h"
 #include "pipeline/backup.h"
 
 namespace barge::cli {
@@ -65,9 +65,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.checkpoint = a.checkpoint;
   req.allow_resize = a.allow_resize;
   // A disk whose state folder `barge state migrate` moved keeps its chain.
-  req.previous_location = [](const std::string& path) {
-    return orchestrate::MovedFromLocation(Env::Default(), path);
-  };
+  req.previous_location = orchestrate::FollowStateMigrations(Env::Default());
   WarnIfMisnamed(out, a.source, a.source_format);
 
   ProgressReporter progress(out, "backup");

@@ -88,9 +88,10 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
     if (!t.ok()) return out.Usage("--from: " + t.error().message());
     after = *t;
   }
-  auto text = Env::Default().ReadFile(file, 1 << 20);
-  if (!text.ok()) return out.Fail(text.error());
-  auto policy = orc::ParsePolicy(Env::Default(), *text, file);
+  auto policy = orc::LoadPolicy(Env::Default(), file);
+  // A file that cannot be read ends the check; what is wrong in one that
+  // was read is the problem list (ParsePolicy's errors are kInvalidArgument).
+  if (!policy.ok() && policy.error().code() != ErrorCode::kInvalidArgument) return out.Fail(policy.error());
   if (!policy.ok()) {
     std::vector<Problem> problems = SplitProblems(file, policy.error().message());
     // File order; problems of the whole file (a missing field) first.
@@ -115,7 +116,6 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
                                            " problem" + (problems.size() == 1 ? "" : "s"))
                         .set_path(file));
   }
-  policy->file = CanonicalPath(Env::Default(), file);
   const orc::Policy& p = *policy;
   // The file is valid; what a run would meet now is a warning each.
   const std::vector<std::string> warnings = orc::PolicyWarnings(Env::Default(), p);

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <thread>
 
+#include "blockio/file_internal.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
@@ -76,14 +77,24 @@ std::string StatusLine(const orc::SchedulerStatus& s) {
   return line;
 }
 
+// --listen HOST:PORT split at its last colon; the host as given (an IPv6
+// one in brackets), "" when there is no colon (a port alone).
+struct ListenAddress {
+  std::string host;
+  std::string port;
+};
+ListenAddress SplitListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return {"", listen};
+  return {listen.substr(0, colon), listen.substr(colon + 1)};
+}
+
 // Why civetweb could not listen on `listen` (its exception says only "null
 // context when constructing CivetServer"): binds the address once, as it
 // would, and returns the system's reason ("Address already in use"), or
 // "" when the bind works now.
 std::string ListenProblem(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
-  const std::string port = colon == std::string::npos ? listen : listen.substr(colon + 1);
+  auto [host, port] = SplitListen(listen);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -94,17 +105,15 @@ std::string ListenProblem(const std::string& listen) {
     return std::string("cannot resolve the address: ") + ::gai_strerror(rc);
   }
   std::string problem;
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
+  for (addrinfo* a = found; a != nullptr && problem.empty(); a = a->ai_next) {
+    const internal::Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (fd.get() < 0) continue;
     int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as civetweb does
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 1) != 0) {
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as civetweb does
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 1) != 0) {
       const int err = errno;
       problem = std::string(std::strerror(err)) + (err == EADDRINUSE ? " (another process listens there)" : "");
     }
-    ::close(fd);
-    if (!problem.empty()) break;
   }
   ::freeaddrinfo(found);
   return problem;
@@ -155,8 +164,7 @@ int RunServe(ServeArgs& a, Output& out) {
   exposer->RegisterCollectable(collector);
   const std::vector<int> ports = exposer->GetListeningPorts();
   const int port = ports.empty() ? 0 : ports.front();
-  const std::string host = a.listen.substr(0, a.listen.rfind(':'));
-  const std::string address = host + ":" + std::to_string(port);
+  const std::string address = SplitListen(a.listen).host + ":" + std::to_string(port);
 
   orc::PolicyScheduler sched(Env::Default(), *policy, so);
   sched_ptr = &sched;

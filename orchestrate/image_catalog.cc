@@ -159,23 +159,49 @@ Status ValidName(const std::string& name) {
 // a name without one, or anything but a short run of letters and digits.
 std::string SourceExtension(const std::string& source) {
   if (source.find("://") != std::string::npos) return "";
-  const std::string base = source.substr(source.find_last_of('/') + 1);
-  const size_t dot = base.find_last_of('.');
-  if (dot == std::string::npos || dot == 0 || base.size() - dot > 9 || base.size() - dot < 2) return "";
-  const std::string ext = base.substr(dot);
-  if (!std::all_of(ext.begin() + 1, ext.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); })) {
+  const std::string ext = Extension(source);
+  if (ext.size() < 2 || ext.size() > 9 ||
+      !std::all_of(ext.begin() + 1, ext.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); })) {
     return "";
   }
   return ext;
 }
 
 // Image `name`'s copy in `disk`: the name with its source's extension
-// (base -> base.qcow2), so the file says its format to people and tools;
-// the name alone when it already ends with it or the source has none.
+// (base -> base.qcow2, base.qcow2 -> base.qcow2.qcow2), so the file says its
+// format to people and tools; the name alone when the source has none.
+// Given the source, the name is the file less that extension
+// (ImageNameOf); two images whose sources differ may still map to one file
+// (`a` from x.qcow2, `a.qcow2` from an NBD URI), which add and sync refuse
+// (CopyHolder).
 std::string CopyPath(const std::string& disk, const std::string& name, const std::string& source) {
+  return JoinPath(disk, name + SourceExtension(source));
+}
+
+// CopyPath's reverse: the image whose copy from `source` is the file
+// `file` (a name in a disk folder). A copy made before copies kept their
+// source's extension is the name alone.
+std::string ImageNameOf(const std::string& file, const std::string& source) {
   const std::string ext = SourceExtension(source);
-  const bool has = !ext.empty() && name.size() > ext.size() && name.ends_with(ext);
-  return JoinPath(disk, has ? name : name + ext);
+  if (ext.empty() || file.size() <= ext.size() || !file.ends_with(ext)) return file;
+  return file.substr(0, file.size() - ext.size());
+}
+
+// The image other than `name` whose copy on `disk` is (or is being sent to)
+// `path`; "" when none. A failed row holds no file.
+Result<std::string> CopyHolder(SqliteDb& db, const std::string& disk, const std::string& path,
+                               const std::string& name) {
+  BARGE_ASSIGN_OR_RETURN(auto s, db.Prepare("SELECT image FROM image_copies WHERE disk = ?1 AND path = ?2 AND "
+                                            "image != ?3 AND state != 'failed' ORDER BY image LIMIT 1"));
+  s.Bind(1, disk).Bind(2, path).Bind(3, name);
+  BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? s.Text(0) : std::string();
+}
+
+// Why image `name` may not be copied to `path`, the copy of `holder`.
+std::string TakenMessage(const std::string& name, const std::string& path, const std::string& holder) {
+  return "image '" + name + "' would be copied to " + path + ", the copy of image '" + holder +
+         "' (one file name from two sources); add the image under another name";
 }
 
 // The backing file `qcow2` names, resolved against its folder; "" if none
@@ -351,6 +377,10 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
       BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare("DELETE FROM images WHERE name = ?1"));
       BARGE_RETURN_IF_ERROR(del.Bind(1, name).Run());
     }
+    // Checked and claimed in one transaction: an add or sync of another
+    // image holds only that image's lock.
+    BARGE_ASSIGN_OR_RETURN(std::string holder, CopyHolder(*db_, copy.disk, copy.path, name));
+    if (!holder.empty()) return Error::InvalidArgument(TakenMessage(name, copy.path, holder)).set_path(copy.path);
     BARGE_ASSIGN_OR_RETURN(
         auto ins, db_->Prepare("INSERT INTO images (name, source, expected_sha512, created) VALUES (?1, ?2, ?3, ?4)"));
     BARGE_RETURN_IF_ERROR(ins.Bind(1, name).Bind(2, source).Bind(3, expected_sha512).Bind(4, Now()).Run());
@@ -359,7 +389,7 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   }
   pipeline::ReplicateOptions o = options;
   o.expected_sha512 = expected_sha512;
-  o.force = true;  // the disk folder's file of this name is ours
+  o.force = true;  // the file is this image's: no other image's row names it (CopyHolder above)
   o.source_location = source;
   // A failed add leaves no row: the image has no copy (and had none ready:
   // see above), so it is not in the catalog.
@@ -454,10 +484,11 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
       std::string path = CopyPath(key, name, image.source);
       if (std::any_of(senders.begin(), senders.end(), [&](const Sender& s) { return s.path == path; })) continue;
       ImageCopyRecord c{name, key, path, "pending", 0, "", "", Now(), 0, owner};
-      if (!made.ok()) {
+      BARGE_ASSIGN_OR_RETURN(std::string holder, CopyHolder(*db_, key, path, name));
+      if (!made.ok() || !holder.empty()) {
         // This disk cannot take a copy; the others still can.
         c.state = "failed";
-        c.message = made.error().ToString();
+        c.message = made.ok() ? TakenMessage(name, path, holder) : made.error().ToString();
         c.owner.clear();
         BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
         continue;
@@ -478,7 +509,7 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
   auto send = [&](ImageCopyRecord copy, size_t sender_index, std::string sender_path) {
     pipeline::ReplicateOptions o = options.replicate;
     o.expected_sha512 = image.sha512;
-    o.force = true;
+    o.force = true;  // the file is this image's: no other image's row names it (CopyHolder)
     o.source_location = sender_path;
     o.source_format = image.format;
     o.progress = PercentRecorder(copy);
@@ -619,16 +650,10 @@ Status ImageCatalog::Rescan(const std::vector<std::string>& disks_arg) {
     BARGE_ASSIGN_OR_RETURN(std::vector<std::string> fnames, env_.ListDir(disk));
     for (const std::string& fname : fnames) {
       if (fname.size() <= suffix.size() || fname.compare(fname.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-      // The copy's file is the image's name and its source's extension
-      // (older copies: the name alone).
       const std::string file = fname.substr(0, fname.size() - suffix.size());
       const std::string path = JoinPath(disk, file);
       auto rec = pipeline::ReadReplicaRecord(env_, path);
-      std::string name = file;
-      if (const std::string ext = rec.ok() ? SourceExtension(rec->source) : "";
-          !ext.empty() && file.size() > ext.size() && file.ends_with(ext)) {
-        name = file.substr(0, file.size() - ext.size());
-      }
+      const std::string name = rec.ok() ? ImageNameOf(file, rec->source) : file;
       if (!ValidName(name).ok() || live.count(name)) continue;
       ImageCopyRecord c{name, disk, path, "ready", 100, "", "", Now(), 0, ""};
       if (!rec.ok()) {

@@ -95,8 +95,11 @@ class ImageCatalog {
   ImageCatalog& operator=(const ImageCatalog&) = delete;
 
   // Prepares the first ready copy of `name` from `source` in `disk`
-  // (DISK/NAME), checked against `expected_sha512` if given. An image of
-  // that name must not exist yet, unless re-adding to a disk that failed.
+  // (DISK/NAME plus the source's extension), checked against
+  // `expected_sha512` if given. An image of that name must not exist yet,
+  // unless re-adding to a disk that failed; kInvalidArgument when that
+  // file is another image's copy (`a` from x.qcow2 and `a.qcow2` from a
+  // source without an extension).
   // Holds the image's lock throughout (kBusy, retryable, when another add
   // or sync of `name` holds it) and first recovers the image's interrupted
   // rows.
@@ -110,7 +113,8 @@ class ImageCatalog {
                               const pipeline::ReplicateOptions& options);
   // Delivers `name` to every disk in `disks` that lacks a ready copy, from
   // ready copies (copies that become ready send too). Each send checks the
-  // image's SHA-512. Holds the image's lock throughout: kBusy, retryable
+  // image's SHA-512. A disk whose file for the copy is another image's
+  // copy is marked failed, saying so. Holds the image's lock throughout: kBusy, retryable
   // ("an image sync of NAME is already running"), at once when
   // another process (or another call in this one) syncs or adds `name`.
   // Recovers the image's interrupted rows first, so they are sent again.

@@ -309,5 +309,75 @@ TEST_F(ImageCatalogTest, Issue13SyncWhoseOnlySenderCannotBeReadSaysWhy) {
   EXPECT_NE(r.error().ToString().find("no ready copy to send from"), std::string::npos) << r.error().ToString();
 }
 
+// Every image name has its own copy file: image `a` from x.raw and image
+// `a.raw` from y.raw once both mapped to DISK/a.raw, and each add or sync,
+// holding only its own image's lock, overwrote the other's ready copy; a
+// rescan then called the image `a.raw` `a`.
+TEST_F(ImageCatalogTest, TwoImagesNeverShareACopyFile) {
+  const std::string x = dir_ / "x.raw", y = dir_ / "y.raw", bare = dir_ / "bare";
+  const auto x_bytes = barge::testing::RandomBytes(64 << 10, 6);
+  const auto y_bytes = barge::testing::RandomBytes(64 << 10, 7);
+  barge::testing::WriteFile(x, x_bytes);
+  barge::testing::WriteFile(y, y_bytes);
+  barge::testing::WriteFile(bare, y_bytes);
+  const std::string d1 = Disk("d1"), d2 = Disk("d2");
+  auto cat = ImageCatalog::Open(PosixEnv(), Db());
+  ASSERT_TRUE(cat.ok()) << cat.error().ToString();
+  auto add = [&](const std::string& name, const std::string& source, const std::string& disk) {
+    return (*cat)->Add(name, source, "", disk, pipeline::ReplicateOptions{});
+  };
+
+  // The name never drops the source's extension, so the two differ.
+  auto a = add("a", x, d1);
+  ASSERT_TRUE(a.ok()) << a.error().ToString();
+  EXPECT_EQ(a->path, d1 + "/a.raw");
+  auto a_raw = add("a.raw", y, d1);
+  ASSERT_TRUE(a_raw.ok()) << a_raw.error().ToString();
+  EXPECT_EQ(a_raw->path, d1 + "/a.raw.raw");
+  EXPECT_EQ(barge::testing::ReadFile(a->path), x_bytes);
+  EXPECT_EQ(barge::testing::ReadFile(a_raw->path), y_bytes);
+
+  // A source without an extension gives the name alone: `b.raw` from
+  // `bare` would be d1/b.raw, image b's copy. The add is refused, leaves
+  // no image, and b's copy is untouched.
+  ASSERT_TRUE(add("b", x, d1).ok());
+  auto clash = add("b.raw", bare, d1);
+  ASSERT_FALSE(clash.ok());
+  EXPECT_EQ(clash.error().code(), ErrorCode::kInvalidArgument) << clash.error().ToString();
+  EXPECT_NE(clash.error().ToString().find("image 'b'"), std::string::npos) << clash.error().ToString();
+  EXPECT_EQ(barge::testing::ReadFile(d1 + "/b.raw"), x_bytes);
+  auto none = (*cat)->Images("b.raw");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+
+  // The same in a sync: d2/c.raw is image c.raw's, so c's copy there fails
+  // with the reason and c.raw's stays.
+  ASSERT_TRUE(add("c.raw", bare, d2).ok());
+  ASSERT_TRUE(add("c", x, d1).ok());
+  auto synced = (*cat)->Sync("c", {d2}, SyncOptions{});
+  ASSERT_TRUE(synced.ok()) << synced.error().ToString();
+  auto c_rows = CopiesByDisk(**cat, "c");
+  EXPECT_EQ(c_rows[d2].state, "failed");
+  EXPECT_NE(c_rows[d2].message.find("image 'c.raw'"), std::string::npos) << c_rows[d2].message;
+  EXPECT_EQ(CopiesByDisk(**cat, "c.raw")[d2].state, "ready");
+  EXPECT_EQ(barge::testing::ReadFile(d2 + "/c.raw"), y_bytes);
+
+  // A rescan gives each file back to its own image.
+  ASSERT_TRUE((*cat)->Rescan({d1, d2}).ok());
+  for (const auto& [name, disk, path] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{{"a", d1, d1 + "/a.raw"},
+                                                                      {"a.raw", d1, d1 + "/a.raw.raw"},
+                                                                      {"b", d1, d1 + "/b.raw"},
+                                                                      {"c", d1, d1 + "/c.raw"},
+                                                                      {"c.raw", d2, d2 + "/c.raw"}}) {
+    auto rows = CopiesByDisk(**cat, name);
+    EXPECT_EQ(rows[disk].path, path) << name;
+    EXPECT_EQ(rows[disk].state, "ready") << name;
+  }
+  auto images = (*cat)->Images();
+  ASSERT_TRUE(images.ok());
+  EXPECT_EQ(images->size(), 5u);
+}
+
 }  // namespace
 }  // namespace barge::orchestrate

@@ -35,6 +35,7 @@ DueDecision DecideDue(const Policy& policy, const SourceState& state, SysSeconds
     auto next = policy.schedule->Next(now);
     if (next.ok()) d.next = *next;
   }
+  if (state.last_failed && state.last_attempt) d.retry = *state.last_attempt + retry_after;
   if (run_in_progress) {
     d.why = "a run of policy " + policy.name + " is in progress";
     return d;
@@ -179,12 +180,15 @@ std::set<std::string> KeepNewest(const std::vector<RestorePoint>& points, size_t
   return keep;
 }
 
+Status CheckForgetPolicy(const ForgetPolicy& policy) {
+  if (!policy.empty()) return OkStatus();
+  return Error::InvalidArgument(
+      "forget needs at least one keep rule (--keep-last, --keep-hourly, --keep-daily, --keep-weekly, "
+      "--keep-monthly, --keep-yearly above 0, or --keep-within)");
+}
+
 Result<ForgetSelection> SelectForgetWhy(const std::vector<RestorePoint>& points, const ForgetPolicy& policy) {
-  if (policy.empty()) {
-    return Error::InvalidArgument(
-        "forget needs at least one keep rule (--keep-last, --keep-hourly, --keep-daily, --keep-weekly, "
-        "--keep-monthly, --keep-yearly above 0, or --keep-within)");
-  }
+  BARGE_RETURN_IF_ERROR(CheckForgetPolicy(policy));
   using namespace std::chrono;
   std::vector<const RestorePoint*> sorted = NewestFirst(points);
   // Each bucket rule: the period a time falls in, as a number (to compare)
@@ -259,11 +263,10 @@ Result<ForgetSelection> SelectForgetWhy(const std::vector<RestorePoint>& points,
   return keep;
 }
 
-Result<std::set<std::string>> SelectForget(const std::vector<RestorePoint>& points, const ForgetPolicy& policy) {
-  BARGE_ASSIGN_OR_RETURN(ForgetSelection why, SelectForgetWhy(points, policy));
-  std::set<std::string> keep;
-  for (const auto& [key, rules] : why) keep.insert(key);
-  return keep;
+std::set<std::string> KeysOf(const ForgetSelection& selection) {
+  std::set<std::string> keys;
+  for (const auto& [key, rules] : selection) keys.insert(key);
+  return keys;
 }
 
 RetentionPlan PlanRetention(const std::vector<RestorePoint>& points, const std::vector<ChainView>& chains,

@@ -42,6 +42,7 @@ struct DueDecision {
   std::optional<SysSeconds> slot;   // schedule: the newest slot passed
   size_t coalesced_slots = 0;       // schedule: slots passed since the last attempt (>= 1 when due)
   std::optional<SysSeconds> next;   // schedule: the next slot after now
+  std::optional<SysSeconds> retry;  // the last attempt failed: when it is retried (last attempt + retry_after)
 };
 
 // Whether a source is due at `now`:
@@ -199,9 +200,13 @@ struct ForgetPolicy {
 // "within 2d12h". Points not kept are absent.
 using ForgetSelection = std::map<std::string, std::vector<std::string>>;
 
-// kInvalidArgument when `policy` is empty() (that would forget everything).
+// kInvalidArgument, naming the keep rules, when `policy` is empty() (that
+// would forget everything); ok otherwise.
+Status CheckForgetPolicy(const ForgetPolicy& policy);
+
+// kInvalidArgument as CheckForgetPolicy.
 Result<ForgetSelection> SelectForgetWhy(const std::vector<RestorePoint>& points, const ForgetPolicy& policy);
-// The keys of SelectForgetWhy.
-Result<std::set<std::string>> SelectForget(const std::vector<RestorePoint>& points, const ForgetPolicy& policy);
+// The keys (the points kept) of a selection.
+std::set<std::string> KeysOf(const ForgetSelection& selection);
 
 }  // namespace barge::orchestrate

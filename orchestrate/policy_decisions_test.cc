@@ -277,6 +277,12 @@ TEST(RetentionTest, UnknownPointsAreNeverRemoved) {
   EXPECT_EQ(Describe(plan), "anyway(A0) anyway(A1) ");
 }
 
+// The points SelectForgetWhy keeps.
+Result<std::set<std::string>> SelectedKeys(const std::vector<RestorePoint>& points, const ForgetPolicy& policy) {
+  BARGE_ASSIGN_OR_RETURN(ForgetSelection why, SelectForgetWhy(points, policy));
+  return KeysOf(why);
+}
+
 TEST(ForgetTest, ResticStyleSelection) {
   // Two points a day (02:00 and 14:00) for 60 days from Thu 2026-01-01.
   std::vector<RestorePoint> points;
@@ -286,22 +292,22 @@ TEST(ForgetTest, ResticStyleSelection) {
       points.push_back({FormatRfc3339(t), t, {}});
     }
   }
-  auto last = SelectForget(points, {3, 0, 0, 0});
+  auto last = SelectedKeys(points, {3, 0, 0, 0});
   ASSERT_TRUE(last.ok());
   EXPECT_EQ(*last, (std::set<std::string>{"2026-03-01T14:00:00Z", "2026-03-01T02:00:00Z", "2026-02-28T14:00:00Z"}));
-  auto daily = SelectForget(points, {0, 2, 0, 0});
+  auto daily = SelectedKeys(points, {0, 2, 0, 0});
   EXPECT_EQ(*daily, (std::set<std::string>{"2026-03-01T14:00:00Z", "2026-02-28T14:00:00Z"}));
   // Weekly: the newest point of each ISO week (Mon-Sun). 2026-03-01 is a
   // Sunday; the week before ends Sunday 2026-02-22.
-  auto weekly = SelectForget(points, {0, 0, 2, 0});
+  auto weekly = SelectedKeys(points, {0, 0, 2, 0});
   EXPECT_EQ(*weekly, (std::set<std::string>{"2026-03-01T14:00:00Z", "2026-02-22T14:00:00Z"}));
-  auto monthly = SelectForget(points, {0, 0, 0, 3});
+  auto monthly = SelectedKeys(points, {0, 0, 0, 3});
   EXPECT_EQ(*monthly, (std::set<std::string>{"2026-03-01T14:00:00Z", "2026-02-28T14:00:00Z",
                                              "2026-01-31T14:00:00Z"}));
   // Union of rules.
-  auto both = SelectForget(points, {1, 2, 0, 1});
+  auto both = SelectedKeys(points, {1, 2, 0, 1});
   EXPECT_EQ(both->size(), 2u);
-  EXPECT_FALSE(SelectForget(points, {}).ok());
+  EXPECT_FALSE(SelectedKeys(points, {}).ok());
   // With one chain of these points, forget keeps everything restorable.
   ChainView c{"A", {}};
   for (const auto& p : points) c.ids.push_back(p.key);
@@ -369,7 +375,7 @@ TEST(ForgetTest, HourlyYearlyWithinAndWhy) {
   EXPECT_EQ(*m, (ForgetSelection{
                     {"2026-11-25T10:00:00Z", {"last 2", "daily 2026-11-25", "weekly 2026-W48", "within 1h"}},
                     {"2025-01-01T02:00:00Z", {"last 2", "daily 2025-01-01", "weekly 2025-W01"}}}));
-  EXPECT_EQ(SelectForget(points, mixed)->size(), 2u);
+  EXPECT_EQ(SelectedKeys(points, mixed)->size(), 2u);
   // No rule at all is refused (it would forget everything).
   EXPECT_EQ(SelectForgetWhy(points, ForgetPolicy{}).error().code(), ErrorCode::kInvalidArgument);
 }

@@ -2,12 +2,15 @@
 #include "orchestrate/policy_runner.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
 #include <thread>
 
+#include "blockio/path.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/file_lock.h"
 #include "orchestrate/time_text.h"
@@ -19,6 +22,37 @@
 namespace barge::orchestrate {
 
 namespace {
+
+// The owner file in a policy folder (PolicyOwnerPath).
+constexpr const char* kPolicyOwnerFile = ".barge-policy";
+
+// Why `policy` may not write to `target`'s folder of its name: it belongs
+// to the policy file `owner`.
+Error ForeignOwner(const Policy& policy, const std::string& target, const std::string& owner) {
+  return Error::InvalidArgument("policy " + policy.name + " of " + policy.file + ": the folder " + target + "/" +
+                                policy.name + " belongs to policy file " + owner +
+                                ", which has the same name; give one of them another `name`")
+      .set_path(PolicyOwnerPath(target, policy.name));
+}
+
+// Records `policy`'s file as the owner of `target`'s folder of its name,
+// unless another run recorded one first. The file is published complete,
+// with a link that never replaces (Env::Link): of two runs that claim at
+// once (two policy files of one name) one wins, and the other reads the
+// winner's file. Returns the owner now recorded.
+Result<std::string> RecordOwner(Env& env, const std::string& target, const Policy& policy) {
+  const std::string path = PolicyOwnerPath(target, policy.name);
+  const std::string mine = path + "." + std::to_string(ProcessOwner::Self(env).pid);
+  BARGE_RETURN_IF_ERROR(env.WriteFileAtomic(mine, policy.file + "\n"));
+  Status linked = env.Link(mine, path);
+  IgnoreError(env.Unlink(mine), "a stray hidden file in the policy folder is harmless");
+  if (linked.ok()) {
+    BARGE_RETURN_IF_ERROR(env.SyncDir(DirName(path)));
+    return policy.file;
+  }
+  if (linked.error().errno_value() != EEXIST) return std::move(linked).error();
+  return PolicyFolderOwner(env, target, policy.name);
+}
 
 bool Selected(const std::vector<std::string>& only, const std::string& name) {
   return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
@@ -182,11 +216,11 @@ class Runner {
     if (points.newest_chain) {
       // An incremental extends only its own disk's chain: a source that
       // reads another disk now (its location changed, or another policy
-      // of this name wrote the chain) starts a new chain, saying why.
+      // of this name wrote the chain) starts a new chain, saying why. A
+      // disk `barge state migrate` moved is still its chain's (moved_from).
       BARGE_ASSIGN_OR_RETURN(std::optional<formats::DiskIdentity> identity, backend_.IdentifyDisk(s));
       if (identity) {
-        BARGE_ASSIGN_OR_RETURN(pipeline::ChainFolder folder, pipeline::LoadChainFolder(env_, points.newest_chain_dir));
-        BARGE_ASSIGN_OR_RETURN(std::string other, pipeline::OtherDiskReason(folder, *identity));
+        BARGE_ASSIGN_OR_RETURN(std::string other, pipeline::OtherDiskReason(points.newest_folder, *identity));
         if (!other.empty()) blocker = other + ": a new chain starts";
       }
     }
@@ -216,7 +250,9 @@ class Runner {
         ts.error = space.error().ToString();
         ts.error_code = space.error().code();
       } else if (space->read_only) {
-        ts.error = "IoError: " + t + ": the filesystem is mounted read-only";
+        const Error read_only = Error::IoError("the filesystem is mounted read-only").set_path(t);
+        ts.error = read_only.ToString();
+        ts.error_code = read_only.code();
       } else {
         ts.free_bytes = space->free_bytes;
       }
@@ -262,16 +298,12 @@ class Runner {
     req.copy = opt_.copy;
     req.copy.cancel = &cancel_;
     Result<SourceBackupResult> done = Error::Internal("not run");
-    const bool fresh_folder = !env_.Exists(req.target_dir);
     if (Status made = ClaimFolder(place.target); made.ok()) {
       done = backend_.Backup(req);
     } else {
       done = made.error();
     }
-    // A failed first backup leaves no folder behind, as a plain backup
-    // does: the policy folder this source created goes again while it
-    // holds nothing but its owner file.
-    if (!done.ok() && fresh_folder) DropFolder(place.target);
+    ReleaseFolder(place.target, done.ok());
     Status post = post_hook(done.ok() ? "success" : "failed", done.ok() ? "" : done.error().ToString());
     if (!post.ok()) {
       if (!done.ok()) return Error(done.error()).Also(post);
@@ -353,29 +385,36 @@ class Runner {
   }
 
   // Creates <target>/<policy> and records the policy file as its owner
-  // (once); refuses a folder another policy file owns.
+  // (once); refuses a folder another policy file owns. The caller is a
+  // claimant of the folder until its ReleaseFolder, also when this fails.
   Status ClaimFolder(const std::string& target) {
     const std::string dir = target + "/" + policy_.name;
+    std::lock_guard lock(claim_mu_);  // sources of one run claim one folder
+    FolderClaims& c = claims_[target];
+    if (c.active++ == 0) c.created = !env_.Exists(dir);
     BARGE_RETURN_IF_ERROR(env_.CreateDirs(dir));
     if (policy_.file.empty()) return OkStatus();
-    std::lock_guard lock(claim_mu_);  // sources of one run claim one folder
     BARGE_ASSIGN_OR_RETURN(std::string owner, PolicyFolderOwner(env_, target, policy_.name));
     if (owner.empty()) {
-      BARGE_RETURN_IF_ERROR(env_.WriteFileAtomic(PolicyOwnerPath(target, policy_.name), policy_.file + "\n"));
+      BARGE_ASSIGN_OR_RETURN(owner, RecordOwner(env_, target, policy_));
     }
-    return CheckPolicyFolders(env_, policy_);
+    if (owner != policy_.file) return ForeignOwner(policy_, target, owner);
+    return OkStatus();
   }
 
-  // Removes <target>/<policy> with its owner file when nothing else is in
-  // it (another source of this run may have filled it meanwhile: then it
-  // stays, and so does the owner file).
-  void DropFolder(const std::string& target) {
-    const std::string dir = target + "/" + policy_.name;
+  // Ends a ClaimFolder. A failed first backup leaves no folder behind, as a
+  // plain backup does: when the last claimant of a folder this run created
+  // fails, the folder goes again if it holds nothing but its owner file
+  // (another source of this run may have filled it: then it stays).
+  void ReleaseFolder(const std::string& target, bool succeeded) {
     std::lock_guard lock(claim_mu_);
+    FolderClaims& c = claims_[target];
+    if (--c.active > 0 || succeeded || !c.created) return;
+    const std::string dir = target + "/" + policy_.name;
     auto names = env_.ListDir(dir);
     if (!names.ok()) return;
     for (const auto& n : *names) {
-      if (n != ".barge-policy") return;
+      if (n != kPolicyOwnerFile) return;
     }
     if (!names->empty() && !env_.Unlink(PolicyOwnerPath(target, policy_.name)).ok()) return;
     IgnoreError(env_.RemoveDir(dir), "a folder another process filled meanwhile stays");
@@ -399,7 +438,14 @@ class Runner {
   SourceBackend& backend_;
   PolicyCatalog& catalog_;  // guarded by catalog_mu_
   std::mutex catalog_mu_;
+  // Per target: the sources of this run between ClaimFolder and
+  // ReleaseFolder, and whether the first of them created the policy folder.
+  struct FolderClaims {
+    int active = 0;
+    bool created = false;
+  };
   std::mutex claim_mu_;
+  std::map<std::string, FolderClaims> claims_;  // guarded by claim_mu_
   std::function<SysSeconds()> now_;
   PickFn pick_;
   std::mutex mu_;
@@ -414,17 +460,15 @@ class Runner {
 // The selection and plan of one source's (or folder's) points into `rep`.
 Status PlanForget(const SourcePoints& points, const ForgetPolicy& keep, ForgetSourceReport& rep) {
   BARGE_ASSIGN_OR_RETURN(rep.why_kept, SelectForgetWhy(points.points, keep));
-  std::set<std::string> kept;
-  for (const auto& [key, rules] : rep.why_kept) kept.insert(key);
   rep.points = points.points;
-  rep.plan = PlanRetention(points.points, points.chains, kept);
+  rep.plan = PlanRetention(points.points, points.chains, KeysOf(rep.why_kept));
   return OkStatus();
 }
 
 }  // namespace
 
 std::string PolicyOwnerPath(const std::string& target, const std::string& policy_name) {
-  return target + "/" + policy_name + "/.barge-policy";
+  return target + "/" + policy_name + "/" + kPolicyOwnerFile;
 }
 
 Result<std::string> PolicyFolderOwner(Env& env, const std::string& target, const std::string& policy_name) {
@@ -447,10 +491,7 @@ Status CheckPolicyFolders(Env& env, const Policy& policy) {
   for (const auto& t : policy.targets) {
     BARGE_ASSIGN_OR_RETURN(std::string owner, PolicyFolderOwner(env, t, policy.name));
     if (owner.empty() || owner == policy.file) continue;
-    return Error::InvalidArgument("policy " + policy.name + " of " + policy.file + ": the folder " + t + "/" +
-                                  policy.name + " belongs to policy file " + owner +
-                                  ", which has the same name; give one of them another `name`")
-        .set_path(PolicyOwnerPath(t, policy.name));
+    return ForeignOwner(policy, t, owner);
   }
   return OkStatus();
 }
@@ -522,7 +563,7 @@ Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& pol
 Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_dir, const ForgetPolicy& keep,
                                              const ForgetOptions& options) {
   // Refused before the lock file is made.
-  if (keep.empty()) return SelectForgetWhy({}, keep).error();
+  BARGE_RETURN_IF_ERROR(CheckForgetPolicy(keep));
   BARGE_ASSIGN_OR_RETURN(bool holds, pipeline::HoldsBackups(env, chain_dir));
   if (!holds) return Error::NotFound("the chain folder holds no backups: nothing to forget").set_path(chain_dir);
   BARGE_ASSIGN_OR_RETURN(pipeline::ChainLock lock, pipeline::ChainLock::Acquire(env, chain_dir, options.wait_for_lock));

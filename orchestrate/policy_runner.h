@@ -83,9 +83,11 @@ class SourceBackend {
   // Bytes the source occupies (the free-space rule's base).
   virtual Result<uint64_t> AllocatedBytes(const PolicySource& source) = 0;
   // The disk the source reads now (pipeline/disk_identity.h), for the
-  // runner's check that an incremental extends that disk's own chain;
-  // nullopt = not known here (domains: their chains are per domain disk,
-  // and RunVmBackup checks the checkpoint). The default knows none.
+  // runner's check that an incremental extends that disk's own chain, with
+  // moved_from set when `barge state migrate` moved it
+  // (FollowStateMigrations), as the backup itself will judge it; nullopt =
+  // not known here (domains: their chains are per domain disk, and
+  // RunVmBackup checks the checkpoint). The default knows none.
   virtual Result<std::optional<formats::DiskIdentity>> IdentifyDisk(const PolicySource& /*source*/) {
     return std::optional<formats::DiskIdentity>();
   }
@@ -98,6 +100,13 @@ class SourceBackend {
   // One backup. On failure nothing new is left in the chain folders.
   virtual Result<SourceBackupResult> Backup(const SourceBackupRequest& request) = 0;
 };
+
+// BackupRequest::previous_location (pipeline/backup.h) for `barge backup`
+// and the policy sources alike: where the disk at a canonical path was
+// before `barge state migrate` moved its state folder (MovedFromLocation,
+// orchestrate/state_migrate.h), so an incremental keeps the moved disk's
+// chain. `env` must outlive the function.
+std::function<std::string(const std::string& canonical_path)> FollowStateMigrations(Env& env);
 
 // Images: pipeline::RunBackup under QEMU's image lock (kExclusiveWrite with
 // a bitmap, so no QEMU writes between the read and the bitmap's clear),
@@ -115,6 +124,10 @@ struct SourcePoints {
   std::optional<ChainSummary> newest_chain;  // the chain with the newest point
   std::string newest_chain_dir;              // of its first disk
   std::string newest_id;                     // the newest point of that chain folder
+  // ScanSource: the folder newest_chain_dir as the scan loaded it (the
+  // disk its chain records, for the runner's identity check); empty from
+  // ScanChainFolder, whose caller has the folder.
+  pipeline::ChainFolder newest_folder;
 };
 
 // Every point of `source` on the policy's targets (missing folders are
@@ -247,8 +260,9 @@ Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_
 // with one name writing to one target would mix their points (and one's
 // retention would remove the other's). The first run that writes there
 // records its policy file (Policy::file) in <target>/<name>/.barge-policy
-// (written atomically); a run or forget of a policy with the same name
-// from another file is refused.
+// (published complete, and never replaced: of two runs that claim at once,
+// one wins); a run or forget of a policy with the same name from another
+// file is refused.
 std::string PolicyOwnerPath(const std::string& target, const std::string& policy_name);
 
 // The policy file recorded in `target`'s folder of `policy_name`; "" when

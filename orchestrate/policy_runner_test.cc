@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "orchestrate/time_text.h"
@@ -196,6 +198,84 @@ class FakeBackend : public SourceBackend {
   }
   std::atomic<int> started{0};
 };
+
+// Issue 18: two sources of one run claim a policy folder that did not
+// exist. Each decided on its own whether it had created the folder, before
+// claiming it, so a source failing while the other was between its claim
+// and its chain folder removed the folder under it. Now the folder goes
+// only when its last claimant fails.
+class ClaimRaceEnv final : public EnvWrapper {
+ public:
+  ClaimRaceEnv(Env& target, std::string dir) : EnvWrapper(target), dir_(std::move(dir)) {}
+  // The first two looks at the policy folder meet (or the first gives up
+  // after half a second: one source looks while it holds the claim), so
+  // both sources see it missing when both look before claiming.
+  Result<FileStat> Stat(const std::string& path) override {
+    auto st = EnvWrapper::Stat(path);
+    if (path == dir_) {
+      std::unique_lock lock(mu_);
+      if (++looks_ <= 2) {
+        cv_.notify_all();
+        cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return looks_ >= 2; });
+      }
+    }
+    return st;
+  }
+
+ private:
+  const std::string dir_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int looks_ = 0;  // guarded by mu_
+};
+
+class ClaimRaceBackend final : public SourceBackend {
+ public:
+  // Both sources start placing at once (up to 10 s).
+  Result<uint64_t> AllocatedBytes(const PolicySource&) override {
+    ++placing;
+    for (int i = 0; i < 1000 && placing < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return uint64_t{1};
+  }
+  Result<std::string> IncrementalBlocker(const PolicySource&, const std::string&, const std::string&) override {
+    return std::string();
+  }
+  // "bad" fails once "good" holds its claim; "good" then gives the failure
+  // time to remove the folder before it writes its chain folder there.
+  Result<SourceBackupResult> Backup(const SourceBackupRequest& r) override {
+    if (r.source->name == "bad") {
+      while (!good_in) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return Error::IoError("injected failure");
+    }
+    good_in = true;
+    for (int i = 0; i < 100 && PosixEnv().Exists(r.target_dir); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    folder_kept = PosixEnv().Exists(r.target_dir);
+    SourceBackupResult out;
+    out.type = "full";
+    return out;
+  }
+  std::atomic<int> placing{0};
+  std::atomic<bool> good_in{false};
+  std::atomic<bool> folder_kept{false};
+};
+
+TEST_F(PolicyRunnerTest, FailingSourceKeepsTheFolderAnotherSourceClaimed) {
+  Policy p = Parse("name: race\nsources:\n  - nbd: nbd://h/good\n  - nbd: nbd://h/bad\nmax_parallel: 2\ntargets: [" +
+                   (dir_ / "t1") + "]\nfree_space_multiple: 0\n");
+  p.file = dir_ / "race.yaml";
+  ClaimRaceEnv env(Env::Default(), dir_ / "t1/race");
+  ClaimRaceBackend backend;
+  RunOptions o = Options();
+  o.backend = &backend;
+  o.manual = true;
+  auto r = RunPolicyOnce(env, p, o);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->failed, 1u);
+  EXPECT_TRUE(backend.folder_kept.load());
+  EXPECT_TRUE(PosixEnv().Exists(PolicyOwnerPath(dir_ / "t1", "race")));
+}
 
 TEST_F(PolicyRunnerTest, MaxRunTimeFailuresAndLock) {
   Policy p = Parse("name: slow\nsources:\n  - nbd: nbd://h/bad\n  - nbd: nbd://h/one\n  - nbd: nbd://h/two\n"

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "orchestrate/time_text.h"
+
 namespace barge::orchestrate {
 
 namespace {
@@ -121,13 +123,24 @@ SysSeconds PolicyScheduler::Pass() {
   }
   RefreshMetrics(policy);
 
-  // The next pass: the next slot, the next metrics refresh, or a retry
-  // when another process held the lock, whichever comes first. The slot
-  // is the one after the pass began: a slot that came while it ran is due
-  // now (at once, coalesced), not skipped.
+  // The next pass: the next slot, the next metrics refresh, the retry of
+  // a failed source (retry_failed_after), or a retry when another process
+  // held the lock, whichever comes first. The slot is the one after the
+  // pass began: a slot that came while it ran is due now (at once,
+  // coalesced), not skipped.
   const SysSeconds now = clock_.Now();
   SysSeconds next = now + std::max(opt_.refresh, std::chrono::seconds(1));
   if (busy) next = std::min(next, now + std::max(opt_.busy_retry, std::chrono::seconds(1)));
+  if (report.ok()) {
+    for (const auto& o : report->sources) {
+      // A source that ran is retried from this attempt, else from its last.
+      std::optional<SysSeconds> retry = o.ran ? std::nullopt : o.due.retry;
+      if (auto started = ParseRfc3339(o.record.started_at); o.ran && o.record.result != "success" && started.ok()) {
+        retry = *started + opt_.retry_failed_after;
+      }
+      if (retry) next = std::min(next, std::max(*retry, now + std::chrono::seconds(1)));
+    }
+  }
   if (policy.schedule) {
     if (auto slot = policy.schedule->Next(start); slot.ok()) next = std::min(next, *slot);
   }

@@ -176,6 +176,28 @@ TEST_F(PolicySchedulerTest, LastErrorShowsAFailingSourceUntilItSucceeds) {
   loop.join();
 }
 
+// A failed source is retried retry_failed_after later: the loop wakes
+// then, not at the next slot or metrics refresh.
+TEST_F(PolicySchedulerTest, FailedSourceWakesTheLoopForItsRetry) {
+  auto o = Options();
+  o.retry_failed_after = 60s;
+  auto p = ParsePolicy(Env::Default(), "name: sched\nsources:\n  - nbd: nbd://h/bad\ntargets: [" + (dir_ / "t") +
+                                       "]\nschedule: '@daily'\n");
+  ASSERT_TRUE(p.ok());
+  PolicyScheduler sched(Env::Default(), *p, o);
+  std::thread loop([&] { sched.Loop(); });
+  ASSERT_TRUE(Eventually([&] { return Reports() == 1 && sched.status().next_pass.has_value(); }));
+  EXPECT_EQ(Report(0).sources[0].record.result, "failed");
+  EXPECT_EQ(FormatRfc3339(*sched.status().next_pass), "2026-11-22T10:01:30Z");
+  backend_.fail_bad = false;
+  clock_.Set(*ParseRfc3339("2026-11-22T10:01:30Z"));
+  ASSERT_TRUE(Eventually([&] { return Reports() == 2; }));
+  EXPECT_EQ(Report(1).sources[0].due.why.rfind("retry: the last backup", 0), 0u) << Report(1).sources[0].due.why;
+  EXPECT_EQ(Report(1).sources[0].record.result, "success");
+  sched.Stop("done");
+  loop.join();
+}
+
 TEST_F(PolicySchedulerTest, StopEndsTheRunInProgressAndFailsItsRecords) {
   auto o = Options();
   auto p = ParsePolicy(Env::Default(), "name: sched\nsources:\n  - nbd: nbd://h/slow\ntargets: [" + (dir_ / "t") +

@@ -6,10 +6,13 @@
 #include <optional>
 #include <set>
 
+#include "blockio/path.h"
+#include "formats/image.h"
 #include "formats/qcow2_bitmap_edit.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/libvirt_conn.h"
 #include "orchestrate/policy_runner.h"
+#include "orchestrate/state_migrate.h"
 #include "orchestrate/time_text.h"
 #include "orchestrate/vm_backup.h"
 #include "pipeline/backup.h"
@@ -22,9 +25,15 @@ namespace barge::orchestrate {
 
 namespace {
 
-std::string Parent(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+// An image source's header (bitmaps, data file) as the policy code reads
+// it: no backing or data file opened, and none allowed outside the image's
+// folder (as Backup opens it).
+Result<std::unique_ptr<formats::Image>> OpenImageHeader(Env& env, const std::string& path) {
+  formats::OpenOptions o;
+  o.open_backing = false;
+  o.open_data_file = false;
+  o.allowed_dirs = {DirName(path)};
+  return formats::OpenImage(path, [&env](const std::string& p) { return env.OpenSource(p); }, o);
 }
 
 std::string Stem(const std::string& path) {
@@ -71,8 +80,9 @@ class DefaultBackend final : public SourceBackend {
     if (s.kind != PolicySourceKind::kImage) return std::optional<formats::DiskIdentity>();
     pipeline::SourceSpec spec;
     spec.location = s.location;
-    spec.allow_dirs = {Parent(s.location)};  // as Backup opens it
+    spec.allow_dirs = {DirName(s.location)};  // as Backup opens it
     BARGE_ASSIGN_OR_RETURN(formats::DiskIdentity id, pipeline::IdentifySource(env_, spec));
+    if (id.kind == "file" || id.kind == "block") id.moved_from = FollowStateMigrations(env_)(id.location);
     return std::optional<formats::DiskIdentity>(std::move(id));
   }
 
@@ -104,10 +114,11 @@ class DefaultBackend final : public SourceBackend {
     }
     pipeline::BackupRequest br;
     br.source.location = s.location;
-    br.source.allow_dirs = {Parent(s.location)};
+    br.source.allow_dirs = {DirName(s.location)};
     br.target_dir = r.target_dir;
     br.disk_name = s.name;
     br.incremental = r.incremental;
+    br.previous_location = FollowStateMigrations(env_);
     if (r.incremental) br.dirty_bitmap = s.bitmap;
     br.reason = r.reason;
     br.compression = r.compression;
@@ -136,23 +147,16 @@ class DefaultBackend final : public SourceBackend {
   // bytes (0 when the image has none or it cannot be read: the backup
   // itself then says why).
   uint64_t DataFileBytes(const std::string& path) {
-    auto image = formats::OpenImage(path, Opener(), OpenOptionsFor(path));
+    auto image = OpenImageHeader(env_, path);
     if (!image.ok() || (*image)->info().data_file.empty()) return 0;
-    std::string data = (*image)->info().data_file;
-    if (data[0] != '/') data = Parent(path) + "/" + data;
+    // Stored relative to the image's folder unless absolute.
+    const std::string data = JoinPath(DirName(path), (*image)->info().data_file);
     auto st = env_.Stat(data);
     return st.ok() ? (st->is_block_device() ? (*image)->size_bytes() : st->allocated_bytes) : 0;
   }
   Result<std::vector<formats::BitmapInfo>> Bitmaps(const std::string& path) {
-    BARGE_ASSIGN_OR_RETURN(auto image, formats::OpenImage(path, Opener(), OpenOptionsFor(path)));
+    BARGE_ASSIGN_OR_RETURN(auto image, OpenImageHeader(env_, path));
     return image->info().bitmaps;
-  }
-  formats::OpenOptions OpenOptionsFor(const std::string& path) {
-    formats::OpenOptions o;
-    o.open_backing = false;
-    o.open_data_file = false;
-    o.allowed_dirs = {Parent(path)};
-    return o;
   }
   formats::SourceOpener Opener() {
     return [this](const std::string& p) { return env_.OpenSource(p); };
@@ -246,6 +250,10 @@ Error BusyChain(const Error& e, const std::string& dir) {
 
 }  // namespace
 
+std::function<std::string(const std::string&)> FollowStateMigrations(Env& env) {
+  return [&env](const std::string& path) { return MovedFromLocation(env, path); };
+}
+
 std::unique_ptr<SourceBackend> NewDefaultSourceBackend(Env& env) { return std::make_unique<DefaultBackend>(env); }
 
 Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySource& source) {
@@ -290,6 +298,7 @@ Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySour
         }
       }
       for (auto& c : linked.chains) out.chains.push_back(std::move(c));
+      if (out.newest_chain_dir == dir) out.newest_folder = std::move(folder);
     }
   }
   return out;
@@ -400,11 +409,7 @@ std::vector<std::string> PolicyWarnings(Env& env, const Policy& policy) {
   }
   for (const auto& s : policy.sources) {
     if (s.kind != PolicySourceKind::kImage) continue;
-    formats::OpenOptions o;
-    o.open_backing = false;
-    o.open_data_file = false;
-    o.allowed_dirs = {Parent(s.location)};
-    auto image = formats::OpenImage(s.location, [&env](const std::string& p) { return env.OpenSource(p); }, o);
+    auto image = OpenImageHeader(env, s.location);
     if (!image.ok()) {
       out.push_back("source " + s.name + ": image " + s.location + ": " +
                     (image.error().code() == ErrorCode::kNotFound ? "does not exist" : image.error().ToString()));

@@ -547,6 +547,52 @@ TEST(PolicyCliTest, RawDiskThroughACbtOverlay) {
   RunOk("qemu-img compare -q -f raw -F raw " + Q(dir / "restored.raw") + " " + Q(raw));
 }
 
+// A policy image whose state folder `barge state migrate` moved (the
+// policy file then names the new path) continues its chain with an
+// incremental, as `barge backup` does: the runner took the moved disk for
+// another disk and started a new chain, and its backup did not look for
+// the move.
+TEST(PolicyCliTest, ImageMovedByStateMigrateKeepsItsChain) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  TempDir tmp;
+  const std::string dir = fs::canonical(tmp.path()).string();
+  const std::string old_dir = dir + "/pvc-old/state", new_dir = dir + "/pvc-new/state", cat = dir + "/catalog.db";
+  fs::create_directories(old_dir);
+  fs::create_directories(dir + "/pvc-new");
+  fs::create_directories(dir + "/t");
+  RunOk("qemu-img create -q -f qcow2 " + Q(old_dir + "/disk.qcow2") + " 8M && qemu-io -f qcow2 -c 'write -P 0x31 0 2M' " +
+        Q(old_dir + "/disk.qcow2") + " >/dev/null && qemu-img bitmap --add --enable " + Q(old_dir + "/disk.qcow2") +
+        " cbt0");
+  const std::string policy = dir + "/p.yaml";
+  auto write_policy = [&](const std::string& image) {
+    WriteText(policy, "name: moved\nsources:\n  - image: " + image + "\n    bitmap: cbt0\n    name: disk\ntargets: [" +
+                          dir + "/t]\nfree_space_multiple: 0\n");
+  };
+  write_policy(old_dir + "/disk.qcow2");
+  CliResult full = BargeJson("run --force --policy " + Q(policy), cat);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  EXPECT_EQ(SourceOf(full.result, "disk").at("type"), "full");
+
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x32 1M 64k' " + Q(old_dir + "/disk.qcow2") + " >/dev/null");
+  RunOk(Barge() + " state migrate --no-libvirt --from " + Q(old_dir) + " --to " + Q(new_dir));
+  write_policy(new_dir + "/disk.qcow2");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  CliResult inc = BargeJson("run --force --policy " + Q(policy), cat);
+  ASSERT_EQ(inc.exit_code, 0) << inc.output;
+  const json& d = SourceOf(inc.result, "disk");
+  EXPECT_EQ(d.at("type"), "incremental") << d.dump();
+  const std::string chain = d.at("points")[0].at("chain_dir");
+  EXPECT_EQ(chain, SourceOf(full.result, "disk").at("points")[0].at("chain_dir"));
+  const json m = json::parse(RunOk("cat " + Q(chain) + "/0001-*.json"));
+  EXPECT_EQ(m["disk_identity"]["location"], new_dir + "/disk.qcow2") << m.dump();
+  EXPECT_EQ(m["disk_identity"]["moved_from"], old_dir + "/disk.qcow2") << m.dump();
+  RunOk(Barge() + " verify --all " + Q(chain));
+  CliResult rr = BargeJson("restore " + Q(chain) + " --to " + Q(dir + "/restored.raw") + " --no-sync", cat);
+  ASSERT_EQ(rr.exit_code, 0) << rr.output;
+  RunOk("qemu-img compare -q -U -f raw -F qcow2 " + Q(dir + "/restored.raw") + " " + Q(new_dir + "/disk.qcow2"));
+}
+
 // Issue 18: a first policy backup that fails (reads fail; or stopped)
 // leaves no folder behind in the target, as a plain `barge backup` does.
 TEST(PolicyCliTest, FailedFirstBackupLeavesNoFolder) {
