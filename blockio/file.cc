@@ -18,11 +18,11 @@
 
 namespace barge {
 
-namespace internal {
-
 Fd::~Fd() {
   if (fd_ >= 0) ::close(fd_);
 }
+
+namespace internal {
 
 Result<Fd> OpenFd(const std::string& path, int flags, mode_t mode) {
   int fd;

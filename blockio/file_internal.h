@@ -11,29 +11,13 @@
 #include <string>
 #include <utility>
 
+#include "blockio/fd.h"
 #include "blockio/file.h"
 
 namespace barge {
 namespace internal {
 
-// Owns one file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd();
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_ = -1;
-};
+using Fd = ::barge::Fd;  // blockio/fd.h
 
 struct FileInfo {
   uint64_t size_bytes = 0;

@@ -17,7 +17,7 @@
 #include <atomic>
 #include <thread>
 
-#include "blockio/file_internal.h"
+#include "blockio/fd.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
@@ -106,7 +106,7 @@ std::string ListenProblem(const std::string& listen) {
   }
   std::string problem;
   for (addrinfo* a = found; a != nullptr && problem.empty(); a = a->ai_next) {
-    const internal::Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    const Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (fd.get() < 0) continue;
     int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as civetweb does
