@@ -293,10 +293,14 @@ Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
                                     " (qcow2): not disabling, the definition was changed since enable "
                                     "(nothing changed)");
     }
-    // The raw disk's path as the definition named it before enable.
+    // The raw disk's path as the definition named it before enable (a
+    // link, say), while it still leads to the raw disk CBT recorded; once
+    // that path no longer does (state migrate moved the raw disk's folder,
+    // and the record with it), the recorded raw disk.
     std::string raw = c.data_file;
     for (const auto& o : original_disks) {
-      if (o.target == c.disk && !o.source.empty()) raw = o.source;
+      if (o.target != c.disk || o.source.empty()) continue;
+      if (auto real = env.RealPath(o.source); real.ok() && *real == c.data_file) raw = o.source;
     }
     new_xml = ReplaceOnce(new_xml, d->element, SwitchDisk(*d, "raw", raw));
   }
@@ -327,6 +331,37 @@ Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, c
   BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(catalog, domain));
   if (!row) return std::optional<std::vector<CbtDisk>>();
   return std::optional<std::vector<CbtDisk>>(std::move(row->disks));
+}
+
+Status RepointCbtPaths(BackupCatalog& catalog, const std::vector<std::string>& old_dirs, const std::string& new_dir) {
+  BARGE_RETURN_IF_ERROR(catalog.db().Exec(kCbtSchema));
+  struct Row {
+    std::string domain, state_dir, original_xml, disks;
+    bool operator==(const Row&) const = default;
+  };
+  std::vector<Row> changed;
+  {
+    BARGE_ASSIGN_OR_RETURN(auto sel, catalog.db().Prepare("SELECT domain, state_dir, original_xml, disks FROM vm_cbt"));
+    for (;;) {
+      BARGE_ASSIGN_OR_RETURN(bool more, sel.Step());
+      if (!more) break;
+      const Row was{sel.Text(0), sel.Text(1), sel.Text(2), sel.Text(3)};
+      Row now = was;
+      for (const std::string& old_dir : old_dirs) {
+        now.state_dir = MovePath(now.state_dir, old_dir, new_dir);
+        now.original_xml = ReplacePathPrefix(now.original_xml, old_dir, new_dir, /*xml=*/true);
+        now.disks = ReplacePathPrefix(now.disks, old_dir, new_dir, /*xml=*/false);
+      }
+      if (!(now == was)) changed.push_back(std::move(now));
+    }
+  }
+  for (const Row& r : changed) {
+    BARGE_ASSIGN_OR_RETURN(auto upd, catalog.db().Prepare(
+        "UPDATE vm_cbt SET state_dir=?, original_xml=?, disks=? WHERE domain=?"));
+    upd.Bind(1, r.state_dir).Bind(2, r.original_xml).Bind(3, r.disks).Bind(4, r.domain);
+    BARGE_RETURN_IF_ERROR(upd.Run());
+  }
+  return OkStatus();
 }
 
 }  // namespace barge::orchestrate

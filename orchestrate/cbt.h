@@ -69,4 +69,11 @@ Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& request);
 // or nullopt when CBT is not enabled for it.
 Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, const std::string& domain);
 
+// After `barge state migrate` moved a folder: every CBT record's state
+// folder, overlays, raw disks and remembered pre-enable XML that named a
+// path in one of `old_dirs` (the folder's absolute and real paths) names
+// it under `new_dir` instead (ReplacePathPrefix, MovePath). Runs inside the
+// caller's transaction, if any; idempotent.
+Status RepointCbtPaths(BackupCatalog& catalog, const std::vector<std::string>& old_dirs, const std::string& new_dir);
+
 }  // namespace barge::orchestrate

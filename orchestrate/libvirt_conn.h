@@ -70,4 +70,18 @@ std::string XmlText(std::string_view xml, std::string_view tag);
 // Escapes &, <, >, ', " for XML attribute and text content.
 std::string XmlEscape(std::string_view s);
 
+// Paths named in domain XML, checkpoint XML or a JSON text, for moving a
+// folder (barge state migrate). A path counts only as a whole value: it
+// starts after a quote or '>' and the folder's name ends at a quote, '<'
+// or '/' (so "/s/vm" matches "/s/vm" and "/s/vm/x", never "/s/vm2"). `dir`
+// is absolute; with `xml` it is matched XML-escaped.
+// Whether `text` names `dir` or a path inside it.
+bool NamesPathInside(std::string_view text, const std::string& dir, bool xml);
+// `text` with every such path made to name `new_dir` instead of `old_dir`.
+std::string ReplacePathPrefix(std::string_view text, const std::string& old_dir, const std::string& new_dir,
+                              bool xml);
+// A bare path value (no quotes around it): moved below `new_dir` when it is
+// `old_dir` or inside it, else unchanged.
+std::string MovePath(const std::string& path, const std::string& old_dir, const std::string& new_dir);
+
 }  // namespace barge::orchestrate

@@ -15,6 +15,7 @@
 #include "formats/image.h"
 #include "formats/json_fields.h"
 #include "formats/manifest.h"
+#include "orchestrate/cbt.h"
 #include "orchestrate/libvirt_conn.h"
 #include "orchestrate/sqlite_db.h"
 #include "pipeline/endpoints.h"
@@ -460,23 +461,6 @@ Result<StateMigrateResult> MigrateState(Env& env, const std::string& from_arg, c
 
 namespace {
 
-// Whether `xml` names `path` or something inside it as a whole attribute
-// value or element text: the match starts after a quote or '>' and ends at
-// a quote, '<' or '/'.
-bool XmlNamesPathInside(std::string_view xml, const std::string& path) {
-  const std::string needle = XmlEscape(path);
-  for (size_t at = xml.find(needle); at != std::string_view::npos; at = xml.find(needle, at + 1)) {
-    const char before = at == 0 ? ' ' : xml[at - 1];
-    const size_t end = at + needle.size();
-    const char after = end < xml.size() ? xml[end] : ' ';
-    if ((before == '\'' || before == '"' || before == '>') &&
-        (after == '\'' || after == '"' || after == '<' || after == '/')) {
-      return true;
-    }
-  }
-  return false;
-}
-
 std::string DomainStateName(int state) {
   switch (state) {
     case VIR_DOMAIN_RUNNING: return "running";
@@ -491,28 +475,6 @@ std::string DomainStateName(int state) {
 }
 
 }  // namespace
-
-std::string ReplacePathPrefix(std::string_view text, const std::string& old_dir, const std::string& new_dir,
-                              bool xml) {
-  const std::string needle = xml ? XmlEscape(old_dir) : old_dir;
-  const std::string with = xml ? XmlEscape(new_dir) : new_dir;
-  std::string out;
-  size_t from = 0;
-  for (size_t at = text.find(needle); at != std::string_view::npos; at = text.find(needle, at + 1)) {
-    const char before = at == 0 ? ' ' : text[at - 1];
-    const size_t end = at + needle.size();
-    const char after = end < text.size() ? text[end] : ' ';
-    if ((before == '\'' || before == '"' || before == '>') &&
-        (after == '\'' || after == '"' || after == '<' || after == '/')) {
-      out.append(text.substr(from, at - from));
-      out += with;
-      from = end;
-      at = end - 1;
-    }
-  }
-  out.append(text.substr(from));
-  return out;
-}
 
 Status RepointDomainsAndCatalog(Env& env, const std::string& old_arg, const std::string& new_arg,
                                 const std::string& uri, const std::string& catalog_path) {
@@ -551,50 +513,10 @@ Status RepointDomainsAndCatalog(Env& env, const std::string& old_arg, const std:
     if (cat_st.error().code() == ErrorCode::kNotFound) return OkStatus();
     return cat_st.error();
   }
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::Open(env, catalog_path));
-  BARGE_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db));
-  // Tables a catalog may lack (no CBT or checkpoint yet) are skipped.
-  auto has_table = [&](const char* table) -> Result<bool> {
-    BARGE_ASSIGN_OR_RETURN(auto st, db->Prepare("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"));
-    st.Bind(1, std::string_view(table));
-    return st.Step();
-  };
-  struct Update {
-    const char* table;
-    const char* key;
-    std::vector<std::pair<const char*, bool>> columns;  // name, is XML
-  };
-  for (const Update& u : {Update{"vm_cbt", "domain", {{"state_dir", false}, {"disks", false}}},
-                          Update{"vm_checkpoints", "name", {{"xml", true}}}}) {
-    BARGE_ASSIGN_OR_RETURN(bool present, has_table(u.table));
-    if (!present) continue;
-    for (const auto& [column, xml] : u.columns) {
-      std::vector<std::pair<std::string, std::string>> changes;
-      {
-        BARGE_ASSIGN_OR_RETURN(auto sel, db->Prepare(std::string("SELECT ") + u.key + ", " + column + " FROM " +
-                                                     u.table));
-        for (;;) {
-          BARGE_ASSIGN_OR_RETURN(bool row, sel.Step());
-          if (!row) break;
-          const std::string value = sel.Text(1);
-          // A whole value that is the folder itself (state_dir) has no quote
-          // around it in the column: compare it as a whole.
-          std::string moved = replace(value, xml);
-          for (const std::string& o : olds) {
-            if (value == o) moved = new_dir;
-            if (value.rfind(o + "/", 0) == 0) moved = new_dir + value.substr(o.size());
-          }
-          if (moved != value) changes.emplace_back(sel.Text(0), std::move(moved));
-        }
-      }
-      for (const auto& [key, value] : changes) {
-        BARGE_ASSIGN_OR_RETURN(auto upd, db->Prepare(std::string("UPDATE ") + u.table + " SET " + column +
-                                                     "=? WHERE " + u.key + "=?"));
-        upd.Bind(1, value).Bind(2, key);
-        BARGE_RETURN_IF_ERROR(upd.Run());
-      }
-    }
-  }
+  BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, catalog_path));
+  BARGE_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(catalog->db()));
+  BARGE_RETURN_IF_ERROR(RepointCbtPaths(*catalog, olds, new_dir));
+  BARGE_RETURN_IF_ERROR(catalog->RepointPaths(olds, new_dir));
   return txn->Commit();
 }
 
@@ -625,7 +547,7 @@ Result<std::vector<DomainUsingFolder>> DomainsUsingFolder(Env& env, const std::s
     }
     bool uses = false;
     for (const std::string& x : xmls) {
-      for (const std::string& p : paths) uses = uses || XmlNamesPathInside(x, p);
+      for (const std::string& p : paths) uses = uses || NamesPathInside(x, p, /*xml=*/true);
     }
     if (!uses) continue;
     int state = 0, reason = 0;

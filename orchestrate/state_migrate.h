@@ -100,18 +100,11 @@ using MigrateRepoint = std::function<Status(const std::string& old_dir, const st
 Result<StateMigrateResult> MigrateState(Env& env, const std::string& from, const std::string& to,
                                         const MigrateRepoint& repoint = {});
 
-// `text` with every path naming `old_dir` or something inside it (as a
-// whole XML attribute value or element text, or a JSON string: after a
-// quote or '>', ending at a quote, '<' or '/') made to name `new_dir`
-// instead. `old_dir` and `new_dir` are absolute; `xml` escapes them as XML.
-std::string ReplacePathPrefix(std::string_view text, const std::string& old_dir, const std::string& new_dir,
-                              bool xml);
-
 // The repoint for `state migrate`: the persistent XML of every libvirt domain
 // (at `uri`) naming files in `old_dir` is redefined to name them in
 // `new_dir`, and the catalog at `catalog_path` (when that file exists) has
-// its CBT rows (state folder, overlays) and stored checkpoint XML changed the
-// same way, in one transaction. kBusy for a domain that runs or is paused.
+// its CBT records (RepointCbtPaths) and stored checkpoint XML
+// (BackupCatalog::RepointPaths) changed the same way, in one transaction. kBusy for a domain that runs or is paused.
 Status RepointDomainsAndCatalog(Env& env, const std::string& old_dir, const std::string& new_dir,
                                 const std::string& uri, const std::string& catalog_path);
 

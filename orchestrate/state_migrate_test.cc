@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "orchestrate/libvirt_conn.h"
 #include "tests/testing/env_wrappers.h"
 #include "tests/testing/testing.h"
 

@@ -119,5 +119,33 @@ TEST_F(VmStateMigrateTest, ShutOffDomainAndCatalogFollowTheFolder) {
   ExpectRestores(target_ + "/" + dom.name() + "/vda", 1, raw);
 }
 
+// The migrated folder holds the raw disk under a CBT overlay (the state
+// folder is elsewhere): the catalog's CBT record follows the raw disk, and
+// cbt disable puts the domain back on the moved raw disk, not on the
+// removed old path that the definition named before enable.
+TEST_F(VmStateMigrateTest, DisableAfterMovingTheRawDiskGoesToTheNewPath) {
+  fs::create_directories(dir_ / "vol");
+  const std::string raw = dir_ / "vol/disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw));
+  TestDomain dom("rawmove", {{"vda", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  const std::string state = dir_ / "cbt";
+  json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(state));
+  ASSERT_EQ(st["state"], "Enabled");
+
+  const std::string to = dir_ / "newvol/vol";
+  json m = ::barge::testing::RunResult(BargeBinary() + " state migrate --json --from " + ShellQuote(dir_ / "vol") +
+                                       " --to " + ShellQuote(to) + " --catalog " + ShellQuote(catalog_));
+  ASSERT_EQ(m["outcome"], "migrated") << m.dump();
+  const std::string new_raw = to + "/disk.raw";
+  json cbt = BargeJson("cbt status --domain " + dom.name());
+  EXPECT_EQ(cbt["disks"][0]["data_file"], new_raw) << cbt.dump();
+
+  EXPECT_EQ(BargeJson("cbt disable --domain " + dom.name())["state"], "Disabled");
+  std::string blk = RunOk(std::string(kVirsh) + "domblklist " + dom.name());
+  EXPECT_NE(blk.find(new_raw), std::string::npos) << blk;
+  EXPECT_EQ(blk.find(raw), std::string::npos) << blk;
+}
+
 }  // namespace
 }  // namespace barge::testing
