@@ -1,6 +1,7 @@
 // barge state migrate: move a VM's persistent state folder to a new volume
 // (journaled copy, verify, switch, remove the old), re-entrant after a crash.
 #include <iostream>
+#include <optional>
 
 #include "cli/common.h"
 #include "orchestrate/catalog_path.h"
@@ -20,8 +21,8 @@ int RunMigrate(const MigrateArgs& a, Output& out) {
   // before anything is touched. Shut-off domains and the catalog are switched to the new folder inside
   // the journaled step (before its commit point).
   orchestrate::MigrateRepoint repoint;
+  std::optional<orchestrate::DomainRepoint> users;
   if (!a.no_libvirt) {
-    if (Status s = orchestrate::CheckNoActiveDomainUses(Env::Default(), a.from); !s.ok()) return out.Fail(s.error());
     std::string catalog = orchestrate::ResolveCatalogPath("");
     if (!a.catalog.empty()) {
       auto path = orchestrate::CatalogPathFromFlag(Env::Default(), a.catalog);
@@ -29,8 +30,10 @@ int RunMigrate(const MigrateArgs& a, Output& out) {
       if (auto st = Env::Default().Stat(*path); !st.ok()) return out.Fail(Error(st.error()).Wrap("catalog"));
       catalog = *path;
     }
-    repoint = [catalog](const std::string& old_dir, const std::string& new_dir) {
-      return orchestrate::RepointDomainsAndCatalog(Env::Default(), old_dir, new_dir, "", catalog);
+    users.emplace(Env::Default(), "", catalog);
+    if (Status s = users->LockUsers(a.from); !s.ok()) return out.Fail(s.error());
+    repoint = [&users](const std::string& old_dir, const std::string& new_dir) {
+      return users->Repoint(old_dir, new_dir);
     };
   }
   auto r = orchestrate::MigrateState(Env::Default(), a.from, a.to, repoint);

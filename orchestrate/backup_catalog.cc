@@ -146,6 +146,14 @@ BackupRecord BackupFromRow(SqliteStatement& s) {
 
 }  // namespace
 
+std::string DomainLockPath(const std::string& catalog_path, const std::string& domain) {
+  return CatalogDir(catalog_path) + "/locks/" + domain + ".lock";
+}
+
+std::string DomainBusyMessage(const std::string& domain) {
+  return "a backup, CBT change or state migration of domain '" + domain + "' is already running";
+}
+
 std::string CatalogDir(const std::string& catalog_path) { return DirName(catalog_path); }
 
 Result<std::unique_ptr<BackupCatalog>> BackupCatalog::Open(Env& env, const std::string& path) {

@@ -124,4 +124,11 @@ class BackupCatalog {
 // The folder holding the catalog (locks go under it).
 std::string CatalogDir(const std::string& catalog_path);
 
+// The lock file of `domain` (<catalog folder>/locks/<domain>.lock): vm
+// backup, cbt enable/disable and state migrate hold it (TryLockFile) while
+// they change what the domain's files or records are.
+std::string DomainLockPath(const std::string& catalog_path, const std::string& domain);
+// The busy message all of them give when another holds it.
+std::string DomainBusyMessage(const std::string& domain);
+
 }  // namespace barge::orchestrate

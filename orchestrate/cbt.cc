@@ -12,6 +12,7 @@
 
 #include "formats/json_fields.h"
 #include "formats/qcow2_writer.h"
+#include "orchestrate/file_lock.h"
 #include "pipeline/staged_file.h"
 
 namespace barge::orchestrate {
@@ -158,6 +159,9 @@ Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& req) {
 
 Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
+  // No backup or state migration of the domain meanwhile.
+  BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
+                                                DomainBusyMessage(req.domain)));
   BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
   if (row) return Error::InvalidArgument("CBT is already enabled for domain '" + req.domain + "'");
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
@@ -261,6 +265,9 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
 
 Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
+  // No backup or state migration of the domain meanwhile.
+  BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
+                                                DomainBusyMessage(req.domain)));
   BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
   if (!row) return Error::InvalidArgument("CBT is not enabled for domain '" + req.domain + "'");
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));

@@ -41,8 +41,7 @@ Status InjectedFault(const VmBackupRequest& req, VmBackupFaults::Point point) {
 // held for the backup (released by the kernel if we die).
 Result<std::unique_ptr<EnvLock>> LockDomain(Env& env, const std::string& catalog_path,
                                            const std::string& domain) {
-  return TryLockFile(env, CatalogDir(catalog_path) + "/locks/" + domain + ".lock",
-                     "a backup of domain '" + domain + "' is already running");
+  return TryLockFile(env, DomainLockPath(catalog_path, domain), DomainBusyMessage(domain));
 }
 
 std::string JoinReasons(const std::vector<VmBackupDisk>& disks) {

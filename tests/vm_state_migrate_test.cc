@@ -4,12 +4,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/file_lock.h"
+#include "orchestrate/state_migrate.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 
@@ -145,6 +149,53 @@ TEST_F(VmStateMigrateTest, DisableAfterMovingTheRawDiskGoesToTheNewPath) {
   std::string blk = RunOk(std::string(kVirsh) + "domblklist " + dom.name());
   EXPECT_NE(blk.find(new_raw), std::string::npos) << blk;
   EXPECT_EQ(blk.find(raw), std::string::npos) << blk;
+}
+
+// The repoint itself (the migration's switch, after the copy) sees a domain
+// that names the folder only in its live XML (here a transient one, as one
+// started during the copy would be) and refuses it; and it takes the lock
+// of each domain it switches, so a domain whose lock a backup or CBT change
+// holds is refused, and while the migration holds the locks, cbt enable of
+// such a domain is refused.
+TEST_F(VmStateMigrateTest, RepointSeesLiveOnlyUsersAndTakesTheDomainLocks) {
+  fs::create_directories(dir_ / "vol");
+  const std::string vol = dir_ / "vol";
+  const std::string to = dir_ / "newvol/vol";
+  {
+    const std::string raw = dir_ / "vol/live.raw";
+    RunOk("truncate -s 64M " + ShellQuote(raw));
+    TestDomain live("liveonly", {{"vda", raw, "raw"}});
+    const std::string xml_path = dir_ / "liveonly.xml";
+    { std::ofstream(xml_path) << live.Xml(); }
+    RunOk(std::string(kVirsh) + "create " + ShellQuote(xml_path) + " --paused");
+    orchestrate::DomainRepoint repoint(Env::Default(), "", catalog_);
+    Status s = repoint.Repoint(vol, to);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().code(), ErrorCode::kBusy) << s.error().ToString();
+    EXPECT_NE(s.error().message().find(live.name()), std::string::npos) << s.error().ToString();
+  }
+
+  const std::string raw = dir_ / "vol/disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw));
+  TestDomain dom("locked", {{"vda", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  {
+    auto held = orchestrate::TryLockFile(Env::Default(), orchestrate::DomainLockPath(catalog_, dom.name()), "test");
+    ASSERT_TRUE(held.ok()) << held.error().ToString();
+    orchestrate::DomainRepoint repoint(Env::Default(), "", catalog_);
+    Status s = repoint.Repoint(vol, to);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().code(), ErrorCode::kBusy) << s.error().ToString();
+    Status l = repoint.LockUsers(vol);
+    ASSERT_FALSE(l.ok());
+    EXPECT_EQ(l.error().code(), ErrorCode::kBusy) << l.error().ToString();
+    EXPECT_EQ(RunOk(std::string(kVirsh) + "domblklist " + dom.name()).find(to), std::string::npos);
+  }
+  orchestrate::DomainRepoint repoint(Env::Default(), "", catalog_);
+  ASSERT_TRUE(repoint.LockUsers(vol).ok());
+  auto r = ::barge::testing::Run(Barge("cbt enable --domain " + dom.name()));
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find("already running"), std::string::npos) << r.output;
 }
 
 }  // namespace
