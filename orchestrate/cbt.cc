@@ -169,7 +169,10 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
   // The raw disk of a running domain is labelled by libvirt for the running
   // QEMU: libvirt gives it back to its remembered owner when the domain
   // stops, after which QEMU (on the overlay) could no longer open it. Only
-  // a shut-off domain can be switched safely.
+  // a shut-off domain can be switched safely. This check and the define
+  // below are not atomic: a domain started in between (by virsh, not by
+  // barge, which the domain lock keeps out) is not caught, and runs on the
+  // old definition until its next start.
   if (DomainIsActive(dom.get())) {
     return Error::InvalidArgument("domain '" + req.domain +
                                   "' is running: shut it down first, then enable CBT (nothing changed)");
@@ -273,7 +276,8 @@ Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(auto dom, Domain(conn.get(), req.domain));
   // A running QEMU has the overlays and the raw disks open (labelled for
-  // it): switching back is only safe on a shut-off domain.
+  // it): switching back is only safe on a shut-off domain. As in enable,
+  // a domain started between this check and the define is not caught.
   if (DomainIsActive(dom.get())) {
     return Error::InvalidArgument("domain '" + req.domain +
                                   "' is running on its CBT overlays: shut it down first, then disable CBT "
