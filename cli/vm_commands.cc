@@ -370,13 +370,6 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
       auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), std::get<1>(*a));
       if (!catalog_path.ok()) return out.Fail(catalog_path.error());
       req.catalog_path = *catalog_path;
-      // A domain libvirt does not know is named as such (disable would
-      // otherwise only say that CBT is not enabled for it).
-      if (v == "disable") {
-        auto conn = orc::ConnectLibvirt(req.libvirt_uri);
-        if (!conn.ok()) return out.Fail(conn.error());
-        if (auto d = orc::LookupDomain(conn->get(), req.domain); !d.ok()) return out.Fail(d.error());
-      }
       auto s = v == "enable" ? orc::EnableCbt(Env::Default(), req)
                              : v == "disable" ? orc::DisableCbt(Env::Default(), req)
                                               : orc::GetCbtStatus(Env::Default(), req);

@@ -271,10 +271,12 @@ Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
   // No backup or state migration of the domain meanwhile.
   BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
                                                 DomainBusyMessage(req.domain)));
-  BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
-  if (!row) return Error::InvalidArgument("CBT is not enabled for domain '" + req.domain + "'");
+  // The domain first: one libvirt does not know is named as such (kNotFound),
+  // not reported as one without CBT.
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(auto dom, Domain(conn.get(), req.domain));
+  BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
+  if (!row) return Error::InvalidArgument("CBT is not enabled for domain '" + req.domain + "'");
   // A running QEMU has the overlays and the raw disks open (labelled for
   // it): switching back is only safe on a shut-off domain. As in enable,
   // a domain started between this check and the define is not caught.

@@ -57,8 +57,9 @@ struct CbtRequest {
 // domain (its raw disks are labelled for the running QEMU), is an error.
 Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& request);
 // Switches each disk enable moved back from its overlay to its raw disk, on
-// the domain's definition as it is now, and removes the overlays. Refuses
-// (kInvalidArgument, nothing changed) a running domain, and a definition
+// the domain's definition as it is now, and removes the overlays. kNotFound
+// for a domain libvirt does not know; kInvalidArgument when CBT is not
+// enabled for it. Refuses (kInvalidArgument, nothing changed) a running domain, and a definition
 // where such a disk is gone or no longer on barge's overlay. A failure to remove an overlay or give a raw disk back after
 // the domain was redefined is an error naming what is left (CBT is
 // disabled all the same).
