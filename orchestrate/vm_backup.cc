@@ -514,6 +514,23 @@ std::string MultipleTrackersMessage(const std::string& domain, const std::vector
          "): name one with --tracker";
 }
 
+Result<TrackerChoice> ResolveTracker(BackupCatalog& catalog, const std::string& domain,
+                                     const std::string& tracker_name) {
+  TrackerChoice choice;
+  if (!tracker_name.empty()) {
+    BARGE_ASSIGN_OR_RETURN(choice.tracker, catalog.GetTracker(tracker_name));
+    if (choice.tracker->domain != domain) {
+      return Error::InvalidArgument("tracker '" + tracker_name + "' belongs to domain '" + choice.tracker->domain +
+                                    "'");
+    }
+    return choice;
+  }
+  BARGE_ASSIGN_OR_RETURN(auto list, catalog.ListTrackers(domain));
+  if (list.size() == 1) choice.tracker = list[0];
+  if (list.size() > 1) choice.ambiguous = MultipleTrackersMessage(domain, list);
+  return choice;
+}
+
 Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   VmBackupRequest req = req_in;
   auto t0 = std::chrono::steady_clock::now();
@@ -539,18 +556,9 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(auto dom, LookupDomain(conn.get(), req.domain));
 
-  // Tracker.
-  std::optional<TrackerRecord> tracker;
-  if (!req.tracker.empty()) {
-    BARGE_ASSIGN_OR_RETURN(tracker, catalog->GetTracker(req.tracker));
-    if (tracker->domain != req.domain) {
-      return Error::InvalidArgument("tracker '" + req.tracker + "' belongs to domain '" + tracker->domain + "'");
-    }
-  } else {
-    BARGE_ASSIGN_OR_RETURN(auto list, catalog->ListTrackers(req.domain));
-    if (list.size() == 1) tracker = list[0];
-    if (list.size() > 1) return Error::InvalidArgument(MultipleTrackersMessage(req.domain, list));
-  }
+  BARGE_ASSIGN_OR_RETURN(TrackerChoice choice, ResolveTracker(*catalog, req.domain, req.tracker));
+  if (!choice.ambiguous.empty()) return Error::InvalidArgument(choice.ambiguous);
+  std::optional<TrackerRecord> tracker = std::move(choice.tracker);
 
   if (!DomainIsActive(dom.get())) {
     return RunOfflineBackup(env, req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, t0);

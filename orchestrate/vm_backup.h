@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "blockio/error.h"
+#include "orchestrate/backup_catalog.h"
 #include "pipeline/backup.h"
 
 namespace barge::orchestrate {
@@ -82,8 +84,20 @@ struct VmBackupResult {
 // Chain folders, lock files and overlays are handled through `env`.
 Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& request);
 
-struct TrackerRecord;
 // "domain 'D' has N trackers (a, b): name one with --tracker".
 std::string MultipleTrackersMessage(const std::string& domain, const std::vector<TrackerRecord>& trackers);
+
+// Which tracker a backup of `domain` continues: the one named by
+// `tracker_name` (kNotFound; kInvalidArgument when it belongs to another
+// domain), else the domain's only tracker, else none. With several and none
+// named, which chain to continue is the caller's choice: `ambiguous` holds
+// MultipleTrackersMessage (a usage error; RunVmBackup refuses it with
+// kInvalidArgument). The CLI calls it before the hooks run.
+struct TrackerChoice {
+  std::optional<TrackerRecord> tracker;
+  std::string ambiguous;
+};
+Result<TrackerChoice> ResolveTracker(BackupCatalog& catalog, const std::string& domain,
+                                     const std::string& tracker_name);
 
 }  // namespace barge::orchestrate
