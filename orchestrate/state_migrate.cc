@@ -15,6 +15,7 @@
 #include "formats/image.h"
 #include "formats/json_fields.h"
 #include "formats/manifest.h"
+#include "orchestrate/catalog_path.h"
 #include "orchestrate/cbt.h"
 #include "orchestrate/file_lock.h"
 #include "orchestrate/libvirt_conn.h"
@@ -355,8 +356,10 @@ Result<std::vector<MigrateJournalRecord>> ParseMigrateJournal(std::string_view t
   return out;
 }
 
-Result<StateMigrateResult> MigrateState(Env& env, const std::string& from_arg, const std::string& to_arg,
-                                        const MigrateRepoint& repoint) {
+namespace {
+
+Result<StateMigrateResult> MigrateJournaled(Env& env, const std::string& from_arg, const std::string& to_arg,
+                                            const MigrateRepoint& repoint) {
   const std::string from = AbsolutePath(from_arg);
   const std::string to = AbsolutePath(to_arg);
   if (from == to || IsInsidePath(to, from) || IsInsidePath(from, to)) {
@@ -458,6 +461,19 @@ Result<StateMigrateResult> MigrateState(Env& env, const std::string& from_arg, c
   result.outcome = "migrated";
   for (Entry& e : entries) result.files.push_back(std::move(e.file));
   return result;
+}
+
+}  // namespace
+
+Result<StateMigrateResult> MigrateState(Env& env, const std::string& from, const std::string& to,
+                                        const MigrateOptions& options) {
+  if (!options.use_libvirt) return MigrateJournaled(env, from, to, options.repoint);
+  BARGE_ASSIGN_OR_RETURN(std::string catalog, ExistingCatalogPath(env, options.catalog_flag));
+  DomainRepoint users(env, options.libvirt_uri, catalog);
+  BARGE_RETURN_IF_ERROR(users.LockUsers(from));
+  return MigrateJournaled(env, from, to, [&users](const std::string& old_dir, const std::string& new_dir) {
+    return users.Repoint(old_dir, new_dir);
+  });
 }
 
 namespace {

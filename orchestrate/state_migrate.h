@@ -93,15 +93,29 @@ struct StateMigrateResult {
 // `env`: a test stops it after any durable step, or after any file copied,
 // as a crash would (tests/testing/env_wrappers.h).
 //
-// `repoint`, when set, moves what else names the folder's files (domain
-// XML, the catalog) inside the journaled step: it is called with (from, to)
-// after the copy is verified and before the commit point (its failure rolls
-// the migration back), with (to, from) whenever a migration is rolled back,
-// and with (from, to) again when recovery finishes a committed one. It must
-// be idempotent.
+// A repoint moves what else names the folder's files (domain XML, the
+// catalog) inside the journaled step: it is called with (from, to) after
+// the copy is verified and before the commit point (its failure rolls the
+// migration back), with (to, from) whenever a migration is rolled back, and
+// with (from, to) again when recovery finishes a committed one. It must be
+// idempotent.
 using MigrateRepoint = std::function<Status(const std::string& old_dir, const std::string& new_dir)>;
+
+struct MigrateOptions {
+  // Switch libvirt's domains and the catalog with the folder (DomainRepoint):
+  // a running or paused domain using the folder is refused (kBusy) before
+  // anything is touched, and the domains using it stay locked until the
+  // migration ends.
+  bool use_libvirt = false;
+  std::string libvirt_uri;  // "" = BARGE_LIBVIRT_URI, else qemu:///system
+  // --catalog: "" = the default place, used only when a catalog exists
+  // there; an explicit one must exist (ExistingCatalogPath).
+  std::string catalog_flag;
+  // Another repoint, when not use_libvirt (tests).
+  MigrateRepoint repoint;
+};
 Result<StateMigrateResult> MigrateState(Env& env, const std::string& from, const std::string& to,
-                                        const MigrateRepoint& repoint = {});
+                                        const MigrateOptions& options = {});
 
 // What `state migrate` switches besides the files: the persistent XML of
 // every libvirt domain (at `uri`) naming files in the folder, and the

@@ -158,7 +158,7 @@ TEST_F(StateMigrateTest, RepointFollowsTheCommitPointAcrossCrashes) {
     };
     testing::StopEnv env(PosixEnv());
     env.StopAfter(k);
-    auto r = MigrateState(env, from_.string(), to_.string(), repoint);
+    auto r = MigrateState(env, from_.string(), to_.string(), {.repoint = repoint});
     if (r.ok()) {
       EXPECT_EQ(pointed, to_.string());
       ExpectFinished();
@@ -168,7 +168,7 @@ TEST_F(StateMigrateTest, RepointFollowsTheCommitPointAcrossCrashes) {
     if (fs::exists(to_ / kStateMarkerName)) {
       EXPECT_EQ(pointed, to_.string());
     }
-    auto again = MigrateState(PosixEnv(), from_.string(), to_.string(), repoint);
+    auto again = MigrateState(PosixEnv(), from_.string(), to_.string(), {.repoint = repoint});
     ASSERT_TRUE(again.ok()) << again.error().ToString();
     EXPECT_EQ(pointed, to_.string());
     ExpectFinished();
@@ -184,7 +184,7 @@ TEST_F(StateMigrateTest, FailedRepointRollsBack) {
     if (calls.size() == 1) return Error::Busy("domain 'd' was started during the migration");
     return OkStatus();
   };
-  auto r = MigrateState(PosixEnv(), from_.string(), to_.string(), repoint);
+  auto r = MigrateState(PosixEnv(), from_.string(), to_.string(), {.repoint = repoint});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), ErrorCode::kBusy) << r.error().ToString();
   ASSERT_EQ(calls.size(), 2u);
