@@ -78,6 +78,30 @@ Result<VirDomain> LookupDomain(virConnectPtr conn, const std::string& name) {
 
 bool DomainIsActive(virDomainPtr dom) { return virDomainIsActive(dom) == 1; }
 
+std::string DomainStateName(int state) {
+  switch (state) {
+    case VIR_DOMAIN_RUNNING: return "running";
+    case VIR_DOMAIN_BLOCKED: return "blocked";
+    case VIR_DOMAIN_PAUSED: return "paused";
+    case VIR_DOMAIN_SHUTDOWN: return "shutting down";
+    case VIR_DOMAIN_SHUTOFF: return "shut off";
+    case VIR_DOMAIN_CRASHED: return "crashed";
+    case VIR_DOMAIN_PMSUSPENDED: return "suspended";
+    default: return "unknown";
+  }
+}
+
+Result<std::vector<VirDomain>> ListDomains(virConnectPtr conn, unsigned int flags) {
+  virDomainPtr* list = nullptr;
+  const int n = virConnectListAllDomains(conn, &list, flags);
+  if (n < 0) return LastVirError("list domains");
+  std::vector<VirDomain> doms;
+  doms.reserve(n);
+  for (int i = 0; i < n; ++i) doms.emplace_back(list[i]);
+  std::free(list);
+  return doms;
+}
+
 std::string XmlAttr(std::string_view xml, std::string_view tag, std::string_view name) {
   std::string open = "<" + std::string(tag);
   size_t pos = 0;

@@ -38,6 +38,12 @@ Error LastVirError(std::string_view what);
 int LastVirErrorCode();
 
 bool DomainIsActive(virDomainPtr dom);
+// "running", "paused", "shut off", ... for a virDomainState.
+std::string DomainStateName(int state);
+
+// Every domain of the connection (virConnectListAllDomains `flags`:
+// 0 = all, VIR_CONNECT_LIST_DOMAINS_PERSISTENT, ...).
+Result<std::vector<VirDomain>> ListDomains(virConnectPtr conn, unsigned int flags = 0);
 
 // A disk of a domain as its XML says (device='disk' only).
 struct DomainDisk {

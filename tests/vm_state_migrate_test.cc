@@ -13,7 +13,7 @@
 
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/file_lock.h"
-#include "orchestrate/state_migrate.h"
+#include "orchestrate/state_repoint.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 
