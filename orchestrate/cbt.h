@@ -2,7 +2,9 @@
 // each raw disk (external data file) with one enabled persistent bitmap, and
 // the domain's persistent XML switched to it; disable switches those disks
 // back on the definition as it is then (other changes since enable stay).
-// Both refuse a running domain. State is kept in the catalog (table vm_cbt).
+// Both refuse a running domain, and hold the domain's lock (DomainLockPath,
+// kBusy when a backup or state migration holds it). State is kept in the
+// catalog (table vm_cbt).
 #pragma once
 
 #include <sys/types.h>

@@ -73,8 +73,8 @@ struct VmBackupResult {
 // Runs one VM backup. Refuses at once (nothing started, nothing created)
 // when the target folder does not exist (kNotFound: an unmounted backup
 // volume), the domain has several trackers and none is named
-// (kInvalidArgument, MultipleTrackersMessage), another backup
-// of the domain holds its lock (<catalog folder>/locks/<domain>.lock), the
+// (kInvalidArgument, MultipleTrackersMessage), another backup, CBT change
+// or state migration of the domain holds its lock (kBusy, DomainLockPath), the
 // guest agent is missing for the quiesce (unless skip_quiesce), or the
 // target's free space is below the estimate (kNoSpace). On any later failure
 // the job is aborted, this run's checkpoint deleted, the new backup files
