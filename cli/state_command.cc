@@ -3,7 +3,6 @@
 #include <iostream>
 
 #include "cli/common.h"
-#include "orchestrate/catalog_path.h"
 #include "orchestrate/state_migrate.h"
 
 namespace barge::cli {
@@ -16,24 +15,12 @@ struct MigrateArgs {
 };
 
 int RunMigrate(const MigrateArgs& a, Output& out) {
-  // A running or paused domain holds the folder's files open: refused
-  // before anything is touched. Shut-off domains and the catalog are switched to the new folder inside
-  // the journaled step (before its commit point).
-  orchestrate::MigrateRepoint repoint;
-  if (!a.no_libvirt) {
-    if (Status s = orchestrate::CheckNoActiveDomainUses(Env::Default(), a.from); !s.ok()) return out.Fail(s.error());
-    std::string catalog = orchestrate::ResolveCatalogPath("");
-    if (!a.catalog.empty()) {
-      auto path = orchestrate::CatalogPathFromFlag(Env::Default(), a.catalog);
-      if (!path.ok()) return out.Fail(path.error());
-      if (auto st = Env::Default().Stat(*path); !st.ok()) return out.Fail(Error(st.error()).Wrap("catalog"));
-      catalog = *path;
-    }
-    repoint = [catalog](const std::string& old_dir, const std::string& new_dir) {
-      return orchestrate::RepointDomainsAndCatalog(Env::Default(), old_dir, new_dir, "", catalog);
-    };
-  }
-  auto r = orchestrate::MigrateState(Env::Default(), a.from, a.to, repoint);
+  // Libvirt's domains and the catalog follow the folder (a running or paused
+  // domain using it is refused before anything is touched).
+  orchestrate::MigrateOptions o;
+  o.use_libvirt = !a.no_libvirt;
+  o.catalog_flag = a.catalog;
+  auto r = orchestrate::MigrateState(Env::Default(), a.from, a.to, o);
   if (!r.ok()) return out.Fail(r.error());
   nlohmann::json files = nlohmann::json::array();
   for (const auto& f : r->files) {

@@ -275,14 +275,15 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     if (!catalog_path.ok()) return out.Fail(catalog_path.error());
     req.catalog_path = *catalog_path;
     req.disks = a->disks;
-    // Several trackers and none named: which chain to continue is the
-    // caller's choice, not a silent full without a tracker.
-    if (req.tracker.empty()) {
+    // The tracker is settled before the hooks run: several and none named
+    // is a usage error (which chain to continue is the caller's choice).
+    {
       auto cat = orc::BackupCatalog::Open(Env::Default(), req.catalog_path);
       if (!cat.ok()) return out.Fail(cat.error());
-      auto trackers = (*cat)->ListTrackers(req.domain);
-      if (!trackers.ok()) return out.Fail(trackers.error());
-      if (trackers->size() > 1) return out.Usage(orc::MultipleTrackersMessage(req.domain, *trackers));
+      auto choice = orc::ResolveTracker(**cat, req.domain, req.tracker);
+      if (!choice.ok()) return out.Fail(choice.error());
+      if (!choice->ambiguous.empty()) return out.Usage(choice->ambiguous);
+      if (choice->tracker) req.tracker = choice->tracker->name;
     }
     CompressionChoice compression;
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
@@ -370,13 +371,6 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
       auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), std::get<1>(*a));
       if (!catalog_path.ok()) return out.Fail(catalog_path.error());
       req.catalog_path = *catalog_path;
-      // A domain libvirt does not know is named as such (disable would
-      // otherwise only say that CBT is not enabled for it).
-      if (v == "disable") {
-        auto conn = orc::ConnectLibvirt(req.libvirt_uri);
-        if (!conn.ok()) return out.Fail(conn.error());
-        if (auto d = orc::LookupDomain(conn->get(), req.domain); !d.ok()) return out.Fail(d.error());
-      }
       auto s = v == "enable" ? orc::EnableCbt(Env::Default(), req)
                              : v == "disable" ? orc::DisableCbt(Env::Default(), req)
                                               : orc::GetCbtStatus(Env::Default(), req);

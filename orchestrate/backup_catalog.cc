@@ -8,6 +8,7 @@
 #include "blockio/path.h"
 #include "formats/json_fields.h"
 #include "formats/manifest.h"
+#include "orchestrate/libvirt_conn.h"
 #include "pipeline/chain.h"
 
 namespace barge::orchestrate {
@@ -144,6 +145,14 @@ BackupRecord BackupFromRow(SqliteStatement& s) {
 }
 
 }  // namespace
+
+std::string DomainLockPath(const std::string& catalog_path, const std::string& domain) {
+  return CatalogDir(catalog_path) + "/locks/" + domain + ".lock";
+}
+
+std::string DomainBusyMessage(const std::string& domain) {
+  return "a backup, CBT change or state migration of domain '" + domain + "' is already running";
+}
 
 std::string CatalogDir(const std::string& catalog_path) { return DirName(catalog_path); }
 
@@ -348,6 +357,27 @@ Result<BackupRecord> BackupCatalog::GetBackup(int64_t id) {
   BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
   if (!row) return Error::NotFound("no backup record " + std::to_string(id));
   return BackupFromRow(st);
+}
+
+Status BackupCatalog::RepointPaths(const std::vector<std::string>& old_dirs, const std::string& new_dir) {
+  std::vector<std::pair<std::string, std::string>> changed;  // name, xml
+  {
+    BARGE_ASSIGN_OR_RETURN(auto sel, db_->Prepare("SELECT name, xml FROM vm_checkpoints"));
+    for (;;) {
+      BARGE_ASSIGN_OR_RETURN(bool more, sel.Step());
+      if (!more) break;
+      const std::string was = sel.Text(1);
+      std::string now = was;
+      for (const std::string& old_dir : old_dirs) now = ReplacePathPrefix(now, old_dir, new_dir, /*xml=*/true);
+      if (now != was) changed.emplace_back(sel.Text(0), std::move(now));
+    }
+  }
+  for (const auto& [name, xml] : changed) {
+    BARGE_ASSIGN_OR_RETURN(auto upd, db_->Prepare("UPDATE vm_checkpoints SET xml=? WHERE name=?"));
+    upd.Bind(1, xml).Bind(2, name);
+    BARGE_RETURN_IF_ERROR(upd.Run());
+  }
+  return OkStatus();
 }
 
 Result<size_t> BackupCatalog::RebuildFromTarget(const std::string& target) {

@@ -102,6 +102,12 @@ class BackupCatalog {
   Result<std::vector<BackupRecord>> ListBackups(const std::string& domain = "");
   Result<BackupRecord> GetBackup(int64_t id);
 
+  // After `barge state migrate` moved a folder: the stored checkpoint XML
+  // naming paths in one of `old_dirs` (the folder's absolute and real
+  // paths) names them under `new_dir` instead (ReplacePathPrefix). Runs
+  // inside the caller's transaction, if any; idempotent.
+  Status RepointPaths(const std::vector<std::string>& old_dirs, const std::string& new_dir);
+
   // Replaces every record of `target` by what its manifests say
   // (TARGET/<domain>/<disk>/*.json, grouped by domain and checkpoint or
   // start time). Returns the number of records written.
@@ -117,5 +123,12 @@ class BackupCatalog {
 
 // The folder holding the catalog (locks go under it).
 std::string CatalogDir(const std::string& catalog_path);
+
+// The lock file of `domain` (<catalog folder>/locks/<domain>.lock): vm
+// backup, cbt enable/disable and state migrate hold it (TryLockFile) while
+// they change what the domain's files or records are.
+std::string DomainLockPath(const std::string& catalog_path, const std::string& domain);
+// The busy message all of them give when another holds it.
+std::string DomainBusyMessage(const std::string& domain);
 
 }  // namespace barge::orchestrate

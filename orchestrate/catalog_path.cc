@@ -37,4 +37,13 @@ Result<std::string> CatalogPathFromFlag(Env& env, const std::string& flag_value)
   return path;
 }
 
+Result<std::string> ExistingCatalogPath(Env& env, const std::string& flag_value) {
+  BARGE_ASSIGN_OR_RETURN(std::string path, CatalogPathFromFlag(env, flag_value));
+  auto st = env.Stat(path);
+  if (st.ok()) return path;
+  if (st.error().code() != ErrorCode::kNotFound) return std::move(st).error();
+  if (flag_value.empty()) return std::string();
+  return std::move(st).error().Wrap("catalog");
+}
+
 }  // namespace barge::orchestrate

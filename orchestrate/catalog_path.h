@@ -17,4 +17,11 @@ std::string ResolveCatalogPath(const std::string& flag_value);
 // when it names a folder. The default places are created as needed.
 Result<std::string> CatalogPathFromFlag(Env& env, const std::string& flag_value);
 
+// For commands that update a catalog only where one exists (state migrate
+// repoints the records that name a moved folder): an explicit --catalog is
+// checked as CatalogPathFromFlag does and must exist (its kNotFound
+// otherwise); without the flag, the default place when a catalog exists
+// there, else "" (no catalog: nothing to update). Nothing is created.
+Result<std::string> ExistingCatalogPath(Env& env, const std::string& flag_value);
+
 }  // namespace barge::orchestrate

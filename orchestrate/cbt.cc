@@ -12,6 +12,7 @@
 
 #include "formats/json_fields.h"
 #include "formats/qcow2_writer.h"
+#include "orchestrate/file_lock.h"
 #include "pipeline/staged_file.h"
 
 namespace barge::orchestrate {
@@ -158,6 +159,9 @@ Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& req) {
 
 Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
+  // No backup or state migration of the domain meanwhile.
+  BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
+                                                DomainBusyMessage(req.domain)));
   BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
   if (row) return Error::InvalidArgument("CBT is already enabled for domain '" + req.domain + "'");
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
@@ -165,7 +169,10 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
   // The raw disk of a running domain is labelled by libvirt for the running
   // QEMU: libvirt gives it back to its remembered owner when the domain
   // stops, after which QEMU (on the overlay) could no longer open it. Only
-  // a shut-off domain can be switched safely.
+  // a shut-off domain can be switched safely. This check and the define
+  // below are not atomic: a domain started in between (by virsh, not by
+  // barge, which the domain lock keeps out) is not caught, and runs on the
+  // old definition until its next start.
   if (DomainIsActive(dom.get())) {
     return Error::InvalidArgument("domain '" + req.domain +
                                   "' is running: shut it down first, then enable CBT (nothing changed)");
@@ -261,12 +268,18 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
 
 Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
-  BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
-  if (!row) return Error::InvalidArgument("CBT is not enabled for domain '" + req.domain + "'");
+  // No backup or state migration of the domain meanwhile.
+  BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
+                                                DomainBusyMessage(req.domain)));
+  // The domain first: one libvirt does not know is named as such (kNotFound),
+  // not reported as one without CBT.
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(auto dom, Domain(conn.get(), req.domain));
+  BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
+  if (!row) return Error::InvalidArgument("CBT is not enabled for domain '" + req.domain + "'");
   // A running QEMU has the overlays and the raw disks open (labelled for
-  // it): switching back is only safe on a shut-off domain.
+  // it): switching back is only safe on a shut-off domain. As in enable,
+  // a domain started between this check and the define is not caught.
   if (DomainIsActive(dom.get())) {
     return Error::InvalidArgument("domain '" + req.domain +
                                   "' is running on its CBT overlays: shut it down first, then disable CBT "
@@ -293,10 +306,14 @@ Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
                                     " (qcow2): not disabling, the definition was changed since enable "
                                     "(nothing changed)");
     }
-    // The raw disk's path as the definition named it before enable.
+    // The raw disk's path as the definition named it before enable (a
+    // link, say), while it still leads to the raw disk CBT recorded; once
+    // that path no longer does (state migrate moved the raw disk's folder,
+    // and the record with it), the recorded raw disk.
     std::string raw = c.data_file;
     for (const auto& o : original_disks) {
-      if (o.target == c.disk && !o.source.empty()) raw = o.source;
+      if (o.target != c.disk || o.source.empty()) continue;
+      if (auto real = env.RealPath(o.source); real.ok() && *real == c.data_file) raw = o.source;
     }
     new_xml = ReplaceOnce(new_xml, d->element, SwitchDisk(*d, "raw", raw));
   }
@@ -327,6 +344,37 @@ Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, c
   BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(catalog, domain));
   if (!row) return std::optional<std::vector<CbtDisk>>();
   return std::optional<std::vector<CbtDisk>>(std::move(row->disks));
+}
+
+Status RepointCbtPaths(BackupCatalog& catalog, const std::vector<std::string>& old_dirs, const std::string& new_dir) {
+  BARGE_RETURN_IF_ERROR(catalog.db().Exec(kCbtSchema));
+  struct Row {
+    std::string domain, state_dir, original_xml, disks;
+    bool operator==(const Row&) const = default;
+  };
+  std::vector<Row> changed;
+  {
+    BARGE_ASSIGN_OR_RETURN(auto sel, catalog.db().Prepare("SELECT domain, state_dir, original_xml, disks FROM vm_cbt"));
+    for (;;) {
+      BARGE_ASSIGN_OR_RETURN(bool more, sel.Step());
+      if (!more) break;
+      const Row was{sel.Text(0), sel.Text(1), sel.Text(2), sel.Text(3)};
+      Row now = was;
+      for (const std::string& old_dir : old_dirs) {
+        now.state_dir = MovePath(now.state_dir, old_dir, new_dir);
+        now.original_xml = ReplacePathPrefix(now.original_xml, old_dir, new_dir, /*xml=*/true);
+        now.disks = ReplacePathPrefix(now.disks, old_dir, new_dir, /*xml=*/false);
+      }
+      if (!(now == was)) changed.push_back(std::move(now));
+    }
+  }
+  for (const Row& r : changed) {
+    BARGE_ASSIGN_OR_RETURN(auto upd, catalog.db().Prepare(
+        "UPDATE vm_cbt SET state_dir=?, original_xml=?, disks=? WHERE domain=?"));
+    upd.Bind(1, r.state_dir).Bind(2, r.original_xml).Bind(3, r.disks).Bind(4, r.domain);
+    BARGE_RETURN_IF_ERROR(upd.Run());
+  }
+  return OkStatus();
 }
 
 }  // namespace barge::orchestrate

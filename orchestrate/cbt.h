@@ -2,7 +2,9 @@
 // each raw disk (external data file) with one enabled persistent bitmap, and
 // the domain's persistent XML switched to it; disable switches those disks
 // back on the definition as it is then (other changes since enable stay).
-// Both refuse a running domain. State is kept in the catalog (table vm_cbt).
+// Both refuse a running domain, and hold the domain's lock (DomainLockPath,
+// kBusy when a backup or state migration holds it). State is kept in the
+// catalog (table vm_cbt).
 #pragma once
 
 #include <sys/types.h>
@@ -57,8 +59,9 @@ struct CbtRequest {
 // domain (its raw disks are labelled for the running QEMU), is an error.
 Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& request);
 // Switches each disk enable moved back from its overlay to its raw disk, on
-// the domain's definition as it is now, and removes the overlays. Refuses
-// (kInvalidArgument, nothing changed) a running domain, and a definition
+// the domain's definition as it is now, and removes the overlays. kNotFound
+// for a domain libvirt does not know; kInvalidArgument when CBT is not
+// enabled for it. Refuses (kInvalidArgument, nothing changed) a running domain, and a definition
 // where such a disk is gone or no longer on barge's overlay. A failure to remove an overlay or give a raw disk back after
 // the domain was redefined is an error naming what is left (CBT is
 // disabled all the same).
@@ -68,5 +71,12 @@ Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& request);
 // The CBT overlays of `domain` (raw disk + metadata-only overlay per disk),
 // or nullopt when CBT is not enabled for it.
 Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, const std::string& domain);
+
+// After `barge state migrate` moved a folder: every CBT record's state
+// folder, overlays, raw disks and remembered pre-enable XML that named a
+// path in one of `old_dirs` (the folder's absolute and real paths) names
+// it under `new_dir` instead (ReplacePathPrefix, MovePath). Runs inside the
+// caller's transaction, if any; idempotent.
+Status RepointCbtPaths(BackupCatalog& catalog, const std::vector<std::string>& old_dirs, const std::string& new_dir);
 
 }  // namespace barge::orchestrate

@@ -78,6 +78,30 @@ Result<VirDomain> LookupDomain(virConnectPtr conn, const std::string& name) {
 
 bool DomainIsActive(virDomainPtr dom) { return virDomainIsActive(dom) == 1; }
 
+std::string DomainStateName(int state) {
+  switch (state) {
+    case VIR_DOMAIN_RUNNING: return "running";
+    case VIR_DOMAIN_BLOCKED: return "blocked";
+    case VIR_DOMAIN_PAUSED: return "paused";
+    case VIR_DOMAIN_SHUTDOWN: return "shutting down";
+    case VIR_DOMAIN_SHUTOFF: return "shut off";
+    case VIR_DOMAIN_CRASHED: return "crashed";
+    case VIR_DOMAIN_PMSUSPENDED: return "suspended";
+    default: return "unknown";
+  }
+}
+
+Result<std::vector<VirDomain>> ListDomains(virConnectPtr conn, unsigned int flags) {
+  virDomainPtr* list = nullptr;
+  const int n = virConnectListAllDomains(conn, &list, flags);
+  if (n < 0) return LastVirError("list domains");
+  std::vector<VirDomain> doms;
+  doms.reserve(n);
+  for (int i = 0; i < n; ++i) doms.emplace_back(list[i]);
+  std::free(list);
+  return doms;
+}
+
 std::string XmlAttr(std::string_view xml, std::string_view tag, std::string_view name) {
   std::string open = "<" + std::string(tag);
   size_t pos = 0;
@@ -125,6 +149,54 @@ std::string XmlEscape(std::string_view s) {
     }
   }
   return out;
+}
+
+namespace {
+
+// The first position at or after `from` where `needle` (a folder's name)
+// stands as a whole path value or its leading folder; npos if none.
+size_t FindPathAt(std::string_view text, std::string_view needle, size_t from) {
+  if (needle.empty()) return std::string_view::npos;
+  for (size_t at = text.find(needle, from); at != std::string_view::npos; at = text.find(needle, at + 1)) {
+    const char before = at == 0 ? ' ' : text[at - 1];
+    const size_t end = at + needle.size();
+    const char after = end < text.size() ? text[end] : ' ';
+    if ((before == '\'' || before == '"' || before == '>') &&
+        (after == '\'' || after == '"' || after == '<' || after == '/')) {
+      return at;
+    }
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+bool NamesPathInside(std::string_view text, const std::string& dir, bool xml) {
+  return FindPathAt(text, xml ? XmlEscape(dir) : dir, 0) != std::string_view::npos;
+}
+
+std::string ReplacePathPrefix(std::string_view text, const std::string& old_dir, const std::string& new_dir,
+                              bool xml) {
+  const std::string needle = xml ? XmlEscape(old_dir) : old_dir;
+  const std::string with = xml ? XmlEscape(new_dir) : new_dir;
+  std::string out;
+  size_t copied = 0;
+  for (size_t at = FindPathAt(text, needle, 0); at != std::string_view::npos;
+       at = FindPathAt(text, needle, copied)) {
+    out.append(text.substr(copied, at - copied));
+    out += with;
+    copied = at + needle.size();
+  }
+  out.append(text.substr(copied));
+  return out;
+}
+
+std::string MovePath(const std::string& path, const std::string& old_dir, const std::string& new_dir) {
+  if (path == old_dir) return new_dir;
+  if (path.size() > old_dir.size() && path.compare(0, old_dir.size(), old_dir) == 0 && path[old_dir.size()] == '/') {
+    return new_dir + path.substr(old_dir.size());
+  }
+  return path;
 }
 
 std::vector<DomainDisk> ParseDomainDisks(std::string_view xml) {

@@ -38,6 +38,12 @@ Error LastVirError(std::string_view what);
 int LastVirErrorCode();
 
 bool DomainIsActive(virDomainPtr dom);
+// "running", "paused", "shut off", ... for a virDomainState.
+std::string DomainStateName(int state);
+
+// Every domain of the connection (virConnectListAllDomains `flags`:
+// 0 = all, VIR_CONNECT_LIST_DOMAINS_PERSISTENT, ...).
+Result<std::vector<VirDomain>> ListDomains(virConnectPtr conn, unsigned int flags = 0);
 
 // A disk of a domain as its XML says (device='disk' only).
 struct DomainDisk {
@@ -69,5 +75,19 @@ std::string XmlAttr(std::string_view xml, std::string_view tag, std::string_view
 std::string XmlText(std::string_view xml, std::string_view tag);
 // Escapes &, <, >, ', " for XML attribute and text content.
 std::string XmlEscape(std::string_view s);
+
+// Paths named in domain XML, checkpoint XML or a JSON text, for moving a
+// folder (barge state migrate). A path counts only as a whole value: it
+// starts after a quote or '>' and the folder's name ends at a quote, '<'
+// or '/' (so "/s/vm" matches "/s/vm" and "/s/vm/x", never "/s/vm2"). `dir`
+// is absolute; with `xml` it is matched XML-escaped.
+// Whether `text` names `dir` or a path inside it.
+bool NamesPathInside(std::string_view text, const std::string& dir, bool xml);
+// `text` with every such path made to name `new_dir` instead of `old_dir`.
+std::string ReplacePathPrefix(std::string_view text, const std::string& old_dir, const std::string& new_dir,
+                              bool xml);
+// A bare path value (no quotes around it): moved below `new_dir` when it is
+// `old_dir` or inside it, else unchanged.
+std::string MovePath(const std::string& path, const std::string& old_dir, const std::string& new_dir);
 
 }  // namespace barge::orchestrate

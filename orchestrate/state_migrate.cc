@@ -15,8 +15,8 @@
 #include "formats/image.h"
 #include "formats/json_fields.h"
 #include "formats/manifest.h"
-#include "orchestrate/libvirt_conn.h"
-#include "orchestrate/sqlite_db.h"
+#include "orchestrate/catalog_path.h"
+#include "orchestrate/state_repoint.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/stages.h"
 
@@ -353,8 +353,10 @@ Result<std::vector<MigrateJournalRecord>> ParseMigrateJournal(std::string_view t
   return out;
 }
 
-Result<StateMigrateResult> MigrateState(Env& env, const std::string& from_arg, const std::string& to_arg,
-                                        const MigrateRepoint& repoint) {
+namespace {
+
+Result<StateMigrateResult> MigrateJournaled(Env& env, const std::string& from_arg, const std::string& to_arg,
+                                            const MigrateRepoint& repoint) {
   const std::string from = AbsolutePath(from_arg);
   const std::string to = AbsolutePath(to_arg);
   if (from == to || IsInsidePath(to, from) || IsInsidePath(from, to)) {
@@ -458,197 +460,17 @@ Result<StateMigrateResult> MigrateState(Env& env, const std::string& from_arg, c
   return result;
 }
 
-namespace {
-
-// Whether `xml` names `path` or something inside it as a whole attribute
-// value or element text: the match starts after a quote or '>' and ends at
-// a quote, '<' or '/'.
-bool XmlNamesPathInside(std::string_view xml, const std::string& path) {
-  const std::string needle = XmlEscape(path);
-  for (size_t at = xml.find(needle); at != std::string_view::npos; at = xml.find(needle, at + 1)) {
-    const char before = at == 0 ? ' ' : xml[at - 1];
-    const size_t end = at + needle.size();
-    const char after = end < xml.size() ? xml[end] : ' ';
-    if ((before == '\'' || before == '"' || before == '>') &&
-        (after == '\'' || after == '"' || after == '<' || after == '/')) {
-      return true;
-    }
-  }
-  return false;
-}
-
-std::string DomainStateName(int state) {
-  switch (state) {
-    case VIR_DOMAIN_RUNNING: return "running";
-    case VIR_DOMAIN_BLOCKED: return "blocked";
-    case VIR_DOMAIN_PAUSED: return "paused";
-    case VIR_DOMAIN_SHUTDOWN: return "shutting down";
-    case VIR_DOMAIN_SHUTOFF: return "shut off";
-    case VIR_DOMAIN_CRASHED: return "crashed";
-    case VIR_DOMAIN_PMSUSPENDED: return "suspended";
-    default: return "unknown";
-  }
-}
-
 }  // namespace
 
-std::string ReplacePathPrefix(std::string_view text, const std::string& old_dir, const std::string& new_dir,
-                              bool xml) {
-  const std::string needle = xml ? XmlEscape(old_dir) : old_dir;
-  const std::string with = xml ? XmlEscape(new_dir) : new_dir;
-  std::string out;
-  size_t from = 0;
-  for (size_t at = text.find(needle); at != std::string_view::npos; at = text.find(needle, at + 1)) {
-    const char before = at == 0 ? ' ' : text[at - 1];
-    const size_t end = at + needle.size();
-    const char after = end < text.size() ? text[end] : ' ';
-    if ((before == '\'' || before == '"' || before == '>') &&
-        (after == '\'' || after == '"' || after == '<' || after == '/')) {
-      out.append(text.substr(from, at - from));
-      out += with;
-      from = end;
-      at = end - 1;
-    }
-  }
-  out.append(text.substr(from));
-  return out;
-}
-
-Status RepointDomainsAndCatalog(Env& env, const std::string& old_arg, const std::string& new_arg,
-                                const std::string& uri, const std::string& catalog_path) {
-  const std::string new_dir = AbsolutePath(new_arg);
-  std::vector<std::string> olds = {AbsolutePath(old_arg)};
-  if (auto real = env.RealPath(old_arg); real.ok() && *real != olds[0]) olds.push_back(*real);
-  auto replace = [&](std::string text, bool xml) {
-    for (const std::string& o : olds) text = ReplacePathPrefix(text, o, new_dir, xml);
-    return text;
-  };
-  {
-    BARGE_ASSIGN_OR_RETURN(VirConnection conn, ConnectLibvirt(uri));
-    virDomainPtr* list = nullptr;
-    const int n = virConnectListAllDomains(conn.get(), &list, VIR_CONNECT_LIST_DOMAINS_PERSISTENT);
-    if (n < 0) return LastVirError("list domains");
-    std::vector<VirDomain> doms;
-    for (int i = 0; i < n; ++i) doms.emplace_back(list[i]);
-    std::free(list);
-    for (const VirDomain& dom : doms) {
-      const std::string name = virDomainGetName(dom.get()) ? virDomainGetName(dom.get()) : "?";
-      BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom.get(), VIR_DOMAIN_XML_INACTIVE | VIR_DOMAIN_XML_SECURE));
-      std::string moved = replace(xml, true);
-      if (moved == xml) continue;
-      if (DomainIsActive(dom.get())) {
-        return Error::Busy("domain '" + name + "' was started during the migration and uses files in the folder")
-            .set_path(olds[0]);
-      }
-      virDomainPtr defined = virDomainDefineXML(conn.get(), moved.c_str());
-      if (!defined) return LastVirError("redefine domain '" + name + "' with the files in " + new_dir);
-      virDomainFree(defined);
-    }
-  }
-  if (catalog_path.empty()) return OkStatus();
-  auto cat_st = env.Stat(catalog_path);
-  if (!cat_st.ok()) {
-    if (cat_st.error().code() == ErrorCode::kNotFound) return OkStatus();
-    return cat_st.error();
-  }
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::Open(env, catalog_path));
-  BARGE_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db));
-  // Tables a catalog may lack (no CBT or checkpoint yet) are skipped.
-  auto has_table = [&](const char* table) -> Result<bool> {
-    BARGE_ASSIGN_OR_RETURN(auto st, db->Prepare("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"));
-    st.Bind(1, std::string_view(table));
-    return st.Step();
-  };
-  struct Update {
-    const char* table;
-    const char* key;
-    std::vector<std::pair<const char*, bool>> columns;  // name, is XML
-  };
-  for (const Update& u : {Update{"vm_cbt", "domain", {{"state_dir", false}, {"disks", false}}},
-                          Update{"vm_checkpoints", "name", {{"xml", true}}}}) {
-    BARGE_ASSIGN_OR_RETURN(bool present, has_table(u.table));
-    if (!present) continue;
-    for (const auto& [column, xml] : u.columns) {
-      std::vector<std::pair<std::string, std::string>> changes;
-      {
-        BARGE_ASSIGN_OR_RETURN(auto sel, db->Prepare(std::string("SELECT ") + u.key + ", " + column + " FROM " +
-                                                     u.table));
-        for (;;) {
-          BARGE_ASSIGN_OR_RETURN(bool row, sel.Step());
-          if (!row) break;
-          const std::string value = sel.Text(1);
-          // A whole value that is the folder itself (state_dir) has no quote
-          // around it in the column: compare it as a whole.
-          std::string moved = replace(value, xml);
-          for (const std::string& o : olds) {
-            if (value == o) moved = new_dir;
-            if (value.rfind(o + "/", 0) == 0) moved = new_dir + value.substr(o.size());
-          }
-          if (moved != value) changes.emplace_back(sel.Text(0), std::move(moved));
-        }
-      }
-      for (const auto& [key, value] : changes) {
-        BARGE_ASSIGN_OR_RETURN(auto upd, db->Prepare(std::string("UPDATE ") + u.table + " SET " + column +
-                                                     "=? WHERE " + u.key + "=?"));
-        upd.Bind(1, value).Bind(2, key);
-        BARGE_RETURN_IF_ERROR(upd.Run());
-      }
-    }
-  }
-  return txn->Commit();
-}
-
-Result<std::vector<DomainUsingFolder>> DomainsUsingFolder(Env& env, const std::string& folder,
-                                                          const std::string& uri) {
-  std::vector<std::string> paths = {AbsolutePath(folder)};
-  if (auto real = env.RealPath(folder); real.ok() && *real != paths[0]) paths.push_back(*real);
-  BARGE_ASSIGN_OR_RETURN(VirConnection conn, ConnectLibvirt(uri));
-  virDomainPtr* list = nullptr;
-  const int n = virConnectListAllDomains(conn.get(), &list, 0);
-  if (n < 0) return LastVirError("list domains");
-  std::vector<VirDomain> doms;
-  for (int i = 0; i < n; ++i) doms.emplace_back(list[i]);
-  std::free(list);
-  std::vector<DomainUsingFolder> out;
-  for (const VirDomain& dom : doms) {
-    const char* name = virDomainGetName(dom.get());
-    if (!name) continue;
-    std::vector<std::string> xmls;
-    if (virDomainIsPersistent(dom.get()) == 1) {
-      auto x = DomainXml(dom.get(), VIR_DOMAIN_XML_INACTIVE);
-      if (x.ok()) xmls.push_back(std::move(*x));
-    }
-    const bool active = DomainIsActive(dom.get());
-    if (active) {
-      auto x = DomainXml(dom.get());
-      if (x.ok()) xmls.push_back(std::move(*x));
-    }
-    bool uses = false;
-    for (const std::string& x : xmls) {
-      for (const std::string& p : paths) uses = uses || XmlNamesPathInside(x, p);
-    }
-    if (!uses) continue;
-    int state = 0, reason = 0;
-    if (virDomainGetState(dom.get(), &state, &reason, 0) != 0) state = active ? VIR_DOMAIN_RUNNING : VIR_DOMAIN_NOSTATE;
-    out.push_back({name, DomainStateName(state), active});
-  }
-  return out;
-}
-
-Status CheckNoActiveDomainUses(Env& env, const std::string& folder, const std::string& uri) {
-  auto doms = DomainsUsingFolder(env, folder, uri);
-  if (!doms.ok()) {
-    return std::move(doms).error().Wrap(
-        "cannot ask libvirt which domains use the folder (pass --no-libvirt if no libvirt domain uses it)");
-  }
-  for (const DomainUsingFolder& d : *doms) {
-    if (!d.active) continue;
-    return Error::Busy("domain '" + d.name + "' is " + d.state +
-                       " and uses files in the folder; shut it off first (virsh shutdown " + d.name +
-                       "), then migrate: nothing was moved")
-        .set_path(AbsolutePath(folder));
-  }
-  return OkStatus();
+Result<StateMigrateResult> MigrateState(Env& env, const std::string& from, const std::string& to,
+                                        const MigrateOptions& options) {
+  if (!options.use_libvirt) return MigrateJournaled(env, from, to, options.repoint);
+  BARGE_ASSIGN_OR_RETURN(std::string catalog, ExistingCatalogPath(env, options.catalog_flag));
+  DomainRepoint users(env, options.libvirt_uri, catalog);
+  BARGE_RETURN_IF_ERROR(users.LockUsers(from));
+  return MigrateJournaled(env, from, to, [&users](const std::string& old_dir, const std::string& new_dir) {
+    return users.Repoint(old_dir, new_dir);
+  });
 }
 
 std::string MovedFromLocation(Env& env, const std::string& path) {

@@ -90,48 +90,29 @@ struct StateMigrateResult {
 // `env`: a test stops it after any durable step, or after any file copied,
 // as a crash would (tests/testing/env_wrappers.h).
 //
-// `repoint`, when set, moves what else names the folder's files (domain
-// XML, the catalog) inside the journaled step: it is called with (from, to)
-// after the copy is verified and before the commit point (its failure rolls
-// the migration back), with (to, from) whenever a migration is rolled back,
-// and with (from, to) again when recovery finishes a committed one. It must
-// be idempotent.
+// A repoint moves what else names the folder's files (domain XML, the
+// catalog) inside the journaled step: it is called with (from, to) after
+// the copy is verified and before the commit point (its failure rolls the
+// migration back), with (to, from) whenever a migration is rolled back, and
+// with (from, to) again when recovery finishes a committed one. It must be
+// idempotent.
 using MigrateRepoint = std::function<Status(const std::string& old_dir, const std::string& new_dir)>;
-Result<StateMigrateResult> MigrateState(Env& env, const std::string& from, const std::string& to,
-                                        const MigrateRepoint& repoint = {});
 
-// `text` with every path naming `old_dir` or something inside it (as a
-// whole XML attribute value or element text, or a JSON string: after a
-// quote or '>', ending at a quote, '<' or '/') made to name `new_dir`
-// instead. `old_dir` and `new_dir` are absolute; `xml` escapes them as XML.
-std::string ReplacePathPrefix(std::string_view text, const std::string& old_dir, const std::string& new_dir,
-                              bool xml);
-
-// The repoint for `state migrate`: the persistent XML of every libvirt domain
-// (at `uri`) naming files in `old_dir` is redefined to name them in
-// `new_dir`, and the catalog at `catalog_path` (when that file exists) has
-// its CBT rows (state folder, overlays) and stored checkpoint XML changed the
-// same way, in one transaction. kBusy for a domain that runs or is paused.
-Status RepointDomainsAndCatalog(Env& env, const std::string& old_dir, const std::string& new_dir,
-                                const std::string& uri, const std::string& catalog_path);
-
-// A libvirt domain whose XML (persistent or live) names a file inside a
-// folder: a disk's source, NVRAM, a TPM's state...
-struct DomainUsingFolder {
-  std::string name;
-  std::string state;  // "running", "paused", "shut off", ...
-  bool active = false;  // a QEMU process runs (running or paused)
+struct MigrateOptions {
+  // Switch libvirt's domains and the catalog with the folder (DomainRepoint,
+  // state_repoint.h):
+  // a running or paused domain using the folder is refused (kBusy) before
+  // anything is touched, and the domains using it stay locked until the
+  // migration ends.
+  bool use_libvirt = false;
+  std::string libvirt_uri;  // "" = BARGE_LIBVIRT_URI, else qemu:///system
+  // --catalog: "" = the default place, used only when a catalog exists
+  // there; an explicit one must exist (ExistingCatalogPath).
+  std::string catalog_flag;
+  // Another repoint, when not use_libvirt (tests).
+  MigrateRepoint repoint;
 };
-
-// Every domain of the libvirt at `uri` ("" = BARGE_LIBVIRT_URI or
-// qemu:///system) whose XML names `folder` itself or a path inside it
-// (also by the folder's real path, when it differs).
-Result<std::vector<DomainUsingFolder>> DomainsUsingFolder(Env& env, const std::string& folder,
-                                                          const std::string& uri = "");
-
-// Refuses (kBusy, naming the domain) to move `folder` while a running or
-// paused domain uses files in it: QEMU holds them open (overlays with their
-// bitmaps in use) and would go on writing the old copies.
-Status CheckNoActiveDomainUses(Env& env, const std::string& folder, const std::string& uri = "");
+Result<StateMigrateResult> MigrateState(Env& env, const std::string& from, const std::string& to,
+                                        const MigrateOptions& options = {});
 
 }  // namespace barge::orchestrate

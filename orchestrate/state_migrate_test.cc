@@ -14,6 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/cbt.h"
+#include "orchestrate/libvirt_conn.h"
+#include "orchestrate/sqlite_db.h"
 #include "tests/testing/env_wrappers.h"
 #include "tests/testing/testing.h"
 
@@ -157,7 +161,7 @@ TEST_F(StateMigrateTest, RepointFollowsTheCommitPointAcrossCrashes) {
     };
     testing::StopEnv env(PosixEnv());
     env.StopAfter(k);
-    auto r = MigrateState(env, from_.string(), to_.string(), repoint);
+    auto r = MigrateState(env, from_.string(), to_.string(), {.repoint = repoint});
     if (r.ok()) {
       EXPECT_EQ(pointed, to_.string());
       ExpectFinished();
@@ -167,7 +171,7 @@ TEST_F(StateMigrateTest, RepointFollowsTheCommitPointAcrossCrashes) {
     if (fs::exists(to_ / kStateMarkerName)) {
       EXPECT_EQ(pointed, to_.string());
     }
-    auto again = MigrateState(PosixEnv(), from_.string(), to_.string(), repoint);
+    auto again = MigrateState(PosixEnv(), from_.string(), to_.string(), {.repoint = repoint});
     ASSERT_TRUE(again.ok()) << again.error().ToString();
     EXPECT_EQ(pointed, to_.string());
     ExpectFinished();
@@ -183,7 +187,7 @@ TEST_F(StateMigrateTest, FailedRepointRollsBack) {
     if (calls.size() == 1) return Error::Busy("domain 'd' was started during the migration");
     return OkStatus();
   };
-  auto r = MigrateState(PosixEnv(), from_.string(), to_.string(), repoint);
+  auto r = MigrateState(PosixEnv(), from_.string(), to_.string(), {.repoint = repoint});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), ErrorCode::kBusy) << r.error().ToString();
   ASSERT_EQ(calls.size(), 2u);
@@ -203,6 +207,55 @@ TEST(ReplacePathPrefixTest, WholeValuesAndPrefixesOnly) {
   EXPECT_EQ(ReplacePathPrefix("<a f='/s/a&amp;b/c'/>", "/s/a&b", "/t/n", true), "<a f='/t/n/c'/>");
   EXPECT_EQ(ReplacePathPrefix(R"([{"overlay":"/s/vm/vda.qcow2","data_file":"/d/x.raw"}])", "/s/vm", "/t", false),
             R"([{"overlay":"/t/vda.qcow2","data_file":"/d/x.raw"}])");
+}
+
+TEST(ReplacePathPrefixTest, MovePathWholeValuesOnly) {
+  EXPECT_EQ(MovePath("/s/vm", "/s/vm", "/t"), "/t");
+  EXPECT_EQ(MovePath("/s/vm/a/b", "/s/vm", "/t"), "/t/a/b");
+  EXPECT_EQ(MovePath("/s/vm2", "/s/vm", "/t"), "/s/vm2");
+  EXPECT_EQ(MovePath("/x/s/vm", "/s/vm", "/t"), "/x/s/vm");
+  EXPECT_TRUE(NamesPathInside("<a f='/s/vm/x'/>", "/s/vm", true));
+  EXPECT_FALSE(NamesPathInside("<a f='/s/vm2/x'/>", "/s/vm", true));
+}
+
+// The catalog's side of a repoint: the CBT record (state folder, overlays,
+// raw disks and the pre-enable XML that cbt disable goes back to) and the
+// stored checkpoint XML name the new place; paths elsewhere stay.
+TEST(RepointCatalogTest, CbtRecordAndCheckpointXmlFollowTheFolder) {
+  testing::TempDir dir;
+  auto catalog = BackupCatalog::Open(PosixEnv(), (dir.path() / "catalog.db").string());
+  ASSERT_TRUE(catalog.ok()) << catalog.error().ToString();
+  BackupCatalog& c = **catalog;
+  ASSERT_TRUE(RepointCbtPaths(c, {"/old"}, "/new").ok());  // creates vm_cbt
+  ASSERT_TRUE(c.CreateTracker("t", "d").ok());
+  ASSERT_TRUE(c.db()
+                  .Exec("INSERT INTO vm_cbt VALUES('d', '/old/cbt', "
+                        "'<domain><source file=\"/old/disk.raw\"/><source file=\"/else/x.raw\"/></domain>', "
+                        "'[{\"disk\":\"vda\",\"data_file\":\"/old/disk.raw\",\"overlay\":\"/state/vda.qcow2\"}]', "
+                        "'now');"
+                        "INSERT INTO vm_checkpoints VALUES('c1', 't', 'd', 'now', '[]', "
+                        "'<domaincheckpoint><source file=\"/old/disk.raw\"/></domaincheckpoint>');")
+                  .ok());
+  for (int round = 0; round < 2; ++round) {  // idempotent
+    auto txn = SqliteTransaction::Begin(c.db());
+    ASSERT_TRUE(txn.ok());
+    ASSERT_TRUE(RepointCbtPaths(c, {"/elsewhere", "/old"}, "/new").ok());
+    ASSERT_TRUE(c.RepointPaths({"/elsewhere", "/old"}, "/new").ok());
+    ASSERT_TRUE((*txn)->Commit().ok());
+  }
+  auto disks = CbtDisksOf(c, "d");
+  ASSERT_TRUE(disks.ok() && disks->has_value());
+  ASSERT_EQ((*disks)->size(), 1u);
+  EXPECT_EQ((**disks)[0].data_file, "/new/disk.raw");
+  EXPECT_EQ((**disks)[0].overlay, "/state/vda.qcow2");
+  auto st = c.db().Prepare("SELECT state_dir, original_xml FROM vm_cbt WHERE domain='d'");
+  ASSERT_TRUE(st.ok());
+  ASSERT_TRUE(*st->Step());
+  EXPECT_EQ(st->Text(0), "/new/cbt");
+  EXPECT_EQ(st->Text(1), "<domain><source file=\"/new/disk.raw\"/><source file=\"/else/x.raw\"/></domain>");
+  auto cp = c.GetCheckpoint("c1");
+  ASSERT_TRUE(cp.ok());
+  EXPECT_EQ(cp->xml, "<domaincheckpoint><source file=\"/new/disk.raw\"/></domaincheckpoint>");
 }
 
 TEST_F(StateMigrateTest, FailedCopyRollsBackAndKeepsTheOld) {

@@ -5,6 +5,7 @@
 
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
+#include "pipeline/disk_identity.h"
 
 namespace barge::orchestrate {
 
@@ -72,9 +73,29 @@ Result<std::vector<RedefineOutcome>> RedefineCheckpoints(BackupCatalog& catalog,
   return out;
 }
 
+namespace {
+
+// Why `now` cannot extend `chain` ("" = it is the chain's disk): for a
+// domain disk whose file behind the target changed (swapped disks), in
+// those words; else OtherDiskReason's sentence.
+Result<std::string> OtherDiskFullReason(const pipeline::ChainFolder& chain, const formats::DiskIdentity& now) {
+  BARGE_ASSIGN_OR_RETURN(std::string other, pipeline::OtherDiskReason(chain, now));
+  if (other.empty()) return other;
+  const formats::BackupManifest& latest = chain.latest().manifest;
+  if (latest.disk_identity && !latest.disk_identity->source.empty() && !now.source.empty() &&
+      latest.disk_identity->source != now.source) {
+    return "disk " + now.target + " is now " + now.source + ", was " + latest.disk_identity->source + " (backup " +
+           latest.id + "): a new chain starts";
+  }
+  return other + ": a new chain starts";
+}
+
+}  // namespace
+
 Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, virDomainPtr dom,
-                                        const std::vector<DomainDisk>& disks, bool force_full,
-                                        const std::string& target_dir, const std::string& domain) {
+                                        const std::vector<DomainDisk>& disks,
+                                        const std::map<std::string, formats::DiskIdentity>& identities,
+                                        bool force_full, const std::string& target_dir, const std::string& domain) {
   std::vector<DiskPlan> plans;
   auto all_full = [&](const std::string& reason) {
     for (const auto& d : disks) plans.push_back({d.target, false, reason});
@@ -119,8 +140,17 @@ Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, 
         } else if (chain->latest().manifest.checkpoint != tracker->latest_checkpoint) {
           p.reason = "chain does not end at checkpoint " + tracker->latest_checkpoint;
         } else {
-          p.incremental = true;
-          p.reason = "incremental since " + tracker->latest_checkpoint;
+          // A chain whose parent links are broken is left to the backup
+          // pipeline, which refuses to extend it.
+          auto id = identities.find(d.target);
+          auto other = id == identities.end() ? Result<std::string>(std::string())
+                                              : OtherDiskFullReason(*chain, id->second);
+          if (other.ok() && !other->empty()) {
+            p.reason = std::move(*other);
+          } else {
+            p.incremental = true;
+            p.reason = "incremental since " + tracker->latest_checkpoint;
+          }
         }
       } else {
         p.incremental = true;
@@ -162,7 +192,7 @@ Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const st
   BARGE_ASSIGN_OR_RETURN(auto disks, DomainDisks(dom));
   const TrackerRecord* t = r.trackers.size() == 1 ? &r.trackers[0] : nullptr;
   if (t) r.next_tracker = t->name;
-  BARGE_ASSIGN_OR_RETURN(r.next_backup, PlanDisks(catalog.env(), t, dom, disks, false, "", domain));
+  BARGE_ASSIGN_OR_RETURN(r.next_backup, PlanDisks(catalog.env(), t, dom, disks, {}, false, "", domain));
   return r;
 }
 

@@ -4,10 +4,10 @@
 #pragma once
 
 #include <map>
-#include <map>
 #include <string>
 #include <vector>
 
+#include "formats/manifest.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/libvirt_conn.h"
 
@@ -72,11 +72,15 @@ namespace barge::orchestrate {
 // tracker's checkpoint. Full, with the reason, when: no tracker, the
 // tracker is empty or marked needs-full, force_full, libvirt lacks the
 // checkpoint, the disk's bitmap is inconsistent or missing, the disk is new
-// or changed size, or the disk's chain does not end at the checkpoint.
-// `target_dir` "" skips the chain check (doctor without a target); the
-// chain folders are read through `env`.
+// or changed size, or the disk's chain does not end at the checkpoint, or
+// the chain holds another disk than `identities` gives for it (disks that
+// swapped files keep their targets: pipeline::OtherDiskReason over every
+// layer of the chain's latest point; chains that record no disk are not
+// compared). `target_dir` "" skips the chain checks (doctor without a
+// target); the chain folders are read through `env`, once per disk.
 Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, virDomainPtr dom,
-                                        const std::vector<DomainDisk>& disks, bool force_full,
-                                        const std::string& target_dir, const std::string& domain);
+                                        const std::vector<DomainDisk>& disks,
+                                        const std::map<std::string, formats::DiskIdentity>& identities,
+                                        bool force_full, const std::string& target_dir, const std::string& domain);
 
 }  // namespace barge::orchestrate

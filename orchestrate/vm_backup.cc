@@ -41,8 +41,7 @@ Status InjectedFault(const VmBackupRequest& req, VmBackupFaults::Point point) {
 // held for the backup (released by the kernel if we die).
 Result<std::unique_ptr<EnvLock>> LockDomain(Env& env, const std::string& catalog_path,
                                            const std::string& domain) {
-  return TryLockFile(env, CatalogDir(catalog_path) + "/locks/" + domain + ".lock",
-                     "a backup of domain '" + domain + "' is already running");
+  return TryLockFile(env, DomainLockPath(catalog_path, domain), DomainBusyMessage(domain));
 }
 
 std::string JoinReasons(const std::vector<VmBackupDisk>& disks) {
@@ -233,7 +232,7 @@ Result<std::string> StartRun(const VmBackupRequest& req, BackupCatalog& catalog,
 std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std::vector<DomainDisk>& disks,
                                  const std::map<std::string, bool>& incremental,
                                  const std::map<std::string, std::string>& reasons, const std::string& checkpoint,
-                                 const std::map<std::string, std::string>& disk_files,
+                                 const std::map<std::string, formats::DiskIdentity>& identities,
                                  const std::function<void(const std::string& disk, pipeline::BackupRequest&)>& set_source,
                                  VmBackupResult& res, std::vector<std::string>& new_files) {
   std::vector<Result<pipeline::BackupResult>> results(disks.size(), Error::Cancelled("not run"));
@@ -251,10 +250,10 @@ std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std
       // plan made this backup full for it), never another disk.
       br.allow_resize = true;
       // The disk is the domain's, whichever socket or overlay it is read
-      // through: online and offline backups extend one chain.
-      // The file behind the target too: disks that swapped files keep
-      // their targets (FullWhereTheFileChanged makes them fulls).
-      br.disk_identity = formats::DiskIdentity{"domain", req.domain, name, 0, disk_files.at(name)};
+      // through: online and offline backups extend one chain. The file
+      // behind the target too: disks that swapped files keep their targets
+      // (PlanDisks makes them fulls).
+      br.disk_identity = identities.at(name);
       br.compression = req.compression;
       br.compression_level = req.compression_level;
       br.copy = req.copy;
@@ -282,46 +281,25 @@ std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std
   return first_error;
 }
 
-// The file behind each disk's target, canonical: for a disk on a CBT
-// overlay the raw disk it tracks (the overlay may move with
-// `state migrate`; the disk is the same), else the domain's source.
-Result<std::map<std::string, std::string>> DiskFiles(Env& env, BackupCatalog& catalog, const std::string& domain,
-                                                     const std::vector<DomainDisk>& disks) {
-  BARGE_ASSIGN_OR_RETURN(auto cbt, CbtDisksOf(catalog, domain));
-  std::map<std::string, std::string> out;
+// Each disk's identity in its chain, built once per run: the domain's disk
+// by target, with the file behind the target, canonical (for a disk on a
+// CBT overlay the raw disk it tracks: the overlay may move with `state
+// migrate`, the disk is the same). PlanDisks compares it with the chain
+// (swapped disks take fulls); the new point records it.
+std::map<std::string, formats::DiskIdentity> DiskIdentities(Env& env, const std::string& domain,
+                                                            const std::vector<DomainDisk>& disks,
+                                                            const std::optional<std::vector<CbtDisk>>& cbt) {
+  std::map<std::string, formats::DiskIdentity> out;
   for (const auto& d : disks) {
     std::string file = d.source.empty() ? "" : CanonicalPath(env, d.source);
-    if (cbt) {
+    if (cbt && !file.empty()) {
       for (const auto& c : *cbt) {
-        if (c.disk == d.target && !file.empty() && CanonicalPath(env, c.overlay) == file) {
-          file = CanonicalPath(env, c.data_file);
-        }
+        if (c.disk == d.target && CanonicalPath(env, c.overlay) == file) file = CanonicalPath(env, c.data_file);
       }
     }
-    out[d.target] = file;
+    out[d.target] = formats::DiskIdentity{"domain", domain, d.target, 0, file};
   }
   return out;
-}
-
-// Disks that swapped files (or a disk replaced by another file) keep their
-// targets: a disk planned incremental whose chain's latest point was read
-// from another file is backed up full with the reason. Chains written
-// before barge recorded the file are not compared.
-void FullWhereTheFileChanged(Env& env, const VmBackupRequest& req, const std::map<std::string, std::string>& files,
-                             std::vector<DiskPlan>& plans) {
-  for (auto& p : plans) {
-    if (!p.incremental) continue;
-    const std::string& now = files.at(p.disk);
-    auto chain = pipeline::LoadChainFolder(env, req.target + "/" + req.domain + "/" + p.disk);
-    if (now.empty() || !chain.ok() || chain->empty()) continue;
-    const formats::BackupManifest& latest = chain->latest().manifest;
-    if (!latest.disk_identity || latest.disk_identity->source.empty() || latest.disk_identity->source == now) {
-      continue;
-    }
-    p.incremental = false;
-    p.reason = "disk " + p.disk + " is now " + now + ", was " + latest.disk_identity->source + " (backup " +
-               latest.id + "): a new chain starts";
-  }
 }
 
 // The bitmaps of a CBT overlay, read directly (the domain is shut off).
@@ -387,9 +365,9 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
   }
   if (disks.empty()) return Error::InvalidArgument("domain '" + req.domain + "' has no disks to back up");
 
-  BARGE_ASSIGN_OR_RETURN(auto plans, PlanDisks(env, tracker, dom, disks, req.force_full, req.target, req.domain));
-  BARGE_ASSIGN_OR_RETURN(auto disk_files, DiskFiles(env, catalog, req.domain, disks));
-  FullWhereTheFileChanged(env, req, disk_files, plans);
+  const auto identities = DiskIdentities(env, req.domain, disks, cbt);
+  BARGE_ASSIGN_OR_RETURN(auto plans,
+                         PlanDisks(env, tracker, dom, disks, identities, req.force_full, req.target, req.domain));
   std::map<std::string, bool> incremental;
   std::map<std::string, std::string> reasons;
   std::map<std::string, std::vector<formats::BitmapInfo>> bitmaps;
@@ -428,7 +406,7 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
   };
 
   std::optional<Error> first_error = BackupDisks(
-      env, req, disks, incremental, reasons, checkpoint, disk_files,
+      env, req, disks, incremental, reasons, checkpoint, identities,
       [&](const std::string& name, pipeline::BackupRequest& br) {
         const CbtDisk& c = overlay_of.at(name);
         br.source.location = c.overlay;
@@ -515,6 +493,23 @@ std::string MultipleTrackersMessage(const std::string& domain, const std::vector
          "): name one with --tracker";
 }
 
+Result<TrackerChoice> ResolveTracker(BackupCatalog& catalog, const std::string& domain,
+                                     const std::string& tracker_name) {
+  TrackerChoice choice;
+  if (!tracker_name.empty()) {
+    BARGE_ASSIGN_OR_RETURN(choice.tracker, catalog.GetTracker(tracker_name));
+    if (choice.tracker->domain != domain) {
+      return Error::InvalidArgument("tracker '" + tracker_name + "' belongs to domain '" + choice.tracker->domain +
+                                    "'");
+    }
+    return choice;
+  }
+  BARGE_ASSIGN_OR_RETURN(auto list, catalog.ListTrackers(domain));
+  if (list.size() == 1) choice.tracker = list[0];
+  if (list.size() > 1) choice.ambiguous = MultipleTrackersMessage(domain, list);
+  return choice;
+}
+
 Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   VmBackupRequest req = req_in;
   auto t0 = std::chrono::steady_clock::now();
@@ -540,18 +535,9 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(auto dom, LookupDomain(conn.get(), req.domain));
 
-  // Tracker.
-  std::optional<TrackerRecord> tracker;
-  if (!req.tracker.empty()) {
-    BARGE_ASSIGN_OR_RETURN(tracker, catalog->GetTracker(req.tracker));
-    if (tracker->domain != req.domain) {
-      return Error::InvalidArgument("tracker '" + req.tracker + "' belongs to domain '" + tracker->domain + "'");
-    }
-  } else {
-    BARGE_ASSIGN_OR_RETURN(auto list, catalog->ListTrackers(req.domain));
-    if (list.size() == 1) tracker = list[0];
-    if (list.size() > 1) return Error::InvalidArgument(MultipleTrackersMessage(req.domain, list));
-  }
+  BARGE_ASSIGN_OR_RETURN(TrackerChoice choice, ResolveTracker(*catalog, req.domain, req.tracker));
+  if (!choice.ambiguous.empty()) return Error::InvalidArgument(choice.ambiguous);
+  std::optional<TrackerRecord> tracker = std::move(choice.tracker);
 
   if (!DomainIsActive(dom.get())) {
     return RunOfflineBackup(env, req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, t0);
@@ -572,10 +558,10 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   }
   if (disks.empty()) return Error::InvalidArgument("domain '" + req.domain + "' has no disks to back up");
 
-  BARGE_ASSIGN_OR_RETURN(auto plans, PlanDisks(env, tracker ? &*tracker : nullptr, dom.get(), disks, req.force_full,
-                                               req.target, req.domain));
-  BARGE_ASSIGN_OR_RETURN(auto disk_files, DiskFiles(env, *catalog, req.domain, disks));
-  FullWhereTheFileChanged(env, req, disk_files, plans);
+  BARGE_ASSIGN_OR_RETURN(auto cbt, CbtDisksOf(*catalog, req.domain));
+  const auto identities = DiskIdentities(env, req.domain, disks, cbt);
+  BARGE_ASSIGN_OR_RETURN(auto plans, PlanDisks(env, tracker ? &*tracker : nullptr, dom.get(), disks, identities,
+                                               req.force_full, req.target, req.domain));
   std::map<std::string, bool> incremental;
   std::map<std::string, std::string> reasons;
   for (const auto& p : plans) {
@@ -670,7 +656,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (!cleanup.job_started) return fail(Error::IoError("backup job did not start"));
 
   std::optional<Error> first_error = BackupDisks(
-      env, req, disks, incremental, reasons, checkpoint, disk_files,
+      env, req, disks, incremental, reasons, checkpoint, identities,
       [&](const std::string& name, pipeline::BackupRequest& br) {
         br.source.location = "nbd+unix:///" + name + "?socket=" + cleanup.socket;
         if (br.incremental) {

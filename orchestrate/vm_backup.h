@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "blockio/error.h"
+#include "orchestrate/backup_catalog.h"
 #include "pipeline/backup.h"
 
 namespace barge::orchestrate {
@@ -71,8 +73,8 @@ struct VmBackupResult {
 // Runs one VM backup. Refuses at once (nothing started, nothing created)
 // when the target folder does not exist (kNotFound: an unmounted backup
 // volume), the domain has several trackers and none is named
-// (kInvalidArgument, MultipleTrackersMessage), another backup
-// of the domain holds its lock (<catalog folder>/locks/<domain>.lock), the
+// (kInvalidArgument, MultipleTrackersMessage), another backup, CBT change
+// or state migration of the domain holds its lock (kBusy, DomainLockPath), the
 // guest agent is missing for the quiesce (unless skip_quiesce), or the
 // target's free space is below the estimate (kNoSpace). On any later failure
 // the job is aborted, this run's checkpoint deleted, the new backup files
@@ -82,8 +84,20 @@ struct VmBackupResult {
 // Chain folders, lock files and overlays are handled through `env`.
 Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& request);
 
-struct TrackerRecord;
 // "domain 'D' has N trackers (a, b): name one with --tracker".
 std::string MultipleTrackersMessage(const std::string& domain, const std::vector<TrackerRecord>& trackers);
+
+// Which tracker a backup of `domain` continues: the one named by
+// `tracker_name` (kNotFound; kInvalidArgument when it belongs to another
+// domain), else the domain's only tracker, else none. With several and none
+// named, which chain to continue is the caller's choice: `ambiguous` holds
+// MultipleTrackersMessage (a usage error; RunVmBackup refuses it with
+// kInvalidArgument). The CLI calls it before the hooks run.
+struct TrackerChoice {
+  std::optional<TrackerRecord> tracker;
+  std::string ambiguous;
+};
+Result<TrackerChoice> ResolveTracker(BackupCatalog& catalog, const std::string& domain,
+                                     const std::string& tracker_name);
 
 }  // namespace barge::orchestrate

@@ -4,12 +4,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/file_lock.h"
+#include "orchestrate/state_repoint.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 
@@ -117,6 +121,81 @@ TEST_F(VmStateMigrateTest, ShutOffDomainAndCatalogFollowTheFolder) {
   EXPECT_EQ(b1["parent_checkpoint"], b0["checkpoint"]);
   dom.Destroy();
   ExpectRestores(target_ + "/" + dom.name() + "/vda", 1, raw);
+}
+
+// The migrated folder holds the raw disk under a CBT overlay (the state
+// folder is elsewhere): the catalog's CBT record follows the raw disk, and
+// cbt disable puts the domain back on the moved raw disk, not on the
+// removed old path that the definition named before enable.
+TEST_F(VmStateMigrateTest, DisableAfterMovingTheRawDiskGoesToTheNewPath) {
+  fs::create_directories(dir_ / "vol");
+  const std::string raw = dir_ / "vol/disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw));
+  TestDomain dom("rawmove", {{"vda", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  const std::string state = dir_ / "cbt";
+  json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(state));
+  ASSERT_EQ(st["state"], "Enabled");
+
+  const std::string to = dir_ / "newvol/vol";
+  json m = ::barge::testing::RunResult(BargeBinary() + " state migrate --json --from " + ShellQuote(dir_ / "vol") +
+                                       " --to " + ShellQuote(to) + " --catalog " + ShellQuote(catalog_));
+  ASSERT_EQ(m["outcome"], "migrated") << m.dump();
+  const std::string new_raw = to + "/disk.raw";
+  json cbt = BargeJson("cbt status --domain " + dom.name());
+  EXPECT_EQ(cbt["disks"][0]["data_file"], new_raw) << cbt.dump();
+
+  EXPECT_EQ(BargeJson("cbt disable --domain " + dom.name())["state"], "Disabled");
+  std::string blk = RunOk(std::string(kVirsh) + "domblklist " + dom.name());
+  EXPECT_NE(blk.find(new_raw), std::string::npos) << blk;
+  EXPECT_EQ(blk.find(raw), std::string::npos) << blk;
+}
+
+// The repoint itself (the migration's switch, after the copy) sees a domain
+// that names the folder only in its live XML (here a transient one, as one
+// started during the copy would be) and refuses it; and it takes the lock
+// of each domain it switches, so a domain whose lock a backup or CBT change
+// holds is refused, and while the migration holds the locks, cbt enable of
+// such a domain is refused.
+TEST_F(VmStateMigrateTest, RepointSeesLiveOnlyUsersAndTakesTheDomainLocks) {
+  fs::create_directories(dir_ / "vol");
+  const std::string vol = dir_ / "vol";
+  const std::string to = dir_ / "newvol/vol";
+  {
+    const std::string raw = dir_ / "vol/live.raw";
+    RunOk("truncate -s 64M " + ShellQuote(raw));
+    TestDomain live("liveonly", {{"vda", raw, "raw"}});
+    const std::string xml_path = dir_ / "liveonly.xml";
+    { std::ofstream(xml_path) << live.Xml(); }
+    RunOk(std::string(kVirsh) + "create " + ShellQuote(xml_path) + " --paused");
+    orchestrate::DomainRepoint repoint(Env::Default(), "", catalog_);
+    Status s = repoint.Repoint(vol, to);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().code(), ErrorCode::kBusy) << s.error().ToString();
+    EXPECT_NE(s.error().message().find(live.name()), std::string::npos) << s.error().ToString();
+  }
+
+  const std::string raw = dir_ / "vol/disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw));
+  TestDomain dom("locked", {{"vda", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  {
+    auto held = orchestrate::TryLockFile(Env::Default(), orchestrate::DomainLockPath(catalog_, dom.name()), "test");
+    ASSERT_TRUE(held.ok()) << held.error().ToString();
+    orchestrate::DomainRepoint repoint(Env::Default(), "", catalog_);
+    Status s = repoint.Repoint(vol, to);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().code(), ErrorCode::kBusy) << s.error().ToString();
+    Status l = repoint.LockUsers(vol);
+    ASSERT_FALSE(l.ok());
+    EXPECT_EQ(l.error().code(), ErrorCode::kBusy) << l.error().ToString();
+    EXPECT_EQ(RunOk(std::string(kVirsh) + "domblklist " + dom.name()).find(to), std::string::npos);
+  }
+  orchestrate::DomainRepoint repoint(Env::Default(), "", catalog_);
+  ASSERT_TRUE(repoint.LockUsers(vol).ok());
+  auto r = ::barge::testing::Run(Barge("cbt enable --domain " + dom.name()));
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find("already running"), std::string::npos) << r.output;
 }
 
 }  // namespace
