@@ -3,12 +3,12 @@
 #include "formats/qcow2_check.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_snapshot.h"
+#include "formats/units.h"
 
 namespace barge::formats::qcow2 {
 
@@ -18,12 +18,6 @@ namespace {
 // table once reads each metadata byte about once (refcount blocks and
 // bitmap data too), so only crafted files come near it.
 constexpr uint64_t kScanAllowanceBytes = uint64_t{256} << 20;
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 class Checker {
  public:

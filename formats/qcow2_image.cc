@@ -3,11 +3,11 @@
 #include "formats/qcow2_image.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "formats/qcow2_compress.h"
+#include "formats/units.h"
 
 namespace barge::formats::qcow2 {
 
@@ -54,12 +54,6 @@ void Append(std::vector<Run>& out, const Run& run) {
     }
   }
   out.push_back(run);
-}
-
-std::string HexOffset(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 Compression CompressionOf(const Header& h) {
@@ -300,8 +294,8 @@ Status Qcow2Image::FetchRuns(std::vector<Fetch>& fetches) {
         // this layer's file; the payload's host offset is in the message.
         Error e = std::move(st).error();
         return Error(e.code(), "compressed cluster " + std::to_string(f.guest >> header_.cluster_bits) +
-                                 " at guest offset " + HexOffset(f.guest) + " (payload at host offset " +
-                                 HexOffset(f.host) + ") does not decompress: " + e.message())
+                                 " at guest offset " + Hex(f.guest) + " (payload at host offset " +
+                                 Hex(f.host) + ") does not decompress: " + e.message())
             .set_path(info_.path)
             .set_range(f.guest, cs);
       }

@@ -5,13 +5,13 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdio>
 #include <map>
 #include <set>
 
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_snapshot.h"
+#include "formats/units.h"
 
 namespace barge::formats {
 namespace {
@@ -20,12 +20,6 @@ using namespace qcow2;
 
 constexpr uint32_t kNobody = 0xffffffffu;
 constexpr uint32_t kShared = 0xfffffffeu;
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 Error Bad(const std::string& what, uint64_t offset) {
   return Error::Corruption("qcow2 snapshot metrics: " + what).set_offset(offset);
