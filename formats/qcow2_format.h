@@ -7,6 +7,8 @@
 #include <cstring>
 #include <span>
 
+#include "formats/sector.h"
+
 namespace barge::formats::qcow2 {
 
 inline constexpr uint32_t kMagic = 0x514649fb;  // "QFI\xfb"
@@ -23,7 +25,6 @@ inline constexpr uint64_t kMaxRefcountTableBytes = 8ull << 20;   // qemu's cap
 inline constexpr uint64_t kMaxBitmapDirectoryBytes = 64ull << 20;
 inline constexpr uint32_t kMaxBitmaps = 65535;
 inline constexpr uint32_t kMaxBitmapNameBytes = 1023;
-inline constexpr uint32_t kSectorBytes = 512;
 
 // Incompatible feature bits.
 inline constexpr uint64_t kIncompatDirty = 1ull << 0;

@@ -9,6 +9,7 @@
 #include "formats/qcow2_image.h"
 #include "formats/qcow2_open.h"
 #include "formats/qcow2_snapshot.h"
+#include "formats/sector.h"
 
 namespace barge::formats {
 
@@ -152,7 +153,7 @@ Result<std::unique_ptr<Image>> OpenLayer(std::unique_ptr<BlockSource> file, cons
     const SnapshotInfo& sn = info.snapshots[*index];
     h.l1_table_offset = sn.l1_table_offset;
     h.l1_size = sn.l1_size;
-    h.size = sn.virtual_size & ~uint64_t{511};
+    h.size = sn.virtual_size & ~uint64_t{kSectorBytes - 1};
     info.virtual_size = h.size;
     info.opened_snapshot = sn;
     info.bitmaps.clear();
