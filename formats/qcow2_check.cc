@@ -123,7 +123,8 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
     const uint64_t at = l2_offset + i * entry_bytes;
     const uint64_t entry = LoadBe64(table.data() + i * entry_bytes);
     const uint64_t bitmap = ext ? LoadBe64(table.data() + i * entry_bytes + 8) : 0;
-    if (entry & kOflagCompressed) {
+    const ClusterType type = GetClusterType(entry, ext, data_file);
+    if (type == ClusterType::kCompressed) {
       if (entry & kOflagCopied) {
         Corrupt("compressed cluster with the COPIED flag: l2_entry=" + Hex(entry) + " at " + Hex(at));
       }
@@ -150,12 +151,9 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
     const uint64_t host = entry & kL2OffsetMask;
     const uint32_t alloc = uint32_t(bitmap);
     const uint32_t zero = uint32_t(bitmap >> 32);
-    // Offset 0 with COPIED in a data-file image is guest cluster 0 of the
-    // data file; otherwise offset 0 is a zero (bit 0) or unallocated entry.
-    // (Without extended L2, a ZERO flag there makes it a zero cluster.)
-    const bool mapped = host != 0 || (data_file && (entry & kOflagCopied) &&
-                                      (h_.extended_l2() || !(entry & kOflagZero)));
-    if (!mapped) {
+    // ZERO_PLAIN and unallocated entries have no host cluster (offset 0
+    // with COPIED in a data-file image is the data file's first cluster).
+    if (!HasHostCluster(type)) {
       if (alloc != 0) Corrupt("unallocated cluster with a non-zero subcluster allocation bitmap at " + Hex(at));
       continue;
     }
