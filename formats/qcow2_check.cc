@@ -78,7 +78,7 @@ class Checker {
   };
   Status CheckL1(uint64_t l1_offset, uint32_t l1_size, const Uses& uses);
   Status CheckL2(uint64_t l2_offset, const Uses& uses);
-  Status CheckSnapshotExtraData(uint64_t table_bytes);
+  void CheckSnapshotExtraData(const SnapshotTable& table);
   Status ReadRefcounts();
   void CountRefcountBlocks();
   Status CheckBitmaps();
@@ -206,23 +206,15 @@ Status Checker::CheckL1(uint64_t l1_offset, uint32_t l1_size, const Uses& uses) 
 }
 
 // qemu: every snapshot table entry of a version 3 image carries at least
-// 16 bytes of extra data (the 64-bit VM state size and the disk size). The
-// table was validated by ReadSnapshotTable.
-Status Checker::CheckSnapshotExtraData(uint64_t table_bytes) {
-  if (h_.version < 3) return OkStatus();
-  std::vector<std::byte> table(table_bytes);
-  BARGE_RETURN_IF_ERROR(Read(h_.snapshots_offset, table));
-  uint64_t pos = 0;
-  for (uint32_t i = 0; i < h_.nb_snapshots && pos + 40 <= table.size(); ++i) {
-    const uint32_t extra = LoadBe32(table.data() + pos + 36);
-    if (extra < 16) {
-      Corrupt("snapshot table entry " + std::to_string(i) + " is incomplete (" + std::to_string(extra) +
-              " bytes of extra data)");
+// 16 bytes of extra data (the 64-bit VM state size and the disk size).
+void Checker::CheckSnapshotExtraData(const SnapshotTable& table) {
+  if (h_.version < 3) return;
+  for (size_t i = 0; i < table.extra_bytes.size(); ++i) {
+    if (table.extra_bytes[i] < 16) {
+      Corrupt("snapshot table entry " + std::to_string(i) + " is incomplete (" +
+              std::to_string(table.extra_bytes[i]) + " bytes of extra data)");
     }
-    const uint64_t names = LoadBe16(table.data() + pos + 12) + LoadBe16(table.data() + pos + 14);
-    pos += (40 + uint64_t{extra} + names + 7) & ~uint64_t{7};
   }
-  return OkStatus();
 }
 
 // Reads the refcount table and the stored refcount of every cluster (a
@@ -384,7 +376,7 @@ Result<CheckReport> Checker::Run() {
     Corrupt(snapshots.error().message());
   } else if (h_.nb_snapshots > 0) {
     if (h_.has_data_file()) Corrupt(std::to_string(h_.nb_snapshots) + " snapshots in an image with a data file");
-    BARGE_RETURN_IF_ERROR(CheckSnapshotExtraData(snapshots->table_bytes));
+    CheckSnapshotExtraData(*snapshots);
     for (const SnapshotInfo& s : snapshots->snapshots) ++l1_tables_[{s.l1_table_offset, s.l1_size}].times;
   }
   for (const auto& [table, uses] : l1_tables_) {
