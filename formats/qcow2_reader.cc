@@ -177,6 +177,7 @@ Result<std::unique_ptr<Image>> OpenLayer(std::unique_ptr<BlockSource> file, cons
     BARGE_ASSIGN_OR_RETURN(std::string data_path,
                            ResolveName(path, h.data_file, "data file", options, state));
     BARGE_ASSIGN_OR_RETURN(data_file, opener(data_path));
+    info.data_file_path = std::move(data_path);
   }
   auto image = std::make_unique<Qcow2Image>(std::move(file), std::move(h), std::move(l1),
                                             std::move(info));
