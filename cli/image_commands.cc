@@ -8,7 +8,6 @@
 #include "blockio/buffer.h"
 #include "blockio/env.h"
 #include "blockio/nbd.h"
-#include "blockio/path.h"
 #include "cli/common.h"
 #include "formats/qcow2_check.h"
 
@@ -44,12 +43,13 @@ std::string MissingBackingFormatFix(const formats::ImageInfo& info) {
          "record it with `qemu-img rebase -u -F <raw|qcow2> -b '" + info.backing_file + "' " + info.path + "`";
 }
 
-json LayerJson(const formats::ImageInfo& info) {
+// `actual`: ActualSize(info), learnt once per layer.
+json LayerJson(const formats::ImageInfo& info, std::optional<uint64_t> actual) {
   json j = {{"filename", info.path},
             {"format", formats::ImageFormatName(info.format)},
             {"virtual_size", info.virtual_size},
             {"file_size", info.file_size}};
-  if (auto actual = ActualSize(info)) j["actual_size"] = *actual;
+  if (actual) j["actual_size"] = *actual;
   if (info.format != formats::ImageFormat::kQcow2) return j;
   j["version"] = info.version;
   j["cluster_size"] = info.cluster_size();
@@ -95,13 +95,13 @@ std::string VmClock(uint64_t nsec) {
                 static_cast<unsigned long long>((nsec / 1000000) % 1000));
 }
 
-void PrintLayerText(const formats::ImageInfo& info, std::ostream& t) {
+void PrintLayerText(const formats::ImageInfo& info, std::optional<uint64_t> actual, std::ostream& t) {
   t << "image: " << info.path << "\n"
     << "file format: " << formats::ImageFormatName(info.format) << "\n"
     << "virtual size: " << HumanBytes(info.virtual_size) << " (" << info.virtual_size << " bytes)\n";
   // qemu-img's "disk size" is the space the file takes; barge adds the
   // file's length (a sparse file's apparent size).
-  if (auto actual = ActualSize(info)) t << "disk size: " << HumanBytes(*actual) << "\n";
+  if (actual) t << "disk size: " << HumanBytes(*actual) << "\n";
   t << "file length: " << HumanBytes(info.file_size) << "\n";
   if (info.format != formats::ImageFormat::kQcow2) return;
   t << "cluster_size: " << info.cluster_size() << "\n"
@@ -155,13 +155,16 @@ int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   auto chain = Chain(**image);
   const formats::ImageInfo& last = chain.back()->info();
   if (!last.backing_file.empty() && last.backing_format.empty()) out.Warning(MissingBackingFormatFix(last), last.path);
-  json j = LayerJson((*image)->info());
+  // One stat per layer; the top layer is chain[0].
+  std::vector<std::optional<uint64_t>> actual;
+  for (const auto* layer : chain) actual.push_back(ActualSize(layer->info()));
+  json j = LayerJson((*image)->info(), actual[0]);
   j["chain"] = json::array();
-  for (const auto* layer : chain) j["chain"].push_back(LayerJson(layer->info()));
+  for (size_t i = 0; i < chain.size(); ++i) j["chain"].push_back(LayerJson(chain[i]->info(), actual[i]));
   out.Result(j);
   for (size_t i = 0; i < chain.size(); ++i) {
     if (i > 0) out.text() << "\n";
-    PrintLayerText(chain[i]->info(), out.text());
+    PrintLayerText(chain[i]->info(), actual[i], out.text());
   }
   return kExitOk;
 }
@@ -177,11 +180,10 @@ struct MapEntry {
 };
 
 // The file a layer's host offsets point into: its external data file when
-// it has one (resolved as barge opens it: against the image's folder), else
-// the layer's own file.
+// it has one (the path barge opened it at: map opens it), else the layer's
+// own file.
 std::string HostFile(const formats::ImageInfo& info) {
-  if (info.data_file.empty()) return info.path;
-  return IsAbsolutePath(info.data_file) ? info.data_file : JoinPath(DirName(info.path), info.data_file);
+  return info.data_file.empty() ? info.path : info.data_file_path;
 }
 
 // As qemu-img map: a raw layer's holes are present zeros at their own
@@ -191,8 +193,9 @@ MapEntry ToMapEntry(const formats::MappedExtent& e, const std::vector<const form
   MapEntry m;
   m.start = e.offset;
   m.length = e.length;
-  m.depth = e.depth < 0 ? bottom : e.depth;
-  const formats::ImageInfo& layer = chain[std::clamp(m.depth, 0, bottom)]->info();
+  // A layer of the chain (the text table names chain[depth]'s file).
+  m.depth = e.depth < 0 ? bottom : std::clamp(e.depth, 0, bottom);
+  const formats::ImageInfo& layer = chain[m.depth]->info();
   const bool raw_layer = layer.format == formats::ImageFormat::kRaw;
   m.present = e.kind != ExtentKind::kHole || raw_layer;
   m.zero = e.kind != ExtentKind::kData;

@@ -6,6 +6,7 @@
 #include <span>
 
 #include "formats/qcow2_open.h"
+#include "formats/sector.h"
 
 namespace barge::formats {
 
@@ -37,13 +38,11 @@ namespace {
 // a disk is whole sectors, and barge's copies then equal qemu-img's.
 class RawImage final : public Image {
  public:
-  static constexpr uint64_t kSectorBytes = 512;
-
   RawImage(std::unique_ptr<BlockSource> file, const std::string& path)
       : file_(std::move(file)), file_bytes_(file_->size_bytes()) {
     info_.path = path;
     info_.format = ImageFormat::kRaw;
-    info_.virtual_size = (file_bytes_ + kSectorBytes - 1) / kSectorBytes * kSectorBytes;
+    info_.virtual_size = RoundUpToSector(file_bytes_);
     info_.file_size = file_bytes_;
   }
   const std::string& name() const override { return file_->name(); }

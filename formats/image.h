@@ -72,6 +72,9 @@ struct ImageInfo {
   std::string backing_format;  // from the extension ("" if absent)
   std::string backing_path;    // resolved path of the opened backing image
   std::string data_file;       // as stored
+  // Resolved path of the opened data file, as the backing file's: "" when
+  // it was not opened (OpenOptions::open_data_file false).
+  std::string data_file_path;
   bool data_file_raw = false;
   std::vector<BitmapInfo> bitmaps;
   std::vector<SnapshotInfo> snapshots;

@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/json_fields.h"
-#include "formats/units.h"
 
 namespace barge::formats {
 
@@ -14,14 +13,6 @@ using nlohmann::json;
 
 std::string_view BackupTypeName(BackupType type) {
   return type == BackupType::kFull ? "full" : "incremental";
-}
-
-std::string DiskIdentity::Describe() const {
-  std::string what = kind == "domain" ? "disk " + target + " of domain " + location
-                     : kind == "nbd"  ? "NBD export " + location
-                     : kind == "block" ? "block device " + location
-                                       : kind + " " + location;
-  return what + (source.empty() ? "" : " on " + source) + " (" + HumanBytes(virtual_size) + ")";
 }
 
 Result<std::string> EncodeManifest(const BackupManifest& m) {

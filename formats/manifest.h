@@ -40,14 +40,6 @@ struct DiskIdentity {
   std::string moved_from;
 
   bool operator==(const DiskIdentity&) const = default;
-  // The same disk: equal but for a `source` that either one lacks (older
-  // manifests) and, where `with_size` is false, the size.
-  bool SameDisk(const DiskIdentity& o, bool with_size = true) const {
-    return kind == o.kind && location == o.location && target == o.target &&
-           (!with_size || virtual_size == o.virtual_size) && (source.empty() || o.source.empty() || source == o.source);
-  }
-  // "file /var/lib/a.qcow2 (1 GiB)", "disk vda of domain vm1 (10 GiB)".
-  std::string Describe() const;
 };
 
 struct BackupManifest {

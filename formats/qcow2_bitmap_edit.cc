@@ -5,7 +5,6 @@
 #include "formats/qcow2_bitmap_edit.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <optional>
 #include <set>
@@ -15,6 +14,7 @@
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_refcount_shadow.h"
 #include "formats/qcow2_writer_meta.h"
+#include "formats/units.h"
 
 namespace barge::formats {
 namespace {
@@ -38,12 +38,6 @@ Error Invalid(const std::string& what) {
 }
 Error Unsupported(const std::string& what) {
   return Error::NotSupported("qcow2 bitmap edit: " + what);
-}
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 uint64_t Align8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }

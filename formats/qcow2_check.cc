@@ -3,12 +3,12 @@
 #include "formats/qcow2_check.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_snapshot.h"
+#include "formats/units.h"
 
 namespace barge::formats::qcow2 {
 
@@ -18,12 +18,6 @@ namespace {
 // table once reads each metadata byte about once (refcount blocks and
 // bitmap data too), so only crafted files come near it.
 constexpr uint64_t kScanAllowanceBytes = uint64_t{256} << 20;
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 class Checker {
  public:
@@ -84,7 +78,7 @@ class Checker {
   };
   Status CheckL1(uint64_t l1_offset, uint32_t l1_size, const Uses& uses);
   Status CheckL2(uint64_t l2_offset, const Uses& uses);
-  Status CheckSnapshotExtraData(uint64_t table_bytes);
+  void CheckSnapshotExtraData(const SnapshotTable& table);
   Status ReadRefcounts();
   void CountRefcountBlocks();
   Status CheckBitmaps();
@@ -129,7 +123,8 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
     const uint64_t at = l2_offset + i * entry_bytes;
     const uint64_t entry = LoadBe64(table.data() + i * entry_bytes);
     const uint64_t bitmap = ext ? LoadBe64(table.data() + i * entry_bytes + 8) : 0;
-    if (entry & kOflagCompressed) {
+    const ClusterType type = GetClusterType(entry, ext, data_file);
+    if (type == ClusterType::kCompressed) {
       if (entry & kOflagCopied) {
         Corrupt("compressed cluster with the COPIED flag: l2_entry=" + Hex(entry) + " at " + Hex(at));
       }
@@ -156,12 +151,9 @@ Status Checker::CheckL2(uint64_t l2_offset, const Uses& uses) {
     const uint64_t host = entry & kL2OffsetMask;
     const uint32_t alloc = uint32_t(bitmap);
     const uint32_t zero = uint32_t(bitmap >> 32);
-    // Offset 0 with COPIED in a data-file image is guest cluster 0 of the
-    // data file; otherwise offset 0 is a zero (bit 0) or unallocated entry.
-    // (Without extended L2, a ZERO flag there makes it a zero cluster.)
-    const bool mapped = host != 0 || (data_file && (entry & kOflagCopied) &&
-                                      (h_.extended_l2() || !(entry & kOflagZero)));
-    if (!mapped) {
+    // ZERO_PLAIN and unallocated entries have no host cluster (offset 0
+    // with COPIED in a data-file image is the data file's first cluster).
+    if (!HasHostCluster(type)) {
       if (alloc != 0) Corrupt("unallocated cluster with a non-zero subcluster allocation bitmap at " + Hex(at));
       continue;
     }
@@ -214,23 +206,15 @@ Status Checker::CheckL1(uint64_t l1_offset, uint32_t l1_size, const Uses& uses) 
 }
 
 // qemu: every snapshot table entry of a version 3 image carries at least
-// 16 bytes of extra data (the 64-bit VM state size and the disk size). The
-// table was validated by ReadSnapshotTable.
-Status Checker::CheckSnapshotExtraData(uint64_t table_bytes) {
-  if (h_.version < 3) return OkStatus();
-  std::vector<std::byte> table(table_bytes);
-  BARGE_RETURN_IF_ERROR(Read(h_.snapshots_offset, table));
-  uint64_t pos = 0;
-  for (uint32_t i = 0; i < h_.nb_snapshots && pos + 40 <= table.size(); ++i) {
-    const uint32_t extra = LoadBe32(table.data() + pos + 36);
-    if (extra < 16) {
-      Corrupt("snapshot table entry " + std::to_string(i) + " is incomplete (" + std::to_string(extra) +
-              " bytes of extra data)");
+// 16 bytes of extra data (the 64-bit VM state size and the disk size).
+void Checker::CheckSnapshotExtraData(const SnapshotTable& table) {
+  if (h_.version < 3) return;
+  for (size_t i = 0; i < table.extra_bytes.size(); ++i) {
+    if (table.extra_bytes[i] < 16) {
+      Corrupt("snapshot table entry " + std::to_string(i) + " is incomplete (" +
+              std::to_string(table.extra_bytes[i]) + " bytes of extra data)");
     }
-    const uint64_t names = LoadBe16(table.data() + pos + 12) + LoadBe16(table.data() + pos + 14);
-    pos += (40 + uint64_t{extra} + names + 7) & ~uint64_t{7};
   }
-  return OkStatus();
 }
 
 // Reads the refcount table and the stored refcount of every cluster (a
@@ -392,7 +376,7 @@ Result<CheckReport> Checker::Run() {
     Corrupt(snapshots.error().message());
   } else if (h_.nb_snapshots > 0) {
     if (h_.has_data_file()) Corrupt(std::to_string(h_.nb_snapshots) + " snapshots in an image with a data file");
-    BARGE_RETURN_IF_ERROR(CheckSnapshotExtraData(snapshots->table_bytes));
+    CheckSnapshotExtraData(*snapshots);
     for (const SnapshotInfo& s : snapshots->snapshots) ++l1_tables_[{s.l1_table_offset, s.l1_size}].times;
   }
   for (const auto& [table, uses] : l1_tables_) {

@@ -4,9 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "blockio/memory.h"
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_check_testing.h"
+#include "formats/qcow2_header.h"
+#include "formats/qcow2_snapshot.h"
 #include "tests/testing/testing.h"
 
 namespace barge::formats::qcow2 {
@@ -214,6 +218,43 @@ TEST_F(Qcow2Check, SnapshotsSharingTablesStayClean) {
   CheckReport r = MustCheck(bytes);
   EXPECT_TRUE(r.clean()) << Messages(r);
   EXPECT_EQ(r.allocated_clusters, 16u);
+}
+
+// A version 3 snapshot table entry with less than 16 bytes of extra data
+// is a corruption for qemu-img check; the checker takes each entry's extra
+// data size from the parsed table.
+TEST_F(Qcow2Check, SnapshotEntryWithShortExtraDataIsCorruption) {
+  const std::string img = dir_ / "short.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + img + " 1M && qemu-io -f qcow2 -c 'write -P 1 0 64k' " + img +
+        " && qemu-img snapshot -c s1 " + img + " && qemu-img snapshot -c s2 " + img);
+  const auto good = testing::ReadFile(img);
+  ASSERT_EQ(QemuCheck(good), 0);
+  ASSERT_TRUE(MustCheck(good).clean());
+  // The second entry's extra data cut from 24 bytes to 8: its id and name
+  // move up behind it.
+  MemorySource source(good, "short.qcow2");
+  auto h = ReadHeader(source);
+  ASSERT_TRUE(h.ok());
+  auto table = ReadSnapshotTable(source, *h);
+  ASSERT_TRUE(table.ok());
+  ASSERT_EQ(table->extra_bytes, (std::vector<uint32_t>{24, 24}));
+  const uint64_t second = h->snapshots_offset + ((kSnapshotFixedBytes + 24 + table->snapshots[0].id.size() +
+                                                  table->snapshots[0].name.size() + 7) & ~uint64_t{7});
+  const uint64_t names = table->snapshots[1].id.size() + table->snapshots[1].name.size();
+  auto b = good;
+  StoreBe32(b.data() + second + 36, 8);
+  std::copy_n(good.begin() + static_cast<std::ptrdiff_t>(second + kSnapshotFixedBytes + 24), names,
+              b.begin() + static_cast<std::ptrdiff_t>(second + kSnapshotFixedBytes + 8));
+  MemorySource poked(b, "short.qcow2");
+  auto short_table = ReadSnapshotTable(poked, *h);
+  ASSERT_TRUE(short_table.ok()) << short_table.error().ToString();
+  EXPECT_EQ(short_table->extra_bytes, (std::vector<uint32_t>{24, 8}));
+  EXPECT_EQ(short_table->snapshots[1].name, "s2");
+  CheckReport r = MustCheck(b);
+  EXPECT_EQ(r.corruptions, 1u) << Messages(r);
+  EXPECT_NE(Messages(r).find("snapshot table entry 1 is incomplete (8 bytes of extra data)"), std::string::npos)
+      << Messages(r);
+  EXPECT_EQ(r.exit_code(), QemuCheck(b));
 }
 
 TEST_F(Qcow2Check, GarbageHeaderIsAnError) {

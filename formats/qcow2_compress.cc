@@ -9,10 +9,11 @@
 #include <climits>
 #include <string>
 
+#include "formats/sector.h"
+
 namespace barge::formats {
 namespace {
 
-constexpr size_t kSectorBytes = 512;
 // qemu writes raw deflate with a 4 KiB window and memLevel 9; readers built
 // with any windowBits between 12 and 15 can then decode it.
 constexpr int kDeflateWriteWindowBits = -12;

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <span>
 
+#include "formats/sector.h"
+
 namespace barge::formats::qcow2 {
 
 inline constexpr uint32_t kMagic = 0x514649fb;  // "QFI\xfb"
@@ -23,7 +25,6 @@ inline constexpr uint64_t kMaxRefcountTableBytes = 8ull << 20;   // qemu's cap
 inline constexpr uint64_t kMaxBitmapDirectoryBytes = 64ull << 20;
 inline constexpr uint32_t kMaxBitmaps = 65535;
 inline constexpr uint32_t kMaxBitmapNameBytes = 1023;
-inline constexpr uint32_t kSectorBytes = 512;
 
 // Incompatible feature bits.
 inline constexpr uint64_t kIncompatDirty = 1ull << 0;
@@ -123,6 +124,36 @@ inline uint64_t RefcountsPerBlock(uint32_t cluster_bits, uint32_t refcount_order
 }
 // Compressed descriptor: bit x = 70 - cluster_bits splits offset and sectors.
 inline uint32_t CompressedOffsetBits(uint32_t cluster_bits) { return 70 - cluster_bits; }
+
+// What an L2 entry makes of its guest cluster: qemu's QCow2ClusterType,
+// decided as its qcow2_get_cluster_type does, so that the reader, map and
+// check agree on it. With extended L2 the ZERO flag is not used (the
+// subcluster bitmaps say what is zero), so only kCompressed, kNormal and
+// kUnallocated occur there.
+enum class ClusterType : uint8_t {
+  kUnallocated,  // nothing here: the backing file's bytes (or zeros)
+  kNormal,       // data at the entry's offset (in the data file when there is one)
+  kCompressed,   // a compressed payload (DecodeCompressed)
+  kZeroPlain,    // reads as zeros, no host cluster
+  kZeroAlloc,    // reads as zeros, keeps its host cluster (preallocated)
+};
+// Offset 0 means unallocated, except in an image with an external data
+// file, where it is the data file's first cluster when COPIED is set (a
+// data-file cluster always has refcount 1, so qemu always sets it there).
+inline ClusterType GetClusterType(uint64_t l2_entry, bool extended_l2, bool data_file) {
+  if (l2_entry & kOflagCompressed) return ClusterType::kCompressed;
+  if ((l2_entry & kOflagZero) && !extended_l2) {
+    return (l2_entry & kL2OffsetMask) ? ClusterType::kZeroAlloc : ClusterType::kZeroPlain;
+  }
+  if (!(l2_entry & kL2OffsetMask)) {
+    return data_file && (l2_entry & kOflagCopied) ? ClusterType::kNormal : ClusterType::kUnallocated;
+  }
+  return ClusterType::kNormal;
+}
+// Whether the cluster has a host cluster (its offset means something).
+inline bool HasHostCluster(ClusterType type) {
+  return type == ClusterType::kNormal || type == ClusterType::kZeroAlloc;
+}
 
 // Where a compressed cluster's payload lies, from its L2 entry: the host
 // offset, and the bytes of the stored sectors from there (their count less

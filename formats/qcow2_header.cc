@@ -3,8 +3,9 @@
 #include "formats/qcow2_header.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <vector>
+
+#include "formats/units.h"
 
 namespace barge::formats::qcow2 {
 
@@ -16,12 +17,6 @@ constexpr uint32_t kMaxSnapshots = 65536;
 
 Error Bad(std::string field, uint64_t offset, std::string why) {
   return Error::Corruption("qcow2 header: " + field + ": " + why).set_offset(offset);
-}
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 bool HasNul(std::string_view s) { return s.find('\0') != std::string_view::npos; }

@@ -3,11 +3,11 @@
 #include "formats/qcow2_image.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "formats/qcow2_compress.h"
+#include "formats/units.h"
 
 namespace barge::formats::qcow2 {
 
@@ -54,12 +54,6 @@ void Append(std::vector<Run>& out, const Run& run) {
     }
   }
   out.push_back(run);
-}
-
-std::string HexOffset(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 Compression CompressionOf(const Header& h) {
@@ -123,7 +117,8 @@ Status Qcow2Image::MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& 
       const uint64_t entry_pos = l2_offset + index * entry_bytes;
       const uint64_t entry = LoadBe64(table->data() + index * entry_bytes);
       const uint64_t bitmap = ext ? LoadBe64(table->data() + index * entry_bytes + 8) : 0;
-      if (entry & kOflagCompressed) {
+      const ClusterType type = GetClusterType(entry, ext, data_file);
+      if (type == ClusterType::kCompressed) {
         if (data_file) return Bad("L2 entry: compressed cluster in an image with a data file", entry_pos);
         if (ext && bitmap != 0) return Bad("L2 entry: compressed cluster with a subcluster bitmap", entry_pos);
         const uint64_t host = DecodeCompressed(entry, cb).host;
@@ -136,7 +131,9 @@ Status Qcow2Image::MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& 
       }
       if (entry & kL2ReservedMask) return Bad("L2 entry has reserved bits set", entry_pos);
       const uint64_t host = entry & kL2OffsetMask;
-      const bool mapped = host != 0 || (data_file && (entry & kOflagCopied));
+      // Normal and ZERO_ALLOC clusters keep a host cluster (offset 0 with
+      // COPIED in a data-file image is the data file's first cluster).
+      const bool mapped = HasHostCluster(type);
       if (mapped) {
         if (!IsClusterAligned(host, cb)) {
           return Bad("L2 entry: data cluster offset is not cluster aligned", entry_pos);
@@ -146,13 +143,12 @@ Status Qcow2Image::MapLayer(uint64_t offset, uint64_t length, std::vector<Run>& 
         }
       }
       if (!ext) {
-        RunKind kind = (entry & kOflagZero) ? RunKind::kZero
-                       : mapped             ? RunKind::kData
-                                            : RunKind::kUnallocated;
-        // ZERO_ALLOC keeps its host cluster.
-        const bool keeps_host = mapped && kind != RunKind::kUnallocated;
-        Append(out, {pos, cluster_end - pos, kind, keeps_host ? host + (pos - cluster_start) : 0, 0,
-                     keeps_host && kind != RunKind::kData});
+        const RunKind kind = type == ClusterType::kNormal        ? RunKind::kData
+                             : type == ClusterType::kUnallocated ? RunKind::kUnallocated
+                                                                 : RunKind::kZero;
+        // ZERO_ALLOC keeps its host cluster; ZERO_PLAIN has none.
+        Append(out, {pos, cluster_end - pos, kind, mapped ? host + (pos - cluster_start) : 0, 0,
+                     mapped && kind != RunKind::kData});
         pos = cluster_end;
         continue;
       }
@@ -300,8 +296,8 @@ Status Qcow2Image::FetchRuns(std::vector<Fetch>& fetches) {
         // this layer's file; the payload's host offset is in the message.
         Error e = std::move(st).error();
         return Error(e.code(), "compressed cluster " + std::to_string(f.guest >> header_.cluster_bits) +
-                                 " at guest offset " + HexOffset(f.guest) + " (payload at host offset " +
-                                 HexOffset(f.host) + ") does not decompress: " + e.message())
+                                 " at guest offset " + Hex(f.guest) + " (payload at host offset " +
+                                 Hex(f.host) + ") does not decompress: " + e.message())
             .set_path(info_.path)
             .set_range(f.guest, cs);
       }

@@ -9,6 +9,7 @@
 #include "formats/qcow2_image.h"
 #include "formats/qcow2_open.h"
 #include "formats/qcow2_snapshot.h"
+#include "formats/sector.h"
 
 namespace barge::formats {
 
@@ -152,7 +153,7 @@ Result<std::unique_ptr<Image>> OpenLayer(std::unique_ptr<BlockSource> file, cons
     const SnapshotInfo& sn = info.snapshots[*index];
     h.l1_table_offset = sn.l1_table_offset;
     h.l1_size = sn.l1_size;
-    h.size = sn.virtual_size & ~uint64_t{511};
+    h.size = sn.virtual_size & ~uint64_t{kSectorBytes - 1};
     info.virtual_size = h.size;
     info.opened_snapshot = sn;
     info.bitmaps.clear();
@@ -176,6 +177,7 @@ Result<std::unique_ptr<Image>> OpenLayer(std::unique_ptr<BlockSource> file, cons
     BARGE_ASSIGN_OR_RETURN(std::string data_path,
                            ResolveName(path, h.data_file, "data file", options, state));
     BARGE_ASSIGN_OR_RETURN(data_file, opener(data_path));
+    info.data_file_path = std::move(data_path);
   }
   auto image = std::make_unique<Qcow2Image>(std::move(file), std::move(h), std::move(l1),
                                             std::move(info));

@@ -6,8 +6,11 @@
 #include <map>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "blockio/memory.h"
 #include "formats/image.h"
+#include "formats/qcow2_check_testing.h"
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_image.h"
@@ -20,6 +23,7 @@ using namespace qcow2;
 using testing::RunOk;
 using testing::ShellQuote;
 using testing::TempDir;
+using nlohmann::json;
 
 // Opens files from an in-memory map; anything else is NotFound.
 SourceOpener MemoryOpener(std::map<std::string, std::vector<std::byte>> files) {
@@ -233,6 +237,57 @@ TEST_F(Qcow2Backing, ChainDepthLimit) {
   EXPECT_EQ(Open(dir_ / "l2.qcow2", options).error().code(), ErrorCode::kInvalidArgument);
   options.max_chain_depth = 2;
   EXPECT_TRUE(Open(dir_ / "l2.qcow2", options).ok());
+}
+
+// Offset 0 with COPIED is the data file's first cluster, but with the ZERO
+// flag (no extended L2) the entry is a plain zero cluster, as qemu's
+// qcow2_get_cluster_type decides: it reads as zeros, map gives no offset,
+// and check counts no allocation. The reader and map gave host offset 0 for
+// it, where the checker did not.
+TEST_F(Qcow2Backing, DataFileClusterZeroWithZeroFlagIsAPlainZeroCluster) {
+  BARGE_REQUIRE_TOOL("qemu-io");
+  RunOk(Cd() + "qemu-img create -q -f qcow2 -o data_file=df.raw df.qcow2 1M && "
+               "qemu-io -f qcow2 -c 'write -P 0x5a 0 64k' df.qcow2");
+  std::vector<std::byte> b = testing::ReadFile(dir_ / "df.qcow2");
+  const uint64_t l2 = Get64(b, Get64(b, 40)) & kL1OffsetMask;
+  ASSERT_NE(l2, 0u);
+  ASSERT_EQ(Get64(b, l2), kOflagCopied);  // guest cluster 0 at data file offset 0
+  {  // Unpoked: data at host offset 0 of the data file, for all three.
+    auto image = Open(dir_ / "df.qcow2");
+    ASSERT_TRUE(image.ok()) << image.error().ToString();
+    auto map = (*image)->Map(0, 64 << 10);
+    ASSERT_TRUE(map.ok());
+    ASSERT_EQ(map->size(), 1u);
+    EXPECT_EQ((*map)[0].kind, ExtentKind::kData);
+    EXPECT_EQ((*map)[0].host_offset, std::optional<uint64_t>(0));
+    EXPECT_EQ(check_testing::MustCheck(b).allocated_clusters, 1u);
+  }
+  Put64(b, l2, kOflagCopied | kOflagZero);
+  testing::WriteFile(dir_ / "df.qcow2", b);
+
+  // qemu: a zero cluster with no offset, and a clean image.
+  const json q = json::parse(RunOk(Cd() + "qemu-img map --output=json -f qcow2 df.qcow2"));
+  ASSERT_GE(q.size(), 1u) << q.dump();
+  EXPECT_EQ(q[0]["start"], 0);
+  EXPECT_EQ(q[0]["zero"], true) << q.dump();
+  EXPECT_EQ(q[0]["data"], false) << q.dump();
+  EXPECT_FALSE(q[0].contains("offset")) << q.dump();
+  RunOk(Cd() + "qemu-img check -q -f qcow2 df.qcow2");
+
+  auto image = Open(dir_ / "df.qcow2");
+  ASSERT_TRUE(image.ok()) << image.error().ToString();
+  auto map = (*image)->Map(0, 64 << 10);
+  ASSERT_TRUE(map.ok()) << map.error().ToString();
+  ASSERT_EQ(map->size(), 1u);
+  EXPECT_EQ((*map)[0].kind, ExtentKind::kZero);
+  EXPECT_FALSE((*map)[0].host_offset.has_value()) << *(*map)[0].host_offset;
+  std::vector<std::byte> data(64 << 10, std::byte{1});
+  ASSERT_TRUE((*image)->ReadAt(0, data).ok());
+  EXPECT_EQ(data, std::vector<std::byte>(64 << 10));
+  // The checker agrees: no allocated cluster, nothing wrong.
+  const CheckReport r = check_testing::MustCheck(b);
+  EXPECT_TRUE(r.clean()) << check_testing::Messages(r);
+  EXPECT_EQ(r.allocated_clusters, 0u);
 }
 
 }  // namespace

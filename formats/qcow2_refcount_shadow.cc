@@ -2,8 +2,9 @@
 #include "formats/qcow2_refcount_shadow.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <string>
+
+#include "formats/units.h"
 
 namespace barge::formats::qcow2 {
 
@@ -11,12 +12,6 @@ namespace {
 
 // Host offsets of metadata must fit in bits 9..55 of table entries.
 constexpr uint64_t kMaxHostOffset = uint64_t{1} << 56;
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 Error Bad(const std::string& what, uint64_t offset) {
   return Error::Corruption("qcow2 refcounts: " + what).set_offset(offset);

@@ -78,6 +78,7 @@ Result<SnapshotTable> ReadSnapshotTable(BlockSource& file, const Header& h) {
     }
     out.snapshots.push_back(std::move(s));
     out.unknown_extra.push_back(std::move(unknown));
+    out.extra_bytes.push_back(extra_size);
     end = pos + used_bytes;
     pos = Align8(end);
   }

@@ -31,6 +31,9 @@ struct SnapshotTable {
   // Per entry, the extra data past the 24 bytes barge knows, kept byte for
   // byte when the table is rewritten (qemu does the same).
   std::vector<std::vector<std::byte>> unknown_extra;
+  // Per entry, the extra data's size as stored (qemu-img check wants at
+  // least 16 bytes in a version 3 image).
+  std::vector<uint32_t> extra_bytes;
   uint64_t table_bytes = 0;  // bytes of the table at header.snapshots_offset
 };
 

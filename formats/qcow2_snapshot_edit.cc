@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <unordered_set>
@@ -14,6 +13,7 @@
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_refcount_shadow.h"
 #include "formats/qcow2_snapshot.h"
+#include "formats/units.h"
 
 namespace barge::formats {
 namespace {
@@ -21,12 +21,6 @@ namespace {
 using namespace qcow2;
 
 constexpr uint64_t kAutoclearKnown = kAutoclearBitmaps | kAutoclearDataFileRaw;
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 Error Bad(const std::string& what, uint64_t offset) {
   return Error::Corruption("qcow2 snapshot edit: " + what).set_offset(offset);

@@ -5,13 +5,13 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdio>
 #include <map>
 #include <set>
 
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_snapshot.h"
+#include "formats/units.h"
 
 namespace barge::formats {
 namespace {
@@ -20,12 +20,6 @@ using namespace qcow2;
 
 constexpr uint32_t kNobody = 0xffffffffu;
 constexpr uint32_t kShared = 0xfffffffeu;
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 Error Bad(const std::string& what, uint64_t offset) {
   return Error::Corruption("qcow2 snapshot metrics: " + what).set_offset(offset);
@@ -106,7 +100,8 @@ class Pass {
     const uint64_t cs = h_.cluster_size();
     const uint64_t entry = LoadBe64(p);
     Mapped m;
-    if (entry & kOflagCompressed) {
+    const ClusterType type = GetClusterType(entry, h_.extended_l2(), h_.has_data_file());
+    if (type == ClusterType::kCompressed) {
       const CompressedPayload payload = DecodeCompressed(entry, h_.cluster_bits);
       m.key = entry & ~kOflagCopied;
       m.host = payload.host;
@@ -116,8 +111,7 @@ class Pass {
       return m;
     }
     const uint64_t host = entry & kL2OffsetMask;
-    const bool data_file_copied = h_.has_data_file() && (entry & kOflagCopied);
-    if (host == 0 && !data_file_copied) return m;
+    if (!HasHostCluster(type)) return m;
     m.key = host | 1;  // non-zero even for host offset 0 in a data file
     m.host = host;
     m.stored = cs;
@@ -125,7 +119,7 @@ class Pass {
       const uint32_t alloc = static_cast<uint32_t>(LoadBe64(p + 8));
       m.logical = uint64_t(std::popcount(alloc)) * (cs / 32);
       m.data_stored = alloc ? cs : 0;
-    } else if (!(entry & kOflagZero)) {
+    } else if (type == ClusterType::kNormal) {
       m.logical = cs;
       m.data_stored = cs;
     }

@@ -9,6 +9,7 @@
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_writer_host.h"
 #include "formats/qcow2_writer_meta.h"
+#include "formats/sector.h"
 
 namespace barge::formats {
 namespace {
@@ -99,10 +100,10 @@ class Qcow2WriterImpl final : public Qcow2Writer {
     if (config_.compression == Compression::kNone) {
       return Error::InvalidArgument("qcow2 writer: compressed cluster in an image without compression");
     }
-    if (payload.empty() || payload.size() > cluster_size() - qcow2::kSectorBytes) {
+    if (payload.empty() || payload.size() > cluster_size() - kSectorBytes) {
       return Error::InvalidArgument("qcow2 writer: compressed payload of " + Num(payload.size()) +
                                     " bytes for cluster " + Num(cluster_index) + " (must be 1.." +
-                                    Num(cluster_size() - qcow2::kSectorBytes) + ")");
+                                    Num(cluster_size() - kSectorBytes) + ")");
     }
     return Track(DoWriteCompressed(cluster_index, payload));
   }
@@ -270,10 +271,10 @@ Result<std::unique_ptr<Qcow2WriterImpl>> StartImage(BlockSink& sink, ImageConfig
 
 Result<std::unique_ptr<Qcow2Writer>> Qcow2Writer::Create(BlockSink& sink, Qcow2WriterOptions options) {
   ImageConfig config;
-  if (options.virtual_size > UINT64_MAX - (qcow2::kSectorBytes - 1)) {
+  if (options.virtual_size > UINT64_MAX - (kSectorBytes - 1)) {
     return Error::InvalidArgument("qcow2 writer: virtual size too large");
   }
-  config.virtual_size = (options.virtual_size + qcow2::kSectorBytes - 1) & ~uint64_t{qcow2::kSectorBytes - 1};
+  config.virtual_size = RoundUpToSector(options.virtual_size);
   config.cluster_bits = options.cluster_bits;
   config.refcount_order = options.refcount_order;
   config.compression = options.compression;
@@ -289,7 +290,7 @@ Status WriteDataFileOverlay(BlockSink& sink, const OverlayOptions& options) {
     return Error::InvalidArgument("qcow2 overlay: data file path '" + options.data_file_path +
                                   "' must be absolute (qemu resolves it against its working directory)");
   }
-  if (options.virtual_size % qcow2::kSectorBytes != 0) {
+  if (options.virtual_size % kSectorBytes != 0) {
     return Error::InvalidArgument("qcow2 overlay: virtual size " + Num(options.virtual_size) +
                                   " is not a multiple of 512");
   }

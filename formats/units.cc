@@ -78,6 +78,12 @@ std::string HumanBytesExact(uint64_t bytes) {
   return HumanBytes(bytes) + " (" + std::to_string(bytes) + " bytes)";
 }
 
+std::string Hex(uint64_t value) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
 Result<uint64_t> ParseSize(std::string_view text) {
   auto bad = [&](const std::string& why) {
     return Error::InvalidArgument("not a size: '" + std::string(text) + "' (" + why +

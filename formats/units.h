@@ -15,6 +15,10 @@ std::string HumanBytes(uint64_t bytes);
 // "1.18 MiB (1234567 bytes)": for messages where the exact count matters.
 std::string HumanBytesExact(uint64_t bytes);
 
+// "0x1f0000": offsets, table entries and feature bits in messages, as
+// qemu-img prints them.
+std::string Hex(uint64_t value);
+
 // "4G", "512M", "65536", "64k", "1KiB" (binary units; B/K/M/G/T/P, optional
 // "iB"). kInvalidArgument naming the text otherwise (empty, junk, a
 // fraction, a negative number, overflow).

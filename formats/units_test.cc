@@ -24,6 +24,9 @@ TEST(UnitsTest, Sizes) {
   EXPECT_EQ(HumanBytes(65536), "64 KiB");
   EXPECT_EQ(HumanBytes(1234567), "1.18 MiB");
   EXPECT_EQ(HumanBytesExact(1234567), "1.18 MiB (1234567 bytes)");
+  EXPECT_EQ(Hex(0), "0x0");
+  EXPECT_EQ(Hex(0x1f0000), "0x1f0000");
+  EXPECT_EQ(Hex(UINT64_MAX), "0xffffffffffffffff");
 }
 
 TEST(UnitsTest, Durations) {

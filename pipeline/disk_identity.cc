@@ -5,6 +5,8 @@
 #include <optional>
 #include <random>
 
+#include "formats/units.h"
+
 namespace barge::pipeline {
 
 formats::DiskIdentity IdentityOf(Env& env, const SourceSpec& spec, const OpenedSource& source) {
@@ -65,6 +67,15 @@ std::string NbdUriWithoutCredentials(std::string_view uri) {
   return out + fragment;
 }
 
+std::string DescribeDisk(const formats::DiskIdentity& disk) {
+  const std::string what = disk.kind == "domain" ? "disk " + disk.target + " of domain " + disk.location
+                           : disk.kind == "nbd"  ? "NBD export " + disk.location
+                           : disk.kind == "block" ? "block device " + disk.location
+                                                  : disk.kind + " " + disk.location;
+  return what + (disk.source.empty() ? "" : " on " + disk.source) + " (" + formats::HumanBytes(disk.virtual_size) +
+         ")";
+}
+
 bool SameDiskMaybeMoved(const formats::DiskIdentity& older, const formats::DiskIdentity& newer) {
   if (older.kind != newer.kind || older.target != newer.target) return false;
   // A domain disk's file (`source`) is compared where both record one.
@@ -83,9 +94,9 @@ Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::Dis
     // case (a full with --allow-resize), not another disk.
     if (SameDiskMaybeMoved(d, source)) return std::string();
     const std::string latest = chain.latest().manifest.id;
-    return "the chain's latest backup " + latest + " is of " + m.disk_identity->Describe() +
+    return "the chain's latest backup " + latest + " is of " + DescribeDisk(*m.disk_identity) +
            (*it == chain.points.size() - 1 ? "" : " (as its layer " + m.id + " records)") + ", this source is " +
-           source.Describe();
+           DescribeDisk(source);
   }
   return std::string();
 }
@@ -102,9 +113,9 @@ Status CheckOneDisk(const ChainFolder& chain, const std::vector<size_t>& layers)
         const auto& first = chain.points[*disk_from].manifest;
         if (!SameDiskMaybeMoved(*first.disk_identity, *m.disk_identity) ||
             first.disk_identity->virtual_size != m.disk_identity->virtual_size) {
-          return Error::Corruption("the chain mixes disks: backup " + m.id + " is of " + m.disk_identity->Describe() +
+          return Error::Corruption("the chain mixes disks: backup " + m.id + " is of " + DescribeDisk(*m.disk_identity) +
                                  ", backup " + first.id + " before it in its chain of " +
-                                 first.disk_identity->Describe() + "; the points from " + m.id +
+                                 DescribeDisk(*first.disk_identity) + "; the points from " + m.id +
                                  " on do not restore that disk (the earlier points do)")
               .set_path(p.manifest_path);
         }

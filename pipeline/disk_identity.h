@@ -42,6 +42,11 @@ std::string NbdUriWithoutCredentials(std::string_view uri);
 // chain's disk moved by `barge state migrate`.
 Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::DiskIdentity& source);
 
+// The disk in words, for messages: "file /var/lib/a.qcow2 (1 GiB)",
+// "block device /dev/vg/lv (8 GiB)", "NBD export nbd://h/x (2 GiB)",
+// "disk vda of domain vm1 on /var/lib/vm1.qcow2 (10 GiB)".
+std::string DescribeDisk(const formats::DiskIdentity& disk);
+
 // Whether `newer` is the disk `older` records: same kind, target and
 // location, or a location `newer` records it was moved to from `older`'s;
 // for domain disks the same `source` where both record one. Sizes are not

@@ -44,6 +44,30 @@ ChainFolder Chain(std::vector<formats::BackupManifest> manifests) {
 const formats::DiskIdentity kA{"file", "/srv/a.qcow2", "", 1 << 20};
 const formats::DiskIdentity kB{"file", "/srv/b.qcow2", "", 1 << 20};
 
+// Moved from formats' ManifestTest (DiskIdentity::Describe became
+// DescribeDisk here).
+TEST(DiskIdentityTest, DescribeDiskNamesKindLocationAndSize) {
+  EXPECT_EQ(DescribeDisk(formats::DiskIdentity{"file", "/srv/a.qcow2", "", 4096}), "file /srv/a.qcow2 (4 KiB)");
+  EXPECT_EQ(DescribeDisk(formats::DiskIdentity{"domain", "vm1", "vdb", 1 << 20, "/srv/a.qcow2"}),
+            "disk vdb of domain vm1 on /srv/a.qcow2 (1 MiB)");
+}
+
+// A domain disk's identity records the file behind its target (issue 25:
+// disks that swapped files); one without it (an older manifest) is not
+// compared on it. Sizes are compared by the callers (moved from formats'
+// ManifestTest, which compared with DiskIdentity::SameDisk).
+TEST(DiskIdentityTest, DomainDiskSourceIsComparedWhereBothRecordOne) {
+  const formats::DiskIdentity with_source{"domain", "vm1", "vdb", 1 << 20, "/srv/a.qcow2"};
+  const formats::DiskIdentity older{"domain", "vm1", "vdb", 1 << 20};
+  const formats::DiskIdentity swapped{"domain", "vm1", "vdb", 1 << 20, "/srv/b.qcow2"};
+  const formats::DiskIdentity resized{"domain", "vm1", "vdb", 2 << 20, "/srv/a.qcow2"};
+  EXPECT_TRUE(SameDiskMaybeMoved(with_source, older));
+  EXPECT_TRUE(SameDiskMaybeMoved(older, with_source));
+  EXPECT_FALSE(SameDiskMaybeMoved(with_source, swapped));
+  EXPECT_FALSE(SameDiskMaybeMoved(with_source, resized) && with_source.virtual_size == resized.virtual_size);
+  EXPECT_TRUE(SameDiskMaybeMoved(with_source, resized));
+}
+
 TEST(DiskIdentityTest, OtherDiskReasonNamesBothOrNothing) {
   ChainFolder c = Chain({Point("0000-x", {}, kA, "c1"), Point("0001-x", "0000-x", kA, "c1")});
   EXPECT_EQ(OtherDiskReason(c, kA).value(), "");
