@@ -224,16 +224,20 @@ Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t
   return v;
 }
 
+// True when a failed check says something about the backup itself
+// (damaged, unreadable or missing data), not an interruption or a lack of
+// resources: such a failure is recorded, and --all goes on past it.
+bool IsAboutTheData(const Error& e) {
+  const ErrorCode code = e.code();
+  return code == ErrorCode::kCorruption || code == ErrorCode::kIoError || code == ErrorCode::kNotFound;
+}
+
 // Keeps the outcome of a point's check as its verification record: a pass,
-// or a failure that says something about the backup (damaged, unreadable
-// or missing data), not an interruption or a lack of resources. A record
-// that cannot be written is a warning, not a failed verification.
+// or a failure about the data (IsAboutTheData). A record that cannot be
+// written is a warning, not a failed verification.
 void RecordOutcome(Env& env, const ChainFolder& chain, size_t index, const Result<VerifiedPoint>& outcome,
                    double seconds, int64_t layers_mtime_ns, std::vector<std::string>& warnings) {
-  if (!outcome.ok()) {
-    const ErrorCode code = outcome.error().code();
-    if (code != ErrorCode::kCorruption && code != ErrorCode::kIoError && code != ErrorCode::kNotFound) return;
-  }
+  if (!outcome.ok() && !IsAboutTheData(outcome.error())) return;
   const formats::BackupManifest& m = chain.points[index].manifest;
   VerificationRecord r;
   r.id = m.id;
@@ -299,10 +303,7 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
     auto verified = VerifyPointData(env, chain, index, req.copy, structure_checked);
     RecordOutcome(env, chain, index, verified, SecondsSince(point_start), layers_mtime_ns, result.warnings);
     if (!verified.ok()) {
-      const ErrorCode code = verified.error().code();
-      const bool about_the_data =
-          code == ErrorCode::kCorruption || code == ErrorCode::kIoError || code == ErrorCode::kNotFound;
-      if (!req.all_points || !about_the_data) return verified.error();
+      if (!req.all_points || !IsAboutTheData(verified.error())) return verified.error();
       failed[index] = true;
       VerifyOutcome o;
       o.error = verified.error().ToString();
