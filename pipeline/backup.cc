@@ -157,9 +157,7 @@ Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
   for (const Range& r : work) {
     for (uint64_t off = r.offset; off < r.end(); off += kWindow) {
       // Each window asks the source (an NBD server may take its time).
-      if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
-        return Error::Cancelled("backup interrupted while estimating its size").set_path(source.name());
-      }
+      BARGE_RETURN_IF_ERROR(CheckCancel(cancel, "backup interrupted while estimating its size", source.name()));
       uint64_t n = std::min(kWindow, r.end() - off);
       BARGE_ASSIGN_OR_RETURN(ExtentList extents, source.Extents(off, n));
       for (const Extent& e : extents) {
