@@ -196,8 +196,13 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   }
   BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, spec));
   const uint64_t size = src.image->size_bytes();
-  formats::DiskIdentity identity = req.disk_identity ? *req.disk_identity : IdentityOf(env, spec, src);
-  identity.virtual_size = size;
+  formats::DiskIdentity identity;
+  if (req.disk_identity) {
+    identity = *req.disk_identity;
+    identity.virtual_size = size;  // the size read now (IdentityOf sets its own)
+  } else {
+    identity = IdentityOf(env, spec, src);
+  }
 
   std::string disk = req.disk_name.empty() ? DefaultDiskName(spec.location) : req.disk_name;
   BARGE_RETURN_IF_ERROR(CheckDiskName(disk));
