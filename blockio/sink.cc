@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "blockio/buffer.h"
+
 namespace barge {
 
 Status BlockSink::WriteZeroes(uint64_t offset, uint64_t length) {
@@ -25,6 +27,24 @@ Status BlockSink::Trim(uint64_t offset, uint64_t length) {
 
 Status BlockSink::Truncate(uint64_t size_bytes) {
   return Error::NotSupported("truncate not supported").set_path(name()).set_offset(size_bytes);
+}
+
+Status WriteSkippingZeroBlocks(BlockSink& sink, uint64_t offset, std::span<const std::byte> data,
+                               uint64_t block_bytes) {
+  uint64_t run = 0, pos = 0;  // run: start of the pending non-zero blocks
+  auto flush = [&](uint64_t upto) -> Status {
+    if (upto > run) BARGE_RETURN_IF_ERROR(sink.WriteAt(offset + run, data.subspan(run, upto - run)));
+    return OkStatus();
+  };
+  while (pos < data.size()) {
+    const uint64_t n = std::min<uint64_t>(block_bytes - (offset + pos) % block_bytes, data.size() - pos);
+    if (IsAllZero(data.subspan(pos, n))) {
+      BARGE_RETURN_IF_ERROR(flush(pos));
+      run = pos + n;
+    }
+    pos += n;
+  }
+  return flush(data.size());
 }
 
 }  // namespace barge

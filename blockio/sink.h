@@ -59,4 +59,15 @@ class BlockSink {
   virtual Status Truncate(uint64_t size_bytes);
 };
 
+// Writes `data` at `offset` but leaves every all-zero block unwritten, as
+// qemu-img convert does: blocks are `block_bytes` long and aligned to
+// multiples of it in the sink (the first and last may be partial), and
+// the non-zero blocks between two zero ones go out as one WriteAt. Only
+// for a sink whose unwritten bytes read as zeros (zero_initialized) and
+// whose range was never written: a skipped block is not zeroed. The test
+// stops at the first non-zero byte, so real data costs a few bytes per
+// block. Returns the first failed WriteAt's error. May block.
+Status WriteSkippingZeroBlocks(BlockSink& sink, uint64_t offset, std::span<const std::byte> data,
+                               uint64_t block_bytes = 4096);
+
 }  // namespace barge

@@ -6,12 +6,12 @@
 #include <optional>
 
 #include "blockio/env.h"
-#include "blockio/path.h"
 #include "cli/catalog_json.h"
 #include "cli/common.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/catalog_path.h"
 #include "pipeline/chain.h"
+#include "pipeline/chain_summary.h"
 #include "pipeline/verification_record.h"
 
 namespace barge::cli {
@@ -121,48 +121,6 @@ json PointJson(const PointView& p) {
   return j;
 }
 
-// A chain folder found below a target: its path relative to the target and
-// a summary of its points.
-struct FolderView {
-  std::string relative;
-  size_t points = 0;
-  std::string latest;             // id of the newest point
-  std::string latest_started_at;
-  uint64_t image_bytes = 0;       // image files present
-};
-
-// Chain folders below `dir`, up to TARGET/<policy>/<domain>/<disk>/ (three
-// levels: docs/policies.md), sorted by path. A folder with points is a chain
-// folder and is not searched further; hidden and unreadable ones are skipped.
-void FindChainFolders(Env& env, const std::string& dir, const std::string& relative, int depth,
-                      std::vector<FolderView>& found) {
-  constexpr int kMaxDepth = 3;
-  auto names = env.ListDir(dir);
-  if (!names.ok()) return;
-  std::sort(names->begin(), names->end());
-  for (const std::string& name : *names) {
-    if (name.empty() || name[0] == '.') continue;
-    const std::string path = JoinPath(dir, name);
-    auto st = env.Stat(path);
-    if (!st.ok() || !st->is_directory()) continue;
-    const std::string rel = relative.empty() ? name : relative + "/" + name;
-    auto sub = pipeline::LoadChainFolder(env, path);
-    if (sub.ok() && !sub->points.empty()) {
-      FolderView f;
-      f.relative = rel;
-      f.points = sub->points.size();
-      f.latest = sub->points.back().manifest.id;
-      f.latest_started_at = sub->points.back().manifest.started_at;
-      for (const auto& p : sub->points) {
-        if (auto image = env.Stat(sub->PathOf(p.manifest.image)); image.ok()) f.image_bytes += image->size_bytes;
-      }
-      found.push_back(std::move(f));
-    } else if (depth < kMaxDepth) {
-      FindChainFolders(env, path, rel, depth + 1, found);
-    }
-  }
-}
-
 int RunList(const std::string& path, Output& out) {
   auto where = pipeline::LocatePoint(Env::Default(), path, "");
   if (!where.ok()) return out.Fail(where.error());
@@ -170,17 +128,17 @@ int RunList(const std::string& path, Output& out) {
   if (!chain.ok()) return out.Fail(chain.error());
   Env& env = Env::Default();
 
+  const pipeline::ChainSummary summary = pipeline::SummarizeChain(env, *chain);
   std::vector<PointView> points;
   std::vector<std::string> chain_order;  // ids of the fulls, as they appear
-  uint64_t stored = 0;
+  const uint64_t stored = summary.image_bytes;
   for (size_t i = 0; i < chain->points.size(); ++i) {
     PointView p;
     p.position = i;
     p.manifest = &chain->points[i].manifest;
-    auto st = env.Stat(chain->PathOf(p.manifest->image));
+    const Result<FileStat>& st = summary.images[i];
     if (st.ok()) {
       p.image = *st;
-      stored += st->size_bytes;
     } else {
       out.Warning("the image of backup " + p.manifest->id + " is missing: " + st.error().ToString(),
                   chain->PathOf(p.manifest->image));
@@ -229,16 +187,22 @@ int RunList(const std::string& path, Output& out) {
   for (const PointView& p : points) arr.push_back(PointJson(p));
   uint64_t virtual_size = points.empty() ? 0 : points.back().manifest->virtual_size;
   // A backup or policy target (`backup --target`, a policy's targets) holds
-  // chain folders, not points: list them.
-  std::vector<FolderView> below;
-  if (points.empty()) FindChainFolders(env, chain->dir, "", 1, below);
+  // chain folders, not points: list them. One that fails to load is a
+  // warning (and a row saying so), never a folder silently searched past.
+  std::vector<pipeline::FoundChainFolder> below;
+  if (points.empty()) below = pipeline::FindChainFolders(env, chain->dir);
   json folders = json::array();
-  for (const FolderView& f : below) {
-    folders.push_back({{"path", JoinPath(chain->dir, f.relative)},
-                       {"points", f.points},
-                       {"latest", f.latest},
-                       {"latest_started_at", TimeJson(f.latest_started_at)},
-                       {"image_bytes", f.image_bytes}});
+  for (const pipeline::FoundChainFolder& f : below) {
+    if (!f.summary.ok()) {
+      out.Warning("chain folder " + f.relative + " cannot be loaded: " + f.summary.error().ToString(),
+                  f.path);
+      continue;
+    }
+    folders.push_back({{"path", f.path},
+                       {"points", f.summary->points},
+                       {"latest", f.summary->latest},
+                       {"latest_started_at", TimeJson(f.summary->latest_started_at)},
+                       {"image_bytes", f.summary->image_bytes}});
   }
   out.Result({{"chain_dir", chain->dir},
               {"points", arr},
@@ -252,9 +216,14 @@ int RunList(const std::string& path, Output& out) {
     t << chain->dir << ": a backup target, " << below.size()
       << (below.size() == 1 ? " chain folder" : " chain folders") << " below it (barge list FOLDER for its points):\n";
     Table table({"FOLDER", "POINTS", "LATEST", "TAKEN", "STORED"});
-    for (const FolderView& f : below) {
-      table.Add({f.relative, std::to_string(f.points), f.latest, Rfc3339(f.latest_started_at),
-                 HumanBytes(f.image_bytes)});
+    for (const pipeline::FoundChainFolder& f : below) {
+      if (!f.summary.ok()) {
+        table.Add({f.relative, "?", "CANNOT BE LOADED (see the warning)"});
+        continue;
+      }
+      const pipeline::ChainSummary& c = *f.summary;
+      table.Add({f.relative, std::to_string(c.points), c.latest, Rfc3339(c.latest_started_at),
+                 HumanBytes(c.image_bytes)});
     }
     table.Print(t, "  ");
     return kExitOk;

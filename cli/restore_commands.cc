@@ -1,6 +1,4 @@
 // barge restore and barge verify.
-#include <algorithm>
-#include <chrono>
 #include <iostream>
 
 #include "cli/common.h"
@@ -90,75 +88,62 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   req.all_points = a.all;
   req.against.location = a.against;
   req.against.format = a.against_format;
-  std::vector<pipeline::VerifyOutcome> outcomes;
-  req.on_point = [&](const pipeline::VerifyOutcome& o) { outcomes.push_back(o); };
   ProgressReporter progress(out, "verify");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  const auto start = std::chrono::steady_clock::now();
   auto r = pipeline::RunVerify(Env::Default(), req);
   progress.Done();
+  if (!r.ok()) return out.Fail(r.error());
+  const pipeline::VerifyReport& report = *r;
+  for (const auto& w : report.warnings) out.Warning(w);
   using State = pipeline::VerifyOutcome::State;
-  const bool some_failed = std::any_of(outcomes.begin(), outcomes.end(),
-                                       [](const auto& o) { return o.state == State::kFailed; });
-  if (!r.ok() && !(a.all && some_failed)) {
+  // With --all, a failed point does not hide the others: every point's
+  // outcome is reported. Otherwise a failure is the command's error.
+  if (report.failure && !(a.all && report.Count(State::kFailed) > 0)) {
     // A source that differs from a point that verified is a mismatch (2),
     // though no damage to the backup (the error is no Corruption).
-    if (!outcomes.empty() && outcomes.back().source_differs) return out.Fail(r.error(), kExitCorruption);
-    return out.Fail(r.error());
+    if (report.source_differs) return out.Fail(*report.failure, kExitCorruption);
+    return out.Fail(*report.failure);
   }
-  if (r.ok()) {
-    for (const auto& w : r->warnings) out.Warning(w);
-  }
-  // Every point's outcome: with --all, a failed point does not hide the
-  // others (passed, failed, or skipped because a layer it reads failed).
   json points = json::array();
   json verified = json::array();
-  uint64_t clusters_checked = 0, bytes_read = 0;
-  size_t passed = 0, failed = 0, skipped = 0;
-  for (const auto& o : outcomes) {
+  for (const auto& o : report.points) {
     json p = {{"id", o.id}, {"position", o.position}, {"started_at", TimeJson(o.started_at)}};
     std::string line = PointText(o.position, o.started_at);
     switch (o.state) {
       case State::kPassed:
         p["result"] = "passed";
         verified.push_back(o.id);
-        clusters_checked += o.clusters_checked;
-        bytes_read += o.bytes_read;
         out.text() << "verified " << o.id << " (" << line << ")\n";
-        ++passed;
         break;
       case State::kFailed:
         p["result"] = "failed";
         p["error"] = o.error;
         out.text() << "FAILED " << o.id << " (" << line << "): " << o.error << "\n";
-        ++failed;
         break;
       case State::kSkipped:
         p["result"] = "skipped";
         p["failed_layer"] = o.failed_layer;
         out.text() << "skipped " << o.id << " (" << line << "): reads through " << o.failed_layer
                    << ", which failed\n";
-        ++skipped;
         break;
     }
     points.push_back(std::move(p));
   }
-  const double seconds =
-      r.ok() ? r->seconds : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  out.Result({{"ok", r.ok()},
+  out.Result({{"ok", report.ok()},
               {"verified", verified},
               {"points", points},
-              {"clusters_checked", clusters_checked},
-              {"bytes_read", bytes_read},
-              {"against_source", r.ok() && r->against_checked},
-              {"duration_seconds", seconds}});
-  if (!r.ok()) {
-    out.text() << passed << " of " << outcomes.size() << " points verified, " << failed << " FAILED, " << skipped
-               << " skipped (" << HumanSeconds(seconds) << ")\n";
-    return out.Fail(r.error());
+              {"clusters_checked", report.clusters_checked},
+              {"bytes_read", report.bytes_read},
+              {"against_source", report.ok() && report.against_checked},
+              {"duration_seconds", report.seconds}});
+  if (report.failure) {
+    out.text() << report.Count(State::kPassed) << " of " << report.points.size() << " points verified, "
+               << report.Count(State::kFailed) << " FAILED, " << report.Count(State::kSkipped) << " skipped ("
+               << HumanSeconds(report.seconds) << ")\n";
+    return out.Fail(*report.failure);
   }
-  out.text() << "structure, " << r->clusters_checked << " cluster digests (xxh3-128) and image digest OK"
-             << (r->against_checked ? "; the source matches" : "") << " (" << HumanSeconds(r->seconds)
+  out.text() << "structure, " << report.clusters_checked << " cluster digests (xxh3-128) and image digest OK"
+             << (report.against_checked ? "; the source matches" : "") << " (" << HumanSeconds(report.seconds)
              << ")\n";
   return kExitOk;
 }

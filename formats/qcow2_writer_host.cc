@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "blockio/buffer.h"
 #include "formats/qcow2_format.h"
 
 namespace barge::formats::qcow2 {
@@ -47,17 +46,11 @@ Status HostFile::WriteSparse() {
   // cluster, zero blocks inside data) are left unwritten: the file then
   // takes no more space than qemu-img's. The file's length is set by the
   // refcount area, which is written last.
-  constexpr uint64_t kBlock = 4096;
-  uint64_t run = 0, pos = 0;  // run: start of the pending bytes to write
-  while (pos < bytes.size()) {
-    const uint64_t n = std::min<uint64_t>(kBlock - (buffer_offset_ + pos) % kBlock, bytes.size() - pos);
-    if (IsAllZero(bytes.subspan(pos, n))) {
-      if (pos > run) BARGE_RETURN_IF_ERROR(WriteOut(buffer_offset_ + run, bytes.subspan(run, pos - run), "appended clusters"));
-      run = pos + n;
-    }
-    pos += n;
+  Status st = WriteSkippingZeroBlocks(sink_, buffer_offset_, bytes);
+  if (!st.ok()) {
+    return std::move(st).error().Wrap("qcow2 writer: writing appended clusters at offset " +
+                                      std::to_string(buffer_offset_));
   }
-  if (pos > run) BARGE_RETURN_IF_ERROR(WriteOut(buffer_offset_ + run, bytes.subspan(run, pos - run), "appended clusters"));
   return OkStatus();
 }
 
@@ -89,7 +82,10 @@ Result<uint64_t> HostFile::AppendClusters(std::span<const std::byte> data, std::
   BARGE_RETURN_IF_ERROR(Append(offset, data, what));
   uint64_t tail = clusters * cs - data.size();
   if (tail > 0) {
-    // Pad with real zeros so the file covers every cluster it references.
+    // Zeros to the cluster's end: written where the sink is not
+    // zero-initialized (the tail must read as zeros), else skipped as any
+    // zero block (WriteSparse). The file's length, covering every cluster
+    // it references, comes from the refcount area, written last.
     std::vector<std::byte> zeros(tail);
     BARGE_RETURN_IF_ERROR(Append(offset + data.size(), zeros, what));
   }

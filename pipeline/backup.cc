@@ -157,9 +157,7 @@ Result<uint64_t> EstimateBackupBytes(BlockSource& source, const RangeList& work,
   for (const Range& r : work) {
     for (uint64_t off = r.offset; off < r.end(); off += kWindow) {
       // Each window asks the source (an NBD server may take its time).
-      if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
-        return Error::Cancelled("backup interrupted while estimating its size").set_path(source.name());
-      }
+      BARGE_RETURN_IF_ERROR(CheckCancel(cancel, "backup interrupted while estimating its size", source.name()));
       uint64_t n = std::min(kWindow, r.end() - off);
       BARGE_ASSIGN_OR_RETURN(ExtentList extents, source.Extents(off, n));
       for (const Extent& e : extents) {
@@ -198,8 +196,13 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   }
   BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, spec));
   const uint64_t size = src.image->size_bytes();
-  formats::DiskIdentity identity = req.disk_identity ? *req.disk_identity : IdentityOf(env, spec, src);
-  identity.virtual_size = size;
+  formats::DiskIdentity identity;
+  if (req.disk_identity) {
+    identity = *req.disk_identity;
+    identity.virtual_size = size;  // the size read now (IdentityOf sets its own)
+  } else {
+    identity = IdentityOf(env, spec, src);
+  }
 
   std::string disk = req.disk_name.empty() ? DefaultDiskName(spec.location) : req.disk_name;
   BARGE_RETURN_IF_ERROR(CheckDiskName(disk));

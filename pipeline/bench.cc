@@ -133,14 +133,6 @@ uint32_t ClusterBitsOf(uint32_t cluster_bytes) {
   return bits;
 }
 
-// kCancelled once the caller asked to stop (BenchOptions::cancel).
-Status CheckCancel(const BenchOptions& o) {
-  if (o.cancel != nullptr && o.cancel->load(std::memory_order_relaxed)) {
-    return Error::Cancelled("bench interrupted").set_path(o.source);
-  }
-  return OkStatus();
-}
-
 Result<BenchMeasure> ReadStage(Env& env, BlockSource& source, const BenchOptions& o, int threads) {
   BenchMeasure m;
   m.name = "read";
@@ -161,7 +153,7 @@ Result<BenchMeasure> ReadStage(Env& env, BlockSource& source, const BenchOptions
     st = ParallelFor(threads, static_cast<size_t>(threads), [&](size_t, int t) -> Status {
       Chunk& c = *chunks[static_cast<size_t>(t)];
       for (;;) {
-        BARGE_RETURN_IF_ERROR(CheckCancel(o));
+        BARGE_RETURN_IF_ERROR(CheckCancel(o.cancel, "bench interrupted", o.source));
         Result<bool> more = [&] {
           std::lock_guard<std::mutex> lock(mu);
           return planner.Next(c);
@@ -229,7 +221,7 @@ Result<std::vector<BenchMeasure>> CpuStages(Env& env, BlockSource& source, const
   ResetPeakRss(env);
   std::atomic<uint64_t> zero_in{0}, hash_in{0}, comp_in{0}, comp_out{0};
   for (bool done = false; !done;) {
-    BARGE_RETURN_IF_ERROR(CheckCancel(o));
+    BARGE_RETURN_IF_ERROR(CheckCancel(o.cancel, "bench interrupted", o.source));
     size_t n = 0;
     while (n < window) {
       BARGE_ASSIGN_OR_RETURN(bool more, planner.Next(*chunks[n]));

@@ -176,8 +176,8 @@ Chunk* CopyJob::Plan(oneapi::tbb::flow_control& fc) {
     fc.stop();
     return nullptr;
   }
-  if (options_.cancel && options_.cancel->load(std::memory_order_relaxed)) {
-    status_.Fail(Error::Cancelled("copy cancelled").set_path(source_.name()));
+  if (Status cancelled = CheckCancel(options_.cancel, "copy cancelled", source_.name()); !cancelled.ok()) {
+    status_.Fail(std::move(cancelled).error());
     fc.stop();
     return nullptr;
   }
@@ -346,8 +346,9 @@ void CopyJob::Watchdog(std::mutex& mu, std::condition_variable& cv, const bool& 
   while (!done) {
     cv.wait_for(lock, std::chrono::milliseconds(20));
     if (done) break;
-    if (options_.cancel && options_.cancel->load(std::memory_order_relaxed) && !status_.failed()) {
-      status_.Fail(Error::Cancelled("copy cancelled").set_path(source_.name()));
+    if (Status cancelled = CheckCancel(options_.cancel, "copy cancelled", source_.name());
+        !cancelled.ok() && !status_.failed()) {
+      status_.Fail(std::move(cancelled).error());
     }
     CheckStalls();
   }
@@ -497,6 +498,11 @@ size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scr
                                  : std::max(1u, std::thread::hardware_concurrency());
   uint64_t wanted = std::max<uint64_t>(8, 4 * workers + 2 * destinations);
   return static_cast<size_t>(std::min(ceiling, wanted));
+}
+
+Status CheckCancel(const std::atomic<bool>* cancel, std::string_view what, std::string_view path) {
+  if (cancel == nullptr || !cancel->load(std::memory_order_relaxed)) return OkStatus();
+  return Error::Cancelled(std::string(what)).set_path(std::string(path));
 }
 
 Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,

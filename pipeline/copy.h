@@ -27,6 +27,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "blockio/error.h"
@@ -141,6 +142,11 @@ struct CopyResult {
 // is leaked and every chunk is back in the pool.
 Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
                            std::span<Destination* const> destinations, const CopyOptions& options);
+
+// kCancelled saying `what`, naming `path`, once `cancel` is set (it may be
+// null: never): how every long job checks CopyOptions::cancel and the like
+// between steps. One relaxed load while not cancelled; any thread.
+Status CheckCancel(const std::atomic<bool>* cancel, std::string_view what, std::string_view path);
 
 // The whole disk as a work set.
 inline RangeList WholeDisk(const BlockSource& source) { return {{0, source.size_bytes()}}; }

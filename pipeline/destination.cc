@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "blockio/buffer.h"
 
 namespace barge::pipeline {
 
@@ -94,7 +93,7 @@ Status RawDestination::Consume(const Chunk& chunk) {
     uint64_t end = std::min<uint64_t>(j * cluster_bytes, chunk.length_bytes);
     uint64_t offset = chunk.offset_bytes + begin;
     Status st = !data            ? sink_.WriteZeroes(offset, end - begin)
-                : skip_zeroes_ ? WriteSparse(offset, chunk.WindowBytes(begin, end - begin))
+                : skip_zeroes_ ? WriteSkippingZeroBlocks(sink_, offset, chunk.WindowBytes(begin, end - begin))
                                : sink_.WriteAt(offset, chunk.WindowBytes(begin, end - begin));
     if (!st.ok()) {
       Error e = std::move(st).error();
@@ -105,28 +104,6 @@ Status RawDestination::Consume(const Chunk& chunk) {
     i = j;
   }
   return OkStatus();
-}
-
-Status RawDestination::WriteSparse(uint64_t offset, std::span<const std::byte> bytes) {
-  // As qemu-img convert: an all-zero 4 KiB block inside data is left
-  // unwritten (the sink reads it as zeros), so the output takes no more
-  // space than qemu-img's. The test stops at the first non-zero byte, so
-  // real data costs a few bytes per block.
-  constexpr uint64_t kBlock = 4096;
-  uint64_t run = 0, pos = 0;  // run: start of the pending non-zero blocks
-  auto flush = [&](uint64_t upto) -> Status {
-    if (upto > run) BARGE_RETURN_IF_ERROR(sink_.WriteAt(offset + run, bytes.subspan(run, upto - run)));
-    return OkStatus();
-  };
-  while (pos < bytes.size()) {
-    const uint64_t n = std::min<uint64_t>(kBlock - (offset + pos) % kBlock, bytes.size() - pos);
-    if (IsAllZero(bytes.subspan(pos, n))) {
-      BARGE_RETURN_IF_ERROR(flush(pos));
-      run = pos + n;
-    }
-    pos += n;
-  }
-  return flush(bytes.size());
 }
 
 Status RawDestination::Finish() {

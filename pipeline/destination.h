@@ -125,9 +125,6 @@ class RawDestination final : public Destination {
   bool concurrent_consume() const override { return true; }
 
  private:
-  // Writes `bytes` at `offset`, leaving out its all-zero 4 KiB blocks.
-  Status WriteSparse(uint64_t offset, std::span<const std::byte> bytes);
-
   BlockSink& sink_;
   RawDestinationOptions options_;
   bool skip_zeroes_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "formats/units.h"
+#include "pipeline/copy.h"
 
 namespace barge::pipeline {
 namespace {
@@ -230,10 +231,8 @@ Result<DiskMix> GenerateDisk(Env& env, const std::string& path, const DiskGenera
         }
         src = buffer.data();
       }
-      if (options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed)) {
-        failed = Error::Cancelled("generating the disk was interrupted").set_path(path);
-        break;
-      }
+      failed = CheckCancel(options.cancel, "generating the disk was interrupted", path);
+      if (!failed.ok()) break;
       failed = write_all(src, n, e.offset + done);
     }
   });

@@ -110,12 +110,12 @@ Status CheckOneDisk(const ChainFolder& chain, const std::vector<size_t>& layers)
       // Each layer is compared with the one before it that records a disk,
       // so a disk moved by `state migrate` (moved_from) stays one disk.
       if (disk_from) {
-        const auto& first = chain.points[*disk_from].manifest;
-        if (!SameDiskMaybeMoved(*first.disk_identity, *m.disk_identity) ||
-            first.disk_identity->virtual_size != m.disk_identity->virtual_size) {
+        const auto& previous = chain.points[*disk_from].manifest;
+        if (!SameDiskMaybeMoved(*previous.disk_identity, *m.disk_identity) ||
+            previous.disk_identity->virtual_size != m.disk_identity->virtual_size) {
           return Error::Corruption("the chain mixes disks: backup " + m.id + " is of " + DescribeDisk(*m.disk_identity) +
-                                 ", backup " + first.id + " before it in its chain of " +
-                                 DescribeDisk(*first.disk_identity) + "; the points from " + m.id +
+                                 ", backup " + previous.id + " before it in its chain of " +
+                                 DescribeDisk(*previous.disk_identity) + "; the points from " + m.id +
                                  " on do not restore that disk (the earlier points do)")
               .set_path(p.manifest_path);
         }

@@ -58,8 +58,9 @@ bool SameDiskMaybeMoved(const formats::DiskIdentity& older, const formats::DiskI
 // chain id. Layers that record none (older manifests) are passed over; a
 // layer that records a move (moved_from) from the previous layer's location
 // is the same disk.
-// kCorruption naming the first layer that differs from the oldest one
-// that records a disk (or a chain id), and the disks.
+// kCorruption naming the first layer whose disk differs from that of the
+// layer before it that records one, or whose chain id differs from that of
+// the oldest layer that records one, and both disks (or chain ids).
 Status CheckOneDisk(const ChainFolder& chain, const std::vector<size_t>& layers);
 
 // A new chain id: 32 random hex digits.

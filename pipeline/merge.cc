@@ -283,9 +283,8 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
 
   // 2. The journal: from here on the merge completes, now or on recovery.
   // Last chance to stop with the folder unchanged.
-  if (req.copy.cancel && req.copy.cancel->load()) {
-    return Error::Cancelled("merge cancelled before the switch-over; nothing changed").set_path(chain.dir);
-  }
+  BARGE_RETURN_IF_ERROR(
+      CheckCancel(req.copy.cancel, "merge cancelled before the switch-over; nothing changed", chain.dir));
   // The staged files are the journal's from here on: a forced exit must
   // leave them (unregistered before the journal exists, so no exit can
   // remove a file the journal needs; a leftover without a journal is

@@ -135,7 +135,8 @@ void ExpectPointsFrom(const Chain& c, const TempDir& tmp, size_t first) {
   v.copy = Knobs();
   auto verified = RunVerify(PosixEnv(), v);
   ASSERT_TRUE(verified.ok()) << verified.error().ToString();
-  EXPECT_EQ(verified->verified_ids.size(), c.disks.size() - first);
+  ASSERT_TRUE(verified->ok()) << verified->failure->ToString();
+  EXPECT_EQ(verified->Count(VerifyOutcome::State::kPassed), c.disks.size() - first);
 }
 
 Result<MergeResult> Merge(const std::string& dir, const std::string& through, Env& env = PosixEnv()) {

@@ -224,16 +224,20 @@ Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t
   return v;
 }
 
+// True when a failed check says something about the backup itself
+// (damaged, unreadable or missing data), not an interruption or a lack of
+// resources: such a failure is recorded, and --all goes on past it.
+bool IsAboutTheData(const Error& e) {
+  const ErrorCode code = e.code();
+  return code == ErrorCode::kCorruption || code == ErrorCode::kIoError || code == ErrorCode::kNotFound;
+}
+
 // Keeps the outcome of a point's check as its verification record: a pass,
-// or a failure that says something about the backup (damaged, unreadable
-// or missing data), not an interruption or a lack of resources. A record
-// that cannot be written is a warning, not a failed verification.
+// or a failure about the data (IsAboutTheData). A record that cannot be
+// written is a warning, not a failed verification.
 void RecordOutcome(Env& env, const ChainFolder& chain, size_t index, const Result<VerifiedPoint>& outcome,
                    double seconds, int64_t layers_mtime_ns, std::vector<std::string>& warnings) {
-  if (!outcome.ok()) {
-    const ErrorCode code = outcome.error().code();
-    if (code != ErrorCode::kCorruption && code != ErrorCode::kIoError && code != ErrorCode::kNotFound) return;
-  }
+  if (!outcome.ok() && !IsAboutTheData(outcome.error())) return;
   const formats::BackupManifest& m = chain.points[index].manifest;
   VerificationRecord r;
   r.id = m.id;
@@ -251,12 +255,9 @@ void RecordOutcome(Env& env, const ChainFolder& chain, size_t index, const Resul
   if (!s.ok()) warnings.push_back("could not record the verification of " + m.id + ": " + s.error().ToString());
 }
 
-}  // namespace
-
-Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
-  auto start = std::chrono::steady_clock::now();
-  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(env, req.path, req.at));
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, where.chain_dir));
+// The points `req` names, oldest first.
+Result<std::vector<size_t>> VerifyTargets(const VerifyRequest& req, const ChainFolder& chain,
+                                          const std::string& at) {
   std::vector<size_t> targets;
   if (req.all_points && !req.against.location.empty()) {
     return Error::InvalidArgument("--against compares one point with a source; drop --all");
@@ -265,21 +266,84 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
     for (size_t i = 0; i < chain.points.size(); ++i) targets.push_back(i);
     if (targets.empty()) return Error::NotFound("the chain folder holds no backups").set_path(chain.dir);
   } else {
-    BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(where.at));
+    BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(at));
     targets.push_back(index);
   }
+  return targets;
+}
 
-  VerifyResult result;
+// What comparing a source with a point found.
+struct SourceComparison {
+  uint64_t bytes_read = 0;
+  std::optional<Error> differs;  // kInvalidArgument naming the source
+};
+
+// Compares `against` with a point whose data verified (`verified`, its
+// copy options as used). Returns how it compared, or the error that kept
+// the source from being read.
+Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, const VerifiedPoint& verified) {
+  const formats::BackupManifest& m = verified.point.point->manifest;
+  CopyOptions copy = verified.copy;
+  const OpenedPoint& point = verified.point;
+  copy.verify = [&point](uint64_t c) { return point.Expected(c); };
+  copy.verify_holder = LayerHolding(point);
+  BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, against));
+  SourceComparison result;
+  if (src.image->size_bytes() != m.virtual_size) {
+    result.differs = Error::InvalidArgument("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
+                                            ", the backup " + formats::HumanBytesExact(m.virtual_size))
+                         .set_path(against.location);
+    return result;
+  }
+  auto compared = RunCopy(*src.image, WholeDisk(*src.image), {}, copy);
+  if (compared.ok()) {
+    result.bytes_read = compared->bytes_read;
+    return result;
+  }
+  Error e = std::move(compared).error();
+  // The backup's own data checked out: a source that reads otherwise
+  // changed since (or is another disk). Its bytes are no damage to the
+  // backup, so it is no kCorruption; the command still calls it a
+  // mismatch (verify's exit 2, docs/errors.md).
+  if (e.code() != ErrorCode::kCorruption) return e.Wrap("reading the source to compare");
+  result.differs = Error::InvalidArgument("the source differs from backup " + m.id +
+                                          " (the backup itself verified; the source changed since or is "
+                                          "another disk): " + e.message())
+                       .set_path(against.location);
+  if (e.offset() && e.length()) {
+    result.differs->set_range(*e.offset(), *e.length());
+  } else if (e.offset()) {
+    result.differs->set_offset(*e.offset());
+  }
+  return result;
+}
+
+}  // namespace
+
+Result<VerifyReport> RunVerify(Env& env, const VerifyRequest& req) {
+  auto start = std::chrono::steady_clock::now();
+  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(env, req.path, req.at));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, where.chain_dir));
+  BARGE_ASSIGN_OR_RETURN(std::vector<size_t> targets, VerifyTargets(req, chain, where.at));
+
+  VerifyReport report;
   std::vector<bool> structure_checked(chain.points.size(), false);
   std::vector<bool> failed(chain.points.size(), false);
-  std::optional<Error> first_failure;
-  auto report = [&](VerifyOutcome::State state, size_t index, VerifyOutcome o = {}) {
+  auto outcome = [&](VerifyOutcome::State state, size_t index) -> VerifyOutcome& {
     const formats::BackupManifest& m = chain.points[index].manifest;
+    VerifyOutcome& o = report.points.emplace_back();
     o.state = state;
     o.position = index;
     o.id = m.id;
     o.started_at = m.started_at;
-    if (req.on_point) req.on_point(o);
+    return o;
+  };
+  // Ends the run early: the report, `e` its failure (an error that stops
+  // the run outranks an earlier point's failure).
+  auto stop = [&](Error e) -> VerifyReport {
+    report.failure = std::move(e);
+    report.seconds = SecondsSince(start);
+    return std::move(report);
   };
   for (size_t index : targets) {
     // A point that reads through a layer that failed is not checked: its
@@ -287,9 +351,7 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
     if (auto layers = chain.LayersOf(index); layers.ok()) {
       auto bad = std::find_if(layers->begin(), layers->end(), [&](size_t l) { return failed[l]; });
       if (bad != layers->end()) {
-        VerifyOutcome o;
-        o.failed_layer = chain.points[*bad].manifest.id;
-        report(VerifyOutcome::State::kSkipped, index, std::move(o));
+        outcome(VerifyOutcome::State::kSkipped, index).failed_layer = chain.points[*bad].manifest.id;
         continue;
       }
     }
@@ -297,76 +359,43 @@ Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& req) {
     // Taken before the check: a layer modified during it makes the record stale.
     const int64_t layers_mtime_ns = NewestLayerMtime(env, chain, index);
     auto verified = VerifyPointData(env, chain, index, req.copy, structure_checked);
-    RecordOutcome(env, chain, index, verified, SecondsSince(point_start), layers_mtime_ns, result.warnings);
+    RecordOutcome(env, chain, index, verified, SecondsSince(point_start), layers_mtime_ns, report.warnings);
     if (!verified.ok()) {
-      const ErrorCode code = verified.error().code();
-      const bool about_the_data =
-          code == ErrorCode::kCorruption || code == ErrorCode::kIoError || code == ErrorCode::kNotFound;
-      if (!req.all_points || !about_the_data) return verified.error();
+      if (!IsAboutTheData(verified.error())) return stop(verified.error());
       failed[index] = true;
-      VerifyOutcome o;
-      o.error = verified.error().ToString();
-      report(VerifyOutcome::State::kFailed, index, std::move(o));
-      if (!first_failure) first_failure = verified.error();
+      outcome(VerifyOutcome::State::kFailed, index).error = verified.error().ToString();
+      if (!req.all_points) return stop(verified.error());
+      if (!report.failure) report.failure = verified.error();
       continue;
     }
-    const formats::BackupManifest& m = verified->point.point->manifest;
-    CopyOptions copy = verified->copy;
-    const OpenedPoint& point = verified->point;
-    copy.verify = [&point](uint64_t c) { return point.Expected(c); };
-    copy.verify_holder = LayerHolding(point);
-    result.bytes_read += verified->bytes_read;
-    result.clusters_checked += verified->clusters_checked;
-    result.verified_ids.push_back(m.id);
-    result.verified_positions.push_back(index);
-    result.verified_started_at.push_back(m.started_at);
 
     uint64_t against_bytes = 0;
     if (!req.against.location.empty()) {
-      BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, req.against));
-      std::optional<Error> differs;
-      if (src.image->size_bytes() != m.virtual_size) {
-        differs = Error::InvalidArgument("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
-                                         ", the backup " + formats::HumanBytesExact(m.virtual_size))
-                      .set_path(req.against.location);
-      } else if (auto against = RunCopy(*src.image, WholeDisk(*src.image), {}, copy); !against.ok()) {
-        Error e = std::move(against).error();
-        // The backup's own data checked out above: a source that reads
-        // otherwise changed since (or is another disk). Its bytes are no
-        // damage to the backup, so it is no kCorruption; the command
-        // still calls it a mismatch (verify's exit 2, docs/errors.md).
-        if (e.code() != ErrorCode::kCorruption) return e.Wrap("reading the source to compare");
-        differs = Error::InvalidArgument("the source differs from backup " + m.id +
-                                         " (the backup itself verified; the source changed since or is "
-                                         "another disk): " + e.message())
-                      .set_path(req.against.location);
-        if (e.offset() && e.length()) {
-          differs->set_range(*e.offset(), *e.length());
-        } else if (e.offset()) {
-          differs->set_offset(*e.offset());
-        }
-      } else {
-        against_bytes = against->bytes_read;
-        result.bytes_read += against_bytes;
-        result.against_checked = true;
-      }
-      if (differs) {
-        VerifyOutcome o;
+      auto compared = CompareWithSource(env, req.against, *verified);
+      if (!compared.ok()) return stop(compared.error());
+      if (compared->differs) {
+        VerifyOutcome& o = outcome(VerifyOutcome::State::kPassed, index);
         o.source_differs = true;
         o.clusters_checked = verified->clusters_checked;
         o.bytes_read = verified->bytes_read;
-        report(VerifyOutcome::State::kPassed, index, std::move(o));
-        return *differs;
+        report.source_differs = true;
+        return stop(*compared->differs);
       }
+      against_bytes = compared->bytes_read;
+      report.against_checked = true;
     }
-    VerifyOutcome passed;
+    VerifyOutcome& passed = outcome(VerifyOutcome::State::kPassed, index);
     passed.clusters_checked = verified->clusters_checked;
     passed.bytes_read = verified->bytes_read + against_bytes;
-    report(VerifyOutcome::State::kPassed, index, std::move(passed));
+    report.clusters_checked += passed.clusters_checked;
+    report.bytes_read += passed.bytes_read;
   }
-  if (first_failure) return *first_failure;
-  result.seconds = SecondsSince(start);
-  return result;
+  report.seconds = SecondsSince(start);
+  return report;
+}
+
+size_t VerifyReport::Count(VerifyOutcome::State state) const {
+  return std::count_if(points.begin(), points.end(), [state](const VerifyOutcome& o) { return o.state == state; });
 }
 
 }  // namespace barge::pipeline

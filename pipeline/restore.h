@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "blockio/env.h"
@@ -49,7 +50,7 @@ struct RestoreResult {
 // Reads the chain and writes a file destination through `env`.
 Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& request);
 
-// What verify found for one point (VerifyRequest::on_point).
+// What verify found for one point.
 struct VerifyOutcome {
   enum class State : uint8_t {
     kPassed,   // its data verified (with `against`: see source_differs)
@@ -73,37 +74,51 @@ struct VerifyRequest {
   bool all_points = false;  // verify every point of the folder
   SourceSpec against;     // location empty: none
   CopyOptions copy;
-  // Called (on the caller's thread) as each point's outcome is known, in
-  // position order; may be empty. Without all_points a point that fails
-  // is not reported here: the returned error is its outcome.
-  std::function<void(const VerifyOutcome&)> on_point;
 };
 
-struct VerifyResult {
-  std::vector<std::string> verified_ids;
-  std::vector<size_t> verified_positions;  // in step with verified_ids
-  std::vector<std::string> verified_started_at;
+// What one verify run found: every point it reached, the totals, and its
+// verdict (`failure`).
+struct VerifyReport {
+  // In position order, one per point reached: passed, failed or skipped.
+  // A failure that is not about one point's data (an interruption, an
+  // unreadable source) has no outcome of its own.
+  std::vector<VerifyOutcome> points;
+  // Totals over the points that passed (bytes_read: the source's too).
   uint64_t clusters_checked = 0;
   uint64_t bytes_read = 0;
-  bool against_checked = false;
+  bool against_checked = false;  // `against` was read and matches
+  // `against` differs from a point that verified: `failure` is the
+  // mismatch (kInvalidArgument naming the source, no damage to the backup).
+  bool source_differs = false;
+  // The first point's failure, or the error that stopped the run early
+  // (an interruption, an unreadable source); unset: every point passed.
+  std::optional<Error> failure;
   double seconds = 0;
   // Verification records that could not be written (a read-only folder).
   std::vector<std::string> warnings;
+
+  bool ok() const { return !failure; }
+  size_t Count(VerifyOutcome::State state) const;
 };
 
 // Verifies a point: manifests and digest tables, the qcow2 structure of every
 // layer (refcounts, references, flags), every stored cluster's digest, and
-// the image digest; with `against`, the source's contents too. Returns the
-// first problem as kCorruption naming the file and guest offset; a source
-// that differs from a point that verified is kInvalidArgument naming the
-// source (its outcome has source_differs). With `all_points`, a point whose
-// data fails does not stop the others: each later point that reads through
-// it is skipped, every other one is still checked, and the first failure
-// is returned at the end (an interruption or any other error stops at once).
+// the image digest; with `against`, the source's contents too.
+// Returns an error when there is nothing to check: the path, the point
+// or the chain folder cannot be found or read, or the request is invalid.
+// Otherwise the report. Its `failure` is the first problem: kCorruption
+// naming the file and guest offset for damaged data; for a source that
+// differs from a point that verified, kInvalidArgument naming the source
+// (source_differs). Without `all_points` the first failure stops the run
+// (a point that fails still has its outcome). With `all_points`, a point
+// whose data fails does not stop the others: each later point that reads
+// through it is skipped, every other one is still checked, and `failure`
+// is the first one (an interruption or any other error stops at once and
+// is the failure).
 // Each point's outcome (passed, or failed with damaged, unreadable or
 // missing data) is kept beside its manifest as <id>.verified
 // (pipeline/verification_record.h); `against` does not change it.
 // Reads the chain (and the `against` source) through `env`.
-Result<VerifyResult> RunVerify(Env& env, const VerifyRequest& request);
+Result<VerifyReport> RunVerify(Env& env, const VerifyRequest& request);
 
 }  // namespace barge::pipeline

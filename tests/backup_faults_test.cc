@@ -87,6 +87,7 @@ class BackupFaultsTest : public ::testing::Test {
     v.against.format = "raw";
     auto verified = RunVerify(PosixEnv(), v);
     ASSERT_TRUE(verified.ok()) << verified.error().ToString();
+    ASSERT_TRUE(verified->ok()) << verified->failure->ToString();
     EXPECT_TRUE(verified->against_checked);
     for (const auto& name : Leftovers(chain_)) {
       EXPECT_FALSE(name.ends_with(".barge-tmp")) << name;
@@ -280,7 +281,8 @@ TEST_F(BackupFaultsTest, FailedIncrementalLeavesChainIntact) {
   v.all_points = true;
   auto verified = RunVerify(PosixEnv(), v);
   ASSERT_TRUE(verified.ok()) << verified.error().ToString();
-  EXPECT_EQ(verified->verified_ids.size(), 2u);
+  ASSERT_TRUE(verified->ok()) << verified->failure->ToString();
+  EXPECT_EQ(verified->Count(VerifyOutcome::State::kPassed), 2u);
 }
 
 // A real full filesystem: a 4 MiB tmpfs cannot hold a 16 MiB random disk.

@@ -287,5 +287,35 @@ TEST_F(ListCliTest, MissingImagesEmptyFoldersAndMistakes) {
   EXPECT_EQ(Sh(Barge() + " list").exit_code, 64);
 }
 
+// `list TARGET` searched a chain folder whose manifests do not load as if
+// it were a plain folder: the broken chain vanished from the listing. It
+// is a warning naming the folder and the error, and a row of its own.
+TEST_F(ListCliTest, TargetWarnsAboutAChainFolderThatDoesNotLoad) {
+  auto full = Backup("");
+  const std::string broken = dir_ / "bk/vdb";
+  fs::create_directories(broken);
+  fs::copy_file(chain_ + "/" + full["id"].get<std::string>() + ".json", broken + "/0000-20200101T000000Z.json");
+  { std::ofstream(broken + "/0001-20200102T000000Z.json") << "{ not a manifest"; }
+  // A folder of its own below the broken one is not searched.
+  fs::create_directories(broken + "/deeper");
+
+  auto r = Sh(Barge() + " list --json " + Q(dir_ / "bk"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto warnings = Events(r.output, "warning");
+  ASSERT_EQ(warnings.size(), 1u) << r.output;
+  EXPECT_EQ(warnings[0].value("file", ""), broken) << r.output;
+  EXPECT_NE(warnings[0].value("message", "").find("0001-20200102T000000Z.json"), std::string::npos) << r.output;
+  const auto folders = ResultLine(r.output)["chain_folders"];
+  ASSERT_EQ(folders.size(), 1u) << r.output;
+  EXPECT_EQ(folders[0]["path"], chain_);
+
+  auto text = Sh(Barge() + " list " + Q(dir_ / "bk") + " 2>&1");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("2 chain folders below it"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("vdb  "), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("CANNOT BE LOADED"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("barge: warning: " + broken + ": "), std::string::npos) << text.output;
+}
+
 }  // namespace
 }  // namespace barge

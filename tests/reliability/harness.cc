@@ -524,6 +524,7 @@ std::string VerifyAndRestore(Workspace& ws, const std::string& copy, const std::
   v.copy.threads = 2;
   auto verified = pipeline::RunVerify(PosixEnv(), v);
   if (!verified.ok()) return "verify " + id + ": " + verified.error().ToString();
+  if (!verified->ok()) return "verify " + id + ": " + verified->failure->ToString();
   pipeline::RestoreRequest r;
   r.chain_dir = copy;
   r.at = id;
