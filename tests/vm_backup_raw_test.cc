@@ -1,0 +1,150 @@
+// VM backups of running domains (TCG, paused, no guest OS) in the cases of
+// issue 25 that the main VM backup test does not cover: a raw disk without
+// CBT next to a qcow2 disk.
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/testing.h"
+#include "tests/vm_libvirt_env.h"
+
+namespace barge::testing {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+const std::string kRawReason =
+    "raw disk without CBT: full every time (no checkpoint bitmap; 'barge cbt enable' gives incrementals)";
+
+class VmBackupRawTest : public VmTestBase {
+ protected:
+  std::string MakeQcow2(const std::string& name, const std::string& size = "64M") {
+    std::string p = dir_ / name;
+    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " " + size);
+    return p;
+  }
+  std::string MakeRaw(const std::string& name) {
+    std::string p = dir_ / name;
+    RunOk("truncate -s 64M " + ShellQuote(p));
+    return p;
+  }
+  // A disk's bytes now, as raw (the domain's writes flushed first).
+  std::string Flat(TestDomain& dom, int disk, const std::string& image, const std::string& name) {
+    dom.Flush(disk);
+    std::string out = dir_ / name;
+    RunOk("qemu-img convert -U -O raw " + ShellQuote(image) + " " + ShellQuote(out));
+    return out;
+  }
+  static const json& DiskOf(const json& result, const std::string& disk) {
+    for (const auto& d : result["disks"]) {
+      if (d["disk"] == disk) return d;
+    }
+    static const json none = json::object();
+    ADD_FAILURE() << "no disk " << disk << " in " << result.dump();
+    return none;
+  }
+  // The names of the disks libvirt's checkpoint `cp` holds a bitmap for.
+  std::set<std::string> CheckpointBitmapDisks(const std::string& domain, const std::string& cp) {
+    std::string xml = RunOk(std::string(kVirsh) + "checkpoint-dumpxml " + domain + " " + cp + " --no-domain");
+    std::set<std::string> out;
+    for (const char* d : {"vda", "vdb"}) {
+      if (xml.find("name='" + std::string(d) + "' checkpoint='bitmap'") != std::string::npos) out.insert(d);
+    }
+    return out;
+  }
+};
+
+// A running domain with a qcow2 disk (vda) and a raw disk without CBT
+// (vdb): libvirt refuses a checkpoint bitmap on the raw disk, so vdb is read
+// in full every time (the reason with the hint in the result, the record
+// and the manifest) and left out of the checkpoint, while vda keeps its
+// incrementals. A backup of vdb alone makes no checkpoint and leaves the
+// tracker where it was. Every point restores to the disk at that point.
+TEST_F(VmBackupRawTest, RawDiskWithoutCbtIsFullEveryTimeQcow2StaysIncremental) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string a = MakeQcow2("a.qcow2");
+  std::string raw = MakeRaw("b.raw");
+  TestDomain dom("raw", {{"vda", a, "qcow2"}, {"vdb", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xaa, "1M", "4M", 0);
+  dom.Write(0xbb, "8M", "2M", 1);
+
+  json b0 = Backup(dom.name());
+  ASSERT_EQ(b0["disks"].size(), 2u) << b0.dump();
+  EXPECT_EQ(b0["backup_type"], "full");
+  EXPECT_EQ(DiskOf(b0, "vda")["reason"], "tracker empty");
+  EXPECT_EQ(DiskOf(b0, "vdb")["backup_type"], "full");
+  EXPECT_EQ(DiskOf(b0, "vdb")["reason"], kRawReason);
+  EXPECT_NE(b0["reason"].get<std::string>().find(kRawReason), std::string::npos) << b0.dump();
+  const std::string cp0 = b0["checkpoint"];
+  ASSERT_FALSE(cp0.empty());
+  EXPECT_EQ(CheckpointBitmapDisks(dom.name(), cp0), std::set<std::string>{"vda"});
+  json t = BargeJson("tracker show t1")["tracker"];
+  EXPECT_EQ(t["latest_checkpoint"]["name"], cp0);
+  ASSERT_EQ(t["latest_checkpoint"]["disks"].size(), 1u) << t.dump();
+  EXPECT_EQ(t["latest_checkpoint"]["disks"][0]["name"], "vda");
+  {
+    std::ifstream in(DiskOf(b0, "vdb")["manifest"].get<std::string>());
+    json m = json::parse(in);
+    EXPECT_EQ(m["reason"], kRawReason);
+  }
+  std::string a0 = Flat(dom, 0, a, "a0.raw");
+  std::string r0 = Flat(dom, 1, raw, "r0.raw");
+
+  dom.Write(0x11, "20M", "1M", 0);
+  dom.Write(0x22, "30M", "1M", 1);
+  json b1 = Backup(dom.name());
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();  // vdb is full
+  EXPECT_EQ(DiskOf(b1, "vda")["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(DiskOf(b1, "vda")["reason"], "incremental since " + cp0);
+  EXPECT_LE(DiskOf(b1, "vda")["bytes_read"].get<uint64_t>(), 2u << 20);
+  EXPECT_EQ(DiskOf(b1, "vdb")["backup_type"], "full");
+  EXPECT_EQ(DiskOf(b1, "vdb")["reason"], kRawReason);
+  const std::string cp1 = b1["checkpoint"];
+  EXPECT_EQ(CheckpointBitmapDisks(dom.name(), cp1), std::set<std::string>{"vda"});
+  std::string a1 = Flat(dom, 0, a, "a1.raw");
+  std::string r1 = Flat(dom, 1, raw, "r1.raw");
+
+  // The record says it too.
+  json recs = BargeJson("vm backups --domain " + dom.name())["backups"];
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[1]["result"], "success");
+  bool record_has_reason = false;
+  for (const auto& d : recs[1]["disks"]) record_has_reason |= d["disk"] == "vdb" && d["reason"] == kRawReason;
+  EXPECT_TRUE(record_has_reason) << recs[1].dump();
+  // And the text output.
+  std::string text = RunOk(Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                                 " --skip-quiesce --disks vdb"));
+  EXPECT_NE(text.find("cbt enable"), std::string::npos) << text;
+
+  // vdb alone: no checkpoint; the tracker and its checkpoint stay for vda.
+  json t2 = BargeJson("tracker show t1")["tracker"];
+  EXPECT_EQ(t2["latest_checkpoint"]["name"], cp1) << t2.dump();
+  std::string cps = RunOk(std::string(kVirsh) + "checkpoint-list " + dom.name() + " --name");
+  EXPECT_NE(cps.find(cp1), std::string::npos) << cps;
+  std::string r2 = Flat(dom, 1, raw, "r2.raw");
+  dom.Write(0x33, "40M", "1M", 0);
+  json b3 = Backup(dom.name(), "--disks vda");
+  EXPECT_EQ(b3["backup_type"], "incremental") << b3.dump();
+  EXPECT_EQ(b3["reason"], "incremental since " + cp1);
+  std::string a3 = Flat(dom, 0, a, "a3.raw");
+
+  std::string vda = target_ + "/" + dom.name() + "/vda", vdb = target_ + "/" + dom.name() + "/vdb";
+  ExpectRestores(vda, 0, a0);
+  ExpectRestores(vda, 1, a1);
+  ExpectRestores(vda, 2, a3);
+  ExpectRestores(vdb, 0, r0);
+  ExpectRestores(vdb, 1, r1);
+  ExpectRestores(vdb, 2, r2);
+  RunOk(BargeBinary() + " verify " + ShellQuote(vda) + " --all");
+  RunOk(BargeBinary() + " verify " + ShellQuote(vdb) + " --all");
+}
+
+}  // namespace
+}  // namespace barge::testing
