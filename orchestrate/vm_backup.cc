@@ -277,6 +277,9 @@ std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std
       br.compression = req.compression;
       br.compression_level = req.compression_level;
       br.copy = req.copy;
+      if (req.progress) {
+        br.copy.progress = [&req, name](uint64_t done, uint64_t total) { req.progress(name, done, total); };
+      }
       set_source(name, br);
       results[i] = pipeline::RunBackup(env, br);
     });

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,9 @@ struct VmBackupRequest {
   bool force_full = false;
   bool skip_quiesce = false;
   std::vector<std::string> disks;  // empty = every disk of the domain
+  // Called per disk from that disk's copy thread, about every 100 ms and
+  // once at the end (pipeline::CopyOptions::progress with the disk's name).
+  std::function<void(const std::string& disk, uint64_t done_bytes, uint64_t total_bytes)> progress;
   pipeline::CopyOptions copy;      // pipeline knobs (per disk)
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = 3;

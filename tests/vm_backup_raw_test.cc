@@ -1,6 +1,6 @@
 // VM backups of running domains (TCG, paused, no guest OS) in the cases of
 // issue 25 that the main VM backup test does not cover: a raw disk without
-// CBT next to a qcow2 disk.
+// CBT next to a qcow2 disk, and progress events under --json.
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -144,6 +144,44 @@ TEST_F(VmBackupRawTest, RawDiskWithoutCbtIsFullEveryTimeQcow2StaysIncremental) {
   ExpectRestores(vdb, 2, r2);
   RunOk(BargeBinary() + " verify " + ShellQuote(vda) + " --all");
   RunOk(BargeBinary() + " verify " + ShellQuote(vdb) + " --all");
+}
+
+// `vm backup --json` reports each disk's copy as `progress` events (job
+// "vm backup", the disk named), at least one per disk and a last one at
+// 100 %, every line valid under docs/json.md (json_schema_test.py --check).
+TEST_F(VmBackupRawTest, JsonProgressEventsPerDisk) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("python3");
+  std::string a = MakeQcow2("a.qcow2", "256M");
+  std::string b = MakeQcow2("b.qcow2");
+  TestDomain dom("progress", {{"vda", a, "qcow2"}, {"vdb", b, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  dom.Write(0xaa, "0", "64M", 0);
+  dom.Write(0xbb, "1M", "4M", 1);
+  CommandResult r = ::barge::testing::Run(Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                              " --skip-quiesce --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, std::vector<json>> by_disk;
+  for (const json& e : Events(r.stdout_text)) {
+    if (e["event"] != "progress") continue;
+    EXPECT_EQ(e["command"], "vm backup") << e.dump();
+    EXPECT_EQ(e["job"], "vm backup") << e.dump();
+    by_disk[e.value("disk", "")].push_back(e);
+  }
+  ASSERT_EQ(by_disk.size(), 2u) << r.stdout_text;
+  for (const char* disk : {"vda", "vdb"}) {
+    ASSERT_FALSE(by_disk[disk].empty()) << disk << ":\n" << r.stdout_text;
+    const json& last = by_disk[disk].back();
+    EXPECT_EQ(last["done_bytes"], last["total_bytes"]) << last.dump();
+    EXPECT_EQ(last["percent"], 100.0) << last.dump();
+  }
+  EXPECT_GE(by_disk["vda"].back()["done_bytes"].get<uint64_t>(), 64u << 20);
+  // The whole stream against the schemas.
+  std::string saved = dir_ / "vm-backup.json";
+  std::ofstream(saved) << r.stdout_text;
+  RunOk("python3 " + ShellQuote(std::string(BARGE_SOURCE_DIR) + "/tests/json_schema_test.py") +
+        " --check 0 vm backup < " + ShellQuote(saved));
 }
 
 }  // namespace
