@@ -372,6 +372,8 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force-full", a->req.force_full, "Full backup even when an incremental is possible");
   cmd->add_flag("--skip-quiesce", a->req.skip_quiesce, "Do not freeze guest filesystems (no guest agent)");
   cmd->add_option("--disks", a->disks, "Only these disks (vda,vdb)")->delimiter(',');
+  cmd->add_option("--scratch-dir", a->req.scratch_dir,
+                  "Existing folder QEMU can see for the job's scratch files (default: /var/tmp)");
   cmd->add_option("--catalog", a->catalog, "Catalog database");
   a->hooks.AddTo(cmd);
   a->copy.AddTo(cmd, DefaultCompression());

@@ -552,6 +552,20 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     if (!target_st->is_directory()) return Error::InvalidArgument("backup target is not a folder").set_path(req.target);
   }
   req.target = AbsolutePath(req.target);
+  // The scratch root too: libvirt creates the scratch files in it and QEMU
+  // opens them, so it must be a folder they see (not created here either).
+  if (req.scratch_dir.empty()) req.scratch_dir = kDefaultScratchRoot;
+  {
+    auto scratch_st = env.Stat(req.scratch_dir);
+    if (!scratch_st.ok()) {
+      if (scratch_st.error().code() != ErrorCode::kNotFound) return std::move(scratch_st).error();
+      return Error::NotFound("scratch folder does not exist (--scratch-dir)").set_path(req.scratch_dir);
+    }
+    if (!scratch_st->is_directory()) {
+      return Error::InvalidArgument("scratch path is not a folder (--scratch-dir)").set_path(req.scratch_dir);
+    }
+  }
+  req.scratch_dir = AbsolutePath(req.scratch_dir);
 
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   BARGE_ASSIGN_OR_RETURN(auto lock, LockDomain(env, req.catalog_path, req.domain));
@@ -656,9 +670,12 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
 
   cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
   if (Status s = env.UnlinkIfExists(cleanup.socket); !s.ok()) return fail(std::move(s).error());
-  // Scratch files are created by libvirt and opened by QEMU (another user):
-  // the folder must be traversable. A killed run's leftovers go first.
-  cleanup.scratch_dir = req.target + "/.barge-scratch-" + req.domain;
+  // Scratch files are created by libvirt and opened by QEMU (another user,
+  // maybe in its own mount namespace): the folder lives under the scratch
+  // root, which QEMU can see (kDefaultScratchRoot, or --scratch-dir), not
+  // in the target (a volume mounted after the domain started is invisible
+  // to QEMU), and must be traversable. A killed run's leftovers go first.
+  cleanup.scratch_dir = req.scratch_dir + "/barge-scratch-" + req.domain;
   Status scratch = env.RemoveTree(cleanup.scratch_dir);
   if (scratch.ok()) scratch = env.CreateDirs(cleanup.scratch_dir);
   if (scratch.ok()) scratch = env.SetMode(cleanup.scratch_dir, 0711);

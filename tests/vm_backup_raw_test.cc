@@ -1,6 +1,10 @@
 // VM backups of running domains (TCG, paused, no guest OS) in the cases of
 // issue 25 that the main VM backup test does not cover: a raw disk without
-// CBT next to a qcow2 disk, and progress events under --json.
+// CBT next to a qcow2 disk, the pull job's scratch files outside a target
+// QEMU cannot see or reach (--scratch-dir), and progress events under --json.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -144,6 +148,100 @@ TEST_F(VmBackupRawTest, RawDiskWithoutCbtIsFullEveryTimeQcow2StaysIncremental) {
   ExpectRestores(vdb, 2, r2);
   RunOk(BargeBinary() + " verify " + ShellQuote(vda) + " --all");
   RunOk(BargeBinary() + " verify " + ShellQuote(vdb) + " --all");
+}
+
+// The pull job's scratch files never go into the target: by default into a
+// run's folder under /var/tmp, with --scratch-dir into one under that
+// folder, removed after the run and after a failed one. A target that
+// QEMU's user cannot traverse (0700, root's) and a target that is a mount
+// QEMU's mount namespace does not have (mounted by barge's own namespace
+// after the domain started: "No such file or directory" before) both back
+// up; a missing --scratch-dir is refused before anything starts.
+TEST_F(VmBackupRawTest, ScratchDirDefaultsOutsideATargetQemuCannotReach) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("unshare");
+  if (::getuid() != 0) GTEST_SKIP() << "needs root (a target QEMU's user cannot reach, a mount namespace)";
+  std::string a = MakeQcow2("a.qcow2");
+  TestDomain dom("scratch", {{"vda", a, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  const std::string default_scratch = std::string(orchestrate::kDefaultScratchRoot) + "/barge-scratch-" + dom.name();
+
+  // 1. A target only root can traverse.
+  std::string closed = dir_ / "closed";
+  fs::create_directories(closed);
+  ASSERT_EQ(::chmod(closed.c_str(), 0700), 0);
+  dom.Write(0xaa, "1M", "4M");
+  json b0 = BargeJson("vm backup --domain " + dom.name() + " --target " + ShellQuote(closed) + " --skip-quiesce");
+  EXPECT_EQ(b0["backup_type"], "full") << b0.dump();
+  EXPECT_FALSE(fs::exists(default_scratch));
+  EXPECT_FALSE(fs::exists(closed + "/.barge-scratch-" + dom.name()));
+  std::string a0 = dir_ / "a0.raw";
+  dom.Flush();
+  RunOk("qemu-img convert -U -O raw " + ShellQuote(a) + " " + ShellQuote(a0));
+  ExpectRestores(closed + "/" + dom.name() + "/vda", 0, a0);
+
+  // 2. A target mounted after the domain started, in a mount namespace of
+  // barge's own (QEMU's sees an empty folder there). Its bind source holds
+  // what barge wrote through the mount.
+  std::string mount_point = dir_ / "mnt";
+  std::string volume = dir_ / "volume";
+  fs::create_directories(mount_point);
+  fs::create_directories(volume);
+  dom.Write(0xbb, "8M", "1M");
+  std::string json_out = dir_ / "ns-backup.json";
+  std::string in_namespace = "mount --bind " + ShellQuote(volume) + " " + ShellQuote(mount_point) + " && " +
+                             Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(mount_point) +
+                                   " --skip-quiesce --json");
+  CommandResult ns = ::barge::testing::Run("unshare --mount --propagation private sh -c " +
+                                           ShellQuote(in_namespace) + " > " + ShellQuote(json_out));
+  ASSERT_EQ(ns.exit_code, 0) << ns.output << RunOk("cat " + ShellQuote(json_out));
+  std::ifstream in(json_out);
+  std::string stdout_text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  json b1 = ResultOf(stdout_text);
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();  // another target: a new chain
+  EXPECT_TRUE(fs::is_empty(mount_point));
+  EXPECT_TRUE(fs::exists(volume + "/" + dom.name() + "/vda"));
+  EXPECT_FALSE(fs::exists(default_scratch));
+
+  // 3. --scratch-dir: a folder of the caller's; the run's folder in it is
+  // there during the copy (libvirt's scratch file in it) and gone after, on
+  // success and on failure.
+  std::string scratch = dir_ / "scratch";
+  fs::create_directories(scratch);
+  OpenForQemu(scratch);
+  const std::string run_scratch = scratch + "/barge-scratch-" + dom.name();
+  for (bool fail : {true, false}) {
+    dom.Write(0xcc, "16M", "1M");
+    FailVmBackupOnce fault(orchestrate::VmBackupFaults::Point::kAfterRead);
+    orchestrate::VmBackupRequest req;
+    req.domain = dom.name();
+    req.target = closed;
+    req.catalog_path = catalog_;
+    req.skip_quiesce = true;
+    req.scratch_dir = scratch;
+    if (fail) req.faults = &fault;
+    bool saw_scratch_file = false;
+    req.progress = [&](const std::string& disk, uint64_t, uint64_t) {
+      saw_scratch_file |= disk == "vda" && fs::exists(run_scratch + "/vda.qcow2");
+    };
+    auto run = orchestrate::RunVmBackup(Env::Default(), req);
+    EXPECT_EQ(run.ok(), !fail) << (run.ok() ? std::string() : run.error().ToString());
+    EXPECT_TRUE(saw_scratch_file) << "no scratch file in " << run_scratch << " during the copy";
+    EXPECT_FALSE(fs::exists(run_scratch)) << (fail ? "after the failed run" : "after the run");
+    EXPECT_TRUE(fs::exists(scratch));
+    EXPECT_FALSE(fs::exists(default_scratch));
+  }
+
+  // 4. A --scratch-dir that does not exist: refused, nothing created.
+  std::string missing = dir_ / "no-such-scratch";
+  json e = RunError(Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(closed) +
+                          " --skip-quiesce --json --scratch-dir " + ShellQuote(missing)),
+                    1);
+  EXPECT_EQ(e["code"], "NotFound") << e.dump();
+  EXPECT_EQ(e["file"], missing) << e.dump();
+  EXPECT_FALSE(fs::exists(missing));
 }
 
 // `vm backup --json` reports each disk's copy as `progress` events (job
