@@ -22,6 +22,11 @@ ProgressReporter::ProgressReporter(Output& out, std::string job, std::FILE* bar)
   bar_ = bar;
 }
 
+ProgressReporter::ProgressReporter(Output& out, std::string job, nlohmann::json fields)
+    : ProgressReporter(out, std::move(job)) {
+  fields_ = std::move(fields);
+}
+
 ProgressReporter::~ProgressReporter() { Done(); }
 
 void ProgressReporter::Update(uint64_t done, uint64_t total) {
@@ -36,12 +41,14 @@ void ProgressReporter::Update(uint64_t done, uint64_t total) {
   double rate = secs > 0 ? static_cast<double>(done) / secs : 0;
   double pct = total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0;
   if (mode_ == Mode::kEvents) {
-    out_.Progress({{"job", job_},
-                   {"done_bytes", done},
-                   {"total_bytes", total},
-                   {"percent", static_cast<int>(pct * 10) / 10.0},
-                   {"bytes_per_second", static_cast<uint64_t>(rate)},
-                   {"elapsed_seconds", secs}});
+    nlohmann::json event = {{"job", job_},
+                            {"done_bytes", done},
+                            {"total_bytes", total},
+                            {"percent", static_cast<int>(pct * 10) / 10.0},
+                            {"bytes_per_second", static_cast<uint64_t>(rate)},
+                            {"elapsed_seconds", secs}};
+    event.update(fields_);
+    out_.Progress(event);
     return;
   }
   constexpr int kWidth = 30;

@@ -20,6 +20,9 @@ class ProgressReporter {
   // Draws the bar into `bar` whether or not it is a terminal (tests).
   // `bar` must outlive it.
   ProgressReporter(Output& out, std::string job, std::FILE* bar);
+  // Events carry `fields` besides the job's (e.g. {"disk": "vda"}: one
+  // reporter per disk of a VM backup).
+  ProgressReporter(Output& out, std::string job, nlohmann::json fields);
   ~ProgressReporter();
   ProgressReporter(const ProgressReporter&) = delete;
   ProgressReporter& operator=(const ProgressReporter&) = delete;
@@ -33,6 +36,7 @@ class ProgressReporter {
   Output& out_;
   Mode mode_;
   std::string job_;
+  nlohmann::json fields_ = nlohmann::json::object();
   std::mutex mu_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_;

@@ -72,14 +72,30 @@ std::string BackupXml(const std::vector<DomainDisk>& all, const std::set<std::st
   return x + "</disks></domainbackup>";
 }
 
+// `with_bitmap`: the selected disks that can hold a checkpoint's bitmap
+// (libvirt refuses a bitmap on any format but qcow2: "checkpoint for disk
+// ... unsupported for storage type raw"); every other disk is left out of
+// the checkpoint with checkpoint='no' (formatcheckpoint).
 std::string CheckpointCreateXml(const std::string& name, const std::vector<DomainDisk>& all,
-                                const std::set<std::string>& selected) {
+                                const std::set<std::string>& with_bitmap) {
   std::string x = "<domaincheckpoint><name>" + XmlEscape(name) + "</name><disks>";
   for (const auto& d : all) {
     x += "<disk name='" + XmlEscape(d.target) + "' checkpoint='" +
-         (selected.count(d.target) ? "bitmap" : "no") + "'/>";
+         (with_bitmap.count(d.target) ? "bitmap" : "no") + "'/>";
   }
   return x + "</disks></domaincheckpoint>";
+}
+
+// Whether libvirt can keep a checkpoint bitmap for a running domain's disk:
+// only in a qcow2 image (a raw disk gets one through `barge cbt enable`,
+// which puts it behind a qcow2 overlay).
+bool CanHoldBitmap(const DomainDisk& d) { return d.format == "qcow2"; }
+
+// The reason a disk that cannot hold a bitmap is backed up in full every
+// time (as virtnbdbackup does for raw disks), with the way to incrementals.
+std::string NoBitmapReason(const DomainDisk& d) {
+  return (d.format.empty() ? std::string("unknown-format") : d.format) +
+         " disk without CBT: full every time (no checkpoint bitmap; 'barge cbt enable' gives incrementals)";
 }
 
 // "... for disk 'vda'" in libvirt's "checkpoint inconsistent" message.
@@ -174,7 +190,11 @@ Result<CheckpointRecord> NewCheckpointRecord(virDomainPtr dom, const std::string
   BARGE_ASSIGN_OR_RETURN(auto cp, LookupCheckpoint(dom, checkpoint));
   BARGE_ASSIGN_OR_RETURN(std::string xml, CheckpointXml(cp.get()));
   CheckpointRecord r{checkpoint, res.tracker, domain, formats::NowRfc3339(), {}, std::move(xml)};
+  const auto in_checkpoint = CheckpointDisks(r.xml);
   for (const auto& d : res.disks) {
+    // A disk the checkpoint leaves out (no bitmap) is not the tracker's.
+    auto it = in_checkpoint.find(d.disk);
+    if (it == in_checkpoint.end() || it->second.first != "bitmap") continue;
     r.disks.push_back(d.disk);
     sizes[d.disk] = d.virtual_size;
   }
@@ -257,6 +277,9 @@ std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std
       br.compression = req.compression;
       br.compression_level = req.compression_level;
       br.copy = req.copy;
+      if (req.progress) {
+        br.copy.progress = [&req, name](uint64_t done, uint64_t total) { req.progress(name, done, total); };
+      }
       set_source(name, br);
       results[i] = pipeline::RunBackup(env, br);
     });
@@ -529,6 +552,20 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     if (!target_st->is_directory()) return Error::InvalidArgument("backup target is not a folder").set_path(req.target);
   }
   req.target = AbsolutePath(req.target);
+  // The scratch root too: libvirt creates the scratch files in it and QEMU
+  // opens them, so it must be a folder they see (not created here either).
+  if (req.scratch_dir.empty()) req.scratch_dir = kDefaultScratchRoot;
+  {
+    auto scratch_st = env.Stat(req.scratch_dir);
+    if (!scratch_st.ok()) {
+      if (scratch_st.error().code() != ErrorCode::kNotFound) return std::move(scratch_st).error();
+      return Error::NotFound("scratch folder does not exist (--scratch-dir)").set_path(req.scratch_dir);
+    }
+    if (!scratch_st->is_directory()) {
+      return Error::InvalidArgument("scratch path is not a folder (--scratch-dir)").set_path(req.scratch_dir);
+    }
+  }
+  req.scratch_dir = AbsolutePath(req.scratch_dir);
 
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   BARGE_ASSIGN_OR_RETURN(auto lock, LockDomain(env, req.catalog_path, req.domain));
@@ -568,6 +605,18 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     incremental[p.disk] = p.incremental;
     reasons[p.disk] = p.reason;
   }
+  // A disk that cannot hold a checkpoint bitmap (raw without CBT) is read in
+  // full every time and left out of the checkpoint; the others keep their
+  // checkpoint and incrementals.
+  std::set<std::string> with_bitmap;
+  for (const auto& d : disks) {
+    if (CanHoldBitmap(d)) {
+      with_bitmap.insert(d.target);
+    } else {
+      incremental[d.target] = false;
+      reasons[d.target] = NoBitmapReason(d);
+    }
+  }
 
   // Size estimate before anything starts.
   uint64_t need = 0;
@@ -589,6 +638,9 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   BARGE_ASSIGN_OR_RETURN(std::string checkpoint,
                          StartRun(req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, res));
   const int64_t record_id = res.record_id;
+  // No selected disk can hold a bitmap: no checkpoint, and the tracker
+  // stays where it is (its checkpoint still serves the other disks).
+  if (with_bitmap.empty()) checkpoint.clear();
 
   Cleanup cleanup(env);
   cleanup.faults = req.faults;
@@ -618,9 +670,12 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
 
   cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
   if (Status s = env.UnlinkIfExists(cleanup.socket); !s.ok()) return fail(std::move(s).error());
-  // Scratch files are created by libvirt and opened by QEMU (another user):
-  // the folder must be traversable. A killed run's leftovers go first.
-  cleanup.scratch_dir = req.target + "/.barge-scratch-" + req.domain;
+  // Scratch files are created by libvirt and opened by QEMU (another user,
+  // maybe in its own mount namespace): the folder lives under the scratch
+  // root, which QEMU can see (kDefaultScratchRoot, or --scratch-dir), not
+  // in the target (a volume mounted after the domain started is invisible
+  // to QEMU), and must be traversable. A killed run's leftovers go first.
+  cleanup.scratch_dir = req.scratch_dir + "/barge-scratch-" + req.domain;
   Status scratch = env.RemoveTree(cleanup.scratch_dir);
   if (scratch.ok()) scratch = env.CreateDirs(cleanup.scratch_dir);
   if (scratch.ok()) scratch = env.SetMode(cleanup.scratch_dir, 0711);
@@ -629,7 +684,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   for (size_t attempt = 0; attempt <= disks.size(); ++attempt) {
     std::string bxml = BackupXml(all_disks, selected, incremental, res.parent_checkpoint, cleanup.socket,
                                    cleanup.scratch_dir);
-    std::string cxml = checkpoint.empty() ? "" : CheckpointCreateXml(checkpoint, all_disks, selected);
+    std::string cxml = checkpoint.empty() ? "" : CheckpointCreateXml(checkpoint, all_disks, with_bitmap);
     if (virDomainBackupBegin(dom.get(), bxml.c_str(), cxml.empty() ? nullptr : cxml.c_str(), 0) == 0) {
       cleanup.job_started = true;
       cleanup.new_checkpoint = checkpoint;
@@ -659,6 +714,8 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
       env, req, disks, incremental, reasons, checkpoint, identities,
       [&](const std::string& name, pipeline::BackupRequest& br) {
         br.source.location = "nbd+unix:///" + name + "?socket=" + cleanup.socket;
+        // The point of a disk left out of the checkpoint is not at it.
+        if (!with_bitmap.count(name)) br.checkpoint.clear();
         if (br.incremental) {
           br.dirty_bitmap = "qemu:dirty-bitmap:backup-" + name;
           br.since_checkpoint = res.parent_checkpoint;
@@ -692,7 +749,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   BackupRecord record = ToRecord(req, res, started);
   if (Status s = catalog->CommitBackup(record_id, record, cp_record, sizes); !s.ok()) return fail(s.error());
   // The tracker moved on: its previous checkpoint's bitmaps are no longer needed.
-  if (!res.parent_checkpoint.empty() && res.parent_checkpoint != checkpoint) {
+  if (!checkpoint.empty() && !res.parent_checkpoint.empty() && res.parent_checkpoint != checkpoint) {
     IgnoreError(DeleteCheckpoint(dom.get(), res.parent_checkpoint),
                 "the run is committed and the tracker no longer names that checkpoint: left behind, it only "
                 "costs its bitmaps' upkeep until deleted by hand ('virsh checkpoint-delete')");

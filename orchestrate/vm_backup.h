@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,13 @@ class VmBackupFaults {
   virtual Status At(Point point) = 0;
 };
 
+// The scratch root of a run without --scratch-dir: /var/tmp, as
+// virtnbdbackup's -S default (docs/orchestration.md says why). QEMU sees it
+// (libvirt's mount namespace for QEMU replaces only /dev), every user may
+// traverse it (world-writable, sticky), and it is on disk where /tmp may be
+// RAM; the target may be a volume QEMU does not see.
+inline constexpr const char* kDefaultScratchRoot = "/var/tmp";
+
 struct VmBackupRequest {
   std::string domain;
   std::string tracker;      // "" = the domain's only tracker, if it has exactly one
@@ -40,6 +48,14 @@ struct VmBackupRequest {
   bool force_full = false;
   bool skip_quiesce = false;
   std::vector<std::string> disks;  // empty = every disk of the domain
+  // Where libvirt puts the pull job's scratch files (copy-before-write):
+  // an existing folder that QEMU can see and reach; each run makes its own
+  // folder in it (barge-scratch-<domain>) and removes it when it ends.
+  // "" = kDefaultScratchRoot.
+  std::string scratch_dir;
+  // Called per disk from that disk's copy thread, about every 100 ms and
+  // once at the end (pipeline::CopyOptions::progress with the disk's name).
+  std::function<void(const std::string& disk, uint64_t done_bytes, uint64_t total_bytes)> progress;
   pipeline::CopyOptions copy;      // pipeline knobs (per disk)
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = 3;
@@ -72,7 +88,7 @@ struct VmBackupResult {
 
 // Runs one VM backup. Refuses at once (nothing started, nothing created)
 // when the target folder does not exist (kNotFound: an unmounted backup
-// volume), the domain has several trackers and none is named
+// volume), the scratch folder does not exist (kNotFound), the domain has several trackers and none is named
 // (kInvalidArgument, MultipleTrackersMessage), another backup, CBT change
 // or state migration of the domain holds its lock (kBusy, DomainLockPath), the
 // guest agent is missing for the quiesce (unless skip_quiesce), or the

@@ -477,6 +477,7 @@ def scenario(r):
     r.run("cbt disable", ["--domain", "nope"] + bcat, expect=1)
     r.run("vm backup", ["--domain", "nope", "--target", t("vmb")] + bcat, expect=1)
     r.run("vm backup", ["--domain", "test", "--target", t("vmb"), "--skip-quiesce"] + bcat, expect=1)
+    r.run("vm backup", ["--domain", "test", "--target", t("backups"), "--scratch-dir", missing] + bcat, expect=1)
     # catalog list: the tracker and catalog rebuild's record. Only a
     # successful vm backup makes checkpoints, so a copy of the catalog gets
     # what one would have recorded (a checkpoint, the tracker at it) and a
