@@ -238,6 +238,11 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
     if (!r.ok()) return out.Fail(r.error());
     auto job = orc::InspectBackupJob(Env::Default(), session->catalog->path(), session->dom.get(), std::get<0>(*a));
     if (!job.ok()) return out.Fail(job.error());
+    auto stale = orc::FindStaleCheckpoints(*session->catalog, session->dom.get(), std::get<0>(*a));
+    if (!stale.ok()) out.Warning("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
+    const std::vector<orc::StaleCheckpoint> stale_list = stale.ok() ? *stale : std::vector<orc::StaleCheckpoint>{};
+    json stale_json = json::array();
+    for (const auto& c : stale_list) stale_json.push_back({{"name", c.name}, {"barge", c.barges}, {"disks", c.disks}});
     json trackers = json::array();
     for (const auto& t : r->trackers) trackers.push_back(TrackerJson(t));
     json cps = json::array();
@@ -252,7 +257,8 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
     }
     out.Result({{"domain", r->domain}, {"running", r->running}, {"trackers", trackers},
                 {"libvirt_checkpoints", r->libvirt_checkpoints}, {"tracker_checkpoints", cps},
-                {"next_tracker", r->next_tracker}, {"next_backup", next}, {"backup_job", BackupJobJson(*job)}});
+                {"next_tracker", r->next_tracker}, {"next_backup", next}, {"backup_job", BackupJobJson(*job)},
+                {"stale_checkpoints", stale_json}});
     std::ostream& o = out.text();
     o << "domain " << r->domain << (r->running ? " (running)" : " (not running)") << "\n";
     for (const auto& t : r->trackers) {
@@ -267,6 +273,12 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
       for (const auto& [d, f] : c.disks) o << "  " << d << ": " << f << "\n";
     }
     if (job->state != "none") o << "backup job: " << job->state << ": " << job->message << "\n";
+    for (const auto& c : stale_list) {
+      o << "checkpoint " << c.name << ": STALE, its bitmaps are gone ("
+        << (c.barges ? "barge's: the next vm backup removes it" : "not barge's: 'virsh checkpoint-delete " +
+                                                                     std::get<0>(*a) + " " + c.name + " --metadata'")
+        << ")\n";
+    }
     o << "next backup" << (r->next_tracker.empty() ? "" : " (tracker " + r->next_tracker + ")") << ":\n";
     for (const auto& p : r->next_backup) {
       o << "  " << p.disk << ": " << (p.incremental ? "incremental" : "full") << " (" << p.reason << ")\n";

@@ -563,6 +563,13 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   std::vector<std::string> warnings;
   BARGE_ASSIGN_OR_RETURN(std::string recovered, RecoverOrphanedBackupJob(env, *catalog, dom.get(), req.domain));
   if (!recovered.empty()) warnings.push_back(std::move(recovered));
+  // Checkpoints whose bitmaps are gone cannot be deleted normally and would
+  // stay forever: barge's own lose their metadata, the others are named.
+  if (auto stale = RemoveStaleCheckpoints(*catalog, dom.get(), req.domain); stale.ok()) {
+    warnings.insert(warnings.end(), stale->begin(), stale->end());
+  } else {
+    warnings.push_back("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
+  }
 
   if (!DomainIsActive(dom.get())) {
     auto offline = RunOfflineBackup(env, req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, t0);

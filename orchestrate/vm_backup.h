@@ -86,7 +86,9 @@ struct VmBackupResult {
 // process is gone (RecoverOrphanedBackupJob, orchestrate/vm_orphans.h) is
 // aborted and its files and uncommitted checkpoint removed (a warning in the
 // result); a live job barge did not start, or whose owner lives, is kBusy,
-// nothing touched.
+// nothing touched. Then the metadata of barge's checkpoints whose bitmaps
+// are gone (RemoveStaleCheckpoints) is deleted, each with a warning, and the
+// others are named in warnings.
 // request.faults, when set, can fail the run at the points VmBackupFaults
 // names (the failure paths must thaw a frozen guest and commit nothing).
 // Chain folders, lock files and overlays are handled through `env`.

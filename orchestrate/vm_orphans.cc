@@ -1,8 +1,12 @@
 // Orphaned backup jobs (a killed vm backup's libvirt job, checkpoint,
-// scratch folder and socket).
+// scratch folder and socket) and stale checkpoints.
 #include "orchestrate/vm_orphans.h"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <map>
+#include <set>
 #include <cstdlib>
 #include <optional>
 #include <thread>
@@ -10,6 +14,7 @@
 #include "orchestrate/file_lock.h"
 #include "pipeline/chain.h"
 #include "orchestrate/libvirt_conn.h"
+#include "orchestrate/qemu_monitor.h"
 
 namespace barge::orchestrate {
 namespace {
@@ -156,6 +161,110 @@ Result<std::string> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, v
   BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(BackupJobRecordPath(catalog.path(), domain)));
   return "an earlier backup of domain '" + domain + "' (process " + OwnerPid(r.owner) +
          ") was killed: " + done;
+}
+
+namespace {
+
+// Per disk of a checkpoint XML with checkpoint='bitmap': the bitmap's name
+// (libvirt names it after the checkpoint unless the XML says otherwise).
+std::map<std::string, std::string> CheckpointBitmaps(const std::string& xml, const std::string& checkpoint) {
+  std::map<std::string, std::string> out;
+  size_t a = xml.find("<disks>");
+  size_t b = xml.find("</disks>");
+  if (a == std::string::npos || b == std::string::npos || b < a) return out;
+  std::string_view disks = std::string_view(xml).substr(a, b - a);
+  size_t pos = 0;
+  while ((pos = disks.find("<disk ", pos)) != std::string_view::npos) {
+    size_t end = disks.find('>', pos);
+    if (end == std::string_view::npos) break;
+    std::string_view el = disks.substr(pos, end - pos + 1);
+    if (XmlAttr(el, "disk", "checkpoint") == "bitmap") {
+      std::string bitmap = XmlAttr(el, "disk", "bitmap");
+      out[XmlAttr(el, "disk", "name")] = bitmap.empty() ? checkpoint : bitmap;
+    }
+    pos = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+bool IsBargeCheckpointName(const std::string& name) {
+  // <tracker>-YYYYMMDDTHHMMSSZ
+  constexpr size_t kStamp = 16;
+  if (name.size() < kStamp + 2 || name[name.size() - kStamp - 1] != '-') return false;
+  const std::string stamp = name.substr(name.size() - kStamp);
+  for (size_t i = 0; i < kStamp; ++i) {
+    const char c = stamp[i];
+    const bool ok = i == 8 ? c == 'T' : i == 15 ? c == 'Z' : std::isdigit(static_cast<unsigned char>(c)) != 0;
+    if (!ok) return false;
+  }
+  const std::string tracker = name.substr(0, name.size() - kStamp - 1);
+  return std::all_of(tracker.begin(), tracker.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == '-';
+  });
+}
+
+Result<std::vector<StaleCheckpoint>> FindStaleCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                          const std::string& domain) {
+  std::vector<StaleCheckpoint> out;
+  // A running backup job puts its filter node on top of each disk, which
+  // lists no bitmaps: ask only when no job runs.
+  if (!DomainIsActive(dom) || LiveJobSocket(dom)) return out;
+  BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
+  std::set<std::string> in_use;
+  for (const auto& t : trackers) in_use.insert(t.latest_checkpoint);
+  BARGE_ASSIGN_OR_RETURN(auto names, ListCheckpointNames(dom));
+  std::map<std::string, std::set<std::string>> qemu_bitmaps;  // disk -> names, asked once per disk
+  for (const auto& name : names) {
+    if (in_use.count(name)) continue;
+    auto cp = LookupCheckpoint(dom, name);
+    if (!cp.ok()) continue;  // deleted meanwhile
+    BARGE_ASSIGN_OR_RETURN(std::string xml, CheckpointXml(cp->get()));
+    auto bitmaps = CheckpointBitmaps(xml, name);
+    if (bitmaps.empty()) continue;
+    StaleCheckpoint s{name, IsBargeCheckpointName(name), {}};
+    bool all_gone = true;
+    for (const auto& [disk, bitmap] : bitmaps) {
+      auto known = qemu_bitmaps.find(disk);
+      if (known == qemu_bitmaps.end()) {
+        auto qd = FindQemuDisk(dom, disk);
+        if (!qd.ok()) {
+          // A disk QEMU does not list (removed since): its bitmap is gone too.
+          if (qd.error().code() != ErrorCode::kNotFound) return std::move(qd).error();
+          known = qemu_bitmaps.emplace(disk, std::set<std::string>{}).first;
+        } else {
+          known = qemu_bitmaps.emplace(disk, std::set<std::string>(qd->dirty_bitmaps.begin(),
+                                                                   qd->dirty_bitmaps.end())).first;
+        }
+      }
+      if (known->second.count(bitmap)) {
+        all_gone = false;
+        break;
+      }
+      s.disks.push_back(disk);
+    }
+    if (all_gone) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> RemoveStaleCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                        const std::string& domain) {
+  BARGE_ASSIGN_OR_RETURN(auto stale, FindStaleCheckpoints(catalog, dom, domain));
+  std::vector<std::string> warnings;
+  for (const auto& s : stale) {
+    std::string what = "checkpoint " + s.name + " of domain '" + domain + "' has lost its bitmaps";
+    if (!s.barges) {
+      warnings.push_back(what + "; barge did not make it and keeps it (remove it with 'virsh checkpoint-delete " +
+                         domain + " " + s.name + " --metadata')");
+      continue;
+    }
+    Status deleted = DeleteCheckpoint(dom, s.name, /*metadata_only=*/true);
+    warnings.push_back(deleted.ok() ? what + "; barge made it and removed it (metadata only)"
+                                    : what + "; removing it failed: " + deleted.error().message());
+  }
+  return warnings;
 }
 
 }  // namespace barge::orchestrate

@@ -1,12 +1,13 @@
-// What a killed `vm backup` leaves behind: how barge recognises its own
-// leftovers in libvirt, how `vm backup` cleans them up before it starts, and
-// what `doctor` reports of them.
+// What a killed `vm backup` leaves behind, and checkpoints whose bitmaps are
+// gone: how barge recognises its own leftovers in libvirt, how `vm backup`
+// cleans them up before it starts, and what `doctor` reports of them.
 #pragma once
 
 #include <libvirt/libvirt.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "blockio/env.h"
 #include "blockio/error.h"
@@ -66,5 +67,32 @@ Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_pat
 // are kBusy with the state's message, nothing touched.
 Result<std::string> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, virDomainPtr dom,
                                              const std::string& domain);
+
+// A libvirt checkpoint of the domain whose bitmaps QEMU no longer has on any
+// of its disks (removed behind libvirt's back, or lost with a disk that was
+// replaced): no backup can be incremental from it, and libvirt cannot delete
+// it normally (the delete fails on the missing bitmap), so it stays.
+struct StaleCheckpoint {
+  std::string name;
+  bool barges = false;             // named as barge names checkpoints (IsBargeCheckpointName)
+  std::vector<std::string> disks;  // the disks whose bitmap is gone
+};
+
+// "<tracker name>-YYYYMMDDTHHMMSSZ" (NewCheckpointName's form).
+bool IsBargeCheckpointName(const std::string& name);
+
+// The running domain's checkpoints that no tracker of `domain` names and
+// whose every bitmap (per disk of the checkpoint XML with checkpoint='bitmap')
+// is missing from QEMU's list for that disk (query-block). Empty for a
+// domain that is not running (its bitmaps are not asked for).
+Result<std::vector<StaleCheckpoint>> FindStaleCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                          const std::string& domain);
+
+// Before a backup (under the domain's lock): deletes the metadata of every
+// stale checkpoint barge made (nothing of it is left in QEMU), and returns
+// one warning per stale checkpoint: removed, or kept because barge did not
+// make it (with the command to remove it), or kept because libvirt refused.
+Result<std::vector<std::string>> RemoveStaleCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                        const std::string& domain);
 
 }  // namespace barge::orchestrate

@@ -1,7 +1,7 @@
 // What a killed `vm backup` leaves in libvirt (its backup job, checkpoint,
-// scratch folder and socket; issue 25): doctor reports it, the next vm
-// backup cleans up barge's own and runs normally, and what is not barge's is
-// left alone with a clear error.
+// scratch folder and socket) and checkpoints whose bitmaps are gone (issue
+// 25): doctor reports them, the next vm backup cleans up barge's own and
+// runs normally, and what is not barge's is left alone with a clear error.
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -179,6 +179,72 @@ TEST_F(VmOrphanTest, ForeignBackupJobIsLeftAloneWithAClearError) {
   EXPECT_NE(RunOk(std::string(kVirsh) + "domjobinfo " + dom.name()).find("Backup"), std::string::npos);
   EXPECT_TRUE(fs::exists(dir_ / "other-scratch.qcow2"));
   RunOk(std::string(kVirsh) + "domjobabort " + dom.name());
+}
+
+// Checkpoints whose bitmaps are gone (removed behind libvirt's back here)
+// and that no tracker names: doctor flags them; the next vm backup warns,
+// removes the one barge made (its naming; metadata only) and keeps the
+// administrator's; the backup itself is incremental from the tracker's
+// checkpoint and restores right. Before, they were kept forever, silently.
+TEST_F(VmOrphanTest, CheckpointsWithoutBitmapsAreFlaggedAndBargesRemoved) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("stale", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xee, "1M", "4M");
+  json b0 = Backup(dom.name());
+  ASSERT_EQ(b0["backup_type"], "full") << b0.dump();
+  const std::string cp0 = b0["checkpoint"];
+
+  const std::string barges = "t1-20200101T000000Z";  // as barge names them
+  const std::string admins = "admin-cp";
+  for (const std::string& name : {barges, admins}) {
+    std::string xml = dir_ / (name + ".xml");
+    RunOk("printf '%s' " +
+          ShellQuote("<domaincheckpoint><name>" + name +
+                     "</name><disks><disk name='vda' checkpoint='bitmap'/></disks></domaincheckpoint>") +
+          " > " + ShellQuote(xml));
+    RunOk(std::string(kVirsh) + "checkpoint-create " + dom.name() + " " + ShellQuote(xml));
+    RunOk(std::string(kVirsh) + "qemu-monitor-command " + dom.name() + " " +
+          ShellQuote(R"({"execute":"block-dirty-bitmap-remove","arguments":{"node":"libvirt-1-format","name":")" +
+                     name + R"("}})"));
+  }
+
+  json doc = BargeJson("doctor --domain " + dom.name());
+  ASSERT_EQ(doc["stale_checkpoints"].size(), 2u) << doc.dump();
+  for (const auto& c : doc["stale_checkpoints"]) {
+    EXPECT_EQ(c["barge"], c["name"] == barges) << doc.dump();
+    EXPECT_EQ(c["disks"], json::array({"vda"})) << doc.dump();
+  }
+  std::string text = RunOk(Barge("doctor --domain " + dom.name()));
+  EXPECT_NE(text.find("checkpoint " + barges + ": STALE"), std::string::npos) << text;
+
+  dom.Write(0xaa, "10M", "1M");
+  CommandResult run = ::barge::testing::Run(Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                                " --skip-quiesce --json"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.stderr_text.find(barges + " of domain '" + dom.name() + "' has lost its bitmaps; barge made it and removed it"),
+            std::string::npos) << run.stderr_text;
+  EXPECT_NE(run.stderr_text.find(admins + " of domain '" + dom.name() + "' has lost its bitmaps; barge did not make it"),
+            std::string::npos) << run.stderr_text;
+  json b1 = json::parse(run.stdout_text.substr(run.stdout_text.rfind("{\"event\":\"result\"")));
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(b1["parent_checkpoint"], cp0) << b1.dump();
+
+  std::string left = Checkpoints(dom.name());
+  EXPECT_EQ(left.find(barges), std::string::npos) << left;
+  EXPECT_NE(left.find(admins), std::string::npos) << left;
+  EXPECT_NE(left.find(b1["checkpoint"].get<std::string>()), std::string::npos) << left;
+  json after = BargeJson("doctor --domain " + dom.name());
+  ASSERT_EQ(after["stale_checkpoints"].size(), 1u) << after.dump();
+  EXPECT_EQ(after["stale_checkpoints"][0]["name"], admins);
+
+  dom.Destroy();
+  std::string flat = dir_ / "flat.raw";
+  RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
+  ExpectRestores(target_ + "/" + dom.name() + "/vda", 1, flat);
 }
 
 }  // namespace
