@@ -17,6 +17,8 @@
 #include "orchestrate/libvirt_conn.h"
 #include "orchestrate/tracker.h"
 #include "orchestrate/vm_backup.h"
+#include "orchestrate/file_lock.h"
+#include "orchestrate/vm_orphans.h"
 
 namespace barge::cli {
 namespace {
@@ -191,6 +193,21 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
   }
 }
 
+// doctor's "backup_job": the domain's backup job as barge sees it.
+json BackupJobJson(const orc::BackupJobState& j) {
+  json r = {{"state", j.state}, {"job_active", j.job_active}, {"message", j.message}};
+  if (j.state == "orphaned" || j.state == "running") {
+    auto owner = orc::ProcessOwner::Parse(j.record.owner);
+    r["owner_pid"] = owner.ok() ? owner->pid : 0;
+    r["socket"] = j.record.socket;
+    r["scratch_dir"] = j.record.scratch_dir;
+    r["checkpoint"] = j.record.checkpoint;
+  } else if (j.state == "foreign") {
+    r["socket"] = j.job_socket;
+  }
+  return r;
+}
+
 void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
   auto* cp = AddGroup(app, "checkpoint", "libvirt checkpoints of trackers");
   {
@@ -222,6 +239,13 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
     if (!session.ok()) return out.Fail(session.error());
     auto r = orc::Diagnose(*session->catalog, session->dom.get(), std::get<0>(*a));
     if (!r.ok()) return out.Fail(r.error());
+    auto job = orc::InspectBackupJob(Env::Default(), session->catalog->path(), session->dom.get(), std::get<0>(*a));
+    if (!job.ok()) return out.Fail(job.error());
+    auto stale = orc::FindStaleCheckpoints(*session->catalog, session->dom.get(), std::get<0>(*a));
+    if (!stale.ok()) out.Warning("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
+    const std::vector<orc::StaleCheckpoint> stale_list = stale.ok() ? *stale : std::vector<orc::StaleCheckpoint>{};
+    json stale_json = json::array();
+    for (const auto& c : stale_list) stale_json.push_back({{"name", c.name}, {"barge", c.barges}, {"disks", c.disks}});
     json trackers = json::array();
     for (const auto& t : r->trackers) trackers.push_back(TrackerJson(t));
     json cps = json::array();
@@ -236,7 +260,8 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
     }
     out.Result({{"domain", r->domain}, {"running", r->running}, {"trackers", trackers},
                 {"libvirt_checkpoints", r->libvirt_checkpoints}, {"tracker_checkpoints", cps},
-                {"next_tracker", r->next_tracker}, {"next_backup", next}});
+                {"next_tracker", r->next_tracker}, {"next_backup", next}, {"backup_job", BackupJobJson(*job)},
+                {"stale_checkpoints", stale_json}});
     std::ostream& o = out.text();
     o << "domain " << r->domain << (r->running ? " (running)" : " (not running)") << "\n";
     for (const auto& t : r->trackers) {
@@ -249,6 +274,13 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
     for (const auto& c : r->tracker_checkpoints) {
       o << "checkpoint " << c.name << ": " << (c.in_libvirt ? "in libvirt" : "MISSING in libvirt") << "\n";
       for (const auto& [d, f] : c.disks) o << "  " << d << ": " << f << "\n";
+    }
+    if (job->state != "none") o << "backup job: " << job->state << ": " << job->message << "\n";
+    for (const auto& c : stale_list) {
+      o << "checkpoint " << c.name << ": STALE, its bitmaps are gone ("
+        << (c.barges ? "barge's: the next vm backup removes it" : "not barge's: 'virsh checkpoint-delete " +
+                                                                     std::get<0>(*a) + " " + c.name + " --metadata'")
+        << ")\n";
     }
     o << "next backup" << (r->next_tracker.empty() ? "" : " (tracker " + r->next_tracker + ")") << ":\n";
     for (const auto& p : r->next_backup) {
@@ -353,6 +385,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     progress.Done();
     for (const auto& w : hooked.warnings) out.Warning(w, req.domain);
     if (!done.ok()) return out.Fail(done.error());
+    for (const auto& w : r->warnings) out.Warning(w, req.domain);
     json result = BackupResultJson(*r);
     if (!hooked.runs.empty()) result["hooks"] = HookRunsJson(hooked.runs);
     out.Result(result);

@@ -89,6 +89,11 @@ Result<QemuDisk> FindQemuDisk(virDomainPtr dom, const std::string& target) {
       inserted["image"]["snapshots"].is_array()) {
     for (const json& s : inserted["image"]["snapshots"]) out.snapshots.push_back(FromQemu(s));
   }
+  if (inserted.contains("dirty-bitmaps") && inserted["dirty-bitmaps"].is_array()) {
+    for (const json& b : inserted["dirty-bitmaps"]) {
+      if (b.is_object()) out.dirty_bitmaps.push_back(formats::JsonString(b, "name"));
+    }
+  }
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "blockio/path.h"
 #include "formats/manifest.h"
@@ -28,6 +29,7 @@
 #include "orchestrate/guest_freeze.h"
 #include "orchestrate/libvirt_conn.h"
 #include "orchestrate/tracker.h"
+#include "orchestrate/vm_orphans.h"
 
 namespace barge::orchestrate {
 namespace {
@@ -118,6 +120,10 @@ struct Cleanup {
   std::vector<std::string> files;  // new backup files
   std::string socket;
   std::string scratch_dir;
+  // The job's run record (vm_orphans.h), written before the job starts and
+  // removed once nothing of the job is left: a killed run's successor finds
+  // the job, socket, scratch folder and checkpoint by it.
+  std::string job_record;
   VmBackupFaults* faults = nullptr;  // the request's test seam
 
   // Thaws a frozen guest, retrying a few times. Returns why the guest may
@@ -161,9 +167,22 @@ struct Cleanup {
   // and whatever could not be undone to its cleanup failures.
   void Undo(Error& e) {
     if (std::string thaw = Thaw(); !thaw.empty()) e = Error(e.code(), e.message() + "; " + thaw);
-    e.Also(EndJob());
-    if (!new_checkpoint.empty()) e.Also(DeleteCheckpoint(dom, new_checkpoint));
+    Status ended = EndJob();
+    bool job_gone = ended.ok();
+    e.Also(std::move(ended));
+    if (!new_checkpoint.empty()) {
+      Status deleted = DeleteCheckpoint(dom, new_checkpoint);
+      job_gone &= deleted.ok();
+      e.Also(std::move(deleted));
+    }
     for (const auto& f : files) e.Also(env.UnlinkIfExists(f));
+    // Kept while the job or its checkpoint may remain: the next run cleans up by it.
+    if (job_gone) e.Also(DropRecord());
+  }
+  Status DropRecord() {
+    if (job_record.empty()) return OkStatus();
+    std::string path = std::exchange(job_record, "");
+    return env.UnlinkIfExists(path);
   }
 };
 
@@ -576,8 +595,23 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (!choice.ambiguous.empty()) return Error::InvalidArgument(choice.ambiguous);
   std::optional<TrackerRecord> tracker = std::move(choice.tracker);
 
+  // A killed run's job, socket, scratch folder and checkpoint go first (a
+  // job that is not barge's, or whose owner lives, is an error).
+  std::vector<std::string> warnings;
+  BARGE_ASSIGN_OR_RETURN(std::string recovered, RecoverOrphanedBackupJob(env, *catalog, dom.get(), req.domain));
+  if (!recovered.empty()) warnings.push_back(std::move(recovered));
+  // Checkpoints whose bitmaps are gone cannot be deleted normally and would
+  // stay forever: barge's own lose their metadata, the others are named.
+  if (auto stale = RemoveStaleCheckpoints(*catalog, dom.get(), req.domain); stale.ok()) {
+    warnings.insert(warnings.end(), stale->begin(), stale->end());
+  } else {
+    warnings.push_back("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
+  }
+
   if (!DomainIsActive(dom.get())) {
-    return RunOfflineBackup(env, req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, t0);
+    auto offline = RunOfflineBackup(env, req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, t0);
+    if (offline.ok()) offline->warnings = std::move(warnings);
+    return offline;
   }
 
   // Disks.
@@ -635,6 +669,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
 
   VmBackupResult res;
   res.mode = "pull";
+  res.warnings = std::move(warnings);
   BARGE_ASSIGN_OR_RETURN(std::string checkpoint,
                          StartRun(req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, res));
   const int64_t record_id = res.record_id;
@@ -680,6 +715,15 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (scratch.ok()) scratch = env.CreateDirs(cleanup.scratch_dir);
   if (scratch.ok()) scratch = env.SetMode(cleanup.scratch_dir, 0711);
   if (!scratch.ok()) return fail(std::move(scratch).error().Wrap("create scratch folder"));
+  {
+    const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
+    BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, cleanup.scratch_dir, checkpoint,
+                        req.target + "/" + req.domain, record_id};
+    if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
+      return fail(std::move(s).error().Wrap("write the backup job's run record"));
+    }
+    cleanup.job_record = record_path;
+  }
   // A disk whose bitmap libvirt finds inconsistent only at job start goes full.
   for (size_t attempt = 0; attempt <= disks.size(); ++attempt) {
     std::string bxml = BackupXml(all_disks, selected, incremental, res.parent_checkpoint, cleanup.socket,
@@ -748,6 +792,9 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   }
   BackupRecord record = ToRecord(req, res, started);
   if (Status s = catalog->CommitBackup(record_id, record, cp_record, sizes); !s.ok()) return fail(s.error());
+  IgnoreError(cleanup.DropRecord(),
+              "the run is committed: a run record left behind names a gone process, a job that has ended and a "
+              "checkpoint the tracker names, so the next run only removes the record");
   // The tracker moved on: its previous checkpoint's bitmaps are no longer needed.
   if (!checkpoint.empty() && !res.parent_checkpoint.empty() && res.parent_checkpoint != checkpoint) {
     IgnoreError(DeleteCheckpoint(dom.get(), res.parent_checkpoint),

@@ -84,6 +84,9 @@ struct VmBackupResult {
   int64_t record_id = 0;
   std::vector<VmBackupDisk> disks;
   double seconds = 0;
+  // What the run found and cleaned up before it started (an orphaned
+  // backup job of a killed run), for the user; the run itself succeeded.
+  std::vector<std::string> warnings;
 };
 
 // Runs one VM backup. Refuses at once (nothing started, nothing created)
@@ -95,6 +98,13 @@ struct VmBackupResult {
 // target's free space is below the estimate (kNoSpace). On any later failure
 // the job is aborted, this run's checkpoint deleted, the new backup files
 // removed, the tracker left as it was, and the catalog record says why.
+// Before anything else (under the lock) a backup job of barge's whose
+// process is gone (RecoverOrphanedBackupJob, orchestrate/vm_orphans.h) is
+// aborted and its files and uncommitted checkpoint removed (a warning in the
+// result); a live job barge did not start, or whose owner lives, is kBusy,
+// nothing touched. Then the metadata of barge's checkpoints whose bitmaps
+// are gone (RemoveStaleCheckpoints) is deleted, each with a warning, and the
+// others are named in warnings.
 // request.faults, when set, can fail the run at the points VmBackupFaults
 // names (the failure paths must thaw a frozen guest and commit nothing).
 // Chain folders, lock files and overlays are handled through `env`.
