@@ -39,7 +39,7 @@ uint64_t PeakRssBytes() {
 
 int RunBackupCommand(BackupArgs& a, Output& out) {
   pipeline::BackupRequest req;
-  CompressionChoice compression;
+  formats::CompressionSpec compression;
   if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
   auto hooks = a.hooks.ToSpec();
   if (!hooks.ok()) return out.Usage(hooks.error().message());

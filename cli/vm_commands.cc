@@ -285,7 +285,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       if (!choice->ambiguous.empty()) return out.Usage(choice->ambiguous);
       if (choice->tracker) req.tracker = choice->tracker->name;
     }
-    CompressionChoice compression;
+    formats::CompressionSpec compression;
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
     req.compression = compression.type;
     req.compression_level = compression.level;

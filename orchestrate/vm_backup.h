@@ -42,7 +42,7 @@ struct VmBackupRequest {
   std::vector<std::string> disks;  // empty = every disk of the domain
   pipeline::CopyOptions copy;      // pipeline knobs (per disk)
   formats::Compression compression = formats::Compression::kZstd;
-  int compression_level = 3;
+  int compression_level = formats::kDefaultZstdLevel;
   VmBackupFaults* faults = nullptr;  // tests only; must outlive the run
 };
 
