@@ -60,13 +60,8 @@ bool Selected(const std::vector<std::string>& only, const std::string& name) {
 
 Result<std::unique_ptr<EnvLock>> LockPolicy(Env& env, const std::string& catalog_path, const std::string& policy,
                                             bool wait) {
-  const std::string path = PolicyLockPath(catalog_path, policy);
-  BARGE_RETURN_IF_ERROR(env.CreateDirs(path.substr(0, path.find_last_of('/'))));
-  LockOptions lo;
-  lo.create = true;
-  lo.wait = wait;
-  lo.busy_message = "a run of policy " + policy + " is in progress";
-  return env.LockFile(path, lo);
+  return TryLockFile(env, PolicyLockPath(catalog_path, policy), "a run of policy " + policy + " is in progress",
+                     wait);
 }
 
 class Runner {
@@ -497,7 +492,7 @@ Status CheckPolicyFolders(Env& env, const Policy& policy) {
 }
 
 std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy) {
-  return CatalogDir(catalog_path) + "/locks/policy-" + policy + ".lock";
+  return CatalogLockPath(catalog_path, LockKind::kPolicy, policy);
 }
 
 std::string BargeVersion() { return pipeline::BackupRequest().tool_version; }
