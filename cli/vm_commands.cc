@@ -10,6 +10,7 @@
 #include "cli/hook_flags.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/catalog_path.h"
+#include "orchestrate/hooked_backup.h"
 #include "orchestrate/cbt.h"
 #include "orchestrate/libvirt_conn.h"
 #include "orchestrate/tracker.h"
@@ -291,19 +292,10 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     req.compression_level = compression.level;
     auto hooks = a->hooks.ToSpec();
     if (!hooks.ok()) return out.Usage(hooks.error().message());
-    // The hooks bracket the whole run (the guest freeze and the backup job
-    // come inside the pre-hook's flush).
-    std::map<std::string, std::string> hook_env = {{"BARGE_OPERATION", "vm-backup"}, {"BARGE_DOMAIN", req.domain}};
     orc::HookedResult hooked;
-    std::optional<orc::VmBackupResult> r;
-    Status done = orc::RunWithHooks(*hooks, hook_env, [&]() -> Status {
-      auto run = orc::RunVmBackup(Env::Default(), req);
-      if (!run.ok()) return std::move(run).error();
-      r = std::move(run).value();
-      return OkStatus();
-    }, &hooked);
+    auto r = orc::RunVmBackupWithHooks(Env::Default(), req, *hooks, hooked);
     for (const auto& w : hooked.warnings) out.Warning(w, req.domain);
-    if (!done.ok()) return out.Fail(done.error());
+    if (!r.ok()) return out.Fail(r.error());
     json result = BackupResultJson(*r);
     if (!hooked.runs.empty()) result["hooks"] = HookRunsJson(hooked.runs);
     out.Result(result);

@@ -13,6 +13,7 @@
 #include "blockio/path.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/file_lock.h"
+#include "orchestrate/hooks.h"
 #include "orchestrate/time_text.h"
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
@@ -277,8 +278,8 @@ class Runner {
       if (!pre.ok()) {
         Error e = std::move(pre).error().Wrap("pre_hook (backup skipped)");
         Status post = post_hook("aborted", e.ToString());
-        if (!post.ok()) e.Also(post);
-        return e;
+        std::vector<std::string> unused;  // after an aborted backup the rule never warns
+        return ApplyPostHookRule(std::move(e), std::move(post), unused);
       }
     }
     SourceBackupRequest req;
@@ -300,17 +301,20 @@ class Runner {
     }
     ReleaseFolder(place.target, done.ok());
     Status post = post_hook(done.ok() ? "success" : "failed", done.ok() ? "" : done.error().ToString());
-    if (!post.ok()) {
-      if (!done.ok()) return Error(done.error()).Also(post);
-      return post;
-    }
-    if (!done.ok()) return done.error();
+    // The one rule (orchestrate/hooks.h): a failed post hook after a good
+    // backup is a warning on the record, the point kept; after a failed one
+    // it joins the error.
+    std::vector<std::string> warnings;
+    Status ruled = ApplyPostHookRule(done.ok() ? OkStatus() : Status(done.error()), std::move(post), warnings);
+    if (!ruled.ok()) return std::move(ruled).error();
     r.type = done->type;
     r.type_reason = done->type_reason;
     r.bytes_read = done->bytes_read;
     r.bytes_written = done->bytes_written;
     r.points = done->points;
-    r.error = done->warning;
+    if (!done->warning.empty()) warnings.insert(warnings.begin(), done->warning);
+    r.error.clear();
+    for (const std::string& w : warnings) r.error += (r.error.empty() ? "" : "; ") + w;
     return RetainAfter(s, o, done->points);
   }
 
