@@ -9,6 +9,7 @@
 #include "cli/copy_flags.h"
 #include "cli/hook_flags.h"
 #include "cli/progress.h"
+#include "orchestrate/hooked_backup.h"
 #include "orchestrate/policy_runner.h"
 #include "pipeline/backup.h"
 
@@ -39,7 +40,7 @@ uint64_t PeakRssBytes() {
 
 int RunBackupCommand(BackupArgs& a, Output& out) {
   pipeline::BackupRequest req;
-  CompressionChoice compression;
+  formats::CompressionSpec compression;
   if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
   auto hooks = a.hooks.ToSpec();
   if (!hooks.ok()) return out.Usage(hooks.error().message());
@@ -70,24 +71,11 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
 
   ProgressReporter progress(out, "backup");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
-  // The hooks bracket the whole read: the source is the consistent point
-  // only while the application stays flushed (a --snapshot source is one
-  // already, and needs no hooks).
-  std::map<std::string, std::string> hook_env = {{"BARGE_OPERATION", "backup"},
-                                                 {"BARGE_IMAGE", a.source},
-                                                 {"BARGE_DISK", a.name.empty() ? a.source : a.name}};
-  if (!a.snapshot.empty()) hook_env["BARGE_SNAPSHOT"] = a.snapshot;
   orchestrate::HookedResult hooked;
-  std::optional<pipeline::BackupResult> result;
-  Status done = orchestrate::RunWithHooks(*hooks, hook_env, [&]() -> Status {
-    auto r = pipeline::RunBackup(Env::Default(), req);
-    if (!r.ok()) return std::move(r).error();
-    result = std::move(r).value();
-    return OkStatus();
-  }, &hooked);
+  auto result = orchestrate::RunBackupWithHooks(Env::Default(), req, *hooks, hooked);
   progress.Done();
   for (const auto& w : hooked.warnings) out.Warning(w, a.source);
-  if (!done.ok()) return out.Fail(done.error());
+  if (!result.ok()) return out.Fail(result.error());
   const auto& m = result->manifest;
   {
     json j = {{"id", m.id},

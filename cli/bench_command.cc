@@ -146,7 +146,7 @@ Result<std::string> MakeScratchFolder(Env& env, const std::string& workdir) {
 int RunBenchCommand(const BenchArgs& a, Output& out) {
   std::ostream& t = out.text();
   pipeline::CopyOptions copy;
-  CompressionChoice compression;
+  formats::CompressionSpec compression;
   if (Status s = a.copy.Apply(copy, compression); !s.ok()) return out.Usage(s.error().message());
   auto chunk = ParseSize(a.chunk_size);
   if (!chunk.ok()) return out.Usage("--chunk-size: " + chunk.error().message());

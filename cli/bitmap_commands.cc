@@ -6,7 +6,7 @@
 #include "cli/common.h"
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_writer.h"
-#include "pipeline/staged_file.h"
+#include "pipeline/cbt_overlay.h"
 
 namespace barge::cli {
 namespace {
@@ -74,59 +74,22 @@ int RunBitmapDump(const std::string& path, const std::string& name, const ImageF
 int RunOverlayCreate(const std::string& data_file, const std::string& overlay,
                      const std::vector<std::string>& bitmap_names, uint64_t granularity,
                      uint32_t cluster_bits, Output& out) {
-  Env& env = Env::Default();
-  auto real = env.RealPath(data_file);
-  if (!real.ok()) return out.Fail(real.error());
-  std::string abs = *real;
-  auto st = env.Stat(abs);
-  if (!st.ok()) return out.Fail(st.error());
-  if (!st->is_regular()) {
-    return out.Fail(Error::InvalidArgument("data file must be a regular raw file").set_path(data_file));
-  }
-  // The data file holds the guest's raw bytes: an image there (a qcow2
-  // above all) would be shown to the guest as its own bytes, header and
-  // all, and written through as raw.
-  {
-    auto file = env.OpenSource(abs);
-    if (!file.ok()) return out.Fail(file.error());
-    auto probed = formats::ProbeFormatName(**file);
-    if (!probed.ok()) return out.Fail(Error(probed.error()).set_path(data_file));
-    if (*probed != "raw") {
-      return out.Fail(Error::InvalidArgument("is a " + *probed +
-                                             " image, not a raw disk: an overlay's data file holds the guest's raw "
-                                             "bytes (convert it first: barge convert " + data_file + " DISK.raw)")
-                          .set_path(data_file));
-    }
-  }
-  // qemu sees floor(size/512)*512 bytes; never claim more than the file has.
-  uint64_t size = st->size_bytes & ~uint64_t{511};
-  if (size == 0) {
-    return out.Fail(Error::InvalidArgument("data file is smaller than one 512-byte sector (" +
-                                           HumanBytesExact(st->size_bytes) + ")")
-                        .set_path(data_file));
-  }
-  if (size != st->size_bytes) {
-    out.Warning("size " + HumanBytesExact(st->size_bytes) + " is not a multiple of 512: the guest sees " +
-                    HumanBytesExact(size) + " (the last " + std::to_string(st->size_bytes - size) +
-                    " bytes are not part of the disk)",
-                data_file);
-  }
-  formats::OverlayOptions o;
-  o.virtual_size = size;
-  o.data_file_path = abs;
-  o.cluster_bits = cluster_bits;
+  pipeline::CbtOverlayRequest req;
+  req.data_file = data_file;
+  req.overlay = overlay;
+  req.cluster_bits = cluster_bits;
   for (const auto& n : bitmap_names) {
     formats::BitmapSpec b;
     b.name = n;
     b.granularity_bytes = static_cast<uint32_t>(granularity);
     b.enabled = true;
-    o.bitmaps.push_back(b);
+    req.bitmaps.push_back(b);
   }
-  auto staged = pipeline::StagedFile::Create(Env::Default(), overlay);
-  if (!staged.ok()) return out.Fail(staged.error());
-  Status s = formats::WriteDataFileOverlay((*staged)->sink(), o);
-  if (s.ok()) s = (*staged)->Commit();
-  if (!s.ok()) return out.Fail(s.error());
+  auto made = pipeline::CreateCbtOverlay(Env::Default(), req);
+  if (!made.ok()) return out.Fail(made.error());
+  if (!made->warning.empty()) out.Warning(made->warning, data_file);
+  const uint64_t size = made->virtual_size;
+  const std::string& abs = made->data_file;
   out.Result({{"overlay", overlay}, {"data_file", abs}, {"virtual_size", size}, {"bitmaps", bitmap_names}});
   out.text() << "created " << overlay << ": " << HumanBytes(size) << " over " << abs;
   if (!bitmap_names.empty()) out.text() << ", bitmaps:";

@@ -71,7 +71,7 @@ Result<OutputTarget> OpenOutput(const std::string& path, bool force, bool sync, 
 
 int RunConvert(ConvertArgs& a, Output& cli_out) {
   pipeline::CopyOptions options;
-  CompressionChoice compression;
+  formats::CompressionSpec compression;
   if (Status s = a.copy.Apply(options, compression); !s.ok()) return cli_out.Usage(s.error().message());
   bool qcow2 = a.output_format == "qcow2";
   if (!qcow2 && compression.type != formats::Compression::kNone) return cli_out.Usage("--compress needs -O qcow2");

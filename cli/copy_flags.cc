@@ -10,44 +10,6 @@
 
 namespace barge::cli {
 
-std::string CompressionChoice::ToString() const {
-  if (type == formats::Compression::kNone) return "none";
-  return std::string(formats::CompressionName(type)) + ":" + std::to_string(level);
-}
-
-Result<CompressionChoice> ParseCompression(const std::string& text) {
-  std::string name = text, level_text;
-  if (auto colon = text.find(':'); colon != std::string::npos) {
-    name = text.substr(0, colon);
-    level_text = text.substr(colon + 1);
-  }
-  CompressionChoice c;
-  int max_level = 0;
-  if (name == "none") {
-    if (!level_text.empty()) return Error::InvalidArgument("'none' takes no level");
-    return c;
-  } else if (name == "zstd") {
-    c = {formats::Compression::kZstd, formats::kDefaultZstdLevel};
-    max_level = 19;
-  } else if (name == "deflate" || name == "zlib") {
-    c = {formats::Compression::kDeflate, formats::kDefaultDeflateLevel};
-    max_level = 9;
-  } else {
-    return Error::InvalidArgument("unknown compression '" + text +
-                                  "' (use zstd[:1-19], deflate[:1-9] or none)");
-  }
-  if (!level_text.empty()) {
-    char* end = nullptr;
-    long v = std::strtol(level_text.c_str(), &end, 10);
-    if (*end != '\0' || v < 1 || v > max_level) {
-      return Error::InvalidArgument("compression level must be 1.." + std::to_string(max_level) +
-                                    " in '" + text + "'");
-    }
-    c.level = static_cast<int>(v);
-  }
-  return c;
-}
-
 Result<uint32_t> ClusterBits(uint64_t cluster_bytes) {
   for (uint32_t bits = 9; bits <= 21; ++bits) {
     if (cluster_bytes == (uint64_t{1} << bits)) return bits;
@@ -56,9 +18,7 @@ Result<uint32_t> ClusterBits(uint64_t cluster_bytes) {
                                 std::to_string(cluster_bytes));
 }
 
-std::string DefaultCompression() {
-  return CompressionChoice{formats::Compression::kZstd, formats::kDefaultZstdLevel}.ToString();
-}
+std::string DefaultCompression() { return formats::CompressionSpec::Default().ToString(); }
 
 namespace {
 
@@ -126,7 +86,7 @@ Status ApplyResourceFlags(const std::string& memory, int threads, pipeline::Copy
   return OkStatus();
 }
 
-Status CopyFlags::Apply(pipeline::CopyOptions& options, CompressionChoice& compression) const {
+Status CopyFlags::Apply(pipeline::CopyOptions& options, formats::CompressionSpec& compression) const {
   // A flag that means nothing for the command is refused, not ignored.
   const std::pair<unsigned, CLI::Option*> flags[] = {{kCompressFlag, compress_option_},
                                                      {kClusterSizeFlag, cluster_size_option_},
@@ -137,7 +97,7 @@ Status CopyFlags::Apply(pipeline::CopyOptions& options, CompressionChoice& compr
     return Error::InvalidArgument("--" + option->get_lnames().front() + " does not apply to " + command_ +
                                   (why_not_.empty() ? "" : ": " + why_not_));
   }
-  BARGE_ASSIGN_OR_RETURN(compression, ParseCompression(compress));
+  BARGE_ASSIGN_OR_RETURN(compression, formats::ParseCompressionSpec(compress));
   BARGE_ASSIGN_OR_RETURN(uint64_t cluster, ParseSize(cluster_size));
   BARGE_RETURN_IF_ERROR(ClusterBits(cluster));
   BARGE_RETURN_IF_ERROR(ApplyResourceFlags(memory, threads, options));

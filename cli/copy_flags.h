@@ -12,16 +12,8 @@
 
 namespace barge::cli {
 
-struct CompressionChoice {
-  formats::Compression type = formats::Compression::kNone;
-  int level = 0;
-  std::string ToString() const;  // "zstd:3", "zlib:6", "none"
-};
-
-// "zstd", "zstd:N" (1..19), "deflate"/"zlib"[:N] (1..9), "none".
-Result<CompressionChoice> ParseCompression(const std::string& text);
-
-// What backups compress with unless told: "zstd:" + formats::kDefaultZstdLevel.
+// What backups compress with unless told: formats::CompressionSpec::Default(),
+// printed ("zstd:2"). --compress is parsed by formats::ParseCompressionSpec.
 std::string DefaultCompression();
 
 // Which of the copy flags a command takes (a bit set).
@@ -51,7 +43,7 @@ struct CopyFlags {
   // points its cancel flag at SIGINT/SIGTERM's (cli/interrupt.h).
   // kInvalidArgument naming the flag and its allowed range, or a flag the
   // command does not take and why.
-  Status Apply(pipeline::CopyOptions& options, CompressionChoice& compression) const;
+  Status Apply(pipeline::CopyOptions& options, formats::CompressionSpec& compression) const;
 
  private:
   std::string command_;

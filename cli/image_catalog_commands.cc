@@ -66,7 +66,7 @@ Error CopyError(const orchestrate::ImageCopyRecord& c, std::string what) {
 }
 
 Status ApplyCopy(const CatalogArgs& a, pipeline::ReplicateOptions& o) {
-  CompressionChoice compression;
+  formats::CompressionSpec compression;
   BARGE_RETURN_IF_ERROR(a.copy.Apply(o.copy, compression));
   o.verify = a.verify;
   o.copy.stall_timeout = std::chrono::seconds(60);

@@ -20,7 +20,7 @@ struct MergeArgs {
 int RunMergeCommand(MergeArgs& a, Output& out) {
   pipeline::MergeRequest req;
   // Cluster size and compression are the chain's: only the knobs are flags.
-  CompressionChoice unused;
+  formats::CompressionSpec unused;
   if (Status s = a.copy.Apply(req.copy, unused); !s.ok()) return out.Usage(s.error().message());
   if (auto at = pipeline::ParsePointSelector(a.through); !at.ok()) {
     return out.Usage("--through: " + at.error().message());

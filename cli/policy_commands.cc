@@ -68,12 +68,7 @@ json SourcesJson(const orc::Policy& p) {
 }
 
 std::string CompressionText(const orc::Policy& p) {
-  switch (p.compression) {
-    case formats::Compression::kNone: return "none";
-    case formats::Compression::kZstd: return "zstd:" + std::to_string(p.compression_level);
-    case formats::Compression::kDeflate: return "zlib:" + std::to_string(p.compression_level);
-  }
-  return "?";
+  return formats::CompressionSpec{p.compression, p.compression_level}.ToString();
 }
 
 json HookJson(const std::optional<orc::PolicyHook>& h) {

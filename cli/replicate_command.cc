@@ -92,7 +92,7 @@ class MultiProgress {
 
 int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   pipeline::ReplicateOptions o;
-  CompressionChoice compression;
+  formats::CompressionSpec compression;
   if (Status s = a.copy.Apply(o.copy, compression); !s.ok()) return out.Usage(s.error().message());
   auto format = pipeline::ParseReplicaFormat(a.format);
   if (!format.ok()) return out.Usage(format.error().message());

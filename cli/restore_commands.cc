@@ -26,7 +26,7 @@ std::string PointText(size_t position, const std::string& started_at) {
 
 int RunRestoreCommand(RestoreArgs& a, Output& out) {
   pipeline::RestoreRequest req;
-  CompressionChoice compression;
+  formats::CompressionSpec compression;
   if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
   if (compression.type != formats::Compression::kNone && a.output_format != "qcow2") {
     return out.Usage("--compress needs -O qcow2");
@@ -78,7 +78,7 @@ struct VerifyArgs {
 
 int RunVerifyCommand(VerifyArgs& a, Output& out) {
   pipeline::VerifyRequest req;
-  CompressionChoice unused;
+  formats::CompressionSpec unused;
   if (Status s = a.copy.Apply(req.copy, unused); !s.ok()) return out.Usage(s.error().message());
   if (auto at = pipeline::ParsePointSelector(a.at); !at.ok()) return out.Usage("--at: " + at.error().message());
   if (a.all && !a.at.empty()) return out.Usage("--at and --all exclude each other");

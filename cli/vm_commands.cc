@@ -13,6 +13,7 @@
 #include "cli/progress.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/catalog_path.h"
+#include "orchestrate/hooked_backup.h"
 #include "orchestrate/cbt.h"
 #include "orchestrate/libvirt_conn.h"
 #include "orchestrate/tracker.h"
@@ -361,30 +362,21 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       if (!choice->ambiguous.empty()) return out.Usage(choice->ambiguous);
       if (choice->tracker) req.tracker = choice->tracker->name;
     }
-    CompressionChoice compression;
+    formats::CompressionSpec compression;
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
     req.compression = compression.type;
     req.compression_level = compression.level;
     auto hooks = a->hooks.ToSpec();
     if (!hooks.ok()) return out.Usage(hooks.error().message());
-    // The hooks bracket the whole run (the guest freeze and the backup job
-    // come inside the pre-hook's flush).
-    std::map<std::string, std::string> hook_env = {{"BARGE_OPERATION", "vm-backup"}, {"BARGE_DOMAIN", req.domain}};
     orc::HookedResult hooked;
-    std::optional<orc::VmBackupResult> r;
     VmBackupProgress progress(out);
     req.progress = [&progress](const std::string& disk, uint64_t done, uint64_t total) {
       progress.Update(disk, done, total);
     };
-    Status done = orc::RunWithHooks(*hooks, hook_env, [&]() -> Status {
-      auto run = orc::RunVmBackup(Env::Default(), req);
-      if (!run.ok()) return std::move(run).error();
-      r = std::move(run).value();
-      return OkStatus();
-    }, &hooked);
+    auto r = orc::RunVmBackupWithHooks(Env::Default(), req, *hooks, hooked);
     progress.Done();
     for (const auto& w : hooked.warnings) out.Warning(w, req.domain);
-    if (!done.ok()) return out.Fail(done.error());
+    if (!r.ok()) return out.Fail(r.error());
     for (const auto& w : r->warnings) out.Warning(w, req.domain);
     json result = BackupResultJson(*r);
     if (!hooked.runs.empty()) result["hooks"] = HookRunsJson(hooked.runs);

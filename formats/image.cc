@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <span>
 
 #include "formats/qcow2_open.h"
@@ -28,6 +29,62 @@ std::string_view CompressionName(Compression c) {
     case Compression::kDeflate: return "zlib";
   }
   return "unknown";
+}
+
+int MaxCompressionLevel(Compression c) {
+  switch (c) {
+    case Compression::kNone: return 0;
+    case Compression::kZstd: return kMaxZstdLevel;
+    case Compression::kDeflate: return kMaxDeflateLevel;
+  }
+  return 0;
+}
+
+int DefaultCompressionLevel(Compression c) {
+  switch (c) {
+    case Compression::kNone: return 0;
+    case Compression::kZstd: return kDefaultZstdLevel;
+    case Compression::kDeflate: return kDefaultDeflateLevel;
+  }
+  return 0;
+}
+
+std::string CompressionSpec::ToString() const {
+  if (type == Compression::kNone) return "none";
+  return std::string(CompressionName(type)) + ":" + std::to_string(level);
+}
+
+Result<CompressionSpec> ParseCompressionSpec(std::string_view text) {
+  const auto colon = text.find(':');
+  const std::string_view name = text.substr(0, colon);
+  CompressionSpec spec;
+  if (name == "none") {
+    if (colon != std::string_view::npos) return Error::InvalidArgument("'none' takes no level");
+    return CompressionSpec::None();
+  } else if (name == "zstd") {
+    spec.type = Compression::kZstd;
+  } else if (name == "zlib" || name == "deflate") {
+    spec.type = Compression::kDeflate;
+  } else {
+    return Error::InvalidArgument("unknown compression '" + std::string(text) +
+                                  "' (use zstd[:1-19], zlib[:1-9] (or deflate) or none)");
+  }
+  spec.level = DefaultCompressionLevel(spec.type);
+  if (colon == std::string_view::npos) return spec;
+  const std::string_view level_text = text.substr(colon + 1);
+  const int max_level = MaxCompressionLevel(spec.type);
+  // Digits only (from_chars alone would take a leading '-'); the length cap
+  // keeps the value in range of int.
+  const bool digits = !level_text.empty() && level_text.size() <= 9 &&
+                      std::all_of(level_text.begin(), level_text.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  int level = 0;
+  if (digits) std::from_chars(level_text.data(), level_text.data() + level_text.size(), level);
+  if (level < 1 || level > max_level) {
+    return Error::InvalidArgument("compression level must be 1.." + std::to_string(max_level) + " in '" +
+                                  std::string(text) + "'");
+  }
+  spec.level = level;
+  return spec;
 }
 
 namespace {

@@ -28,6 +28,37 @@ std::string_view CompressionName(Compression c);  // "none", "zstd", "zlib"
 // (docs/benchmarks.md, "compression level").
 inline constexpr int kDefaultZstdLevel = 2;
 inline constexpr int kDefaultDeflateLevel = 6;
+inline constexpr int kMaxZstdLevel = 19;
+inline constexpr int kMaxDeflateLevel = 9;
+
+// Highest level `c` takes (19 zstd, 9 deflate); 0 for kNone. Levels start at 1.
+int MaxCompressionLevel(Compression c);
+// The level used when none is given: kDefaultZstdLevel, kDefaultDeflateLevel, 0.
+int DefaultCompressionLevel(Compression c);
+
+// Compression with its level, one spelling everywhere: --compress, a
+// policy's `compression`, a manifest's "compression" and `policy show`.
+// The rule (docs/policies.md, docs/formats/manifest.md):
+//   none | zstd[:1-19] | zlib[:1-9] | deflate[:1-9]
+// A level is plain decimal digits; a missing level is the type's default
+// (zstd 2, zlib 6); "none" takes none; "zstd:" (empty level), "zstd:0",
+// " 5", "+5" are refused. Printing gives "none", "zstd:N" or "zlib:N",
+// which parses back to the same spec.
+struct CompressionSpec {
+  Compression type = Compression::kZstd;
+  int level = kDefaultZstdLevel;  // 0 for kNone
+
+  // What backups compress with unless told: zstd at kDefaultZstdLevel.
+  static CompressionSpec Default() { return {}; }
+  static CompressionSpec None() { return {Compression::kNone, 0}; }
+  std::string ToString() const;  // "none", "zstd:2", "zlib:6"
+  friend bool operator==(const CompressionSpec&, const CompressionSpec&) = default;
+};
+
+// Parses the rule above; kInvalidArgument naming the text and the allowed
+// spellings or level range otherwise. Callers reading a file (a manifest)
+// wrap the error as Corruption with the file's path.
+Result<CompressionSpec> ParseCompressionSpec(std::string_view text);
 
 struct BitmapInfo {
   std::string name;

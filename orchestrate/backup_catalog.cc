@@ -8,6 +8,7 @@
 #include "blockio/path.h"
 #include "formats/json_fields.h"
 #include "formats/manifest.h"
+#include "orchestrate/file_lock.h"
 #include "orchestrate/libvirt_conn.h"
 #include "pipeline/chain.h"
 
@@ -147,7 +148,7 @@ BackupRecord BackupFromRow(SqliteStatement& s) {
 }  // namespace
 
 std::string DomainLockPath(const std::string& catalog_path, const std::string& domain) {
-  return CatalogDir(catalog_path) + "/locks/" + domain + ".lock";
+  return CatalogLockPath(catalog_path, LockKind::kDomain, domain);
 }
 
 std::string DomainBusyMessage(const std::string& domain) {

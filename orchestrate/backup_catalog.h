@@ -124,7 +124,8 @@ class BackupCatalog {
 // The folder holding the catalog (locks go under it).
 std::string CatalogDir(const std::string& catalog_path);
 
-// The lock file of `domain` (<catalog folder>/locks/<domain>.lock): vm
+// The lock file of `domain` (CatalogLockPath's kDomain,
+// <catalog folder>/locks/domains/<domain>.lock): vm
 // backup, cbt enable/disable and state migrate hold it (TryLockFile) while
 // they change what the domain's files or records are.
 std::string DomainLockPath(const std::string& catalog_path, const std::string& domain);

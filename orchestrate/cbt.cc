@@ -13,7 +13,7 @@
 #include "formats/json_fields.h"
 #include "formats/qcow2_writer.h"
 #include "orchestrate/file_lock.h"
-#include "pipeline/staged_file.h"
+#include "pipeline/cbt_overlay.h"
 
 namespace barge::orchestrate {
 namespace {
@@ -206,25 +206,19 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
   };
   for (const auto& d : ParseDomainDisks(xml)) {
     if (d.format != "raw" || d.source_type != "file" || d.source.empty()) continue;
-    auto resolved = env.RealPath(d.source);
-    if (!resolved.ok()) return undo(std::move(resolved).error().Wrap("resolve raw disk"));
-    const std::string data = *resolved;
-    auto data_st = env.Stat(data);
-    if (!data_st.ok()) return undo(std::move(data_st).error());
-    const FileStat& st = *data_st;
-    formats::OverlayOptions o;
-    o.virtual_size = st.size_bytes & ~uint64_t{511};
-    o.data_file_path = data;
+    pipeline::CbtOverlayRequest oreq;
+    oreq.data_file = d.source;
+    oreq.overlay = state_dir + "/" + d.target + ".qcow2";
+    oreq.refuse_image_data = false;  // libvirt's format='raw': the bytes are the guest's
     formats::BitmapSpec b;
     b.name = kCbtBitmapName;
     b.enabled = true;
-    o.bitmaps.push_back(b);
-    std::string overlay = state_dir + "/" + d.target + ".qcow2";
-    auto staged = pipeline::StagedFile::Create(env, overlay);
-    if (!staged.ok()) return undo(std::move(staged).error());
-    Status s = formats::WriteDataFileOverlay((*staged)->sink(), o);
-    if (s.ok()) s = (*staged)->Commit();
-    if (!s.ok()) return undo(std::move(s).error().Wrap("CBT overlay for " + d.target));
+    oreq.bitmaps.push_back(b);
+    auto made = pipeline::CreateCbtOverlay(env, oreq);
+    if (!made.ok()) return undo(std::move(made).error().Wrap("CBT overlay for " + d.target));
+    const std::string data = made->data_file;
+    const std::string& overlay = oreq.overlay;
+    const FileStat& st = made->data_stat;
     done.push_back({d.target, data, overlay, ""});
     // The process's umask may have narrowed the new file's mode.
     if (Status m = env.SetMode(overlay, 0644); !m.ok()) return undo(std::move(m).error());

@@ -72,11 +72,43 @@ Result<ProcStat> ReadProcStat(Env& env, pid_t pid) {
 
 }  // namespace
 
-Result<std::unique_ptr<EnvLock>> TryLockFile(Env& env, const std::string& path,
-                                             const std::string& busy_message) {
+std::string EscapeLockName(std::string_view name) {
+  if (name.empty()) return "%";
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    const bool plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                       std::string_view("_+:@=,-").find(static_cast<char>(c)) != std::string_view::npos ||
+                       (c == '.' && i > 0);
+    if (plain) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string CatalogLockPath(const std::string& catalog_path, LockKind kind, std::string_view name) {
+  std::string_view folder = "domains";
+  switch (kind) {
+    case LockKind::kDomain: folder = "domains"; break;
+    case LockKind::kImage: folder = "images"; break;
+    case LockKind::kPolicy: folder = "policies"; break;
+    case LockKind::kSnapshotApply: folder = "snapshot-apply"; break;
+  }
+  return DirName(catalog_path) + "/locks/" + std::string(folder) + "/" + EscapeLockName(name) + ".lock";
+}
+
+Result<std::unique_ptr<EnvLock>> TryLockFile(Env& env, const std::string& path, const std::string& busy_message,
+                                             bool wait) {
   BARGE_RETURN_IF_ERROR(env.CreateDirs(DirName(path)));
   LockOptions o;
   o.busy_message = busy_message;
+  o.wait = wait;
   return env.LockFile(path, o);
 }
 

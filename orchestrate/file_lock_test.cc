@@ -9,10 +9,39 @@
 
 #include <gtest/gtest.h>
 
+#include "orchestrate/backup_catalog.h"
+#include "orchestrate/policy_runner.h"
 #include "tests/testing/testing.h"
 
 namespace barge::orchestrate {
 namespace {
+
+// The one lock-name scheme: <catalog folder>/locks/<kind>/<escaped>.lock.
+TEST(CatalogLockPathTest, OneSchemeForEveryKind) {
+  EXPECT_EQ(CatalogLockPath("/c/state.db", LockKind::kDomain, "web1"), "/c/locks/domains/web1.lock");
+  EXPECT_EQ(CatalogLockPath("/c/state.db", LockKind::kImage, "base"), "/c/locks/images/base.lock");
+  EXPECT_EQ(CatalogLockPath("/c/state.db", LockKind::kPolicy, "nightly"), "/c/locks/policies/nightly.lock");
+  EXPECT_EQ(CatalogLockPath("/c/state.db", LockKind::kSnapshotApply, "00ff"), "/c/locks/snapshot-apply/00ff.lock");
+  // A domain named like another kind's old file name no longer meets it.
+  EXPECT_NE(CatalogLockPath("/c/state.db", LockKind::kDomain, "policy-x"),
+            CatalogLockPath("/c/state.db", LockKind::kPolicy, "x"));
+  // The named shortcuts go through it.
+  EXPECT_EQ(DomainLockPath("/c/state.db", "a/b"), "/c/locks/domains/a%2Fb.lock");
+  EXPECT_EQ(PolicyLockPath("/c/state.db", "p"), "/c/locks/policies/p.lock");
+}
+
+TEST(CatalogLockPathTest, EscapesTheSameWay) {
+  EXPECT_EQ(EscapeLockName("web-1.prod_x+y:z@h=v,w"), "web-1.prod_x+y:z@h=v,w");
+  EXPECT_EQ(EscapeLockName("a/b"), "a%2Fb");
+  EXPECT_EQ(EscapeLockName("a b%"), "a%20b%25");
+  EXPECT_EQ(EscapeLockName(".."), "%2E.");
+  EXPECT_EQ(EscapeLockName(".hidden"), "%2Ehidden");
+  EXPECT_EQ(EscapeLockName(""), "%");
+  EXPECT_EQ(EscapeLockName("\xc3\xa9"), "%C3%A9");
+  EXPECT_EQ(EscapeLockName(std::string("a\0b", 3)), "a%00b");
+  // Distinct names, distinct files: '%' itself is escaped.
+  EXPECT_NE(EscapeLockName("a%2Fb"), EscapeLockName("a/b"));
+}
 
 TEST(TryLockFileTest, ExclusiveUntilReleased) {
   barge::testing::TempDir dir;

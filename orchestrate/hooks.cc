@@ -167,6 +167,17 @@ Result<HookRun> RunHookCommand(const std::string& phase, const std::string& comm
   return run;
 }
 
+Status ApplyPostHookRule(Status body, Status post_failure, std::vector<std::string>& warnings) {
+  if (post_failure.ok()) return body;
+  if (body.ok()) {
+    warnings.push_back(post_failure.error().message());
+    return body;
+  }
+  Error e = std::move(body).error();
+  e.Also(std::move(post_failure));
+  return e;
+}
+
 Status RunWithHooks(const HookSpec& hooks, const std::map<std::string, std::string>& env,
                     const std::function<Status()>& body, HookedResult* result) {
   HookedResult local;
@@ -198,22 +209,16 @@ Status RunWithHooks(const HookSpec& hooks, const std::map<std::string, std::stri
       if (!pre->ok()) why = pre->Describe();
     }
     if (!why.empty()) {
-      Error e = Error::Cancelled("aborted before anything was done: " + why);
+      Status aborted = Error::Cancelled("aborted before anything was done: " + why);
       const std::string post_failed = post("aborted", why);
-      if (!post_failed.empty()) e.Also(Error::IoError(post_failed));
-      return e;
+      return ApplyPostHookRule(std::move(aborted), post_failed.empty() ? OkStatus() : Status(Error::IoError(post_failed)),
+                               r.warnings);
     }
   }
   Status s = body();
   const std::string post_failed = post(s.ok() ? "ok" : "failed", s.ok() ? "" : s.error().ToString());
-  if (post_failed.empty()) return s;
-  if (s.ok()) {
-    r.warnings.push_back(post_failed);
-    return s;
-  }
-  Error e = std::move(s).error();
-  e.Also(Error::IoError(post_failed));
-  return e;
+  return ApplyPostHookRule(std::move(s), post_failed.empty() ? OkStatus() : Status(Error::IoError(post_failed)),
+                           r.warnings);
 }
 
 }  // namespace barge::orchestrate

@@ -60,15 +60,23 @@ struct HookedResult {
   std::vector<std::string> warnings;  // a failed post-hook after a good body
 };
 
+// The one rule for a failed post-hook, shared by every job with hooks
+// (snapshot create, backup, vm backup, policies; docs/snapshots.md,
+// "Consistency hooks"): `post_failure` (ok when the post-hook succeeded or
+// there was none) after a `body` that succeeded is a warning, its message
+// appended to `warnings` and ok returned (the consistent point, snapshot
+// or backup exists and is kept); after a `body` that failed or was aborted
+// it is appended to the body's error (Error::Also), which is returned.
+Status ApplyPostHookRule(Status body, Status post_failure, std::vector<std::string>& warnings);
+
 // pre-hook, then `body`, then post-hook:
 //   - a pre-hook that fails (non-zero exit, timeout, cannot start) aborts:
 //     `body` is not called, the post-hook still runs (status "aborted"),
 //     and the error (kCancelled, naming the pre-hook) is returned;
 //   - the post-hook runs whatever `body` returned (status "ok" or
 //     "failed" with the error in BARGE_HOOK_ERROR);
-//   - a failing post-hook after a good body is a warning, not an error
-//     (the consistent point exists); after a failed body it is appended to
-//     the body's error (Error::Also).
+//   - a failing post-hook: ApplyPostHookRule (a warning after a good body,
+//     appended to the error after a failed or aborted one).
 // `env` goes to both hooks (each also gets BARGE_HOOK_PHASE). `result`, if
 // given, receives the runs and warnings in either case.
 Status RunWithHooks(const HookSpec& hooks, const std::map<std::string, std::string>& env,

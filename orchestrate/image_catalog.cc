@@ -242,15 +242,15 @@ Status ListFilesUnder(Env& env, const std::string& dir, std::vector<std::string>
 
 }  // namespace
 
-ImageCatalog::ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string lock_dir)
-    : env_(env), db_(std::move(db)), lock_dir_(std::move(lock_dir)) {}
+ImageCatalog::ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string catalog_path)
+    : env_(env), db_(std::move(db)), catalog_path_(std::move(catalog_path)) {}
 ImageCatalog::~ImageCatalog() = default;
 
 Result<std::unique_ptr<ImageCatalog>> ImageCatalog::Open(Env& env, const std::string& db_path) {
   BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(env, db_path));
   BARGE_RETURN_IF_ERROR(CreateOrMigrate(*db));
   return std::unique_ptr<ImageCatalog>(
-      new ImageCatalog(env, std::move(db), CatalogDir(db_path) + "/locks/images"));
+      new ImageCatalog(env, std::move(db), db_path));
 }
 
 std::string ImageCatalog::DiskKey(const std::string& disk) { return CanonicalPath(env_, disk); }
@@ -272,7 +272,9 @@ std::function<void(size_t, uint64_t, uint64_t)> ImageCatalog::PercentRecorder(co
   };
 }
 
-std::string ImageCatalog::LockPath(const std::string& name) const { return lock_dir_ + "/" + name + ".lock"; }
+std::string ImageCatalog::LockPath(const std::string& name) const {
+  return CatalogLockPath(catalog_path_, LockKind::kImage, name);
+}
 
 Result<std::vector<ImageRecord>> ImageCatalog::Images(const std::string& name) {
   std::lock_guard lock(mu_);

@@ -152,12 +152,13 @@ class ImageCatalog {
   Result<CleanupResult> Cleanup(std::chrono::seconds unused_for, bool dry_run = false);
 
  private:
-  ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string lock_dir);
+  ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string catalog_path);
   // The key of a disk folder: its canonical path.
   std::string DiskKey(const std::string& disk);
   // The copy's state after a send, written by a send thread.
   Status RecordCopy(const ImageCopyRecord& copy);
-  // The image's lock file: <catalog folder>/locks/images/NAME.lock.
+  // The image's lock file (CatalogLockPath's kImage):
+  // <catalog folder>/locks/images/NAME.lock.
   std::string LockPath(const std::string& name) const;
   // RecoverInterrupted, where the caller already holds the lock of image
   // `held` ("" for none).
@@ -169,7 +170,7 @@ class ImageCatalog {
   Env& env_;
   std::mutex mu_;
   std::unique_ptr<SqliteDb> db_;  // guarded by mu_
-  const std::string lock_dir_;
+  const std::string catalog_path_;  // the database file; locks go beside it
 };
 
 }  // namespace barge::orchestrate

@@ -328,7 +328,7 @@ Result<Policy> ParseChecked(const YAML::Node& root, Checker& c, Env& env) {
   }
   if (auto n = root["compression"]) {
     if (auto v = c.Scalar(n, "compression")) {
-      auto cs = ParseCompressionSetting(*v);
+      auto cs = formats::ParseCompressionSpec(*v);
       if (!cs.ok()) {
         c.Fail(n.Mark(), "'compression': " + cs.error().message());
       } else {
@@ -386,44 +386,6 @@ std::vector<std::chrono::sys_seconds> NextRunTimes(const Policy& policy, std::ch
                                                    size_t count) {
   if (!policy.schedule) return {};
   return policy.schedule->NextN(after, count);
-}
-
-Result<CompressionSetting> ParseCompressionSetting(std::string_view text) {
-  std::string_view name = text, level_text;
-  if (auto colon = text.find(':'); colon != std::string_view::npos) {
-    name = text.substr(0, colon);
-    level_text = text.substr(colon + 1);
-  }
-  CompressionSetting c;
-  int max_level = 0;
-  if (name == "none") {
-    if (!level_text.empty() || text.find(':') != std::string_view::npos) {
-      return Error::InvalidArgument("'none' takes no level");
-    }
-    c.type = formats::Compression::kNone;
-    c.level = 0;
-    return c;
-  } else if (name == "zstd") {
-    c = {formats::Compression::kZstd, formats::kDefaultZstdLevel};
-    max_level = 19;
-  } else if (name == "zlib" || name == "deflate") {
-    c = {formats::Compression::kDeflate, formats::kDefaultDeflateLevel};
-    max_level = 9;
-  } else {
-    return Error::InvalidArgument("unknown compression '" + std::string(text) +
-                                  "' (use zstd[:1-19], zlib[:1-9] or none)");
-  }
-  if (text.find(':') != std::string_view::npos) {
-    bool digits = !level_text.empty() && level_text.size() <= 2 &&
-                  std::all_of(level_text.begin(), level_text.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-    int v = digits ? std::atoi(std::string(level_text).c_str()) : 0;
-    if (v < 1 || v > max_level) {
-      return Error::InvalidArgument("compression level must be 1.." + std::to_string(max_level) + " in '" +
-                                    std::string(text) + "'");
-    }
-    c.level = v;
-  }
-  return c;
 }
 
 }  // namespace barge::orchestrate

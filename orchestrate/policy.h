@@ -89,12 +89,4 @@ Result<Policy> LoadPolicy(Env& env, const std::string& path);
 std::vector<std::chrono::sys_seconds> NextRunTimes(const Policy& policy, std::chrono::sys_seconds after,
                                                    size_t count);
 
-// Compression as policies and commands spell it: "zstd", "zstd:5",
-// "zlib:6" (also "deflate"), "none". kInvalidArgument otherwise.
-struct CompressionSetting {
-  formats::Compression type = formats::Compression::kZstd;
-  int level = formats::kDefaultZstdLevel;
-};
-Result<CompressionSetting> ParseCompressionSetting(std::string_view text);
-
 }  // namespace barge::orchestrate

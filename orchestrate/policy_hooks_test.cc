@@ -127,5 +127,32 @@ TEST(PolicyHooksTest, FailingPreHookSkipsTheBackupAndPostHookStillRuns) {
   EXPECT_NE(text.find("post bad aborted\n"), std::string::npos) << text;
 }
 
+// Issue 19, the one rule for a failing post hook: after a good backup it is
+// a warning on a successful record (the point kept), as for backup, vm
+// backup and snapshots; before, it failed the record.
+TEST(PolicyHooksTest, FailingPostHookAfterAGoodBackupIsAWarning) {
+  TempDir dir;
+  ASSERT_TRUE(Env::Default().CreateDirs(dir / "t").ok());
+  auto p = ParsePolicy(Env::Default(), "name: hooked\nsources:\n  - nbd: nbd://h/good\ntargets: [" + (dir / "t") +
+                                           "]\npost_hook: 'echo cannot thaw >&2; exit 4'\n");
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  CountingBackend backend;
+  auto hooks = NewPolicyHookRunner();
+  RunOptions o;
+  o.catalog_path = dir / "catalog.db";
+  o.backend = &backend;
+  o.hooks = hooks.get();
+  o.manual = true;
+  auto r = RunPolicyOnce(Env::Default(), *p, o);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(backend.backups.load(), 1);
+  EXPECT_EQ(r->failed, 0u);
+  ASSERT_EQ(r->sources.size(), 1u);
+  EXPECT_EQ(r->sources[0].record.result, "success") << r->sources[0].record.error;
+  EXPECT_NE(r->sources[0].record.error.find("post_hook"), std::string::npos) << r->sources[0].record.error;
+  EXPECT_NE(r->sources[0].record.error.find("exited with 4: cannot thaw"), std::string::npos)
+      << r->sources[0].record.error;
+}
+
 }  // namespace
 }  // namespace barge::orchestrate

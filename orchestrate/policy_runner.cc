@@ -13,6 +13,7 @@
 #include "blockio/path.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/file_lock.h"
+#include "orchestrate/hooks.h"
 #include "orchestrate/time_text.h"
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
@@ -60,13 +61,8 @@ bool Selected(const std::vector<std::string>& only, const std::string& name) {
 
 Result<std::unique_ptr<EnvLock>> LockPolicy(Env& env, const std::string& catalog_path, const std::string& policy,
                                             bool wait) {
-  const std::string path = PolicyLockPath(catalog_path, policy);
-  BARGE_RETURN_IF_ERROR(env.CreateDirs(path.substr(0, path.find_last_of('/'))));
-  LockOptions lo;
-  lo.create = true;
-  lo.wait = wait;
-  lo.busy_message = "a run of policy " + policy + " is in progress";
-  return env.LockFile(path, lo);
+  return TryLockFile(env, PolicyLockPath(catalog_path, policy), "a run of policy " + policy + " is in progress",
+                     wait);
 }
 
 class Runner {
@@ -282,8 +278,8 @@ class Runner {
       if (!pre.ok()) {
         Error e = std::move(pre).error().Wrap("pre_hook (backup skipped)");
         Status post = post_hook("aborted", e.ToString());
-        if (!post.ok()) e.Also(post);
-        return e;
+        std::vector<std::string> unused;  // after an aborted backup the rule never warns
+        return ApplyPostHookRule(std::move(e), std::move(post), unused);
       }
     }
     SourceBackupRequest req;
@@ -305,17 +301,20 @@ class Runner {
     }
     ReleaseFolder(place.target, done.ok());
     Status post = post_hook(done.ok() ? "success" : "failed", done.ok() ? "" : done.error().ToString());
-    if (!post.ok()) {
-      if (!done.ok()) return Error(done.error()).Also(post);
-      return post;
-    }
-    if (!done.ok()) return done.error();
+    // The one rule (orchestrate/hooks.h): a failed post hook after a good
+    // backup is a warning on the record, the point kept; after a failed one
+    // it joins the error.
+    std::vector<std::string> warnings;
+    Status ruled = ApplyPostHookRule(done.ok() ? OkStatus() : Status(done.error()), std::move(post), warnings);
+    if (!ruled.ok()) return std::move(ruled).error();
     r.type = done->type;
     r.type_reason = done->type_reason;
     r.bytes_read = done->bytes_read;
     r.bytes_written = done->bytes_written;
     r.points = done->points;
-    r.error = done->warning;
+    if (!done->warning.empty()) warnings.insert(warnings.begin(), done->warning);
+    r.error.clear();
+    for (const std::string& w : warnings) r.error += (r.error.empty() ? "" : "; ") + w;
     return RetainAfter(s, o, done->points);
   }
 
@@ -497,7 +496,7 @@ Status CheckPolicyFolders(Env& env, const Policy& policy) {
 }
 
 std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy) {
-  return CatalogDir(catalog_path) + "/locks/policy-" + policy + ".lock";
+  return CatalogLockPath(catalog_path, LockKind::kPolicy, policy);
 }
 
 std::string BargeVersion() { return pipeline::BackupRequest().tool_version; }

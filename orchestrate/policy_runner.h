@@ -282,7 +282,8 @@ Status CheckPolicyFolders(Env& env, const Policy& policy);
 // exports are not contacted.
 std::vector<std::string> PolicyWarnings(Env& env, const Policy& policy);
 
-// The lock file of a policy: <catalog folder>/locks/policy-<name>.lock.
+// The lock file of a policy (CatalogLockPath's kPolicy):
+// <catalog folder>/locks/policies/<name>.lock.
 std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy);
 
 // barge's version as records and manifests state it.

@@ -286,7 +286,7 @@ TEST_F(PolicyRunnerTest, MaxRunTimeFailuresAndLock) {
   o.manual = true;
 
   // A second run of the policy is refused while one holds the lock.
-  ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "locks").ok());
+  ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "locks/policies").ok());
   auto held = Env::Default().LockFile(PolicyLockPath(o.catalog_path, "slow"));
   ASSERT_TRUE(held.ok());
   auto busy = RunPolicyOnce(Env::Default(), p, o);

@@ -232,7 +232,7 @@ TEST_F(PolicySchedulerTest, AnotherProcessHoldingTheLockIsRetried) {
     std::lock_guard lock(errors_mu);
     errors.push_back(e.ToString());
   };
-  ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "locks").ok());
+  ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "locks/policies").ok());
   auto held = Env::Default().LockFile(PolicyLockPath(o.run.catalog_path, "sched"));
   ASSERT_TRUE(held.ok());
   PolicyScheduler sched(Env::Default(), Parse("schedule: '@daily'\n"), o);

@@ -193,15 +193,5 @@ TEST(PolicyTest, LoadThroughEnv) {
   EXPECT_EQ(missing.error().code(), ErrorCode::kNotFound);
 }
 
-TEST(PolicyTest, Compression) {
-  EXPECT_EQ(ParseCompressionSetting("zstd")->level, formats::kDefaultZstdLevel);
-  EXPECT_EQ(ParseCompressionSetting("zstd:7")->level, 7);
-  EXPECT_EQ(ParseCompressionSetting("deflate")->type, formats::Compression::kDeflate);
-  EXPECT_EQ(ParseCompressionSetting("none")->type, formats::Compression::kNone);
-  for (const char* b : {"none:1", "zstd:", "zstd:0", "zlib:10", "zstd:x", "gzip", ""}) {
-    EXPECT_FALSE(ParseCompressionSetting(b).ok()) << b;
-  }
-}
-
 }  // namespace
 }  // namespace barge::orchestrate

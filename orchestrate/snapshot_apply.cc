@@ -7,6 +7,7 @@
 
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/catalog_path.h"
+#include "orchestrate/file_lock.h"
 #include "orchestrate/sqlite_db.h"
 
 namespace barge::orchestrate {
@@ -33,12 +34,13 @@ int64_t Now() {
       .count();
 }
 
-// The disk's apply lock file: a name from the image path's FNV-1a hash.
+// The name of a disk's apply lock: the image path's FNV-1a hash (16 hex
+// digits), as a whole path would be too long for one file name.
 std::string LockName(const std::string& image) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : image) h = (h ^ c) * 1099511628211ull;
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "snapshot-apply-%016llx.lock", static_cast<unsigned long long>(h));
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
 
@@ -243,12 +245,9 @@ Result<ApplyResult> ApplySnapshotConfig(Env& env, const ApplyRequest& req) {
   ApplyResult result;
   BARGE_ASSIGN_OR_RETURN(result.image, StateKey(env, req.target));
   const std::string catalog = ResolveCatalogPath(req.catalog_path);
-  const std::string lock_dir = CatalogDir(catalog) + "/locks";
-  BARGE_RETURN_IF_ERROR(env.CreateDirs(lock_dir));
-  LockOptions lock_options;
-  lock_options.busy_message = "another snapshot apply of '" + result.image + "' is running";
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<EnvLock> lock,
-                         env.LockFile(lock_dir + "/" + LockName(result.image), lock_options));
+                         TryLockFile(env, CatalogLockPath(catalog, LockKind::kSnapshotApply, LockName(result.image)),
+                                     "another snapshot apply of '" + result.image + "' is running"));
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStateStore> store, SnapshotStateStore::Open(env, catalog));
   BARGE_ASSIGN_OR_RETURN(std::vector<StoredSnapshot> stored, store->Load(result.image));
   BARGE_ASSIGN_OR_RETURN(SnapshotListing before, ListDiskSnapshots(env, req.target));

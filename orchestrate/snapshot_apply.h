@@ -86,7 +86,7 @@ struct ApplyResult {
   }
 };
 
-// Runs one apply: takes the disk's apply lock (<catalog folder>/locks/,
+// Runs one apply: takes the disk's apply lock (CatalogLockPath's kSnapshotApply,
 // kBusy while another apply of the disk runs), loads the stored states and
 // the image's list, decides, and runs each action, recording its state
 // before (creating, deleting) and after (created, removed, error with the

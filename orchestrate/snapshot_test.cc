@@ -163,6 +163,26 @@ TEST(DiskSnapshot, HooksAroundCreate) {
   EXPECT_EQ(*Env::Default().ReadFile(log), "pre snapshot-create a " + img + "\npost ok\npost aborted\n");
 }
 
+// Issue 19, the one rule for a failing post-hook: after a good create it is
+// a warning and the snapshot is kept; after a failed one it joins the error.
+TEST(DiskSnapshot, FailingPostHookIsAWarningAfterAGoodCreate) {
+  testing::TempDir dir;
+  const std::string img = MakeImage(dir);
+  HookSpec hooks;
+  hooks.post = "echo cannot resume >&2; exit 4";
+  auto r = Create(img, "a", Env::Default(), hooks);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_EQ(r->warnings.size(), 1u);
+  EXPECT_NE(r->warnings[0].find("exited with 4: cannot resume"), std::string::npos) << r->warnings[0];
+  EXPECT_EQ(Names(img), std::vector<std::string>{"1:a"});
+  // A name that exists already: the create fails, the post-hook's failure
+  // is added to its error.
+  auto again = Create(img, "a", Env::Default(), hooks);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.error().message().find("exited with 4"), std::string::npos) << again.error().message();
+  EXPECT_EQ(Names(img), std::vector<std::string>{"1:a"});
+}
+
 TEST(DiskSnapshot, PrometheusText) {
   testing::TempDir dir;
   const std::string img = MakeImage(dir);

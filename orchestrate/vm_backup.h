@@ -58,7 +58,7 @@ struct VmBackupRequest {
   std::function<void(const std::string& disk, uint64_t done_bytes, uint64_t total_bytes)> progress;
   pipeline::CopyOptions copy;      // pipeline knobs (per disk)
   formats::Compression compression = formats::Compression::kZstd;
-  int compression_level = 3;
+  int compression_level = formats::kDefaultZstdLevel;
   VmBackupFaults* faults = nullptr;  // tests only; must outlive the run
 };
 

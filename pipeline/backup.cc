@@ -335,10 +335,7 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.source_format = src.format_name();
   m.virtual_size = size;
   m.cluster_size = cluster;
-  m.compression = req.compression == formats::Compression::kNone
-                      ? "none"
-                      : std::string(formats::CompressionName(req.compression)) + ":" +
-                            std::to_string(req.compression_level);
+  m.compression = formats::CompressionSpec{req.compression, req.compression_level}.ToString();
   m.image = m.id + ".qcow2";
   m.digest_table = m.id + ".digests";
   m.checkpoint = req.checkpoint;

@@ -21,23 +21,12 @@ namespace barge::pipeline {
 
 namespace {
 
-// "zstd:3", "zlib:6", "none" as recorded in manifests.
+// A manifest's "compression" ("zstd:2", "zlib:6", "none"), by the one rule
+// of formats::ParseCompressionSpec; anything else is Corruption.
 Result<std::pair<formats::Compression, int>> ParseManifestCompression(const std::string& text) {
-  std::string type = text.substr(0, text.find(':'));
-  int level = 0;
-  if (auto colon = text.find(':'); colon != std::string::npos) {
-    try {
-      level = std::stoi(text.substr(colon + 1));
-    } catch (...) {
-      return Error::Corruption("bad compression level in manifest: " + text);
-    }
-  }
-  if (type == "none") return std::pair{formats::Compression::kNone, 0};
-  if (type == "zstd") return std::pair{formats::Compression::kZstd, level ? level : 3};
-  if (type == "zlib" || type == "deflate") {
-    return std::pair{formats::Compression::kDeflate, level ? level : 6};
-  }
-  return Error::Corruption("unknown compression in manifest: " + text);
+  auto spec = formats::ParseCompressionSpec(text);
+  if (!spec.ok()) return Error::Corruption("bad compression in manifest: " + spec.error().message());
+  return std::pair{spec->type, spec->level};
 }
 
 // Writes a small file under `final_path` (a staged name itself), synced.

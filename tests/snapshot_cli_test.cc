@@ -270,6 +270,39 @@ TEST_F(SnapshotCliTest, HooksAroundCreateAndBackup) {
   EXPECT_FALSE(fs::exists(dir_ / "bk2/d")) << "a chain folder after an aborted backup";
 }
 
+// Issue 19: one rule for a failing post-hook on every path. After a good
+// snapshot create or backup it is a warning: exit 0, the snapshot or the
+// point kept, the warning on stderr (a warning event with --json).
+TEST_F(SnapshotCliTest, HookFailingPostHookIsAWarningForSnapshotAndBackup) {
+  Write(0x11, "0", "1M");
+  CommandResult r = testing::Run(Barge("snapshot create " + ShellQuote(img_) +
+                                       " --name s1 --post-hook 'echo cannot resume >&2; exit 4'"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.stderr_text.find("exited with 4: cannot resume"), std::string::npos) << r.stderr_text;
+  EXPECT_EQ(QemuSnapshots(), std::vector<std::string>{"1:s1"});
+  ExpectClean();
+
+  const std::string target = dir_ / "bk";
+  r = testing::Run(Barge("backup --json --source " + ShellQuote(img_) + " --target " + ShellQuote(target) +
+                         " --name d --post-hook 'echo cannot resume >&2; exit 4'"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  bool warned = false, result = false;
+  std::istringstream lines(r.stdout_text + "\n" + r.stderr_text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    json e = json::parse(line);
+    if (e.value("event", "") == "warning" && e.dump().find("exited with 4: cannot resume") != std::string::npos) {
+      warned = true;
+    }
+    if (e.value("event", "") == "result") result = true;
+  }
+  EXPECT_TRUE(warned) << r.output;
+  EXPECT_TRUE(result) << r.output;
+  // The point is kept and restores.
+  std::string restored = dir_ / "restored.raw";
+  RunOk(Barge("restore " + ShellQuote(target + "/d") + " --to " + ShellQuote(restored)));
+}
+
 TEST_F(SnapshotCliTest, ApplyAndMetrics) {
   Write(0x11, "0", "1M");
   const std::string config = dir_ / "snapshots.json";

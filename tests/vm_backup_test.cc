@@ -344,7 +344,7 @@ TEST_F(VmBackupTest, RefusalsAndFailuresLeaveTrackerUnchanged) {
 
   // A second backup of the same domain while one runs: refused at once.
   {
-    std::string lock = dir_ / ("state/locks/" + dom.name() + ".lock");
+    std::string lock = dir_ / ("state/locks/domains/" + dom.name() + ".lock");
     int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
