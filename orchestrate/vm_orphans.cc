@@ -49,7 +49,9 @@ std::string OwnerPid(const std::string& owner) {
 }  // namespace
 
 std::string BackupJobRecordPath(const std::string& catalog_path, const std::string& domain) {
-  return CatalogDir(catalog_path) + "/locks/" + domain + ".backup-job";
+  // Beside the domain's lock (locks/domains/<name>.lock), escaped the same way.
+  std::string lock = CatalogLockPath(catalog_path, LockKind::kDomain, domain);
+  return lock.substr(0, lock.size() - std::string_view(".lock").size()) + ".backup-job";
 }
 
 Status WriteBackupJobRecord(Env& env, const std::string& path, const BackupJobRecord& r) {

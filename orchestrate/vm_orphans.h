@@ -30,7 +30,7 @@ struct BackupJobRecord {
   int64_t record_id = 0;
 };
 
-// <catalog folder>/locks/<domain>.backup-job
+// <catalog folder>/locks/domains/<domain>.backup-job
 std::string BackupJobRecordPath(const std::string& catalog_path, const std::string& domain);
 Status WriteBackupJobRecord(Env& env, const std::string& path, const BackupJobRecord& record);
 
