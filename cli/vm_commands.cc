@@ -203,9 +203,18 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
         arr.push_back({{"tracker", o.tracker}, {"checkpoint", o.checkpoint}, {"action", o.action}, {"reason", o.reason}});
       }
       out.Result({{"domain", std::get<0>(*a)}, {"checkpoints", arr}});
+      std::string failures;
       for (const auto& o : *r) {
+        const bool failed = o.action == "failed";
         out.text() << o.tracker << ": " << (o.checkpoint.empty() ? "(no checkpoint)" : o.checkpoint) << " "
-                   << o.action << (o.reason.empty() ? "" : " (" + o.reason + "; next backup is full)") << "\n";
+                   << o.action
+                   << (o.reason.empty() ? "" : " (" + o.reason + (failed ? "; its next backup is full" : "") + ")")
+                   << "\n";
+        if (failed) failures += (failures.empty() ? "" : "; ") + o.tracker + " " + o.checkpoint + ": " + o.reason;
+      }
+      // The per-tracker result first, then the error (docs/json.md).
+      if (!failures.empty()) {
+        return out.Fail(Error::IoError("domain '" + std::get<0>(*a) + "': checkpoints not redefined: " + failures));
       }
       return int{kExitOk};
     });

@@ -1,7 +1,9 @@
 // Trackers, checkpoint redefinition, planning and the doctor.
 #include "orchestrate/tracker.h"
 
+#include <algorithm>
 #include <map>
+#include <optional>
 
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
@@ -30,45 +32,110 @@ std::string NewCheckpointName(const std::string& tracker) {
   return tracker + "-" + formats::CompactTimestamp(formats::NowRfc3339());
 }
 
+namespace {
+
+// The head of a checkpoint XML: up to its <disks> or embedded <domain>
+// (a domain XML may hold elements named like the checkpoint's own).
+size_t CheckpointHeadEnd(const std::string& xml) {
+  size_t end = xml.size();
+  for (const char* tag : {"<disks", "<domain>", "<domain "}) end = std::min(end, xml.find(tag));
+  return end;
+}
+
+// Redefines `xml` (the catalog's copy) in libvirt, without its parent when
+// libvirt lacks that one. Returns "" or what was left out.
+Result<std::string> RedefineFromXml(virDomainPtr dom, const std::string& name, const std::string& xml) {
+  std::string use = xml;
+  std::string note;
+  std::string parent = CheckpointParent(xml);
+  if (!parent.empty() && !LookupCheckpoint(dom, parent).ok()) {
+    use = WithoutCheckpointParent(xml);
+    note = "without its parent " + parent + ", which libvirt no longer has";
+  }
+  unsigned int flags = VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE;
+  // libvirt validates bitmaps only in a running QEMU.
+  if (DomainIsActive(dom)) flags |= VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE_VALIDATE;
+  virDomainCheckpointPtr cp = virDomainCheckpointCreateXML(dom, use.c_str(), flags);
+  if (cp == nullptr) return LastVirError("redefine checkpoint " + name);
+  virDomainCheckpointFree(cp);
+  return note;
+}
+
+}  // namespace
+
+std::string CheckpointParent(const std::string& xml) {
+  const size_t end = CheckpointHeadEnd(xml);
+  size_t a = xml.find("<parent>");
+  if (a == std::string::npos || a > end) return "";
+  size_t b = xml.find("</parent>", a);
+  if (b == std::string::npos || b > end) return "";
+  return XmlText(std::string_view(xml).substr(a, b - a), "name");
+}
+
+std::string WithoutCheckpointParent(const std::string& xml) {
+  const size_t end = CheckpointHeadEnd(xml);
+  size_t a = xml.find("<parent>");
+  if (a == std::string::npos || a > end) return xml;
+  size_t b = xml.find("</parent>", a);
+  if (b == std::string::npos || b > end) return xml;
+  return xml.substr(0, a) + xml.substr(b + 9);
+}
+
+Status RedefineCheckpoint(BackupCatalog& catalog, virDomainPtr dom, const std::string& name) {
+  auto stored = catalog.GetCheckpoint(name);
+  if (!stored.ok()) {
+    if (stored.error().code() != ErrorCode::kNotFound) return std::move(stored).error();
+    return Error::NotFound("checkpoint " + name + " lost: the catalog has no XML to redefine it");
+  }
+  BARGE_ASSIGN_OR_RETURN(std::string note, RedefineFromXml(dom, name, stored->xml));
+  (void)note;
+  return OkStatus();
+}
+
 Result<std::vector<RedefineOutcome>> RedefineCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
                                                          const std::string& domain) {
   BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
-  std::vector<RedefineOutcome> out;
-  for (const auto& t : trackers) {
-    RedefineOutcome o{t.name, t.latest_checkpoint, "none", ""};
-    if (t.latest_checkpoint.empty()) {
-      out.push_back(o);
+  std::vector<RedefineOutcome> out(trackers.size());
+  // The missing ones: index into `out` -> the stored XML (nullopt: none).
+  std::map<size_t, std::optional<std::string>> pending;
+  for (size_t i = 0; i < trackers.size(); ++i) {
+    const auto& t = trackers[i];
+    out[i] = RedefineOutcome{t.name, t.latest_checkpoint, "none", ""};
+    if (t.latest_checkpoint.empty()) continue;
+    auto found = LookupCheckpoint(dom, t.latest_checkpoint);
+    if (found.ok()) {
+      out[i].action = "present";
       continue;
     }
-    if (LookupCheckpoint(dom, t.latest_checkpoint).ok()) {
-      o.action = "present";
-      out.push_back(o);
-      continue;
-    }
+    if (found.error().code() != ErrorCode::kNotFound) return std::move(found).error();
     auto stored = catalog.GetCheckpoint(t.latest_checkpoint);
-    std::string reason;
-    if (!stored.ok()) {
-      reason = "checkpoint lost: no stored XML to redefine it";
-    } else {
-      virDomainCheckpointPtr cp = virDomainCheckpointCreateXML(
-          dom, stored->xml.c_str(),
-          VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE | VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE_VALIDATE);
-      if (cp) {
-        virDomainCheckpointFree(cp);
-        o.action = "redefined";
-        out.push_back(o);
-        continue;
+    if (!stored.ok() && stored.error().code() != ErrorCode::kNotFound) return std::move(stored).error();
+    pending[i] = stored.ok() ? std::optional<std::string>(stored->xml) : std::nullopt;
+  }
+  // Parents first: take a checkpoint whose parent is not itself waiting.
+  while (!pending.empty()) {
+    auto next = pending.begin();
+    for (auto it = pending.begin(); it != pending.end(); ++it) {
+      const std::string parent = it->second ? CheckpointParent(*it->second) : "";
+      bool parent_waits = false;
+      for (const auto& [j, xml] : pending) parent_waits |= j != it->first && out[j].checkpoint == parent;
+      if (!parent_waits) {
+        next = it;
+        break;
       }
-      Error e = LastVirError("redefine");
-      reason = e.message().find("inconsistent") != std::string::npos
-                   ? "bitmap inconsistent"
-                   : "checkpoint redefinition failed";
-      reason += " (" + e.message() + ")";
     }
-    BARGE_RETURN_IF_ERROR(catalog.MarkNeedsFull(t.name, reason));
-    o.action = "dropped";
-    o.reason = reason;
-    out.push_back(o);
+    RedefineOutcome& o = out[next->first];
+    if (!next->second) {
+      o.action = "failed";
+      o.reason = "checkpoint lost: the catalog has no XML to redefine it";
+    } else if (auto note = RedefineFromXml(dom, o.checkpoint, *next->second); note.ok()) {
+      o.action = "redefined";
+      o.reason = *note;
+    } else {
+      o.action = "failed";
+      o.reason = note.error().message();
+    }
+    pending.erase(next);
   }
   return out;
 }
@@ -110,7 +177,8 @@ Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, 
   auto cp = LookupCheckpoint(dom, tracker->latest_checkpoint);
   if (!cp.ok()) {
     if (cp.error().code() == ErrorCode::kNotFound) {
-      return all_full("checkpoint " + tracker->latest_checkpoint + " missing in libvirt");
+      return all_full("checkpoint " + tracker->latest_checkpoint + " missing in libvirt ('barge checkpoint redefine "
+                      "--domain " + domain + "' redefines it from the catalog)");
     }
     return cp.error();
   }

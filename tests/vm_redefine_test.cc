@@ -1,0 +1,154 @@
+// Issue 25's smaller findings on checkpoints and plans, against the real
+// libvirtd and QEMU (TCG, paused domains, no guest OS): `checkpoint
+// redefine` after every checkpoint's metadata was deleted, the offline
+// backup after a crashed QEMU, and doctor's forecast against what `vm
+// backup` then does.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/testing.h"
+#include "tests/vm_libvirt_env.h"
+
+namespace barge::testing {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+class VmRedefineTest : public VmTestBase {
+ protected:
+  std::string MakeQcow2(const std::string& name) {
+    std::string p = dir_ / name;
+    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " 64M");
+    return p;
+  }
+  std::vector<std::string> CheckpointNames(const std::string& domain) {
+    std::istringstream in(RunOk(std::string(kVirsh) + "checkpoint-list " + domain + " --name"));
+    std::vector<std::string> names;
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) names.push_back(line);
+    }
+    return names;
+  }
+  // `virsh checkpoint-delete --metadata` of every checkpoint of `domain`
+  // (what a libvirtd that lost its metadata looks like); the bitmaps stay.
+  void DeleteAllCheckpointMetadata(const std::string& domain) {
+    for (const auto& n : CheckpointNames(domain)) {
+      RunOk(std::string(kVirsh) + "checkpoint-delete " + domain + " " + n + " --metadata");
+    }
+    EXPECT_TRUE(CheckpointNames(domain).empty());
+  }
+  // The disk's contents now (a running domain's qcow2 read by qemu-img,
+  // after a flush), as a raw file.
+  std::string FlatNow(TestDomain& dom, const std::string& disk, const std::string& name) {
+    dom.Flush();
+    std::string out = dir_ / name;
+    RunOk("qemu-img convert -U -O raw " + ShellQuote(disk) + " " + ShellQuote(out));
+    return out;
+  }
+};
+
+// Two trackers of one domain, several backups each: every checkpoint's
+// stored XML names a parent barge itself deleted afterwards (a tracker's
+// previous checkpoint). After `virsh checkpoint-delete --metadata` of all,
+// `checkpoint redefine` redefines every one (without the missing parent),
+// exits 0, and both trackers' next backups are incremental and restore.
+TEST_F(VmRedefineTest, RedefineAfterAllMetadataDeletedRedefinesEveryTracker) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("redefall", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create a --domain " + dom.name()));
+  RunOk(Barge("tracker create b --domain " + dom.name()));
+  const std::string ta = target_ + "/a", tb = target_ + "/b";
+  fs::create_directories(ta);
+  fs::create_directories(tb);
+  auto backup = [&](const std::string& tracker) {
+    return BargeJson("vm backup --domain " + dom.name() + " --tracker " + tracker + " --skip-quiesce --target " +
+                     ShellQuote(tracker == "a" ? ta : tb));
+  };
+  dom.Write(0xa1, "1M", "2M");
+  ASSERT_EQ(backup("a")["backup_type"], "full");
+  dom.Write(0xb1, "4M", "1M");
+  ASSERT_EQ(backup("b")["backup_type"], "full");
+  dom.Write(0xa2, "8M", "1M");
+  ASSERT_EQ(backup("a")["backup_type"], "incremental");
+  dom.Write(0xa3, "12M", "1M");
+  json a3 = backup("a");
+  ASSERT_EQ(a3["backup_type"], "incremental");
+  json b1 = BargeJson("tracker show b");
+  ASSERT_EQ(CheckpointNames(dom.name()).size(), 2u);
+
+  DeleteAllCheckpointMetadata(dom.name());
+  json re = BargeJson("checkpoint redefine --domain " + dom.name());
+  ASSERT_EQ(re["checkpoints"].size(), 2u) << re.dump();
+  for (const auto& c : re["checkpoints"]) EXPECT_EQ(c["action"], "redefined") << re.dump();
+  auto names = CheckpointNames(dom.name());
+  EXPECT_EQ(names.size(), 2u);
+  EXPECT_NE(std::find(names.begin(), names.end(), a3["checkpoint"].get<std::string>()), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(),
+                      b1["tracker"]["latest_checkpoint"]["name"].get<std::string>()),
+            names.end());
+  EXPECT_FALSE(BargeJson("tracker show a")["tracker"]["needs_full"].get<bool>());
+  EXPECT_FALSE(BargeJson("tracker show b")["tracker"]["needs_full"].get<bool>());
+
+  dom.Write(0x44, "20M", "1M");
+  json a4 = backup("a");
+  EXPECT_EQ(a4["backup_type"], "incremental") << a4.dump();
+  EXPECT_EQ(a4["parent_checkpoint"], a3["checkpoint"]);
+  json b2 = backup("b");
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  std::string flat = FlatNow(dom, disk, "flat.raw");
+  ExpectRestores(ta + "/" + dom.name() + "/vda", 3, flat);
+  ExpectRestores(tb + "/" + dom.name() + "/vda", 1, flat);
+}
+
+// A checkpoint libvirt refuses to redefine (its bitmap is gone from QEMU):
+// `checkpoint redefine` prints its result, then an error naming the tracker
+// and checkpoint, exits 1, and leaves the tracker as it was (not marked for
+// a full). The next vm backup is full and its reason names the command.
+TEST_F(VmRedefineTest, RedefineFailureExitsNonZeroAndKeepsTracker) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("redeffail", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xee, "1M", "2M");
+  json b0 = Backup(dom.name());
+  const std::string cp = b0["checkpoint"];
+  DeleteAllCheckpointMetadata(dom.name());
+  RunOk(std::string(kVirsh) + "qemu-monitor-command " + dom.name() + " " +
+        ShellQuote("{\"execute\":\"block-dirty-bitmap-remove\",\"arguments\":{\"node\":\"libvirt-1-format\","
+                   "\"name\":\"" + cp + "\"}}"));
+
+  auto r = ::barge::testing::Run(Barge("checkpoint redefine --domain " + dom.name() + " --json"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  json result = ResultOf(r.stdout_text);
+  ASSERT_EQ(result["checkpoints"].size(), 1u) << r.output;
+  EXPECT_EQ(result["checkpoints"][0]["action"], "failed") << r.output;
+  EXPECT_NE(result["checkpoints"][0]["reason"].get<std::string>(), "") << r.output;
+  json error = ErrorOf(r.stdout_text);
+  EXPECT_NE(error["message"].get<std::string>().find("t1 " + cp), std::string::npos) << error.dump();
+  json t = BargeJson("tracker show t1")["tracker"];
+  EXPECT_FALSE(t["needs_full"].get<bool>()) << t.dump();
+  EXPECT_EQ(t["latest_checkpoint"]["name"], cp);
+
+  json b1 = Backup(dom.name());
+  EXPECT_EQ(b1["backup_type"], "full");
+  EXPECT_NE(b1["reason"].get<std::string>().find("checkpoint " + cp + " missing in libvirt"), std::string::npos)
+      << b1.dump();
+  EXPECT_NE(b1["reason"].get<std::string>().find("barge checkpoint redefine --domain " + dom.name()),
+            std::string::npos)
+      << b1.dump();
+}
+
+}  // namespace
+}  // namespace barge::testing
