@@ -446,6 +446,17 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
         if (b.name == res.parent_checkpoint) {
           edit.remove.push_back(b.name);
           granularity = b.granularity_bytes;
+        } else if (b.in_use) {
+          // Left in use by a QEMU that did not close the overlay (killed):
+          // its contents are lost, and a kept in-use bitmap would make the
+          // edit refuse every offline backup from now on (the tracker's own
+          // checkpoint bitmap in use made this run full for the disk). CBT's
+          // own bitmap, which no plan reads, is re-created empty and
+          // enabled; another tracker's checkpoint bitmap is removed, so its
+          // next backup is full ("missing in the CBT overlay"), never an
+          // incremental that misses the writes before the crash.
+          edit.remove.push_back(b.name);
+          if (b.name == kCbtBitmapName) edit.add.push_back(formats::BitmapSpec{b.name, b.granularity_bytes, true, {}});
         }
       }
       edit.add.push_back(formats::BitmapSpec{checkpoint, granularity, true, {}});

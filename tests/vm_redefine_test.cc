@@ -150,5 +150,76 @@ TEST_F(VmRedefineTest, RedefineFailureExitsNonZeroAndKeepsTracker) {
       << b1.dump();
 }
 
+// A QEMU killed while its domain ran on CBT overlays leaves every bitmap it
+// loaded from the overlay marked in use (barge-cbt and the checkpoint's,
+// stored there by a clean stop before). The offline
+// backup after it is a full with the reason (the flag, as the online path
+// has it), re-creates the bitmaps so that the next offline backup is
+// incremental, and both points restore to the disk as it was.
+TEST_F(VmRedefineTest, OfflineBackupAfterCrashFullThenIncremental) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  std::string raw = dir_ / "disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw));
+  std::string other = dir_ / "other.raw";
+  RunOk("truncate -s 64M " + ShellQuote(other));
+  TestDomain dom("offcrash", {{"vda", other, "raw"}, {"vdb", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
+  ASSERT_EQ(st["state"], "Enabled");
+  std::string overlay;
+  for (const auto& d : st["disks"]) {
+    if (d["disk"] == "vdb") overlay = d["overlay"];
+  }
+  ASSERT_NE(overlay, "") << st.dump();
+  OpenForQemu(dir_ / "cbt");
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xee, "1M", "4M", 1);
+  json b0 = Backup(dom.name(), "--disks vdb");
+  ASSERT_EQ(b0["backup_type"], "full") << b0.dump();
+  // QEMU stores a checkpoint's bitmap in the overlay when it closes it: a
+  // clean stop and start, so that the kill leaves that bitmap in use too.
+  dom.Destroy();
+  dom.StartPaused();
+  dom.Write(0x22, "8M", "1M", 1);
+  dom.Flush(1);
+  dom.Kill9();
+  std::string info = RunOk("qemu-img info -U --output=json " + ShellQuote(overlay));
+  ASSERT_NE(info.find("in-use"), std::string::npos) << "the kill should leave the bitmaps in use: " << info;
+  std::string p1 = dir_ / "p1.raw";
+  RunOk("cp --sparse=always " + ShellQuote(raw) + " " + ShellQuote(p1));
+
+  json b1 = Backup(dom.name(), "--disks vdb");
+  EXPECT_EQ(b1["mode"], "offline") << b1.dump();
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
+  EXPECT_EQ(b1["reason"], "bitmap inconsistent") << b1.dump();
+  // No bitmap left in use; CBT's own bitmap and the new checkpoint's exist.
+  RunOk("qemu-img check -q " + ShellQuote(overlay));
+  json after = json::parse(RunOk("qemu-img info --output=json " + ShellQuote(overlay)));
+  std::vector<std::string> names;
+  for (const auto& b : after["format-specific"]["data"]["bitmaps"]) {
+    names.push_back(b["name"]);
+    EXPECT_EQ(b["flags"], json::array({"auto"})) << after.dump();
+  }
+  EXPECT_NE(std::find(names.begin(), names.end(), "barge-cbt"), names.end()) << after.dump();
+  EXPECT_NE(std::find(names.begin(), names.end(), b1["checkpoint"].get<std::string>()), names.end())
+      << after.dump();
+
+  // A write while the domain is shut off (through the overlay, as QEMU
+  // would), then the second offline backup: incremental.
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x5a 30M 1M' " + ShellQuote(overlay));
+  std::string p2 = dir_ / "p2.raw";
+  RunOk("cp --sparse=always " + ShellQuote(raw) + " " + ShellQuote(p2));
+  json b2 = Backup(dom.name(), "--disks vdb");
+  EXPECT_EQ(b2["mode"], "offline") << b2.dump();
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_EQ(b2["parent_checkpoint"], b1["checkpoint"]);
+  EXPECT_LE(b2["disks"][0]["bytes_read"].get<uint64_t>(), 2u << 20) << b2.dump();
+  std::string chain = target_ + "/" + dom.name() + "/vdb";
+  ExpectRestores(chain, 1, p1);
+  ExpectRestores(chain, 2, p2);
+}
+
 }  // namespace
 }  // namespace barge::testing
