@@ -8,6 +8,7 @@
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
 #include "pipeline/disk_identity.h"
+#include "orchestrate/vm_backup.h"
 
 namespace barge::orchestrate {
 
@@ -193,7 +194,10 @@ Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, 
     if (it == cp_disks.end() || it->second.first != "bitmap" || known == tracker->disks.end()) {
       p.reason = "disk not in checkpoint " + tracker->latest_checkpoint;
     } else if (running && it->second.second.empty()) {
-      // libvirt computes a size only from a usable bitmap.
+      // libvirt computes a size only from a usable bitmap. One missing in
+      // QEMU is inconsistent too: a checkpoint's bitmap reaches the image
+      // only when QEMU closes it, so a crash loses it as often as it leaves
+      // it marked in use, and QEMU cannot tell which.
       p.reason = "bitmap inconsistent";
     } else {
       auto cap = DiskCapacity(dom, d.target);
@@ -230,10 +234,15 @@ Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, 
   return plans;
 }
 
-Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const std::string& domain) {
+Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const std::string& domain,
+                              const std::string& target, const std::string& tracker) {
   DoctorReport r;
   r.domain = domain;
-  r.running = DomainIsActive(dom);
+  int state = VIR_DOMAIN_NOSTATE;
+  if (virDomainGetState(dom, &state, nullptr, 0) < 0) return LastVirError("state of domain '" + domain + "'");
+  r.state = DomainStateName(state);
+  r.running = state == VIR_DOMAIN_RUNNING;
+  const bool active = DomainIsActive(dom);  // running or paused: QEMU has the bitmaps
   BARGE_ASSIGN_OR_RETURN(r.trackers, catalog.ListTrackers(domain));
   BARGE_ASSIGN_OR_RETURN(r.libvirt_checkpoints, ListCheckpointNames(dom));
   for (const auto& t : r.trackers) {
@@ -243,11 +252,11 @@ Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const st
     auto cp = LookupCheckpoint(dom, t.latest_checkpoint);
     s.in_libvirt = cp.ok();
     if (cp.ok()) {
-      auto xml = CheckpointXml(cp->get(), r.running ? VIR_DOMAIN_CHECKPOINT_XML_SIZE : 0);
+      auto xml = CheckpointXml(cp->get(), active ? VIR_DOMAIN_CHECKPOINT_XML_SIZE : 0);
       if (xml.ok()) {
         for (const auto& [disk, v] : CheckpointDisks(*xml)) {
           std::string flag = v.first;
-          if (flag == "bitmap" && r.running) {
+          if (flag == "bitmap" && active) {
             flag = v.second.empty() ? "bitmap (no size: missing or inconsistent)"
                                     : "bitmap (consistent, " + v.second + " bytes dirty)";
           }
@@ -257,10 +266,18 @@ Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const st
     }
     r.tracker_checkpoints.push_back(std::move(s));
   }
-  BARGE_ASSIGN_OR_RETURN(auto disks, DomainDisks(dom));
-  const TrackerRecord* t = r.trackers.size() == 1 ? &r.trackers[0] : nullptr;
+  BARGE_ASSIGN_OR_RETURN(TrackerChoice choice, ResolveTracker(catalog, domain, tracker));
+  if (!choice.ambiguous.empty()) {
+    r.next_mode = DomainIsActive(dom) ? "pull" : "offline";
+    r.next_refusal = choice.ambiguous;
+    return r;
+  }
+  const TrackerRecord* t = choice.tracker ? &*choice.tracker : nullptr;
   if (t) r.next_tracker = t->name;
-  BARGE_ASSIGN_OR_RETURN(r.next_backup, PlanDisks(catalog.env(), t, dom, disks, {}, false, "", domain));
+  BARGE_ASSIGN_OR_RETURN(VmBackupForecast f, ForecastVmBackup(catalog.env(), catalog, dom, domain, t, target));
+  r.next_backup = std::move(f.disks);
+  r.next_mode = std::move(f.mode);
+  r.next_refusal = std::move(f.refusal);
   return r;
 }
 

@@ -75,15 +75,28 @@ struct CheckpointState {
 
 struct DoctorReport {
   std::string domain;
-  bool running = false;
+  std::string state;     // DomainStateName: "running", "paused", "shut off", ...
+  bool running = false;  // state "running" (a paused domain is active, not running)
   std::vector<TrackerRecord> trackers;
   std::vector<std::string> libvirt_checkpoints;
   std::vector<CheckpointState> tracker_checkpoints;
-  std::vector<DiskPlan> next_backup;  // for the tracker a plain backup would use
+  // What a plain `vm backup` (the tracker it would use, every disk, into
+  // the target given, if any) would do: ForecastVmBackup, the planning
+  // vm backup itself runs. next_mode "pull" or "offline"; next_refusal the
+  // error it would stop with ("" = none; next_backup is then empty).
+  std::vector<DiskPlan> next_backup;
   std::string next_tracker;
+  std::string next_mode;
+  std::string next_refusal;
 };
 
-Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const std::string& domain);
+// The forecast is for `tracker` ("" = the one vm backup would pick:
+// ResolveTracker; with several and none named, next_refusal is vm backup's
+// usage error). `target` "": the chains are not looked at (a disk with a
+// usable bitmap is forecast incremental although its chain there may not
+// end at the checkpoint).
+Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const std::string& domain,
+                              const std::string& target = "", const std::string& tracker = "");
 
 }  // namespace barge::orchestrate
 

@@ -5,7 +5,9 @@
 // backup` then does.
 #include <algorithm>
 #include <filesystem>
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,6 +45,32 @@ class VmRedefineTest : public VmTestBase {
       RunOk(std::string(kVirsh) + "checkpoint-delete " + domain + " " + n + " --metadata");
     }
     EXPECT_TRUE(CheckpointNames(domain).empty());
+  }
+  // `doctor --target` then `vm backup` (--skip-quiesce, `extra`): the
+  // forecast's mode and, per disk, backup type and reason must be what the
+  // backup then did. Returns the backup's result; `doctor` the forecast.
+  json ExpectForecastMatches(TestDomain& dom, json* doctor = nullptr, const std::string& extra = "") {
+    json doc = BargeJson("doctor --domain " + dom.name() + " --target " + ShellQuote(target_));
+    if (doctor != nullptr) *doctor = doc;
+    json b = Backup(dom.name(), extra);
+    EXPECT_EQ(doc["next_refusal"], "") << doc.dump();
+    EXPECT_EQ(doc["next_mode"], b["mode"]) << doc.dump() << "\n" << b.dump();
+    EXPECT_EQ(doc["next_backup"].size(), b["disks"].size()) << doc.dump() << "\n" << b.dump();
+    for (const auto& d : b["disks"]) {
+      json forecast;
+      for (const auto& f : doc["next_backup"]) {
+        if (f["disk"] == d["disk"]) forecast = f;
+      }
+      EXPECT_EQ(forecast["backup_type"], d["backup_type"]) << doc.dump() << "\n" << b.dump();
+      EXPECT_EQ(forecast["reason"], d["reason"]) << doc.dump() << "\n" << b.dump();
+    }
+    return b;
+  }
+  // The top node of the running domain's first disk (query-block).
+  std::string DiskNode(TestDomain& dom) {
+    json r = json::parse(
+        RunOk(std::string(kVirsh) + "qemu-monitor-command " + dom.name() + " '{\"execute\":\"query-block\"}'"));
+    return r["return"][0]["inserted"]["node-name"];
   }
   // The disk's contents now (a running domain's qcow2 read by qemu-img,
   // after a flush), as a raw file.
@@ -219,6 +247,93 @@ TEST_F(VmRedefineTest, OfflineBackupAfterCrashFullThenIncremental) {
   std::string chain = target_ + "/" + dom.name() + "/vdb";
   ExpectRestores(chain, 1, p1);
   ExpectRestores(chain, 2, p2);
+}
+
+// doctor's forecast is what vm backup then does, for each fallback: no
+// previous point (a paused domain, which doctor calls paused and forecasts a
+// pull-mode job for), a bitmap gone from QEMU, checkpoint metadata missing
+// in libvirt, a bitmap left
+// inconsistent by a killed QEMU (online and offline), and a CBT overlay
+// without the checkpoint's bitmap (offline; doctor used to forecast an
+// incremental). The last point restores to the disk.
+TEST_F(VmRedefineTest, DoctorForecastMatchesVmBackupInEveryFallback) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  std::string raw = dir_ / "disk.raw";
+  RunOk("truncate -s 64M " + ShellQuote(raw));
+  TestDomain dom("forecast", {{"vda", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
+  ASSERT_EQ(st["state"], "Enabled");
+  const std::string overlay = st["disks"][0]["overlay"];
+  OpenForQemu(dir_ / "cbt");
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+
+  // No previous point, on a paused domain.
+  dom.Write(0xee, "1M", "4M");
+  json doc;
+  json b = ExpectForecastMatches(dom, &doc);
+  EXPECT_EQ(doc["state"], "paused") << doc.dump();
+  EXPECT_EQ(doc["running"], false) << doc.dump();
+  EXPECT_EQ(b["mode"], "pull");
+  EXPECT_EQ(b["disks"][0]["reason"], "tracker empty");
+  dom.Write(0x11, "10M", "1M");
+  b = ExpectForecastMatches(dom);
+  EXPECT_EQ(b["backup_type"], "incremental") << b.dump();
+
+  // The checkpoint's bitmap removed from QEMU (libvirt then gives no size).
+  std::string cp = b["checkpoint"];
+  RunOk(std::string(kVirsh) + "qemu-monitor-command " + dom.name() + " " +
+        ShellQuote("{\"execute\":\"block-dirty-bitmap-remove\",\"arguments\":{\"node\":\"" + DiskNode(dom) +
+                   "\",\"name\":\"" + cp + "\"}}"));
+  b = ExpectForecastMatches(dom);
+  EXPECT_EQ(b["disks"][0]["reason"], "bitmap inconsistent") << b.dump();
+
+  // Checkpoint metadata missing in libvirt.
+  dom.Write(0x22, "12M", "1M");
+  cp = b["checkpoint"];
+  RunOk(std::string(kVirsh) + "checkpoint-delete " + dom.name() + " " + cp + " --metadata");
+  // Checkpoint names have one-second resolution, and QEMU still has the
+  // bitmap of the name libvirt forgot.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  b = ExpectForecastMatches(dom);
+  EXPECT_EQ(b["backup_type"], "full") << b.dump();
+  EXPECT_NE(b["disks"][0]["reason"].get<std::string>().find("checkpoint " + cp + " missing in libvirt"),
+            std::string::npos)
+      << b.dump();
+
+  // QEMU killed, domain started again: the bitmap is inconsistent.
+  dom.Write(0x33, "14M", "1M");
+  dom.Flush();
+  dom.Kill9();
+  dom.StartPaused();
+  b = ExpectForecastMatches(dom);
+  EXPECT_EQ(b["disks"][0]["reason"], "bitmap inconsistent") << b.dump();
+
+  // Stopped cleanly (the bitmap stored in the overlay), started, killed
+  // and left shut off: offline, the overlay's bitmap in use.
+  dom.Destroy();
+  dom.StartPaused();
+  dom.Write(0x44, "16M", "1M");
+  dom.Flush();
+  dom.Kill9();
+  b = ExpectForecastMatches(dom, &doc);
+  EXPECT_EQ(doc["state"], "shut off") << doc.dump();
+  EXPECT_EQ(b["mode"], "offline") << b.dump();
+  EXPECT_EQ(b["disks"][0]["reason"], "bitmap inconsistent") << b.dump();
+
+  // The overlay lacks the checkpoint's bitmap: doctor used to say incremental.
+  cp = b["checkpoint"];
+  RunOk("qemu-img bitmap --remove " + ShellQuote(overlay) + " " + ShellQuote(cp));
+  b = ExpectForecastMatches(dom);
+  EXPECT_EQ(b["disks"][0]["reason"], "bitmap " + cp + " missing in the CBT overlay") << b.dump();
+
+  // And the plain case offline: incremental, forecast as such.
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x5a 30M 1M' " + ShellQuote(overlay));
+  b = ExpectForecastMatches(dom);
+  EXPECT_EQ(b["backup_type"], "incremental") << b.dump();
+  ExpectRestores(target_ + "/" + dom.name() + "/vda", 7, raw);
 }
 
 }  // namespace
