@@ -224,21 +224,31 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
         arr.push_back({{"tracker", o.tracker}, {"checkpoint", o.checkpoint}, {"action", o.action}, {"reason", o.reason}});
       }
       out.Result({{"domain", std::get<0>(*a)}, {"checkpoints", arr}});
+      std::string failures;
       for (const auto& o : *r) {
+        const bool failed = o.action == "failed";
         out.text() << o.tracker << ": " << (o.checkpoint.empty() ? "(no checkpoint)" : o.checkpoint) << " "
-                   << o.action << (o.reason.empty() ? "" : " (" + o.reason + "; next backup is full)") << "\n";
+                   << o.action
+                   << (o.reason.empty() ? "" : " (" + o.reason + (failed ? "; its next backup is full" : "") + ")")
+                   << "\n";
+        if (failed) failures += (failures.empty() ? "" : "; ") + o.tracker + " " + o.checkpoint + ": " + o.reason;
+      }
+      // The per-tracker result first, then the error (docs/json.md).
+      if (!failures.empty()) {
+        return out.Fail(Error::IoError("domain '" + std::get<0>(*a) + "': checkpoints not redefined: " + failures));
       }
       return int{kExitOk};
     });
     cmd->add_option("--domain", std::get<0>(*a), "libvirt domain")->required();
     cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
   }
-  auto a = std::make_shared<std::tuple<std::string, std::string>>();
+  auto a = std::make_shared<std::tuple<std::string, std::string, std::string, std::string>>();
   auto* doc = AddCommand(app, "doctor", "What barge and libvirt know about a domain's backups", exit_code,
                          [a](Output& out) {
     auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a));
     if (!session.ok()) return out.Fail(session.error());
-    auto r = orc::Diagnose(*session->catalog, session->dom.get(), std::get<0>(*a));
+    auto r = orc::Diagnose(*session->catalog, session->dom.get(), std::get<0>(*a), std::get<2>(*a),
+                           std::get<3>(*a));
     if (!r.ok()) return out.Fail(r.error());
     auto job = orc::InspectBackupJob(Env::Default(), session->catalog->path(), session->dom.get(), std::get<0>(*a));
     if (!job.ok()) return out.Fail(job.error());
@@ -259,12 +269,12 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
     for (const auto& p : r->next_backup) {
       next.push_back({{"disk", p.disk}, {"backup_type", p.incremental ? "incremental" : "full"}, {"reason", p.reason}});
     }
-    out.Result({{"domain", r->domain}, {"running", r->running}, {"trackers", trackers},
+    out.Result({{"domain", r->domain}, {"state", r->state}, {"running", r->running}, {"trackers", trackers},
                 {"libvirt_checkpoints", r->libvirt_checkpoints}, {"tracker_checkpoints", cps},
-                {"next_tracker", r->next_tracker}, {"next_backup", next}, {"backup_job", BackupJobJson(*job)},
-                {"stale_checkpoints", stale_json}});
+                {"next_tracker", r->next_tracker}, {"next_mode", r->next_mode}, {"next_refusal", r->next_refusal},
+                {"next_backup", next}, {"backup_job", BackupJobJson(*job)}, {"stale_checkpoints", stale_json}});
     std::ostream& o = out.text();
-    o << "domain " << r->domain << (r->running ? " (running)" : " (not running)") << "\n";
+    o << "domain " << r->domain << " (" << r->state << ")\n";
     for (const auto& t : r->trackers) {
       o << "tracker " << t.name << ": checkpoint " << (t.latest_checkpoint.empty() ? "(none)" : t.latest_checkpoint)
         << (t.needs_full ? ", needs full: " + t.needs_full_reason : "") << "\n";
@@ -283,7 +293,9 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
                                                                      std::get<0>(*a) + " " + c.name + " --metadata'")
         << ")\n";
     }
-    o << "next backup" << (r->next_tracker.empty() ? "" : " (tracker " + r->next_tracker + ")") << ":\n";
+    o << "next backup" << (r->next_tracker.empty() ? "" : " (tracker " + r->next_tracker + ")") << ", "
+      << (r->next_mode == "pull" ? "pull mode" : "offline, from the CBT overlays")
+      << (r->next_refusal.empty() ? "" : ": refused: " + r->next_refusal) << ":\n";
     for (const auto& p : r->next_backup) {
       o << "  " << p.disk << ": " << (p.incremental ? "incremental" : "full") << " (" << p.reason << ")\n";
     }
@@ -291,6 +303,9 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
   });
   doc->add_option("--domain", std::get<0>(*a), "libvirt domain")->required();
   doc->add_option("--catalog", std::get<1>(*a), "Catalog database");
+  doc->add_option("--target", std::get<2>(*a),
+                  "Backup folder the forecast checks the chains of (as vm backup --target)");
+  doc->add_option("--tracker", std::get<3>(*a), "Forecast for this tracker (default: as vm backup picks)");
 }
 
 // Progress of a VM backup's disks, copied in parallel: under --json one

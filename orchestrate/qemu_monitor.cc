@@ -91,7 +91,15 @@ Result<QemuDisk> FindQemuDisk(virDomainPtr dom, const std::string& target) {
   }
   if (inserted.contains("dirty-bitmaps") && inserted["dirty-bitmaps"].is_array()) {
     for (const json& b : inserted["dirty-bitmaps"]) {
-      if (b.is_object()) out.dirty_bitmaps.push_back(formats::JsonString(b, "name"));
+      if (!b.is_object()) continue;
+      formats::BitmapInfo info;
+      info.name = formats::JsonString(b, "name");
+      if (b.contains("granularity") && b["granularity"].is_number_unsigned()) {
+        info.granularity_bytes = b["granularity"].get<uint32_t>();
+      }
+      info.in_use = b.contains("inconsistent") && b["inconsistent"].is_boolean() && b["inconsistent"].get<bool>();
+      info.enabled = b.contains("recording") && b["recording"].is_boolean() && b["recording"].get<bool>();
+      out.bitmaps.push_back(std::move(info));
     }
   }
   return out;

@@ -28,9 +28,9 @@ struct QemuDisk {
   // The internal snapshots QEMU lists for it (id, name, date, vm state,
   // vm clock; l1 fields are not reported and stay 0).
   std::vector<formats::SnapshotInfo> snapshots;
-  // The names of the persistent and transient dirty bitmaps QEMU has on the
-  // disk's top node (query-block's inserted.dirty-bitmaps).
-  std::vector<std::string> dirty_bitmaps;
+  // The dirty bitmaps QEMU has for it (name, granularity; in_use: QEMU
+  // reports it "inconsistent", e.g. after a crash; enabled: "recording").
+  std::vector<formats::BitmapInfo> bitmaps;
 };
 
 // Finds disk `target` (e.g. "vda") of the running domain: its alias in the

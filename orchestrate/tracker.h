@@ -23,18 +23,40 @@ std::map<std::string, std::pair<std::string, std::string>> CheckpointDisks(const
 struct RedefineOutcome {
   std::string tracker;
   std::string checkpoint;
-  // "present" (libvirt still had it), "redefined", "dropped" (needs full),
+  // "present" (libvirt still had it), "redefined", "failed" (libvirt
+  // refused it or the catalog has no XML for it: the tracker is left as it
+  // is, and its next backup is full while libvirt lacks the checkpoint),
   // "none" (empty tracker).
   std::string action;
-  std::string reason;  // with "dropped": why
+  // With "failed": why (libvirt's message). With "redefined": "" or what
+  // was left out ("without its parent X, which libvirt no longer has").
+  std::string reason;
 };
 
 // For every tracker of `domain`: if libvirt lacks its checkpoint, redefines
-// it from the stored XML with REDEFINE | REDEFINE_VALIDATE. A checkpoint that
-// libvirt refuses (bitmap missing or inconsistent) is dropped from the
-// tracker, which is marked so the next backup is full, with the reason.
+// it from the XML the catalog stored (REDEFINE, with REDEFINE_VALIDATE when
+// the domain is active: libvirt checks the bitmaps in QEMU; a shut-off
+// domain's bitmaps are checked by the offline backup itself). Parents
+// first: the checkpoints are redefined in the order of their <parent>
+// links, and a checkpoint whose parent libvirt does not have (barge deletes
+// a tracker's previous checkpoint after each backup) is redefined without
+// its <parent>, as `virsh checkpoint-create --redefine` accepts. A
+// checkpoint that cannot be redefined is reported "failed" with libvirt's
+// reason; the tracker is never changed. An error only when the catalog or
+// libvirt cannot be read.
 Result<std::vector<RedefineOutcome>> RedefineCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
                                                          const std::string& domain);
+
+// The same for one checkpoint `name` of the catalog, missing in libvirt
+// (vm backup before it plans): OkStatus when it was redefined, else why not
+// (kNotFound: the catalog has no XML for it).
+Status RedefineCheckpoint(BackupCatalog& catalog, virDomainPtr dom, const std::string& name);
+
+// A checkpoint XML's <parent><name> ("" when it has none), and the XML
+// without that element (untrusted input; only the part before <disks> and
+// the embedded <domain> is looked at).
+std::string CheckpointParent(const std::string& xml);
+std::string WithoutCheckpointParent(const std::string& xml);
 
 // Per disk: what the next backup of `disk` will be and why.
 struct DiskPlan {
@@ -53,15 +75,28 @@ struct CheckpointState {
 
 struct DoctorReport {
   std::string domain;
-  bool running = false;
+  std::string state;     // DomainStateName: "running", "paused", "shut off", ...
+  bool running = false;  // state "running" (a paused domain is active, not running)
   std::vector<TrackerRecord> trackers;
   std::vector<std::string> libvirt_checkpoints;
   std::vector<CheckpointState> tracker_checkpoints;
-  std::vector<DiskPlan> next_backup;  // for the tracker a plain backup would use
+  // What a plain `vm backup` (the tracker it would use, every disk, into
+  // the target given, if any) would do: ForecastVmBackup, the planning
+  // vm backup itself runs. next_mode "pull" or "offline"; next_refusal the
+  // error it would stop with ("" = none; next_backup is then empty).
+  std::vector<DiskPlan> next_backup;
   std::string next_tracker;
+  std::string next_mode;
+  std::string next_refusal;
 };
 
-Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const std::string& domain);
+// The forecast is for `tracker` ("" = the one vm backup would pick:
+// ResolveTracker; with several and none named, next_refusal is vm backup's
+// usage error). `target` "": the chains are not looked at (a disk with a
+// usable bitmap is forecast incremental although its chain there may not
+// end at the checkpoint).
+Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const std::string& domain,
+                              const std::string& target = "", const std::string& tracker = "");
 
 }  // namespace barge::orchestrate
 

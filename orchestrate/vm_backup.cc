@@ -370,6 +370,117 @@ std::string OfflineCheckpointXml(const std::string& name, const std::vector<Doma
   return x + "</disks>" + domain_xml + "</domaincheckpoint>";
 }
 
+// The target must exist: creating it would put a backup meant for an
+// unmounted backup volume on the file system beneath its mount point.
+Status CheckTarget(Env& env, const std::string& target) {
+  auto target_st = env.Stat(target);
+  if (!target_st.ok()) {
+    if (target_st.error().code() != ErrorCode::kNotFound) return std::move(target_st).error();
+    return Error::NotFound("backup target folder does not exist (create it first; is the backup volume mounted?)")
+        .set_path(target);
+  }
+  if (!target_st->is_directory()) return Error::InvalidArgument("backup target is not a folder").set_path(target);
+  return OkStatus();
+}
+
+// Everything a run decides before it starts anything, from the domain as it
+// is now: PlanRun's result, shared by RunVmBackup and ForecastVmBackup.
+struct RunPlan {
+  std::string mode;  // "pull" (active domain: running or paused) or "offline"
+  std::vector<DomainDisk> all_disks;
+  std::vector<DomainDisk> disks;  // selected
+  std::set<std::string> selected;
+  std::optional<std::vector<CbtDisk>> cbt;
+  std::map<std::string, CbtDisk> overlay_of;  // offline: the selected disks' overlays
+  std::map<std::string, formats::DiskIdentity> identities;
+  std::map<std::string, std::vector<formats::BitmapInfo>> bitmaps;  // offline: each overlay's bitmaps
+  std::map<std::string, bool> incremental;
+  std::map<std::string, std::string> reasons;
+  std::vector<DiskPlan> plans;  // per selected disk, in domain order
+};
+
+// The plan of a backup of `domain` with `tracker` (nullptr: none) of the
+// disks `want` (empty: all) into `target` ("" skips the chain checks): an
+// active domain (running or paused) is backed up by a pull-mode job, a
+// shut-off one from its CBT overlays (refused without CBT on every selected
+// disk). Per disk PlanDisks, and offline also the overlay's own bitmap: a
+// disk is incremental only if its overlay holds the tracker checkpoint's
+// bitmap (libvirt names a checkpoint's bitmap after the checkpoint),
+// enabled and not in use.
+Result<RunPlan> PlanRun(Env& env, BackupCatalog& catalog, virDomainPtr dom, const std::string& domain,
+                        const TrackerRecord* tracker, const std::vector<std::string>& want, bool force_full,
+                        const std::string& target) {
+  RunPlan plan;
+  const bool active = DomainIsActive(dom);
+  plan.mode = active ? "pull" : "offline";
+  BARGE_ASSIGN_OR_RETURN(plan.cbt, CbtDisksOf(catalog, domain));
+  if (!active && !plan.cbt) {
+    return Error::InvalidArgument("domain '" + domain +
+                                  "' is not running and has no CBT overlay: start it for a pull-mode backup, "
+                                  "or enable CBT ('barge cbt enable') for offline backups");
+  }
+  if (!active) {
+    for (const auto& c : *plan.cbt) plan.overlay_of[c.disk] = c;
+  }
+  BARGE_ASSIGN_OR_RETURN(plan.all_disks, DomainDisks(dom));
+  for (const auto& d : plan.all_disks) {
+    if (!want.empty() && std::find(want.begin(), want.end(), d.target) == want.end()) continue;
+    if (!active) {
+      auto it = plan.overlay_of.find(d.target);
+      if (it == plan.overlay_of.end() || it->second.overlay != d.source) {
+        return Error::InvalidArgument("domain '" + domain + "' is not running and its disk '" + d.target +
+                                      "' is not on a CBT overlay: offline backups need CBT on every selected disk");
+      }
+    }
+    plan.disks.push_back(d);
+    plan.selected.insert(d.target);
+  }
+  for (const auto& w : want) {
+    if (!plan.selected.count(w)) return Error::NotFound("domain '" + domain + "' has no disk '" + w + "'");
+  }
+  if (plan.disks.empty()) return Error::InvalidArgument("domain '" + domain + "' has no disks to back up");
+
+  plan.identities = DiskIdentities(env, domain, plan.disks, plan.cbt);
+  BARGE_ASSIGN_OR_RETURN(plan.plans,
+                         PlanDisks(env, tracker, dom, plan.disks, plan.identities, force_full, target, domain));
+  for (auto& p : plan.plans) {
+    if (!active) {
+      BARGE_ASSIGN_OR_RETURN(plan.bitmaps[p.disk], OverlayBitmaps(env, plan.overlay_of[p.disk]));
+      if (p.incremental) {
+        const formats::BitmapInfo* b = nullptr;
+        for (const auto& x : plan.bitmaps[p.disk]) {
+          if (x.name == tracker->latest_checkpoint) b = &x;
+        }
+        if (b == nullptr) {
+          p.incremental = false;
+          p.reason = "bitmap " + tracker->latest_checkpoint + " missing in the CBT overlay";
+        } else if (b->in_use || !b->enabled) {
+          p.incremental = false;
+          p.reason = "bitmap inconsistent";
+        }
+      }
+    }
+    plan.incremental[p.disk] = p.incremental;
+    plan.reasons[p.disk] = p.reason;
+  }
+  // A running domain's disk that cannot hold a checkpoint bitmap (raw
+  // without CBT) is read in full every time and left out of the checkpoint;
+  // the others keep their checkpoint and incrementals.
+  if (active) {
+    for (const auto& d : plan.disks) {
+      if (CanHoldBitmap(d)) continue;
+      for (auto& p : plan.plans) {
+        if (p.disk != d.target) continue;
+        p.incremental = false;
+        p.reason = NoBitmapReason(d);
+        plan.incremental[p.disk] = false;
+        plan.reasons[p.disk] = p.reason;
+      }
+    }
+  }
+  return plan;
+}
+
 // A shut-off domain with CBT overlays: every disk is read from its overlay
 // (the raw disk through the overlay's data file), incremental from the
 // tracker's checkpoint bitmap read directly from the overlay; then each
@@ -379,58 +490,16 @@ std::string OfflineCheckpointXml(const std::string& name, const std::vector<Doma
 // during it leaves a disk whose old bitmap is gone, so its next backup is
 // full (never an incremental that misses writes).
 Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, BackupCatalog& catalog, virDomainPtr dom,
-                                        const TrackerRecord* tracker, const std::string& started,
+                                        const TrackerRecord* tracker, RunPlan plan, const std::string& started,
                                         std::chrono::steady_clock::time_point t0) {
-  BARGE_ASSIGN_OR_RETURN(auto cbt, CbtDisksOf(catalog, req.domain));
-  if (!cbt) {
-    return Error::InvalidArgument("domain '" + req.domain +
-                                  "' is not running and has no CBT overlay: start it for a pull-mode backup, "
-                                  "or enable CBT ('barge cbt enable') for offline backups");
-  }
-  BARGE_ASSIGN_OR_RETURN(auto all_disks, DomainDisks(dom));
-  std::vector<DomainDisk> disks;
-  std::map<std::string, CbtDisk> overlay_of;
-  for (const auto& c : *cbt) overlay_of[c.disk] = c;
-  std::set<std::string> selected;
-  for (const auto& d : all_disks) {
-    if (!req.disks.empty() && std::find(req.disks.begin(), req.disks.end(), d.target) == req.disks.end()) continue;
-    auto it = overlay_of.find(d.target);
-    if (it == overlay_of.end() || it->second.overlay != d.source) {
-      return Error::InvalidArgument("domain '" + req.domain + "' is not running and its disk '" + d.target +
-                                    "' is not on a CBT overlay: offline backups need CBT on every selected disk");
-    }
-    disks.push_back(d);
-    selected.insert(d.target);
-  }
-  for (const auto& want : req.disks) {
-    if (!selected.count(want)) return Error::NotFound("domain '" + req.domain + "' has no disk '" + want + "'");
-  }
-  if (disks.empty()) return Error::InvalidArgument("domain '" + req.domain + "' has no disks to back up");
-
-  const auto identities = DiskIdentities(env, req.domain, disks, cbt);
-  BARGE_ASSIGN_OR_RETURN(auto plans,
-                         PlanDisks(env, tracker, dom, disks, identities, req.force_full, req.target, req.domain));
-  std::map<std::string, bool> incremental;
-  std::map<std::string, std::string> reasons;
-  std::map<std::string, std::vector<formats::BitmapInfo>> bitmaps;
-  for (const auto& p : plans) {
-    BARGE_ASSIGN_OR_RETURN(bitmaps[p.disk], OverlayBitmaps(env, overlay_of[p.disk]));
-    incremental[p.disk] = p.incremental;
-    reasons[p.disk] = p.reason;
-    if (!p.incremental) continue;
-    // libvirt names a checkpoint's bitmap after the checkpoint.
-    const formats::BitmapInfo* b = nullptr;
-    for (const auto& x : bitmaps[p.disk]) {
-      if (x.name == tracker->latest_checkpoint) b = &x;
-    }
-    if (b == nullptr) {
-      incremental[p.disk] = false;
-      reasons[p.disk] = "bitmap " + tracker->latest_checkpoint + " missing in the CBT overlay";
-    } else if (b->in_use || !b->enabled) {
-      incremental[p.disk] = false;
-      reasons[p.disk] = "bitmap inconsistent";
-    }
-  }
+  const auto& all_disks = plan.all_disks;
+  const auto& disks = plan.disks;
+  const auto& selected = plan.selected;
+  const auto& identities = plan.identities;
+  auto& overlay_of = plan.overlay_of;
+  auto& bitmaps = plan.bitmaps;
+  auto& incremental = plan.incremental;
+  auto& reasons = plan.reasons;
 
   VmBackupResult res;
   res.mode = "offline";
@@ -488,6 +557,17 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
         if (b.name == res.parent_checkpoint) {
           edit.remove.push_back(b.name);
           granularity = b.granularity_bytes;
+        } else if (b.in_use) {
+          // Left in use by a QEMU that did not close the overlay (killed):
+          // its contents are lost, and a kept in-use bitmap would make the
+          // edit refuse every offline backup from now on (the tracker's own
+          // checkpoint bitmap in use made this run full for the disk). CBT's
+          // own bitmap, which no plan reads, is re-created empty and
+          // enabled; another tracker's checkpoint bitmap is removed, so its
+          // next backup is full ("missing in the CBT overlay"), never an
+          // incremental that misses the writes before the crash.
+          edit.remove.push_back(b.name);
+          if (b.name == kCbtBitmapName) edit.add.push_back(formats::BitmapSpec{b.name, b.granularity_bytes, true, {}});
         }
       }
       edit.add.push_back(formats::BitmapSpec{checkpoint, granularity, true, {}});
@@ -528,6 +608,27 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
 
 }  // namespace
 
+Result<VmBackupForecast> ForecastVmBackup(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                          const std::string& domain, const TrackerRecord* tracker,
+                                          const std::string& target) {
+  VmBackupForecast f;
+  f.mode = DomainIsActive(dom) ? "pull" : "offline";
+  if (!target.empty()) {
+    if (Status s = CheckTarget(env, target); !s.ok()) {
+      f.refusal = s.error().ToString();
+      return f;
+    }
+  }
+  auto plan = PlanRun(env, catalog, dom, domain, tracker, {}, false, target.empty() ? "" : AbsolutePath(target));
+  if (!plan.ok()) {
+    f.refusal = plan.error().ToString();
+    return f;
+  }
+  f.mode = plan->mode;
+  f.disks = std::move(plan->plans);
+  return f;
+}
+
 std::string MultipleTrackersMessage(const std::string& domain, const std::vector<TrackerRecord>& trackers) {
   std::string names;
   for (const TrackerRecord& t : trackers) names += (names.empty() ? "" : ", ") + t.name;
@@ -559,17 +660,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (req.domain.empty() || req.target.empty()) {
     return Error::InvalidArgument("vm backup needs a domain and a target");
   }
-  // The target must exist: creating it would put a backup meant for an
-  // unmounted backup volume on the file system beneath its mount point.
-  {
-    auto target_st = env.Stat(req.target);
-    if (!target_st.ok()) {
-      if (target_st.error().code() != ErrorCode::kNotFound) return std::move(target_st).error();
-      return Error::NotFound("backup target folder does not exist (create it first; is the backup volume mounted?)")
-          .set_path(req.target);
-    }
-    if (!target_st->is_directory()) return Error::InvalidArgument("backup target is not a folder").set_path(req.target);
-  }
+  BARGE_RETURN_IF_ERROR(CheckTarget(env, req.target));
   req.target = AbsolutePath(req.target);
   // The scratch root too: libvirt creates the scratch files in it and QEMU
   // opens them, so it must be a folder they see (not created here either).
@@ -608,48 +699,25 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     warnings.push_back("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
   }
 
-  if (!DomainIsActive(dom.get())) {
-    auto offline = RunOfflineBackup(env, req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, t0);
+  BARGE_ASSIGN_OR_RETURN(RunPlan plan, PlanRun(env, *catalog, dom.get(), req.domain, tracker ? &*tracker : nullptr,
+                                                req.disks, req.force_full, req.target));
+  if (plan.mode == "offline") {
+    auto offline = RunOfflineBackup(env, req, *catalog, dom.get(), tracker ? &*tracker : nullptr, std::move(plan),
+                                    started, t0);
     if (offline.ok()) offline->warnings = std::move(warnings);
     return offline;
   }
-
-  // Disks.
-  BARGE_ASSIGN_OR_RETURN(auto all_disks, DomainDisks(dom.get()));
-  std::vector<DomainDisk> disks;
-  std::set<std::string> selected;
-  for (const auto& d : all_disks) {
-    if (req.disks.empty() || std::find(req.disks.begin(), req.disks.end(), d.target) != req.disks.end()) {
-      disks.push_back(d);
-      selected.insert(d.target);
-    }
-  }
-  for (const auto& want : req.disks) {
-    if (!selected.count(want)) return Error::NotFound("domain '" + req.domain + "' has no disk '" + want + "'");
-  }
-  if (disks.empty()) return Error::InvalidArgument("domain '" + req.domain + "' has no disks to back up");
-
-  BARGE_ASSIGN_OR_RETURN(auto cbt, CbtDisksOf(*catalog, req.domain));
-  const auto identities = DiskIdentities(env, req.domain, disks, cbt);
-  BARGE_ASSIGN_OR_RETURN(auto plans, PlanDisks(env, tracker ? &*tracker : nullptr, dom.get(), disks, identities,
-                                               req.force_full, req.target, req.domain));
-  std::map<std::string, bool> incremental;
-  std::map<std::string, std::string> reasons;
-  for (const auto& p : plans) {
-    incremental[p.disk] = p.incremental;
-    reasons[p.disk] = p.reason;
-  }
-  // A disk that cannot hold a checkpoint bitmap (raw without CBT) is read in
-  // full every time and left out of the checkpoint; the others keep their
-  // checkpoint and incrementals.
+  const auto& all_disks = plan.all_disks;
+  const auto& disks = plan.disks;
+  const auto& selected = plan.selected;
+  const auto& identities = plan.identities;
+  auto& incremental = plan.incremental;
+  auto& reasons = plan.reasons;
+  // The disks that hold the checkpoint's bitmaps (PlanRun reads the others,
+  // raw without CBT, in full every time).
   std::set<std::string> with_bitmap;
   for (const auto& d : disks) {
-    if (CanHoldBitmap(d)) {
-      with_bitmap.insert(d.target);
-    } else {
-      incremental[d.target] = false;
-      reasons[d.target] = NoBitmapReason(d);
-    }
+    if (CanHoldBitmap(d)) with_bitmap.insert(d.target);
   }
 
   // Size estimate before anything starts.

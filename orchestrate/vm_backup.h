@@ -12,6 +12,7 @@
 
 #include "blockio/error.h"
 #include "orchestrate/backup_catalog.h"
+#include "orchestrate/tracker.h"
 #include "pipeline/backup.h"
 
 namespace barge::orchestrate {
@@ -109,6 +110,24 @@ struct VmBackupResult {
 // names (the failure paths must thaw a frozen guest and commit nothing).
 // Chain folders, lock files and overlays are handled through `env`.
 Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& request);
+
+// What `vm backup` of `domain` with `tracker` (nullptr: none) into
+// `target` ("" skips the checks of the chains there) would do now, planned
+// by the very function RunVmBackup plans with (doctor's forecast): `mode`
+// "pull" for an active domain (running or paused), "offline" for a shut-off
+// one, and per disk incremental or full with the reason RunVmBackup would
+// give; or, in `refusal`, the error it would stop with before starting
+// anything (a shut-off domain without CBT, a disk not on its overlay). Only
+// libvirt's own finding at job start (a bitmap that turns inconsistent
+// between the forecast and the run) can still make a disk full.
+struct VmBackupForecast {
+  std::string mode;
+  std::string refusal;
+  std::vector<DiskPlan> disks;
+};
+Result<VmBackupForecast> ForecastVmBackup(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                          const std::string& domain, const TrackerRecord* tracker,
+                                          const std::string& target);
 
 // "domain 'D' has N trackers (a, b): name one with --tracker".
 std::string MultipleTrackersMessage(const std::string& domain, const std::vector<TrackerRecord>& trackers);

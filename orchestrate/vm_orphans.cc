@@ -236,8 +236,9 @@ Result<std::vector<StaleCheckpoint>> FindStaleCheckpoints(BackupCatalog& catalog
           if (qd.error().code() != ErrorCode::kNotFound) return std::move(qd).error();
           known = qemu_bitmaps.emplace(disk, std::set<std::string>{}).first;
         } else {
-          known = qemu_bitmaps.emplace(disk, std::set<std::string>(qd->dirty_bitmaps.begin(),
-                                                                   qd->dirty_bitmaps.end())).first;
+          std::set<std::string> names;
+          for (const auto& b : qd->bitmaps) names.insert(b.name);
+          known = qemu_bitmaps.emplace(disk, std::move(names)).first;
         }
       }
       if (known->second.count(bitmap)) {
