@@ -7,6 +7,7 @@
 
 #include "cli/common.h"
 #include "cli/interrupt.h"
+#include "formats/qcow2_format.h"
 
 namespace barge::cli {
 
@@ -46,14 +47,6 @@ Result<CompressionChoice> ParseCompression(const std::string& text) {
     c.level = static_cast<int>(v);
   }
   return c;
-}
-
-Result<uint32_t> ClusterBits(uint64_t cluster_bytes) {
-  for (uint32_t bits = 9; bits <= 21; ++bits) {
-    if (cluster_bytes == (uint64_t{1} << bits)) return bits;
-  }
-  return Error::InvalidArgument("cluster size must be a power of two from 512 to 2M, not " +
-                                std::to_string(cluster_bytes));
 }
 
 std::string DefaultCompression() {
@@ -139,7 +132,7 @@ Status CopyFlags::Apply(pipeline::CopyOptions& options, CompressionChoice& compr
   }
   BARGE_ASSIGN_OR_RETURN(compression, ParseCompression(compress));
   BARGE_ASSIGN_OR_RETURN(uint64_t cluster, ParseSize(cluster_size));
-  BARGE_RETURN_IF_ERROR(ClusterBits(cluster));
+  BARGE_RETURN_IF_ERROR(formats::qcow2::ClusterBitsOf(cluster));
   BARGE_RETURN_IF_ERROR(ApplyResourceFlags(memory, threads, options));
   options.cluster_bytes = static_cast<uint32_t>(cluster);
   // Chunks of at least 1 MiB (large reads), at least one cluster.
