@@ -7,6 +7,7 @@
 
 #include "cli/common.h"
 #include "cli/interrupt.h"
+#include "formats/qcow2_format.h"
 
 namespace barge::cli {
 
@@ -99,7 +100,7 @@ Status CopyFlags::Apply(pipeline::CopyOptions& options, formats::CompressionSpec
   }
   BARGE_ASSIGN_OR_RETURN(compression, formats::ParseCompressionSpec(compress));
   BARGE_ASSIGN_OR_RETURN(uint64_t cluster, ParseSize(cluster_size));
-  BARGE_RETURN_IF_ERROR(ClusterBits(cluster));
+  BARGE_RETURN_IF_ERROR(formats::qcow2::ClusterBitsOf(cluster));
   BARGE_RETURN_IF_ERROR(ApplyResourceFlags(memory, threads, options));
   options.cluster_bytes = static_cast<uint32_t>(cluster);
   // Chunks of at least 1 MiB (large reads), at least one cluster.

@@ -60,7 +60,4 @@ struct CopyFlags {
 // ranges; also points options.cancel at SIGINT/SIGTERM's flag.
 Status ApplyResourceFlags(const std::string& memory, int threads, pipeline::CopyOptions& options);
 
-// log2 of a power-of-two cluster size in 512..2M, else kInvalidArgument.
-Result<uint32_t> ClusterBits(uint64_t cluster_bytes);
-
 }  // namespace barge::cli

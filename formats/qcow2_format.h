@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 
+#include "blockio/error.h"
 #include "formats/sector.h"
 
 namespace barge::formats::qcow2 {
@@ -100,6 +102,15 @@ inline void StoreBe64(std::byte* p, uint64_t v) {
 
 // Unit conversions (qemu's offset_into_cluster / size_to_clusters).
 inline uint64_t ClusterSize(uint32_t cluster_bits) { return 1ull << cluster_bits; }
+// The cluster_bits of a cluster size: a power of two from 512 to 2M
+// (kMinClusterBits..kMaxClusterBits), else kInvalidArgument.
+inline Result<uint32_t> ClusterBitsOf(uint64_t cluster_bytes) {
+  for (uint32_t bits = kMinClusterBits; bits <= kMaxClusterBits; ++bits) {
+    if (cluster_bytes == ClusterSize(bits)) return bits;
+  }
+  return Error::InvalidArgument("cluster size must be a power of two from 512 to 2M, not " +
+                                std::to_string(cluster_bytes));
+}
 inline uint64_t OffsetIntoCluster(uint64_t offset_bytes, uint32_t cluster_bits) {
   return offset_bytes & (ClusterSize(cluster_bits) - 1);
 }

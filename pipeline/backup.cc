@@ -15,6 +15,7 @@
 #include "formats/qcow2_bitmap.h"
 #include "formats/units.h"
 #include "pipeline/chain.h"
+#include "pipeline/destination_spec.h"
 #include "pipeline/disk_identity.h"
 #include "pipeline/staged_file.h"
 #include "pipeline/verification_record.h"
@@ -369,21 +370,20 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   if (!created_image.ok()) return std::move(created_image).error().Wrap("backup: starting " + m.image);
   std::unique_ptr<StagedFile> image_file = std::move(created_image).value();
   BlockSink& image_sink = image_file->sink();
-  formats::Qcow2WriterOptions w;
-  w.virtual_size = size;
-  w.cluster_bits = static_cast<uint32_t>(std::countr_zero(cluster));
-  w.compression = req.compression;
-  if (m.parent) {
-    w.backing_file = m.parent->image;
-    w.backing_format = "qcow2";
-  }
-  auto created = Qcow2Destination::Create(
-      image_sink, w, req.incremental ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit);
+  DestinationSpec dest_spec;
+  dest_spec.virtual_size = size;
+  dest_spec.cluster_bytes = cluster;
+  dest_spec.compression = req.compression;
+  // An incremental names its parent and stores the zero clusters of its
+  // work set (they must mask the parent's data).
+  if (m.parent) dest_spec.backing_file = m.parent->image;
+  dest_spec.zero_policy = req.incremental ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit;
+  auto created = MakeDestination(image_sink, dest_spec);
   if (!created.ok()) return Error(created.error()).Wrap("backup: starting " + m.image);
-  std::unique_ptr<Qcow2Destination> dest = std::move(created).value();
+  std::unique_ptr<Destination> dest = std::move(created).value();
   CopyOptions copy = req.copy;
   copy.cluster_bytes = cluster;
-  copy.chunk_bytes = std::max(copy.chunk_bytes / cluster * cluster, cluster);
+  copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, cluster);
   copy.compression = req.compression;
   copy.compression_level = req.compression_level;
   copy.record_zero_digests = req.incremental;
@@ -393,7 +393,7 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   Destination* dests[] = {dest.get()};
   auto copied = RunCopy(*src.image, work, dests, copy);
   if (!copied.ok()) return Error(copied.error()).Wrap("backup");
-  const formats::Qcow2WriterStats stats = dest->writer().stats();
+  const formats::Qcow2WriterStats stats = *dest->qcow2_stats();
 
   formats::DigestTable table;
   table.cluster_bytes = cluster;

@@ -21,7 +21,7 @@
 #include "formats/qcow2_compress.h"
 #include "pipeline/chunk.h"
 #include "pipeline/copy.h"
-#include "pipeline/destination.h"
+#include "pipeline/destination_spec.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/stages.h"
 
@@ -127,12 +127,6 @@ struct FileGuard {
   }
 };
 
-uint32_t ClusterBitsOf(uint32_t cluster_bytes) {
-  uint32_t bits = 0;
-  while ((uint32_t{1} << bits) < cluster_bytes) ++bits;
-  return bits;
-}
-
 Result<BenchMeasure> ReadStage(Env& env, BlockSource& source, const BenchOptions& o, int threads) {
   BenchMeasure m;
   m.name = "read";
@@ -210,11 +204,11 @@ Result<std::vector<BenchMeasure>> CpuStages(Env& env, BlockSource& source, const
 
   FileGuard out{env, TempPath(o.workdir, "stage.qcow2")};
   BARGE_ASSIGN_OR_RETURN(auto sink, env.OpenSink(out.path, SinkMode::kCreateNew));
-  formats::Qcow2WriterOptions w;
-  w.virtual_size = source.size_bytes();
-  w.cluster_bits = ClusterBitsOf(o.cluster_bytes);
-  w.compression = o.compression;
-  BARGE_ASSIGN_OR_RETURN(auto dest, Qcow2Destination::Create(*sink, w, ZeroPolicy::kOmit));
+  DestinationSpec dest_spec;
+  dest_spec.virtual_size = source.size_bytes();
+  dest_spec.cluster_bytes = o.cluster_bytes;
+  dest_spec.compression = o.compression;
+  BARGE_ASSIGN_OR_RETURN(auto dest, MakeDestination(*sink, dest_spec));
 
   ChunkPlanner planner(source, WholeDisk(source), o.cluster_bytes, o.chunk_bytes);
   Reader reader(source);
@@ -339,11 +333,11 @@ Result<BenchMeasure> EndToEnd(Env& env, BlockSource& source, const BenchOptions&
   m.threads = threads;
   FileGuard out{env, TempPath(o.workdir, "e2e.qcow2")};
   BARGE_ASSIGN_OR_RETURN(auto sink, env.OpenSink(out.path, SinkMode::kCreateNew));
-  formats::Qcow2WriterOptions w;
-  w.virtual_size = source.size_bytes();
-  w.cluster_bits = ClusterBitsOf(o.cluster_bytes);
-  w.compression = o.compression;
-  BARGE_ASSIGN_OR_RETURN(auto dest, Qcow2Destination::Create(*sink, w, ZeroPolicy::kOmit));
+  DestinationSpec dest_spec;
+  dest_spec.virtual_size = source.size_bytes();
+  dest_spec.cluster_bytes = o.cluster_bytes;
+  dest_spec.compression = o.compression;
+  BARGE_ASSIGN_OR_RETURN(auto dest, MakeDestination(*sink, dest_spec));
   CopyOptions c;
   c.cluster_bytes = o.cluster_bytes;
   c.chunk_bytes = o.chunk_bytes;

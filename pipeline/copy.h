@@ -20,6 +20,7 @@
 // consume a chunk returns it to the pool and opens the gate for the next.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -63,6 +64,13 @@ enum class DestinationFailurePolicy : uint8_t {
 // The pool's chunk count for these options (threads 0 = all cores).
 size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scratch,
                       int threads = 0, size_t destinations = 1);
+
+// The chunk size a job copies with for a given cluster size: `chunk_bytes`
+// rounded down to whole clusters, at least one cluster (CopyOptions wants a
+// multiple of cluster_bytes).
+inline uint32_t ChunkBytesFor(uint32_t chunk_bytes, uint32_t cluster_bytes) {
+  return std::max(chunk_bytes / cluster_bytes * cluster_bytes, cluster_bytes);
+}
 
 // The most worker threads a copy may ask for: 8 per core, at least 16.
 // More only cost switching (5000 threads on 2 cores made a 0.1 s convert

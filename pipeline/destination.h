@@ -37,6 +37,9 @@ class Destination {
   // clusters); kNone when it stores raw bytes only.
   virtual formats::Compression compression() const { return formats::Compression::kNone; }
   bool wants_compression() const { return compression() != formats::Compression::kNone; }
+  // What the qcow2 writer stored so far (clusters, file bytes), for a
+  // destination that writes a qcow2 image; nullopt for any other.
+  virtual std::optional<formats::Qcow2WriterStats> qcow2_stats() const { return std::nullopt; }
   // Stores the chunk's clusters (all but kSkip). An error fails this
   // destination (and the job, unless the copy isolates destinations).
   virtual Status Consume(const Chunk& chunk) = 0;
@@ -75,6 +78,7 @@ class Qcow2Destination final : public Destination {
 
   const std::string& name() const override { return name_; }
   formats::Compression compression() const override { return compression_; }
+  std::optional<formats::Qcow2WriterStats> qcow2_stats() const override { return writer_->stats(); }
   Status Consume(const Chunk& chunk) override;
   Status Finish() override;
   formats::Qcow2Writer& writer() { return *writer_; }

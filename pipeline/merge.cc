@@ -3,7 +3,6 @@
 #include "pipeline/merge.h"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <optional>
 #include <set>
@@ -13,6 +12,7 @@
 #include "formats/digest_table.h"
 #include "formats/qcow2_check.h"
 #include "pipeline/chain.h"
+#include "pipeline/destination_spec.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/staged_file.h"
 #include "pipeline/verification_record.h"
@@ -181,15 +181,14 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
     {
       BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> image_file,
                              StagedFile::Create(env, image_staged, /*overwrite=*/true));
-      formats::Qcow2WriterOptions w;
-      w.virtual_size = pm.virtual_size;
-      w.cluster_bits = static_cast<uint32_t>(std::countr_zero(pm.cluster_size));
-      w.compression = compression.first;
-      BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Qcow2Destination> dest,
-                             Qcow2Destination::Create(image_file->sink(), w, ZeroPolicy::kOmit));
+      DestinationSpec dest_spec;
+      dest_spec.virtual_size = pm.virtual_size;
+      dest_spec.cluster_bytes = pm.cluster_size;
+      dest_spec.compression = compression.first;
+      BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Destination> dest, MakeDestination(image_file->sink(), dest_spec));
       CopyOptions copy = req.copy;
       copy.cluster_bytes = pm.cluster_size;
-      copy.chunk_bytes = std::max(copy.chunk_bytes / pm.cluster_size * pm.cluster_size, pm.cluster_size);
+      copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, pm.cluster_size);
       copy.compression = compression.first;
       copy.compression_level = compression.second;
       copy.record_zero_digests = false;
@@ -211,7 +210,7 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
         return Error::Corruption("the flattened image's data clusters differ from the digest tables")
             .set_path(chain.dir);
       }
-      stats = dest->writer().stats();
+      stats = *dest->qcow2_stats();
       staged.bytes_read = copied->bytes_read;
       BARGE_RETURN_IF_ERROR(image_file->Commit());
     }

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ class OverlayQcow2Destination final : public Destination {
 
   const std::string& name() const override { return name_; }
   formats::Compression compression() const override { return compression_; }
+  std::optional<formats::Qcow2WriterStats> qcow2_stats() const override { return writer_->stats(); }
   Status Consume(const Chunk& chunk) override;
   Status Finish() override;
 

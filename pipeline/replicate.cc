@@ -17,8 +17,9 @@
 #include "formats/qcow2_bitmap.h"
 #include "formats/qcow2_writer.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/destination_spec.h"
 #include "pipeline/overlay_destination.h"
-#include "pipeline/staged_file.h"
+#include "pipeline/output.h"
 
 namespace barge::pipeline {
 
@@ -167,7 +168,7 @@ class ProgressDestination final : public Destination {
 // One destination being written in this pass.
 struct Pending {
   size_t index = 0;
-  std::unique_ptr<StagedFile> staged;
+  std::unique_ptr<Output> output;
   std::unique_ptr<Destination> destination;
   // An existing copy with a readable record whose checksum is unknown until
   // the pass ends: reused (and the temporary dropped) when it matches.
@@ -388,6 +389,20 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
     }
   }
 
+  // Every copy's destination; qcow2 copies carry the bitmaps, and with
+  // --backing keep store only the source's top layer.
+  DestinationSpec dest_spec;
+  dest_spec.format = out_qcow2 ? DestinationFormat::kQcow2 : DestinationFormat::kRaw;
+  dest_spec.virtual_size = result.virtual_size;
+  dest_spec.cluster_bytes = options.copy.cluster_bytes;
+  dest_spec.compression = options.copy.compression;
+  dest_spec.bitmaps = bitmaps;
+  if (keep) {
+    dest_spec.backing_file = result.backing_file;
+    dest_spec.backing_format = result.backing_format;
+    dest_spec.overlay_allocated = &top_allocation;
+  }
+
   result.replicas.resize(destinations.size());
   std::vector<Pending> pending;
   std::vector<size_t> reused_pre;  // reused by expected checksum, never written
@@ -397,7 +412,7 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
   };
   // Drops a pending copy's temporary; a failure to remove it is reported
   // with the reason the copy failed.
-  auto abandon = [&](Pending& p, Error e) { fail(p.index, std::move(e.Also(p.staged->Abandon()))); };
+  auto abandon = [&](Pending& p, Error e) { fail(p.index, std::move(e.Also(p.output->Abandon()))); };
   for (size_t i = 0; i < destinations.size(); ++i) {
     const std::string& path = destinations[i];
     result.replicas[i].path = path;
@@ -433,43 +448,23 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
       }
       p.replaces_existing = true;
     }
-    auto staged = StagedFile::Create(env, path, /*overwrite=*/true);
-    if (!staged.ok()) {
-      fail(i, std::move(staged).error());
+    OutputSpec out_spec;
+    out_spec.location = path;
+    out_spec.replace = OutputReplace::kReplace;  // decided above
+    out_spec.allow_nbd = false;
+    out_spec.sweep = false;                      // swept above, once per folder
+    auto output = OpenOutput(env, out_spec);
+    if (!output.ok()) {
+      fail(i, std::move(output).error());
       continue;
     }
-    p.staged = std::move(staged).value();
-    BlockSink* sink = &p.staged->sink();
-    std::unique_ptr<Destination> dest;
-    if (out_qcow2) {
-      formats::Qcow2WriterOptions w;
-      w.virtual_size = result.virtual_size;
-      uint32_t bits = 0;
-      while ((uint64_t{1} << bits) < options.copy.cluster_bytes) ++bits;
-      w.cluster_bits = bits;
-      w.compression = options.copy.compression;
-      w.bitmaps = bitmaps;
-      if (keep) {
-        w.backing_file = result.backing_file;
-        w.backing_format = result.backing_format;
-        auto d = OverlayQcow2Destination::Create(*sink, std::move(w), top_allocation);
-        if (!d.ok()) {
-          abandon(p, std::move(d).error());
-          continue;
-        }
-        dest = std::move(d).value();
-      } else {
-        auto d = Qcow2Destination::Create(*sink, std::move(w), ZeroPolicy::kOmit);
-        if (!d.ok()) {
-          abandon(p, std::move(d).error());
-          continue;
-        }
-        dest = std::move(d).value();
-      }
-    } else {
-      dest = std::make_unique<RawDestination>(*sink, RawDestinationOptions{result.virtual_size, true});
+    p.output = std::move(output).value();
+    auto dest = MakeDestination(p.output->sink(), dest_spec);
+    if (!dest.ok()) {
+      abandon(p, std::move(dest).error());
+      continue;
     }
-    p.destination = std::make_unique<ProgressDestination>(std::move(dest), i, result.virtual_size,
+    p.destination = std::make_unique<ProgressDestination>(std::move(dest).value(), i, result.virtual_size,
                                                           &options.progress);
     pending.push_back(std::move(p));
   }
@@ -534,7 +529,7 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
     }
     if (p.maybe_reuse && Lower(p.maybe_reuse->sha512) == copied->sha512_hex) {
       // The existing copy already holds this content: keep it untouched.
-      if (Status dropped = p.staged->Abandon(); !dropped.ok()) {
+      if (Status dropped = p.output->Abandon(); !dropped.ok()) {
         fail(p.index, std::move(dropped).error());
         continue;
       }
@@ -549,12 +544,12 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
       continue;
     }
     if (options.verify) {
-      auto back = ReadBackCopy(env, p.staged->temp_path(), path, copy_open, options.copy, out_qcow2, false);
+      auto back = ReadBackCopy(env, p.output->temp_path(), path, copy_open, options.copy, out_qcow2, false);
       if (!back.ok()) {
         // The copy is read back under its temporary name: an error names
         // the copy the user asked for (issue 13).
         Error e = std::move(back).error();
-        if (e.path().empty() || e.path() == p.staged->temp_path()) e.set_path(path);
+        if (e.path().empty() || e.path() == p.output->temp_path()) e.set_path(path);
         abandon(p, std::move(e).Wrap("verify"));
         continue;
       }
@@ -584,11 +579,11 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
     // ready; the next run writes the copy again), one after it a ready
     // copy. Never a file of ours without its record, which a re-run would
     // refuse to replace without --force (issue 13).
-    if (Status s = p.staged->sink().Flush(); !s.ok()) {
+    if (Status s = p.output->sink().Flush(); !s.ok()) {
       abandon(p, std::move(s).error().set_path(path));
       continue;
     }
-    auto stamp = StatFile(env, p.staged->temp_path());
+    auto stamp = StatFile(env, p.output->temp_path());
     if (!stamp.ok()) {
       abandon(p, std::move(stamp).error().set_path(path));
       continue;
@@ -609,7 +604,7 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
       abandon(p, std::move(s).error().Wrap("checksum record"));
       continue;
     }
-    if (Status s = p.staged->Commit(); !s.ok()) {
+    if (Status s = p.output->Commit(); !s.ok()) {
       // The record now describes no file: drop it (a failure to is harmless).
       Error e = std::move(s).error();
       if (!FileMatchesRecord(env, path, record)) e.Also(env.UnlinkIfExists(ReplicaRecordPath(path)));

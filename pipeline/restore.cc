@@ -6,12 +6,11 @@
 #include <optional>
 
 #include "blockio/env.h"
-#include "blockio/path.h"
-#include "blockio/nbd.h"
 #include "formats/qcow2_check.h"
 #include "formats/units.h"
 #include "pipeline/chain.h"
-#include "pipeline/staged_file.h"
+#include "pipeline/destination_spec.h"
+#include "pipeline/output.h"
 #include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
@@ -20,77 +19,6 @@ namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// True if any byte of the source is reported as data (allocated).
-Result<bool> HoldsData(BlockSource& source) {
-  constexpr uint64_t kWindow = 1ull << 30;
-  for (uint64_t off = 0; off < source.size_bytes(); off += kWindow) {
-    BARGE_ASSIGN_OR_RETURN(ExtentList e,
-                           source.Extents(off, std::min(kWindow, source.size_bytes() - off)));
-    for (const Extent& x : e) {
-      if (x.kind == ExtentKind::kData) return true;
-    }
-  }
-  return false;
-}
-
-// The restore target: a staged file, or an existing device / NBD export.
-struct Target {
-  std::unique_ptr<StagedFile> staged;
-  std::unique_ptr<BlockSink> existing;
-  BlockSink& sink() { return staged ? staged->sink() : *existing; }
-};
-
-Result<Target> OpenTarget(Env& env, const RestoreRequest& req, uint64_t size) {
-  Target t;
-  const std::string& dst = req.destination;
-  Result<FileStat> st = IsNbdUri(dst) ? Error::NotFound("an NBD URI") : env.Stat(dst);
-  if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return st.error();
-  if (IsNbdUri(dst) || (st.ok() && st->is_block_device())) {
-    if (req.output_format != "raw") {
-      return Error::InvalidArgument("block devices and NBD exports take raw output").set_path(dst);
-    }
-    if (!req.force) {
-      // An export or device that reports data needs --force; devices report
-      // everything as data, so they always do.
-      std::unique_ptr<BlockSource> probe;
-      if (IsNbdUri(dst)) {
-        BARGE_ASSIGN_OR_RETURN(probe, OpenNbdSource(dst));
-      } else {
-        BARGE_ASSIGN_OR_RETURN(probe, env.OpenSource(dst));
-      }
-      BARGE_ASSIGN_OR_RETURN(bool has_data, HoldsData(*probe));
-      if (has_data) {
-        return Error::InvalidArgument("the destination is not empty; use --force to overwrite it")
-            .set_path(dst);
-      }
-    }
-    if (IsNbdUri(dst)) {
-      BARGE_ASSIGN_OR_RETURN(t.existing, OpenNbdSink(dst));
-    } else {
-      FileOptions options;
-      options.sync = req.sync;
-      BARGE_ASSIGN_OR_RETURN(t.existing, env.OpenSink(dst, SinkMode::kExisting, options));
-    }
-    if (t.existing->size_bytes() < size) {
-      return Error::NoSpace("the destination holds " + formats::HumanBytesExact(t.existing->size_bytes()) +
-                            ", the disk needs " + formats::HumanBytesExact(size))
-          .set_path(dst);
-    }
-    return t;
-  }
-  BARGE_RETURN_IF_ERROR(CheckOutputPath(env, dst));
-  // Leftovers of killed runs in the output's folder go first (a live
-  // writer's temporary is locked and kept).
-  IgnoreError(SweepStaleTemporaries(env, DirName(dst)),
-              "a leftover that cannot be removed now goes at a later run");
-  if (st.ok() && !req.force && st->size_bytes > 0) {
-    return Error::InvalidArgument("the destination file exists and is not empty; use --force to replace it")
-        .set_path(dst);
-  }
-  BARGE_ASSIGN_OR_RETURN(t.staged, StagedFile::Create(env, dst, /*overwrite=*/true, req.sync));
-  return t;
 }
 
 // The layer file of `point`'s chain that holds a guest offset's bytes: a
@@ -120,28 +48,33 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(where.at));
   BARGE_ASSIGN_OR_RETURN(OpenedPoint point, OpenPoint(env, chain, index));
   const formats::BackupManifest& m = point.point->manifest;
-  BARGE_ASSIGN_OR_RETURN(Target target, OpenTarget(env, req, m.virtual_size));
+  // Block devices and NBD exports are written in place, raw.
+  BARGE_ASSIGN_OR_RETURN(OutputKind kind, OutputKindOf(env, req.destination));
+  if (kind != OutputKind::kFile && req.output_format != "raw") {
+    return Error::InvalidArgument("block devices and NBD exports take raw output").set_path(req.destination);
+  }
+  OutputSpec out_spec;
+  out_spec.location = req.destination;
+  out_spec.replace = OutputReplace::kForceIfHoldsData;
+  out_spec.force = req.force;
+  out_spec.sync = req.sync;
+  out_spec.size_bytes = m.virtual_size;
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Output> output, OpenOutput(env, out_spec));
   // Said once the destination is accepted (a refused one says only why).
   if (req.on_point) req.on_point(index, m);
 
-  std::unique_ptr<Destination> dest;
-  if (req.output_format == "qcow2") {
-    formats::Qcow2WriterOptions w;
-    w.virtual_size = m.virtual_size;
-    w.cluster_bits = static_cast<uint32_t>(std::countr_zero(m.cluster_size));
-    w.compression = req.compression;
-    BARGE_ASSIGN_OR_RETURN(dest, Qcow2Destination::Create(target.sink(), w, ZeroPolicy::kOmit));
-  } else {
-    RawDestinationOptions r;
-    r.virtual_size = m.virtual_size;
-    // Over existing bytes, zero ranges must really be written.
-    r.skip_zeroes_if_zero_initialized = target.staged != nullptr;
-    dest = std::make_unique<RawDestination>(target.sink(), r);
-  }
+  DestinationSpec dest_spec;
+  dest_spec.format = req.output_format == "qcow2" ? DestinationFormat::kQcow2 : DestinationFormat::kRaw;
+  dest_spec.virtual_size = m.virtual_size;
+  dest_spec.cluster_bytes = m.cluster_size;
+  dest_spec.compression = req.compression;
+  // Over existing bytes, zero ranges must really be written.
+  dest_spec.skip_zeroes_if_zero_initialized = !output->in_place();
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Destination> dest, MakeDestination(output->sink(), dest_spec));
 
   CopyOptions copy = req.copy;
   copy.cluster_bytes = m.cluster_size;
-  copy.chunk_bytes = std::max(copy.chunk_bytes / m.cluster_size * m.cluster_size, m.cluster_size);
+  copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, m.cluster_size);
   copy.compression = req.output_format == "qcow2" ? req.compression : formats::Compression::kNone;
   copy.compression_level = req.compression_level;
   copy.verify = [&point](uint64_t c) { return point.Expected(c); };
@@ -154,7 +87,7 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
                              " differs from the manifest's " + m.image_digest.ToHex())
         .set_path(point.point->manifest_path);
   }
-  if (target.staged) BARGE_RETURN_IF_ERROR(target.staged->Commit());
+  BARGE_RETURN_IF_ERROR(output->Commit());
 
   RestoreResult r;
   r.manifest = m;
@@ -206,7 +139,7 @@ Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t
   }
   v.copy = options;
   v.copy.cluster_bytes = m.cluster_size;
-  v.copy.chunk_bytes = std::max(v.copy.chunk_bytes / m.cluster_size * m.cluster_size, m.cluster_size);
+  v.copy.chunk_bytes = ChunkBytesFor(v.copy.chunk_bytes, m.cluster_size);
   v.copy.compression = formats::Compression::kNone;
   v.copy.verify = [&v](uint64_t c) { return v.point.Expected(c); };
   v.copy.verify_holder = LayerHolding(v.point);
