@@ -11,14 +11,6 @@
 
 namespace barge::cli {
 
-Result<uint32_t> ClusterBits(uint64_t cluster_bytes) {
-  for (uint32_t bits = 9; bits <= 21; ++bits) {
-    if (cluster_bytes == (uint64_t{1} << bits)) return bits;
-  }
-  return Error::InvalidArgument("cluster size must be a power of two from 512 to 2M, not " +
-                                std::to_string(cluster_bytes));
-}
-
 std::string DefaultCompression() { return formats::CompressionSpec::Default().ToString(); }
 
 namespace {
