@@ -9,7 +9,6 @@
 
 #include "blockio/env.h"
 #include "blockio/nbd.h"
-#include "blockio/path.h"
 #include "pipeline/endpoints.h"
 
 namespace barge::cli {
@@ -46,10 +45,7 @@ Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
     return std::move(opened.image);
   }
   formats::OpenOptions o = options;
-  if (!o.allow_any_path && !o.allowed_dirs.empty()) {
-    // Extra folders add to, not replace, the image's own folder.
-    o.allowed_dirs.push_back(DirName(AbsolutePath(path)));
-  }
+  pipeline::ApplyFolderRule(o, path, o.allow_any_path, o.allowed_dirs);
   return pipeline::OpenImageFile(Env::Default(), path, o);
 }
 

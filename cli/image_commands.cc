@@ -1,26 +1,18 @@
 // barge info / map / compare: look at images the way qemu-img does.
-#include <algorithm>
-#include <cstring>
 #include <optional>
 #include <iostream>
 #include <vector>
 
-#include "blockio/buffer.h"
 #include "blockio/env.h"
 #include "blockio/nbd.h"
 #include "cli/common.h"
 #include "formats/qcow2_check.h"
+#include "pipeline/image_inspect.h"
 
 namespace barge::cli {
 namespace {
 
 using nlohmann::json;
-
-std::vector<const formats::Image*> Chain(const formats::Image& top) {
-  std::vector<const formats::Image*> chain;
-  for (const formats::Image* i = &top; i != nullptr; i = i->backing()) chain.push_back(i);
-  return chain;
-}
 
 // As `bitmap list`: qemu-img's "flags" (in-use, auto) as booleans.
 json BitmapJson(const formats::BitmapInfo& b) {
@@ -152,7 +144,7 @@ int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   options->stop_at_unrecorded_backing_format = true;
   auto image = OpenImageFile(path, *options);
   if (!image.ok()) return out.Fail(image.error());
-  auto chain = Chain(**image);
+  auto chain = pipeline::BackingChain(**image);
   const formats::ImageInfo& last = chain.back()->info();
   if (!last.backing_file.empty() && last.backing_format.empty()) out.Warning(MissingBackingFormatFix(last), last.path);
   // One stat per layer; the top layer is chain[0].
@@ -169,44 +161,6 @@ int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   return kExitOk;
 }
 
-// One extent as qemu-img map --output=json reports it, plus barge's
-// "compressed" and "file".
-struct MapEntry {
-  uint64_t start = 0, length = 0;
-  int depth = 0;
-  bool present = false, zero = false, data = false, compressed = false;
-  std::optional<uint64_t> offset;
-  std::string file;  // the file `offset` points into ("" = none)
-};
-
-// The file a layer's host offsets point into: its external data file when
-// it has one (the path barge opened it at: map opens it), else the layer's
-// own file.
-std::string HostFile(const formats::ImageInfo& info) {
-  return info.data_file.empty() ? info.path : info.data_file_path;
-}
-
-// As qemu-img map: a raw layer's holes are present zeros at their own
-// offset (the raw file answers for them), a qcow2 hole is "not present".
-MapEntry ToMapEntry(const formats::MappedExtent& e, const std::vector<const formats::Image*>& chain) {
-  const int bottom = static_cast<int>(chain.size()) - 1;
-  MapEntry m;
-  m.start = e.offset;
-  m.length = e.length;
-  // A layer of the chain (the text table names chain[depth]'s file).
-  m.depth = e.depth < 0 ? bottom : std::clamp(e.depth, 0, bottom);
-  const formats::ImageInfo& layer = chain[m.depth]->info();
-  const bool raw_layer = layer.format == formats::ImageFormat::kRaw;
-  m.present = e.kind != ExtentKind::kHole || raw_layer;
-  m.zero = e.kind != ExtentKind::kData;
-  m.data = e.kind == ExtentKind::kData;
-  m.compressed = e.compressed;
-  m.offset = e.host_offset;
-  if (raw_layer && !m.offset) m.offset = e.offset;
-  if (m.offset) m.file = HostFile(layer);
-  return m;
-}
-
 int RunMap(const std::string& path, const ImageFlags& flags, const std::string& snapshot, Output& out) {
   auto options = flags.ToOpenOptions();
   if (!options.ok()) return out.Usage(options.error().message());
@@ -214,36 +168,12 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
   WarnIfMisnamed(out, path, flags.format);
   auto image = OpenImageFile(path, *options);
   if (!image.ok()) return out.Fail(image.error());
-  auto chain = Chain(**image);
-  uint64_t size = (*image)->size_bytes();
-  // Windows of 1 GiB, or 1/4096 of the disk when larger: a hostile image
-  // may claim 2 EiB (2^31 windows of 1 GiB took hours); Map's own cost is
-  // per L1 entry and per allocated cluster, not per byte.
-  const uint64_t kWindow = std::max<uint64_t>(1ull << 30, ((size >> 12) + (1ull << 30) - 1) & ~((1ull << 30) - 1));
-  std::vector<MapEntry> all;
-  for (uint64_t off = 0; off < size; off += kWindow) {
-    auto part = (*image)->Map(off, std::min(kWindow, size - off));
-    if (!part.ok()) return out.Fail(part.error());
-    for (const auto& mapped : *part) {
-      MapEntry e = ToMapEntry(mapped, chain);
-      // Merge neighbours that look the same, as qemu-img map does.
-      if (!all.empty()) {
-        auto& last = all.back();
-        bool contiguous_host = (!last.offset && !e.offset) ||
-                               (last.offset && e.offset && *last.offset + last.length == *e.offset);
-        if (last.depth == e.depth && last.present == e.present && last.zero == e.zero && last.data == e.data &&
-            last.compressed == e.compressed && last.file == e.file && contiguous_host &&
-            last.start + last.length == e.start) {
-          last.length += e.length;
-          continue;
-        }
-      }
-      all.push_back(e);
-    }
-  }
+  auto chain = pipeline::BackingChain(**image);
+  auto all = pipeline::MapImage(**image);
+  if (!all.ok()) return out.Fail(all.error());
   if (out.json()) {
     json arr = json::array();
-    for (const auto& e : all) {
+    for (const auto& e : *all) {
       json j = {{"start", e.start},
                 {"length", e.length},
                 {"depth", e.depth},
@@ -265,7 +195,7 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
   char line[512];
   std::snprintf(line, sizeof line, "%-20s%-20s%-8s%-6s%s\n", "Offset", "Length", "Kind", "Depth", "File");
   out.text() << line;
-  for (const auto& e : all) {
+  for (const auto& e : *all) {
     // A hole is allocated in no layer: no file holds its bytes.
     std::string file = e.present ? chain[e.depth]->info().path : "-";
     std::string kind = e.data ? "data" : e.present ? "zero" : "hole";
@@ -280,52 +210,6 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
                 "Depth: the layer that answers, 0 = the image itself, 1 = its backing file, and so on;\n"
                 "File: that layer's file.\n";
   return kExitOk;
-}
-
-bool AllZeroKinds(const ExtentList& extents) {
-  return std::all_of(extents.begin(), extents.end(),
-                     [](const Extent& e) { return e.kind != ExtentKind::kData; });
-}
-
-// Compares [offset, offset+length) of a and b; returns the first differing
-// offset or nullopt.
-Result<std::optional<uint64_t>> CompareRange(formats::Image& a, formats::Image& b,
-                                             uint64_t offset, uint64_t length) {
-  constexpr uint64_t kChunk = 4 << 20;
-  AlignedBuffer ba(kChunk), bb(kChunk);
-  for (uint64_t off = offset; off < offset + length; off += kChunk) {
-    uint64_t n = std::min(kChunk, offset + length - off);
-    BARGE_ASSIGN_OR_RETURN(ExtentList ea, a.Extents(off, n));
-    BARGE_ASSIGN_OR_RETURN(ExtentList eb, b.Extents(off, n));
-    if (AllZeroKinds(ea) && AllZeroKinds(eb)) continue;
-    ba.resize(n);
-    bb.resize(n);
-    BARGE_RETURN_IF_ERROR(a.ReadAt(off, ba.span()));
-    BARGE_RETURN_IF_ERROR(b.ReadAt(off, bb.span()));
-    if (std::memcmp(ba.data(), bb.data(), n) != 0) {
-      for (uint64_t i = 0; i < n; ++i) {
-        if (ba.data()[i] != bb.data()[i]) return std::optional<uint64_t>(off + i);
-      }
-    }
-  }
-  return std::optional<uint64_t>();
-}
-
-// The first non-zero byte of [offset, end) of an image, if any.
-Result<std::optional<uint64_t>> FirstNonZero(formats::Image& img, uint64_t offset, uint64_t end) {
-  constexpr uint64_t kChunk = 4 << 20;
-  AlignedBuffer buf(kChunk);
-  for (uint64_t off = offset; off < end; off += kChunk) {
-    uint64_t n = std::min(kChunk, end - off);
-    BARGE_ASSIGN_OR_RETURN(ExtentList e, img.Extents(off, n));
-    if (AllZeroKinds(e)) continue;
-    buf.resize(n);
-    BARGE_RETURN_IF_ERROR(img.ReadAt(off, buf.span()));
-    for (uint64_t i = 0; i < n; ++i) {
-      if (buf.data()[i] != std::byte{0}) return std::optional<uint64_t>(off + i);
-    }
-  }
-  return std::optional<uint64_t>();
 }
 
 // `a_snapshot`, `b_snapshot`: read that image at this internal snapshot ("" = its current state).
@@ -346,43 +230,33 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
   if (!a.ok()) return out.Fail(a.error(), kExitCompareError);
   auto b = OpenImageFile(b_path, *bo);
   if (!b.ok()) return out.Fail(b.error(), kExitCompareError);
-  uint64_t sa = (*a)->size_bytes(), sb = (*b)->size_bytes();
-  auto result = [&](bool identical, std::optional<uint64_t> offset, const std::string& text) {
-    json j = {{"a", a_path}, {"b", b_path}, {"identical", identical}, {"a_virtual_size", sa},
-              {"b_virtual_size", sb}};
-    // qemu-img compare names the 512-byte sector that differs; the byte
-    // itself comes beside it.
-    if (offset) {
-      j["first_difference"] = *offset / 512 * 512;
-      j["first_difference_byte"] = *offset;
-    }
-    if (!a_snapshot.empty()) j["a_snapshot"] = a_snapshot;
-    if (!b_snapshot.empty()) j["b_snapshot"] = b_snapshot;
-    out.Result(j);
-    out.text() << text << "\n";
-    return identical ? kExitOk : 1;
-  };
-  if (strict_size && sa != sb) {
-    return result(false, std::nullopt, "Image size mismatch: " + HumanBytesExact(sa) + " vs " + HumanBytesExact(sb));
+  auto c = pipeline::CompareImages(**a, **b, strict_size);
+  if (!c.ok()) return out.Fail(c.error(), kExitCompareError);
+  const uint64_t sa = c->a_size, sb = c->b_size;
+  json j = {{"a", a_path}, {"b", b_path}, {"identical", c->identical}, {"a_virtual_size", sa},
+            {"b_virtual_size", sb}};
+  // qemu-img compare names the 512-byte sector that differs; the byte
+  // itself comes beside it.
+  if (c->first_difference) {
+    j["first_difference"] = *c->first_difference / 512 * 512;
+    j["first_difference_byte"] = *c->first_difference;
   }
-  auto diff = CompareRange(**a, **b, 0, std::min(sa, sb));
-  if (!diff.ok()) return out.Fail(diff.error(), kExitCompareError);
-  if (!*diff && sa != sb) {
-    // The larger image's tail must read as zeros, as qemu-img compare says.
-    auto& bigger = sa > sb ? *a : *b;
-    diff = FirstNonZero(*bigger, std::min(sa, sb), std::max(sa, sb));
-    if (!diff.ok()) return out.Fail(diff.error(), kExitCompareError);
-    if (!*diff) {
-      out.Warning("image size mismatch (" + HumanBytesExact(sa) + " vs " + HumanBytesExact(sb) +
-                  "); the larger one's tail reads as zeros");
-    }
+  if (!a_snapshot.empty()) j["a_snapshot"] = a_snapshot;
+  if (!b_snapshot.empty()) j["b_snapshot"] = b_snapshot;
+  if (c->identical && c->sizes_differ()) {
+    out.Warning("image size mismatch (" + HumanBytesExact(sa) + " vs " + HumanBytesExact(sb) +
+                "); the larger one's tail reads as zeros");
   }
-  if (*diff) {
-    return result(false, **diff,
-                  "Content mismatch at offset " + std::to_string(**diff / 512 * 512) + "! (the first differing byte is " +
-                      std::to_string(**diff) + ")");
+  out.Result(j);
+  if (c->first_difference) {
+    out.text() << "Content mismatch at offset " << *c->first_difference / 512 * 512
+               << "! (the first differing byte is " << *c->first_difference << ")\n";
+  } else if (!c->identical) {
+    out.text() << "Image size mismatch: " << HumanBytesExact(sa) << " vs " << HumanBytesExact(sb) << "\n";
+  } else {
+    out.text() << "Images are identical.\n";
   }
-  return result(true, std::nullopt, "Images are identical.");
+  return c->identical ? kExitOk : 1;
 }
 
 int RunCheck(const std::string& path, Output& out) {

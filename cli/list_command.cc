@@ -10,9 +10,7 @@
 #include "cli/common.h"
 #include "orchestrate/backup_catalog.h"
 #include "orchestrate/catalog_path.h"
-#include "pipeline/chain.h"
 #include "pipeline/chain_summary.h"
-#include "pipeline/verification_record.h"
 
 namespace barge::cli {
 namespace {
@@ -53,22 +51,6 @@ std::string Rfc3339(const std::string& text) {
   return t.ok() ? formats::FormatRfc3339(*t) : text;
 }
 
-std::optional<double> SecondsBetween(const std::string& from, const std::string& to) {
-  auto a = formats::ParseRfc3339(from);
-  auto b = formats::ParseRfc3339(to);
-  if (!a.ok() || !b.ok()) return std::nullopt;
-  return static_cast<double>(b->seconds - a->seconds) + (b->nanos - a->nanos) / 1e9;
-}
-
-struct PointView {
-  size_t position = 0;
-  const formats::BackupManifest* manifest = nullptr;
-  std::optional<FileStat> image;           // nullopt: the image file is missing
-  std::string chain;                        // id of the point's full; "" if a link is broken
-  std::string broken;                       // why the layers cannot be followed
-  std::optional<pipeline::LastVerification> verification;
-};
-
 json VerificationJson(const std::optional<pipeline::LastVerification>& v) {
   if (!v) return nullptr;
   json j = {{"result", v->record.ok ? "ok" : "failed"},
@@ -87,8 +69,8 @@ std::string VerificationText(const std::optional<pipeline::LastVerification>& v)
   return s;
 }
 
-json PointJson(const PointView& p) {
-  const formats::BackupManifest& m = *p.manifest;
+json PointJson(const pipeline::PointView& p) {
+  const formats::BackupManifest& m = p.manifest;
   json j = {{"position", p.position},
             {"id", m.id},
             {"type", formats::BackupTypeName(m.type)},
@@ -111,112 +93,49 @@ json PointJson(const PointView& p) {
             {"source", m.source},
             {"image_digest", "xxh3-128:" + m.image_digest.ToHex()},
             {"last_verification", VerificationJson(p.verification)}};
-  // The manifest's own measure; older manifests only have whole-second times.
-  if (m.duration_seconds) {
-    j["duration_seconds"] = *m.duration_seconds;
-  } else if (auto d = SecondsBetween(m.started_at, m.finished_at); d && *d >= 0) {
-    j["duration_seconds"] = *d;
-  }
+  if (p.duration_seconds) j["duration_seconds"] = *p.duration_seconds;
   if (!p.broken.empty()) j["broken"] = p.broken;
   return j;
 }
 
 int RunList(const std::string& path, Output& out) {
-  auto where = pipeline::LocatePoint(Env::Default(), path, "");
-  if (!where.ok()) return out.Fail(where.error());
-  auto chain = pipeline::LoadChainFolder(Env::Default(), where->chain_dir);
-  if (!chain.ok()) return out.Fail(chain.error());
-  Env& env = Env::Default();
-
-  const pipeline::ChainSummary summary = pipeline::SummarizeChain(env, *chain);
-  std::vector<PointView> points;
-  std::vector<std::string> chain_order;  // ids of the fulls, as they appear
-  const uint64_t stored = summary.image_bytes;
-  for (size_t i = 0; i < chain->points.size(); ++i) {
-    PointView p;
-    p.position = i;
-    p.manifest = &chain->points[i].manifest;
-    const Result<FileStat>& st = summary.images[i];
-    if (st.ok()) {
-      p.image = *st;
-    } else {
-      out.Warning("the image of backup " + p.manifest->id + " is missing: " + st.error().ToString(),
-                  chain->PathOf(p.manifest->image));
-    }
-    auto layers = chain->LayersOf(i);
-    if (layers.ok()) {
-      p.chain = chain->points[layers->front()].manifest.id;
-      if (std::find(chain_order.begin(), chain_order.end(), p.chain) == chain_order.end()) {
-        chain_order.push_back(p.chain);
-      }
-    } else {
-      p.broken = layers.error().message();
-      out.Warning("backup " + p.manifest->id + " cannot be restored: " + p.broken,
-                  chain->points[i].manifest_path);
-    }
-    // The newest layer modification time, from the stats above (0: a layer
-    // is missing or cannot be followed).
-    int64_t newest_layer_mtime_ns = 0;
-    for (size_t l : layers.ok() ? *layers : std::vector<size_t>{}) {
-      const std::optional<FileStat>& layer = l == i ? p.image : points[l].image;
-      if (!layer) {
-        newest_layer_mtime_ns = 0;
-        break;
-      }
-      newest_layer_mtime_ns = std::max(newest_layer_mtime_ns, layer->mtime_ns);
-    }
-    auto v = pipeline::ReadLastVerification(env, *chain, i, p.image ? *p.image : FileStat{}, newest_layer_mtime_ns);
-    if (v.ok()) {
-      p.verification = *v;
-    } else {
-      out.Warning("unreadable verification record (shown as never verified): " + v.error().message(),
-                  v.error().path());
-    }
-    points.push_back(std::move(p));
-  }
+  auto listing = pipeline::ListChain(Env::Default(), path);
+  if (!listing.ok()) return out.Fail(listing.error());
+  const pipeline::ChainListing& l = *listing;
+  for (const auto& w : l.warnings) out.Warning(w.message, w.path);
 
   json chains = json::array();
-  for (const std::string& full : chain_order) {
+  for (const std::string& full : l.chain_order) {
     json ids = json::array();
-    for (const PointView& p : points) {
-      if (p.chain == full) ids.push_back(p.manifest->id);
+    for (const pipeline::PointView& p : l.points) {
+      if (p.chain == full) ids.push_back(p.manifest.id);
     }
     chains.push_back({{"full", full}, {"points", ids}, {"latest", ids.back()}});
   }
   json arr = json::array();
-  for (const PointView& p : points) arr.push_back(PointJson(p));
-  uint64_t virtual_size = points.empty() ? 0 : points.back().manifest->virtual_size;
-  // A backup or policy target (`backup --target`, a policy's targets) holds
-  // chain folders, not points: list them. One that fails to load is a
-  // warning (and a row saying so), never a folder silently searched past.
-  std::vector<pipeline::FoundChainFolder> below;
-  if (points.empty()) below = pipeline::FindChainFolders(env, chain->dir);
+  for (const pipeline::PointView& p : l.points) arr.push_back(PointJson(p));
   json folders = json::array();
-  for (const pipeline::FoundChainFolder& f : below) {
-    if (!f.summary.ok()) {
-      out.Warning("chain folder " + f.relative + " cannot be loaded: " + f.summary.error().ToString(),
-                  f.path);
-      continue;
-    }
+  for (const pipeline::FoundChainFolder& f : l.below) {
+    if (!f.summary.ok()) continue;  // warned about above, and a row of the text
     folders.push_back({{"path", f.path},
                        {"points", f.summary->points},
                        {"latest", f.summary->latest},
                        {"latest_started_at", TimeJson(f.summary->latest_started_at)},
                        {"image_bytes", f.summary->image_bytes}});
   }
-  out.Result({{"chain_dir", chain->dir},
+  out.Result({{"chain_dir", l.chain_dir},
               {"points", arr},
               {"chains", chains},
-              {"image_bytes", stored},
-              {"virtual_size", virtual_size},
+              {"image_bytes", l.image_bytes},
+              {"virtual_size", l.virtual_size},
               {"chain_folders", folders}});
 
   std::ostream& t = out.text();
-  if (points.empty() && !below.empty()) {
-    t << chain->dir << ": a backup target, " << below.size()
-      << (below.size() == 1 ? " chain folder" : " chain folders") << " below it (barge list FOLDER for its points):\n";
+  if (l.points.empty() && !l.below.empty()) {
+    t << l.chain_dir << ": a backup target, " << l.below.size()
+      << (l.below.size() == 1 ? " chain folder" : " chain folders") << " below it (barge list FOLDER for its points):\n";
     Table table({"FOLDER", "POINTS", "LATEST", "TAKEN", "STORED"});
-    for (const pipeline::FoundChainFolder& f : below) {
+    for (const pipeline::FoundChainFolder& f : l.below) {
       if (!f.summary.ok()) {
         table.Add({f.relative, "?", "CANNOT BE LOADED (see the warning)"});
         continue;
@@ -228,17 +147,17 @@ int RunList(const std::string& path, Output& out) {
     table.Print(t, "  ");
     return kExitOk;
   }
-  if (points.empty()) {
-    t << chain->dir << ": no backups\n";
+  if (l.points.empty()) {
+    t << l.chain_dir << ": no backups\n";
     return kExitOk;
   }
-  t << chain->dir << ": " << points.size() << (points.size() == 1 ? " point" : " points") << " in "
-    << chain_order.size() << (chain_order.size() == 1 ? " chain" : " chains") << ", " << HumanBytes(stored)
-    << " stored for a " << HumanBytes(virtual_size) << " disk\n";
+  t << l.chain_dir << ": " << l.points.size() << (l.points.size() == 1 ? " point" : " points") << " in "
+    << l.chain_order.size() << (l.chain_order.size() == 1 ? " chain" : " chains") << ", " << HumanBytes(l.image_bytes)
+    << " stored for a " << HumanBytes(l.virtual_size) << " disk\n";
   // One table per chain (a forced full starts a new one), then the points
   // whose links are broken.
-  std::vector<std::string> groups = chain_order;
-  if (std::any_of(points.begin(), points.end(), [](const PointView& p) { return p.chain.empty(); })) {
+  std::vector<std::string> groups = l.chain_order;
+  if (std::any_of(l.points.begin(), l.points.end(), [](const pipeline::PointView& p) { return p.chain.empty(); })) {
     groups.push_back("");
   }
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -249,16 +168,11 @@ int RunList(const std::string& path, Output& out) {
       t << "chain " << g + 1 << " (full " << groups[g] << "):\n";
     }
     Table table({"POS", "ID", "TYPE", "TAKEN", "SIZE", "STORED", "COMPRESSION", "PARENT", "VERIFIED", "REASON"});
-    for (const PointView& p : points) {
+    for (const pipeline::PointView& p : l.points) {
       if (p.chain != groups[g]) continue;
-      const formats::BackupManifest& m = *p.manifest;
-      std::string parent = "-";
-      if (m.parent) {
-        parent = m.parent->id;
-        for (const PointView& q : points) {
-          if (q.manifest->id == m.parent->id) parent = std::to_string(q.position);
-        }
-      }
+      const formats::BackupManifest& m = p.manifest;
+      // The parent's position, or its id when no point of the folder has it.
+      std::string parent = p.parent_position ? std::to_string(*p.parent_position) : m.parent ? m.parent->id : "-";
       table.Add({std::to_string(p.position), m.id, std::string(formats::BackupTypeName(m.type)),
                  Rfc3339(m.started_at), HumanBytes(m.virtual_size),
                  p.image ? HumanBytes(p.image->size_bytes) : "MISSING", m.compression, parent,

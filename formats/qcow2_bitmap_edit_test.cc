@@ -16,7 +16,7 @@
 #include "formats/qcow2_check.h"
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
-#include "formats/qcow2_check_testing.h"
+#include "tests/testing/qcow2_check_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::formats {

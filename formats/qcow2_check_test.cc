@@ -8,9 +8,9 @@
 
 #include "blockio/memory.h"
 #include "formats/qcow2_format.h"
-#include "formats/qcow2_check_testing.h"
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_snapshot.h"
+#include "tests/testing/qcow2_check_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::formats::qcow2 {

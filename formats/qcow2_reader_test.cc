@@ -10,10 +10,10 @@
 
 #include "blockio/memory.h"
 #include "formats/image.h"
-#include "formats/qcow2_check_testing.h"
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_image.h"
+#include "tests/testing/qcow2_check_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::formats {

@@ -14,13 +14,13 @@
 #include "blockio/fault.h"
 #include "blockio/memory.h"
 #include "formats/qcow2_check.h"
-#include "formats/qcow2_check_testing.h"
 #include "formats/qcow2_compress.h"
 #include "formats/qcow2_format.h"
 #include "formats/qcow2_header.h"
 #include "formats/qcow2_refcount_shadow.h"
 #include "formats/qcow2_snapshot.h"
 #include "formats/qcow2_writer.h"
+#include "tests/testing/qcow2_check_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::formats {

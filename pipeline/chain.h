@@ -16,6 +16,8 @@
 #include "formats/image.h"
 #include "formats/manifest.h"
 #include "formats/units.h"
+// ReadSmallFile, which the folder's manifests are read with.
+#include "pipeline/small_file.h"
 
 namespace barge::pipeline {
 
@@ -126,10 +128,6 @@ Result<formats::DigestTable> LoadDigestTable(Env& env, const std::string& path);
 // checked against the manifest's image digest: kCorruption naming the point
 // if they disagree.
 Result<formats::DigestTable> EffectiveDigests(Env& env, const ChainFolder& chain, size_t index);
-
-// Reads a small whole file (manifests, journals); kNotFound / kIoError, and
-// kCorruption when it is larger than `max_bytes`.
-Result<std::string> ReadSmallFile(Env& env, const std::string& path, uint64_t max_bytes = 16 << 20);
 
 // Binary search for a cluster's digest in a sorted table.
 std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,

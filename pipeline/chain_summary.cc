@@ -1,9 +1,11 @@
-// Chain folder summaries and the search for chain folders below a target.
+// Chain folder summaries, the search for chain folders below a target, and
+// the view `list` prints.
 #include "pipeline/chain_summary.h"
 
 #include <algorithm>
 
 #include "blockio/path.h"
+#include "formats/units.h"
 
 namespace barge::pipeline {
 
@@ -55,6 +57,91 @@ std::vector<FoundChainFolder> FindChainFolders(Env& env, const std::string& dir,
   std::vector<FoundChainFolder> found;
   FindBelow(env, dir, "", 1, max_depth, found);
   return found;
+}
+
+namespace {
+
+std::optional<double> SecondsBetween(const std::string& from, const std::string& to) {
+  auto a = formats::ParseRfc3339(from);
+  auto b = formats::ParseRfc3339(to);
+  if (!a.ok() || !b.ok()) return std::nullopt;
+  return static_cast<double>(b->seconds - a->seconds) + (b->nanos - a->nanos) / 1e9;
+}
+
+}  // namespace
+
+Result<ChainListing> ListChain(Env& env, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(env, path, ""));
+  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, where.chain_dir));
+  ChainListing out;
+  out.chain_dir = chain.dir;
+  const ChainSummary summary = SummarizeChain(env, chain);
+  out.image_bytes = summary.image_bytes;
+  for (size_t i = 0; i < chain.points.size(); ++i) {
+    PointView p;
+    p.position = i;
+    p.manifest = chain.points[i].manifest;
+    const formats::BackupManifest& m = p.manifest;
+    const Result<FileStat>& st = summary.images[i];
+    if (st.ok()) {
+      p.image = *st;
+    } else {
+      out.warnings.push_back({"the image of backup " + m.id + " is missing: " + st.error().ToString(),
+                              chain.PathOf(m.image)});
+    }
+    auto layers = chain.LayersOf(i);
+    if (layers.ok()) {
+      p.chain = chain.points[layers->front()].manifest.id;
+      if (std::find(out.chain_order.begin(), out.chain_order.end(), p.chain) == out.chain_order.end()) {
+        out.chain_order.push_back(p.chain);
+      }
+    } else {
+      p.broken = layers.error().message();
+      out.warnings.push_back({"backup " + m.id + " cannot be restored: " + p.broken, chain.points[i].manifest_path});
+    }
+    // The newest layer modification time, from the stats above (0: a layer
+    // is missing or cannot be followed).
+    int64_t newest_layer_mtime_ns = 0;
+    for (size_t l : layers.ok() ? *layers : std::vector<size_t>{}) {
+      const std::optional<FileStat>& layer = l == i ? p.image : out.points[l].image;
+      if (!layer) {
+        newest_layer_mtime_ns = 0;
+        break;
+      }
+      newest_layer_mtime_ns = std::max(newest_layer_mtime_ns, layer->mtime_ns);
+    }
+    auto v = ReadLastVerification(env, chain, i, p.image ? *p.image : FileStat{}, newest_layer_mtime_ns);
+    if (v.ok()) {
+      p.verification = *v;
+    } else {
+      out.warnings.push_back(
+          {"unreadable verification record (shown as never verified): " + v.error().message(), v.error().path()});
+    }
+    if (m.duration_seconds) {
+      p.duration_seconds = *m.duration_seconds;
+    } else if (auto d = SecondsBetween(m.started_at, m.finished_at); d && *d >= 0) {
+      p.duration_seconds = *d;
+    }
+    out.points.push_back(std::move(p));
+  }
+  for (PointView& p : out.points) {
+    if (!p.manifest.parent) continue;
+    for (const PointView& q : out.points) {
+      if (q.manifest.id == p.manifest.parent->id) p.parent_position = q.position;
+    }
+  }
+  if (!out.points.empty()) out.virtual_size = out.points.back().manifest.virtual_size;
+  // A backup or policy target (`backup --target`, a policy's targets) holds
+  // chain folders, not points: list them. One that fails to load is a
+  // warning, never a folder silently searched past.
+  if (out.points.empty()) out.below = FindChainFolders(env, chain.dir);
+  for (const FoundChainFolder& f : out.below) {
+    if (!f.summary.ok()) {
+      out.warnings.push_back({"chain folder " + f.relative + " cannot be loaded: " + f.summary.error().ToString(),
+                              f.path});
+    }
+  }
+  return out;
 }
 
 }  // namespace barge::pipeline

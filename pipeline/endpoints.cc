@@ -19,6 +19,14 @@ std::string OpenedSource::format_name() const {
   return std::string(formats::ImageFormatName(image->format()));
 }
 
+void ApplyFolderRule(formats::OpenOptions& options, const std::string& path, bool allow_any_path,
+                     std::vector<std::string> extra_dirs) {
+  options.allow_any_path = allow_any_path;
+  if (allow_any_path || extra_dirs.empty()) return;
+  options.allowed_dirs = std::move(extra_dirs);
+  options.allowed_dirs.push_back(DirName(AbsolutePath(path)));
+}
+
 formats::SourceOpener EnvSourceOpener(Env& env) {
   return [&env](const std::string& path) { return env.OpenSource(path); };
 }
@@ -73,10 +81,7 @@ Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec) {
   }
   auto st = env.Stat(spec.location);
   out.kind = st.ok() && st->is_block_device() ? SourceKind::kBlockDevice : SourceKind::kFile;
-  if (!options.allow_any_path && !spec.allow_dirs.empty()) {
-    options.allowed_dirs = spec.allow_dirs;
-    options.allowed_dirs.push_back(DirName(AbsolutePath(spec.location)));
-  }
+  ApplyFolderRule(options, spec.location, spec.allow_any_path, spec.allow_dirs);
   BARGE_ASSIGN_OR_RETURN(out.image, OpenImageFile(env, spec.location, options));
   return out;
 }

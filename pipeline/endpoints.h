@@ -42,6 +42,15 @@ struct OpenedSource {
 // must outlive the opened source.
 Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec);
 
+// The folder rule of an image opened by path (--allow-any-path,
+// --allow-dir): its backing and data files must lie under its own folder,
+// and folders given beside it add to that folder rather than replace it.
+// Sets `options` for the image at `path`: allow_any_path lifts the rule;
+// without `extra_dirs`, allowed_dirs is left as it is (empty: formats'
+// default, the image's own folder alone).
+void ApplyFolderRule(formats::OpenOptions& options, const std::string& path, bool allow_any_path,
+                     std::vector<std::string> extra_dirs);
+
 // formats::OpenImage's view of the filesystem through `env` (which must
 // outlive what is opened with them): the opener of every file of a chain,
 // and the path facts of its folder policy (canonical names, identities).

@@ -1,10 +1,12 @@
 // Merge journal: encoding, durable writing and roll-forward recovery.
 #include "pipeline/merge_journal.h"
 
+#include <cctype>
+
 #include <nlohmann/json.hpp>
 
 #include "formats/json_fields.h"
-#include "pipeline/chain.h"
+#include "pipeline/small_file.h"
 
 namespace barge::pipeline {
 

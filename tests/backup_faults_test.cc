@@ -20,13 +20,14 @@
 #include "blockio/fault.h"
 #include "pipeline/backup.h"
 #include "pipeline/restore.h"
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/env_wrappers.h"
-#include "tests/testing/testing.h"
 
 namespace barge::pipeline {
 namespace {
 
 namespace fs = std::filesystem;
+using ::barge::testing::Barge;
 using ::barge::testing::CommandResult;
 using ::barge::testing::FaultFilesEnv;
 using ::barge::testing::RunOk;
@@ -34,8 +35,6 @@ using ::barge::testing::ShellQuote;
 using ::barge::testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string Barge(const std::string& args) { return ShellQuote(testing::BargeBinary()) + " " + args; }
 
 // Every entry of a folder except the chain lock file.
 std::vector<std::string> Leftovers(const std::string& dir) {

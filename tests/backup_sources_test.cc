@@ -15,26 +15,21 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
 
 using nlohmann::json;
+using ::barge::testing::Barge;
 using ::barge::testing::CommandResult;
 using ::barge::testing::RandomBytes;
 using ::barge::testing::RunOk;
 using ::barge::testing::ShellQuote;
+using ::barge::testing::Slurp;
 using ::barge::testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string Barge(const std::string& args) { return ShellQuote(testing::BargeBinary()) + " " + args; }
-
-std::string ReadText(const std::string& path) {
-  std::vector<std::byte> b = testing::ReadFile(path);
-  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
-}
 
 using ::barge::testing::ResultOf;
 
@@ -251,7 +246,7 @@ TEST_F(BackupSourcesTest, SourceFormatRawIsNeverProbed) {
   EXPECT_EQ(testing::Run("qemu-img compare -f qcow2 -F raw " + ShellQuote(r["image"].get<std::string>()) + " " +
                 ShellQuote(disk)).exit_code,
             0);
-  json manifest = json::parse(ReadText(r["manifest"].get<std::string>()), nullptr, false);
+  json manifest = json::parse(Slurp(r["manifest"].get<std::string>()), nullptr, false);
   EXPECT_EQ(manifest["source"]["format"], "raw") << manifest.dump();
 
   // Without the flag the header wins: an error, or a 1 MiB "qcow2" disk that

@@ -7,43 +7,20 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
-#include <sstream>
 #include <string>
 
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
 
+using testing::Barge;
+using testing::ErrorOf;
+using testing::Q;
 using testing::RunOk;
-using testing::ShellQuote;
+using testing::RunResult;
+using testing::Sh;
 using testing::TempDir;
-
-// testing::Run (a fixture's own Run() would hide it).
-testing::CommandResult Sh(const std::string& command) { return testing::Run(command); }
-std::string Barge() { return ShellQuote(testing::BargeBinary()); }
-std::string Q(const std::string& s) { return ShellQuote(s); }
-
-// The "result" line of a --json run's NDJSON (one object per line).
-nlohmann::json ResultLine(const std::string& output) {
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("event", "") == "result") return j;
-  }
-  return {};
-}
-
-nlohmann::json ErrorLine(const std::string& output) {
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("event", "") == "error") return j;
-  }
-  return {};
-}
 
 void ExpectQemuClean(const std::string& image) {
   auto r = Sh("qemu-img check -f qcow2 --output=json " + Q(image));
@@ -72,7 +49,7 @@ Bitmaps QemuBitmaps(const std::string& image) {
 
 // The same from `barge bitmap list --json`, in qemu's notation.
 Bitmaps BargeBitmaps(const std::string& image) {
-  auto j = ResultLine(RunOk(Barge() + " bitmap list --json " + Q(image)));
+  auto j = RunResult(Barge() + " bitmap list --json " + Q(image));
   Bitmaps b;
   for (const auto& e : j["bitmaps"]) {
     std::string flags = e["in_use"].get<bool>() ? "in-use" : "";
@@ -84,7 +61,7 @@ Bitmaps BargeBitmaps(const std::string& image) {
 
 // Dirty ranges of one bitmap as "offset+length" strings, read by barge.
 std::vector<std::string> Dirty(const std::string& image, const std::string& bitmap) {
-  auto j = ResultLine(RunOk(Barge() + " bitmap dump --json " + Q(image) + " " + Q(bitmap)));
+  auto j = RunResult(Barge() + " bitmap dump --json " + Q(image) + " " + Q(bitmap));
   std::vector<std::string> out;
   for (const auto& r : j["dirty"]) {
     out.push_back(std::to_string(r["offset"].get<uint64_t>()) + "+" + std::to_string(r["length"].get<uint64_t>()));
@@ -115,7 +92,7 @@ class BitmapCliTest : public ::testing::Test {
 
 TEST_F(BitmapCliTest, EveryOperationAsQemuImgSeesIt) {
   SaveGuest();
-  auto add = ResultLine(RunOk(Barge() + " bitmap add --json " + Q(img_) + " cbt0"));
+  auto add = RunResult(Barge() + " bitmap add --json " + Q(img_) + " cbt0");
   EXPECT_EQ(add["action"], "add");
   EXPECT_EQ(add["names"], nlohmann::json::array({"cbt0"}));
   EXPECT_TRUE(add["changed"].get<bool>());
@@ -133,7 +110,7 @@ TEST_F(BitmapCliTest, EveryOperationAsQemuImgSeesIt) {
   EXPECT_TRUE(Dirty(img_, "frozen").empty());
   SaveGuest();
 
-  auto clear = ResultLine(RunOk(Barge() + " bitmap clear --json " + Q(img_) + " cbt0"));
+  auto clear = RunResult(Barge() + " bitmap clear --json " + Q(img_) + " cbt0");
   EXPECT_EQ(clear["action"], "clear");
   ExpectQemuClean(img_);
   EXPECT_EQ(QemuBitmaps(img_), (Bitmaps{{"cbt0", "65536 auto"}, {"frozen", "4096 "}, {"spare", "4096 "}}));
@@ -149,11 +126,11 @@ TEST_F(BitmapCliTest, EveryOperationAsQemuImgSeesIt) {
   EXPECT_EQ(Dirty(img_, "frozen"), (std::vector<std::string>{"3145728+4096"}));
 
   // Enabling an enabled bitmap changes nothing, and says so.
-  auto again = ResultLine(RunOk(Barge() + " bitmap enable --json " + Q(img_) + " frozen"));
+  auto again = RunResult(Barge() + " bitmap enable --json " + Q(img_) + " frozen");
   EXPECT_FALSE(again["changed"].get<bool>());
   EXPECT_NE(RunOk(Barge() + " bitmap enable " + Q(img_) + " frozen").find("already enabled"), std::string::npos);
 
-  auto removed = ResultLine(RunOk(Barge() + " bitmap remove --json " + Q(img_) + " spare frozen"));
+  auto removed = RunResult(Barge() + " bitmap remove --json " + Q(img_) + " spare frozen");
   ASSERT_EQ(removed["bitmaps"].size(), 1u);
   EXPECT_EQ(removed["bitmaps"][0]["name"], "cbt0");
   EXPECT_FALSE(removed["bitmaps"][0]["enabled"].get<bool>());
@@ -207,9 +184,9 @@ TEST_F(BitmapCliTest, RefusedWhileQemuHasTheImageOpen) {
                               dir_ / "nbd.sock");
     ASSERT_TRUE(nbd.WaitReady());
     for (const char* edit : {"clear", "remove", "disable"}) {
-      auto r = Sh(Barge() + " bitmap " + edit + " --json " + Q(img_) + " cbt0 2>/dev/null");
+      auto r = Sh(Barge() + " bitmap " + edit + " --json " + Q(img_) + " cbt0");
       EXPECT_EQ(r.exit_code, 4) << edit << ": " << r.output;
-      auto error = ErrorLine(r.output);
+      auto error = ErrorOf(r.stdout_text);
       EXPECT_EQ(error["code"], "Busy") << r.output;
       EXPECT_NE(error.value("message", "").find("qemu-nbd"), std::string::npos) << r.output;
     }
@@ -225,9 +202,9 @@ TEST_F(BitmapCliTest, RefusedWhileQemuHasTheImageOpen) {
 TEST_F(BitmapCliTest, MistakesAreRefusedWithoutWriting) {
   RunOk(Barge() + " bitmap add " + Q(img_) + " cbt0");
   const std::string before = RunOk("md5sum < " + Q(img_));
-  auto missing = Sh(Barge() + " bitmap clear --json " + Q(img_) + " nope 2>&1");
+  auto missing = Sh(Barge() + " bitmap clear --json " + Q(img_) + " nope");
   EXPECT_EQ(missing.exit_code, 1) << missing.output;
-  EXPECT_EQ(ErrorLine(missing.output)["code"], "NotFound");
+  EXPECT_EQ(ErrorOf(missing.stdout_text)["code"], "NotFound");
   EXPECT_EQ(Sh(Barge() + " bitmap add " + Q(img_) + " cbt0").exit_code, 1);          // exists
   EXPECT_EQ(Sh(Barge() + " bitmap add -g 1000 " + Q(img_) + " x").exit_code, 64);    // not a power of two
   EXPECT_EQ(Sh(Barge() + " bitmap add -g 256 " + Q(img_) + " x").exit_code, 64);     // below 512
@@ -253,14 +230,14 @@ TEST_F(BitmapCliTest, OfflineTrackingPeriodRotation) {
   RunOk(Barge() + " backup --source " + Q(img_) + " --target " + Q(target) + " --name vda");
   RunOk("qemu-img convert -f qcow2 -O raw " + Q(img_) + " " + Q(dir_ / "p0.raw"));
   QemuIo(img_, "-c 'write -P 0x21 4M 1M'");
-  auto first = ResultLine(RunOk(Barge() + " backup --json --source " + Q(img_) + " --target " + Q(target) +
-                                " --name vda --incremental --dirty-bitmap cbt0"));
+  auto first = RunResult(Barge() + " backup --json --source " + Q(img_) + " --target " + Q(target) +
+                         " --name vda --incremental --dirty-bitmap cbt0");
   EXPECT_EQ(first["dirty_bytes"], 1 << 20);
   RunOk("qemu-img convert -f qcow2 -O raw " + Q(img_) + " " + Q(dir_ / "p1.raw"));
   RunOk(Barge() + " bitmap clear " + Q(img_) + " cbt0");
   QemuIo(img_, "-c 'write -P 0x22 14M 64k'");
-  auto second = ResultLine(RunOk(Barge() + " backup --json --source " + Q(img_) + " --target " + Q(target) +
-                                 " --name vda --incremental --dirty-bitmap cbt0"));
+  auto second = RunResult(Barge() + " backup --json --source " + Q(img_) + " --target " + Q(target) +
+                          " --name vda --incremental --dirty-bitmap cbt0");
   EXPECT_EQ(second["dirty_bytes"], 64 << 10);
   RunOk("qemu-img convert -f qcow2 -O raw " + Q(img_) + " " + Q(dir_ / "p2.raw"));
   for (int k = 0; k < 3; ++k) {

@@ -5,34 +5,22 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <sstream>
 #include <string>
 
 #include "orchestrate/backup_catalog.h"
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
 
 namespace fs = std::filesystem;
 namespace orc = barge::orchestrate;
+using testing::Barge;
+using testing::Q;
 using testing::RunOk;
-using testing::ShellQuote;
+using testing::RunResult;
+using testing::Sh;
 using testing::TempDir;
-
-testing::CommandResult Sh(const std::string& command) { return testing::Run(command); }
-std::string Barge() { return ShellQuote(testing::BargeBinary()); }
-std::string Q(const std::string& s) { return ShellQuote(s); }
-
-nlohmann::json ResultLine(const std::string& output) {
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("event", "") == "result") return j;
-  }
-  return {};
-}
 
 orc::BackupRecord Record(const std::string& domain, const std::string& tracker, const std::string& checkpoint) {
   orc::BackupRecord r;
@@ -76,7 +64,7 @@ TEST(CatalogListCliTest, TrackersCheckpointsAndRecords) {
   TempDir dir;
   const std::string db = dir / "state/catalog.db";
   Populate(db);
-  auto j = ResultLine(RunOk(Barge() + " catalog list --json --catalog " + Q(db)));
+  auto j = RunResult(Barge() + " catalog list --json --catalog " + Q(db));
   EXPECT_EQ(j["command"], "catalog list");
   EXPECT_EQ(j["catalog"], db);
   ASSERT_EQ(j["trackers"].size(), 2u);
@@ -107,7 +95,7 @@ TEST(CatalogListCliTest, TrackersCheckpointsAndRecords) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
 
-  auto vm2 = ResultLine(RunOk(Barge() + " catalog list --json --domain vm2 --catalog " + Q(db)));
+  auto vm2 = RunResult(Barge() + " catalog list --json --domain vm2 --catalog " + Q(db));
   ASSERT_EQ(vm2["trackers"].size(), 1u);
   EXPECT_EQ(vm2["trackers"][0]["name"], "weekly");
   EXPECT_TRUE(vm2["checkpoints"].empty());
@@ -120,11 +108,11 @@ TEST(CatalogListCliTest, FindsTheCatalogLikeEveryCommandAndNeverCreatesOne) {
   TempDir dir;
   Populate(dir / "barge/catalog.db");
   // $XDG_STATE_HOME/barge/catalog.db, then $BARGE_CATALOG.
-  auto by_xdg = ResultLine(RunOk("env -u BARGE_CATALOG XDG_STATE_HOME=" + Q(dir.path().string()) + " " + Barge() +
-                                 " catalog list --json"));
+  auto by_xdg = RunResult("env -u BARGE_CATALOG XDG_STATE_HOME=" + Q(dir.path().string()) + " " + Barge() +
+                          " catalog list --json");
   EXPECT_EQ(by_xdg["trackers"].size(), 2u);
-  auto by_env = ResultLine(RunOk("BARGE_CATALOG=" + Q(dir / "barge/catalog.db") + " " + Barge() +
-                                 " catalog list --json"));
+  auto by_env = RunResult("BARGE_CATALOG=" + Q(dir / "barge/catalog.db") + " " + Barge() +
+                          " catalog list --json");
   EXPECT_EQ(by_env["trackers"].size(), 2u);
 
   const std::string missing = dir / "nowhere/catalog.db";

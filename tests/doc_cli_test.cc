@@ -12,18 +12,16 @@
 #include <string>
 #include <vector>
 
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
 
+using testing::Barge;
+using testing::Q;
 using testing::RunOk;
-using testing::ShellQuote;
+using testing::Sh;
 using testing::TempDir;
-
-testing::CommandResult Sh(const std::string& command) { return testing::Run(command); }
-std::string Barge() { return ShellQuote(testing::BargeBinary()); }
-std::string Q(const std::string& s) { return ShellQuote(s); }
 
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> out;

@@ -16,12 +16,13 @@
 #include "blockio/file.h"
 #include "formats/image.h"
 #include "formats/qcow2_bitmap.h"
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
 
 namespace fs = std::filesystem;
+using ::barge::testing::Barge;
 using ::barge::testing::RunOk;
 using ::barge::testing::ShellQuote;
 using ::barge::testing::TempDir;
@@ -41,8 +42,6 @@ constexpr bool kAsan = false;
 // baseline is about 95 MB).
 constexpr long kMaxRssKiB = kAsan ? 512 * 1024 : 256 * 1024;
 constexpr int kMaxSeconds = 60;
-
-std::string Barge(const std::string& args) { return ShellQuote(testing::BargeBinary()) + " " + args; }
 
 struct Measured {
   std::string command;

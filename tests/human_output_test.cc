@@ -6,20 +6,19 @@
 #include <regex>
 #include <string>
 
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
 
+using testing::Barge;
+using testing::Q;
 using testing::RunOk;
-using testing::ShellQuote;
+using testing::Sh;
 using testing::TempDir;
 
-testing::CommandResult Sh(const std::string& command) { return testing::Run(command); }
-std::string Barge() { return ShellQuote(testing::BargeBinary()); }
-std::string Q(const std::string& s) { return ShellQuote(s); }
-
-bool Has(const std::string& text, const std::string& pattern) {
+// `pattern` (a regular expression) matches somewhere in `text`.
+bool Matches(const std::string& text, const std::string& pattern) {
   return std::regex_search(text, std::regex(pattern));
 }
 
@@ -56,7 +55,7 @@ TEST_F(HumanOutputTest, InfoShowsSnapshotDatesAsRfc3339AndGranularityAsASize) {
   RunOk("qemu-img bitmap --add -g 65536 " + Q(img_) + " cbt0");
   RunOk("qemu-img bitmap --add -g 4096 --disable " + Q(img_) + " frozen");
   std::string info = RunOk(Barge() + " info " + Q(img_));
-  EXPECT_TRUE(Has(info, R"(before +vm state 0 B +date 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ)")) << info;
+  EXPECT_TRUE(Matches(info, R"(before +vm state 0 B +date 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ)")) << info;
   EXPECT_NE(info.find("cbt0: granularity 64 KiB, enabled"), std::string::npos) << info;
   EXPECT_NE(info.find("frozen: granularity 4 KiB, disabled"), std::string::npos) << info;
   EXPECT_NE(info.find("virtual size: 8 MiB (8388608 bytes)"), std::string::npos) << info;
@@ -68,15 +67,15 @@ TEST_F(HumanOutputTest, DurationsDigestsAndSizesInMessages) {
   const std::string chain = dir_ / "bk/vda";
   std::string backup = RunOk(Barge() + " backup --source " + Q(img_) + " --target " + Q(dir_ / "bk") + " --name vda");
   ExpectThreeDigitSeconds(backup);
-  EXPECT_TRUE(Has(backup, R"(digest: +xxh3-128:[0-9a-f]{32})")) << backup;
+  EXPECT_TRUE(Matches(backup, R"(digest: +xxh3-128:[0-9a-f]{32})")) << backup;
   std::string restore = RunOk(Barge() + " restore " + Q(chain) + " --to " + Q(dir_ / "r.raw"));
-  EXPECT_TRUE(Has(restore, R"(image digest xxh3-128:[0-9a-f]{32} in [0-9.]+ (s|min))")) << restore;
+  EXPECT_TRUE(Matches(restore, R"(image digest xxh3-128:[0-9a-f]{32} in [0-9.]+ (s|min))")) << restore;
   ExpectThreeDigitSeconds(restore);
   std::string verify = RunOk(Barge() + " verify " + Q(chain));
   EXPECT_NE(verify.find("cluster digests (xxh3-128)"), std::string::npos) << verify;
   ExpectThreeDigitSeconds(verify);
   std::string convert = RunOk(Barge() + " convert " + Q(img_) + " " + Q(dir_ / "c.raw"));
-  EXPECT_TRUE(Has(convert, R"(image digest xxh3-128:[0-9a-f]{32})")) << convert;
+  EXPECT_TRUE(Matches(convert, R"(image digest xxh3-128:[0-9a-f]{32})")) << convert;
 
   // Sizes in error messages: readable, with the exact count.
   RunOk("qemu-img create -q -f raw " + Q(dir_ / "small.raw") + " 1M");
@@ -100,10 +99,10 @@ TEST_F(HumanOutputTest, DurationsDigestsAndSizesInMessages) {
 TEST_F(HumanOutputTest, MapLegendExplainsEveryColumn) {
   RunOk("qemu-io -f qcow2 -c 'write -z 2M 64k' " + Q(img_));
   std::string map = RunOk(Barge() + " map " + Q(img_));
-  EXPECT_TRUE(Has(map, R"(0x0 +0x100000 +data +0 +)" + std::regex_replace(img_, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)")))
+  EXPECT_TRUE(Matches(map, R"(0x0 +0x100000 +data +0 +)" + std::regex_replace(img_, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)")))
       << map;
-  EXPECT_TRUE(Has(map, R"(0x200000 +0x10000 +zero +0 )")) << map;
-  EXPECT_TRUE(Has(map, R"(0x100000 +0x100000 +hole +0 +-\n)")) << map;
+  EXPECT_TRUE(Matches(map, R"(0x200000 +0x10000 +zero +0 )")) << map;
+  EXPECT_TRUE(Matches(map, R"(0x100000 +0x100000 +hole +0 +-\n)")) << map;
   for (const char* word : {"Offset, Length: guest bytes, in hex", "data/z = stored compressed", "zero = reads as zeros",
                            "hole = allocated in no layer", "Depth:", "File:"}) {
     EXPECT_NE(map.find(word), std::string::npos) << word << "\n" << map;

@@ -23,20 +23,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing::Barge;
 using testing::RunOk;
 using testing::ShellQuote;
 using testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string Barge() { return ShellQuote(testing::BargeBinary()); }
 
 struct Catalog {
   TempDir dir;

@@ -18,7 +18,7 @@
 #include <functional>
 #include <thread>
 
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge::testing {
 namespace {
@@ -28,8 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-std::string Barge(const std::string& args) { return ShellQuote(BargeBinary()) + " " + args; }
-std::string Q(const std::string& s) { return ShellQuote(s); }
 
 // A barge process with output to a file, killed and reaped by the
 // destructor if the test did not wait for it.

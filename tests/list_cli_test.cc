@@ -301,11 +301,11 @@ TEST_F(ListCliTest, TargetWarnsAboutAChainFolderThatDoesNotLoad) {
 
   auto r = Sh(Barge() + " list --json " + Q(dir_ / "bk"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto warnings = Events(r.output, "warning");
+  auto warnings = Warnings(r.stdout_text);
   ASSERT_EQ(warnings.size(), 1u) << r.output;
   EXPECT_EQ(warnings[0].value("file", ""), broken) << r.output;
   EXPECT_NE(warnings[0].value("message", "").find("0001-20200102T000000Z.json"), std::string::npos) << r.output;
-  const auto folders = ResultLine(r.output)["chain_folders"];
+  const auto folders = ResultOf(r.stdout_text)["chain_folders"];
   ASSERT_EQ(folders.size(), 1u) << r.output;
   EXPECT_EQ(folders[0]["path"], chain_);
 

@@ -168,7 +168,7 @@ TEST(PolicyCliTest, TwoPolicyFilesWithOneNameAreRefused) {
   WriteText(second, body);
   const std::string first = fs::canonical(first_path).string();
   ASSERT_EQ(BargeJson("run --force --policy " + Q(first), cat).exit_code, 0);
-  EXPECT_EQ(Background::Slurp(dir / "t/same/.barge-policy"), first + "\n");
+  EXPECT_EQ(Slurp(dir / "t/same/.barge-policy"), first + "\n");
   ASSERT_EQ(Manifests(dir / "t"), 1u);
 
   CliResult r = BargeJson("run --force --policy " + Q(second), cat);
@@ -242,7 +242,7 @@ TEST(PolicyCliTest, ScheduleAcrossSlotsRetentionRestoreAndReasonChange) {
   }
 
   // The node-exporter textfile of the first run.
-  std::string prom = Background::Slurp(dir / "barge.prom");
+  std::string prom = Slurp(dir / "barge.prom");
   EXPECT_NE(prom.find("barge_policy_runs_total{policy=\"e2e\",source=\"vm\",result=\"success\"} 1"),
             std::string::npos)
       << prom;
@@ -468,7 +468,7 @@ TEST(PolicyCliTest, MissingOrReadOnlyTarget) {
             "IoError: no target can be used; " + (dir / "ro") + ": IoError: " + (dir / "ro") +
                 ": the filesystem is mounted read-only")
       << r.output;
-  const std::string prom = Background::Slurp(dir / "m.prom");
+  const std::string prom = Slurp(dir / "m.prom");
   EXPECT_NE(prom.find("barge_policy_target_up{policy=\"tg\",target=\"" + (dir / "ro") + "\"} 0"), std::string::npos)
       << prom;
 }

@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -24,15 +23,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge::policy_testing {
 
 using nlohmann::json;
-using testing::ShellQuote;
-
-inline std::string Q(const std::string& s) { return ShellQuote(s); }
-inline std::string Barge() { return Q(testing::BargeBinary()); }
+using testing::Barge;
+using testing::Q;
+using testing::Slurp;
 
 // A command run by /bin/sh in the background, stdout and stderr to files.
 // The destructor stops it (SIGTERM, then SIGKILL after 5 s) if it still runs.
@@ -94,13 +92,6 @@ class Background {
   }
   std::string out() const { return Slurp(out_); }
   std::string err() const { return Slurp(err_); }
-
-  static std::string Slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
 
  private:
   std::string out_, err_;

@@ -13,21 +13,20 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/testing/testing.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing::Barge;
 using testing::RunOk;
 using testing::RunResult;
 using testing::ShellQuote;
 using testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string Barge() { return ShellQuote(testing::BargeBinary()); }
 
 // 12 MiB + 3 sectors: random data, compressible text, a hole, a zero run.
 void MakeRaw(const std::string& path, uint64_t seed) {

@@ -20,21 +20,20 @@
 
 #include "blockio/env.h"
 #include "orchestrate/state_migrate.h"
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/env_wrappers.h"
-#include "tests/testing/testing.h"
 
 namespace barge {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing::Barge;
 using testing::RunOk;
 using testing::ShellQuote;
 using testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string Barge() { return ShellQuote(testing::BargeBinary()); }
 
 std::string Sha512(const fs::path& p) { return RunOk("sha512sum " + ShellQuote(p.string())).substr(0, 128); }
 

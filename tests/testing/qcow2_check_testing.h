@@ -1,5 +1,7 @@
 // Test helpers around CheckQcow2 shared by the formats tests: run the
-// checker on in-memory image bytes and print its messages.
+// checker on in-memory image bytes and print its messages. Kept with the
+// tests: it reads through MemorySource, a blockio implementation that
+// formats/ itself never sees.
 #pragma once
 
 #include <gtest/gtest.h>
