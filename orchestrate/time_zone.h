@@ -1,7 +1,9 @@
 // Time zones of the TZ database, read from the system's zoneinfo files
 // (TZif, RFC 8536) without touching the process's TZ or localtime: the
 // conversions cron schedules need (UTC <-> local wall time). libstdc++ 12
-// (Debian 12) has no std::chrono::tzdb, hence this small reader.
+// (Debian 12) has no std::chrono::tzdb, hence this small reader; Debian's
+// date library (libdate-tz, 3.0.1) was measured and is not used: wrong
+// offsets after 2037, $TZDIR ignored (docs/dependencies.md).
 #pragma once
 
 #include <chrono>
