@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <string>
 
-#include "orchestrate/snapshot.h"
+#include "orchestrate/snapshot/snapshot.h"
 
 using namespace barge;
 using namespace barge::orchestrate;

@@ -9,8 +9,8 @@
 #include "cli/copy_flags.h"
 #include "cli/hook_flags.h"
 #include "cli/progress.h"
-#include "orchestrate/hooked_backup.h"
-#include "orchestrate/policy_runner.h"
+#include "orchestrate/vm/hooked_backup.h"
+#include "orchestrate/policy/policy_runner.h"
 #include "pipeline/backup.h"
 
 namespace barge::cli {

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "orchestrate/backup_catalog.h"
+#include "orchestrate/catalog/backup_catalog.h"
 
 namespace barge::cli {
 

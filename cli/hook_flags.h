@@ -1,6 +1,6 @@
 // --pre-hook, --post-hook and --hook-timeout, shared by every command that
 // makes a consistent point (snapshot create, backup, vm backup); the hooks
-// themselves are orchestrate/hooks.h's.
+// themselves are orchestrate/base/hooks.h's.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/error.h"
-#include "orchestrate/hooks.h"
+#include "orchestrate/base/hooks.h"
 
 namespace barge::cli {
 

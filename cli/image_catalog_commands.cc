@@ -6,8 +6,8 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
-#include "orchestrate/catalog_path.h"
-#include "orchestrate/image_catalog.h"
+#include "orchestrate/catalog/catalog_path.h"
+#include "orchestrate/catalog/image_catalog.h"
 
 namespace barge::cli {
 namespace {

@@ -8,8 +8,8 @@
 #include "blockio/env.h"
 #include "cli/catalog_json.h"
 #include "cli/common.h"
-#include "orchestrate/backup_catalog.h"
-#include "orchestrate/catalog_path.h"
+#include "orchestrate/catalog/backup_catalog.h"
+#include "orchestrate/catalog/catalog_path.h"
 #include "pipeline/chain_summary.h"
 
 namespace barge::cli {

@@ -8,12 +8,12 @@
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
 #include "cli/policy_output.h"
-#include "orchestrate/catalog_path.h"
-#include "orchestrate/policy.h"
-#include "orchestrate/policy_hooks.h"
-#include "orchestrate/policy_metrics.h"
-#include "orchestrate/policy_runner.h"
-#include "orchestrate/time_text.h"
+#include "orchestrate/catalog/catalog_path.h"
+#include "orchestrate/policy/policy.h"
+#include "orchestrate/policy/policy_hooks.h"
+#include "orchestrate/policy/policy_metrics.h"
+#include "orchestrate/policy/policy_runner.h"
+#include "orchestrate/schedule/time_text.h"
 
 namespace barge::cli {
 namespace {

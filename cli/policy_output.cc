@@ -7,7 +7,7 @@
 
 #include "cli/common.h"
 #include "cli/interrupt.h"
-#include "orchestrate/time_text.h"
+#include "orchestrate/schedule/time_text.h"
 
 namespace barge::cli {
 

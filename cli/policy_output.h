@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "orchestrate/policy.h"
-#include "orchestrate/policy_runner.h"
+#include "orchestrate/policy/policy.h"
+#include "orchestrate/policy/policy_runner.h"
 
 namespace barge::cli {
 

@@ -24,10 +24,10 @@
 #include "cli/policy_output.h"
 #include "cli/sd_notify.h"
 #include "formats/json_fields.h"
-#include "orchestrate/catalog_path.h"
-#include "orchestrate/policy_hooks.h"
-#include "orchestrate/policy_scheduler.h"
-#include "orchestrate/time_text.h"
+#include "orchestrate/catalog/catalog_path.h"
+#include "orchestrate/policy/policy_hooks.h"
+#include "orchestrate/policy/policy_scheduler.h"
+#include "orchestrate/schedule/time_text.h"
 
 namespace barge::cli {
 namespace {

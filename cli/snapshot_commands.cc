@@ -1,6 +1,6 @@
 // barge snapshot create|list|rename|delete|rollback|apply|metrics: internal
 // snapshots of a qcow2 disk, named as an image file or as a libvirt
-// domain's disk (orchestrate/snapshot.h). Behaviour in docs/snapshots.md,
+// domain's disk (orchestrate/snapshot/snapshot.h). Behaviour in docs/snapshots.md,
 // results in docs/json.md.
 #include <algorithm>
 #include <cctype>
@@ -12,9 +12,9 @@
 #include "cli/hook_flags.h"
 #include "formats/json_fields.h"
 #include "formats/qcow2_snapshot.h"
-#include "orchestrate/catalog_path.h"
-#include "orchestrate/snapshot.h"
-#include "orchestrate/snapshot_apply.h"
+#include "orchestrate/catalog/catalog_path.h"
+#include "orchestrate/snapshot/snapshot.h"
+#include "orchestrate/snapshot/snapshot_apply.h"
 
 namespace barge::cli {
 namespace {

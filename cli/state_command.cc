@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "cli/common.h"
-#include "orchestrate/state_migrate.h"
+#include "orchestrate/state/state_migrate.h"
 
 namespace barge::cli {
 namespace {

@@ -13,7 +13,8 @@ set(blockio_api "blockio/error.h;blockio/buffer.h;blockio/extent.h;blockio/path.
 set(layers "blockio;formats;pipeline;orchestrate;cli")
 set(failed FALSE)
 foreach(layer IN LISTS layers)
-  file(GLOB files "${ROOT}/${layer}/*.h" "${ROOT}/${layer}/*.cc")
+  file(GLOB files "${ROOT}/${layer}/*.h" "${ROOT}/${layer}/*.cc"
+                   "${ROOT}/${layer}/*/*.h" "${ROOT}/${layer}/*/*.cc")
   foreach(f IN LISTS files)
     if(f MATCHES "_test\\.cc$")
       continue()

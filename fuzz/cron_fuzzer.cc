@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "orchestrate/cron.h"
-#include "orchestrate/time_zone.h"
+#include "orchestrate/schedule/cron.h"
+#include "orchestrate/schedule/time_zone.h"
 
 using namespace barge::orchestrate;
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
-#include "orchestrate/cbt.h"
-#include "orchestrate/libvirt_conn.h"
-#include "orchestrate/tracker.h"
+#include "orchestrate/vm/cbt.h"
+#include "orchestrate/libvirt/libvirt_conn.h"
+#include "orchestrate/vm/tracker.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace barge::orchestrate;

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "blockio/env.h"
-#include "orchestrate/policy.h"
+#include "orchestrate/policy/policy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "orchestrate/time_zone.h"
+#include "orchestrate/schedule/time_zone.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);

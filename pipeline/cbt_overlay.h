@@ -1,6 +1,6 @@
 // The CBT overlay: a metadata-only qcow2 over a raw disk (data-file,
 // data-file-raw) that carries persistent dirty bitmaps. One creator for
-// `barge overlay create` and `barge cbt enable` (orchestrate/cbt.h).
+// `barge overlay create` and `barge cbt enable` (orchestrate/vm/cbt.h).
 #pragma once
 
 #include <cstdint>

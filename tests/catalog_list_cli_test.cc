@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "orchestrate/backup_catalog.h"
+#include "orchestrate/catalog/backup_catalog.h"
 #include "tests/testing/cli_testing.h"
 
 namespace barge {

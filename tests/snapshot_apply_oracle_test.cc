@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "orchestrate/snapshot_apply.h"
+#include "orchestrate/snapshot/snapshot_apply.h"
 #include "tests/testing/testing.h"
 
 namespace barge::orchestrate {

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "orchestrate/snapshot.h"
-#include "orchestrate/snapshot_apply.h"
+#include "orchestrate/snapshot/snapshot.h"
+#include "orchestrate/snapshot/snapshot_apply.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 

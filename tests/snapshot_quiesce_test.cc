@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "blockio/env.h"
-#include "orchestrate/snapshot.h"
+#include "orchestrate/snapshot/snapshot.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 

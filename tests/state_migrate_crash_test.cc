@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/env.h"
-#include "orchestrate/state_migrate.h"
+#include "orchestrate/state/state_migrate.h"
 #include "tests/testing/cli_testing.h"
 #include "tests/testing/env_wrappers.h"
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/env.h"
-#include "orchestrate/vm_backup.h"
+#include "orchestrate/vm/vm_backup.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 

@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "orchestrate/backup_catalog.h"
-#include "orchestrate/file_lock.h"
-#include "orchestrate/state_repoint.h"
+#include "orchestrate/catalog/backup_catalog.h"
+#include "orchestrate/base/file_lock.h"
+#include "orchestrate/state/state_repoint.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 

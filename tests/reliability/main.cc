@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "blockio/env.h"
-#include "orchestrate/file_lock.h"
+#include "orchestrate/base/file_lock.h"
 #include "tests/reliability/harness.h"
 
 int main(int argc, char** argv) {

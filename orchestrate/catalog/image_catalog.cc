@@ -1,0 +1,759 @@
+// ImageCatalog: SQLite rows for images and their copies per disk; add, sync
+// (bounded sends per sender, fewest active first), rescan, cleanup, and the
+// recovery of rows whose sending process is gone.
+#include "orchestrate/catalog/image_catalog.h"
+
+#include <algorithm>
+#include <array>
+#include <condition_variable>
+#include <ctime>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "blockio/env.h"
+#include "blockio/path.h"
+#include "blockio/thread.h"
+#include "formats/image.h"
+#include "orchestrate/catalog/backup_catalog.h"
+#include "orchestrate/base/file_lock.h"
+#include "orchestrate/base/sqlite_db.h"
+#include "pipeline/endpoints.h"
+
+namespace barge::orchestrate {
+
+namespace {
+
+int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS images (
+  name TEXT PRIMARY KEY,
+  source TEXT NOT NULL,
+  expected_sha512 TEXT NOT NULL DEFAULT '',
+  sha512 TEXT NOT NULL DEFAULT '',
+  format TEXT NOT NULL DEFAULT '',
+  virtual_size INTEGER NOT NULL DEFAULT 0,
+  created INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS image_copies (
+  image TEXT NOT NULL REFERENCES images(name) ON DELETE CASCADE,
+  disk TEXT NOT NULL,
+  path TEXT NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('pending', 'in-progress', 'ready', 'failed')),
+  percent REAL NOT NULL DEFAULT 0,
+  message TEXT NOT NULL DEFAULT '',
+  sender TEXT NOT NULL DEFAULT '',
+  updated INTEGER NOT NULL,
+  unused_since INTEGER NOT NULL DEFAULT 0,
+  owner TEXT NOT NULL DEFAULT '',
+  PRIMARY KEY (image, disk)
+);
+CREATE TABLE IF NOT EXISTS image_senders (
+  image TEXT NOT NULL REFERENCES images(name) ON DELETE CASCADE,
+  sender TEXT NOT NULL,
+  sends INTEGER NOT NULL DEFAULT 0,
+  max_concurrent INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (image, sender)
+);
+)sql";
+
+constexpr const char* kCopyColumns =
+    "image, disk, path, state, percent, message, sender, updated, unused_since, owner";
+
+ImageCopyRecord CopyFromRow(const SqliteStatement& s) {
+  ImageCopyRecord r;
+  r.image = s.Text(0);
+  r.disk = s.Text(1);
+  r.path = s.Text(2);
+  r.state = s.Text(3);
+  r.percent = s.Real(4);
+  r.message = s.Text(5);
+  r.sender = s.Text(6);
+  r.updated = s.Int(7);
+  r.unused_since = s.Int(8);
+  r.owner = s.Text(9);
+  return r;
+}
+
+// Creates the tables, and adds the columns that older versions lacked
+// (image_copies.owner), in one transaction so that two processes opening an
+// old catalog at once do not both alter it.
+Status CreateOrMigrate(SqliteDb& db) {
+  BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(db));
+  BARGE_RETURN_IF_ERROR(db.Exec(kSchema));
+  bool has_owner = false;
+  {
+    BARGE_ASSIGN_OR_RETURN(auto st,
+                           db.Prepare("SELECT 1 FROM pragma_table_info('image_copies') WHERE name = 'owner'"));
+    BARGE_ASSIGN_OR_RETURN(has_owner, st.Step());
+  }
+  if (!has_owner) {
+    BARGE_RETURN_IF_ERROR(db.Exec("ALTER TABLE image_copies ADD COLUMN owner TEXT NOT NULL DEFAULT ''"));
+  }
+  return tx->Commit();
+}
+
+Status SetCopy(SqliteDb& db, const ImageCopyRecord& r) {
+  BARGE_ASSIGN_OR_RETURN(
+      auto s, db.Prepare("INSERT INTO image_copies (image, disk, path, state, percent, message, sender, updated, "
+                         "unused_since, owner) "
+                         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
+                         "ON CONFLICT (image, disk) DO UPDATE SET "
+                         "path = ?3, state = ?4, percent = ?5, message = ?6, sender = ?7, "
+                         "updated = ?8, unused_since = ?9, owner = ?10"));
+  return s.Bind(1, r.image).Bind(2, r.disk).Bind(3, r.path).Bind(4, r.state).BindReal(5, r.percent)
+      .Bind(6, r.message).Bind(7, r.sender).Bind(8, r.updated).Bind(9, r.unused_since).Bind(10, r.owner).Run();
+}
+
+Status SetPercent(SqliteDb& db, const std::string& image, const std::string& disk, double percent) {
+  BARGE_ASSIGN_OR_RETURN(
+      auto s, db.Prepare("UPDATE image_copies SET percent = ?3 WHERE image = ?1 AND disk = ?2"));
+  return s.Bind(1, image).Bind(2, disk).BindReal(3, percent).Run();
+}
+
+// Rows of `image` ("" = all) on `disk` ("" = all); with `unfinished`, only
+// pending and in-progress ones.
+Result<std::vector<ImageCopyRecord>> CopiesOf(SqliteDb& db, const std::string& image, const std::string& disk = "",
+                                              bool unfinished = false) {
+  std::string sql = std::string("SELECT ") + kCopyColumns +
+                    " FROM image_copies WHERE (?1 = '' OR image = ?1) AND (?2 = '' OR disk = ?2)" +
+                    (unfinished ? " AND state IN ('pending', 'in-progress')" : "") + " ORDER BY image, disk";
+  BARGE_ASSIGN_OR_RETURN(auto s, db.Prepare(sql));
+  s.Bind(1, image).Bind(2, disk);
+  std::vector<ImageCopyRecord> out;
+  while (true) {
+    BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back(CopyFromRow(s));
+  }
+}
+
+Result<std::vector<ImageRecord>> ImagesOf(SqliteDb& db, const std::string& name) {
+  BARGE_ASSIGN_OR_RETURN(
+      auto s, db.Prepare("SELECT name, source, expected_sha512, sha512, format, virtual_size, created FROM images "
+                         "WHERE (?1 = '' OR name = ?1) ORDER BY name"));
+  s.Bind(1, name);
+  std::vector<ImageRecord> out;
+  while (true) {
+    BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4), static_cast<uint64_t>(s.Int(5)),
+                   s.Int(6)});
+  }
+}
+
+Status ValidName(const std::string& name) {
+  if (name.empty() || name.size() > 200 || name[0] == '.' ||
+      !std::all_of(name.begin(), name.end(),
+                   [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; })) {
+    return Error::InvalidArgument("image name must be 1..200 of [A-Za-z0-9._-], not starting with '.': '" +
+                                  name + "'");
+  }
+  return OkStatus();
+}
+
+// The extension of a source file (".qcow2", ".raw", ".img"): "" for a URI,
+// a name without one, or anything but a short run of letters and digits.
+std::string SourceExtension(const std::string& source) {
+  if (source.find("://") != std::string::npos) return "";
+  const std::string ext = Extension(source);
+  if (ext.size() < 2 || ext.size() > 9 ||
+      !std::all_of(ext.begin() + 1, ext.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); })) {
+    return "";
+  }
+  return ext;
+}
+
+// Image `name`'s copy in `disk`: the name with its source's extension
+// (base -> base.qcow2, base.qcow2 -> base.qcow2.qcow2), so the file says its
+// format to people and tools; the name alone when the source has none.
+// Given the source, the name is the file less that extension
+// (ImageNameOf); two images whose sources differ may still map to one file
+// (`a` from x.qcow2, `a.qcow2` from an NBD URI), which add and sync refuse
+// (CopyHolder).
+std::string CopyPath(const std::string& disk, const std::string& name, const std::string& source) {
+  return JoinPath(disk, name + SourceExtension(source));
+}
+
+// CopyPath's reverse: the image whose copy from `source` is the file
+// `file` (a name in a disk folder). A copy made before copies kept their
+// source's extension is the name alone.
+std::string ImageNameOf(const std::string& file, const std::string& source) {
+  const std::string ext = SourceExtension(source);
+  if (ext.empty() || file.size() <= ext.size() || !file.ends_with(ext)) return file;
+  return file.substr(0, file.size() - ext.size());
+}
+
+// The image other than `name` whose copy on `disk` is (or is being sent to)
+// `path`; "" when none. A failed row holds no file.
+Result<std::string> CopyHolder(SqliteDb& db, const std::string& disk, const std::string& path,
+                               const std::string& name) {
+  BARGE_ASSIGN_OR_RETURN(auto s, db.Prepare("SELECT image FROM image_copies WHERE disk = ?1 AND path = ?2 AND "
+                                            "image != ?3 AND state != 'failed' ORDER BY image LIMIT 1"));
+  s.Bind(1, disk).Bind(2, path).Bind(3, name);
+  BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? s.Text(0) : std::string();
+}
+
+// Why image `name` may not be copied to `path`, the copy of `holder`.
+std::string TakenMessage(const std::string& name, const std::string& path, const std::string& holder) {
+  return "image '" + name + "' would be copied to " + path + ", the copy of image '" + holder +
+         "' (one file name from two sources); add the image under another name";
+}
+
+// The backing file `qcow2` names, resolved against its folder; "" if none
+// or not a qcow2 file; the error when the file cannot be read.
+Result<std::string> BackingOf(Env& env, const std::string& qcow2) {
+  // ProbeQcow2Layer takes a file it cannot open or read for one that is not
+  // a qcow2, which here would read "does not use the copy": open it and
+  // read its magic first, and hand the probe that open file.
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(qcow2));
+  if (file->size_bytes() >= 4) {
+    std::array<std::byte, 4> magic;
+    BARGE_RETURN_IF_ERROR(file->ReadAt(0, magic));
+  }
+  auto opener = [&](const std::string& path) -> Result<std::unique_ptr<BlockSource>> {
+    if (file != nullptr && path == qcow2) return std::move(file);
+    return env.OpenSource(path);
+  };
+  BARGE_ASSIGN_OR_RETURN(auto info, formats::ProbeQcow2Layer(qcow2, opener));
+  if (!info || info->backing_file.empty()) return std::string();
+  return CanonicalPath(env, JoinPath(DirName(qcow2), info->backing_file));
+}
+
+// Every regular file under `dir` (links to files included; linked folders
+// are not entered).
+Status ListFilesUnder(Env& env, const std::string& dir, std::vector<std::string>& out) {
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+  for (const std::string& name : names) {
+    std::string path = JoinPath(dir, name);
+    BARGE_ASSIGN_OR_RETURN(FileStat st, env.StatNoFollow(path));
+    if (st.is_directory()) {
+      BARGE_RETURN_IF_ERROR(ListFilesUnder(env, path, out));
+    } else if (st.is_regular() || (st.is_symlink() && env.Stat(path).ok() && env.Stat(path)->is_regular())) {
+      out.push_back(std::move(path));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+ImageCatalog::ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string catalog_path)
+    : env_(env), db_(std::move(db)), catalog_path_(std::move(catalog_path)) {}
+ImageCatalog::~ImageCatalog() = default;
+
+Result<std::unique_ptr<ImageCatalog>> ImageCatalog::Open(Env& env, const std::string& db_path) {
+  BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(env, db_path));
+  BARGE_RETURN_IF_ERROR(CreateOrMigrate(*db));
+  return std::unique_ptr<ImageCatalog>(
+      new ImageCatalog(env, std::move(db), db_path));
+}
+
+std::string ImageCatalog::DiskKey(const std::string& disk) { return CanonicalPath(env_, disk); }
+
+Status ImageCatalog::RecordCopy(const ImageCopyRecord& copy) {
+  std::lock_guard lock(mu_);
+  return SetCopy(*db_, copy);
+}
+
+std::function<void(size_t, uint64_t, uint64_t)> ImageCatalog::PercentRecorder(const ImageCopyRecord& copy) {
+  return [this, image = copy.image, disk = copy.disk, last = std::chrono::steady_clock::now()](
+             size_t, uint64_t done, uint64_t total) mutable {
+    auto now = std::chrono::steady_clock::now();
+    if (done < total && now - last < std::chrono::seconds(1)) return;
+    last = now;
+    std::lock_guard lock(mu_);
+    IgnoreError(SetPercent(*db_, image, disk, total ? 100.0 * static_cast<double>(done) / total : 100.0),
+                "a progress note; the copy's state is recorded at its end, with its error checked");
+  };
+}
+
+std::string ImageCatalog::LockPath(const std::string& name) const {
+  return CatalogLockPath(catalog_path_, LockKind::kImage, name);
+}
+
+Result<std::vector<ImageRecord>> ImageCatalog::Images(const std::string& name) {
+  std::lock_guard lock(mu_);
+  return ImagesOf(*db_, name);
+}
+
+Result<std::vector<ImageCopyRecord>> ImageCatalog::Copies(const std::string& name) {
+  std::lock_guard lock(mu_);
+  return CopiesOf(*db_, name);
+}
+
+Result<std::vector<SenderRecord>> ImageCatalog::Senders(const std::string& name) {
+  std::lock_guard lock(mu_);
+  BARGE_ASSIGN_OR_RETURN(
+      auto s, db_->Prepare("SELECT image, sender, sends, max_concurrent FROM image_senders "
+                           "WHERE (?1 = '' OR image = ?1) ORDER BY image, sender"));
+  s.Bind(1, name);
+  std::vector<SenderRecord> out;
+  while (true) {
+    BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({s.Text(0), s.Text(1), static_cast<int>(s.Int(2)), static_cast<int>(s.Int(3))});
+  }
+}
+
+Result<std::vector<ImageCopyRecord>> ImageCatalog::RecoverInterrupted(const std::string& name) {
+  return Recover(name, "");
+}
+
+Result<std::vector<ImageCopyRecord>> ImageCatalog::Recover(const std::string& name, const std::string& held) {
+  std::map<std::string, std::vector<ImageCopyRecord>> gone;  // by image
+  {
+    std::lock_guard lock(mu_);
+    BARGE_ASSIGN_OR_RETURN(auto rows, CopiesOf(*db_, name, "", /*unfinished=*/true));
+    for (auto& r : rows) {
+      if (OwnerIsGone(env_, r.owner)) gone[r.image].push_back(std::move(r));
+    }
+  }
+  std::vector<ImageCopyRecord> recovered;
+  for (auto& [image, rows] : gone) {
+    // Holding the image's lock keeps a new add or sync from claiming these
+    // rows (and writing these temporaries) while we mark and remove them.
+    // A lock held elsewhere means a live add or sync, which recovered the
+    // image's rows itself when it started.
+    std::unique_ptr<EnvLock> image_lock;
+    if (image != held) {
+      if (!ValidName(image).ok()) continue;
+      auto l = TryLockFile(env_, LockPath(image), "image " + image + " is busy");
+      if (!l.ok() && l.error().code() == ErrorCode::kBusy) continue;
+      if (!l.ok()) return l.error();
+      image_lock = std::move(l).value();
+    }
+    for (ImageCopyRecord& r : rows) {
+      {
+        // Only if the row is still the one we judged: same state, same owner.
+        std::lock_guard lock(mu_);
+        BARGE_ASSIGN_OR_RETURN(
+            auto s, db_->Prepare("UPDATE image_copies SET state = 'failed', message = ?5, owner = '', updated = ?6 "
+                                 "WHERE image = ?1 AND disk = ?2 AND state = ?3 AND owner = ?4"));
+        BARGE_RETURN_IF_ERROR(s.Bind(1, r.image).Bind(2, r.disk).Bind(3, r.state).Bind(4, r.owner)
+                                  .Bind(5, std::string(kInterruptedMessage)).Bind(6, Now()).Run());
+        if (db_->Changes() == 0) continue;
+      }
+      // What a killed RunReplicate leaves: the hidden temporaries of the copy
+      // and of its checksum record (pipeline/staged_file.h). The final names
+      // are left alone: a replaced copy keeps its old file until the rename.
+      // Only while no live writer holds them (a replicate run may write the
+      // same path outside the catalog).
+      for (const std::string& temp : {TempPathFor(r.path), TempPathFor(pipeline::ReplicaRecordPath(r.path))}) {
+        LockOptions o;
+        o.create = false;
+        if (auto held = env_.LockFile(temp, o); held.ok()) BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(temp));
+      }
+      recovered.push_back(std::move(r));
+    }
+  }
+  return recovered;
+}
+
+Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::string& source,
+                                          const std::string& expected_sha512, const std::string& disk,
+                                          const pipeline::ReplicateOptions& options) {
+  BARGE_RETURN_IF_ERROR(ValidName(name));
+  BARGE_RETURN_IF_ERROR(env_.CreateDirs(disk));
+  BARGE_ASSIGN_OR_RETURN(auto image_lock, TryLockFile(env_, LockPath(name), "an image add or sync of " + name +
+                                                                                " is already running"));
+  BARGE_RETURN_IF_ERROR(Recover(name, name));
+  ImageCopyRecord copy{name, DiskKey(disk), CopyPath(DiskKey(disk), name, source), "in-progress", 0, "", "", Now(), 0,
+                       ProcessOwner::Self(env_).Encode()};
+  {
+    std::lock_guard lock(mu_);
+    BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+    BARGE_ASSIGN_OR_RETURN(auto existing, ImagesOf(*db_, name));
+    if (!existing.empty()) {
+      BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, name));
+      for (const auto& c : copies) {
+        if (c.state == "ready" || c.state == "in-progress") {
+          return Error::InvalidArgument("image '" + name + "' exists (has a " + c.state + " copy on " + c.disk +
+                                        "); use image sync to deliver it");
+        }
+      }
+      BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare("DELETE FROM images WHERE name = ?1"));
+      BARGE_RETURN_IF_ERROR(del.Bind(1, name).Run());
+    }
+    // Checked and claimed in one transaction: an add or sync of another
+    // image holds only that image's lock.
+    BARGE_ASSIGN_OR_RETURN(std::string holder, CopyHolder(*db_, copy.disk, copy.path, name));
+    if (!holder.empty()) return Error::InvalidArgument(TakenMessage(name, copy.path, holder)).set_path(copy.path);
+    BARGE_ASSIGN_OR_RETURN(
+        auto ins, db_->Prepare("INSERT INTO images (name, source, expected_sha512, created) VALUES (?1, ?2, ?3, ?4)"));
+    BARGE_RETURN_IF_ERROR(ins.Bind(1, name).Bind(2, source).Bind(3, expected_sha512).Bind(4, Now()).Run());
+    BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
+    BARGE_RETURN_IF_ERROR(tx->Commit());
+  }
+  pipeline::ReplicateOptions o = options;
+  o.expected_sha512 = expected_sha512;
+  o.force = true;  // the file is this image's: no other image's row names it (CopyHolder above)
+  o.source_location = source;
+  // A failed add leaves no row: the image has no copy (and had none ready:
+  // see above), so it is not in the catalog.
+  auto finish = [&](Error e) -> Result<ImageCopyRecord> {
+    std::lock_guard lock(mu_);
+    auto forget = [&]() -> Status {
+      BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+      for (const char* sql : {"DELETE FROM image_copies WHERE image = ?1", "DELETE FROM image_senders WHERE image = ?1",
+                              "DELETE FROM images WHERE name = ?1"}) {
+        BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare(sql));
+        BARGE_RETURN_IF_ERROR(del.Bind(1, name).Run());
+      }
+      return tx->Commit();
+    };
+    return std::move(e.Also(forget()));
+  };
+  pipeline::SourceSpec spec;
+  spec.location = source;
+  auto src = pipeline::OpenSource(env_, spec);
+  if (!src.ok()) return finish(src.error());
+  o.source_format = src->format_name();
+  o.progress = PercentRecorder(copy);
+  std::vector<std::string> dests = {copy.path};
+  auto r = pipeline::RunReplicate(env_, *src->image, dests, o);
+  if (!r.ok()) return finish(r.error());
+  const auto& rep = r->replicas[0];
+  if (rep.state == pipeline::ReplicaState::kFailed) return finish(*rep.error);
+  copy.state = "ready";
+  copy.percent = 100;
+  copy.updated = Now();
+  copy.owner.clear();
+  std::lock_guard lock(mu_);
+  BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+  BARGE_ASSIGN_OR_RETURN(
+      auto up, db_->Prepare("UPDATE images SET sha512 = ?2, format = ?3, virtual_size = ?4 WHERE name = ?1"));
+  BARGE_RETURN_IF_ERROR(up.Bind(1, name).Bind(2, r->sha512_hex).Bind(3, r->format)
+                            .Bind(4, static_cast<int64_t>(r->virtual_size)).Run());
+  BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
+  BARGE_RETURN_IF_ERROR(tx->Commit());
+  return copy;
+}
+
+Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector<std::string>& disks,
+                                      const SyncOptions& options) {
+  if (options.max_sends_per_sender < 1) return Error::InvalidArgument("max sends per sender must be >= 1");
+  BARGE_RETURN_IF_ERROR(ValidName(name));
+  // One sync (or add) of an image at a time, across processes: two would
+  // both send to the same disks and each count only its own sends.
+  BARGE_ASSIGN_OR_RETURN(auto image_lock,
+                         TryLockFile(env_, LockPath(name), "an image sync of " + name + " is already running"));
+  BARGE_RETURN_IF_ERROR(Recover(name, name));
+  const std::string owner = ProcessOwner::Self(env_).Encode();
+  ImageRecord image;
+  struct Sender {
+    std::string path;
+    int active = 0;
+    int max_concurrent = 0;
+    int sends = 0;
+  };
+  std::vector<Sender> senders;
+  std::deque<ImageCopyRecord> pending;
+  std::vector<std::string> keys;
+  {
+    std::lock_guard lock(mu_);
+    BARGE_ASSIGN_OR_RETURN(auto images, ImagesOf(*db_, name));
+    if (images.empty()) return Error::NotFound("no image '" + name + "' in the catalog");
+    image = images[0];
+    BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, name));
+    // A ready copy whose record cannot be read (an I/O error, not a missing
+    // record) is no sender; when it was the only one, that error is the
+    // answer, not NotFound (found by the reliability campaign).
+    std::optional<Error> unreadable;
+    for (const auto& c : copies) {
+      auto rec = pipeline::ReadReplicaRecord(env_, c.path);
+      if (c.state == "ready" && rec.ok() && pipeline::FileMatchesRecord(env_, c.path, *rec) &&
+          rec->sha512 == image.sha512) {
+        senders.push_back({c.path});
+      } else if (c.state == "ready" && !rec.ok() && rec.error().code() != ErrorCode::kNotFound && !unreadable) {
+        unreadable = rec.error();
+      }
+    }
+    if (senders.empty() && unreadable) {
+      return std::move(*unreadable).Wrap("image '" + name + "' has no ready copy to send from");
+    }
+    if (senders.empty()) return Error::NotFound("image '" + name + "' has no ready copy to send from");
+    BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+    for (const std::string& d : disks) {
+      Status made = env_.CreateDirs(d);
+      std::string key = DiskKey(d);
+      if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+      keys.push_back(key);
+      std::string path = CopyPath(key, name, image.source);
+      if (std::any_of(senders.begin(), senders.end(), [&](const Sender& s) { return s.path == path; })) continue;
+      ImageCopyRecord c{name, key, path, "pending", 0, "", "", Now(), 0, owner};
+      BARGE_ASSIGN_OR_RETURN(std::string holder, CopyHolder(*db_, key, path, name));
+      if (!made.ok() || !holder.empty()) {
+        // This disk cannot take a copy; the others still can.
+        c.state = "failed";
+        c.message = made.ok() ? TakenMessage(name, path, holder) : made.error().ToString();
+        c.owner.clear();
+        BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
+        continue;
+      }
+      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
+      pending.push_back(std::move(c));
+    }
+    BARGE_RETURN_IF_ERROR(tx->Commit());
+  }
+
+  // Dispatch: the sender with the fewest active sends under the limit
+  // takes the next disk; a copy that becomes ready joins the senders.
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::thread> threads;
+  int running = 0;
+  std::optional<Error> record_error;  // guarded by m: the first state the catalog failed to record
+  auto send = [&](ImageCopyRecord copy, size_t sender_index, std::string sender_path) {
+    pipeline::ReplicateOptions o = options.replicate;
+    o.expected_sha512 = image.sha512;
+    o.force = true;  // the file is this image's: no other image's row names it (CopyHolder)
+    o.source_location = sender_path;
+    o.source_format = image.format;
+    o.progress = PercentRecorder(copy);
+    std::optional<Error> error;
+    pipeline::SourceSpec spec;
+    spec.location = sender_path;
+    spec.format = image.format;
+    auto src = pipeline::OpenSource(env_, spec);
+    if (!src.ok()) {
+      error = src.error();
+    } else {
+      std::vector<std::string> dests = {copy.path};
+      auto r = pipeline::RunReplicate(env_, *src->image, dests, o);
+      if (!r.ok()) error = r.error();
+      else if (r->replicas[0].state == pipeline::ReplicaState::kFailed) error = *r->replicas[0].error;
+    }
+    copy.state = error ? "failed" : "ready";
+    copy.message = error ? error->ToString() : "";
+    copy.percent = error ? copy.percent : 100;
+    copy.updated = Now();
+    copy.owner.clear();
+    Status recorded = RecordCopy(copy);
+    std::lock_guard lock(m);
+    if (!recorded.ok() && !record_error) record_error = std::move(recorded).error();
+    senders[sender_index].active--;
+    if (!error) senders.push_back({copy.path});
+    --running;
+    cv.notify_all();
+  };
+  const std::atomic<bool>* cancel = options.replicate.copy.cancel;
+  {
+    std::unique_lock lock(m);
+    senders.reserve(senders.size() + pending.size());  // indexes stay valid; no reallocation
+    while (!pending.empty()) {
+      if (cancel && cancel->load()) {
+        // Stopped: the disks not sent to fail now, not as "interrupted"
+        // rows left to the next recovery.
+        std::lock_guard db_lock(mu_);
+        for (ImageCopyRecord& copy : pending) {
+          copy.state = "failed";
+          copy.message = "cancelled before its send started";
+          copy.updated = Now();
+          copy.owner.clear();
+          IgnoreError(SetCopy(*db_, copy), "the row stays in progress; the next command marks it failed (interrupted)");
+        }
+        pending.clear();
+        break;
+      }
+      size_t best = senders.size();
+      for (size_t i = 0; i < senders.size(); ++i) {
+        if (senders[i].active >= options.max_sends_per_sender) continue;
+        if (best == senders.size() || senders[i].active < senders[best].active) best = i;
+      }
+      if (best == senders.size()) {
+        cv.wait_for(lock, std::chrono::milliseconds(100));  // and look at `cancel` again
+        continue;
+      }
+      ImageCopyRecord copy = std::move(pending.front());
+      pending.pop_front();
+      Sender& s = senders[best];
+      s.active++;
+      s.sends++;
+      s.max_concurrent = std::max(s.max_concurrent, s.active);
+      copy.state = "in-progress";
+      copy.sender = s.path;
+      copy.updated = Now();
+      copy.owner = owner;
+      if (Status recorded = RecordCopy(copy); !recorded.ok() && !record_error) {
+        record_error = std::move(recorded).error();
+      }
+      ++running;
+      auto thread = StartThread("image send", send, copy, best, s.path);
+      if (!thread.ok()) {
+        // Not sent: this copy fails with the reason; the next may fare better.
+        --running;
+        --s.active;
+        --s.sends;
+        copy.state = "failed";
+        copy.message = thread.error().ToString();
+        copy.updated = Now();
+        copy.owner.clear();
+        std::lock_guard db_lock(mu_);
+        IgnoreError(SetCopy(*db_, copy), "the row stays in progress; the next command marks it failed (interrupted)");
+        continue;
+      }
+      threads.push_back(std::move(thread).value());
+    }
+    cv.wait(lock, [&] { return running == 0; });
+  }
+  for (auto& t : threads) t.join();
+  if (record_error) return std::move(*record_error).Wrap("image sync of " + name + ": recording a copy's state");
+
+  SyncResult result;
+  std::lock_guard lock(mu_);
+  for (const Sender& s : senders) {
+    if (s.sends == 0) continue;
+    result.senders.push_back({name, s.path, s.sends, s.max_concurrent});
+    BARGE_ASSIGN_OR_RETURN(
+        auto up, db_->Prepare("INSERT INTO image_senders (image, sender, sends, max_concurrent) VALUES (?1, ?2, ?3, ?4) "
+                              "ON CONFLICT (image, sender) DO UPDATE SET sends = sends + ?3, "
+                              "max_concurrent = MAX(max_concurrent, ?4)"));
+    BARGE_RETURN_IF_ERROR(up.Bind(1, name).Bind(2, s.path).Bind(3, int64_t{s.sends})
+                              .Bind(4, int64_t{s.max_concurrent}).Run());
+  }
+  for (const std::string& key : keys) {
+    BARGE_ASSIGN_OR_RETURN(auto rows, CopiesOf(*db_, name, key));
+    for (auto& r : rows) result.copies.push_back(std::move(r));
+  }
+  return result;
+}
+
+Status ImageCatalog::Rescan(const std::vector<std::string>& disks_arg) {
+  BARGE_RETURN_IF_ERROR(Recover("", ""));
+  std::lock_guard lock(mu_);
+  std::vector<std::string> disks;
+  for (const auto& d : disks_arg) disks.push_back(DiskKey(d));
+  if (disks.empty()) {
+    BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, ""));
+    for (const auto& c : copies) {
+      if (std::find(disks.begin(), disks.end(), c.disk) == disks.end()) disks.push_back(c.disk);
+    }
+  }
+  BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
+  for (const std::string& disk : disks) {
+    // Pending and in-progress rows left after the recovery belong to a live
+    // add or sync (or to another host): kept as they are, file or not.
+    std::set<std::string> live;  // images
+    {
+      BARGE_ASSIGN_OR_RETURN(auto rows, CopiesOf(*db_, "", disk, /*unfinished=*/true));
+      for (const auto& r : rows) live.insert(r.image);
+    }
+    BARGE_ASSIGN_OR_RETURN(
+        auto del, db_->Prepare("DELETE FROM image_copies WHERE disk = ?1 AND state NOT IN ('pending', 'in-progress')"));
+    BARGE_RETURN_IF_ERROR(del.Bind(1, disk).Run());
+    auto st = env_.Stat(disk);
+    if (!st.ok() || !st->is_directory()) continue;
+    const std::string suffix = ".sha512.json";
+    BARGE_ASSIGN_OR_RETURN(std::vector<std::string> fnames, env_.ListDir(disk));
+    for (const std::string& fname : fnames) {
+      if (fname.size() <= suffix.size() || fname.compare(fname.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      const std::string file = fname.substr(0, fname.size() - suffix.size());
+      const std::string path = JoinPath(disk, file);
+      auto rec = pipeline::ReadReplicaRecord(env_, path);
+      const std::string name = rec.ok() ? ImageNameOf(file, rec->source) : file;
+      if (!ValidName(name).ok() || live.count(name)) continue;
+      ImageCopyRecord c{name, disk, path, "ready", 100, "", "", Now(), 0, ""};
+      if (!rec.ok()) {
+        c.state = "failed";
+        c.percent = 0;
+        c.message = rec.error().ToString();
+      } else if (!pipeline::FileMatchesRecord(env_, path, *rec)) {
+        c.state = "failed";
+        c.percent = 0;
+        c.message = "file missing or changed since its checksum record";
+      }
+      BARGE_ASSIGN_OR_RETURN(
+          auto ins, db_->Prepare("INSERT INTO images (name, source, sha512, format, virtual_size, created) "
+                                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (name) DO UPDATE SET "
+                                 "sha512 = CASE WHEN sha512 = '' THEN ?3 ELSE sha512 END"));
+      BARGE_RETURN_IF_ERROR(ins.Bind(1, name).Bind(2, rec.ok() ? rec->source : std::string())
+                                .Bind(3, rec.ok() ? rec->sha512 : std::string())
+                                .Bind(4, rec.ok() ? rec->format : std::string())
+                                .Bind(5, static_cast<int64_t>(rec.ok() ? rec->virtual_size : 0))
+                                .Bind(6, Now()).Run());
+      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
+    }
+  }
+  return tx->Commit();
+}
+
+Result<CleanupResult> ImageCatalog::Cleanup(std::chrono::seconds unused_for, bool dry_run) {
+  std::lock_guard lock(mu_);
+  BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, ""));
+  CleanupResult result;
+  result.dry_run = dry_run;
+  int64_t now = Now();
+  // Ready copies per image not removed (so far): the last one always stays.
+  std::map<std::string, size_t> ready;
+  for (const ImageCopyRecord& c : copies) ready[c.image] += c.state == "ready";
+  auto record = [&](const ImageCopyRecord& c) { return dry_run ? OkStatus() : SetCopy(*db_, c); };
+  for (ImageCopyRecord& c : copies) {
+    if (c.state != "ready") continue;
+    std::string target = CanonicalPath(env_, c.path);
+    // A copy is in use while any qcow2 under its disk folder names it; a
+    // folder that cannot be listed, or a file in it that cannot be read
+    // (it may name the copy), stops the cleanup: never removed unseen
+    // (found by the reliability campaign: an open that failed with EIO let
+    // cleanup remove a VM disk's backing file).
+    std::vector<std::string> files;
+    if (Status listed = ListFilesUnder(env_, c.disk, files);
+        !listed.ok() && listed.error().code() != ErrorCode::kNotFound) {
+      return std::move(listed).error();
+    }
+    bool used = false;
+    for (const std::string& f : files) {
+      if (f == c.path) continue;
+      BARGE_ASSIGN_OR_RETURN(std::string backing, BackingOf(env_, f));
+      if (backing == target) {
+        used = true;
+        break;
+      }
+    }
+    if (used) {
+      c.unused_since = 0;
+      result.in_use.push_back(c.path);
+      BARGE_RETURN_IF_ERROR(record(c));
+      continue;
+    }
+    if (c.unused_since == 0) c.unused_since = c.updated;
+    if (now - c.unused_since < unused_for.count()) {
+      result.waiting.push_back(c.path);
+      BARGE_RETURN_IF_ERROR(record(c));
+      continue;
+    }
+    if (ready[c.image] <= 1) {
+      result.last_copy.push_back(c.path);
+      BARGE_RETURN_IF_ERROR(record(c));
+      continue;
+    }
+    auto image_lock = TryLockFile(env_, LockPath(c.image), "image " + c.image + " is busy");
+    if (!image_lock.ok()) {
+      if (image_lock.error().code() != ErrorCode::kBusy) return image_lock.error();
+      result.busy.push_back(c.path);
+      continue;
+    }
+    --ready[c.image];
+    if (dry_run) {
+      result.removed.push_back(c.path);
+      continue;
+    }
+    // The record goes first: a file without one is never taken as ready.
+    BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(pipeline::ReplicaRecordPath(c.path)));
+    BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(c.path));
+    // The removal is durable before the row goes: after a power loss, a
+    // copy that came back still has its row, and the next cleanup removes
+    // it (issue 13).
+    BARGE_RETURN_IF_ERROR(env_.SyncDir(DirName(c.path)));
+    BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare("DELETE FROM image_copies WHERE image = ?1 AND disk = ?2"));
+    BARGE_RETURN_IF_ERROR(del.Bind(1, c.image).Bind(2, c.disk).Run());
+    result.removed.push_back(c.path);
+  }
+  return result;
+}
+
+}  // namespace barge::orchestrate

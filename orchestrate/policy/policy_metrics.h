@@ -1,0 +1,76 @@
+// Prometheus metrics of backup policies (docs/policies.md, "Metrics and
+// alerts"): a snapshot gathered from the run records, the chain folders and
+// the targets; a prometheus-cpp Collectable serving the newest snapshots
+// (for `barge serve`'s /metrics through prometheus::Exposer); and the same
+// text written atomically for node-exporter's textfile collector (one-shot
+// runs).
+#pragma once
+
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blockio/env.h"
+#include "blockio/error.h"
+#include "orchestrate/policy/policy.h"
+#include "orchestrate/policy/policy_catalog.h"
+
+namespace barge::orchestrate {
+
+struct SourceMetrics {
+  std::string source;
+  std::string kind;            // "image", "domain", "nbd"
+  SourceRunStats stats;
+  // When the source became known: its first run's start, or the caller's
+  // `known_since` when it never ran (so "never succeeded" can alert).
+  SysSeconds known_since;
+  std::optional<uint64_t> retained_points;  // nullopt: the scan failed
+};
+
+struct TargetMetrics {
+  std::string path;
+  std::optional<SpaceInfo> space;  // nullopt: the query failed (up 0, as when it is read_only)
+};
+
+struct PolicyMetricsSnapshot {
+  std::string policy;
+  std::chrono::seconds max_duration_without_backup{0};
+  std::vector<SourceMetrics> sources;
+  std::vector<TargetMetrics> targets;
+};
+
+// Gathers a snapshot. `known_since`: for sources without any run (a daemon
+// passes its start time).
+Result<PolicyMetricsSnapshot> CollectPolicyMetrics(const Policy& policy, PolicyCatalog& catalog, Env& env,
+                                                   SysSeconds known_since);
+
+// The metric families of the snapshots (names and labels in
+// docs/policies.md).
+std::vector<prometheus::MetricFamily> PolicyMetricFamilies(const std::vector<PolicyMetricsSnapshot>& snapshots);
+
+// The Prometheus text exposition format (version 0.0.4).
+std::string RenderPolicyMetrics(const std::vector<PolicyMetricsSnapshot>& snapshots);
+
+// Writes the exposition to `path` (node-exporter reads *.prom files of its
+// textfile folder) atomically: a scrape sees the old or the new file, never
+// a partial one.
+Status WritePolicyMetricsTextfile(Env& env, const std::string& path,
+                                  const std::vector<PolicyMetricsSnapshot>& snapshots);
+
+// Serves the newest snapshots to a prometheus::Exposer. Thread-safe.
+class PolicyMetricsCollector : public prometheus::Collectable {
+ public:
+  void Update(std::vector<PolicyMetricsSnapshot> snapshots);
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<PolicyMetricsSnapshot> snapshots_;  // guarded by mu_
+};
+
+}  // namespace barge::orchestrate

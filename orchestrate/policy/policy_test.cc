@@ -1,0 +1,197 @@
+// Policy files: the README's example, every field, and errors that name
+// the line (unknown keys with a suggestion, wrong types, bad values).
+#include "orchestrate/policy/policy.h"
+
+#include <gtest/gtest.h>
+
+#include "orchestrate/schedule/time_text.h"
+
+namespace barge::orchestrate {
+namespace {
+
+constexpr const char* kExample = R"(name: nightly
+sources:
+  - image: /var/lib/vm/disk.qcow2
+    bitmap: cbt0          # incrementals from this persistent bitmap
+  - domain: vm1
+    tracker: nightly
+reason: ""
+schedule: "0 2 * * *"
+max_duration_without_backup: 26h
+retention_count: 15
+targets: [/backups/a, /backups/b]
+free_space_multiple: 2
+)";
+
+TEST(PolicyTest, ReadmeExample) {
+  auto p = ParsePolicy(Env::Default(), kExample, "nightly.yaml");
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  EXPECT_EQ(p->name, "nightly");
+  ASSERT_EQ(p->sources.size(), 2u);
+  EXPECT_EQ(p->sources[0].kind, PolicySourceKind::kImage);
+  EXPECT_EQ(p->sources[0].name, "disk");
+  EXPECT_EQ(p->sources[0].location, "/var/lib/vm/disk.qcow2");
+  EXPECT_EQ(p->sources[0].bitmap, "cbt0");
+  EXPECT_EQ(p->sources[0].line, 3);
+  EXPECT_EQ(p->sources[1].kind, PolicySourceKind::kDomain);
+  EXPECT_EQ(p->sources[1].name, "vm1");
+  EXPECT_EQ(p->sources[1].tracker, "nightly");
+  EXPECT_EQ(p->reason, "");
+  ASSERT_TRUE(p->schedule.has_value());
+  EXPECT_EQ(p->max_duration_without_backup, std::chrono::hours(26));
+  EXPECT_EQ(p->retention_count, 15u);
+  EXPECT_EQ(p->targets, (std::vector<std::string>{"/backups/a", "/backups/b"}));
+  EXPECT_EQ(p->free_space_multiple, 2.0);
+  // Defaults.
+  EXPECT_EQ(p->max_run_time.count(), 0);
+  EXPECT_EQ(p->max_parallel, 1u);
+  EXPECT_EQ(p->full_every, 0u);
+  EXPECT_EQ(p->compression, formats::Compression::kZstd);
+  EXPECT_FALSE(p->pre_hook.has_value());
+
+  auto runs = NextRunTimes(*p, *ParseRfc3339("2026-11-22T03:00:00Z"), 5);
+  ASSERT_EQ(runs.size(), 5u);
+  EXPECT_EQ(FormatRfc3339(runs[0]), "2026-11-23T02:00:00Z");
+  EXPECT_EQ(FormatRfc3339(runs[4]), "2026-11-27T02:00:00Z");
+}
+
+TEST(PolicyTest, EveryField) {
+  auto p = ParsePolicy(Env::Default(), R"(name: all-fields
+sources:
+  - name: web
+    nbd: nbd+unix:///vda?socket=/run/s.sock
+  - image: /a/disk.raw
+reason: ticket-42
+schedule: "@hourly"
+max_duration_without_backup: 1d12h
+retention_count: 3
+targets:
+  - /t1/
+  - /t2
+free_space_multiple: 1.5
+max_run_time: 90m
+max_parallel: 4
+full_every: 7
+compression: zlib:9
+pre_hook: /usr/local/bin/freeze
+post_hook:
+  command: echo done
+  timeout: 30s
+)");
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  EXPECT_EQ(p->sources[0].name, "web");
+  EXPECT_EQ(p->sources[0].kind, PolicySourceKind::kNbd);
+  EXPECT_EQ(p->sources[1].name, "disk");
+  EXPECT_EQ(p->reason, "ticket-42");
+  EXPECT_EQ(p->schedule->expression(), "@hourly");
+  EXPECT_EQ(p->max_duration_without_backup.count(), 129600);
+  EXPECT_EQ(p->retention_count, 3u);
+  EXPECT_EQ(p->targets, (std::vector<std::string>{"/t1", "/t2"}));
+  EXPECT_EQ(p->free_space_multiple, 1.5);
+  EXPECT_EQ(p->max_run_time.count(), 5400);
+  EXPECT_EQ(p->max_parallel, 4u);
+  EXPECT_EQ(p->full_every, 7u);
+  EXPECT_EQ(p->compression, formats::Compression::kDeflate);
+  EXPECT_EQ(p->compression_level, 9);
+  ASSERT_TRUE(p->pre_hook);
+  EXPECT_EQ(p->pre_hook->command, "/usr/local/bin/freeze");
+  EXPECT_EQ(p->pre_hook->timeout, std::chrono::minutes(5));
+  EXPECT_EQ(p->post_hook->command, "echo done");
+  EXPECT_EQ(p->post_hook->timeout.count(), 30);
+  EXPECT_NE(p->FindSource("web"), nullptr);
+  EXPECT_EQ(p->FindSource("nope"), nullptr);
+}
+
+TEST(PolicyTest, ScheduleTimeZone) {
+  auto p = ParsePolicy(Env::Default(), "name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\nschedule: 'CRON_TZ=UTC 0 2 * * *'\n");
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  EXPECT_TRUE(p->schedule->zone().is_utc());
+  auto bad = ParsePolicy(Env::Default(), "name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\nschedule: 'TZ=Mars/Base 0 2 * * *'\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("policy:4:11: 'schedule': unknown time zone 'Mars/Base'"), std::string::npos)
+      << bad.error().message();
+  // No schedule: only reasons and manual runs.
+  auto none = ParsePolicy(Env::Default(), "name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\n");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->schedule);
+  EXPECT_TRUE(NextRunTimes(*none, *ParseRfc3339("2026-01-01T00:00:00Z"), 5).empty());
+}
+
+struct BadCase {
+  const char* yaml;
+  const char* want;  // a substring of the message
+};
+
+TEST(PolicyTest, ErrorsNameTheLine) {
+  const std::string head = "name: p\nsources: [{image: /d.qcow2}]\ntargets: [/t]\n";  // lines 1-3
+  const BadCase cases[] = {
+      {"retention: 5\n", "policy:4:1: unknown key 'retention' in the policy (did you mean 'retention_count'?)"},
+      {"schedul: '@daily'\n", "policy:4:1: unknown key 'schedul' in the policy (did you mean 'schedule'?)"},
+      {"max_paralel: 2\n", "(did you mean 'max_parallel'?)"},
+      {"colour: blue\n", "unknown key 'colour' in the policy (known keys: name, sources"},
+      {"retention_count: 0\n", "policy:4:18: 'retention_count' must be a whole number from 1 to 100000, not '0'"},
+      {"retention_count: many\n", "not 'many'"},
+      {"retention_count: -3\n", "not '-3'"},
+      {"max_parallel: 65\n", "'max_parallel' must be a whole number from 1 to 64"},
+      {"max_duration_without_backup: 26x\n", "policy:4:30: 'max_duration_without_backup': not a duration: '26x' (unknown unit 'x' at position 3"},
+      {"max_run_time: [1h]\n", "'max_run_time' must be a single value"},
+      {"schedule: '0 25 * * *'\n", "policy:4:11: 'schedule': cron: hour (field 2) at position 3: 25 is out of range"},
+      {"free_space_multiple: -1\n", "'free_space_multiple' must be a number from 0 to 1000"},
+      {"free_space_multiple: nan\n", "'free_space_multiple' must be a number"},
+      {"compression: lz4\n", "'compression': unknown compression 'lz4'"},
+      {"compression: zstd:20\n", "compression level must be 1..19"},
+      {"pre_hook: {commnd: x}\n", "unknown key 'commnd' in pre_hook (did you mean 'command'?)"},
+      {"post_hook: {command: x, timeout: 0}\n", "'timeout' must be more than 0"},
+      {"reason: [a]\n", "'reason' must be a single value"},
+  };
+  for (const auto& c : cases) {
+    auto p = ParsePolicy(Env::Default(), head + c.yaml);
+    ASSERT_FALSE(p.ok()) << c.yaml;
+    EXPECT_EQ(p.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(p.error().message().find(c.want), std::string::npos)
+        << c.yaml << "\n got: " << p.error().message() << "\n want: " << c.want;
+  }
+}
+
+TEST(PolicyTest, StructureErrors) {
+  const BadCase cases[] = {
+      {"", "a policy must be a map"},
+      {"- a\n- b\n", "a policy must be a map"},
+      {"name: p\n", "missing required field 'sources'"},
+      {"name: p\nsources: []\ntargets: [/t]\n", "policy:2:10: 'sources' must be a non-empty list"},
+      {"name: p p\nsources: [{image: /d}]\ntargets: [/t]\n", "policy names are [A-Za-z0-9_.-]+"},
+      {"name: p\nsources:\n  - image: d.qcow2\ntargets: [/t]\n", "policy:3:12: 'image' must be an absolute path"},
+      {"name: p\nsources:\n  - img: /d.qcow2\ntargets: [/t]\n",
+       "policy:3:5: unknown key 'img' in a source (did you mean 'image'?)"},
+      {"name: p\nsources:\n  - image: /d.qcow2\n    domain: vm\ntargets: [/t]\n", "exactly one of"},
+      {"name: p\nsources:\n  - domain: vm\n    bitmap: b\ntargets: [/t]\n", "'bitmap' belongs to 'image' sources"},
+      {"name: p\nsources:\n  - image: /a/disk.qcow2\n  - image: /b/disk.raw\ntargets: [/t]\n",
+       "policy:4:5: two sources are named 'disk': give one a 'name'"},
+      {"name: p\nsources:\n  - nbd: http://x\ntargets: [/t]\n", "'nbd' must be an NBD URI"},
+      {"name: p\nsources: [{image: /d}]\ntargets: [t]\n", "targets must be absolute folders, not 't'"},
+      {"name: p\nsources: [{image: /d}]\ntargets: [/t, /t/]\n", "target '/t' is listed twice"},
+      {"name: p\nname: q\nsources: [{image: /d}]\ntargets: [/t]\n", "policy:2:1: duplicate key 'name'"},
+      {"name: p\nsources: [{image: /d}\ntargets: [/t]\n", "policy:3:"},  // YAML syntax error
+      {"name: p\nsources: [{image: /d}]\ntargets: [/t]\nreason: a: b\n", "policy:4:10: YAML: illegal map value"},
+  };
+  for (const auto& c : cases) {
+    auto p = ParsePolicy(Env::Default(), c.yaml);
+    ASSERT_FALSE(p.ok()) << c.yaml;
+    EXPECT_NE(p.error().message().find(c.want), std::string::npos)
+        << c.yaml << "\n got: " << p.error().message() << "\n want: " << c.want;
+  }
+  // Every problem is reported, one per line.
+  auto p = ParsePolicy(Env::Default(), "name: p\nsources: [{image: /d}]\ntargets: [/t]\nretention_count: 0\nmax_parallel: 0\n");
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.error().message().find("policy:4:"), std::string::npos);
+  EXPECT_NE(p.error().message().find("\npolicy:5:"), std::string::npos);
+}
+
+TEST(PolicyTest, LoadThroughEnv) {
+  auto missing = LoadPolicy(Env::Default(), "/nonexistent/barge-policy.yaml");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code(), ErrorCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace barge::orchestrate

@@ -1,0 +1,43 @@
+// backup and vm backup inside their consistency hooks
+// (orchestrate/vm/hooked_backup.h).
+#include "orchestrate/vm/hooked_backup.h"
+
+#include <map>
+#include <optional>
+#include <string>
+
+namespace barge::orchestrate {
+
+Result<pipeline::BackupResult> RunBackupWithHooks(Env& env, const pipeline::BackupRequest& req, const HookSpec& hooks,
+                                                  HookedResult& hooked) {
+  const std::string& source = req.source.location;
+  std::map<std::string, std::string> hook_env = {{"BARGE_OPERATION", "backup"},
+                                                 {"BARGE_IMAGE", source},
+                                                 {"BARGE_DISK", req.disk_name.empty() ? source : req.disk_name}};
+  if (!req.source.snapshot.empty()) hook_env["BARGE_SNAPSHOT"] = req.source.snapshot;
+  std::optional<pipeline::BackupResult> result;
+  Status done = RunWithHooks(hooks, hook_env, [&]() -> Status {
+    auto r = pipeline::RunBackup(env, req);
+    if (!r.ok()) return std::move(r).error();
+    result = std::move(r).value();
+    return OkStatus();
+  }, &hooked);
+  if (!done.ok()) return std::move(done).error();
+  return std::move(*result);
+}
+
+Result<VmBackupResult> RunVmBackupWithHooks(Env& env, const VmBackupRequest& req, const HookSpec& hooks,
+                                            HookedResult& hooked) {
+  std::map<std::string, std::string> hook_env = {{"BARGE_OPERATION", "vm-backup"}, {"BARGE_DOMAIN", req.domain}};
+  std::optional<VmBackupResult> result;
+  Status done = RunWithHooks(hooks, hook_env, [&]() -> Status {
+    auto r = RunVmBackup(env, req);
+    if (!r.ok()) return std::move(r).error();
+    result = std::move(r).value();
+    return OkStatus();
+  }, &hooked);
+  if (!done.ok()) return std::move(done).error();
+  return std::move(*result);
+}
+
+}  // namespace barge::orchestrate

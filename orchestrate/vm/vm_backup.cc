@@ -1,0 +1,875 @@
+// VM backup: plan, quiesce, pull-mode job, per-disk pipeline, commit.
+#include "orchestrate/vm/vm_backup.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <map>
+#include <optional>
+#include <cstdlib>
+#include <functional>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "blockio/path.h"
+#include "formats/manifest.h"
+#include "formats/units.h"
+#include "blockio/thread.h"
+#include "formats/qcow2_bitmap_edit.h"
+#include "formats/units.h"
+#include "pipeline/chain.h"
+#include "pipeline/endpoints.h"
+#include "orchestrate/catalog/backup_catalog.h"
+#include "orchestrate/vm/cbt.h"
+#include "orchestrate/base/file_lock.h"
+#include "orchestrate/libvirt/guest_freeze.h"
+#include "orchestrate/libvirt/libvirt_conn.h"
+#include "orchestrate/vm/tracker.h"
+#include "orchestrate/vm/vm_orphans.h"
+
+namespace barge::orchestrate {
+namespace {
+
+// The error the request's fault seam injects at `point`, if any.
+Status InjectedFault(const VmBackupRequest& req, VmBackupFaults::Point point) {
+  return req.faults != nullptr ? req.faults->At(point) : OkStatus();
+}
+
+// An exclusive, non-blocking lock on <catalog folder>/locks/<domain>.lock,
+// held for the backup (released by the kernel if we die).
+Result<std::unique_ptr<EnvLock>> LockDomain(Env& env, const std::string& catalog_path,
+                                           const std::string& domain) {
+  return TryLockFile(env, DomainLockPath(catalog_path, domain), DomainBusyMessage(domain));
+}
+
+std::string JoinReasons(const std::vector<VmBackupDisk>& disks) {
+  std::set<std::string> distinct;
+  for (const auto& d : disks) distinct.insert(d.reason);
+  if (distinct.size() == 1) return *distinct.begin();
+  std::string out;
+  for (const auto& d : disks) out += (out.empty() ? "" : "; ") + d.disk + ": " + d.reason;
+  return out;
+}
+
+std::string BackupXml(const std::vector<DomainDisk>& all, const std::set<std::string>& selected,
+                      const std::map<std::string, bool>& incremental, const std::string& from,
+                      const std::string& socket, const std::string& scratch_dir) {
+  std::string x = "<domainbackup mode='pull'><server transport='unix' socket='" + XmlEscape(socket) +
+                  "'/><disks>";
+  for (const auto& d : all) {
+    if (!selected.count(d.target)) {
+      x += "<disk name='" + XmlEscape(d.target) + "' backup='no'/>";
+      continue;
+    }
+    // libvirt 9 needs the pull mode's scratch file named (copy-before-write).
+    x += "<disk name='" + XmlEscape(d.target) + "' backup='yes' type='file' ";
+    x += incremental.at(d.target) ? "backupmode='incremental' incremental='" + XmlEscape(from) + "'>"
+                                  : std::string("backupmode='full'>");
+    x += "<scratch file='" + XmlEscape(scratch_dir + "/" + d.target + ".qcow2") + "'/></disk>";
+  }
+  return x + "</disks></domainbackup>";
+}
+
+// `with_bitmap`: the selected disks that can hold a checkpoint's bitmap
+// (libvirt refuses a bitmap on any format but qcow2: "checkpoint for disk
+// ... unsupported for storage type raw"); every other disk is left out of
+// the checkpoint with checkpoint='no' (formatcheckpoint).
+std::string CheckpointCreateXml(const std::string& name, const std::vector<DomainDisk>& all,
+                                const std::set<std::string>& with_bitmap) {
+  std::string x = "<domaincheckpoint><name>" + XmlEscape(name) + "</name><disks>";
+  for (const auto& d : all) {
+    x += "<disk name='" + XmlEscape(d.target) + "' checkpoint='" +
+         (with_bitmap.count(d.target) ? "bitmap" : "no") + "'/>";
+  }
+  return x + "</disks></domaincheckpoint>";
+}
+
+// Whether libvirt can keep a checkpoint bitmap for a running domain's disk:
+// only in a qcow2 image (a raw disk gets one through `barge cbt enable`,
+// which puts it behind a qcow2 overlay).
+bool CanHoldBitmap(const DomainDisk& d) { return d.format == "qcow2"; }
+
+// The reason a disk that cannot hold a bitmap is backed up in full every
+// time (as virtnbdbackup does for raw disks), with the way to incrementals.
+std::string NoBitmapReason(const DomainDisk& d) {
+  return (d.format.empty() ? std::string("unknown-format") : d.format) +
+         " disk without CBT: full every time (no checkpoint bitmap; 'barge cbt enable' gives incrementals)";
+}
+
+// "... for disk 'vda'" in libvirt's "checkpoint inconsistent" message.
+std::string DiskNamedIn(const std::string& message) {
+  size_t a = message.find("for disk '");
+  if (a == std::string::npos) return "";
+  a += 10;
+  size_t b = message.find('\'', a);
+  return b == std::string::npos ? "" : message.substr(a, b - a);
+}
+
+// Everything a run must undo on failure.
+struct Cleanup {
+  explicit Cleanup(Env& e) : env(e) {}
+  Env& env;
+  virDomainPtr dom = nullptr;
+  bool frozen = false;
+  bool job_started = false;
+  std::string new_checkpoint;
+  std::vector<std::string> files;  // new backup files
+  std::string socket;
+  std::string scratch_dir;
+  // The job's run record (vm_orphans.h), written before the job starts and
+  // removed once nothing of the job is left: a killed run's successor finds
+  // the job, socket, scratch folder and checkpoint by it.
+  std::string job_record;
+  VmBackupFaults* faults = nullptr;  // the request's test seam
+
+  // Thaws a frozen guest, retrying a few times. Returns why the guest may
+  // still be frozen, or an empty string.
+  std::string Thaw() {
+    if (!frozen) return {};
+    if (faults != nullptr) {
+      if (Status injected = faults->At(VmBackupFaults::Point::kThaw); !injected.ok()) {
+        return injected.error().message();
+      }
+    }
+    std::string why = ThawGuest(dom);
+    if (why.empty()) frozen = false;
+    return why;
+  }
+  // Ends the pull job and removes its socket and scratch folder.
+  Status EndJob() {
+    Status s = OkStatus();
+    if (job_started) {
+      job_started = false;
+      if (virDomainAbortJob(dom) < 0) {
+        s = LastVirError("end the backup job of domain " + std::string(virDomainGetName(dom)));
+      } else {
+        // QEMU holds the scratch files until the job is gone: wait for it
+        // (at most 30 s) before they are removed.
+        for (int i = 0; i < 300; ++i) {
+          virDomainJobInfo info{};
+          if (virDomainGetJobInfo(dom, &info) < 0 || info.type == VIR_DOMAIN_JOB_NONE) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      }
+    }
+    if (Status unlinked = socket.empty() ? OkStatus() : env.UnlinkIfExists(socket); s.ok()) s = std::move(unlinked);
+    if (!scratch_dir.empty()) {
+      Status removed = env.RemoveTree(scratch_dir);
+      if (s.ok()) s = std::move(removed);
+    }
+    return s;
+  }
+  // Undoes the run for error `e`: Thaw's warning is added to its message,
+  // and whatever could not be undone to its cleanup failures.
+  void Undo(Error& e) {
+    if (std::string thaw = Thaw(); !thaw.empty()) e = Error(e.code(), e.message() + "; " + thaw);
+    Status ended = EndJob();
+    bool job_gone = ended.ok();
+    e.Also(std::move(ended));
+    if (!new_checkpoint.empty()) {
+      Status deleted = DeleteCheckpoint(dom, new_checkpoint);
+      job_gone &= deleted.ok();
+      e.Also(std::move(deleted));
+    }
+    for (const auto& f : files) e.Also(env.UnlinkIfExists(f));
+    // Kept while the job or its checkpoint may remain: the next run cleans up by it.
+    if (job_gone) e.Also(DropRecord());
+  }
+  Status DropRecord() {
+    if (job_record.empty()) return OkStatus();
+    std::string path = std::exchange(job_record, "");
+    return env.UnlinkIfExists(path);
+  }
+};
+
+VmBackupDisk FromBackupResult(const std::string& disk, bool incremental, const std::string& reason,
+                              const pipeline::BackupResult& r) {
+  VmBackupDisk d;
+  d.disk = disk;
+  d.incremental = incremental;
+  d.reason = reason;
+  d.chain_dir = r.chain_dir;
+  d.image_path = r.image_path;
+  d.manifest_path = r.manifest_path;
+  d.virtual_size = r.manifest.virtual_size;
+  d.bytes_read = r.bytes_read;
+  d.bytes_written = r.image_bytes;
+  return d;
+}
+
+// The catalog's record of a run's new checkpoint, holding the XML libvirt
+// now stores for it (for a later redefine); fills the disks' sizes.
+Result<CheckpointRecord> NewCheckpointRecord(virDomainPtr dom, const std::string& checkpoint,
+                                             const std::string& domain, const VmBackupResult& res,
+                                             std::map<std::string, uint64_t>& sizes) {
+  BARGE_ASSIGN_OR_RETURN(auto cp, LookupCheckpoint(dom, checkpoint));
+  BARGE_ASSIGN_OR_RETURN(std::string xml, CheckpointXml(cp.get()));
+  CheckpointRecord r{checkpoint, res.tracker, domain, formats::NowRfc3339(), {}, std::move(xml)};
+  const auto in_checkpoint = CheckpointDisks(r.xml);
+  for (const auto& d : res.disks) {
+    // A disk the checkpoint leaves out (no bitmap) is not the tracker's.
+    auto it = in_checkpoint.find(d.disk);
+    if (it == in_checkpoint.end() || it->second.first != "bitmap") continue;
+    r.disks.push_back(d.disk);
+    sizes[d.disk] = d.virtual_size;
+  }
+  return r;
+}
+
+BackupRecord ToRecord(const VmBackupRequest& req, const VmBackupResult& res, const std::string& started) {
+  BackupRecord r;
+  r.domain = req.domain;
+  r.tracker = res.tracker;
+  r.type = res.backup_type;
+  r.reason = res.reason;
+  r.checkpoint = res.checkpoint;
+  r.parent_checkpoint = res.parent_checkpoint;
+  r.target = req.target;
+  r.started_at = started;
+  r.finished_at = formats::NowRfc3339();
+  r.duration_seconds = res.seconds;
+  for (const auto& d : res.disks) {
+    r.disks.push_back({d.disk, d.incremental ? "incremental" : "full", d.reason, d.chain_dir, d.image_path,
+                       d.manifest_path, d.virtual_size, d.bytes_read, d.bytes_written});
+  }
+  return r;
+}
+
+// The start of a run, online or offline: tracker and parent checkpoint in
+// `res`, a new checkpoint name (with a tracker; returned), and the catalog's
+// "running" record (its id in res.record_id).
+Result<std::string> StartRun(const VmBackupRequest& req, BackupCatalog& catalog, virDomainPtr dom,
+                     const TrackerRecord* tracker, const std::string& started, VmBackupResult& res) {
+  res.tracker = tracker ? tracker->name : "";
+  res.parent_checkpoint = tracker ? tracker->latest_checkpoint : "";
+  std::string checkpoint;
+  if (tracker) {
+    checkpoint = NewCheckpointName(tracker->name);
+    // Names have one-second resolution: wait out a same-second predecessor.
+    for (int i = 0; i < 3 && LookupCheckpoint(dom, checkpoint).ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+      checkpoint = NewCheckpointName(tracker->name);
+    }
+  }
+  BackupRecord pending;
+  pending.domain = req.domain;
+  pending.target = req.target;
+  pending.started_at = started;
+  BARGE_ASSIGN_OR_RETURN(res.record_id, catalog.BeginBackup(pending));
+  return checkpoint;
+}
+
+// One backup per disk, all in parallel (each RunBackup is itself
+// parallel). `set_source` fills in where a disk is read from and its dirty
+// set; the rest of each request is common. The disks that succeeded are
+// added to `res` and their new files to `new_files`; returns the first
+// disk's error, if any.
+std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std::vector<DomainDisk>& disks,
+                                 const std::map<std::string, bool>& incremental,
+                                 const std::map<std::string, std::string>& reasons, const std::string& checkpoint,
+                                 const std::map<std::string, formats::DiskIdentity>& identities,
+                                 const std::function<void(const std::string& disk, pipeline::BackupRequest&)>& set_source,
+                                 VmBackupResult& res, std::vector<std::string>& new_files) {
+  std::vector<Result<pipeline::BackupResult>> results(disks.size(), Error::Cancelled("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < disks.size(); ++i) {
+    auto started = StartThread("backup of disk " + disks[i].target, [&, i] {
+      const std::string& name = disks[i].target;
+      pipeline::BackupRequest br;
+      br.target_dir = req.target + "/" + req.domain;
+      br.disk_name = name;
+      br.incremental = incremental.at(name);
+      br.reason = reasons.at(name);
+      br.checkpoint = checkpoint;
+      // The chain is this domain's disk: a size change is a resize (the
+      // plan made this backup full for it), never another disk.
+      br.allow_resize = true;
+      // The disk is the domain's, whichever socket or overlay it is read
+      // through: online and offline backups extend one chain. The file
+      // behind the target too: disks that swapped files keep their targets
+      // (PlanDisks makes them fulls).
+      br.disk_identity = identities.at(name);
+      br.compression = req.compression;
+      br.compression_level = req.compression_level;
+      br.copy = req.copy;
+      if (req.progress) {
+        br.copy.progress = [&req, name](uint64_t done, uint64_t total) { req.progress(name, done, total); };
+      }
+      set_source(name, br);
+      results[i] = pipeline::RunBackup(env, br);
+    });
+    if (started.ok()) {
+      threads.push_back(std::move(started).value());
+    } else {
+      results[i] = started.error();
+    }
+  }
+  for (auto& t : threads) t.join();
+  std::optional<Error> first_error;
+  for (size_t i = 0; i < disks.size(); ++i) {
+    const std::string& name = disks[i].target;
+    if (!results[i].ok()) {
+      if (!first_error) first_error = Error(results[i].error()).Wrap("disk " + name);
+      continue;
+    }
+    const auto& r = *results[i];
+    new_files.insert(new_files.end(), {r.image_path, r.manifest_path, r.digests_path});
+    res.disks.push_back(FromBackupResult(name, incremental.at(name), reasons.at(name), r));
+  }
+  return first_error;
+}
+
+// Each disk's identity in its chain, built once per run: the domain's disk
+// by target, with the file behind the target, canonical (for a disk on a
+// CBT overlay the raw disk it tracks: the overlay may move with `state
+// migrate`, the disk is the same). PlanDisks compares it with the chain
+// (swapped disks take fulls); the new point records it.
+std::map<std::string, formats::DiskIdentity> DiskIdentities(Env& env, const std::string& domain,
+                                                            const std::vector<DomainDisk>& disks,
+                                                            const std::optional<std::vector<CbtDisk>>& cbt) {
+  std::map<std::string, formats::DiskIdentity> out;
+  for (const auto& d : disks) {
+    std::string file = d.source.empty() ? "" : CanonicalPath(env, d.source);
+    if (cbt && !file.empty()) {
+      for (const auto& c : *cbt) {
+        if (c.disk == d.target && CanonicalPath(env, c.overlay) == file) file = CanonicalPath(env, c.data_file);
+      }
+    }
+    out[d.target] = formats::DiskIdentity{"domain", domain, d.target, 0, file};
+  }
+  return out;
+}
+
+// The bitmaps of a CBT overlay, read directly (the domain is shut off).
+Result<std::vector<formats::BitmapInfo>> OverlayBitmaps(Env& env, const CbtDisk& d) {
+  pipeline::SourceSpec spec;
+  spec.location = d.overlay;
+  spec.format = "qcow2";
+  spec.allow_dirs = {DirName(d.data_file)};
+  BARGE_ASSIGN_OR_RETURN(auto opened, pipeline::OpenSource(env, spec));
+  return opened.image->info().bitmaps;
+}
+
+// A checkpoint for a shut-off domain, defined from what the offline backup
+// put in the overlays (libvirt's REDEFINE: metadata only, bitmaps exist).
+std::string OfflineCheckpointXml(const std::string& name, const std::vector<DomainDisk>& all,
+                                 const std::set<std::string>& with_bitmap, const std::string& domain_xml) {
+  std::string x = "<domaincheckpoint><name>" + XmlEscape(name) + "</name><creationTime>" +
+                  std::to_string(::time(nullptr)) + "</creationTime><disks>";
+  for (const auto& d : all) {
+    if (with_bitmap.count(d.target)) {
+      x += "<disk name='" + XmlEscape(d.target) + "' checkpoint='bitmap' bitmap='" + XmlEscape(name) + "'/>";
+    } else {
+      x += "<disk name='" + XmlEscape(d.target) + "' checkpoint='no'/>";
+    }
+  }
+  return x + "</disks>" + domain_xml + "</domaincheckpoint>";
+}
+
+// The target must exist: creating it would put a backup meant for an
+// unmounted backup volume on the file system beneath its mount point.
+Status CheckTarget(Env& env, const std::string& target) {
+  auto target_st = env.Stat(target);
+  if (!target_st.ok()) {
+    if (target_st.error().code() != ErrorCode::kNotFound) return std::move(target_st).error();
+    return Error::NotFound("backup target folder does not exist (create it first; is the backup volume mounted?)")
+        .set_path(target);
+  }
+  if (!target_st->is_directory()) return Error::InvalidArgument("backup target is not a folder").set_path(target);
+  return OkStatus();
+}
+
+// Everything a run decides before it starts anything, from the domain as it
+// is now: PlanRun's result, shared by RunVmBackup and ForecastVmBackup.
+struct RunPlan {
+  std::string mode;  // "pull" (active domain: running or paused) or "offline"
+  std::vector<DomainDisk> all_disks;
+  std::vector<DomainDisk> disks;  // selected
+  std::set<std::string> selected;
+  std::optional<std::vector<CbtDisk>> cbt;
+  std::map<std::string, CbtDisk> overlay_of;  // offline: the selected disks' overlays
+  std::map<std::string, formats::DiskIdentity> identities;
+  std::map<std::string, std::vector<formats::BitmapInfo>> bitmaps;  // offline: each overlay's bitmaps
+  std::map<std::string, bool> incremental;
+  std::map<std::string, std::string> reasons;
+  std::vector<DiskPlan> plans;  // per selected disk, in domain order
+};
+
+// The plan of a backup of `domain` with `tracker` (nullptr: none) of the
+// disks `want` (empty: all) into `target` ("" skips the chain checks): an
+// active domain (running or paused) is backed up by a pull-mode job, a
+// shut-off one from its CBT overlays (refused without CBT on every selected
+// disk). Per disk PlanDisks, and offline also the overlay's own bitmap: a
+// disk is incremental only if its overlay holds the tracker checkpoint's
+// bitmap (libvirt names a checkpoint's bitmap after the checkpoint),
+// enabled and not in use.
+Result<RunPlan> PlanRun(Env& env, BackupCatalog& catalog, virDomainPtr dom, const std::string& domain,
+                        const TrackerRecord* tracker, const std::vector<std::string>& want, bool force_full,
+                        const std::string& target) {
+  RunPlan plan;
+  const bool active = DomainIsActive(dom);
+  plan.mode = active ? "pull" : "offline";
+  BARGE_ASSIGN_OR_RETURN(plan.cbt, CbtDisksOf(catalog, domain));
+  if (!active && !plan.cbt) {
+    return Error::InvalidArgument("domain '" + domain +
+                                  "' is not running and has no CBT overlay: start it for a pull-mode backup, "
+                                  "or enable CBT ('barge cbt enable') for offline backups");
+  }
+  if (!active) {
+    for (const auto& c : *plan.cbt) plan.overlay_of[c.disk] = c;
+  }
+  BARGE_ASSIGN_OR_RETURN(plan.all_disks, DomainDisks(dom));
+  for (const auto& d : plan.all_disks) {
+    if (!want.empty() && std::find(want.begin(), want.end(), d.target) == want.end()) continue;
+    if (!active) {
+      auto it = plan.overlay_of.find(d.target);
+      if (it == plan.overlay_of.end() || it->second.overlay != d.source) {
+        return Error::InvalidArgument("domain '" + domain + "' is not running and its disk '" + d.target +
+                                      "' is not on a CBT overlay: offline backups need CBT on every selected disk");
+      }
+    }
+    plan.disks.push_back(d);
+    plan.selected.insert(d.target);
+  }
+  for (const auto& w : want) {
+    if (!plan.selected.count(w)) return Error::NotFound("domain '" + domain + "' has no disk '" + w + "'");
+  }
+  if (plan.disks.empty()) return Error::InvalidArgument("domain '" + domain + "' has no disks to back up");
+
+  plan.identities = DiskIdentities(env, domain, plan.disks, plan.cbt);
+  BARGE_ASSIGN_OR_RETURN(plan.plans,
+                         PlanDisks(env, tracker, dom, plan.disks, plan.identities, force_full, target, domain));
+  for (auto& p : plan.plans) {
+    if (!active) {
+      BARGE_ASSIGN_OR_RETURN(plan.bitmaps[p.disk], OverlayBitmaps(env, plan.overlay_of[p.disk]));
+      if (p.incremental) {
+        const formats::BitmapInfo* b = nullptr;
+        for (const auto& x : plan.bitmaps[p.disk]) {
+          if (x.name == tracker->latest_checkpoint) b = &x;
+        }
+        if (b == nullptr) {
+          p.incremental = false;
+          p.reason = "bitmap " + tracker->latest_checkpoint + " missing in the CBT overlay";
+        } else if (b->in_use || !b->enabled) {
+          p.incremental = false;
+          p.reason = "bitmap inconsistent";
+        }
+      }
+    }
+    plan.incremental[p.disk] = p.incremental;
+    plan.reasons[p.disk] = p.reason;
+  }
+  // A running domain's disk that cannot hold a checkpoint bitmap (raw
+  // without CBT) is read in full every time and left out of the checkpoint;
+  // the others keep their checkpoint and incrementals.
+  if (active) {
+    for (const auto& d : plan.disks) {
+      if (CanHoldBitmap(d)) continue;
+      for (auto& p : plan.plans) {
+        if (p.disk != d.target) continue;
+        p.incremental = false;
+        p.reason = NoBitmapReason(d);
+        plan.incremental[p.disk] = false;
+        plan.reasons[p.disk] = p.reason;
+      }
+    }
+  }
+  return plan;
+}
+
+// A shut-off domain with CBT overlays: every disk is read from its overlay
+// (the raw disk through the overlay's data file), incremental from the
+// tracker's checkpoint bitmap read directly from the overlay; then each
+// overlay's bitmaps are rotated in place (the new checkpoint's bitmap added,
+// enabled and empty; the old one removed) and libvirt gets the new
+// checkpoint's metadata. A failure before the rotation changes nothing; one
+// during it leaves a disk whose old bitmap is gone, so its next backup is
+// full (never an incremental that misses writes).
+Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, BackupCatalog& catalog, virDomainPtr dom,
+                                        const TrackerRecord* tracker, RunPlan plan, const std::string& started,
+                                        std::chrono::steady_clock::time_point t0) {
+  const auto& all_disks = plan.all_disks;
+  const auto& disks = plan.disks;
+  const auto& selected = plan.selected;
+  const auto& identities = plan.identities;
+  auto& overlay_of = plan.overlay_of;
+  auto& bitmaps = plan.bitmaps;
+  auto& incremental = plan.incremental;
+  auto& reasons = plan.reasons;
+
+  VmBackupResult res;
+  res.mode = "offline";
+  BARGE_ASSIGN_OR_RETURN(std::string checkpoint, StartRun(req, catalog, dom, tracker, started, res));
+  const int64_t record_id = res.record_id;
+  std::vector<std::string> new_files;
+  auto fail = [&](Error e) -> Error {
+    for (const auto& f : new_files) e.Also(env.UnlinkIfExists(f));
+    res.checkpoint = checkpoint;
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    BackupRecord r = ToRecord(req, res, started);
+    r.error = e.ToString();
+    e.Also(catalog.FailBackup(record_id, r));
+    return e;
+  };
+
+  std::optional<Error> first_error = BackupDisks(
+      env, req, disks, incremental, reasons, checkpoint, identities,
+      [&](const std::string& name, pipeline::BackupRequest& br) {
+        const CbtDisk& c = overlay_of.at(name);
+        br.source.location = c.overlay;
+        br.source.format = "qcow2";
+        br.source.allow_dirs = {DirName(c.data_file)};
+        if (br.incremental) {
+          br.dirty_bitmap = tracker->latest_checkpoint;
+          br.since_checkpoint = tracker->latest_checkpoint;
+        }
+      },
+      res, new_files);
+  if (!first_error && DomainIsActive(dom)) {
+    first_error = Error::InvalidArgument("domain '" + req.domain +
+                                         "' was started during its offline backup; the backup is discarded");
+  }
+  if (!first_error) {
+    if (Status injected = InjectedFault(req, VmBackupFaults::Point::kAfterRead); !injected.ok()) {
+      first_error = std::move(injected).error();
+    }
+  }
+  if (first_error) return fail(*first_error);
+
+  bool all_incremental = true;
+  for (const auto& d : res.disks) all_incremental &= d.incremental;
+  res.backup_type = all_incremental ? "Incremental" : "Full";
+  res.reason = JoinReasons(res.disks);
+  res.checkpoint = checkpoint;
+
+  std::optional<CheckpointRecord> cp_record;
+  std::map<std::string, uint64_t> sizes;
+  if (!checkpoint.empty()) {
+    // Rotate: the new checkpoint's bitmap replaces the old one in each overlay.
+    for (const auto& d : disks) {
+      formats::BitmapEdit edit;
+      uint32_t granularity = 64 << 10;
+      for (const auto& b : bitmaps[d.target]) {
+        if (b.name == res.parent_checkpoint) {
+          edit.remove.push_back(b.name);
+          granularity = b.granularity_bytes;
+        } else if (b.in_use) {
+          // Left in use by a QEMU that did not close the overlay (killed):
+          // its contents are lost, and a kept in-use bitmap would make the
+          // edit refuse every offline backup from now on (the tracker's own
+          // checkpoint bitmap in use made this run full for the disk). CBT's
+          // own bitmap, which no plan reads, is re-created empty and
+          // enabled; another tracker's checkpoint bitmap is removed, so its
+          // next backup is full ("missing in the CBT overlay"), never an
+          // incremental that misses the writes before the crash.
+          edit.remove.push_back(b.name);
+          if (b.name == kCbtBitmapName) edit.add.push_back(formats::BitmapSpec{b.name, b.granularity_bytes, true, {}});
+        }
+      }
+      edit.add.push_back(formats::BitmapSpec{checkpoint, granularity, true, {}});
+      // QEMU's image lock first, as qemu-img does: a domain started
+      // meanwhile must not open the overlay while its bitmaps are edited
+      // (Busy, naming the holder).
+      auto image_lock = env.LockImage(overlay_of[d.target].overlay, ImageAccess::kExclusiveWrite);
+      if (!image_lock.ok()) {
+        return fail(std::move(image_lock).error().Wrap("rotate the CBT bitmap of disk " + d.target));
+      }
+      Status s = formats::EditBitmaps(
+          overlay_of[d.target].overlay, pipeline::EnvSourceOpener(env),
+          [&env](const std::string& p) { return env.OpenSink(p, SinkMode::kExisting); }, edit);
+      if (!s.ok()) {
+        return fail(std::move(s).error().Wrap("rotate the CBT bitmap of disk " + d.target));
+      }
+    }
+    BARGE_ASSIGN_OR_RETURN(std::string domain_xml, DomainXml(dom, VIR_DOMAIN_XML_INACTIVE));
+    std::string xml = OfflineCheckpointXml(checkpoint, all_disks, selected, domain_xml);
+    virDomainCheckpointPtr cp = virDomainCheckpointCreateXML(dom, xml.c_str(), VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE);
+    if (cp == nullptr) return fail(LastVirError("define checkpoint " + checkpoint));
+    virDomainCheckpointFree(cp);
+    // The old checkpoint's bitmaps were removed with the rotation.
+    if (!res.parent_checkpoint.empty()) {
+      IgnoreError(DeleteCheckpoint(dom, res.parent_checkpoint, true),
+                  "metadata of a checkpoint whose bitmaps are gone: the tracker moves on to the new one and "
+                  "never plans from it again; failing here would lose a backup that is complete");
+    }
+    auto made = NewCheckpointRecord(dom, checkpoint, req.domain, res, sizes);
+    if (!made.ok()) return fail(made.error());
+    cp_record = std::move(made).value();
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  BackupRecord record = ToRecord(req, res, started);
+  if (Status s = catalog.CommitBackup(record_id, record, cp_record, sizes); !s.ok()) return fail(s.error());
+  return res;
+}
+
+}  // namespace
+
+Result<VmBackupForecast> ForecastVmBackup(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                          const std::string& domain, const TrackerRecord* tracker,
+                                          const std::string& target) {
+  VmBackupForecast f;
+  f.mode = DomainIsActive(dom) ? "pull" : "offline";
+  if (!target.empty()) {
+    if (Status s = CheckTarget(env, target); !s.ok()) {
+      f.refusal = s.error().ToString();
+      return f;
+    }
+  }
+  auto plan = PlanRun(env, catalog, dom, domain, tracker, {}, false, target.empty() ? "" : AbsolutePath(target));
+  if (!plan.ok()) {
+    f.refusal = plan.error().ToString();
+    return f;
+  }
+  f.mode = plan->mode;
+  f.disks = std::move(plan->plans);
+  return f;
+}
+
+std::string MultipleTrackersMessage(const std::string& domain, const std::vector<TrackerRecord>& trackers) {
+  std::string names;
+  for (const TrackerRecord& t : trackers) names += (names.empty() ? "" : ", ") + t.name;
+  return "domain '" + domain + "' has " + std::to_string(trackers.size()) + " trackers (" + names +
+         "): name one with --tracker";
+}
+
+Result<TrackerChoice> ResolveTracker(BackupCatalog& catalog, const std::string& domain,
+                                     const std::string& tracker_name) {
+  TrackerChoice choice;
+  if (!tracker_name.empty()) {
+    BARGE_ASSIGN_OR_RETURN(choice.tracker, catalog.GetTracker(tracker_name));
+    if (choice.tracker->domain != domain) {
+      return Error::InvalidArgument("tracker '" + tracker_name + "' belongs to domain '" + choice.tracker->domain +
+                                    "'");
+    }
+    return choice;
+  }
+  BARGE_ASSIGN_OR_RETURN(auto list, catalog.ListTrackers(domain));
+  if (list.size() == 1) choice.tracker = list[0];
+  if (list.size() > 1) choice.ambiguous = MultipleTrackersMessage(domain, list);
+  return choice;
+}
+
+Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
+  VmBackupRequest req = req_in;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string started = formats::NowRfc3339();
+  if (req.domain.empty() || req.target.empty()) {
+    return Error::InvalidArgument("vm backup needs a domain and a target");
+  }
+  BARGE_RETURN_IF_ERROR(CheckTarget(env, req.target));
+  req.target = AbsolutePath(req.target);
+  // The scratch root too: libvirt creates the scratch files in it and QEMU
+  // opens them, so it must be a folder they see (not created here either).
+  if (req.scratch_dir.empty()) req.scratch_dir = kDefaultScratchRoot;
+  {
+    auto scratch_st = env.Stat(req.scratch_dir);
+    if (!scratch_st.ok()) {
+      if (scratch_st.error().code() != ErrorCode::kNotFound) return std::move(scratch_st).error();
+      return Error::NotFound("scratch folder does not exist (--scratch-dir)").set_path(req.scratch_dir);
+    }
+    if (!scratch_st->is_directory()) {
+      return Error::InvalidArgument("scratch path is not a folder (--scratch-dir)").set_path(req.scratch_dir);
+    }
+  }
+  req.scratch_dir = AbsolutePath(req.scratch_dir);
+
+  BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
+  BARGE_ASSIGN_OR_RETURN(auto lock, LockDomain(env, req.catalog_path, req.domain));
+  BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(req.libvirt_uri));
+  BARGE_ASSIGN_OR_RETURN(auto dom, LookupDomain(conn.get(), req.domain));
+
+  BARGE_ASSIGN_OR_RETURN(TrackerChoice choice, ResolveTracker(*catalog, req.domain, req.tracker));
+  if (!choice.ambiguous.empty()) return Error::InvalidArgument(choice.ambiguous);
+  std::optional<TrackerRecord> tracker = std::move(choice.tracker);
+
+  // A killed run's job, socket, scratch folder and checkpoint go first (a
+  // job that is not barge's, or whose owner lives, is an error).
+  std::vector<std::string> warnings;
+  BARGE_ASSIGN_OR_RETURN(std::string recovered, RecoverOrphanedBackupJob(env, *catalog, dom.get(), req.domain));
+  if (!recovered.empty()) warnings.push_back(std::move(recovered));
+  // Checkpoints whose bitmaps are gone cannot be deleted normally and would
+  // stay forever: barge's own lose their metadata, the others are named.
+  if (auto stale = RemoveStaleCheckpoints(*catalog, dom.get(), req.domain); stale.ok()) {
+    warnings.insert(warnings.end(), stale->begin(), stale->end());
+  } else {
+    warnings.push_back("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
+  }
+
+  BARGE_ASSIGN_OR_RETURN(RunPlan plan, PlanRun(env, *catalog, dom.get(), req.domain, tracker ? &*tracker : nullptr,
+                                                req.disks, req.force_full, req.target));
+  if (plan.mode == "offline") {
+    auto offline = RunOfflineBackup(env, req, *catalog, dom.get(), tracker ? &*tracker : nullptr, std::move(plan),
+                                    started, t0);
+    if (offline.ok()) offline->warnings = std::move(warnings);
+    return offline;
+  }
+  const auto& all_disks = plan.all_disks;
+  const auto& disks = plan.disks;
+  const auto& selected = plan.selected;
+  const auto& identities = plan.identities;
+  auto& incremental = plan.incremental;
+  auto& reasons = plan.reasons;
+  // The disks that hold the checkpoint's bitmaps (PlanRun reads the others,
+  // raw without CBT, in full every time).
+  std::set<std::string> with_bitmap;
+  for (const auto& d : disks) {
+    if (CanHoldBitmap(d)) with_bitmap.insert(d.target);
+  }
+
+  // Size estimate before anything starts.
+  uint64_t need = 0;
+  for (const auto& d : disks) {
+    BARGE_ASSIGN_OR_RETURN(uint64_t alloc, DiskAllocation(dom.get(), d.target));
+    BARGE_ASSIGN_OR_RETURN(uint64_t cap, DiskCapacity(dom.get(), d.target));
+    // Over a data file the qcow2 file holds metadata only: count the disk.
+    need += (d.format == "raw" || alloc < cap / 64) ? std::max(alloc, cap / 64) : alloc;
+  }
+  BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, pipeline::FreeBytes(env, req.target));
+  if (free_bytes < need) {
+    return Error::NoSpace("target has " + formats::HumanBytesExact(free_bytes) + " free, the backup of '" +
+                          req.domain + "' may need " + formats::HumanBytesExact(need))
+        .set_path(req.target);
+  }
+
+  VmBackupResult res;
+  res.mode = "pull";
+  res.warnings = std::move(warnings);
+  BARGE_ASSIGN_OR_RETURN(std::string checkpoint,
+                         StartRun(req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, res));
+  const int64_t record_id = res.record_id;
+  // No selected disk can hold a bitmap: no checkpoint, and the tracker
+  // stays where it is (its checkpoint still serves the other disks).
+  if (with_bitmap.empty()) checkpoint.clear();
+
+  Cleanup cleanup(env);
+  cleanup.faults = req.faults;
+  cleanup.dom = dom.get();
+  auto fail = [&](Error e) -> Error {
+    cleanup.Undo(e);
+    res.checkpoint = checkpoint;
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    BackupRecord r = ToRecord(req, res, started);
+    r.error = e.ToString();
+    e.Also(catalog->FailBackup(record_id, r));
+    return e;
+  };
+
+  if (!req.skip_quiesce) {
+    if (virDomainFSFreeze(dom.get(), nullptr, 0, 0) < 0) {
+      Error e = LastVirError("quiesce");
+      return fail(Error(e.code(), "cannot quiesce domain '" + req.domain +
+                                      "': guest agent not available or not responding (" + e.message() +
+                                      "); use --skip-quiesce to back up without freezing"));
+    }
+    cleanup.frozen = true;
+    if (Status injected = InjectedFault(req, VmBackupFaults::Point::kAfterFreeze); !injected.ok()) {
+      return fail(std::move(injected).error());
+    }
+  }
+
+  cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
+  if (Status s = env.UnlinkIfExists(cleanup.socket); !s.ok()) return fail(std::move(s).error());
+  // Scratch files are created by libvirt and opened by QEMU (another user,
+  // maybe in its own mount namespace): the folder lives under the scratch
+  // root, which QEMU can see (kDefaultScratchRoot, or --scratch-dir), not
+  // in the target (a volume mounted after the domain started is invisible
+  // to QEMU), and must be traversable. A killed run's leftovers go first.
+  cleanup.scratch_dir = req.scratch_dir + "/barge-scratch-" + req.domain;
+  Status scratch = env.RemoveTree(cleanup.scratch_dir);
+  if (scratch.ok()) scratch = env.CreateDirs(cleanup.scratch_dir);
+  if (scratch.ok()) scratch = env.SetMode(cleanup.scratch_dir, 0711);
+  if (!scratch.ok()) return fail(std::move(scratch).error().Wrap("create scratch folder"));
+  {
+    const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
+    BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, cleanup.scratch_dir, checkpoint,
+                        req.target + "/" + req.domain, record_id};
+    if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
+      return fail(std::move(s).error().Wrap("write the backup job's run record"));
+    }
+    cleanup.job_record = record_path;
+  }
+  // A disk whose bitmap libvirt finds inconsistent only at job start goes full.
+  for (size_t attempt = 0; attempt <= disks.size(); ++attempt) {
+    std::string bxml = BackupXml(all_disks, selected, incremental, res.parent_checkpoint, cleanup.socket,
+                                   cleanup.scratch_dir);
+    std::string cxml = checkpoint.empty() ? "" : CheckpointCreateXml(checkpoint, all_disks, with_bitmap);
+    if (virDomainBackupBegin(dom.get(), bxml.c_str(), cxml.empty() ? nullptr : cxml.c_str(), 0) == 0) {
+      cleanup.job_started = true;
+      cleanup.new_checkpoint = checkpoint;
+      break;
+    }
+    Error e = LastVirError("backup begin");
+    bool any_incremental = false;
+    for (const auto& [d, inc] : incremental) any_incremental |= inc;
+    if (!any_incremental || e.message().find("inconsistent") == std::string::npos) return fail(e);
+    std::string bad = DiskNamedIn(e.message());
+    for (auto& [d, inc] : incremental) {
+      if (inc && (bad.empty() || d == bad)) {
+        inc = false;
+        reasons[d] = "bitmap inconsistent";
+      }
+    }
+  }
+  // The job's point in time is fixed once it has started. A guest that
+  // cannot be thawed is not left frozen for the whole copy unnoticed.
+  // (fail's cleanup tries again and says whether the guest is still frozen.)
+  if (!cleanup.Thaw().empty()) {
+    return fail(Error::IoError("cannot thaw domain '" + req.domain + "' once its backup job had started"));
+  }
+  if (!cleanup.job_started) return fail(Error::IoError("backup job did not start"));
+
+  std::optional<Error> first_error = BackupDisks(
+      env, req, disks, incremental, reasons, checkpoint, identities,
+      [&](const std::string& name, pipeline::BackupRequest& br) {
+        br.source.location = "nbd+unix:///" + name + "?socket=" + cleanup.socket;
+        // The point of a disk left out of the checkpoint is not at it.
+        if (!with_bitmap.count(name)) br.checkpoint.clear();
+        if (br.incremental) {
+          br.dirty_bitmap = "qemu:dirty-bitmap:backup-" + name;
+          br.since_checkpoint = res.parent_checkpoint;
+        }
+      },
+      res, cleanup.files);
+  if (!first_error) {
+    if (Status injected = InjectedFault(req, VmBackupFaults::Point::kAfterRead); !injected.ok()) {
+      first_error = std::move(injected).error();
+    }
+  }
+  if (first_error) return fail(*first_error);
+  IgnoreError(cleanup.EndJob(),
+              "the backup is complete; a socket or scratch folder left behind is removed by the next backup "
+              "of this domain before it starts");
+
+  bool all_incremental = true;
+  for (const auto& d : res.disks) all_incremental &= d.incremental;
+  res.backup_type = all_incremental ? "Incremental" : "Full";
+  res.reason = JoinReasons(res.disks);
+  res.checkpoint = checkpoint;
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::optional<CheckpointRecord> cp_record;
+  std::map<std::string, uint64_t> sizes;
+  if (!checkpoint.empty()) {
+    auto made = NewCheckpointRecord(dom.get(), checkpoint, req.domain, res, sizes);
+    if (!made.ok()) return fail(made.error());
+    cp_record = std::move(made).value();
+  }
+  BackupRecord record = ToRecord(req, res, started);
+  if (Status s = catalog->CommitBackup(record_id, record, cp_record, sizes); !s.ok()) return fail(s.error());
+  IgnoreError(cleanup.DropRecord(),
+              "the run is committed: a run record left behind names a gone process, a job that has ended and a "
+              "checkpoint the tracker names, so the next run only removes the record");
+  // The tracker moved on: its previous checkpoint's bitmaps are no longer needed.
+  if (!checkpoint.empty() && !res.parent_checkpoint.empty() && res.parent_checkpoint != checkpoint) {
+    IgnoreError(DeleteCheckpoint(dom.get(), res.parent_checkpoint),
+                "the run is committed and the tracker no longer names that checkpoint: left behind, it only "
+                "costs its bitmaps' upkeep until deleted by hand ('virsh checkpoint-delete')");
+  }
+  return res;
+}
+
+}  // namespace barge::orchestrate

@@ -1,0 +1,148 @@
+// Backup of a running libvirt domain: pull-mode backup job with a new
+// checkpoint, every selected disk's NBD export read through the backup
+// pipeline into TARGET/<domain>/<disk>/, the tracker advanced together with
+// the catalog record. Offline domains with a CBT overlay are read directly.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blockio/error.h"
+#include "orchestrate/catalog/backup_catalog.h"
+#include "orchestrate/vm/tracker.h"
+#include "pipeline/backup.h"
+
+namespace barge::orchestrate {
+
+// Where a test makes a VM backup fail, injected through the request as the
+// filesystem's faults are through the Env (blockio/env.h). The points are
+// libvirt's and the guest agent's, which no Env sees. Each At() is called
+// from the run's thread.
+class VmBackupFaults {
+ public:
+  enum class Point : uint8_t {
+    kAfterFreeze,  // the guest's filesystems were just frozen, no job yet
+    kThaw,         // instead of one thaw of the guest (its error: why the thaw failed)
+    kAfterRead,    // every disk was read, nothing committed yet
+  };
+  virtual ~VmBackupFaults() = default;
+  // OkStatus: go on; an error: the run fails at `point` with it.
+  virtual Status At(Point point) = 0;
+};
+
+// The scratch root of a run without --scratch-dir: /var/tmp, as
+// virtnbdbackup's -S default (docs/orchestration.md says why). QEMU sees it
+// (libvirt's mount namespace for QEMU replaces only /dev), every user may
+// traverse it (world-writable, sticky), and it is on disk where /tmp may be
+// RAM; the target may be a volume QEMU does not see.
+inline constexpr const char* kDefaultScratchRoot = "/var/tmp";
+
+struct VmBackupRequest {
+  std::string domain;
+  std::string tracker;      // "" = the domain's only tracker, if it has exactly one
+  std::string target;       // chains go to target/<domain>/<disk>/
+  std::string catalog_path;
+  std::string libvirt_uri;  // "" = ResolveLibvirtUri
+  bool force_full = false;
+  bool skip_quiesce = false;
+  std::vector<std::string> disks;  // empty = every disk of the domain
+  // Where libvirt puts the pull job's scratch files (copy-before-write):
+  // an existing folder that QEMU can see and reach; each run makes its own
+  // folder in it (barge-scratch-<domain>) and removes it when it ends.
+  // "" = kDefaultScratchRoot.
+  std::string scratch_dir;
+  // Called per disk from that disk's copy thread, about every 100 ms and
+  // once at the end (pipeline::CopyOptions::progress with the disk's name).
+  std::function<void(const std::string& disk, uint64_t done_bytes, uint64_t total_bytes)> progress;
+  pipeline::CopyOptions copy;      // pipeline knobs (per disk)
+  formats::Compression compression = formats::Compression::kZstd;
+  int compression_level = formats::kDefaultZstdLevel;
+  VmBackupFaults* faults = nullptr;  // tests only; must outlive the run
+};
+
+struct VmBackupDisk {
+  std::string disk;
+  bool incremental = false;
+  std::string reason;
+  std::string chain_dir;
+  std::string image_path;
+  std::string manifest_path;
+  uint64_t virtual_size = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+};
+
+struct VmBackupResult {
+  std::string backup_type;  // "Full" (any disk full) or "Incremental"
+  std::string reason;
+  std::string checkpoint;   // created by this run ("" without a tracker)
+  std::string parent_checkpoint;
+  std::string tracker;
+  std::string mode;         // "pull" (libvirt job) or "offline" (CBT overlay)
+  int64_t record_id = 0;
+  std::vector<VmBackupDisk> disks;
+  double seconds = 0;
+  // What the run found and cleaned up before it started (an orphaned
+  // backup job of a killed run), for the user; the run itself succeeded.
+  std::vector<std::string> warnings;
+};
+
+// Runs one VM backup. Refuses at once (nothing started, nothing created)
+// when the target folder does not exist (kNotFound: an unmounted backup
+// volume), the scratch folder does not exist (kNotFound), the domain has several trackers and none is named
+// (kInvalidArgument, MultipleTrackersMessage), another backup, CBT change
+// or state migration of the domain holds its lock (kBusy, DomainLockPath), the
+// guest agent is missing for the quiesce (unless skip_quiesce), or the
+// target's free space is below the estimate (kNoSpace). On any later failure
+// the job is aborted, this run's checkpoint deleted, the new backup files
+// removed, the tracker left as it was, and the catalog record says why.
+// Before anything else (under the lock) a backup job of barge's whose
+// process is gone (RecoverOrphanedBackupJob, orchestrate/vm/vm_orphans.h) is
+// aborted and its files and uncommitted checkpoint removed (a warning in the
+// result); a live job barge did not start, or whose owner lives, is kBusy,
+// nothing touched. Then the metadata of barge's checkpoints whose bitmaps
+// are gone (RemoveStaleCheckpoints) is deleted, each with a warning, and the
+// others are named in warnings.
+// request.faults, when set, can fail the run at the points VmBackupFaults
+// names (the failure paths must thaw a frozen guest and commit nothing).
+// Chain folders, lock files and overlays are handled through `env`.
+Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& request);
+
+// What `vm backup` of `domain` with `tracker` (nullptr: none) into
+// `target` ("" skips the checks of the chains there) would do now, planned
+// by the very function RunVmBackup plans with (doctor's forecast): `mode`
+// "pull" for an active domain (running or paused), "offline" for a shut-off
+// one, and per disk incremental or full with the reason RunVmBackup would
+// give; or, in `refusal`, the error it would stop with before starting
+// anything (a shut-off domain without CBT, a disk not on its overlay). Only
+// libvirt's own finding at job start (a bitmap that turns inconsistent
+// between the forecast and the run) can still make a disk full.
+struct VmBackupForecast {
+  std::string mode;
+  std::string refusal;
+  std::vector<DiskPlan> disks;
+};
+Result<VmBackupForecast> ForecastVmBackup(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                          const std::string& domain, const TrackerRecord* tracker,
+                                          const std::string& target);
+
+// "domain 'D' has N trackers (a, b): name one with --tracker".
+std::string MultipleTrackersMessage(const std::string& domain, const std::vector<TrackerRecord>& trackers);
+
+// Which tracker a backup of `domain` continues: the one named by
+// `tracker_name` (kNotFound; kInvalidArgument when it belongs to another
+// domain), else the domain's only tracker, else none. With several and none
+// named, which chain to continue is the caller's choice: `ambiguous` holds
+// MultipleTrackersMessage (a usage error; RunVmBackup refuses it with
+// kInvalidArgument). The CLI calls it before the hooks run.
+struct TrackerChoice {
+  std::optional<TrackerRecord> tracker;
+  std::string ambiguous;
+};
+Result<TrackerChoice> ResolveTracker(BackupCatalog& catalog, const std::string& domain,
+                                     const std::string& tracker_name);
+
+}  // namespace barge::orchestrate

@@ -1,0 +1,273 @@
+// Orphaned backup jobs (a killed vm backup's libvirt job, checkpoint,
+// scratch folder and socket) and stale checkpoints.
+#include "orchestrate/vm/vm_orphans.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <map>
+#include <set>
+#include <cstdlib>
+#include <optional>
+#include <thread>
+
+#include "orchestrate/base/file_lock.h"
+#include "pipeline/chain.h"
+#include "orchestrate/libvirt/libvirt_conn.h"
+#include "orchestrate/libvirt/qemu_monitor.h"
+
+namespace barge::orchestrate {
+namespace {
+
+std::string Field(const std::string& text, const std::string& key) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    if (line.rfind(key + "=", 0) == 0) return line.substr(key.size() + 1);
+    pos = end + 1;
+  }
+  return "";
+}
+
+// The socket of the domain's live backup job, or nullopt when libvirt has none.
+std::optional<std::string> LiveJobSocket(virDomainPtr dom) {
+  if (!DomainIsActive(dom)) return std::nullopt;
+  char* xml = virDomainBackupGetXMLDesc(dom, 0);
+  if (xml == nullptr) return std::nullopt;
+  std::string text(xml);
+  ::free(xml);
+  return XmlAttr(text, "server", "socket");
+}
+
+std::string OwnerPid(const std::string& owner) {
+  auto o = ProcessOwner::Parse(owner);
+  return o.ok() ? std::to_string(o->pid) : std::string("?");
+}
+
+}  // namespace
+
+std::string BackupJobRecordPath(const std::string& catalog_path, const std::string& domain) {
+  // Beside the domain's lock (locks/domains/<name>.lock), escaped the same way.
+  std::string lock = CatalogLockPath(catalog_path, LockKind::kDomain, domain);
+  return lock.substr(0, lock.size() - std::string_view(".lock").size()) + ".backup-job";
+}
+
+Status WriteBackupJobRecord(Env& env, const std::string& path, const BackupJobRecord& r) {
+  std::string text = "owner=" + r.owner + "\nsocket=" + r.socket + "\nscratch_dir=" + r.scratch_dir +
+                     "\ncheckpoint=" + r.checkpoint + "\nchains_dir=" + r.chains_dir + "\nrecord_id=" + std::to_string(r.record_id) + "\n";
+  return env.WriteFileAtomic(path, std::string_view(text));
+}
+
+Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_path, virDomainPtr dom,
+                                        const std::string& domain) {
+  BackupJobState st;
+  std::optional<std::string> live = LiveJobSocket(dom);
+  st.job_active = live.has_value();
+  if (live) st.job_socket = *live;
+  const std::string path = BackupJobRecordPath(catalog_path, domain);
+  auto text = env.ReadFile(path, 1 << 16);
+  bool have_record = false;
+  if (text.ok()) {
+    have_record = true;
+    st.record.owner = Field(*text, "owner");
+    st.record.socket = Field(*text, "socket");
+    st.record.scratch_dir = Field(*text, "scratch_dir");
+    st.record.checkpoint = Field(*text, "checkpoint");
+    st.record.chains_dir = Field(*text, "chains_dir");
+    st.record.record_id = std::atoll(Field(*text, "record_id").c_str());
+  } else if (text.error().code() != ErrorCode::kNotFound) {
+    return std::move(text).error();
+  }
+  if (have_record && (!st.job_active || st.job_socket == st.record.socket)) {
+    if (OwnerIsGone(env, st.record.owner)) {
+      st.state = "orphaned";
+      st.message = "backup job of barge's killed run (process " + OwnerPid(st.record.owner) + " is gone)" +
+                   (st.job_active ? " still runs in libvirt" : " left its files") +
+                   (st.record.checkpoint.empty() ? "" : ", checkpoint " + st.record.checkpoint) +
+                   ": the next vm backup of domain '" + domain + "' aborts it and cleans up";
+    } else {
+      st.state = "running";
+      st.message = "a backup of domain '" + domain + "' by process " + OwnerPid(st.record.owner) +
+                   " is running (socket " + st.record.socket + ")";
+    }
+    return st;
+  }
+  if (st.job_active) {
+    st.state = "foreign";
+    st.message = "domain '" + domain + "' has a backup job that barge did not start with this catalog (socket " +
+                 (st.job_socket.empty() ? std::string("none") : st.job_socket) +
+                 "); barge leaves it alone: end it with 'virsh domjobabort " + domain + "' if nothing uses it";
+  }
+  return st;
+}
+
+Result<std::string> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                             const std::string& domain) {
+  BARGE_ASSIGN_OR_RETURN(BackupJobState st, InspectBackupJob(env, catalog.path(), dom, domain));
+  if (st.state == "none") return std::string();
+  if (st.state != "orphaned") return Error::Busy(st.message);
+  const BackupJobRecord& r = st.record;
+  std::string done;
+  if (st.job_active) {
+    if (virDomainAbortJob(dom) < 0) return LastVirError("abort the orphaned backup job of domain " + domain);
+    // QEMU holds the scratch files until the job is gone (as Cleanup::EndJob).
+    for (int i = 0; i < 300; ++i) {
+      virDomainJobInfo info{};
+      if (virDomainGetJobInfo(dom, &info) < 0 || info.type == VIR_DOMAIN_JOB_NONE) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    done = "aborted the backup job";
+  }
+  if (!r.socket.empty()) BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.socket));
+  if (!r.scratch_dir.empty()) BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch_dir));
+  done += std::string(done.empty() ? "" : ", ") + "removed its socket and scratch folder";
+  if (!r.checkpoint.empty() && LookupCheckpoint(dom, r.checkpoint).ok()) {
+    // Never committed: a tracker that named it would have been advanced by
+    // the run that was killed before its commit, so this is only a check.
+    BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
+    bool named = false;
+    for (const auto& t : trackers) named |= t.latest_checkpoint == r.checkpoint;
+    if (!named) {
+      BARGE_RETURN_IF_ERROR(DeleteCheckpoint(dom, r.checkpoint));
+      done += ", deleted its uncommitted checkpoint " + r.checkpoint;
+    }
+  }
+  if (!r.checkpoint.empty() && !r.chains_dir.empty()) {
+    // The points the killed run wrote for its checkpoint were never
+    // committed: a chain ending at them would not end at the tracker's
+    // checkpoint, and the next backup would be a needless full.
+    BARGE_ASSIGN_OR_RETURN(auto disks, DomainDisks(dom));
+    for (const auto& d : disks) {
+      auto chain = pipeline::LoadChainFolder(env, r.chains_dir + "/" + d.target);
+      if (!chain.ok() || chain->empty() || chain->latest().manifest.checkpoint != r.checkpoint) continue;
+      const auto& m = chain->latest().manifest;
+      for (const std::string& f : {m.image.empty() ? std::string() : chain->PathOf(m.image),
+                                   m.digest_table.empty() ? std::string() : chain->PathOf(m.digest_table),
+                                   chain->latest().manifest_path}) {
+        if (!f.empty()) BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(f));
+      }
+      done += ", removed its uncommitted point " + m.id + " of disk " + d.target;
+    }
+  }
+  if (r.record_id > 0) {
+    auto rec = catalog.GetBackup(r.record_id);
+    if (rec.ok() && rec->result == "running") {
+      BackupRecord failed = *rec;
+      failed.error = "the run's process " + OwnerPid(r.owner) + " ended without finishing (killed?); " +
+                     "the next run aborted its backup job";
+      BARGE_RETURN_IF_ERROR(catalog.FailBackup(r.record_id, failed));
+    }
+  }
+  BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(BackupJobRecordPath(catalog.path(), domain)));
+  return "an earlier backup of domain '" + domain + "' (process " + OwnerPid(r.owner) +
+         ") was killed: " + done;
+}
+
+namespace {
+
+// Per disk of a checkpoint XML with checkpoint='bitmap': the bitmap's name
+// (libvirt names it after the checkpoint unless the XML says otherwise).
+std::map<std::string, std::string> CheckpointBitmaps(const std::string& xml, const std::string& checkpoint) {
+  std::map<std::string, std::string> out;
+  size_t a = xml.find("<disks>");
+  size_t b = xml.find("</disks>");
+  if (a == std::string::npos || b == std::string::npos || b < a) return out;
+  std::string_view disks = std::string_view(xml).substr(a, b - a);
+  size_t pos = 0;
+  while ((pos = disks.find("<disk ", pos)) != std::string_view::npos) {
+    size_t end = disks.find('>', pos);
+    if (end == std::string_view::npos) break;
+    std::string_view el = disks.substr(pos, end - pos + 1);
+    if (XmlAttr(el, "disk", "checkpoint") == "bitmap") {
+      std::string bitmap = XmlAttr(el, "disk", "bitmap");
+      out[XmlAttr(el, "disk", "name")] = bitmap.empty() ? checkpoint : bitmap;
+    }
+    pos = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+bool IsBargeCheckpointName(const std::string& name) {
+  // <tracker>-YYYYMMDDTHHMMSSZ
+  constexpr size_t kStamp = 16;
+  if (name.size() < kStamp + 2 || name[name.size() - kStamp - 1] != '-') return false;
+  const std::string stamp = name.substr(name.size() - kStamp);
+  for (size_t i = 0; i < kStamp; ++i) {
+    const char c = stamp[i];
+    const bool ok = i == 8 ? c == 'T' : i == 15 ? c == 'Z' : std::isdigit(static_cast<unsigned char>(c)) != 0;
+    if (!ok) return false;
+  }
+  const std::string tracker = name.substr(0, name.size() - kStamp - 1);
+  return std::all_of(tracker.begin(), tracker.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == '-';
+  });
+}
+
+Result<std::vector<StaleCheckpoint>> FindStaleCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                          const std::string& domain) {
+  std::vector<StaleCheckpoint> out;
+  // A running backup job puts its filter node on top of each disk, which
+  // lists no bitmaps: ask only when no job runs.
+  if (!DomainIsActive(dom) || LiveJobSocket(dom)) return out;
+  BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
+  std::set<std::string> in_use;
+  for (const auto& t : trackers) in_use.insert(t.latest_checkpoint);
+  BARGE_ASSIGN_OR_RETURN(auto names, ListCheckpointNames(dom));
+  std::map<std::string, std::set<std::string>> qemu_bitmaps;  // disk -> names, asked once per disk
+  for (const auto& name : names) {
+    if (in_use.count(name)) continue;
+    auto cp = LookupCheckpoint(dom, name);
+    if (!cp.ok()) continue;  // deleted meanwhile
+    BARGE_ASSIGN_OR_RETURN(std::string xml, CheckpointXml(cp->get()));
+    auto bitmaps = CheckpointBitmaps(xml, name);
+    if (bitmaps.empty()) continue;
+    StaleCheckpoint s{name, IsBargeCheckpointName(name), {}};
+    bool all_gone = true;
+    for (const auto& [disk, bitmap] : bitmaps) {
+      auto known = qemu_bitmaps.find(disk);
+      if (known == qemu_bitmaps.end()) {
+        auto qd = FindQemuDisk(dom, disk);
+        if (!qd.ok()) {
+          // A disk QEMU does not list (removed since): its bitmap is gone too.
+          if (qd.error().code() != ErrorCode::kNotFound) return std::move(qd).error();
+          known = qemu_bitmaps.emplace(disk, std::set<std::string>{}).first;
+        } else {
+          std::set<std::string> names;
+          for (const auto& b : qd->bitmaps) names.insert(b.name);
+          known = qemu_bitmaps.emplace(disk, std::move(names)).first;
+        }
+      }
+      if (known->second.count(bitmap)) {
+        all_gone = false;
+        break;
+      }
+      s.disks.push_back(disk);
+    }
+    if (all_gone) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> RemoveStaleCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                        const std::string& domain) {
+  BARGE_ASSIGN_OR_RETURN(auto stale, FindStaleCheckpoints(catalog, dom, domain));
+  std::vector<std::string> warnings;
+  for (const auto& s : stale) {
+    std::string what = "checkpoint " + s.name + " of domain '" + domain + "' has lost its bitmaps";
+    if (!s.barges) {
+      warnings.push_back(what + "; barge did not make it and keeps it (remove it with 'virsh checkpoint-delete " +
+                         domain + " " + s.name + " --metadata')");
+      continue;
+    }
+    Status deleted = DeleteCheckpoint(dom, s.name, /*metadata_only=*/true);
+    warnings.push_back(deleted.ok() ? what + "; barge made it and removed it (metadata only)"
+                                    : what + "; removing it failed: " + deleted.error().message());
+  }
+  return warnings;
+}
+
+}  // namespace barge::orchestrate

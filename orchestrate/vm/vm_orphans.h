@@ -1,0 +1,98 @@
+// What a killed `vm backup` leaves behind, and checkpoints whose bitmaps are
+// gone: how barge recognises its own leftovers in libvirt, how `vm backup`
+// cleans them up before it starts, and what `doctor` reports of them.
+#pragma once
+
+#include <libvirt/libvirt.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "blockio/env.h"
+#include "blockio/error.h"
+#include "orchestrate/catalog/backup_catalog.h"
+
+namespace barge::orchestrate {
+
+// The run record of a pull-mode backup job: written (atomically, through the
+// Env) just before virDomainBackupBegin, removed once the job has ended. It
+// names the job's owner (ProcessOwner::Encode(), pid and start time), the
+// NBD socket and scratch folder the job was started with, the checkpoint
+// the job creates and the catalog's "running" record. A record whose owner
+// is gone is what a killed run left.
+struct BackupJobRecord {
+  std::string owner;
+  std::string socket;
+  std::string scratch_dir;
+  std::string checkpoint;  // "" without a tracker
+  std::string chains_dir;  // TARGET/<domain>: the run's chain folders are <chains_dir>/<disk>
+  int64_t record_id = 0;
+};
+
+// <catalog folder>/locks/domains/<domain>.backup-job
+std::string BackupJobRecordPath(const std::string& catalog_path, const std::string& domain);
+Status WriteBackupJobRecord(Env& env, const std::string& path, const BackupJobRecord& record);
+
+// What doctor and vm backup see of a domain's backup job.
+struct BackupJobState {
+  // "none" (no job, no record), "orphaned" (barge's run record names a
+  // process that is gone: the job, if libvirt still has one, is the one that
+  // record started), "running" (the record's owner still lives), "foreign"
+  // (libvirt has a backup job that no record of this catalog started).
+  std::string state = "none";
+  bool job_active = false;  // libvirt has a backup job for the domain
+  std::string job_socket;   // that job's NBD socket, from libvirt
+  BackupJobRecord record;   // with "orphaned" and "running"
+  // One sentence for the user ("" with "none").
+  std::string message;
+};
+
+// Reads the run record under `catalog_path` and asks libvirt for the
+// domain's backup job (virDomainBackupGetXMLDesc). A record whose socket is
+// not the live job's socket is "foreign" when the job is live (the job is
+// not the record's); a record with no live job is "orphaned" when its owner
+// is gone (its checkpoint, scratch folder or socket may remain).
+Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_path, virDomainPtr dom,
+                                        const std::string& domain);
+
+// Before a backup of `domain` starts (the caller holds the domain's lock):
+// for an "orphaned" state, aborts the job (virDomainAbortJob, waiting until
+// libvirt has no job), removes its socket and scratch folder, deletes its
+// checkpoint when no tracker names it (it was never committed: the next
+// incremental continues from the tracker's checkpoint) and the points the
+// run wrote for that checkpoint at the end of its chain folders, marks its catalog
+// record failed and removes the run record. Returns what it did (a warning
+// for the user), "" when there was nothing to do. "running" and "foreign"
+// are kBusy with the state's message, nothing touched.
+Result<std::string> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                             const std::string& domain);
+
+// A libvirt checkpoint of the domain whose bitmaps QEMU no longer has on any
+// of its disks (removed behind libvirt's back, or lost with a disk that was
+// replaced): no backup can be incremental from it, and libvirt cannot delete
+// it normally (the delete fails on the missing bitmap), so it stays.
+struct StaleCheckpoint {
+  std::string name;
+  bool barges = false;             // named as barge names checkpoints (IsBargeCheckpointName)
+  std::vector<std::string> disks;  // the disks whose bitmap is gone
+};
+
+// "<tracker name>-YYYYMMDDTHHMMSSZ" (NewCheckpointName's form).
+bool IsBargeCheckpointName(const std::string& name);
+
+// The running domain's checkpoints that no tracker of `domain` names and
+// whose every bitmap (per disk of the checkpoint XML with checkpoint='bitmap')
+// is missing from QEMU's list for that disk (query-block). Empty for a
+// domain that is not running (its bitmaps are not asked for).
+Result<std::vector<StaleCheckpoint>> FindStaleCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                          const std::string& domain);
+
+// Before a backup (under the domain's lock): deletes the metadata of every
+// stale checkpoint barge made (nothing of it is left in QEMU), and returns
+// one warning per stale checkpoint: removed, or kept because barge did not
+// make it (with the command to remove it), or kept because libvirt refused.
+Result<std::vector<std::string>> RemoveStaleCheckpoints(BackupCatalog& catalog, virDomainPtr dom,
+                                                        const std::string& domain);
+
+}  // namespace barge::orchestrate
