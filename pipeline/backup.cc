@@ -15,10 +15,9 @@
 #include "formats/qcow2_bitmap.h"
 #include "formats/units.h"
 #include "pipeline/chain.h"
+#include "pipeline/chain_folder.h"
 #include "pipeline/destination_spec.h"
 #include "pipeline/disk_identity.h"
-#include "pipeline/staged_file.h"
-#include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
 
@@ -30,29 +29,6 @@ Status CheckDiskName(const std::string& name) {
     return Error::InvalidArgument("disk name '" + name +
                                   "' must be a plain, non-hidden folder name (use --name)");
   }
-  return OkStatus();
-}
-
-// Removes images, digest tables and verification records that no manifest
-// names (what a run killed between renames leaves, and the records of
-// points a merge folded), and temporaries no live writer holds. Called
-// with the chain lock held.
-Status RemoveOrphans(Env& env, const ChainFolder& chain) {
-  std::set<std::string> named;
-  for (const auto& p : chain.points) {
-    named.insert(p.manifest.image);
-    named.insert(p.manifest.digest_table);
-    named.insert(VerificationFileName(p.manifest.id));
-  }
-  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(chain.dir));
-  for (const std::string& name : names) {
-    std::string ext = Extension(name);
-    bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
-                (ext == ".qcow2" || ext == ".digests" || ext == ".verified");
-    if (ours && !named.count(name)) BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(chain.PathOf(name)));
-  }
-  auto swept = SweepStaleTemporaries(env, chain.dir);
-  if (!swept.ok()) return swept.error();
   return OkStatus();
 }
 
@@ -118,19 +94,6 @@ std::string IdFor(uint32_t sequence, const std::string& started_at) {
   return std::string(buf) + "-" + formats::CompactTimestamp(started_at);
 }
 
-// Writes and flushes a small output file (digest table, manifest) under its
-// temporary name; `out` commits it later.
-Status WriteSmallStaged(Env& env, const std::string& dir, const std::string& file_name,
-                        std::span<const std::byte> bytes, std::unique_ptr<StagedFile>& out) {
-  auto created = StagedFile::Create(env, dir + "/" + file_name);
-  if (!created.ok()) return std::move(created).error().Wrap("backup: writing " + file_name);
-  out = std::move(created).value();
-  Status st = out->sink().WriteAt(0, bytes);
-  if (st.ok()) st = out->sink().Flush();
-  if (!st.ok()) return std::move(st).error().Wrap("backup: writing " + file_name);
-  return OkStatus();
-}
-
 }  // namespace
 
 std::string DefaultDiskName(const std::string& location) {
@@ -177,9 +140,25 @@ Result<uint64_t> FreeBytes(Env& env, const std::string& dir) {
   return space.free_bytes;
 }
 
-Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
-  auto start = std::chrono::steady_clock::now();
-  std::string started_at = formats::NowRfc3339();
+namespace {
+
+// What a backup carries from one step to the next. Declared in the order
+// the steps fill it: the chain writer goes before the source is closed.
+struct BackupRun {
+  SourceSpec spec;
+  OpenedSource src;
+  uint64_t size = 0;
+  formats::DiskIdentity identity;
+  std::unique_ptr<ChainWriter> writer;
+  uint32_t cluster = 0;
+  formats::DigestTable parent_digests;  // an incremental's parent's
+  std::string dirty_description;
+  RangeList work;
+  formats::BackupManifest m;
+};
+
+// An incremental reads exactly one record of changes; a full reads none.
+Status CheckChangeInputs(const BackupRequest& req) {
   int dirty_inputs = !req.dirty_bitmap.empty() + !req.dirty_extents_file.empty() +
                      req.dirty_ranges.has_value();
   if (req.incremental && dirty_inputs != 1) {
@@ -188,174 +167,170 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   if (!req.incremental && dirty_inputs != 0) {
     return Error::InvalidArgument("--dirty-bitmap/--dirty-extents need --incremental");
   }
+  return OkStatus();
+}
 
-  SourceSpec spec = req.source;
-  if (req.incremental && !req.dirty_bitmap.empty() && IsNbdUri(spec.location)) {
-    spec.nbd_dirty_context = req.dirty_bitmap.starts_with("qemu:")
-                                 ? req.dirty_bitmap
-                                 : "qemu:dirty-bitmap:" + req.dirty_bitmap;
+// 1. Opens the source (an NBD export with its dirty bitmap's context) and
+// takes the disk's identity.
+Status OpenBackupSource(Env& env, const BackupRequest& req, BackupRun& run) {
+  run.spec = req.source;
+  if (req.incremental && !req.dirty_bitmap.empty() && IsNbdUri(run.spec.location)) {
+    run.spec.nbd_dirty_context = req.dirty_bitmap.starts_with("qemu:")
+                                     ? req.dirty_bitmap
+                                     : "qemu:dirty-bitmap:" + req.dirty_bitmap;
   }
-  BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, spec));
-  const uint64_t size = src.image->size_bytes();
-  formats::DiskIdentity identity;
+  BARGE_ASSIGN_OR_RETURN(run.src, OpenSource(env, run.spec));
+  run.size = run.src.image->size_bytes();
   if (req.disk_identity) {
-    identity = *req.disk_identity;
-    identity.virtual_size = size;  // the size read now (IdentityOf sets its own)
+    run.identity = *req.disk_identity;
+    run.identity.virtual_size = run.size;  // the size read now (IdentityOf sets its own)
   } else {
-    identity = IdentityOf(env, spec, src);
+    run.identity = IdentityOf(env, run.spec, run.src);
   }
+  return OkStatus();
+}
 
-  std::string disk = req.disk_name.empty() ? DefaultDiskName(spec.location) : req.disk_name;
+// 2. Opens the output: the disk's chain folder, made when missing, locked
+// and loaded, its leftovers removed.
+Status OpenChain(Env& env, const BackupRequest& req, BackupRun& run) {
+  std::string disk = req.disk_name.empty() ? DefaultDiskName(run.spec.location) : req.disk_name;
   BARGE_RETURN_IF_ERROR(CheckDiskName(disk));
-  std::string chain_dir = JoinPath(req.target_dir, disk);
-  // The folders this run creates (target, then chain folder): a first
-  // backup that fails removes them again.
-  std::vector<std::string> created_dirs;
-  for (const std::string& d : {req.target_dir, chain_dir}) {
-    if (d.empty()) continue;
-    auto st = env.Stat(d);
-    if (!st.ok() && st.error().code() == ErrorCode::kNotFound) created_dirs.push_back(d);
+  ChainWriterOptions options;
+  options.job = "backup";
+  options.create = true;
+  options.parent_dir = req.target_dir;
+  options.remove_leftovers = true;
+  BARGE_ASSIGN_OR_RETURN(run.writer, ChainWriter::Open(env, JoinPath(req.target_dir, disk), options));
+  run.m.disk = disk;
+  return OkStatus();
+}
+
+// An incremental's parent: the chain's latest point, of this disk, at the
+// checkpoint and size the changes were read against, with its digests.
+Status ExtendChain(Env& env, const BackupRequest& req, BackupRun& run) {
+  const ChainFolder& chain = run.writer->chain();
+  if (chain.empty()) {
+    return Error::InvalidArgument("no earlier backup in the chain folder: take a full backup first")
+        .set_path(chain.dir);
   }
-  std::optional<ChainLock> lock;
-  for (int attempt = 0; !lock; ++attempt) {
-    BARGE_RETURN_IF_ERROR(env.CreateDirs(chain_dir));
-    auto acquired = ChainLock::Acquire(env, chain_dir);
-    // A failed first backup of the same chain may have removed the folder
-    // between our mkdir and our lock: make it again.
-    if (!acquired.ok() && acquired.error().code() == ErrorCode::kNotFound && attempt < 3) continue;
-    if (!acquired.ok()) return acquired.error();
-    lock.emplace(std::move(acquired).value());
-  }
-  BARGE_ASSIGN_OR_RETURN(ChainFolder chain, LoadChainFolder(env, chain_dir, &*lock));
-  BARGE_RETURN_IF_ERROR(RemoveOrphans(env, chain));
-  // A first backup that fails leaves no lock file and no empty folder
-  // behind. Declared before the staged files: it runs after they removed
-  // their temporaries, and while the lock is still held.
-  struct FirstBackupCleanup {
-    Env& env;
-    ChainLock* lock = nullptr;  // null: disarmed
-    std::vector<std::string> created;
-    ~FirstBackupCleanup() {
-      if (lock == nullptr) return;
-      IgnoreError(lock->RemoveLockFile(), "a failed backup's error is on its way; a stale .lock is harmless");
-      // Deepest first; RemoveDir fails on a folder someone else filled.
-      for (auto it = created.rbegin(); it != created.rend(); ++it) {
-        IgnoreError(env.RemoveDir(*it), "a folder another job filled meanwhile stays");
+  const formats::BackupManifest& pm = chain.latest().manifest;
+  // Another disk's changes on this chain would restore to neither disk.
+  BARGE_ASSIGN_OR_RETURN(std::string other_disk, OtherDiskReason(chain, run.identity));
+  if (!other_disk.empty() && req.previous_location &&
+      (run.identity.kind == "file" || run.identity.kind == "block")) {
+    // The chain's disk moved by `barge state migrate`: the point records
+    // where it came from, so the chain stays one disk (CheckOneDisk).
+    formats::DiskIdentity moved = run.identity;
+    moved.moved_from = req.previous_location(run.identity.location);
+    if (!moved.moved_from.empty()) {
+      BARGE_ASSIGN_OR_RETURN(std::string still_other, OtherDiskReason(chain, moved));
+      if (still_other.empty()) {
+        run.identity = std::move(moved);
+        other_disk.clear();
       }
     }
-  } first_cleanup{env, chain.empty() ? &*lock : nullptr, created_dirs};
-
-  uint32_t cluster = req.copy.cluster_bytes;
-  formats::BackupManifest m;
-  formats::DigestTable parent_digests;
-  if (req.incremental) {
-    if (chain.empty()) {
-      return Error::InvalidArgument("no earlier backup in the chain folder: take a full backup first")
-          .set_path(chain_dir);
-    }
-    const formats::BackupManifest& pm = chain.latest().manifest;
-    // Another disk's changes on this chain would restore to neither disk.
-    BARGE_ASSIGN_OR_RETURN(std::string other_disk, OtherDiskReason(chain, identity));
-    if (!other_disk.empty() && req.previous_location && (identity.kind == "file" || identity.kind == "block")) {
-      // The chain's disk moved by `barge state migrate`: the point records
-      // where it came from, so the chain stays one disk (CheckOneDisk).
-      formats::DiskIdentity moved = identity;
-      moved.moved_from = req.previous_location(identity.location);
-      if (!moved.moved_from.empty()) {
-        BARGE_ASSIGN_OR_RETURN(std::string still_other, OtherDiskReason(chain, moved));
-        if (still_other.empty()) {
-          identity = std::move(moved);
-          other_disk.clear();
-        }
-      }
-    }
-    if (!other_disk.empty()) {
-      return Error::InvalidArgument(other_disk + ": an incremental only extends its own disk's chain; to start a "
-                                    "new chain, back this disk up under another --name (or, if it replaced the "
-                                    "chain's disk, take a full backup: no --incremental)")
-          .set_path(chain_dir);
-    }
-    if (!req.since_checkpoint.empty() && pm.checkpoint != req.since_checkpoint) {
-      return Error::InvalidArgument("the changes read are since checkpoint " + req.since_checkpoint +
-                                    ", the chain's latest backup " + pm.id + " ends at " +
-                                    (pm.checkpoint.empty() ? "no checkpoint" : "checkpoint " + pm.checkpoint) +
-                                    ": take a full backup")
-          .set_path(chain_dir);
-    }
-    if (pm.virtual_size != size) {
-      return Error::InvalidArgument("the disk's size changed from " + formats::HumanBytesExact(pm.virtual_size) +
-                                    " to " + formats::HumanBytesExact(size) + " since backup " + pm.id +
-                                    ": take a full backup")
-          .set_path(spec.location);
-    }
-    cluster = pm.cluster_size;  // a chain keeps one cluster size
-    auto digests = EffectiveDigests(env, chain, chain.points.size() - 1);
-    if (!digests.ok()) {
-      return Error(digests.error()).Wrap("the parent chain does not verify; take a full backup");
-    }
-    parent_digests = std::move(digests).value();
-    m.parent = formats::ManifestParent{pm.id, pm.image, pm.image_digest};
-    // A chain written before chain ids gets one from its first incremental.
-    m.chain_id = pm.chain_id.empty() ? NewChainId() : pm.chain_id;
-  } else if (!chain.empty() && chain.latest().manifest.virtual_size != size && !req.allow_resize) {
-    // Most likely another disk backed up under this chain's name.
-    const formats::BackupManifest& pm = chain.latest().manifest;
-    return Error::InvalidArgument("the chain's latest backup " + pm.id + " is of a " +
-                                  formats::HumanBytesExact(pm.virtual_size) + " disk (" + pm.source + "), this one has " +
-                                  formats::HumanBytesExact(size) +
-                                  ": another disk? back it up under another --name; if this disk was resized, "
-                                  "pass --allow-resize")
-        .set_path(chain_dir);
   }
-
-  std::string dirty_description;
-  RangeList work{{0, size}};
-  if (req.incremental) {
-    BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(env, req, src, dirty_description));
-    work = AlignRanges(dirty, cluster, size);
+  if (!other_disk.empty()) {
+    return Error::InvalidArgument(other_disk + ": an incremental only extends its own disk's chain; to start a "
+                                  "new chain, back this disk up under another --name (or, if it replaced the "
+                                  "chain's disk, take a full backup: no --incremental)")
+        .set_path(chain.dir);
   }
+  if (!req.since_checkpoint.empty() && pm.checkpoint != req.since_checkpoint) {
+    return Error::InvalidArgument("the changes read are since checkpoint " + req.since_checkpoint +
+                                  ", the chain's latest backup " + pm.id + " ends at " +
+                                  (pm.checkpoint.empty() ? "no checkpoint" : "checkpoint " + pm.checkpoint) +
+                                  ": take a full backup")
+        .set_path(chain.dir);
+  }
+  if (pm.virtual_size != run.size) {
+    return Error::InvalidArgument("the disk's size changed from " + formats::HumanBytesExact(pm.virtual_size) +
+                                  " to " + formats::HumanBytesExact(run.size) + " since backup " + pm.id +
+                                  ": take a full backup")
+        .set_path(run.spec.location);
+  }
+  run.cluster = pm.cluster_size;  // a chain keeps one cluster size
+  auto digests = EffectiveDigests(env, chain, chain.points.size() - 1);
+  if (!digests.ok()) {
+    return Error(digests.error()).Wrap("the parent chain does not verify; take a full backup");
+  }
+  run.parent_digests = std::move(digests).value();
+  run.m.parent = formats::ManifestParent{pm.id, pm.image, pm.image_digest};
+  // A chain written before chain ids gets one from its first incremental.
+  run.m.chain_id = pm.chain_id.empty() ? NewChainId() : pm.chain_id;
+  return OkStatus();
+}
 
-  BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*src.image, work, cluster, req.copy.cancel));
+// A full on a chain whose latest point is of another size is most likely
+// another disk backed up under this chain's name.
+Status CheckFullSize(const BackupRequest& req, const BackupRun& run) {
+  const ChainFolder& chain = run.writer->chain();
+  if (chain.empty() || chain.latest().manifest.virtual_size == run.size || req.allow_resize) return OkStatus();
+  const formats::BackupManifest& pm = chain.latest().manifest;
+  return Error::InvalidArgument("the chain's latest backup " + pm.id + " is of a " +
+                                formats::HumanBytesExact(pm.virtual_size) + " disk (" + pm.source + "), this one has " +
+                                formats::HumanBytesExact(run.size) +
+                                ": another disk? back it up under another --name; if this disk was resized, "
+                                "pass --allow-resize")
+      .set_path(chain.dir);
+}
+
+// What to copy (the whole disk, or an incremental's changes rounded to
+// clusters), refused when the target has no room for it.
+Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
+  run.work = {{0, run.size}};
+  if (req.incremental) {
+    BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(env, req, run.src, run.dirty_description));
+    run.work = AlignRanges(dirty, run.cluster, run.size);
+  }
+  const std::string& chain_dir = run.writer->dir();
+  BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*run.src.image, run.work, run.cluster, req.copy.cancel));
   BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(env, chain_dir));
   if (needed > free_bytes) {
     return Error::NoSpace("the target needs up to " + formats::HumanBytesExact(needed) + " for this backup, " +
                           formats::HumanBytesExact(free_bytes) + " are free")
         .set_path(chain_dir);
   }
+  return OkStatus();
+}
 
+// The manifest's fields known before the copy. A manifest that cannot be
+// written (text that is not UTF-8) fails now, not after the copy, naming
+// what to change.
+Status StartManifest(const BackupRequest& req, const std::string& started_at, BackupRun& run) {
+  const ChainFolder& chain = run.writer->chain();
+  formats::BackupManifest& m = run.m;
   m.id = IdFor(chain.next_sequence(), started_at);
-  m.disk = disk;
   m.type = req.incremental ? formats::BackupType::kIncremental : formats::BackupType::kFull;
   m.reason = !req.reason.empty() ? req.reason
-             : req.incremental   ? "changed blocks from " + (dirty_description == kExtentsFromAPipe
+             : req.incremental   ? "changed blocks from " + (run.dirty_description == kExtentsFromAPipe
                                                                    ? std::string("extents read from a pipe")
-                                                                   : dirty_description)
+                                                                   : run.dirty_description)
              : chain.empty()     ? "first backup of the disk"
                                  : "full backup requested";
-  m.source = spec.location;
-  m.source_format = src.format_name();
-  m.virtual_size = size;
-  m.cluster_size = cluster;
+  m.source = run.spec.location;
+  m.source_format = run.src.format_name();
+  m.virtual_size = run.size;
+  m.cluster_size = run.cluster;
   m.compression = formats::CompressionSpec{req.compression, req.compression_level}.ToString();
   m.image = m.id + ".qcow2";
   m.digest_table = m.id + ".digests";
   m.checkpoint = req.checkpoint;
-  m.dirty_source = dirty_description;
-  m.disk_identity = identity;
+  m.dirty_source = run.dirty_description;
+  m.disk_identity = run.identity;
   if (m.chain_id.empty()) m.chain_id = NewChainId();  // a full starts a chain
-  m.dirty_bytes = req.incremental ? TotalBytes(work) : 0;
+  m.dirty_bytes = req.incremental ? TotalBytes(run.work) : 0;
   m.started_at = started_at;
   m.tool_version = req.tool_version;
-  // A manifest that cannot be written (text that is not UTF-8) fails now,
-  // not after the copy, naming what to change.
   struct UserText {
     const std::string& text;
     const char* what;
     const char* remedy;
     const std::string& file;
   };
-  for (const UserText& t : {UserText{m.source, "the source's path", "; link the source under a UTF-8 name", spec.location},
-                            UserText{m.disk, "the chain name", "; pass --name", spec.location},
+  const std::string& location = run.spec.location;
+  for (const UserText& t : {UserText{m.source, "the source's path", "; link the source under a UTF-8 name", location},
+                            UserText{m.disk, "the chain name", "; pass --name", location},
                             UserText{req.dirty_extents_file, "the --dirty-extents path", "", req.dirty_extents_file}}) {
     if (!formats::IsUtf8(t.text)) {
       return Error::InvalidArgument(std::string(t.what) + " is not valid UTF-8, which a manifest (JSON) cannot record" +
@@ -364,46 +339,57 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
     }
   }
   BARGE_RETURN_IF_ERROR(formats::EncodeManifest(m));  // anything else (a --reason, a checkpoint name)
+  return OkStatus();
+}
 
-  // The image.
-  auto created_image = StagedFile::Create(env, chain.PathOf(m.image));
-  if (!created_image.ok()) return std::move(created_image).error().Wrap("backup: starting " + m.image);
-  std::unique_ptr<StagedFile> image_file = std::move(created_image).value();
-  BlockSink& image_sink = image_file->sink();
+// 3. Makes the destination: the point's qcow2 image, staged in the chain
+// folder. An incremental names its parent and stores the zero clusters of
+// its work set (they must mask the parent's data).
+Result<std::unique_ptr<Destination>> MakeImage(const BackupRequest& req, BackupRun& run) {
+  BARGE_ASSIGN_OR_RETURN(BlockSink * image_sink, run.writer->StageImage(run.m.image));
   DestinationSpec dest_spec;
-  dest_spec.virtual_size = size;
-  dest_spec.cluster_bytes = cluster;
+  dest_spec.virtual_size = run.size;
+  dest_spec.cluster_bytes = run.cluster;
   dest_spec.compression = req.compression;
-  // An incremental names its parent and stores the zero clusters of its
-  // work set (they must mask the parent's data).
-  if (m.parent) dest_spec.backing_file = m.parent->image;
+  if (run.m.parent) dest_spec.backing_file = run.m.parent->image;
   dest_spec.zero_policy = req.incremental ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit;
-  auto created = MakeDestination(image_sink, dest_spec);
-  if (!created.ok()) return Error(created.error()).Wrap("backup: starting " + m.image);
-  std::unique_ptr<Destination> dest = std::move(created).value();
+  auto created = MakeDestination(*image_sink, dest_spec);
+  if (!created.ok()) return Error(created.error()).Wrap("backup: starting " + run.m.image);
+  return std::move(created).value();
+}
+
+// 4. Runs the copy of the work set; an incremental's clusters that equal
+// the parent's are still written (zero ones recorded too).
+Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destination& dest) {
   CopyOptions copy = req.copy;
-  copy.cluster_bytes = cluster;
-  copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, cluster);
+  copy.cluster_bytes = run.cluster;
+  copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, run.cluster);
   copy.compression = req.compression;
   copy.compression_level = req.compression_level;
   copy.record_zero_digests = req.incremental;
   if (req.incremental) {
-    copy.base_digest = [&parent_digests](uint64_t c) { return FindDigest(parent_digests, c); };
+    copy.base_digest = [&run](uint64_t c) { return FindDigest(run.parent_digests, c); };
   }
-  Destination* dests[] = {dest.get()};
-  auto copied = RunCopy(*src.image, work, dests, copy);
+  Destination* dests[] = {&dest};
+  auto copied = RunCopy(*run.src.image, run.work, dests, copy);
   if (!copied.ok()) return Error(copied.error()).Wrap("backup");
-  const formats::Qcow2WriterStats stats = *dest->qcow2_stats();
+  return copied;
+}
 
+// 5. Commits: the digest table and the finished manifest staged beside the
+// image, then image, digests, manifest published in that order.
+Status CommitPoint(BackupRun& run, const CopyResult& copied, const formats::Qcow2WriterStats& stats,
+                   std::chrono::steady_clock::time_point start) {
+  formats::BackupManifest& m = run.m;
   formats::DigestTable table;
-  table.cluster_bytes = cluster;
-  table.virtual_size = size;
-  table.entries.reserve(copied->cluster_digests.size());
-  for (const ClusterDigest& d : copied->cluster_digests) {
+  table.cluster_bytes = run.cluster;
+  table.virtual_size = run.size;
+  table.entries.reserve(copied.cluster_digests.size());
+  for (const ClusterDigest& d : copied.cluster_digests) {
     table.entries.push_back({d.cluster_index, d.digest});
   }
-  m.image_digest = copied->image_digest;
-  m.bytes_read = copied->bytes_read;
+  m.image_digest = copied.image_digest;
+  m.bytes_read = copied.bytes_read;
   m.bytes_written = stats.file_bytes;
   m.data_clusters = stats.data_clusters + stats.compressed_clusters;
   m.compressed_clusters = stats.compressed_clusters;
@@ -413,37 +399,40 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   m.duration_seconds =
       std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e6) / 1e6;
 
-  // Image, digests, manifest last: a manifest only ever names complete files.
-  std::unique_ptr<StagedFile> digests_file, manifest_file;
   std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
-  BARGE_RETURN_IF_ERROR(WriteSmallStaged(env, chain.dir, m.digest_table, table_bytes, digests_file));
+  BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.digest_table, table_bytes));
   BARGE_ASSIGN_OR_RETURN(std::string text, formats::EncodeManifest(m));
-  BARGE_RETURN_IF_ERROR(WriteSmallStaged(env, chain.dir, m.id + ".json",
-                                         std::as_bytes(std::span(text.data(), text.size())),
-                                         manifest_file));
-  Status committed = image_file->Commit();
-  if (committed.ok()) committed = digests_file->Commit();
-  if (committed.ok()) committed = manifest_file->Commit();
-  if (!committed.ok()) {
-    // A commit can fail after its rename (syncing the folder): the manifest
-    // goes first so that no manifest ever names a removed file.
-    Error e = Error(committed.error()).Wrap("backup");
-    for (const std::string& name : {m.id + ".json", m.image, m.digest_table}) {
-      e.Also(env.UnlinkIfExists(chain.PathOf(name)));
-    }
-    return e;
-  }
+  BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.id + ".json", std::as_bytes(std::span(text.data(), text.size()))));
+  return run.writer->Commit();
+}
 
+}  // namespace
+
+Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
+  auto start = std::chrono::steady_clock::now();
+  std::string started_at = formats::NowRfc3339();
+  BARGE_RETURN_IF_ERROR(CheckChangeInputs(req));
+  BackupRun run;
+  run.cluster = req.copy.cluster_bytes;
+  BARGE_RETURN_IF_ERROR(OpenBackupSource(env, req, run));
+  BARGE_RETURN_IF_ERROR(OpenChain(env, req, run));
+  BARGE_RETURN_IF_ERROR(req.incremental ? ExtendChain(env, req, run) : CheckFullSize(req, run));
+  BARGE_RETURN_IF_ERROR(PlanWork(env, req, run));
+  BARGE_RETURN_IF_ERROR(StartManifest(req, started_at, run));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Destination> dest, MakeImage(req, run));
+  BARGE_ASSIGN_OR_RETURN(CopyResult copied, CopyWork(req, run, *dest));
+  BARGE_RETURN_IF_ERROR(CommitPoint(run, copied, *dest->qcow2_stats(), start));
+
+  const ChainFolder& chain = run.writer->chain();
   BackupResult result;
-  result.chain_dir = chain_dir;
-  result.image_path = chain.PathOf(m.image);
-  result.manifest_path = chain.PathOf(m.id + ".json");
-  result.digests_path = chain.PathOf(m.digest_table);
-  result.bytes_read = m.bytes_read;
-  result.image_bytes = m.bytes_written;
+  result.chain_dir = chain.dir;
+  result.image_path = chain.PathOf(run.m.image);
+  result.manifest_path = chain.PathOf(run.m.id + ".json");
+  result.digests_path = chain.PathOf(run.m.digest_table);
+  result.bytes_read = run.m.bytes_read;
+  result.image_bytes = run.m.bytes_written;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.manifest = std::move(m);
-  first_cleanup.lock = nullptr;  // the chain has its first point
+  result.manifest = std::move(run.m);
   return result;
 }
 

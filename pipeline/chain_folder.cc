@@ -1,0 +1,129 @@
+// The chain-folder writer's protocol: lock, load, sweep, stage, commit.
+#include "pipeline/chain_folder.h"
+
+#include <cctype>
+#include <set>
+
+#include "blockio/path.h"
+#include "pipeline/merge_journal.h"
+#include "pipeline/verification_record.h"
+
+namespace barge::pipeline {
+
+Result<std::unique_ptr<ChainWriter>> ChainWriter::Open(Env& env, const std::string& dir,
+                                                       const ChainWriterOptions& options) {
+  std::unique_ptr<ChainWriter> w(new ChainWriter(env, options));
+  const ChainLock* lock = options.held;
+  if (lock == nullptr && options.create) {
+    // The folders this run creates (parent, then chain folder): a first
+    // backup that fails removes them again.
+    for (const std::string& d : {options.parent_dir, dir}) {
+      if (d.empty()) continue;
+      auto st = env.Stat(d);
+      if (!st.ok() && st.error().code() == ErrorCode::kNotFound) w->created_dirs_.push_back(d);
+    }
+    for (int attempt = 0; !w->own_lock_; ++attempt) {
+      BARGE_RETURN_IF_ERROR(env.CreateDirs(dir));
+      auto acquired = ChainLock::Acquire(env, dir);
+      // A failed first backup of the same chain may have removed the folder
+      // between our mkdir and our lock: make it again.
+      if (!acquired.ok() && acquired.error().code() == ErrorCode::kNotFound && attempt < 3) continue;
+      if (!acquired.ok()) return acquired.error();
+      w->own_lock_.emplace(std::move(acquired).value());
+    }
+    lock = &*w->own_lock_;
+  } else if (lock == nullptr) {
+    BARGE_ASSIGN_OR_RETURN(ChainLock taken, ChainLock::Acquire(env, dir));
+    w->own_lock_.emplace(std::move(taken));
+    lock = &*w->own_lock_;
+  }
+  BARGE_ASSIGN_OR_RETURN(w->chain_, LoadChainFolder(env, dir, lock));
+  if (options.remove_leftovers) BARGE_RETURN_IF_ERROR(w->RemoveLeftovers());
+  // From here on a failed first backup leaves no lock file and no empty
+  // folder behind.
+  w->cleanup_armed_ = options.create && w->own_lock_ && w->chain_.empty();
+  return w;
+}
+
+ChainWriter::~ChainWriter() {
+  // Staged files first (the manifest's, then the digests', then the
+  // image's temporary), while the lock is still held.
+  while (!small_.empty()) small_.pop_back();
+  image_.reset();
+  if (!cleanup_armed_) return;
+  IgnoreError(own_lock_->RemoveLockFile(), "a failed backup's error is on its way; a stale .lock is harmless");
+  // Deepest first; RemoveDir fails on a folder someone else filled.
+  for (auto it = created_dirs_.rbegin(); it != created_dirs_.rend(); ++it) {
+    IgnoreError(env_.RemoveDir(*it), "a folder another job filled meanwhile stays");
+  }
+}
+
+// Removes images, digest tables and verification records that no manifest
+// names (what a run killed between renames leaves, and the records of
+// points a merge folded), and temporaries no live writer holds. Called
+// with the chain lock held.
+Status ChainWriter::RemoveLeftovers() {
+  std::set<std::string> named;
+  for (const auto& p : chain_.points) {
+    named.insert(p.manifest.image);
+    named.insert(p.manifest.digest_table);
+    named.insert(VerificationFileName(p.manifest.id));
+  }
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env_.ListDir(chain_.dir));
+  for (const std::string& name : names) {
+    std::string ext = Extension(name);
+    bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
+                (ext == ".qcow2" || ext == ".digests" || ext == ".verified");
+    if (ours && !named.count(name)) BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(chain_.PathOf(name)));
+  }
+  auto swept = SweepStaleTemporaries(env_, chain_.dir);
+  if (!swept.ok()) return swept.error();
+  return OkStatus();
+}
+
+void ChainWriter::SweepTemporaries() {
+  IgnoreError(SweepStaleTemporaries(env_, chain_.dir), "a leftover that cannot be removed now goes at a later run");
+}
+
+Result<BlockSink*> ChainWriter::StageImage(const std::string& name) {
+  auto created = StagedFile::Create(env_, chain_.PathOf(name));
+  if (!created.ok()) return std::move(created).error().Wrap(options_.job + ": starting " + name);
+  image_ = std::move(created).value();
+  return &image_->sink();
+}
+
+Status ChainWriter::StageSmallFile(const std::string& name, std::span<const std::byte> bytes) {
+  auto created = StagedFile::Create(env_, chain_.PathOf(name));
+  if (!created.ok()) return std::move(created).error().Wrap(options_.job + ": writing " + name);
+  small_.push_back(std::move(created).value());
+  StagedFile& out = *small_.back();
+  Status st = out.sink().WriteAt(0, bytes);
+  if (st.ok()) st = out.sink().Flush();
+  if (!st.ok()) return std::move(st).error().Wrap(options_.job + ": writing " + name);
+  return OkStatus();
+}
+
+Status ChainWriter::Commit() {
+  Status committed = image_ != nullptr ? image_->Commit() : OkStatus();
+  for (size_t i = 0; committed.ok() && i < small_.size(); ++i) committed = small_[i]->Commit();
+  if (!committed.ok()) {
+    // A commit can fail after its rename (syncing the folder): the manifest
+    // goes first so that no manifest ever names a removed file.
+    Error e = Error(committed.error()).Wrap(options_.job);
+    std::vector<std::string> order;
+    if (!small_.empty()) order.push_back(small_.back()->final_path());
+    if (image_ != nullptr) order.push_back(image_->final_path());
+    for (size_t i = 0; i + 1 < small_.size(); ++i) order.push_back(small_[i]->final_path());
+    for (const std::string& path : order) e.Also(env_.UnlinkIfExists(path));
+    return e;
+  }
+  cleanup_armed_ = false;  // the chain has its point
+  return OkStatus();
+}
+
+Result<uint64_t> ChainWriter::StageReplacement(const std::string& name, std::span<const std::byte> bytes) {
+  BARGE_RETURN_IF_ERROR(env_.WriteFileAtomic(chain_.PathOf(MergeStagedName(name)), bytes));
+  return bytes.size();
+}
+
+}  // namespace barge::pipeline
