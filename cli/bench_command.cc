@@ -2,9 +2,6 @@
 // disk, then the whole backup-like pipeline, with the knobs printed next to
 // the numbers. `barge bench generate` writes the deterministic test disk so
 // scripts can give peers the exact same data.
-#include <sys/utsname.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -43,50 +40,8 @@ bool size_option_given(const BenchArgs& a) { return a.size_option != nullptr && 
 
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
-std::string CpuModel(Env& env) {
-  auto text = env.ReadFile("/proc/cpuinfo");
-  if (!text.ok()) return "unknown";
-  for (size_t at = 0; at < text->size();) {
-    size_t end = text->find('\n', at);
-    if (end == std::string::npos) end = text->size();
-    std::string line = text->substr(at, end - at);
-    at = end + 1;
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown";
-}
-
-std::string FilesystemOf(Env& env, const std::string& path) {
-  auto space = env.Space(path);
-  if (!space.ok() || space->filesystem_type == 0) return "unknown";
-  switch (static_cast<unsigned long>(space->filesystem_type)) {
-    case 0xEF53: return "ext2/3/4";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x01021994: return "tmpfs";
-    case 0x794C7630: return "overlayfs";
-    case 0x2FC12FC1: return "zfs";
-    case 0x6969: return "nfs";
-    default: {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(space->filesystem_type));
-      return buf;
-    }
-  }
-}
-
-json MachineJson(const std::string& workdir, int threads) {
-  utsname u{};
-  ::uname(&u);
-  Env& env = Env::Default();
-  return {{"cpu", CpuModel(env)},
-          {"cores", threads},
-          {"kernel", std::string(u.sysname) + " " + u.release},
-          {"workdir", workdir},
-          {"filesystem", FilesystemOf(env, workdir)}};
+json MachineJson(const pipeline::BenchMachine& m, const std::string& workdir, int threads) {
+  return {{"cpu", m.cpu}, {"cores", threads}, {"kernel", m.kernel}, {"workdir", workdir}, {"filesystem", m.filesystem}};
 }
 
 json MixJson(const pipeline::DiskMix& mix) {
@@ -128,185 +83,129 @@ int RunGenerate(const GenerateArgs& a, Output& out) {
 
 void Log(const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); }
 
-// A new, private folder "barge-bench-PID-N" under `workdir` (no other live
-// process has our pid; a dead one's leftover is skipped).
-Result<std::string> MakeScratchFolder(Env& env, const std::string& workdir) {
-  for (int n = 0; n < 1000; ++n) {
-    std::string dir = JoinPath(workdir, "barge-bench-" + std::to_string(::getpid()) + "-" + std::to_string(n));
-    auto st = env.StatNoFollow(dir);
-    if (st.ok()) continue;
-    if (st.error().code() != ErrorCode::kNotFound) return st.error();
-    BARGE_RETURN_IF_ERROR(env.CreateDir(dir));
-    BARGE_RETURN_IF_ERROR(env.SetMode(dir, 0700));
-    return dir;
-  }
-  return Error::InvalidArgument("no free scratch folder name").set_path(workdir);
-}
-
-int RunBenchCommand(const BenchArgs& a, Output& out) {
-  std::ostream& t = out.text();
-  pipeline::CopyOptions copy;
+// The flags' bench request, and the compression as given (for the knobs).
+struct BenchPlan {
+  pipeline::BenchRequest request;
   formats::CompressionSpec compression;
-  if (Status s = a.copy.Apply(copy, compression); !s.ok()) return out.Usage(s.error().message());
-  auto chunk = ParseSize(a.chunk_size);
-  if (!chunk.ok()) return out.Usage("--chunk-size: " + chunk.error().message());
-  if (*chunk < copy.cluster_bytes || *chunk % copy.cluster_bytes != 0 || *chunk > (64u << 20)) {
-    return out.Usage("--chunk-size must be a multiple of the cluster size, at most 64M");
-  }
+};
 
-  uint64_t size_bytes = 0;
+// Fills the bench request from the flags; an error is a usage error (its
+// message is the one to print).
+Result<BenchPlan> PlanOf(const BenchArgs& a) {
+  BenchPlan plan;
+  pipeline::CopyOptions copy;
+  BARGE_RETURN_IF_ERROR(a.copy.Apply(copy, plan.compression));
+  auto chunk = ParseSize(a.chunk_size);
+  if (!chunk.ok()) return Error::InvalidArgument("--chunk-size: " + chunk.error().message());
+  if (*chunk < copy.cluster_bytes || *chunk % copy.cluster_bytes != 0 || *chunk > (64u << 20)) {
+    return Error::InvalidArgument("--chunk-size must be a multiple of the cluster size, at most 64M");
+  }
+  pipeline::BenchRequest& q = plan.request;
   if (a.source.empty()) {
     auto size = ParseSize(a.size);
-    if (!size.ok()) return out.Usage("--size: " + size.error().message());
-    if (Status s = pipeline::CheckGeneratedDiskSize(*size); !s.ok()) return out.Usage("--size: " + s.error().message());
+    if (!size.ok()) return Error::InvalidArgument("--size: " + size.error().message());
+    if (Status s = pipeline::CheckGeneratedDiskSize(*size); !s.ok()) {
+      return Error::InvalidArgument("--size: " + s.error().message());
+    }
     if (*size < pipeline::kMinBenchDiskBytes) {
-      return out.Usage("--size: bench measures a disk of at least " + HumanBytes(pipeline::kMinBenchDiskBytes) +
-                       " (smaller ones finish within a few chunks: the table would show timer noise), not " +
-                       HumanBytesExact(*size));
+      return Error::InvalidArgument("--size: bench measures a disk of at least " +
+                                    HumanBytes(pipeline::kMinBenchDiskBytes) +
+                                    " (smaller ones finish within a few chunks: the table would show timer "
+                                    "noise), not " +
+                                    HumanBytesExact(*size));
     }
-    size_bytes = *size;
+    q.size_bytes = *size;
   } else if (size_option_given(a)) {
-    return out.Usage("--size sizes the generated disk; it does not apply with --source");
+    return Error::InvalidArgument("--size sizes the generated disk; it does not apply with --source");
   }
+  q.source = a.source;
+  q.seed = a.seed;
+  q.workdir = a.workdir;
+  q.keep = a.keep;
+  q.options.cluster_bytes = copy.cluster_bytes;
+  q.options.chunk_bytes = static_cast<uint32_t>(*chunk);
+  q.options.memory_bytes = copy.memory_bytes;
+  q.options.threads = copy.threads;
+  q.options.compression = plan.compression.type;
+  q.options.compression_level = plan.compression.level;
+  q.options.cold = a.cold;
+  q.options.cancel = &CancelFlag();
+  return plan;
+}
 
-  // Everything the run writes lives in one new folder under the workdir.
-  Env& env = Env::Default();
-  auto made = MakeScratchFolder(env, a.workdir);
-  if (!made.ok()) return out.Fail(made.error());
-  const std::string dir = *made;
-  // Removes the scratch folder (keeping a generated disk with --keep).
-  auto remove_scratch = [&](bool keep_disk, const std::string& disk) -> Status {
-    if (!keep_disk) return env.RemoveTree(dir);
-    BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
-    for (const std::string& name : names) {
-      if (JoinPath(dir, name) != disk) BARGE_RETURN_IF_ERROR(env.RemoveTree(JoinPath(dir, name)));
-    }
-    return OkStatus();
-  };
-  std::string source = a.source;
-  std::optional<pipeline::DiskMix> mix;
-  bool keep_dir = false;
-  if (source.empty()) {
-    source = JoinPath(dir, "disk.raw");
-    pipeline::DiskGeneratorOptions g;
-    g.size_bytes = size_bytes;
-    g.seed = a.seed;
-    g.cancel = &CancelFlag();
-    Log("generating " + HumanBytes(size_bytes) + " disk (seed " + std::to_string(a.seed) + ")");
-    auto m = pipeline::GenerateDisk(env, source, g);
-    if (!m.ok()) return out.Fail(std::move(m).error().Also(remove_scratch(false, "")));
-    mix = *m;
-    keep_dir = a.keep;
-  }
+json MeasureJson(const pipeline::BenchMeasure& m, double logical) {
+  return json{{"name", m.name},
+              {"note", m.note},
+              {"input_bytes", m.input_bytes},
+              {"output_bytes", m.output_bytes},
+              {"wall_seconds", m.wall_seconds},
+              {"user_seconds", m.user_seconds},
+              {"system_seconds", m.system_seconds},
+              {"peak_rss_bytes", m.peak_rss_bytes},
+              {"threads", m.serial ? 1 : m.threads},
+              {"in_flight", m.in_flight},
+              {"input_mib_s", m.wall_seconds > 0 ? MiB(m.input_bytes) / m.wall_seconds : 0},
+              {"logical_mib_s", m.wall_seconds > 0 ? logical / m.wall_seconds : 0},
+              {"in_backup_path", m.in_backup_path}};
+}
 
-  pipeline::BenchOptions o;
-  o.source = source;
-  o.workdir = dir;
-  o.cluster_bytes = copy.cluster_bytes;
-  o.chunk_bytes = static_cast<uint32_t>(*chunk);
-  o.memory_bytes = copy.memory_bytes;
-  o.threads = copy.threads;
-  o.compression = compression.type;
-  o.compression_level = compression.level;
-  o.cold = a.cold;
-  o.cancel = &CancelFlag();
-  auto report = pipeline::RunBench(env, o, out.json() ? nullptr : Log);
-  Status removed = remove_scratch(keep_dir, source);
-  if (!report.ok()) return out.Fail(std::move(report).error().Also(removed));
-  if (!removed.ok()) out.Warning("bench scratch folder not removed: " + removed.error().ToString(), dir);
-  const pipeline::BenchReport& r = *report;
-
-  // Derived numbers: logical MiB/s (virtual size / wall time), the slowest
-  // stage, the machine's limits.
-  const double logical = MiB(r.logical_bytes);
-  const pipeline::BenchMeasure* slowest = nullptr;
-  double cpu_sum_wall = 0;  // CPU stages share the same cores
-  double zstd_per_core = 0, read_mibs = 0;
-  double stages_cpu = 0;     // CPU seconds of the backup-path stages alone
-  for (const auto& m : r.stages) {
-    if (!m.in_backup_path) continue;
-    stages_cpu += m.user_seconds + m.system_seconds;
-    if (slowest == nullptr || m.wall_seconds > slowest->wall_seconds) slowest = &m;
-    if (m.name != "read" && m.name != "qcow2-write") cpu_sum_wall += m.wall_seconds;
-    if (m.name == "compress") {
-      double cpu = m.user_seconds + m.system_seconds;
-      if (cpu > 0) zstd_per_core = MiB(m.input_bytes) / cpu;
-    }
-    if (m.name == "read" && m.wall_seconds > 0) read_mibs = MiB(m.input_bytes) / m.wall_seconds;
-  }
-  const auto& e = r.end_to_end;
-  const double e2e_logical = e.wall_seconds > 0 ? logical / e.wall_seconds : 0;
-  const double slowest_logical = slowest && slowest->wall_seconds > 0 ? logical / slowest->wall_seconds : 0;
-  const double ratio = slowest_logical > 0 ? e2e_logical / slowest_logical : 0;
-  const double cpu_bound_logical = cpu_sum_wall > 0 ? logical / cpu_sum_wall : 0;
-  const double e2e_cpu = e.user_seconds + e.system_seconds;
-  const std::string cache = a.cold ? "cold (source pages dropped with POSIX_FADV_DONTNEED)" : "warm";
-
+json BenchJson(const BenchArgs& a, const BenchPlan& plan, const pipeline::BenchRun& run) {
+  const pipeline::BenchReport& r = run.report;
+  const pipeline::BenchSummary& s = run.summary;
+  const pipeline::BenchOptions& o = plan.request.options;
   json knobs = {{"threads", r.threads},
-                {"memory", copy.memory_bytes},
+                {"memory", o.memory_bytes},
                 {"chunk_size", o.chunk_bytes},
                 {"cluster_size", o.cluster_bytes},
-                {"compress", compression.ToString()},
+                {"compress", plan.compression.ToString()},
                 {"cache", a.cold ? "cold" : "warm"},
                 {"seed", a.seed},
                 {"size", r.logical_bytes}};
+  json stages = json::array();
+  for (const auto& m : r.stages) stages.push_back(MeasureJson(m, s.logical_mib));
+  json result = {{"machine", MachineJson(pipeline::DescribeMachine(Env::Default(), a.workdir), a.workdir, r.threads)},
+                 {"knobs", knobs},
+                 {"source", a.source.empty() ? json("generated") : json(a.source)},
+                 {"stages", stages},
+                 {"end_to_end", MeasureJson(r.end_to_end, s.logical_mib)},
+                 {"pool", {{"chunks", r.pool_chunks}, {"bytes", r.pool_bytes}}},
+                 {"clusters",
+                  {{"data", r.data_clusters}, {"compressed", r.compressed_clusters}, {"zero", r.zero_clusters},
+                   {"hole", r.hole_clusters}}},
+                 {"limits",
+                  {{"read_mib_s", s.read_mib_s},
+                   {"compress_mib_s_per_core", s.compress_mib_s_per_core},
+                   {"compress_mib_s_all_cores", s.compress_mib_s_per_core * r.threads}}},
+                 {"slowest_stage", s.slowest_stage},
+                 {"slowest_stage_logical_mib_s", s.slowest_logical_mib_s},
+                 {"cpu_stages_sum_logical_mib_s", s.cpu_stages_sum_logical_mib_s},
+                 {"end_to_end_logical_mib_s", s.end_to_end_logical_mib_s},
+                 {"ratio_end_to_end_over_slowest", s.ratio},
+                 {"backup_path_stages_cpu_seconds", s.stages_cpu_seconds},
+                 {"end_to_end_cpu_seconds", s.end_to_end_cpu_seconds},
+                 {"target_ratio", 0.8}};
+  if (run.mix) result["disk"] = MixJson(*run.mix);
+  if (run.kept) result["kept"] = run.source;
+  return result;
+}
 
-  if (out.json()) {
-    json stages = json::array();
-    auto to_json = [&](const pipeline::BenchMeasure& m) {
-      return json{{"name", m.name},
-                  {"note", m.note},
-                  {"input_bytes", m.input_bytes},
-                  {"output_bytes", m.output_bytes},
-                  {"wall_seconds", m.wall_seconds},
-                  {"user_seconds", m.user_seconds},
-                  {"system_seconds", m.system_seconds},
-                  {"peak_rss_bytes", m.peak_rss_bytes},
-                  {"threads", m.serial ? 1 : m.threads},
-                  {"in_flight", m.in_flight},
-                  {"input_mib_s", m.wall_seconds > 0 ? MiB(m.input_bytes) / m.wall_seconds : 0},
-                  {"logical_mib_s", m.wall_seconds > 0 ? logical / m.wall_seconds : 0},
-                  {"in_backup_path", m.in_backup_path}};
-    };
-    for (const auto& m : r.stages) stages.push_back(to_json(m));
-    json result = {{"machine", MachineJson(a.workdir, r.threads)},
-                {"knobs", knobs},
-                {"source", a.source.empty() ? json("generated") : json(a.source)},
-                {"stages", stages},
-                {"end_to_end", to_json(e)},
-                {"pool", {{"chunks", r.pool_chunks}, {"bytes", r.pool_bytes}}},
-                {"clusters",
-                 {{"data", r.data_clusters}, {"compressed", r.compressed_clusters}, {"zero", r.zero_clusters},
-                  {"hole", r.hole_clusters}}},
-                {"limits",
-                 {{"read_mib_s", read_mibs},
-                  {"compress_mib_s_per_core", zstd_per_core},
-                  {"compress_mib_s_all_cores", zstd_per_core * r.threads}}},
-                {"slowest_stage", slowest ? slowest->name : ""},
-                {"slowest_stage_logical_mib_s", slowest_logical},
-                {"cpu_stages_sum_logical_mib_s", cpu_bound_logical},
-                {"end_to_end_logical_mib_s", e2e_logical},
-                {"ratio_end_to_end_over_slowest", ratio},
-                {"backup_path_stages_cpu_seconds", stages_cpu},
-                {"end_to_end_cpu_seconds", e2e_cpu},
-                {"target_ratio", 0.8}};
-    if (mix) result["disk"] = MixJson(*mix);
-    if (keep_dir) result["kept"] = source;
-    out.Result(result);
-    return kExitOk;
-  }
-
-  json machine = MachineJson(a.workdir, r.threads);
-  t << Format("machine: %s, %d threads, %s, %s on %s\n", machine["cpu"].get<std::string>().c_str(), r.threads,
-              machine["kernel"].get<std::string>().c_str(), machine["filesystem"].get<std::string>().c_str(),
-              a.workdir.c_str());
+void PrintBench(std::ostream& t, const BenchArgs& a, const BenchPlan& plan, const pipeline::BenchRun& run) {
+  const pipeline::BenchReport& r = run.report;
+  const pipeline::BenchSummary& s = run.summary;
+  const pipeline::BenchOptions& o = plan.request.options;
+  const auto& e = r.end_to_end;
+  const double logical = s.logical_mib;
+  const std::string cache = a.cold ? "cold (source pages dropped with POSIX_FADV_DONTNEED)" : "warm";
+  pipeline::BenchMachine machine = pipeline::DescribeMachine(Env::Default(), a.workdir);
+  t << Format("machine: %s, %d threads, %s, %s on %s\n", machine.cpu.c_str(), r.threads, machine.kernel.c_str(),
+              machine.filesystem.c_str(), a.workdir.c_str());
   t << Format("knobs: --threads %d --memory %s --chunk-size %s --cluster-size %s --compress %s --seed %llu "
               "--size %s, cache %s\n",
-              r.threads, HumanBytes(copy.memory_bytes).c_str(), HumanBytes(o.chunk_bytes).c_str(),
-              HumanBytes(o.cluster_bytes).c_str(), compression.ToString().c_str(),
+              r.threads, HumanBytes(o.memory_bytes).c_str(), HumanBytes(o.chunk_bytes).c_str(),
+              HumanBytes(o.cluster_bytes).c_str(), plan.compression.ToString().c_str(),
               static_cast<unsigned long long>(a.seed), HumanBytes(r.logical_bytes).c_str(), cache.c_str());
-  if (mix) PrintMix(t, *mix, keep_dir ? source : "generated (deleted)");
-  else t << Format("disk: %s, %s\n", source.c_str(), HumanBytes(r.logical_bytes).c_str());
+  if (run.mix) PrintMix(t, *run.mix, run.kept ? run.source : "generated (deleted)");
+  else t << Format("disk: %s, %s\n", run.source.c_str(), HumanBytes(r.logical_bytes).c_str());
   t << Format("\n%-12s %7s %9s %11s %10s %12s %8s %8s %10s\n", "stage", "threads", "in-flight", "input",
               "MiB/s in", "MiB/s logic", "wall s", "cpu s", "peak RSS");
   auto row = [&](const pipeline::BenchMeasure& m) {
@@ -330,17 +229,37 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
               static_cast<unsigned long long>(r.zero_clusters), static_cast<unsigned long long>(r.hole_clusters),
               static_cast<unsigned long long>(r.pool_chunks), HumanBytes(r.pool_bytes).c_str(),
               static_cast<unsigned long long>(e.in_flight));
-  t << Format("limits: read %.1f MiB/s (allocated bytes); %s %.1f MiB/s per core x %d = %.1f MiB/s\n", read_mibs,
-              compression.ToString().c_str(), zstd_per_core, r.threads, zstd_per_core * r.threads);
+  t << Format("limits: read %.1f MiB/s (allocated bytes); %s %.1f MiB/s per core x %d = %.1f MiB/s\n", s.read_mib_s,
+              plan.compression.ToString().c_str(), s.compress_mib_s_per_core, r.threads,
+              s.compress_mib_s_per_core * r.threads);
   t << Format("slowest backup-path stage: %s at %.1f MiB/s logical; zero+xxh3+compress together on the same "
               "cores %.1f MiB/s logical (sha512 is not on the backup path)\n",
-              slowest ? slowest->name.c_str() : "-", slowest_logical, cpu_bound_logical);
+              s.slowest_stage.empty() ? "-" : s.slowest_stage.c_str(), s.slowest_logical_mib_s,
+              s.cpu_stages_sum_logical_mib_s);
   t << Format("cpu: backup-path stages alone %s, end-to-end %s (pipeline overhead %+.0f%%)\n",
-              HumanSeconds(stages_cpu).c_str(), HumanSeconds(e2e_cpu).c_str(),
-              stages_cpu > 0 ? 100.0 * (e2e_cpu - stages_cpu) / stages_cpu : 0.0);
-  t << Format("end-to-end: %.1f MiB/s logical = %.2f x slowest stage (target >= 0.80: %s)\n", e2e_logical, ratio,
-              ratio >= 0.8 ? "met" : "missed");
-  if (keep_dir) t << Format("kept: %s\n", source.c_str());
+              HumanSeconds(s.stages_cpu_seconds).c_str(), HumanSeconds(s.end_to_end_cpu_seconds).c_str(),
+              s.stages_cpu_seconds > 0
+                  ? 100.0 * (s.end_to_end_cpu_seconds - s.stages_cpu_seconds) / s.stages_cpu_seconds
+                  : 0.0);
+  t << Format("end-to-end: %.1f MiB/s logical = %.2f x slowest stage (target >= 0.80: %s)\n",
+              s.end_to_end_logical_mib_s, s.ratio, s.ratio >= 0.8 ? "met" : "missed");
+  if (run.kept) t << Format("kept: %s\n", run.source.c_str());
+}
+
+// The cli fills a request from the flags; pipeline::RunBenchRequest runs it.
+int RunBenchCommand(const BenchArgs& a, Output& out) {
+  auto plan = PlanOf(a);
+  if (!plan.ok()) return out.Usage(plan.error().message());
+  plan->request.generate_log = Log;
+  plan->request.stage_log = out.json() ? nullptr : Log;
+  auto run = pipeline::RunBenchRequest(Env::Default(), plan->request);
+  if (!run.ok()) return out.Fail(run.error());
+  if (run->not_removed) out.Warning("bench scratch folder not removed: " + run->not_removed->ToString(), run->scratch);
+  if (out.json()) {
+    out.Result(BenchJson(a, *plan, *run));
+    return kExitOk;
+  }
+  PrintBench(out.text(), a, *plan, *run);
   return kExitOk;
 }
 

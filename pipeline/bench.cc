@@ -2,6 +2,7 @@
 
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "blockio/thread.h"
 #include "formats/digest.h"
 #include "formats/qcow2_compress.h"
+#include "formats/units.h"
 #include "pipeline/chunk.h"
 #include "pipeline/copy.h"
 #include "pipeline/destination_spec.h"
@@ -369,6 +371,138 @@ Result<BenchMeasure> EndToEnd(Env& env, BlockSource& source, const BenchOptions&
 }
 
 }  // namespace
+
+namespace {
+
+double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+std::string CpuModel(Env& env) {
+  auto text = env.ReadFile("/proc/cpuinfo");
+  if (!text.ok()) return "unknown";
+  for (size_t at = 0; at < text->size();) {
+    size_t end = text->find('\n', at);
+    if (end == std::string::npos) end = text->size();
+    std::string line = text->substr(at, end - at);
+    at = end + 1;
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+std::string FilesystemOf(Env& env, const std::string& path) {
+  auto space = env.Space(path);
+  if (!space.ok() || space->filesystem_type == 0) return "unknown";
+  switch (static_cast<unsigned long>(space->filesystem_type)) {
+    case 0xEF53: return "ext2/3/4";
+    case 0x58465342: return "xfs";
+    case 0x9123683E: return "btrfs";
+    case 0x01021994: return "tmpfs";
+    case 0x794C7630: return "overlayfs";
+    case 0x2FC12FC1: return "zfs";
+    case 0x6969: return "nfs";
+    default: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(space->filesystem_type));
+      return buf;
+    }
+  }
+}
+
+// A new, private folder "barge-bench-PID-N" under `workdir` (no other live
+// process has our pid; a dead one's leftover is skipped).
+Result<std::string> MakeScratchFolder(Env& env, const std::string& workdir) {
+  for (int n = 0; n < 1000; ++n) {
+    std::string dir = JoinPath(workdir, "barge-bench-" + std::to_string(::getpid()) + "-" + std::to_string(n));
+    auto st = env.StatNoFollow(dir);
+    if (st.ok()) continue;
+    if (st.error().code() != ErrorCode::kNotFound) return st.error();
+    BARGE_RETURN_IF_ERROR(env.CreateDir(dir));
+    BARGE_RETURN_IF_ERROR(env.SetMode(dir, 0700));
+    return dir;
+  }
+  return Error::InvalidArgument("no free scratch folder name").set_path(workdir);
+}
+
+// Removes the scratch folder `dir`, all of it but `disk` when keep_disk.
+Status RemoveScratch(Env& env, const std::string& dir, bool keep_disk, const std::string& disk) {
+  if (!keep_disk) return env.RemoveTree(dir);
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
+  for (const std::string& name : names) {
+    if (JoinPath(dir, name) != disk) BARGE_RETURN_IF_ERROR(env.RemoveTree(JoinPath(dir, name)));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+BenchSummary SummarizeBench(const BenchReport& r) {
+  BenchSummary s;
+  s.logical_mib = MiB(r.logical_bytes);
+  const BenchMeasure* slowest = nullptr;
+  double cpu_sum_wall = 0;  // CPU stages share the same cores
+  for (const auto& m : r.stages) {
+    if (!m.in_backup_path) continue;
+    s.stages_cpu_seconds += m.user_seconds + m.system_seconds;
+    if (slowest == nullptr || m.wall_seconds > slowest->wall_seconds) slowest = &m;
+    if (m.name != "read" && m.name != "qcow2-write") cpu_sum_wall += m.wall_seconds;
+    if (m.name == "compress") {
+      double cpu = m.user_seconds + m.system_seconds;
+      if (cpu > 0) s.compress_mib_s_per_core = MiB(m.input_bytes) / cpu;
+    }
+    if (m.name == "read" && m.wall_seconds > 0) s.read_mib_s = MiB(m.input_bytes) / m.wall_seconds;
+  }
+  const BenchMeasure& e = r.end_to_end;
+  const double logical = s.logical_mib;
+  s.end_to_end_logical_mib_s = e.wall_seconds > 0 ? logical / e.wall_seconds : 0;
+  if (slowest) s.slowest_stage = slowest->name;
+  s.slowest_logical_mib_s = slowest && slowest->wall_seconds > 0 ? logical / slowest->wall_seconds : 0;
+  s.ratio = s.slowest_logical_mib_s > 0 ? s.end_to_end_logical_mib_s / s.slowest_logical_mib_s : 0;
+  s.cpu_stages_sum_logical_mib_s = cpu_sum_wall > 0 ? logical / cpu_sum_wall : 0;
+  s.end_to_end_cpu_seconds = e.user_seconds + e.system_seconds;
+  return s;
+}
+
+BenchMachine DescribeMachine(Env& env, const std::string& workdir) {
+  utsname u{};
+  ::uname(&u);
+  return {CpuModel(env), std::string(u.sysname) + " " + u.release, FilesystemOf(env, workdir)};
+}
+
+Result<BenchRun> RunBenchRequest(Env& env, const BenchRequest& request) {
+  // Everything the run writes lives in one new folder under the workdir.
+  BARGE_ASSIGN_OR_RETURN(std::string dir, MakeScratchFolder(env, request.workdir));
+  BenchRun run;
+  run.scratch = dir;
+  run.source = request.source;
+  if (run.source.empty()) {
+    run.source = JoinPath(dir, "disk.raw");
+    DiskGeneratorOptions g;
+    g.size_bytes = request.size_bytes;
+    g.seed = request.seed;
+    g.cancel = request.options.cancel;
+    if (request.generate_log) {
+      request.generate_log("generating " + formats::HumanBytes(request.size_bytes) + " disk (seed " +
+                           std::to_string(request.seed) + ")");
+    }
+    auto mix = GenerateDisk(env, run.source, g);
+    if (!mix.ok()) return std::move(mix).error().Also(RemoveScratch(env, dir, false, ""));
+    run.mix = *mix;
+    run.kept = request.keep;
+  }
+  BenchOptions o = request.options;
+  o.source = run.source;
+  o.workdir = dir;
+  auto report = RunBench(env, o, request.stage_log);
+  Status removed = RemoveScratch(env, dir, run.kept, run.source);
+  if (!report.ok()) return std::move(report).error().Also(removed);
+  if (!removed.ok()) run.not_removed = std::move(removed).error();
+  run.report = std::move(report).value();
+  run.summary = SummarizeBench(run.report);
+  return run;
+}
 
 uint64_t PeakRssBytes(Env& env) {
   if (auto status = env.ReadFile("/proc/self/status"); status.ok()) {

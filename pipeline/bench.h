@@ -5,12 +5,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "blockio/env.h"
 #include "blockio/error.h"
 #include "formats/image.h"
+#include "pipeline/disk_generator.h"
 
 namespace barge::pipeline {
 
@@ -71,6 +73,63 @@ inline constexpr uint64_t kMinBenchDiskBytes = 64ull << 20;
 // `options.workdir` through `env`.
 Result<BenchReport> RunBench(Env& env, const BenchOptions& options,
                              void (*log)(const std::string&) = nullptr);
+
+// What `barge bench` runs: in a new private folder "barge-bench-PID-N"
+// under `workdir`, a generated disk (source "") or the outputs of a given
+// one; the folder is removed afterwards (a generated disk kept with `keep`).
+struct BenchRequest {
+  std::string source;        // raw disk file to measure; "" generates one
+  uint64_t size_bytes = 0;   // of the generated disk (CheckGeneratedDiskSize)
+  uint64_t seed = 1;         // of the generated disk
+  std::string workdir = "/var/tmp";
+  bool keep = false;         // keep the generated disk (BenchRun::kept)
+  // Geometry, compression, cold and cancel of the run (cancel stops the
+  // disk's generation too); source and workdir are set by RunBenchRequest.
+  BenchOptions options;
+  void (*generate_log)(const std::string&) = nullptr;  // the "generating" line
+  void (*stage_log)(const std::string&) = nullptr;     // RunBench's progress lines
+};
+
+// The numbers derived from a report: logical MiB/s (virtual size / wall
+// time), the slowest backup-path stage, the machine's limits.
+struct BenchSummary {
+  double logical_mib = 0;           // the disk's virtual size
+  std::string slowest_stage;        // backup path; "" when none
+  double slowest_logical_mib_s = 0;
+  // The CPU stages of the backup path (all but read and qcow2-write)
+  // share the same cores: logical MiB/s over their summed wall time.
+  double cpu_stages_sum_logical_mib_s = 0;
+  double read_mib_s = 0;            // allocated bytes
+  double compress_mib_s_per_core = 0;
+  double end_to_end_logical_mib_s = 0;
+  double ratio = 0;                 // end to end over the slowest stage
+  double stages_cpu_seconds = 0;    // CPU seconds of the backup-path stages alone
+  double end_to_end_cpu_seconds = 0;
+};
+BenchSummary SummarizeBench(const BenchReport& report);
+
+// The machine a bench ran on, as its report names it.
+struct BenchMachine {
+  std::string cpu;         // /proc/cpuinfo's model name, or "unknown"
+  std::string kernel;      // uname's sysname and release
+  std::string filesystem;  // of the workdir: a name, its magic in hex, or "unknown"
+};
+BenchMachine DescribeMachine(Env& env, const std::string& workdir);
+
+struct BenchRun {
+  BenchReport report;
+  BenchSummary summary;
+  std::string source;            // the disk measured
+  std::optional<DiskMix> mix;    // of the generated disk
+  bool kept = false;             // the generated disk was kept, at `source`
+  std::string scratch;           // the scratch folder
+  std::optional<Error> not_removed;  // the scratch folder could not be removed
+};
+
+// Makes the scratch folder, generates the disk when asked, runs RunBench and
+// removes the scratch folder. A failure to remove it fails a failed run
+// (with the run's error) and is BenchRun::not_removed of a measured one.
+Result<BenchRun> RunBenchRequest(Env& env, const BenchRequest& request);
 
 // Process peak resident memory (VmHWM) and its reset (/proc/self/clear_refs;
 // best effort: without it the peak is since the process started).

@@ -201,12 +201,7 @@ Result<std::unique_ptr<formats::Image>> OpenCopy(Env& env, const std::string& pa
   open.format = how.format;
   open.open_backing = how.keep_backing;
   if (!how.keep_backing) return OpenImageFile(env, path, open);
-  open.allow_any_path = how.allow_any_path;
-  if (!how.allow_any_path && !how.allow_dirs.empty()) {
-    // Extra folders add to, not replace, the copy's own folder.
-    open.allowed_dirs = how.allow_dirs;
-    open.allowed_dirs.push_back(DirName(AbsolutePath(path)));
-  }
+  ApplyFolderRule(open, path, how.allow_any_path, how.allow_dirs);
   // Look for the backing file first, so a missing base gets a message that
   // says what to do rather than a bare "No such file".
   {
@@ -292,9 +287,42 @@ bool FileMatchesRecord(Env& env, const std::string& path, const ReplicaRecord& r
   return st.ok() && st->size == record.file_bytes && st->mtime_ns == record.file_mtime_ns;
 }
 
-Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span<const std::string> destinations,
-                                     const ReplicateOptions& options) {
-  auto start = std::chrono::steady_clock::now();
+namespace {
+
+// One replicate job: the request, the facts worked out once before any copy
+// is opened, and the result each step fills in. Lives in RunReplicate's frame
+// (DestinationSpec points into top_allocation).
+struct Job {
+  Job(Env& env, formats::Image& source, std::span<const std::string> destinations, const ReplicateOptions& options,
+      std::string expected)
+      : env(env), source(source), destinations(destinations), options(options), expected(std::move(expected)) {}
+
+  Env& env;
+  formats::Image& source;
+  std::span<const std::string> destinations;
+  const ReplicateOptions& options;
+  std::string expected;  // lowercase; "" when none was given
+  bool out_qcow2 = false;
+  bool keep = false;  // --backing keep
+  CopyOpen copy_open;
+  RangeList top_allocation;                  // --backing keep: what each copy stores
+  std::vector<formats::BitmapSpec> bitmaps;  // carried to each qcow2 copy
+  std::vector<size_t> reused_pre;            // reused by expected checksum, never written
+  ReplicateResult result;
+
+  void Fail(size_t i, Error e) {
+    result.replicas[i].state = ReplicaState::kFailed;
+    result.replicas[i].error = std::move(e);
+  }
+  // Drops a pending copy's temporary; a failure to remove it is reported
+  // with the reason the copy failed.
+  void Abandon(Pending& p, Error e) { Fail(p.index, std::move(e.Also(p.output->Abandon()))); }
+};
+
+// Checks the request before anything is touched; returns the expected
+// SHA-512 in lowercase ("" when none).
+Result<std::string> CheckRequest(Env& env, std::span<const std::string> destinations,
+                                 const ReplicateOptions& options) {
   if (destinations.empty()) return Error::InvalidArgument("replicate: no destination");
   std::string expected = Lower(options.expected_sha512);
   if (!expected.empty() && !IsHex512(expected)) {
@@ -307,22 +335,29 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
       }
     }
   }
-  // Leftovers of killed runs in the destinations' folders go first (a live
-  // writer's temporary is locked and kept).
-  {
-    std::set<std::string> dirs;
-    for (const auto& d : destinations) dirs.insert(DirName(d));
-    for (const auto& dir : dirs) {
-      IgnoreError(SweepStaleTemporaries(env, dir), "a leftover that cannot be removed now goes at a later run");
-    }
+  return expected;
+}
+
+// Removes leftovers of killed runs in the destinations' folders, once per
+// folder (a live writer's temporary is locked and kept).
+void SweepDestinationFolders(Env& env, std::span<const std::string> destinations) {
+  std::set<std::string> dirs;
+  for (const auto& d : destinations) dirs.insert(DirName(d));
+  for (const auto& dir : dirs) {
+    IgnoreError(SweepStaleTemporaries(env, dir), "a leftover that cannot be removed now goes at a later run");
   }
-  const formats::ImageInfo& info = source.info();
+}
+
+// Picks the copies' format and backing policy, refusing a --backing keep the
+// source or format cannot honour, and fills in the result's header.
+Status PlanFormat(Job& job) {
+  const formats::ImageInfo& info = job.source.info();
   bool source_qcow2 = info.format == formats::ImageFormat::kQcow2;
-  bool out_qcow2 = options.format == ReplicaFormat::kQcow2 ||
-                   (options.format == ReplicaFormat::kKeep && source_qcow2);
-  formats::ImageFormat out_format = out_qcow2 ? formats::ImageFormat::kQcow2 : formats::ImageFormat::kRaw;
-  const bool keep = options.backing == BackingPolicy::kKeep;
-  if (keep) {
+  job.out_qcow2 = job.options.format == ReplicaFormat::kQcow2 ||
+                  (job.options.format == ReplicaFormat::kKeep && source_qcow2);
+  formats::ImageFormat out_format = job.out_qcow2 ? formats::ImageFormat::kQcow2 : formats::ImageFormat::kRaw;
+  job.keep = job.options.backing == BackingPolicy::kKeep;
+  if (job.keep) {
     if (!source_qcow2 || info.backing_file.empty()) {
       return Error::InvalidArgument(
                  "--backing keep copies only the top layer of a qcow2 image with a backing file, but "
@@ -331,294 +366,349 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
                  "; use --backing flatten (the default)")
           .set_path(info.path);
     }
-    if (!out_qcow2) {
+    if (!job.out_qcow2) {
       return Error::InvalidArgument(
                  "--backing keep needs qcow2 copies (a raw file cannot name a backing file); use "
                  "--format keep or qcow2, or --backing flatten")
           .set_path(info.path);
     }
-    if (source.backing() == nullptr || info.backing_format.empty()) {
+    if (job.source.backing() == nullptr || info.backing_format.empty()) {
       // OpenImage opens the chain by default; a source opened without it
       // cannot give the logical content the SHA-512 is about.
       return Error::InvalidArgument("--backing keep: the source's backing chain was not opened")
           .set_path(info.path);
     }
   }
-
-  ReplicateResult result;
-  result.virtual_size = source.size_bytes();
-  result.format = std::string(formats::ImageFormatName(out_format));
-  if (keep) {
-    result.backing_file = info.backing_file;
-    result.backing_format = info.backing_format;
+  job.result.virtual_size = job.source.size_bytes();
+  job.result.format = std::string(formats::ImageFormatName(out_format));
+  if (job.keep) {
+    job.result.backing_file = info.backing_file;
+    job.result.backing_format = info.backing_format;
   }
-  CopyOpen copy_open;
-  copy_open.format = out_format;
-  copy_open.keep_backing = keep;
-  copy_open.allow_any_path = options.allow_any_path;
-  copy_open.allow_dirs = options.allow_dirs;
-  // --backing keep: the clusters each copy stores (the source's top layer).
-  RangeList top_allocation;
-  if (keep) {
-    auto allocated = TopLayerAllocation(source);
+  job.copy_open.format = out_format;
+  job.copy_open.keep_backing = job.keep;
+  job.copy_open.allow_any_path = job.options.allow_any_path;
+  job.copy_open.allow_dirs = job.options.allow_dirs;
+  return OkStatus();
+}
+
+// Reads what travels besides the content: with --backing keep the clusters
+// the source's top layer stores, and the top layer's persistent bitmaps for
+// a qcow2 copy (CBT survives the move). A stale (in-use) bitmap stops the
+// job: copying it would hand out a bitmap that misses writes.
+Status ReadTopLayer(Job& job) {
+  if (job.keep) {
+    auto allocated = TopLayerAllocation(job.source);
     if (!allocated.ok()) return std::move(allocated).error().Wrap("map the top layer");
-    top_allocation = std::move(allocated).value();
+    job.top_allocation = std::move(allocated).value();
   }
-
-  // Persistent bitmaps of the top layer travel with a qcow2 copy (CBT
-  // survives the move). A stale (in-use) bitmap stops the job: copying it
-  // would hand out a bitmap that misses writes.
-  std::vector<formats::BitmapSpec> bitmaps;
-  if (source_qcow2) {
-    for (const auto& b : info.bitmaps) {
-      if (!out_qcow2) {
-        result.bitmaps_dropped = true;
-        continue;
-      }
-      // The copy's record (JSON) and result name each bitmap carried: a
-      // name that is not UTF-8 is refused now, not after the copy.
-      if (!formats::IsUtf8(b.name)) {
-        return Error::InvalidArgument("a bitmap's name is not valid UTF-8, which the copy's record (JSON) cannot "
-                                      "carry; remove it (qemu-img bitmap --remove) or copy to raw, which drops bitmaps")
-            .set_path(info.path);
-      }
-      auto dirty = formats::ReadBitmapDirtyRanges(source, b.name);
-      if (!dirty.ok()) return std::move(dirty).error().Wrap("bitmap " + b.name);
-      bitmaps.push_back({b.name, b.granularity_bytes, b.enabled, std::move(dirty).value()});
-      result.bitmaps.push_back(b.name);
-    }
-  }
-
-  // Every copy's destination; qcow2 copies carry the bitmaps, and with
-  // --backing keep store only the source's top layer.
-  DestinationSpec dest_spec;
-  dest_spec.format = out_qcow2 ? DestinationFormat::kQcow2 : DestinationFormat::kRaw;
-  dest_spec.virtual_size = result.virtual_size;
-  dest_spec.cluster_bytes = options.copy.cluster_bytes;
-  dest_spec.compression = options.copy.compression;
-  dest_spec.bitmaps = bitmaps;
-  if (keep) {
-    dest_spec.backing_file = result.backing_file;
-    dest_spec.backing_format = result.backing_format;
-    dest_spec.overlay_allocated = &top_allocation;
-  }
-
-  result.replicas.resize(destinations.size());
-  std::vector<Pending> pending;
-  std::vector<size_t> reused_pre;  // reused by expected checksum, never written
-  auto fail = [&](size_t i, Error e) {
-    result.replicas[i].state = ReplicaState::kFailed;
-    result.replicas[i].error = std::move(e);
-  };
-  // Drops a pending copy's temporary; a failure to remove it is reported
-  // with the reason the copy failed.
-  auto abandon = [&](Pending& p, Error e) { fail(p.index, std::move(e.Also(p.output->Abandon()))); };
-  for (size_t i = 0; i < destinations.size(); ++i) {
-    const std::string& path = destinations[i];
-    result.replicas[i].path = path;
-    auto status = env.Stat(path);
-    if (!status.ok() && status.error().code() != ErrorCode::kNotFound) {
-      fail(i, status.error());
+  const formats::ImageInfo& info = job.source.info();
+  if (info.format != formats::ImageFormat::kQcow2) return OkStatus();
+  for (const auto& b : info.bitmaps) {
+    if (!job.out_qcow2) {
+      job.result.bitmaps_dropped = true;
       continue;
     }
-    bool exists = status.ok();
-    if (exists && !status->is_regular()) {
-      fail(i, Error::NotSupported("destination is not a regular file").set_path(path));
-      continue;
+    // The copy's record (JSON) and result name each bitmap carried: a
+    // name that is not UTF-8 is refused now, not after the copy.
+    if (!formats::IsUtf8(b.name)) {
+      return Error::InvalidArgument("a bitmap's name is not valid UTF-8, which the copy's record (JSON) cannot "
+                                    "carry; remove it (qemu-img bitmap --remove) or copy to raw, which drops bitmaps")
+          .set_path(info.path);
     }
-    Pending p;
-    p.index = i;
-    if (exists) {
-      auto record = ReadReplicaRecord(env, path);
-      bool usable = record.ok() && record->format == result.format &&
-                    record->virtual_size == result.virtual_size &&
-                    record->backing_file == result.backing_file && FileMatchesRecord(env, path, *record);
-      if (usable && !expected.empty() && Lower(record->sha512) == expected) {
-        result.replicas[i].state = ReplicaState::kReused;
-        result.replicas[i].file_bytes = record->file_bytes;
-        reused_pre.push_back(i);
-        continue;
-      }
-      if (usable && expected.empty()) {
-        p.maybe_reuse = *record;
-      } else if (!options.force) {
-        fail(i, Error::InvalidArgument("exists and is not a matching copy (use --force to replace it)")
+    auto dirty = formats::ReadBitmapDirtyRanges(job.source, b.name);
+    if (!dirty.ok()) return std::move(dirty).error().Wrap("bitmap " + b.name);
+    job.bitmaps.push_back({b.name, b.granularity_bytes, b.enabled, std::move(dirty).value()});
+    job.result.bitmaps.push_back(b.name);
+  }
+  return OkStatus();
+}
+
+// Every copy's destination; qcow2 copies carry the bitmaps, and with
+// --backing keep store only the source's top layer.
+DestinationSpec CopyDestinationSpec(const Job& job) {
+  DestinationSpec spec;
+  spec.format = job.out_qcow2 ? DestinationFormat::kQcow2 : DestinationFormat::kRaw;
+  spec.virtual_size = job.result.virtual_size;
+  spec.cluster_bytes = job.options.copy.cluster_bytes;
+  spec.compression = job.options.copy.compression;
+  spec.bitmaps = job.bitmaps;
+  if (job.keep) {
+    spec.backing_file = job.result.backing_file;
+    spec.backing_format = job.result.backing_format;
+    spec.overlay_allocated = &job.top_allocation;
+  }
+  return spec;
+}
+
+// Decides what becomes of destination `i`: refused (failed), reused by the
+// expected checksum (never written), or written in this pass (returned).
+std::optional<Pending> DecideDestination(Job& job, size_t i) {
+  const std::string& path = job.destinations[i];
+  job.result.replicas[i].path = path;
+  auto status = job.env.Stat(path);
+  if (!status.ok() && status.error().code() != ErrorCode::kNotFound) {
+    job.Fail(i, status.error());
+    return std::nullopt;
+  }
+  bool exists = status.ok();
+  if (exists && !status->is_regular()) {
+    job.Fail(i, Error::NotSupported("destination is not a regular file").set_path(path));
+    return std::nullopt;
+  }
+  Pending p;
+  p.index = i;
+  if (!exists) return p;
+  auto record = ReadReplicaRecord(job.env, path);
+  bool usable = record.ok() && record->format == job.result.format &&
+                record->virtual_size == job.result.virtual_size &&
+                record->backing_file == job.result.backing_file && FileMatchesRecord(job.env, path, *record);
+  if (usable && !job.expected.empty() && Lower(record->sha512) == job.expected) {
+    job.result.replicas[i].state = ReplicaState::kReused;
+    job.result.replicas[i].file_bytes = record->file_bytes;
+    job.reused_pre.push_back(i);
+    return std::nullopt;
+  }
+  if (usable && job.expected.empty()) {
+    p.maybe_reuse = *record;
+  } else if (!job.options.force) {
+    job.Fail(i, Error::InvalidArgument("exists and is not a matching copy (use --force to replace it)")
                     .set_path(path));
-        continue;
-      }
-      p.replaces_existing = true;
-    }
-    OutputSpec out_spec;
-    out_spec.location = path;
-    out_spec.replace = OutputReplace::kReplace;  // decided above
-    out_spec.allow_nbd = false;
-    out_spec.sweep = false;                      // swept above, once per folder
-    auto output = OpenOutput(env, out_spec);
-    if (!output.ok()) {
-      fail(i, std::move(output).error());
-      continue;
-    }
-    p.output = std::move(output).value();
-    auto dest = MakeDestination(p.output->sink(), dest_spec);
-    if (!dest.ok()) {
-      abandon(p, std::move(dest).error());
-      continue;
-    }
-    p.destination = std::make_unique<ProgressDestination>(std::move(dest).value(), i, result.virtual_size,
-                                                          &options.progress);
-    pending.push_back(std::move(p));
+    return std::nullopt;
   }
+  p.replaces_existing = true;
+  return p;
+}
 
-  auto verify_reused = [&](size_t i, const std::string& want) {
-    auto back = ReadBackCopy(env, destinations[i], destinations[i], copy_open, options.copy, false, true);
-    if (!back.ok()) {
-      fail(i, std::move(back).error().Wrap("verify"));
-    } else if (back->sha512_hex != want) {
-      fail(i, Error::Corruption("existing copy's SHA-512 " + back->sha512_hex +
-                                " does not match its record " + want)
-                  .set_path(destinations[i]));
-    } else {
-      result.replicas[i].verified = true;
-    }
-  };
-
-  if (pending.empty()) {
-    result.sha512_hex = expected;
-    if (options.verify) {
-      for (size_t i : reused_pre) verify_reused(i, expected);
-    }
-    result.elapsed = std::chrono::steady_clock::now() - start;
-    return result;
+// Copy-job steps 2 and 3 for one copy: opens its output (staged under a
+// temporary name) and makes its destination; false (failed) when either fails.
+bool OpenCopyOutput(Job& job, Pending& p, const DestinationSpec& dest_spec) {
+  OutputSpec out_spec;
+  out_spec.location = job.destinations[p.index];
+  out_spec.replace = OutputReplace::kReplace;  // decided by DecideDestination
+  out_spec.allow_nbd = false;
+  out_spec.sweep = false;                      // swept once per folder
+  auto output = OpenOutput(job.env, out_spec);
+  if (!output.ok()) {
+    job.Fail(p.index, std::move(output).error());
+    return false;
   }
+  p.output = std::move(output).value();
+  auto dest = MakeDestination(p.output->sink(), dest_spec);
+  if (!dest.ok()) {
+    job.Abandon(p, std::move(dest).error());
+    return false;
+  }
+  p.destination = std::make_unique<ProgressDestination>(std::move(dest).value(), p.index, job.result.virtual_size,
+                                                        &job.options.progress);
+  return true;
+}
 
-  CopyOptions copy = options.copy;
+// Decides every destination and opens those to be written in this pass.
+std::vector<Pending> OpenDestinations(Job& job) {
+  job.result.replicas.resize(job.destinations.size());
+  DestinationSpec dest_spec = CopyDestinationSpec(job);
+  std::vector<Pending> pending;
+  for (size_t i = 0; i < job.destinations.size(); ++i) {
+    std::optional<Pending> p = DecideDestination(job, i);
+    if (p && OpenCopyOutput(job, *p, dest_spec)) pending.push_back(std::move(*p));
+  }
+  return pending;
+}
+
+// Copy-job step 4: one read pass of the source with SHA-512 feeding every
+// pending copy. Nothing (every copy abandoned) when the pass failed or the
+// source's checksum is not the expected one.
+std::optional<CopyResult> CopyPass(Job& job, std::vector<Pending>& pending) {
+  CopyOptions copy = job.options.copy;
   copy.sha512 = true;
   copy.failure_policy = DestinationFailurePolicy::kIsolate;
   copy.progress = nullptr;
-  if (!out_qcow2) copy.compression = formats::Compression::kNone;
+  if (!job.out_qcow2) copy.compression = formats::Compression::kNone;
   std::vector<Destination*> dests;
   for (auto& p : pending) dests.push_back(p.destination.get());
-  auto copied = RunCopy(source, WholeDisk(source), dests, copy);
+  auto copied = RunCopy(job.source, WholeDisk(job.source), dests, copy);
   if (!copied.ok()) {
     // The source or a shared stage failed (or every destination did): no
     // copy can be trusted.
-    for (auto& p : pending) abandon(p, copied.error());
-    result.elapsed = std::chrono::steady_clock::now() - start;
-    return result;
+    for (auto& p : pending) job.Abandon(p, copied.error());
+    return std::nullopt;
   }
-  result.sha512_hex = copied->sha512_hex;
-  result.bytes_read = copied->bytes_read;
-  if (!expected.empty() && copied->sha512_hex != expected) {
-    result.checksum_mismatch = true;
+  job.result.sha512_hex = copied->sha512_hex;
+  job.result.bytes_read = copied->bytes_read;
+  if (!job.expected.empty() && copied->sha512_hex != job.expected) {
+    job.result.checksum_mismatch = true;
     for (auto& p : pending) {
-      abandon(p, Error::Corruption("checksum mismatch: expected SHA-512 " + expected + ", source has " +
-                                   copied->sha512_hex));
+      job.Abandon(p, Error::Corruption("checksum mismatch: expected SHA-512 " + job.expected + ", source has " +
+                                       copied->sha512_hex));
     }
-    result.elapsed = std::chrono::steady_clock::now() - start;
-    return result;
+    return std::nullopt;
   }
+  return std::move(copied).value();
+}
 
-  for (size_t k = 0; k < pending.size(); ++k) {
-    Pending& p = pending[k];
-    const std::string& path = destinations[p.index];
-    ReplicaResult& out = result.replicas[p.index];
-    const DestinationResult& dr = copied->destinations[k];
-    if (!dr.status.ok()) {
-      abandon(p, dr.status.error());
-      continue;
+// Recomputes a reused copy's SHA-512 and checks it against `want`.
+void VerifyReused(Job& job, size_t i, const std::string& want) {
+  const std::string& path = job.destinations[i];
+  auto back = ReadBackCopy(job.env, path, path, job.copy_open, job.options.copy, false, true);
+  if (!back.ok()) {
+    job.Fail(i, std::move(back).error().Wrap("verify"));
+  } else if (back->sha512_hex != want) {
+    job.Fail(i, Error::Corruption("existing copy's SHA-512 " + back->sha512_hex + " does not match its record " +
+                                  want)
+                    .set_path(path));
+  } else {
+    job.result.replicas[i].verified = true;
+  }
+}
+
+// An existing copy with a record but no expected checksum: kept untouched
+// (its temporary dropped) when it holds the copied content, else refused
+// without --force. True when `p` is settled here.
+bool SettleExisting(Job& job, Pending& p, const std::string& sha512_hex) {
+  if (!p.maybe_reuse) return false;
+  if (Lower(p.maybe_reuse->sha512) == sha512_hex) {
+    // The existing copy already holds this content: keep it untouched.
+    if (Status dropped = p.output->Abandon(); !dropped.ok()) {
+      job.Fail(p.index, std::move(dropped).error());
+      return true;
     }
-    if (p.maybe_reuse && Lower(p.maybe_reuse->sha512) == copied->sha512_hex) {
-      // The existing copy already holds this content: keep it untouched.
-      if (Status dropped = p.output->Abandon(); !dropped.ok()) {
-        fail(p.index, std::move(dropped).error());
-        continue;
-      }
-      out.state = ReplicaState::kReused;
-      out.file_bytes = p.maybe_reuse->file_bytes;
-      if (options.verify) verify_reused(p.index, copied->sha512_hex);
-      continue;
+    ReplicaResult& out = job.result.replicas[p.index];
+    out.state = ReplicaState::kReused;
+    out.file_bytes = p.maybe_reuse->file_bytes;
+    if (job.options.verify) VerifyReused(job, p.index, sha512_hex);
+    return true;
+  }
+  if (job.options.force) return false;
+  job.Abandon(p, Error::InvalidArgument("exists with a different checksum (use --force to replace it)")
+                     .set_path(job.destinations[p.index]));
+  return true;
+}
+
+// --verify: re-reads a new copy under its temporary name and compares its
+// cluster digests (and bitmaps) with the copy pass's; false (abandoned) on
+// a difference.
+bool VerifyNewCopy(Job& job, Pending& p, const CopyResult& copied) {
+  const std::string& path = job.destinations[p.index];
+  auto back = ReadBackCopy(job.env, p.output->temp_path(), path, job.copy_open, job.options.copy, job.out_qcow2,
+                           false);
+  if (!back.ok()) {
+    // The copy is read back under its temporary name: an error names
+    // the copy the user asked for (issue 13).
+    Error e = std::move(back).error();
+    if (e.path().empty() || e.path() == p.output->temp_path()) e.set_path(path);
+    job.Abandon(p, std::move(e).Wrap("verify"));
+    return false;
+  }
+  std::string why;
+  if (back->cluster_digests.size() != copied.cluster_digests.size()) why = "cluster count differs";
+  else if (back->cluster_digests != copied.cluster_digests) why = "cluster digests differ";
+  else if (job.out_qcow2 && !SameBitmaps(back->bitmaps, job.bitmaps)) why = "bitmaps differ";
+  if (!why.empty()) {
+    if (job.keep && why != "bitmaps differ") {
+      why += " (is the backing file beside the copy the same as the source's?)";
     }
-    if (p.maybe_reuse && !options.force) {
-      abandon(p, Error::InvalidArgument("exists with a different checksum (use --force to replace it)")
-                     .set_path(path));
-      continue;
+    job.Abandon(p, Error::Corruption("verify: re-read copy: " + why).set_path(path));
+    return false;
+  }
+  job.result.replicas[p.index].verified = true;
+  return true;
+}
+
+// Copy-job step 5 for a new copy: writes its record, then commits it under
+// its name. The record is written before the copy appears under its name,
+// and describes the temporary's size and mtime (the rename keeps them): a
+// crash before the rename leaves a record that matches no file (not ready;
+// the next run writes the copy again), one after it a ready copy. Never a
+// file of ours without its record, which a re-run would refuse to replace
+// without --force (issue 13).
+void RecordAndCommit(Job& job, Pending& p, const std::string& sha512_hex) {
+  const std::string& path = job.destinations[p.index];
+  ReplicaResult& out = job.result.replicas[p.index];
+  // A stale record must never describe the new bytes: drop it first.
+  if (p.replaces_existing) {
+    if (Status s = job.env.UnlinkIfExists(ReplicaRecordPath(path)); !s.ok()) {
+      job.Abandon(p, std::move(s).error());
+      return;
     }
-    if (options.verify) {
-      auto back = ReadBackCopy(env, p.output->temp_path(), path, copy_open, options.copy, out_qcow2, false);
-      if (!back.ok()) {
-        // The copy is read back under its temporary name: an error names
-        // the copy the user asked for (issue 13).
-        Error e = std::move(back).error();
-        if (e.path().empty() || e.path() == p.output->temp_path()) e.set_path(path);
-        abandon(p, std::move(e).Wrap("verify"));
-        continue;
-      }
-      std::string why;
-      if (back->cluster_digests.size() != copied->cluster_digests.size()) why = "cluster count differs";
-      else if (back->cluster_digests != copied->cluster_digests) why = "cluster digests differ";
-      else if (out_qcow2 && !SameBitmaps(back->bitmaps, bitmaps)) why = "bitmaps differ";
-      if (!why.empty()) {
-        if (keep && why != "bitmaps differ") {
-          why += " (is the backing file beside the copy the same as the source's?)";
-        }
-        abandon(p, Error::Corruption("verify: re-read copy: " + why).set_path(path));
-        continue;
-      }
-      out.verified = true;
+  }
+  if (Status s = p.output->sink().Flush(); !s.ok()) {
+    job.Abandon(p, std::move(s).error().set_path(path));
+    return;
+  }
+  auto stamp = StatFile(job.env, p.output->temp_path());
+  if (!stamp.ok()) {
+    job.Abandon(p, std::move(stamp).error().set_path(path));
+    return;
+  }
+  ReplicaRecord record;
+  record.sha512 = sha512_hex;
+  record.virtual_size = job.result.virtual_size;
+  record.format = job.result.format;
+  record.file_bytes = stamp->size;
+  record.file_mtime_ns = stamp->mtime_ns;
+  record.source = job.options.source_location;
+  record.source_format = job.options.source_format;
+  record.created = formats::NowRfc3339();
+  record.verified = out.verified;
+  record.bitmaps = job.result.bitmaps;
+  record.backing_file = job.result.backing_file;
+  if (Status s = WriteReplicaRecord(job.env, path, record); !s.ok()) {
+    job.Abandon(p, std::move(s).error().Wrap("checksum record"));
+    return;
+  }
+  if (Status s = p.output->Commit(); !s.ok()) {
+    // The record now describes no file: drop it (a failure to is harmless).
+    Error e = std::move(s).error();
+    if (!FileMatchesRecord(job.env, path, record)) e.Also(job.env.UnlinkIfExists(ReplicaRecordPath(path)));
+    job.Fail(p.index, std::move(e));
+    return;
+  }
+  out.state = ReplicaState::kReady;
+  out.file_bytes = stamp->size;
+}
+
+// Settles one pending copy after the pass: its destination's failure, reuse
+// of the existing copy, --verify, then record and commit.
+void FinishCopy(Job& job, Pending& p, const DestinationResult& dr, const CopyResult& copied) {
+  if (!dr.status.ok()) {
+    job.Abandon(p, dr.status.error());
+    return;
+  }
+  if (SettleExisting(job, p, copied.sha512_hex)) return;
+  if (job.options.verify && !VerifyNewCopy(job, p, copied)) return;
+  RecordAndCommit(job, p, copied.sha512_hex);
+}
+
+}  // namespace
+
+// The five steps of a copy job (docs/architecture.md): the source is opened
+// by the caller; OpenDestinations opens each output and makes its
+// destination, CopyPass runs the copy, FinishCopy commits each copy.
+Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span<const std::string> destinations,
+                                     const ReplicateOptions& options) {
+  auto start = std::chrono::steady_clock::now();
+  BARGE_ASSIGN_OR_RETURN(std::string expected, CheckRequest(env, destinations, options));
+  SweepDestinationFolders(env, destinations);
+  Job job(env, source, destinations, options, std::move(expected));
+  BARGE_RETURN_IF_ERROR(PlanFormat(job));
+  BARGE_RETURN_IF_ERROR(ReadTopLayer(job));
+  std::vector<Pending> pending = OpenDestinations(job);
+  if (pending.empty()) {
+    job.result.sha512_hex = job.expected;
+  } else {
+    std::optional<CopyResult> copied = CopyPass(job, pending);
+    if (!copied) {
+      job.result.elapsed = std::chrono::steady_clock::now() - start;
+      return std::move(job.result);
     }
-    // A stale record must never describe the new bytes: drop it first.
-    if (p.replaces_existing) {
-      if (Status s = env.UnlinkIfExists(ReplicaRecordPath(path)); !s.ok()) {
-        abandon(p, std::move(s).error());
-        continue;
-      }
-    }
-    // The record is written before the copy appears under its name, and
-    // describes the temporary's size and mtime (the rename keeps them): a
-    // crash before the rename leaves a record that matches no file (not
-    // ready; the next run writes the copy again), one after it a ready
-    // copy. Never a file of ours without its record, which a re-run would
-    // refuse to replace without --force (issue 13).
-    if (Status s = p.output->sink().Flush(); !s.ok()) {
-      abandon(p, std::move(s).error().set_path(path));
-      continue;
-    }
-    auto stamp = StatFile(env, p.output->temp_path());
-    if (!stamp.ok()) {
-      abandon(p, std::move(stamp).error().set_path(path));
-      continue;
-    }
-    ReplicaRecord record;
-    record.sha512 = copied->sha512_hex;
-    record.virtual_size = result.virtual_size;
-    record.format = result.format;
-    record.file_bytes = stamp->size;
-    record.file_mtime_ns = stamp->mtime_ns;
-    record.source = options.source_location;
-    record.source_format = options.source_format;
-    record.created = formats::NowRfc3339();
-    record.verified = out.verified;
-    record.bitmaps = result.bitmaps;
-    record.backing_file = result.backing_file;
-    if (Status s = WriteReplicaRecord(env, path, record); !s.ok()) {
-      abandon(p, std::move(s).error().Wrap("checksum record"));
-      continue;
-    }
-    if (Status s = p.output->Commit(); !s.ok()) {
-      // The record now describes no file: drop it (a failure to is harmless).
-      Error e = std::move(s).error();
-      if (!FileMatchesRecord(env, path, record)) e.Also(env.UnlinkIfExists(ReplicaRecordPath(path)));
-      fail(p.index, std::move(e));
-      continue;
-    }
-    out.state = ReplicaState::kReady;
-    out.file_bytes = stamp->size;
+    for (size_t k = 0; k < pending.size(); ++k) FinishCopy(job, pending[k], copied->destinations[k], *copied);
   }
   if (options.verify) {
-    for (size_t i : reused_pre) verify_reused(i, expected);
+    for (size_t i : job.reused_pre) VerifyReused(job, i, job.expected);
   }
-  result.elapsed = std::chrono::steady_clock::now() - start;
-  return result;
+  job.result.elapsed = std::chrono::steady_clock::now() - start;
+  return std::move(job.result);
 }
 
 }  // namespace barge::pipeline

@@ -434,6 +434,253 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   return copy;
 }
 
+// One Sync of an image: its senders (ready copies), the disks it sends to,
+// and the dispatch's shared state. Lives in Sync's frame; the send threads
+// it starts are joined before Dispatch returns.
+struct ImageCatalog::SyncRun {
+  struct Sender {
+    std::string path;
+    int active = 0;
+    int max_concurrent = 0;
+    int sends = 0;
+  };
+
+  SyncRun(ImageCatalog& catalog, const std::string& name, const SyncOptions& options)
+      : catalog(catalog), name(name), options(options), owner(ProcessOwner::Self(catalog.env_).Encode()) {}
+
+  // Reads the image, its senders and claims a pending row for each disk
+  // in `disks` that lacks a copy, in one hold of the catalog.
+  Status Plan(const std::vector<std::string>& disks);
+  // The image's ready copies whose records match; needs mu_ held.
+  Status FindSenders();
+  // A pending row for each disk asked for, or a failed one for a disk that
+  // cannot take the copy; needs mu_ held.
+  Status ClaimDisks(const std::vector<std::string>& disks);
+  // Sends to every pending disk, and waits for the sends.
+  void Dispatch();
+  // The least busy sender under the limit; senders.size() when none is free.
+  size_t PickSender() const;
+  // Starts the send of the next pending disk from sender `best`; needs m held.
+  void StartSend(size_t best);
+  // One send (a thread): replicates from the sender to the copy and records
+  // the copy's state.
+  void Send(ImageCopyRecord copy, size_t sender_index, std::string sender_path);
+  // Cancelled: the disks not sent to fail now, not as "interrupted" rows
+  // left to the next recovery.
+  void FailUnsent();
+  // Records this sync's senders and returns the copies of the disks asked for.
+  Result<SyncResult> Finish();
+
+  ImageCatalog& catalog;
+  const std::string& name;
+  const SyncOptions& options;
+  const std::string owner;
+  ImageRecord image;
+  std::vector<Sender> senders;
+  std::deque<ImageCopyRecord> pending;
+  std::vector<std::string> keys;
+  // The dispatch's state, guarded by m.
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::thread> threads;
+  int running = 0;
+  std::optional<Error> record_error;  // the first state the catalog failed to record
+};
+
+Status ImageCatalog::SyncRun::Plan(const std::vector<std::string>& disks) {
+  std::lock_guard lock(catalog.mu_);
+  BARGE_RETURN_IF_ERROR(FindSenders());
+  return ClaimDisks(disks);
+}
+
+Status ImageCatalog::SyncRun::FindSenders() {
+  SqliteDb& db = *catalog.db_;
+  BARGE_ASSIGN_OR_RETURN(auto images, ImagesOf(db, name));
+  if (images.empty()) return Error::NotFound("no image '" + name + "' in the catalog");
+  image = images[0];
+  BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(db, name));
+  // A ready copy whose record cannot be read (an I/O error, not a missing
+  // record) is no sender; when it was the only one, that error is the
+  // answer, not NotFound (found by the reliability campaign).
+  std::optional<Error> unreadable;
+  for (const auto& c : copies) {
+    auto rec = pipeline::ReadReplicaRecord(catalog.env_, c.path);
+    if (c.state == "ready" && rec.ok() && pipeline::FileMatchesRecord(catalog.env_, c.path, *rec) &&
+        rec->sha512 == image.sha512) {
+      senders.push_back({c.path});
+    } else if (c.state == "ready" && !rec.ok() && rec.error().code() != ErrorCode::kNotFound && !unreadable) {
+      unreadable = rec.error();
+    }
+  }
+  if (senders.empty() && unreadable) {
+    return std::move(*unreadable).Wrap("image '" + name + "' has no ready copy to send from");
+  }
+  if (senders.empty()) return Error::NotFound("image '" + name + "' has no ready copy to send from");
+  return OkStatus();
+}
+
+Status ImageCatalog::SyncRun::ClaimDisks(const std::vector<std::string>& disks) {
+  SqliteDb& db = *catalog.db_;
+  BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(db));
+  for (const std::string& d : disks) {
+    Status made = catalog.env_.CreateDirs(d);
+    std::string key = catalog.DiskKey(d);
+    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+    keys.push_back(key);
+    std::string path = CopyPath(key, name, image.source);
+    if (std::any_of(senders.begin(), senders.end(), [&](const Sender& s) { return s.path == path; })) continue;
+    ImageCopyRecord c{name, key, path, "pending", 0, "", "", Now(), 0, owner};
+    BARGE_ASSIGN_OR_RETURN(std::string holder, CopyHolder(db, key, path, name));
+    if (!made.ok() || !holder.empty()) {
+      // This disk cannot take a copy; the others still can.
+      c.state = "failed";
+      c.message = made.ok() ? TakenMessage(name, path, holder) : made.error().ToString();
+      c.owner.clear();
+      BARGE_RETURN_IF_ERROR(SetCopy(db, c));
+      continue;
+    }
+    BARGE_RETURN_IF_ERROR(SetCopy(db, c));
+    pending.push_back(std::move(c));
+  }
+  return tx->Commit();
+}
+
+void ImageCatalog::SyncRun::Send(ImageCopyRecord copy, size_t sender_index, std::string sender_path) {
+  pipeline::ReplicateOptions o = options.replicate;
+  o.expected_sha512 = image.sha512;
+  o.force = true;  // the file is this image's: no other image's row names it (CopyHolder)
+  o.source_location = sender_path;
+  o.source_format = image.format;
+  o.progress = catalog.PercentRecorder(copy);
+  std::optional<Error> error;
+  pipeline::SourceSpec spec;
+  spec.location = sender_path;
+  spec.format = image.format;
+  auto src = pipeline::OpenSource(catalog.env_, spec);
+  if (!src.ok()) {
+    error = src.error();
+  } else {
+    std::vector<std::string> dests = {copy.path};
+    auto r = pipeline::RunReplicate(catalog.env_, *src->image, dests, o);
+    if (!r.ok()) error = r.error();
+    else if (r->replicas[0].state == pipeline::ReplicaState::kFailed) error = *r->replicas[0].error;
+  }
+  copy.state = error ? "failed" : "ready";
+  copy.message = error ? error->ToString() : "";
+  copy.percent = error ? copy.percent : 100;
+  copy.updated = Now();
+  copy.owner.clear();
+  Status recorded = catalog.RecordCopy(copy);
+  std::lock_guard lock(m);
+  if (!recorded.ok() && !record_error) record_error = std::move(recorded).error();
+  senders[sender_index].active--;
+  if (!error) senders.push_back({copy.path});
+  --running;
+  cv.notify_all();
+}
+
+void ImageCatalog::SyncRun::FailUnsent() {
+  std::lock_guard db_lock(catalog.mu_);
+  for (ImageCopyRecord& copy : pending) {
+    copy.state = "failed";
+    copy.message = "cancelled before its send started";
+    copy.updated = Now();
+    copy.owner.clear();
+    IgnoreError(SetCopy(*catalog.db_, copy),
+                "the row stays in progress; the next command marks it failed (interrupted)");
+  }
+  pending.clear();
+}
+
+size_t ImageCatalog::SyncRun::PickSender() const {
+  size_t best = senders.size();
+  for (size_t i = 0; i < senders.size(); ++i) {
+    if (senders[i].active >= options.max_sends_per_sender) continue;
+    if (best == senders.size() || senders[i].active < senders[best].active) best = i;
+  }
+  return best;
+}
+
+void ImageCatalog::SyncRun::StartSend(size_t best) {
+  ImageCopyRecord copy = std::move(pending.front());
+  pending.pop_front();
+  Sender& s = senders[best];
+  s.active++;
+  s.sends++;
+  s.max_concurrent = std::max(s.max_concurrent, s.active);
+  copy.state = "in-progress";
+  copy.sender = s.path;
+  copy.updated = Now();
+  copy.owner = owner;
+  if (Status recorded = catalog.RecordCopy(copy); !recorded.ok() && !record_error) {
+    record_error = std::move(recorded).error();
+  }
+  ++running;
+  auto thread = StartThread(
+      "image send", [this](ImageCopyRecord c, size_t i, std::string p) { Send(std::move(c), i, std::move(p)); },
+      copy, best, s.path);
+  if (!thread.ok()) {
+    // Not sent: this copy fails with the reason; the next may fare better.
+    --running;
+    --s.active;
+    --s.sends;
+    copy.state = "failed";
+    copy.message = thread.error().ToString();
+    copy.updated = Now();
+    copy.owner.clear();
+    std::lock_guard db_lock(catalog.mu_);
+    IgnoreError(SetCopy(*catalog.db_, copy),
+                "the row stays in progress; the next command marks it failed (interrupted)");
+    return;
+  }
+  threads.push_back(std::move(thread).value());
+}
+
+// The sender with the fewest active sends under the limit takes the next
+// disk; a copy that becomes ready joins the senders.
+void ImageCatalog::SyncRun::Dispatch() {
+  const std::atomic<bool>* cancel = options.replicate.copy.cancel;
+  {
+    std::unique_lock lock(m);
+    senders.reserve(senders.size() + pending.size());  // indexes stay valid; no reallocation
+    while (!pending.empty()) {
+      if (cancel && cancel->load()) {
+        FailUnsent();
+        break;
+      }
+      size_t best = PickSender();
+      if (best == senders.size()) {
+        cv.wait_for(lock, std::chrono::milliseconds(100));  // and look at `cancel` again
+        continue;
+      }
+      StartSend(best);
+    }
+    cv.wait(lock, [&] { return running == 0; });
+  }
+  for (auto& t : threads) t.join();
+}
+
+Result<SyncResult> ImageCatalog::SyncRun::Finish() {
+  SyncResult result;
+  std::lock_guard lock(catalog.mu_);
+  SqliteDb& db = *catalog.db_;
+  for (const Sender& s : senders) {
+    if (s.sends == 0) continue;
+    result.senders.push_back({name, s.path, s.sends, s.max_concurrent});
+    BARGE_ASSIGN_OR_RETURN(
+        auto up, db.Prepare("INSERT INTO image_senders (image, sender, sends, max_concurrent) VALUES (?1, ?2, ?3, ?4) "
+                            "ON CONFLICT (image, sender) DO UPDATE SET sends = sends + ?3, "
+                            "max_concurrent = MAX(max_concurrent, ?4)"));
+    BARGE_RETURN_IF_ERROR(up.Bind(1, name).Bind(2, s.path).Bind(3, int64_t{s.sends})
+                              .Bind(4, int64_t{s.max_concurrent}).Run());
+  }
+  for (const std::string& key : keys) {
+    BARGE_ASSIGN_OR_RETURN(auto rows, CopiesOf(db, name, key));
+    for (auto& r : rows) result.copies.push_back(std::move(r));
+  }
+  return result;
+}
+
 Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector<std::string>& disks,
                                       const SyncOptions& options) {
   if (options.max_sends_per_sender < 1) return Error::InvalidArgument("max sends per sender must be >= 1");
@@ -443,184 +690,13 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
   BARGE_ASSIGN_OR_RETURN(auto image_lock,
                          TryLockFile(env_, LockPath(name), "an image sync of " + name + " is already running"));
   BARGE_RETURN_IF_ERROR(Recover(name, name));
-  const std::string owner = ProcessOwner::Self(env_).Encode();
-  ImageRecord image;
-  struct Sender {
-    std::string path;
-    int active = 0;
-    int max_concurrent = 0;
-    int sends = 0;
-  };
-  std::vector<Sender> senders;
-  std::deque<ImageCopyRecord> pending;
-  std::vector<std::string> keys;
-  {
-    std::lock_guard lock(mu_);
-    BARGE_ASSIGN_OR_RETURN(auto images, ImagesOf(*db_, name));
-    if (images.empty()) return Error::NotFound("no image '" + name + "' in the catalog");
-    image = images[0];
-    BARGE_ASSIGN_OR_RETURN(auto copies, CopiesOf(*db_, name));
-    // A ready copy whose record cannot be read (an I/O error, not a missing
-    // record) is no sender; when it was the only one, that error is the
-    // answer, not NotFound (found by the reliability campaign).
-    std::optional<Error> unreadable;
-    for (const auto& c : copies) {
-      auto rec = pipeline::ReadReplicaRecord(env_, c.path);
-      if (c.state == "ready" && rec.ok() && pipeline::FileMatchesRecord(env_, c.path, *rec) &&
-          rec->sha512 == image.sha512) {
-        senders.push_back({c.path});
-      } else if (c.state == "ready" && !rec.ok() && rec.error().code() != ErrorCode::kNotFound && !unreadable) {
-        unreadable = rec.error();
-      }
-    }
-    if (senders.empty() && unreadable) {
-      return std::move(*unreadable).Wrap("image '" + name + "' has no ready copy to send from");
-    }
-    if (senders.empty()) return Error::NotFound("image '" + name + "' has no ready copy to send from");
-    BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
-    for (const std::string& d : disks) {
-      Status made = env_.CreateDirs(d);
-      std::string key = DiskKey(d);
-      if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
-      keys.push_back(key);
-      std::string path = CopyPath(key, name, image.source);
-      if (std::any_of(senders.begin(), senders.end(), [&](const Sender& s) { return s.path == path; })) continue;
-      ImageCopyRecord c{name, key, path, "pending", 0, "", "", Now(), 0, owner};
-      BARGE_ASSIGN_OR_RETURN(std::string holder, CopyHolder(*db_, key, path, name));
-      if (!made.ok() || !holder.empty()) {
-        // This disk cannot take a copy; the others still can.
-        c.state = "failed";
-        c.message = made.ok() ? TakenMessage(name, path, holder) : made.error().ToString();
-        c.owner.clear();
-        BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
-        continue;
-      }
-      BARGE_RETURN_IF_ERROR(SetCopy(*db_, c));
-      pending.push_back(std::move(c));
-    }
-    BARGE_RETURN_IF_ERROR(tx->Commit());
+  SyncRun run(*this, name, options);
+  BARGE_RETURN_IF_ERROR(run.Plan(disks));
+  run.Dispatch();
+  if (run.record_error) {
+    return std::move(*run.record_error).Wrap("image sync of " + name + ": recording a copy's state");
   }
-
-  // Dispatch: the sender with the fewest active sends under the limit
-  // takes the next disk; a copy that becomes ready joins the senders.
-  std::mutex m;
-  std::condition_variable cv;
-  std::vector<std::thread> threads;
-  int running = 0;
-  std::optional<Error> record_error;  // guarded by m: the first state the catalog failed to record
-  auto send = [&](ImageCopyRecord copy, size_t sender_index, std::string sender_path) {
-    pipeline::ReplicateOptions o = options.replicate;
-    o.expected_sha512 = image.sha512;
-    o.force = true;  // the file is this image's: no other image's row names it (CopyHolder)
-    o.source_location = sender_path;
-    o.source_format = image.format;
-    o.progress = PercentRecorder(copy);
-    std::optional<Error> error;
-    pipeline::SourceSpec spec;
-    spec.location = sender_path;
-    spec.format = image.format;
-    auto src = pipeline::OpenSource(env_, spec);
-    if (!src.ok()) {
-      error = src.error();
-    } else {
-      std::vector<std::string> dests = {copy.path};
-      auto r = pipeline::RunReplicate(env_, *src->image, dests, o);
-      if (!r.ok()) error = r.error();
-      else if (r->replicas[0].state == pipeline::ReplicaState::kFailed) error = *r->replicas[0].error;
-    }
-    copy.state = error ? "failed" : "ready";
-    copy.message = error ? error->ToString() : "";
-    copy.percent = error ? copy.percent : 100;
-    copy.updated = Now();
-    copy.owner.clear();
-    Status recorded = RecordCopy(copy);
-    std::lock_guard lock(m);
-    if (!recorded.ok() && !record_error) record_error = std::move(recorded).error();
-    senders[sender_index].active--;
-    if (!error) senders.push_back({copy.path});
-    --running;
-    cv.notify_all();
-  };
-  const std::atomic<bool>* cancel = options.replicate.copy.cancel;
-  {
-    std::unique_lock lock(m);
-    senders.reserve(senders.size() + pending.size());  // indexes stay valid; no reallocation
-    while (!pending.empty()) {
-      if (cancel && cancel->load()) {
-        // Stopped: the disks not sent to fail now, not as "interrupted"
-        // rows left to the next recovery.
-        std::lock_guard db_lock(mu_);
-        for (ImageCopyRecord& copy : pending) {
-          copy.state = "failed";
-          copy.message = "cancelled before its send started";
-          copy.updated = Now();
-          copy.owner.clear();
-          IgnoreError(SetCopy(*db_, copy), "the row stays in progress; the next command marks it failed (interrupted)");
-        }
-        pending.clear();
-        break;
-      }
-      size_t best = senders.size();
-      for (size_t i = 0; i < senders.size(); ++i) {
-        if (senders[i].active >= options.max_sends_per_sender) continue;
-        if (best == senders.size() || senders[i].active < senders[best].active) best = i;
-      }
-      if (best == senders.size()) {
-        cv.wait_for(lock, std::chrono::milliseconds(100));  // and look at `cancel` again
-        continue;
-      }
-      ImageCopyRecord copy = std::move(pending.front());
-      pending.pop_front();
-      Sender& s = senders[best];
-      s.active++;
-      s.sends++;
-      s.max_concurrent = std::max(s.max_concurrent, s.active);
-      copy.state = "in-progress";
-      copy.sender = s.path;
-      copy.updated = Now();
-      copy.owner = owner;
-      if (Status recorded = RecordCopy(copy); !recorded.ok() && !record_error) {
-        record_error = std::move(recorded).error();
-      }
-      ++running;
-      auto thread = StartThread("image send", send, copy, best, s.path);
-      if (!thread.ok()) {
-        // Not sent: this copy fails with the reason; the next may fare better.
-        --running;
-        --s.active;
-        --s.sends;
-        copy.state = "failed";
-        copy.message = thread.error().ToString();
-        copy.updated = Now();
-        copy.owner.clear();
-        std::lock_guard db_lock(mu_);
-        IgnoreError(SetCopy(*db_, copy), "the row stays in progress; the next command marks it failed (interrupted)");
-        continue;
-      }
-      threads.push_back(std::move(thread).value());
-    }
-    cv.wait(lock, [&] { return running == 0; });
-  }
-  for (auto& t : threads) t.join();
-  if (record_error) return std::move(*record_error).Wrap("image sync of " + name + ": recording a copy's state");
-
-  SyncResult result;
-  std::lock_guard lock(mu_);
-  for (const Sender& s : senders) {
-    if (s.sends == 0) continue;
-    result.senders.push_back({name, s.path, s.sends, s.max_concurrent});
-    BARGE_ASSIGN_OR_RETURN(
-        auto up, db_->Prepare("INSERT INTO image_senders (image, sender, sends, max_concurrent) VALUES (?1, ?2, ?3, ?4) "
-                              "ON CONFLICT (image, sender) DO UPDATE SET sends = sends + ?3, "
-                              "max_concurrent = MAX(max_concurrent, ?4)"));
-    BARGE_RETURN_IF_ERROR(up.Bind(1, name).Bind(2, s.path).Bind(3, int64_t{s.sends})
-                              .Bind(4, int64_t{s.max_concurrent}).Run());
-  }
-  for (const std::string& key : keys) {
-    BARGE_ASSIGN_OR_RETURN(auto rows, CopiesOf(*db_, name, key));
-    for (auto& r : rows) result.copies.push_back(std::move(r));
-  }
-  return result;
+  return run.Finish();
 }
 
 Status ImageCatalog::Rescan(const std::vector<std::string>& disks_arg) {

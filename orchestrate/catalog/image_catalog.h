@@ -153,6 +153,8 @@ class ImageCatalog {
 
  private:
   ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string catalog_path);
+  // One Sync's steps and state (image_catalog.cc).
+  struct SyncRun;
   // The key of a disk folder: its canonical path.
   std::string DiskKey(const std::string& disk);
   // The copy's state after a send, written by a send thread.
