@@ -174,9 +174,10 @@ int Main(int argc, char** argv) {
   RegisterBitmapEditCommands(app, exit_code);
   RegisterListCommands(app, exit_code);
   RegisterDocCommands(app, exit_code);
-  // The exit codes once, in `barge --help` (and the man page): set after
-  // the commands, which would otherwise each inherit it as their footer.
-  app.footer(ExitCodeTable());
+  // The exit codes and the environment once, in `barge --help` (and the
+  // man page): set after the commands, which would otherwise each inherit
+  // them as their footer.
+  app.footer(ExitCodeTable() + "\n" + EnvironmentTable());
   // `barge --json list X` means `barge list X --json`: --json belongs to
   // every command, so one given before the command moves after it.
   std::vector<char*> args(argv, argv + argc);

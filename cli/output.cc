@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <iostream>
 #include <ostream>
+#include <sstream>
 #include <streambuf>
 
 #include "cli/interrupt.h"
@@ -66,6 +67,39 @@ std::string ExitCodeTable() {
          "  64   usage: unknown command or option, bad option value\n"
          "  70   internal error (a bug in barge)\n"
          "  130  interrupted (SIGINT); 143 terminated (SIGTERM): temporaries removed\n";
+}
+
+constexpr EnvVar kEnvironment[] = {
+    {"BARGE_CATALOG",
+     "The SQLite catalog (trackers, checkpoints, backup records, backing images) when --catalog is not given."},
+    {"XDG_STATE_HOME",
+     "Without --catalog and BARGE_CATALOG, the catalog is $XDG_STATE_HOME/barge/catalog.db "
+     "(default ~/.local/state/barge/catalog.db)."},
+    {"BARGE_LIBVIRT_URI", "The libvirt connection URI of the vm, cbt, tracker, checkpoint and doctor commands "
+                          "(default qemu:///system)."},
+    {"BARGE_NO_URING", "Set to 1 to read and write files with pread/pwrite instead of io_uring (where a "
+                       "seccomp profile lets io_uring start but fail)."},
+};
+
+std::span<const EnvVar> Environment() { return kEnvironment; }
+
+std::string EnvironmentTable() {
+  // Each variable's text wrapped under its name, as the exit code table.
+  std::string out = "Environment:\n";
+  for (const EnvVar& e : kEnvironment) {
+    out += "  " + std::string(e.name) + "\n";
+    std::string line = "      ";
+    std::istringstream words(e.text);
+    for (std::string w; words >> w;) {
+      if (line.size() > 6 && line.size() + 1 + w.size() > 78) {
+        out += line + "\n";
+        line = "      ";
+      }
+      line += (line.size() > 6 ? " " : "") + w;
+    }
+    out += line + "\n";
+  }
+  return out;
 }
 
 int ExitCodeFor(const Error& error) {

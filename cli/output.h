@@ -11,6 +11,7 @@
 #include <functional>
 #include <iosfwd>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -38,6 +39,17 @@ enum ExitCode : int {
 
 // The table as text, for `barge --help`.
 std::string ExitCodeTable();
+
+// The environment variables barge reads (user configuration, never a test
+// seam): the man page's ENVIRONMENT section and `barge --help` list them.
+struct EnvVar {
+  const char* name;
+  const char* text;
+};
+std::span<const EnvVar> Environment();
+
+// Environment() as text, for `barge --help`.
+std::string EnvironmentTable();
 
 // The exit code for an error: kCorruption -> 2, kBusy -> 4, kInternal ->
 // 70, kCancelled after SIGINT/SIGTERM -> 130/143, anything else -> 1.

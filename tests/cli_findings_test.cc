@@ -266,6 +266,20 @@ TEST_F(CliFindingsTest, TheExitCodeTableIsInTheTopHelpOnly) {
   EXPECT_TRUE(Has(RunOk(Barge("man")), "EXIT STATUS"));
 }
 
+// The user configuration barge reads from the environment is listed in the
+// top --help (issue 19) as in the man page's ENVIRONMENT, and only there.
+TEST_F(CliFindingsTest, TheEnvironmentIsInTheTopHelpAndTheManPage) {
+  std::string help = RunOk(Barge("--help"));
+  std::string man = RunOk(Barge("man"));
+  EXPECT_TRUE(Has(help, "Environment:")) << help;
+  EXPECT_TRUE(Has(man, ".SH ENVIRONMENT")) << man;
+  for (const char* var : {"BARGE_CATALOG", "BARGE_LIBVIRT_URI", "XDG_STATE_HOME", "BARGE_NO_URING"}) {
+    EXPECT_TRUE(Has(help, var)) << var << ":\n" << help;
+    EXPECT_TRUE(Has(man, var)) << var;
+  }
+  EXPECT_FALSE(Has(RunOk(Barge("vm backup --help")), "Environment:"));
+}
+
 // replicate of a qcow2 whose bitmap name is not UTF-8 failed after the copy.
 TEST_F(CliFindingsTest, ReplicateRefusesANonUtf8BitmapBeforeTheCopy) {
   BARGE_REQUIRE_TOOL("qemu-img");
