@@ -606,6 +606,128 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
   return res;
 }
 
+// The target and the scratch root exist and are folders (neither is
+// created: a missing one is an unmounted volume); both made absolute.
+Status CheckFolders(Env& env, VmBackupRequest& req) {
+  BARGE_RETURN_IF_ERROR(CheckTarget(env, req.target));
+  req.target = AbsolutePath(req.target);
+  // The scratch root too: libvirt creates the scratch files in it and QEMU
+  // opens them, so it must be a folder they see (not created here either).
+  if (req.scratch_dir.empty()) req.scratch_dir = kDefaultScratchRoot;
+  auto scratch_st = env.Stat(req.scratch_dir);
+  if (!scratch_st.ok()) {
+    if (scratch_st.error().code() != ErrorCode::kNotFound) return std::move(scratch_st).error();
+    return Error::NotFound("scratch folder does not exist (--scratch-dir)").set_path(req.scratch_dir);
+  }
+  if (!scratch_st->is_directory()) {
+    return Error::InvalidArgument("scratch path is not a folder (--scratch-dir)").set_path(req.scratch_dir);
+  }
+  req.scratch_dir = AbsolutePath(req.scratch_dir);
+  return OkStatus();
+}
+
+// What earlier runs left: a killed run's job, socket, scratch folder and
+// checkpoint go first (a job that is not barge's, or whose owner lives, is
+// an error); checkpoints whose bitmaps are gone cannot be deleted normally
+// and would stay forever: barge's own lose their metadata, the others are
+// named. Returns the warnings.
+Result<std::vector<std::string>> ClearLeftovers(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                                const std::string& domain) {
+  std::vector<std::string> warnings;
+  BARGE_ASSIGN_OR_RETURN(std::string recovered, RecoverOrphanedBackupJob(env, catalog, dom, domain));
+  if (!recovered.empty()) warnings.push_back(std::move(recovered));
+  if (auto stale = RemoveStaleCheckpoints(catalog, dom, domain); stale.ok()) {
+    warnings.insert(warnings.end(), stale->begin(), stale->end());
+  } else {
+    warnings.push_back("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
+  }
+  return warnings;
+}
+
+// The size estimate, before anything starts.
+Status CheckFreeSpace(Env& env, virDomainPtr dom, const std::vector<DomainDisk>& disks, const VmBackupRequest& req) {
+  uint64_t need = 0;
+  for (const auto& d : disks) {
+    BARGE_ASSIGN_OR_RETURN(uint64_t alloc, DiskAllocation(dom, d.target));
+    BARGE_ASSIGN_OR_RETURN(uint64_t cap, DiskCapacity(dom, d.target));
+    // Over a data file the qcow2 file holds metadata only: count the disk.
+    need += (d.format == "raw" || alloc < cap / 64) ? std::max(alloc, cap / 64) : alloc;
+  }
+  BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, pipeline::FreeBytes(env, req.target));
+  if (free_bytes < need) {
+    return Error::NoSpace("target has " + formats::HumanBytesExact(free_bytes) + " free, the backup of '" +
+                          req.domain + "' may need " + formats::HumanBytesExact(need))
+        .set_path(req.target);
+  }
+  return OkStatus();
+}
+
+// Freezes the guest (unless --skip-quiesce), then makes the job's socket
+// path, scratch folder and run record, each noted in `cleanup`.
+Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const std::string& checkpoint,
+                  int64_t record_id, Cleanup& cleanup) {
+  if (!req.skip_quiesce) {
+    if (virDomainFSFreeze(dom, nullptr, 0, 0) < 0) {
+      Error e = LastVirError("quiesce");
+      return Error(e.code(), "cannot quiesce domain '" + req.domain +
+                                 "': guest agent not available or not responding (" + e.message() +
+                                 "); use --skip-quiesce to back up without freezing");
+    }
+    cleanup.frozen = true;
+    BARGE_RETURN_IF_ERROR(InjectedFault(req, VmBackupFaults::Point::kAfterFreeze));
+  }
+
+  cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
+  BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(cleanup.socket));
+  // Scratch files are created by libvirt and opened by QEMU (another user,
+  // maybe in its own mount namespace): the folder lives under the scratch
+  // root, which QEMU can see (kDefaultScratchRoot, or --scratch-dir), not
+  // in the target (a volume mounted after the domain started is invisible
+  // to QEMU), and must be traversable. A killed run's leftovers go first.
+  cleanup.scratch_dir = req.scratch_dir + "/barge-scratch-" + req.domain;
+  Status scratch = env.RemoveTree(cleanup.scratch_dir);
+  if (scratch.ok()) scratch = env.CreateDirs(cleanup.scratch_dir);
+  if (scratch.ok()) scratch = env.SetMode(cleanup.scratch_dir, 0711);
+  if (!scratch.ok()) return std::move(scratch).error().Wrap("create scratch folder");
+  const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
+  BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, cleanup.scratch_dir, checkpoint,
+                      req.target + "/" + req.domain, record_id};
+  if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
+    return std::move(s).error().Wrap("write the backup job's run record");
+  }
+  cleanup.job_record = record_path;
+  return OkStatus();
+}
+
+// Starts the pull-mode job (and its checkpoint). A disk whose bitmap
+// libvirt finds inconsistent only at job start goes full, and the start is
+// tried again.
+Status BeginJob(virDomainPtr dom, RunPlan& plan, const std::set<std::string>& with_bitmap,
+                const std::string& parent_checkpoint, const std::string& checkpoint, Cleanup& cleanup) {
+  for (size_t attempt = 0; attempt <= plan.disks.size(); ++attempt) {
+    std::string bxml = BackupXml(plan.all_disks, plan.selected, plan.incremental, parent_checkpoint, cleanup.socket,
+                                 cleanup.scratch_dir);
+    std::string cxml = checkpoint.empty() ? "" : CheckpointCreateXml(checkpoint, plan.all_disks, with_bitmap);
+    if (virDomainBackupBegin(dom, bxml.c_str(), cxml.empty() ? nullptr : cxml.c_str(), 0) == 0) {
+      cleanup.job_started = true;
+      cleanup.new_checkpoint = checkpoint;
+      return OkStatus();
+    }
+    Error e = LastVirError("backup begin");
+    bool any_incremental = false;
+    for (const auto& [d, inc] : plan.incremental) any_incremental |= inc;
+    if (!any_incremental || e.message().find("inconsistent") == std::string::npos) return e;
+    std::string bad = DiskNamedIn(e.message());
+    for (auto& [d, inc] : plan.incremental) {
+      if (inc && (bad.empty() || d == bad)) {
+        inc = false;
+        plan.reasons[d] = "bitmap inconsistent";
+      }
+    }
+  }
+  return OkStatus();  // not started: the caller says so
+}
+
 }  // namespace
 
 Result<VmBackupForecast> ForecastVmBackup(Env& env, BackupCatalog& catalog, virDomainPtr dom,
@@ -660,22 +782,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (req.domain.empty() || req.target.empty()) {
     return Error::InvalidArgument("vm backup needs a domain and a target");
   }
-  BARGE_RETURN_IF_ERROR(CheckTarget(env, req.target));
-  req.target = AbsolutePath(req.target);
-  // The scratch root too: libvirt creates the scratch files in it and QEMU
-  // opens them, so it must be a folder they see (not created here either).
-  if (req.scratch_dir.empty()) req.scratch_dir = kDefaultScratchRoot;
-  {
-    auto scratch_st = env.Stat(req.scratch_dir);
-    if (!scratch_st.ok()) {
-      if (scratch_st.error().code() != ErrorCode::kNotFound) return std::move(scratch_st).error();
-      return Error::NotFound("scratch folder does not exist (--scratch-dir)").set_path(req.scratch_dir);
-    }
-    if (!scratch_st->is_directory()) {
-      return Error::InvalidArgument("scratch path is not a folder (--scratch-dir)").set_path(req.scratch_dir);
-    }
-  }
-  req.scratch_dir = AbsolutePath(req.scratch_dir);
+  BARGE_RETURN_IF_ERROR(CheckFolders(env, req));
 
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   BARGE_ASSIGN_OR_RETURN(auto lock, LockDomain(env, req.catalog_path, req.domain));
@@ -685,19 +792,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   BARGE_ASSIGN_OR_RETURN(TrackerChoice choice, ResolveTracker(*catalog, req.domain, req.tracker));
   if (!choice.ambiguous.empty()) return Error::InvalidArgument(choice.ambiguous);
   std::optional<TrackerRecord> tracker = std::move(choice.tracker);
-
-  // A killed run's job, socket, scratch folder and checkpoint go first (a
-  // job that is not barge's, or whose owner lives, is an error).
-  std::vector<std::string> warnings;
-  BARGE_ASSIGN_OR_RETURN(std::string recovered, RecoverOrphanedBackupJob(env, *catalog, dom.get(), req.domain));
-  if (!recovered.empty()) warnings.push_back(std::move(recovered));
-  // Checkpoints whose bitmaps are gone cannot be deleted normally and would
-  // stay forever: barge's own lose their metadata, the others are named.
-  if (auto stale = RemoveStaleCheckpoints(*catalog, dom.get(), req.domain); stale.ok()) {
-    warnings.insert(warnings.end(), stale->begin(), stale->end());
-  } else {
-    warnings.push_back("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
-  }
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> warnings, ClearLeftovers(env, *catalog, dom.get(), req.domain));
 
   BARGE_ASSIGN_OR_RETURN(RunPlan plan, PlanRun(env, *catalog, dom.get(), req.domain, tracker ? &*tracker : nullptr,
                                                 req.disks, req.force_full, req.target));
@@ -707,33 +802,13 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     if (offline.ok()) offline->warnings = std::move(warnings);
     return offline;
   }
-  const auto& all_disks = plan.all_disks;
-  const auto& disks = plan.disks;
-  const auto& selected = plan.selected;
-  const auto& identities = plan.identities;
-  auto& incremental = plan.incremental;
-  auto& reasons = plan.reasons;
   // The disks that hold the checkpoint's bitmaps (PlanRun reads the others,
   // raw without CBT, in full every time).
   std::set<std::string> with_bitmap;
-  for (const auto& d : disks) {
+  for (const auto& d : plan.disks) {
     if (CanHoldBitmap(d)) with_bitmap.insert(d.target);
   }
-
-  // Size estimate before anything starts.
-  uint64_t need = 0;
-  for (const auto& d : disks) {
-    BARGE_ASSIGN_OR_RETURN(uint64_t alloc, DiskAllocation(dom.get(), d.target));
-    BARGE_ASSIGN_OR_RETURN(uint64_t cap, DiskCapacity(dom.get(), d.target));
-    // Over a data file the qcow2 file holds metadata only: count the disk.
-    need += (d.format == "raw" || alloc < cap / 64) ? std::max(alloc, cap / 64) : alloc;
-  }
-  BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, pipeline::FreeBytes(env, req.target));
-  if (free_bytes < need) {
-    return Error::NoSpace("target has " + formats::HumanBytesExact(free_bytes) + " free, the backup of '" +
-                          req.domain + "' may need " + formats::HumanBytesExact(need))
-        .set_path(req.target);
-  }
+  BARGE_RETURN_IF_ERROR(CheckFreeSpace(env, dom.get(), plan.disks, req));
 
   VmBackupResult res;
   res.mode = "pull";
@@ -758,61 +833,11 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     return e;
   };
 
-  if (!req.skip_quiesce) {
-    if (virDomainFSFreeze(dom.get(), nullptr, 0, 0) < 0) {
-      Error e = LastVirError("quiesce");
-      return fail(Error(e.code(), "cannot quiesce domain '" + req.domain +
-                                      "': guest agent not available or not responding (" + e.message() +
-                                      "); use --skip-quiesce to back up without freezing"));
-    }
-    cleanup.frozen = true;
-    if (Status injected = InjectedFault(req, VmBackupFaults::Point::kAfterFreeze); !injected.ok()) {
-      return fail(std::move(injected).error());
-    }
+  if (Status s = PrepareJob(env, req, dom.get(), checkpoint, record_id, cleanup); !s.ok()) {
+    return fail(std::move(s).error());
   }
-
-  cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
-  if (Status s = env.UnlinkIfExists(cleanup.socket); !s.ok()) return fail(std::move(s).error());
-  // Scratch files are created by libvirt and opened by QEMU (another user,
-  // maybe in its own mount namespace): the folder lives under the scratch
-  // root, which QEMU can see (kDefaultScratchRoot, or --scratch-dir), not
-  // in the target (a volume mounted after the domain started is invisible
-  // to QEMU), and must be traversable. A killed run's leftovers go first.
-  cleanup.scratch_dir = req.scratch_dir + "/barge-scratch-" + req.domain;
-  Status scratch = env.RemoveTree(cleanup.scratch_dir);
-  if (scratch.ok()) scratch = env.CreateDirs(cleanup.scratch_dir);
-  if (scratch.ok()) scratch = env.SetMode(cleanup.scratch_dir, 0711);
-  if (!scratch.ok()) return fail(std::move(scratch).error().Wrap("create scratch folder"));
-  {
-    const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
-    BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, cleanup.scratch_dir, checkpoint,
-                        req.target + "/" + req.domain, record_id};
-    if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
-      return fail(std::move(s).error().Wrap("write the backup job's run record"));
-    }
-    cleanup.job_record = record_path;
-  }
-  // A disk whose bitmap libvirt finds inconsistent only at job start goes full.
-  for (size_t attempt = 0; attempt <= disks.size(); ++attempt) {
-    std::string bxml = BackupXml(all_disks, selected, incremental, res.parent_checkpoint, cleanup.socket,
-                                   cleanup.scratch_dir);
-    std::string cxml = checkpoint.empty() ? "" : CheckpointCreateXml(checkpoint, all_disks, with_bitmap);
-    if (virDomainBackupBegin(dom.get(), bxml.c_str(), cxml.empty() ? nullptr : cxml.c_str(), 0) == 0) {
-      cleanup.job_started = true;
-      cleanup.new_checkpoint = checkpoint;
-      break;
-    }
-    Error e = LastVirError("backup begin");
-    bool any_incremental = false;
-    for (const auto& [d, inc] : incremental) any_incremental |= inc;
-    if (!any_incremental || e.message().find("inconsistent") == std::string::npos) return fail(e);
-    std::string bad = DiskNamedIn(e.message());
-    for (auto& [d, inc] : incremental) {
-      if (inc && (bad.empty() || d == bad)) {
-        inc = false;
-        reasons[d] = "bitmap inconsistent";
-      }
-    }
+  if (Status s = BeginJob(dom.get(), plan, with_bitmap, res.parent_checkpoint, checkpoint, cleanup); !s.ok()) {
+    return fail(std::move(s).error());
   }
   // The job's point in time is fixed once it has started. A guest that
   // cannot be thawed is not left frozen for the whole copy unnoticed.
@@ -823,7 +848,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (!cleanup.job_started) return fail(Error::IoError("backup job did not start"));
 
   std::optional<Error> first_error = BackupDisks(
-      env, req, disks, incremental, reasons, checkpoint, identities,
+      env, req, plan.disks, plan.incremental, plan.reasons, checkpoint, plan.identities,
       [&](const std::string& name, pipeline::BackupRequest& br) {
         br.source.location = "nbd+unix:///" + name + "?socket=" + cleanup.socket;
         // The point of a disk left out of the checkpoint is not at it.
