@@ -15,7 +15,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <optional>
 #include <thread>
 
 #include "tests/testing/cli_testing.h"
@@ -73,14 +76,18 @@ class Child {
   // work is underway, whatever the machine's speed. False if the process
   // ended first.
   bool SignalWhen(const std::function<bool()>& ready, int sig) {
+    if (!WaitFor(ready)) return false;
+    ::kill(pid_, SIGSTOP);
+    ::kill(pid_, sig);
+    ::kill(pid_, SIGCONT);
+    return true;
+  }
+  // Polls `ready` every ms (up to 60 s) while the process runs; false if
+  // the process ended first or time ran out.
+  bool WaitFor(const std::function<bool()>& ready) {
     for (auto start = Clock::now(); Clock::now() - start < std::chrono::seconds(60);) {
       if (!Running()) return false;
-      if (ready()) {
-        ::kill(pid_, SIGSTOP);
-        ::kill(pid_, sig);
-        ::kill(pid_, SIGCONT);
-        return true;
-      }
+      if (ready()) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     return false;
@@ -269,10 +276,25 @@ TEST_P(InterruptTest, ImageAddAndSync) {
 TEST_P(InterruptTest, SecondSignalExitsAtOnceWithoutLeftovers) {
   auto nbd = SlowSource("2000ms");
   const std::string log = dir_ / "log.txt";
-  Child child({"convert", nbd->uri(), dir_ / "out.raw"}, log);
-  // Data written: the next reads are in flight.
-  ASSERT_TRUE(child.SignalWhen([&] { return HasData(dir_ / ".out.raw.barge-tmp"); }, sig()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // A small pool: each 2 s wave of reads holds a few chunks, so the copy
+  // runs in many waves and a wave is in flight at almost every moment.
+  Child child({"convert", nbd->uri(), dir_ / "out.raw", "--threads", "1", "--memory", "4M"}, log);
+  // The first wave is written; 300 ms later the next wave is in flight
+  // (issued as soon as the writes free its buffers) for another ~1.7 s.
+  // Signalling at the first write could fall between two waves, with
+  // nothing to wait for.
+  std::optional<Clock::time_point> written;
+  ASSERT_TRUE(child.SignalWhen(
+      [&] {
+        if (!written && HasData(dir_ / ".out.raw.barge-tmp")) written = Clock::now();
+        return written && Clock::now() - *written >= std::chrono::milliseconds(300);
+      },
+      sig()));
+  // The first signal was taken: the job is unwinding.
+  ASSERT_TRUE(child.WaitFor([&] {
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), {}).find("interrupted") != std::string::npos;
+  })) << RunOk("cat " + Q(log));
   auto second = Clock::now();
   ASSERT_TRUE(child.SignalWhen([] { return true; }, sig())) << RunOk("cat " + Q(log));
   EXPECT_EQ(child.Wait(), expected_exit()) << RunOk("cat " + Q(log));
