@@ -120,7 +120,9 @@ fio_iops() {
     --group_reporting --time_based --runtime="$FIO_SECONDS" --output-format=json > "$WORK/fio.json" 2> "$WORK/fio.err" \
     || { cat "$WORK/fio.err" >&2; die "fio against $label failed"; }
   local iops
-  iops=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"]))' "$WORK/fio.json")
+  # fio's nbd engine prints "fio: connected to NBD server" before the JSON.
+  iops=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(round(json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"]))' \
+    "$WORK/fio.json")
   printf '%s\twarm\t%s\n' "$label" "$iops" >> "$WORK/iops.tsv"
   printf '  %-28s fio 4k randread %8s IOPS\n' "$label" "$iops"
 }
