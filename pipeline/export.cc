@@ -1,10 +1,6 @@
 // barge export: nbdkit with barge's plugin, started, watched and stopped.
 #include "pipeline/export.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,9 +11,8 @@
 
 #include "blockio/path.h"
 #include "pipeline/chain.h"
+#include "pipeline/child_process.h"
 #include "pipeline/point_reader.h"
-
-extern char** environ;
 
 namespace barge::pipeline {
 
@@ -57,98 +52,6 @@ std::string UriOf(const ExportRequest& req, const ListenAddress& tcp) {
   }
   const bool v6 = tcp.host.find(':') != std::string::npos;
   return std::string(tls ? "nbds" : "nbd") + "://" + (v6 ? "[" + tcp.host + "]" : tcp.host) + ":" + tcp.port + "/";
-}
-
-// A child process (nbdkit) in its own process group, stopped by PID.
-class Child {
- public:
-  Child() = default;
-  ~Child() { Stop(); }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  Status Spawn(const std::vector<std::string>& args, bool stdout_to_stderr) {
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    // Under --json stdout carries barge's events only: nbdkit's messages
-    // go to stderr with the rest of its log.
-    if (stdout_to_stderr) posix_spawn_file_actions_adddup2(&actions, 2, 1);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&defaults, sig);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    // Its own group: a Ctrl-C in the terminal reaches barge, which stops
-    // nbdkit itself (and reports how it ended).
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    std::vector<std::string> copy = args;
-    std::vector<char*> argv;
-    for (std::string& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    const int rc = ::posix_spawnp(&pid, argv[0], &actions, &attr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-    if (rc == ENOENT) {
-      return Error::NotFound("nbdkit is not installed (Debian: apt-get install nbdkit)").set_path(args[0]);
-    }
-    if (rc != 0) return Error::FromErrno(rc, "posix_spawn", args[0]);
-    pid_ = pid;
-    return OkStatus();
-  }
-
-  int64_t pid() const { return pid_; }
-
-  // True once the child ended (its status in `status`); never blocks.
-  bool Exited(int* status) {
-    if (pid_ <= 0) {
-      *status = status_;
-      return true;
-    }
-    int st = 0;
-    pid_t r = ::waitpid(static_cast<pid_t>(pid_), &st, WNOHANG);
-    if (r == static_cast<pid_t>(pid_)) {
-      pid_ = 0;
-      status_ = st;
-      *status = st;
-      return true;
-    }
-    return false;
-  }
-
-  // SIGTERM, then SIGKILL after `grace`; reaps the child.
-  void Stop(std::chrono::milliseconds grace = std::chrono::seconds(10)) {
-    if (pid_ <= 0) return;
-    int st = 0;
-    if (Exited(&st)) return;
-    ::kill(static_cast<pid_t>(pid_), SIGTERM);
-    const auto kill_at = std::chrono::steady_clock::now() + grace;
-    while (!Exited(&st)) {
-      if (std::chrono::steady_clock::now() >= kill_at) {
-        ::kill(static_cast<pid_t>(pid_), SIGKILL);
-        ::waitpid(static_cast<pid_t>(pid_), &st, 0);
-        pid_ = 0;
-        status_ = st;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-
- private:
-  int64_t pid_ = 0;
-  int status_ = 0;
-};
-
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
-  return "ended";
 }
 
 Status CheckExists(Env& env, const std::string& path, const std::string& what) {
@@ -242,8 +145,8 @@ Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
   result.served.writable = req.writable;
   result.served.plugin = plugin;
 
-  Child child;
-  BARGE_RETURN_IF_ERROR(child.Spawn(args, /*stdout_to_stderr=*/true));
+  ChildProcess child;
+  BARGE_RETURN_IF_ERROR(child.Spawn(args, SpawnOptions{}, "nbdkit"));
   result.served.nbdkit_pid = child.pid();
   auto cleanup = [&] {
     child.Stop();
@@ -261,7 +164,7 @@ Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
     int status = 0;
     if (child.Exited(&status)) {
       cleanup();
-      return Error::IoError("nbdkit " + DescribeStatus(status) + (ready ? " while serving" : " before serving") +
+      return Error::IoError("nbdkit " + DescribeWaitStatus(status) + (ready ? " while serving" : " before serving") +
                             " (its messages are above)")
           .set_path(req.nbdkit);
     }
