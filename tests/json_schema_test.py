@@ -402,6 +402,23 @@ def scenario(r):
     else:
         r.ran_ok.add("export")  # nothing to serve with here
     r.run("export", [t("none"), "--socket", t("export.sock")], expect=1)
+    # files ls | get: an ext4 image backed up (needs mkfs.ext4, nbdfuse,
+    # debugfs, nbdkit and /dev/fuse).
+    if all(shutil.which(x) for x in ("mkfs.ext4", "nbdfuse", "debugfs", "nbdkit")) and os.path.exists("/dev/fuse"):
+        os.makedirs(t("fsroot/etc"), exist_ok=True)
+        with open(t("fsroot/etc/motd"), "w") as f:
+            f.write("hello\n")
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-d", t("fsroot"), t("fs.img"), "8M"], check=True,
+                       stdout=subprocess.DEVNULL)
+        r.run("backup", ["--source", t("fs.img"), "--source-format", "raw", "--target", t("fsbk"), "--name", "fs"])
+        r.run("files ls", [t("fsbk/fs"), "/etc"])
+        r.run("files get", [t("fsbk/fs"), "/etc/motd", t("motd.out")])
+    elif os.environ.get("BARGE_REQUIRE_TOOLS") == "1":
+        r.failures.append("files: mkfs.ext4, nbdfuse, debugfs, nbdkit or /dev/fuse is missing")
+    else:
+        r.ran_ok.update(("files ls", "files get"))  # nothing to read with here
+    r.run("files ls", [t("none"), "/"], expect=1)
+    r.run("files get", [t("none"), "/etc/motd", t("motd2.out")], expect=1)
     points = sorted(os.listdir(chain))
     full_id, inc_id = [f[: -len(".json")] for f in points if f.endswith(".json")]
     damaged, broken = t("lists/damaged"), t("lists/broken")
