@@ -102,8 +102,9 @@ start_barge() {
 }
 start_qemu() {
   # --shared 8: several connections at once, so that nbdcopy gets
-  # multi-conn here too (qemu-nbd advertises it for read-only exports).
-  qemu-nbd -r -f qcow2 --shared 8 --socket "$SOCK" "$TOP" 2> "$WORK/qemu-nbd.err" &
+  # multi-conn here too (qemu-nbd advertises it for read-only exports);
+  # -t: it stays up between clients.
+  qemu-nbd -r -t -f qcow2 --shared 8 --socket "$SOCK" "$TOP" 2> "$WORK/qemu-nbd.err" &
   SERVER_PID=$!
   for _ in $(seq 500); do
     nbdinfo --size "$URI" >/dev/null 2>&1 && return
