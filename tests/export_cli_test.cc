@@ -261,6 +261,24 @@ TEST_F(ExportTest, MergeAndForgetAreRefusedWhileExporting) {
   RunOk(Barge("merge " + Q(chain_) + " --through latest"));
 }
 
+TEST_F(ExportTest, TlsWithAPskIsRequiredAndTheKeyNeverPrinted) {
+  const std::string psk = tmp_ / "keys.psk";
+  const std::string key = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  testing::WriteText(psk, "alice:" + key + "\n");
+  Export ex(tmp_, Q(chain_) + " --socket " + Q(socket_) + " --tls-psk-file " + Q(psk));
+  json ready = ex.WaitReady();
+  ASSERT_FALSE(ready.is_null()) << ex.Stderr();
+  EXPECT_EQ(ready.at("uri"), "nbds+unix:///?socket=" + socket_);
+  // Without TLS: refused. With the key: the point.
+  auto plain = testing::Run("nbdinfo --size " + Q(Uri()));
+  EXPECT_NE(plain.exit_code, 0) << plain.output;
+  const std::string tls_uri = "nbds+unix://alice@/?socket=" + socket_ + "&tls-psk-file=" + psk;
+  EXPECT_EQ(RunOk("nbdinfo --size " + Q(tls_uri)), std::to_string(kDiskBytes) + "\n");
+  EXPECT_EQ(ex.Stop(), 143);
+  for (const json& e : ex.EventsSoFar()) EXPECT_FALSE(Has(e.dump(), key)) << e.dump();
+  EXPECT_FALSE(Has(ex.Stderr(), key));
+}
+
 TEST_F(ExportTest, ADamagedChainIsRefusedBeforeServing) {
   const std::string layer = testing::ManifestPath(chain_, ids_.back());
   const std::string image = layer.substr(0, layer.size() - 5) + ".qcow2";
