@@ -145,6 +145,11 @@ int CheckStdoutWritten(int exit_code) {
 
 }  // namespace
 
+// cli/export_command.cc and cli/files_command.cc (declared here rather than
+// in common.h, which most commands include).
+void RegisterExportCommand(CLI::App& app, int& exit_code);
+void RegisterFilesCommands(CLI::App& app, int& exit_code);
+
 int Main(int argc, char** argv) {
   InstallInterruptHandling();
   // User configuration (barge man, ENVIRONMENT). The I/O layers read no
@@ -171,6 +176,8 @@ int Main(int argc, char** argv) {
   RegisterSnapshotCommands(app, exit_code);
   RegisterPolicyCommands(app, exit_code);
   RegisterServeCommand(app, exit_code);
+  RegisterExportCommand(app, exit_code);
+  RegisterFilesCommands(app, exit_code);
   RegisterBitmapEditCommands(app, exit_code);
   RegisterListCommands(app, exit_code);
   RegisterDocCommands(app, exit_code);

@@ -11,10 +11,13 @@ set(allowed_formats "formats;blockio")
 set(allowed_pipeline "pipeline;formats;blockio")
 set(allowed_orchestrate "orchestrate;pipeline;formats;blockio")
 set(allowed_cli "cli;orchestrate;pipeline;formats;blockio")
+# nbdkit/: barge's nbdkit plugin, a program of its own beside cli (it runs
+# inside nbdkit): the copy engine's layers, no orchestration.
+set(allowed_nbdkit "nbdkit;pipeline;formats;blockio")
 # The blockio interface headers (blockio_api), the only ones formats may
 # include: no implementation (Env, files, NBD, io_uring, memory, faults).
 set(blockio_api "blockio/error.h;blockio/buffer.h;blockio/extent.h;blockio/path.h;blockio/source.h;blockio/sink.h")
-set(layers "blockio;formats;pipeline;orchestrate;cli")
+set(layers "blockio;formats;pipeline;orchestrate;cli;nbdkit")
 set(failed FALSE)
 foreach(layer IN LISTS layers)
   file(GLOB files "${ROOT}/${layer}/*.h" "${ROOT}/${layer}/*.cc"

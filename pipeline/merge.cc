@@ -15,6 +15,7 @@
 #include "pipeline/chain_folder.h"
 #include "pipeline/destination_spec.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/export_lock.h"
 #include "pipeline/staged_file.h"
 #include "pipeline/verification_record.h"
 
@@ -324,6 +325,8 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
   options.held = req.held;
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<ChainWriter> writer, ChainWriter::Open(env, req.chain_dir, options));
   const ChainFolder& chain = writer->chain();
+  // A merge removes the folded layers: never from under an export.
+  if (!req.dry_run) BARGE_RETURN_IF_ERROR(CheckNotExported(env, req.chain_dir));
   BARGE_ASSIGN_OR_RETURN(size_t index, chain.Resolve(through));
   // Temporaries of killed runs (a live writer's are locked and kept).
   if (!req.dry_run) writer->SweepTemporaries();

@@ -11,6 +11,7 @@
 #include "pipeline/chain.h"
 #include "pipeline/destination_spec.h"
 #include "pipeline/output.h"
+#include "pipeline/point_reader.h"
 #include "pipeline/verification_record.h"
 
 namespace barge::pipeline {
@@ -102,19 +103,6 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
 }
 
 namespace {
-
-Status CheckLayerStructure(Env& env, const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path));
-  auto report = formats::qcow2::CheckQcow2(*file);
-  if (!report.ok()) return Error(report.error()).set_path(path);
-  if (!report->clean()) {
-    std::string first = report->messages.empty() ? "" : ": " + report->messages.front();
-    return Error::Corruption("structure check failed: " + std::to_string(report->corruptions) +
-                             " errors, " + std::to_string(report->leaks) + " leaked clusters" + first)
-        .set_path(path);
-  }
-  return OkStatus();
-}
 
 // A point whose backup data passed verification, ready for `against`.
 struct VerifiedPoint {

@@ -11,7 +11,9 @@ build_pkgs=(cmake ninja-build g++ pkg-config libtbb-dev libzstd-dev libxxhash-de
   nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev
   # barge serve: prometheus-cpp's Exposer (/metrics) on civetweb, whose C
   # API answers /healthz.
-  prometheus-cpp-dev libcivetweb-dev)
+  prometheus-cpp-dev libcivetweb-dev
+  # nbdkit-barge-plugin.so (nbdkit/): nbdkit-plugin.h; barge export runs nbdkit.
+  nbdkit-plugin-dev nbdkit)
 demo_pkgs=(qemu-utils)
 test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux time
   qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
@@ -25,6 +27,8 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   man-db groff-base bash
   # systemd-analyze verifies deploy/systemd/ (works without systemd running).
   systemd
+  # bench/export_vs_qemu_nbd.sh: fio's nbd engine for random reads.
+  fio
   # qemu-ga's libraries: tests/guest/make_guest.sh copies them from the host
   # into the quiesce test's guest (kernel, busybox and qemu-ga themselves are
   # fetched with `apt-get download`, never installed).

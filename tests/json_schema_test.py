@@ -38,11 +38,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.environ.get("BARGE_JSON_DOC") or os.path.join(ROOT, "docs", "json.md")
 EVENTS = ("progress", "warning", "result", "error")
-# The one documented extension of the four: the daemon `serve` also prints
-# "ready" and "run" (docs/json.md, "serve's daemon events"); no other
+# The documented extensions of the four, for the commands that run until
+# stopped: `serve` also prints "ready" and "run" (docs/json.md, "serve's
+# daemon events"), `export` "ready" (docs/json.md, "export"); no other
 # command may.
-SERVE = "serve"
-SERVE_EVENTS = ("ready", "run")
+DAEMON_EVENTS = {"serve": ("ready", "run"), "export": ("ready",)}
 # Commands whose verdict is their exit code: they end with their result,
 # not an error event (docs/json.md, "How a run ends").
 VERDICTS = {("check", 2), ("check", 3), ("compare", 1)}
@@ -130,16 +130,16 @@ def check_run(stdout, exit_code, command=None, schema=None):
         if not isinstance(obj, dict):
             problems.append(f"line {n} is not an object: {line!r}")
             continue
-        serve = obj.get("command") == SERVE
-        for p in _validate(schema, "envelope-serve" if serve else "envelope", obj):
+        daemon = obj.get("command") if obj.get("command") in DAEMON_EVENTS else None
+        for p in _validate(schema, f"envelope-{daemon}" if daemon else "envelope", obj):
             problems.append(f"line {n}: {p}")
-        daemon_event = serve and obj.get("event") in SERVE_EVENTS
+        daemon_event = daemon is not None and obj.get("event") in DAEMON_EVENTS[daemon]
         if (obj.get("event") not in EVENTS and not daemon_event) or not isinstance(obj.get("command"), str):
             continue
         if command is not None and obj.get("command") != command:
             problems.append(f"line {n}: command {obj.get('command')!r}, expected {command!r}")
         if daemon_event:
-            name = f"{SERVE}-{obj['event']}"
+            name = f"{daemon}-{obj['event']}"
         else:
             name = result_def(obj["command"]) if obj["event"] == "result" else obj["event"]
         for p in _validate(schema, name, obj):
@@ -220,13 +220,13 @@ class Runner:
         return events
 
 
-    def serve(self, args):
-        """Runs `barge serve ARGS --json` until its first `ready` event, then
-        stops it with SIGTERM, and checks the whole run. A daemon never
-        exits 0: it succeeds when it served and, stopped, ends with its
-        result and then a Cancelled error, exit 143 (docs/json.md,
-        "serve's daemon events"). Returns its events."""
-        argv = [self.barge, "serve"] + list(args) + ["--json"]
+    def serve(self, args, command="serve"):
+        """Runs `barge serve ARGS --json` (or `export`) until its first
+        `ready` event, then stops it with SIGTERM, and checks the whole run.
+        A daemon never exits 0: it succeeds when it served and, stopped,
+        ends with its result and then a Cancelled error, exit 143
+        (docs/json.md, "serve's daemon events"). Returns its events."""
+        argv = [self.barge, command] + list(args) + ["--json"]
         label = " ".join(argv[1:])
         p = subprocess.Popen(argv, cwd=self.tmp, env=self.env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -243,7 +243,7 @@ class Runner:
         finally:
             watchdog.cancel()
         stdout = "".join(head) + rest
-        problems = check_run(stdout, p.returncode, "serve", self.schema)
+        problems = check_run(stdout, p.returncode, command, self.schema)
         try:
             events = [json.loads(line) for line in stdout.split("\n") if line]
         except json.JSONDecodeError:
@@ -256,7 +256,7 @@ class Runner:
         if problems:
             self.failures.append(f"{label}\n  " + "\n  ".join(problems) + f"\n  stdout: {stdout}\n  stderr: {err}")
         else:
-            self.ran_ok.add("serve")
+            self.ran_ok.add(command)
         if self.verbose:
             print(f"$ barge {label}  -> {p.returncode}\n{stdout}", end="")
         self.seen.update(k for k in kinds if k in EVENTS)
@@ -393,6 +393,32 @@ def scenario(r):
     if [f.get("path") for f in result_of(r.run("list", [t("backups")])).get("chain_folders", [])] != [chain]:
         r.failures.append("list of a target: not its one chain folder")
     r.run("list", [t("text.txt")], expect=1)  # no chain folder, manifest or image
+    # export: served on a unix socket until its ready event, then SIGTERM
+    # (needs nbdkit); a missing chain folder fails.
+    if shutil.which("nbdkit"):
+        r.serve([chain, "--socket", t("export.sock")], command="export")
+    elif os.environ.get("BARGE_REQUIRE_TOOLS") == "1":
+        r.failures.append("export: nbdkit is missing")
+    else:
+        r.ran_ok.add("export")  # nothing to serve with here
+    r.run("export", [t("none"), "--socket", t("export.sock")], expect=1)
+    # files ls | get: an ext4 image backed up (needs mkfs.ext4, nbdfuse,
+    # debugfs, nbdkit and /dev/fuse).
+    if all(shutil.which(x) for x in ("mkfs.ext4", "nbdfuse", "debugfs", "nbdkit")) and os.path.exists("/dev/fuse"):
+        os.makedirs(t("fsroot/etc"), exist_ok=True)
+        with open(t("fsroot/etc/motd"), "w") as f:
+            f.write("hello\n")
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-d", t("fsroot"), t("fs.img"), "8M"], check=True,
+                       stdout=subprocess.DEVNULL)
+        r.run("backup", ["--source", t("fs.img"), "--source-format", "raw", "--target", t("fsbk"), "--name", "fs"])
+        r.run("files ls", [t("fsbk/fs"), "/etc"])
+        r.run("files get", [t("fsbk/fs"), "/etc/motd", t("motd.out")])
+    elif os.environ.get("BARGE_REQUIRE_TOOLS") == "1":
+        r.failures.append("files: mkfs.ext4, nbdfuse, debugfs, nbdkit or /dev/fuse is missing")
+    else:
+        r.ran_ok.update(("files ls", "files get"))  # nothing to read with here
+    r.run("files ls", [t("none"), "/"], expect=1)
+    r.run("files get", [t("none"), "/etc/motd", t("motd2.out")], expect=1)
     points = sorted(os.listdir(chain))
     full_id, inc_id = [f[: -len(".json")] for f in points if f.endswith(".json")]
     damaged, broken = t("lists/damaged"), t("lists/broken")

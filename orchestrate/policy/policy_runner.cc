@@ -18,6 +18,7 @@
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
 #include "pipeline/disk_identity.h"
+#include "pipeline/export_lock.h"
 #include "pipeline/merge.h"
 
 namespace barge::orchestrate {
@@ -574,6 +575,8 @@ Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_
   rep.source = chain_dir;
   BARGE_RETURN_IF_ERROR(PlanForget(points, keep, rep));
   if (options.dry_run || rep.plan.empty()) return rep;
+  // Never from under an export: refused as a whole (kBusy, exit 4).
+  BARGE_RETURN_IF_ERROR(pipeline::CheckNotExported(env, chain_dir));
   // A policy's chain folder: its run records learn what went. Never a new
   // catalog for a folder no policy made.
   std::unique_ptr<PolicyCatalog> catalog;

@@ -19,6 +19,7 @@
 #include "pipeline/chain.h"
 #include "pipeline/disk_identity.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/export_lock.h"
 #include "pipeline/merge.h"
 
 namespace barge::orchestrate {
@@ -244,7 +245,7 @@ SysSeconds PointTime(const formats::BackupManifest& m) {
 }
 
 Error BusyChain(const Error& e, const std::string& dir) {
-  if (e.retryable()) return Error::Busy("a backup or merge of chain " + dir + " runs; retention skipped it");
+  if (e.retryable()) return Error::Busy("a backup, merge or export of chain " + dir + " runs; retention skipped it");
   return e;
 }
 
@@ -370,6 +371,8 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
       if (!lock.ok()) return BusyChain(lock.error(), a.chain_dir);
       own_lock.emplace(std::move(*lock));
     }
+    // Points are removed below: never from under an export (pipeline/export_lock.h).
+    if (Status exported = pipeline::CheckNotExported(env, a.chain_dir); !exported.ok()) return exported;
     // Newest first: a stop half way leaves a shorter chain whose every
     // point still restores. Each point's manifest goes first, so nothing
     // looks like a backup once its image is gone.

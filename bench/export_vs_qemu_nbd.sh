@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Reading a point in place: barge export (nbdkit + barge's plugin, every
+# cluster checked against its digest) against qemu-nbd -r serving the same
+# chain unverified. A point of full + N incrementals (5% of the clusters
+# rewritten in each); (a) nbdcopy of the whole export to null: (sequential,
+# multi-conn), (b) fio 4 KiB random reads through fio's nbd engine (libnbd).
+# Page cache warm (the layers are read once before); medians of --repeat
+# runs, the servers taking turns. Exits non-zero only when something fails.
+#
+#   bench/export_vs_qemu_nbd.sh [--size 256M] [--increments 5] [--seed 1]
+#                               [--workdir /var/tmp] [--barge PATH]
+#                               [--repeat 3] [--fio-seconds 10]
+# Targets (issue 22): sequential >= 0.9x qemu-nbd, random 4 KiB >= 0.8x.
+source "$(dirname "$0")/lib.sh"
+
+usage() { sed -n '2,13p' "$0"; }
+
+SIZE=256M
+REPEAT=3
+INCREMENTS=5
+FIO_SECONDS=10
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --increments) INCREMENTS=$2; shift 2 ;;
+    --fio-seconds) FIO_SECONDS=$2; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+parse_common_flags "${args[@]+"${args[@]}"}"
+CACHE=warm
+need_tools qemu-nbd qemu-img nbdcopy nbdinfo nbdkit python3 numfmt
+HAVE_FIO=0
+if command -v fio >/dev/null && fio --enghelp 2>&1 | grep -qw nbd; then HAVE_FIO=1; fi
+make_workdir
+print_machine
+echo "chain:      full + $INCREMENTS incrementals (5% of clusters each); fio: $([ $HAVE_FIO = 1 ] && echo "nbd engine, ${FIO_SECONDS}s" || echo 'missing (no random-read figures)')"
+
+SERVER_PID=
+stop_server() {
+  if [ -n "$SERVER_PID" ]; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=
+  fi
+}
+trap 'stop_server; rm -rf "$WORK"' EXIT
+
+# dirty DISK SEED OUT.json: rewrites 5% of the disk's 64 KiB clusters (runs of
+# 1..16) with random bytes and writes the changed ranges as an extents file.
+dirty() {
+  python3 - "$@" <<'EOF'
+import json, os, random, sys
+path, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cluster = 64 << 10
+clusters = os.path.getsize(path) // cluster
+rng = random.Random(seed)
+chosen = set()
+while len(chosen) < clusters // 20:
+    start = rng.randrange(clusters)
+    chosen.update(range(start, min(clusters, start + rng.randint(1, 16))))
+extents = []
+with open(path, "r+b") as f:
+    for c in sorted(chosen):
+        f.seek(c * cluster)
+        f.write(rng.randbytes(cluster))
+        if extents and extents[-1]["offset"] + extents[-1]["length"] == c * cluster:
+            extents[-1]["length"] += cluster
+        else:
+            extents.append({"offset": c * cluster, "length": cluster})
+with open(out, "w") as f:
+    json.dump({"format": "barge-extents", "version": 1, "virtual_size": os.path.getsize(path), "extents": extents}, f)
+EOF
+}
+
+echo
+echo "== chain"
+DISK=$WORK/disk.raw
+"$BARGE" bench generate --size "$SIZE" --seed "$SEED" "$DISK" > /dev/null
+TARGET=$WORK/backups
+"$BARGE" backup --source "$DISK" --source-format raw --target "$TARGET" --name disk > /dev/null
+for i in $(seq "$INCREMENTS"); do
+  dirty "$DISK" "$((SEED * 100 + i))" "$WORK/dirty$i.json"
+  "$BARGE" backup --source "$DISK" --source-format raw --target "$TARGET" --name disk \
+    --incremental --dirty-extents "$WORK/dirty$i.json" > /dev/null
+done
+CHAIN=$TARGET/disk
+TOP=$(ls -1 "$CHAIN"/*.qcow2 | sort | tail -1)
+echo "  $(ls -1 "$CHAIN"/*.qcow2 | wc -l) layers, $(numfmt --to=iec-i --suffix=B "$(du -cb "$CHAIN"/*.qcow2 | tail -1 | cut -f1)") stored; top $(basename "$TOP")"
+SOCK=$WORK/nbd.sock
+URI="nbd+unix:///?socket=$SOCK"
+
+start_barge() {
+  "$BARGE" export "$CHAIN" --socket "$SOCK" --json > "$WORK/export.out" 2> "$WORK/export.err" &
+  SERVER_PID=$!
+  for _ in $(seq 500); do
+    grep -q '"event":"ready"' "$WORK/export.out" 2>/dev/null && return
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/export.err" >&2; die "barge export ended"; }
+    sleep 0.02
+  done
+  die "barge export did not get ready"
+}
+start_qemu() {
+  # --shared 8: several connections at once, so that nbdcopy gets
+  # multi-conn here too (qemu-nbd advertises it for read-only exports);
+  # -t: it stays up between clients.
+  qemu-nbd -r -t -f qcow2 --shared 8 --socket "$SOCK" "$TOP" 2> "$WORK/qemu-nbd.err" &
+  SERVER_PID=$!
+  for _ in $(seq 500); do
+    nbdinfo --size "$URI" >/dev/null 2>&1 && return
+    sleep 0.02
+  done
+  die "qemu-nbd did not get ready"
+}
+
+# fio_iops LABEL: 4 KiB random reads for $FIO_SECONDS, 4 jobs x iodepth 16;
+# appends "LABEL warm IOPS" to $WORK/iops.tsv.
+fio_iops() {
+  local label=$1
+  fio --name=rand --ioengine=nbd --uri="$URI" --rw=randread --bs=4k --iodepth=16 --numjobs=4 \
+    --group_reporting --time_based --runtime="$FIO_SECONDS" --output-format=json > "$WORK/fio.json" 2> "$WORK/fio.err" \
+    || { cat "$WORK/fio.err" >&2; die "fio against $label failed"; }
+  local iops
+  # fio's nbd engine prints "fio: connected to NBD server" before the JSON.
+  iops=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(round(json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"]))' \
+    "$WORK/fio.json")
+  printf '%s\twarm\t%s\n' "$label" "$iops" >> "$WORK/iops.tsv"
+  printf '  %-28s fio 4k randread %8s IOPS\n' "$label" "$iops"
+}
+
+echo
+echo "== runs (page cache warm)"
+: > "$WORK/iops.tsv"
+warm_cache "$CHAIN"
+for run in $(runs); do
+  echo " [run $run of $REPEAT]"
+  for server in barge-export qemu-nbd-r; do
+    if [ "$server" = barge-export ]; then start_barge; else start_qemu; fi
+    measure "$server-nbdcopy" warm "$WORK/none" -- nbdcopy "$URI" null:
+    [ "$HAVE_FIO" = 1 ] && fio_iops "$server"
+    stop_server
+  done
+done
+# The bytes served are the disk's: one full copy from each, compared.
+start_barge; nbdcopy "$URI" "$WORK/b.raw"; stop_server
+cmp "$DISK" "$WORK/b.raw" || die "barge export served other bytes than the disk"
+rm -f "$WORK/b.raw"
+
+print_results
+median_iops() {
+  awk -F'\t' -v l="$1" '$1 == l { print $3 }' "$WORK/iops.tsv" | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'
+}
+
+echo
+echo "== ratios and targets"
+b=$(get barge-export-nbdcopy warm wall); q=$(get qemu-nbd-r-nbdcopy warm wall)
+r=$(ratio "$q" "$b")
+echo "  sequential (nbdcopy, $SIZE): barge export ${r}x qemu-nbd's throughput (barge ${b}s, qemu-nbd ${q}s) (target >= 0.9x: $(verdict "$r" '>=' 0.9))"
+if [ "$HAVE_FIO" = 1 ]; then
+  bi=$(median_iops barge-export); qi=$(median_iops qemu-nbd-r)
+  ri=$(ratio "$bi" "$qi")
+  echo "  random 4 KiB reads (fio nbd): barge export ${ri}x qemu-nbd's IOPS (barge $bi, qemu-nbd $qi) (target >= 0.8x: $(verdict "$ri" '>=' 0.8))"
+fi

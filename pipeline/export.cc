@@ -1,0 +1,188 @@
+// barge export: nbdkit with barge's plugin, started, watched and stopped.
+#include "pipeline/export.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "blockio/path.h"
+#include "pipeline/chain.h"
+#include "pipeline/child_process.h"
+#include "pipeline/point_reader.h"
+
+namespace barge::pipeline {
+
+namespace {
+
+constexpr char kPluginName[] = "nbdkit-barge-plugin.so";
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct ListenAddress {
+  std::string host;  // as nbdkit -i takes it (no brackets)
+  std::string port;
+};
+
+Result<ListenAddress> ParseListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
+    return Error::InvalidArgument("--listen takes ADDR:PORT (127.0.0.1:10809, [::1]:10809), not '" + listen + "'");
+  }
+  ListenAddress a{listen.substr(0, colon), listen.substr(colon + 1)};
+  if (a.host.size() >= 2 && a.host.front() == '[' && a.host.back() == ']') a.host = a.host.substr(1, a.host.size() - 2);
+  for (char c : a.port) {
+    if (c < '0' || c > '9') return Error::InvalidArgument("--listen: port '" + a.port + "' is not a number");
+  }
+  if (a.port.size() > 5 || std::stoul(a.port) > 65535 || std::stoul(a.port) == 0) {
+    return Error::InvalidArgument("--listen: port " + a.port + " is out of range (1-65535)");
+  }
+  return a;
+}
+
+std::string UriOf(const ExportRequest& req, const ListenAddress& tcp) {
+  const bool tls = !req.tls_certificates.empty() || !req.tls_psk_file.empty();
+  if (!req.socket_path.empty()) {
+    return std::string(tls ? "nbds+unix" : "nbd+unix") + ":///?socket=" + AbsolutePath(req.socket_path);
+  }
+  const bool v6 = tcp.host.find(':') != std::string::npos;
+  return std::string(tls ? "nbds" : "nbd") + "://" + (v6 ? "[" + tcp.host + "]" : tcp.host) + ":" + tcp.port + "/";
+}
+
+Status CheckExists(Env& env, const std::string& path, const std::string& what) {
+  auto st = env.Stat(path);
+  if (st.ok()) return OkStatus();
+  if (st.error().code() == ErrorCode::kNotFound) return Error::NotFound("no such " + what).set_path(path);
+  return st.error();
+}
+
+}  // namespace
+
+Result<std::string> FindExportPlugin(Env& env) {
+  std::vector<std::string> candidates;
+  if (auto self = env.RealPath("/proc/self/exe"); self.ok()) {
+    const std::string dir = DirName(*self);
+    candidates.push_back(JoinPath(dir, kPluginName));
+    candidates.push_back(LexicallyNormal(JoinPath(dir, std::string("../lib/barge/") + kPluginName)));
+  }
+#ifdef BARGE_PLUGIN_DIR
+  candidates.push_back(JoinPath(BARGE_PLUGIN_DIR, kPluginName));
+#endif
+  std::string looked;
+  for (const std::string& c : candidates) {
+    if (env.Exists(c)) return c;
+    looked += (looked.empty() ? "" : ", ") + c;
+  }
+  return Error::NotFound("barge's nbdkit plugin is not installed (looked in: " + looked +
+                         "); build the nbdkit-barge-plugin target, or cmake --install")
+      .set_path(kPluginName);
+}
+
+Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
+  if (req.socket_path.empty() == req.listen.empty()) {
+    return Error::InvalidArgument("give exactly one of --socket PATH and --listen ADDR:PORT");
+  }
+  if (!req.tls_certificates.empty() && !req.tls_psk_file.empty()) {
+    return Error::InvalidArgument("give one of --tls-certificates and --tls-psk-file, not both");
+  }
+  ListenAddress tcp;
+  if (!req.listen.empty()) {
+    BARGE_ASSIGN_OR_RETURN(tcp, ParseListen(req.listen));
+  }
+  if (!req.tls_certificates.empty()) BARGE_RETURN_IF_ERROR(CheckExists(env, req.tls_certificates, "TLS certificates folder"));
+  if (!req.tls_psk_file.empty()) BARGE_RETURN_IF_ERROR(CheckExists(env, req.tls_psk_file, "TLS PSK file"));
+  if (!req.socket_path.empty()) {
+    if (env.Exists(req.socket_path)) {
+      return Error::InvalidArgument("something is already at the socket path (another export? remove it first)")
+          .set_path(req.socket_path);
+    }
+    BARGE_RETURN_IF_ERROR(CheckExists(env, DirName(AbsolutePath(req.socket_path)), "folder for the socket"));
+  }
+
+  // The whole check before serving; the reader's export lock keeps merge
+  // and forget off the folder until we return (nbdkit's plugin takes its
+  // own as well).
+  BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(env, req.chain, req.at));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<PointReader> reader, PointReader::Open(env, where.chain_dir, where.at));
+  std::string plugin = req.plugin;
+  if (plugin.empty()) {
+    BARGE_ASSIGN_OR_RETURN(plugin, FindExportPlugin(env));
+  }
+
+  const std::string pid_file =
+      JoinPath(std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp",
+               ".barge-export-" + std::to_string(::getpid()) + ".pid");
+  IgnoreError(env.UnlinkIfExists(pid_file), "nbdkit writes it anew");
+  std::vector<std::string> args = {req.nbdkit, "--foreground", "--exit-with-parent", "--pidfile", pid_file};
+  if (!req.socket_path.empty()) {
+    args.insert(args.end(), {"--unix", AbsolutePath(req.socket_path)});
+  } else {
+    args.insert(args.end(), {"--ipaddr", tcp.host, "--port", tcp.port});
+  }
+  if (req.writable) {
+    args.push_back("--filter=cow");
+  } else {
+    args.push_back("--readonly");
+  }
+  if (!req.tls_certificates.empty()) {
+    args.insert(args.end(), {"--tls=require", "--tls-certificates=" + AbsolutePath(req.tls_certificates)});
+  } else if (!req.tls_psk_file.empty()) {
+    args.insert(args.end(), {"--tls=require", "--tls-psk=" + AbsolutePath(req.tls_psk_file)});
+  }
+  // The point by its id: the same point even if a backup adds a newer one
+  // between our check and the plugin's.
+  args.insert(args.end(), {plugin, "chain=" + AbsolutePath(where.chain_dir), "at=" + reader->manifest().id});
+
+  ExportResult result;
+  result.served.uri = UriOf(req, tcp);
+  result.served.position = reader->position();
+  result.served.manifest = reader->manifest();
+  result.served.writable = req.writable;
+  result.served.plugin = plugin;
+
+  ChildProcess child;
+  BARGE_RETURN_IF_ERROR(child.Spawn(args, SpawnOptions{}, "nbdkit"));
+  result.served.nbdkit_pid = child.pid();
+  auto cleanup = [&] {
+    child.Stop();
+    IgnoreError(env.UnlinkIfExists(pid_file), "a stale PID file in the temporary folder is harmless");
+    if (!req.socket_path.empty()) {
+      IgnoreError(env.UnlinkIfExists(AbsolutePath(req.socket_path)), "nbdkit may have removed it itself");
+    }
+  };
+  auto cancelled = [&] { return req.cancel != nullptr && req.cancel->load(); };
+
+  // nbdkit writes its PID file once it listens.
+  bool ready = false;
+  auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    int status = 0;
+    if (child.Exited(&status)) {
+      cleanup();
+      return Error::IoError("nbdkit " + DescribeWaitStatus(status) + (ready ? " while serving" : " before serving") +
+                            " (its messages are above)")
+          .set_path(req.nbdkit);
+    }
+    if (cancelled()) break;
+    if (!ready) {
+      auto text = env.ReadFile(pid_file, 64);
+      if (text.ok() && !text->empty() && text->back() == '\n') {
+        ready = true;
+        start = std::chrono::steady_clock::now();
+        if (req.on_ready) req.on_ready(result.served);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(ready ? 100 : 20));
+  }
+  cleanup();
+  result.seconds = ready ? SecondsSince(start) : 0;
+  result.stopped = true;
+  return result;
+}
+
+}  // namespace barge::pipeline

@@ -1,0 +1,305 @@
+// barge export: a point served over NBD through nbdkit and barge's plugin,
+// checked with nbdcopy, qemu-img, qemu-io and nbdinfo (docs/export.md).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "testing/cli_testing.h"
+
+namespace barge {
+namespace {
+
+using nlohmann::json;
+using testing::Barge;
+using testing::Has;
+using testing::Q;
+using testing::RunOk;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kDiskBytes = 8 * kMiB;
+
+// `barge export ... --json` in the background: stdout and stderr to files,
+// stopped by PID.
+class Export {
+ public:
+  Export(const TempDir& tmp, const std::string& args) : out_(tmp / "export.out"), err_(tmp / "export.err") {
+    const std::string command = "exec " + Barge("export " + args + " --json") + " >" + Q(out_) + " 2>" + Q(err_);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Export() {
+    if (pid_ > 0) Stop();
+  }
+
+  // The ready event (null when barge ended first or 30 s passed).
+  json WaitReady() {
+    for (int i = 0; i < 1500; ++i) {
+      for (const json& e : EventsSoFar()) {
+        if (e.value("event", "") == "ready") return e;
+      }
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = 0;
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return nullptr;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return nullptr;
+  }
+
+  // SIGTERM to barge; its exit code.
+  int Stop(int sig = SIGTERM) {
+    if (pid_ <= 0) return exit_code_;
+    ::kill(pid_, sig);
+    int status = 0;
+    for (int i = 0; i < 1000; ++i) {
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = 0;
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return exit_code_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &status, 0);
+    pid_ = 0;
+    return exit_code_ = -1;
+  }
+
+  std::vector<json> EventsSoFar() const {
+    std::vector<json> events;
+    std::string text = fs::exists(out_) ? testing::Slurp(out_) : "";
+    size_t start = 0;
+    for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+      events.push_back(json::parse(text.substr(start, nl - start), nullptr, false));
+    }
+    return events;
+  }
+  std::string Stderr() const { return fs::exists(err_) ? testing::Slurp(err_) : ""; }
+  int exit_code() const { return exit_code_; }
+
+ private:
+  std::string out_, err_;
+  pid_t pid_ = 0;
+  int exit_code_ = -1;
+};
+
+bool ProcessGone(int64_t pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+std::string Sha256Of(const std::string& dir) {
+  return RunOk("cd " + Q(dir) + " && sha256sum *.qcow2 *.digests *.json");
+}
+
+class ExportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* tool : {"nbdkit", "nbdcopy", "nbdinfo", "qemu-img", "qemu-io"}) BARGE_REQUIRE_TOOL(tool);
+    // 8 MiB: data in [0, 3 MiB) and [6 MiB, 7 MiB), a hole between; an
+    // incremental rewrites [1 MiB, 2 MiB).
+    disk_ = tmp_ / "disk.raw";
+    std::vector<std::byte> bytes(kDiskBytes);
+    auto a = testing::RandomBytes(3 * kMiB, 1), b = testing::RandomBytes(kMiB, 2);
+    std::copy(a.begin(), a.end(), bytes.begin());
+    std::copy(b.begin(), b.end(), bytes.begin() + 6 * kMiB);
+    testing::WriteFile(disk_, bytes);
+    fs::resize_file(disk_, kDiskBytes);
+    const std::string backup = Barge("backup --compress none --source " + Q(disk_) + " --target " + Q(tmp_ / "bk") +
+                                     " --name d");
+    RunOk(backup);
+    auto c = testing::RandomBytes(kMiB, 3);
+    std::copy(c.begin(), c.end(), bytes.begin() + kMiB);
+    testing::WriteFile(disk_, bytes);
+    testing::WriteExtentsFile(tmp_ / "changed.json", {{kMiB, kMiB}}, kDiskBytes);
+    RunOk(backup + " --incremental --dirty-extents " + Q(tmp_ / "changed.json"));
+    chain_ = tmp_ / "bk/d";
+    ids_ = testing::PointIds(chain_);
+    ASSERT_EQ(ids_.size(), 2u);
+    socket_ = tmp_ / "nbd.sock";
+  }
+
+  std::string Uri() const { return "nbd+unix:///?socket=" + socket_; }
+
+  TempDir tmp_;
+  std::string disk_, chain_, socket_;
+  std::vector<std::string> ids_;
+};
+
+TEST_F(ExportTest, ServesThePointVerifiedWithHolesAndStopsOnSigterm) {
+  Export ex(tmp_, Q(chain_) + " --socket " + Q(socket_));
+  json ready = ex.WaitReady();
+  ASSERT_FALSE(ready.is_null()) << ex.Stderr();
+  EXPECT_EQ(ready.at("command"), "export");
+  EXPECT_EQ(ready.at("uri"), Uri());
+  EXPECT_EQ(ready.at("id"), ids_.back());
+  EXPECT_EQ(ready.at("writable"), false);
+  const int64_t nbdkit_pid = ready.at("nbdkit_pid");
+
+  // The whole export equals the restored point and the disk, through two
+  // clients.
+  RunOk(Barge("restore " + Q(chain_) + " --to " + Q(tmp_ / "restored.raw") + " --no-sync"));
+  RunOk("nbdcopy " + Q(Uri()) + " " + Q(tmp_ / "nbdcopy.raw"));
+  RunOk("qemu-img convert -f raw -O raw " + Q(Uri()) + " " + Q(tmp_ / "convert.raw"));
+  RunOk("cmp " + Q(tmp_ / "restored.raw") + " " + Q(tmp_ / "nbdcopy.raw"));
+  RunOk("cmp " + Q(tmp_ / "restored.raw") + " " + Q(tmp_ / "convert.raw"));
+  RunOk("cmp " + Q(disk_) + " " + Q(tmp_ / "nbdcopy.raw"));
+  // The zeros between 3 MiB and 6 MiB are reported as a hole or zero
+  // extent (nbdcopy and qemu-img skip them).
+  const std::string map = RunOk("nbdinfo --map --json " + Q(Uri()));
+  bool hole = false;
+  for (const json& e : json::parse(map)) {
+    if (e.at("offset") <= 3 * kMiB && e.at("offset").get<uint64_t>() + e.at("length").get<uint64_t>() >= 6 * kMiB) {
+      hole = (e.at("type").get<int>() & 3) != 0;  // NBD_STATE_HOLE, NBD_STATE_ZERO
+    }
+  }
+  EXPECT_TRUE(hole) << map;
+  // Read-only.
+  auto w = testing::Run("qemu-io -f raw " + Q(Uri()) + " -c 'write -P 0x11 0 64k'");
+  EXPECT_TRUE(w.exit_code != 0 || Has(w.output, "failed") || Has(w.output, "read-only") || Has(w.output, "Read-only"))
+      << w.output;
+
+  // SIGTERM: barge stops nbdkit by its PID, removes the socket, says so.
+  EXPECT_EQ(ex.Stop(SIGTERM), 143) << ex.Stderr();
+  EXPECT_TRUE(ProcessGone(nbdkit_pid));
+  EXPECT_FALSE(fs::exists(socket_));
+  auto events = ex.EventsSoFar();
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events[events.size() - 2].at("event"), "result");
+  EXPECT_EQ(events[events.size() - 2].at("stopped_by"), "SIGTERM");
+  EXPECT_EQ(events.back().at("event"), "error");
+  EXPECT_EQ(events.back().at("exit_code"), 143);
+  // The export's lock file is gone with it.
+  for (const auto& e : fs::directory_iterator(chain_)) {
+    EXPECT_FALSE(e.path().filename().string().starts_with(".export-")) << e.path();
+  }
+}
+
+TEST_F(ExportTest, AnOlderPointByPosition) {
+  Export ex(tmp_, Q(chain_) + " --at 0 --socket " + Q(socket_));
+  json ready = ex.WaitReady();
+  ASSERT_FALSE(ready.is_null()) << ex.Stderr();
+  EXPECT_EQ(ready.at("id"), ids_.front());
+  RunOk(Barge("restore " + Q(chain_) + " --at 0 --to " + Q(tmp_ / "p0.raw") + " --no-sync"));
+  RunOk("nbdcopy " + Q(Uri()) + " " + Q(tmp_ / "e0.raw"));
+  RunOk("cmp " + Q(tmp_ / "p0.raw") + " " + Q(tmp_ / "e0.raw"));
+}
+
+TEST_F(ExportTest, ADamagedClusterFailsItsReadsWithEioAndNamesFileAndOffset) {
+  // A data cluster of the incremental layer (guest 1 MiB, uncompressed).
+  const std::string layer = testing::ManifestPath(chain_, ids_.back());
+  const std::string image = layer.substr(0, layer.size() - 5) + ".qcow2";
+  json map = json::parse(RunOk("qemu-img map --output=json -f qcow2 " + Q(image)));
+  int64_t host = -1;
+  for (const json& e : map) {
+    if (e.at("start") == kMiB && e.at("depth") == 0 && e.contains("offset")) host = e.at("offset");
+  }
+  ASSERT_GE(host, 0) << map.dump();
+  {
+    auto bytes = testing::ReadFile(image);
+    bytes[host + 100] ^= std::byte{0x5a};
+    testing::WriteFile(image, bytes);
+  }
+  // Structure is fine, so the export starts; the damage shows on reading.
+  Export ex(tmp_, Q(chain_) + " --socket " + Q(socket_));
+  ASSERT_FALSE(ex.WaitReady().is_null()) << ex.Stderr();
+  auto bad = testing::Run("qemu-io -r -f raw " + Q(Uri()) + " -c 'read 1M 4k'");
+  EXPECT_TRUE(Has(bad.output, "Input/output error")) << bad.output;
+  auto good = testing::Run("qemu-io -r -f raw " + Q(Uri()) + " -c 'read -P 0 4M 64k' -c 'read 0 1M' -c 'read 1088k 64k'");
+  EXPECT_FALSE(Has(good.output, "error")) << good.output;
+  EXPECT_FALSE(Has(good.output, "fail")) << good.output;
+  auto copy = testing::Run("nbdcopy " + Q(Uri()) + " " + Q(tmp_ / "whole.raw"));
+  EXPECT_NE(copy.exit_code, 0) << copy.output;
+  const std::string log = ex.Stderr();
+  EXPECT_TRUE(Has(log, image)) << log;
+  EXPECT_TRUE(Has(log, "guest offset 0x100000")) << log;
+  EXPECT_TRUE(Has(log, "Corruption")) << log;
+}
+
+TEST_F(ExportTest, WritableKeepsWritesInAThrowawayOverlay) {
+  const std::string before = Sha256Of(chain_);
+  {
+    Export ex(tmp_, Q(chain_) + " --writable --socket " + Q(socket_));
+    json ready = ex.WaitReady();
+    ASSERT_FALSE(ready.is_null()) << ex.Stderr();
+    EXPECT_EQ(ready.at("writable"), true);
+    auto w = testing::Run("qemu-io -f raw " + Q(Uri()) + " -c 'write -P 0xab 64k 128k' -c 'read -P 0xab 64k 128k'");
+    EXPECT_EQ(w.exit_code, 0) << w.output;
+    EXPECT_FALSE(Has(w.output, "fail")) << w.output;
+    EXPECT_FALSE(Has(w.output, "Pattern verification failed")) << w.output;
+    EXPECT_EQ(ex.Stop(), 143);
+  }
+  EXPECT_EQ(Sha256Of(chain_), before);
+  RunOk(Barge("verify " + Q(chain_)));
+}
+
+TEST_F(ExportTest, MergeAndForgetAreRefusedWhileExporting) {
+  Export ex(tmp_, Q(chain_) + " --socket " + Q(socket_));
+  ASSERT_FALSE(ex.WaitReady().is_null()) << ex.Stderr();
+  auto merge = testing::Run(Barge("merge " + Q(chain_) + " --through latest"));
+  EXPECT_EQ(merge.exit_code, 4) << merge.output;
+  EXPECT_TRUE(Has(merge.output, "exported")) << merge.output;
+  auto forget = testing::Run(Barge("forget " + Q(chain_) + " --keep-last 1"));
+  EXPECT_EQ(forget.exit_code, 4) << forget.output;
+  EXPECT_EQ(testing::PointIds(chain_), ids_);
+  // A second export of the same chain may run beside the first.
+  Export second(tmp_, Q(chain_) + " --at 0 --socket " + Q(tmp_ / "second.sock"));
+  EXPECT_FALSE(second.WaitReady().is_null()) << second.Stderr();
+  EXPECT_EQ(second.Stop(), 143);
+  EXPECT_EQ(ex.Stop(), 143);
+  // Once it ended, the merge runs.
+  RunOk(Barge("merge " + Q(chain_) + " --through latest"));
+}
+
+TEST_F(ExportTest, TlsWithAPskIsRequiredAndTheKeyNeverPrinted) {
+  const std::string psk = tmp_ / "keys.psk";
+  const std::string key = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  testing::WriteText(psk, "alice:" + key + "\n");
+  Export ex(tmp_, Q(chain_) + " --socket " + Q(socket_) + " --tls-psk-file " + Q(psk));
+  json ready = ex.WaitReady();
+  ASSERT_FALSE(ready.is_null()) << ex.Stderr();
+  EXPECT_EQ(ready.at("uri"), "nbds+unix:///?socket=" + socket_);
+  // Without TLS: refused. With the key: the point.
+  auto plain = testing::Run("nbdinfo --size " + Q(Uri()));
+  EXPECT_NE(plain.exit_code, 0) << plain.output;
+  const std::string tls_uri = "nbds+unix://alice@/?socket=" + socket_ + "&tls-psk-file=" + psk;
+  EXPECT_EQ(RunOk("nbdinfo --size " + Q(tls_uri)), std::to_string(kDiskBytes) + "\n");
+  EXPECT_EQ(ex.Stop(), 143);
+  for (const json& e : ex.EventsSoFar()) EXPECT_FALSE(Has(e.dump(), key)) << e.dump();
+  EXPECT_FALSE(Has(ex.Stderr(), key));
+}
+
+TEST_F(ExportTest, ADamagedChainIsRefusedBeforeServing) {
+  const std::string layer = testing::ManifestPath(chain_, ids_.back());
+  const std::string image = layer.substr(0, layer.size() - 5) + ".qcow2";
+  {
+    auto bytes = testing::ReadFile(image);
+    bytes[0] = std::byte{'X'};  // the qcow2 magic
+    testing::WriteFile(image, bytes);
+  }
+  auto r = testing::Run(Barge("export " + Q(chain_) + " --socket " + Q(socket_) + " --json"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, image)) << r.output;
+  EXPECT_FALSE(Has(r.stdout_text, "\"ready\"")) << r.output;
+  EXPECT_FALSE(fs::exists(socket_));
+}
+
+TEST_F(ExportTest, UsageErrors) {
+  EXPECT_EQ(testing::Run(Barge("export " + Q(chain_))).exit_code, 64);
+  EXPECT_EQ(testing::Run(Barge("export " + Q(chain_) + " --socket a --listen 127.0.0.1:1")).exit_code, 64);
+  EXPECT_EQ(testing::Run(Barge("export " + Q(chain_) + " --listen nope")).exit_code, 1);
+  EXPECT_EQ(testing::Run(Barge("export " + Q(tmp_ / "none") + " --socket " + Q(socket_))).exit_code, 1);
+}
+
+}  // namespace
+}  // namespace barge

@@ -1,0 +1,185 @@
+// barge files ls | get: files of an ext4 filesystem out of two points of a
+// chain (one file changed between them), on the whole disk and in an MBR
+// partition, read through nbdfuse and debugfs over the verified export.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "testing/cli_testing.h"
+
+namespace barge {
+namespace {
+
+using nlohmann::json;
+using testing::Barge;
+using testing::Has;
+using testing::Q;
+using testing::RunOk;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kCluster = 64 * 1024;
+
+// The clusters where two images differ, as barge-extents ranges.
+std::vector<std::pair<uint64_t, uint64_t>> ChangedClusters(const std::vector<std::byte>& a,
+                                                           const std::vector<std::byte>& b) {
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (uint64_t off = 0; off < a.size(); off += kCluster) {
+    const uint64_t n = std::min<uint64_t>(kCluster, a.size() - off);
+    if (std::memcmp(a.data() + off, b.data() + off, n) == 0) continue;
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == off) {
+      ranges.back().second += n;
+    } else {
+      ranges.push_back({off, n});
+    }
+  }
+  return ranges;
+}
+
+class FilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* tool : {"nbdkit", "nbdfuse", "debugfs", "mkfs.ext4"}) BARGE_REQUIRE_TOOL(tool);
+    if (!fs::exists("/dev/fuse")) {
+      if (testing::ToolsRequired()) FAIL() << "/dev/fuse is missing";
+      GTEST_SKIP() << "/dev/fuse is missing";
+    }
+    fs::create_directories(tmp_ / "root/etc");
+    fs::create_directories(tmp_ / "root/docs");
+    testing::WriteText(tmp_ / "root/etc/motd", "hello v1\n");
+    testing::WriteText(tmp_ / "root/docs/notes.txt", std::string(100000, 'n'));
+  }
+
+  // An ext4 image of root/ (16 MiB), at `offset` of a disk of `disk_bytes`.
+  void MakeDisk(const std::string& disk, uint64_t offset, uint64_t disk_bytes) {
+    RunOk("mkfs.ext4 -q -F -d " + Q(tmp_ / "root") + " " + Q(tmp_ / "fs.img") + " 16M");
+    std::vector<std::byte> bytes(disk_bytes);
+    auto fsbytes = testing::ReadFile(tmp_ / "fs.img");
+    std::copy(fsbytes.begin(), fsbytes.end(), bytes.begin() + offset);
+    if (offset != 0) {
+      // One MBR partition (type 0x83) from `offset` to the end.
+      uint8_t* mbr = reinterpret_cast<uint8_t*>(bytes.data());
+      uint8_t* entry = mbr + 446;
+      entry[4] = 0x83;
+      const uint32_t lba = static_cast<uint32_t>(offset / 512), count = static_cast<uint32_t>(fsbytes.size() / 512);
+      std::memcpy(entry + 8, &lba, 4);
+      std::memcpy(entry + 12, &count, 4);
+      mbr[510] = 0x55;
+      mbr[511] = 0xaa;
+    }
+    testing::WriteFile(disk, bytes);
+  }
+
+  // Full backup of the disk, then /etc/motd changed in place (debugfs -w)
+  // and an incremental of the clusters that changed.
+  std::string BackUpTwoPoints(uint64_t offset, uint64_t disk_bytes) {
+    const std::string disk = tmp_ / "disk.raw";
+    MakeDisk(disk, offset, disk_bytes);
+    const std::string backup =
+        Barge("backup --compress none --source " + Q(disk) + " --source-format raw --target " + Q(tmp_ / "bk") +
+              " --name d");
+    RunOk(backup);
+    auto before = testing::ReadFile(disk);
+    testing::WriteText(tmp_ / "motd2", "hello v2, a longer line\n");
+    auto fsbytes = std::vector<std::byte>(before.begin() + offset, before.begin() + offset + 16 * kMiB);
+    testing::WriteFile(tmp_ / "fs.img", fsbytes);
+    RunOk("debugfs -w -R 'rm /etc/motd' " + Q(tmp_ / "fs.img"));
+    RunOk("debugfs -w -R 'write " + tmp_ / "motd2" + " /etc/motd' " + Q(tmp_ / "fs.img"));
+    auto after = before;
+    fsbytes = testing::ReadFile(tmp_ / "fs.img");
+    std::copy(fsbytes.begin(), fsbytes.end(), after.begin() + offset);
+    testing::WriteFile(disk, after);
+    testing::WriteExtentsFile(tmp_ / "changed.json", ChangedClusters(before, after), disk_bytes);
+    RunOk(backup + " --incremental --dirty-extents " + Q(tmp_ / "changed.json"));
+    return tmp_ / "bk/d";
+  }
+
+  TempDir tmp_;
+};
+
+TEST_F(FilesTest, ListsAndGetsBothVersionsOfAChangedFile) {
+  const std::string chain = BackUpTwoPoints(0, 16 * kMiB);
+  json listing = testing::RunResult(Barge("files ls " + Q(chain) + " / --json"));
+  std::vector<std::string> names;
+  for (const json& e : listing.at("entries")) names.push_back(e.at("name"));
+  EXPECT_NE(std::find(names.begin(), names.end(), "etc"), names.end()) << listing.dump();
+  EXPECT_NE(std::find(names.begin(), names.end(), "docs"), names.end()) << listing.dump();
+  json docs = testing::RunResult(Barge("files ls " + Q(chain) + " /docs --at 0 --json"));
+  ASSERT_EQ(docs.at("entries").size(), 1u) << docs.dump();
+  EXPECT_EQ(docs.at("entries")[0].at("name"), "notes.txt");
+  EXPECT_EQ(docs.at("entries")[0].at("size"), 100000);
+  EXPECT_EQ(docs.at("entries")[0].at("type"), "file");
+
+  RunOk(Barge("files get " + Q(chain) + " /etc/motd " + Q(tmp_ / "old.txt") + " --at 0"));
+  RunOk(Barge("files get " + Q(chain) + " /etc/motd " + Q(tmp_ / "new.txt")));
+  EXPECT_EQ(testing::Slurp(tmp_ / "old.txt"), "hello v1\n");
+  EXPECT_EQ(testing::Slurp(tmp_ / "new.txt"), "hello v2, a longer line\n");
+  RunOk(Barge("files get " + Q(chain) + " /docs/notes.txt " + Q(tmp_ / "notes.txt")));
+  EXPECT_EQ(testing::Slurp(tmp_ / "notes.txt"), std::string(100000, 'n'));
+
+  // Nothing left behind: no mount, no temporary folder of ours, no lock.
+  for (const auto& e : fs::directory_iterator(chain)) {
+    EXPECT_FALSE(e.path().filename().string().starts_with(".export-")) << e.path();
+  }
+  // Errors: a missing file (1), a folder (1), an existing destination (1).
+  testing::RunError(Barge("files get " + Q(chain) + " /etc/nope " + Q(tmp_ / "x") + " --json"), 1);
+  testing::RunError(Barge("files get " + Q(chain) + " /etc " + Q(tmp_ / "x") + " --json"), 1);
+  testing::RunError(Barge("files get " + Q(chain) + " /etc/motd " + Q(tmp_ / "new.txt") + " --json"), 1);
+  json missing = testing::RunError(Barge("files ls " + Q(chain) + " /nope --json"), 1);
+  EXPECT_EQ(missing.at("code"), "NotFound");
+  EXPECT_FALSE(fs::exists(tmp_ / "x"));
+}
+
+TEST_F(FilesTest, ADamagedClusterFailsTheCopyNamingTheLayerNeverWrongBytes) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  const std::string chain = BackUpTwoPoints(0, 16 * kMiB);
+  // The guest offset of /etc/motd's data block (fs.img is the disk now).
+  const std::string stats = RunOk("debugfs -R stats " + Q(tmp_ / "fs.img"));
+  const size_t at = stats.find("Block size:");
+  ASSERT_NE(at, std::string::npos) << stats;
+  const uint64_t block_bytes = std::stoull(stats.substr(at + 11));
+  const std::string blocks = RunOk("debugfs -R 'blocks /etc/motd' " + Q(tmp_ / "fs.img") + " 2>/dev/null");
+  const uint64_t guest = std::stoull(blocks) * block_bytes;
+  // Its bytes in the incremental's layer file, damaged.
+  const auto ids = testing::PointIds(chain);
+  const std::string layer = chain + "/" + ids.back() + ".qcow2";
+  json map = json::parse(RunOk("qemu-img map --output=json -f qcow2 " + Q(layer) + " 2>/dev/null"));
+  int64_t host = -1;
+  for (const json& e : map) {
+    const uint64_t start = e.at("start"), length = e.at("length");
+    if (guest >= start && guest < start + length && e.at("depth") == 0 && e.contains("offset")) {
+      host = e.at("offset").get<int64_t>() + static_cast<int64_t>(guest - start);
+    }
+  }
+  ASSERT_GE(host, 0) << "guest " << guest << " " << map.dump();
+  {
+    auto bytes = testing::ReadFile(layer);
+    bytes[host] ^= std::byte{0x20};
+    testing::WriteFile(layer, bytes);
+  }
+  auto r = testing::Run(Barge("files get " + Q(chain) + " /etc/motd " + Q(tmp_ / "bad.txt")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "Corruption")) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, layer)) << r.output;
+  EXPECT_FALSE(fs::exists(tmp_ / "bad.txt"));
+  // The older point does not read through the damaged layer.
+  RunOk(Barge("files get " + Q(chain) + " /etc/motd " + Q(tmp_ / "old.txt") + " --at 0"));
+  EXPECT_EQ(testing::Slurp(tmp_ / "old.txt"), "hello v1\n");
+}
+
+TEST_F(FilesTest, AFilesystemInAPartition) {
+  const std::string chain = BackUpTwoPoints(1 * kMiB, 17 * kMiB);
+  RunOk(Barge("files get " + Q(chain) + " /etc/motd " + Q(tmp_ / "p.txt") + " --partition 1"));
+  EXPECT_EQ(testing::Slurp(tmp_ / "p.txt"), "hello v2, a longer line\n");
+  // Without --partition the disk starts with the partition table.
+  json e = testing::RunError(Barge("files ls " + Q(chain) + " / --json"), 1);
+  EXPECT_EQ(e.at("code"), "NotSupported");
+  EXPECT_TRUE(Has(e.at("message").get<std::string>(), "--partition")) << e.dump();
+}
+
+}  // namespace
+}  // namespace barge
