@@ -64,7 +64,7 @@ json TrackerJson(const orc::TrackerRecord& t) {
   json latest = t.latest_checkpoint.empty()
                     ? json(nullptr)
                     : json{{"name", t.latest_checkpoint}, {"created_at", t.checkpoint_created_at},
-                           {"disks", disks}};
+                           {"disks", disks}, {"host", t.host}};
   return {{"name", t.name}, {"domain", t.domain}, {"created_at", t.created_at}, {"latest_checkpoint", latest},
           {"needs_full", t.needs_full}, {"needs_full_reason", t.needs_full_reason}};
 }
@@ -158,7 +158,7 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
       o << "tracker:           " << t->name << "\ndomain:            " << t->domain
         << "\ncreated:           " << t->created_at << "\nlatest checkpoint: "
         << (t->latest_checkpoint.empty() ? "(none)" : t->latest_checkpoint + " at " + t->checkpoint_created_at)
-        << "\n";
+        << (t->latest_checkpoint.empty() || t->host.empty() ? "" : " on " + t->host) << "\n";
       for (const auto& [d, size] : t->disks) o << "  disk " << d << ": " << HumanBytes(size) << "\n";
       if (t->needs_full) o << "next backup:       full (" << t->needs_full_reason << ")\n";
       return int{kExitOk};

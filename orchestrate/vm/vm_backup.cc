@@ -225,7 +225,10 @@ Result<CheckpointRecord> NewCheckpointRecord(virDomainPtr dom, const std::string
                                              std::map<std::string, uint64_t>& sizes) {
   BARGE_ASSIGN_OR_RETURN(auto cp, LookupCheckpoint(dom, checkpoint));
   BARGE_ASSIGN_OR_RETURN(std::string xml, CheckpointXml(cp.get()));
-  CheckpointRecord r{checkpoint, res.tracker, domain, formats::NowRfc3339(), {}, std::move(xml)};
+  CheckpointRecord r{checkpoint, res.tracker, domain, formats::NowRfc3339(), {}, std::move(xml), ""};
+  // Where it lives: the connection's host, "" for this machine.
+  const std::string uri = ConnectionUri(dom);
+  if (!LibvirtHostKey(uri).empty()) r.host = RedactLibvirtUri(uri);
   const auto in_checkpoint = CheckpointDisks(r.xml);
   for (const auto& d : res.disks) {
     // A disk the checkpoint leaves out (no bitmap) is not the tracker's.
