@@ -248,6 +248,15 @@ TEST_F(VmRemoteSshTest, FullAndIncrementalThroughSshRestoreByteIdentical) {
   std::string text = RunOk(Barge("doctor --domain " + dom.name() + connect));
   EXPECT_NE(text.find("tracker t1: checkpoint " + b2["checkpoint"].get<std::string>()), std::string::npos) << text;
   EXPECT_NE(sshd.log().find("Accepted publickey for root"), std::string::npos) << sshd.log();
+
+  // What reads or writes the disk files itself is refused for a remote
+  // domain, naming the URI (exit 1, NotSupported), before connecting.
+  for (const std::string& cmd : {"snapshot list --domain " + dom.name() + " --disk vda",
+                                 "cbt enable --domain " + dom.name()}) {
+    json e = RunError(Barge(cmd + connect) + " --json", 1);
+    EXPECT_EQ(e["code"], "NotSupported") << cmd << ": " << e.dump();
+    EXPECT_NE(e["message"].get<std::string>().find("qemu+ssh://root@127.0.0.1"), std::string::npos) << e.dump();
+  }
 }
 
 // The error path: a run that fails after reading (the request's fault

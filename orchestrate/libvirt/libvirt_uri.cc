@@ -126,6 +126,12 @@ std::string RedactLibvirtUri(const std::string& uri) {
   return parsed.ok() ? parsed->Redacted() : SchemeOnly(uri);
 }
 
+Status RefuseRemoteFiles(const std::string& uri, const std::string& what) {
+  if (LibvirtHostKey(uri).empty()) return OkStatus();
+  return Error::NotSupported(what + " reads and writes the domain's disk files itself, and those of a domain on " +
+                             RedactLibvirtUri(uri) + " are on that host: run barge there");
+}
+
 std::string LibvirtHostKey(const std::string& uri) {
   auto parsed = ParseLibvirtUri(uri);
   return parsed.ok() ? parsed->HostKey() : "";

@@ -49,4 +49,9 @@ std::string RedactLibvirtUri(const std::string& uri);
 // HostKey() of `uri`, "" for a local one or one that does not parse.
 std::string LibvirtHostKey(const std::string& uri);
 
+// OkStatus for a local `uri` (after ResolveLibvirtUri); kNotSupported for a
+// remote one, naming it and `what` ("cbt enable"): a command that reads or
+// writes a domain's disk files itself works only where they are.
+Status RefuseRemoteFiles(const std::string& uri, const std::string& what);
+
 }  // namespace barge::orchestrate

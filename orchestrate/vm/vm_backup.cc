@@ -356,7 +356,12 @@ std::map<std::string, formats::DiskIdentity> DiskIdentities(Env& env, const std:
   for (const auto& d : disks) {
     // A remote host's paths mean nothing here: taken as libvirt gives them.
     if (remote) {
-      out[d.target] = formats::DiskIdentity{"domain", domain, d.target, 0, d.source};
+      formats::DiskIdentity id;
+      id.kind = "domain";
+      id.location = domain;
+      id.target = d.target;
+      id.source = d.source;
+      out[d.target] = std::move(id);
       continue;
     }
     std::string file = d.source.empty() ? "" : CanonicalPath(env, d.source);
