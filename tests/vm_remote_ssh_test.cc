@@ -320,6 +320,65 @@ TEST_F(VmRemoteSshTest, FailedRunStopsItsForward) {
   EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"], nullptr);
 }
 
+// SIGINT while the forward starts (an ssh login that hangs: the URI's
+// command= names a wrapper that, for the forward only, never gets to ssh):
+// barge stops the wrapper by PID, leaves nothing, ends the job and exits 130.
+TEST_F(VmRemoteSshTest, InterruptWhileTheForwardStartsStopsIt) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("ssh");
+  BARGE_REQUIRE_TOOL("ssh-keygen");
+  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
+  BARGE_REQUIRE_TOOL("virt-ssh-helper");
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string wrapper = dir_ / "ssh-wrapper";
+  const std::string started = dir_ / "forward-started";
+  std::ofstream(wrapper) << "#!/bin/sh\ncase \"$*\" in *ExitOnForwardFailure*) : > '" << started
+                         << "'; while :; do sleep 0.05; done ;; esac\nexec ssh \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) + "/system?keyfile=" +
+                          sshd.user_key() + "&no_verify=1&proxy=native&command=" + wrapper;
+  std::string disk = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M");
+  TestDomain dom("sshint", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name() + " --connect " + ShellQuote(uri)));
+
+  const std::string tmp = dir_ / "barge-tmp";
+  fs::create_directories(tmp);
+  const std::string out = dir_ / "barge.out";
+  const std::string command = "exec env TMPDIR=" + ShellQuote(tmp) + " " +
+                              Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                                    " --skip-quiesce --connect " + ShellQuote(uri)) +
+                              " >" + ShellQuote(out) + " 2>&1";
+  pid_t barge = ::fork();
+  if (barge == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+    ::_exit(127);
+  }
+  for (int i = 0; i < 1200 && !fs::exists(started); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(fs::exists(started)) << "the forward never started";
+  std::set<pid_t> forwards;
+  for (const auto& [pid, cmd] : Processes()) {
+    if (cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos) {
+      forwards.insert(pid);
+    }
+  }
+  ::kill(barge, SIGINT);
+  int status = 0;
+  ::waitpid(barge, &status, 0);
+  std::ifstream f(out);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << text;
+  EXPECT_EQ(forwards.size(), 1u);
+  for (pid_t pid : forwards) EXPECT_FALSE(ProcessExists(pid)) << "ssh forward " << pid << " still runs";
+  EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"], nullptr);
+  EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "none");
+}
+
 // A URI with a password is never printed with it; a failed connection's
 // error names the URI.
 TEST_F(VmRemoteSshTest, ErrorsNameTheUriWithoutItsPassword) {

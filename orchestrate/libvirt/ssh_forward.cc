@@ -74,6 +74,7 @@ SshForward::SshForward(Env& env, std::string dir, std::string local_socket)
 
 Result<std::unique_ptr<SshForward>> SshForward::Start(Env& env, const LibvirtUri& uri,
                                                       const std::string& remote_socket,
+                                                      const std::atomic<bool>* cancel,
                                                       std::chrono::seconds timeout) {
   if (!uri.ssh() || uri.host.empty()) {
     return Error::InvalidArgument("an ssh forward needs a qemu+ssh:// URI with a host, not " + uri.Redacted());
@@ -131,6 +132,9 @@ Result<std::unique_ptr<SshForward>> SshForward::Start(Env& env, const LibvirtUri
                             : LastLine(f->stderr_text_);
       return Error::IoError("ssh forward of the NBD socket to " + uri.Redacted() + " failed: " +
                             (why.empty() ? "ssh exited with " + std::to_string(WEXITSTATUS(status)) : why));
+    }
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      return Error::Cancelled("stopped while the ssh forward to " + uri.Redacted() + " was starting");
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       return Error::IoError("ssh forward of the NBD socket to " + uri.Redacted() + " not up after " +

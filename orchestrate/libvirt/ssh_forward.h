@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -42,9 +43,12 @@ class SshForward {
   // Starts ssh and waits up to `timeout` until the local socket exists.
   // Errors: kInvalidArgument (not an ssh URI), kIoError naming the host
   // (redacted URI) and ssh's last line of stderr when ssh exits first or
-  // the socket does not appear in time.
+  // the socket does not appear in time, kCancelled once `cancel` (may be
+  // null) is set while it waits (SIGINT during a slow ssh login). ssh is
+  // stopped on every error.
   static Result<std::unique_ptr<SshForward>> Start(Env& env, const LibvirtUri& uri,
                                                    const std::string& remote_socket,
+                                                   const std::atomic<bool>* cancel = nullptr,
                                                    std::chrono::seconds timeout = std::chrono::seconds(30));
   ~SshForward();
   SshForward(const SshForward&) = delete;

@@ -921,7 +921,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   // A remote host's export: through ssh, with the URI's own settings.
   std::string read_socket = cleanup.socket;
   if (cleanup.remote) {
-    auto forward = SshForward::Start(env, uri, cleanup.socket);
+    auto forward = SshForward::Start(env, uri, cleanup.socket, req.copy.cancel);
     if (!forward.ok()) return fail(std::move(forward).error());
     cleanup.forward = std::move(forward).value();
     read_socket = cleanup.forward->local_socket();
