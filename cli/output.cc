@@ -76,7 +76,7 @@ constexpr EnvVar kEnvironment[] = {
      "Without --catalog and BARGE_CATALOG, the catalog is $XDG_STATE_HOME/barge/catalog.db "
      "(default ~/.local/state/barge/catalog.db)."},
     {"BARGE_LIBVIRT_URI", "The libvirt connection URI of the vm, cbt, tracker, checkpoint and doctor commands "
-                          "(default qemu:///system)."},
+                          "and of snapshot --domain when --connect is not given (default qemu:///system)."},
     {"BARGE_NO_URING", "Set to 1 to read and write files with pread/pwrite instead of io_uring (where a "
                        "seccomp profile lets io_uring start but fail)."},
 };

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "cli/common.h"
+#include "orchestrate/libvirt/libvirt_uri.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
 #include "cli/policy_output.h"
@@ -147,6 +148,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
     o << "  source " << s.name << ": " << orc::PolicySourceKindName(s.kind) << " " << s.location;
     if (!s.bitmap.empty()) o << ", incrementals from bitmap " << s.bitmap;
     if (s.kind == orc::PolicySourceKind::kDomain) o << ", tracker " << (s.tracker.empty() ? p.name : s.tracker);
+    if (!s.connect.empty()) o << ", on " << orc::RedactLibvirtUri(s.connect);
     o << "\n";
   }
   o << "  targets: ";

@@ -9,6 +9,7 @@
 
 #include "blockio/env.h"
 #include "cli/common.h"
+#include "cli/connect_flag.h"
 #include "cli/hook_flags.h"
 #include "formats/json_fields.h"
 #include "formats/qcow2_snapshot.h"
@@ -27,7 +28,7 @@ namespace orc = barge::orchestrate;
 // words land one slot early and are shifted back here.
 struct TargetArgs {
   std::string slots[3];  // slot 0 is IMAGE
-  std::string domain, disk;
+  std::string domain, disk, connect;
   std::vector<std::string> names;  // what each slot means, for messages ("NAME")
 
   // Adds the positionals (`names`, "IMAGE" first) and --domain/--disk.
@@ -40,6 +41,7 @@ struct TargetArgs {
     }
     cmd->add_option("--domain", domain, "A libvirt domain (instead of IMAGE; needs --disk)");
     cmd->add_option("--disk", disk, "The domain's disk target (vda)");
+    AddConnectOption(cmd, connect);
   }
 
   // The target, and in `words` the values of the slots after IMAGE; a usage
@@ -58,8 +60,10 @@ struct TargetArgs {
       }
       t.domain = domain;
       t.disk = disk;
+      t.libvirt_uri = connect;
       given.insert(given.begin(), "");
     } else {
+      if (!connect.empty()) return Error::InvalidArgument("--connect needs --domain (an IMAGE is a local file)");
       if (given.empty()) return Error::InvalidArgument("name an IMAGE, or --domain D --disk vda");
       t.image = given[0];
     }

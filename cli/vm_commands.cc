@@ -8,6 +8,7 @@
 
 #include "cli/catalog_json.h"
 #include "cli/common.h"
+#include "cli/connect_flag.h"
 #include "cli/copy_flags.h"
 #include "cli/hook_flags.h"
 #include "cli/progress.h"
@@ -45,10 +46,11 @@ struct DomainSession {
   orc::VirDomain dom;
 };
 
-Result<DomainSession> OpenDomainSession(const std::string& catalog_flag, const std::string& domain) {
+Result<DomainSession> OpenDomainSession(const std::string& catalog_flag, const std::string& domain,
+                                        const std::string& uri) {
   DomainSession s;
   BARGE_ASSIGN_OR_RETURN(s.catalog, OpenCatalog(catalog_flag));
-  BARGE_ASSIGN_OR_RETURN(s.conn, orc::ConnectLibvirt());
+  BARGE_ASSIGN_OR_RETURN(s.conn, orc::ConnectLibvirt(uri));
   BARGE_ASSIGN_OR_RETURN(s.dom, orc::LookupDomain(s.conn.get(), domain));
   return s;
 }
@@ -62,7 +64,7 @@ json TrackerJson(const orc::TrackerRecord& t) {
   json latest = t.latest_checkpoint.empty()
                     ? json(nullptr)
                     : json{{"name", t.latest_checkpoint}, {"created_at", t.checkpoint_created_at},
-                           {"disks", disks}};
+                           {"disks", disks}, {"host", t.host}};
   return {{"name", t.name}, {"domain", t.domain}, {"created_at", t.created_at}, {"latest_checkpoint", latest},
           {"needs_full", t.needs_full}, {"needs_full_reason", t.needs_full_reason}};
 }
@@ -107,11 +109,11 @@ json CbtJson(const orc::CbtStatus& s) {
 void RegisterTracker(CLI::App& app, int& exit_code) {
   auto* tracker = AddGroup(app, "tracker", "Backup trackers (latest checkpoint of a domain)");
   {
-    auto a = std::make_shared<std::tuple<std::string, std::string, std::string>>();
+    auto a = std::make_shared<std::tuple<std::string, std::string, std::string, std::string>>();
     auto* cmd = AddCommand(*tracker, "create", "Create an empty tracker for a domain", exit_code, [a](Output& out) {
       auto cat = OpenCatalog(std::get<2>(*a));
       if (!cat.ok()) return out.Fail(cat.error());
-      auto conn = orc::ConnectLibvirt();
+      auto conn = orc::ConnectLibvirt(std::get<3>(*a));
       if (!conn.ok()) return out.Fail(conn.error());
       if (auto d = orc::LookupDomain(conn->get(), std::get<1>(*a)); !d.ok()) return out.Fail(d.error());
       if (Status s = (*cat)->CreateTracker(std::get<0>(*a), std::get<1>(*a)); !s.ok()) return out.Fail(s.error());
@@ -122,6 +124,7 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
     cmd->add_option("name", std::get<0>(*a), "Tracker name")->required();
     cmd->add_option("--domain", std::get<1>(*a), "libvirt domain")->required();
     cmd->add_option("--catalog", std::get<2>(*a), "Catalog database");
+    AddConnectOption(cmd, std::get<3>(*a));
   }
   {
     auto a = std::make_shared<std::tuple<std::string, std::string>>();
@@ -155,7 +158,7 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
       o << "tracker:           " << t->name << "\ndomain:            " << t->domain
         << "\ncreated:           " << t->created_at << "\nlatest checkpoint: "
         << (t->latest_checkpoint.empty() ? "(none)" : t->latest_checkpoint + " at " + t->checkpoint_created_at)
-        << "\n";
+        << (t->latest_checkpoint.empty() || t->host.empty() ? "" : " on " + t->host) << "\n";
       for (const auto& [d, size] : t->disks) o << "  disk " << d << ": " << HumanBytes(size) << "\n";
       if (t->needs_full) o << "next backup:       full (" << t->needs_full_reason << ")\n";
       return int{kExitOk};
@@ -164,7 +167,7 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
     cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
   }
   {
-    auto a = std::make_shared<std::tuple<std::string, std::string>>();
+    auto a = std::make_shared<std::tuple<std::string, std::string, std::string>>();
     auto* cmd = AddCommand(*tracker, "delete", "Delete a tracker (and its libvirt checkpoint)", exit_code,
                            [a](Output& out) {
       auto cat = OpenCatalog(std::get<1>(*a));
@@ -175,7 +178,7 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
       if (!t->latest_checkpoint.empty()) {
         // The tracker goes either way; a checkpoint libvirt cannot delete
         // (domain gone, libvirtd down) is reported, not fatal.
-        auto conn = orc::ConnectLibvirt();
+        auto conn = orc::ConnectLibvirt(std::get<2>(*a));
         Status s = conn.ok() ? OkStatus() : Status(conn.error());
         if (s.ok()) {
           auto d = orc::LookupDomain(conn->get(), t->domain);
@@ -191,6 +194,7 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
     });
     cmd->add_option("name", std::get<0>(*a), "Tracker name")->required();
     cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
+    AddConnectOption(cmd, std::get<2>(*a));
   }
 }
 
@@ -212,10 +216,10 @@ json BackupJobJson(const orc::BackupJobState& j) {
 void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
   auto* cp = AddGroup(app, "checkpoint", "libvirt checkpoints of trackers");
   {
-    auto a = std::make_shared<std::tuple<std::string, std::string>>();
+    auto a = std::make_shared<std::tuple<std::string, std::string, std::string>>();
     auto* cmd = AddCommand(*cp, "redefine", "Redefine trackers' checkpoints libvirt lost (after a libvirtd restart)",
                            exit_code, [a](Output& out) {
-      auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a));
+      auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a), std::get<2>(*a));
       if (!session.ok()) return out.Fail(session.error());
       auto r = orc::RedefineCheckpoints(*session->catalog, session->dom.get(), std::get<0>(*a));
       if (!r.ok()) return out.Fail(r.error());
@@ -241,11 +245,12 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
     });
     cmd->add_option("--domain", std::get<0>(*a), "libvirt domain")->required();
     cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
+    AddConnectOption(cmd, std::get<2>(*a));
   }
-  auto a = std::make_shared<std::tuple<std::string, std::string, std::string, std::string>>();
+  auto a = std::make_shared<std::tuple<std::string, std::string, std::string, std::string, std::string>>();
   auto* doc = AddCommand(app, "doctor", "What barge and libvirt know about a domain's backups", exit_code,
                          [a](Output& out) {
-    auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a));
+    auto session = OpenDomainSession(std::get<1>(*a), std::get<0>(*a), std::get<4>(*a));
     if (!session.ok()) return out.Fail(session.error());
     auto r = orc::Diagnose(*session->catalog, session->dom.get(), std::get<0>(*a), std::get<2>(*a),
                            std::get<3>(*a));
@@ -306,6 +311,7 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
   doc->add_option("--target", std::get<2>(*a),
                   "Backup folder the forecast checks the chains of (as vm backup --target)");
   doc->add_option("--tracker", std::get<3>(*a), "Forecast for this tracker (default: as vm backup picks)");
+  AddConnectOption(doc, std::get<4>(*a));
 }
 
 // Progress of a VM backup's disks, copied in parallel: under --json one
@@ -415,6 +421,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   cmd->add_option("--scratch-dir", a->req.scratch_dir,
                   "Existing folder QEMU can see for the job's scratch files (default: /var/tmp)");
   cmd->add_option("--catalog", a->catalog, "Catalog database");
+  AddConnectOption(cmd, a->req.libvirt_uri);
   a->hooks.AddTo(cmd);
   a->copy.AddTo(cmd, DefaultCompression());
   auto b = std::make_shared<std::tuple<std::string, std::string>>();
@@ -473,6 +480,7 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
     });
     cmd->add_option("--domain", std::get<0>(*a).domain, "libvirt domain")->required();
     cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
+    AddConnectOption(cmd, std::get<0>(*a).libvirt_uri);
     if (v == "enable") {
       cmd->add_option("--state-dir", std::get<0>(*a).state_dir, "Where overlays go (default: beside the catalog)");
     }

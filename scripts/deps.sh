@@ -18,6 +18,9 @@ demo_pkgs=(qemu-utils)
 test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux time
   qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
   e2fsprogs xz-utils gzip
+  # tests/vm_remote_ssh_test.cc: an sshd of the test's own, ssh and
+  # ssh-keygen; libvirt-daemon's virt-ssh-helper is libvirt's remote end.
+  openssh-server openssh-client
   # promtool tests the shipped alerting rules (deploy/prometheus/); the
   # server scrapes barge serve in tests/policy_serve_test.cc.
   prometheus

@@ -49,7 +49,7 @@ void Populate(const std::string& path) {
   ASSERT_TRUE(c.CreateTracker("weekly", "vm2").ok());
   auto ok = c.BeginBackup(Record("vm1", "nightly", "nightly-20261122T150000Z"));
   ASSERT_TRUE(ok.ok());
-  orc::CheckpointRecord cp{"nightly-20261122T150000Z", "nightly", "vm1", "2026-11-22T15:00:00Z", {"vda"}, "<x/>"};
+  orc::CheckpointRecord cp{"nightly-20261122T150000Z", "nightly", "vm1", "2026-11-22T15:00:00Z", {"vda"}, "<x/>", ""};
   ASSERT_TRUE(c.CommitBackup(*ok, Record("vm1", "nightly", cp.name), cp, {{"vda", 1 << 30}}).ok());
   auto failed = c.BeginBackup(Record("vm1", "nightly", ""));
   ASSERT_TRUE(failed.ok());

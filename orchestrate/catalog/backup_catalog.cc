@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS vm_trackers (
   checkpoint_created_at TEXT NOT NULL DEFAULT '',
   disks TEXT NOT NULL DEFAULT '{}',
   needs_full INTEGER NOT NULL DEFAULT 0,
-  needs_full_reason TEXT NOT NULL DEFAULT ''
+  needs_full_reason TEXT NOT NULL DEFAULT '',
+  host TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS vm_checkpoints (
   name TEXT PRIMARY KEY,
@@ -107,7 +108,7 @@ std::map<std::string, uint64_t> SizesFromJson(const std::string& text) {
 
 constexpr const char* kTrackerColumns =
     "name, domain, created_at, latest_checkpoint, checkpoint_created_at, disks, needs_full, "
-    "needs_full_reason";
+    "needs_full_reason, host";
 
 TrackerRecord TrackerFromRow(const SqliteStatement& s) {
   TrackerRecord t;
@@ -119,6 +120,7 @@ TrackerRecord TrackerFromRow(const SqliteStatement& s) {
   t.disks = SizesFromJson(s.Text(5));
   t.needs_full = s.Int(6) != 0;
   t.needs_full_reason = s.Text(7);
+  t.host = s.Text(8);
   return t;
 }
 
@@ -164,7 +166,24 @@ Result<std::unique_ptr<BackupCatalog>> BackupCatalog::Open(Env& env, const std::
   return c;
 }
 
-Status BackupCatalog::Migrate() { return db_->Exec(kSchema); }
+Status BackupCatalog::Migrate() {
+  BARGE_RETURN_IF_ERROR(db_->Exec(kSchema));
+  // A catalog made before trackers recorded their host gains the column
+  // (empty: this machine). Another process may add it at the same time.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT COUNT(*) FROM pragma_table_info('vm_trackers') "
+                                                   "WHERE name='host'"));
+      BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
+      if (row && st.Int(0) != 0) return OkStatus();
+    }
+    if (Status added = db_->Exec("ALTER TABLE vm_trackers ADD COLUMN host TEXT NOT NULL DEFAULT ''");
+        added.ok() || attempt == 1) {
+      return added;
+    }
+  }
+  return OkStatus();
+}
 
 Status BackupCatalog::CreateTracker(const std::string& name, const std::string& domain) {
   if (!ValidName(name)) {
@@ -329,9 +348,9 @@ Status BackupCatalog::CommitBackup(int64_t id, const BackupRecord& record,
     BARGE_ASSIGN_OR_RETURN(std::string sizes_text, formats::DumpJson(sizes, -1, "tracker " + record.tracker));
     BARGE_ASSIGN_OR_RETURN(auto up, db_->Prepare(
         "UPDATE vm_trackers SET latest_checkpoint=?, checkpoint_created_at=?, disks=?, "
-        "needs_full=0, needs_full_reason='' WHERE name=?"));
+        "needs_full=0, needs_full_reason='', host=? WHERE name=?"));
     up.Bind(1, checkpoint->name).Bind(2, checkpoint->created_at).Bind(3, sizes_text)
-        .Bind(4, record.tracker);
+        .Bind(4, checkpoint->host).Bind(5, record.tracker);
     BARGE_RETURN_IF_ERROR(up.Run());
     if (db_->Changes() == 0) return Error::NotFound("tracker '" + record.tracker + "' vanished");
   }

@@ -24,6 +24,10 @@ struct TrackerRecord {
   std::map<std::string, uint64_t> disks;  // disk -> virtual size at the checkpoint
   bool needs_full = false;            // the next backup must be full because...
   std::string needs_full_reason;      // ...of this ("bitmap inconsistent", ...)
+  // The libvirt URI (without secrets) of the hypervisor latest_checkpoint
+  // lives on; "" = this machine (and every tracker from before hosts were
+  // recorded). Compared by LibvirtHostKey.
+  std::string host;
 };
 
 struct CheckpointRecord {
@@ -33,6 +37,7 @@ struct CheckpointRecord {
   std::string created_at;
   std::vector<std::string> disks;
   std::string xml;  // virDomainCheckpointGetXMLDesc, for redefinition
+  std::string host;  // where it lives (TrackerRecord::host), recorded in the tracker
 };
 
 struct BackupDiskRecord {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "orchestrate/base/sqlite_db.h"
 #include "tests/testing/testing.h"
 
 namespace barge::orchestrate {
@@ -61,7 +62,7 @@ TEST_F(BackupCatalogTest, TrackerAdvancesOnlyWithSuccessfulRecord) {
 
   auto id2 = catalog_->BeginBackup(Record("t1-b"));
   ASSERT_TRUE(id2.ok());
-  CheckpointRecord cp{"t1-b", "t1", "vm1", "2026-11-22T15:00:01Z", {"vda"}, "<domaincheckpoint/>"};
+  CheckpointRecord cp{"t1-b", "t1", "vm1", "2026-11-22T15:00:01Z", {"vda"}, "<domaincheckpoint/>", ""};
   ASSERT_TRUE(catalog_->CommitBackup(*id2, Record("t1-b"), cp, {{"vda", 1 << 20}}).ok());
   auto t = catalog_->GetTracker("t1");
   EXPECT_EQ(t->latest_checkpoint, "t1-b");
@@ -75,7 +76,7 @@ TEST_F(BackupCatalogTest, TrackerAdvancesOnlyWithSuccessfulRecord) {
   // A commit whose tracker vanished rolls back: the record stays "running".
   ASSERT_TRUE(catalog_->DeleteTracker("t1").ok());
   auto id3 = catalog_->BeginBackup(Record("t1-c"));
-  CheckpointRecord cp3{"t1-c", "t1", "vm1", "", {"vda"}, "<x/>"};
+  CheckpointRecord cp3{"t1-c", "t1", "vm1", "", {"vda"}, "<x/>", ""};
   EXPECT_FALSE(catalog_->CommitBackup(*id3, Record("t1-c"), cp3, {}).ok());
   EXPECT_EQ(catalog_->GetBackup(*id3)->result, "running");
 }
@@ -83,7 +84,7 @@ TEST_F(BackupCatalogTest, TrackerAdvancesOnlyWithSuccessfulRecord) {
 TEST_F(BackupCatalogTest, MarkNeedsFullDropsCheckpoint) {
   ASSERT_TRUE(catalog_->CreateTracker("t1", "vm1").ok());
   auto id = catalog_->BeginBackup(Record("t1-a"));
-  CheckpointRecord cp{"t1-a", "t1", "vm1", "", {"vda"}, "<x/>"};
+  CheckpointRecord cp{"t1-a", "t1", "vm1", "", {"vda"}, "<x/>", ""};
   ASSERT_TRUE(catalog_->CommitBackup(*id, Record("t1-a"), cp, {{"vda", 1}}).ok());
   ASSERT_TRUE(catalog_->MarkNeedsFull("t1", "bitmap inconsistent").ok());
   auto t = catalog_->GetTracker("t1");
@@ -101,10 +102,10 @@ TEST_F(BackupCatalogTest, ListCheckpointsByDomainOldestFirst) {
   BackupRecord r2 = Record("t2-x");
   r2.domain = "vm2";
   r2.tracker = "t2";
-  CheckpointRecord later{"t2-x", "t2", "vm2", "2026-11-23T00:00:00Z", {"vda", "vdb"}, "<x/>"};
+  CheckpointRecord later{"t2-x", "t2", "vm2", "2026-11-23T00:00:00Z", {"vda", "vdb"}, "<x/>", ""};
   ASSERT_TRUE(catalog_->CommitBackup(*a, r2, later, {{"vda", 1}, {"vdb", 2}}).ok());
   auto b = catalog_->BeginBackup(Record("t1-a"));
-  CheckpointRecord earlier{"t1-a", "t1", "vm1", "2026-11-22T00:00:00Z", {"vda"}, "<y/>"};
+  CheckpointRecord earlier{"t1-a", "t1", "vm1", "2026-11-22T00:00:00Z", {"vda"}, "<y/>", ""};
   ASSERT_TRUE(catalog_->CommitBackup(*b, Record("t1-a"), earlier, {{"vda", 1}}).ok());
   auto all = catalog_->ListCheckpoints();
   ASSERT_TRUE(all.ok()) << all.error().ToString();
@@ -124,6 +125,39 @@ TEST_F(BackupCatalogTest, ReopenKeepsData) {
   auto c = BackupCatalog::Open(PosixEnv(), dir_ / "sub/catalog.db");
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE((*c)->GetTracker("t1").ok());
+}
+
+// The tracker records where its checkpoint lives; a catalog from before
+// hosts were recorded gains the column, empty (this machine).
+TEST_F(BackupCatalogTest, TrackerRecordsTheCheckpointsHost) {
+  ASSERT_TRUE(catalog_->CreateTracker("t1", "vm1").ok());
+  EXPECT_EQ(catalog_->GetTracker("t1")->host, "");
+  auto id = catalog_->BeginBackup(Record("t1-a"));
+  ASSERT_TRUE(id.ok());
+  CheckpointRecord cp{"t1-a", "t1", "vm1", "2026-11-22T15:00:01Z", {"vda"}, "<domaincheckpoint/>",
+                      "qemu+ssh://root@hv1/system"};
+  ASSERT_TRUE(catalog_->CommitBackup(*id, Record("t1-a"), cp, {{"vda", 1}}).ok());
+  EXPECT_EQ(catalog_->GetTracker("t1")->host, "qemu+ssh://root@hv1/system");
+
+  const std::string old_path = dir_ / "old.db";
+  {
+    auto db = SqliteDb::Open(PosixEnv(), old_path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("CREATE TABLE vm_trackers (name TEXT PRIMARY KEY, domain TEXT NOT NULL, "
+                            "created_at TEXT NOT NULL, latest_checkpoint TEXT NOT NULL DEFAULT '', "
+                            "checkpoint_created_at TEXT NOT NULL DEFAULT '', disks TEXT NOT NULL DEFAULT '{}', "
+                            "needs_full INTEGER NOT NULL DEFAULT 0, needs_full_reason TEXT NOT NULL DEFAULT '');"
+                            "INSERT INTO vm_trackers(name, domain, created_at) VALUES('old', 'vm1', "
+                            "'2026-11-01T00:00:00Z');")
+                    .ok());
+  }
+  for (int open = 0; open < 2; ++open) {  // the second open finds the column there
+    auto old = BackupCatalog::Open(PosixEnv(), old_path);
+    ASSERT_TRUE(old.ok()) << old.error().ToString();
+    auto t = (*old)->GetTracker("old");
+    ASSERT_TRUE(t.ok()) << t.error().ToString();
+    EXPECT_EQ(t->host, "");
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // libvirt C API helpers.
 #include "orchestrate/libvirt/libvirt_conn.h"
 
+#include "orchestrate/libvirt/libvirt_uri.h"
+
 #include <libvirt/virterror.h>
 
 #include <cstdlib>
@@ -56,7 +58,7 @@ Result<VirConnection> ConnectLibvirt(const std::string& uri) {
   std::call_once(once, [] { virSetErrorFunc(nullptr, SilentErrorHandler); });
   std::string u = ResolveLibvirtUri(uri);
   virConnectPtr c = virConnectOpen(u.c_str());
-  if (!c) return LastVirError("connect to " + u);
+  if (!c) return LastVirError("connect to " + RedactLibvirtUri(u));
   return VirConnection(c);
 }
 
@@ -66,7 +68,7 @@ Result<VirDomain> LookupDomain(virConnectPtr conn, const std::string& name) {
     if (LastVirErrorCode() == VIR_ERR_NO_DOMAIN) {
       std::string where;
       if (char* uri = virConnectGetURI(conn)) {
-        where = std::string(" in ") + uri;
+        where = " in " + RedactLibvirtUri(uri);
         std::free(uri);
       }
       return Error::NotFound("domain '" + name + "' does not exist" + where);
@@ -74,6 +76,16 @@ Result<VirDomain> LookupDomain(virConnectPtr conn, const std::string& name) {
     return LastVirError("domain '" + name + "'");
   }
   return VirDomain(d);
+}
+
+std::string ConnectionUri(virDomainPtr dom) {
+  virConnectPtr conn = virDomainGetConnect(dom);
+  if (conn == nullptr) return "";
+  char* uri = virConnectGetURI(conn);
+  if (uri == nullptr) return "";
+  std::string s(uri);
+  std::free(uri);
+  return s;
 }
 
 bool DomainIsActive(virDomainPtr dom) { return virDomainIsActive(dom) == 1; }

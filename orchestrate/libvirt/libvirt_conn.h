@@ -27,9 +27,13 @@ using VirCheckpoint = std::unique_ptr<virDomainCheckpoint, VirCheckpointDeleter>
 // The URI: `uri`, else $BARGE_LIBVIRT_URI, else qemu:///system.
 std::string ResolveLibvirtUri(const std::string& uri);
 
-// Opens a connection (libvirt's own error printing is silenced once).
+// Opens a connection (libvirt's own error printing is silenced once). An
+// error names the URI without its password (RedactLibvirtUri).
 Result<VirConnection> ConnectLibvirt(const std::string& uri = "");
 Result<VirDomain> LookupDomain(virConnectPtr conn, const std::string& name);  // kNotFound
+// The URI of the connection `dom` came from, as libvirt gives it (may hold a
+// password: RedactLibvirtUri before printing it); "" if libvirt cannot say.
+std::string ConnectionUri(virDomainPtr dom);
 
 // The last libvirt error of this thread as an Error: "what: <libvirt message>";
 // missing domain/checkpoint -> kNotFound, guest agent problems -> kNotSupported.

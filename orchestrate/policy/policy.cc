@@ -2,6 +2,8 @@
 // errors by exceptions; they are caught here and nowhere else.
 #include "orchestrate/policy/policy.h"
 
+#include "orchestrate/libvirt/libvirt_uri.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -21,7 +23,7 @@ constexpr const char* kPolicyKeys[] = {
     "retention_count", "targets", "free_space_multiple", "max_run_time", "max_parallel",
     "full_every",  "compression", "pre_hook",    "post_hook",
 };
-constexpr const char* kSourceKeys[] = {"name", "image", "bitmap", "domain", "tracker", "nbd"};
+constexpr const char* kSourceKeys[] = {"name", "image", "bitmap", "domain", "tracker", "connect", "nbd"};
 constexpr const char* kHookKeys[] = {"command", "timeout"};
 
 size_t EditDistance(std::string_view a, std::string_view b) {
@@ -203,6 +205,13 @@ std::optional<PolicySource> ParseSource(Checker& c, const YAML::Node& node) {
     if (s.kind != PolicySourceKind::kDomain) c.Fail(node["tracker"].Mark(), "'tracker' belongs to 'domain' sources");
     if (auto v = c.Scalar(node["tracker"], "tracker")) s.tracker = *v;
     if (!ValidName(s.tracker)) c.Fail(node["tracker"].Mark(), "tracker names are [A-Za-z0-9_.-]+");
+  }
+  if (node["connect"]) {
+    if (s.kind != PolicySourceKind::kDomain) c.Fail(node["connect"].Mark(), "'connect' belongs to 'domain' sources");
+    if (auto v = c.Scalar(node["connect"], "connect")) s.connect = *v;
+    if (auto uri = ParseLibvirtUri(s.connect); !uri.ok()) {
+      c.Fail(node["connect"].Mark(), "'connect' is " + uri.error().message());
+    }
   }
   if (s.kind == PolicySourceKind::kImage && !s.location.empty() && s.location.front() != '/') {
     c.Fail(node["image"].Mark(), "'image' must be an absolute path, not '" + s.location + "'");

@@ -33,6 +33,7 @@ struct PolicySource {
   std::string location;  // image path, domain name or NBD URI
   std::string bitmap;    // image: persistent bitmap the incrementals read ("" = every backup full)
   std::string tracker;   // domain: backup tracker (created when missing)
+  std::string connect;   // domain: libvirt URI ("" = $BARGE_LIBVIRT_URI, else qemu:///system); may hold a password
   int line = 0;          // where the entry starts in the file (1-based)
 };
 

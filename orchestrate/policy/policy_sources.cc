@@ -63,7 +63,7 @@ class DefaultBackend final : public SourceBackend {
         return opened.image->size_bytes();
       }
       case PolicySourceKind::kDomain: {
-        BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(""));
+        BARGE_ASSIGN_OR_RETURN(auto conn, ConnectLibvirt(s.connect));
         BARGE_ASSIGN_OR_RETURN(auto dom, LookupDomain(conn.get(), s.location));
         BARGE_ASSIGN_OR_RETURN(auto disks, DomainDisks(dom.get()));
         uint64_t total = 0;
@@ -190,6 +190,7 @@ class DefaultBackend final : public SourceBackend {
     vr.tracker = tracker;
     vr.target = r.target_dir;
     vr.catalog_path = r.catalog_path;
+    vr.libvirt_uri = s.connect;
     vr.force_full = !r.incremental;
     vr.copy = r.copy;
     vr.compression = r.compression;

@@ -168,6 +168,11 @@ TEST(PolicyTest, StructureErrors) {
       {"name: p\nsources:\n  - image: /a/disk.qcow2\n  - image: /b/disk.raw\ntargets: [/t]\n",
        "policy:4:5: two sources are named 'disk': give one a 'name'"},
       {"name: p\nsources:\n  - nbd: http://x\ntargets: [/t]\n", "'nbd' must be an NBD URI"},
+      {"name: p\nsources:\n  - image: /d\n    connect: qemu:///system\ntargets: [/t]\n",
+       "'connect' belongs to 'domain' sources"},
+      {"name: p\nsources:\n  - domain: vm\n    connect: 'qemu+ssh://u:pw@h:99999/system'\ntargets: [/t]\n",
+       "policy:4:14: 'connect' is bad port '99999' in libvirt URI qemu+ssh://..."},
+      {"name: p\nsources:\n  - domain: vm\n    connect: hv1\ntargets: [/t]\n", "'connect' is not a libvirt URI"},
       {"name: p\nsources: [{image: /d}]\ntargets: [t]\n", "targets must be absolute folders, not 't'"},
       {"name: p\nsources: [{image: /d}]\ntargets: [/t, /t/]\n", "target '/t' is listed twice"},
       {"name: p\nname: q\nsources: [{image: /d}]\ntargets: [/t]\n", "policy:2:1: duplicate key 'name'"},
@@ -185,6 +190,14 @@ TEST(PolicyTest, StructureErrors) {
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.error().message().find("policy:4:"), std::string::npos);
   EXPECT_NE(p.error().message().find("\npolicy:5:"), std::string::npos);
+}
+
+TEST(PolicyTest, DomainSourceConnect) {
+  auto p = ParsePolicy(Env::Default(), "name: p\nsources:\n  - domain: vm1\n    connect: "
+                                       "'qemu+ssh://root@hv1:2222/system?keyfile=/k'\n  - domain: vm2\ntargets: [/t]\n");
+  ASSERT_TRUE(p.ok()) << p.error().ToString();
+  EXPECT_EQ(p->sources[0].connect, "qemu+ssh://root@hv1:2222/system?keyfile=/k");
+  EXPECT_EQ(p->sources[1].connect, "");
 }
 
 TEST(PolicyTest, LoadThroughEnv) {

@@ -11,6 +11,7 @@
 #include "formats/qcow2_snapshot_edit.h"
 #include "orchestrate/libvirt/guest_freeze.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
+#include "orchestrate/libvirt/libvirt_uri.h"
 #include "orchestrate/libvirt/qemu_monitor.h"
 
 namespace barge::orchestrate {
@@ -36,6 +37,7 @@ Result<Resolved> Resolve(const SnapshotTarget& t) {
     return r;
   }
   if (t.disk.empty()) return Error::InvalidArgument("name the disk of domain '" + t.domain + "' (e.g. vda)");
+  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(ResolveLibvirtUri(t.libvirt_uri), "a snapshot of a domain's disk"));
   BARGE_ASSIGN_OR_RETURN(r.conn, ConnectLibvirt(t.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(r.dom, LookupDomain(r.conn.get(), t.domain));
   if (DomainIsActive(r.dom.get())) {

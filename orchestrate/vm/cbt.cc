@@ -13,6 +13,7 @@
 #include "formats/json_fields.h"
 #include "formats/qcow2_writer.h"
 #include "orchestrate/base/file_lock.h"
+#include "orchestrate/libvirt/libvirt_uri.h"
 #include "pipeline/cbt_overlay.h"
 
 namespace barge::orchestrate {
@@ -158,6 +159,7 @@ Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& req) {
 }
 
 Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
+  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(ResolveLibvirtUri(req.libvirt_uri), "cbt enable"));
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   // No backup or state migration of the domain meanwhile.
   BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
@@ -261,6 +263,7 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
 }
 
 Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
+  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(ResolveLibvirtUri(req.libvirt_uri), "cbt disable"));
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   // No backup or state migration of the domain meanwhile.
   BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),

@@ -8,6 +8,7 @@
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
 #include "pipeline/disk_identity.h"
+#include "orchestrate/libvirt/libvirt_uri.h"
 #include "orchestrate/vm/vm_backup.h"
 
 namespace barge::orchestrate {
@@ -175,6 +176,16 @@ Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, 
     return all_full(tracker->needs_full_reason.empty() ? "tracker needs full" : tracker->needs_full_reason);
   }
   if (tracker->latest_checkpoint.empty()) return all_full("tracker empty");
+  // The checkpoint's bitmaps are on the host it was made on: a backup
+  // through another host's libvirt (a domain that moved) starts a new chain.
+  if (const std::string here = ConnectionUri(dom); LibvirtHostKey(here) != LibvirtHostKey(tracker->host)) {
+    auto where = [](const std::string& uri) {
+      const std::string key = LibvirtHostKey(uri);
+      return key.empty() ? std::string("this machine") : "host " + key;
+    };
+    return all_full("checkpoint " + tracker->latest_checkpoint + " of tracker " + tracker->name + " is on " +
+                    where(tracker->host) + ", this backup connects to " + where(here));
+  }
   auto cp = LookupCheckpoint(dom, tracker->latest_checkpoint);
   if (!cp.ok()) {
     if (cp.error().code() == ErrorCode::kNotFound) {

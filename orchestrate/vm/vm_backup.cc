@@ -28,6 +28,8 @@
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/libvirt/guest_freeze.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
+#include "orchestrate/libvirt/libvirt_uri.h"
+#include "orchestrate/libvirt/ssh_forward.h"
 #include "orchestrate/vm/tracker.h"
 #include "orchestrate/vm/vm_orphans.h"
 
@@ -57,7 +59,7 @@ std::string JoinReasons(const std::vector<VmBackupDisk>& disks) {
 
 std::string BackupXml(const std::vector<DomainDisk>& all, const std::set<std::string>& selected,
                       const std::map<std::string, bool>& incremental, const std::string& from,
-                      const std::string& socket, const std::string& scratch_dir) {
+                      const std::string& socket, const std::string& scratch_prefix) {
   std::string x = "<domainbackup mode='pull'><server transport='unix' socket='" + XmlEscape(socket) +
                   "'/><disks>";
   for (const auto& d : all) {
@@ -69,7 +71,7 @@ std::string BackupXml(const std::vector<DomainDisk>& all, const std::set<std::st
     x += "<disk name='" + XmlEscape(d.target) + "' backup='yes' type='file' ";
     x += incremental.at(d.target) ? "backupmode='incremental' incremental='" + XmlEscape(from) + "'>"
                                   : std::string("backupmode='full'>");
-    x += "<scratch file='" + XmlEscape(scratch_dir + "/" + d.target + ".qcow2") + "'/></disk>";
+    x += "<scratch file='" + XmlEscape(scratch_prefix + d.target + ".qcow2") + "'/></disk>";
   }
   return x + "</disks></domainbackup>";
 }
@@ -118,8 +120,18 @@ struct Cleanup {
   bool job_started = false;
   std::string new_checkpoint;
   std::vector<std::string> files;  // new backup files
+  // The job's NBD socket and the scratch files' path before "<disk>.qcow2",
+  // as libvirt sees them (on the hypervisor's host). Locally, the scratch
+  // files go to the folder `scratch_dir`, removed with the socket by
+  // EndJob; on a remote host (`remote`) libvirt removes the scratch files it
+  // made and barge touches no path there.
   std::string socket;
+  std::string scratch_prefix;
   std::string scratch_dir;
+  bool remote = false;
+  // A remote job's socket forwarded here over ssh (qemu+ssh://): stopped
+  // by EndJob, before the job ends, on every path.
+  std::unique_ptr<SshForward> forward;
   // The job's run record (vm_orphans.h), written before the job starts and
   // removed once nothing of the job is left: a killed run's successor finds
   // the job, socket, scratch folder and checkpoint by it.
@@ -142,6 +154,10 @@ struct Cleanup {
   // Ends the pull job and removes its socket and scratch folder.
   Status EndJob() {
     Status s = OkStatus();
+    if (forward) {
+      s = forward->Stop();
+      forward.reset();
+    }
     if (job_started) {
       job_started = false;
       if (virDomainAbortJob(dom) < 0) {
@@ -156,6 +172,7 @@ struct Cleanup {
         }
       }
     }
+    if (remote) return s;
     if (Status unlinked = socket.empty() ? OkStatus() : env.UnlinkIfExists(socket); s.ok()) s = std::move(unlinked);
     if (!scratch_dir.empty()) {
       Status removed = env.RemoveTree(scratch_dir);
@@ -208,7 +225,10 @@ Result<CheckpointRecord> NewCheckpointRecord(virDomainPtr dom, const std::string
                                              std::map<std::string, uint64_t>& sizes) {
   BARGE_ASSIGN_OR_RETURN(auto cp, LookupCheckpoint(dom, checkpoint));
   BARGE_ASSIGN_OR_RETURN(std::string xml, CheckpointXml(cp.get()));
-  CheckpointRecord r{checkpoint, res.tracker, domain, formats::NowRfc3339(), {}, std::move(xml)};
+  CheckpointRecord r{checkpoint, res.tracker, domain, formats::NowRfc3339(), {}, std::move(xml), ""};
+  // Where it lives: the connection's host, "" for this machine.
+  const std::string uri = ConnectionUri(dom);
+  if (!LibvirtHostKey(uri).empty()) r.host = RedactLibvirtUri(uri);
   const auto in_checkpoint = CheckpointDisks(r.xml);
   for (const auto& d : res.disks) {
     // A disk the checkpoint leaves out (no bitmap) is not the tracker's.
@@ -330,9 +350,20 @@ std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std
 // (swapped disks take fulls); the new point records it.
 std::map<std::string, formats::DiskIdentity> DiskIdentities(Env& env, const std::string& domain,
                                                             const std::vector<DomainDisk>& disks,
-                                                            const std::optional<std::vector<CbtDisk>>& cbt) {
+                                                            const std::optional<std::vector<CbtDisk>>& cbt,
+                                                            bool remote) {
   std::map<std::string, formats::DiskIdentity> out;
   for (const auto& d : disks) {
+    // A remote host's paths mean nothing here: taken as libvirt gives them.
+    if (remote) {
+      formats::DiskIdentity id;
+      id.kind = "domain";
+      id.location = domain;
+      id.target = d.target;
+      id.source = d.source;
+      out[d.target] = std::move(id);
+      continue;
+    }
     std::string file = d.source.empty() ? "" : CanonicalPath(env, d.source);
     if (cbt && !file.empty()) {
       for (const auto& c : *cbt) {
@@ -413,6 +444,13 @@ Result<RunPlan> PlanRun(Env& env, BackupCatalog& catalog, virDomainPtr dom, cons
   RunPlan plan;
   const bool active = DomainIsActive(dom);
   plan.mode = active ? "pull" : "offline";
+  const std::string uri = ConnectionUri(dom);
+  const bool remote = !LibvirtHostKey(uri).empty();
+  if (!active && remote) {
+    return Error::NotSupported("domain '" + domain + "' on " + RedactLibvirtUri(uri) +
+                               " is not running: offline backups read the CBT overlays' files, which are on that "
+                               "host; start the domain for a pull-mode backup, or run barge there");
+  }
   BARGE_ASSIGN_OR_RETURN(plan.cbt, CbtDisksOf(catalog, domain));
   if (!active && !plan.cbt) {
     return Error::InvalidArgument("domain '" + domain +
@@ -440,7 +478,7 @@ Result<RunPlan> PlanRun(Env& env, BackupCatalog& catalog, virDomainPtr dom, cons
   }
   if (plan.disks.empty()) return Error::InvalidArgument("domain '" + domain + "' has no disks to back up");
 
-  plan.identities = DiskIdentities(env, domain, plan.disks, plan.cbt);
+  plan.identities = DiskIdentities(env, domain, plan.disks, plan.cbt, remote);
   BARGE_ASSIGN_OR_RETURN(plan.plans,
                          PlanDisks(env, tracker, dom, plan.disks, plan.identities, force_full, target, domain));
   for (auto& p : plan.plans) {
@@ -608,9 +646,20 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
 
 // The target and the scratch root exist and are folders (neither is
 // created: a missing one is an unmounted volume); both made absolute.
-Status CheckFolders(Env& env, VmBackupRequest& req) {
+Status CheckFolders(Env& env, VmBackupRequest& req, bool remote) {
   BARGE_RETURN_IF_ERROR(CheckTarget(env, req.target));
   req.target = AbsolutePath(req.target);
+  if (req.scratch_dir.empty()) req.scratch_dir = kDefaultScratchRoot;
+  // A remote hypervisor's scratch root is a path on that host: nothing here
+  // to look at; libvirt reports a missing one when the job starts.
+  if (remote) {
+    if (req.scratch_dir.front() != '/') {
+      return Error::InvalidArgument("the scratch folder of a remote domain is a path on its host and must be "
+                                    "absolute (--scratch-dir)")
+          .set_path(req.scratch_dir);
+    }
+    return OkStatus();
+  }
   // The scratch root too: libvirt creates the scratch files in it and QEMU
   // opens them, so it must be a folder they see (not created here either).
   if (req.scratch_dir.empty()) req.scratch_dir = kDefaultScratchRoot;
@@ -678,6 +727,21 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
   }
 
   cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
+  const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
+  if (cleanup.remote) {
+    // On the remote host: libvirt creates the socket and the scratch files
+    // (and removes the files it made when the job ends); barge only names
+    // them. The pid keeps parallel barge hosts' jobs apart only per domain,
+    // which the domain's lock and libvirt's one job per domain settle.
+    cleanup.scratch_prefix = req.scratch_dir + "/barge-scratch-" + req.domain + "-";
+    BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, "", checkpoint,
+                        req.target + "/" + req.domain, record_id, LibvirtHostKey(ResolveLibvirtUri(req.libvirt_uri))};
+    if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
+      return std::move(s).error().Wrap("write the backup job's run record");
+    }
+    cleanup.job_record = record_path;
+    return OkStatus();
+  }
   BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(cleanup.socket));
   // Scratch files are created by libvirt and opened by QEMU (another user,
   // maybe in its own mount namespace): the folder lives under the scratch
@@ -689,9 +753,9 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
   if (scratch.ok()) scratch = env.CreateDirs(cleanup.scratch_dir);
   if (scratch.ok()) scratch = env.SetMode(cleanup.scratch_dir, 0711);
   if (!scratch.ok()) return std::move(scratch).error().Wrap("create scratch folder");
-  const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
+  cleanup.scratch_prefix = cleanup.scratch_dir + "/";
   BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, cleanup.scratch_dir, checkpoint,
-                      req.target + "/" + req.domain, record_id};
+                      req.target + "/" + req.domain, record_id, ""};
   if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
     return std::move(s).error().Wrap("write the backup job's run record");
   }
@@ -706,7 +770,7 @@ Status BeginJob(virDomainPtr dom, RunPlan& plan, const std::set<std::string>& wi
                 const std::string& parent_checkpoint, const std::string& checkpoint, Cleanup& cleanup) {
   for (size_t attempt = 0; attempt <= plan.disks.size(); ++attempt) {
     std::string bxml = BackupXml(plan.all_disks, plan.selected, plan.incremental, parent_checkpoint, cleanup.socket,
-                                 cleanup.scratch_dir);
+                                 cleanup.scratch_prefix);
     std::string cxml = checkpoint.empty() ? "" : CheckpointCreateXml(checkpoint, plan.all_disks, with_bitmap);
     if (virDomainBackupBegin(dom, bxml.c_str(), cxml.empty() ? nullptr : cxml.c_str(), 0) == 0) {
       cleanup.job_started = true;
@@ -782,7 +846,14 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (req.domain.empty() || req.target.empty()) {
     return Error::InvalidArgument("vm backup needs a domain and a target");
   }
-  BARGE_RETURN_IF_ERROR(CheckFolders(env, req));
+  const std::string uri_text = ResolveLibvirtUri(req.libvirt_uri);
+  BARGE_ASSIGN_OR_RETURN(LibvirtUri uri, ParseLibvirtUri(uri_text));
+  if (uri.remote() && !uri.ssh()) {
+    return Error::NotSupported("a pull-mode backup of a domain on " + uri.Redacted() +
+                               " needs a qemu+ssh:// URI: its NBD export is read through ssh (an NBD export over "
+                               "TCP with TLS is not done yet)");
+  }
+  BARGE_RETURN_IF_ERROR(CheckFolders(env, req, uri.remote()));
 
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   BARGE_ASSIGN_OR_RETURN(auto lock, LockDomain(env, req.catalog_path, req.domain));
@@ -823,6 +894,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   Cleanup cleanup(env);
   cleanup.faults = req.faults;
   cleanup.dom = dom.get();
+  cleanup.remote = uri.remote();
   auto fail = [&](Error e) -> Error {
     cleanup.Undo(e);
     res.checkpoint = checkpoint;
@@ -846,11 +918,19 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     return fail(Error::IoError("cannot thaw domain '" + req.domain + "' once its backup job had started"));
   }
   if (!cleanup.job_started) return fail(Error::IoError("backup job did not start"));
+  // A remote host's export: through ssh, with the URI's own settings.
+  std::string read_socket = cleanup.socket;
+  if (cleanup.remote) {
+    auto forward = SshForward::Start(env, uri, cleanup.socket, req.copy.cancel);
+    if (!forward.ok()) return fail(std::move(forward).error());
+    cleanup.forward = std::move(forward).value();
+    read_socket = cleanup.forward->local_socket();
+  }
 
   std::optional<Error> first_error = BackupDisks(
       env, req, plan.disks, plan.incremental, plan.reasons, checkpoint, plan.identities,
       [&](const std::string& name, pipeline::BackupRequest& br) {
-        br.source.location = "nbd+unix:///" + name + "?socket=" + cleanup.socket;
+        br.source.location = "nbd+unix:///" + name + "?socket=" + read_socket;
         // The point of a disk left out of the checkpoint is not at it.
         if (!with_bitmap.count(name)) br.checkpoint.clear();
         if (br.incremental) {

@@ -56,7 +56,8 @@ std::string BackupJobRecordPath(const std::string& catalog_path, const std::stri
 
 Status WriteBackupJobRecord(Env& env, const std::string& path, const BackupJobRecord& r) {
   std::string text = "owner=" + r.owner + "\nsocket=" + r.socket + "\nscratch_dir=" + r.scratch_dir +
-                     "\ncheckpoint=" + r.checkpoint + "\nchains_dir=" + r.chains_dir + "\nrecord_id=" + std::to_string(r.record_id) + "\n";
+                     "\ncheckpoint=" + r.checkpoint + "\nchains_dir=" + r.chains_dir + "\nrecord_id=" + std::to_string(r.record_id) +
+                     "\nhost=" + r.host + "\n";
   return env.WriteFileAtomic(path, std::string_view(text));
 }
 
@@ -77,6 +78,7 @@ Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_pat
     st.record.checkpoint = Field(*text, "checkpoint");
     st.record.chains_dir = Field(*text, "chains_dir");
     st.record.record_id = std::atoll(Field(*text, "record_id").c_str());
+    st.record.host = Field(*text, "host");
   } else if (text.error().code() != ErrorCode::kNotFound) {
     return std::move(text).error();
   }
@@ -120,9 +122,13 @@ Result<std::string> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, v
     }
     done = "aborted the backup job";
   }
-  if (!r.socket.empty()) BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.socket));
-  if (!r.scratch_dir.empty()) BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch_dir));
-  done += std::string(done.empty() ? "" : ", ") + "removed its socket and scratch folder";
+  // A remote host's socket and scratch files are that host's (libvirt
+  // removes the scratch files it made when the job ends).
+  if (r.host.empty()) {
+    if (!r.socket.empty()) BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.socket));
+    if (!r.scratch_dir.empty()) BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch_dir));
+    done += std::string(done.empty() ? "" : ", ") + "removed its socket and scratch folder";
+  }
   if (!r.checkpoint.empty() && LookupCheckpoint(dom, r.checkpoint).ok()) {
     // Never committed: a tracker that named it would have been advanced by
     // the run that was killed before its commit, so this is only a check.

@@ -28,6 +28,9 @@ struct BackupJobRecord {
   std::string checkpoint;  // "" without a tracker
   std::string chains_dir;  // TARGET/<domain>: the run's chain folders are <chains_dir>/<disk>
   int64_t record_id = 0;
+  // The hypervisor's host (LibvirtHostKey) when it is not this machine:
+  // socket and scratch paths are then on that host, and never removed here.
+  std::string host;
 };
 
 // <catalog folder>/locks/domains/<domain>.backup-job

@@ -1,0 +1,396 @@
+// A remote hypervisor over ssh: an sshd of the test's own on 127.0.0.1 (keys
+// made by the test, root by key only), libvirt's ssh transport through it to
+// the test libvirtd, and vm backups whose NBD export barge forwards over ssh
+// (orchestrate/libvirt/ssh_forward.h). Every point is restored and compared
+// with the disk; the forward's ssh process and socket are gone afterwards.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/testing.h"
+#include "tests/vm_libvirt_env.h"
+
+namespace barge::testing {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+int FreeTcpPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool Accepts(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+bool ProcessExists(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
+
+// The command lines of every process, by PID (/proc).
+std::map<pid_t, std::string> Processes() {
+  std::map<pid_t, std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    for (char& c : cmd) {
+      if (c == '\0') c = ' ';
+    }
+    if (!cmd.empty()) out[std::stoi(name)] = cmd;
+  }
+  return out;
+}
+
+// sshd on 127.0.0.1:port() with a host key and a root user key made here,
+// root login by that key only, no PAM; run directly (`sshd -D -f CONFIG`,
+// no systemd) and stopped by PID in the destructor, its keys deleted with
+// the folder.
+class TestSshd {
+ public:
+  explicit TestSshd(const TempDir& dir) : dir_(dir / "sshd") {
+    fs::create_directories(dir_);
+    ::chmod(dir_.c_str(), 0700);
+    RunOk("ssh-keygen -q -t ed25519 -N '' -f " + ShellQuote(dir_ + "/host_key"));
+    RunOk("ssh-keygen -q -t ed25519 -N '' -f " + ShellQuote(user_key()));
+    fs::copy_file(user_key() + ".pub", dir_ + "/authorized_keys");
+    fs::create_directories("/run/sshd");  // privilege separation folder sshd checks for
+    port_ = FreeTcpPort();
+    std::ofstream(dir_ + "/sshd_config") << "ListenAddress 127.0.0.1\nPort " << port_ << "\nHostKey " << dir_
+                                          << "/host_key\nPidFile " << dir_ << "/sshd.pid\nAuthorizedKeysFile "
+                                          << dir_ << "/authorized_keys\nPermitRootLogin prohibit-password\n"
+                                          << "PubkeyAuthentication yes\nPasswordAuthentication no\n"
+                                          << "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                                          << "AllowStreamLocalForwarding yes\nStreamLocalBindUnlink yes\n";
+    const std::string config = dir_ + "/sshd_config";
+    const std::string log = dir_ + "/sshd.log";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/usr/sbin/sshd", "/usr/sbin/sshd", "-D", "-f", config.c_str(), "-E", log.c_str(), nullptr);
+      ::_exit(127);
+    }
+    for (int i = 0; i < 200 && !Accepts(port_); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ~TestSshd() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+      EXPECT_FALSE(ProcessExists(pid_)) << "sshd " << pid_ << " still runs";
+    }
+    // The host key libvirt's ssh (no_verify) recorded for this port.
+    Run("ssh-keygen -R '[127.0.0.1]:" + std::to_string(port_) + "' >/dev/null 2>&1; rm -f /root/.ssh/known_hosts.old");
+    fs::remove_all(dir_);
+  }
+  bool ready() const { return pid_ > 0 && Accepts(port_); }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  std::string user_key() const { return dir_ + "/user_key"; }
+  std::string log() const {
+    std::ifstream f(dir_ + "/sshd.log");
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+
+ private:
+  std::string dir_;
+  int port_ = -1;
+  pid_t pid_ = -1;
+};
+
+class VmRemoteSshTest : public VmTestBase {
+ protected:
+  std::string Raw(const std::string& image, const std::string& name) {
+    std::string out = dir_ / name;
+    RunOk("qemu-img convert -U -O raw " + ShellQuote(image) + " " + ShellQuote(out));
+    return out;
+  }
+};
+
+TEST_F(VmRemoteSshTest, FullAndIncrementalThroughSshRestoreByteIdentical) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("ssh");
+  BARGE_REQUIRE_TOOL("ssh-keygen");
+  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
+  BARGE_REQUIRE_TOOL("virt-ssh-helper");  // libvirt's remote end of qemu+ssh:// (libvirt-daemon)
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
+                          "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native";
+  const std::string connect = " --connect " + ShellQuote(uri);
+
+  std::string disk = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M");
+  TestDomain dom("ssh", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name() + connect));
+
+  // barge's own temporary folder for the forward: watched for the ssh
+  // process (by the PIDs whose command line names it) and left empty.
+  const std::string tmp = dir_ / "barge-tmp";
+  fs::create_directories(tmp);
+  std::set<pid_t> forwards;
+  auto backup = [&](const std::string& extra) {
+    std::atomic<bool> done{false};
+    std::thread watch([&] {
+      while (!done) {
+        for (const auto& [pid, cmd] : Processes()) {
+          if (cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos) {
+            forwards.insert(pid);
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+    json r = RunResult("TMPDIR=" + ShellQuote(tmp) + " " +
+                       Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                             " --skip-quiesce" + connect + extra) +
+                       " --json");
+    done = true;
+    watch.join();
+    return r;
+  };
+
+  // A first backup here, through the local libvirt: the tracker's
+  // checkpoint lives on this machine.
+  dom.Write(0xee, "1M", "4M");
+  json local = Backup(dom.name());
+  EXPECT_EQ(local["backup_type"], "full") << local.dump();
+  dom.Flush();
+  std::string p0 = Raw(disk, "p0.raw");
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"]["host"], "");
+
+  // Through ssh: another host as far as barge can tell, so a full that says
+  // so; the tracker then names that host.
+  dom.Write(0x5a, "50M", "64k");
+  json b1 = backup("");
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
+  EXPECT_EQ(b1["mode"], "pull");
+  const std::string host = "host 127.0.0.1:" + std::to_string(sshd.port());
+  EXPECT_NE(b1["reason"].get<std::string>().find("is on this machine, this backup connects to " + host),
+            std::string::npos)
+      << b1.dump();
+  dom.Flush();
+  std::string p1 = Raw(disk, "p1.raw");
+  json shown = BargeJson("tracker show t1")["tracker"]["latest_checkpoint"];
+  EXPECT_EQ(shown["name"], b1["checkpoint"]);
+  EXPECT_NE(shown["host"].get<std::string>().find("qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port())),
+            std::string::npos)
+      << shown.dump();
+
+  // Incremental through ssh, from the checkpoint on that host.
+  dom.Write(0xaa, "10M", "1M");
+  dom.Write(0x00, "1M", "64k");
+  json b2 = backup("");
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_LE(b2["disks"][0]["bytes_read"].get<uint64_t>(), 2u << 20) << b2.dump();
+  dom.Flush();
+  std::string p2 = Raw(disk, "p2.raw");
+
+  // A local backup now: the checkpoint is on the ssh "host", so a full again.
+  json back = BargeJson("doctor --domain " + dom.name());
+  EXPECT_EQ(back["next_backup"][0]["backup_type"], "full") << back.dump();
+
+  const std::string chain = target_ + "/" + dom.name() + "/vda";
+  ExpectRestores(chain, 0, p0);
+  ExpectRestores(chain, 1, p1);
+  ExpectRestores(chain, 2, p2);
+
+  // The forward ran (one ssh per backup), was stopped by PID, and left
+  // neither its socket nor its folder.
+  EXPECT_EQ(forwards.size(), 2u);
+  for (pid_t pid : forwards) EXPECT_FALSE(ProcessExists(pid)) << "ssh forward " << pid << " still runs";
+  EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
+  // Nor the job's socket on the "remote" host (libvirt's, in /tmp).
+  for (const auto& e : fs::directory_iterator("/tmp")) {
+    EXPECT_EQ(e.path().filename().string().find("barge-backup-" + dom.name()), std::string::npos) << e.path();
+  }
+  EXPECT_FALSE(fs::exists("/var/tmp/barge-scratch-" + dom.name() + "-vda.qcow2"));
+
+  // doctor through the same URI: the tracker's checkpoint, and an
+  // incremental next.
+  json doc = BargeJson("doctor --domain " + dom.name() + connect);
+  EXPECT_EQ(doc["domain"], dom.name());
+  EXPECT_EQ(doc["trackers"][0]["latest_checkpoint"]["name"], b2["checkpoint"]);
+  EXPECT_EQ(doc["next_backup"][0]["backup_type"], "incremental") << doc.dump();
+  std::string text = RunOk(Barge("doctor --domain " + dom.name() + connect));
+  EXPECT_NE(text.find("tracker t1: checkpoint " + b2["checkpoint"].get<std::string>()), std::string::npos) << text;
+  EXPECT_NE(sshd.log().find("Accepted publickey for root"), std::string::npos) << sshd.log();
+
+  // What reads or writes the disk files itself is refused for a remote
+  // domain, naming the URI (exit 1, NotSupported), before connecting.
+  for (const std::string& cmd : {"snapshot list --domain " + dom.name() + " --disk vda",
+                                 "cbt enable --domain " + dom.name()}) {
+    json e = RunError(Barge(cmd + connect) + " --json", 1);
+    EXPECT_EQ(e["code"], "NotSupported") << cmd << ": " << e.dump();
+    EXPECT_NE(e["message"].get<std::string>().find("qemu+ssh://root@127.0.0.1"), std::string::npos) << e.dump();
+  }
+}
+
+// The error path: a run that fails after reading (the request's fault
+// seam, in this process) stops its ssh forward by PID before it returns,
+// leaves no socket or folder, and the tracker where it was.
+TEST_F(VmRemoteSshTest, FailedRunStopsItsForward) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("ssh");
+  BARGE_REQUIRE_TOOL("ssh-keygen");
+  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
+  BARGE_REQUIRE_TOOL("virt-ssh-helper");
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
+                          "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native";
+  std::string disk = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M");
+  TestDomain dom("sshfail", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name() + " --connect " + ShellQuote(uri)));
+  dom.Write(0xee, "1M", "4M");
+
+  const std::string tmp = dir_ / "barge-tmp";
+  fs::create_directories(tmp);
+  const char* old_tmp = std::getenv("TMPDIR");
+  const std::string saved = old_tmp ? old_tmp : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);  // where SshForward makes its folder
+  std::set<pid_t> forwards;
+  std::atomic<bool> done{false};
+  std::thread watch([&] {
+    while (!done) {
+      for (const auto& [pid, cmd] : Processes()) {
+        if (cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos) {
+          forwards.insert(pid);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  FailVmBackupOnce fault(orchestrate::VmBackupFaults::Point::kAfterRead);
+  orchestrate::VmBackupRequest req;
+  req.domain = dom.name();
+  req.target = target_;
+  req.catalog_path = catalog_;
+  req.skip_quiesce = true;
+  req.libvirt_uri = uri;
+  req.faults = &fault;
+  auto run = orchestrate::RunVmBackup(Env::Default(), req);
+  done = true;
+  watch.join();
+  if (old_tmp) ::setenv("TMPDIR", saved.c_str(), 1);
+  else ::unsetenv("TMPDIR");
+
+  ASSERT_FALSE(run.ok());
+  EXPECT_TRUE(fault.fired());
+  EXPECT_NE(run.error().message().find("injected fault after reading"), std::string::npos) << run.error().ToString();
+  EXPECT_EQ(forwards.size(), 1u);
+  for (pid_t pid : forwards) EXPECT_FALSE(ProcessExists(pid)) << "ssh forward " << pid << " still runs";
+  EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"], nullptr);
+}
+
+// SIGINT while the forward starts (an ssh login that hangs: the URI's
+// command= names a wrapper that, for the forward only, never gets to ssh):
+// barge stops the wrapper by PID, leaves nothing, ends the job and exits 130.
+TEST_F(VmRemoteSshTest, InterruptWhileTheForwardStartsStopsIt) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("ssh");
+  BARGE_REQUIRE_TOOL("ssh-keygen");
+  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
+  BARGE_REQUIRE_TOOL("virt-ssh-helper");
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string wrapper = dir_ / "ssh-wrapper";
+  const std::string started = dir_ / "forward-started";
+  std::ofstream(wrapper) << "#!/bin/sh\ncase \"$*\" in *ExitOnForwardFailure*) : > '" << started
+                         << "'; while :; do sleep 0.05; done ;; esac\nexec ssh \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) + "/system?keyfile=" +
+                          sshd.user_key() + "&no_verify=1&proxy=native&command=" + wrapper;
+  std::string disk = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M");
+  TestDomain dom("sshint", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name() + " --connect " + ShellQuote(uri)));
+
+  const std::string tmp = dir_ / "barge-tmp";
+  fs::create_directories(tmp);
+  const std::string out = dir_ / "barge.out";
+  const std::string command = "exec env TMPDIR=" + ShellQuote(tmp) + " " +
+                              Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                                    " --skip-quiesce --connect " + ShellQuote(uri)) +
+                              " >" + ShellQuote(out) + " 2>&1";
+  pid_t barge = ::fork();
+  if (barge == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+    ::_exit(127);
+  }
+  for (int i = 0; i < 1200 && !fs::exists(started); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(fs::exists(started)) << "the forward never started";
+  std::set<pid_t> forwards;
+  for (const auto& [pid, cmd] : Processes()) {
+    if (cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos) {
+      forwards.insert(pid);
+    }
+  }
+  ::kill(barge, SIGINT);
+  int status = 0;
+  ::waitpid(barge, &status, 0);
+  std::ifstream f(out);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << text;
+  EXPECT_EQ(forwards.size(), 1u);
+  for (pid_t pid : forwards) EXPECT_FALSE(ProcessExists(pid)) << "ssh forward " << pid << " still runs";
+  EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
+  EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"], nullptr);
+  EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "none");
+}
+
+// A URI with a password is never printed with it; a failed connection's
+// error names the URI.
+TEST_F(VmRemoteSshTest, ErrorsNameTheUriWithoutItsPassword) {
+  BARGE_REQUIRE_TOOL("ssh");
+  const int port = FreeTcpPort();  // nothing listens there
+  const std::string uri = "qemu+ssh://root:hunter2@127.0.0.1:" + std::to_string(port) + "/system?no_tty=1";
+  CommandResult r = ::barge::testing::Run(Barge("doctor --domain nothing-here --connect " + ShellQuote(uri)));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.output.find("hunter2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("qemu+ssh://root@127.0.0.1:" + std::to_string(port) + "/system"), std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace barge::testing
