@@ -382,7 +382,9 @@ std::optional<Error> RunPipelined(HandlePool::Lease& lease, const std::string& u
       if (c.cookie == -1) {
         Error e = NbdError(operation, uri, c.offset, c.length);
         if (Dropped(h)) {
-          lost = std::move(e);
+          // libnbd's text here only says the handle is dead; the cause
+          // went with an earlier call (or none, on an idle connection).
+          lost = LostError("the connection was closed or reset", uri, ECONNRESET);
           break;
         }
         // Not queued on a live connection: neither is anything after it.
