@@ -352,6 +352,28 @@ TEST_F(NbdReconnectTest, ConnectionThatNeverComesBackFailsWithinTheTime) {
   for (const std::string& f : Files(dir_.path().string())) EXPECT_FALSE(Has(f, "copy.raw")) << f;
 }
 
+TEST_F(NbdReconnectTest, ReplicateAndVerifyAgainstSurviveOneCut) {
+  Serve();
+  {
+    CuttingProxy proxy(socket_, kDiskBytes * 3 / 10, CuttingProxy::Mode::kCutOnce);
+    std::string a = dir_ / "a.raw", b = dir_ / "b.raw";
+    CommandResult r = testing::Run(Barge("replicate " + Q(proxy.uri()) + " --to " + Q(a) + " --to " + Q(b)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(proxy.tripped());
+    EXPECT_TRUE(Has(r.stderr_text, "barge: reconnected: ")) << r.stderr_text;
+    RunOk("cmp " + Q(a) + " " + Q(disk_));
+    RunOk("cmp " + Q(b) + " " + Q(disk_));
+  }
+  std::string target = dir_ / "backups";
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) + " --name vda"));
+  CuttingProxy proxy(socket_, kDiskBytes * 3 / 10, CuttingProxy::Mode::kCutOnce);
+  CommandResult v = testing::Run(Barge("verify " + Q(target + "/vda") + " --against " + Q(proxy.uri())));
+  ASSERT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_TRUE(proxy.tripped());
+  EXPECT_TRUE(Has(v.stdout_text, "the source matches")) << v.output;
+  EXPECT_TRUE(Has(v.stderr_text, "barge: reconnected: ")) << v.stderr_text;
+}
+
 // An error the server answers on a live connection is about the data, not
 // the network: it fails the command at once, with no reconnect.
 TEST_F(NbdReconnectTest, ServerErrorIsNotRetried) {
