@@ -247,13 +247,80 @@ Result<Export> OpenExport(const std::string& uri, const NbdOptions& options) {
   return Export{info, std::make_unique<HandlePool>(std::move(handles))};
 }
 
+std::string Seconds(std::chrono::milliseconds ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(ms.count()) / 1000.0);
+  return text;
+}
+
+Error LostError(std::string message, const std::string& uri, int err) {
+  return Error::IoError(std::move(message)).set_errno(err).set_retryable(true).set_path(uri);
+}
+
+// One connection as a Connections::Run operation sees it: the handle, and
+// Call, which runs one asynchronous command to its end as libnbd's
+// synchronous calls do, but drops a connection that answers nothing for
+// the stall timeout (a synchronous call would wait forever).
+class Conn {
+ public:
+  Conn(HandlePool::Lease& lease, std::chrono::milliseconds stall_timeout)
+      : lease_(lease), stall_timeout_(stall_timeout) {}
+  nbd_handle* get() const { return lease_.get(); }
+  // True once Call dropped the connection for a stall.
+  bool stalled() const { return stalled_; }
+
+  // Issues with `issue` (an nbd_aio_* call: its cookie, or -1) and waits.
+  // Returns 0 when the command succeeded, -1 when it failed with libnbd's
+  // error set (as after the synchronous call), or -1 with stalled() after
+  // a stall (the connection is then closed and must not be used).
+  int Call(const std::function<int64_t(nbd_handle*)>& issue) {
+    using Clock = std::chrono::steady_clock;
+    nbd_handle* h = lease_.get();
+    if (h == nullptr) return -1;  // dropped by an earlier Call
+    int64_t cookie = issue(h);
+    if (cookie == -1) return -1;
+    auto last_activity = Clock::now();
+    for (;;) {
+      int done = nbd_aio_command_completed(h, cookie);
+      if (done != 0) return done == 1 ? 0 : -1;
+      int timeout_ms = -1;
+      if (stall_timeout_.count() > 0) {
+        auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(last_activity + stall_timeout_ - Clock::now());
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
+      }
+      int polled = nbd_poll(h, timeout_ms);
+      if (polled == -1 && !Dropped(h)) {
+        // The command may still name the caller's callback data: closing
+        // the connection takes it back. libnbd's error is nbd_poll's.
+        lease_.Drop();
+        return -1;
+      }
+      if (polled == 1) {
+        last_activity = Clock::now();
+      } else if (polled == 0 && stall_timeout_.count() > 0 && Clock::now() - last_activity >= stall_timeout_) {
+        lease_.Drop();
+        stalled_ = true;
+        return -1;
+      }
+    }
+  }
+
+ private:
+  HandlePool::Lease& lease_;
+  const std::chrono::milliseconds stall_timeout_;
+  bool stalled_ = false;
+};
+
+constexpr nbd_completion_callback kNoCompletion{nullptr, nullptr, nullptr};
+
 // Walks NBD_CMD_BLOCK_STATUS for `context` over [offset, offset+length) and
 // calls `emit` with each piece, clipped to the range, in order. The server
 // may describe less than asked (or more: the last extent may run past the
 // end); this repeats from where each answer stops. Replies are untrusted:
 // one that does not start at the asked offset or makes no progress is
 // kCorruption.
-Status WalkBlockStatus(nbd_handle* h, const std::string& uri, const char* context,
+Status WalkBlockStatus(Conn& conn, const std::string& uri, const char* context,
                        uint64_t offset, uint64_t length,
                        const std::function<void(uint64_t, uint64_t, uint32_t)>& emit) {
   struct Reply {
@@ -278,7 +345,7 @@ Status WalkBlockStatus(nbd_handle* h, const std::string& uri, const char* contex
     uint64_t count = std::min(end - pos, kMaxCommandBytes);
     Reply reply(context);
     nbd_extent_callback cb{callback, &reply, nullptr};
-    if (nbd_block_status(h, count, pos, cb, 0) != 0) {
+    if (conn.Call([&](nbd_handle* h) { return nbd_aio_block_status(h, count, pos, cb, kNoCompletion, 0); }) != 0) {
       return NbdError("nbd_block_status", uri, pos, count);
     }
     if (!reply.seen) {
@@ -333,16 +400,6 @@ using IssueFn = std::function<int64_t(nbd_handle*, const Command&)>;
 // At most this many commands in flight on one connection (nbdcopy keeps 64
 // per connection; qemu's server runs each in a coroutine of its own).
 constexpr size_t kMaxInFlight = 16;
-
-std::string Seconds(std::chrono::milliseconds ms) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(ms.count()) / 1000.0);
-  return text;
-}
-
-Error LostError(std::string message, const std::string& uri, int err) {
-  return Error::IoError(std::move(message)).set_errno(err).set_retryable(true).set_path(uri);
-}
 
 // Issues the commands not yet done on the lease's connection with `issue`
 // (an nbd_aio_* call returning its cookie, or -1 with libnbd's error set),
@@ -505,16 +562,25 @@ class Connections {
     }
   }
 
-  // Runs `op` (one synchronous call, or a few that may all be repeated) on
-  // the lease's connection; after a drop, on a new one, within the bounds.
-  Status Run(HandlePool::Lease& lease, const std::function<Status(nbd_handle*)>& op) {
+  // Runs `op` (commands through Conn::Call, which may all be repeated) on
+  // the lease's connection; after a drop or a stall, on a new one, within
+  // the bounds.
+  Status Run(HandlePool::Lease& lease, const std::function<Status(Conn&)>& op) {
     Outage outage;
     for (;;) {
       Error reason = LostError("the connection was dropped earlier", uri_, ENOTCONN);
       if (lease.get() != nullptr) {
-        Status s = op(lease.get());
-        if (s.ok() || !Dropped(lease.get())) return s;
-        reason = s.error();
+        Conn conn(lease, options_.retry.stall_timeout);
+        Status s = op(conn);
+        if (s.ok()) return s;
+        if (conn.stalled()) {
+          reason = LostError("no reply from the NBD server for " + Seconds(options_.retry.stall_timeout) + " s",
+                             uri_, ETIMEDOUT);
+        } else if (lease.get() != nullptr && Dropped(lease.get())) {
+          reason = s.error();
+        } else {
+          return s;
+        }
       }
       BARGE_RETURN_IF_ERROR(Reconnect(lease, outage, reason, 0));
     }
@@ -659,9 +725,9 @@ class NbdSourceImpl final : public NbdSource {
     BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
     ExtentList out;
     auto lease = conns_.Acquire();
-    BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](nbd_handle* h) {
+    BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) {
       out.clear();  // a walk cut short starts again on the new connection
-      return WalkBlockStatus(h, conns_.uri(), LIBNBD_CONTEXT_BASE_ALLOCATION, offset, length,
+      return WalkBlockStatus(conn, conns_.uri(), LIBNBD_CONTEXT_BASE_ALLOCATION, offset, length,
                              [&](uint64_t off, uint64_t len, uint32_t flags) {
                                out.push_back({off, len, KindFromAllocation(flags)});
                              });
@@ -676,9 +742,9 @@ class NbdSourceImpl final : public NbdSource {
     BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
     RangeList out;
     auto lease = conns_.Acquire();
-    BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](nbd_handle* h) {
+    BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) {
       out.clear();
-      return WalkBlockStatus(h, conns_.uri(), dirty_context_.c_str(), offset, length,
+      return WalkBlockStatus(conn, conns_.uri(), dirty_context_.c_str(), offset, length,
                              [&](uint64_t off, uint64_t len, uint32_t flags) {
                                if (flags & 1) out.push_back({off, len});
                              });
@@ -734,26 +800,31 @@ class NbdSink final : public BlockSink {
       auto lease = conns_.Acquire();
       // `pos` moves only past zeroes the server confirmed, so a reconnect
       // goes on from there.
-      BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](nbd_handle* h) -> Status {
+      BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) -> Status {
+        auto zero = [&](uint64_t n, uint32_t flags) {
+          return conn.Call([&](nbd_handle* h) { return nbd_aio_zero(h, n, pos, kNoCompletion, flags); });
+        };
+        // A failure on a connection that is gone goes back to Run.
+        auto gone = [&] { return conn.get() == nullptr || Dropped(conn.get()); };
         while (pos < end) {
           uint64_t n = std::min(end - pos, kMaxCommandBytes);
           // Fast zero first: the server refuses (ENOTSUP) instead of writing
           // zeros slowly; then ask again without the flag and let the server
           // do the slow work, which still saves sending the bytes.
-          if (fast_zero_ && nbd_zero(h, n, pos, LIBNBD_CMD_FLAG_FAST_ZERO) == 0) {
+          if (fast_zero_ && zero(n, LIBNBD_CMD_FLAG_FAST_ZERO) == 0) {
             pos += n;
             continue;
           }
           if (fast_zero_) {
             int err = nbd_get_errno();
-            if ((err != ENOTSUP && err != EOPNOTSUPP) || Dropped(h)) return NbdError("nbd_zero", conns_.uri(), pos, n);
+            Error e = NbdError("nbd_zero", conns_.uri(), pos, n);
+            if ((err != ENOTSUP && err != EOPNOTSUPP) || gone()) return e;
             fast_zero_ = false;  // a benign race: every thread learns the same
           }
-          if (nbd_zero(h, n, pos, 0) != 0) {
+          if (zero(n, 0) != 0) {
             int err = nbd_get_errno();
-            if ((err != ENOTSUP && err != EOPNOTSUPP && err != EINVAL) || Dropped(h)) {
-              return NbdError("nbd_zero", conns_.uri(), pos, n);
-            }
+            Error e = NbdError("nbd_zero", conns_.uri(), pos, n);
+            if ((err != ENOTSUP && err != EOPNOTSUPP && err != EINVAL) || gone()) return e;
             fall_back = true;  // the server cannot zero after all: write zero buffers
             return OkStatus();
           }
@@ -772,10 +843,12 @@ class NbdSink final : public BlockSink {
     BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
     auto lease = conns_.Acquire();
     uint64_t pos = offset;
-    return conns_.Run(lease, [&](nbd_handle* h) -> Status {
+    return conns_.Run(lease, [&](Conn& conn) -> Status {
       for (; pos < offset + length;) {
         uint64_t n = std::min(offset + length - pos, kMaxCommandBytes);
-        if (nbd_trim(h, n, pos, 0) != 0) return NbdError("nbd_trim", conns_.uri(), pos, n);
+        if (conn.Call([&](nbd_handle* h) { return nbd_aio_trim(h, n, pos, kNoCompletion, 0); }) != 0) {
+          return NbdError("nbd_trim", conns_.uri(), pos, n);
+        }
         pos += n;
       }
       return OkStatus();
@@ -789,8 +862,10 @@ class NbdSink final : public BlockSink {
   Status Flush() override {
     if (!conns_.info().can_flush) return OkStatus();
     auto lease = conns_.Acquire();
-    return conns_.Run(lease, [&](nbd_handle* h) -> Status {
-      if (nbd_flush(h, 0) != 0) return NbdError("nbd_flush", conns_.uri());
+    return conns_.Run(lease, [&](Conn& conn) -> Status {
+      if (conn.Call([](nbd_handle* h) { return nbd_aio_flush(h, kNoCompletion, 0); }) != 0) {
+        return NbdError("nbd_flush", conns_.uri());
+      }
       return OkStatus();
     });
   }
