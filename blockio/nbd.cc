@@ -404,7 +404,9 @@ constexpr size_t kMaxInFlight = 16;
 // Issues the commands not yet done on the lease's connection with `issue`
 // (an nbd_aio_* call returning its cookie, or -1 with libnbd's error set),
 // up to kMaxInFlight at a time, and reaps every one before returning,
-// failed or not: the buffers are the caller's. A failure on a live
+// failed or not: the buffers are the caller's (where it cannot, after a
+// stall or a failing nbd_poll, it closes the connection, which takes the
+// commands back from libnbd). A failure on a live
 // connection is the server's answer: it becomes status[command.request]
 // (the first per request is kept), and the request's commands not yet
 // issued are skipped. The answers' round trips overlap instead of adding
