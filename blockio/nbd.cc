@@ -9,9 +9,12 @@
 #include <atomic>
 #include <chrono>
 #include <cerrno>
+#include <cstdio>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 namespace barge {
@@ -21,6 +24,8 @@ namespace {
 // NBD block status and write-zeroes lengths are 32-bit on the wire; ask for
 // at most this much per command (a multiple of any sane block size).
 constexpr uint64_t kMaxCommandBytes = uint64_t{1} << 30;
+// Longest a closing connection waits for the server to see NBD_CMD_DISC.
+constexpr std::chrono::milliseconds kDisconnectWait{2000};
 // Deadline for each connection after the first (see OpenExport).
 constexpr std::chrono::milliseconds kExtraConnectTimeout{2000};
 
@@ -53,10 +58,20 @@ class NbdHandle {
   }
   ~NbdHandle() {
     // NBD_CMD_DISC lets the server finish cleanly; ignore failures (the
-    // connection may already be gone).
-    if (nbd_aio_is_ready(h_) == 1) nbd_shutdown(h_, 0);
+    // connection may already be gone). Not on an abandoned (stalled) one,
+    // and never waiting long: a server or path that stopped answering
+    // would keep a synchronous nbd_shutdown waiting forever.
+    if (!abandoned_ && nbd_aio_is_ready(h_) == 1 && nbd_aio_disconnect(h_, 0) == 0) {
+      auto deadline = std::chrono::steady_clock::now() + kDisconnectWait;
+      while (nbd_aio_is_closed(h_) != 1 && nbd_aio_is_dead(h_) != 1 &&
+             std::chrono::steady_clock::now() < deadline) {
+        if (nbd_poll(h_, 100) == -1) break;
+      }
+    }
     nbd_close(h_);
   }
+  // The destructor closes without asking the server.
+  void Abandon() { abandoned_ = true; }
   NbdHandle(const NbdHandle&) = delete;
   NbdHandle& operator=(const NbdHandle&) = delete;
   nbd_handle* get() const { return h_; }
@@ -64,7 +79,12 @@ class NbdHandle {
  private:
   explicit NbdHandle(nbd_handle* h) : h_(h) {}
   nbd_handle* h_;
+  bool abandoned_ = false;
 };
+
+// True once the connection is gone: libnbd has retired (failed) every
+// command that was in flight on it, and none can be issued.
+bool Dropped(nbd_handle* h) { return nbd_aio_is_dead(h) == 1 || nbd_aio_is_closed(h) == 1; }
 
 // What the first connection learned about the export.
 struct ExportInfo {
@@ -142,7 +162,9 @@ Result<ExportInfo> Probe(nbd_handle* h, const std::string& uri, const NbdOptions
 }
 
 // The connections of one export. Each serves one thread at a time: Lease
-// borrows one, waiting while all are busy. Thread-safe.
+// borrows one, waiting while all are busy. Thread-safe. A lease holder may
+// drop its connection (one that stalled) and put a new one in its place;
+// only it touches that slot while it holds the lease.
 class HandlePool {
  public:
   class Lease {
@@ -151,7 +173,19 @@ class HandlePool {
     ~Lease() { pool_.Return(index_); }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
-    nbd_handle* get() const { return pool_.handles_[index_]->get(); }
+    // Null after Drop until Replace.
+    nbd_handle* get() const {
+      const auto& handle = pool_.handles_[index_];
+      return handle ? handle->get() : nullptr;
+    }
+    // Closes the connection at once, without waiting for the server; its
+    // commands in flight are forgotten (their buffers are never touched
+    // again).
+    void Drop() {
+      if (auto& handle = pool_.handles_[index_]) handle->Abandon();
+      pool_.handles_[index_].reset();
+    }
+    void Replace(std::unique_ptr<NbdHandle> handle) { pool_.handles_[index_] = std::move(handle); }
 
    private:
     HandlePool& pool_;
@@ -163,7 +197,6 @@ class HandlePool {
     for (size_t i = 0; i < handles_.size(); ++i) free_.push_back(i);
   }
   size_t size() const { return handles_.size(); }
-  nbd_handle* first() const { return handles_.front()->get(); }
 
   Lease Acquire() {
     std::unique_lock lock(mu_);
@@ -182,7 +215,8 @@ class HandlePool {
     cv_.notify_one();
   }
 
-  const std::vector<std::unique_ptr<NbdHandle>> handles_;
+  // The vector never changes size; slot i belongs to the holder of its lease.
+  std::vector<std::unique_ptr<NbdHandle>> handles_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<size_t> free_;  // guarded by mu_
@@ -213,13 +247,80 @@ Result<Export> OpenExport(const std::string& uri, const NbdOptions& options) {
   return Export{info, std::make_unique<HandlePool>(std::move(handles))};
 }
 
+std::string Seconds(std::chrono::milliseconds ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(ms.count()) / 1000.0);
+  return text;
+}
+
+Error LostError(std::string message, const std::string& uri, int err) {
+  return Error::IoError(std::move(message)).set_errno(err).set_retryable(true).set_path(uri);
+}
+
+// One connection as a Connections::Run operation sees it: the handle, and
+// Call, which runs one asynchronous command to its end as libnbd's
+// synchronous calls do, but drops a connection that answers nothing for
+// the stall timeout (a synchronous call would wait forever).
+class Conn {
+ public:
+  Conn(HandlePool::Lease& lease, std::chrono::milliseconds stall_timeout)
+      : lease_(lease), stall_timeout_(stall_timeout) {}
+  nbd_handle* get() const { return lease_.get(); }
+  // True once Call dropped the connection for a stall.
+  bool stalled() const { return stalled_; }
+
+  // Issues with `issue` (an nbd_aio_* call: its cookie, or -1) and waits.
+  // Returns 0 when the command succeeded, -1 when it failed with libnbd's
+  // error set (as after the synchronous call), or -1 with stalled() after
+  // a stall (the connection is then closed and must not be used).
+  int Call(const std::function<int64_t(nbd_handle*)>& issue) {
+    using Clock = std::chrono::steady_clock;
+    nbd_handle* h = lease_.get();
+    if (h == nullptr) return -1;  // dropped by an earlier Call
+    int64_t cookie = issue(h);
+    if (cookie == -1) return -1;
+    auto last_activity = Clock::now();
+    for (;;) {
+      int done = nbd_aio_command_completed(h, cookie);
+      if (done != 0) return done == 1 ? 0 : -1;
+      int timeout_ms = -1;
+      if (stall_timeout_.count() > 0) {
+        auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(last_activity + stall_timeout_ - Clock::now());
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
+      }
+      int polled = nbd_poll(h, timeout_ms);
+      if (polled == -1 && !Dropped(h)) {
+        // The command may still name the caller's callback data: closing
+        // the connection takes it back. libnbd's error is nbd_poll's.
+        lease_.Drop();
+        return -1;
+      }
+      if (polled == 1) {
+        last_activity = Clock::now();
+      } else if (polled == 0 && stall_timeout_.count() > 0 && Clock::now() - last_activity >= stall_timeout_) {
+        lease_.Drop();
+        stalled_ = true;
+        return -1;
+      }
+    }
+  }
+
+ private:
+  HandlePool::Lease& lease_;
+  const std::chrono::milliseconds stall_timeout_;
+  bool stalled_ = false;
+};
+
+constexpr nbd_completion_callback kNoCompletion{nullptr, nullptr, nullptr};
+
 // Walks NBD_CMD_BLOCK_STATUS for `context` over [offset, offset+length) and
 // calls `emit` with each piece, clipped to the range, in order. The server
 // may describe less than asked (or more: the last extent may run past the
 // end); this repeats from where each answer stops. Replies are untrusted:
 // one that does not start at the asked offset or makes no progress is
 // kCorruption.
-Status WalkBlockStatus(nbd_handle* h, const std::string& uri, const char* context,
+Status WalkBlockStatus(Conn& conn, const std::string& uri, const char* context,
                        uint64_t offset, uint64_t length,
                        const std::function<void(uint64_t, uint64_t, uint32_t)>& emit) {
   struct Reply {
@@ -244,7 +345,7 @@ Status WalkBlockStatus(nbd_handle* h, const std::string& uri, const char* contex
     uint64_t count = std::min(end - pos, kMaxCommandBytes);
     Reply reply(context);
     nbd_extent_callback cb{callback, &reply, nullptr};
-    if (nbd_block_status(h, count, pos, cb, 0) != 0) {
+    if (conn.Call([&](nbd_handle* h) { return nbd_aio_block_status(h, count, pos, cb, kNoCompletion, 0); }) != 0) {
       return NbdError("nbd_block_status", uri, pos, count);
     }
     if (!reply.seen) {
@@ -291,39 +392,64 @@ struct Command {
   const std::byte* data = nullptr;
   size_t length = 0;
   int64_t cookie = -1;
+  bool done = false;  // completed, well or with the server's error
 };
+
+using IssueFn = std::function<int64_t(nbd_handle*, const Command&)>;
 
 // At most this many commands in flight on one connection (nbdcopy keeps 64
 // per connection; qemu's server runs each in a coroutine of its own).
 constexpr size_t kMaxInFlight = 16;
 
-// Issues every command on `h` with `issue` (an nbd_aio_* call returning its
-// cookie, or -1 with libnbd's error set), up to kMaxInFlight at a time, and
-// reaps every one before returning, failed or not: the buffers are the
-// caller's (only a failing nbd_poll on a live connection ends it early). A failure becomes status[command.request] (the first per
-// request is kept), and the request's commands not yet issued are skipped.
-// The answers' round trips overlap instead of adding up; the server may
-// answer in any order.
-void RunPipelined(nbd_handle* h, const std::string& uri, std::string_view operation,
-                  std::vector<Command>& commands, std::vector<Status>& status,
-                  const std::function<int64_t(nbd_handle*, const Command&)>& issue) {
+// Issues the commands not yet done on the lease's connection with `issue`
+// (an nbd_aio_* call returning its cookie, or -1 with libnbd's error set),
+// up to kMaxInFlight at a time, and reaps every one before returning,
+// failed or not: the buffers are the caller's (where it cannot, after a
+// stall or a failing nbd_poll, it closes the connection, which takes the
+// commands back from libnbd). A failure on a live
+// connection is the server's answer: it becomes status[command.request]
+// (the first per request is kept), and the request's commands not yet
+// issued are skipped. The answers' round trips overlap instead of adding
+// up; the server may answer in any order.
+// Returns why the connection was lost, when it was: it dropped (libnbd
+// then retires its commands with errors), or nothing came back for
+// `stall_timeout` (then the lease's connection is dropped here, which
+// forgets its commands). The commands it did not complete are left not
+// done and their requests' status untouched, to be sent again. `progressed`
+// is set when a command completed.
+std::optional<Error> RunPipelined(HandlePool::Lease& lease, const std::string& uri, std::string_view operation,
+                                  std::vector<Command>& commands, std::vector<Status>& status,
+                                  const IssueFn& issue, std::chrono::milliseconds stall_timeout,
+                                  bool& progressed) {
+  using Clock = std::chrono::steady_clock;
+  nbd_handle* h = lease.get();
   auto fail = [&](const Command& c, Error e) {
     if (status[c.request].ok()) status[c.request] = std::move(e);
   };
+  std::optional<Error> lost;
   std::vector<size_t> in_flight;
   size_t next = 0;
-  while (next < commands.size() || !in_flight.empty()) {
-    while (next < commands.size() && in_flight.size() < kMaxInFlight) {
+  auto last_answer = Clock::now();
+  while ((!lost && next < commands.size()) || !in_flight.empty()) {
+    while (!lost && next < commands.size() && in_flight.size() < kMaxInFlight) {
       Command& c = commands[next];
-      if (!status[c.request].ok()) {
+      if (c.done || !status[c.request].ok()) {
         ++next;
         continue;
       }
       c.cookie = issue(h, c);
       if (c.cookie == -1) {
-        // Not queued (a dead connection, say): neither is anything after it.
         Error e = NbdError(operation, uri, c.offset, c.length);
-        for (; next < commands.size(); ++next) fail(commands[next], e);
+        if (Dropped(h)) {
+          // libnbd's text here only says the handle is dead; the cause
+          // went with an earlier call (or none, on an idle connection).
+          lost = LostError("the connection was closed or reset", uri, ECONNRESET);
+          break;
+        }
+        // Not queued on a live connection: neither is anything after it.
+        for (; next < commands.size(); ++next) {
+          if (!commands[next].done) fail(commands[next], e);
+        }
         break;
       }
       in_flight.push_back(next++);
@@ -332,19 +458,47 @@ void RunPipelined(nbd_handle* h, const std::string& uri, std::string_view operat
     // A dead connection retires its commands with an error, so reaping
     // below always ends. A poll that fails on a live one ends the wait, as
     // libnbd's own synchronous calls do (polling again could spin).
-    if (nbd_poll(h, -1) == -1 && nbd_aio_is_dead(h) != 1 && nbd_aio_is_closed(h) != 1) {
+    int timeout_ms = -1;
+    if (stall_timeout.count() > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(last_answer + stall_timeout - Clock::now());
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
+    }
+    int polled = nbd_poll(h, timeout_ms);
+    if (polled == -1 && !Dropped(h)) {
       Error e = NbdError("nbd_poll", uri);
       for (size_t k : in_flight) fail(commands[k], e);
-      return;
+      // The commands still in flight name the caller's buffers: closing the
+      // connection takes them back (the next user opens a new one).
+      lease.Drop();
+      return lost;
     }
+    size_t before = in_flight.size();
     std::erase_if(in_flight, [&](size_t k) {
-      const Command& c = commands[k];
+      Command& c = commands[k];
       int done = nbd_aio_command_completed(h, c.cookie);
       if (done == 0) return false;
-      if (done == -1) fail(c, NbdError(operation, uri, c.offset, c.length));
+      if (done == -1) {
+        Error e = NbdError(operation, uri, c.offset, c.length);
+        if (Dropped(h)) {
+          if (!lost) lost = std::move(e);
+          return true;  // retired with the connection: to be sent again
+        }
+        fail(c, std::move(e));
+      }
+      c.done = true;
+      progressed = true;
       return true;
     });
+    if (in_flight.size() < before) {
+      last_answer = Clock::now();
+    } else if (stall_timeout.count() > 0 && Clock::now() - last_answer >= stall_timeout) {
+      // Closing the connection is the only way to take the commands back
+      // from libnbd: after it, nothing writes into their buffers.
+      lease.Drop();
+      return LostError("no reply from the NBD server for " + Seconds(stall_timeout) + " s", uri, ETIMEDOUT);
+    }
   }
+  return lost;
 }
 
 // Splits [offset, offset + length) of request `request` into commands of at
@@ -358,22 +512,180 @@ void AddCommands(std::vector<Command>& out, size_t request, uint64_t offset, con
   }
 }
 
+// The drops of one call since a command last completed: what the retry
+// bounds count.
+struct Outage {
+  bool active = false;
+  uint32_t attempts = 0;
+  std::chrono::steady_clock::time_point start;
+};
+
+// The connections of one export and what it takes to replace a dropped
+// one (NbdRetryPolicy). Thread-safe, like HandlePool.
+class Connections {
+ public:
+  Connections(std::string uri, const NbdOptions& options, Export ex)
+      : uri_(std::move(uri)), options_(options), info_(ex.info), pool_(std::move(ex.pool)) {}
+
+  const std::string& uri() const { return uri_; }
+  const ExportInfo& info() const { return info_; }
+  size_t size() const { return pool_->size(); }
+  HandlePool::Lease Acquire() { return pool_->Acquire(); }
+
+  // Runs `commands` on one connection (RunPipelined); after a drop, a new
+  // connection takes the place of the lost one and the commands that had
+  // not completed are sent again, within the policy's bounds. Past them,
+  // every command not done fails its request with the reason.
+  void RunCommands(std::string_view operation, std::vector<Command> commands, std::vector<Status>& status,
+                   const IssueFn& issue) {
+    auto lease = pool_->Acquire();
+    Outage outage;
+    while (!commands.empty()) {
+      std::optional<Error> lost;
+      if (lease.get() == nullptr) {
+        lost = LostError("the connection was dropped earlier", uri_, ENOTCONN);
+      } else {
+        bool progressed = false;
+        lost = RunPipelined(lease, uri_, operation, commands, status, issue, options_.retry.stall_timeout,
+                            progressed);
+        if (progressed) outage = Outage{};
+      }
+      if (!lost) return;
+      std::erase_if(commands, [&](const Command& c) { return c.done || !status[c.request].ok(); });
+      if (commands.empty()) return;  // the next user of this connection replaces it
+      uint64_t bytes = 0;
+      for (const Command& c : commands) bytes += c.length;
+      if (Status s = Reconnect(lease, outage, *lost, bytes); !s.ok()) {
+        for (const Command& c : commands) {
+          if (status[c.request].ok()) status[c.request] = s;
+        }
+        return;
+      }
+    }
+  }
+
+  // Runs `op` (commands through Conn::Call, which may all be repeated) on
+  // the lease's connection; after a drop or a stall, on a new one, within
+  // the bounds.
+  Status Run(HandlePool::Lease& lease, const std::function<Status(Conn&)>& op) {
+    Outage outage;
+    for (;;) {
+      Error reason = LostError("the connection was dropped earlier", uri_, ENOTCONN);
+      if (lease.get() != nullptr) {
+        Conn conn(lease, options_.retry.stall_timeout);
+        Status s = op(conn);
+        if (s.ok()) return s;
+        if (conn.stalled()) {
+          reason = LostError("no reply from the NBD server for " + Seconds(options_.retry.stall_timeout) + " s",
+                             uri_, ETIMEDOUT);
+        } else if (lease.get() != nullptr && Dropped(lease.get())) {
+          reason = s.error();
+        } else {
+          return s;
+        }
+      }
+      BARGE_RETURN_IF_ERROR(Reconnect(lease, outage, reason, 0));
+    }
+  }
+
+ private:
+  // Puts a new connection in the lease's slot, after backoff; counts the
+  // attempt against `outage`. Returns kIoError (retryable) naming `reason`
+  // when the bounds are passed, kCancelled when cancelled, and the
+  // mismatch when the new connection shows a different export.
+  Status Reconnect(HandlePool::Lease& lease, Outage& outage, const Error& reason, uint64_t reissued_bytes) {
+    using Clock = std::chrono::steady_clock;
+    using std::chrono::milliseconds;
+    const NbdRetryPolicy& policy = options_.retry;
+    if (!outage.active) outage = Outage{true, 0, Clock::now()};
+    lease.Drop();
+    uint32_t attempts = 0;
+    milliseconds waited{0};
+    std::optional<Error> last;
+    for (;;) {
+      auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - outage.start);
+      milliseconds delay = policy.max_delay;
+      if (outage.attempts < 20) delay = std::min(policy.first_delay * (int64_t{1} << outage.attempts), delay);
+      if (outage.attempts >= policy.attempts || elapsed + delay > policy.max_time) {
+        std::string message = "NBD connection lost (" + reason.message() + ")";
+        if (policy.attempts == 0) {
+          message += "; reconnecting is off";
+        } else {
+          message += " and not restored: " + std::to_string(outage.attempts) + " reconnect attempt" +
+                     (outage.attempts == 1 ? "" : "s") + " in " + Seconds(elapsed) + " s (bounds: " +
+                     std::to_string(policy.attempts) + " attempts, " + Seconds(policy.max_time) + " s)";
+          if (last) message += "; last attempt: " + last->message();
+        }
+        return Error::IoError(message)
+            .set_errno(reason.errno_value() != 0 ? reason.errno_value() : ECONNRESET)
+            .set_retryable(true)
+            .set_path(uri_);
+      }
+      BARGE_RETURN_IF_ERROR(Backoff(delay));
+      waited += delay;
+      ++outage.attempts;
+      ++attempts;
+      elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - outage.start);
+      milliseconds timeout = std::max(milliseconds(1000), std::min(options_.connect_timeout, policy.max_time - elapsed));
+      auto handle = Connect(uri_, options_, timeout);
+      if (!handle.ok()) {
+        last = handle.error();
+        continue;
+      }
+      int64_t size = nbd_get_size((*handle)->get());
+      if (size < 0 || static_cast<uint64_t>(size) != info_.size_bytes) {
+        return Error::InvalidArgument("the export is not the same after reconnecting (size " + std::to_string(size) +
+                                      ", was " + std::to_string(info_.size_bytes) + ")")
+            .set_path(uri_);
+      }
+      lease.Replace(std::move(handle).value());
+      if (policy.on_reconnect) {
+        NbdReconnect event;
+        event.uri = NbdUriForReport(uri_);
+        event.reason = reason.message();
+        event.attempts = attempts;
+        event.waited = waited;
+        event.reissued_bytes = reissued_bytes;
+        policy.on_reconnect(event);
+      }
+      return OkStatus();
+    }
+  }
+
+  // Sleeps `delay`, waking early (kCancelled) when the cancel flag is set.
+  Status Backoff(std::chrono::milliseconds delay) const {
+    auto until = std::chrono::steady_clock::now() + delay;
+    while (std::chrono::steady_clock::now() < until) {
+      if (options_.retry.cancel != nullptr && options_.retry.cancel->load()) {
+        return Error::Cancelled("cancelled while reconnecting").set_path(uri_);
+      }
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+          std::chrono::milliseconds(50), until - std::chrono::steady_clock::now()));
+    }
+    return OkStatus();
+  }
+
+  const std::string uri_;
+  const NbdOptions options_;
+  const ExportInfo info_;
+  const std::unique_ptr<HandlePool> pool_;
+};
+
 class NbdSourceImpl final : public NbdSource {
  public:
-  NbdSourceImpl(std::string uri, Export ex, std::string dirty_context)
-      : uri_(std::move(uri)), info_(ex.info), pool_(std::move(ex.pool)),
-        dirty_context_(std::move(dirty_context)) {}
+  NbdSourceImpl(std::string uri, const NbdOptions& options, Export ex)
+      : conns_(std::move(uri), options, std::move(ex)), dirty_context_(options.dirty_bitmap_context) {}
 
-  const std::string& name() const override { return uri_; }
-  uint64_t size_bytes() const override { return info_.size_bytes; }
-  uint32_t connections() const override { return static_cast<uint32_t>(pool_->size()); }
+  const std::string& name() const override { return conns_.uri(); }
+  uint64_t size_bytes() const override { return conns_.info().size_bytes; }
+  uint32_t connections() const override { return static_cast<uint32_t>(conns_.size()); }
 
   SourceCapabilities capabilities() const override {
     SourceCapabilities caps;
-    caps.alignment_bytes = info_.min_block_bytes;
-    caps.preferred_request_bytes = info_.request_bytes;
-    caps.has_extents = info_.has_allocation;
-    caps.parallel_reads = pool_->size() > 1;
+    caps.alignment_bytes = conns_.info().min_block_bytes;
+    caps.preferred_request_bytes = conns_.info().request_bytes;
+    caps.has_extents = conns_.info().has_allocation;
+    caps.parallel_reads = conns_.size() > 1;
     return caps;
   }
 
@@ -382,7 +694,8 @@ class NbdSourceImpl final : public NbdSource {
     return ReadMany(std::span(&one, 1));
   }
 
-  // Every request goes out on one connection, pipelined (RunPipelined).
+  // Every request goes out on one connection, pipelined; after a drop, the
+  // pieces not yet read go out again on a new one (Connections).
   // NBD has no short reads: a command fills its piece or fails.
   Status ReadMany(std::span<ReadRequest> requests) override {
     std::vector<Command> commands;
@@ -390,11 +703,12 @@ class NbdSourceImpl final : public NbdSource {
     for (size_t i = 0; i < requests.size(); ++i) {
       const ReadRequest& r = requests[i];
       status[i] = CheckRange(r.offset, r.buffer.size());
-      if (status[i].ok()) AddCommands(commands, i, r.offset, r.buffer.data(), r.buffer.size(), info_.request_bytes);
+      if (status[i].ok()) {
+        AddCommands(commands, i, r.offset, r.buffer.data(), r.buffer.size(), conns_.info().request_bytes);
+      }
     }
     if (!commands.empty()) {
-      auto lease = pool_->Acquire();
-      RunPipelined(lease.get(), uri_, "nbd_pread", commands, status, [](nbd_handle* h, const Command& c) {
+      conns_.RunCommands("nbd_pread", std::move(commands), status, [](nbd_handle* h, const Command& c) {
         // The buffer is the caller's writable ReadRequest buffer.
         return nbd_aio_pread(h, const_cast<std::byte*>(c.data), c.length, c.offset,
                              nbd_completion_callback{nullptr, nullptr, nullptr}, 0);
@@ -409,65 +723,70 @@ class NbdSourceImpl final : public NbdSource {
   }
 
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override {
-    if (!info_.has_allocation) return BlockSource::Extents(offset, length);
+    if (!conns_.info().has_allocation) return BlockSource::Extents(offset, length);
     BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
     ExtentList out;
-    auto lease = pool_->Acquire();
-    BARGE_RETURN_IF_ERROR(WalkBlockStatus(
-        lease.get(), uri_, LIBNBD_CONTEXT_BASE_ALLOCATION, offset, length,
-        [&](uint64_t off, uint64_t len, uint32_t flags) {
-          out.push_back({off, len, KindFromAllocation(flags)});
-        }));
+    auto lease = conns_.Acquire();
+    BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) {
+      out.clear();  // a walk cut short starts again on the new connection
+      return WalkBlockStatus(conn, conns_.uri(), LIBNBD_CONTEXT_BASE_ALLOCATION, offset, length,
+                             [&](uint64_t off, uint64_t len, uint32_t flags) {
+                               out.push_back({off, len, KindFromAllocation(flags)});
+                             });
+    }));
     return MergeAdjacent(std::move(out));
   }
 
   Result<RangeList> DirtyRanges(uint64_t offset, uint64_t length) override {
     if (dirty_context_.empty()) {
-      return Error::NotSupported("no dirty-bitmap meta context was requested").set_path(uri_);
+      return Error::NotSupported("no dirty-bitmap meta context was requested").set_path(conns_.uri());
     }
     BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
     RangeList out;
-    auto lease = pool_->Acquire();
-    BARGE_RETURN_IF_ERROR(WalkBlockStatus(lease.get(), uri_, dirty_context_.c_str(), offset,
-                                          length, [&](uint64_t off, uint64_t len, uint32_t flags) {
-                                            if (flags & 1) out.push_back({off, len});
-                                          }));
+    auto lease = conns_.Acquire();
+    BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) {
+      out.clear();
+      return WalkBlockStatus(conn, conns_.uri(), dirty_context_.c_str(), offset, length,
+                             [&](uint64_t off, uint64_t len, uint32_t flags) {
+                               if (flags & 1) out.push_back({off, len});
+                             });
+    }));
     return NormalizeRanges(std::move(out));
   }
 
  private:
-  const std::string uri_;
-  const ExportInfo info_;
-  const std::unique_ptr<HandlePool> pool_;
+  Connections conns_;
   const std::string dirty_context_;
 };
 
 class NbdSink final : public BlockSink {
  public:
-  NbdSink(std::string uri, Export ex)
-      : uri_(std::move(uri)), info_(ex.info), pool_(std::move(ex.pool)) {}
+  NbdSink(std::string uri, const NbdOptions& options, Export ex)
+      : conns_(std::move(uri), options, std::move(ex)), fast_zero_(conns_.info().can_fast_zero) {}
 
-  const std::string& name() const override { return uri_; }
-  uint64_t size_bytes() const override { return info_.size_bytes; }
+  const std::string& name() const override { return conns_.uri(); }
+  uint64_t size_bytes() const override { return conns_.info().size_bytes; }
 
   SinkCapabilities capabilities() const override {
+    const ExportInfo& info = conns_.info();
     SinkCapabilities caps;
-    caps.alignment_bytes = info_.min_block_bytes;
-    caps.preferred_request_bytes = info_.request_bytes;
-    caps.can_zero = info_.can_zero;
-    caps.can_trim = info_.can_trim;
+    caps.alignment_bytes = info.min_block_bytes;
+    caps.preferred_request_bytes = info.request_bytes;
+    caps.can_zero = info.can_zero;
+    caps.can_trim = info.can_trim;
     caps.zero_initialized = false;  // an export holds whatever it held
     caps.can_grow = false;
     return caps;
   }
 
+  // A write sent again after a drop lands at the same offset with the same
+  // bytes: harmless if the first one reached the disk too.
   Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
     BARGE_RETURN_IF_ERROR(CheckRange(offset, data.size()));
     std::vector<Command> commands;
-    AddCommands(commands, 0, offset, data.data(), data.size(), info_.request_bytes);
+    AddCommands(commands, 0, offset, data.data(), data.size(), conns_.info().request_bytes);
     std::vector<Status> status(1);
-    auto lease = pool_->Acquire();
-    RunPipelined(lease.get(), uri_, "nbd_pwrite", commands, status, [](nbd_handle* h, const Command& c) {
+    conns_.RunCommands("nbd_pwrite", std::move(commands), status, [](nbd_handle* h, const Command& c) {
       return nbd_aio_pwrite(h, c.data, c.length, c.offset, nbd_completion_callback{nullptr, nullptr, nullptr}, 0);
     });
     return status[0];
@@ -475,80 +794,118 @@ class NbdSink final : public BlockSink {
 
   Status WriteZeroes(uint64_t offset, uint64_t length) override {
     BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
-    if (!info_.can_zero) return BlockSink::WriteZeroes(offset, length);
+    if (!conns_.info().can_zero) return BlockSink::WriteZeroes(offset, length);
     uint64_t pos = offset;
     const uint64_t end = offset + length;
+    bool fall_back = false;
     {
-      auto lease = pool_->Acquire();
-      while (pos < end) {
-        uint64_t n = std::min(end - pos, kMaxCommandBytes);
-        // Fast zero first: the server refuses (ENOTSUP) instead of writing
-        // zeros slowly; then ask again without the flag and let the server
-        // do the slow work, which still saves sending the bytes.
-        if (fast_zero_ && nbd_zero(lease.get(), n, pos, LIBNBD_CMD_FLAG_FAST_ZERO) == 0) {
-          pos += n;
-          continue;
-        }
-        if (fast_zero_) {
-          int err = nbd_get_errno();
-          if (err != ENOTSUP && err != EOPNOTSUPP) return NbdError("nbd_zero", uri_, pos, n);
-          fast_zero_ = false;  // a benign race: every thread learns the same
-        }
-        if (nbd_zero(lease.get(), n, pos, 0) != 0) {
-          int err = nbd_get_errno();
-          if (err != ENOTSUP && err != EOPNOTSUPP && err != EINVAL) {
-            return NbdError("nbd_zero", uri_, pos, n);
+      auto lease = conns_.Acquire();
+      // `pos` moves only past zeroes the server confirmed, so a reconnect
+      // goes on from there.
+      BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) -> Status {
+        auto zero = [&](uint64_t n, uint32_t flags) {
+          return conn.Call([&](nbd_handle* h) { return nbd_aio_zero(h, n, pos, kNoCompletion, flags); });
+        };
+        // A failure on a connection that is gone goes back to Run.
+        auto gone = [&] { return conn.get() == nullptr || Dropped(conn.get()); };
+        while (pos < end) {
+          uint64_t n = std::min(end - pos, kMaxCommandBytes);
+          // Fast zero first: the server refuses (ENOTSUP) instead of writing
+          // zeros slowly; then ask again without the flag and let the server
+          // do the slow work, which still saves sending the bytes.
+          if (fast_zero_ && zero(n, LIBNBD_CMD_FLAG_FAST_ZERO) == 0) {
+            pos += n;
+            continue;
           }
-          break;  // the server cannot zero after all: write zero buffers
+          if (fast_zero_) {
+            int err = nbd_get_errno();
+            Error e = NbdError("nbd_zero", conns_.uri(), pos, n);
+            if ((err != ENOTSUP && err != EOPNOTSUPP) || gone()) return e;
+            fast_zero_ = false;  // a benign race: every thread learns the same
+          }
+          if (zero(n, 0) != 0) {
+            int err = nbd_get_errno();
+            Error e = NbdError("nbd_zero", conns_.uri(), pos, n);
+            if ((err != ENOTSUP && err != EOPNOTSUPP && err != EINVAL) || gone()) return e;
+            fall_back = true;  // the server cannot zero after all: write zero buffers
+            return OkStatus();
+          }
+          pos += n;
         }
-        pos += n;
-      }
+        return OkStatus();
+      }));
     }
     // Outside the lease: the fallback's WriteAt takes a connection itself.
-    if (pos < end) return BlockSink::WriteZeroes(pos, end - pos);
+    if (fall_back && pos < end) return BlockSink::WriteZeroes(pos, end - pos);
     return OkStatus();
   }
 
   Status Trim(uint64_t offset, uint64_t length) override {
-    if (!info_.can_trim) return BlockSink::Trim(offset, length);
+    if (!conns_.info().can_trim) return BlockSink::Trim(offset, length);
     BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
-    auto lease = pool_->Acquire();
-    for (uint64_t pos = offset; pos < offset + length;) {
-      uint64_t n = std::min(offset + length - pos, kMaxCommandBytes);
-      if (nbd_trim(lease.get(), n, pos, 0) != 0) return NbdError("nbd_trim", uri_, pos, n);
-      pos += n;
-    }
-    return OkStatus();
+    auto lease = conns_.Acquire();
+    uint64_t pos = offset;
+    return conns_.Run(lease, [&](Conn& conn) -> Status {
+      for (; pos < offset + length;) {
+        uint64_t n = std::min(offset + length - pos, kMaxCommandBytes);
+        if (conn.Call([&](nbd_handle* h) { return nbd_aio_trim(h, n, pos, kNoCompletion, 0); }) != 0) {
+          return NbdError("nbd_trim", conns_.uri(), pos, n);
+        }
+        pos += n;
+      }
+      return OkStatus();
+    });
   }
 
   // With multi-conn, a flush on one connection covers completed writes on
   // all of them (the server's promise); without it there is one connection.
-  // A server that does not offer flush has no volatile cache to flush.
+  // A server that does not offer flush has no volatile cache to flush. A
+  // flush cut by a drop is sent again on the new connection.
   Status Flush() override {
-    if (!info_.can_flush) return OkStatus();
-    auto lease = pool_->Acquire();
-    if (nbd_flush(lease.get(), 0) != 0) return NbdError("nbd_flush", uri_);
-    return OkStatus();
+    if (!conns_.info().can_flush) return OkStatus();
+    auto lease = conns_.Acquire();
+    return conns_.Run(lease, [&](Conn& conn) -> Status {
+      if (conn.Call([](nbd_handle* h) { return nbd_aio_flush(h, kNoCompletion, 0); }) != 0) {
+        return NbdError("nbd_flush", conns_.uri());
+      }
+      return OkStatus();
+    });
   }
 
  private:
   Status CheckRange(uint64_t offset, uint64_t length) const {
-    if (offset > info_.size_bytes || length > info_.size_bytes - offset) {
-      return Error::NoSpace("write beyond end of export (size " +
-                            std::to_string(info_.size_bytes) + ")")
-          .set_path(uri_)
+    const uint64_t size = conns_.info().size_bytes;
+    if (offset > size || length > size - offset) {
+      return Error::NoSpace("write beyond end of export (size " + std::to_string(size) + ")")
+          .set_path(conns_.uri())
           .set_range(offset, length);
     }
     return OkStatus();
   }
 
-  const std::string uri_;
-  const ExportInfo info_;
-  const std::unique_ptr<HandlePool> pool_;
-  std::atomic<bool> fast_zero_{info_.can_fast_zero};
+  Connections conns_;
+  std::atomic<bool> fast_zero_;
 };
 
 }  // namespace
+
+std::string NbdUriForReport(const std::string& uri) {
+  size_t q = uri.find('?');
+  if (q == std::string::npos) return uri;
+  std::string kept;
+  size_t pos = q + 1;
+  while (pos <= uri.size()) {
+    size_t amp = uri.find('&', pos);
+    if (amp == std::string::npos) amp = uri.size();
+    std::string_view param(uri.data() + pos, amp - pos);
+    if (!param.empty() && !param.starts_with("tls-")) {
+      kept += kept.empty() ? "?" : "&";
+      kept += param;
+    }
+    pos = amp + 1;
+  }
+  return uri.substr(0, q) + kept;
+}
 
 bool IsNbdUri(std::string_view uri) {
   for (std::string_view scheme : {"nbd://", "nbds://", "nbd+unix://", "nbds+unix://",
@@ -562,7 +919,7 @@ Result<std::unique_ptr<NbdSource>> OpenNbd(const std::string& uri, const NbdOpti
   if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(uri);
   BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, options));
   return std::unique_ptr<NbdSource>(
-      new NbdSourceImpl(uri, std::move(ex), options.dirty_bitmap_context));
+      new NbdSourceImpl(uri, options, std::move(ex)));
 }
 
 Result<std::unique_ptr<BlockSource>> OpenNbdSource(const std::string& uri,
@@ -585,7 +942,7 @@ Result<std::unique_ptr<BlockSink>> OpenNbdSink(const std::string& uri, const Nbd
   if (ex.info.read_only) {
     return Error::NotSupported("export is read-only").set_errno(EROFS).set_path(uri);
   }
-  return std::unique_ptr<BlockSink>(new NbdSink(uri, std::move(ex)));
+  return std::unique_ptr<BlockSink>(new NbdSink(uri, options, std::move(ex)));
 }
 
 }  // namespace barge

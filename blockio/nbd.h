@@ -4,7 +4,9 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -14,6 +16,47 @@
 #include "blockio/source.h"
 
 namespace barge {
+
+// One reconnect after a dropped connection (NbdRetryPolicy::on_reconnect).
+struct NbdReconnect {
+  std::string uri;        // the export as NbdUriForReport shows it
+  std::string reason;     // why the connection was taken as dropped (libnbd's text)
+  uint32_t attempts = 0;  // connection attempts this took (1: the first worked)
+  std::chrono::milliseconds waited{0};  // backoff slept before the attempts, in all
+  uint64_t reissued_bytes = 0;          // bytes of commands sent again on the new connection
+};
+
+// What happens when a connection drops mid-transfer (the server closes it,
+// the network resets it, or it answers nothing for stall_timeout): the
+// connection is replaced with backoff and only the commands that had not
+// completed are sent again; commands that completed are not. A server's
+// error reply on a live connection (EIO, ENOSPC) is an answer, not a drop,
+// and is never retried. Reads, writes, zeroes, trims and flushes are all
+// idempotent at a fixed offset, so sending one again is safe.
+struct NbdRetryPolicy {
+  // Connection attempts per drop; 0: a drop fails at once. The count starts
+  // again once a command completes on a new connection.
+  uint32_t attempts = 5;
+  // Longest an outage may last, from the drop until a command completes
+  // again (the attempts stop when the next backoff would pass it).
+  std::chrono::milliseconds max_time{60000};
+  // Backoff before the first attempt, doubled before each next, capped.
+  std::chrono::milliseconds first_delay{200};
+  std::chrono::milliseconds max_delay{5000};
+  // A connection with commands outstanding and no reply for this long is
+  // taken as dropped (a stalled network or server). Zero: wait forever.
+  std::chrono::milliseconds stall_timeout{30000};
+  // Called after each reconnect, from the thread that made it (any
+  // thread); must be thread-safe and quick. May be empty.
+  std::function<void(const NbdReconnect&)> on_reconnect;
+  // May be null; when set true, a backoff in progress ends with kCancelled.
+  // Must outlive the source or sink.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+// `uri` without its tls-* query parameters (where credentials are named), as
+// reconnect reports show it.
+std::string NbdUriForReport(const std::string& uri);
 
 struct NbdOptions {
   // Connections to open. Used only when the server advertises multi-conn
@@ -33,6 +76,8 @@ struct NbdOptions {
   // most 2 s and are dropped on timeout. A timeout is kIoError with errno
   // ETIMEDOUT, marked retryable.
   std::chrono::milliseconds connect_timeout{10000};
+  // Reconnection after a drop (each connection of the pool by itself).
+  NbdRetryPolicy retry;
 };
 
 // True for URIs libnbd's nbd_connect_uri understands: nbd://, nbds://,

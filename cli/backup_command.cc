@@ -41,7 +41,7 @@ uint64_t PeakRssBytes() {
 int RunBackupCommand(BackupArgs& a, Output& out) {
   pipeline::BackupRequest req;
   formats::CompressionSpec compression;
-  if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
+  if (Status s = a.copy.Apply(req.copy, compression, &out); !s.ok()) return out.Usage(s.error().message());
   auto hooks = a.hooks.ToSpec();
   if (!hooks.ok()) return out.Usage(hooks.error().message());
   if (a.incremental && a.dirty_bitmap.empty() == a.dirty_extents.empty()) {
@@ -153,7 +153,7 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-l,--snapshot", args->snapshot,
                   "Read a qcow2 source at this internal snapshot (id or name): a consistent point of a running VM");
   args->hooks.AddTo(cmd);
-  args->copy.AddTo(cmd, DefaultCompression());
+  args->copy.AddTo(cmd, DefaultCompression(), kAllCopyFlags | kNbdFlags);
 }
 
 }  // namespace barge::cli

@@ -24,7 +24,7 @@ struct ConvertArgs {
 int RunConvert(ConvertArgs& a, Output& cli_out) {
   pipeline::ConvertRequest req;
   formats::CompressionSpec compression;
-  if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return cli_out.Usage(s.error().message());
+  if (Status s = a.copy.Apply(req.copy, compression, &cli_out); !s.ok()) return cli_out.Usage(s.error().message());
   bool qcow2 = a.output_format == "qcow2";
   if (!qcow2 && compression.type != formats::Compression::kNone) return cli_out.Usage("--compress needs -O qcow2");
   if (!a.backing.empty() && !qcow2) return cli_out.Usage("--backing needs -O qcow2");
@@ -92,7 +92,7 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code) {
   args->flags.AddTo(cmd);
   cmd->add_option("-l,--snapshot", args->snapshot,
                   "Read the qcow2 source at this internal snapshot (id or name), as qemu-img convert -l does");
-  args->copy.AddTo(cmd, "none");
+  args->copy.AddTo(cmd, "none", kAllCopyFlags | kNbdFlags);
   cmd->add_option("--backing", args->backing,
                   "qcow2 output: backing file to store by this name (relative to the output); "
                   "only clusters that differ from it are written");

@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "blockio/nbd.h"
 #include "cli/common.h"
 #include "cli/interrupt.h"
 #include "formats/qcow2_format.h"
@@ -21,6 +22,22 @@ uint64_t MaxMemoryBytes() {
   long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   uint64_t half_ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page / 2 : 0;
   return std::max<uint64_t>(half_ram, 64ull << 20);
+}
+
+// One reconnect as a line and an event (docs/json.md, "reconnect"). The
+// URI comes without its tls-* parameters (NbdUriForReport).
+void ReportReconnect(Output& out, const NbdReconnect& r) {
+  char waited[32];
+  std::snprintf(waited, sizeof(waited), "%.1f", static_cast<double>(r.waited.count()) / 1000.0);
+  std::string line = "reconnected: " + r.uri + ": the connection was lost (" + r.reason + "); reconnected after " +
+                     std::to_string(r.attempts) + " attempt" + (r.attempts == 1 ? "" : "s") + " and " + waited +
+                     " s of backoff, sending " + HumanBytes(r.reissued_bytes) + " again";
+  out.Notice("reconnect", line,
+             {{"uri", r.uri},
+              {"reason", r.reason},
+              {"attempts", r.attempts},
+              {"waited_seconds", static_cast<double>(r.waited.count()) / 1000.0},
+              {"reissued_bytes", r.reissued_bytes}});
 }
 
 }  // namespace
@@ -53,6 +70,19 @@ void CopyFlags::AddTo(CLI::App* app, const std::string& default_compress, unsign
                                     "Worker threads, 1 to " + std::to_string(MaxThreads()) + " (0 = all cores)")
                         ->capture_default_str()
                         ->group(group(kResourceFlags));
+  if (which & kNbdFlags) {
+    app->add_option("--nbd-retries", nbd_retries,
+                    "Reconnect attempts after an NBD connection drops (0 to 100; 0 = fail at once); "
+                    "only what was not yet transferred is sent again")
+        ->capture_default_str();
+    app->add_option("--nbd-retry-time", nbd_retry_time_s,
+                    "Longest an NBD outage may last, in seconds, before the command fails")
+        ->capture_default_str();
+    app->add_option("--nbd-timeout", nbd_timeout_s,
+                    "Seconds without a reply to outstanding NBD requests after which the connection "
+                    "counts as dropped (0 = wait forever)")
+        ->capture_default_str();
+  }
 }
 
 bool CopyFlags::compress_given() const { return compress_option_ != nullptr && compress_option_->count() > 0; }
@@ -79,7 +109,7 @@ Status ApplyResourceFlags(const std::string& memory, int threads, pipeline::Copy
   return OkStatus();
 }
 
-Status CopyFlags::Apply(pipeline::CopyOptions& options, formats::CompressionSpec& compression) const {
+Status CopyFlags::Apply(pipeline::CopyOptions& options, formats::CompressionSpec& compression, Output* out) const {
   // A flag that means nothing for the command is refused, not ignored.
   const std::pair<unsigned, CLI::Option*> flags[] = {{kCompressFlag, compress_option_},
                                                      {kClusterSizeFlag, cluster_size_option_},
@@ -99,6 +129,25 @@ Status CopyFlags::Apply(pipeline::CopyOptions& options, formats::CompressionSpec
   options.chunk_bytes = std::max<uint32_t>(options.cluster_bytes, 1u << 20);
   options.compression = compression.type;
   options.compression_level = compression.level;
+  if (which_ & kNbdFlags) {
+    if (nbd_retries < 0 || nbd_retries > 100) {
+      return Error::InvalidArgument("--nbd-retries must be from 0 to 100, not " + std::to_string(nbd_retries));
+    }
+    if (!(nbd_retry_time_s >= 0 && nbd_retry_time_s <= 86400)) {
+      return Error::InvalidArgument("--nbd-retry-time must be from 0 to 86400 seconds");
+    }
+    if (!(nbd_timeout_s >= 0 && nbd_timeout_s <= 86400)) {
+      return Error::InvalidArgument("--nbd-timeout must be from 0 to 86400 seconds (0 = wait forever)");
+    }
+    NbdRetryPolicy& retry = options.nbd_retry;
+    retry.attempts = static_cast<uint32_t>(nbd_retries);
+    retry.max_time = std::chrono::milliseconds(static_cast<int64_t>(nbd_retry_time_s * 1000));
+    retry.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(nbd_timeout_s * 1000));
+    retry.cancel = &CancelFlag();
+    if (out != nullptr) {
+      retry.on_reconnect = [out](const NbdReconnect& r) { ReportReconnect(*out, r); };
+    }
+  }
   return OkStatus();
 }
 

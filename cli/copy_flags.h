@@ -1,5 +1,6 @@
 // Flags shared by every command that runs the copy pipeline (convert,
-// backup, restore, replicate): compression, cluster size, threads, memory.
+// backup, restore, replicate): compression, cluster size, threads, memory,
+// and how an NBD source or output reconnects after a drop.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "blockio/error.h"
+#include "cli/output.h"
 #include "formats/image.h"
 #include "pipeline/copy.h"
 
@@ -22,6 +24,9 @@ enum CopyFlagSet : unsigned {
   kClusterSizeFlag = 1u << 1,  // --cluster-size
   kResourceFlags = 1u << 2,    // --memory, --threads
   kAllCopyFlags = kCompressFlag | kClusterSizeFlag | kResourceFlags,
+  // --nbd-retries, --nbd-retry-time, --nbd-timeout: only for commands that
+  // read or write NBD (registered only when asked for).
+  kNbdFlags = 1u << 3,
 };
 
 struct CopyFlags {
@@ -29,6 +34,9 @@ struct CopyFlags {
   std::string cluster_size = "64K";
   std::string memory = "256M";
   int threads = 0;
+  int nbd_retries = 5;
+  double nbd_retry_time_s = 60;
+  double nbd_timeout_s = 30;
 
   // Registers the flags in `which` (`default_compress` is shown in --help
   // and used when --compress is absent). The others are registered hidden,
@@ -40,10 +48,14 @@ struct CopyFlags {
   bool compress_given() const;
   bool cluster_size_given() const;
   // Fills cluster size, memory, threads, compression of `options`, and
-  // points its cancel flag at SIGINT/SIGTERM's (cli/interrupt.h).
+  // points its cancel flag at SIGINT/SIGTERM's (cli/interrupt.h). With
+  // kNbdFlags, also options.nbd_retry, whose reconnects are reported to
+  // `out` (a stderr line and a "reconnect" event) when it is given; `out`
+  // must outlive the job.
   // kInvalidArgument naming the flag and its allowed range, or a flag the
   // command does not take and why.
-  Status Apply(pipeline::CopyOptions& options, formats::CompressionSpec& compression) const;
+  Status Apply(pipeline::CopyOptions& options, formats::CompressionSpec& compression,
+               Output* out = nullptr) const;
 
  private:
   std::string command_;

@@ -146,6 +146,14 @@ void Output::Warning(const std::string& message, const std::string& file) {
   Event("warning", j);
 }
 
+void Output::Notice(std::string_view event, const std::string& line, const nlohmann::json& fields) {
+  {
+    std::lock_guard lock(mu_);
+    std::cerr << "barge: " << line << "\n";
+  }
+  Event(event, fields);
+}
+
 int Output::Fail(const Error& error) { return Fail(error, ExitCodeFor(error)); }
 
 int Output::Fail(const Error& error, int exit_code) {

@@ -81,6 +81,9 @@ class Output {
   void Progress(const nlohmann::json& fields) { Event("progress", fields); }
   // "barge: warning: <file>: <message>" on stderr, and a "warning" event.
   void Warning(const std::string& message, const std::string& file = "");
+  // Something that happened and was dealt with (a reconnect): "barge:
+  // <line>" on stderr in both modes, and event EVENT with `fields`.
+  void Notice(std::string_view event, const std::string& line, const nlohmann::json& fields);
 
   // Reports `error` (stderr line; "error" event with code, message, file,
   // offset, errno, retryable, exit_code) and returns its exit code from

@@ -93,7 +93,7 @@ class MultiProgress {
 int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   pipeline::ReplicateOptions o;
   formats::CompressionSpec compression;
-  if (Status s = a.copy.Apply(o.copy, compression); !s.ok()) return out.Usage(s.error().message());
+  if (Status s = a.copy.Apply(o.copy, compression, &out); !s.ok()) return out.Usage(s.error().message());
   auto format = pipeline::ParseReplicaFormat(a.format);
   if (!format.ok()) return out.Usage(format.error().message());
   auto backing = pipeline::ParseBackingPolicy(a.backing);
@@ -114,6 +114,7 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   spec.format = a.flags.format;
   spec.allow_any_path = a.flags.allow_any_path;
   spec.allow_dirs = a.flags.allow_dirs;
+  spec.nbd_retry = o.copy.nbd_retry;
   WarnIfMisnamed(out, a.source, a.flags.format);
   auto src = pipeline::OpenSource(Env::Default(), spec);
   if (!src.ok()) return out.Fail(src.error());
@@ -236,7 +237,7 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
                   "Seconds without progress after which a destination fails (0 = never)")
       ->capture_default_str();
   args->flags.AddTo(cmd, "--source-format");
-  args->copy.AddTo(cmd, "none");
+  args->copy.AddTo(cmd, "none", kAllCopyFlags | kNbdFlags);
 }
 
 }  // namespace barge::cli

@@ -27,7 +27,7 @@ std::string PointText(size_t position, const std::string& started_at) {
 int RunRestoreCommand(RestoreArgs& a, Output& out) {
   pipeline::RestoreRequest req;
   formats::CompressionSpec compression;
-  if (Status s = a.copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
+  if (Status s = a.copy.Apply(req.copy, compression, &out); !s.ok()) return out.Usage(s.error().message());
   if (compression.type != formats::Compression::kNone && a.output_format != "qcow2") {
     return out.Usage("--compress needs -O qcow2");
   }
@@ -79,7 +79,7 @@ struct VerifyArgs {
 int RunVerifyCommand(VerifyArgs& a, Output& out) {
   pipeline::VerifyRequest req;
   formats::CompressionSpec unused;
-  if (Status s = a.copy.Apply(req.copy, unused); !s.ok()) return out.Usage(s.error().message());
+  if (Status s = a.copy.Apply(req.copy, unused, &out); !s.ok()) return out.Usage(s.error().message());
   if (auto at = pipeline::ParsePointSelector(a.at); !at.ok()) return out.Usage("--at: " + at.error().message());
   if (a.all && !a.at.empty()) return out.Usage("--at and --all exclude each other");
   if (!a.against_format.empty() && a.against.empty()) return out.Usage("--against-format needs --against");
@@ -169,7 +169,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     cmd->add_flag("--force", args->force, "Overwrite a destination that holds data");
     cmd->add_flag("--no-sync", args->no_sync,
                   "Do not fsync the output at the end (faster; a crash may lose it, as with qemu-img convert)");
-    args->copy.AddTo(cmd, "none", kCompressFlag | kResourceFlags,
+    args->copy.AddTo(cmd, "none", kCompressFlag | kResourceFlags | kNbdFlags,
                      "a restore keeps the chain's cluster size");
   }
   {
@@ -188,7 +188,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("--against", args->against, "Also compare with this source (file, device, nbd:// URI)");
     cmd->add_option("--against-format", args->against_format, "raw or qcow2")
         ->check(CLI::IsMember({"raw", "qcow2"}));
-    args->copy.AddTo(cmd, "none", kResourceFlags, "verify only reads");
+    args->copy.AddTo(cmd, "none", kResourceFlags | kNbdFlags, "verify only reads");
   }
 }
 

@@ -174,6 +174,7 @@ Status CheckChangeInputs(const BackupRequest& req) {
 // takes the disk's identity.
 Status OpenBackupSource(Env& env, const BackupRequest& req, BackupRun& run) {
   run.spec = req.source;
+  run.spec.nbd_retry = req.copy.nbd_retry;
   if (req.incremental && !req.dirty_bitmap.empty() && IsNbdUri(run.spec.location)) {
     run.spec.nbd_dirty_context = req.dirty_bitmap.starts_with("qemu:")
                                      ? req.dirty_bitmap

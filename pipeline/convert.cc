@@ -11,7 +11,9 @@ namespace barge::pipeline {
 
 Result<ConvertResult> RunConvert(Env& env, const ConvertRequest& req) {
   const bool qcow2 = req.format == DestinationFormat::kQcow2;
-  BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, req.source));
+  SourceSpec source = req.source;
+  source.nbd_retry = req.copy.nbd_retry;
+  BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, source));
   formats::Image& image = *src.image;
   const uint64_t size = image.size_bytes();
 

@@ -33,6 +33,7 @@
 
 #include "blockio/error.h"
 #include "blockio/extent.h"
+#include "blockio/nbd.h"
 #include "blockio/source.h"
 #include "formats/digest.h"
 #include "formats/image.h"
@@ -110,6 +111,10 @@ struct CopyOptions {
   // Use this pool instead of making one (its geometry must match); it must
   // outlive the call. Lets tests read the pool's counters.
   BufferPool* pool = nullptr;
+  // How the job's NBD sources and outputs reconnect after a drop (the
+  // jobs hand it to their SourceSpec and OutputSpec); the copy engine
+  // itself does not use it.
+  NbdRetryPolicy nbd_retry;
 };
 
 struct ClusterCounts {

@@ -66,6 +66,7 @@ Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec) {
     NbdOptions nbd_options;
     nbd_options.connections = spec.nbd_connections;
     nbd_options.dirty_bitmap_context = spec.nbd_dirty_context;
+    nbd_options.retry = spec.nbd_retry;
     BARGE_ASSIGN_OR_RETURN(std::unique_ptr<NbdSource> nbd, OpenNbd(spec.location, nbd_options));
     out.nbd = nbd.get();
     out.kind = SourceKind::kNbd;

@@ -21,6 +21,7 @@ struct SourceSpec {
   std::vector<std::string> allow_dirs;  // extra folders for backing/data files
   uint32_t nbd_connections = 4;
   std::string nbd_dirty_context;        // e.g. "qemu:dirty-bitmap:backup-vda"
+  NbdRetryPolicy nbd_retry;             // reconnecting after a drop
   // Read a qcow2 file at this internal snapshot (id or unique name) instead
   // of its active state (formats::OpenOptions::snapshot); "" = active.
   // Refused for NBD exports and raw images.

@@ -31,7 +31,9 @@ Result<std::unique_ptr<BlockSink>> OpenInPlace(Env& env, const OutputSpec& spec,
     // everything as data, so they always do.
     std::unique_ptr<BlockSource> probe;
     if (kind == OutputKind::kNbd) {
-      BARGE_ASSIGN_OR_RETURN(probe, OpenNbdSource(dst));
+      NbdOptions options;
+      options.retry = spec.nbd_retry;
+      BARGE_ASSIGN_OR_RETURN(probe, OpenNbdSource(dst, options));
     } else {
       BARGE_ASSIGN_OR_RETURN(probe, env.OpenSource(dst));
     }
@@ -42,7 +44,9 @@ Result<std::unique_ptr<BlockSink>> OpenInPlace(Env& env, const OutputSpec& spec,
   }
   std::unique_ptr<BlockSink> sink;
   if (kind == OutputKind::kNbd) {
-    BARGE_ASSIGN_OR_RETURN(sink, OpenNbdSink(dst));
+    NbdOptions options;
+    options.retry = spec.nbd_retry;
+    BARGE_ASSIGN_OR_RETURN(sink, OpenNbdSink(dst, options));
   } else {
     FileOptions options;
     options.sync = spec.sync;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "blockio/env.h"
+#include "blockio/nbd.h"
 #include "blockio/sink.h"
 #include "pipeline/staged_file.h"
 
@@ -44,6 +45,8 @@ struct OutputSpec {
   // Remove the stale temporaries of killed runs in the file's folder first
   // (SweepStaleTemporaries); a live writer's are kept.
   bool sweep = true;
+  // An NBD export's reconnecting after a drop.
+  NbdRetryPolicy nbd_retry;
 };
 
 // What `location` names as an output: an NBD URI (when `allow_nbd`), an

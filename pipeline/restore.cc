@@ -60,6 +60,7 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   out_spec.force = req.force;
   out_spec.sync = req.sync;
   out_spec.size_bytes = m.virtual_size;
+  out_spec.nbd_retry = req.copy.nbd_retry;
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Output> output, OpenOutput(env, out_spec));
   // Said once the destination is accepted (a refused one says only why).
   if (req.on_point) req.on_point(index, m);
@@ -208,7 +209,9 @@ Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, 
   const OpenedPoint& point = verified.point;
   copy.verify = [&point](uint64_t c) { return point.Expected(c); };
   copy.verify_holder = LayerHolding(point);
-  BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, against));
+  SourceSpec spec = against;
+  spec.nbd_retry = verified.copy.nbd_retry;
+  BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, spec));
   SourceComparison result;
   if (src.image->size_bytes() != m.virtual_size) {
     result.differs = Error::InvalidArgument("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +

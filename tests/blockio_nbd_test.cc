@@ -68,6 +68,16 @@ TEST(BlockioNbdUriTest, RecognizesSchemes) {
   EXPECT_EQ(bad.error().code(), ErrorCode::kInvalidArgument);
 }
 
+// Reconnect reports show the export without the tls-* parameters that
+// name credential files; other parameters (the socket) stay.
+TEST(BlockioNbdUriTest, ReportDropsTlsParameters) {
+  EXPECT_EQ(NbdUriForReport("nbd://host:10809/export"), "nbd://host:10809/export");
+  EXPECT_EQ(NbdUriForReport("nbds://host/x?tls-psk-file=/k/keys.psk"), "nbds://host/x");
+  EXPECT_EQ(NbdUriForReport("nbds+unix:///x?socket=/s&tls-certificates=/pki&tls-username=a"),
+            "nbds+unix:///x?socket=/s");
+  EXPECT_EQ(NbdUriForReport("nbds://h/?tls-certificates=/pki&socket=/s"), "nbds://h/?socket=/s");
+}
+
 TEST_F(BlockioNbdTest, ConnectFailureCarriesUriAndErrno) {
   BARGE_REQUIRE_TOOL("nbdkit");  // same package family; keeps CI skips uniform
   std::string uri = "nbd+unix:///?socket=" + (dir_ / "nobody.sock");

@@ -183,7 +183,8 @@ bool SocketServer::WaitReady() {
 }
 
 std::vector<nlohmann::json> Events(const std::string& stdout_text, Stream stream) {
-  static const std::set<std::string> kEvents = {"progress", "warning", "result", "error"};
+  // "reconnect": an NBD connection was replaced after a drop (docs/json.md).
+  static const std::set<std::string> kEvents = {"progress", "warning", "reconnect", "result", "error"};
   static const std::set<std::string> kServeEvents = {"ready", "run"};
   std::vector<nlohmann::json> events;
   if (!stdout_text.empty() && stdout_text.back() != '\n') {
@@ -204,7 +205,7 @@ std::vector<nlohmann::json> Events(const std::string& stdout_text, Stream stream
     const bool daemon_event = stream == Stream::kServe && event != j.end() && event->is_string() &&
                               kServeEvents.count(event->get<std::string>()) != 0;
     if (event == j.end() || !event->is_string() || (kEvents.count(event->get<std::string>()) == 0 && !daemon_event)) {
-      ADD_FAILURE() << "NDJSON: line " << line_no << " has no event progress/warning/result/error"
+      ADD_FAILURE() << "NDJSON: line " << line_no << " has no event progress/warning/reconnect/result/error"
                     << (stream == Stream::kServe ? "/ready/run: " : ": ") << line;
       continue;
     }

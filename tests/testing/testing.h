@@ -87,13 +87,13 @@ class SocketServer {
 };
 
 // Which events a --json stream may carry: the four of every command
-// (progress, warning, result, error), or, for the long-running `barge
+// (progress, warning, reconnect, result, error), or, for the long-running `barge
 // serve` only, those and its two documented daemon events, "ready" and
 // "run" (docs/json.md, "serve's daemon events"), each naming "serve".
 enum class Stream { kCommand, kServe };
 
 // A --json run's stdout read strictly as NDJSON (docs/json.md): every line
-// one JSON object with a string "event" (progress, warning, result, error;
+// one JSON object with a string "event" (progress, warning, reconnect, result, error;
 // with kServe also ready and run) and a non-empty string "command"; no
 // blank line, no other text; the last line ends with a newline. Anything
 // else is a test failure (ADD_FAILURE quoting the line). Returns the
@@ -101,7 +101,7 @@ enum class Stream { kCommand, kServe };
 std::vector<nlohmann::json> Events(const std::string& stdout_text, Stream stream = Stream::kCommand);
 
 // The one "result" event of `stdout_text` (Events). A failure unless there
-// is exactly one, and only progress and warning events (and, with kServe,
+// is exactly one, and only progress, warning and reconnect events (and, with kServe,
 // ready and run) before it (an error may follow it: a failed run's report,
 // e.g. replicate's per copy). An empty object when there is none.
 nlohmann::json ResultOf(const std::string& stdout_text, Stream stream = Stream::kCommand);
