@@ -575,16 +575,18 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
 }
 
 // After a failed copy: a resumable backup keeps its staged image and
-// journal for the next run (not after a cancel, which asks to stop, nor
-// on a full target, whose space they hold); else the journal goes.
+// journal for the next run when the source failed (its connection lost);
+// not after a cancel, which asks to stop, nor when writing the target
+// failed (a full or failing disk: what it holds is not to be trusted or
+// kept); else the journal goes.
 Error KeepOrDrop(BackupRun& run, JournaledDestination* journaled, Error error) {
   if (run.journal == nullptr) return error;
   ErrorCode code = error.code();
-  if (journaled != nullptr && code != ErrorCode::kCancelled && code != ErrorCode::kNoSpace) {
-    // What was stored after the last checkpoint is kept too, if the
-    // writer is still sound (a failed write makes Sync fail).
-    IgnoreError(journaled->Checkpoint(), "the last checkpoint still holds");
-    if (run.journal->checkpoints() > 0 && run.writer->KeepStagedImage().ok()) {
+  if (journaled != nullptr && !journaled->failed() && code != ErrorCode::kCancelled &&
+      code != ErrorCode::kNoSpace) {
+    // What was stored after the last checkpoint is kept too.
+    Status last = journaled->Checkpoint();
+    if (last.ok() && run.journal->checkpoints() > 0 && run.writer->KeepStagedImage().ok()) {
       run.journal.reset();
       return error.Wrap("the data staged so far is kept: the next run of this backup resumes from it; backup");
     }

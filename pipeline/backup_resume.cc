@@ -309,7 +309,10 @@ JournaledDestination::JournaledDestination(Qcow2Destination& inner, ResumeJourna
       last_(std::chrono::steady_clock::now()) {}
 
 Status JournaledDestination::Consume(const Chunk& chunk) {
-  BARGE_RETURN_IF_ERROR(inner_.Consume(chunk));
+  if (Status st = inner_.Consume(chunk); !st.ok()) {
+    failed_ = true;
+    return st;
+  }
   const bool compressed_ok = inner_.wants_compression();
   for (size_t i = 0; i < chunk.cluster_count(); ++i) {
     if (chunk.states[i] == ClusterState::kSkip) continue;
@@ -330,11 +333,22 @@ Status JournaledDestination::Consume(const Chunk& chunk) {
   return OkStatus();
 }
 
+Status JournaledDestination::Finish() {
+  // Even a failed Finish has begun writing the metadata: nothing to resume.
+  failed_ = true;
+  return inner_.Finish();
+}
+
 Status JournaledDestination::Checkpoint() {
   if (pending_.empty() && next_cluster_ == journaled_next_) return OkStatus();
+  if (failed_) return Error::InvalidArgument("resume journal: an earlier write failed");
   // The image first: a checkpoint only ever names bytes already durable.
-  BARGE_ASSIGN_OR_RETURN(uint64_t end, inner_.writer().Sync());
-  BARGE_RETURN_IF_ERROR(journal_.Append(pending_, next_cluster_, end));
+  auto end = inner_.writer().Sync();
+  Status appended = end.ok() ? journal_.Append(pending_, next_cluster_, *end) : Status(end.error());
+  if (!appended.ok()) {
+    failed_ = true;
+    return appended;
+  }
   pending_.clear();
   journaled_next_ = next_cluster_;
   bytes_since_ = 0;

@@ -130,12 +130,15 @@ class JournaledDestination final : public Destination {
   formats::Compression compression() const override { return inner_.compression(); }
   std::optional<formats::Qcow2WriterStats> qcow2_stats() const override { return inner_.qcow2_stats(); }
   Status Consume(const Chunk& chunk) override;
-  Status Finish() override { return inner_.Finish(); }
+  Status Finish() override;
 
   // Syncs and journals what was stored since the last checkpoint (after a
   // failed copy: what the next run can resume from). A no-op when nothing
   // is new.
   Status Checkpoint();
+  // Whether a Consume, Checkpoint or Finish failed: the target's fault, not the
+  // source's (what was staged is then not kept for a resume).
+  bool failed() const { return failed_; }
 
  private:
   Qcow2Destination& inner_;  // borrowed
@@ -148,6 +151,7 @@ class JournaledDestination final : public Destination {
   uint64_t journaled_next_ = 0;
   uint64_t bytes_since_ = 0;
   std::chrono::steady_clock::time_point last_;
+  bool failed_ = false;
 };
 
 }  // namespace barge::pipeline
