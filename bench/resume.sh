@@ -49,6 +49,8 @@ read_bytes() {  # bytes read in an nbdkit log
 field() { python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]; r=[e for e in r if e["event"]=="result"][0]; v=r
 for k in sys.argv[2].split("."): v=v[k]
 print(v)' "$1" "$2"; }
+since() { python3 -c 'import sys,time; print(f"{time.time()-float(sys.argv[1]):.2f}")' "$1"; }
+calc() { python3 -c "print(f'{$1:.3f}')"; }
 backup() {  # backup TARGET OUT.json [flags]
   local target=$1 out=$2; shift 2
   "$BARGE" backup --source "nbd+unix:///?socket=$SOCK" --target "$target" --name disk --json "$@" >"$out"
@@ -59,7 +61,7 @@ echo "== uninterrupted"
 serve "$WORK/whole.log"
 start=$(date +%s.%N)
 backup "$WORK/whole" "$WORK/whole.json"
-whole_s=$(echo "$(date +%s.%N) - $start" | bc)
+whole_s=$(since "$start")
 stop
 whole_read=$(read_bytes "$WORK/whole.log")
 echo "time: ${whole_s}s, read: $whole_read bytes"
@@ -94,7 +96,7 @@ while True:
     time.sleep(0.02)
 EOF
 wait "$pid" 2>/dev/null || true
-cut_s=$(echo "$(date +%s.%N) - $start" | bc)
+cut_s=$(since "$start")
 staged=$(ls -a "$WORK"/cut/disk/ | grep -c 'barge-tmp$' || true)
 [ "$staged" = 1 ] || die "the killed run left no staged image"
 stop
@@ -102,7 +104,7 @@ echo "killed run: ${cut_s}s, read $(read_bytes "$WORK/cut.log") bytes"
 serve "$WORK/resumed.log"
 start=$(date +%s.%N)
 backup "$WORK/cut" "$WORK/resumed.json"
-resumed_s=$(echo "$(date +%s.%N) - $start" | bc)
+resumed_s=$(since "$start")
 stop
 resumed_read=$(read_bytes "$WORK/resumed.log")
 echo "resumed run: ${resumed_s}s, read $resumed_read bytes (barge: $(field "$WORK/resumed.json" bytes_read)), staged bytes taken: $(field "$WORK/resumed.json" resume.staged_bytes)"
@@ -115,11 +117,11 @@ qemu-img compare -q "$b" "$DISK" || die "the resumed image differs from the disk
 
 echo
 echo "== result"
-frac=$(echo "scale=3; $resumed_read / $whole_read" | bc)
+frac=$(calc "$resumed_read / $whole_read")
 printf '%-34s %s\n' "uninterrupted: time, read" "${whole_s}s, $whole_read bytes"
 printf '%-34s %s\n' "cut run (killed): time" "${cut_s}s"
 printf '%-34s %s\n' "resumed: time, read" "${resumed_s}s, $resumed_read bytes"
 printf '%-34s %s\n' "progress at the kill (of the work)" "$(cat "$WORK/cut.json.cut")"
 printf '%-34s %s (target <= 0.55 when cut at 0.5)\n' "resumed read / uninterrupted read" "$frac"
-printf '%-34s %s\n' "cut + resumed time / uninterrupted" "$(echo "scale=2; ($cut_s + $resumed_s) / $whole_s" | bc)"
+printf '%-34s %s\n' "cut + resumed time / uninterrupted" "$(calc "($cut_s + $resumed_s) / $whole_s")"
 printf '%-34s %s\n' "images byte-identical (cmp)" "$same"
