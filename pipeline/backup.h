@@ -61,8 +61,8 @@ struct BackupRequest {
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = formats::kDefaultZstdLevel;
   // Resumable (docs/formats/resume.md): a journal beside the staged image
-  // records what is stored, at checkpoints; a copy that fails (but for a
-  // cancel or a full target) keeps both; and a later run of the same
+  // records what is stored, at checkpoints; a copy whose source fails
+  // (not a cancel, nor a failed write to the target) keeps both; and a later run of the same
   // backup (same source, size, chain point, changes, options) checks what
   // was staged against its digests and copies only the rest. false: what a
   // killed run staged is swept, and a failed run leaves nothing.
