@@ -24,6 +24,7 @@ struct BackupArgs {
   CopyFlags copy;
   bool incremental = false;
   bool allow_resize = false;
+  bool no_resume = false;
   std::string dirty_bitmap, dirty_extents, checkpoint;
   int nbd_connections = 4;
   std::string snapshot;
@@ -65,6 +66,17 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.dirty_extents_file = a.dirty_extents;
   req.checkpoint = a.checkpoint;
   req.allow_resize = a.allow_resize;
+  req.resume = !a.no_resume;
+  // Said before the copy starts, so a long resumed run shows it at once.
+  req.on_resume = [&out](const pipeline::ResumeNote& note) {
+    if (note.resumed) {
+      out.text() << "resuming from " << HumanBytes(note.staged_bytes) << " staged (of " << HumanBytes(note.total_bytes)
+                 << ")" << (note.problem.empty() ? "" : "; copied again from " + note.problem) << "\n";
+    } else {
+      out.text() << "staged data not reusable: " << note.problem << ", starting over\n";
+    }
+    out.text().flush();
+  };
   // A disk whose state folder `barge state migrate` moved keeps its chain.
   req.previous_location = orchestrate::FollowStateMigrations(Env::Default());
   WarnIfMisnamed(out, a.source, a.source_format);
@@ -97,6 +109,11 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
                {"peak_rss_bytes", PeakRssBytes()}};
     if (!a.snapshot.empty()) j["snapshot"] = a.snapshot;
     if (!hooked.runs.empty()) j["hooks"] = HookRunsJson(hooked.runs);
+    if (result->resume) {
+      j["resume"] = {{"resumed", result->resume->resumed},
+                     {"staged_bytes", result->resume->staged_bytes},
+                     {"problem", result->resume->problem}};
+    }
     out.Result(j);
   }
   std::ostream& t = out.text();
@@ -106,6 +123,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     << "  image:    " << result->image_path << "\n"
     << "  read:     " << HumanBytes(result->bytes_read);
   if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
+  if (result->resume && result->resume->resumed) {
+    t << " (resumed: " << HumanBytes(result->resume->staged_bytes) << " taken from the staged image)";
+  }
   t << "\n  written:  " << HumanBytes(result->image_bytes) << " (" << m.compression << ")\n"
     << "  digest:   xxh3-128:" << m.image_digest.ToHex() << "\n"
     << "  duration: " << HumanSeconds(result->seconds) << "\n"
@@ -143,6 +163,9 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--allow-resize", args->allow_resize,
                 "A full backup of a disk whose size changed since the chain's latest point (else refused: "
                 "another disk under the same --name?)");
+  cmd->add_flag("--no-resume", args->no_resume,
+                "Do not resume what an interrupted run of this backup staged: sweep it and start over (and "
+                "keep nothing for a later run if this one fails)");
   cmd->add_option("--nbd-connections", args->nbd_connections, "NBD connections (with multi-conn)")
       ->capture_default_str();
   args->flags.allow_any_path = false;

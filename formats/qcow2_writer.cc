@@ -81,6 +81,60 @@ class Qcow2WriterImpl final : public Qcow2Writer {
     return OkStatus();
   }
 
+  // Resume: places cluster 0 and then each stored cluster as the calls
+  // that stored them did, writing only the L2 tables the stream leaves.
+  // Returns each one's host offset (0 for a zero cluster).
+  Result<std::vector<uint64_t>> Replay(std::span<const StoredCluster> stored) {
+    replaying_ = true;
+    std::vector<uint64_t> offsets;
+    offsets.reserve(stored.size());
+    BARGE_RETURN_IF_ERROR(host_.SkipClusters(cluster_size()));
+    for (const StoredCluster& c : stored) {
+      BARGE_RETURN_IF_ERROR(CheckNext(c.cluster_index));
+      uint64_t offset = 0;
+      switch (c.kind) {
+        case StoredKind::kData: {
+          BARGE_ASSIGN_OR_RETURN(offset, host_.SkipClusters(cluster_size()));
+          ++stats_.data_clusters;
+          BARGE_RETURN_IF_ERROR(SetEntry(c.cluster_index, offset | qcow2::kOflagCopied));
+          break;
+        }
+        case StoredKind::kCompressed: {
+          if (config_.compression == Compression::kNone) {
+            return Error::InvalidArgument("qcow2 writer: compressed cluster in an image without compression");
+          }
+          BARGE_ASSIGN_OR_RETURN(offset, host_.SkipPacked(c.payload_bytes));
+          BARGE_RETURN_IF_ERROR(SetEntry(c.cluster_index, CompressedEntry(offset, c.payload_bytes)));
+          ++stats_.compressed_clusters;
+          break;
+        }
+        case StoredKind::kZero:
+          BARGE_RETURN_IF_ERROR(SetEntry(c.cluster_index, qcow2::kOflagZero));
+          ++stats_.zero_clusters;
+          break;
+        default:
+          return Error::InvalidArgument("qcow2 writer: unknown stored cluster kind");
+      }
+      offsets.push_back(offset);
+    }
+    replaying_ = false;
+    return offsets;
+  }
+
+  uint64_t end_bytes() const { return host_.end_bytes(); }
+
+  Result<uint64_t> Sync() override {
+    if (finished_) return Error::InvalidArgument("qcow2 writer: sync after Finish");
+    if (failed_) return failed_error();
+    BARGE_RETURN_IF_ERROR(Track(host_.FlushAppends()));
+    Status st = sink_.Flush();
+    if (!st.ok()) {
+      failed_ = true;
+      return std::move(st).error().Wrap("qcow2 writer: flushing " + sink_.name());
+    }
+    return host_.end_bytes();
+  }
+
   uint32_t cluster_size() const override { return 1u << config_.cluster_bits; }
   uint64_t cluster_count() const override { return cluster_count_; }
   Qcow2WriterStats stats() const override { return stats_; }
@@ -195,11 +249,13 @@ class Qcow2WriterImpl final : public Qcow2Writer {
 
   Status DoWriteCompressed(uint64_t cluster_index, std::span<const std::byte> payload) {
     BARGE_ASSIGN_OR_RETURN(uint64_t offset, host_.AppendPacked(payload));
-    uint64_t extra_sectors = ((offset + payload.size() - 1) >> 9) - (offset >> 9);
-    uint64_t entry = qcow2::kOflagCompressed |
-                     (extra_sectors << qcow2::CompressedOffsetBits(config_.cluster_bits)) | offset;
     ++stats_.compressed_clusters;
-    return SetEntry(cluster_index, entry);
+    return SetEntry(cluster_index, CompressedEntry(offset, payload.size()));
+  }
+
+  uint64_t CompressedEntry(uint64_t offset, uint64_t payload_bytes) const {
+    uint64_t extra_sectors = ((offset + payload_bytes - 1) >> 9) - (offset >> 9);
+    return qcow2::kOflagCompressed | (extra_sectors << qcow2::CompressedOffsetBits(config_.cluster_bits)) | offset;
   }
 
   // Records an L2 entry, writing the previous table once the stream has
@@ -218,7 +274,18 @@ class Qcow2WriterImpl final : public Qcow2Writer {
 
   Status FlushTable() {
     if (table_.empty()) return OkStatus();
-    BARGE_ASSIGN_OR_RETURN(uint64_t offset, host_.AppendClusters(table_, "an L2 table"));
+    uint64_t offset = 0;
+    if (replaying_) {
+      // The table the earlier writer wrote here is written again from the
+      // entries replayed, not trusted (only the data was checked).
+      BARGE_ASSIGN_OR_RETURN(offset, host_.SkipClusters(table_.size()));
+      Status st = sink_.WriteAt(offset, table_);
+      if (!st.ok()) {
+        return std::move(st).error().Wrap("qcow2 writer: writing an L2 table at offset " + Num(offset));
+      }
+    } else {
+      BARGE_ASSIGN_OR_RETURN(offset, host_.AppendClusters(table_, "an L2 table"));
+    }
     // Every table is referenced once, so COPIED is set on its L1 entry.
     qcow2::StoreBe64(l1_.data() + table_l1_index_ * 8, offset | qcow2::kOflagCopied);
     table_.clear();
@@ -252,6 +319,7 @@ class Qcow2WriterImpl final : public Qcow2Writer {
   uint64_t next_ = 0;  // lowest cluster index the next call may name
   bool finished_ = false;
   bool failed_ = false;
+  bool replaying_ = false;  // inside Replay
   Qcow2WriterStats stats_;
 };
 
@@ -267,9 +335,7 @@ Result<std::unique_ptr<Qcow2WriterImpl>> StartImage(BlockSink& sink, ImageConfig
   return writer;
 }
 
-}  // namespace
-
-Result<std::unique_ptr<Qcow2Writer>> Qcow2Writer::Create(BlockSink& sink, Qcow2WriterOptions options) {
+Result<ImageConfig> ConfigFor(Qcow2WriterOptions options) {
   ImageConfig config;
   if (options.virtual_size > UINT64_MAX - (kSectorBytes - 1)) {
     return Error::InvalidArgument("qcow2 writer: virtual size too large");
@@ -281,9 +347,64 @@ Result<std::unique_ptr<Qcow2Writer>> Qcow2Writer::Create(BlockSink& sink, Qcow2W
   config.backing_file = std::move(options.backing_file);
   config.backing_format = std::move(options.backing_format);
   config.bitmaps = std::move(options.bitmaps);
+  return config;
+}
+
+// A sink that keeps nothing: PlanStored replays into it.
+class NullSink final : public BlockSink {
+ public:
+  const std::string& name() const override { return name_; }
+  uint64_t size_bytes() const override { return 0; }
+  Status WriteAt(uint64_t, std::span<const std::byte>) override { return OkStatus(); }
+  Status Flush() override { return OkStatus(); }
+
+ private:
+  std::string name_ = "(plan)";
+};
+
+// A writer over `sink` with `stored` replayed; `offsets` (may be null)
+// gets their host offsets.
+Result<std::unique_ptr<Qcow2WriterImpl>> Replayed(BlockSink& sink, Qcow2WriterOptions options,
+                                                  std::span<const StoredCluster> stored,
+                                                  std::vector<uint64_t>* offsets) {
+  BARGE_ASSIGN_OR_RETURN(ImageConfig config, ConfigFor(std::move(options)));
+  BARGE_ASSIGN_OR_RETURN(uint64_t l1_entries, ValidateConfig(config));
+  auto writer = std::make_unique<Qcow2WriterImpl>(sink, std::move(config), l1_entries);
+  BARGE_RETURN_IF_ERROR(EncodeHeader(writer->HeaderFor(0, {}, {})));
+  BARGE_ASSIGN_OR_RETURN(std::vector<uint64_t> placed, writer->Replay(stored));
+  if (offsets != nullptr) *offsets = std::move(placed);
+  return writer;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Qcow2Writer>> Qcow2Writer::Create(BlockSink& sink, Qcow2WriterOptions options) {
+  BARGE_ASSIGN_OR_RETURN(ImageConfig config, ConfigFor(std::move(options)));
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Qcow2WriterImpl> writer, StartImage(sink, std::move(config)));
   return std::unique_ptr<Qcow2Writer>(std::move(writer));
 }
+
+Result<StoredLayout> Qcow2Writer::PlanStored(const Qcow2WriterOptions& options,
+                                             std::span<const StoredCluster> stored) {
+  NullSink sink;
+  StoredLayout layout;
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Qcow2WriterImpl> writer,
+                         Replayed(sink, options, stored, &layout.host_offsets));
+  layout.end_bytes = writer->end_bytes();
+  return layout;
+}
+
+Result<std::unique_ptr<Qcow2Writer>> Qcow2Writer::Resume(BlockSink& sink, Qcow2WriterOptions options,
+                                                         std::span<const StoredCluster> stored) {
+  BARGE_ASSIGN_OR_RETURN(StoredLayout layout, PlanStored(options, stored));
+  // What a killed writer appended after its last Sync goes first; the L2
+  // tables the replay writes all lie below the end.
+  Status cut = sink.Truncate(layout.end_bytes);
+  if (!cut.ok()) return std::move(cut).error().Wrap("qcow2 writer: resuming " + sink.name());
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Qcow2WriterImpl> writer, Replayed(sink, std::move(options), stored, nullptr));
+  return std::unique_ptr<Qcow2Writer>(std::move(writer));
+}
+
 
 Status WriteDataFileOverlay(BlockSink& sink, const OverlayOptions& options) {
   if (options.data_file_path.empty() || options.data_file_path.front() != '/') {

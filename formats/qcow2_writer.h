@@ -42,6 +42,23 @@ struct Qcow2WriterStats {
   uint64_t file_bytes = 0;  // size of the finished file
 };
 
+// What the writer stored for one guest cluster, in the order of the calls:
+// all a resume journal keeps to rebuild the writer's state over the file it
+// wrote (pipeline/backup_resume.h, docs/formats/resume.md).
+enum class StoredKind : uint8_t { kData = 1, kCompressed = 2, kZero = 3 };
+struct StoredCluster {
+  uint64_t cluster_index = 0;
+  StoredKind kind = StoredKind::kData;
+  uint32_t payload_bytes = 0;  // kCompressed: the payload's length; else 0
+  friend bool operator==(const StoredCluster&, const StoredCluster&) = default;
+};
+
+// Where Qcow2Writer put a sequence of StoredCluster (PlanStored).
+struct StoredLayout {
+  std::vector<uint64_t> host_offsets;  // per cluster: its bytes' offset; 0 for kZero
+  uint64_t end_bytes = 0;              // first byte after everything placed
+};
+
 // One writer per image; single-threaded (put a sequencer in front of it).
 //
 // The image is always version 3 with a 112-byte header; compression_type is
@@ -86,6 +103,27 @@ class Qcow2Writer {
   // Writes the metadata and header, then flushes. After it, nothing else.
   virtual Status Finish() = 0;
   virtual Qcow2WriterStats stats() const = 0;
+
+  // Writes out the appended bytes still buffered and flushes the sink: what
+  // the calls so far stored is then durable in the file below the returned
+  // offset (the end of what was placed). The L2 table being filled stays
+  // in memory: Resume rebuilds it from the calls. Default: kNotSupported.
+  virtual Result<uint64_t> Sync() { return Error::NotSupported("qcow2 writer: no sync"); }
+
+  // Resume: where a writer with `options` puts `stored` (in call order)
+  // and the end after them, touching no sink. kInvalidArgument for bad
+  // options or clusters out of order.
+  static Result<StoredLayout> PlanStored(const Qcow2WriterOptions& options, std::span<const StoredCluster> stored);
+  // A writer that goes on with the image an earlier writer with the same
+  // options left in `sink` after making the calls `stored` and a Sync. It
+  // truncates the sink to the end of what they placed (dropping whatever a
+  // killed writer appended after), replays their allocation without
+  // writing their data (the caller checked it against its digests), and
+  // writes the L2 tables of the ranges they left again. The next call must
+  // name a cluster after the last of `stored`. `sink` must outlive the
+  // writer, and read unwritten bytes beyond its size as zeros.
+  static Result<std::unique_ptr<Qcow2Writer>> Resume(BlockSink& sink, Qcow2WriterOptions options,
+                                                     std::span<const StoredCluster> stored);
 };
 
 struct OverlayOptions {

@@ -74,10 +74,15 @@ Status HostFile::Append(uint64_t offset, std::span<const std::byte> data, std::s
   return OkStatus();
 }
 
+uint64_t HostFile::PlaceClusters() const {
+  uint64_t cs = cluster_size();
+  return (end_bytes_ + cs - 1) & ~(cs - 1);
+}
+
 Result<uint64_t> HostFile::AppendClusters(std::span<const std::byte> data, std::string_view what) {
   if (data.empty()) return uint64_t{0};
   uint64_t cs = cluster_size();
-  uint64_t offset = (end_bytes_ + cs - 1) & ~(cs - 1);
+  uint64_t offset = PlaceClusters();
   uint64_t clusters = (data.size() + cs - 1) >> cluster_bits_;
   BARGE_RETURN_IF_ERROR(Append(offset, data, what));
   uint64_t tail = clusters * cs - data.size();
@@ -94,12 +99,22 @@ Result<uint64_t> HostFile::AppendClusters(std::span<const std::byte> data, std::
   return offset;
 }
 
-Result<uint64_t> HostFile::AppendPacked(std::span<const std::byte> payload) {
+Result<uint64_t> HostFile::SkipClusters(uint64_t bytes) {
+  if (bytes == 0) return uint64_t{0};
+  if (!buffer_.empty()) return Error::InvalidArgument("qcow2 writer: skip with appends buffered");
   uint64_t cs = cluster_size();
-  if (payload.empty() || payload.size() > cs - kSectorBytes) {
-    return Error::InvalidArgument("qcow2 writer: compressed payload of " +
-                                  std::to_string(payload.size()) + " bytes (must be 1.." +
-                                  std::to_string(cs - kSectorBytes) + ")");
+  uint64_t offset = PlaceClusters();
+  uint64_t clusters = (bytes + cs - 1) >> cluster_bits_;
+  BARGE_RETURN_IF_ERROR(refcounts_.AddReference(offset >> cluster_bits_, clusters));
+  end_bytes_ = offset + clusters * cs;
+  return offset;
+}
+
+Result<uint64_t> HostFile::PlacePacked(uint64_t payload_bytes) const {
+  uint64_t cs = cluster_size();
+  if (payload_bytes == 0 || payload_bytes > cs - kSectorBytes) {
+    return Error::InvalidArgument("qcow2 writer: compressed payload of " + std::to_string(payload_bytes) +
+                                  " bytes (must be 1.." + std::to_string(cs - kSectorBytes) + ")");
   }
   uint64_t offset = end_bytes_;
   // A partly used cluster is shared with the payloads before it; if its
@@ -110,16 +125,31 @@ Result<uint64_t> HostFile::AppendPacked(std::span<const std::byte> payload) {
     offset = (offset + cs - 1) & ~(cs - 1);
   }
   // The compressed descriptor holds byte offsets below 2^(70-cluster_bits).
-  if (offset + payload.size() > (uint64_t{1} << CompressedOffsetBits(cluster_bits_)) ||
-      offset + payload.size() > (uint64_t{1} << 56)) {
+  if (offset + payload_bytes > (uint64_t{1} << CompressedOffsetBits(cluster_bits_)) ||
+      offset + payload_bytes > (uint64_t{1} << 56)) {
     return Error::NotSupported("qcow2 writer: compressed data beyond the offset limit of " +
                                std::to_string(cluster_bits_) + "-bit clusters");
   }
+  return offset;
+}
+
+Result<uint64_t> HostFile::AppendPacked(std::span<const std::byte> payload) {
+  BARGE_ASSIGN_OR_RETURN(uint64_t offset, PlacePacked(payload.size()));
   BARGE_RETURN_IF_ERROR(Append(offset, payload, "a compressed cluster"));
   uint64_t first = offset >> cluster_bits_;
   uint64_t last = (offset + payload.size() - 1) >> cluster_bits_;
   BARGE_RETURN_IF_ERROR(refcounts_.AddReference(first, last - first + 1));
   end_bytes_ = offset + payload.size();
+  return offset;
+}
+
+Result<uint64_t> HostFile::SkipPacked(uint64_t payload_bytes) {
+  if (!buffer_.empty()) return Error::InvalidArgument("qcow2 writer: skip with appends buffered");
+  BARGE_ASSIGN_OR_RETURN(uint64_t offset, PlacePacked(payload_bytes));
+  uint64_t first = offset >> cluster_bits_;
+  uint64_t last = (offset + payload_bytes - 1) >> cluster_bits_;
+  BARGE_RETURN_IF_ERROR(refcounts_.AddReference(first, last - first + 1));
+  end_bytes_ = offset + payload_bytes;
   return offset;
 }
 

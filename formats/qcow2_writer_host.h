@@ -36,6 +36,13 @@ class HostFile {
   // host byte offset.
   Result<uint64_t> AppendPacked(std::span<const std::byte> payload);
 
+  // Resume (Qcow2Writer::Resume): take the place AppendClusters or
+  // AppendPacked would for `bytes`, with the same references, and write
+  // nothing (the bytes are already in the file). Nothing may be buffered.
+  // Return the offset.
+  Result<uint64_t> SkipClusters(uint64_t bytes);
+  Result<uint64_t> SkipPacked(uint64_t payload_bytes);
+
   // Writes raw bytes at `offset` (the header), without counting anything.
   // Appended bytes still buffered are written first.
   Status WriteAt(uint64_t offset, std::span<const std::byte> data, std::string_view what);
@@ -52,6 +59,10 @@ class HostFile {
   // (kAppendBufferBytes): a compressed image is mostly payloads of a few
   // KiB, and one write per payload costs far more than one per few MiB.
   static constexpr size_t kAppendBufferBytes = 4 << 20;
+  // Where the next AppendClusters goes, and the next AppendPacked of
+  // `payload_bytes` (its errors as AppendPacked says).
+  uint64_t PlaceClusters() const;
+  Result<uint64_t> PlacePacked(uint64_t payload_bytes) const;
   Status Append(uint64_t offset, std::span<const std::byte> data, std::string_view what);
   Status WriteOut(uint64_t offset, std::span<const std::byte> data, std::string_view what);
   // Writes the buffer, leaving all-zero 4 KiB blocks unwritten where the

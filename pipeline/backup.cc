@@ -1,6 +1,7 @@
 // Full and incremental backups into a chain folder.
 #include "pipeline/backup.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "formats/json_fields.h"
 #include "formats/qcow2_bitmap.h"
 #include "formats/units.h"
+#include "pipeline/backup_resume.h"
 #include "pipeline/chain.h"
 #include "pipeline/chain_folder.h"
 #include "pipeline/destination_spec.h"
@@ -155,6 +157,17 @@ struct BackupRun {
   std::string dirty_description;
   RangeList work;
   formats::BackupManifest m;
+  // Resume: the run's start (a resumed run keeps the staged one's), the
+  // journal's key and path, the staged clusters kept and the guest cluster
+  // the copy goes on from; `remaining` is the work from there.
+  std::string started_at;
+  ResumeKey key;
+  std::string journal_path;
+  std::vector<JournalEntry> kept;
+  uint64_t resume_cluster = 0;
+  RangeList remaining;
+  std::optional<ResumeNote> note;
+  std::unique_ptr<ResumeJournal> journal;
 };
 
 // An incremental reads exactly one record of changes; a full reads none.
@@ -200,7 +213,8 @@ Status OpenChain(Env& env, const BackupRequest& req, BackupRun& run) {
   options.job = "backup";
   options.create = true;
   options.parent_dir = req.target_dir;
-  options.remove_leftovers = true;
+  // Leftovers go in FindStaged, once it knows whether a staged image is
+  // resumed.
   BARGE_ASSIGN_OR_RETURN(run.writer, ChainWriter::Open(env, JoinPath(req.target_dir, disk), options));
   run.m.disk = disk;
   return OkStatus();
@@ -284,8 +298,117 @@ Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
     BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(env, req, run.src, run.dirty_description));
     run.work = AlignRanges(dirty, run.cluster, run.size);
   }
+  return OkStatus();
+}
+
+// The work from guest cluster `from` on.
+RangeList WorkFrom(const RangeList& work, uint64_t from_bytes) {
+  RangeList out;
+  for (const Range& r : work) {
+    if (r.end() <= from_bytes) continue;
+    uint64_t begin = std::max(r.offset, from_bytes);
+    out.push_back({begin, r.end() - begin});
+  }
+  return out;
+}
+
+// What makes this run "the same backup" as one staged before it, with the
+// staged run's start (its id and image name follow from it).
+ResumeKey KeyFor(Env& env, const BackupRequest& req, const BackupRun& run, const std::string& started_at) {
+  ResumeKey k;
+  k.started_at = started_at;
+  k.id = IdFor(run.writer->chain().next_sequence(), started_at);
+  k.image = k.id + ".qcow2";
+  k.type = req.incremental ? "incremental" : "full";
+  k.disk = run.identity.kind + ":" + run.identity.location + ":" + run.identity.target + ":" + run.identity.source;
+  if (run.identity.kind == "file") {
+    // A file changed since (a VM wrote it) would mix two states.
+    if (auto st = env.Stat(run.spec.location); st.ok()) {
+      k.source_stamp = std::to_string(st->size_bytes) + "@" + std::to_string(st->mtime_ns);
+    }
+  }
+  k.virtual_size = run.size;
+  k.cluster_size = run.cluster;
+  k.compression = formats::CompressionSpec{req.compression, req.compression_level}.ToString();
+  if (run.m.parent) k.parent = run.m.parent->id + ":" + run.m.parent->image_digest.ToHex();
+  k.checkpoint = req.checkpoint;
+  k.work_digest = RangesDigest(run.work);
+  k.tool_version = req.tool_version;
+  return k;
+}
+
+// The image's destination spec (the same for a fresh and a resumed image).
+DestinationSpec ImageSpec(const BackupRequest& req, const BackupRun& run) {
+  DestinationSpec dest_spec;
+  dest_spec.virtual_size = run.size;
+  dest_spec.cluster_bytes = run.cluster;
+  dest_spec.compression = req.compression;
+  if (run.m.parent) dest_spec.backing_file = run.m.parent->image;
+  dest_spec.zero_policy = req.incremental ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit;
+  return dest_spec;
+}
+
+// Looks for what a killed or failed run of this backup staged: resumes
+// from it when its key matches and its clusters check out (run.kept,
+// run.resume_cluster, run.started_at), else removes its journal. Then
+// removes the chain folder's leftovers (sparing a resumed staged image).
+Status FindStaged(Env& env, const BackupRequest& req, BackupRun& run) {
+  const ChainFolder& chain = run.writer->chain();
+  run.journal_path = chain.PathOf(std::string(kResumeJournalName));
+  std::string keep;
+  auto loaded = LoadResumeJournal(env, run.journal_path);
+  if (!loaded.ok() && loaded.error().code() == ErrorCode::kNotFound) {
+    // No journal: whatever was staged is swept below.
+  } else {
+    ResumeNote note;
+    note.total_bytes = TotalBytes(run.work);
+    if (!req.resume) {
+      note.problem = "resuming is off";
+    } else if (!loaded.ok()) {
+      note.problem = "its journal is unreadable (" + loaded.error().message() + ")";
+    } else {
+      note.problem = ResumeMismatch(loaded->key, KeyFor(env, req, run, loaded->key.started_at));
+    }
+    if (note.problem.empty()) {
+      DestinationSpec spec = ImageSpec(req, run);
+      BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
+      std::string staged = TempPathFor(chain.PathOf(loaded->key.image));
+      auto check = CheckStaged(env, staged, options, *loaded);
+      if (!check.ok()) {
+        note.problem = check.error().code() == ErrorCode::kNotFound
+                           ? std::string("the staged image is gone")
+                           : "the staged image cannot be read (" + check.error().message() + ")";
+      } else if (check->next_cluster == 0) {
+        note.problem = check->problem.empty() ? std::string("nothing was staged") : check->problem;
+      } else {
+        note.resumed = true;
+        note.problem = check->problem;
+        run.started_at = loaded->key.started_at;
+        run.kept.assign(loaded->entries.begin(),
+                        loaded->entries.begin() + static_cast<ptrdiff_t>(check->kept_entries));
+        run.resume_cluster = check->next_cluster;
+        keep = BaseName(staged);
+      }
+    }
+    if (!note.resumed) {
+      IgnoreError(env.UnlinkIfExists(run.journal_path), "a stale journal's key never matches a later run");
+    }
+    run.note = note;
+  }
+  BARGE_RETURN_IF_ERROR(run.writer->RemoveLeftovers(keep));
+  run.remaining = WorkFrom(run.work, run.resume_cluster * run.cluster);
+  if (run.note) {
+    run.note->staged_bytes = run.note->total_bytes - TotalBytes(run.remaining);
+    if (req.on_resume) req.on_resume(*run.note);
+  }
+  return OkStatus();
+}
+
+// Refuses a target without room for what is left to copy.
+Status CheckSpace(Env& env, const BackupRequest& req, BackupRun& run) {
   const std::string& chain_dir = run.writer->dir();
-  BARGE_ASSIGN_OR_RETURN(uint64_t needed, EstimateBackupBytes(*run.src.image, run.work, run.cluster, req.copy.cancel));
+  BARGE_ASSIGN_OR_RETURN(uint64_t needed,
+                         EstimateBackupBytes(*run.src.image, run.remaining, run.cluster, req.copy.cancel));
   BARGE_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(env, chain_dir));
   if (needed > free_bytes) {
     return Error::NoSpace("the target needs up to " + formats::HumanBytesExact(needed) + " for this backup, " +
@@ -343,24 +466,77 @@ Status StartManifest(const BackupRequest& req, const std::string& started_at, Ba
   return OkStatus();
 }
 
+// A sink whose bytes past its size at the wrap read as zeros, as the
+// resumed writer only appends there (Qcow2Writer::Resume truncated the
+// file to its end): it may leave zero blocks unwritten as on a new file.
+class ResumedSink final : public BlockSink {
+ public:
+  explicit ResumedSink(BlockSink& target) : target_(target) {}
+  const std::string& name() const override { return target_.name(); }
+  uint64_t size_bytes() const override { return target_.size_bytes(); }
+  SinkCapabilities capabilities() const override {
+    SinkCapabilities caps = target_.capabilities();
+    caps.zero_initialized = true;
+    return caps;
+  }
+  Status WriteAt(uint64_t offset, std::span<const std::byte> data) override { return target_.WriteAt(offset, data); }
+  Status WriteZeroes(uint64_t offset, uint64_t length) override { return target_.WriteZeroes(offset, length); }
+  Status Flush() override { return target_.Flush(); }
+  Status Truncate(uint64_t size_bytes) override { return target_.Truncate(size_bytes); }
+
+ private:
+  BlockSink& target_;  // the staged file's; outlives this
+};
+
 // 3. Makes the destination: the point's qcow2 image, staged in the chain
-// folder. An incremental names its parent and stores the zero clusters of
-// its work set (they must mask the parent's data).
-Result<std::unique_ptr<Destination>> MakeImage(const BackupRequest& req, BackupRun& run) {
-  BARGE_ASSIGN_OR_RETURN(BlockSink * image_sink, run.writer->StageImage(run.m.image));
-  DestinationSpec dest_spec;
-  dest_spec.virtual_size = run.size;
-  dest_spec.cluster_bytes = run.cluster;
-  dest_spec.compression = req.compression;
-  if (run.m.parent) dest_spec.backing_file = run.m.parent->image;
-  dest_spec.zero_policy = req.incremental ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit;
-  auto created = MakeDestination(*image_sink, dest_spec);
-  if (!created.ok()) return Error(created.error()).Wrap("backup: starting " + run.m.image);
-  return std::move(created).value();
+// folder, or the staged one a killed run left, taken over. An incremental
+// names its parent and stores the zero clusters of its work set (they must
+// mask the parent's data). With req.resume, starts the journal (holding
+// what was kept).
+Result<std::unique_ptr<Qcow2Destination>> MakeImage(Env& env, const BackupRequest& req, BackupRun& run,
+                                                    std::unique_ptr<ResumedSink>& resumed_sink) {
+  DestinationSpec spec = ImageSpec(req, run);
+  auto made = [&]() -> Result<std::unique_ptr<Qcow2Destination>> {
+    BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
+    std::unique_ptr<formats::Qcow2Writer> writer;
+    BlockSink* sink = nullptr;
+    if (run.resume_cluster > 0) {
+      BARGE_ASSIGN_OR_RETURN(BlockSink * staged, run.writer->AdoptStagedImage(run.m.image));
+      std::vector<formats::StoredCluster> stored;
+      stored.reserve(run.kept.size());
+      for (const JournalEntry& e : run.kept) stored.push_back(e.stored);
+      // The wrapper goes on top after the truncation in Resume.
+      resumed_sink = std::make_unique<ResumedSink>(*staged);
+      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Resume(*resumed_sink, options, stored));
+      sink = resumed_sink.get();
+    } else {
+      BARGE_ASSIGN_OR_RETURN(sink, run.writer->StageImage(run.m.image));
+      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Create(*sink, options));
+    }
+    if (req.resume) {
+      BARGE_ASSIGN_OR_RETURN(uint64_t end, writer->Sync());
+      run.key = KeyFor(env, req, run, run.started_at);
+      BARGE_ASSIGN_OR_RETURN(run.journal,
+                             ResumeJournal::Create(env, run.journal_path, run.key, run.kept, run.resume_cluster, end));
+    }
+    return std::make_unique<Qcow2Destination>(std::move(writer), sink->name(), spec.compression, spec.zero_policy);
+  }();
+  if (!made.ok()) return Error(made.error()).Wrap("backup: starting " + run.m.image);
+  return made;
 }
 
-// 4. Runs the copy of the work set; an incremental's clusters that equal
-// the parent's are still written (zero ones recorded too).
+// How often a resumable backup checkpoints: about every 2% of its work
+// (so a resumed run copies little again), between 4 and 64 MiB, and at
+// least every 2 seconds.
+uint64_t CheckpointBytes(uint64_t work_bytes) {
+  return std::clamp<uint64_t>(work_bytes / 50, 4ull << 20, 64ull << 20);
+}
+constexpr std::chrono::milliseconds kCheckpointInterval{2000};
+
+// 4. Runs the copy of the work set (what is left of it, resumed); an
+// incremental's clusters that equal the parent's are still written (zero
+// ones recorded too). The clusters kept from a staged image count in the
+// image digest as they were journaled.
 Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destination& dest) {
   CopyOptions copy = req.copy;
   copy.cluster_bytes = run.cluster;
@@ -368,13 +544,57 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
   copy.compression = req.compression;
   copy.compression_level = req.compression_level;
   copy.record_zero_digests = req.incremental;
+  BaseDigestLookup parent;
   if (req.incremental) {
-    copy.base_digest = [&run](uint64_t c) { return FindDigest(run.parent_digests, c); };
+    parent = [&run](uint64_t c) { return FindDigest(run.parent_digests, c); };
+  }
+  if (run.resume_cluster > 0) {
+    // Kept clusters are in guest order: the fold asks in increasing order.
+    copy.base_digest = [&run, parent, at = size_t{0}](uint64_t c) mutable -> std::optional<formats::Digest128> {
+      if (c < run.resume_cluster) {
+        while (at < run.kept.size() && run.kept[at].stored.cluster_index < c) ++at;
+        if (at < run.kept.size() && run.kept[at].stored.cluster_index == c) return run.kept[at].digest;
+      }
+      return parent ? parent(c) : std::nullopt;
+    };
+  } else {
+    copy.base_digest = parent;
   }
   Destination* dests[] = {&dest};
-  auto copied = RunCopy(*run.src.image, run.work, dests, copy);
+  auto copied = RunCopy(*run.src.image, run.remaining, dests, copy);
   if (!copied.ok()) return Error(copied.error()).Wrap("backup");
+  if (!run.kept.empty()) {
+    // Kept clusters were recorded as the copy records them (a full stores
+    // and records data clusters; an incremental zero ones too).
+    std::vector<ClusterDigest> all;
+    all.reserve(run.kept.size() + copied->cluster_digests.size());
+    for (const JournalEntry& e : run.kept) all.push_back({e.stored.cluster_index, e.digest});
+    all.insert(all.end(), copied->cluster_digests.begin(), copied->cluster_digests.end());
+    copied->cluster_digests = std::move(all);
+  }
   return copied;
+}
+
+// After a failed copy: a resumable backup keeps its staged image and
+// journal for the next run when the source failed (its connection lost);
+// not after a cancel, which asks to stop, nor when writing the target
+// failed (a full or failing disk: what it holds is not to be trusted or
+// kept); else the journal goes.
+Error KeepOrDrop(BackupRun& run, JournaledDestination* journaled, Error error) {
+  if (run.journal == nullptr) return error;
+  ErrorCode code = error.code();
+  if (journaled != nullptr && !journaled->failed() && code != ErrorCode::kCancelled &&
+      code != ErrorCode::kNoSpace) {
+    // What was stored after the last checkpoint is kept too.
+    Status last = journaled->Checkpoint();
+    if (last.ok() && run.journal->checkpoints() > 0 && run.writer->KeepStagedImage().ok()) {
+      run.journal.reset();
+      return error.Wrap("the data staged so far is kept: the next run of this backup resumes from it; backup");
+    }
+  }
+  IgnoreError(run.journal->Remove(), "a journal whose image is gone is never resumed");
+  run.journal.reset();
+  return error;
 }
 
 // 5. Commits: the digest table and the finished manifest staged beside the
@@ -419,10 +639,26 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   BARGE_RETURN_IF_ERROR(OpenChain(env, req, run));
   BARGE_RETURN_IF_ERROR(req.incremental ? ExtendChain(env, req, run) : CheckFullSize(req, run));
   BARGE_RETURN_IF_ERROR(PlanWork(env, req, run));
-  BARGE_RETURN_IF_ERROR(StartManifest(req, started_at, run));
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Destination> dest, MakeImage(req, run));
-  BARGE_ASSIGN_OR_RETURN(CopyResult copied, CopyWork(req, run, *dest));
-  BARGE_RETURN_IF_ERROR(CommitPoint(run, copied, *dest->qcow2_stats(), start));
+  run.started_at = started_at;
+  BARGE_RETURN_IF_ERROR(FindStaged(env, req, run));
+  BARGE_RETURN_IF_ERROR(CheckSpace(env, req, run));
+  BARGE_RETURN_IF_ERROR(StartManifest(req, run.started_at, run));
+  std::unique_ptr<ResumedSink> resumed_sink;  // outlives the destination
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Qcow2Destination> image, MakeImage(env, req, run, resumed_sink));
+  std::optional<JournaledDestination> journaled;
+  Destination* dest = image.get();
+  if (run.journal != nullptr) {
+    journaled.emplace(*image, *run.journal, req.incremental, CheckpointBytes(TotalBytes(run.remaining)),
+                      kCheckpointInterval);
+    dest = &*journaled;
+  }
+  auto copied = CopyWork(req, run, *dest);
+  if (!copied.ok()) return KeepOrDrop(run, journaled ? &*journaled : nullptr, std::move(copied).error());
+  Status committed = CommitPoint(run, *copied, *dest->qcow2_stats(), start);
+  if (run.journal != nullptr) {
+    IgnoreError(run.journal->Remove(), "a journal whose point was committed never matches a later run");
+  }
+  BARGE_RETURN_IF_ERROR(committed);
 
   const ChainFolder& chain = run.writer->chain();
   BackupResult result;
@@ -433,6 +669,7 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   result.bytes_read = run.m.bytes_read;
   result.image_bytes = run.m.bytes_written;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.resume = run.note;
   result.manifest = std::move(run.m);
   return result;
 }

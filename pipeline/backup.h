@@ -17,6 +17,17 @@
 
 namespace barge::pipeline {
 
+// What became of a backup a killed or failed run of it had staged (a
+// resume journal found in the chain folder, pipeline/backup_resume.h).
+struct ResumeNote {
+  bool resumed = false;
+  uint64_t staged_bytes = 0;  // resumed: bytes of the work taken from the staged image
+  uint64_t total_bytes = 0;   // bytes of the work
+  // resumed: what of the staged image failed its check and is copied
+  // again ("" if nothing); not resumed: why it could not be used.
+  std::string problem;
+};
+
 struct BackupRequest {
   SourceSpec source;
   std::string target_dir;  // the chain folder is target_dir/disk_name
@@ -49,6 +60,16 @@ struct BackupRequest {
   bool allow_resize = false;
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = formats::kDefaultZstdLevel;
+  // Resumable (docs/formats/resume.md): a journal beside the staged image
+  // records what is stored, at checkpoints; a copy whose source fails
+  // (not a cancel, nor a failed write to the target) keeps both; and a later run of the same
+  // backup (same source, size, chain point, changes, options) checks what
+  // was staged against its digests and copies only the rest. false: what a
+  // killed run staged is swept, and a failed run leaves nothing.
+  bool resume = false;
+  // Told once, before the copy, when a staged backup was found (resumed or
+  // not, and why). May be empty.
+  std::function<void(const ResumeNote&)> on_resume;
   // Pipeline knobs (cluster_bytes, memory, threads, progress, stats,
   // cancel). Compression fields are taken from above.
   CopyOptions copy;
@@ -64,6 +85,7 @@ struct BackupResult {
   uint64_t bytes_read = 0;
   uint64_t image_bytes = 0;
   double seconds = 0;
+  std::optional<ResumeNote> resume;  // when a staged backup was found
 };
 
 // Runs one backup. Before writing anything it checks: the source opens; for
@@ -79,6 +101,9 @@ struct BackupResult {
 // manifest last (recording the disk's identity and the chain id: a new one
 // for a full, the parent's for an incremental); on any error nothing new is left in the chain folder (and
 // a first backup that fails leaves no chain folder and no lock file).
+// With request.resume, a failed copy keeps its staged image and journal
+// (the error then says the next run resumes), and a staged backup is
+// resumed or swept as ResumeNote says.
 // A second backup of the same chain folder at the same time fails at once
 // (kBusy). Every file is opened, written, renamed and synced through `env`
 // (tests wrap it to fail or stop any call, blockio/env.h).

@@ -62,7 +62,7 @@ ChainWriter::~ChainWriter() {
 // names (what a run killed between renames leaves, and the records of
 // points a merge folded), and temporaries no live writer holds. Called
 // with the chain lock held.
-Status ChainWriter::RemoveLeftovers() {
+Status ChainWriter::RemoveLeftovers(const std::string& keep_temporary) {
   std::set<std::string> named;
   for (const auto& p : chain_.points) {
     named.insert(p.manifest.image);
@@ -75,6 +75,15 @@ Status ChainWriter::RemoveLeftovers() {
     bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
                 (ext == ".qcow2" || ext == ".digests" || ext == ".verified");
     if (ours && !named.count(name)) BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(chain_.PathOf(name)));
+  }
+  // The sweep takes only unlocked temporaries: holding the kept one's lock
+  // while it runs spares it.
+  std::unique_ptr<EnvLock> spared;
+  if (!keep_temporary.empty()) {
+    LockOptions lo;
+    lo.create = false;
+    auto lock = env_.LockFile(chain_.PathOf(keep_temporary), lo);
+    if (lock.ok()) spared = std::move(lock).value();
   }
   auto swept = SweepStaleTemporaries(env_, chain_.dir);
   if (!swept.ok()) return swept.error();
@@ -90,6 +99,21 @@ Result<BlockSink*> ChainWriter::StageImage(const std::string& name) {
   if (!created.ok()) return std::move(created).error().Wrap(options_.job + ": starting " + name);
   image_ = std::move(created).value();
   return &image_->sink();
+}
+
+Result<BlockSink*> ChainWriter::AdoptStagedImage(const std::string& name) {
+  auto adopted = StagedFile::Adopt(env_, chain_.PathOf(name));
+  if (!adopted.ok()) return std::move(adopted).error().Wrap(options_.job + ": resuming " + name);
+  image_ = std::move(adopted).value();
+  return &image_->sink();
+}
+
+Status ChainWriter::KeepStagedImage() {
+  if (image_ == nullptr) return OkStatus();
+  Status kept = image_->Keep();
+  image_.reset();
+  if (kept.ok()) cleanup_armed_ = false;  // the folder holds what the next run resumes
+  return kept;
 }
 
 Status ChainWriter::StageSmallFile(const std::string& name, std::span<const std::byte> bytes) {

@@ -60,11 +60,23 @@ class ChainWriter {
   // Removes stale temporaries of killed runs (a live writer's are locked
   // and kept), best effort: what cannot be removed now goes at a later run.
   void SweepTemporaries();
+  // Images, digest tables and verification records no manifest names, and
+  // stale temporaries but `keep_temporary` (a file name; "" for none): what
+  // options.remove_leftovers does at Open, for a job that first looks at
+  // what a killed run staged (a resumed backup).
+  Status RemoveLeftovers(const std::string& keep_temporary = {});
 
   // The new point's image, staged under its temporary name: the sink to
   // write it through (valid until Commit or destruction). Errors wrapped
   // "JOB: starting NAME".
   Result<BlockSink*> StageImage(const std::string& name);
+  // The same, taking over the temporary a killed or failed run staged for
+  // NAME as it is (StagedFile::Adopt).
+  Result<BlockSink*> AdoptStagedImage(const std::string& name);
+  // Leaves the staged image for a later run to adopt (StagedFile::Keep)
+  // and keeps the folder (no first-backup cleanup): a failed backup that
+  // will resume. The small files staged are removed as on any failure.
+  Status KeepStagedImage();
   // A small file of the new point (digest table, then manifest), written
   // and flushed under its temporary name. Errors wrapped "JOB: writing
   // NAME".
@@ -84,9 +96,6 @@ class ChainWriter {
 
  private:
   ChainWriter(Env& env, ChainWriterOptions options) : env_(env), options_(std::move(options)) {}
-  // Images, digest tables and verification records no manifest names, and
-  // stale temporaries.
-  Status RemoveLeftovers();
 
   Env& env_;
   ChainWriterOptions options_;

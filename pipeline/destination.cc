@@ -26,25 +26,37 @@ Status CheckQcow2ClusterSize(const Chunk& chunk, const formats::Qcow2Writer& wri
       .set_path(name);
 }
 
+std::optional<formats::StoredKind> StoredKindOf(ClusterState state, bool compressed_ok, bool store_zero) {
+  switch (state) {
+    case ClusterState::kSkip:
+      return std::nullopt;
+    case ClusterState::kHole:
+    case ClusterState::kZero:
+      if (!store_zero) return std::nullopt;
+      return formats::StoredKind::kZero;
+    case ClusterState::kCompressed:
+      if (compressed_ok) return formats::StoredKind::kCompressed;
+      return formats::StoredKind::kData;
+    case ClusterState::kData:
+      return formats::StoredKind::kData;
+  }
+  return std::nullopt;
+}
+
 Status StoreQcow2Cluster(formats::Qcow2Writer& writer, const Chunk& chunk, size_t i, bool compressed_ok,
                          bool store_zero, const std::string& name) {
   const uint64_t cluster = chunk.first_cluster() + i;
+  std::optional<formats::StoredKind> kind = StoredKindOf(chunk.states[i], compressed_ok, store_zero);
+  if (!kind) return OkStatus();
   Status s;
-  switch (chunk.states[i]) {
-    case ClusterState::kSkip:
-      return OkStatus();
-    case ClusterState::kHole:
-    case ClusterState::kZero:
-      if (!store_zero) return OkStatus();
+  switch (*kind) {
+    case formats::StoredKind::kZero:
       s = writer.WriteZero(cluster);
       break;
-    case ClusterState::kCompressed:
-      if (compressed_ok) {
-        s = writer.WriteCompressed(cluster, chunk.Payload(i));
-        break;
-      }
-      [[fallthrough]];
-    case ClusterState::kData:
+    case formats::StoredKind::kCompressed:
+      s = writer.WriteCompressed(cluster, chunk.Payload(i));
+      break;
+    case formats::StoredKind::kData:
       s = writer.WriteData(cluster, chunk.ClusterData(i));
       break;
   }

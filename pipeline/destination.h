@@ -90,6 +90,9 @@ class Qcow2Destination final : public Destination {
   ZeroPolicy zero_policy_;
 };
 
+// What StoreQcow2Cluster stores for a cluster in `state` (nullopt: nothing).
+std::optional<formats::StoredKind> StoredKindOf(ClusterState state, bool compressed_ok, bool store_zero);
+
 // The cluster-writing steps Qcow2Destination shares with other qcow2
 // destinations (pipeline/overlay_destination.h).
 // kInvalidArgument unless the chunk's cluster size is the image's.

@@ -6,6 +6,19 @@
 
 namespace barge::pipeline {
 
+Result<formats::Qcow2WriterOptions> Qcow2OptionsFor(const DestinationSpec& spec) {
+  formats::Qcow2WriterOptions w;
+  w.virtual_size = spec.virtual_size;
+  BARGE_ASSIGN_OR_RETURN(w.cluster_bits, formats::qcow2::ClusterBitsOf(spec.cluster_bytes));
+  w.compression = spec.compression;
+  w.bitmaps = spec.bitmaps;
+  if (!spec.backing_file.empty()) {
+    w.backing_file = spec.backing_file;
+    w.backing_format = spec.backing_format.empty() ? "qcow2" : spec.backing_format;
+  }
+  return w;
+}
+
 Result<std::unique_ptr<Destination>> MakeDestination(BlockSink& sink, DestinationSpec spec) {
   if (spec.format == DestinationFormat::kRaw) {
     RawDestinationOptions r;
@@ -13,15 +26,7 @@ Result<std::unique_ptr<Destination>> MakeDestination(BlockSink& sink, Destinatio
     r.skip_zeroes_if_zero_initialized = spec.skip_zeroes_if_zero_initialized;
     return std::unique_ptr<Destination>(std::make_unique<RawDestination>(sink, r));
   }
-  formats::Qcow2WriterOptions w;
-  w.virtual_size = spec.virtual_size;
-  BARGE_ASSIGN_OR_RETURN(w.cluster_bits, formats::qcow2::ClusterBitsOf(spec.cluster_bytes));
-  w.compression = spec.compression;
-  w.bitmaps = std::move(spec.bitmaps);
-  if (!spec.backing_file.empty()) {
-    w.backing_file = spec.backing_file;
-    w.backing_format = spec.backing_format.empty() ? "qcow2" : spec.backing_format;
-  }
+  BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions w, Qcow2OptionsFor(spec));
   if (spec.overlay_allocated != nullptr && spec.overlay_diff_against != nullptr) {
     return Error::InvalidArgument("an overlay stores either a top layer's clusters or what differs, not both")
         .set_path(sink.name());

@@ -48,6 +48,10 @@ struct DestinationSpec {
   bool skip_zeroes_if_zero_initialized = true;
 };
 
+// The qcow2 writer's options for `spec` (a qcow2 one); kInvalidArgument
+// for a bad cluster size.
+Result<formats::Qcow2WriterOptions> Qcow2OptionsFor(const DestinationSpec& spec);
+
 // The destination `spec` describes, writing into `sink` (which must outlive
 // it): RawDestination, Qcow2Destination or OverlayQcow2Destination.
 // kInvalidArgument for a cluster size that is not a power of two from 512 to

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/json_fields.h"
+#include "pipeline/backup_resume.h"
 #include "pipeline/small_file.h"
 
 namespace barge::pipeline {
@@ -154,6 +155,8 @@ Status RecoverMerge(Env& env, const std::string& dir) {
       BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(dir + "/" + name));
     }
   }
+  // A backup that may resume decides about its staged image itself.
+  std::unique_ptr<EnvLock> spared = SpareResumableImage(env, dir);
   auto swept = SweepStaleTemporaries(env, dir);
   if (!swept.ok()) return swept.error();
   return OkStatus();

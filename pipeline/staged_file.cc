@@ -142,6 +142,29 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
   return file;
 }
 
+Result<std::unique_ptr<StagedFile>> StagedFile::Adopt(Env& env, const std::string& final_path, bool sync) {
+  if (auto st = env.Stat(final_path); st.ok()) {
+    return Error::InvalidArgument("output exists (remove it or choose another name)").set_path(final_path);
+  }
+  std::string temp = TempPathFor(final_path);
+  BARGE_ASSIGN_OR_RETURN(FileStat st, env.StatNoFollow(temp));
+  if (!st.is_regular()) return Error::NotFound("no staged file to resume").set_path(final_path);
+  LockOptions lo;
+  lo.create = false;
+  lo.busy_message = "another process is writing this file (its temporary " + temp + " is locked)";
+  auto lock = env.LockFile(temp, lo);
+  if (!lock.ok()) return Named(std::move(lock).error(), temp, final_path);
+  TempRegistration registration(temp);
+  FileOptions options;
+  options.sync = sync;
+  auto sink = env.OpenSink(temp, SinkMode::kExisting, options);
+  if (!sink.ok()) return Named(std::move(sink).error(), temp, final_path);
+  std::unique_ptr<StagedFile> file(new StagedFile(env, final_path, std::move(temp), std::move(lock).value(),
+                                                  std::move(registration), /*overwrite=*/false, sync));
+  file->sink_ = std::make_unique<NamedSink>(std::move(sink).value(), final_path);
+  return file;
+}
+
 StagedFile::StagedFile(Env& env, std::string final_path, std::string temp_path,
                        std::unique_ptr<EnvLock> lock, TempRegistration registration, bool overwrite,
                        bool sync)
@@ -163,6 +186,17 @@ Status StagedFile::Abandon() {
   lock_.reset();
   registration_ = TempRegistration();
   return removed;
+}
+
+Status StagedFile::Keep() {
+  if (done_) return OkStatus();
+  Status s = sink_->Flush();
+  if (!s.ok()) return Named(std::move(s).error(), temp_path_, final_path_).Also(Abandon());
+  done_ = true;
+  sink_.reset();
+  registration_ = TempRegistration();
+  lock_.reset();
+  return OkStatus();
 }
 
 Status StagedFile::Commit() {

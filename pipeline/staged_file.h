@@ -31,6 +31,11 @@ class StagedFile {
   // output may be lost or incomplete after a crash; see FileOptions::sync).
   static Result<std::unique_ptr<StagedFile>> Create(Env& env, const std::string& final_path,
                                                     bool overwrite = false, bool sync = true);
+  // Takes over the temporary a killed or failed run left at `final_path`'s
+  // temporary name (a resumed backup, pipeline/backup_resume.h): locked,
+  // opened as is (not truncated), registered. kNotFound when it is gone,
+  // kBusy when a live writer holds it; `final_path` must not exist.
+  static Result<std::unique_ptr<StagedFile>> Adopt(Env& env, const std::string& final_path, bool sync = true);
   // Removes an uncommitted temporary (see Abandon).
   ~StagedFile();
   StagedFile(const StagedFile&) = delete;
@@ -45,6 +50,9 @@ class StagedFile {
   // syncs the folder. A failure before the publish removes the temporary;
   // one after it (the folder sync) leaves the published file.
   Status Commit();
+  // Flushes and closes the temporary and leaves it for a later run to
+  // Adopt (unlocked: a sweep would remove it). A failed flush removes it.
+  Status Keep();
   // Closes and removes the temporary now. The destructor does the same
   // and can only drop a failure: the temporary is then unlocked, and the
   // next sweep of its folder removes it.

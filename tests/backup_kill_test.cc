@@ -73,14 +73,16 @@ TEST(BackupKillTest, KilledRunLeavesNothingFinishedAndRerunSucceeds) {
   for (const auto& e : fs::directory_iterator(chain, ec)) {
     std::string name = e.path().filename().string();
     if (name == ".lock") continue;
-    // Only hidden temporaries may remain: nothing a reader would take as a backup.
-    EXPECT_TRUE(name.starts_with(".") && name.ends_with(".barge-tmp")) << name;
+    // Only hidden temporaries (and the resume journal, docs/formats/resume.md)
+    // may remain: nothing a reader would take as a backup.
+    EXPECT_TRUE(name.starts_with(".") && (name.ends_with(".barge-tmp") || name == ".backup.barge-resume")) << name;
     saw_temporary = true;
   }
   EXPECT_TRUE(saw_temporary) << "killed while writing " << temp_image;
   RunOk(ShellQuote(testing::BargeBinary()) + " verify " + ShellQuote(chain), 1);  // no backup yet: not found
 
-  // The re-run removes the temporaries and succeeds; the result verifies.
+  // The re-run (another compression: it cannot resume) removes the
+  // temporaries and the journal and succeeds; the result verifies.
   RunOk(ShellQuote(testing::BargeBinary()) + " backup --source " + ShellQuote(disk) + " --target " +
         ShellQuote(target));
   int files = 0;

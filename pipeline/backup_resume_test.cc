@@ -1,0 +1,151 @@
+// The resume journal: checkpoints read back in order, a torn last one
+// dropped, a bad header refused; the key's mismatches named; a staged
+// image checked against the journal up to its first damaged cluster.
+#include "pipeline/backup_resume.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "blockio/memory.h"
+#include "tests/testing/testing.h"
+
+namespace barge::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+ResumeKey Key() {
+  ResumeKey k;
+  k.id = "0000-20261127T000000Z";
+  k.started_at = "2026-11-27T00:00:00Z";
+  k.image = k.id + ".qcow2";
+  k.type = "full";
+  k.disk = "file:/d.raw::";
+  k.virtual_size = 1 << 20;
+  k.cluster_size = 65536;
+  k.compression = "zstd:2";
+  k.work_digest = RangesDigest({{0, 1 << 20}});
+  k.tool_version = "0.1.0";
+  return k;
+}
+
+JournalEntry Entry(uint64_t cluster, formats::StoredKind kind = formats::StoredKind::kData) {
+  JournalEntry e;
+  e.stored = {cluster, kind, kind == formats::StoredKind::kCompressed ? 100u : 0u};
+  e.digest = {cluster * 3 + 1, cluster * 7 + 2};
+  return e;
+}
+
+TEST(ResumeJournalTest, CheckpointsReadBackAndATornOneIsDropped) {
+  TempDir dir;
+  Env& env = Env::Default();
+  const std::string path = dir / ".backup.barge-resume";
+  std::vector<JournalEntry> kept = {Entry(0), Entry(1)};
+  auto journal = ResumeJournal::Create(env, path, Key(), kept, 2, 3 * 65536);
+  ASSERT_TRUE(journal.ok()) << journal.error().ToString();
+  std::vector<JournalEntry> more = {Entry(4, formats::StoredKind::kCompressed), Entry(5, formats::StoredKind::kZero)};
+  ASSERT_TRUE((*journal)->Append(more, 8, 4 * 65536 + 100).ok());
+  EXPECT_EQ((*journal)->checkpoints(), 2u);
+
+  auto loaded = LoadResumeJournal(env, path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+  EXPECT_EQ(ResumeMismatch(loaded->key, Key()), "");
+  ASSERT_EQ(loaded->entries.size(), 4u);
+  EXPECT_EQ(loaded->entries[2].stored, more[0].stored);
+  EXPECT_EQ(loaded->entries[3].digest, more[1].digest);
+  EXPECT_EQ(loaded->next_cluster, 8u);
+  EXPECT_EQ(loaded->end_bytes, 4u * 65536 + 100);
+  EXPECT_FALSE(loaded->torn);
+
+  // A crash while appending: the last record cut short counts for nothing.
+  std::vector<JournalEntry> last = {Entry(9)};
+  ASSERT_TRUE((*journal)->Append(last, 10, 5 * 65536).ok());
+  uint64_t size = fs::file_size(path);
+  fs::resize_file(path, size - 5);
+  loaded = LoadResumeJournal(env, path);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_TRUE(loaded->torn);
+  EXPECT_EQ(loaded->entries.size(), 4u);
+  EXPECT_EQ(loaded->next_cluster, 8u);
+
+  // A damaged header: the journal is refused.
+  auto bytes = testing::ReadFile(path);
+  bytes[20] ^= std::byte{1};
+  testing::WriteFile(path, bytes);
+  auto bad = LoadResumeJournal(env, path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code(), ErrorCode::kCorruption);
+
+  ASSERT_TRUE((*journal)->Remove().ok());
+  EXPECT_EQ(LoadResumeJournal(env, path).error().code(), ErrorCode::kNotFound);
+}
+
+TEST(ResumeJournalTest, MismatchesAreNamed) {
+  ResumeKey now = Key();
+  now.virtual_size = 2 << 20;
+  EXPECT_NE(ResumeMismatch(Key(), now).find("size changed"), std::string::npos);
+  now = Key();
+  now.compression = "none";
+  EXPECT_NE(ResumeMismatch(Key(), now).find("compression zstd:2, now none"), std::string::npos);
+  now = Key();
+  now.parent = "0003:abc";
+  EXPECT_NE(ResumeMismatch(Key(), now).find("latest point"), std::string::npos);
+  now = Key();
+  now.work_digest = RangesDigest({{0, 65536}});
+  EXPECT_NE(ResumeMismatch(Key(), now).find("blocks to copy"), std::string::npos);
+  now = Key();
+  now.source_stamp = "1@2";
+  EXPECT_NE(ResumeMismatch(Key(), now).find("source file changed"), std::string::npos);
+}
+
+TEST(ResumeJournalTest, CheckStagedKeepsUpToTheFirstDamagedCluster) {
+  TempDir dir;
+  Env& env = Env::Default();
+  formats::Qcow2WriterOptions o;
+  o.virtual_size = 8 * 65536;
+  o.compression = formats::Compression::kNone;
+  const std::string staged = dir / "staged";
+  LoadedJournal journal;
+  {
+    auto sink = env.OpenSink(staged, SinkMode::kCreateNew);
+    ASSERT_TRUE(sink.ok());
+    auto w = formats::Qcow2Writer::Create(**sink, o);
+    ASSERT_TRUE(w.ok());
+    for (uint64_t c = 0; c < 6; ++c) {
+      std::vector<std::byte> data = testing::RandomBytes(65536, c);
+      ASSERT_TRUE((*w)->WriteData(c, data).ok());
+      journal.entries.push_back({{c, formats::StoredKind::kData, 0}, formats::HashCluster(data, 65536)});
+    }
+    auto end = (*w)->Sync();
+    ASSERT_TRUE(end.ok());
+    journal.end_bytes = *end;
+    journal.next_cluster = 6;
+  }
+  auto all = CheckStaged(env, staged, o, journal);
+  ASSERT_TRUE(all.ok()) << all.error().ToString();
+  EXPECT_EQ(all->kept_entries, 6u);
+  EXPECT_EQ(all->next_cluster, 6u);
+  EXPECT_EQ(all->problem, "");
+
+  // Guest cluster 3 lies at host cluster 4 (cluster 0 is the header's).
+  auto bytes = testing::ReadFile(staged);
+  bytes[4 * 65536 + 10] ^= std::byte{0xff};
+  testing::WriteFile(staged, bytes);
+  auto cut = CheckStaged(env, staged, o, journal);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(cut->kept_entries, 3u);
+  EXPECT_EQ(cut->next_cluster, 3u);
+  EXPECT_NE(cut->problem.find("cluster 3"), std::string::npos) << cut->problem;
+
+  // A journal that does not describe this layout keeps nothing.
+  journal.end_bytes += 1;
+  auto other = CheckStaged(env, staged, o, journal);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->kept_entries, 0u);
+  EXPECT_EQ(other->next_cluster, 0u);
+}
+
+}  // namespace
+}  // namespace barge::pipeline
