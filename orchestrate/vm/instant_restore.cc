@@ -287,26 +287,40 @@ Status VerifyDisk(Env& env, virDomainPtr dom, const Record& r, InstantRestoreRes
 // The copy job: started, followed until in sync, verified, pivoted.
 Status CopyAndPivot(Env& env, virDomainPtr dom, const Record& r, const InstantRestoreRequest& req,
                     InstantRestoreResult& result, ExportThread& exp) {
-  BARGE_RETURN_IF_ERROR(AbortBlockJob(dom, r.target));
-  IgnoreError(env.UnlinkIfExists(r.disk), "the record says this run made DISK; the copy starts over");
   const std::string dest = "<disk type='file'><source file='" + XmlEscape(r.disk) + "'/><driver type='raw'/></disk>";
-  if (virDomainBlockCopy(dom, r.target.c_str(), dest.c_str(), nullptr, 0,
-                         VIR_DOMAIN_BLOCK_COPY_TRANSIENT_JOB) != 0) {
-    return LastVirError("start the block copy of " + r.target + " to " + r.disk);
-  }
-  for (;;) {
-    if (Cancelled(req)) return Error::Cancelled("stopped; the domain runs on the overlay, rerun to continue");
-    if (exp.ended()) return Error::IoError("the export ended during the copy; rerun to continue");
-    virDomainBlockJobInfo info{};
-    const int has = virDomainGetBlockJobInfo(dom, r.target.c_str(), &info, 0);
-    if (has < 0) return LastVirError("block job of " + r.target);
-    if (has == 0) return Error::IoError("the block copy of " + r.target + " ended on its own (failed); rerun to continue");
-    if (req.on_progress) req.on_progress(info.cur, info.end);
-    BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom));
-    std::string t = r.target;
-    BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(xml, &t));
-    if (XmlAttr(d.element, "mirror", "ready") == "yes") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // A restarted export: QEMU's NBD client reconnects on the request after
+  // the one that found the old connection gone (libvirt 9 sets no
+  // reconnect-delay), so a copy that fails at once is started again.
+  for (int attempt = 1;; ++attempt) {
+    BARGE_RETURN_IF_ERROR(AbortBlockJob(dom, r.target));
+    IgnoreError(env.UnlinkIfExists(r.disk), "the record says this run made DISK; the copy starts over");
+    if (virDomainBlockCopy(dom, r.target.c_str(), dest.c_str(), nullptr, 0, VIR_DOMAIN_BLOCK_COPY_TRANSIENT_JOB) != 0) {
+      return LastVirError("start the block copy of " + r.target + " to " + r.disk);
+    }
+    bool ready = false;
+    for (;;) {
+      if (Cancelled(req)) return Error::Cancelled("stopped; the domain runs on the overlay, rerun to continue");
+      if (exp.ended()) return Error::IoError("the export ended during the copy; rerun to continue");
+      virDomainBlockJobInfo info{};
+      const int has = virDomainGetBlockJobInfo(dom, r.target.c_str(), &info, 0);
+      if (has < 0) return LastVirError("block job of " + r.target);
+      if (has == 0) break;  // failed: libvirt dropped it
+      if (req.on_progress) req.on_progress(info.cur, info.end);
+      BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom));
+      std::string t = r.target;
+      BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(xml, &t));
+      if (XmlAttr(d.element, "mirror", "ready") == "yes") {
+        ready = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (ready) break;
+    if (attempt == 5) {
+      return Error::IoError("the block copy of " + r.target + " failed " + std::to_string(attempt) +
+                            " times (QEMU's log has why); the domain runs on the overlay, rerun to continue");
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (req.on_phase) req.on_phase("ready", "the copy is in sync with the overlay");
   BARGE_RETURN_IF_ERROR(VerifyDisk(env, dom, r, result));
