@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <thread>
 
 #include "tests/testing/cli_testing.h"
@@ -159,6 +160,9 @@ TEST_F(VmInstantRestoreTest, StartsAtOnceKeepsGuestWritesAndEndsOnDisk) {
   json result = run.Events().back();
   ASSERT_EQ(result.value("event", ""), "result") << result.dump();
   EXPECT_GT(result.value("verified_bytes", uint64_t{0}), 0u);
+  // Every line valid under docs/json.md.
+  RunOk("python3 " + ShellQuote(std::string(BARGE_SOURCE_DIR) + "/tests/json_schema_test.py") +
+        " --check 0 vm instant-restore < " + ShellQuote(dir_ / "run.out"));
   EXPECT_NE(SourceOf(dom.name()).find(disk_), std::string::npos) << "the domain runs on DISK";
   // The persistent definition names DISK too.
   EXPECT_NE(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()).find(disk_), std::string::npos);
@@ -187,6 +191,12 @@ TEST_F(VmInstantRestoreTest, KilledRunIsFinishedByTheSameCommand) {
   json result = rerun.Events().back();
   ASSERT_EQ(result.value("event", ""), "result") << result.dump();
   EXPECT_TRUE(result.value("resumed", false));
+  std::string phases;
+  for (const json& e : rerun.Events()) {
+    if (e.value("event", "") == "phase") phases += " " + e.value("phase", "");
+  }
+  std::cerr << "rerun's phases:" << phases << "\n";
+  EXPECT_NE(phases.find("pivoted"), std::string::npos) << phases;
   EXPECT_NE(SourceOf(dom.name()).find(disk_), std::string::npos);
   ExpectCleanedUp(result);
   dom.Destroy();

@@ -316,6 +316,18 @@ Status CopyAndPivot(Env& env, virDomainPtr dom, const Record& r, const InstantRe
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     if (ready) break;
+    if (attempt == 2) {
+      // QEMU's NBD node gave up on the old export for good (it got
+      // ESHUTDOWN while nbdkit was stopping, and a node in that state never
+      // reconnects): a managed save and restore of the domain opens its
+      // disks afresh, connecting to the new export. The guest pauses for
+      // the save; its memory and the overlay are kept.
+      BARGE_RETURN_IF_ERROR(AbortBlockJob(dom, r.target));
+      if (virDomainManagedSave(dom, 0) != 0) return LastVirError("managed save of the domain to reconnect its disk");
+      if (virDomainCreate(dom) != 0) return LastVirError("restore the domain from its managed save");
+      if (req.on_phase) req.on_phase("reconnected", "the domain was saved and restored to reconnect to the export");
+      continue;
+    }
     if (attempt == 5) {
       return Error::IoError("the block copy of " + r.target + " failed " + std::to_string(attempt) +
                             " times (QEMU's log has why); the domain runs on the overlay, rerun to continue");
