@@ -134,7 +134,6 @@ class VmInstantRestoreTest : public VmTestBase {
   }
   void ExpectCleanedUp(const json& result) {
     EXPECT_TRUE(ProcessGone(result.value("nbdkit_pid", int64_t{0}))) << result.dump();
-    EXPECT_FALSE(fs::exists(dir_ / ".barge-instant-" + std::string())) << "scratch folder left";
     for (const auto& e : fs::directory_iterator(dir_.path())) {
       EXPECT_EQ(e.path().filename().string().rfind(".barge-instant-", 0), std::string::npos) << e.path();
     }
@@ -160,6 +159,8 @@ TEST_F(VmInstantRestoreTest, StartsAtOnceKeepsGuestWritesAndEndsOnDisk) {
   json result = run.Events().back();
   ASSERT_EQ(result.value("event", ""), "result") << result.dump();
   EXPECT_GT(result.value("verified_bytes", uint64_t{0}), 0u);
+  std::cerr << "running after " << seconds << " s (barge: " << result.value("started_seconds", 0.0)
+            << " s); guest bytes kept, not compared: " << result.value("guest_written_bytes", uint64_t{0}) << "\n";
   // Every line valid under docs/json.md.
   RunOk("python3 " + ShellQuote(std::string(BARGE_SOURCE_DIR) + "/tests/json_schema_test.py") +
         " --check 0 vm instant-restore < " + ShellQuote(dir_ / "run.out"));
