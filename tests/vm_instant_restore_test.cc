@@ -219,5 +219,58 @@ TEST_F(VmInstantRestoreTest, RefusesExistingDiskAndRunningDomain) {
   EXPECT_FALSE(fs::exists(disk_));
 }
 
+// A damaged cluster of the point: the export fails its read (EIO), the
+// copy cannot complete, and the domain stays on the overlay: DISK is never
+// pivoted to with data missing.
+TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
+  const std::vector<std::string> ids = PointIds(chain_);
+  ASSERT_EQ(ids.size(), 1u);
+  const std::string manifest = ManifestPath(chain_, ids[0]);
+  const std::string image = manifest.substr(0, manifest.size() - 5) + ".qcow2";
+  json map = json::parse(RunOk("qemu-img map --output=json -f qcow2 " + ShellQuote(image)));
+  int64_t host = -1;
+  for (const json& e : map) {
+    if (e.at("start") == 0 && e.contains("offset")) host = e.at("offset");
+  }
+  ASSERT_GE(host, 0) << map.dump();
+  {
+    auto bytes = ReadFile(image);
+    bytes[host + 4096 * 3] ^= std::byte{0x5a};
+    WriteFile(image, bytes);
+  }
+  TestDomain dom("instantbad", {{"vda", placeholder_, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  Background run(Command(dom.name()), dir_ / "run.out");
+  ASSERT_EQ(run.Wait(300), 1) << run.Stderr();
+  EXPECT_NE(run.Stderr().find("IoError"), std::string::npos) << run.Stderr();
+  // nbdkit's log line (on barge's stderr) names the damaged layer.
+  EXPECT_NE(run.Stderr().find("Corruption"), std::string::npos) << run.Stderr();
+  const std::string where = SourceOf(dom.name());
+  EXPECT_NE(where.find("overlay.qcow2"), std::string::npos) << where;
+  EXPECT_EQ(where.find(disk_), std::string::npos) << where;
+  // The domain's definition was never pointed at DISK either.
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()).find(disk_), std::string::npos);
+}
+
+// Several disks: refused without --target; with it, only that disk moves.
+TEST_F(VmInstantRestoreTest, SeveralDisksNeedTarget) {
+  const std::string other = dir_ / "other.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(other) + " 8M");
+  TestDomain dom("instanttwo", {{"vda", other, "qcow2"}, {"vdb", placeholder_, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  CommandResult r = ::barge::testing::Run(Command(dom.name()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--target"), std::string::npos) << r.output;
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "domstate " + dom.name()).find("running"), std::string::npos);
+  r = ::barge::testing::Run(Command(dom.name()) + " --target vdb");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string where = SourceOf(dom.name());
+  EXPECT_NE(where.find("vdb"), std::string::npos);
+  EXPECT_NE(where.find(disk_), std::string::npos) << where;
+  EXPECT_NE(where.find(other), std::string::npos) << where;
+  dom.Destroy();
+  RunOk("cmp " + ShellQuote(disk_) + " " + ShellQuote(source_));
+}
+
 }  // namespace
 }  // namespace barge::testing
