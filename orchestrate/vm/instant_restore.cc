@@ -41,6 +41,7 @@ struct Record {
   std::string disk;       // DISK, absolute
   std::string scratch;    // the private folder of the overlay and the socket
   std::string original;   // the domain's <disk> element before the run (one line)
+  bool pivoted = false;   // written right after the pivot: only the cleanup is left
 };
 
 std::string Field(const std::string& text, const std::string& key) {
@@ -63,7 +64,8 @@ std::string OneLine(std::string s) {
 Status WriteRecord(Env& env, const std::string& path, const Record& r) {
   const std::string text = "owner=" + r.owner + "\nchain=" + r.chain + "\npoint=" + r.point_id + "\ntarget=" +
                            r.target + "\ndisk=" + r.disk + "\nscratch=" + r.scratch +
-                           "\noriginal=" + OneLine(r.original) + "\n";
+                           "\noriginal=" + OneLine(r.original) + "\npivoted=" + (r.pivoted ? "yes" : "no") +
+                           "\n";
   return env.WriteFileAtomic(path, std::string_view(text));
 }
 
@@ -74,7 +76,8 @@ Result<std::optional<Record>> ReadRecord(Env& env, const std::string& path) {
     return std::move(text).error();
   }
   Record r{Field(*text, "owner"),  Field(*text, "chain"),   Field(*text, "point"),   Field(*text, "target"),
-           Field(*text, "disk"),   Field(*text, "scratch"), Field(*text, "original")};
+           Field(*text, "disk"),   Field(*text, "scratch"), Field(*text, "original"),
+           Field(*text, "pivoted") == "yes"};
   if (r.chain.empty() || r.disk.empty() || r.scratch.empty() || r.target.empty()) {
     return Error::Corruption("the instant-restore record lacks a field (chain, disk, scratch, target)").set_path(path);
   }
@@ -423,8 +426,9 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
   BARGE_ASSIGN_OR_RETURN(std::string live, DomainXml(dom.get(), active ? 0 : VIR_DOMAIN_XML_INACTIVE));
   std::string t = r.target;
   BARGE_ASSIGN_OR_RETURN(DomainDisk now, FindDisk(live, &t));
-  if (active && now.source == r.disk) {
-    // Killed after the pivot: only the cleanup is left.
+  if (r.pivoted || now.source == r.disk) {
+    // Killed after the pivot (running, or shut off since): only the
+    // cleanup is left; DISK holds everything, the overlay is stale.
     BARGE_RETURN_IF_ERROR(Finish(env, conn.get(), dom.get(), r, record_path, nullptr));
     result.seconds = SecondsSince(start);
     return result;
@@ -464,6 +468,8 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
                                 r.point_id);
   }
   BARGE_RETURN_IF_ERROR(CopyAndPivot(env, dom.get(), r, req, result, exp));
+  r.pivoted = true;
+  BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
   if (req.on_phase) req.on_phase("pivoted", "domain " + req.domain + " runs on " + r.disk);
   BARGE_RETURN_IF_ERROR(Finish(env, conn.get(), dom.get(), r, record_path, &exp));
   result.seconds = SecondsSince(start);
