@@ -126,20 +126,8 @@ Result<DomainDisk> FindDisk(const std::string& xml, std::string* target) {
   return Error::InvalidArgument("the domain has no disk '" + *target + "'");
 }
 
-// `element` with its source replaced: the overlay over the export's socket.
 std::string OverlayElement(const std::string& element, const Record& r) {
-  std::string e = std::regex_replace(element, std::regex("<disk type=['\"][a-z]+['\"]"), "<disk type='file'");
-  e = std::regex_replace(e, std::regex("<backingStore[^>]*/>"), "");
-  e = std::regex_replace(e, std::regex("<backingStore[\\s\\S]*</backingStore>"), "");
-  e = std::regex_replace(e, std::regex("<source[^>]*/>|<source[^>]*>[\\s\\S]*?</source>"), "");
-  e = std::regex_replace(e, std::regex("(<driver[^>]*) type=['\"][a-z0-9]+['\"]"), "$1");
-  e = std::regex_replace(e, std::regex("<driver"), "<driver type='qcow2'");
-  const std::string source = "<source file='" + XmlEscape(OverlayPath(r)) +
-                             "'/><backingStore type='network'><format type='raw'/>"
-                             "<source protocol='nbd'><host transport='unix' socket='" +
-                             XmlEscape(SocketPath(r)) + "'/></source><backingStore/></backingStore>";
-  const size_t t = e.find("<target");
-  return e.substr(0, t) + source + e.substr(t);
+  return InstantOverlayDiskXml(element, OverlayPath(r), SocketPath(r));
 }
 
 // The domain's persistent definition with disk `from` (an element of it)
@@ -366,6 +354,21 @@ Status Finish(Env& env, virConnectPtr conn, virDomainPtr dom, const Record& r, c
 }
 
 }  // namespace
+
+std::string InstantOverlayDiskXml(const std::string& element, const std::string& overlay, const std::string& socket) {
+  std::string e = std::regex_replace(element, std::regex("<disk type=['\"][a-z]+['\"]"), "<disk type='file'");
+  e = std::regex_replace(e, std::regex("<backingStore[^>]*/>"), "");
+  e = std::regex_replace(e, std::regex("<backingStore[\\s\\S]*</backingStore>"), "");
+  e = std::regex_replace(e, std::regex("<source[^>]*/>|<source[^>]*>[\\s\\S]*?</source>"), "");
+  e = std::regex_replace(e, std::regex("(<driver[^>]*) type=['\"][a-z0-9]+['\"]"), "$1");
+  e = std::regex_replace(e, std::regex("<driver"), "<driver type='qcow2'");
+  const std::string source = "<source file='" + XmlEscape(overlay) +
+                             "'/><backingStore type='network'><format type='raw'/>"
+                             "<source protocol='nbd'><host transport='unix' socket='" +
+                             XmlEscape(socket) + "'/></source><backingStore/></backingStore>";
+  const size_t t = e.find("<target");
+  return e.substr(0, t) + source + e.substr(t);
+}
 
 std::string InstantRestoreRecordPath(const std::string& catalog_path, const std::string& domain) {
   std::string lock = DomainLockPath(catalog_path, domain);

@@ -49,6 +49,13 @@ struct InstantRestoreResult {
 // <catalog folder>/locks/domains/<domain>.instant-restore
 std::string InstantRestoreRecordPath(const std::string& catalog_path, const std::string& domain);
 
+// A domain's <disk> element with its source replaced by the qcow2
+// `overlay` whose backing is the NBD export on unix `socket` (raw): disk
+// type file, driver type qcow2 (its other attributes kept), an explicit
+// <backingStore type='network'>, target, address and the rest unchanged.
+std::string InstantOverlayDiskXml(const std::string& element, const std::string& overlay,
+                                  const std::string& socket);
+
 // Runs (or continues) an instant restore. Holds the domain's lock.
 // Returns: the result once the domain runs on DISK, verified, with the
 // export stopped and the overlay removed; kInvalidArgument (the domain runs
