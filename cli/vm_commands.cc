@@ -447,9 +447,14 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       bar.Done();
       if (!r.ok()) return out.Fail(r.error());
       out.Result({{"domain", req.domain}, {"target", r->target}, {"disk", r->disk}, {"id", r->point_id},
-                  {"resumed", r->resumed}, {"started_seconds", r->started_seconds},
+                  {"resumed", r->resumed}, {"abandoned", r->abandoned}, {"started_seconds", r->started_seconds},
                   {"verified_bytes", r->verified_bytes}, {"guest_written_bytes", r->guest_written_bytes},
                   {"nbdkit_pid", r->nbdkit_pid}, {"duration_seconds", r->seconds}});
+      if (r->abandoned) {
+        out.text() << "abandoned the instant restore of " << req.domain << ": " << r->target
+                   << " is back on its original disk; the overlay and " << r->disk << " are removed\n";
+        return int{kExitOk};
+      }
       out.text() << "domain " << req.domain << " runs on " << r->disk << " (" << r->target << ", point "
                  << r->point_id << "; " << HumanBytes(r->verified_bytes) << " verified, "
                  << HumanBytes(r->guest_written_bytes) << " written by the guest meanwhile) after "
@@ -462,6 +467,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     ir->add_option("--to", ia->req.disk, "DISK: the raw file the domain's disk ends on")->required();
     ir->add_option("--target", ia->req.target, "The domain's disk to replace (vda); needed with several disks");
     ir->add_flag("--force", ia->req.force, "Replace an existing DISK");
+    ir->add_flag("--abandon", ia->req.abandon,
+                 "Give up an unfinished restore of the shut-off domain: its original disk back, the overlay "
+                 "(guest writes) and DISK removed");
     ir->add_option("--catalog", ia->catalog, "Catalog database (its locks folder keeps the run's record)");
   }
   auto b = std::make_shared<std::tuple<std::string, std::string>>();

@@ -250,6 +250,21 @@ TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
   EXPECT_EQ(where.find(disk_), std::string::npos) << where;
   // The domain's definition was never pointed at DISK either.
   EXPECT_EQ(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()).find(disk_), std::string::npos);
+  // Given up: refused while it runs, then its own disk back, nothing left.
+  CommandResult r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("shut it off"), std::string::npos) << r.output;
+  dom.Destroy();
+  r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.stdout_text.find("\"abandoned\":true"), std::string::npos) << r.stdout_text;
+  EXPECT_NE(SourceOf(dom.name()).find(placeholder_), std::string::npos) << SourceOf(dom.name());
+  EXPECT_FALSE(fs::exists(disk_));
+  for (const auto& e : fs::directory_iterator(dir_.path())) {
+    EXPECT_EQ(e.path().filename().string().rfind(".barge-instant-", 0), std::string::npos) << e.path();
+  }
+  r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // nothing left to abandon
 }
 
 // Several disks: refused without --target; with it, only that disk moves.

@@ -388,6 +388,10 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
   BARGE_ASSIGN_OR_RETURN(pipeline::PointLocation where, pipeline::LocatePoint(env, req.chain, req.at));
   const std::string chain_abs = AbsolutePath(where.chain_dir);
 
+  if (req.abandon && !found) {
+    return Error::NotFound("no unfinished instant restore of domain '" + req.domain + "' to abandon")
+        .set_path(record_path);
+  }
   Record r;
   if (found) {
     r = *found;
@@ -423,6 +427,28 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
   result.point_id = r.point_id;
   result.disk = r.disk;
   result.target = r.target;
+  if (req.abandon) {
+    if (DomainIsActive(dom.get())) {
+      return Error::InvalidArgument("domain '" + req.domain +
+                                    "' is running; shut it off first (abandoning drops the guest's writes in the "
+                                    "overlay)");
+    }
+    BARGE_ASSIGN_OR_RETURN(std::string config, DomainXml(dom.get(), VIR_DOMAIN_XML_INACTIVE));
+    std::string t = r.target;
+    BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(config, &t));
+    if (r.pivoted || d.source == r.disk) {
+      return Error::InvalidArgument("the restore of domain '" + req.domain +
+                                    "' is complete on DISK; rerun without --abandon to clean up")
+          .set_path(r.disk);
+    }
+    if (d.source == OverlayPath(r)) BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, r.original));
+    BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch));
+    BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.disk));
+    BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(record_path));
+    result.abandoned = true;
+    result.seconds = SecondsSince(start);
+    return result;
+  }
 
   // Where the domain is now.
   const bool active = DomainIsActive(dom.get());

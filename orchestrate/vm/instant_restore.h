@@ -24,6 +24,11 @@ struct InstantRestoreRequest {
   std::string target;        // the domain's disk ("vda"); "" = its only disk
   std::string disk;          // DISK: the raw file the domain ends on
   bool force = false;        // overwrite an existing DISK
+  // Give up an unfinished restore of the shut-off domain: its disk back to
+  // the recorded original, the overlay (and the guest's writes in it), the
+  // scratch folder, DISK and the record removed. Refused for a running
+  // domain and after the pivot.
+  bool abandon = false;
   // Polled between steps; a cancelled run leaves the domain on the overlay
   // (restartable), kCancelled.
   const std::atomic<bool>* cancel = nullptr;
@@ -39,6 +44,7 @@ struct InstantRestoreResult {
   std::string disk;            // DISK
   std::string target;          // vda
   bool resumed = false;        // a record of a killed run was found and continued
+  bool abandoned = false;      // --abandon: the domain is back on its original disk
   double started_seconds = 0;  // from the call to the domain running (0 when it already ran)
   double seconds = 0;          // the whole run
   uint64_t verified_bytes = 0;      // DISK bytes compared with the point
