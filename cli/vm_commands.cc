@@ -15,6 +15,9 @@
 #include "orchestrate/catalog/backup_catalog.h"
 #include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/vm/hooked_backup.h"
+#include "orchestrate/vm/instant_restore.h"
+#include "cli/interrupt.h"
+#include "pipeline/chain.h"
 #include "orchestrate/vm/cbt.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/vm/tracker.h"
@@ -424,6 +427,58 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   AddConnectOption(cmd, a->req.libvirt_uri);
   a->hooks.AddTo(cmd);
   a->copy.AddTo(cmd, DefaultCompression());
+  {
+    struct InstantArgs {
+      orc::InstantRestoreRequest req;
+      std::string catalog;
+    };
+    auto ia = std::make_shared<InstantArgs>();
+    auto* ir = AddCommand(*vm, "instant-restore",
+                          "Start a shut-off domain at once on a backup point (verified export + overlay), then move "
+                          "its disk to DISK under the running domain (block copy), verify and pivot",
+                          exit_code, [ia](Output& out) {
+      orc::InstantRestoreRequest req = ia->req;
+      if (auto at = pipeline::ParsePointSelector(req.at); !at.ok()) return out.Usage("--at: " + at.error().message());
+      auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), ia->catalog);
+      if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+      req.catalog_path = *catalog_path;
+      req.cancel = &CancelFlag();
+      req.on_phase = [&out, &req](const std::string& phase, const std::string& text) {
+        out.Event("phase", {{"phase", phase}, {"domain", req.domain}, {"message", text}});
+        out.text() << text << "\n";
+        out.text().flush();
+      };
+      ProgressReporter bar(out, "copy");
+      req.on_progress = [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); };
+      auto r = orc::RunInstantRestore(Env::Default(), req);
+      bar.Done();
+      if (!r.ok()) return out.Fail(r.error());
+      out.Result({{"domain", req.domain}, {"target", r->target}, {"disk", r->disk}, {"id", r->point_id},
+                  {"resumed", r->resumed}, {"abandoned", r->abandoned}, {"started_seconds", r->started_seconds},
+                  {"verified_bytes", r->verified_bytes}, {"guest_written_bytes", r->guest_written_bytes},
+                  {"nbdkit_pid", r->nbdkit_pid}, {"duration_seconds", r->seconds}});
+      if (r->abandoned) {
+        out.text() << "abandoned the instant restore of " << req.domain << ": " << r->target
+                   << " is back on its original disk; the overlay and " << r->disk << " are removed\n";
+        return int{kExitOk};
+      }
+      out.text() << "domain " << req.domain << " runs on " << r->disk << " (" << r->target << ", point "
+                 << r->point_id << "; " << HumanBytes(r->verified_bytes) << " verified, "
+                 << HumanBytes(r->guest_written_bytes) << " written by the guest meanwhile) after "
+                 << HumanSeconds(r->seconds) << "\n";
+      return int{kExitOk};
+    });
+    ir->add_option("chain", ia->req.chain, "The disk's chain folder (or a backup's manifest or image)")->required();
+    ir->add_option("--at", ia->req.at, "The point: latest (default), a position, a backup id, or an RFC 3339 time");
+    ir->add_option("--domain", ia->req.domain, "The shut-off libvirt domain to start on the point")->required();
+    ir->add_option("--to", ia->req.disk, "DISK: the raw file the domain's disk ends on")->required();
+    ir->add_option("--target", ia->req.target, "The domain's disk to replace (vda); needed with several disks");
+    ir->add_flag("--force", ia->req.force, "Replace an existing DISK");
+    ir->add_flag("--abandon", ia->req.abandon,
+                 "Give up an unfinished restore of the shut-off domain: its original disk back, the overlay "
+                 "(guest writes) and DISK removed");
+    ir->add_option("--catalog", ia->catalog, "Catalog database (its locks folder keeps the run's record)");
+  }
   auto b = std::make_shared<std::tuple<std::string, std::string>>();
   auto* list = AddCommand(*vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {
     auto cat = OpenCatalog(std::get<1>(*b));

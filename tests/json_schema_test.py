@@ -45,9 +45,10 @@ EVENTS = ("progress", "warning", "result", "error")
 OCCASIONAL_EVENTS = ("reconnect",)
 # The documented extensions of the four, for the commands that run until
 # stopped: `serve` also prints "ready" and "run" (docs/json.md, "serve's
-# daemon events"), `export` "ready" (docs/json.md, "export"); no other
+# daemon events"), `export` "ready" (docs/json.md, "export"), and `vm
+# instant-restore` "phase" (docs/json.md, "vm instant-restore"); no other
 # command may.
-DAEMON_EVENTS = {"serve": ("ready", "run"), "export": ("ready",)}
+DAEMON_EVENTS = {"serve": ("ready", "run"), "export": ("ready",), "vm instant-restore": ("phase",)}
 # Commands whose verdict is their exit code: they end with their result,
 # not an error event (docs/json.md, "How a run ends").
 VERDICTS = {("check", 2), ("check", 3), ("compare", 1)}
@@ -136,7 +137,7 @@ def check_run(stdout, exit_code, command=None, schema=None):
             problems.append(f"line {n} is not an object: {line!r}")
             continue
         daemon = obj.get("command") if obj.get("command") in DAEMON_EVENTS else None
-        for p in _validate(schema, f"envelope-{daemon}" if daemon else "envelope", obj):
+        for p in _validate(schema, f"envelope-{daemon.replace(' ', '-')}" if daemon else "envelope", obj):
             problems.append(f"line {n}: {p}")
         daemon_event = daemon is not None and obj.get("event") in DAEMON_EVENTS[daemon]
         if (obj.get("event") not in EVENTS + OCCASIONAL_EVENTS and not daemon_event) or \
@@ -145,7 +146,7 @@ def check_run(stdout, exit_code, command=None, schema=None):
         if command is not None and obj.get("command") != command:
             problems.append(f"line {n}: command {obj.get('command')!r}, expected {command!r}")
         if daemon_event:
-            name = f"{daemon}-{obj['event']}"
+            name = f"{daemon.replace(' ', '-')}-{obj['event']}"
         else:
             name = result_def(obj["command"]) if obj["event"] == "result" else obj["event"]
         for p in _validate(schema, name, obj):
@@ -508,6 +509,7 @@ def scenario(r):
     r.run("cbt enable", ["--domain", "nope", "--state-dir", t("cbt")] + bcat, expect=1)
     r.run("cbt disable", ["--domain", "nope"] + bcat, expect=1)
     r.run("vm backup", ["--domain", "nope", "--target", t("vmb")] + bcat, expect=1)
+    r.run("vm instant-restore", [t("none"), "--domain", "nope", "--to", t("ir.raw")] + bcat, expect=1)
     r.run("vm backup", ["--domain", "test", "--target", t("vmb"), "--skip-quiesce"] + bcat, expect=1)
     r.run("vm backup", ["--domain", "test", "--target", t("backups"), "--scratch-dir", missing] + bcat, expect=1)
     # catalog list: the tracker and catalog rebuild's record. Only a
@@ -675,7 +677,8 @@ def main():
         if result_def(command) not in schema["$defs"]:
             problems.append(f"{command}: no result schema '{result_def(command)}' in docs/json.md")
         # Every command succeeds once, but those that need a real domain.
-        if command not in r.ran_ok and command not in ("vm backup", "cbt enable", "cbt disable"):
+        if command not in r.ran_ok and command not in ("vm backup", "vm instant-restore", "cbt enable",
+                                                      "cbt disable"):
             problems.append(f"{command}: never ran successfully in this test")
         if command not in r.ran_failing and command not in NO_RUNTIME_FAILURE:
             problems.append(f"{command}: never failed (other than a usage error) in this test")

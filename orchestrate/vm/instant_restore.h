@@ -1,0 +1,75 @@
+// barge vm instant-restore: a shut-off domain started at once on a local
+// qcow2 overlay whose backing is the verified export of a point (barge
+// export's nbdkit on a unix socket), then the data moved under the running
+// domain to a raw DISK by libvirt's block copy, checked against the point
+// and pivoted. A record file beside the domain's lock makes a killed run
+// restartable with the same command. docs/export.md, "Instant recovery".
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "blockio/env.h"
+#include "blockio/error.h"
+
+namespace barge::orchestrate {
+
+struct InstantRestoreRequest {
+  std::string catalog_path;  // its locks folder holds the domain's lock and the record
+  std::string chain;         // the disk's chain folder (or a manifest/image of it)
+  std::string at;            // point selector, as for restore --at
+  std::string domain;
+  std::string target;        // the domain's disk ("vda"); "" = its only disk
+  std::string disk;          // DISK: the raw file the domain ends on
+  bool force = false;        // overwrite an existing DISK
+  // Give up an unfinished restore of the shut-off domain: its disk back to
+  // the recorded original, the overlay (and the guest's writes in it), the
+  // scratch folder, DISK and the record removed. Refused for a running
+  // domain and after the pivot.
+  bool abandon = false;
+  // Polled between steps; a cancelled run leaves the domain on the overlay
+  // (restartable), kCancelled.
+  const std::atomic<bool>* cancel = nullptr;
+  // Events for the CLI: "started" (the domain runs on the overlay),
+  // "ready" (the copy is in sync), "verified", "pivoted"; with a line of text.
+  std::function<void(const std::string& phase, const std::string& text)> on_phase;
+  // Copy progress: bytes copied, bytes to copy (the block job's counters).
+  std::function<void(uint64_t done, uint64_t total)> on_progress;
+};
+
+struct InstantRestoreResult {
+  std::string point_id;
+  std::string disk;            // DISK
+  std::string target;          // vda
+  bool resumed = false;        // a record of a killed run was found and continued
+  bool abandoned = false;      // --abandon: the domain is back on its original disk
+  double started_seconds = 0;  // from the call to the domain running (0 when it already ran)
+  double seconds = 0;          // the whole run
+  uint64_t verified_bytes = 0;      // DISK bytes compared with the point
+  uint64_t guest_written_bytes = 0; // overlay bytes the guest wrote (not compared)
+  int64_t nbdkit_pid = 0;           // the export this run started (stopped at the end)
+};
+
+// <catalog folder>/locks/domains/<domain>.instant-restore
+std::string InstantRestoreRecordPath(const std::string& catalog_path, const std::string& domain);
+
+// A domain's <disk> element with its source replaced by the qcow2
+// `overlay` whose backing is the NBD export on unix `socket` (raw): disk
+// type file, driver type qcow2 (its other attributes kept), an explicit
+// <backingStore type='network'>, target, address and the rest unchanged.
+std::string InstantOverlayDiskXml(const std::string& element, const std::string& overlay,
+                                  const std::string& socket);
+
+// Runs (or continues) an instant restore. Holds the domain's lock.
+// Returns: the result once the domain runs on DISK, verified, with the
+// export stopped and the overlay removed; kInvalidArgument (the domain runs
+// on something that is not this restore's overlay, several disks and no
+// --target, sizes differ), kAlreadyExists (DISK exists, no --force), kBusy
+// (the domain's lock), kCorruption (DISK differs from the point where the
+// guest did not write: the domain stays on the overlay), kIoError (libvirt,
+// the block job, qemu-img), the export's errors.
+Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreRequest& request);
+
+}  // namespace barge::orchestrate

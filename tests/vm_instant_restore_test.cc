@@ -1,0 +1,291 @@
+// barge vm instant-restore against a real libvirtd and a TCG domain: the
+// domain starts on an overlay over the verified export, the guest writes
+// through the monitor while its disk moves to DISK, and DISK ends as the
+// point plus those writes; a SIGKILL of barge mid-run and a rerun end the
+// same way (docs/export.md, "Instant recovery").
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "tests/testing/cli_testing.h"
+#include "tests/vm_libvirt_env.h"
+
+namespace barge::testing {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kDiskBytes = 32 * kMiB;
+
+// A barge command in the background, its stdout (NDJSON) in a file.
+class Background {
+ public:
+  Background(const std::string& command, const std::string& out) : out_(out) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const std::string c = "exec " + command + " >" + ShellQuote(out) + " 2>" + ShellQuote(out + ".err");
+      ::execl("/bin/sh", "sh", "-c", c.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Background() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  // The first event named `name` with `key` == `value` ("" = any); null
+  // when barge ends first or after `seconds`.
+  json WaitEvent(const std::string& name, const std::string& phase, double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      for (const json& e : Events()) {
+        if (e.value("event", "") == name && (phase.empty() || e.value("phase", "") == phase)) return e;
+      }
+      if (Exited()) return nullptr;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return nullptr;
+  }
+  std::vector<json> Events() const {
+    std::vector<json> events;
+    const std::string text = fs::exists(out_) ? Slurp(out_) : "";
+    size_t start = 0;
+    for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+      events.push_back(json::parse(text.substr(start, nl - start), nullptr, false));
+    }
+    return events;
+  }
+  bool Exited() {
+    if (pid_ <= 0) return true;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    pid_ = 0;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return true;
+  }
+  // Waits for the end (up to `seconds`); the exit code, -1 on timeout.
+  int Wait(double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!Exited()) {
+      if (std::chrono::steady_clock::now() > end) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return exit_code_;
+  }
+  void Kill9() {
+    ::kill(pid_, SIGKILL);
+    Wait(30);
+  }
+  std::string Stderr() const { return fs::exists(out_ + ".err") ? Slurp(out_ + ".err") : ""; }
+
+ private:
+  std::string out_;
+  pid_t pid_ = 0;
+  int exit_code_ = -1;
+};
+
+bool ProcessGone(int64_t pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+class VmInstantRestoreTest : public VmTestBase {
+ protected:
+  void SetUp() override {
+    VmTestBase::SetUp();
+    if (HasFatalFailure()) return;
+    BARGE_REQUIRE_TOOL("nbdkit");
+    BARGE_REQUIRE_TOOL("qemu-img");
+    // Data in [0, 12 MiB) and [20 MiB, 24 MiB), a hole between.
+    source_ = dir_ / "source.raw";
+    std::vector<std::byte> bytes(kDiskBytes);
+    auto a = RandomBytes(12 * kMiB, 1), b = RandomBytes(4 * kMiB, 2);
+    std::copy(a.begin(), a.end(), bytes.begin());
+    std::copy(b.begin(), b.end(), bytes.begin() + 20 * kMiB);
+    WriteFile(source_, bytes);
+    RunOk(BargeBinary() + " backup --compress none --source " + ShellQuote(source_) + " --target " +
+          ShellQuote(dir_ / "bk") + " --name vda");
+    chain_ = dir_ / "bk/vda";
+    // The domain's own disk, to be replaced: a blank qcow2.
+    placeholder_ = dir_ / "old.qcow2";
+    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(placeholder_) + " " + std::to_string(kDiskBytes));
+    disk_ = dir_ / "restored.raw";
+  }
+
+  std::string Command(const std::string& domain) {
+    return Barge("vm instant-restore " + ShellQuote(chain_) + " --domain " + domain + " --to " + ShellQuote(disk_) +
+                 " --json");
+  }
+  std::string SourceOf(const std::string& domain) {
+    return RunOk(std::string(kVirsh) + "domblklist " + domain + " --details");
+  }
+  // The source with the guest's writes applied, compared with DISK.
+  void ExpectDiskIsPointPlusWrites() {
+    const std::string expected = dir_ / "expected.raw";
+    fs::copy_file(source_, expected, fs::copy_options::overwrite_existing);
+    RunOk("qemu-io -f raw -c 'write -P 0x5a 0 64k' -c 'write -P 0x33 22M 128k' " + ShellQuote(expected));
+    RunOk("cmp " + ShellQuote(disk_) + " " + ShellQuote(expected));
+  }
+  void ExpectCleanedUp(const json& result) {
+    EXPECT_TRUE(ProcessGone(result.value("nbdkit_pid", int64_t{0}))) << result.dump();
+    for (const auto& e : fs::directory_iterator(dir_.path())) {
+      EXPECT_EQ(e.path().filename().string().rfind(".barge-instant-", 0), std::string::npos) << e.path();
+    }
+  }
+
+  std::string source_, chain_, placeholder_, disk_;
+};
+
+TEST_F(VmInstantRestoreTest, StartsAtOnceKeepsGuestWritesAndEndsOnDisk) {
+  TestDomain dom("instant", {{"vda", placeholder_, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  const auto t0 = std::chrono::steady_clock::now();
+  Background run(Command(dom.name()), dir_ / "run.out");
+  json started = run.WaitEvent("phase", "started", 120);
+  ASSERT_FALSE(started.is_null()) << run.Stderr();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 30) << "the domain should run within seconds (loaded 2-core machine)";
+  EXPECT_NE(RunOk(std::string(kVirsh) + "domstate " + dom.name()).find("running"), std::string::npos);
+  // Guest writes while the data moves.
+  dom.Write(0x5a, "0", "64k");
+  dom.Write(0x33, "22M", "128k");
+  ASSERT_EQ(run.Wait(300), 0) << run.Stderr();
+  json result = run.Events().back();
+  ASSERT_EQ(result.value("event", ""), "result") << result.dump();
+  EXPECT_GT(result.value("verified_bytes", uint64_t{0}), 0u);
+  std::cerr << "running after " << seconds << " s (barge: " << result.value("started_seconds", 0.0)
+            << " s); guest bytes kept, not compared: " << result.value("guest_written_bytes", uint64_t{0}) << "\n";
+  // Every line valid under docs/json.md.
+  RunOk("python3 " + ShellQuote(std::string(BARGE_SOURCE_DIR) + "/tests/json_schema_test.py") +
+        " --check 0 vm instant-restore < " + ShellQuote(dir_ / "run.out"));
+  EXPECT_NE(SourceOf(dom.name()).find(disk_), std::string::npos) << "the domain runs on DISK";
+  // The persistent definition names DISK too.
+  EXPECT_NE(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()).find(disk_), std::string::npos);
+  ExpectCleanedUp(result);
+  dom.Destroy();
+  ExpectDiskIsPointPlusWrites();
+}
+
+TEST_F(VmInstantRestoreTest, KilledRunIsFinishedByTheSameCommand) {
+  TestDomain dom("instantkill", {{"vda", placeholder_, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  {
+    Background run(Command(dom.name()), dir_ / "run1.out");
+    ASSERT_FALSE(run.WaitEvent("phase", "started", 120).is_null()) << run.Stderr();
+    dom.Write(0x5a, "0", "64k");
+    run.Kill9();
+  }
+  const std::string where = SourceOf(dom.name());
+  if (where.find(disk_) == std::string::npos) {
+    // Killed before the pivot: the domain stays on the overlay.
+    EXPECT_NE(where.find("overlay.qcow2"), std::string::npos) << where;
+  }
+  dom.Write(0x33, "22M", "128k");
+  Background rerun(Command(dom.name()), dir_ / "run2.out");
+  ASSERT_EQ(rerun.Wait(300), 0) << rerun.Stderr();
+  json result = rerun.Events().back();
+  ASSERT_EQ(result.value("event", ""), "result") << result.dump();
+  EXPECT_TRUE(result.value("resumed", false));
+  std::string phases;
+  for (const json& e : rerun.Events()) {
+    if (e.value("event", "") == "phase") phases += " " + e.value("phase", "");
+  }
+  std::cerr << "rerun's phases:" << phases << "\n";
+  EXPECT_NE(phases.find("pivoted"), std::string::npos) << phases;
+  EXPECT_NE(SourceOf(dom.name()).find(disk_), std::string::npos);
+  ExpectCleanedUp(result);
+  dom.Destroy();
+  ExpectDiskIsPointPlusWrites();
+}
+
+TEST_F(VmInstantRestoreTest, RefusesExistingDiskAndRunningDomain) {
+  TestDomain dom("instantno", {{"vda", placeholder_, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  RunOk("touch " + ShellQuote(disk_));
+  CommandResult r = ::barge::testing::Run(Command(dom.name()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--force"), std::string::npos) << r.output;
+  fs::remove(disk_);
+  dom.StartPaused();
+  r = ::barge::testing::Run(Command(dom.name()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("shut it off"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(disk_));
+}
+
+// A damaged cluster of the point: the export fails its read (EIO), the
+// copy cannot complete, and the domain stays on the overlay: DISK is never
+// pivoted to with data missing.
+TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
+  const std::vector<std::string> ids = PointIds(chain_);
+  ASSERT_EQ(ids.size(), 1u);
+  const std::string manifest = ManifestPath(chain_, ids[0]);
+  const std::string image = manifest.substr(0, manifest.size() - 5) + ".qcow2";
+  json map = json::parse(RunOk("qemu-img map --output=json -f qcow2 " + ShellQuote(image)));
+  int64_t host = -1;
+  for (const json& e : map) {
+    if (e.at("start") == 0 && e.contains("offset")) host = e.at("offset");
+  }
+  ASSERT_GE(host, 0) << map.dump();
+  {
+    auto bytes = ReadFile(image);
+    bytes[host + 4096 * 3] ^= std::byte{0x5a};
+    WriteFile(image, bytes);
+  }
+  TestDomain dom("instantbad", {{"vda", placeholder_, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  Background run(Command(dom.name()), dir_ / "run.out");
+  ASSERT_EQ(run.Wait(300), 1) << run.Stderr();
+  EXPECT_NE(run.Stderr().find("IoError"), std::string::npos) << run.Stderr();
+  // nbdkit's log line (on barge's stderr) names the damaged layer.
+  EXPECT_NE(run.Stderr().find("Corruption"), std::string::npos) << run.Stderr();
+  const std::string where = SourceOf(dom.name());
+  EXPECT_NE(where.find("overlay.qcow2"), std::string::npos) << where;
+  EXPECT_EQ(where.find(disk_), std::string::npos) << where;
+  // The domain's definition was never pointed at DISK either.
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()).find(disk_), std::string::npos);
+  // Given up: refused while it runs, then its own disk back, nothing left.
+  CommandResult r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("shut it off"), std::string::npos) << r.output;
+  dom.Destroy();
+  r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.stdout_text.find("\"abandoned\":true"), std::string::npos) << r.stdout_text;
+  EXPECT_NE(SourceOf(dom.name()).find(placeholder_), std::string::npos) << SourceOf(dom.name());
+  EXPECT_FALSE(fs::exists(disk_));
+  for (const auto& e : fs::directory_iterator(dir_.path())) {
+    EXPECT_EQ(e.path().filename().string().rfind(".barge-instant-", 0), std::string::npos) << e.path();
+  }
+  r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // nothing left to abandon
+}
+
+// Several disks: refused without --target; with it, only that disk moves.
+TEST_F(VmInstantRestoreTest, SeveralDisksNeedTarget) {
+  const std::string other = dir_ / "other.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(other) + " 8M");
+  TestDomain dom("instanttwo", {{"vda", other, "qcow2"}, {"vdb", placeholder_, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  CommandResult r = ::barge::testing::Run(Command(dom.name()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--target"), std::string::npos) << r.output;
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "domstate " + dom.name()).find("running"), std::string::npos);
+  r = ::barge::testing::Run(Command(dom.name()) + " --target vdb");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string where = SourceOf(dom.name());
+  EXPECT_NE(where.find("vdb"), std::string::npos);
+  EXPECT_NE(where.find(disk_), std::string::npos) << where;
+  EXPECT_NE(where.find(other), std::string::npos) << where;
+  dom.Destroy();
+  RunOk("cmp " + ShellQuote(disk_) + " " + ShellQuote(source_));
+}
+
+}  // namespace
+}  // namespace barge::testing
