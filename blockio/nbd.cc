@@ -80,37 +80,98 @@ struct ExportInfo {
   uint32_t request_bytes = 256 * 1024;
 };
 
+// Whether TLS is requested for `uri` with `tls` (see NbdTls).
+bool TlsRequested(const std::string& uri, const NbdTls& tls) {
+  return tls.required || !tls.certificates_dir.empty() || !tls.psk_file.empty() || NbdUriRequestsTls(uri);
+}
+
+// Sets TLS on a handle before it connects: required when requested (an
+// nbd:// URI leaves this setting as it is, so the flags' TLS holds for it
+// too), and the files and identity the flags name. The URI's own tls-*
+// parameters are applied by libnbd when it connects and win over these.
+Status ApplyTls(nbd_handle* h, const std::string& uri, const std::string& name, const NbdTls& tls) {
+  // tls-certificates= and tls-psk-file= in a URI are refused by libnbd
+  // unless allowed; the caller checked the files they name.
+  if (nbd_set_uri_allow_local_file(h, true) != 0) return NbdError("nbd_set_uri_allow_local_file", name);
+  if (!TlsRequested(uri, tls)) return OkStatus();
+  if (nbd_set_tls(h, LIBNBD_TLS_REQUIRE) != 0) return NbdError("nbd_set_tls", name);
+  // Always verify the server (libnbd's default; said here so it stays so).
+  if (nbd_set_tls_verify_peer(h, true) != 0) return NbdError("nbd_set_tls_verify_peer", name);
+  if (!tls.certificates_dir.empty() && nbd_set_tls_certificates(h, tls.certificates_dir.c_str()) != 0) {
+    return NbdError("nbd_set_tls_certificates", name);
+  }
+  if (!tls.psk_file.empty() && nbd_set_tls_psk_file(h, tls.psk_file.c_str()) != 0) {
+    return NbdError("nbd_set_tls_psk_file", name);
+  }
+  if (!tls.username.empty() && nbd_set_tls_username(h, tls.username.c_str()) != 0) {
+    return NbdError("nbd_set_tls_username", name);
+  }
+  return OkStatus();
+}
+
+// The error of a connect that failed with TLS requested, in words that
+// name the server: a server that offers no TLS is refused (libnbd says
+// ENOTSUP when the server declines STARTTLS or predates it); a failed
+// handshake is the server's certificate or our credentials.
+Error TlsConnectError(Error e, const std::string& uri) {
+  const std::string server = NbdServerName(uri);
+  if (e.errno_value() == ENOTSUP || e.errno_value() == EOPNOTSUPP) {
+    return Error::NotSupported("the NBD server at " + server +
+                               " does not offer TLS and TLS was requested; refusing a plaintext connection")
+        .set_path(e.path());
+  }
+  const std::string& text = e.message();
+  if (text.find("gnutls") != std::string::npos || text.find("TLS") != std::string::npos ||
+      text.find("certificate") != std::string::npos) {
+    Error out = Error::IoError("TLS handshake with the NBD server at " + server + " failed: " + text);
+    out.set_errno(e.errno_value()).set_path(e.path());
+    return out;
+  }
+  return e;
+}
+
 // Connects with a deadline. A server that is full (qemu-nbd past --shared)
 // accepts the socket but never starts the handshake, so a blocking
 // nbd_connect_uri would wait forever; the asynchronous connect plus
-// nbd_poll bounds that wait. A timeout is ETIMEDOUT (retryable).
-Result<std::unique_ptr<NbdHandle>> Connect(const std::string& uri, const NbdOptions& options,
-                                           std::chrono::milliseconds timeout) {
-  BARGE_ASSIGN_OR_RETURN(auto handle, NbdHandle::Create(uri));
+// nbd_poll bounds that wait. A timeout is ETIMEDOUT (retryable). `uri` is
+// what libnbd connects to; `name` (RedactNbdUri of it) is what errors say.
+Result<std::unique_ptr<NbdHandle>> ConnectOnce(const std::string& uri, const std::string& name,
+                                               const NbdOptions& options, std::chrono::milliseconds timeout) {
+  BARGE_ASSIGN_OR_RETURN(auto handle, NbdHandle::Create(name));
   nbd_handle* h = handle->get();
+  BARGE_RETURN_IF_ERROR(ApplyTls(h, uri, name, options.tls));
   // Meta contexts must be requested before the handshake.
   if (nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0) {
-    return NbdError("nbd_add_meta_context", uri);
+    return NbdError("nbd_add_meta_context", name);
   }
   if (!options.dirty_bitmap_context.empty() &&
       nbd_add_meta_context(h, options.dirty_bitmap_context.c_str()) != 0) {
-    return NbdError("nbd_add_meta_context", uri);
+    return NbdError("nbd_add_meta_context", name);
   }
-  if (nbd_aio_connect_uri(h, uri.c_str()) != 0) return NbdError("nbd_aio_connect_uri", uri);
+  if (nbd_aio_connect_uri(h, uri.c_str()) != 0) return NbdError("nbd_aio_connect_uri", name);
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (nbd_aio_is_connecting(h) == 1) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      return Error::FromErrno(ETIMEDOUT, "nbd connect (server full or not answering)", uri);
+      return Error::FromErrno(ETIMEDOUT, "nbd connect (server full or not answering)", name);
     }
     if (nbd_poll(h, static_cast<int>(std::min<int64_t>(left.count(), 1000))) == -1) {
-      return NbdError("nbd_connect_uri", uri);
+      return NbdError("nbd_connect_uri", name);
     }
   }
   if (nbd_aio_is_ready(h) != 1) {
-    return Error::IoError("NBD handshake did not complete").set_path(uri);
+    // A handshake that failed leaves its reason as libnbd's last error.
+    if (nbd_get_error() != nullptr && nbd_get_errno() != 0) return NbdError("nbd_connect_uri", name);
+    return Error::IoError("NBD handshake did not complete").set_path(name);
   }
+  return handle;
+}
+
+Result<std::unique_ptr<NbdHandle>> Connect(const std::string& uri, const std::string& name,
+                                           const NbdOptions& options, std::chrono::milliseconds timeout) {
+  auto handle = ConnectOnce(uri, name, options, timeout);
+  if (!handle.ok() && TlsRequested(uri, options.tls)) return TlsConnectError(std::move(handle).error(), uri);
   return handle;
 }
 
@@ -196,17 +257,17 @@ struct Export {
 // Opens the first connection, learns the export, then opens the extra
 // connections that multi-conn allows. An extra connection that fails is
 // dropped rather than failing the open: fewer connections only cost speed.
-Result<Export> OpenExport(const std::string& uri, const NbdOptions& options) {
+Result<Export> OpenExport(const std::string& uri, const std::string& name, const NbdOptions& options) {
   std::vector<std::unique_ptr<NbdHandle>> handles;
-  BARGE_ASSIGN_OR_RETURN(auto first, Connect(uri, options, options.connect_timeout));
-  BARGE_ASSIGN_OR_RETURN(ExportInfo info, Probe(first->get(), uri, options));
+  BARGE_ASSIGN_OR_RETURN(auto first, Connect(uri, name, options, options.connect_timeout));
+  BARGE_ASSIGN_OR_RETURN(ExportInfo info, Probe(first->get(), name, options));
   handles.push_back(std::move(first));
   uint32_t wanted = info.multi_conn ? std::max<uint32_t>(options.connections, 1) : 1;
   // Extra connections get a short deadline: a server with fewer slots than
   // we asked for just stays silent, and waiting long for it gains nothing.
   auto extra_timeout = std::min(options.connect_timeout, kExtraConnectTimeout);
   while (handles.size() < wanted) {
-    auto more = Connect(uri, options, extra_timeout);
+    auto more = Connect(uri, name, options, extra_timeout);
     if (!more.ok()) break;
     handles.push_back(std::move(more).value());
   }
@@ -558,11 +619,107 @@ bool IsNbdUri(std::string_view uri) {
   return false;
 }
 
+namespace {
+
+// The query of `uri` (between '?' and '#'), "" when none.
+std::string_view QueryOf(std::string_view uri) {
+  size_t q = uri.find('?');
+  if (q == std::string_view::npos) return {};
+  std::string_view query = uri.substr(q + 1);
+  return query.substr(0, query.find('#'));
+}
+
+std::string PercentDecode(std::string_view in) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '%' && i + 2 < in.size() && hex(in[i + 1]) >= 0 && hex(in[i + 2]) >= 0) {
+      out += static_cast<char>(hex(in[i + 1]) * 16 + hex(in[i + 2]));
+      i += 2;
+    } else {
+      out += in[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string RedactNbdUri(std::string_view location) {
+  if (!IsNbdUri(location)) return std::string(location);
+  std::string_view rest = location;
+  size_t scheme = rest.find("://");
+  std::string out(rest.substr(0, scheme + 3));
+  rest.remove_prefix(scheme + 3);
+  // The authority ends at the first '/', '?' or '#'; its user part at its
+  // last '@'.
+  std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+  if (auto at = authority.rfind('@'); at != std::string_view::npos) rest.remove_prefix(at + 1);
+  size_t q = rest.find('?');
+  out += rest.substr(0, q);
+  if (q == std::string_view::npos) return out;
+  std::string_view query = rest.substr(q + 1);
+  std::string fragment;
+  if (auto hash = query.find('#'); hash != std::string_view::npos) {
+    fragment = std::string(query.substr(hash));
+    query = query.substr(0, hash);
+  }
+  std::string kept;
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view param = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    // Names are compared decoded: "tls%2Dpsk-file" is tls-psk-file to libnbd.
+    if (param.empty() || PercentDecode(param.substr(0, param.find('='))).starts_with("tls-")) continue;
+    kept += (kept.empty() ? "" : "&") + std::string(param);
+  }
+  if (!kept.empty()) out += "?" + kept;
+  return out + fragment;
+}
+
+std::string NbdUriParam(std::string_view uri, std::string_view name) {
+  std::string_view query = QueryOf(uri);
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view param = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    size_t eq = param.find('=');
+    if (PercentDecode(param.substr(0, eq)) == name) return eq == std::string_view::npos ? "" : PercentDecode(param.substr(eq + 1));
+  }
+  return {};
+}
+
+bool NbdUriRequestsTls(std::string_view uri) {
+  return uri.starts_with("nbds") || !NbdUriParam(uri, "tls-certificates").empty() ||
+         !NbdUriParam(uri, "tls-psk-file").empty();
+}
+
+std::string NbdServerName(std::string_view uri) {
+  if (uri.find("+unix://") != std::string_view::npos) return "unix socket " + NbdUriParam(uri, "socket");
+  std::string_view rest = uri;
+  if (auto scheme = rest.find("://"); scheme != std::string_view::npos) rest.remove_prefix(scheme + 3);
+  std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+  if (auto at = authority.rfind('@'); at != std::string_view::npos) authority.remove_prefix(at + 1);
+  if (uri.find("+vsock://") != std::string_view::npos) return "vsock " + std::string(authority);
+  // A port follows the last ':' outside an IPv6 literal's brackets.
+  size_t colon = authority.rfind(':');
+  bool has_port = colon != std::string_view::npos && authority.find(']', colon) == std::string_view::npos;
+  std::string host(has_port ? authority.substr(0, colon) : authority);
+  if (host.empty()) host = "localhost";
+  return host + ":" + (has_port ? std::string(authority.substr(colon + 1)) : std::string("10809"));
+}
+
 Result<std::unique_ptr<NbdSource>> OpenNbd(const std::string& uri, const NbdOptions& options) {
   if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(uri);
-  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, options));
+  std::string name = RedactNbdUri(uri);
+  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, name, options));
   return std::unique_ptr<NbdSource>(
-      new NbdSourceImpl(uri, std::move(ex), options.dirty_bitmap_context));
+      new NbdSourceImpl(std::move(name), std::move(ex), options.dirty_bitmap_context));
 }
 
 Result<std::unique_ptr<BlockSource>> OpenNbdSource(const std::string& uri,
@@ -581,11 +738,12 @@ Result<RangeList> NbdDirtyRanges(BlockSource& source, uint64_t offset, uint64_t 
 
 Result<std::unique_ptr<BlockSink>> OpenNbdSink(const std::string& uri, const NbdOptions& options) {
   if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(uri);
-  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, options));
+  std::string name = RedactNbdUri(uri);
+  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, name, options));
   if (ex.info.read_only) {
-    return Error::NotSupported("export is read-only").set_errno(EROFS).set_path(uri);
+    return Error::NotSupported("export is read-only").set_errno(EROFS).set_path(name);
   }
-  return std::unique_ptr<BlockSink>(new NbdSink(uri, std::move(ex)));
+  return std::unique_ptr<BlockSink>(new NbdSink(std::move(name), std::move(ex)));
 }
 
 }  // namespace barge
