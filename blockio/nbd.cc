@@ -435,6 +435,7 @@ class NbdSourceImpl final : public NbdSource {
     caps.preferred_request_bytes = info_.request_bytes;
     caps.has_extents = info_.has_allocation;
     caps.parallel_reads = pool_->size() > 1;
+    caps.blocking_read_streams = static_cast<uint32_t>(pool_->size());
     return caps;
   }
 
