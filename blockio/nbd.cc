@@ -100,37 +100,98 @@ struct ExportInfo {
   uint32_t request_bytes = 256 * 1024;
 };
 
+// Whether TLS is requested for `uri` with `tls` (see NbdTls).
+bool TlsRequested(const std::string& uri, const NbdTls& tls) {
+  return tls.required || !tls.certificates_dir.empty() || !tls.psk_file.empty() || NbdUriRequestsTls(uri);
+}
+
+// Sets TLS on a handle before it connects: required when requested (an
+// nbd:// URI leaves this setting as it is, so the flags' TLS holds for it
+// too), and the files and identity the flags name. The URI's own tls-*
+// parameters are applied by libnbd when it connects and win over these.
+Status ApplyTls(nbd_handle* h, const std::string& uri, const std::string& name, const NbdTls& tls) {
+  // tls-certificates= and tls-psk-file= in a URI are refused by libnbd
+  // unless allowed; the caller checked the files they name.
+  if (nbd_set_uri_allow_local_file(h, true) != 0) return NbdError("nbd_set_uri_allow_local_file", name);
+  if (!TlsRequested(uri, tls)) return OkStatus();
+  if (nbd_set_tls(h, LIBNBD_TLS_REQUIRE) != 0) return NbdError("nbd_set_tls", name);
+  // Always verify the server (libnbd's default; said here so it stays so).
+  if (nbd_set_tls_verify_peer(h, true) != 0) return NbdError("nbd_set_tls_verify_peer", name);
+  if (!tls.certificates_dir.empty() && nbd_set_tls_certificates(h, tls.certificates_dir.c_str()) != 0) {
+    return NbdError("nbd_set_tls_certificates", name);
+  }
+  if (!tls.psk_file.empty() && nbd_set_tls_psk_file(h, tls.psk_file.c_str()) != 0) {
+    return NbdError("nbd_set_tls_psk_file", name);
+  }
+  if (!tls.username.empty() && nbd_set_tls_username(h, tls.username.c_str()) != 0) {
+    return NbdError("nbd_set_tls_username", name);
+  }
+  return OkStatus();
+}
+
+// The error of a connect that failed with TLS requested, in words that
+// name the server: a server that offers no TLS is refused (libnbd says
+// ENOTSUP when the server declines STARTTLS or predates it); a failed
+// handshake is the server's certificate or our credentials.
+Error TlsConnectError(Error e, const std::string& uri) {
+  const std::string server = NbdServerName(uri);
+  if (e.errno_value() == ENOTSUP || e.errno_value() == EOPNOTSUPP) {
+    return Error::NotSupported("the NBD server at " + server +
+                               " does not offer TLS and TLS was requested; refusing a plaintext connection")
+        .set_path(e.path());
+  }
+  const std::string& text = e.message();
+  if (text.find("gnutls") != std::string::npos || text.find("TLS") != std::string::npos ||
+      text.find("certificate") != std::string::npos) {
+    Error out = Error::IoError("TLS handshake with the NBD server at " + server + " failed: " + text);
+    out.set_errno(e.errno_value()).set_path(e.path());
+    return out;
+  }
+  return e;
+}
+
 // Connects with a deadline. A server that is full (qemu-nbd past --shared)
 // accepts the socket but never starts the handshake, so a blocking
 // nbd_connect_uri would wait forever; the asynchronous connect plus
-// nbd_poll bounds that wait. A timeout is ETIMEDOUT (retryable).
-Result<std::unique_ptr<NbdHandle>> Connect(const std::string& uri, const NbdOptions& options,
-                                           std::chrono::milliseconds timeout) {
-  BARGE_ASSIGN_OR_RETURN(auto handle, NbdHandle::Create(uri));
+// nbd_poll bounds that wait. A timeout is ETIMEDOUT (retryable). `uri` is
+// what libnbd connects to; `name` (RedactNbdUri of it) is what errors say.
+Result<std::unique_ptr<NbdHandle>> ConnectOnce(const std::string& uri, const std::string& name,
+                                               const NbdOptions& options, std::chrono::milliseconds timeout) {
+  BARGE_ASSIGN_OR_RETURN(auto handle, NbdHandle::Create(name));
   nbd_handle* h = handle->get();
+  BARGE_RETURN_IF_ERROR(ApplyTls(h, uri, name, options.tls));
   // Meta contexts must be requested before the handshake.
   if (nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0) {
-    return NbdError("nbd_add_meta_context", uri);
+    return NbdError("nbd_add_meta_context", name);
   }
   if (!options.dirty_bitmap_context.empty() &&
       nbd_add_meta_context(h, options.dirty_bitmap_context.c_str()) != 0) {
-    return NbdError("nbd_add_meta_context", uri);
+    return NbdError("nbd_add_meta_context", name);
   }
-  if (nbd_aio_connect_uri(h, uri.c_str()) != 0) return NbdError("nbd_aio_connect_uri", uri);
+  if (nbd_aio_connect_uri(h, uri.c_str()) != 0) return NbdError("nbd_aio_connect_uri", name);
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (nbd_aio_is_connecting(h) == 1) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      return Error::FromErrno(ETIMEDOUT, "nbd connect (server full or not answering)", uri);
+      return Error::FromErrno(ETIMEDOUT, "nbd connect (server full or not answering)", name);
     }
     if (nbd_poll(h, static_cast<int>(std::min<int64_t>(left.count(), 1000))) == -1) {
-      return NbdError("nbd_connect_uri", uri);
+      return NbdError("nbd_connect_uri", name);
     }
   }
   if (nbd_aio_is_ready(h) != 1) {
-    return Error::IoError("NBD handshake did not complete").set_path(uri);
+    // A handshake that failed leaves its reason as libnbd's last error.
+    if (nbd_get_error() != nullptr && nbd_get_errno() != 0) return NbdError("nbd_connect_uri", name);
+    return Error::IoError("NBD handshake did not complete").set_path(name);
   }
+  return handle;
+}
+
+Result<std::unique_ptr<NbdHandle>> Connect(const std::string& uri, const std::string& name,
+                                           const NbdOptions& options, std::chrono::milliseconds timeout) {
+  auto handle = ConnectOnce(uri, name, options, timeout);
+  if (!handle.ok() && TlsRequested(uri, options.tls)) return TlsConnectError(std::move(handle).error(), uri);
   return handle;
 }
 
@@ -230,17 +291,17 @@ struct Export {
 // Opens the first connection, learns the export, then opens the extra
 // connections that multi-conn allows. An extra connection that fails is
 // dropped rather than failing the open: fewer connections only cost speed.
-Result<Export> OpenExport(const std::string& uri, const NbdOptions& options) {
+Result<Export> OpenExport(const std::string& uri, const std::string& name, const NbdOptions& options) {
   std::vector<std::unique_ptr<NbdHandle>> handles;
-  BARGE_ASSIGN_OR_RETURN(auto first, Connect(uri, options, options.connect_timeout));
-  BARGE_ASSIGN_OR_RETURN(ExportInfo info, Probe(first->get(), uri, options));
+  BARGE_ASSIGN_OR_RETURN(auto first, Connect(uri, name, options, options.connect_timeout));
+  BARGE_ASSIGN_OR_RETURN(ExportInfo info, Probe(first->get(), name, options));
   handles.push_back(std::move(first));
   uint32_t wanted = info.multi_conn ? std::max<uint32_t>(options.connections, 1) : 1;
   // Extra connections get a short deadline: a server with fewer slots than
   // we asked for just stays silent, and waiting long for it gains nothing.
   auto extra_timeout = std::min(options.connect_timeout, kExtraConnectTimeout);
   while (handles.size() < wanted) {
-    auto more = Connect(uri, options, extra_timeout);
+    auto more = Connect(uri, name, options, extra_timeout);
     if (!more.ok()) break;
     handles.push_back(std::move(more).value());
   }
@@ -524,10 +585,13 @@ struct Outage {
 // one (NbdRetryPolicy). Thread-safe, like HandlePool.
 class Connections {
  public:
-  Connections(std::string uri, const NbdOptions& options, Export ex)
-      : uri_(std::move(uri)), options_(options), info_(ex.info), pool_(std::move(ex.pool)) {}
+  // `uri` is what connects (with its credentials); `name` what messages
+  // and reports show (RedactNbdUri).
+  Connections(std::string uri, std::string name, const NbdOptions& options, Export ex)
+      : uri_(std::move(uri)), name_(std::move(name)), options_(options), info_(ex.info),
+        pool_(std::move(ex.pool)) {}
 
-  const std::string& uri() const { return uri_; }
+  const std::string& name() const { return name_; }
   const ExportInfo& info() const { return info_; }
   size_t size() const { return pool_->size(); }
   HandlePool::Lease Acquire() { return pool_->Acquire(); }
@@ -543,10 +607,10 @@ class Connections {
     while (!commands.empty()) {
       std::optional<Error> lost;
       if (lease.get() == nullptr) {
-        lost = LostError("the connection was dropped earlier", uri_, ENOTCONN);
+        lost = LostError("the connection was dropped earlier", name_, ENOTCONN);
       } else {
         bool progressed = false;
-        lost = RunPipelined(lease, uri_, operation, commands, status, issue, options_.retry.stall_timeout,
+        lost = RunPipelined(lease, name_, operation, commands, status, issue, options_.retry.stall_timeout,
                             progressed);
         if (progressed) outage = Outage{};
       }
@@ -570,14 +634,14 @@ class Connections {
   Status Run(HandlePool::Lease& lease, const std::function<Status(Conn&)>& op) {
     Outage outage;
     for (;;) {
-      Error reason = LostError("the connection was dropped earlier", uri_, ENOTCONN);
+      Error reason = LostError("the connection was dropped earlier", name_, ENOTCONN);
       if (lease.get() != nullptr) {
         Conn conn(lease, options_.retry.stall_timeout);
         Status s = op(conn);
         if (s.ok()) return s;
         if (conn.stalled()) {
           reason = LostError("no reply from the NBD server for " + Seconds(options_.retry.stall_timeout) + " s",
-                             uri_, ETIMEDOUT);
+                             name_, ETIMEDOUT);
         } else if (lease.get() != nullptr && Dropped(lease.get())) {
           reason = s.error();
         } else {
@@ -619,7 +683,7 @@ class Connections {
         return Error::IoError(message)
             .set_errno(reason.errno_value() != 0 ? reason.errno_value() : ECONNRESET)
             .set_retryable(true)
-            .set_path(uri_);
+            .set_path(name_);
       }
       BARGE_RETURN_IF_ERROR(Backoff(delay));
       waited += delay;
@@ -627,7 +691,7 @@ class Connections {
       ++attempts;
       elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - outage.start);
       milliseconds timeout = std::max(milliseconds(1000), std::min(options_.connect_timeout, policy.max_time - elapsed));
-      auto handle = Connect(uri_, options_, timeout);
+      auto handle = Connect(uri_, name_, options_, timeout);
       if (!handle.ok()) {
         last = handle.error();
         continue;
@@ -636,12 +700,12 @@ class Connections {
       if (size < 0 || static_cast<uint64_t>(size) != info_.size_bytes) {
         return Error::InvalidArgument("the export is not the same after reconnecting (size " + std::to_string(size) +
                                       ", was " + std::to_string(info_.size_bytes) + ")")
-            .set_path(uri_);
+            .set_path(name_);
       }
       lease.Replace(std::move(handle).value());
       if (policy.on_reconnect) {
         NbdReconnect event;
-        event.uri = NbdUriForReport(uri_);
+        event.uri = name_;
         event.reason = reason.message();
         event.attempts = attempts;
         event.waited = waited;
@@ -657,7 +721,7 @@ class Connections {
     auto until = std::chrono::steady_clock::now() + delay;
     while (std::chrono::steady_clock::now() < until) {
       if (options_.retry.cancel != nullptr && options_.retry.cancel->load()) {
-        return Error::Cancelled("cancelled while reconnecting").set_path(uri_);
+        return Error::Cancelled("cancelled while reconnecting").set_path(name_);
       }
       std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
           std::chrono::milliseconds(50), until - std::chrono::steady_clock::now()));
@@ -666,6 +730,7 @@ class Connections {
   }
 
   const std::string uri_;
+  const std::string name_;
   const NbdOptions options_;
   const ExportInfo info_;
   const std::unique_ptr<HandlePool> pool_;
@@ -673,10 +738,11 @@ class Connections {
 
 class NbdSourceImpl final : public NbdSource {
  public:
-  NbdSourceImpl(std::string uri, const NbdOptions& options, Export ex)
-      : conns_(std::move(uri), options, std::move(ex)), dirty_context_(options.dirty_bitmap_context) {}
+  NbdSourceImpl(std::string uri, std::string name, const NbdOptions& options, Export ex)
+      : conns_(std::move(uri), std::move(name), options, std::move(ex)),
+        dirty_context_(options.dirty_bitmap_context) {}
 
-  const std::string& name() const override { return conns_.uri(); }
+  const std::string& name() const override { return conns_.name(); }
   uint64_t size_bytes() const override { return conns_.info().size_bytes; }
   uint32_t connections() const override { return static_cast<uint32_t>(conns_.size()); }
 
@@ -686,6 +752,7 @@ class NbdSourceImpl final : public NbdSource {
     caps.preferred_request_bytes = conns_.info().request_bytes;
     caps.has_extents = conns_.info().has_allocation;
     caps.parallel_reads = conns_.size() > 1;
+    caps.blocking_read_streams = static_cast<uint32_t>(conns_.size());
     return caps;
   }
 
@@ -729,7 +796,7 @@ class NbdSourceImpl final : public NbdSource {
     auto lease = conns_.Acquire();
     BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) {
       out.clear();  // a walk cut short starts again on the new connection
-      return WalkBlockStatus(conn, conns_.uri(), LIBNBD_CONTEXT_BASE_ALLOCATION, offset, length,
+      return WalkBlockStatus(conn, conns_.name(), LIBNBD_CONTEXT_BASE_ALLOCATION, offset, length,
                              [&](uint64_t off, uint64_t len, uint32_t flags) {
                                out.push_back({off, len, KindFromAllocation(flags)});
                              });
@@ -739,14 +806,14 @@ class NbdSourceImpl final : public NbdSource {
 
   Result<RangeList> DirtyRanges(uint64_t offset, uint64_t length) override {
     if (dirty_context_.empty()) {
-      return Error::NotSupported("no dirty-bitmap meta context was requested").set_path(conns_.uri());
+      return Error::NotSupported("no dirty-bitmap meta context was requested").set_path(conns_.name());
     }
     BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
     RangeList out;
     auto lease = conns_.Acquire();
     BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) {
       out.clear();
-      return WalkBlockStatus(conn, conns_.uri(), dirty_context_.c_str(), offset, length,
+      return WalkBlockStatus(conn, conns_.name(), dirty_context_.c_str(), offset, length,
                              [&](uint64_t off, uint64_t len, uint32_t flags) {
                                if (flags & 1) out.push_back({off, len});
                              });
@@ -761,10 +828,10 @@ class NbdSourceImpl final : public NbdSource {
 
 class NbdSink final : public BlockSink {
  public:
-  NbdSink(std::string uri, const NbdOptions& options, Export ex)
-      : conns_(std::move(uri), options, std::move(ex)), fast_zero_(conns_.info().can_fast_zero) {}
+  NbdSink(std::string uri, std::string name, const NbdOptions& options, Export ex)
+      : conns_(std::move(uri), std::move(name), options, std::move(ex)), fast_zero_(conns_.info().can_fast_zero) {}
 
-  const std::string& name() const override { return conns_.uri(); }
+  const std::string& name() const override { return conns_.name(); }
   uint64_t size_bytes() const override { return conns_.info().size_bytes; }
 
   SinkCapabilities capabilities() const override {
@@ -819,13 +886,13 @@ class NbdSink final : public BlockSink {
           }
           if (fast_zero_) {
             int err = nbd_get_errno();
-            Error e = NbdError("nbd_zero", conns_.uri(), pos, n);
+            Error e = NbdError("nbd_zero", conns_.name(), pos, n);
             if ((err != ENOTSUP && err != EOPNOTSUPP) || gone()) return e;
             fast_zero_ = false;  // a benign race: every thread learns the same
           }
           if (zero(n, 0) != 0) {
             int err = nbd_get_errno();
-            Error e = NbdError("nbd_zero", conns_.uri(), pos, n);
+            Error e = NbdError("nbd_zero", conns_.name(), pos, n);
             if ((err != ENOTSUP && err != EOPNOTSUPP && err != EINVAL) || gone()) return e;
             fall_back = true;  // the server cannot zero after all: write zero buffers
             return OkStatus();
@@ -849,7 +916,7 @@ class NbdSink final : public BlockSink {
       for (; pos < offset + length;) {
         uint64_t n = std::min(offset + length - pos, kMaxCommandBytes);
         if (conn.Call([&](nbd_handle* h) { return nbd_aio_trim(h, n, pos, kNoCompletion, 0); }) != 0) {
-          return NbdError("nbd_trim", conns_.uri(), pos, n);
+          return NbdError("nbd_trim", conns_.name(), pos, n);
         }
         pos += n;
       }
@@ -866,7 +933,7 @@ class NbdSink final : public BlockSink {
     auto lease = conns_.Acquire();
     return conns_.Run(lease, [&](Conn& conn) -> Status {
       if (conn.Call([](nbd_handle* h) { return nbd_aio_flush(h, kNoCompletion, 0); }) != 0) {
-        return NbdError("nbd_flush", conns_.uri());
+        return NbdError("nbd_flush", conns_.name());
       }
       return OkStatus();
     });
@@ -877,7 +944,7 @@ class NbdSink final : public BlockSink {
     const uint64_t size = conns_.info().size_bytes;
     if (offset > size || length > size - offset) {
       return Error::NoSpace("write beyond end of export (size " + std::to_string(size) + ")")
-          .set_path(conns_.uri())
+          .set_path(conns_.name())
           .set_range(offset, length);
     }
     return OkStatus();
@@ -889,23 +956,6 @@ class NbdSink final : public BlockSink {
 
 }  // namespace
 
-std::string NbdUriForReport(const std::string& uri) {
-  size_t q = uri.find('?');
-  if (q == std::string::npos) return uri;
-  std::string kept;
-  size_t pos = q + 1;
-  while (pos <= uri.size()) {
-    size_t amp = uri.find('&', pos);
-    if (amp == std::string::npos) amp = uri.size();
-    std::string_view param(uri.data() + pos, amp - pos);
-    if (!param.empty() && !param.starts_with("tls-")) {
-      kept += kept.empty() ? "?" : "&";
-      kept += param;
-    }
-    pos = amp + 1;
-  }
-  return uri.substr(0, q) + kept;
-}
 
 bool IsNbdUri(std::string_view uri) {
   for (std::string_view scheme : {"nbd://", "nbds://", "nbd+unix://", "nbds+unix://",
@@ -915,11 +965,107 @@ bool IsNbdUri(std::string_view uri) {
   return false;
 }
 
+namespace {
+
+// The query of `uri` (between '?' and '#'), "" when none.
+std::string_view QueryOf(std::string_view uri) {
+  size_t q = uri.find('?');
+  if (q == std::string_view::npos) return {};
+  std::string_view query = uri.substr(q + 1);
+  return query.substr(0, query.find('#'));
+}
+
+std::string PercentDecode(std::string_view in) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '%' && i + 2 < in.size() && hex(in[i + 1]) >= 0 && hex(in[i + 2]) >= 0) {
+      out += static_cast<char>(hex(in[i + 1]) * 16 + hex(in[i + 2]));
+      i += 2;
+    } else {
+      out += in[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string RedactNbdUri(std::string_view location) {
+  if (!IsNbdUri(location)) return std::string(location);
+  std::string_view rest = location;
+  size_t scheme = rest.find("://");
+  std::string out(rest.substr(0, scheme + 3));
+  rest.remove_prefix(scheme + 3);
+  // The authority ends at the first '/', '?' or '#'; its user part at its
+  // last '@'.
+  std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+  if (auto at = authority.rfind('@'); at != std::string_view::npos) rest.remove_prefix(at + 1);
+  size_t q = rest.find('?');
+  out += rest.substr(0, q);
+  if (q == std::string_view::npos) return out;
+  std::string_view query = rest.substr(q + 1);
+  std::string fragment;
+  if (auto hash = query.find('#'); hash != std::string_view::npos) {
+    fragment = std::string(query.substr(hash));
+    query = query.substr(0, hash);
+  }
+  std::string kept;
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view param = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    // Names are compared decoded: "tls%2Dpsk-file" is tls-psk-file to libnbd.
+    if (param.empty() || PercentDecode(param.substr(0, param.find('='))).starts_with("tls-")) continue;
+    kept += (kept.empty() ? "" : "&") + std::string(param);
+  }
+  if (!kept.empty()) out += "?" + kept;
+  return out + fragment;
+}
+
+std::string NbdUriParam(std::string_view uri, std::string_view name) {
+  std::string_view query = QueryOf(uri);
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view param = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    size_t eq = param.find('=');
+    if (PercentDecode(param.substr(0, eq)) == name) return eq == std::string_view::npos ? "" : PercentDecode(param.substr(eq + 1));
+  }
+  return {};
+}
+
+bool NbdUriRequestsTls(std::string_view uri) {
+  return uri.starts_with("nbds") || !NbdUriParam(uri, "tls-certificates").empty() ||
+         !NbdUriParam(uri, "tls-psk-file").empty();
+}
+
+std::string NbdServerName(std::string_view uri) {
+  if (uri.find("+unix://") != std::string_view::npos) return "unix socket " + NbdUriParam(uri, "socket");
+  std::string_view rest = uri;
+  if (auto scheme = rest.find("://"); scheme != std::string_view::npos) rest.remove_prefix(scheme + 3);
+  std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+  if (auto at = authority.rfind('@'); at != std::string_view::npos) authority.remove_prefix(at + 1);
+  if (uri.find("+vsock://") != std::string_view::npos) return "vsock " + std::string(authority);
+  // A port follows the last ':' outside an IPv6 literal's brackets.
+  size_t colon = authority.rfind(':');
+  bool has_port = colon != std::string_view::npos && authority.find(']', colon) == std::string_view::npos;
+  std::string host(has_port ? authority.substr(0, colon) : authority);
+  if (host.empty()) host = "localhost";
+  return host + ":" + (has_port ? std::string(authority.substr(colon + 1)) : std::string("10809"));
+}
+
 Result<std::unique_ptr<NbdSource>> OpenNbd(const std::string& uri, const NbdOptions& options) {
   if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(uri);
-  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, options));
+  std::string name = RedactNbdUri(uri);
+  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, name, options));
   return std::unique_ptr<NbdSource>(
-      new NbdSourceImpl(uri, options, std::move(ex)));
+      new NbdSourceImpl(uri, std::move(name), options, std::move(ex)));
 }
 
 Result<std::unique_ptr<BlockSource>> OpenNbdSource(const std::string& uri,
@@ -938,11 +1084,12 @@ Result<RangeList> NbdDirtyRanges(BlockSource& source, uint64_t offset, uint64_t 
 
 Result<std::unique_ptr<BlockSink>> OpenNbdSink(const std::string& uri, const NbdOptions& options) {
   if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(uri);
-  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, options));
+  std::string name = RedactNbdUri(uri);
+  BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, name, options));
   if (ex.info.read_only) {
-    return Error::NotSupported("export is read-only").set_errno(EROFS).set_path(uri);
+    return Error::NotSupported("export is read-only").set_errno(EROFS).set_path(name);
   }
-  return std::unique_ptr<BlockSink>(new NbdSink(uri, options, std::move(ex)));
+  return std::unique_ptr<BlockSink>(new NbdSink(uri, std::move(name), options, std::move(ex)));
 }
 
 }  // namespace barge

@@ -19,7 +19,7 @@ namespace barge {
 
 // One reconnect after a dropped connection (NbdRetryPolicy::on_reconnect).
 struct NbdReconnect {
-  std::string uri;        // the export as NbdUriForReport shows it
+  std::string uri;        // the export as RedactNbdUri shows it
   std::string reason;     // why the connection was taken as dropped (libnbd's text)
   uint32_t attempts = 0;  // connection attempts this took (1: the first worked)
   std::chrono::milliseconds waited{0};  // backoff slept before the attempts, in all
@@ -54,9 +54,23 @@ struct NbdRetryPolicy {
   const std::atomic<bool>* cancel = nullptr;
 };
 
-// `uri` without its tls-* query parameters (where credentials are named), as
-// reconnect reports show it.
-std::string NbdUriForReport(const std::string& uri);
+// TLS for one export. TLS requested (required set, an nbds:// URI, a
+// certificates folder or a PSK file, here or as the URI's tls-certificates=
+// and tls-psk-file= parameters) means TLS required: a server that does not
+// offer it is refused (kNotSupported naming the server), never used in
+// plaintext. Files named here are read by libnbd; checking their
+// permissions is the caller's (pipeline/nbd_endpoint.h).
+struct NbdTls {
+  bool required = false;
+  // x509: ca-cert.pem, and client-cert.pem + client-key.pem when the server
+  // verifies its peers. The server's certificate is always verified.
+  std::string certificates_dir;
+  // PSK: a file of "username:hexkey" lines.
+  std::string psk_file;
+  // The PSK identity; "" = the URI's user part, else libnbd's default (the
+  // login name).
+  std::string username;
+};
 
 struct NbdOptions {
   // Connections to open. Used only when the server advertises multi-conn
@@ -78,11 +92,31 @@ struct NbdOptions {
   std::chrono::milliseconds connect_timeout{10000};
   // Reconnection after a drop (each connection of the pool by itself).
   NbdRetryPolicy retry;
+  NbdTls tls;
 };
 
 // True for URIs libnbd's nbd_connect_uri understands: nbd://, nbds://,
 // nbd+unix://, nbds+unix://, nbd+vsock://, nbds+vsock://.
 bool IsNbdUri(std::string_view uri);
+
+// The one form in which a location is shown or recorded (messages, --json,
+// manifests, records, metrics). For an NBD URI: without the user part of
+// the authority ("user:secret@") and without every tls-* query parameter
+// (tls-psk-file, tls-certificates, tls-username, ...); other parameters
+// (socket=) stay, in their order. Anything else is returned unchanged.
+std::string RedactNbdUri(std::string_view location);
+
+// Whether `uri` asks for TLS itself: an nbds scheme, or a tls-certificates=
+// or tls-psk-file= parameter.
+bool NbdUriRequestsTls(std::string_view uri);
+
+// The value of query parameter `name` in `uri`, percent-decoded; "" when
+// absent.
+std::string NbdUriParam(std::string_view uri, std::string_view name);
+
+// The server `uri` names, for messages: "HOST:PORT" (port 10809 when none
+// is given) or "unix socket PATH".
+std::string NbdServerName(std::string_view uri);
 
 // A connected NBD export, read side. Thread-safe: each call borrows one of
 // the connections (waiting while all are busy), so up to connections()
@@ -107,7 +141,9 @@ class NbdSource : public BlockSource {
 // Connects to `uri` read-only (nbd_connect_uri). Extents() uses
 // "base:allocation" when offered: hole+zero -> kHole, zero -> kZero, all
 // else (including a hole without the zero bit, which may read non-zero)
-// -> kData. Errors carry the URI as path.
+// -> kData. Errors and name() carry the URI as RedactNbdUri gives it.
+// A TLS handshake that fails (a server certificate not signed by the CA,
+// a PSK the server does not know) is kIoError naming the server.
 Result<std::unique_ptr<NbdSource>> OpenNbd(const std::string& uri, const NbdOptions& options = {});
 
 // The same as OpenNbd, as a plain BlockSource.

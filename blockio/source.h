@@ -24,6 +24,11 @@ struct SourceCapabilities {
   bool has_extents = false;
   // Concurrent ReadAt calls proceed in parallel (several rings/connections).
   bool parallel_reads = true;
+  // Reads that wait on a peer rather than on a core, each on its own
+  // stream (an NBD export's connections over a network): a copy with the
+  // default worker count keeps this many reads blocked at once besides the
+  // cores' work. 1 for local files and devices.
+  uint32_t blocking_read_streams = 1;
 };
 
 // One read of a batch. `status` is filled in by ReadMany.

@@ -8,6 +8,7 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/hook_flags.h"
+#include "cli/nbd_flags.h"
 #include "cli/progress.h"
 #include "orchestrate/vm/hooked_backup.h"
 #include "orchestrate/policy/policy_runner.h"
@@ -26,7 +27,7 @@ struct BackupArgs {
   bool allow_resize = false;
   bool no_resume = false;
   std::string dirty_bitmap, dirty_extents, checkpoint;
-  int nbd_connections = 4;
+  NbdFlags nbd;
   std::string snapshot;
   HookFlags hooks;
 };
@@ -57,7 +58,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.source.format = a.source_format;
   req.source.allow_any_path = a.flags.allow_any_path;
   req.source.allow_dirs = a.flags.allow_dirs;
-  req.source.nbd_connections = static_cast<uint32_t>(a.nbd_connections);
+  req.source.nbd = a.nbd.access;
   req.source.snapshot = a.snapshot;
   req.target_dir = a.target;
   req.disk_name = a.name;
@@ -86,7 +87,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   orchestrate::HookedResult hooked;
   auto result = orchestrate::RunBackupWithHooks(Env::Default(), req, *hooks, hooked);
   progress.Done();
-  for (const auto& w : hooked.warnings) out.Warning(w, a.source);
+  for (const auto& w : hooked.warnings) out.Warning(w, RedactNbdUri(a.source));
   if (!result.ok()) return out.Fail(result.error());
   const auto& m = result->manifest;
   {
@@ -117,7 +118,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     out.Result(j);
   }
   std::ostream& t = out.text();
-  t << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << a.source
+  t << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << RedactNbdUri(a.source)
     << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'") << "\n"
     << "  reason:   " << m.reason << "\n"
     << "  image:    " << result->image_path << "\n"
@@ -166,8 +167,7 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-resume", args->no_resume,
                 "Do not resume what an interrupted run of this backup staged: sweep it and start over (and "
                 "keep nothing for a later run if this one fails)");
-  cmd->add_option("--nbd-connections", args->nbd_connections, "NBD connections (with multi-conn)")
-      ->capture_default_str();
+  args->nbd.AddTo(cmd, "an nbd:// or nbds:// source");
   args->flags.allow_any_path = false;
   cmd->add_flag("--allow-any-path", args->flags.allow_any_path,
                 "Allow a qcow2 source's backing/data files outside its folder");

@@ -3,6 +3,7 @@
 #include "blockio/env.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/nbd_flags.h"
 #include "cli/progress.h"
 #include "pipeline/convert.h"
 
@@ -15,6 +16,7 @@ struct ConvertArgs {
   std::string source, dest, output_format = "raw";
   ImageFlags flags;
   CopyFlags copy;
+  NbdFlags nbd;
   std::string backing, backing_format;
   std::string snapshot;
   bool force = false;
@@ -39,6 +41,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   req.source.allow_any_path = a.flags.allow_any_path;
   req.source.allow_dirs = a.flags.allow_dirs;
   req.source.snapshot = a.snapshot;
+  req.source.nbd = a.nbd.access;
   req.destination = a.dest;
   req.format = qcow2 ? pipeline::DestinationFormat::kQcow2 : pipeline::DestinationFormat::kRaw;
   req.backing = a.backing;
@@ -52,7 +55,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   if (!result.ok()) return cli_out.Fail(result.error());
 
   {
-    json j = {{"source", a.source},
+    json j = {{"source", RedactNbdUri(a.source)},
                {"destination", a.dest},
                {"format", a.output_format},
                {"compression", compression.ToString()},
@@ -69,7 +72,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
     if (!a.snapshot.empty()) j["snapshot"] = a.snapshot;
     cli_out.Result(j);
   }
-  cli_out.text() << "converted " << a.source << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'")
+  cli_out.text() << "converted " << RedactNbdUri(a.source) << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'")
                  << " -> " << a.dest << " (" << a.output_format << ", " << compression.ToString()
                  << "): " << HumanBytes(result->virtual_size) << " virtual, read " << HumanBytes(result->bytes_read)
                  << ", wrote " << HumanBytes(result->bytes_written) << " in " << HumanSeconds(result->seconds)
@@ -93,6 +96,7 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-l,--snapshot", args->snapshot,
                   "Read the qcow2 source at this internal snapshot (id or name), as qemu-img convert -l does");
   args->copy.AddTo(cmd, "none", kAllCopyFlags | kNbdFlags);
+  args->nbd.AddTo(cmd, "an nbd:// or nbds:// source");
   cmd->add_option("--backing", args->backing,
                   "qcow2 output: backing file to store by this name (relative to the output); "
                   "only clusters that differ from it are written");

@@ -25,7 +25,7 @@ uint64_t MaxMemoryBytes() {
 }
 
 // One reconnect as a line and an event (docs/json.md, "reconnect"). The
-// URI comes without its tls-* parameters (NbdUriForReport).
+// URI comes without its tls-* parameters (RedactNbdUri).
 void ReportReconnect(Output& out, const NbdReconnect& r) {
   char waited[32];
   std::snprintf(waited, sizeof(waited), "%.1f", static_cast<double>(r.waited.count()) / 1000.0);

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <streambuf>
 
+#include "blockio/nbd.h"
 #include "cli/interrupt.h"
 
 namespace barge::cli {
@@ -136,7 +137,9 @@ void Output::Event(std::string_view event, const nlohmann::json& fields) {
   std::fflush(stdout);
 }
 
-void Output::Warning(const std::string& message, const std::string& file) {
+void Output::Warning(const std::string& message, const std::string& file_given) {
+  // A location is shown without its secrets, whoever built the message.
+  const std::string file = RedactNbdUri(file_given);
   {
     std::lock_guard lock(mu_);
     std::cerr << "barge: warning: " << (file.empty() ? "" : file + ": ") << message << "\n";
@@ -156,7 +159,11 @@ void Output::Notice(std::string_view event, const std::string& line, const nlohm
 
 int Output::Fail(const Error& error) { return Fail(error, ExitCodeFor(error)); }
 
-int Output::Fail(const Error& error, int exit_code) {
+int Output::Fail(const Error& error_given, int exit_code) {
+  // The last guard: an NBD URI as the error's file loses its secrets here
+  // even if a layer below forgot (blockio names exports by RedactNbdUri).
+  Error error = error_given;
+  error.set_path(RedactNbdUri(error.path()));
   // Interrupted runs exit 130/143 whatever the command's own codes say.
   if (error.code() == ErrorCode::kCancelled && InterruptSignal() != 0) {
     exit_code = 128 + InterruptSignal();

@@ -8,6 +8,7 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/nbd_flags.h"
 #include "cli/interrupt.h"
 #include "cli/progress.h"
 #include "pipeline/endpoints.h"
@@ -26,6 +27,7 @@ struct ReplicateArgs {
   std::string backing = "flatten";
   ImageFlags flags;
   CopyFlags copy;
+  NbdFlags nbd;
   double stall_timeout_s = 60;
   bool verify = false;
   bool force = false;
@@ -115,6 +117,7 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   spec.allow_any_path = a.flags.allow_any_path;
   spec.allow_dirs = a.flags.allow_dirs;
   spec.nbd_retry = o.copy.nbd_retry;
+  spec.nbd = a.nbd.access;
   WarnIfMisnamed(out, a.source, a.flags.format);
   auto src = pipeline::OpenSource(Env::Default(), spec);
   if (!src.ok()) return out.Fail(src.error());
@@ -153,7 +156,7 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
       if (d.state != pipeline::ReplicaState::kFailed) j["file_bytes"] = d.file_bytes;
       dests.push_back(std::move(j));
     }
-    out.Result({{"source", a.source},
+    out.Result({{"source", RedactNbdUri(a.source)},
                {"source_format", o.source_format},
                {"format", r.format},
                {"virtual_size", r.virtual_size},
@@ -182,11 +185,11 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   if (r.bitmaps_dropped) t << ", bitmaps dropped (raw output)";
   if (!r.backing_file.empty()) t << ", top layer only, backing file '" << r.backing_file << "'";
   t << "\n";
-  if (CancelFlag().load()) return out.Fail(Error::Cancelled("replicate interrupted").set_path(a.source));
+  if (CancelFlag().load()) return out.Fail(Error::Cancelled("replicate interrupted").set_path(RedactNbdUri(a.source)));
   if (r.checksum_mismatch) {
     return out.Fail(Error::Corruption("checksum mismatch, nothing made ready: expected sha512 " +
                                       a.expected_sha512 + ", the source has " + r.sha512_hex)
-                        .set_path(a.source));
+                        .set_path(RedactNbdUri(a.source)));
   }
   if (!r.all_ok()) {
     size_t failed = 0;
@@ -238,6 +241,7 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   args->flags.AddTo(cmd, "--source-format");
   args->copy.AddTo(cmd, "none", kAllCopyFlags | kNbdFlags);
+  args->nbd.AddTo(cmd, "an nbd:// or nbds:// source");
 }
 
 }  // namespace barge::cli

@@ -3,6 +3,7 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/nbd_flags.h"
 #include "cli/progress.h"
 #include "pipeline/chain.h"
 #include "pipeline/restore.h"
@@ -15,6 +16,7 @@ using nlohmann::json;
 struct RestoreArgs {
   std::string chain, at = "latest", to, output_format = "raw";
   CopyFlags copy;
+  NbdFlags nbd;
   bool force = false;
   bool no_sync = false;
 };
@@ -35,13 +37,15 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
   req.chain_dir = a.chain;
   req.at = a.at;
   req.destination = a.to;
+  req.destination_nbd = a.nbd.access;
   req.output_format = a.output_format;
   req.force = a.force;
   req.sync = !a.no_sync;
   req.compression = compression.type;
   req.compression_level = compression.level;
   req.on_point = [&](size_t position, const formats::BackupManifest& m) {
-    out.text() << "restoring point " << m.id << " (" << PointText(position, m.started_at) << ") to " << a.to
+    out.text() << "restoring point " << m.id << " (" << PointText(position, m.started_at) << ") to "
+               << RedactNbdUri(a.to)
                << "\n";
     out.text().flush();
   };
@@ -53,7 +57,7 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
   out.Result({{"id", r->manifest.id},
               {"position", r->position},
               {"started_at", TimeJson(r->manifest.started_at)},
-              {"destination", a.to},
+              {"destination", RedactNbdUri(a.to)},
               {"format", a.output_format},
               {"layers", r->layers},
               {"virtual_size", r->manifest.virtual_size},
@@ -63,7 +67,7 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
               {"verified", true},
               {"duration_seconds", r->seconds}});
   out.text() << "restored point " << r->manifest.id << " (" << PointText(r->position, r->manifest.started_at)
-             << ", " << r->layers << " layer" << (r->layers == 1 ? "" : "s") << ") to " << a.to << ": "
+             << ", " << r->layers << " layer" << (r->layers == 1 ? "" : "s") << ") to " << RedactNbdUri(a.to) << ": "
              << HumanBytes(r->manifest.virtual_size) << ", read " << HumanBytes(r->bytes_read)
              << ", every cluster verified, image digest xxh3-128:" << r->image_digest.ToHex()
              << " in " << HumanSeconds(r->seconds) << "\n";
@@ -74,6 +78,7 @@ struct VerifyArgs {
   std::string path, at, against, against_format;
   bool all = false;
   CopyFlags copy;
+  NbdFlags nbd;
 };
 
 int RunVerifyCommand(VerifyArgs& a, Output& out) {
@@ -88,6 +93,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   req.all_points = a.all;
   req.against.location = a.against;
   req.against.format = a.against_format;
+  req.against.nbd = a.nbd.access;
   ProgressReporter progress(out, "verify");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
   auto r = pipeline::RunVerify(Env::Default(), req);
@@ -171,6 +177,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
                   "Do not fsync the output at the end (faster; a crash may lose it, as with qemu-img convert)");
     args->copy.AddTo(cmd, "none", kCompressFlag | kResourceFlags | kNbdFlags,
                      "a restore keeps the chain's cluster size");
+    args->nbd.AddTo(cmd, "an nbd:// or nbds:// --to");
   }
   {
     auto args = std::make_shared<VerifyArgs>();
@@ -189,6 +196,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("--against-format", args->against_format, "raw or qcow2")
         ->check(CLI::IsMember({"raw", "qcow2"}));
     args->copy.AddTo(cmd, "none", kResourceFlags | kNbdFlags, "verify only reads");
+    args->nbd.AddTo(cmd, "an nbd:// or nbds:// --against");
   }
 }
 

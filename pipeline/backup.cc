@@ -262,7 +262,7 @@ Status ExtendChain(Env& env, const BackupRequest& req, BackupRun& run) {
     return Error::InvalidArgument("the disk's size changed from " + formats::HumanBytesExact(pm.virtual_size) +
                                   " to " + formats::HumanBytesExact(run.size) + " since backup " + pm.id +
                                   ": take a full backup")
-        .set_path(run.spec.location);
+        .set_path(RedactNbdUri(run.spec.location));
   }
   run.cluster = pm.cluster_size;  // a chain keeps one cluster size
   auto digests = EffectiveDigests(env, chain, chain.points.size() - 1);
@@ -432,7 +432,7 @@ Status StartManifest(const BackupRequest& req, const std::string& started_at, Ba
                                                                    : run.dirty_description)
              : chain.empty()     ? "first backup of the disk"
                                  : "full backup requested";
-  m.source = run.spec.location;
+  m.source = RedactNbdUri(run.spec.location);  // never its credentials
   m.source_format = run.src.format_name();
   m.virtual_size = run.size;
   m.cluster_size = run.cluster;

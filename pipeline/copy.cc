@@ -488,6 +488,18 @@ void RaiseParallelismLimit() {
   static oneapi::tbb::global_control limit(oneapi::tbb::global_control::max_allowed_parallelism,
                                            MaxThreads());
 }
+// Worker threads of a copy: --threads when given; else the cores, or one
+// more than the source's blocking read streams when those are more (a read
+// stage task waits in nbd_poll for the network, holding its thread: with
+// only the cores' threads, 2 cores kept 2 of 4 NBD connections busy and a
+// TLS copy ran 1.3x slower than with 4 workers).
+int ArenaThreads(int threads, const SourceCapabilities& caps) {
+  if (threads > 0) return threads;
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!caps.parallel_reads || caps.blocking_read_streams <= 1) return oneapi::tbb::task_arena::automatic;
+  return std::min(static_cast<int>(MaxThreads()), std::max(cores, static_cast<int>(caps.blocking_read_streams) + 1));
+}
+
 }  // namespace
 
 size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scratch, int threads,
@@ -560,7 +572,7 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
   Status status = Guard("copy", [&]() -> Status {
     job = std::make_unique<CopyJob>(source, destinations, options, *pool, planner, compression);
     RaiseParallelismLimit();
-    oneapi::tbb::task_arena arena(options.threads > 0 ? options.threads : oneapi::tbb::task_arena::automatic);
+    oneapi::tbb::task_arena arena(ArenaThreads(options.threads, source.capabilities()));
     // The graph is built inside the arena so its tasks run on its threads.
     return arena.execute([&] { return job->Run(); });
   });

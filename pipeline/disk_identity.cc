@@ -14,7 +14,7 @@ formats::DiskIdentity IdentityOf(Env& env, const SourceSpec& spec, const OpenedS
   switch (source.kind) {
     case SourceKind::kNbd:
       id.kind = "nbd";
-      id.location = NbdUriWithoutCredentials(spec.location);
+      id.location = RedactNbdUri(spec.location);
       break;
     case SourceKind::kBlockDevice:
       id.kind = "block";
@@ -32,39 +32,6 @@ formats::DiskIdentity IdentityOf(Env& env, const SourceSpec& spec, const OpenedS
 Result<formats::DiskIdentity> IdentifySource(Env& env, const SourceSpec& spec) {
   BARGE_ASSIGN_OR_RETURN(OpenedSource source, OpenSource(env, spec));
   return IdentityOf(env, spec, source);
-}
-
-std::string NbdUriWithoutCredentials(std::string_view uri) {
-  std::string_view rest = uri;
-  std::string out;
-  if (auto scheme = rest.find("://"); scheme != std::string_view::npos) {
-    out = std::string(rest.substr(0, scheme + 3));
-    rest.remove_prefix(scheme + 3);
-    // The authority ends at the first '/', '?' or '#'; its user part at its
-    // last '@'.
-    size_t end = rest.find_first_of("/?#");
-    std::string_view authority = rest.substr(0, end);
-    if (auto at = authority.rfind('@'); at != std::string_view::npos) rest.remove_prefix(at + 1);
-  }
-  size_t q = rest.find('?');
-  out += rest.substr(0, q);
-  if (q == std::string_view::npos) return out;
-  std::string_view query = rest.substr(q + 1);
-  std::string fragment;
-  if (auto hash = query.find('#'); hash != std::string_view::npos) {
-    fragment = std::string(query.substr(hash));
-    query = query.substr(0, hash);
-  }
-  std::string kept;
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view param = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (param.empty() || param.starts_with("tls-")) continue;
-    kept += (kept.empty() ? "" : "&") + std::string(param);
-  }
-  if (!kept.empty()) out += "?" + kept;
-  return out + fragment;
 }
 
 std::string DescribeDisk(const formats::DiskIdentity& disk) {

@@ -18,17 +18,11 @@ namespace barge::pipeline {
 
 // The identity of an opened source: "file" or "block" with its canonical
 // path (symbolic links and ".." resolved through `env`), or "nbd" with the
-// URI as NbdUriWithoutCredentials gives it; the source's virtual size.
+// URI as RedactNbdUri (blockio/nbd.h) gives it; the source's virtual size.
 formats::DiskIdentity IdentityOf(Env& env, const SourceSpec& spec, const OpenedSource& source);
 
 // Opens `spec` (through `env`) and returns IdentityOf it.
 Result<formats::DiskIdentity> IdentifySource(Env& env, const SourceSpec& spec);
-
-// `uri` without what may hold a credential or a key's location: the user
-// part of the authority ("user:secret@") and every tls-* query parameter
-// (tls-psk-file, tls-certificates, tls-username, ...). Other parameters
-// (socket=) stay, in their order.
-std::string NbdUriWithoutCredentials(std::string_view uri);
 
 // For an incremental onto the latest point of `chain`: "" when the chain
 // records no disk (written before barge recorded one: usable as before) or

@@ -8,18 +8,6 @@
 namespace barge::pipeline {
 namespace {
 
-TEST(DiskIdentityTest, NbdUriLosesCredentialsAndKeepsTheRest) {
-  EXPECT_EQ(NbdUriWithoutCredentials("nbd://host:10809/vda"), "nbd://host:10809/vda");
-  EXPECT_EQ(NbdUriWithoutCredentials("nbds://alice:secret@host/vda?tls-psk-file=/etc/keys.psk"), "nbds://host/vda");
-  EXPECT_EQ(NbdUriWithoutCredentials("nbds://host/vda?tls-certificates=/etc/pki&tls-verify-peer=false"),
-            "nbds://host/vda");
-  EXPECT_EQ(NbdUriWithoutCredentials("nbds+unix:///vda?tls-username=u&socket=/run/s.sock&tls-psk-file=k"),
-            "nbds+unix:///vda?socket=/run/s.sock");
-  EXPECT_EQ(NbdUriWithoutCredentials("nbd+unix:///?socket=/run/s.sock"), "nbd+unix:///?socket=/run/s.sock");
-  // An '@' after the authority is not a user part.
-  EXPECT_EQ(NbdUriWithoutCredentials("nbd://host/disk@1"), "nbd://host/disk@1");
-}
-
 formats::BackupManifest Point(const std::string& id, const std::optional<std::string>& parent,
                               const std::optional<formats::DiskIdentity>& disk, const std::string& chain_id) {
   formats::BackupManifest m;

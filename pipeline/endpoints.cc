@@ -55,16 +55,17 @@ Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec) {
     BARGE_ASSIGN_OR_RETURN(options.format, formats::ParseImageFormat(spec.format));
   }
   if (IsNbdUri(spec.location)) {
+    // Messages and the image's name carry the URI without its secrets.
+    const std::string name = RedactNbdUri(spec.location);
     if (spec.format == "qcow2") {
       return Error::InvalidArgument("an NBD export is read as raw guest data (the server decodes the format)")
-          .set_path(spec.location);
+          .set_path(name);
     }
     if (!spec.snapshot.empty()) {
       return Error::InvalidArgument("an NBD export has no internal snapshots; read the qcow2 file at the snapshot")
-          .set_path(spec.location);
+          .set_path(name);
     }
-    NbdOptions nbd_options;
-    nbd_options.connections = spec.nbd_connections;
+    BARGE_ASSIGN_OR_RETURN(NbdOptions nbd_options, NbdOptionsFor(env, spec.location, spec.nbd));
     nbd_options.dirty_bitmap_context = spec.nbd_dirty_context;
     nbd_options.retry = spec.nbd_retry;
     BARGE_ASSIGN_OR_RETURN(std::unique_ptr<NbdSource> nbd, OpenNbd(spec.location, nbd_options));
@@ -77,7 +78,7 @@ Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec) {
       if (!*held) return Error::InvalidArgument("NBD source opened twice");
       return std::unique_ptr<BlockSource>(std::move(*held));
     };
-    BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(spec.location, opener, options));
+    BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(name, opener, options));
     return out;
   }
   auto st = env.Stat(spec.location);

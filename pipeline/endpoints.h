@@ -8,6 +8,7 @@
 
 #include "blockio/env.h"
 #include "blockio/nbd.h"
+#include "pipeline/nbd_endpoint.h"
 #include "formats/image.h"
 
 namespace barge::pipeline {
@@ -19,7 +20,7 @@ struct SourceSpec {
   std::string format;
   bool allow_any_path = false;          // backing/data files anywhere
   std::vector<std::string> allow_dirs;  // extra folders for backing/data files
-  uint32_t nbd_connections = 4;
+  NbdAccess nbd;                        // connections and TLS of an NBD URI
   std::string nbd_dirty_context;        // e.g. "qemu:dirty-bitmap:backup-vda"
   NbdRetryPolicy nbd_retry;             // reconnecting after a drop
   // Read a qcow2 file at this internal snapshot (id or unique name) instead

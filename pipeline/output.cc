@@ -7,6 +7,7 @@
 #include "blockio/nbd.h"
 #include "blockio/path.h"
 #include "formats/units.h"
+#include "pipeline/nbd_endpoint.h"
 
 namespace barge::pipeline {
 
@@ -26,27 +27,29 @@ Result<bool> HoldsData(BlockSource& source) {
 
 Result<std::unique_ptr<BlockSink>> OpenInPlace(Env& env, const OutputSpec& spec, OutputKind kind) {
   const std::string& dst = spec.location;
+  NbdOptions nbd_options;
+  if (kind == OutputKind::kNbd) {
+    BARGE_ASSIGN_OR_RETURN(nbd_options, NbdOptionsFor(env, dst, spec.nbd));
+    nbd_options.retry = spec.nbd_retry;
+  }
   if (spec.replace == OutputReplace::kForceIfHoldsData && !spec.force) {
     // An export or device that reports data needs --force; devices report
     // everything as data, so they always do.
     std::unique_ptr<BlockSource> probe;
     if (kind == OutputKind::kNbd) {
-      NbdOptions options;
-      options.retry = spec.nbd_retry;
-      BARGE_ASSIGN_OR_RETURN(probe, OpenNbdSource(dst, options));
+      BARGE_ASSIGN_OR_RETURN(probe, OpenNbdSource(dst, nbd_options));
     } else {
       BARGE_ASSIGN_OR_RETURN(probe, env.OpenSource(dst));
     }
     BARGE_ASSIGN_OR_RETURN(bool has_data, HoldsData(*probe));
     if (has_data) {
-      return Error::InvalidArgument("the destination is not empty; use --force to overwrite it").set_path(dst);
+      return Error::InvalidArgument("the destination is not empty; use --force to overwrite it")
+          .set_path(RedactNbdUri(dst));
     }
   }
   std::unique_ptr<BlockSink> sink;
   if (kind == OutputKind::kNbd) {
-    NbdOptions options;
-    options.retry = spec.nbd_retry;
-    BARGE_ASSIGN_OR_RETURN(sink, OpenNbdSink(dst, options));
+    BARGE_ASSIGN_OR_RETURN(sink, OpenNbdSink(dst, nbd_options));
   } else {
     FileOptions options;
     options.sync = spec.sync;
@@ -55,7 +58,7 @@ Result<std::unique_ptr<BlockSink>> OpenInPlace(Env& env, const OutputSpec& spec,
   if (sink->size_bytes() < spec.size_bytes) {
     return Error::NoSpace("the destination holds " + formats::HumanBytesExact(sink->size_bytes()) +
                           ", the disk needs " + formats::HumanBytesExact(spec.size_bytes))
-        .set_path(dst);
+        .set_path(RedactNbdUri(dst));
   }
   return sink;
 }

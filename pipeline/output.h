@@ -11,6 +11,7 @@
 #include "blockio/env.h"
 #include "blockio/nbd.h"
 #include "blockio/sink.h"
+#include "pipeline/nbd_endpoint.h"
 #include "pipeline/staged_file.h"
 
 namespace barge::pipeline {
@@ -39,6 +40,8 @@ struct OutputSpec {
   bool sync = true;
   // NBD URIs are outputs; else one is taken for a file path.
   bool allow_nbd = true;
+  // Connections and TLS for an NBD URI (pipeline/nbd_endpoint.h).
+  NbdAccess nbd;
   // A device or export must hold this many bytes (the disk's size); kNoSpace
   // when it holds fewer.
   uint64_t size_bytes = 0;

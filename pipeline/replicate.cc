@@ -647,7 +647,7 @@ void RecordAndCommit(Job& job, Pending& p, const std::string& sha512_hex) {
   record.format = job.result.format;
   record.file_bytes = stamp->size;
   record.file_mtime_ns = stamp->mtime_ns;
-  record.source = job.options.source_location;
+  record.source = RedactNbdUri(job.options.source_location);  // never its credentials
   record.source_format = job.options.source_format;
   record.created = formats::NowRfc3339();
   record.verified = out.verified;

@@ -52,10 +52,11 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   // Block devices and NBD exports are written in place, raw.
   BARGE_ASSIGN_OR_RETURN(OutputKind kind, OutputKindOf(env, req.destination));
   if (kind != OutputKind::kFile && req.output_format != "raw") {
-    return Error::InvalidArgument("block devices and NBD exports take raw output").set_path(req.destination);
+    return Error::InvalidArgument("block devices and NBD exports take raw output").set_path(RedactNbdUri(req.destination));
   }
   OutputSpec out_spec;
   out_spec.location = req.destination;
+  out_spec.nbd = req.destination_nbd;
   out_spec.replace = OutputReplace::kForceIfHoldsData;
   out_spec.force = req.force;
   out_spec.sync = req.sync;
@@ -216,7 +217,7 @@ Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, 
   if (src.image->size_bytes() != m.virtual_size) {
     result.differs = Error::InvalidArgument("the source has " + formats::HumanBytesExact(src.image->size_bytes()) +
                                             ", the backup " + formats::HumanBytesExact(m.virtual_size))
-                         .set_path(against.location);
+                         .set_path(RedactNbdUri(against.location));
     return result;
   }
   auto compared = RunCopy(*src.image, WholeDisk(*src.image), {}, copy);
@@ -233,7 +234,7 @@ Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, 
   result.differs = Error::InvalidArgument("the source differs from backup " + m.id +
                                           " (the backup itself verified; the source changed since or is "
                                           "another disk): " + e.message())
-                       .set_path(against.location);
+                       .set_path(RedactNbdUri(against.location));
   if (e.offset() && e.length()) {
     result.differs->set_range(*e.offset(), *e.length());
   } else if (e.offset()) {

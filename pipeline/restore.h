@@ -18,6 +18,7 @@ struct RestoreRequest {
   std::string chain_dir;       // chain folder, or one of its manifests or images (LocatePoint)
   std::string at;              // "", "latest", id, position or time
   std::string destination;     // file path, block device or NBD URI
+  NbdAccess destination_nbd;   // connections and TLS when `destination` is an NBD URI
   std::string output_format = "raw";  // raw or qcow2 (qcow2: files only)
   bool force = false;          // allow writing over a non-empty destination
   // false: file and device outputs are not fsynced at the end (faster; a

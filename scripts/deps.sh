@@ -35,7 +35,11 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   # qemu-ga's libraries: tests/guest/make_guest.sh copies them from the host
   # into the quiesce test's guest (kernel, busybox and qemu-ga themselves are
   # fetched with `apt-get download`, never installed).
-  libglib2.0-0 libnuma1 liburing2 libudev1 libpcre2-8-0)
+  libglib2.0-0 libnuma1 liburing2 libudev1 libpcre2-8-0
+  # NBD over TLS: certtool makes the CA, certificates and keys of
+  # tests/nbd_tls_cli_test.cc and bench/nbd_tls.sh; ip (netns, veth) puts
+  # the bench's server on another "host".
+  gnutls-bin iproute2)
 
 pkgs=("${build_pkgs[@]}")
 case "$profile" in

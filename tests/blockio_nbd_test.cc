@@ -68,14 +68,34 @@ TEST(BlockioNbdUriTest, RecognizesSchemes) {
   EXPECT_EQ(bad.error().code(), ErrorCode::kInvalidArgument);
 }
 
-// Reconnect reports show the export without the tls-* parameters that
-// name credential files; other parameters (the socket) stay.
-TEST(BlockioNbdUriTest, ReportDropsTlsParameters) {
-  EXPECT_EQ(NbdUriForReport("nbd://host:10809/export"), "nbd://host:10809/export");
-  EXPECT_EQ(NbdUriForReport("nbds://host/x?tls-psk-file=/k/keys.psk"), "nbds://host/x");
-  EXPECT_EQ(NbdUriForReport("nbds+unix:///x?socket=/s&tls-certificates=/pki&tls-username=a"),
-            "nbds+unix:///x?socket=/s");
-  EXPECT_EQ(NbdUriForReport("nbds://h/?tls-certificates=/pki&socket=/s"), "nbds://h/?socket=/s");
+TEST(BlockioNbdUriTest, RedactLosesCredentialsAndKeepsTheRest) {
+  EXPECT_EQ(RedactNbdUri("nbd://host:10809/vda"), "nbd://host:10809/vda");
+  EXPECT_EQ(RedactNbdUri("nbds://alice:secret@host/vda?tls-psk-file=/etc/keys.psk"), "nbds://host/vda");
+  EXPECT_EQ(RedactNbdUri("nbds://host/vda?tls-certificates=/etc/pki&tls-verify-peer=false"), "nbds://host/vda");
+  EXPECT_EQ(RedactNbdUri("nbds+unix:///vda?tls-username=u&socket=/run/s.sock&tls-psk-file=k"),
+            "nbds+unix:///vda?socket=/run/s.sock");
+  EXPECT_EQ(RedactNbdUri("nbd+unix:///?socket=/run/s.sock"), "nbd+unix:///?socket=/run/s.sock");
+  // A parameter name spelled with percent escapes is still tls-*.
+  EXPECT_EQ(RedactNbdUri("nbds://h/x?tls%2Dpsk-file=/k"), "nbds://h/x");
+  // An '@' after the authority is not a user part.
+  EXPECT_EQ(RedactNbdUri("nbd://host/disk@1"), "nbd://host/disk@1");
+  // Not an NBD URI: unchanged.
+  EXPECT_EQ(RedactNbdUri("/var/lib/a@b?tls-x=1"), "/var/lib/a@b?tls-x=1");
+}
+
+TEST(BlockioNbdUriTest, TlsParamsAndServerName) {
+  EXPECT_TRUE(NbdUriRequestsTls("nbds://h/x"));
+  EXPECT_TRUE(NbdUriRequestsTls("nbd://h/x?tls-psk-file=/k"));
+  EXPECT_TRUE(NbdUriRequestsTls("nbd://h/x?tls-certificates=/d"));
+  EXPECT_FALSE(NbdUriRequestsTls("nbd://h/x?tls-username=u"));
+  EXPECT_FALSE(NbdUriRequestsTls("nbd+unix:///?socket=/s"));
+  EXPECT_EQ(NbdUriParam("nbds://h/x?socket=/s&tls-psk-file=/a%20b#f", "tls-psk-file"), "/a b");
+  EXPECT_EQ(NbdUriParam("nbds://h/x", "tls-psk-file"), "");
+  EXPECT_EQ(NbdServerName("nbds://alice@10.0.0.2:10810/x?tls-psk-file=/k"), "10.0.0.2:10810");
+  EXPECT_EQ(NbdServerName("nbd://host"), "host:10809");
+  EXPECT_EQ(NbdServerName("nbd://[::1]/x"), "[::1]:10809");
+  EXPECT_EQ(NbdServerName("nbd://[::1]:99/x"), "[::1]:99");
+  EXPECT_EQ(NbdServerName("nbds+unix:///x?socket=/run/s"), "unix socket /run/s");
 }
 
 TEST_F(BlockioNbdTest, ConnectFailureCarriesUriAndErrno) {

@@ -58,7 +58,7 @@ class DefaultBackend final : public SourceBackend {
       case PolicySourceKind::kNbd: {
         pipeline::SourceSpec spec;
         spec.location = s.location;
-        spec.nbd_connections = 1;
+        spec.nbd.connections = 1;
         BARGE_ASSIGN_OR_RETURN(auto opened, pipeline::OpenSource(env_, spec));
         return opened.image->size_bytes();
       }

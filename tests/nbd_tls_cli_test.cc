@@ -1,0 +1,414 @@
+// NBD over TCP with TLS, end to end: qemu-nbd on 127.0.0.1 with
+// tls-creds-x509 (verify-peer=on) or tls-creds-psk, certificates and keys
+// made here with certtool. barge backup (full and incremental from a dirty
+// bitmap), convert, verify --against, replicate and restore --to through
+// nbds:// URIs and the --tls-* flags; a plaintext server, a wrong CA and
+// loose key permissions refused; no secret in manifests, records, --json or
+// error text; several connections read the same bytes as one.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "blockio/env.h"
+#include "pipeline/nbd_endpoint.h"
+#include "tests/testing/cli_testing.h"
+
+namespace barge {
+namespace {
+
+using nlohmann::json;
+using ::barge::testing::Barge;
+using ::barge::testing::CommandResult;
+using ::barge::testing::Has;
+using ::barge::testing::Q;
+using ::barge::testing::Sh;
+using ::barge::testing::Slurp;
+using ::barge::testing::TempDir;
+using ::barge::testing::WriteText;
+
+// The PSK the tests share with qemu-nbd; its hex must appear in no output.
+constexpr const char* kPskHex = "7d2fa9c04be31186a5d0c3f7e9b2146d8a5c01e7f3b96d2a";
+
+// A free TCP port on 127.0.0.1 (the kernel's pick; released for the server).
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// True once something listens on 127.0.0.1:port (/proc/net/tcp, state 0A),
+// read without connecting so the server serves no probe.
+bool ListeningOn(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  char want[16];
+  std::snprintf(want, sizeof want, "0100007F:%04X", port);
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state;
+    if (f >> slot >> local >> remote >> state && local == want && state == "0A") return true;
+  }
+  return false;
+}
+
+// A qemu-nbd on 127.0.0.1:port, our child, stopped by its PID (SIGTERM,
+// then SIGKILL) when destroyed.
+class TcpQemuNbd {
+ public:
+  // On `port`, or on a free one when 0.
+  explicit TcpQemuNbd(const std::string& args, int port = 0) : port_(port != 0 ? port : FreePort()) {
+    std::string shell = "exec qemu-nbd -t -b 127.0.0.1 -p " + std::to_string(port_) + " " + args +
+                        " >/dev/null 2>&1";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/bin/sh", "sh", "-c", shell.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~TcpQemuNbd() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 250; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  TcpQemuNbd(const TcpQemuNbd&) = delete;
+  TcpQemuNbd& operator=(const TcpQemuNbd&) = delete;
+
+  bool WaitReady() {
+    for (int i = 0; i < 500; ++i) {
+      if (ListeningOn(port_)) return true;
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  std::string hostport() const { return "127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+
+ private:
+  int port_;
+  int pid_ = -1;
+};
+
+class NbdTlsTest : public ::testing::Test {
+ protected:
+  // Certificates and keys are made once for the suite (certtool takes a
+  // moment per key): a CA, a server and a client certificate, a second CA
+  // that signed nothing here, and a PSK.
+  static void SetUpTestSuite() {
+    if (!testing::HaveTool("certtool") || !testing::HaveTool("qemu-nbd")) return;
+    pki_ = new TempDir();
+    const TempDir& d = *pki_;
+    for (const char* sub : {"server", "client", "wrongca", "psk"}) std::filesystem::create_directory(d / sub);
+    WriteText(d / "ca.info", "cn = barge test CA\nca\ncert_signing_key\nexpiration_days = 2\n");
+    WriteText(d / "server.info",
+              "organization = barge test\ncn = 127.0.0.1\nip_address = 127.0.0.1\ntls_www_server\n"
+              "signing_key\nexpiration_days = 2\n");
+    WriteText(d / "client.info", "organization = barge test\ncn = client\ntls_www_client\nsigning_key\n"
+                                 "expiration_days = 2\n");
+    const std::string key = "certtool -q --generate-privkey --key-type=ecdsa --outfile ";
+    std::string script =
+        "set -e; cd " + Q(d.path().string()) + "\n" + key + "ca-key.pem\n" +
+        "certtool -q --generate-self-signed --load-privkey ca-key.pem --template ca.info --outfile ca-cert.pem\n" +
+        key + "server/server-key.pem\n" +
+        "certtool -q --generate-certificate --load-privkey server/server-key.pem --load-ca-certificate "
+        "ca-cert.pem --load-ca-privkey ca-key.pem --template server.info --outfile server/server-cert.pem\n" +
+        key + "client/client-key.pem\n" +
+        "certtool -q --generate-certificate --load-privkey client/client-key.pem --load-ca-certificate "
+        "ca-cert.pem --load-ca-privkey ca-key.pem --template client.info --outfile client/client-cert.pem\n" +
+        "cp ca-cert.pem server/ && cp ca-cert.pem client/\n" +
+        // The wrong CA: a folder like client/ whose CA did not sign the server.
+        key + "wrong-ca-key.pem\n" +
+        "certtool -q --generate-self-signed --load-privkey wrong-ca-key.pem --template ca.info --outfile "
+        "wrongca/ca-cert.pem\n"
+        "cp client/client-cert.pem client/client-key.pem wrongca/\n"
+        "chmod 600 client/client-key.pem wrongca/client-key.pem\n" +
+        "echo alice:" + kPskHex + " > psk/keys.psk\n" +
+        "echo alice:" + kPskHex + " > client.psk && chmod 600 client.psk\n";
+    CommandResult r = testing::Run(script);
+    if (r.exit_code != 0) {
+      ADD_FAILURE() << "certtool: " << r.output;
+    }
+  }
+  static void TearDownTestSuite() {
+    delete pki_;
+    pki_ = nullptr;
+  }
+
+  void SetUp() override {
+    BARGE_REQUIRE_TOOL("certtool");
+    BARGE_REQUIRE_TOOL("qemu-nbd");
+    BARGE_REQUIRE_TOOL("qemu-img");
+    BARGE_REQUIRE_TOOL("qemu-io");
+    ASSERT_NE(pki_, nullptr);
+    // An 8 MiB qcow2 disk with data in three places and a bitmap that
+    // records what is written after the full backup.
+    disk_ = dir_ / "disk.qcow2";
+    testing::RunOk("qemu-img create -q -f qcow2 " + Q(disk_) + " 8M && qemu-io -f qcow2 -c 'write -P 0xab 0 1M' "
+                   "-c 'write -P 0x17 3M 512k' -c 'write -P 0x42 7M 64k' " + Q(disk_) + " >/dev/null && "
+                   "qemu-img bitmap --add --enable " + Q(disk_) + " cbt0");
+  }
+
+  std::string Pki(const std::string& name) const { return *pki_ / name; }
+
+  // qemu-nbd serving `image` over TLS x509 (client certificates required)
+  // or PSK, or in plaintext; read-only exports allow 4 clients (multi-conn).
+  std::unique_ptr<TcpQemuNbd> Serve(const std::string& tls, const std::string& image,
+                                    const std::string& extra = "-r --shared=4 -f qcow2 -B cbt0", int port = 0) {
+    std::string creds;
+    if (tls == "x509") {
+      creds = "--object tls-creds-x509,id=t0,endpoint=server,dir=" + Pki("server") + ",verify-peer=on --tls-creds t0 ";
+    } else if (tls == "psk") {
+      creds = "--object tls-creds-psk,id=t0,endpoint=server,dir=" + Pki("psk") + " --tls-creds t0 ";
+    }
+    auto server = std::make_unique<TcpQemuNbd>(creds + extra + " " + Q(image), port);
+    EXPECT_TRUE(server->WaitReady()) << "qemu-nbd " << tls << " " << image;
+    return server;
+  }
+
+  // Every text barge wrote or printed must be free of the PSK, the URI's
+  // tls-* parameters and the credential paths.
+  static void ExpectNoSecret(const std::string& text, const std::string& what) {
+    for (const std::string& secret : {std::string(kPskHex), std::string("tls-psk-file"),
+                                      std::string("tls-certificates="), std::string("client.psk"),
+                                      std::string("alice@")}) {
+      EXPECT_FALSE(Has(text, secret)) << what << " holds " << secret << ":\n" << text;
+    }
+  }
+  void ExpectNoSecretInFiles(const std::string& folder) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(folder)) {
+      if (!e.is_regular_file()) continue;
+      const std::string name = e.path().string();
+      if (name.ends_with(".json") || name.ends_with(".txt") || name.ends_with(".record") ||
+          name.find(".barge") != std::string::npos) {
+        ExpectNoSecret(Slurp(name), name);
+      }
+    }
+  }
+
+  static TempDir* pki_;
+  TempDir dir_;
+  std::string disk_;
+};
+
+TempDir* NbdTlsTest::pki_ = nullptr;
+
+TEST_F(NbdTlsTest, X509BackupIncrementalConvertVerifyReplicate) {
+  const std::string target = dir_ / "backups";
+  std::string full_out, inc_out;
+  int port = 0;  // the same export again for the incremental: the chain's disk
+  {
+    auto server = Serve("x509", disk_);
+    port = server->port();
+    const std::string uri = "nbds://" + server->hostport() + "/?tls-certificates=" + Pki("client");
+    CommandResult full = Sh(Barge("backup --source " + Q(uri) + " --target " + Q(target) + " --name vda --json"));
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    full_out = full.output;
+    json r = testing::ResultOf(full.stdout_text);
+    EXPECT_EQ(r.value("type", ""), "full");
+    testing::RunOk("qemu-img compare -q -f qcow2 -F qcow2 " + Q(disk_) + " " + Q(r.value("image", "")));
+
+    // The flags with a plain nbd:// URI: TLS all the same (the server has
+    // no plaintext to offer), several connections.
+    const std::string plain_uri = "nbd://" + server->hostport() + "/";
+    CommandResult conv = Sh(Barge("convert " + Q(plain_uri) + " " + Q(dir_ / "conv.raw") +
+                                  " --tls-certificates " + Q(Pki("client")) + " --nbd-connections 4 --json"));
+    ASSERT_EQ(conv.exit_code, 0) << conv.output;
+    EXPECT_EQ(testing::ResultOf(conv.stdout_text).value("source", ""), plain_uri);
+    testing::RunOk("qemu-img compare -q -f qcow2 -F raw " + Q(disk_) + " " + Q(dir_ / "conv.raw"));
+    ExpectNoSecret(conv.output, "convert's output");
+
+    std::filesystem::create_directory(dir_ / "copies");
+    CommandResult repl = Sh(Barge("replicate " + Q(uri) + " --to " + Q(dir_ / "copies/a.raw") + " --json"));
+    ASSERT_EQ(repl.exit_code, 0) << repl.output;
+    testing::RunOk("qemu-img compare -q -f qcow2 -F raw " + Q(disk_) + " " + Q(dir_ / "copies/a.raw"));
+    ExpectNoSecret(repl.output, "replicate's output");
+    ExpectNoSecretInFiles(dir_ / "copies");
+  }
+  // Guest writes while no one serves the disk: the bitmap records them.
+  testing::RunOk("qemu-io -f qcow2 -c 'write -P 0x5a 5M 256k' " + Q(disk_) + " >/dev/null");
+  {
+    auto server = Serve("x509", disk_, "-r --shared=4 -f qcow2 -B cbt0", port);
+    const std::string uri = "nbds://" + server->hostport() + "/?tls-certificates=" + Pki("client");
+    CommandResult inc = Sh(Barge("backup --source " + Q(uri) + " --target " + Q(target) +
+                                 " --name vda --incremental --dirty-bitmap cbt0 --json"));
+    ASSERT_EQ(inc.exit_code, 0) << inc.output;
+    inc_out = inc.output;
+    json r = testing::ResultOf(inc.stdout_text);
+    EXPECT_EQ(r.value("type", ""), "incremental");
+    EXPECT_GE(r.value("dirty_bytes", uint64_t{0}), uint64_t{256 * 1024});
+    EXPECT_LT(r.value("bytes_read", uint64_t{0}), uint64_t{2 << 20});
+
+    CommandResult verify = Sh(Barge("verify " + Q(target + "/vda") + " --against " + Q(uri) + " --json"));
+    EXPECT_EQ(verify.exit_code, 0) << verify.output;
+    EXPECT_TRUE(testing::ResultOf(verify.stdout_text).value("against_source", false));
+    ExpectNoSecret(verify.output, "verify's output");
+  }
+  testing::RunOk(Barge("restore " + Q(target + "/vda") + " --to " + Q(dir_ / "restored.raw")));
+  testing::RunOk("qemu-img compare -q -f qcow2 -F raw " + Q(disk_) + " " + Q(dir_ / "restored.raw"));
+  ExpectNoSecret(full_out, "backup's output");
+  ExpectNoSecret(inc_out, "incremental backup's output");
+  ExpectNoSecretInFiles(target);
+  // The manifest records the export without its parameters.
+  for (const std::string& id : testing::PointIds(target + "/vda")) {
+    json m = testing::ReadJson(testing::ManifestPath(target + "/vda", id));
+    EXPECT_EQ(m["source"].value("name", ""), "nbds://127.0.0.1:" + std::to_string(port) + "/") << m.dump();
+  }
+}
+
+TEST_F(NbdTlsTest, PskBackupAndRestoreToTlsExport) {
+  auto server = Serve("psk", disk_);
+  const std::string target = dir_ / "backups";
+  // The identity as the URI's user part, the key file as a parameter.
+  const std::string uri = "nbds://alice@" + server->hostport() + "/?tls-psk-file=" + Pki("client.psk");
+  CommandResult full = Sh(Barge("backup --source " + Q(uri) + " --target " + Q(target) + " --name vda --json"));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  testing::RunOk("qemu-img compare -q -f qcow2 -F qcow2 " + Q(disk_) + " " +
+                 Q(testing::ResultOf(full.stdout_text).value("image", "")));
+  ExpectNoSecret(full.output, "backup's output");
+  ExpectNoSecretInFiles(target);
+
+  // restore --to a writable export over PSK, the flags' way (--force: an
+  // export of a sparse raw file reports its holes as data).
+  testing::RunOk("qemu-img create -q -f raw " + Q(dir_ / "target.raw") + " 8M");
+  auto writable = Serve("psk", dir_ / "target.raw", "-f raw");
+  CommandResult restore = Sh(Barge("restore " + Q(target + "/vda") + " --to " +
+                                   Q("nbd://" + writable->hostport() + "/") + " --tls-psk-file " +
+                                   Q(Pki("client.psk")) + " --tls-username alice --force --json"));
+  ASSERT_EQ(restore.exit_code, 0) << restore.output;
+  ExpectNoSecret(restore.output, "restore's output");
+  writable.reset();
+  testing::RunOk("qemu-img compare -q -f qcow2 -F raw " + Q(disk_) + " " + Q(dir_ / "target.raw"));
+
+  // An identity the server knows no key for: the handshake fails.
+  const std::string mallory = dir_ / "mallory.psk";
+  WriteText(mallory, std::string("mallory:") + kPskHex + "\n");
+  ::chmod(mallory.c_str(), 0600);
+  CommandResult wrong = Sh(Barge("convert " + Q("nbds://mallory@" + server->hostport() + "/?tls-psk-file=" +
+                                                mallory) + " " + Q(dir_ / "x.raw") + " --json"));
+  EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
+  EXPECT_TRUE(Has(wrong.stderr_text, "TLS handshake with the NBD server at " + server->hostport()))
+      << wrong.stderr_text;
+  EXPECT_FALSE(Has(wrong.output, kPskHex)) << wrong.output;
+  EXPECT_FALSE(Has(wrong.output, "mallory@")) << wrong.output;
+}
+
+TEST_F(NbdTlsTest, PlaintextServerRefusedWhenTlsRequested) {
+  auto server = Serve("", disk_);
+  // The same server in plaintext works without TLS...
+  testing::RunOk(Barge("convert " + Q("nbd://" + server->hostport() + "/") + " " + Q(dir_ / "plain.raw")));
+  // ...and is refused with nbds://, or with a flag on nbd://.
+  for (const std::string& args :
+       {"convert " + Q("nbds://" + server->hostport() + "/?tls-certificates=" + Pki("client")) + " " +
+            Q(dir_ / "a.raw"),
+        "convert " + Q("nbd://" + server->hostport() + "/") + " " + Q(dir_ / "b.raw") + " --tls-psk-file " +
+            Q(Pki("client.psk")),
+        "backup --source " + Q("nbd://" + server->hostport() + "/") + " --target " + Q(dir_ / "t") +
+            " --tls-certificates " + Q(Pki("client"))}) {
+    CommandResult r = Sh(Barge(args));
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+    EXPECT_TRUE(Has(r.stderr_text, "does not offer TLS")) << r.stderr_text;
+    EXPECT_TRUE(Has(r.stderr_text, server->hostport())) << r.stderr_text;
+    EXPECT_EQ(std::count(r.stderr_text.begin(), r.stderr_text.end(), '\n'), 1) << r.stderr_text;
+    ExpectNoSecret(r.stderr_text, "the refusal");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "a.raw"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "b.raw"));
+}
+
+TEST_F(NbdTlsTest, WrongCaRefused) {
+  auto server = Serve("x509", disk_);
+  CommandResult r = Sh(Barge("convert " + Q("nbds://" + server->hostport() + "/") + " " + Q(dir_ / "a.raw") +
+                             " --tls-certificates " + Q(Pki("wrongca")) + " --json"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "TLS handshake with the NBD server at " + server->hostport()))
+      << r.stderr_text;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "a.raw"));
+}
+
+TEST_F(NbdTlsTest, LooseOrMissingCredentialFilesRefused) {
+  // Refused before any connection: no server is needed.
+  const std::string loose_psk = dir_ / "loose.psk";
+  WriteText(loose_psk, std::string("alice:") + kPskHex + "\n");
+  ::chmod(loose_psk.c_str(), 0644);
+  CommandResult r = Sh(Barge("convert nbd://127.0.0.1:9/ " + Q(dir_ / "a.raw") + " --tls-psk-file " +
+                             Q(loose_psk) + " --json"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "permissions 0644 for TLS PSK file '" + loose_psk + "' are too open"))
+      << r.stderr_text;
+  EXPECT_EQ(testing::ErrorOf(r.stdout_text).value("file", ""), loose_psk);
+  EXPECT_FALSE(Has(r.output, kPskHex));
+
+  // A client key others may read, in a copy of the client folder.
+  const std::string certs = dir_ / "certs";
+  std::filesystem::copy(Pki("client"), certs);
+  ::chmod((certs + "/client-key.pem").c_str(), 0640);
+  r = Sh(Barge("backup --source " + Q("nbds://127.0.0.1:9/?tls-certificates=" + certs) + " --target " +
+               Q(dir_ / "t")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "permissions 0640 for TLS client key")) << r.stderr_text;
+
+  r = Sh(Barge("convert nbds://127.0.0.1:9/ " + Q(dir_ / "a.raw") + " --tls-psk-file " + Q(dir_ / "missing.psk")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "NotFound")) << r.stderr_text;
+  EXPECT_TRUE(Has(r.stderr_text, dir_ / "missing.psk")) << r.stderr_text;
+  r = Sh(Barge("convert nbds://127.0.0.1:9/ " + Q(dir_ / "a.raw") + " --tls-certificates " + Q(dir_ / "nocerts")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "TLS certificates folder not found")) << r.stderr_text;
+}
+
+TEST_F(NbdTlsTest, SeveralConnectionsOverTlsReadTheSameBytes) {
+  auto server = Serve("x509", disk_);
+  const std::string uri = "nbds://" + server->hostport() + "/?tls-certificates=" + Pki("client");
+  // The library opens 4 TLS connections to this multi-conn export.
+  pipeline::NbdAccess access;
+  access.connections = 4;
+  auto options = pipeline::NbdOptionsFor(Env::Default(), uri, access);
+  ASSERT_TRUE(options.ok()) << options.error().ToString();
+  auto source = OpenNbd(uri, *options);
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  EXPECT_EQ((*source)->connections(), 4u);
+  EXPECT_EQ((*source)->name(), "nbds://" + server->hostport() + "/");
+  source->reset();
+  // And the command reads the same with 1 and with 4.
+  std::string digests[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string n = i == 0 ? "1" : "4";
+    json r = testing::RunResult(Barge("convert " + Q(uri) + " " + Q(dir_ / ("c" + n + ".raw")) +
+                                      " --nbd-connections " + n + " --json"));
+    digests[i] = r.value("image_digest", "");
+  }
+  EXPECT_FALSE(digests[0].empty());
+  EXPECT_EQ(digests[0], digests[1]);
+  testing::RunOk("cmp " + Q(dir_ / "c1.raw") + " " + Q(dir_ / "c4.raw"));
+}
+
+}  // namespace
+}  // namespace barge
