@@ -19,6 +19,7 @@
 #include <functional>
 #include <thread>
 
+#include "tests/testing/barge_child.h"
 #include "tests/testing/cli_testing.h"
 
 namespace barge::testing {
@@ -32,66 +33,7 @@ constexpr uint64_t kDiskBytes = 32 * kMiB;
 constexpr uint64_t kCluster = 64 << 10;
 constexpr uint64_t kJournalEntryBytes = 40;  // docs/formats/resume.md
 
-// A barge process with output to a file; SIGKILLed and reaped by the
-// destructor if still running.
-class Child {
- public:
-  Child(const std::vector<std::string>& args, const std::string& log) {
-    std::vector<std::string> argv = {BargeBinary()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> raw;
-    for (auto& a : argv) raw.push_back(a.data());
-    raw.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::execv(raw[0], raw.data());
-      ::_exit(127);
-    }
-  }
-  ~Child() { Kill(); }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  void Kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  bool Running() {
-    if (pid_ <= 0) return false;
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      exit_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      pid_ = -1;
-      return false;
-    }
-    return true;
-  }
-  // Polls `ready` every ms while the process runs (60 s at most).
-  bool WaitFor(const std::function<bool()>& ready) {
-    for (auto start = Clock::now(); Clock::now() - start < std::chrono::seconds(60);) {
-      if (!Running()) return false;
-      if (ready()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
-  }
-  int Wait() {
-    for (auto start = Clock::now(); Clock::now() - start < std::chrono::seconds(60);) {
-      if (!Running()) return exit_;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int exit_ = -1;
-};
+using Child = ::barge::testing::BargeChild;
 
 uint64_t FileSize(const std::string& path) {
   std::error_code ec;

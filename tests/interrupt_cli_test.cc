@@ -21,6 +21,7 @@
 #include <optional>
 #include <thread>
 
+#include "tests/testing/barge_child.h"
 #include "tests/testing/cli_testing.h"
 
 namespace barge::testing {
@@ -32,79 +33,7 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kMiB = 1 << 20;
 
 
-// A barge process with output to a file, killed and reaped by the
-// destructor if the test did not wait for it.
-class Child {
- public:
-  Child(const std::vector<std::string>& args, const std::string& log) {
-    std::vector<std::string> argv = {BargeBinary()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> raw;
-    for (auto& a : argv) raw.push_back(a.data());
-    raw.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::execv(raw[0], raw.data());
-      ::_exit(127);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  bool Running() {
-    int status = 0;
-    if (pid_ <= 0) return false;
-    pid_t r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      exit_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      pid_ = -1;
-      return false;
-    }
-    return true;
-  }
-  // Polls `ready` every ms (up to 60 s) while the process runs, then stops
-  // it (SIGSTOP), sends `sig` and continues it: the signal lands while the
-  // work is underway, whatever the machine's speed. False if the process
-  // ended first.
-  bool SignalWhen(const std::function<bool()>& ready, int sig) {
-    if (!WaitFor(ready)) return false;
-    ::kill(pid_, SIGSTOP);
-    ::kill(pid_, sig);
-    ::kill(pid_, SIGCONT);
-    return true;
-  }
-  // Polls `ready` every ms (up to 60 s) while the process runs; false if
-  // the process ended first or time ran out.
-  bool WaitFor(const std::function<bool()>& ready) {
-    for (auto start = Clock::now(); Clock::now() - start < std::chrono::seconds(60);) {
-      if (!Running()) return false;
-      if (ready()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
-  }
-  // Exit code, or 128 + signal; -1 after 60 s.
-  int Wait() {
-    for (auto start = Clock::now(); Clock::now() - start < std::chrono::seconds(60);) {
-      if (!Running()) return exit_;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int exit_ = -1;
-};
+using Child = ::barge::testing::BargeChild;
 
 // Files a run leaves that it should not: temporaries, staged merge files.
 std::vector<std::string> Leftovers(const std::string& dir) {
