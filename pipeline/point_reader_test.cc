@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -80,7 +81,7 @@ TEST_F(PointReaderTest, ReadsOfAnyAlignmentEqualTheDisk) {
   for (const auto& [offset, length] : reads) {
     std::vector<std::byte> out(length, std::byte{0xcc});
     ASSERT_TRUE(reader.Read(offset, out).ok()) << offset;
-    EXPECT_EQ(std::memcmp(out.data(), disk_.data() + offset, length), 0) << "offset " << offset << " length " << length;
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), disk_.begin() + offset)) << "offset " << offset << " length " << length;
   }
   std::vector<std::byte> past(2);
   EXPECT_EQ(reader.Read(kSize - 1, past).error().code(), ErrorCode::kInvalidArgument);
