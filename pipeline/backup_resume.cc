@@ -149,6 +149,10 @@ std::string RangesDigest(const RangeList& ranges) {
 
 Result<LoadedJournal> LoadResumeJournal(Env& env, const std::string& path) {
   BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path, kMaxJournalBytes));
+  return DecodeResumeJournal(text, path);
+}
+
+Result<LoadedJournal> DecodeResumeJournal(std::string_view text, const std::string& path) {
   const auto* p = reinterpret_cast<const std::byte*>(text.data());
   const size_t n = text.size();
   auto bad = [&](const std::string& what) { return Error::Corruption("resume journal: " + what).set_path(path); };

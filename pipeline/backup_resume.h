@@ -68,6 +68,10 @@ struct LoadedJournal {
 // when its header is unreadable (another version, torn at creation).
 // A checkpoint cut short or damaged ends the list (torn).
 Result<LoadedJournal> LoadResumeJournal(Env& env, const std::string& path);
+// The journal's bytes `text` as LoadResumeJournal reads them (`path` names
+// it in errors). The entries are as written, unchecked: Qcow2Writer's
+// PlanStored refuses a sequence the writer could not have made.
+Result<LoadedJournal> DecodeResumeJournal(std::string_view text, const std::string& path);
 
 // While held, a sweep of stale temporaries in chain folder `dir` spares
 // the image a resume journal there names (a lock on it; null when there
