@@ -12,6 +12,20 @@ extern char** environ;
 
 namespace barge::pipeline {
 
+void InitChildSpawnAttr(posix_spawnattr_t* attr) {
+  posix_spawnattr_init(attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&defaults, sig);
+  posix_spawnattr_setsigmask(attr, &none);
+  posix_spawnattr_setsigdefault(attr, &defaults);
+  // Its own group: a Ctrl-C in the terminal reaches barge, which stops the
+  // child itself (and reports how it ended).
+  posix_spawnattr_setpgroup(attr, 0);
+  posix_spawnattr_setflags(attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+}
+
 Status ChildProcess::Spawn(const std::vector<std::string>& args, const SpawnOptions& options,
                            const std::string& package) {
   posix_spawn_file_actions_t actions;
@@ -26,17 +40,7 @@ Status ChildProcess::Spawn(const std::vector<std::string>& args, const SpawnOpti
     posix_spawn_file_actions_addopen(&actions, 2, options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   }
   posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&defaults, sig);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  // Its own group: a Ctrl-C in the terminal reaches barge, which stops the
-  // child itself (and reports how it ended).
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  InitChildSpawnAttr(&attr);
   std::vector<std::string> copy = args;
   std::vector<char*> argv;
   for (std::string& a : copy) argv.push_back(a.data());

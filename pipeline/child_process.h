@@ -3,6 +3,8 @@
 // output to files or barge's stderr, no shell.
 #pragma once
 
+#include <spawn.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -11,6 +13,12 @@
 #include "blockio/error.h"
 
 namespace barge::pipeline {
+
+// Spawn attributes for a helper program: every signal unblocked, the ones
+// barge handles back at their defaults, and a process group of its own (a
+// terminal's Ctrl-C reaches barge, which stops the child itself). The
+// caller destroys it (posix_spawnattr_destroy).
+void InitChildSpawnAttr(posix_spawnattr_t* attr);
 
 struct SpawnOptions {
   // Files the child's stdout and stderr go to (made or truncated); "":

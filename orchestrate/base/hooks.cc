@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "pipeline/child_process.h"
+
 extern char** environ;
 
 namespace barge::orchestrate {
@@ -89,15 +91,7 @@ Result<HookRun> RunHookCommand(const std::string& phase, const std::string& comm
   posix_spawn_file_actions_adddup2(&actions, in.fd, 1);
   posix_spawn_file_actions_adddup2(&actions, in.fd, 2);
   posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&defaults, sig);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pipeline::InitChildSpawnAttr(&attr);
 
   std::vector<std::string> env_strings = Environment(env);
   std::vector<char*> envp;
