@@ -176,7 +176,8 @@ TEST_F(VmInstantRestoreTest, StartsAtOnceKeepsGuestWritesAndEndsOnDisk) {
   ASSERT_EQ(result.value("event", ""), "result") << result.dump();
   EXPECT_GT(result.value("verified_bytes", uint64_t{0}), 0u);
   std::cerr << "running after " << seconds << " s (barge: " << result.value("started_seconds", 0.0)
-            << " s); guest bytes kept, not compared: " << result.value("guest_written_bytes", uint64_t{0}) << "\n";
+            << " s); guest bytes mirrored from the overlay: " << result.value("guest_written_bytes", uint64_t{0})
+            << "\n";
   // Every line valid under docs/json.md.
   RunOk("python3 " + ShellQuote(std::string(BARGE_SOURCE_DIR) + "/tests/json_schema_test.py") +
         " --check 0 vm instant-restore < " + ShellQuote(dir_ / "run.out"));
@@ -358,7 +359,7 @@ TEST_F(VmInstantRestoreLibvirtdKillTest, LibvirtdKilledMidMoveThenRerunCompletes
               << run.Stderr() << "\n";
     ::testing::AssertionResult up = EnsureLibvirtd(lock);
     ASSERT_TRUE(up);
-    EXPECT_NE(code, -1) << "barge hung without libvirtd";
+    EXPECT_TRUE(code == 0 || code == 1) << "barge hung or died of a signal without libvirtd: " << code;
   }
   // QEMU ran on without the daemon; the restarted one knows it again.
   EXPECT_NE(RunOk(std::string(kVirsh) + "domstate " + dom.name()).find("running"), std::string::npos);
