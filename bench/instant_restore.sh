@@ -64,7 +64,7 @@ EOF
 instant_run() {
   local events=$WORK/ir.events target=$WORK/ir.raw
   $VIRSH define "$WORK/domain.xml" > /dev/null
-  rm -f "$target" "$WORK/state/catalog.db"
+  rm -f "$target" "$events" "$WORK/state/catalog.db"
   mkdir -p "$WORK/state"
   local t0
   t0=$(date +%s.%N)
