@@ -493,14 +493,21 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
     req.on_phase("started", "domain " + req.domain + " runs on " + OverlayPath(r) + " over the export of " +
                                 r.point_id);
   }
+  // Until the pivot the domain runs on the overlay, whatever fails: say so.
+  const auto on_overlay = [&](Status s) -> Status {
+    if (s.ok() || s.error().code() == ErrorCode::kCancelled) return s;
+    Error e = s.error();
+    e.Wrap("moving " + r.target + " to DISK (the domain stays on the overlay; rerun the same command to continue)");
+    return e;
+  };
   int restarts = 0;
   if (!r.prefilled || !env.Exists(r.disk)) {
-    BARGE_RETURN_IF_ERROR(Prefill(env, r, req, exp, result, restarts));
+    BARGE_RETURN_IF_ERROR(on_overlay(Prefill(env, r, req, exp, result, restarts)));
     r.prefilled = true;
     BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
     if (req.on_phase) req.on_phase("verified", "DISK holds point " + r.point_id + ", every cluster verified");
   }
-  BARGE_RETURN_IF_ERROR(MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts));
+  BARGE_RETURN_IF_ERROR(on_overlay(MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts)));
   r.pivoted = true;
   BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
   if (req.on_phase) req.on_phase("pivoted", "domain " + req.domain + " runs on " + r.disk);
