@@ -485,6 +485,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                  "Give up an unfinished restore of the shut-off domain: its original disk back, the overlay "
                  "(guest writes) and DISK removed");
     ir->add_option("--catalog", ia->catalog, "Catalog database (its locks folder keeps the run's record)");
+    AddConnectOption(ir, ia->req.libvirt_uri);
   }
   auto b = std::make_shared<std::tuple<std::string, std::string>>();
   auto* list = AddCommand(*vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {

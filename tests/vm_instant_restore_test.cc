@@ -138,6 +138,9 @@ class VmInstantRestoreTest : public VmTestBase {
     return Barge("vm instant-restore " + ShellQuote(chain_) + " --domain " + domain + " --to " + ShellQuote(disk_) +
                  " --json");
   }
+  std::string CommandConnect(const std::string& domain) {
+    return Command(domain) + " --connect qemu:///system";
+  }
   std::string SourceOf(const std::string& domain) {
     return RunOk(std::string(kVirsh) + "domblklist " + domain + " --details");
   }
@@ -162,7 +165,7 @@ TEST_F(VmInstantRestoreTest, StartsAtOnceKeepsGuestWritesAndEndsOnDisk) {
   TestDomain dom("instant", {{"vda", placeholder_, "qcow2"}});
   ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   const auto t0 = std::chrono::steady_clock::now();
-  Background run(Command(dom.name()), dir_ / "run.out");
+  Background run(CommandConnect(dom.name()), dir_ / "run.out");
   json started = run.WaitEvent("phase", "started", 120);
   ASSERT_FALSE(started.is_null()) << run.Stderr();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -230,6 +233,12 @@ TEST_F(VmInstantRestoreTest, RefusesExistingDiskAndRunningDomain) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("--force"), std::string::npos) << r.output;
   fs::remove(disk_);
+  // A remote hypervisor: refused before anything changes (its files are there).
+  r = ::barge::testing::Run(Command(dom.name()) + " --connect qemu+ssh://root@192.0.2.1/system");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("NotSupported"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("run barge there"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(disk_));
   dom.StartPaused();
   r = ::barge::testing::Run(Command(dom.name()));
   EXPECT_EQ(r.exit_code, 1) << r.output;

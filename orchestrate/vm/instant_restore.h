@@ -22,6 +22,10 @@ struct InstantRestoreRequest {
   std::string chain;         // the disk's chain folder (or a manifest/image of it)
   std::string at;            // point selector, as for restore --at
   std::string domain;
+  // --connect ("" = $BARGE_LIBVIRT_URI, else qemu:///system). A remote
+  // hypervisor is refused (kNotSupported) before anything changes: the
+  // overlay, DISK and the export must be on the domain's host.
+  std::string libvirt_uri;
   std::string target;        // the domain's disk ("vda"); "" = its only disk
   std::string disk;          // DISK: the raw file the domain ends on
   bool force = false;        // overwrite an existing DISK
