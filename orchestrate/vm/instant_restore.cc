@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <regex>
 #include <thread>
@@ -21,7 +20,6 @@
 #include "orchestrate/catalog/backup_catalog.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
-#include "orchestrate/libvirt/qemu_monitor.h"
 #include "pipeline/chain.h"
 #include "pipeline/child_process.h"
 #include "pipeline/export.h"
