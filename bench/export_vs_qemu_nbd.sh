@@ -46,45 +46,12 @@ stop_server() {
 }
 trap 'stop_server; rm -rf "$WORK"' EXIT
 
-# dirty DISK SEED OUT.json: rewrites 5% of the disk's 64 KiB clusters (runs of
-# 1..16) with random bytes and writes the changed ranges as an extents file.
-dirty() {
-  python3 - "$@" <<'EOF'
-import json, os, random, sys
-path, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-cluster = 64 << 10
-clusters = os.path.getsize(path) // cluster
-rng = random.Random(seed)
-chosen = set()
-while len(chosen) < clusters // 20:
-    start = rng.randrange(clusters)
-    chosen.update(range(start, min(clusters, start + rng.randint(1, 16))))
-extents = []
-with open(path, "r+b") as f:
-    for c in sorted(chosen):
-        f.seek(c * cluster)
-        f.write(rng.randbytes(cluster))
-        if extents and extents[-1]["offset"] + extents[-1]["length"] == c * cluster:
-            extents[-1]["length"] += cluster
-        else:
-            extents.append({"offset": c * cluster, "length": cluster})
-with open(out, "w") as f:
-    json.dump({"format": "barge-extents", "version": 1, "virtual_size": os.path.getsize(path), "extents": extents}, f)
-EOF
-}
-
 echo
 echo "== chain"
 DISK=$WORK/disk.raw
 "$BARGE" bench generate --size "$SIZE" --seed "$SEED" "$DISK" > /dev/null
 TARGET=$WORK/backups
-"$BARGE" backup --source "$DISK" --source-format raw --target "$TARGET" --name disk > /dev/null
-for i in $(seq "$INCREMENTS"); do
-  dirty "$DISK" "$((SEED * 100 + i))" "$WORK/dirty$i.json"
-  "$BARGE" backup --source "$DISK" --source-format raw --target "$TARGET" --name disk \
-    --incremental --dirty-extents "$WORK/dirty$i.json" > /dev/null
-done
-CHAIN=$TARGET/disk
+make_chain "$DISK" "$TARGET" "$INCREMENTS"
 TOP=$(ls -1 "$CHAIN"/*.qcow2 | sort | tail -1)
 echo "  $(ls -1 "$CHAIN"/*.qcow2 | wc -l) layers, $(numfmt --to=iec-i --suffix=B "$(du -cb "$CHAIN"/*.qcow2 | tail -1 | cut -f1)") stored; top $(basename "$TOP")"
 SOCK=$WORK/nbd.sock

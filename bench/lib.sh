@@ -195,3 +195,44 @@ print_results() {
       "$(head -1 <<< "$walls")" "$(tail -1 <<< "$walls")"
   done
 }
+
+# dirty DISK SEED OUT.json: rewrites 5% of the disk's 64 KiB clusters (runs of
+# 1..16) with random bytes and writes the changed ranges as an extents file.
+dirty() {
+  python3 - "$@" <<'EOF'
+import json, os, random, sys
+path, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cluster = 64 << 10
+clusters = os.path.getsize(path) // cluster
+rng = random.Random(seed)
+chosen = set()
+while len(chosen) < clusters // 20:
+    start = rng.randrange(clusters)
+    chosen.update(range(start, min(clusters, start + rng.randint(1, 16))))
+extents = []
+with open(path, "r+b") as f:
+    for c in sorted(chosen):
+        f.seek(c * cluster)
+        f.write(rng.randbytes(cluster))
+        if extents and extents[-1]["offset"] + extents[-1]["length"] == c * cluster:
+            extents[-1]["length"] += cluster
+        else:
+            extents.append({"offset": c * cluster, "length": cluster})
+with open(out, "w") as f:
+    json.dump({"format": "barge-extents", "version": 1, "virtual_size": os.path.getsize(path), "extents": extents}, f)
+EOF
+}
+
+# make_chain DISK TARGET INCREMENTS: a full backup of raw DISK into TARGET
+# (chain "disk"), then INCREMENTS incrementals, each after `dirty` rewrote
+# 5% of DISK; sets CHAIN.
+make_chain() {
+  local disk=$1 target=$2 n=$3 i
+  "$BARGE" backup --source "$disk" --source-format raw --target "$target" --name disk > /dev/null
+  for i in $(seq "$n"); do
+    dirty "$disk" "$((SEED * 100 + i))" "$WORK/dirty$i.json"
+    "$BARGE" backup --source "$disk" --source-format raw --target "$target" --name disk \
+      --incremental --dirty-extents "$WORK/dirty$i.json" > /dev/null
+  done
+  CHAIN=$target/disk
+}

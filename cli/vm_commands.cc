@@ -1,5 +1,7 @@
 // barge tracker|checkpoint|doctor|vm|cbt|catalog: orchestration of libvirt
 // domains (trackers, checkpoints, VM backups, CBT overlays, the catalog).
+#include <signal.h>
+
 #include <cctype>
 #include <map>
 #include <memory>
@@ -443,6 +445,11 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       if (!catalog_path.ok()) return out.Fail(catalog_path.error());
       req.catalog_path = *catalog_path;
       req.cancel = &CancelFlag();
+      // libvirt's client writes to libvirtd's socket: a daemon killed
+      // mid-run must fail the next call (the domain stays on the overlay,
+      // rerun to continue), not end barge by SIGPIPE (libvirt installs no
+      // handler of its own). Children get SIGPIPE back (InitChildSpawnAttr).
+      ::signal(SIGPIPE, SIG_IGN);
       req.on_phase = [&out, &req](const std::string& phase, const std::string& text) {
         out.Event("phase", {{"phase", phase}, {"domain", req.domain}, {"message", text}});
         out.text() << text << "\n";
@@ -478,6 +485,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                  "Give up an unfinished restore of the shut-off domain: its original disk back, the overlay "
                  "(guest writes) and DISK removed");
     ir->add_option("--catalog", ia->catalog, "Catalog database (its locks folder keeps the run's record)");
+    AddConnectOption(ir, ia->req.libvirt_uri);
   }
   auto b = std::make_shared<std::tuple<std::string, std::string>>();
   auto* list = AddCommand(*vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {

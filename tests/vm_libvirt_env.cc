@@ -260,19 +260,27 @@ LibvirtdLock::~LibvirtdLock() {
   return EnsureLibvirtdBy(t0, After(t0, kLibvirtdReadySeconds), 0);
 }
 
-::testing::AssertionResult StopLibvirtd(const LibvirtdLock& held) {
-  if (!held.held()) return ::testing::AssertionFailure() << "StopLibvirtd: lock not held: " << held.error();
+namespace {
+
+::testing::AssertionResult SignalLibvirtd(const LibvirtdLock& held, int signal) {
+  if (!held.held()) return ::testing::AssertionFailure() << "stopping libvirtd: lock not held: " << held.error();
   pid_t pid = PidFromFile(kLibvirtdPidFile);
   if (!ProcessAlive(pid, "libvirtd")) {
     return ::testing::AssertionFailure() << "no running libvirtd named in " << kLibvirtdPidFile;
   }
-  if (::kill(pid, SIGTERM) != 0) return ::testing::AssertionFailure() << "kill: " << std::strerror(errno);
+  if (::kill(pid, signal) != 0) return ::testing::AssertionFailure() << "kill: " << std::strerror(errno);
   for (int i = 0; i < 120; ++i) {
     if (!ProcessAlive(pid)) return ::testing::AssertionSuccess();
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
-  return ::testing::AssertionFailure() << "libvirtd " << pid << " still running 30 s after SIGTERM";
+  return ::testing::AssertionFailure() << "libvirtd " << pid << " still running 30 s after signal " << signal;
 }
+
+}  // namespace
+
+::testing::AssertionResult StopLibvirtd(const LibvirtdLock& held) { return SignalLibvirtd(held, SIGTERM); }
+
+::testing::AssertionResult KillLibvirtd(const LibvirtdLock& held) { return SignalLibvirtd(held, SIGKILL); }
 
 ::testing::AssertionResult RemoveDomain(const std::string& domain) {
   Run(Virsh(kCleanupSeconds) + "destroy " + ShellQuote(domain));

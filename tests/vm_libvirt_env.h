@@ -93,6 +93,11 @@ class LibvirtdLock {
 // until EnsureLibvirtd has brought the daemon back.
 ::testing::AssertionResult StopLibvirtd(const LibvirtdLock& held);
 
+// SIGKILL to libvirtd (a crash: no shutdown of its own); waits up to 30 s
+// until the process is gone. Running QEMU processes stay. The caller holds
+// the lock until EnsureLibvirtd has brought the daemon back.
+::testing::AssertionResult KillLibvirtd(const LibvirtdLock& held);
+
 // Destroys and undefines `domain` (with its checkpoint and snapshot
 // metadata) and checks that libvirt no longer lists it.
 ::testing::AssertionResult RemoveDomain(const std::string& domain);

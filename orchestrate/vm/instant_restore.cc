@@ -1,5 +1,6 @@
-// barge vm instant-restore: export, overlay, start, block copy, verify,
-// pivot; every step restartable from the record file.
+// barge vm instant-restore: export, overlay, start, restore onto DISK,
+// shallow block copy of the guest's writes, pivot; every step restartable
+// from the record file.
 #include "orchestrate/vm/instant_restore.h"
 
 #include <libvirt/libvirt.h>
@@ -7,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <regex>
 #include <thread>
@@ -19,11 +19,12 @@
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/catalog/backup_catalog.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
-#include "orchestrate/libvirt/qemu_monitor.h"
+#include "orchestrate/libvirt/libvirt_uri.h"
 #include "pipeline/chain.h"
 #include "pipeline/child_process.h"
 #include "pipeline/export.h"
 #include "pipeline/point_reader.h"
+#include "pipeline/restore.h"
 
 namespace barge::orchestrate {
 namespace {
@@ -41,6 +42,7 @@ struct Record {
   std::string disk;       // DISK, absolute
   std::string scratch;    // the private folder of the overlay and the socket
   std::string original;   // the domain's <disk> element before the run (one line)
+  bool prefilled = false; // DISK holds the point, restored and verified: only the guest's writes are left
   bool pivoted = false;   // written right after the pivot: only the cleanup is left
 };
 
@@ -64,8 +66,8 @@ std::string OneLine(std::string s) {
 Status WriteRecord(Env& env, const std::string& path, const Record& r) {
   const std::string text = "owner=" + r.owner + "\nchain=" + r.chain + "\npoint=" + r.point_id + "\ntarget=" +
                            r.target + "\ndisk=" + r.disk + "\nscratch=" + r.scratch +
-                           "\noriginal=" + OneLine(r.original) + "\npivoted=" + (r.pivoted ? "yes" : "no") +
-                           "\n";
+                           "\noriginal=" + OneLine(r.original) + "\nprefilled=" + (r.prefilled ? "yes" : "no") +
+                           "\npivoted=" + (r.pivoted ? "yes" : "no") + "\n";
   return env.WriteFileAtomic(path, std::string_view(text));
 }
 
@@ -77,7 +79,7 @@ Result<std::optional<Record>> ReadRecord(Env& env, const std::string& path) {
   }
   Record r{Field(*text, "owner"),  Field(*text, "chain"),   Field(*text, "point"),   Field(*text, "target"),
            Field(*text, "disk"),   Field(*text, "scratch"), Field(*text, "original"),
-           Field(*text, "pivoted") == "yes"};
+           Field(*text, "prefilled") == "yes", Field(*text, "pivoted") == "yes"};
   if (r.chain.empty() || r.disk.empty() || r.scratch.empty() || r.target.empty()) {
     return Error::Corruption("the instant-restore record lacks a field (chain, disk, scratch, target)").set_path(path);
   }
@@ -147,10 +149,16 @@ Status Redefine(virConnectPtr conn, virDomainPtr dom, const std::string& target,
 
 // The export of the record's point on its socket, in a thread of this
 // process (nbdkit --exit-with-parent: it ends with us, even on SIGKILL).
+// One thread at a time.
 class ExportThread {
  public:
   ~ExportThread() { Stop(); }
   Status Start(Env& env, const Record& r, int64_t* nbdkit_pid) {
+    Stop();
+    stop_ = false;
+    ready_ = false;
+    ended_ = false;
+    status_ = OkStatus();
     IgnoreError(env.UnlinkIfExists(SocketPath(r)), "a socket a killed export left");
     req_.chain = r.chain;
     req_.at = r.point_id;
@@ -190,6 +198,22 @@ class ExportThread {
   Status status_ = OkStatus();
 };
 
+// Keeps the export up while the domain reads from it: an export that ended
+// on its own (nbdkit killed or crashed) is started again on the same
+// socket, where QEMU's NBD client reconnects on a later request. The reads
+// the guest made meanwhile failed with EIO (never wrong bytes).
+Status KeepExportUp(Env& env, const Record& r, const InstantRestoreRequest& req, ExportThread& exp,
+                    InstantRestoreResult& result, int& restarts) {
+  if (!exp.ended()) return OkStatus();
+  if (++restarts > 5) return Error::IoError("the export ended " + std::to_string(restarts) + " times; rerun to continue");
+  BARGE_RETURN_IF_ERROR(exp.Start(env, r, &result.nbdkit_pid));
+  if (req.on_phase) {
+    req.on_phase("export-restarted", "the export ended on its own; started again (nbdkit " +
+                                         std::to_string(result.nbdkit_pid) + ")");
+  }
+  return OkStatus();
+}
+
 bool Cancelled(const InstantRestoreRequest& req) { return req.cancel != nullptr && req.cancel->load(); }
 
 // Ends any block job on the disk without pivoting (a copy a killed run left).
@@ -206,97 +230,82 @@ Status AbortBlockJob(virDomainPtr dom, const std::string& target) {
   return Error::IoError("the old block job of " + target + " did not end in 60 s");
 }
 
-// Ranges of the overlay the guest wrote (allocated in the overlay itself),
-// as qemu-img map sees the file (-U: QEMU has it open). Flushes QEMU's
-// caches of the overlay first so that its tables are on disk.
-Result<std::vector<std::pair<uint64_t, uint64_t>>> GuestWritten(Env& env, virDomainPtr dom, const Record& r) {
-  auto qdisk = FindQemuDisk(dom, r.target);
-  if (qdisk.ok()) {
-    const std::string cmd = nlohmann::json{{"execute", "human-monitor-command"},
-                                           {"arguments", {{"command-line", "qemu-io -d " + qdisk->qdev + " \"flush\""}}}}
-                                .dump();
-    IgnoreError(QmpCommand(dom, cmd), "a mismatch is then looked at twice anyway");
-  }
+// Bytes of the overlay the guest wrote (allocated in the overlay itself),
+// as qemu-img map sees the file (-U: QEMU has it open).
+Result<uint64_t> GuestWrittenBytes(Env& env, const Record& r) {
   BARGE_ASSIGN_OR_RETURN(std::string out,
                          RunTool(env, {"qemu-img", "map", "-U", "--output=json", "-f", "qcow2", OverlayPath(r)},
                                  r.scratch, "qemu-utils"));
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
   auto j = nlohmann::json::parse(out, nullptr, false);
   if (!j.is_array()) return Error::IoError("qemu-img map printed no JSON list").set_path(OverlayPath(r));
+  uint64_t bytes = 0;
   for (const auto& e : j) {
-    if (e.value("depth", 1) == 0) ranges.emplace_back(e.value("start", uint64_t{0}), e.value("length", uint64_t{0}));
+    if (e.value("depth", 1) == 0) bytes += e.value("length", uint64_t{0});
   }
-  return ranges;
+  return bytes;
 }
 
-bool Overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t off, uint64_t len) {
-  for (const auto& [s, l] : ranges) {
-    if (s < off + len && off < s + l) return true;
-  }
-  return false;
-}
-
-// DISK compared with the point (read through the verifying reader) where
-// the guest did not write. A difference is looked at again after a fresh
-// map (the guest may have written there meanwhile); one that stays is
-// kCorruption.
-Status VerifyDisk(Env& env, virDomainPtr dom, const Record& r, InstantRestoreResult& result) {
-  BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, r.chain, r.point_id, false));
-  BARGE_ASSIGN_OR_RETURN(auto disk, env.OpenSource(r.disk));
-  BARGE_ASSIGN_OR_RETURN(auto written, GuestWritten(env, dom, r));
-  const uint64_t size = reader->size_bytes();
-  const uint64_t step = std::max<uint64_t>(reader->cluster_bytes(), 1 << 20);
-  std::vector<std::byte> a(step), b(step);
-  std::vector<std::pair<uint64_t, uint64_t>> differ;
-  for (uint64_t off = 0; off < size; off += step) {
-    const uint64_t len = std::min(step, size - off);
-    const uint32_t c = reader->cluster_bytes();
-    std::span<std::byte> pa(a.data(), len), pb(b.data(), len);
-    BARGE_RETURN_IF_ERROR(reader->Read(off, pa));
-    BARGE_RETURN_IF_ERROR(disk->ReadAt(off, pb));
-    for (uint64_t at = 0; at < len; at += c) {
-      const uint64_t n = std::min<uint64_t>(c, len - at);
-      if (Overlaps(written, off + at, n)) {
-        result.guest_written_bytes += n;
-        continue;
-      }
-      result.verified_bytes += n;
-      if (std::memcmp(a.data() + at, b.data() + at, n) != 0) differ.emplace_back(off + at, n);
+// DISK filled with the point by barge's own restore (every cluster checked
+// against the point's digests, the image digest compared, written under a
+// temporary name and renamed when verified), while the domain runs on the
+// overlay: QEMU never writes DISK before it holds the whole point. The
+// export is kept up meanwhile.
+Status Prefill(Env& env, const Record& r, const InstantRestoreRequest& req, ExportThread& exp,
+               InstantRestoreResult& result, int& restarts) {
+  std::atomic<bool> stop{false}, done{false};
+  pipeline::RestoreRequest rr;
+  rr.chain_dir = r.chain;
+  rr.at = r.point_id;
+  rr.destination = r.disk;
+  rr.force = true;  // the record says this run made DISK (or --force allowed replacing it)
+  rr.copy.cancel = &stop;
+  rr.copy.progress = req.on_progress;
+  Result<pipeline::RestoreResult> restored = Error::Internal("the restore did not run");
+  std::thread worker([&] {
+    restored = pipeline::RunRestore(env, rr);
+    done = true;
+  });
+  Status status = OkStatus();
+  while (!done) {
+    if (status.ok() && Cancelled(req)) {
+      status = Error::Cancelled("stopped; the domain runs on the overlay, rerun to continue");
     }
+    if (status.ok()) status = KeepExportUp(env, r, req, exp, result, restarts);
+    if (!status.ok()) stop = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (differ.empty()) return OkStatus();
-  BARGE_ASSIGN_OR_RETURN(written, GuestWritten(env, dom, r));
-  for (const auto& [off, n] : differ) {
-    if (Overlaps(written, off, n)) continue;
-    return Error::Corruption("the copy differs from point " + r.point_id + " at guest offset " +
-                             std::to_string(off) + " where the guest did not write; the domain stays on the overlay")
-        .set_path(r.disk);
-  }
+  worker.join();
+  BARGE_RETURN_IF_ERROR(status);
+  if (!restored.ok()) return std::move(restored).error();
+  result.verified_bytes = restored->manifest.virtual_size;
   return OkStatus();
 }
 
-// The copy job: started, followed until in sync, verified, pivoted.
-Status CopyAndPivot(Env& env, virDomainPtr dom, const Record& r, const InstantRestoreRequest& req,
-                    InstantRestoreResult& result, ExportThread& exp) {
+// The guest's writes moved onto the prefilled DISK: a shallow block copy
+// (QEMU's mirror with sync=top) of the overlay alone onto DISK as it is
+// (REUSE_EXT), followed until in sync, then pivoted. The mirror copies every
+// cluster allocated in the overlay and, from its start, every new write, so
+// DISK ends as the point plus all the guest's writes; it never reads the
+// export. Rerunning it over a DISK that already got some of them gives the
+// same result.
+Status MirrorAndPivot(Env& env, virDomainPtr dom, const Record& r, const InstantRestoreRequest& req,
+                      InstantRestoreResult& result, ExportThread& exp, int& restarts) {
   const std::string dest = "<disk type='file'><source file='" + XmlEscape(r.disk) + "'/><driver type='raw'/></disk>";
-  // A restarted export: QEMU's NBD client reconnects on the request after
-  // the one that found the old connection gone (libvirt 9 sets no
-  // reconnect-delay), so a copy that fails at once is started again.
+  const unsigned flags = VIR_DOMAIN_BLOCK_COPY_SHALLOW | VIR_DOMAIN_BLOCK_COPY_REUSE_EXT |
+                         VIR_DOMAIN_BLOCK_COPY_TRANSIENT_JOB;
   for (int attempt = 1;; ++attempt) {
     BARGE_RETURN_IF_ERROR(AbortBlockJob(dom, r.target));
-    IgnoreError(env.UnlinkIfExists(r.disk), "the record says this run made DISK; the copy starts over");
-    if (virDomainBlockCopy(dom, r.target.c_str(), dest.c_str(), nullptr, 0, VIR_DOMAIN_BLOCK_COPY_TRANSIENT_JOB) != 0) {
+    if (virDomainBlockCopy(dom, r.target.c_str(), dest.c_str(), nullptr, 0, flags) != 0) {
       return LastVirError("start the block copy of " + r.target + " to " + r.disk);
     }
     bool ready = false;
     for (;;) {
       if (Cancelled(req)) return Error::Cancelled("stopped; the domain runs on the overlay, rerun to continue");
-      if (exp.ended()) return Error::IoError("the export ended during the copy; rerun to continue");
+      BARGE_RETURN_IF_ERROR(KeepExportUp(env, r, req, exp, result, restarts));
       virDomainBlockJobInfo info{};
       const int has = virDomainGetBlockJobInfo(dom, r.target.c_str(), &info, 0);
       if (has < 0) return LastVirError("block job of " + r.target);
       if (has == 0) break;  // failed: libvirt dropped it
-      if (req.on_progress) req.on_progress(info.cur, info.end);
       BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom));
       std::string t = r.target;
       BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(xml, &t));
@@ -304,30 +313,17 @@ Status CopyAndPivot(Env& env, virDomainPtr dom, const Record& r, const InstantRe
         ready = true;
         break;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     if (ready) break;
-    if (attempt == 2) {
-      // QEMU's NBD node gave up on the old export for good (it got
-      // ESHUTDOWN while nbdkit was stopping, and a node in that state never
-      // reconnects): a managed save and restore of the domain opens its
-      // disks afresh, connecting to the new export. The guest pauses for
-      // the save; its memory and the overlay are kept.
-      BARGE_RETURN_IF_ERROR(AbortBlockJob(dom, r.target));
-      if (virDomainManagedSave(dom, 0) != 0) return LastVirError("managed save of the domain to reconnect its disk");
-      if (virDomainCreate(dom) != 0) return LastVirError("restore the domain from its managed save");
-      if (req.on_phase) req.on_phase("reconnected", "the domain was saved and restored to reconnect to the export");
-      continue;
-    }
-    if (attempt == 5) {
+    if (attempt == 3) {
       return Error::IoError("the block copy of " + r.target + " failed " + std::to_string(attempt) +
                             " times (QEMU's log has why); the domain runs on the overlay, rerun to continue");
     }
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-  if (req.on_phase) req.on_phase("ready", "the copy is in sync with the overlay");
-  BARGE_RETURN_IF_ERROR(VerifyDisk(env, dom, r, result));
-  if (req.on_phase) req.on_phase("verified", "DISK matches the point where the guest did not write");
+  if (req.on_phase) req.on_phase("ready", "the guest's writes are mirrored onto DISK");
+  if (auto written = GuestWrittenBytes(env, r); written.ok()) result.guest_written_bytes = *written;
   if (virDomainBlockJobAbort(dom, r.target.c_str(), VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT) != 0) {
     return LastVirError("pivot " + r.target + " to " + r.disk);
   }
@@ -378,11 +374,14 @@ std::string InstantRestoreRecordPath(const std::string& catalog_path, const std:
 Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreRequest& req) {
   const auto start = Clock::now();
   InstantRestoreResult result;
+  // TODO(issue 22): a remote domain needs the overlay and DISK on its host
+  // and the export reachable from there (ssh -R of the socket, or TCP+TLS).
+  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(ResolveLibvirtUri(req.libvirt_uri), "vm instant-restore"));
   BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
                                                 DomainBusyMessage(req.domain)));
   const std::string record_path = InstantRestoreRecordPath(req.catalog_path, req.domain);
   BARGE_ASSIGN_OR_RETURN(std::optional<Record> found, ReadRecord(env, record_path));
-  BARGE_ASSIGN_OR_RETURN(VirConnection conn, ConnectLibvirt());
+  BARGE_ASSIGN_OR_RETURN(VirConnection conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(VirDomain dom, LookupDomain(conn.get(), req.domain));
   const std::string disk_abs = AbsolutePath(req.disk);
   BARGE_ASSIGN_OR_RETURN(pipeline::PointLocation where, pipeline::LocatePoint(env, req.chain, req.at));
@@ -496,7 +495,21 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
     req.on_phase("started", "domain " + req.domain + " runs on " + OverlayPath(r) + " over the export of " +
                                 r.point_id);
   }
-  BARGE_RETURN_IF_ERROR(CopyAndPivot(env, dom.get(), r, req, result, exp));
+  // Until the pivot the domain runs on the overlay, whatever fails: say so.
+  const auto on_overlay = [&](Status s) -> Status {
+    if (s.ok() || s.error().code() == ErrorCode::kCancelled) return s;
+    Error e = s.error();
+    e.Wrap("moving " + r.target + " to DISK (the domain stays on the overlay; rerun the same command to continue)");
+    return e;
+  };
+  int restarts = 0;
+  if (!r.prefilled || !env.Exists(r.disk)) {
+    BARGE_RETURN_IF_ERROR(on_overlay(Prefill(env, r, req, exp, result, restarts)));
+    r.prefilled = true;
+    BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
+    if (req.on_phase) req.on_phase("verified", "DISK holds point " + r.point_id + ", every cluster verified");
+  }
+  BARGE_RETURN_IF_ERROR(on_overlay(MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts)));
   r.pivoted = true;
   BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
   if (req.on_phase) req.on_phase("pivoted", "domain " + req.domain + " runs on " + r.disk);

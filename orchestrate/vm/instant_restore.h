@@ -1,8 +1,9 @@
 // barge vm instant-restore: a shut-off domain started at once on a local
 // qcow2 overlay whose backing is the verified export of a point (barge
-// export's nbdkit on a unix socket), then the data moved under the running
-// domain to a raw DISK by libvirt's block copy, checked against the point
-// and pivoted. A record file beside the domain's lock makes a killed run
+// export's nbdkit on a unix socket); meanwhile DISK (raw) is filled with
+// the point by barge's verified restore, then the guest's writes are
+// mirrored onto it by a shallow libvirt block copy and the domain pivoted
+// to DISK. A record file beside the domain's lock makes a killed run
 // restartable with the same command. docs/export.md, "Instant recovery".
 #pragma once
 
@@ -21,6 +22,10 @@ struct InstantRestoreRequest {
   std::string chain;         // the disk's chain folder (or a manifest/image of it)
   std::string at;            // point selector, as for restore --at
   std::string domain;
+  // --connect ("" = $BARGE_LIBVIRT_URI, else qemu:///system). A remote
+  // hypervisor is refused (kNotSupported) before anything changes: the
+  // overlay, DISK and the export must be on the domain's host.
+  std::string libvirt_uri;
   std::string target;        // the domain's disk ("vda"); "" = its only disk
   std::string disk;          // DISK: the raw file the domain ends on
   bool force = false;        // overwrite an existing DISK
@@ -33,9 +38,11 @@ struct InstantRestoreRequest {
   // (restartable), kCancelled.
   const std::atomic<bool>* cancel = nullptr;
   // Events for the CLI: "started" (the domain runs on the overlay),
-  // "ready" (the copy is in sync), "verified", "pivoted"; with a line of text.
+  // "verified" (DISK holds the point), "ready" (the guest's writes are
+  // mirrored onto DISK), "pivoted", "export-restarted" (the export ended on
+  // its own and was started again); with a line of text.
   std::function<void(const std::string& phase, const std::string& text)> on_phase;
-  // Copy progress: bytes copied, bytes to copy (the block job's counters).
+  // Copy progress: bytes restored onto DISK, bytes to restore.
   std::function<void(uint64_t done, uint64_t total)> on_progress;
 };
 
@@ -47,8 +54,8 @@ struct InstantRestoreResult {
   bool abandoned = false;      // --abandon: the domain is back on its original disk
   double started_seconds = 0;  // from the call to the domain running (0 when it already ran)
   double seconds = 0;          // the whole run
-  uint64_t verified_bytes = 0;      // DISK bytes compared with the point
-  uint64_t guest_written_bytes = 0; // overlay bytes the guest wrote (not compared)
+  uint64_t verified_bytes = 0;      // bytes of the point restored onto DISK and verified by this run
+  uint64_t guest_written_bytes = 0; // overlay bytes the guest wrote, mirrored onto DISK
   int64_t nbdkit_pid = 0;           // the export this run started (stopped at the end)
 };
 
@@ -66,10 +73,10 @@ std::string InstantOverlayDiskXml(const std::string& element, const std::string&
 // Returns: the result once the domain runs on DISK, verified, with the
 // export stopped and the overlay removed; kInvalidArgument (the domain runs
 // on something that is not this restore's overlay, several disks and no
-// --target, sizes differ), kAlreadyExists (DISK exists, no --force), kBusy
-// (the domain's lock), kCorruption (DISK differs from the point where the
-// guest did not write: the domain stays on the overlay), kIoError (libvirt,
-// the block job, qemu-img), the export's errors.
+// --target, sizes differ, DISK exists and no --force), kBusy (the domain's
+// lock), kCorruption (a damaged point: the restore onto DISK fails and the
+// domain stays on the overlay), kIoError (libvirt, the block job, qemu-img,
+// an export that keeps ending), the export's and the restore's errors.
 Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreRequest& request);
 
 }  // namespace barge::orchestrate
