@@ -304,6 +304,7 @@ class SlurmFleetTest : public ::testing::Test {
     fs::create_directories(dir_ / "target");
     fs::create_directories(dir_ / "records");
     fs::create_directories(dir_ / "out");
+    fs::create_directories(dir_ / "metrics");
   }
 
   void TearDown() override {
@@ -350,7 +351,9 @@ class SlurmFleetTest : public ::testing::Test {
     auto sub = Sh("SLURM_CONF=" + Q(slurm_conf_) + " BARGE=" + Q(testing::BargeBinary()) +
                   " BARGE_RECORDS=" + Q(dir_ / "records") + " BARGE_MAX_RETRIES=2 timeout 10 " +
                   netns_->EnterShell() + "sbatch --parsable --array=0-2 --chdir=" + Q(dir_.path()) +
-                  " --output=" + Q(dir_ / ("out/" + out_name + "-%a.out")) + " " + Q(script) + " " + Q(policy_));
+                  " --output=" + Q(dir_ / ("out/" + out_name + "-%a.out")) + " " + Q(script) + " " + Q(policy_) +
+                  // After the policy: options of barge run, passed on.
+                  " --metrics-textfile " + Q(dir_ / "metrics/barge-fleet.prom"));
     EXPECT_EQ(sub.exit_code, 0) << sub.output;
     const std::string job = sub.stdout_text.substr(0, sub.stdout_text.find_first_of(";\n"));
     std::map<int, Task> tasks;
@@ -466,6 +469,12 @@ TEST_F(SlurmFleetTest, ArrayOfThreeShardsBacksUpEverySourceOnceRetriesAndRestore
     EXPECT_EQ(t.state, "COMPLETED") << "task " << index << "\n" << TaskOutput("run1", index);
     EXPECT_EQ(t.exit_code, "0:0") << "task " << index << "\n" << TaskOutput("run1", index);
     EXPECT_EQ(t.restarts, index == failed_shard ? 1 : 0) << "task " << index << "\n" << TaskOutput("run1", index);
+  }
+  // Each shard wrote its own metrics textfile, labelled with its shard.
+  for (int i = 0; i < 3; ++i) {
+    const std::string prom = dir_ / ("metrics/barge-fleet.shard-" + std::to_string(i) + ".prom");
+    ASSERT_TRUE(fs::exists(prom)) << prom;
+    EXPECT_TRUE(Has(Slurp(prom), "shard=\"" + std::to_string(i) + "/3\"")) << Slurp(prom);
   }
   const std::string retried = TaskOutput("run1", failed_shard);
   EXPECT_TRUE(Has(retried, "attempt 1 on") && Has(retried, "barge exited 1") && Has(retried, "requeued") &&
