@@ -2,6 +2,11 @@
 """Offline check of deploy/kubernetes/ (no API server can run here).
 
     deploy_kubernetes_check.py DEPLOY_KUBERNETES_DIR BARGE_BINARY
+    deploy_kubernetes_check.py --worker DEPLOY_KUBERNETES_DIR
+
+The second form prints the worker container's argv (`args`), environment
+(`env`) and the Job's `completions` as JSON, for a test that runs the same
+command line against the built barge.
 
 Reads every manifest with python3-yaml and checks, without a cluster:
 - each object's apiVersion/kind is one this folder may hold, its name a
@@ -279,7 +284,22 @@ def main():
         problem(where, "--catalog (the records folder) must be on a volume the shards share")
 
 
+def worker(folder):
+    for _, obj in load(folder):
+        if isinstance(obj, dict) and obj.get("kind") == "CronJob":
+            job = obj["spec"]["jobTemplate"]["spec"]
+            c = [c for c in job["template"]["spec"]["containers"] if c["name"] == "barge"][0]
+            print(json.dumps({"args": list(c.get("command") or []) + list(c.get("args") or []),
+                              "env": {e["name"]: e["value"] for e in c.get("env", []) if "value" in e},
+                              "completions": job["completions"]}))
+            return 0
+    print("no CronJob", file=sys.stderr)
+    return 1
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--worker":
+        sys.exit(worker(sys.argv[2]))
     main()
     for p in problems:
         print(p)

@@ -4,16 +4,21 @@
 // units' /usr/local/bin/barge is pointed at the built binary, since verify
 // checks that ExecStart is executable). The Kubernetes manifests are checked
 // offline (no API server can run here) by tests/deploy_kubernetes_check.py,
-// which must also catch broken copies of them; the Containerfile's runtime
+// which must also catch broken copies of them, and the CronJob's worker
+// command line is run with the built barge as each pod would run it; the
+// Containerfile's runtime
 // packages must cover the built binary's libraries. The Slurm array script
 // runs for real in tests/slurm_fleet_test.cc.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
-#include "tests/testing/testing.h"
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
@@ -136,6 +141,76 @@ TEST(DeployTest, KubernetesManifestsOffline) {
       EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
     }
   }
+}
+
+// The worker's command line of the CronJob, run as each of its pods would
+// (JOB_COMPLETION_INDEX 0..completions-1, the manifest's environment) with
+// the built barge, the pod's paths mapped into a folder here and a policy
+// of local images: every pod exits 0, each source is backed up once by the
+// shard it falls to, and the records folder reads as one table.
+TEST(DeployTest, KubernetesWorkerCommandLineRunsEachShard) {
+  BARGE_REQUIRE_TOOL("python3");
+  if (testing::Run("python3 -c 'import yaml'").exit_code != 0) {
+    if (testing::ToolsRequired()) FAIL() << "python3-yaml missing";
+    GTEST_SKIP() << "python3-yaml missing";
+  }
+  auto w = testing::Run("python3 " + ShellQuote(std::string(BARGE_SOURCE_DIR) + "/tests/deploy_kubernetes_check.py") +
+                        " --worker " + ShellQuote(kDeploy + "/kubernetes"));
+  ASSERT_EQ(w.exit_code, 0) << w.output;
+  const nlohmann::json worker = nlohmann::json::parse(w.stdout_text);
+  const int completions = worker["completions"].get<int>();
+  ASSERT_GE(completions, 2);
+
+  TempDir dir;
+  const std::string root = dir.path().string();
+  fs::create_directories(root + "/backups/targets");
+  fs::create_directories(root + "/backups/records");
+  fs::create_directories(root + "/backups/metrics");
+  std::string policy = "name: nightly\nschedule: \"0 2 * * *\"\ntargets: [" + root +
+                       "/backups/targets]\nfree_space_multiple: 0\nsources:\n";
+  for (int i = 0; i < 6; ++i) {
+    const std::string image = root + "/vm" + std::to_string(i) + ".raw";
+    testing::WriteFile(image, testing::RandomBytes(256 << 10, 500 + i));
+    policy += "  - image: " + image + "\n";
+  }
+  std::ofstream(root + "/nightly.yaml") << policy;
+
+  // The pod's paths, here.
+  auto map_path = [&](std::string arg) {
+    for (const std::string from : {"/etc/barge/", "/backups"}) {
+      if (arg.rfind(from, 0) == 0) return root + (from == "/backups" ? arg : "/" + arg.substr(from.size()));
+    }
+    return arg;
+  };
+  std::string command = ShellQuote(testing::BargeBinary());
+  for (const auto& a : worker["args"]) command += " " + ShellQuote(map_path(a.get<std::string>()));
+  std::string env = "env -u SLURM_ARRAY_TASK_ID -u SLURM_ARRAY_TASK_COUNT";
+  for (const auto& [k, v] : worker["env"].items()) env += " " + k + "=" + ShellQuote(v.get<std::string>());
+  for (int index = 0; index < completions; ++index) {
+    auto r = testing::Run(env + " JOB_COMPLETION_INDEX=" + std::to_string(index) + " " + command);
+    EXPECT_EQ(r.exit_code, 0) << "pod " << index << ": " << command << "\n" << r.output;
+    EXPECT_TRUE(fs::exists(root + "/backups/records/nightly.shard-" + std::to_string(index) + ".db")) << index;
+    EXPECT_TRUE(fs::exists(root + "/backups/metrics/barge-nightly.shard-" + std::to_string(index) + ".prom"))
+        << index;
+  }
+  std::map<std::string, int> assigned;
+  const nlohmann::json split = testing::RunResult(testing::Barge("policy shards --json " +
+                                                  ShellQuote(root + "/nightly.yaml") + " --shards " +
+                                                  std::to_string(completions)));
+  for (const auto& s : split["sources"]) assigned[s["name"].get<std::string>()] = s["shard"].get<int>();
+  const nlohmann::json runs =
+      testing::RunResult(testing::Barge("runs list --json --catalog " + ShellQuote(root + "/backups/records")))["runs"];
+  std::map<std::string, int> backed_up;
+  for (const auto& r : runs) {
+    const std::string source = r["source"].get<std::string>();
+    EXPECT_EQ(r["result"], "success") << r.dump();
+    ASSERT_TRUE(r["shard"].is_object()) << r.dump();
+    EXPECT_EQ(r["shard"]["index"].get<int>(), assigned[source]) << r.dump();
+    EXPECT_EQ(r["shard"]["count"].get<int>(), completions) << r.dump();
+    backed_up[source] += 1;
+  }
+  EXPECT_EQ(backed_up.size(), 6u) << runs.dump(1);
+  for (const auto& [source, n] : backed_up) EXPECT_EQ(n, 1) << source;
 }
 
 // The Containerfile builds from Debian 12 with the project's scripts, and
