@@ -6,9 +6,9 @@
 // offline (no API server can run here) by tests/deploy_kubernetes_check.py,
 // which must also catch broken copies of them, and the CronJob's worker
 // command line is run with the built barge as each pod would run it; the
-// Containerfile's runtime
-// packages must cover the built binary's libraries. The Slurm array script
-// runs for real in tests/slurm_fleet_test.cc.
+// Containerfile's runtime packages must cover the built binary's
+// libraries. The Slurm array script runs for real in
+// tests/slurm_fleet_test.cc.
 #include <gtest/gtest.h>
 
 #include <filesystem>
