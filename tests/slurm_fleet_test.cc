@@ -9,7 +9,8 @@
 // `runs list --catalog FOLDER`, and the points in each chain), the shard
 // whose first attempt fails (a pre hook that fails once) is requeued by
 // the script and run again by Slurm, and every point restores to the bytes
-// its source had. Every daemon is stopped by its PID on every path, the
+// its source had; a worker killed mid-run is requeued and its shard
+// completes. Every daemon is stopped by its PID on every path, the
 // namespace deleted.
 #include <signal.h>
 #include <sys/stat.h>
@@ -326,17 +327,20 @@ class SlurmFleetTest : public ::testing::Test {
     return Sh("SLURM_CONF=" + Q(slurm_conf_) + " timeout 5 " + netns_->EnterShell() + command + " 2>&1");
   }
 
-  void WritePolicy(const std::string& reason) {
+  // hv2-vm1's first attempt fails: its shard's task fails.
+  std::string FailOnceHook() {
+    return "if [ \"$BARGE_SOURCE\" = hv2-vm1 ] && [ ! -e " + dir_ / "hv2-vm1.failed-once" + " ]; then touch " +
+           dir_ / "hv2-vm1.failed-once" + "; echo hv2-vm1 fails its first attempt; exit 1; fi";
+  }
+
+  void WritePolicy(const std::string& reason, const std::string& pre_hook) {
     std::string text = "name: fleet\n"
                        "reason: \"" + reason + "\"\n"
                        "schedule: \"0 2 * * *\"\n"
                        "targets: [" + dir_ / "target" + "]\n"
                        "free_space_multiple: 0\n"
                        "retention_count: 10\n"
-                       // hv2-vm1's first attempt fails: its shard's task fails.
-                       "pre_hook: 'if [ \"$BARGE_SOURCE\" = hv2-vm1 ] && [ ! -e " + dir_ / "hv2-vm1.failed-once" +
-                       " ]; then touch " + dir_ / "hv2-vm1.failed-once" +
-                       "; echo hv2-vm1 fails its first attempt; exit 1; fi'\n"
+                       "pre_hook: '" + pre_hook + "'\n"
                        "sources:\n";
     for (const Source& s : sources_) {
       text += "  - nbd: nbd://" + s.host + ":" + std::to_string(s.port) + "/disk\n    name: " + s.name + "\n";
@@ -346,7 +350,10 @@ class SlurmFleetTest : public ::testing::Test {
 
   // Submits the shipped array script (3 shards) and waits for every task
   // to end; returns them by array index.
-  std::map<int, Task> RunArray(const std::string& out_name) {
+  std::map<int, Task> RunArray(const std::string& out_name) { return WaitArray(SubmitArray(out_name)); }
+
+  // Submits the array; returns its job id.
+  std::string SubmitArray(const std::string& out_name) {
     const std::string script = std::string(BARGE_SOURCE_DIR) + "/deploy/slurm/barge-array.sbatch";
     auto sub = Sh("SLURM_CONF=" + Q(slurm_conf_) + " BARGE=" + Q(testing::BargeBinary()) +
                   " BARGE_RECORDS=" + Q(dir_ / "records") + " BARGE_MAX_RETRIES=2 timeout 10 " +
@@ -355,7 +362,11 @@ class SlurmFleetTest : public ::testing::Test {
                   // After the policy: options of barge run, passed on.
                   " --metrics-textfile " + Q(dir_ / "metrics/barge-fleet.prom"));
     EXPECT_EQ(sub.exit_code, 0) << sub.output;
-    const std::string job = sub.stdout_text.substr(0, sub.stdout_text.find_first_of(";\n"));
+    return sub.stdout_text.substr(0, sub.stdout_text.find_first_of(";\n"));
+  }
+
+  // Waits for every task of the array `job` to end.
+  std::map<int, Task> WaitArray(const std::string& job) {
     std::map<int, Task> tasks;
     const bool done = WaitFor(
         [&] {
@@ -414,7 +425,7 @@ int ShardOf(const json& record) {
 }
 
 TEST_F(SlurmFleetTest, ArrayOfThreeShardsBacksUpEverySourceOnceRetriesAndRestores) {
-  WritePolicy("first");
+  WritePolicy("first", FailOnceHook());
 
   // Run 1: hv2-vm1's pre hook fails once; its shard's task requeues itself.
   std::map<int, Task> run1 = RunArray("run1");
@@ -499,7 +510,7 @@ TEST_F(SlurmFleetTest, ArrayOfThreeShardsBacksUpEverySourceOnceRetriesAndRestore
     f.seekp(512 << 10);
     f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
-  WritePolicy("second");
+  WritePolicy("second", FailOnceHook());
   std::map<int, Task> run2 = RunArray("run2");
   ASSERT_EQ(run2.size(), 3u);
   for (auto& [index, t] : run2) {
@@ -528,6 +539,69 @@ TEST_F(SlurmFleetTest, ArrayOfThreeShardsBacksUpEverySourceOnceRetriesAndRestore
     fs::remove(oldest);
   }
   EXPECT_FALSE(testing::ReadFile(sources_[0].disk) == first_bytes[sources_[0].name]);
+}
+
+}  // namespace
+}  // namespace barge
+
+namespace barge {
+namespace {
+
+// A worker killed mid-run (SIGKILL, as the OOM killer does) while one of
+// its sources is in its pre hook, holding the shard's lock and the
+// source's: the script requeues the task, and Slurm's second attempt
+// trips over nothing. The dead run's record becomes failed
+// ("interrupted"), the source is backed up on the retry, every source once.
+TEST_F(SlurmFleetTest, KilledWorkerIsRequeuedAndItsShardCompletes) {
+  const std::string mark = dir_ / "hv3-vm0.hook";
+  WritePolicy("first", "if [ \"$BARGE_SOURCE\" = hv3-vm0 ] && [ ! -e " + mark + " ]; then echo $PPID $$ > " + mark +
+                           ".tmp && mv " + mark + ".tmp " + mark + "; sleep 60; fi");
+  const std::string job = SubmitArray("killed");
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(mark); }, std::chrono::seconds(30)))
+      << Slurm("scontrol show job -o " + job).output;
+  int barge_pid = 0, hook_pid = 0;
+  std::istringstream(Slurp(mark)) >> barge_pid >> hook_pid;
+  ASSERT_GT(barge_pid, 1);
+  ASSERT_GT(hook_pid, 1);
+  ASSERT_EQ(::kill(barge_pid, SIGKILL), 0);
+  // The hook ran in a process group of its own, which outlives barge: ours to end.
+  ::kill(-hook_pid, SIGKILL);
+  std::map<int, Task> tasks = WaitArray(job);
+  ASSERT_EQ(tasks.size(), 3u);
+
+  json runs = testing::RunResult(Barge("runs list --json --policy fleet --catalog " + Q(dir_ / "records")))["runs"];
+  int killed_shard = -1;
+  std::map<std::string, int> ok;
+  for (const json& r : runs) {
+    const std::string source = r.value("source", "");
+    if (r.value("result", "") == "success") {
+      ok[source] += 1;
+    } else {
+      EXPECT_EQ(source, "hv3-vm0") << r.dump();
+      EXPECT_EQ(r.value("result", ""), "failed") << r.dump();
+      EXPECT_TRUE(Has(r.value("error", ""), "interrupted")) << r.dump();
+      killed_shard = ShardOf(r);
+    }
+  }
+  ASSERT_GE(killed_shard, 0) << runs.dump(1);
+  for (const Source& s : sources_) {
+    EXPECT_EQ(ok[s.name], 1) << s.name << "\n" << runs.dump(1);
+    EXPECT_EQ(PointIds(dir_ / ("target/fleet/" + s.name)).size(), 1u) << s.name;
+  }
+  for (auto& [index, t] : tasks) {
+    EXPECT_EQ(t.state, "COMPLETED") << TaskOutput("killed", index);
+    EXPECT_EQ(t.exit_code, "0:0") << TaskOutput("killed", index);
+    EXPECT_EQ(t.restarts, index == killed_shard ? 1 : 0) << TaskOutput("killed", index);
+  }
+  const std::string out = TaskOutput("killed", killed_shard);
+  EXPECT_TRUE(Has(out, "barge exited 137") && Has(out, "requeued") && Has(out, "attempt 2 on")) << out;
+  // Nothing staged is left behind in the target.
+  for (const auto& e : fs::recursive_directory_iterator(dir_ / "target")) {
+    EXPECT_FALSE(Has(e.path().filename().string(), "barge-tmp")) << e.path();
+  }
+  const std::string restored = dir_ / "restored.raw";
+  testing::RunResult(Barge("restore --json " + Q(dir_ / "target/fleet/hv3-vm0") + " --to " + Q(restored)));
+  EXPECT_TRUE(testing::ReadFile(restored) == testing::ReadFile(sources_[4].disk));
 }
 
 }  // namespace
