@@ -393,7 +393,7 @@ class SlurmFleetTest : public ::testing::Test {
           }
           return true;
         },
-        std::chrono::seconds(50));
+        std::chrono::seconds(90));  // generous: the whole suite may run beside it
     EXPECT_TRUE(done) << "array " << job << " did not end: " << Slurm("scontrol show job -o " + job).output
                       << Slurp(dir_.path() + "/slurm/slurmctld.log");
     return tasks;
