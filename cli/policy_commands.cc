@@ -9,6 +9,7 @@
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
 #include "cli/policy_output.h"
+#include "cli/shard_flag.h"
 #include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/policy/policy.h"
 #include "orchestrate/policy/policy_hooks.h"
@@ -189,8 +190,29 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
 
 // ---- run ----
 
+// Where `barge run` keeps its records: --catalog as every command reads it
+// (CatalogPathFromFlag), except that a --catalog naming a folder is a
+// records folder, one catalog file per policy and shard in it:
+// FOLDER/<policy>.db, FOLDER/<policy>.shard-I.db for shard I (of any
+// count). Workers of one policy on different machines give one folder on a
+// shared volume; `runs list --catalog FOLDER` reads every file in it as one
+// table (docs/policies.md, "Sharded runs").
+Result<std::string> RecordsCatalogPath(const std::string& flag, const std::string& policy,
+                                       const orc::ShardSpec& shard) {
+  if (!flag.empty()) {
+    auto st = Env::Default().Stat(flag);
+    if (st.ok() && st->is_directory()) {
+      std::string dir = flag;
+      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+      return dir + "/" + policy + (shard.sharded() ? ".shard-" + std::to_string(shard.index) : "") + ".db";
+    }
+  }
+  return orc::CatalogPathFromFlag(Env::Default(), flag);
+}
+
 struct RunArgs {
-  std::string policy, catalog, metrics_textfile, memory = "256M";
+  std::string policy, catalog, metrics_textfile, memory = "256M", shard;
+  uint32_t shard_count = 0;
   std::vector<std::string> sources;
   bool force = false, full = false, wait = false;
   int threads = 0;
@@ -214,25 +236,33 @@ std::string UnknownSource(const orc::Policy& p, const std::vector<std::string>& 
 }
 
 // The node-exporter textfile: the policy's metrics now. Returns "" or why not.
-std::string WriteTextfile(const orc::Policy& p, const std::string& catalog_path, const std::string& path) {
+std::string WriteTextfile(const orc::Policy& p, const std::string& catalog_path, const std::string& path,
+                          const orc::ShardSpec& shard) {
   auto catalog = orc::PolicyCatalog::Open(Env::Default(), catalog_path);
   if (!catalog.ok()) return catalog.error().ToString();
-  auto snap = orc::CollectPolicyMetrics(p, **catalog, Env::Default(), orc::NowSeconds());
+  auto snap = orc::CollectPolicyMetrics(p, **catalog, Env::Default(), orc::NowSeconds(), shard);
   if (!snap.ok()) return snap.error().ToString();
   Status s = orc::WritePolicyMetricsTextfile(Env::Default(), path, {*snap});
   return s.ok() ? "" : s.error().ToString();
 }
 
 int RunRun(RunArgs& a, Output& out) {
+  // The shard first: a worker with a bad index or a missing scheduler
+  // variable stops before it reads anything (exit 64).
+  auto shard = ResolveShard(a.shard, a.shard_count, ProcessEnv());
+  if (!shard.ok()) return out.Usage(shard.error().message());
   auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
   if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
   orc::RunOptions o;
+  o.shard = *shard;
   // An explicit --catalog in a missing folder is an error, not a new
-  // catalog (and a first backup of every source) somewhere else.
-  auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a.catalog);
+  // catalog (and a first backup of every source) somewhere else. A
+  // folder is a records folder: one catalog file per policy and shard.
+  auto catalog_path = RecordsCatalogPath(a.catalog, policy->name, *shard);
   if (!catalog_path.ok()) return out.Fail(catalog_path.error());
   o.catalog_path = *catalog_path;
+  if (!a.metrics_textfile.empty()) a.metrics_textfile = orc::ShardTextfilePath(a.metrics_textfile, *shard);
   if (Status s = ApplyResourceFlags(a.memory, a.threads, o.copy); !s.ok()) return out.Usage(s.error().message());
   if (a.full && !a.force) return out.Usage("--full starts new chains now: give it with --force");
   o.manual = a.force;
@@ -247,7 +277,7 @@ int RunRun(RunArgs& a, Output& out) {
   auto report = orc::RunPolicyOnce(Env::Default(), *policy, o);
   // The textfile is written whatever happened: it shows the failures too.
   std::string textfile_error;
-  if (!a.metrics_textfile.empty()) textfile_error = WriteTextfile(*policy, o.catalog_path, a.metrics_textfile);
+  if (!a.metrics_textfile.empty()) textfile_error = WriteTextfile(*policy, o.catalog_path, a.metrics_textfile, *shard);
   if (!textfile_error.empty()) out.Warning("metrics textfile not written: " + textfile_error, a.metrics_textfile);
   if (!report.ok()) return out.Fail(report.error());
 
@@ -432,7 +462,7 @@ std::string PointFate(const orc::RunRecord& r) {
   return text;
 }
 
-json RecordJson(const orc::RunRecord& r) {
+json RecordJson(const orc::RunRecord& r, const std::string& catalog) {
   json points = json::array();
   for (size_t i = 0; i < r.points.size(); ++i) {
     points.push_back({{"chain_dir", r.points[i].chain_dir}, {"id", r.points[i].id}, {"state", PartState(r, i)}});
@@ -440,7 +470,8 @@ json RecordJson(const orc::RunRecord& r) {
   auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
   return {{"id", r.id}, {"run_id", r.run_id}, {"policy", r.policy}, {"source", r.source},
           {"source_kind", r.source_kind}, {"trigger", r.trigger}, {"trigger_detail", r.trigger_detail},
-          {"reason", r.reason}, {"host", r.host}, {"target", or_null(r.target)}, {"type", or_null(r.type)},
+          {"reason", r.reason}, {"host", r.host}, {"shard", ShardJson(r.shard)}, {"catalog", catalog},
+          {"target", or_null(r.target)}, {"type", or_null(r.type)},
           {"type_reason", r.type_reason}, {"started_at", r.started_at}, {"finished_at", or_null(r.finished_at)},
           {"duration_seconds", r.duration_seconds}, {"bytes_read", r.bytes_read},
           {"bytes_written", r.bytes_written}, {"result", r.result}, {"error", r.error},
@@ -448,11 +479,57 @@ json RecordJson(const orc::RunRecord& r) {
 }
 
 struct RunsArgs {
-  std::string policy, source, catalog;
+  std::string policy, source, shard;
+  std::vector<std::string> catalogs;
   size_t limit = 0;
 };
 
+// The catalog files `runs list` reads: each --catalog that is a file, and
+// every *.db of each that is a folder (a records folder of sharded runs,
+// RecordsCatalogPath), in name order; without --catalog, the default one.
+// Listing never creates a catalog: kNotFound when there is none.
+Result<std::vector<std::string>> ListedCatalogs(const std::vector<std::string>& flags) {
+  Env& env = Env::Default();
+  std::vector<std::string> out;
+  if (flags.empty()) {
+    BARGE_ASSIGN_OR_RETURN(std::string path, orc::CatalogPathFromFlag(env, ""));
+    if (!env.Exists(path)) {
+      return Error::NotFound("no catalog here (nothing recorded yet; --catalog or $BARGE_CATALOG name another)")
+          .set_path(path);
+    }
+    out.push_back(path);
+    return out;
+  }
+  for (const auto& flag : flags) {
+    auto st = env.Stat(flag);
+    if (st.ok() && st->is_directory()) {
+      BARGE_ASSIGN_OR_RETURN(auto names, env.ListDir(flag));
+      std::sort(names.begin(), names.end());
+      std::string dir = flag;
+      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+      size_t found = 0;
+      for (const auto& n : names) {
+        if (n.size() <= 3 || !n.ends_with(".db") || n.starts_with(".")) continue;
+        out.push_back(dir + "/" + n);
+        ++found;
+      }
+      if (found == 0) return Error::NotFound("no catalog (*.db) in this records folder").set_path(flag);
+      continue;
+    }
+    BARGE_ASSIGN_OR_RETURN(std::string path, orc::CatalogPathFromFlag(env, flag));
+    if (!env.Exists(path)) return Error::NotFound("no catalog here (nothing recorded yet)").set_path(path);
+    out.push_back(path);
+  }
+  return out;
+}
+
 int RunRunsList(RunsArgs& a, Output& out) {
+  std::optional<orc::ShardSpec> shard;
+  if (!a.shard.empty()) {
+    auto s = orc::ParseShard(a.shard);
+    if (!s.ok()) return out.Usage("--shard: " + s.error().message());
+    shard = *s;
+  }
   std::string name = a.policy;
   // A policy file names its policy; anything else is a name.
   if (auto st = Env::Default().Stat(a.policy); !a.policy.empty() && st.ok() && st->is_regular()) {
@@ -460,25 +537,32 @@ int RunRunsList(RunsArgs& a, Output& out) {
     if (!p.ok()) return out.Fail(p.error());
     name = p->name;
   }
-  auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), a.catalog);
-  if (!catalog_path.ok()) return out.Fail(catalog_path.error());
-  // Listing never creates a catalog.
-  if (!Env::Default().Exists(*catalog_path)) {
-    return out.Fail(Error::NotFound("no catalog here (nothing recorded yet; --catalog or $BARGE_CATALOG "
-                                    "name another)")
-                        .set_path(*catalog_path));
+  auto files = ListedCatalogs(a.catalogs);
+  if (!files.ok()) return out.Fail(files.error());
+  // The records of every file as one table, newest first.
+  std::vector<std::pair<orc::RunRecord, std::string>> runs;
+  for (const auto& file : *files) {
+    auto catalog = orc::PolicyCatalog::Open(Env::Default(), file);
+    if (!catalog.ok()) return out.Fail(catalog.error());
+    // A run whose process died shows as what it is: interrupted.
+    auto settled = orc::SettleCutRuns(Env::Default(), file, **catalog);
+    if (!settled.ok()) out.Warning("records of runs cut short not settled: " + settled.error().ToString(), file);
+    auto list = (*catalog)->ListRuns({name, a.source, a.limit}, shard);
+    if (!list.ok()) return out.Fail(list.error());
+    for (auto& r : *list) runs.emplace_back(std::move(r), file);
   }
-  auto catalog = orc::PolicyCatalog::Open(Env::Default(), *catalog_path);
-  if (!catalog.ok()) return out.Fail(catalog.error());
-  auto runs = (*catalog)->ListRuns({name, a.source, a.limit});
-  if (!runs.ok()) return out.Fail(runs.error());
+  std::stable_sort(runs.begin(), runs.end(), [](const auto& x, const auto& y) {
+    return x.first.started_at > y.first.started_at;
+  });
+  if (a.limit > 0 && runs.size() > a.limit) runs.resize(a.limit);
   json list = json::array();
-  for (const auto& r : *runs) list.push_back(RecordJson(r));
-  out.Result({{"runs", list}});
+  for (const auto& [r, file] : runs) list.push_back(RecordJson(r, file));
+  out.Result({{"runs", list}, {"catalogs", *files}});
   std::ostream& t = out.text();
-  if (runs->empty()) t << "no runs recorded" << (name.empty() ? "" : " for policy " + name) << "\n";
-  for (const auto& r : *runs) {
+  if (runs.empty()) t << "no runs recorded" << (name.empty() ? "" : " for policy " + name) << "\n";
+  for (const auto& [r, file] : runs) {
     t << r.started_at << "  " << r.policy << "/" << r.source << "  " << r.result << "  " << r.trigger;
+    if (r.shard.sharded()) t << "  shard " << r.shard.ToString();
     if (!r.type.empty()) t << "  " << r.type;
     if (!r.target.empty()) t << "  " << r.target;
     if (r.result == "success") {
@@ -486,13 +570,42 @@ int RunRunsList(RunsArgs& a, Output& out) {
         << HumanSeconds(r.duration_seconds);
     }
     if (std::string fate = PointFate(r); !fate.empty()) t << "  (" << fate << ")";
-    t << "  [record " << r.id << "]";
+    t << "  [record " << r.id << (files->size() > 1 ? " of " + file : "") << "]";
     if (!r.error.empty()) t << "\n    " << r.error;
     t << "\n";
     for (size_t i = 0; i < r.points.size(); ++i) {
       t << "    point " << r.points[i].id << " in " << r.points[i].chain_dir << ": " << PartState(r, i) << "\n";
     }
   }
+  return kExitOk;
+}
+
+// ---- policy shards ----
+
+// Which shard of `count` backs up each source of the policy.
+int RunShards(const std::string& file, uint32_t count, Output& out) {
+  if (count == 0 || count > orc::kMaxShards) {
+    return out.Usage("--shards: the shard count must be 1.." + std::to_string(orc::kMaxShards));
+  }
+  auto policy = orc::LoadPolicy(Env::Default(), file);
+  if (!policy.ok()) return out.Fail(policy.error());
+  json shards = json::array(), sources = json::array();
+  std::vector<std::vector<std::string>> per(count);
+  for (const auto& s : policy->sources) {
+    const uint32_t i = orc::ShardOfSource(s.name, count);
+    per[i].push_back(s.name);
+    sources.push_back({{"name", s.name}, {"shard", i}});
+  }
+  std::ostream& t = out.text();
+  t << "policy " << policy->name << " over " << count << " shard(s) (rendezvous hashing of source names)\n";
+  for (uint32_t i = 0; i < count; ++i) {
+    shards.push_back({{"index", i}, {"sources", per[i]}});
+    t << "  shard " << i << "/" << count << ":";
+    if (per[i].empty()) t << " (no source)";
+    for (const auto& n : per[i]) t << " " << n;
+    t << "\n";
+  }
+  out.Result({{"file", file}, {"policy", policy->name}, {"count", count}, {"shards", shards}, {"sources", sources}});
   return kExitOk;
 }
 
@@ -506,6 +619,11 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
                            exit_code, [a](Output& out) { return RunCheck(a->first, a->second, out); });
     cmd->add_option("file", a->first, "Policy file (YAML)")->required();
     cmd->add_option("--from", a->second, "Next runs after this time (RFC 3339; default now)");
+    auto b = std::make_shared<std::pair<std::string, uint32_t>>("", 0);
+    auto* shards = AddCommand(*group, "shards", "Show which shard of N backs up each source (barge run --shard I/N)",
+                              exit_code, [b](Output& out) { return RunShards(b->first, b->second, out); });
+    shards->add_option("file", b->first, "Policy file (YAML)")->required();
+    shards->add_option("--shards", b->second, "N, the number of shards")->required();
   }
   {
     auto a = std::make_shared<RunArgs>();
@@ -513,13 +631,21 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
                            [a](Output& out) { return RunRun(*a, out); });
     cmd->add_option("--policy", a->policy, "Policy file (YAML)")->required();
     cmd->add_option("--source", a->sources, "Only this source (repeatable)");
+    cmd->add_option("--shard", a->shard,
+                    "I/N: only the sources of shard I (0-based) of N, by rendezvous hashing of their names; auto: "
+                    "I and N from a Kubernetes Indexed Job ($JOB_COMPLETION_INDEX) or a Slurm array "
+                    "($SLURM_ARRAY_TASK_ID/_MIN/_COUNT)");
+    cmd->add_option("--shard-count", a->shard_count,
+                    "With --shard auto: N (Kubernetes exports none; else $BARGE_SHARD_COUNT)");
     cmd->add_flag("--force", a->force, "Back up every (selected) source now, due or not (trigger manual)");
     cmd->add_flag("--full", a->full,
                   "With --force: full backups (new chains), e.g. after a bitmap was removed and added again");
     cmd->add_flag("--wait", a->wait, "Wait for a run of the same policy to end instead of failing (exit 4)");
     cmd->add_option("--metrics-textfile", a->metrics_textfile,
                     "Write the policy's metrics there afterwards, atomically (node-exporter textfile collector)");
-    cmd->add_option("--catalog", a->catalog, "Catalog database (run records)");
+    cmd->add_option("--catalog", a->catalog,
+                    "Catalog database (run records); a folder: one file per policy and shard in it "
+                    "(<policy>.shard-I.db)");
     cmd->add_option("--threads", a->threads, "Worker threads per backup (0 = all cores)")->capture_default_str();
     cmd->add_option("--memory", a->memory, "Data in flight per backup")->capture_default_str();
   }
@@ -553,8 +679,10 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
                            [a](Output& out) { return RunRunsList(*a, out); });
     cmd->add_option("--policy", a->policy, "Only this policy (a name or a policy file)");
     cmd->add_option("--source", a->source, "Only this source");
+    cmd->add_option("--shard", a->shard, "Only the records of shard I/N of sharded runs");
     cmd->add_option("--limit", a->limit, "At most N records (0 = all)")->check(CLI::NonNegativeNumber);
-    cmd->add_option("--catalog", a->catalog, "Catalog database");
+    cmd->add_option("--catalog", a->catalogs,
+                    "Catalog database, or a records folder (every *.db in it); repeatable: one table of all");
   }
 }
 

@@ -51,6 +51,11 @@ json SourceJson(const orc::Policy& policy, const orc::SourceOutcome& o) {
 
 }  // namespace
 
+json ShardJson(const orc::ShardSpec& shard) {
+  if (!shard.sharded()) return nullptr;
+  return {{"index", shard.index}, {"count", shard.count}};
+}
+
 json RunReportJson(const orc::Policy& policy, const orc::RunReport& report) {
   json sources = json::array();
   size_t due = 0;
@@ -60,6 +65,7 @@ json RunReportJson(const orc::Policy& policy, const orc::RunReport& report) {
   }
   return {{"policy", policy.name},
           {"run_id", report.run_id},
+          {"shard", ShardJson(report.shard)},
           {"started_at", orc::FormatRfc3339(report.started_at)},
           {"finished_at", orc::FormatRfc3339(report.started_at + std::chrono::seconds(static_cast<int64_t>(
                                                                       report.duration_seconds + 0.5)))},
@@ -94,10 +100,13 @@ void PrintRunReport(std::ostream& out, const orc::Policy& policy, const orc::Run
     if (!o.retention.empty()) out << "; retention: " << o.retention;
     out << "\n";
   }
-  if (report.ran == 0) {
-    out << "nothing due for policy " << policy.name << "\n";
+  const std::string shard = report.shard.sharded() ? " shard " + report.shard.ToString() : "";
+  if (report.sources.empty() && report.shard.sharded()) {
+    out << "policy " << policy.name << shard << ": no source falls to this shard\n";
+  } else if (report.ran == 0) {
+    out << "nothing due for policy " << policy.name << shard << "\n";
   } else {
-    out << "policy " << policy.name << ": " << report.ran - report.failed << " of " << report.ran
+    out << "policy " << policy.name << shard << ": " << report.ran - report.failed << " of " << report.ran
         << " backup(s) succeeded" << (report.failed ? ", " + std::to_string(report.failed) + " failed" : "")
         << (report.stopped ? " (" + report.stop_reason + ")" : "") << "\n";
   }

@@ -12,7 +12,10 @@
 
 namespace barge::cli {
 
-// {policy, run_id, started_at, finished_at, duration_seconds, due, ran,
+// A run's or record's shard: {index, count}, or null when not sharded.
+nlohmann::json ShardJson(const orchestrate::ShardSpec& shard);
+
+// {policy, run_id, shard, started_at, finished_at, duration_seconds, due, ran,
 // succeeded, failed, stopped, stop_reason, sources: [...]} (docs/policies.md,
 // "JSON").
 nlohmann::json RunReportJson(const orchestrate::Policy& policy, const orchestrate::RunReport& report);

@@ -39,7 +39,11 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   # NBD over TLS: certtool makes the CA, certificates and keys of
   # tests/nbd_tls_cli_test.cc and bench/nbd_tls.sh; ip (netns, veth) puts
   # the bench's server on another "host".
-  gnutls-bin iproute2)
+  gnutls-bin iproute2
+  # tests/slurm_fleet_test.cc: a real Slurm on one machine (munged,
+  # slurmctld, slurmd) runs deploy/slurm/barge-array.sbatch; python3-yaml
+  # reads deploy/kubernetes/ in tests/deploy_kubernetes_check.py.
+  slurm-wlm munge python3-yaml)
 
 pkgs=("${build_pkgs[@]}")
 case "$profile" in

@@ -610,6 +610,14 @@ def scenario(r):
     r.run("forget", ["--policy", missing, "--keep-last", "1"], expect=1)
     r.run("runs list", ["--policy", policy])  # points removed by forget
     r.serve(["--policy", policy, "--listen", "127.0.0.1:0"])
+    # Sharded: the records of each shard in a records folder, read as one.
+    os.makedirs(t("records"))
+    r.run("policy shards", [policy, "--shards", "2"])
+    r.run("policy shards", [missing, "--shards", "2"], expect=1)
+    for shard in ("0/2", "1/2"):
+        r.run("run", ["--policy", policy, "--force", "--shard", shard, "--catalog", t("records")])
+    r.run("run", ["--policy", policy, "--shard", "2/2"], expect=64)
+    r.run("runs list", ["--catalog", t("records"), "--shard", "0/2"])
     r.run("serve", ["--policy", missing, "--listen", "127.0.0.1:0"], expect=1)
 
     # Generated documentation: success only (see NO_RUNTIME_FAILURE).

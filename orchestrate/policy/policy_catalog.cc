@@ -42,7 +42,30 @@ CREATE INDEX IF NOT EXISTS policy_run_points_by_point ON policy_run_points(chain
 
 constexpr const char* kColumns =
     "id, run_id, policy, source, source_kind, trigger, trigger_detail, reason, host, target, type, type_reason, "
-    "started_at, finished_at, duration_seconds, bytes_read, bytes_written, result, error, barge_version";
+    "started_at, finished_at, duration_seconds, bytes_read, bytes_written, result, error, barge_version, "
+    "shard_index, shard_count";
+
+// Creates the tables, and adds the columns older versions lacked
+// (shard_index, shard_count: 0 and 0 for runs that were not sharded), in one
+// transaction so that two processes opening an old catalog at once do not
+// both alter it.
+Status CreateOrMigrate(SqliteDb& db) {
+  BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(db));
+  BARGE_RETURN_IF_ERROR(db.Exec(kSchema));
+  for (const char* column : {"shard_index", "shard_count"}) {
+    bool has = false;
+    {
+      BARGE_ASSIGN_OR_RETURN(auto st, db.Prepare("SELECT 1 FROM pragma_table_info('policy_runs') WHERE name = ?"));
+      st.Bind(1, std::string(column));
+      BARGE_ASSIGN_OR_RETURN(has, st.Step());
+    }
+    if (!has) {
+      BARGE_RETURN_IF_ERROR(
+          db.Exec(std::string("ALTER TABLE policy_runs ADD COLUMN ") + column + " INTEGER NOT NULL DEFAULT 0"));
+    }
+  }
+  return tx->Commit();
+}
 
 std::optional<SysSeconds> Time(const std::string& text) {
   auto t = ParseRfc3339(text);
@@ -54,18 +77,19 @@ std::optional<SysSeconds> Time(const std::string& text) {
 
 Result<std::unique_ptr<PolicyCatalog>> PolicyCatalog::Open(Env& env, const std::string& path) {
   BARGE_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(env, path));
-  BARGE_RETURN_IF_ERROR(db->Exec(kSchema));
+  BARGE_RETURN_IF_ERROR(CreateOrMigrate(*db));
   return std::unique_ptr<PolicyCatalog>(new PolicyCatalog(std::move(db)));
 }
 
 Result<int64_t> PolicyCatalog::BeginRun(const RunRecord& r) {
   BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare(
       "INSERT INTO policy_runs (run_id, policy, source, source_kind, trigger, trigger_detail, reason, host, "
-      "target, type, type_reason, started_at, result, barge_version) "
-      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?)"));
+      "target, type, type_reason, started_at, result, barge_version, shard_index, shard_count) "
+      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)"));
   st.Bind(1, r.run_id).Bind(2, r.policy).Bind(3, r.source).Bind(4, r.source_kind).Bind(5, r.trigger)
       .Bind(6, r.trigger_detail).Bind(7, r.reason).Bind(8, r.host).Bind(9, r.target).Bind(10, r.type)
-      .Bind(11, r.type_reason).Bind(12, r.started_at).Bind(13, r.barge_version);
+      .Bind(11, r.type_reason).Bind(12, r.started_at).Bind(13, r.barge_version)
+      .Bind(14, static_cast<int64_t>(r.shard.index)).Bind(15, static_cast<int64_t>(r.shard.count));
   BARGE_RETURN_IF_ERROR(st.Run());
   return db_->LastInsertRowId();
 }
@@ -91,11 +115,16 @@ Status PolicyCatalog::FinishRun(int64_t id, const RunRecord& r) {
   return tx->Commit();
 }
 
-Result<size_t> PolicyCatalog::FailInterrupted(const std::string& policy) {
+Result<size_t> PolicyCatalog::FailInterrupted(const std::string& policy, std::optional<uint32_t> shard_index) {
+  // Not sharded: shard_count 0. Sharded: that index, whatever the count
+  // (PolicyLockPath locks by index, so a worker of I/N and one of I/M
+  // exclude each other).
   BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare(
       "UPDATE policy_runs SET result = 'failed', error = 'interrupted: the run''s process ended', "
-      "finished_at = ? WHERE policy = ? AND result = 'running'"));
-  st.Bind(1, FormatRfc3339(NowSeconds())).Bind(2, policy);
+      "finished_at = ? WHERE policy = ? AND result = 'running' AND "
+      "(CASE WHEN ? THEN shard_count > 0 AND shard_index = ? ELSE shard_count = 0 END)"));
+  st.Bind(1, FormatRfc3339(NowSeconds())).Bind(2, policy).Bind(3, static_cast<int64_t>(shard_index ? 1 : 0))
+      .Bind(4, static_cast<int64_t>(shard_index.value_or(0)));
   BARGE_RETURN_IF_ERROR(st.Run());
   return static_cast<size_t>(db_->Changes());
 }
@@ -133,6 +162,8 @@ Result<std::vector<RunRecord>> PolicyCatalog::Query(const std::string& where, co
     r.result = st.Text(c++);
     r.error = st.Text(c++);
     r.barge_version = st.Text(c++);
+    r.shard.index = static_cast<uint32_t>(st.Int(c++));
+    r.shard.count = static_cast<uint32_t>(st.Int(c++));
     out.push_back(std::move(r));
   }
   for (auto& r : out) {
@@ -153,7 +184,8 @@ Result<std::vector<RunRecord>> PolicyCatalog::Query(const std::string& where, co
   return out;
 }
 
-Result<std::vector<RunRecord>> PolicyCatalog::ListRuns(const RunFilter& filter) {
+Result<std::vector<RunRecord>> PolicyCatalog::ListRuns(const RunFilter& filter,
+                                                       const std::optional<ShardSpec>& shard) {
   std::string where;
   std::vector<std::string> args;
   if (!filter.policy.empty()) {
@@ -163,6 +195,11 @@ Result<std::vector<RunRecord>> PolicyCatalog::ListRuns(const RunFilter& filter) 
   if (!filter.source.empty()) {
     where += std::string(where.empty() ? "" : " AND ") + "source = ?";
     args.push_back(filter.source);
+  }
+  if (shard) {
+    // Numbers of our own making: no binding needed.
+    where += std::string(where.empty() ? "" : " AND ") + "shard_count = " + std::to_string(shard->count) +
+             (shard->sharded() ? " AND shard_index = " + std::to_string(shard->index) : "");
   }
   return Query(where, args, filter.limit);
 }

@@ -15,6 +15,7 @@
 
 #include "blockio/error.h"
 #include "orchestrate/policy/policy_decisions.h"
+#include "orchestrate/policy/policy_shard.h"
 #include "orchestrate/base/sqlite_db.h"
 
 namespace barge::orchestrate {
@@ -40,6 +41,9 @@ struct RunRecord {
   std::string result;         // "running", "success", "failed"
   std::string error;          // why it failed
   std::string barge_version;
+  // The shard of a sharded run (`--shard I/N`) that made this record; not
+  // sharded (count 0) otherwise.
+  ShardSpec shard;
   std::vector<PointPart> points;  // what it made (success only)
   // Per entry of `points` (ListRuns): "present", "removed", or "merged into
   // ID" (retention or forget folded it into the full of ID).
@@ -77,12 +81,18 @@ class PolicyCatalog {
   Result<int64_t> BeginRun(const RunRecord& record);
   // Finishes record `id`: end time, result, bytes, error, points.
   Status FinishRun(int64_t id, const RunRecord& record);
-  // Records of `policy` still "running" belong to a process that is gone
-  // (the caller holds the policy's lock): they become "failed" with
-  // "interrupted: the run's process ended". Returns how many.
-  Result<size_t> FailInterrupted(const std::string& policy);
+  // Records of `policy` made by shard index `shard_index` of a sharded run
+  // (nullopt: by runs that were not sharded) still "running" belong to a
+  // process that is gone (the caller holds that shard's policy lock,
+  // PolicyLockPath): they become "failed" with "interrupted: the run's
+  // process ended". Records of the other shards are left alone: their
+  // workers may be running. Returns how many.
+  Result<size_t> FailInterrupted(const std::string& policy, std::optional<uint32_t> shard_index = std::nullopt);
 
-  Result<std::vector<RunRecord>> ListRuns(const RunFilter& filter = {});
+  // `shard`: only the records of this shard (index and count); nullopt =
+  // all; ShardSpec{} (count 0) = those of runs that were not sharded.
+  Result<std::vector<RunRecord>> ListRuns(const RunFilter& filter = {},
+                                          const std::optional<ShardSpec>& shard = std::nullopt);
   Result<SourceState> StateOf(const std::string& policy, const std::string& source);
   Result<SourceRunStats> StatsOf(const std::string& policy, const std::string& source);
   // Successful runs whose points are still present, per target.

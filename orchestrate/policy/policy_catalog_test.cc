@@ -86,5 +86,66 @@ TEST(PolicyCatalogTest, RecordsStateAndStats) {
   EXPECT_NE(cat.ListRuns({"p", "", 1})->front().error.find("interrupted"), std::string::npos);
 }
 
+// Sharded runs: each record keeps its shard; ListRuns filters by shard;
+// a shard's run settles only its own shard's interrupted records.
+TEST(PolicyCatalogTest, ShardsOfRecords) {
+  barge::testing::TempDir dir;
+  auto c = PolicyCatalog::Open(PosixEnv(), dir / "catalog.db");
+  ASSERT_TRUE(c.ok()) << c.error().ToString();
+  auto& cat = **c;
+  for (uint32_t i = 0; i < 3; ++i) {
+    RunRecord r = NewRun("s" + std::to_string(i), "2026-11-23T02:00:0" + std::to_string(i) + "Z");
+    r.shard = {i, 3};
+    ASSERT_TRUE(cat.BeginRun(r).ok());
+  }
+  ASSERT_TRUE(cat.BeginRun(NewRun("plain", "2026-11-23T02:00:09Z")).ok());
+  auto one = cat.ListRuns({}, ShardSpec{1, 3});
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ(one->front().source, "s1");
+  EXPECT_EQ(one->front().shard, (ShardSpec{1, 3}));
+  EXPECT_EQ(cat.ListRuns({}, ShardSpec{})->front().source, "plain");
+  EXPECT_EQ(cat.ListRuns({}, ShardSpec{1, 4})->size(), 0u);
+  EXPECT_EQ(cat.ListRuns()->size(), 4u);
+
+  // Shard 1's next run: only s1's record was its.
+  EXPECT_EQ(*cat.FailInterrupted("p", 1u), 1u);
+  auto after = cat.ListRuns();
+  ASSERT_TRUE(after.ok());
+  for (const auto& r : *after) EXPECT_EQ(r.result, r.source == "s1" ? "failed" : "running") << r.source;
+  // An unsharded run settles the unsharded records only.
+  EXPECT_EQ(*cat.FailInterrupted("p"), 1u);
+  EXPECT_EQ(cat.ListRuns({}, ShardSpec{})->front().result, "failed");
+  EXPECT_EQ(cat.ListRuns({}, ShardSpec{0, 3})->front().result, "running");
+}
+
+// A catalog from before shards gains the columns; its records read as
+// not sharded.
+TEST(PolicyCatalogTest, OldCatalogGainsShardColumns) {
+  barge::testing::TempDir dir;
+  const std::string path = dir / "old.db";
+  {
+    auto db = SqliteDb::Open(PosixEnv(), path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("CREATE TABLE policy_runs (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, "
+                            "policy TEXT NOT NULL, source TEXT NOT NULL, source_kind TEXT NOT NULL DEFAULT '', "
+                            "trigger TEXT NOT NULL, trigger_detail TEXT NOT NULL DEFAULT '', reason TEXT NOT NULL "
+                            "DEFAULT '', host TEXT NOT NULL DEFAULT '', target TEXT NOT NULL DEFAULT '', type TEXT "
+                            "NOT NULL DEFAULT '', type_reason TEXT NOT NULL DEFAULT '', started_at TEXT NOT NULL, "
+                            "finished_at TEXT NOT NULL DEFAULT '', duration_seconds REAL NOT NULL DEFAULT 0, "
+                            "bytes_read INTEGER NOT NULL DEFAULT 0, bytes_written INTEGER NOT NULL DEFAULT 0, "
+                            "result TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', barge_version TEXT NOT NULL "
+                            "DEFAULT ''); INSERT INTO policy_runs (run_id, policy, source, trigger, started_at, "
+                            "result) VALUES ('r', 'p', 'old', 'manual', '2026-11-01T00:00:00Z', 'success');")
+                    .ok());
+  }
+  auto c = PolicyCatalog::Open(PosixEnv(), path);
+  ASSERT_TRUE(c.ok()) << c.error().ToString();
+  auto runs = (*c)->ListRuns();
+  ASSERT_TRUE(runs.ok()) << runs.error().ToString();
+  ASSERT_EQ(runs->size(), 1u);
+  EXPECT_FALSE(runs->front().shard.sharded());
+}
+
 }  // namespace
 }  // namespace barge::orchestrate

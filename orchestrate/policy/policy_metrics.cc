@@ -47,11 +47,13 @@ class Families {
 }  // namespace
 
 Result<PolicyMetricsSnapshot> CollectPolicyMetrics(const Policy& policy, PolicyCatalog& catalog, Env& env,
-                                                   SysSeconds known_since) {
+                                                   SysSeconds known_since, const ShardSpec& shard) {
   PolicyMetricsSnapshot snap;
   snap.policy = policy.name;
+  snap.shard = shard;
   snap.max_duration_without_backup = policy.max_duration_without_backup;
   for (const auto& s : policy.sources) {
+    if (!InShard(shard, s.name)) continue;
     SourceMetrics m;
     m.source = s.name;
     m.kind = std::string(PolicySourceKindName(s.kind));
@@ -79,7 +81,8 @@ std::vector<prometheus::MetricFamily> PolicyMetricFamilies(const std::vector<Pol
   Families f;
   for (const auto& snap : snapshots) {
     for (const auto& s : snap.sources) {
-      const std::vector<prometheus::ClientMetric::Label> l = {{"policy", snap.policy}, {"source", s.source}};
+      std::vector<prometheus::ClientMetric::Label> l = {{"policy", snap.policy}, {"source", s.source}};
+      if (snap.shard.sharded()) l.push_back({"shard", snap.shard.ToString()});
       f.Gauge("barge_policy_last_success_timestamp_seconds",
               "Start of the source's newest successful backup (0: never).", l,
               s.stats.last_success ? Seconds(*s.stats.last_success) : 0);
@@ -111,7 +114,8 @@ std::vector<prometheus::MetricFamily> PolicyMetricFamilies(const std::vector<Pol
       }
     }
     for (const auto& t : snap.targets) {
-      const std::vector<prometheus::ClientMetric::Label> l = {{"policy", snap.policy}, {"target", t.path}};
+      std::vector<prometheus::ClientMetric::Label> l = {{"policy", snap.policy}, {"target", t.path}};
+      if (snap.shard.sharded()) l.push_back({"shard", snap.shard.ToString()});
       f.Gauge("barge_policy_target_up", "1 when the target's free space could be read and it is writable.", l,
               t.space && !t.space->read_only ? 1 : 0);
       if (!t.space) continue;
@@ -122,6 +126,16 @@ std::vector<prometheus::MetricFamily> PolicyMetricFamilies(const std::vector<Pol
     }
   }
   return f.Take();
+}
+
+std::string ShardTextfilePath(const std::string& path, const ShardSpec& shard) {
+  if (!shard.sharded()) return path;
+  const std::string tag = ".shard-" + std::to_string(shard.index);
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.rfind('.');
+  // A dot of the file name, not of a folder, and not a leading one.
+  if (dot == std::string::npos || (slash != std::string::npos && dot <= slash + 1) || dot == 0) return path + tag;
+  return path.substr(0, dot) + tag + path.substr(dot);
 }
 
 std::string RenderPolicyMetrics(const std::vector<PolicyMetricsSnapshot>& snapshots) {

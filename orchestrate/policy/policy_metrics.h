@@ -19,6 +19,7 @@
 #include "blockio/error.h"
 #include "orchestrate/policy/policy.h"
 #include "orchestrate/policy/policy_catalog.h"
+#include "orchestrate/policy/policy_shard.h"
 
 namespace barge::orchestrate {
 
@@ -39,15 +40,25 @@ struct TargetMetrics {
 
 struct PolicyMetricsSnapshot {
   std::string policy;
+  // A sharded worker's snapshot: its sources only, every series labelled
+  // shard="I/N" (so the files of several shards never collide); not
+  // sharded: no shard label.
+  ShardSpec shard;
   std::chrono::seconds max_duration_without_backup{0};
   std::vector<SourceMetrics> sources;
   std::vector<TargetMetrics> targets;
 };
 
 // Gathers a snapshot. `known_since`: for sources without any run (a daemon
-// passes its start time).
+// passes its start time). `shard`: only the sources that fall to it.
 Result<PolicyMetricsSnapshot> CollectPolicyMetrics(const Policy& policy, PolicyCatalog& catalog, Env& env,
-                                                   SysSeconds known_since);
+                                                   SysSeconds known_since, const ShardSpec& shard = {});
+
+// The textfile of shard `shard` for `path`: "barge-p.prom" becomes
+// "barge-p.shard-1.prom" (".shard-1" before the last extension, or at the
+// end), so that the workers of one policy that share a textfile folder
+// write one file each; `path` itself when not sharded.
+std::string ShardTextfilePath(const std::string& path, const ShardSpec& shard);
 
 // The metric families of the snapshots (names and labels in
 // docs/policies.md).

@@ -61,9 +61,10 @@ bool Selected(const std::vector<std::string>& only, const std::string& name) {
 }
 
 Result<std::unique_ptr<EnvLock>> LockPolicy(Env& env, const std::string& catalog_path, const std::string& policy,
-                                            bool wait) {
-  return TryLockFile(env, PolicyLockPath(catalog_path, policy), "a run of policy " + policy + " is in progress",
-                     wait);
+                                            bool wait, std::optional<uint32_t> shard_index = std::nullopt) {
+  const std::string what = shard_index ? "a run of shard " + std::to_string(*shard_index) + " of policy " + policy
+                                       : "a run of policy " + policy;
+  return TryLockFile(env, PolicyLockPath(catalog_path, policy, shard_index), what + " is in progress", wait);
 }
 
 class Runner {
@@ -79,7 +80,8 @@ class Runner {
         return std::uniform_int_distribution<size_t>(0, n - 1)(rng_);
       };
     }
-    run_id_ = policy.name + "-" + FormatRfc3339(now_()) + "-" + std::to_string(ProcessOwner::Self(env_).pid);
+    run_id_ = policy.name + (options.shard.sharded() ? "-shard" + std::to_string(options.shard.index) : "") + "-" +
+              FormatRfc3339(now_()) + "-" + std::to_string(ProcessOwner::Self(env_).pid);
     host_ = ProcessOwner::Self(env_).host;
   }
 
@@ -95,7 +97,7 @@ class Runner {
     report.run_id = run_id_;
     std::vector<size_t> due;
     for (const auto& s : policy_.sources) {
-      if (!Selected(opt_.only_sources, s.name)) continue;
+      if (!Selected(opt_.only_sources, s.name) || !InShard(opt_.shard, s.name)) continue;
       SourceOutcome o;
       o.source = s.name;
       BARGE_ASSIGN_OR_RETURN(SourceState st, Locked([&] { return catalog_.StateOf(policy_.name, s.name); }));
@@ -174,6 +176,7 @@ class Runner {
     r.host = host_;
     r.started_at = FormatRfc3339(now_());
     r.barge_version = BargeVersion();
+    r.shard = opt_.shard;
     r.result = "running";
     auto id = Locked([&] { return catalog_.BeginRun(r); });
     if (!id.ok()) {
@@ -204,6 +207,14 @@ class Runner {
   Status Backup(const PolicySource& s, SourceOutcome& o) {
     RunRecord& r = o.record;
     if (cancel_) return Error::Cancelled("not started");
+    // One backup of a source at a time among every worker whose catalog
+    // shares this folder (the workers of a sharded policy with one records
+    // folder), whatever target each would choose; workers with separate
+    // folders meet at the chain folder's lock.
+    BARGE_ASSIGN_OR_RETURN(auto source_lock,
+                           TryLockFile(env_, SourceLockPath(opt_.catalog_path, policy_.name, s.name),
+                                       "source " + s.name + " of policy " + policy_.name +
+                                           " is being backed up by another worker"));
     BARGE_ASSIGN_OR_RETURN(SourcePoints points, ScanSource(env_, policy_, s));
     // Records of points an interrupted retention already removed or folded.
     BARGE_RETURN_IF_ERROR(Locked([&] { return MarkMissingPointsRemoved(env_, catalog_, policy_, s, points); }));
@@ -496,8 +507,10 @@ Status CheckPolicyFolders(Env& env, const Policy& policy) {
   return OkStatus();
 }
 
-std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy) {
-  return CatalogLockPath(catalog_path, LockKind::kPolicy, policy);
+std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy,
+                           std::optional<uint32_t> shard_index) {
+  return CatalogLockPath(catalog_path, LockKind::kPolicy,
+                         shard_index ? policy + ".shard-" + std::to_string(*shard_index) : policy);
 }
 
 std::string BargeVersion() { return pipeline::BackupRequest().tool_version; }
@@ -513,17 +526,48 @@ Result<RunReport> RunPolicyOnce(Env& env, const Policy& policy, const RunOptions
     backend = own_backend.get();
   }
   BARGE_RETURN_IF_ERROR(CheckPolicyFolders(env, policy));
-  BARGE_ASSIGN_OR_RETURN(auto lock, LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock));
+  const std::optional<uint32_t> shard_index =
+      options.shard.sharded() ? std::optional<uint32_t>(options.shard.index) : std::nullopt;
+  BARGE_ASSIGN_OR_RETURN(auto lock,
+                         LockPolicy(env, options.catalog_path, policy.name, options.wait_for_lock, shard_index));
   BARGE_ASSIGN_OR_RETURN(auto catalog, PolicyCatalog::Open(env, options.catalog_path));
-  // We hold the lock: a "running" record is a dead process's.
-  BARGE_RETURN_IF_ERROR(catalog->FailInterrupted(policy.name));
+  // We hold the lock: a "running" record of this shard (or of an unsharded
+  // run) is a dead process's.
+  BARGE_RETURN_IF_ERROR(catalog->FailInterrupted(policy.name, shard_index));
   Runner runner(policy, options, env, *backend, *catalog);
   const auto t0 = std::chrono::steady_clock::now();
   const SysSeconds started = options.now ? options.now() : NowSeconds();
   BARGE_ASSIGN_OR_RETURN(RunReport report, runner.Run());
+  report.shard = options.shard;
   report.started_at = started;
   report.duration_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
+}
+
+std::string SourceLockPath(const std::string& catalog_path, const std::string& policy, const std::string& source) {
+  // '@' is in no policy name: the pair is unambiguous.
+  return CatalogLockPath(catalog_path, LockKind::kPolicy, policy + "@" + source);
+}
+
+Result<size_t> SettleCutRuns(Env& env, const std::string& catalog_path, PolicyCatalog& catalog) {
+  BARGE_ASSIGN_OR_RETURN(auto runs, catalog.ListRuns());
+  // (policy, shard index or none) of the records still running.
+  std::set<std::pair<std::string, std::optional<uint32_t>>> open;
+  for (const auto& r : runs) {
+    if (r.result != "running") continue;
+    open.insert({r.policy, r.shard.sharded() ? std::optional<uint32_t>(r.shard.index) : std::nullopt});
+  }
+  size_t settled = 0;
+  for (const auto& [policy, shard_index] : open) {
+    auto lock = LockPolicy(env, catalog_path, policy, false, shard_index);
+    if (!lock.ok()) {
+      if (lock.error().code() == ErrorCode::kBusy) continue;  // the run is alive
+      return lock.error();
+    }
+    BARGE_ASSIGN_OR_RETURN(size_t n, catalog.FailInterrupted(policy, shard_index));
+    settled += n;
+  }
+  return settled;
 }
 
 Result<std::vector<ForgetSourceReport>> ForgetPoints(Env& env, const Policy& policy, const ForgetPolicy& keep,

@@ -21,6 +21,7 @@
 #include "orchestrate/policy/policy.h"
 #include "orchestrate/policy/policy_catalog.h"
 #include "orchestrate/policy/policy_decisions.h"
+#include "orchestrate/policy/policy_shard.h"
 #include "pipeline/chain.h"
 #include "pipeline/copy.h"
 
@@ -179,6 +180,13 @@ struct RunOptions {
   std::chrono::seconds retry_failed_after{0};
   // Only these sources (names); empty = all.
   std::vector<std::string> only_sources;
+  // A sharded run (`--shard I/N`): only the sources that fall to this shard
+  // (InShard), under this shard's lock instead of the policy's
+  // (PolicyLockPath), and each record says which shard made it. Two
+  // workers that overlap (a misconfigured count, a retry while the old
+  // worker still runs) never back up one source at once: each backup holds
+  // its chain folder's lock, and the second fails that source with kBusy.
+  ShardSpec shard;
   // Wait for a run of the same policy to end instead of failing with kBusy.
   bool wait_for_lock = false;
   // Set to stop the run cleanly (SIGTERM): backups in progress are
@@ -201,6 +209,7 @@ struct SourceOutcome {
 
 struct RunReport {
   std::string run_id;
+  ShardSpec shard;               // RunOptions::shard
   SysSeconds started_at{};       // when the run began (RunOptions::now)
   double duration_seconds = 0;   // how long it took, lock and retention included
   std::vector<SourceOutcome> sources;
@@ -218,6 +227,16 @@ struct RunReport {
 // kInvalidArgument when the policy has hooks and no HookRunner was given;
 // catalog errors.
 Result<RunReport> RunPolicyOnce(Env& env, const Policy& policy, const RunOptions& options);
+
+// Records left "running" in `catalog` (at `catalog_path`) by a run whose
+// process is gone (killed, crashed, its machine lost): for each policy and
+// shard that has such records, the lock its run held (PolicyLockPath) is
+// tried without waiting; when it is free, that run's process ended (the
+// kernel releases an flock with its holder) and its records become failed
+// with "interrupted: the run's process ended" (FailInterrupted), as the
+// next run of that shard would mark them. A lock held means the run is
+// alive: its records stay "running". Returns how many records changed.
+Result<size_t> SettleCutRuns(Env& env, const std::string& catalog_path, PolicyCatalog& catalog);
 
 // ---- forget ----
 
@@ -283,8 +302,18 @@ Status CheckPolicyFolders(Env& env, const Policy& policy);
 std::vector<std::string> PolicyWarnings(Env& env, const Policy& policy);
 
 // The lock file of a policy (CatalogLockPath's kPolicy):
-// <catalog folder>/locks/policies/<name>.lock.
-std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy);
+// <catalog folder>/locks/policies/<name>.lock; of shard index I of a
+// sharded run, <name>.shard-I.lock (by index only: workers of I/N and I/M
+// exclude each other, as do two workers of one shard).
+std::string PolicyLockPath(const std::string& catalog_path, const std::string& policy,
+                           std::optional<uint32_t> shard_index = std::nullopt);
+
+// The lock a run holds while it backs up `source` (its backup, hooks and
+// retention): <catalog folder>/locks/policies/<policy>@<source>.lock. Two
+// workers whose catalogs share a folder (a records folder of a sharded
+// policy) never back up one source at once, whatever target each would
+// pick; the second fails the source with kBusy.
+std::string SourceLockPath(const std::string& catalog_path, const std::string& policy, const std::string& source);
 
 // barge's version as records and manifests state it.
 std::string BargeVersion();
