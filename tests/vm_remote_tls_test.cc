@@ -130,7 +130,7 @@ class RemoteLibvirtd {
     // The port leases' lock files barge made for this host (left in place
     // by design: a waiter may hold one open).
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator("/run/lock/barge/nbd-ports", ec)) {
+    for (const auto& e : fs::directory_iterator(orchestrate::kDefaultNbdPortLockDir, ec)) {
       if (e.path().filename().string().rfind(ip_ + "-", 0) == 0) fs::remove(e.path(), ec);
     }
   }
