@@ -84,6 +84,7 @@ json BackupResultJson(const orc::VmBackupResult& r) {
   }
   return {{"backup_type", Lower(r.backup_type)}, {"reason", r.reason}, {"checkpoint", r.checkpoint},
           {"parent_checkpoint", r.parent_checkpoint}, {"tracker", r.tracker}, {"mode", r.mode},
+          {"transport", r.transport}, {"nbd_port", r.nbd_port},
           {"record_id", r.record_id}, {"disks", disks}, {"duration_seconds", r.seconds}};
 }
 
@@ -366,6 +367,7 @@ struct VmBackupArgs {
   std::vector<std::string> disks;
   CopyFlags copy;
   HookFlags hooks;
+  std::string port_range = orc::kDefaultNbdPortRange;
 };
 
 void RegisterVm(CLI::App& app, int& exit_code) {
@@ -378,6 +380,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     if (!catalog_path.ok()) return out.Fail(catalog_path.error());
     req.catalog_path = *catalog_path;
     req.disks = a->disks;
+    auto ports = orc::ParsePortRange(a->port_range);
+    if (!ports.ok()) return out.Usage("--nbd-port-range: " + ports.error().message());
+    req.nbd_ports = *ports;
     // The tracker is settled before the hooks run: several and none named
     // is a usage error (which chain to continue is the caller's choice).
     {
@@ -427,6 +432,15 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                   "Existing folder QEMU can see for the job's scratch files (default: /var/tmp)");
   cmd->add_option("--catalog", a->catalog, "Catalog database");
   AddConnectOption(cmd, a->req.libvirt_uri);
+  cmd->add_option("--tls-certificates", a->req.nbd.tls_certificates,
+                  "A remote domain's NBD export over TCP with TLS (needed with qemu+tls://; with qemu+ssh:// instead "
+                  "of the ssh forward): folder of the client's ca-cert.pem, client-cert.pem, client-key.pem");
+  cmd->add_option("--nbd-port-range", a->port_range,
+                  std::string("TCP ports for a remote TLS export, LO-HI, one per running job on a host "
+                              "(default: ") + orc::kDefaultNbdPortRange + ")");
+  cmd->add_option("--nbd-connections", a->req.nbd.connections,
+                  "NBD connections per disk to the job's export (multi-conn; default 4)")
+      ->check(CLI::Range(1, 64));
   a->hooks.AddTo(cmd);
   a->copy.AddTo(cmd, DefaultCompression());
   {

@@ -3,6 +3,7 @@
 #include "orchestrate/policy/policy.h"
 
 #include "orchestrate/libvirt/libvirt_uri.h"
+#include "orchestrate/libvirt/nbd_ports.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -23,7 +24,8 @@ constexpr const char* kPolicyKeys[] = {
     "retention_count", "targets", "free_space_multiple", "max_run_time", "max_parallel",
     "full_every",  "compression", "pre_hook",    "post_hook",
 };
-constexpr const char* kSourceKeys[] = {"name", "image", "bitmap", "domain", "tracker", "connect", "nbd"};
+constexpr const char* kSourceKeys[] = {"name",    "image", "bitmap",           "domain",        "tracker",
+                                       "connect", "nbd",   "tls_certificates", "nbd_port_range"};
 constexpr const char* kHookKeys[] = {"command", "timeout"};
 
 size_t EditDistance(std::string_view a, std::string_view b) {
@@ -211,6 +213,24 @@ std::optional<PolicySource> ParseSource(Checker& c, const YAML::Node& node) {
     if (auto v = c.Scalar(node["connect"], "connect")) s.connect = *v;
     if (auto uri = ParseLibvirtUri(s.connect); !uri.ok()) {
       c.Fail(node["connect"].Mark(), "'connect' is " + uri.error().message());
+    }
+  }
+  if (node["tls_certificates"]) {
+    if (s.kind != PolicySourceKind::kDomain) {
+      c.Fail(node["tls_certificates"].Mark(), "'tls_certificates' belongs to 'domain' sources");
+    }
+    if (auto v = c.Scalar(node["tls_certificates"], "tls_certificates")) s.tls_certificates = *v;
+    if (s.tls_certificates.empty() || s.tls_certificates.front() != '/') {
+      c.Fail(node["tls_certificates"].Mark(), "'tls_certificates' must be an absolute folder");
+    }
+  }
+  if (node["nbd_port_range"]) {
+    if (s.kind != PolicySourceKind::kDomain) {
+      c.Fail(node["nbd_port_range"].Mark(), "'nbd_port_range' belongs to 'domain' sources");
+    }
+    if (auto v = c.Scalar(node["nbd_port_range"], "nbd_port_range")) s.nbd_port_range = *v;
+    if (auto r = ParsePortRange(s.nbd_port_range); !r.ok()) {
+      c.Fail(node["nbd_port_range"].Mark(), "'nbd_port_range' is a " + r.error().message());
     }
   }
   if (s.kind == PolicySourceKind::kImage && !s.location.empty() && s.location.front() != '/') {

@@ -34,6 +34,11 @@ struct PolicySource {
   std::string bitmap;    // image: persistent bitmap the incrementals read ("" = every backup full)
   std::string tracker;   // domain: backup tracker (created when missing)
   std::string connect;   // domain: libvirt URI ("" = $BARGE_LIBVIRT_URI, else qemu:///system); may hold a password
+  // domain on a remote host, its export over TCP with TLS (vm backup's
+  // --tls-certificates and --nbd-port-range): the client certificates'
+  // folder ("" = none) and the ports to lease ("" = kDefaultNbdPortRange).
+  std::string tls_certificates;
+  std::string nbd_port_range;
   int line = 0;          // where the entry starts in the file (1-based)
 };
 

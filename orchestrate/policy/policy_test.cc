@@ -173,6 +173,12 @@ TEST(PolicyTest, StructureErrors) {
       {"name: p\nsources:\n  - domain: vm\n    connect: 'qemu+ssh://u:pw@h:99999/system'\ntargets: [/t]\n",
        "policy:4:14: 'connect' is bad port '99999' in libvirt URI qemu+ssh://..."},
       {"name: p\nsources:\n  - domain: vm\n    connect: hv1\ntargets: [/t]\n", "'connect' is not a libvirt URI"},
+      {"name: p\nsources:\n  - image: /d\n    nbd_port_range: 1-2\ntargets: [/t]\n",
+       "'nbd_port_range' belongs to 'domain' sources"},
+      {"name: p\nsources:\n  - domain: vm\n    nbd_port_range: 20-10\ntargets: [/t]\n",
+       "policy:4:21: 'nbd_port_range' is a bad port range '20-10'"},
+      {"name: p\nsources:\n  - domain: vm\n    tls_certificates: pki\ntargets: [/t]\n",
+       "'tls_certificates' must be an absolute folder"},
       {"name: p\nsources: [{image: /d}]\ntargets: [t]\n", "targets must be absolute folders, not 't'"},
       {"name: p\nsources: [{image: /d}]\ntargets: [/t, /t/]\n", "target '/t' is listed twice"},
       {"name: p\nname: q\nsources: [{image: /d}]\ntargets: [/t]\n", "policy:2:1: duplicate key 'name'"},
@@ -198,6 +204,17 @@ TEST(PolicyTest, DomainSourceConnect) {
   ASSERT_TRUE(p.ok()) << p.error().ToString();
   EXPECT_EQ(p->sources[0].connect, "qemu+ssh://root@hv1:2222/system?keyfile=/k");
   EXPECT_EQ(p->sources[1].connect, "");
+  EXPECT_EQ(p->sources[1].tls_certificates, "");
+  EXPECT_EQ(p->sources[1].nbd_port_range, "");
+}
+
+TEST(PolicyTest, DomainSourceTlsExport) {
+  auto p = ParsePolicy(Env::Default(), "name: p\nsources:\n  - domain: vm1\n    connect: qemu+tls://hv1/system\n"
+                                       "    tls_certificates: /etc/barge/nbd-pki\n    nbd_port_range: 20000-20009\n"
+                                       "targets: [/t]\n");
+  ASSERT_TRUE(p.ok()) << p.error().ToString();
+  EXPECT_EQ(p->sources[0].tls_certificates, "/etc/barge/nbd-pki");
+  EXPECT_EQ(p->sources[0].nbd_port_range, "20000-20009");
 }
 
 TEST(PolicyTest, LoadThroughEnv) {

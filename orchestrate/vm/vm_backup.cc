@@ -29,7 +29,9 @@
 #include "orchestrate/libvirt/guest_freeze.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
+#include "orchestrate/libvirt/nbd_ports.h"
 #include "orchestrate/libvirt/ssh_forward.h"
+#include "pipeline/nbd_endpoint.h"
 #include "orchestrate/vm/tracker.h"
 #include "orchestrate/vm/vm_orphans.h"
 
@@ -57,11 +59,26 @@ std::string JoinReasons(const std::vector<VmBackupDisk>& disks) {
   return out;
 }
 
+// "nbds://HOST[:PORT]" (an IPv6 address in brackets).
+std::string NbdTcpUri(const std::string& host, int port) {
+  return "nbds://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
+         (port > 0 ? ":" + std::to_string(port) : "");
+}
+
+// The job's <server>: a unix socket, or (port > 0) TCP with TLS on `host`,
+// where QEMU listens (formatbackup: libvirt takes the certificates from the
+// host's qemu.conf, backup_tls_x509_cert_dir).
+std::string ServerXml(const std::string& socket, const std::string& host, int port) {
+  if (port > 0) {
+    return "<server transport='tcp' tls='yes' name='" + XmlEscape(host) + "' port='" + std::to_string(port) + "'/>";
+  }
+  return "<server transport='unix' socket='" + XmlEscape(socket) + "'/>";
+}
+
 std::string BackupXml(const std::vector<DomainDisk>& all, const std::set<std::string>& selected,
                       const std::map<std::string, bool>& incremental, const std::string& from,
-                      const std::string& socket, const std::string& scratch_prefix) {
-  std::string x = "<domainbackup mode='pull'><server transport='unix' socket='" + XmlEscape(socket) +
-                  "'/><disks>";
+                      const std::string& server, const std::string& scratch_prefix) {
+  std::string x = "<domainbackup mode='pull'>" + server + "<disks>";
   for (const auto& d : all) {
     if (!selected.count(d.target)) {
       x += "<disk name='" + XmlEscape(d.target) + "' backup='no'/>";
@@ -132,6 +149,12 @@ struct Cleanup {
   // A remote job's socket forwarded here over ssh (qemu+ssh://): stopped
   // by EndJob, before the job ends, on every path.
   std::unique_ptr<SshForward> forward;
+  // A remote job's TCP export with TLS (`tls`): QEMU listens on
+  // `tcp_host`:port_lease->port(). The lease is given back by EndJob once
+  // the job has ended (QEMU no longer listens), or with the Cleanup.
+  bool tls = false;
+  std::string tcp_host;
+  std::unique_ptr<NbdPortLease> port_lease;
   // The job's run record (vm_orphans.h), written before the job starts and
   // removed once nothing of the job is left: a killed run's successor finds
   // the job, socket, scratch folder and checkpoint by it.
@@ -172,6 +195,9 @@ struct Cleanup {
         }
       }
     }
+    // Given back only once no job may listen on it: a job that could not be
+    // aborted keeps its port until this process ends.
+    if (s.ok()) port_lease.reset();
     if (remote) return s;
     if (Status unlinked = socket.empty() ? OkStatus() : env.UnlinkIfExists(socket); s.ok()) s = std::move(unlinked);
     if (!scratch_dir.empty()) {
@@ -726,7 +752,10 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
     BARGE_RETURN_IF_ERROR(InjectedFault(req, VmBackupFaults::Point::kAfterFreeze));
   }
 
-  cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
+  // A TCP export has no socket (libvirt's job XML names none either, which
+  // is how a killed run's job is recognised: vm_orphans.h).
+  cleanup.socket =
+      cleanup.tls ? "" : "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
   const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
   if (cleanup.remote) {
     // On the remote host: libvirt creates the socket and the scratch files
@@ -765,12 +794,23 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
 
 // Starts the pull-mode job (and its checkpoint). A disk whose bitmap
 // libvirt finds inconsistent only at job start goes full, and the start is
-// tried again.
-Status BeginJob(virDomainPtr dom, RunPlan& plan, const std::set<std::string>& with_bitmap,
-                const std::string& parent_checkpoint, const std::string& checkpoint, Cleanup& cleanup) {
-  for (size_t attempt = 0; attempt <= plan.disks.size(); ++attempt) {
-    std::string bxml = BackupXml(plan.all_disks, plan.selected, plan.incremental, parent_checkpoint, cleanup.socket,
-                                 cleanup.scratch_prefix);
+// tried again. A TCP export (cleanup.tls) listens on a port leased from
+// req.nbd_ports; a port that something else on the host holds (libvirt:
+// "Address already in use") is skipped and the next one leased, until the
+// range is used up (kBusy).
+Status BeginJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, RunPlan& plan,
+                const std::set<std::string>& with_bitmap, const std::string& parent_checkpoint,
+                const std::string& checkpoint, Cleanup& cleanup) {
+  std::set<int> in_use_on_host;
+  for (size_t attempt = 0; attempt <= plan.disks.size();) {
+    if (cleanup.tls && !cleanup.port_lease) {
+      BARGE_ASSIGN_OR_RETURN(cleanup.port_lease, LeaseNbdPort(env, req.nbd_port_lock_dir, cleanup.tcp_host,
+                                                              req.nbd_ports, in_use_on_host));
+    }
+    const std::string server =
+        ServerXml(cleanup.socket, cleanup.tcp_host, cleanup.port_lease ? cleanup.port_lease->port() : 0);
+    std::string bxml =
+        BackupXml(plan.all_disks, plan.selected, plan.incremental, parent_checkpoint, server, cleanup.scratch_prefix);
     std::string cxml = checkpoint.empty() ? "" : CheckpointCreateXml(checkpoint, plan.all_disks, with_bitmap);
     if (virDomainBackupBegin(dom, bxml.c_str(), cxml.empty() ? nullptr : cxml.c_str(), 0) == 0) {
       cleanup.job_started = true;
@@ -778,6 +818,12 @@ Status BeginJob(virDomainPtr dom, RunPlan& plan, const std::set<std::string>& wi
       return OkStatus();
     }
     Error e = LastVirError("backup begin");
+    if (cleanup.port_lease && IsAddressInUse(e.message())) {
+      in_use_on_host.insert(cleanup.port_lease->port());
+      cleanup.port_lease.reset();
+      continue;
+    }
+    ++attempt;
     bool any_incremental = false;
     for (const auto& [d, inc] : plan.incremental) any_incremental |= inc;
     if (!any_incremental || e.message().find("inconsistent") == std::string::npos) return e;
@@ -848,10 +894,28 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   }
   const std::string uri_text = ResolveLibvirtUri(req.libvirt_uri);
   BARGE_ASSIGN_OR_RETURN(LibvirtUri uri, ParseLibvirtUri(uri_text));
-  if (uri.remote() && !uri.ssh()) {
-    return Error::NotSupported("a pull-mode backup of a domain on " + uri.Redacted() +
-                               " needs a qemu+ssh:// URI: its NBD export is read through ssh (an NBD export over "
-                               "TCP with TLS is not done yet)");
+  // A remote domain's export: over TCP with TLS, or through ssh when the
+  // URI is qemu+ssh:// and no TLS is asked for. Checked before anything.
+  const bool tls = uri.remote() && (!uri.ssh() || req.nbd.tls());
+  if (!uri.remote() && req.nbd.tls()) {
+    return Error::InvalidArgument("--tls-certificates is for a remote domain's NBD export (--connect "
+                                  "qemu+tls://HOST/system); a local domain's export is a unix socket");
+  }
+  if (tls) {
+    if (req.nbd.tls_certificates.empty()) {
+      return Error::InvalidArgument(
+          "a backup of a domain on " + uri.Redacted() +
+          " reads its disks over NBD with TLS: give the client certificates with --tls-certificates DIR "
+          "(ca-cert.pem, client-cert.pem, client-key.pem), or use a qemu+ssh:// URI to read through ssh");
+    }
+    if (!req.nbd.tls_psk_file.empty() || !req.nbd.tls_username.empty()) {
+      return Error::InvalidArgument("libvirt's backup export uses x509 certificates (qemu.conf "
+                                    "backup_tls_x509_cert_dir), not a PSK: give --tls-certificates");
+    }
+    // The certificates' files, checked now (missing, or a key others can read).
+    if (auto checked = pipeline::NbdOptionsFor(env, NbdTcpUri(uri.host, 0), req.nbd); !checked.ok()) {
+      return std::move(checked).error();
+    }
   }
   BARGE_RETURN_IF_ERROR(CheckFolders(env, req, uri.remote()));
 
@@ -895,6 +959,9 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   cleanup.faults = req.faults;
   cleanup.dom = dom.get();
   cleanup.remote = uri.remote();
+  cleanup.tls = tls;
+  cleanup.tcp_host = uri.host;
+  res.transport = tls ? "tls" : uri.remote() ? "ssh" : "unix";
   auto fail = [&](Error e) -> Error {
     cleanup.Undo(e);
     res.checkpoint = checkpoint;
@@ -908,7 +975,8 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (Status s = PrepareJob(env, req, dom.get(), checkpoint, record_id, cleanup); !s.ok()) {
     return fail(std::move(s).error());
   }
-  if (Status s = BeginJob(dom.get(), plan, with_bitmap, res.parent_checkpoint, checkpoint, cleanup); !s.ok()) {
+  if (Status s = BeginJob(env, req, dom.get(), plan, with_bitmap, res.parent_checkpoint, checkpoint, cleanup);
+      !s.ok()) {
     return fail(std::move(s).error());
   }
   // The job's point in time is fixed once it has started. A guest that
@@ -920,7 +988,11 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (!cleanup.job_started) return fail(Error::IoError("backup job did not start"));
   // A remote host's export: through ssh, with the URI's own settings.
   std::string read_socket = cleanup.socket;
-  if (cleanup.remote) {
+  std::string read_tcp;  // NbdTcpUri of a TCP export
+  if (cleanup.port_lease) {
+    res.nbd_port = cleanup.port_lease->port();
+    read_tcp = NbdTcpUri(uri.host, res.nbd_port);
+  } else if (cleanup.remote) {
     auto forward = SshForward::Start(env, uri, cleanup.socket, req.copy.cancel);
     if (!forward.ok()) return fail(std::move(forward).error());
     cleanup.forward = std::move(forward).value();
@@ -930,7 +1002,13 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   std::optional<Error> first_error = BackupDisks(
       env, req, plan.disks, plan.incremental, plan.reasons, checkpoint, plan.identities,
       [&](const std::string& name, pipeline::BackupRequest& br) {
-        br.source.location = "nbd+unix:///" + name + "?socket=" + read_socket;
+        if (read_tcp.empty()) {
+          br.source.location = "nbd+unix:///" + name + "?socket=" + read_socket;
+          br.source.nbd.connections = req.nbd.connections;
+        } else {
+          br.source.location = read_tcp + "/" + name;
+          br.source.nbd = req.nbd;  // TLS required: a plaintext server is refused
+        }
         // The point of a disk left out of the checkpoint is not at it.
         if (!with_bitmap.count(name)) br.checkpoint.clear();
         if (br.incremental) {

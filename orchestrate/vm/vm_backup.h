@@ -12,8 +12,10 @@
 
 #include "blockio/error.h"
 #include "orchestrate/catalog/backup_catalog.h"
+#include "orchestrate/libvirt/nbd_ports.h"
 #include "orchestrate/vm/tracker.h"
 #include "pipeline/backup.h"
+#include "pipeline/nbd_endpoint.h"
 
 namespace barge::orchestrate {
 
@@ -54,6 +56,16 @@ struct VmBackupRequest {
   // folder in it (barge-scratch-<domain>) and removes it when it ends.
   // "" = kDefaultScratchRoot.
   std::string scratch_dir;
+  // A remote domain's disks over NBD on TCP with TLS (qemu+tls://, or
+  // qemu+ssh:// with TLS asked for): libvirt is asked for a TCP export with
+  // tls='yes' on a port of `nbd_ports` on the URI's host, leased under
+  // `nbd_port_lock_dir` for the job's life; barge reads it with the client
+  // certificates of nbd.tls_certificates (ca-cert.pem, client-cert.pem,
+  // client-key.pem), TLS required. Over qemu+ssh:// without it, the job's
+  // unix socket is forwarded through ssh. nbd.connections: per disk.
+  pipeline::NbdAccess nbd;
+  PortRange nbd_ports;
+  std::string nbd_port_lock_dir = kDefaultNbdPortLockDir;
   // Called per disk from that disk's copy thread, about every 100 ms and
   // once at the end (pipeline::CopyOptions::progress with the disk's name).
   std::function<void(const std::string& disk, uint64_t done_bytes, uint64_t total_bytes)> progress;
@@ -82,6 +94,10 @@ struct VmBackupResult {
   std::string parent_checkpoint;
   std::string tracker;
   std::string mode;         // "pull" (libvirt job) or "offline" (CBT overlay)
+  // How the pull job's export was read: "unix" (this machine's socket),
+  // "ssh" (the remote socket through ssh), "tls" (TCP with TLS); "" offline.
+  std::string transport;
+  int nbd_port = 0;         // with "tls": the port leased on the host
   int64_t record_id = 0;
   std::vector<VmBackupDisk> disks;
   double seconds = 0;
@@ -92,7 +108,11 @@ struct VmBackupResult {
 
 // Runs one VM backup. Refuses at once (nothing started, nothing created)
 // when the target folder does not exist (kNotFound: an unmounted backup
-// volume), the scratch folder does not exist (kNotFound), the domain has several trackers and none is named
+// volume), the scratch folder does not exist (kNotFound), a remote domain
+// that needs TLS (not qemu+ssh://) has no client certificates or TLS is
+// asked for a local one (kInvalidArgument), the certificates are missing or
+// readable by others (pipeline::NbdOptionsFor's errors), the domain has
+// several trackers and none is named
 // (kInvalidArgument, MultipleTrackersMessage), another backup, CBT change
 // or state migration of the domain holds its lock (kBusy, DomainLockPath), the
 // guest agent is missing for the quiesce (unless skip_quiesce), or the

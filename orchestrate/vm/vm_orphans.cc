@@ -92,14 +92,15 @@ Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_pat
     } else {
       st.state = "running";
       st.message = "a backup of domain '" + domain + "' by process " + OwnerPid(st.record.owner) +
-                   " is running (socket " + st.record.socket + ")";
+                   " is running (" +
+                   (st.record.socket.empty() ? std::string("NBD export on TCP") : "socket " + st.record.socket) + ")";
     }
     return st;
   }
   if (st.job_active) {
     st.state = "foreign";
     st.message = "domain '" + domain + "' has a backup job that barge did not start with this catalog (socket " +
-                 (st.job_socket.empty() ? std::string("none") : st.job_socket) +
+                 (st.job_socket.empty() ? std::string("none: an export on TCP") : st.job_socket) +
                  "); barge leaves it alone: end it with 'virsh domjobabort " + domain + "' if nothing uses it";
   }
   return st;

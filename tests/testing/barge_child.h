@@ -48,6 +48,7 @@ class BargeChild {
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
+  pid_t pid() const { return pid_; }  // -1 once reaped
   bool Running() {
     if (pid_ <= 0) return false;
     int status = 0;
