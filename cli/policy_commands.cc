@@ -254,6 +254,12 @@ int RunRun(RunArgs& a, Output& out) {
   auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
   if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
+  for (const auto& name : a.sources) {
+    if (orc::InShard(*shard, name)) continue;
+    return out.Usage("source '" + name + "' falls to shard " + std::to_string(orc::ShardOfSource(name, shard->count)) +
+                     "/" + std::to_string(shard->count) + ", not to this worker's " + shard->ToString() +
+                     " (barge policy shards " + a.policy + " --shards " + std::to_string(shard->count) + ")");
+  }
   orc::RunOptions o;
   o.shard = *shard;
   // An explicit --catalog in a missing folder is an error, not a new

@@ -61,9 +61,16 @@ Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const Chai
   // A merge switches files with several renames; its journal says how to
   // finish. Complete it before reading any manifest, so no caller ever sees
   // a half-switched folder (the lock keeps us off a merge still running).
+  // (The Result's value, not its ok-ness: testing the Result itself made
+  // every unlocked load wait for the chain lock, e.g. a policy run's scan
+  // behind another worker's backup of the same chain; issue 21.)
+  bool journal = false;
+  if (held == nullptr) {
+    BARGE_ASSIGN_OR_RETURN(journal, MergeJournalExists(env, dir));
+  }
   if (held != nullptr) {
     BARGE_RETURN_IF_ERROR(RecoverMerge(env, dir));
-  } else if (MergeJournalExists(env, dir)) {
+  } else if (journal) {
     auto lock = ChainLock::Acquire(env, dir, /*wait=*/true);
     if (!lock.ok()) {
       return Error(lock.error()).Wrap("an interrupted merge must be completed first");
