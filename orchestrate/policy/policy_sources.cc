@@ -151,7 +151,7 @@ class DefaultBackend final : public SourceBackend {
       // which is safe (an incremental with extra clusters).
       Status cleared = ClearBitmap(s);
       if (!cleared.ok()) {
-        out.warning += (out.warning.empty() ? "" : "; ") + "bitmap " + s.bitmap +
+        out.warning += std::string(out.warning.empty() ? "" : "; ") + "bitmap " + s.bitmap +
                        " not cleared: " + cleared.error().ToString();
       }
     }
