@@ -163,7 +163,8 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     << "  read:     " << HumanBytes(result->bytes_read);
   if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
   if (!m.changed_by.empty()) {
-    t << "\n  changed:  " << result->digest_changed_clusters << " clusters by SHA-256 digest";
+    t << "\n  changed:  " << result->digest_changed_clusters
+      << (result->digest_changed_clusters == 1 ? " cluster" : " clusters") << " by SHA-256 digest";
     if (m.missed_clusters) {
       t << "; " << *m.missed_clusters << " of them missed by the "
         << (a.dirty_bitmap.empty() ? std::string("extents file") : "bitmap '" + a.dirty_bitmap + "'")

@@ -700,7 +700,10 @@ Status CommitPoint(BackupRun& run, const CopyResult& copied, const formats::Qcow
     table.entries.push_back({d.cluster_index, d.digest});
   }
   m.image_digest = copied.image_digest;
-  m.bytes_read = copied.bytes_read;
+  // What the run read: the copy, plus a digest scan's whole read of the
+  // source and a strong table computed from the chain.
+  m.bytes_read = copied.bytes_read + (run.scan ? run.scan->bytes_read : 0) +
+                 (run.parent_strong && run.parent_strong->computed ? run.parent_strong->bytes_read : 0);
   m.bytes_written = stats.file_bytes;
   m.data_clusters = stats.data_clusters + stats.compressed_clusters;
   m.compressed_clusters = stats.compressed_clusters;
