@@ -160,6 +160,21 @@ TEST(DigestIncrementalTest, BitmapPlusDigestsCatchesADriftedBitmap) {
   EXPECT_NE(text.find("0 of them missed"), std::string::npos) << text;
   EXPECT_EQ(Manifest(chain, PointIds(chain).back()).missed_clusters, 0u);
   ExpectLatestIs(tmp, chain, Raw(image, tmp / "now.raw"));
+
+  // A plain bitmap incremental keeps the chain's SHA-256 table (hashing
+  // only what it copies): the next digest incremental reads the table,
+  // computes nothing from the chain, and finds exactly the one new change.
+  RunOk("qemu-img bitmap --clear " + Q(image) + " cbt0");
+  ApplyOps(image, {{Op::kWrite, 2 * kMiB, kCluster, 0x54}, {Op::kZero, 0, kCluster}});
+  RunOk(Barge() + " backup --source " + Q(image) + " --target " + Q(target) +
+        " --name vda --incremental --dirty-bitmap cbt0");
+  EXPECT_FALSE(Manifest(chain, PointIds(chain).back()).strong_digest_table.empty());
+  ApplyOps(image, {{Op::kWrite, 7 * kMiB, kCluster, 0x55}});
+  nlohmann::json r2 = testing::RunResult(Barge() + " backup --source " + Q(image) + " --target " + Q(target) +
+                                         " --name vda --incremental --changed-by digests --json");
+  EXPECT_EQ(r2.at("digest_changed_clusters"), 1);
+  EXPECT_FALSE(r2.contains("strong_computed_bytes")) << r2.dump();
+  ExpectLatestIs(tmp, chain, Raw(image, tmp / "now.raw"));
 }
 
 // docs/security.md: the xxh3 tables never decide what changed. The chain's
