@@ -27,6 +27,7 @@ struct BackupArgs {
   bool allow_resize = false;
   bool no_resume = false;
   std::string dirty_bitmap, dirty_extents, checkpoint;
+  std::string changed_by;  // "", "bitmap", "digests", "bitmap+digests"
   NbdFlags nbd;
   std::string snapshot;
   HookFlags hooks;
@@ -46,8 +47,21 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   if (Status s = a.copy.Apply(req.copy, compression, &out); !s.ok()) return out.Usage(s.error().message());
   auto hooks = a.hooks.ToSpec();
   if (!hooks.ok()) return out.Usage(hooks.error().message());
-  if (a.incremental && a.dirty_bitmap.empty() == a.dirty_extents.empty()) {
-    return out.Usage("--incremental needs exactly one of --dirty-bitmap or --dirty-extents (where the changes are)");
+  bool has_record = !a.dirty_bitmap.empty() || !a.dirty_extents.empty();
+  if (a.changed_by == "digests") {
+    req.changed_by = pipeline::ChangedBy::kDigests;
+    if (has_record) {
+      return out.Usage("--changed-by digests reads no bitmap or extents file: drop --dirty-bitmap/--dirty-extents, "
+                       "or use --changed-by bitmap+digests");
+    }
+  } else if (a.changed_by == "bitmap+digests") {
+    req.changed_by = pipeline::ChangedBy::kRecordAndDigests;
+    if (!a.incremental) return out.Usage("--changed-by bitmap+digests needs --incremental");
+  }
+  if (a.incremental && req.changed_by != pipeline::ChangedBy::kDigests &&
+      a.dirty_bitmap.empty() == a.dirty_extents.empty()) {
+    return out.Usage("--incremental needs exactly one of --dirty-bitmap or --dirty-extents (where the changes are), "
+                     "or --changed-by digests");
   }
   if (a.incremental && a.copy.cluster_size_given()) {
     return out.Usage("--cluster-size does not apply to an incremental: it keeps its chain's cluster size");
@@ -76,6 +90,23 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     } else {
       out.text() << "staged data not reusable: " << note.problem << ", starting over\n";
     }
+    out.text().flush();
+  };
+  // A change the bitmap (or extents file) did not record: the point is
+  // still complete (the cluster is written), but the record drifted.
+  req.on_missed = [&out, &a](const Range& r) {
+    std::string what = a.dirty_bitmap.empty() ? "the extents file" : "bitmap '" + a.dirty_bitmap + "'";
+    out.Notice("bitmap_missed",
+               "missed change: " + what + " did not record bytes " + std::to_string(r.offset) + "+" +
+                   std::to_string(r.length) + " that changed since the chain's latest backup (written anyway)",
+               {{"source", RedactNbdUri(a.source)},
+                {"record", a.dirty_bitmap.empty() ? "extents:" + a.dirty_extents : "bitmap:" + a.dirty_bitmap},
+                {"offset", r.offset},
+                {"length", r.length}});
+  };
+  req.on_computing_strong = [&out](const std::string& id) {
+    out.text() << "the chain's latest backup " << id
+               << " has no strong digest table: computing it by reading that point once\n";
     out.text().flush();
   };
   // A disk whose state folder `barge state migrate` moved keeps its chain.
@@ -109,6 +140,13 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
                {"duration_seconds", result->seconds},
                {"peak_rss_bytes", PeakRssBytes()}};
     if (!a.snapshot.empty()) j["snapshot"] = a.snapshot;
+    if (!m.changed_by.empty()) {
+      j["changed_by"] = m.changed_by;
+      j["digest_changed_clusters"] = result->digest_changed_clusters;
+    }
+    if (m.missed_clusters) j["missed_clusters"] = *m.missed_clusters;
+    if (!result->strong_digests_path.empty()) j["strong_digest_table"] = result->strong_digests_path;
+    if (result->strong_computed) j["strong_computed_bytes"] = result->strong_computed_bytes;
     if (!hooked.runs.empty()) j["hooks"] = HookRunsJson(hooked.runs);
     if (result->resume) {
       j["resume"] = {{"resumed", result->resume->resumed},
@@ -124,6 +162,15 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     << "  image:    " << result->image_path << "\n"
     << "  read:     " << HumanBytes(result->bytes_read);
   if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
+  if (!m.changed_by.empty()) {
+    t << "\n  changed:  " << result->digest_changed_clusters
+      << (result->digest_changed_clusters == 1 ? " cluster" : " clusters") << " by SHA-256 digest";
+    if (m.missed_clusters) {
+      t << "; " << *m.missed_clusters << " of them missed by the "
+        << (a.dirty_bitmap.empty() ? std::string("extents file") : "bitmap '" + a.dirty_bitmap + "'")
+        << (*m.missed_clusters ? " (it drifted; they were written)" : "");
+    }
+  }
   if (result->resume && result->resume->resumed) {
     t << " (resumed: " << HumanBytes(result->resume->staged_bytes) << " taken from the staged image)";
   }
@@ -138,7 +185,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
 
 void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BackupArgs>();
-  auto* cmd = AddCommand(app, "backup", "Back up a disk (full, or incremental from a dirty bitmap or extents file)",
+  auto* cmd = AddCommand(app, "backup", "Back up a disk (full, or incremental from a dirty bitmap, an extents file or digests)",
                          exit_code, [args](Output& out) { return RunBackupCommand(*args, out); });
   cmd->add_option("--source", args->source, "Disk to read: image file, block device or nbd:// URI")
       ->required();
@@ -160,6 +207,12 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
                   "Changed blocks: a persistent bitmap of a qcow2 source, or the NBD export's "
                   "qemu:dirty-bitmap:NAME");
   cmd->add_option("--dirty-extents", args->dirty_extents, "Changed blocks: an extents file (JSON)");
+  cmd->add_option("--changed-by", args->changed_by,
+                  "How an incremental finds changes: bitmap (--dirty-bitmap/--dirty-extents, the default), "
+                  "digests (read the source and compare each cluster's SHA-256 with the chain's; no bitmap "
+                  "needed; on a full: keep the SHA-256 table for the next one) or bitmap+digests (the bitmap's "
+                  "changes, and report and write every change it missed)")
+      ->check(CLI::IsMember({"bitmap", "digests", "bitmap+digests"}));
   cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint name to record in the manifest");
   cmd->add_flag("--allow-resize", args->allow_resize,
                 "A full backup of a disk whose size changed since the chain's latest point (else refused: "

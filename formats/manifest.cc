@@ -29,6 +29,7 @@ Result<std::string> EncodeManifest(const BackupManifest& m) {
   j["compression"] = m.compression;
   j["image"] = m.image;
   j["digest_table"] = m.digest_table;
+  if (!m.strong_digest_table.empty()) j["strong_digest_table"] = m.strong_digest_table;
   if (m.parent) {
     j["parent"] = {{"id", m.parent->id},
                    {"image", m.parent->image},
@@ -38,6 +39,8 @@ Result<std::string> EncodeManifest(const BackupManifest& m) {
   }
   j["checkpoint"] = m.checkpoint;
   j["dirty"] = {{"source", m.dirty_source}, {"bytes", m.dirty_bytes}};
+  if (!m.changed_by.empty()) j["dirty"]["changed_by"] = m.changed_by;
+  if (m.missed_clusters) j["dirty"]["missed_clusters"] = *m.missed_clusters;
   j["started_at"] = m.started_at;
   j["finished_at"] = m.finished_at;
   if (m.duration_seconds) j["duration_seconds"] = *m.duration_seconds;
@@ -163,6 +166,9 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
   m.compression = r.Str(j, "compression", false);
   m.image = r.FileName(r.Str(j, "image"), "image");
   m.digest_table = r.FileName(r.Str(j, "digest_table"), "digest_table");
+  if (j.contains("strong_digest_table")) {
+    m.strong_digest_table = r.FileName(r.Str(j, "strong_digest_table"), "strong_digest_table");
+  }
   if (auto it = j.find("parent"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) {
       r.Fail("parent must be an object or null");
@@ -179,6 +185,8 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
   if (auto it = j.find("dirty"); it != j.end() && it->is_object()) {
     m.dirty_source = r.Str(*it, "source", false);
     m.dirty_bytes = r.U64(*it, "bytes", false);
+    m.changed_by = r.Str(*it, "changed_by", false);
+    if (it->contains("missed_clusters")) m.missed_clusters = r.U64(*it, "missed_clusters");
   }
   m.started_at = r.Str(j, "started_at", false);
   m.finished_at = r.Str(j, "finished_at", false);

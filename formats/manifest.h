@@ -55,10 +55,19 @@ struct BackupManifest {
   std::string compression;   // "zstd:3", "zlib:6", "none"
   std::string image;         // image file name (relative to the chain folder)
   std::string digest_table;  // digest table file name
+  // Strong (SHA-256) digest table file name, "" when the point has none
+  // (only chains that detect changes by digest keep one).
+  std::string strong_digest_table;
   std::optional<ManifestParent> parent;
   std::string checkpoint;    // libvirt checkpoint, if any
   std::string dirty_source;  // "bitmap:NAME", "extents:FILE", "nbd:CONTEXT"
   uint64_t dirty_bytes = 0;
+  // How the changes were found: "" (what dirty_source says: a bitmap or
+  // extents), "digests" (every cluster compared by strong digest) or
+  // "bitmap+digests" (the record's changes plus what the digests found).
+  std::string changed_by;
+  // bitmap+digests: changed clusters the record missed (written anyway).
+  std::optional<uint64_t> missed_clusters;
   std::string started_at;    // RFC 3339 UTC
   std::string finished_at;
   // How long the backup took, to the microsecond; nullopt in manifests

@@ -19,6 +19,7 @@
 #include "pipeline/chain.h"
 #include "pipeline/chain_folder.h"
 #include "pipeline/destination_spec.h"
+#include "pipeline/digest_changes.h"
 #include "pipeline/disk_identity.h"
 
 namespace barge::pipeline {
@@ -154,6 +155,14 @@ struct BackupRun {
   std::unique_ptr<ChainWriter> writer;
   uint32_t cluster = 0;
   formats::DigestTable parent_digests;  // an incremental's parent's
+  // The parent's strong table (digest modes; or kept by the chain), the
+  // scan of the source against it, what the record missed, and whether
+  // this point keeps a strong table.
+  std::optional<PointStrongTable> parent_strong;
+  std::optional<DigestChanges> scan;
+  RangeList missed;
+  uint64_t missed_clusters = 0;
+  bool write_strong = false;
   std::string dirty_description;
   RangeList work;
   formats::BackupManifest m;
@@ -174,6 +183,17 @@ struct BackupRun {
 Status CheckChangeInputs(const BackupRequest& req) {
   int dirty_inputs = !req.dirty_bitmap.empty() + !req.dirty_extents_file.empty() +
                      req.dirty_ranges.has_value();
+  if (req.changed_by == ChangedBy::kDigests) {
+    if (dirty_inputs != 0) {
+      return Error::InvalidArgument("--changed-by digests reads no change record: drop --dirty-bitmap/--dirty-extents, "
+                                    "or use --changed-by bitmap+digests");
+    }
+    return OkStatus();
+  }
+  if (req.changed_by == ChangedBy::kRecordAndDigests && (!req.incremental || dirty_inputs != 1)) {
+    return Error::InvalidArgument("--changed-by bitmap+digests is for an incremental with one of --dirty-bitmap or "
+                                  "--dirty-extents");
+  }
   if (req.incremental && dirty_inputs != 1) {
     return Error::InvalidArgument("an incremental backup needs exactly one of --dirty-bitmap or --dirty-extents");
   }
@@ -270,6 +290,19 @@ Status ExtendChain(Env& env, const BackupRequest& req, BackupRun& run) {
     return Error(digests.error()).Wrap("the parent chain does not verify; take a full backup");
   }
   run.parent_digests = std::move(digests).value();
+  if (req.changed_by != ChangedBy::kRecord) {
+    if (pm.strong_digest_table.empty() && req.on_computing_strong) req.on_computing_strong(pm.id);
+    auto strong = LoadPointStrongTable(env, chain, chain.points.size() - 1, req.copy);
+    if (!strong.ok()) return Error(strong.error()).Wrap("the parent chain does not verify; take a full backup");
+    run.parent_strong = std::move(strong).value();
+  } else if (!pm.strong_digest_table.empty()) {
+    // A chain that detects by digest keeps its table through record
+    // incrementals too (only the copied clusters are hashed). A table
+    // that does not load is not carried: the next digest incremental
+    // computes it from the chain.
+    auto strong = LoadPointStrongTable(env, chain, chain.points.size() - 1, req.copy);
+    if (strong.ok()) run.parent_strong = std::move(strong).value();
+  }
   run.m.parent = formats::ManifestParent{pm.id, pm.image, pm.image_digest};
   // A chain written before chain ids gets one from its first incremental.
   run.m.chain_id = pm.chain_id.empty() ? NewChainId() : pm.chain_id;
@@ -294,10 +327,31 @@ Status CheckFullSize(const BackupRequest& req, const BackupRun& run) {
 // clusters), refused when the target has no room for it.
 Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
   run.work = {{0, run.size}};
-  if (req.incremental) {
+  run.write_strong = req.changed_by != ChangedBy::kRecord || run.parent_strong.has_value();
+  if (!req.incremental) return OkStatus();
+  RangeList recorded;
+  if (req.changed_by != ChangedBy::kDigests) {
     BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(env, req, run.src, run.dirty_description));
-    run.work = AlignRanges(dirty, run.cluster, run.size);
+    recorded = AlignRanges(dirty, run.cluster, run.size);
   }
+  if (req.changed_by == ChangedBy::kRecord) {
+    run.work = std::move(recorded);
+    return OkStatus();
+  }
+  auto scan = FindChangedClusters(*run.src.image, run.parent_strong->table, req.copy);
+  if (!scan.ok()) return Error(scan.error()).Wrap("backup");
+  run.scan = std::move(scan).value();
+  if (req.changed_by == ChangedBy::kDigests) {
+    run.dirty_description = "digests:sha256";
+    run.work = run.scan->changed;
+    return OkStatus();
+  }
+  run.missed = SubtractRanges(run.scan->changed, recorded);
+  for (const Range& r : run.missed) {
+    run.missed_clusters += (r.length + run.cluster - 1) / run.cluster;
+    if (req.on_missed) req.on_missed(r);
+  }
+  run.work = UniteRanges(recorded, run.scan->changed);
   return OkStatus();
 }
 
@@ -427,6 +481,8 @@ Status StartManifest(const BackupRequest& req, const std::string& started_at, Ba
   m.id = IdFor(chain.next_sequence(), started_at);
   m.type = req.incremental ? formats::BackupType::kIncremental : formats::BackupType::kFull;
   m.reason = !req.reason.empty() ? req.reason
+             : req.incremental && req.changed_by == ChangedBy::kDigests
+                 ? std::string("changed clusters found by SHA-256 digests")
              : req.incremental   ? "changed blocks from " + (run.dirty_description == kExtentsFromAPipe
                                                                    ? std::string("extents read from a pipe")
                                                                    : run.dirty_description)
@@ -441,6 +497,12 @@ Status StartManifest(const BackupRequest& req, const std::string& started_at, Ba
   m.digest_table = m.id + ".digests";
   m.checkpoint = req.checkpoint;
   m.dirty_source = run.dirty_description;
+  if (req.incremental) {
+    m.changed_by = req.changed_by == ChangedBy::kDigests           ? "digests"
+                   : req.changed_by == ChangedBy::kRecordAndDigests ? "bitmap+digests"
+                                                                    : "";
+    if (req.changed_by == ChangedBy::kRecordAndDigests) m.missed_clusters = run.missed_clusters;
+  }
   m.disk_identity = run.identity;
   if (m.chain_id.empty()) m.chain_id = NewChainId();  // a full starts a chain
   m.dirty_bytes = req.incremental ? TotalBytes(run.work) : 0;
@@ -544,6 +606,7 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
   copy.compression = req.compression;
   copy.compression_level = req.compression_level;
   copy.record_zero_digests = req.incremental;
+  copy.strong_digests = run.write_strong;
   BaseDigestLookup parent;
   if (req.incremental) {
     parent = [&run](uint64_t c) { return FindDigest(run.parent_digests, c); };
@@ -597,6 +660,33 @@ Error KeepOrDrop(BackupRun& run, JournaledDestination* journaled, Error error) {
   return error;
 }
 
+// The point's strong table, when it keeps one: the source's clusters (a
+// digest scan's, else the parent's table) with the copied clusters taken
+// from what was written. nullopt when a resumed copy kept clusters whose
+// strong digests no run computed (only a digest scan knows them): the
+// next digest incremental computes the table from the chain.
+Result<std::optional<formats::StrongDigestTable>> StrongTableOf(const BackupRun& run, const CopyResult& copied) {
+  if (!run.write_strong) return std::optional<formats::StrongDigestTable>();
+  if (run.resume_cluster > 0 && !run.scan) return std::optional<formats::StrongDigestTable>();
+  formats::StrongDigestTable t;
+  t.cluster_bytes = run.cluster;
+  t.virtual_size = run.size;
+  t.image_digest = copied.image_digest;
+  if (!run.m.parent) {
+    t.entries = copied.strong_digests;  // a full copied the whole disk
+    return std::optional(std::move(t));
+  }
+  const std::vector<formats::StrongDigestEntry>& base = run.scan ? run.scan->source : run.parent_strong->table.entries;
+  std::vector<formats::ClusterSpan> spans;
+  for (const Range& r : run.remaining) {
+    spans.push_back({r.offset / run.cluster, (r.end() + run.cluster - 1) / run.cluster});
+  }
+  auto entries = formats::ReplaceStrongEntries(base, spans, copied.strong_digests);
+  if (!entries.ok()) return Error(entries.error()).Wrap("backup: strong digest table");
+  t.entries = std::move(entries).value();
+  return std::optional(std::move(t));
+}
+
 // 5. Commits: the digest table and the finished manifest staged beside the
 // image, then image, digests, manifest published in that order.
 Status CommitPoint(BackupRun& run, const CopyResult& copied, const formats::Qcow2WriterStats& stats,
@@ -610,7 +700,10 @@ Status CommitPoint(BackupRun& run, const CopyResult& copied, const formats::Qcow
     table.entries.push_back({d.cluster_index, d.digest});
   }
   m.image_digest = copied.image_digest;
-  m.bytes_read = copied.bytes_read;
+  // What the run read: the copy, plus a digest scan's whole read of the
+  // source and a strong table computed from the chain.
+  m.bytes_read = copied.bytes_read + (run.scan ? run.scan->bytes_read : 0) +
+                 (run.parent_strong && run.parent_strong->computed ? run.parent_strong->bytes_read : 0);
   m.bytes_written = stats.file_bytes;
   m.data_clusters = stats.data_clusters + stats.compressed_clusters;
   m.compressed_clusters = stats.compressed_clusters;
@@ -622,6 +715,12 @@ Status CommitPoint(BackupRun& run, const CopyResult& copied, const formats::Qcow
 
   std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
   BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.digest_table, table_bytes));
+  BARGE_ASSIGN_OR_RETURN(std::optional<formats::StrongDigestTable> strong, StrongTableOf(run, copied));
+  if (strong) {
+    m.strong_digest_table = m.id + ".sha256";
+    std::vector<std::byte> strong_bytes = formats::EncodeStrongDigestTable(*strong);
+    BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.strong_digest_table, strong_bytes));
+  }
   BARGE_ASSIGN_OR_RETURN(std::string text, formats::EncodeManifest(m));
   BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.id + ".json", std::as_bytes(std::span(text.data(), text.size()))));
   return run.writer->Commit();
@@ -666,6 +765,14 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   result.image_path = chain.PathOf(run.m.image);
   result.manifest_path = chain.PathOf(run.m.id + ".json");
   result.digests_path = chain.PathOf(run.m.digest_table);
+  if (!run.m.strong_digest_table.empty()) result.strong_digests_path = chain.PathOf(run.m.strong_digest_table);
+  if (run.scan) result.digest_changed_clusters = run.scan->changed_clusters;
+  result.missed = run.missed;
+  result.missed_clusters = run.missed_clusters;
+  if (run.parent_strong && run.parent_strong->computed) {
+    result.strong_computed = true;
+    result.strong_computed_bytes = run.parent_strong->bytes_read;
+  }
   result.bytes_read = run.m.bytes_read;
   result.image_bytes = run.m.bytes_written;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -28,6 +28,20 @@ struct ResumeNote {
   std::string problem;
 };
 
+// How an incremental finds what changed since the chain's latest point.
+enum class ChangedBy : uint8_t {
+  // The change record only: the dirty bitmap, extents file or ranges given.
+  kRecord,
+  // No record: every allocated cluster of the source is read and compared
+  // by SHA-256 with the latest point's strong digest table (computed from
+  // the chain when that point has none). On a full: keep the table, so the
+  // chain's next digest incremental compares without reading the chain.
+  kDigests,
+  // The record's changes, plus every cluster the digests find changed that
+  // the record missed (reported: on_missed, BackupResult::missed).
+  kRecordAndDigests,
+};
+
 struct BackupRequest {
   SourceSpec source;
   std::string target_dir;  // the chain folder is target_dir/disk_name
@@ -39,6 +53,14 @@ struct BackupRequest {
   std::string dirty_extents_file;  // an extents file (docs/formats/extents.md)
   std::optional<RangeList> dirty_ranges;  // given by the caller (orchestrate)
   std::string dirty_description;   // recorded when dirty_ranges is given
+  ChangedBy changed_by = ChangedBy::kRecord;
+  // kRecordAndDigests: told, before the copy, each run of clusters (guest
+  // bytes) that changed but the record did not name. May be empty.
+  std::function<void(const Range& missed)> on_missed;
+  // Digest modes: told, before the scan, when the chain's latest point has
+  // no strong digest table and it is computed by reading that point (its
+  // id). May be empty.
+  std::function<void(const std::string& point_id)> on_computing_strong;
   std::string reason;              // recorded why; "" = a default per type
   std::string checkpoint;          // recorded libvirt checkpoint name
   // Incrementals from a libvirt checkpoint: the checkpoint the changes are
@@ -82,6 +104,15 @@ struct BackupResult {
   std::string image_path;
   std::string manifest_path;
   std::string digests_path;
+  std::string strong_digests_path;  // "" when the point keeps no strong table
+  // Digest modes: the clusters found changed by digest; kRecordAndDigests:
+  // those the record missed (written all the same).
+  uint64_t digest_changed_clusters = 0;
+  RangeList missed;
+  uint64_t missed_clusters = 0;
+  // The latest point's strong table was computed from the chain (bytes read).
+  bool strong_computed = false;
+  uint64_t strong_computed_bytes = 0;
   uint64_t bytes_read = 0;
   uint64_t image_bytes = 0;
   double seconds = 0;

@@ -58,7 +58,7 @@ ChainWriter::~ChainWriter() {
   }
 }
 
-// Removes images, digest tables and verification records that no manifest
+// Removes images, digest tables (.digests, .sha256) and verification records that no manifest
 // names (what a run killed between renames leaves, and the records of
 // points a merge folded), and temporaries no live writer holds. Called
 // with the chain lock held.
@@ -67,13 +67,14 @@ Status ChainWriter::RemoveLeftovers(const std::string& keep_temporary) {
   for (const auto& p : chain_.points) {
     named.insert(p.manifest.image);
     named.insert(p.manifest.digest_table);
+    if (!p.manifest.strong_digest_table.empty()) named.insert(p.manifest.strong_digest_table);
     named.insert(VerificationFileName(p.manifest.id));
   }
   BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env_.ListDir(chain_.dir));
   for (const std::string& name : names) {
     std::string ext = Extension(name);
     bool ours = !name.empty() && std::isdigit(static_cast<unsigned char>(name[0])) &&
-                (ext == ".qcow2" || ext == ".digests" || ext == ".verified");
+                (ext == ".qcow2" || ext == ".digests" || ext == ".sha256" || ext == ".verified");
     if (ours && !named.count(name)) BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(chain_.PathOf(name)));
   }
   // The sweep takes only unlocked temporaries: holding the kept one's lock

@@ -30,6 +30,7 @@ Chunk::Chunk(uint32_t chunk_bytes, uint32_t cluster_bytes, bool with_scratch)
   // Reserved once so that Reset never allocates in the hot path.
   states.reserve(clusters);
   digests.reserve(clusters);
+  strong.reserve(clusters);
   payload_bytes.reserve(clusters);
 }
 
@@ -77,6 +78,7 @@ void Chunk::Reset(uint64_t seq, uint64_t offset, uint64_t length) {
   size_t clusters = (length + cluster_bytes_ - 1) / cluster_bytes_;
   states.assign(clusters, ClusterState::kSkip);
   digests.assign(clusters, formats::Digest128{});
+  strong.clear();
   payload_bytes.assign(clusters, 0);
   pending_consumers.store(0, std::memory_order_relaxed);
 }

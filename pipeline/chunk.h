@@ -12,6 +12,7 @@
 
 #include "blockio/buffer.h"
 #include "formats/digest.h"
+#include "formats/strong_digest_table.h"
 
 namespace barge::pipeline {
 
@@ -49,6 +50,9 @@ struct Chunk {
   std::vector<ClusterState> states;        // one per cluster of the window
   // Set by ClusterProcessor for every cluster but kSkip.
   std::vector<formats::Digest128> digests;
+  // SHA-256 per cluster, set by a ClusterProcessor made with strong
+  // digests for every kData/kCompressed cluster (else empty).
+  std::vector<formats::StrongDigest> strong;
   // Compressed payload size of each kCompressed cluster (else 0).
   std::vector<uint32_t> payload_bytes;
 

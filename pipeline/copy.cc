@@ -118,7 +118,7 @@ class CopyJob {
         pool_(pool),
         planner_(planner),
         reader_(source),
-        processor_(options.cluster_bytes),
+        processor_(options.cluster_bytes, options.strong_digests),
         compression_(compression),
         status_(context_),
         states_(destinations.size()),
@@ -165,6 +165,7 @@ class CopyJob {
   // Touched only by the serial in-order node (then by the driver after it).
   std::optional<Sha512Stream> sha512_;
   DigestCollector digests_;
+  std::vector<formats::StrongDigestEntry> strong_;
   uint64_t bytes_processed_ = 0;
   ClusterCounts counts_;
   int64_t last_progress_call_ns_ = 0;
@@ -226,7 +227,7 @@ bool CopyJob::Process(Chunk* chunk) {
     Status st = processor_.Process(*chunk, compressor, options_.stats ? &timings : nullptr);
     if (options_.stats) {
       options_.stats->Add(Stage::kZeroDetect, chunk->length_bytes, timings.zero_detect_ns);
-      options_.stats->Add(Stage::kHash, chunk->length_bytes, timings.hash_ns);
+      options_.stats->Add(Stage::kHash, chunk->length_bytes, timings.hash_ns + timings.strong_hash_ns);
       if (compressor) options_.stats->Add(Stage::kCompress, chunk->length_bytes, timings.compress_ns);
     }
     return st;
@@ -252,6 +253,14 @@ bool CopyJob::Ordered(Chunk* chunk) {
       if (!st.ok()) return std::move(st).error().Wrap("sha512");
     }
     BARGE_RETURN_IF_ERROR(digests_.Consume(*chunk));
+    if (options_.strong_digests) {
+      for (size_t i = 0; i < chunk->cluster_count(); ++i) {
+        ClusterState state = chunk->states[i];
+        if (state == ClusterState::kData || state == ClusterState::kCompressed) {
+          strong_.push_back({chunk->first_cluster() + i, chunk->strong[i]});
+        }
+      }
+    }
     for (ClusterState state : chunk->states) {
       switch (state) {
         case ClusterState::kSkip: break;
@@ -466,6 +475,7 @@ CopyResult CopyJob::TakeResult() {
   r.sha512_hex = std::move(sha512_hex_);
   r.image_digest = digests_.image_digest();
   r.cluster_digests = digests_.TakeClusterDigests();
+  r.strong_digests = std::move(strong_);
   r.pool_chunks = pool_.capacity();
   r.pool_high_water = pool_.high_water();
   r.pool_bytes = pool_.footprint_bytes();

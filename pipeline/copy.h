@@ -37,6 +37,7 @@
 #include "blockio/source.h"
 #include "formats/digest.h"
 #include "formats/image.h"
+#include "formats/strong_digest_table.h"
 #include "pipeline/buffer_pool.h"
 #include "pipeline/destination.h"
 #include "pipeline/stages.h"
@@ -98,6 +99,9 @@ struct CopyOptions {
   BaseDigestLookup base_digest;
   // Record zero clusters of the work set in cluster_digests too.
   bool record_zero_digests = false;
+  // SHA-256 of every data cluster of the work set (strong_digests), in the
+  // parallel process stage (docs/formats/backup.md, strong digest table).
+  bool strong_digests = false;
   // (bytes done, bytes total) from the in-order stage, at most ~10 per
   // second, and once at the end. Must not block.
   std::function<void(uint64_t, uint64_t)> progress;
@@ -139,6 +143,9 @@ struct CopyResult {
   formats::Digest128 image_digest;
   // Data clusters (and zero ones if record_zero_digests), in guest order.
   std::vector<ClusterDigest> cluster_digests;
+  // With options.strong_digests: the data clusters' SHA-256, in guest order
+  // (clusters that read as zero are not listed).
+  std::vector<formats::StrongDigestEntry> strong_digests;
   std::chrono::nanoseconds elapsed{0};
   size_t pool_chunks = 0;        // chunks in the pool
   size_t pool_high_water = 0;    // most chunks out at once

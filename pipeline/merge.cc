@@ -129,6 +129,8 @@ struct MergePlan {
     for (size_t k = 0; k + 1 < layers.size(); ++k) {
       files.push_back(chain.points[layers[k]].manifest.image);
       files.push_back(chain.points[layers[k]].manifest.digest_table);
+      const std::string& strong = chain.points[layers[k]].manifest.strong_digest_table;
+      if (!strong.empty()) files.push_back(strong);
     }
     return files;
   }
@@ -224,6 +226,10 @@ Result<Staged> FlattenPoint(Env& env, ChainWriter& writer, const MergeRequest& r
   // and bytes describe them, not this point (issue 18).
   m.dirty_source.clear();
   m.dirty_bytes = 0;
+  m.changed_by.clear();
+  m.missed_clusters.reset();
+  // strong_digest_table stays: it describes the point's content, which the
+  // merge keeps (its image digest binds it).
   m.bytes_written = stats.file_bytes;
   m.data_clusters = stats.data_clusters + stats.compressed_clusters;
   m.compressed_clusters = stats.compressed_clusters;

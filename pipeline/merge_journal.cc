@@ -26,7 +26,8 @@ bool PlainName(const std::string& name) {
 // A backup file of a chain folder: "<sequence>-....{json,qcow2,digests}".
 bool BackupFileName(const std::string& name) {
   if (!PlainName(name) || !std::isdigit(static_cast<unsigned char>(name[0]))) return false;
-  return name.ends_with(".json") || name.ends_with(".qcow2") || name.ends_with(".digests");
+  return name.ends_with(".json") || name.ends_with(".qcow2") || name.ends_with(".digests") ||
+         name.ends_with(".sha256");
 }
 
 Error JournalError(const std::string& dir, const std::string& message) {

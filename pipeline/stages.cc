@@ -150,12 +150,35 @@ Result<uint64_t> Reader::Read(Chunk& chunk) {
 
 // ---------------------------------------------------------------- processor
 
-ClusterProcessor::ClusterProcessor(uint32_t cluster_bytes)
-    : cluster_bytes_(cluster_bytes), zero_digest_(formats::ZeroClusterDigest(cluster_bytes)) {}
+ClusterProcessor::ClusterProcessor(uint32_t cluster_bytes, bool strong)
+    : cluster_bytes_(cluster_bytes), strong_(strong), zero_digest_(formats::ZeroClusterDigest(cluster_bytes)) {}
+
+formats::StrongDigest StrongHashCluster(std::span<const std::byte> data, uint32_t cluster_bytes) {
+  formats::StrongDigest out{};
+  unsigned int len = 0;
+  if (data.size() >= cluster_bytes) {
+    EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr);
+    return out;
+  }
+  // A short last cluster hashes as if zero-padded (as the xxh3 digest does).
+  static constexpr std::byte kZeros[4096] = {};
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  EVP_DigestUpdate(ctx, data.data(), data.size());
+  for (uint64_t left = cluster_bytes - data.size(); left > 0;) {
+    size_t n = std::min<uint64_t>(left, sizeof kZeros);
+    EVP_DigestUpdate(ctx, kZeros, n);
+    left -= n;
+  }
+  EVP_DigestFinal_ex(ctx, out.data(), &len);
+  EVP_MD_CTX_free(ctx);
+  return out;
+}
 
 Status ClusterProcessor::Process(Chunk& chunk, formats::ClusterCompressor* compressor,
                                  ProcessTimings* timings) const {
   const size_t n = chunk.cluster_count();
+  if (strong_) chunk.strong.assign(n, formats::StrongDigest{});
   uint64_t t0 = timings ? NowNs() : 0;
   for (size_t i = 0; i < n; ++i) {
     ClusterState& state = chunk.states[i];
@@ -177,6 +200,12 @@ Status ClusterProcessor::Process(Chunk& chunk, formats::ClusterCompressor* compr
     chunk.digests[i] = formats::HashCluster(data, cluster_bytes_);
     uint64_t t2 = timings ? NowNs() : 0;
     if (timings) timings->hash_ns += t2 - t1;
+    if (strong_) {
+      chunk.strong[i] = StrongHashCluster(data, cluster_bytes_);
+      uint64_t t3 = timings ? NowNs() : 0;
+      if (timings) timings->strong_hash_ns += t3 - t2;
+      t2 = t3;
+    }
     t0 = t2;
     if (compressor == nullptr) continue;
 

@@ -88,6 +88,7 @@ class Reader {
 struct ProcessTimings {
   uint64_t zero_detect_ns = 0;
   uint64_t hash_ns = 0;
+  uint64_t strong_hash_ns = 0;
   uint64_t compress_ns = 0;
   uint64_t compressed_clusters = 0;
 };
@@ -100,7 +101,8 @@ struct ProcessTimings {
 // compressor is per thread.
 class ClusterProcessor {
  public:
-  explicit ClusterProcessor(uint32_t cluster_bytes);
+  // strong: also SHA-256 every cluster that stays data (Chunk::strong).
+  explicit ClusterProcessor(uint32_t cluster_bytes, bool strong = false);
   // `compressor` may be null (no destination wants compression); `timings`
   // may be null. Errors come from the compressor only.
   Status Process(Chunk& chunk, formats::ClusterCompressor* compressor,
@@ -108,8 +110,13 @@ class ClusterProcessor {
 
  private:
   uint32_t cluster_bytes_;
+  bool strong_;
   formats::Digest128 zero_digest_;
 };
+
+// SHA-256 of one cluster's bytes zero-padded to `cluster_bytes` (the strong
+// digest of docs/formats/backup.md). Thread-safe.
+formats::StrongDigest StrongHashCluster(std::span<const std::byte> data, uint32_t cluster_bytes);
 
 // Expected digest of a guest cluster, or nullopt when there is none to check.
 using DigestLookup = std::function<std::optional<formats::Digest128>(uint64_t cluster_index)>;

@@ -43,7 +43,10 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   # tests/slurm_fleet_test.cc: a real Slurm on one machine (munged,
   # slurmctld, slurmd) runs deploy/slurm/barge-array.sbatch; python3-yaml
   # reads deploy/kubernetes/ in tests/deploy_kubernetes_check.py.
-  slurm-wlm munge python3-yaml)
+  slurm-wlm munge python3-yaml
+  # bench/digest_incremental.sh: the peers a digest incremental is measured
+  # against.
+  restic borgbackup)
 
 pkgs=("${build_pkgs[@]}")
 case "$profile" in

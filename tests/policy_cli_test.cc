@@ -203,8 +203,10 @@ TEST(PolicyCliTest, ScheduleAcrossSlotsRetentionRestoreAndReasonChange) {
   RunOk("truncate -s 8M " + Q(b) + " && qemu-io -f raw -c 'write -P 0x5a 1M 1M' " + Q(b) + " >/dev/null");
   fs::create_directories(dir / "t1");
   fs::create_directories(dir / "t2");
+  // a: every backup full (changed_by full); b: no bitmap, so digest
+  // incrementals (the default).
   const std::string policy_head = "name: e2e\nsources:\n  - image: " + vm + "\n    bitmap: cbt0\n  - image: " + a +
-                                  "\n  - image: " + b + "\n";
+                                  "\n    changed_by: full\n  - image: " + b + "\n";
   const std::string policy_tail = "schedule: '* * * * *'\nretention_count: 3\nmax_parallel: 2\ntargets: [" +
                                   (dir / "t1") + ", " + (dir / "t2") + "]\nfree_space_multiple: 1\n"
                                   "max_duration_without_backup: 1h\n";
@@ -252,8 +254,9 @@ TEST(PolicyCliTest, ScheduleAcrossSlotsRetentionRestoreAndReasonChange) {
   if (testing::HaveTool("promtool")) RunOk("promtool check metrics < " + Q(dir / "barge.prom"));
 
   // Across the slot boundary: due again (schedule); the bitmap makes the
-  // qcow2 an incremental; the raw disks' new chains go to the other target
-  // (fewest successful backups of the source).
+  // qcow2 an incremental, digests the raw disk b's; a's new chain (every
+  // backup full) goes to the other target (fewest successful backups of
+  // the source).
   RunOk("qemu-io -f qcow2 -c 'write -P 0x22 1M 64k' " + Q(vm) + " >/dev/null");
   SaveState(vm, dir / "state1.raw");
   SleepPastNextMinute();
@@ -265,6 +268,9 @@ TEST(PolicyCliTest, ScheduleAcrossSlotsRetentionRestoreAndReasonChange) {
   EXPECT_EQ(SourceOf(r3.result, "vm").at("due_reason").get<std::string>().rfind("slot ", 0), 0u);
   EXPECT_LT(SourceOf(r3.result, "vm").at("bytes_read").get<uint64_t>(), 1u << 20);  // only the changed cluster
   EXPECT_NE(SourceOf(r3.result, "a").at("target"), a_first_target);
+  EXPECT_EQ(SourceOf(r3.result, "a").at("type"), "full");
+  EXPECT_EQ(SourceOf(r3.result, "b").at("type"), "incremental") << SourceOf(r3.result, "b").dump();
+  EXPECT_EQ(SourceOf(r3.result, "b").at("target"), SourceOf(r1.result, "b").at("target"));
   state_of[SourceOf(r3.result, "vm").at("points")[0].at("id")] = dir / "state1.raw";
 
   // Retention across merges: three more points of the qcow2 (forced runs,

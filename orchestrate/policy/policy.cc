@@ -24,8 +24,8 @@ constexpr const char* kPolicyKeys[] = {
     "retention_count", "targets", "free_space_multiple", "max_run_time", "max_parallel",
     "full_every",  "compression", "pre_hook",    "post_hook",
 };
-constexpr const char* kSourceKeys[] = {"name",    "image", "bitmap",           "domain",        "tracker",
-                                       "connect", "nbd",   "tls_certificates", "nbd_port_range"};
+constexpr const char* kSourceKeys[] = {"name",    "image", "bitmap",           "changed_by",    "domain",
+                                       "tracker", "connect", "nbd", "tls_certificates", "nbd_port_range"};
 constexpr const char* kHookKeys[] = {"command", "timeout"};
 
 size_t EditDistance(std::string_view a, std::string_view b) {
@@ -202,6 +202,23 @@ std::optional<PolicySource> ParseSource(Checker& c, const YAML::Node& node) {
     if (s.kind != PolicySourceKind::kImage) c.Fail(node["bitmap"].Mark(), "'bitmap' belongs to 'image' sources");
     if (auto v = c.Scalar(node["bitmap"], "bitmap")) s.bitmap = *v;
     if (s.bitmap.empty()) c.Fail(node["bitmap"].Mark(), "'bitmap' is empty");
+  }
+  if (node["changed_by"]) {
+    if (auto v = c.Scalar(node["changed_by"], "changed_by")) s.changed_by = *v;
+    const std::string& v = s.changed_by;
+    if (s.kind == PolicySourceKind::kDomain) {
+      c.Fail(node["changed_by"].Mark(), "'changed_by' belongs to 'image' and 'nbd' sources (a domain's tracker decides)");
+    } else if (v != "bitmap" && v != "digests" && v != "bitmap+digests" && v != "full") {
+      c.Fail(node["changed_by"].Mark(), "'changed_by' is one of bitmap, digests, bitmap+digests, full");
+    } else if ((v == "bitmap" || v == "bitmap+digests") && s.bitmap.empty()) {
+      c.Fail(node["changed_by"].Mark(), "'changed_by: " + v + "' needs a 'bitmap'");
+    } else if (v == "digests" && !s.bitmap.empty()) {
+      c.Fail(node["changed_by"].Mark(), "'changed_by: digests' reads no bitmap: drop 'bitmap' or use bitmap+digests");
+    }
+  } else if (s.kind == PolicySourceKind::kImage) {
+    s.changed_by = s.bitmap.empty() ? "digests" : "bitmap";
+  } else if (s.kind == PolicySourceKind::kNbd) {
+    s.changed_by = "full";
   }
   if (node["tracker"]) {
     if (s.kind != PolicySourceKind::kDomain) c.Fail(node["tracker"].Mark(), "'tracker' belongs to 'domain' sources");

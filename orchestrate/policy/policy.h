@@ -33,6 +33,12 @@ struct PolicySource {
   std::string location;  // image path, domain name or NBD URI
   std::string bitmap;    // image: persistent bitmap the incrementals read ("" = every backup full)
   std::string tracker;   // domain: backup tracker (created when missing)
+  // image and nbd: how incrementals find changes (docs/policies.md):
+  // "bitmap" (the default with a bitmap), "digests" (read the source and
+  // compare SHA-256 digests with the chain: the default for an image
+  // without a bitmap), "bitmap+digests" (the bitmap, checked by digests),
+  // "full" (every backup full: the default for nbd). "" for domains.
+  std::string changed_by;
   std::string connect;   // domain: libvirt URI ("" = $BARGE_LIBVIRT_URI, else qemu:///system); may hold a password
   // domain on a remote host, its export over TCP with TLS (vm backup's
   // --tls-certificates and --nbd-port-range): the client certificates'

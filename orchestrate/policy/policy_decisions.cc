@@ -97,10 +97,11 @@ TypeDecision DecideBackupType(const Policy& policy, const PolicySource& source,
                               const std::optional<ChainSummary>& chain, bool incremental_ok,
                               std::string_view not_ok_reason) {
   const bool can = source.kind == PolicySourceKind::kDomain ||
-                   (source.kind == PolicySourceKind::kImage && !source.bitmap.empty());
+                   (source.kind != PolicySourceKind::kDomain && !source.changed_by.empty() &&
+                    source.changed_by != "full");
   if (!can) {
-    return {false, source.kind == PolicySourceKind::kNbd ? "NBD sources are always full"
-                                                         : "no bitmap: every backup is full"};
+    return {false, source.kind == PolicySourceKind::kNbd ? "NBD sources are full unless changed_by: digests"
+                                                         : "changed_by full: every backup is full"};
   }
   if (!chain || chain->points == 0) return {false, "first backup of the source"};
   if (!incremental_ok) {

@@ -124,7 +124,14 @@ TEST(DecideBackupTypeTest, Table) {
   EXPECT_FALSE(broken.incremental);
   EXPECT_EQ(broken.reason, "bitmap cbt0 missing");
   EXPECT_FALSE(DecideBackupType(p, nbd, two, true).incremental);
+  // An image without a bitmap takes digest incrementals (changed_by
+  // digests, ParsePolicy's default for it); "full" asks for fulls.
+  plain.changed_by = "digests";
+  EXPECT_TRUE(DecideBackupType(p, plain, two, true).incremental);
+  EXPECT_FALSE(DecideBackupType(p, plain, three, true).incremental);
+  plain.changed_by = "full";
   EXPECT_FALSE(DecideBackupType(p, plain, two, true).incremental);
+  EXPECT_EQ(DecideBackupType(p, plain, two, true).reason, "changed_by full: every backup is full");
   p.full_every = 0;  // never forced
   EXPECT_TRUE(DecideBackupType(p, image, ChainSummary{"/a", 1000}, true).incremental);
 }

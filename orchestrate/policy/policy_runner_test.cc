@@ -67,8 +67,8 @@ class PolicyRunnerTest : public ::testing::Test {
 TEST_F(PolicyRunnerTest, ScheduleSpreadRetentionAndRecords) {
   MakeRaw(dir_ / "a.raw", 2, 1);
   MakeRaw(dir_ / "b.raw", 2, 7);
-  Policy p = Parse("name: pol\nsources:\n  - image: " + (dir_ / "a.raw") + "\n  - image: " + (dir_ / "b.raw") +
-                   "\nschedule: '* * * * *'\nretention_count: 3\nmax_parallel: 2\ntargets: [" + (dir_ / "t1") +
+  Policy p = Parse("name: pol\nsources:\n  - image: " + (dir_ / "a.raw") + "\n    changed_by: full\n  - image: " +
+                   (dir_ / "b.raw") + "\n    changed_by: full\nschedule: '* * * * *'\nretention_count: 3\nmax_parallel: 2\ntargets: [" + (dir_ / "t1") +
                    ", " + (dir_ / "t2") + "]\nfree_space_multiple: 1\n");
   RunOptions o = Options();
   for (int run = 0; run < 4; ++run) {
@@ -85,7 +85,7 @@ TEST_F(PolicyRunnerTest, ScheduleSpreadRetentionAndRecords) {
     // Backup ids and manifests tell time to the second; keep runs apart.
     std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   }
-  // Raw sources: every backup is a new chain, spread t1, t2, t1, t2 (fewest
+  // Raw sources with changed_by full: every backup is a new chain, spread t1, t2, t1, t2 (fewest
   // present backups first); retention 3: the oldest chain was removed.
   for (const char* src : {"a", "b"}) {
     EXPECT_EQ(Points(dir_ / ("t1/pol/" + std::string(src))) + Points(dir_ / ("t2/pol/" + std::string(src))), 3u)
@@ -323,7 +323,7 @@ TEST_F(PolicyRunnerTest, MaxRunTimeFailuresAndLock) {
 
 TEST_F(PolicyRunnerTest, NoQualifyingTargetFailsWithTheReason) {
   MakeRaw(dir_ / "a.raw", 1, 3);
-  Policy p = Parse("name: full\nsources:\n  - image: " + (dir_ / "a.raw") + "\ntargets: [" + (dir_ / "t1") +
+  Policy p = Parse("name: full\nsources:\n  - image: " + (dir_ / "a.raw") + "\n    changed_by: full\ntargets: [" + (dir_ / "t1") +
                    ", /nonexistent-barge-target]\nfree_space_multiple: 1000\n");
   RunOptions o = Options();
   o.manual = true;
@@ -373,7 +373,7 @@ class StallingBackend : public SourceBackend {
 
 TEST_F(PolicyRunnerTest, FailedOrStoppedBackupKeepsEveryPoint) {
   MakeRaw(dir_ / "a.raw", 1, 9);
-  Policy p = Parse("name: keep\nsources:\n  - image: " + (dir_ / "a.raw") + "\ntargets: [" + (dir_ / "t1") +
+  Policy p = Parse("name: keep\nsources:\n  - image: " + (dir_ / "a.raw") + "\n    changed_by: full\ntargets: [" + (dir_ / "t1") +
                    "]\nretention_count: 2\nfree_space_multiple: 0\nmax_run_time: 1s\n");
   auto real = NewDefaultSourceBackend(Env::Default());
   StallingBackend backend(*real);
@@ -435,7 +435,7 @@ TEST_F(PolicyRunnerTest, FailedOrStoppedBackupKeepsEveryPoint) {
 // merge left the folded full backup's record "present").
 TEST_F(PolicyRunnerTest, RecordsOfPointsAnInterruptedRetentionRemovedAreMarked) {
   MakeRaw(dir_ / "a.raw", 1, 5);
-  Policy p = Parse("name: rec\nsources:\n  - image: " + (dir_ / "a.raw") + "\ntargets: [" + (dir_ / "t1") +
+  Policy p = Parse("name: rec\nsources:\n  - image: " + (dir_ / "a.raw") + "\n    changed_by: full\ntargets: [" + (dir_ / "t1") +
                    "]\nretention_count: 10\nfree_space_multiple: 0\n");
   RunOptions o = Options();
   o.manual = true;

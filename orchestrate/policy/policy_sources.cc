@@ -90,6 +90,7 @@ class DefaultBackend final : public SourceBackend {
   Result<std::string> IncrementalBlocker(const PolicySource& s, const std::string& chain_latest,
                                          const std::string& last_cleared) override {
     if (s.kind != PolicySourceKind::kImage) return std::string();  // domains: the tracker decides
+    if (s.bitmap.empty()) return std::string();  // digests: the chain itself is compared
     BARGE_ASSIGN_OR_RETURN(auto bitmaps, Bitmaps(s.location));
     auto it = std::find_if(bitmaps.begin(), bitmaps.end(), [&](const auto& b) { return b.name == s.bitmap; });
     if (it == bitmaps.end()) return "bitmap " + s.bitmap + " missing in " + s.location;
@@ -120,7 +121,14 @@ class DefaultBackend final : public SourceBackend {
     br.disk_name = s.name;
     br.incremental = r.incremental;
     br.previous_location = FollowStateMigrations(env_);
-    if (r.incremental) br.dirty_bitmap = s.bitmap;
+    if (r.incremental && !s.bitmap.empty()) br.dirty_bitmap = s.bitmap;
+    // A chain that detects by digest keeps its SHA-256 tables from its
+    // full on, so its incrementals compare without reading the chain.
+    if (s.changed_by == "digests" || (!r.incremental && s.changed_by == "bitmap+digests")) {
+      br.changed_by = pipeline::ChangedBy::kDigests;
+    } else if (r.incremental && s.changed_by == "bitmap+digests") {
+      br.changed_by = pipeline::ChangedBy::kRecordAndDigests;
+    }
     br.reason = r.reason;
     br.compression = r.compression;
     br.compression_level = r.compression_level;
@@ -133,12 +141,19 @@ class DefaultBackend final : public SourceBackend {
     out.type_reason = r.reason;
     out.bytes_read = done.bytes_read;
     out.bytes_written = done.image_bytes;
+    if (done.missed_clusters > 0) {
+      out.warning = "bitmap " + s.bitmap + " missed " + std::to_string(done.missed_clusters) +
+                    " changed clusters (found by digest and written; the manifest records the drift)";
+    }
     if (s.kind == PolicySourceKind::kImage && !s.bitmap.empty()) {
       // Start the bitmap afresh: the next incremental holds the writes
       // after this point. A failure leaves it holding more than needed,
       // which is safe (an incremental with extra clusters).
       Status cleared = ClearBitmap(s);
-      if (!cleared.ok()) out.warning = "bitmap " + s.bitmap + " not cleared: " + cleared.error().ToString();
+      if (!cleared.ok()) {
+        out.warning += std::string(out.warning.empty() ? "" : "; ") + "bitmap " + s.bitmap +
+                       " not cleared: " + cleared.error().ToString();
+      }
     }
     return out;
   }
@@ -382,7 +397,7 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
     // point still restores. Each point's manifest goes first, so nothing
     // looks like a backup once its image is gone.
     for (auto it = a.ids.rbegin(); it != a.ids.rend(); ++it) {
-      for (const char* ext : {".json", ".qcow2", ".digests"}) {
+      for (const char* ext : {".json", ".qcow2", ".digests", ".sha256"}) {
         Status s = env.Unlink(a.chain_dir + "/" + *it + ext);
         if (!s.ok() && s.error().code() != ErrorCode::kNotFound) return s;
         if (std::string(ext) == ".json") BARGE_RETURN_IF_ERROR(env.SyncDir(a.chain_dir));

@@ -217,6 +217,30 @@ TEST(PolicyTest, DomainSourceTlsExport) {
   EXPECT_EQ(p->sources[0].nbd_port_range, "20000-20009");
 }
 
+// Issue 23: how an image or NBD source's incrementals find changes.
+TEST(PolicyTest, ChangedByDefaultsAndRefusals) {
+  auto p = ParsePolicy(Env::Default(),
+                       "name: p\nsources:\n  - image: /a.raw\n  - image: /b.qcow2\n    bitmap: cbt0\n"
+                       "  - image: /c.qcow2\n    bitmap: cbt0\n    changed_by: bitmap+digests\n"
+                       "  - nbd: nbd://h/e\n  - nbd: nbd://h/f\n    changed_by: digests\n  - domain: vm\n"
+                       "targets: [/t]\n");
+  ASSERT_TRUE(p.ok()) << p.error().ToString();
+  EXPECT_EQ(p->sources[0].changed_by, "digests");  // no bitmap: digests, not a full every time
+  EXPECT_EQ(p->sources[1].changed_by, "bitmap");
+  EXPECT_EQ(p->sources[2].changed_by, "bitmap+digests");
+  EXPECT_EQ(p->sources[3].changed_by, "full");
+  EXPECT_EQ(p->sources[4].changed_by, "digests");
+  EXPECT_EQ(p->sources[5].changed_by, "");
+  for (const char* bad : {"  - image: /a.raw\n    changed_by: bitmap\n",
+                          "  - image: /a.qcow2\n    bitmap: b\n    changed_by: digests\n",
+                          "  - image: /a.raw\n    changed_by: sometimes\n",
+                          "  - domain: vm\n    changed_by: digests\n"}) {
+    auto r = ParsePolicy(Env::Default(), std::string("name: p\nsources:\n") + bad + "targets: [/t]\n");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message().find("changed_by"), std::string::npos) << r.error().message();
+  }
+}
+
 TEST(PolicyTest, LoadThroughEnv) {
   auto missing = LoadPolicy(Env::Default(), "/nonexistent/barge-policy.yaml");
   ASSERT_FALSE(missing.ok());

@@ -24,6 +24,7 @@
 #include "cli/commands.h"
 #include "formats/digest_table.h"
 #include "formats/manifest.h"
+#include "formats/strong_digest_table.h"
 #include "formats/qcow2_check.h"
 #include "pipeline/chain.h"
 #include "pipeline/endpoints.h"
@@ -565,6 +566,11 @@ void CheckChainFolder(Workspace& ws, const std::string& dir, const ChainExpectat
     } else if (ext == ".digests") {
       auto t = pipeline::LoadDigestTable(PosixEnv(), e.path().string());
       if (!t.ok()) f.Add(Finding::kDamaged, "digest table " + name + ": " + t.error().ToString());
+    } else if (ext == ".sha256") {
+      auto text = pipeline::ReadSmallFile(PosixEnv(), e.path().string(), 1ull << 30);
+      auto t = text.ok() ? formats::DecodeStrongDigestTable(std::as_bytes(std::span(text->data(), text->size())))
+                         : Result<formats::StrongDigestTable>(text.error());
+      if (!t.ok()) f.Add(Finding::kDamaged, "strong digest table " + name + ": " + t.error().ToString());
     } else if (ext == ".qcow2") {
       std::string problem = GetOracles().CheckQcow2(e.path().string());
       if (!problem.empty()) f.Add(Finding::kDamaged, "image " + name + ": " + problem);

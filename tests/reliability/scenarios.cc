@@ -106,8 +106,10 @@ std::string Q(const std::string& s) { return ShellQuote(s); }
 
 // A backup taken in this process (the tree's setup, not under test).
 std::string TakeBackup(const std::string& source, const std::string& format, const std::string& target,
-                       std::optional<RangeList> dirty = std::nullopt) {
+                       std::optional<RangeList> dirty = std::nullopt,
+                       pipeline::ChangedBy changed_by = pipeline::ChangedBy::kRecord) {
   pipeline::BackupRequest req;
+  req.changed_by = changed_by;
   req.source.location = source;
   req.source.format = format;
   req.target_dir = target;
@@ -142,16 +144,21 @@ bool ErrorSays(const Outcome& o, const std::string& code, const std::string& tex
 
 class BackupScenario final : public Scenario {
  public:
-  enum Kind { kFull, kIncrementalBitmap, kIncrementalExtents };
+  enum Kind { kFull, kIncrementalBitmap, kIncrementalExtents, kIncrementalDigests };
   explicit BackupScenario(Kind kind) : kind_(kind) {}
 
   std::string name() const override {
-    return kind_ == kFull ? "backup-full" : kind_ == kIncrementalBitmap ? "backup-inc-bitmap" : "backup-inc-extents";
+    return kind_ == kFull                ? "backup-full"
+           : kind_ == kIncrementalBitmap ? "backup-inc-bitmap"
+           : kind_ == kIncrementalDigests ? "backup-inc-digests"
+                                          : "backup-inc-extents";
   }
   std::string command() const override {
     return kind_ == kFull ? "barge backup --source SRC.raw --target T --name vm"
            : kind_ == kIncrementalBitmap
                ? "barge backup --source SRC.qcow2 --incremental --dirty-bitmap b0 --target T --name vm"
+           : kind_ == kIncrementalDigests
+               ? "barge backup --source SRC.raw --incremental --changed-by digests --target T --name vm"
                : "barge backup --source SRC.raw --incremental --dirty-extents CHANGES.json --target T --name vm";
   }
 
@@ -181,7 +188,10 @@ class BackupScenario final : public Scenario {
       RunOk("qemu-img convert -f qcow2 -O raw " + Q(ws.work("src.qcow2")) + " " + Q(ws.golden("new.raw")));
       source_ = ws.work("src.qcow2");
     } else {
-      id0_ = TakeBackup(raw, "raw", ws.work("T"));
+      // A digest chain's full keeps its SHA-256 table (the incremental
+      // compares with it).
+      id0_ = TakeBackup(raw, "raw", ws.work("T"), std::nullopt,
+                        kind_ == kIncrementalDigests ? pipeline::ChangedBy::kDigests : pipeline::ChangedBy::kRecord);
       RangeList changed = Mutate(disk, ws.seed, 8);
       WriteBytes(raw, disk);
       WriteBytes(ws.golden("new.raw"), disk);
@@ -195,6 +205,7 @@ class BackupScenario final : public Scenario {
     std::vector<std::string> a = {"backup", "--source", source_, "--target", ws.work("T"), "--name", "vm"};
     if (kind_ == kIncrementalBitmap) a = Cat(a, {"--source-format", "qcow2", "--incremental", "--dirty-bitmap", "b0"});
     if (kind_ == kIncrementalExtents) a = Cat(a, {"--incremental", "--dirty-extents", ws.work("changes.json")});
+    if (kind_ == kIncrementalDigests) a = Cat(a, {"--incremental", "--changed-by", "digests"});
     return Cat(a, Common());
   }
   Outcome Run(Workspace& ws, Runner& runner) override { return runner.Barge(Args(ws)); }
@@ -1194,6 +1205,7 @@ std::vector<std::unique_ptr<Scenario>> AllScenarios() {
   all.push_back(std::make_unique<BackupScenario>(BackupScenario::kFull));
   all.push_back(std::make_unique<BackupScenario>(BackupScenario::kIncrementalBitmap));
   all.push_back(std::make_unique<BackupScenario>(BackupScenario::kIncrementalExtents));
+  all.push_back(std::make_unique<BackupScenario>(BackupScenario::kIncrementalDigests));
   all.push_back(std::make_unique<MergeScenario>());
   all.push_back(std::make_unique<RestoreScenario>(RestoreScenario::kRaw));
   all.push_back(std::make_unique<RestoreScenario>(RestoreScenario::kQcow2));

@@ -183,8 +183,10 @@ bool SocketServer::WaitReady() {
 }
 
 std::vector<nlohmann::json> Events(const std::string& stdout_text, Stream stream) {
-  // "reconnect": an NBD connection was replaced after a drop (docs/json.md).
-  static const std::set<std::string> kEvents = {"progress", "warning", "reconnect", "result", "error"};
+  // "reconnect": an NBD connection was replaced after a drop; "bitmap_missed":
+  // a backup's bitmap missed a change its digests found (docs/json.md).
+  static const std::set<std::string> kEvents = {"progress", "warning", "reconnect", "bitmap_missed", "result",
+                                                "error"};
   static const std::set<std::string> kServeEvents = {"ready", "run"};
   std::vector<nlohmann::json> events;
   if (!stdout_text.empty() && stdout_text.back() != '\n') {
