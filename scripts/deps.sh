@@ -39,7 +39,10 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   # NBD over TLS: certtool makes the CA, certificates and keys of
   # tests/nbd_tls_cli_test.cc and bench/nbd_tls.sh; ip (netns, veth) puts
   # the bench's server on another "host".
-  gnutls-bin iproute2)
+  gnutls-bin iproute2
+  # bench/shared_base.sh (and issue 23's digest benchmarks): the peers
+  # measured in the same run.
+  restic borgbackup)
 
 pkgs=("${build_pkgs[@]}")
 case "$profile" in
