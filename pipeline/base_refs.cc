@@ -106,7 +106,11 @@ Status WriteBaseRef(Env& env, const std::string& base_dir, const BaseRef& ref) {
                                   "), is not a UTF-8 path of plain names that a reference (JSON) can record")
         .set_path(base_dir);
   }
-  BARGE_RETURN_IF_ERROR(env.CreateDirs(JoinPath(base_dir, kBaseRefsDir)));
+  const std::string refs_dir = JoinPath(base_dir, kBaseRefsDir);
+  if (!env.Exists(refs_dir)) {
+    BARGE_RETURN_IF_ERROR(env.CreateDirs(refs_dir));
+    BARGE_RETURN_IF_ERROR(env.SyncDir(base_dir));  // the new folder's entry, durable
+  }
   return env.WriteFileAtomic(RefPath(base_dir, ref.chain_id), EncodeBaseRef(ref));
 }
 
