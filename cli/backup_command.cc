@@ -26,7 +26,7 @@ struct BackupArgs {
   bool incremental = false;
   bool allow_resize = false;
   bool no_resume = false;
-  std::string dirty_bitmap, dirty_extents, checkpoint;
+  std::string dirty_bitmap, dirty_extents, checkpoint, base;
   std::string changed_by;  // "", "bitmap", "digests", "bitmap+digests"
   NbdFlags nbd;
   std::string snapshot;
@@ -81,6 +81,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.dirty_extents_file = a.dirty_extents;
   req.checkpoint = a.checkpoint;
   req.allow_resize = a.allow_resize;
+  req.base = a.base;
   req.resume = !a.no_resume;
   // Said before the copy starts, so a long resumed run shows it at once.
   req.on_resume = [&out](const pipeline::ResumeNote& note) {
@@ -130,6 +131,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
                {"manifest", result->manifest_path},
                {"digest_table", result->digests_path},
                 {"parent", m.parent ? json(m.parent->id) : json(nullptr)},
+               {"base", m.base ? json(m.base->chain + "@" + m.base->id) : json(nullptr)},
                {"virtual_size", m.virtual_size},
                {"dirty_bytes", m.dirty_bytes},
                {"bytes_read", result->bytes_read},
@@ -160,6 +162,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'") << "\n"
     << "  reason:   " << m.reason << "\n"
     << "  image:    " << result->image_path << "\n"
+    << (m.base ? "  base:     " + m.base->chain + "@" + m.base->id + " (" + std::to_string(m.data_clusters + m.zero_clusters) +
+                     " clusters differ)\n"
+               : std::string())
     << "  read:     " << HumanBytes(result->bytes_read);
   if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
   if (!m.changed_by.empty()) {
@@ -213,6 +218,10 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
                   "needed; on a full: keep the SHA-256 table for the next one) or bitmap+digests (the bitmap's "
                   "changes, and report and write every change it missed)")
       ->check(CLI::IsMember({"bitmap", "digests", "bitmap+digests"}));
+  cmd->add_option("--base", args->base,
+                  "Start the chain as an increment over another chain's point (a golden image): CHAIN[@POINT], "
+                  "CHAIN a chain name in --target or a chain folder's path; stores only the clusters that differ")
+      ->type_name("CHAIN[@POINT]");
   cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint name to record in the manifest");
   cmd->add_flag("--allow-resize", args->allow_resize,
                 "A full backup of a disk whose size changed since the chain's latest point (else refused: "

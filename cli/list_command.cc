@@ -95,6 +95,8 @@ json PointJson(const pipeline::PointView& p) {
             {"last_verification", VerificationJson(p.verification)}};
   if (p.duration_seconds) j["duration_seconds"] = *p.duration_seconds;
   if (!p.broken.empty()) j["broken"] = p.broken;
+  j["base"] = m.base ? json({{"chain", m.base->chain}, {"id", m.base->id}}) : json(nullptr);
+  j["base_of"] = p.dependents;
   return j;
 }
 
@@ -172,11 +174,19 @@ int RunList(const std::string& path, Output& out) {
       if (p.chain != groups[g]) continue;
       const formats::BackupManifest& m = p.manifest;
       // The parent's position, or its id when no point of the folder has it.
-      std::string parent = p.parent_position ? std::to_string(*p.parent_position) : m.parent ? m.parent->id : "-";
+      std::string parent = p.parent_position ? std::to_string(*p.parent_position)
+                           : m.parent           ? m.parent->id
+                           : m.base             ? "base " + m.base->chain + "@" + m.base->id
+                                                : "-";
+      std::string reason = m.reason;
+      if (!p.dependents.empty()) {
+        reason = "base of " + std::to_string(p.dependents.size()) + (p.dependents.size() == 1 ? " chain" : " chains") +
+                 "; " + reason;
+      }
       table.Add({std::to_string(p.position), m.id, std::string(formats::BackupTypeName(m.type)),
                  Rfc3339(m.started_at), HumanBytes(m.virtual_size),
                  p.image ? HumanBytes(p.image->size_bytes) : "MISSING", m.compression, parent,
-                 VerificationText(p.verification), m.reason});
+                 VerificationText(p.verification), reason});
     }
     table.Print(t, "  ");
   }

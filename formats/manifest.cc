@@ -37,6 +37,13 @@ Result<std::string> EncodeManifest(const BackupManifest& m) {
   } else {
     j["parent"] = nullptr;
   }
+  if (m.base) {
+    j["base"] = {{"chain", m.base->chain},
+                 {"id", m.base->id},
+                 {"image", m.base->image},
+                 {"image_digest", m.base->image_digest.ToHex()}};
+    if (!m.base->chain_id.empty()) j["base"]["chain_id"] = m.base->chain_id;
+  }
   j["checkpoint"] = m.checkpoint;
   j["dirty"] = {{"source", m.dirty_source}, {"bytes", m.dirty_bytes}};
   if (!m.changed_by.empty()) j["dirty"]["changed_by"] = m.changed_by;
@@ -131,6 +138,19 @@ class Reader {
 
 }  // namespace
 
+bool IsBaseChainPath(std::string_view path) {
+  if (path.empty() || path.front() == '/' || path.back() == '/') return false;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view part = path.substr(start, end - start);
+    if (part.empty() || part == "." || (part != ".." && part.front() == '.')) return false;
+    start = end + 1;
+  }
+  return true;
+}
+
 Result<BackupManifest> DecodeManifest(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -181,6 +201,21 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
     }
   }
   if (m.type == BackupType::kIncremental && !m.parent) r.Fail("an incremental needs a parent");
+  if (auto it = j.find("base"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      r.Fail("base must be an object or null");
+    } else {
+      ManifestBase b;
+      b.chain = r.Str(*it, "chain");
+      if (!IsBaseChainPath(b.chain)) r.Fail("base chain must be a relative folder path of '..' and plain names");
+      b.id = r.Str(*it, "id");
+      b.image = r.FileName(r.Str(*it, "image"), "base image");
+      b.image_digest = r.Hex(r.Str(*it, "image_digest"), "base image_digest");
+      b.chain_id = r.Str(*it, "chain_id", false);
+      m.base = b;
+    }
+    if (m.parent) r.Fail("only a chain's first point (no parent) has a base");
+  }
   m.checkpoint = r.Str(j, "checkpoint", false);
   if (auto it = j.find("dirty"); it != j.end() && it->is_object()) {
     m.dirty_source = r.Str(*it, "source", false);

@@ -23,6 +23,22 @@ struct ManifestParent {
   Digest128 image_digest;    // the parent's whole-image digest
 };
 
+// The point of another chain (a golden image's) that a chain's first point
+// is an increment over (`barge backup --base`): its image is that point's
+// qcow2 backing file, by the relative name `chain + "/" + image`.
+struct ManifestBase {
+  std::string chain;        // the base's chain folder, relative to this
+                            // chain's folder ("../golden"): ".." or plain
+                            // names joined by '/'
+  std::string id;           // the base point's id
+  std::string image;        // its image file name in that folder
+  Digest128 image_digest;   // its whole-image digest
+  std::string chain_id;     // the base chain's id ("" if it has none)
+
+  // The qcow2 backing file name: chain + "/" + image.
+  std::string BackingName() const { return chain + "/" + image; }
+};
+
 // The disk a point was read from (docs/formats/backup.md, "Which disk a
 // chain holds"): every point of one chain records the same one.
 struct DiskIdentity {
@@ -59,6 +75,9 @@ struct BackupManifest {
   // (only chains that detect changes by digest keep one).
   std::string strong_digest_table;
   std::optional<ManifestParent> parent;
+  // Only on a chain's first point (parent null): the other chain's point it
+  // stores the differences from.
+  std::optional<ManifestBase> base;
   std::string checkpoint;    // libvirt checkpoint, if any
   std::string dirty_source;  // "bitmap:NAME", "extents:FILE", "nbd:CONTEXT"
   uint64_t dirty_bytes = 0;
@@ -93,6 +112,10 @@ Result<std::string> EncodeManifest(const BackupManifest& manifest);
 // required fields, bad digests, file names with '/' or "..", and
 // unsupported versions are errors (kCorruption / kNotSupported).
 Result<BackupManifest> DecodeManifest(std::string_view json);
+
+// True for a base chain path a manifest may record: relative, its parts
+// ".." or plain non-hidden names ("../golden", "../../t2/golden").
+bool IsBaseChainPath(std::string_view path);
 
 // Current UTC time as RFC 3339 ("2026-11-22T15:01:02Z") and as a compact id
 // stem ("20261122T150102Z").

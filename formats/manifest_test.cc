@@ -89,6 +89,40 @@ TEST(ManifestTest, DiskIdentityAndChainIdRoundTrip) {
   // How pipeline describes it is DiskIdentityTest.DescribeDiskNamesKindLocationAndSize.
 }
 
+// A chain's first point over another chain's point (issue 23): the base
+// round-trips, its folder path must be relative and plain, and only a
+// point without a parent may have one.
+TEST(ManifestTest, BaseRoundTripsAndIsChecked) {
+  BackupManifest m = Sample();
+  m.parent.reset();
+  m.type = BackupType::kFull;
+  ManifestBase b;
+  b.chain = "../golden";
+  b.id = "0000-20261127T063000Z";
+  b.image = "0000-20261127T063000Z.qcow2";
+  b.image_digest = Digest128{1, 2};
+  b.chain_id = "00ff";
+  m.base = b;
+  auto back = DecodeManifest(EncodeManifest(m).value());
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  ASSERT_TRUE(back->base.has_value());
+  EXPECT_EQ(back->base->chain, "../golden");
+  EXPECT_EQ(back->base->BackingName(), "../golden/0000-20261127T063000Z.qcow2");
+  EXPECT_EQ(back->base->image_digest, b.image_digest);
+  EXPECT_EQ(back->base->chain_id, "00ff");
+  EXPECT_FALSE(DecodeManifest(EncodeManifest(Sample()).value())->base.has_value());
+  for (const char* chain : {"/abs/golden", "../.hidden", "..//x", "a/./b", "", "x/"}) {
+    m.base->chain = chain;
+    auto bad = DecodeManifest(EncodeManifest(m).value());
+    EXPECT_FALSE(bad.ok()) << chain;
+  }
+  m.base->chain = "../../t2/golden";
+  EXPECT_TRUE(DecodeManifest(EncodeManifest(m).value()).ok());
+  m.parent = ManifestParent{"0000-x", "0000-x.qcow2", Digest128{3, 4}};
+  m.type = BackupType::kIncremental;
+  EXPECT_FALSE(DecodeManifest(EncodeManifest(m).value()).ok());
+}
+
 // A domain disk's identity records the file behind its target (issue 25:
 // disks that swapped files); a manifest without it decodes with none (how
 // pipeline compares the two is

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "blockio/env.h"
 #include "blockio/path.h"
@@ -16,11 +17,13 @@
 #include "formats/qcow2_bitmap.h"
 #include "formats/units.h"
 #include "pipeline/backup_resume.h"
+#include "pipeline/base_refs.h"
 #include "pipeline/chain.h"
 #include "pipeline/chain_folder.h"
 #include "pipeline/destination_spec.h"
 #include "pipeline/digest_changes.h"
 #include "pipeline/disk_identity.h"
+#include "pipeline/export_lock.h"
 
 namespace barge::pipeline {
 
@@ -177,6 +180,14 @@ struct BackupRun {
   RangeList remaining;
   std::optional<ResumeNote> note;
   std::unique_ptr<ResumeJournal> journal;
+  // --base: the base chain's folder (held by an export lock, so that no
+  // merge or forget removes the point meanwhile), the point, opened.
+  std::string base_dir;
+  std::unique_ptr<ExportLock> base_lock;
+  ChainFolder base_chain;
+  std::optional<OpenedPoint> base_point;
+  uint64_t base_compared_bytes = 0;
+  bool over_parent() const { return m.parent.has_value() || m.base.has_value(); }
 };
 
 // An incremental reads exactly one record of changes; a full reads none.
@@ -323,12 +334,80 @@ Status CheckFullSize(const BackupRequest& req, const BackupRun& run) {
       .set_path(chain.dir);
 }
 
+// --base: locks and opens the base point (another chain's), which takes
+// the place of a parent: same size, its cluster size, its digests.
+Status OpenBase(Env& env, const BackupRequest& req, BackupRun& run) {
+  if (req.base.empty()) return OkStatus();
+  if (req.incremental) return Error::InvalidArgument("--base starts a chain: it takes no --incremental");
+  std::string chain_name = req.base, at;
+  if (auto a = req.base.rfind('@'); a != std::string::npos) {
+    chain_name = req.base.substr(0, a);
+    at = req.base.substr(a + 1);
+  }
+  if (chain_name.empty()) return Error::InvalidArgument("--base needs a chain: CHAIN[@POINT]");
+  run.base_dir = LexicallyNormal(AbsolutePath(chain_name.find('/') == std::string::npos
+                                                  ? JoinPath(req.target_dir, chain_name)
+                                                  : chain_name));
+  const std::string own = LexicallyNormal(AbsolutePath(run.writer->dir()));
+  if (run.base_dir == own) {
+    return Error::InvalidArgument("--base names this backup's own chain folder; a base is another chain")
+        .set_path(run.base_dir);
+  }
+  if (auto st = env.Stat(run.base_dir); !st.ok() || !st->is_directory()) {
+    return Error::NotFound("no base chain folder here (--base " + req.base + ")").set_path(run.base_dir);
+  }
+  // Clones backed up side by side each take the base's writer lock for a
+  // moment: a few short waits before Busy is the answer (a backup or merge
+  // of the base itself running).
+  auto lock = ExportLock::Take(env, run.base_dir, &run.base_chain);
+  for (int attempt = 0; attempt < 50 && !lock.ok() && lock.error().code() == ErrorCode::kBusy; ++attempt) {
+    BARGE_RETURN_IF_ERROR(CheckCancel(req.copy.cancel, "backup interrupted while waiting for its base", run.base_dir));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    lock = ExportLock::Take(env, run.base_dir, &run.base_chain);
+  }
+  if (!lock.ok()) return Error(lock.error()).Wrap("base chain");
+  run.base_lock = std::move(lock).value();
+  // A reference a killed run left half written (never renamed): swept.
+  IgnoreError(SweepStaleTemporaries(env, JoinPath(run.base_dir, kBaseRefsDir)),
+              "the next job on the base chain sweeps it");
+  BARGE_ASSIGN_OR_RETURN(size_t index, run.base_chain.Resolve(at));
+  auto opened = OpenPoint(env, run.base_chain, index);
+  if (!opened.ok()) return Error(opened.error()).Wrap("the base does not verify");
+  run.base_point.emplace(std::move(opened).value());
+  const formats::BackupManifest& bm = run.base_point->point->manifest;
+  if (bm.virtual_size != run.size) {
+    return Error::InvalidArgument("the base " + bm.id + " is of a " + formats::HumanBytesExact(bm.virtual_size) +
+                                  " disk, this one has " + formats::HumanBytesExact(run.size) +
+                                  ": a base must be of the disk's size")
+        .set_path(run.base_dir);
+  }
+  run.cluster = bm.cluster_size;  // the chain reads through the base's clusters
+  run.parent_digests = run.base_point->digests;
+  formats::ManifestBase base;
+  base.chain = RelativeFolderPath(own, run.base_dir);
+  base.id = bm.id;
+  base.image = bm.image;
+  base.image_digest = bm.image_digest;
+  base.chain_id = bm.chain_id;
+  run.m.base = base;
+  return OkStatus();
+}
+
 // What to copy (the whole disk, or an incremental's changes rounded to
 // clusters), refused when the target has no room for it.
 Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
   run.work = {{0, run.size}};
-  run.write_strong = req.changed_by != ChangedBy::kRecord || run.parent_strong.has_value();
-  if (!req.incremental) return OkStatus();
+  // A first point over a base stores only what differs from it, so a
+  // strong table of its own clusters alone would not describe the disk;
+  // the chain's first digest incremental computes it by reading the point.
+  run.write_strong = !run.base_point && (req.changed_by != ChangedBy::kRecord || run.parent_strong.has_value());
+  if (!req.incremental) {
+    if (run.base_point) {
+      BARGE_ASSIGN_OR_RETURN(run.work, DiffFromBase(*run.src.image, *run.base_point->image, run.parent_digests,
+                                                    run.cluster, req.copy.cancel, &run.base_compared_bytes));
+    }
+    return OkStatus();
+  }
   RangeList recorded;
   if (req.changed_by != ChangedBy::kDigests) {
     BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(env, req, run.src, run.dirty_description));
@@ -385,6 +464,7 @@ ResumeKey KeyFor(Env& env, const BackupRequest& req, const BackupRun& run, const
   k.cluster_size = run.cluster;
   k.compression = formats::CompressionSpec{req.compression, req.compression_level}.ToString();
   if (run.m.parent) k.parent = run.m.parent->id + ":" + run.m.parent->image_digest.ToHex();
+  if (run.m.base) k.parent = run.m.base->BackingName() + ":" + run.m.base->image_digest.ToHex();
   k.checkpoint = req.checkpoint;
   k.work_digest = RangesDigest(run.work);
   k.tool_version = req.tool_version;
@@ -398,7 +478,8 @@ DestinationSpec ImageSpec(const BackupRequest& req, const BackupRun& run) {
   dest_spec.cluster_bytes = run.cluster;
   dest_spec.compression = req.compression;
   if (run.m.parent) dest_spec.backing_file = run.m.parent->image;
-  dest_spec.zero_policy = req.incremental ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit;
+  if (run.m.base) dest_spec.backing_file = run.m.base->BackingName();
+  dest_spec.zero_policy = run.over_parent() ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit;
   return dest_spec;
 }
 
@@ -486,6 +567,7 @@ Status StartManifest(const BackupRequest& req, const std::string& started_at, Ba
              : req.incremental   ? "changed blocks from " + (run.dirty_description == kExtentsFromAPipe
                                                                    ? std::string("extents read from a pipe")
                                                                    : run.dirty_description)
+             : m.base            ? "differences from base " + m.base->chain + "@" + m.base->id
              : chain.empty()     ? "first backup of the disk"
                                  : "full backup requested";
   m.source = RedactNbdUri(run.spec.location);  // never its credentials
@@ -605,10 +687,10 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
   copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, run.cluster);
   copy.compression = req.compression;
   copy.compression_level = req.compression_level;
-  copy.record_zero_digests = req.incremental;
+  copy.record_zero_digests = run.over_parent();
   copy.strong_digests = run.write_strong;
   BaseDigestLookup parent;
-  if (req.incremental) {
+  if (run.over_parent()) {
     parent = [&run](uint64_t c) { return FindDigest(run.parent_digests, c); };
   }
   if (run.resume_cluster > 0) {
@@ -689,7 +771,7 @@ Result<std::optional<formats::StrongDigestTable>> StrongTableOf(const BackupRun&
 
 // 5. Commits: the digest table and the finished manifest staged beside the
 // image, then image, digests, manifest published in that order.
-Status CommitPoint(BackupRun& run, const CopyResult& copied, const formats::Qcow2WriterStats& stats,
+Status CommitPoint(Env& env, BackupRun& run, const CopyResult& copied, const formats::Qcow2WriterStats& stats,
                    std::chrono::steady_clock::time_point start) {
   formats::BackupManifest& m = run.m;
   formats::DigestTable table;
@@ -721,6 +803,17 @@ Status CommitPoint(BackupRun& run, const CopyResult& copied, const formats::Qcow
     std::vector<std::byte> strong_bytes = formats::EncodeStrongDigestTable(*strong);
     BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.strong_digest_table, strong_bytes));
   }
+  if (m.base) {
+    // Before the point is committed, so a committed point always protects
+    // its base; a run killed before its commit leaves a stale reference,
+    // which the base chain's next forget, merge or retention sweeps.
+    BaseRef ref;
+    ref.dependent = RelativeFolderPath(run.base_dir, run.writer->dir());
+    ref.chain_id = m.chain_id;
+    ref.base_id = m.base->id;
+    Status wrote = WriteBaseRef(env, run.base_dir, ref);
+    if (!wrote.ok()) return Error(wrote.error()).Wrap("backup: recording it in its base chain");
+  }
   BARGE_ASSIGN_OR_RETURN(std::string text, formats::EncodeManifest(m));
   BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.id + ".json", std::as_bytes(std::span(text.data(), text.size()))));
   return run.writer->Commit();
@@ -737,6 +830,7 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   BARGE_RETURN_IF_ERROR(OpenBackupSource(env, req, run));
   BARGE_RETURN_IF_ERROR(OpenChain(env, req, run));
   BARGE_RETURN_IF_ERROR(req.incremental ? ExtendChain(env, req, run) : CheckFullSize(req, run));
+  BARGE_RETURN_IF_ERROR(OpenBase(env, req, run));
   BARGE_RETURN_IF_ERROR(PlanWork(env, req, run));
   run.started_at = started_at;
   BARGE_RETURN_IF_ERROR(FindStaged(env, req, run));
@@ -747,13 +841,13 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   std::optional<JournaledDestination> journaled;
   Destination* dest = image.get();
   if (run.journal != nullptr) {
-    journaled.emplace(*image, *run.journal, req.incremental, CheckpointBytes(TotalBytes(run.remaining)),
+    journaled.emplace(*image, *run.journal, run.over_parent(), CheckpointBytes(TotalBytes(run.remaining)),
                       kCheckpointInterval);
     dest = &*journaled;
   }
   auto copied = CopyWork(req, run, *dest);
   if (!copied.ok()) return KeepOrDrop(run, journaled ? &*journaled : nullptr, std::move(copied).error());
-  Status committed = CommitPoint(run, *copied, *dest->qcow2_stats(), start);
+  Status committed = CommitPoint(env, run, *copied, *dest->qcow2_stats(), start);
   if (run.journal != nullptr) {
     IgnoreError(run.journal->Remove(), "a journal whose point was committed never matches a later run");
   }
@@ -777,6 +871,7 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   result.image_bytes = run.m.bytes_written;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.resume = run.note;
+  result.base_compared_bytes = run.base_compared_bytes;
   result.manifest = std::move(run.m);
   return result;
 }

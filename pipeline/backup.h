@@ -80,6 +80,11 @@ struct BackupRequest {
   // point is refused (another disk backed up under this name?) unless
   // this says the disk was resized.
   bool allow_resize = false;
+  // A full written as an increment over another chain's point
+  // (docs/formats/backup.md, "Chains over a base"): "CHAIN[@POINT]", CHAIN
+  // a chain folder's path, or a chain name (no '/') in target_dir; POINT
+  // as restore --at (default: latest). "" = none.
+  std::string base;
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = formats::kDefaultZstdLevel;
   // Resumable (docs/formats/resume.md): a journal beside the staged image
@@ -117,6 +122,7 @@ struct BackupResult {
   uint64_t image_bytes = 0;
   double seconds = 0;
   std::optional<ResumeNote> resume;  // when a staged backup was found
+  uint64_t base_compared_bytes = 0;  // --base: base bytes read to compare
 };
 
 // Runs one backup. Before writing anything it checks: the source opens; for

@@ -271,6 +271,13 @@ Result<formats::DigestTable> EffectiveDigests(Env& env, const ChainFolder& chain
     }
     tables.push_back(std::move(t));
   }
+  // A chain over a base: the base's effective digests lie under its layers.
+  BARGE_ASSIGN_OR_RETURN(std::optional<BaseLink> base, LoadBaseOf(env, chain, index));
+  if (base) {
+    auto below = EffectiveDigests(env, base->chain, base->index);
+    if (!below.ok()) return Error(below.error()).Wrap("base " + base->dir + "@" + base->manifest().id);
+    tables.insert(tables.begin(), std::move(below).value());
+  }
   std::vector<const formats::DigestTable*> ptrs;
   for (const auto& t : tables) ptrs.push_back(&t);
   BARGE_ASSIGN_OR_RETURN(formats::DigestTable merged, formats::MergeDigestTables(ptrs));
@@ -281,6 +288,75 @@ Result<formats::DigestTable> EffectiveDigests(Env& env, const ChainFolder& chain
         .set_path(chain.points[index].manifest_path);
   }
   return merged;
+}
+
+namespace {
+// Bases stand on bases at most this deep (a loop of bases is refused).
+constexpr int kMaxBaseDepth = 16;
+}  // namespace
+
+Result<std::optional<BaseLink>> LoadBaseOf(Env& env, const ChainFolder& chain, size_t index) {
+  BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, chain.LayersOf(index));
+  const ChainPoint& first = chain.points[layers.front()];
+  if (!first.manifest.base) return std::optional<BaseLink>();
+  const formats::ManifestBase& b = *first.manifest.base;
+  BaseLink link;
+  link.dir = LexicallyNormal(JoinPath(chain.dir, b.chain));
+  auto st = env.Stat(link.dir);
+  if (!st.ok() || !st->is_directory()) {
+    if (st.ok() || st.error().code() == ErrorCode::kNotFound) {
+      return Error::NotFound("base chain " + b.chain + " (point " + b.id + ") that backup " + first.manifest.id +
+                             " stands on is missing: expected at " + link.dir +
+                             "; move it back (chains over a base keep their relative place)")
+          .set_path(link.dir);
+    }
+    return st.error();
+  }
+  auto loaded = LoadChainFolder(env, link.dir);
+  if (!loaded.ok()) return Error(loaded.error()).Wrap("base chain of backup " + first.manifest.id);
+  link.chain = std::move(loaded).value();
+  auto it = std::find_if(link.chain.points.begin(), link.chain.points.end(),
+                         [&](const ChainPoint& p) { return p.manifest.id == b.id; });
+  if (it == link.chain.points.end()) {
+    return Error::NotFound("base point " + b.id + " that backup " + first.manifest.id +
+                           " stands on is missing from its base chain: expected " + JoinPath(link.dir, b.id + ".json"))
+        .set_path(link.dir);
+  }
+  link.index = static_cast<size_t>(it - link.chain.points.begin());
+  const formats::BackupManifest& bm = it->manifest;
+  const formats::BackupManifest& top = chain.points[index].manifest;
+  if (bm.image != b.image || bm.image_digest != b.image_digest) {
+    return Error::Corruption("base point " + b.id + " in " + link.dir +
+                             " is not the one backup " + first.manifest.id + " recorded (image or image digest differ)")
+        .set_path(first.manifest_path);
+  }
+  if (bm.virtual_size != top.virtual_size || bm.cluster_size != top.cluster_size) {
+    return Error::Corruption("base point " + b.id + " is of another disk size or cluster size")
+        .set_path(first.manifest_path);
+  }
+  return std::optional<BaseLink>(std::move(link));
+}
+
+Result<std::vector<std::string>> LayerImagePaths(Env& env, const ChainFolder& chain, size_t index) {
+  std::vector<std::string> out;
+  const ChainFolder* cur = &chain;
+  size_t at = index;
+  std::optional<BaseLink> link;
+  for (int depth = 0;; ++depth) {
+    if (depth > kMaxBaseDepth) {
+      return Error::Corruption("bases stand on bases too deep (a loop?)").set_path(chain.dir);
+    }
+    BARGE_ASSIGN_OR_RETURN(std::vector<size_t> layers, cur->LayersOf(at));
+    std::vector<std::string> mine;
+    for (size_t l : layers) mine.push_back(cur->PathOf(cur->points[l].manifest.image));
+    out.insert(out.begin(), mine.begin(), mine.end());
+    BARGE_ASSIGN_OR_RETURN(std::optional<BaseLink> next, LoadBaseOf(env, *cur, at));
+    if (!next) break;
+    link = std::move(next);
+    cur = &link->chain;
+    at = link->index;
+  }
+  return out;
 }
 
 std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
@@ -327,6 +403,18 @@ Result<OpenedPoint> OpenPoint(Env& env, const ChainFolder& chain, size_t index) 
   formats::OpenOptions options;
   options.format = formats::ImageFormat::kQcow2;
   options.allowed_dirs = {chain.dir};
+  // A chain over a base reads on into the base chain's images.
+  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> all_images, LayerImagePaths(env, chain, index));
+  all_images.resize(all_images.size() - layers.size());
+  out.base_images = all_images;
+  for (const std::string& p : out.base_images) {
+    auto st = env.Stat(p);
+    if (!st.ok() && st.error().code() == ErrorCode::kNotFound) {
+      return Error::Corruption("missing: the base image backup " + out.point->manifest.id + " stands on")
+          .set_path(p);
+    }
+    options.allowed_dirs.push_back(DirName(p));
+  }
   const auto& m = out.point->manifest;
   auto image = OpenImageFile(env, chain.PathOf(m.image), options);
   if (!image.ok()) return Error(image.error()).Wrap("backup " + m.id);
@@ -347,6 +435,19 @@ Result<OpenedPoint> OpenPoint(Env& env, const ChainFolder& chain, size_t index) 
     if (layer->size_bytes() < lm.virtual_size) {
       return Error::Corruption("layer image is smaller than its manifest says")
           .set_path(layer->info().path);
+    }
+    layer = layer->backing();
+  }
+  // Then the bases' layers, newest first.
+  for (size_t k = out.base_images.size(); k-- > 0;) {
+    if (layer == nullptr) {
+      return Error::Corruption("the image chain ends before its base layer " + out.base_images[k])
+          .set_path(chain.PathOf(m.image));
+    }
+    if (LexicallyNormal(AbsolutePath(layer->info().path)) != LexicallyNormal(AbsolutePath(out.base_images[k]))) {
+      return Error::Corruption("image chain layer " + layer->info().path + " is not the base layer the manifests name (" +
+                               out.base_images[k] + ")")
+          .set_path(chain.PathOf(m.image));
     }
     layer = layer->backing();
   }

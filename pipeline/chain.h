@@ -129,6 +129,27 @@ Result<formats::DigestTable> LoadDigestTable(Env& env, const std::string& path);
 // if they disagree.
 Result<formats::DigestTable> EffectiveDigests(Env& env, const ChainFolder& chain, size_t index);
 
+// The base a chain stands on (`barge backup --base`, docs/formats/backup.md
+// "Chains over a base"): the other chain's folder, loaded, and the point.
+struct BaseLink {
+  std::string dir;  // the base chain's folder, as this chain's dir joined
+                    // with the manifest's relative path, normalized
+  ChainFolder chain;
+  size_t index = 0;
+  const formats::BackupManifest& manifest() const { return chain.points[index].manifest; }
+};
+
+// The base of point `index`'s layers (the base their first layer names),
+// or nullopt when it has none. kNotFound naming the expected folder or
+// point when the base chain is moved or gone ("base chain ... is missing:
+// expected at PATH"); kCorruption naming the manifest when the base point
+// there differs (image name, image digest, virtual size or cluster size).
+Result<std::optional<BaseLink>> LoadBaseOf(Env& env, const ChainFolder& chain, size_t index);
+
+// The layers of point `index` over every base below it, as image paths,
+// oldest (the bottom base's full) first. For structure checks.
+Result<std::vector<std::string>> LayerImagePaths(Env& env, const ChainFolder& chain, size_t index);
+
 // Binary search for a cluster's digest in a sorted table.
 std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
                                              uint64_t cluster_index);
@@ -143,7 +164,10 @@ struct OpenedPoint {
   size_t index = 0;
   const ChainPoint* point = nullptr;  // points into the ChainFolder
   std::unique_ptr<formats::Image> image;
-  formats::DigestTable digests;  // effective digests (merged layers)
+  formats::DigestTable digests;  // effective digests (merged layers, bases included)
+  // The image paths of the base chains' layers under this point's own
+  // (empty without a base), oldest first: structure checks cover them.
+  std::vector<std::string> base_images;
   // Expected digest of any cluster (zero-cluster digest where none is listed).
   std::optional<formats::Digest128> Expected(uint64_t cluster_index) const;
 };

@@ -131,6 +131,14 @@ Status ChainWriter::StageSmallFile(const std::string& name, std::span<const std:
 Status ChainWriter::Commit() {
   Status committed = image_ != nullptr ? image_->Commit() : OkStatus();
   for (size_t i = 0; committed.ok() && i < small_.size(); ++i) committed = small_[i]->Commit();
+  // A chain folder this run made (and its parent, if made too) is durable
+  // only once the folder holding it is synced: else a power loss after the
+  // backup reported done loses the whole new chain (the reliability
+  // campaign's backup-base scenario, the first to write into a new chain
+  // folder, found it). A failure here is a failed commit, undone below.
+  for (size_t i = 0; committed.ok() && i < created_dirs_.size(); ++i) {
+    committed = env_.SyncDir(DirName(created_dirs_[i]));
+  }
   if (!committed.ok()) {
     // A commit can fail after its rename (syncing the folder): the manifest
     // goes first so that no manifest ever names a removed file.

@@ -6,6 +6,7 @@
 
 #include "blockio/path.h"
 #include "formats/units.h"
+#include "pipeline/base_refs.h"
 
 namespace barge::pipeline {
 
@@ -123,6 +124,16 @@ Result<ChainListing> ListChain(Env& env, const std::string& path) {
       p.duration_seconds = *d;
     }
     out.points.push_back(std::move(p));
+  }
+  if (!chain.points.empty()) {
+    auto live = LiveDependents(env, chain.dir, /*sweep=*/false);
+    if (!live.ok()) {
+      out.warnings.push_back({"cannot read the base references: " + live.error().message(), live.error().path()});
+    } else {
+      for (PointView& p : out.points) {
+        if (auto it = live->find(p.manifest.id); it != live->end()) p.dependents = it->second;
+      }
+    }
   }
   for (PointView& p : out.points) {
     if (!p.manifest.parent) continue;

@@ -62,6 +62,9 @@ struct PointView {
   // run backwards).
   std::optional<double> duration_seconds;
   std::optional<LastVerification> verification;
+  // The chain folders of the chains that stand on this point (`backup
+  // --base`; its live base references, pipeline/base_refs.h).
+  std::vector<std::string> dependents;
 };
 
 // What `list` says of a path: the chain folder it names (or that holds the

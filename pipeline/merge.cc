@@ -11,6 +11,7 @@
 #include "blockio/path.h"
 #include "formats/digest_table.h"
 #include "formats/qcow2_check.h"
+#include "pipeline/base_refs.h"
 #include "pipeline/chain.h"
 #include "pipeline/chain_folder.h"
 #include "pipeline/destination_spec.h"
@@ -33,8 +34,18 @@ Result<std::pair<formats::Compression, int>> ParseManifestCompression(const std:
 
 // Re-reads the staged image on its own (no backing file may exist) and
 // checks its structure, every cluster's digest and the image digest.
+// A merged point of a chain over a base (docs/formats/backup.md, "Chains
+// over a base") re-reads through its base: the backing file it must name,
+// the folders it may read in, and the digests every cluster must have.
+struct MergeBase {
+  std::string backing_file;
+  std::vector<std::string> dirs;
+  formats::DigestTable effective;  // the base's effective digests under the new table
+};
+
 Status VerifyStagedImage(Env& env, const std::string& path, const formats::DigestTable& table,
-                         const formats::Digest128& image_digest, const CopyOptions& knobs) {
+                         const formats::Digest128& image_digest, const CopyOptions& knobs,
+                         const MergeBase* base = nullptr) {
   {
     BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path));
     auto report = formats::qcow2::CheckQcow2(*file);
@@ -46,16 +57,25 @@ Status VerifyStagedImage(Env& env, const std::string& path, const formats::Diges
   formats::OpenOptions options;
   options.format = formats::ImageFormat::kQcow2;
   options.allowed_dirs = {DirName(path)};
+  formats::DigestTable expected = table;
+  if (base != nullptr) {
+    options.allowed_dirs.insert(options.allowed_dirs.end(), base->dirs.begin(), base->dirs.end());
+    const formats::DigestTable* layers[] = {&base->effective, &table};
+    BARGE_ASSIGN_OR_RETURN(expected, formats::MergeDigestTables(layers));
+  }
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image, OpenImageFile(env, path, options));
-  if (image->backing() != nullptr || !image->info().backing_file.empty()) {
+  if (base == nullptr && (image->backing() != nullptr || !image->info().backing_file.empty())) {
     return Error::Corruption("the merged image has a backing file").set_path(path);
+  }
+  if (base != nullptr && image->info().backing_file != base->backing_file) {
+    return Error::Corruption("the merged image does not name its base " + base->backing_file).set_path(path);
   }
   const formats::Digest128 zero = formats::ZeroClusterDigest(table.cluster_bytes);
   CopyOptions copy = knobs;
   copy.progress = nullptr;
   copy.compression = formats::Compression::kNone;
-  copy.verify = [&table, zero](uint64_t c) -> std::optional<formats::Digest128> {
-    if (auto d = FindDigest(table, c)) return d;
+  copy.verify = [&expected, zero](uint64_t c) -> std::optional<formats::Digest128> {
+    if (auto d = FindDigest(expected, c)) return d;
     return zero;
   };
   auto copied = RunCopy(*image, WholeDisk(*image), {}, copy);
@@ -157,6 +177,25 @@ Status CheckNoOtherDependents(const MergePlan& plan) {
   return OkStatus();
 }
 
+// Refuses to fold away a point other chains stand on (its base references,
+// pipeline/base_refs.h): merging through it keeps it (same image name and
+// image digest), merging through a later point would remove it.
+Status CheckNoBaseFolded(Env& env, const MergePlan& plan, bool sweep) {
+  BARGE_ASSIGN_OR_RETURN(auto live, LiveDependents(env, plan.chain.dir, sweep));
+  for (size_t k = 0; k + 1 < plan.layers.size(); ++k) {
+    const std::string& id = plan.chain.points[plan.layers[k]].manifest.id;
+    auto it = live.find(id);
+    if (it == live.end()) continue;
+    const size_t n = it->second.size();
+    return Error::InvalidArgument("backup " + id + " is the base of " + std::to_string(n) + " chain" +
+                                  (n == 1 ? "" : "s") + " (" + it->second.front() + (n > 1 ? ", ..." : "") +
+                                  "): merging through " + plan.pm.id + " would remove it; it is kept. Merge through " +
+                                  id + " or an earlier point")
+        .set_path(plan.chain.dir);
+  }
+  return OkStatus();
+}
+
 // 1. Flattens the point into a staged full image (open the point, make the
 // destination, run the copy verified against the chain's digests, commit),
 // stages its digest table and manifest, and re-reads the image.
@@ -169,13 +208,51 @@ Result<Staged> FlattenPoint(Env& env, ChainWriter& writer, const MergeRequest& r
   table.cluster_bytes = pm.cluster_size;
   table.virtual_size = pm.virtual_size;
   const formats::Digest128 zero = formats::ZeroClusterDigest(pm.cluster_size);
-  // A full backup's zero clusters are implicit.
-  for (const auto& e : point.digests.entries) {
-    if (e.digest != zero) table.entries.push_back(e);
-  }
-  if (formats::ImageDigestOf(table) != pm.image_digest) {
-    return Error::Corruption("the point's data digests do not add up to its image digest")
-        .set_path(chain.points[plan.index].manifest_path);
+  // A chain over a base stays over it: the merged point stores every
+  // cluster a folded layer stores (zero clusters included, masking the
+  // base's data) and names the base as backing file, as its first point did.
+  const std::optional<formats::ManifestBase>& base_of_chain = chain.points[plan.layers.front()].manifest.base;
+  std::optional<MergeBase> base;
+  RangeList work = {{0, pm.virtual_size}};
+  if (base_of_chain) {
+    BARGE_ASSIGN_OR_RETURN(std::optional<BaseLink> link, LoadBaseOf(env, chain, plan.index));
+    if (!link) return Error::Corruption("the chain's base is not found").set_path(chain.dir);
+    base.emplace();
+    base->backing_file = base_of_chain->BackingName();
+    BARGE_ASSIGN_OR_RETURN(base->effective, EffectiveDigests(env, link->chain, link->index));
+    for (const std::string& p : point.base_images) base->dirs.push_back(DirName(p));
+    std::set<uint64_t> stored;
+    for (size_t l : plan.layers) {
+      BARGE_ASSIGN_OR_RETURN(formats::DigestTable t,
+                             LoadDigestTable(env, chain.PathOf(chain.points[l].manifest.digest_table)));
+      for (const auto& e : t.entries) stored.insert(e.cluster_index);
+    }
+    work.clear();
+    for (uint64_t c : stored) {
+      table.entries.push_back({c, point.Expected(c).value_or(zero)});
+      const uint64_t off = c * pm.cluster_size;
+      const uint64_t len = std::min<uint64_t>(pm.cluster_size, pm.virtual_size - off);
+      if (!work.empty() && work.back().end() == off) {
+        work.back().length += len;
+      } else {
+        work.push_back({off, len});
+      }
+    }
+    const formats::DigestTable* layers[] = {&base->effective, &table};
+    BARGE_ASSIGN_OR_RETURN(formats::DigestTable all, formats::MergeDigestTables(layers));
+    if (formats::ImageDigestOf(all) != pm.image_digest) {
+      return Error::Corruption("the point's digests over its base do not add up to its image digest")
+          .set_path(chain.points[plan.index].manifest_path);
+    }
+  } else {
+    // A full backup's zero clusters are implicit.
+    for (const auto& e : point.digests.entries) {
+      if (e.digest != zero) table.entries.push_back(e);
+    }
+    if (formats::ImageDigestOf(table) != pm.image_digest) {
+      return Error::Corruption("the point's data digests do not add up to its image digest")
+          .set_path(chain.points[plan.index].manifest_path);
+    }
   }
 
   Staged staged;
@@ -187,16 +264,23 @@ Result<Staged> FlattenPoint(Env& env, ChainWriter& writer, const MergeRequest& r
     dest_spec.virtual_size = pm.virtual_size;
     dest_spec.cluster_bytes = pm.cluster_size;
     dest_spec.compression = compression.first;
+    if (base) {
+      dest_spec.backing_file = base->backing_file;
+      dest_spec.zero_policy = ZeroPolicy::kZeroCluster;
+    }
     BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Destination> dest, MakeDestination(image_file->sink(), dest_spec));
     CopyOptions copy = req.copy;
     copy.cluster_bytes = pm.cluster_size;
     copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, pm.cluster_size);
     copy.compression = compression.first;
     copy.compression_level = compression.second;
-    copy.record_zero_digests = false;
+    copy.record_zero_digests = base.has_value();
     copy.verify = [&point](uint64_t c) { return point.Expected(c); };
+    if (base) {
+      copy.base_digest = [&base](uint64_t c) { return FindDigest(base->effective, c); };
+    }
     Destination* dests[] = {dest.get()};
-    auto copied = RunCopy(*point.image, {{0, pm.virtual_size}}, dests, copy);
+    auto copied = RunCopy(*point.image, work, dests, copy);
     if (!copied.ok()) return Error(copied.error()).Wrap("merge through " + pm.id);
     if (copied->image_digest != pm.image_digest) {
       return Error::Corruption("flattened image digest " + copied->image_digest.ToHex() +
@@ -221,6 +305,7 @@ Result<Staged> FlattenPoint(Env& env, ChainWriter& writer, const MergeRequest& r
   m = pm;
   m.type = formats::BackupType::kFull;
   m.parent.reset();
+  m.base = base_of_chain;
   m.reason = "merged " + chain.points[plan.layers.front()].manifest.id + ".." + pm.id;
   // A full reads no change tracking: the folded increments' dirty source
   // and bytes describe them, not this point (issue 18).
@@ -239,7 +324,8 @@ Result<Staged> FlattenPoint(Env& env, ChainWriter& writer, const MergeRequest& r
   BARGE_ASSIGN_OR_RETURN(std::string text, formats::EncodeManifest(m));
   std::span<const std::byte> text_bytes = std::as_bytes(std::span(text.data(), text.size()));
   BARGE_ASSIGN_OR_RETURN(staged.manifest_bytes, writer.StageReplacement(plan.manifest_name, text_bytes));
-  BARGE_RETURN_IF_ERROR(VerifyStagedImage(env, plan.image_staged, table, pm.image_digest, req.copy));
+  BARGE_RETURN_IF_ERROR(
+      VerifyStagedImage(env, plan.image_staged, table, pm.image_digest, req.copy, base ? &*base : nullptr));
   BARGE_ASSIGN_OR_RETURN(FileStat st, env.Stat(plan.image_staged));
   staged.image_bytes = st.size_bytes;
   return staged;
@@ -347,6 +433,7 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
     return result;
   }
   BARGE_RETURN_IF_ERROR(CheckNoOtherDependents(plan));
+  BARGE_RETURN_IF_ERROR(CheckNoBaseFolded(env, plan, /*sweep=*/!req.dry_run));
   if (req.dry_run) {
     result.dry_run = true;
     result.folded_ids = plan.FoldedIds();

@@ -35,6 +35,9 @@ Result<std::unique_ptr<PointReader>> PointReader::Open(Env& env, const std::stri
     for (size_t l : layers) {
       BARGE_RETURN_IF_ERROR(CheckLayerStructure(env, r->chain_.PathOf(r->chain_.points[l].manifest.image)));
     }
+    for (const std::string& base_image : r->point_.base_images) {
+      BARGE_RETURN_IF_ERROR(CheckLayerStructure(env, base_image));
+    }
   }
   const formats::BackupManifest& m = r->manifest();
   if (m.cluster_size == 0 || m.cluster_size != r->point_.digests.cluster_bytes) {

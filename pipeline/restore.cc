@@ -127,6 +127,10 @@ Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t
     BARGE_RETURN_IF_ERROR(CheckLayerStructure(env, chain.PathOf(chain.points[l].manifest.image)));
     structure_checked[l] = true;
   }
+  // A chain over a base: the base chain's layers under it too.
+  for (const std::string& base_image : v.point.base_images) {
+    BARGE_RETURN_IF_ERROR(CheckLayerStructure(env, base_image));
+  }
   v.copy = options;
   v.copy.cluster_bytes = m.cluster_size;
   v.copy.chunk_bytes = ChunkBytesFor(v.copy.chunk_bytes, m.cluster_size);

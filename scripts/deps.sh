@@ -44,8 +44,8 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   # slurmctld, slurmd) runs deploy/slurm/barge-array.sbatch; python3-yaml
   # reads deploy/kubernetes/ in tests/deploy_kubernetes_check.py.
   slurm-wlm munge python3-yaml
-  # bench/digest_incremental.sh: the peers a digest incremental is measured
-  # against.
+  # bench/digest_incremental.sh and bench/shared_base.sh (issue 23): the
+  # peers measured in the same run.
   restic borgbackup)
 
 pkgs=("${build_pkgs[@]}")

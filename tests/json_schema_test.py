@@ -400,6 +400,20 @@ def scenario(r):
     if [f.get("path") for f in result_of(r.run("list", [t("backups")])).get("chain_folders", [])] != [chain]:
         r.failures.append("list of a target: not its one chain folder")
     r.run("list", [t("text.txt")], expect=1)  # no chain folder, manifest or image
+    # A chain over a base (issue 23): backup --base, and list of the base
+    # (base_of) and of the clone (base). Outside backups/ (catalog rebuild).
+    r.sh("qemu-img", "create", "-q", "-f", "raw", t("gold.raw"), "1M")
+    r.sh("qemu-io", "-f", "raw", "-c", "write -P 0x21 0 1M", t("gold.raw"))
+    r.sh("qemu-img", "create", "-q", "-f", "qcow2", "-b", "gold.raw", "-F", "raw", t("clone.qcow2"))
+    r.sh("qemu-io", "-f", "qcow2", "-c", "write -P 0x22 64K 64K", t("clone.qcow2"))
+    r.run("backup", ["--source", t("gold.raw"), "--target", t("basebk"), "--name", "golden"])
+    based = result_of(r.run("backup", ["--source", t("clone.qcow2"), "--target", t("basebk"), "--name", "clone",
+                                       "--base", "golden"]))
+    if not str(based.get("base", "")).startswith("../golden@"):
+        r.failures.append("backup --base: result's base is not ../golden@ID: %r" % based.get("base"))
+    if [len(p.get("base_of", [])) for p in result_of(r.run("list", [t("basebk/golden")])).get("points", [])] != [1]:
+        r.failures.append("list of a base: its point is not the base of one chain")
+    r.run("list", [t("basebk/clone")])
     # export: served on a unix socket until its ready event, then SIGTERM
     # (needs nbdkit); a missing chain folder fails.
     if shutil.which("nbdkit"):

@@ -282,6 +282,16 @@ RetentionPlan PlanRetention(const std::vector<RestorePoint>& points, const std::
   for (const auto& p : points) {
     if (keep_in.count(p.key)) keep.insert(p.key);
   }
+  // A base of other chains stays, whatever the rules say.
+  std::map<std::string, std::string> anyway;
+  for (const auto& c : chains) {
+    for (const auto& [id, why] : c.pinned) {
+      auto it = key_of.find({c.chain_dir, id});
+      if (it == key_of.end() || keep.count(it->second)) continue;
+      keep.insert(it->second);
+      anyway[it->second] = why + " in " + c.chain_dir + " (a base is never removed or merged away)";
+    }
+  }
   auto kept = [&](const ChainView& c, size_t i) {
     auto it = key_of.find({c.chain_dir, c.ids[i]});
     // A point no restore point names (e.g. a folder scanned without a
@@ -290,7 +300,6 @@ RetentionPlan PlanRetention(const std::vector<RestorePoint>& points, const std::
   };
   // Points between kept points stay; a domain point stays whole. Repeat
   // until nothing changes (each round only adds to `keep`).
-  std::map<std::string, std::string> anyway;
   for (bool changed = true; changed;) {
     changed = false;
     for (const auto& c : chains) {

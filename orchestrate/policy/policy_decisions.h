@@ -132,6 +132,9 @@ struct RestorePoint {
 struct ChainView {
   std::string chain_dir;
   std::vector<std::string> ids;
+  // Points other chains stand on (`barge backup --base`): never removed or
+  // folded away. id -> why ("base of 2 chains").
+  std::map<std::string, std::string> pinned;
 };
 
 enum class RetentionActionKind : uint8_t {

@@ -260,6 +260,25 @@ TEST(RetentionTest, MiddlePointsStayAndNewestGo) {
   EXPECT_EQ(plan.keep, (std::vector<std::string>{"A4", "A3", "A2", "A1"}));
 }
 
+TEST(RetentionTest, BaseOfOtherChainsIsNeverRemovedOrFolded) {
+  Fixture f;
+  f.Chain("A", 0, 5);
+  f.chains[0].pinned["A1"] = "base of 2 chains";
+  // Keep the newest only: A1 stays (kept anyway, saying why), so the merge
+  // folds only A0 into it and A2, A3 stay as the points between.
+  auto plan = PlanRetention(f.points, f.chains, {"A4"});
+  EXPECT_EQ(Describe(plan), "merge(A: A0 -> A1) anyway(A1) anyway(A2) anyway(A3) ");
+  ASSERT_FALSE(plan.kept_anyway.empty());
+  bool said = false;
+  for (const auto& [key, why] : plan.kept_anyway) said |= key == "A1" && why.find("base of 2 chains") != std::string::npos;
+  EXPECT_TRUE(said);
+  // A chain past retention keeps its base point: the points after it go,
+  // those before are merged into it.
+  f.Chain("B", 5, 2);
+  plan = PlanRetention(f.points, f.chains, {"B0", "B1"});
+  EXPECT_EQ(plan.forget, (std::vector<std::string>{"A4", "A3", "A2", "A0"}));
+}
+
 TEST(RetentionTest, DomainPointsStayWhole) {
   // Two disks; vdb's chain restarted (a full at point 2), vda's did not.
   std::vector<RestorePoint> points;

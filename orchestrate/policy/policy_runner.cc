@@ -615,6 +615,8 @@ Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_
   // changes the folder until the last action is done.
   BARGE_ASSIGN_OR_RETURN(pipeline::ChainFolder folder, pipeline::LoadChainFolder(env, chain_dir, &lock));
   BARGE_ASSIGN_OR_RETURN(SourcePoints points, ScanChainFolder(folder));
+  // Points other chains stand on stay (stale references swept unless dry).
+  BARGE_RETURN_IF_ERROR(PinBases(env, points.chains, !options.dry_run));
   ForgetSourceReport rep;
   rep.source = chain_dir;
   BARGE_RETURN_IF_ERROR(PlanForget(points, keep, rep));

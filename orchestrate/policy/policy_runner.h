@@ -141,6 +141,11 @@ Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySour
 // kCorruption as ScanSource. newest_chain's target is the folder.
 Result<SourcePoints> ScanChainFolder(const pipeline::ChainFolder& folder);
 
+// Marks the points of `chains` that other chains stand on (their folders'
+// live base references, pipeline/base_refs.h) as pinned: retention keeps
+// them. With `sweep`, stale references are removed.
+Status PinBases(Env& env, std::vector<ChainView>& chains, bool sweep);
+
 // Carries out `plan`: each action under its chain folder's lock (kBusy, the
 // action skipped, when a backup or merge of that chain runs), removals
 // newest point first (manifest before image and digests; folder synced),

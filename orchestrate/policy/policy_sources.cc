@@ -16,6 +16,8 @@
 #include "orchestrate/schedule/time_text.h"
 #include "orchestrate/vm/vm_backup.h"
 #include "pipeline/backup.h"
+#include "pipeline/base_refs.h"
+#include "pipeline/small_file.h"
 #include "pipeline/chain.h"
 #include "pipeline/disk_identity.h"
 #include "pipeline/endpoints.h"
@@ -318,11 +320,29 @@ Result<SourcePoints> ScanSource(Env& env, const Policy& policy, const PolicySour
           out.newest_id = m.id;
         }
       }
+      BARGE_RETURN_IF_ERROR(PinBases(env, linked.chains, /*sweep=*/false));
       for (auto& c : linked.chains) out.chains.push_back(std::move(c));
       if (out.newest_chain_dir == dir) out.newest_folder = std::move(folder);
     }
   }
   return out;
+}
+
+Status PinBases(Env& env, std::vector<ChainView>& chains, bool sweep) {
+  std::map<std::string, std::map<std::string, std::vector<std::string>>> by_dir;
+  for (ChainView& c : chains) {
+    auto it = by_dir.find(c.chain_dir);
+    if (it == by_dir.end()) {
+      BARGE_ASSIGN_OR_RETURN(auto live, pipeline::LiveDependents(env, c.chain_dir, sweep));
+      it = by_dir.emplace(c.chain_dir, std::move(live)).first;
+    }
+    for (const std::string& id : c.ids) {
+      auto d = it->second.find(id);
+      if (d == it->second.end()) continue;
+      c.pinned[id] = "base of " + std::to_string(d->second.size()) + " chain" + (d->second.size() == 1 ? "" : "s");
+    }
+  }
+  return OkStatus();
 }
 
 Result<SourcePoints> ScanChainFolder(const pipeline::ChainFolder& folder) {
@@ -393,6 +413,18 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
     }
     // Points are removed below: never from under an export (pipeline/export_lock.h).
     if (Status exported = pipeline::CheckNotExported(env, a.chain_dir); !exported.ok()) return exported;
+    // A chain over a base removed whole: its reference in the base goes
+    // too (else swept there later as stale).
+    std::optional<formats::ManifestBase> based;
+    std::string based_chain_id;
+    if (a.kind == RetentionActionKind::kRemoveChain && !a.ids.empty()) {
+      if (auto text = pipeline::ReadSmallFile(env, a.chain_dir + "/" + a.ids.front() + ".json"); text.ok()) {
+        if (auto m = formats::DecodeManifest(*text); m.ok() && m->base) {
+          based = m->base;
+          based_chain_id = m->chain_id;
+        }
+      }
+    }
     // Newest first: a stop half way leaves a shorter chain whose every
     // point still restores. Each point's manifest goes first, so nothing
     // looks like a backup once its image is gone.
@@ -404,6 +436,10 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
       }
       BARGE_RETURN_IF_ERROR(env.SyncDir(a.chain_dir));
       if (catalog != nullptr) BARGE_RETURN_IF_ERROR(catalog->MarkPointRemoved(a.chain_dir, *it, "removed"));
+    }
+    if (based) {
+      IgnoreError(pipeline::RemoveBaseRef(env, LexicallyNormal(JoinPath(a.chain_dir, based->chain)), based_chain_id),
+                  "a stale reference is swept by the base chain's next forget or merge");
     }
   }
   return OkStatus();

@@ -22,9 +22,11 @@
 #include "orchestrate/policy/policy_catalog.h"
 #include "orchestrate/state/state_migrate.h"
 #include "pipeline/backup.h"
+#include "pipeline/base_refs.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/merge_journal.h"
 #include "pipeline/replicate.h"
+#include "pipeline/restore.h"
 #include "pipeline/staged_file.h"
 #include "tests/testing/testing.h"
 
@@ -231,6 +233,96 @@ class BackupScenario final : public Scenario {
  private:
   Kind kind_;
   std::string id0_, source_, source_digest_;
+};
+
+// ---- backup over a shared base ----
+
+// A clone's first backup as an increment over the golden chain's point
+// (`--base`): killed, failed or powered off at any step, nothing half
+// written is taken for a point, the golden chain is untouched, and a
+// reference left in the golden folder by a run that never committed
+// protects nothing (forget and merge would not be blocked by it forever).
+class BackupBaseScenario final : public Scenario {
+ public:
+  std::string name() const override { return "backup-base"; }
+  std::string command() const override { return "barge backup --source CLONE.raw --target T --name vm --base golden"; }
+
+  void Build(Workspace& ws) override {
+    std::vector<std::byte> disk = MakeDiskBytes(ws.disk_bytes, ws.seed);
+    WriteBytes(ws.golden("golden.raw"), disk);
+    WriteBytes(ws.work("golden.raw"), disk);
+    pipeline::BackupRequest req;
+    req.source.location = ws.work("golden.raw");
+    req.source.format = "raw";
+    req.target_dir = ws.work("T");
+    req.disk_name = "golden";
+    req.copy.threads = 2;
+    req.copy.memory_bytes = 8 * kMiB;
+    auto r = pipeline::RunBackup(PosixEnv(), req);
+    if (!r.ok()) {
+      ADD_FAILURE() << "setup backup: " << r.error().ToString();
+      return;
+    }
+    base_id_ = r->manifest.id;
+    Mutate(disk, ws.seed, 12);
+    WriteBytes(ws.work("clone.raw"), disk);
+    WriteBytes(ws.golden("clone.raw"), disk);
+    clone_digest_ = FileDigest(ws.work("clone.raw"));
+  }
+  Outcome Run(Workspace& ws, Runner& runner) override {
+    return runner.Barge(Cat({"backup", "--source", ws.work("clone.raw"), "--source-format", "raw", "--target",
+                             ws.work("T"), "--name", "vm", "--base", "golden"},
+                            Common()));
+  }
+  void Check(Workspace& ws, Phase phase, Findings& f) override {
+    ChainExpectation e;
+    e.golden[base_id_] = ws.golden("golden.raw");
+    e.required = {base_id_};
+    CheckChainFolder(ws, ws.work("T/golden"), e, f);
+    if (FileDigest(ws.work("clone.raw")) != clone_digest_) f.Add(Finding::kDamaged, "the source changed");
+    const std::vector<std::string> ids = fs::exists(ws.work("T/vm")) ? ChainIds(ws.work("T/vm")) : std::vector<std::string>{};
+    // (The recovery re-runs the backup: a second chain over the base.)
+    if (phase != Phase::kFailed && ids.empty()) {
+      f.Add(phase == Phase::kDone ? Finding::kLost : Finding::kNotRecovered, "the clone's point is missing");
+    }
+    // A point under a final name reads as the clone, through its base (in
+    // place: the base is found by its relative path).
+    for (const std::string& id : ids) {
+      std::string problem = GetOracles().CheckQcow2(ws.work("T/vm/" + id + ".qcow2"));
+      if (!problem.empty()) f.Add(Finding::kDamaged, "image " + id + ": " + problem);
+      pipeline::RestoreRequest rr;
+      rr.chain_dir = ws.work("T/vm");
+      rr.at = id;
+      rr.destination = ws.scratch("restored.raw");
+      rr.force = true;
+      rr.sync = false;
+      rr.copy.threads = 2;
+      rr.copy.memory_bytes = 8 * kMiB;
+      fs::remove(rr.destination);
+      auto restored = pipeline::RunRestore(PosixEnv(), rr);
+      if (!restored.ok()) {
+        f.Add(Finding::kDamaged, "point " + id + " does not restore: " + restored.error().ToString());
+      } else if (FileDigest(rr.destination) != clone_digest_) {
+        f.Add(Finding::kDamaged, "point " + id + " restores to other bytes than the clone's");
+      }
+      fs::remove(rr.destination);
+    }
+    // The base is protected exactly when a clone point stands on it.
+    auto live = pipeline::LiveDependents(PosixEnv(), ws.work("T/golden"), /*sweep=*/false);
+    if (!live.ok()) {
+      f.Add(Finding::kDamaged, "base references unreadable: " + live.error().ToString());
+    } else if (live->count(base_id_) != (ids.empty() ? 0u : 1u)) {
+      f.Add(ids.empty() ? Finding::kNotRecovered : Finding::kLost,
+            ids.empty() ? "a reference without a committed clone still protects the base"
+                        : "the clone's point stands on a base that does not know it");
+    }
+  }
+  std::vector<std::string> UserPaths(const Workspace& ws) const override {
+    return {ws.work("T"), ws.work("clone.raw")};
+  }
+
+ private:
+  std::string base_id_, clone_digest_;
 };
 
 // ---- merge ----
@@ -1206,6 +1298,7 @@ std::vector<std::unique_ptr<Scenario>> AllScenarios() {
   all.push_back(std::make_unique<BackupScenario>(BackupScenario::kIncrementalBitmap));
   all.push_back(std::make_unique<BackupScenario>(BackupScenario::kIncrementalExtents));
   all.push_back(std::make_unique<BackupScenario>(BackupScenario::kIncrementalDigests));
+  all.push_back(std::make_unique<BackupBaseScenario>());
   all.push_back(std::make_unique<MergeScenario>());
   all.push_back(std::make_unique<RestoreScenario>(RestoreScenario::kRaw));
   all.push_back(std::make_unique<RestoreScenario>(RestoreScenario::kQcow2));

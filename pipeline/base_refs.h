@@ -1,0 +1,71 @@
+// Chains over a base (`barge backup --base`, docs/formats/backup.md
+// "Chains over a base"): which clusters of a disk differ from another
+// chain's point, and the reference files by which a base chain knows who
+// stands on it (BASE/.bases/<chain id>.json), without any shared database.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blockio/env.h"
+#include "blockio/error.h"
+#include "blockio/extent.h"
+#include "blockio/source.h"
+#include "formats/digest_table.h"
+
+namespace barge::pipeline {
+
+// The folder of reference files in a base chain's folder.
+inline constexpr std::string_view kBaseRefsDir = ".bases";
+
+// One dependent chain standing on a point of this folder.
+struct BaseRef {
+  std::string dependent;  // the dependent chain's folder, relative to the
+                          // base chain's folder ("../clone1")
+  std::string chain_id;   // the dependent chain's id (the file's stem)
+  std::string base_id;    // the point of this folder it stands on
+};
+
+// JSON of a reference file, and its parser (untrusted bytes: kCorruption
+// on anything but a well-formed reference with safe names).
+std::string EncodeBaseRef(const BaseRef& ref);
+Result<BaseRef> DecodeBaseRef(std::string_view text);
+
+// The relative path from folder `from` to folder `to` (both made absolute
+// and normalized first): "../golden".
+std::string RelativeFolderPath(const std::string& from, const std::string& to);
+
+// Writes BASE_DIR/.bases/<ref.chain_id>.json atomically (temporary name,
+// fsync, rename, folder fsync) through `env`, making the folder if needed.
+Status WriteBaseRef(Env& env, const std::string& base_dir, const BaseRef& ref);
+
+// The live dependents of each point of `base_dir`: point id -> the
+// dependent chain folders (normalized paths), one entry per chain. A
+// reference is live when its dependent folder holds a manifest of its chain
+// id whose base is this folder's point; a reference whose dependent is gone
+// (folder missing, or no such manifest any more: forgotten, or a killed
+// backup that never committed) is stale: ignored, and removed when
+// `sweep`. A dependent folder that cannot be read counts as live.
+Result<std::map<std::string, std::vector<std::string>>> LiveDependents(Env& env, const std::string& base_dir,
+                                                                      bool sweep);
+
+// Removes the reference of chain `chain_id` from `base_dir` (a dependent
+// chain forgotten entirely). A missing file is fine.
+Status RemoveBaseRef(Env& env, const std::string& base_dir, const std::string& chain_id);
+
+// Which clusters of `source` differ from a base point, as cluster-aligned
+// ranges: a cluster whose digest differs from the base's effective digest
+// (`base_digests`, the zero digest where none is listed), or whose digest
+// matches but whose bytes differ from `base`'s (read and compared: a
+// crafted XXH3 collision is still found). A zero cluster over base data
+// differs (it is written as a zero cluster). `compared_bytes` (may be null)
+// gets the base bytes read for comparison. kCancelled once `cancel` is set.
+Result<RangeList> DiffFromBase(BlockSource& source, BlockSource& base, const formats::DigestTable& base_digests,
+                               uint32_t cluster_bytes, const std::atomic<bool>* cancel = nullptr,
+                               uint64_t* compared_bytes = nullptr);
+
+}  // namespace barge::pipeline

@@ -1,0 +1,260 @@
+// Issue 23 §2: a chain over a shared base (`barge backup --base`). A clone
+// of a golden image (qemu-img create -b, a few qemu-io writes, one of them
+// zeroing a base cluster) stores only the clusters that differ, reads
+// identical to the clone with qemu-img alone, restores and verifies
+// through its base; the base point is kept by forget and merge (and `list`
+// says why); a damaged base fails the dependent's verify naming the base's
+// file; a moved base is a clear NotFound naming where it was expected; a
+// reference left by a dependent that is gone blocks nothing.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/testing/cli_testing.h"
+#include "tests/testing/testing.h"
+
+namespace barge {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using testing::Barge;
+using testing::Has;
+using testing::PointIds;
+using testing::Q;
+using testing::ReadJson;
+using testing::RunOk;
+using testing::TempDir;
+
+constexpr uint64_t kSize = 4 << 20;
+constexpr uint64_t kCluster = 64 << 10;
+
+class SharedBaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BARGE_REQUIRE_TOOL("qemu-img");
+    BARGE_REQUIRE_TOOL("qemu-io");
+    golden_ = dir_ / "golden.raw";
+    clone_ = dir_ / "clone.qcow2";
+    target_ = dir_ / "bk";
+    testing::WriteFile(golden_, testing::RandomBytes(kSize, 23));
+    RunOk("qemu-io -f raw -c 'write -P 0xab 2M 64k' " + Q(golden_) + " >/dev/null");
+    // Uncompressed, so that the test can damage one cluster in place.
+    RunOk(Barge() + " backup --source " + Q(golden_) + " --target " + Q(target_) + " --name golden --compress none");
+    RunOk("qemu-img create -q -f qcow2 -b golden.raw -F raw " + Q(clone_));
+    // Two new clusters, one base cluster zeroed, one new one, and one
+    // cluster rewritten with the bytes it already had (allocated in the
+    // clone, equal to the base: not stored).
+    RunOk("qemu-io -f qcow2 -c 'write -P 0x55 512k 128k' -c 'write -z 1M 64k' -c 'write -P 0x66 3M 64k' "
+          "-c 'write -P 0xab 2M 64k' " + Q(clone_) + " >/dev/null");
+  }
+
+  json BackupClone(const std::string& extra = "") {
+    return testing::RunResult(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target_) +
+                              " --name clone --base golden --json" + extra);
+  }
+
+  std::string GoldenDir() const { return target_ + "/golden"; }
+  std::string CloneDir() const { return target_ + "/clone"; }
+
+  // Bytes the top layer of `image` itself holds (data or zero clusters).
+  static uint64_t TopLayerBytes(const std::string& image) {
+    json map = json::parse(RunOk("qemu-img map --output=json " + Q(image)));
+    uint64_t bytes = 0;
+    for (const json& e : map) {
+      if (e.value("depth", -1) == 0 && (e.value("data", false) || e.value("zero", false)) &&
+          e.value("present", true)) {
+        bytes += e.at("length").get<uint64_t>();
+      }
+    }
+    return bytes;
+  }
+
+  TempDir dir_;
+  std::string golden_, clone_, target_;
+};
+
+TEST_F(SharedBaseTest, CloneStoresOnlyItsDifferencesAndQemuReadsIt) {
+  json r = BackupClone();
+  const std::vector<std::string> golden_ids = PointIds(GoldenDir());
+  ASSERT_EQ(golden_ids.size(), 1u);
+  EXPECT_EQ(r.at("base"), "../golden@" + golden_ids[0]);
+  EXPECT_EQ(r.at("type"), "full");
+  const std::string image = r.at("image");
+  const json m = ReadJson(r.at("manifest").get<std::string>());
+  ASSERT_TRUE(m.contains("base"));
+  EXPECT_EQ(m.at("base").at("chain"), "../golden");
+  EXPECT_EQ(m.at("base").at("id"), golden_ids[0]);
+  EXPECT_EQ(m.at("base").at("image_digest"), ReadJson(GoldenDir() + "/" + golden_ids[0] + ".json").at("image_digest").at("value"));
+  EXPECT_TRUE(m.at("parent").is_null());
+  // Its own chain: another disk, another chain id.
+  EXPECT_NE(m.at("chain_id"), ReadJson(GoldenDir() + "/" + golden_ids[0] + ".json").at("chain_id"));
+
+  // 2 + 1 (zeroed) + 1 clusters differ; the cluster rewritten with equal
+  // bytes is not stored.
+  EXPECT_EQ(TopLayerBytes(image), 4 * kCluster);
+  EXPECT_EQ(m.at("counts").at("zero_clusters"), 1);
+  EXPECT_EQ(m.at("counts").at("data_clusters"), 3);
+
+  // qemu-img alone: backing by a relative name, chain intact, same bytes.
+  json info = json::parse(RunOk("qemu-img info --output=json " + Q(image)));
+  EXPECT_EQ(info.at("backing-filename"), "../golden/" + golden_ids[0] + ".qcow2");
+  EXPECT_EQ(info.at("backing-filename-format"), "qcow2");
+  RunOk("qemu-img info --backing-chain " + Q(image) + " >/dev/null");
+  RunOk("qemu-img check -q " + Q(image));
+  RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(image));
+
+  // The base knows: a reference file, and list says it.
+  EXPECT_EQ(std::distance(fs::directory_iterator(GoldenDir() + "/.bases"), fs::directory_iterator{}), 1);
+  json golden_list = testing::RunResult(Barge() + " list " + Q(GoldenDir()) + " --json");
+  EXPECT_EQ(golden_list.at("points").at(0).at("base_of").size(), 1u);
+  std::string text = RunOk(Barge() + " list " + Q(GoldenDir()));
+  EXPECT_TRUE(Has(text, "base of 1 chain")) << text;
+
+  // Restore flattens through the base; verify covers it.
+  const std::string restored = dir_ / "restored.raw";
+  RunOk(Barge() + " restore " + Q(CloneDir()) + " --to " + Q(restored) + " --no-sync");
+  RunOk("qemu-img compare -q -F raw " + Q(clone_) + " " + Q(restored));
+  RunOk(Barge() + " verify " + Q(CloneDir()));
+
+  // Later incrementals stack as usual.
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x77 64k 64k' " + Q(clone_) + " >/dev/null");
+  const std::string extents = dir_ / "dirty.json";
+  testing::WriteExtentsFile(extents, {{64 << 10, 64 << 10}}, kSize);
+  RunOk(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target_) +
+        " --name clone --incremental --dirty-extents " + Q(extents));
+  const std::vector<std::string> clone_ids = PointIds(CloneDir());
+  ASSERT_EQ(clone_ids.size(), 2u);
+  RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(CloneDir() + "/" + clone_ids[1] + ".qcow2"));
+  RunOk(Barge() + " verify " + Q(CloneDir()) + " --all");
+
+  // Merging the clone's chain keeps it over its base: the merged point
+  // stores what its layers stored and still names the base.
+  RunOk(Barge() + " merge " + Q(CloneDir()) + " --through 1");
+  ASSERT_EQ(PointIds(CloneDir()), std::vector<std::string>{clone_ids[1]});
+  const std::string merged = CloneDir() + "/" + clone_ids[1] + ".qcow2";
+  EXPECT_EQ(json::parse(RunOk("qemu-img info --output=json " + Q(merged))).at("backing-filename"),
+            "../golden/" + golden_ids[0] + ".qcow2");
+  EXPECT_EQ(TopLayerBytes(merged), 5 * kCluster);
+  RunOk("qemu-img check -q " + Q(merged));
+  RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(merged));
+  RunOk(Barge() + " verify " + Q(CloneDir()));
+  EXPECT_EQ(testing::RunResult(Barge() + " list " + Q(GoldenDir()) + " --json").at("points").at(0).at("base_of").size(),
+            1u);
+}
+
+TEST_F(SharedBaseTest, BasePointIsKeptByForgetAndMerge) {
+  BackupClone();
+  const std::string base_id = PointIds(GoldenDir())[0];
+  // The golden chain goes on: an incremental after its base point.
+  RunOk("qemu-io -f raw -c 'write -P 0x12 0 64k' " + Q(golden_) + " >/dev/null");
+  const std::string extents = dir_ / "golden-dirty.json";
+  testing::WriteExtentsFile(extents, {{0, 64 << 10}}, kSize);
+  RunOk(Barge() + " backup --source " + Q(golden_) + " --target " + Q(target_) +
+        " --name golden --incremental --dirty-extents " + Q(extents));
+  ASSERT_EQ(PointIds(GoldenDir()).size(), 2u);
+  const std::string newest = PointIds(GoldenDir())[1];
+
+  // merge through the newer point would fold the base away: refused, said.
+  auto merged = testing::Run(Barge() + " merge " + Q(GoldenDir()) + " --through " + newest);
+  EXPECT_EQ(merged.exit_code, 1) << merged.output;
+  EXPECT_TRUE(Has(merged.output, "base of 1 chain")) << merged.output;
+  EXPECT_TRUE(fs::exists(GoldenDir() + "/" + base_id + ".json"));
+
+  // forget keeping only the newest keeps the base too, and says why.
+  json f = testing::RunResult(Barge() + " forget " + Q(GoldenDir()) + " --keep-last 1 --json");
+  EXPECT_TRUE(Has(f.dump(), "base of 1 chain")) << f.dump(2);
+  EXPECT_EQ(PointIds(GoldenDir()).size(), 2u);
+  RunOk(Barge() + " verify " + Q(CloneDir()));
+
+  // A dependent that is gone (its folder removed) protects nothing: its
+  // stale reference is swept and the point goes.
+  fs::remove_all(CloneDir());
+  RunOk(Barge() + " forget " + Q(GoldenDir()) + " --keep-last 1");
+  EXPECT_EQ(PointIds(GoldenDir()), std::vector<std::string>{newest});
+  EXPECT_TRUE(fs::is_empty(GoldenDir() + "/.bases"));
+}
+
+TEST_F(SharedBaseTest, StaleReferenceOfAKilledBackupBlocksNothing) {
+  // What a --base backup killed after writing its reference (before its
+  // commit) leaves: a reference whose dependent never committed a point.
+  fs::create_directories(CloneDir());
+  fs::create_directories(GoldenDir() + "/.bases");
+  const std::string base_id = PointIds(GoldenDir())[0];
+  testing::WriteText(GoldenDir() + "/.bases/0123456789abcdef0123456789abcdef.json",
+                     json({{"format", "barge-base-ref"},
+                           {"version", 1},
+                           {"dependent", "../clone"},
+                           {"chain_id", "0123456789abcdef0123456789abcdef"},
+                           {"base_id", base_id}})
+                         .dump());
+  json golden_list = testing::RunResult(Barge() + " list " + Q(GoldenDir()) + " --json");
+  EXPECT_TRUE(golden_list.at("points").at(0).at("base_of").empty());
+  RunOk("qemu-io -f raw -c 'write -P 0x12 0 64k' " + Q(golden_) + " >/dev/null");
+  const std::string extents = dir_ / "golden-dirty.json";
+  testing::WriteExtentsFile(extents, {{0, 64 << 10}}, kSize);
+  RunOk(Barge() + " backup --source " + Q(golden_) + " --target " + Q(target_) +
+        " --name golden --incremental --dirty-extents " + Q(extents));
+  RunOk(Barge() + " merge " + Q(GoldenDir()) + " --through 1");
+  EXPECT_EQ(PointIds(GoldenDir()).size(), 1u);
+  EXPECT_TRUE(fs::is_empty(GoldenDir() + "/.bases"));
+  // A backup over the merged point works as over any.
+  BackupClone();
+  RunOk(Barge() + " verify " + Q(CloneDir()));
+}
+
+TEST_F(SharedBaseTest, DamagedBaseFailsTheDependentsVerifyNamingTheBase) {
+  BackupClone();
+  const std::string base_image = GoldenDir() + "/" + PointIds(GoldenDir())[0] + ".qcow2";
+  // A cluster the clone does not override (at 2.5 MiB): damage its bytes.
+  json map = json::parse(RunOk("qemu-img map --output=json " + Q(base_image)));
+  int64_t host = -1;
+  for (const json& e : map) {
+    const uint64_t start = e.at("start"), length = e.at("length");
+    if (e.value("data", false) && e.contains("offset") && start <= (2560u << 10) && (2560u << 10) < start + length) {
+      host = e.at("offset").get<int64_t>() + static_cast<int64_t>((2560u << 10) - start);
+    }
+  }
+  ASSERT_GE(host, 0) << map.dump();
+  {
+    std::fstream f(base_image, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(host + 100);
+    f.write("DAMAGED!", 8);
+  }
+  auto v = testing::Run(Barge() + " verify " + Q(CloneDir()));
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_TRUE(Has(v.output, base_image)) << v.output;
+}
+
+TEST_F(SharedBaseTest, MovedOrMissingBaseIsAClearError) {
+  BackupClone();
+  fs::rename(GoldenDir(), target_ + "/golden-moved");
+  auto r = testing::Run(Barge() + " restore " + Q(CloneDir()) + " --to " + Q(dir_ / "out.raw") + " --no-sync");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.output, "NotFound")) << r.output;
+  EXPECT_TRUE(Has(r.output, GoldenDir())) << r.output;
+  auto v = testing::Run(Barge() + " verify " + Q(CloneDir()));
+  EXPECT_NE(v.exit_code, 0) << v.output;
+  EXPECT_TRUE(Has(v.output, GoldenDir())) << v.output;
+  // Back in its place, all is well again.
+  fs::rename(target_ + "/golden-moved", GoldenDir());
+  RunOk(Barge() + " verify " + Q(CloneDir()));
+
+  // A base of another size, or naming itself, is refused before anything is written.
+  testing::WriteFile(dir_ / "small.raw", testing::RandomBytes(kSize / 2, 3));
+  auto small = testing::Run(Barge() + " backup --source " + Q(dir_ / "small.raw") + " --target " + Q(target_) +
+                            " --name small --base golden");
+  EXPECT_EQ(small.exit_code, 1) << small.output;
+  EXPECT_FALSE(fs::exists(target_ + "/small"));
+  auto none = testing::Run(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target_) +
+                           " --name other --base nosuch");
+  EXPECT_EQ(none.exit_code, 1) << none.output;
+  EXPECT_TRUE(Has(none.output, target_ + "/nosuch")) << none.output;
+}
+
+}  // namespace
+}  // namespace barge
