@@ -80,8 +80,8 @@ struct NbdOptions {
   uint32_t connections = 4;
   // Largest single NBD read or write; larger calls are split. Also capped by
   // the server's advertised maximum block size. 0: 1 MiB over TLS, where
-  // each request's reply costs both ends a run of TLS records and 256 KiB
-  // made the server spend ~20% more CPU than nbdcopy on the same copy
+  // fewer, bigger replies cost both ends less framing and record set-up,
+  // and were faster than 256 KiB in the trials of docs/benchmarks.md
   // (bench/nbd_tls.sh), else 256 KiB (nbdcopy's size).
   uint32_t request_bytes = 0;
   // Meta context to request at connect time for DirtyRanges, e.g.
