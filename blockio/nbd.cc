@@ -98,7 +98,12 @@ struct ExportInfo {
   bool has_allocation = false;
   uint32_t min_block_bytes = 1;
   uint32_t request_bytes = 256 * 1024;
+  bool tls = false;  // TLS was negotiated on the first connection
 };
+
+// NbdOptions::request_bytes of 0: the request size with and without TLS.
+constexpr uint32_t kPlainRequestBytes = 256 * 1024;
+constexpr uint32_t kTlsRequestBytes = 1024 * 1024;
 
 // Whether TLS is requested for `uri` with `tls` (see NbdTls).
 bool TlsRequested(const std::string& uri, const NbdTls& tls) {
@@ -215,7 +220,11 @@ Result<ExportInfo> Probe(nbd_handle* h, const std::string& uri, const NbdOptions
   }
   int64_t min_block = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
   if (min_block > 0) info.min_block_bytes = static_cast<uint32_t>(min_block);
-  uint64_t request = std::max<uint32_t>(options.request_bytes, 4096);
+  info.tls = nbd_get_tls_negotiated(h) == 1;
+  uint32_t wanted = options.request_bytes != 0 ? options.request_bytes
+                    : info.tls                 ? kTlsRequestBytes
+                                               : kPlainRequestBytes;
+  uint64_t request = std::max<uint32_t>(wanted, 4096);
   int64_t max_block = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
   if (max_block > 0) request = std::min<uint64_t>(request, static_cast<uint64_t>(max_block));
   info.request_bytes = static_cast<uint32_t>(request);

@@ -79,8 +79,11 @@ struct NbdOptions {
   // If an extra connection fails, the object keeps the ones it has.
   uint32_t connections = 4;
   // Largest single NBD read or write; larger calls are split. Also capped by
-  // the server's advertised maximum block size.
-  uint32_t request_bytes = 256 * 1024;
+  // the server's advertised maximum block size. 0: 1 MiB over TLS, where
+  // fewer, bigger replies cost both ends less framing and record set-up,
+  // and were faster than 256 KiB in the trials of docs/benchmarks.md
+  // (bench/nbd_tls.sh), else 256 KiB (nbdcopy's size).
+  uint32_t request_bytes = 0;
   // Meta context to request at connect time for DirtyRanges, e.g.
   // "qemu:dirty-bitmap:backup-vda". Empty: none. When set and the server
   // does not offer it, opening fails with kNotFound.

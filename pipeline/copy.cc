@@ -522,6 +522,41 @@ size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scr
   return static_cast<size_t>(std::min(ceiling, wanted));
 }
 
+namespace {
+// A source whose reads wait on a network peer (SourceCapabilities::
+// blocking_read_streams > 1: an NBD export's connections) is read in calls
+// of at least this many of its requests. A call holds its connection until
+// its last piece is back, so the connection idles from one call to the
+// next; over TLS (1 MiB requests) 4 MiB calls instead of 1 MiB cut that
+// idle time (docs/benchmarks.md). Plaintext NBD (256 KiB requests) keeps
+// the 1 MiB chunk.
+constexpr uint32_t kRemoteRequestsPerCall = 4;
+
+// The chunk size RunCopy uses: `chunk_bytes`, raised for a remote source
+// to kRemoteRequestsPerCall of its requests, halved as needed, a multiple
+// of the cluster size, and only while memory_bytes holds the pool's
+// wanted chunk count (see PoolChunkCount).
+uint32_t SourceChunkBytes(uint32_t chunk_bytes, uint32_t cluster_bytes, const SourceCapabilities& caps,
+                          uint64_t memory_bytes, bool with_scratch, int threads, size_t destinations) {
+  if (caps.blocking_read_streams <= 1) return chunk_bytes;
+  const uint64_t preferred64 = uint64_t{caps.preferred_request_bytes} * kRemoteRequestsPerCall;
+  const uint32_t preferred = static_cast<uint32_t>(std::min<uint64_t>(preferred64, 64u << 20));
+  if (preferred <= chunk_bytes) return chunk_bytes;
+  uint64_t workers = threads > 0 ? static_cast<uint64_t>(threads)
+                                 : std::max(1u, std::thread::hardware_concurrency());
+  uint64_t wanted = std::max<uint64_t>(8, 4 * workers + 2 * destinations);
+  uint32_t best = chunk_bytes;
+  for (uint32_t c = ChunkBytesFor(preferred, cluster_bytes); c > chunk_bytes; c = ChunkBytesFor(c / 2, cluster_bytes)) {
+    if (memory_bytes / ChunkFootprintBytes(c, with_scratch) >= wanted) {
+      best = c;
+      break;
+    }
+    if (c == cluster_bytes) break;
+  }
+  return best;
+}
+}  // namespace
+
 Status CheckCancel(const std::atomic<bool>* cancel, std::string_view what, std::string_view path) {
   if (cancel == nullptr || !cancel->load(std::memory_order_relaxed)) return OkStatus();
   return Error::Cancelled(std::string(what)).set_path(std::string(path));
@@ -557,14 +592,22 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
     compress = true;
   }
 
+  // A remote source is read in bigger calls (SourceChunkBytes) when the
+  // copy owns its pool.
+  uint32_t chunk_bytes = options.chunk_bytes;
+  if (options.pool == nullptr) {
+    chunk_bytes = SourceChunkBytes(options.chunk_bytes, cluster, source.capabilities(), options.memory_bytes,
+                                   compress, options.threads, destinations.size());
+  }
+
   std::unique_ptr<BufferPool> own_pool;
   BufferPool* pool = options.pool;
   if (pool == nullptr) {
     BufferPoolOptions po;
-    po.chunk_bytes = options.chunk_bytes;
+    po.chunk_bytes = chunk_bytes;
     po.cluster_bytes = cluster;
     po.with_scratch = compress;
-    po.count = PoolChunkCount(options.memory_bytes, options.chunk_bytes, compress, options.threads,
+    po.count = PoolChunkCount(options.memory_bytes, chunk_bytes, compress, options.threads,
                               destinations.size());
     BARGE_ASSIGN_OR_RETURN(own_pool, BufferPool::Create(po));
     pool = own_pool.get();
@@ -576,7 +619,7 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
     }
   }
 
-  ChunkPlanner planner(source, work, cluster, options.chunk_bytes);
+  ChunkPlanner planner(source, work, cluster, chunk_bytes);
   auto compression = compress ? options.compression : formats::Compression::kNone;
   std::unique_ptr<CopyJob> job;
   Status status = Guard("copy", [&]() -> Status {

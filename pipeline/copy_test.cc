@@ -99,6 +99,58 @@ class HookDestination final : public Destination {
   std::function<Status(const Chunk&)> hook_;
 };
 
+// A source that looks remote (reads wait on several network streams) with
+// a given request size; reads come from `inner`.
+class RemoteLikeSource final : public BlockSource {
+ public:
+  RemoteLikeSource(BlockSource& inner, uint32_t request_bytes) : inner_(inner), request_bytes_(request_bytes) {}
+  const std::string& name() const override { return inner_.name(); }
+  uint64_t size_bytes() const override { return inner_.size_bytes(); }
+  SourceCapabilities capabilities() const override {
+    SourceCapabilities caps = inner_.capabilities();
+    caps.preferred_request_bytes = request_bytes_;
+    caps.blocking_read_streams = 4;
+    return caps;
+  }
+  Status ReadAt(uint64_t offset, std::span<std::byte> out) override { return inner_.ReadAt(offset, out); }
+  Result<ExtentList> Extents(uint64_t offset, uint64_t length) override { return inner_.Extents(offset, length); }
+
+ private:
+  BlockSource& inner_;
+  uint32_t request_bytes_;
+};
+
+// The chunk size a copy of `source` used: its pool's bytes per chunk.
+uint64_t ChunkBytesUsed(BlockSource& source, uint64_t memory_bytes, const std::vector<std::byte>& expect) {
+  MemorySink sink;
+  RawDestination dest(sink, {source.size_bytes()});
+  Destination* dests[] = {&dest};
+  CopyOptions o = SmallOptions();
+  o.chunk_bytes = 1 << 20;
+  o.threads = 1;
+  o.memory_bytes = memory_bytes;
+  auto r = RunCopy(source, WholeDisk(source), dests, o);
+  EXPECT_TRUE(r.ok()) << r.error().ToString();
+  if (!r.ok()) return 0;
+  EXPECT_EQ(sink.contents(), expect);
+  return r->pool_chunks ? r->pool_bytes / r->pool_chunks : 0;
+}
+
+TEST(RunCopyTest, RemoteSourceIsReadInCallsOfFourRequests) {
+  TestDisk disk = MakeDisk();
+  auto local = disk.Source();
+  // A local source keeps the copy's chunk size.
+  EXPECT_EQ(ChunkBytesUsed(*local, 256u << 20, disk.bytes), 1u << 20);
+  // 1 MiB requests (NBD over TLS): calls of 4 MiB.
+  RemoteLikeSource tls(*local, 1 << 20);
+  EXPECT_EQ(ChunkBytesUsed(tls, 256u << 20, disk.bytes), 4u << 20);
+  // 256 KiB requests (plaintext NBD): 4 of them are the 1 MiB chunk already.
+  RemoteLikeSource plain(*local, 256 << 10);
+  EXPECT_EQ(ChunkBytesUsed(plain, 256u << 20, disk.bytes), 1u << 20);
+  // The memory ceiling holds 8 chunks (one worker) of 2 MiB, not of 4.
+  EXPECT_EQ(ChunkBytesUsed(tls, 24u << 20, disk.bytes), 2u << 20);
+}
+
 TEST(RunCopyTest, RawCopyIsIdenticalAndSkipsHoles) {
   TestDisk disk = MakeDisk();
   auto source = disk.Source();

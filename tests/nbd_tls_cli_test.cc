@@ -396,7 +396,21 @@ TEST_F(NbdTlsTest, SeveralConnectionsOverTlsReadTheSameBytes) {
   ASSERT_TRUE(source.ok()) << source.error().ToString();
   EXPECT_EQ((*source)->connections(), 4u);
   EXPECT_EQ((*source)->name(), "nbds://" + server->hostport() + "/");
+  // Over TLS: 1 MiB requests (a copy then reads 4 of them per call;
+  // docs/benchmarks.md), 4 streams.
+  EXPECT_EQ((*source)->capabilities().preferred_request_bytes, 1u << 20);
+  EXPECT_EQ((*source)->capabilities().blocking_read_streams, 4u);
   source->reset();
+  {
+    // The same export in plaintext keeps nbdcopy's 256 KiB.
+    auto plain_server = Serve("", disk_);
+    const std::string plain_uri = "nbd://" + plain_server->hostport() + "/";
+    auto plain_options = pipeline::NbdOptionsFor(Env::Default(), plain_uri, access);
+    ASSERT_TRUE(plain_options.ok()) << plain_options.error().ToString();
+    auto plain = OpenNbd(plain_uri, *plain_options);
+    ASSERT_TRUE(plain.ok()) << plain.error().ToString();
+    EXPECT_EQ((*plain)->capabilities().preferred_request_bytes, 256u << 10);
+  }
   // And the command reads the same with 1 and with 4.
   std::string digests[2];
   for (int i = 0; i < 2; ++i) {
