@@ -5,21 +5,14 @@
 
 #include <cstring>
 
+#include "formats/little_endian.h"
+
 namespace barge::formats {
 
 namespace {
 
 constexpr char kMagic[8] = {'B', 'R', 'G', 'D', 'I', 'G', 'T', '1'};
 constexpr uint32_t kVersion = 1;
-
-void PutLe(std::byte* p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) p[i] = std::byte(v >> (8 * i));
-}
-uint64_t GetLe(const std::byte* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | uint64_t(p[i]);
-  return v;
-}
 
 Error Bad(std::string what, uint64_t offset) {
   return Error::Corruption("digest table: " + std::move(what)).set_offset(offset);

@@ -95,14 +95,7 @@ class Daemon {
     }
   }
   ~Daemon() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 250; ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
+    ::barge::testing::StopChild(pid_, std::chrono::seconds(5));
   }
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;

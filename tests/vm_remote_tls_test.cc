@@ -108,18 +108,7 @@ class RemoteLibvirtd {
       Run(Virsh() + "destroy " + name + " >/dev/null 2>&1");
       Run(Virsh() + "undefine " + name + " --checkpoints-metadata >/dev/null 2>&1");
     }
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      bool gone = false;
-      for (int i = 0; i < 300 && !gone; ++i) {
-        gone = ::waitpid(pid_, nullptr, WNOHANG) == pid_;
-        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      if (!gone) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, nullptr, 0);
-      }
-    }
+    ::barge::testing::StopChild(pid_, std::chrono::seconds(30));
     if (netns_made_) {
       // What the daemon started and left (a QEMU of a domain it could not
       // destroy), by PID, then the namespace and its veth pair.

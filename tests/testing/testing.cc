@@ -131,16 +131,19 @@ SocketServer::SocketServer(const std::string& command, const std::string& socket
   }
 }
 
-SocketServer::~SocketServer() {
-  if (pid_ <= 0) return;
-  ::kill(pid_, SIGTERM);
-  for (int i = 0; i < 100; ++i) {
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+void StopChild(int pid, std::chrono::milliseconds grace) {
+  if (pid <= 0) return;
+  ::kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(pid, nullptr, WNOHANG) == pid) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
 }
+
+SocketServer::~SocketServer() { StopChild(pid_, std::chrono::seconds(2)); }
 
 namespace {
 

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -65,6 +66,10 @@ bool HaveTool(const std::string& tool);
     }                                                                         \
   } while (0)
 bool ToolsRequired();
+
+// Stops a child this process forked: SIGTERM, up to `grace` for it to
+// exit, then SIGKILL; reaped either way. Nothing for pid <= 0.
+void StopChild(int pid, std::chrono::milliseconds grace);
 
 // A server process (qemu-nbd, nbdkit) listening on a Unix socket, started
 // through /bin/sh and stopped (SIGTERM, then SIGKILL) in the destructor.
