@@ -4,8 +4,10 @@
 // (orchestrate/libvirt/ssh_forward.h). Every point is restored and compared
 // with the disk; the forward's ssh process and socket are gone afterwards.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,8 +64,15 @@ std::map<pid_t, std::string> Processes() {
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // A process may exit between the listing and the read, and then the
+    // read fails with ESRCH, which the stream buffer throws.
+    std::string cmd;
+    try {
+      std::ifstream f(e.path() / "cmdline");
+      cmd.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    } catch (const std::ios_base::failure&) {
+      continue;
+    }
     for (char& c : cmd) {
       if (c == '\0') c = ' ';
     }
@@ -96,6 +105,13 @@ class TestSshd {
     const std::string log = dir_ + "/sshd.log";
     pid_ = ::fork();
     if (pid_ == 0) {
+      // Not holding the test's output open, and gone with the test if it
+      // dies, so ctest never waits on an orphaned sshd.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const int null = ::open("/dev/null", O_RDWR);
+      ::dup2(null, 0);
+      ::dup2(null, 1);
+      ::dup2(null, 2);
       ::execl("/usr/sbin/sshd", "/usr/sbin/sshd", "-D", "-f", config.c_str(), "-E", log.c_str(), nullptr);
       ::_exit(127);
     }
