@@ -265,14 +265,78 @@ TEST_F(VmRemoteSshTest, FullAndIncrementalThroughSshRestoreByteIdentical) {
   EXPECT_NE(text.find("tracker t1: checkpoint " + b2["checkpoint"].get<std::string>()), std::string::npos) << text;
   EXPECT_NE(sshd.log().find("Accepted publickey for root"), std::string::npos) << sshd.log();
 
-  // What reads or writes the disk files itself is refused for a remote
-  // domain, naming the URI (exit 1, NotSupported), before connecting.
-  for (const std::string& cmd : {"snapshot list --domain " + dom.name() + " --disk vda",
-                                 "cbt enable --domain " + dom.name()}) {
+  // Snapshots of the running remote domain's disk go through QEMU (QMP
+  // over libvirt's remote API): made, listed and deleted there.
+  json made = BargeJson("snapshot create --name s1 --domain " + dom.name() + " --disk vda" + connect);
+  EXPECT_EQ(made["mode"], "online") << made.dump();
+  json listed = BargeJson("snapshot list --domain " + dom.name() + " --disk vda" + connect);
+  ASSERT_EQ(listed["snapshots"].size(), 1u) << listed.dump();
+  EXPECT_EQ(listed["snapshots"][0]["name"], "s1") << listed.dump();
+  RunOk(BargeBinary() + " snapshot delete s1 --domain " + dom.name() + " --disk vda" + connect);
+  EXPECT_EQ(BargeJson("snapshot list --domain " + dom.name() + " --disk vda" + connect)["snapshots"].size(), 0u);
+
+  // What writes overlay files on the host is refused for a remote domain,
+  // naming the URI and why (exit 1, NotSupported), before connecting.
+  for (const std::string& cmd : {"cbt enable --domain " + dom.name(), "cbt disable --domain " + dom.name()}) {
     json e = RunError(Barge(cmd + connect) + " --json", 1);
     EXPECT_EQ(e["code"], "NotSupported") << cmd << ": " << e.dump();
     EXPECT_NE(e["message"].get<std::string>().find("qemu+ssh://root@127.0.0.1"), std::string::npos) << e.dump();
+    EXPECT_NE(e["message"].get<std::string>().find("on that host"), std::string::npos) << e.dump();
   }
+}
+
+// A shut-off remote domain: barge starts it paused for a pull-mode backup
+// (its disks are on that host) and shuts it off again; the bitmaps QEMU
+// stored on the way out give the next run its incremental. A snapshot of
+// the shut-off domain's disk (a file edit on that host) is refused.
+TEST_F(VmRemoteSshTest, ShutOffDomainIsStartedPausedForItsBackup) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  BARGE_REQUIRE_TOOL("ssh");
+  BARGE_REQUIRE_TOOL("ssh-keygen");
+  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
+  BARGE_REQUIRE_TOOL("virt-ssh-helper");
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
+                          "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native";
+  const std::string connect = " --connect " + ShellQuote(uri);
+  std::string disk = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M");
+  TestDomain dom("sshoff", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  auto write = [&](int pattern, const std::string& offset, const std::string& length) {
+    RunOk("qemu-io -f qcow2 -c 'write -P " + std::to_string(pattern) + " " + offset + " " + length + "' " +
+          ShellQuote(disk) + " >/dev/null");
+  };
+  auto state = [&] { return RunOk(std::string(kVirsh) + "domstate " + dom.name()); };
+  RunOk(Barge("tracker create t1 --domain " + dom.name() + connect));
+  EXPECT_EQ(BargeJson("doctor --domain " + dom.name() + connect)["next_mode"], "pull");
+
+  write(0x11, "0", "4M");
+  const std::string backup = "vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) + connect;
+  CommandResult first = ::barge::testing::Run(Barge(backup));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("started it paused for this backup"), std::string::npos) << first.output;
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+  std::string p0 = Raw(disk, "p0.raw");
+
+  write(0x22, "20M", "1M");
+  json b1 = BargeJson(backup);
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(b1["mode"], "pull");
+  EXPECT_EQ(b1["transport"], "ssh");
+  EXPECT_LE(b1["disks"][0]["bytes_read"].get<uint64_t>(), 2u << 20) << b1.dump();
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+  std::string p1 = Raw(disk, "p1.raw");
+
+  const std::string chain = target_ + "/" + dom.name() + "/vda";
+  ExpectRestores(chain, 0, p0);
+  ExpectRestores(chain, 1, p1);
+
+  json e = RunError(Barge("snapshot create --name s1 --domain " + dom.name() + " --disk vda" + connect) + " --json", 1);
+  EXPECT_EQ(e["code"], "NotSupported") << e.dump();
+  EXPECT_NE(e["message"].get<std::string>().find("is shut off"), std::string::npos) << e.dump();
 }
 
 // The error path: a run that fails after reading (the request's fault
@@ -393,6 +457,92 @@ TEST_F(VmRemoteSshTest, InterruptWhileTheForwardStartsStopsIt) {
   EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
   EXPECT_EQ(BargeJson("tracker show t1")["tracker"]["latest_checkpoint"], nullptr);
   EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "none");
+}
+
+// barge killed outright (SIGKILL) while its remote job runs: the job, its
+// socket on the host and barge's forward folder here are left behind. The
+// next run aborts the job (QEMU removes the socket with it), sweeps the
+// dead run's forward folder, and backs up as usual; nothing is left after.
+TEST_F(VmRemoteSshTest, RunAfterKilledRemoteBackupCleansUpAndSucceeds) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("ssh");
+  BARGE_REQUIRE_TOOL("ssh-keygen");
+  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
+  BARGE_REQUIRE_TOOL("virt-ssh-helper");
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  // The forward of the run to be killed never gets to ssh: the job is
+  // surely running when the kill comes.
+  const std::string wrapper = dir_ / "ssh-wrapper";
+  const std::string started = dir_ / "forward-started";
+  std::ofstream(wrapper) << "#!/bin/sh\ncase \"$*\" in *ExitOnForwardFailure*) : > '" << started
+                         << "'; while :; do sleep 0.05; done ;; esac\nexec ssh \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  const std::string base = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) + "/system?keyfile=" +
+                           sshd.user_key() + "&no_verify=1&proxy=native";
+  const std::string stuck_uri = base + "&command=" + wrapper;
+  std::string disk = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M");
+  TestDomain dom("sshkill", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name() + " --connect " + ShellQuote(base)));
+  dom.Write(0x3c, "2M", "2M");
+
+  auto remote_sockets = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator("/tmp")) {
+      if (e.path().filename().string().rfind("barge-backup-" + dom.name() + "-", 0) == 0) out.push_back(e.path());
+    }
+    return out;
+  };
+  const std::string tmp = dir_ / "barge-tmp";
+  fs::create_directories(tmp);
+  const std::string out = dir_ / "barge.out";
+  const std::string command = "exec env TMPDIR=" + ShellQuote(tmp) + " " +
+                              Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                                    " --skip-quiesce --connect " + ShellQuote(stuck_uri)) +
+                              " >" + ShellQuote(out) + " 2>&1";
+  pid_t barge = ::fork();
+  if (barge == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+    ::_exit(127);
+  }
+  for (int i = 0; i < 1200 && !fs::exists(started); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(fs::exists(started)) << "the forward never started";
+  ::kill(barge, SIGKILL);
+  int status = 0;
+  ::waitpid(barge, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  // Left behind: the job (orphaned), its socket on the host, the folder here.
+  EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "orphaned");
+  EXPECT_EQ(remote_sockets().size(), 1u);
+  EXPECT_FALSE(fs::is_empty(tmp));
+
+  json r = RunResult("TMPDIR=" + ShellQuote(tmp) + " " +
+                     Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                           " --skip-quiesce --connect " + ShellQuote(base)) +
+                     " --json");
+  EXPECT_EQ(r["backup_type"], "full") << r.dump();
+  EXPECT_TRUE(remote_sockets().empty()) << remote_sockets()[0];
+  EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
+  EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "none");
+  for (const auto& [pid, cmd] : Processes()) {
+    EXPECT_FALSE(cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos)
+        << "ssh forward " << pid << " still runs: " << cmd;
+  }
+  dom.Flush();
+  std::string p0 = Raw(disk, "p0.raw");
+  dom.Write(0x4d, "30M", "64k");
+  json inc = RunResult(Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                             " --skip-quiesce --connect " + ShellQuote(base)) +
+                       " --json");
+  EXPECT_EQ(inc["backup_type"], "incremental") << inc.dump();
+  dom.Flush();
+  std::string p1 = Raw(disk, "p1.raw");
+  const std::string chain = target_ + "/" + dom.name() + "/vda";
+  ExpectRestores(chain, 0, p0);
+  ExpectRestores(chain, 1, p1);
 }
 
 // A URI with a password is never printed with it; a failed connection's

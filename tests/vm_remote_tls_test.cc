@@ -441,6 +441,54 @@ TEST_F(VmRemoteTlsTest, KilledBackupFreesItsPort) {
   EXPECT_EQ(inc["backup_type"], "incremental") << inc.dump();
 }
 
+// A shut-off remote domain over TLS: started paused for each backup and
+// shut off again (full, then incremental from the bitmaps QEMU stored on
+// its way out); a barge killed outright leaves it shut off as well
+// (libvirt's AUTODESTROY), and the next run cleans up and backs up.
+TEST_F(VmRemoteTlsTest, ShutOffDomainIsStartedPausedAndShutOffOnEveryPath) {
+  std::string disk;
+  const std::string dom = RemoteDomain("off", &disk);
+  RunOk(remote_->Virsh() + "destroy " + dom);
+  auto shut_off = [&] { return RunOk(remote_->Virsh() + "domstate " + dom).find("shut off") != std::string::npos; };
+  ASSERT_TRUE(shut_off());
+  RunOk(Barge("tracker create t1 --domain " + dom + Connect()));
+
+  json b1 = BargeJson(BackupArgs(dom) + TlsArgs(21600, 21600));
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
+  EXPECT_EQ(b1["mode"], "pull");
+  EXPECT_EQ(b1["transport"], "tls");
+  EXPECT_TRUE(shut_off());
+  std::string p0 = Raw(disk, "p0.raw");
+
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x5e 12M 1M' " + ShellQuote(disk) + " >/dev/null");
+  json b2 = BargeJson(BackupArgs(dom) + TlsArgs(21600, 21600));
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_LE(b2["disks"][0]["bytes_read"].get<uint64_t>(), 2u << 20) << b2.dump();
+  EXPECT_TRUE(shut_off());
+  std::string p1 = Raw(disk, "p1.raw");
+  const std::string chain = target_ + "/" + dom + "/vda";
+  ExpectRestores(chain, 0, p0);
+  ExpectRestores(chain, 1, p1);
+
+  // Killed while its job listens: libvirt shuts the domain off as barge's
+  // connection closes.
+  const std::string log = dir_ / "killed.log";
+  {
+    BargeChild killed(ChildArgs(dom, 21600, 21600), log);
+    ASSERT_TRUE(killed.SignalWhen([&] { return remote_->ListeningPorts().count(21600) > 0; }, SIGKILL))
+        << "the backup ended before its job was seen: " << Slurp(log);
+    EXPECT_EQ(killed.Wait(), 128 + SIGKILL);
+  }
+  bool off = false;
+  for (int i = 0; i < 200 && !(off = shut_off()); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(off) << "the domain still runs after its barge was killed";
+  EXPECT_FALSE(ListensOnOneOf(21600, 21600));
+  json b3 = BargeJson(BackupArgs(dom) + TlsArgs(21600, 21600));
+  EXPECT_EQ(b3["mode"], "pull") << b3.dump();
+  EXPECT_TRUE(shut_off());
+  RunOk("qemu-img check -q " + ShellQuote(disk));
+}
+
 // A port that another program holds on the host: libvirt's "Address
 // already in use" makes barge lease the next one.
 TEST_F(VmRemoteTlsTest, PortInUseOnTheHostIsSkipped) {

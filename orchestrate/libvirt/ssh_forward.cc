@@ -22,6 +22,31 @@ std::string LastLine(const std::string& text) {
   return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
 }
 
+// The folders of forwards whose barge was killed outright (SIGKILL: its
+// registered temporaries could not be removed; its ssh died with it by
+// PR_SET_PDEATHSIG): `barge-ssh-<pid>-*` in `root` of a process that no
+// longer exists, owned by this user, removed with their socket. A pid
+// that was reused keeps its folder (never one of a live process).
+void SweepDeadForwardDirs(Env& env, const std::string& root) {
+  auto names = env.ListDir(root);
+  if (!names.ok()) return;
+  const std::string prefix = "barge-ssh-";
+  for (const std::string& name : *names) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t dash = name.find('-', prefix.size());
+    if (dash == std::string::npos || dash == prefix.size()) continue;
+    const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
+    if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    const std::string dir = root + "/" + name;
+    auto st = env.StatNoFollow(dir);
+    if (!st.ok() || !st->is_directory() || st->uid != ::geteuid()) continue;
+    IgnoreError(env.UnlinkIfExists(dir + "/nbd.sock"), "a leftover of a dead process: the next run tries again");
+    IgnoreError(env.RemoveDir(dir), "a leftover of a dead process: the next run tries again");
+  }
+}
+
 // A fresh private folder. A name that exists is never used (Env::CreateDir
 // accepts an existing folder, so the name is checked first without
 // following links; the pid and 32 random bits make a race unlikely, and a
@@ -29,6 +54,7 @@ std::string LastLine(const std::string& text) {
 Result<std::string> MakePrivateDir(Env& env) {
   const char* tmp = std::getenv("TMPDIR");
   const std::string root = tmp && *tmp ? tmp : "/tmp";
+  SweepDeadForwardDirs(env, root);
   std::random_device rd;
   for (int attempt = 0; attempt < 8; ++attempt) {
     char name[64];

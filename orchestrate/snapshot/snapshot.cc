@@ -22,6 +22,9 @@ struct Resolved {
   std::string image;
   bool online = false;
   bool domain_off = false;  // a domain that is shut off
+  // A running domain on another host (--connect): QMP through libvirt
+  // works, its image file is that host's and is never opened here.
+  std::string remote_uri;
   VirConnection conn;
   VirDomain dom;
   QemuDisk qemu;  // online
@@ -37,10 +40,12 @@ Result<Resolved> Resolve(const SnapshotTarget& t) {
     return r;
   }
   if (t.disk.empty()) return Error::InvalidArgument("name the disk of domain '" + t.domain + "' (e.g. vda)");
-  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(ResolveLibvirtUri(t.libvirt_uri), "a snapshot of a domain's disk"));
+  const std::string uri = ResolveLibvirtUri(t.libvirt_uri);
+  const bool remote = !LibvirtHostKey(uri).empty();
   BARGE_ASSIGN_OR_RETURN(r.conn, ConnectLibvirt(t.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(r.dom, LookupDomain(r.conn.get(), t.domain));
   if (DomainIsActive(r.dom.get())) {
+    if (remote) r.remote_uri = RedactLibvirtUri(uri);
     BARGE_ASSIGN_OR_RETURN(r.qemu, FindQemuDisk(r.dom.get(), t.disk));
     if (r.qemu.format != "qcow2") {
       return Error::InvalidArgument("disk '" + t.disk + "' of domain '" + t.domain + "' is " + r.qemu.format +
@@ -49,6 +54,14 @@ Result<Resolved> Resolve(const SnapshotTarget& t) {
     r.image = r.qemu.file;
     r.online = true;
     return r;
+  }
+  if (remote) {
+    // QEMU is not running to edit the image, and libvirt's remote API has
+    // no call that edits a file's internal snapshots.
+    return Error::NotSupported("domain '" + t.domain + "' on " + RedactLibvirtUri(uri) +
+                               " is shut off: a snapshot of a shut-off domain's disk is an edit of its image file, "
+                               "which is on that host and libvirt cannot edit remotely; start the domain (barge "
+                               "then snapshots through QEMU) or run barge on that host");
   }
   BARGE_ASSIGN_OR_RETURN(std::vector<DomainDisk> disks, DomainDisks(r.dom.get()));
   for (const DomainDisk& d : disks) {
@@ -179,7 +192,12 @@ Result<SnapshotOpResult> CreateDiskSnapshot(Env& env, const SnapshotCreateReques
                                       "' (id " + s.id + ")");
       }
     }
-    {
+    if (!r.remote_uri.empty()) {
+      // The image's file system is the remote host's, which barge cannot
+      // see: QEMU's own writes meet a full file system there.
+      res.warnings.push_back("the free space on the host of " + r.remote_uri +
+                             " was not checked: the image is that host's file");
+    } else {
       // QEMU holds the image; the estimate reads the header and tables as
       // QEMU last wrote them, which is enough for a bound.
       BARGE_ASSIGN_OR_RETURN(auto source, env.OpenSource(r.image));
@@ -300,14 +318,20 @@ Result<SnapshotListing> ListDiskSnapshots(Env& env, const SnapshotTarget& target
   }
   // QEMU's list is the truth; the file may lag behind QEMU's caches.
   std::map<std::string, formats::SnapshotUsage> usage;
-  auto source = env.OpenSource(r.image);
-  Result<formats::SnapshotMetricsReport> metrics =
-      source.ok() ? formats::ComputeSnapshotMetrics(**source) : Result<formats::SnapshotMetricsReport>(source.error());
-  if (metrics.ok()) {
-    fill(*metrics);
-    for (const auto& s : metrics->snapshots) usage[s.info.id] = s.usage;
+  if (!r.remote_uri.empty()) {
+    out.warnings.push_back("metrics unavailable for a domain on " + r.remote_uri +
+                           ": they read the image file, which is on that host");
   } else {
-    out.warnings.push_back("metrics unavailable while the domain runs: " + metrics.error().ToString());
+    auto source = env.OpenSource(r.image);
+    Result<formats::SnapshotMetricsReport> metrics =
+        source.ok() ? formats::ComputeSnapshotMetrics(**source)
+                    : Result<formats::SnapshotMetricsReport>(source.error());
+    if (metrics.ok()) {
+      fill(*metrics);
+      for (const auto& s : metrics->snapshots) usage[s.info.id] = s.usage;
+    } else {
+      out.warnings.push_back("metrics unavailable while the domain runs: " + metrics.error().ToString());
+    }
   }
   for (const formats::SnapshotInfo& s : r.qemu.snapshots) {
     SnapshotListEntry e{s, {}, false};

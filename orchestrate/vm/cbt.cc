@@ -159,7 +159,12 @@ Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& req) {
 }
 
 Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
-  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(ResolveLibvirtUri(req.libvirt_uri), "cbt enable"));
+  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(
+      ResolveLibvirtUri(req.libvirt_uri), "cbt enable",
+      "a CBT overlay is a qcow2 file whose data file is the raw disk, and libvirt's remote API cannot create one "
+      "(its storage volumes have no data file); run 'barge cbt enable' on that host. A remote domain's backups "
+      "need no CBT: a shut-off domain is started paused for a pull-mode backup, and a raw disk without CBT is read "
+      "in full"));
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   // No backup or state migration of the domain meanwhile.
   BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
@@ -263,7 +268,10 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
 }
 
 Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
-  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(ResolveLibvirtUri(req.libvirt_uri), "cbt disable"));
+  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(
+      ResolveLibvirtUri(req.libvirt_uri), "cbt disable",
+      "it removes the CBT overlay files (made by 'barge cbt enable' on that host, recorded in that host's catalog), "
+      "which libvirt's remote API cannot; run 'barge cbt disable' on that host"));
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   // No backup or state migration of the domain meanwhile.
   BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
