@@ -463,11 +463,6 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       if (!catalog_path.ok()) return out.Fail(catalog_path.error());
       req.catalog_path = *catalog_path;
       req.cancel = &CancelFlag();
-      // libvirt's client writes to libvirtd's socket: a daemon killed
-      // mid-run must fail the next call (the domain stays on the overlay,
-      // rerun to continue), not end barge by SIGPIPE (libvirt installs no
-      // handler of its own). Children get SIGPIPE back (InitChildSpawnAttr).
-      ::signal(SIGPIPE, SIG_IGN);
       req.on_phase = [&out, &req](const std::string& phase, const std::string& text) {
         out.Event("phase", {{"phase", phase}, {"domain", req.domain}, {"message", text}});
         out.text() << text << "\n";

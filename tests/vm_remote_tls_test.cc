@@ -586,7 +586,7 @@ class VmRemoteTlsInstantTest : public VmRemoteTlsTest {
   }
   std::vector<std::string> Args(const std::string& domain) const {
     return {"vm", "instant-restore", chain_, "--domain", domain, "--to", disk_, "--connect", remote_->Uri(),
-            "--tls-certificates", remote_->NbdServerCertificates(), "--nbd-port-range", "21300-21303",
+            "--tls-certificates", remote_->NbdServerCertificates(), "--nbd-port-range", "21450-21453",
             "--catalog", catalog_, "--json"};
   }
   void ExpectDiskIsPointPlusWrites() {
@@ -602,7 +602,7 @@ class VmRemoteTlsInstantTest : public VmRemoteTlsTest {
     EXPECT_FALSE(fs::exists(dir_ / ".barge-instant-restored.raw.qcow2"));
     EXPECT_EQ(RunOk(remote_->Virsh() + "pool-list --all --name").find("barge-instant"), std::string::npos);
     EXPECT_NE(::kill(static_cast<pid_t>(result.value("nbdkit_pid", int64_t{0})), 0), 0) << result.dump();
-    EXPECT_FALSE(ListensOnOneOf(21300, 21303));
+    EXPECT_FALSE(ListensOnOneOf(21450, 21453));
   }
   static bool HasPhase(const std::string& log, const std::string& phase) {
     return log.find("\"phase\":\"" + phase + "\"") != std::string::npos;
