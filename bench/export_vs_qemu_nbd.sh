@@ -60,6 +60,8 @@ SOCK=$WORK/nbd.sock
 URI="nbd+unix:///?socket=$SOCK"
 
 start_barge() {
+  # A ready event left from the previous server must not count for this one.
+  rm -f "$WORK/export.out"
   "$BARGE" export "$CHAIN" --socket "$SOCK" --json > "$WORK/export.out" 2> "$WORK/export.err" &
   SERVER_PID=$!
   for _ in $(seq 500); do

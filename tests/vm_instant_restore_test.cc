@@ -88,11 +88,13 @@ class Background {
   // SIGSTOP / SIGCONT: barge holds still (its nbdkit, a process of its own,
   // goes on serving) while the test makes the guest write, so the writes
   // land on the overlay before any pivot. Returns whether barge had not
-  // pivoted yet when it stopped.
+  // printed `ready` yet when it stopped: then the pivot, and the count of
+  // the overlay's bytes just before it, come after the test's writes (a
+  // pivot not yet printed may already be done: "pivoted" is no sure sign).
   bool Pause() {
     ::kill(pid_, SIGSTOP);
     for (const json& e : Events()) {
-      if (e.value("phase", "") == "pivoted") return false;
+      if (e.value("phase", "") == "ready" || e.value("phase", "") == "pivoted") return false;
     }
     return true;
   }
