@@ -185,6 +185,13 @@ class ExportThread {
   // Remote: nbdkit's server certificates for the TCP export.
   void set_tls_certificates(std::string dir) { tls_certificates_ = std::move(dir); }
   Status Start(Env& env, const Record& r, int64_t* nbdkit_pid) {
+    Begin(env, r);
+    return WaitReady(env, r, nbdkit_pid);
+  }
+  // Start in two halves, so that the caller can make the overlay while
+  // nbdkit starts (its chain checks and digest tables take most of the
+  // time before the domain can start).
+  void Begin(Env& env, const Record& r) {
     Stop();
     stop_ = false;
     ready_ = false;
@@ -209,6 +216,8 @@ class ExportThread {
       if (!r.ok()) status_ = r.error();
       ended_ = true;
     });
+  }
+  Status WaitReady(Env& env, const Record& r, int64_t* nbdkit_pid) {
     while (!ready_ && !ended_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (!ready_) {
       Stop();
@@ -724,9 +733,7 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
     BARGE_RETURN_IF_ERROR(env.CreateDirs(r.scratch));
     BARGE_RETURN_IF_ERROR(env.SetMode(r.scratch, 0711));
   }
-  BARGE_RETURN_IF_ERROR(exp.Start(env, r, &result.nbdkit_pid));
-  r.nbdkit_pid = result.nbdkit_pid;
-  BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
+  exp.Begin(env, r);
   BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, r.chain, r.point_id, false));
   const uint64_t size = reader->size_bytes();
   reader.reset();
@@ -748,6 +755,11 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
       BARGE_RETURN_IF_ERROR(env.SetMode(OverlayPath(r), 0666));
       BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, OverlayElement(r.original, r)));
     }
+  }
+  BARGE_RETURN_IF_ERROR(exp.WaitReady(env, r, &result.nbdkit_pid));
+  r.nbdkit_pid = result.nbdkit_pid;
+  BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
+  if (!active) {
     if (virDomainCreate(dom.get()) != 0) return LastVirError("start domain '" + req.domain + "' on the overlay");
     result.started_seconds = SecondsSince(start);
   }
