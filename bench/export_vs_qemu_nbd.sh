@@ -4,16 +4,18 @@
 # chain unverified. A point of full + N incrementals (5% of the clusters
 # rewritten in each); (a) nbdcopy of the whole export to null: (sequential,
 # multi-conn), (b) fio 4 KiB random reads through fio's nbd engine (libnbd).
-# Page cache warm (the layers are read once before); medians of --repeat
-# runs, the servers taking turns. Exits non-zero only when something fails.
+# Page cache cold (dropped before each measurement) and/or warm (the layers
+# read once before), --cache cold|warm|both (default warm); medians of
+# --repeat runs, the servers taking turns. Exits non-zero only when
+# something fails.
 #
 #   bench/export_vs_qemu_nbd.sh [--size 256M] [--increments 5] [--seed 1]
 #                               [--workdir /var/tmp] [--barge PATH]
-#                               [--repeat 3] [--fio-seconds 10]
+#                               [--repeat 3] [--fio-seconds 10] [--cache warm]
 # Targets (issue 22): sequential >= 0.9x qemu-nbd, random 4 KiB >= 0.8x.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,13p' "$0"; }
+usage() { sed -n '2,15p' "$0"; }
 
 SIZE=256M
 REPEAT=3
@@ -27,8 +29,8 @@ while [ $# -gt 0 ]; do
     *) args+=("$1"); shift ;;
   esac
 done
-parse_common_flags "${args[@]+"${args[@]}"}"
 CACHE=warm
+parse_common_flags "${args[@]+"${args[@]}"}"
 need_tools qemu-nbd qemu-img nbdcopy nbdinfo nbdkit python3 numfmt
 HAVE_FIO=0
 if command -v fio >/dev/null && fio --enghelp 2>&1 | grep -qw nbd; then HAVE_FIO=1; fi
@@ -58,6 +60,8 @@ SOCK=$WORK/nbd.sock
 URI="nbd+unix:///?socket=$SOCK"
 
 start_barge() {
+  # A ready event left from the previous server must not count for this one.
+  rm -f "$WORK/export.out"
   "$BARGE" export "$CHAIN" --socket "$SOCK" --json > "$WORK/export.out" 2> "$WORK/export.err" &
   SERVER_PID=$!
   for _ in $(seq 500); do
@@ -80,10 +84,10 @@ start_qemu() {
   die "qemu-nbd did not get ready"
 }
 
-# fio_iops LABEL: 4 KiB random reads for $FIO_SECONDS, 4 jobs x iodepth 16;
-# appends "LABEL warm IOPS" to $WORK/iops.tsv.
+# fio_iops LABEL MODE: 4 KiB random reads for $FIO_SECONDS, 4 jobs x
+# iodepth 16; appends "LABEL MODE IOPS" to $WORK/iops.tsv.
 fio_iops() {
-  local label=$1
+  local label=$1 mode=$2
   fio --name=rand --ioengine=nbd --uri="$URI" --rw=randread --bs=4k --iodepth=16 --numjobs=4 \
     --group_reporting --time_based --runtime="$FIO_SECONDS" --output-format=json > "$WORK/fio.json" 2> "$WORK/fio.err" \
     || { cat "$WORK/fio.err" >&2; die "fio against $label failed"; }
@@ -91,21 +95,28 @@ fio_iops() {
   # fio's nbd engine prints "fio: connected to NBD server" before the JSON.
   iops=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(round(json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"]))' \
     "$WORK/fio.json")
-  printf '%s\twarm\t%s\n' "$label" "$iops" >> "$WORK/iops.tsv"
-  printf '  %-28s fio 4k randread %8s IOPS\n' "$label" "$iops"
+  printf '%s\t%s\t%s\n' "$label" "$mode" "$iops" >> "$WORK/iops.tsv"
+  printf '  %-28s fio 4k randread %8s IOPS (%s)\n' "$label" "$iops" "$mode"
 }
 
 echo
-echo "== runs (page cache warm)"
+echo "== runs (page cache: $(cache_modes))"
 : > "$WORK/iops.tsv"
-warm_cache "$CHAIN"
 for run in $(runs); do
   echo " [run $run of $REPEAT]"
-  for server in barge-export qemu-nbd-r; do
-    if [ "$server" = barge-export ]; then start_barge; else start_qemu; fi
-    measure "$server-nbdcopy" warm "$WORK/none" -- nbdcopy "$URI" null:
-    [ "$HAVE_FIO" = 1 ] && fio_iops "$server"
-    stop_server
+  for mode in $(cache_modes); do
+    for server in barge-export qemu-nbd-r; do
+      # The server starts on the cache state measured (barge's start reads
+      # the manifests and digest tables).
+      prepare_cache "$mode" "$CHAIN"/*
+      if [ "$server" = barge-export ]; then start_barge; else start_qemu; fi
+      measure "$server-nbdcopy" "$mode" "$WORK/none" -- nbdcopy "$URI" null:
+      if [ "$HAVE_FIO" = 1 ]; then
+        [ "$mode" = cold ] && drop_cache "$CHAIN"/*
+        fio_iops "$server" "$mode"
+      fi
+      stop_server
+    done
   done
 done
 # The bytes served are the disk's: one full copy from each, compared.
@@ -115,16 +126,18 @@ rm -f "$WORK/b.raw"
 
 print_results
 median_iops() {
-  awk -F'\t' -v l="$1" '$1 == l { print $3 }' "$WORK/iops.tsv" | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'
+  awk -F'\t' -v l="$1" -v m="$2" '$1 == l && $2 == m { print $3 }' "$WORK/iops.tsv" | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'
 }
 
 echo
 echo "== ratios and targets"
-b=$(get barge-export-nbdcopy warm wall); q=$(get qemu-nbd-r-nbdcopy warm wall)
-r=$(ratio "$q" "$b")
-echo "  sequential (nbdcopy, $SIZE): barge export ${r}x qemu-nbd's throughput (barge ${b}s, qemu-nbd ${q}s) (target >= 0.9x: $(verdict "$r" '>=' 0.9))"
-if [ "$HAVE_FIO" = 1 ]; then
-  bi=$(median_iops barge-export); qi=$(median_iops qemu-nbd-r)
-  ri=$(ratio "$bi" "$qi")
-  echo "  random 4 KiB reads (fio nbd): barge export ${ri}x qemu-nbd's IOPS (barge $bi, qemu-nbd $qi) (target >= 0.8x: $(verdict "$ri" '>=' 0.8))"
-fi
+for mode in $(cache_modes); do
+  b=$(get barge-export-nbdcopy "$mode" wall); q=$(get qemu-nbd-r-nbdcopy "$mode" wall)
+  r=$(ratio "$q" "$b")
+  echo "  $mode: sequential (nbdcopy, $SIZE): barge export ${r}x qemu-nbd's throughput (barge ${b}s, qemu-nbd ${q}s) (target >= 0.9x: $(verdict "$r" '>=' 0.9))"
+  if [ "$HAVE_FIO" = 1 ]; then
+    bi=$(median_iops barge-export "$mode"); qi=$(median_iops qemu-nbd-r "$mode")
+    ri=$(ratio "$bi" "$qi")
+    echo "  $mode: random 4 KiB reads (fio nbd): barge export ${ri}x qemu-nbd's IOPS (barge $bi, qemu-nbd $qi) (target >= 0.8x: $(verdict "$ri" '>=' 0.8))"
+  fi
+done

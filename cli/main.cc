@@ -1,4 +1,6 @@
 // barge's entry point: the only place that catches exceptions.
+#include <signal.h>
+
 #include <exception>
 #include <iostream>
 #include <new>
@@ -9,6 +11,12 @@
 
 int main(int argc, char** argv) {
   barge::cli::InstallTerminateHandler(argc, argv);
+  // A daemon that dies mid-run (libvirtd, an NBD server) closes a socket
+  // barge writes to: the write must fail (EPIPE) and end in barge's error
+  // line, not end barge by SIGPIPE (libvirt's client installs no handler;
+  // a vm backup killed so left no message). Children get the default back
+  // (InitChildSpawnAttr).
+  ::signal(SIGPIPE, SIG_IGN);
   try {
     return barge::cli::Main(argc, argv);
   } catch (const std::bad_alloc&) {

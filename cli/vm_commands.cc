@@ -447,6 +447,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     struct InstantArgs {
       orc::InstantRestoreRequest req;
       std::string catalog;
+      std::string port_range = orc::kDefaultNbdPortRange;
     };
     auto ia = std::make_shared<InstantArgs>();
     auto* ir = AddCommand(*vm, "instant-restore",
@@ -455,15 +456,13 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                           exit_code, [ia](Output& out) {
       orc::InstantRestoreRequest req = ia->req;
       if (auto at = pipeline::ParsePointSelector(req.at); !at.ok()) return out.Usage("--at: " + at.error().message());
+      auto ports = orc::ParsePortRange(ia->port_range);
+      if (!ports.ok()) return out.Usage("--nbd-port-range: " + ports.error().message());
+      req.port_range = *ports;
       auto catalog_path = orc::CatalogPathFromFlag(Env::Default(), ia->catalog);
       if (!catalog_path.ok()) return out.Fail(catalog_path.error());
       req.catalog_path = *catalog_path;
       req.cancel = &CancelFlag();
-      // libvirt's client writes to libvirtd's socket: a daemon killed
-      // mid-run must fail the next call (the domain stays on the overlay,
-      // rerun to continue), not end barge by SIGPIPE (libvirt installs no
-      // handler of its own). Children get SIGPIPE back (InitChildSpawnAttr).
-      ::signal(SIGPIPE, SIG_IGN);
       req.on_phase = [&out, &req](const std::string& phase, const std::string& text) {
         out.Event("phase", {{"phase", phase}, {"domain", req.domain}, {"message", text}});
         out.text() << text << "\n";
@@ -492,7 +491,10 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     ir->add_option("chain", ia->req.chain, "The disk's chain folder (or a backup's manifest or image)")->required();
     ir->add_option("--at", ia->req.at, "The point: latest (default), a position, a backup id, or an RFC 3339 time");
     ir->add_option("--domain", ia->req.domain, "The shut-off libvirt domain to start on the point")->required();
-    ir->add_option("--to", ia->req.disk, "DISK: the raw file the domain's disk ends on")->required();
+    ir->add_option("--to", ia->req.disk,
+                   "DISK: the raw file the domain's disk ends on (with a remote --connect: an absolute path on the "
+                   "host, in a folder that exists there)")
+        ->required();
     ir->add_option("--target", ia->req.target, "The domain's disk to replace (vda); needed with several disks");
     ir->add_flag("--force", ia->req.force, "Replace an existing DISK");
     ir->add_flag("--abandon", ia->req.abandon,
@@ -500,6 +502,13 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                  "(guest writes) and DISK removed");
     ir->add_option("--catalog", ia->catalog, "Catalog database (its locks folder keeps the run's record)");
     AddConnectOption(ir, ia->req.libvirt_uri);
+    ir->add_option("--tls-certificates", ia->req.tls_certificates,
+                   "A remote domain reads the export over TCP with TLS (required with a remote --connect): folder "
+                   "of nbdkit's ca-cert.pem, server-cert.pem, server-key.pem, the certificate naming this machine's "
+                   "address as the host reaches it");
+    ir->add_option("--nbd-port-range", ia->port_range,
+                   std::string("This machine's TCP ports for a remote domain's export, LO-HI (default: ") +
+                       orc::kDefaultNbdPortRange + ")");
   }
   auto b = std::make_shared<std::tuple<std::string, std::string>>();
   auto* list = AddCommand(*vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {

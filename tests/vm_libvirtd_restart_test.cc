@@ -3,11 +3,16 @@
 // with SIGTERM while QEMU keeps running, started again, and the next backups
 // are checked. Restarting the daemon disturbs every other libvirt test, so
 // tests/CMakeLists.txt registers VmLibvirtdRestartTest.* with RUN_SERIAL.
+#include <signal.h>
+
 #include <filesystem>
+#include <iostream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/barge_child.h"
+#include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 
@@ -122,6 +127,85 @@ TEST_F(VmLibvirtdRestartTest, RestartWithCheckpointMetadataLostThenRedefine) {
   RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
   ExpectRestores(chain, 2, flat);
   ExpectRestores(chain, 1, p1);
+}
+
+// libvirtd killed (SIGKILL) while a vm backup runs (barge held still
+// meanwhile, so the kill lands mid-backup whatever the machine's speed).
+// Returns barge's exit code and writes its output to `log`.
+int BackupWithLibvirtdKilled(const std::string& domain, const std::vector<std::string>& args, const std::string& log) {
+  LibvirtdLock lock;
+  BargeChild run(args, log);
+  const bool seen = run.WaitFor([&] {
+    return ::barge::testing::Run(std::string(kVirsh) + "domjobinfo " + domain).output.find("Backup") !=
+           std::string::npos;
+  });
+  EXPECT_TRUE(seen) << "the backup ended before its job was seen: " << Slurp(log);
+  ::kill(run.pid(), SIGSTOP);
+  EXPECT_TRUE(KillLibvirtd(lock));
+  ::kill(run.pid(), SIGCONT);
+  const int code = run.Wait();
+  std::cerr << "libvirtd killed mid-backup; barge exited " << code << "\n" << Slurp(log) << "\n";
+  ::testing::AssertionResult up = EnsureLibvirtd(lock);
+  EXPECT_TRUE(up) << up.message();
+  return code;
+}
+
+// With a tracker, the run needs libvirtd after the copy (its checkpoint):
+// barge's call to the dead daemon fails and barge exits 1 with its error
+// line; it does not die of SIGPIPE on the closed socket. Nothing
+// half-written: no staged file, no point left, and the next backup (daemon
+// back) ends the orphaned job and succeeds.
+TEST_F(VmLibvirtdRestartTest, LibvirtdKilledMidBackupFailsCleanly) {
+  std::string disk = dir_ / "k.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 256M && qemu-io -f qcow2 -c 'write -P 0x3c 0 192M' " +
+        ShellQuote(disk) + " >/dev/null");
+  TestDomain dom("lvkill", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  const std::string log = dir_ / "backup.log";
+  LibvirtdBackOnExit back;
+  const int code = BackupWithLibvirtdKilled(
+      dom.name(),
+      {"vm", "backup", "--domain", dom.name(), "--target", target_, "--skip-quiesce", "--catalog", catalog_, "--json"},
+      log);
+  EXPECT_EQ(code, 1) << "128+13 is SIGPIPE: " << Slurp(log);
+  EXPECT_NE(Slurp(log).find("barge: "), std::string::npos) << Slurp(log);
+  const std::string chain = target_ + "/" + dom.name() + "/vda";
+  for (const auto& e : fs::recursive_directory_iterator(target_)) {
+    if (e.path().filename() == ".lock") continue;  // the chain folder's lock file stays by design
+    EXPECT_FALSE(e.is_regular_file()) << "left by the failed run: " << e.path();
+  }
+  json next = Backup(dom.name());
+  EXPECT_EQ(next["backup_type"], "full") << next.dump();
+  RunOk(BargeBinary() + " verify " + ShellQuote(chain));
+  dom.Destroy();
+}
+
+// Without a tracker the copy is all the run needs: the point is complete and
+// committed (exit 0), but the job libvirt could not end is left; its run
+// record stays, so the next backup ends it as an orphan instead of
+// refusing a "foreign" job.
+TEST_F(VmLibvirtdRestartTest, LibvirtdKilledMidBackupJobEndedByNextRun) {
+  std::string disk = dir_ / "n.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 256M && qemu-io -f qcow2 -c 'write -P 0x3c 0 192M' " +
+        ShellQuote(disk) + " >/dev/null");
+  TestDomain dom("lvkilln", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  const std::string log = dir_ / "backup.log";
+  LibvirtdBackOnExit back;
+  const int code = BackupWithLibvirtdKilled(
+      dom.name(),
+      {"vm", "backup", "--domain", dom.name(), "--target", target_, "--skip-quiesce", "--catalog", catalog_, "--json"},
+      log);
+  EXPECT_TRUE(code == 0 || code == 1) << "128+13 is SIGPIPE: " << Slurp(log);
+  const std::string chain = target_ + "/" + dom.name() + "/vda";
+  if (fs::exists(chain)) RunOk(BargeBinary() + " verify " + ShellQuote(chain));
+  json next = Backup(dom.name());
+  EXPECT_EQ(next["disks"][0]["virtual_size"].get<uint64_t>(), 256u << 20) << next.dump();
+  RunOk(BargeBinary() + " verify " + ShellQuote(chain));
+  dom.Destroy();
 }
 
 }  // namespace

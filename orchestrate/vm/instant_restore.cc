@@ -3,13 +3,19 @@
 // from the record file.
 #include "orchestrate/vm/instant_restore.h"
 
+#include <arpa/inet.h>
 #include <libvirt/libvirt.h>
+#include <signal.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
 #include <regex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -44,6 +50,15 @@ struct Record {
   std::string original;   // the domain's <disk> element before the run (one line)
   bool prefilled = false; // DISK holds the point, restored and verified: only the guest's writes are left
   bool pivoted = false;   // written right after the pivot: only the cleanup is left
+  // Remote: scratch is DISK's folder on the host, the overlay a volume in
+  // it; the export listens on `listen` (ADDR:PORT of this machine, the
+  // same on a rerun: the running domain reconnects there); `pool` is the
+  // transient storage pool this restore made over that folder ("" when
+  // one already covered it).
+  bool remote = false;
+  std::string listen;
+  std::string pool;
+  int64_t nbdkit_pid = 0;  // the export of the run that wrote it
 };
 
 std::string Field(const std::string& text, const std::string& key) {
@@ -67,7 +82,9 @@ Status WriteRecord(Env& env, const std::string& path, const Record& r) {
   const std::string text = "owner=" + r.owner + "\nchain=" + r.chain + "\npoint=" + r.point_id + "\ntarget=" +
                            r.target + "\ndisk=" + r.disk + "\nscratch=" + r.scratch +
                            "\noriginal=" + OneLine(r.original) + "\nprefilled=" + (r.prefilled ? "yes" : "no") +
-                           "\npivoted=" + (r.pivoted ? "yes" : "no") + "\n";
+                           "\npivoted=" + (r.pivoted ? "yes" : "no") + "\nremote=" + (r.remote ? "yes" : "no") +
+                           "\nlisten=" + r.listen + "\npool=" + r.pool +
+                           "\nnbdkit=" + std::to_string(r.nbdkit_pid) + "\n";
   return env.WriteFileAtomic(path, std::string_view(text));
 }
 
@@ -79,14 +96,25 @@ Result<std::optional<Record>> ReadRecord(Env& env, const std::string& path) {
   }
   Record r{Field(*text, "owner"),  Field(*text, "chain"),   Field(*text, "point"),   Field(*text, "target"),
            Field(*text, "disk"),   Field(*text, "scratch"), Field(*text, "original"),
-           Field(*text, "prefilled") == "yes", Field(*text, "pivoted") == "yes"};
+           Field(*text, "prefilled") == "yes", Field(*text, "pivoted") == "yes", Field(*text, "remote") == "yes",
+           Field(*text, "listen"), Field(*text, "pool"), std::atoll(Field(*text, "nbdkit").c_str())};
   if (r.chain.empty() || r.disk.empty() || r.scratch.empty() || r.target.empty()) {
     return Error::Corruption("the instant-restore record lacks a field (chain, disk, scratch, target)").set_path(path);
   }
   return std::optional<Record>(std::move(r));
 }
 
-std::string OverlayPath(const Record& r) { return JoinPath(r.scratch, "overlay.qcow2"); }
+std::string OverlayName(const Record& r) { return ".barge-instant-" + BaseName(r.disk) + ".qcow2"; }
+std::string OverlayPath(const Record& r) {
+  return r.remote ? JoinPath(r.scratch, OverlayName(r)) : JoinPath(r.scratch, "overlay.qcow2");
+}
+// ADDR and PORT of a record's "ADDR:PORT" ("[v6]:PORT").
+std::string ListenHost(const Record& r) {
+  std::string h = r.listen.substr(0, r.listen.rfind(':'));
+  if (h.size() > 1 && h.front() == '[') h = h.substr(1, h.size() - 2);
+  return h;
+}
+int ListenPort(const Record& r) { return std::atoi(r.listen.substr(r.listen.rfind(':') + 1).c_str()); }
 std::string SocketPath(const Record& r) { return JoinPath(r.scratch, "nbd.sock"); }
 
 // Runs a program to the end; its stdout (and stderr in the error).
@@ -129,6 +157,7 @@ Result<DomainDisk> FindDisk(const std::string& xml, std::string* target) {
 }
 
 std::string OverlayElement(const std::string& element, const Record& r) {
+  if (r.remote) return InstantOverlayDiskXmlTcp(element, OverlayPath(r), ListenHost(r), ListenPort(r));
   return InstantOverlayDiskXml(element, OverlayPath(r), SocketPath(r));
 }
 
@@ -153,16 +182,30 @@ Status Redefine(virConnectPtr conn, virDomainPtr dom, const std::string& target,
 class ExportThread {
  public:
   ~ExportThread() { Stop(); }
+  // Remote: nbdkit's server certificates for the TCP export.
+  void set_tls_certificates(std::string dir) { tls_certificates_ = std::move(dir); }
   Status Start(Env& env, const Record& r, int64_t* nbdkit_pid) {
+    Begin(env, r);
+    return WaitReady(env, r, nbdkit_pid);
+  }
+  // Start in two halves, so that the caller can make the overlay while
+  // nbdkit starts (its chain checks and digest tables take most of the
+  // time before the domain can start).
+  void Begin(Env& env, const Record& r) {
     Stop();
     stop_ = false;
     ready_ = false;
     ended_ = false;
     status_ = OkStatus();
-    IgnoreError(env.UnlinkIfExists(SocketPath(r)), "a socket a killed export left");
     req_.chain = r.chain;
     req_.at = r.point_id;
-    req_.socket_path = SocketPath(r);
+    if (r.remote) {
+      req_.listen = r.listen;
+      req_.tls_certificates = tls_certificates_;
+    } else {
+      IgnoreError(env.UnlinkIfExists(SocketPath(r)), "a socket a killed export left");
+      req_.socket_path = SocketPath(r);
+    }
     req_.cancel = &stop_;
     req_.on_ready = [this](const pipeline::ExportReady& ready) {
       pid_ = ready.nbdkit_pid;
@@ -173,6 +216,8 @@ class ExportThread {
       if (!r.ok()) status_ = r.error();
       ended_ = true;
     });
+  }
+  Status WaitReady(Env& env, const Record& r, int64_t* nbdkit_pid) {
     while (!ready_ && !ended_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (!ready_) {
       Stop();
@@ -180,7 +225,7 @@ class ExportThread {
     }
     // QEMU runs as its own user: it must be able to connect (the folder
     // around it is private: 0711, names not listable).
-    BARGE_RETURN_IF_ERROR(env.SetMode(SocketPath(r), 0666));
+    if (!r.remote) BARGE_RETURN_IF_ERROR(env.SetMode(SocketPath(r), 0666));
     *nbdkit_pid = pid_;
     return OkStatus();
   }
@@ -192,6 +237,7 @@ class ExportThread {
 
  private:
   pipeline::ExportRequest req_;
+  std::string tls_certificates_;
   std::thread thread_;
   std::atomic<bool> stop_{false}, ready_{false}, ended_{false};
   std::atomic<int64_t> pid_{0};
@@ -212,6 +258,152 @@ Status KeepExportUp(Env& env, const Record& r, const InstantRestoreRequest& req,
                                          std::to_string(result.nbdkit_pid) + ")");
   }
   return OkStatus();
+}
+
+// --- Remote: files on the hypervisor through libvirt's storage driver. ---
+
+struct PoolFree {
+  void operator()(virStoragePoolPtr p) const { virStoragePoolFree(p); }
+};
+struct VolFree {
+  void operator()(virStorageVolPtr v) const { virStorageVolFree(v); }
+};
+using VirPool = std::unique_ptr<virStoragePool, PoolFree>;
+using VirVol = std::unique_ptr<virStorageVol, VolFree>;
+
+// The storage pool over the record's folder on the host: one that already
+// covers it, or a transient dir pool of this restore (named in r.pool).
+Result<VirPool> OpenRemoteFolder(virConnectPtr conn, Record& r, const std::string& domain) {
+  VirPool pool(virStoragePoolLookupByTargetPath(conn, r.scratch.c_str()));
+  if (pool == nullptr && !r.pool.empty()) pool.reset(virStoragePoolLookupByName(conn, r.pool.c_str()));
+  if (pool == nullptr) {
+    const std::string name = "barge-instant-" + EscapeLockName(domain);
+    const std::string xml = "<pool type='dir'><name>" + XmlEscape(name) + "</name><target><path>" +
+                            XmlEscape(r.scratch) + "</path></target></pool>";
+    pool.reset(virStoragePoolCreateXML(conn, xml.c_str(), 0));
+    if (pool == nullptr) return LastVirError("open DISK's folder " + r.scratch + " on the host (a storage pool)");
+    r.pool = name;
+  }
+  if (virStoragePoolIsActive(pool.get()) != 1 && virStoragePoolCreate(pool.get(), 0) != 0) {
+    return LastVirError("start the storage pool over " + r.scratch);
+  }
+  if (virStoragePoolRefresh(pool.get(), 0) != 0) return LastVirError("list " + r.scratch + " on the host");
+  return pool;
+}
+
+bool RemoteFileExists(virStoragePoolPtr pool, const std::string& name) {
+  VirVol v(virStorageVolLookupByName(pool, name.c_str()));
+  return v != nullptr;
+}
+
+Status DeleteRemoteFile(virStoragePoolPtr pool, const std::string& name) {
+  VirVol v(virStorageVolLookupByName(pool, name.c_str()));
+  if (v == nullptr) return OkStatus();
+  if (virStorageVolDelete(v.get(), 0) != 0) return LastVirError("delete " + name + " on the host");
+  return OkStatus();
+}
+
+// A new file `name` (format raw or qcow2, no backing) of `size` bytes.
+Status CreateRemoteFile(virStoragePoolPtr pool, const std::string& name, const std::string& format, uint64_t size) {
+  BARGE_RETURN_IF_ERROR(DeleteRemoteFile(pool, name));
+  const std::string xml = "<volume><name>" + XmlEscape(name) + "</name><capacity unit='bytes'>" +
+                          std::to_string(size) + "</capacity><allocation>0</allocation><target><format type='" +
+                          format + "'/></target></volume>";
+  VirVol v(virStorageVolCreateXML(pool, xml.c_str(), 0));
+  if (v == nullptr) return LastVirError("create " + name + " (" + format + ") on the host");
+  return OkStatus();
+}
+
+// The overlay's volume and the pool this restore made, gone.
+Status RemoveRemoteScratch(virConnectPtr conn, Record& r, const std::string& domain) {
+  BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn, r, domain));
+  BARGE_RETURN_IF_ERROR(DeleteRemoteFile(pool.get(), OverlayName(r)));
+  if (!r.pool.empty() && virStoragePoolDestroy(pool.get()) != 0) return LastVirError("stop the pool " + r.pool);
+  return OkStatus();
+}
+
+// This machine's address on the route to `host` (a UDP socket connected
+// there sends nothing): where the host's QEMU reaches the export.
+Result<std::string> LocalAddressFacing(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), "10809", &hints, &found); rc != 0) {
+    return Error::NotFound("resolve " + host + ": " + ::gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owned(found, &::freeaddrinfo);
+  const int fd = ::socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Error::FromErrno(errno, "socket", host);
+  sockaddr_storage me{};
+  socklen_t len = sizeof(me);
+  const bool ok = ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return Error::FromErrno(err, "find this machine's address towards the host", host);
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* a = me.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&me)->sin6_addr)
+                                           : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&me)->sin_addr);
+  ::inet_ntop(me.ss_family, a, text, sizeof(text));
+  return me.ss_family == AF_INET6 ? "[" + std::string(text) + "]" : std::string(text);
+}
+
+// Whether something on this machine already listens on ADDR:PORT.
+bool PortTaken(const std::string& addr, int port) {
+  const bool v6 = !addr.empty() && addr.front() == '[';
+  const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  int rc;
+  if (v6) {
+    sockaddr_in6 sa{};
+    sa.sin6_family = AF_INET6;
+    sa.sin6_port = htons(static_cast<uint16_t>(port));
+    ::inet_pton(AF_INET6, addr.substr(1, addr.size() - 2).c_str(), &sa.sin6_addr);
+    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  } else {
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);
+    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  }
+  ::close(fd);
+  return rc != 0 && errno == EADDRINUSE;
+}
+
+// A port of the range on this machine for the export: leased (no other
+// barge takes it while this run lives) and free. `want` > 0: that port
+// only (a rerun; the running domain reconnects to it).
+Result<std::unique_ptr<NbdPortLease>> LeaseExportPort(Env& env, const InstantRestoreRequest& req,
+                                                      const std::string& addr, int want) {
+  const PortRange range = want > 0 ? PortRange{want, want} : req.port_range;
+  std::set<int> skip;
+  for (int tries = 0;; ++tries) {
+    BARGE_ASSIGN_OR_RETURN(auto lease, LeaseNbdPort(env, req.port_lock_dir, "export-" + addr, range, skip));
+    if (!PortTaken(addr, lease->port())) return lease;
+    if (want > 0 && tries < 150) {
+      // The export of a run killed a moment ago may still be ending.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    skip.insert(lease->port());
+  }
+}
+
+// The export of a killed run, if it still runs: nbdkit keeps serving (and
+// its TCP port) while a TLS client stays connected after its parent died.
+// Called with the domain's lock held, so no run that owns it is alive; the
+// PID must still name an nbdkit.
+void EndLeftoverExport(Env& env, const Record& r) {
+  if (r.nbdkit_pid <= 0) return;
+  auto comm = env.ReadFile("/proc/" + std::to_string(r.nbdkit_pid) + "/comm", 64);
+  if (!comm.ok() || comm->rfind("nbdkit", 0) != 0) return;
+  ::kill(static_cast<pid_t>(r.nbdkit_pid), SIGKILL);
+  for (int i = 0; i < 100 && ::kill(static_cast<pid_t>(r.nbdkit_pid), 0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 bool Cancelled(const InstantRestoreRequest& req) { return req.cancel != nullptr && req.cancel->load(); }
@@ -287,12 +479,14 @@ Status Prefill(Env& env, const Record& r, const InstantRestoreRequest& req, Expo
 // cluster allocated in the overlay and, from its start, every new write, so
 // DISK ends as the point plus all the guest's writes; it never reads the
 // export. Rerunning it over a DISK that already got some of them gives the
-// same result.
+// same result. Remote: a full block copy instead (DISK a new empty raw
+// volume), which reads the point from the export, every cluster checked
+// there (a damaged one fails the job, never wrong bytes on DISK).
 Status MirrorAndPivot(Env& env, virDomainPtr dom, const Record& r, const InstantRestoreRequest& req,
                       InstantRestoreResult& result, ExportThread& exp, int& restarts) {
   const std::string dest = "<disk type='file'><source file='" + XmlEscape(r.disk) + "'/><driver type='raw'/></disk>";
-  const unsigned flags = VIR_DOMAIN_BLOCK_COPY_SHALLOW | VIR_DOMAIN_BLOCK_COPY_REUSE_EXT |
-                         VIR_DOMAIN_BLOCK_COPY_TRANSIENT_JOB;
+  const unsigned flags = (r.remote ? 0u : unsigned{VIR_DOMAIN_BLOCK_COPY_SHALLOW}) |
+                         VIR_DOMAIN_BLOCK_COPY_REUSE_EXT | VIR_DOMAIN_BLOCK_COPY_TRANSIENT_JOB;
   for (int attempt = 1;; ++attempt) {
     BARGE_RETURN_IF_ERROR(AbortBlockJob(dom, r.target));
     if (virDomainBlockCopy(dom, r.target.c_str(), dest.c_str(), nullptr, 0, flags) != 0) {
@@ -306,6 +500,7 @@ Status MirrorAndPivot(Env& env, virDomainPtr dom, const Record& r, const Instant
       const int has = virDomainGetBlockJobInfo(dom, r.target.c_str(), &info, 0);
       if (has < 0) return LastVirError("block job of " + r.target);
       if (has == 0) break;  // failed: libvirt dropped it
+      if (r.remote && req.on_progress && info.end > 0) req.on_progress(info.cur, info.end);
       BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom));
       std::string t = r.target;
       BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(xml, &t));
@@ -323,7 +518,10 @@ Status MirrorAndPivot(Env& env, virDomainPtr dom, const Record& r, const Instant
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (req.on_phase) req.on_phase("ready", "the guest's writes are mirrored onto DISK");
-  if (auto written = GuestWrittenBytes(env, r); written.ok()) result.guest_written_bytes = *written;
+  // (The host's overlay is out of qemu-img's reach from here: 0 there.)
+  if (!r.remote) {
+    if (auto written = GuestWrittenBytes(env, r); written.ok()) result.guest_written_bytes = *written;
+  }
   if (virDomainBlockJobAbort(dom, r.target.c_str(), VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT) != 0) {
     return LastVirError("pivot " + r.target + " to " + r.disk);
   }
@@ -332,8 +530,8 @@ Status MirrorAndPivot(Env& env, virDomainPtr dom, const Record& r, const Instant
 
 // After the pivot: the persistent definition names DISK too, the export
 // is stopped and the overlay, socket and record removed.
-Status Finish(Env& env, virConnectPtr conn, virDomainPtr dom, const Record& r, const std::string& record_path,
-              ExportThread* exp) {
+Status Finish(Env& env, virConnectPtr conn, virDomainPtr dom, Record r, const std::string& record_path,
+              ExportThread* exp, const std::string& domain) {
   BARGE_ASSIGN_OR_RETURN(std::string config, DomainXml(dom, VIR_DOMAIN_XML_INACTIVE));
   std::string t = r.target;
   BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(config, &t));
@@ -345,13 +543,19 @@ Status Finish(Env& env, virConnectPtr conn, virDomainPtr dom, const Record& r, c
                                                                            "type='raw'")));
   }
   if (exp != nullptr) exp->Stop();
-  BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch));
+  if (r.remote) {
+    BARGE_RETURN_IF_ERROR(RemoveRemoteScratch(conn, r, domain));
+  } else {
+    BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch));
+  }
   return env.UnlinkIfExists(record_path);
 }
 
 }  // namespace
 
-std::string InstantOverlayDiskXml(const std::string& element, const std::string& overlay, const std::string& socket) {
+namespace {
+
+std::string OverlayDiskXmlWith(const std::string& element, const std::string& overlay, const std::string& nbd_source) {
   std::string e = std::regex_replace(element, std::regex("<disk type=['\"][a-z]+['\"]"), "<disk type='file'");
   e = std::regex_replace(e, std::regex("<backingStore[^>]*/>"), "");
   e = std::regex_replace(e, std::regex("<backingStore[\\s\\S]*</backingStore>"), "");
@@ -359,11 +563,25 @@ std::string InstantOverlayDiskXml(const std::string& element, const std::string&
   e = std::regex_replace(e, std::regex("(<driver[^>]*) type=['\"][a-z0-9]+['\"]"), "$1");
   e = std::regex_replace(e, std::regex("<driver"), "<driver type='qcow2'");
   const std::string source = "<source file='" + XmlEscape(overlay) +
-                             "'/><backingStore type='network'><format type='raw'/>"
-                             "<source protocol='nbd'><host transport='unix' socket='" +
-                             XmlEscape(socket) + "'/></source><backingStore/></backingStore>";
+                             "'/><backingStore type='network'><format type='raw'/>" + nbd_source +
+                             "<backingStore/></backingStore>";
   const size_t t = e.find("<target");
   return e.substr(0, t) + source + e.substr(t);
+}
+
+}  // namespace
+
+std::string InstantOverlayDiskXml(const std::string& element, const std::string& overlay, const std::string& socket) {
+  return OverlayDiskXmlWith(element, overlay,
+                            "<source protocol='nbd'><host transport='unix' socket='" + XmlEscape(socket) +
+                                "'/></source>");
+}
+
+std::string InstantOverlayDiskXmlTcp(const std::string& element, const std::string& overlay, const std::string& host,
+                                     int port) {
+  return OverlayDiskXmlWith(element, overlay,
+                            "<source protocol='nbd' tls='yes'><host name='" + XmlEscape(host) + "' port='" +
+                                std::to_string(port) + "'/></source>");
 }
 
 std::string InstantRestoreRecordPath(const std::string& catalog_path, const std::string& domain) {
@@ -374,16 +592,25 @@ std::string InstantRestoreRecordPath(const std::string& catalog_path, const std:
 Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreRequest& req) {
   const auto start = Clock::now();
   InstantRestoreResult result;
-  // TODO(issue 22): a remote domain needs the overlay and DISK on its host
-  // and the export reachable from there (ssh -R of the socket, or TCP+TLS).
-  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(ResolveLibvirtUri(req.libvirt_uri), "vm instant-restore"));
+  const std::string uri_text = ResolveLibvirtUri(req.libvirt_uri);
+  BARGE_ASSIGN_OR_RETURN(LibvirtUri uri, ParseLibvirtUri(uri_text));
+  const bool remote = uri.remote();
+  if (remote && req.tls_certificates.empty()) {
+    return Error::InvalidArgument("a remote domain (" + uri.Redacted() +
+                                  ") reads the export over TCP with TLS: give --tls-certificates DIR (ca-cert.pem, "
+                                  "server-cert.pem, server-key.pem for this machine's address)");
+  }
+  if (remote && !IsAbsolutePath(req.disk)) {
+    return Error::InvalidArgument("with a remote --connect, --to is a path on the host: give it absolute")
+        .set_path(req.disk);
+  }
   BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
                                                 DomainBusyMessage(req.domain)));
   const std::string record_path = InstantRestoreRecordPath(req.catalog_path, req.domain);
   BARGE_ASSIGN_OR_RETURN(std::optional<Record> found, ReadRecord(env, record_path));
   BARGE_ASSIGN_OR_RETURN(VirConnection conn, ConnectLibvirt(req.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(VirDomain dom, LookupDomain(conn.get(), req.domain));
-  const std::string disk_abs = AbsolutePath(req.disk);
+  const std::string disk_abs = remote ? LexicallyNormal(req.disk) : AbsolutePath(req.disk);
   BARGE_ASSIGN_OR_RETURN(pipeline::PointLocation where, pipeline::LocatePoint(env, req.chain, req.at));
   const std::string chain_abs = AbsolutePath(where.chain_dir);
 
@@ -392,11 +619,14 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
         .set_path(record_path);
   }
   Record r;
+  std::unique_ptr<NbdPortLease> port_lease;  // the remote export's port, held while it serves
   if (found) {
     r = *found;
-    if (r.disk != disk_abs || r.chain != chain_abs || (!req.target.empty() && req.target != r.target)) {
+    if (r.disk != disk_abs || r.chain != chain_abs || r.remote != remote ||
+        (!req.target.empty() && req.target != r.target)) {
       return Error::InvalidArgument("an unfinished instant restore of this domain (chain " + r.chain + ", point " +
                                     r.point_id + ", disk " + r.target + " to " + r.disk +
+                                    (r.remote ? " on the remote host" : "") +
                                     ") is recorded; rerun that command to finish it")
           .set_path(record_path);
     }
@@ -409,17 +639,30 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
       return Error::InvalidArgument("domain '" + req.domain +
                                     "' is running on its own disk; shut it off first (instant restore starts it)");
     }
-    if (env.Exists(disk_abs) && !req.force) {
-      return Error::InvalidArgument("DISK exists; give --force to replace it").set_path(disk_abs);
-    }
     BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, chain_abs, where.at));
     r.owner = ProcessOwner::Self(env).Encode();
     r.chain = chain_abs;
     r.point_id = reader->manifest().id;
     r.target = target;
     r.disk = disk_abs;
-    r.scratch = JoinPath(DirName(disk_abs), ".barge-instant-" + EscapeLockName(req.domain));
     r.original = d.element;
+    r.remote = remote;
+    if (remote) {
+      r.scratch = DirName(disk_abs);
+      BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn.get(), r, req.domain));
+      if (RemoteFileExists(pool.get(), BaseName(disk_abs)) && !req.force) {
+        if (!r.pool.empty()) virStoragePoolDestroy(pool.get());
+        return Error::InvalidArgument("DISK exists on the host; give --force to replace it").set_path(disk_abs);
+      }
+      BARGE_ASSIGN_OR_RETURN(std::string here, LocalAddressFacing(uri.host));
+      BARGE_ASSIGN_OR_RETURN(port_lease, LeaseExportPort(env, req, here, 0));
+      r.listen = here + ":" + std::to_string(port_lease->port());
+    } else {
+      if (env.Exists(disk_abs) && !req.force) {
+        return Error::InvalidArgument("DISK exists; give --force to replace it").set_path(disk_abs);
+      }
+      r.scratch = JoinPath(DirName(disk_abs), ".barge-instant-" + EscapeLockName(req.domain));
+    }
     BARGE_RETURN_IF_ERROR(env.CreateDirs(DirName(record_path)));
     BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
   }
@@ -441,8 +684,14 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
           .set_path(r.disk);
     }
     if (d.source == OverlayPath(r)) BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, r.original));
-    BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch));
-    BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.disk));
+    if (r.remote) {
+      BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn.get(), r, req.domain));
+      BARGE_RETURN_IF_ERROR(DeleteRemoteFile(pool.get(), BaseName(r.disk)));
+      BARGE_RETURN_IF_ERROR(RemoveRemoteScratch(conn.get(), r, req.domain));
+    } else {
+      BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch));
+      BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.disk));
+    }
     BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(record_path));
     result.abandoned = true;
     result.seconds = SecondsSince(start);
@@ -457,7 +706,7 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
   if (r.pivoted || now.source == r.disk) {
     // Killed after the pivot (running, or shut off since): only the
     // cleanup is left; DISK holds everything, the overlay is stale.
-    BARGE_RETURN_IF_ERROR(Finish(env, conn.get(), dom.get(), r, record_path, nullptr));
+    BARGE_RETURN_IF_ERROR(Finish(env, conn.get(), dom.get(), r, record_path, nullptr, req.domain));
     result.seconds = SecondsSince(start);
     return result;
   }
@@ -469,31 +718,54 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
   }
 
   ExportThread exp;
-  BARGE_RETURN_IF_ERROR(env.CreateDirs(r.scratch));
-  BARGE_RETURN_IF_ERROR(env.SetMode(r.scratch, 0711));
-  BARGE_RETURN_IF_ERROR(exp.Start(env, r, &result.nbdkit_pid));
-  if (!active) {
-    BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, r.chain, r.point_id, false));
-    const uint64_t size = reader->size_bytes();
-    reader.reset();
-    // An overlay the domain already ran on holds the guest's writes: kept.
-    if (now.source != OverlayPath(r) || !env.Exists(OverlayPath(r))) {
-    IgnoreError(env.UnlinkIfExists(OverlayPath(r)), "the domain never ran on it");
-    const std::string backing = "nbd+unix:///?socket=" + SocketPath(r);
-    auto created = RunTool(env,
-                           {"qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", "raw",
-                            OverlayPath(r), std::to_string(size)},
-                           r.scratch, "qemu-utils");
-    if (!created.ok()) return std::move(created).error();
-    BARGE_RETURN_IF_ERROR(env.SetMode(OverlayPath(r), 0666));
-    BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, OverlayElement(r.original, r)));
+  VirPool pool;
+  if (r.remote) {
+    if (port_lease == nullptr) {
+      // A rerun: the same port (the running domain's QEMU reconnects there).
+      EndLeftoverExport(env, r);
+      BARGE_ASSIGN_OR_RETURN(port_lease, LeaseExportPort(env, req, r.listen.substr(0, r.listen.rfind(':')),
+                                                         ListenPort(r)));
     }
+    exp.set_tls_certificates(req.tls_certificates);
+    BARGE_ASSIGN_OR_RETURN(pool, OpenRemoteFolder(conn.get(), r, req.domain));
+    BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));  // the pool's name, when this run made it
+  } else {
+    BARGE_RETURN_IF_ERROR(env.CreateDirs(r.scratch));
+    BARGE_RETURN_IF_ERROR(env.SetMode(r.scratch, 0711));
+  }
+  exp.Begin(env, r);
+  BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, r.chain, r.point_id, false));
+  const uint64_t size = reader->size_bytes();
+  reader.reset();
+  if (!active) {
+    // An overlay the domain already ran on holds the guest's writes: kept.
+    if (r.remote) {
+      if (now.source != OverlayPath(r) || !RemoteFileExists(pool.get(), OverlayName(r))) {
+        BARGE_RETURN_IF_ERROR(CreateRemoteFile(pool.get(), OverlayName(r), "qcow2", size));
+        BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, OverlayElement(r.original, r)));
+      }
+    } else if (now.source != OverlayPath(r) || !env.Exists(OverlayPath(r))) {
+      IgnoreError(env.UnlinkIfExists(OverlayPath(r)), "the domain never ran on it");
+      const std::string backing = "nbd+unix:///?socket=" + SocketPath(r);
+      auto created = RunTool(env,
+                             {"qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", "raw",
+                              OverlayPath(r), std::to_string(size)},
+                             r.scratch, "qemu-utils");
+      if (!created.ok()) return std::move(created).error();
+      BARGE_RETURN_IF_ERROR(env.SetMode(OverlayPath(r), 0666));
+      BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, OverlayElement(r.original, r)));
+    }
+  }
+  BARGE_RETURN_IF_ERROR(exp.WaitReady(env, r, &result.nbdkit_pid));
+  r.nbdkit_pid = result.nbdkit_pid;
+  BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
+  if (!active) {
     if (virDomainCreate(dom.get()) != 0) return LastVirError("start domain '" + req.domain + "' on the overlay");
     result.started_seconds = SecondsSince(start);
   }
   if (req.on_phase) {
     req.on_phase("started", "domain " + req.domain + " runs on " + OverlayPath(r) + " over the export of " +
-                                r.point_id);
+                                r.point_id + (r.remote ? " (nbds://" + r.listen + ")" : ""));
   }
   // Until the pivot the domain runs on the overlay, whatever fails: say so.
   const auto on_overlay = [&](Status s) -> Status {
@@ -503,17 +775,29 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
     return e;
   };
   int restarts = 0;
-  if (!r.prefilled || !env.Exists(r.disk)) {
+  if (r.remote) {
+    // A full copy onto a new DISK every run (one a killed run left may lack
+    // anything); the point's bytes come through the verifying export.
+    BARGE_RETURN_IF_ERROR(on_overlay(CreateRemoteFile(pool.get(), BaseName(r.disk), "raw", size)));
+  } else if (!r.prefilled || !env.Exists(r.disk)) {
     BARGE_RETURN_IF_ERROR(on_overlay(Prefill(env, r, req, exp, result, restarts)));
     r.prefilled = true;
     BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
     if (req.on_phase) req.on_phase("verified", "DISK holds point " + r.point_id + ", every cluster verified");
   }
   BARGE_RETURN_IF_ERROR(on_overlay(MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts)));
+  if (r.remote) {
+    result.verified_bytes = size;
+    if (req.on_phase) {
+      req.on_phase("verified", "DISK holds point " + r.point_id +
+                                   " as read through the export, every cluster verified, and the guest's writes");
+    }
+  }
   r.pivoted = true;
   BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
   if (req.on_phase) req.on_phase("pivoted", "domain " + req.domain + " runs on " + r.disk);
-  BARGE_RETURN_IF_ERROR(Finish(env, conn.get(), dom.get(), r, record_path, &exp));
+  pool.reset();
+  BARGE_RETURN_IF_ERROR(Finish(env, conn.get(), dom.get(), r, record_path, &exp, req.domain));
   result.seconds = SecondsSince(start);
   return result;
 }

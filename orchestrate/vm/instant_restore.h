@@ -5,6 +5,10 @@
 // mirrored onto it by a shallow libvirt block copy and the domain pivoted
 // to DISK. A record file beside the domain's lock makes a killed run
 // restartable with the same command. docs/export.md, "Instant recovery".
+// On a remote hypervisor (--connect with a host) the export listens on TCP
+// with TLS, the overlay and DISK are volumes libvirt's storage driver makes
+// in DISK's folder on that host, and DISK is filled by a full block copy of
+// the overlay and the export under the running domain.
 #pragma once
 
 #include <atomic>
@@ -14,6 +18,7 @@
 
 #include "blockio/env.h"
 #include "blockio/error.h"
+#include "orchestrate/libvirt/nbd_ports.h"
 
 namespace barge::orchestrate {
 
@@ -22,10 +27,17 @@ struct InstantRestoreRequest {
   std::string chain;         // the disk's chain folder (or a manifest/image of it)
   std::string at;            // point selector, as for restore --at
   std::string domain;
-  // --connect ("" = $BARGE_LIBVIRT_URI, else qemu:///system). A remote
-  // hypervisor is refused (kNotSupported) before anything changes: the
-  // overlay, DISK and the export must be on the domain's host.
+  // --connect ("" = $BARGE_LIBVIRT_URI, else qemu:///system). With a
+  // remote host, DISK is a path on that host (its folder must exist there)
+  // and the export is served on TCP with TLS from this machine.
   std::string libvirt_uri;
+  // Remote only: nbdkit's server certificates (ca-cert.pem,
+  // server-cert.pem, server-key.pem; the server certificate names this
+  // machine's address as the host sees it), required; and the range of
+  // this machine's TCP ports the export's port is leased from.
+  std::string tls_certificates;
+  PortRange port_range;
+  std::string port_lock_dir = kDefaultNbdPortLockDir;
   std::string target;        // the domain's disk ("vda"); "" = its only disk
   std::string disk;          // DISK: the raw file the domain ends on
   bool force = false;        // overwrite an existing DISK
@@ -68,6 +80,10 @@ std::string InstantRestoreRecordPath(const std::string& catalog_path, const std:
 // <backingStore type='network'>, target, address and the rest unchanged.
 std::string InstantOverlayDiskXml(const std::string& element, const std::string& overlay,
                                   const std::string& socket);
+// The same with the backing on TCP with TLS: <source protocol='nbd'
+// tls='yes'><host name='HOST' port='PORT'/></source>.
+std::string InstantOverlayDiskXmlTcp(const std::string& element, const std::string& overlay,
+                                     const std::string& host, int port);
 
 // Runs (or continues) an instant restore. Holds the domain's lock.
 // Returns: the result once the domain runs on DISK, verified, with the

@@ -36,5 +36,21 @@ TEST(InstantOverlayDiskXml, BlockDeviceWithBackingBecomesOverlayOverExport) {
   EXPECT_EQ(x.find("type='qcow2'"), x.rfind("type='qcow2'")) << x;
 }
 
+TEST(InstantOverlayDiskXml, RemoteBackingIsNbdOverTls) {
+  const std::string element =
+      "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='/old.qcow2'/>"
+      "<target dev='vda' bus='virtio'/></disk>";
+  const std::string x = InstantOverlayDiskXmlTcp(element, "/h/.barge-instant-d.raw.qcow2", "10.0.0.1", 10810);
+  std::vector<DomainDisk> disks = ParseDomainDisks(x);
+  ASSERT_EQ(disks.size(), 1u) << x;
+  EXPECT_EQ(disks[0].source, "/h/.barge-instant-d.raw.qcow2") << x;
+  EXPECT_EQ(disks[0].target, "vda") << x;
+  EXPECT_NE(x.find("<source protocol='nbd' tls='yes'><host name='10.0.0.1' port='10810'/></source>"),
+            std::string::npos)
+      << x;
+  EXPECT_EQ(x.find("/old.qcow2"), std::string::npos) << x;
+  EXPECT_EQ(x.find("unix"), std::string::npos) << x;
+}
+
 }  // namespace
 }  // namespace barge::orchestrate

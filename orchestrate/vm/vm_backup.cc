@@ -159,6 +159,7 @@ struct Cleanup {
   // removed once nothing of the job is left: a killed run's successor finds
   // the job, socket, scratch folder and checkpoint by it.
   std::string job_record;
+  BackupJobRecord job;  // what job_record holds
   VmBackupFaults* faults = nullptr;  // the request's test seam
 
   // Thaws a frozen guest, retrying a few times. Returns why the guest may
@@ -808,6 +809,7 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
       return std::move(s).error().Wrap("write the backup job's run record");
     }
     cleanup.job_record = record_path;
+    cleanup.job = job;
     return OkStatus();
   }
   BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(cleanup.socket));
@@ -828,6 +830,7 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
     return std::move(s).error().Wrap("write the backup job's run record");
   }
   cleanup.job_record = record_path;
+  cleanup.job = job;
   return OkStatus();
 }
 
@@ -1072,7 +1075,9 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     }
   }
   if (first_error) return fail(*first_error);
-  IgnoreError(cleanup.EndJob(),
+  Status ended = cleanup.EndJob();
+  const bool job_ended = ended.ok();
+  IgnoreError(std::move(ended),
               "the backup is complete; a socket or scratch folder left behind is removed by the next backup "
               "of this domain before it starts");
 
@@ -1092,9 +1097,20 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   }
   BackupRecord record = ToRecord(req, res, started);
   if (Status s = catalog->CommitBackup(record_id, record, cp_record, sizes); !s.ok()) return fail(s.error());
-  IgnoreError(cleanup.DropRecord(),
-              "the run is committed: a run record left behind names a gone process, a job that has ended and a "
-              "checkpoint the tracker names, so the next run only removes the record");
+  if (job_ended) {
+    IgnoreError(cleanup.DropRecord(),
+                "the run is committed: a run record left behind names a gone process, a job that has ended and a "
+                "checkpoint the tracker names, so the next run only removes the record");
+  } else if (!cleanup.job_record.empty()) {
+    // The job outlived its end (libvirtd gone at that moment): the record
+    // stays, naming the job alone, so the next backup ends it as an
+    // orphan; the committed checkpoint and points are not its to remove.
+    BackupJobRecord kept = cleanup.job;
+    kept.checkpoint.clear();
+    kept.chains_dir.clear();
+    IgnoreError(WriteBackupJobRecord(env, cleanup.job_record, kept),
+                "a record still naming the checkpoint only makes the next run check it against the tracker");
+  }
   // The tracker moved on: its previous checkpoint's bitmaps are no longer needed.
   if (!checkpoint.empty() && !res.parent_checkpoint.empty() && res.parent_checkpoint != checkpoint) {
     IgnoreError(DeleteCheckpoint(dom.get(), res.parent_checkpoint),
