@@ -6,6 +6,7 @@
 #include <zstd.h>
 #include <zstd_errors.h>
 
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -150,28 +151,40 @@ Result<std::optional<std::span<const std::byte>>> ClusterCompressor::Compress(
     std::span<const std::byte> cluster) {
   using Payload = std::optional<std::span<const std::byte>>;
   Impl& im = *impl_;
+  if (cluster.size() <= kSectorBytes) return Payload{};
+  if (im.out.size() < cluster.size() - kSectorBytes) im.out.resize(cluster.size() - kSectorBytes);
+  BARGE_ASSIGN_OR_RETURN(size_t n, CompressInto(cluster, im.out));
+  if (n == 0) return Payload{};
+  return Payload{std::span<const std::byte>(im.out.data(), n)};
+}
+
+Result<size_t> ClusterCompressor::CompressInto(std::span<const std::byte> cluster, std::span<std::byte> out) {
+  Impl& im = *impl_;
   // Worth storing only if at least one 512-byte sector is saved, so the
-  // output buffer is exactly that big: overflowing it means "store raw".
-  if (im.type == Compression::kNone || cluster.size() <= kSectorBytes) return Payload{};
-  size_t limit = cluster.size() - kSectorBytes;
-  if (im.out.size() < limit) im.out.resize(limit);
+  // output is capped at that size: overflowing it means "store raw".
+  if (im.type == Compression::kNone || cluster.size() <= kSectorBytes) return size_t{0};
+  const size_t limit = std::min(cluster.size() - kSectorBytes, out.size());
+  if (limit == 0) return size_t{0};
 
   if (im.type == Compression::kZstd) {
     if (!im.cctx) {
+      // Parameters are set once: a frame ends with a session reset, which
+      // keeps them (and the context's tables) for the next cluster.
       im.cctx.reset(ZSTD_createCCtx());
       if (!im.cctx) return Error::IoError("zstd: cannot allocate a compression context");
+      ZSTD_CCtx* c = im.cctx.get();
+      ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, im.level);
+      ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 1);
+      ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 0);
     }
     ZSTD_CCtx* c = im.cctx.get();
-    ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
-    ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, im.level);
-    ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 1);
-    ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 0);
-    size_t n = ZSTD_compress2(c, im.out.data(), limit, cluster.data(), cluster.size());
+    ZSTD_CCtx_reset(c, ZSTD_reset_session_only);
+    size_t n = ZSTD_compress2(c, out.data(), limit, cluster.data(), cluster.size());
     if (ZSTD_isError(n)) {
-      if (ZSTD_getErrorCode(n) == ZSTD_error_dstSize_tooSmall) return Payload{};
+      if (ZSTD_getErrorCode(n) == ZSTD_error_dstSize_tooSmall) return size_t{0};
       return Error::IoError(std::string("zstd: compress failed: ") + ZSTD_getErrorName(n));
     }
-    return Payload{std::span<const std::byte>(im.out.data(), n)};
+    return n;
   }
 
   if (cluster.size() > UINT_MAX) return Error::InvalidArgument("deflate: cluster too large");
@@ -185,14 +198,12 @@ Result<std::optional<std::span<const std::byte>>> ClusterCompressor::Compress(
   z_stream* s = im.deflater->get();
   s->next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(cluster.data()));
   s->avail_in = static_cast<uInt>(cluster.size());
-  s->next_out = reinterpret_cast<Bytef*>(im.out.data());
+  s->next_out = reinterpret_cast<Bytef*>(out.data());
   s->avail_out = static_cast<uInt>(limit);
   int ret = deflate(s, Z_FINISH);
-  if (ret == Z_STREAM_END) {
-    return Payload{std::span<const std::byte>(im.out.data(), limit - s->avail_out)};
-  }
+  if (ret == Z_STREAM_END) return limit - s->avail_out;
   // Z_OK or Z_BUF_ERROR: the output did not fit into `limit` bytes.
-  if (ret == Z_OK || ret == Z_BUF_ERROR) return Payload{};
+  if (ret == Z_OK || ret == Z_BUF_ERROR) return size_t{0};
   return Error::IoError("deflate: compress failed with error " + std::to_string(ret));
 }
 

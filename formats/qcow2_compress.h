@@ -28,6 +28,12 @@ class ClusterCompressor {
   // not save at least one 512-byte sector: store the cluster raw then.
   Result<std::optional<std::span<const std::byte>>> Compress(std::span<const std::byte> cluster);
 
+  // The same, written straight into `out` (the pipeline's payload slot: no
+  // copy). Returns the payload's size, or 0 when it does not save a sector
+  // or does not fit in `out`; `out` holds garbage then. An `out` of at least
+  // cluster.size() - 512 bytes never refuses a payload that saves a sector.
+  Result<size_t> CompressInto(std::span<const std::byte> cluster, std::span<std::byte> out);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -140,6 +140,37 @@ TEST_P(CompressTest, EmptyPayloadIsCorruption) {
   EXPECT_EQ(st.error().code(), ErrorCode::kCorruption);
 }
 
+// CompressInto writes the same payload as Compress straight into the
+// caller's buffer; a buffer too small for it means "store raw" (0), and one
+// context compresses many clusters in a row with the same result each time.
+TEST_P(CompressTest, CompressIntoMatchesCompressAndRespectsTheBuffer) {
+  ClusterCompressor a(GetParam(), 0);
+  ClusterCompressor b(GetParam(), 0);
+  for (uint64_t seed = 0; seed < 6; ++seed) {
+    std::vector<std::byte> cluster =
+        seed % 3 == 2 ? testing::RandomBytes(65536, seed) : Compressible(65536, seed);
+    auto want = a.Compress(cluster);
+    ASSERT_TRUE(want.ok());
+    std::vector<std::byte> slot(65536, std::byte{0xee});
+    auto n = b.CompressInto(cluster, slot);
+    ASSERT_TRUE(n.ok()) << n.error().ToString();
+    if (!want->has_value()) {
+      EXPECT_EQ(*n, 0u) << "seed " << seed;
+      continue;
+    }
+    ASSERT_EQ(*n, (*want)->size()) << "seed " << seed;
+    EXPECT_EQ(0, std::memcmp(slot.data(), (*want)->data(), *n));
+    std::vector<std::byte> out(65536);
+    ASSERT_TRUE(DecompressCluster(GetParam(), std::span<const std::byte>(slot.data(), *n), out).ok());
+    EXPECT_EQ(out, cluster);
+    // One byte short of the payload: refused, not truncated.
+    std::vector<std::byte> tight(*n - 1);
+    auto none = b.CompressInto(cluster, tight);
+    ASSERT_TRUE(none.ok());
+    EXPECT_EQ(*none, 0u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CompressTest,
                          ::testing::Values(Compression::kZstd, Compression::kDeflate),
                          [](const auto& info) {

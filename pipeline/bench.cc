@@ -268,13 +268,12 @@ Result<std::vector<BenchMeasure>> CpuStages(Env& env, BlockSource& source, const
             whole = slot;
           }
           in += whole.size();
-          auto p = compressors[static_cast<size_t>(t)]->Compress(whole);
+          auto p = compressors[static_cast<size_t>(t)]->CompressInto(whole, c.PayloadSlot(k));
           if (!p.ok()) return std::move(p).error();
-          if (p->has_value() && (**p).size() <= c.PayloadSlot(k).size()) {
-            std::memcpy(c.PayloadSlot(k).data(), (**p).data(), (**p).size());
-            c.payload_bytes[k] = static_cast<uint32_t>((**p).size());
+          if (*p > 0) {
+            c.payload_bytes[k] = static_cast<uint32_t>(*p);
             c.states[k] = ClusterState::kCompressed;
-            outb += (**p).size();
+            outb += *p;
           } else {
             outb += d.size();
           }

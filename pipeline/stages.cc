@@ -217,19 +217,15 @@ Status ClusterProcessor::Process(Chunk& chunk, formats::ClusterCompressor* compr
       std::memset(slot.data() + data.size(), 0, slot.size() - data.size());
       whole = slot;
     }
-    auto payload = compressor->Compress(whole);
+    // Straight into the chunk's payload slot: no copy of the payload.
+    auto payload = compressor->CompressInto(whole, chunk.PayloadSlot(i));
     if (!payload.ok()) {
       return std::move(payload).error().Wrap("compress").set_range(chunk.ClusterOffset(i), data.size());
     }
-    if (payload->has_value()) {
-      std::span<const std::byte> p = **payload;
-      std::span<std::byte> dst = chunk.PayloadSlot(i);
-      if (p.size() <= dst.size()) {
-        std::memcpy(dst.data(), p.data(), p.size());
-        chunk.payload_bytes[i] = static_cast<uint32_t>(p.size());
-        state = ClusterState::kCompressed;
-        if (timings) ++timings->compressed_clusters;
-      }
+    if (*payload > 0) {
+      chunk.payload_bytes[i] = static_cast<uint32_t>(*payload);
+      state = ClusterState::kCompressed;
+      if (timings) ++timings->compressed_clusters;
     }
     uint64_t t3 = timings ? NowNs() : 0;
     if (timings) timings->compress_ns += t3 - t2;
