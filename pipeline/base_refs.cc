@@ -22,6 +22,7 @@ namespace {
 using nlohmann::json;
 
 constexpr std::string_view kRefFormat = "barge-base-ref";
+constexpr std::string_view kMarkerFormat = "barge-catalog-image";
 constexpr uint64_t kRefMaxBytes = 64 << 10;
 
 // A chain id as barge makes them: hex digits only (it names the file).
@@ -76,6 +77,42 @@ Result<BaseRef> DecodeBaseRef(std::string_view text) {
   ref.chain_id = *chain_id;
   ref.base_id = *base_id;
   return ref;
+}
+
+Result<std::string> EncodeCatalogImageMarker(const CatalogImageMarker& marker) {
+  json j = {{"format", kMarkerFormat},
+            {"version", 1},
+            {"image", marker.image},
+            {"sha512", marker.sha512},
+            {"point", marker.point},
+            {"copy", marker.copy}};
+  BARGE_ASSIGN_OR_RETURN(std::string text, formats::DumpJson(j, 2, "the catalog image marker"));
+  return text + "\n";
+}
+
+Result<CatalogImageMarker> DecodeCatalogImageMarker(std::string_view text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Error::Corruption("catalog image marker: not a JSON object");
+  if (formats::JsonString(j, "format") != kMarkerFormat) {
+    return Error::Corruption("catalog image marker: not a barge catalog image marker");
+  }
+  auto version = j.find("version");
+  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() != 1) {
+    return Error::Corruption("catalog image marker: version must be 1");
+  }
+  CatalogImageMarker m;
+  m.image = formats::JsonString(j, "image");
+  m.sha512 = formats::JsonString(j, "sha512");
+  m.point = formats::JsonString(j, "point");
+  m.copy = formats::JsonString(j, "copy");
+  if (m.image.empty()) return Error::Corruption("catalog image marker: image must be a name");
+  if (m.sha512.size() != 128 || !std::all_of(m.sha512.begin(), m.sha512.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+      })) {
+    return Error::Corruption("catalog image marker: sha512 must be 128 lowercase hex digits");
+  }
+  if (!IsPlainId(m.point)) return Error::Corruption("catalog image marker: point must be a backup id");
+  return m;
 }
 
 std::string RelativeFolderPath(const std::string& from, const std::string& to) {

@@ -35,6 +35,25 @@ struct BaseRef {
 std::string EncodeBaseRef(const BaseRef& ref);
 Result<BaseRef> DecodeBaseRef(std::string_view text);
 
+// A chain folder made from an image of the image catalog (`barge backup
+// --base image:NAME`, docs/formats/backup.md "A catalog image as the
+// base") holds CHAIN/.catalog-image.json: which point of the folder holds
+// which catalog image, so that later clones stand on the same point.
+inline constexpr std::string_view kCatalogImageMarker = ".catalog-image.json";
+
+struct CatalogImageMarker {
+  std::string image;   // the catalog's image name
+  std::string sha512;  // the image's SHA-512 (128 lowercase hex digits)
+  std::string point;   // the point of this folder that holds it
+  std::string copy;    // the copy it was read from (informative)
+};
+
+// JSON of the marker, and its parser (untrusted bytes: kCorruption on
+// anything but a well-formed marker with a safe point id).
+// Encoding fails (kInvalidArgument) only on text that is not UTF-8.
+Result<std::string> EncodeCatalogImageMarker(const CatalogImageMarker& marker);
+Result<CatalogImageMarker> DecodeCatalogImageMarker(std::string_view text);
+
 // The relative path from folder `from` to folder `to` (both made absolute
 // and normalized first): "../golden".
 std::string RelativeFolderPath(const std::string& from, const std::string& to);

@@ -74,6 +74,23 @@ class SharedBaseTest : public ::testing::Test {
     return bytes;
   }
 
+  // Damages (in place) the stored bytes of the guest cluster at
+  // `guest_offset` of the uncompressed qcow2 `image`.
+  static void DamageBaseAt(const std::string& image, uint64_t guest_offset) {
+    json map = json::parse(RunOk("qemu-img map --output=json " + Q(image)));
+    int64_t host = -1;
+    for (const json& e : map) {
+      const uint64_t start = e.at("start"), length = e.at("length");
+      if (e.value("data", false) && e.contains("offset") && start <= guest_offset && guest_offset < start + length) {
+        host = e.at("offset").get<int64_t>() + static_cast<int64_t>(guest_offset - start);
+      }
+    }
+    ASSERT_GE(host, 0) << map.dump();
+    std::fstream f(image, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(host + 100);
+    f.write("DAMAGED!", 8);
+  }
+
   TempDir dir_;
   std::string golden_, clone_, target_;
 };
@@ -211,23 +228,37 @@ TEST_F(SharedBaseTest, DamagedBaseFailsTheDependentsVerifyNamingTheBase) {
   BackupClone();
   const std::string base_image = GoldenDir() + "/" + PointIds(GoldenDir())[0] + ".qcow2";
   // A cluster the clone does not override (at 2.5 MiB): damage its bytes.
-  json map = json::parse(RunOk("qemu-img map --output=json " + Q(base_image)));
-  int64_t host = -1;
-  for (const json& e : map) {
-    const uint64_t start = e.at("start"), length = e.at("length");
-    if (e.value("data", false) && e.contains("offset") && start <= (2560u << 10) && (2560u << 10) < start + length) {
-      host = e.at("offset").get<int64_t>() + static_cast<int64_t>((2560u << 10) - start);
-    }
-  }
-  ASSERT_GE(host, 0) << map.dump();
-  {
-    std::fstream f(base_image, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(host + 100);
-    f.write("DAMAGED!", 8);
-  }
+  DamageBaseAt(base_image, 2560u << 10);
   auto v = testing::Run(Barge() + " verify " + Q(CloneDir()));
   EXPECT_EQ(v.exit_code, 2) << v.output;
   EXPECT_TRUE(Has(v.output, base_image)) << v.output;
+}
+
+// "verify of a chain verifies its base too": the base point is verified as
+// a point of its own chain, and said so; a base cluster that the clone
+// overrides (never read through the clone) is still checked.
+TEST_F(SharedBaseTest, VerifyOfTheCloneVerifiesItsBasePointAndSaysSo) {
+  BackupClone();
+  const std::string base_id = PointIds(GoldenDir())[0];
+  json ok = testing::RunResult(Barge() + " verify " + Q(CloneDir()) + " --json");
+  ASSERT_EQ(ok.at("bases").size(), 1u) << ok.dump(2);
+  EXPECT_EQ(ok.at("bases").at(0).at("id"), base_id);
+  EXPECT_EQ(ok.at("bases").at(0).at("chain"), fs::weakly_canonical(GoldenDir()).string());
+  EXPECT_EQ(ok.at("bases").at(0).at("result"), "passed");
+  EXPECT_TRUE(Has(RunOk(Barge() + " verify " + Q(CloneDir())), "verified base " + base_id)) << "text";
+  // The golden chain's own verify has no base.
+  EXPECT_TRUE(testing::RunResult(Barge() + " verify " + Q(GoldenDir()) + " --json").at("bases").empty());
+
+  // The clone overrides 512 KiB..640 KiB: damage the base there.
+  const std::string base_image = GoldenDir() + "/" + base_id + ".qcow2";
+  DamageBaseAt(base_image, 512u << 10);
+  auto v = testing::Run(Barge() + " verify " + Q(CloneDir()));
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_TRUE(Has(v.output, "base " + base_id)) << v.output;
+  EXPECT_TRUE(Has(v.output, base_image)) << v.output;
+  // The clone's own data still restores (it never reads that cluster).
+  RunOk(Barge() + " restore " + Q(CloneDir()) + " --to " + Q(dir_ / "r.raw") + " --no-sync");
+  RunOk("qemu-img compare -q -F raw " + Q(clone_) + " " + Q(dir_ / "r.raw"));
 }
 
 TEST_F(SharedBaseTest, MovedOrMissingBaseIsAClearError) {
@@ -254,6 +285,82 @@ TEST_F(SharedBaseTest, MovedOrMissingBaseIsAClearError) {
                            " --name other --base nosuch");
   EXPECT_EQ(none.exit_code, 1) << none.output;
   EXPECT_TRUE(Has(none.output, target_ + "/nosuch")) << none.output;
+}
+
+// `replicate` and the image catalog: a backing image in the catalog named
+// as the base directly (`--base image:NAME`). Its first use backs a ready
+// copy up as chain NAME of the target (marked with the image's SHA-512);
+// later clones stand on that same point; qemu-img reads each clone's
+// chain by its relative backing name; verify and restore go through it;
+// the point is protected as any base; an image not in the catalog, or a
+// chain of that name that is not the image's, is a clear error.
+TEST_F(SharedBaseTest, CatalogImageIsNamedAsTheBaseDirectly) {
+  const std::string catalog = dir_ / "catalog.db";
+  const std::string disk1 = dir_ / "disk1";
+  const std::string disk2 = dir_ / "disk2";
+  const std::string target = dir_ / "bk-cat";
+  fs::create_directories(disk1);
+  fs::create_directories(disk2);
+  RunOk(Barge() + " image add golden --catalog " + Q(catalog) + " --source " + Q(golden_) + " --disk " + Q(disk1));
+  auto backup = [&](const std::string& name) {
+    return testing::RunResult(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target) + " --name " +
+                              name + " --base image:golden --catalog " + Q(catalog) + " --json");
+  };
+  json first = backup("clone1");
+  ASSERT_TRUE(first.contains("base_image")) << first.dump(2);
+  EXPECT_EQ(first.at("base_image").at("imported"), true);
+  EXPECT_EQ(first.at("base_image").at("copy"), disk1 + "/golden.raw");
+  const std::string golden_dir = target + "/golden";
+  const std::vector<std::string> golden_ids = PointIds(golden_dir);
+  ASSERT_EQ(golden_ids.size(), 1u);
+  EXPECT_EQ(first.at("base"), "../golden@" + golden_ids[0]);
+  const json marker = ReadJson(golden_dir + "/.catalog-image.json");
+  EXPECT_EQ(marker.at("image"), "golden");
+  EXPECT_EQ(marker.at("point"), golden_ids[0]);
+  EXPECT_EQ(marker.at("sha512"), ReadJson(disk1 + "/golden.raw.sha512.json").at("sha512"));
+
+  // The clone's point holds only its differences and reads unaided.
+  const std::string image = first.at("image");
+  EXPECT_EQ(TopLayerBytes(image), 4 * kCluster);
+  EXPECT_EQ(json::parse(RunOk("qemu-img info --output=json " + Q(image))).at("backing-filename"),
+            "../golden/" + golden_ids[0] + ".qcow2");
+  RunOk("qemu-img check -q " + Q(image));
+  RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(image));
+  RunOk(Barge() + " verify " + Q(target + "/clone1"));
+  const std::string restored = dir_ / "restored-cat.raw";
+  RunOk(Barge() + " restore " + Q(target + "/clone1") + " --to " + Q(restored) + " --no-sync");
+  RunOk("qemu-img compare -q -F raw " + Q(clone_) + " " + Q(restored));
+
+  // A second clone stands on the same point: the image is not read again.
+  RunOk(Barge() + " image sync golden --catalog " + Q(catalog) + " --disks " + Q(disk2));
+  json second = backup("clone2");
+  EXPECT_EQ(second.at("base_image").at("imported"), false);
+  EXPECT_EQ(second.at("base_image").at("point"), golden_ids[0]);
+  EXPECT_EQ(PointIds(golden_dir).size(), 1u);
+  RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(second.at("image").get<std::string>()));
+  EXPECT_TRUE(Has(RunOk(Barge() + " list " + Q(golden_dir)), "base of 2 chains"));
+
+  // The catalog's own removal (cleanup of unused copies) may drop a copy:
+  // the base is the chain's point, not the copy.
+  RunOk(Barge() + " image cleanup --catalog " + Q(catalog) + " --unused-for 0s");
+  RunOk(Barge() + " verify " + Q(target + "/clone2"));
+  // forget keeps the base point, and says why.
+  json f = testing::RunResult(Barge() + " forget " + Q(golden_dir) + " --keep-last 0 --json");
+  EXPECT_TRUE(Has(f.dump(), "base of 2 chains")) << f.dump(2);
+  EXPECT_EQ(PointIds(golden_dir).size(), 1u);
+
+  // Errors: an image the catalog lacks; a chain of the image's name that is
+  // not the image's.
+  auto none = testing::Run(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target) +
+                           " --name clone3 --base image:nosuch --catalog " + Q(catalog));
+  EXPECT_EQ(none.exit_code, 1) << none.output;
+  EXPECT_TRUE(Has(none.output, "NotFound") && Has(none.output, "nosuch")) << none.output;
+  EXPECT_FALSE(fs::exists(target + "/clone3"));
+  auto other = testing::Run(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target_) +
+                            " --name clone3 --base image:golden --catalog " + Q(catalog));
+  EXPECT_EQ(other.exit_code, 1) << other.output;
+  EXPECT_TRUE(Has(other.output, "not made from the catalog's image")) << other.output;
+  EXPECT_FALSE(fs::exists(target_ + "/clone3"));
 }
 
 }  // namespace
