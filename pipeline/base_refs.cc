@@ -1,18 +1,15 @@
-// Chains over a base: the difference from a base point, and the base
-// chain's reference files.
+// Chains over a base: the base chain's reference files, and the marker of
+// a chain made from a catalog image.
 #include "pipeline/base_refs.h"
 
 #include <algorithm>
-#include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "blockio/path.h"
-#include "formats/digest.h"
 #include "formats/json_fields.h"
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
-#include "pipeline/copy.h"
 #include "pipeline/small_file.h"
 
 namespace barge::pipeline {
@@ -205,66 +202,6 @@ Result<std::map<std::string, std::vector<std::string>>> LiveDependents(Env& env,
     }
   }
   return out;
-}
-
-Result<RangeList> DiffFromBase(BlockSource& source, BlockSource& base, const formats::DigestTable& base_digests,
-                               uint32_t cluster_bytes, const std::atomic<bool>* cancel, uint64_t* compared_bytes) {
-  const uint64_t size = source.size_bytes();
-  const uint64_t window = std::max<uint64_t>(cluster_bytes, (8u << 20) / cluster_bytes * cluster_bytes);
-  const formats::Digest128 zero = formats::ZeroClusterDigest(cluster_bytes);
-  std::vector<std::byte> src(window), old(window);
-  RangeList differ;
-  auto mark = [&](uint64_t offset) {
-    uint64_t len = std::min<uint64_t>(cluster_bytes, size - offset);
-    if (!differ.empty() && differ.back().end() == offset) {
-      differ.back().length += len;
-    } else {
-      differ.push_back({offset, len});
-    }
-  };
-  uint64_t compared = 0;
-  auto digest_at = base_digests.entries.begin();
-  for (uint64_t off = 0; off < size; off += window) {
-    BARGE_RETURN_IF_ERROR(CheckCancel(cancel, "backup interrupted while comparing with its base", source.name()));
-    const uint64_t n = std::min(window, size - off);
-    BARGE_ASSIGN_OR_RETURN(ExtentList extents, source.Extents(off, n));
-    bool any_data = std::any_of(extents.begin(), extents.end(), [](const Extent& e) { return e.kind == ExtentKind::kData; });
-    if (any_data) {
-      BARGE_RETURN_IF_ERROR(source.ReadAt(off, std::span(src.data(), n)));
-    } else {
-      std::fill(src.begin(), src.begin() + static_cast<ptrdiff_t>(n), std::byte{0});
-    }
-    // Clusters whose digest matches the base's: their bytes are compared.
-    std::vector<uint64_t> check;
-    for (uint64_t c_off = off; c_off < off + n; c_off += cluster_bytes) {
-      const uint64_t c = c_off / cluster_bytes;
-      const uint64_t len = std::min<uint64_t>(cluster_bytes, size - c_off);
-      std::span<const std::byte> bytes(src.data() + (c_off - off), len);
-      while (digest_at != base_digests.entries.end() && digest_at->cluster_index < c) ++digest_at;
-      const bool listed = digest_at != base_digests.entries.end() && digest_at->cluster_index == c;
-      const formats::Digest128 expected = listed ? digest_at->digest : zero;
-      const formats::Digest128 d = any_data ? formats::HashCluster(bytes, cluster_bytes) : zero;
-      if (d != expected) {
-        mark(c_off);
-      } else if (listed) {
-        check.push_back(c_off);
-      } else if (any_data && std::any_of(bytes.begin(), bytes.end(), [](std::byte b) { return b != std::byte{0}; })) {
-        mark(c_off);  // not zero, whatever its digest says: the base reads zeros here
-      }
-    }
-    if (!check.empty()) {
-      const uint64_t first = check.front();
-      const uint64_t last = std::min<uint64_t>(check.back() + cluster_bytes, size);
-      BARGE_RETURN_IF_ERROR(base.ReadAt(first, std::span(old.data(), last - first)));
-      compared += last - first;
-      for (uint64_t c_off : check) {
-        const uint64_t len = std::min<uint64_t>(cluster_bytes, size - c_off);
-        if (std::memcmp(src.data() + (c_off - off), old.data() + (c_off - first), len) != 0) mark(c_off);
-      }
-    }
-  }
-  if (compared_bytes != nullptr) *compared_bytes = compared;
-  return differ;
 }
 
 }  // namespace barge::pipeline

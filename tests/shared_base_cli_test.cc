@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "formats/digest.h"
+#include "formats/digest_table.h"
+#include "formats/manifest.h"
+#include "formats/strong_digest_table.h"
 #include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
@@ -259,6 +263,59 @@ TEST_F(SharedBaseTest, VerifyOfTheCloneVerifiesItsBasePointAndSaysSo) {
   // The clone's own data still restores (it never reads that cluster).
   RunOk(Barge() + " restore " + Q(CloneDir()) + " --to " + Q(dir_ / "r.raw") + " --no-sync");
   RunOk("qemu-img compare -q -F raw " + Q(clone_) + " " + Q(dir_ / "r.raw"));
+}
+
+// The clone is compared with its base by SHA-256, never by xxh3: a base
+// whose xxh3 entry for a cluster the clone changed is forged to the clone's
+// bytes (what a guest would need an XXH3 collision for) still gets that
+// cluster stored. The golden chain keeps a strong table (--changed-by
+// digests), so the clone's backup does not read the base at all.
+TEST_F(SharedBaseTest, ForgedXxh3OfTheBaseDoesNotHideAChange) {
+  fs::remove_all(GoldenDir());
+  RunOk(Barge() + " backup --source " + Q(golden_) + " --target " + Q(target_) +
+        " --name golden --compress none --changed-by digests");
+  const std::string id = PointIds(GoldenDir())[0];
+  const uint64_t forged_cluster = (512u << 10) / kCluster;  // the clone wrote 0x55 there
+  std::vector<std::byte> clone_bytes(kCluster, std::byte{0x55});
+  const std::string digests = GoldenDir() + "/" + id + ".digests";
+  auto table = formats::DecodeDigestTable(testing::ReadFile(digests));
+  ASSERT_TRUE(table.ok());
+  for (auto& e : table->entries) {
+    if (e.cluster_index == forged_cluster) e.digest = formats::HashCluster(clone_bytes, kCluster);
+  }
+  testing::WriteFile(digests, formats::EncodeDigestTable(*table));
+  auto m = formats::DecodeManifest(testing::Slurp(testing::ManifestPath(GoldenDir(), id)));
+  ASSERT_TRUE(m.ok());
+  m->image_digest = formats::ImageDigestOf(*table);
+  auto text = formats::EncodeManifest(*m);
+  ASSERT_TRUE(text.ok());
+  testing::WriteText(testing::ManifestPath(GoldenDir(), id), *text);
+  auto strong = formats::DecodeStrongDigestTable(testing::ReadFile(GoldenDir() + "/" + m->strong_digest_table));
+  ASSERT_TRUE(strong.ok());
+  strong->image_digest = m->image_digest;  // bound to the forged point; entries untouched
+  testing::WriteFile(GoldenDir() + "/" + m->strong_digest_table, formats::EncodeStrongDigestTable(*strong));
+
+  json r = BackupClone();
+  const std::string image = r.at("image");
+  EXPECT_EQ(TopLayerBytes(image), 4 * kCluster);
+  json map = json::parse(RunOk("qemu-img map --output=json " + Q(image)));
+  bool stored = false;
+  for (const json& e : map) {
+    const uint64_t start = e.at("start"), length = e.at("length");
+    if (e.value("depth", -1) == 0 && start <= forged_cluster * kCluster && forged_cluster * kCluster < start + length) {
+      stored = e.value("data", false);
+    }
+  }
+  EXPECT_TRUE(stored) << map.dump();
+  RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(image));
+  // The clone's point keeps the whole source's SHA-256 table: its first
+  // digest incremental reads no point of the chain.
+  const json cm = ReadJson(r.at("manifest").get<std::string>());
+  EXPECT_FALSE(cm.value("strong_digest_table", "").empty()) << cm.dump(2);
+  json inc = testing::RunResult(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target_) +
+                                " --name clone --incremental --changed-by digests --json");
+  EXPECT_EQ(inc.at("digest_changed_clusters"), 0);
+  EXPECT_FALSE(inc.contains("strong_computed_bytes")) << inc.dump(2);
 }
 
 TEST_F(SharedBaseTest, MovedOrMissingBaseIsAClearError) {

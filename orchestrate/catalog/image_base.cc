@@ -119,6 +119,9 @@ Result<ImageBase> PrepareImageBase(Env& env, ImageCatalog& catalog, const std::s
       imp.compression_level = clone.compression_level;
       imp.copy = clone.copy;
       imp.copy.progress = nullptr;
+      // Keeps its SHA-256 table: each clone compares with it without
+      // reading the base again (DiffFromBase).
+      imp.changed_by = pipeline::ChangedBy::kDigests;
       imp.allow_resize = true;  // a changed image is a new full of the image's chain
       imp.reason = "catalog image " + name + " (sha512 " + image.sha512.substr(0, 16) + "...)";
       BARGE_ASSIGN_OR_RETURN(pipeline::BackupResult r, pipeline::RunBackup(env, imp));
