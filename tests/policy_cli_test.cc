@@ -116,6 +116,24 @@ TEST(PolicyCliTest, CheckReportsEveryProblemWithItsPlace) {
   EXPECT_EQ(r.result.at("next_runs"), json({"2026-11-25T01:00:00Z", "2026-11-26T01:00:00Z", "2026-11-27T01:00:00Z",
                                             "2026-11-28T01:00:00Z", "2026-11-29T01:00:00Z"}));
   EXPECT_EQ(r.result.at("sources").size(), 2u);
+  // Each source says how its incrementals find changes: the bitmap here;
+  // a domain's tracker decides (null).
+  EXPECT_EQ(r.result.at("sources").at(0).at("changed_by"), "bitmap");
+  EXPECT_TRUE(r.result.at("sources").at(1).at("changed_by").is_null());
+
+  // An image without a bitmap defaults to digests; a written changed_by shows.
+  WriteText(dir / "dig.yaml", "name: d\nsources:\n  - image: /vm/a.raw\n  - image: /vm/b.raw\n    changed_by: full\n"
+                              "  - image: /vm/c.qcow2\n    bitmap: cbt0\n    changed_by: bitmap+digests\n"
+                              "retention_count: 3\ntargets: [/backups/a]\n");
+  r = BargeJson("policy check " + Q(dir / "dig.yaml"), dir / "c.db");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.result.at("sources").at(0).at("changed_by"), "digests");
+  EXPECT_EQ(r.result.at("sources").at(1).at("changed_by"), "full");
+  EXPECT_EQ(r.result.at("sources").at(2).at("changed_by"), "bitmap+digests");
+  text = testing::Run(Barge() + " policy check " + Q(dir / "dig.yaml"));
+  EXPECT_NE(text.output.find("a.raw, incrementals by SHA-256 digests (changed_by: digests)"), std::string::npos)
+      << text.output;
+  EXPECT_NE(text.output.find("b.raw, every backup full (changed_by: full)"), std::string::npos) << text.output;
 }
 
 // Issue 18: `policy check` warns about what a run would meet: a missing
