@@ -397,27 +397,33 @@ TEST_F(SharedBaseTest, CatalogImageIsNamedAsTheBaseDirectly) {
   RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(second.at("image").get<std::string>()));
   EXPECT_TRUE(Has(RunOk(Barge() + " list " + Q(golden_dir)), "base of 2 chains"));
 
+  // The image's chain goes on (a later point); forget keeping only the
+  // newest keeps the base point, and says why.
+  RunOk(Barge() + " backup --source " + Q(disk1 + "/golden.raw") + " --source-format raw --target " + Q(target) +
+        " --name golden --incremental --changed-by digests");
+  ASSERT_EQ(PointIds(golden_dir).size(), 2u);
+  json f = testing::RunResult(Barge() + " forget " + Q(golden_dir) + " --keep-last 1 --json");
+  EXPECT_TRUE(Has(f.dump(), "base of 2 chains")) << f.dump(2);
+  EXPECT_EQ(PointIds(golden_dir).size(), 2u);
   // The catalog's own removal (cleanup of unused copies) may drop a copy:
   // the base is the chain's point, not the copy.
-  RunOk(Barge() + " image cleanup --catalog " + Q(catalog) + " --unused-for 0s");
+  RunOk(Barge() + " image cleanup --catalog " + Q(catalog) + " --unused-for 0");
   RunOk(Barge() + " verify " + Q(target + "/clone2"));
-  // forget keeps the base point, and says why.
-  json f = testing::RunResult(Barge() + " forget " + Q(golden_dir) + " --keep-last 0 --json");
-  EXPECT_TRUE(Has(f.dump(), "base of 2 chains")) << f.dump(2);
-  EXPECT_EQ(PointIds(golden_dir).size(), 1u);
+  // A third clone still stands on the marked point.
+  EXPECT_EQ(backup("clone3").at("base_image").at("point"), golden_ids[0]);
 
   // Errors: an image the catalog lacks; a chain of the image's name that is
   // not the image's.
   auto none = testing::Run(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target) +
-                           " --name clone3 --base image:nosuch --catalog " + Q(catalog));
+                           " --name clone4 --base image:nosuch --catalog " + Q(catalog));
   EXPECT_EQ(none.exit_code, 1) << none.output;
   EXPECT_TRUE(Has(none.output, "NotFound") && Has(none.output, "nosuch")) << none.output;
-  EXPECT_FALSE(fs::exists(target + "/clone3"));
+  EXPECT_FALSE(fs::exists(target + "/clone4"));
   auto other = testing::Run(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target_) +
-                            " --name clone3 --base image:golden --catalog " + Q(catalog));
+                            " --name clone4 --base image:golden --catalog " + Q(catalog));
   EXPECT_EQ(other.exit_code, 1) << other.output;
   EXPECT_TRUE(Has(other.output, "not made from the catalog's image")) << other.output;
-  EXPECT_FALSE(fs::exists(target_ + "/clone3"));
+  EXPECT_FALSE(fs::exists(target_ + "/clone4"));
 }
 
 }  // namespace
