@@ -56,6 +56,32 @@ RangeList AlignRanges(const RangeList& ranges, uint64_t granule, uint64_t limit)
   return NormalizeRanges(std::move(out));
 }
 
+RangeList SubtractRanges(const RangeList& a, const RangeList& b) {
+  RangeList out;
+  size_t j = 0;
+  for (const Range& r : a) {
+    uint64_t pos = r.offset;
+    while (j < b.size() && b[j].end() <= pos) ++j;
+    size_t k = j;
+    while (pos < r.end()) {
+      if (k == b.size() || b[k].offset >= r.end()) {
+        out.push_back({pos, r.end() - pos});
+        break;
+      }
+      if (b[k].offset > pos) out.push_back({pos, b[k].offset - pos});
+      pos = std::max(pos, b[k].end());
+      ++k;
+    }
+  }
+  return out;
+}
+
+RangeList UniteRanges(const RangeList& a, const RangeList& b) {
+  RangeList all = a;
+  all.insert(all.end(), b.begin(), b.end());
+  return NormalizeRanges(std::move(all));
+}
+
 uint64_t TotalBytes(const RangeList& ranges) {
   uint64_t total = 0;
   for (const Range& r : ranges) total += r.length;

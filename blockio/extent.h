@@ -47,6 +47,11 @@ RangeList NormalizeRanges(RangeList ranges);
 // `limit`, and normalizes. Used to turn a dirty set into whole clusters.
 RangeList AlignRanges(const RangeList& ranges, uint64_t granule, uint64_t limit);
 
+// Bytes of `a` that `b` does not cover (both normalized: sorted, disjoint).
+RangeList SubtractRanges(const RangeList& a, const RangeList& b);
+// The union of `a` and `b`, normalized.
+RangeList UniteRanges(const RangeList& a, const RangeList& b);
+
 // Total bytes of a normalized range list.
 uint64_t TotalBytes(const RangeList& ranges);
 

@@ -13,6 +13,17 @@ TEST(RangesTest, NormalizeMergesOverlapsAndTouching) {
   EXPECT_EQ(r, (RangeList{{0, 60}, {100, 25}}));
 }
 
+TEST(RangesTest, RangeArithmetic) {
+  RangeList a = {{0, 100}, {200, 100}, {400, 50}};
+  RangeList b = {{50, 200}, {420, 10}};
+  RangeList want = {{0, 50}, {250, 50}, {400, 20}, {430, 20}};
+  EXPECT_EQ(SubtractRanges(a, b), want);
+  EXPECT_EQ(SubtractRanges(a, {}), a);
+  EXPECT_TRUE(SubtractRanges(a, {{0, 1000}}).empty());
+  RangeList united = {{0, 300}, {400, 50}};
+  EXPECT_EQ(UniteRanges(a, b), united);
+}
+
 TEST(RangesTest, AlignWidensToGranuleAndClips) {
   RangeList r = AlignRanges({{1, 1}, {140000, 10}, {250000, 100000}}, 65536, 300000);
   // 250000 widens down to 196608, which touches [131072, 196608): merged.

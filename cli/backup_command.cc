@@ -10,6 +10,8 @@
 #include "cli/hook_flags.h"
 #include "cli/nbd_flags.h"
 #include "cli/progress.h"
+#include "orchestrate/catalog/catalog_path.h"
+#include "orchestrate/catalog/image_base.h"
 #include "orchestrate/vm/hooked_backup.h"
 #include "orchestrate/policy/policy_runner.h"
 #include "pipeline/backup.h"
@@ -27,6 +29,7 @@ struct BackupArgs {
   bool allow_resize = false;
   bool no_resume = false;
   std::string dirty_bitmap, dirty_extents, checkpoint, base;
+  std::string catalog;  // --base image:NAME: the image catalog
   std::string changed_by;  // "", "bitmap", "digests", "bitmap+digests"
   NbdFlags nbd;
   std::string snapshot;
@@ -114,6 +117,33 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.previous_location = orchestrate::FollowStateMigrations(Env::Default());
   WarnIfMisnamed(out, a.source, a.source_format);
 
+  // --base image:NAME: the catalog image's base point, found or backed up
+  // from a ready copy first (orchestrate/catalog/image_base.h).
+  std::optional<orchestrate::ImageBase> image_base;
+  if (a.base.starts_with(orchestrate::kImageBasePrefix)) {
+    const std::string image = a.base.substr(orchestrate::kImageBasePrefix.size());
+    if (image.empty() || image.find('@') != std::string::npos) {
+      return out.Usage("--base image:NAME names an image of the catalog (its point is the one holding the image)");
+    }
+    auto catalog_path = orchestrate::ExistingCatalogPath(Env::Default(), a.catalog);
+    if (!catalog_path.ok()) return out.Fail(catalog_path.error());
+    if (catalog_path->empty()) {
+      return out.Fail(Error::NotFound("--base " + a.base + ": no image catalog (--catalog, $BARGE_CATALOG)")
+                          .set_path(orchestrate::ResolveCatalogPath(a.catalog)));
+    }
+    auto catalog = orchestrate::ImageCatalog::Open(Env::Default(), *catalog_path);
+    if (!catalog.ok()) return out.Fail(catalog.error());
+    auto prepared = orchestrate::PrepareImageBase(Env::Default(), **catalog, image, req);
+    if (!prepared.ok()) return out.Fail(Error(prepared.error()).Wrap("--base " + a.base));
+    image_base = std::move(prepared).value();
+    req.base = image_base->base;
+    if (image_base->imported) {
+      out.text() << "catalog image " << image << ": backed up from " << image_base->copy << " as "
+                 << image_base->chain_dir << "@" << image_base->point << " (the base)\n";
+      out.text().flush();
+    }
+  }
+
   ProgressReporter progress(out, "backup");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
   orchestrate::HookedResult hooked;
@@ -142,6 +172,14 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
                {"duration_seconds", result->seconds},
                {"peak_rss_bytes", PeakRssBytes()}};
     if (!a.snapshot.empty()) j["snapshot"] = a.snapshot;
+    if (image_base) {
+      j["base_image"] = {{"name", a.base.substr(orchestrate::kImageBasePrefix.size())},
+                         {"sha512", image_base->sha512},
+                         {"chain", image_base->chain_dir},
+                         {"point", image_base->point},
+                         {"imported", image_base->imported},
+                         {"copy", image_base->copy}};
+    }
     if (!m.changed_by.empty()) {
       j["changed_by"] = m.changed_by;
       j["digest_changed_clusters"] = result->digest_changed_clusters;
@@ -162,8 +200,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'") << "\n"
     << "  reason:   " << m.reason << "\n"
     << "  image:    " << result->image_path << "\n"
-    << (m.base ? "  base:     " + m.base->chain + "@" + m.base->id + " (" + std::to_string(m.data_clusters + m.zero_clusters) +
-                     " clusters differ)\n"
+    << (m.base ? "  base:     " + m.base->chain + "@" + m.base->id +
+                     (image_base ? " (catalog image " + a.base.substr(orchestrate::kImageBasePrefix.size()) + ")" : "") +
+                     " (" + std::to_string(m.data_clusters + m.zero_clusters) + " clusters differ)\n"
                : std::string())
     << "  read:     " << HumanBytes(result->bytes_read);
   if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
@@ -220,8 +259,12 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"bitmap", "digests", "bitmap+digests"}));
   cmd->add_option("--base", args->base,
                   "Start the chain as an increment over another chain's point (a golden image): CHAIN[@POINT], "
-                  "CHAIN a chain name in --target or a chain folder's path; stores only the clusters that differ")
-      ->type_name("CHAIN[@POINT]");
+                  "CHAIN a chain name in --target or a chain folder's path; or image:NAME, an image of the image "
+                  "catalog (kept as chain NAME of --target, backed up from a ready copy once); stores only the "
+                  "clusters that differ")
+      ->type_name("CHAIN[@POINT]|image:NAME");
+  cmd->add_option("--catalog", args->catalog,
+                  "The image catalog for --base image:NAME (default $BARGE_CATALOG, else ~/.local/state/barge)");
   cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint name to record in the manifest");
   cmd->add_flag("--allow-resize", args->allow_resize,
                 "A full backup of a disk whose size changed since the chain's latest point (else refused: "

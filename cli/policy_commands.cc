@@ -64,6 +64,9 @@ json SourcesJson(const orc::Policy& p) {
     json j = {{"name", s.name}, {"kind", std::string(orc::PolicySourceKindName(s.kind))}, {"location", s.location}};
     if (s.kind == orc::PolicySourceKind::kImage) j["bitmap"] = s.bitmap.empty() ? json(nullptr) : json(s.bitmap);
     if (s.kind == orc::PolicySourceKind::kDomain) j["tracker"] = s.tracker.empty() ? p.name : s.tracker;
+    // How its incrementals find changes (as given, or the default for its
+    // kind); a domain's tracker decides: null.
+    j["changed_by"] = s.changed_by.empty() ? json(nullptr) : json(s.changed_by);
     out.push_back(j);
   }
   return out;
@@ -147,7 +150,15 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
     << (warnings.empty() ? "" : ", with " + std::to_string(warnings.size()) + " warning(s) above") << "\n";
   for (const auto& s : p.sources) {
     o << "  source " << s.name << ": " << orc::PolicySourceKindName(s.kind) << " " << s.location;
-    if (!s.bitmap.empty()) o << ", incrementals from bitmap " << s.bitmap;
+    if (s.changed_by == "bitmap") {
+      o << ", incrementals from bitmap " << s.bitmap;
+    } else if (s.changed_by == "bitmap+digests") {
+      o << ", incrementals from bitmap " << s.bitmap << " checked by SHA-256 digests (changed_by: bitmap+digests)";
+    } else if (s.changed_by == "digests") {
+      o << ", incrementals by SHA-256 digests (changed_by: digests)";
+    } else if (s.changed_by == "full") {
+      o << ", every backup full (changed_by: full)";
+    }
     if (s.kind == orc::PolicySourceKind::kDomain) o << ", tracker " << (s.tracker.empty() ? p.name : s.tracker);
     if (!s.connect.empty()) o << ", on " << orc::RedactLibvirtUri(s.connect);
     o << "\n";

@@ -135,9 +135,23 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
     }
     points.push_back(std::move(p));
   }
+  // The bases the points stand on (`backup --base`), verified as points of
+  // their own chains.
+  json bases = json::array();
+  for (const auto& b : report.bases) {
+    json j = {{"chain", b.chain_dir}, {"id", b.id}, {"result", b.passed ? "passed" : "failed"}};
+    if (b.passed) {
+      out.text() << "verified base " << b.id << " (chain " << b.chain_dir << ")\n";
+    } else {
+      j["error"] = b.error;
+      out.text() << "FAILED base " << b.id << " (chain " << b.chain_dir << "): " << b.error << "\n";
+    }
+    bases.push_back(std::move(j));
+  }
   out.Result({{"ok", report.ok()},
               {"verified", verified},
               {"points", points},
+              {"bases", bases},
               {"clusters_checked", report.clusters_checked},
               {"bytes_read", report.bytes_read},
               {"against_source", report.ok() && report.against_checked},

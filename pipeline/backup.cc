@@ -397,14 +397,16 @@ Status OpenBase(Env& env, const BackupRequest& req, BackupRun& run) {
 // clusters), refused when the target has no room for it.
 Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
   run.work = {{0, run.size}};
-  // A first point over a base stores only what differs from it, so a
-  // strong table of its own clusters alone would not describe the disk;
-  // the chain's first digest incremental computes it by reading the point.
-  run.write_strong = !run.base_point && (req.changed_by != ChangedBy::kRecord || run.parent_strong.has_value());
+  // A first point over a base keeps the strong table of the whole source
+  // its comparison with the base computed (StrongTableOf).
+  run.write_strong = run.base_point || req.changed_by != ChangedBy::kRecord || run.parent_strong.has_value();
   if (!req.incremental) {
     if (run.base_point) {
-      BARGE_ASSIGN_OR_RETURN(run.work, DiffFromBase(*run.src.image, *run.base_point->image, run.parent_digests,
-                                                    run.cluster, req.copy.cancel, &run.base_compared_bytes));
+      auto diff = DiffFromBase(env, *run.src.image, run.base_chain, run.base_point->index, req.copy);
+      if (!diff.ok()) return Error(diff.error()).Wrap("backup");
+      run.base_compared_bytes = diff->base_bytes_read;
+      run.scan = std::move(diff->changes);
+      run.work = run.scan->changed;
     }
     return OkStatus();
   }
@@ -688,7 +690,7 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
   copy.compression = req.compression;
   copy.compression_level = req.compression_level;
   copy.record_zero_digests = run.over_parent();
-  copy.strong_digests = run.write_strong;
+  copy.strong_digests = run.write_strong && !run.m.base;  // over a base: the scan has them all
   BaseDigestLookup parent;
   if (run.over_parent()) {
     parent = [&run](uint64_t c) { return FindDigest(run.parent_digests, c); };
@@ -754,6 +756,10 @@ Result<std::optional<formats::StrongDigestTable>> StrongTableOf(const BackupRun&
   t.cluster_bytes = run.cluster;
   t.virtual_size = run.size;
   t.image_digest = copied.image_digest;
+  if (run.m.base) {
+    t.entries = run.scan->source;  // the comparison with the base read the whole disk
+    return std::optional(std::move(t));
+  }
   if (!run.m.parent) {
     t.entries = copied.strong_digests;  // a full copied the whole disk
     return std::optional(std::move(t));
@@ -784,7 +790,7 @@ Status CommitPoint(Env& env, BackupRun& run, const CopyResult& copied, const for
   m.image_digest = copied.image_digest;
   // What the run read: the copy, plus a digest scan's whole read of the
   // source and a strong table computed from the chain.
-  m.bytes_read = copied.bytes_read + (run.scan ? run.scan->bytes_read : 0) +
+  m.bytes_read = copied.bytes_read + (run.scan ? run.scan->bytes_read : 0) + run.base_compared_bytes +
                  (run.parent_strong && run.parent_strong->computed ? run.parent_strong->bytes_read : 0);
   m.bytes_written = stats.file_bytes;
   m.data_clusters = stats.data_clusters + stats.compressed_clusters;

@@ -122,7 +122,9 @@ struct BackupResult {
   uint64_t image_bytes = 0;
   double seconds = 0;
   std::optional<ResumeNote> resume;  // when a staged backup was found
-  uint64_t base_compared_bytes = 0;  // --base: base bytes read to compare
+  // --base: bytes of the base point read to compute its strong table (0
+  // when it keeps one).
+  uint64_t base_compared_bytes = 0;
 };
 
 // Runs one backup. Before writing anything it checks: the source opens; for

@@ -1,18 +1,15 @@
-// Chains over a base: the difference from a base point, and the base
-// chain's reference files.
+// Chains over a base: the base chain's reference files, and the marker of
+// a chain made from a catalog image.
 #include "pipeline/base_refs.h"
 
 #include <algorithm>
-#include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "blockio/path.h"
-#include "formats/digest.h"
 #include "formats/json_fields.h"
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
-#include "pipeline/copy.h"
 #include "pipeline/small_file.h"
 
 namespace barge::pipeline {
@@ -22,6 +19,7 @@ namespace {
 using nlohmann::json;
 
 constexpr std::string_view kRefFormat = "barge-base-ref";
+constexpr std::string_view kMarkerFormat = "barge-catalog-image";
 constexpr uint64_t kRefMaxBytes = 64 << 10;
 
 // A chain id as barge makes them: hex digits only (it names the file).
@@ -76,6 +74,42 @@ Result<BaseRef> DecodeBaseRef(std::string_view text) {
   ref.chain_id = *chain_id;
   ref.base_id = *base_id;
   return ref;
+}
+
+Result<std::string> EncodeCatalogImageMarker(const CatalogImageMarker& marker) {
+  json j = {{"format", kMarkerFormat},
+            {"version", 1},
+            {"image", marker.image},
+            {"sha512", marker.sha512},
+            {"point", marker.point},
+            {"copy", marker.copy}};
+  BARGE_ASSIGN_OR_RETURN(std::string text, formats::DumpJson(j, 2, "the catalog image marker"));
+  return text + "\n";
+}
+
+Result<CatalogImageMarker> DecodeCatalogImageMarker(std::string_view text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Error::Corruption("catalog image marker: not a JSON object");
+  if (formats::JsonString(j, "format") != kMarkerFormat) {
+    return Error::Corruption("catalog image marker: not a barge catalog image marker");
+  }
+  auto version = j.find("version");
+  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() != 1) {
+    return Error::Corruption("catalog image marker: version must be 1");
+  }
+  CatalogImageMarker m;
+  m.image = formats::JsonString(j, "image");
+  m.sha512 = formats::JsonString(j, "sha512");
+  m.point = formats::JsonString(j, "point");
+  m.copy = formats::JsonString(j, "copy");
+  if (m.image.empty()) return Error::Corruption("catalog image marker: image must be a name");
+  if (m.sha512.size() != 128 || !std::all_of(m.sha512.begin(), m.sha512.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+      })) {
+    return Error::Corruption("catalog image marker: sha512 must be 128 lowercase hex digits");
+  }
+  if (!IsPlainId(m.point)) return Error::Corruption("catalog image marker: point must be a backup id");
+  return m;
 }
 
 std::string RelativeFolderPath(const std::string& from, const std::string& to) {
@@ -168,66 +202,6 @@ Result<std::map<std::string, std::vector<std::string>>> LiveDependents(Env& env,
     }
   }
   return out;
-}
-
-Result<RangeList> DiffFromBase(BlockSource& source, BlockSource& base, const formats::DigestTable& base_digests,
-                               uint32_t cluster_bytes, const std::atomic<bool>* cancel, uint64_t* compared_bytes) {
-  const uint64_t size = source.size_bytes();
-  const uint64_t window = std::max<uint64_t>(cluster_bytes, (8u << 20) / cluster_bytes * cluster_bytes);
-  const formats::Digest128 zero = formats::ZeroClusterDigest(cluster_bytes);
-  std::vector<std::byte> src(window), old(window);
-  RangeList differ;
-  auto mark = [&](uint64_t offset) {
-    uint64_t len = std::min<uint64_t>(cluster_bytes, size - offset);
-    if (!differ.empty() && differ.back().end() == offset) {
-      differ.back().length += len;
-    } else {
-      differ.push_back({offset, len});
-    }
-  };
-  uint64_t compared = 0;
-  auto digest_at = base_digests.entries.begin();
-  for (uint64_t off = 0; off < size; off += window) {
-    BARGE_RETURN_IF_ERROR(CheckCancel(cancel, "backup interrupted while comparing with its base", source.name()));
-    const uint64_t n = std::min(window, size - off);
-    BARGE_ASSIGN_OR_RETURN(ExtentList extents, source.Extents(off, n));
-    bool any_data = std::any_of(extents.begin(), extents.end(), [](const Extent& e) { return e.kind == ExtentKind::kData; });
-    if (any_data) {
-      BARGE_RETURN_IF_ERROR(source.ReadAt(off, std::span(src.data(), n)));
-    } else {
-      std::fill(src.begin(), src.begin() + static_cast<ptrdiff_t>(n), std::byte{0});
-    }
-    // Clusters whose digest matches the base's: their bytes are compared.
-    std::vector<uint64_t> check;
-    for (uint64_t c_off = off; c_off < off + n; c_off += cluster_bytes) {
-      const uint64_t c = c_off / cluster_bytes;
-      const uint64_t len = std::min<uint64_t>(cluster_bytes, size - c_off);
-      std::span<const std::byte> bytes(src.data() + (c_off - off), len);
-      while (digest_at != base_digests.entries.end() && digest_at->cluster_index < c) ++digest_at;
-      const bool listed = digest_at != base_digests.entries.end() && digest_at->cluster_index == c;
-      const formats::Digest128 expected = listed ? digest_at->digest : zero;
-      const formats::Digest128 d = any_data ? formats::HashCluster(bytes, cluster_bytes) : zero;
-      if (d != expected) {
-        mark(c_off);
-      } else if (listed) {
-        check.push_back(c_off);
-      } else if (any_data && std::any_of(bytes.begin(), bytes.end(), [](std::byte b) { return b != std::byte{0}; })) {
-        mark(c_off);  // not zero, whatever its digest says: the base reads zeros here
-      }
-    }
-    if (!check.empty()) {
-      const uint64_t first = check.front();
-      const uint64_t last = std::min<uint64_t>(check.back() + cluster_bytes, size);
-      BARGE_RETURN_IF_ERROR(base.ReadAt(first, std::span(old.data(), last - first)));
-      compared += last - first;
-      for (uint64_t c_off : check) {
-        const uint64_t len = std::min<uint64_t>(cluster_bytes, size - c_off);
-        if (std::memcmp(src.data() + (c_off - off), old.data() + (c_off - first), len) != 0) mark(c_off);
-      }
-    }
-  }
-  if (compared_bytes != nullptr) *compared_bytes = compared;
-  return differ;
 }
 
 }  // namespace barge::pipeline

@@ -1,10 +1,10 @@
 // Chains over a base (`barge backup --base`, docs/formats/backup.md
-// "Chains over a base"): which clusters of a disk differ from another
-// chain's point, and the reference files by which a base chain knows who
-// stands on it (BASE/.bases/<chain id>.json), without any shared database.
+// "Chains over a base"): the reference files by which a base chain knows
+// who stands on it (BASE/.bases/<chain id>.json), without any shared
+// database, and the marker of a chain made from a catalog image. Which
+// clusters differ from a base: DiffFromBase (pipeline/digest_changes.h).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -13,9 +13,6 @@
 
 #include "blockio/env.h"
 #include "blockio/error.h"
-#include "blockio/extent.h"
-#include "blockio/source.h"
-#include "formats/digest_table.h"
 
 namespace barge::pipeline {
 
@@ -34,6 +31,25 @@ struct BaseRef {
 // on anything but a well-formed reference with safe names).
 std::string EncodeBaseRef(const BaseRef& ref);
 Result<BaseRef> DecodeBaseRef(std::string_view text);
+
+// A chain folder made from an image of the image catalog (`barge backup
+// --base image:NAME`, docs/formats/backup.md "A catalog image as the
+// base") holds CHAIN/.catalog-image.json: which point of the folder holds
+// which catalog image, so that later clones stand on the same point.
+inline constexpr std::string_view kCatalogImageMarker = ".catalog-image.json";
+
+struct CatalogImageMarker {
+  std::string image;   // the catalog's image name
+  std::string sha512;  // the image's SHA-512 (128 lowercase hex digits)
+  std::string point;   // the point of this folder that holds it
+  std::string copy;    // the copy it was read from (informative)
+};
+
+// JSON of the marker, and its parser (untrusted bytes: kCorruption on
+// anything but a well-formed marker with a safe point id).
+// Encoding fails (kInvalidArgument) only on text that is not UTF-8.
+Result<std::string> EncodeCatalogImageMarker(const CatalogImageMarker& marker);
+Result<CatalogImageMarker> DecodeCatalogImageMarker(std::string_view text);
 
 // The relative path from folder `from` to folder `to` (both made absolute
 // and normalized first): "../golden".
@@ -56,16 +72,5 @@ Result<std::map<std::string, std::vector<std::string>>> LiveDependents(Env& env,
 // Removes the reference of chain `chain_id` from `base_dir` (a dependent
 // chain forgotten entirely). A missing file is fine.
 Status RemoveBaseRef(Env& env, const std::string& base_dir, const std::string& chain_id);
-
-// Which clusters of `source` differ from a base point, as cluster-aligned
-// ranges: a cluster whose digest differs from the base's effective digest
-// (`base_digests`, the zero digest where none is listed), or whose digest
-// matches but whose bytes differ from `base`'s (read and compared: a
-// crafted XXH3 collision is still found). A zero cluster over base data
-// differs (it is written as a zero cluster). `compared_bytes` (may be null)
-// gets the base bytes read for comparison. kCancelled once `cancel` is set.
-Result<RangeList> DiffFromBase(BlockSource& source, BlockSource& base, const formats::DigestTable& base_digests,
-                               uint32_t cluster_bytes, const std::atomic<bool>* cancel = nullptr,
-                               uint64_t* compared_bytes = nullptr);
 
 }  // namespace barge::pipeline

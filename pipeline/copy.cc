@@ -118,7 +118,7 @@ class CopyJob {
         pool_(pool),
         planner_(planner),
         reader_(source),
-        processor_(options.cluster_bytes, options.strong_digests),
+        processor_(options.cluster_bytes, options.strong_digests, options.weak_digests),
         compression_(compression),
         status_(context_),
         states_(destinations.size()),
@@ -252,7 +252,7 @@ bool CopyJob::Ordered(Chunk* chunk) {
       Status st = sha512_->UpdateChunk(*chunk);
       if (!st.ok()) return std::move(st).error().Wrap("sha512");
     }
-    BARGE_RETURN_IF_ERROR(digests_.Consume(*chunk));
+    if (options_.weak_digests) BARGE_RETURN_IF_ERROR(digests_.Consume(*chunk));
     if (options_.strong_digests) {
       for (size_t i = 0; i < chunk->cluster_count(); ++i) {
         ClusterState state = chunk->states[i];
@@ -452,7 +452,7 @@ Status CopyJob::Run() {
     DestinationFailed(static_cast<size_t>(&d - states_.data()), std::move(e));
     if (status_.failed()) return status_.TakeError();
   }
-  BARGE_RETURN_IF_ERROR(digests_.Finish());
+  if (options_.weak_digests) BARGE_RETURN_IF_ERROR(digests_.Finish());
   if (sha512_) {
     BARGE_ASSIGN_OR_RETURN(sha512_hex_, sha512_->FinishHex());
   }
@@ -473,8 +473,10 @@ CopyResult CopyJob::TakeResult() {
     r.destinations.push_back(std::move(dr));
   }
   r.sha512_hex = std::move(sha512_hex_);
-  r.image_digest = digests_.image_digest();
-  r.cluster_digests = digests_.TakeClusterDigests();
+  if (options_.weak_digests) {
+    r.image_digest = digests_.image_digest();
+    r.cluster_digests = digests_.TakeClusterDigests();
+  }
   r.strong_digests = std::move(strong_);
   r.pool_chunks = pool_.capacity();
   r.pool_high_water = pool_.high_water();
@@ -578,6 +580,9 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
   }
   if (destinations.size() > std::numeric_limits<uint32_t>::max()) {
     return Error::InvalidArgument("copy: too many destinations");
+  }
+  if (!options.weak_digests && (!options.strong_digests || options.verify || !destinations.empty())) {
+    return Error::InvalidArgument("copy: a scan without xxh3 digests takes strong digests, and no verify or destination");
   }
   bool compress = false;
   for (Destination* d : destinations) {

@@ -102,6 +102,12 @@ struct CopyOptions {
   // SHA-256 of every data cluster of the work set (strong_digests), in the
   // parallel process stage (docs/formats/backup.md, strong digest table).
   bool strong_digests = false;
+  // xxh3-128 of every cluster (cluster_digests, image_digest, `verify`).
+  // false: a scan that needs only strong_digests (a digest incremental's
+  // comparison) skips them: cluster_digests stays empty and image_digest
+  // zero. Then strong_digests must be set, and `verify` and destinations
+  // are refused (kInvalidArgument): both need the per-cluster digests.
+  bool weak_digests = true;
   // (bytes done, bytes total) from the in-order stage, at most ~10 per
   // second, and once at the end. Must not block.
   std::function<void(uint64_t, uint64_t)> progress;

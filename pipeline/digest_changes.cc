@@ -76,6 +76,7 @@ Result<DigestChanges> FindChangedClusters(BlockSource& source, const formats::St
         .set_path(source.name());
   }
   CopyOptions o = ScanOptions(copy, base.cluster_bytes);
+  o.weak_digests = false;  // only the SHA-256s are compared: no xxh3 pass
   auto copied = RunCopy(source, {{0, size}}, {}, o);
   if (!copied.ok()) return Error(copied.error()).Wrap("comparing the source with the chain's strong digests");
   DigestChanges out;
@@ -111,30 +112,17 @@ Result<DigestChanges> FindChangedClusters(BlockSource& source, const formats::St
   return out;
 }
 
-RangeList SubtractRanges(const RangeList& a, const RangeList& b) {
-  RangeList out;
-  size_t j = 0;
-  for (const Range& r : a) {
-    uint64_t pos = r.offset;
-    while (j < b.size() && b[j].end() <= pos) ++j;
-    size_t k = j;
-    while (pos < r.end()) {
-      if (k == b.size() || b[k].offset >= r.end()) {
-        out.push_back({pos, r.end() - pos});
-        break;
-      }
-      if (b[k].offset > pos) out.push_back({pos, b[k].offset - pos});
-      pos = std::max(pos, b[k].end());
-      ++k;
-    }
-  }
+Result<BaseDiff> DiffFromBase(Env& env, BlockSource& source, const ChainFolder& base_chain, size_t base_index,
+                              const CopyOptions& copy) {
+  auto table = LoadPointStrongTable(env, base_chain, base_index, copy);
+  if (!table.ok()) return Error(table.error()).Wrap("the base");
+  BaseDiff out;
+  out.base_computed = table->computed;
+  out.base_bytes_read = table->bytes_read;
+  auto changes = FindChangedClusters(source, table->table, copy);
+  if (!changes.ok()) return Error(changes.error()).Wrap("comparing the source with its base");
+  out.changes = std::move(changes).value();
   return out;
-}
-
-RangeList UniteRanges(const RangeList& a, const RangeList& b) {
-  RangeList all = a;
-  all.insert(all.end(), b.begin(), b.end());
-  return NormalizeRanges(std::move(all));
 }
 
 }  // namespace barge::pipeline

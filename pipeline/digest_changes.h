@@ -54,9 +54,22 @@ struct DigestChanges {
 Result<DigestChanges> FindChangedClusters(BlockSource& source, const formats::StrongDigestTable& base,
                                           const CopyOptions& copy);
 
-// Bytes of `a` that `b` does not cover (both normalized: sorted, disjoint).
-RangeList SubtractRanges(const RangeList& a, const RangeList& b);
-// The union of `a` and `b`, normalized.
-RangeList UniteRanges(const RangeList& a, const RangeList& b);
+struct BaseDiff {
+  DigestChanges changes;  // `source` against the base point
+  // The base point had no strong table: it was computed by reading it
+  // (bytes), every cluster checked against its chain's xxh3 digests.
+  bool base_computed = false;
+  uint64_t base_bytes_read = 0;
+};
+
+// Which clusters of `source` differ from point `base_index` of another
+// chain (`barge backup --base`): the SHA-256 of each source cluster against
+// the base point's strong table (LoadPointStrongTable: its own, or computed
+// from the base chain, a damaged base being kCorruption naming its layer).
+// A cluster that is zero in the source and data in the base differs (it is
+// written as a zero cluster). A digest that only xxh3 would call equal is
+// never taken for equal bytes (docs/security.md).
+Result<BaseDiff> DiffFromBase(Env& env, BlockSource& source, const ChainFolder& base_chain, size_t base_index,
+                              const CopyOptions& copy);
 
 }  // namespace barge::pipeline

@@ -68,16 +68,5 @@ TEST(DigestChangesTest, StrongHashPadsAShortCluster) {
   EXPECT_NE(StrongHashCluster(padded, kCluster), StrongHashCluster(std::span(padded).first(kCluster - 1), kCluster - 1));
 }
 
-TEST(DigestChangesTest, RangeArithmetic) {
-  RangeList a = {{0, 100}, {200, 100}, {400, 50}};
-  RangeList b = {{50, 200}, {420, 10}};
-  RangeList want = {{0, 50}, {250, 50}, {400, 20}, {430, 20}};
-  EXPECT_EQ(SubtractRanges(a, b), want);
-  EXPECT_EQ(SubtractRanges(a, {}), a);
-  EXPECT_TRUE(SubtractRanges(a, {{0, 1000}}).empty());
-  RangeList united = {{0, 300}, {400, 50}};
-  EXPECT_EQ(UniteRanges(a, b), united);
-}
-
 }  // namespace
 }  // namespace barge::pipeline

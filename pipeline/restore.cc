@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "blockio/env.h"
+#include "blockio/path.h"
 #include "formats/qcow2_check.h"
 #include "formats/units.h"
 #include "pipeline/chain.h"
@@ -249,6 +250,63 @@ Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, 
 
 }  // namespace
 
+namespace {
+
+// The base of the chain under point `index` of `chain` (its first layer's
+// manifest's), as {base chain folder, base point id}; nullopt when none.
+std::optional<std::pair<std::string, std::string>> BaseOf(const ChainFolder& chain, size_t index) {
+  auto layers = chain.LayersOf(index);
+  if (!layers.ok() || layers->empty()) return std::nullopt;
+  const auto& base = chain.points[layers->front()].manifest.base;
+  if (!base) return std::nullopt;
+  return std::make_pair(LexicallyNormal(JoinPath(chain.dir, base->chain)), base->id);
+}
+
+// Verifies each base the points `passed` of `chain` stand on, and their
+// bases in turn (each point once), as points of their own chains, adding
+// an outcome per base to `report`. A base that fails its check is the
+// report's failure (about the data); other errors end the run.
+Status VerifyBases(Env& env, const ChainFolder& chain, const std::vector<size_t>& passed, const CopyOptions& copy,
+                   VerifyReport& report) {
+  std::vector<std::pair<std::string, std::string>> queue;
+  for (size_t index : passed) {
+    if (auto b = BaseOf(chain, index)) queue.push_back(*b);
+  }
+  for (size_t next = 0; next < queue.size() && next < 64; ++next) {
+    const auto [dir, id] = queue[next];
+    if (std::any_of(report.bases.begin(), report.bases.end(),
+                    [&](const BaseVerifyOutcome& o) { return o.chain_dir == dir && o.id == id; })) {
+      continue;
+    }
+    BaseVerifyOutcome& o = report.bases.emplace_back();
+    o.chain_dir = dir;
+    o.id = id;
+    auto base_chain = LoadChainFolder(env, dir);
+    size_t index = 0;
+    auto check = [&]() -> Result<VerifiedPoint> {
+      if (!base_chain.ok()) return base_chain.error();
+      BARGE_ASSIGN_OR_RETURN(index, base_chain->Resolve(id));
+      std::vector<bool> checked(base_chain->points.size(), false);
+      return VerifyPointData(env, *base_chain, index, copy, checked);
+    };
+    Result<VerifiedPoint> verified = check();
+    if (!verified.ok()) {
+      Error e = Error(verified.error()).Wrap("base " + id + " of the chain");
+      if (!IsAboutTheData(verified.error())) return e;
+      o.error = e.ToString();
+      if (!report.failure) report.failure = e;
+      continue;
+    }
+    o.passed = true;
+    o.clusters_checked = verified->clusters_checked;
+    report.bytes_read += verified->bytes_read;
+    if (auto b = BaseOf(*base_chain, index)) queue.push_back(*b);
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 Result<VerifyReport> RunVerify(Env& env, const VerifyRequest& req) {
   auto start = std::chrono::steady_clock::now();
   BARGE_ASSIGN_OR_RETURN(PointLocation where, LocatePoint(env, req.path, req.at));
@@ -318,6 +376,14 @@ Result<VerifyReport> RunVerify(Env& env, const VerifyRequest& req) {
     passed.bytes_read = verified->bytes_read + against_bytes;
     report.clusters_checked += passed.clusters_checked;
     report.bytes_read += passed.bytes_read;
+  }
+  if (!report.failure) {
+    std::vector<size_t> passed;
+    for (const VerifyOutcome& o : report.points) {
+      if (o.state == VerifyOutcome::State::kPassed) passed.push_back(o.position);
+    }
+    Status bases = VerifyBases(env, chain, passed, req.copy, report);
+    if (!bases.ok()) return stop(bases.error());
   }
   report.seconds = SecondsSince(start);
   return report;

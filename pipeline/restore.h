@@ -69,6 +69,16 @@ struct VerifyOutcome {
   uint64_t bytes_read = 0;        // kPassed: of the point (and the source it matched)
 };
 
+// A base point (`backup --base`) a verified point reads through, checked
+// as a point of its own chain (structure, every cluster, image digest).
+struct BaseVerifyOutcome {
+  std::string chain_dir;  // the base chain's folder (normalized path)
+  std::string id;         // the base point
+  bool passed = false;
+  std::string error;      // failed: Error::ToString()
+  uint64_t clusters_checked = 0;
+};
+
 struct VerifyRequest {
   std::string path;       // chain folder, manifest or image
   std::string at;         // with a chain folder
@@ -84,6 +94,9 @@ struct VerifyReport {
   // A failure that is not about one point's data (an interruption, an
   // unreadable source) has no outcome of its own.
   std::vector<VerifyOutcome> points;
+  // The bases the passed points stand on (and the bases' bases), each
+  // verified once after the points; a base that fails is the failure.
+  std::vector<BaseVerifyOutcome> bases;
   // Totals over the points that passed (bytes_read: the source's too).
   uint64_t clusters_checked = 0;
   uint64_t bytes_read = 0;

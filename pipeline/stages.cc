@@ -150,28 +150,43 @@ Result<uint64_t> Reader::Read(Chunk& chunk) {
 
 // ---------------------------------------------------------------- processor
 
-ClusterProcessor::ClusterProcessor(uint32_t cluster_bytes, bool strong)
-    : cluster_bytes_(cluster_bytes), strong_(strong), zero_digest_(formats::ZeroClusterDigest(cluster_bytes)) {}
+ClusterProcessor::ClusterProcessor(uint32_t cluster_bytes, bool strong, bool weak)
+    : cluster_bytes_(cluster_bytes),
+      strong_(strong),
+      weak_(weak),
+      zero_digest_(formats::ZeroClusterDigest(cluster_bytes)) {}
+
+namespace {
+
+// SHA-256 fetched once for the process (EVP_sha256() in EVP_DigestInit
+// fetches it again on every call in OpenSSL 3: a lock and a lookup per
+// cluster), and one context per thread, reset by each init.
+struct Sha256Context {
+  EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  ~Sha256Context() {
+    EVP_MD_CTX_free(ctx);
+    EVP_MD_free(md);
+  }
+};
+
+}  // namespace
 
 formats::StrongDigest StrongHashCluster(std::span<const std::byte> data, uint32_t cluster_bytes) {
+  thread_local Sha256Context sha;
   formats::StrongDigest out{};
   unsigned int len = 0;
-  if (data.size() >= cluster_bytes) {
-    EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr);
-    return out;
-  }
+  EVP_MD_CTX* ctx = sha.ctx;
+  EVP_DigestInit_ex(ctx, sha.md != nullptr ? sha.md : EVP_sha256(), nullptr);
+  EVP_DigestUpdate(ctx, data.data(), data.size());
   // A short last cluster hashes as if zero-padded (as the xxh3 digest does).
   static constexpr std::byte kZeros[4096] = {};
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  EVP_DigestUpdate(ctx, data.data(), data.size());
-  for (uint64_t left = cluster_bytes - data.size(); left > 0;) {
+  for (uint64_t left = data.size() < cluster_bytes ? cluster_bytes - data.size() : 0; left > 0;) {
     size_t n = std::min<uint64_t>(left, sizeof kZeros);
     EVP_DigestUpdate(ctx, kZeros, n);
     left -= n;
   }
   EVP_DigestFinal_ex(ctx, out.data(), &len);
-  EVP_MD_CTX_free(ctx);
   return out;
 }
 
@@ -197,7 +212,7 @@ Status ClusterProcessor::Process(Chunk& chunk, formats::ClusterCompressor* compr
       t0 = t1;
       continue;
     }
-    chunk.digests[i] = formats::HashCluster(data, cluster_bytes_);
+    if (weak_) chunk.digests[i] = formats::HashCluster(data, cluster_bytes_);
     uint64_t t2 = timings ? NowNs() : 0;
     if (timings) timings->hash_ns += t2 - t1;
     if (strong_) {

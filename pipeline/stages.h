@@ -102,7 +102,9 @@ struct ProcessTimings {
 class ClusterProcessor {
  public:
   // strong: also SHA-256 every cluster that stays data (Chunk::strong).
-  explicit ClusterProcessor(uint32_t cluster_bytes, bool strong = false);
+  // weak false: no xxh3 digest (Chunk::digests left as they are): a scan
+  // that only wants the strong ones.
+  explicit ClusterProcessor(uint32_t cluster_bytes, bool strong = false, bool weak = true);
   // `compressor` may be null (no destination wants compression); `timings`
   // may be null. Errors come from the compressor only.
   Status Process(Chunk& chunk, formats::ClusterCompressor* compressor,
@@ -111,11 +113,14 @@ class ClusterProcessor {
  private:
   uint32_t cluster_bytes_;
   bool strong_;
+  bool weak_;
   formats::Digest128 zero_digest_;
 };
 
 // SHA-256 of one cluster's bytes zero-padded to `cluster_bytes` (the strong
-// digest of docs/formats/backup.md). Thread-safe.
+// digest of docs/formats/backup.md). Thread-safe: one OpenSSL context per
+// thread, reused, over SHA-256 fetched once (OpenSSL picks its SHA-NI or
+// AVX2 code by the CPU).
 formats::StrongDigest StrongHashCluster(std::span<const std::byte> data, uint32_t cluster_bytes);
 
 // Expected digest of a guest cluster, or nullopt when there is none to check.

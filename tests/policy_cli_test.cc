@@ -13,6 +13,7 @@
 #include <set>
 
 #include "tests/policy_support.h"
+#include "tests/testing/cli_testing.h"
 
 namespace barge {
 namespace {
@@ -116,6 +117,24 @@ TEST(PolicyCliTest, CheckReportsEveryProblemWithItsPlace) {
   EXPECT_EQ(r.result.at("next_runs"), json({"2026-11-25T01:00:00Z", "2026-11-26T01:00:00Z", "2026-11-27T01:00:00Z",
                                             "2026-11-28T01:00:00Z", "2026-11-29T01:00:00Z"}));
   EXPECT_EQ(r.result.at("sources").size(), 2u);
+  // Each source says how its incrementals find changes: the bitmap here;
+  // a domain's tracker decides (null).
+  EXPECT_EQ(r.result.at("sources").at(0).at("changed_by"), "bitmap");
+  EXPECT_TRUE(r.result.at("sources").at(1).at("changed_by").is_null());
+
+  // An image without a bitmap defaults to digests; a written changed_by shows.
+  WriteText(dir / "dig.yaml", "name: d\nsources:\n  - image: /vm/a.raw\n  - image: /vm/b.raw\n    changed_by: full\n"
+                              "  - image: /vm/c.qcow2\n    bitmap: cbt0\n    changed_by: bitmap+digests\n"
+                              "retention_count: 3\ntargets: [/backups/a]\n");
+  r = BargeJson("policy check " + Q(dir / "dig.yaml"), dir / "c.db");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.result.at("sources").at(0).at("changed_by"), "digests");
+  EXPECT_EQ(r.result.at("sources").at(1).at("changed_by"), "full");
+  EXPECT_EQ(r.result.at("sources").at(2).at("changed_by"), "bitmap+digests");
+  text = testing::Run(Barge() + " policy check " + Q(dir / "dig.yaml"));
+  EXPECT_NE(text.output.find("a.raw, incrementals by SHA-256 digests (changed_by: digests)"), std::string::npos)
+      << text.output;
+  EXPECT_NE(text.output.find("b.raw, every backup full (changed_by: full)"), std::string::npos) << text.output;
 }
 
 // Issue 18: `policy check` warns about what a run would meet: a missing
@@ -692,6 +711,51 @@ TEST(PolicyCliTest, ForgetKeepsEveryRemainingPointRestorable) {
   // Every count 0 is refused (it would forget everything).
   EXPECT_EQ(BargeJson("forget --policy " + Q(policy), cat).exit_code, 64);
   EXPECT_EQ(BargeJson("run --policy " + Q(policy) + " --source nope", cat).exit_code, 64);
+}
+
+// Issue 23 §2: a point another chain stands on (`backup --base`) is kept
+// by the policy's retention, whatever retention_count says, and said so;
+// the dependent chain still verifies and restores through it.
+TEST(PolicyCliTest, RetentionKeepsABasePointAndSaysWhy) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  TempDir dir;
+  const std::string cat = dir / "catalog.db";
+  std::vector<std::byte> bytes = testing::RandomBytes(1 << 20, 7);
+  testing::WriteFile(dir / "d.raw", bytes);
+  fs::create_directories(dir / "t");
+  const std::string policy = dir / "p.yaml";
+  WriteText(policy, "name: rb\nsources:\n  - image: " + (dir / "d.raw") + "\nretention_count: 1\ntargets: [" +
+                        (dir / "t") + "]\nfree_space_multiple: 0\n");
+  ASSERT_EQ(BargeJson("run --force --policy " + Q(policy), cat).exit_code, 0);
+  std::string chain;
+  for (const auto& e : fs::recursive_directory_iterator(dir / "t")) {
+    if (e.path().extension() == ".qcow2") chain = e.path().parent_path().string();
+  }
+  ASSERT_FALSE(chain.empty());
+  const std::vector<std::string> first = testing::PointIds(chain);
+  ASSERT_EQ(first.size(), 1u);
+  // A clone of the disk, backed up over the policy's point.
+  std::vector<std::byte> clone = bytes;
+  std::fill(clone.begin() + (256 << 10), clone.begin() + (320 << 10), std::byte{0x5a});
+  testing::WriteFile(dir / "clone.raw", clone);
+  RunOk(Barge() + " backup --source " + Q(dir / "clone.raw") + " --source-format raw --target " + Q(dir / "c") +
+        " --name clone --base " + Q(chain));
+  // The disk changes; two more runs, retention_count 1.
+  for (int i = 0; i < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    bytes[static_cast<size_t>(i) * 65536 + 3] ^= std::byte{0xff};
+    testing::WriteFile(dir / "d.raw", bytes);
+    CliResult r = BargeJson("run --force --policy " + Q(policy), cat);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::vector<std::string> now = testing::PointIds(chain);
+  EXPECT_NE(std::find(now.begin(), now.end(), first[0]), now.end()) << "the base point went";
+  CliResult dry = BargeJson("forget --policy " + Q(policy) + " --keep-last 1 --dry-run", cat);
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.result.dump().find("base of 1 chain"), std::string::npos) << dry.result.dump(2);
+  RunOk(Barge() + " verify " + Q(dir / "c/clone"));
+  RunOk(Barge() + " restore " + Q(dir / "c/clone") + " --to " + Q(dir / "r.raw") + " --no-sync");
+  EXPECT_EQ(testing::ReadFile(dir / "r.raw"), clone);
 }
 
 }  // namespace

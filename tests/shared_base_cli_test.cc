@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "formats/digest.h"
+#include "formats/digest_table.h"
+#include "formats/manifest.h"
+#include "formats/strong_digest_table.h"
 #include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
 
@@ -72,6 +76,23 @@ class SharedBaseTest : public ::testing::Test {
       }
     }
     return bytes;
+  }
+
+  // Damages (in place) the stored bytes of the guest cluster at
+  // `guest_offset` of the uncompressed qcow2 `image`.
+  static void DamageBaseAt(const std::string& image, uint64_t guest_offset) {
+    json map = json::parse(RunOk("qemu-img map --output=json " + Q(image)));
+    int64_t host = -1;
+    for (const json& e : map) {
+      const uint64_t start = e.at("start"), length = e.at("length");
+      if (e.value("data", false) && e.contains("offset") && start <= guest_offset && guest_offset < start + length) {
+        host = e.at("offset").get<int64_t>() + static_cast<int64_t>(guest_offset - start);
+      }
+    }
+    ASSERT_GE(host, 0) << map.dump();
+    std::fstream f(image, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(host + 100);
+    f.write("DAMAGED!", 8);
   }
 
   TempDir dir_;
@@ -211,23 +232,90 @@ TEST_F(SharedBaseTest, DamagedBaseFailsTheDependentsVerifyNamingTheBase) {
   BackupClone();
   const std::string base_image = GoldenDir() + "/" + PointIds(GoldenDir())[0] + ".qcow2";
   // A cluster the clone does not override (at 2.5 MiB): damage its bytes.
-  json map = json::parse(RunOk("qemu-img map --output=json " + Q(base_image)));
-  int64_t host = -1;
-  for (const json& e : map) {
-    const uint64_t start = e.at("start"), length = e.at("length");
-    if (e.value("data", false) && e.contains("offset") && start <= (2560u << 10) && (2560u << 10) < start + length) {
-      host = e.at("offset").get<int64_t>() + static_cast<int64_t>((2560u << 10) - start);
-    }
-  }
-  ASSERT_GE(host, 0) << map.dump();
-  {
-    std::fstream f(base_image, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(host + 100);
-    f.write("DAMAGED!", 8);
-  }
+  DamageBaseAt(base_image, 2560u << 10);
   auto v = testing::Run(Barge() + " verify " + Q(CloneDir()));
   EXPECT_EQ(v.exit_code, 2) << v.output;
   EXPECT_TRUE(Has(v.output, base_image)) << v.output;
+}
+
+// "verify of a chain verifies its base too": the base point is verified as
+// a point of its own chain, and said so; a base cluster that the clone
+// overrides (never read through the clone) is still checked.
+TEST_F(SharedBaseTest, VerifyOfTheCloneVerifiesItsBasePointAndSaysSo) {
+  BackupClone();
+  const std::string base_id = PointIds(GoldenDir())[0];
+  json ok = testing::RunResult(Barge() + " verify " + Q(CloneDir()) + " --json");
+  ASSERT_EQ(ok.at("bases").size(), 1u) << ok.dump(2);
+  EXPECT_EQ(ok.at("bases").at(0).at("id"), base_id);
+  EXPECT_EQ(ok.at("bases").at(0).at("chain"), fs::weakly_canonical(GoldenDir()).string());
+  EXPECT_EQ(ok.at("bases").at(0).at("result"), "passed");
+  EXPECT_TRUE(Has(RunOk(Barge() + " verify " + Q(CloneDir())), "verified base " + base_id)) << "text";
+  // The golden chain's own verify has no base.
+  EXPECT_TRUE(testing::RunResult(Barge() + " verify " + Q(GoldenDir()) + " --json").at("bases").empty());
+
+  // The clone overrides 512 KiB..640 KiB: damage the base there.
+  const std::string base_image = GoldenDir() + "/" + base_id + ".qcow2";
+  DamageBaseAt(base_image, 512u << 10);
+  auto v = testing::Run(Barge() + " verify " + Q(CloneDir()));
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_TRUE(Has(v.output, "base " + base_id)) << v.output;
+  EXPECT_TRUE(Has(v.output, base_image)) << v.output;
+  // The clone's own data still restores (it never reads that cluster).
+  RunOk(Barge() + " restore " + Q(CloneDir()) + " --to " + Q(dir_ / "r.raw") + " --no-sync");
+  RunOk("qemu-img compare -q -F raw " + Q(clone_) + " " + Q(dir_ / "r.raw"));
+}
+
+// The clone is compared with its base by SHA-256, never by xxh3: a base
+// whose xxh3 entry for a cluster the clone changed is forged to the clone's
+// bytes (what a guest would need an XXH3 collision for) still gets that
+// cluster stored. The golden chain keeps a strong table (--changed-by
+// digests), so the clone's backup does not read the base at all.
+TEST_F(SharedBaseTest, ForgedXxh3OfTheBaseDoesNotHideAChange) {
+  fs::remove_all(GoldenDir());
+  RunOk(Barge() + " backup --source " + Q(golden_) + " --target " + Q(target_) +
+        " --name golden --compress none --changed-by digests");
+  const std::string id = PointIds(GoldenDir())[0];
+  const uint64_t forged_cluster = (512u << 10) / kCluster;  // the clone wrote 0x55 there
+  std::vector<std::byte> clone_bytes(kCluster, std::byte{0x55});
+  const std::string digests = GoldenDir() + "/" + id + ".digests";
+  auto table = formats::DecodeDigestTable(testing::ReadFile(digests));
+  ASSERT_TRUE(table.ok());
+  for (auto& e : table->entries) {
+    if (e.cluster_index == forged_cluster) e.digest = formats::HashCluster(clone_bytes, kCluster);
+  }
+  testing::WriteFile(digests, formats::EncodeDigestTable(*table));
+  auto m = formats::DecodeManifest(testing::Slurp(testing::ManifestPath(GoldenDir(), id)));
+  ASSERT_TRUE(m.ok());
+  m->image_digest = formats::ImageDigestOf(*table);
+  auto text = formats::EncodeManifest(*m);
+  ASSERT_TRUE(text.ok());
+  testing::WriteText(testing::ManifestPath(GoldenDir(), id), *text);
+  auto strong = formats::DecodeStrongDigestTable(testing::ReadFile(GoldenDir() + "/" + m->strong_digest_table));
+  ASSERT_TRUE(strong.ok());
+  strong->image_digest = m->image_digest;  // bound to the forged point; entries untouched
+  testing::WriteFile(GoldenDir() + "/" + m->strong_digest_table, formats::EncodeStrongDigestTable(*strong));
+
+  json r = BackupClone();
+  const std::string image = r.at("image");
+  EXPECT_EQ(TopLayerBytes(image), 4 * kCluster);
+  json map = json::parse(RunOk("qemu-img map --output=json " + Q(image)));
+  bool stored = false;
+  for (const json& e : map) {
+    const uint64_t start = e.at("start"), length = e.at("length");
+    if (e.value("depth", -1) == 0 && start <= forged_cluster * kCluster && forged_cluster * kCluster < start + length) {
+      stored = e.value("data", false);
+    }
+  }
+  EXPECT_TRUE(stored) << map.dump();
+  RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(image));
+  // The clone's point keeps the whole source's SHA-256 table: its first
+  // digest incremental reads no point of the chain.
+  const json cm = ReadJson(r.at("manifest").get<std::string>());
+  EXPECT_FALSE(cm.value("strong_digest_table", "").empty()) << cm.dump(2);
+  json inc = testing::RunResult(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target_) +
+                                " --name clone --incremental --changed-by digests --json");
+  EXPECT_EQ(inc.at("digest_changed_clusters"), 0);
+  EXPECT_FALSE(inc.contains("strong_computed_bytes")) << inc.dump(2);
 }
 
 TEST_F(SharedBaseTest, MovedOrMissingBaseIsAClearError) {
@@ -254,6 +342,88 @@ TEST_F(SharedBaseTest, MovedOrMissingBaseIsAClearError) {
                            " --name other --base nosuch");
   EXPECT_EQ(none.exit_code, 1) << none.output;
   EXPECT_TRUE(Has(none.output, target_ + "/nosuch")) << none.output;
+}
+
+// `replicate` and the image catalog: a backing image in the catalog named
+// as the base directly (`--base image:NAME`). Its first use backs a ready
+// copy up as chain NAME of the target (marked with the image's SHA-512);
+// later clones stand on that same point; qemu-img reads each clone's
+// chain by its relative backing name; verify and restore go through it;
+// the point is protected as any base; an image not in the catalog, or a
+// chain of that name that is not the image's, is a clear error.
+TEST_F(SharedBaseTest, CatalogImageIsNamedAsTheBaseDirectly) {
+  const std::string catalog = dir_ / "catalog.db";
+  const std::string disk1 = dir_ / "disk1";
+  const std::string disk2 = dir_ / "disk2";
+  const std::string target = dir_ / "bk-cat";
+  fs::create_directories(disk1);
+  fs::create_directories(disk2);
+  RunOk(Barge() + " image add golden --catalog " + Q(catalog) + " --source " + Q(golden_) + " --disk " + Q(disk1));
+  auto backup = [&](const std::string& name) {
+    return testing::RunResult(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target) + " --name " +
+                              name + " --base image:golden --catalog " + Q(catalog) + " --json");
+  };
+  json first = backup("clone1");
+  ASSERT_TRUE(first.contains("base_image")) << first.dump(2);
+  EXPECT_EQ(first.at("base_image").at("imported"), true);
+  EXPECT_EQ(first.at("base_image").at("copy"), disk1 + "/golden.raw");
+  const std::string golden_dir = target + "/golden";
+  const std::vector<std::string> golden_ids = PointIds(golden_dir);
+  ASSERT_EQ(golden_ids.size(), 1u);
+  EXPECT_EQ(first.at("base"), "../golden@" + golden_ids[0]);
+  const json marker = ReadJson(golden_dir + "/.catalog-image.json");
+  EXPECT_EQ(marker.at("image"), "golden");
+  EXPECT_EQ(marker.at("point"), golden_ids[0]);
+  EXPECT_EQ(marker.at("sha512"), ReadJson(disk1 + "/golden.raw.sha512.json").at("sha512"));
+
+  // The clone's point holds only its differences and reads unaided.
+  const std::string image = first.at("image");
+  EXPECT_EQ(TopLayerBytes(image), 4 * kCluster);
+  EXPECT_EQ(json::parse(RunOk("qemu-img info --output=json " + Q(image))).at("backing-filename"),
+            "../golden/" + golden_ids[0] + ".qcow2");
+  RunOk("qemu-img check -q " + Q(image));
+  RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(image));
+  RunOk(Barge() + " verify " + Q(target + "/clone1"));
+  const std::string restored = dir_ / "restored-cat.raw";
+  RunOk(Barge() + " restore " + Q(target + "/clone1") + " --to " + Q(restored) + " --no-sync");
+  RunOk("qemu-img compare -q -F raw " + Q(clone_) + " " + Q(restored));
+
+  // A second clone stands on the same point: the image is not read again.
+  RunOk(Barge() + " image sync golden --catalog " + Q(catalog) + " --disks " + Q(disk2));
+  json second = backup("clone2");
+  EXPECT_EQ(second.at("base_image").at("imported"), false);
+  EXPECT_EQ(second.at("base_image").at("point"), golden_ids[0]);
+  EXPECT_EQ(PointIds(golden_dir).size(), 1u);
+  RunOk("qemu-img compare -q " + Q(clone_) + " " + Q(second.at("image").get<std::string>()));
+  EXPECT_TRUE(Has(RunOk(Barge() + " list " + Q(golden_dir)), "base of 2 chains"));
+
+  // The image's chain goes on (a later point); forget keeping only the
+  // newest keeps the base point, and says why.
+  RunOk(Barge() + " backup --source " + Q(disk1 + "/golden.raw") + " --source-format raw --target " + Q(target) +
+        " --name golden --incremental --changed-by digests");
+  ASSERT_EQ(PointIds(golden_dir).size(), 2u);
+  json f = testing::RunResult(Barge() + " forget " + Q(golden_dir) + " --keep-last 1 --json");
+  EXPECT_TRUE(Has(f.dump(), "base of 2 chains")) << f.dump(2);
+  EXPECT_EQ(PointIds(golden_dir).size(), 2u);
+  // The catalog's own removal (cleanup of unused copies) may drop a copy:
+  // the base is the chain's point, not the copy.
+  RunOk(Barge() + " image cleanup --catalog " + Q(catalog) + " --unused-for 0");
+  RunOk(Barge() + " verify " + Q(target + "/clone2"));
+  // A third clone still stands on the marked point.
+  EXPECT_EQ(backup("clone3").at("base_image").at("point"), golden_ids[0]);
+
+  // Errors: an image the catalog lacks; a chain of the image's name that is
+  // not the image's.
+  auto none = testing::Run(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target) +
+                           " --name clone4 --base image:nosuch --catalog " + Q(catalog));
+  EXPECT_EQ(none.exit_code, 1) << none.output;
+  EXPECT_TRUE(Has(none.output, "NotFound") && Has(none.output, "nosuch")) << none.output;
+  EXPECT_FALSE(fs::exists(target + "/clone4"));
+  auto other = testing::Run(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target_) +
+                            " --name clone4 --base image:golden --catalog " + Q(catalog));
+  EXPECT_EQ(other.exit_code, 1) << other.output;
+  EXPECT_TRUE(Has(other.output, "not made from the catalog's image")) << other.output;
+  EXPECT_FALSE(fs::exists(target_ + "/clone4"));
 }
 
 }  // namespace

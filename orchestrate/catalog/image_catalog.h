@@ -150,6 +150,9 @@ class ImageCatalog {
   // would be gone). dry_run: report what would be removed; change nothing
   // (not even the "unused since" times).
   Result<CleanupResult> Cleanup(std::chrono::seconds unused_for, bool dry_run = false);
+  // The image's lock file (CatalogLockPath's kImage), the one add, sync,
+  // cleanup and `backup --base image:NAME` hold.
+  std::string LockPath(const std::string& name) const;
 
  private:
   ImageCatalog(Env& env, std::unique_ptr<SqliteDb> db, std::string catalog_path);
@@ -159,9 +162,6 @@ class ImageCatalog {
   std::string DiskKey(const std::string& disk);
   // The copy's state after a send, written by a send thread.
   Status RecordCopy(const ImageCopyRecord& copy);
-  // The image's lock file (CatalogLockPath's kImage):
-  // <catalog folder>/locks/images/NAME.lock.
-  std::string LockPath(const std::string& name) const;
   // RecoverInterrupted, where the caller already holds the lock of image
   // `held` ("" for none).
   Result<std::vector<ImageCopyRecord>> Recover(const std::string& name, const std::string& held);
