@@ -604,7 +604,7 @@ std::optional<std::string> FindStagedCopy(Job& job, Pending& p, const Destinatio
 // checked against their digests, zeros elsewhere) and collects their
 // digests. Read from the copy, not the source.
 Status HashKeptPart(Job& job, const Pending& p, const DestinationSpec& spec) {
-  const LoadedJournal kept = JournalUpTo(*p.staged, job.resume_cluster);
+  LoadedJournal kept = JournalUpTo(*p.staged, job.resume_cluster);
   const uint64_t end = std::min(job.result.virtual_size, job.resume_cluster * spec.cluster_bytes);
   uint64_t fed = 0;
   auto feed = [&](uint64_t index, std::span<const std::byte> bytes) -> Status {
@@ -617,6 +617,12 @@ Status HashKeptPart(Job& job, const Pending& p, const DestinationSpec& spec) {
   Result<StagedCheck> check = Error::InvalidArgument("no check");
   if (job.out_qcow2) {
     BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
+    // A journal cut short of its last checkpoint ends where its kept
+    // clusters' layout does.
+    std::vector<formats::StoredCluster> stored;
+    for (const JournalEntry& e : kept.entries) stored.push_back(e.stored);
+    BARGE_ASSIGN_OR_RETURN(auto layout, formats::Qcow2Writer::PlanStored(options, stored));
+    kept.end_bytes = layout.end_bytes;
     check = CheckStaged(job.env, staged, options, kept, feed);
   } else {
     check = CheckStagedRaw(job.env, staged, job.result.virtual_size, spec.cluster_bytes, kept, feed);
