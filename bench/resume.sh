@@ -3,7 +3,9 @@
 # generated disk served by nbdkit at a network-like rate (the rate filter):
 # the bytes the resumed run reads (nbdkit's log filter, and barge's own
 # count) as a fraction of the uninterrupted run's (target: <= 55%), times,
-# and whether both images are byte for byte the same.
+# and whether both images are byte for byte the same. Then the same for
+# `barge replicate` of the export to a raw file (cmp against the
+# uninterrupted copy).
 #
 #   bench/resume.sh [--size 1G] [--seed 1] [--workdir /var/tmp] [--barge PATH]
 #                   [--rate 1G] [--cut 0.5]   (--rate: bits per second)
@@ -56,6 +58,30 @@ backup() {  # backup TARGET OUT.json [flags]
   "$BARGE" backup --source "nbd+unix:///?socket=$SOCK" --target "$target" --name disk --json "$@" >"$out"
 }
 
+kill_at_cut() {  # kill_at_cut OUT.json PID: SIGKILL once the progress passes $CUT
+python3 - "$1" "$CUT" "$2" <<'EOF'
+import json, os, signal, sys, time
+path, cut, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+seen = 0
+while True:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        sys.exit("the run ended before the cut")
+    with open(path) as f:
+        for line in f.readlines()[seen:]:
+            seen += 1
+            e = json.loads(line)
+            if e.get("event") == "progress" and e["done_bytes"] >= cut * e["total_bytes"]:
+                os.kill(pid, signal.SIGKILL)
+                print(f"killed at {e['done_bytes']} of {e['total_bytes']} bytes done")
+                with open(path + ".cut", "w") as out:
+                    out.write(f"{e['done_bytes'] / e['total_bytes']:.3f}")
+                sys.exit(0)
+    time.sleep(0.02)
+EOF
+}
+
 echo
 echo "== uninterrupted"
 serve "$WORK/whole.log"
@@ -74,27 +100,7 @@ start=$(date +%s.%N)
 # SIGKILL must hit barge.
 "$BARGE" backup --source "nbd+unix:///?socket=$SOCK" --target "$WORK/cut" --name disk --json >"$WORK/cut.json" &
 pid=$!
-python3 - "$WORK/cut.json" "$CUT" "$pid" <<'EOF'
-import json, os, signal, sys, time
-path, cut, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-seen = 0
-while True:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        sys.exit("the backup ended before the cut")
-    with open(path) as f:
-        for line in f.readlines()[seen:]:
-            seen += 1
-            e = json.loads(line)
-            if e.get("event") == "progress" and e["done_bytes"] >= cut * e["total_bytes"]:
-                os.kill(pid, signal.SIGKILL)
-                print(f"killed at {e['done_bytes']} of {e['total_bytes']} bytes done")
-                with open(path + ".cut", "w") as out:
-                    out.write(f"{e['done_bytes'] / e['total_bytes']:.3f}")
-                sys.exit(0)
-    time.sleep(0.02)
-EOF
+kill_at_cut "$WORK/cut.json" "$pid"
 wait "$pid" 2>/dev/null || true
 cut_s=$(since "$start")
 staged=$(ls -a "$WORK"/cut/disk/ | grep -c 'barge-tmp$' || true)
@@ -125,3 +131,38 @@ printf '%-34s %s\n' "progress at the kill (of the work)" "$(cat "$WORK/cut.json.
 printf '%-34s %s (target <= 0.55 when cut at 0.5)\n' "resumed read / uninterrupted read" "$frac"
 printf '%-34s %s\n' "cut + resumed time / uninterrupted" "$(calc "($cut_s + $resumed_s) / $whole_s")"
 printf '%-34s %s\n' "images byte-identical (cmp)" "$same"
+
+echo
+echo "== replicate: uninterrupted, then cut at $CUT and resumed"
+replicate() {  # replicate DST OUT.json
+  "$BARGE" replicate "nbd+unix:///?socket=$SOCK" --to "$1" --json >"$2"
+}
+serve "$WORK/rwhole.log"
+start=$(date +%s.%N)
+replicate "$WORK/rwhole.raw" "$WORK/rwhole.json"
+rwhole_s=$(since "$start")
+stop
+rwhole_read=$(read_bytes "$WORK/rwhole.log")
+serve "$WORK/rcut.log"
+start=$(date +%s.%N)
+"$BARGE" replicate "nbd+unix:///?socket=$SOCK" --to "$WORK/rcut.raw" --json >"$WORK/rcut.json" &
+pid=$!
+kill_at_cut "$WORK/rcut.json" "$pid"
+wait "$pid" 2>/dev/null || true
+rcut_s=$(since "$start")
+stop
+[ -f "$WORK/.rcut.raw.barge-resume" ] || die "the killed replicate left no journal"
+serve "$WORK/rresumed.log"
+start=$(date +%s.%N)
+replicate "$WORK/rcut.raw" "$WORK/rresumed.json"
+rresumed_s=$(since "$start")
+stop
+rresumed_read=$(read_bytes "$WORK/rresumed.log")
+rsame=no; cmp -s "$WORK/rwhole.raw" "$WORK/rcut.raw" && rsame=yes
+cmp -s "$WORK/rcut.raw" "$DISK" || die "the resumed copy differs from the disk"
+printf '%-34s %s\n' "replicate uninterrupted: time, read" "${rwhole_s}s, $rwhole_read bytes"
+printf '%-34s %s\n' "replicate cut run (killed): time" "${rcut_s}s"
+printf '%-34s %s\n' "replicate resumed: time, read" "${rresumed_s}s, $rresumed_read bytes (barge: $(field "$WORK/rresumed.json" bytes_read), kept: $(field "$WORK/rresumed.json" resume.staged_bytes))"
+printf '%-34s %s\n' "progress at the kill (of the copy)" "$(cat "$WORK/rcut.json.cut")"
+printf '%-34s %s (target <= 0.55 when cut at 0.5)\n' "replicate resumed read / whole" "$(calc "$rresumed_read / $rwhole_read")"
+printf '%-34s %s\n' "copies byte-identical (cmp)" "$rsame"

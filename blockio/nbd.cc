@@ -297,12 +297,71 @@ struct Export {
   std::unique_ptr<HandlePool> pool;
 };
 
+std::string Seconds(std::chrono::milliseconds ms);
+
+// A first connection that failed for want of a server (not yet listening,
+// not yet reachable, or gone mid-handshake): worth another try. A refusal
+// by a server that answered (no such export, TLS refused) is not.
+bool ServerNotThereYet(const Error& e) {
+  switch (e.errno_value()) {
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case EPIPE:
+    case ENOENT:  // a unix socket not yet made
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The first connection, retried as a reconnect is (NbdRetryPolicy: the
+// same attempts, time bound and backoff), for a server that starts late
+// or a network that comes up a moment later. A server that answers with
+// a refusal fails at once.
+Result<std::unique_ptr<NbdHandle>> ConnectFirst(const std::string& uri, const std::string& name,
+                                                const NbdOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  using std::chrono::milliseconds;
+  const NbdRetryPolicy& policy = options.retry;
+  const auto start = Clock::now();
+  uint32_t retries = 0;
+  for (;;) {
+    auto handle = Connect(uri, name, options, options.connect_timeout);
+    if (handle.ok() || !ServerNotThereYet(handle.error())) return handle;
+    auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+    milliseconds delay = policy.max_delay;
+    if (retries < 20) delay = std::min(policy.first_delay * (int64_t{1} << retries), delay);
+    if (retries >= policy.attempts || elapsed + delay > policy.max_time) {
+      if (retries == 0) return handle;
+      Error e = std::move(handle).error();
+      return Error(e.code(), "no NBD server answered: " + std::to_string(retries + 1) + " connection attempts in " +
+                                 Seconds(elapsed) + " s (bounds: " + std::to_string(policy.attempts) +
+                                 " retries, " + Seconds(policy.max_time) + " s); last attempt: " + e.message())
+          .set_errno(e.errno_value())
+          .set_retryable(true)
+          .set_path(name);
+    }
+    auto until = Clock::now() + delay;
+    while (Clock::now() < until) {
+      if (policy.cancel != nullptr && policy.cancel->load()) {
+        return Error::Cancelled("cancelled while connecting").set_path(name);
+      }
+      std::this_thread::sleep_for(std::min<Clock::duration>(milliseconds(50), until - Clock::now()));
+    }
+    ++retries;
+  }
+}
+
 // Opens the first connection, learns the export, then opens the extra
 // connections that multi-conn allows. An extra connection that fails is
 // dropped rather than failing the open: fewer connections only cost speed.
 Result<Export> OpenExport(const std::string& uri, const std::string& name, const NbdOptions& options) {
   std::vector<std::unique_ptr<NbdHandle>> handles;
-  BARGE_ASSIGN_OR_RETURN(auto first, Connect(uri, name, options, options.connect_timeout));
+  BARGE_ASSIGN_OR_RETURN(auto first, ConnectFirst(uri, name, options));
   BARGE_ASSIGN_OR_RETURN(ExportInfo info, Probe(first->get(), name, options));
   handles.push_back(std::move(first));
   uint32_t wanted = info.multi_conn ? std::max<uint32_t>(options.connections, 1) : 1;

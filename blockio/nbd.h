@@ -33,6 +33,10 @@ struct NbdReconnect {
 // error reply on a live connection (EIO, ENOSPC) is an answer, not a drop,
 // and is never retried. Reads, writes, zeroes, trims and flushes are all
 // idempotent at a fixed offset, so sending one again is safe.
+// The same bounds apply to the first connection when no server answers it
+// (refused, unreachable, timed out, no Unix socket yet): a server that
+// starts late is waited for. A server that refuses (TLS, no such export)
+// fails the open at once.
 struct NbdRetryPolicy {
   // Connection attempts per drop; 0: a drop fails at once. The count starts
   // again once a command completes on a new connection.

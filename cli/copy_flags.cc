@@ -72,7 +72,8 @@ void CopyFlags::AddTo(CLI::App* app, const std::string& default_compress, unsign
                         ->group(group(kResourceFlags));
   if (which & kNbdFlags) {
     app->add_option("--nbd-retries", nbd_retries,
-                    "Reconnect attempts after an NBD connection drops (0 to 100; 0 = fail at once); "
+                    "Reconnect attempts after an NBD connection drops, and retries of the first "
+                    "connection when no server answers (0 to 100; 0 = fail at once); "
                     "only what was not yet transferred is sent again")
         ->capture_default_str();
     app->add_option("--nbd-retry-time", nbd_retry_time_s,

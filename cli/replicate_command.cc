@@ -31,6 +31,7 @@ struct ReplicateArgs {
   double stall_timeout_s = 60;
   bool verify = false;
   bool force = false;
+  bool no_resume = false;
 };
 
 // One line per destination: redrawn in place on a terminal (cursor up),
@@ -106,6 +107,18 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   o.expected_sha512 = a.expected_sha512;
   o.verify = a.verify;
   o.force = a.force;
+  o.resume = !a.no_resume;
+  // Said before the copy starts, so a long resumed run shows it at once.
+  o.on_resume = [&out](const pipeline::ResumeNote& note) {
+    if (note.resumed) {
+      out.text() << "resuming from " << HumanBytes(note.staged_bytes) << " written (of "
+                 << HumanBytes(note.total_bytes) << ")"
+                 << (note.problem.empty() ? "" : "; copied again from " + note.problem) << "\n";
+    } else {
+      out.text() << "staged copy not reusable: " << note.problem << ", starting over\n";
+    }
+    out.text().flush();
+  };
   o.copy.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.stall_timeout_s * 1000));
   // A kept backing chain is opened (for --verify) under the same policy.
   o.allow_any_path = a.flags.allow_any_path;
@@ -156,7 +169,7 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
       if (d.state != pipeline::ReplicaState::kFailed) j["file_bytes"] = d.file_bytes;
       dests.push_back(std::move(j));
     }
-    out.Result({{"source", RedactNbdUri(a.source)},
+    json result = {{"source", RedactNbdUri(a.source)},
                {"source_format", o.source_format},
                {"format", r.format},
                {"virtual_size", r.virtual_size},
@@ -169,7 +182,13 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
                {"backing_file", r.backing_file},
                {"bytes_read", r.bytes_read},
                {"duration_seconds", secs},
-               {"destinations", dests}});
+               {"destinations", dests}};
+    if (r.resume) {
+      result["resume"] = {{"resumed", r.resume->resumed},
+                          {"staged_bytes", r.resume->staged_bytes},
+                          {"problem", r.resume->problem}};
+    }
+    out.Result(result);
   }
   std::ostream& t = out.text();
   for (const auto& d : r.replicas) {
@@ -184,6 +203,7 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   if (!r.bitmaps.empty()) t << ", " << r.bitmaps.size() << " bitmap(s) carried";
   if (r.bitmaps_dropped) t << ", bitmaps dropped (raw output)";
   if (!r.backing_file.empty()) t << ", top layer only, backing file '" << r.backing_file << "'";
+  if (r.resume && r.resume->resumed) t << " (resumed: " << HumanBytes(r.resume->staged_bytes) << " already written)";
   t << "\n";
   if (CancelFlag().load()) return out.Fail(Error::Cancelled("replicate interrupted").set_path(RedactNbdUri(a.source)));
   if (r.checksum_mismatch) {
@@ -236,6 +256,9 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--verify", args->verify, "Re-read each new copy and compare its digests");
   cmd->add_flag("--force", args->force, "Replace existing files that are not matching copies");
+  cmd->add_flag("--no-resume", args->no_resume,
+                "Do not resume what an interrupted run of this replicate wrote: sweep it and start over (and "
+                "keep nothing for a later run if this one fails)");
   cmd->add_option("--stall-timeout", args->stall_timeout_s,
                   "Seconds without progress after which a destination fails (0 = never)")
       ->capture_default_str();

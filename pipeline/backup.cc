@@ -612,28 +612,6 @@ Status StartManifest(const BackupRequest& req, const std::string& started_at, Ba
   return OkStatus();
 }
 
-// A sink whose bytes past its size at the wrap read as zeros, as the
-// resumed writer only appends there (Qcow2Writer::Resume truncated the
-// file to its end): it may leave zero blocks unwritten as on a new file.
-class ResumedSink final : public BlockSink {
- public:
-  explicit ResumedSink(BlockSink& target) : target_(target) {}
-  const std::string& name() const override { return target_.name(); }
-  uint64_t size_bytes() const override { return target_.size_bytes(); }
-  SinkCapabilities capabilities() const override {
-    SinkCapabilities caps = target_.capabilities();
-    caps.zero_initialized = true;
-    return caps;
-  }
-  Status WriteAt(uint64_t offset, std::span<const std::byte> data) override { return target_.WriteAt(offset, data); }
-  Status WriteZeroes(uint64_t offset, uint64_t length) override { return target_.WriteZeroes(offset, length); }
-  Status Flush() override { return target_.Flush(); }
-  Status Truncate(uint64_t size_bytes) override { return target_.Truncate(size_bytes); }
-
- private:
-  BlockSink& target_;  // the staged file's; outlives this
-};
-
 // 3. Makes the destination: the point's qcow2 image, staged in the chain
 // folder, or the staged one a killed run left, taken over. An incremental
 // names its parent and stores the zero clusters of its work set (they must
@@ -670,14 +648,6 @@ Result<std::unique_ptr<Qcow2Destination>> MakeImage(Env& env, const BackupReques
   if (!made.ok()) return Error(made.error()).Wrap("backup: starting " + run.m.image);
   return made;
 }
-
-// How often a resumable backup checkpoints: about every 2% of its work
-// (so a resumed run copies little again), between 4 and 64 MiB, and at
-// least every 2 seconds.
-uint64_t CheckpointBytes(uint64_t work_bytes) {
-  return std::clamp<uint64_t>(work_bytes / 50, 4ull << 20, 64ull << 20);
-}
-constexpr std::chrono::milliseconds kCheckpointInterval{2000};
 
 // 4. Runs the copy of the work set (what is left of it, resumed); an
 // incremental's clusters that equal the parent's are still written (zero

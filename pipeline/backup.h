@@ -12,21 +12,11 @@
 #include "blockio/extent.h"
 #include "blockio/source.h"
 #include "formats/manifest.h"
+#include "pipeline/backup_resume.h"
 #include "pipeline/copy.h"
 #include "pipeline/endpoints.h"
 
 namespace barge::pipeline {
-
-// What became of a backup a killed or failed run of it had staged (a
-// resume journal found in the chain folder, pipeline/backup_resume.h).
-struct ResumeNote {
-  bool resumed = false;
-  uint64_t staged_bytes = 0;  // resumed: bytes of the work taken from the staged image
-  uint64_t total_bytes = 0;   // bytes of the work
-  // resumed: what of the staged image failed its check and is copied
-  // again ("" if nothing); not resumed: why it could not be used.
-  std::string problem;
-};
 
 // How an incremental finds what changed since the chain's latest point.
 enum class ChangedBy : uint8_t {

@@ -213,7 +213,7 @@ std::unique_ptr<EnvLock> SpareResumableImage(Env& env, const std::string& dir) {
 }
 
 Result<StagedCheck> CheckStaged(Env& env, const std::string& staged_path, const formats::Qcow2WriterOptions& options,
-                                const LoadedJournal& journal) {
+                                const LoadedJournal& journal, const StagedClusterFn& on_cluster) {
   StagedCheck check;
   std::vector<formats::StoredCluster> stored;
   stored.reserve(journal.entries.size());
@@ -254,6 +254,9 @@ Result<StagedCheck> CheckStaged(Env& env, const std::string& staged_path, const 
         if (read.ok()) got = formats::HashCluster(std::span(cluster).first(length), cs);
         break;
     }
+    if (read.ok() && got == e.digest && on_cluster && e.stored.kind != formats::StoredKind::kZero) {
+      BARGE_RETURN_IF_ERROR(on_cluster(index, std::span(cluster).first(length)));
+    }
     if (!read.ok() || got != e.digest) {
       check.kept_entries = i;
       check.next_cluster = index;
@@ -265,6 +268,67 @@ Result<StagedCheck> CheckStaged(Env& env, const std::string& staged_path, const 
   check.kept_entries = journal.entries.size();
   check.next_cluster = journal.next_cluster;
   return check;
+}
+
+Result<StagedCheck> CheckStagedRaw(Env& env, const std::string& staged_path, uint64_t virtual_size,
+                                   uint32_t cluster_bytes, const LoadedJournal& journal,
+                                   const StagedClusterFn& on_cluster) {
+  StagedCheck check;
+  const uint64_t cs = cluster_bytes;
+  const uint64_t disk_clusters = (virtual_size + cs - 1) / cs;
+  if (cs == 0 || journal.next_cluster > disk_clusters) {
+    check.problem = "the journal does not match the staged copy's size";
+    return check;
+  }
+  for (size_t i = 0; i < journal.entries.size(); ++i) {
+    const JournalEntry& e = journal.entries[i];
+    if (e.stored.kind != formats::StoredKind::kData || e.stored.cluster_index >= journal.next_cluster ||
+        (i > 0 && e.stored.cluster_index <= journal.entries[i - 1].stored.cluster_index)) {
+      check.problem = "the journal does not match a raw copy";
+      return check;
+    }
+  }
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> src, env.OpenSource(staged_path));
+  std::vector<std::byte> cluster(cs);
+  const formats::Digest128 zero = formats::ZeroClusterDigest(cluster_bytes);
+  size_t at = 0;
+  for (uint64_t index = 0; index < journal.next_cluster; ++index) {
+    uint32_t length = index + 1 == disk_clusters && virtual_size % cs != 0 ? static_cast<uint32_t>(virtual_size % cs)
+                                                                           : cluster_bytes;
+    const bool journaled = at < journal.entries.size() && journal.entries[at].stored.cluster_index == index;
+    Status read = ReadZeroFilled(*src, index * cs, std::span(cluster).first(length));
+    formats::Digest128 got = read.ok() ? formats::HashCluster(std::span(cluster).first(length), cluster_bytes) : zero;
+    const formats::Digest128 want = journaled ? journal.entries[at].digest : zero;
+    if (!read.ok() || got != want) {
+      check.kept_entries = at;
+      check.next_cluster = index;
+      check.problem = "cluster " + std::to_string(index) + " (offset " + std::to_string(index * cs) + ") " +
+                      (!read.ok()   ? "cannot be read: " + read.error().message()
+                       : journaled ? std::string("does not match its digest")
+                                   : std::string("should read as zeros and does not"));
+      return check;
+    }
+    if (journaled) {
+      if (on_cluster) BARGE_RETURN_IF_ERROR(on_cluster(index, std::span(cluster).first(length)));
+      ++at;
+    }
+  }
+  check.kept_entries = journal.entries.size();
+  check.next_cluster = journal.next_cluster;
+  return check;
+}
+
+LoadedJournal JournalUpTo(const LoadedJournal& journal, uint64_t cluster) {
+  LoadedJournal out;
+  out.key = journal.key;
+  for (const JournalEntry& e : journal.entries) {
+    if (e.stored.cluster_index >= cluster) break;
+    out.entries.push_back(e);
+  }
+  out.next_cluster = std::min(cluster, journal.next_cluster);
+  out.end_bytes = journal.end_bytes;
+  out.torn = journal.torn;
+  return out;
 }
 
 Result<std::unique_ptr<ResumeJournal>> ResumeJournal::Create(Env& env, const std::string& path, const ResumeKey& key,
@@ -305,7 +369,15 @@ Status ResumeJournal::Remove() {
 
 JournaledDestination::JournaledDestination(Qcow2Destination& inner, ResumeJournal& journal, bool store_zero,
                                            uint64_t checkpoint_bytes, std::chrono::milliseconds checkpoint_interval)
+    : JournaledDestination(
+          inner, [&inner]() { return inner.writer().Sync(); }, journal, store_zero, checkpoint_bytes,
+          checkpoint_interval) {}
+
+JournaledDestination::JournaledDestination(Destination& inner, std::function<Result<uint64_t>()> sync,
+                                           ResumeJournal& journal, bool store_zero, uint64_t checkpoint_bytes,
+                                           std::chrono::milliseconds checkpoint_interval)
     : inner_(inner),
+      sync_(std::move(sync)),
       journal_(journal),
       store_zero_(store_zero),
       checkpoint_bytes_(checkpoint_bytes),
@@ -347,7 +419,7 @@ Status JournaledDestination::Checkpoint() {
   if (pending_.empty() && next_cluster_ == journaled_next_) return OkStatus();
   if (failed_) return Error::InvalidArgument("resume journal: an earlier write failed");
   // The image first: a checkpoint only ever names bytes already durable.
-  auto end = inner_.writer().Sync();
+  auto end = sync_();
   Status appended = end.ok() ? journal_.Append(pending_, next_cluster_, *end) : Status(end.error());
   if (!appended.ok()) {
     failed_ = true;

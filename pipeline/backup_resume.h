@@ -5,7 +5,9 @@
 // journal's format: docs/formats/resume.md.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -15,6 +17,7 @@
 
 #include "blockio/env.h"
 #include "blockio/extent.h"
+#include "blockio/sink.h"
 #include "formats/digest.h"
 #include "formats/qcow2_writer.h"
 #include "pipeline/destination.h"
@@ -48,6 +51,17 @@ std::string ResumeMismatch(const ResumeKey& staged, const ResumeKey& now);
 
 // xxh3-128 of a range list (the work set), as ResumeKey::work_digest.
 std::string RangesDigest(const RangeList& ranges);
+
+// What became of a staged run's data (a backup's image, a replicated
+// copy) found by the next run.
+struct ResumeNote {
+  bool resumed = false;
+  uint64_t staged_bytes = 0;  // resumed: bytes of the work taken from the staged image
+  uint64_t total_bytes = 0;   // bytes of the work
+  // resumed: what of the staged image failed its check and is copied
+  // again ("" if nothing); not resumed: why it could not be used.
+  std::string problem;
+};
 
 // One stored cluster and the digest of its guest bytes.
 struct JournalEntry {
@@ -91,8 +105,54 @@ struct StagedCheck {
 // compressed, and compares its digest with the journal's: the entries up
 // to the first mismatch or unreadable cluster are kept (the rest is copied
 // again). An error only when the image cannot be opened at all.
+// `on_cluster`, when set, gets every journaled data or compressed cluster
+// that verified, in guest order, with its guest bytes (a replicated copy's
+// SHA-512 of the kept part is taken from them); an error from it ends the
+// check with that error.
+using StagedClusterFn = std::function<Status(uint64_t cluster_index, std::span<const std::byte> bytes)>;
 Result<StagedCheck> CheckStaged(Env& env, const std::string& staged_path,
-                                const formats::Qcow2WriterOptions& options, const LoadedJournal& journal);
+                                const formats::Qcow2WriterOptions& options, const LoadedJournal& journal,
+                                const StagedClusterFn& on_cluster = nullptr);
+// The same for a raw file written by a RawDestination on a fresh file (a
+// replicated raw copy): every cluster below the journal's next cluster is
+// read back, a journaled one must match its digest and any other must read
+// as zeros. `on_cluster` gets the journaled clusters that verified.
+Result<StagedCheck> CheckStagedRaw(Env& env, const std::string& staged_path, uint64_t virtual_size,
+                                   uint32_t cluster_bytes, const LoadedJournal& journal,
+                                   const StagedClusterFn& on_cluster = nullptr);
+// `journal` cut to the clusters below `cluster` (what a resume from there
+// keeps), with `cluster` as its next cluster.
+LoadedJournal JournalUpTo(const LoadedJournal& journal, uint64_t cluster);
+
+// A sink whose bytes past its size at the wrap read as zeros, as the
+// resumed writer only appends there (Qcow2Writer::Resume, or a resumed raw
+// copy, truncated the file to its end): it may leave zero blocks unwritten as on a new file.
+class ResumedSink final : public BlockSink {
+ public:
+  explicit ResumedSink(BlockSink& target) : target_(target) {}
+  const std::string& name() const override { return target_.name(); }
+  uint64_t size_bytes() const override { return target_.size_bytes(); }
+  SinkCapabilities capabilities() const override {
+    SinkCapabilities caps = target_.capabilities();
+    caps.zero_initialized = true;
+    return caps;
+  }
+  Status WriteAt(uint64_t offset, std::span<const std::byte> data) override { return target_.WriteAt(offset, data); }
+  Status WriteZeroes(uint64_t offset, uint64_t length) override { return target_.WriteZeroes(offset, length); }
+  Status Flush() override { return target_.Flush(); }
+  Status Truncate(uint64_t size_bytes) override { return target_.Truncate(size_bytes); }
+
+ private:
+  BlockSink& target_;  // the staged file's; outlives this
+};
+
+// How often a resumable copy checkpoints: about every 2% of its work (so
+// a resumed run copies little again), between 4 and 64 MiB, and at least
+// every kCheckpointInterval.
+inline uint64_t CheckpointBytes(uint64_t work_bytes) {
+  return std::clamp<uint64_t>(work_bytes / 50, 4ull << 20, 64ull << 20);
+}
+inline constexpr std::chrono::milliseconds kCheckpointInterval{2000};
 
 // The journal being written. One thread at a time; `env` must outlive it.
 class ResumeJournal {
@@ -129,6 +189,12 @@ class JournaledDestination final : public Destination {
  public:
   JournaledDestination(Qcow2Destination& inner, ResumeJournal& journal, bool store_zero, uint64_t checkpoint_bytes,
                        std::chrono::milliseconds checkpoint_interval);
+  // Any destination that writes in guest order with `sync` making what it
+  // stored durable and returning its file's end: a raw copy
+  // (RawDestination, whose data clusters are journaled as kData). Its
+  // Consume runs in order here, even where the inner one allows more.
+  JournaledDestination(Destination& inner, std::function<Result<uint64_t>()> sync, ResumeJournal& journal,
+                       bool store_zero, uint64_t checkpoint_bytes, std::chrono::milliseconds checkpoint_interval);
 
   const std::string& name() const override { return inner_.name(); }
   formats::Compression compression() const override { return inner_.compression(); }
@@ -145,7 +211,8 @@ class JournaledDestination final : public Destination {
   bool failed() const { return failed_; }
 
  private:
-  Qcow2Destination& inner_;  // borrowed
+  Destination& inner_;  // borrowed
+  std::function<Result<uint64_t>()> sync_;
   ResumeJournal& journal_;   // borrowed
   bool store_zero_;
   uint64_t checkpoint_bytes_;

@@ -147,5 +147,54 @@ TEST(ResumeJournalTest, CheckStagedKeepsUpToTheFirstDamagedCluster) {
   EXPECT_EQ(other->next_cluster, 0u);
 }
 
+// A raw copy (replicate): journaled clusters match their digests, the rest
+// below the next cluster reads as zeros; the first that does not ends what
+// is kept, and the callback sees exactly the kept journaled clusters.
+TEST(ResumeJournalTest, CheckStagedRawKeepsUpToTheFirstBadCluster) {
+  TempDir dir;
+  Env& env = Env::Default();
+  const uint64_t size = 8 * 65536;
+  const std::string staged = dir / "copy";
+  std::vector<std::byte> file(6 * 65536, std::byte{0});
+  LoadedJournal journal;
+  for (uint64_t c : {0, 1, 3, 4}) {  // 2 and 5 are holes
+    std::vector<std::byte> data = testing::RandomBytes(65536, c + 10);
+    std::copy(data.begin(), data.end(), file.begin() + static_cast<ptrdiff_t>(c * 65536));
+    journal.entries.push_back({{c, formats::StoredKind::kData, 0}, formats::HashCluster(data, 65536)});
+  }
+  journal.next_cluster = 6;
+  testing::WriteFile(staged, file);
+  std::vector<uint64_t> seen;
+  auto all = CheckStagedRaw(env, staged, size, 65536, journal, [&](uint64_t c, std::span<const std::byte> b) {
+    EXPECT_EQ(b.size(), 65536u);
+    seen.push_back(c);
+    return OkStatus();
+  });
+  ASSERT_TRUE(all.ok()) << all.error().ToString();
+  EXPECT_EQ(all->kept_entries, 4u);
+  EXPECT_EQ(all->next_cluster, 6u);
+  EXPECT_EQ(seen, (std::vector<uint64_t>{0, 1, 3, 4}));
+
+  // Bytes in a hole that should read as zeros end it there.
+  file[2 * 65536 + 7] = std::byte{1};
+  testing::WriteFile(staged, file);
+  auto hole = CheckStagedRaw(env, staged, size, 65536, journal);
+  ASSERT_TRUE(hole.ok());
+  EXPECT_EQ(hole->kept_entries, 2u);
+  EXPECT_EQ(hole->next_cluster, 2u);
+  EXPECT_NE(hole->problem.find("zeros"), std::string::npos) << hole->problem;
+
+  // JournalUpTo cuts the entries and the next cluster.
+  LoadedJournal cut = JournalUpTo(journal, 3);
+  EXPECT_EQ(cut.entries.size(), 2u);
+  EXPECT_EQ(cut.next_cluster, 3u);
+
+  // A journal whose entries are not a raw copy's keeps nothing.
+  journal.entries[1].stored.kind = formats::StoredKind::kCompressed;
+  auto other = CheckStagedRaw(env, staged, size, 65536, journal);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->next_cluster, 0u);
+}
+
 }  // namespace
 }  // namespace barge::pipeline

@@ -125,7 +125,14 @@ class CopyJob {
         digests_({source.size_bytes(), options.cluster_bytes, options.record_zero_digests, options.base_digest}) {
     for (size_t i = 0; i < destinations.size(); ++i) states_[i].destination = destinations[i];
     if (options.verify) verifier_.emplace(options.verify, source.name(), options.verify_holder);
-    if (options.sha512) sha512_.emplace();
+    if (options.sha512) {
+      if (options.sha512_stream != nullptr) {
+        sha512_ = options.sha512_stream;
+      } else {
+        own_sha512_.emplace();
+        sha512_ = &*own_sha512_;
+      }
+    }
   }
 
   Status Run();
@@ -163,7 +170,8 @@ class CopyJob {
 
   std::atomic<uint64_t> bytes_read_{0};
   // Touched only by the serial in-order node (then by the driver after it).
-  std::optional<Sha512Stream> sha512_;
+  std::optional<Sha512Stream> own_sha512_;
+  Sha512Stream* sha512_ = nullptr;  // own_sha512_'s, or options.sha512_stream
   DigestCollector digests_;
   std::vector<formats::StrongDigestEntry> strong_;
   uint64_t bytes_processed_ = 0;

@@ -79,6 +79,8 @@ inline uint32_t ChunkBytesFor(uint32_t chunk_bytes, uint32_t cluster_bytes) {
 // take 11 s) or fail to start.
 size_t MaxThreads();
 
+class Sha512Stream;
+
 struct CopyOptions {
   uint32_t cluster_bytes = 64 << 10;   // power of two >= 512; the qcow2 cluster size
   uint32_t chunk_bytes = 1 << 20;      // multiple of cluster_bytes; largest single read
@@ -89,6 +91,10 @@ struct CopyOptions {
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = formats::kDefaultZstdLevel;
   bool sha512 = false;                 // SHA-512 of the work set's bytes in guest order
+  // With sha512: go on with this stream (already fed with the bytes before
+  // the work: a resumed copy's kept part) instead of a new one; it must
+  // outlive the call, and is finished by it.
+  Sha512Stream* sha512_stream = nullptr;
   // Expected digest per cluster: a mismatch fails the copy with kCorruption
   // before the chunk reaches any destination.
   DigestLookup verify;

@@ -68,6 +68,9 @@ Result<std::unique_ptr<StagedFile>> OpenStaged(Env& env, const OutputSpec& spec)
   // Not a place for a file at all (/dev/null, a folder): said as such, not
   // as "use --force".
   BARGE_RETURN_IF_ERROR(CheckOutputPath(env, dst));
+  if (spec.adopt) {
+    return StagedFile::Adopt(env, dst, spec.sync, /*overwrite=*/spec.replace == OutputReplace::kReplace);
+  }
   if (spec.sweep) {
     // Leftovers of killed runs in the output's folder go first (a live
     // writer's temporary is locked and kept).
@@ -122,6 +125,11 @@ Status Output::Commit() {
 
 Status Output::Abandon() {
   if (staged_) return staged_->Abandon();
+  return OkStatus();
+}
+
+Status Output::Keep() {
+  if (staged_) return staged_->Keep();
   return OkStatus();
 }
 

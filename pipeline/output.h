@@ -50,6 +50,10 @@ struct OutputSpec {
   bool sweep = true;
   // An NBD export's reconnecting after a drop.
   NbdRetryPolicy nbd_retry;
+  // A file: take over the temporary a killed or failed run left
+  // (StagedFile::Adopt, replacing the file when `replace` is kReplace)
+  // instead of starting a new one; kNotFound when it is gone.
+  bool adopt = false;
 };
 
 // What `location` names as an output: an NBD URI (when `allow_nbd`), an
@@ -81,6 +85,9 @@ class Output {
   // A staged file's temporary is removed now (StagedFile::Abandon); nothing
   // happens to a device or export.
   Status Abandon();
+  // A staged file's temporary is flushed and left for a later run to
+  // adopt (StagedFile::Keep); nothing happens to a device or export.
+  Status Keep();
 
  private:
   friend Result<std::unique_ptr<Output>> OpenOutput(Env& env, const OutputSpec& spec);

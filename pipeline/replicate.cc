@@ -18,6 +18,7 @@
 #include "formats/qcow2_writer.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/destination_spec.h"
+#include "pipeline/stages.h"
 #include "pipeline/overlay_destination.h"
 #include "pipeline/output.h"
 
@@ -56,6 +57,11 @@ bool ReplicateResult::all_ok() const {
 }
 
 std::string ReplicaRecordPath(const std::string& path) { return path + ".sha512.json"; }
+
+std::string ReplicaJournalPath(const std::string& path) {
+  std::string dir = DirName(path);
+  return (dir.empty() ? std::string() : dir + "/") + "." + BaseName(path) + ".barge-resume";
+}
 
 Result<ReplicaRecord> DecodeReplicaRecord(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -169,6 +175,16 @@ class ProgressDestination final : public Destination {
 struct Pending {
   size_t index = 0;
   std::unique_ptr<Output> output;
+  // Resuming (declared before `destination`, which points into them): the
+  // sink over an adopted temporary, the copy's writer, its journal.
+  std::unique_ptr<ResumedSink> resumed_sink;
+  std::unique_ptr<Destination> writer;
+  std::unique_ptr<ResumeJournal> journal;
+  JournaledDestination* journaled = nullptr;  // inside `destination`, or null
+  std::string journal_path;
+  // A staged copy of an interrupted run that checked out, cut to what it
+  // verified; nullopt when there is none to resume from.
+  std::optional<LoadedJournal> staged;
   std::unique_ptr<Destination> destination;
   // An existing copy with a readable record whose checksum is unknown until
   // the pass ends: reused (and the temporary dropped) when it matches.
@@ -289,6 +305,10 @@ bool FileMatchesRecord(Env& env, const std::string& path, const ReplicaRecord& r
 
 namespace {
 
+// The writer's version in a resume journal's key: a staged copy of another
+// version's layout is never continued.
+constexpr char kReplicateToolVersion[] = "0.1.0";
+
 // One replicate job: the request, the facts worked out once before any copy
 // is opened, and the result each step fills in. Lives in RunReplicate's frame
 // (DestinationSpec points into top_allocation).
@@ -314,9 +334,23 @@ struct Job {
     result.replicas[i].state = ReplicaState::kFailed;
     result.replicas[i].error = std::move(e);
   }
-  // Drops a pending copy's temporary; a failure to remove it is reported
-  // with the reason the copy failed.
-  void Abandon(Pending& p, Error e) { Fail(p.index, std::move(e.Also(p.output->Abandon()))); }
+  // Drops a pending copy's temporary (and its resume journal); a failure
+  // to remove it is reported with the reason the copy failed.
+  void Abandon(Pending& p, Error e) {
+    DropJournal(p);
+    Fail(p.index, std::move(e.Also(p.output->Abandon())));
+  }
+  void DropJournal(Pending& p) {
+    if (p.journal != nullptr) {
+      IgnoreError(p.journal->Remove(), "a journal whose copy is gone is never resumed");
+      p.journal.reset();
+    } else if (!p.journal_path.empty()) {
+      IgnoreError(env.UnlinkIfExists(p.journal_path), "a journal whose copy is gone is never resumed");
+    }
+  }
+  uint64_t resume_cluster = 0;  // where this pass starts (0: from the start)
+  Sha512Stream sha512;          // fed with the kept part when resuming
+  std::vector<ClusterDigest> kept_digests;  // the kept part's data clusters
 };
 
 // Checks the request before anything is touched; returns the expected
@@ -336,6 +370,21 @@ Result<std::string> CheckRequest(Env& env, std::span<const std::string> destinat
     }
   }
   return expected;
+}
+
+// Locks the temporaries that resume journals name, so that the sweep
+// below spares them (a resumable copy of an interrupted run) until the
+// copies are decided.
+std::vector<std::unique_ptr<EnvLock>> SpareStagedCopies(Env& env, std::span<const std::string> destinations) {
+  std::vector<std::unique_ptr<EnvLock>> locks;
+  for (const std::string& d : destinations) {
+    if (!env.Exists(ReplicaJournalPath(d))) continue;
+    LockOptions lo;
+    lo.create = false;
+    auto lock = env.LockFile(TempPathFor(d), lo);
+    if (lock.ok()) locks.push_back(std::move(lock).value());
+  }
+  return locks;
 }
 
 // Removes leftovers of killed runs in the destinations' folders, once per
@@ -480,40 +529,282 @@ std::optional<Pending> DecideDestination(Job& job, size_t i) {
   return p;
 }
 
+// What makes a run "the same replicate" as one that staged a copy
+// (pipeline/backup_resume.h's key, its fields put to a copy's use).
+ResumeKey KeyFor(const Job& job, size_t i) {
+  ResumeKey k;
+  k.id = "replicate";
+  k.image = BaseName(job.destinations[i]);
+  k.type = "copy:" + job.result.format;
+  k.disk = RedactNbdUri(job.options.source_location);  // never its credentials
+  if (!job.options.resume_identity.empty()) {
+    k.disk = job.options.resume_identity;
+  } else if (auto st = job.env.Stat(job.options.source_location); st.ok() && st->is_regular()) {
+    // A source file changed since (a VM wrote it) would mix two states.
+    k.source_stamp = std::to_string(st->size_bytes) + "@" + std::to_string(st->mtime_ns);
+  }
+  k.virtual_size = job.result.virtual_size;
+  k.cluster_size = job.options.copy.cluster_bytes;
+  k.compression = job.out_qcow2 ? formats::CompressionSpec{job.options.copy.compression,
+                                                           job.options.copy.compression_level}
+                                      .ToString()
+                                : std::string("none");
+  k.parent = job.source.info().format == formats::ImageFormat::kQcow2 ? job.source.info().backing_file : "";
+  k.work_digest = RangesDigest(WholeDisk(job.source));
+  k.tool_version = kReplicateToolVersion;
+  return k;
+}
+
+// Looks for what a killed or failed run staged for pending copy `p`: keeps
+// it in p.staged when its journal's key matches and some of its clusters
+// check out; else removes its journal (the temporary is replaced as
+// usual). Returns why it was not (or not all) kept, "" when it was, and
+// nullopt when nothing was staged.
+std::optional<std::string> FindStagedCopy(Job& job, Pending& p, const DestinationSpec& spec) {
+  const std::string& path = job.destinations[p.index];
+  p.journal_path = ReplicaJournalPath(path);
+  auto loaded = LoadResumeJournal(job.env, p.journal_path);
+  if (!loaded.ok() && loaded.error().code() == ErrorCode::kNotFound) return std::nullopt;
+  std::string problem;
+  if (!job.options.resume) {
+    problem = "resuming is off";
+  } else if (job.keep) {
+    problem = "--backing keep copies are not resumed";
+  } else if (!loaded.ok()) {
+    problem = "its journal is unreadable (" + loaded.error().message() + ")";
+  } else {
+    problem = ResumeMismatch(loaded->key, KeyFor(job, p.index));
+  }
+  if (problem.empty()) {
+    std::string staged = TempPathFor(path);
+    Result<StagedCheck> check = Error::InvalidArgument("no check");
+    if (job.out_qcow2) {
+      auto options = Qcow2OptionsFor(spec);
+      check = options.ok() ? CheckStaged(job.env, staged, *options, *loaded) : Result<StagedCheck>(options.error());
+    } else {
+      check = CheckStagedRaw(job.env, staged, job.result.virtual_size, spec.cluster_bytes, *loaded);
+    }
+    if (!check.ok()) {
+      problem = check.error().code() == ErrorCode::kNotFound
+                    ? std::string("the staged copy is gone")
+                    : "the staged copy cannot be read (" + check.error().message() + ")";
+    } else if (check->next_cluster == 0) {
+      problem = check->problem.empty() ? std::string("nothing was staged") : check->problem;
+    } else {
+      p.staged = JournalUpTo(*loaded, check->next_cluster);
+      return check->problem;
+    }
+  }
+  IgnoreError(job.env.UnlinkIfExists(p.journal_path), "a stale journal's key never matches a later run");
+  return problem;
+}
+
+// Feeds the job's SHA-512 with the kept part of a staged copy (the source's
+// bytes below the resume point, as the copy holds them: journaled clusters
+// checked against their digests, zeros elsewhere) and collects their
+// digests. Read from the copy, not the source.
+Status HashKeptPart(Job& job, const Pending& p, const DestinationSpec& spec) {
+  LoadedJournal kept = JournalUpTo(*p.staged, job.resume_cluster);
+  const uint64_t end = std::min(job.result.virtual_size, job.resume_cluster * spec.cluster_bytes);
+  uint64_t fed = 0;
+  auto feed = [&](uint64_t index, std::span<const std::byte> bytes) -> Status {
+    BARGE_RETURN_IF_ERROR(job.sha512.UpdateZeros(index * spec.cluster_bytes - fed));
+    BARGE_RETURN_IF_ERROR(job.sha512.Update(bytes));
+    fed = index * spec.cluster_bytes + bytes.size();
+    return OkStatus();
+  };
+  const std::string staged = TempPathFor(job.destinations[p.index]);
+  Result<StagedCheck> check = Error::InvalidArgument("no check");
+  if (job.out_qcow2) {
+    BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
+    // A journal cut short of its last checkpoint ends where its kept
+    // clusters' layout does.
+    std::vector<formats::StoredCluster> stored;
+    for (const JournalEntry& e : kept.entries) stored.push_back(e.stored);
+    BARGE_ASSIGN_OR_RETURN(auto layout, formats::Qcow2Writer::PlanStored(options, stored));
+    kept.end_bytes = layout.end_bytes;
+    check = CheckStaged(job.env, staged, options, kept, feed);
+  } else {
+    check = CheckStagedRaw(job.env, staged, job.result.virtual_size, spec.cluster_bytes, kept, feed);
+  }
+  if (!check.ok()) return std::move(check).error();
+  if (check->next_cluster != job.resume_cluster) {
+    return Error::Corruption("the staged copy changed while it was read back: " + check->problem)
+        .set_path(job.destinations[p.index]);
+  }
+  BARGE_RETURN_IF_ERROR(job.sha512.UpdateZeros(end - fed));
+  for (const JournalEntry& e : kept.entries) {
+    if (e.stored.kind != formats::StoredKind::kZero) job.kept_digests.push_back({e.stored.cluster_index, e.digest});
+  }
+  return OkStatus();
+}
+
+// The copy's writer, new or resumed from its staged temporary (p.staged
+// cut at job.resume_cluster), in p.writer; with job.options.resume also
+// its journal (p.journal). Returns the function that makes what the
+// writer stored durable, for the journal's checkpoints (empty for a
+// --backing keep copy, which keeps no journal).
+Result<std::function<Result<uint64_t>()>> MakeCopyWriter(Job& job, Pending& p, const DestinationSpec& spec) {
+  BlockSink& sink = p.output->sink();
+  const uint64_t cs = spec.cluster_bytes;
+  std::vector<JournalEntry> kept;
+  if (job.resume_cluster > 0) kept = JournalUpTo(*p.staged, job.resume_cluster).entries;
+  std::function<Result<uint64_t>()> sync;
+  if (job.out_qcow2 && !job.keep) {
+    BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
+    std::unique_ptr<formats::Qcow2Writer> writer;
+    BlockSink* target = &sink;
+    if (job.resume_cluster > 0) {
+      std::vector<formats::StoredCluster> stored;
+      stored.reserve(kept.size());
+      for (const JournalEntry& e : kept) stored.push_back(e.stored);
+      p.resumed_sink = std::make_unique<ResumedSink>(sink);
+      target = p.resumed_sink.get();
+      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Resume(*target, options, stored));
+    } else {
+      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Create(*target, options));
+    }
+    auto q = std::make_unique<Qcow2Destination>(std::move(writer), target->name(), spec.compression, spec.zero_policy);
+    Qcow2Destination* made = q.get();
+    sync = [made]() { return made->writer().Sync(); };
+    p.writer = std::move(q);
+  } else if (!job.out_qcow2) {
+    BlockSink* target = &sink;
+    if (job.resume_cluster > 0) {
+      // What a killed run wrote past the kept part goes: the rest is
+      // written again as on a new file (holes skipped).
+      BARGE_RETURN_IF_ERROR(sink.Truncate(std::min(job.result.virtual_size, job.resume_cluster * cs)));
+      p.resumed_sink = std::make_unique<ResumedSink>(sink);
+      target = p.resumed_sink.get();
+    }
+    RawDestinationOptions r;
+    r.virtual_size = spec.virtual_size;
+    r.skip_zeroes_if_zero_initialized = spec.skip_zeroes_if_zero_initialized;
+    p.writer = std::make_unique<RawDestination>(*target, r);
+    sync = [target]() -> Result<uint64_t> {
+      BARGE_RETURN_IF_ERROR(target->Flush());
+      return target->size_bytes();
+    };
+  } else {
+    BARGE_ASSIGN_OR_RETURN(p.writer, MakeDestination(sink, spec));  // --backing keep: never resumed
+    return sync;
+  }
+  if (job.options.resume) {
+    BARGE_ASSIGN_OR_RETURN(uint64_t end, sync());
+    BARGE_ASSIGN_OR_RETURN(p.journal, ResumeJournal::Create(job.env, p.journal_path, KeyFor(job, p.index), kept,
+                                                            job.resume_cluster, end));
+  }
+  return sync;
+}
+
 // Copy-job steps 2 and 3 for one copy: opens its output (staged under a
 // temporary name) and makes its destination; false (failed) when either fails.
 bool OpenCopyOutput(Job& job, Pending& p, const DestinationSpec& dest_spec) {
+  const bool resumed = job.resume_cluster > 0;
   OutputSpec out_spec;
   out_spec.location = job.destinations[p.index];
   out_spec.replace = OutputReplace::kReplace;  // decided by DecideDestination
   out_spec.allow_nbd = false;
   out_spec.sweep = false;                      // swept once per folder
+  out_spec.adopt = resumed;
   auto output = OpenOutput(job.env, out_spec);
   if (!output.ok()) {
+    job.DropJournal(p);
     job.Fail(p.index, std::move(output).error());
     return false;
   }
   p.output = std::move(output).value();
-  auto dest = MakeDestination(p.output->sink(), dest_spec);
-  if (!dest.ok()) {
-    job.Abandon(p, std::move(dest).error());
+  auto made = MakeCopyWriter(job, p, dest_spec);
+  if (!made.ok()) {
+    job.Abandon(p, std::move(made).error());
     return false;
   }
-  p.destination = std::make_unique<ProgressDestination>(std::move(dest).value(), p.index, job.result.virtual_size,
-                                                        &job.options.progress);
+  std::unique_ptr<Destination> dest;
+  if (p.journal != nullptr) {
+    const uint64_t from = std::min(job.result.virtual_size, job.resume_cluster * dest_spec.cluster_bytes);
+    auto journaled = std::make_unique<JournaledDestination>(*p.writer, std::move(made).value(), *p.journal, false,
+                                                            CheckpointBytes(job.result.virtual_size - from),
+                                                            kCheckpointInterval);
+    p.journaled = journaled.get();
+    dest = std::move(journaled);
+  } else {
+    dest = std::move(p.writer);
+  }
+  p.destination =
+      std::make_unique<ProgressDestination>(std::move(dest), p.index, job.result.virtual_size, &job.options.progress);
   return true;
 }
 
-// Decides every destination and opens those to be written in this pass.
-std::vector<Pending> OpenDestinations(Job& job) {
+// Decides every destination, where the pass starts (the resume point: the
+// least of what every copy to be written kept from an interrupted run, or
+// 0), and opens those to be written in this pass. `spared` (locks keeping
+// staged temporaries from the sweep) is released before they are adopted.
+std::vector<Pending> OpenDestinations(Job& job, std::vector<std::unique_ptr<EnvLock>>& spared) {
   job.result.replicas.resize(job.destinations.size());
   DestinationSpec dest_spec = CopyDestinationSpec(job);
-  std::vector<Pending> pending;
+  std::vector<Pending> decided;
   for (size_t i = 0; i < job.destinations.size(); ++i) {
     std::optional<Pending> p = DecideDestination(job, i);
-    if (p && OpenCopyOutput(job, *p, dest_spec)) pending.push_back(std::move(*p));
+    if (p) decided.push_back(std::move(*p));
+  }
+  std::optional<ResumeNote> note;
+  uint64_t resume = decided.empty() ? 0 : ~uint64_t{0};
+  for (Pending& p : decided) {
+    std::optional<std::string> problem = FindStagedCopy(job, p, dest_spec);
+    if (problem && !note) note.emplace();
+    if (problem && note->problem.empty()) note->problem = *problem;
+    resume = p.staged ? std::min(resume, p.staged->next_cluster) : 0;
+  }
+  if (note && resume == 0 && note->problem.empty()) note->problem = "another copy has nothing staged";
+  job.resume_cluster = resume;
+  if (resume > 0) {
+    Status hashed = HashKeptPart(job, decided.front(), dest_spec);
+    if (!hashed.ok()) {
+      note->problem = "the staged copy cannot be read back (" + hashed.error().message() + ")";
+      job.resume_cluster = 0;
+      job.sha512.Reset();
+      job.kept_digests.clear();
+    }
+  }
+  if (note) {
+    note->resumed = job.resume_cluster > 0;
+    note->total_bytes = job.result.virtual_size;
+    note->staged_bytes = std::min(job.result.virtual_size, job.resume_cluster * dest_spec.cluster_bytes);
+    job.result.resume = note;
+    if (job.options.on_resume) job.options.on_resume(*note);
+  }
+  if (job.resume_cluster == 0) {
+    for (Pending& p : decided) {
+      if (p.staged) job.DropJournal(p);
+      p.staged.reset();
+    }
+  }
+  spared.clear();
+  std::vector<Pending> pending;
+  for (Pending& p : decided) {
+    if (p.journal_path.empty()) p.journal_path = ReplicaJournalPath(job.destinations[p.index]);
+    if (OpenCopyOutput(job, p, dest_spec)) pending.push_back(std::move(p));
   }
   return pending;
+}
+
+// After a failed pass: a resumable copy keeps its temporary and journal
+// for the next run when the source failed (its connection lost for good);
+// not after a cancel, which asks to stop, nor when writing the copy failed
+// (a full or failing disk: what it holds is not to be kept).
+void KeepStaged(Job& job, Pending& p, const Error& error) {
+  ErrorCode code = error.code();
+  if (p.journaled != nullptr && !p.journaled->failed() && code != ErrorCode::kCancelled &&
+      code != ErrorCode::kNoSpace) {
+    Status last = p.journaled->Checkpoint();
+    if (last.ok() && p.journal->checkpoints() > 0 && p.output->Keep().ok()) {
+      p.journal.reset();
+      job.Fail(p.index, Error(error).Wrap("the data written so far is kept: the next run of this replicate "
+                                          "resumes from it; replicate"));
+      return;
+    }
+  }
+  job.Abandon(p, error);
 }
 
 // Copy-job step 4: one read pass of the source with SHA-512 feeding every
@@ -527,12 +818,25 @@ std::optional<CopyResult> CopyPass(Job& job, std::vector<Pending>& pending) {
   if (!job.out_qcow2) copy.compression = formats::Compression::kNone;
   std::vector<Destination*> dests;
   for (auto& p : pending) dests.push_back(p.destination.get());
-  auto copied = RunCopy(job.source, WholeDisk(job.source), dests, copy);
+  RangeList work = WholeDisk(job.source);
+  if (job.resume_cluster > 0) {
+    copy.sha512_stream = &job.sha512;
+    uint64_t from = std::min(job.result.virtual_size, job.resume_cluster * copy.cluster_bytes);
+    work = {{from, job.result.virtual_size - from}};
+    if (work.front().length == 0) work.clear();
+  }
+  auto copied = RunCopy(job.source, work, dests, copy);
   if (!copied.ok()) {
     // The source or a shared stage failed (or every destination did): no
-    // copy can be trusted.
-    for (auto& p : pending) job.Abandon(p, copied.error());
+    // copy can be trusted as finished. What a copy wrote is kept for the
+    // next run when the source failed (KeepStaged), else dropped.
+    for (auto& p : pending) KeepStaged(job, p, copied.error());
     return std::nullopt;
+  }
+  if (!job.kept_digests.empty()) {
+    std::vector<ClusterDigest> all = job.kept_digests;
+    all.insert(all.end(), copied->cluster_digests.begin(), copied->cluster_digests.end());
+    copied->cluster_digests = std::move(all);
   }
   job.result.sha512_hex = copied->sha512_hex;
   job.result.bytes_read = copied->bytes_read;
@@ -569,6 +873,7 @@ bool SettleExisting(Job& job, Pending& p, const std::string& sha512_hex) {
   if (!p.maybe_reuse) return false;
   if (Lower(p.maybe_reuse->sha512) == sha512_hex) {
     // The existing copy already holds this content: keep it untouched.
+    job.DropJournal(p);
     if (Status dropped = p.output->Abandon(); !dropped.ok()) {
       job.Fail(p.index, std::move(dropped).error());
       return true;
@@ -661,11 +966,13 @@ void RecordAndCommit(Job& job, Pending& p, const std::string& sha512_hex) {
     // The record now describes no file: drop it (a failure to is harmless).
     Error e = std::move(s).error();
     if (!FileMatchesRecord(job.env, path, record)) e.Also(job.env.UnlinkIfExists(ReplicaRecordPath(path)));
+    job.DropJournal(p);
     job.Fail(p.index, std::move(e));
     return;
   }
   out.state = ReplicaState::kReady;
   out.file_bytes = stamp->size;
+  job.DropJournal(p);
 }
 
 // Settles one pending copy after the pass: its destination's failure, reuse
@@ -689,11 +996,12 @@ Result<ReplicateResult> RunReplicate(Env& env, formats::Image& source, std::span
                                      const ReplicateOptions& options) {
   auto start = std::chrono::steady_clock::now();
   BARGE_ASSIGN_OR_RETURN(std::string expected, CheckRequest(env, destinations, options));
+  std::vector<std::unique_ptr<EnvLock>> spared = SpareStagedCopies(env, destinations);
   SweepDestinationFolders(env, destinations);
   Job job(env, source, destinations, options, std::move(expected));
   BARGE_RETURN_IF_ERROR(PlanFormat(job));
   BARGE_RETURN_IF_ERROR(ReadTopLayer(job));
-  std::vector<Pending> pending = OpenDestinations(job);
+  std::vector<Pending> pending = OpenDestinations(job, spared);
   if (pending.empty()) {
     job.result.sha512_hex = job.expected;
   } else {

@@ -18,6 +18,7 @@
 #include "blockio/env.h"
 #include "blockio/error.h"
 #include "formats/image.h"
+#include "pipeline/backup_resume.h"
 #include "pipeline/copy.h"
 
 namespace barge::pipeline {
@@ -45,6 +46,9 @@ enum class ReplicaState : uint8_t {
   kFailed,  // see the error; no file or temporary left by this run
 };
 std::string_view ReplicaStateName(ReplicaState state);
+
+// The resume journal of the copy at `path`: ".NAME.barge-resume" beside it.
+std::string ReplicaJournalPath(const std::string& path);
 
 // The checksum record beside each copy (PATH.sha512.json).
 struct ReplicaRecord {
@@ -103,6 +107,22 @@ struct ReplicateOptions {
   // For the record.
   std::string source_location;
   std::string source_format;
+  // Resumable (docs/formats/resume.md): each copy keeps a journal beside
+  // its temporary (".NAME.barge-resume"); a run that fails because the
+  // source did (its connection lost for good) keeps the temporary and the
+  // journal, as does a killed one, and the next run of the same replicate
+  // checks what was written against the digests and copies only the rest.
+  // false: a staged copy is swept and the copy starts over. --backing keep
+  // copies are not resumable.
+  bool resume = true;
+  // What the source is, in the resume key: "" for its location plus, for a
+  // file, its size and mtime; else this (a catalog image's name and
+  // SHA-512, whichever of its copies sends it), which must pin the content
+  // (the pass's SHA-512 check against expected_sha512 catches a lie).
+  std::string resume_identity;
+  // Told once, before the copy, when staged copies were found (resumed or
+  // not). Must not block.
+  std::function<void(const ResumeNote&)> on_resume;
   // (destination index, bytes done, bytes total), from the destinations'
   // serial nodes, at most ~10 per second per destination and once at the
   // end. Must not block.
@@ -131,8 +151,11 @@ struct ReplicateResult {
   std::string backing_file;
   std::string backing_format;
   std::vector<ReplicaResult> replicas;  // in the order of `destinations`
-  uint64_t bytes_read = 0;
+  uint64_t bytes_read = 0;  // from the source, by this run
   std::chrono::nanoseconds elapsed{0};
+  // When staged copies of an interrupted run were found: resumed (only the
+  // rest read: staged_bytes of the source were not) or why not.
+  std::optional<ResumeNote> resume;
 
   bool all_ok() const;  // no mismatch and no failed replica
 };

@@ -142,8 +142,9 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
   return file;
 }
 
-Result<std::unique_ptr<StagedFile>> StagedFile::Adopt(Env& env, const std::string& final_path, bool sync) {
-  if (auto st = env.Stat(final_path); st.ok()) {
+Result<std::unique_ptr<StagedFile>> StagedFile::Adopt(Env& env, const std::string& final_path, bool sync,
+                                                      bool overwrite) {
+  if (auto st = env.Stat(final_path); st.ok() && !overwrite) {
     return Error::InvalidArgument("output exists (remove it or choose another name)").set_path(final_path);
   }
   std::string temp = TempPathFor(final_path);
@@ -160,7 +161,7 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Adopt(Env& env, const std::strin
   auto sink = env.OpenSink(temp, SinkMode::kExisting, options);
   if (!sink.ok()) return Named(std::move(sink).error(), temp, final_path);
   std::unique_ptr<StagedFile> file(new StagedFile(env, final_path, std::move(temp), std::move(lock).value(),
-                                                  std::move(registration), /*overwrite=*/false, sync));
+                                                  std::move(registration), overwrite, sync));
   file->sink_ = std::make_unique<NamedSink>(std::move(sink).value(), final_path);
   return file;
 }

@@ -34,8 +34,10 @@ class StagedFile {
   // Takes over the temporary a killed or failed run left at `final_path`'s
   // temporary name (a resumed backup, pipeline/backup_resume.h): locked,
   // opened as is (not truncated), registered. kNotFound when it is gone,
-  // kBusy when a live writer holds it; `final_path` must not exist.
-  static Result<std::unique_ptr<StagedFile>> Adopt(Env& env, const std::string& final_path, bool sync = true);
+  // kBusy when a live writer holds it; `final_path` must not exist unless
+  // `overwrite` (the commit then renames over it).
+  static Result<std::unique_ptr<StagedFile>> Adopt(Env& env, const std::string& final_path, bool sync = true,
+                                                   bool overwrite = false);
   // Removes an uncommitted temporary (see Abandon).
   ~StagedFile();
   StagedFile(const StagedFile&) = delete;

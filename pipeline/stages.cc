@@ -284,6 +284,11 @@ Sha512Stream::Sha512Stream() : impl_(std::make_unique<Impl>()) {
 
 Sha512Stream::~Sha512Stream() = default;
 
+void Sha512Stream::Reset() {
+  impl_->finished = false;
+  impl_->ok = impl_->ctx != nullptr && EVP_DigestInit_ex(impl_->ctx, EVP_sha512(), nullptr) == 1;
+}
+
 Status Sha512Stream::Update(std::span<const std::byte> data) {
   if (!impl_->ok || impl_->finished) return Error::InvalidArgument("sha512: stream not usable");
   if (data.empty()) return OkStatus();

@@ -163,6 +163,8 @@ class Sha512Stream {
   Status UpdateChunk(const Chunk& chunk);
   // 128 lowercase hex digits. Nothing may be added afterwards.
   Result<std::string> FinishHex();
+  // Starts over, as a new stream.
+  void Reset();
 
  private:
   struct Impl;

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/barge_child.h"
 #include "tests/testing/cli_testing.h"
 
 namespace barge {
@@ -35,6 +36,11 @@ using ::barge::testing::RunOk;
 using ::barge::testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
+
+std::string LogText(const std::string& path) {
+  std::vector<std::byte> bytes = testing::ReadFile(path);
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
 
 // A TCP proxy on 127.0.0.1 (an ephemeral port) in front of a server's Unix
 // socket. It counts the bytes it forwards each way and, once the count of
@@ -376,6 +382,37 @@ TEST_F(NbdReconnectTest, ReplicateAndVerifyAgainstSurviveOneCut) {
   EXPECT_TRUE(proxy.tripped());
   EXPECT_TRUE(Has(v.stdout_text, "the source matches")) << v.output;
   EXPECT_TRUE(Has(v.stderr_text, "barge: reconnected: ")) << v.stderr_text;
+}
+
+// The first connection is retried within the same bounds as a reconnect:
+// a command started before its server (a hypervisor's export that comes up
+// a moment later) waits for it; one whose server never comes fails once
+// the bounds are passed, saying how many attempts it made.
+TEST_F(NbdReconnectTest, FirstConnectionWaitsForAServerThatStartsLate) {
+  std::string socket = dir_ / "nbd0.sock";  // Serve()'s first socket
+  std::string out = dir_ / "copy.raw";
+  std::string log = dir_ / "convert.log";
+  testing::BargeChild child({"convert", "--nbd-retries", "10", "--nbd-retry-time", "30",
+                             "nbd+unix:///?socket=" + socket, out},
+                            log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(child.Running()) << LogText(log);  // still trying
+  Serve();
+  ASSERT_EQ(socket_, socket);
+  EXPECT_EQ(child.Wait(), 0) << LogText(log);
+  RunOk("cmp " + Q(out) + " " + Q(disk_));
+
+  // Nothing ever listens: the bounds end it (2 retries: 3 attempts).
+  std::string missing = dir_ / "never.sock";
+  CommandResult r = testing::Run(Barge("convert --nbd-retries 2 " + Q("nbd+unix:///?socket=" + missing) + " " +
+                                       Q(dir_ / "never.raw")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "no NBD server answered: 3 connection attempts")) << r.stderr_text;
+  // Retries off: one attempt, libnbd's own error.
+  CommandResult once = testing::Run(Barge("convert --nbd-retries 0 " + Q("nbd+unix:///?socket=" + missing) + " " +
+                                          Q(dir_ / "never.raw")));
+  EXPECT_EQ(once.exit_code, 1) << once.output;
+  EXPECT_FALSE(Has(once.stderr_text, "connection attempts")) << once.stderr_text;
 }
 
 // An error the server answers on a live connection is about the data, not

@@ -343,7 +343,11 @@ Result<std::vector<ImageCopyRecord>> ImageCatalog::Recover(const std::string& na
       // are left alone: a replaced copy keeps its old file until the rename.
       // Only while no live writer holds them (a replicate run may write the
       // same path outside the catalog).
+      // A copy's temporary that a resume journal names stays for the next
+      // sync to resume from (docs/formats/resume.md); that sync checks it.
+      const bool resumable = env_.Exists(pipeline::ReplicaJournalPath(r.path));
       for (const std::string& temp : {TempPathFor(r.path), TempPathFor(pipeline::ReplicaRecordPath(r.path))}) {
+        if (resumable && temp == TempPathFor(r.path)) continue;
         LockOptions o;
         o.create = false;
         if (auto held = env_.LockFile(temp, o); held.ok()) BARGE_RETURN_IF_ERROR(env_.UnlinkIfExists(temp));
@@ -551,6 +555,9 @@ void ImageCatalog::SyncRun::Send(ImageCopyRecord copy, size_t sender_index, std:
   o.force = true;  // the file is this image's: no other image's row names it (CopyHolder)
   o.source_location = sender_path;
   o.source_format = image.format;
+  // A send cut short resumes on the next sync from whichever copy sends
+  // it then: the image's content is what the staged part must be of.
+  o.resume_identity = "image " + image.name + " sha512:" + image.sha512;
   o.progress = catalog.PercentRecorder(copy);
   std::optional<Error> error;
   pipeline::SourceSpec spec;
