@@ -264,6 +264,18 @@ json CopyOn(const json& status, const std::string& disk) {
   return json();
 }
 
+// A killed send's temporary is kept only when its resume journal
+// (`.NAME.barge-resume`, docs/formats/resume.md) is beside it.
+void ExpectOnlyJournaledTemporaries(const std::string& disk) {
+  const std::string suffix = ".barge-tmp";
+  for (const auto& e : fs::directory_iterator(disk)) {
+    std::string name = e.path().filename().string();
+    if (!name.ends_with(suffix)) continue;
+    std::string journal = name.substr(0, name.size() - suffix.size()) + ".barge-resume";
+    EXPECT_TRUE(fs::exists(e.path().parent_path() / journal)) << e.path() << " has no journal";
+  }
+}
+
 TEST(ImageCatalogCliTest, KilledSyncIsInterruptedAndRedone) {
   BigCatalog c;
   std::string disk = c.DiskKey(1);
@@ -290,11 +302,10 @@ TEST(ImageCatalogCliTest, KilledSyncIsInterruptedAndRedone) {
   EXPECT_EQ(cp.value("message", ""), "interrupted (the sending process is gone)") << cp.dump();
   EXPECT_FALSE(cp.contains("owner")) << cp.dump();
   EXPECT_FALSE(fs::exists(copy));
-  for (const auto& e : fs::directory_iterator(disk)) {
-    EXPECT_FALSE(e.path().filename().string().ends_with(".barge-tmp")) << e.path();
-  }
+  // A temporary stays only with a resume journal beside it, for the next sync.
+  ExpectOnlyJournaledTemporaries(disk);
 
-  // The next sync sends it again.
+  // The next sync sends it again (resuming what the temporary holds).
   json result = testing::RunResult(c.Cmd("sync big --json --disks " + ShellQuote(disk)));
   ASSERT_EQ(result["copies"].size(), 1u) << result.dump();
   EXPECT_EQ(result["copies"][0]["state"], "ready") << result.dump();
@@ -314,11 +325,11 @@ TEST(ImageCatalogCliTest, RescanKeepsALiveSyncAndRecoversAKilledOne) {
   EXPECT_TRUE(fs::exists(disk + "/.big.raw.barge-tmp"));
   sync.Signal(SIGKILL);
   ASSERT_EQ(sync.Wait(), 128 + SIGKILL);
-  // Once it is gone, rescan removes its temporary, and rebuilds the disk
-  // from its records: there is none, so no row.
+  // Once it is gone, rescan rebuilds the disk from its records: there is
+  // none, so no row. Its temporary stays only with a resume journal.
   status = testing::RunResult(c.Cmd("rescan --json --disks " + ShellQuote(disk)))["images"];
   EXPECT_TRUE(CopyOn(status, disk).is_null()) << status.dump();
-  EXPECT_FALSE(fs::exists(disk + "/.big.raw.barge-tmp"));
+  ExpectOnlyJournaledTemporaries(disk);
 }
 
 TEST(ImageCatalogCliTest, SecondSyncOfAnImageIsRefusedOthersRunAlongside) {
