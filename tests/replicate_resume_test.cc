@@ -18,6 +18,7 @@
 
 #include "tests/testing/barge_child.h"
 #include "tests/testing/cli_testing.h"
+#include "tests/testing/resume_testing.h"
 
 namespace barge::testing {
 namespace {
@@ -27,45 +28,8 @@ namespace fs = std::filesystem;
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kDiskBytes = 32 * kMiB;
 constexpr uint64_t kCluster = 64 << 10;
-constexpr uint64_t kJournalEntryBytes = 40;  // docs/formats/resume.md
 
 using Child = ::barge::testing::BargeChild;
-
-uint64_t FileSize(const std::string& path) {
-  std::error_code ec;
-  uint64_t n = fs::file_size(path, ec);
-  return ec ? 0 : n;
-}
-
-// Bytes nbdkit's log filter saw read ("Read ... count=0x..." lines).
-uint64_t BytesReadInLog(const std::string& log) {
-  std::ifstream in(log);
-  uint64_t total = 0;
-  for (std::string line; std::getline(in, line);) {
-    if (line.find(" Read ") == std::string::npos) continue;
-    auto at = line.find("count=0x");
-    if (at != std::string::npos) total += std::stoull(line.substr(at + 8), nullptr, 16);
-  }
-  return total;
-}
-
-// Temporaries and journals left in `dir` (recursively).
-std::vector<std::string> Leftovers(const std::string& dir) {
-  std::vector<std::string> found;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    if (name.ends_with(".barge-tmp") || name.ends_with(".barge-resume")) found.push_back(name);
-  }
-  return found;
-}
-
-std::string JoinArgs(const std::vector<std::string>& args) {
-  std::string cmd = Barge();
-  for (const auto& a : args) cmd += " " + Q(a);
-  return cmd;
-}
 
 std::string Sha512Of(const std::string& path) {
   auto r = Sh("sha512sum " + Q(path));
