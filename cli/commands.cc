@@ -2,6 +2,9 @@
 #include "cli/commands.h"
 
 #include <CLI/CLI.hpp>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -130,14 +133,27 @@ std::string Suggestion(const CLI::ParseError& e, CLI::App* at, int argc, char** 
   return "";
 }
 
+// Whether stdout is a pipe or socket whose reader has gone (`| head`).
+bool StdoutReaderGone() {
+  pollfd p{.fd = STDOUT_FILENO, .events = POLLOUT, .revents = 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLHUP)) != 0;
+}
+
 // A run whose answer could not be written to stdout (a full disk, a
 // closed file) has not answered: exit 1 with the reason on stderr, unless
-// it failed already.
+// it failed already. A reader that stopped reading (`barge list | head`)
+// ends barge as it would have without barge ignoring SIGPIPE (cli/main.cc
+// ignores it for its sockets): by SIGPIPE, with no message.
 int CheckStdoutWritten(int exit_code) {
   std::cout.flush();
   const bool failed = std::cout.fail() || std::fflush(stdout) != 0 || std::ferror(stdout) != 0;
   if (!failed) return exit_code;
   const int err = errno;
+  if (StdoutReaderGone()) {
+    std::cerr.flush();
+    ::signal(SIGPIPE, SIG_DFL);
+    ::raise(SIGPIPE);
+  }
   std::cerr << "barge: IoError: <stdout>: the output could not be written"
             << (err != 0 ? std::string(" (") + std::strerror(err) + ")" : std::string()) << "\n";
   return exit_code == kExitOk ? kExitError : exit_code;

@@ -3,6 +3,10 @@
 // the command printed.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <chrono>
 #include <filesystem>
@@ -336,6 +340,39 @@ TEST_F(CliFindingsTest, SigintStopsBenchPromptly) {
   for (const auto& e : fs::directory_iterator(dir_.path())) {
     EXPECT_FALSE(e.path().filename().string().starts_with("barge-bench-")) << e.path();
   }
+}
+
+// barge ignores SIGPIPE (a killed libvirtd or NBD server must end in an
+// error line, not a silent death), so `barge ... | head` printed
+// "barge: IoError: <stdout>: ... (Broken pipe)" and exited 1. A reader that
+// stopped reading ends barge quietly by SIGPIPE, as before; a stdout that
+// cannot be written for another reason (a full disk) is still an error.
+TEST_F(CliFindingsTest, AReaderThatStopsReadingEndsBargeQuietly) {
+  const std::string err = dir_ / "stderr.txt";
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);  // the reader is gone before barge writes
+  const std::string bin = BargeBinary();
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(e, STDERR_FILENO);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::execl(bin.c_str(), bin.c_str(), "--help", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE) << "status " << status;
+  EXPECT_EQ(Slurp(err), "");
+
+  auto full = Sh(Barge("--help") + " > /dev/full");
+  EXPECT_EQ(full.exit_code, 1) << full.output;
+  EXPECT_NE(full.stderr_text.find("barge: IoError: <stdout>: the output could not be written"), std::string::npos)
+      << full.output;
 }
 
 }  // namespace
