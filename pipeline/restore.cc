@@ -273,7 +273,10 @@ Status VerifyBases(Env& env, const ChainFolder& chain, const std::vector<size_t>
     if (auto b = BaseOf(chain, index)) queue.push_back(*b);
   }
   for (size_t next = 0; next < queue.size() && next < 64; ++next) {
-    const auto [dir, id] = queue[next];
+    // Named copies, not a structured binding: clang 14 (Debian 12) cannot
+    // capture a binding in the lambdas below.
+    const std::string dir = queue[next].first;
+    const std::string id = queue[next].second;
     if (std::any_of(report.bases.begin(), report.bases.end(),
                     [&](const BaseVerifyOutcome& o) { return o.chain_dir == dir && o.id == id; })) {
       continue;
