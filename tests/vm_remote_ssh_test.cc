@@ -147,6 +147,23 @@ class TestSshd {
 
 class VmRemoteSshTest : public VmTestBase {
  protected:
+  void SetUp() override {
+    VmTestBase::SetUp();
+    if (IsSkipped()) return;
+    BARGE_REQUIRE_TOOL("qemu-img");
+    BARGE_REQUIRE_TOOL("ssh");
+    BARGE_REQUIRE_TOOL("ssh-keygen");
+    BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
+    BARGE_REQUIRE_TOOL("virt-ssh-helper");  // libvirt's remote end of qemu+ssh:// (libvirt-daemon)
+  }
+  // An ssh wrapper for the URI's command=: the forward (its arguments hold
+  // ExitOnForwardFailure) touches `started` and hangs before it gets to
+  // ssh; libvirt's own connection runs ssh as usual.
+  static void WriteHangingForwardWrapper(const std::string& wrapper, const std::string& started) {
+    std::ofstream(wrapper) << "#!/bin/sh\ncase \"$*\" in *ExitOnForwardFailure*) : > '" << started
+                           << "'; while :; do sleep 0.05; done ;; esac\nexec ssh \"$@\"\n";
+    fs::permissions(wrapper, fs::perms::owner_all);
+  }
   std::string Raw(const std::string& image, const std::string& name) {
     std::string out = dir_ / name;
     RunOk("qemu-img convert -U -O raw " + ShellQuote(image) + " " + ShellQuote(out));
@@ -155,11 +172,6 @@ class VmRemoteSshTest : public VmTestBase {
 };
 
 TEST_F(VmRemoteSshTest, FullAndIncrementalThroughSshRestoreByteIdentical) {
-  BARGE_REQUIRE_TOOL("qemu-img");
-  BARGE_REQUIRE_TOOL("ssh");
-  BARGE_REQUIRE_TOOL("ssh-keygen");
-  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
-  BARGE_REQUIRE_TOOL("virt-ssh-helper");  // libvirt's remote end of qemu+ssh:// (libvirt-daemon)
   TestSshd sshd(dir_);
   ASSERT_TRUE(sshd.ready()) << sshd.log();
   const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
@@ -290,12 +302,7 @@ TEST_F(VmRemoteSshTest, FullAndIncrementalThroughSshRestoreByteIdentical) {
 // stored on the way out give the next run its incremental. A snapshot of
 // the shut-off domain's disk (a file edit on that host) is refused.
 TEST_F(VmRemoteSshTest, ShutOffDomainIsStartedPausedForItsBackup) {
-  BARGE_REQUIRE_TOOL("qemu-img");
   BARGE_REQUIRE_TOOL("qemu-io");
-  BARGE_REQUIRE_TOOL("ssh");
-  BARGE_REQUIRE_TOOL("ssh-keygen");
-  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
-  BARGE_REQUIRE_TOOL("virt-ssh-helper");
   TestSshd sshd(dir_);
   ASSERT_TRUE(sshd.ready()) << sshd.log();
   const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
@@ -343,11 +350,6 @@ TEST_F(VmRemoteSshTest, ShutOffDomainIsStartedPausedForItsBackup) {
 // seam, in this process) stops its ssh forward by PID before it returns,
 // leaves no socket or folder, and the tracker where it was.
 TEST_F(VmRemoteSshTest, FailedRunStopsItsForward) {
-  BARGE_REQUIRE_TOOL("qemu-img");
-  BARGE_REQUIRE_TOOL("ssh");
-  BARGE_REQUIRE_TOOL("ssh-keygen");
-  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
-  BARGE_REQUIRE_TOOL("virt-ssh-helper");
   TestSshd sshd(dir_);
   ASSERT_TRUE(sshd.ready()) << sshd.log();
   const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
@@ -404,18 +406,11 @@ TEST_F(VmRemoteSshTest, FailedRunStopsItsForward) {
 // command= names a wrapper that, for the forward only, never gets to ssh):
 // barge stops the wrapper by PID, leaves nothing, ends the job and exits 130.
 TEST_F(VmRemoteSshTest, InterruptWhileTheForwardStartsStopsIt) {
-  BARGE_REQUIRE_TOOL("qemu-img");
-  BARGE_REQUIRE_TOOL("ssh");
-  BARGE_REQUIRE_TOOL("ssh-keygen");
-  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
-  BARGE_REQUIRE_TOOL("virt-ssh-helper");
   TestSshd sshd(dir_);
   ASSERT_TRUE(sshd.ready()) << sshd.log();
   const std::string wrapper = dir_ / "ssh-wrapper";
   const std::string started = dir_ / "forward-started";
-  std::ofstream(wrapper) << "#!/bin/sh\ncase \"$*\" in *ExitOnForwardFailure*) : > '" << started
-                         << "'; while :; do sleep 0.05; done ;; esac\nexec ssh \"$@\"\n";
-  fs::permissions(wrapper, fs::perms::owner_all);
+  WriteHangingForwardWrapper(wrapper, started);
   const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) + "/system?keyfile=" +
                           sshd.user_key() + "&no_verify=1&proxy=native&command=" + wrapper;
   std::string disk = dir_ / "disk.qcow2";
@@ -464,20 +459,13 @@ TEST_F(VmRemoteSshTest, InterruptWhileTheForwardStartsStopsIt) {
 // next run aborts the job (QEMU removes the socket with it), sweeps the
 // dead run's forward folder, and backs up as usual; nothing is left after.
 TEST_F(VmRemoteSshTest, RunAfterKilledRemoteBackupCleansUpAndSucceeds) {
-  BARGE_REQUIRE_TOOL("qemu-img");
-  BARGE_REQUIRE_TOOL("ssh");
-  BARGE_REQUIRE_TOOL("ssh-keygen");
-  BARGE_REQUIRE_TOOL("/usr/sbin/sshd");
-  BARGE_REQUIRE_TOOL("virt-ssh-helper");
   TestSshd sshd(dir_);
   ASSERT_TRUE(sshd.ready()) << sshd.log();
   // The forward of the run to be killed never gets to ssh: the job is
   // surely running when the kill comes.
   const std::string wrapper = dir_ / "ssh-wrapper";
   const std::string started = dir_ / "forward-started";
-  std::ofstream(wrapper) << "#!/bin/sh\ncase \"$*\" in *ExitOnForwardFailure*) : > '" << started
-                         << "'; while :; do sleep 0.05; done ;; esac\nexec ssh \"$@\"\n";
-  fs::permissions(wrapper, fs::perms::owner_all);
+  WriteHangingForwardWrapper(wrapper, started);
   const std::string base = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) + "/system?keyfile=" +
                            sshd.user_key() + "&no_verify=1&proxy=native";
   const std::string stuck_uri = base + "&command=" + wrapper;
@@ -548,7 +536,6 @@ TEST_F(VmRemoteSshTest, RunAfterKilledRemoteBackupCleansUpAndSucceeds) {
 // A URI with a password is never printed with it; a failed connection's
 // error names the URI.
 TEST_F(VmRemoteSshTest, ErrorsNameTheUriWithoutItsPassword) {
-  BARGE_REQUIRE_TOOL("ssh");
   const int port = FreeTcpPort();  // nothing listens there
   const std::string uri = "qemu+ssh://root:hunter2@127.0.0.1:" + std::to_string(port) + "/system?no_tty=1";
   CommandResult r = ::barge::testing::Run(Barge("doctor --domain nothing-here --connect " + ShellQuote(uri)));
