@@ -417,7 +417,9 @@ TEST_F(SharedBaseTest, CatalogImageIsNamedAsTheBaseDirectly) {
   auto none = testing::Run(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target) +
                            " --name clone4 --base image:nosuch --catalog " + Q(catalog));
   EXPECT_EQ(none.exit_code, 1) << none.output;
-  EXPECT_TRUE(Has(none.output, "NotFound") && Has(none.output, "nosuch")) << none.output;
+  // One line, the flag named once: "barge: NotFound: --base image:nosuch: no image 'nosuch' in the catalog".
+  EXPECT_TRUE(Has(none.output, "NotFound: --base image:nosuch: no image 'nosuch' in the catalog")) << none.output;
+  EXPECT_EQ(none.output.find("image:nosuch"), none.output.rfind("image:nosuch")) << none.output;
   EXPECT_FALSE(fs::exists(target + "/clone4"));
   auto other = testing::Run(Barge() + " backup --source " + Q(clone_) + " --target " + Q(target_) +
                             " --name clone4 --base image:golden --catalog " + Q(catalog));

@@ -78,17 +78,17 @@ Result<ImageBase> PrepareImageBase(Env& env, ImageCatalog& catalog, const std::s
                                    const pipeline::BackupRequest& clone) {
   BARGE_ASSIGN_OR_RETURN(auto images, catalog.Images(name));
   if (images.empty() || images[0].name != name) {
-    return Error::NotFound("--base image:" + name + ": no image '" + name + "' in the catalog");
+    return Error::NotFound("no image '" + name + "' in the catalog");
   }
   const ImageRecord& image = images[0];
-  if (image.sha512.empty()) return Error::NotFound("--base image:" + name + ": the image has no ready copy yet");
+  if (image.sha512.empty()) return Error::NotFound("image " + name + " has no ready copy yet");
   ImageBase out;
   out.sha512 = image.sha512;
   out.chain_dir = LexicallyNormal(AbsolutePath(JoinPath(clone.target_dir, name)));
   const std::string clone_name =
       clone.disk_name.empty() ? pipeline::DefaultDiskName(clone.source.location) : clone.disk_name;
   if (clone_name == name) {
-    return Error::InvalidArgument("--base image:" + name + " is kept as chain '" + name +
+    return Error::InvalidArgument("the image is kept as chain '" + name +
                                   "' of the target: give the clone another --name")
         .set_path(out.chain_dir);
   }
