@@ -318,6 +318,26 @@ bool ServerNotThereYet(const Error& e) {
   }
 }
 
+// The wait before attempt `attempt` (0-based): first_delay doubled per
+// attempt, capped at max_delay.
+std::chrono::milliseconds BackoffDelay(const NbdRetryPolicy& policy, uint32_t attempt) {
+  if (attempt >= 20) return policy.max_delay;
+  return std::min(policy.first_delay * (int64_t{1} << attempt), policy.max_delay);
+}
+
+// Sleeps `delay`, waking early with kCancelled (`what`, naming `name`) when
+// the policy's cancel flag is set.
+Status SleepUnlessCancelled(const NbdRetryPolicy& policy, std::chrono::milliseconds delay, const char* what,
+                            const std::string& name) {
+  using Clock = std::chrono::steady_clock;
+  auto until = Clock::now() + delay;
+  while (Clock::now() < until) {
+    if (policy.cancel != nullptr && policy.cancel->load()) return Error::Cancelled(what).set_path(name);
+    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), until - Clock::now()));
+  }
+  return OkStatus();
+}
+
 // The first connection, retried as a reconnect is (NbdRetryPolicy: the
 // same attempts, time bound and backoff), for a server that starts late
 // or a network that comes up a moment later. A server that answers with
@@ -333,8 +353,7 @@ Result<std::unique_ptr<NbdHandle>> ConnectFirst(const std::string& uri, const st
     auto handle = Connect(uri, name, options, options.connect_timeout);
     if (handle.ok() || !ServerNotThereYet(handle.error())) return handle;
     auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
-    milliseconds delay = policy.max_delay;
-    if (retries < 20) delay = std::min(policy.first_delay * (int64_t{1} << retries), delay);
+    milliseconds delay = BackoffDelay(policy, retries);
     if (retries >= policy.attempts || elapsed + delay > policy.max_time) {
       if (retries == 0) return handle;
       Error e = std::move(handle).error();
@@ -345,13 +364,7 @@ Result<std::unique_ptr<NbdHandle>> ConnectFirst(const std::string& uri, const st
           .set_retryable(true)
           .set_path(name);
     }
-    auto until = Clock::now() + delay;
-    while (Clock::now() < until) {
-      if (policy.cancel != nullptr && policy.cancel->load()) {
-        return Error::Cancelled("cancelled while connecting").set_path(name);
-      }
-      std::this_thread::sleep_for(std::min<Clock::duration>(milliseconds(50), until - Clock::now()));
-    }
+    BARGE_RETURN_IF_ERROR(SleepUnlessCancelled(policy, delay, "cancelled while connecting", name));
     ++retries;
   }
 }
@@ -736,8 +749,7 @@ class Connections {
     std::optional<Error> last;
     for (;;) {
       auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - outage.start);
-      milliseconds delay = policy.max_delay;
-      if (outage.attempts < 20) delay = std::min(policy.first_delay * (int64_t{1} << outage.attempts), delay);
+      milliseconds delay = BackoffDelay(policy, outage.attempts);
       if (outage.attempts >= policy.attempts || elapsed + delay > policy.max_time) {
         std::string message = "NBD connection lost (" + reason.message() + ")";
         if (policy.attempts == 0) {
@@ -753,7 +765,7 @@ class Connections {
             .set_retryable(true)
             .set_path(name_);
       }
-      BARGE_RETURN_IF_ERROR(Backoff(delay));
+      BARGE_RETURN_IF_ERROR(SleepUnlessCancelled(policy, delay, "cancelled while reconnecting", name_));
       waited += delay;
       ++outage.attempts;
       ++attempts;
@@ -782,19 +794,6 @@ class Connections {
       }
       return OkStatus();
     }
-  }
-
-  // Sleeps `delay`, waking early (kCancelled) when the cancel flag is set.
-  Status Backoff(std::chrono::milliseconds delay) const {
-    auto until = std::chrono::steady_clock::now() + delay;
-    while (std::chrono::steady_clock::now() < until) {
-      if (options_.retry.cancel != nullptr && options_.retry.cancel->load()) {
-        return Error::Cancelled("cancelled while reconnecting").set_path(name_);
-      }
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-          std::chrono::milliseconds(50), until - std::chrono::steady_clock::now()));
-    }
-    return OkStatus();
   }
 
   const std::string uri_;
