@@ -12,8 +12,12 @@
 # virtnbdbackup runs first (it refuses checkpoints it did not make), then
 # barge; the disk is in the page cache for both. Each output is restored
 # (barge restore; virtnbdrestore in its remote mode) and compared with the
-# domain's disk. Prints wall/CPU/RSS, bytes, and the ratio next to the target
-# (barge >= 2x faster). Exits non-zero only when something fails to run.
+# domain's disk. Prints wall/CPU/RSS, bytes, the CPU the hypervisor's QEMU
+# spent serving each, and the ratio next to the target (barge >= 2x
+# faster). Exits non-zero only when something fails to run. virtnbdbackup
+# runs as nobody: it has no flag for its NBD client certificates, and libnbd
+# looks for them in /etc/pki/libnbd for root (not written here), in
+# ~/.pki/libnbd for other users.
 #
 #   bench/vm_remote_vs_virtnbdbackup.sh [--size 4G] [--seed 1] [--workdir /var/tmp]
 #                                       [--barge PATH]
@@ -25,7 +29,7 @@ CACHE=warm
 SIZE=${SIZE:-4G}
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,24p' "$0"; }
+usage() { sed -n '2,27p' "$0"; }
 
 parse_common_flags "$@"
 # One run per domain: virtnbdbackup's full makes a checkpoint and refuses
@@ -96,7 +100,7 @@ echo "== certificates (certtool: CA, server for $NS_IP, client) and ssh keys"
 PKI=$WORK/pki
 mkdir -p "$PKI"
 (
-  cd "$PKI"
+  cd "$PKI" || exit 2
   printf 'cn = bench CA\nca\ncert_signing_key\nexpiration_days = 2\n' > ca.info
   printf 'organization = barge bench\ncn = %s\nip_address = %s\ntls_www_server\nsigning_key\nencryption_key\nexpiration_days = 2\n' \
     "$NS_IP" "$NS_IP" > server.info
