@@ -5,7 +5,8 @@
 # count) as a fraction of the uninterrupted run's (target: <= 55%), times,
 # and whether both images are byte for byte the same. Then the same for
 # `barge replicate` of the export to a raw file (cmp against the
-# uninterrupted copy).
+# uninterrupted copy), and to an NBD export (nbdkit's file plugin on a
+# second socket; its journal in --state-dir, read back over NBD).
 #
 #   bench/resume.sh [--size 1G] [--seed 1] [--workdir /var/tmp] [--barge PATH]
 #                   [--rate 1G] [--cut 0.5]   (--rate: bits per second)
@@ -166,3 +167,44 @@ printf '%-34s %s\n' "replicate resumed: time, read" "${rresumed_s}s, $rresumed_r
 printf '%-34s %s\n' "progress at the kill (of the copy)" "$(cat "$WORK/rcut.json.cut")"
 printf '%-34s %s (target <= 0.55 when cut at 0.5)\n' "replicate resumed read / whole" "$(calc "$rresumed_read / $rwhole_read")"
 printf '%-34s %s\n' "copies byte-identical (cmp)" "$rsame"
+
+echo
+echo "== replicate to an NBD export: cut at $CUT and resumed"
+TSOCK=$WORK/target.sock
+TARGET=$WORK/target.raw
+STATE=$WORK/state
+TARGET_PID=
+serve_target() {  # the export $TARGET on $TSOCK, as fast as it goes
+  rm -f "$TSOCK"
+  nbdkit --foreground --exit-with-parent --unix "$TSOCK" file "$TARGET" &
+  TARGET_PID=$!
+  for _ in $(seq 100); do [ -S "$TSOCK" ] && return; sleep 0.05; done
+  die "nbdkit (target) did not start"
+}
+stop_target() { kill "$TARGET_PID" 2>/dev/null || true; wait "$TARGET_PID" 2>/dev/null || true; }
+truncate -s "$(stat -c %s "$DISK")" "$TARGET"
+serve_target
+TURI="nbd+unix:///?socket=$TSOCK"
+serve "$WORK/ncut.log"
+start=$(date +%s.%N)
+"$BARGE" replicate "nbd+unix:///?socket=$SOCK" --to "$TURI" --state-dir "$STATE" --json >"$WORK/ncut.json" &
+pid=$!
+kill_at_cut "$WORK/ncut.json" "$pid"
+wait "$pid" 2>/dev/null || true
+ncut_s=$(since "$start")
+stop
+ls "$STATE"/*.barge-resume >/dev/null 2>&1 || die "the killed replicate left no journal in the state folder"
+serve "$WORK/nresumed.log"
+start=$(date +%s.%N)
+"$BARGE" replicate "nbd+unix:///?socket=$SOCK" --to "$TURI" --state-dir "$STATE" --json >"$WORK/nresumed.json"
+nresumed_s=$(since "$start")
+stop
+stop_target
+nresumed_read=$(read_bytes "$WORK/nresumed.log")
+nsame=no; cmp -s "$WORK/rwhole.raw" "$TARGET" && nsame=yes
+cmp -s "$TARGET" "$DISK" || die "the resumed export differs from the disk"
+printf '%-34s %s\n' "to NBD cut run (killed): time" "${ncut_s}s"
+printf '%-34s %s\n' "to NBD resumed: time, read" "${nresumed_s}s, $nresumed_read bytes (barge: $(field "$WORK/nresumed.json" bytes_read), kept: $(field "$WORK/nresumed.json" resume.staged_bytes))"
+printf '%-34s %s\n' "progress at the kill (of the copy)" "$(cat "$WORK/ncut.json.cut")"
+printf '%-34s %s (target <= 0.55 when cut at 0.5)\n' "to NBD resumed read / whole" "$(calc "$nresumed_read / $rwhole_read")"
+printf '%-34s %s\n' "export = uninterrupted copy (cmp)" "$nsame"

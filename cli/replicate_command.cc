@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <mutex>
 
@@ -32,7 +33,19 @@ struct ReplicateArgs {
   bool verify = false;
   bool force = false;
   bool no_resume = false;
+  std::string state_dir;
 };
+
+// Where NBD targets' records and resume journals go without --state-dir:
+// $XDG_STATE_HOME/barge/replicate, else ~/.local/state/barge/replicate
+// (beside the default catalog).
+std::string DefaultReplicateStateDir() {
+  if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state) {
+    return std::string(state) + "/barge/replicate";
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/root") + "/.local/state/barge/replicate";
+}
 
 // One line per destination: redrawn in place on a terminal (cursor up),
 // JSON lines with --json. Thread-safe: destinations report from their own
@@ -108,6 +121,8 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   o.verify = a.verify;
   o.force = a.force;
   o.resume = !a.no_resume;
+  o.nbd = a.nbd.access;
+  o.state_dir = a.state_dir.empty() ? DefaultReplicateStateDir() : a.state_dir;
   // Said before the copy starts, so a long resumed run shows it at once.
   o.on_resume = [&out](const pipeline::ResumeNote& note) {
     if (note.resumed) {
@@ -145,7 +160,9 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
                      ", a " + src->format_name() + " source): use --format qcow2");
   }
 
-  MultiProgress progress(out, a.to);
+  std::vector<std::string> shown;  // NBD targets without their secrets
+  for (const std::string& d : a.to) shown.push_back(RedactNbdUri(d));
+  MultiProgress progress(out, shown);
   o.progress = [&](size_t i, uint64_t done, uint64_t total) { progress.Update(i, done, total); };
   auto result = pipeline::RunReplicate(Env::Default(), *src->image, a.to, o);
   progress.Done();
@@ -241,7 +258,9 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
       app, "replicate", "Copy one image to several files in one read pass, SHA-512 checked and recorded",
       exit_code, [args](Output& out) { return RunReplicateCommand(*args, out); });
   cmd->add_option("source", args->source, "Source: raw/qcow2 file, block device or nbd:// URI")->required();
-  cmd->add_option("--to", args->to, "Destination file (repeatable)")->required();
+  cmd->add_option("--to", args->to,
+                  "Destination file, or nbd:// / nbds:// / nbd+unix:// export written in place, raw (repeatable)")
+      ->required();
   cmd->add_option("--expected-sha512", args->expected_sha512,
                   "SHA-512 of the logical content; on mismatch nothing is made ready");
   cmd->add_option("--format", args->format, "Output format: keep (qcow2 stays qcow2), raw or qcow2")
@@ -264,7 +283,11 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   args->flags.AddTo(cmd, "--source-format");
   args->copy.AddTo(cmd, "none", kAllCopyFlags | kNbdFlags);
-  args->nbd.AddTo(cmd, "an nbd:// or nbds:// source");
+  cmd->add_option("--state-dir", args->state_dir,
+                  "Where NBD targets' checksum records and resume journals are kept (default: "
+                  "$XDG_STATE_HOME/barge/replicate)")
+      ->type_name("DIR");
+  args->nbd.AddTo(cmd, "an nbd:// or nbds:// source and NBD targets");
 }
 
 }  // namespace barge::cli

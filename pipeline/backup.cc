@@ -626,12 +626,9 @@ Result<std::unique_ptr<Qcow2Destination>> MakeImage(Env& env, const BackupReques
     BlockSink* sink = nullptr;
     if (run.resume_cluster > 0) {
       BARGE_ASSIGN_OR_RETURN(BlockSink * staged, run.writer->AdoptStagedImage(run.m.image));
-      std::vector<formats::StoredCluster> stored;
-      stored.reserve(run.kept.size());
-      for (const JournalEntry& e : run.kept) stored.push_back(e.stored);
       // The wrapper goes on top after the truncation in Resume.
       resumed_sink = std::make_unique<ResumedSink>(*staged);
-      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Resume(*resumed_sink, options, stored));
+      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Resume(*resumed_sink, options, StoredClusters(run.kept)));
       sink = resumed_sink.get();
     } else {
       BARGE_ASSIGN_OR_RETURN(sink, run.writer->StageImage(run.m.image));

@@ -215,10 +215,7 @@ std::unique_ptr<EnvLock> SpareResumableImage(Env& env, const std::string& dir) {
 Result<StagedCheck> CheckStaged(Env& env, const std::string& staged_path, const formats::Qcow2WriterOptions& options,
                                 const LoadedJournal& journal, const StagedClusterFn& on_cluster) {
   StagedCheck check;
-  std::vector<formats::StoredCluster> stored;
-  stored.reserve(journal.entries.size());
-  for (const JournalEntry& e : journal.entries) stored.push_back(e.stored);
-  auto layout = formats::Qcow2Writer::PlanStored(options, stored);
+  auto layout = formats::Qcow2Writer::PlanStored(options, StoredClusters(journal.entries));
   if (!layout.ok() || layout->end_bytes != journal.end_bytes) {
     check.problem = "the journal does not match the staged image's layout";
     return check;
@@ -270,9 +267,23 @@ Result<StagedCheck> CheckStaged(Env& env, const std::string& staged_path, const 
   return check;
 }
 
+std::vector<formats::StoredCluster> StoredClusters(std::span<const JournalEntry> entries) {
+  std::vector<formats::StoredCluster> stored;
+  stored.reserve(entries.size());
+  for (const JournalEntry& e : entries) stored.push_back(e.stored);
+  return stored;
+}
+
 Result<StagedCheck> CheckStagedRaw(Env& env, const std::string& staged_path, uint64_t virtual_size,
                                    uint32_t cluster_bytes, const LoadedJournal& journal,
                                    const StagedClusterFn& on_cluster) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> src, env.OpenSource(staged_path));
+  return CheckStagedRaw(*src, virtual_size, cluster_bytes, journal, on_cluster);
+}
+
+Result<StagedCheck> CheckStagedRaw(BlockSource& staged, uint64_t virtual_size, uint32_t cluster_bytes,
+                                   const LoadedJournal& journal, const StagedClusterFn& on_cluster) {
+  BlockSource* src = &staged;
   StagedCheck check;
   const uint64_t cs = cluster_bytes;
   const uint64_t disk_clusters = (virtual_size + cs - 1) / cs;
@@ -288,7 +299,6 @@ Result<StagedCheck> CheckStagedRaw(Env& env, const std::string& staged_path, uin
       return check;
     }
   }
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> src, env.OpenSource(staged_path));
   std::vector<std::byte> cluster(cs);
   const formats::Digest128 zero = formats::ZeroClusterDigest(cluster_bytes);
   size_t at = 0;

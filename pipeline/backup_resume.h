@@ -18,6 +18,7 @@
 #include "blockio/env.h"
 #include "blockio/extent.h"
 #include "blockio/sink.h"
+#include "blockio/source.h"
 #include "formats/digest.h"
 #include "formats/qcow2_writer.h"
 #include "pipeline/destination.h"
@@ -120,6 +121,14 @@ Result<StagedCheck> CheckStaged(Env& env, const std::string& staged_path,
 Result<StagedCheck> CheckStagedRaw(Env& env, const std::string& staged_path, uint64_t virtual_size,
                                    uint32_t cluster_bytes, const LoadedJournal& journal,
                                    const StagedClusterFn& on_cluster = nullptr);
+// The same over a staged copy already open: an NBD export written in place
+// (a replicated raw copy to nbd://), whose unwritten clusters were written
+// as zeroes, so the same rule holds.
+Result<StagedCheck> CheckStagedRaw(BlockSource& staged, uint64_t virtual_size, uint32_t cluster_bytes,
+                                   const LoadedJournal& journal, const StagedClusterFn& on_cluster = nullptr);
+// The entries' stored clusters, in order: what Qcow2Writer::Resume and
+// PlanStored take.
+std::vector<formats::StoredCluster> StoredClusters(std::span<const JournalEntry> entries);
 // `journal` cut to the clusters below `cluster` (what a resume from there
 // keeps), with `cluster` as its next cluster.
 LoadedJournal JournalUpTo(const LoadedJournal& journal, uint64_t cluster);

@@ -120,7 +120,14 @@ Result<std::unique_ptr<Output>> OpenOutput(Env& env, const OutputSpec& spec) {
 
 Status Output::Commit() {
   if (staged_) return staged_->Commit();
-  return in_place_->Flush();
+  return in_place_ ? in_place_->Flush() : OkStatus();  // closed: flushed then
+}
+
+Status Output::CloseInPlace() {
+  if (!in_place_) return OkStatus();
+  Status flushed = in_place_->Flush();
+  in_place_.reset();
+  return flushed;
 }
 
 Status Output::Abandon() {

@@ -88,6 +88,11 @@ class Output {
   // A staged file's temporary is flushed and left for a later run to
   // adopt (StagedFile::Keep); nothing happens to a device or export.
   Status Keep();
+  // A device or export: flushed and closed now, so that a server taking
+  // one client at a time (qemu-nbd without --shared) can be read back by
+  // another connection; sink() must not be used after it, and Commit only
+  // says so. Nothing for a staged file.
+  Status CloseInPlace();
 
  private:
   friend Result<std::unique_ptr<Output>> OpenOutput(Env& env, const OutputSpec& spec);

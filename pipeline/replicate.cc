@@ -2,7 +2,11 @@
 // copy pass with SHA-512, then check, verify, rename and record each copy.
 #include "pipeline/replicate.h"
 
+#include <xxhash.h>
+
+#include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <ctime>
 #include <mutex>
 #include <set>
@@ -61,6 +65,25 @@ std::string ReplicaRecordPath(const std::string& path) { return path + ".sha512.
 std::string ReplicaJournalPath(const std::string& path) {
   std::string dir = DirName(path);
   return (dir.empty() ? std::string() : dir + "/") + "." + BaseName(path) + ".barge-resume";
+}
+
+std::string NbdTargetStatePath(const std::string& state_dir, const std::string& uri) {
+  const std::string shown = RedactNbdUri(uri);
+  std::string name;
+  for (unsigned char c : shown) {
+    if (name.size() >= 120) break;
+    if (std::isalnum(c) || std::string_view("_+=,.-").find(static_cast<char>(c)) != std::string_view::npos) {
+      name += static_cast<char>(c);
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof hex, "%%%02X", c);
+      name += hex;
+    }
+  }
+  char hash[24];
+  std::snprintf(hash, sizeof hash, "-%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(shown.data(), shown.size())));
+  return JoinPath(state_dir, name + hash);
 }
 
 Result<ReplicaRecord> DecodeReplicaRecord(std::string_view text) {
@@ -190,6 +213,12 @@ struct Pending {
   // the pass ends: reused (and the temporary dropped) when it matches.
   std::optional<ReplicaRecord> maybe_reuse;
   bool replaces_existing = false;
+  // An NBD target that this tool's record or journal names: written over
+  // without --force (it holds what an earlier run wrote).
+  bool nbd_ours = false;
+  // An NBD target's size, taken before its connection is closed for the
+  // read-back.
+  uint64_t export_bytes = 0;
 };
 
 struct ReadBack {
@@ -206,6 +235,9 @@ struct CopyOpen {
   bool keep_backing = false;
   bool allow_any_path = false;
   std::vector<std::string> allow_dirs;
+  // An NBD target: how to connect to it.
+  NbdAccess nbd;
+  NbdRetryPolicy nbd_retry;
 };
 
 // Opens a copy (`path`; `final_path` is the name it has or will have, in
@@ -213,6 +245,16 @@ struct CopyOpen {
 // the copy is a kNotFound naming it.
 Result<std::unique_ptr<formats::Image>> OpenCopy(Env& env, const std::string& path, const std::string& final_path,
                                                  const CopyOpen& how) {
+  if (IsNbdUri(path)) {
+    // An export written in place (raw).
+    SourceSpec spec;
+    spec.location = path;
+    spec.format = "raw";
+    spec.nbd = how.nbd;
+    spec.nbd_retry = how.nbd_retry;
+    BARGE_ASSIGN_OR_RETURN(OpenedSource opened, OpenSource(env, spec));
+    return std::move(opened.image);
+  }
   formats::OpenOptions open;
   open.format = how.format;
   open.open_backing = how.keep_backing;
@@ -246,9 +288,17 @@ Result<std::unique_ptr<formats::Image>> OpenCopy(Env& env, const std::string& pa
 // SHA-512 was taken once from the source, and equal cluster digests mean
 // equal bytes); a reused copy has only its record's SHA-512 to be checked
 // against.
+// Only the first `virtual_size` bytes are read: an NBD export may be larger
+// than the copy it holds.
 Result<ReadBack> ReadBackCopy(Env& env, const std::string& path, const std::string& final_path,
-                              const CopyOpen& how, const CopyOptions& geometry, bool with_bitmaps, bool sha512) {
+                              const CopyOpen& how, const CopyOptions& geometry, bool with_bitmaps, bool sha512,
+                              uint64_t virtual_size) {
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<formats::Image> image, OpenCopy(env, path, final_path, how));
+  if (image->size_bytes() < virtual_size) {
+    return Error::Corruption("the copy holds " + std::to_string(image->size_bytes()) + " bytes, the source " +
+                             std::to_string(virtual_size))
+        .set_path(RedactNbdUri(final_path));
+  }
   CopyOptions o;
   o.cluster_bytes = geometry.cluster_bytes;
   o.chunk_bytes = geometry.chunk_bytes;
@@ -257,9 +307,11 @@ Result<ReadBack> ReadBackCopy(Env& env, const std::string& path, const std::stri
   o.compression = formats::Compression::kNone;
   o.sha512 = sha512;
   o.cancel = geometry.cancel;
-  DigestCollector collector({image->size_bytes(), o.cluster_bytes, false, {}});
+  DigestCollector collector({virtual_size, o.cluster_bytes, false, {}});
   Destination* dests[] = {&collector};
-  BARGE_ASSIGN_OR_RETURN(CopyResult r, RunCopy(*image, WholeDisk(*image), dests, o));
+  RangeList work;
+  if (virtual_size > 0) work.push_back({0, virtual_size});
+  BARGE_ASSIGN_OR_RETURN(CopyResult r, RunCopy(*image, work, dests, o));
   ReadBack back{std::move(r.sha512_hex), std::move(r.cluster_digests), {}};
   if (with_bitmaps) {
     for (const auto& b : image->info().bitmaps) {
@@ -330,6 +382,18 @@ struct Job {
   std::vector<size_t> reused_pre;            // reused by expected checksum, never written
   ReplicateResult result;
 
+  bool IsNbd(size_t i) const { return IsNbdUri(destinations[i]); }
+  // Destination i as shown and recorded: an NBD URI without its secrets.
+  std::string Shown(size_t i) const { return RedactNbdUri(destinations[i]); }
+  // Where destination i's checksum record goes (ReplicaRecordPath of it):
+  // beside a file, in the state folder for an NBD target.
+  std::string RecordBase(size_t i) const {
+    return IsNbd(i) ? NbdTargetStatePath(options.state_dir, destinations[i]) : destinations[i];
+  }
+  std::string JournalPathFor(size_t i) const {
+    return IsNbd(i) ? NbdTargetStatePath(options.state_dir, destinations[i]) + ".barge-resume"
+                    : ReplicaJournalPath(destinations[i]);
+  }
   void Fail(size_t i, Error e) {
     result.replicas[i].state = ReplicaState::kFailed;
     result.replicas[i].error = std::move(e);
@@ -362,11 +426,19 @@ Result<std::string> CheckRequest(Env& env, std::span<const std::string> destinat
   if (!expected.empty() && !IsHex512(expected)) {
     return Error::InvalidArgument("expected SHA-512 must be 128 hex digits");
   }
+  auto same = [&env](const std::string& a, const std::string& b) {
+    if (IsNbdUri(a) || IsNbdUri(b)) return RedactNbdUri(a) == RedactNbdUri(b);
+    return CanonicalPath(env, a) == CanonicalPath(env, b);
+  };
   for (size_t i = 0; i < destinations.size(); ++i) {
     for (size_t k = 0; k < i; ++k) {
-      if (CanonicalPath(env, destinations[i]) == CanonicalPath(env, destinations[k])) {
-        return Error::InvalidArgument("destination given twice").set_path(destinations[i]);
+      if (same(destinations[i], destinations[k])) {
+        return Error::InvalidArgument("destination given twice").set_path(RedactNbdUri(destinations[i]));
       }
+    }
+    if (IsNbdUri(destinations[i]) && options.state_dir.empty()) {
+      return Error::InvalidArgument("an NBD target needs a state folder for its record and resume journal")
+          .set_path(RedactNbdUri(destinations[i]));
     }
   }
   return expected;
@@ -378,7 +450,7 @@ Result<std::string> CheckRequest(Env& env, std::span<const std::string> destinat
 std::vector<std::unique_ptr<EnvLock>> SpareStagedCopies(Env& env, std::span<const std::string> destinations) {
   std::vector<std::unique_ptr<EnvLock>> locks;
   for (const std::string& d : destinations) {
-    if (!env.Exists(ReplicaJournalPath(d))) continue;
+    if (IsNbdUri(d) || !env.Exists(ReplicaJournalPath(d))) continue;
     LockOptions lo;
     lo.create = false;
     auto lock = env.LockFile(TempPathFor(d), lo);
@@ -391,7 +463,9 @@ std::vector<std::unique_ptr<EnvLock>> SpareStagedCopies(Env& env, std::span<cons
 // folder (a live writer's temporary is locked and kept).
 void SweepDestinationFolders(Env& env, std::span<const std::string> destinations) {
   std::set<std::string> dirs;
-  for (const auto& d : destinations) dirs.insert(DirName(d));
+  for (const auto& d : destinations) {
+    if (!IsNbdUri(d)) dirs.insert(DirName(d));  // an export is written in place
+  }
   for (const auto& dir : dirs) {
     IgnoreError(SweepStaleTemporaries(env, dir), "a leftover that cannot be removed now goes at a later run");
   }
@@ -428,6 +502,17 @@ Status PlanFormat(Job& job) {
           .set_path(info.path);
     }
   }
+  for (size_t i = 0; i < job.destinations.size(); ++i) {
+    if (!job.out_qcow2 || !job.IsNbd(i)) continue;
+    return Error::InvalidArgument(
+               "an NBD export is written raw (it is a block device), but these copies are qcow2 (--format " +
+               std::string(job.options.format == ReplicaFormat::kQcow2 ? "qcow2" : "keep, a qcow2 source") +
+               "); use --format raw")
+        .set_path(job.Shown(i));
+  }
+  if (std::any_of(job.destinations.begin(), job.destinations.end(), [](const std::string& d) { return IsNbdUri(d); })) {
+    BARGE_RETURN_IF_ERROR(job.env.CreateDirs(job.options.state_dir));
+  }
   job.result.virtual_size = job.source.size_bytes();
   job.result.format = std::string(formats::ImageFormatName(out_format));
   if (job.keep) {
@@ -438,6 +523,8 @@ Status PlanFormat(Job& job) {
   job.copy_open.keep_backing = job.keep;
   job.copy_open.allow_any_path = job.options.allow_any_path;
   job.copy_open.allow_dirs = job.options.allow_dirs;
+  job.copy_open.nbd = job.options.nbd;
+  job.copy_open.nbd_retry = job.options.copy.nbd_retry;
   return OkStatus();
 }
 
@@ -494,7 +581,17 @@ DestinationSpec CopyDestinationSpec(const Job& job) {
 // expected checksum (never written), or written in this pass (returned).
 std::optional<Pending> DecideDestination(Job& job, size_t i) {
   const std::string& path = job.destinations[i];
-  job.result.replicas[i].path = path;
+  job.result.replicas[i].path = job.Shown(i);
+  if (job.IsNbd(i)) {
+    // An export is never reused (nothing says it still holds what a record
+    // describes) and is written in place; it needs --force when it holds
+    // data, unless it holds what this tool wrote there before.
+    Pending p;
+    p.index = i;
+    p.nbd_ours = job.env.Exists(ReplicaRecordPath(job.RecordBase(i))) || job.env.Exists(job.JournalPathFor(i));
+    p.replaces_existing = true;
+    return p;
+  }
   auto status = job.env.Stat(path);
   if (!status.ok() && status.error().code() != ErrorCode::kNotFound) {
     job.Fail(i, status.error());
@@ -534,7 +631,7 @@ std::optional<Pending> DecideDestination(Job& job, size_t i) {
 ResumeKey KeyFor(const Job& job, size_t i) {
   ResumeKey k;
   k.id = "replicate";
-  k.image = BaseName(job.destinations[i]);
+  k.image = job.IsNbd(i) ? job.Shown(i) : BaseName(job.destinations[i]);
   k.type = "copy:" + job.result.format;
   k.disk = RedactNbdUri(job.options.source_location);  // never its credentials
   if (!job.options.resume_identity.empty()) {
@@ -555,6 +652,16 @@ ResumeKey KeyFor(const Job& job, size_t i) {
   return k;
 }
 
+// Opens what an interrupted run staged for destination i, to read it back:
+// the temporary beside a file, the export itself for an NBD target.
+Result<std::unique_ptr<BlockSource>> OpenStagedCopy(Job& job, size_t i) {
+  const std::string& d = job.destinations[i];
+  if (!job.IsNbd(i)) return job.env.OpenSource(TempPathFor(d));
+  BARGE_ASSIGN_OR_RETURN(NbdOptions options, NbdOptionsFor(job.env, d, job.options.nbd));
+  options.retry = job.options.copy.nbd_retry;
+  return OpenNbdSource(d, options);
+}
+
 // Looks for what a killed or failed run staged for pending copy `p`: keeps
 // it in p.staged when its journal's key matches and some of its clusters
 // check out; else removes its journal (the temporary is replaced as
@@ -562,7 +669,7 @@ ResumeKey KeyFor(const Job& job, size_t i) {
 // nullopt when nothing was staged.
 std::optional<std::string> FindStagedCopy(Job& job, Pending& p, const DestinationSpec& spec) {
   const std::string& path = job.destinations[p.index];
-  p.journal_path = ReplicaJournalPath(path);
+  p.journal_path = job.JournalPathFor(p.index);
   auto loaded = LoadResumeJournal(job.env, p.journal_path);
   if (!loaded.ok() && loaded.error().code() == ErrorCode::kNotFound) return std::nullopt;
   std::string problem;
@@ -581,8 +688,10 @@ std::optional<std::string> FindStagedCopy(Job& job, Pending& p, const Destinatio
     if (job.out_qcow2) {
       auto options = Qcow2OptionsFor(spec);
       check = options.ok() ? CheckStaged(job.env, staged, *options, *loaded) : Result<StagedCheck>(options.error());
+    } else if (auto src = OpenStagedCopy(job, p.index); !src.ok()) {
+      check = std::move(src).error();
     } else {
-      check = CheckStagedRaw(job.env, staged, job.result.virtual_size, spec.cluster_bytes, *loaded);
+      check = CheckStagedRaw(**src, job.result.virtual_size, spec.cluster_bytes, *loaded);
     }
     if (!check.ok()) {
       problem = check.error().code() == ErrorCode::kNotFound
@@ -619,18 +728,17 @@ Status HashKeptPart(Job& job, const Pending& p, const DestinationSpec& spec) {
     BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
     // A journal cut short of its last checkpoint ends where its kept
     // clusters' layout does.
-    std::vector<formats::StoredCluster> stored;
-    for (const JournalEntry& e : kept.entries) stored.push_back(e.stored);
-    BARGE_ASSIGN_OR_RETURN(auto layout, formats::Qcow2Writer::PlanStored(options, stored));
+    BARGE_ASSIGN_OR_RETURN(auto layout, formats::Qcow2Writer::PlanStored(options, StoredClusters(kept.entries)));
     kept.end_bytes = layout.end_bytes;
     check = CheckStaged(job.env, staged, options, kept, feed);
   } else {
-    check = CheckStagedRaw(job.env, staged, job.result.virtual_size, spec.cluster_bytes, kept, feed);
+    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> src, OpenStagedCopy(job, p.index));
+    check = CheckStagedRaw(*src, job.result.virtual_size, spec.cluster_bytes, kept, feed);
   }
   if (!check.ok()) return std::move(check).error();
   if (check->next_cluster != job.resume_cluster) {
     return Error::Corruption("the staged copy changed while it was read back: " + check->problem)
-        .set_path(job.destinations[p.index]);
+        .set_path(job.Shown(p.index));
   }
   BARGE_RETURN_IF_ERROR(job.sha512.UpdateZeros(end - fed));
   for (const JournalEntry& e : kept.entries) {
@@ -655,12 +763,9 @@ Result<std::function<Result<uint64_t>()>> MakeCopyWriter(Job& job, Pending& p, c
     std::unique_ptr<formats::Qcow2Writer> writer;
     BlockSink* target = &sink;
     if (job.resume_cluster > 0) {
-      std::vector<formats::StoredCluster> stored;
-      stored.reserve(kept.size());
-      for (const JournalEntry& e : kept) stored.push_back(e.stored);
       p.resumed_sink = std::make_unique<ResumedSink>(sink);
       target = p.resumed_sink.get();
-      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Resume(*target, options, stored));
+      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Resume(*target, options, StoredClusters(kept)));
     } else {
       BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Create(*target, options));
     }
@@ -670,9 +775,10 @@ Result<std::function<Result<uint64_t>()>> MakeCopyWriter(Job& job, Pending& p, c
     p.writer = std::move(q);
   } else if (!job.out_qcow2) {
     BlockSink* target = &sink;
-    if (job.resume_cluster > 0) {
+    if (job.resume_cluster > 0 && !p.output->in_place()) {
       // What a killed run wrote past the kept part goes: the rest is
-      // written again as on a new file (holes skipped).
+      // written again as on a new file (holes skipped). An export keeps
+      // its size and is written over, holes as zeroes, as on a first run.
       BARGE_RETURN_IF_ERROR(sink.Truncate(std::min(job.result.virtual_size, job.resume_cluster * cs)));
       p.resumed_sink = std::make_unique<ResumedSink>(sink);
       target = p.resumed_sink.get();
@@ -707,6 +813,15 @@ bool OpenCopyOutput(Job& job, Pending& p, const DestinationSpec& dest_spec) {
   out_spec.allow_nbd = false;
   out_spec.sweep = false;                      // swept once per folder
   out_spec.adopt = resumed;
+  if (job.IsNbd(p.index)) {
+    out_spec.allow_nbd = true;
+    out_spec.replace = OutputReplace::kForceIfHoldsData;
+    out_spec.force = job.options.force || p.nbd_ours;
+    out_spec.nbd = job.options.nbd;
+    out_spec.nbd_retry = job.options.copy.nbd_retry;
+    out_spec.size_bytes = job.result.virtual_size;
+    out_spec.adopt = false;
+  }
   auto output = OpenOutput(job.env, out_spec);
   if (!output.ok()) {
     job.DropJournal(p);
@@ -714,6 +829,13 @@ bool OpenCopyOutput(Job& job, Pending& p, const DestinationSpec& dest_spec) {
     return false;
   }
   p.output = std::move(output).value();
+  if (p.output->in_place()) {
+    // The export is about to change: an old record must not describe it.
+    if (Status s = job.env.UnlinkIfExists(ReplicaRecordPath(job.RecordBase(p.index))); !s.ok()) {
+      job.Abandon(p, std::move(s).error());
+      return false;
+    }
+  }
   auto made = MakeCopyWriter(job, p, dest_spec);
   if (!made.ok()) {
     job.Abandon(p, std::move(made).error());
@@ -782,7 +904,7 @@ std::vector<Pending> OpenDestinations(Job& job, std::vector<std::unique_ptr<EnvL
   spared.clear();
   std::vector<Pending> pending;
   for (Pending& p : decided) {
-    if (p.journal_path.empty()) p.journal_path = ReplicaJournalPath(job.destinations[p.index]);
+    if (p.journal_path.empty()) p.journal_path = job.JournalPathFor(p.index);
     if (OpenCopyOutput(job, p, dest_spec)) pending.push_back(std::move(p));
   }
   return pending;
@@ -791,9 +913,20 @@ std::vector<Pending> OpenDestinations(Job& job, std::vector<std::unique_ptr<EnvL
 // After a failed pass: a resumable copy keeps its temporary and journal
 // for the next run when the source failed (its connection lost for good);
 // not after a cancel, which asks to stop, nor when writing the copy failed
-// (a full or failing disk: what it holds is not to be kept).
+// (a full or failing disk: what it holds is not to be kept). An NBD target
+// keeps its journal also when writing it failed (its connection lost past
+// the retry bounds): every checkpoint journaled came after a flush of the
+// export, and the next run reads the export back against the digests
+// before it trusts any of it.
 void KeepStaged(Job& job, Pending& p, const Error& error) {
   ErrorCode code = error.code();
+  if (p.journaled != nullptr && p.journaled->failed() && p.output->in_place() && code != ErrorCode::kCancelled &&
+      code != ErrorCode::kNoSpace && p.journal->checkpoints() > 0) {
+    p.journal.reset();
+    job.Fail(p.index, Error(error).Wrap("the data written so far is kept: the next run of this replicate "
+                                        "resumes from it; replicate"));
+    return;
+  }
   if (p.journaled != nullptr && !p.journaled->failed() && code != ErrorCode::kCancelled &&
       code != ErrorCode::kNoSpace) {
     Status last = p.journaled->Checkpoint();
@@ -854,7 +987,8 @@ std::optional<CopyResult> CopyPass(Job& job, std::vector<Pending>& pending) {
 // Recomputes a reused copy's SHA-512 and checks it against `want`.
 void VerifyReused(Job& job, size_t i, const std::string& want) {
   const std::string& path = job.destinations[i];
-  auto back = ReadBackCopy(job.env, path, path, job.copy_open, job.options.copy, false, true);
+  auto back = ReadBackCopy(job.env, path, path, job.copy_open, job.options.copy, false, true,
+                           job.result.virtual_size);
   if (!back.ok()) {
     job.Fail(i, std::move(back).error().Wrap("verify"));
   } else if (back->sha512_hex != want) {
@@ -886,7 +1020,7 @@ bool SettleExisting(Job& job, Pending& p, const std::string& sha512_hex) {
   }
   if (job.options.force) return false;
   job.Abandon(p, Error::InvalidArgument("exists with a different checksum (use --force to replace it)")
-                     .set_path(job.destinations[p.index]));
+                     .set_path(job.Shown(p.index)));
   return true;
 }
 
@@ -894,14 +1028,16 @@ bool SettleExisting(Job& job, Pending& p, const std::string& sha512_hex) {
 // cluster digests (and bitmaps) with the copy pass's; false (abandoned) on
 // a difference.
 bool VerifyNewCopy(Job& job, Pending& p, const CopyResult& copied) {
-  const std::string& path = job.destinations[p.index];
-  auto back = ReadBackCopy(job.env, p.output->temp_path(), path, job.copy_open, job.options.copy, job.out_qcow2,
-                           false);
+  const std::string path = job.Shown(p.index);
+  // A file under its temporary name; an export where it is.
+  const std::string& read_at = p.output->in_place() ? job.destinations[p.index] : p.output->temp_path();
+  auto back = ReadBackCopy(job.env, read_at, job.destinations[p.index], job.copy_open, job.options.copy,
+                           job.out_qcow2, false, job.result.virtual_size);
   if (!back.ok()) {
     // The copy is read back under its temporary name: an error names
     // the copy the user asked for (issue 13).
     Error e = std::move(back).error();
-    if (e.path().empty() || e.path() == p.output->temp_path()) e.set_path(path);
+    if (e.path().empty() || (!p.output->in_place() && e.path() == p.output->temp_path())) e.set_path(path);
     job.Abandon(p, std::move(e).Wrap("verify"));
     return false;
   }
@@ -928,20 +1064,24 @@ bool VerifyNewCopy(Job& job, Pending& p, const CopyResult& copied) {
 // file of ours without its record, which a re-run would refuse to replace
 // without --force (issue 13).
 void RecordAndCommit(Job& job, Pending& p, const std::string& sha512_hex) {
-  const std::string& path = job.destinations[p.index];
+  const std::string path = job.Shown(p.index);
+  const std::string record_base = job.RecordBase(p.index);
   ReplicaResult& out = job.result.replicas[p.index];
   // A stale record must never describe the new bytes: drop it first.
   if (p.replaces_existing) {
-    if (Status s = job.env.UnlinkIfExists(ReplicaRecordPath(path)); !s.ok()) {
+    if (Status s = job.env.UnlinkIfExists(ReplicaRecordPath(record_base)); !s.ok()) {
       job.Abandon(p, std::move(s).error());
       return;
     }
   }
-  if (Status s = p.output->sink().Flush(); !s.ok()) {
+  if (Status s = p.output->in_place() ? OkStatus() : p.output->sink().Flush(); !s.ok()) {  // an export: closed
     job.Abandon(p, std::move(s).error().set_path(path));
     return;
   }
-  auto stamp = StatFile(job.env, p.output->temp_path());
+  // An export: its size, and no mtime (it is written in place; the record
+  // in the state folder says what was written, not that it is still there).
+  auto stamp = p.output->in_place() ? Result<FileStamp>(FileStamp{p.export_bytes, 0})
+                                    : StatFile(job.env, p.output->temp_path());
   if (!stamp.ok()) {
     job.Abandon(p, std::move(stamp).error().set_path(path));
     return;
@@ -958,14 +1098,16 @@ void RecordAndCommit(Job& job, Pending& p, const std::string& sha512_hex) {
   record.verified = out.verified;
   record.bitmaps = job.result.bitmaps;
   record.backing_file = job.result.backing_file;
-  if (Status s = WriteReplicaRecord(job.env, path, record); !s.ok()) {
+  if (Status s = WriteReplicaRecord(job.env, record_base, record); !s.ok()) {
     job.Abandon(p, std::move(s).error().Wrap("checksum record"));
     return;
   }
   if (Status s = p.output->Commit(); !s.ok()) {
     // The record now describes no file: drop it (a failure to is harmless).
     Error e = std::move(s).error();
-    if (!FileMatchesRecord(job.env, path, record)) e.Also(job.env.UnlinkIfExists(ReplicaRecordPath(path)));
+    if (p.output->in_place() || !FileMatchesRecord(job.env, job.destinations[p.index], record)) {
+      e.Also(job.env.UnlinkIfExists(ReplicaRecordPath(record_base)));
+    }
     job.DropJournal(p);
     job.Fail(p.index, std::move(e));
     return;
@@ -979,10 +1121,32 @@ void RecordAndCommit(Job& job, Pending& p, const std::string& sha512_hex) {
 // of the existing copy, --verify, then record and commit.
 void FinishCopy(Job& job, Pending& p, const DestinationResult& dr, const CopyResult& copied) {
   if (!dr.status.ok()) {
-    job.Abandon(p, dr.status.error());
+    // An export whose connection failed for good keeps what it holds for
+    // the next run (KeepStaged); a file's failed copy goes.
+    if (p.output->in_place()) {
+      KeepStaged(job, p, dr.status.error());
+    } else {
+      job.Abandon(p, dr.status.error());
+    }
     return;
   }
   if (SettleExisting(job, p, copied.sha512_hex)) return;
+  if (p.output->in_place()) {
+    // Written: flushed and closed, so --verify's connection is not refused
+    // by a server that takes one client (qemu-nbd's default).
+    p.export_bytes = p.output->sink().size_bytes();
+    if (Status s = p.output->CloseInPlace(); !s.ok()) {
+      // The journal's checkpoints each followed a flush that worked: kept
+      // for the next run, which checks them against the export.
+      if (p.journal != nullptr && p.journal->checkpoints() > 0) {
+        p.journal.reset();
+      } else {
+        job.DropJournal(p);
+      }
+      job.Fail(p.index, std::move(s).error().Wrap("flush"));
+      return;
+    }
+  }
   if (job.options.verify && !VerifyNewCopy(job, p, copied)) return;
   RecordAndCommit(job, p, copied.sha512_hex);
 }

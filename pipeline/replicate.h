@@ -20,6 +20,7 @@
 #include "formats/image.h"
 #include "pipeline/backup_resume.h"
 #include "pipeline/copy.h"
+#include "pipeline/nbd_endpoint.h"
 
 namespace barge::pipeline {
 
@@ -49,6 +50,14 @@ std::string_view ReplicaStateName(ReplicaState state);
 
 // The resume journal of the copy at `path`: ".NAME.barge-resume" beside it.
 std::string ReplicaJournalPath(const std::string& path);
+
+// An NBD target (nbd://, nbds://, nbd+unix://) has no folder beside it: its
+// checksum record and resume journal live in `state_dir`, under a name made
+// from the URI without its secrets (RedactNbdUri): bytes outside
+// [A-Za-z0-9_+=,.-] written %XX, cut to 120 bytes, then "-" and 16 hex
+// digits of the redacted URI's xxh3-64. This is that path without a suffix;
+// the record is it + ".sha512.json", the journal it + ".barge-resume".
+std::string NbdTargetStatePath(const std::string& state_dir, const std::string& uri);
 
 // The checksum record beside each copy (PATH.sha512.json).
 struct ReplicaRecord {
@@ -120,6 +129,14 @@ struct ReplicateOptions {
   // SHA-512, whichever of its copies sends it), which must pin the content
   // (the pass's SHA-512 check against expected_sha512 catches a lie).
   std::string resume_identity;
+  // NBD targets: connections and TLS (the --tls-* flags; a URI's own
+  // tls-certificates= and tls-psk-file= count too). TLS requested is TLS
+  // required.
+  NbdAccess nbd;
+  // Where each NBD target's checksum record and resume journal are kept
+  // (NbdTargetStatePath); created when missing. Required when a
+  // destination is an NBD URI.
+  std::string state_dir;
   // Told once, before the copy, when staged copies were found (resumed or
   // not). Must not block.
   std::function<void(const ResumeNote&)> on_resume;
@@ -130,7 +147,7 @@ struct ReplicateOptions {
 };
 
 struct ReplicaResult {
-  std::string path;
+  std::string path;  // as given; an NBD URI without its secrets (RedactNbdUri)
   ReplicaState state = ReplicaState::kFailed;
   std::optional<Error> error;  // set when kFailed
   bool verified = false;
@@ -161,8 +178,12 @@ struct ReplicateResult {
 };
 
 // Copies `source` (opened with formats::OpenImage or OpenSource; it must
-// outlive the call) to every path in `destinations` (regular files, distinct)
-// in one read pass. One failing or stalled destination is reported failed
+// outlive the call) to every path in `destinations` (regular files or NBD
+// URIs, distinct) in one read pass. An NBD target is written in place, raw
+// only (qcow2 copies with one are kInvalidArgument), every cluster below
+// the source's size written (holes as zeroes); it must hold at least the
+// source's virtual size (kNoSpace naming it), and one that holds data needs
+// `force` unless this tool's record or journal for it is in `state_dir`. One failing or stalled destination is reported failed
 // while the others complete. Blocks until done.
 // Returns the result (failed replicas and a checksum mismatch are in it), or
 // an error for what stops everything before any copy starts: bad options

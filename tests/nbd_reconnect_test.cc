@@ -56,14 +56,19 @@ class CuttingProxy {
                       // stay open until the client closes); later ones pass
   };
 
-  CuttingProxy(std::string upstream_socket, uint64_t cut_after_bytes, Mode mode, bool count_uploads = false)
+  // On `port`, or an ephemeral one when 0 (a later proxy on the same port
+  // gives a later run the same URI).
+  CuttingProxy(std::string upstream_socket, uint64_t cut_after_bytes, Mode mode, bool count_uploads = false,
+               int port = 0)
       : upstream_(std::move(upstream_socket)), cut_after_(cut_after_bytes), mode_(mode),
         count_uploads_(count_uploads) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
     if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listen_fd_, 16) != 0) {
       ADD_FAILURE() << "proxy: cannot listen on 127.0.0.1";
       return;
@@ -94,6 +99,7 @@ class CuttingProxy {
   }
 
   std::string uri() const { return "nbd://127.0.0.1:" + std::to_string(port_) + "/"; }
+  int port() const { return port_; }
   uint64_t bytes_to_client() const { return to_client_; }
   uint64_t bytes_to_server() const { return to_server_; }
   int connections() const { return accepted_; }
@@ -316,6 +322,47 @@ TEST_F(NbdReconnectTest, RestoreToNbdSurvivesOneCut) {
   EXPECT_TRUE(Has(r.stderr_text, "barge: reconnected: ")) << r.stderr_text;
   EXPECT_LT(proxy.bytes_to_server(), kDiskBytes * 13 / 10) << proxy.bytes_to_server();
   servers_.clear();  // qemu-nbd has written everything when it exits
+  RunOk("cmp " + Q(blank) + " " + Q(disk_));
+}
+
+// replicate to an export whose connection is lost for good at about half
+// the upload: the run fails, keeping its journal (in --state-dir) for the
+// export; the next run, the export reachable again at the same URI, reads
+// the journalled part back from it, checks it, and writes only the rest.
+TEST_F(NbdReconnectTest, ReplicateToExportLostForGoodResumesOnTheNextRun) {
+  std::string blank = dir_ / "blank.raw";
+  RunOk("truncate -s " + std::to_string(kDiskBytes) + " " + Q(blank));
+  Serve(/*writable=*/true, blank);
+  const std::string state = dir_ / "state";
+  int port = 0;
+  {
+    CuttingProxy proxy(socket_, kDiskBytes / 2, CuttingProxy::Mode::kCutThenRefuse, /*count_uploads=*/true);
+    port = proxy.port();
+    // --force: qemu-nbd reports the sparse file's holes as data.
+    json error = testing::RunError(Barge("replicate " + Q(disk_) + " --to " + Q(proxy.uri()) + " --state-dir " +
+                                         Q(state) + " --force --nbd-retries 2 --json"),
+                                   1);
+    EXPECT_TRUE(proxy.tripped());
+    EXPECT_TRUE(Has(error.value("message", ""), "the next run of this replicate resumes")) << error.dump();
+  }
+  bool journal = false;
+  for (const std::string& f : Files(state)) journal = journal || f.ends_with(".barge-resume");
+  ASSERT_TRUE(journal);
+  CuttingProxy again(socket_, ~uint64_t{0}, CuttingProxy::Mode::kCutOnce, /*count_uploads=*/true, port);
+  ASSERT_EQ(again.port(), port);
+  // No --force: the journal names the export.
+  CommandResult r = testing::Run(Barge("replicate " + Q(disk_) + " --to " + Q(again.uri()) + " --state-dir " +
+                                       Q(state) + " --verify --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json result = testing::ResultOf(r.stdout_text);
+  ASSERT_TRUE(result.contains("resume")) << result.dump();
+  EXPECT_TRUE(result["resume"]["resumed"].get<bool>()) << result.dump();
+  uint64_t staged = result["resume"]["staged_bytes"].get<uint64_t>();
+  EXPECT_GE(staged, kDiskBytes * 3 / 10) << result.dump();
+  EXPECT_EQ(result["bytes_read"].get<uint64_t>(), kDiskBytes - staged);
+  // Uploaded again: the rest (and the read-back went the other way).
+  EXPECT_LT(again.bytes_to_server(), kDiskBytes * 7 / 10) << again.bytes_to_server();
+  servers_.clear();
   RunOk("cmp " + Q(blank) + " " + Q(disk_));
 }
 

@@ -336,6 +336,67 @@ TEST_F(NbdTlsTest, PlaintextServerRefusedWhenTlsRequested) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "b.raw"));
 }
 
+// replicate to a writable export over TLS (x509, client certificates),
+// beside a file (--force: qemu-nbd reports a sparse raw file's holes as
+// data): the export holds the source's bytes, re-read over TLS
+// with --verify; its record and journal live in --state-dir without the
+// URI's secrets. A plaintext export is refused when TLS is asked for, a
+// qcow2 copy or an export smaller than the source is refused naming it.
+TEST_F(NbdTlsTest, ReplicateToTlsExport) {
+  testing::RunOk("qemu-img create -q -f raw " + Q(dir_ / "target.raw") + " 16M");
+  auto writable = Serve("x509", dir_ / "target.raw", "-f raw");
+  const std::string uri = "nbds://" + writable->hostport() + "/?tls-certificates=" + Pki("client");
+  const std::string state = dir_ / "state";
+  std::filesystem::create_directory(dir_ / "copies");
+  const std::string file_copy = dir_ / "copies/a.raw";
+
+  // The source is qcow2: --format keep would make qcow2 copies.
+  CommandResult keep = Sh(Barge("replicate " + Q(disk_) + " --to " + Q(uri) + " --state-dir " + Q(state)));
+  EXPECT_EQ(keep.exit_code, 1) << keep.output;
+  EXPECT_TRUE(Has(keep.stderr_text, "use --format raw")) << keep.stderr_text;
+  EXPECT_TRUE(Has(keep.stderr_text, "nbds://" + writable->hostport() + "/")) << keep.stderr_text;
+  ExpectNoSecret(keep.output, "the refusal of qcow2");
+
+  CommandResult repl = Sh(Barge("replicate " + Q(disk_) + " --to " + Q(file_copy) + " --to " + Q(uri) +
+                                " --format raw --verify --force --state-dir " + Q(state) + " --json"));
+  ASSERT_EQ(repl.exit_code, 0) << repl.output;
+  json r = testing::ResultOf(repl.stdout_text);
+  ASSERT_EQ(r["destinations"].size(), 2u);
+  EXPECT_EQ(r["destinations"][1]["path"], "nbds://" + writable->hostport() + "/");
+  EXPECT_EQ(r["destinations"][1]["state"], "ready");
+  EXPECT_TRUE(r["destinations"][1]["verified"].get<bool>());
+  EXPECT_EQ(r["destinations"][1]["file_bytes"], 16u << 20);
+  ExpectNoSecret(repl.output, "replicate's output");
+  ExpectNoSecretInFiles(state);
+  ExpectNoSecretInFiles(dir_ / "copies");
+  writable.reset();
+  // The export's first 8 MiB are the disk; the rest stays as it was (zeros).
+  testing::RunOk("qemu-img compare -q -f qcow2 -F raw " + Q(disk_) + " " + Q(dir_ / "target.raw"));
+  testing::RunOk("cmp -n 8388608 " + Q(file_copy) + " " + Q(dir_ / "target.raw"));
+
+  // The same export in plaintext: refused when TLS is asked for.
+  auto plain = Serve("", dir_ / "target.raw", "-f raw");
+  CommandResult refused = Sh(Barge("replicate " + Q(disk_) + " --to " + Q("nbd://" + plain->hostport() + "/") +
+                                   " --format raw --force --state-dir " + Q(state) + " --tls-certificates " +
+                                   Q(Pki("client"))));
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_TRUE(Has(refused.stderr_text, "does not offer TLS")) << refused.stderr_text;
+  EXPECT_TRUE(Has(refused.stderr_text, plain->hostport())) << refused.stderr_text;
+  plain.reset();
+
+  // An export smaller than the disk.
+  testing::RunOk("qemu-img create -q -f raw " + Q(dir_ / "small.raw") + " 4M");
+  auto small = Serve("x509", dir_ / "small.raw", "-f raw");
+  CommandResult too_small =
+      Sh(Barge("replicate " + Q(disk_) + " --to " +
+               Q("nbds://" + small->hostport() + "/?tls-certificates=" + Pki("client")) + " --format raw --force --state-dir " +
+               Q(state)));
+  EXPECT_EQ(too_small.exit_code, 1) << too_small.output;
+  EXPECT_TRUE(Has(too_small.stderr_text, "NoSpace")) << too_small.stderr_text;
+  EXPECT_TRUE(Has(too_small.stderr_text, "nbds://" + small->hostport() + "/")) << too_small.stderr_text;
+  ExpectNoSecret(too_small.output, "the refusal of a small export");
+}
+
 TEST_F(NbdTlsTest, WrongCaRefused) {
   auto server = Serve("x509", disk_);
   CommandResult r = Sh(Barge("convert " + Q("nbds://" + server->hostport() + "/") + " " + Q(dir_ / "a.raw") +

@@ -205,6 +205,78 @@ TEST_F(ReplicateResumeTest, ChangedSourceOrNoResumeStartsOver) {
   EXPECT_EQ(Sh("cmp " + Q(c) + " " + Q(disk_)).exit_code, 0);
 }
 
+// An NBD export as a target, beside a file: a replicate killed at about
+// half resumes both from what they hold (the export read back over NBD
+// against the journal kept in --state-dir) and reads only the rest; the
+// export's old bytes never survive (zeros written where the source has
+// them), and a second run needs no --force (the journal names the export).
+TEST_F(ReplicateResumeTest, KilledReplicateToNbdTargetResumes) {
+  // The source: random data with 4 MiB of zeros in the middle.
+  {
+    std::vector<std::byte> bytes = RandomBytes(kDiskBytes, 23);
+    std::fill(bytes.begin() + 12 * kMiB, bytes.begin() + 16 * kMiB, std::byte{0});
+    WriteFile(disk_, bytes);
+  }
+  // The target export: a file of other bytes, served by nbdkit.
+  const std::string target = dir_ / "target.raw";
+  WriteFile(target, RandomBytes(kDiskBytes, 77));
+  const std::string target_sock = dir_ / "target.sock";
+  SocketServer target_server("nbdkit --foreground --exit-with-parent --unix " + Q(target_sock) + " file " + Q(target),
+                             target_sock);
+  ASSERT_TRUE(target_server.WaitReady());
+  const std::string nbd_target = target_server.uri();
+  const std::string state = dir_ / "state";
+  const std::string a = out_ + "/a.raw";
+  {
+    auto slow = Serve(disk_, "150ms");
+    // Holds data: --force for the first run.
+    KillWhenWritten(ReplicateArgs({a, nbd_target}, {"--state-dir", state, "--force"}), a, 0.5);
+  }
+  // The export's journal is in the state folder, keyed by the URI.
+  std::vector<std::string> journals = Leftovers(state);
+  ASSERT_EQ(journals.size(), 1u);
+  EXPECT_TRUE(journals.front().ends_with(".barge-resume")) << journals.front();
+  const std::string log = dir_ / "nbdkit.log";
+  auto logged = Serve(disk_, "", log);
+  auto run = Sh(JoinArgs(ReplicateArgs({a, nbd_target}, {"--state-dir", state, "--verify"})));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  nlohmann::json result = ResultOf(run.stdout_text);
+  ASSERT_TRUE(result.contains("resume")) << result.dump();
+  EXPECT_TRUE(result["resume"]["resumed"].get<bool>()) << result.dump();
+  uint64_t staged = result["resume"]["staged_bytes"].get<uint64_t>();
+  EXPECT_GE(staged, kDiskBytes * 2 / 5);
+  EXPECT_EQ(result["bytes_read"].get<uint64_t>(), kDiskBytes - staged);
+  logged.reset();
+  EXPECT_LE(BytesReadInLog(log), kDiskBytes * 6 / 10);
+  ASSERT_EQ(result["destinations"].size(), 2u);
+  EXPECT_EQ(result["destinations"][1]["path"], nbd_target);
+  EXPECT_EQ(result["destinations"][1]["state"], "ready");
+  EXPECT_TRUE(result["destinations"][1]["verified"].get<bool>());
+  EXPECT_EQ(result["sha512"], Sha512Of(disk_));
+  EXPECT_EQ(Sh("cmp " + Q(a) + " " + Q(disk_)).exit_code, 0);
+  EXPECT_EQ(Sh("cmp " + Q(target) + " " + Q(disk_)).exit_code, 0);
+  // The record is in the state folder; no journal is left anywhere.
+  EXPECT_TRUE(Leftovers(state).empty()) << Leftovers(state).front();
+  EXPECT_TRUE(Leftovers(out_).empty()) << Leftovers(out_).front();
+  int records = 0;
+  for (const auto& e : fs::directory_iterator(state)) {
+    if (!e.path().string().ends_with(".sha512.json")) continue;
+    ++records;
+    nlohmann::json record = ReadJson(e.path().string());
+    EXPECT_EQ(record["sha512"], Sha512Of(disk_));
+    EXPECT_EQ(record["format"], "raw");
+  }
+  EXPECT_EQ(records, 1);
+  // Written again without --force: the record names the export.
+  auto fast = Serve(disk_, "");
+  auto again = Sh(JoinArgs(ReplicateArgs({nbd_target}, {"--state-dir", state})));
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  // A qcow2 copy cannot go to an export.
+  auto qcow2 = Sh(JoinArgs(ReplicateArgs({nbd_target}, {"--state-dir", state, "--format", "qcow2"})));
+  EXPECT_EQ(qcow2.exit_code, 1) << qcow2.output;
+  EXPECT_TRUE(Has(qcow2.stderr_text, "use --format raw")) << qcow2.stderr_text;
+}
+
 // A sync killed while it sends a copy: the next sync (from whichever ready
 // copy) resumes that send from what the copy's temporary holds.
 TEST_F(ReplicateResumeTest, KilledImageSyncResumesOnTheNextSync) {
