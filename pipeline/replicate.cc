@@ -673,6 +673,10 @@ std::optional<std::string> FindStagedCopy(Job& job, Pending& p, const Destinatio
   auto loaded = LoadResumeJournal(job.env, p.journal_path);
   if (!loaded.ok() && loaded.error().code() == ErrorCode::kNotFound) return std::nullopt;
   std::string problem;
+  // An export that cannot be reached now still holds what the journal
+  // says: the journal stays for a run that reaches it (this one fails to
+  // open it as its output too, before writing anything).
+  bool export_unreachable = false;
   if (!job.options.resume) {
     problem = "resuming is off";
   } else if (job.keep) {
@@ -689,6 +693,7 @@ std::optional<std::string> FindStagedCopy(Job& job, Pending& p, const Destinatio
       auto options = Qcow2OptionsFor(spec);
       check = options.ok() ? CheckStaged(job.env, staged, *options, *loaded) : Result<StagedCheck>(options.error());
     } else if (auto src = OpenStagedCopy(job, p.index); !src.ok()) {
+      export_unreachable = job.IsNbd(p.index);
       check = std::move(src).error();
     } else {
       check = CheckStagedRaw(**src, job.result.virtual_size, spec.cluster_bytes, *loaded);
@@ -704,7 +709,9 @@ std::optional<std::string> FindStagedCopy(Job& job, Pending& p, const Destinatio
       return check->problem;
     }
   }
-  IgnoreError(job.env.UnlinkIfExists(p.journal_path), "a stale journal's key never matches a later run");
+  if (!export_unreachable) {
+    IgnoreError(job.env.UnlinkIfExists(p.journal_path), "a stale journal's key never matches a later run");
+  }
   return problem;
 }
 
@@ -824,7 +831,9 @@ bool OpenCopyOutput(Job& job, Pending& p, const DestinationSpec& dest_spec) {
   }
   auto output = OpenOutput(job.env, out_spec);
   if (!output.ok()) {
-    job.DropJournal(p);
+    // An export not opened was not written: what its journal describes is
+    // still there for the next run.
+    if (!job.IsNbd(p.index)) job.DropJournal(p);
     job.Fail(p.index, std::move(output).error());
     return false;
   }

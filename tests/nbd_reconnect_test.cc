@@ -348,6 +348,14 @@ TEST_F(NbdReconnectTest, ReplicateToExportLostForGoodResumesOnTheNextRun) {
   bool journal = false;
   for (const std::string& f : Files(state)) journal = journal || f.ends_with(".barge-resume");
   ASSERT_TRUE(journal);
+  // The export is unreachable on the next run (nothing listens on the
+  // port): that run fails, and the journal stays for the one after.
+  CommandResult down = testing::Run(Barge("replicate " + Q(disk_) + " --to nbd://127.0.0.1:" + std::to_string(port) + "/" +
+                                          " --state-dir " + Q(state) + " --nbd-retries 0 --json"));
+  ASSERT_EQ(down.exit_code, 1) << down.output;
+  journal = false;
+  for (const std::string& f : Files(state)) journal = journal || f.ends_with(".barge-resume");
+  ASSERT_TRUE(journal) << down.output;
   CuttingProxy again(socket_, ~uint64_t{0}, CuttingProxy::Mode::kCutOnce, /*count_uploads=*/true, port);
   ASSERT_EQ(again.port(), port);
   // No --force: the journal names the export.
