@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <mutex>
 
@@ -12,6 +11,7 @@
 #include "cli/nbd_flags.h"
 #include "cli/interrupt.h"
 #include "cli/progress.h"
+#include "orchestrate/catalog/catalog_path.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/replicate.h"
 
@@ -36,16 +36,6 @@ struct ReplicateArgs {
   std::string state_dir;
 };
 
-// Where NBD targets' records and resume journals go without --state-dir:
-// $XDG_STATE_HOME/barge/replicate, else ~/.local/state/barge/replicate
-// (beside the default catalog).
-std::string DefaultReplicateStateDir() {
-  if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state) {
-    return std::string(state) + "/barge/replicate";
-  }
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : "/root") + "/.local/state/barge/replicate";
-}
 
 // One line per destination: redrawn in place on a terminal (cursor up),
 // JSON lines with --json. Thread-safe: destinations report from their own
@@ -122,7 +112,7 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   o.force = a.force;
   o.resume = !a.no_resume;
   o.nbd = a.nbd.access;
-  o.state_dir = a.state_dir.empty() ? DefaultReplicateStateDir() : a.state_dir;
+  o.state_dir = a.state_dir.empty() ? orchestrate::BargeStateDir() + "/replicate" : a.state_dir;
   // Said before the copy starts, so a long resumed run shows it at once.
   o.on_resume = [&out](const pipeline::ResumeNote& note) {
     if (note.resumed) {

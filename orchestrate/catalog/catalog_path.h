@@ -9,6 +9,10 @@
 
 namespace barge::orchestrate {
 
+// barge's state folder: $XDG_STATE_HOME/barge, else ~/.local/state/barge
+// (HOME unset: /root). Not created here.
+std::string BargeStateDir();
+
 std::string ResolveCatalogPath(const std::string& flag_value);
 
 // ResolveCatalogPath, and an explicit --catalog must name a file in a
