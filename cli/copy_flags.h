@@ -15,7 +15,7 @@
 namespace barge::cli {
 
 // What backups compress with unless told: formats::CompressionSpec::Default(),
-// printed ("zstd:2"). --compress is parsed by formats::ParseCompressionSpec.
+// printed ("zstd:1"). --compress is parsed by formats::ParseCompressionSpec.
 std::string DefaultCompression();
 
 // Which of the copy flags a command takes (a bit set).

@@ -10,7 +10,7 @@ namespace {
 TEST(CompressionSpecTest, Defaults) {
   EXPECT_EQ(CompressionSpec::Default().type, Compression::kZstd);
   EXPECT_EQ(CompressionSpec::Default().level, kDefaultZstdLevel);
-  EXPECT_EQ(CompressionSpec::Default().ToString(), "zstd:2");
+  EXPECT_EQ(CompressionSpec::Default().ToString(), "zstd:1");
   EXPECT_EQ(CompressionSpec::None().ToString(), "none");
   EXPECT_EQ(MaxCompressionLevel(Compression::kZstd), 19);
   EXPECT_EQ(MaxCompressionLevel(Compression::kDeflate), 9);
@@ -24,7 +24,7 @@ TEST(CompressionSpecTest, GoodSpellings) {
     int level;
     const char* printed;
   } cases[] = {
-      {"zstd", Compression::kZstd, kDefaultZstdLevel, "zstd:2"},
+      {"zstd", Compression::kZstd, kDefaultZstdLevel, "zstd:1"},
       {"zstd:1", Compression::kZstd, 1, "zstd:1"},
       {"zstd:3", Compression::kZstd, 3, "zstd:3"},
       {"zstd:19", Compression::kZstd, 19, "zstd:19"},

@@ -23,10 +23,11 @@ enum class Compression : uint8_t { kNone, kZstd, kDeflate };
 std::string_view CompressionName(Compression c);  // "none", "zstd", "zlib"
 
 // barge's zstd level when none is given. Each 64 KiB cluster is its own
-// frame, and at that size level 2 stores within 0.1% of level 3's bytes
-// (qemu's level) for 25-35% less CPU; level 1 costs 2-7% more bytes
-// (docs/benchmarks.md, "compression level").
-inline constexpr int kDefaultZstdLevel = 2;
+// frame; at that size level 1 takes ~18% less CPU than level 2 for ~3%
+// more bytes, within 5% of qemu-img's level 3 output (docs/benchmarks.md,
+// "compression level"). Points written at level 2 (the default before)
+// read, extend and merge as before: the level is each point's own.
+inline constexpr int kDefaultZstdLevel = 1;
 inline constexpr int kDefaultDeflateLevel = 6;
 inline constexpr int kMaxZstdLevel = 19;
 inline constexpr int kMaxDeflateLevel = 9;
@@ -41,7 +42,7 @@ int DefaultCompressionLevel(Compression c);
 // The rule (docs/policies.md, docs/formats/manifest.md):
 //   none | zstd[:1-19] | zlib[:1-9] | deflate[:1-9]
 // A level is plain decimal digits; a missing level is the type's default
-// (zstd 2, zlib 6); "none" takes none; "zstd:" (empty level), "zstd:0",
+// (zstd 1, zlib 6); "none" takes none; "zstd:" (empty level), "zstd:0",
 // " 5", "+5" are refused. Printing gives "none", "zstd:N" or "zlib:N",
 // which parses back to the same spec.
 struct CompressionSpec {
@@ -51,7 +52,7 @@ struct CompressionSpec {
   // What backups compress with unless told: zstd at kDefaultZstdLevel.
   static CompressionSpec Default() { return {}; }
   static CompressionSpec None() { return {Compression::kNone, 0}; }
-  std::string ToString() const;  // "none", "zstd:2", "zlib:6"
+  std::string ToString() const;  // "none", "zstd:1", "zlib:6"
   friend bool operator==(const CompressionSpec&, const CompressionSpec&) = default;
 };
 

@@ -83,7 +83,7 @@ TEST_F(ListCliTest, EveryPointWithItsChainSizesAndVerification) {
     EXPECT_EQ(p["parent"], made[i]["parent"]);
     EXPECT_EQ(p["started_at"], made[i]["started_at"]);
     EXPECT_EQ(p["virtual_size"], 8 << 20);
-    EXPECT_EQ(p["compression"], "zstd:2");
+    EXPECT_EQ(p["compression"], "zstd:1");
     EXPECT_EQ(p["image_digest"], made[i]["image_digest"]);
     EXPECT_EQ(p["bytes_written"], made[i]["bytes_written"]);
     const std::string image = chain_ + "/" + p["image"].get<std::string>();
