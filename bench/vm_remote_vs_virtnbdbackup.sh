@@ -8,7 +8,7 @@
 # its IP address, so libvirt reports a host other than this one and
 # virtnbdbackup takes its remote path. Both tools talk to libvirt over
 # qemu+tls:// and read the disk over NBD on TCP with TLS through the veth
-# pair; both compress (barge zstd:2, its default; virtnbdbackup lz4, -z).
+# pair; both compress (barge zstd:1, its default; virtnbdbackup lz4, -z).
 # virtnbdbackup runs first (it refuses checkpoints it did not make), then
 # barge; the disk is in the page cache for both. Each output is restored
 # (barge restore; virtnbdrestore in its remote mode) and compared with the
@@ -326,4 +326,4 @@ echo "  cpu:   barge $(get barge-remote-full warm cpu) s, virtnbdbackup $(get vi
      "barge $(sort -g "$WORK/server-barge" | paste -sd/) s, virtnbdbackup $(sort -g "$WORK/server-virtnbdbackup" | paste -sd/) s" \
      "(on one machine it shares the same cores)"
 echo "  uptime at the end: $(uptime)"
-echo "  barge: zstd:2 (its default), xxh3 digests, fdatasync; virtnbdbackup: lz4 (-z), stream format, --tls"
+echo "  barge: zstd:1 (its default), xxh3 digests, fdatasync; virtnbdbackup: lz4 (-z), stream format, --tls"
