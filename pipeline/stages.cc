@@ -68,7 +68,18 @@ Result<uint64_t> ChunkPlanner::ZeroRunEnd(uint64_t offset, uint64_t range_end) {
   size_t i = cache_index_;
   while (offset < range_end) {
     const uint64_t begin = cache_begin_;
-    BARGE_RETURN_IF_ERROR(Cover(offset, range_end));
+    if (offset < cache_begin_ || offset >= cache_end_) {
+      // One query to the end of the range: SEEK_DATA in a hole finds the
+      // next data however far it is, so queries of a bounded span would
+      // each walk the same hole again (quadratic in the hole's size).
+      uint64_t length = std::min(range_end, size_bytes_) - offset;
+      auto extents = source_.Extents(offset, length);
+      if (!extents.ok()) return std::move(extents).error().Wrap("extents");
+      cache_ = std::move(extents).value();
+      cache_begin_ = offset;
+      cache_end_ = offset + length;
+      cache_index_ = 0;
+    }
     if (cache_begin_ != begin) i = 0;
     while (i < cache_.size() && cache_[i].end() <= offset) ++i;
     if (i >= cache_.size() || cache_[i].offset > offset) break;  // not covered: data

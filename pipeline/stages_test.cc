@@ -100,10 +100,10 @@ TEST(ChunkPlannerTest, SkipsWholeWindowsOfZerosAsOneRun) {
   }
   const uint64_t clusters = (size + kCluster - 1) / kCluster;
   // Window 0 (data, data, hole, hole) is planned; then one run up to the
-  // window of `mid`, whose first cluster is planned as a zero cluster;
-  // then one run to the end of the disk.
+  // data cluster `mid` (its window is planned from there); then one run to
+  // the end of the disk.
   ASSERT_EQ(runs.size(), 2u);
-  EXPECT_EQ(runs[0], (std::pair<uint64_t, uint64_t>{4, mid / kCluster - 1}));
+  EXPECT_EQ(runs[0], (std::pair<uint64_t, uint64_t>{4, mid / kCluster}));
   EXPECT_EQ(runs[1], (std::pair<uint64_t, uint64_t>{mid / kCluster + 3, clusters}));
   EXPECT_EQ(planned_clusters + (runs[0].second - runs[0].first) + (runs[1].second - runs[1].first), clusters);
   EXPECT_LE(chunks, 5u);
