@@ -677,6 +677,18 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
       }
       return parent ? parent(c) : std::nullopt;
     };
+    // The fold jumps between kept clusters (and parent entries): a resumed
+    // thin disk's fold costs its entries, not the clusters before the resume.
+    copy.base_next = [&run](uint64_t c) {
+      uint64_t next = run.over_parent() ? NextListed(run.parent_digests, c) : UINT64_MAX;
+      if (c < run.resume_cluster) {
+        auto it = std::lower_bound(run.kept.begin(), run.kept.end(), c, [](const JournalEntry& e, uint64_t x) {
+          return e.stored.cluster_index < x;
+        });
+        if (it != run.kept.end()) next = std::min(next, it->stored.cluster_index);
+      }
+      return next;
+    };
   } else {
     copy.base_digest = parent;
     // The fold of the clean clusters jumps from one parent entry to the next.
