@@ -1,6 +1,6 @@
 // A 4 TiB thin raw disk holding a few MiB (issue 24): full backup, an
 // incremental from an extents file and one by digests, verify, restore to
-// raw and to qcow2 are correct, and holes stay holes. Timings are
+// raw and to qcow2, and a merge are correct, and holes stay holes. Timings are
 // bench/sparse_cost.sh's; this test asserts what was written.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -81,6 +81,19 @@ TEST(ThinDiskCliTest, FourTebibyteDiskWithAFewMebibytes) {
   RunOk("qemu-img check -q " + Q(q));
   EXPECT_LT(fs::file_size(q), 64 * kMiB);
   RunOk("qemu-img compare -q -f raw -F qcow2 " + Q(disk) + " " + Q(q));
+
+  // Merging the full and the first incremental writes a full that stays
+  // thin, and the chain still restores the disk.
+  RunOk(Barge() + " merge " + Q(dir) + " --through 1");
+  ids = PointIds(dir);
+  ASSERT_EQ(ids.size(), 2u);
+  const std::string merged = dir + "/" + ids[0] + ".qcow2";
+  RunOk("qemu-img check -q " + Q(merged));
+  EXPECT_LT(fs::file_size(merged), 32 * kMiB);
+  RunOk(Barge() + " verify --all " + Q(dir));
+  const std::string raw2 = tmp / "restored2.raw";
+  RunOk(Barge() + " restore " + Q(dir) + " --to " + Q(raw2));
+  RunOk("qemu-img compare -q -f raw -F raw " + Q(disk) + " " + Q(raw2));
 }
 
 }  // namespace
