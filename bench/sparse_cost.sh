@@ -3,7 +3,8 @@
 # --data bytes (four runs of random bytes at spread offsets) against a disk
 # of --data bytes holding the same runs back to back. Each command (full
 # backup, a 1 MiB incremental from an extents file, an incremental by
-# digests, verify, restore to raw and to qcow2) runs on both; the ratio
+# digests, verify, restore to raw and to qcow2, a merge of the full and the
+# first incremental) runs on both; the ratio
 # big/small should be <= 1.2. The full backup is also compared with
 # `qemu-img convert -c -O qcow2 -o compression_type=zstd -W -m 16` of the
 # big disk (target: barge <= qemu-img).
@@ -102,6 +103,7 @@ for run in $(runs); do
     measure "$d restore-qcow2" warm "$WORK/r-$d.qcow2" -- "$BARGE" restore "$WORK/t-$d/disk" \
       --to "$WORK/r-$d.qcow2" -O qcow2
     rm -f "$WORK/r-$d.qcow2"
+    measure "$d merge" warm "$WORK/t-$d" -- "$BARGE" merge "$WORK/t-$d/disk" --through 1
   done
   measure "qemu-img convert big" warm "$WORK/q-big.qcow2" -- qemu-img convert -c -O qcow2 \
     -o compression_type=zstd -W -m 16 -f raw "$BIG" "$WORK/q-big.qcow2"
@@ -112,7 +114,7 @@ done
 print_results
 echo
 echo "== ratios (big / small wall; target <= 1.2)"
-for c in backup incr-extents incr-digests verify restore-raw restore-qcow2; do
+for c in backup incr-extents incr-digests verify restore-raw restore-qcow2 merge; do
   r=$(ratio "$(get "big $c" warm wall)" "$(get "small $c" warm wall)")
   printf '  %-16s %6s  %s\n' "$c" "$r" "$(verdict "$r" "<=" 1.2)"
 done
