@@ -68,8 +68,24 @@ Digest128 ZeroClusterDigest(uint32_t cluster_bytes) {
   return d;
 }
 
+std::string_view ImageDigestAlgorithmName(ImageDigestAlgorithm algorithm) {
+  return algorithm == ImageDigestAlgorithm::kClusterFold ? "xxh3-128-cluster-fold" : "xxh3-128-zero-run-fold";
+}
+
+std::optional<ImageDigestAlgorithm> ImageDigestAlgorithmFromName(std::string_view name) {
+  if (name == "xxh3-128-cluster-fold") return ImageDigestAlgorithm::kClusterFold;
+  if (name == "xxh3-128-zero-run-fold") return ImageDigestAlgorithm::kZeroRunFold;
+  return std::nullopt;
+}
+
 ImageDigestBuilder::ImageDigestBuilder() : state_(XXH3_createState()) {
   XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
+ImageDigestBuilder::ImageDigestBuilder(ImageDigestAlgorithm algorithm, uint32_t cluster_bytes)
+    : ImageDigestBuilder() {
+  algorithm_ = algorithm;
+  if (algorithm_ == ImageDigestAlgorithm::kZeroRunFold) zero_ = ZeroClusterDigest(cluster_bytes);
 }
 
 ImageDigestBuilder::~ImageDigestBuilder() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
@@ -83,13 +99,42 @@ void EncodeLe(const Digest128& d, std::byte* out) {
 }
 }  // namespace
 
+void ImageDigestBuilder::FlushZeroRun() {
+  if (zero_run_ == 0) return;
+  std::byte buf[9];
+  buf[0] = std::byte{0x00};
+  for (int i = 0; i < 8; ++i) buf[1 + i] = std::byte(zero_run_ >> (8 * i));
+  XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), buf, sizeof buf);
+  zero_run_ = 0;
+}
+
 void ImageDigestBuilder::Add(const Digest128& cluster_digest) {
+  if (algorithm_ == ImageDigestAlgorithm::kZeroRunFold) {
+    if (cluster_digest == zero_) {
+      ++zero_run_;
+      return;
+    }
+    FlushZeroRun();
+    std::byte buf[17];
+    buf[0] = std::byte{0x01};
+    EncodeLe(cluster_digest, buf + 1);
+    XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), buf, sizeof buf);
+    return;
+  }
   std::byte buf[16];
   EncodeLe(cluster_digest, buf);
   XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), buf, sizeof buf);
 }
 
 void ImageDigestBuilder::AddRepeated(const Digest128& cluster_digest, uint64_t count) {
+  if (algorithm_ == ImageDigestAlgorithm::kZeroRunFold) {
+    if (cluster_digest == zero_) {
+      zero_run_ += count;
+    } else {
+      for (uint64_t i = 0; i < count; ++i) Add(cluster_digest);
+    }
+    return;
+  }
   // Batch copies so long zero runs cost one update per 4096 clusters.
   constexpr uint64_t kBatch = 4096;
   std::vector<std::byte> buf(16 * std::min(count, kBatch));
@@ -102,6 +147,7 @@ void ImageDigestBuilder::AddRepeated(const Digest128& cluster_digest, uint64_t c
 }
 
 Digest128 ImageDigestBuilder::Finish() {
+  FlushZeroRun();
   XXH128_hash_t h = XXH3_128bits_digest(static_cast<XXH3_state_t*>(state_));
   return {h.low64, h.high64};
 }

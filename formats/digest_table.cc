@@ -119,8 +119,8 @@ Result<DigestTable> MergeDigestTables(std::span<const DigestTable* const> layers
   return merged;
 }
 
-Digest128 ImageDigestOf(const DigestTable& merged) {
-  ImageDigestBuilder builder;
+Digest128 ImageDigestOf(const DigestTable& merged, ImageDigestAlgorithm algorithm) {
+  ImageDigestBuilder builder(algorithm, merged.cluster_bytes);
   Digest128 zero = ZeroClusterDigest(merged.cluster_bytes);
   uint64_t next = 0;
   for (const DigestEntry& e : merged.entries) {

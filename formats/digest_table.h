@@ -47,6 +47,8 @@ Result<DigestTable> DecodeDigestTable(std::span<const std::byte> bytes);
 Result<DigestTable> MergeDigestTables(std::span<const DigestTable* const> layers_oldest_first);
 
 // The image digest of a merged table: clusters without an entry are zero.
-Digest128 ImageDigestOf(const DigestTable& merged);
+// With kZeroRunFold it costs the entries, not the disk's clusters.
+Digest128 ImageDigestOf(const DigestTable& merged,
+                        ImageDigestAlgorithm algorithm = ImageDigestAlgorithm::kClusterFold);
 
 }  // namespace barge::formats

@@ -57,7 +57,8 @@ Result<std::string> EncodeManifest(const BackupManifest& m) {
                  {"data_clusters", m.data_clusters},
                  {"compressed_clusters", m.compressed_clusters},
                  {"zero_clusters", m.zero_clusters}};
-  j["image_digest"] = {{"algorithm", "xxh3-128-cluster-fold"}, {"value", m.image_digest.ToHex()}};
+  j["image_digest"] = {{"algorithm", std::string(ImageDigestAlgorithmName(m.image_digest_algorithm))},
+                       {"value", m.image_digest.ToHex()}};
   if (m.disk_identity) {
     const DiskIdentity& d = *m.disk_identity;
     j["disk_identity"] = {{"kind", d.kind}, {"location", d.location}, {"virtual_size", d.virtual_size}};
@@ -240,7 +241,11 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
     m.zero_clusters = r.U64(*it, "zero_clusters", false);
   }
   const json& digest = r.Obj(j, "image_digest");
-  if (r.Str(digest, "algorithm") != "xxh3-128-cluster-fold") r.Fail("unknown image digest algorithm");
+  if (auto algorithm = ImageDigestAlgorithmFromName(r.Str(digest, "algorithm"))) {
+    m.image_digest_algorithm = *algorithm;
+  } else {
+    r.Fail("unknown image digest algorithm");
+  }
   m.image_digest = r.Hex(r.Str(digest, "value"), "image_digest");
   // Optional (older manifests lack them); present, they must be well formed:
   // a chain's disk check relies on them.

@@ -100,6 +100,9 @@ struct BackupManifest {
   uint64_t compressed_clusters = 0;
   uint64_t zero_clusters = 0;    // stored as zero clusters
   Digest128 image_digest;        // fold of every cluster's digest at this point
+  // How image_digest folds the clusters: new points the current algorithm;
+  // points written before version 2 kClusterFold (their manifests say so).
+  ImageDigestAlgorithm image_digest_algorithm = kCurrentImageDigestAlgorithm;
   // Absent in manifests written before barge recorded them: such a point
   // is of whatever disk the rest of its chain records.
   std::optional<DiskIdentity> disk_identity;

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <random>
+
 #include "formats/digest_table.h"
 
 namespace barge::formats {
@@ -42,6 +45,23 @@ TEST(ManifestTest, RoundTrip) {
   EXPECT_EQ(back->image_digest, m.image_digest);
   EXPECT_EQ(back->dirty_bytes, 123456u);
   EXPECT_EQ(back->virtual_size, m.virtual_size);
+  EXPECT_EQ(back->image_digest_algorithm, ImageDigestAlgorithm::kZeroRunFold);
+}
+
+TEST(ManifestTest, ImageDigestAlgorithmVersionsRoundTrip) {
+  BackupManifest m = Sample();
+  std::string text = EncodeManifest(m).value();
+  EXPECT_NE(text.find("\"xxh3-128-zero-run-fold\""), std::string::npos);
+  // A point written before version 2 says so and keeps its fold.
+  m.image_digest_algorithm = ImageDigestAlgorithm::kClusterFold;
+  text = EncodeManifest(m).value();
+  ASSERT_NE(text.find("\"xxh3-128-cluster-fold\""), std::string::npos);
+  auto back = DecodeManifest(text);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  EXPECT_EQ(back->image_digest_algorithm, ImageDigestAlgorithm::kClusterFold);
+  std::string other = text;
+  other.replace(other.find("xxh3-128-cluster-fold"), 21, "xxh3-128-other-foldxx");
+  EXPECT_EQ(DecodeManifest(other).error().code(), ErrorCode::kCorruption);
 }
 
 TEST(ManifestTest, SourceThatIsNotUtf8IsAnErrorNotAnException) {
@@ -220,6 +240,87 @@ TEST(DigestTableTest, MergeNewestWinsAndImageDigest) {
     direct.Add(d);
   }
   EXPECT_EQ(ImageDigestOf(*merged), direct.Finish());
+}
+
+// The zero-run fold (version 2) by its definition: one record per maximal
+// run of zero-cluster digests, one per other cluster. Slow on purpose.
+Digest128 SlowZeroRunFold(const std::vector<Digest128>& clusters, uint32_t cluster_bytes) {
+  const Digest128 z = ZeroClusterDigest(cluster_bytes);
+  std::vector<std::byte> bytes;
+  auto put_le = [&bytes](uint64_t v) {
+    for (int i = 0; i < 8; ++i) bytes.push_back(std::byte(v >> (8 * i)));
+  };
+  for (size_t i = 0; i < clusters.size();) {
+    if (clusters[i] == z) {
+      size_t j = i;
+      while (j < clusters.size() && clusters[j] == z) ++j;
+      bytes.push_back(std::byte{0});
+      put_le(j - i);
+      i = j;
+    } else {
+      bytes.push_back(std::byte{1});
+      put_le(clusters[i].low);
+      put_le(clusters[i].high);
+      ++i;
+    }
+  }
+  // HashCluster of a whole "cluster" is plain XXH3-128 of its bytes.
+  return HashCluster(bytes, static_cast<uint32_t>(bytes.size()));
+}
+
+TEST(DigestTest, ZeroRunFoldEqualsItsDefinition) {
+  const uint32_t cb = 512;
+  const Digest128 z = ZeroClusterDigest(cb);
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<Digest128> clusters(rng() % 40);
+    for (auto& d : clusters) d = (rng() % 3 == 0) ? Digest128{rng(), rng()} : z;
+    const Digest128 want = SlowZeroRunFold(clusters, cb);
+    // Cluster by cluster.
+    ImageDigestBuilder one(ImageDigestAlgorithm::kZeroRunFold, cb);
+    for (const auto& d : clusters) one.Add(d);
+    EXPECT_EQ(one.Finish(), want) << "round " << round;
+    // Zero runs as AddRepeated (split at random), data by Add.
+    ImageDigestBuilder runs(ImageDigestAlgorithm::kZeroRunFold, cb);
+    for (size_t i = 0; i < clusters.size();) {
+      size_t j = i;
+      while (j < clusters.size() && clusters[j] == clusters[i]) ++j;
+      size_t split = i + rng() % (j - i + 1);
+      runs.AddRepeated(clusters[i], split - i);
+      runs.AddRepeated(clusters[i], j - split);
+      i = j;
+    }
+    EXPECT_EQ(runs.Finish(), want) << "round " << round;
+    // From a sparse table: entries for data clusters, and some listed zero ones.
+    DigestTable t{cb, clusters.size() * uint64_t{cb}, {}};
+    for (size_t i = 0; i < clusters.size(); ++i) {
+      if (clusters[i] != z || rng() % 4 == 0) t.entries.push_back({i, clusters[i]});
+    }
+    EXPECT_EQ(ImageDigestOf(t, ImageDigestAlgorithm::kZeroRunFold), want) << "round " << round;
+    // Version 1 is unchanged: the 16-byte fold of every cluster.
+    ImageDigestBuilder v1;
+    for (const auto& d : clusters) v1.Add(d);
+    EXPECT_EQ(ImageDigestOf(t, ImageDigestAlgorithm::kClusterFold), v1.Finish()) << "round " << round;
+  }
+}
+
+TEST(DigestTest, ZeroRunFoldOfAHugeThinDiskIsImmediate) {
+  // 16 TiB of 64 KiB clusters (2^28) with two data clusters: folded from the
+  // table in microseconds (the version 1 fold hashes 4 GiB for it).
+  const uint32_t cb = 64 << 10;
+  DigestTable t{cb, uint64_t{16} << 40, {{5, {1, 2}}, {(uint64_t{1} << 28) - 1, {3, 4}}}};
+  auto start = std::chrono::steady_clock::now();
+  Digest128 d = ImageDigestOf(t, ImageDigestAlgorithm::kZeroRunFold);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  ImageDigestBuilder b(ImageDigestAlgorithm::kZeroRunFold, cb);
+  b.AddRepeated(ZeroClusterDigest(cb), 5);
+  b.Add({1, 2});
+  b.AddRepeated(ZeroClusterDigest(cb), (uint64_t{1} << 28) - 7);
+  b.Add({3, 4});
+  EXPECT_EQ(d, b.Finish());
+  // A different run length is a different digest.
+  t.virtual_size += cb;
+  EXPECT_NE(ImageDigestOf(t, ImageDigestAlgorithm::kZeroRunFold), d);
 }
 
 TEST(DigestTest, HashClusterPadsShortCluster) {

@@ -658,6 +658,9 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
   copy.compression_level = req.compression_level;
   copy.record_zero_digests = run.over_parent();
   copy.strong_digests = run.write_strong && !run.m.base;  // over a base: the scan has them all
+  // A full omits zero clusters: runs of holes and zero extents are folded
+  // as a run, never walked cluster by cluster (a thin disk costs its data).
+  copy.skip_zero_extents = !run.over_parent() && !copy.sha512;
   BaseDigestLookup parent;
   if (run.over_parent()) {
     parent = [&run](uint64_t c) { return FindDigest(run.parent_digests, c); };
@@ -671,8 +674,22 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
       }
       return parent ? parent(c) : std::nullopt;
     };
+    // The fold jumps between kept clusters (and parent entries): a resumed
+    // thin disk's fold costs its entries, not the clusters before the resume.
+    copy.base_next = [&run](uint64_t c) {
+      uint64_t next = run.over_parent() ? NextListed(run.parent_digests, c) : UINT64_MAX;
+      if (c < run.resume_cluster) {
+        auto it = std::lower_bound(run.kept.begin(), run.kept.end(), c, [](const JournalEntry& e, uint64_t x) {
+          return e.stored.cluster_index < x;
+        });
+        if (it != run.kept.end()) next = std::min(next, it->stored.cluster_index);
+      }
+      return next;
+    };
   } else {
     copy.base_digest = parent;
+    // The fold of the clean clusters jumps from one parent entry to the next.
+    if (parent) copy.base_next = [&run](uint64_t c) { return NextListed(run.parent_digests, c); };
   }
   Destination* dests[] = {&dest};
   auto copied = RunCopy(*run.src.image, run.remaining, dests, copy);

@@ -282,7 +282,7 @@ Result<formats::DigestTable> EffectiveDigests(Env& env, const ChainFolder& chain
   for (const auto& t : tables) ptrs.push_back(&t);
   BARGE_ASSIGN_OR_RETURN(formats::DigestTable merged, formats::MergeDigestTables(ptrs));
   const auto& top = chain.points[index].manifest;
-  if (formats::ImageDigestOf(merged) != top.image_digest) {
+  if (formats::ImageDigestOf(merged, top.image_digest_algorithm) != top.image_digest) {
     return Error::Corruption("the digest tables of backup " + top.id +
                              " do not add up to its recorded image digest")
         .set_path(chain.points[index].manifest_path);
@@ -367,6 +367,25 @@ std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
                              });
   if (it == table.entries.end() || it->cluster_index != cluster_index) return std::nullopt;
   return it->digest;
+}
+
+uint64_t NextListed(const formats::DigestTable& table, uint64_t cluster_index) {
+  auto it = std::lower_bound(table.entries.begin(), table.entries.end(), cluster_index,
+                             [](const formats::DigestEntry& e, uint64_t c) { return e.cluster_index < c; });
+  return it == table.entries.end() ? UINT64_MAX : it->cluster_index;
+}
+
+std::optional<uint64_t> FirstListedData(const formats::DigestTable& table, uint64_t begin_cluster,
+                                        uint64_t end_cluster) {
+  const formats::Digest128 zero = formats::ZeroClusterDigest(table.cluster_bytes);
+  auto it = std::lower_bound(table.entries.begin(), table.entries.end(), begin_cluster,
+                             [](const formats::DigestEntry& e, uint64_t c) { return e.cluster_index < c; });
+  // Listed zero clusters (an incremental's) are skipped: the scan costs the
+  // entries in the range, never the range's length.
+  for (; it != table.entries.end() && it->cluster_index < end_cluster; ++it) {
+    if (it->digest != zero) return it->cluster_index;
+  }
+  return std::nullopt;
 }
 
 }  // namespace barge::pipeline

@@ -153,6 +153,13 @@ Result<std::vector<std::string>> LayerImagePaths(Env& env, const ChainFolder& ch
 // Binary search for a cluster's digest in a sorted table.
 std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
                                              uint64_t cluster_index);
+// The first cluster at or after `cluster_index` that `table` lists
+// (UINT64_MAX: none). Binary search.
+uint64_t NextListed(const formats::DigestTable& table, uint64_t cluster_index);
+// The first cluster of [begin_cluster, end_cluster) that `table` lists with
+// a digest other than the zero cluster's, or nullopt.
+std::optional<uint64_t> FirstListedData(const formats::DigestTable& table, uint64_t begin_cluster,
+                                        uint64_t end_cluster);
 
 }  // namespace barge::pipeline
 

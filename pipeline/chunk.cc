@@ -75,6 +75,8 @@ void Chunk::Reset(uint64_t seq, uint64_t offset, uint64_t length) {
   sequence = seq;
   offset_bytes = offset;
   length_bytes = length;
+  zero_run_begin = 0;
+  zero_run_end = 0;
   size_t clusters = (length + cluster_bytes_ - 1) / cluster_bytes_;
   states.assign(clusters, ClusterState::kSkip);
   digests.assign(clusters, formats::Digest128{});

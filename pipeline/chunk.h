@@ -48,6 +48,15 @@ struct Chunk {
   uint64_t offset_bytes = 0;  // window start, a multiple of chunk_capacity_bytes
   uint64_t length_bytes = 0;  // window length (short at the end of the disk)
   std::vector<ClusterState> states;        // one per cluster of the window
+  // A run of clusters [zero_run_begin, zero_run_end) just before the window
+  // that the planner skipped because the source reads them as zeros
+  // (ChunkPlanner's skip_zero_extents). Such a chunk has no window of its
+  // own (length_bytes 0, offset_bytes at the run's end); the in-order stage
+  // checks and folds the run in time independent of its length, and
+  // destinations see no cluster of it.
+  uint64_t zero_run_begin = 0;
+  uint64_t zero_run_end = 0;
+  uint64_t zero_run_clusters() const { return zero_run_end - zero_run_begin; }
   // Set by ClusterProcessor for every cluster but kSkip.
   std::vector<formats::Digest128> digests;
   // SHA-256 per cluster, set by a ClusterProcessor made with strong

@@ -122,7 +122,8 @@ class CopyJob {
         compression_(compression),
         status_(context_),
         states_(destinations.size()),
-        digests_({source.size_bytes(), options.cluster_bytes, options.record_zero_digests, options.base_digest}) {
+        digests_({source.size_bytes(), options.cluster_bytes, options.record_zero_digests, options.base_digest,
+                  options.base_next, options.digest_algorithm}) {
     for (size_t i = 0; i < destinations.size(); ++i) states_[i].destination = destinations[i];
     if (options.verify) verifier_.emplace(options.verify, source.name(), options.verify_holder);
     if (options.sha512) {
@@ -143,6 +144,8 @@ class CopyJob {
   bool Read(Chunk* chunk);
   bool Process(Chunk* chunk);
   bool Ordered(Chunk* chunk);
+  // A skipped zero run must not hide a cluster the digests say holds data.
+  Status CheckZeroRun(const Chunk& chunk) const;
   void Write(size_t index, Chunk* chunk);
   // Returns a chunk every destination is done with; opens the gate.
   void Recycle(Chunk* chunk);
@@ -247,9 +250,30 @@ bool CopyJob::Process(Chunk* chunk) {
   return true;
 }
 
+Status CopyJob::CheckZeroRun(const Chunk& chunk) const {
+  if (!options_.verify || !options_.verify_zero_run) return OkStatus();
+  std::optional<uint64_t> bad = options_.verify_zero_run(chunk.zero_run_begin, chunk.zero_run_end);
+  if (!bad) return OkStatus();
+  const uint64_t offset = *bad * options_.cluster_bytes;
+  std::optional<formats::Digest128> want = options_.verify(*bad);
+  std::string holder = options_.verify_holder ? options_.verify_holder(offset) : std::string();
+  return Error::Corruption("cluster " + std::to_string(*bad) + " at guest offset " + std::to_string(offset) +
+                           " reads as zeros but its expected digest is " + (want ? want->ToHex() : "?") +
+                           " (data missing)")
+      .set_path(holder.empty() ? source_.name() : holder)
+      .set_range(offset, options_.cluster_bytes)
+      .Wrap("verify");
+}
+
 bool CopyJob::Ordered(Chunk* chunk) {
   if (status_.failed()) return false;
   Status s = Guard("ordered", [&]() -> Status {
+    if (chunk->zero_run_clusters() > 0) {
+      BARGE_RETURN_IF_ERROR(CheckZeroRun(*chunk));
+      counts_.hole += chunk->zero_run_clusters();
+      bytes_processed_ += std::min(chunk->zero_run_end * options_.cluster_bytes, source_.size_bytes()) -
+                          chunk->zero_run_begin * options_.cluster_bytes;
+    }
     if (verifier_) {
       StageTimer timer(options_.stats, Stage::kVerify, chunk->length_bytes);
       Status v = verifier_->Check(*chunk);
@@ -632,7 +656,10 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
     }
   }
 
-  ChunkPlanner planner(source, work, cluster, chunk_bytes);
+  if (options.skip_zero_extents && (options.record_zero_digests || options.sha512)) {
+    return Error::InvalidArgument("copy: skipping zero extents records no zero digests and streams no SHA-512");
+  }
+  ChunkPlanner planner(source, work, cluster, chunk_bytes, uint64_t{1} << 30, options.skip_zero_extents);
   auto compression = compress ? options.compression : formats::Compression::kNone;
   std::unique_ptr<CopyJob> job;
   Status status = Guard("copy", [&]() -> Status {

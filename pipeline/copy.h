@@ -101,10 +101,30 @@ struct CopyOptions {
   // With `verify`: the file a mismatching cluster is named by (a chain's
   // damaged layer); unset: the source.
   HolderLookup verify_holder;
+  // How the image digest folds the clusters (a manifest's algorithm when
+  // the result is compared with one).
+  formats::ImageDigestAlgorithm digest_algorithm = formats::kCurrentImageDigestAlgorithm;
   // Image digest: clusters outside the work set (an incremental's parent).
   BaseDigestLookup base_digest;
+  // Optional, with base_digest: the first cluster at or after c that
+  // base_digest may list (UINT64_MAX: none), so that the fold skips the
+  // clusters between in time independent of their number.
+  BaseNextLookup base_next;
   // Record zero clusters of the work set in cluster_digests too.
   bool record_zero_digests = false;
+  // Runs of whole windows the source's extents report as holes or zero are
+  // not read, hashed or handed to destinations one cluster at a time: the
+  // image digest folds them as zero clusters and `verify_zero_run` checks
+  // them, in time independent of their length. Only for destinations that
+  // leave such clusters alone (a new qcow2 image without backing file, a new
+  // or zero-initialized raw file); not with record_zero_digests or sha512
+  // (kInvalidArgument).
+  bool skip_zero_extents = false;
+  // With verify and skip_zero_extents: the first cluster of
+  // [begin_cluster, end_cluster) whose expected digest is not the zero
+  // cluster's, or nullopt. A run skipped over such a cluster fails the copy
+  // with kCorruption, as a mismatching cluster does.
+  std::function<std::optional<uint64_t>(uint64_t begin_cluster, uint64_t end_cluster)> verify_zero_run;
   // SHA-256 of every data cluster of the work set (strong_digests), in the
   // parallel process stage (docs/formats/backup.md, strong digest table).
   bool strong_digests = false;

@@ -66,7 +66,7 @@ std::string Sha512Hex(std::span<const std::byte> data) {
 }
 
 formats::Digest128 DirectImageDigest(std::span<const std::byte> bytes, uint32_t cluster) {
-  formats::ImageDigestBuilder b;
+  formats::ImageDigestBuilder b(formats::kCurrentImageDigestAlgorithm, cluster);
   for (uint64_t off = 0; off < bytes.size(); off += cluster) {
     b.Add(formats::HashCluster(bytes.subspan(off, std::min<uint64_t>(cluster, bytes.size() - off)), cluster));
   }

@@ -133,7 +133,7 @@ DigestCollector::DigestCollector(DigestCollectorOptions options)
     : options_(std::move(options)),
       cluster_count_((options_.virtual_size + options_.cluster_bytes - 1) / options_.cluster_bytes),
       zero_digest_(formats::ZeroClusterDigest(options_.cluster_bytes)),
-      builder_(std::make_unique<formats::ImageDigestBuilder>()) {}
+      builder_(std::make_unique<formats::ImageDigestBuilder>(options_.algorithm, options_.cluster_bytes)) {}
 
 DigestCollector::~DigestCollector() = default;
 
@@ -145,13 +145,27 @@ void DigestCollector::FoldOutside(uint64_t end) {
     next_cluster_ = end;
     return;
   }
-  for (; next_cluster_ < end; ++next_cluster_) {
+  while (next_cluster_ < end) {
+    if (options_.base_next) {
+      uint64_t listed = std::min(options_.base_next(next_cluster_), end);
+      builder_->AddRepeated(zero_digest_, listed - next_cluster_);
+      next_cluster_ = listed;
+      if (next_cluster_ >= end) break;
+    }
     std::optional<formats::Digest128> d = options_.base(next_cluster_);
     builder_->Add(d ? *d : zero_digest_);
+    ++next_cluster_;
   }
 }
 
 Status DigestCollector::Consume(const Chunk& chunk) {
+  if (chunk.zero_run_clusters() > 0) {
+    // A skipped run reads as zeros: it masks any base digest.
+    FoldOutside(chunk.zero_run_begin);
+    uint64_t end = std::min(chunk.zero_run_end, cluster_count_);
+    if (next_cluster_ < end) builder_->AddRepeated(zero_digest_, end - next_cluster_);
+    next_cluster_ = std::max(next_cluster_, end);
+  }
   const uint64_t first = chunk.first_cluster();
   for (size_t i = 0; i < chunk.cluster_count(); ++i) {
     ClusterState s = chunk.states[i];

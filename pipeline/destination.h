@@ -147,6 +147,9 @@ struct ClusterDigest {
 // Digest of a cluster outside the work set (an incremental's parent), or
 // nullopt when it reads as zero.
 using BaseDigestLookup = std::function<std::optional<formats::Digest128>(uint64_t cluster_index)>;
+// The first cluster at or after cluster_index that a BaseDigestLookup may
+// list (UINT64_MAX when none): clusters before it fold as zero clusters.
+using BaseNextLookup = std::function<uint64_t(uint64_t cluster_index)>;
 
 struct DigestCollectorOptions {
   uint64_t virtual_size = 0;
@@ -156,6 +159,10 @@ struct DigestCollectorOptions {
   bool record_zero_clusters = false;
   // Clusters outside the work set. Empty: they count as zero.
   BaseDigestLookup base;
+  // Optional: lets the fold of clusters outside the work set jump to the
+  // ones `base` lists.
+  BaseNextLookup base_next;
+  formats::ImageDigestAlgorithm algorithm = formats::kCurrentImageDigestAlgorithm;
 };
 
 // Records (cluster_index, digest) for the stored clusters and folds the image

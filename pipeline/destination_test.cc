@@ -102,6 +102,7 @@ TEST(DigestCollectorTest, FoldsWholeDiskInOrder) {
   DigestCollectorOptions o;
   o.virtual_size = 13 * kCluster + 100;
   o.cluster_bytes = kCluster;
+  o.algorithm = formats::ImageDigestAlgorithm::kClusterFold;
   o.base = [](uint64_t c) -> std::optional<formats::Digest128> {
     if (c % 2) return formats::Digest128{100 + c, 7};
     return std::nullopt;  // zero
@@ -120,6 +121,40 @@ TEST(DigestCollectorTest, FoldsWholeDiskInOrder) {
   EXPECT_EQ(collector.image_digest(), want.Finish());
   EXPECT_EQ(collector.cluster_digests(),
             (std::vector<ClusterDigest>{{11, chunk->digests[3]}, {12, chunk->digests[4]}, {13, chunk->digests[5]}}));
+}
+
+TEST(DigestCollectorTest, ZeroRunFoldJumpsBetweenBaseEntriesAndFoldsSkippedRuns) {
+  // 2^30 clusters: base entries at 3 and 2^29; a skipped zero run over
+  // [10, 2^29 + 5) masks the base's entry there; the chunk covers 8..13 of
+  // a window placed at the end. Constant time in the disk's size.
+  const uint64_t clusters = uint64_t{1} << 30;
+  DigestCollectorOptions o;
+  o.virtual_size = clusters * kCluster;
+  o.cluster_bytes = kCluster;
+  o.algorithm = formats::ImageDigestAlgorithm::kZeroRunFold;
+  const uint64_t far = uint64_t{1} << 29;
+  uint64_t lookups = 0;
+  o.base = [&](uint64_t c) -> std::optional<formats::Digest128> {
+    ++lookups;
+    if (c == 3 || c == far) return formats::Digest128{c, 9};
+    return std::nullopt;
+  };
+  o.base_next = [&](uint64_t c) -> uint64_t { return c <= 3 ? 3 : c <= far ? far : UINT64_MAX; };
+  DigestCollector collector(o);
+  Chunk run(kChunk, kCluster, false);
+  run.Reset(0, (far + 5) * kCluster, 0);
+  run.zero_run_begin = 10;
+  run.zero_run_end = far + 5;
+  ASSERT_TRUE(collector.Consume(run).ok());
+  ASSERT_TRUE(collector.Finish().ok());
+  EXPECT_LE(lookups, 4u);
+
+  formats::Digest128 zero = formats::ZeroClusterDigest(kCluster);
+  formats::ImageDigestBuilder want(formats::ImageDigestAlgorithm::kZeroRunFold, kCluster);
+  want.AddRepeated(zero, 3);
+  want.Add({3, 9});
+  want.AddRepeated(zero, clusters - 4);
+  EXPECT_EQ(collector.image_digest(), want.Finish());
 }
 
 }  // namespace

@@ -48,7 +48,10 @@ Result<PointStrongTable> LoadPointStrongTable(Env& env, const ChainFolder& chain
   // against the chain's xxh3 digests on the way (as verify reads it).
   BARGE_ASSIGN_OR_RETURN(OpenedPoint opened, OpenPoint(env, chain, index));
   CopyOptions o = ScanOptions(copy, m.cluster_size);
+  o.digest_algorithm = m.image_digest_algorithm;
   o.verify = [&opened](uint64_t c) { return opened.Expected(c); };
+  o.skip_zero_extents = !o.sha512 && !o.record_zero_digests;
+  o.verify_zero_run = [&opened](uint64_t b, uint64_t e) { return FirstListedData(opened.digests, b, e); };
   auto copied = RunCopy(*opened.image, {{0, m.virtual_size}}, {}, o);
   if (!copied.ok()) {
     return Error(copied.error()).Wrap("computing the strong digests of backup " + m.id + " from the chain");
@@ -77,6 +80,8 @@ Result<DigestChanges> FindChangedClusters(BlockSource& source, const formats::St
   }
   CopyOptions o = ScanOptions(copy, base.cluster_bytes);
   o.weak_digests = false;  // only the SHA-256s are compared: no xxh3 pass
+  // Only data clusters are listed: runs of holes are not walked.
+  o.skip_zero_extents = true;
   auto copied = RunCopy(source, {{0, size}}, {}, o);
   if (!copied.ok()) return Error(copied.error()).Wrap("comparing the source with the chain's strong digests");
   DigestChanges out;

@@ -81,8 +81,13 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, m.cluster_size);
   copy.compression = req.output_format == "qcow2" ? req.compression : formats::Compression::kNone;
   copy.compression_level = req.compression_level;
+  copy.digest_algorithm = m.image_digest_algorithm;
   copy.verify = [&point](uint64_t c) { return point.Expected(c); };
   copy.verify_holder = LayerHolding(point);
+  // Runs reading as zeros stay holes (a new qcow2: unallocated; a raw file
+  // that reads as zeros: not written) and cost nothing per cluster.
+  copy.skip_zero_extents = dest_spec.skip_zeroes_if_zero_initialized && output->sink().capabilities().zero_initialized;
+  copy.verify_zero_run = [&point](uint64_t b, uint64_t e) { return FirstListedData(point.digests, b, e); };
   Destination* dests[] = {dest.get()};
   auto copied = RunCopy(*point.image, {{0, m.virtual_size}}, dests, copy);
   if (!copied.ok()) return Error(copied.error()).Wrap("restore of " + m.id);
@@ -136,11 +141,18 @@ Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t
   v.copy.cluster_bytes = m.cluster_size;
   v.copy.chunk_bytes = ChunkBytesFor(v.copy.chunk_bytes, m.cluster_size);
   v.copy.compression = formats::Compression::kNone;
+  v.copy.digest_algorithm = m.image_digest_algorithm;
   v.copy.verify = [&v](uint64_t c) { return v.point.Expected(c); };
   v.copy.verify_holder = LayerHolding(v.point);
+  // No destination: runs reading as zeros are checked against the digests
+  // as a range, in time independent of their length.
+  v.copy.skip_zero_extents = true;
+  v.copy.verify_zero_run = [&v](uint64_t b, uint64_t e) { return FirstListedData(v.point.digests, b, e); };
   auto copied = RunCopy(*v.point.image, {{0, m.virtual_size}}, {}, v.copy);
   v.copy.verify = nullptr;
   v.copy.verify_holder = nullptr;
+  v.copy.verify_zero_run = nullptr;
+  v.copy.skip_zero_extents = false;
   if (!copied.ok()) return Error(copied.error()).Wrap("verify of " + m.id);
   if (copied->image_digest != m.image_digest) {
     return Error::Corruption("image digest " + copied->image_digest.ToHex() +
@@ -178,6 +190,7 @@ void RecordOutcome(Env& env, const ChainFolder& chain, size_t index, const Resul
   auto st = env.Stat(chain.PathOf(m.image));
   r.image_bytes = st.ok() ? st->size_bytes : 0;
   r.image_digest = m.image_digest;
+  r.image_digest_algorithm = m.image_digest_algorithm;
   r.layers_mtime_ns = layers_mtime_ns;
   Status s = WriteVerificationRecord(env, chain, index, r);
   if (!s.ok()) warnings.push_back("could not record the verification of " + m.id + ": " + s.error().ToString());
@@ -213,8 +226,13 @@ Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, 
   const formats::BackupManifest& m = verified.point.point->manifest;
   CopyOptions copy = verified.copy;
   const OpenedPoint& point = verified.point;
+  copy.digest_algorithm = m.image_digest_algorithm;
   copy.verify = [&point](uint64_t c) { return point.Expected(c); };
   copy.verify_holder = LayerHolding(point);
+  // No destination: the source's holes are checked against the digests as
+  // runs.
+  copy.skip_zero_extents = true;
+  copy.verify_zero_run = [&point](uint64_t b, uint64_t e) { return FirstListedData(point.digests, b, e); };
   SourceSpec spec = against;
   spec.nbd_retry = verified.copy.nbd_retry;
   BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, spec));

@@ -35,32 +35,65 @@ const std::byte* ZeroBlock() {
 // ---------------------------------------------------------------- planner
 
 ChunkPlanner::ChunkPlanner(BlockSource& source, const RangeList& work, uint32_t cluster_bytes,
-                           uint32_t chunk_bytes, uint64_t extent_query_bytes)
+                           uint32_t chunk_bytes, uint64_t extent_query_bytes, bool skip_zero_extents)
     : source_(source),
       size_bytes_(source.size_bytes()),
       cluster_bytes_(cluster_bytes),
       chunk_bytes_(chunk_bytes),
       extent_query_bytes_(std::max<uint64_t>(extent_query_bytes, chunk_bytes)),
       has_extents_(source.capabilities().has_extents),
+      skip_zero_extents_(skip_zero_extents && has_extents_),
       work_(AlignRanges(work, cluster_bytes, source.size_bytes())),
       work_bytes_(TotalBytes(work_)) {}
+
+Status ChunkPlanner::Cover(uint64_t offset, uint64_t range_end) {
+  if (offset >= cache_begin_ && offset < cache_end_) return OkStatus();
+  // Ask for a large span, cluster aligned, clipped to the work range so an
+  // incremental never walks the clean parts of the disk.
+  uint64_t length = std::min(extent_query_bytes_, range_end - offset);
+  length = (length + cluster_bytes_ - 1) / cluster_bytes_ * cluster_bytes_;
+  length = std::min(length, size_bytes_ - offset);
+  auto extents = source_.Extents(offset, length);
+  if (!extents.ok()) return std::move(extents).error().Wrap("extents");
+  cache_ = std::move(extents).value();
+  cache_begin_ = offset;
+  cache_end_ = offset + length;
+  cache_index_ = 0;
+  return OkStatus();
+}
+
+Result<uint64_t> ChunkPlanner::ZeroRunEnd(uint64_t offset, uint64_t range_end) {
+  // A cursor of its own: Classify's must not pass the clusters a run too
+  // short to skip leaves for it.
+  size_t i = cache_index_;
+  while (offset < range_end) {
+    const uint64_t begin = cache_begin_;
+    if (offset < cache_begin_ || offset >= cache_end_) {
+      // One query to the end of the range: SEEK_DATA in a hole finds the
+      // next data however far it is, so queries of a bounded span would
+      // each walk the same hole again (quadratic in the hole's size).
+      uint64_t length = std::min(range_end, size_bytes_) - offset;
+      auto extents = source_.Extents(offset, length);
+      if (!extents.ok()) return std::move(extents).error().Wrap("extents");
+      cache_ = std::move(extents).value();
+      cache_begin_ = offset;
+      cache_end_ = offset + length;
+      cache_index_ = 0;
+    }
+    if (cache_begin_ != begin) i = 0;
+    while (i < cache_.size() && cache_[i].end() <= offset) ++i;
+    if (i >= cache_.size() || cache_[i].offset > offset) break;  // not covered: data
+    const Extent& e = cache_[i];
+    if (e.kind == ExtentKind::kData) break;
+    offset = std::min({e.end(), cache_end_, range_end});
+  }
+  return offset;
+}
 
 Result<ClusterState> ChunkPlanner::Classify(uint64_t cluster_offset, uint64_t cluster_end,
                                             uint64_t range_end) {
   if (!has_extents_) return ClusterState::kData;
-  if (cluster_offset < cache_begin_ || cluster_offset >= cache_end_) {
-    // Ask for a large span, cluster aligned, clipped to the work range so an
-    // incremental never walks the clean parts of the disk.
-    uint64_t length = std::min(extent_query_bytes_, range_end - cluster_offset);
-    length = (length + cluster_bytes_ - 1) / cluster_bytes_ * cluster_bytes_;
-    length = std::min(length, size_bytes_ - cluster_offset);
-    auto extents = source_.Extents(cluster_offset, length);
-    if (!extents.ok()) return std::move(extents).error().Wrap("extents");
-    cache_ = std::move(extents).value();
-    cache_begin_ = cluster_offset;
-    cache_end_ = cluster_offset + length;
-    cache_index_ = 0;
-  }
+  BARGE_RETURN_IF_ERROR(Cover(cluster_offset, range_end));
   while (cache_index_ < cache_.size() && cache_[cache_index_].end() <= cluster_offset) ++cache_index_;
   // Bytes not covered by any extent count as data: the source may be coarse,
   // never wrong in the other direction.
@@ -88,6 +121,21 @@ Result<bool> ChunkPlanner::Next(Chunk& chunk) {
   if (range_index_ >= work_.size()) return false;
   position_ = std::max(position_, work_[range_index_].offset);
 
+  if (skip_zero_extents_) {
+    // A run of whole clusters reading as zeros, at least a window long:
+    // one chunk carries it, whatever its length.
+    const uint64_t range_end = work_[range_index_].end();
+    BARGE_ASSIGN_OR_RETURN(uint64_t run_end, ZeroRunEnd(position_, range_end));
+    run_end = run_end >= size_bytes_ ? size_bytes_ : run_end / cluster_bytes_ * cluster_bytes_;
+    if (run_end > position_ && (run_end - position_ >= chunk_bytes_ || run_end == range_end)) {
+      chunk.Reset(next_sequence_++, run_end, 0);
+      chunk.zero_run_begin = position_ / cluster_bytes_;
+      chunk.zero_run_end = (run_end + cluster_bytes_ - 1) / cluster_bytes_;
+      position_ = run_end;
+      return true;
+    }
+  }
+
   uint64_t window_start = position_ / chunk_bytes_ * chunk_bytes_;
   uint64_t window_end = std::min(window_start + chunk_bytes_, size_bytes_);
   chunk.Reset(next_sequence_++, window_start, window_end - window_start);
@@ -95,7 +143,8 @@ Result<bool> ChunkPlanner::Next(Chunk& chunk) {
   // Every work range touching the window; the last may continue past it.
   size_t r = range_index_;
   while (r < work_.size() && work_[r].offset < window_end) {
-    uint64_t start = std::max(work_[r].offset, window_start);
+    // position_ may lie inside the window after a skipped zero run.
+    uint64_t start = std::max({work_[r].offset, window_start, position_});
     uint64_t end = std::min(work_[r].end(), window_end);
     for (uint64_t c = start; c < end; c += cluster_bytes_) {
       uint64_t c_end = std::min<uint64_t>(c + cluster_bytes_, size_bytes_);

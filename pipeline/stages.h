@@ -27,6 +27,9 @@ namespace barge::pipeline {
 // clusters reading as zero (zero extents, or zero and hole mixed) are kZero
 // and are not read; everything else is kData (to be read). Extents are asked
 // for in large spans (extent_query_bytes), clipped to the current work range.
+// With skip_zero_extents, whole windows the extents report as holes or zero
+// are not planned one by one: one chunk without a window carries the run
+// (Chunk::zero_run_begin/end), so a thin disk costs what its data costs.
 //
 // One thread at a time (the graph's serial input node).
 class ChunkPlanner {
@@ -34,7 +37,8 @@ class ChunkPlanner {
   // `source` must outlive the planner. cluster_bytes: power of two >= 512;
   // chunk_bytes: a multiple of it.
   ChunkPlanner(BlockSource& source, const RangeList& work, uint32_t cluster_bytes,
-               uint32_t chunk_bytes, uint64_t extent_query_bytes = uint64_t{1} << 30);
+               uint32_t chunk_bytes, uint64_t extent_query_bytes = uint64_t{1} << 30,
+               bool skip_zero_extents = false);
 
   // Plans the next chunk into `chunk` (Reset, then states).
   // Returns: true when a chunk was planned; false when the work set is done;
@@ -48,6 +52,11 @@ class ChunkPlanner {
 
  private:
   Result<ClusterState> Classify(uint64_t cluster_offset, uint64_t cluster_end, uint64_t range_end);
+  // Where the run of hole or zero extents starting at `offset` ends
+  // (at most `range_end`); `offset` itself when it is data.
+  Result<uint64_t> ZeroRunEnd(uint64_t offset, uint64_t range_end);
+  // Makes cache_ cover `offset` (a query clipped to range_end).
+  Status Cover(uint64_t offset, uint64_t range_end);
 
   BlockSource& source_;
   const uint64_t size_bytes_;
@@ -55,6 +64,7 @@ class ChunkPlanner {
   const uint32_t chunk_bytes_;
   const uint64_t extent_query_bytes_;
   const bool has_extents_;
+  const bool skip_zero_extents_;
   RangeList work_;
   uint64_t work_bytes_ = 0;
   size_t range_index_ = 0;

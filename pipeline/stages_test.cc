@@ -71,6 +71,44 @@ TEST(ChunkPlannerTest, ClassifiesHolesZerosAndPartialClusters) {
   EXPECT_EQ(counted.faults().calls(FaultOp::kExtents), 1u);
 }
 
+TEST(ChunkPlannerTest, SkipsWholeWindowsOfZerosAsOneRun) {
+  // 2 data clusters, then holes and zeros for 32 MiB, data in the middle
+  // of a window, then a hole to the end of the disk (not a whole window).
+  const uint64_t size = (uint64_t{64} << 20) + 3 * kCluster + 100;
+  const uint64_t mid = (uint64_t{32} << 20) + kCluster;  // cluster 1 of a window
+  ExtentList extents = {
+      {0, 2 * kCluster, ExtentKind::kData},
+      {2 * kCluster, 1000 * kCluster, ExtentKind::kHole},
+      {1002 * kCluster, mid - 1002 * kCluster, ExtentKind::kZero},
+      {mid, kCluster, ExtentKind::kData},
+      {mid + kCluster, size - mid - kCluster, ExtentKind::kHole},
+  };
+  MemorySource source(std::vector<std::byte>(size), std::move(extents), "thin");
+  ChunkPlanner planner(source, {{0, size}}, kCluster, kChunk, uint64_t{1} << 30, /*skip_zero_extents=*/true);
+  Chunk chunk(kChunk, kCluster, false);
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  uint64_t planned_clusters = 0;
+  size_t chunks = 0;
+  while (*planner.Next(chunk)) {
+    ++chunks;
+    if (chunk.zero_run_clusters() > 0) {
+      EXPECT_EQ(chunk.length_bytes, 0u);
+      runs.push_back({chunk.zero_run_begin, chunk.zero_run_end});
+      continue;
+    }
+    for (S s : chunk.states) planned_clusters += s != S::kSkip;
+  }
+  const uint64_t clusters = (size + kCluster - 1) / kCluster;
+  // Window 0 (data, data, hole, hole) is planned; then one run up to the
+  // data cluster `mid` (its window is planned from there); then one run to
+  // the end of the disk.
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0], (std::pair<uint64_t, uint64_t>{4, mid / kCluster}));
+  EXPECT_EQ(runs[1], (std::pair<uint64_t, uint64_t>{mid / kCluster + 3, clusters}));
+  EXPECT_EQ(planned_clusters + (runs[0].second - runs[0].first) + (runs[1].second - runs[1].first), clusters);
+  EXPECT_LE(chunks, 5u);
+}
+
 TEST(ChunkPlannerTest, WorkSetSelectsWholeClusters) {
   auto source = PlannerSource();
   // Unaligned dirty ranges widen to clusters 1, 9 and 10.

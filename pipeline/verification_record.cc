@@ -17,7 +17,6 @@ using nlohmann::json;
 
 constexpr const char* kFormat = "barge-verification";
 constexpr int kVersion = 1;
-constexpr const char* kDigestAlgorithm = "xxh3-128-cluster-fold";
 constexpr uint64_t kMaxRecordBytes = 1 << 20;
 
 Error Bad(const std::string& what) { return Error::Corruption("verification record: " + what); }
@@ -38,7 +37,8 @@ Result<std::string> EncodeVerificationRecord(const VerificationRecord& r) {
   j["clusters_checked"] = r.clusters_checked;
   j["image"] = r.image;
   j["image_bytes"] = r.image_bytes;
-  j["image_digest"] = {{"algorithm", kDigestAlgorithm}, {"value", r.image_digest.ToHex()}};
+  j["image_digest"] = {{"algorithm", std::string(formats::ImageDigestAlgorithmName(r.image_digest_algorithm))},
+                       {"value", r.image_digest.ToHex()}};
   if (r.layers_mtime_ns > 0) j["layers_mtime_ns"] = r.layers_mtime_ns;
   BARGE_ASSIGN_OR_RETURN(std::string text, formats::DumpJson(j, 2, "verification record of " + r.id));
   return text + "\n";
@@ -81,12 +81,14 @@ Result<VerificationRecord> DecodeVerificationRecord(std::string_view text) {
   BARGE_ASSIGN_OR_RETURN(r.image_bytes, uint("image_bytes"));
   auto digest = j.find("image_digest");
   if (digest == j.end() || !digest->is_object() || !digest->contains("value") ||
-      !(*digest)["value"].is_string() || formats::JsonString(*digest, "algorithm") != kDigestAlgorithm) {
-    return Bad("'image_digest' is missing or not an xxh3-128-cluster-fold digest");
+      !(*digest)["value"].is_string() ||
+      !formats::ImageDigestAlgorithmFromName(formats::JsonString(*digest, "algorithm"))) {
+    return Bad("'image_digest' is missing or not an xxh3-128-cluster-fold or xxh3-128-zero-run-fold digest");
   }
   auto value = formats::Digest128::FromHex((*digest)["value"].get<std::string>());
   if (!value.ok()) return Bad("image_digest: " + value.error().message());
   r.image_digest = *value;
+  r.image_digest_algorithm = *formats::ImageDigestAlgorithmFromName(formats::JsonString(*digest, "algorithm"));
   if (auto t = j.find("layers_mtime_ns"); t != j.end()) {
     if (!t->is_number_unsigned()) return Bad("'layers_mtime_ns' is not a whole number");
     const uint64_t ns = t->get<uint64_t>();
@@ -138,7 +140,8 @@ Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const Cha
   }
   LastVerification last;
   last.stale = record->id != m.id || record->image != m.image || record->image_bytes != image.size_bytes ||
-               record->image_digest != m.image_digest || modified;
+               record->image_digest != m.image_digest ||
+               record->image_digest_algorithm != m.image_digest_algorithm || modified;
   last.record = std::move(record).value();
   return std::optional<LastVerification>(std::move(last));
 }

@@ -24,6 +24,7 @@ struct VerificationRecord {
   std::string image;               // the image file name at the time
   uint64_t image_bytes = 0;        // its size at the time
   formats::Digest128 image_digest; // the manifest's image digest at the time
+  formats::ImageDigestAlgorithm image_digest_algorithm = formats::kCurrentImageDigestAlgorithm;  // and its fold
   // The newest modification time among the point's layer images when the
   // check began (NewestLayerMtime); 0: not recorded (older records).
   int64_t layers_mtime_ns = 0;

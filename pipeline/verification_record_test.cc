@@ -52,7 +52,16 @@ TEST(VerificationRecord, RoundTrip) {
     EXPECT_EQ(back->image, r.image);
     EXPECT_EQ(back->image_bytes, 123456u);
     EXPECT_EQ(back->image_digest, r.image_digest);
+    EXPECT_EQ(back->image_digest_algorithm, formats::ImageDigestAlgorithm::kZeroRunFold);
   }
+  // A record of a version 1 point keeps its fold.
+  VerificationRecord v1 = Sample();
+  v1.image_digest_algorithm = formats::ImageDigestAlgorithm::kClusterFold;
+  const std::string text = EncodeVerificationRecord(v1).value();
+  EXPECT_NE(text.find("\"xxh3-128-cluster-fold\""), std::string::npos) << text;
+  auto back = DecodeVerificationRecord(text);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  EXPECT_EQ(back->image_digest_algorithm, formats::ImageDigestAlgorithm::kClusterFold);
 }
 
 TEST(VerificationRecord, UntrustedInputIsCorruption) {
@@ -66,9 +75,9 @@ TEST(VerificationRecord, UntrustedInputIsCorruption) {
        {std::string(), std::string("[]"), std::string("{"), std::string("{\"format\": \"barge-verification\"}"),
         with("barge-verification", "barge-backup-manifest"), with("\"format_version\": 1", "\"format_version\": 2"),
         with("\"result\": \"ok\"", "\"result\": \"maybe\""), with("\"image_bytes\": 123456", "\"image_bytes\": -1"),
-        with("xxh3-128-cluster-fold", "sha256"), with("fedcba9876543210", "zz"),
+        with("xxh3-128-zero-run-fold", "sha256"), with("fedcba9876543210", "zz"),
         // A field of another type is damage, not an exception.
-        with("\"xxh3-128-cluster-fold\"", "7"), with("\"xxh3-128-cluster-fold\"", "null"),
+        with("\"xxh3-128-zero-run-fold\"", "7"), with("\"xxh3-128-zero-run-fold\"", "null"),
         // list prints these as an RFC 3339 time and a number of seconds.
         with("2026-11-23T10:00:00Z", "yesterday"), with("\"duration_seconds\": ", "\"duration_seconds\": -")}) {
     auto r = DecodeVerificationRecord(bad);

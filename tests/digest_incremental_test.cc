@@ -209,7 +209,7 @@ TEST(DigestIncrementalTest, ForgedXxh3DoesNotHideAChange) {
   ASSERT_TRUE(found);
   testing::WriteFile(chain + "/" + id + ".digests", formats::EncodeDigestTable(*table));
   formats::BackupManifest m = Manifest(chain, id);
-  m.image_digest = formats::ImageDigestOf(*table);
+  m.image_digest = formats::ImageDigestOf(*table, m.image_digest_algorithm);
   auto text = formats::EncodeManifest(m);
   ASSERT_TRUE(text.ok());
   testing::WriteText(testing::ManifestPath(chain, id), *text);

@@ -133,7 +133,7 @@ TEST_F(ListCliTest, VerifyRecordsItsOutcomeForList) {
   EXPECT_EQ(record["format_version"], 1);
   EXPECT_EQ(record["id"], inc["id"]);
   EXPECT_EQ(record["result"], "ok");
-  EXPECT_EQ(record["image_digest"]["algorithm"], "xxh3-128-cluster-fold");
+  EXPECT_EQ(record["image_digest"]["algorithm"], "xxh3-128-zero-run-fold");
   EXPECT_EQ("xxh3-128:" + record["image_digest"]["value"].get<std::string>(), inc["image_digest"]);
   EXPECT_EQ(record["clusters_checked"], 128);
 
