@@ -47,8 +47,9 @@ Result<DigestTable> DecodeDigestTable(std::span<const std::byte> bytes);
 Result<DigestTable> MergeDigestTables(std::span<const DigestTable* const> layers_oldest_first);
 
 // The image digest of a merged table: clusters without an entry are zero.
-// With kZeroRunFold it costs the entries, not the disk's clusters.
-Digest128 ImageDigestOf(const DigestTable& merged,
-                        ImageDigestAlgorithm algorithm = ImageDigestAlgorithm::kClusterFold);
+// With kZeroRunFold it costs the entries, not the disk's clusters. No
+// default: a point's digest is by its manifest's algorithm, and a caller
+// that forgot it would get the other version's value.
+Digest128 ImageDigestOf(const DigestTable& merged, ImageDigestAlgorithm algorithm);
 
 }  // namespace barge::formats
