@@ -16,6 +16,7 @@
 #include "pipeline/chain.h"
 #include "pipeline/restore.h"
 #include "tests/testing/env_wrappers.h"
+#include "tests/testing/backup_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::pipeline {
@@ -49,16 +50,8 @@ struct Chain {
 };
 
 void Backup(const std::string& raw, const std::string& target, std::optional<RangeList> dirty) {
-  BackupRequest req;
-  req.source.location = raw;
-  req.source.format = "raw";
-  req.target_dir = target;
-  req.disk_name = "d";
-  req.incremental = dirty.has_value();
-  req.dirty_ranges = dirty;
-  req.copy = Knobs();
-  auto r = RunBackup(PosixEnv(), req);
-  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  Status s = testing::BackupRawFile(raw, target, std::move(dirty));
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
 }
 
 Chain MakeChain(const TempDir& tmp) {

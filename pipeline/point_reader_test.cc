@@ -12,6 +12,7 @@
 #include "pipeline/backup.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/merge.h"
+#include "tests/testing/backup_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::pipeline {
@@ -26,20 +27,8 @@ constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kSize = 3 * kMiB + 3 * 512;
 
 void Backup(const std::string& raw, const std::string& target, std::optional<RangeList> dirty) {
-  BackupRequest req;
-  req.source.location = raw;
-  req.source.format = "raw";
-  req.target_dir = target;
-  req.disk_name = "d";
-  req.incremental = dirty.has_value();
-  req.dirty_ranges = dirty;
-  // Uncompressed, so that a test can find a cluster's bytes in the file.
-  req.compression = formats::Compression::kNone;
-  req.compression_level = 0;
-  req.copy.memory_bytes = 8 * kMiB;
-  req.copy.threads = 2;
-  auto r = RunBackup(PosixEnv(), req);
-  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  Status s = testing::BackupRawFile(raw, target, std::move(dirty), /*uncompressed=*/true);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
 }
 
 class PointReaderTest : public ::testing::Test {

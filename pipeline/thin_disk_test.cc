@@ -15,6 +15,7 @@
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
 #include "pipeline/restore.h"
+#include "tests/testing/backup_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::pipeline {
@@ -35,17 +36,7 @@ CopyOptions Knobs() {
 }
 
 Status Backup(const std::string& raw, const std::string& target, std::optional<RangeList> dirty) {
-  BackupRequest req;
-  req.source.location = raw;
-  req.source.format = "raw";
-  req.target_dir = target;
-  req.disk_name = "d";
-  req.incremental = dirty.has_value();
-  req.dirty_ranges = dirty;
-  req.copy = Knobs();
-  auto r = RunBackup(PosixEnv(), req);
-  if (!r.ok()) return r.error();
-  return OkStatus();
+  return testing::BackupRawFile(raw, target, std::move(dirty));
 }
 
 // Writes `data` at `offset` of a file (made sparse with `size` when new).
