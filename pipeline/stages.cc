@@ -53,6 +53,10 @@ Status ChunkPlanner::Cover(uint64_t offset, uint64_t range_end) {
   uint64_t length = std::min(extent_query_bytes_, range_end - offset);
   length = (length + cluster_bytes_ - 1) / cluster_bytes_ * cluster_bytes_;
   length = std::min(length, size_bytes_ - offset);
+  return Query(offset, length);
+}
+
+Status ChunkPlanner::Query(uint64_t offset, uint64_t length) {
   auto extents = source_.Extents(offset, length);
   if (!extents.ok()) return std::move(extents).error().Wrap("extents");
   cache_ = std::move(extents).value();
@@ -72,13 +76,7 @@ Result<uint64_t> ChunkPlanner::ZeroRunEnd(uint64_t offset, uint64_t range_end) {
       // One query to the end of the range: SEEK_DATA in a hole finds the
       // next data however far it is, so queries of a bounded span would
       // each walk the same hole again (quadratic in the hole's size).
-      uint64_t length = std::min(range_end, size_bytes_) - offset;
-      auto extents = source_.Extents(offset, length);
-      if (!extents.ok()) return std::move(extents).error().Wrap("extents");
-      cache_ = std::move(extents).value();
-      cache_begin_ = offset;
-      cache_end_ = offset + length;
-      cache_index_ = 0;
+      BARGE_RETURN_IF_ERROR(Query(offset, std::min(range_end, size_bytes_) - offset));
     }
     if (cache_begin_ != begin) i = 0;
     while (i < cache_.size() && cache_[i].end() <= offset) ++i;

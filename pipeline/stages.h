@@ -57,6 +57,8 @@ class ChunkPlanner {
   Result<uint64_t> ZeroRunEnd(uint64_t offset, uint64_t range_end);
   // Makes cache_ cover `offset` (a query clipped to range_end).
   Status Cover(uint64_t offset, uint64_t range_end);
+  // Fills cache_ with the extents of [offset, offset + length).
+  Status Query(uint64_t offset, uint64_t length);
 
   BlockSource& source_;
   const uint64_t size_bytes_;
