@@ -22,9 +22,11 @@ ProgressReporter::ProgressReporter(Output& out, std::string job, std::FILE* bar)
   bar_ = bar;
 }
 
-ProgressReporter::ProgressReporter(Output& out, std::string job, nlohmann::json fields)
+ProgressReporter::ProgressReporter(Output& out, std::string job, nlohmann::json fields,
+                                   std::chrono::steady_clock::time_point start)
     : ProgressReporter(out, std::move(job)) {
   fields_ = std::move(fields);
+  start_ = start;
 }
 
 ProgressReporter::~ProgressReporter() { Done(); }

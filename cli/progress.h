@@ -21,8 +21,10 @@ class ProgressReporter {
   // `bar` must outlive it.
   ProgressReporter(Output& out, std::string job, std::FILE* bar);
   // Events carry `fields` besides the job's (e.g. {"disk": "vda"}: one
-  // reporter per disk of a VM backup).
-  ProgressReporter(Output& out, std::string job, nlohmann::json fields);
+  // reporter per disk of a VM backup). Elapsed time and rate count from
+  // `start` (the job's start: a reporter made at a disk's first report
+  // would divide the bytes already done by almost no time).
+  ProgressReporter(Output& out, std::string job, nlohmann::json fields, std::chrono::steady_clock::time_point start);
   ~ProgressReporter();
   ProgressReporter(const ProgressReporter&) = delete;
   ProgressReporter& operator=(const ProgressReporter&) = delete;

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cctype>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -333,7 +334,7 @@ class VmBackupProgress {
       {
         std::lock_guard lock(mu_);
         auto& slot = per_disk_[disk];
-        if (!slot) slot = std::make_unique<ProgressReporter>(out_, "vm backup", json{{"disk", disk}});
+        if (!slot) slot = std::make_unique<ProgressReporter>(out_, "vm backup", json{{"disk", disk}}, start_);
         r = slot.get();
       }
       r->Update(done, total);
@@ -355,6 +356,7 @@ class VmBackupProgress {
 
  private:
   Output& out_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<ProgressReporter>> per_disk_;
   std::map<std::string, std::pair<uint64_t, uint64_t>> sums_;
