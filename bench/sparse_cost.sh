@@ -32,12 +32,17 @@ make_workdir
 print_machine
 VIRTUAL_BYTES=$(numfmt --from=iec "$VIRTUAL")
 DATA_BYTES=$(numfmt --from=iec "$DATA")
+BIG=$WORK/big.raw SMALL=$WORK/small.raw
+# ext4 refuses a file of exactly 16 TiB ("File too large"): 64 MiB less.
+if ! truncate -s "$VIRTUAL_BYTES" "$BIG" 2>/dev/null; then
+  VIRTUAL_BYTES=$((VIRTUAL_BYTES - 64 * 1048576))
+  truncate -s "$VIRTUAL_BYTES" "$BIG" || die "cannot make a sparse file of $VIRTUAL here"
+  VIRTUAL="$VIRTUAL - 64M (the filesystem refuses $VIRTUAL)"
+fi
 echo "virtual:    $VIRTUAL ($VIRTUAL_BYTES bytes), data $DATA"
 
 RUN=$((DATA_BYTES / 4))
 [ $((RUN % 1048576)) -eq 0 ] || die "--data must be a multiple of 4 MiB"
-BIG=$WORK/big.raw SMALL=$WORK/small.raw
-truncate -s "$VIRTUAL_BYTES" "$BIG"
 truncate -s "$DATA_BYTES" "$SMALL"
 # Run i of the data lies at i/4 of the big disk and at i*RUN of the small.
 for i in 0 1 2 3; do
