@@ -36,6 +36,16 @@ HolderLookup LayerHolding(const OpenedPoint& point) {
   };
 }
 
+// A copy of `point` checked against its digests: every cluster (a mismatch
+// names the damaged layer), skipped zero runs as ranges, the image digest by
+// the point's own fold. Whether zero runs are skipped is the caller's.
+void CheckAgainst(CopyOptions& copy, const OpenedPoint& point) {
+  copy.digest_algorithm = point.point->manifest.image_digest_algorithm;
+  copy.verify = [&point](uint64_t c) { return point.Expected(c); };
+  copy.verify_holder = LayerHolding(point);
+  copy.verify_zero_run = [&point](uint64_t b, uint64_t e) { return FirstListedData(point.digests, b, e); };
+}
+
 }  // namespace
 
 Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
@@ -81,13 +91,10 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, m.cluster_size);
   copy.compression = req.output_format == "qcow2" ? req.compression : formats::Compression::kNone;
   copy.compression_level = req.compression_level;
-  copy.digest_algorithm = m.image_digest_algorithm;
-  copy.verify = [&point](uint64_t c) { return point.Expected(c); };
-  copy.verify_holder = LayerHolding(point);
+  CheckAgainst(copy, point);
   // Runs reading as zeros stay holes (a new qcow2: unallocated; a raw file
   // that reads as zeros: not written) and cost nothing per cluster.
   copy.skip_zero_extents = dest_spec.skip_zeroes_if_zero_initialized && output->sink().capabilities().zero_initialized;
-  copy.verify_zero_run = [&point](uint64_t b, uint64_t e) { return FirstListedData(point.digests, b, e); };
   Destination* dests[] = {dest.get()};
   auto copied = RunCopy(*point.image, {{0, m.virtual_size}}, dests, copy);
   if (!copied.ok()) return Error(copied.error()).Wrap("restore of " + m.id);
@@ -141,13 +148,10 @@ Result<VerifiedPoint> VerifyPointData(Env& env, const ChainFolder& chain, size_t
   v.copy.cluster_bytes = m.cluster_size;
   v.copy.chunk_bytes = ChunkBytesFor(v.copy.chunk_bytes, m.cluster_size);
   v.copy.compression = formats::Compression::kNone;
-  v.copy.digest_algorithm = m.image_digest_algorithm;
-  v.copy.verify = [&v](uint64_t c) { return v.point.Expected(c); };
-  v.copy.verify_holder = LayerHolding(v.point);
+  CheckAgainst(v.copy, v.point);
   // No destination: runs reading as zeros are checked against the digests
   // as a range, in time independent of their length.
   v.copy.skip_zero_extents = true;
-  v.copy.verify_zero_run = [&v](uint64_t b, uint64_t e) { return FirstListedData(v.point.digests, b, e); };
   auto copied = RunCopy(*v.point.image, {{0, m.virtual_size}}, {}, v.copy);
   v.copy.verify = nullptr;
   v.copy.verify_holder = nullptr;
@@ -226,13 +230,10 @@ Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, 
   const formats::BackupManifest& m = verified.point.point->manifest;
   CopyOptions copy = verified.copy;
   const OpenedPoint& point = verified.point;
-  copy.digest_algorithm = m.image_digest_algorithm;
-  copy.verify = [&point](uint64_t c) { return point.Expected(c); };
-  copy.verify_holder = LayerHolding(point);
+  CheckAgainst(copy, point);
   // No destination: the source's holes are checked against the digests as
   // runs.
   copy.skip_zero_extents = true;
-  copy.verify_zero_run = [&point](uint64_t b, uint64_t e) { return FirstListedData(point.digests, b, e); };
   SourceSpec spec = against;
   spec.nbd_retry = verified.copy.nbd_retry;
   BARGE_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(env, spec));
