@@ -359,27 +359,31 @@ Result<std::vector<std::string>> LayerImagePaths(Env& env, const ChainFolder& ch
   return out;
 }
 
+namespace {
+// The first entry of `table` (sorted by cluster) at or after `cluster_index`.
+std::vector<formats::DigestEntry>::const_iterator FirstEntryFrom(const formats::DigestTable& table,
+                                                                 uint64_t cluster_index) {
+  return std::lower_bound(table.entries.begin(), table.entries.end(), cluster_index,
+                          [](const formats::DigestEntry& e, uint64_t c) { return e.cluster_index < c; });
+}
+}  // namespace
+
 std::optional<formats::Digest128> FindDigest(const formats::DigestTable& table,
                                              uint64_t cluster_index) {
-  auto it = std::lower_bound(table.entries.begin(), table.entries.end(), cluster_index,
-                             [](const formats::DigestEntry& e, uint64_t c) {
-                               return e.cluster_index < c;
-                             });
+  auto it = FirstEntryFrom(table, cluster_index);
   if (it == table.entries.end() || it->cluster_index != cluster_index) return std::nullopt;
   return it->digest;
 }
 
 uint64_t NextListed(const formats::DigestTable& table, uint64_t cluster_index) {
-  auto it = std::lower_bound(table.entries.begin(), table.entries.end(), cluster_index,
-                             [](const formats::DigestEntry& e, uint64_t c) { return e.cluster_index < c; });
+  auto it = FirstEntryFrom(table, cluster_index);
   return it == table.entries.end() ? UINT64_MAX : it->cluster_index;
 }
 
 std::optional<uint64_t> FirstListedData(const formats::DigestTable& table, uint64_t begin_cluster,
                                         uint64_t end_cluster) {
   const formats::Digest128 zero = formats::ZeroClusterDigest(table.cluster_bytes);
-  auto it = std::lower_bound(table.entries.begin(), table.entries.end(), begin_cluster,
-                             [](const formats::DigestEntry& e, uint64_t c) { return e.cluster_index < c; });
+  auto it = FirstEntryFrom(table, begin_cluster);
   // Listed zero clusters (an incremental's) are skipped: the scan costs the
   // entries in the range, never the range's length.
   for (; it != table.entries.end() && it->cluster_index < end_cluster; ++it) {
