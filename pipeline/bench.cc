@@ -461,6 +461,17 @@ BenchSummary SummarizeBench(const BenchReport& r) {
   s.ratio = s.slowest_logical_mib_s > 0 ? s.end_to_end_logical_mib_s / s.slowest_logical_mib_s : 0;
   s.cpu_stages_sum_logical_mib_s = cpu_sum_wall > 0 ? logical / cpu_sum_wall : 0;
   s.end_to_end_cpu_seconds = e.user_seconds + e.system_seconds;
+  // In CPU seconds, not wall time: on a busy machine a stage's wall time
+  // also counts the other processes' share of the cores.
+  double slowest_cpu_wall = 0;  // the slowest stage's CPU seconds per thread it ran on
+  for (const auto& m : r.stages) {
+    if (!m.in_backup_path) continue;
+    const int threads = m.serial ? 1 : std::max(m.threads, 1);
+    slowest_cpu_wall = std::max(slowest_cpu_wall, (m.user_seconds + m.system_seconds) / threads);
+  }
+  if (slowest_cpu_wall > 0 && r.threads > 0) {
+    s.cpu_ceiling_ratio = slowest_cpu_wall / std::max(slowest_cpu_wall, s.stages_cpu_seconds / r.threads);
+  }
   return s;
 }
 

@@ -103,6 +103,12 @@ struct BenchSummary {
   double compress_mib_s_per_core = 0;
   double end_to_end_logical_mib_s = 0;
   double ratio = 0;                 // end to end over the slowest stage
+  // The most `ratio` can be on these cores when every stage is CPU-bound:
+  // the end-to-end run does every backup-path stage's work, so it takes at
+  // least their summed CPU seconds over the threads. The slowest stage's
+  // CPU seconds per thread it ran on, over that bound (at most 1); 0 when
+  // unknown.
+  double cpu_ceiling_ratio = 0;
   double stages_cpu_seconds = 0;    // CPU seconds of the backup-path stages alone
   double end_to_end_cpu_seconds = 0;
 };
