@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "blockio/leftovers.h"
 #include "blockio/path.h"
 #include "pipeline/chain.h"
 #include "pipeline/child_process.h"
@@ -114,9 +115,12 @@ Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
     BARGE_ASSIGN_OR_RETURN(plugin, FindExportPlugin(env));
   }
 
-  const std::string pid_file =
-      JoinPath(std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp",
-               ".barge-export-" + std::to_string(::getpid()) + ".pid");
+  // nbdkit's PID file; those of exports whose barge was killed outright go.
+  const std::string tmp = TemporaryRoot();
+  for (const std::string& name : DeadProcessLeftovers(env, tmp, ".barge-export-")) {
+    if (name.ends_with(".pid")) IgnoreError(env.UnlinkIfExists(JoinPath(tmp, name)), "swept again by the next export");
+  }
+  const std::string pid_file = JoinPath(tmp, ".barge-export-" + std::to_string(::getpid()) + ".pid");
   IgnoreError(env.UnlinkIfExists(pid_file), "nbdkit writes it anew");
   std::vector<std::string> args = {req.nbdkit, "--foreground", "--exit-with-parent", "--pidfile", pid_file};
   if (!req.socket_path.empty()) {

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "blockio/leftovers.h"
 #include "blockio/path.h"
 #include "pipeline/chain.h"
 #include "pipeline/child_process.h"
@@ -44,9 +45,7 @@ class MountedPoint {
     m->partition_ = req.partition;
     BARGE_ASSIGN_OR_RETURN(std::string plugin, FindExportPlugin(env));
     static std::atomic<uint64_t> counter{0};
-    const char* tmp = std::getenv("TMPDIR");
-    m->dir_ = JoinPath(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp",
-                       ".barge-files-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    m->dir_ = JoinPath(TemporaryRoot(), ".barge-files-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     BARGE_RETURN_IF_ERROR(env.CreateDirs(JoinPath(m->dir_, "mnt")));
     m->created_ = true;
     std::vector<std::string> args = {"nbdfuse", "-r", m->disk(), "--command", "nbdkit", "-s",

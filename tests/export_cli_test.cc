@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -89,6 +90,7 @@ class Export {
   }
   std::string Stderr() const { return fs::exists(err_) ? testing::Slurp(err_) : ""; }
   int exit_code() const { return exit_code_; }
+  int pid() const { return pid_; }
 
  private:
   std::string out_, err_;
@@ -183,6 +185,31 @@ TEST_F(ExportTest, ServesThePointVerifiedWithHolesAndStopsOnSigterm) {
   for (const auto& e : fs::directory_iterator(chain_)) {
     EXPECT_FALSE(e.path().filename().string().starts_with(".export-")) << e.path();
   }
+}
+
+// The PID file of an export whose barge was killed outright (SIGKILL: its
+// cleanup never ran) is swept by the next export; a live process's stays.
+TEST_F(ExportTest, AKilledExportsPidFileIsSweptByTheNext) {
+  const char* tmp_env = std::getenv("TMPDIR");
+  const fs::path tmp = tmp_env != nullptr && tmp_env[0] != '\0' ? tmp_env : "/tmp";
+  Export killed(tmp_, Q(chain_) + " --socket " + Q(socket_));
+  ASSERT_FALSE(killed.WaitReady().is_null()) << killed.Stderr();
+  const int killed_pid = killed.pid();
+  const fs::path left = tmp / (".barge-export-" + std::to_string(killed_pid) + ".pid");
+  EXPECT_TRUE(fs::exists(left));
+  killed.Stop(SIGKILL);
+  ASSERT_TRUE(fs::exists(left)) << "nothing left to sweep";
+  fs::remove(socket_);  // the killed run's, left too
+  const fs::path live = tmp / (".barge-export-" + std::to_string(::getpid()) + ".pid");
+  testing::WriteFile(live, std::vector<std::byte>{});
+
+  TempDir next_out;  // its own output files: the killed run's ready event is in tmp_'s
+  Export next(next_out, Q(chain_) + " --socket " + Q(socket_));
+  ASSERT_FALSE(next.WaitReady().is_null()) << next.Stderr();
+  EXPECT_FALSE(fs::exists(left));
+  EXPECT_TRUE(fs::exists(live));
+  fs::remove(live);
+  EXPECT_EQ(next.Stop(SIGTERM), 143) << next.Stderr();
 }
 
 TEST_F(ExportTest, AnOlderPointByPosition) {

@@ -12,6 +12,8 @@
 #include <random>
 #include <thread>
 
+#include "blockio/leftovers.h"
+
 namespace barge::orchestrate {
 namespace {
 
@@ -28,17 +30,7 @@ std::string LastLine(const std::string& text) {
 // longer exists, owned by this user, removed with their socket. A pid
 // that was reused keeps its folder (never one of a live process).
 void SweepDeadForwardDirs(Env& env, const std::string& root) {
-  auto names = env.ListDir(root);
-  if (!names.ok()) return;
-  const std::string prefix = "barge-ssh-";
-  for (const std::string& name : *names) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    const size_t dash = name.find('-', prefix.size());
-    if (dash == std::string::npos || dash == prefix.size()) continue;
-    const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
-    if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
-    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+  for (const std::string& name : DeadProcessLeftovers(env, root, "barge-ssh-")) {
     const std::string dir = root + "/" + name;
     auto st = env.StatNoFollow(dir);
     if (!st.ok() || !st->is_directory() || st->uid != ::geteuid()) continue;
@@ -52,8 +44,7 @@ void SweepDeadForwardDirs(Env& env, const std::string& root) {
 // following links; the pid and 32 random bits make a race unlikely, and a
 // link put there meanwhile fails the check after creation).
 Result<std::string> MakePrivateDir(Env& env) {
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string root = tmp && *tmp ? tmp : "/tmp";
+  const std::string root = TemporaryRoot();
   SweepDeadForwardDirs(env, root);
   std::random_device rd;
   for (int attempt = 0; attempt < 8; ++attempt) {

@@ -1,0 +1,34 @@
+#include "blockio/leftovers.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+namespace barge {
+
+std::string TemporaryRoot() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp";
+}
+
+std::vector<std::string> DeadProcessLeftovers(Env& env, const std::string& root, std::string_view prefix) {
+  std::vector<std::string> dead;
+  auto names = env.ListDir(root);
+  if (!names.ok()) return dead;
+  for (const std::string& name : *names) {
+    if (!std::string_view(name).starts_with(prefix)) continue;
+    size_t end = prefix.size();
+    while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+    const size_t digits = end - prefix.size();
+    if (digits == 0 || digits > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name.substr(prefix.size(), digits)));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    dead.push_back(name);
+  }
+  return dead;
+}
+
+}  // namespace barge

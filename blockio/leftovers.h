@@ -1,0 +1,25 @@
+// What a process killed outright (SIGKILL, power loss) leaves in the
+// temporary folder: names that carry its PID. One sweep for every kind of
+// such leftover (an export's nbdkit PID file, an ssh forward's folder).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blockio/env.h"
+
+namespace barge {
+
+// $TMPDIR when set and not empty, else /tmp.
+std::string TemporaryRoot();
+
+// The names in `root` made of `prefix`, the decimal PID of a process that
+// no longer exists, then the end or a character that is not a digit
+// ("barge-ssh-" matches "barge-ssh-4242-0a1b"); never the calling
+// process's own, never a live process's (a reused PID keeps its
+// leftovers until that process is gone too). An unreadable `root` has
+// none.
+std::vector<std::string> DeadProcessLeftovers(Env& env, const std::string& root, std::string_view prefix);
+
+}  // namespace barge
