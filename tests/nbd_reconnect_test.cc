@@ -325,6 +325,38 @@ TEST_F(NbdReconnectTest, RestoreToNbdSurvivesOneCut) {
   RunOk("cmp " + Q(blank) + " " + Q(disk_));
 }
 
+// The target stalls (its replies stop coming after 30% of the data went
+// up, the connections stay open), for `restore --to` and `replicate --to`:
+// each stalled connection is replaced after --nbd-timeout, the writes
+// without a reply are sent again, and the export ends up equal to the disk.
+TEST_F(NbdReconnectTest, StalledTargetIsReplacedAfterNbdTimeout) {
+  std::string target = dir_ / "backups";
+  RunOk(Barge("backup --source " + Q(disk_) + " --target " + Q(target) + " --name vda"));
+  // --force: qemu-nbd reports the blank file's holes as data.
+  const std::vector<std::string> writers = {"restore " + Q(target + "/vda"),
+                                            "replicate " + Q(disk_) + " --force --state-dir " + Q(dir_ / "state")};
+  for (size_t i = 0; i < writers.size(); ++i) {
+    const std::string& writer = writers[i];
+    SCOPED_TRACE(writer);
+    std::string blank = dir_ / ("blank" + std::to_string(i) + ".raw");
+    RunOk("truncate -s " + std::to_string(kDiskBytes) + " " + Q(blank));
+    Serve(/*writable=*/true, blank);
+    CuttingProxy proxy(socket_, kDiskBytes * 3 / 10, CuttingProxy::Mode::kStallOnce, /*count_uploads=*/true);
+    auto start = std::chrono::steady_clock::now();
+    CommandResult r = testing::Run(Barge(writer + " --nbd-timeout 1 --to " + Q(proxy.uri()) + " --json"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+    EXPECT_TRUE(proxy.tripped());
+    bool stalled = false;
+    for (const json& e : testing::Events(r.stdout_text)) {
+      if (e["event"] == "reconnect" && Has(e.value("reason", ""), "no reply")) stalled = true;
+    }
+    EXPECT_TRUE(stalled) << r.output;
+    servers_.clear();  // qemu-nbd has written everything when it exits
+    RunOk("cmp " + Q(blank) + " " + Q(disk_));
+  }
+}
+
 // replicate to an export whose connection is lost for good at about half
 // the upload: the run fails, keeping its journal (in --state-dir) for the
 // export; the next run, the export reachable again at the same URI, reads
