@@ -267,6 +267,29 @@ TEST(RepointCatalogTest, CbtRecordAndCheckpointXmlFollowTheFolder) {
   EXPECT_EQ((**remote)[0].data_file, "/old/r.raw");
 }
 
+// A catalog whose vm_cbt was made before remote CBT (no host column) gains
+// the column on first use; its rows are this machine's.
+TEST(CbtCatalogTest, OlderTableGainsTheHostColumn) {
+  testing::TempDir dir;
+  auto catalog = BackupCatalog::Open(PosixEnv(), (dir.path() / "catalog.db").string());
+  ASSERT_TRUE(catalog.ok()) << catalog.error().ToString();
+  BackupCatalog& c = **catalog;
+  ASSERT_TRUE(c.db()
+                  .Exec("CREATE TABLE vm_cbt (domain TEXT PRIMARY KEY, state_dir TEXT NOT NULL, "
+                        "original_xml TEXT NOT NULL, disks TEXT NOT NULL, enabled_at TEXT NOT NULL);"
+                        "INSERT INTO vm_cbt VALUES('d', '/s', '<domain/>', "
+                        "'[{\"disk\":\"vda\",\"data_file\":\"/d.raw\",\"overlay\":\"/s/vda.qcow2\"}]', 'now');")
+                  .ok());
+  auto disks = CbtDisksOf(c, "d");
+  ASSERT_TRUE(disks.ok()) << disks.error().ToString();
+  ASSERT_TRUE(disks->has_value());
+  EXPECT_EQ((**disks)[0].overlay, "/s/vda.qcow2");
+  auto st = c.db().Prepare("SELECT host FROM vm_cbt WHERE domain='d'");
+  ASSERT_TRUE(st.ok());
+  ASSERT_TRUE(*st->Step());
+  EXPECT_EQ(st->Text(0), "");
+}
+
 TEST_F(StateMigrateTest, FailedCopyRollsBackAndKeepsTheOld) {
   testing::FaultFilesEnv env(PosixEnv(), [](const std::string& path, FaultInjector& faults) {
     if (path.ends_with("VARS.fd")) faults.AddRule(FaultRule::Nth(FaultOp::kWrite, 2, ENOSPC));
