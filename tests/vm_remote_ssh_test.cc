@@ -459,6 +459,14 @@ TEST_F(VmRemoteSshTest, CbtEnableOnTheHostBacksUpIncrementallyAndDisables) {
   json running = RunError(Barge("cbt disable --domain " + dom.name() + connect) + " --json", 1);
   EXPECT_NE(running["message"].get<std::string>().find("is running"), std::string::npos) << running.dump();
   dom.Destroy();
+  // Shut off, a backup starts it paused on the overlay: incremental from
+  // the bitmaps QEMU stored on the way out (nothing changed since).
+  CommandResult b2 = ::barge::testing::Run(Barge(backup) + " 2>&1");
+  ASSERT_EQ(b2.exit_code, 0) << b2.output;
+  EXPECT_NE(b2.output.find("started it paused for this backup"), std::string::npos) << b2.output;
+  EXPECT_NE(b2.output.find("incremental"), std::string::npos) << b2.output;
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+  ExpectRestores(chain, 2, p1);
   // Not from this machine's libvirt: the record is that host's.
   json elsewhere = RunError(Barge("cbt disable --domain " + dom.name()) + " --json", 1);
   EXPECT_NE(elsewhere["message"].get<std::string>().find("was enabled on qemu+ssh://"), std::string::npos)
