@@ -482,6 +482,34 @@ TEST_F(VmRemoteSshTest, CbtEnableOnTheHostBacksUpIncrementallyAndDisables) {
   dom.Destroy();
 }
 
+// A remote enable that fails part-way leaves nothing: the overlay already
+// uploaded for vda is deleted when vdb (a raw disk QEMU's user cannot
+// write) is refused, the definition is unchanged, and the transient pool
+// is gone.
+TEST_F(VmRemoteSshTest, CbtEnableThatFailsPartWayRemovesWhatItUploaded) {
+  if (RunOk(std::string(kVirsh) + "capabilities").find("<baselabel type='qemu'>+0:+0</baselabel>") !=
+      std::string::npos) {
+    GTEST_SKIP() << "QEMU runs as root here: every raw disk is writable for it";
+  }
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
+                          "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native";
+  const std::string vda = dir_ / "a.raw", vdb = dir_ / "b.raw";
+  RunOk("truncate -s 16M " + ShellQuote(vda) + " " + ShellQuote(vdb) + " && chmod 666 " + ShellQuote(vda) +
+        " && chmod 600 " + ShellQuote(vdb));
+  TestDomain dom("sshcbtfail", {{"vda", vda, "raw"}, {"vdb", vdb, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  const std::string before = RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name());
+  json e = RunError(Barge("cbt enable --domain " + dom.name() + " --connect " + ShellQuote(uri)) + " --json", 1);
+  EXPECT_NE(e["message"].get<std::string>().find("raw disk " + vdb), std::string::npos) << e.dump();
+  EXPECT_FALSE(fs::exists(vda + ".cbt.qcow2"));
+  EXPECT_FALSE(fs::exists(vdb + ".cbt.qcow2"));
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()), before);
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "pool-list --all --name").find("barge-cbt"), std::string::npos);
+  EXPECT_EQ(BargeJson("cbt status --domain " + dom.name() + " --connect " + ShellQuote(uri))["state"], "Disabled");
+}
+
 // The error path: a run that fails after reading (the request's fault
 // seam, in this process) stops its ssh forward by PID before it returns,
 // leaves no socket or folder, and the tracker where it was.
