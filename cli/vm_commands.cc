@@ -110,7 +110,9 @@ namespace {
 json CbtJson(const orc::CbtStatus& s) {
   json disks = json::array();
   for (const auto& d : s.disks) disks.push_back({{"disk", d.disk}, {"data_file", d.data_file}, {"overlay", d.overlay}});
-  return {{"domain", s.domain}, {"state", s.state}, {"state_dir", s.state_dir}, {"disks", disks}};
+  json j = {{"domain", s.domain}, {"state", s.state}, {"state_dir", s.state_dir}, {"disks", disks}};
+  if (!s.host.empty()) j["host"] = s.host;  // a domain on another host: where the paths are
+  return j;
 }
 
 void RegisterTracker(CLI::App& app, int& exit_code) {
@@ -562,7 +564,8 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
                                               : orc::GetCbtStatus(Env::Default(), req);
       if (!s.ok()) return out.Fail(s.error());
       out.Result(CbtJson(*s));
-      out.text() << "CBT for " << s->domain << ": " << s->state << "\n";
+      out.text() << "CBT for " << s->domain << ": " << s->state << (s->host.empty() ? "" : " on " + s->host)
+                 << "\n";
       for (const auto& d : s->disks) out.text() << "  " << d.disk << ": " << d.overlay << " over " << d.data_file << "\n";
       return int{kExitOk};
     });
@@ -570,7 +573,8 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
     cmd->add_option("--catalog", std::get<1>(*a), "Catalog database");
     AddConnectOption(cmd, std::get<0>(*a).libvirt_uri);
     if (v == "enable") {
-      cmd->add_option("--state-dir", std::get<0>(*a).state_dir, "Where overlays go (default: beside the catalog)");
+      cmd->add_option("--state-dir", std::get<0>(*a).state_dir,
+                      "Where overlays go (default: beside the catalog; a remote domain's go beside its raw disks)");
     }
   }
 }

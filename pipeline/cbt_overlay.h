@@ -3,6 +3,7 @@
 // `barge overlay create` and `barge cbt enable` (orchestrate/vm/cbt.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,5 +43,20 @@ struct CbtOverlay {
 // for a data file that is not a regular file, is an image, or is smaller
 // than a sector; the errno Error of a failed resolve, stat or write.
 Result<CbtOverlay> CreateCbtOverlay(Env& env, const CbtOverlayRequest& req);
+
+// The overlay of a data file on another host (that this process cannot
+// open), in memory for the caller to put there: `data_file` is its absolute
+// path as that host names it (stored as is), `data_size` its size in bytes
+// as that host reports it; nothing is checked of the file itself. The
+// bytes are the overlay's metadata: about 1/8192 of the disk with 64 KiB
+// clusters (its L2 tables). Same result and errors as CreateCbtOverlay
+// for the size; kInvalidArgument for a relative path.
+struct CbtOverlayImage {
+  std::vector<std::byte> bytes;
+  uint64_t virtual_size = 0;
+  std::string warning;
+};
+Result<CbtOverlayImage> BuildCbtOverlay(const std::string& data_file, uint64_t data_size, uint32_t cluster_bits,
+                                        const std::vector<formats::BitmapSpec>& bitmaps);
 
 }  // namespace barge::pipeline

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "formats/image.h"
@@ -73,6 +74,32 @@ TEST(CbtOverlayTest, RefusesWhatIsNoRawDisk) {
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.error().code(), ErrorCode::kNotFound);
   EXPECT_FALSE(fs::exists(dir / "o.qcow2"));
+}
+
+// The overlay of a data file on another host (remote cbt enable): the same
+// bytes CreateCbtOverlay writes for a file of that path and size, built from
+// the size libvirt reports, with the same size rules.
+TEST(CbtOverlayTest, BuildsTheSameBytesForARemoteDataFile) {
+  testing::TempDir dir;
+  const std::string raw = fs::canonical(dir.path()).string() + "/disk.raw";
+  testing::WriteFile(raw, testing::RandomBytes((3 << 20) + 7, 5));
+  CbtOverlayRequest req = Request(raw, dir / "disk.qcow2");
+  auto made = CreateCbtOverlay(PosixEnv(), req);
+  ASSERT_TRUE(made.ok()) << made.error().ToString();
+  auto built = BuildCbtOverlay(raw, (3 << 20) + 7, req.cluster_bits, req.bitmaps);
+  ASSERT_TRUE(built.ok()) << built.error().ToString();
+  EXPECT_EQ(built->virtual_size, 3u << 20);
+  EXPECT_NE(built->warning.find("not a multiple of 512"), std::string::npos) << built->warning;
+  const std::vector<std::byte> file = testing::ReadFile(dir / "disk.qcow2");
+  ASSERT_EQ(built->bytes.size(), file.size());
+  EXPECT_EQ(std::memcmp(built->bytes.data(), file.data(), file.size()), 0);
+
+  auto tiny = BuildCbtOverlay(raw, 100, 16, {});
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.error().message().find("smaller than one 512-byte sector"), std::string::npos);
+  auto relative = BuildCbtOverlay("disk.raw", 1 << 20, 16, {});
+  ASSERT_FALSE(relative.ok());
+  EXPECT_EQ(relative.error().code(), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -287,20 +287,17 @@ TEST_F(VmRemoteSshTest, FullAndIncrementalThroughSshRestoreByteIdentical) {
   RunOk(BargeBinary() + " snapshot delete s1 --domain " + dom.name() + " --disk vda" + connect);
   EXPECT_EQ(BargeJson("snapshot list --domain " + dom.name() + " --disk vda" + connect)["snapshots"].size(), 0u);
 
-  // What writes overlay files on the host is refused for a remote domain,
-  // naming the URI and why (exit 1, NotSupported), before connecting.
-  for (const std::string& cmd : {"cbt enable --domain " + dom.name(), "cbt disable --domain " + dom.name()}) {
-    json e = RunError(Barge(cmd + connect) + " --json", 1);
-    EXPECT_EQ(e["code"], "NotSupported") << cmd << ": " << e.dump();
-    EXPECT_NE(e["message"].get<std::string>().find("qemu+ssh://root@127.0.0.1"), std::string::npos) << e.dump();
-    EXPECT_NE(e["message"].get<std::string>().find("on that host"), std::string::npos) << e.dump();
-  }
+  // CBT of a running remote domain is refused as a local one's is.
+  json e = RunError(Barge("cbt enable --domain " + dom.name() + connect) + " --json", 1);
+  EXPECT_EQ(e["code"], "InvalidArgument") << e.dump();
+  EXPECT_NE(e["message"].get<std::string>().find("is running"), std::string::npos) << e.dump();
 }
 
 // A shut-off remote domain: barge starts it paused for a pull-mode backup
 // (its disks are on that host) and shuts it off again; the bitmaps QEMU
-// stored on the way out give the next run its incremental. A snapshot of
-// the shut-off domain's disk (a file edit on that host) is refused.
+// stored on the way out give the next run its incremental. Snapshots of
+// the shut-off domain's disk go through QEMU the same way (started paused,
+// shut off again after each); a rename (no QEMU command) is refused.
 TEST_F(VmRemoteSshTest, ShutOffDomainIsStartedPausedForItsBackup) {
   BARGE_REQUIRE_TOOL("qemu-io");
   TestSshd sshd(dir_);
@@ -341,9 +338,176 @@ TEST_F(VmRemoteSshTest, ShutOffDomainIsStartedPausedForItsBackup) {
   ExpectRestores(chain, 0, p0);
   ExpectRestores(chain, 1, p1);
 
-  json e = RunError(Barge("snapshot create --name s1 --domain " + dom.name() + " --disk vda" + connect) + " --json", 1);
+  const std::string snap = " --domain " + dom.name() + " --disk vda" + connect;
+  CommandResult made = ::barge::testing::Run(Barge("snapshot create --name s1" + snap) + " 2>&1");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_NE(made.output.find("started it paused for this snapshot operation"), std::string::npos) << made.output;
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+  json listed = BargeJson("snapshot list" + snap);
+  ASSERT_EQ(listed["snapshots"].size(), 1u) << listed.dump();
+  EXPECT_EQ(listed["snapshots"][0]["name"], "s1") << listed.dump();
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+  // QEMU wrote it into the image file: qemu-img sees it, the image is clean.
+  EXPECT_NE(RunOk("qemu-img snapshot -l " + ShellQuote(disk)).find("s1"), std::string::npos);
+  RunOk("qemu-img check -q " + ShellQuote(disk));
+  json e = RunError(BargeBinary() + " snapshot rename s1 s2" + snap + " --json", 1);
   EXPECT_EQ(e["code"], "NotSupported") << e.dump();
   EXPECT_NE(e["message"].get<std::string>().find("is shut off"), std::string::npos) << e.dump();
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+  RunOk(BargeBinary() + " snapshot delete s1" + snap);
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+  EXPECT_EQ(BargeJson("snapshot list" + snap)["snapshots"].size(), 0u);
+  EXPECT_EQ(RunOk("qemu-img snapshot -l " + ShellQuote(disk)).find("s1"), std::string::npos);
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+}
+
+// CBT for a shut-off remote domain's raw disk: the overlay is made here and
+// put beside the raw disk on the host through libvirt's storage API; the
+// domain starts and runs on it, pull-mode backups over ssh take a full and
+// then an incremental from the CBT bitmap, and disable brings the domain
+// back on its raw disk with the overlay gone. A raw disk QEMU's user cannot
+// write is refused first, with nothing changed.
+TEST_F(VmRemoteSshTest, CbtEnableOnTheHostBacksUpIncrementallyAndDisables) {
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
+                          "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native";
+  const std::string connect = " --connect " + ShellQuote(uri);
+  const std::string raw = dir_ / "disk.raw";
+  const std::string overlay = raw + ".cbt.qcow2";
+  RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 600 " + ShellQuote(raw));
+  TestDomain dom("sshcbt", {{"vda", raw, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  auto state = [&] { return RunOk(std::string(kVirsh) + "domstate " + dom.name()); };
+  auto source = [&](bool inactive) {
+    std::istringstream in(RunOk(std::string(kVirsh) + "domblklist " + dom.name() + (inactive ? " --inactive" : "")));
+    std::string target, path;
+    in >> target >> path;
+    return path;
+  };
+  const std::string before = RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name());
+
+  // QEMU's user (not root here) cannot write a root-owned 0600 file, and
+  // barge cannot change a remote file's owner: refused, nothing changed.
+  const bool qemu_is_root = RunOk(std::string(kVirsh) + "capabilities")
+                                .find("<baselabel type='qemu'>+0:+0</baselabel>") != std::string::npos;
+  if (!qemu_is_root) {
+    json e = RunError(Barge("cbt enable --domain " + dom.name() + connect) + " --json", 1);
+    EXPECT_EQ(e["code"], "InvalidArgument") << e.dump();
+    EXPECT_NE(e["message"].get<std::string>().find("cannot read and write the raw disk"), std::string::npos)
+        << e.dump();
+    EXPECT_EQ(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()), before);
+    EXPECT_FALSE(fs::exists(overlay));
+    EXPECT_EQ(BargeJson("cbt status --domain " + dom.name() + connect)["state"], "Disabled");
+  }
+  RunOk("chmod 666 " + ShellQuote(raw));
+
+  // A file of the overlay's name that barge did not leave is not replaced;
+  // one an enable cut short during its upload left (its header block still
+  // zeros, so no qcow2 image) is.
+  std::ofstream(overlay) << "someone else's file";
+  json taken = RunError(Barge("cbt enable --domain " + dom.name() + connect) + " --json", 1);
+  EXPECT_NE(taken["message"].get<std::string>().find("not replacing a file barge did not leave"), std::string::npos)
+      << taken.dump();
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()), before);
+  RunOk("rm " + ShellQuote(overlay) + " && truncate -s 1M " + ShellQuote(overlay));
+
+  json st = BargeJson("cbt enable --domain " + dom.name() + connect);
+  ASSERT_EQ(st["state"], "Enabled") << st.dump();
+  EXPECT_NE(st["host"].get<std::string>().find("qemu+ssh://root@127.0.0.1"), std::string::npos) << st.dump();
+  ASSERT_EQ(st["disks"].size(), 1u) << st.dump();
+  EXPECT_EQ(st["disks"][0]["overlay"], overlay) << st.dump();
+  EXPECT_EQ(st["disks"][0]["data_file"], raw) << st.dump();
+  // The host's file: a qcow2 over the raw disk with the enabled bitmap,
+  // clean for qemu-img; the definition names it.
+  json info = json::parse(RunOk("qemu-img info -U --output=json " + ShellQuote(overlay)));
+  EXPECT_EQ(info["format"], "qcow2") << info.dump();
+  EXPECT_EQ(info["format-specific"]["data"]["data-file"], raw) << info.dump();
+  EXPECT_EQ(info["virtual-size"], 64 << 20) << info.dump();
+  EXPECT_NE(info.dump().find("barge-cbt"), std::string::npos) << info.dump();
+  RunOk("qemu-img check -q " + ShellQuote(overlay));
+  EXPECT_EQ(source(true), overlay);
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+
+  // It starts and runs on the overlay; the guest's writes land in the raw
+  // disk.
+  RunOk(Barge("tracker create t1 --domain " + dom.name() + connect));
+  dom.StartPaused();
+  EXPECT_EQ(source(false), overlay);
+  dom.Write(0x11, "0", "4M");
+  const std::string backup =
+      "vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) + " --skip-quiesce" + connect;
+  json b0 = BargeJson(backup);
+  EXPECT_EQ(b0["backup_type"], "full") << b0.dump();
+  EXPECT_EQ(b0["transport"], "ssh") << b0.dump();
+  dom.Flush();
+  std::string p0 = dir_ / "p0.raw";
+  RunOk("cp --sparse=always " + ShellQuote(raw) + " " + ShellQuote(p0));
+  dom.Write(0x22, "20M", "1M");
+  json b1 = BargeJson(backup);
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_LE(b1["disks"][0]["bytes_read"].get<uint64_t>(), 2u << 20) << b1.dump();
+  dom.Flush();
+  std::string p1 = dir_ / "p1.raw";
+  RunOk("cp --sparse=always " + ShellQuote(raw) + " " + ShellQuote(p1));
+  const std::string chain = target_ + "/" + dom.name() + "/vda";
+  ExpectRestores(chain, 0, p0);
+  ExpectRestores(chain, 1, p1);
+
+  // disable refuses the running domain; shut off, it goes back on its raw
+  // disk and the overlay is gone from the host; it starts on the raw disk.
+  json running = RunError(Barge("cbt disable --domain " + dom.name() + connect) + " --json", 1);
+  EXPECT_NE(running["message"].get<std::string>().find("is running"), std::string::npos) << running.dump();
+  dom.Destroy();
+  // Shut off, a backup starts it paused on the overlay: incremental from
+  // the bitmaps QEMU stored on the way out (nothing changed since).
+  CommandResult b2 = ::barge::testing::Run(Barge(backup) + " 2>&1");
+  ASSERT_EQ(b2.exit_code, 0) << b2.output;
+  EXPECT_NE(b2.output.find("started it paused for this backup"), std::string::npos) << b2.output;
+  EXPECT_NE(b2.output.find("incremental"), std::string::npos) << b2.output;
+  EXPECT_NE(state().find("shut off"), std::string::npos) << state();
+  ExpectRestores(chain, 2, p1);
+  // Not from this machine's libvirt: the record is that host's.
+  json elsewhere = RunError(Barge("cbt disable --domain " + dom.name()) + " --json", 1);
+  EXPECT_NE(elsewhere["message"].get<std::string>().find("was enabled on qemu+ssh://"), std::string::npos)
+      << elsewhere.dump();
+  EXPECT_TRUE(fs::exists(overlay));
+  json off = BargeJson("cbt disable --domain " + dom.name() + connect);
+  EXPECT_EQ(off["state"], "Disabled") << off.dump();
+  EXPECT_EQ(source(true), raw);
+  EXPECT_FALSE(fs::exists(overlay));
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "pool-list --all --name").find("barge-cbt"), std::string::npos);
+  dom.StartPaused();
+  EXPECT_EQ(source(false), raw);
+  dom.Destroy();
+}
+
+// A remote enable that fails part-way leaves nothing: the overlay already
+// uploaded for vda is deleted when vdb (a raw disk QEMU's user cannot
+// write) is refused, the definition is unchanged, and the transient pool
+// is gone.
+TEST_F(VmRemoteSshTest, CbtEnableThatFailsPartWayRemovesWhatItUploaded) {
+  if (RunOk(std::string(kVirsh) + "capabilities").find("<baselabel type='qemu'>+0:+0</baselabel>") !=
+      std::string::npos) {
+    GTEST_SKIP() << "QEMU runs as root here: every raw disk is writable for it";
+  }
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
+                          "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native";
+  const std::string vda = dir_ / "a.raw", vdb = dir_ / "b.raw";
+  RunOk("truncate -s 16M " + ShellQuote(vda) + " " + ShellQuote(vdb) + " && chmod 666 " + ShellQuote(vda) +
+        " && chmod 600 " + ShellQuote(vdb));
+  TestDomain dom("sshcbtfail", {{"vda", vda, "raw"}, {"vdb", vdb, "raw"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  const std::string before = RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name());
+  json e = RunError(Barge("cbt enable --domain " + dom.name() + " --connect " + ShellQuote(uri)) + " --json", 1);
+  EXPECT_NE(e["message"].get<std::string>().find("raw disk " + vdb), std::string::npos) << e.dump();
+  EXPECT_FALSE(fs::exists(vda + ".cbt.qcow2"));
+  EXPECT_FALSE(fs::exists(vdb + ".cbt.qcow2"));
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()), before);
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "pool-list --all --name").find("barge-cbt"), std::string::npos);
+  EXPECT_EQ(BargeJson("cbt status --domain " + dom.name() + " --connect " + ShellQuote(uri))["state"], "Disabled");
 }
 
 // The error path: a run that fails after reading (the request's fault

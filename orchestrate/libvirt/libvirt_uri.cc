@@ -126,13 +126,6 @@ std::string RedactLibvirtUri(const std::string& uri) {
   return parsed.ok() ? parsed->Redacted() : SchemeOnly(uri);
 }
 
-Status RefuseRemoteFiles(const std::string& uri, const std::string& what, const std::string& why) {
-  if (LibvirtHostKey(uri).empty()) return OkStatus();
-  if (!why.empty()) return Error::NotSupported(what + " of a domain on " + RedactLibvirtUri(uri) + ": " + why);
-  return Error::NotSupported(what + " reads and writes the domain's disk files itself, and those of a domain on " +
-                             RedactLibvirtUri(uri) + " are on that host: run barge there");
-}
-
 std::string LibvirtHostKey(const std::string& uri) {
   auto parsed = ParseLibvirtUri(uri);
   return parsed.ok() ? parsed->HostKey() : "";

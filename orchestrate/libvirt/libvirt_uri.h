@@ -49,10 +49,4 @@ std::string RedactLibvirtUri(const std::string& uri);
 // HostKey() of `uri`, "" for a local one or one that does not parse.
 std::string LibvirtHostKey(const std::string& uri);
 
-// OkStatus for a local `uri` (after ResolveLibvirtUri); kNotSupported for a
-// remote one, naming it, `what` ("cbt enable") and `why` (what it would
-// need on that host, and what to do instead): a command that reads or
-// writes a domain's disk files itself works only where they are.
-Status RefuseRemoteFiles(const std::string& uri, const std::string& what, const std::string& why = "");
-
 }  // namespace barge::orchestrate

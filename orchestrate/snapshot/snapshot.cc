@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
 
 #include "formats/qcow2_snapshot.h"
 #include "formats/qcow2_snapshot_edit.h"
 #include "orchestrate/libvirt/guest_freeze.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
+#include "orchestrate/libvirt/paused_start.h"
 #include "orchestrate/libvirt/qemu_monitor.h"
 
 namespace barge::orchestrate {
@@ -28,9 +30,20 @@ struct Resolved {
   VirConnection conn;
   VirDomain dom;
   QemuDisk qemu;  // online
+  // A shut-off domain on another host, started paused so that its QEMU
+  // does the work (last: stopped before `dom` and `conn` go).
+  std::unique_ptr<PausedStart> paused;
 };
 
-Result<Resolved> Resolve(const SnapshotTarget& t) {
+// What a shut-off domain on another host (its image file is that host's)
+// is resolved for.
+enum class RemoteOff {
+  kStartPaused,  // an operation with a QMP path (create, delete, list): started paused for it
+  kRefuse,       // one without (rename, rollback): refused
+  kPathOnly,     // the image's path only, from the domain's XML: nothing is opened
+};
+
+Result<Resolved> Resolve(const SnapshotTarget& t, RemoteOff remote_off) {
   if (t.image.empty() == t.domain.empty()) {
     return Error::InvalidArgument("name either an image file or a domain and its disk");
   }
@@ -44,6 +57,10 @@ Result<Resolved> Resolve(const SnapshotTarget& t) {
   const bool remote = !LibvirtHostKey(uri).empty();
   BARGE_ASSIGN_OR_RETURN(r.conn, ConnectLibvirt(t.libvirt_uri));
   BARGE_ASSIGN_OR_RETURN(r.dom, LookupDomain(r.conn.get(), t.domain));
+  if (remote && remote_off == RemoteOff::kStartPaused && !DomainIsActive(r.dom.get())) {
+    BARGE_ASSIGN_OR_RETURN(r.paused, PausedStart::Start(r.dom.get(), t.domain, RedactLibvirtUri(uri),
+                                                        "edit their snapshots through QEMU"));
+  }
   if (DomainIsActive(r.dom.get())) {
     if (remote) r.remote_uri = RedactLibvirtUri(uri);
     BARGE_ASSIGN_OR_RETURN(r.qemu, FindQemuDisk(r.dom.get(), t.disk));
@@ -55,13 +72,14 @@ Result<Resolved> Resolve(const SnapshotTarget& t) {
     r.online = true;
     return r;
   }
-  if (remote) {
-    // QEMU is not running to edit the image, and libvirt's remote API has
-    // no call that edits a file's internal snapshots.
+  if (remote && remote_off == RemoteOff::kRefuse) {
+    // QEMU has no command for this operation (rename, rollback), and
+    // libvirt's remote API has no call that edits a file's internal
+    // snapshots.
     return Error::NotSupported("domain '" + t.domain + "' on " + RedactLibvirtUri(uri) +
-                               " is shut off: a snapshot of a shut-off domain's disk is an edit of its image file, "
-                               "which is on that host and libvirt cannot edit remotely; start the domain (barge "
-                               "then snapshots through QEMU) or run barge on that host");
+                               " is shut off: renaming or rolling back a snapshot is an edit of its image file, "
+                               "which is on that host, and QEMU has no command for it (create, delete and list "
+                               "work: barge starts the domain paused for them); run barge on that host");
   }
   BARGE_ASSIGN_OR_RETURN(std::vector<DomainDisk> disks, DomainDisks(r.dom.get()));
   for (const DomainDisk& d : disks) {
@@ -134,6 +152,17 @@ Error WithImage(Error e, const std::string& image) {
   return e;
 }
 
+// A domain started paused for the operation, shut off again; the
+// operation's warnings say so.
+void StopPaused(Resolved& r, std::vector<std::string>& warnings) {
+  if (!r.paused) return;
+  Status stopped = r.paused->Stop();
+  warnings.push_back(r.paused->Warning("this snapshot operation"));
+  if (!stopped.ok()) {
+    warnings.push_back(stopped.error().ToString() + " (libvirt shuts it off when barge's connection closes)");
+  }
+}
+
 Result<formats::SnapshotInfo> FindOnline(const Resolved& r, const std::string& id_or_name) {
   auto index = formats::qcow2::FindSnapshot(r.qemu.snapshots, id_or_name);
   if (!index.ok()) return WithImage(std::move(index).error(), r.image);
@@ -143,19 +172,19 @@ Result<formats::SnapshotInfo> FindOnline(const Resolved& r, const std::string& i
 }  // namespace
 
 Result<std::string> SnapshotImagePath(const SnapshotTarget& target) {
-  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
+  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target, RemoteOff::kPathOnly));
   return r.image;
 }
 
 Result<SnapshotOpResult> CreateDiskSnapshot(Env& env, const SnapshotCreateRequest& req) {
   BARGE_RETURN_IF_ERROR(formats::qcow2::ValidateSnapshotName(req.name));
-  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(req.target));
+  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(req.target, RemoteOff::kStartPaused));
   SnapshotOpResult res;
   res.image = r.image;
   res.mode = r.online ? "online" : "offline";
   bool quiesce = req.consistency.quiesce;
-  if (quiesce && !r.online) {
-    if (!r.domain_off) {
+  if (quiesce && (!r.online || r.paused)) {
+    if (!r.domain_off && !r.paused) {
       return Error::InvalidArgument("--quiesce needs a running domain (its guest agent freezes the file systems)");
     }
     res.warnings.push_back("domain '" + req.target.domain + "' is shut off: nothing to quiesce");
@@ -237,11 +266,12 @@ Result<SnapshotOpResult> CreateDiskSnapshot(Env& env, const SnapshotCreateReques
   res.hooks = hooked.runs;
   res.warnings.insert(res.warnings.end(), hooked.warnings.begin(), hooked.warnings.end());
   if (!done.ok()) return std::move(done).error();
+  StopPaused(r, res.warnings);
   return res;
 }
 
 Result<SnapshotOpResult> DeleteDiskSnapshot(Env& env, const SnapshotTarget& target, const std::string& id_or_name) {
-  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
+  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target, RemoteOff::kStartPaused));
   SnapshotOpResult res;
   res.image = r.image;
   res.mode = r.online ? "online" : "offline";
@@ -249,6 +279,7 @@ Result<SnapshotOpResult> DeleteDiskSnapshot(Env& env, const SnapshotTarget& targ
     BARGE_ASSIGN_OR_RETURN(formats::SnapshotInfo s, FindOnline(r, id_or_name));
     BARGE_ASSIGN_OR_RETURN(formats::SnapshotInfo deleted, QemuDeleteInternalSnapshot(r.dom.get(), r.qemu, s.id, s.name));
     res.snapshot = deleted.id.empty() ? s : deleted;
+    StopPaused(r, res.warnings);
     return res;
   }
   BARGE_ASSIGN_OR_RETURN(Opened o, Open(env, r.image, false));
@@ -261,7 +292,7 @@ Result<SnapshotOpResult> DeleteDiskSnapshot(Env& env, const SnapshotTarget& targ
 Result<SnapshotOpResult> RenameDiskSnapshot(Env& env, const SnapshotTarget& target, const std::string& id_or_name,
                                             const std::string& new_name) {
   BARGE_RETURN_IF_ERROR(formats::qcow2::ValidateSnapshotName(new_name));
-  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
+  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target, RemoteOff::kRefuse));
   if (r.online) {
     return Error::NotSupported("QEMU has no command to rename an internal snapshot, and barge does not edit "
                                "an image a running domain has open; rename it once domain '" +
@@ -280,7 +311,7 @@ Result<SnapshotOpResult> RenameDiskSnapshot(Env& env, const SnapshotTarget& targ
 
 Result<SnapshotOpResult> RollbackDiskSnapshot(Env& env, const SnapshotTarget& target, const std::string& id_or_name,
                                               bool discard_newer) {
-  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
+  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target, RemoteOff::kRefuse));
   if (r.online) {
     return Error::Busy("domain '" + target.domain +
                        "' is running: a rollback replaces the disk under the guest; shut the domain off "
@@ -299,7 +330,7 @@ Result<SnapshotOpResult> RollbackDiskSnapshot(Env& env, const SnapshotTarget& ta
 }
 
 Result<SnapshotListing> ListDiskSnapshots(Env& env, const SnapshotTarget& target) {
-  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target));
+  BARGE_ASSIGN_OR_RETURN(Resolved r, Resolve(target, RemoteOff::kStartPaused));
   SnapshotListing out;
   out.image = r.image;
   out.mode = r.online ? "online" : "offline";
@@ -341,6 +372,7 @@ Result<SnapshotListing> ListDiskSnapshots(Env& env, const SnapshotTarget& target
     }
     out.snapshots.push_back(e);
   }
+  StopPaused(r, out.warnings);
   return out;
 }
 

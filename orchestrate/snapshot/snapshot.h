@@ -22,7 +22,10 @@ namespace barge::orchestrate {
 
 // Whose snapshots: an image file, or disk `disk` of libvirt domain `domain`.
 // A domain that runs is edited through QEMU; a domain that is shut off
-// through its disk's file, like an image.
+// through its disk's file, like an image. A shut-off domain on another host
+// (its file is that host's) is started paused for create, delete and list,
+// which then go through QEMU, and shut off again (PausedStart); its rename
+// and rollback are refused (kNotSupported).
 struct SnapshotTarget {
   std::string image;        // path (exclusive with domain)
   std::string domain;       // libvirt domain name
@@ -53,7 +56,8 @@ struct SnapshotCreateRequest {
 };
 
 // The image file of a target: the path given, or the disk's file (as the
-// running QEMU has it open, or as the shut-off domain's XML names it).
+// running QEMU has it open, or as the shut-off domain's XML names it; for a
+// domain on another host, a path on that host).
 Result<std::string> SnapshotImagePath(const SnapshotTarget& target);
 
 // What one operation did.

@@ -9,6 +9,8 @@
 #include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/base/sqlite_db.h"
+#include "orchestrate/libvirt/libvirt_conn.h"
+#include "orchestrate/libvirt/libvirt_uri.h"
 
 namespace barge::orchestrate {
 namespace {
@@ -236,6 +238,13 @@ class Applier {
 
 Result<std::string> StateKey(Env& env, const SnapshotTarget& target) {
   BARGE_ASSIGN_OR_RETURN(std::string path, SnapshotImagePath(target));
+  // A remote domain's image is that host's file, which this machine cannot
+  // resolve: keyed by the host and the path as its libvirt names it.
+  if (!target.domain.empty()) {
+    if (const std::string host = LibvirtHostKey(ResolveLibvirtUri(target.libvirt_uri)); !host.empty()) {
+      return host + ":" + path;
+    }
+  }
   return env.RealPath(path);
 }
 

@@ -220,7 +220,8 @@ TEST(ReplacePathPrefixTest, MovePathWholeValuesOnly) {
 
 // The catalog's side of a repoint: the CBT record (state folder, overlays,
 // raw disks and the pre-enable XML that cbt disable goes back to) and the
-// stored checkpoint XML name the new place; paths elsewhere stay.
+// stored checkpoint XML name the new place; paths elsewhere stay, and so
+// does the record of a domain on another host (its paths are that host's).
 TEST(RepointCatalogTest, CbtRecordAndCheckpointXmlFollowTheFolder) {
   testing::TempDir dir;
   auto catalog = BackupCatalog::Open(PosixEnv(), (dir.path() / "catalog.db").string());
@@ -229,10 +230,15 @@ TEST(RepointCatalogTest, CbtRecordAndCheckpointXmlFollowTheFolder) {
   ASSERT_TRUE(RepointCbtPaths(c, {"/old"}, "/new").ok());  // creates vm_cbt
   ASSERT_TRUE(c.CreateTracker("t", "d").ok());
   ASSERT_TRUE(c.db()
-                  .Exec("INSERT INTO vm_cbt VALUES('d', '/old/cbt', "
+                  .Exec("INSERT INTO vm_cbt(domain, state_dir, original_xml, disks, enabled_at) "
+                        "VALUES('d', '/old/cbt', "
                         "'<domain><source file=\"/old/disk.raw\"/><source file=\"/else/x.raw\"/></domain>', "
                         "'[{\"disk\":\"vda\",\"data_file\":\"/old/disk.raw\",\"overlay\":\"/state/vda.qcow2\"}]', "
                         "'now');"
+                        "INSERT INTO vm_cbt(domain, state_dir, original_xml, disks, enabled_at, host) VALUES('r', '', "
+                        "'<domain/>', "
+                        "'[{\"disk\":\"vda\",\"data_file\":\"/old/r.raw\",\"overlay\":\"/old/r.raw.cbt.qcow2\"}]', "
+                        "'now', 'qemu+ssh://h/system');"
                         "INSERT INTO vm_checkpoints VALUES('c1', 't', 'd', 'now', '[]', "
                         "'<domaincheckpoint><source file=\"/old/disk.raw\"/></domaincheckpoint>');")
                   .ok());
@@ -256,6 +262,32 @@ TEST(RepointCatalogTest, CbtRecordAndCheckpointXmlFollowTheFolder) {
   auto cp = c.GetCheckpoint("c1");
   ASSERT_TRUE(cp.ok());
   EXPECT_EQ(cp->xml, "<domaincheckpoint><source file=\"/new/disk.raw\"/></domaincheckpoint>");
+  auto remote = CbtDisksOf(c, "r");
+  ASSERT_TRUE(remote.ok() && remote->has_value());
+  EXPECT_EQ((**remote)[0].data_file, "/old/r.raw");
+}
+
+// A catalog whose vm_cbt was made before remote CBT (no host column) gains
+// the column on first use; its rows are this machine's.
+TEST(CbtCatalogTest, OlderTableGainsTheHostColumn) {
+  testing::TempDir dir;
+  auto catalog = BackupCatalog::Open(PosixEnv(), (dir.path() / "catalog.db").string());
+  ASSERT_TRUE(catalog.ok()) << catalog.error().ToString();
+  BackupCatalog& c = **catalog;
+  ASSERT_TRUE(c.db()
+                  .Exec("CREATE TABLE vm_cbt (domain TEXT PRIMARY KEY, state_dir TEXT NOT NULL, "
+                        "original_xml TEXT NOT NULL, disks TEXT NOT NULL, enabled_at TEXT NOT NULL);"
+                        "INSERT INTO vm_cbt VALUES('d', '/s', '<domain/>', "
+                        "'[{\"disk\":\"vda\",\"data_file\":\"/d.raw\",\"overlay\":\"/s/vda.qcow2\"}]', 'now');")
+                  .ok());
+  auto disks = CbtDisksOf(c, "d");
+  ASSERT_TRUE(disks.ok()) << disks.error().ToString();
+  ASSERT_TRUE(disks->has_value());
+  EXPECT_EQ((**disks)[0].overlay, "/s/vda.qcow2");
+  auto st = c.db().Prepare("SELECT host FROM vm_cbt WHERE domain='d'");
+  ASSERT_TRUE(st.ok());
+  ASSERT_TRUE(*st->Step());
+  EXPECT_EQ(st->Text(0), "");
 }
 
 TEST_F(StateMigrateTest, FailedCopyRollsBackAndKeepsTheOld) {

@@ -4,16 +4,20 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <span>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "blockio/path.h"
 #include "formats/json_fields.h"
 #include "formats/qcow2_writer.h"
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
+#include "orchestrate/libvirt/remote_files.h"
 #include "pipeline/cbt_overlay.h"
 
 namespace barge::orchestrate {
@@ -27,24 +31,45 @@ CREATE TABLE IF NOT EXISTS vm_cbt (
   state_dir TEXT NOT NULL,
   original_xml TEXT NOT NULL,
   disks TEXT NOT NULL,
-  enabled_at TEXT NOT NULL
+  enabled_at TEXT NOT NULL,
+  host TEXT NOT NULL DEFAULT ''
 );
 )sql";
+
+// The table, with the host column a catalog made before remote CBT lacks
+// (empty: this machine). Another process may add it at the same time.
+Status EnsureCbtTable(BackupCatalog& catalog) {
+  BARGE_RETURN_IF_ERROR(catalog.db().Exec(kCbtSchema));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      BARGE_ASSIGN_OR_RETURN(auto st, catalog.db().Prepare("SELECT COUNT(*) FROM pragma_table_info('vm_cbt') "
+                                                           "WHERE name='host'"));
+      BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
+      if (row && st.Int(0) != 0) return OkStatus();
+    }
+    if (Status added = catalog.db().Exec("ALTER TABLE vm_cbt ADD COLUMN host TEXT NOT NULL DEFAULT ''");
+        added.ok() || attempt == 1) {
+      return added;
+    }
+  }
+  return OkStatus();
+}
 
 struct CbtRow {
   std::string state_dir;
   std::string original_xml;
   std::vector<CbtDisk> disks;
+  std::string host;  // RedactLibvirtUri of the domain's host; "" = this machine
 };
 
 Result<std::optional<CbtRow>> LoadRow(BackupCatalog& catalog, const std::string& domain) {
-  BARGE_RETURN_IF_ERROR(catalog.db().Exec(kCbtSchema));
+  BARGE_RETURN_IF_ERROR(EnsureCbtTable(catalog));
   BARGE_ASSIGN_OR_RETURN(auto st, catalog.db().Prepare(
-      "SELECT state_dir, original_xml, disks FROM vm_cbt WHERE domain=?"));
+      "SELECT state_dir, original_xml, disks, host FROM vm_cbt WHERE domain=?"));
   st.Bind(1, domain);
   BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
   if (!row) return std::optional<CbtRow>();
-  CbtRow r{st.Text(0), st.Text(1), {}};
+  CbtRow r{st.Text(0), st.Text(1), {}, st.Text(3)};
   json a = json::parse(st.Text(2), nullptr, false);
   if (a.is_array()) {
     for (const auto& j : a) {
@@ -144,6 +169,7 @@ Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& req) {
   if (row) {
     s.state_dir = row->state_dir;
     s.disks = row->disks;
+    s.host = row->host;
   }
   s.state = enabled ? "Enabled" : "Disabled";
   if (DomainIsActive(dom.get())) {
@@ -158,13 +184,154 @@ Result<CbtStatus> GetCbtStatus(Env& env, const CbtRequest& req) {
   return s;
 }
 
+namespace {
+
+// The catalog row of a domain now on its overlays; on failure the domain
+// is defined with `xml` (its definition before enable) again, and the
+// error says so if that fails too.
+Status InsertRow(BackupCatalog& catalog, virConnectPtr conn, const CbtRequest& req, const std::string& state_dir,
+                 const std::string& xml, const std::vector<CbtDisk>& done, const std::string& host) {
+  json disks = json::array();
+  for (const auto& d : done) {
+    disks.push_back({{"disk", d.disk}, {"data_file", d.data_file}, {"overlay", d.overlay},
+                     {"original_owner", d.original_owner}});
+  }
+  Status inserted = [&]() -> Status {
+    BARGE_ASSIGN_OR_RETURN(std::string disks_text,
+                           formats::DumpJson(disks, -1, "the CBT record of domain '" + req.domain + "'"));
+    BARGE_ASSIGN_OR_RETURN(auto ins, catalog.db().Prepare(
+        "INSERT INTO vm_cbt(domain, state_dir, original_xml, disks, enabled_at, host) VALUES(?,?,?,?,?,?)"));
+    ins.Bind(1, req.domain).Bind(2, state_dir).Bind(3, xml).Bind(4, disks_text).Bind(5, formats::NowRfc3339());
+    ins.Bind(6, host);
+    return ins.Run();
+  }();
+  if (inserted.ok()) return inserted;
+  Error e = std::move(inserted).error();
+  virDomainPtr back = virDomainDefineXML(conn, xml.c_str());
+  if (back) {
+    virDomainFree(back);
+  } else {
+    e.Also(LastVirError("define domain with its original XML again"));
+  }
+  return e;
+}
+
+// Where the CBT overlay of raw disk `raw` goes on a remote host: beside it.
+std::string RemoteOverlayName(const std::string& raw) { return BaseName(raw) + ".cbt.qcow2"; }
+
+// The bytes of the overlay's first block, which hold the qcow2 magic: the
+// upload writes them last, so that a file an upload cut short is no qcow2
+// image (and no domain is defined on it).
+constexpr uint64_t kHeaderBlock = 4096;
+
+// enable for a domain on another host (`host`: its URI without secrets):
+// each raw disk's overlay is made here, in memory, and put beside the raw
+// disk through libvirt's storage API (a pool over the disk's folder, a
+// volume per overlay), written with its header block last and read back,
+// before the domain is defined on it. Every failure removes the volumes
+// made. barge cannot change a remote file's owner: a raw disk QEMU's user
+// cannot read and write is refused (nothing changed).
+Result<CbtStatus> EnableRemote(Env& env, const CbtRequest& req, BackupCatalog& catalog, virConnectPtr conn,
+                               const std::string& xml, const std::string& host) {
+  struct Folder {
+    VirPool pool;
+    std::string transient;  // the pool this enable made, stopped at the end
+  };
+  std::vector<Folder> folders;
+  std::vector<std::pair<virStoragePoolPtr, std::string>> made;  // volumes created
+  auto close = [&folders](Error* e) {
+    for (Folder& f : folders) {
+      Status c = CloseRemoteFolder(f.pool.get(), f.transient);
+      if (e != nullptr) e->Also(c);
+    }
+    folders.clear();
+  };
+  auto undo = [&](Error e) -> Error {
+    for (const auto& [pool, name] : made) e.Also(DeleteRemoteFile(pool, name));
+    close(&e);
+    return e;
+  };
+  const auto qemu_owner = QemuDacOwner(conn, xml);
+  std::string new_xml = xml;
+  std::vector<CbtDisk> done;
+  for (const auto& d : ParseDomainDisks(xml)) {
+    if (d.format != "raw" || d.source_type != "file" || d.source.empty()) continue;
+    if (!IsAbsolutePath(d.source)) {
+      return undo(Error::InvalidArgument("disk " + d.target + " of domain '" + req.domain +
+                                         "' names a relative path on " + host + ": " + d.source));
+    }
+    const std::string folder = DirName(d.source), raw = BaseName(d.source);
+    Folder f;
+    auto pool = OpenRemoteFolder(conn, folder, "barge-cbt-" + EscapeLockName(req.domain) + "-" + d.target,
+                                 &f.transient);
+    if (!pool.ok()) return undo(std::move(pool).error().Wrap("CBT overlay for " + d.target));
+    f.pool = std::move(*pool);
+    virStoragePoolPtr p = f.pool.get();
+    folders.push_back(std::move(f));
+    auto info = StatRemoteFile(p, raw);
+    if (!info.ok()) return undo(std::move(info).error().Wrap("CBT overlay for " + d.target));
+    FileStat st;
+    st.mode = info->mode;
+    st.uid = info->uid;
+    st.gid = info->gid;
+    if (qemu_owner && info->has_owner && !OwnerCanReadWrite(st, *qemu_owner)) {
+      char mode[16];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(info->mode));
+      return undo(Error::InvalidArgument(
+          "QEMU's user (" + std::to_string(qemu_owner->first) + ":" + std::to_string(qemu_owner->second) +
+          ") cannot read and write the raw disk " + d.source + " on " + host + " (owner " +
+          std::to_string(info->uid) + ":" + std::to_string(info->gid) + ", mode " + mode +
+          "), and barge cannot change the owner of a file on another host: let that user read and write it "
+          "there, then enable CBT (nothing changed)"));
+    }
+    formats::BitmapSpec b;
+    b.name = kCbtBitmapName;
+    b.enabled = true;
+    auto image = pipeline::BuildCbtOverlay(d.source, info->size, 16, {b});
+    if (!image.ok()) return undo(std::move(image).error().Wrap("CBT overlay for " + d.target));
+    const std::string name = RemoteOverlayName(d.source);
+    if (RemoteFileExists(p, name)) {
+      // An enable killed during its upload leaves a file whose header block
+      // is still zeros: replaced. Anything else is not barge's to delete.
+      const std::vector<std::byte> zeros(std::min<uint64_t>(kHeaderBlock, image->bytes.size()));
+      if (!CheckRemoteFile(p, name, 0, zeros).ok()) {
+        return undo(Error::InvalidArgument(JoinPath(folder, name) + " exists on " + host +
+                                           ": not replacing a file barge did not leave (nothing changed)"));
+      }
+    }
+    const std::span<const std::byte> bytes(image->bytes);
+    const size_t head = std::min<size_t>(kHeaderBlock, bytes.size());
+    Status put = [&]() -> Status {
+      BARGE_RETURN_IF_ERROR(CreateRemoteFile(p, name, "raw", bytes.size(), 0644));
+      made.emplace_back(p, name);
+      BARGE_RETURN_IF_ERROR(UploadRemoteFile(p, name, head, bytes.subspan(head)));
+      BARGE_RETURN_IF_ERROR(CheckRemoteFile(p, name, head, bytes.subspan(head)));
+      BARGE_RETURN_IF_ERROR(UploadRemoteFile(p, name, 0, bytes.first(head)));
+      return CheckRemoteFile(p, name, 0, bytes.first(head));
+    }();
+    if (!put.ok()) return undo(std::move(put).error().Wrap("CBT overlay for " + d.target + " on " + host));
+    const std::string overlay = JoinPath(folder, name);
+    done.push_back({d.target, d.source, overlay, ""});
+    new_xml = ReplaceOnce(new_xml, d.element, SwitchDisk(d, "qcow2", overlay));
+  }
+  if (done.empty()) return undo(Error::InvalidArgument("domain '" + req.domain + "' has no raw file disks"));
+  virDomainPtr defined = virDomainDefineXML(conn, new_xml.c_str());
+  if (!defined) return undo(LastVirError("define domain on CBT overlays"));
+  virDomainFree(defined);
+  if (Status s = InsertRow(catalog, conn, req, "", xml, done, host); !s.ok()) return undo(std::move(s).error());
+  close(nullptr);
+  return GetCbtStatus(env, req);
+}
+
+}  // namespace
+
 Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
-  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(
-      ResolveLibvirtUri(req.libvirt_uri), "cbt enable",
-      "a CBT overlay is a qcow2 file whose data file is the raw disk, and libvirt's remote API cannot create one "
-      "(its storage volumes have no data file); run 'barge cbt enable' on that host. A remote domain's backups "
-      "need no CBT: a shut-off domain is started paused for a pull-mode backup, and a raw disk without CBT is read "
-      "in full"));
+  const std::string uri = ResolveLibvirtUri(req.libvirt_uri);
+  const bool remote = !LibvirtHostKey(uri).empty();
+  if (remote && !req.state_dir.empty()) {
+    return Error::InvalidArgument("--state-dir is for a domain on this machine: the CBT overlays of a domain on " +
+                                  RedactLibvirtUri(uri) + " go beside its raw disks on that host");
+  }
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   // No backup or state migration of the domain meanwhile.
   BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
@@ -185,6 +352,7 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
                                   "' is running: shut it down first, then enable CBT (nothing changed)");
   }
   BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom.get(), VIR_DOMAIN_XML_INACTIVE | VIR_DOMAIN_XML_SECURE));
+  if (remote) return EnableRemote(env, req, *catalog, conn.get(), xml, RedactLibvirtUri(uri));
   std::string state_dir = req.state_dir.empty() ? CatalogDir(req.catalog_path) + "/cbt/" + req.domain
                                                 : req.state_dir;
   if (Status made = env.CreateDirs(state_dir); !made.ok()) {
@@ -244,34 +412,15 @@ Result<CbtStatus> EnableCbt(Env& env, const CbtRequest& req) {
   virDomainPtr defined = virDomainDefineXML(conn.get(), new_xml.c_str());
   if (!defined) return undo(LastVirError("define domain on CBT overlays"));
   virDomainFree(defined);
-  json disks = json::array();
-  for (const auto& d : done) {
-    disks.push_back({{"disk", d.disk}, {"data_file", d.data_file}, {"overlay", d.overlay},
-                     {"original_owner", d.original_owner}});
-  }
-  auto disks_text = formats::DumpJson(disks, -1, "the CBT record of domain '" + req.domain + "'");
-  if (!disks_text.ok()) return undo(std::move(disks_text).error());
-  BARGE_ASSIGN_OR_RETURN(auto ins, catalog->db().Prepare(
-      "INSERT INTO vm_cbt(domain, state_dir, original_xml, disks, enabled_at) VALUES(?,?,?,?,?)"));
-  ins.Bind(1, req.domain).Bind(2, state_dir).Bind(3, xml).Bind(4, *disks_text).Bind(5, formats::NowRfc3339());
-  if (Status s = ins.Run(); !s.ok()) {
-    Error e = std::move(s).error();
-    virDomainPtr back = virDomainDefineXML(conn.get(), xml.c_str());
-    if (back) {
-      virDomainFree(back);
-    } else {
-      e.Also(LastVirError("define domain with its original XML again"));
-    }
-    return undo(std::move(e));
+  if (Status s = InsertRow(*catalog, conn.get(), req, state_dir, xml, done, ""); !s.ok()) {
+    return undo(std::move(s).error());
   }
   return GetCbtStatus(env, req);
 }
 
 Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
-  BARGE_RETURN_IF_ERROR(RefuseRemoteFiles(
-      ResolveLibvirtUri(req.libvirt_uri), "cbt disable",
-      "it removes the CBT overlay files (made by 'barge cbt enable' on that host, recorded in that host's catalog), "
-      "which libvirt's remote API cannot; run 'barge cbt disable' on that host"));
+  const std::string uri = ResolveLibvirtUri(req.libvirt_uri);
+  const bool remote = !LibvirtHostKey(uri).empty();
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
   // No backup or state migration of the domain meanwhile.
   BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
@@ -282,6 +431,15 @@ Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
   BARGE_ASSIGN_OR_RETURN(auto dom, Domain(conn.get(), req.domain));
   BARGE_ASSIGN_OR_RETURN(auto row, LoadRow(*catalog, req.domain));
   if (!row) return Error::InvalidArgument("CBT is not enabled for domain '" + req.domain + "'");
+  // The record's paths are those of the host enable ran against.
+  if (LibvirtHostKey(row->host) != LibvirtHostKey(uri)) {
+    const std::string where = row->host.empty() ? "this machine" : row->host;
+    return Error::InvalidArgument("CBT of domain '" + req.domain + "' was enabled on " + where + ", not on " +
+                                  (remote ? RedactLibvirtUri(uri) : std::string("this machine")) +
+                                  ": disable it there" +
+                                  (row->host.empty() ? std::string() : " (--connect " + row->host + ")") +
+                                  " (nothing changed)");
+  }
   // A running QEMU has the overlays and the raw disks open (labelled for
   // it): switching back is only safe on a shut-off domain. As in enable,
   // a domain started between this check and the define is not caught.
@@ -317,7 +475,8 @@ Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
     // and the record with it), the recorded raw disk.
     std::string raw = c.data_file;
     for (const auto& o : original_disks) {
-      if (o.target != c.disk || o.source.empty()) continue;
+      // A remote host's paths are recorded as its libvirt named them.
+      if (remote || o.target != c.disk || o.source.empty()) continue;
       if (auto real = env.RealPath(o.source); real.ok() && *real == c.data_file) raw = o.source;
     }
     new_xml = ReplaceOnce(new_xml, d->element, SwitchDisk(*d, "raw", raw));
@@ -335,7 +494,22 @@ Result<CbtStatus> DisableCbt(Env& env, const CbtRequest& req) {
     if (!left) left = Error(s.error()).Wrap("CBT is disabled, but cleaning up failed");
     else left->Also(s);
   };
-  for (const auto& d : row->disks) note(env.UnlinkIfExists(d.overlay));
+  if (remote) {
+    // The overlays' volumes, through a pool over each one's folder.
+    for (const auto& d : row->disks) {
+      std::string transient;
+      auto pool = OpenRemoteFolder(conn.get(), DirName(d.overlay),
+                                   "barge-cbt-" + EscapeLockName(req.domain) + "-" + d.disk, &transient);
+      if (!pool.ok()) {
+        note(std::move(pool).error().Wrap("remove " + d.overlay + " on " + row->host));
+        continue;
+      }
+      note(DeleteRemoteFile(pool->get(), BaseName(d.overlay)));
+      note(CloseRemoteFolder(pool->get(), transient));
+    }
+  } else {
+    for (const auto& d : row->disks) note(env.UnlinkIfExists(d.overlay));
+  }
   // The raw disk goes back to its owner from before enable (libvirt's own
   // dynamic ownership takes over again for the raw disk).
   for (const auto& d : row->disks) {
@@ -352,14 +526,17 @@ Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, c
 }
 
 Status RepointCbtPaths(BackupCatalog& catalog, const std::vector<std::string>& old_dirs, const std::string& new_dir) {
-  BARGE_RETURN_IF_ERROR(catalog.db().Exec(kCbtSchema));
+  BARGE_RETURN_IF_ERROR(EnsureCbtTable(catalog));
   struct Row {
     std::string domain, state_dir, original_xml, disks;
     bool operator==(const Row&) const = default;
   };
   std::vector<Row> changed;
   {
-    BARGE_ASSIGN_OR_RETURN(auto sel, catalog.db().Prepare("SELECT domain, state_dir, original_xml, disks FROM vm_cbt"));
+    BARGE_ASSIGN_OR_RETURN(auto sel, catalog.db().Prepare(
+        // A remote domain's files are its host's: a folder moved here
+        // says nothing of them.
+        "SELECT domain, state_dir, original_xml, disks FROM vm_cbt WHERE host=''"));
     for (;;) {
       BARGE_ASSIGN_OR_RETURN(bool more, sel.Step());
       if (!more) break;

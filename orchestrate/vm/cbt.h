@@ -41,8 +41,11 @@ struct CbtStatus {
   // "Disabled", "Enabled", "PendingRestart" (the running instance still uses
   // the XML from before enable/disable; takes effect at the next start).
   std::string state;
-  std::string state_dir;
+  std::string state_dir;  // "" for a domain on another host (its overlays are beside its raw disks)
   std::vector<CbtDisk> disks;
+  // The host of a domain on another host (its libvirt URI without
+  // secrets), where the paths of `disks` are; "" for this machine.
+  std::string host;
 };
 
 struct CbtRequest {
@@ -53,7 +56,11 @@ struct CbtRequest {
 };
 
 // The state folder, the overlays and the raw disks' owners are handled
-// through `env`.
+// through `env`; for a domain on another host (a remote `libvirt_uri`),
+// each overlay is made here and put beside its raw disk on that host
+// through libvirt's storage API (remote_files.h), and the raw disks' owners
+// are only checked (a raw disk QEMU's user cannot read and write is
+// refused: barge cannot change a remote file's owner).
 // Creates the overlays (raw file disks only; kInvalidArgument when there is
 // none) and defines the domain on them. Enabling twice, or on a running
 // domain (its raw disks are labelled for the running QEMU), is an error.

@@ -26,6 +26,7 @@
 #include "orchestrate/catalog/backup_catalog.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
+#include "orchestrate/libvirt/remote_files.h"
 #include "pipeline/chain.h"
 #include "pipeline/child_process.h"
 #include "pipeline/export.h"
@@ -262,64 +263,17 @@ Status KeepExportUp(Env& env, const Record& r, const InstantRestoreRequest& req,
 
 // --- Remote: files on the hypervisor through libvirt's storage driver. ---
 
-struct PoolFree {
-  void operator()(virStoragePoolPtr p) const { virStoragePoolFree(p); }
-};
-struct VolFree {
-  void operator()(virStorageVolPtr v) const { virStorageVolFree(v); }
-};
-using VirPool = std::unique_ptr<virStoragePool, PoolFree>;
-using VirVol = std::unique_ptr<virStorageVol, VolFree>;
-
 // The storage pool over the record's folder on the host: one that already
 // covers it, or a transient dir pool of this restore (named in r.pool).
 Result<VirPool> OpenRemoteFolder(virConnectPtr conn, Record& r, const std::string& domain) {
-  VirPool pool(virStoragePoolLookupByTargetPath(conn, r.scratch.c_str()));
-  if (pool == nullptr && !r.pool.empty()) pool.reset(virStoragePoolLookupByName(conn, r.pool.c_str()));
-  if (pool == nullptr) {
-    const std::string name = "barge-instant-" + EscapeLockName(domain);
-    const std::string xml = "<pool type='dir'><name>" + XmlEscape(name) + "</name><target><path>" +
-                            XmlEscape(r.scratch) + "</path></target></pool>";
-    pool.reset(virStoragePoolCreateXML(conn, xml.c_str(), 0));
-    if (pool == nullptr) return LastVirError("open DISK's folder " + r.scratch + " on the host (a storage pool)");
-    r.pool = name;
-  }
-  if (virStoragePoolIsActive(pool.get()) != 1 && virStoragePoolCreate(pool.get(), 0) != 0) {
-    return LastVirError("start the storage pool over " + r.scratch);
-  }
-  if (virStoragePoolRefresh(pool.get(), 0) != 0) return LastVirError("list " + r.scratch + " on the host");
-  return pool;
-}
-
-bool RemoteFileExists(virStoragePoolPtr pool, const std::string& name) {
-  VirVol v(virStorageVolLookupByName(pool, name.c_str()));
-  return v != nullptr;
-}
-
-Status DeleteRemoteFile(virStoragePoolPtr pool, const std::string& name) {
-  VirVol v(virStorageVolLookupByName(pool, name.c_str()));
-  if (v == nullptr) return OkStatus();
-  if (virStorageVolDelete(v.get(), 0) != 0) return LastVirError("delete " + name + " on the host");
-  return OkStatus();
-}
-
-// A new file `name` (format raw or qcow2, no backing) of `size` bytes.
-Status CreateRemoteFile(virStoragePoolPtr pool, const std::string& name, const std::string& format, uint64_t size) {
-  BARGE_RETURN_IF_ERROR(DeleteRemoteFile(pool, name));
-  const std::string xml = "<volume><name>" + XmlEscape(name) + "</name><capacity unit='bytes'>" +
-                          std::to_string(size) + "</capacity><allocation>0</allocation><target><format type='" +
-                          format + "'/></target></volume>";
-  VirVol v(virStorageVolCreateXML(pool, xml.c_str(), 0));
-  if (v == nullptr) return LastVirError("create " + name + " (" + format + ") on the host");
-  return OkStatus();
+  return orchestrate::OpenRemoteFolder(conn, r.scratch, "barge-instant-" + EscapeLockName(domain), &r.pool);
 }
 
 // The overlay's volume and the pool this restore made, gone.
 Status RemoveRemoteScratch(virConnectPtr conn, Record& r, const std::string& domain) {
   BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn, r, domain));
   BARGE_RETURN_IF_ERROR(DeleteRemoteFile(pool.get(), OverlayName(r)));
-  if (!r.pool.empty() && virStoragePoolDestroy(pool.get()) != 0) return LastVirError("stop the pool " + r.pool);
-  return OkStatus();
+  return CloseRemoteFolder(pool.get(), r.pool);
 }
 
 // This machine's address on the route to `host` (a UDP socket connected
@@ -651,7 +605,7 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
       r.scratch = DirName(disk_abs);
       BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn.get(), r, req.domain));
       if (RemoteFileExists(pool.get(), BaseName(disk_abs)) && !req.force) {
-        if (!r.pool.empty()) virStoragePoolDestroy(pool.get());
+        IgnoreError(CloseRemoteFolder(pool.get(), r.pool), "nothing was made in it");
         return Error::InvalidArgument("DISK exists on the host; give --force to replace it").set_path(disk_abs);
       }
       BARGE_ASSIGN_OR_RETURN(std::string here, LocalAddressFacing(uri.host));

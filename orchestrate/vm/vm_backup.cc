@@ -30,6 +30,7 @@
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
 #include "orchestrate/libvirt/nbd_ports.h"
+#include "orchestrate/libvirt/paused_start.h"
 #include "orchestrate/libvirt/ssh_forward.h"
 #include "pipeline/nbd_endpoint.h"
 #include "orchestrate/vm/tracker.h"
@@ -441,47 +442,6 @@ Status CheckTarget(Env& env, const std::string& target) {
   return OkStatus();
 }
 
-// A shut-off domain on another host, started paused for its backup (no
-// guest code runs: the disks stay as the shut-off domain left them) with
-// libvirt's AUTODESTROY, so that a barge killed outright (its connection
-// closed) leaves it shut off as well; destroyed again when the run ends,
-// after its job (QEMU stores the disks' persistent bitmaps as it exits on
-// libvirt's SIGTERM, so the next run's incremental finds its checkpoint).
-class PausedStart {
- public:
-  static Result<std::unique_ptr<PausedStart>> Start(virDomainPtr dom, const std::string& domain,
-                                                    const std::string& uri) {
-    if (virDomainCreateWithFlags(dom, VIR_DOMAIN_START_PAUSED | VIR_DOMAIN_START_AUTODESTROY) < 0) {
-      Error e = LastVirError("start domain '" + domain + "' paused on " + uri);
-      return Error(e.code(), "domain '" + domain + "' on " + uri +
-                                 " is shut off and its disks are on that host: barge starts it paused to read "
-                                 "them over NBD, and that failed (" + e.message() + ")");
-    }
-    return std::unique_ptr<PausedStart>(new PausedStart(dom, domain, uri));
-  }
-  ~PausedStart() { IgnoreError(Stop(), "libvirt destroys the domain when this connection closes (AUTODESTROY)"); }
-  PausedStart(const PausedStart&) = delete;
-  PausedStart& operator=(const PausedStart&) = delete;
-  Status Stop() {
-    if (dom_ == nullptr) return OkStatus();
-    virDomainPtr dom = std::exchange(dom_, nullptr);
-    if (!DomainIsActive(dom)) return OkStatus();
-    if (virDomainDestroy(dom) < 0) return LastVirError("shut domain '" + domain_ + "' on " + uri_ + " off again");
-    return OkStatus();
-  }
-  std::string Warning() const {
-    return "domain '" + domain_ + "' on " + uri_ +
-           " was shut off: barge started it paused for this backup (no guest code ran) and shut it off again";
-  }
-
- private:
-  PausedStart(virDomainPtr dom, std::string domain, std::string uri)
-      : dom_(dom), domain_(std::move(domain)), uri_(std::move(uri)) {}
-  virDomainPtr dom_;
-  std::string domain_;
-  std::string uri_;
-};
-
 // Everything a run decides before it starts anything, from the domain as it
 // is now: PlanRun's result, shared by RunVmBackup and ForecastVmBackup.
 struct RunPlan {
@@ -513,7 +473,7 @@ Result<RunPlan> PlanRun(Env& env, BackupCatalog& catalog, virDomainPtr dom, cons
   const std::string uri = ConnectionUri(dom);
   const bool remote = !LibvirtHostKey(uri).empty();
   // A shut-off domain on another host is backed up by a pull job too: the
-  // run starts it paused (StartPausedForBackup), as its CBT overlays'
+  // run starts it paused (PausedStart), as its CBT overlays'
   // files are on that host.
   const bool active = DomainIsActive(dom) || remote;
   plan.mode = active ? "pull" : "offline";
@@ -976,11 +936,11 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   // bitmaps) only from a running domain.
   std::unique_ptr<PausedStart> paused;
   if (uri.remote() && !DomainIsActive(dom.get())) {
-    BARGE_ASSIGN_OR_RETURN(paused, PausedStart::Start(dom.get(), req.domain, uri.Redacted()));
+    BARGE_ASSIGN_OR_RETURN(paused, PausedStart::Start(dom.get(), req.domain, uri.Redacted(), "read them over NBD"));
     req.skip_quiesce = true;
   }
   BARGE_ASSIGN_OR_RETURN(std::vector<std::string> warnings, ClearLeftovers(env, *catalog, dom.get(), req.domain));
-  if (paused) warnings.insert(warnings.begin(), paused->Warning());
+  if (paused) warnings.insert(warnings.begin(), paused->Warning("this backup"));
   BARGE_ASSIGN_OR_RETURN(RunPlan plan, PlanRun(env, *catalog, dom.get(), req.domain, tracker ? &*tracker : nullptr,
                                                 req.disks, req.force_full, req.target));
   if (plan.mode == "offline") {
