@@ -2,7 +2,8 @@
 // killed run's checkpoint, asks libvirt what changed since it, keeps the
 // staged clusters below the first change (checked against their digests)
 // and reads only the rest; the point restores to the disk as it is then.
-// Without the killed run's checkpoint it starts over, saying why.
+// Without the killed run's checkpoint, or with --no-resume, it starts over,
+// saying why.
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -251,6 +252,36 @@ TEST_F(VmResumeTest, StartsOverWhenTheKilledRunsCheckpointIsGone) {
   ASSERT_TRUE(d.contains("resume")) << b1.dump();
   EXPECT_EQ(d["resume"]["resumed"], false) << b1.dump();
   EXPECT_EQ(d["resume"]["staged_bytes"], 0) << b1.dump();
+  EXPECT_GE(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b1.dump();
+  EXPECT_EQ(Checkpoints(dom.name()), b1["checkpoint"].get<std::string>() + "\n");
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, b1["disks"][0]["image"]));
+}
+
+// --no-resume: the killed run's checkpoint and staged data go, the run
+// reads everything and says why it did not resume.
+TEST_F(VmResumeTest, NoResumeStartsOver) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("resume-no", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0x11, "0", "56M");
+  dom.Flush();
+  const std::string c1 = KillMidCopy(dom.name(), "");
+  ASSERT_FALSE(c1.empty());
+
+  CommandResult run = ::barge::testing::Run(Barge("vm backup --domain " + dom.name() + " --target " +
+                                                  ShellQuote(target_) + " --skip-quiesce --no-resume --json"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  json b1 = json::parse(run.stdout_text.substr(run.stdout_text.rfind("{\"event\":\"result\"")));
+  EXPECT_NE(run.stderr_text.find("deleted its uncommitted checkpoint " + c1), std::string::npos) << run.stderr_text;
+  EXPECT_NE(run.stderr_text.find("disk vda: staged data not reusable: resuming is off, starting over"),
+            std::string::npos)
+      << run.stderr_text;
+  const json& d = b1["disks"][0];
+  ASSERT_TRUE(d.contains("resume")) << b1.dump();
+  EXPECT_EQ(d["resume"]["resumed"], false) << b1.dump();
   EXPECT_GE(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b1.dump();
   EXPECT_EQ(Checkpoints(dom.name()), b1["checkpoint"].get<std::string>() + "\n");
   ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, b1["disks"][0]["image"]));
