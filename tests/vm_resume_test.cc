@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <thread>
 
@@ -156,6 +157,7 @@ TEST_F(VmResumeTest, KilledFullResumesWithTheChangesSince) {
   EXPECT_NE(d["resume"]["problem"].get<std::string>().find("changed since checkpoint " + c1), std::string::npos)
       << b1.dump();
   EXPECT_LE(d["bytes_read"].get<uint64_t>(), 64 * kMiB - 12 * kMiB) << b1.dump();
+  std::cerr << "resumed full: " << d["resume"].dump() << ", read " << d["bytes_read"] << " of 57 MiB data\n";
   // The tracker is on the new checkpoint; the killed run's is gone.
   const std::string c2 = b1["checkpoint"];
   EXPECT_EQ(Checkpoints(dom.name()), c2 + "\n");
