@@ -895,8 +895,8 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
     // which the domain's lock and libvirt's one job per domain settle.
     cleanup.scratch_prefix = req.scratch_dir + "/barge-scratch-" + req.domain + "-";
     BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, "", checkpoint,
-                        req.target + "/" + req.domain, record_id, LibvirtHostKey(ResolveLibvirtUri(req.libvirt_uri))};
-    job.resumed_checkpoints = JoinNames(cleanup.kept_checkpoints);
+                        req.target + "/" + req.domain, record_id, LibvirtHostKey(ResolveLibvirtUri(req.libvirt_uri)),
+                        JoinNames(cleanup.kept_checkpoints)};
     if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
       return std::move(s).error().Wrap("write the backup job's run record");
     }
@@ -917,8 +917,7 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
   if (!scratch.ok()) return std::move(scratch).error().Wrap("create scratch folder");
   cleanup.scratch_prefix = cleanup.scratch_dir + "/";
   BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, cleanup.scratch_dir, checkpoint,
-                      req.target + "/" + req.domain, record_id, ""};
-  job.resumed_checkpoints = JoinNames(cleanup.kept_checkpoints);
+                      req.target + "/" + req.domain, record_id, "", JoinNames(cleanup.kept_checkpoints)};
   if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
     return std::move(s).error().Wrap("write the backup job's run record");
   }
