@@ -82,6 +82,10 @@ json BackupResultJson(const orc::VmBackupResult& r) {
                      {"reason", d.reason}, {"chain_dir", d.chain_dir}, {"image", d.image_path},
                      {"manifest", d.manifest_path}, {"virtual_size", d.virtual_size},
                      {"bytes_read", d.bytes_read}, {"bytes_written", d.bytes_written}});
+    if (d.resume) {
+      disks.back()["resume"] = {
+          {"resumed", d.resume->resumed}, {"staged_bytes", d.resume->staged_bytes}, {"problem", d.resume->problem}};
+    }
   }
   return {{"backup_type", Lower(r.backup_type)}, {"reason", r.reason}, {"checkpoint", r.checkpoint},
           {"parent_checkpoint", r.parent_checkpoint}, {"tracker", r.tracker}, {"mode", r.mode},
@@ -422,6 +426,10 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     for (const auto& d : r->disks) {
       o << "  " << d.disk << ": " << (d.incremental ? "incremental" : "full") << ", read " << HumanBytes(d.bytes_read)
         << ", wrote " << HumanBytes(d.bytes_written) << " -> " << d.image_path << "\n";
+      if (d.resume && d.resume->resumed) {
+        o << "    resumed from " << HumanBytes(d.resume->staged_bytes) << " staged by an interrupted run"
+          << (d.resume->problem.empty() ? "" : "; copied again from " + d.resume->problem) << "\n";
+      }
     }
     o << "  duration: " << HumanSeconds(r->seconds) << "\n" << HookRunsText(hooked.runs);
     return int{kExitOk};
@@ -431,6 +439,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   cmd->add_option("--target", a->req.target, "Backup folder; chains go to TARGET/<domain>/<disk>/")->required();
   cmd->add_flag("--force-full", a->req.force_full, "Full backup even when an incremental is possible");
   cmd->add_flag("--skip-quiesce", a->req.skip_quiesce, "Do not freeze guest filesystems (no guest agent)");
+  cmd->add_flag_callback(
+      "--no-resume", [a] { a->req.resume = false; },
+      "Do not resume what a killed run staged (its data and checkpoint are removed; the run starts over)");
   cmd->add_option("--disks", a->disks, "Only these disks (vda,vdb)")->delimiter(',');
   cmd->add_option("--scratch-dir", a->req.scratch_dir,
                   "Existing folder QEMU can see for the job's scratch files (default: /var/tmp)");

@@ -178,6 +178,8 @@ struct BackupRun {
   std::vector<JournalEntry> kept;
   uint64_t resume_cluster = 0;
   RangeList remaining;
+  std::string work_path;         // req.keep_work: the journal's work set
+  RangeList changed_since_staged;  // req.staged_earlier: the changes since its checkpoint
   std::optional<ResumeNote> note;
   std::unique_ptr<ResumeJournal> journal;
   // --base: the base chain's folder (held by an export lock, so that no
@@ -223,6 +225,14 @@ Status OpenBackupSource(Env& env, const BackupRequest& req, BackupRun& run) {
     run.spec.nbd_dirty_context = req.dirty_bitmap.starts_with("qemu:")
                                      ? req.dirty_bitmap
                                      : "qemu:dirty-bitmap:" + req.dirty_bitmap;
+  }
+  if (req.staged_earlier) {
+    if (!req.resume || !IsNbdUri(run.spec.location) || req.changed_by != ChangedBy::kRecord ||
+        (req.incremental && req.dirty_bitmap != req.staged_earlier->changes_bitmap)) {
+      return Error::InvalidArgument("resuming a backup staged at an earlier checkpoint needs resume, an NBD "
+                                    "source and its changes as the dirty bitmap");
+    }
+    run.spec.nbd_dirty_context = req.staged_earlier->changes_bitmap;
   }
   BARGE_ASSIGN_OR_RETURN(run.src, OpenSource(env, run.spec));
   run.size = run.src.image->size_bytes();
@@ -400,6 +410,13 @@ Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
   // A first point over a base keeps the strong table of the whole source
   // its comparison with the base computed (StrongTableOf).
   run.write_strong = run.base_point || req.changed_by != ChangedBy::kRecord || run.parent_strong.has_value();
+  if (req.staged_earlier && !req.incremental) {
+    // A full's work is the whole disk; the changes only say which staged
+    // clusters still hold.
+    BARGE_ASSIGN_OR_RETURN(RangeList changed, run.src.nbd->DirtyRanges(0, run.size));
+    run.changed_since_staged = AlignRanges(changed, run.cluster, run.size);
+    return OkStatus();
+  }
   if (!req.incremental) {
     if (run.base_point) {
       auto diff = DiffFromBase(env, *run.src.image, run.base_chain, run.base_point->index, req.copy);
@@ -414,6 +431,14 @@ Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
   if (req.changed_by != ChangedBy::kDigests) {
     BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(env, req, run.src, run.dirty_description));
     recorded = AlignRanges(dirty, run.cluster, run.size);
+  }
+  if (req.staged_earlier) {
+    // The changes since the staged run's checkpoint, on top of its work
+    // (the changes since the parent's checkpoint up to it): the changes
+    // since the parent's checkpoint now.
+    run.changed_since_staged = recorded;
+    run.work = UniteRanges(AlignRanges(req.staged_earlier->work, run.cluster, run.size), recorded);
+    return OkStatus();
   }
   if (req.changed_by == ChangedBy::kRecord) {
     run.work = std::move(recorded);
@@ -492,19 +517,29 @@ DestinationSpec ImageSpec(const BackupRequest& req, const BackupRun& run) {
 Status FindStaged(Env& env, const BackupRequest& req, BackupRun& run) {
   const ChainFolder& chain = run.writer->chain();
   run.journal_path = chain.PathOf(std::string(kResumeJournalName));
+  run.work_path = chain.PathOf(std::string(kResumeWorkName));
   std::string keep;
   auto loaded = LoadResumeJournal(env, run.journal_path);
   if (!loaded.ok() && loaded.error().code() == ErrorCode::kNotFound) {
     // No journal: whatever was staged is swept below.
+    IgnoreError(env.UnlinkIfExists(run.work_path), "a work set without its journal is never read");
   } else {
     ResumeNote note;
     note.total_bytes = TotalBytes(run.work);
-    if (!req.resume) {
+    if (!req.resume_refused.empty()) {
+      note.problem = req.resume_refused;
+    } else if (!req.resume) {
       note.problem = "resuming is off";
     } else if (!loaded.ok()) {
       note.problem = "its journal is unreadable (" + loaded.error().message() + ")";
     } else {
-      note.problem = ResumeMismatch(loaded->key, KeyFor(env, req, run, loaded->key.started_at));
+      ResumeKey now = KeyFor(env, req, run, loaded->key.started_at);
+      if (req.staged_earlier) {
+        // The staged run's point in time: its checkpoint and work set.
+        now.checkpoint = req.staged_earlier->checkpoint;
+        if (req.incremental) now.work_digest = RangesDigest(AlignRanges(req.staged_earlier->work, run.cluster, run.size));
+      }
+      note.problem = ResumeMismatch(loaded->key, now);
     }
     if (note.problem.empty()) {
       DestinationSpec spec = ImageSpec(req, run);
@@ -518,17 +553,41 @@ Status FindStaged(Env& env, const BackupRequest& req, BackupRun& run) {
       } else if (check->next_cluster == 0) {
         note.problem = check->problem.empty() ? std::string("nothing was staged") : check->problem;
       } else {
-        note.resumed = true;
-        note.problem = check->problem;
-        run.started_at = loaded->key.started_at;
-        run.kept.assign(loaded->entries.begin(),
-                        loaded->entries.begin() + static_cast<ptrdiff_t>(check->kept_entries));
-        run.resume_cluster = check->next_cluster;
-        keep = BaseName(staged);
+        uint64_t next = check->next_cluster;
+        size_t kept = check->kept_entries;
+        std::string changed;
+        if (req.staged_earlier) {
+          // The writer appends front to back: the staged image holds up to
+          // the first cluster that changed since (or that this run's work
+          // adds to the staged run's), and is continued from there.
+          RangeList invalid = UniteRanges(run.changed_since_staged,
+                                          SubtractRanges(run.work, AlignRanges(req.staged_earlier->work, run.cluster,
+                                                                               run.size)));
+          if (!invalid.empty() && invalid.front().offset / run.cluster < next) {
+            next = invalid.front().offset / run.cluster;
+            kept = static_cast<size_t>(
+                std::lower_bound(loaded->entries.begin(), loaded->entries.begin() + static_cast<ptrdiff_t>(kept), next,
+                                 [](const JournalEntry& e, uint64_t c) { return e.stored.cluster_index < c; }) -
+                loaded->entries.begin());
+            changed = "cluster " + std::to_string(next) + " (changed since checkpoint " +
+                      req.staged_earlier->checkpoint + ")";
+          }
+        }
+        if (next == 0) {
+          note.problem = "the disk changed at its start since checkpoint " + req.staged_earlier->checkpoint;
+        } else {
+          note.resumed = true;
+          note.problem = changed.empty() ? check->problem : changed;
+          run.started_at = loaded->key.started_at;
+          run.kept.assign(loaded->entries.begin(), loaded->entries.begin() + static_cast<ptrdiff_t>(kept));
+          run.resume_cluster = next;
+          keep = BaseName(staged);
+        }
       }
     }
     if (!note.resumed) {
       IgnoreError(env.UnlinkIfExists(run.journal_path), "a stale journal's key never matches a later run");
+      IgnoreError(env.UnlinkIfExists(run.work_path), "a work set without its journal is never read");
     }
     run.note = note;
   }
@@ -637,6 +696,8 @@ Result<std::unique_ptr<Qcow2Destination>> MakeImage(Env& env, const BackupReques
     if (req.resume) {
       BARGE_ASSIGN_OR_RETURN(uint64_t end, writer->Sync());
       run.key = KeyFor(env, req, run, run.started_at);
+      // The work set first: a journal never names a work set it lacks.
+      if (req.keep_work) BARGE_RETURN_IF_ERROR(SaveResumeWork(env, run.work_path, run.work, run.size));
       BARGE_ASSIGN_OR_RETURN(run.journal,
                              ResumeJournal::Create(env, run.journal_path, run.key, run.kept, run.resume_cluster, end));
     }
@@ -711,10 +772,10 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
 // not after a cancel, which asks to stop, nor when writing the target
 // failed (a full or failing disk: what it holds is not to be trusted or
 // kept); else the journal goes.
-Error KeepOrDrop(BackupRun& run, JournaledDestination* journaled, Error error) {
+Error KeepOrDrop(Env& env, const BackupRequest& req, BackupRun& run, JournaledDestination* journaled, Error error) {
   if (run.journal == nullptr) return error;
   ErrorCode code = error.code();
-  if (journaled != nullptr && !journaled->failed() && code != ErrorCode::kCancelled &&
+  if (req.keep_after_failure && journaled != nullptr && !journaled->failed() && code != ErrorCode::kCancelled &&
       code != ErrorCode::kNoSpace) {
     // What was stored after the last checkpoint is kept too.
     Status last = journaled->Checkpoint();
@@ -724,6 +785,7 @@ Error KeepOrDrop(BackupRun& run, JournaledDestination* journaled, Error error) {
     }
   }
   IgnoreError(run.journal->Remove(), "a journal whose image is gone is never resumed");
+  IgnoreError(env.UnlinkIfExists(run.work_path), "a work set without its journal is never read");
   run.journal.reset();
   return error;
 }
@@ -836,10 +898,11 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
     dest = &*journaled;
   }
   auto copied = CopyWork(req, run, *dest);
-  if (!copied.ok()) return KeepOrDrop(run, journaled ? &*journaled : nullptr, std::move(copied).error());
+  if (!copied.ok()) return KeepOrDrop(env, req, run, journaled ? &*journaled : nullptr, std::move(copied).error());
   Status committed = CommitPoint(env, run, *copied, *dest->qcow2_stats(), start);
   if (run.journal != nullptr) {
     IgnoreError(run.journal->Remove(), "a journal whose point was committed never matches a later run");
+    IgnoreError(env.UnlinkIfExists(run.work_path), "a work set without its journal is never read");
   }
   BARGE_RETURN_IF_ERROR(committed);
 

@@ -87,6 +87,29 @@ struct BackupRequest {
   // Told once, before the copy, when a staged backup was found (resumed or
   // not, and why). May be empty.
   std::function<void(const ResumeNote&)> on_resume;
+  // With resume: whether a copy whose source failed keeps its staged image
+  // and journal (false: only a killed run leaves them; a vm backup's failed
+  // run deletes the checkpoint a resume would need).
+  bool keep_after_failure = true;
+  // With resume: the work set is kept beside the journal (kResumeWorkName),
+  // so that a later run at another point in time can resume (StagedEarlier).
+  bool keep_work = false;
+  // Resuming what a killed run staged at an earlier point in time (a vm
+  // backup; docs/formats/resume.md, "vm backup"): its journal's key names
+  // `checkpoint` and its work set was `work`; the source's NBD meta
+  // context `changes_bitmap` gives what changed on the disk since that
+  // checkpoint (for an incremental, also its dirty_bitmap). The work is then
+  // `work` plus those changes (a full: the whole disk), and the staged
+  // clusters are kept only below the first changed one. Needs resume.
+  struct StagedEarlier {
+    std::string checkpoint;
+    RangeList work;
+    std::string changes_bitmap;
+  };
+  std::optional<StagedEarlier> staged_earlier;
+  // Why a staged backup found cannot be resumed, where the caller knows
+  // (its note says so, and it is swept); "" = decided here.
+  std::string resume_refused;
   // Pipeline knobs (cluster_bytes, memory, threads, progress, stats,
   // cancel). Compression fields are taken from above.
   CopyOptions copy;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "formats/extents_file.h"
 #include "formats/json_fields.h"
 #include "formats/qcow2_compress.h"
 #include "formats/units.h"
@@ -370,6 +371,27 @@ Status ResumeJournal::Append(std::span<const JournalEntry> entries, uint64_t nex
   size_bytes_ += record.size();
   ++checkpoints_;
   return OkStatus();
+}
+
+Status SaveResumeWork(Env& env, const std::string& path, const RangeList& work, uint64_t virtual_size) {
+  std::string text = "{\"format\":\"barge-extents\",\"version\":1,\"virtual_size\":" + std::to_string(virtual_size) +
+                     ",\"extents\":[";
+  for (size_t i = 0; i < work.size(); ++i) {
+    text += (i ? ",{\"offset\":" : "{\"offset\":") + std::to_string(work[i].offset) +
+            ",\"length\":" + std::to_string(work[i].length) + "}";
+  }
+  text += "]}\n";
+  return env.WriteFileAtomic(path, std::string_view(text));
+}
+
+Result<RangeList> LoadResumeWork(Env& env, const std::string& path, uint64_t virtual_size) {
+  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path, 1ull << 30));
+  auto file = formats::DecodeExtentsFile(text);
+  if (!file.ok()) return Error::Corruption("resume work set: " + file.error().message()).set_path(path);
+  if (!file->virtual_size || *file->virtual_size != virtual_size) {
+    return Error::Corruption("resume work set is for a disk of another size").set_path(path);
+  }
+  return std::move(file->dirty);
 }
 
 Status ResumeJournal::Remove() {

@@ -27,6 +27,18 @@ namespace barge::pipeline {
 
 // The journal's name in the chain folder (one backup of a chain at a time).
 inline constexpr std::string_view kResumeJournalName = ".backup.barge-resume";
+// Beside it, for a backup that a later run may resume at another point in
+// time (a vm backup): the work set the journal's run copies, as an extents
+// file (docs/formats/extents.md; docs/formats/resume.md, "vm backup").
+inline constexpr std::string_view kResumeWorkName = ".backup.barge-resume-work";
+
+// Writes `work` (of a disk of `virtual_size` bytes) to `path` as an
+// extents file, atomically.
+Status SaveResumeWork(Env& env, const std::string& path, const RangeList& work, uint64_t virtual_size);
+// Reads it back, as untrusted bytes (DecodeExtentsFile's checks): kNotFound
+// when there is none; kCorruption when it does not decode or is of
+// another size than `virtual_size`.
+Result<RangeList> LoadResumeWork(Env& env, const std::string& path, uint64_t virtual_size);
 
 // What makes a staged backup "the same backup" as the one asked for now.
 // Every field must match for a resume; ResumeMismatch says which did not.

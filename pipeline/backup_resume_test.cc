@@ -82,6 +82,29 @@ TEST(ResumeJournalTest, CheckpointsReadBackAndATornOneIsDropped) {
   EXPECT_EQ(LoadResumeJournal(env, path).error().code(), ErrorCode::kNotFound);
 }
 
+// A vm backup's work set beside the journal reads back as written; a
+// damaged one or one of another disk size is Corruption, none NotFound.
+TEST(ResumeJournalTest, WorkSetReadsBackAndBadOnesAreRefused) {
+  TempDir dir;
+  Env& env = Env::Default();
+  const std::string path = dir / "work";
+  RangeList work = {{65536, 131072}, {1 << 20, 65536}};
+  ASSERT_TRUE(SaveResumeWork(env, path, work, 4 << 20).ok());
+  auto back = LoadResumeWork(env, path, 4 << 20);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  EXPECT_EQ(*back, work);
+  auto other = LoadResumeWork(env, path, 8 << 20);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.error().code(), ErrorCode::kCorruption);
+  ASSERT_TRUE(env.WriteFileAtomic(path, std::string_view("{\"format\":\"barge-extents\",\"version\":1,\"ext")).ok());
+  auto torn = LoadResumeWork(env, path, 4 << 20);
+  ASSERT_FALSE(torn.ok());
+  EXPECT_EQ(torn.error().code(), ErrorCode::kCorruption);
+  auto none = LoadResumeWork(env, std::string(dir / "none"), 4 << 20);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error().code(), ErrorCode::kNotFound);
+}
+
 TEST(ResumeJournalTest, MismatchesAreNamed) {
   ResumeKey now = Key();
   now.virtual_size = 2 << 20;

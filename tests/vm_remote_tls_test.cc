@@ -8,8 +8,10 @@
 // restore byte-identical; two parallel jobs on one host get two ports; a
 // killed barge's port is free for the next run; a plaintext export is
 // refused where TLS is asked; a domain that moved between this machine's
-// libvirtd and the remote one falls back to a full saying so.
+// libvirtd and the remote one falls back to a full saying so; a backup
+// killed mid-copy resumes on the next run.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +26,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "orchestrate/libvirt/nbd_ports.h"
+#include "orchestrate/vm/vm_backup.h"
 #include "tests/testing/barge_child.h"
 #include "tests/testing/cli_testing.h"
 #include "tests/testing/testing.h"
@@ -613,6 +617,74 @@ namespace {
 // here, so DISK can be compared), the guest's writes through the monitor
 // while barge holds still; then a run killed after the start and finished
 // by the same command. DISK ends as the point plus the writes.
+// A remote backup over TLS SIGKILLed mid-copy (issue 20 §3) resumes on the
+// next run as a local one does: the killed run's checkpoint kept on the
+// host, the job incremental from it, the staged clusters below the first
+// one written since kept, the point the disk as it is then.
+TEST_F(VmRemoteTlsTest, KilledBackupResumesOverTls) {
+  std::string disk;
+  const std::string dom = RemoteDomain("resume", &disk);
+  RunOk(Barge("tracker create tr --domain " + dom + Connect()));
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    orchestrate::VmBackupRequest req;
+    req.domain = dom;
+    req.target = target_;
+    req.catalog_path = catalog_;
+    req.skip_quiesce = true;
+    req.libvirt_uri = remote_->Uri();
+    req.nbd.tls_certificates = remote_->NbdCertificates();
+    auto ports = orchestrate::ParsePortRange("21400-21400");
+    if (!ports.ok()) ::_exit(4);
+    req.nbd_ports = *ports;
+    req.copy.chunk_bytes = 1 << 20;
+    const int fd = fds[1];
+    // Slowed down; stopped once half the work was copied.
+    req.progress = [fd](const std::string&, uint64_t done, uint64_t total) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      if (total > 0 && done * 2 >= total) {
+        char c = 'h';
+        (void)!::write(fd, &c, 1);
+        for (;;) ::pause();
+      }
+    };
+    (void)orchestrate::RunVmBackup(Env::Default(), req);
+    ::_exit(3);
+  }
+  ::close(fds[1]);
+  pollfd p{fds[0], POLLIN, 0};
+  char c = 0;
+  bool reached = ::poll(&p, 1, 300 * 1000) == 1 && ::read(fds[0], &c, 1) == 1;
+  ::close(fds[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(reached) << "the child's backup never copied half of its work";
+  remote_->Hmp(dom, "write -P 0x22 12M 64k");
+  remote_->Hmp(dom, "flush");
+
+  json b = BargeJson(BackupArgs(dom) + TlsArgs(21400, 21400));
+  EXPECT_EQ(b["backup_type"], "full") << b.dump();
+  EXPECT_EQ(b["transport"], "tls");
+  const json& d = b["disks"][0];
+  ASSERT_TRUE(d.contains("resume")) << b.dump();
+  EXPECT_EQ(d["resume"]["resumed"], true) << b.dump();
+  EXPECT_EQ(d["resume"]["staged_bytes"].get<uint64_t>(), 12u << 20) << b.dump();
+  // Read: 12M..24M and 40M..41M of the data, not its first 12 MiB.
+  EXPECT_LE(d["bytes_read"].get<uint64_t>(), 14u << 20) << b.dump();
+  EXPECT_EQ(RunOk(remote_->Virsh() + "checkpoint-list " + dom + " --name | grep -c .").substr(0, 1), "1");
+  std::string now = Raw(disk, "now.raw");
+  ExpectRestores(target_ + "/" + dom + "/vda", 0, now);
+  json inc = BargeJson(BackupArgs(dom) + TlsArgs(21400, 21400));
+  EXPECT_EQ(inc["backup_type"], "incremental") << inc.dump();
+  EXPECT_EQ(inc["parent_checkpoint"], b["checkpoint"]) << inc.dump();
+}
+
 class VmRemoteTlsInstantTest : public VmRemoteTlsTest {
  protected:
   static constexpr uint64_t kMiB = 1 << 20;

@@ -76,9 +76,13 @@ std::string ServerXml(const std::string& socket, const std::string& host, int po
   return "<server transport='unix' socket='" + XmlEscape(socket) + "'/>";
 }
 
+// `resume_from`: the disks whose job is incremental from a killed run's
+// checkpoint instead (its bitmap says what changed since that run staged
+// its data), whatever the point's type.
 std::string BackupXml(const std::vector<DomainDisk>& all, const std::set<std::string>& selected,
                       const std::map<std::string, bool>& incremental, const std::string& from,
-                      const std::string& server, const std::string& scratch_prefix) {
+                      const std::map<std::string, std::string>& resume_from, const std::string& server,
+                      const std::string& scratch_prefix) {
   std::string x = "<domainbackup mode='pull'>" + server + "<disks>";
   for (const auto& d : all) {
     if (!selected.count(d.target)) {
@@ -87,8 +91,10 @@ std::string BackupXml(const std::vector<DomainDisk>& all, const std::set<std::st
     }
     // libvirt 9 needs the pull mode's scratch file named (copy-before-write).
     x += "<disk name='" + XmlEscape(d.target) + "' backup='yes' type='file' ";
-    x += incremental.at(d.target) ? "backupmode='incremental' incremental='" + XmlEscape(from) + "'>"
-                                  : std::string("backupmode='full'>");
+    auto resumed = resume_from.find(d.target);
+    x += resumed != resume_from.end() ? "backupmode='incremental' incremental='" + XmlEscape(resumed->second) + "'>"
+         : incremental.at(d.target)   ? "backupmode='incremental' incremental='" + XmlEscape(from) + "'>"
+                                      : std::string("backupmode='full'>");
     x += "<scratch file='" + XmlEscape(scratch_prefix + d.target + ".qcow2") + "'/></disk>";
   }
   return x + "</disks></domainbackup>";
@@ -129,6 +135,13 @@ std::string DiskNamedIn(const std::string& message) {
   return b == std::string::npos ? "" : message.substr(a, b - a);
 }
 
+// "a,b" (BackupJobRecord::resumed_checkpoints).
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
+  return out;
+}
+
 // Everything a run must undo on failure.
 struct Cleanup {
   explicit Cleanup(Env& e) : env(e) {}
@@ -137,6 +150,10 @@ struct Cleanup {
   bool frozen = false;
   bool job_started = false;
   std::string new_checkpoint;
+  // Killed runs' checkpoints kept for this run's resume: a failed run
+  // deletes them too (its own checkpoint, which a kept journal would need,
+  // goes as well).
+  std::vector<std::string> kept_checkpoints;
   std::vector<std::string> files;  // new backup files
   // The job's NBD socket and the scratch files' path before "<disk>.qcow2",
   // as libvirt sees them (on the hypervisor's host). Locally, the scratch
@@ -220,6 +237,12 @@ struct Cleanup {
       job_gone &= deleted.ok();
       e.Also(std::move(deleted));
     }
+    for (const auto& cp : kept_checkpoints) {
+      if (!LookupCheckpoint(dom, cp).ok()) continue;  // removed as stale meanwhile
+      Status deleted = DeleteCheckpoint(dom, cp);
+      job_gone &= deleted.ok();
+      e.Also(std::move(deleted));
+    }
     for (const auto& f : files) e.Also(env.UnlinkIfExists(f));
     // Kept while the job or its checkpoint may remain: the next run cleans up by it.
     if (job_gone) e.Also(DropRecord());
@@ -243,6 +266,7 @@ VmBackupDisk FromBackupResult(const std::string& disk, bool incremental, const s
   d.virtual_size = r.manifest.virtual_size;
   d.bytes_read = r.bytes_read;
   d.bytes_written = r.image_bytes;
+  d.resume = r.resume;
   return d;
 }
 
@@ -456,6 +480,10 @@ struct RunPlan {
   std::map<std::string, bool> incremental;
   std::map<std::string, std::string> reasons;
   std::vector<DiskPlan> plans;  // per selected disk, in domain order
+  // Pull mode: the disks that resume a killed run's staged point (PlanResumes),
+  // and why the others with staged data cannot.
+  std::map<std::string, pipeline::BackupRequest::StagedEarlier> resumes;
+  std::map<std::string, std::string> resume_refused;
 };
 
 // The plan of a backup of `domain` with `tracker` (nullptr: none) of the
@@ -706,17 +734,80 @@ Status CheckFolders(Env& env, VmBackupRequest& req, bool remote) {
 // an error); checkpoints whose bitmaps are gone cannot be deleted normally
 // and would stay forever: barge's own lose their metadata, the others are
 // named. Returns the warnings.
-Result<std::vector<std::string>> ClearLeftovers(Env& env, BackupCatalog& catalog, virDomainPtr dom,
-                                                const std::string& domain) {
+struct Leftovers {
   std::vector<std::string> warnings;
-  BARGE_ASSIGN_OR_RETURN(std::string recovered, RecoverOrphanedBackupJob(env, catalog, dom, domain));
-  if (!recovered.empty()) warnings.push_back(std::move(recovered));
+  std::vector<std::string> kept_checkpoints;  // OrphanRecovery's
+};
+Result<Leftovers> ClearLeftovers(Env& env, BackupCatalog& catalog, virDomainPtr dom, const std::string& domain,
+                                 bool keep_resumable) {
+  Leftovers out;
+  BARGE_ASSIGN_OR_RETURN(OrphanRecovery recovered,
+                         RecoverOrphanedBackupJob(env, catalog, dom, domain, keep_resumable));
+  if (!recovered.warning.empty()) out.warnings.push_back(std::move(recovered.warning));
+  out.kept_checkpoints = std::move(recovered.kept_checkpoints);
   if (auto stale = RemoveStaleCheckpoints(catalog, dom, domain); stale.ok()) {
-    warnings.insert(warnings.end(), stale->begin(), stale->end());
+    out.warnings.insert(out.warnings.end(), stale->begin(), stale->end());
   } else {
-    warnings.push_back("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
+    out.warnings.push_back("checkpoints whose bitmaps are gone were not looked for: " + stale.error().message());
   }
-  return warnings;
+  return out;
+}
+
+// Which disks of a pull-mode run resume what a killed run staged in their
+// chain folders (docs/formats/resume.md, "vm backup"): the journal names a
+// checkpoint of that run kept for it (`kept`), the disk holds bitmaps, the
+// point is of the staged one's type and, for an incremental, over the same
+// parent point, and the staged work set reads back. The job then reads
+// those disks incrementally from that checkpoint. A disk with staged data
+// that cannot resume gets the reason (its data is swept, the run starts
+// over for it); a journal that does not load is the pipeline's to report.
+void PlanResumes(Env& env, const VmBackupRequest& req, virDomainPtr dom, const std::set<std::string>& with_bitmap,
+                 const std::vector<std::string>& kept, RunPlan& plan) {
+  for (const auto& d : plan.disks) {
+    const std::string dir = req.target + "/" + req.domain + "/" + d.target;
+    auto journal = pipeline::LoadResumeJournal(env, dir + "/" + std::string(pipeline::kResumeJournalName));
+    if (!journal.ok() || !req.resume) continue;
+    const pipeline::ResumeKey& key = journal->key;
+    const bool incremental = plan.incremental.at(d.target);
+    std::string why;
+    if (key.checkpoint.empty()) {
+      why = "the interrupted run made no checkpoint for this disk (no tracker, or no bitmap): what changed since "
+            "it staged cannot be known";
+    } else if (!with_bitmap.count(d.target)) {
+      why = "the disk holds no bitmap: what changed since the interrupted run cannot be known";
+    } else if (std::find(kept.begin(), kept.end(), key.checkpoint) == kept.end() ||
+               !LookupCheckpoint(dom, key.checkpoint).ok()) {
+      // (Also gone when its bitmaps were: a stale checkpoint's metadata was
+      // just removed, ClearLeftovers.)
+      why = "checkpoint " + key.checkpoint + " of the interrupted run is gone: what changed since it cannot be known";
+    } else if (key.type != (incremental ? "incremental" : "full")) {
+      why = "the interrupted run was a " + key.type + ", this one is a" + (incremental ? "n incremental" : " full") +
+            " (" + plan.reasons.at(d.target) + ")";
+    }
+    if (why.empty() && incremental) {
+      auto chain = pipeline::LoadChainFolder(env, dir);
+      std::string parent;
+      if (chain.ok() && !chain->empty()) {
+        const auto& pm = chain->latest().manifest;
+        parent = pm.id + ":" + pm.image_digest.ToHex();
+      }
+      if (parent != key.parent) why = "the chain's latest point changed since the interrupted run";
+    }
+    RangeList work;
+    if (why.empty()) {
+      auto loaded = pipeline::LoadResumeWork(env, dir + "/" + std::string(pipeline::kResumeWorkName), key.virtual_size);
+      if (loaded.ok()) {
+        work = std::move(loaded).value();
+      } else {
+        why = "its work set is unreadable (" + loaded.error().message() + ")";
+      }
+    }
+    if (!why.empty()) {
+      plan.resume_refused[d.target] = why;
+      continue;
+    }
+    plan.resumes[d.target] = {key.checkpoint, std::move(work), "qemu:dirty-bitmap:backup-" + d.target};
+  }
 }
 
 // The size estimate, before anything starts.
@@ -764,7 +855,8 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
     // which the domain's lock and libvirt's one job per domain settle.
     cleanup.scratch_prefix = req.scratch_dir + "/barge-scratch-" + req.domain + "-";
     BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, "", checkpoint,
-                        req.target + "/" + req.domain, record_id, LibvirtHostKey(ResolveLibvirtUri(req.libvirt_uri))};
+                        req.target + "/" + req.domain, record_id, LibvirtHostKey(ResolveLibvirtUri(req.libvirt_uri)),
+                        JoinNames(cleanup.kept_checkpoints)};
     if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
       return std::move(s).error().Wrap("write the backup job's run record");
     }
@@ -785,7 +877,7 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
   if (!scratch.ok()) return std::move(scratch).error().Wrap("create scratch folder");
   cleanup.scratch_prefix = cleanup.scratch_dir + "/";
   BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, cleanup.scratch_dir, checkpoint,
-                      req.target + "/" + req.domain, record_id, ""};
+                      req.target + "/" + req.domain, record_id, "", JoinNames(cleanup.kept_checkpoints)};
   if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
     return std::move(s).error().Wrap("write the backup job's run record");
   }
@@ -804,15 +896,18 @@ Status BeginJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, RunPlan&
                 const std::set<std::string>& with_bitmap, const std::string& parent_checkpoint,
                 const std::string& checkpoint, Cleanup& cleanup) {
   std::set<int> in_use_on_host;
-  for (size_t attempt = 0; attempt <= plan.disks.size();) {
+  // Each disk may lose its resume, then its incremental.
+  for (size_t attempt = 0; attempt <= 2 * plan.disks.size();) {
     if (cleanup.tls && !cleanup.port_lease) {
       BARGE_ASSIGN_OR_RETURN(cleanup.port_lease, LeaseNbdPort(env, req.nbd_port_lock_dir, cleanup.tcp_host,
                                                               req.nbd_ports, in_use_on_host));
     }
     const std::string server =
         ServerXml(cleanup.socket, cleanup.tcp_host, cleanup.port_lease ? cleanup.port_lease->port() : 0);
-    std::string bxml =
-        BackupXml(plan.all_disks, plan.selected, plan.incremental, parent_checkpoint, server, cleanup.scratch_prefix);
+    std::map<std::string, std::string> resume_from;
+    for (const auto& [d, staged] : plan.resumes) resume_from[d] = staged.checkpoint;
+    std::string bxml = BackupXml(plan.all_disks, plan.selected, plan.incremental, parent_checkpoint, resume_from,
+                                 server, cleanup.scratch_prefix);
     std::string cxml = checkpoint.empty() ? "" : CheckpointCreateXml(checkpoint, plan.all_disks, with_bitmap);
     if (virDomainBackupBegin(dom, bxml.c_str(), cxml.empty() ? nullptr : cxml.c_str(), 0) == 0) {
       cleanup.job_started = true;
@@ -826,10 +921,25 @@ Status BeginJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, RunPlan&
       continue;
     }
     ++attempt;
-    bool any_incremental = false;
+    bool any_incremental = !plan.resumes.empty();
     for (const auto& [d, inc] : plan.incremental) any_incremental |= inc;
     if (!any_incremental || e.message().find("inconsistent") == std::string::npos) return e;
     std::string bad = DiskNamedIn(e.message());
+    // A resuming disk first gives up its resume (the killed run's bitmap
+    // may be the inconsistent one).
+    bool dropped = false;
+    for (auto it = plan.resumes.begin(); it != plan.resumes.end();) {
+      if (bad.empty() || it->first == bad) {
+        plan.resume_refused[it->first] = "checkpoint " + it->second.checkpoint +
+                                         " of the interrupted run is inconsistent: what changed since it cannot be "
+                                         "known";
+        it = plan.resumes.erase(it);
+        dropped = true;
+      } else {
+        ++it;
+      }
+    }
+    if (dropped) continue;
     for (auto& [d, inc] : plan.incremental) {
       if (inc && (bad.empty() || d == bad)) {
         inc = false;
@@ -939,7 +1049,11 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     BARGE_ASSIGN_OR_RETURN(paused, PausedStart::Start(dom.get(), req.domain, uri.Redacted(), "read them over NBD"));
     req.skip_quiesce = true;
   }
-  BARGE_ASSIGN_OR_RETURN(std::vector<std::string> warnings, ClearLeftovers(env, *catalog, dom.get(), req.domain));
+  // A killed run's checkpoint is kept for a resume only where a pull job
+  // can ask what changed since it (an active domain).
+  BARGE_ASSIGN_OR_RETURN(Leftovers leftovers, ClearLeftovers(env, *catalog, dom.get(), req.domain,
+                                                             req.resume && DomainIsActive(dom.get())));
+  std::vector<std::string> warnings = std::move(leftovers.warnings);
   if (paused) warnings.insert(warnings.begin(), paused->Warning("this backup"));
   BARGE_ASSIGN_OR_RETURN(RunPlan plan, PlanRun(env, *catalog, dom.get(), req.domain, tracker ? &*tracker : nullptr,
                                                 req.disks, req.force_full, req.target));
@@ -955,6 +1069,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   for (const auto& d : plan.disks) {
     if (CanHoldBitmap(d)) with_bitmap.insert(d.target);
   }
+  PlanResumes(env, req, dom.get(), with_bitmap, leftovers.kept_checkpoints, plan);
   BARGE_RETURN_IF_ERROR(CheckFreeSpace(env, dom.get(), plan.disks, req));
 
   VmBackupResult res;
@@ -968,6 +1083,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (with_bitmap.empty()) checkpoint.clear();
 
   Cleanup cleanup(env);
+  cleanup.kept_checkpoints = leftovers.kept_checkpoints;
   cleanup.faults = req.faults;
   cleanup.dom = dom.get();
   cleanup.remote = uri.remote();
@@ -1027,6 +1143,13 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
           br.dirty_bitmap = "qemu:dirty-bitmap:backup-" + name;
           br.since_checkpoint = res.parent_checkpoint;
         }
+        // Resumable: a killed run leaves its staged data, journal and work
+        // set, and its checkpoint stays (RecoverOrphanedBackupJob).
+        br.resume = req.resume;
+        br.keep_work = true;
+        br.keep_after_failure = false;
+        if (auto it = plan.resumes.find(name); it != plan.resumes.end()) br.staged_earlier = it->second;
+        if (auto it = plan.resume_refused.find(name); it != plan.resume_refused.end()) br.resume_refused = it->second;
       },
       res, cleanup.files);
   if (!first_error) {
@@ -1068,6 +1191,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     BackupJobRecord kept = cleanup.job;
     kept.checkpoint.clear();
     kept.chains_dir.clear();
+    kept.resumed_checkpoints.clear();
     IgnoreError(WriteBackupJobRecord(env, cleanup.job_record, kept),
                 "a record still naming the checkpoint only makes the next run check it against the tracker");
   }
@@ -1076,6 +1200,19 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     IgnoreError(DeleteCheckpoint(dom.get(), res.parent_checkpoint),
                 "the run is committed and the tracker no longer names that checkpoint: left behind, it only "
                 "costs its bitmaps' upkeep until deleted by hand ('virsh checkpoint-delete')");
+  }
+  // So are the killed runs' checkpoints kept for this run's resume.
+  for (const auto& cp : cleanup.kept_checkpoints) {
+    if (cp == checkpoint || !LookupCheckpoint(dom.get(), cp).ok()) continue;
+    IgnoreError(DeleteCheckpoint(dom.get(), cp),
+                "the run is committed and no tracker names that checkpoint: left behind, it only costs its "
+                "bitmaps' upkeep until deleted by hand ('virsh checkpoint-delete')");
+  }
+  for (const auto& d : res.disks) {
+    if (d.resume && !d.resume->resumed) {
+      res.warnings.push_back("disk " + d.disk + ": staged data not reusable: " + d.resume->problem +
+                             ", starting over");
+    }
   }
   return res;
 }

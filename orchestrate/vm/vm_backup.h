@@ -72,6 +72,9 @@ struct VmBackupRequest {
   pipeline::CopyOptions copy;      // pipeline knobs (per disk)
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = formats::kDefaultZstdLevel;
+  // Resume what a killed run of this backup staged (docs/formats/resume.md,
+  // "vm backup"); false (--no-resume): its staged data and checkpoint go.
+  bool resume = true;
   VmBackupFaults* faults = nullptr;  // tests only; must outlive the run
 };
 
@@ -85,6 +88,9 @@ struct VmBackupDisk {
   uint64_t virtual_size = 0;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
+  // When a killed run had staged data for this disk: resumed from it, or
+  // why not (the run started over).
+  std::optional<pipeline::ResumeNote> resume;
 };
 
 struct VmBackupResult {

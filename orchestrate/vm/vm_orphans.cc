@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "orchestrate/base/file_lock.h"
+#include "pipeline/backup_resume.h"
 #include "pipeline/chain.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/libvirt/qemu_monitor.h"
@@ -57,7 +58,7 @@ std::string BackupJobRecordPath(const std::string& catalog_path, const std::stri
 Status WriteBackupJobRecord(Env& env, const std::string& path, const BackupJobRecord& r) {
   std::string text = "owner=" + r.owner + "\nsocket=" + r.socket + "\nscratch_dir=" + r.scratch_dir +
                      "\ncheckpoint=" + r.checkpoint + "\nchains_dir=" + r.chains_dir + "\nrecord_id=" + std::to_string(r.record_id) +
-                     "\nhost=" + r.host + "\n";
+                     "\nhost=" + r.host + "\nresumed_checkpoints=" + r.resumed_checkpoints + "\n";
   return env.WriteFileAtomic(path, std::string_view(text));
 }
 
@@ -79,6 +80,7 @@ Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_pat
     st.record.chains_dir = Field(*text, "chains_dir");
     st.record.record_id = std::atoll(Field(*text, "record_id").c_str());
     st.record.host = Field(*text, "host");
+    st.record.resumed_checkpoints = Field(*text, "resumed_checkpoints");
   } else if (text.error().code() != ErrorCode::kNotFound) {
     return std::move(text).error();
   }
@@ -106,10 +108,11 @@ Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_pat
   return st;
 }
 
-Result<std::string> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, virDomainPtr dom,
-                                             const std::string& domain) {
+Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                                const std::string& domain, bool keep_resumable) {
   BARGE_ASSIGN_OR_RETURN(BackupJobState st, InspectBackupJob(env, catalog.path(), dom, domain));
-  if (st.state == "none") return std::string();
+  OrphanRecovery out;
+  if (st.state == "none") return out;
   if (st.state != "orphaned") return Error::Busy(st.message);
   const BackupJobRecord& r = st.record;
   std::string done;
@@ -130,16 +133,39 @@ Result<std::string> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, v
     if (!r.scratch_dir.empty()) BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch_dir));
     done += std::string(done.empty() ? "" : ", ") + "removed its socket and scratch folder";
   }
-  if (!r.checkpoint.empty() && LookupCheckpoint(dom, r.checkpoint).ok()) {
+  // The checkpoints a resume journal names (the staged points' times).
+  std::set<std::string> journaled;
+  if (keep_resumable && !r.chains_dir.empty()) {
+    BARGE_ASSIGN_OR_RETURN(auto disks, DomainDisks(dom));
+    for (const auto& d : disks) {
+      auto j = pipeline::LoadResumeJournal(
+          env, r.chains_dir + "/" + d.target + "/" + std::string(pipeline::kResumeJournalName));
+      if (j.ok() && !j->key.checkpoint.empty()) journaled.insert(j->key.checkpoint);
+    }
+  }
+  std::vector<std::string> checkpoints;
+  if (!r.checkpoint.empty()) checkpoints.push_back(r.checkpoint);
+  for (size_t a = 0; a < r.resumed_checkpoints.size();) {
+    size_t b = r.resumed_checkpoints.find(',', a);
+    if (b == std::string::npos) b = r.resumed_checkpoints.size();
+    if (b > a) checkpoints.push_back(r.resumed_checkpoints.substr(a, b - a));
+    a = b + 1;
+  }
+  for (const std::string& cp : checkpoints) {
+    if (!LookupCheckpoint(dom, cp).ok()) continue;
     // Never committed: a tracker that named it would have been advanced by
     // the run that was killed before its commit, so this is only a check.
     BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
     bool named = false;
-    for (const auto& t : trackers) named |= t.latest_checkpoint == r.checkpoint;
-    if (!named) {
-      BARGE_RETURN_IF_ERROR(DeleteCheckpoint(dom, r.checkpoint));
-      done += ", deleted its uncommitted checkpoint " + r.checkpoint;
+    for (const auto& t : trackers) named |= t.latest_checkpoint == cp;
+    if (named) continue;
+    if (journaled.count(cp)) {
+      out.kept_checkpoints.push_back(cp);
+      done += ", kept its checkpoint " + cp + " to resume the data it staged";
+      continue;
     }
+    BARGE_RETURN_IF_ERROR(DeleteCheckpoint(dom, cp));
+    done += ", deleted its uncommitted checkpoint " + cp;
   }
   if (!r.checkpoint.empty() && !r.chains_dir.empty()) {
     // The points the killed run wrote for its checkpoint were never
@@ -168,8 +194,8 @@ Result<std::string> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, v
     }
   }
   BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(BackupJobRecordPath(catalog.path(), domain)));
-  return "an earlier backup of domain '" + domain + "' (process " + OwnerPid(r.owner) +
-         ") was killed: " + done;
+  out.warning = "an earlier backup of domain '" + domain + "' (process " + OwnerPid(r.owner) + ") was killed: " + done;
+  return out;
 }
 
 namespace {

@@ -31,6 +31,9 @@ struct BackupJobRecord {
   // The hypervisor's host (LibvirtHostKey) when it is not this machine:
   // socket and scratch paths are then on that host, and never removed here.
   std::string host;
+  // Checkpoints of earlier killed runs that this run resumes from (kept
+  // until it commits; comma-separated), "" for none.
+  std::string resumed_checkpoints;
 };
 
 // <catalog folder>/locks/domains/<domain>.backup-job
@@ -59,17 +62,28 @@ struct BackupJobState {
 Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_path, virDomainPtr dom,
                                         const std::string& domain);
 
+// What RecoverOrphanedBackupJob did.
+struct OrphanRecovery {
+  std::string warning;  // for the user; "" when there was nothing to do
+  // The killed run's checkpoints kept for a resume: a chain folder's resume
+  // journal (pipeline/backup_resume.h) names each, so the next run's job
+  // can ask libvirt what changed since it (docs/formats/resume.md, "vm
+  // backup"). The run that resumes deletes them once it commits.
+  std::vector<std::string> kept_checkpoints;
+};
+
 // Before a backup of `domain` starts (the caller holds the domain's lock):
 // for an "orphaned" state, aborts the job (virDomainAbortJob, waiting until
 // libvirt has no job), removes its socket and scratch folder, deletes its
-// checkpoint when no tracker names it (it was never committed: the next
-// incremental continues from the tracker's checkpoint) and the points the
-// run wrote for that checkpoint at the end of its chain folders, marks its catalog
-// record failed and removes the run record. Returns what it did (a warning
-// for the user), "" when there was nothing to do. "running" and "foreign"
-// are kBusy with the state's message, nothing touched.
-Result<std::string> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, virDomainPtr dom,
-                                             const std::string& domain);
+// checkpoint (and those of earlier killed runs it was resuming from) when
+// no tracker names it (it was never committed: the next incremental
+// continues from the tracker's checkpoint) unless `keep_resumable` and a
+// resume journal in one of the run's chain folders names it, removes the
+// points the run wrote for that checkpoint at the end of its chain folders,
+// marks its catalog record failed and removes the run record. "running"
+// and "foreign" are kBusy with the state's message, nothing touched.
+Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                                const std::string& domain, bool keep_resumable = false);
 
 // A libvirt checkpoint of the domain whose bitmaps QEMU no longer has on any
 // of its disks (removed behind libvirt's back, or lost with a disk that was

@@ -1,0 +1,293 @@
+// A `vm backup` killed while it copies (issue 20 §3): the next run keeps the
+// killed run's checkpoint, asks libvirt what changed since it, keeps the
+// staged clusters below the first change (checked against their digests)
+// and reads only the rest; the point restores to the disk as it is then.
+// Without the killed run's checkpoint, or with --no-resume, it starts over,
+// saying why.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "blockio/env.h"
+#include "orchestrate/vm/vm_backup.h"
+#include "tests/testing/testing.h"
+#include "tests/vm_libvirt_env.h"
+
+namespace barge::testing {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+class VmResumeTest : public VmTestBase {
+ protected:
+  std::string MakeQcow2(const std::string& name) {
+    std::string p = dir_ / name;
+    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " 64M");
+    return p;
+  }
+  // libvirt's checkpoint names of `domain`, one per line.
+  std::string Checkpoints(const std::string& domain) {
+    std::string out = RunOk(std::string(kVirsh) + "checkpoint-list " + domain + " --name");
+    std::string names;
+    size_t pos = 0;
+    while (pos < out.size()) {
+      size_t end = out.find('\n', pos);
+      if (end == std::string::npos) end = out.size();
+      if (end > pos) names += out.substr(pos, end - pos) + "\n";
+      pos = end + 1;
+    }
+    return names;
+  }
+  // Runs `vm backup` of `domain` in a child process, slowed down (each
+  // progress report waits), and SIGKILLs it once half of its work was
+  // copied and the journal had a moment to catch up. Returns the checkpoint
+  // the killed run made (libvirt's list without `known`).
+  std::string KillMidCopy(const std::string& domain, const std::string& known) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    pid_t child = ::fork();
+    EXPECT_GE(child, 0);
+    if (child == 0) {
+      ::close(fds[0]);
+      orchestrate::VmBackupRequest req;
+      req.domain = domain;
+      req.target = target_;
+      req.catalog_path = catalog_;
+      req.skip_quiesce = true;
+      req.copy.chunk_bytes = 1 << 20;
+      const int fd = fds[1];
+      req.progress = [fd](const std::string&, uint64_t done, uint64_t total) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        if (total > 0 && done * 2 >= total) {
+          char c = 'h';
+          (void)!::write(fd, &c, 1);
+          for (;;) ::pause();
+        }
+      };
+      (void)orchestrate::RunVmBackup(Env::Default(), req);
+      ::_exit(3);  // the run ended without being stopped
+    }
+    ::close(fds[1]);
+    pollfd p{fds[0], POLLIN, 0};
+    char c = 0;
+    bool reached = ::poll(&p, 1, 300 * 1000) == 1 && ::read(fds[0], &c, 1) == 1;
+    ::close(fds[0]);
+    // The destination consumes what was handed to it and journals it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    EXPECT_TRUE(reached) << "the child's backup never copied half of its work";
+    std::string all = Checkpoints(domain);
+    std::string made;
+    size_t pos = 0;
+    while (pos < all.size()) {
+      size_t end = all.find('\n', pos);
+      std::string name = all.substr(pos, end - pos);
+      if (name != known) made = name;
+      pos = end + 1;
+    }
+    EXPECT_FALSE(made.empty()) << all;
+    return made;
+  }
+  json BackupRun(const std::string& domain, CommandResult& run) {
+    run = ::barge::testing::Run(Barge("vm backup --domain " + domain + " --target " + ShellQuote(target_) +
+                                      " --skip-quiesce --json"));
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    if (run.exit_code != 0) return json::object();
+    return json::parse(run.stdout_text.substr(run.stdout_text.rfind("{\"event\":\"result\"")));
+  }
+  // Shuts the domain off (gracefully: the disk file is complete) and
+  // compares point `at` of its vda chain with the disk; checks the image.
+  void ExpectPointIsDisk(TestDomain& dom, const std::string& disk, int at, const std::string& image) {
+    dom.Destroy();
+    std::string flat = dir_ / "flat.raw";
+    RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
+    ExpectRestores(target_ + "/" + dom.name() + "/vda", at, flat);
+    RunOk("qemu-img check -q " + ShellQuote(image));
+    fs::remove(flat);
+  }
+};
+
+// The first (full) backup killed halfway; a write below and one beyond
+// what it staged; the next run resumes the full: staged bytes kept, less
+// than the disk read, the point is the disk as it is now, the killed run's
+// checkpoint is gone and the next incremental continues from the new one.
+TEST_F(VmResumeTest, KilledFullResumesWithTheChangesSince) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("resume-full", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0x11, "0", "56M");
+  dom.Flush();
+  const std::string c1 = KillMidCopy(dom.name(), "");
+  ASSERT_FALSE(c1.empty());
+  ASSERT_TRUE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
+  ASSERT_TRUE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume-work"));
+  // Changed since the killed run: one cluster it staged, one it did not reach.
+  dom.Write(0x22, "12M", "64k");
+  dom.Write(0x33, "60M", "1M");
+  dom.Flush();
+
+  CommandResult run;
+  json b1 = BackupRun(dom.name(), run);
+  ASSERT_FALSE(b1.empty());
+  EXPECT_NE(run.stderr_text.find("kept its checkpoint " + c1), std::string::npos) << run.stderr_text;
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
+  const json& d = b1["disks"][0];
+  ASSERT_TRUE(d.contains("resume")) << b1.dump();
+  EXPECT_EQ(d["resume"]["resumed"], true) << b1.dump();
+  // Kept: the staged clusters below the first changed one (12 MiB).
+  EXPECT_EQ(d["resume"]["staged_bytes"].get<uint64_t>(), 12 * kMiB) << b1.dump();
+  EXPECT_NE(d["resume"]["problem"].get<std::string>().find("changed since checkpoint " + c1), std::string::npos)
+      << b1.dump();
+  EXPECT_LE(d["bytes_read"].get<uint64_t>(), 64 * kMiB - 12 * kMiB) << b1.dump();
+  std::cerr << "resumed full: " << d["resume"].dump() << ", read " << d["bytes_read"] << " of 57 MiB data\n";
+  // The tracker is on the new checkpoint; the killed run's is gone.
+  const std::string c2 = b1["checkpoint"];
+  EXPECT_EQ(Checkpoints(dom.name()), c2 + "\n");
+  EXPECT_FALSE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
+  EXPECT_FALSE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume-work"));
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, b1["disks"][0]["image"]));
+
+  dom.StartPaused();
+  dom.Write(0x44, "30M", "1M");
+  dom.Flush();
+  CommandResult run2;
+  json b2 = BackupRun(dom.name(), run2);
+  ASSERT_FALSE(b2.empty());
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_EQ(b2["parent_checkpoint"], c2) << b2.dump();
+  EXPECT_FALSE(b2["disks"][0].contains("resume")) << b2.dump();
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 1, b2["disks"][0]["image"]));
+}
+
+// An incremental killed halfway resumes as an incremental from the
+// tracker's checkpoint: its work is what it had plus what changed since
+// (a write outside the killed run's work lands in the point too).
+TEST_F(VmResumeTest, KilledIncrementalResumesWithTheChangesSince) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("resume-inc", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0x11, "0", "8M");
+  dom.Flush();
+  json b0 = Backup(dom.name());
+  ASSERT_EQ(b0["backup_type"], "full") << b0.dump();
+  const std::string c0 = b0["checkpoint"];
+  dom.Write(0x22, "8M", "48M");
+  dom.Flush();
+  const std::string c1 = KillMidCopy(dom.name(), c0);
+  ASSERT_FALSE(c1.empty());
+  dom.Write(0x33, "12M", "64k");  // staged by the killed run: changed since
+  dom.Write(0x44, "60M", "1M");   // not in the killed run's work at all
+  dom.Flush();
+
+  CommandResult run;
+  json b1 = BackupRun(dom.name(), run);
+  ASSERT_FALSE(b1.empty());
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(b1["parent_checkpoint"], c0) << b1.dump();
+  const json& d = b1["disks"][0];
+  ASSERT_TRUE(d.contains("resume")) << b1.dump();
+  EXPECT_EQ(d["resume"]["resumed"], true) << b1.dump();
+  EXPECT_EQ(d["resume"]["staged_bytes"].get<uint64_t>(), 4 * kMiB) << b1.dump();
+  // The work: 8M..56M and 60M..61M; the first 4 MiB came from the staged image.
+  EXPECT_LE(d["bytes_read"].get<uint64_t>(), 46 * kMiB) << b1.dump();
+  const std::string c2 = b1["checkpoint"];
+  EXPECT_EQ(Checkpoints(dom.name()), c2 + "\n");
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 1, b1["disks"][0]["image"]));
+
+  dom.StartPaused();
+  dom.Write(0x55, "30M", "1M");
+  dom.Flush();
+  CommandResult run2;
+  json b2 = BackupRun(dom.name(), run2);
+  ASSERT_FALSE(b2.empty());
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_EQ(b2["parent_checkpoint"], c2) << b2.dump();
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 2, b2["disks"][0]["image"]));
+}
+
+// The killed run's checkpoint deleted by hand: what changed since it cannot
+// be known, so the next run starts over (a warning says why) and reads all.
+TEST_F(VmResumeTest, StartsOverWhenTheKilledRunsCheckpointIsGone) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("resume-gone", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0x11, "0", "56M");
+  dom.Flush();
+  const std::string c1 = KillMidCopy(dom.name(), "");
+  ASSERT_FALSE(c1.empty());
+  RunOk(std::string(kVirsh) + "domjobabort " + dom.name());
+  RunOk(std::string(kVirsh) + "checkpoint-delete " + dom.name() + " " + c1);
+  dom.Write(0x22, "12M", "64k");
+  dom.Flush();
+
+  CommandResult run;
+  json b1 = BackupRun(dom.name(), run);
+  ASSERT_FALSE(b1.empty());
+  EXPECT_NE(run.stderr_text.find("staged data not reusable: checkpoint " + c1 + " of the interrupted run is gone"),
+            std::string::npos)
+      << run.stderr_text;
+  const json& d = b1["disks"][0];
+  ASSERT_TRUE(d.contains("resume")) << b1.dump();
+  EXPECT_EQ(d["resume"]["resumed"], false) << b1.dump();
+  EXPECT_EQ(d["resume"]["staged_bytes"], 0) << b1.dump();
+  EXPECT_GE(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b1.dump();
+  EXPECT_EQ(Checkpoints(dom.name()), b1["checkpoint"].get<std::string>() + "\n");
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, b1["disks"][0]["image"]));
+}
+
+// --no-resume: the killed run's checkpoint and staged data go, the run
+// reads everything and says why it did not resume.
+TEST_F(VmResumeTest, NoResumeStartsOver) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("resume-no", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0x11, "0", "56M");
+  dom.Flush();
+  const std::string c1 = KillMidCopy(dom.name(), "");
+  ASSERT_FALSE(c1.empty());
+
+  CommandResult run = ::barge::testing::Run(Barge("vm backup --domain " + dom.name() + " --target " +
+                                                  ShellQuote(target_) + " --skip-quiesce --no-resume --json"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  json b1 = json::parse(run.stdout_text.substr(run.stdout_text.rfind("{\"event\":\"result\"")));
+  EXPECT_NE(run.stderr_text.find("deleted its uncommitted checkpoint " + c1), std::string::npos) << run.stderr_text;
+  EXPECT_NE(run.stderr_text.find("disk vda: staged data not reusable: resuming is off, starting over"),
+            std::string::npos)
+      << run.stderr_text;
+  const json& d = b1["disks"][0];
+  ASSERT_TRUE(d.contains("resume")) << b1.dump();
+  EXPECT_EQ(d["resume"]["resumed"], false) << b1.dump();
+  EXPECT_GE(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b1.dump();
+  EXPECT_EQ(Checkpoints(dom.name()), b1["checkpoint"].get<std::string>() + "\n");
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, b1["disks"][0]["image"]));
+}
+
+}  // namespace
+}  // namespace barge::testing
