@@ -369,6 +369,20 @@ Result<std::unique_ptr<NbdHandle>> ConnectFirst(const std::string& uri, const st
   }
 }
 
+// NbdOptions::connections of 0: the count in plaintext, and the most over
+// TLS (where the cores bound it).
+constexpr uint32_t kAutoConnections = 4;
+
+// How many connections to open to the export `info` describes (see
+// NbdOptions::connections).
+uint32_t ConnectionsWanted(const ExportInfo& info, const NbdOptions& options) {
+  if (!info.multi_conn) return 1;
+  if (options.connections != 0) return options.connections;
+  if (!info.tls) return kAutoConnections;
+  uint32_t cores = options.cores != 0 ? options.cores : std::thread::hardware_concurrency();
+  return std::clamp<uint32_t>(cores, 1, kAutoConnections);
+}
+
 // Opens the first connection, learns the export, then opens the extra
 // connections that multi-conn allows. An extra connection that fails is
 // dropped rather than failing the open: fewer connections only cost speed.
@@ -377,7 +391,7 @@ Result<Export> OpenExport(const std::string& uri, const std::string& name, const
   BARGE_ASSIGN_OR_RETURN(auto first, ConnectFirst(uri, name, options));
   BARGE_ASSIGN_OR_RETURN(ExportInfo info, Probe(first->get(), name, options));
   handles.push_back(std::move(first));
-  uint32_t wanted = info.multi_conn ? std::max<uint32_t>(options.connections, 1) : 1;
+  const uint32_t wanted = ConnectionsWanted(info, options);
   // Extra connections get a short deadline: a server with fewer slots than
   // we asked for just stays silent, and waiting long for it gains nothing.
   auto extra_timeout = std::min(options.connect_timeout, kExtraConnectTimeout);

@@ -81,7 +81,15 @@ struct NbdOptions {
   // (its promise that connections see each other's writes and flushes);
   // otherwise one. qemu-nbd advertises it only with --shared greater than 1.
   // If an extra connection fails, the object keeps the ones it has.
-  uint32_t connections = 4;
+  // 0: automatic, 4 in plaintext; over TLS one per core of this machine, at
+  // most 4 (each connection's records are decrypted by the thread that
+  // reads it, so connections beyond the cores add no decryption and only
+  // contend; on 2 cores 4 TLS connections cost more wall and CPU time than
+  // 2, on both ends: docs/benchmarks.md). A number given is used as is.
+  uint32_t connections = 0;
+  // The cores the automatic count over TLS assumes; 0: this machine's
+  // (std::thread::hardware_concurrency()).
+  uint32_t cores = 0;
   // Largest single NBD read or write; larger calls are split. Also capped by
   // the server's advertised maximum block size. 0: 1 MiB over TLS, where
   // fewer, bigger replies cost both ends less framing and record set-up,

@@ -5,8 +5,9 @@ namespace barge::cli {
 
 void NbdFlags::AddTo(CLI::App* app, const std::string& which) {
   app->add_option("--nbd-connections", access.connections,
-                  "NBD connections for " + which + " when the server allows several (multi-conn)")
-      ->check(CLI::Range(1, 64))
+                  "NBD connections for " + which + " when the server allows several (multi-conn); 0 = "
+                  "automatic: 4, over TLS one per core up to 4")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   app->add_option("--tls-certificates", access.tls_certificates,
                   "NBD over TLS (x509) for " + which +

@@ -454,8 +454,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                   std::string("TCP ports for a remote TLS export, LO-HI, one per running job on a host "
                               "(default: ") + orc::kDefaultNbdPortRange + ")");
   cmd->add_option("--nbd-connections", a->req.nbd.connections,
-                  "NBD connections per disk to the job's export (multi-conn; default 4)")
-      ->check(CLI::Range(1, 64));
+                  "NBD connections per disk to the job's export (multi-conn; default 0 = automatic: 4, over TLS "
+                  "one per core up to 4)")
+      ->check(CLI::Range(0, 64));
   a->hooks.AddTo(cmd);
   a->copy.AddTo(cmd, DefaultCompression());
   {

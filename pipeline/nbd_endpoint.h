@@ -13,7 +13,7 @@ namespace barge::pipeline {
 
 // The same for every NBD URI of one command; ignored for files.
 struct NbdAccess {
-  uint32_t connections = 4;      // with multi-conn (NbdOptions::connections)
+  uint32_t connections = 0;      // with multi-conn; 0: automatic (NbdOptions::connections)
   std::string tls_certificates;  // x509 folder (NbdTls::certificates_dir)
   std::string tls_psk_file;      // PSK keys file (NbdTls::psk_file)
   std::string tls_username;      // PSK identity (NbdTls::username)

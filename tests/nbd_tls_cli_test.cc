@@ -478,5 +478,40 @@ TEST_F(NbdTlsTest, SeveralConnectionsOverTlsReadTheSameBytes) {
   testing::RunOk("cmp " + Q(dir_ / "c1.raw") + " " + Q(dir_ / "c4.raw"));
 }
 
+TEST_F(NbdTlsTest, AutomaticConnectionsOverTlsFollowTheCores) {
+  auto server = Serve("x509", disk_);
+  auto plain_server = Serve("", disk_);
+  const std::string uri = "nbds://" + server->hostport() + "/?tls-certificates=" + Pki("client");
+  const std::string plain_uri = "nbd://" + plain_server->hostport() + "/";
+  // The connections a source opens with the flags' count `connections`,
+  // assuming `cores` cores.
+  auto opened = [&](const std::string& u, uint32_t connections, uint32_t cores) -> uint32_t {
+    pipeline::NbdAccess access;
+    access.connections = connections;
+    auto options = pipeline::NbdOptionsFor(Env::Default(), u, access);
+    EXPECT_TRUE(options.ok()) << options.error().ToString();
+    if (!options.ok()) return 0;
+    options->cores = cores;
+    auto source = OpenNbd(u, *options);
+    EXPECT_TRUE(source.ok()) << source.error().ToString();
+    return source.ok() ? (*source)->connections() : 0;
+  };
+  EXPECT_EQ(pipeline::NbdAccess().connections, 0u);  // automatic unless a count is given
+  // Over TLS: one per core, at most 4.
+  EXPECT_EQ(opened(uri, 0, 1), 1u);
+  EXPECT_EQ(opened(uri, 0, 2), 2u);
+  EXPECT_EQ(opened(uri, 0, 3), 3u);
+  EXPECT_EQ(opened(uri, 0, 16), 4u);
+  // A count given is used as is, and plaintext keeps 4 whatever the cores.
+  EXPECT_EQ(opened(uri, 4, 2), 4u);
+  EXPECT_EQ(opened(plain_uri, 0, 2), 4u);
+  EXPECT_EQ(opened(plain_uri, 0, 1), 4u);
+  // The flag takes 0 (automatic) and refuses what is out of range.
+  testing::RunOk(Barge("convert " + Q(uri) + " " + Q(dir_ / "auto.raw") + " --nbd-connections 0"));
+  testing::RunOk("qemu-img compare -q -f qcow2 -F raw " + Q(disk_) + " " + Q(dir_ / "auto.raw"));
+  auto r = Sh(Barge("convert " + Q(uri) + " " + Q(dir_ / "bad.raw") + " --nbd-connections 65"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace barge
