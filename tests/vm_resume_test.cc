@@ -379,6 +379,10 @@ TEST_F(VmResumeTest, LostConnectionResumesOnTheNextRun) {
   EXPECT_FALSE(t.contains("latest_checkpoint") && t["latest_checkpoint"].is_object() &&
                t["latest_checkpoint"].contains("name"))
       << t.dump();
+  // doctor sees what the next run resumes from.
+  const json job = BargeJson("doctor --domain " + dom.name())["backup_job"];
+  EXPECT_EQ(job["state"], "orphaned") << job.dump();
+  EXPECT_NE(job["message"].get<std::string>().find("resumes from them"), std::string::npos) << job.dump();
   dom.Write(0x22, "40M", "64k");  // beyond what was staged
   dom.Flush();
 
