@@ -283,7 +283,8 @@ std::vector<std::string> StagedAt(Env& env, const std::string& chains_dir, const
   std::vector<std::string> out;
   if (checkpoint.empty()) return out;
   for (const auto& d : disks) {
-    auto j = pipeline::LoadResumeJournal(env, chains_dir + "/" + d.target + "/" + std::string(pipeline::kResumeJournalName));
+    auto j = pipeline::LoadResumeJournal(
+        env, chains_dir + "/" + d.target + "/" + std::string(pipeline::kResumeJournalName));
     if (j.ok() && j->key.checkpoint == checkpoint) out.push_back(d.target);
   }
   return out;
@@ -1126,7 +1127,8 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   cleanup.tcp_host = uri.host;
   res.transport = tls ? "tls" : uri.remote() ? "ssh" : "unix";
   auto fail = [&](Error e) -> Error {
-    if (!cleanup.KeepForResume(e, StagedAt(env, req.target + "/" + req.domain, plan.disks, checkpoint))) cleanup.Undo(e);
+    const auto staged = StagedAt(env, req.target + "/" + req.domain, plan.disks, checkpoint);
+    if (!cleanup.KeepForResume(e, staged)) cleanup.Undo(e);
     res.checkpoint = checkpoint;
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     BackupRecord r = ToRecord(req, res, started);
