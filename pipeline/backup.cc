@@ -776,7 +776,8 @@ Error KeepOrDrop(Env& env, const BackupRequest& req, BackupRun& run, JournaledDe
   if (run.journal == nullptr) return error;
   ErrorCode code = error.code();
   if (req.keep_after_failure && journaled != nullptr && !journaled->failed() && code != ErrorCode::kCancelled &&
-      code != ErrorCode::kNoSpace) {
+      code != ErrorCode::kNoSpace &&
+      (!req.keep_only_when_disconnected || (code == ErrorCode::kIoError && error.retryable()))) {
     // What was stored after the last checkpoint is kept too.
     Status last = journaled->Checkpoint();
     if (last.ok() && run.journal->checkpoints() > 0 && run.writer->KeepStagedImage().ok()) {

@@ -91,6 +91,11 @@ struct BackupRequest {
   // and journal (false: only a killed run leaves them; a vm backup's failed
   // run deletes the checkpoint a resume would need).
   bool keep_after_failure = true;
+  // With keep_after_failure: kept only when the source's connection was lost
+  // for good (an I/O error marked retryable: reconnecting gave up, or was
+  // off), not when the source answered with an error (a vm backup keeps its
+  // checkpoint for exactly that case: docs/formats/resume.md, "vm backup").
+  bool keep_only_when_disconnected = false;
   // With resume: the work set is kept beside the journal (kResumeWorkName),
   // so that a later run at another point in time can resume (StagedEarlier).
   bool keep_work = false;

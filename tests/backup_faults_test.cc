@@ -255,6 +255,40 @@ TEST_F(BackupFaultsTest, SourceReadErrorMidStream) {
   ExpectRerunSucceeds();
 }
 
+// keep_only_when_disconnected (a vm backup's setting): a failed source
+// read keeps the staged image and journal only when the error is the kind
+// a lost connection gives (an I/O error marked retryable: ETIMEDOUT here),
+// not when the source answered with an error (EIO); without the setting,
+// both keep them, as `barge backup` does.
+TEST_F(BackupFaultsTest, KeepOnlyWhenDisconnectedKeepsOnlyAfterALostSource) {
+  struct Case {
+    int err;
+    bool only_when_disconnected;
+    bool kept;
+  };
+  for (Case c : {Case{EIO, true, false}, Case{ETIMEDOUT, true, true}, Case{EIO, false, true}}) {
+    SCOPED_TRACE(std::to_string(c.err) + (c.only_when_disconnected ? " only when disconnected" : ""));
+    fs::remove_all(target_);
+    FaultFilesEnv env(PosixEnv(), {}, [&](const std::string& path, FaultInjector& faults) {
+      if (path == disk_) faults.AddRule(FaultRule::InRange(FaultOp::kRead, 6 * kMiB, 1, c.err));
+    });
+    BackupRequest req = Request();
+    req.resume = true;
+    req.keep_after_failure = true;
+    req.keep_only_when_disconnected = c.only_when_disconnected;
+    auto r = RunBackup(env, req);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code(), ErrorCode::kIoError) << r.error().ToString();
+    const bool journal = fs::exists(chain_ + "/.backup.barge-resume");
+    EXPECT_EQ(journal, c.kept) << r.error().ToString() << "; left: " << Join(Leftovers(chain_));
+    EXPECT_EQ(r.error().ToString().find("the next run of this backup resumes") != std::string::npos, c.kept)
+        << r.error().ToString();
+    if (!c.kept) EXPECT_TRUE(Leftovers(chain_).empty()) << Join(Leftovers(chain_));
+  }
+  fs::remove_all(target_);
+  ExpectRerunSucceeds();
+}
+
 // A faulted incremental leaves the chain as it was: the full still restores
 // and a re-run of the incremental succeeds.
 TEST_F(BackupFaultsTest, FailedIncrementalLeavesChainIntact) {

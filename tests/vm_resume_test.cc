@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -287,6 +288,134 @@ TEST_F(VmResumeTest, NoResumeStartsOver) {
   EXPECT_GE(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b1.dump();
   EXPECT_EQ(Checkpoints(dom.name()), b1["checkpoint"].get<std::string>() + "\n");
   ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, b1["disks"][0]["image"]));
+}
+
+// A run whose connection to the export is lost for good (QEMU's NBD server
+// stopped halfway, so reconnecting fails until the few retries are spent)
+// fails, keeping what a killed run keeps: its checkpoint, the staged
+// image, journal and work set, and its run record. The next run resumes
+// from them as from a killed run's (issue 20 §3: "connection lost for good").
+TEST_F(VmResumeTest, LostConnectionResumesOnTheNextRun) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("resume-lost", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0x11, "0", "56M");
+  dom.Flush();
+
+  int half[2], go[2], said[2];
+  ASSERT_EQ(::pipe(half), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  ASSERT_EQ(::pipe(said), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(half[0]);
+    ::close(go[1]);
+    ::close(said[0]);
+    orchestrate::VmBackupRequest req;
+    req.domain = dom.name();
+    req.target = target_;
+    req.catalog_path = catalog_;
+    req.skip_quiesce = true;
+    req.copy.chunk_bytes = 1 << 20;
+    req.copy.nbd_retry.attempts = 2;
+    req.copy.nbd_retry.max_time = std::chrono::milliseconds(3000);
+    req.copy.nbd_retry.stall_timeout = std::chrono::milliseconds(2000);
+    const int half_fd = half[1], go_fd = go[0];
+    auto stopped = std::make_shared<std::atomic<bool>>(false);
+    // Slowed down; halfway, waits until the test has stopped the export.
+    req.progress = [half_fd, go_fd, stopped](const std::string&, uint64_t done, uint64_t total) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      if (total > 0 && done * 2 >= total && !stopped->exchange(true)) {
+        char c = 'h';
+        (void)!::write(half_fd, &c, 1);
+        (void)!::read(go_fd, &c, 1);
+      }
+    };
+    auto r = orchestrate::RunVmBackup(Env::Default(), req);
+    std::string text = r.ok() ? std::string("succeeded") : r.error().ToString();
+    (void)!::write(said[1], text.data(), text.size());
+    ::_exit(r.ok() ? 3 : 0);
+  }
+  ::close(half[1]);
+  ::close(go[0]);
+  ::close(said[1]);
+  pollfd p{half[0], POLLIN, 0};
+  char c = 0;
+  const bool reached = ::poll(&p, 1, 300 * 1000) == 1 && ::read(half[0], &c, 1) == 1;
+  ::close(half[0]);
+  // The destination consumes what was handed to it and journals it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  // QEMU's NBD server goes (libvirt's job stays): for good, as far as the
+  // run can tell.
+  RunOk(std::string(kVirsh) + "qemu-monitor-command " + dom.name() + " --hmp nbd_server_stop");
+  c = 'g';
+  (void)!::write(go[1], &c, 1);
+  ::close(go[1]);
+  std::string message;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(said[0], buf, sizeof(buf))) > 0;) message.append(buf, static_cast<size_t>(n));
+  ::close(said[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(reached) << "the child's backup never copied half of its work";
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << message;
+  std::cerr << "lost-connection run: " << message << "\n";
+  EXPECT_NE(message.find("NBD connection lost"), std::string::npos) << message;
+  EXPECT_NE(message.find("the next vm backup of domain '" + dom.name() + "' resumes from them"), std::string::npos)
+      << message;
+  const std::string c1 = Checkpoints(dom.name());
+  ASSERT_FALSE(c1.empty());
+  ASSERT_EQ(c1.find('\n'), c1.size() - 1) << c1;
+  EXPECT_NE(message.find("checkpoint " + c1.substr(0, c1.size() - 1) + " are kept"), std::string::npos) << message;
+  ASSERT_TRUE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
+  ASSERT_TRUE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume-work"));
+  EXPECT_EQ(RunOk(std::string(kVirsh) + "domjobinfo " + dom.name()).find("Backup"), std::string::npos);
+  // Not committed: the tracker has no checkpoint yet.
+  const json t = BargeJson("tracker show t1")["tracker"];
+  EXPECT_FALSE(t.contains("latest_checkpoint") && t["latest_checkpoint"].is_object() &&
+               t["latest_checkpoint"].contains("name"))
+      << t.dump();
+  // doctor sees what the next run resumes from.
+  const json job = BargeJson("doctor --domain " + dom.name())["backup_job"];
+  EXPECT_EQ(job["state"], "orphaned") << job.dump();
+  EXPECT_NE(job["message"].get<std::string>().find("resumes from them"), std::string::npos) << job.dump();
+  dom.Write(0x22, "40M", "64k");  // beyond what was staged
+  dom.Flush();
+
+  CommandResult run;
+  json b1 = BackupRun(dom.name(), run);
+  ASSERT_FALSE(b1.empty());
+  EXPECT_NE(run.stderr_text.find("lost its NBD connection and kept what it staged"), std::string::npos)
+      << run.stderr_text;
+  EXPECT_NE(run.stderr_text.find("kept its checkpoint " + c1.substr(0, c1.size() - 1)), std::string::npos)
+      << run.stderr_text;
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
+  const json& d = b1["disks"][0];
+  ASSERT_TRUE(d.contains("resume")) << b1.dump();
+  EXPECT_EQ(d["resume"]["resumed"], true) << b1.dump();
+  EXPECT_GT(d["resume"]["staged_bytes"].get<uint64_t>(), 0u) << b1.dump();
+  EXPECT_LT(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b1.dump();
+  std::cerr << "resumed after a lost connection: " << d["resume"].dump() << ", read " << d["bytes_read"]
+            << " of 56 MiB data\n";
+  const std::string c2 = b1["checkpoint"];
+  EXPECT_EQ(Checkpoints(dom.name()), c2 + "\n");
+  EXPECT_FALSE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, b1["disks"][0]["image"]));
+
+  dom.StartPaused();
+  dom.Write(0x44, "30M", "1M");
+  dom.Flush();
+  CommandResult run2;
+  json b2 = BackupRun(dom.name(), run2);
+  ASSERT_FALSE(b2.empty());
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_EQ(b2["parent_checkpoint"], c2) << b2.dump();
+  EXPECT_EQ(Checkpoints(dom.name()), b2["checkpoint"].get<std::string>() + "\n");
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 1, b2["disks"][0]["image"]));
 }
 
 }  // namespace

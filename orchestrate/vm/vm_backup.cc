@@ -247,12 +247,48 @@ struct Cleanup {
     // Kept while the job or its checkpoint may remain: the next run cleans up by it.
     if (job_gone) e.Also(DropRecord());
   }
+  // Instead of Undo, when the disks `staged` (their NBD connection lost
+  // for good) kept their staged data and journals at `new_checkpoint`: the
+  // job ends, the checkpoints stay, and the run record, marked, stays for
+  // the next run, which resumes as after a killed run
+  // (RecoverOrphanedBackupJob). false, with nothing done, when there is
+  // nothing to keep or the record cannot say so.
+  bool KeepForResume(Error& e, const std::vector<std::string>& staged) {
+    if (staged.empty() || new_checkpoint.empty() || job_record.empty()) return false;
+    BackupJobRecord kept = job;
+    kept.kept_after_failure = true;
+    if (!WriteBackupJobRecord(env, job_record, kept).ok()) return false;
+    std::string disks;
+    for (const auto& d : staged) disks += (disks.empty() ? "" : ", ") + d;
+    e.Wrap("the data staged for disk" + std::string(staged.size() == 1 ? " " : "s ") + disks + " and checkpoint " +
+           new_checkpoint + " are kept: the next vm backup of domain '" + virDomainGetName(dom) +
+           "' resumes from them; vm backup");
+    if (std::string thaw = Thaw(); !thaw.empty()) e = Error(e.code(), e.message() + "; " + thaw);
+    e.Also(EndJob());
+    for (const auto& f : files) e.Also(env.UnlinkIfExists(f));
+    job_record.clear();  // stays for the next run
+    return true;
+  }
   Status DropRecord() {
     if (job_record.empty()) return OkStatus();
     std::string path = std::exchange(job_record, "");
     return env.UnlinkIfExists(path);
   }
 };
+
+// The disks whose chain folder (under `chains_dir`) holds a resume journal
+// at `checkpoint`: what a failed run kept for the next one.
+std::vector<std::string> StagedAt(Env& env, const std::string& chains_dir, const std::vector<DomainDisk>& disks,
+                                  const std::string& checkpoint) {
+  std::vector<std::string> out;
+  if (checkpoint.empty()) return out;
+  for (const auto& d : disks) {
+    auto j = pipeline::LoadResumeJournal(
+        env, chains_dir + "/" + d.target + "/" + std::string(pipeline::kResumeJournalName));
+    if (j.ok() && j->key.checkpoint == checkpoint) out.push_back(d.target);
+  }
+  return out;
+}
 
 VmBackupDisk FromBackupResult(const std::string& disk, bool incremental, const std::string& reason,
                               const pipeline::BackupResult& r) {
@@ -856,7 +892,7 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
     cleanup.scratch_prefix = req.scratch_dir + "/barge-scratch-" + req.domain + "-";
     BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, "", checkpoint,
                         req.target + "/" + req.domain, record_id, LibvirtHostKey(ResolveLibvirtUri(req.libvirt_uri)),
-                        JoinNames(cleanup.kept_checkpoints)};
+                        JoinNames(cleanup.kept_checkpoints), false};
     if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
       return std::move(s).error().Wrap("write the backup job's run record");
     }
@@ -877,7 +913,7 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
   if (!scratch.ok()) return std::move(scratch).error().Wrap("create scratch folder");
   cleanup.scratch_prefix = cleanup.scratch_dir + "/";
   BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, cleanup.scratch_dir, checkpoint,
-                      req.target + "/" + req.domain, record_id, "", JoinNames(cleanup.kept_checkpoints)};
+                      req.target + "/" + req.domain, record_id, "", JoinNames(cleanup.kept_checkpoints), false};
   if (Status s = WriteBackupJobRecord(env, record_path, job); !s.ok()) {
     return std::move(s).error().Wrap("write the backup job's run record");
   }
@@ -1091,7 +1127,8 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   cleanup.tcp_host = uri.host;
   res.transport = tls ? "tls" : uri.remote() ? "ssh" : "unix";
   auto fail = [&](Error e) -> Error {
-    cleanup.Undo(e);
+    const auto staged = StagedAt(env, req.target + "/" + req.domain, plan.disks, checkpoint);
+    if (!cleanup.KeepForResume(e, staged)) cleanup.Undo(e);
     res.checkpoint = checkpoint;
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     BackupRecord r = ToRecord(req, res, started);
@@ -1147,7 +1184,10 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
         // set, and its checkpoint stays (RecoverOrphanedBackupJob).
         br.resume = req.resume;
         br.keep_work = true;
-        br.keep_after_failure = false;
+        // So does a run whose connection to the export was lost for good
+        // (fail: Cleanup::KeepForResume), where the checkpoint can stay.
+        br.keep_after_failure = !br.checkpoint.empty();
+        br.keep_only_when_disconnected = true;
         if (auto it = plan.resumes.find(name); it != plan.resumes.end()) br.staged_earlier = it->second;
         if (auto it = plan.resume_refused.find(name); it != plan.resume_refused.end()) br.resume_refused = it->second;
       },

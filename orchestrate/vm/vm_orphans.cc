@@ -58,7 +58,8 @@ std::string BackupJobRecordPath(const std::string& catalog_path, const std::stri
 Status WriteBackupJobRecord(Env& env, const std::string& path, const BackupJobRecord& r) {
   std::string text = "owner=" + r.owner + "\nsocket=" + r.socket + "\nscratch_dir=" + r.scratch_dir +
                      "\ncheckpoint=" + r.checkpoint + "\nchains_dir=" + r.chains_dir + "\nrecord_id=" + std::to_string(r.record_id) +
-                     "\nhost=" + r.host + "\nresumed_checkpoints=" + r.resumed_checkpoints + "\n";
+                     "\nhost=" + r.host + "\nresumed_checkpoints=" + r.resumed_checkpoints +
+                     "\nkept_after_failure=" + (r.kept_after_failure ? "1" : "0") + "\n";
   return env.WriteFileAtomic(path, std::string_view(text));
 }
 
@@ -81,11 +82,18 @@ Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_pat
     st.record.record_id = std::atoll(Field(*text, "record_id").c_str());
     st.record.host = Field(*text, "host");
     st.record.resumed_checkpoints = Field(*text, "resumed_checkpoints");
+    st.record.kept_after_failure = Field(*text, "kept_after_failure") == "1";
   } else if (text.error().code() != ErrorCode::kNotFound) {
     return std::move(text).error();
   }
   if (have_record && (!st.job_active || st.job_socket == st.record.socket)) {
-    if (OwnerIsGone(env, st.record.owner)) {
+    if (st.record.kept_after_failure) {
+      st.state = "orphaned";
+      st.message = "barge's backup run of process " + OwnerPid(st.record.owner) +
+                   " failed (its NBD connection lost) and kept the data it staged" +
+                   (st.record.checkpoint.empty() ? "" : " and its checkpoint " + st.record.checkpoint) +
+                   ": the next vm backup of domain '" + domain + "' resumes from them";
+    } else if (OwnerIsGone(env, st.record.owner)) {
       st.state = "orphaned";
       st.message = "backup job of barge's killed run (process " + OwnerPid(st.record.owner) + " is gone)" +
                    (st.job_active ? " still runs in libvirt" : " left its files") +
@@ -194,7 +202,9 @@ Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog
     }
   }
   BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(BackupJobRecordPath(catalog.path(), domain)));
-  out.warning = "an earlier backup of domain '" + domain + "' (process " + OwnerPid(r.owner) + ") was killed: " + done;
+  out.warning = "an earlier backup of domain '" + domain + "' (process " + OwnerPid(r.owner) + ") " +
+                (r.kept_after_failure ? "lost its NBD connection and kept what it staged: " : "was killed: ") +
+                (done.rfind(", ", 0) == 0 ? done.substr(2) : done);
   return out;
 }
 

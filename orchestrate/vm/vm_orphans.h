@@ -34,6 +34,10 @@ struct BackupJobRecord {
   // Checkpoints of earlier killed runs that this run resumes from (kept
   // until it commits; comma-separated), "" for none.
   std::string resumed_checkpoints;
+  // The run failed, its NBD connection lost for good, and kept what it
+  // staged, its job ended: the record stays for the next run, which treats
+  // it as a killed run's (whether or not this process still lives).
+  bool kept_after_failure = false;
 };
 
 // <catalog folder>/locks/domains/<domain>.backup-job
