@@ -26,11 +26,6 @@ const std::string kRawReason =
 
 class VmBackupRawTest : public VmTestBase {
  protected:
-  std::string MakeQcow2(const std::string& name, const std::string& size = "64M") {
-    std::string p = dir_ / name;
-    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " " + size);
-    return p;
-  }
   std::string MakeRaw(const std::string& name) {
     std::string p = dir_ / name;
     RunOk("truncate -s 64M " + ShellQuote(p));

@@ -31,11 +31,6 @@ class VmBackupTest : public VmTestBase {
     RunOk("cp --sparse=always " + ShellQuote(raw) + " " + ShellQuote(copy));
     return copy;
   }
-  std::string MakeQcow2(const std::string& name) {
-    std::string p = dir_ / name;
-    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " 64M");
-    return p;
-  }
 };
 
 // CBT on a raw disk: full, then two incrementals, every point byte-identical.

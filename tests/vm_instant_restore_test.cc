@@ -398,7 +398,9 @@ TEST_F(VmInstantRestoreLibvirtdKillTest, LibvirtdKilledMidMoveThenRerunCompletes
     ASSERT_TRUE(KillLibvirtd(lock));
     run.Resume();
     code = run.Wait(300);
-    if (before_pivot) EXPECT_EQ(code, 1) << "killed before the pivot: the run must fail (rerun to continue)";
+    if (before_pivot) {
+      EXPECT_EQ(code, 1) << "killed before the pivot: the run must fail (rerun to continue)";
+    }
     std::cerr << "libvirtd killed; the run exited " << code << " with phases:" << Phases(run.Events()) << "\n"
               << run.Stderr() << "\n";
     ::testing::AssertionResult up = EnsureLibvirtd(lock);

@@ -5,9 +5,11 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -381,6 +384,76 @@ void TestDomain::Hmp(const std::string& qemu_io, int disk) {
   std::string out = RunOk(std::string(kVirsh) + "qemu-monitor-command " + name_ + " --hmp " +
                           ShellQuote("qemu-io -d /machine/peripheral/" + dev + "/virtio-backend \"" + qemu_io + "\""));
   EXPECT_EQ(out.find("rror"), std::string::npos) << out;
+}
+
+HeldVmBackup::HeldVmBackup(orchestrate::VmBackupRequest req, uint64_t num, uint64_t den) {
+  int held[2], go[2], said[2];
+  if (::pipe(held) != 0 || ::pipe(go) != 0 || ::pipe(said) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return;
+  }
+  child_ = ::fork();
+  if (child_ == 0) {
+    ::close(held[0]);
+    ::close(go[1]);
+    ::close(said[0]);
+    const int held_fd = held[1], go_fd = go[0];
+    auto once = std::make_shared<std::atomic<bool>>(false);
+    req.progress = [held_fd, go_fd, once, num, den](const std::string&, uint64_t done, uint64_t total) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      if (total > 0 && done * den >= total * num && !once->exchange(true)) {
+        char c = 'h';
+        (void)!::write(held_fd, &c, 1);
+        (void)!::read(go_fd, &c, 1);
+      }
+    };
+    auto r = orchestrate::RunVmBackup(Env::Default(), req);
+    const std::string text = r.ok() ? std::string("succeeded") : r.error().ToString();
+    (void)!::write(said[1], text.data(), text.size());
+    ::_exit(r.ok() ? 3 : 0);
+  }
+  ::close(held[1]);
+  ::close(go[0]);
+  ::close(said[1]);
+  held_ = held[0];
+  go_ = go[1];
+  said_ = said[0];
+  if (child_ < 0) ADD_FAILURE() << "fork: " << std::strerror(errno);
+}
+
+HeldVmBackup::~HeldVmBackup() {
+  if (child_ > 0) Kill();
+  for (int fd : {held_, go_, said_}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+bool HeldVmBackup::WaitHeld(std::chrono::milliseconds settle) {
+  pollfd p{held_, POLLIN, 0};
+  char c = 0;
+  const bool reached = ::poll(&p, 1, 300 * 1000) == 1 && ::read(held_, &c, 1) == 1;
+  if (reached) std::this_thread::sleep_for(settle);
+  return reached;
+}
+
+void HeldVmBackup::Kill() {
+  if (child_ <= 0) return;
+  ::kill(child_, SIGKILL);
+  ::waitpid(child_, nullptr, 0);
+  child_ = -1;
+}
+
+std::string HeldVmBackup::Release(bool* failed) {
+  char c = 'g';
+  (void)!::write(go_, &c, 1);
+  std::string message;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(said_, buf, sizeof(buf))) > 0;) message.append(buf, static_cast<size_t>(n));
+  int status = 0;
+  ::waitpid(child_, &status, 0);
+  child_ = -1;
+  *failed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return message;
 }
 
 }  // namespace barge::testing

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -97,6 +98,33 @@ class LibvirtdLock {
 // until the process is gone. Running QEMU processes stay. The caller holds
 // the lock until EnsureLibvirtd has brought the daemon back.
 ::testing::AssertionResult KillLibvirtd(const LibvirtdLock& held);
+
+// `req` run by orchestrate::RunVmBackup in a child process, slowed down
+// (each progress report waits 150 ms) and held once `num`/`den` of its
+// work is copied, so that a test acts on it at a known point: SIGKILLs it
+// (Kill) or lets it go on after changing something under it (Release).
+// Killed and reaped by the destructor if still running.
+class HeldVmBackup {
+ public:
+  HeldVmBackup(orchestrate::VmBackupRequest req, uint64_t num, uint64_t den);
+  ~HeldVmBackup();
+  HeldVmBackup(const HeldVmBackup&) = delete;
+  HeldVmBackup& operator=(const HeldVmBackup&) = delete;
+
+  // Waits up to 300 s for the hold, then `settle` more (for the journal to
+  // catch up with what was handed to the destination). False when the
+  // run never got that far.
+  bool WaitHeld(std::chrono::milliseconds settle = std::chrono::milliseconds(0));
+  // SIGKILLs the run and reaps it.
+  void Kill();
+  // Lets the held run go on and waits for its end. Returns its error
+  // ("succeeded" when it succeeded); `failed` says whether it failed.
+  std::string Release(bool* failed);
+
+ private:
+  pid_t child_ = -1;
+  int held_ = -1, go_ = -1, said_ = -1;  // this end of each pipe
+};
 
 // Destroys and undefines `domain` (with its checkpoint and snapshot
 // metadata) and checks that libvirt no longer lists it.
@@ -191,6 +219,25 @@ class VmTestBase : public ::testing::Test {
 
   std::string Barge(const std::string& args) {
     return BargeBinary() + " " + args + " --catalog " + ShellQuote(catalog_);
+  }
+  // An empty qcow2 image DIR/name of `size`.
+  std::string MakeQcow2(const std::string& name, const std::string& size = "64M") {
+    std::string p = dir_ / name;
+    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " " + size);
+    return p;
+  }
+  // libvirt's checkpoint names of `domain`, one per line (no blank lines).
+  std::string Checkpoints(const std::string& domain) {
+    std::string out = RunOk(std::string(kVirsh) + "checkpoint-list " + domain + " --name");
+    std::string names;
+    size_t pos = 0;
+    while (pos < out.size()) {
+      size_t end = out.find('\n', pos);
+      if (end == std::string::npos) end = out.size();
+      if (end > pos) names += out.substr(pos, end - pos) + "\n";
+      pos = end + 1;
+    }
+    return names;
   }
   // The result event of `barge ARGS --json` (docs/json.md), which must exit 0.
   nlohmann::json BargeJson(const std::string& args) { return ::barge::testing::RunResult(Barge(args) + " --json"); }

@@ -42,27 +42,7 @@ class StopAfterRead final : public orchestrate::VmBackupFaults {
   int fd_;
 };
 
-class VmOrphanTest : public VmTestBase {
- protected:
-  std::string MakeQcow2(const std::string& name) {
-    std::string p = dir_ / name;
-    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " 64M");
-    return p;
-  }
-  // libvirt's checkpoint names of `domain`, one per line (no blank lines).
-  std::string Checkpoints(const std::string& domain) {
-    std::string out = RunOk(std::string(kVirsh) + "checkpoint-list " + domain + " --name");
-    std::string names;
-    size_t pos = 0;
-    while (pos < out.size()) {
-      size_t end = out.find('\n', pos);
-      if (end == std::string::npos) end = out.size();
-      if (end > pos) names += out.substr(pos, end - pos) + "\n";
-      pos = end + 1;
-    }
-    return names;
-  }
-};
+class VmOrphanTest : public VmTestBase {};
 
 // A vm backup SIGKILLed mid-run (every disk read, its job still running)
 // leaves the job, its checkpoint, scratch folder and socket. doctor reports

@@ -25,11 +25,6 @@ namespace fs = std::filesystem;
 
 class VmRedefineTest : public VmTestBase {
  protected:
-  std::string MakeQcow2(const std::string& name) {
-    std::string p = dir_ / name;
-    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " 64M");
-    return p;
-  }
   std::vector<std::string> CheckpointNames(const std::string& domain) {
     std::istringstream in(RunOk(std::string(kVirsh) + "checkpoint-list " + domain + " --name"));
     std::vector<std::string> names;

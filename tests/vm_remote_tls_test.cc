@@ -309,6 +309,22 @@ class VmRemoteTlsTest : public VmTestBase {
   std::string BackupArgs(const std::string& domain) const {
     return "vm backup --domain " + domain + " --target " + ShellQuote(target_) + " --skip-quiesce";
   }
+  // BackupArgs + TlsArgs(port, port) as a request for orchestrate::RunVmBackup
+  // (a HeldVmBackup's), 1 MiB chunks.
+  orchestrate::VmBackupRequest TlsRequest(const std::string& domain, int port) const {
+    orchestrate::VmBackupRequest req;
+    req.domain = domain;
+    req.target = target_;
+    req.catalog_path = catalog_;
+    req.skip_quiesce = true;
+    req.libvirt_uri = remote_->Uri();
+    req.nbd.tls_certificates = remote_->NbdCertificates();
+    auto ports = orchestrate::ParsePortRange(std::to_string(port) + "-" + std::to_string(port));
+    EXPECT_TRUE(ports.ok());
+    if (ports.ok()) req.nbd_ports = *ports;
+    req.copy.chunk_bytes = 1 << 20;
+    return req;
+  }
   // The same as a BargeChild's argument list (--json).
   std::vector<std::string> ChildArgs(const std::string& domain, int low, int high) const {
     return {"vm", "backup", "--domain", domain, "--target", target_, "--skip-quiesce", "--connect", remote_->Uri(),
@@ -613,12 +629,6 @@ TEST_F(VmRemoteTlsTest, MovedDomainFallsBackToFullWithTheReason) {
 namespace barge::testing {
 namespace {
 
-// vm instant-restore of a remote domain: the export on this machine's end
-// of the veth pair over TCP with TLS, the overlay and DISK made on the host
-// by libvirt's storage driver (the test's folder is the same on both ends
-// here, so DISK can be compared), the guest's writes through the monitor
-// while barge holds still; then a run killed after the start and finished
-// by the same command. DISK ends as the point plus the writes.
 // A remote backup over TLS SIGKILLed mid-copy (issue 20 §3) resumes on the
 // next run as a local one does: the killed run's checkpoint kept on the
 // host, the job incremental from it, the staged clusters below the first
@@ -627,45 +637,10 @@ TEST_F(VmRemoteTlsTest, KilledBackupResumesOverTls) {
   std::string disk;
   const std::string dom = RemoteDomain("resume", &disk);
   RunOk(Barge("tracker create tr --domain " + dom + Connect()));
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(fds[0]);
-    orchestrate::VmBackupRequest req;
-    req.domain = dom;
-    req.target = target_;
-    req.catalog_path = catalog_;
-    req.skip_quiesce = true;
-    req.libvirt_uri = remote_->Uri();
-    req.nbd.tls_certificates = remote_->NbdCertificates();
-    auto ports = orchestrate::ParsePortRange("21400-21400");
-    if (!ports.ok()) ::_exit(4);
-    req.nbd_ports = *ports;
-    req.copy.chunk_bytes = 1 << 20;
-    const int fd = fds[1];
-    // Slowed down; stopped once half the work was copied.
-    req.progress = [fd](const std::string&, uint64_t done, uint64_t total) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(150));
-      if (total > 0 && done * 2 >= total) {
-        char c = 'h';
-        (void)!::write(fd, &c, 1);
-        for (;;) ::pause();
-      }
-    };
-    (void)orchestrate::RunVmBackup(Env::Default(), req);
-    ::_exit(3);
-  }
-  ::close(fds[1]);
-  pollfd p{fds[0], POLLIN, 0};
-  char c = 0;
-  bool reached = ::poll(&p, 1, 300 * 1000) == 1 && ::read(fds[0], &c, 1) == 1;
-  ::close(fds[0]);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-  ::kill(child, SIGKILL);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  orchestrate::VmBackupRequest req = TlsRequest(dom, 21400);
+  HeldVmBackup run(req, 1, 2);
+  const bool reached = run.WaitHeld(std::chrono::milliseconds(2500));
+  run.Kill();
   ASSERT_TRUE(reached) << "the child's backup never copied half of its work";
   remote_->Hmp(dom, "write -P 0x22 12M 64k");
   remote_->Hmp(dom, "flush");
@@ -695,65 +670,18 @@ TEST_F(VmRemoteTlsTest, LostConnectionResumesOverTls) {
   std::string disk;
   const std::string dom = RemoteDomain("lost", &disk);
   RunOk(Barge("tracker create tr --domain " + dom + Connect()));
-  int half[2], go[2], said[2];
-  ASSERT_EQ(::pipe(half), 0);
-  ASSERT_EQ(::pipe(go), 0);
-  ASSERT_EQ(::pipe(said), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(half[0]);
-    ::close(go[1]);
-    ::close(said[0]);
-    orchestrate::VmBackupRequest req;
-    req.domain = dom;
-    req.target = target_;
-    req.catalog_path = catalog_;
-    req.skip_quiesce = true;
-    req.libvirt_uri = remote_->Uri();
-    req.nbd.tls_certificates = remote_->NbdCertificates();
-    auto ports = orchestrate::ParsePortRange("21410-21410");
-    if (!ports.ok()) ::_exit(4);
-    req.nbd_ports = *ports;
-    req.copy.chunk_bytes = 1 << 20;
-    req.copy.memory_bytes = 8 << 20;  // reads stay close to what was written
-    req.copy.nbd_retry.attempts = 2;
-    req.copy.nbd_retry.max_time = std::chrono::milliseconds(3000);
-    req.copy.nbd_retry.stall_timeout = std::chrono::milliseconds(2000);
-    const int half_fd = half[1], go_fd = go[0];
-    auto stopped = std::make_shared<std::atomic<bool>>(false);
-    req.progress = [half_fd, go_fd, stopped](const std::string&, uint64_t done, uint64_t total) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(150));
-      if (total > 0 && done * 4 >= total && !stopped->exchange(true)) {
-        char c = 'h';
-        (void)!::write(half_fd, &c, 1);
-        (void)!::read(go_fd, &c, 1);
-      }
-    };
-    auto r = orchestrate::RunVmBackup(Env::Default(), req);
-    std::string text = r.ok() ? std::string("succeeded") : r.error().ToString();
-    (void)!::write(said[1], text.data(), text.size());
-    ::_exit(r.ok() ? 3 : 0);
-  }
-  ::close(half[1]);
-  ::close(go[0]);
-  ::close(said[1]);
-  pollfd p{half[0], POLLIN, 0};
-  char c = 0;
-  const bool reached = ::poll(&p, 1, 300 * 1000) == 1 && ::read(half[0], &c, 1) == 1;
-  ::close(half[0]);
+  orchestrate::VmBackupRequest req = TlsRequest(dom, 21410);
+  req.copy.memory_bytes = 8 << 20;  // reads stay close to what was written
+  req.copy.nbd_retry.attempts = 2;
+  req.copy.nbd_retry.max_time = std::chrono::milliseconds(3000);
+  req.copy.nbd_retry.stall_timeout = std::chrono::milliseconds(2000);
+  HeldVmBackup run(req, 1, 4);
+  const bool reached = run.WaitHeld();
+  ASSERT_TRUE(reached) << "the child's backup never copied a quarter of its work";
   RunOk(remote_->Virsh() + "qemu-monitor-command " + dom + " --hmp nbd_server_stop");
-  c = 'g';
-  (void)!::write(go[1], &c, 1);
-  ::close(go[1]);
-  std::string message;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(said[0], buf, sizeof(buf))) > 0;) message.append(buf, static_cast<size_t>(n));
-  ::close(said[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  ASSERT_TRUE(reached) << "the child's backup never copied half of its work";
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << message;
+  bool failed = false;
+  const std::string message = run.Release(&failed);
+  ASSERT_TRUE(failed) << message;
   std::cerr << "lost TLS connection: " << message << "\n";
   EXPECT_NE(message.find("NBD connection lost"), std::string::npos) << message;
   EXPECT_NE(message.find("resumes from them"), std::string::npos) << message;
@@ -823,6 +751,12 @@ class VmRemoteTlsInstantTest : public VmRemoteTlsTest {
   std::string source_, chain_, disk_;
 };
 
+// vm instant-restore of a remote domain: the export on this machine's end
+// of the veth pair over TCP with TLS, the overlay and DISK made on the host
+// by libvirt's storage driver (the test's folder is the same on both ends
+// here, so DISK can be compared), the guest's writes through the monitor
+// while barge holds still; then a run killed after the start and finished
+// by the same command. DISK ends as the point plus the writes.
 TEST_F(VmRemoteTlsInstantTest, StartsOnTheTlsExportAndEndsOnDiskWithGuestWrites) {
   BARGE_REQUIRE_TOOL("nbdkit");
   MakePoint();

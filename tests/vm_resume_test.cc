@@ -4,18 +4,10 @@
 // and reads only the rest; the point restores to the disk as it is then.
 // Without the killed run's checkpoint, or with --no-resume, it starts over,
 // saying why.
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
-#include <memory>
 #include <string>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -34,63 +26,30 @@ constexpr uint64_t kMiB = 1 << 20;
 
 class VmResumeTest : public VmTestBase {
  protected:
-  std::string MakeQcow2(const std::string& name) {
-    std::string p = dir_ / name;
-    RunOk("qemu-img create -q -f qcow2 " + ShellQuote(p) + " 64M");
-    return p;
-  }
-  // libvirt's checkpoint names of `domain`, one per line.
-  std::string Checkpoints(const std::string& domain) {
-    std::string out = RunOk(std::string(kVirsh) + "checkpoint-list " + domain + " --name");
-    std::string names;
-    size_t pos = 0;
-    while (pos < out.size()) {
-      size_t end = out.find('\n', pos);
-      if (end == std::string::npos) end = out.size();
-      if (end > pos) names += out.substr(pos, end - pos) + "\n";
-      pos = end + 1;
-    }
-    return names;
+  // Defines `dom`, starts it paused, makes tracker t1 for it and writes
+  // `data` bytes of 0x11 from its start.
+  void Prepare(TestDomain& dom, const std::string& data) {
+    ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+    dom.StartPaused();
+    RunOk(Barge("tracker create t1 --domain " + dom.name()));
+    dom.Write(0x11, "0", data);
+    dom.Flush();
   }
   // Runs `vm backup` of `domain` in a child process, slowed down (each
   // progress report waits), and SIGKILLs it once half of its work was
   // copied and the journal had a moment to catch up. Returns the checkpoint
   // the killed run made (libvirt's list without `known`).
   std::string KillMidCopy(const std::string& domain, const std::string& known) {
-    int fds[2];
-    EXPECT_EQ(::pipe(fds), 0);
-    pid_t child = ::fork();
-    EXPECT_GE(child, 0);
-    if (child == 0) {
-      ::close(fds[0]);
-      orchestrate::VmBackupRequest req;
-      req.domain = domain;
-      req.target = target_;
-      req.catalog_path = catalog_;
-      req.skip_quiesce = true;
-      req.copy.chunk_bytes = 1 << 20;
-      const int fd = fds[1];
-      req.progress = [fd](const std::string&, uint64_t done, uint64_t total) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(150));
-        if (total > 0 && done * 2 >= total) {
-          char c = 'h';
-          (void)!::write(fd, &c, 1);
-          for (;;) ::pause();
-        }
-      };
-      (void)orchestrate::RunVmBackup(Env::Default(), req);
-      ::_exit(3);  // the run ended without being stopped
-    }
-    ::close(fds[1]);
-    pollfd p{fds[0], POLLIN, 0};
-    char c = 0;
-    bool reached = ::poll(&p, 1, 300 * 1000) == 1 && ::read(fds[0], &c, 1) == 1;
-    ::close(fds[0]);
+    orchestrate::VmBackupRequest req;
+    req.domain = domain;
+    req.target = target_;
+    req.catalog_path = catalog_;
+    req.skip_quiesce = true;
+    req.copy.chunk_bytes = 1 << 20;
+    HeldVmBackup run(req, 1, 2);
     // The destination consumes what was handed to it and journals it.
-    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-    ::kill(child, SIGKILL);
-    int status = 0;
-    ::waitpid(child, &status, 0);
+    const bool reached = run.WaitHeld(std::chrono::milliseconds(2500));
+    run.Kill();
     EXPECT_TRUE(reached) << "the child's backup never copied half of its work";
     std::string all = Checkpoints(domain);
     std::string made;
@@ -110,6 +69,17 @@ class VmResumeTest : public VmTestBase {
     EXPECT_EQ(run.exit_code, 0) << run.output;
     if (run.exit_code != 0) return json::object();
     return json::parse(run.stdout_text.substr(run.stdout_text.rfind("{\"event\":\"result\"")));
+  }
+  // The full `b` did not resume: nothing staged kept, all 56 MiB read, only
+  // its own checkpoint left, and it is the disk.
+  void ExpectStartedOver(TestDomain& dom, const std::string& disk, const json& b) {
+    const json& d = b["disks"][0];
+    ASSERT_TRUE(d.contains("resume")) << b.dump();
+    EXPECT_EQ(d["resume"]["resumed"], false) << b.dump();
+    EXPECT_EQ(d["resume"]["staged_bytes"], 0) << b.dump();
+    EXPECT_GE(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b.dump();
+    EXPECT_EQ(Checkpoints(dom.name()), b["checkpoint"].get<std::string>() + "\n");
+    ExpectPointIsDisk(dom, disk, 0, d["image"]);
   }
   // Shuts the domain off (gracefully: the disk file is complete) and
   // compares point `at` of its vda chain with the disk; checks the image.
@@ -131,11 +101,7 @@ TEST_F(VmResumeTest, KilledFullResumesWithTheChangesSince) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("resume-full", {{"vda", disk, "qcow2"}});
-  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
-  dom.StartPaused();
-  RunOk(Barge("tracker create t1 --domain " + dom.name()));
-  dom.Write(0x11, "0", "56M");
-  dom.Flush();
+  ASSERT_NO_FATAL_FAILURE(Prepare(dom, "56M"));
   const std::string c1 = KillMidCopy(dom.name(), "");
   ASSERT_FALSE(c1.empty());
   ASSERT_TRUE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
@@ -185,11 +151,7 @@ TEST_F(VmResumeTest, KilledIncrementalResumesWithTheChangesSince) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("resume-inc", {{"vda", disk, "qcow2"}});
-  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
-  dom.StartPaused();
-  RunOk(Barge("tracker create t1 --domain " + dom.name()));
-  dom.Write(0x11, "0", "8M");
-  dom.Flush();
+  ASSERT_NO_FATAL_FAILURE(Prepare(dom, "8M"));
   json b0 = Backup(dom.name());
   ASSERT_EQ(b0["backup_type"], "full") << b0.dump();
   const std::string c0 = b0["checkpoint"];
@@ -233,11 +195,7 @@ TEST_F(VmResumeTest, StartsOverWhenTheKilledRunsCheckpointIsGone) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("resume-gone", {{"vda", disk, "qcow2"}});
-  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
-  dom.StartPaused();
-  RunOk(Barge("tracker create t1 --domain " + dom.name()));
-  dom.Write(0x11, "0", "56M");
-  dom.Flush();
+  ASSERT_NO_FATAL_FAILURE(Prepare(dom, "56M"));
   const std::string c1 = KillMidCopy(dom.name(), "");
   ASSERT_FALSE(c1.empty());
   RunOk(std::string(kVirsh) + "domjobabort " + dom.name());
@@ -251,13 +209,7 @@ TEST_F(VmResumeTest, StartsOverWhenTheKilledRunsCheckpointIsGone) {
   EXPECT_NE(run.stderr_text.find("staged data not reusable: checkpoint " + c1 + " of the interrupted run is gone"),
             std::string::npos)
       << run.stderr_text;
-  const json& d = b1["disks"][0];
-  ASSERT_TRUE(d.contains("resume")) << b1.dump();
-  EXPECT_EQ(d["resume"]["resumed"], false) << b1.dump();
-  EXPECT_EQ(d["resume"]["staged_bytes"], 0) << b1.dump();
-  EXPECT_GE(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b1.dump();
-  EXPECT_EQ(Checkpoints(dom.name()), b1["checkpoint"].get<std::string>() + "\n");
-  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, b1["disks"][0]["image"]));
+  ASSERT_NO_FATAL_FAILURE(ExpectStartedOver(dom, disk, b1));
 }
 
 // --no-resume: the killed run's checkpoint and staged data go, the run
@@ -266,11 +218,7 @@ TEST_F(VmResumeTest, NoResumeStartsOver) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("resume-no", {{"vda", disk, "qcow2"}});
-  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
-  dom.StartPaused();
-  RunOk(Barge("tracker create t1 --domain " + dom.name()));
-  dom.Write(0x11, "0", "56M");
-  dom.Flush();
+  ASSERT_NO_FATAL_FAILURE(Prepare(dom, "56M"));
   const std::string c1 = KillMidCopy(dom.name(), "");
   ASSERT_FALSE(c1.empty());
 
@@ -282,12 +230,7 @@ TEST_F(VmResumeTest, NoResumeStartsOver) {
   EXPECT_NE(run.stderr_text.find("disk vda: staged data not reusable: resuming is off, starting over"),
             std::string::npos)
       << run.stderr_text;
-  const json& d = b1["disks"][0];
-  ASSERT_TRUE(d.contains("resume")) << b1.dump();
-  EXPECT_EQ(d["resume"]["resumed"], false) << b1.dump();
-  EXPECT_GE(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b1.dump();
-  EXPECT_EQ(Checkpoints(dom.name()), b1["checkpoint"].get<std::string>() + "\n");
-  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, b1["disks"][0]["image"]));
+  ASSERT_NO_FATAL_FAILURE(ExpectStartedOver(dom, disk, b1));
 }
 
 // A run whose connection to the export is lost for good (QEMU's NBD server
@@ -299,70 +242,27 @@ TEST_F(VmResumeTest, LostConnectionResumesOnTheNextRun) {
   BARGE_REQUIRE_TOOL("qemu-img");
   std::string disk = MakeQcow2("d.qcow2");
   TestDomain dom("resume-lost", {{"vda", disk, "qcow2"}});
-  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
-  dom.StartPaused();
-  RunOk(Barge("tracker create t1 --domain " + dom.name()));
-  dom.Write(0x11, "0", "56M");
-  dom.Flush();
+  ASSERT_NO_FATAL_FAILURE(Prepare(dom, "56M"));
 
-  int half[2], go[2], said[2];
-  ASSERT_EQ(::pipe(half), 0);
-  ASSERT_EQ(::pipe(go), 0);
-  ASSERT_EQ(::pipe(said), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(half[0]);
-    ::close(go[1]);
-    ::close(said[0]);
-    orchestrate::VmBackupRequest req;
-    req.domain = dom.name();
-    req.target = target_;
-    req.catalog_path = catalog_;
-    req.skip_quiesce = true;
-    req.copy.chunk_bytes = 1 << 20;
-    req.copy.nbd_retry.attempts = 2;
-    req.copy.nbd_retry.max_time = std::chrono::milliseconds(3000);
-    req.copy.nbd_retry.stall_timeout = std::chrono::milliseconds(2000);
-    const int half_fd = half[1], go_fd = go[0];
-    auto stopped = std::make_shared<std::atomic<bool>>(false);
-    // Slowed down; halfway, waits until the test has stopped the export.
-    req.progress = [half_fd, go_fd, stopped](const std::string&, uint64_t done, uint64_t total) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(150));
-      if (total > 0 && done * 2 >= total && !stopped->exchange(true)) {
-        char c = 'h';
-        (void)!::write(half_fd, &c, 1);
-        (void)!::read(go_fd, &c, 1);
-      }
-    };
-    auto r = orchestrate::RunVmBackup(Env::Default(), req);
-    std::string text = r.ok() ? std::string("succeeded") : r.error().ToString();
-    (void)!::write(said[1], text.data(), text.size());
-    ::_exit(r.ok() ? 3 : 0);
-  }
-  ::close(half[1]);
-  ::close(go[0]);
-  ::close(said[1]);
-  pollfd p{half[0], POLLIN, 0};
-  char c = 0;
-  const bool reached = ::poll(&p, 1, 300 * 1000) == 1 && ::read(half[0], &c, 1) == 1;
-  ::close(half[0]);
+  orchestrate::VmBackupRequest req;
+  req.domain = dom.name();
+  req.target = target_;
+  req.catalog_path = catalog_;
+  req.skip_quiesce = true;
+  req.copy.chunk_bytes = 1 << 20;
+  req.copy.nbd_retry.attempts = 2;
+  req.copy.nbd_retry.max_time = std::chrono::milliseconds(3000);
+  req.copy.nbd_retry.stall_timeout = std::chrono::milliseconds(2000);
+  HeldVmBackup held(req, 1, 2);
   // The destination consumes what was handed to it and journals it.
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  const bool reached = held.WaitHeld(std::chrono::milliseconds(2500));
+  ASSERT_TRUE(reached) << "the child's backup never copied half of its work";
   // QEMU's NBD server goes (libvirt's job stays): for good, as far as the
   // run can tell.
   RunOk(std::string(kVirsh) + "qemu-monitor-command " + dom.name() + " --hmp nbd_server_stop");
-  c = 'g';
-  (void)!::write(go[1], &c, 1);
-  ::close(go[1]);
-  std::string message;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(said[0], buf, sizeof(buf))) > 0;) message.append(buf, static_cast<size_t>(n));
-  ::close(said[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  ASSERT_TRUE(reached) << "the child's backup never copied half of its work";
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << message;
+  bool failed = false;
+  const std::string message = held.Release(&failed);
+  ASSERT_TRUE(failed) << message;
   std::cerr << "lost-connection run: " << message << "\n";
   EXPECT_NE(message.find("NBD connection lost"), std::string::npos) << message;
   EXPECT_NE(message.find("the next vm backup of domain '" + dom.name() + "' resumes from them"), std::string::npos)
