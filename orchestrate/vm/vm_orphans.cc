@@ -98,7 +98,8 @@ Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_pat
       st.message = "backup job of barge's killed run (process " + OwnerPid(st.record.owner) + " is gone)" +
                    (st.job_active ? " still runs in libvirt" : " left its files") +
                    (st.record.checkpoint.empty() ? "" : ", checkpoint " + st.record.checkpoint) +
-                   ": the next vm backup of domain '" + domain + "' aborts it and cleans up";
+                   ": the next vm backup of domain '" + domain +
+                   "' aborts it, resumes from what it staged where it can and cleans up the rest";
     } else {
       st.state = "running";
       st.message = "a backup of domain '" + domain + "' by process " + OwnerPid(st.record.owner) +
