@@ -775,9 +775,12 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
 Error KeepOrDrop(Env& env, const BackupRequest& req, BackupRun& run, JournaledDestination* journaled, Error error) {
   if (run.journal == nullptr) return error;
   ErrorCode code = error.code();
-  if (req.keep_after_failure && journaled != nullptr && !journaled->failed() && code != ErrorCode::kCancelled &&
-      code != ErrorCode::kNoSpace &&
-      (!req.keep_only_when_disconnected || (code == ErrorCode::kIoError && error.retryable()))) {
+  using Keep = BackupRequest::KeepStaged;
+  const bool source_failed = journaled != nullptr && !journaled->failed() && code != ErrorCode::kCancelled &&
+                             code != ErrorCode::kNoSpace;
+  const bool keep = req.keep_staged == Keep::kAfterSourceFailure ||
+                    (req.keep_staged == Keep::kWhenDisconnected && code == ErrorCode::kIoError && error.retryable());
+  if (source_failed && keep) {
     // What was stored after the last checkpoint is kept too.
     Status last = journaled->Checkpoint();
     if (last.ok() && run.journal->checkpoints() > 0 && run.writer->KeepStagedImage().ok()) {

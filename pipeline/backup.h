@@ -87,15 +87,15 @@ struct BackupRequest {
   // Told once, before the copy, when a staged backup was found (resumed or
   // not, and why). May be empty.
   std::function<void(const ResumeNote&)> on_resume;
-  // With resume: whether a copy whose source failed keeps its staged image
-  // and journal (false: only a killed run leaves them; a vm backup's failed
-  // run deletes the checkpoint a resume would need).
-  bool keep_after_failure = true;
-  // With keep_after_failure: kept only when the source's connection was lost
-  // for good (an I/O error marked retryable: reconnecting gave up, or was
-  // off), not when the source answered with an error (a vm backup keeps its
-  // checkpoint for exactly that case: docs/formats/resume.md, "vm backup").
-  bool keep_only_when_disconnected = false;
+  // With resume: what a copy whose source failed keeps of its staged image
+  // and journal. kAfterSourceFailure: kept (`barge backup`). kWhenDisconnected:
+  // kept only when the source's connection was lost for good (an I/O error
+  // marked retryable: reconnecting gave up, or was off), not when the source
+  // answered with an error (a vm backup keeps its checkpoint for exactly that
+  // case: docs/formats/resume.md, "vm backup"). kNever: only a killed run
+  // leaves them.
+  enum class KeepStaged { kAfterSourceFailure, kWhenDisconnected, kNever };
+  KeepStaged keep_staged = KeepStaged::kAfterSourceFailure;
   // With resume: the work set is kept beside the journal (kResumeWorkName),
   // so that a later run at another point in time can resume (StagedEarlier).
   bool keep_work = false;

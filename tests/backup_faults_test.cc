@@ -255,7 +255,7 @@ TEST_F(BackupFaultsTest, SourceReadErrorMidStream) {
   ExpectRerunSucceeds();
 }
 
-// keep_only_when_disconnected (a vm backup's setting): a failed source
+// KeepStaged::kWhenDisconnected (a vm backup's setting): a failed source
 // read keeps the staged image and journal only when the error is the kind
 // a lost connection gives (an I/O error marked retryable: ETIMEDOUT here),
 // not when the source answered with an error (EIO); without the setting,
@@ -274,8 +274,8 @@ TEST_F(BackupFaultsTest, KeepOnlyWhenDisconnectedKeepsOnlyAfterALostSource) {
     });
     BackupRequest req = Request();
     req.resume = true;
-    req.keep_after_failure = true;
-    req.keep_only_when_disconnected = c.only_when_disconnected;
+    req.keep_staged = c.only_when_disconnected ? BackupRequest::KeepStaged::kWhenDisconnected
+                                               : BackupRequest::KeepStaged::kAfterSourceFailure;
     auto r = RunBackup(env, req);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code(), ErrorCode::kIoError) << r.error().ToString();

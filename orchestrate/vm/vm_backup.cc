@@ -1186,8 +1186,8 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
         br.keep_work = true;
         // So does a run whose connection to the export was lost for good
         // (fail: Cleanup::KeepForResume), where the checkpoint can stay.
-        br.keep_after_failure = !br.checkpoint.empty();
-        br.keep_only_when_disconnected = true;
+        br.keep_staged = br.checkpoint.empty() ? pipeline::BackupRequest::KeepStaged::kNever
+                                               : pipeline::BackupRequest::KeepStaged::kWhenDisconnected;
         if (auto it = plan.resumes.find(name); it != plan.resumes.end()) br.staged_earlier = it->second;
         if (auto it = plan.resume_refused.find(name); it != plan.resume_refused.end()) br.resume_refused = it->second;
       },
