@@ -25,36 +25,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kCbtSchema = R"sql(
-CREATE TABLE IF NOT EXISTS vm_cbt (
-  domain TEXT PRIMARY KEY,
-  state_dir TEXT NOT NULL,
-  original_xml TEXT NOT NULL,
-  disks TEXT NOT NULL,
-  enabled_at TEXT NOT NULL,
-  host TEXT NOT NULL DEFAULT ''
-);
-)sql";
-
-// The table, with the host column a catalog made before remote CBT lacks
-// (empty: this machine). Another process may add it at the same time.
-Status EnsureCbtTable(BackupCatalog& catalog) {
-  BARGE_RETURN_IF_ERROR(catalog.db().Exec(kCbtSchema));
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    {
-      BARGE_ASSIGN_OR_RETURN(auto st, catalog.db().Prepare("SELECT COUNT(*) FROM pragma_table_info('vm_cbt') "
-                                                           "WHERE name='host'"));
-      BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
-      if (row && st.Int(0) != 0) return OkStatus();
-    }
-    if (Status added = catalog.db().Exec("ALTER TABLE vm_cbt ADD COLUMN host TEXT NOT NULL DEFAULT ''");
-        added.ok() || attempt == 1) {
-      return added;
-    }
-  }
-  return OkStatus();
-}
-
 struct CbtRow {
   std::string state_dir;
   std::string original_xml;
@@ -63,7 +33,8 @@ struct CbtRow {
 };
 
 Result<std::optional<CbtRow>> LoadRow(BackupCatalog& catalog, const std::string& domain) {
-  BARGE_RETURN_IF_ERROR(EnsureCbtTable(catalog));
+  // The table (and its host column) is the catalog's, made or upgraded at
+  // open (BackupCatalog::Migrate).
   BARGE_ASSIGN_OR_RETURN(auto st, catalog.db().Prepare(
       "SELECT state_dir, original_xml, disks, host FROM vm_cbt WHERE domain=?"));
   st.Bind(1, domain);
@@ -526,7 +497,6 @@ Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, c
 }
 
 Status RepointCbtPaths(BackupCatalog& catalog, const std::vector<std::string>& old_dirs, const std::string& new_dir) {
-  BARGE_RETURN_IF_ERROR(EnsureCbtTable(catalog));
   struct Row {
     std::string domain, state_dir, original_xml, disks;
     bool operator==(const Row&) const = default;
