@@ -459,7 +459,7 @@ TEST_F(FaultEnvTest, CrashPointsFindAPublishWithoutFlush) {
           BARGE_RETURN_IF_ERROR(env.Rename(temp, final_path));
           return env.SyncDir(work_);
         },
-        [&](const CrashPoint& p) {
+        [&](const CrashPoint&) {
           std::vector<std::byte> now = Bytes(final_path);
           if (Contents(final_path) != kMissing && now != data) ++partial;
         });

@@ -487,7 +487,7 @@ Status WalkBlockStatus(Conn& conn, const std::string& uri, const char* context,
     std::vector<std::pair<uint64_t, uint32_t>> pieces;  // (length, flags)
   };
   auto callback = [](void* user_data, const char* metacontext, uint64_t reply_offset,
-                     uint32_t* entries, size_t nr_entries, int* error) -> int {
+                     uint32_t* entries, size_t nr_entries, int* /*error*/) -> int {
     auto* reply = static_cast<Reply*>(user_data);
     if (std::string_view(metacontext) != reply->context) return 0;
     reply->seen = true;

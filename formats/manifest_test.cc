@@ -92,7 +92,7 @@ TEST(ManifestTest, RejectsBadInput) {
 
 TEST(ManifestTest, DiskIdentityAndChainIdRoundTrip) {
   BackupManifest m = Sample();
-  m.disk_identity = DiskIdentity{"domain", "vm1", "vda", 1 << 30};
+  m.disk_identity = DiskIdentity{.kind = "domain", .location = "vm1", .target = "vda", .virtual_size = 1 << 30};
   m.chain_id = "0123456789abcdef0123456789abcdef";
   std::string text = EncodeManifest(m).value();
   EXPECT_NE(text.find("\"disk_identity\""), std::string::npos) << text;
@@ -102,7 +102,7 @@ TEST(ManifestTest, DiskIdentityAndChainIdRoundTrip) {
   EXPECT_EQ(*back->disk_identity, *m.disk_identity);
   EXPECT_EQ(back->chain_id, m.chain_id);
 
-  m.disk_identity = DiskIdentity{"file", "/srv/a.qcow2", "", 4096};
+  m.disk_identity = DiskIdentity{.kind = "file", .location = "/srv/a.qcow2", .virtual_size = 4096};
   back = DecodeManifest(EncodeManifest(m).value());
   ASSERT_TRUE(back.ok()) << back.error().ToString();
   EXPECT_EQ(*back->disk_identity, *m.disk_identity);
@@ -149,7 +149,8 @@ TEST(ManifestTest, BaseRoundTripsAndIsChecked) {
 // DiskIdentityTest.DomainDiskSourceIsComparedWhereBothRecordOne).
 TEST(ManifestTest, DomainDiskSourceRoundTripsAndComparesWhenBothHaveIt) {
   BackupManifest m = Sample();
-  m.disk_identity = DiskIdentity{"domain", "vm1", "vdb", 1 << 20, "/srv/a.qcow2"};
+  m.disk_identity = DiskIdentity{
+      .kind = "domain", .location = "vm1", .target = "vdb", .virtual_size = 1 << 20, .source = "/srv/a.qcow2"};
   std::string text = EncodeManifest(m).value();
   EXPECT_NE(text.find("\"source\": \"/srv/a.qcow2\""), std::string::npos) << text;
   auto back = DecodeManifest(text);
@@ -159,7 +160,7 @@ TEST(ManifestTest, DomainDiskSourceRoundTripsAndComparesWhenBothHaveIt) {
 
   // An older manifest's identity has no source: it decodes with "" (which
   // pipeline does not compare), every other field as recorded.
-  m.disk_identity = DiskIdentity{"domain", "vm1", "vdb", 1 << 20};
+  m.disk_identity = DiskIdentity{.kind = "domain", .location = "vm1", .target = "vdb", .virtual_size = 1 << 20};
   back = DecodeManifest(EncodeManifest(m).value());
   ASSERT_TRUE(back.ok()) << back.error().ToString();
   EXPECT_EQ(*back->disk_identity, *m.disk_identity);
@@ -179,7 +180,7 @@ TEST(ManifestTest, WithoutDiskIdentityDecodesAsBefore) {
 
 TEST(ManifestTest, MalformedDiskIdentityIsCorruptionNotAnException) {
   BackupManifest m = Sample();
-  m.disk_identity = DiskIdentity{"file", "/srv/a.qcow2", "", 4096};
+  m.disk_identity = DiskIdentity{.kind = "file", .location = "/srv/a.qcow2", .virtual_size = 4096};
   m.chain_id = "abc";
   const std::string good = EncodeManifest(m).value();
   auto replace = [&](const std::string& from, const std::string& to) {

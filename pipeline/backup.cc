@@ -510,6 +510,39 @@ DestinationSpec ImageSpec(const BackupRequest& req, const BackupRun& run) {
   return dest_spec;
 }
 
+// The part of a staged image a resume keeps: the clusters before
+// next_cluster, recorded by the first kept_entries journal entries; `cut`
+// says why it ends earlier than the staged image does ("" when it does not).
+struct StagedPrefix {
+  uint64_t next_cluster = 0;
+  size_t kept_entries = 0;
+  std::string cut;
+};
+
+// A resume over an earlier run's staged image (req.staged_earlier): that
+// run copied the disk as it was at its own checkpoint, so the clusters that
+// changed since (run.changed_since_staged), or that this run's work adds
+// to the staged run's, are stale. The writer appends front to back, so the
+// staged image still holds up to the first such cluster and is continued
+// from there: `prefix` (what CheckStaged kept) is cut there when that is
+// lower. Never lengthens it; next_cluster 0 means nothing is kept.
+StagedPrefix CutAtChangesSinceStaged(const BackupRequest& req, const BackupRun& run,
+                                     const std::vector<JournalEntry>& entries, StagedPrefix prefix) {
+  const RangeList invalid = UniteRanges(
+      run.changed_since_staged,
+      SubtractRanges(run.work, AlignRanges(req.staged_earlier->work, run.cluster, run.size)));
+  if (invalid.empty() || invalid.front().offset / run.cluster >= prefix.next_cluster) return prefix;
+  prefix.next_cluster = invalid.front().offset / run.cluster;
+  const auto kept_end = entries.begin() + static_cast<ptrdiff_t>(prefix.kept_entries);
+  prefix.kept_entries = static_cast<size_t>(
+      std::lower_bound(entries.begin(), kept_end, prefix.next_cluster,
+                       [](const JournalEntry& e, uint64_t c) { return e.stored.cluster_index < c; }) -
+      entries.begin());
+  prefix.cut = "cluster " + std::to_string(prefix.next_cluster) + " (changed since checkpoint " +
+               req.staged_earlier->checkpoint + ")";
+  return prefix;
+}
+
 // Looks for what a killed or failed run of this backup staged: resumes
 // from it when its key matches and its clusters check out (run.kept,
 // run.resume_cluster, run.started_at), else removes its journal. Then
@@ -553,34 +586,17 @@ Status FindStaged(Env& env, const BackupRequest& req, BackupRun& run) {
       } else if (check->next_cluster == 0) {
         note.problem = check->problem.empty() ? std::string("nothing was staged") : check->problem;
       } else {
-        uint64_t next = check->next_cluster;
-        size_t kept = check->kept_entries;
-        std::string changed;
-        if (req.staged_earlier) {
-          // The writer appends front to back: the staged image holds up to
-          // the first cluster that changed since (or that this run's work
-          // adds to the staged run's), and is continued from there.
-          RangeList invalid = UniteRanges(run.changed_since_staged,
-                                          SubtractRanges(run.work, AlignRanges(req.staged_earlier->work, run.cluster,
-                                                                               run.size)));
-          if (!invalid.empty() && invalid.front().offset / run.cluster < next) {
-            next = invalid.front().offset / run.cluster;
-            kept = static_cast<size_t>(
-                std::lower_bound(loaded->entries.begin(), loaded->entries.begin() + static_cast<ptrdiff_t>(kept), next,
-                                 [](const JournalEntry& e, uint64_t c) { return e.stored.cluster_index < c; }) -
-                loaded->entries.begin());
-            changed = "cluster " + std::to_string(next) + " (changed since checkpoint " +
-                      req.staged_earlier->checkpoint + ")";
-          }
-        }
-        if (next == 0) {
+        StagedPrefix prefix{check->next_cluster, check->kept_entries, ""};
+        if (req.staged_earlier) prefix = CutAtChangesSinceStaged(req, run, loaded->entries, prefix);
+        if (prefix.next_cluster == 0) {
           note.problem = "the disk changed at its start since checkpoint " + req.staged_earlier->checkpoint;
         } else {
           note.resumed = true;
-          note.problem = changed.empty() ? check->problem : changed;
+          note.problem = prefix.cut.empty() ? check->problem : prefix.cut;
           run.started_at = loaded->key.started_at;
-          run.kept.assign(loaded->entries.begin(), loaded->entries.begin() + static_cast<ptrdiff_t>(kept));
-          run.resume_cluster = next;
+          run.kept.assign(loaded->entries.begin(),
+                          loaded->entries.begin() + static_cast<ptrdiff_t>(prefix.kept_entries));
+          run.resume_cluster = prefix.next_cluster;
           keep = BaseName(staged);
         }
       }

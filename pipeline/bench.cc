@@ -171,8 +171,7 @@ Result<BenchMeasure> ReadStage(Env& env, BlockSource& source, const BenchOptions
 
 // zero, xxh3, compress, sha512, write: each alone over windows of chunks held
 // in memory (reading them is not timed; the read stage measures that).
-Result<std::vector<BenchMeasure>> CpuStages(Env& env, BlockSource& source, const BenchOptions& o, int threads,
-                                            BenchReport& report) {
+Result<std::vector<BenchMeasure>> CpuStages(Env& env, BlockSource& source, const BenchOptions& o, int threads) {
   const bool compress = o.compression != formats::Compression::kNone;
   BenchMeasure zero, hash, comp, sha, write;
   zero.name = "zero-detect";
@@ -556,7 +555,7 @@ Result<BenchReport> RunBench(Env& env, const BenchOptions& o, void (*log)(const 
   report.allocated_bytes = read.input_bytes;
   report.stages.push_back(read);
   if (log) log("stages: zero-detect, xxh3-128, compress, sha512, qcow2-write");
-  BARGE_ASSIGN_OR_RETURN(auto cpu, CpuStages(env, source, o, report.threads, report));
+  BARGE_ASSIGN_OR_RETURN(auto cpu, CpuStages(env, source, o, report.threads));
   for (auto& m : cpu) report.stages.push_back(std::move(m));
   if (log) log("end to end");
   BARGE_ASSIGN_OR_RETURN(report.end_to_end, EndToEnd(env, source, o, report.threads, report));

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,18 +47,32 @@ struct CbtOverlay {
 Result<CbtOverlay> CreateCbtOverlay(Env& env, const CbtOverlayRequest& req);
 
 // The overlay of a data file on another host (that this process cannot
-// open), in memory for the caller to put there: `data_file` is its absolute
-// path as that host names it (stored as is), `data_size` its size in bytes
-// as that host reports it; nothing is checked of the file itself. The
-// bytes are the overlay's metadata: about 1/8192 of the disk with 64 KiB
-// clusters (its L2 tables). Same result and errors as CreateCbtOverlay
-// for the size; kInvalidArgument for a relative path.
+// open), made here in pieces for the caller to put there: `data_file` is
+// its absolute path as that host names it (stored as is), `data_size` its
+// size in bytes as that host reports it; nothing is checked of the file
+// itself. The overlay is metadata only, about 1/8192 of the disk with
+// 64 KiB clusters (its L2 tables: 128 MiB per TiB), and is never held
+// whole: `piece(offset, bytes)` is called with consecutive pieces of at
+// most kCbtOverlayPieceBytes in offset order from kCbtOverlayHeadBytes to
+// the end, then once, last, with the head [0, kCbtOverlayHeadBytes) that
+// holds the qcow2 header's magic (a caller that writes the pieces in
+// order leaves no qcow2 image when cut short). The pieces cover the file
+// once; `bytes` is valid only during the call. Memory stays at a few MiB
+// whatever the disk's size (the piece being filled and the qcow2 writer's
+// own 4 MiB append buffer).
+// Returns the overlay's size and facts; the first error `piece` returns
+// (no piece follows it); the same errors as CreateCbtOverlay for the size;
+// kInvalidArgument for a relative path.
+inline constexpr uint64_t kCbtOverlayHeadBytes = 4096;
+inline constexpr size_t kCbtOverlayPieceBytes = 4 << 20;
 struct CbtOverlayImage {
-  std::vector<std::byte> bytes;
+  uint64_t size_bytes = 0;  // the overlay file's length
   uint64_t virtual_size = 0;
   std::string warning;
 };
-Result<CbtOverlayImage> BuildCbtOverlay(const std::string& data_file, uint64_t data_size, uint32_t cluster_bits,
-                                        const std::vector<formats::BitmapSpec>& bitmaps);
+using CbtOverlayPiece = std::function<Status(uint64_t offset, std::span<const std::byte> bytes)>;
+Result<CbtOverlayImage> StreamCbtOverlay(const std::string& data_file, uint64_t data_size, uint32_t cluster_bits,
+                                         const std::vector<formats::BitmapSpec>& bitmaps,
+                                         const CbtOverlayPiece& piece);
 
 }  // namespace barge::pipeline

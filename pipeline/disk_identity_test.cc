@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 #include "pipeline/backup.h"
 #include "tests/testing/testing.h"
 
@@ -29,14 +32,26 @@ ChainFolder Chain(std::vector<formats::BackupManifest> manifests) {
   return c;
 }
 
-const formats::DiskIdentity kA{"file", "/srv/a.qcow2", "", 1 << 20};
-const formats::DiskIdentity kB{"file", "/srv/b.qcow2", "", 1 << 20};
+// A disk's identity without a moved_from (and, when not given, a source).
+formats::DiskIdentity Disk(std::string kind, std::string location, std::string target, uint64_t virtual_size,
+                           std::string source = "") {
+  formats::DiskIdentity d;
+  d.kind = std::move(kind);
+  d.location = std::move(location);
+  d.target = std::move(target);
+  d.virtual_size = virtual_size;
+  d.source = std::move(source);
+  return d;
+}
+
+const formats::DiskIdentity kA = Disk("file", "/srv/a.qcow2", "", 1 << 20);
+const formats::DiskIdentity kB = Disk("file", "/srv/b.qcow2", "", 1 << 20);
 
 // Moved from formats' ManifestTest (DiskIdentity::Describe became
 // DescribeDisk here).
 TEST(DiskIdentityTest, DescribeDiskNamesKindLocationAndSize) {
-  EXPECT_EQ(DescribeDisk(formats::DiskIdentity{"file", "/srv/a.qcow2", "", 4096}), "file /srv/a.qcow2 (4 KiB)");
-  EXPECT_EQ(DescribeDisk(formats::DiskIdentity{"domain", "vm1", "vdb", 1 << 20, "/srv/a.qcow2"}),
+  EXPECT_EQ(DescribeDisk(Disk("file", "/srv/a.qcow2", "", 4096)), "file /srv/a.qcow2 (4 KiB)");
+  EXPECT_EQ(DescribeDisk(Disk("domain", "vm1", "vdb", 1 << 20, "/srv/a.qcow2")),
             "disk vdb of domain vm1 on /srv/a.qcow2 (1 MiB)");
 }
 
@@ -45,10 +60,10 @@ TEST(DiskIdentityTest, DescribeDiskNamesKindLocationAndSize) {
 // compared on it. Sizes are compared by the callers (moved from formats'
 // ManifestTest, which compared with DiskIdentity::SameDisk).
 TEST(DiskIdentityTest, DomainDiskSourceIsComparedWhereBothRecordOne) {
-  const formats::DiskIdentity with_source{"domain", "vm1", "vdb", 1 << 20, "/srv/a.qcow2"};
-  const formats::DiskIdentity older{"domain", "vm1", "vdb", 1 << 20};
-  const formats::DiskIdentity swapped{"domain", "vm1", "vdb", 1 << 20, "/srv/b.qcow2"};
-  const formats::DiskIdentity resized{"domain", "vm1", "vdb", 2 << 20, "/srv/a.qcow2"};
+  const formats::DiskIdentity with_source = Disk("domain", "vm1", "vdb", 1 << 20, "/srv/a.qcow2");
+  const formats::DiskIdentity older = Disk("domain", "vm1", "vdb", 1 << 20);
+  const formats::DiskIdentity swapped = Disk("domain", "vm1", "vdb", 1 << 20, "/srv/b.qcow2");
+  const formats::DiskIdentity resized = Disk("domain", "vm1", "vdb", 2 << 20, "/srv/a.qcow2");
   EXPECT_TRUE(SameDiskMaybeMoved(with_source, older));
   EXPECT_TRUE(SameDiskMaybeMoved(older, with_source));
   EXPECT_FALSE(SameDiskMaybeMoved(with_source, swapped));
@@ -99,13 +114,13 @@ TEST(DiskIdentityTest, CheckOneDiskNamesTheFirstForeignLayer) {
 // A disk that `barge state migrate` moved is one disk when the point taken
 // at the new place records where it came from (and only then).
 TEST(DiskIdentityTest, AMoveRecordedByTheNewPointKeepsOneDisk) {
-  formats::DiskIdentity moved{"file", "/new/a.qcow2", "", 1 << 20};
+  formats::DiskIdentity moved = Disk("file", "/new/a.qcow2", "", 1 << 20);
   EXPECT_FALSE(SameDiskMaybeMoved(kA, moved));
   EXPECT_NE(OtherDiskReason(Chain({Point("0000-x", {}, kA, "c1")}), moved).value(), "");
   moved.moved_from = kA.location;
   EXPECT_TRUE(SameDiskMaybeMoved(kA, moved));
   EXPECT_EQ(OtherDiskReason(Chain({Point("0000-x", {}, kA, "c1")}), moved).value(), "");
-  formats::DiskIdentity later{"file", "/new/a.qcow2", "", 1 << 20};  // the next point: not moved again
+  formats::DiskIdentity later = Disk("file", "/new/a.qcow2", "", 1 << 20);  // the next point: not moved again
   ChainFolder c = Chain({Point("0000-x", {}, kA, "c1"), Point("0001-x", "0000-x", moved, "c1"),
                          Point("0002-x", "0001-x", later, "c1")});
   EXPECT_TRUE(CheckOneDisk(c, {0, 1, 2}).ok());
@@ -124,7 +139,7 @@ TEST(DiskIdentityTest, RunBackupChecksADomainDiskAndItsCheckpoint) {
   testing::TempDir tmp;
   const std::string raw = tmp / "disk.raw";
   testing::WriteFile(raw, testing::RandomBytes(1 << 20, 7));
-  const formats::DiskIdentity vda{"domain", "vm1", "vda", 0};
+  const formats::DiskIdentity vda = Disk("domain", "vm1", "vda", 0);
   auto request = [&](std::optional<RangeList> dirty, const formats::DiskIdentity& disk, const std::string& since) {
     BackupRequest req;
     req.source.location = raw;
@@ -154,7 +169,7 @@ TEST(DiskIdentityTest, RunBackupChecksADomainDiskAndItsCheckpoint) {
   EXPECT_NE(stale.error().message().find("since checkpoint cp0"), std::string::npos) << stale.error().message();
   EXPECT_NE(stale.error().message().find("ends at checkpoint cp1"), std::string::npos) << stale.error().message();
 
-  auto other = request(dirty, formats::DiskIdentity{"domain", "vm2", "vda", 0}, "cp1");
+  auto other = request(dirty, Disk("domain", "vm2", "vda", 0), "cp1");
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.error().message().find("disk vda of domain vm1"), std::string::npos) << other.error().message();
   EXPECT_NE(other.error().message().find("disk vda of domain vm2"), std::string::npos) << other.error().message();

@@ -26,7 +26,7 @@ Status CheckLayerStructure(Env& env, const std::string& path) {
 
 Result<std::unique_ptr<PointReader>> PointReader::Open(Env& env, const std::string& dir, const std::string& at,
                                                        bool check_structure) {
-  std::unique_ptr<PointReader> r(new PointReader(env));
+  std::unique_ptr<PointReader> r(new PointReader());
   BARGE_ASSIGN_OR_RETURN(r->lock_, ExportLock::Take(env, dir, &r->chain_));
   BARGE_ASSIGN_OR_RETURN(size_t index, r->chain_.Resolve(at));
   BARGE_ASSIGN_OR_RETURN(r->point_, OpenPoint(env, r->chain_, index));

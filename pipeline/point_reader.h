@@ -63,11 +63,10 @@ class PointReader {
   Result<ExtentList> Extents(uint64_t offset, uint64_t length);
 
  private:
-  explicit PointReader(Env& env) : env_(env) {}
+  PointReader() = default;
   // The layer file holding the guest byte at `offset` ("" when unknown).
   std::string LayerHolding(uint64_t offset) const;
 
-  Env& env_;
   std::unique_ptr<ExportLock> lock_;
   ChainFolder chain_;
   OpenedPoint point_;  // points into chain_

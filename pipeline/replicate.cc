@@ -307,7 +307,7 @@ Result<ReadBack> ReadBackCopy(Env& env, const std::string& path, const std::stri
   o.compression = formats::Compression::kNone;
   o.sha512 = sha512;
   o.cancel = geometry.cancel;
-  DigestCollector collector({virtual_size, o.cluster_bytes, false, {}});
+  DigestCollector collector({.virtual_size = virtual_size, .cluster_bytes = o.cluster_bytes});
   Destination* dests[] = {&collector};
   RangeList work;
   if (virtual_size > 0) work.push_back({0, virtual_size});

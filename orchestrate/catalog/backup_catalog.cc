@@ -54,7 +54,35 @@ CREATE TABLE IF NOT EXISTS vm_backups (
   error TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS vm_backups_domain ON vm_backups(domain);
+CREATE TABLE IF NOT EXISTS vm_cbt (
+  domain TEXT PRIMARY KEY,
+  state_dir TEXT NOT NULL,
+  original_xml TEXT NOT NULL,
+  disks TEXT NOT NULL,
+  enabled_at TEXT NOT NULL,
+  host TEXT NOT NULL DEFAULT ''
+);
 )sql";
+
+// Adds `column` (its SQL declaration `decl`) to `table` of a catalog made
+// before the column was. Another process may add it at the same time: a
+// failed ALTER is retried once after looking again.
+Status AddColumnIfMissing(SqliteDb& db, const std::string& table, const std::string& column,
+                          const std::string& decl) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      BARGE_ASSIGN_OR_RETURN(auto st, db.Prepare("SELECT COUNT(*) FROM pragma_table_info(?) WHERE name=?"));
+      st.Bind(1, table).Bind(2, column);
+      BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
+      if (row && st.Int(0) != 0) return OkStatus();
+    }
+    if (Status added = db.Exec("ALTER TABLE " + table + " ADD COLUMN " + column + " " + decl);
+        added.ok() || attempt == 1) {
+      return added;
+    }
+  }
+  return OkStatus();
+}
 
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 128) return false;
@@ -168,21 +196,10 @@ Result<std::unique_ptr<BackupCatalog>> BackupCatalog::Open(Env& env, const std::
 
 Status BackupCatalog::Migrate() {
   BARGE_RETURN_IF_ERROR(db_->Exec(kSchema));
-  // A catalog made before trackers recorded their host gains the column
-  // (empty: this machine). Another process may add it at the same time.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    {
-      BARGE_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT COUNT(*) FROM pragma_table_info('vm_trackers') "
-                                                   "WHERE name='host'"));
-      BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
-      if (row && st.Int(0) != 0) return OkStatus();
-    }
-    if (Status added = db_->Exec("ALTER TABLE vm_trackers ADD COLUMN host TEXT NOT NULL DEFAULT ''");
-        added.ok() || attempt == 1) {
-      return added;
-    }
-  }
-  return OkStatus();
+  // Catalogs made before trackers and CBT records said their host gain the
+  // column (empty: this machine).
+  BARGE_RETURN_IF_ERROR(AddColumnIfMissing(*db_, "vm_trackers", "host", "TEXT NOT NULL DEFAULT ''"));
+  return AddColumnIfMissing(*db_, "vm_cbt", "host", "TEXT NOT NULL DEFAULT ''");
 }
 
 Status BackupCatalog::CreateTracker(const std::string& name, const std::string& domain) {

@@ -203,7 +203,7 @@ struct Fixture {
   std::vector<RestorePoint> points;
   std::vector<ChainView> chains;
   void Chain(const std::string& dir, int first_day, int count) {
-    ChainView c{dir, {}};
+    ChainView c{.chain_dir = dir};
     for (int i = 0; i < count; ++i) {
       std::string id = dir + std::to_string(i);
       c.ids.push_back(id);
@@ -282,7 +282,9 @@ TEST(RetentionTest, BaseOfOtherChainsIsNeverRemovedOrFolded) {
 TEST(RetentionTest, DomainPointsStayWhole) {
   // Two disks; vdb's chain restarted (a full at point 2), vda's did not.
   std::vector<RestorePoint> points;
-  std::vector<ChainView> chains = {{"vda", {"a0", "a1", "a2", "a3"}}, {"vdb", {"b0", "b1"}}, {"vdb", {"b2", "b3"}}};
+  std::vector<ChainView> chains = {{.chain_dir = "vda", .ids = {"a0", "a1", "a2", "a3"}},
+                                   {.chain_dir = "vdb", .ids = {"b0", "b1"}},
+                                   {.chain_dir = "vdb", .ids = {"b2", "b3"}}};
   for (int i = 0; i < 4; ++i) {
     points.push_back({"cp" + std::to_string(i), T("2026-01-01T00:00:00Z") + std::chrono::hours(i),
                       {{"vda", "a" + std::to_string(i)}, {"vdb", "b" + std::to_string(i)}}});
@@ -335,7 +337,7 @@ TEST(ForgetTest, ResticStyleSelection) {
   EXPECT_EQ(both->size(), 2u);
   EXPECT_FALSE(SelectedKeys(points, {}).ok());
   // With one chain of these points, forget keeps everything restorable.
-  ChainView c{"A", {}};
+  ChainView c{.chain_dir = "A"};
   for (const auto& p : points) c.ids.push_back(p.key);
   for (auto& p : points) p.parts = {{"A", p.key}};
   auto plan = PlanRetention(points, {c}, *monthly);

@@ -81,7 +81,7 @@ class CountingBackend : public SourceBackend {
   Result<std::string> IncrementalBlocker(const PolicySource&, const std::string&, const std::string&) override {
     return std::string();
   }
-  Result<SourceBackupResult> Backup(const SourceBackupRequest& r) override {
+  Result<SourceBackupResult> Backup(const SourceBackupRequest&) override {
     ++backups;
     SourceBackupResult out;
     out.type = "full";

@@ -186,7 +186,7 @@ TEST_F(PolicyRunnerTest, BitmapIncrementalsAndMergeForward) {
 // A backend that blocks until cancelled (or fails on demand).
 class FakeBackend : public SourceBackend {
  public:
-  Result<uint64_t> AllocatedBytes(const PolicySource& s) override { return uint64_t{1} << 20; }
+  Result<uint64_t> AllocatedBytes(const PolicySource&) override { return uint64_t{1} << 20; }
   Result<std::string> IncrementalBlocker(const PolicySource&, const std::string&, const std::string&) override {
     return std::string();
   }

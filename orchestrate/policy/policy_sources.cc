@@ -244,7 +244,7 @@ Result<LinkedChains> LinkChains(const pipeline::ChainFolder& folder) {
   for (const auto& p : folder.points) {
     const auto& m = p.manifest;
     if (!m.parent) {
-      out.chains.push_back({folder.dir, {m.id}});
+      out.chains.push_back({.chain_dir = folder.dir, .ids = {m.id}});
     } else {
       auto it = chain_of_last.find(m.parent->id);
       if (it == chain_of_last.end()) {

@@ -118,7 +118,7 @@ TEST(DiskSnapshot, RefusedWhileAnotherProcessHoldsTheImage) {
 class TightEnv final : public EnvWrapper {
  public:
   TightEnv(Env& target, uint64_t free) : EnvWrapper(target), free_(free) {}
-  Result<SpaceInfo> Space(const std::string& path) override { return SpaceInfo{free_, 1ull << 40}; }
+  Result<SpaceInfo> Space(const std::string&) override { return SpaceInfo{free_, 1ull << 40}; }
 
  private:
   uint64_t free_;
@@ -189,7 +189,7 @@ TEST(DiskSnapshot, PrometheusText) {
   ASSERT_TRUE(Create(img, "a\"b").ok());
   auto listing = ListDiskSnapshots(Env::Default(), At(img));
   ASSERT_TRUE(listing.ok());
-  const std::string text = SnapshotMetricsText(*listing, [](const SnapshotListEntry& e) {
+  const std::string text = SnapshotMetricsText(*listing, [](const SnapshotListEntry&) {
     return Labels{{"state", "created"}};
   });
   EXPECT_NE(text.find("# TYPE barge_snapshot_used_bytes gauge"), std::string::npos) << text;

@@ -227,7 +227,7 @@ TEST(RepointCatalogTest, CbtRecordAndCheckpointXmlFollowTheFolder) {
   auto catalog = BackupCatalog::Open(PosixEnv(), (dir.path() / "catalog.db").string());
   ASSERT_TRUE(catalog.ok()) << catalog.error().ToString();
   BackupCatalog& c = **catalog;
-  ASSERT_TRUE(RepointCbtPaths(c, {"/old"}, "/new").ok());  // creates vm_cbt
+  ASSERT_TRUE(RepointCbtPaths(c, {"/old"}, "/new").ok());  // nothing to repoint yet
   ASSERT_TRUE(c.CreateTracker("t", "d").ok());
   ASSERT_TRUE(c.db()
                   .Exec("INSERT INTO vm_cbt(domain, state_dir, original_xml, disks, enabled_at) "
@@ -268,26 +268,37 @@ TEST(RepointCatalogTest, CbtRecordAndCheckpointXmlFollowTheFolder) {
 }
 
 // A catalog whose vm_cbt was made before remote CBT (no host column) gains
-// the column on first use; its rows are this machine's.
-TEST(CbtCatalogTest, OlderTableGainsTheHostColumn) {
+// the column when it is opened, before any CBT row is read; its rows are
+// this machine's.
+TEST(CbtCatalogTest, OlderTableGainsTheHostColumnOnOpen) {
   testing::TempDir dir;
-  auto catalog = BackupCatalog::Open(PosixEnv(), (dir.path() / "catalog.db").string());
-  ASSERT_TRUE(catalog.ok()) << catalog.error().ToString();
-  BackupCatalog& c = **catalog;
-  ASSERT_TRUE(c.db()
-                  .Exec("CREATE TABLE vm_cbt (domain TEXT PRIMARY KEY, state_dir TEXT NOT NULL, "
-                        "original_xml TEXT NOT NULL, disks TEXT NOT NULL, enabled_at TEXT NOT NULL);"
-                        "INSERT INTO vm_cbt VALUES('d', '/s', '<domain/>', "
-                        "'[{\"disk\":\"vda\",\"data_file\":\"/d.raw\",\"overlay\":\"/s/vda.qcow2\"}]', 'now');")
-                  .ok());
-  auto disks = CbtDisksOf(c, "d");
-  ASSERT_TRUE(disks.ok()) << disks.error().ToString();
-  ASSERT_TRUE(disks->has_value());
-  EXPECT_EQ((**disks)[0].overlay, "/s/vda.qcow2");
-  auto st = c.db().Prepare("SELECT host FROM vm_cbt WHERE domain='d'");
-  ASSERT_TRUE(st.ok());
-  ASSERT_TRUE(*st->Step());
-  EXPECT_EQ(st->Text(0), "");
+  const std::string path = (dir.path() / "catalog.db").string();
+  {
+    auto old = SqliteDb::Open(PosixEnv(), path);
+    ASSERT_TRUE(old.ok()) << old.error().ToString();
+    ASSERT_TRUE((*old)
+                    ->Exec("CREATE TABLE vm_cbt (domain TEXT PRIMARY KEY, state_dir TEXT NOT NULL, "
+                           "original_xml TEXT NOT NULL, disks TEXT NOT NULL, enabled_at TEXT NOT NULL);"
+                           "INSERT INTO vm_cbt VALUES('d', '/s', '<domain/>', "
+                           "'[{\"disk\":\"vda\",\"data_file\":\"/d.raw\",\"overlay\":\"/s/vda.qcow2\"}]', "
+                           "'now');")
+                    .ok());
+  }
+  for (int round = 0; round < 2; ++round) {  // a second open finds the column there
+    auto catalog = BackupCatalog::Open(PosixEnv(), path);
+    ASSERT_TRUE(catalog.ok()) << catalog.error().ToString();
+    BackupCatalog& c = **catalog;
+    {
+      auto st = c.db().Prepare("SELECT host FROM vm_cbt WHERE domain='d'");
+      ASSERT_TRUE(st.ok()) << st.error().ToString();
+      ASSERT_TRUE(*st->Step());
+      EXPECT_EQ(st->Text(0), "");
+    }
+    auto disks = CbtDisksOf(c, "d");
+    ASSERT_TRUE(disks.ok()) << disks.error().ToString();
+    ASSERT_TRUE(disks->has_value());
+    EXPECT_EQ((**disks)[0].overlay, "/s/vda.qcow2");
+  }
 }
 
 TEST_F(StateMigrateTest, FailedCopyRollsBackAndKeepsTheOld) {

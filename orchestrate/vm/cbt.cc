@@ -25,36 +25,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kCbtSchema = R"sql(
-CREATE TABLE IF NOT EXISTS vm_cbt (
-  domain TEXT PRIMARY KEY,
-  state_dir TEXT NOT NULL,
-  original_xml TEXT NOT NULL,
-  disks TEXT NOT NULL,
-  enabled_at TEXT NOT NULL,
-  host TEXT NOT NULL DEFAULT ''
-);
-)sql";
-
-// The table, with the host column a catalog made before remote CBT lacks
-// (empty: this machine). Another process may add it at the same time.
-Status EnsureCbtTable(BackupCatalog& catalog) {
-  BARGE_RETURN_IF_ERROR(catalog.db().Exec(kCbtSchema));
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    {
-      BARGE_ASSIGN_OR_RETURN(auto st, catalog.db().Prepare("SELECT COUNT(*) FROM pragma_table_info('vm_cbt') "
-                                                           "WHERE name='host'"));
-      BARGE_ASSIGN_OR_RETURN(bool row, st.Step());
-      if (row && st.Int(0) != 0) return OkStatus();
-    }
-    if (Status added = catalog.db().Exec("ALTER TABLE vm_cbt ADD COLUMN host TEXT NOT NULL DEFAULT ''");
-        added.ok() || attempt == 1) {
-      return added;
-    }
-  }
-  return OkStatus();
-}
-
 struct CbtRow {
   std::string state_dir;
   std::string original_xml;
@@ -63,7 +33,8 @@ struct CbtRow {
 };
 
 Result<std::optional<CbtRow>> LoadRow(BackupCatalog& catalog, const std::string& domain) {
-  BARGE_RETURN_IF_ERROR(EnsureCbtTable(catalog));
+  // The table (and its host column) is the catalog's, made or upgraded at
+  // open (BackupCatalog::Migrate).
   BARGE_ASSIGN_OR_RETURN(auto st, catalog.db().Prepare(
       "SELECT state_dir, original_xml, disks, host FROM vm_cbt WHERE domain=?"));
   st.Bind(1, domain);
@@ -219,16 +190,12 @@ Status InsertRow(BackupCatalog& catalog, virConnectPtr conn, const CbtRequest& r
 // Where the CBT overlay of raw disk `raw` goes on a remote host: beside it.
 std::string RemoteOverlayName(const std::string& raw) { return BaseName(raw) + ".cbt.qcow2"; }
 
-// The bytes of the overlay's first block, which hold the qcow2 magic: the
-// upload writes them last, so that a file an upload cut short is no qcow2
-// image (and no domain is defined on it).
-constexpr uint64_t kHeaderBlock = 4096;
-
 // enable for a domain on another host (`host`: its URI without secrets):
-// each raw disk's overlay is made here, in memory, and put beside the raw
-// disk through libvirt's storage API (a pool over the disk's folder, a
-// volume per overlay), written with its header block last and read back,
-// before the domain is defined on it. Every failure removes the volumes
+// each raw disk's overlay is made here, piece by piece (never whole in
+// memory), and put beside the raw disk through libvirt's storage API (a
+// pool over the disk's folder, a volume per overlay), each piece written
+// and read back, its header block last, before the domain is defined on
+// it. Every failure removes the volumes
 // made. barge cannot change a remote file's owner: a raw disk QEMU's user
 // cannot read and write is refused (nothing changed).
 Result<CbtStatus> EnableRemote(Env& env, const CbtRequest& req, BackupCatalog& catalog, virConnectPtr conn,
@@ -287,27 +254,35 @@ Result<CbtStatus> EnableRemote(Env& env, const CbtRequest& req, BackupCatalog& c
     formats::BitmapSpec b;
     b.name = kCbtBitmapName;
     b.enabled = true;
-    auto image = pipeline::BuildCbtOverlay(d.source, info->size, 16, {b});
+    // A first pass passes nothing on: the volume is made at the overlay's
+    // size before any of it goes up (making it again costs far less than
+    // holding it).
+    auto image = pipeline::StreamCbtOverlay(d.source, info->size, 16, {b},
+                                            [](uint64_t, std::span<const std::byte>) { return OkStatus(); });
     if (!image.ok()) return undo(std::move(image).error().Wrap("CBT overlay for " + d.target));
     const std::string name = RemoteOverlayName(d.source);
     if (RemoteFileExists(p, name)) {
       // An enable killed during its upload leaves a file whose header block
       // is still zeros: replaced. Anything else is not barge's to delete.
-      const std::vector<std::byte> zeros(std::min<uint64_t>(kHeaderBlock, image->bytes.size()));
+      const std::vector<std::byte> zeros(std::min<uint64_t>(pipeline::kCbtOverlayHeadBytes, image->size_bytes));
       if (!CheckRemoteFile(p, name, 0, zeros).ok()) {
         return undo(Error::InvalidArgument(JoinPath(folder, name) + " exists on " + host +
                                            ": not replacing a file barge did not leave (nothing changed)"));
       }
     }
-    const std::span<const std::byte> bytes(image->bytes);
-    const size_t head = std::min<size_t>(kHeaderBlock, bytes.size());
     Status put = [&]() -> Status {
-      BARGE_RETURN_IF_ERROR(CreateRemoteFile(p, name, "raw", bytes.size(), 0644));
+      BARGE_RETURN_IF_ERROR(CreateRemoteFile(p, name, "raw", image->size_bytes, 0644));
       made.emplace_back(p, name);
-      BARGE_RETURN_IF_ERROR(UploadRemoteFile(p, name, head, bytes.subspan(head)));
-      BARGE_RETURN_IF_ERROR(CheckRemoteFile(p, name, head, bytes.subspan(head)));
-      BARGE_RETURN_IF_ERROR(UploadRemoteFile(p, name, 0, bytes.first(head)));
-      return CheckRemoteFile(p, name, 0, bytes.first(head));
+      // The header block comes last (StreamCbtOverlay), so a write cut
+      // short leaves a file that is no qcow2 image (and no domain is
+      // defined on it); each piece is read back before the next goes up.
+      auto sent = pipeline::StreamCbtOverlay(d.source, info->size, 16, {b},
+                                             [&](uint64_t offset, std::span<const std::byte> bytes) -> Status {
+                                               BARGE_RETURN_IF_ERROR(UploadRemoteFile(p, name, offset, bytes));
+                                               return CheckRemoteFile(p, name, offset, bytes);
+                                             });
+      if (!sent.ok()) return std::move(sent).error();
+      return OkStatus();
     }();
     if (!put.ok()) return undo(std::move(put).error().Wrap("CBT overlay for " + d.target + " on " + host));
     const std::string overlay = JoinPath(folder, name);
@@ -526,7 +501,6 @@ Result<std::optional<std::vector<CbtDisk>>> CbtDisksOf(BackupCatalog& catalog, c
 }
 
 Status RepointCbtPaths(BackupCatalog& catalog, const std::vector<std::string>& old_dirs, const std::string& new_dir) {
-  BARGE_RETURN_IF_ERROR(EnsureCbtTable(catalog));
   struct Row {
     std::string domain, state_dir, original_xml, disks;
     bool operator==(const Row&) const = default;

@@ -458,7 +458,7 @@ std::map<std::string, formats::DiskIdentity> DiskIdentities(Env& env, const std:
         if (c.disk == d.target && CanonicalPath(env, c.overlay) == file) file = CanonicalPath(env, c.data_file);
       }
     }
-    out[d.target] = formats::DiskIdentity{"domain", domain, d.target, 0, file};
+    out[d.target] = formats::DiskIdentity{.kind = "domain", .location = domain, .target = d.target, .source = file};
   }
   return out;
 }
