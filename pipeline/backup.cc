@@ -94,6 +94,24 @@ Result<RangeList> DirtySet(Env& env, const BackupRequest& req, OpenedSource& src
   return formats::ReadBitmapDirtyRanges(*src.image, req.dirty_bitmap);
 }
 
+// What changed on the disk since a staged run's checkpoint
+// (req.staged_earlier): the NBD export's meta context, or the qcow2 file's
+// persistent bitmap of that name (refused when in use: not closed cleanly).
+Result<RangeList> ChangedSinceStaged(const BackupRequest& req, OpenedSource& src) {
+  uint64_t size = src.image->size_bytes();
+  if (src.nbd != nullptr) return src.nbd->DirtyRanges(0, size);
+  const std::string& name = req.staged_earlier->changes_bitmap;
+  for (const auto& b : src.image->info().bitmaps) {
+    if (b.name == name && b.in_use) {
+      return Error::InvalidArgument("bitmap '" + name +
+                                    "' of the interrupted run's checkpoint is inconsistent (in use: the VM did "
+                                    "not close it cleanly)")
+          .set_path(src.image->name());
+    }
+  }
+  return formats::ReadBitmapDirtyRanges(*src.image, name);
+}
+
 std::string IdFor(uint32_t sequence, const std::string& started_at) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%04u", sequence);
@@ -226,13 +244,20 @@ Status OpenBackupSource(Env& env, const BackupRequest& req, BackupRun& run) {
                                      ? req.dirty_bitmap
                                      : "qemu:dirty-bitmap:" + req.dirty_bitmap;
   }
+  const bool nbd = IsNbdUri(run.spec.location);
   if (req.staged_earlier) {
-    if (!req.resume || !IsNbdUri(run.spec.location) || req.changed_by != ChangedBy::kRecord ||
-        (req.incremental && req.dirty_bitmap != req.staged_earlier->changes_bitmap)) {
-      return Error::InvalidArgument("resuming a backup staged at an earlier checkpoint needs resume, an NBD "
-                                    "source and its changes as the dirty bitmap");
+    // The changes since the staged run's checkpoint: an NBD export's meta
+    // context (a pull job incremental from that checkpoint, which is then
+    // also an incremental's dirty bitmap), or a persistent bitmap of the
+    // qcow2 file read (a CBT overlay of a shut-off domain).
+    if (!req.resume || req.changed_by != ChangedBy::kRecord || req.staged_earlier->changes_bitmap.empty() ||
+        (nbd && req.incremental && req.dirty_bitmap != req.staged_earlier->changes_bitmap) ||
+        (!nbd && req.incremental && req.dirty_bitmap.empty())) {
+      return Error::InvalidArgument("resuming a backup staged at an earlier checkpoint needs resume, its changes "
+                                    "as an NBD export's dirty bitmap or a qcow2 file's persistent bitmap, and an "
+                                    "incremental's changes as a dirty bitmap");
     }
-    run.spec.nbd_dirty_context = req.staged_earlier->changes_bitmap;
+    if (nbd) run.spec.nbd_dirty_context = req.staged_earlier->changes_bitmap;
   }
   BARGE_ASSIGN_OR_RETURN(run.src, OpenSource(env, run.spec));
   run.size = run.src.image->size_bytes();
@@ -413,7 +438,7 @@ Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
   if (req.staged_earlier && !req.incremental) {
     // A full's work is the whole disk; the changes only say which staged
     // clusters still hold.
-    BARGE_ASSIGN_OR_RETURN(RangeList changed, run.src.nbd->DirtyRanges(0, run.size));
+    BARGE_ASSIGN_OR_RETURN(RangeList changed, ChangedSinceStaged(req, run.src));
     run.changed_since_staged = AlignRanges(changed, run.cluster, run.size);
     return OkStatus();
   }
@@ -432,12 +457,23 @@ Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
     BARGE_ASSIGN_OR_RETURN(RangeList dirty, DirtySet(env, req, run.src, run.dirty_description));
     recorded = AlignRanges(dirty, run.cluster, run.size);
   }
-  if (req.staged_earlier) {
+  if (req.staged_earlier && run.src.nbd != nullptr) {
     // The changes since the staged run's checkpoint, on top of its work
     // (the changes since the parent's checkpoint up to it): the changes
     // since the parent's checkpoint now.
     run.changed_since_staged = recorded;
     run.work = UniteRanges(AlignRanges(req.staged_earlier->work, run.cluster, run.size), recorded);
+    return OkStatus();
+  }
+  if (req.staged_earlier) {
+    // A file's bitmaps: `recorded` is what changed since the parent's
+    // checkpoint now (which holds the staged run's work), the staged
+    // checkpoint's bitmap what changed since it; the work is all three, so
+    // that no write is missed whichever bitmap saw it.
+    BARGE_ASSIGN_OR_RETURN(RangeList changed, ChangedSinceStaged(req, run.src));
+    run.changed_since_staged = AlignRanges(changed, run.cluster, run.size);
+    run.work = UniteRanges(UniteRanges(AlignRanges(req.staged_earlier->work, run.cluster, run.size), recorded),
+                           run.changed_since_staged);
     return OkStatus();
   }
   if (req.changed_by == ChangedBy::kRecord) {

@@ -101,11 +101,14 @@ struct BackupRequest {
   bool keep_work = false;
   // Resuming what a killed run staged at an earlier point in time (a vm
   // backup; docs/formats/resume.md, "vm backup"): its journal's key names
-  // `checkpoint` and its work set was `work`; the source's NBD meta
-  // context `changes_bitmap` gives what changed on the disk since that
-  // checkpoint (for an incremental, also its dirty_bitmap). The work is then
-  // `work` plus those changes (a full: the whole disk), and the staged
-  // clusters are kept only below the first changed one. Needs resume.
+  // `checkpoint` and its work set was `work`; `changes_bitmap` gives what
+  // changed on the disk since that checkpoint: the NBD source's meta
+  // context (for an incremental, also its dirty_bitmap), or a persistent
+  // bitmap of a qcow2 file source (a shut-off domain's CBT overlay; an
+  // incremental's dirty_bitmap is then the parent's, and the work also
+  // holds what it records now). The work is then `work` plus those changes
+  // (a full: the whole disk), and the staged clusters are kept only below
+  // the first changed one. Needs resume.
   struct StagedEarlier {
     std::string checkpoint;
     RangeList work;

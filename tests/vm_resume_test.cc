@@ -7,12 +7,16 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "blockio/env.h"
 #include "orchestrate/vm/vm_backup.h"
+#include "orchestrate/vm/vm_orphans.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 
@@ -40,17 +44,7 @@ class VmResumeTest : public VmTestBase {
   // copied and the journal had a moment to catch up. Returns the checkpoint
   // the killed run made (libvirt's list without `known`).
   std::string KillMidCopy(const std::string& domain, const std::string& known) {
-    orchestrate::VmBackupRequest req;
-    req.domain = domain;
-    req.target = target_;
-    req.catalog_path = catalog_;
-    req.skip_quiesce = true;
-    req.copy.chunk_bytes = 1 << 20;
-    HeldVmBackup run(req, 1, 2);
-    // The destination consumes what was handed to it and journals it.
-    const bool reached = run.WaitHeld(std::chrono::milliseconds(2500));
-    run.Kill();
-    EXPECT_TRUE(reached) << "the child's backup never copied half of its work";
+    KillHalfway(domain);
     std::string all = Checkpoints(domain);
     std::string made;
     size_t pos = 0;
@@ -62,6 +56,72 @@ class VmResumeTest : public VmTestBase {
     }
     EXPECT_FALSE(made.empty()) << all;
     return made;
+  }
+  // Runs `vm backup` of `domain` in a child process, slowed down, and
+  // SIGKILLs it once half of its work was copied and journalled.
+  void KillHalfway(const std::string& domain) {
+    orchestrate::VmBackupRequest req;
+    req.domain = domain;
+    req.target = target_;
+    req.catalog_path = catalog_;
+    req.skip_quiesce = true;
+    req.copy.chunk_bytes = 1 << 20;
+    HeldVmBackup run(req, 1, 2);
+    // The destination consumes what was handed to it and journals it.
+    const bool reached = run.WaitHeld(std::chrono::milliseconds(2500));
+    run.Kill();
+    EXPECT_TRUE(reached) << "the child's backup never copied half of its work";
+  }
+  // A 64 MiB raw disk `raw` for `dom` under CBT (its overlay returned), the
+  // domain started paused, tracker t1, `data` bytes of 0x11 written.
+  std::string PrepareCbt(TestDomain& dom, const std::string& raw, const std::string& data) {
+    RunOk("truncate -s 64M " + ShellQuote(raw) + " && chmod 644 " + ShellQuote(raw));
+    dom.Define(dir_.path().string());
+    json st = BargeJson("cbt enable --domain " + dom.name() + " --state-dir " + ShellQuote(dir_ / "cbt"));
+    EXPECT_EQ(st["state"], "Enabled") << st.dump();
+    OpenForQemu(dir_ / "cbt");
+    dom.StartPaused();
+    RunOk(Barge("tracker create t1 --domain " + dom.name()));
+    dom.Write(0x11, "0", data);
+    dom.Flush();
+    return st["disks"][0]["overlay"];
+  }
+  // The CBT overlay's bitmaps as qemu-img lists them: name -> flags.
+  std::map<std::string, std::set<std::string>> OverlayBitmaps(const std::string& overlay) {
+    json info = json::parse(RunOk("qemu-img info -U --output=json " + ShellQuote(overlay)));
+    std::map<std::string, std::set<std::string>> out;
+    const json& data = info["format-specific"]["data"];
+    if (!data.contains("bitmaps")) return out;
+    for (const auto& b : data["bitmaps"]) {
+      std::set<std::string> flags;
+      for (const auto& f : b["flags"]) flags.insert(f.get<std::string>());
+      out[b["name"].get<std::string>()] = flags;
+    }
+    return out;
+  }
+  // The names of `bitmaps` other than CBT's own and `known`.
+  static std::vector<std::string> Others(const std::map<std::string, std::set<std::string>>& bitmaps,
+                                         const std::set<std::string>& known) {
+    std::vector<std::string> out;
+    for (const auto& [name, flags] : bitmaps) {
+      if (name != "barge-cbt" && !known.count(name)) out.push_back(name);
+    }
+    return out;
+  }
+  // After a committed backup with checkpoint `cp` of a shut-off CBT domain:
+  // libvirt and the overlay hold `cp` only (with CBT's bitmap), the overlay
+  // checks clean, and point `at` of the chain is the raw disk.
+  void ExpectOfflineCommitted(TestDomain& dom, const std::string& raw, const std::string& overlay,
+                              const std::string& cp, int at, const std::string& image) {
+    EXPECT_EQ(Checkpoints(dom.name()), cp + "\n");
+    auto bitmaps = OverlayBitmaps(overlay);
+    EXPECT_EQ(bitmaps.size(), 2u);
+    EXPECT_TRUE(bitmaps.count(cp));
+    EXPECT_TRUE(bitmaps.count("barge-cbt"));
+    EXPECT_TRUE(bitmaps[cp].count("auto")) << "the new checkpoint's bitmap is enabled";
+    RunOk("qemu-img check -q " + ShellQuote(overlay));
+    RunOk("qemu-img check -q " + ShellQuote(image));
+    ExpectRestores(target_ + "/" + dom.name() + "/vda", at, raw);
   }
   json BackupRun(const std::string& domain, CommandResult& run) {
     run = ::barge::testing::Run(Barge("vm backup --domain " + domain + " --target " + ShellQuote(target_) +
@@ -316,6 +376,192 @@ TEST_F(VmResumeTest, LostConnectionResumesOnTheNextRun) {
   EXPECT_EQ(b2["parent_checkpoint"], c2) << b2.dump();
   EXPECT_EQ(Checkpoints(dom.name()), b2["checkpoint"].get<std::string>() + "\n");
   ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 1, b2["disks"][0]["image"]));
+}
+
+// A pull-mode full killed halfway, then the domain shut down cleanly (SIGTERM:
+// QEMU stores the killed run's checkpoint bitmap C1 in the CBT overlay, as
+// on a host's reboot). The next run is offline and resumes from what was
+// staged: the changes since C1 come from the overlay's bitmap. At its
+// commit C1 is gone from libvirt and the overlay; the next offline
+// incremental follows.
+TEST_F(VmResumeTest, KilledPullRunResumesOfflineAfterShutdown) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  const std::string raw = dir_ / "disk.raw";
+  TestDomain dom("resume-off", {{"vda", raw, "raw"}});
+  const std::string overlay = PrepareCbt(dom, raw, "56M");
+  ASSERT_FALSE(overlay.empty());
+  const std::string c1 = KillMidCopy(dom.name(), "");
+  ASSERT_FALSE(c1.empty());
+  ASSERT_TRUE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
+  dom.Write(0x22, "12M", "64k");  // staged by the killed run: changed since
+  dom.Write(0x33, "60M", "1M");   // not reached by it
+  dom.Flush();
+  dom.Destroy();  // SIGTERM: QEMU stores its bitmaps on the way out
+  auto before = OverlayBitmaps(overlay);
+  ASSERT_TRUE(before.count(c1)) << "QEMU stored the killed run's bitmap";
+  EXPECT_FALSE(before[c1].count("in-use"));
+
+  CommandResult run;
+  json b1 = BackupRun(dom.name(), run);
+  ASSERT_FALSE(b1.empty());
+  EXPECT_NE(run.stderr_text.find("kept its checkpoint " + c1), std::string::npos) << run.stderr_text;
+  EXPECT_EQ(b1["mode"], "offline") << b1.dump();
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
+  const json& d = b1["disks"][0];
+  ASSERT_TRUE(d.contains("resume")) << b1.dump();
+  EXPECT_EQ(d["resume"]["resumed"], true) << b1.dump();
+  EXPECT_EQ(d["resume"]["staged_bytes"].get<uint64_t>(), 12 * kMiB) << b1.dump();
+  EXPECT_NE(d["resume"]["problem"].get<std::string>().find("changed since checkpoint " + c1), std::string::npos)
+      << b1.dump();
+  EXPECT_LE(d["bytes_read"].get<uint64_t>(), 64 * kMiB - 12 * kMiB) << b1.dump();
+  std::cerr << "resumed offline: " << d["resume"].dump() << ", read " << d["bytes_read"] << "\n";
+  EXPECT_FALSE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
+  const std::string c2 = b1["checkpoint"];
+  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, c2, 0, d["image"]));
+
+  dom.StartPaused();
+  dom.Write(0x44, "30M", "1M");
+  dom.Flush();
+  dom.Destroy();
+  CommandResult run2;
+  json b2 = BackupRun(dom.name(), run2);
+  ASSERT_FALSE(b2.empty());
+  EXPECT_EQ(b2["mode"], "offline") << b2.dump();
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_EQ(b2["parent_checkpoint"], c2) << b2.dump();
+  EXPECT_FALSE(b2["disks"][0].contains("resume")) << b2.dump();
+  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, b2["checkpoint"], 1, b2["disks"][0]["image"]));
+}
+
+// An offline incremental killed halfway: it had added its checkpoint's
+// bitmap C to the overlay before reading, so the next offline run resumes
+// from C, also after the domain ran and wrote below and beyond what was
+// staged (QEMU records the writes in C too).
+TEST_F(VmResumeTest, KilledOfflineRunResumesOffline) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  const std::string raw = dir_ / "disk.raw";
+  TestDomain dom("resume-offoff", {{"vda", raw, "raw"}});
+  const std::string overlay = PrepareCbt(dom, raw, "8M");
+  ASSERT_FALSE(overlay.empty());
+  json b0 = Backup(dom.name());
+  ASSERT_EQ(b0["backup_type"], "full") << b0.dump();
+  const std::string c0 = b0["checkpoint"];
+  dom.Write(0x22, "8M", "48M");
+  dom.Flush();
+  dom.Destroy();
+
+  // Killed, nothing runs in between: resumed as it was.
+  KillHalfway(dom.name());
+  std::vector<std::string> made = Others(OverlayBitmaps(overlay), {c0});
+  ASSERT_EQ(made.size(), 1u) << "the killed run's bitmap C in the overlay";
+  EXPECT_EQ(Checkpoints(dom.name()), c0 + "\n") << "libvirt learns of C only at the commit";
+  CommandResult run;
+  json b1 = BackupRun(dom.name(), run);
+  ASSERT_FALSE(b1.empty());
+  EXPECT_NE(run.stderr_text.find("kept its checkpoint " + made[0]), std::string::npos) << run.stderr_text;
+  EXPECT_EQ(b1["mode"], "offline") << b1.dump();
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(b1["parent_checkpoint"], c0) << b1.dump();
+  const json& d1 = b1["disks"][0];
+  ASSERT_TRUE(d1.contains("resume")) << b1.dump();
+  EXPECT_EQ(d1["resume"]["resumed"], true) << b1.dump();
+  EXPECT_GT(d1["resume"]["staged_bytes"].get<uint64_t>(), 0u) << b1.dump();
+  EXPECT_LT(d1["bytes_read"].get<uint64_t>(), 48 * kMiB) << b1.dump();
+  const std::string c1 = b1["checkpoint"];
+  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, c1, 1, d1["image"]));
+
+  // Killed again; the domain runs and writes in between, then shuts down.
+  dom.StartPaused();
+  dom.Write(0x33, "8M", "48M");
+  dom.Flush();
+  dom.Destroy();
+  KillHalfway(dom.name());
+  made = Others(OverlayBitmaps(overlay), {c1});
+  ASSERT_EQ(made.size(), 1u);
+  dom.StartPaused();
+  dom.Write(0x44, "12M", "64k");  // staged by the killed run: changed since
+  dom.Write(0x55, "60M", "1M");   // not in its work at all
+  dom.Flush();
+  dom.Destroy();
+  CommandResult run2;
+  json b2 = BackupRun(dom.name(), run2);
+  ASSERT_FALSE(b2.empty());
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  EXPECT_EQ(b2["parent_checkpoint"], c1) << b2.dump();
+  const json& d2 = b2["disks"][0];
+  ASSERT_TRUE(d2.contains("resume")) << b2.dump();
+  EXPECT_EQ(d2["resume"]["resumed"], true) << b2.dump();
+  // The work: 8M..56M and 60M..61M; the first 4 MiB came from the staged image.
+  EXPECT_EQ(d2["resume"]["staged_bytes"].get<uint64_t>(), 4 * kMiB) << b2.dump();
+  EXPECT_NE(d2["resume"]["problem"].get<std::string>().find("changed since checkpoint " + made[0]),
+            std::string::npos)
+      << b2.dump();
+  EXPECT_LE(d2["bytes_read"].get<uint64_t>(), 46 * kMiB) << b2.dump();
+  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, b2["checkpoint"], 2, d2["image"]));
+}
+
+// An offline run killed, then the domain started: the pull-mode run cannot
+// ask libvirt what changed since C (it never defined it) and starts over,
+// saying why; the stray bitmap C does not disturb libvirt's checkpoint.
+// The next offline backup removes the stray.
+TEST_F(VmResumeTest, KilledOfflineRunThenPullStartsOverAndStrayGoes) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  const std::string raw = dir_ / "disk.raw";
+  TestDomain dom("resume-offpull", {{"vda", raw, "raw"}});
+  const std::string overlay = PrepareCbt(dom, raw, "56M");
+  ASSERT_FALSE(overlay.empty());
+  dom.Destroy();
+  KillHalfway(dom.name());
+  std::vector<std::string> made = Others(OverlayBitmaps(overlay), {});
+  ASSERT_EQ(made.size(), 1u);
+  dom.StartPaused();
+  CommandResult run;
+  json b1 = BackupRun(dom.name(), run);
+  ASSERT_FALSE(b1.empty());
+  EXPECT_EQ(b1["mode"], "pull") << b1.dump();
+  EXPECT_NE(run.stderr_text.find("staged data not reusable: checkpoint " + made[0] + " of the interrupted run is gone"),
+            std::string::npos)
+      << run.stderr_text;
+  ASSERT_NO_FATAL_FAILURE(ExpectStartedOver(dom, raw, b1));  // shuts it off
+  auto bitmaps = OverlayBitmaps(overlay);
+  EXPECT_TRUE(bitmaps.count(made[0])) << "the stray stays while QEMU runs";
+  EXPECT_FALSE(bitmaps[made[0]].count("in-use"));
+
+  CommandResult run2;
+  json b2 = BackupRun(dom.name(), run2);
+  ASSERT_FALSE(b2.empty());
+  EXPECT_EQ(b2["mode"], "offline") << b2.dump();
+  EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
+  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, b2["checkpoint"], 1, b2["disks"][0]["image"]));
+}
+
+// An offline run that fails (an error, not a kill) leaves no bitmap it
+// added, no run record and no staged data; the next run is a plain one.
+TEST_F(VmResumeTest, FailedOfflineRunLeavesNoBitmap) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  const std::string raw = dir_ / "disk.raw";
+  TestDomain dom("resume-offfail", {{"vda", raw, "raw"}});
+  const std::string overlay = PrepareCbt(dom, raw, "8M");
+  ASSERT_FALSE(overlay.empty());
+  json b0 = Backup(dom.name());
+  const std::string c0 = b0["checkpoint"];
+  dom.Write(0x22, "8M", "8M");
+  dom.Flush();
+  dom.Destroy();
+  auto before = OverlayBitmaps(overlay);
+  std::string failed = VmBackupFailingAt(orchestrate::VmBackupFaults::Point::kAfterRead, dom.name(), target_, true);
+  EXPECT_NE(failed.find("injected"), std::string::npos) << failed;
+  EXPECT_EQ(OverlayBitmaps(overlay), before);
+  RunOk("qemu-img check -q " + ShellQuote(overlay));
+  EXPECT_EQ(Checkpoints(dom.name()), c0 + "\n");
+  EXPECT_FALSE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
+  EXPECT_FALSE(fs::exists(orchestrate::BackupJobRecordPath(catalog_, dom.name())));
+  CommandResult run;
+  json b1 = BackupRun(dom.name(), run);
+  ASSERT_FALSE(b1.empty());
+  EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
+  EXPECT_EQ(run.stderr_text.find("earlier backup"), std::string::npos) << run.stderr_text;
+  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, b1["checkpoint"], 1, b1["disks"][0]["image"]));
 }
 
 }  // namespace

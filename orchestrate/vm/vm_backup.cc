@@ -609,16 +609,41 @@ Result<RunPlan> PlanRun(Env& env, BackupCatalog& catalog, virDomainPtr dom, cons
   return plan;
 }
 
-// A shut-off domain with CBT overlays: every disk is read from its overlay
-// (the raw disk through the overlay's data file), incremental from the
-// tracker's checkpoint bitmap read directly from the overlay; then each
-// overlay's bitmaps are rotated in place (the new checkpoint's bitmap added,
-// enabled and empty; the old one removed) and libvirt gets the new
-// checkpoint's metadata. A failure before the rotation changes nothing; one
-// during it leaves a disk whose old bitmap is gone, so its next backup is
-// full (never an incremental that misses writes).
+// Edits the bitmaps of a CBT overlay in place, under QEMU's image lock
+// first, as qemu-img does: a domain started meanwhile must not open the
+// overlay while its bitmaps are edited (Busy, naming the holder).
+Status EditOverlayBitmaps(Env& env, const CbtDisk& c, const formats::BitmapEdit& edit) {
+  BARGE_ASSIGN_OR_RETURN(auto image_lock, env.LockImage(c.overlay, ImageAccess::kExclusiveWrite));
+  return formats::EditBitmaps(
+      c.overlay, pipeline::EnvSourceOpener(env),
+      [&env](const std::string& p) { return env.OpenSink(p, SinkMode::kExisting); }, edit);
+}
+
+// A barge checkpoint bitmap of one of `trackers` ("<tracker>-YYYYMMDDTHHMMSSZ").
+bool IsTrackersCheckpointName(const std::string& name, const std::vector<TrackerRecord>& trackers) {
+  if (!IsBargeCheckpointName(name)) return false;
+  for (const auto& t : trackers) {
+    if (name.size() == t.name.size() + 17 && name.rfind(t.name + "-", 0) == 0) return true;
+  }
+  return false;
+}
+
+// A shut-off domain with CBT overlays: first each overlay gets the new
+// checkpoint's bitmap (enabled, empty: it records any write from now on, so
+// that a killed run can be resumed from it) and loses the bitmaps nothing
+// can use (left in use by a killed QEMU, or barge's strays); then every
+// disk is read from its overlay (the raw disk through the overlay's data
+// file), incremental from the tracker's checkpoint bitmap read directly
+// from the overlay, resuming what a killed run staged (`kept`: the
+// checkpoints kept for it, plan.resumes); then the old checkpoint's bitmap
+// (and the kept ones) are removed and libvirt gets the new checkpoint's
+// metadata. A failure removes the new bitmap again; one during the commit's
+// edit leaves a disk whose old bitmap is gone, so its next backup is full
+// (never an incremental that misses writes). A run record
+// (BackupJobRecord, no job) says to the next run what a killed run left.
 Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, BackupCatalog& catalog, virDomainPtr dom,
-                                        const TrackerRecord* tracker, RunPlan plan, const std::string& started,
+                                        const TrackerRecord* tracker, RunPlan plan,
+                                        const std::vector<std::string>& kept, const std::string& started,
                                         std::chrono::steady_clock::time_point t0) {
   const auto& all_disks = plan.all_disks;
   const auto& disks = plan.disks;
@@ -634,8 +659,38 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
   BARGE_ASSIGN_OR_RETURN(std::string checkpoint, StartRun(req, catalog, dom, tracker, started, res));
   const int64_t record_id = res.record_id;
   std::vector<std::string> new_files;
+  std::set<std::string> added;  // disks whose overlay got the new checkpoint's bitmap
+  bool defined = false;         // libvirt has the new checkpoint
+  std::string job_record;
+  auto is_kept = [&kept](const std::string& name) {
+    return std::find(kept.begin(), kept.end(), name) != kept.end();
+  };
   auto fail = [&](Error e) -> Error {
     for (const auto& f : new_files) e.Also(env.UnlinkIfExists(f));
+    // Nothing of the run is left: its checkpoint's bitmaps, nor the killed
+    // runs' checkpoints it resumed from (their staged data went with the
+    // failed copy; the tracker's checkpoint still holds every write). A
+    // domain started meanwhile has the overlays open: what is left there
+    // is removed by the next offline backup (strays).
+    if (!DomainIsActive(dom)) {
+      for (const auto& d : disks) {
+        auto now = OverlayBitmaps(env, overlay_of.at(d.target));
+        if (!now.ok()) {
+          e.Also(Status(now.error()));
+          continue;
+        }
+        formats::BitmapEdit edit;
+        for (const auto& b : *now) {
+          if ((added.count(d.target) && b.name == checkpoint) || is_kept(b.name)) edit.remove.push_back(b.name);
+        }
+        if (!edit.remove.empty()) e.Also(EditOverlayBitmaps(env, overlay_of.at(d.target), edit));
+      }
+    }
+    if (defined) e.Also(DeleteCheckpoint(dom, checkpoint, /*metadata_only=*/true));
+    for (const auto& cp : kept) {
+      if (LookupCheckpoint(dom, cp).ok()) e.Also(DeleteCheckpoint(dom, cp, /*metadata_only=*/true));
+    }
+    if (!job_record.empty()) e.Also(env.UnlinkIfExists(job_record));
     res.checkpoint = checkpoint;
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     BackupRecord r = ToRecord(req, res, started);
@@ -643,6 +698,57 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
     e.Also(catalog.FailBackup(record_id, r));
     return e;
   };
+
+  // The run record, before anything changes in the overlays.
+  {
+    const std::string path = BackupJobRecordPath(req.catalog_path, req.domain);
+    BackupJobRecord job{ProcessOwner::Self(env).Encode(), "", "", checkpoint, req.target + "/" + req.domain,
+                        record_id, "", JoinNames(kept), false};
+    if (Status s = WriteBackupJobRecord(env, path, job); !s.ok()) {
+      return fail(std::move(s).error().Wrap("write the backup run's record"));
+    }
+    job_record = path;
+  }
+  if (!checkpoint.empty()) {
+    auto trackers = catalog.ListTrackers(req.domain);
+    if (!trackers.ok()) return fail(std::move(trackers).error());
+    auto known = ListCheckpointNames(dom);
+    if (!known.ok()) return fail(std::move(known).error());
+    for (const auto& d : disks) {
+      formats::BitmapEdit edit;
+      uint32_t granularity = 64 << 10;
+      for (const auto& b : bitmaps[d.target]) {
+        if (b.name == res.parent_checkpoint || b.name == kCbtBitmapName) granularity = b.granularity_bytes;
+      }
+      for (const auto& b : bitmaps[d.target]) {
+        if (b.in_use) {
+          // Left in use by a QEMU that did not close the overlay (killed):
+          // its contents are lost, and a kept in-use bitmap would make
+          // every edit refuse from now on (the tracker's own checkpoint
+          // bitmap in use made this run full for the disk; a killed run's
+          // made it start over). CBT's own bitmap, which no plan reads, is
+          // re-created empty and enabled; another tracker's checkpoint
+          // bitmap is removed, so its next backup is full ("missing in the
+          // CBT overlay"), never an incremental that misses the writes
+          // before the crash.
+          edit.remove.push_back(b.name);
+          if (b.name == kCbtBitmapName) edit.add.push_back(formats::BitmapSpec{b.name, b.granularity_bytes, true, {}});
+        } else if (IsTrackersCheckpointName(b.name, *trackers) && !is_kept(b.name) &&
+                   std::find(known->begin(), known->end(), b.name) == known->end()) {
+          // A stray: the bitmap of a checkpoint libvirt does not know that
+          // no run resumes from (a killed offline run's, or a killed pull
+          // run's whose metadata alone could be deleted).
+          edit.remove.push_back(b.name);
+        }
+      }
+      edit.add.push_back(formats::BitmapSpec{checkpoint, granularity, true, {}});
+      if (Status s = EditOverlayBitmaps(env, overlay_of.at(d.target), edit); !s.ok()) {
+        return fail(std::move(s).error().Wrap("add the new checkpoint's bitmap to the CBT overlay of disk " +
+                                              d.target));
+      }
+      added.insert(d.target);
+    }
+  }
 
   std::optional<Error> first_error = BackupDisks(
       env, req, disks, incremental, reasons, checkpoint, identities,
@@ -655,6 +761,15 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
           br.dirty_bitmap = tracker->latest_checkpoint;
           br.since_checkpoint = tracker->latest_checkpoint;
         }
+        // Resumable: a killed run leaves its staged data, journal and work
+        // set, and its checkpoint's bitmap stays in the overlay (the next
+        // run's RecoverOrphanedBackupJob keeps it). A failure keeps
+        // nothing: a file source is not a connection to lose.
+        br.resume = req.resume;
+        br.keep_work = true;
+        br.keep_staged = pipeline::BackupRequest::KeepStaged::kNever;
+        if (auto it = plan.resumes.find(name); it != plan.resumes.end()) br.staged_earlier = it->second;
+        if (auto it = plan.resume_refused.find(name); it != plan.resume_refused.end()) br.resume_refused = it->second;
       },
       res, new_files);
   if (!first_error && DomainIsActive(dom)) {
@@ -677,48 +792,32 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
   std::optional<CheckpointRecord> cp_record;
   std::map<std::string, uint64_t> sizes;
   if (!checkpoint.empty()) {
-    // Rotate: the new checkpoint's bitmap replaces the old one in each overlay.
+    // Rotate: the new checkpoint's bitmap (added before the reads) replaces
+    // the old one and those of the killed runs this run resumed from.
     for (const auto& d : disks) {
+      auto now = OverlayBitmaps(env, overlay_of.at(d.target));
+      if (!now.ok()) return fail(std::move(now).error().Wrap("rotate the CBT bitmap of disk " + d.target));
       formats::BitmapEdit edit;
-      uint32_t granularity = 64 << 10;
-      for (const auto& b : bitmaps[d.target]) {
-        if (b.name == res.parent_checkpoint) {
+      for (const auto& b : *now) {
+        if (b.name != checkpoint && (b.name == res.parent_checkpoint || is_kept(b.name))) {
           edit.remove.push_back(b.name);
-          granularity = b.granularity_bytes;
-        } else if (b.in_use) {
-          // Left in use by a QEMU that did not close the overlay (killed):
-          // its contents are lost, and a kept in-use bitmap would make the
-          // edit refuse every offline backup from now on (the tracker's own
-          // checkpoint bitmap in use made this run full for the disk). CBT's
-          // own bitmap, which no plan reads, is re-created empty and
-          // enabled; another tracker's checkpoint bitmap is removed, so its
-          // next backup is full ("missing in the CBT overlay"), never an
-          // incremental that misses the writes before the crash.
-          edit.remove.push_back(b.name);
-          if (b.name == kCbtBitmapName) edit.add.push_back(formats::BitmapSpec{b.name, b.granularity_bytes, true, {}});
         }
       }
-      edit.add.push_back(formats::BitmapSpec{checkpoint, granularity, true, {}});
-      // QEMU's image lock first, as qemu-img does: a domain started
-      // meanwhile must not open the overlay while its bitmaps are edited
-      // (Busy, naming the holder).
-      auto image_lock = env.LockImage(overlay_of[d.target].overlay, ImageAccess::kExclusiveWrite);
-      if (!image_lock.ok()) {
-        return fail(std::move(image_lock).error().Wrap("rotate the CBT bitmap of disk " + d.target));
-      }
-      Status s = formats::EditBitmaps(
-          overlay_of[d.target].overlay, pipeline::EnvSourceOpener(env),
-          [&env](const std::string& p) { return env.OpenSink(p, SinkMode::kExisting); }, edit);
-      if (!s.ok()) {
+      if (edit.remove.empty()) continue;
+      if (Status s = EditOverlayBitmaps(env, overlay_of.at(d.target), edit); !s.ok()) {
         return fail(std::move(s).error().Wrap("rotate the CBT bitmap of disk " + d.target));
       }
     }
-    BARGE_ASSIGN_OR_RETURN(std::string domain_xml, DomainXml(dom, VIR_DOMAIN_XML_INACTIVE));
-    std::string xml = OfflineCheckpointXml(checkpoint, all_disks, selected, domain_xml);
+    auto domain_xml = DomainXml(dom, VIR_DOMAIN_XML_INACTIVE);
+    if (!domain_xml.ok()) return fail(std::move(domain_xml).error());
+    std::string xml = OfflineCheckpointXml(checkpoint, all_disks, selected, *domain_xml);
     virDomainCheckpointPtr cp = virDomainCheckpointCreateXML(dom, xml.c_str(), VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE);
     if (cp == nullptr) return fail(LastVirError("define checkpoint " + checkpoint));
     virDomainCheckpointFree(cp);
-    // The old checkpoint's bitmaps were removed with the rotation.
+    defined = true;
+    // The old checkpoint's bitmaps were removed with the rotation, and so
+    // were the kept ones': libvirt deletes bitmaps only from a running
+    // domain, so of these only the metadata goes.
     if (!res.parent_checkpoint.empty()) {
       IgnoreError(DeleteCheckpoint(dom, res.parent_checkpoint, true),
                   "metadata of a checkpoint whose bitmaps are gone: the tracker moves on to the new one and "
@@ -731,6 +830,21 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   BackupRecord record = ToRecord(req, res, started);
   if (Status s = catalog.CommitBackup(record_id, record, cp_record, sizes); !s.ok()) return fail(s.error());
+  for (const auto& cp : kept) {
+    if (cp == checkpoint || !LookupCheckpoint(dom, cp).ok()) continue;
+    IgnoreError(DeleteCheckpoint(dom, cp, /*metadata_only=*/true),
+                "metadata of a checkpoint whose bitmaps are gone, which no tracker names: left behind, the next "
+                "online backup removes it as stale");
+  }
+  IgnoreError(env.UnlinkIfExists(std::exchange(job_record, "")),
+              "the run is committed: a run record left behind names a gone process and a checkpoint the tracker "
+              "names, so the next run only removes the record");
+  for (const auto& d : res.disks) {
+    if (d.resume && !d.resume->resumed) {
+      res.warnings.push_back("disk " + d.disk + ": staged data not reusable: " + d.resume->problem +
+                             ", starting over");
+    }
+  }
   return res;
 }
 
@@ -789,16 +903,19 @@ Result<Leftovers> ClearLeftovers(Env& env, BackupCatalog& catalog, virDomainPtr 
   return out;
 }
 
-// Which disks of a pull-mode run resume what a killed run staged in their
-// chain folders (docs/formats/resume.md, "vm backup"): the journal names a
+// Which disks of a run resume what a killed run staged in their chain
+// folders (docs/formats/resume.md, "vm backup"): the journal names a
 // checkpoint of that run kept for it (`kept`), the disk holds bitmaps, the
 // point is of the staged one's type and, for an incremental, over the same
-// parent point, and the staged work set reads back. The job then reads
-// those disks incrementally from that checkpoint. A disk with staged data
+// parent point, and the staged work set reads back. A pull-mode run's job
+// then reads those disks incrementally from that checkpoint (which libvirt
+// must still have); an offline run reads what changed since from the CBT
+// overlay's bitmap of that checkpoint (present, enabled, not in use). A disk with staged data
 // that cannot resume gets the reason (its data is swept, the run starts
 // over for it); a journal that does not load is the pipeline's to report.
 void PlanResumes(Env& env, const VmBackupRequest& req, virDomainPtr dom, const std::set<std::string>& with_bitmap,
                  const std::vector<std::string>& kept, RunPlan& plan) {
+  const bool offline = plan.mode == "offline";
   for (const auto& d : plan.disks) {
     const std::string dir = req.target + "/" + req.domain + "/" + d.target;
     auto journal = pipeline::LoadResumeJournal(env, dir + "/" + std::string(pipeline::kResumeJournalName));
@@ -812,11 +929,29 @@ void PlanResumes(Env& env, const VmBackupRequest& req, virDomainPtr dom, const s
     } else if (!with_bitmap.count(d.target)) {
       why = "the disk holds no bitmap: what changed since the interrupted run cannot be known";
     } else if (std::find(kept.begin(), kept.end(), key.checkpoint) == kept.end() ||
-               !LookupCheckpoint(dom, key.checkpoint).ok()) {
+               (!offline && !LookupCheckpoint(dom, key.checkpoint).ok())) {
       // (Also gone when its bitmaps were: a stale checkpoint's metadata was
       // just removed, ClearLeftovers.)
       why = "checkpoint " + key.checkpoint + " of the interrupted run is gone: what changed since it cannot be known";
-    } else if (key.type != (incremental ? "incremental" : "full")) {
+    } else if (offline) {
+      // Offline, what changed since is the overlay's bitmap of that
+      // checkpoint, read directly: only a cleanly stored, enabled one says.
+      const formats::BitmapInfo* b = nullptr;
+      for (const auto& x : plan.bitmaps[d.target]) {
+        if (x.name == key.checkpoint) b = &x;
+      }
+      if (b == nullptr) {
+        why = "bitmap " + key.checkpoint + " of the interrupted run is missing in the CBT overlay: what changed "
+              "since it cannot be known";
+      } else if (b->in_use) {
+        why = "bitmap " + key.checkpoint + " of the interrupted run is inconsistent (in use: QEMU did not close "
+              "the overlay cleanly): what changed since it cannot be known";
+      } else if (!b->enabled) {
+        why = "bitmap " + key.checkpoint + " of the interrupted run is disabled: what changed since it cannot be "
+              "known";
+      }
+    }
+    if (why.empty() && key.type != (incremental ? "incremental" : "full")) {
       why = "the interrupted run was a " + key.type + ", this one is a" + (incremental ? "n incremental" : " full") +
             " (" + plan.reasons.at(d.target) + ")";
     }
@@ -842,7 +977,8 @@ void PlanResumes(Env& env, const VmBackupRequest& req, virDomainPtr dom, const s
       plan.resume_refused[d.target] = why;
       continue;
     }
-    plan.resumes[d.target] = {key.checkpoint, std::move(work), "qemu:dirty-bitmap:backup-" + d.target};
+    plan.resumes[d.target] = {key.checkpoint, std::move(work),
+                              offline ? key.checkpoint : "qemu:dirty-bitmap:backup-" + d.target};
   }
 }
 
@@ -1085,18 +1221,32 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
     BARGE_ASSIGN_OR_RETURN(paused, PausedStart::Start(dom.get(), req.domain, uri.Redacted(), "read them over NBD"));
     req.skip_quiesce = true;
   }
-  // A killed run's checkpoint is kept for a resume only where a pull job
-  // can ask what changed since it (an active domain).
-  BARGE_ASSIGN_OR_RETURN(Leftovers leftovers, ClearLeftovers(env, *catalog, dom.get(), req.domain,
-                                                             req.resume && DomainIsActive(dom.get())));
+  // A killed run's checkpoint is kept for a resume where the run can ask
+  // what changed since it: a pull job (an active domain), or the bitmap in
+  // a shut-off domain's CBT overlays. A shut-off domain without CBT is
+  // refused (PlanRun) before its leftovers are touched: libvirt could
+  // delete their metadata only, leaving bitmaps in its disks.
+  bool keep_resumable = req.resume && DomainIsActive(dom.get());
+  if (!DomainIsActive(dom.get())) {
+    BARGE_ASSIGN_OR_RETURN(auto cbt, CbtDisksOf(*catalog, req.domain));
+    if (!cbt) {
+      return Error::InvalidArgument("domain '" + req.domain +
+                                    "' is not running and has no CBT overlay: start it for a pull-mode backup, "
+                                    "or enable CBT ('barge cbt enable') for offline backups");
+    }
+    keep_resumable = req.resume;
+  }
+  BARGE_ASSIGN_OR_RETURN(Leftovers leftovers,
+                         ClearLeftovers(env, *catalog, dom.get(), req.domain, keep_resumable));
   std::vector<std::string> warnings = std::move(leftovers.warnings);
   if (paused) warnings.insert(warnings.begin(), paused->Warning("this backup"));
   BARGE_ASSIGN_OR_RETURN(RunPlan plan, PlanRun(env, *catalog, dom.get(), req.domain, tracker ? &*tracker : nullptr,
                                                 req.disks, req.force_full, req.target));
   if (plan.mode == "offline") {
+    PlanResumes(env, req, dom.get(), plan.selected, leftovers.kept_checkpoints, plan);
     auto offline = RunOfflineBackup(env, req, *catalog, dom.get(), tracker ? &*tracker : nullptr, std::move(plan),
-                                    started, t0);
-    if (offline.ok()) offline->warnings = std::move(warnings);
+                                    leftovers.kept_checkpoints, started, t0);
+    if (offline.ok()) offline->warnings.insert(offline->warnings.begin(), warnings.begin(), warnings.end());
     return offline;
   }
   // The disks that hold the checkpoint's bitmaps (PlanRun reads the others,

@@ -137,7 +137,8 @@ Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog
   }
   // A remote host's socket and scratch files are that host's (libvirt
   // removes the scratch files it made when the job ends).
-  if (r.host.empty()) {
+  // An offline run (shut-off domain) has neither.
+  if (r.host.empty() && (!r.socket.empty() || !r.scratch_dir.empty())) {
     if (!r.socket.empty()) BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.socket));
     if (!r.scratch_dir.empty()) BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch_dir));
     done += std::string(done.empty() ? "" : ", ") + "removed its socket and scratch folder";
@@ -160,8 +161,19 @@ Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog
     if (b > a) checkpoints.push_back(r.resumed_checkpoints.substr(a, b - a));
     a = b + 1;
   }
+  const bool active = DomainIsActive(dom);
   for (const std::string& cp : checkpoints) {
-    if (!LookupCheckpoint(dom, cp).ok()) continue;
+    if (!LookupCheckpoint(dom, cp).ok()) {
+      // An offline run's checkpoint is only its bitmaps in the CBT overlays
+      // until its commit defines it in libvirt: kept for a resume where a
+      // journal names it, else left to the next offline backup, which
+      // removes such stray bitmaps (a pull job never reads them).
+      if (journaled.count(cp)) {
+        out.kept_checkpoints.push_back(cp);
+        done += ", kept its checkpoint " + cp + " to resume the data it staged";
+      }
+      continue;
+    }
     // Never committed: a tracker that named it would have been advanced by
     // the run that was killed before its commit, so this is only a check.
     BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
@@ -173,10 +185,18 @@ Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog
       done += ", kept its checkpoint " + cp + " to resume the data it staged";
       continue;
     }
-    BARGE_RETURN_IF_ERROR(DeleteCheckpoint(dom, cp));
+    // libvirt deletes a checkpoint's bitmaps only from a running domain: of
+    // a shut-off one the metadata goes, and the next offline backup removes
+    // the bitmaps left in the CBT overlays as strays.
+    BARGE_RETURN_IF_ERROR(DeleteCheckpoint(dom, cp, /*metadata_only=*/!active));
     done += ", deleted its uncommitted checkpoint " + cp;
   }
-  if (!r.checkpoint.empty() && !r.chains_dir.empty()) {
+  bool committed = false;  // killed after its commit, before removing its record
+  if (!r.checkpoint.empty()) {
+    BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
+    for (const auto& t : trackers) committed |= t.latest_checkpoint == r.checkpoint;
+  }
+  if (!r.checkpoint.empty() && !r.chains_dir.empty() && !committed) {
     // The points the killed run wrote for its checkpoint were never
     // committed: a chain ending at them would not end at the tracker's
     // checkpoint, and the next backup would be a needless full.

@@ -82,7 +82,12 @@ struct OrphanRecovery {
 // checkpoint (and those of earlier killed runs it was resuming from) when
 // no tracker names it (it was never committed: the next incremental
 // continues from the tracker's checkpoint) unless `keep_resumable` and a
-// resume journal in one of the run's chain folders names it, removes the
+// resume journal in one of the run's chain folders names it (an offline
+// run's checkpoint, which libvirt does not know before its commit, is kept
+// that way too; else its bitmaps are left to the next offline backup, which
+// removes strays), of a shut-off domain its metadata only (libvirt deletes
+// bitmaps only from a running domain; the next offline backup removes them
+// from the CBT overlays), removes the
 // points the run wrote for that checkpoint at the end of its chain folders,
 // marks its catalog record failed and removes the run record. "running"
 // and "foreign" are kBusy with the state's message, nothing touched.
