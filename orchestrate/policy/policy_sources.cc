@@ -208,6 +208,7 @@ class DefaultBackend final : public SourceBackend {
     vr.target = r.target_dir;
     vr.catalog_path = r.catalog_path;
     vr.libvirt_uri = s.connect;
+    vr.skip_quiesce = !s.quiesce;
     vr.nbd.tls_certificates = s.tls_certificates;
     if (!s.nbd_port_range.empty()) {
       BARGE_ASSIGN_OR_RETURN(vr.nbd_ports, ParsePortRange(s.nbd_port_range));
