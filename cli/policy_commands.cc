@@ -63,7 +63,10 @@ json SourcesJson(const orc::Policy& p) {
   for (const auto& s : p.sources) {
     json j = {{"name", s.name}, {"kind", std::string(orc::PolicySourceKindName(s.kind))}, {"location", s.location}};
     if (s.kind == orc::PolicySourceKind::kImage) j["bitmap"] = s.bitmap.empty() ? json(nullptr) : json(s.bitmap);
-    if (s.kind == orc::PolicySourceKind::kDomain) j["tracker"] = s.tracker.empty() ? p.name : s.tracker;
+    if (s.kind == orc::PolicySourceKind::kDomain) {
+      j["tracker"] = s.tracker.empty() ? p.name : s.tracker;
+      j["quiesce"] = s.quiesce;
+    }
     // How its incrementals find changes (as given, or the default for its
     // kind); a domain's tracker decides: null.
     j["changed_by"] = s.changed_by.empty() ? json(nullptr) : json(s.changed_by);
@@ -161,6 +164,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
     }
     if (s.kind == orc::PolicySourceKind::kDomain) o << ", tracker " << (s.tracker.empty() ? p.name : s.tracker);
     if (!s.connect.empty()) o << ", on " << orc::RedactLibvirtUri(s.connect);
+    if (s.kind == orc::PolicySourceKind::kDomain && !s.quiesce) o << ", not quiesced (quiesce: false)";
     o << "\n";
   }
   o << "  targets: ";

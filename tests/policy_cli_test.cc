@@ -121,6 +121,8 @@ TEST(PolicyCliTest, CheckReportsEveryProblemWithItsPlace) {
   // a domain's tracker decides (null).
   EXPECT_EQ(r.result.at("sources").at(0).at("changed_by"), "bitmap");
   EXPECT_TRUE(r.result.at("sources").at(1).at("changed_by").is_null());
+  EXPECT_EQ(r.result.at("sources").at(1).at("quiesce"), true);
+  EXPECT_FALSE(r.result.at("sources").at(0).contains("quiesce"));
 
   // An image without a bitmap defaults to digests; a written changed_by shows.
   WriteText(dir / "dig.yaml", "name: d\nsources:\n  - image: /vm/a.raw\n  - image: /vm/b.raw\n    changed_by: full\n"
@@ -135,6 +137,15 @@ TEST(PolicyCliTest, CheckReportsEveryProblemWithItsPlace) {
   EXPECT_NE(text.output.find("a.raw, incrementals by SHA-256 digests (changed_by: digests)"), std::string::npos)
       << text.output;
   EXPECT_NE(text.output.find("b.raw, every backup full (changed_by: full)"), std::string::npos) << text.output;
+
+  // A domain without a guest agent: quiesce: false shows in both forms.
+  WriteText(dir / "noagent.yaml", "name: n\nsources:\n  - domain: vm1\n    quiesce: false\ntargets: [/backups/a]\n");
+  r = BargeJson("policy check " + Q(dir / "noagent.yaml"), dir / "c.db");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.result.at("sources").at(0).at("quiesce"), false);
+  text = testing::Run(Barge() + " policy check " + Q(dir / "noagent.yaml"));
+  EXPECT_NE(text.output.find("domain vm1, tracker n, not quiesced (quiesce: false)"), std::string::npos)
+      << text.output;
 }
 
 // Issue 18: `policy check` warns about what a run would meet: a missing

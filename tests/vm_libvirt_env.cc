@@ -386,7 +386,16 @@ void TestDomain::Hmp(const std::string& qemu_io, int disk) {
   EXPECT_EQ(out.find("rror"), std::string::npos) << out;
 }
 
-HeldVmBackup::HeldVmBackup(orchestrate::VmBackupRequest req, uint64_t num, uint64_t den) {
+HeldVmBackup::HeldVmBackup(orchestrate::VmBackupRequest req, uint64_t num, uint64_t den)
+    : HeldVmBackup(
+          [req](ProgressFn progress) mutable {
+            req.progress = [progress](const std::string&, uint64_t done, uint64_t total) { progress(done, total); };
+            auto r = orchestrate::RunVmBackup(Env::Default(), req);
+            return r.ok() ? std::string() : r.error().ToString();
+          },
+          num, den) {}
+
+HeldVmBackup::HeldVmBackup(std::function<std::string(ProgressFn progress)> run, uint64_t num, uint64_t den) {
   int held[2], go[2], said[2];
   if (::pipe(held) != 0 || ::pipe(go) != 0 || ::pipe(said) != 0) {
     ADD_FAILURE() << "pipe: " << std::strerror(errno);
@@ -399,18 +408,17 @@ HeldVmBackup::HeldVmBackup(orchestrate::VmBackupRequest req, uint64_t num, uint6
     ::close(said[0]);
     const int held_fd = held[1], go_fd = go[0];
     auto once = std::make_shared<std::atomic<bool>>(false);
-    req.progress = [held_fd, go_fd, once, num, den](const std::string&, uint64_t done, uint64_t total) {
+    const std::string error = run([held_fd, go_fd, once, num, den](uint64_t done, uint64_t total) {
       std::this_thread::sleep_for(std::chrono::milliseconds(150));
       if (total > 0 && done * den >= total * num && !once->exchange(true)) {
         char c = 'h';
         (void)!::write(held_fd, &c, 1);
         (void)!::read(go_fd, &c, 1);
       }
-    };
-    auto r = orchestrate::RunVmBackup(Env::Default(), req);
-    const std::string text = r.ok() ? std::string("succeeded") : r.error().ToString();
+    });
+    const std::string text = error.empty() ? std::string("succeeded") : error;
     (void)!::write(said[1], text.data(), text.size());
-    ::_exit(r.ok() ? 3 : 0);
+    ::_exit(error.empty() ? 3 : 0);
   }
   ::close(held[1]);
   ::close(go[0]);

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,11 @@ class LibvirtdLock {
 class HeldVmBackup {
  public:
   HeldVmBackup(orchestrate::VmBackupRequest req, uint64_t num, uint64_t den);
+  // Any run that reports its copy's progress (done, total bytes), e.g. a
+  // policy run (RunOptions::copy.progress): `run` installs `progress` and
+  // returns the run's error, "" when it succeeded.
+  using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+  HeldVmBackup(std::function<std::string(ProgressFn progress)> run, uint64_t num, uint64_t den);
   ~HeldVmBackup();
   HeldVmBackup(const HeldVmBackup&) = delete;
   HeldVmBackup& operator=(const HeldVmBackup&) = delete;

@@ -12,11 +12,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -695,6 +698,106 @@ TEST_F(VmRemoteSshTest, RunAfterKilledRemoteBackupCleansUpAndSucceeds) {
   const std::string chain = target_ + "/" + dom.name() + "/vda";
   ExpectRestores(chain, 0, p0);
   ExpectRestores(chain, 1, p1);
+}
+
+// A backup over qemu+ssh:// SIGKILLed mid-copy (its forward's ssh dies with
+// it, PR_SET_PDEATHSIG) resumes on the next run as a local or TLS one does:
+// the killed run's job aborted and its checkpoint kept on the host, the job
+// incremental from it, the staged clusters below the first one written
+// since kept. Afterwards no forward runs, barge's temporary folder is empty,
+// the host has no job socket and one checkpoint, and the point is the disk.
+TEST_F(VmRemoteSshTest, KilledBackupResumesOverSsh) {
+  BARGE_REQUIRE_TOOL("qemu-io");
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
+                          "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native";
+  const std::string connect = " --connect " + ShellQuote(uri);
+  // 24 MiB of data and 1 MiB further on (the TLS test's disk).
+  std::string disk = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M && qemu-io -f qcow2 -c 'write -P 0xab 0 24M' "
+        "-c 'write -P 0x17 40M 1M' " + ShellQuote(disk) + " >/dev/null");
+  TestDomain dom("sshresume", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create tr --domain " + dom.name() + connect));
+  auto remote_sockets = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator("/tmp")) {
+      if (e.path().filename().string().rfind("barge-backup-" + dom.name() + "-", 0) == 0) out.push_back(e.path());
+    }
+    return out;
+  };
+  // The forward's folder goes to TMPDIR, read when the forward starts: the
+  // child of HeldVmBackup gets it from this process (set only around the
+  // fork), the next run from its command line.
+  const std::string tmp = dir_ / "barge-tmp";
+  fs::create_directories(tmp);
+  const char* old_tmp = std::getenv("TMPDIR");
+  const std::string saved = old_tmp != nullptr ? old_tmp : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+
+  orchestrate::VmBackupRequest req;
+  req.domain = dom.name();
+  req.target = target_;
+  req.catalog_path = catalog_;
+  req.skip_quiesce = true;
+  req.libvirt_uri = uri;
+  req.copy.chunk_bytes = 1 << 20;
+  {
+    HeldVmBackup run(req, 1, 2);
+    if (old_tmp != nullptr) {
+      ::setenv("TMPDIR", saved.c_str(), 1);
+    } else {
+      ::unsetenv("TMPDIR");
+    }
+    const bool reached = run.WaitHeld(std::chrono::milliseconds(2500));
+    run.Kill();
+    ASSERT_TRUE(reached) << "the child's backup never copied half of its work";
+  }
+  // Left behind: the job (orphaned), its socket on the host, the folder here.
+  EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "orphaned");
+  EXPECT_EQ(remote_sockets().size(), 1u);
+  EXPECT_FALSE(fs::is_empty(tmp));
+  const std::string killed = Checkpoints(dom.name());
+  EXPECT_EQ(std::count(killed.begin(), killed.end(), '\n'), 1) << killed;
+  dom.Write(0x22, "12M", "64k");
+  dom.Flush();
+
+  const auto started = std::chrono::steady_clock::now();
+  json b = RunResult("TMPDIR=" + ShellQuote(tmp) + " " +
+                     Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                           " --skip-quiesce" + connect) +
+                     " --json");
+  std::cerr << "resumed over ssh in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s\n";
+  EXPECT_EQ(b["backup_type"], "full") << b.dump();
+  EXPECT_EQ(b["transport"], "ssh") << b.dump();
+  const json& d = b["disks"][0];
+  ASSERT_TRUE(d.contains("resume")) << b.dump();
+  EXPECT_EQ(d["resume"]["resumed"], true) << b.dump();
+  EXPECT_EQ(d["resume"]["staged_bytes"].get<uint64_t>(), 12u << 20) << b.dump();
+  // Read: 12M..24M and 40M..41M of the data, not its first 12 MiB.
+  EXPECT_LE(d["bytes_read"].get<uint64_t>(), 14u << 20) << b.dump();
+  // The killed run's checkpoint is gone; the new one is the only one.
+  EXPECT_EQ(Checkpoints(dom.name()), b["checkpoint"].get<std::string>() + "\n");
+  EXPECT_TRUE(remote_sockets().empty()) << remote_sockets()[0];
+  EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
+  EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "none");
+  for (const auto& [pid, cmd] : Processes()) {
+    EXPECT_FALSE(cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos)
+        << "ssh forward " << pid << " still runs: " << cmd;
+  }
+  dom.Flush();
+  std::string now = Raw(disk, "now.raw");
+  ExpectRestores(target_ + "/" + dom.name() + "/vda", 0, now);
+  RunOk("qemu-img check -q " + ShellQuote(d["image"].get<std::string>()));
+  json inc = RunResult("TMPDIR=" + ShellQuote(tmp) + " " +
+                       Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                             " --skip-quiesce" + connect) +
+                       " --json");
+  EXPECT_EQ(inc["backup_type"], "incremental") << inc.dump();
+  EXPECT_EQ(inc["parent_checkpoint"], b["checkpoint"]) << inc.dump();
 }
 
 // A URI with a password is never printed with it; a failed connection's

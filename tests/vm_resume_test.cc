@@ -5,7 +5,9 @@
 // Without the killed run's checkpoint, or with --no-resume, it starts over,
 // saying why.
 #include <chrono>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
@@ -15,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/env.h"
+#include "orchestrate/policy/policy.h"
+#include "orchestrate/policy/policy_runner.h"
 #include "orchestrate/vm/vm_backup.h"
 #include "orchestrate/vm/vm_orphans.h"
 #include "tests/testing/testing.h"
@@ -143,11 +147,13 @@ class VmResumeTest : public VmTestBase {
   }
   // Shuts the domain off (gracefully: the disk file is complete) and
   // compares point `at` of its vda chain with the disk; checks the image.
-  void ExpectPointIsDisk(TestDomain& dom, const std::string& disk, int at, const std::string& image) {
+  // `chain`: the vda chain folder ("" = the one vm backup --target makes).
+  void ExpectPointIsDisk(TestDomain& dom, const std::string& disk, int at, const std::string& image,
+                         const std::string& chain = "") {
     dom.Destroy();
     std::string flat = dir_ / "flat.raw";
     RunOk("qemu-img convert -O raw " + ShellQuote(disk) + " " + ShellQuote(flat));
-    ExpectRestores(target_ + "/" + dom.name() + "/vda", at, flat);
+    ExpectRestores(chain.empty() ? target_ + "/" + dom.name() + "/vda" : chain, at, flat);
     RunOk("qemu-img check -q " + ShellQuote(image));
     fs::remove(flat);
   }
@@ -562,6 +568,77 @@ TEST_F(VmResumeTest, FailedOfflineRunLeavesNoBitmap) {
   EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
   EXPECT_EQ(run.stderr_text.find("earlier backup"), std::string::npos) << run.stderr_text;
   ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, b1["checkpoint"], 1, b1["disks"][0]["image"]));
+}
+
+// A policy run of a domain source (quiesce: false: the test domain has no
+// guest agent) killed halfway through its full resumes through the same
+// code: the next `barge run` keeps the killed run's checkpoint and the
+// staged clusters below the first change, says so on its record, reads
+// only the rest, and the point is the disk; the killed checkpoint is gone.
+TEST_F(VmResumeTest, KilledPolicyRunOfADomainResumes) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string disk = MakeQcow2("d.qcow2");
+  TestDomain dom("resume-policy", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(Prepare(dom, "24M"));
+  const std::string file = dir_ / "p.yaml";
+  std::ofstream(file) << "name: nightly\nsources:\n  - domain: " << dom.name()
+                      << "\n    tracker: t1\n    quiesce: false\ntargets: [" << target_
+                      << "]\nfree_space_multiple: 0\n";
+  auto policy = orchestrate::LoadPolicy(Env::Default(), file);
+  ASSERT_TRUE(policy.ok()) << policy.error().ToString();
+  ASSERT_FALSE(policy->sources[0].quiesce);
+  const std::string chain = target_ + "/nightly/" + dom.name() + "/vda";
+  {
+    // `barge run --policy FILE --force`, in a child, held halfway and killed.
+    HeldVmBackup run(
+        [&](HeldVmBackup::ProgressFn progress) {
+          orchestrate::RunOptions o;
+          o.catalog_path = catalog_;
+          o.manual = true;
+          o.copy.chunk_bytes = 1 << 20;
+          o.copy.progress = std::move(progress);
+          auto report = orchestrate::RunPolicyOnce(Env::Default(), *policy, o);
+          if (!report.ok()) return report.error().ToString();
+          return report->failed == 0 ? std::string() : report->sources[0].record.error;
+        },
+        1, 2);
+    const bool reached = run.WaitHeld(std::chrono::milliseconds(2500));
+    run.Kill();
+    ASSERT_TRUE(reached) << "the child's policy run never copied half of its work";
+  }
+  const std::string c1 = Checkpoints(dom.name());
+  ASSERT_EQ(std::count(c1.begin(), c1.end(), '\n'), 1) << c1;
+  ASSERT_TRUE(fs::exists(chain + "/.backup.barge-resume"));
+  dom.Write(0x22, "10M", "64k");  // staged by the killed run: changed since
+  dom.Flush();
+
+  const auto started = std::chrono::steady_clock::now();
+  CommandResult run = ::barge::testing::Run(Barge("run --policy " + ShellQuote(file) + " --force --json"));
+  std::cerr << "resumed policy run in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s\n";
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  json r = json::parse(run.stdout_text.substr(run.stdout_text.rfind("{\"event\":\"result\"")));
+  ASSERT_EQ(r["sources"].size(), 1u) << r.dump();
+  const json& s = r["sources"][0];
+  EXPECT_EQ(s["result"], "success") << r.dump();
+  EXPECT_EQ(s["type"], "full") << r.dump();
+  // Kept: the staged clusters below the first changed one (10 MiB of 24).
+  const std::string note = s["error"];
+  EXPECT_NE(note.find("kept its checkpoint " + c1.substr(0, c1.size() - 1)), std::string::npos) << note;
+  EXPECT_NE(note.find("disk vda: resumed from " + std::to_string(10 * kMiB) + " bytes staged"), std::string::npos)
+      << note;
+  EXPECT_LE(s["bytes_read"].get<uint64_t>(), 15 * kMiB) << r.dump();
+  std::cerr << "resumed policy run: " << note << ", read " << s["bytes_read"] << " of 24 MiB data\n";
+  // Only the new run's checkpoint is left; the staged files are gone.
+  const std::string c2 = Checkpoints(dom.name());
+  EXPECT_EQ(std::count(c2.begin(), c2.end(), '\n'), 1) << c2;
+  EXPECT_NE(c2, c1);
+  EXPECT_FALSE(fs::exists(chain + "/.backup.barge-resume"));
+  EXPECT_FALSE(fs::exists(chain + "/.backup.barge-resume-work"));
+  ASSERT_EQ(s["points"].size(), 1u) << r.dump();
+  const std::string image = chain + "/" + s["points"][0]["id"].get<std::string>() + ".qcow2";
+  ASSERT_TRUE(fs::exists(image)) << image;
+  ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 0, image, chain));
 }
 
 }  // namespace

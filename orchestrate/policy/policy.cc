@@ -25,7 +25,8 @@ constexpr const char* kPolicyKeys[] = {
     "full_every",  "compression", "pre_hook",    "post_hook",
 };
 constexpr const char* kSourceKeys[] = {"name",    "image", "bitmap",           "changed_by",    "domain",
-                                       "tracker", "connect", "nbd", "tls_certificates", "nbd_port_range"};
+                                       "tracker", "connect", "nbd", "tls_certificates", "nbd_port_range",
+                                       "quiesce"};
 constexpr const char* kHookKeys[] = {"command", "timeout"};
 
 size_t EditDistance(std::string_view a, std::string_view b) {
@@ -248,6 +249,18 @@ std::optional<PolicySource> ParseSource(Checker& c, const YAML::Node& node) {
     if (auto v = c.Scalar(node["nbd_port_range"], "nbd_port_range")) s.nbd_port_range = *v;
     if (auto r = ParsePortRange(s.nbd_port_range); !r.ok()) {
       c.Fail(node["nbd_port_range"].Mark(), "'nbd_port_range' is a " + r.error().message());
+    }
+  }
+  if (node["quiesce"]) {
+    if (s.kind != PolicySourceKind::kDomain) c.Fail(node["quiesce"].Mark(), "'quiesce' belongs to 'domain' sources");
+    if (auto v = c.Scalar(node["quiesce"], "quiesce")) {
+      if (*v == "true") {
+        s.quiesce = true;
+      } else if (*v == "false") {
+        s.quiesce = false;
+      } else {
+        c.Fail(node["quiesce"].Mark(), "'quiesce' is true or false, not '" + *v + "'");
+      }
     }
   }
   if (s.kind == PolicySourceKind::kImage && !s.location.empty() && s.location.front() != '/') {

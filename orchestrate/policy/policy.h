@@ -45,6 +45,10 @@ struct PolicySource {
   // folder ("" = none) and the ports to lease ("" = kDefaultNbdPortRange).
   std::string tls_certificates;
   std::string nbd_port_range;
+  // domain: freeze the guest's filesystems through its guest agent for the
+  // checkpoint (vm backup without --skip-quiesce). `quiesce: false` for a
+  // domain without a guest agent: its points are crash-consistent.
+  bool quiesce = true;
   int line = 0;          // where the entry starts in the file (1-based)
 };
 

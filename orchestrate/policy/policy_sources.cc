@@ -208,6 +208,7 @@ class DefaultBackend final : public SourceBackend {
     vr.target = r.target_dir;
     vr.catalog_path = r.catalog_path;
     vr.libvirt_uri = s.connect;
+    vr.skip_quiesce = !s.quiesce;
     vr.nbd.tls_certificates = s.tls_certificates;
     if (!s.nbd_port_range.empty()) {
       BARGE_ASSIGN_OR_RETURN(vr.nbd_ports, ParsePortRange(s.nbd_port_range));
@@ -220,11 +221,22 @@ class DefaultBackend final : public SourceBackend {
     SourceBackupResult out;
     out.type = done.backup_type == "Incremental" ? "incremental" : "full";
     out.type_reason = done.reason;
+    // What vm backup tells its user goes on the record: what it found and
+    // cleaned up (a killed run's job, its checkpoint kept for the resume)
+    // and each disk's resume of what a killed run staged (a resume refused
+    // is among the warnings).
+    std::vector<std::string> notes = done.warnings;
     for (const auto& d : done.disks) {
       out.points.push_back({d.chain_dir, Stem(d.manifest_path)});
       out.bytes_read += d.bytes_read;
       out.bytes_written += d.bytes_written;
+      if (d.resume && d.resume->resumed) {
+        notes.push_back("disk " + d.disk + ": resumed from " + std::to_string(d.resume->staged_bytes) +
+                        " bytes staged by an interrupted run" +
+                        (d.resume->problem.empty() ? "" : "; copied again: " + d.resume->problem));
+      }
     }
+    for (const std::string& n : notes) out.warning += (out.warning.empty() ? "" : "; ") + n;
     return out;
   }
 

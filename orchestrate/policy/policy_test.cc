@@ -15,6 +15,7 @@ sources:
     bitmap: cbt0          # incrementals from this persistent bitmap
   - domain: vm1
     tracker: nightly
+    quiesce: true         # freeze through the guest agent; false without one (crash-consistent)
 reason: ""
 schedule: "0 2 * * *"
 max_duration_without_backup: 26h
@@ -36,6 +37,7 @@ TEST(PolicyTest, ReadmeExample) {
   EXPECT_EQ(p->sources[1].kind, PolicySourceKind::kDomain);
   EXPECT_EQ(p->sources[1].name, "vm1");
   EXPECT_EQ(p->sources[1].tracker, "nightly");
+  EXPECT_TRUE(p->sources[1].quiesce);
   EXPECT_EQ(p->reason, "");
   ASSERT_TRUE(p->schedule.has_value());
   EXPECT_EQ(p->max_duration_without_backup, std::chrono::hours(26));
@@ -179,6 +181,16 @@ TEST(PolicyTest, StructureErrors) {
        "policy:4:21: 'nbd_port_range' is a bad port range '20-10'"},
       {"name: p\nsources:\n  - domain: vm\n    tls_certificates: pki\ntargets: [/t]\n",
        "'tls_certificates' must be an absolute folder"},
+      {"name: p\nsources:\n  - image: /d\n    quiesce: false\ntargets: [/t]\n",
+       "policy:4:14: 'quiesce' belongs to 'domain' sources"},
+      {"name: p\nsources:\n  - nbd: nbd://h/e\n    quiesce: true\ntargets: [/t]\n",
+       "'quiesce' belongs to 'domain' sources"},
+      {"name: p\nsources:\n  - domain: vm\n    quiesce: no\ntargets: [/t]\n",
+       "policy:4:14: 'quiesce' is true or false, not 'no'"},
+      {"name: p\nsources:\n  - domain: vm\n    quiesce: [false]\ntargets: [/t]\n",
+       "'quiesce' must be a single value"},
+      {"name: p\nsources:\n  - domain: vm\n    quiesse: false\ntargets: [/t]\n",
+       "unknown key 'quiesse' in a source (did you mean 'quiesce'?)"},
       {"name: p\nsources: [{image: /d}]\ntargets: [t]\n", "targets must be absolute folders, not 't'"},
       {"name: p\nsources: [{image: /d}]\ntargets: [/t, /t/]\n", "target '/t' is listed twice"},
       {"name: p\nname: q\nsources: [{image: /d}]\ntargets: [/t]\n", "policy:2:1: duplicate key 'name'"},
@@ -206,6 +218,18 @@ TEST(PolicyTest, DomainSourceConnect) {
   EXPECT_EQ(p->sources[1].connect, "");
   EXPECT_EQ(p->sources[1].tls_certificates, "");
   EXPECT_EQ(p->sources[1].nbd_port_range, "");
+}
+
+// A domain without a guest agent: its backups skip the freeze (vm backup
+// --skip-quiesce); quiesced is the default.
+TEST(PolicyTest, DomainSourceQuiesce) {
+  auto p = ParsePolicy(Env::Default(), "name: p\nsources:\n  - domain: vm1\n    quiesce: false\n"
+                                       "  - domain: vm2\n    quiesce: true\n  - domain: vm3\ntargets: [/t]\n");
+  ASSERT_TRUE(p.ok()) << p.error().ToString();
+  ASSERT_EQ(p->sources.size(), 3u);
+  EXPECT_FALSE(p->sources[0].quiesce);
+  EXPECT_TRUE(p->sources[1].quiesce);
+  EXPECT_TRUE(p->sources[2].quiesce);
 }
 
 TEST(PolicyTest, DomainSourceTlsExport) {
