@@ -210,11 +210,7 @@ TEST_F(VmBackupRawTest, ScratchDirDefaultsOutsideATargetQemuCannotReach) {
   for (bool fail : {true, false}) {
     dom.Write(0xcc, "16M", "1M");
     FailVmBackupOnce fault(orchestrate::VmBackupFaults::Point::kAfterRead);
-    orchestrate::VmBackupRequest req;
-    req.domain = dom.name();
-    req.target = closed;
-    req.catalog_path = catalog_;
-    req.skip_quiesce = true;
+    orchestrate::VmBackupRequest req = VmRequest(dom.name(), closed);
     req.scratch_dir = scratch;
     if (fail) req.faults = &fault;
     bool saw_scratch_file = false;

@@ -251,6 +251,17 @@ class VmTestBase : public ::testing::Test {
     return BargeJson("vm backup --domain " + domain + " --target " + ShellQuote(target_) + " --skip-quiesce " +
                      extra);
   }
+  // A vm backup request of `domain` into `target` with this test's catalog,
+  // without the guest agent's freeze unless `skip_quiesce` is false.
+  orchestrate::VmBackupRequest VmRequest(const std::string& domain, const std::string& target,
+                                         bool skip_quiesce = true) const {
+    orchestrate::VmBackupRequest req;
+    req.domain = domain;
+    req.target = target;
+    req.catalog_path = catalog_;
+    req.skip_quiesce = skip_quiesce;
+    return req;
+  }
   // `vm backup --domain D --target T [--skip-quiesce]` run in this process
   // (the CLI's run, without its hooks) with FailVmBackupOnce at `point`.
   // Returns the run's error as `barge` prints it, "" when it succeeded.
@@ -258,11 +269,7 @@ class VmTestBase : public ::testing::Test {
   std::string VmBackupFailingAt(orchestrate::VmBackupFaults::Point point, const std::string& domain,
                                 const std::string& target, bool skip_quiesce) {
     FailVmBackupOnce fault(point);
-    orchestrate::VmBackupRequest req;
-    req.domain = domain;
-    req.target = target;
-    req.catalog_path = catalog_;
-    req.skip_quiesce = skip_quiesce;
+    orchestrate::VmBackupRequest req = VmRequest(domain, target, skip_quiesce);
     req.faults = &fault;
     auto run = orchestrate::RunVmBackup(Env::Default(), req);
     EXPECT_TRUE(fault.fired()) << "the run never reached the injected fault";

@@ -70,11 +70,7 @@ TEST_F(VmOrphanTest, KilledBackupIsAbortedAndCleanedUpByTheNextRun) {
   if (child == 0) {
     ::close(fds[0]);
     StopAfterRead stop(fds[1]);
-    orchestrate::VmBackupRequest req;
-    req.domain = dom.name();
-    req.target = target_;
-    req.catalog_path = catalog_;
-    req.skip_quiesce = true;
+    orchestrate::VmBackupRequest req = VmRequest(dom.name(), target_);
     req.faults = &stop;
     (void)orchestrate::RunVmBackup(Env::Default(), req);
     ::_exit(3);  // the run ended without reaching the seam

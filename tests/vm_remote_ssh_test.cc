@@ -167,6 +167,15 @@ class VmRemoteSshTest : public VmTestBase {
                            << "'; while :; do sleep 0.05; done ;; esac\nexec ssh \"$@\"\n";
     fs::permissions(wrapper, fs::perms::owner_all);
   }
+  // The job sockets libvirt made for `domain` on the "host" (this machine's
+  // /tmp: the simulated hypervisor shares it).
+  static std::vector<std::string> RemoteSockets(const std::string& domain) {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator("/tmp")) {
+      if (e.path().filename().string().rfind("barge-backup-" + domain + "-", 0) == 0) out.push_back(e.path());
+    }
+    return out;
+  }
   std::string Raw(const std::string& image, const std::string& name) {
     std::string out = dir_ / name;
     RunOk("qemu-img convert -U -O raw " + ShellQuote(image) + " " + ShellQuote(out));
@@ -547,11 +556,7 @@ TEST_F(VmRemoteSshTest, FailedRunStopsItsForward) {
     }
   });
   FailVmBackupOnce fault(orchestrate::VmBackupFaults::Point::kAfterRead);
-  orchestrate::VmBackupRequest req;
-  req.domain = dom.name();
-  req.target = target_;
-  req.catalog_path = catalog_;
-  req.skip_quiesce = true;
+  orchestrate::VmBackupRequest req = VmRequest(dom.name(), target_);
   req.libvirt_uri = uri;
   req.faults = &fault;
   auto run = orchestrate::RunVmBackup(Env::Default(), req);
@@ -644,13 +649,6 @@ TEST_F(VmRemoteSshTest, RunAfterKilledRemoteBackupCleansUpAndSucceeds) {
   RunOk(Barge("tracker create t1 --domain " + dom.name() + " --connect " + ShellQuote(base)));
   dom.Write(0x3c, "2M", "2M");
 
-  auto remote_sockets = [&] {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator("/tmp")) {
-      if (e.path().filename().string().rfind("barge-backup-" + dom.name() + "-", 0) == 0) out.push_back(e.path());
-    }
-    return out;
-  };
   const std::string tmp = dir_ / "barge-tmp";
   fs::create_directories(tmp);
   const std::string out = dir_ / "barge.out";
@@ -671,7 +669,7 @@ TEST_F(VmRemoteSshTest, RunAfterKilledRemoteBackupCleansUpAndSucceeds) {
   ASSERT_TRUE(WIFSIGNALED(status));
   // Left behind: the job (orphaned), its socket on the host, the folder here.
   EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "orphaned");
-  EXPECT_EQ(remote_sockets().size(), 1u);
+  EXPECT_EQ(RemoteSockets(dom.name()).size(), 1u);
   EXPECT_FALSE(fs::is_empty(tmp));
 
   json r = RunResult("TMPDIR=" + ShellQuote(tmp) + " " +
@@ -679,7 +677,7 @@ TEST_F(VmRemoteSshTest, RunAfterKilledRemoteBackupCleansUpAndSucceeds) {
                            " --skip-quiesce --connect " + ShellQuote(base)) +
                      " --json");
   EXPECT_EQ(r["backup_type"], "full") << r.dump();
-  EXPECT_TRUE(remote_sockets().empty()) << remote_sockets()[0];
+  EXPECT_TRUE(RemoteSockets(dom.name()).empty()) << RemoteSockets(dom.name())[0];
   EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
   EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "none");
   for (const auto& [pid, cmd] : Processes()) {
@@ -721,13 +719,6 @@ TEST_F(VmRemoteSshTest, KilledBackupResumesOverSsh) {
   ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   dom.StartPaused();
   RunOk(Barge("tracker create tr --domain " + dom.name() + connect));
-  auto remote_sockets = [&] {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator("/tmp")) {
-      if (e.path().filename().string().rfind("barge-backup-" + dom.name() + "-", 0) == 0) out.push_back(e.path());
-    }
-    return out;
-  };
   // The forward's folder goes to TMPDIR, read when the forward starts: the
   // child of HeldVmBackup gets it from this process (set only around the
   // fork), the next run from its command line.
@@ -737,11 +728,7 @@ TEST_F(VmRemoteSshTest, KilledBackupResumesOverSsh) {
   const std::string saved = old_tmp != nullptr ? old_tmp : "";
   ::setenv("TMPDIR", tmp.c_str(), 1);
 
-  orchestrate::VmBackupRequest req;
-  req.domain = dom.name();
-  req.target = target_;
-  req.catalog_path = catalog_;
-  req.skip_quiesce = true;
+  orchestrate::VmBackupRequest req = VmRequest(dom.name(), target_);
   req.libvirt_uri = uri;
   req.copy.chunk_bytes = 1 << 20;
   {
@@ -757,7 +744,7 @@ TEST_F(VmRemoteSshTest, KilledBackupResumesOverSsh) {
   }
   // Left behind: the job (orphaned), its socket on the host, the folder here.
   EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "orphaned");
-  EXPECT_EQ(remote_sockets().size(), 1u);
+  EXPECT_EQ(RemoteSockets(dom.name()).size(), 1u);
   EXPECT_FALSE(fs::is_empty(tmp));
   const std::string killed = Checkpoints(dom.name());
   EXPECT_EQ(std::count(killed.begin(), killed.end(), '\n'), 1) << killed;
@@ -781,7 +768,7 @@ TEST_F(VmRemoteSshTest, KilledBackupResumesOverSsh) {
   EXPECT_LE(d["bytes_read"].get<uint64_t>(), 14u << 20) << b.dump();
   // The killed run's checkpoint is gone; the new one is the only one.
   EXPECT_EQ(Checkpoints(dom.name()), b["checkpoint"].get<std::string>() + "\n");
-  EXPECT_TRUE(remote_sockets().empty()) << remote_sockets()[0];
+  EXPECT_TRUE(RemoteSockets(dom.name()).empty()) << RemoteSockets(dom.name())[0];
   EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
   EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "none");
   for (const auto& [pid, cmd] : Processes()) {

@@ -312,11 +312,7 @@ class VmRemoteTlsTest : public VmTestBase {
   // BackupArgs + TlsArgs(port, port) as a request for orchestrate::RunVmBackup
   // (a HeldVmBackup's), 1 MiB chunks.
   orchestrate::VmBackupRequest TlsRequest(const std::string& domain, int port) const {
-    orchestrate::VmBackupRequest req;
-    req.domain = domain;
-    req.target = target_;
-    req.catalog_path = catalog_;
-    req.skip_quiesce = true;
+    orchestrate::VmBackupRequest req = VmRequest(domain, target_);
     req.libvirt_uri = remote_->Uri();
     req.nbd.tls_certificates = remote_->NbdCertificates();
     auto ports = orchestrate::ParsePortRange(std::to_string(port) + "-" + std::to_string(port));

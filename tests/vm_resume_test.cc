@@ -64,11 +64,7 @@ class VmResumeTest : public VmTestBase {
   // Runs `vm backup` of `domain` in a child process, slowed down, and
   // SIGKILLs it once half of its work was copied and journalled.
   void KillHalfway(const std::string& domain) {
-    orchestrate::VmBackupRequest req;
-    req.domain = domain;
-    req.target = target_;
-    req.catalog_path = catalog_;
-    req.skip_quiesce = true;
+    orchestrate::VmBackupRequest req = VmRequest(domain, target_);
     req.copy.chunk_bytes = 1 << 20;
     HeldVmBackup run(req, 1, 2);
     // The destination consumes what was handed to it and journals it.
@@ -127,6 +123,26 @@ class VmResumeTest : public VmTestBase {
     RunOk("qemu-img check -q " + ShellQuote(image));
     ExpectRestores(target_ + "/" + dom.name() + "/vda", at, raw);
   }
+  // Disk 0 of the run `b` resumed what an interrupted run staged: `staged`
+  // bytes kept (0: some), the cut at the changes since checkpoint `since`
+  // ("" = not asked), and no more than `max_read` bytes read.
+  void ExpectResumed(const json& b, uint64_t staged, const std::string& since, uint64_t max_read) {
+    const json& d = b["disks"][0];
+    ASSERT_TRUE(d.contains("resume")) << b.dump();
+    EXPECT_EQ(d["resume"]["resumed"], true) << b.dump();
+    if (staged == 0) {
+      EXPECT_GT(d["resume"]["staged_bytes"].get<uint64_t>(), 0u) << b.dump();
+    } else {
+      EXPECT_EQ(d["resume"]["staged_bytes"].get<uint64_t>(), staged) << b.dump();
+    }
+    if (!since.empty()) {
+      EXPECT_NE(d["resume"]["problem"].get<std::string>().find("changed since checkpoint " + since),
+                std::string::npos)
+          << b.dump();
+    }
+    EXPECT_LE(d["bytes_read"].get<uint64_t>(), max_read) << b.dump();
+    std::cerr << "resumed: " << d["resume"].dump() << ", read " << d["bytes_read"] << "\n";
+  }
   json BackupRun(const std::string& domain, CommandResult& run) {
     run = ::barge::testing::Run(Barge("vm backup --domain " + domain + " --target " + ShellQuote(target_) +
                                       " --skip-quiesce --json"));
@@ -182,15 +198,8 @@ TEST_F(VmResumeTest, KilledFullResumesWithTheChangesSince) {
   ASSERT_FALSE(b1.empty());
   EXPECT_NE(run.stderr_text.find("kept its checkpoint " + c1), std::string::npos) << run.stderr_text;
   EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
-  const json& d = b1["disks"][0];
-  ASSERT_TRUE(d.contains("resume")) << b1.dump();
-  EXPECT_EQ(d["resume"]["resumed"], true) << b1.dump();
   // Kept: the staged clusters below the first changed one (12 MiB).
-  EXPECT_EQ(d["resume"]["staged_bytes"].get<uint64_t>(), 12 * kMiB) << b1.dump();
-  EXPECT_NE(d["resume"]["problem"].get<std::string>().find("changed since checkpoint " + c1), std::string::npos)
-      << b1.dump();
-  EXPECT_LE(d["bytes_read"].get<uint64_t>(), 64 * kMiB - 12 * kMiB) << b1.dump();
-  std::cerr << "resumed full: " << d["resume"].dump() << ", read " << d["bytes_read"] << " of 57 MiB data\n";
+  ASSERT_NO_FATAL_FAILURE(ExpectResumed(b1, 12 * kMiB, c1, 64 * kMiB - 12 * kMiB));
   // The tracker is on the new checkpoint; the killed run's is gone.
   const std::string c2 = b1["checkpoint"];
   EXPECT_EQ(Checkpoints(dom.name()), c2 + "\n");
@@ -234,12 +243,8 @@ TEST_F(VmResumeTest, KilledIncrementalResumesWithTheChangesSince) {
   ASSERT_FALSE(b1.empty());
   EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
   EXPECT_EQ(b1["parent_checkpoint"], c0) << b1.dump();
-  const json& d = b1["disks"][0];
-  ASSERT_TRUE(d.contains("resume")) << b1.dump();
-  EXPECT_EQ(d["resume"]["resumed"], true) << b1.dump();
-  EXPECT_EQ(d["resume"]["staged_bytes"].get<uint64_t>(), 4 * kMiB) << b1.dump();
   // The work: 8M..56M and 60M..61M; the first 4 MiB came from the staged image.
-  EXPECT_LE(d["bytes_read"].get<uint64_t>(), 46 * kMiB) << b1.dump();
+  ASSERT_NO_FATAL_FAILURE(ExpectResumed(b1, 4 * kMiB, "", 46 * kMiB));
   const std::string c2 = b1["checkpoint"];
   EXPECT_EQ(Checkpoints(dom.name()), c2 + "\n");
   ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 1, b1["disks"][0]["image"]));
@@ -310,11 +315,7 @@ TEST_F(VmResumeTest, LostConnectionResumesOnTheNextRun) {
   TestDomain dom("resume-lost", {{"vda", disk, "qcow2"}});
   ASSERT_NO_FATAL_FAILURE(Prepare(dom, "56M"));
 
-  orchestrate::VmBackupRequest req;
-  req.domain = dom.name();
-  req.target = target_;
-  req.catalog_path = catalog_;
-  req.skip_quiesce = true;
+  orchestrate::VmBackupRequest req = VmRequest(dom.name(), target_);
   req.copy.chunk_bytes = 1 << 20;
   req.copy.nbd_retry.attempts = 2;
   req.copy.nbd_retry.max_time = std::chrono::milliseconds(3000);
@@ -360,13 +361,7 @@ TEST_F(VmResumeTest, LostConnectionResumesOnTheNextRun) {
   EXPECT_NE(run.stderr_text.find("kept its checkpoint " + c1.substr(0, c1.size() - 1)), std::string::npos)
       << run.stderr_text;
   EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
-  const json& d = b1["disks"][0];
-  ASSERT_TRUE(d.contains("resume")) << b1.dump();
-  EXPECT_EQ(d["resume"]["resumed"], true) << b1.dump();
-  EXPECT_GT(d["resume"]["staged_bytes"].get<uint64_t>(), 0u) << b1.dump();
-  EXPECT_LT(d["bytes_read"].get<uint64_t>(), 56 * kMiB) << b1.dump();
-  std::cerr << "resumed after a lost connection: " << d["resume"].dump() << ", read " << d["bytes_read"]
-            << " of 56 MiB data\n";
+  ASSERT_NO_FATAL_FAILURE(ExpectResumed(b1, 0, "", 56 * kMiB - 1));
   const std::string c2 = b1["checkpoint"];
   EXPECT_EQ(Checkpoints(dom.name()), c2 + "\n");
   EXPECT_FALSE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
@@ -413,17 +408,10 @@ TEST_F(VmResumeTest, KilledPullRunResumesOfflineAfterShutdown) {
   EXPECT_NE(run.stderr_text.find("kept its checkpoint " + c1), std::string::npos) << run.stderr_text;
   EXPECT_EQ(b1["mode"], "offline") << b1.dump();
   EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
-  const json& d = b1["disks"][0];
-  ASSERT_TRUE(d.contains("resume")) << b1.dump();
-  EXPECT_EQ(d["resume"]["resumed"], true) << b1.dump();
-  EXPECT_EQ(d["resume"]["staged_bytes"].get<uint64_t>(), 12 * kMiB) << b1.dump();
-  EXPECT_NE(d["resume"]["problem"].get<std::string>().find("changed since checkpoint " + c1), std::string::npos)
-      << b1.dump();
-  EXPECT_LE(d["bytes_read"].get<uint64_t>(), 64 * kMiB - 12 * kMiB) << b1.dump();
-  std::cerr << "resumed offline: " << d["resume"].dump() << ", read " << d["bytes_read"] << "\n";
+  ASSERT_NO_FATAL_FAILURE(ExpectResumed(b1, 12 * kMiB, c1, 64 * kMiB - 12 * kMiB));
   EXPECT_FALSE(fs::exists(target_ + "/" + dom.name() + "/vda/.backup.barge-resume"));
   const std::string c2 = b1["checkpoint"];
-  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, c2, 0, d["image"]));
+  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, c2, 0, b1["disks"][0]["image"]));
 
   dom.StartPaused();
   dom.Write(0x44, "30M", "1M");
@@ -468,13 +456,9 @@ TEST_F(VmResumeTest, KilledOfflineRunResumesOffline) {
   EXPECT_EQ(b1["mode"], "offline") << b1.dump();
   EXPECT_EQ(b1["backup_type"], "incremental") << b1.dump();
   EXPECT_EQ(b1["parent_checkpoint"], c0) << b1.dump();
-  const json& d1 = b1["disks"][0];
-  ASSERT_TRUE(d1.contains("resume")) << b1.dump();
-  EXPECT_EQ(d1["resume"]["resumed"], true) << b1.dump();
-  EXPECT_GT(d1["resume"]["staged_bytes"].get<uint64_t>(), 0u) << b1.dump();
-  EXPECT_LT(d1["bytes_read"].get<uint64_t>(), 48 * kMiB) << b1.dump();
+  ASSERT_NO_FATAL_FAILURE(ExpectResumed(b1, 0, "", 48 * kMiB - 1));
   const std::string c1 = b1["checkpoint"];
-  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, c1, 1, d1["image"]));
+  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, c1, 1, b1["disks"][0]["image"]));
 
   // Killed again; the domain runs and writes in between, then shuts down.
   dom.StartPaused();
@@ -494,16 +478,9 @@ TEST_F(VmResumeTest, KilledOfflineRunResumesOffline) {
   ASSERT_FALSE(b2.empty());
   EXPECT_EQ(b2["backup_type"], "incremental") << b2.dump();
   EXPECT_EQ(b2["parent_checkpoint"], c1) << b2.dump();
-  const json& d2 = b2["disks"][0];
-  ASSERT_TRUE(d2.contains("resume")) << b2.dump();
-  EXPECT_EQ(d2["resume"]["resumed"], true) << b2.dump();
   // The work: 8M..56M and 60M..61M; the first 4 MiB came from the staged image.
-  EXPECT_EQ(d2["resume"]["staged_bytes"].get<uint64_t>(), 4 * kMiB) << b2.dump();
-  EXPECT_NE(d2["resume"]["problem"].get<std::string>().find("changed since checkpoint " + made[0]),
-            std::string::npos)
-      << b2.dump();
-  EXPECT_LE(d2["bytes_read"].get<uint64_t>(), 46 * kMiB) << b2.dump();
-  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, b2["checkpoint"], 2, d2["image"]));
+  ASSERT_NO_FATAL_FAILURE(ExpectResumed(b2, 4 * kMiB, made[0], 46 * kMiB));
+  ASSERT_NO_FATAL_FAILURE(ExpectOfflineCommitted(dom, raw, overlay, b2["checkpoint"], 2, b2["disks"][0]["image"]));
 }
 
 // An offline run killed, then the domain started: the pull-mode run cannot
