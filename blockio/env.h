@@ -66,6 +66,8 @@ struct LockOptions {
   bool wait = false;
   // The message of the kBusy error ("another backup of this chain runs").
   std::string busy_message = "locked by another process";
+  // The mode bits of a lock file the call creates (the umask applies).
+  uint32_t create_mode = 0644;
 };
 
 // What an image lock reserves, in QEMU's terms (docs/formats/qcow2.md,
@@ -130,9 +132,14 @@ class Env {
   // The names in `dir` (no "." or ".."), sorted. kNotFound for a missing
   // folder.
   virtual Result<std::vector<std::string>> ListDir(const std::string& dir) = 0;
-  // One folder (mode 0755); its parent must exist. An existing folder is
-  // not an error.
-  virtual Status CreateDir(const std::string& dir) = 0;
+  // One folder with `mode` (the umask applies); its parent must exist. An
+  // existing folder is not an error (its mode is left as it is).
+  virtual Status CreateDir(const std::string& dir, uint32_t mode = 0755) = 0;
+  // A new folder "PARENT/PREFIX" + six random characters, made with
+  // mkdtemp(3): mode 0700, owned by this process's user, never one that
+  // existed before (a name planted in a shared folder such as /tmp is
+  // never used). Returns its path.
+  virtual Result<std::string> CreateTempDir(const std::string& parent, std::string_view prefix) = 0;
   // Atomically replaces `to` (rename(2)).
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
   // A second name for `from`; fails with EEXIST (kInvalidArgument) when
@@ -161,7 +168,10 @@ class Env {
 
   // ---- locks ----
   // An exclusive flock on `path` (a lock file, or a temporary file being
-  // written). With `create`, the file is made when missing and the lock is
+  // written). Only a regular file is locked: a symbolic link, FIFO or
+  // other entry planted under the name is refused (kInvalidArgument, or
+  // ELOOP for a link), never followed or waited on. With `create`, the
+  // file is made when missing and the lock is
   // taken on the file that is at `path` afterwards (a lock on a file that
   // another process removed meanwhile is retried).
   // Returns: the lock; kBusy (retryable) with options.busy_message when
@@ -182,18 +192,26 @@ class Env {
   // primitive calls they are made of) ----
   // Stat ok; false for kNotFound and any other error.
   bool Exists(const std::string& path);
-  // Every missing folder of `dir`, parents first (mkdir -p).
-  Status CreateDirs(const std::string& dir);
+  // Every missing folder of `dir`, parents first (mkdir -p), each made
+  // with `mode`.
+  Status CreateDirs(const std::string& dir, uint32_t mode = 0755);
   // The whole file, or what a pipe (`<(command)`) holds to its end;
   // kInvalidArgument when larger than `max_bytes`.
   Result<std::string> ReadFile(const std::string& path, uint64_t max_bytes = 16 << 20);
+  // ReadFile for a file in a folder barge writes (a chain folder): a
+  // regular file only, never followed through a final symbolic link,
+  // never waited on as a FIFO (kInvalidArgument, or ELOOP for a link).
+  Result<std::string> ReadOwnFile(const std::string& path, uint64_t max_bytes = 16 << 20);
   // Replaces `path` atomically with `bytes`: written to the hidden
   // temporary name ".NAME.barge-tmp" beside it, flushed (unless !sync),
   // renamed over `path`, and the folder synced (unless !sync). A crash
   // leaves either the old or the new contents under `path`, never a mix.
+  // The temporary is never followed through a symbolic link planted under
+  // its name; a new file gets `mode` (the umask applies).
   Status WriteFileAtomic(const std::string& path, std::span<const std::byte> bytes,
-                         bool sync = true);
-  Status WriteFileAtomic(const std::string& path, std::string_view text, bool sync = true);
+                         bool sync = true, uint32_t mode = 0644);
+  Status WriteFileAtomic(const std::string& path, std::string_view text, bool sync = true,
+                         uint32_t mode = 0644);
   // Removes a file or a folder with everything in it. A missing path is
   // not an error.
   Status RemoveTree(const std::string& path);
@@ -223,7 +241,12 @@ class EnvWrapper : public Env {
   Result<std::vector<std::string>> ListDir(const std::string& dir) override {
     return target_.ListDir(dir);
   }
-  Status CreateDir(const std::string& dir) override { return target_.CreateDir(dir); }
+  Status CreateDir(const std::string& dir, uint32_t mode = 0755) override {
+    return target_.CreateDir(dir, mode);
+  }
+  Result<std::string> CreateTempDir(const std::string& parent, std::string_view prefix) override {
+    return target_.CreateTempDir(parent, prefix);
+  }
   Status Rename(const std::string& from, const std::string& to) override {
     return target_.Rename(from, to);
   }

@@ -234,7 +234,7 @@ class PosixEnvImpl final : public Env {
  public:
   Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path,
                                                   const FileOptions& options) override {
-    if (IsPipe(path)) {
+    if (!options.regular_only && IsPipe(path)) {
       // Refused before the open, which would wait for a writer.
       if (options.pipe_limit == 0) {
         return Error::InvalidArgument("a pipe cannot be a disk: not a regular file or block device").set_path(path);
@@ -281,13 +281,19 @@ class PosixEnvImpl final : public Env {
     return names;
   }
 
-  Status CreateDir(const std::string& dir) override {
-    if (::mkdir(dir.c_str(), 0755) == 0) return OkStatus();
+  Status CreateDir(const std::string& dir, uint32_t mode) override {
+    if (::mkdir(dir.c_str(), static_cast<mode_t>(mode & 07777)) == 0) return OkStatus();
     int err = errno;
     struct stat st;
     if (err == EEXIST && ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return OkStatus();
     if (err == EEXIST) return Error::InvalidArgument("exists and is not a folder").set_path(dir);
     return Error::FromErrno(err, "create folder", dir);
+  }
+
+  Result<std::string> CreateTempDir(const std::string& parent, std::string_view prefix) override {
+    std::string name = JoinPath(parent, std::string(prefix) + "XXXXXX");
+    if (::mkdtemp(name.data()) == nullptr) return Error::FromErrno(errno, "create folder", name);
+    return name;
   }
 
   Status Rename(const std::string& from, const std::string& to) override {
@@ -366,9 +372,18 @@ class PosixEnvImpl final : public Env {
   Result<std::unique_ptr<EnvLock>> LockFile(const std::string& path,
                                             const LockOptions& options) override {
     for (;;) {
-      int flags = O_RDONLY | O_CLOEXEC | (options.create ? O_CREAT : 0);
-      UniqueFd fd(::open(path.c_str(), flags, 0644));
+      // O_NOFOLLOW and O_NONBLOCK: a link planted under the name is not
+      // followed (no file created elsewhere), a FIFO not waited on.
+      int flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (options.create ? O_CREAT : 0);
+      UniqueFd fd(::open(path.c_str(), flags, static_cast<mode_t>(options.create_mode & 07777)));
       if (fd.get() < 0) return Error::FromErrno(errno, "open lock file", path);
+      {
+        struct stat st;
+        if (::fstat(fd.get(), &st) != 0) return Error::FromErrno(errno, "fstat", path);
+        if (!S_ISREG(st.st_mode)) {
+          return Error::InvalidArgument("lock file is not a regular file (refused)").set_path(path);
+        }
+      }
       int rc;
       do {
         rc = ::flock(fd.get(), LOCK_EX | (options.wait ? 0 : LOCK_NB));
@@ -457,7 +472,7 @@ ScopedDefaultEnv::~ScopedDefaultEnv() { g_default.store(previous_); }
 
 bool Env::Exists(const std::string& path) { return Stat(path).ok(); }
 
-Status Env::CreateDirs(const std::string& dir) {
+Status Env::CreateDirs(const std::string& dir, uint32_t mode) {
   if (dir.empty() || dir == "/" || dir == ".") return OkStatus();
   auto st = Stat(dir);
   if (st.ok()) {
@@ -467,15 +482,15 @@ Status Env::CreateDirs(const std::string& dir) {
   if (st.error().code() != ErrorCode::kNotFound) return st.error();
   std::string trimmed = dir;
   while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-  BARGE_RETURN_IF_ERROR(CreateDirs(ParentOf(trimmed)));
-  return CreateDir(trimmed);
+  BARGE_RETURN_IF_ERROR(CreateDirs(ParentOf(trimmed), mode));
+  return CreateDir(trimmed, mode);
 }
 
-Result<std::string> Env::ReadFile(const std::string& path, uint64_t max_bytes) {
-  FileOptions o;
-  o.use_uring = false;
-  o.pipe_limit = max_bytes;
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> src, OpenSource(path, o));
+namespace {
+
+Result<std::string> ReadWhole(Env& env, const std::string& path, uint64_t max_bytes,
+                              const FileOptions& o) {
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> src, env.OpenSource(path, o));
   uint64_t size = src->size_bytes();
   if (size > max_bytes) {
     return Error::InvalidArgument("file is larger than " + std::to_string(max_bytes) + " bytes")
@@ -486,7 +501,25 @@ Result<std::string> Env::ReadFile(const std::string& path, uint64_t max_bytes) {
   return out;
 }
 
-Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> bytes, bool sync) {
+}  // namespace
+
+Result<std::string> Env::ReadFile(const std::string& path, uint64_t max_bytes) {
+  FileOptions o;
+  o.use_uring = false;
+  o.pipe_limit = max_bytes;
+  return ReadWhole(*this, path, max_bytes, o);
+}
+
+Result<std::string> Env::ReadOwnFile(const std::string& path, uint64_t max_bytes) {
+  FileOptions o;
+  o.use_uring = false;
+  o.no_follow = true;
+  o.regular_only = true;
+  return ReadWhole(*this, path, max_bytes, o);
+}
+
+Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> bytes, bool sync,
+                            uint32_t mode) {
   std::string temp = TempPathFor(path);
   // Errors name `path`, the file the caller knows; the temporary is ours.
   auto named = [&](Error e) {
@@ -495,6 +528,7 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
   };
   LockOptions lo;
   lo.busy_message = "another process is writing this file";
+  lo.create_mode = mode;
   auto lock = LockFile(temp, lo);
   if (!lock.ok()) {
     // The first file made beside `path`: ENOENT here means its folder is missing.
@@ -511,6 +545,9 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
   FileOptions o;
   o.write_behind = false;
   o.sync = sync;
+  o.create_mode = mode;
+  o.no_follow = true;
+  o.regular_only = true;
   auto sink = OpenSink(temp, SinkMode::kTruncate, o);
   if (!sink.ok()) return fail(std::move(sink).error());
   Status s = (*sink)->WriteAt(0, bytes);
@@ -530,8 +567,9 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
   return SyncDir(ParentOf(path));
 }
 
-Status Env::WriteFileAtomic(const std::string& path, std::string_view text, bool sync) {
-  return WriteFileAtomic(path, std::as_bytes(std::span(text.data(), text.size())), sync);
+Status Env::WriteFileAtomic(const std::string& path, std::string_view text, bool sync,
+                            uint32_t mode) {
+  return WriteFileAtomic(path, std::as_bytes(std::span(text.data(), text.size())), sync, mode);
 }
 
 Status Env::RemoveTree(const std::string& path) {

@@ -104,11 +104,11 @@ Result<std::unique_ptr<BlockSink>> FaultEnv::Impl::OpenSink(const std::string& p
   return WrapSink(std::move(sink), tracked, options.sync);
 }
 
-Status FaultEnv::Impl::CreateDir(const std::string& dir) {
+Status FaultEnv::Impl::CreateDir(const std::string& dir, uint32_t mode) {
   std::lock_guard lock(mu_);
   std::string p = Normal(dir);
   bool existed = NodeAt(p).has_value();
-  BARGE_RETURN_IF_ERROR(target_.CreateDir(dir));
+  BARGE_RETURN_IF_ERROR(target_.CreateDir(dir, mode));
   if (!existed) {
     auto node = NodeAt(p);
     auto loc = Locate(p);
@@ -333,8 +333,15 @@ Result<std::vector<std::string>> FaultEnv::ListDir(const std::string& dir) {
   return impl_->Gate(EnvOp::kList, dir, [&] { return target().ListDir(dir); });
 }
 
-Status FaultEnv::CreateDir(const std::string& dir) {
-  return impl_->Gate(EnvOp::kMkdir, dir, [&] { return impl_->CreateDir(dir); });
+Status FaultEnv::CreateDir(const std::string& dir, uint32_t mode) {
+  return impl_->Gate(EnvOp::kMkdir, dir, [&] { return impl_->CreateDir(dir, mode); });
+}
+
+// A temporary folder is private to the process that made it: a power cut
+// that forgets it only loses what the run had not committed, so it is not
+// tracked for rollback.
+Result<std::string> FaultEnv::CreateTempDir(const std::string& parent, std::string_view prefix) {
+  return impl_->Gate(EnvOp::kMkdir, parent, [&] { return target().CreateTempDir(parent, prefix); });
 }
 
 Status FaultEnv::Rename(const std::string& from, const std::string& to) {

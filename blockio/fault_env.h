@@ -175,7 +175,8 @@ class FaultEnv final : public EnvWrapper {
   Result<FileStat> Stat(const std::string& path) override;
   Result<FileStat> StatNoFollow(const std::string& path) override;
   Result<std::vector<std::string>> ListDir(const std::string& dir) override;
-  Status CreateDir(const std::string& dir) override;
+  Status CreateDir(const std::string& dir, uint32_t mode = 0755) override;
+  Result<std::string> CreateTempDir(const std::string& parent, std::string_view prefix) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status Link(const std::string& from, const std::string& to) override;
   Status CreateSymlink(const std::string& link_target, const std::string& path) override;

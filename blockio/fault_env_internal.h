@@ -189,7 +189,7 @@ class FaultEnv::Impl {
 
   Result<std::unique_ptr<BlockSink>> OpenSink(const std::string& path, SinkMode mode,
                                               const FileOptions& options);
-  Status CreateDir(const std::string& dir);
+  Status CreateDir(const std::string& dir, uint32_t mode);
   Status Rename(const std::string& from, const std::string& to);
   Status Link(const std::string& from, const std::string& to);
   Status CreateSymlink(const std::string& link_target, const std::string& path);

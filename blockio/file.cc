@@ -33,6 +33,20 @@ Result<Fd> OpenFd(const std::string& path, int flags, mode_t mode) {
   return Fd(fd);
 }
 
+Status RequireRegular(const Fd& fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error::FromErrno(errno, "fstat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return Error::InvalidArgument("not a regular file (a FIFO, socket, device or folder is refused here)")
+        .set_path(path);
+  }
+  int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return Error::FromErrno(errno, "fcntl", path);
+  }
+  return OkStatus();
+}
+
 Result<FileInfo> StatFd(const Fd& fd, const std::string& path) {
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return Error::FromErrno(errno, "fstat", path);
@@ -291,8 +305,12 @@ bool IsBlockDevice(const std::string& path) {
 
 Result<std::unique_ptr<BlockSource>> OpenFileSource(const std::string& path,
                                                     const FileOptions& options) {
-  int flags = O_RDONLY | (options.direct ? O_DIRECT : 0);
+  int flags = O_RDONLY | (options.direct ? O_DIRECT : 0) | (options.no_follow ? O_NOFOLLOW : 0);
+  // Non-blocking, so that a FIFO planted under the name cannot hold the
+  // open until a writer comes; cleared once the file is known regular.
+  if (options.regular_only) flags |= O_NONBLOCK;
   BARGE_ASSIGN_OR_RETURN(Fd fd, internal::OpenFd(path, flags, 0));
+  if (options.regular_only) BARGE_RETURN_IF_ERROR(internal::RequireRegular(fd, path));
   BARGE_ASSIGN_OR_RETURN(FileInfo info, internal::StatFd(fd, path));
   info.direct = options.direct;
   if (internal::UringWanted(options)) {
@@ -305,7 +323,8 @@ Result<std::unique_ptr<BlockSource>> OpenFileSource(const std::string& path,
 
 Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMode mode,
                                                 const FileOptions& options) {
-  int flags = O_RDWR | (options.direct ? O_DIRECT : 0);
+  int flags = O_RDWR | (options.direct ? O_DIRECT : 0) | (options.no_follow ? O_NOFOLLOW : 0) |
+              (options.regular_only ? O_NONBLOCK : 0);
   switch (mode) {
     case SinkMode::kCreateNew: flags |= O_CREAT | O_EXCL; break;
     case SinkMode::kTruncate: flags |= O_CREAT; break;
@@ -320,6 +339,7 @@ Result<std::unique_ptr<BlockSink>> OpenFileSink(const std::string& path, SinkMod
   }
   if (!opened.ok()) return std::move(opened).error();
   Fd fd = std::move(opened).value();
+  if (options.regular_only) BARGE_RETURN_IF_ERROR(internal::RequireRegular(fd, path));
   BARGE_ASSIGN_OR_RETURN(FileInfo info, internal::StatFd(fd, path));
   info.direct = options.direct;
   info.write_behind = options.write_behind;

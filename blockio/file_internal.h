@@ -30,6 +30,8 @@ struct FileInfo {
 
 Result<Fd> OpenFd(const std::string& path, int flags, mode_t mode);
 Result<FileInfo> StatFd(const Fd& fd, const std::string& path);
+// kInvalidArgument unless `fd` is a regular file; clears O_NONBLOCK.
+Status RequireRegular(const Fd& fd, const std::string& path);
 Status PreadFull(int fd, const std::string& path, uint64_t offset, std::span<std::byte> out);
 Status PwriteFull(int fd, const std::string& path, uint64_t offset,
                   std::span<const std::byte> data);

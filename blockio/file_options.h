@@ -31,6 +31,13 @@ struct FileOptions {
   // read to its end at open, at most this many bytes, and served from
   // memory. 0 refuses pipes (a disk never is one); Env::ReadFile sets it.
   uint64_t pipe_limit = 0;
+  // Refuse a symbolic link as the final component (O_NOFOLLOW): for files
+  // in folders barge owns (chain folders), where a planted link must not
+  // lead a write or a read elsewhere.
+  bool no_follow = false;
+  // Refuse anything but a regular file (a FIFO, socket or device named
+  // like a chain file). The open itself never blocks on a FIFO.
+  bool regular_only = false;
 };
 
 enum class SinkMode : uint8_t {

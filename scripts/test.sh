@@ -3,13 +3,16 @@
 #   1. install missing packages (build, oracles, peers),
 #   2. release build + every test (unit and integration against qemu-img,
 #      qemu-nbd, nbdkit); missing tools fail instead of skipping,
-#   3. clang AddressSanitizer + UBSan build: unit tests, then each fuzz
+#   3. clang AddressSanitizer + UBSan build of what that stage runs (no
+#      integration or reliability test): unit tests, then each fuzz
 #      target for a short fixed time on its seed corpus.
 # BARGE_FUZZ_SECONDS (default 20) sets the time per fuzz target.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh" test
 export BARGE_REQUIRE_TOOLS=1
+# ccache (when installed): objects shared with other checkouts (scripts/build.sh).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 jobs=$(nproc)
 
 echo "== release build and tests"
@@ -19,7 +22,7 @@ BARGE_BUILD_DIR="$root/build" "$root/scripts/build.sh"
 echo "== sanitizer build (ASan+UBSan) and fuzzing"
 asan="$root/build-asan"
 CC=clang CXX=clang++ cmake -S "$root" -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
-  -DBARGE_SANITIZE=ON -DBARGE_FUZZ=ON -DBARGE_BENCH=OFF >/dev/null
+  -DBARGE_SANITIZE=ON -DBARGE_FUZZ=ON -DBARGE_BENCH=OFF -DBARGE_INTEGRATION_TESTS=OFF >/dev/null
 cmake --build "$asan" -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

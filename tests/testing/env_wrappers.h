@@ -94,7 +94,9 @@ class StopEnv final : public EnvWrapper {
   Result<std::vector<std::string>> ListDir(const std::string& d) override {
     return Alive([&] { return target().ListDir(d); });
   }
-  Status CreateDir(const std::string& d) override { return Alive([&] { return target().CreateDir(d); }); }
+  Status CreateDir(const std::string& d, uint32_t mode = 0755) override {
+    return Alive([&] { return target().CreateDir(d, mode); });
+  }
   Status Rename(const std::string& from, const std::string& to) override {
     return AtBoundary(EnvOp::kRename, to, [&] { return target().Rename(from, to); });
   }
