@@ -3,8 +3,11 @@
 // `systemd-analyze verify` (works on Debian 12 without systemd running; the
 // units' /usr/local/bin/barge is pointed at the built binary, since verify
 // checks that ExecStart is executable). The Kubernetes manifests are checked
-// offline (no API server can run here) by tests/deploy_kubernetes_check.py,
-// which must also catch broken copies of them, and the CronJob's worker
+// offline (no API server can run here) by tests/deploy_kubernetes_check.py:
+// the kustomization rendered (and compared with `kubectl kustomize` where
+// kubectl is installed), every field against the API's, the Pod Security
+// level the namespace enforces, per-index retries, no Secret shipped; it
+// must also catch broken copies of them, and the CronJob's worker
 // command line is run with the built barge as each pod would run it; the
 // Containerfile's runtime packages must cover the built binary's
 // libraries. The Slurm array script runs for real in
@@ -161,7 +164,6 @@ TEST(DeployTest, KubernetesManifestsOffline) {
     EXPECT_NE(broken.output.find(f.expect), std::string::npos)
         << f.file << ": " << f.from << " -> " << f.to << ": expected '" << f.expect << "' in\n" << broken.output;
   }
-
 }
 
 // The worker's command line of the CronJob, run as each of its pods would
