@@ -109,8 +109,8 @@ def render(folder):
     for _, obj in objects:
         if not isinstance(obj, dict):
             continue
-        meta = obj.setdefault("metadata", {}) if isinstance(obj.get("metadata", {}), dict) else {}
-        if k.get("namespace") and obj.get("kind") not in CLUSTER_SCOPED:
+        meta = obj.get("metadata")
+        if k.get("namespace") and obj.get("kind") not in CLUSTER_SCOPED and isinstance(meta, dict):
             meta["namespace"] = k["namespace"]
         for image in k.get("images") or []:
             for c in containers_of(obj):
