@@ -109,7 +109,9 @@ std::string RunOk(const std::string& command, int expected_exit) {
   return r.output;
 }
 
-std::string BargeBinary() { return BARGE_BINARY; }
+std::string BargeBinary() { return BARGE_CONFIGURED_BINARY; }
+const char* SourceDir() { return BARGE_CONFIGURED_SOURCE_DIR; }
+const char* GuestKitDir() { return BARGE_CONFIGURED_GUEST_KIT_DIR; }
 
 bool HaveTool(const std::string& tool) {
   return Run("command -v " + ShellQuote(tool) + " >/dev/null").exit_code == 0;

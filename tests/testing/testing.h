@@ -50,6 +50,12 @@ std::string RunOk(const std::string& command, int expected_exit = 0);
 
 // The path of the built barge binary.
 std::string BargeBinary();
+// The source tree and the quiesce tests' guest kit folder, fixed when the
+// build is configured. They are compiled into testing.cc alone, not passed
+// on every test's command line: a test object then holds no path of its
+// checkout, and ccache shares it between checkouts (CI's clone, worktrees).
+const char* SourceDir();
+const char* GuestKitDir();
 
 // True if `tool` is on PATH.
 bool HaveTool(const std::string& tool);
@@ -170,3 +176,7 @@ class CallLog final : public BlockSource {
 };
 
 }  // namespace barge::testing
+
+// The spellings the tests use.
+#define BARGE_SOURCE_DIR (::barge::testing::SourceDir())
+#define BARGE_GUEST_KIT_DIR (::barge::testing::GuestKitDir())
