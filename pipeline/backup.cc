@@ -187,10 +187,14 @@ struct BackupRun {
   std::string dirty_description;
   RangeList work;
   formats::BackupManifest m;
-  // Resume: the run's start (a resumed run keeps the staged one's), the
-  // journal's key and path, the staged clusters kept and the guest cluster
-  // the copy goes on from; `remaining` is the work from there.
+  // Resume: the run's start (also a resumed run's own: the point holds the
+  // source as this run reads it, so its time and id are this run's, never
+  // the killed run's), the journal's key and path, the staged image's name
+  // (the killed run's point's; renamed to this run's), the staged clusters
+  // kept and the guest cluster the copy goes on from; `remaining` is the
+  // work from there.
   std::string started_at;
+  std::string staged_image;
   ResumeKey key;
   std::string journal_path;
   std::vector<JournalEntry> kept;
@@ -581,7 +585,7 @@ StagedPrefix CutAtChangesSinceStaged(const BackupRequest& req, const BackupRun& 
 
 // Looks for what a killed or failed run of this backup staged: resumes
 // from it when its key matches and its clusters check out (run.kept,
-// run.resume_cluster, run.started_at), else removes its journal. Then
+// run.resume_cluster, run.staged_image), else removes its journal. Then
 // removes the chain folder's leftovers (sparing a resumed staged image).
 Status FindStaged(Env& env, const BackupRequest& req, BackupRun& run) {
   const ChainFolder& chain = run.writer->chain();
@@ -629,7 +633,7 @@ Status FindStaged(Env& env, const BackupRequest& req, BackupRun& run) {
         } else {
           note.resumed = true;
           note.problem = prefix.cut.empty() ? check->problem : prefix.cut;
-          run.started_at = loaded->key.started_at;
+          run.staged_image = loaded->key.image;
           run.kept.assign(loaded->entries.begin(),
                           loaded->entries.begin() + static_cast<ptrdiff_t>(prefix.kept_entries));
           run.resume_cluster = prefix.next_cluster;
@@ -736,6 +740,12 @@ Result<std::unique_ptr<Qcow2Destination>> MakeImage(Env& env, const BackupReques
     std::unique_ptr<formats::Qcow2Writer> writer;
     BlockSink* sink = nullptr;
     if (run.resume_cluster > 0) {
+      if (run.staged_image != run.m.image) {
+        // Named after the killed run's start; the point is this run's.
+        const ChainFolder& chain = run.writer->chain();
+        BARGE_RETURN_IF_ERROR(
+            env.Rename(TempPathFor(chain.PathOf(run.staged_image)), TempPathFor(chain.PathOf(run.m.image))));
+      }
       BARGE_ASSIGN_OR_RETURN(BlockSink * staged, run.writer->AdoptStagedImage(run.m.image));
       // The wrapper goes on top after the truncation in Resume.
       resumed_sink = std::make_unique<ResumedSink>(*staged);

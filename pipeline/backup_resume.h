@@ -44,7 +44,7 @@ Result<RangeList> LoadResumeWork(Env& env, const std::string& path, uint64_t vir
 // Every field must match for a resume; ResumeMismatch says which did not.
 struct ResumeKey {
   std::string id;            // the point's id (sequence and start time)
-  std::string started_at;    // its start, kept by the resumed run
+  std::string started_at;    // its start (a resumed run's point takes its own)
   std::string image;         // the image's final name in the chain folder
   std::string type;          // "full" or "incremental"
   std::string disk;          // the disk's identity (kind, location, target)

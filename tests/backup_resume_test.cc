@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -268,6 +270,86 @@ TEST_F(BackupResumeTest, IncrementalFromExtentsResumes) {
   auto verify = Sh(Barge("verify " + Q(target_ + "/d")));
   EXPECT_EQ(verify.exit_code, 0) << verify.output;
   EXPECT_TRUE(Leftovers(target_).empty());
+}
+
+// Issue 36, item 2: a resumed point reads the rest of its work now, so it
+// holds the source as of the resumed run, not of the killed one. Its time
+// and id are the resumed run's: a restore at a time between the two runs
+// gets the point before (whose data that time saw), not the resumed one.
+TEST_F(BackupResumeTest, ResumedPointTakesTheResumedRunsTime) {
+  auto utc = [] {
+    std::time_t t = std::time(nullptr);
+    std::tm tm;
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return std::string(buf);
+  };
+  std::string first_id;
+  {
+    auto fast = Serve(disk_, "");
+    auto full = Sh(JoinArgs(BackupArgs("nbd+unix:///?socket=" + sock_)));
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    first_id = ResultOf(full.stdout_text)["id"].get<std::string>();
+  }
+  const std::string killed_at = utc();
+  {
+    auto slow = Serve(disk_, "150ms");
+    KillWhenStaged(BackupArgs("nbd+unix:///?socket=" + sock_), kDiskBytes / kCluster, 0.3);
+  }
+  // The guest writes after the kill, where the killed run staged nothing
+  // (the last MiB); names and times have one-second resolution.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const std::string written_at = utc();
+  std::vector<std::byte> bytes = RandomBytes(kMiB, 99);
+  int fd = ::open(disk_.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(kDiskBytes - kMiB)),
+            static_cast<ssize_t>(kMiB));
+  ::close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+
+  auto fast = Serve(disk_, "");
+  auto run = Sh(JoinArgs(BackupArgs("nbd+unix:///?socket=" + sock_)));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  nlohmann::json result = ResultOf(run.stdout_text);
+  ASSERT_TRUE(result["resume"]["resumed"].get<bool>()) << result.dump();
+  EXPECT_GE(result["resume"]["staged_bytes"].get<uint64_t>(), kDiskBytes / 5);
+  const std::string started = result["started_at"].get<std::string>();
+  EXPECT_GT(started, written_at) << "the killed run started at about " << killed_at;
+  const std::string id = result["id"].get<std::string>();
+  std::string compact;
+  for (char c : started) {
+    if (c != '-' && c != ':') compact += c;
+  }
+  EXPECT_EQ(id, "0001-" + compact);
+  // Named after the resumed run: manifest, image and digest table.
+  auto ids = PointIds(target_ + "/d");
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(ids[0], first_id);
+  EXPECT_EQ(ids[1], id);
+  EXPECT_EQ(ReadJson(ManifestPath(target_ + "/d", id))["started_at"], started);
+  const std::string image = target_ + "/d/" + id + ".qcow2";
+  ASSERT_TRUE(fs::exists(image));
+  EXPECT_TRUE(fs::exists(target_ + "/d/" + id + ".digests"));
+  EXPECT_EQ(Sh("qemu-img compare -f qcow2 -F raw " + Q(image) + " " + Q(disk_)).exit_code, 0);
+  auto verify = Sh(Barge("verify " + Q(target_ + "/d")));
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
+  EXPECT_TRUE(Leftovers(target_).empty()) << Leftovers(target_).front();
+
+  // A restore at the time of the write gets the point before it.
+  const std::string out = dir_ / "at.raw";
+  auto at = Sh(Barge("restore --json " + Q(target_ + "/d") + " --at " + written_at + " --to " + Q(out) +
+                     " --no-sync"));
+  ASSERT_EQ(at.exit_code, 0) << at.output;
+  EXPECT_EQ(ResultOf(at.stdout_text)["id"], first_id) << at.output;
+  const std::vector<std::byte> before = RandomBytes(kDiskBytes, 20);  // the disk as SetUp wrote it
+  const std::string got = Slurp(out);
+  EXPECT_TRUE(got.size() == before.size() && std::memcmp(got.data(), before.data(), got.size()) == 0);
+  // list orders the points the same way, with the resumed run's time.
+  auto list = Sh(Barge("list --json " + Q(target_ + "/d")));
+  ASSERT_EQ(list.exit_code, 0) << list.output;
+  EXPECT_TRUE(Has(list.stdout_text, "\"" + started + "\"")) << list.output;
 }
 
 TEST_F(BackupResumeTest, NoResumeStartsOver) {

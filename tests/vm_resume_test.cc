@@ -12,11 +12,13 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "blockio/env.h"
+#include "formats/manifest.h"
 #include "orchestrate/policy/policy.h"
 #include "orchestrate/policy/policy_runner.h"
 #include "orchestrate/vm/vm_backup.h"
@@ -234,9 +236,14 @@ TEST_F(VmResumeTest, KilledIncrementalResumesWithTheChangesSince) {
   dom.Flush();
   const std::string c1 = KillMidCopy(dom.name(), c0);
   ASSERT_FALSE(c1.empty());
+  // The writes come a second after the kill (times have one-second
+  // resolution), the resumed run a second after them.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const std::string written_at = formats::NowRfc3339();
   dom.Write(0x33, "12M", "64k");  // staged by the killed run: changed since
   dom.Write(0x44, "60M", "1M");   // not in the killed run's work at all
   dom.Flush();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
 
   CommandResult run;
   json b1 = BackupRun(dom.name(), run);
@@ -247,6 +254,23 @@ TEST_F(VmResumeTest, KilledIncrementalResumesWithTheChangesSince) {
   ASSERT_NO_FATAL_FAILURE(ExpectResumed(b1, 4 * kMiB, "", 46 * kMiB));
   const std::string c2 = b1["checkpoint"];
   EXPECT_EQ(Checkpoints(dom.name()), c2 + "\n");
+  // Issue 36, item 2: the point holds the disk as of c2, so its time and id
+  // are the resumed run's; a restore at the writes' time gets point 0.
+  std::ifstream manifest(b1["disks"][0]["manifest"].get<std::string>());
+  const json m1 = json::parse(manifest, nullptr, false);
+  const std::string started = m1["started_at"];
+  EXPECT_GT(started, written_at) << m1.dump();
+  EXPECT_EQ(m1["id"].get<std::string>().substr(0, 5), "0001-");
+  EXPECT_EQ(m1["image"], m1["id"].get<std::string>() + ".qcow2");
+  std::string compact;
+  for (char c : started) {
+    if (c != '-' && c != ':') compact += c;
+  }
+  EXPECT_EQ(m1["id"], "0001-" + compact);
+  const json at = RunResult(BargeBinary() + " restore --json " + ShellQuote(target_ + "/" + dom.name() + "/vda") +
+                            " --at " + written_at + " --to " + ShellQuote(dir_ / "at.raw") + " --no-sync");
+  EXPECT_EQ(at["position"], 0) << at.dump();
+  fs::remove(dir_ / "at.raw");
   ASSERT_NO_FATAL_FAILURE(ExpectPointIsDisk(dom, disk, 1, b1["disks"][0]["image"]));
 
   dom.StartPaused();
