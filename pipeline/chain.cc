@@ -87,6 +87,7 @@ Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const Chai
   }
   ChainFolder chain;
   chain.dir = dir;
+  std::optional<Error> misnamed;
   BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
   for (const std::string& name : names) {
     if (name.empty() || name[0] == '.' || Extension(name) != ".json") continue;
@@ -95,9 +96,10 @@ Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const Chai
     BARGE_ASSIGN_OR_RETURN(std::string text, ReadChainFile(env, path));
     auto m = formats::DecodeManifest(text);
     if (!m.ok()) return Error(m.error()).set_path(path);
-    // ID.json: one manifest per point, so that no two name the same files.
-    if (name != m->id + ".json") {
-      return Error::Corruption("manifest of backup " + m->id + " is not named " + m->id + ".json").set_path(path);
+    // ID.json: one manifest per point, so that no two name the same files
+    // (told after every manifest's own errors).
+    if (name != m->id + ".json" && !misnamed) {
+      misnamed = Error::Corruption("manifest of backup " + m->id + " is not named " + m->id + ".json").set_path(path);
     }
     ChainPoint p;
     p.manifest = std::move(m).value();
@@ -113,6 +115,7 @@ Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const Chai
     p.sequence = static_cast<uint32_t>(std::stoul(id.substr(0, digits)));
     chain.points.push_back(std::move(p));
   }
+  if (misnamed) return *misnamed;
   std::sort(chain.points.begin(), chain.points.end(),
             [](const ChainPoint& a, const ChainPoint& b) { return a.sequence < b.sequence; });
   for (size_t i = 1; i < chain.points.size(); ++i) {

@@ -64,10 +64,12 @@ Status CheckFolderOwner(Env& env, const std::string& dir) {
   for (;;) {
     auto link = env.StatNoFollow(path);
     if (link.ok()) {
-      if (link->is_symlink() && !trusted(link->uid)) return refuse(path, link->uid, "the symbolic link " + path);
+      if (link->is_symlink() && !trusted(link->uid)) {
+        return refuse(first ? dir : path, link->uid, "the symbolic link " + path);
+      }
       auto st = env.Stat(path);
       if (!st.ok()) return st.error().code() == ErrorCode::kNotFound ? OkStatus() : Status(st.error());
-      if (!trusted(st->uid)) return refuse(path, st->uid, first ? "the folder" : "the folder holding it");
+      if (!trusted(st->uid)) return refuse(first ? dir : path, st->uid, first ? "the folder" : "the folder holding it");
       if (!first) return OkStatus();
     } else if (link.error().code() != ErrorCode::kNotFound) {
       return link.error();
