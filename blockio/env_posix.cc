@@ -526,6 +526,12 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
     if (e.path().empty() || e.path() == temp) e.set_path(path);
     return e;
   };
+  // Only a regular file is ever a writer's temporary: anything else at its
+  // name (a symbolic link or FIFO planted there) is removed, never
+  // followed (unlink(2) removes a link, not its target), as StagedFile does.
+  if (auto planted = StatNoFollow(temp); planted.ok() && !planted->is_regular()) {
+    if (Status s = Unlink(temp); !s.ok()) return named(s.error());
+  }
   LockOptions lo;
   lo.busy_message = "another process is writing this file";
   lo.create_mode = mode;
@@ -624,6 +630,14 @@ Result<std::vector<std::string>> SweepStaleTemporaries(Env& env, const std::stri
   for (const auto& name : *names) {
     if (!IsTempName(name)) continue;
     std::string path = dir + "/" + name;
+    // A symbolic link, FIFO or other non-file planted under a temporary's
+    // name is no writer's: removed (never followed), not locked.
+    if (auto planted = env.StatNoFollow(path); planted.ok() && !planted->is_regular()) {
+      Status s = env.Unlink(path);
+      if (!s.ok() && s.error().code() != ErrorCode::kNotFound) return s.error();
+      if (s.ok()) removed.push_back(name);
+      continue;
+    }
     LockOptions lo;
     lo.create = false;
     auto lock = env.LockFile(path, lo);

@@ -9,6 +9,7 @@
 #include "cli/copy_flags.h"
 #include "cli/hook_flags.h"
 #include "cli/nbd_flags.h"
+#include "cli/owner_flag.h"
 #include "cli/progress.h"
 #include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/catalog/image_base.h"
@@ -231,6 +232,7 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BackupArgs>();
   auto* cmd = AddCommand(app, "backup", "Back up a disk (full, or incremental from a dirty bitmap, an extents file or digests)",
                          exit_code, [args](Output& out) { return RunBackupCommand(*args, out); });
+  AddAllowOtherOwnerFlag(cmd);
   cmd->add_option("--source", args->source, "Disk to read: image file, block device or nbd:// URI")
       ->required();
   cmd->add_option("--source-format", args->source_format,

@@ -5,6 +5,7 @@
 
 #include "cli/common.h"
 #include "cli/interrupt.h"
+#include "cli/owner_flag.h"
 #include "pipeline/chain.h"
 #include "pipeline/export.h"
 
@@ -65,6 +66,7 @@ void RegisterExportCommand(CLI::App& app, int& exit_code) {
   auto* cmd = AddCommand(app, "export",
                          "Serve a backup point over NBD (nbdkit), every cluster verified, until SIGINT/SIGTERM",
                          exit_code, [a](Output& out) { return RunExportCommand(*a, out); });
+  AddAllowOtherOwnerFlag(cmd);
   cmd->add_option("chain", a->chain, "The disk's chain folder (or a backup's manifest or image)")->required();
   cmd->add_option("--at", a->at,
                   "The point: latest (default), a position (0 = the oldest), a backup id, or an RFC 3339 time");

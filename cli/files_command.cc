@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/common.h"
+#include "cli/owner_flag.h"
 #include "pipeline/chain.h"
 #include "pipeline/files.h"
 
@@ -75,6 +76,7 @@ void RegisterFilesCommands(CLI::App& app, int& exit_code) {
                            [a](Output& out) { return RunLs(*a, out); });
     a->AddTo(cmd);
     a->AddFlags(cmd);
+    AddAllowOtherOwnerFlag(cmd);
   }
   {
     auto a = std::make_shared<FilesArgs>();
@@ -83,6 +85,7 @@ void RegisterFilesCommands(CLI::App& app, int& exit_code) {
     a->AddTo(cmd);
     cmd->add_option("dest", a->dest, "Where to write it (a new file)")->required();
     a->AddFlags(cmd);
+    AddAllowOtherOwnerFlag(cmd);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/owner_flag.h"
 #include "cli/progress.h"
 #include "pipeline/chain.h"
 #include "pipeline/merge.h"
@@ -72,6 +73,7 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code) {
   auto* cmd = AddCommand(
       app, "merge", "Fold the full backup and increments up to a point into a new full (retention)",
       exit_code, [args](Output& out) { return RunMergeCommand(*args, out); });
+  AddAllowOtherOwnerFlag(cmd);
   cmd->add_option("chain", args->chain, "The disk's chain folder (TARGET/<name>/)")->required();
   cmd->add_option("--through", args->through,
                   "The point that becomes the full: latest, a position (0 = the oldest point), a backup id, "

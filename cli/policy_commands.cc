@@ -8,6 +8,7 @@
 #include "orchestrate/libvirt/libvirt_uri.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
+#include "cli/owner_flag.h"
 #include "cli/policy_output.h"
 #include "cli/shard_flag.h"
 #include "orchestrate/catalog/catalog_path.h"
@@ -650,6 +651,7 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
     auto a = std::make_shared<RunArgs>();
     auto* cmd = AddCommand(app, "run", "Run a policy once: what is due now (for cron and systemd timers)", exit_code,
                            [a](Output& out) { return RunRun(*a, out); });
+    AddAllowOtherOwnerFlag(cmd);
     cmd->add_option("--policy", a->policy, "Policy file (YAML)")->required();
     cmd->add_option("--source", a->sources, "Only this source (repeatable)");
     cmd->add_option("--shard", a->shard,
@@ -676,6 +678,7 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
                            "Remove old points restic-style, of a chain folder or a policy's sources; every kept "
                            "point stays restorable",
                            exit_code, [a](Output& out) { return RunForget(*a, out); });
+    AddAllowOtherOwnerFlag(cmd);
     cmd->add_option("chain", a->chain_dir, "The disk's chain folder (TARGET/<name>/); or --policy");
     cmd->add_option("--policy", a->policy, "Policy file (YAML): each of its sources' points");
     cmd->add_option("--keep-last", a->keep.keep_last, "Keep the N newest points");

@@ -4,6 +4,7 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/nbd_flags.h"
+#include "cli/owner_flag.h"
 #include "cli/progress.h"
 #include "pipeline/chain.h"
 #include "pipeline/restore.h"
@@ -198,6 +199,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(
         app, "verify", "Verify a backup: structure, every cluster digest, the image digest (exit 2 on mismatch)",
         exit_code, [args](Output& out) { return RunVerifyCommand(*args, out); });
+    AddAllowOtherOwnerFlag(cmd);
     cmd->add_option("path", args->path, "Chain folder, manifest (.json) or backup image (.qcow2)")
         ->required();
     cmd->add_option("--at", args->at,

@@ -21,6 +21,7 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
+#include "cli/owner_flag.h"
 #include "cli/policy_output.h"
 #include "cli/sd_notify.h"
 #include "formats/json_fields.h"
@@ -237,6 +238,7 @@ void RegisterServeCommand(CLI::App& app, int& exit_code) {
   auto* cmd = AddCommand(app, "serve",
                          "Run a policy as a daemon: its schedule, /metrics and /healthz; SIGHUP reloads, SIGTERM stops",
                          exit_code, [a](Output& out) { return RunServe(*a, out); });
+  AddAllowOtherOwnerFlag(cmd);
   cmd->add_option("--policy", a->policy, "Policy file (YAML); SIGHUP reads it again")->required();
   cmd->add_option("--listen", a->listen, "HOST:PORT for /metrics and /healthz (port 0: any free one)")
       ->capture_default_str();

@@ -14,6 +14,7 @@
 #include "cli/connect_flag.h"
 #include "cli/copy_flags.h"
 #include "cli/hook_flags.h"
+#include "cli/owner_flag.h"
 #include "cli/progress.h"
 #include "orchestrate/catalog/backup_catalog.h"
 #include "orchestrate/catalog/catalog_path.h"
@@ -447,6 +448,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                   "Existing folder QEMU can see for the job's scratch files (default: /var/tmp)");
   cmd->add_option("--catalog", a->catalog, "Catalog database");
   AddConnectOption(cmd, a->req.libvirt_uri);
+  AddAllowOtherOwnerFlag(cmd);
   cmd->add_option("--tls-certificates", a->req.nbd.tls_certificates,
                   "A remote domain's NBD export over TCP with TLS (needed with qemu+tls://; with qemu+ssh:// instead "
                   "of the ssh forward): folder of the client's ca-cert.pem, client-cert.pem, client-key.pem");
@@ -518,6 +520,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                  "(guest writes) and DISK removed");
     ir->add_option("--catalog", ia->catalog, "Catalog database (its locks folder keeps the run's record)");
     AddConnectOption(ir, ia->req.libvirt_uri);
+    AddAllowOtherOwnerFlag(ir);
     ir->add_option("--tls-certificates", ia->req.tls_certificates,
                    "A remote domain reads the export over TCP with TLS (required with a remote --connect): folder "
                    "of nbdkit's ca-cert.pem, server-cert.pem, server-key.pem, the certificate naming this machine's "

@@ -127,6 +127,15 @@ class Reader {
     }
     return name;
   }
+  // A file name of point `id` of the kind `ext` names: exactly id + ext.
+  // A manifest that names another point's file (its image as a digest
+  // table, say) would have verify read it and forget or merge delete it.
+  void OwnName(const std::string& name, const std::string& id, const char* ext, const char* what) {
+    if (err_ || name.empty()) return;
+    if (name != id + ext) {
+      Fail(std::string(what) + " '" + name + "' is not the file of point " + id + " (expected " + id + ext + ")");
+    }
+  }
   void Fail(std::string message) {
     if (!err_) err_ = Error::Corruption("manifest: " + std::move(message));
   }
@@ -190,6 +199,9 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
   if (j.contains("strong_digest_table")) {
     m.strong_digest_table = r.FileName(r.Str(j, "strong_digest_table"), "strong_digest_table");
   }
+  r.OwnName(m.image, m.id, ".qcow2", "image");
+  r.OwnName(m.digest_table, m.id, ".digests", "digest_table");
+  r.OwnName(m.strong_digest_table, m.id, ".sha256", "strong_digest_table");
   if (auto it = j.find("parent"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) {
       r.Fail("parent must be an object or null");
@@ -198,6 +210,7 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
       p.id = r.Str(*it, "id");
       p.image = r.FileName(r.Str(*it, "image"), "parent image");
       p.image_digest = r.Hex(r.Str(*it, "image_digest"), "parent image_digest");
+      r.OwnName(p.image, p.id, ".qcow2", "parent image");
       m.parent = p;
     }
   }
@@ -212,6 +225,7 @@ Result<BackupManifest> DecodeManifest(std::string_view text) {
       b.id = r.Str(*it, "id");
       b.image = r.FileName(r.Str(*it, "image"), "base image");
       b.image_digest = r.Hex(r.Str(*it, "image_digest"), "base image_digest");
+      r.OwnName(b.image, b.id, ".qcow2", "base image");
       b.chain_id = r.Str(*it, "chain_id", false);
       m.base = b;
     }

@@ -12,7 +12,7 @@ namespace {
 
 BackupManifest Sample() {
   BackupManifest m;
-  m.id = "20261122T150102Z-0001";
+  m.id = "0001-20261122T150102Z";
   m.disk = "vda";
   m.type = BackupType::kIncremental;
   m.reason = "dirty bitmap cbt0";
@@ -23,7 +23,7 @@ BackupManifest Sample() {
   m.compression = "zstd:3";
   m.image = "0001-20261122T150102Z.qcow2";
   m.digest_table = "0001-20261122T150102Z.digests";
-  m.parent = ManifestParent{"20261122T140000Z-0000", "0000-20261122T140000Z.qcow2", {1, 2}};
+  m.parent = ManifestParent{"0000-20261122T140000Z", "0000-20261122T140000Z.qcow2", {1, 2}};
   m.dirty_source = "bitmap:cbt0";
   m.dirty_bytes = 123456;
   m.started_at = "2026-11-22T15:01:02Z";
@@ -88,6 +88,44 @@ TEST(ManifestTest, RejectsBadInput) {
   EXPECT_EQ(DecodeManifest(replace("\"format_version\": 1", "\"format_version\": 9")).error().code(),
             ErrorCode::kNotSupported);
   EXPECT_FALSE(DecodeManifest(replace("\"type\": \"incremental\"", "\"type\": \"weird\"")).ok());
+}
+
+// Every file a manifest names is its own point's, of its kind (issue 35):
+// a digest table named like another point's image would have verify pass
+// and forget --keep-last 1 delete the kept point's image.
+TEST(ManifestTest, FileNamesMustBeThePointsOwnOfTheirKind) {
+  BackupManifest good = Sample();
+  good.strong_digest_table = good.id + ".sha256";
+  ASSERT_TRUE(DecodeManifest(EncodeManifest(good).value()).ok());
+  auto refused = [](const BackupManifest& m) {
+    auto back = DecodeManifest(EncodeManifest(m).value());
+    return !back.ok() && back.error().code() == ErrorCode::kCorruption;
+  };
+  BackupManifest m = good;
+  m.strong_digest_table = "0002-20261122T160000Z.qcow2";  // another point's image
+  EXPECT_TRUE(refused(m));
+  m = good;
+  m.strong_digest_table = m.image;  // its own image, as a digest table
+  EXPECT_TRUE(refused(m));
+  m = good;
+  m.digest_table = "0000-20261122T140000Z.digests";  // the parent's table
+  EXPECT_TRUE(refused(m));
+  m = good;
+  m.image = "0000-20261122T140000Z.qcow2";  // the parent's image
+  EXPECT_TRUE(refused(m));
+  m = good;
+  m.image = m.id + ".json";  // its own manifest
+  EXPECT_TRUE(refused(m));
+  m = good;
+  m.parent->image = "0002-20261122T160000Z.qcow2";  // not the parent's
+  EXPECT_TRUE(refused(m));
+  m = good;
+  m.parent.reset();
+  m.type = BackupType::kFull;
+  m.base = ManifestBase{"../golden", "0000-x", "0001-x.qcow2", {1, 2}, ""};
+  EXPECT_TRUE(refused(m));
+  m.base->image = "0000-x.qcow2";
+  EXPECT_FALSE(refused(m));
 }
 
 TEST(ManifestTest, DiskIdentityAndChainIdRoundTrip) {

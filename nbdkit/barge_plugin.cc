@@ -13,6 +13,7 @@
 #include <string>
 
 #include "blockio/env.h"
+#include "pipeline/chain_files.h"
 #include "pipeline/point_reader.h"
 
 namespace {
@@ -59,7 +60,15 @@ int BargeConfig(const char* key, const char* value) {
     at = value;
     return 0;
   }
-  nbdkit_error("barge: unknown parameter '%s' (takes chain=DIR and at=POINT)", key);
+  if (std::strcmp(key, "allow-other-owner") == 0) {
+    // barge export/files --allow-other-owner: a chain folder another user
+    // owns is served (pipeline/chain_files.h).
+    int allow = nbdkit_parse_bool(value);
+    if (allow < 0) return -1;
+    barge::pipeline::SetAllowOtherOwner(allow != 0);
+    return 0;
+  }
+  nbdkit_error("barge: unknown parameter '%s' (takes chain=DIR, at=POINT and allow-other-owner=BOOL)", key);
   return -1;
 }
 
@@ -145,7 +154,8 @@ struct nbdkit_plugin MakePlugin() {
   p.config_complete = BargeConfigComplete;
   p.config_help =
       "chain=<DIR>    (required) The chain folder of one disk.\n"
-      "at=<POINT>     The point: latest (default), a position, an id or an RFC 3339 time.";
+      "at=<POINT>     The point: latest (default), a position, an id or an RFC 3339 time.\n"
+      "allow-other-owner=<BOOL>  Serve a chain folder another user owns (default false).";
   p.magic_config_key = "chain";
   p.get_ready = BargeGetReady;
   p.after_fork = BargeAfterFork;

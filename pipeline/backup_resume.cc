@@ -12,7 +12,7 @@
 #include "formats/json_fields.h"
 #include "formats/qcow2_compress.h"
 #include "formats/units.h"
-#include "pipeline/small_file.h"
+#include "pipeline/chain_files.h"
 
 namespace barge::pipeline {
 namespace {
@@ -149,7 +149,7 @@ std::string RangesDigest(const RangeList& ranges) {
 }
 
 Result<LoadedJournal> LoadResumeJournal(Env& env, const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path, kMaxJournalBytes));
+  BARGE_ASSIGN_OR_RETURN(std::string text, ReadChainFile(env, path, kMaxJournalBytes));
   return DecodeResumeJournal(text, path);
 }
 
@@ -195,7 +195,7 @@ Result<LoadedJournal> DecodeResumeJournal(std::string_view text, const std::stri
 }
 
 std::unique_ptr<EnvLock> SpareResumableImage(Env& env, const std::string& dir) {
-  auto src = env.OpenSource(dir + "/" + std::string(kResumeJournalName));
+  auto src = env.OpenSource(dir + "/" + std::string(kResumeJournalName), ChainFileOptions());
   if (!src.ok() || (*src)->size_bytes() < 24) return nullptr;
   std::byte head[16];
   if (!(*src)->ReadAt(0, head).ok() || std::memcmp(head, kMagic, 8) != 0) return nullptr;
@@ -359,7 +359,7 @@ Result<std::unique_ptr<ResumeJournal>> ResumeJournal::Create(Env& env, const std
     journal->checkpoints_ = 1;
   }
   BARGE_RETURN_IF_ERROR(env.WriteFileAtomic(path, bytes));
-  BARGE_ASSIGN_OR_RETURN(journal->sink_, env.OpenSink(path, SinkMode::kExisting));
+  BARGE_ASSIGN_OR_RETURN(journal->sink_, env.OpenSink(path, SinkMode::kExisting, ChainFileOptions()));
   journal->size_bytes_ = bytes.size();
   return journal;
 }
@@ -385,7 +385,7 @@ Status SaveResumeWork(Env& env, const std::string& path, const RangeList& work, 
 }
 
 Result<RangeList> LoadResumeWork(Env& env, const std::string& path, uint64_t virtual_size) {
-  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path, 1ull << 30));
+  BARGE_ASSIGN_OR_RETURN(std::string text, ReadChainFile(env, path, 1ull << 30));
   auto file = formats::DecodeExtentsFile(text);
   if (!file.ok()) return Error::Corruption("resume work set: " + file.error().message()).set_path(path);
   if (!file->virtual_size || *file->virtual_size != virtual_size) {

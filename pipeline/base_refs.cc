@@ -10,7 +10,7 @@
 #include "formats/json_fields.h"
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
-#include "pipeline/small_file.h"
+#include "pipeline/chain_files.h"
 
 namespace barge::pipeline {
 
@@ -170,7 +170,7 @@ Result<std::map<std::string, std::vector<std::string>>> LiveDependents(Env& env,
   for (const std::string& name : *names) {
     if (name.empty() || name[0] == '.' || !name.ends_with(".json")) continue;  // temporaries
     const std::string path = JoinPath(refs_dir, name);
-    auto text = ReadSmallFile(env, path, kRefMaxBytes);
+    auto text = ReadChainFile(env, path, kRefMaxBytes);
     if (!text.ok()) continue;  // vanished meanwhile
     auto ref = DecodeBaseRef(*text);
     if (!ref.ok() || ref->chain_id + ".json" != name) {
@@ -185,7 +185,7 @@ Result<std::map<std::string, std::vector<std::string>>> LiveDependents(Env& env,
     } else {
       for (const std::string& f : *files) {
         if (f.empty() || f[0] == '.' || !f.ends_with(".json")) continue;
-        auto mtext = ReadSmallFile(env, JoinPath(dependent, f));
+        auto mtext = ReadChainFile(env, JoinPath(dependent, f));
         if (!mtext.ok()) continue;
         auto m = formats::DecodeManifest(*mtext);
         if (!m.ok() || !m->base || m->chain_id != ref->chain_id || m->base->id != ref->base_id) continue;

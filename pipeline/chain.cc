@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "blockio/path.h"
+#include "pipeline/chain_files.h"
 #include "pipeline/disk_identity.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/merge_journal.h"
@@ -13,7 +14,7 @@
 namespace barge::pipeline {
 
 Result<formats::DigestTable> LoadDigestTable(Env& env, const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> file, env.OpenSource(path, ChainFileOptions()));
   std::vector<std::byte> bytes(file->size_bytes());
   BARGE_RETURN_IF_ERROR(file->ReadAt(0, bytes));
   auto table = formats::DecodeDigestTable(bytes);
@@ -29,10 +30,17 @@ Result<ChainLock> ChainLock::Acquire(Env& env, const std::string& dir, bool wait
     }
     return st.error();
   }
+  // A folder another user controls could lead the writes below elsewhere.
+  BARGE_RETURN_IF_ERROR(CheckFolderOwner(env, dir));
   LockOptions o;
   o.wait = wait;
   o.busy_message = "another barge job is writing this chain folder now";
-  auto lock = env.LockFile(JoinPath(dir, ".lock"), o);
+  const std::string path = JoinPath(dir, ".lock");
+  // Only a regular file is ever a lock file: anything else at the name (a
+  // symbolic link planted to have us create a file elsewhere, a FIFO) is
+  // removed, never followed (unlink(2) removes the link, not its target).
+  BARGE_RETURN_IF_ERROR(RemovePlanted(env, path));
+  auto lock = env.LockFile(path, o);
   if (!lock.ok()) {
     Error e = std::move(lock).error();
     if (e.code() == ErrorCode::kBusy) e.set_path(dir);
@@ -79,13 +87,20 @@ Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const Chai
   }
   ChainFolder chain;
   chain.dir = dir;
+  std::optional<Error> misnamed;
   BARGE_ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListDir(dir));
   for (const std::string& name : names) {
     if (name.empty() || name[0] == '.' || Extension(name) != ".json") continue;
     const std::string path = chain.PathOf(name);
-    BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path));
+    // Never through a planted link, never waiting on a FIFO.
+    BARGE_ASSIGN_OR_RETURN(std::string text, ReadChainFile(env, path));
     auto m = formats::DecodeManifest(text);
     if (!m.ok()) return Error(m.error()).set_path(path);
+    // ID.json: one manifest per point, so that no two name the same files
+    // (told after every manifest's own errors).
+    if (name != m->id + ".json" && !misnamed) {
+      misnamed = Error::Corruption("manifest of backup " + m->id + " is not named " + m->id + ".json").set_path(path);
+    }
     ChainPoint p;
     p.manifest = std::move(m).value();
     p.manifest_path = path;
@@ -100,6 +115,7 @@ Result<ChainFolder> LoadChainFolder(Env& env, const std::string& dir, const Chai
     p.sequence = static_cast<uint32_t>(std::stoul(id.substr(0, digits)));
     chain.points.push_back(std::move(p));
   }
+  if (misnamed) return *misnamed;
   std::sort(chain.points.begin(), chain.points.end(),
             [](const ChainPoint& a, const ChainPoint& b) { return a.sequence < b.sequence; });
   for (size_t i = 1; i < chain.points.size(); ++i) {
@@ -440,7 +456,19 @@ Result<OpenedPoint> OpenPoint(Env& env, const ChainFolder& chain, size_t index) 
   }
   const auto& m = out.point->manifest;
   auto image = OpenImageFile(env, chain.PathOf(m.image), options);
-  if (!image.ok()) return Error(image.error()).Wrap("backup " + m.id);
+  if (!image.ok()) {
+    Error e = std::move(image).error();
+    // The layers are the chain's own files: one whose backing file is
+    // refused (outside the chain's folders, a protocol prefix), or that is
+    // no image at all, is damage to this point (so verify --all goes on to
+    // the next point), not a bad argument.
+    if (e.code() == ErrorCode::kInvalidArgument) {
+      Error damaged = Error::Corruption(e.message());
+      if (!e.path().empty()) damaged.set_path(e.path());
+      e = std::move(damaged);
+    }
+    return e.Wrap("backup " + m.id);
+  }
   out.image = std::move(image).value();
   // Walk the qcow2 chain top down and the manifests' layers newest first.
   const formats::Image* layer = out.image.get();
@@ -501,7 +529,7 @@ Result<PointLocation> LocatePoint(Env& env, const std::string& path, const std::
                            "(for the structure of any qcow2 file use barge check)")
         .set_path(path);
   }
-  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, manifest));
+  BARGE_ASSIGN_OR_RETURN(std::string text, ReadChainFile(env, manifest));
   auto decoded = formats::DecodeManifest(text);
   if (!decoded.ok()) return Error(decoded.error()).set_path(manifest);
   formats::BackupManifest m = std::move(decoded).value();

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "blockio/path.h"
+#include "pipeline/chain_files.h"
 #include "pipeline/merge_journal.h"
 #include "pipeline/verification_record.h"
 
@@ -15,6 +16,8 @@ Result<std::unique_ptr<ChainWriter>> ChainWriter::Open(Env& env, const std::stri
   std::unique_ptr<ChainWriter> w(new ChainWriter(env, options));
   const ChainLock* lock = options.held;
   if (lock == nullptr && options.create) {
+    // Before any folder is made in a target another user controls.
+    BARGE_RETURN_IF_ERROR(CheckFolderOwner(env, dir));
     // The folders this run creates (parent, then chain folder): a first
     // backup that fails removes them again.
     for (const std::string& d : {options.parent_dir, dir}) {

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "pipeline/small_file.h"
+#include "pipeline/chain_files.h"
 
 namespace barge::pipeline {
 
@@ -32,7 +32,7 @@ Result<PointStrongTable> LoadPointStrongTable(Env& env, const ChainFolder& chain
   PointStrongTable out;
   if (!m.strong_digest_table.empty()) {
     std::string path = chain.PathOf(m.strong_digest_table);
-    BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path, 1ull << 34));
+    BARGE_ASSIGN_OR_RETURN(std::string text, ReadChainFile(env, path, 1ull << 34));
     auto table = formats::DecodeStrongDigestTable(std::as_bytes(std::span(text.data(), text.size())));
     if (!table.ok()) return Error(table.error()).set_path(path);
     if (table->cluster_bytes != m.cluster_size || table->virtual_size != m.virtual_size ||

@@ -12,6 +12,7 @@
 #include "blockio/leftovers.h"
 #include "blockio/path.h"
 #include "pipeline/chain.h"
+#include "pipeline/chain_files.h"
 #include "pipeline/child_process.h"
 #include "pipeline/point_reader.h"
 
@@ -141,6 +142,7 @@ Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
   // The point by its id: the same point even if a backup adds a newer one
   // between our check and the plugin's.
   args.insert(args.end(), {plugin, "chain=" + AbsolutePath(where.chain_dir), "at=" + reader->manifest().id});
+  if (AllowOtherOwner()) args.push_back("allow-other-owner=1");  // as this process was told
 
   ExportResult result;
   result.served.uri = UriOf(req, tcp);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "blockio/path.h"
+#include "pipeline/chain_files.h"
 
 namespace barge::pipeline {
 
@@ -41,6 +42,8 @@ Result<std::unique_ptr<ExportLock>> ExportLock::Take(Env& env, const std::string
                         std::string(kSuffix));
   LockOptions o;
   o.busy_message = "another export holds this lock file";
+  // A link or FIFO planted under the (predictable) name goes, never followed.
+  BARGE_RETURN_IF_ERROR(RemovePlanted(env, path));
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<EnvLock> lock, env.LockFile(path, o));
   // The writer lock goes when `writer` does, once this export's lock is held.
   return std::unique_ptr<ExportLock>(new ExportLock(env, std::move(lock)));
@@ -56,6 +59,9 @@ Status CheckNotExported(Env& env, const std::string& dir) {
   for (const std::string& name : names) {
     if (!IsExportLockName(name)) continue;
     const std::string path = JoinPath(dir, name);
+    // A link or FIFO planted under an export lock's name is no export's.
+    BARGE_ASSIGN_OR_RETURN(bool planted, RemovePlanted(env, path));
+    if (planted) continue;
     LockOptions o;
     o.create = false;
     auto lock = env.LockFile(path, o);

@@ -14,6 +14,7 @@
 #include "blockio/leftovers.h"
 #include "blockio/path.h"
 #include "pipeline/chain.h"
+#include "pipeline/chain_files.h"
 #include "pipeline/child_process.h"
 #include "pipeline/export.h"
 #include "pipeline/point_reader.h"
@@ -54,6 +55,7 @@ class MountedPoint {
     args.insert(args.end(), {plugin, "chain=" + AbsolutePath(where.chain_dir), "at=" + m->point_.manifest.id});
     // Every KEY=VALUE, the filter's too, follows the plugin.
     if (req.partition != 0) args.push_back("partition=" + std::to_string(req.partition));
+    if (AllowOtherOwner()) args.push_back("allow-other-owner=1");  // as this process was told
     // Its log (and nbdkit's, which it runs) goes to a file: read back into
     // an error that needs it, not printed on every stop.
     SpawnOptions o;

@@ -7,7 +7,7 @@
 
 #include "formats/json_fields.h"
 #include "pipeline/backup_resume.h"
-#include "pipeline/small_file.h"
+#include "pipeline/chain_files.h"
 
 namespace barge::pipeline {
 
@@ -107,7 +107,7 @@ Status CompleteMergeJournal(Env& env, const std::string& dir) {
   const std::string path = dir + "/" + std::string(kMergeJournalName);
   BARGE_ASSIGN_OR_RETURN(bool exists, MergeJournalExists(env, dir));
   if (!exists) return OkStatus();
-  BARGE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(env, path, 1 << 20));
+  BARGE_ASSIGN_OR_RETURN(std::string text, ReadChainFile(env, path, 1 << 20));
   auto journal = DecodeMergeJournal(text);
   if (!journal.ok()) return Error(journal.error()).set_path(path);
 

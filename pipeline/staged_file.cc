@@ -134,6 +134,9 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
   TempRegistration registration(temp);
   FileOptions options;
   options.sync = sync;
+  // Never through a link swapped in after the lock (the lock's open refused one).
+  options.no_follow = true;
+  options.regular_only = true;
   auto sink = env.OpenSink(temp, SinkMode::kTruncate, options);
   if (!sink.ok()) return Named(std::move(sink).error(), temp, final_path).Also(env.UnlinkIfExists(temp));
   std::unique_ptr<StagedFile> file(new StagedFile(env, final_path, std::move(temp), std::move(lock).value(),
@@ -158,6 +161,8 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Adopt(Env& env, const std::strin
   TempRegistration registration(temp);
   FileOptions options;
   options.sync = sync;
+  options.no_follow = true;
+  options.regular_only = true;
   auto sink = env.OpenSink(temp, SinkMode::kExisting, options);
   if (!sink.ok()) return Named(std::move(sink).error(), temp, final_path);
   std::unique_ptr<StagedFile> file(new StagedFile(env, final_path, std::move(temp), std::move(lock).value(),

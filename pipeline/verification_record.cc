@@ -9,6 +9,7 @@
 #include "blockio/env.h"
 #include "formats/json_fields.h"
 #include "formats/units.h"
+#include "pipeline/chain_files.h"
 
 namespace barge::pipeline {
 namespace {
@@ -113,6 +114,9 @@ int64_t NewestLayerMtime(Env& env, const ChainFolder& chain, size_t index) {
 Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index, const VerificationRecord& record) {
   const std::string path = chain.PathOf(VerificationFileName(chain.points[index].manifest.id));
   BARGE_ASSIGN_OR_RETURN(std::string text, EncodeVerificationRecord(record));
+  // verify only reads: a record is not written into a folder another user
+  // controls (CheckFolderOwner), its temporary never through a planted link.
+  BARGE_RETURN_IF_ERROR(CheckFolderOwner(env, chain.dir));
   return env.WriteFileAtomic(path, text);
 }
 
@@ -120,7 +124,7 @@ Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const Cha
                                                              const FileStat& image, int64_t newest_layer_mtime_ns) {
   const formats::BackupManifest& m = chain.points[index].manifest;
   const std::string path = chain.PathOf(VerificationFileName(m.id));
-  auto text = env.ReadFile(path, kMaxRecordBytes);
+  auto text = ReadChainFile(env, path, kMaxRecordBytes);
   if (!text.ok()) {
     if (text.error().code() == ErrorCode::kNotFound) return std::optional<LastVerification>();
     return text.error();

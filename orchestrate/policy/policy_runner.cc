@@ -17,6 +17,7 @@
 #include "orchestrate/schedule/time_text.h"
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
+#include "pipeline/chain_files.h"
 #include "pipeline/disk_identity.h"
 #include "pipeline/export_lock.h"
 #include "pipeline/merge.h"
@@ -484,7 +485,8 @@ std::string PolicyOwnerPath(const std::string& target, const std::string& policy
 
 Result<std::string> PolicyFolderOwner(Env& env, const std::string& target, const std::string& policy_name) {
   const std::string path = PolicyOwnerPath(target, policy_name);
-  auto text = env.ReadFile(path, 64 << 10);
+  // Never through a link or a FIFO planted under its name.
+  auto text = pipeline::ReadChainFile(env, path, 64 << 10);
   if (!text.ok()) {
     if (text.error().code() == ErrorCode::kNotFound) return std::string();
     return text.error();
