@@ -7,6 +7,7 @@
 #include "blockio/path.h"
 #include "pipeline/disk_identity.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/file_access.h"
 #include "pipeline/merge_journal.h"
 #include "pipeline/small_file.h"
 
@@ -32,12 +33,16 @@ Result<ChainLock> ChainLock::Acquire(Env& env, const std::string& dir, bool wait
   LockOptions o;
   o.wait = wait;
   o.busy_message = "another barge job is writing this chain folder now";
+  // A new lock file is as private as the chain's other files.
+  const FileAccess access = FileAccess::OfFolder(*st);
+  o.create_mode = access.file_mode;
   auto lock = env.LockFile(JoinPath(dir, ".lock"), o);
   if (!lock.ok()) {
     Error e = std::move(lock).error();
     if (e.code() == ErrorCode::kBusy) e.set_path(dir);
     return e;
   }
+  IgnoreError(ApplyAccess(env, (*lock)->path(), access), "a lock file holds nothing; its mode is the umask's then");
   return ChainLock(env, std::move(lock).value());
 }
 

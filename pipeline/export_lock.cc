@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "blockio/path.h"
+#include "pipeline/file_access.h"
 
 namespace barge::pipeline {
 
@@ -41,6 +42,8 @@ Result<std::unique_ptr<ExportLock>> ExportLock::Take(Env& env, const std::string
                         std::string(kSuffix));
   LockOptions o;
   o.busy_message = "another export holds this lock file";
+  BARGE_ASSIGN_OR_RETURN(FileAccess access, FolderAccess(env, dir));
+  o.create_mode = access.file_mode;  // as private as the chain's other files
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<EnvLock> lock, env.LockFile(path, o));
   // The writer lock goes when `writer` does, once this export's lock is held.
   return std::unique_ptr<ExportLock>(new ExportLock(env, std::move(lock)));

@@ -9,6 +9,7 @@
 #include "blockio/env.h"
 #include "formats/json_fields.h"
 #include "formats/units.h"
+#include "pipeline/file_access.h"
 
 namespace barge::pipeline {
 namespace {
@@ -113,7 +114,7 @@ int64_t NewestLayerMtime(Env& env, const ChainFolder& chain, size_t index) {
 Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index, const VerificationRecord& record) {
   const std::string path = chain.PathOf(VerificationFileName(chain.points[index].manifest.id));
   BARGE_ASSIGN_OR_RETURN(std::string text, EncodeVerificationRecord(record));
-  return env.WriteFileAtomic(path, text);
+  return WriteFileLikeFolder(env, path, text);
 }
 
 Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,
