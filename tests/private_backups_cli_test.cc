@@ -81,7 +81,9 @@ class PrivateBackupsTest : public ::testing::Test {
     auto check = [&](const std::string& p, bool dir) {
       st_info s = StatOf(p);
       EXPECT_EQ(Octal(s.mode), Octal(dir ? dir_mode : file_mode)) << p;
-      if (gid >= 0) EXPECT_EQ(s.gid, static_cast<uint32_t>(gid)) << p;
+      if (gid >= 0) {
+        EXPECT_EQ(s.gid, static_cast<uint32_t>(gid)) << p;
+      }
     };
     check(root, true);
     for (const auto& e : fs::recursive_directory_iterator(root)) {
