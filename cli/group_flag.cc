@@ -9,7 +9,8 @@ void AddGroupFlag(CLI::App* cmd, std::string& group, const std::string& what) {
   cmd->add_option("--group", group,
                   "Let group NAME (a name or number) read " + what +
                       ": folders 0750 (setgid), files 0640, owned by the group; default: the owner alone "
-                      "(folders 0700, files 0600), whatever the umask");
+                      "(folders 0700, files 0600), whatever the umask")
+      ->type_name("NAME");
 }
 
 Result<std::optional<pipeline::FileAccess>> GroupFlagAccess(const std::string& group) {
