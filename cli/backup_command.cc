@@ -7,6 +7,7 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/group_flag.h"
 #include "cli/hook_flags.h"
 #include "cli/nbd_flags.h"
 #include "cli/owner_flag.h"
@@ -34,6 +35,7 @@ struct BackupArgs {
   std::string changed_by;  // "", "bitmap", "digests", "bitmap+digests"
   NbdFlags nbd;
   std::string snapshot;
+  std::string group;  // --group
   HookFlags hooks;
 };
 
@@ -80,6 +82,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.source.snapshot = a.snapshot;
   req.target_dir = a.target;
   req.disk_name = a.name;
+  auto access = GroupFlagAccess(a.group);
+  if (!access.ok()) return out.Usage(access.error().message());
+  req.access = *access;
   req.incremental = a.incremental;
   req.dirty_bitmap = a.dirty_bitmap;
   req.dirty_extents_file = a.dirty_extents;
@@ -249,6 +254,7 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
           },
           "NAME"));
   cmd->add_flag("--incremental", args->incremental, "Only what changed since the chain's latest backup");
+  AddGroupFlag(cmd, args->group, "the chain (a chain made with a group stays the group's)");
   cmd->add_option("--dirty-bitmap", args->dirty_bitmap,
                   "Changed blocks: a persistent bitmap of a qcow2 source, or the NBD export's "
                   "qemu:dirty-bitmap:NAME");

@@ -3,6 +3,7 @@
 #include "blockio/env.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/group_flag.h"
 #include "cli/nbd_flags.h"
 #include "cli/progress.h"
 #include "pipeline/convert.h"
@@ -21,6 +22,7 @@ struct ConvertArgs {
   std::string snapshot;
   bool force = false;
   bool no_sync = false;
+  std::string group;  // --group
 };
 
 int RunConvert(ConvertArgs& a, Output& cli_out) {
@@ -47,6 +49,9 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   req.backing = a.backing;
   req.backing_format = a.backing_format;
   req.force = a.force;
+  auto access = GroupFlagAccess(a.group);
+  if (!access.ok()) return cli_out.Usage(access.error().message());
+  if (*access) req.access = **access;
   req.sync = !a.no_sync;
   ProgressReporter progress(cli_out, "convert");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
@@ -103,6 +108,7 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--backing-format", args->backing_format, "Format of the backing file (default qcow2)")
       ->check(CLI::IsMember({"raw", "qcow2"}));
   cmd->add_flag("--force", args->force, "Replace an existing output file");
+  AddGroupFlag(cmd, args->group, "an output file made anew (a file replaced keeps its mode)");
   cmd->add_flag("--no-sync", args->no_sync,
                 "Do not fsync the output at the end (faster; a crash may lose it, as with qemu-img convert)");
 }

@@ -5,6 +5,7 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/owner_flag.h"
+#include "cli/group_flag.h"
 #include "cli/progress.h"
 #include "pipeline/chain.h"
 #include "pipeline/merge.h"
@@ -16,6 +17,7 @@ struct MergeArgs {
   std::string chain, through;
   CopyFlags copy;
   bool dry_run = false;
+  std::string group;  // --group
 };
 
 int RunMergeCommand(MergeArgs& a, Output& out) {
@@ -29,6 +31,9 @@ int RunMergeCommand(MergeArgs& a, Output& out) {
   req.chain_dir = a.chain;
   req.through = a.through;
   req.dry_run = a.dry_run;
+  auto access = GroupFlagAccess(a.group);
+  if (!access.ok()) return out.Usage(access.error().message());
+  req.access = *access;
   ProgressReporter progress(out, "merge");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
   auto r = pipeline::RunMerge(Env::Default(), req);
@@ -80,6 +85,7 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code) {
                   "or an RFC 3339 time (the newest point taken at or before it)")
       ->required();
   cmd->add_flag("--dry-run", args->dry_run, "Say which points would be folded and which files removed; change nothing");
+  AddGroupFlag(cmd, args->group, "the chain from now on (its files too)");
   args->copy.AddTo(cmd, "none", kResourceFlags, "a merge keeps the chain's cluster size and compression");
 }
 

@@ -3,6 +3,7 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/group_flag.h"
 #include "cli/nbd_flags.h"
 #include "cli/owner_flag.h"
 #include "cli/progress.h"
@@ -20,6 +21,7 @@ struct RestoreArgs {
   NbdFlags nbd;
   bool force = false;
   bool no_sync = false;
+  std::string group;  // --group
 };
 
 // "position 2, taken 2026-11-24T06:05:49Z": which point a command chose.
@@ -41,6 +43,9 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
   req.destination_nbd = a.nbd.access;
   req.output_format = a.output_format;
   req.force = a.force;
+  auto access = GroupFlagAccess(a.group);
+  if (!access.ok()) return out.Usage(access.error().message());
+  if (*access) req.access = *access;
   req.sync = !a.no_sync;
   req.compression = compression.type;
   req.compression_level = compression.level;
@@ -188,6 +193,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
         ->check(CLI::IsMember({"raw", "qcow2"}))
         ->capture_default_str();
     cmd->add_flag("--force", args->force, "Overwrite a destination that holds data");
+    AddGroupFlag(cmd, args->group, "a destination file made anew (a file replaced keeps its mode)");
     cmd->add_flag("--no-sync", args->no_sync,
                   "Do not fsync the output at the end (faster; a crash may lose it, as with qemu-img convert)");
     args->copy.AddTo(cmd, "none", kCompressFlag | kResourceFlags | kNbdFlags,

@@ -13,6 +13,7 @@
 #include "cli/common.h"
 #include "cli/connect_flag.h"
 #include "cli/copy_flags.h"
+#include "cli/group_flag.h"
 #include "cli/hook_flags.h"
 #include "cli/owner_flag.h"
 #include "cli/progress.h"
@@ -377,6 +378,7 @@ struct VmBackupArgs {
   CopyFlags copy;
   HookFlags hooks;
   std::string port_range = orc::kDefaultNbdPortRange;
+  std::string group;  // --group
 };
 
 void RegisterVm(CLI::App& app, int& exit_code) {
@@ -392,6 +394,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     auto ports = orc::ParsePortRange(a->port_range);
     if (!ports.ok()) return out.Usage("--nbd-port-range: " + ports.error().message());
     req.nbd_ports = *ports;
+    auto access = GroupFlagAccess(a->group);
+    if (!access.ok()) return out.Usage(access.error().message());
+    req.access = *access;
     // The tracker is settled before the hooks run: several and none named
     // is a usage error (which chain to continue is the caller's choice).
     {
@@ -438,6 +443,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
   cmd->add_option("--domain", a->req.domain, "libvirt domain")->required();
   cmd->add_option("--tracker", a->req.tracker, "Tracker (default: the domain's only tracker)");
   cmd->add_option("--target", a->req.target, "Backup folder; chains go to TARGET/<domain>/<disk>/")->required();
+  AddGroupFlag(cmd, a->group, "the domain's chains (a chain made with a group stays the group's)");
   cmd->add_flag("--force-full", a->req.force_full, "Full backup even when an incremental is possible");
   cmd->add_flag("--skip-quiesce", a->req.skip_quiesce, "Do not freeze guest filesystems (no guest agent)");
   cmd->add_flag_callback(

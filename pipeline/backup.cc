@@ -283,6 +283,7 @@ Status OpenChain(Env& env, const BackupRequest& req, BackupRun& run) {
   options.job = "backup";
   options.create = true;
   options.parent_dir = req.target_dir;
+  options.access = req.access;
   // Leftovers go in FindStaged, once it knows whether a staged image is
   // resumed.
   BARGE_ASSIGN_OR_RETURN(run.writer, ChainWriter::Open(env, JoinPath(req.target_dir, disk), options));

@@ -15,6 +15,7 @@
 #include "pipeline/backup_resume.h"
 #include "pipeline/copy.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/file_access.h"
 
 namespace barge::pipeline {
 
@@ -36,6 +37,10 @@ struct BackupRequest {
   SourceSpec source;
   std::string target_dir;  // the chain folder is target_dir/disk_name
   std::string disk_name;   // "" = the source's base name without extension
+  // Who may read the chain (ChainWriterOptions::access): unset, a new
+  // chain folder (and a target folder made for it) is private and an
+  // existing one keeps its access; set (`--group`), it is given this one.
+  std::optional<FileAccess> access;
   bool incremental = false;
   // What changed since the parent (incrementals; exactly one):
   std::string dirty_bitmap;        // a qcow2 persistent bitmap, or the NBD

@@ -13,6 +13,8 @@
 #include "formats/qcow2_compress.h"
 #include "formats/units.h"
 #include "pipeline/chain_files.h"
+#include "pipeline/file_access.h"
+#include "pipeline/small_file.h"
 
 namespace barge::pipeline {
 namespace {
@@ -358,7 +360,7 @@ Result<std::unique_ptr<ResumeJournal>> ResumeJournal::Create(Env& env, const std
     bytes.insert(bytes.end(), record.begin(), record.end());
     journal->checkpoints_ = 1;
   }
-  BARGE_RETURN_IF_ERROR(env.WriteFileAtomic(path, bytes));
+  BARGE_RETURN_IF_ERROR(WriteFileLikeFolder(env, path, bytes));
   BARGE_ASSIGN_OR_RETURN(journal->sink_, env.OpenSink(path, SinkMode::kExisting, ChainFileOptions()));
   journal->size_bytes_ = bytes.size();
   return journal;
@@ -381,7 +383,7 @@ Status SaveResumeWork(Env& env, const std::string& path, const RangeList& work, 
             ",\"length\":" + std::to_string(work[i].length) + "}";
   }
   text += "]}\n";
-  return env.WriteFileAtomic(path, std::string_view(text));
+  return WriteFileLikeFolder(env, path, std::string_view(text));
 }
 
 Result<RangeList> LoadResumeWork(Env& env, const std::string& path, uint64_t virtual_size) {

@@ -11,6 +11,8 @@
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
 #include "pipeline/chain_files.h"
+#include "pipeline/file_access.h"
+#include "pipeline/small_file.h"
 
 namespace barge::pipeline {
 
@@ -142,10 +144,12 @@ Status WriteBaseRef(Env& env, const std::string& base_dir, const BaseRef& ref) {
   }
   const std::string refs_dir = JoinPath(base_dir, kBaseRefsDir);
   if (!env.Exists(refs_dir)) {
-    BARGE_RETURN_IF_ERROR(env.CreateDirs(refs_dir));
+    // As private (or shared) as the base chain's folder.
+    BARGE_ASSIGN_OR_RETURN(FileAccess access, FolderAccess(env, base_dir));
+    BARGE_RETURN_IF_ERROR(CreateFolders(env, refs_dir, access));
     BARGE_RETURN_IF_ERROR(env.SyncDir(base_dir));  // the new folder's entry, durable
   }
-  return env.WriteFileAtomic(RefPath(base_dir, ref.chain_id), EncodeBaseRef(ref));
+  return WriteFileLikeFolder(env, RefPath(base_dir, ref.chain_id), EncodeBaseRef(ref));
 }
 
 Status RemoveBaseRef(Env& env, const std::string& base_dir, const std::string& chain_id) {

@@ -8,6 +8,7 @@
 #include "pipeline/chain_files.h"
 #include "pipeline/disk_identity.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/file_access.h"
 #include "pipeline/merge_journal.h"
 #include "pipeline/small_file.h"
 
@@ -40,12 +41,16 @@ Result<ChainLock> ChainLock::Acquire(Env& env, const std::string& dir, bool wait
   // symbolic link planted to have us create a file elsewhere, a FIFO) is
   // removed, never followed (unlink(2) removes the link, not its target).
   BARGE_RETURN_IF_ERROR(RemovePlanted(env, path));
+  // A new lock file is as private as the chain's other files.
+  const FileAccess access = FileAccess::OfFolder(*st);
+  o.create_mode = access.file_mode;
   auto lock = env.LockFile(path, o);
   if (!lock.ok()) {
     Error e = std::move(lock).error();
     if (e.code() == ErrorCode::kBusy) e.set_path(dir);
     return e;
   }
+  IgnoreError(ApplyAccess(env, (*lock)->path(), access), "a lock file holds nothing; its mode is the umask's then");
   return ChainLock(env, std::move(lock).value());
 }
 

@@ -26,7 +26,7 @@ Result<std::unique_ptr<ChainWriter>> ChainWriter::Open(Env& env, const std::stri
       if (!st.ok() && st.error().code() == ErrorCode::kNotFound) w->created_dirs_.push_back(d);
     }
     for (int attempt = 0; !w->own_lock_; ++attempt) {
-      BARGE_RETURN_IF_ERROR(env.CreateDirs(dir));
+      BARGE_RETURN_IF_ERROR(CreateFolders(env, dir, options.access.value_or(FileAccess::Private())));
       auto acquired = ChainLock::Acquire(env, dir);
       // A failed first backup of the same chain may have removed the folder
       // between our mkdir and our lock: make it again.
@@ -40,6 +40,8 @@ Result<std::unique_ptr<ChainWriter>> ChainWriter::Open(Env& env, const std::stri
     w->own_lock_.emplace(std::move(taken));
     lock = &*w->own_lock_;
   }
+  if (options.access) BARGE_RETURN_IF_ERROR(ShareFolder(env, dir, *options.access));
+  BARGE_ASSIGN_OR_RETURN(w->access_, FolderAccess(env, dir));
   BARGE_ASSIGN_OR_RETURN(w->chain_, LoadChainFolder(env, dir, lock));
   if (options.remove_leftovers) BARGE_RETURN_IF_ERROR(w->RemoveLeftovers());
   // From here on a failed first backup leaves no lock file and no empty
@@ -99,7 +101,7 @@ void ChainWriter::SweepTemporaries() {
 }
 
 Result<BlockSink*> ChainWriter::StageImage(const std::string& name) {
-  auto created = StagedFile::Create(env_, chain_.PathOf(name));
+  auto created = StagedFile::Create(env_, chain_.PathOf(name), /*overwrite=*/false, /*sync=*/true, &access_);
   if (!created.ok()) return std::move(created).error().Wrap(options_.job + ": starting " + name);
   image_ = std::move(created).value();
   return &image_->sink();
@@ -121,7 +123,7 @@ Status ChainWriter::KeepStagedImage() {
 }
 
 Status ChainWriter::StageSmallFile(const std::string& name, std::span<const std::byte> bytes) {
-  auto created = StagedFile::Create(env_, chain_.PathOf(name));
+  auto created = StagedFile::Create(env_, chain_.PathOf(name), /*overwrite=*/false, /*sync=*/true, &access_);
   if (!created.ok()) return std::move(created).error().Wrap(options_.job + ": writing " + name);
   small_.push_back(std::move(created).value());
   StagedFile& out = *small_.back();
@@ -158,7 +160,7 @@ Status ChainWriter::Commit() {
 }
 
 Result<uint64_t> ChainWriter::StageReplacement(const std::string& name, std::span<const std::byte> bytes) {
-  BARGE_RETURN_IF_ERROR(env_.WriteFileAtomic(chain_.PathOf(MergeStagedName(name)), bytes));
+  BARGE_RETURN_IF_ERROR(WriteFileWithAccess(env_, chain_.PathOf(MergeStagedName(name)), bytes, access_));
   return bytes.size();
 }
 

@@ -15,6 +15,7 @@
 #include "blockio/env.h"
 #include "blockio/sink.h"
 #include "pipeline/chain.h"
+#include "pipeline/file_access.h"
 #include "pipeline/staged_file.h"
 
 namespace barge::pipeline {
@@ -32,6 +33,13 @@ struct ChainWriterOptions {
   // The caller's lock of the folder (ChainLock::Acquire), or null: taken
   // here, failing at once (kBusy) when another job holds it.
   const ChainLock* held = nullptr;
+  // Who may read the chain (pipeline/file_access.h). Set: the folders this
+  // writer makes get it, and an existing chain folder whose own access
+  // differs is given it, with its files (ShareFolder: `--group` shares a
+  // chain from now on). Unset: new folders are private (0700), an existing
+  // chain folder keeps its own. Every file written then gets the folder's
+  // access (FileAccess::OfFolder), whatever the umask.
+  std::optional<FileAccess> access;
   // Remove the images, digest tables and verification records no manifest
   // names, and stale temporaries (RemoveLeftovers), right after loading.
   bool remove_leftovers = false;
@@ -56,6 +64,8 @@ class ChainWriter {
 
   const ChainFolder& chain() const { return chain_; }
   const std::string& dir() const { return chain_.dir; }
+  // The access of every file written into the folder (FileAccess::OfFolder).
+  const FileAccess& access() const { return access_; }
 
   // Removes stale temporaries of killed runs (a live writer's are locked
   // and kept), best effort: what cannot be removed now goes at a later run.
@@ -101,6 +111,7 @@ class ChainWriter {
   ChainWriterOptions options_;
   std::optional<ChainLock> own_lock_;
   ChainFolder chain_;
+  FileAccess access_;
   // Folders this writer made (parent first); empty once committed.
   std::vector<std::string> created_dirs_;
   bool cleanup_armed_ = false;

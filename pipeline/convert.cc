@@ -22,6 +22,7 @@ Result<ConvertResult> RunConvert(Env& env, const ConvertRequest& req) {
   out_spec.replace = OutputReplace::kForceIfFileExists;
   out_spec.force = req.force;
   out_spec.sync = req.sync;
+  out_spec.access = req.access;
   out_spec.allow_nbd = false;
   out_spec.size_bytes = size;
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Output> output, OpenOutput(env, out_spec));

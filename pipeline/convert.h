@@ -10,6 +10,7 @@
 #include "pipeline/copy.h"
 #include "pipeline/destination_spec.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/file_access.h"
 
 namespace barge::pipeline {
 
@@ -24,6 +25,9 @@ struct ConvertRequest {
   std::string backing;
   std::string backing_format;
   bool force = false;  // replace an existing output file
+  // Who may read an output file made anew (OutputSpec::access): private
+  // unless `--group`.
+  FileAccess access = FileAccess::Private();
   bool sync = true;    // false: no fsync at the end (see StagedFile::Create)
   // Cluster size, chunk size, threads, memory, compression (qcow2 output
   // only), progress and cancel, as given.

@@ -9,6 +9,7 @@
 
 #include "blockio/path.h"
 #include "pipeline/chain_files.h"
+#include "pipeline/file_access.h"
 
 namespace barge::pipeline {
 
@@ -44,6 +45,8 @@ Result<std::unique_ptr<ExportLock>> ExportLock::Take(Env& env, const std::string
   o.busy_message = "another export holds this lock file";
   // A link or FIFO planted under the (predictable) name goes, never followed.
   BARGE_RETURN_IF_ERROR(RemovePlanted(env, path));
+  BARGE_ASSIGN_OR_RETURN(FileAccess access, FolderAccess(env, dir));
+  o.create_mode = access.file_mode;  // as private as the chain's other files
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<EnvLock> lock, env.LockFile(path, o));
   // The writer lock goes when `writer` does, once this export's lock is held.
   return std::unique_ptr<ExportLock>(new ExportLock(env, std::move(lock)));

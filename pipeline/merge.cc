@@ -263,7 +263,7 @@ Result<Staged> FlattenPoint(Env& env, ChainWriter& writer, const MergeRequest& r
   formats::Qcow2WriterStats stats;
   {
     BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> image_file,
-                           StagedFile::Create(env, plan.image_staged, /*overwrite=*/true));
+                           StagedFile::Create(env, plan.image_staged, /*overwrite=*/true, /*sync=*/true, &writer.access()));
     DestinationSpec dest_spec;
     dest_spec.virtual_size = pm.virtual_size;
     dest_spec.cluster_bytes = pm.cluster_size;
@@ -428,6 +428,7 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
   ChainWriterOptions options;
   options.job = "merge";
   options.held = req.held;
+  if (!req.dry_run) options.access = req.access;
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<ChainWriter> writer, ChainWriter::Open(env, req.chain_dir, options));
   const ChainFolder& chain = writer->chain();
   // A merge removes the folded layers: never from under an export.

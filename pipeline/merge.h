@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "formats/manifest.h"
 #include "pipeline/chain.h"
 #include "pipeline/copy.h"
+#include "pipeline/file_access.h"
 #include "pipeline/merge_journal.h"
 
 namespace barge::pipeline {
@@ -29,6 +31,9 @@ struct MergeRequest {
   // The caller's lock of `chain_dir` (ChainLock::Acquire; a forget that
   // plans and merges under one lock), or null to take it here.
   const ChainLock* held = nullptr;
+  // Shares the chain with a group from now on (ChainWriterOptions::access;
+  // `merge --group`); unset: the chain keeps its folder's access.
+  std::optional<FileAccess> access;
   // Knobs (memory, threads, progress, stats, cancel); cluster size,
   // compression and verify are the chain's.
   CopyOptions copy;

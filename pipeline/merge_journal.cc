@@ -8,6 +8,8 @@
 #include "formats/json_fields.h"
 #include "pipeline/backup_resume.h"
 #include "pipeline/chain_files.h"
+#include "pipeline/file_access.h"
+#include "pipeline/small_file.h"
 
 namespace barge::pipeline {
 
@@ -100,7 +102,7 @@ Status WriteMergeJournal(Env& env, const std::string& dir, const MergeJournal& j
   // Flushed, renamed and the folder synced: the journal is durable before
   // the caller's first rename.
   BARGE_ASSIGN_OR_RETURN(std::string text, EncodeMergeJournal(journal));
-  return env.WriteFileAtomic(dir + "/" + std::string(kMergeJournalName), text);
+  return WriteFileLikeFolder(env, dir + "/" + std::string(kMergeJournalName), text);
 }
 
 Status CompleteMergeJournal(Env& env, const std::string& dir) {

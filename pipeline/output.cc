@@ -2,6 +2,8 @@
 // size), and the staged file or in-place sink behind the output.
 #include "pipeline/output.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "blockio/nbd.h"
@@ -63,8 +65,23 @@ Result<std::unique_ptr<BlockSink>> OpenInPlace(Env& env, const OutputSpec& spec,
   return sink;
 }
 
+// The access a staged output gets: spec.access for a new file; an existing
+// one's own mode (and group, when we may give it: as root) for a file
+// replaced, so that a disk a VM uses stays usable.
+std::optional<FileAccess> OutputAccess(Env& env, const OutputSpec& spec) {
+  if (!spec.access) return std::nullopt;
+  auto st = env.Stat(spec.location);
+  if (!st.ok() || !st->is_regular()) return spec.access;
+  FileAccess kept;
+  kept.file_mode = st->mode & 07777;
+  if (::geteuid() == 0) kept.gid = st->gid;
+  return kept;
+}
+
 Result<std::unique_ptr<StagedFile>> OpenStaged(Env& env, const OutputSpec& spec) {
   const std::string& dst = spec.location;
+  const std::optional<FileAccess> access = OutputAccess(env, spec);
+  const FileAccess* a = access ? &*access : nullptr;
   // Not a place for a file at all (/dev/null, a folder): said as such, not
   // as "use --force".
   BARGE_RETURN_IF_ERROR(CheckOutputPath(env, dst));
@@ -83,17 +100,17 @@ Result<std::unique_ptr<StagedFile>> OpenStaged(Env& env, const OutputSpec& spec)
         return Error::InvalidArgument("the destination file exists and is not empty; use --force to replace it")
             .set_path(dst);
       }
-      return StagedFile::Create(env, dst, /*overwrite=*/true, spec.sync);
+      return StagedFile::Create(env, dst, /*overwrite=*/true, spec.sync, a);
     }
     case OutputReplace::kForceIfFileExists: {
-      auto staged = StagedFile::Create(env, dst, /*overwrite=*/spec.force, spec.sync);
+      auto staged = StagedFile::Create(env, dst, /*overwrite=*/spec.force, spec.sync, a);
       if (!staged.ok() && staged.error().code() == ErrorCode::kInvalidArgument) {
         return std::move(staged).error().Wrap("use --force to replace it");
       }
       return staged;
     }
     case OutputReplace::kReplace:
-      return StagedFile::Create(env, dst, /*overwrite=*/true, spec.sync);
+      return StagedFile::Create(env, dst, /*overwrite=*/true, spec.sync, a);
   }
   return Error::InvalidArgument("unknown replace policy").set_path(dst);
 }

@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "blockio/env.h"
 #include "blockio/nbd.h"
 #include "blockio/sink.h"
+#include "pipeline/file_access.h"
 #include "pipeline/nbd_endpoint.h"
 #include "pipeline/staged_file.h"
 
@@ -45,6 +47,11 @@ struct OutputSpec {
   // A device or export must hold this many bytes (the disk's size); kNoSpace
   // when it holds fewer.
   uint64_t size_bytes = 0;
+  // A file: who may read it (pipeline/file_access.h). Set: a file made
+  // anew gets its mode and group exactly (restore, convert: private unless
+  // `--group`); a file replaced keeps its own mode (and, as root, group).
+  // Unset: 0644, the umask applying (a replica QEMU opens).
+  std::optional<FileAccess> access;
   // Remove the stale temporaries of killed runs in the file's folder first
   // (SweepStaleTemporaries); a live writer's are kept.
   bool sweep = true;

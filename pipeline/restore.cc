@@ -71,6 +71,7 @@ Result<RestoreResult> RunRestore(Env& env, const RestoreRequest& req) {
   out_spec.replace = OutputReplace::kForceIfHoldsData;
   out_spec.force = req.force;
   out_spec.sync = req.sync;
+  out_spec.access = req.access;
   out_spec.size_bytes = m.virtual_size;
   out_spec.nbd_retry = req.copy.nbd_retry;
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<Output> output, OpenOutput(env, out_spec));

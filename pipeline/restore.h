@@ -11,6 +11,7 @@
 #include "formats/manifest.h"
 #include "pipeline/copy.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/file_access.h"
 
 namespace barge::pipeline {
 
@@ -21,6 +22,10 @@ struct RestoreRequest {
   NbdAccess destination_nbd;   // connections and TLS when `destination` is an NBD URI
   std::string output_format = "raw";  // raw or qcow2 (qcow2: files only)
   bool force = false;          // allow writing over a non-empty destination
+  // Who may read a destination file made anew (OutputSpec::access):
+  // private unless `--group`; nullopt: 0644 with the umask (a disk QEMU
+  // opens: instant restore's).
+  std::optional<FileAccess> access = FileAccess::Private();
   // false: file and device outputs are not fsynced at the end (faster; a
   // crash may lose the restored data, as with qemu-img convert).
   bool sync = true;

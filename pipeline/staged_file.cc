@@ -90,8 +90,10 @@ Status RemoveStaleTemporary(Env& env, const std::string& temp) {
 // Locks `temp`, creating it. A sweep of stale temporaries holds a
 // leftover's lock for an instant before removing it: kBusy is retried
 // briefly before it counts as another live writer.
-Result<std::unique_ptr<EnvLock>> LockTemp(Env& env, const std::string& temp, const std::string& final_path) {
+Result<std::unique_ptr<EnvLock>> LockTemp(Env& env, const std::string& temp, const std::string& final_path,
+                                          uint32_t create_mode) {
   LockOptions lo;
+  lo.create_mode = create_mode;  // the lock creates the temporary
   lo.busy_message = "another process is writing this file (its temporary " + temp + " is locked)";
   for (int attempt = 0;; ++attempt) {
     auto lock = env.LockFile(temp, lo);
@@ -106,7 +108,7 @@ Result<std::unique_ptr<EnvLock>> LockTemp(Env& env, const std::string& temp, con
 }  // namespace
 
 Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::string& final_path,
-                                                       bool overwrite, bool sync) {
+                                                       bool overwrite, bool sync, const FileAccess* access) {
   BARGE_RETURN_IF_ERROR(CheckOutputPath(env, final_path));
   {
     auto st = env.Stat(final_path);
@@ -129,7 +131,7 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
   }
   // A leftover of a killed run is unlocked, hence ours to replace; a live
   // writer's is not.
-  auto lock = LockTemp(env, temp, final_path);
+  auto lock = LockTemp(env, temp, final_path, access != nullptr ? access->file_mode : LockOptions().create_mode);
   if (!lock.ok()) return lock.error();
   TempRegistration registration(temp);
   FileOptions options;
@@ -137,8 +139,16 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
   // Never through a link swapped in after the lock (the lock's open refused one).
   options.no_follow = true;
   options.regular_only = true;
+  if (access != nullptr) options.create_mode = access->file_mode;
   auto sink = env.OpenSink(temp, SinkMode::kTruncate, options);
   if (!sink.ok()) return Named(std::move(sink).error(), temp, final_path).Also(env.UnlinkIfExists(temp));
+  if (access != nullptr) {
+    // A killed run's leftover keeps its mode through O_TRUNC, and the umask
+    // may have narrowed a group bit: made exact before any byte is written.
+    if (Status fixed = ApplyAccess(env, temp, *access); !fixed.ok()) {
+      return Named(std::move(fixed).error(), temp, final_path).Also(env.UnlinkIfExists(temp));
+    }
+  }
   std::unique_ptr<StagedFile> file(new StagedFile(env, final_path, std::move(temp), std::move(lock).value(),
                                                   std::move(registration), overwrite, sync));
   file->sink_ = std::make_unique<NamedSink>(std::move(sink).value(), final_path);

@@ -13,6 +13,7 @@
 
 #include "blockio/env.h"
 #include "blockio/sink.h"
+#include "pipeline/file_access.h"
 
 namespace barge::pipeline {
 
@@ -29,8 +30,12 @@ class StagedFile {
   // planted symbolic link) is removed, never written through.
   // sync = false: no fdatasync of the file nor fsync of its folder (the
   // output may be lost or incomplete after a crash; see FileOptions::sync).
+  // `access`: the temporary (hence the published file) is created with its
+  // file mode and group, exactly (pipeline/file_access.h); null: 0644, the
+  // umask applying (a replica or overlay QEMU opens).
   static Result<std::unique_ptr<StagedFile>> Create(Env& env, const std::string& final_path,
-                                                    bool overwrite = false, bool sync = true);
+                                                    bool overwrite = false, bool sync = true,
+                                                    const FileAccess* access = nullptr);
   // Takes over the temporary a killed or failed run left at `final_path`'s
   // temporary name (a resumed backup, pipeline/backup_resume.h): locked,
   // opened as is (not truncated), registered. kNotFound when it is gone,

@@ -10,6 +10,7 @@
 #include "formats/json_fields.h"
 #include "formats/units.h"
 #include "pipeline/chain_files.h"
+#include "pipeline/file_access.h"
 
 namespace barge::pipeline {
 namespace {
@@ -117,7 +118,7 @@ Status WriteVerificationRecord(Env& env, const ChainFolder& chain, size_t index,
   // verify only reads: a record is not written into a folder another user
   // controls (CheckFolderOwner), its temporary never through a planted link.
   BARGE_RETURN_IF_ERROR(CheckFolderOwner(env, chain.dir));
-  return env.WriteFileAtomic(path, text);
+  return WriteFileLikeFolder(env, path, text);
 }
 
 Result<std::optional<LastVerification>> ReadLastVerification(Env& env, const ChainFolder& chain, size_t index,

@@ -9,6 +9,15 @@ Result<std::unique_ptr<SqliteDb>> SqliteDb::Open(Env& env, const std::string& pa
   if (Status made = env.CreateDirs(DirName(path)); !made.ok()) {
     return std::move(made).error().Wrap("create catalog folder");
   }
+  // A new catalog is made private (0600) before SQLite opens it: it holds
+  // the paths of disks and backups (and SQLite gives its -wal and -shm files
+  // the database file's mode). An empty file is an empty database; one made
+  // meanwhile by another process is simply opened.
+  if (!env.Exists(path)) {
+    FileOptions o;
+    o.create_mode = 0600;
+    IgnoreError(env.OpenSink(path, SinkMode::kCreateNew, o), "SQLite creates it, or says why it cannot");
+  }
   sqlite3* raw = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &raw,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);

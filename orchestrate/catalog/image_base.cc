@@ -7,6 +7,7 @@
 #include "blockio/path.h"
 #include "orchestrate/base/file_lock.h"
 #include "pipeline/base_refs.h"
+#include "pipeline/file_access.h"
 #include "pipeline/replicate.h"
 #include "pipeline/small_file.h"
 
@@ -115,6 +116,7 @@ Result<ImageBase> PrepareImageBase(Env& env, ImageCatalog& catalog, const std::s
       imp.source.format = ready.second.format;
       imp.target_dir = clone.target_dir;
       imp.disk_name = name;
+      imp.access = clone.access;  // the base is read by whoever reads its clones
       imp.compression = clone.compression;
       imp.compression_level = clone.compression_level;
       imp.copy = clone.copy;
@@ -134,7 +136,7 @@ Result<ImageBase> PrepareImageBase(Env& env, ImageCatalog& catalog, const std::s
       }
       pipeline::CatalogImageMarker marker{name, image.sha512, r.manifest.id, out.copy};
       BARGE_ASSIGN_OR_RETURN(std::string text, pipeline::EncodeCatalogImageMarker(marker));
-      BARGE_RETURN_IF_ERROR(env.WriteFileAtomic(MarkerPath(out.chain_dir), text));
+      BARGE_RETURN_IF_ERROR(pipeline::WriteFileLikeFolder(env, MarkerPath(out.chain_dir), text));
       out.point = r.manifest.id;
       out.imported = true;
     }

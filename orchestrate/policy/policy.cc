@@ -14,6 +14,7 @@
 
 #include "orchestrate/schedule/time_text.h"
 #include "pipeline/backup.h"
+#include "pipeline/file_access.h"
 
 namespace barge::orchestrate {
 
@@ -22,7 +23,7 @@ namespace {
 constexpr const char* kPolicyKeys[] = {
     "name",        "sources",     "reason",      "schedule",  "max_duration_without_backup",
     "retention_count", "targets", "free_space_multiple", "max_run_time", "max_parallel",
-    "full_every",  "compression", "pre_hook",    "post_hook",
+    "full_every",  "compression", "pre_hook",    "post_hook", "target_group",
 };
 constexpr const char* kSourceKeys[] = {"name",    "image", "bitmap",           "changed_by",    "domain",
                                        "tracker", "connect", "nbd", "tls_certificates", "nbd_port_range",
@@ -362,6 +363,15 @@ Result<Policy> ParseChecked(const YAML::Node& root, Checker& c, Env& env) {
         } else {
           p.targets.push_back(t);
         }
+      }
+    }
+  }
+  if (auto n = root["target_group"]) {
+    if (auto v = c.Scalar(n, "target_group")) {
+      if (auto gid = pipeline::LookupGroup(*v); !gid.ok()) {
+        c.Fail(n.Mark(), "'target_group': " + gid.error().message());
+      } else {
+        p.target_group = *v;
       }
     }
   }

@@ -72,6 +72,9 @@ struct Policy {
   std::chrono::seconds max_duration_without_backup{0};
   uint32_t retention_count = 15;      // restorable points kept per source, >= 1
   std::vector<std::string> targets;   // absolute folders, at least one
+  // A group that may read the chains on the targets (`target_group`; as
+  // `backup --group`); "" = the owner alone.
+  std::string target_group;
   // A target qualifies when its free bytes >= this x the source's
   // allocated bytes. 0 disables the check.
   double free_space_multiple = 1.0;

@@ -20,6 +20,7 @@
 #include "pipeline/chain_files.h"
 #include "pipeline/disk_identity.h"
 #include "pipeline/export_lock.h"
+#include "pipeline/file_access.h"
 #include "pipeline/merge.h"
 
 namespace barge::orchestrate {
@@ -46,7 +47,7 @@ Error ForeignOwner(const Policy& policy, const std::string& target, const std::s
 Result<std::string> RecordOwner(Env& env, const std::string& target, const Policy& policy) {
   const std::string path = PolicyOwnerPath(target, policy.name);
   const std::string mine = path + "." + std::to_string(ProcessOwner::Self(env).pid);
-  BARGE_RETURN_IF_ERROR(env.WriteFileAtomic(mine, policy.file + "\n"));
+  BARGE_RETURN_IF_ERROR(pipeline::WriteFileLikeFolder(env, mine, policy.file + "\n"));
   Status linked = env.Link(mine, path);
   IgnoreError(env.Unlink(mine), "a stray hidden file in the policy folder is harmless");
   if (linked.ok()) {
@@ -96,6 +97,11 @@ class Runner {
   Result<RunReport> Run() {
     RunReport report;
     report.run_id = run_id_;
+    if (!policy_.target_group.empty()) {
+      auto access = pipeline::AccessForGroup(policy_.target_group);
+      if (!access.ok()) return Error(access.error()).Wrap("policy " + policy_.name + ": target_group");
+      target_access_ = *access;
+    }
     std::vector<size_t> due;
     for (const auto& s : policy_.sources) {
       if (!Selected(opt_.only_sources, s.name) || !InShard(opt_.shard, s.name)) continue;
@@ -304,10 +310,13 @@ class Runner {
     req.compression = policy_.compression;
     req.compression_level = policy_.compression_level;
     req.catalog_path = opt_.catalog_path;
+    if (!policy_.target_group.empty()) req.access = target_access_;
     req.copy = opt_.copy;
     req.copy.cancel = &cancel_;
     Result<SourceBackupResult> done = Error::Internal("not run");
-    if (Status made = ClaimFolder(place.target); made.ok()) {
+    // The folder is claimed (and released below) whatever happens.
+    Status made = ClaimFolder(place.target, req.access);
+    if (made.ok()) {
       done = backend_.Backup(req);
     } else {
       done = made.error();
@@ -399,12 +408,15 @@ class Runner {
   // Creates <target>/<policy> and records the policy file as its owner
   // (once); refuses a folder another policy file owns. The caller is a
   // claimant of the folder until its ReleaseFolder, also when this fails.
-  Status ClaimFolder(const std::string& target) {
+  Status ClaimFolder(const std::string& target, const std::optional<pipeline::FileAccess>& access) {
     const std::string dir = target + "/" + policy_.name;
     std::lock_guard lock(claim_mu_);  // sources of one run claim one folder
     FolderClaims& c = claims_[target];
     if (c.active++ == 0) c.created = !env_.Exists(dir);
-    BARGE_RETURN_IF_ERROR(env_.CreateDirs(dir));
+    // Private unless the policy names a target_group (then the folder is
+    // the group's, as its chains are).
+    BARGE_RETURN_IF_ERROR(pipeline::CreateFolders(env_, dir, access.value_or(pipeline::FileAccess::Private())));
+    if (access) BARGE_RETURN_IF_ERROR(pipeline::ShareFolder(env_, dir, *access));
     if (policy_.file.empty()) return OkStatus();
     BARGE_ASSIGN_OR_RETURN(std::string owner, PolicyFolderOwner(env_, target, policy_.name));
     if (owner.empty()) {
@@ -458,6 +470,7 @@ class Runner {
   };
   std::mutex claim_mu_;
   std::map<std::string, FolderClaims> claims_;  // guarded by claim_mu_
+  pipeline::FileAccess target_access_;  // of policy_.target_group, set by Run before any backup
   std::function<SysSeconds()> now_;
   PickFn pick_;
   std::mutex mu_;

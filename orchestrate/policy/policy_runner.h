@@ -24,6 +24,7 @@
 #include "orchestrate/policy/policy_shard.h"
 #include "pipeline/chain.h"
 #include "pipeline/copy.h"
+#include "pipeline/file_access.h"
 
 namespace barge::orchestrate {
 
@@ -64,6 +65,9 @@ struct SourceBackupRequest {
   formats::Compression compression = formats::Compression::kZstd;
   int compression_level = formats::kDefaultZstdLevel;
   std::string catalog_path;   // domains: trackers and VM backup records
+  // The policy's target_group's access (pipeline::BackupRequest::access);
+  // unset: private.
+  std::optional<pipeline::FileAccess> access;
   pipeline::CopyOptions copy;  // its `cancel` stops the backup (kCancelled)
 };
 

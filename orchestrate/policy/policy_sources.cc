@@ -121,6 +121,7 @@ class DefaultBackend final : public SourceBackend {
     br.source.allow_dirs = {DirName(s.location)};
     br.target_dir = r.target_dir;
     br.disk_name = s.name;
+    br.access = r.access;
     br.incremental = r.incremental;
     br.previous_location = FollowStateMigrations(env_);
     if (r.incremental && !s.bitmap.empty()) br.dirty_bitmap = s.bitmap;
@@ -206,6 +207,7 @@ class DefaultBackend final : public SourceBackend {
     vr.domain = s.location;
     vr.tracker = tracker;
     vr.target = r.target_dir;
+    vr.access = r.access;
     vr.catalog_path = r.catalog_path;
     vr.libvirt_uri = s.connect;
     vr.skip_quiesce = !s.quiesce;

@@ -210,6 +210,22 @@ TEST(PolicyTest, StructureErrors) {
   EXPECT_NE(p.error().message().find("\npolicy:5:"), std::string::npos);
 }
 
+// target_group: a group the host knows (name or number), or refused.
+TEST(PolicyTest, TargetGroup) {
+  const std::string head = "name: p\nsources: [{image: /d.qcow2}]\ntargets: [/t]\n";
+  auto p = ParsePolicy(Env::Default(), head + "target_group: 0\n");
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  EXPECT_EQ(p->target_group, "0");
+  auto none = ParsePolicy(Env::Default(), head);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->target_group, "");
+  auto bad = ParsePolicy(Env::Default(), head + "target_group: no-such-group-35\n", "p.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("p.yaml:4:15: 'target_group': no such group: no-such-group-35"),
+            std::string::npos)
+      << bad.error().message();
+}
+
 TEST(PolicyTest, DomainSourceConnect) {
   auto p = ParsePolicy(Env::Default(), "name: p\nsources:\n  - domain: vm1\n    connect: "
                                        "'qemu+ssh://root@hv1:2222/system?keyfile=/k'\n  - domain: vm2\ntargets: [/t]\n");

@@ -404,6 +404,7 @@ Status Prefill(Env& env, const Record& r, const InstantRestoreRequest& req, Expo
   rr.at = r.point_id;
   rr.destination = r.disk;
   rr.force = true;  // the record says this run made DISK (or --force allowed replacing it)
+  rr.access = std::nullopt;  // DISK is the domain's disk: QEMU opens it, as before the restore
   rr.copy.cancel = &stop;
   rr.copy.progress = req.on_progress;
   Result<pipeline::RestoreResult> restored = Error::Internal("the restore did not run");

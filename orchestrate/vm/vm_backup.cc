@@ -390,6 +390,7 @@ std::optional<Error> BackupDisks(Env& env, const VmBackupRequest& req, const std
       pipeline::BackupRequest br;
       br.target_dir = req.target + "/" + req.domain;
       br.disk_name = name;
+      br.access = req.access;
       br.incremental = incremental.at(name);
       br.reason = reasons.at(name);
       br.checkpoint = checkpoint;

@@ -15,6 +15,7 @@
 #include "orchestrate/libvirt/nbd_ports.h"
 #include "orchestrate/vm/tracker.h"
 #include "pipeline/backup.h"
+#include "pipeline/file_access.h"
 #include "pipeline/nbd_endpoint.h"
 
 namespace barge::orchestrate {
@@ -46,6 +47,9 @@ struct VmBackupRequest {
   std::string domain;
   std::string tracker;      // "" = the domain's only tracker, if it has exactly one
   std::string target;       // chains go to target/<domain>/<disk>/
+  // Who may read the chains (pipeline::BackupRequest::access): unset, new
+  // folders are private; set (`--group`), the domain's chains are shared.
+  std::optional<pipeline::FileAccess> access;
   std::string catalog_path;
   std::string libvirt_uri;  // "" = ResolveLibvirtUri
   bool force_full = false;
