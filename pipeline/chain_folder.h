@@ -65,7 +65,7 @@ class ChainWriter {
   const ChainFolder& chain() const { return chain_; }
   const std::string& dir() const { return chain_.dir; }
   // The access of every file written into the folder (FileAccess::OfFolder).
-  const FileAccess& access() const { return access_; }
+  const FileAccess& file_access() const { return access_; }
 
   // Removes stale temporaries of killed runs (a live writer's are locked
   // and kept), best effort: what cannot be removed now goes at a later run.

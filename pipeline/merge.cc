@@ -263,7 +263,7 @@ Result<Staged> FlattenPoint(Env& env, ChainWriter& writer, const MergeRequest& r
   formats::Qcow2WriterStats stats;
   {
     BARGE_ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> image_file,
-                           StagedFile::Create(env, plan.image_staged, /*overwrite=*/true, /*sync=*/true, &writer.access()));
+                           StagedFile::Create(env, plan.image_staged, /*overwrite=*/true, /*sync=*/true, &writer.file_access()));
     DestinationSpec dest_spec;
     dest_spec.virtual_size = pm.virtual_size;
     dest_spec.cluster_bytes = pm.cluster_size;
