@@ -3,6 +3,8 @@
 // until the asked range is covered.
 #include "blockio/nbd.h"
 
+#include "blockio/extent_builder.h"
+
 #include <libnbd.h>
 
 #include <algorithm>
@@ -196,8 +198,11 @@ Result<std::unique_ptr<NbdHandle>> ConnectOnce(const std::string& uri, const std
 Result<std::unique_ptr<NbdHandle>> Connect(const std::string& uri, const std::string& name,
                                            const NbdOptions& options, std::chrono::milliseconds timeout) {
   auto handle = ConnectOnce(uri, name, options, timeout);
-  if (!handle.ok() && TlsRequested(uri, options.tls)) return TlsConnectError(std::move(handle).error(), uri);
-  return handle;
+  if (handle.ok()) return handle;
+  // libnbd's text may name the PSK file and identity: never shown.
+  Error e = WithoutNbdSecrets(handle.error(), uri, options.tls);
+  if (TlsRequested(uri, options.tls)) return TlsConnectError(std::move(e), uri);
+  return e;
 }
 
 Result<ExportInfo> Probe(nbd_handle* h, const std::string& uri, const NbdOptions& options) {
@@ -471,61 +476,76 @@ class Conn {
 constexpr nbd_completion_callback kNoCompletion{nullptr, nullptr, nullptr};
 
 // Walks NBD_CMD_BLOCK_STATUS for `context` over [offset, offset+length) and
-// calls `emit` with each piece, clipped to the range, in order. The server
-// may describe less than asked (or more: the last extent may run past the
-// end); this repeats from where each answer stops. Replies are untrusted:
-// one that does not start at the asked offset or makes no progress is
-// kCorruption.
+// calls `emit` with each piece, clipped to the range, in order, as the
+// reply arrives (nothing per piece is held here: the caller bounds what it
+// keeps, see ExtentBuilder). The server may describe less than asked (or
+// more: the last extent may run past the end); this repeats from where
+// each answer stops. Replies are untrusted: one that does not start at the
+// asked offset, makes no progress, holds an empty extent or more extents
+// than the bytes it was asked about is kCorruption.
 Status WalkBlockStatus(Conn& conn, const std::string& uri, const char* context,
                        uint64_t offset, uint64_t length,
                        const std::function<void(uint64_t, uint64_t, uint32_t)>& emit) {
   struct Reply {
-    explicit Reply(const char* c) : context(c) {}
     const char* context;
-    uint64_t start = 0;
+    const std::function<void(uint64_t, uint64_t, uint32_t)>* emit;
+    uint64_t pos = 0;    // the asked offset
+    uint64_t count = 0;  // the asked length
+    uint64_t end = 0;    // the walk's end
+    uint64_t cursor = 0;
     bool seen = false;
-    std::vector<std::pair<uint64_t, uint32_t>> pieces;  // (length, flags)
+    std::optional<Error> bad;
   };
   auto callback = [](void* user_data, const char* metacontext, uint64_t reply_offset,
                      uint32_t* entries, size_t nr_entries, int* /*error*/) -> int {
     auto* reply = static_cast<Reply*>(user_data);
-    if (std::string_view(metacontext) != reply->context) return 0;
+    if (std::string_view(metacontext) != reply->context || reply->bad) return 0;
+    if (reply->seen) {
+      reply->bad = Error::Corruption("two block status replies for one request");
+      return 0;
+    }
     reply->seen = true;
-    reply->start = reply_offset;
-    for (size_t i = 0; i + 1 < nr_entries; i += 2) reply->pieces.emplace_back(entries[i], entries[i + 1]);
+    if (reply_offset != reply->pos) {
+      reply->bad = Error::Corruption("block status reply starts at the wrong offset");
+      return 0;
+    }
+    const size_t descriptors = nr_entries / 2;
+    if (descriptors > reply->count) {
+      reply->bad = Error::Corruption("block status reply holds " + std::to_string(descriptors) + " extents for " +
+                                     std::to_string(reply->count) + " bytes");
+      return 0;
+    }
+    for (size_t i = 0; i + 1 < nr_entries && reply->cursor < reply->end; i += 2) {
+      if (entries[i] == 0) {
+        reply->bad = Error::Corruption("block status reply holds an empty extent");
+        return 0;
+      }
+      uint64_t n = std::min<uint64_t>(entries[i], reply->end - reply->cursor);
+      (*reply->emit)(reply->cursor, n, entries[i + 1]);
+      reply->cursor += n;
+    }
     return 0;
   };
   uint64_t pos = offset;
   const uint64_t end = offset + length;
   while (pos < end) {
     uint64_t count = std::min(end - pos, kMaxCommandBytes);
-    Reply reply(context);
+    Reply reply{context, &emit, pos, count, end, pos, false, std::nullopt};
     nbd_extent_callback cb{callback, &reply, nullptr};
     if (conn.Call([&](nbd_handle* h) { return nbd_aio_block_status(h, count, pos, cb, kNoCompletion, 0); }) != 0) {
       return NbdError("nbd_block_status", uri, pos, count);
     }
+    if (reply.bad) return std::move(*reply.bad).set_path(uri).set_range(pos, count);
     if (!reply.seen) {
       return Error::Corruption(std::string("no block status reply for ") + context)
           .set_path(uri)
           .set_range(pos, count);
     }
-    if (reply.start != pos) {
-      return Error::Corruption("block status reply starts at the wrong offset")
-          .set_path(uri)
-          .set_range(reply.start, count);
-    }
-    uint64_t cursor = pos;
-    for (const auto& [piece_length, flags] : reply.pieces) {
-      if (piece_length == 0 || cursor >= end) break;
-      uint64_t n = std::min<uint64_t>(piece_length, end - cursor);
-      emit(cursor, n, flags);
-      cursor += n;
-    }
-    if (cursor == pos) {
+    if (reply.cursor == pos) {
       return Error::Corruption("block status reply made no progress").set_path(uri).set_range(pos,
                                                                                               count);
     }
-    pos = cursor;
+    pos = reply.cursor;
   }
   return OkStatus();
 }
@@ -873,16 +893,18 @@ class NbdSourceImpl final : public NbdSource {
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override {
     if (!conns_.info().has_allocation) return BlockSource::Extents(offset, length);
     BARGE_RETURN_IF_ERROR(CheckRange(offset, length));
-    ExtentList out;
+    // Gathered in granules: memory follows the range, not how finely the
+    // server cuts its replies.
+    ExtentBuilder out;
     auto lease = conns_.Acquire();
     BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) {
-      out.clear();  // a walk cut short starts again on the new connection
+      out = ExtentBuilder();  // a walk cut short starts again on the new connection
       return WalkBlockStatus(conn, conns_.name(), LIBNBD_CONTEXT_BASE_ALLOCATION, offset, length,
                              [&](uint64_t off, uint64_t len, uint32_t flags) {
-                               out.push_back({off, len, KindFromAllocation(flags)});
+                               out.Add(off, len, KindFromAllocation(flags));
                              });
     }));
-    return MergeAdjacent(std::move(out));
+    return out.Finish();
   }
 
   Result<RangeList> DirtyRanges(uint64_t offset, uint64_t length) override {
@@ -894,9 +916,11 @@ class NbdSourceImpl final : public NbdSource {
     auto lease = conns_.Acquire();
     BARGE_RETURN_IF_ERROR(conns_.Run(lease, [&](Conn& conn) {
       out.clear();
+      // Widened to granules as they come (a dirty granule is copied whole;
+      // clusters are coarser still): bounded however the server cuts.
       return WalkBlockStatus(conn, conns_.name(), dirty_context_.c_str(), offset, length,
                              [&](uint64_t off, uint64_t len, uint32_t flags) {
-                               if (flags & 1) out.push_back({off, len});
+                               if (flags & 1) AppendGranularRange(out, off, len, offset, offset + length);
                              });
     }));
     return NormalizeRanges(std::move(out));
@@ -1037,112 +1061,8 @@ class NbdSink final : public BlockSink {
 
 }  // namespace
 
-
-bool IsNbdUri(std::string_view uri) {
-  for (std::string_view scheme : {"nbd://", "nbds://", "nbd+unix://", "nbds+unix://",
-                                  "nbd+vsock://", "nbds+vsock://"}) {
-    if (uri.starts_with(scheme)) return true;
-  }
-  return false;
-}
-
-namespace {
-
-// The query of `uri` (between '?' and '#'), "" when none.
-std::string_view QueryOf(std::string_view uri) {
-  size_t q = uri.find('?');
-  if (q == std::string_view::npos) return {};
-  std::string_view query = uri.substr(q + 1);
-  return query.substr(0, query.find('#'));
-}
-
-std::string PercentDecode(std::string_view in) {
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == '%' && i + 2 < in.size() && hex(in[i + 1]) >= 0 && hex(in[i + 2]) >= 0) {
-      out += static_cast<char>(hex(in[i + 1]) * 16 + hex(in[i + 2]));
-      i += 2;
-    } else {
-      out += in[i];
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-std::string RedactNbdUri(std::string_view location) {
-  if (!IsNbdUri(location)) return std::string(location);
-  std::string_view rest = location;
-  size_t scheme = rest.find("://");
-  std::string out(rest.substr(0, scheme + 3));
-  rest.remove_prefix(scheme + 3);
-  // The authority ends at the first '/', '?' or '#'; its user part at its
-  // last '@'.
-  std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
-  if (auto at = authority.rfind('@'); at != std::string_view::npos) rest.remove_prefix(at + 1);
-  size_t q = rest.find('?');
-  out += rest.substr(0, q);
-  if (q == std::string_view::npos) return out;
-  std::string_view query = rest.substr(q + 1);
-  std::string fragment;
-  if (auto hash = query.find('#'); hash != std::string_view::npos) {
-    fragment = std::string(query.substr(hash));
-    query = query.substr(0, hash);
-  }
-  std::string kept;
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view param = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    // Names are compared decoded: "tls%2Dpsk-file" is tls-psk-file to libnbd.
-    if (param.empty() || PercentDecode(param.substr(0, param.find('='))).starts_with("tls-")) continue;
-    kept += (kept.empty() ? "" : "&") + std::string(param);
-  }
-  if (!kept.empty()) out += "?" + kept;
-  return out + fragment;
-}
-
-std::string NbdUriParam(std::string_view uri, std::string_view name) {
-  std::string_view query = QueryOf(uri);
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view param = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    size_t eq = param.find('=');
-    if (PercentDecode(param.substr(0, eq)) == name) return eq == std::string_view::npos ? "" : PercentDecode(param.substr(eq + 1));
-  }
-  return {};
-}
-
-bool NbdUriRequestsTls(std::string_view uri) {
-  return uri.starts_with("nbds") || !NbdUriParam(uri, "tls-certificates").empty() ||
-         !NbdUriParam(uri, "tls-psk-file").empty();
-}
-
-std::string NbdServerName(std::string_view uri) {
-  if (uri.find("+unix://") != std::string_view::npos) return "unix socket " + NbdUriParam(uri, "socket");
-  std::string_view rest = uri;
-  if (auto scheme = rest.find("://"); scheme != std::string_view::npos) rest.remove_prefix(scheme + 3);
-  std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
-  if (auto at = authority.rfind('@'); at != std::string_view::npos) authority.remove_prefix(at + 1);
-  if (uri.find("+vsock://") != std::string_view::npos) return "vsock " + std::string(authority);
-  // A port follows the last ':' outside an IPv6 literal's brackets.
-  size_t colon = authority.rfind(':');
-  bool has_port = colon != std::string_view::npos && authority.find(']', colon) == std::string_view::npos;
-  std::string host(has_port ? authority.substr(0, colon) : authority);
-  if (host.empty()) host = "localhost";
-  return host + ":" + (has_port ? std::string(authority.substr(colon + 1)) : std::string("10809"));
-}
-
 Result<std::unique_ptr<NbdSource>> OpenNbd(const std::string& uri, const NbdOptions& options) {
-  if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(uri);
+  if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(RedactUri(uri));
   std::string name = RedactNbdUri(uri);
   BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, name, options));
   return std::unique_ptr<NbdSource>(
@@ -1164,7 +1084,7 @@ Result<RangeList> NbdDirtyRanges(BlockSource& source, uint64_t offset, uint64_t 
 }
 
 Result<std::unique_ptr<BlockSink>> OpenNbdSink(const std::string& uri, const NbdOptions& options) {
-  if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(uri);
+  if (!IsNbdUri(uri)) return Error::InvalidArgument("not an NBD URI").set_path(RedactUri(uri));
   std::string name = RedactNbdUri(uri);
   BARGE_ASSIGN_OR_RETURN(Export ex, OpenExport(uri, name, options));
   if (ex.info.read_only) {

@@ -115,11 +115,29 @@ struct NbdOptions {
 bool IsNbdUri(std::string_view uri);
 
 // The one form in which a location is shown or recorded (messages, --json,
-// manifests, records, metrics). For an NBD URI: without the user part of
-// the authority ("user:secret@") and without every tls-* query parameter
-// (tls-psk-file, tls-certificates, tls-username, ...); other parameters
-// (socket=) stay, in their order. Anything else is returned unchanged.
+// manifests, records, metrics, catalog). What names the source stays:
+// scheme, host, port, path or export, harmless parameters (socket=) in
+// their order. What is a credential goes: for an NBD URI the whole user
+// part of the authority ("user:secret@": the user is the TLS PSK
+// identity); for any other URI (qemu+ssh://root:pw@host) the password,
+// the user staying; and every query parameter naming a credential or its
+// file (tls-*, keyfile=, pkipath=, and names with key, pass, secret,
+// token, psk, cert, pki, cred or auth). Text that is no URI is returned
+// unchanged.
+std::string RedactUri(std::string_view location);
+// RedactUri, by its older name.
 std::string RedactNbdUri(std::string_view location);
+
+// `text` (a message) with every URI in it ("scheme://..." up to a blank or
+// a quote) as RedactUri shows it; the rest unchanged.
+std::string RedactUrisIn(std::string_view text);
+
+// `error` without the credentials of a connection to `uri` with `tls`:
+// libnbd's and GnuTLS's texts name the PSK file, the PSK identity and the
+// certificates folder ("keys.psk: username alice was not found in PSK
+// file"); each such value, and any URI, is replaced by a placeholder
+// ("<tls-psk-file>", "<tls-username>"). Code, errno, path and range stay.
+Error WithoutNbdSecrets(const Error& error, std::string_view uri, const NbdTls& tls);
 
 // Whether `uri` asks for TLS itself: an nbds scheme, or a tls-certificates=
 // or tls-psk-file= parameter.

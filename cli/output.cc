@@ -137,9 +137,10 @@ void Output::Event(std::string_view event, const nlohmann::json& fields) {
   std::fflush(stdout);
 }
 
-void Output::Warning(const std::string& message, const std::string& file_given) {
+void Output::Warning(const std::string& message_given, const std::string& file_given) {
   // A location is shown without its secrets, whoever built the message.
-  const std::string file = RedactNbdUri(file_given);
+  const std::string file = RedactUri(file_given);
+  const std::string message = RedactUrisIn(message_given);
   {
     std::lock_guard lock(mu_);
     std::cerr << "barge: warning: " << (file.empty() ? "" : file + ": ") << message << "\n";
@@ -160,10 +161,14 @@ void Output::Notice(std::string_view event, const std::string& line, const nlohm
 int Output::Fail(const Error& error) { return Fail(error, ExitCodeFor(error)); }
 
 int Output::Fail(const Error& error_given, int exit_code) {
-  // The last guard: an NBD URI as the error's file loses its secrets here
-  // even if a layer below forgot (blockio names exports by RedactNbdUri).
-  Error error = error_given;
-  error.set_path(RedactNbdUri(error.path()));
+  // The last guard: a URI as the error's file or in its message loses its
+  // secrets here even if a layer below forgot (blockio names exports by
+  // RedactUri).
+  Error error(error_given.code(), RedactUrisIn(error_given.message()));
+  error.set_errno(error_given.errno_value()).set_retryable(error_given.retryable());
+  error.set_path(RedactUri(error_given.path()));
+  if (error_given.offset()) error.set_offset(*error_given.offset());
+  if (error_given.offset() && error_given.length()) error.set_range(*error_given.offset(), *error_given.length());
   // Interrupted runs exit 130/143 whatever the command's own codes say.
   if (error.code() == ErrorCode::kCancelled && InterruptSignal() != 0) {
     exit_code = 128 + InterruptSignal();

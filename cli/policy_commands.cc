@@ -4,6 +4,7 @@
 #include <iostream>
 #include <map>
 
+#include "blockio/nbd.h"
 #include "cli/common.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
 #include "cli/copy_flags.h"
@@ -42,6 +43,7 @@ std::vector<Problem> SplitProblems(const std::string& file, const std::string& t
     start = end == std::string::npos ? text.size() + 1 : end + 1;
     if (line.empty()) continue;
     Problem p;
+    line = RedactUrisIn(line);  // a location quoted in a problem shows no credential
     p.message = line;
     if (line.starts_with(file + ":")) {
       std::string rest = line.substr(file.size() + 1);
@@ -62,7 +64,7 @@ std::vector<Problem> SplitProblems(const std::string& file, const std::string& t
 json SourcesJson(const orc::Policy& p) {
   json out = json::array();
   for (const auto& s : p.sources) {
-    json j = {{"name", s.name}, {"kind", std::string(orc::PolicySourceKindName(s.kind))}, {"location", s.location}};
+    json j = {{"name", s.name}, {"kind", std::string(orc::PolicySourceKindName(s.kind))}, {"location", RedactUri(s.location)}};
     if (s.kind == orc::PolicySourceKind::kImage) j["bitmap"] = s.bitmap.empty() ? json(nullptr) : json(s.bitmap);
     if (s.kind == orc::PolicySourceKind::kDomain) {
       j["tracker"] = s.tracker.empty() ? p.name : s.tracker;
@@ -153,7 +155,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
   o << "policy " << p.name << " (" << file << ") is valid"
     << (warnings.empty() ? "" : ", with " + std::to_string(warnings.size()) + " warning(s) above") << "\n";
   for (const auto& s : p.sources) {
-    o << "  source " << s.name << ": " << orc::PolicySourceKindName(s.kind) << " " << s.location;
+    o << "  source " << s.name << ": " << orc::PolicySourceKindName(s.kind) << " " << RedactUri(s.location);
     if (s.changed_by == "bitmap") {
       o << ", incrementals from bitmap " << s.bitmap;
     } else if (s.changed_by == "bitmap+digests") {

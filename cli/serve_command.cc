@@ -15,7 +15,9 @@
 #include <cstring>
 
 #include <atomic>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "blockio/fd.h"
 #include "cli/common.h"
@@ -37,6 +39,24 @@ using nlohmann::json;
 namespace orc = barge::orchestrate;
 
 constexpr const char* kDefaultListen = "127.0.0.1:9847";
+
+// civetweb's workers each hold one connection from its first byte to its
+// answer; a client that opens connections and sends half a request would
+// hold them all (civetweb waits 30 s by default), and /healthz with them.
+// Many workers, and a short wait for a whole request: /metrics and
+// /healthz are answered from memory in milliseconds, so an honest scraper
+// never comes near it (issue 35). Held connections then cost a worker for
+// at most kRequestTimeoutMs each.
+constexpr int kServeWorkers = 32;
+constexpr int kRequestTimeoutMs = 2000;
+
+// The Exposer's civetweb options for `listen`.
+std::vector<std::string> CivetOptions(const std::string& listen) {
+  return {"listening_ports",    listen,
+          "num_threads",        std::to_string(kServeWorkers),
+          "request_timeout_ms", std::to_string(kRequestTimeoutMs),
+          "enable_keep_alive",  "no"};
+}
 
 // The scheduler /healthz reports on (civetweb's callback has no user data
 // of ours: the Exposer owns the server). Set while serve runs.
@@ -156,7 +176,7 @@ int RunServe(ServeArgs& a, Output& out) {
   static CivetCallbacks callbacks{};
   callbacks.begin_request = BeginRequest;
   try {
-    exposer = std::make_unique<prometheus::Exposer>(a.listen, 2, &callbacks);
+    exposer = std::make_unique<prometheus::Exposer>(CivetOptions(a.listen), &callbacks);
   } catch (const std::exception& e) {
     const std::string why = ListenProblem(a.listen);
     return out.Fail(Error::IoError("cannot listen on " + a.listen + ": " + (why.empty() ? e.what() : why) +

@@ -2,6 +2,7 @@
 #include "pipeline/backup.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "formats/extents_file.h"
 #include "formats/json_fields.h"
 #include "formats/qcow2_bitmap.h"
+#include "formats/qcow2_format.h"
 #include "formats/units.h"
 #include "pipeline/backup_resume.h"
 #include "pipeline/base_refs.h"
@@ -272,6 +274,26 @@ Status OpenBackupSource(Env& env, const BackupRequest& req, BackupRun& run) {
     run.identity = IdentityOf(env, run.spec, run.src);
   }
   return OkStatus();
+}
+
+// Refuses a disk larger than a qcow2 image of `cluster_bytes` clusters can
+// hold (qemu caps the L1 table at 32 MiB: 4 Mi entries, each covering an
+// L2 table of cluster/8 entries of a cluster: 2 PiB at 64 KiB clusters).
+// Checked as soon as the source's size is known, before any extent is
+// asked for: an export that large would otherwise be walked for minutes
+// first (issue 35).
+Status CheckQcow2Holds(uint64_t size_bytes, uint32_t cluster_bytes, const std::string& source) {
+  if (cluster_bytes == 0 || (cluster_bytes & (cluster_bytes - 1)) != 0) return OkStatus();  // checked elsewhere
+  const auto cluster_bits = static_cast<uint32_t>(std::countr_zero(cluster_bytes));
+  const uint64_t l2_covers = formats::qcow2::L2Entries(cluster_bits, false) << cluster_bits;
+  const uint64_t max_l1_entries = formats::qcow2::kMaxL1Bytes / 8;
+  if (cluster_bits >= 32 || l2_covers > UINT64_MAX / max_l1_entries) return OkStatus();
+  const uint64_t limit = max_l1_entries * l2_covers;
+  if (size_bytes <= limit) return OkStatus();
+  return Error::InvalidArgument("the disk holds " + formats::HumanBytesExact(size_bytes) + "; a qcow2 image of " +
+                                formats::HumanBytes(cluster_bytes) + " clusters holds at most " +
+                                formats::HumanBytesExact(limit) + " (use larger clusters: --cluster-size)")
+      .set_path(source);
 }
 
 // 2. Opens the output: the disk's chain folder, made when missing, locked
@@ -947,6 +969,11 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   BackupRun run;
   run.cluster = req.copy.cluster_bytes;
   BARGE_RETURN_IF_ERROR(OpenBackupSource(env, req, run));
+  // A full's clusters are the request's (an incremental's are its chain's,
+  // whose image of this size exists; --base's are the base's).
+  if (!req.incremental && req.base.empty()) {
+    BARGE_RETURN_IF_ERROR(CheckQcow2Holds(run.size, run.cluster, run.src.image->name()));
+  }
   BARGE_RETURN_IF_ERROR(OpenChain(env, req, run));
   BARGE_RETURN_IF_ERROR(req.incremental ? ExtendChain(env, req, run) : CheckFullSize(req, run));
   BARGE_RETURN_IF_ERROR(OpenBase(env, req, run));

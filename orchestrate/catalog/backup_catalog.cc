@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "blockio/nbd.h"
 #include "blockio/path.h"
 #include "formats/json_fields.h"
 #include "formats/manifest.h"
@@ -317,7 +318,7 @@ Status BackupCatalog::WriteBackupRow(int64_t id, const BackupRecord& r) {
   st.Bind(1, r.domain).Bind(2, r.tracker).Bind(3, r.type).Bind(4, r.reason).Bind(5, r.checkpoint)
       .Bind(6, r.parent_checkpoint).Bind(7, r.target).Bind(8, disks)
       .Bind(9, r.started_at).Bind(10, r.finished_at).Bind(11, std::to_string(r.duration_seconds))
-      .Bind(12, r.result).Bind(13, r.error).Bind(14, id);
+      .Bind(12, r.result).Bind(13, RedactUrisIn(r.error)).Bind(14, id);  // never a credential
   BARGE_RETURN_IF_ERROR(st.Run());
   if (db_->Changes() == 0) return Error::NotFound("no backup record " + std::to_string(id));
   return OkStatus();

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <charconv>
 
+#include "blockio/nbd.h"
+
 namespace barge::orchestrate {
 namespace {
 
@@ -111,7 +113,8 @@ std::string LibvirtUri::Redacted() const {
   for (size_t i = 0; i < params.size(); ++i) {
     s += (i == 0 ? "?" : "&") + params[i].first + "=" + params[i].second;
   }
-  return s;
+  // keyfile=, pkipath= and their kind go (RedactUri, blockio/nbd.h).
+  return RedactUri(s);
 }
 
 std::string LibvirtUri::HostKey() const {

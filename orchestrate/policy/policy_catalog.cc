@@ -1,6 +1,7 @@
 // SQLite rows for policy runs (orchestrate/policy/policy_catalog.h).
 #include "orchestrate/policy/policy_catalog.h"
 
+#include "blockio/nbd.h"
 #include "orchestrate/schedule/time_text.h"
 
 namespace barge::orchestrate {
@@ -102,7 +103,8 @@ Status PolicyCatalog::FinishRun(int64_t id, const RunRecord& r) {
         "bytes_read = ?, bytes_written = ?, result = ?, error = ? WHERE id = ?"));
     st.Bind(1, r.target).Bind(2, r.type).Bind(3, r.type_reason).Bind(4, r.finished_at)
         .BindReal(5, r.duration_seconds).Bind(6, static_cast<int64_t>(r.bytes_read))
-        .Bind(7, static_cast<int64_t>(r.bytes_written)).Bind(8, r.result).Bind(9, r.error).Bind(10, id);
+        .Bind(7, static_cast<int64_t>(r.bytes_written)).Bind(8, r.result).Bind(9, RedactUrisIn(r.error))
+        .Bind(10, id);  // a record never holds a credential
     BARGE_RETURN_IF_ERROR(st.Run());
     if (db_->Changes() != 1) return Error::NotFound("no policy run record " + std::to_string(id));
   }
