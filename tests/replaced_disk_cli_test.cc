@@ -8,6 +8,7 @@
 // its disk's bytes, and `verify --against` names a chain already mixed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -57,7 +58,9 @@ class ReplacedDiskTest : public ::testing::Test {
   }
   // Point `position` of chain `name` restores to exactly `expected`.
   void ExpectRestoresTo(const std::string& name, size_t position, const std::string& expected) {
-    const std::string out = dir_path_ + "/restored-" + name + "-" + std::to_string(position) + ".raw";
+    std::string file = name;
+    std::replace(file.begin(), file.end(), '/', '-');
+    const std::string out = dir_path_ + "/restored-" + file + "-" + std::to_string(position) + ".raw";
     RunOk(Barge("restore " + Q(target_ + "/" + name) + " --at " + std::to_string(position) + " --to " + Q(out)));
     CommandResult cmp = Sh("qemu-img compare -q -U -f raw -F qcow2 " + Q(out) + " " + Q(expected));
     EXPECT_EQ(cmp.exit_code, 0) << name << "@" << position << " is not " << expected << ": " << cmp.output;
@@ -157,6 +160,27 @@ TEST_F(ReplacedDiskTest, VerifyAgainstNamesAnAlreadyMixedChain) {
   CommandResult plain = Sh(Barge("verify " + Q(chain) + " --at 0 --against " + Q(b_)));
   EXPECT_EQ(plain.exit_code, 2) << plain.output;
   EXPECT_EQ(plain.output.find("the chain does not match this disk"), std::string::npos) << plain.output;
+}
+
+// A policy whose image file was swapped under its path: the planned
+// incremental is a full, and the run says why.
+TEST_F(ReplacedDiskTest, PolicyRunTakesAFullSayingWhy) {
+  const std::string policy = dir_path_ + "/p.yaml", cat = dir_path_ + "/catalog.db";
+  WriteText(policy, "name: nightly\nsources:\n  - image: " + a_ + "\n    name: disk\n    bitmap: cbt0\n"
+                    "targets: [" + target_ + "]\n");
+  fs::create_directories(target_);
+  auto run = [&] {
+    CommandResult r = Sh("BARGE_CATALOG=" + Q(cat) + " " + Barge("run --force --policy " + Q(policy) + " --json"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return ResultOf(r.stdout_text).at("sources").at(0);
+  };
+  EXPECT_EQ(run().at("type"), "full");
+  Write(b_, "0x44", "3M 64k");
+  Swap();
+  json second = run();
+  EXPECT_EQ(second.at("type"), "full") << second.dump(2);
+  EXPECT_NE(second.at("type_reason").get<std::string>().find("disk replaced"), std::string::npos) << second.dump(2);
+  ExpectRestoresTo("nightly/disk", 1, a_);
 }
 
 }  // namespace
