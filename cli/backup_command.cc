@@ -30,6 +30,7 @@ struct BackupArgs {
   bool incremental = false;
   bool allow_resize = false;
   bool no_resume = false;
+  bool no_clean_check = false;
   std::string dirty_bitmap, dirty_extents, checkpoint, base;
   std::string catalog;  // --base image:NAME: the image catalog
   std::string changed_by;  // "", "bitmap", "digests", "bitmap+digests"
@@ -114,6 +115,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
                 {"offset", r.offset},
                 {"length", r.length}});
   };
+  req.check_clean = !a.no_clean_check;
   req.on_computing_strong = [&out](const std::string& id) {
     out.text() << "the chain's latest backup " << id
                << " has no strong digest table: computing it by reading that point once\n";
@@ -193,6 +195,12 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     if (m.missed_clusters) j["missed_clusters"] = *m.missed_clusters;
     if (!result->strong_digests_path.empty()) j["strong_digest_table"] = result->strong_digests_path;
     if (result->strong_computed) j["strong_computed_bytes"] = result->strong_computed_bytes;
+    if (result->clean_sample.clusters > 0) {
+      j["clean_check"] = {{"clusters", result->clean_sample.clusters},
+                          {"bytes_read", result->clean_sample.bytes_read},
+                          {"differing", result->clean_sample.differing}};
+    }
+    if (!result->replaced.empty()) j["replaced"] = true;
     if (!hooked.runs.empty()) j["hooks"] = HookRunsJson(hooked.runs);
     if (result->resume) {
       j["resume"] = {{"resumed", result->resume->resumed},
@@ -220,6 +228,13 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
         << (a.dirty_bitmap.empty() ? std::string("extents file") : "bitmap '" + a.dirty_bitmap + "'")
         << (*m.missed_clusters ? " (it drifted; they were written)" : "");
     }
+  }
+  if (result->clean_sample.clusters > 0) {
+    t << "\n  checked:  " << result->clean_sample.clusters << " unchanged clusters sampled ("
+      << HumanBytes(result->clean_sample.bytes_read) << ")"
+      << (result->replaced.empty() ? ": they match the chain"
+                                   : ": " + std::to_string(result->clean_sample.differing) +
+                                         " differ, so a full was taken instead of the incremental");
   }
   if (result->resume && result->resume->resumed) {
     t << " (resumed: " << HumanBytes(result->resume->staged_bytes) << " taken from the staged image)";
@@ -280,6 +295,10 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-resume", args->no_resume,
                 "Do not resume what an interrupted run of this backup staged: sweep it and start over (and "
                 "keep nothing for a later run if this one fails)");
+  cmd->add_flag("--no-clean-check", args->no_clean_check,
+                "An incremental from --dirty-bitmap/--dirty-extents trusts the record without reading a sample "
+                "of the clusters it calls unchanged (by default up to 64 are compared with the chain; any "
+                "that differ mean another disk's file under this path, and a full is taken)");
   args->nbd.AddTo(cmd, "an nbd:// or nbds:// source");
   args->flags.allow_any_path = false;
   cmd->add_flag("--allow-any-path", args->flags.allow_any_path,

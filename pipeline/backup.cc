@@ -213,6 +213,8 @@ struct BackupRun {
   ChainFolder base_chain;
   std::optional<OpenedPoint> base_point;
   uint64_t base_compared_bytes = 0;
+  CleanSample clean_sample;
+  std::string replaced;  // the sample found another disk: why a full instead
   bool over_parent() const { return m.parent.has_value() || m.base.has_value(); }
 };
 
@@ -521,6 +523,21 @@ Status PlanWork(Env& env, const BackupRequest& req, BackupRun& run) {
     if (req.on_missed) req.on_missed(r);
   }
   run.work = UniteRanges(recorded, run.scan->changed);
+  return OkStatus();
+}
+
+// A record incremental's check that the disk is still the chain's: a
+// sample of the clusters the record calls unchanged must read as the
+// latest point has them. Sets run.replaced when any differs.
+Status CheckCleanSample(const BackupRequest& req, BackupRun& run) {
+  if (!req.incremental || req.changed_by != ChangedBy::kRecord || !req.check_clean) return OkStatus();
+  auto sample = SampleCleanClusters(*run.src.image, run.parent_digests, run.work, run.src.kind != SourceKind::kNbd);
+  if (!sample.ok()) return Error(sample.error()).Wrap("sampling the clusters the change record calls unchanged");
+  run.clean_sample = *sample;
+  if (sample->differing > 0) {
+    run.replaced =
+        ReplacedDiskReason(*sample, run.writer->chain().latest().manifest.id, RedactNbdUri(run.spec.location));
+  }
   return OkStatus();
 }
 
@@ -960,9 +977,10 @@ Status CommitPoint(Env& env, BackupRun& run, const CopyResult& copied, const for
   return run.writer->Commit();
 }
 
-}  // namespace
-
-Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
+// One attempt at the backup `req` asks for: done, or (a record
+// incremental whose clean sample differs) stopped before writing anything,
+// with `replaced` set.
+Result<BackupResult> RunBackupOnce(Env& env, const BackupRequest& req) {
   auto start = std::chrono::steady_clock::now();
   std::string started_at = formats::NowRfc3339();
   BARGE_RETURN_IF_ERROR(CheckChangeInputs(req));
@@ -978,6 +996,13 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   BARGE_RETURN_IF_ERROR(req.incremental ? ExtendChain(env, req, run) : CheckFullSize(req, run));
   BARGE_RETURN_IF_ERROR(OpenBase(env, req, run));
   BARGE_RETURN_IF_ERROR(PlanWork(env, req, run));
+  BARGE_RETURN_IF_ERROR(CheckCleanSample(req, run));
+  if (!run.replaced.empty()) {
+    BackupResult stopped;
+    stopped.clean_sample = run.clean_sample;
+    stopped.replaced = std::move(run.replaced);
+    return stopped;
+  }
   run.started_at = started_at;
   BARGE_RETURN_IF_ERROR(FindStaged(env, req, run));
   BARGE_RETURN_IF_ERROR(CheckSpace(env, req, run));
@@ -1019,7 +1044,34 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.resume = run.note;
   result.base_compared_bytes = run.base_compared_bytes;
+  result.clean_sample = run.clean_sample;
   result.manifest = std::move(run.m);
+  return result;
+}
+
+}  // namespace
+
+Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
+  BARGE_ASSIGN_OR_RETURN(BackupResult first, RunBackupOnce(env, req));
+  if (first.replaced.empty()) return first;
+  // The disk is not the chain's: a full of it, which starts a new chain in
+  // the folder (the chain lock was let go in between).
+  BackupRequest full = req;
+  full.incremental = false;
+  full.dirty_bitmap.clear();
+  full.dirty_extents_file.clear();
+  full.dirty_ranges.reset();
+  full.dirty_description.clear();
+  full.since_checkpoint.clear();
+  full.on_missed = nullptr;
+  full.reason = first.replaced;
+  if (full.staged_earlier) {
+    full.staged_earlier.reset();
+    full.resume_refused = "the disk was replaced under its path";
+  }
+  BARGE_ASSIGN_OR_RETURN(BackupResult result, RunBackupOnce(env, full));
+  result.clean_sample = first.clean_sample;
+  result.replaced = std::move(first.replaced);
   return result;
 }
 

@@ -13,6 +13,7 @@
 #include "blockio/source.h"
 #include "formats/manifest.h"
 #include "pipeline/backup_resume.h"
+#include "pipeline/clean_sample.h"
 #include "pipeline/copy.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/file_access.h"
@@ -49,6 +50,15 @@ struct BackupRequest {
   std::optional<RangeList> dirty_ranges;  // given by the caller (orchestrate)
   std::string dirty_description;   // recorded when dirty_ranges is given
   ChangedBy changed_by = ChangedBy::kRecord;
+  // kRecord incrementals: before trusting the record, a sample of the
+  // clusters it calls unchanged (SampleCleanClusters, up to
+  // kCleanSampleClusters) is read from the source and compared with the
+  // chain's latest point. Any that differ mean the disk is not the chain's
+  // (its file replaced under the same path, carrying its own bitmaps) or
+  // the record missed writes: the backup is then taken as a full, with
+  // ReplacedDiskReason as its reason (BackupResult::replaced). false: no
+  // sample (`--no-clean-check`).
+  bool check_clean = true;
   // kRecordAndDigests: told, before the copy, each run of clusters (guest
   // bytes) that changed but the record did not name. May be empty.
   std::function<void(const Range& missed)> on_missed;
@@ -151,6 +161,12 @@ struct BackupResult {
   // --base: bytes of the base point read to compute its strong table (0
   // when it keeps one).
   uint64_t base_compared_bytes = 0;
+  // The sampled check of the record's clean clusters (check_clean): what it
+  // read and found (clusters 0: not sampled), and, when it found the disk
+  // replaced, the reason this point was taken as a full instead of the
+  // incremental requested ("" otherwise).
+  CleanSample clean_sample;
+  std::string replaced;
 };
 
 // Runs one backup. Before writing anything it checks: the source opens; for
@@ -160,7 +176,8 @@ struct BackupResult {
 // checkpoint is since_checkpoint (when given), the virtual size is
 // unchanged, and the dirty set is valid;
 // for a full into a chain that has points, the size is the latest's (or
-// allow_resize);
+// allow_resize); for a record incremental, the sample of its clean clusters
+// matches the latest point (check_clean; otherwise the backup is a full);
 // the target has room for the estimate (kNoSpace saying how much is
 // needed). Files go under temporary names and are renamed image, digests,
 // manifest last (recording the disk's identity and the chain id: a new one

@@ -227,7 +227,26 @@ struct SourceComparison {
 // Compares `against` with a point whose data verified (`verified`, its
 // copy options as used). Returns how it compared, or the error that kept
 // the source from being read.
-Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, const VerifiedPoint& verified) {
+// Of point `verified` (position `index` of `chain`) whose guest `offset`
+// differs from the source: which backup stored that cluster, when it is
+// not the point's newest layer (no later point changed it), as a clause
+// saying the chain may not be this disk's; else "".
+std::string OlderLayerNote(const ChainFolder& chain, size_t index, const VerifiedPoint& verified, uint64_t offset) {
+  auto layers = chain.LayersOf(index);
+  if (!layers.ok() || layers->size() < 2) return "";
+  auto mapped = verified.point.image->Map(offset, 1);
+  if (!mapped.ok() || mapped->empty() || (*mapped)[0].depth <= 0) return "";
+  const auto depth = static_cast<size_t>((*mapped)[0].depth);
+  if (depth >= layers->size()) return "";
+  const std::string& holder = chain.points[(*layers)[layers->size() - 1 - depth]].manifest.id;
+  return "; the cluster there is as backup " + holder + " stored it and no later point of the chain changed it: " +
+         "the chain does not match this disk (an incremental of it was read from another disk's file under the "
+         "same path, e.g. swapped disk files; such points restore neither disk: take a full backup), or the disk "
+         "changed since";
+}
+
+Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, const VerifiedPoint& verified,
+                                           const ChainFolder& chain) {
   const formats::BackupManifest& m = verified.point.point->manifest;
   CopyOptions copy = verified.copy;
   const OpenedPoint& point = verified.point;
@@ -256,9 +275,10 @@ Result<SourceComparison> CompareWithSource(Env& env, const SourceSpec& against, 
   // backup, so it is no kCorruption; the command still calls it a
   // mismatch (verify's exit 2, docs/errors.md).
   if (e.code() != ErrorCode::kCorruption) return e.Wrap("reading the source to compare");
+  const std::string older = e.offset() ? OlderLayerNote(chain, point.index, verified, *e.offset()) : "";
   result.differs = Error::InvalidArgument("the source differs from backup " + m.id +
                                           " (the backup itself verified; the source changed since or is "
-                                          "another disk): " + e.message())
+                                          "another disk): " + e.message() + older)
                        .set_path(RedactNbdUri(against.location));
   if (e.offset() && e.length()) {
     result.differs->set_range(*e.offset(), *e.length());
@@ -381,7 +401,7 @@ Result<VerifyReport> RunVerify(Env& env, const VerifyRequest& req) {
 
     uint64_t against_bytes = 0;
     if (!req.against.location.empty()) {
-      auto compared = CompareWithSource(env, req.against, *verified);
+      auto compared = CompareWithSource(env, req.against, *verified, chain);
       if (!compared.ok()) return stop(compared.error());
       if (compared->differs) {
         VerifyOutcome& o = outcome(VerifyOutcome::State::kPassed, index);

@@ -276,6 +276,54 @@ TEST_F(VmBackupTest, SwappedDisksTakeFullsNotMixedChains) {
   fs::remove(flat_b);
 }
 
+// Issue 36: the same disks' files swapped under their paths while the
+// domain is shut off (mv a tmp; mv b a; mv tmp b). The paths behind vda and
+// vdb stay, and each file carries its checkpoint's bitmap, so the plan is
+// incremental; the sample of the clusters the bitmap calls unchanged finds
+// the other disk, and each disk's point is a full naming the replacement,
+// restoring to the disk's current content.
+TEST_F(VmBackupTest, FilesSwappedUnderTheirPathsTakeFulls) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  std::string a = MakeQcow2("a.qcow2");
+  std::string b = MakeQcow2("b.qcow2");
+  TestDomain dom("swapf", {{"vda", a, "qcow2"}, {"vdb", b, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  RunOk(Barge("tracker create t1 --domain " + dom.name()));
+  dom.Write(0xaa, "1M", "4M", 0);
+  dom.Write(0xbb, "8M", "2M", 1);
+  EXPECT_EQ(Backup(dom.name())["backup_type"], "full");
+  dom.Write(0x11, "20M", "1M", 0);
+  dom.Write(0x22, "30M", "1M", 1);
+  dom.Destroy();
+  const std::string tmp = dir_ / "swap.tmp";
+  RunOk("mv " + ShellQuote(a) + " " + ShellQuote(tmp) + " && mv " + ShellQuote(b) + " " + ShellQuote(a) +
+        " && mv " + ShellQuote(tmp) + " " + ShellQuote(b));
+  dom.StartPaused();
+  json b1 = Backup(dom.name());
+  EXPECT_EQ(b1["backup_type"], "full") << b1.dump();
+  ASSERT_EQ(b1["disks"].size(), 2u) << b1.dump();
+  for (const auto& d : b1["disks"]) {
+    EXPECT_EQ(d["backup_type"], "full") << d.dump();
+    EXPECT_NE(d["reason"].get<std::string>().find("disk replaced"), std::string::npos) << d.dump();
+    std::ifstream in(d["manifest"].get<std::string>());
+    json m = json::parse(in);
+    EXPECT_EQ(m["type"], "full") << m.dump();
+    EXPECT_TRUE(m["parent"].is_null()) << m.dump();
+  }
+  dom.Destroy();
+  std::string flat_a = dir_ / "flat-a.raw", flat_b = dir_ / "flat-b.raw";
+  RunOk("qemu-img convert -O raw " + ShellQuote(a) + " " + ShellQuote(flat_a));
+  RunOk("qemu-img convert -O raw " + ShellQuote(b) + " " + ShellQuote(flat_b));
+  std::string vda = target_ + "/" + dom.name() + "/vda", vdb = target_ + "/" + dom.name() + "/vdb";
+  ExpectRestores(vda, 1, flat_a);  // path a: the file that was b's
+  ExpectRestores(vdb, 1, flat_b);
+  RunOk(BargeBinary() + " verify " + ShellQuote(vda) + " --all");
+  RunOk(BargeBinary() + " verify " + ShellQuote(vdb) + " --all");
+  fs::remove(flat_a);
+  fs::remove(flat_b);
+}
+
 // QEMU killed: bitmaps inconsistent, the next backup is full with the reason.
 TEST_F(VmBackupTest, CrashMakesNextBackupFullBitmapInconsistent) {
   BARGE_REQUIRE_TOOL("qemu-img");

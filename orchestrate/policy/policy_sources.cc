@@ -140,8 +140,10 @@ class DefaultBackend final : public SourceBackend {
     BARGE_ASSIGN_OR_RETURN(auto done, pipeline::RunBackup(env_, br));
     SourceBackupResult out;
     out.points.push_back({done.chain_dir, done.manifest.id});
-    out.type = r.incremental ? "incremental" : "full";
-    out.type_reason = r.reason;
+    // A disk file replaced under its path is backed up as a full
+    // (BackupResult::replaced), whatever the plan said.
+    out.type = r.incremental && done.replaced.empty() ? "incremental" : "full";
+    out.type_reason = done.replaced.empty() ? r.reason : done.replaced;
     out.bytes_read = done.bytes_read;
     out.bytes_written = done.image_bytes;
     if (done.missed_clusters > 0) {

@@ -294,8 +294,10 @@ VmBackupDisk FromBackupResult(const std::string& disk, bool incremental, const s
                               const pipeline::BackupResult& r) {
   VmBackupDisk d;
   d.disk = disk;
-  d.incremental = incremental;
-  d.reason = reason;
+  // The pipeline takes a full when the disk's file was replaced under its
+  // path (BackupResult::replaced), whatever the plan said.
+  d.incremental = incremental && r.replaced.empty();
+  d.reason = r.replaced.empty() ? reason : r.replaced;
   d.chain_dir = r.chain_dir;
   d.image_path = r.image_path;
   d.manifest_path = r.manifest_path;
