@@ -31,4 +31,14 @@ std::vector<std::string> DeadProcessLeftovers(Env& env, const std::string& root,
   return dead;
 }
 
+void RemoveDeadProcessLeftovers(Env& env, const std::string& root, std::string_view prefix) {
+  for (const std::string& name : DeadProcessLeftovers(env, root, prefix)) {
+    const std::string path = root + "/" + name;
+    auto st = env.StatNoFollow(path);
+    if (!st.ok() || st->uid != ::geteuid()) continue;
+    if (!st->is_directory() && !st->is_regular()) continue;
+    IgnoreError(env.RemoveTree(path), "a leftover of a dead process: the next sweep tries again");
+  }
+}
+
 }  // namespace barge

@@ -1,6 +1,6 @@
 // What a process killed outright (SIGKILL, power loss) leaves in the
 // temporary folder: names that carry its PID. One sweep for every kind of
-// such leftover (an export's nbdkit PID file, an ssh forward's folder).
+// such leftover (an export's run folder, an ssh forward's folder).
 #pragma once
 
 #include <string>
@@ -21,5 +21,12 @@ std::string TemporaryRoot();
 // leftovers until that process is gone too). An unreadable `root` has
 // none.
 std::vector<std::string> DeadProcessLeftovers(Env& env, const std::string& root, std::string_view prefix);
+
+// Removes each of DeadProcessLeftovers(root, prefix) that this process's
+// user owns: a folder with everything in it, or a file; never through a
+// symbolic link, and never another user's entry (a name someone planted
+// in a shared folder such as /tmp stays where it is). What cannot be
+// removed is left to the next sweep.
+void RemoveDeadProcessLeftovers(Env& env, const std::string& root, std::string_view prefix);
 
 }  // namespace barge

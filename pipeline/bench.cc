@@ -409,19 +409,10 @@ std::string FilesystemOf(Env& env, const std::string& path) {
   }
 }
 
-// A new, private folder "barge-bench-PID-N" under `workdir` (no other live
-// process has our pid; a dead one's leftover is skipped).
+// A new, private folder "barge-bench-PID-XXXXXX" under `workdir` (mkdtemp:
+// 0700, ours; never a name someone planted in a shared workdir).
 Result<std::string> MakeScratchFolder(Env& env, const std::string& workdir) {
-  for (int n = 0; n < 1000; ++n) {
-    std::string dir = JoinPath(workdir, "barge-bench-" + std::to_string(::getpid()) + "-" + std::to_string(n));
-    auto st = env.StatNoFollow(dir);
-    if (st.ok()) continue;
-    if (st.error().code() != ErrorCode::kNotFound) return st.error();
-    BARGE_RETURN_IF_ERROR(env.CreateDir(dir));
-    BARGE_RETURN_IF_ERROR(env.SetMode(dir, 0700));
-    return dir;
-  }
-  return Error::InvalidArgument("no free scratch folder name").set_path(workdir);
+  return env.CreateTempDir(workdir, "barge-bench-" + std::to_string(::getpid()) + "-");
 }
 
 // Removes the scratch folder `dir`, all of it but `disk` when keep_disk.

@@ -74,7 +74,7 @@ inline constexpr uint64_t kMinBenchDiskBytes = 64ull << 20;
 Result<BenchReport> RunBench(Env& env, const BenchOptions& options,
                              void (*log)(const std::string&) = nullptr);
 
-// What `barge bench` runs: in a new private folder "barge-bench-PID-N"
+// What `barge bench` runs: in a new private folder "barge-bench-PID-XXXXXX"
 // under `workdir`, a generated disk (source "") or the outputs of a given
 // one; the folder is removed afterwards (a generated disk kept with `keep`).
 struct BenchRequest {

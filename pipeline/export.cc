@@ -116,13 +116,20 @@ Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
     BARGE_ASSIGN_OR_RETURN(plugin, FindExportPlugin(env));
   }
 
-  // nbdkit's PID file; those of exports whose barge was killed outright go.
+  // nbdkit's PID file, in a fresh private folder (mkdtemp: 0700, ours;
+  // nbdkit writes it with O_TRUNC through any link at its name, so never a
+  // name someone could plant in the shared temporary folder). The folders
+  // of exports whose barge was killed outright go first (ours only).
   const std::string tmp = TemporaryRoot();
-  for (const std::string& name : DeadProcessLeftovers(env, tmp, ".barge-export-")) {
-    if (name.ends_with(".pid")) IgnoreError(env.UnlinkIfExists(JoinPath(tmp, name)), "swept again by the next export");
-  }
-  const std::string pid_file = JoinPath(tmp, ".barge-export-" + std::to_string(::getpid()) + ".pid");
-  IgnoreError(env.UnlinkIfExists(pid_file), "nbdkit writes it anew");
+  RemoveDeadProcessLeftovers(env, tmp, ".barge-export-");
+  BARGE_ASSIGN_OR_RETURN(const std::string run_dir,
+                         env.CreateTempDir(tmp, ".barge-export-" + std::to_string(::getpid()) + "-"));
+  const std::string pid_file = JoinPath(run_dir, "nbdkit.pid");
+  struct RemoveRunDir {
+    Env& env;
+    const std::string& dir;
+    ~RemoveRunDir() { IgnoreError(env.RemoveTree(dir), "a dead export's folder is swept by the next export"); }
+  } remove_run_dir{env, run_dir};
   std::vector<std::string> args = {req.nbdkit, "--foreground", "--exit-with-parent", "--pidfile", pid_file};
   if (!req.socket_path.empty()) {
     args.insert(args.end(), {"--unix", AbsolutePath(req.socket_path)});
@@ -156,7 +163,6 @@ Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
   result.served.nbdkit_pid = child.pid();
   auto cleanup = [&] {
     child.Stop();
-    IgnoreError(env.UnlinkIfExists(pid_file), "a stale PID file in the temporary folder is harmless");
     if (!req.socket_path.empty()) {
       IgnoreError(env.UnlinkIfExists(AbsolutePath(req.socket_path)), "nbdkit may have removed it itself");
     }

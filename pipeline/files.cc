@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -45,10 +44,12 @@ class MountedPoint {
     m->point_.position = m->reader_->position();
     m->partition_ = req.partition;
     BARGE_ASSIGN_OR_RETURN(std::string plugin, FindExportPlugin(env));
-    static std::atomic<uint64_t> counter{0};
-    m->dir_ = JoinPath(TemporaryRoot(), ".barge-files-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    BARGE_RETURN_IF_ERROR(env.CreateDirs(JoinPath(m->dir_, "mnt")));
+    // A fresh private folder (mkdtemp: 0700, ours): a name someone planted
+    // in the shared temporary folder, or links in it named like our logs,
+    // are never used.
+    BARGE_ASSIGN_OR_RETURN(m->dir_, env.CreateTempDir(TemporaryRoot(), ".barge-files-" + std::to_string(::getpid()) + "-"));
     m->created_ = true;
+    BARGE_RETURN_IF_ERROR(env.CreateDir(JoinPath(m->dir_, "mnt"), 0700));
     std::vector<std::string> args = {"nbdfuse", "-r", m->disk(), "--command", "nbdkit", "-s",
                                      "--exit-with-parent", "-r"};
     if (req.partition != 0) args.push_back("--filter=partition");
@@ -208,8 +209,12 @@ Result<FileCopy> GetFile(Env& env, const FilesRequest& req, const std::string& p
     return Error::InvalidArgument("not a regular file in backup " + m->point().manifest.id).set_path(path);
   }
   const std::string target = AbsolutePath(dest);
-  const std::string temp = JoinPath(DirName(target), "." + BaseName(target) + ".barge-tmp");
-  auto fail = [&](Error e) -> Error { return e.Also(env.UnlinkIfExists(temp)); };
+  // debugfs writes through any link at its output's name: it writes into
+  // a fresh private folder beside the destination (the same filesystem,
+  // for the rename), never to a name someone could plant in a shared one.
+  BARGE_ASSIGN_OR_RETURN(std::string temp_dir, env.CreateTempDir(DirName(target), "." + BaseName(target) + ".barge-"));
+  const std::string temp = JoinPath(temp_dir, "file");
+  auto fail = [&](Error e) -> Error { return e.Also(env.RemoveTree(temp_dir)); };
   if (auto dumped = m->Debugfs("dump \"" + path + "\" \"" + temp + "\"", path); !dumped.ok()) {
     return fail(dumped.error());
   }
@@ -221,6 +226,7 @@ Result<FileCopy> GetFile(Env& env, const FilesRequest& req, const std::string& p
                     .set_path(dest));
   }
   if (Status s = env.Rename(temp, target); !s.ok()) return fail(s.error());
+  IgnoreError(env.RemoveDir(temp_dir), "an empty hidden folder beside the file; the copy is in place");
   FileCopy r;
   r.point = m->point();
   r.size_bytes = it->size_bytes;

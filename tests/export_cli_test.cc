@@ -1,6 +1,7 @@
 // barge export: a point served over NBD through nbdkit and barge's plugin,
 // checked with nbdcopy, qemu-img, qemu-io and nbdinfo (docs/export.md).
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "testing/cli_testing.h"
+#include "testing/hostile_tmp.h"
 
 namespace barge {
 namespace {
@@ -97,6 +99,15 @@ class Export {
   pid_t pid_ = 0;
   int exit_code_ = -1;
 };
+
+// The folders in `dir` whose name starts with `prefix`.
+std::vector<std::string> ExportRunDirs(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().starts_with(prefix) && e.is_directory()) found.push_back(e.path().string());
+  }
+  return found;
+}
 
 bool ProcessGone(int64_t pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
 
@@ -194,14 +205,16 @@ TEST_F(ExportTest, AKilledExportsPidFileIsSweptByTheNext) {
   const fs::path tmp = tmp_env != nullptr && tmp_env[0] != '\0' ? tmp_env : "/tmp";
   Export killed(tmp_, Q(chain_) + " --socket " + Q(socket_));
   ASSERT_FALSE(killed.WaitReady().is_null()) << killed.Stderr();
-  const int killed_pid = killed.pid();
-  const fs::path left = tmp / (".barge-export-" + std::to_string(killed_pid) + ".pid");
-  EXPECT_TRUE(fs::exists(left));
+  const std::vector<std::string> run_dirs =
+      ExportRunDirs(tmp.string(), ".barge-export-" + std::to_string(killed.pid()) + "-");
+  ASSERT_EQ(run_dirs.size(), 1u);
+  const fs::path left = run_dirs[0];
+  EXPECT_TRUE(fs::exists(left / "nbdkit.pid"));
   killed.Stop(SIGKILL);
   ASSERT_TRUE(fs::exists(left)) << "nothing left to sweep";
   fs::remove(socket_);  // the killed run's, left too
-  const fs::path live = tmp / (".barge-export-" + std::to_string(::getpid()) + ".pid");
-  testing::WriteFile(live, std::vector<std::byte>{});
+  const fs::path live = tmp / (".barge-export-" + std::to_string(::getpid()) + "-live");
+  fs::create_directory(live);
 
   TempDir next_out;  // its own output files: the killed run's ready event is in tmp_'s
   Export next(next_out, Q(chain_) + " --socket " + Q(socket_));
@@ -210,6 +223,37 @@ TEST_F(ExportTest, AKilledExportsPidFileIsSweptByTheNext) {
   EXPECT_TRUE(fs::exists(live));
   fs::remove(live);
   EXPECT_EQ(next.Stop(SIGTERM), 143) << next.Stderr();
+}
+
+// nbdkit's PID file is in a fresh folder of the export's own in the shared
+// temporary folder (0700, root's, gone at the end). Links a local user
+// (nobody) planted under the names barge once used there
+// (.barge-export-PID.pid, for the next PIDs, pointing at a root-owned file)
+// are neither followed (nbdkit writes its PID file with O_TRUNC) nor
+// removed.
+TEST_F(ExportTest, NamesPlantedInASharedTemporaryFolderAreNeverUsed) {
+  testing::HostileTmp hostile(tmp_);
+  hostile.PlantForNextPids(
+      300, [](int) { return std::vector<std::string>{}; },
+      [](int pid) { return std::vector<std::string>{".barge-export-" + std::to_string(pid) + ".pid"}; });
+  Export ex(tmp_, Q(chain_) + " --socket " + Q(socket_));
+  ASSERT_FALSE(ex.WaitReady().is_null()) << ex.Stderr();
+  const std::vector<std::string> run_dirs =
+      ExportRunDirs(hostile.shared(), ".barge-export-" + std::to_string(ex.pid()) + "-");
+  ASSERT_EQ(run_dirs.size(), 1u) << "no run folder of the export's own";
+  struct stat st;
+  ASSERT_EQ(::lstat(run_dirs[0].c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  EXPECT_TRUE(fs::exists(run_dirs[0] + "/nbdkit.pid"));
+  RunOk("nbdcopy " + Q(Uri()) + " " + Q(tmp_ / "copy.raw"));
+  RunOk("cmp " + Q(disk_) + " " + Q(tmp_ / "copy.raw"));
+  EXPECT_EQ(ex.Stop(SIGTERM), 143) << ex.Stderr();
+  EXPECT_FALSE(fs::exists(run_dirs[0]));
+  EXPECT_EQ(hostile.VictimText(), testing::HostileTmp::kVictimText);
+  hostile.ExpectPlantedUntouched();
+  EXPECT_EQ(hostile.NotNobodys(), std::vector<std::string>{});
 }
 
 TEST_F(ExportTest, AnOlderPointByPosition) {

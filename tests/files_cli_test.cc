@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "testing/cli_testing.h"
+#include "testing/hostile_tmp.h"
 
 namespace barge {
 namespace {
@@ -169,6 +170,42 @@ TEST_F(FilesTest, ADamagedClusterFailsTheCopyNamingTheLayerNeverWrongBytes) {
   // The older point does not read through the damaged layer.
   RunOk(Barge("files get " + Q(chain) + " /etc/motd " + Q(tmp_ / "old.txt") + " --at 0"));
   EXPECT_EQ(testing::Slurp(tmp_ / "old.txt"), "hello v1\n");
+}
+
+// A local user (nobody) planted in the shared temporary folder, for the
+// next PIDs, the folders `files` once used there (.barge-files-PID-0 with
+// its mnt/) holding links named like its logs and outputs, and a link
+// named like `get`'s old temporary beside the destination, all pointing at
+// a root-owned file. A root `files ls` and `files get` use none of them
+// (fresh private folders of their own): the root file is unchanged, the
+// output right, nothing of nobody's removed, nothing of ours left.
+TEST_F(FilesTest, NamesPlantedInASharedTemporaryFolderAreNeverUsed) {
+  const std::string chain = BackUpTwoPoints(0, 16 * kMiB);
+  testing::HostileTmp hostile(tmp_);
+  const std::string dest = hostile.shared() + "/motd.txt";
+  auto folder = [](int pid) { return ".barge-files-" + std::to_string(pid) + "-0"; };
+  hostile.PlantForNextPids(
+      1, [](int) { return std::vector<std::string>{}; },
+      [](int) { return std::vector<std::string>{".motd.txt.barge-tmp"}; });
+  hostile.PlantForNextPids(
+      300, [&](int pid) { return std::vector<std::string>{folder(pid), folder(pid) + "/mnt"}; },
+      [&](int pid) {
+        std::vector<std::string> links;
+        for (const char* name : {"nbdfuse.out", "nbdfuse.log", "debugfs.out", "debugfs.err"}) {
+          links.push_back(folder(pid) + "/" + name);
+        }
+        return links;
+      });
+
+  json listing = testing::RunResult(Barge("files ls " + Q(chain) + " /etc --json"));
+  ASSERT_EQ(listing.at("entries").size(), 1u) << listing.dump();
+  EXPECT_EQ(listing.at("entries")[0].at("name"), "motd");
+  RunOk(Barge("files get " + Q(chain) + " /etc/motd " + Q(dest)));
+  EXPECT_EQ(testing::Slurp(dest), "hello v2, a longer line\n");
+
+  EXPECT_EQ(hostile.VictimText(), testing::HostileTmp::kVictimText);
+  hostile.ExpectPlantedUntouched();
+  EXPECT_EQ(hostile.NotNobodys(dest), std::vector<std::string>{});
 }
 
 TEST_F(FilesTest, AFilesystemInAPartition) {

@@ -4,6 +4,7 @@
 // point plus those writes; a SIGKILL of barge mid-run and a rerun end the
 // same way (docs/export.md, "Instant recovery").
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -172,6 +173,34 @@ class VmInstantRestoreTest : public VmTestBase {
     }
   }
 
+  // While the domain runs on them, the overlay (0600) and the export's
+  // socket (0660) are QEMU's user's and group's alone (as libvirt runs the
+  // domain's QEMU): another local user (nobody) neither reads the overlay
+  // nor connects to the socket (the folder around them is traversable).
+  void ExpectOnlyQemuReaches(const std::string& domain, bool socket_too = true) {
+    const std::string scratch = dir_ / (".barge-instant-" + domain);
+    const std::string overlay = scratch + "/overlay.qcow2", socket = scratch + "/nbd.sock";
+    std::string qemu_pid = Slurp("/run/libvirt/qemu/" + domain + ".pid");
+    qemu_pid.erase(qemu_pid.find_last_not_of(" \n") + 1);
+    struct stat qemu;
+    ASSERT_EQ(::stat(("/proc/" + qemu_pid).c_str(), &qemu), 0) << "QEMU's pid " << qemu_pid;
+    for (const auto& [path, mode] : {std::pair<std::string, unsigned>{overlay, 0600}, {socket, 0660}}) {
+      if (path == socket && !socket_too) continue;
+      struct stat st;
+      ASSERT_EQ(::lstat(path.c_str(), &st), 0) << path;
+      EXPECT_EQ(st.st_mode & 07777, mode) << path;
+      EXPECT_EQ(st.st_uid, qemu.st_uid) << path;
+      EXPECT_EQ(st.st_gid, qemu.st_gid) << path;
+    }
+    EXPECT_EQ(::barge::testing::Run("runuser -u nobody -- test -x " + ShellQuote(scratch)).exit_code, 0);
+    CommandResult read = ::barge::testing::Run("runuser -u nobody -- cat " + ShellQuote(overlay) + " >/dev/null");
+    EXPECT_NE(read.exit_code, 0) << "nobody read the overlay: " << read.output;
+    if (!socket_too) return;
+    CommandResult connect = ::barge::testing::Run("runuser -u nobody -- nbdinfo --size " +
+                                                  ShellQuote("nbd+unix:///?socket=" + socket));
+    EXPECT_NE(connect.exit_code, 0) << "nobody read the backup point through the socket: " << connect.output;
+  }
+
   std::string source_, chain_, placeholder_, disk_;
 };
 
@@ -187,6 +216,7 @@ TEST_F(VmInstantRestoreTest, StartsAtOnceKeepsGuestWritesAndEndsOnDisk) {
   EXPECT_NE(RunOk(std::string(kVirsh) + "domstate " + dom.name()).find("running"), std::string::npos);
   // Guest writes while the data moves (on the overlay: barge held still).
   const bool before_pivot = run.Pause();
+  if (before_pivot) ExpectOnlyQemuReaches(dom.name());
   dom.Write(0x5a, "0", "64k");
   dom.Write(0x33, "22M", "128k");
   run.Resume();
@@ -304,6 +334,9 @@ TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
   const std::string where = SourceOf(dom.name());
   EXPECT_NE(where.find("overlay.qcow2"), std::string::npos) << where;
   EXPECT_EQ(where.find(disk_), std::string::npos) << where;
+  // The overlay the domain runs on stays QEMU's alone (the export, and
+  // its socket, ended with the run).
+  ExpectOnlyQemuReaches(dom.name(), /*socket_too=*/false);
   // The domain's definition was never pointed at DISK either.
   EXPECT_EQ(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()).find(disk_), std::string::npos);
   // Given up: refused while it runs, then its own disk back, nothing left.

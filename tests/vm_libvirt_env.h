@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -152,6 +153,18 @@ int SweepTestDomains();
 // Makes `dir` and its parents up to / traversable by the QEMU user.
 inline void OpenForQemu(const std::string& dir) {
   ::chmod(dir.c_str(), 0777);
+}
+
+// The entries of `dir` whose name starts with `prefix` (a run's fresh
+// folders: "barge-scratch-DOMAIN-" + six random characters), sorted.
+inline std::vector<std::string> EntriesStartingWith(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
 }
 
 struct TestDisk {

@@ -90,7 +90,10 @@ TEST_F(VmOrphanTest, KilledBackupIsAbortedAndCleanedUpByTheNextRun) {
   std::string before = Checkpoints(dom.name());
   EXPECT_NE(before.find(cp0), std::string::npos) << before;
   EXPECT_EQ(std::count(before.begin(), before.end(), '\n'), 2) << before;
-  EXPECT_TRUE(fs::exists(std::string(orchestrate::kDefaultScratchRoot) + "/barge-scratch-" + dom.name()));
+  const std::string scratch_prefix = "barge-scratch-" + dom.name() + "-";
+  EXPECT_EQ(EntriesStartingWith(orchestrate::kDefaultScratchRoot, scratch_prefix).size(), 1u);
+  const std::string socket_prefix = "barge-backup-" + dom.name() + "-";
+  EXPECT_EQ(EntriesStartingWith("/tmp", socket_prefix).size(), 1u);
 
   json doc = BargeJson("doctor --domain " + dom.name());
   EXPECT_EQ(doc["backup_job"]["state"], "orphaned") << doc.dump();
@@ -112,7 +115,8 @@ TEST_F(VmOrphanTest, KilledBackupIsAbortedAndCleanedUpByTheNextRun) {
 
   // Nothing of the killed run is left; the tracker's checkpoint is the new run's.
   EXPECT_EQ(Checkpoints(dom.name()), b1["checkpoint"].get<std::string>() + "\n");
-  EXPECT_FALSE(fs::exists(std::string(orchestrate::kDefaultScratchRoot) + "/barge-scratch-" + dom.name()));
+  EXPECT_TRUE(EntriesStartingWith(orchestrate::kDefaultScratchRoot, scratch_prefix).empty());
+  EXPECT_TRUE(EntriesStartingWith("/tmp", socket_prefix).empty());
   EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "none");
   json backups = BargeJson("vm backups --domain " + dom.name())["backups"];
   ASSERT_EQ(backups.size(), 3u) << backups.dump();

@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <random>
 #include <thread>
 
 #include "blockio/leftovers.h"
@@ -24,46 +23,19 @@ std::string LastLine(const std::string& text) {
   return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
 }
 
-// The folders of forwards whose barge was killed outright (SIGKILL: its
-// registered temporaries could not be removed; its ssh died with it by
-// PR_SET_PDEATHSIG): `barge-ssh-<pid>-*` in `root` of a process that no
-// longer exists, owned by this user, removed with their socket. A pid
-// that was reused keeps its folder (never one of a live process).
-void SweepDeadForwardDirs(Env& env, const std::string& root) {
-  for (const std::string& name : DeadProcessLeftovers(env, root, "barge-ssh-")) {
-    const std::string dir = root + "/" + name;
-    auto st = env.StatNoFollow(dir);
-    if (!st.ok() || !st->is_directory() || st->uid != ::geteuid()) continue;
-    IgnoreError(env.UnlinkIfExists(dir + "/nbd.sock"), "a leftover of a dead process: the next run tries again");
-    IgnoreError(env.RemoveDir(dir), "a leftover of a dead process: the next run tries again");
-  }
-}
-
-// A fresh private folder. A name that exists is never used (Env::CreateDir
-// accepts an existing folder, so the name is checked first without
-// following links; the pid and 32 random bits make a race unlikely, and a
-// link put there meanwhile fails the check after creation).
+// A fresh private folder "barge-ssh-<pid>-XXXXXX" in the temporary
+// folder (mkdtemp: 0700, ours, never a name someone planted). The folders
+// of forwards whose barge was killed outright (SIGKILL: its registered
+// temporaries could not be removed; its ssh died with it by
+// PR_SET_PDEATHSIG) go first: those of a process that no longer exists,
+// owned by this user, with their socket. A pid that was reused keeps its
+// folder (never one of a live process).
 Result<std::string> MakePrivateDir(Env& env) {
   const std::string root = TemporaryRoot();
-  SweepDeadForwardDirs(env, root);
-  std::random_device rd;
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    char name[64];
-    std::snprintf(name, sizeof name, "/barge-ssh-%d-%08x", static_cast<int>(::getpid()), rd());
-    std::string dir = root + name;
-    if (env.StatNoFollow(dir).ok()) continue;
-    BARGE_RETURN_IF_ERROR(env.CreateDir(dir));
-    auto st = env.StatNoFollow(dir);
-    if (!st.ok() || !st->is_directory()) {
-      return Error::IoError("the ssh forward's folder changed under us").set_path(dir);
-    }
-    if (Status s = env.SetMode(dir, 0700); !s.ok()) {
-      IgnoreError(env.RemoveDir(dir), "the folder is empty and its mode is the error reported");
-      return std::move(s).error().Wrap("create the ssh forward's folder");
-    }
-    return dir;
-  }
-  return Error::IoError("no free name for the ssh forward's folder").set_path(root);
+  RemoveDeadProcessLeftovers(env, root, "barge-ssh-");
+  auto dir = env.CreateTempDir(root, "barge-ssh-" + std::to_string(::getpid()) + "-");
+  if (!dir.ok()) return std::move(dir).error().Wrap("create the ssh forward's folder");
+  return dir;
 }
 
 }  // namespace

@@ -95,11 +95,6 @@ std::string ElementText(const std::string& xml, const std::string& tag, size_t f
   return xml.substr(a + 1, b - a - 1);
 }
 
-namespace {
-
-// The user and group QEMU runs as for this domain under libvirt's DAC
-// model: the domain's own static DAC label if it has one, else the
-// driver's base label for the domain type from the capabilities.
 std::optional<std::pair<uid_t, gid_t>> QemuDacOwner(virConnectPtr conn, const std::string& domain_xml) {
   for (size_t p = domain_xml.find("<seclabel"); p != std::string::npos; p = domain_xml.find("<seclabel", p + 1)) {
     size_t end = domain_xml.find('>', p);
@@ -118,6 +113,8 @@ std::optional<std::pair<uid_t, gid_t>> QemuDacOwner(virConnectPtr conn, const st
   if (label == std::string::npos) return std::nullopt;
   return ParseDacLabel(ElementText(c, "baselabel", label));
 }
+
+namespace {
 
 // True when `owner` can read and write the file as its mode bits stand.
 bool OwnerCanReadWrite(const FileStat& st, std::pair<uid_t, gid_t> owner) {

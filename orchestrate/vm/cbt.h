@@ -26,6 +26,12 @@ inline constexpr const char* kCbtBitmapName = "barge-cbt";
 // text of the first <tag ...>TEXT</tag> at or after `from` ("" if none).
 std::optional<std::pair<uid_t, gid_t>> ParseDacLabel(std::string label);
 std::string ElementText(const std::string& xml, const std::string& tag, size_t from = 0);
+// The user and group QEMU runs as for a domain (its XML) under libvirt's
+// DAC model: the domain's own DAC label if it has one, else the driver's
+// base label for the domain type; nullopt when libvirt reports neither.
+// What barge makes for QEMU alone (instant restore's overlay and socket,
+// a backup job's socket folder) is given to them.
+std::optional<std::pair<uid_t, gid_t>> QemuDacOwner(virConnectPtr conn, const std::string& domain_xml);
 
 struct CbtDisk {
   std::string disk;

@@ -27,6 +27,7 @@
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
 #include "orchestrate/libvirt/remote_files.h"
+#include "orchestrate/vm/cbt.h"
 #include "pipeline/chain.h"
 #include "pipeline/child_process.h"
 #include "pipeline/export.h"
@@ -118,6 +119,36 @@ std::string ListenHost(const Record& r) {
 int ListenPort(const Record& r) { return std::atoi(r.listen.substr(r.listen.rfind(':') + 1).c_str()); }
 std::string SocketPath(const Record& r) { return JoinPath(r.scratch, "nbd.sock"); }
 
+// QEMU's user and group for the domain (nullopt: libvirt names none, and
+// what QEMU opens stays root's).
+using QemuOwner = std::optional<std::pair<uid_t, gid_t>>;
+
+// `path` (the overlay, the export's socket) for QEMU's user and group
+// alone: `mode` (0600, 0660), owned by them. Every other local user is
+// kept out: the overlay holds the guest's writes, the socket serves the
+// backup point.
+Status GiveToQemu(Env& env, const std::string& path, const QemuOwner& owner, uint32_t mode) {
+  BARGE_RETURN_IF_ERROR(env.SetMode(path, mode));
+  if (owner) BARGE_RETURN_IF_ERROR(env.SetOwner(path, owner->first, owner->second));
+  return OkStatus();
+}
+
+// The local scratch folder (the overlay's and the socket's): made when
+// missing, and refused unless it is a folder this process's user owns (a
+// folder or link someone planted under its name is never used); 0711, so
+// that QEMU reaches the two files by name while nobody lists them.
+Status MakeScratch(Env& env, const std::string& dir) {
+  BARGE_RETURN_IF_ERROR(env.CreateDirs(DirName(dir)));
+  BARGE_RETURN_IF_ERROR(env.CreateDir(dir, 0700));
+  BARGE_ASSIGN_OR_RETURN(FileStat st, env.StatNoFollow(dir));
+  if (!st.is_directory() || st.uid != ::geteuid()) {
+    return Error::InvalidArgument("the instant restore's scratch folder is not a folder of this user (planted by "
+                                  "someone else?); remove it and rerun")
+        .set_path(dir);
+  }
+  return env.SetMode(dir, 0711);
+}
+
 // Runs a program to the end; its stdout (and stderr in the error).
 Result<std::string> RunTool(Env& env, const std::vector<std::string>& args, const std::string& scratch,
                             const std::string& package) {
@@ -185,6 +216,8 @@ class ExportThread {
   ~ExportThread() { Stop(); }
   // Remote: nbdkit's server certificates for the TCP export.
   void set_tls_certificates(std::string dir) { tls_certificates_ = std::move(dir); }
+  // Local: QEMU's user and group (QemuDacOwner), given the socket alone.
+  void set_socket_owner(QemuOwner owner) { socket_owner_ = owner; }
   Status Start(Env& env, const Record& r, int64_t* nbdkit_pid) {
     Begin(env, r);
     return WaitReady(env, r, nbdkit_pid);
@@ -224,9 +257,9 @@ class ExportThread {
       Stop();
       return status_;
     }
-    // QEMU runs as its own user: it must be able to connect (the folder
-    // around it is private: 0711, names not listable).
-    if (!r.remote) BARGE_RETURN_IF_ERROR(env.SetMode(SocketPath(r), 0666));
+    // QEMU runs as its own user: it alone may connect (0660, QEMU's user
+    // and group; the folder around it is ours, 0711, names not listable).
+    if (!r.remote) BARGE_RETURN_IF_ERROR(GiveToQemu(env, SocketPath(r), socket_owner_, 0660));
     *nbdkit_pid = pid_;
     return OkStatus();
   }
@@ -239,6 +272,7 @@ class ExportThread {
  private:
   pipeline::ExportRequest req_;
   std::string tls_certificates_;
+  QemuOwner socket_owner_;
   std::thread thread_;
   std::atomic<bool> stop_{false}, ready_{false}, ended_{false};
   std::atomic<int64_t> pid_{0};
@@ -674,6 +708,7 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
 
   ExportThread exp;
   VirPool pool;
+  QemuOwner qemu_owner;
   if (r.remote) {
     if (port_lease == nullptr) {
       // A rerun: the same port (the running domain's QEMU reconnects there).
@@ -685,8 +720,9 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
     BARGE_ASSIGN_OR_RETURN(pool, OpenRemoteFolder(conn.get(), r, req.domain));
     BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));  // the pool's name, when this run made it
   } else {
-    BARGE_RETURN_IF_ERROR(env.CreateDirs(r.scratch));
-    BARGE_RETURN_IF_ERROR(env.SetMode(r.scratch, 0711));
+    BARGE_RETURN_IF_ERROR(MakeScratch(env, r.scratch));
+    qemu_owner = QemuDacOwner(conn.get(), live);
+    exp.set_socket_owner(qemu_owner);
   }
   exp.Begin(env, r);
   BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, r.chain, r.point_id, false));
@@ -707,7 +743,7 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
                               OverlayPath(r), std::to_string(size)},
                              r.scratch, "qemu-utils");
       if (!created.ok()) return std::move(created).error();
-      BARGE_RETURN_IF_ERROR(env.SetMode(OverlayPath(r), 0666));
+      BARGE_RETURN_IF_ERROR(GiveToQemu(env, OverlayPath(r), qemu_owner, 0600));
       BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, OverlayElement(r.original, r)));
     }
   }

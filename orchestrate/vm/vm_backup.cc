@@ -218,7 +218,7 @@ struct Cleanup {
     // aborted keeps its port until this process ends.
     if (s.ok()) port_lease.reset();
     if (remote) return s;
-    if (Status unlinked = socket.empty() ? OkStatus() : env.UnlinkIfExists(socket); s.ok()) s = std::move(unlinked);
+    if (Status unlinked = socket.empty() ? OkStatus() : RemoveJobSocket(env, socket); s.ok()) s = std::move(unlinked);
     if (!scratch_dir.empty()) {
       Status removed = env.RemoveTree(scratch_dir);
       if (s.ok()) s = std::move(removed);
@@ -1003,6 +1003,24 @@ Status CheckFreeSpace(Env& env, virDomainPtr dom, const std::vector<DomainDisk>&
   return OkStatus();
 }
 
+// A fresh folder for a local job's socket: /tmp/barge-backup-DOMAIN-XXXXXX
+// (mkdtemp: 0700, a name nobody planted), given to QEMU's user and group
+// (QemuDacOwner) as libvirt runs it for `dom`; kept root's when libvirt
+// names none (QEMU runs as root).
+Result<std::string> MakeQemuSocketDir(Env& env, virDomainPtr dom, const std::string& domain) {
+  auto dir = env.CreateTempDir("/tmp", "barge-backup-" + domain + "-");
+  if (!dir.ok()) return std::move(dir).error().Wrap("create the backup job's socket folder");
+  auto xml = DomainXml(dom, 0);
+  const auto owner = xml.ok() ? QemuDacOwner(virDomainGetConnect(dom), *xml) : std::nullopt;
+  if (owner) {
+    if (Status s = env.SetOwner(*dir, owner->first, owner->second); !s.ok()) {
+      IgnoreError(env.RemoveDir(*dir), "an empty folder; the owner is the error reported");
+      return std::move(s).error().Wrap("give QEMU's user the backup job's socket folder");
+    }
+  }
+  return dir;
+}
+
 // Freezes the guest (unless --skip-quiesce), then makes the job's socket
 // path, scratch folder and run record, each noted in `cleanup`.
 Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const std::string& checkpoint,
@@ -1020,8 +1038,9 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
 
   // A TCP export has no socket (libvirt's job XML names none either, which
   // is how a killed run's job is recognised: vm_orphans.h).
-  cleanup.socket =
-      cleanup.tls ? "" : "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
+  if (cleanup.remote && !cleanup.tls) {
+    cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
+  }
   const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
   if (cleanup.remote) {
     // On the remote host: libvirt creates the socket and the scratch files
@@ -1039,17 +1058,26 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
     cleanup.job = job;
     return OkStatus();
   }
-  BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(cleanup.socket));
+  // QEMU (libvirt's user for it) makes the job's socket: in a fresh
+  // private folder of /tmp given to that user alone (mkdtemp, 0700), never
+  // a name another local user could plant or connect to.
+  if (!cleanup.tls) {
+    BARGE_ASSIGN_OR_RETURN(std::string socket_dir, MakeQemuSocketDir(env, dom, req.domain));
+    cleanup.socket = socket_dir + "/" + kJobSocketName;
+  }
   // Scratch files are created by libvirt and opened by QEMU (another user,
   // maybe in its own mount namespace): the folder lives under the scratch
   // root, which QEMU can see (kDefaultScratchRoot, or --scratch-dir), not
   // in the target (a volume mounted after the domain started is invisible
-  // to QEMU), and must be traversable. A killed run's leftovers go first.
-  cleanup.scratch_dir = req.scratch_dir + "/barge-scratch-" + req.domain;
-  Status scratch = env.RemoveTree(cleanup.scratch_dir);
-  if (scratch.ok()) scratch = env.CreateDirs(cleanup.scratch_dir);
-  if (scratch.ok()) scratch = env.SetMode(cleanup.scratch_dir, 0711);
-  if (!scratch.ok()) return std::move(scratch).error().Wrap("create scratch folder");
+  // to QEMU), and must be traversable: a fresh folder (mkdtemp, never one
+  // planted in a shared root such as /var/tmp), 0711 (names not listable).
+  // A killed run's is removed by RecoverOrphanedBackupJob, by its record.
+  auto made = env.CreateTempDir(req.scratch_dir, "barge-scratch-" + req.domain + "-");
+  if (!made.ok()) return std::move(made).error().Wrap("create scratch folder");
+  cleanup.scratch_dir = *made;
+  if (Status mode = env.SetMode(cleanup.scratch_dir, 0711); !mode.ok()) {
+    return std::move(mode).error().Wrap("create scratch folder");
+  }
   cleanup.scratch_prefix = cleanup.scratch_dir + "/";
   BackupJobRecord job{ProcessOwner::Self(env).Encode(), cleanup.socket, cleanup.scratch_dir, checkpoint,
                       req.target + "/" + req.domain, record_id, "", JoinNames(cleanup.kept_checkpoints), false};

@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "blockio/path.h"
 #include "orchestrate/base/file_lock.h"
 #include "pipeline/backup_resume.h"
 #include "pipeline/chain.h"
@@ -48,6 +49,13 @@ std::string OwnerPid(const std::string& owner) {
 }
 
 }  // namespace
+
+Status RemoveJobSocket(Env& env, const std::string& socket) {
+  BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(socket));
+  const std::string dir = DirName(socket);
+  if (BaseName(socket) != kJobSocketName || !BaseName(dir).starts_with("barge-backup-")) return OkStatus();
+  return env.RemoveTree(dir);
+}
 
 std::string BackupJobRecordPath(const std::string& catalog_path, const std::string& domain) {
   // Beside the domain's lock (locks/domains/<name>.lock), escaped the same way.
@@ -139,7 +147,7 @@ Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog
   // removes the scratch files it made when the job ends).
   // An offline run (shut-off domain) has neither.
   if (r.host.empty() && (!r.socket.empty() || !r.scratch_dir.empty())) {
-    if (!r.socket.empty()) BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.socket));
+    if (!r.socket.empty()) BARGE_RETURN_IF_ERROR(RemoveJobSocket(env, r.socket));
     if (!r.scratch_dir.empty()) BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch_dir));
     done += std::string(done.empty() ? "" : ", ") + "removed its socket and scratch folder";
   }

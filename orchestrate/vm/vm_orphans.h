@@ -40,6 +40,13 @@ struct BackupJobRecord {
   bool kept_after_failure = false;
 };
 
+// A local job's NBD socket is this name in a folder of its own, which vm
+// backup makes fresh in /tmp for QEMU's user (barge-backup-DOMAIN-XXXXXX).
+inline constexpr const char* kJobSocketName = "nbd.sock";
+// Removes a job's socket, and the folder vm backup made for it (a socket
+// an older barge put straight into /tmp goes alone). Gone is not an error.
+Status RemoveJobSocket(Env& env, const std::string& socket);
+
 // <catalog folder>/locks/domains/<domain>.backup-job
 std::string BackupJobRecordPath(const std::string& catalog_path, const std::string& domain);
 Status WriteBackupJobRecord(Env& env, const std::string& path, const BackupJobRecord& record);
