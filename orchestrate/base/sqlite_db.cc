@@ -16,7 +16,17 @@ Result<std::unique_ptr<SqliteDb>> SqliteDb::Open(Env& env, const std::string& pa
   if (!env.Exists(path)) {
     FileOptions o;
     o.create_mode = 0600;
-    IgnoreError(env.OpenSink(path, SinkMode::kCreateNew, o), "SQLite creates it, or says why it cannot");
+    auto made = env.OpenSink(path, SinkMode::kCreateNew, o);
+    // The new name is made durable before SQLite writes into the file: a
+    // power cut must not lose the folder entry of a catalog SQLite has
+    // committed to (SQLite syncs the file, not our create).
+    if (made.ok()) {
+      made->reset();
+      if (Status synced = env.SyncDir(DirName(path)); !synced.ok()) {
+        return std::move(synced).error().Wrap("create catalog");
+      }
+    }
+    // Otherwise SQLite creates it, or says why it cannot.
   }
   sqlite3* raw = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &raw,
