@@ -15,6 +15,17 @@ export BARGE_REQUIRE_TOOLS=1
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 jobs=$(nproc)
 
+# The libvirt tests share one libvirtd across their processes (tests/
+# vm_libvirt_env.cc starts it when none runs); the suite stops the one it
+# started, by its PID, however it ends.
+libvirtd_before=$(pgrep -x libvirtd || true)
+stop_test_libvirtd() {
+  if [ -z "$libvirtd_before" ] && [ -s /var/run/libvirtd.pid ]; then
+    kill "$(cat /var/run/libvirtd.pid)" 2>/dev/null || true
+  fi
+}
+trap stop_test_libvirtd EXIT
+
 echo "== release build and tests"
 BARGE_BUILD_DIR="$root/build" "$root/scripts/build.sh"
 (cd "$root/build" && ctest -j "$jobs" --output-on-failure --timeout 900)
