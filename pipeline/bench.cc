@@ -114,20 +114,29 @@ void DropFileCache(Env& env, const std::string& path) {
   if (source.ok()) (*source)->DontNeed(0, 0);  // 0: to the end of the file
 }
 
-std::string TempPath(const std::string& dir, const std::string& tag) {
-  return JoinPath(dir, "barge-bench-" + std::to_string(::getpid()) + "-" + tag);
+// A new, private folder "barge-bench-PID-XXXXXX" under `workdir` (mkdtemp:
+// 0700, ours; never a name someone planted in a shared workdir).
+Result<std::string> MakeScratchFolder(Env& env, const std::string& workdir) {
+  return env.CreateTempDir(workdir, "barge-bench-" + std::to_string(::getpid()) + "-");
 }
 
-// Removes a bench output file when it goes out of scope.
+// A bench output file `name` in its own fresh scratch folder; the folder
+// goes with the guard.
 struct FileGuard {
   Env& env;
+  std::string dir;
   std::string path;
   ~FileGuard() {
-    if (!path.empty()) {
-      IgnoreError(env.UnlinkIfExists(path), "a scratch file of a finished measurement; nothing depends on it");
+    if (!dir.empty()) {
+      IgnoreError(env.RemoveTree(dir), "a scratch folder of a finished measurement; nothing depends on it");
     }
   }
 };
+Result<std::unique_ptr<FileGuard>> ScratchFile(Env& env, const std::string& workdir, const std::string& name) {
+  BARGE_ASSIGN_OR_RETURN(std::string dir, MakeScratchFolder(env, workdir));
+  // Built in place: a temporary guard would remove the folder on its way out.
+  return std::unique_ptr<FileGuard>(new FileGuard{env, dir, JoinPath(dir, name)});
+}
 
 Result<BenchMeasure> ReadStage(Env& env, BlockSource& source, const BenchOptions& o, int threads) {
   BenchMeasure m;
@@ -203,8 +212,8 @@ Result<std::vector<BenchMeasure>> CpuStages(Env& env, BlockSource& source, const
   }
   Sha512Stream sha_stream;
 
-  FileGuard out{env, TempPath(o.workdir, "stage.qcow2")};
-  BARGE_ASSIGN_OR_RETURN(auto sink, env.OpenSink(out.path, SinkMode::kCreateNew));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<FileGuard> out, ScratchFile(env, o.workdir, "stage.qcow2"));
+  BARGE_ASSIGN_OR_RETURN(auto sink, env.OpenSink(out->path, SinkMode::kCreateNew));
   DestinationSpec dest_spec;
   dest_spec.virtual_size = source.size_bytes();
   dest_spec.cluster_bytes = o.cluster_bytes;
@@ -331,8 +340,8 @@ Result<BenchMeasure> EndToEnd(Env& env, BlockSource& source, const BenchOptions&
   m.name = "end-to-end";
   m.note = "RunCopy (plan, read, zero+xxh3+compress, in-order digest) into a Qcow2Destination file, like backup";
   m.threads = threads;
-  FileGuard out{env, TempPath(o.workdir, "e2e.qcow2")};
-  BARGE_ASSIGN_OR_RETURN(auto sink, env.OpenSink(out.path, SinkMode::kCreateNew));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<FileGuard> out, ScratchFile(env, o.workdir, "e2e.qcow2"));
+  BARGE_ASSIGN_OR_RETURN(auto sink, env.OpenSink(out->path, SinkMode::kCreateNew));
   DestinationSpec dest_spec;
   dest_spec.virtual_size = source.size_bytes();
   dest_spec.cluster_bytes = o.cluster_bytes;
@@ -407,12 +416,6 @@ std::string FilesystemOf(Env& env, const std::string& path) {
       return buf;
     }
   }
-}
-
-// A new, private folder "barge-bench-PID-XXXXXX" under `workdir` (mkdtemp:
-// 0700, ours; never a name someone planted in a shared workdir).
-Result<std::string> MakeScratchFolder(Env& env, const std::string& workdir) {
-  return env.CreateTempDir(workdir, "barge-bench-" + std::to_string(::getpid()) + "-");
 }
 
 // Removes the scratch folder `dir`, all of it but `disk` when keep_disk.

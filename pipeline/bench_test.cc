@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "blockio/env.h"
+#include "tests/testing/testing.h"
+
 namespace barge::pipeline {
 namespace {
 
@@ -49,6 +54,20 @@ TEST(SummarizeBenchTest, NoCeilingWithoutStages) {
   BenchReport r;
   r.threads = 2;
   EXPECT_EQ(SummarizeBench(r).cpu_ceiling_ratio, 0.0);
+}
+
+// Every output goes to a fresh private folder under the workdir (never a
+// fixed name there), and nothing is left behind.
+TEST(RunBenchRequestTest, MeasuresInAFreshFolderAndLeavesTheWorkdirEmpty) {
+  testing::TempDir work;
+  BenchRequest request;
+  request.size_bytes = kMinBenchDiskBytes;
+  request.workdir = work.path().string();
+  request.options.threads = 1;
+  auto run = RunBenchRequest(Env::Default(), request);
+  ASSERT_TRUE(run.ok()) << run.error().ToString();
+  EXPECT_GT(run->report.end_to_end.wall_seconds, 0);
+  EXPECT_TRUE(std::filesystem::is_empty(work.path()));
 }
 
 }  // namespace
