@@ -22,6 +22,7 @@
 #include "formats/qcow2_bitmap_edit.h"
 #include "formats/units.h"
 #include "pipeline/chain.h"
+#include "pipeline/disk_identity.h"
 #include "pipeline/endpoints.h"
 #include "orchestrate/catalog/backup_catalog.h"
 #include "orchestrate/vm/cbt.h"
@@ -1039,7 +1040,10 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
   // A TCP export has no socket (libvirt's job XML names none either, which
   // is how a killed run's job is recognised: vm_orphans.h).
   if (cleanup.remote && !cleanup.tls) {
-    cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + std::to_string(::getpid()) + ".sock";
+    // On the remote host barge cannot mkdtemp: the name carries 128 random
+    // bits instead, so nobody there can plant or predict it (QEMU's bind
+    // refuses a name that exists; it never follows one).
+    cleanup.socket = "/tmp/barge-backup-" + pipeline::NewChainId() + ".sock";
   }
   const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
   if (cleanup.remote) {
