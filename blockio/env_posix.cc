@@ -18,6 +18,7 @@
 
 #include "blockio/env.h"
 #include "blockio/file.h"
+#include "blockio/leftovers.h"
 #include "blockio/memory.h"
 #include "blockio/path.h"
 
@@ -529,9 +530,7 @@ Status Env::WriteFileAtomic(const std::string& path, std::span<const std::byte> 
   // Only a regular file is ever a writer's temporary: anything else at its
   // name (a symbolic link or FIFO planted there) is removed, never
   // followed (unlink(2) removes a link, not its target), as StagedFile does.
-  if (auto planted = StatNoFollow(temp); planted.ok() && !planted->is_regular()) {
-    if (Status s = Unlink(temp); !s.ok()) return named(s.error());
-  }
+  if (auto planted = RemovePlanted(*this, temp); !planted.ok()) return named(planted.error());
   LockOptions lo;
   lo.busy_message = "another process is writing this file";
   lo.create_mode = mode;
@@ -632,10 +631,9 @@ Result<std::vector<std::string>> SweepStaleTemporaries(Env& env, const std::stri
     std::string path = dir + "/" + name;
     // A symbolic link, FIFO or other non-file planted under a temporary's
     // name is no writer's: removed (never followed), not locked.
-    if (auto planted = env.StatNoFollow(path); planted.ok() && !planted->is_regular()) {
-      Status s = env.Unlink(path);
-      if (!s.ok() && s.error().code() != ErrorCode::kNotFound) return s.error();
-      if (s.ok()) removed.push_back(name);
+    BARGE_ASSIGN_OR_RETURN(bool planted, RemovePlanted(env, path));
+    if (planted) {
+      removed.push_back(name);
       continue;
     }
     LockOptions lo;

@@ -41,4 +41,15 @@ void RemoveDeadProcessLeftovers(Env& env, const std::string& root, std::string_v
   }
 }
 
+Result<bool> RemovePlanted(Env& env, const std::string& path) {
+  auto st = env.StatNoFollow(path);
+  if (!st.ok() || st->is_regular()) return false;
+  Status removed = env.Unlink(path);
+  if (!removed.ok()) {
+    if (removed.error().code() == ErrorCode::kNotFound) return false;
+    return removed.error();
+  }
+  return true;
+}
+
 }  // namespace barge

@@ -1,6 +1,7 @@
 // What a process killed outright (SIGKILL, power loss) leaves in the
 // temporary folder: names that carry its PID. One sweep for every kind of
-// such leftover (an export's run folder, an ssh forward's folder).
+// such leftover (an export's run folder, an ssh forward's folder). And
+// what someone planted under a name barge writes.
 #pragma once
 
 #include <string>
@@ -28,5 +29,11 @@ std::vector<std::string> DeadProcessLeftovers(Env& env, const std::string& root,
 // in a shared folder such as /tmp stays where it is). What cannot be
 // removed is left to the next sweep.
 void RemoveDeadProcessLeftovers(Env& env, const std::string& root, std::string_view prefix);
+
+// Removes what is at `path` unless it is a regular file or nothing: a
+// symbolic link, FIFO or other entry planted under a name barge writes (a
+// lock file, a temporary). unlink(2) removes a link, never its target.
+// Returns true when something was removed; the unlink's error.
+Result<bool> RemovePlanted(Env& env, const std::string& path);
 
 }  // namespace barge

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "blockio/leftovers.h"
 #include "blockio/path.h"
 #include "pipeline/chain_files.h"
 #include "pipeline/disk_identity.h"

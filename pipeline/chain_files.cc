@@ -31,17 +31,6 @@ Result<std::string> ReadChainFile(Env& env, const std::string& path, uint64_t ma
   return env.ReadOwnFile(path, max_bytes);
 }
 
-Result<bool> RemovePlanted(Env& env, const std::string& path) {
-  auto st = env.StatNoFollow(path);
-  if (!st.ok() || st->is_regular()) return false;
-  Status removed = env.Unlink(path);
-  if (!removed.ok()) {
-    if (removed.error().code() == ErrorCode::kNotFound) return false;
-    return removed.error();
-  }
-  return true;
-}
-
 void SetAllowOtherOwner(bool allow) { g_allow_other_owner.store(allow); }
 bool AllowOtherOwner() { return g_allow_other_owner.load(); }
 

@@ -24,12 +24,6 @@ FileOptions ChainFileOptions();
 // naming it.
 Result<std::string> ReadChainFile(Env& env, const std::string& path, uint64_t max_bytes = 16 << 20);
 
-// Removes what is at `path` unless it is a regular file or nothing: a
-// symbolic link, FIFO or other entry planted under a name barge writes (a
-// lock file, a temporary). unlink(2) removes a link, never its target.
-// Returns true when something was removed; the unlink's error.
-Result<bool> RemovePlanted(Env& env, const std::string& path);
-
 // Process-wide: accept chain folders (and the folders holding them) that
 // another user owns (`--allow-other-owner`). Off by default. Set once by
 // the command line before any job runs.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "blockio/leftovers.h"
 #include "blockio/path.h"
 #include "pipeline/chain_files.h"
 #include "pipeline/file_access.h"

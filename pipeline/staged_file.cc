@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "blockio/leftovers.h"
 #include "blockio/path.h"
 
 namespace barge::pipeline {
@@ -126,8 +127,8 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
   // Only a regular file can be a writer's temporary; anything else at the
   // name (a planted symbolic link above all) is removed, never written
   // through.
-  if (auto st = env.StatNoFollow(temp); st.ok() && !st->is_regular()) {
-    BARGE_RETURN_IF_ERROR(Named(env.Unlink(temp), temp, final_path));
+  if (auto planted = RemovePlanted(env, temp); !planted.ok()) {
+    return Named(planted.error(), temp, final_path);
   }
   // A leftover of a killed run is unlocked, hence ours to replace; a live
   // writer's is not.
