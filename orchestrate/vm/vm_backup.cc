@@ -1040,10 +1040,11 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
   // A TCP export has no socket (libvirt's job XML names none either, which
   // is how a killed run's job is recognised: vm_orphans.h).
   if (cleanup.remote && !cleanup.tls) {
-    // On the remote host barge cannot mkdtemp: after the domain (which the
-    // next run's clean-up looks for) the name carries 128 random
-    // bits instead, so nobody there can plant or predict it (QEMU's bind
-    // refuses a name that exists; it never follows one).
+    // On the remote host barge cannot mkdtemp: after the domain (whose job
+    // it is, for a person reading /tmp; the next run finds a killed run's
+    // socket through the job record) the name carries 128 random bits, so
+    // nobody there can plant or predict it (QEMU's bind refuses a name
+    // that exists; it never follows one).
     cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + pipeline::NewChainId() + ".sock";
   }
   const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
