@@ -68,7 +68,11 @@ Error Error::FromErrno(int err, std::string_view operation, std::string_view pat
 }
 
 Error& Error::Wrap(std::string_view outer) {
-  message_ = std::string(outer) + ": " + message_;
+  // A layer that wraps with the name an inner layer already gave ("backup"
+  // around "backup: read: ...") adds nothing: the prefix is said once.
+  const std::string prefix = std::string(outer) + ": ";
+  if (message_.starts_with(prefix) || message_ == outer) return *this;
+  message_ = prefix + message_;
   return *this;
 }
 

@@ -63,6 +63,14 @@ TEST(ErrorTest, FromErrnoKeepsContext) {
   EXPECT_NE(s.find("length 512"), std::string::npos) << s;
 }
 
+TEST(ErrorTest, WrapSaysAnOperationOnce) {
+  Error e = Error::IoError("short read");
+  e.Wrap("read").Wrap("backup").Wrap("backup");
+  EXPECT_EQ(e.message(), "backup: read: short read");
+  e.Wrap("vm backup");
+  EXPECT_EQ(e.message(), "vm backup: backup: read: short read");
+}
+
 Result<int> Half(int x) {
   if (x % 2 != 0) return Error::InvalidArgument("odd");
   return x / 2;
