@@ -68,6 +68,59 @@ std::string HookRun::Describe() const {
   return s;
 }
 
+namespace {
+
+// `sh -c 'read; kill -KILL -- -GROUP'` with its stdin on a pipe whose only
+// writer is barge (close-on-exec, so no other child holds it): barge's end
+// closes when barge ends, and the hook's group is killed. Best effort: a
+// watchdog that cannot start leaves the hook as before (stopped by barge's
+// own timeout and cancel).
+class HookWatchdog {
+ public:
+  explicit HookWatchdog(pid_t group) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    Fd read_end{fds[0]};
+    write_fd_ = fds[1];
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, read_end.fd, 0);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    posix_spawnattr_t attr;
+    pipeline::InitChildSpawnAttr(&attr);
+    std::string sh = "/bin/sh", dash_c = "-c", script = "read -r _; kill -KILL -\"$1\"", name = "barge-hook-watchdog",
+                arg = std::to_string(group);
+    char* argv[] = {sh.data(), dash_c.data(), script.data(), name.data(), arg.data(), nullptr};
+    char* envp[] = {nullptr};
+    if (::posix_spawn(&pid_, "/bin/sh", &actions, &attr, argv, envp) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+  }
+  ~HookWatchdog() { Dismiss(); }
+  // Stops the watchdog without letting it kill (the hook's group is
+  // barge's to handle from here).
+  void Dismiss() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+      pid_ = -1;
+    }
+    if (write_fd_ >= 0) ::close(write_fd_);
+    write_fd_ = -1;
+  }
+  HookWatchdog(const HookWatchdog&) = delete;
+  HookWatchdog& operator=(const HookWatchdog&) = delete;
+
+ private:
+  pid_t pid_ = -1;
+  int write_fd_ = -1;
+};
+
+}  // namespace
+
 Result<HookRun> RunHookCommand(const std::string& phase, const std::string& command,
                                const std::map<std::string, std::string>& env,
                                std::chrono::milliseconds timeout, const std::atomic<bool>* cancel) {
@@ -106,6 +159,11 @@ Result<HookRun> RunHookCommand(const std::string& phase, const std::string& comm
   if (spawned != 0) return Error::FromErrno(spawned, "posix_spawn /bin/sh", phase + "-hook");
   ::close(in.fd);
   in.fd = -1;
+  // The command's group ends with barge however barge ends (SIGKILL, a
+  // scheduler killing barge's own process group): a watchdog waits on a
+  // pipe only barge holds open and kills the group when it closes. A
+  // normal end stops the watchdog first (Dismiss) and then reaps the command.
+  HookWatchdog watchdog(pid);
 
   auto drain = [&] {
     char buf[4096];
@@ -146,9 +204,17 @@ Result<HookRun> RunHookCommand(const std::string& phase, const std::string& comm
     } else {
       ::usleep(20000);
     }
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid) exited = true;
-    if (w < 0 && errno != EINTR) return Error::FromErrno(errno, "waitpid", phase + "-hook");
+    // Seen ended but not reaped (WNOWAIT): its group id cannot be reused
+    // while the watchdog may still kill it.
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+      if (errno != EINTR) return Error::FromErrno(errno, "waitid", phase + "-hook");
+    } else if (info.si_pid == pid) {
+      exited = true;
+    }
+  }
+  watchdog.Dismiss();
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   // Output the command left in the socket (children it left behind may hold
   // their end open; they are not waited for).

@@ -3,6 +3,9 @@
 #include "orchestrate/base/hooks.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -43,6 +46,30 @@ TEST(Hooks, TimeoutStopsTheWholeGroup) {
   EXPECT_NE(run->Describe().find("timed out"), std::string::npos);
   std::this_thread::sleep_for(1500ms);
   EXPECT_FALSE(Env::Default().Exists(marker)) << "a child of the hook outlived the timeout";
+}
+
+// barge killed by SIGKILL (a scheduler ending a task, the OOM killer) left
+// its hook and everything the hook started running. A forked child stands
+// in for barge: it runs a hook and is killed mid-hook.
+TEST(Hooks, KilledBargeTakesItsHookWithIt) {
+  testing::TempDir dir;
+  const std::string started = dir / "started", marker = dir / "late";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    (void)RunHookCommand("pre", "(sleep 2; touch " + marker + ") & touch " + started + "; sleep 30", {}, 60s);
+    ::_exit(0);
+  }
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (!Env::Default().Exists(started) && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(Env::Default().Exists(started)) << "the hook did not start";
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  std::this_thread::sleep_for(3s);
+  EXPECT_FALSE(Env::Default().Exists(marker)) << "a child of the hook outlived a killed barge";
 }
 
 // A policy run's stop (max_run_time, SIGTERM) reaches a hook in progress:
