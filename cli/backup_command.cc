@@ -159,6 +159,11 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   progress.Done();
   for (const auto& w : hooked.warnings) out.Warning(w, RedactNbdUri(a.source));
   if (!result.ok()) return out.Fail(result.error());
+  if (!result->other_disk.empty()) {
+    out.Warning(result->other_disk + ": this full starts the chain over with another disk (restoring a time before it "
+                "gives the earlier disk); back different disks up under different --name",
+                result->chain_dir);
+  }
   const auto& m = result->manifest;
   {
     json j = {{"id", m.id},

@@ -994,6 +994,10 @@ Result<BackupResult> RunBackupOnce(Env& env, const BackupRequest& req) {
   }
   BARGE_RETURN_IF_ERROR(OpenChain(env, req, run));
   BARGE_RETURN_IF_ERROR(req.incremental ? ExtendChain(env, req, run) : CheckFullSize(req, run));
+  std::string other_disk;  // a full is allowed of another disk, with a warning
+  if (!req.incremental) {
+    BARGE_ASSIGN_OR_RETURN(other_disk, OtherDiskReason(run.writer->chain(), run.identity));
+  }
   BARGE_RETURN_IF_ERROR(OpenBase(env, req, run));
   BARGE_RETURN_IF_ERROR(PlanWork(env, req, run));
   BARGE_RETURN_IF_ERROR(CheckCleanSample(req, run));
@@ -1045,6 +1049,7 @@ Result<BackupResult> RunBackupOnce(Env& env, const BackupRequest& req) {
   result.resume = run.note;
   result.base_compared_bytes = run.base_compared_bytes;
   result.clean_sample = run.clean_sample;
+  result.other_disk = std::move(other_disk);
   result.manifest = std::move(run.m);
   return result;
 }

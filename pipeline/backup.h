@@ -167,6 +167,9 @@ struct BackupResult {
   // incremental requested ("" otherwise).
   CleanSample clean_sample;
   std::string replaced;
+  // A full under a name whose chain holds another disk (same size, or
+  // --allow-resize): OtherDiskReason's sentence, a warning ("" otherwise).
+  std::string other_disk;
 };
 
 // Runs one backup. Before writing anything it checks: the source opens; for

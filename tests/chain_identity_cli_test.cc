@@ -81,6 +81,36 @@ TEST_F(ChainIdentityTest, IncrementalOfAnotherDiskIsRefusedNamingBoth) {
   RunOk(Barge("verify --all " + Q(chain)));
 }
 
+// A full of another disk of the same size under an existing --name was
+// taken without a word: the chain's earlier points silently became another
+// disk's history. It is taken (a full may start a chain over), with a
+// warning naming both disks, in text and in --json.
+TEST_F(ChainIdentityTest, FullOfAnotherDiskUnderAnExistingNameWarns) {
+  RunOk(Backup(a_, ""));
+  CommandResult r = Sh(Backup(b_, ""));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("file " + a_), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("file " + b_), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--name"), std::string::npos) << r.output;
+
+  // The same disk again: no warning.
+  r = Sh(Backup(b_, "--json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("\"warning\""), std::string::npos) << r.output;
+  // Back to A, as NDJSON: one warning event naming the chain folder.
+  r = Sh(Backup(a_, "--json") + " 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int warnings = 0;
+  for (const json& e : Events(r.output)) {
+    if (e.value("event", "") != "warning") continue;
+    ++warnings;
+    EXPECT_NE(e.dump().find("another disk"), std::string::npos) << e.dump();
+  }
+  EXPECT_EQ(warnings, 1) << r.output;
+  EXPECT_EQ(PointIds(target_ + "/disk").size(), 4u);
+}
+
 // Two policy files of one name and one target (or a policy whose image
 // changed) appended the second disk's bitmap to the first disk's chain.
 TEST_F(ChainIdentityTest, PolicyWhoseSourceChangedDiskStartsANewChainSayingWhy) {
