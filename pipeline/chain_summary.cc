@@ -100,6 +100,16 @@ Result<ChainListing> ListChain(Env& env, const std::string& path) {
       p.broken = layers.error().message();
       out.warnings.push_back({"backup " + m.id + " cannot be restored: " + p.broken, chain.points[i].manifest_path});
     }
+    // A clone's base (`backup --base`) lives in another folder: gone or
+    // changed, this point and those over it cannot be restored.
+    if (m.base) {
+      if (auto base = LoadBaseOf(env, chain, i); !base.ok()) {
+        out.warnings.push_back({"backup " + m.id + " stands on base " + m.base->chain + "@" + m.base->id +
+                                    ", which cannot be used: " + base.error().message() +
+                                    " (this point and those over it cannot be restored until it is back)",
+                                chain.points[i].manifest_path});
+      }
+    }
     // The newest layer modification time, from the stats above (0: a layer
     // is missing or cannot be followed).
     int64_t newest_layer_mtime_ns = 0;

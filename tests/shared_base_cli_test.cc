@@ -328,9 +328,19 @@ TEST_F(SharedBaseTest, MovedOrMissingBaseIsAClearError) {
   auto v = testing::Run(Barge() + " verify " + Q(CloneDir()));
   EXPECT_NE(v.exit_code, 0) << v.output;
   EXPECT_TRUE(Has(v.output, GoldenDir())) << v.output;
+  // `list` of the clone showed its points without a word: it warns that
+  // the base is gone (and lists the points all the same).
+  auto l = testing::Run(Barge() + " list " + Q(CloneDir()));
+  EXPECT_EQ(l.exit_code, 0) << l.output;
+  EXPECT_TRUE(Has(l.output, "warning")) << l.output;
+  EXPECT_TRUE(Has(l.output, "stands on base")) << l.output;
+  EXPECT_TRUE(Has(l.output, GoldenDir())) << l.output;
   // Back in its place, all is well again.
   fs::rename(target_ + "/golden-moved", GoldenDir());
   RunOk(Barge() + " verify " + Q(CloneDir()));
+  auto back = testing::Run(Barge() + " list " + Q(CloneDir()));
+  EXPECT_EQ(back.exit_code, 0) << back.output;
+  EXPECT_FALSE(Has(back.output, "stands on base")) << back.output;
 
   // A base of another size, or naming itself, is refused before anything is written.
   testing::WriteFile(dir_ / "small.raw", testing::RandomBytes(kSize / 2, 3));
