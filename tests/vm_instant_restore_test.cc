@@ -344,8 +344,13 @@ TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("shut it off"), std::string::npos) << r.output;
   dom.Destroy();
+  // A run killed during the prefill leaves DISK half-restored under its
+  // temporary name; abandoning removes it too.
+  const fs::path half = fs::path(disk_).parent_path() / ("." + fs::path(disk_).filename().string() + ".barge-tmp");
+  WriteFile(half.string(), std::vector<std::byte>(4096, std::byte{0x11}));
   r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(half)) << half;
   EXPECT_NE(r.stdout_text.find("\"abandoned\":true"), std::string::npos) << r.stdout_text;
   EXPECT_NE(SourceOf(dom.name()).find(placeholder_), std::string::npos) << SourceOf(dom.name());
   EXPECT_FALSE(fs::exists(disk_));

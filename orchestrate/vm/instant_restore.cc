@@ -680,6 +680,9 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
     } else {
       BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch));
       BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.disk));
+      // The half-restored DISK a run killed during the prefill left under
+      // its temporary name (the domain's lock keeps any other run out).
+      BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(TempPathFor(r.disk)));
     }
     BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(record_path));
     result.abandoned = true;
