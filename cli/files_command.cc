@@ -57,6 +57,16 @@ std::string Printable(const std::string& name) {
   return text;
 }
 
+// Fails with `error` on one line: a name in its file or message (a path
+// in the point's filesystem, a destination) may hold a line break.
+int Fail(Output& out, Error error) {
+  Error one_line(error.code(), Printable(error.message()));
+  one_line.set_errno(error.errno_value()).set_retryable(error.retryable()).set_path(Printable(error.path()));
+  if (error.offset()) one_line.set_offset(*error.offset());
+  if (error.offset() && error.length()) one_line.set_range(*error.offset(), *error.length());
+  return out.Fail(one_line);
+}
+
 std::string Hex(const std::string& bytes) {
   std::string hex;
   for (unsigned char c : bytes) hex += Format("%02x", c);
@@ -78,7 +88,7 @@ const char* TypeName(const pipeline::FileEntry& e) {
 int RunLs(const FilesArgs& a, Output& out) {
   if (auto at = pipeline::ParsePointSelector(a.at); !at.ok()) return out.Usage("--at: " + at.error().message());
   auto r = pipeline::ListFiles(Env::Default(), a.Request(), a.path);
-  if (!r.ok()) return out.Fail(r.error());
+  if (!r.ok()) return Fail(out, r.error());
   json entries = json::array();
   for (const auto& e : r->entries) {
     json entry = json::object();
@@ -108,11 +118,11 @@ int RunGet(const FilesArgs& a, Output& out) {
     // The file's bytes are barge's whole stdout: no text, no result.
     if (out.json()) return out.Usage("- writes the file to standard output, where --json writes its events");
     auto r = pipeline::GetFileToStream(Env::Default(), a.Request(), a.path, std::cout);
-    if (!r.ok()) return out.Fail(r.error());
+    if (!r.ok()) return Fail(out, r.error());
     return kExitOk;
   }
   auto r = pipeline::GetFile(Env::Default(), a.Request(), a.path, a.dest);
-  if (!r.ok()) return out.Fail(r.error());
+  if (!r.ok()) return Fail(out, r.error());
   json result = PointJson(r->point);
   AddText(result, "path", a.path);
   AddText(result, "destination", r->destination);

@@ -277,6 +277,15 @@ TEST_F(FilesTest, IssueThirtySixEveryNameListsAndGets) {
   struct stat st {};
   ASSERT_EQ(::stat((tmp_ / "sparse.out").c_str(), &st), 0);
   EXPECT_LT(st.st_blocks * 512, 64 * 1024) << "allocated " << st.st_blocks * 512 << " of " << st.st_size;
+  // A file under a file is not a folder; a missing name with a line
+  // break fails on one line of stderr.
+  auto r = testing::Run(Barge("files ls " + Q(chain) + " " + Q("/odd/-dash/x")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "InvalidArgument")) << r.output;
+  r = testing::Run(Barge("files get " + Q(chain) + " " + Q("/odd/no\nsuch") + " " + Q(tmp_ / "out")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.stderr_text, "barge: NotFound: /odd/no\\nsuch: no such file or folder in backup " +
+                               testing::PointIds(chain).back() + "\n");
   // Nothing of ours left beside the copies.
   for (const auto& e : fs::directory_iterator(tmp_ / "out")) {
     EXPECT_FALSE(e.path().filename().string().starts_with(".barge-")) << e.path();
