@@ -24,7 +24,8 @@ TEST(DebugfsOutputTest, ListingKeepsEveryNameWhateverItsBytes) {
   auto r = ParseLsP(text);
   ASSERT_TRUE(r.ok()) << r.error().message();
   EXPECT_EQ(Names(*r), (std::vector<std::string>{"lost+found", "-dash", "back\\slash", "bad\xff\xfe", "link",
-                                                  "new\nline", "quo\"te", "sp ace", "two\n\n", "ends in line break\n", "sub"}));
+                                                  "new\nline", "quo\"te", "sp ace", "two\n\n",
+                                                  "ends in line break\n", "sub"}));
   EXPECT_EQ((*r)[0].mode, 040700u);
   EXPECT_EQ((*r)[4].mode, 0120777u);
   EXPECT_EQ((*r)[4].size_bytes, 11u);

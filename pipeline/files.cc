@@ -1,12 +1,12 @@
-// barge files: nbdfuse over barge's verified nbdkit plugin, read by debugfs.
+// barge files: nbdfuse over barge's verified nbdkit plugin, read by debugfs
+// (given inode numbers only; its output read by pipeline/debugfs_output.h).
 #include "pipeline/files.h"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <chrono>
-#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <thread>

@@ -219,7 +219,9 @@ TEST_F(FilesTest, IssueThirtySixEveryNameListsAndGets) {
   const std::vector<std::string> names = {"new\nline", "quo\"te", "back\\slash", "-dash", "two  spaces ",
                                           "not utf-8 \xff\xfe", "trailing line break\n"};
   fs::create_directories(tmp_ / "root/odd");
-  for (size_t i = 0; i < names.size(); ++i) testing::WriteText(tmp_ / ("root/odd/" + names[i]), "file " + std::to_string(i) + "\n");
+  for (size_t i = 0; i < names.size(); ++i) {
+    testing::WriteText(tmp_ / ("root/odd/" + names[i]), "file " + std::to_string(i) + "\n");
+  }
   fs::permissions(tmp_ / "root/odd/-dash", fs::perms(0640));
   fs::create_symlink("quo\"te", tmp_ / "root/odd/link");
   fs::create_symlink("/etc/x\ny", tmp_ / "root/odd/link with line break");
@@ -238,7 +240,9 @@ TEST_F(FilesTest, IssueThirtySixEveryNameListsAndGets) {
     if (e.contains("name_bytes")) {
       name.clear();
       const std::string hex = e.at("name_bytes");
-      for (size_t i = 0; i + 1 < hex.size(); i += 2) name += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+      for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+        name += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+      }
     }
     by_name[name] = e;
   }
