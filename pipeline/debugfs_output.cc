@@ -43,7 +43,8 @@ std::optional<size_t> EntryTail(std::string_view text, size_t slash) {
 }
 
 Error Unreadable(std::string_view what, size_t at) {
-  return Error::Corruption("debugfs's " + std::string(what) + " could not be read at byte " + std::to_string(at));
+  return Error::IoError("debugfs's " + std::string(what) + " could not be read at byte " + std::to_string(at) +
+                        " (a damaged folder in the guest's filesystem, or a debugfs this reader does not know)");
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ struct ListedEntry {
 // NUL), so an entry ends at the first "/SIZE/\n" after its name that is
 // followed by the next entry or the end, wherever its line breaks are.
 // "." and "..", and entries of inode 0, are left out. Returns the entries
-// in debugfs's order, or kCorruption naming the byte where the text stops
+// in debugfs's order, or kIoError naming the byte where the text stops
 // making sense (never a shorter list).
 Result<std::vector<ListedEntry>> ParseLsP(std::string_view text);
 
@@ -45,7 +45,7 @@ struct InodeFacts {
 // each of `inodes`, in that order: each inode's facts. A fast link's
 // target is taken by its length ("Size:"), so a target holding a line
 // break or text shaped like debugfs's own lines is read as it is.
-// kCorruption when an inode's block is missing or unreadable.
+// kIoError when an inode's block is missing or unreadable.
 Result<std::vector<InodeFacts>> ParseStats(std::string_view text, const std::vector<uint64_t>& inodes);
 
 // One stat line's time: " mtime: 0xSECONDS[:EXTRA] -- ..." (EXTRA: the

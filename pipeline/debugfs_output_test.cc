@@ -37,9 +37,9 @@ TEST(DebugfsOutputTest, ListingKeepsEveryNameWhateverItsBytes) {
 TEST(DebugfsOutputTest, ListingThatMakesNoSenseIsAnErrorNotAShortList) {
   EXPECT_TRUE(ParseLsP("").ok());
   EXPECT_TRUE(ParseLsP("\n").ok());
-  EXPECT_EQ(ParseLsP("/12/100644/0/0/a/1/\ngarbage\n").error().code(), ErrorCode::kCorruption);
-  EXPECT_EQ(ParseLsP("/12/100644/0/0/no tail").error().code(), ErrorCode::kCorruption);
-  EXPECT_EQ(ParseLsP("/x/100644/0/0/a/1/\n").error().code(), ErrorCode::kCorruption);
+  EXPECT_EQ(ParseLsP("/12/100644/0/0/a/1/\ngarbage\n").error().code(), ErrorCode::kIoError);
+  EXPECT_EQ(ParseLsP("/12/100644/0/0/no tail").error().code(), ErrorCode::kIoError);
+  EXPECT_EQ(ParseLsP("/x/100644/0/0/a/1/\n").error().code(), ErrorCode::kIoError);
 }
 
 TEST(DebugfsOutputTest, StatsReadTimesAndLinkTargetsByLength) {

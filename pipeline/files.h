@@ -52,7 +52,7 @@ struct FilesListing {
 // links followed inside the point's filesystem). Every entry is listed
 // whatever its name's bytes, with its time and, for a link, its target.
 // Returns: the listing; kNotFound (no such path), kInvalidArgument (not a
-// folder, a loop of links), kCorruption (debugfs's output unreadable: never
+// folder, a loop of links), kIoError (debugfs's output unreadable: never
 // a shorter list), kNotSupported (no ext2/3/4
 // filesystem there), kIoError (a read failed: a damaged cluster fails
 // with EIO, and nbdkit's log on stderr names it), and the point's own
