@@ -1,11 +1,12 @@
-// barge files: nbdfuse over barge's verified nbdkit plugin, read by debugfs.
+// barge files: nbdfuse over barge's verified nbdkit plugin, read by debugfs
+// (given inode numbers only; its output read by pipeline/debugfs_output.h).
 #include "pipeline/files.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "pipeline/chain.h"
 #include "pipeline/chain_files.h"
 #include "pipeline/child_process.h"
+#include "pipeline/debugfs_output.h"
 #include "pipeline/export.h"
 #include "pipeline/point_reader.h"
 
@@ -22,14 +24,27 @@ namespace barge::pipeline {
 
 namespace {
 
+constexpr uint64_t kRootInode = 2;  // ext2/3/4's root folder
+constexpr int kMaxLinks = 40;       // as Linux's path walk (ELOOP)
+constexpr size_t kStatsPerRun = 4096;
+
 Status CheckFsPath(const std::string& path) {
   if (path.empty() || path[0] != '/') {
     return Error::InvalidArgument("a path in the point's filesystem starts with / (got '" + path + "')");
   }
-  if (path.find_first_of("\"\n") != std::string::npos) {
-    return Error::InvalidArgument("a path with a double quote or a line break cannot be read with debugfs: " + path);
-  }
   return OkStatus();
+}
+
+// The names of `path`'s components, empty ones left out.
+std::vector<std::string> Components(const std::string& path) {
+  std::vector<std::string> names;
+  size_t start = 0;
+  for (size_t slash; start <= path.size(); start = slash + 1) {
+    slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    if (slash > start) names.push_back(path.substr(start, slash - start));
+  }
+  return names;
 }
 
 // The point served verified, exposed as DIR/mnt/disk by nbdfuse, for
@@ -99,16 +114,44 @@ class MountedPoint {
   }
   std::string disk() const { return JoinPath(dir_, "mnt/disk"); }
 
+  const std::string& dir() const { return dir_; }
+
   // Runs `debugfs -R REQUEST DISK`; its stdout. Its stderr (beyond the
-  // version banner) is the error, classified for `path`.
+  // version banner) is the error, classified for `path`. Requests name
+  // inodes (<N>), never paths: nothing in a name needs quoting.
   Result<std::string> Debugfs(const std::string& request, const std::string& path) {
+    return Run({"-R", request}, path, "");
+  }
+  // `debugfs -f FILE DISK` for the requests in `requests` (one a line).
+  Result<std::string> DebugfsBatch(const std::string& requests, const std::string& path) {
+    const std::string file = JoinPath(dir_, "debugfs.in");
+    BARGE_RETURN_IF_ERROR(env_.WriteFileAtomic(file, requests, false, 0600));
+    return Run({"-f", file}, path, "");
+  }
+  // `debugfs -R REQUEST DISK` with its stdout written to `stdout_path`
+  // (a file's bytes: `cat <N>`).
+  Status DebugfsTo(const std::string& request, const std::string& path, const std::string& stdout_path) {
+    auto r = Run({"-R", request}, path, stdout_path);
+    if (!r.ok()) return r.error();
+    return OkStatus();
+  }
+
+ private:
+  Result<std::string> Run(const std::vector<std::string>& options, const std::string& path,
+                          const std::string& stdout_path) {
     ChildProcess debugfs;
     SpawnOptions o;
-    o.stdout_path = JoinPath(dir_, "debugfs.out");
+    o.stdout_path = stdout_path.empty() ? JoinPath(dir_, "debugfs.out") : stdout_path;
     o.stderr_path = JoinPath(dir_, "debugfs.err");
-    BARGE_RETURN_IF_ERROR(debugfs.Spawn({"debugfs", "-R", request, disk()}, o, "e2fsprogs (debugfs)"));
+    std::vector<std::string> args = {"debugfs"};
+    args.insert(args.end(), options.begin(), options.end());
+    args.push_back(disk());
+    BARGE_RETURN_IF_ERROR(debugfs.Spawn(args, o, "e2fsprogs (debugfs)"));
     const int status = debugfs.Wait();
-    BARGE_ASSIGN_OR_RETURN(std::string out, env_.ReadFile(o.stdout_path, 64 << 20));
+    std::string out;
+    if (stdout_path.empty()) {
+      BARGE_ASSIGN_OR_RETURN(out, env_.ReadFile(o.stdout_path, 256 << 20));
+    }
     BARGE_ASSIGN_OR_RETURN(std::string err, env_.ReadFile(o.stderr_path));
     std::istringstream lines(err);
     for (std::string line; std::getline(lines, line);) {
@@ -142,7 +185,6 @@ class MountedPoint {
     return out;
   }
 
- private:
   explicit MountedPoint(Env& env) : env_(env) {}
   Env& env_;
   std::unique_ptr<PointReader> reader_;  // checks done, export lock held
@@ -153,32 +195,164 @@ class MountedPoint {
   ChildProcess nbdfuse_;
 };
 
-// debugfs `ls -p`: "/INODE/MODE/UID/GID/NAME/SIZE/" per entry.
-std::vector<FileEntry> ParseListing(const std::string& text) {
+// The entries of folder `inode` (listed by inode number), without their
+// times and targets.
+Result<std::vector<FileEntry>> ListInode(MountedPoint& m, uint64_t inode, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(std::string out, m.Debugfs("ls -p -r <" + std::to_string(inode) + ">", path));
+  auto listed = ParseLsP(out);
+  if (!listed.ok()) return Error(listed.error()).set_path(path);
   std::vector<FileEntry> entries;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.size() < 2 || line[0] != '/') continue;
-    std::vector<std::string> f;
-    size_t start = 1;
-    for (size_t slash; (slash = line.find('/', start)) != std::string::npos; start = slash + 1) {
-      f.push_back(line.substr(start, slash - start));
-    }
-    if (f.size() < 6 || f[4] == "." || f[4] == ".." || f[4].empty()) continue;
+  for (ListedEntry& l : *listed) {
     FileEntry e;
-    e.inode = std::strtoull(f[0].c_str(), nullptr, 10);
-    e.mode = static_cast<uint32_t>(std::strtoul(f[1].c_str(), nullptr, 8));
-    e.name = f[4];
-    e.size_bytes = std::strtoull(f[5].c_str(), nullptr, 10);
-    // A deleted entry debugfs shows has inode 0.
-    if (e.inode != 0) entries.push_back(std::move(e));
+    e.name = std::move(l.name);
+    e.inode = l.inode;
+    e.mode = l.mode;
+    e.size_bytes = l.size_bytes;
+    entries.push_back(std::move(e));
   }
   return entries;
 }
 
-Result<std::vector<FileEntry>> List(MountedPoint& m, const std::string& path) {
-  BARGE_ASSIGN_OR_RETURN(std::string out, m.Debugfs("ls -p \"" + path + "\"", path));
-  return ParseListing(out);
+// A link's target whose bytes are in a data block: `cat <N>` prints them.
+Result<std::string> SlowLinkTarget(Env& env, MountedPoint& m, const FileEntry& link, const std::string& path) {
+  const std::string file = JoinPath(m.dir(), "link.out");
+  BARGE_RETURN_IF_ERROR(m.DebugfsTo("cat <" + std::to_string(link.inode) + ">", path, file));
+  return env.ReadFile(file, 1 << 20);
+}
+
+// Fills in the entries' times and link targets: `stat <N>` for each, a few
+// thousand per debugfs run.
+Status AddFacts(Env& env, MountedPoint& m, std::vector<FileEntry>& entries, const std::string& path) {
+  for (size_t first = 0; first < entries.size(); first += kStatsPerRun) {
+    const size_t last = std::min(entries.size(), first + kStatsPerRun);
+    std::string requests;
+    std::vector<uint64_t> inodes;
+    for (size_t i = first; i < last; ++i) {
+      requests += "stat <" + std::to_string(entries[i].inode) + ">\n";
+      inodes.push_back(entries[i].inode);
+    }
+    BARGE_ASSIGN_OR_RETURN(std::string out, m.DebugfsBatch(requests, path));
+    auto facts = ParseStats(out, inodes);
+    if (!facts.ok()) return Error(facts.error()).set_path(path);
+    for (size_t i = first; i < last; ++i) {
+      FileEntry& e = entries[i];
+      InodeFacts& f = (*facts)[i - first];
+      e.mtime = f.mtime;
+      if (!e.is_symlink()) continue;
+      if (f.fast_link_target) {
+        e.link_target = std::move(*f.fast_link_target);
+      } else {
+        BARGE_ASSIGN_OR_RETURN(e.link_target, SlowLinkTarget(env, m, e, path));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+// The entry `path` names, walked from the root one name at a time (each
+// folder listed by inode: no name is ever quoted for debugfs). Symbolic
+// links on the way are followed inside the point's filesystem (an
+// absolute target from its root), the final one too when `follow_final`.
+Result<FileEntry> Lookup(Env& env, MountedPoint& m, const std::string& path, bool follow_final) {
+  FileEntry root;
+  root.name = "/";
+  root.inode = kRootInode;
+  root.mode = 0040755;
+  std::vector<FileEntry> walked = {root};
+  std::vector<std::string> todo = Components(path);
+  std::reverse(todo.begin(), todo.end());  // the next name at the back
+  int links = 0;
+  while (!todo.empty()) {
+    const std::string name = std::move(todo.back());
+    todo.pop_back();
+    if (name == ".") continue;
+    if (name == "..") {
+      if (walked.size() > 1) walked.pop_back();
+      continue;
+    }
+    if (!walked.back().is_directory()) {
+      return Error::InvalidArgument("not a folder in backup " + m.point().manifest.id + ": " + walked.back().name)
+          .set_path(path);
+    }
+    BARGE_ASSIGN_OR_RETURN(std::vector<FileEntry> entries, ListInode(m, walked.back().inode, path));
+    auto it = std::find_if(entries.begin(), entries.end(), [&](const FileEntry& e) { return e.name == name; });
+    if (it == entries.end()) {
+      return Error::NotFound("no such file or folder in backup " + m.point().manifest.id).set_path(path);
+    }
+    if (it->is_symlink() && (!todo.empty() || follow_final)) {
+      if (++links > kMaxLinks) {
+        return Error::InvalidArgument("more than " + std::to_string(kMaxLinks) + " symbolic links on the way")
+            .set_path(path);
+      }
+      std::vector<FileEntry> link = {*it};
+      BARGE_RETURN_IF_ERROR(AddFacts(env, m, link, path));
+      if (link[0].link_target.empty()) {
+        return Error::NotFound("an empty symbolic link in backup " + m.point().manifest.id).set_path(path);
+      }
+      if (link[0].link_target[0] == '/') walked.resize(1);
+      std::vector<std::string> more = Components(link[0].link_target);
+      todo.insert(todo.end(), more.rbegin(), more.rend());
+      continue;
+    }
+    walked.push_back(std::move(*it));
+  }
+  return walked.back();
+}
+
+// Makes runs of zero blocks of the file at `file` holes (punched in place),
+// so that a sparse file's copy is sparse again.
+Status PunchZeroBlocks(Env& env, const std::string& file, uint64_t size_bytes) {
+  constexpr uint64_t kBlock = 4096, kChunk = 1 << 20;
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> in, env.OpenSource(file));
+  FileOptions options;
+  options.sync = false;
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSink> out, env.OpenSink(file, SinkMode::kExisting, options));
+  std::vector<std::byte> buffer(kChunk);
+  uint64_t zero_start = 0, zero_bytes = 0;
+  auto flush_zeros = [&]() -> Status {
+    if (zero_bytes != 0) BARGE_RETURN_IF_ERROR(out->WriteZeroes(zero_start, zero_bytes));
+    zero_bytes = 0;
+    return OkStatus();
+  };
+  static const std::vector<std::byte> kZeros(kBlock);
+  for (uint64_t offset = 0; offset < size_bytes; offset += kChunk) {
+    const uint64_t n = std::min(kChunk, size_bytes - offset);
+    BARGE_RETURN_IF_ERROR(in->ReadAt(offset, std::span(buffer).first(n)));
+    for (uint64_t b = 0; b < n; b += kBlock) {
+      const uint64_t len = std::min(kBlock, n - b);
+      if (std::memcmp(buffer.data() + b, kZeros.data(), len) == 0) {
+        if (zero_bytes == 0) zero_start = offset + b;
+        zero_bytes += len;
+      } else {
+        BARGE_RETURN_IF_ERROR(flush_zeros());
+      }
+    }
+  }
+  return flush_zeros();
+}
+
+// The regular file `path` names (a final link followed), checked.
+Result<FileEntry> LookupFile(Env& env, MountedPoint& m, const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(FileEntry e, Lookup(env, m, path, true));
+  if (e.is_directory()) {
+    return Error::InvalidArgument("a folder, not a file, in backup " + m.point().manifest.id).set_path(path);
+  }
+  if (!e.is_regular()) {
+    return Error::InvalidArgument("not a regular file in backup " + m.point().manifest.id).set_path(path);
+  }
+  return e;
+}
+
+// `cat <N>` of `file` into `temp`, its size checked against the listing.
+Status Dump(Env& env, MountedPoint& m, const FileEntry& file, const std::string& path, const std::string& temp) {
+  BARGE_RETURN_IF_ERROR(m.DebugfsTo("cat <" + std::to_string(file.inode) + ">", path, temp));
+  BARGE_ASSIGN_OR_RETURN(FileStat st, env.Stat(temp));
+  if (st.size_bytes != file.size_bytes) {
+    return Error::IoError("debugfs wrote " + std::to_string(st.size_bytes) + " bytes of " +
+                          std::to_string(file.size_bytes))
+        .set_path(path);
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -188,48 +362,66 @@ Result<FilesListing> ListFiles(Env& env, const FilesRequest& req, const std::str
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<MountedPoint> m, MountedPoint::Mount(env, req));
   FilesListing r;
   r.point = m->point();
-  BARGE_ASSIGN_OR_RETURN(r.entries, List(*m, path));
+  BARGE_ASSIGN_OR_RETURN(FileEntry folder, Lookup(env, *m, path, true));
+  if (!folder.is_directory()) {
+    return Error::InvalidArgument("not a folder in backup " + m->point().manifest.id).set_path(path);
+  }
+  BARGE_ASSIGN_OR_RETURN(r.entries, ListInode(*m, folder.inode, path));
+  BARGE_RETURN_IF_ERROR(AddFacts(env, *m, r.entries, path));
   return r;
 }
 
 Result<FileCopy> GetFile(Env& env, const FilesRequest& req, const std::string& path, const std::string& dest) {
   BARGE_RETURN_IF_ERROR(CheckFsPath(path));
-  if (path == "/") return Error::InvalidArgument("/ is a folder, not a file").set_path(path);
-  if (env.Exists(dest)) return Error::InvalidArgument("the destination exists (remove it first)").set_path(dest);
+  // A folder takes the file under its own name (the path's last name).
+  std::string target = dest;
+  if (auto st = env.Stat(dest); st.ok() && st->is_directory()) {
+    const std::vector<std::string> names = Components(path);
+    if (names.empty() || names.back() == "." || names.back() == "..") {
+      return Error::InvalidArgument("name the file to write: " + path + " has no name of its own").set_path(dest);
+    }
+    target = JoinPath(dest, names.back());
+  }
+  if (env.Exists(target)) return Error::InvalidArgument("the destination exists (remove it first)").set_path(target);
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<MountedPoint> m, MountedPoint::Mount(env, req));
-  std::string parent = DirName(path);
-  if (parent.empty()) parent = "/";
-  BARGE_ASSIGN_OR_RETURN(std::vector<FileEntry> siblings, List(*m, parent));
-  const std::string name = BaseName(path);
-  auto it = std::find_if(siblings.begin(), siblings.end(), [&](const FileEntry& e) { return e.name == name; });
-  if (it == siblings.end()) {
-    return Error::NotFound("no such file in backup " + m->point().manifest.id).set_path(path);
-  }
-  if (!it->is_regular()) {
-    return Error::InvalidArgument("not a regular file in backup " + m->point().manifest.id).set_path(path);
-  }
-  const std::string target = AbsolutePath(dest);
-  // debugfs writes through any link at its output's name: it writes into
-  // a fresh private folder beside the destination (the same filesystem,
-  // for the rename), never to a name someone could plant in a shared one.
-  BARGE_ASSIGN_OR_RETURN(std::string temp_dir, env.CreateTempDir(DirName(target), "." + BaseName(target) + ".barge-"));
+  BARGE_ASSIGN_OR_RETURN(FileEntry file, LookupFile(env, *m, path));
+  target = AbsolutePath(target);
+  // debugfs's output goes to a fresh private folder beside the
+  // destination (the same filesystem, for the rename), never to a name
+  // someone could plant in a shared one.
+  BARGE_ASSIGN_OR_RETURN(std::string temp_dir, env.CreateTempDir(DirName(target), ".barge-get-"));
   const std::string temp = JoinPath(temp_dir, "file");
   auto fail = [&](Error e) -> Error { return e.Also(env.RemoveTree(temp_dir)); };
-  if (auto dumped = m->Debugfs("dump \"" + path + "\" \"" + temp + "\"", path); !dumped.ok()) {
-    return fail(dumped.error());
-  }
-  auto st = env.Stat(temp);
-  if (!st.ok()) return fail(Error::IoError("debugfs wrote no file").set_path(dest));
-  if (st->size_bytes != it->size_bytes) {
-    return fail(Error::IoError("debugfs wrote " + std::to_string(st->size_bytes) + " bytes of " +
-                               std::to_string(it->size_bytes))
-                    .set_path(dest));
-  }
+  if (Status s = Dump(env, *m, file, path, temp); !s.ok()) return fail(Error(s.error()).set_path(dest));
+  if (Status s = PunchZeroBlocks(env, temp, file.size_bytes); !s.ok()) return fail(s.error());
   if (Status s = env.Rename(temp, target); !s.ok()) return fail(s.error());
   IgnoreError(env.RemoveDir(temp_dir), "an empty hidden folder beside the file; the copy is in place");
   FileCopy r;
   r.point = m->point();
-  r.size_bytes = it->size_bytes;
+  r.destination = target == AbsolutePath(dest) ? dest : JoinPath(dest, BaseName(target));
+  r.size_bytes = file.size_bytes;
+  return r;
+}
+
+Result<FileCopy> GetFileToStream(Env& env, const FilesRequest& req, const std::string& path, std::ostream& out) {
+  BARGE_RETURN_IF_ERROR(CheckFsPath(path));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<MountedPoint> m, MountedPoint::Mount(env, req));
+  BARGE_ASSIGN_OR_RETURN(FileEntry file, LookupFile(env, *m, path));
+  const std::string temp = JoinPath(m->dir(), "file");
+  BARGE_RETURN_IF_ERROR(Dump(env, *m, file, path, temp));
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> in, env.OpenSource(temp));
+  std::vector<std::byte> buffer(1 << 20);
+  for (uint64_t offset = 0; offset < file.size_bytes; offset += buffer.size()) {
+    const uint64_t n = std::min<uint64_t>(buffer.size(), file.size_bytes - offset);
+    BARGE_RETURN_IF_ERROR(in->ReadAt(offset, std::span(buffer).first(n)));
+    out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(n));
+    if (!out) return Error::IoError("writing the file to standard output failed").set_path(path);
+  }
+  out.flush();
+  if (!out) return Error::IoError("writing the file to standard output failed").set_path(path);
+  FileCopy r;
+  r.point = m->point();
+  r.size_bytes = file.size_bytes;
   return r;
 }
 

@@ -1,10 +1,12 @@
 // barge files ls | get: files of an ext4 filesystem out of two points of a
 // chain (one file changed between them), on the whole disk and in an MBR
 // partition, read through nbdfuse and debugfs over the verified export.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -206,6 +208,92 @@ TEST_F(FilesTest, NamesPlantedInASharedTemporaryFolderAreNeverUsed) {
   EXPECT_EQ(hostile.VictimText(), testing::HostileTmp::kVictimText);
   hostile.ExpectPlantedUntouched();
   EXPECT_EQ(hostile.NotNobodys(dest), std::vector<std::string>{});
+}
+
+// Issue 36 §3: names with a line break (which `files ls` dropped), a
+// double quote (which `files get` refused), a backslash, a leading dash,
+// spaces and bytes that are not UTF-8 all list and get; links show their
+// targets, entries their modes and times; a folder as destination, "-"
+// for stdout, and a sparse file stays sparse.
+TEST_F(FilesTest, IssueThirtySixEveryNameListsAndGets) {
+  const std::vector<std::string> names = {"new\nline", "quo\"te", "back\\slash", "-dash", "two  spaces ",
+                                          "not utf-8 \xff\xfe", "trailing line break\n"};
+  fs::create_directories(tmp_ / "root/odd");
+  for (size_t i = 0; i < names.size(); ++i) {
+    testing::WriteText(tmp_ / ("root/odd/" + names[i]), "file " + std::to_string(i) + "\n");
+  }
+  fs::permissions(tmp_ / "root/odd/-dash", fs::perms(0640));
+  fs::create_symlink("quo\"te", tmp_ / "root/odd/link");
+  fs::create_symlink("/etc/x\ny", tmp_ / "root/odd/link with line break");
+  {
+    // 1 MiB, one byte of data in its middle.
+    testing::WriteText(tmp_ / "root/odd/sparse", "");
+    fs::resize_file(tmp_ / "root/odd/sparse", kMiB);
+    RunOk("printf x | dd of=" + Q(tmp_ / "root/odd/sparse") + " bs=1 seek=500000 conv=notrunc status=none");
+  }
+  const std::string chain = BackUpTwoPoints(0, 16 * kMiB);
+
+  json listing = testing::RunResult(Barge("files ls " + Q(chain) + " /odd --json"));
+  std::map<std::string, json> by_name;
+  for (const json& e : listing.at("entries")) {
+    std::string name = e.at("name");
+    if (e.contains("name_bytes")) {
+      name.clear();
+      const std::string hex = e.at("name_bytes");
+      for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+        name += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+      }
+    }
+    by_name[name] = e;
+  }
+  EXPECT_EQ(by_name.size(), names.size() + 3) << listing.dump();
+  for (const auto& name : names) {
+    ASSERT_TRUE(by_name.count(name)) << "missing: " << name << " in " << listing.dump();
+    EXPECT_EQ(by_name[name].at("type"), "file");
+    EXPECT_TRUE(by_name[name].at("mtime").is_string()) << by_name[name].dump();
+  }
+  EXPECT_TRUE(by_name["not utf-8 \xff\xfe"].contains("name_bytes"));
+  EXPECT_FALSE(by_name["new\nline"].contains("name_bytes"));
+  EXPECT_EQ(by_name["-dash"].at("mode"), 0640);
+  EXPECT_EQ(by_name["link"].at("type"), "link");
+  EXPECT_EQ(by_name["link"].at("target"), "quo\"te");
+  EXPECT_EQ(by_name["link with line break"].at("target"), "/etc/x\ny");
+  // Readable text: one line per entry, each name escaped onto its line.
+  const std::string text = RunOk(Barge("files ls " + Q(chain) + " /odd"));
+  EXPECT_TRUE(Has(text, "  new\\nline  ")) << text;
+  EXPECT_TRUE(Has(text, "  back\\\\slash  ")) << text;
+  EXPECT_TRUE(Has(text, "  not utf-8 \\xff\\xfe  ")) << text;
+  EXPECT_TRUE(Has(text, "link -> quo\"te\n")) << text;
+  EXPECT_TRUE(Has(text, "- 0640 ")) << text;
+
+  // Every name gets, into a folder under its own name.
+  fs::create_directories(tmp_ / "out");
+  for (size_t i = 0; i < names.size(); ++i) {
+    RunOk(Barge("files get " + Q(chain) + " " + Q("/odd/" + names[i]) + " " + Q(tmp_ / "out")));
+    EXPECT_EQ(testing::Slurp(tmp_ / ("out/" + names[i])), "file " + std::to_string(i) + "\n") << names[i];
+  }
+  // A final link is followed; "-" is stdout.
+  RunOk(Barge("files get " + Q(chain) + " /odd/link - > " + Q(tmp_ / "via-link.txt")));
+  EXPECT_EQ(testing::Slurp(tmp_ / "via-link.txt"), "file 1\n");
+  // The sparse file comes back sparse and whole.
+  RunOk(Barge("files get " + Q(chain) + " /odd/sparse " + Q(tmp_ / "sparse.out")));
+  EXPECT_EQ(testing::Slurp(tmp_ / "sparse.out"), testing::Slurp(tmp_ / "root/odd/sparse"));
+  struct stat st {};
+  ASSERT_EQ(::stat((tmp_ / "sparse.out").c_str(), &st), 0);
+  EXPECT_LT(st.st_blocks * 512, 64 * 1024) << "allocated " << st.st_blocks * 512 << " of " << st.st_size;
+  // A file under a file is not a folder; a missing name with a line
+  // break fails on one line of stderr.
+  auto r = testing::Run(Barge("files ls " + Q(chain) + " " + Q("/odd/-dash/x")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "InvalidArgument")) << r.output;
+  r = testing::Run(Barge("files get " + Q(chain) + " " + Q("/odd/no\nsuch") + " " + Q(tmp_ / "out")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.stderr_text, "barge: NotFound: /odd/no\\nsuch: no such file or folder in backup " +
+                               testing::PointIds(chain).back() + "\n");
+  // Nothing of ours left beside the copies.
+  for (const auto& e : fs::directory_iterator(tmp_ / "out")) {
+    EXPECT_FALSE(e.path().filename().string().starts_with(".barge-")) << e.path();
+  }
 }
 
 TEST_F(FilesTest, AFilesystemInAPartition) {

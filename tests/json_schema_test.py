@@ -429,6 +429,11 @@ def scenario(r):
         os.makedirs(t("fsroot/etc"), exist_ok=True)
         with open(t("fsroot/etc/motd"), "w") as f:
             f.write("hello\n")
+        # A link (target), a line break and bytes that are not UTF-8
+        # (name_bytes) in names.
+        os.symlink("motd", t("fsroot/etc/link"))
+        with open(os.path.join(os.fsencode(t("fsroot/etc")), b"new\nline \xff"), "w") as f:
+            f.write("odd\n")
         subprocess.run(["mkfs.ext4", "-q", "-F", "-d", t("fsroot"), t("fs.img"), "8M"], check=True,
                        stdout=subprocess.DEVNULL)
         r.run("backup", ["--source", t("fs.img"), "--source-format", "raw", "--target", t("fsbk"), "--name", "fs"])
