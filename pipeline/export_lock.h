@@ -19,9 +19,9 @@ namespace barge::pipeline {
 // forget runs), takes this export's own lock file DIR/.export-PID-N.lock,
 // completes an interrupted merge and loads the folder into `*chain`, then
 // releases the writer lock.
-// A folder this process may not write (a read-only mount: EROFS; another
-// user's chain: EACCES, or the owner check of pipeline/chain_files.h) is
-// only read: the chain's existing DIR/.lock is opened read-only, locked
+// A folder this process may not write (a read-only mount: EROFS; root's
+// chain read by another user, or another user's with --allow-other-owner:
+// EACCES) is only read: the chain's existing DIR/.lock is opened read-only, locked
 // briefly to wait out a writer, and then held with a shared lock for the
 // export's life (merge and forget probe it; backups go on); an
 // interrupted merge is kBusy (its owner completes it). With no DIR/.lock
