@@ -99,8 +99,8 @@ Result<std::unique_ptr<ExportLock>> ExportLock::TakeShared(Env& env, const std::
   }
   BARGE_ASSIGN_OR_RETURN(*chain, LoadChainFolder(env, dir));
   if (brief == nullptr) {
-    // No lock file, and none can be made: nobody took this folder's lock
-    // through this path, and a merge or forget makes one first.
+    // No lock file, and none can be made here: no barge job ever locked
+    // the folder (a copy made without hidden files?). Nothing to share.
     return std::unique_ptr<ExportLock>(
         new ExportLock(env, nullptr, false,
                        "served without a lock: the chain folder has no lock file and " + why));
