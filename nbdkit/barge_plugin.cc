@@ -86,6 +86,8 @@ int BargeGetReady() {
   auto r = PointReader::Open(Env::Default(), chain_dir, at);
   if (!r.ok()) return Fail(r.error());
   reader = std::move(r).value();
+  // A read-only chain folder (nbdkit -v shows it).
+  if (!reader->lock_note().empty()) nbdkit_debug("barge: %s: %s", chain_dir.c_str(), reader->lock_note().c_str());
   return 0;
 }
 

@@ -1,10 +1,15 @@
 // barge export: nbdkit with barge's plugin, started, watched and stopped.
 #include "pipeline/export.h"
 
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -63,6 +68,27 @@ Status CheckExists(Env& env, const std::string& path, const std::string& what) {
   return st.error();
 }
 
+// True when `path` is a unix socket of this user that nobody listens on
+// (connect: ECONNREFUSED): what an export whose barge was killed leaves
+// (nbdkit, ending with barge, does not remove its socket).
+bool IsDeadSocketOfOurs(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != ::geteuid()) return false;
+  struct sockaddr_un addr {};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  int rc;
+  do {
+    rc = ::connect(fd, reinterpret_cast<const struct sockaddr*>(&addr), sizeof(addr));
+  } while (rc != 0 && errno == EINTR);
+  const int err = rc != 0 ? errno : 0;
+  ::close(fd);
+  return rc != 0 && err == ECONNREFUSED;
+}
+
 }  // namespace
 
 Result<std::string> FindExportPlugin(Env& env) {
@@ -99,6 +125,11 @@ Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
   if (!req.tls_certificates.empty()) BARGE_RETURN_IF_ERROR(CheckExists(env, req.tls_certificates, "TLS certificates folder"));
   if (!req.tls_psk_file.empty()) BARGE_RETURN_IF_ERROR(CheckExists(env, req.tls_psk_file, "TLS PSK file"));
   if (!req.socket_path.empty()) {
+    // A killed export's socket, nobody listening on it, goes; a live one
+    // (another export) or anything else at the path stays and refuses.
+    if (IsDeadSocketOfOurs(AbsolutePath(req.socket_path))) {
+      IgnoreError(env.UnlinkIfExists(AbsolutePath(req.socket_path)), "nbdkit then says the address is in use");
+    }
     if (env.Exists(req.socket_path)) {
       return Error::InvalidArgument("something is already at the socket path (another export? remove it first)")
           .set_path(req.socket_path);

@@ -45,6 +45,9 @@ class PointReader {
   uint32_t cluster_bytes() const { return cluster_bytes_; }
   const formats::BackupManifest& manifest() const { return point_.point->manifest; }
   size_t position() const { return point_.index; }
+  // How the folder is locked when the export could make no lock file of
+  // its own (ExportLock::note); empty otherwise.
+  const std::string& lock_note() const { return lock_->note(); }
 
   // Reads [offset, offset + out.size()), which must lie inside the disk
   // (kInvalidArgument otherwise). Every cluster the range touches is read

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -30,11 +31,16 @@ constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kDiskBytes = 8 * kMiB;
 
 // `barge export ... --json` in the background: stdout and stderr to files,
-// stopped by PID.
+// stopped by PID. `wrap` turns the barge command into the one run (which
+// must exec barge in the end: the PID is barge's).
 class Export {
  public:
-  Export(const TempDir& tmp, const std::string& args) : out_(tmp / "export.out"), err_(tmp / "export.err") {
-    const std::string command = "exec " + Barge("export " + args + " --json") + " >" + Q(out_) + " 2>" + Q(err_);
+  Export(const TempDir& tmp, const std::string& args,
+         const std::function<std::string(const std::string&)>& wrap = nullptr)
+      : out_(tmp / "export.out"), err_(tmp / "export.err") {
+    std::string barge = Barge("export " + args + " --json");
+    if (wrap) barge = wrap(barge);
+    const std::string command = "exec " + barge + " >" + Q(out_) + " 2>" + Q(err_);
     pid_ = ::fork();
     if (pid_ == 0) {
       ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
@@ -330,6 +336,118 @@ TEST_F(ExportTest, MergeAndForgetAreRefusedWhileExporting) {
   EXPECT_EQ(ex.Stop(), 143);
   // Once it ended, the merge runs.
   RunOk(Barge("merge " + Q(chain_) + " --through latest"));
+}
+
+// A chain folder the export may not write is served with nothing written
+// there (issue 36): a read-only view of it (a bind mount remounted
+// read-only, EROFS, in a mount namespace of the export's own, gone with
+// it), and root's chain read by nobody (EACCES). Merge and forget through
+// the writable folder are refused meanwhile; a backup goes on.
+TEST_F(ExportTest, AReadOnlyChainIsServedAndKeepsMergeOff) {
+  for (const char* tool : {"unshare", "setpriv", "mount"}) BARGE_REQUIRE_TOOL(tool);
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (a bind mount, another user)";
+  auto expect_no_export_lock = [&] {
+    for (const auto& e : fs::directory_iterator(chain_)) {
+      EXPECT_FALSE(e.path().filename().string().starts_with(".export-")) << e.path();
+    }
+  };
+  const std::string ro = tmp_ / "ro";
+  fs::create_directories(ro);
+  const std::string mount =
+      "mount --bind " + Q(tmp_ / "bk") + " " + Q(ro) + " && mount -o remount,bind,ro " + Q(ro) + " && exec ";
+  {
+    Export ex(tmp_, Q(ro + "/d") + " --socket " + Q(socket_), [&](const std::string& barge) {
+      return "unshare --mount --propagation private sh -c " + Q(mount + barge);
+    });
+    json ready = ex.WaitReady();
+    ASSERT_FALSE(ready.is_null()) << ex.Stderr();
+    EXPECT_EQ(ready.at("id"), ids_.back());
+    RunOk("nbdcopy " + Q(Uri()) + " " + Q(tmp_ / "ro.raw"));
+    RunOk("cmp " + Q(disk_) + " " + Q(tmp_ / "ro.raw"));
+    expect_no_export_lock();
+    auto merge = testing::Run(Barge("merge " + Q(chain_) + " --through latest"));
+    EXPECT_EQ(merge.exit_code, 4) << merge.output;
+    EXPECT_TRUE(Has(merge.output, "exported")) << merge.output;
+    auto forget = testing::Run(Barge("forget " + Q(chain_) + " --keep-last 1"));
+    EXPECT_EQ(forget.exit_code, 4) << forget.output;
+    EXPECT_EQ(testing::PointIds(chain_), ids_);
+    // Backups only add files: they go on.
+    RunOk(Barge("backup --compress none --source " + Q(disk_) + " --target " + Q(tmp_ / "bk") +
+                " --name d --incremental --dirty-extents " + Q(tmp_ / "changed.json")));
+    EXPECT_EQ(ex.Stop(), 143) << ex.Stderr();
+  }
+  ids_ = testing::PointIds(chain_);
+  ASSERT_EQ(ids_.size(), 3u);
+
+  // Root's chain, readable by everyone (0755 folders, 0644 files), served
+  // to nobody, who may write none of it.
+  for (const std::string& d : {tmp_.path().string(), tmp_ / "bk", chain_}) fs::permissions(d, fs::perms(0755));
+  for (const auto& e : fs::directory_iterator(chain_)) fs::permissions(e.path(), fs::perms(0644));
+  const std::string nobodys = tmp_ / "nobodys";
+  fs::create_directories(nobodys);
+  RunOk("chown nobody " + Q(nobodys));
+  const std::string socket = nobodys + "/nbd.sock";
+  {
+    TempDir out;  // its own output files: the first export's ready event is in tmp_'s
+    Export ex(out, Q(chain_) + " --at 0 --socket " + Q(socket), [&](const std::string& barge) {
+      return "setpriv --reuid=nobody --regid=65534 --clear-groups " + barge;
+    });
+    json ready = ex.WaitReady();
+    ASSERT_FALSE(ready.is_null()) << ex.Stderr();
+    EXPECT_EQ(ready.at("id"), ids_.front());
+    EXPECT_TRUE(Has(RunOk("nbdinfo --size " + Q("nbd+unix:///?socket=" + socket)), std::to_string(kDiskBytes)));
+    expect_no_export_lock();
+    auto merge = testing::Run(Barge("merge " + Q(chain_) + " --through latest"));
+    EXPECT_EQ(merge.exit_code, 4) << merge.output;
+    EXPECT_EQ(ex.Stop(), 143) << ex.Stderr();
+  }
+  // Once they ended, the merge runs.
+  RunOk(Barge("merge " + Q(chain_) + " --through latest"));
+}
+
+// A folder that holds no backup (barge export /etc) is refused before
+// anything is written in it: no lock file is left there (issue 36).
+TEST_F(ExportTest, AFolderThatIsNoChainGetsNoLockFile) {
+  const std::string folder = tmp_ / "etc";
+  fs::create_directories(folder);
+  testing::WriteText(folder + "/hosts", "127.0.0.1 localhost\n");
+  auto r = testing::Run(Barge("export " + Q(folder) + " --socket " + Q(socket_)));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.output, "not a chain folder")) << r.output;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(folder)) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"hosts"});
+  EXPECT_FALSE(fs::exists(socket_));
+}
+
+// barge killed outright (SIGKILL: no cleanup of its own): its nbdkit ends
+// with it (--exit-with-parent), and the socket nbdkit leaves blocks no
+// restart on the same path; a live export's socket still refuses one
+// (issue 36).
+TEST_F(ExportTest, AKilledExportEndsItsNbdkitAndItsSocketBlocksNoRestart) {
+  Export killed(tmp_, Q(chain_) + " --socket " + Q(socket_));
+  json ready = killed.WaitReady();
+  ASSERT_FALSE(ready.is_null()) << killed.Stderr();
+  const int64_t nbdkit_pid = ready.at("nbdkit_pid");
+  killed.Stop(SIGKILL);
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    gone = ProcessGone(nbdkit_pid);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(gone) << "nbdkit " << nbdkit_pid << " outlived barge";
+  EXPECT_TRUE(fs::exists(socket_)) << "nothing left to test";
+
+  TempDir next_out;
+  Export next(next_out, Q(chain_) + " --socket " + Q(socket_));
+  ASSERT_FALSE(next.WaitReady().is_null()) << next.Stderr();
+  EXPECT_EQ(RunOk("nbdinfo --size " + Q(Uri())), std::to_string(kDiskBytes) + "\n");
+  // The live export's socket is no stale one.
+  auto third = testing::Run(Barge("export " + Q(chain_) + " --socket " + Q(socket_)));
+  EXPECT_EQ(third.exit_code, 1) << third.output;
+  EXPECT_TRUE(Has(third.output, "already at the socket path")) << third.output;
+  EXPECT_EQ(RunOk("nbdinfo --size " + Q(Uri())), std::to_string(kDiskBytes) + "\n");
+  EXPECT_EQ(next.Stop(SIGTERM), 143) << next.Stderr();
 }
 
 TEST_F(ExportTest, TlsWithAPskIsRequiredAndTheKeyNeverPrinted) {

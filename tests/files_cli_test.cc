@@ -137,6 +137,43 @@ TEST_F(FilesTest, ListsAndGetsBothVersionsOfAChangedFile) {
   EXPECT_FALSE(fs::exists(tmp_ / "x"));
 }
 
+// A chain folder barge may not write is browsed with nothing written there
+// (issue 36): a read-only view of it (a bind mount remounted read-only,
+// EROFS, in a mount namespace of its own, gone with it), and a folder
+// barge may not write into (root without CAP_DAC_OVERRIDE in a 0555
+// folder: EACCES, as for another user's chain; FUSE here is root's only).
+TEST_F(FilesTest, AReadOnlyChainIsBrowsed) {
+  for (const char* tool : {"unshare", "setpriv", "mount"}) BARGE_REQUIRE_TOOL(tool);
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (a bind mount, dropped capabilities)";
+  const std::string chain = BackUpTwoPoints(0, 16 * kMiB);
+  auto names_of = [](const json& listing) {
+    std::vector<std::string> names;
+    for (const json& e : listing.at("entries")) names.push_back(e.at("name"));
+    return names;
+  };
+  const std::string ro = tmp_ / "ro";
+  fs::create_directories(ro);
+  const std::string mount =
+      "mount --bind " + Q(tmp_ / "bk") + " " + Q(ro) + " && mount -o remount,bind,ro " + Q(ro) + " && exec ";
+  json listing = testing::RunResult("unshare --mount --propagation private sh -c " +
+                                    Q(mount + Barge("files ls " + Q(ro + "/d") + " /etc --json")));
+  EXPECT_EQ(names_of(listing), std::vector<std::string>{"motd"}) << listing.dump();
+  RunOk("unshare --mount --propagation private sh -c " +
+        Q(mount + Barge("files get " + Q(ro + "/d") + " /etc/motd " + Q(tmp_ / "ro-motd.txt") + " --at 0")));
+  EXPECT_EQ(testing::Slurp(tmp_ / "ro-motd.txt"), "hello v1\n");
+
+  fs::permissions(chain, fs::perms(0555));
+  const std::string unprivileged = "setpriv --inh-caps=-dac_override,-dac_read_search "
+                                   "--bounding-set=-dac_override,-dac_read_search ";
+  ASSERT_NE(testing::Run(unprivileged + "touch " + Q(chain + "/probe")).exit_code, 0) << "the folder is writable";
+  listing = testing::RunResult(unprivileged + Barge("files ls " + Q(chain) + " /etc --json"));
+  EXPECT_EQ(names_of(listing), std::vector<std::string>{"motd"}) << listing.dump();
+  fs::permissions(chain, fs::perms(0700));
+  for (const auto& e : fs::directory_iterator(chain)) {
+    EXPECT_FALSE(e.path().filename().string().starts_with(".export-")) << e.path();
+  }
+}
+
 TEST_F(FilesTest, ADamagedClusterFailsTheCopyNamingTheLayerNeverWrongBytes) {
   BARGE_REQUIRE_TOOL("qemu-img");
   const std::string chain = BackUpTwoPoints(0, 16 * kMiB);
