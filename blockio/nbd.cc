@@ -4,6 +4,7 @@
 #include "blockio/nbd.h"
 
 #include "blockio/extent_builder.h"
+#include "blockio/nbd_tls_probe.h"
 
 #include <libnbd.h>
 
@@ -30,6 +31,8 @@ constexpr uint64_t kMaxCommandBytes = uint64_t{1} << 30;
 constexpr std::chrono::milliseconds kDisconnectWait{2000};
 // Deadline for each connection after the first (see OpenExport).
 constexpr std::chrono::milliseconds kExtraConnectTimeout{2000};
+// Longest the diagnostic probe of a refused server certificate may take.
+constexpr std::chrono::milliseconds kCertificateProbeTimeout{3000};
 
 // Turns libnbd's thread-local error of the call that just failed into an
 // Error. Must run on the failing thread before any other libnbd call.
@@ -136,11 +139,45 @@ Status ApplyTls(nbd_handle* h, const std::string& uri, const std::string& name, 
   return OkStatus();
 }
 
+// The CA file the connection to `uri` verifies the server with: the
+// certificates folder's ca-cert.pem (the URI's tls-certificates= wins over
+// the flag, as in libnbd), "" when none is named (the system's CAs).
+std::string CaFile(const std::string& uri, const NbdTls& tls) {
+  std::string dir = NbdUriParam(uri, "tls-certificates");
+  if (dir.empty()) dir = tls.certificates_dir;
+  if (dir.empty()) return {};
+  return dir + (dir.ends_with('/') ? "" : "/") + "ca-cert.pem";
+}
+
+// Why the server's certificate was refused, by the diagnostic probe
+// (nbd_tls_probe.h: libnbd says only "Error in the certificate
+// verification"); "" when the probe cannot tell (then libnbd's words
+// stand alone). TCP only: libnbd verifies a host name only there.
+std::string DiagnoseCertificate(const std::string& uri, const NbdTls& tls) {
+  if (uri.find("+unix://") != std::string::npos || uri.find("+vsock://") != std::string::npos) return {};
+  const std::string server = NbdServerName(uri);
+  const size_t colon = server.rfind(':');
+  if (colon == std::string::npos) return {};
+  std::string host = server.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string ca_file = CaFile(uri, tls);
+  auto check = ProbeNbdServerCertificate(host, server.substr(colon + 1), ca_file, kCertificateProbeTimeout);
+  if (!check.ok()) return {};
+  // The folder is named as the flags and parameters name it, never by its
+  // path (WithoutNbdSecrets keeps paths of credentials out of messages).
+  return ServerCertificateWords(*check, host,
+                                ca_file.empty() ? "a CA this system trusts"
+                                                : "the CA of the certificates folder (its ca-cert.pem)");
+}
+
 // The error of a connect that failed with TLS requested, in words that
 // name the server: a server that offers no TLS is refused (libnbd says
 // ENOTSUP when the server declines STARTTLS or predates it); a failed
-// handshake is the server's certificate or our credentials.
-Error TlsConnectError(Error e, const std::string& uri) {
+// handshake is the server's certificate or our credentials, named as far
+// as they can be told apart: a refused certificate by its cause (the
+// probe), a handshake the server ended by the credentials we offered.
+// `e` is already free of secrets; the words added name none.
+Error TlsConnectError(Error e, const std::string& uri, const NbdTls& tls) {
   const std::string server = NbdServerName(uri);
   if (e.errno_value() == ENOTSUP || e.errno_value() == EOPNOTSUPP) {
     return Error::NotSupported("the NBD server at " + server +
@@ -150,7 +187,20 @@ Error TlsConnectError(Error e, const std::string& uri) {
   const std::string& text = e.message();
   if (text.find("gnutls") != std::string::npos || text.find("TLS") != std::string::npos ||
       text.find("certificate") != std::string::npos) {
-    Error out = Error::IoError("TLS handshake with the NBD server at " + server + " failed: " + text);
+    std::string cause;
+    if (text.find("certificate verification") != std::string::npos) {
+      cause = DiagnoseCertificate(uri, tls);
+    } else if (text.find("non-properly terminated") != std::string::npos) {
+      // The server ends the handshake without telling why; which of our
+      // credentials it refused follows from what we offered.
+      const bool psk = !tls.psk_file.empty() || !NbdUriParam(uri, "tls-psk-file").empty();
+      cause = psk ? "the server refused the PSK identity or its key (a key that differs from the server's, "
+                    "or a user it does not know)"
+                  : "the server ended the handshake: it may expect PSK, or a client certificate "
+                    "(client-cert.pem and client-key.pem in the certificates folder) signed by a CA it trusts";
+    }
+    Error out = Error::IoError("TLS handshake with the NBD server at " + server + " failed: " +
+                               (cause.empty() ? text : cause + " (" + text + ")"));
     out.set_errno(e.errno_value()).set_path(e.path());
     return out;
   }
@@ -201,7 +251,7 @@ Result<std::unique_ptr<NbdHandle>> Connect(const std::string& uri, const std::st
   if (handle.ok()) return handle;
   // libnbd's text may name the PSK file and identity: never shown.
   Error e = WithoutNbdSecrets(handle.error(), uri, options.tls);
-  if (TlsRequested(uri, options.tls)) return TlsConnectError(std::move(e), uri);
+  if (TlsRequested(uri, options.tls)) return TlsConnectError(std::move(e), uri, options.tls);
   return e;
 }
 

@@ -7,7 +7,7 @@ set -euo pipefail
 profile=${1:-test}
 
 build_pkgs=(cmake ninja-build g++ pkg-config libtbb-dev libzstd-dev libxxhash-dev
-  libnbd-dev libvirt-dev liburing-dev zlib1g-dev libssl-dev libsqlite3-dev
+  libnbd-dev libgnutls28-dev libvirt-dev liburing-dev zlib1g-dev libssl-dev libsqlite3-dev
   nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev
   # barge serve: prometheus-cpp's Exposer (/metrics) on civetweb, whose C
   # API answers /healthz.

@@ -76,9 +76,16 @@ bool ListeningOn(int port) {
 class TcpQemuNbd {
  public:
   // On `port`, or on a free one when 0.
-  explicit TcpQemuNbd(const std::string& args, int port = 0) : port_(port != 0 ? port : FreePort()) {
-    std::string shell = "exec qemu-nbd -t -b 127.0.0.1 -p " + std::to_string(port_) + " " + args +
-                        " >/dev/null 2>&1";
+  explicit TcpQemuNbd(const std::string& args, int port = 0)
+      : TcpQemuNbd("qemu-nbd -t -b 127.0.0.1 -p", args, port) {}
+  // nbdkit (foreground) on 127.0.0.1 with `args` (plugin and its
+  // parameters last).
+  static std::unique_ptr<TcpQemuNbd> Nbdkit(const std::string& args) {
+    return std::unique_ptr<TcpQemuNbd>(new TcpQemuNbd("nbdkit -f -i 127.0.0.1 -p", args, 0));
+  }
+  // `program` ends with its port option; the port follows it.
+  TcpQemuNbd(const std::string& program, const std::string& args, int port) : port_(port != 0 ? port : FreePort()) {
+    std::string shell = "exec " + program + " " + std::to_string(port_) + " " + args + " >/dev/null 2>&1";
     pid_ = ::fork();
     if (pid_ == 0) {
       ::execl("/bin/sh", "sh", "-c", shell.c_str(), static_cast<char*>(nullptr));
@@ -114,16 +121,22 @@ class NbdTlsTest : public ::testing::Test {
  protected:
   // Certificates and keys are made once for the suite (certtool takes a
   // moment per key): a CA, a server and a client certificate, a second CA
-  // that signed nothing here, and a PSK.
+  // that signed nothing here, a PSK, and two server certificates the client
+  // must refuse: one that expired (2020-2021) and one for another host.
   static void SetUpTestSuite() {
     if (!testing::HaveTool("certtool") || !testing::HaveTool("qemu-nbd")) return;
     pki_ = new TempDir();
     const TempDir& d = *pki_;
-    for (const char* sub : {"server", "client", "wrongca", "psk"}) std::filesystem::create_directory(d / sub);
+    for (const char* sub : {"server", "client", "wrongca", "psk", "expired", "otherhost"}) std::filesystem::create_directory(d / sub);
     WriteText(d / "ca.info", "cn = barge test CA\nca\ncert_signing_key\nexpiration_days = 2\n");
     WriteText(d / "server.info",
               "organization = barge test\ncn = 127.0.0.1\nip_address = 127.0.0.1\ntls_www_server\n"
               "signing_key\nexpiration_days = 2\n");
+    WriteText(d / "expired.info",
+              "organization = barge test\ncn = 127.0.0.1\nip_address = 127.0.0.1\ntls_www_server\nsigning_key\n"
+              "activation_date = \"2020-01-01 00:00:00 UTC\"\nexpiration_date = \"2021-01-01 00:00:00 UTC\"\n");
+    WriteText(d / "otherhost.info", "organization = barge test\ncn = elsewhere.example\ndns_name = elsewhere.example\n"
+                                    "tls_www_server\nsigning_key\nexpiration_days = 2\n");
     WriteText(d / "client.info", "organization = barge test\ncn = client\ntls_www_client\nsigning_key\n"
                                  "expiration_days = 2\n");
     const std::string key = "certtool -q --generate-privkey --key-type=ecdsa --outfile ";
@@ -137,6 +150,9 @@ class NbdTlsTest : public ::testing::Test {
         "certtool -q --generate-certificate --load-privkey client/client-key.pem --load-ca-certificate "
         "ca-cert.pem --load-ca-privkey ca-key.pem --template client.info --outfile client/client-cert.pem\n" +
         "cp ca-cert.pem server/ && cp ca-cert.pem client/\n" +
+        "for s in expired otherhost; do cp server/server-key.pem ca-cert.pem $s/ && certtool -q "
+        "--generate-certificate --load-privkey $s/server-key.pem --load-ca-certificate ca-cert.pem "
+        "--load-ca-privkey ca-key.pem --template $s.info --outfile $s/server-cert.pem; done\n" +
         // The wrong CA: a folder like client/ whose CA did not sign the server.
         key + "wrong-ca-key.pem\n" +
         "certtool -q --generate-self-signed --load-privkey wrong-ca-key.pem --template ca.info --outfile "
@@ -309,8 +325,37 @@ TEST_F(NbdTlsTest, PskBackupAndRestoreToTlsExport) {
   EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
   EXPECT_TRUE(Has(wrong.stderr_text, "TLS handshake with the NBD server at " + server->hostport()))
       << wrong.stderr_text;
+  // Which of the two the server cannot say; the error names both, and
+  // neither the identity nor the file.
+  const std::string refused = "the server refused the PSK identity or its key (a key that differs from the "
+                              "server's, or a user it does not know)";
+  EXPECT_TRUE(Has(wrong.stderr_text, refused)) << wrong.stderr_text;
   EXPECT_FALSE(Has(wrong.output, kPskHex)) << wrong.output;
-  EXPECT_FALSE(Has(wrong.output, "mallory@")) << wrong.output;
+  EXPECT_FALSE(Has(wrong.output, "mallory")) << wrong.output;
+  EXPECT_FALSE(Has(wrong.output, "mallory.psk")) << wrong.output;
+
+  // The identity the server knows with another key: the same words.
+  const std::string other_key = dir_ / "other-key.psk";
+  WriteText(other_key, "alice:00112233445566778899aabbccddeeff0011223344556677\n");
+  ::chmod(other_key.c_str(), 0600);
+  CommandResult bad_key = Sh(Barge("convert " + Q("nbd://" + server->hostport() + "/") + " " +
+                                   Q(dir_ / "y.raw") + " --tls-psk-file " + Q(other_key) +
+                                   " --tls-username alice --json"));
+  EXPECT_EQ(bad_key.exit_code, 1) << bad_key.output;
+  EXPECT_TRUE(Has(bad_key.stderr_text, "TLS handshake with the NBD server at " + server->hostport() + " failed: " +
+                                           refused))
+      << bad_key.stderr_text;
+  EXPECT_FALSE(Has(bad_key.output, "00112233445566778899")) << bad_key.output;
+  EXPECT_FALSE(Has(bad_key.output, "other-key.psk")) << bad_key.output;
+  EXPECT_FALSE(Has(bad_key.output, "alice")) << bad_key.output;
+
+  // A client with certificates only: the server ends the handshake, and
+  // the error says what it may have wanted instead.
+  CommandResult x509 = Sh(Barge("convert " + Q("nbds://" + server->hostport() + "/") + " " + Q(dir_ / "z.raw") +
+                                " --tls-certificates " + Q(Pki("client"))));
+  EXPECT_EQ(x509.exit_code, 1) << x509.output;
+  EXPECT_TRUE(Has(x509.stderr_text, "the server ended the handshake: it may expect PSK, or a client certificate"))
+      << x509.stderr_text;
 }
 
 TEST_F(NbdTlsTest, PlaintextServerRefusedWhenTlsRequested) {
@@ -402,9 +447,42 @@ TEST_F(NbdTlsTest, WrongCaRefused) {
   CommandResult r = Sh(Barge("convert " + Q("nbds://" + server->hostport() + "/") + " " + Q(dir_ / "a.raw") +
                              " --tls-certificates " + Q(Pki("wrongca")) + " --json"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(Has(r.stderr_text, "TLS handshake with the NBD server at " + server->hostport()))
-      << r.stderr_text;
+  // libnbd says only "Error in the certificate verification"; the error
+  // names the cause, and the folder without its path.
+  EXPECT_TRUE(Has(r.stderr_text, "TLS handshake with the NBD server at " + server->hostport() +
+                                     " failed: the server's certificate is not signed by the CA of the "
+                                     "certificates folder (its ca-cert.pem) (")) << r.stderr_text;
+  EXPECT_FALSE(Has(r.stderr_text, Pki("wrongca"))) << r.stderr_text;
+  EXPECT_EQ(std::count(r.stderr_text.begin(), r.stderr_text.end(), '\n'), 1) << r.stderr_text;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "a.raw"));
+}
+
+// A server certificate for another host, and one that expired, are
+// refused, each naming its cause (issue 36: libnbd reports them alike).
+TEST_F(NbdTlsTest, RefusedServerCertificateNamesItsCause) {
+  {
+    TcpQemuNbd server("--object tls-creds-x509,id=t0,endpoint=server,dir=" + Pki("otherhost") +
+                      " --tls-creds t0 -r -f qcow2 " + Q(disk_));
+    ASSERT_TRUE(server.WaitReady());
+    CommandResult r = Sh(Barge("convert " + Q("nbds://" + server.hostport() + "/") + " " + Q(dir_ / "a.raw") +
+                               " --tls-certificates " + Q(Pki("client"))));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(Has(r.stderr_text, "TLS handshake with the NBD server at " + server.hostport() +
+                                       " failed: the server's certificate names elsewhere.example, not 127.0.0.1"))
+        << r.stderr_text;
+  }
+  // qemu-nbd refuses to serve an expired certificate; nbdkit serves it.
+  if (!testing::HaveTool("nbdkit")) GTEST_SKIP() << "nbdkit not installed";
+  auto server = TcpQemuNbd::Nbdkit("--tls=require --tls-certificates=" + Pki("expired") + " memory 8M");
+  ASSERT_TRUE(server->WaitReady());
+  CommandResult r = Sh(Barge("convert " + Q("nbds://" + server->hostport() + "/?tls-certificates=" + Pki("client")) +
+                             " " + Q(dir_ / "b.raw") + " --json"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "TLS handshake with the NBD server at " + server->hostport() +
+                                     " failed: the server's certificate expired on 2021-01-01 00:00:00 UTC"))
+      << r.stderr_text;
+  ExpectNoSecret(r.output, "the refusal of an expired certificate");
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "b.raw"));
 }
 
 TEST_F(NbdTlsTest, LooseOrMissingCredentialFilesRefused) {
