@@ -71,9 +71,12 @@ Status CheckExists(Env& env, const std::string& path, const std::string& what) {
 // True when `path` is a unix socket of this user that nobody listens on
 // (connect: ECONNREFUSED): what an export whose barge was killed leaves
 // (nbdkit, ending with barge, does not remove its socket).
-bool IsDeadSocketOfOurs(const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != ::geteuid()) return false;
+bool IsDeadSocketOfOurs(Env& env, const std::string& path) {
+  // Not a regular file, folder, device or link (a socket or FIFO), ours;
+  // a connect refused (ECONNREFUSED: a socket nobody listens on, or a FIFO
+  // of ours, where nbdkit could not listen either).
+  auto st = env.StatNoFollow(path);
+  if (!st.ok() || st->type != FileStat::Type::kOther || st->uid != ::geteuid()) return false;
   struct sockaddr_un addr {};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) return false;
@@ -127,7 +130,7 @@ Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
   if (!req.socket_path.empty()) {
     // A killed export's socket, nobody listening on it, goes; a live one
     // (another export) or anything else at the path stays and refuses.
-    if (IsDeadSocketOfOurs(AbsolutePath(req.socket_path))) {
+    if (IsDeadSocketOfOurs(env, AbsolutePath(req.socket_path))) {
       IgnoreError(env.UnlinkIfExists(AbsolutePath(req.socket_path)), "nbdkit then says the address is in use");
     }
     if (env.Exists(req.socket_path)) {
