@@ -201,6 +201,26 @@ class VmInstantRestoreTest : public VmTestBase {
     EXPECT_NE(connect.exit_code, 0) << "nobody read the backup point through the socket: " << connect.output;
   }
 
+  // A byte in the point's first data cluster (guest offset 0) flipped
+  // (again: flipped back); the layer file.
+  std::string FlipAByteOfTheFirstCluster() {
+    const std::vector<std::string> ids = PointIds(chain_);
+    EXPECT_EQ(ids.size(), 1u);
+    const std::string manifest = ManifestPath(chain_, ids[0]);
+    const std::string image = manifest.substr(0, manifest.size() - 5) + ".qcow2";
+    json map = json::parse(RunOk("qemu-img map --output=json -f qcow2 " + ShellQuote(image)));
+    int64_t host = -1;
+    for (const json& e : map) {
+      if (e.at("start") == 0 && e.contains("offset")) host = e.at("offset");
+    }
+    EXPECT_GE(host, 0) << map.dump();
+    if (host < 0) return "";
+    auto bytes = ReadFile(image);
+    bytes[host + 4096 * 3] ^= std::byte{0x5a};
+    WriteFile(image, bytes);
+    return image;
+  }
+
   std::string source_, chain_, placeholder_, disk_;
 };
 
@@ -313,21 +333,8 @@ TEST_F(VmInstantRestoreTest, RefusesExistingDiskAndRunningDomain) {
 // one reads EIO); a rerun says it again at once, from the record, without
 // restoring up to it. It never pivots.
 TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
-  const std::vector<std::string> ids = PointIds(chain_);
-  ASSERT_EQ(ids.size(), 1u);
-  const std::string manifest = ManifestPath(chain_, ids[0]);
-  const std::string image = manifest.substr(0, manifest.size() - 5) + ".qcow2";
-  json map = json::parse(RunOk("qemu-img map --output=json -f qcow2 " + ShellQuote(image)));
-  int64_t host = -1;
-  for (const json& e : map) {
-    if (e.at("start") == 0 && e.contains("offset")) host = e.at("offset");
-  }
-  ASSERT_GE(host, 0) << map.dump();
-  {
-    auto bytes = ReadFile(image);
-    bytes[host + 4096 * 3] ^= std::byte{0x5a};
-    WriteFile(image, bytes);
-  }
+  const std::string image = FlipAByteOfTheFirstCluster();
+  ASSERT_FALSE(image.empty());
   TestDomain dom("instantbad", {{"vda", placeholder_, "qcow2"}});
   ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   const std::string uri = "nbd+unix:///?socket=" + (dir_ / (".barge-instant-" + dom.name())) + "/nbd.sock";
@@ -406,6 +413,32 @@ TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
   }
   r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
   EXPECT_EQ(r.exit_code, 1) << r.output;  // nothing left to abandon
+}
+
+// A damaged point whose layer file is put back intact (a replica's copy)
+// while the domain runs: the rerun finds the recorded range readable,
+// restores and pivots; DISK is the point plus the guest's writes, the
+// damaged range's included.
+TEST_F(VmInstantRestoreTest, ARepairedLayerLetsTheRerunFinish) {
+  ASSERT_FALSE(FlipAByteOfTheFirstCluster().empty());
+  TestDomain dom("instantfix", {{"vda", placeholder_, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  Background run(Command(dom.name()), dir_ / "run1.out");
+  ASSERT_FALSE(run.WaitEvent("phase", "damaged", 300).is_null()) << run.Stderr();
+  dom.Write(0x5a, "0", "64k");
+  dom.Write(0x33, "22M", "128k");
+  ::kill(run.pid(), SIGTERM);
+  EXPECT_EQ(run.Wait(60), 2) << run.Stderr();
+  ASSERT_FALSE(FlipAByteOfTheFirstCluster().empty());  // intact again
+  Background rerun(Command(dom.name()), dir_ / "run2.out");
+  ASSERT_EQ(rerun.Wait(300), 0) << rerun.Stderr();
+  EXPECT_EQ(Phases(rerun.Events()), " started verified ready pivoted");
+  const json result = rerun.Events().back();
+  ASSERT_EQ(result.value("event", ""), "result") << result.dump();
+  EXPECT_NE(SourceOf(dom.name()).find(disk_), std::string::npos);
+  ExpectCleanedUp(result);
+  dom.Destroy();
+  ExpectDiskIsPointPlusWrites();
 }
 
 // The export's nbdkit killed with SIGKILL while the data moves: the run
