@@ -575,6 +575,19 @@ Status RecheckDamage(Env& env, const Record& r) {
   return s;
 }
 
+// Remote: the full block copy read the point through the export, and
+// failed. A damaged cluster fails it: the point read here, every cluster
+// checked, names the first one (kCorruption); OK when none is damaged.
+Status FindDamage(Env& env, const Record& r, const InstantRestoreRequest& req) {
+  BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, r.chain, r.point_id, false));
+  std::vector<std::byte> buf(8u << 20);
+  for (uint64_t at = 0; at < reader->size_bytes() && !Cancelled(req); at += buf.size()) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), reader->size_bytes() - at);
+    BARGE_RETURN_IF_ERROR(reader->Read(at, std::span<std::byte>(buf.data(), n)));
+  }
+  return OkStatus();
+}
+
 // The point is damaged (`damage`: the restore's Corruption error, naming the
 // layer file and the cluster's guest offset) while the domain runs on the
 // overlay over the export: said at once (phase "damaged", with what to do),
@@ -594,7 +607,7 @@ Status ServeDamaged(Env& env, virDomainPtr dom, Record& r, const std::string& re
       length != 0 ? "guest bytes " + formats::Hex(offset) + " to " + formats::Hex(offset + length) : "the damaged cluster";
   const std::string todo =
       "the domain keeps running on the overlay and the export keeps serving every other cluster (reads of " + range +
-      " the guest has not written fail with EIO); DISK is not used. To end it: shut the domain off, give this restore up (the same command "
+      " the guest has not written fail with EIO); the domain is not moved to DISK. To end it: shut the domain off, give this restore up (the same command "
       "with --abandon: the guest's writes are dropped), then restore an older point (barge verify " + r.chain +
       " names the intact ones; --at POINT); or put back an intact copy of the layer file (a replica) and rerun the "
       "same command";
@@ -845,6 +858,10 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
   };
   int restarts = 0;
   if (r.remote) {
+    if (Status damaged = RecheckDamage(env, r);
+        !damaged.ok() && damaged.error().code() == ErrorCode::kCorruption && DomainIsActive(dom.get())) {
+      return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, damaged.error()).error();
+    }
     // A full copy onto a new DISK every run (one a killed run left may lack
     // anything); the point's bytes come through the verifying export.
     BARGE_RETURN_IF_ERROR(on_overlay(CreateRemoteFile(pool.get(), BaseName(r.disk), "raw", size)));
@@ -861,7 +878,14 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
     BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
     if (req.on_phase) req.on_phase("verified", "DISK holds point " + r.point_id + ", every cluster verified");
   }
-  BARGE_RETURN_IF_ERROR(on_overlay(MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts)));
+  Status moved = MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts);
+  if (!moved.ok() && r.remote && moved.error().code() == ErrorCode::kIoError && DomainIsActive(dom.get())) {
+    // The copy read the point through the export: a damaged cluster fails it.
+    if (Status damaged = FindDamage(env, r, req); !damaged.ok() && damaged.error().code() == ErrorCode::kCorruption) {
+      return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, damaged.error()).error();
+    }
+  }
+  BARGE_RETURN_IF_ERROR(on_overlay(moved));
   if (r.remote) {
     result.verified_bytes = size;
     if (req.on_phase) {
