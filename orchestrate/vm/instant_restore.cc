@@ -561,6 +561,15 @@ std::pair<uint64_t, uint64_t> DamagedRange(const Error& e) {
   return {*e.offset(), e.length().value_or(1)};
 }
 
+// The damaged range `damage` names, in the record.
+Status RecordDamage(Env& env, const std::string& record_path, Record& r, const Error& damage) {
+  const auto [offset, length] = DamagedRange(damage);
+  if (length == 0 || (r.damaged_offset == offset && r.damaged_length == length)) return OkStatus();
+  r.damaged_offset = offset;
+  r.damaged_length = length;
+  return WriteRecord(env, record_path, r);
+}
+
 // The recorded damaged range, read again through the point: the
 // Corruption error when it is still damaged, OK when it reads fine now
 // (the layer was repaired) or none is recorded.
@@ -597,20 +606,17 @@ Status FindDamage(Env& env, const Record& r, const InstantRestoreRequest& req) {
 Status ServeDamaged(Env& env, virDomainPtr dom, Record& r, const std::string& record_path,
                     const InstantRestoreRequest& req, ExportThread& exp, InstantRestoreResult& result, int& restarts,
                     Error damage) {
+  BARGE_RETURN_IF_ERROR(RecordDamage(env, record_path, r, damage));
   const auto [offset, length] = DamagedRange(damage);
-  if (length != 0 && (r.damaged_offset != offset || r.damaged_length != length)) {
-    r.damaged_offset = offset;
-    r.damaged_length = length;
-    BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
-  }
   const std::string range =
-      length != 0 ? "guest bytes " + formats::Hex(offset) + " to " + formats::Hex(offset + length) : "the damaged cluster";
+      length != 0 ? "guest bytes " + formats::Hex(offset) + " to " + formats::Hex(offset + length)
+                  : std::string("the damaged cluster");
   const std::string todo =
       "the domain keeps running on the overlay and the export keeps serving every other cluster (reads of " + range +
-      " the guest has not written fail with EIO); the domain is not moved to DISK. To end it: shut the domain off, give this restore up (the same command "
-      "with --abandon: the guest's writes are dropped), then restore an older point (barge verify " + r.chain +
-      " names the intact ones; --at POINT); or put back an intact copy of the layer file (a replica) and rerun the "
-      "same command";
+      " the guest has not written fail with EIO); the domain is not moved to DISK. To end it: shut the domain off, "
+      "give this restore up (the same command with --abandon: the guest's writes are dropped), then restore an "
+      "older point (barge verify " + r.chain + " names the intact ones; --at POINT); or put back an intact copy of "
+      "the layer file (a replica) and rerun the same command";
   if (req.on_phase) req.on_phase("damaged", "point " + r.point_id + " is damaged: " + damage.ToString() + "; " + todo);
   for (;;) {
     if (Cancelled(req)) {
@@ -870,8 +876,12 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
     // it is said at once, without restoring up to it again.
     Status filled = RecheckDamage(env, r);
     if (filled.ok()) filled = Prefill(env, r, req, exp, result, restarts);
-    if (!filled.ok() && filled.error().code() == ErrorCode::kCorruption && DomainIsActive(dom.get())) {
-      return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, filled.error()).error();
+    if (!filled.ok() && filled.error().code() == ErrorCode::kCorruption) {
+      if (DomainIsActive(dom.get())) {
+        return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, filled.error()).error();
+      }
+      // Shut off meanwhile: recorded all the same, for the rerun to say at once.
+      IgnoreError(RecordDamage(env, record_path, r, filled.error()), "the rerun restores up to it again");
     }
     BARGE_RETURN_IF_ERROR(on_overlay(filled));
     r.prefilled = true;
@@ -881,7 +891,8 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
   Status moved = MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts);
   if (!moved.ok() && r.remote && moved.error().code() == ErrorCode::kIoError && DomainIsActive(dom.get())) {
     // The copy read the point through the export: a damaged cluster fails it.
-    if (Status damaged = FindDamage(env, r, req); !damaged.ok() && damaged.error().code() == ErrorCode::kCorruption) {
+    Status damaged = FindDamage(env, r, req);
+    if (!damaged.ok() && damaged.error().code() == ErrorCode::kCorruption) {
       return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, damaged.error()).error();
     }
   }
