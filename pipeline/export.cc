@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -92,7 +93,32 @@ bool IsDeadSocketOfOurs(Env& env, const std::string& path) {
   return rc != 0 && err == ECONNREFUSED;
 }
 
+// `nbdkit --version`'s output ("nbdkit 1.32.5\n"), through a file in the
+// export's private run folder.
+Result<std::string> NbdkitVersionText(Env& env, const std::string& nbdkit, const std::string& run_dir) {
+  SpawnOptions o;
+  o.stdout_path = JoinPath(run_dir, "nbdkit.version");
+  ChildProcess child;
+  BARGE_RETURN_IF_ERROR(child.Spawn({nbdkit, "--version"}, o, "nbdkit"));
+  const int status = child.Wait();
+  if (ExitStatusOf(status) != 0) {
+    return Error::IoError("nbdkit --version " + DescribeWaitStatus(status)).set_path(nbdkit);
+  }
+  return env.ReadFile(o.stdout_path, 4096);
+}
+
 }  // namespace
+
+bool NbdkitAbortsOnHangup(const std::string& version_text) {
+  // The first "MAJOR.MINOR.MICRO" after "nbdkit ".
+  const size_t at = version_text.find("nbdkit ");
+  if (at == std::string::npos) return true;
+  unsigned major = 0, minor = 0, micro = 0;
+  if (std::sscanf(version_text.c_str() + at + 7, "%u.%u.%u", &major, &minor, &micro) != 3) return true;
+  if (major != 1) return major < 1;
+  if (minor != 33) return minor < 33;
+  return micro < 10;
+}
 
 Result<std::string> FindExportPlugin(Env& env) {
   std::vector<std::string> candidates;
@@ -170,6 +196,15 @@ Result<ExportResult> RunExport(Env& env, const ExportRequest& req) {
   } else {
     args.insert(args.end(), {"--ipaddr", tcp.host, "--port", tcp.port});
   }
+  // nbdkit before 1.33.10 (Debian 12 has 1.32.5) aborts, ending the export
+  // for every client, when one client hangs up while several of its
+  // requests are in flight: a worker thread whose reply fails closes the
+  // connection's socket and another worker of the same connection then
+  // asserts on it (upstream 9d82aa4f; docs/export.md). One thread per
+  // connection has no second worker to trip; clients still read in
+  // parallel over several connections (the plugin advertises multi-conn).
+  BARGE_ASSIGN_OR_RETURN(const std::string version, NbdkitVersionText(env, req.nbdkit, run_dir));
+  if (NbdkitAbortsOnHangup(version)) args.push_back("--threads=1");
   if (req.writable) {
     args.push_back("--filter=cow");
   } else {

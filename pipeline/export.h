@@ -67,6 +67,16 @@ struct ExportResult {
 // nbdkit fails to start or ends on its own (its messages are on stderr).
 Result<ExportResult> RunExport(Env& env, const ExportRequest& request);
 
+// Whether an nbdkit of this `nbdkit --version` text ("nbdkit 1.32.5")
+// aborts as a whole when one client hangs up with several of its requests
+// in flight (the assertion `raw_send_socket: sock >= 0`): every nbdkit
+// before 1.33.10, where upstream fixed it (commit 9d82aa4f, "server: Don't
+// assert on send if client hangs up early"). Text that names no version
+// counts as affected. RunExport then runs nbdkit with --threads=1: one
+// thread per connection, so no reply is ever sent on a socket another
+// thread of the same connection closed. docs/export.md.
+bool NbdkitAbortsOnHangup(const std::string& version_text);
+
 // nbdkit-barge-plugin.so: beside the running program (the build tree's
 // cli/ folder), in ../lib/barge from it (cmake --install), in the
 // install folder the build was configured with. kNotFound listing where it

@@ -303,6 +303,46 @@ TEST_F(ExportTest, ADamagedClusterFailsItsReadsWithEioAndNamesFileAndOffset) {
   EXPECT_TRUE(Has(log, "Corruption")) << log;
 }
 
+// Issue 36 §4: nbdkit 1.32 aborted as a whole (`raw_send_socket: sock >=
+// 0`) when a client hung up with several reads in flight, ending the export
+// for every client. 20 clients killed mid-read in a row while another keeps
+// reading whole copies: the export, its nbdkit and the reader's data
+// survive.
+TEST_F(ExportTest, ClientsKilledMidReadLeaveTheExportServingTheOthers) {
+  const std::string big = tmp_ / "big.raw";
+  testing::WriteFile(big, testing::RandomBytes(64 * kMiB, 7));
+  RunOk(Barge("backup --compress none --source " + Q(big) + " --target " + Q(tmp_ / "bk") + " --name big"));
+  Export ex(tmp_, Q(tmp_ / "bk/big") + " --socket " + Q(socket_));
+  json ready = ex.WaitReady();
+  ASSERT_FALSE(ready.is_null()) << ex.Stderr();
+  const int64_t nbdkit_pid = ready.at("nbdkit_pid");
+
+  const std::string uri = Q(Uri());
+  const std::string stop = tmp_ / "stop-reading";
+  const std::string script =
+      "cd " + Q(tmp_.path().string()) + "\n" +
+      "reader() { n=0; while [ ! -e " + Q(stop) + " ]; do\n"
+      "  nbdcopy --connections=1 " + uri + " long.raw || exit 1\n"
+      "  cmp -s long.raw " + Q(big) + " || exit 2\n"
+      "  n=$((n+1)); done; [ $n -gt 0 ] || exit 3; }\n"
+      "reader & L=$!\n"
+      "for i in $(seq 20); do\n"
+      "  nbdcopy --connections=1 --requests=64 --request-size=65536 " + uri + " null: & C=$!\n"
+      "  sleep 0.0$((5 + i % 5))\n"  // 50 to 90 ms: a 64 MiB copy takes longer
+      "  kill -9 $C; wait $C\n"
+      "done\n"
+      "touch " + Q(stop) + "; wait $L; echo reader=$?\n";
+  auto r = testing::Run("bash -c " + Q(script));
+  EXPECT_TRUE(Has(r.output, "reader=0")) << r.output << ex.Stderr();
+  EXPECT_EQ(ex.pid() > 0 && ::kill(ex.pid(), 0) == 0, true) << "the export ended: " << ex.Stderr();
+  EXPECT_FALSE(ProcessGone(nbdkit_pid)) << ex.Stderr();
+  EXPECT_FALSE(Has(ex.Stderr(), "Assertion")) << ex.Stderr();
+  // Still serving the point, whole.
+  RunOk("nbdcopy " + uri + " " + Q(tmp_ / "after.raw"));
+  RunOk("cmp " + Q(big) + " " + Q(tmp_ / "after.raw"));
+  EXPECT_EQ(ex.Stop(), 143) << ex.Stderr();
+}
+
 TEST_F(ExportTest, WritableKeepsWritesInAThrowawayOverlay) {
   const std::string before = Sha256Of(chain_);
   {

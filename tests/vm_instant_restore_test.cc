@@ -201,6 +201,26 @@ class VmInstantRestoreTest : public VmTestBase {
     EXPECT_NE(connect.exit_code, 0) << "nobody read the backup point through the socket: " << connect.output;
   }
 
+  // A byte in the point's first data cluster (guest offset 0) flipped
+  // (again: flipped back); the layer file.
+  std::string FlipAByteOfTheFirstCluster() {
+    const std::vector<std::string> ids = PointIds(chain_);
+    EXPECT_EQ(ids.size(), 1u);
+    const std::string manifest = ManifestPath(chain_, ids[0]);
+    const std::string image = manifest.substr(0, manifest.size() - 5) + ".qcow2";
+    json map = json::parse(RunOk("qemu-img map --output=json -f qcow2 " + ShellQuote(image)));
+    int64_t host = -1;
+    for (const json& e : map) {
+      if (e.at("start") == 0 && e.contains("offset")) host = e.at("offset");
+    }
+    EXPECT_GE(host, 0) << map.dump();
+    if (host < 0) return "";
+    auto bytes = ReadFile(image);
+    bytes[host + 4096 * 3] ^= std::byte{0x5a};
+    WriteFile(image, bytes);
+    return image;
+  }
+
   std::string source_, chain_, placeholder_, disk_;
 };
 
@@ -307,48 +327,82 @@ TEST_F(VmInstantRestoreTest, RefusesExistingDiskAndRunningDomain) {
 // A damaged cluster of the point: the export fails its read (EIO), the
 // copy cannot complete, and the domain stays on the overlay: DISK is never
 // pivoted to with data missing.
+// Issue 36 §6: a damaged cluster in the point. The run says at once which
+// cluster (the layer file, the guest offset) and what to do, and keeps the
+// export serving every good cluster while the domain runs (the damaged
+// one reads EIO); a rerun says it again at once, from the record, without
+// restoring up to it. It never pivots.
 TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
-  const std::vector<std::string> ids = PointIds(chain_);
-  ASSERT_EQ(ids.size(), 1u);
-  const std::string manifest = ManifestPath(chain_, ids[0]);
-  const std::string image = manifest.substr(0, manifest.size() - 5) + ".qcow2";
-  json map = json::parse(RunOk("qemu-img map --output=json -f qcow2 " + ShellQuote(image)));
-  int64_t host = -1;
-  for (const json& e : map) {
-    if (e.at("start") == 0 && e.contains("offset")) host = e.at("offset");
-  }
-  ASSERT_GE(host, 0) << map.dump();
-  {
-    auto bytes = ReadFile(image);
-    bytes[host + 4096 * 3] ^= std::byte{0x5a};
-    WriteFile(image, bytes);
-  }
+  const std::string image = FlipAByteOfTheFirstCluster();
+  ASSERT_FALSE(image.empty());
   TestDomain dom("instantbad", {{"vda", placeholder_, "qcow2"}});
   ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  const std::string uri = "nbd+unix:///?socket=" + (dir_ / (".barge-instant-" + dom.name())) + "/nbd.sock";
+  // Reads through the export the domain runs on: the damaged cluster
+  // fails with EIO, every other range reads (each cluster verified).
+  auto expect_serving = [&](const std::string& when) {
+    CommandResult bad = ::barge::testing::Run("qemu-io -r -f raw " + ShellQuote(uri) + " -c 'read 0 4k'");
+    EXPECT_NE(bad.output.find("Input/output error"), std::string::npos) << when << ": " << bad.output;
+    CommandResult good = ::barge::testing::Run("qemu-io -r -f raw " + ShellQuote(uri) +
+                                               " -c 'read 64k 12M' -c 'read -P 0 12M 8M' -c 'read 20M 4M'");
+    EXPECT_EQ(good.exit_code, 0) << when << ": " << good.output;
+    EXPECT_EQ(good.output.find("error"), std::string::npos) << when << ": " << good.output;
+    EXPECT_EQ(good.output.find("fail"), std::string::npos) << when << ": " << good.output;
+  };
+  auto expect_says_what = [&](const json& damaged) {
+    const std::string m = damaged.value("message", "");
+    EXPECT_NE(m.find(image), std::string::npos) << m;
+    EXPECT_NE(m.find("guest offset 0x0"), std::string::npos) << m;
+    EXPECT_NE(m.find("--abandon"), std::string::npos) << m;
+    EXPECT_NE(m.find("barge verify"), std::string::npos) << m;
+  };
+
   Background run(Command(dom.name()), dir_ / "run.out");
-  ASSERT_EQ(run.Wait(300), 2) << run.Stderr();
-  // The restore onto DISK checks every cluster: Corruption, naming the
-  // guest offset of the damaged cluster.
-  EXPECT_NE(run.Stderr().find("Corruption"), std::string::npos) << run.Stderr();
-  EXPECT_NE(run.Stderr().find("offset"), std::string::npos) << run.Stderr();
+  json damaged = run.WaitEvent("phase", "damaged", 300);
+  ASSERT_FALSE(damaged.is_null()) << run.Stderr();
+  expect_says_what(damaged);
+  // Still running, still serving, several times over.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(run.Exited()) << run.Stderr();
+    expect_serving("while the first run serves");
+  }
+  dom.Write(0x5a, "1M", "64k");  // the guest's writes go on
+  ExpectOnlyQemuReaches(dom.name());
+  // Stopped: it says the domain has no export now and the damage (exit 2).
+  ::kill(run.pid(), SIGTERM);
+  EXPECT_EQ(run.Wait(60), 2) << run.Stderr();
+  EXPECT_NE(run.Stderr().find("rerun"), std::string::npos) << run.Stderr();
+  // Giving up is refused while the domain runs.
+  CommandResult refused = ::barge::testing::Run(Command(dom.name()) + " --abandon");
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("shut it off"), std::string::npos) << refused.output;
+
+  // The rerun says it at once (the recorded range checked first: no
+  // restore progress before it) and serves again.
+  Background rerun(Command(dom.name()), dir_ / "rerun.out");
+  json again = rerun.WaitEvent("phase", "damaged", 120);
+  ASSERT_FALSE(again.is_null()) << rerun.Stderr();
+  expect_says_what(again);
+  for (const json& e : rerun.Events()) EXPECT_NE(e.value("event", ""), "progress") << e.dump();
+  EXPECT_EQ(Phases(rerun.Events()), " started damaged");
+  expect_serving("while the rerun serves");
+  // The domain shut off: the run ends, naming the damage and what to do.
+  dom.Destroy();
+  EXPECT_EQ(rerun.Wait(60), 2) << rerun.Stderr();
+  EXPECT_NE(rerun.Stderr().find("Corruption"), std::string::npos) << rerun.Stderr();
+  EXPECT_NE(rerun.Stderr().find("offset"), std::string::npos) << rerun.Stderr();
+  EXPECT_NE(rerun.Stderr().find("--abandon"), std::string::npos) << rerun.Stderr();
   const std::string where = SourceOf(dom.name());
   EXPECT_NE(where.find("overlay.qcow2"), std::string::npos) << where;
   EXPECT_EQ(where.find(disk_), std::string::npos) << where;
-  // The overlay the domain runs on stays QEMU's alone (the export, and
-  // its socket, ended with the run).
-  ExpectOnlyQemuReaches(dom.name(), /*socket_too=*/false);
   // The domain's definition was never pointed at DISK either.
   EXPECT_EQ(RunOk(std::string(kVirsh) + "dumpxml --inactive " + dom.name()).find(disk_), std::string::npos);
-  // Given up: refused while it runs, then its own disk back, nothing left.
-  CommandResult r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("shut it off"), std::string::npos) << r.output;
-  dom.Destroy();
-  // A run killed during the prefill leaves DISK half-restored under its
-  // temporary name; abandoning removes it too.
+  // Given up: its own disk back, nothing left. A run killed during the
+  // prefill leaves DISK half-restored under its temporary name; abandoning
+  // removes it too.
   const fs::path half = fs::path(disk_).parent_path() / ("." + fs::path(disk_).filename().string() + ".barge-tmp");
   WriteFile(half.string(), std::vector<std::byte>(4096, std::byte{0x11}));
-  r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
+  CommandResult r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(fs::exists(half)) << half;
   EXPECT_NE(r.stdout_text.find("\"abandoned\":true"), std::string::npos) << r.stdout_text;
@@ -359,6 +413,32 @@ TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
   }
   r = ::barge::testing::Run(Command(dom.name()) + " --abandon");
   EXPECT_EQ(r.exit_code, 1) << r.output;  // nothing left to abandon
+}
+
+// A damaged point whose layer file is put back intact (a replica's copy)
+// while the domain runs: the rerun finds the recorded range readable,
+// restores and pivots; DISK is the point plus the guest's writes, the
+// damaged range's included.
+TEST_F(VmInstantRestoreTest, ARepairedLayerLetsTheRerunFinish) {
+  ASSERT_FALSE(FlipAByteOfTheFirstCluster().empty());
+  TestDomain dom("instantfix", {{"vda", placeholder_, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  Background run(Command(dom.name()), dir_ / "run1.out");
+  ASSERT_FALSE(run.WaitEvent("phase", "damaged", 300).is_null()) << run.Stderr();
+  dom.Write(0x5a, "0", "64k");
+  dom.Write(0x33, "22M", "128k");
+  ::kill(run.pid(), SIGTERM);
+  EXPECT_EQ(run.Wait(60), 2) << run.Stderr();
+  ASSERT_FALSE(FlipAByteOfTheFirstCluster().empty());  // intact again
+  Background rerun(Command(dom.name()), dir_ / "run2.out");
+  ASSERT_EQ(rerun.Wait(300), 0) << rerun.Stderr();
+  EXPECT_EQ(Phases(rerun.Events()), " started verified ready pivoted");
+  const json result = rerun.Events().back();
+  ASSERT_EQ(result.value("event", ""), "result") << result.dump();
+  EXPECT_NE(SourceOf(dom.name()).find(disk_), std::string::npos);
+  ExpectCleanedUp(result);
+  dom.Destroy();
+  ExpectDiskIsPointPlusWrites();
 }
 
 // The export's nbdkit killed with SIGKILL while the data moves: the run

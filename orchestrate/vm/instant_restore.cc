@@ -13,15 +13,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <regex>
 #include <set>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "blockio/path.h"
+#include "formats/units.h"
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/catalog/backup_catalog.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
@@ -61,6 +64,11 @@ struct Record {
   std::string listen;
   std::string pool;
   int64_t nbdkit_pid = 0;  // the export of the run that wrote it
+  // The damaged range a run's restore found in the point (guest offset and
+  // length; length 0: none found): a rerun checks it first and says so at
+  // once, instead of restoring up to it again.
+  uint64_t damaged_offset = 0;
+  uint64_t damaged_length = 0;
 };
 
 std::string Field(const std::string& text, const std::string& key) {
@@ -86,7 +94,9 @@ Status WriteRecord(Env& env, const std::string& path, const Record& r) {
                            "\noriginal=" + OneLine(r.original) + "\nprefilled=" + (r.prefilled ? "yes" : "no") +
                            "\npivoted=" + (r.pivoted ? "yes" : "no") + "\nremote=" + (r.remote ? "yes" : "no") +
                            "\nlisten=" + r.listen + "\npool=" + r.pool +
-                           "\nnbdkit=" + std::to_string(r.nbdkit_pid) + "\n";
+                           "\nnbdkit=" + std::to_string(r.nbdkit_pid) +
+                           "\ndamaged=" + std::to_string(r.damaged_offset) + "+" + std::to_string(r.damaged_length) +
+                           "\n";
   return env.WriteFileAtomic(path, std::string_view(text));
 }
 
@@ -99,7 +109,11 @@ Result<std::optional<Record>> ReadRecord(Env& env, const std::string& path) {
   Record r{Field(*text, "owner"),  Field(*text, "chain"),   Field(*text, "point"),   Field(*text, "target"),
            Field(*text, "disk"),   Field(*text, "scratch"), Field(*text, "original"),
            Field(*text, "prefilled") == "yes", Field(*text, "pivoted") == "yes", Field(*text, "remote") == "yes",
-           Field(*text, "listen"), Field(*text, "pool"), std::atoll(Field(*text, "nbdkit").c_str())};
+           Field(*text, "listen"), Field(*text, "pool"), std::atoll(Field(*text, "nbdkit").c_str()), 0, 0};
+  if (const std::string d = Field(*text, "damaged"); d.find('+') != std::string::npos) {
+    r.damaged_offset = std::strtoull(d.c_str(), nullptr, 10);
+    r.damaged_length = std::strtoull(d.c_str() + d.find('+') + 1, nullptr, 10);
+  }
   if (r.chain.empty() || r.disk.empty() || r.scratch.empty() || r.target.empty()) {
     return Error::Corruption("the instant-restore record lacks a field (chain, disk, scratch, target)").set_path(path);
   }
@@ -540,6 +554,86 @@ Status Finish(Env& env, virConnectPtr conn, virDomainPtr dom, Record r, const st
   return env.UnlinkIfExists(record_path);
 }
 
+// The guest range of a damaged cluster, as the restore's or the reader's
+// Corruption error names it ([0, 0) when it names none).
+std::pair<uint64_t, uint64_t> DamagedRange(const Error& e) {
+  if (!e.offset()) return {0, 0};
+  return {*e.offset(), e.length().value_or(1)};
+}
+
+// The damaged range `damage` names, in the record.
+Status RecordDamage(Env& env, const std::string& record_path, Record& r, const Error& damage) {
+  const auto [offset, length] = DamagedRange(damage);
+  if (length == 0 || (r.damaged_offset == offset && r.damaged_length == length)) return OkStatus();
+  r.damaged_offset = offset;
+  r.damaged_length = length;
+  return WriteRecord(env, record_path, r);
+}
+
+// The recorded damaged range, read again through the point: the
+// Corruption error when it is still damaged, OK when it reads fine now
+// (the layer was repaired) or none is recorded.
+Status RecheckDamage(Env& env, const Record& r) {
+  if (r.damaged_length == 0) return OkStatus();
+  BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, r.chain, r.point_id, false));
+  const uint64_t length = std::min<uint64_t>(r.damaged_length, 64u << 20);
+  if (r.damaged_offset >= reader->size_bytes()) return OkStatus();
+  std::vector<std::byte> buf(std::min<uint64_t>(length, reader->size_bytes() - r.damaged_offset));
+  Status s = reader->Read(r.damaged_offset, std::span<std::byte>(buf));
+  if (!s.ok() && s.error().code() != ErrorCode::kCorruption) return OkStatus();  // the restore will say
+  return s;
+}
+
+// Remote: the full block copy read the point through the export, and
+// failed. A damaged cluster fails it: the point read here, every cluster
+// checked, names the first one (kCorruption); OK when none is damaged.
+Status FindDamage(Env& env, const Record& r, const InstantRestoreRequest& req) {
+  BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, r.chain, r.point_id, false));
+  std::vector<std::byte> buf(8u << 20);
+  for (uint64_t at = 0; at < reader->size_bytes() && !Cancelled(req); at += buf.size()) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), reader->size_bytes() - at);
+    BARGE_RETURN_IF_ERROR(reader->Read(at, std::span<std::byte>(buf.data(), n)));
+  }
+  return OkStatus();
+}
+
+// The point is damaged (`damage`: the restore's Corruption error, naming the
+// layer file and the cluster's guest offset) while the domain runs on the
+// overlay over the export: said at once (phase "damaged", with what to do),
+// recorded, and the export kept serving every good cluster (reads of the
+// damaged one fail with EIO in the guest) until the domain stops or the
+// run is stopped. DISK is never pivoted to. Returns the damage (exit 2).
+Status ServeDamaged(Env& env, virDomainPtr dom, Record& r, const std::string& record_path,
+                    const InstantRestoreRequest& req, ExportThread& exp, InstantRestoreResult& result, int& restarts,
+                    Error damage) {
+  BARGE_RETURN_IF_ERROR(RecordDamage(env, record_path, r, damage));
+  const auto [offset, length] = DamagedRange(damage);
+  const std::string range =
+      length != 0 ? "guest bytes " + formats::Hex(offset) + " to " + formats::Hex(offset + length)
+                  : std::string("the damaged cluster");
+  const std::string todo =
+      "the domain keeps running on the overlay and the export keeps serving every other cluster (reads of " + range +
+      " the guest has not written fail with EIO); the domain is not moved to DISK. To end it: shut the domain off, "
+      "give this restore up (the same command with --abandon: the guest's writes are dropped), then restore an "
+      "older point (barge verify " + r.chain + " names the intact ones; --at POINT); or put back an intact copy of "
+      "the layer file (a replica) and rerun the same command";
+  if (req.on_phase) req.on_phase("damaged", "point " + r.point_id + " is damaged: " + damage.ToString() + "; " + todo);
+  for (;;) {
+    if (Cancelled(req)) {
+      damage.Wrap("stopped: the domain runs on the overlay without its export (its unwritten reads fail) until the "
+                  "same command is rerun; point " + r.point_id + " is damaged");
+      return damage;
+    }
+    if (!DomainIsActive(dom)) break;
+    BARGE_RETURN_IF_ERROR(KeepExportUp(env, r, req, exp, result, restarts));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  damage.Wrap("the domain stopped; point " + r.point_id + " is damaged, so " + r.target +
+              " was not moved to DISK: give this restore up (the same command with --abandon), then restore an "
+              "older point, or put back an intact copy of the layer file and rerun");
+  return damage;
+}
+
 }  // namespace
 
 namespace {
@@ -770,16 +864,39 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
   };
   int restarts = 0;
   if (r.remote) {
+    if (Status damaged = RecheckDamage(env, r);
+        !damaged.ok() && damaged.error().code() == ErrorCode::kCorruption && DomainIsActive(dom.get())) {
+      return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, damaged.error()).error();
+    }
     // A full copy onto a new DISK every run (one a killed run left may lack
     // anything); the point's bytes come through the verifying export.
     BARGE_RETURN_IF_ERROR(on_overlay(CreateRemoteFile(pool.get(), BaseName(r.disk), "raw", size)));
   } else if (!r.prefilled || !env.Exists(r.disk)) {
-    BARGE_RETURN_IF_ERROR(on_overlay(Prefill(env, r, req, exp, result, restarts)));
+    // A damaged range a run found before is checked first: still damaged,
+    // it is said at once, without restoring up to it again.
+    Status filled = RecheckDamage(env, r);
+    if (filled.ok()) filled = Prefill(env, r, req, exp, result, restarts);
+    if (!filled.ok() && filled.error().code() == ErrorCode::kCorruption) {
+      if (DomainIsActive(dom.get())) {
+        return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, filled.error()).error();
+      }
+      // Shut off meanwhile: recorded all the same, for the rerun to say at once.
+      IgnoreError(RecordDamage(env, record_path, r, filled.error()), "the rerun restores up to it again");
+    }
+    BARGE_RETURN_IF_ERROR(on_overlay(filled));
     r.prefilled = true;
     BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
     if (req.on_phase) req.on_phase("verified", "DISK holds point " + r.point_id + ", every cluster verified");
   }
-  BARGE_RETURN_IF_ERROR(on_overlay(MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts)));
+  Status moved = MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts);
+  if (!moved.ok() && r.remote && moved.error().code() == ErrorCode::kIoError && DomainIsActive(dom.get())) {
+    // The copy read the point through the export: a damaged cluster fails it.
+    Status damaged = FindDamage(env, r, req);
+    if (!damaged.ok() && damaged.error().code() == ErrorCode::kCorruption) {
+      return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, damaged.error()).error();
+    }
+  }
+  BARGE_RETURN_IF_ERROR(on_overlay(moved));
   if (r.remote) {
     result.verified_bytes = size;
     if (req.on_phase) {
