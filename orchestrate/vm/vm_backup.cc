@@ -40,6 +40,25 @@
 namespace barge::orchestrate {
 namespace {
 
+// The refusal of a shut-off domain without a CBT overlay: nothing to read
+// its changes from (PlanRun, and RunVmBackup before it touches leftovers).
+Error NotRunningWithoutCbt(const std::string& domain) {
+  return Error::InvalidArgument("domain '" + domain +
+                                "' is not running and has no CBT overlay: start it for a pull-mode backup, "
+                                "or enable CBT ('barge cbt enable') for offline backups");
+}
+
+// A committed run's warnings for the disks whose staged data a resume
+// could not take (both modes).
+void WarnOfStartingOver(VmBackupResult& res) {
+  for (const auto& d : res.disks) {
+    if (d.resume && !d.resume->resumed) {
+      res.warnings.push_back("disk " + d.disk + ": staged data not reusable: " + d.resume->problem +
+                             ", starting over");
+    }
+  }
+}
+
 // The error the request's fault seam injects at `point`, if any.
 Status InjectedFault(const VmBackupRequest& req, VmBackupFaults::Point point) {
   return req.faults != nullptr ? req.faults->At(point) : OkStatus();
@@ -547,9 +566,7 @@ Result<RunPlan> PlanRun(Env& env, BackupCatalog& catalog, virDomainPtr dom, cons
   plan.mode = active ? "pull" : "offline";
   BARGE_ASSIGN_OR_RETURN(plan.cbt, CbtDisksOf(catalog, domain));
   if (!active && !plan.cbt) {
-    return Error::InvalidArgument("domain '" + domain +
-                                  "' is not running and has no CBT overlay: start it for a pull-mode backup, "
-                                  "or enable CBT ('barge cbt enable') for offline backups");
+    return NotRunningWithoutCbt(domain);
   }
   if (!active) {
     for (const auto& c : *plan.cbt) plan.overlay_of[c.disk] = c;
@@ -843,12 +860,7 @@ Result<VmBackupResult> RunOfflineBackup(Env& env, const VmBackupRequest& req, Ba
   IgnoreError(env.UnlinkIfExists(std::exchange(job_record, "")),
               "the run is committed: a run record left behind names a gone process and a checkpoint the tracker "
               "names, so the next run only removes the record");
-  for (const auto& d : res.disks) {
-    if (d.resume && !d.resume->resumed) {
-      res.warnings.push_back("disk " + d.disk + ": staged data not reusable: " + d.resume->problem +
-                             ", starting over");
-    }
-  }
+  WarnOfStartingOver(res);
   return res;
 }
 
@@ -1267,9 +1279,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   if (!DomainIsActive(dom.get())) {
     BARGE_ASSIGN_OR_RETURN(auto cbt, CbtDisksOf(*catalog, req.domain));
     if (!cbt) {
-      return Error::InvalidArgument("domain '" + req.domain +
-                                    "' is not running and has no CBT overlay: start it for a pull-mode backup, "
-                                    "or enable CBT ('barge cbt enable') for offline backups");
+      return NotRunningWithoutCbt(req.domain);
     }
     keep_resumable = req.resume;
   }
@@ -1435,12 +1445,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
                 "the run is committed and no tracker names that checkpoint: left behind, it only costs its "
                 "bitmaps' upkeep until deleted by hand ('virsh checkpoint-delete')");
   }
-  for (const auto& d : res.disks) {
-    if (d.resume && !d.resume->resumed) {
-      res.warnings.push_back("disk " + d.disk + ": staged data not reusable: " + d.resume->problem +
-                             ", starting over");
-    }
-  }
+  WarnOfStartingOver(res);
   return res;
 }
 
