@@ -140,5 +140,55 @@ TEST(Issue36DiskIdTest, ANamedDiskKeepsItsChainOnAnotherPort) {
   RunOk("qemu-img compare -q -f raw -F qcow2 " + Q(restored) + " " + Q(image));
 }
 
+
+// The same through a policy: an nbd source's `disk_id` keeps its chain when
+// the export's port changes; another id starts a new chain, saying why.
+TEST(Issue36DiskIdTest, APolicySourcesDiskIdKeepsItsChainOnAnotherPort) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  BARGE_REQUIRE_TOOL("qemu-nbd");
+  TempDir dir;
+  const std::string image = dir / "disk.qcow2", target = dir / "t", policy = dir / "p.yaml",
+                    cat = dir / "catalog.db";
+  RunOk("qemu-img create -q -f qcow2 " + Q(image) + " 8M && qemu-io -f qcow2 -c 'write -P 0x11 0 2M' " +
+        Q(image) + " >/dev/null && qemu-img bitmap --add --enable " + Q(image) + " cbt0");
+  fs::create_directories(target);
+  // Each run serves the disk on a port of its own.
+  int last_port = 0;
+  auto serve_and_run = [&](const std::string& disk_id) {
+    int port = FreePort();
+    for (int i = 0; i < 10 && port == last_port; ++i) port = FreePort();
+    EXPECT_NE(port, last_port);
+    last_port = port;
+    TcpExport server(dir.path(), image, port);
+    WriteText(policy, "name: nightly\nsources:\n  - nbd: nbd://127.0.0.1:" + std::to_string(port) +
+                          "/\n    name: disk\n    changed_by: digests\n    disk_id: " + disk_id +
+                          "\ntargets: [" + target + "]\n");
+    CommandResult r = Sh(Barge("run --force --policy " + Q(policy) + " --catalog " + Q(cat) + " --json"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return ResultOf(r.stdout_text).at("sources").at(0);
+  };
+  json first = serve_and_run("db1");
+  EXPECT_EQ(first.at("type"), "full") << first.dump(2);
+  RunOk("qemu-io -f qcow2 -c 'write -P 0x33 1M 64k' " + Q(image) + " >/dev/null");
+  json second = serve_and_run("db1");
+  EXPECT_EQ(second.at("result"), "success") << second.dump(2);
+  EXPECT_EQ(second.at("type"), "incremental") << second.dump(2);
+
+  json third = serve_and_run("db2");
+  EXPECT_EQ(third.at("result"), "success") << third.dump(2);
+  EXPECT_EQ(third.at("type"), "full") << third.dump(2);
+  const std::string reason = third.at("type_reason");
+  EXPECT_NE(reason.find("disk named db1"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("disk named db2"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("a new chain starts"), std::string::npos) << reason;
+
+  const std::string chain = target + "/nightly/disk";
+  RunOk(Barge("verify --all " + Q(chain)));
+  const std::string restored = dir / "r.raw";
+  RunOk(Barge("restore " + Q(chain) + " --to " + Q(restored)));
+  RunOk("qemu-img compare -q -f raw -F qcow2 " + Q(restored) + " " + Q(image));
+}
+
 }  // namespace
 }  // namespace barge::testing
