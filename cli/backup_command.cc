@@ -17,6 +17,7 @@
 #include "orchestrate/vm/hooked_backup.h"
 #include "orchestrate/policy/policy_runner.h"
 #include "pipeline/backup.h"
+#include "pipeline/disk_identity.h"
 
 namespace barge::cli {
 namespace {
@@ -25,6 +26,7 @@ using nlohmann::json;
 
 struct BackupArgs {
   std::string source, source_format, target, name;
+  std::string disk_id;  // --disk-id
   ImageFlags flags;
   CopyFlags copy;
   bool incremental = false;
@@ -83,6 +85,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.source.snapshot = a.snapshot;
   req.target_dir = a.target;
   req.disk_name = a.name;
+  if (!a.disk_id.empty()) req.disk_identity = pipeline::NamedIdentity(a.disk_id, 0);  // the size: RunBackup's
   auto access = GroupFlagAccess(a.group);
   if (!access.ok()) return out.Usage(access.error().message());
   req.access = *access;
@@ -273,6 +276,16 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
             return "";
           },
           "NAME"));
+  cmd->add_option("--disk-id", args->disk_id,
+                  "Name the disk (e.g. its serial or UUID): the chain records this id instead of the source's "
+                  "URI or path, so the disk read through another URI or port (a restarted qemu-nbd, a port "
+                  "pool) still extends its chain; a later incremental needs the same id")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            Status ok = pipeline::CheckDiskId(v);
+            return ok.ok() ? "" : ok.error().message() + " (got '" + v + "')";
+          },
+          "ID"));
   cmd->add_flag("--incremental", args->incremental, "Only what changed since the chain's latest backup");
   AddGroupFlag(cmd, args->group, "the chain (a chain made with a group stays the group's)");
   cmd->add_option("--dirty-bitmap", args->dirty_bitmap,

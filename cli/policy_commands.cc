@@ -73,6 +73,7 @@ json SourcesJson(const orc::Policy& p) {
     // How its incrementals find changes (as given, or the default for its
     // kind); a domain's tracker decides: null.
     j["changed_by"] = s.changed_by.empty() ? json(nullptr) : json(s.changed_by);
+    if (!s.disk_id.empty()) j["disk_id"] = s.disk_id;
     out.push_back(j);
   }
   return out;
@@ -165,6 +166,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
     } else if (s.changed_by == "full") {
       o << ", every backup full (changed_by: full)";
     }
+    if (!s.disk_id.empty()) o << ", disk id " << s.disk_id;
     if (s.kind == orc::PolicySourceKind::kDomain) o << ", tracker " << (s.tracker.empty() ? p.name : s.tracker);
     if (!s.connect.empty()) o << ", on " << orc::RedactLibvirtUri(s.connect);
     if (s.kind == orc::PolicySourceKind::kDomain && !s.quiesce) o << ", not quiesced (quiesce: false)";

@@ -269,7 +269,11 @@ Status OpenBackupSource(Env& env, const BackupRequest& req, BackupRun& run) {
   }
   BARGE_ASSIGN_OR_RETURN(run.src, OpenSource(env, run.spec));
   run.size = run.src.image->size_bytes();
-  if (req.disk_identity) {
+  if (req.disk_identity && req.disk_identity->kind == kNamedDiskKind) {
+    // --disk-id: a word of the user's, checked as the CLI checks it.
+    BARGE_RETURN_IF_ERROR(CheckDiskId(req.disk_identity->location));
+    run.identity = NamedIdentity(req.disk_identity->location, run.size);
+  } else if (req.disk_identity) {
     run.identity = *req.disk_identity;
     run.identity.virtual_size = run.size;  // the size read now (IdentityOf sets its own)
   } else {

@@ -71,10 +71,10 @@ struct BackupRequest {
   // Incrementals from a libvirt checkpoint: the checkpoint the changes are
   // since, which must be the one the chain's latest point recorded.
   std::string since_checkpoint;
-  // The disk read, where the source's location does not name it (a
-  // domain's disk read through a socket made for one run); nullopt = the
-  // source's own identity (pipeline/disk_identity.h). Its virtual size is
-  // always the source's.
+  // The disk read, where the source's location does not name it (a domain's
+  // disk via a one-run socket; kind kNamedDiskKind: a --disk-id, checked by
+  // CheckDiskId); nullopt = the source's own identity (disk_identity.h).
+  // Its virtual size is always the source's.
   std::optional<formats::DiskIdentity> disk_identity;
   // For a file source whose path is not the one the chain records: the
   // path it had before `barge state migrate` moved it (from the migration's

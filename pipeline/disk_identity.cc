@@ -1,6 +1,7 @@
 // Disk identities of sources and the one-disk-per-chain checks.
 #include "pipeline/disk_identity.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <random>
@@ -29,12 +30,39 @@ formats::DiskIdentity IdentityOf(Env& env, const SourceSpec& spec, const OpenedS
   return id;
 }
 
+Status CheckDiskId(std::string_view disk_id) {
+  auto allowed = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           std::string_view("._:@/+-").find(c) != std::string_view::npos;
+  };
+  if (disk_id.empty() || disk_id.size() > 200 || disk_id.front() == '-' ||
+      !std::all_of(disk_id.begin(), disk_id.end(), allowed)) {
+    return Error::InvalidArgument("a disk id is 1 to 200 characters of A-Z a-z 0-9 . _ : @ / + - not starting "
+                                  "with '-'");
+  }
+  return OkStatus();
+}
+
+formats::DiskIdentity NamedIdentity(std::string_view disk_id, uint64_t virtual_size) {
+  // Nothing of what it is read through: a later point of the disk is read
+  // through another URI, and every field here is compared.
+  formats::DiskIdentity id;
+  id.kind = std::string(kNamedDiskKind);
+  id.location = std::string(disk_id);
+  id.virtual_size = virtual_size;
+  return id;
+}
+
 Result<formats::DiskIdentity> IdentifySource(Env& env, const SourceSpec& spec) {
   BARGE_ASSIGN_OR_RETURN(OpenedSource source, OpenSource(env, spec));
   return IdentityOf(env, spec, source);
 }
 
 std::string DescribeDisk(const formats::DiskIdentity& disk) {
+  if (disk.kind == kNamedDiskKind) {
+    return "disk named " + disk.location + " by --disk-id" +
+           (disk.virtual_size == 0 ? "" : " (" + formats::HumanBytes(disk.virtual_size) + ")");
+  }
   const std::string what = disk.kind == "domain" ? "disk " + disk.target + " of domain " + disk.location
                            : disk.kind == "nbd"  ? "NBD export " + disk.location
                            : disk.kind == "block" ? "block device " + disk.location
@@ -61,9 +89,16 @@ Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::Dis
     // case (a full with --allow-resize), not another disk.
     if (SameDiskMaybeMoved(d, source)) return std::string();
     const std::string latest = chain.latest().manifest.id;
+    // A named chain says how a source takes its name: the name is all that
+    // makes a source read through another URI (port) the chain's disk.
+    const std::string hint = d.kind != kNamedDiskKind || source.kind == kNamedDiskKind
+                                 ? ""
+                                 : " with no disk id (the chain's disk is named " + d.location +
+                                       ": only a source given that id, by --disk-id or a policy's "
+                                       "disk_id, extends its chain)";
     return "the chain's latest backup " + latest + " is of " + DescribeDisk(*m.disk_identity) +
            (*it == chain.points.size() - 1 ? "" : " (as its layer " + m.id + " records)") + ", this source is " +
-           DescribeDisk(source);
+           DescribeDisk(source) + hint;
   }
   return std::string();
 }

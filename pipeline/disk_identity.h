@@ -4,6 +4,7 @@
 // points record different disks is damaged).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,20 @@
 #include "pipeline/endpoints.h"
 
 namespace barge::pipeline {
+
+// The kind of a disk the user named (`barge backup --disk-id ID`, a policy
+// source's `disk_id:`): its location is the name. Whatever URI, port or
+// path it is read through (the manifest's `source` says which), a disk of
+// one name is one disk, and no other source is (docs/formats/backup.md).
+inline constexpr std::string_view kNamedDiskKind = "named";
+
+// kInvalidArgument unless `disk_id` is 1 to 200 characters of
+// [A-Za-z0-9._:@/+-] that do not start with '-'.
+Status CheckDiskId(std::string_view disk_id);
+
+// The identity of the disk named `disk_id`: kind kNamedDiskKind, location
+// `disk_id`, the virtual size given (0 = not known: not said in messages).
+formats::DiskIdentity NamedIdentity(std::string_view disk_id, uint64_t virtual_size);
 
 // The identity of an opened source: "file" or "block" with its canonical
 // path (symbolic links and ".." resolved through `env`), or "nbd" with the
@@ -38,13 +53,14 @@ Result<std::string> OtherDiskReason(const ChainFolder& chain, const formats::Dis
 
 // The disk in words, for messages: "file /var/lib/a.qcow2 (1 GiB)",
 // "block device /dev/vg/lv (8 GiB)", "NBD export nbd://h/x (2 GiB)",
-// "disk vda of domain vm1 on /var/lib/vm1.qcow2 (10 GiB)".
+// "disk vda of domain vm1 on /var/lib/vm1.qcow2 (10 GiB)",
+// "disk named db1 by --disk-id (2 GiB)".
 std::string DescribeDisk(const formats::DiskIdentity& disk);
 
 // Whether `newer` is the disk `older` records: same kind, target and
 // location, or a location `newer` records it was moved to from `older`'s;
-// for domain disks the same `source` where both record one. Sizes are not
-// compared.
+// for domain disks the same `source` where both record one (named disks:
+// the same name). Sizes are not compared.
 bool SameDiskMaybeMoved(const formats::DiskIdentity& older, const formats::DiskIdentity& newer);
 
 // Checks that the layers of one point (indexes into `chain`, the full

@@ -180,5 +180,108 @@ TEST(DiskIdentityTest, RunBackupChecksADomainDiskAndItsCheckpoint) {
   EXPECT_EQ(inc->manifest.disk_identity, full->manifest.disk_identity);
 }
 
+// Issue 36 §8: an NBD source's identity held its port, so the disk served
+// on another port (a restarted qemu-nbd, a libvirt port pool) never took an
+// incremental. A disk the user names is its name, whatever it is read
+// through; another name, or none, is still another disk.
+const formats::DiskIdentity kNbdA = Disk("nbd", "nbd://127.0.0.1:10809/", "", 1 << 20);
+const formats::DiskIdentity kNbdB = Disk("nbd", "nbd://127.0.0.1:10810/", "", 1 << 20);
+
+TEST(DiskIdentityTest, ANamedDiskIsItsNameWhateverItIsReadThrough) {
+  const formats::DiskIdentity db1 = NamedIdentity("db1", 1 << 20);
+  EXPECT_EQ(db1.kind, "named");
+  EXPECT_EQ(db1.location, "db1");
+  EXPECT_EQ(db1.source, "");  // what it was read through: the manifest's source
+  EXPECT_EQ(db1.virtual_size, 1u << 20);
+  EXPECT_EQ(DescribeDisk(db1), "disk named db1 by --disk-id (1 MiB)");
+  EXPECT_EQ(DescribeDisk(NamedIdentity("db1", 0)), "disk named db1 by --disk-id");
+
+  EXPECT_FALSE(SameDiskMaybeMoved(kNbdA, kNbdB));  // unnamed: the port is part of it
+  EXPECT_TRUE(SameDiskMaybeMoved(db1, NamedIdentity("db1", 0)));
+  EXPECT_FALSE(SameDiskMaybeMoved(db1, NamedIdentity("db2", 1 << 20)));
+  EXPECT_FALSE(SameDiskMaybeMoved(db1, kNbdA));  // a named chain needs the name
+  EXPECT_FALSE(SameDiskMaybeMoved(kNbdA, db1));  // and an unnamed one takes none (a full does)
+}
+
+TEST(DiskIdentityTest, OtherDiskReasonOfANamedChainSaysHowToNameTheSource) {
+  ChainFolder c = Chain({Point("0000-x", {}, NamedIdentity("db1", 1 << 20), "c1"),
+                         Point("0001-x", "0000-x", NamedIdentity("db1", 1 << 20), "c1")});
+  EXPECT_TRUE(CheckOneDisk(c, {0, 1}).ok());
+  EXPECT_EQ(OtherDiskReason(c, NamedIdentity("db1", 1 << 20)).value(), "");
+  std::string unnamed = OtherDiskReason(c, kNbdB).value();
+  EXPECT_NE(unnamed.find("disk named db1"), std::string::npos) << unnamed;
+  EXPECT_NE(unnamed.find("NBD export nbd://127.0.0.1:10810/ (1 MiB) with no disk id"), std::string::npos) << unnamed;
+  EXPECT_NE(unnamed.find("--disk-id"), std::string::npos) << unnamed;
+  std::string other = OtherDiskReason(c, NamedIdentity("db2", 1 << 20)).value();
+  EXPECT_NE(other.find("disk named db2"), std::string::npos) << other;
+  EXPECT_EQ(other.find("with no disk id"), std::string::npos) << other;
+
+  // A chain whose points name two disks mixes disks.
+  c = Chain({Point("0000-x", {}, NamedIdentity("db1", 1 << 20), "c1"),
+             Point("0001-x", "0000-x", NamedIdentity("db2", 1 << 20), "c1")});
+  EXPECT_EQ(CheckOneDisk(c, {0, 1}).error().code(), ErrorCode::kCorruption);
+}
+
+TEST(DiskIdentityTest, DiskIdsAreShortPrintableWords) {
+  for (const char* ok : {"db1", "serial:WD-1234", "6f1c2a9e-0d3b-4b1e-9d55-0e2f7c1b9a00", "hv1/vm1/vda", "a+b@c.d_e"}) {
+    EXPECT_TRUE(CheckDiskId(ok).ok()) << ok;
+  }
+  for (const std::string& bad : {std::string(), std::string("-x"), std::string("a b"), std::string("a\nb"),
+                                std::string("\"x\""), std::string(201, 'a')}) {
+    EXPECT_EQ(CheckDiskId(bad).error().code(), ErrorCode::kInvalidArgument) << bad;
+  }
+}
+
+// What barge backup --disk-id asks of RunBackup: a named identity whose
+// source RunBackup fills in; the same name read through another path
+// extends the chain, no name or another is refused as another disk.
+TEST(DiskIdentityTest, RunBackupOfANamedDiskFollowsItsName) {
+  testing::TempDir tmp;
+  const std::string a = tmp / "a.raw", b = tmp / "b.raw";
+  const auto bytes = testing::RandomBytes(1 << 20, 9);
+  testing::WriteFile(a, bytes);
+  testing::WriteFile(b, bytes);  // the same disk, seen at another path
+  auto request = [&](const std::string& source, std::optional<RangeList> dirty, const std::string& disk_id) {
+    BackupRequest req;
+    req.source.location = source;
+    req.source.format = "raw";
+    req.target_dir = tmp / "t";
+    req.disk_name = "disk";
+    req.incremental = dirty.has_value();
+    req.dirty_ranges = dirty;
+    if (!disk_id.empty()) req.disk_identity = NamedIdentity(disk_id, 0);
+    req.copy.memory_bytes = 8 << 20;
+    req.copy.threads = 2;
+    return RunBackup(PosixEnv(), req);
+  };
+  auto full = request(a, std::nullopt, "db1");
+  ASSERT_TRUE(full.ok()) << full.error().ToString();
+  ASSERT_TRUE(full->manifest.disk_identity.has_value());
+  EXPECT_EQ(full->manifest.disk_identity->kind, "named");
+  EXPECT_EQ(full->manifest.disk_identity->location, "db1");
+  EXPECT_EQ(full->manifest.disk_identity->source, "");
+  EXPECT_EQ(full->manifest.source, a);
+  EXPECT_EQ(full->manifest.disk_identity->virtual_size, 1u << 20);
+
+  const RangeList dirty{{0, 65536}};
+  auto unnamed = request(b, dirty, "");
+  ASSERT_FALSE(unnamed.ok());
+  EXPECT_EQ(unnamed.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(unnamed.error().message().find("with no disk id"), std::string::npos) << unnamed.error().message();
+  auto other = request(b, dirty, "db2");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.error().message().find("disk named db2"), std::string::npos) << other.error().message();
+  auto bad = request(b, dirty, "a b");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code(), ErrorCode::kInvalidArgument);
+
+  auto inc = request(b, dirty, "db1");
+  ASSERT_TRUE(inc.ok()) << inc.error().ToString();
+  EXPECT_EQ(inc->manifest.chain_id, full->manifest.chain_id);
+  EXPECT_EQ(inc->manifest.disk_identity->location, "db1");
+  EXPECT_EQ(inc->manifest.disk_identity, full->manifest.disk_identity);
+  EXPECT_EQ(inc->manifest.source, b);
+}
+
 }  // namespace
 }  // namespace barge::pipeline

@@ -603,7 +603,8 @@ def scenario(r):
     os.makedirs(t("policy-target"))
     policy, broken_policy, bad_policy = t("tiny.yaml"), t("broken.yaml"), t("bad.yaml")
     with open(policy, "w") as f:
-        f.write(f"name: tiny\nsources:\n  - image: {t('disk.raw')}\nschedule: '@daily'\nretention_count: 3\n"
+        f.write(f"name: tiny\nsources:\n  - image: {t('disk.raw')}\n    disk_id: tiny-disk\nschedule: '@daily'\n"
+                "retention_count: 3\n"
                 f"targets: [{t('policy-target')}]\nfree_space_multiple: 0\n")
     with open(broken_policy, "w") as f:  # its image is missing
         f.write(f"name: broken\nsources:\n  - image: {missing}\ntargets: [{t('policy-target')}]\n"

@@ -119,9 +119,13 @@ std::string LibvirtUri::Redacted() const {
 
 std::string LibvirtUri::HostKey() const {
   if (host.empty()) return "";
+  // Neither the transport nor its port: qemu+ssh://h and qemu+tls://h:16514
+  // reach one libvirtd, whose checkpoints a tracker's record names. Records
+  // keep the URI (TrackerRecord::host), not the key, so one written with a
+  // port compares equal to a connection without it.
   std::string h;
   for (char c : host) h += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return port == 0 ? h : h + ":" + std::to_string(port);
+  return h;
 }
 
 std::string RedactLibvirtUri(const std::string& uri) {

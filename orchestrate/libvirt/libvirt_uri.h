@@ -33,9 +33,10 @@ struct LibvirtUri {
   bool ssh() const { return transport == "ssh"; }
   // The URI as given, without the password.
   std::string Redacted() const;
-  // Where the domain's checkpoints live: "user@host:port" parts that are
-  // set, without the user; "" for this machine. Two URIs name one host when
-  // their HostKey()s are equal.
+  // Where the domain's checkpoints live: the host, lower-case, without the
+  // user, the transport or its port (ssh and tls to one host are one host);
+  // "" for this machine. Two URIs name one host when their HostKey()s are
+  // equal.
   std::string HostKey() const;
 };
 

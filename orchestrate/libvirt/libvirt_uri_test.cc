@@ -32,7 +32,7 @@ TEST(LibvirtUriTest, SshUriWithEverything) {
   EXPECT_EQ(u->Param("no_verify"), "1");
   EXPECT_EQ(u->Param("socket"), "/s");
   EXPECT_EQ(u->Param("absent"), "");
-  EXPECT_EQ(u->HostKey(), "host.example:2222");
+  EXPECT_EQ(u->HostKey(), "host.example");
   const std::string redacted = u->Redacted();
   EXPECT_EQ(redacted.find("s3cret"), std::string::npos) << redacted;
   EXPECT_NE(redacted.find("root@Host.example:2222/system"), std::string::npos) << redacted;
@@ -41,8 +41,18 @@ TEST(LibvirtUriTest, SshUriWithEverything) {
 TEST(LibvirtUriTest, HostKeyIgnoresUserAndParams) {
   EXPECT_EQ(LibvirtHostKey("qemu+ssh://a@h1/system?keyfile=x"), LibvirtHostKey("qemu+ssh://b@h1/system"));
   EXPECT_NE(LibvirtHostKey("qemu+ssh://h1/system"), LibvirtHostKey("qemu+ssh://h2/system"));
-  EXPECT_NE(LibvirtHostKey("qemu+ssh://h1:22/system"), LibvirtHostKey("qemu+ssh://h1:2222/system"));
-  EXPECT_EQ(LibvirtHostKey("qemu+tls://[::1]:16514/system"), "::1:16514");
+  EXPECT_EQ(LibvirtHostKey("qemu+tls://[::1]:16514/system"), "::1");
+}
+
+// Issue 36 §8: switching a hypervisor's transport (ssh to tls) or its port
+// cost a full backup, the tracker's host key having changed with the port.
+TEST(LibvirtUriTest, HostKeyIgnoresTransportAndPort) {
+  EXPECT_EQ(LibvirtHostKey("qemu+ssh://h1/system"), "h1");
+  EXPECT_EQ(LibvirtHostKey("qemu+ssh://root@H1:2222/system"), LibvirtHostKey("qemu+tls://h1:16514/system"));
+  EXPECT_EQ(LibvirtHostKey("qemu+ssh://h1:22/system"), LibvirtHostKey("qemu+ssh://h1:2222/system"));
+  EXPECT_EQ(LibvirtHostKey("qemu+tcp://h1/system"), LibvirtHostKey("qemu+tls://h1/system"));
+  EXPECT_NE(LibvirtHostKey("qemu+tls://h1:16514/system"), LibvirtHostKey("qemu+tls://h2:16514/system"));
+  EXPECT_EQ(LibvirtHostKey("qemu:///system"), "");
 }
 
 TEST(LibvirtUriTest, BadUrisAreRefusedWithoutTheirPassword) {

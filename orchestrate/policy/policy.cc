@@ -14,6 +14,7 @@
 
 #include "orchestrate/schedule/time_text.h"
 #include "pipeline/backup.h"
+#include "pipeline/disk_identity.h"
 #include "pipeline/file_access.h"
 
 namespace barge::orchestrate {
@@ -27,7 +28,7 @@ constexpr const char* kPolicyKeys[] = {
 };
 constexpr const char* kSourceKeys[] = {"name",    "image", "bitmap",           "changed_by",    "domain",
                                        "tracker", "connect", "nbd", "tls_certificates", "nbd_port_range",
-                                       "quiesce"};
+                                       "quiesce", "disk_id"};
 constexpr const char* kHookKeys[] = {"command", "timeout"};
 
 size_t EditDistance(std::string_view a, std::string_view b) {
@@ -221,6 +222,15 @@ std::optional<PolicySource> ParseSource(Checker& c, const YAML::Node& node) {
     s.changed_by = s.bitmap.empty() ? "digests" : "bitmap";
   } else if (s.kind == PolicySourceKind::kNbd) {
     s.changed_by = "full";
+  }
+  if (node["disk_id"]) {
+    if (s.kind == PolicySourceKind::kDomain) {
+      c.Fail(node["disk_id"].Mark(), "'disk_id' belongs to 'image' and 'nbd' sources (a domain's disks are its own)");
+    }
+    if (auto v = c.Scalar(node["disk_id"], "disk_id")) s.disk_id = *v;
+    if (Status ok = pipeline::CheckDiskId(s.disk_id); !ok.ok()) {
+      c.Fail(node["disk_id"].Mark(), "'disk_id': " + ok.error().message());
+    }
   }
   if (node["tracker"]) {
     if (s.kind != PolicySourceKind::kDomain) c.Fail(node["tracker"].Mark(), "'tracker' belongs to 'domain' sources");

@@ -33,6 +33,10 @@ struct PolicySource {
   std::string location;  // image path, domain name or NBD URI
   std::string bitmap;    // image: persistent bitmap the incrementals read ("" = every backup full)
   std::string tracker;   // domain: backup tracker (created when missing)
+  // image and nbd: the disk's name (`disk_id:`, as `barge backup
+  // --disk-id`): the chain is that named disk's, whatever URI (port) or
+  // path reads it (pipeline::kNamedDiskKind); "" = the location names it.
+  std::string disk_id;
   // image and nbd: how incrementals find changes (docs/policies.md):
   // "bitmap" (the default with a bitmap), "digests" (read the source and
   // compare SHA-256 digests with the chain: the default for an image

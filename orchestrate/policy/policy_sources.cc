@@ -80,6 +80,10 @@ class DefaultBackend final : public SourceBackend {
   }
 
   Result<std::optional<formats::DiskIdentity>> IdentifyDisk(const PolicySource& s) override {
+    if (!s.disk_id.empty() && s.kind != PolicySourceKind::kDomain) {
+      // A named disk is its name: its image or export is not opened here.
+      return std::optional<formats::DiskIdentity>(pipeline::NamedIdentity(s.disk_id, 0));
+    }
     if (s.kind != PolicySourceKind::kImage) return std::optional<formats::DiskIdentity>();
     pipeline::SourceSpec spec;
     spec.location = s.location;
@@ -124,6 +128,7 @@ class DefaultBackend final : public SourceBackend {
     br.access = r.access;
     br.incremental = r.incremental;
     br.previous_location = FollowStateMigrations(env_);
+    if (!s.disk_id.empty()) br.disk_identity = pipeline::NamedIdentity(s.disk_id, 0);
     if (r.incremental && !s.bitmap.empty()) br.dirty_bitmap = s.bitmap;
     // A chain that detects by digest keeps its SHA-256 tables from its
     // full on, so its incrementals compare without reading the chain.

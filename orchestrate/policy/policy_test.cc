@@ -281,6 +281,24 @@ TEST(PolicyTest, ChangedByDefaultsAndRefusals) {
   }
 }
 
+// Issue 36 §8: an NBD source's chain followed its URI (port included); a
+// source may name its disk instead, as `barge backup --disk-id`.
+TEST(PolicyTest, DiskIdNamesAnImageOrNbdSourcesDisk) {
+  auto p = ParsePolicy(Env::Default(),
+                       "name: p\nsources:\n  - nbd: nbd://h:10810/e\n    changed_by: digests\n    disk_id: db1\n"
+                       "  - image: /b.qcow2\n    disk_id: serial:WD-1\n  - image: /c.qcow2\ntargets: [/t]\n");
+  ASSERT_TRUE(p.ok()) << p.error().ToString();
+  EXPECT_EQ(p->sources[0].disk_id, "db1");
+  EXPECT_EQ(p->sources[1].disk_id, "serial:WD-1");
+  EXPECT_EQ(p->sources[2].disk_id, "");
+  for (const char* bad : {"  - domain: vm\n    disk_id: db1\n", "  - nbd: nbd://h/e\n    disk_id: \"a b\"\n",
+                          "  - nbd: nbd://h/e\n    disk_id: \"\"\n"}) {
+    auto r = ParsePolicy(Env::Default(), std::string("name: p\nsources:\n") + bad + "targets: [/t]\n");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message().find("disk_id"), std::string::npos) << r.error().message();
+  }
+}
+
 TEST(PolicyTest, LoadThroughEnv) {
   auto missing = LoadPolicy(Env::Default(), "/nonexistent/barge-policy.yaml");
   ASSERT_FALSE(missing.ok());
