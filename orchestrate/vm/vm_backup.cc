@@ -1298,6 +1298,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   VmBackupResult res;
   res.mode = "pull";
   res.warnings = std::move(warnings);
+  if (std::string note = KnownHostsNote(uri); !note.empty()) res.warnings.push_back(std::move(note));
   BARGE_ASSIGN_OR_RETURN(std::string checkpoint,
                          StartRun(req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, res));
   const int64_t record_id = res.record_id;
