@@ -23,8 +23,9 @@
 namespace barge::orchestrate {
 
 // The ssh command line for forwarding `local_socket` to `remote_socket` on
-// the host of `uri` (a qemu+ssh:// URI): `ssh -N -n -o ExitOnForwardFailure=yes
-// -o BatchMode=yes [-p PORT] [-i KEYFILE] [-o StrictHostKeyChecking=no -o
+// the host of `uri` (a qemu+ssh:// URI): `ssh -N -n -T -o ExitOnForwardFailure=yes
+// -o BatchMode=yes -o ServerAliveInterval=10 -o ServerAliveCountMax=3 (a
+// silent server ends ssh after 30 s, and the forward is restarted) [-p PORT] [-i KEYFILE] [-o StrictHostKeyChecking=no -o
 // UserKnownHostsFile=/dev/null] -L LOCAL:REMOTE [user@]host`. The URI's
 // `command=` names the ssh binary (default "ssh"), `keyfile=` the key,
 // `no_verify=1` skips the host key check as libvirt does (and reads no
