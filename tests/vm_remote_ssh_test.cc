@@ -838,8 +838,8 @@ TEST_F(VmRemoteSshTest, Issue36CutSshSessionIsRestoredAndTheBackupCompletes) {
   const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
                           "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native";
   std::string disk = dir_ / "disk.qcow2";
-  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M && qemu-io -f qcow2 -c 'write -P 0xab 0 24M' "
-        "-c 'write -P 0x17 40M 1M' " + ShellQuote(disk) + " >/dev/null");
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M && qemu-io -f qcow2 -c 'write -P 0xab 0 40M' "
+        "-c 'write -P 0x17 50M 1M' " + ShellQuote(disk) + " >/dev/null");
   TestDomain dom("sshcut", {{"vda", disk, "qcow2"}});
   ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
   dom.StartPaused();
@@ -852,6 +852,14 @@ TEST_F(VmRemoteSshTest, Issue36CutSshSessionIsRestoredAndTheBackupCompletes) {
   orchestrate::VmBackupRequest req = VmRequest(dom.name(), target_);
   req.libvirt_uri = uri;
   req.copy.chunk_bytes = 1 << 20;
+  // Few buffers in flight, so the reader is still reading when the run is
+  // held (else it would have read everything before the cut); each
+  // reconnect is noted in a file (the run is a child process).
+  req.copy.memory_bytes = 4 << 20;
+  const std::string reconnects = dir_ / "reconnects";
+  req.copy.nbd_retry.on_reconnect = [reconnects](const NbdReconnect& r) {
+    std::ofstream(reconnects, std::ios::app) << r.attempts << " " << r.reason << "\n";
+  };
   std::string outcome;
   bool failed = true;
   {
@@ -873,6 +881,9 @@ TEST_F(VmRemoteSshTest, Issue36CutSshSessionIsRestoredAndTheBackupCompletes) {
     outcome = run.Release(&failed);
   }
   EXPECT_FALSE(failed) << outcome;
+  std::ifstream noted(reconnects);
+  const std::string reconnected((std::istreambuf_iterator<char>(noted)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(reconnected.empty()) << "the reader never lost its connection: the cut came too late";
   dom.Flush();
   ExpectRestores(target_ + "/" + dom.name() + "/vda", 0, Raw(disk, "now.raw"));
   EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
