@@ -257,8 +257,8 @@ void SshForward::Watch() {
   using std::chrono::milliseconds;
   std::unique_lock<std::mutex> lock(mu_);
   milliseconds backoff{0};
-  bool refused = false;
   while (!Stopping()) {
+    const bool refused = restart_error_ && !restart_error_->retryable();
     wake_.wait_for(lock, backoff.count() > 0 ? backoff : milliseconds(100), [&] { return Stopping(); });
     if (Stopping()) return;
     int status = 0;
@@ -272,12 +272,40 @@ void SshForward::Watch() {
     ++restarts_;
     Status launched = Launch();
     if (launched.ok() || pid_ > 0) {
+      restart_error_.reset();
       backoff = milliseconds(0);
     } else {
-      refused = !launched.error().retryable();
+      restart_error_ = launched.error();
       backoff = std::min(backoff.count() == 0 ? milliseconds(1000) : backoff * 2, milliseconds(5000));
     }
+    launched_.notify_all();
   }
+  launched_.notify_all();
+}
+
+Status SshForward::Restore() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (Stopping()) return Error::Cancelled("stopped while restoring the ssh forward to " + uri_.Redacted());
+  int status = 0;
+  if (pid_ > 0 && ::waitpid(pid_, &status, WNOHANG) == 0) {
+    Status probed = Probe(kProbeWait);
+    if (probed.ok() || !probed.error().retryable()) return probed;
+    // Running but carrying nothing (a stalled session): the watching
+    // thread starts a new one.
+    StopProcess();
+  } else {
+    pid_ = -1;  // reaped here: the watching thread restarts it
+  }
+  const int before = restarts_;
+  wake_.notify_all();
+  // A restart that is under way holds mu_; the wait ends at the next one's end.
+  launched_.wait_for(lock, timeout_, [&] {
+    return Stopping() || restarts_ != before || (restart_error_ && !restart_error_->retryable());
+  });
+  if (Stopping()) return Error::Cancelled("stopped while restoring the ssh forward to " + uri_.Redacted());
+  if (pid_ > 0) return OkStatus();
+  if (restart_error_) return *restart_error_;
+  return Error::IoError("the ssh forward to " + uri_.Redacted() + " is not back yet").set_retryable(true);
 }
 
 int SshForward::restarts() const {
@@ -328,6 +356,7 @@ Status SshForward::Stop() {
   // stopping_ and stops it).
   stopping_ = true;
   wake_.notify_all();
+  launched_.notify_all();
   if (watcher_.joinable()) watcher_.join();
   Status s = OkStatus();
   {

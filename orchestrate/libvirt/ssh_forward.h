@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,7 +52,8 @@ std::vector<std::string> SshForwardCommand(const LibvirtUri& uri, const std::str
 // (NbdRetryPolicy's attempts with backoff) reach the host again instead of
 // a dead socket. It checks the new session as Start does, and tries again
 // with backoff (1 s, doubled, at most 5 s) until Stop; a forward that the
-// server refuses is not tried again. Start and Stop: one thread at a time.
+// server refuses is not tried again. Start and Stop: one thread at a time;
+// Restore: any thread.
 class SshForward {
  public:
   // Starts ssh, waits up to `timeout` until the local socket exists, then
@@ -78,6 +80,18 @@ class SshForward {
   const std::string& local_socket() const { return local_socket_; }
   // The running ssh process; -1 when none (stopped, or between sessions).
   pid_t pid() const;
+  // The NBD reader's reconnect hook (NbdRetryPolicy::restore_transport):
+  // makes sure the forward carries connections before an attempt. A
+  // running ssh is checked (a connection through it must get the NBD
+  // greeting within 5 s); one that fails the check is stopped. Then it
+  // waits (up to the start timeout) for the watching thread to bring ssh
+  // back, so the reader spends no attempt on a forward being restarted.
+  // Returns OK when ssh runs and the check passed or a new session came
+  // up; kNotSupported (not retryable) when the SSH server refuses the
+  // forward; kIoError (retryable) naming why ssh is not back yet;
+  // kCancelled once stopping. Thread-safe (any thread, several at once);
+  // not after Stop has begun to destroy the forward.
+  Status Restore();
   // How many times ssh was started again after its session was cut.
   int restarts() const;
   // Stops the watching thread and ssh, removes the socket and folder;
@@ -111,7 +125,10 @@ class SshForward {
   TempRegistration registration_;
   std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;
-  std::condition_variable wake_;  // Stop wakes the watching thread
+  std::condition_variable wake_;      // Stop and Restore wake the watching thread
+  std::condition_variable launched_;  // the watching thread ended a restart
+  // Why the last restart failed (retryable), or the refusal (not); guarded by mu_.
+  std::optional<Error> restart_error_;
   pid_t pid_ = -1;           // guarded by mu_
   int stderr_fd_ = -1;       // our end of ssh's stderr; guarded by mu_
   std::string stderr_text_;  // guarded by mu_
