@@ -373,6 +373,13 @@ bool ServerNotThereYet(const Error& e) {
   }
 }
 
+// `e` naming `name` unless it names a file or device already (a
+// transport's error: NbdRetryPolicy::restore_transport).
+Error WithPath(Error e, const std::string& name) {
+  if (e.path().empty()) e.set_path(name);
+  return e;
+}
+
 // The wait before attempt `attempt` (0-based): first_delay doubled per
 // attempt, capped at max_delay.
 std::chrono::milliseconds BackoffDelay(const NbdRetryPolicy& policy, uint32_t attempt) {
@@ -405,8 +412,15 @@ Result<std::unique_ptr<NbdHandle>> ConnectFirst(const std::string& uri, const st
   const auto start = Clock::now();
   uint32_t retries = 0;
   for (;;) {
-    auto handle = Connect(uri, name, options, options.connect_timeout);
-    if (handle.ok() || !ServerNotThereYet(handle.error())) return handle;
+    Result<std::unique_ptr<NbdHandle>> handle = Error::IoError("not connected");
+    if (Status restored = retries > 0 && policy.restore_transport ? policy.restore_transport() : OkStatus();
+        !restored.ok()) {
+      if (!restored.error().retryable()) return WithPath(std::move(restored).error(), name);
+      handle = std::move(restored).error();
+    } else {
+      handle = Connect(uri, name, options, options.connect_timeout);
+      if (handle.ok() || !ServerNotThereYet(handle.error())) return handle;
+    }
     auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
     milliseconds delay = BackoffDelay(policy, retries);
     if (retries >= policy.attempts || elapsed + delay > policy.max_time) {
@@ -855,6 +869,14 @@ class Connections {
       ++attempts;
       elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - outage.start);
       milliseconds timeout = std::max(milliseconds(1000), std::min(options_.connect_timeout, policy.max_time - elapsed));
+      if (policy.restore_transport) {
+        Status restored = policy.restore_transport();
+        if (!restored.ok()) {
+          if (!restored.error().retryable()) return WithPath(std::move(restored).error(), name_);
+          last = std::move(restored).error();
+          continue;
+        }
+      }
       auto handle = Connect(uri_, name_, options_, timeout);
       if (!handle.ok()) {
         last = handle.error();

@@ -53,6 +53,17 @@ struct NbdRetryPolicy {
   // Called after each reconnect, from the thread that made it (any
   // thread); must be thread-safe and quick. May be empty.
   std::function<void(const NbdReconnect&)> on_reconnect;
+  // Re-establishes what carries the connections before each reconnect
+  // attempt (and each retry of the first connection): an ssh forward of a
+  // unix socket restarts a forward that died with its ssh session
+  // (orchestrate/libvirt/ssh_forward.h), so the attempt does not knock at
+  // a dead local socket. Returns OK when the transport is (again) there.
+  // A retryable error counts as that attempt's failure (the next attempt
+  // tries again, within the bounds); any other error ends the reconnecting
+  // at once with that error (a transport refused for good). Called from
+  // any thread, possibly from several at once: must be thread-safe. May
+  // block (a new ssh login). May be empty.
+  std::function<Status()> restore_transport;
   // May be null; when set true, a backoff in progress ends with kCancelled.
   // Must outlive the source or sink.
   const std::atomic<bool>* cancel = nullptr;

@@ -106,6 +106,43 @@ TEST_F(BlockioNbdTest, ConnectFailureCarriesUriAndErrno) {
   EXPECT_EQ(source.error().path(), uri);
   EXPECT_EQ(source.error().errno_value(), ENOENT);
 }
+// Issue 36 §9: the reconnect policy's transport hook runs before each
+// retry: here it starts the server that the first attempt found missing (as
+// a restarted ssh forward brings the socket back), and the open succeeds;
+// a hook that says the transport is refused for good (not retryable) ends
+// the open at once with its error.
+TEST_F(BlockioNbdTest, Issue36RestoreTransportRunsBeforeEachRetry) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  const std::string socket = dir_ / "late.sock";
+  std::unique_ptr<Server> server;
+  int calls = 0;
+  NbdOptions options;
+  options.retry.first_delay = std::chrono::milliseconds(10);
+  options.retry.restore_transport = [&]() -> Status {
+    if (calls++ == 0) {
+      server = std::make_unique<Server>("nbdkit -f --exit-with-parent -U " + ShellQuote(socket) + " memory 1M",
+                                        socket);
+      if (!server->WaitReady()) return Error::IoError("nbdkit did not start");
+    }
+    return OkStatus();
+  };
+  auto source = OpenNbdSource("nbd+unix:///?socket=" + socket, options);
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  EXPECT_EQ(calls, 1);
+
+  NbdOptions refused;
+  refused.retry.first_delay = std::chrono::milliseconds(10);
+  int refused_calls = 0;
+  refused.retry.restore_transport = [&]() -> Status {
+    ++refused_calls;
+    return Error::NotSupported("the SSH server refused to forward the NBD socket");
+  };
+  auto none = OpenNbdSource("nbd+unix:///?socket=" + (dir_ / "nobody.sock"), refused);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error().code(), ErrorCode::kNotSupported) << none.error().ToString();
+  EXPECT_EQ(refused_calls, 1);
+}
+
 TEST_F(BlockioNbdTest, PatternReadsAreExact) {
   BARGE_REQUIRE_TOOL("nbdkit");
   auto server = Nbdkit("pattern 16M");

@@ -87,10 +87,11 @@ std::map<pid_t, std::string> Processes() {
 // sshd on 127.0.0.1:port() with a host key and a root user key made here,
 // root login by that key only, no PAM; run directly (`sshd -D -f CONFIG`,
 // no systemd) and stopped by PID in the destructor, its keys deleted with
-// the folder.
+// the folder. `allow_stream_local` false: unix socket forwards refused
+// (AllowStreamLocalForwarding no), as a hardened host may have it.
 class TestSshd {
  public:
-  explicit TestSshd(const TempDir& dir) : dir_(dir / "sshd") {
+  explicit TestSshd(const TempDir& dir, bool allow_stream_local = true) : dir_(dir / "sshd") {
     fs::create_directories(dir_);
     ::chmod(dir_.c_str(), 0700);
     RunOk("ssh-keygen -q -t ed25519 -N '' -f " + ShellQuote(dir_ + "/host_key"));
@@ -103,7 +104,8 @@ class TestSshd {
                                           << dir_ << "/authorized_keys\nPermitRootLogin prohibit-password\n"
                                           << "PubkeyAuthentication yes\nPasswordAuthentication no\n"
                                           << "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-                                          << "AllowStreamLocalForwarding yes\nStreamLocalBindUnlink yes\n";
+                                          << "AllowStreamLocalForwarding " << (allow_stream_local ? "yes" : "no")
+                                          << "\nStreamLocalBindUnlink yes\n";
     const std::string config = dir_ + "/sshd_config";
     const std::string log = dir_ + "/sshd.log";
     pid_ = ::fork();
@@ -785,6 +787,110 @@ TEST_F(VmRemoteSshTest, KilledBackupResumesOverSsh) {
                        " --json");
   EXPECT_EQ(inc["backup_type"], "incremental") << inc.dump();
   EXPECT_EQ(inc["parent_checkpoint"], b["checkpoint"]) << inc.dump();
+}
+
+// Issue 36 §9: an SSH server that refuses unix socket forwards
+// (AllowStreamLocalForwarding no; libvirt's own connection still works).
+// The run fails at once and says why (it said "server disconnected" after
+// the reader's futile reconnects), and leaves no forward, folder or job.
+TEST_F(VmRemoteSshTest, Issue36RefusedForwardSaysSo) {
+  TestSshd sshd(dir_, /*allow_stream_local=*/false);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string connect = " --connect " + ShellQuote("qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
+                                                         "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native");
+  std::string disk = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 16M");
+  TestDomain dom("sshrefused", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  const std::string tmp = dir_ / "barge-tmp";
+  fs::create_directories(tmp);
+
+  json e = RunError("TMPDIR=" + ShellQuote(tmp) + " " +
+                        Barge("vm backup --domain " + dom.name() + " --target " + ShellQuote(target_) +
+                              " --skip-quiesce" + connect) +
+                        " --json",
+                    1);
+  const std::string message = e["message"].get<std::string>();
+  EXPECT_NE(message.find("the SSH server refused to forward the NBD socket: AllowStreamLocalForwarding"),
+            std::string::npos)
+      << e.dump();
+  EXPECT_EQ(e["code"], "NotSupported") << e.dump();
+  EXPECT_EQ(message.find("server disconnected"), std::string::npos) << e.dump();
+  EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
+  EXPECT_TRUE(RemoteSockets(dom.name()).empty());
+  EXPECT_EQ(BargeJson("doctor --domain " + dom.name())["backup_job"]["state"], "none");
+  for (const auto& [pid, cmd] : Processes()) {
+    EXPECT_FALSE(cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos)
+        << "ssh forward " << pid << " still runs: " << cmd;
+  }
+}
+
+// Issue 36 §9: the forward's ssh killed mid-copy (a cut ssh session). The
+// NBD reader's reconnect brings the forward back first (a new ssh on the
+// same local socket, SshForward::Restore), so the backup completes and its
+// point is the disk; before, the reader made 5 futile reconnects to the
+// dead local socket and the backup failed.
+TEST_F(VmRemoteSshTest, Issue36CutSshSessionIsRestoredAndTheBackupCompletes) {
+  BARGE_REQUIRE_TOOL("qemu-io");
+  TestSshd sshd(dir_);
+  ASSERT_TRUE(sshd.ready()) << sshd.log();
+  const std::string uri = "qemu+ssh://root@127.0.0.1:" + std::to_string(sshd.port()) +
+                          "/system?keyfile=" + sshd.user_key() + "&no_verify=1&proxy=native";
+  std::string disk = dir_ / "disk.qcow2";
+  RunOk("qemu-img create -q -f qcow2 " + ShellQuote(disk) + " 64M && qemu-io -f qcow2 -c 'write -P 0xab 0 40M' "
+        "-c 'write -P 0x17 50M 1M' " + ShellQuote(disk) + " >/dev/null");
+  TestDomain dom("sshcut", {{"vda", disk, "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
+  dom.StartPaused();
+  // The forward's folder: TMPDIR of the held run's child (set around the fork).
+  const std::string tmp = dir_ / "barge-tmp";
+  fs::create_directories(tmp);
+  const char* old_tmp = std::getenv("TMPDIR");
+  const std::string saved = old_tmp != nullptr ? old_tmp : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  orchestrate::VmBackupRequest req = VmRequest(dom.name(), target_);
+  req.libvirt_uri = uri;
+  req.copy.chunk_bytes = 1 << 20;
+  // Few buffers in flight, so the reader is still reading when the run is
+  // held (else it would have read everything before the cut); each
+  // reconnect is noted in a file (the run is a child process).
+  req.copy.memory_bytes = 4 << 20;
+  const std::string reconnects = dir_ / "reconnects";
+  req.copy.nbd_retry.on_reconnect = [reconnects](const NbdReconnect& r) {
+    std::ofstream(reconnects, std::ios::app) << r.attempts << " " << r.reason << "\n";
+  };
+  std::string outcome;
+  bool failed = true;
+  {
+    HeldVmBackup run(req, 1, 2);
+    if (old_tmp != nullptr) {
+      ::setenv("TMPDIR", saved.c_str(), 1);
+    } else {
+      ::unsetenv("TMPDIR");
+    }
+    ASSERT_TRUE(run.WaitHeld()) << "the child's backup never copied half of its work";
+    std::vector<pid_t> ssh;
+    for (const auto& [pid, cmd] : Processes()) {
+      if (cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos) {
+        ssh.push_back(pid);
+      }
+    }
+    ASSERT_EQ(ssh.size(), 1u);
+    ASSERT_EQ(::kill(ssh[0], SIGKILL), 0);
+    outcome = run.Release(&failed);
+  }
+  EXPECT_FALSE(failed) << outcome;
+  std::ifstream noted(reconnects);
+  const std::string reconnected((std::istreambuf_iterator<char>(noted)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(reconnected.empty()) << "the reader never lost its connection: the cut came too late";
+  dom.Flush();
+  ExpectRestores(target_ + "/" + dom.name() + "/vda", 0, Raw(disk, "now.raw"));
+  EXPECT_TRUE(fs::is_empty(tmp)) << "left in barge's temporary folder";
+  for (const auto& [pid, cmd] : Processes()) {
+    EXPECT_FALSE(cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos)
+        << "ssh forward " << pid << " still runs: " << cmd;
+  }
 }
 
 // A URI with a password is never printed with it; a failed connection's

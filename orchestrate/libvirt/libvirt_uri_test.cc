@@ -69,7 +69,8 @@ TEST(SshForwardCommandTest, CarriesTheUrisSshSettings) {
   auto u = ParseLibvirtUri("qemu+ssh://root@10.0.0.5:2200/system?keyfile=/k/id&no_verify=1");
   ASSERT_TRUE(u.ok());
   const std::vector<std::string> want = {
-      "ssh", "-N", "-n", "-T", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes", "-p", "2200", "-i", "/k/id",
+      "ssh", "-N", "-n", "-T", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
+      "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3", "-p", "2200", "-i", "/k/id",
       "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-L", "/l/nbd.sock:/tmp/r.sock",
       "root@10.0.0.5"};
   EXPECT_EQ(SshForwardCommand(*u, "/l/nbd.sock", "/tmp/r.sock"), want);
@@ -80,8 +81,27 @@ TEST(SshForwardCommandTest, VerifiesHostKeysUnlessAskedNotTo) {
   ASSERT_TRUE(u.ok());
   const std::vector<std::string> want = {
       "/opt/ssh", "-N", "-n", "-T", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
+      "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
       "-o", "UserKnownHostsFile=/kh", "-L", "/l:/r", "h"};
   EXPECT_EQ(SshForwardCommand(*u, "/l", "/r"), want);
+}
+
+// Issue 36 §9: libvirt's ssh transport does not read known_hosts= (only
+// its libssh/libssh2 transports do): a run says that the file is barge's
+// forward's alone, where it applies.
+TEST(SshForwardCommandTest, Issue36KnownHostsIsNamedAsTheForwardsOnly) {
+  auto note = [](const std::string& uri) {
+    auto u = ParseLibvirtUri(uri);
+    EXPECT_TRUE(u.ok()) << uri;
+    return u.ok() ? KnownHostsNote(*u) : std::string("?");
+  };
+  const std::string said = note("qemu+ssh://h/system?known_hosts=/kh");
+  EXPECT_NE(said.find("known_hosts= is read by barge's ssh forward of the NBD socket only"), std::string::npos) << said;
+  EXPECT_NE(said.find("~/.ssh/known_hosts"), std::string::npos) << said;
+  EXPECT_EQ(note("qemu+ssh://h/system"), "");
+  EXPECT_EQ(note("qemu+ssh://h/system?known_hosts=/kh&no_verify=1"), "");  // no file is read at all
+  EXPECT_EQ(note("qemu+libssh://h/system?known_hosts=/kh"), "");           // libvirt reads it there
+  EXPECT_EQ(note("qemu:///system"), "");
 }
 
 }  // namespace

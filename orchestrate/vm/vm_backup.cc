@@ -1308,6 +1308,7 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   VmBackupResult res;
   res.mode = "pull";
   res.warnings = std::move(warnings);
+  if (std::string note = KnownHostsNote(uri); !note.empty()) res.warnings.push_back(std::move(note));
   BARGE_ASSIGN_OR_RETURN(std::string checkpoint,
                          StartRun(req, *catalog, dom.get(), tracker ? &*tracker : nullptr, started, res));
   const int64_t record_id = res.record_id;
@@ -1367,6 +1368,12 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
         if (read_tcp.empty()) {
           br.source.location = "nbd+unix:///" + name + "?socket=" + read_socket;
           br.source.nbd.connections = req.nbd.connections;
+          // A cut ssh session: each reconnect waits for the forward to be
+          // back (or brings a stalled one down), not knocking at a dead
+          // local socket. (The forward outlives the copy: EndJob stops it.)
+          if (SshForward* forward = cleanup.forward.get(); forward != nullptr) {
+            br.copy.nbd_retry.restore_transport = [forward] { return forward->Restore(); };
+          }
         } else {
           br.source.location = read_tcp + "/" + name;
           br.source.nbd = req.nbd;  // TLS required: a plaintext server is refused
