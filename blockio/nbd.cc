@@ -185,19 +185,33 @@ Error TlsConnectError(Error e, const std::string& uri, const NbdTls& tls) {
         .set_path(e.path());
   }
   const std::string& text = e.message();
+  // A PSK with no identity: libnbd falls back to the login name, which a
+  // process without a terminal (cron, systemd, a container) has none of.
+  if (text.find("getlogin_r") != std::string::npos) {
+    return Error::InvalidArgument("a TLS PSK needs an identity: give --tls-username or nbds://USER@" + server +
+                                  "/ (libnbd's default, the login name, is not available here)")
+        .set_path(e.path());
+  }
   if (text.find("gnutls") != std::string::npos || text.find("TLS") != std::string::npos ||
       text.find("certificate") != std::string::npos) {
     std::string cause;
     if (text.find("certificate verification") != std::string::npos) {
       cause = DiagnoseCertificate(uri, tls);
-    } else if (text.find("non-properly terminated") != std::string::npos) {
-      // The server ends the handshake without telling why; which of our
-      // credentials it refused follows from what we offered.
+    } else if (text.find("non-properly terminated") != std::string::npos ||
+               text.find("Error in the pull function") != std::string::npos ||
+               text.find("Insufficient credentials") != std::string::npos) {
+      // The server ends the handshake without telling why (or, for a PSK
+      // offered to a server with certificates only, GnuTLS finds no common
+      // credentials); which of ours it refused follows from what we offered.
       const bool psk = !tls.psk_file.empty() || !NbdUriParam(uri, "tls-psk-file").empty();
-      cause = psk ? "the server refused the PSK identity or its key (a key that differs from the server's, "
-                    "or a user it does not know)"
-                  : "the server ended the handshake: it may expect PSK, or a client certificate "
-                    "(client-cert.pem and client-key.pem in the certificates folder) signed by a CA it trusts";
+      if (psk && text.find("Insufficient credentials") != std::string::npos) {
+        cause = "the server does not take a PSK: it may expect x509 certificates (--tls-certificates)";
+      } else {
+        cause = psk ? "the server refused the PSK identity or its key (a key that differs from the server's, "
+                      "or a user it does not know)"
+                    : "the server ended the handshake: it may expect PSK, or a client certificate "
+                      "(client-cert.pem and client-key.pem in the certificates folder) signed by a CA it trusts";
+      }
     }
     Error out = Error::IoError("TLS handshake with the NBD server at " + server + " failed: " +
                                (cause.empty() ? text : cause + " (" + text + ")"));

@@ -154,6 +154,7 @@ int CheckStdoutWritten(int exit_code) {
     ::signal(SIGPIPE, SIG_DFL);
     ::raise(SIGPIPE);
   }
+  if (exit_code != kExitOk) return exit_code;  // its own error said it once (files get -)
   std::cerr << "barge: IoError: <stdout>: the output could not be written"
             << (err != 0 ? std::string(" (") + std::strerror(err) + ")" : std::string()) << "\n";
   return exit_code == kExitOk ? kExitError : exit_code;

@@ -2,6 +2,7 @@
 #include "cli/hook_flags.h"
 
 #include "cli/common.h"
+#include "cli/interrupt.h"
 
 namespace barge::cli {
 
@@ -23,6 +24,7 @@ Result<orchestrate::HookSpec> HookFlags::ToSpec() const {
     return Error::InvalidArgument("--hook-timeout must be between 1s and 24h, not '" + timeout + "'");
   }
   spec.timeout = std::chrono::seconds(*seconds);
+  spec.cancel = &CancelFlag();  // SIGINT/SIGTERM stop a pre-hook in progress
   return spec;
 }
 

@@ -104,9 +104,9 @@ Result<ChainListing> ListChain(Env& env, const std::string& path) {
     // changed, this point and those over it cannot be restored.
     if (m.base) {
       if (auto base = LoadBaseOf(env, chain, i); !base.ok()) {
-        out.warnings.push_back({"backup " + m.id + " stands on base " + m.base->chain + "@" + m.base->id +
-                                    ", which cannot be used: " + base.error().message() +
-                                    " (this point and those over it cannot be restored until it is back)",
+        // LoadBaseOf's sentence names the base, the point and where.
+        out.warnings.push_back({base.error().message() + " (until then this point and those over it cannot be "
+                                    "restored)",
                                 chain.points[i].manifest_path});
       }
     }

@@ -383,6 +383,12 @@ Result<FileCopy> GetFile(Env& env, const FilesRequest& req, const std::string& p
     target = JoinPath(dest, names.back());
   }
   if (env.Exists(target)) return Error::InvalidArgument("the destination exists (remove it first)").set_path(target);
+  // Its folder is checked first, so that an error names the user's path,
+  // not the private folder made in it.
+  if (auto folder = env.Stat(DirName(AbsolutePath(target))); !folder.ok() || !folder->is_directory()) {
+    if (!folder.ok() && folder.error().code() != ErrorCode::kNotFound) return Error(folder.error()).set_path(dest);
+    return Error::NotFound("the destination's folder does not exist").set_path(dest);
+  }
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<MountedPoint> m, MountedPoint::Mount(env, req));
   BARGE_ASSIGN_OR_RETURN(FileEntry file, LookupFile(env, *m, path));
   target = AbsolutePath(target);
@@ -415,10 +421,10 @@ Result<FileCopy> GetFileToStream(Env& env, const FilesRequest& req, const std::s
     const uint64_t n = std::min<uint64_t>(buffer.size(), file.size_bytes - offset);
     BARGE_RETURN_IF_ERROR(in->ReadAt(offset, std::span(buffer).first(n)));
     out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(n));
-    if (!out) return Error::IoError("writing the file to standard output failed").set_path(path);
+    if (!out) return Error::FromErrno(errno, "writing the file to standard output", path);
   }
   out.flush();
-  if (!out) return Error::IoError("writing the file to standard output failed").set_path(path);
+  if (!out) return Error::FromErrno(errno, "writing the file to standard output", path);
   FileCopy r;
   r.point = m->point();
   r.size_bytes = file.size_bytes;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -327,6 +328,18 @@ TEST_F(FilesTest, IssueThirtySixEveryNameListsAndGets) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_EQ(r.stderr_text, "barge: NotFound: /odd/no\\nsuch: no such file or folder in backup " +
                                testing::PointIds(chain).back() + "\n");
+  // A full standard output: one error line, with the reason (there were
+  // two, the second a generic "<stdout>: the output could not be written").
+  r = testing::Run(Barge("files get " + Q(chain) + " /odd/link - > /dev/full"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "NoSpace")) << r.stderr_text;
+  EXPECT_EQ(std::count(r.stderr_text.begin(), r.stderr_text.end(), '\n'), 1) << r.stderr_text;
+  // A destination in a missing folder is named as the user gave it (the
+  // error named the private folder barge makes beside the copy).
+  const std::string missing = tmp_ / "no-such-folder/x";
+  r = testing::Run(Barge("files get " + Q(chain) + " /odd/link " + Q(missing)));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.stderr_text, "barge: NotFound: " + missing + ": the destination's folder does not exist\n");
   // Nothing of ours left beside the copies.
   for (const auto& e : fs::directory_iterator(tmp_ / "out")) {
     EXPECT_FALSE(e.path().filename().string().starts_with(".barge-")) << e.path();

@@ -316,6 +316,19 @@ TEST_F(NbdTlsTest, PskBackupAndRestoreToTlsExport) {
   writable.reset();
   testing::RunOk("qemu-img compare -q -f qcow2 -F raw " + Q(disk_) + " " + Q(dir_ / "target.raw"));
 
+  // No identity at all, where libnbd's fallback (the login name) is not
+  // there (cron, systemd, this test): "getlogin_r: No such device or
+  // address" became a sentence saying what to give.
+  if (char login[256]; ::getlogin_r(login, sizeof login) != 0) {
+    CommandResult anonymous = Sh(Barge("convert " + Q("nbds://" + server->hostport() + "/") + " " +
+                                       Q(dir_ / "y.raw") + " --tls-psk-file " + Q(Pki("client.psk"))));
+    EXPECT_EQ(anonymous.exit_code, 1) << anonymous.output;
+    EXPECT_TRUE(Has(anonymous.stderr_text, "InvalidArgument")) << anonymous.stderr_text;
+    EXPECT_TRUE(Has(anonymous.stderr_text, "a TLS PSK needs an identity: give --tls-username")) << anonymous.stderr_text;
+    EXPECT_FALSE(Has(anonymous.stderr_text, "getlogin_r")) << anonymous.stderr_text;
+    ExpectNoSecret(anonymous.output, "the refusal of a PSK without an identity");
+  }
+
   // An identity the server knows no key for: the handshake fails.
   const std::string mallory = dir_ / "mallory.psk";
   WriteText(mallory, std::string("mallory:") + kPskHex + "\n");
@@ -455,6 +468,15 @@ TEST_F(NbdTlsTest, WrongCaRefused) {
   EXPECT_FALSE(Has(r.stderr_text, Pki("wrongca"))) << r.stderr_text;
   EXPECT_EQ(std::count(r.stderr_text.begin(), r.stderr_text.end(), '\n'), 1) << r.stderr_text;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "a.raw"));
+
+  // A PSK offered to a server with certificates only: GnuTLS's
+  // "Insufficient credentials for that request" said nothing of why.
+  CommandResult psk = Sh(Barge("convert " + Q("nbds://alice@" + server->hostport() + "/") + " " +
+                               Q(dir_ / "b.raw") + " --tls-psk-file " + Q(Pki("client.psk"))));
+  EXPECT_EQ(psk.exit_code, 1) << psk.output;
+  EXPECT_TRUE(Has(psk.stderr_text, "the server does not take a PSK: it may expect x509 certificates"))
+      << psk.stderr_text;
+  ExpectNoSecret(psk.output, "a PSK offered to an x509 server");
 }
 
 // A server certificate for another host, and one that expired, are

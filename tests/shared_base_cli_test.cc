@@ -333,14 +333,14 @@ TEST_F(SharedBaseTest, MovedOrMissingBaseIsAClearError) {
   auto l = testing::Run(Barge() + " list " + Q(CloneDir()));
   EXPECT_EQ(l.exit_code, 0) << l.output;
   EXPECT_TRUE(Has(l.output, "warning")) << l.output;
-  EXPECT_TRUE(Has(l.output, "stands on base")) << l.output;
+  EXPECT_TRUE(Has(l.output, "cannot be restored")) << l.output;
   EXPECT_TRUE(Has(l.output, GoldenDir())) << l.output;
   // Back in its place, all is well again.
   fs::rename(target_ + "/golden-moved", GoldenDir());
   RunOk(Barge() + " verify " + Q(CloneDir()));
   auto back = testing::Run(Barge() + " list " + Q(CloneDir()));
   EXPECT_EQ(back.exit_code, 0) << back.output;
-  EXPECT_FALSE(Has(back.output, "stands on base")) << back.output;
+  EXPECT_FALSE(Has(back.output, "cannot be restored")) << back.output;
 
   // A base of another size, or naming itself, is refused before anything is written.
   testing::WriteFile(dir_ / "small.raw", testing::RandomBytes(kSize / 2, 3));

@@ -260,7 +260,7 @@ Status RunWithHooks(const HookSpec& hooks, const std::map<std::string, std::stri
   };
 
   if (!hooks.pre.empty()) {
-    auto pre = RunHookCommand("pre", hooks.pre, with("pre"), hooks.timeout);
+    auto pre = RunHookCommand("pre", hooks.pre, with("pre"), hooks.timeout, hooks.cancel);
     std::string why;
     if (!pre.ok()) {
       why = "pre-hook '" + hooks.pre + "' could not run: " + pre.error().message();

@@ -27,6 +27,11 @@ struct HookSpec {
   // Each command is stopped (SIGTERM to its process group, SIGKILL 2 s
   // later) when it runs longer.
   std::chrono::milliseconds timeout{60000};
+  // The job's stop (SIGINT/SIGTERM): when it turns true, the pre-hook in
+  // progress is stopped as at its timeout (HookRun::cancelled) and the job
+  // aborted; the post-hook still runs to its end (it may thaw a guest).
+  // May be null. Must outlive the run.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // How one command ended.

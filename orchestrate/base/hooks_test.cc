@@ -115,6 +115,36 @@ TEST(Hooks, PreFailureAbortsAndPostStillRuns) {
   EXPECT_EQ(result.runs.size(), 2u);
 }
 
+// `barge backup --pre-hook` stopped by SIGTERM waited for the pre-hook
+// (about 30 s, until the forced exit): the job's stop reaches the pre-hook
+// through HookSpec::cancel; the post-hook still runs (it may thaw).
+TEST(Hooks, TheJobsStopEndsThePreHookAndThePostHookStillRuns) {
+  testing::TempDir dir;
+  const std::string log = dir / "log";
+  std::atomic<bool> cancel{false};
+  HookSpec hooks;
+  hooks.pre = "echo pre >> " + log + "; sleep 30";
+  hooks.post = "echo post:$BARGE_HOOK_STATUS >> " + log;
+  hooks.cancel = &cancel;
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(300ms);
+    cancel = true;
+  });
+  bool called = false;
+  const auto start = std::chrono::steady_clock::now();
+  Status s = RunWithHooks(hooks, {}, [&] {
+    called = true;
+    return OkStatus();
+  });
+  stopper.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code(), ErrorCode::kCancelled);
+  EXPECT_NE(s.error().message().find("cancelled"), std::string::npos) << s.error().message();
+  EXPECT_FALSE(called);
+  EXPECT_EQ(Slurp(log), "pre\npost:aborted\n");
+}
+
 TEST(Hooks, PostRunsAfterAFailedBodyAndItsFailureIsAWarningAfterAGoodOne) {
   testing::TempDir dir;
   const std::string log = dir / "log";
