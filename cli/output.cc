@@ -18,6 +18,16 @@ namespace barge::cli {
 
 namespace {
 
+// One line to stderr in one write: what stdout holds goes first (as the
+// tie to std::cout would), and a reader merging both streams (a log, a
+// test) never sees the line cut in two by stdout's text.
+void WriteStderrLine(const std::string& line) {
+  std::cout.flush();
+  const std::string text = line + "\n";
+  std::cerr.write(text.data(), static_cast<std::streamsize>(text.size()));
+  std::cerr.flush();
+}
+
 // A stream that drops everything: text() under --json.
 class NullBuffer final : public std::streambuf {
  protected:
@@ -143,7 +153,7 @@ void Output::Warning(const std::string& message_given, const std::string& file_g
   const std::string message = RedactUrisIn(message_given);
   {
     std::lock_guard lock(mu_);
-    std::cerr << "barge: warning: " << (file.empty() ? "" : file + ": ") << message << "\n";
+    WriteStderrLine("barge: warning: " + (file.empty() ? "" : file + ": ") + message);
   }
   nlohmann::json j = {{"message", message}};
   if (!file.empty()) j["file"] = file;
@@ -153,7 +163,7 @@ void Output::Warning(const std::string& message_given, const std::string& file_g
 void Output::Notice(std::string_view event, const std::string& line, const nlohmann::json& fields) {
   {
     std::lock_guard lock(mu_);
-    std::cerr << "barge: " << line << "\n";
+    WriteStderrLine("barge: " + line);
   }
   Event(event, fields);
 }
@@ -175,7 +185,7 @@ int Output::Fail(const Error& error_given, int exit_code) {
   }
   {
     std::lock_guard lock(mu_);
-    std::cerr << "barge: " << error.ToString() << "\n";
+    WriteStderrLine("barge: " + error.ToString());
   }
   nlohmann::json j = {{"code", ErrorCodeName(error.code())},
                       {"message", error.message()},
