@@ -1,6 +1,8 @@
 // StagedFile: locked temporary name, flush, link or rename, folder sync.
 #include "pipeline/staged_file.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
 
@@ -132,8 +134,22 @@ Result<std::unique_ptr<StagedFile>> StagedFile::Create(Env& env, const std::stri
   }
   // A leftover of a killed run is unlocked, hence ours to replace; a live
   // writer's is not.
-  auto lock = LockTemp(env, temp, final_path, access != nullptr ? access->file_mode : LockOptions().create_mode);
+  const uint32_t create_mode = access != nullptr ? access->file_mode : LockOptions().create_mode;
+  auto lock = LockTemp(env, temp, final_path, create_mode);
   if (!lock.ok()) return lock.error();
+  // A leftover is taken over only from this user: another user's file under
+  // the temporary's name (planted in a shared folder such as /tmp, to read
+  // what is written through it) goes, and a fresh one of ours is made. In
+  // a sticky folder nobody else can swap ours out afterwards.
+  if (auto held = env.StatNoFollow(temp); held.ok() && held->uid != ::geteuid()) {
+    lock->reset();
+    if (Status removed = env.UnlinkIfExists(temp); !removed.ok()) return Named(removed.error(), temp, final_path);
+    lock = LockTemp(env, temp, final_path, create_mode);
+    if (!lock.ok()) return lock.error();
+    if (auto again = env.StatNoFollow(temp); !again.ok() || again->uid != ::geteuid()) {
+      return Error::InvalidArgument("another user keeps a file at the temporary name " + temp).set_path(final_path);
+    }
+  }
   TempRegistration registration(temp);
   FileOptions options;
   options.sync = sync;

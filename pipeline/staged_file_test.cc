@@ -4,6 +4,8 @@
 #include "pipeline/staged_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -138,6 +140,27 @@ TEST(StagedFileTest, KilledRunsLeftoverIsTakenOverAndSwept) {
   auto swept = SweepStaleTemporaries(Env::Default(), dir.path().string());
   ASSERT_TRUE(swept.ok());
   EXPECT_EQ(*swept, std::vector<std::string>{".other.raw.barge-tmp"});
+}
+
+// In a shared folder, another user's file planted under the temporary's
+// name was taken over as a killed run's leftover: barge wrote the output
+// into a file that user owns (and may read), then published it.
+TEST(StagedFileTest, AnotherUsersFileAtTheTemporaryNameIsNeverWrittenThrough) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
+  TempDir dir;
+  const std::string out = dir / "out.raw";
+  const std::string temp = TempPathFor(out);
+  testing::WriteFile(temp, testing::RandomBytes(4096, 7));
+  ASSERT_EQ(::chown(temp.c_str(), 65534, 65534), 0);
+  ASSERT_EQ(::chmod(temp.c_str(), 0666), 0);
+  auto writer = StagedFile::Create(Env::Default(), out, true);
+  ASSERT_TRUE(writer.ok()) << writer.error().ToString();
+  ASSERT_TRUE((*writer)->sink().WriteAt(0, Bytes("ours")).ok());
+  ASSERT_TRUE((*writer)->Commit().ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(out.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, ::geteuid()) << "the output is the planted file";
+  EXPECT_EQ(*Env::Default().ReadFile(out), "ours");
 }
 
 TEST(StagedFileTest, ForcedExitRemovesTheTemporary) {
