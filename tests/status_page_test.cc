@@ -87,7 +87,7 @@ TEST(StatusPageServeTest, ChromiumShowsFactsAndEscapesHostileNames) {
   EXPECT_EQ(HttpGet(port, "/chain/9/9").status, 404);
 
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/";
-  const std::string dom = Chromium(dir, "--dump-dom", url, "dom");
+  const std::string dom = Chromium(dir.path().string(), "--dump-dom", url, "dom");
   // The DOM as Chromium parsed it: no script element at all, the hostile
   // path as text (serialised escaped), the title untouched.
   EXPECT_EQ(dom.find("<script"), std::string::npos) << dom;
@@ -111,7 +111,7 @@ TEST(StatusPageServeTest, ChromiumShowsFactsAndEscapesHostileNames) {
   fs::create_directories(artifacts);
   const std::string png = artifacts / "status_page.png";
   fs::remove(png);
-  Chromium(dir, "--hide-scrollbars --window-size=1280,800 --screenshot=" + Q(png), url, "shot");
+  Chromium(dir.path().string(), "--hide-scrollbars --window-size=1400,900 --screenshot=" + Q(png), url, "shot");
   ASSERT_TRUE(fs::exists(png));
   EXPECT_GT(fs::file_size(png), 5000u);
   std::cout << "status page screenshot: " << png << "\n";
@@ -128,9 +128,9 @@ TEST(StatusPageServeTest, ChromiumShowsFactsAndEscapesHostileNames) {
 
   // The same page from the records, and the same facts as JSON.
   const std::string html = dir / "report.html";
-  json r = json::parse(RunOk("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " report --policy " + Q(policy) +
-                             " --html " + Q(html) + " --json"));
-  EXPECT_EQ(r.at("event"), "result");
+  json r = testing::RunResult("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " report --policy " + Q(policy) +
+                              " --html " + Q(html) + " --json");
+  EXPECT_EQ(r.at("command"), "report");
   EXPECT_EQ(r.at("policy"), "site");
   ASSERT_EQ(r.at("sources").size(), 2u);
   const json& g = r.at("sources")[0];
@@ -148,6 +148,22 @@ TEST(StatusPageServeTest, ChromiumShowsFactsAndEscapesHostileNames) {
   EXPECT_EQ(page.find("<script"), std::string::npos);
   EXPECT_NE(page.find("href=\"#chain-0-0\""), std::string::npos);
   EXPECT_NE(page.find("<section class=\"chain\" id=\"chain-0-0\">"), std::string::npos);
+}
+
+// `bench --svg`: the table's stages as a well-formed SVG bar chart.
+TEST(StatusPageServeTest, BenchSvgDrawsEveryStage) {
+  TempDir dir;
+  const std::string svg = dir / "stages.svg";
+  json r = testing::RunResult(Barge() + " bench --size 64M --threads 2 --json --workdir " + Q(dir.path().string()) +
+                             " --svg " + Q(svg));
+  const std::string text = Slurp(svg);
+  ASSERT_EQ(text.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u) << text;
+  for (const json& stage : r.at("stages")) {
+    EXPECT_NE(text.find(">" + stage.at("name").get<std::string>()), std::string::npos) << stage.dump();
+  }
+  EXPECT_NE(text.find(">end-to-end"), std::string::npos);
+  EXPECT_EQ(Count(text, "<rect "), r.at("stages").size() + 1);
+  RunOk("python3 -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' " + Q(svg));
 }
 
 }  // namespace

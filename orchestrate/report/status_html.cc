@@ -129,18 +129,19 @@ std::string SvgStoredChart(const std::vector<StoredSample>& samples) {
   const double t0 = static_cast<double>(samples.front().at.time_since_epoch().count());
   const double t1 = static_cast<double>(samples.back().at.time_since_epoch().count());
   const double top = static_cast<double>(std::max<uint64_t>(samples.back().bytes, 1));
-  std::string pts;
+  std::string pts, dots;
   for (const StoredSample& s : samples) {
     const double t = static_cast<double>(s.at.time_since_epoch().count());
     const double x = t1 > t0 ? kPad + (t - t0) / (t1 - t0) * (kW - 2 * kPad) : kW / 2;
     const double y = kH - kPad - static_cast<double>(s.bytes) / top * (kH - 2 * kPad);
     pts += Fmt("%.1f", x) + "," + Fmt("%.1f", y) + " ";
+    dots += "<circle cx=\"" + Fmt("%.1f", x) + "\" cy=\"" + Fmt("%.1f", y) + "\" r=\"2.5\" fill=\"#2a6fb0\"/>";
   }
   std::string label = HtmlEscape(formats::HumanBytes(samples.back().bytes)) + " written by " +
                       std::to_string(samples.size()) + " kept run(s)";
   return "<svg class=\"chart\" role=\"img\" width=\"220\" height=\"60\" viewBox=\"0 0 220 60\"><title>" + label +
          "</title><rect width=\"220\" height=\"60\" fill=\"#f7f7f7\"/><polyline fill=\"none\" stroke=\"#2a6fb0\" "
-         "stroke-width=\"2\" points=\"" + pts + "\"/></svg><br><span class=\"stored-total\">" + label + "</span>";
+         "stroke-width=\"2\" points=\"" + pts + "\"/>" + dots + "</svg><br><span class=\"stored-total\">" + label + "</span>";
 }
 
 std::string SvgBarChart(const std::string& title, const std::vector<std::pair<std::string, double>>& bars,
