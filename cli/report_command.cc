@@ -28,7 +28,9 @@ nlohmann::json PolicyStatusJson(const orc::PolicyStatus& st) {
   json sources = json::array();
   for (const orc::SourceStatus& s : st.sources) {
     json stored = json::array();
-    for (const orc::StoredSample& x : s.stored) stored.push_back({{"at", orc::FormatRfc3339(x.at)}, {"bytes", x.bytes}});
+    for (const orc::StoredSample& x : s.stored) {
+      stored.push_back({{"at", orc::FormatRfc3339(x.at)}, {"bytes", x.bytes}});
+    }
     auto age = [&](const std::optional<orc::SysSeconds>& t) {
       return t ? json((st.generated_at - *t).count()) : json(nullptr);
     };

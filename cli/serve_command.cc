@@ -268,7 +268,8 @@ int RunServe(ServeArgs& a, Output& out) {
   auto ready = [&](bool reloaded) {
     orc::Policy p = sched.policy();
     json j = {{"policy", p.name},        {"policy_file", a.policy}, {"listen", address}, {"port", port},
-              {"metrics_url", "http://" + address + "/metrics"},    {"status_url", "http://" + address + "/"},    {"health_url", "http://" + address + "/healthz"},
+              {"metrics_url", "http://" + address + "/metrics"},    {"health_url", "http://" + address + "/healthz"},
+              {"status_url", "http://" + address + "/"},
               {"reloaded", reloaded},    {"pid", static_cast<int64_t>(::getpid())}};
     out.Event("ready", j);
     out.text() << (reloaded ? "reloaded policy " : "serving policy ") << p.name << " from " << a.policy
@@ -330,8 +331,8 @@ int RunServe(ServeArgs& a, Output& out) {
 void RegisterServeCommand(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ServeArgs>();
   auto* cmd = AddCommand(app, "serve",
-                         "Run a policy as a daemon: its schedule, a status page at /, /metrics and /healthz; SIGHUP reloads, SIGTERM "
-                         "stops",
+                         "Run a policy as a daemon: its schedule, a status page at /, /metrics and /healthz; "
+                         "SIGHUP reloads, SIGTERM stops",
                          exit_code, [a](Output& out) { return RunServe(*a, out); });
   AddAllowOtherOwnerFlag(cmd);
   cmd->add_option("--policy", a->policy, "Policy file (YAML); SIGHUP reads it again")->required();

@@ -68,7 +68,8 @@ TEST(StatusPageServeTest, ChromiumShowsFactsAndEscapesHostileNames) {
   // "bad" first alone, its first (failed) run more than the 25 s threshold
   // before the page: it alerts; "good", backed up by serve, does not.
   WriteText(policy, "name: site\nsources:\n" + bad + common);
-  EXPECT_EQ(testing::Run("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " run --force --policy " + Q(policy)).exit_code, 1);
+  EXPECT_EQ(testing::Run("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " run --force --policy " + Q(policy)).exit_code,
+            1);
   std::this_thread::sleep_for(std::chrono::seconds(26));
   WriteText(policy, "name: site\nsources:\n  - image: " + good + "\n    name: good\n" + bad + common);
 

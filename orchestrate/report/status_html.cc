@@ -80,10 +80,12 @@ std::string SourceRow(const PolicyStatus& st, size_t index, const SourceStatus& 
        " failed";
   if (s.consecutive_failures > 0) h += " (" + std::to_string(s.consecutive_failures) + " in a row)";
   h += "</td><td class=\"points\">";
-  h += s.points_kept ? std::to_string(*s.points_kept) : "? <span class=\"reason\">" + HtmlEscape(s.points_problem) + "</span>";
+  h += s.points_kept ? std::to_string(*s.points_kept)
+                     : "? <span class=\"reason\">" + HtmlEscape(s.points_problem) + "</span>";
   for (size_t j = 0; j < s.chain_dirs.size(); ++j) {
     const std::string where = "/" + std::to_string(index) + "/" + std::to_string(j);
-    const std::string href = o.chain_links ? "/chain" + where : "#chain-" + std::to_string(index) + "-" + std::to_string(j);
+    const std::string href =
+        o.chain_links ? "/chain" + where : "#chain-" + std::to_string(index) + "-" + std::to_string(j);
     h += "<br><a class=\"chain\" href=\"" + HtmlEscape(href) + "\">" + HtmlEscape(s.chain_dirs[j]) + "</a>";
   }
   h += "</td><td class=\"stored\">" + SvgStoredChart(s.stored) + "</td></tr>\n";
@@ -141,7 +143,8 @@ std::string SvgStoredChart(const std::vector<StoredSample>& samples) {
                       std::to_string(samples.size()) + " kept run(s)";
   return "<svg class=\"chart\" role=\"img\" width=\"220\" height=\"60\" viewBox=\"0 0 220 60\"><title>" + label +
          "</title><rect width=\"220\" height=\"60\" fill=\"#f7f7f7\"/><polyline fill=\"none\" stroke=\"#2a6fb0\" "
-         "stroke-width=\"2\" points=\"" + pts + "\"/>" + dots + "</svg><br><span class=\"stored-total\">" + label + "</span>";
+         "stroke-width=\"2\" points=\"" + pts + "\"/>" + dots + "</svg><br><span class=\"stored-total\">" + label +
+         "</span>";
 }
 
 std::string SvgBarChart(const std::string& title, const std::vector<std::pair<std::string, double>>& bars,

@@ -58,8 +58,9 @@ Result<PolicyStatus> CollectPolicyStatus(const Policy& policy, PolicyCatalog& ca
     s.location = src != nullptr ? RedactUri(src->location) : "";
     s.last_success = m.stats.last_success;
     s.consecutive_failures = m.stats.consecutive_failures;
-    if (auto it = m.stats.runs_by_result.find("success"); it != m.stats.runs_by_result.end()) s.successful_runs = it->second;
-    if (auto it = m.stats.runs_by_result.find("failed"); it != m.stats.runs_by_result.end()) s.failed_runs = it->second;
+    const auto& by_result = m.stats.runs_by_result;
+    if (auto it = by_result.find("success"); it != by_result.end()) s.successful_runs = it->second;
+    if (auto it = by_result.find("failed"); it != by_result.end()) s.failed_runs = it->second;
     s.known_since = m.known_since;
     s.points_kept = m.retained_points;
     s.backup_missing = BackupMissing(m, policy.max_duration_without_backup, now);
