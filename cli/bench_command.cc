@@ -10,6 +10,7 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
+#include "orchestrate/report/status_html.h"
 #include "pipeline/bench.h"
 #include "pipeline/disk_generator.h"
 
@@ -28,6 +29,7 @@ struct BenchArgs {
   CopyFlags copy;
   bool cold = false;
   bool keep = false;
+  std::string svg;  // --svg FILE: the stages' throughput as a bar chart
 };
 
 struct GenerateArgs {
@@ -254,6 +256,21 @@ void PrintBench(std::ostream& t, const BenchArgs& a, const BenchPlan& plan, cons
   if (run.kept) t << Format("kept: %s\n", run.source.c_str());
 }
 
+// The table's "MiB/s logic" column (each stage and end-to-end) as an SVG
+// bar chart: logical MiB over wall seconds, as the table computes it.
+std::string BenchSvg(const pipeline::BenchRun& run) {
+  std::vector<std::pair<std::string, double>> bars;
+  auto add = [&](const pipeline::BenchMeasure& m) {
+    bars.emplace_back(m.name + (m.in_backup_path ? "" : "*"),
+                      m.wall_seconds > 0 ? run.summary.logical_mib / m.wall_seconds : 0.0);
+  };
+  for (const auto& m : run.report.stages) add(m);
+  add(run.report.end_to_end);
+  return orchestrate::SvgBarChart("barge bench: logical MiB/s per stage (" + std::to_string(run.report.threads) +
+                                      " threads; * not on the backup path)",
+                                  bars, "MiB/s");
+}
+
 // The cli fills a request from the flags; pipeline::RunBenchRequest runs it.
 int RunBenchCommand(const BenchArgs& a, Output& out) {
   auto plan = PlanOf(a);
@@ -263,6 +280,9 @@ int RunBenchCommand(const BenchArgs& a, Output& out) {
   auto run = pipeline::RunBenchRequest(Env::Default(), plan->request);
   if (!run.ok()) return out.Fail(run.error());
   if (run->not_removed) out.Warning("bench scratch folder not removed: " + run->not_removed->ToString(), run->scratch);
+  if (!a.svg.empty()) {
+    if (Status s = Env::Default().WriteFileAtomic(a.svg, BenchSvg(*run)); !s.ok()) return out.Fail(s.error());
+  }
   if (out.json()) {
     out.Result(BenchJson(a, *plan, *run));
     return kExitOk;
@@ -296,6 +316,7 @@ void RegisterBenchCommand(CLI::App& app, int& exit_code) {
   args->copy.AddTo(cmd, DefaultCompression());
   cmd->add_flag("--cold", args->cold, "Drop the source's cached pages before the read and end-to-end runs");
   cmd->add_flag("--keep", args->keep, "Keep the generated disk (its path is printed)");
+  cmd->add_option("--svg", args->svg, "Also draw the stages' throughput (MiB/s logical) as an SVG bar chart there");
 
   auto* g = AddCommand(*cmd, "generate", "Write the deterministic VM-like test disk (sparse raw) to OUT", exit_code,
                        [gen](Output& out) { return RunGenerate(*gen, out); });

@@ -166,6 +166,7 @@ int CheckStdoutWritten(int exit_code) {
 // in common.h, which most commands include).
 void RegisterExportCommand(CLI::App& app, int& exit_code);
 void RegisterFilesCommands(CLI::App& app, int& exit_code);
+void RegisterReportCommand(CLI::App& app, int& exit_code);
 
 int Main(int argc, char** argv) {
   InstallInterruptHandling();
@@ -193,6 +194,7 @@ int Main(int argc, char** argv) {
   RegisterSnapshotCommands(app, exit_code);
   RegisterPolicyCommands(app, exit_code);
   RegisterServeCommand(app, exit_code);
+  RegisterReportCommand(app, exit_code);  // cli/report_command.cc
   RegisterExportCommand(app, exit_code);
   RegisterFilesCommands(app, exit_code);
   RegisterBitmapEditCommands(app, exit_code);

@@ -2,7 +2,8 @@
 // scheduler loop on its own thread, /metrics (prometheus-cpp's Exposer with
 // the policy's collector) and /healthz on one listening address, SIGHUP to
 // reload the policy, SIGTERM/SIGINT to stop the run in progress and exit,
-// and systemd's readiness notifications.
+// systemd's readiness notifications, and the status page at `/` with a
+// page per chain at /chain/I/J (docs/status_page.md).
 #include <CivetServer.h>
 #include <civetweb.h>
 #include <netdb.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "blockio/fd.h"
+#include "blockio/nbd.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
@@ -30,6 +32,7 @@
 #include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/policy/policy_hooks.h"
 #include "orchestrate/policy/policy_scheduler.h"
+#include "orchestrate/report/status_html.h"
 #include "orchestrate/schedule/time_text.h"
 
 namespace barge::cli {
@@ -72,30 +75,98 @@ json StatusJson(const orc::SchedulerStatus& s) {
           {"last_error", s.last_error}};
 }
 
-// civetweb's begin_request: answers /healthz itself (200 while serving,
-// 503 once stopping); every other request goes on to the Exposer.
-int BeginRequest(mg_connection* conn) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  if (info == nullptr || info->local_uri == nullptr || std::string_view(info->local_uri) != "/healthz") return 0;
-  orc::PolicyScheduler* sched = g_health_of.load();
-  orc::SchedulerStatus st;
-  if (sched != nullptr) st = sched->status();
-  else st.stopping = true;
-  const int code = st.stopping ? 503 : 200;
-  const std::string body = formats::DumpJsonForDisplay(StatusJson(st)) + "\n";
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-            "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
-            code, code == 200 ? "OK" : "Service Unavailable", body.size());
-  mg_write(conn, body.data(), body.size());
-  return code;
-}
-
 std::string StatusLine(const orc::SchedulerStatus& s) {
   std::string line = "policy " + s.policy + ": " + std::to_string(s.runs) + " run(s), " +
                      std::to_string(s.failed_runs) + " with failures";
   if (s.next_pass) line += "; next check " + orc::FormatRfc3339(*s.next_pass);
   return line;
+}
+
+// What the status page reads besides the scheduler's policy: set while
+// serve runs.
+struct PageSource {
+  std::string catalog_path;
+  orc::SysSeconds started;  // known_since of sources without a run, as /metrics
+};
+std::atomic<const PageSource*> g_page_of{nullptr};
+
+int Reply(mg_connection* conn, int code, const char* reason, const char* type, const std::string& body) {
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+            "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+            "Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'\r\nConnection: close\r\n\r\n",
+            code, reason, type, body.size());
+  mg_write(conn, body.data(), body.size());
+  return code;
+}
+
+// "/chain/I/J" -> {I, J}; nullopt for anything else.
+std::optional<std::pair<size_t, size_t>> ChainPageIndex(std::string_view uri) {
+  constexpr std::string_view kPrefix = "/chain/";
+  if (!uri.starts_with(kPrefix)) return std::nullopt;
+  uri.remove_prefix(kPrefix.size());
+  const size_t slash = uri.find('/');
+  if (slash == std::string_view::npos) return std::nullopt;
+  auto number = [](std::string_view t) -> std::optional<size_t> {
+    if (t.empty() || t.size() > 6 || t.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+    return static_cast<size_t>(std::stoul(std::string(t)));
+  };
+  auto i = number(uri.substr(0, slash)), j = number(uri.substr(slash + 1));
+  if (!i || !j) return std::nullopt;
+  return std::make_pair(*i, *j);
+}
+
+// The status page (`/`) or a chain page, built from the records now: a
+// fresh catalog connection per request (the runner holds its own).
+int StatusPage(mg_connection* conn, std::string_view uri, orc::PolicyScheduler& sched, const PageSource& src) {
+  auto chain = ChainPageIndex(uri);
+  if (uri != "/" && !chain) return 0;  // the Exposer's 404
+  Env& env = Env::Default();
+  const orc::Policy policy = sched.policy();
+  auto fail = [&](const Error& e) {
+    return Reply(conn, 500, "Internal Server Error", "text/plain; charset=utf-8",
+                 RedactUrisIn(e.ToString()) + "\n");
+  };
+  auto catalog = orc::PolicyCatalog::Open(env, src.catalog_path);
+  if (!catalog.ok()) return fail(catalog.error());
+  auto st = orc::CollectPolicyStatus(policy, **catalog, env, orc::NowSeconds(), src.started);
+  if (!st.ok()) return fail(st.error());
+  if (chain) {
+    auto section = orc::LoadChainSection(env, *st, chain->first, chain->second);
+    if (!section.ok() && section.error().code() == ErrorCode::kNotFound) {
+      return Reply(conn, 404, "Not Found", "text/plain; charset=utf-8", "no such chain\n");
+    }
+    if (!section.ok()) return fail(section.error());
+    return Reply(conn, 200, "OK", "text/html; charset=utf-8", orc::RenderChainPage(*st, *section));
+  }
+  orc::StatusPageOptions o;
+  o.daemon_line = StatusLine(sched.status());
+  return Reply(conn, 200, "OK", "text/html; charset=utf-8", orc::RenderStatusPage(*st, o));
+}
+
+// civetweb's begin_request: answers /healthz itself (200 while serving,
+// 503 once stopping) and the status pages; every other request goes on to
+// the Exposer.
+int BeginRequest(mg_connection* conn) {
+  const mg_request_info* info = mg_get_request_info(conn);
+  if (info == nullptr || info->local_uri == nullptr) return 0;
+  const std::string_view uri(info->local_uri);
+  if (uri != "/healthz") {
+    orc::PolicyScheduler* sched = g_health_of.load();
+    const PageSource* src = g_page_of.load();
+    if (sched == nullptr || src == nullptr || info->request_method == nullptr ||
+        std::string_view(info->request_method) != "GET") {
+      return 0;
+    }
+    return StatusPage(conn, uri, *sched, *src);
+  }
+  orc::PolicyScheduler* sched = g_health_of.load();
+  orc::SchedulerStatus st;
+  if (sched != nullptr) st = sched->status();
+  else st.stopping = true;
+  const int code = st.stopping ? 503 : 200;
+  return Reply(conn, code, code == 200 ? "OK" : "Service Unavailable", "application/json",
+               formats::DumpJsonForDisplay(StatusJson(st)) + "\n");
 }
 
 // --listen HOST:PORT split at its last colon; the host as given (an IPv6
@@ -189,6 +260,8 @@ int RunServe(ServeArgs& a, Output& out) {
 
   orc::PolicyScheduler sched(Env::Default(), *policy, so);
   sched_ptr = &sched;
+  const PageSource page{*catalog_path, orc::NowSeconds()};
+  g_page_of = &page;
   g_health_of = &sched;
   std::thread loop([&sched] { sched.Loop(); });
 
@@ -196,10 +269,11 @@ int RunServe(ServeArgs& a, Output& out) {
     orc::Policy p = sched.policy();
     json j = {{"policy", p.name},        {"policy_file", a.policy}, {"listen", address}, {"port", port},
               {"metrics_url", "http://" + address + "/metrics"},    {"health_url", "http://" + address + "/healthz"},
+              {"status_url", "http://" + address + "/"},
               {"reloaded", reloaded},    {"pid", static_cast<int64_t>(::getpid())}};
     out.Event("ready", j);
     out.text() << (reloaded ? "reloaded policy " : "serving policy ") << p.name << " from " << a.policy
-               << ": metrics at http://" << address << "/metrics, health at /healthz\n";
+               << ": status page at http://" << address << "/, metrics at /metrics, health at /healthz\n";
     out.text().flush();
     if (Status s = SdNotify("READY=1\nSTATUS=" + StatusLine(sched.status())); !s.ok()) {
       out.Warning("sd_notify: " + s.error().ToString());
@@ -236,6 +310,7 @@ int RunServe(ServeArgs& a, Output& out) {
   loop.join();
   g_health_of = nullptr;
   exposer.reset();
+  g_page_of = nullptr;
   const orc::SchedulerStatus st = sched.status();
   out.Result({{"policy", st.policy},
               {"runs", st.runs},
@@ -256,11 +331,12 @@ int RunServe(ServeArgs& a, Output& out) {
 void RegisterServeCommand(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ServeArgs>();
   auto* cmd = AddCommand(app, "serve",
-                         "Run a policy as a daemon: its schedule, /metrics and /healthz; SIGHUP reloads, SIGTERM stops",
+                         "Run a policy as a daemon: its schedule, a status page at /, /metrics and /healthz; "
+                         "SIGHUP reloads, SIGTERM stops",
                          exit_code, [a](Output& out) { return RunServe(*a, out); });
   AddAllowOtherOwnerFlag(cmd);
   cmd->add_option("--policy", a->policy, "Policy file (YAML); SIGHUP reads it again")->required();
-  cmd->add_option("--listen", a->listen, "HOST:PORT for /metrics and /healthz (port 0: any free one)")
+  cmd->add_option("--listen", a->listen, "HOST:PORT for the status page, /metrics and /healthz (port 0: any free one)")
       ->capture_default_str();
   cmd->add_option("--metrics-textfile", a->metrics_textfile,
                   "Also write the metrics there after each check, atomically (node-exporter textfile collector)");

@@ -46,7 +46,10 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   slurm-wlm munge python3-yaml
   # bench/digest_incremental.sh and bench/shared_base.sh (issue 23): the
   # peers measured in the same run.
-  restic borgbackup)
+  restic borgbackup
+  # tests/status_page_test.cc: headless Chromium loads serve's status page
+  # (issue 42): its DOM and a screenshot.
+  chromium)
 
 pkgs=("${build_pkgs[@]}")
 case "$profile" in

@@ -630,6 +630,8 @@ def scenario(r):
     r.run("forget", ["--policy", missing, "--keep-last", "1"], expect=1)
     r.run("runs list", ["--policy", policy])  # points removed by forget
     r.serve(["--policy", policy, "--listen", "127.0.0.1:0"])
+    r.run("report", ["--policy", policy, "--html", t("report.html")])
+    r.run("report", ["--policy", missing], expect=1)
     # Sharded: the records of each shard in a records folder, read as one.
     os.makedirs(t("records"))
     r.run("policy shards", [policy, "--shards", "2"])

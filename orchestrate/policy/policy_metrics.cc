@@ -128,6 +128,12 @@ std::vector<prometheus::MetricFamily> PolicyMetricFamilies(const std::vector<Pol
   return f.Take();
 }
 
+bool BackupMissing(const SourceMetrics& source, std::chrono::seconds max_duration_without_backup, SysSeconds now) {
+  if (max_duration_without_backup.count() <= 0) return false;
+  const SysSeconds since = source.stats.last_success ? *source.stats.last_success : source.known_since;
+  return now - since > max_duration_without_backup;
+}
+
 std::string ShardTextfilePath(const std::string& path, const ShardSpec& shard) {
   if (!shard.sharded()) return path;
   const std::string tag = ".shard-" + std::to_string(shard.index);

@@ -54,6 +54,13 @@ struct PolicyMetricsSnapshot {
 Result<PolicyMetricsSnapshot> CollectPolicyMetrics(const Policy& policy, PolicyCatalog& catalog, Env& env,
                                                    SysSeconds known_since, const ShardSpec& shard = {});
 
+// Whether BargeBackupMissing (deploy/prometheus/barge-rules.yml) holds for
+// `source` at `now`: the threshold is on (> 0) and more than it has passed
+// since the newest success, or since `known_since` when it never
+// succeeded. The one C++ form of that rule (the status page and `barge
+// report` show it); policy_metrics_test.cc checks both agree.
+bool BackupMissing(const SourceMetrics& source, std::chrono::seconds max_duration_without_backup, SysSeconds now);
+
 // The textfile of shard `shard` for `path`: "barge-p.prom" becomes
 // "barge-p.shard-1.prom" (".shard-1" before the last extension, or at the
 // end), so that the workers of one policy that share a textfile folder
