@@ -29,6 +29,7 @@
 #include "orchestrate/vm/vm_backup.h"
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/vm/vm_orphans.h"
+#include "orchestrate/vm/vm_request.h"
 
 namespace barge::cli {
 namespace {
@@ -381,8 +382,7 @@ struct VmBackupArgs {
   std::string group;  // --group
 };
 
-void RegisterVm(CLI::App& app, int& exit_code) {
-  auto* vm = AddGroup(app, "vm", "Backups of libvirt domains");
+void RegisterVmBackup(CLI::App* vm, int& exit_code) {
   auto a = std::make_shared<VmBackupArgs>();
   auto* cmd = AddCommand(*vm, "backup", "Full or incremental backup of a domain's disks (libvirt pull mode)",
                          exit_code, [a](Output& out) {
@@ -397,16 +397,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     auto access = GroupFlagAccess(a->group);
     if (!access.ok()) return out.Usage(access.error().message());
     req.access = *access;
-    // The tracker is settled before the hooks run: several and none named
-    // is a usage error (which chain to continue is the caller's choice).
-    {
-      auto cat = orc::BackupCatalog::Open(Env::Default(), req.catalog_path);
-      if (!cat.ok()) return out.Fail(cat.error());
-      auto choice = orc::ResolveTracker(**cat, req.domain, req.tracker);
-      if (!choice.ok()) return out.Fail(choice.error());
-      if (!choice->ambiguous.empty()) return out.Usage(choice->ambiguous);
-      if (choice->tracker) req.tracker = choice->tracker->name;
-    }
+    auto ambiguous = orc::SettleTracker(Env::Default(), req);
+    if (!ambiguous.ok()) return out.Fail(ambiguous.error());
+    if (!ambiguous->empty()) return out.Usage(*ambiguous);
     formats::CompressionSpec compression;
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
     req.compression = compression.type;
@@ -467,6 +460,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 64));
   a->hooks.AddTo(cmd);
   a->copy.AddTo(cmd, DefaultCompression());
+}
+
+void RegisterInstantRestore(CLI::App& vm, int& exit_code) {
   {
     struct InstantArgs {
       orc::InstantRestoreRequest req;
@@ -474,7 +470,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       std::string port_range = orc::kDefaultNbdPortRange;
     };
     auto ia = std::make_shared<InstantArgs>();
-    auto* ir = AddCommand(*vm, "instant-restore",
+    auto* ir = AddCommand(vm, "instant-restore",
                           "Start a shut-off domain at once on a backup point (verified export + overlay), then move "
                           "its disk to DISK under the running domain (block copy), verify and pivot",
                           exit_code, [ia](Output& out) {
@@ -535,8 +531,11 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                    std::string("This machine's TCP ports for a remote domain's export, LO-HI (default: ") +
                        orc::kDefaultNbdPortRange + ")");
   }
+}
+
+void RegisterRecords(CLI::App& app, CLI::App& vm, int& exit_code) {
   auto b = std::make_shared<std::tuple<std::string, std::string>>();
-  auto* list = AddCommand(*vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {
+  auto* list = AddCommand(vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {
     auto cat = OpenCatalog(std::get<1>(*b));
     if (!cat.ok()) return out.Fail(cat.error());
     auto recs = (*cat)->ListBackups(std::get<0>(*b));
@@ -605,7 +604,10 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
 void RegisterVmCommands(CLI::App& app, int& exit_code) {
   RegisterTracker(app, exit_code);
   RegisterCheckpointAndDoctor(app, exit_code);
-  RegisterVm(app, exit_code);
+  auto* vm = AddGroup(app, "vm", "Backups of libvirt domains");
+  RegisterVmBackup(vm, exit_code);
+  RegisterInstantRestore(*vm, exit_code);
+  RegisterRecords(app, *vm, exit_code);
   RegisterCbt(app, exit_code);
 }
 
