@@ -16,6 +16,7 @@
 #include "orchestrate/policy/policy.h"
 #include "orchestrate/policy/policy_hooks.h"
 #include "orchestrate/policy/policy_metrics.h"
+#include "orchestrate/policy/policy_problems.h"
 #include "orchestrate/policy/policy_runner.h"
 #include "orchestrate/schedule/time_text.h"
 
@@ -26,40 +27,6 @@ using nlohmann::json;
 namespace orc = barge::orchestrate;
 
 // ---- policy check ----
-
-struct Problem {
-  int line = 0;  // 0: the whole file
-  int column = 0;
-  std::string message;
-};
-
-// ParsePolicy's "FILE:LINE:COLUMN: message" (or "FILE: message") lines.
-std::vector<Problem> SplitProblems(const std::string& file, const std::string& text) {
-  std::vector<Problem> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find('\n', start);
-    std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    start = end == std::string::npos ? text.size() + 1 : end + 1;
-    if (line.empty()) continue;
-    Problem p;
-    line = RedactUrisIn(line);  // a location quoted in a problem shows no credential
-    p.message = line;
-    if (line.starts_with(file + ":")) {
-      std::string rest = line.substr(file.size() + 1);
-      int l = 0, c = 0, used = 0;
-      if (std::sscanf(rest.c_str(), "%d:%d: %n", &l, &c, &used) == 2 && used > 0) {
-        p.line = l;
-        p.column = c;
-        p.message = rest.substr(static_cast<size_t>(used));
-      } else if (rest.starts_with(" ")) {
-        p.message = rest.substr(1);
-      }
-    }
-    out.push_back(std::move(p));
-  }
-  return out;
-}
 
 json SourcesJson(const orc::Policy& p) {
   json out = json::array();
@@ -100,11 +67,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
   // was read is the problem list (ParsePolicy's errors are kInvalidArgument).
   if (!policy.ok() && policy.error().code() != ErrorCode::kInvalidArgument) return out.Fail(policy.error());
   if (!policy.ok()) {
-    std::vector<Problem> problems = SplitProblems(file, policy.error().message());
-    // File order; problems of the whole file (a missing field) first.
-    std::stable_sort(problems.begin(), problems.end(), [](const Problem& x, const Problem& y) {
-      return std::pair(x.line, x.column) < std::pair(y.line, y.column);
-    });
+    const auto problems = orc::PolicyProblems(file, policy.error().message());
     json list = json::array();
     for (const auto& p : problems) {
       list.push_back({{"line", p.line == 0 ? json(nullptr) : json(p.line)},
