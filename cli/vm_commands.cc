@@ -26,6 +26,7 @@
 #include "orchestrate/vm/cbt.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/vm/tracker.h"
+#include "orchestrate/vm/tracker_admin.h"
 #include "orchestrate/vm/vm_backup.h"
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/vm/vm_orphans.h"
@@ -129,10 +130,8 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(*tracker, "create", "Create an empty tracker for a domain", exit_code, [a](Output& out) {
       auto cat = OpenCatalog(std::get<2>(*a));
       if (!cat.ok()) return out.Fail(cat.error());
-      auto conn = orc::ConnectLibvirt(std::get<3>(*a));
-      if (!conn.ok()) return out.Fail(conn.error());
-      if (auto d = orc::LookupDomain(conn->get(), std::get<1>(*a)); !d.ok()) return out.Fail(d.error());
-      if (Status s = (*cat)->CreateTracker(std::get<0>(*a), std::get<1>(*a)); !s.ok()) return out.Fail(s.error());
+      Status s = orc::CreateTrackerForDomain(**cat, std::get<0>(*a), std::get<1>(*a), std::get<3>(*a));
+      if (!s.ok()) return out.Fail(s.error());
       out.Result({{"tracker", std::get<0>(*a)}, {"domain", std::get<1>(*a)}});
       out.text() << "created tracker " << std::get<0>(*a) << " for domain " << std::get<1>(*a) << "\n";
       return int{kExitOk};
@@ -188,24 +187,11 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
                            [a](Output& out) {
       auto cat = OpenCatalog(std::get<1>(*a));
       if (!cat.ok()) return out.Fail(cat.error());
-      auto t = (*cat)->GetTracker(std::get<0>(*a));
-      if (!t.ok()) return out.Fail(t.error());
-      bool checkpoint_deleted = false;
-      if (!t->latest_checkpoint.empty()) {
-        // The tracker goes either way; a checkpoint libvirt cannot delete
-        // (domain gone, libvirtd down) is reported, not fatal.
-        auto conn = orc::ConnectLibvirt(std::get<2>(*a));
-        Status s = conn.ok() ? OkStatus() : Status(conn.error());
-        if (s.ok()) {
-          auto d = orc::LookupDomain(conn->get(), t->domain);
-          s = d.ok() ? orc::DeleteCheckpoint(d->get(), t->latest_checkpoint) : Status(d.error());
-        }
-        if (s.ok()) checkpoint_deleted = true;
-        else out.Warning("could not delete checkpoint " + t->latest_checkpoint + ": " + s.error().ToString());
-      }
-      if (Status s = (*cat)->DeleteTracker(t->name); !s.ok()) return out.Fail(s.error());
-      out.Result({{"tracker", t->name}, {"checkpoint_deleted", checkpoint_deleted}});
-      out.text() << "deleted tracker " << t->name << "\n";
+      auto d = orc::DeleteTrackerAndCheckpoint(**cat, std::get<0>(*a), std::get<2>(*a));
+      if (!d.ok()) return out.Fail(d.error());
+      if (!d->warning.empty()) out.Warning(d->warning);
+      out.Result({{"tracker", d->tracker}, {"checkpoint_deleted", d->checkpoint_deleted}});
+      out.text() << "deleted tracker " << d->tracker << "\n";
       return int{kExitOk};
     });
     cmd->add_option("name", std::get<0>(*a), "Tracker name")->required();
