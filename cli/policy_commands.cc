@@ -17,6 +17,7 @@
 #include "orchestrate/policy/policy_hooks.h"
 #include "orchestrate/policy/policy_metrics.h"
 #include "orchestrate/policy/policy_problems.h"
+#include "orchestrate/policy/policy_worker.h"
 #include "orchestrate/policy/policy_runner.h"
 #include "orchestrate/schedule/time_text.h"
 
@@ -173,26 +174,6 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
 
 // ---- run ----
 
-// Where `barge run` keeps its records: --catalog as every command reads it
-// (CatalogPathFromFlag), except that a --catalog naming a folder is a
-// records folder, one catalog file per policy and shard in it:
-// FOLDER/<policy>.db, FOLDER/<policy>.shard-I.db for shard I (of any
-// count). Workers of one policy on different machines give one folder on a
-// shared volume; `runs list --catalog FOLDER` reads every file in it as one
-// table (docs/policies.md, "Sharded runs").
-Result<std::string> RecordsCatalogPath(const std::string& flag, const std::string& policy,
-                                       const orc::ShardSpec& shard) {
-  if (!flag.empty()) {
-    auto st = Env::Default().Stat(flag);
-    if (st.ok() && st->is_directory()) {
-      std::string dir = flag;
-      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-      return dir + "/" + policy + (shard.sharded() ? ".shard-" + std::to_string(shard.index) : "") + ".db";
-    }
-  }
-  return orc::CatalogPathFromFlag(Env::Default(), flag);
-}
-
 struct RunArgs {
   std::string policy, catalog, metrics_textfile, memory = "256M", shard;
   uint32_t shard_count = 0;
@@ -237,18 +218,13 @@ int RunRun(RunArgs& a, Output& out) {
   auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
   if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
-  for (const auto& name : a.sources) {
-    if (orc::InShard(*shard, name)) continue;
-    return out.Usage("source '" + name + "' falls to shard " + std::to_string(orc::ShardOfSource(name, shard->count)) +
-                     "/" + std::to_string(shard->count) + ", not to this worker's " + shard->ToString() +
-                     " (barge policy shards " + a.policy + " --shards " + std::to_string(shard->count) + ")");
-  }
+  if (Status s = orc::CheckSourcesInShard(a.sources, *shard, a.policy); !s.ok()) return out.Usage(s.error().message());
   orc::RunOptions o;
   o.shard = *shard;
   // An explicit --catalog in a missing folder is an error, not a new
   // catalog (and a first backup of every source) somewhere else. A
   // folder is a records folder: one catalog file per policy and shard.
-  auto catalog_path = RecordsCatalogPath(a.catalog, policy->name, *shard);
+  auto catalog_path = orc::RecordsCatalogPath(Env::Default(), a.catalog, policy->name, *shard);
   if (!catalog_path.ok()) return out.Fail(catalog_path.error());
   o.catalog_path = *catalog_path;
   if (!a.metrics_textfile.empty()) a.metrics_textfile = orc::ShardTextfilePath(a.metrics_textfile, *shard);
