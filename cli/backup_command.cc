@@ -12,11 +12,11 @@
 #include "cli/nbd_flags.h"
 #include "cli/owner_flag.h"
 #include "cli/progress.h"
-#include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/catalog/image_base.h"
 #include "orchestrate/vm/hooked_backup.h"
 #include "orchestrate/policy/policy_runner.h"
 #include "pipeline/backup.h"
+#include "pipeline/change_source.h"
 #include "pipeline/disk_identity.h"
 
 namespace barge::cli {
@@ -50,30 +50,109 @@ uint64_t PeakRssBytes() {
   return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // ru_maxrss is in KiB on Linux
 }
 
+// The run's result event (docs/json.md, "backup").
+json BackupJson(const BackupArgs& a, const pipeline::BackupResult& r, const std::optional<orchestrate::ImageBase>& image_base,
+                const std::vector<orchestrate::HookRun>& runs) {
+  const auto& m = r.manifest;
+  json j = {{"id", m.id},
+             {"type", formats::BackupTypeName(m.type)},
+             {"reason", m.reason},
+             {"disk", m.disk},
+             {"image", r.image_path},
+             {"manifest", r.manifest_path},
+             {"digest_table", r.digests_path},
+              {"parent", m.parent ? json(m.parent->id) : json(nullptr)},
+             {"base", m.base ? json(m.base->chain + "@" + m.base->id) : json(nullptr)},
+             {"virtual_size", m.virtual_size},
+             {"dirty_bytes", m.dirty_bytes},
+             {"bytes_read", r.bytes_read},
+             {"bytes_written", r.image_bytes},
+             {"image_digest", "xxh3-128:" + m.image_digest.ToHex()},
+             {"started_at", m.started_at},
+             {"finished_at", m.finished_at},
+             {"duration_seconds", r.seconds},
+             {"peak_rss_bytes", PeakRssBytes()}};
+  if (!a.snapshot.empty()) j["snapshot"] = a.snapshot;
+  if (image_base) {
+    j["base_image"] = {{"name", a.base.substr(orchestrate::kImageBasePrefix.size())},
+                       {"sha512", image_base->sha512},
+                       {"chain", image_base->chain_dir},
+                       {"point", image_base->point},
+                       {"imported", image_base->imported},
+                       {"copy", image_base->copy}};
+  }
+  if (!m.changed_by.empty()) {
+    j["changed_by"] = m.changed_by;
+    j["digest_changed_clusters"] = r.digest_changed_clusters;
+  }
+  if (m.missed_clusters) j["missed_clusters"] = *m.missed_clusters;
+  if (!r.strong_digests_path.empty()) j["strong_digest_table"] = r.strong_digests_path;
+  if (r.strong_computed) j["strong_computed_bytes"] = r.strong_computed_bytes;
+  if (r.clean_sample.clusters > 0) {
+    j["clean_check"] = {{"clusters", r.clean_sample.clusters},
+                        {"bytes_read", r.clean_sample.bytes_read},
+                        {"differing", r.clean_sample.differing}};
+  }
+  if (!r.replaced.empty()) j["replaced"] = true;
+  if (!runs.empty()) j["hooks"] = HookRunsJson(runs);
+  if (r.resume) {
+    j["resume"] = {{"resumed", r.resume->resumed},
+                   {"staged_bytes", r.resume->staged_bytes},
+                   {"problem", r.resume->problem}};
+  }
+  return j;
+}
+
+// The run's summary for a person.
+void PrintBackup(std::ostream& t, const BackupArgs& a, const pipeline::BackupResult& r,
+                 const std::optional<orchestrate::ImageBase>& image_base, const std::vector<orchestrate::HookRun>& runs) {
+  const auto& m = r.manifest;
+  t << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << RedactNbdUri(a.source)
+    << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'") << "\n"
+    << "  reason:   " << m.reason << "\n"
+    << "  image:    " << r.image_path << "\n"
+    << (m.base ? "  base:     " + m.base->chain + "@" + m.base->id +
+                     (image_base ? " (catalog image " + a.base.substr(orchestrate::kImageBasePrefix.size()) + ")" : "") +
+                     " (" + std::to_string(m.data_clusters + m.zero_clusters) + " clusters differ)\n"
+               : std::string())
+    << "  read:     " << HumanBytes(r.bytes_read);
+  if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
+  if (!m.changed_by.empty()) {
+    t << "\n  changed:  " << r.digest_changed_clusters
+      << (r.digest_changed_clusters == 1 ? " cluster" : " clusters") << " by SHA-256 digest";
+    if (m.missed_clusters) {
+      t << "; " << *m.missed_clusters << " of them missed by the "
+        << (a.dirty_bitmap.empty() ? std::string("extents file") : "bitmap '" + a.dirty_bitmap + "'")
+        << (*m.missed_clusters ? " (it drifted; they were written)" : "");
+    }
+  }
+  if (r.clean_sample.clusters > 0) {
+    t << "\n  checked:  " << r.clean_sample.clusters << " unchanged clusters sampled ("
+      << HumanBytes(r.clean_sample.bytes_read) << ")"
+      << (r.replaced.empty() ? ": they match the chain"
+                                   : ": " + std::to_string(r.clean_sample.differing) +
+                                         " differ, so a full was taken instead of the incremental");
+  }
+  if (r.resume && r.resume->resumed) {
+    t << " (resumed: " << HumanBytes(r.resume->staged_bytes) << " taken from the staged image)";
+  }
+  t << "\n  written:  " << HumanBytes(r.image_bytes) << " (" << m.compression << ")\n"
+    << "  digest:   xxh3-128:" << m.image_digest.ToHex() << "\n"
+    << "  duration: " << HumanSeconds(r.seconds) << "\n"
+    << HookRunsText(runs);
+}
+
 int RunBackupCommand(BackupArgs& a, Output& out) {
   pipeline::BackupRequest req;
   formats::CompressionSpec compression;
   if (Status s = a.copy.Apply(req.copy, compression, &out); !s.ok()) return out.Usage(s.error().message());
   auto hooks = a.hooks.ToSpec();
   if (!hooks.ok()) return out.Usage(hooks.error().message());
-  bool has_record = !a.dirty_bitmap.empty() || !a.dirty_extents.empty();
-  if (a.changed_by == "digests") {
-    req.changed_by = pipeline::ChangedBy::kDigests;
-    if (has_record) {
-      return out.Usage("--changed-by digests reads no bitmap or extents file: drop --dirty-bitmap/--dirty-extents, "
-                       "or use --changed-by bitmap+digests");
-    }
-  } else if (a.changed_by == "bitmap+digests") {
-    req.changed_by = pipeline::ChangedBy::kRecordAndDigests;
-    if (!a.incremental) return out.Usage("--changed-by bitmap+digests needs --incremental");
-  }
-  if (a.incremental && req.changed_by != pipeline::ChangedBy::kDigests &&
-      a.dirty_bitmap.empty() == a.dirty_extents.empty()) {
-    return out.Usage("--incremental needs exactly one of --dirty-bitmap or --dirty-extents (where the changes are), "
-                     "or --changed-by digests");
-  }
-  if (a.incremental && a.copy.cluster_size_given()) {
-    return out.Usage("--cluster-size does not apply to an incremental: it keeps its chain's cluster size");
+  if (Status s = pipeline::ApplyChangeSource({a.incremental, a.changed_by, a.dirty_bitmap, a.dirty_extents,
+                                               a.copy.cluster_size_given()},
+                                              req);
+      !s.ok()) {
+    return out.Usage(s.error().message());
   }
   req.compression = compression.type;
   req.compression_level = compression.level;
@@ -89,9 +168,6 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   auto access = GroupFlagAccess(a.group);
   if (!access.ok()) return out.Usage(access.error().message());
   req.access = *access;
-  req.incremental = a.incremental;
-  req.dirty_bitmap = a.dirty_bitmap;
-  req.dirty_extents_file = a.dirty_extents;
   req.checkpoint = a.checkpoint;
   req.allow_resize = a.allow_resize;
   req.base = a.base;
@@ -108,13 +184,13 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   };
   // A change the bitmap (or extents file) did not record: the point is
   // still complete (the cluster is written), but the record drifted.
-  req.on_missed = [&out, &a](const Range& r) {
-    std::string what = a.dirty_bitmap.empty() ? "the extents file" : "bitmap '" + a.dirty_bitmap + "'";
+  req.on_missed = [&out, &a, &req](const Range& r) {
     out.Notice("bitmap_missed",
-               "missed change: " + what + " did not record bytes " + std::to_string(r.offset) + "+" +
-                   std::to_string(r.length) + " that changed since the chain's latest backup (written anyway)",
+               "missed change: " + pipeline::ChangeRecordText(req) + " did not record bytes " +
+                   std::to_string(r.offset) + "+" + std::to_string(r.length) +
+                   " that changed since the chain's latest backup (written anyway)",
                {{"source", RedactNbdUri(a.source)},
-                {"record", a.dirty_bitmap.empty() ? "extents:" + a.dirty_extents : "bitmap:" + a.dirty_bitmap},
+                {"record", pipeline::ChangeRecordField(req)},
                 {"offset", r.offset},
                 {"length", r.length}});
   };
@@ -131,25 +207,14 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   // --base image:NAME: the catalog image's base point, found or backed up
   // from a ready copy first (orchestrate/catalog/image_base.h).
   std::optional<orchestrate::ImageBase> image_base;
-  if (a.base.starts_with(orchestrate::kImageBasePrefix)) {
-    const std::string image = a.base.substr(orchestrate::kImageBasePrefix.size());
-    if (image.empty() || image.find('@') != std::string::npos) {
-      return out.Usage("--base image:NAME names an image of the catalog (its point is the one holding the image)");
-    }
-    auto catalog_path = orchestrate::ExistingCatalogPath(Env::Default(), a.catalog);
-    if (!catalog_path.ok()) return out.Fail(catalog_path.error());
-    if (catalog_path->empty()) {
-      return out.Fail(Error::NotFound("--base " + a.base + ": no image catalog (--catalog, $BARGE_CATALOG)")
-                          .set_path(orchestrate::ResolveCatalogPath(a.catalog)));
-    }
-    auto catalog = orchestrate::ImageCatalog::Open(Env::Default(), *catalog_path);
-    if (!catalog.ok()) return out.Fail(catalog.error());
-    auto prepared = orchestrate::PrepareImageBase(Env::Default(), **catalog, image, req);
-    if (!prepared.ok()) return out.Fail(Error(prepared.error()).Wrap("--base " + a.base));
+  auto image = orchestrate::ImageBaseName(a.base);
+  if (!image.ok()) return out.Usage(image.error().message());
+  if (*image) {
+    auto prepared = orchestrate::UseImageBase(Env::Default(), a.catalog, **image, req);
+    if (!prepared.ok()) return out.Fail(prepared.error());
     image_base = std::move(prepared).value();
-    req.base = image_base->base;
     if (image_base->imported) {
-      out.text() << "catalog image " << image << ": backed up from " << image_base->copy << " as "
+      out.text() << "catalog image " << **image << ": backed up from " << image_base->copy << " as "
                  << image_base->chain_dir << "@" << image_base->point << " (the base)\n";
       out.text().flush();
     }
@@ -167,90 +232,8 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
                 "gives the earlier disk); back different disks up under different --name",
                 result->chain_dir);
   }
-  const auto& m = result->manifest;
-  {
-    json j = {{"id", m.id},
-               {"type", formats::BackupTypeName(m.type)},
-               {"reason", m.reason},
-               {"disk", m.disk},
-               {"image", result->image_path},
-               {"manifest", result->manifest_path},
-               {"digest_table", result->digests_path},
-                {"parent", m.parent ? json(m.parent->id) : json(nullptr)},
-               {"base", m.base ? json(m.base->chain + "@" + m.base->id) : json(nullptr)},
-               {"virtual_size", m.virtual_size},
-               {"dirty_bytes", m.dirty_bytes},
-               {"bytes_read", result->bytes_read},
-               {"bytes_written", result->image_bytes},
-               {"image_digest", "xxh3-128:" + m.image_digest.ToHex()},
-               {"started_at", m.started_at},
-               {"finished_at", m.finished_at},
-               {"duration_seconds", result->seconds},
-               {"peak_rss_bytes", PeakRssBytes()}};
-    if (!a.snapshot.empty()) j["snapshot"] = a.snapshot;
-    if (image_base) {
-      j["base_image"] = {{"name", a.base.substr(orchestrate::kImageBasePrefix.size())},
-                         {"sha512", image_base->sha512},
-                         {"chain", image_base->chain_dir},
-                         {"point", image_base->point},
-                         {"imported", image_base->imported},
-                         {"copy", image_base->copy}};
-    }
-    if (!m.changed_by.empty()) {
-      j["changed_by"] = m.changed_by;
-      j["digest_changed_clusters"] = result->digest_changed_clusters;
-    }
-    if (m.missed_clusters) j["missed_clusters"] = *m.missed_clusters;
-    if (!result->strong_digests_path.empty()) j["strong_digest_table"] = result->strong_digests_path;
-    if (result->strong_computed) j["strong_computed_bytes"] = result->strong_computed_bytes;
-    if (result->clean_sample.clusters > 0) {
-      j["clean_check"] = {{"clusters", result->clean_sample.clusters},
-                          {"bytes_read", result->clean_sample.bytes_read},
-                          {"differing", result->clean_sample.differing}};
-    }
-    if (!result->replaced.empty()) j["replaced"] = true;
-    if (!hooked.runs.empty()) j["hooks"] = HookRunsJson(hooked.runs);
-    if (result->resume) {
-      j["resume"] = {{"resumed", result->resume->resumed},
-                     {"staged_bytes", result->resume->staged_bytes},
-                     {"problem", result->resume->problem}};
-    }
-    out.Result(j);
-  }
-  std::ostream& t = out.text();
-  t << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << RedactNbdUri(a.source)
-    << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'") << "\n"
-    << "  reason:   " << m.reason << "\n"
-    << "  image:    " << result->image_path << "\n"
-    << (m.base ? "  base:     " + m.base->chain + "@" + m.base->id +
-                     (image_base ? " (catalog image " + a.base.substr(orchestrate::kImageBasePrefix.size()) + ")" : "") +
-                     " (" + std::to_string(m.data_clusters + m.zero_clusters) + " clusters differ)\n"
-               : std::string())
-    << "  read:     " << HumanBytes(result->bytes_read);
-  if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
-  if (!m.changed_by.empty()) {
-    t << "\n  changed:  " << result->digest_changed_clusters
-      << (result->digest_changed_clusters == 1 ? " cluster" : " clusters") << " by SHA-256 digest";
-    if (m.missed_clusters) {
-      t << "; " << *m.missed_clusters << " of them missed by the "
-        << (a.dirty_bitmap.empty() ? std::string("extents file") : "bitmap '" + a.dirty_bitmap + "'")
-        << (*m.missed_clusters ? " (it drifted; they were written)" : "");
-    }
-  }
-  if (result->clean_sample.clusters > 0) {
-    t << "\n  checked:  " << result->clean_sample.clusters << " unchanged clusters sampled ("
-      << HumanBytes(result->clean_sample.bytes_read) << ")"
-      << (result->replaced.empty() ? ": they match the chain"
-                                   : ": " + std::to_string(result->clean_sample.differing) +
-                                         " differ, so a full was taken instead of the incremental");
-  }
-  if (result->resume && result->resume->resumed) {
-    t << " (resumed: " << HumanBytes(result->resume->staged_bytes) << " taken from the staged image)";
-  }
-  t << "\n  written:  " << HumanBytes(result->image_bytes) << " (" << m.compression << ")\n"
-    << "  digest:   xxh3-128:" << m.image_digest.ToHex() << "\n"
-    << "  duration: " << HumanSeconds(result->seconds) << "\n"
-    << HookRunsText(hooked.runs);
+  out.Result(BackupJson(a, *result, image_base, hooked.runs));
+  PrintBackup(out.text(), a, *result, image_base, hooked.runs);
   return kExitOk;
 }
 

@@ -1,19 +1,18 @@
 // barge bitmap add|remove|clear|enable|disable: qemu-img bitmap's edits of
-// persistent dirty bitmaps, in place and crash-safe (formats/qcow2_bitmap_edit.h),
+// persistent dirty bitmaps, in place and crash-safe (pipeline/bitmap_edit.h),
 // under QEMU's image lock.
 #include <algorithm>
-#include <map>
 
 #include "blockio/env.h"
 #include "cli/common.h"
-#include "formats/qcow2_bitmap_edit.h"
+#include "pipeline/bitmap_edit.h"
 
 namespace barge::cli {
 namespace {
 
 using nlohmann::json;
 
-enum class Action { kAdd, kRemove, kClear, kEnable, kDisable };
+using Action = pipeline::BitmapAction;
 
 struct Verb {
   Action action;
@@ -37,26 +36,6 @@ struct EditArgs {
   bool disabled = false;    // add
 };
 
-// qemu-img's default granularity: the cluster size, within 4 KiB..64 KiB
-// (bdrv_get_default_bitmap_granularity).
-uint32_t DefaultGranularity(uint64_t cluster_bytes) {
-  return static_cast<uint32_t>(std::clamp<uint64_t>(cluster_bytes, 4096, 65536));
-}
-
-// The image's qcow2 metadata only (no backing chain, no data file).
-Result<std::unique_ptr<formats::Image>> OpenMetadata(const std::string& path) {
-  formats::OpenOptions options;
-  options.open_backing = false;
-  options.open_data_file = false;
-  BARGE_ASSIGN_OR_RETURN(auto image, OpenImageFile(path, options));
-  if (image->info().format != formats::ImageFormat::kQcow2) {
-    return Error::NotSupported("not a qcow2 image: persistent bitmaps live in qcow2 files "
-                               "(for a raw disk, create a CBT overlay: barge overlay create)")
-        .set_path(path);
-  }
-  return image;
-}
-
 json BitmapsJson(const std::vector<formats::BitmapInfo>& bitmaps) {
   json arr = json::array();
   for (const auto& b : bitmaps) {
@@ -66,61 +45,21 @@ json BitmapsJson(const std::vector<formats::BitmapInfo>& bitmaps) {
 }
 
 int RunEdit(const Verb& verb, const EditArgs& a, Output& out) {
-  uint64_t granularity = 0;
+  pipeline::BitmapEditRequest req{a.path, verb.action, a.names, 0, a.disabled};
   if (!a.granularity.empty()) {
     auto g = ParseSize(a.granularity);
     if (!g.ok()) return out.Usage("--granularity: " + g.error().message());
-    if (*g < 512 || *g > (uint64_t{1} << 31) || (*g & (*g - 1)) != 0) {
-      return out.Usage("--granularity must be a power of two from 512 to 2G, not " + a.granularity);
-    }
-    granularity = *g;
+    if (Status s = pipeline::CheckBitmapGranularity(*g, a.granularity); !s.ok()) return out.Usage(s.error().message());
+    req.granularity = *g;
   }
-  Env& env = Env::Default();
-  // QEMU's own lock first: a running VM (or qemu-img, qemu-nbd) keeps its
-  // copy of the bitmaps in memory and would overwrite the edit.
-  auto lock = env.LockImage(a.path, ImageAccess::kExclusiveWrite);
-  if (!lock.ok()) return out.Fail(lock.error());
-  auto before = OpenMetadata(a.path);
-  if (!before.ok()) return out.Fail(before.error());
-  const formats::ImageInfo& info = (*before)->info();
-
-  formats::BitmapEdit edit;
-  switch (verb.action) {
-    case Action::kAdd: {
-      const uint32_t g = granularity ? static_cast<uint32_t>(granularity) : DefaultGranularity(info.cluster_size());
-      for (const auto& n : a.names) edit.add.push_back(formats::BitmapSpec{n, g, !a.disabled, {}});
-      break;
-    }
-    case Action::kRemove: edit.remove = a.names; break;
-    case Action::kClear: edit.clear = a.names; break;
-    case Action::kEnable: edit.enable = a.names; break;
-    case Action::kDisable: edit.disable = a.names; break;
-  }
-  std::map<std::string, bool> enabled_before;
-  for (const auto& b : info.bitmaps) enabled_before[b.name] = b.enabled;
-  before->reset();  // the edit reads the file afresh
-
-  Status s = formats::EditBitmaps(
-      a.path, [&env](const std::string& p) { return env.OpenSource(p); },
-      [&env](const std::string& p) { return env.OpenSink(p, SinkMode::kExisting); }, edit);
-  if (!s.ok()) return out.Fail(s.error());
-  auto after = OpenMetadata(a.path);
-  if (!after.ok()) return out.Fail(after.error());
-  const auto& bitmaps = (*after)->info().bitmaps;
-
-  // Enabling an enabled bitmap changes nothing; say so.
-  std::vector<std::string> unchanged;
-  if (verb.action == Action::kEnable || verb.action == Action::kDisable) {
-    const bool want = verb.action == Action::kEnable;
-    for (const auto& n : a.names) {
-      if (enabled_before[n] == want) unchanged.push_back(n);
-    }
-  }
+  auto r = pipeline::RunBitmapEdit(Env::Default(), req);
+  if (!r.ok()) return out.Fail(r.error());
+  const std::vector<std::string>& unchanged = r->unchanged;
   out.Result({{"image", a.path},
               {"action", verb.name},
               {"names", a.names},
               {"changed", unchanged.size() < a.names.size()},
-              {"bitmaps", BitmapsJson(bitmaps)}});
+              {"bitmaps", BitmapsJson(r->bitmaps)}});
   std::ostream& t = out.text();
   for (const auto& n : a.names) {
     if (std::find(unchanged.begin(), unchanged.end(), n) != unchanged.end()) {
@@ -130,7 +69,7 @@ int RunEdit(const Verb& verb, const EditArgs& a, Output& out) {
     t << verb.past << " bitmap " << n << (verb.action == Action::kAdd ? " to " : verb.action == Action::kRemove ? " from " : " of ")
       << a.path;
     if (verb.action == Action::kAdd) {
-      t << " (granularity " << HumanBytes(edit.add.front().granularity_bytes) << ", "
+      t << " (granularity " << HumanBytes(r->granularity) << ", "
         << (a.disabled ? "disabled" : "enabled") << ")";
     }
     t << "\n";

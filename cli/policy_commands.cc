@@ -16,6 +16,8 @@
 #include "orchestrate/policy/policy.h"
 #include "orchestrate/policy/policy_hooks.h"
 #include "orchestrate/policy/policy_metrics.h"
+#include "orchestrate/policy/policy_problems.h"
+#include "orchestrate/policy/policy_worker.h"
 #include "orchestrate/policy/policy_runner.h"
 #include "orchestrate/schedule/time_text.h"
 
@@ -26,40 +28,6 @@ using nlohmann::json;
 namespace orc = barge::orchestrate;
 
 // ---- policy check ----
-
-struct Problem {
-  int line = 0;  // 0: the whole file
-  int column = 0;
-  std::string message;
-};
-
-// ParsePolicy's "FILE:LINE:COLUMN: message" (or "FILE: message") lines.
-std::vector<Problem> SplitProblems(const std::string& file, const std::string& text) {
-  std::vector<Problem> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find('\n', start);
-    std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    start = end == std::string::npos ? text.size() + 1 : end + 1;
-    if (line.empty()) continue;
-    Problem p;
-    line = RedactUrisIn(line);  // a location quoted in a problem shows no credential
-    p.message = line;
-    if (line.starts_with(file + ":")) {
-      std::string rest = line.substr(file.size() + 1);
-      int l = 0, c = 0, used = 0;
-      if (std::sscanf(rest.c_str(), "%d:%d: %n", &l, &c, &used) == 2 && used > 0) {
-        p.line = l;
-        p.column = c;
-        p.message = rest.substr(static_cast<size_t>(used));
-      } else if (rest.starts_with(" ")) {
-        p.message = rest.substr(1);
-      }
-    }
-    out.push_back(std::move(p));
-  }
-  return out;
-}
 
 json SourcesJson(const orc::Policy& p) {
   json out = json::array();
@@ -100,11 +68,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
   // was read is the problem list (ParsePolicy's errors are kInvalidArgument).
   if (!policy.ok() && policy.error().code() != ErrorCode::kInvalidArgument) return out.Fail(policy.error());
   if (!policy.ok()) {
-    std::vector<Problem> problems = SplitProblems(file, policy.error().message());
-    // File order; problems of the whole file (a missing field) first.
-    std::stable_sort(problems.begin(), problems.end(), [](const Problem& x, const Problem& y) {
-      return std::pair(x.line, x.column) < std::pair(y.line, y.column);
-    });
+    const auto problems = orc::PolicyProblems(file, policy.error().message());
     json list = json::array();
     for (const auto& p : problems) {
       list.push_back({{"line", p.line == 0 ? json(nullptr) : json(p.line)},
@@ -210,26 +174,6 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
 
 // ---- run ----
 
-// Where `barge run` keeps its records: --catalog as every command reads it
-// (CatalogPathFromFlag), except that a --catalog naming a folder is a
-// records folder, one catalog file per policy and shard in it:
-// FOLDER/<policy>.db, FOLDER/<policy>.shard-I.db for shard I (of any
-// count). Workers of one policy on different machines give one folder on a
-// shared volume; `runs list --catalog FOLDER` reads every file in it as one
-// table (docs/policies.md, "Sharded runs").
-Result<std::string> RecordsCatalogPath(const std::string& flag, const std::string& policy,
-                                       const orc::ShardSpec& shard) {
-  if (!flag.empty()) {
-    auto st = Env::Default().Stat(flag);
-    if (st.ok() && st->is_directory()) {
-      std::string dir = flag;
-      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-      return dir + "/" + policy + (shard.sharded() ? ".shard-" + std::to_string(shard.index) : "") + ".db";
-    }
-  }
-  return orc::CatalogPathFromFlag(Env::Default(), flag);
-}
-
 struct RunArgs {
   std::string policy, catalog, metrics_textfile, memory = "256M", shard;
   uint32_t shard_count = 0;
@@ -274,18 +218,13 @@ int RunRun(RunArgs& a, Output& out) {
   auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
   if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
-  for (const auto& name : a.sources) {
-    if (orc::InShard(*shard, name)) continue;
-    return out.Usage("source '" + name + "' falls to shard " + std::to_string(orc::ShardOfSource(name, shard->count)) +
-                     "/" + std::to_string(shard->count) + ", not to this worker's " + shard->ToString() +
-                     " (barge policy shards " + a.policy + " --shards " + std::to_string(shard->count) + ")");
-  }
+  if (Status s = orc::CheckSourcesInShard(a.sources, *shard, a.policy); !s.ok()) return out.Usage(s.error().message());
   orc::RunOptions o;
   o.shard = *shard;
   // An explicit --catalog in a missing folder is an error, not a new
   // catalog (and a first backup of every source) somewhere else. A
   // folder is a records folder: one catalog file per policy and shard.
-  auto catalog_path = RecordsCatalogPath(a.catalog, policy->name, *shard);
+  auto catalog_path = orc::RecordsCatalogPath(Env::Default(), a.catalog, policy->name, *shard);
   if (!catalog_path.ok()) return out.Fail(catalog_path.error());
   o.catalog_path = *catalog_path;
   if (!a.metrics_textfile.empty()) a.metrics_textfile = orc::ShardTextfilePath(a.metrics_textfile, *shard);

@@ -14,6 +14,7 @@
 #include "orchestrate/catalog/catalog_path.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/replicate.h"
+#include "pipeline/replicate_outcome.h"
 
 namespace barge::cli {
 namespace {
@@ -141,13 +142,10 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   if (!src.ok()) return out.Fail(src.error());
   o.source_location = a.source;
   o.source_format = src->format_name();
-  // Compression and cluster size shape qcow2 copies only.
-  const bool qcow2_copies = o.format == pipeline::ReplicaFormat::kQcow2 ||
-                            (o.format == pipeline::ReplicaFormat::kKeep && src->format_name() == "qcow2");
-  if (!qcow2_copies && (a.copy.compress_given() || a.copy.cluster_size_given())) {
-    return out.Usage(std::string(a.copy.compress_given() ? "--compress" : "--cluster-size") +
-                     " applies to qcow2 copies; these copies are raw (--format " + a.format +
-                     ", a " + src->format_name() + " source): use --format qcow2");
+  if (Status s = pipeline::CheckQcow2Shaping(o.format, a.format, src->format_name(), a.copy.compress_given(),
+                                             a.copy.cluster_size_given());
+      !s.ok()) {
+    return out.Usage(s.error().message());
   }
 
   std::vector<std::string> shown;  // NBD targets without their secrets
@@ -213,29 +211,8 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   if (r.resume && r.resume->resumed) t << " (resumed: " << HumanBytes(r.resume->staged_bytes) << " already written)";
   t << "\n";
   if (CancelFlag().load()) return out.Fail(Error::Cancelled("replicate interrupted").set_path(RedactNbdUri(a.source)));
-  if (r.checksum_mismatch) {
-    return out.Fail(Error::Corruption("checksum mismatch, nothing made ready: expected sha512 " +
-                                      a.expected_sha512 + ", the source has " + r.sha512_hex)
-                        .set_path(RedactNbdUri(a.source)));
-  }
-  if (!r.all_ok()) {
-    size_t failed = 0;
-    const pipeline::ReplicaResult* first = nullptr;
-    for (const auto& d : r.replicas) {
-      if (d.state != pipeline::ReplicaState::kFailed) continue;
-      ++failed;
-      if (first == nullptr && d.error) first = &d;
-    }
-    // The run's error is the first failed copy's (its code and file), with
-    // the count: the source was read fine.
-    if (first != nullptr) {
-      Error e = *first->error;
-      return out.Fail(Error(e.code(), std::to_string(failed) + " of " + std::to_string(r.replicas.size()) +
-                                          " copies failed (see the result for each); the first: " + e.message())
-                          .set_path(e.path()));
-    }
-    return out.Fail(Error::IoError(std::to_string(failed) + " of " + std::to_string(r.replicas.size()) +
-                                   " copies failed (see the result for each)"));
+  if (Status s = pipeline::ReplicateOutcome(r, a.expected_sha512, RedactNbdUri(a.source)); !s.ok()) {
+    return out.Fail(s.error());
   }
   return kExitOk;
 }

@@ -26,9 +26,11 @@
 #include "orchestrate/vm/cbt.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/vm/tracker.h"
+#include "orchestrate/vm/tracker_admin.h"
 #include "orchestrate/vm/vm_backup.h"
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/vm/vm_orphans.h"
+#include "orchestrate/vm/vm_request.h"
 
 namespace barge::cli {
 namespace {
@@ -128,10 +130,8 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(*tracker, "create", "Create an empty tracker for a domain", exit_code, [a](Output& out) {
       auto cat = OpenCatalog(std::get<2>(*a));
       if (!cat.ok()) return out.Fail(cat.error());
-      auto conn = orc::ConnectLibvirt(std::get<3>(*a));
-      if (!conn.ok()) return out.Fail(conn.error());
-      if (auto d = orc::LookupDomain(conn->get(), std::get<1>(*a)); !d.ok()) return out.Fail(d.error());
-      if (Status s = (*cat)->CreateTracker(std::get<0>(*a), std::get<1>(*a)); !s.ok()) return out.Fail(s.error());
+      Status s = orc::CreateTrackerForDomain(**cat, std::get<0>(*a), std::get<1>(*a), std::get<3>(*a));
+      if (!s.ok()) return out.Fail(s.error());
       out.Result({{"tracker", std::get<0>(*a)}, {"domain", std::get<1>(*a)}});
       out.text() << "created tracker " << std::get<0>(*a) << " for domain " << std::get<1>(*a) << "\n";
       return int{kExitOk};
@@ -187,24 +187,11 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
                            [a](Output& out) {
       auto cat = OpenCatalog(std::get<1>(*a));
       if (!cat.ok()) return out.Fail(cat.error());
-      auto t = (*cat)->GetTracker(std::get<0>(*a));
-      if (!t.ok()) return out.Fail(t.error());
-      bool checkpoint_deleted = false;
-      if (!t->latest_checkpoint.empty()) {
-        // The tracker goes either way; a checkpoint libvirt cannot delete
-        // (domain gone, libvirtd down) is reported, not fatal.
-        auto conn = orc::ConnectLibvirt(std::get<2>(*a));
-        Status s = conn.ok() ? OkStatus() : Status(conn.error());
-        if (s.ok()) {
-          auto d = orc::LookupDomain(conn->get(), t->domain);
-          s = d.ok() ? orc::DeleteCheckpoint(d->get(), t->latest_checkpoint) : Status(d.error());
-        }
-        if (s.ok()) checkpoint_deleted = true;
-        else out.Warning("could not delete checkpoint " + t->latest_checkpoint + ": " + s.error().ToString());
-      }
-      if (Status s = (*cat)->DeleteTracker(t->name); !s.ok()) return out.Fail(s.error());
-      out.Result({{"tracker", t->name}, {"checkpoint_deleted", checkpoint_deleted}});
-      out.text() << "deleted tracker " << t->name << "\n";
+      auto d = orc::DeleteTrackerAndCheckpoint(**cat, std::get<0>(*a), std::get<2>(*a));
+      if (!d.ok()) return out.Fail(d.error());
+      if (!d->warning.empty()) out.Warning(d->warning);
+      out.Result({{"tracker", d->tracker}, {"checkpoint_deleted", d->checkpoint_deleted}});
+      out.text() << "deleted tracker " << d->tracker << "\n";
       return int{kExitOk};
     });
     cmd->add_option("name", std::get<0>(*a), "Tracker name")->required();
@@ -381,8 +368,7 @@ struct VmBackupArgs {
   std::string group;  // --group
 };
 
-void RegisterVm(CLI::App& app, int& exit_code) {
-  auto* vm = AddGroup(app, "vm", "Backups of libvirt domains");
+void RegisterVmBackup(CLI::App* vm, int& exit_code) {
   auto a = std::make_shared<VmBackupArgs>();
   auto* cmd = AddCommand(*vm, "backup", "Full or incremental backup of a domain's disks (libvirt pull mode)",
                          exit_code, [a](Output& out) {
@@ -397,16 +383,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
     auto access = GroupFlagAccess(a->group);
     if (!access.ok()) return out.Usage(access.error().message());
     req.access = *access;
-    // The tracker is settled before the hooks run: several and none named
-    // is a usage error (which chain to continue is the caller's choice).
-    {
-      auto cat = orc::BackupCatalog::Open(Env::Default(), req.catalog_path);
-      if (!cat.ok()) return out.Fail(cat.error());
-      auto choice = orc::ResolveTracker(**cat, req.domain, req.tracker);
-      if (!choice.ok()) return out.Fail(choice.error());
-      if (!choice->ambiguous.empty()) return out.Usage(choice->ambiguous);
-      if (choice->tracker) req.tracker = choice->tracker->name;
-    }
+    auto ambiguous = orc::SettleTracker(Env::Default(), req);
+    if (!ambiguous.ok()) return out.Fail(ambiguous.error());
+    if (!ambiguous->empty()) return out.Usage(*ambiguous);
     formats::CompressionSpec compression;
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
     req.compression = compression.type;
@@ -467,6 +446,9 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 64));
   a->hooks.AddTo(cmd);
   a->copy.AddTo(cmd, DefaultCompression());
+}
+
+void RegisterInstantRestore(CLI::App& vm, int& exit_code) {
   {
     struct InstantArgs {
       orc::InstantRestoreRequest req;
@@ -474,7 +456,7 @@ void RegisterVm(CLI::App& app, int& exit_code) {
       std::string port_range = orc::kDefaultNbdPortRange;
     };
     auto ia = std::make_shared<InstantArgs>();
-    auto* ir = AddCommand(*vm, "instant-restore",
+    auto* ir = AddCommand(vm, "instant-restore",
                           "Start a shut-off domain at once on a backup point (verified export + overlay), then move "
                           "its disk to DISK under the running domain (block copy), verify and pivot",
                           exit_code, [ia](Output& out) {
@@ -535,8 +517,11 @@ void RegisterVm(CLI::App& app, int& exit_code) {
                    std::string("This machine's TCP ports for a remote domain's export, LO-HI (default: ") +
                        orc::kDefaultNbdPortRange + ")");
   }
+}
+
+void RegisterRecords(CLI::App& app, CLI::App& vm, int& exit_code) {
   auto b = std::make_shared<std::tuple<std::string, std::string>>();
-  auto* list = AddCommand(*vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {
+  auto* list = AddCommand(vm, "backups", "Backup records of the catalog", exit_code, [b](Output& out) {
     auto cat = OpenCatalog(std::get<1>(*b));
     if (!cat.ok()) return out.Fail(cat.error());
     auto recs = (*cat)->ListBackups(std::get<0>(*b));
@@ -605,7 +590,10 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
 void RegisterVmCommands(CLI::App& app, int& exit_code) {
   RegisterTracker(app, exit_code);
   RegisterCheckpointAndDoctor(app, exit_code);
-  RegisterVm(app, exit_code);
+  auto* vm = AddGroup(app, "vm", "Backups of libvirt domains");
+  RegisterVmBackup(vm, exit_code);
+  RegisterInstantRestore(*vm, exit_code);
+  RegisterRecords(app, *vm, exit_code);
   RegisterCbt(app, exit_code);
 }
 

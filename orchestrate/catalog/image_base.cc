@@ -6,6 +6,7 @@
 
 #include "blockio/path.h"
 #include "orchestrate/base/file_lock.h"
+#include "orchestrate/catalog/catalog_path.h"
 #include "pipeline/base_refs.h"
 #include "pipeline/file_access.h"
 #include "pipeline/replicate.h"
@@ -143,6 +144,31 @@ Result<ImageBase> PrepareImageBase(Env& env, ImageCatalog& catalog, const std::s
   }
   out.base = out.chain_dir + "@" + out.point;
   return out;
+}
+
+Result<std::optional<std::string>> ImageBaseName(const std::string& base) {
+  if (!base.starts_with(kImageBasePrefix)) return std::optional<std::string>();
+  std::string name = base.substr(kImageBasePrefix.size());
+  if (name.empty() || name.find('@') != std::string::npos) {
+    return Error::InvalidArgument("--base image:NAME names an image of the catalog (its point is the one holding the "
+                                  "image)");
+  }
+  return std::optional<std::string>(std::move(name));
+}
+
+Result<ImageBase> UseImageBase(Env& env, const std::string& catalog_flag, const std::string& name,
+                               pipeline::BackupRequest& req) {
+  const std::string flag = "--base " + std::string(kImageBasePrefix) + name;
+  BARGE_ASSIGN_OR_RETURN(std::string catalog_path, ExistingCatalogPath(env, catalog_flag));
+  if (catalog_path.empty()) {
+    return Error::NotFound(flag + ": no image catalog (--catalog, $BARGE_CATALOG)")
+        .set_path(ResolveCatalogPath(catalog_flag));
+  }
+  BARGE_ASSIGN_OR_RETURN(auto catalog, ImageCatalog::Open(env, catalog_path));
+  auto prepared = PrepareImageBase(env, *catalog, name, req);
+  if (!prepared.ok()) return Error(prepared.error()).Wrap(flag);
+  req.base = prepared->base;
+  return prepared;
 }
 
 }  // namespace barge::orchestrate

@@ -6,6 +6,7 @@
 // catalog image as the base").
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -46,5 +47,18 @@ struct ImageBase {
 //   the import's errors (RunBackup's).
 Result<ImageBase> PrepareImageBase(Env& env, ImageCatalog& catalog, const std::string& name,
                                    const pipeline::BackupRequest& clone);
+
+// The image a --base value names: nullopt for a chain (no "image:"
+// prefix), else NAME. kInvalidArgument: an empty NAME, or one with '@' (an
+// image's point is the one holding it).
+Result<std::optional<std::string>> ImageBaseName(const std::string& base);
+
+// `--base image:NAME --catalog FLAG`: opens the image catalog FLAG names
+// (ExistingCatalogPath: $BARGE_CATALOG, the default), prepares the image's
+// base point for `req` (PrepareImageBase) and sets req.base to it.
+// Returns the base, or kNotFound (no catalog there, naming its path) or
+// PrepareImageBase's errors, wrapped with "--base image:NAME".
+Result<ImageBase> UseImageBase(Env& env, const std::string& catalog_flag, const std::string& name,
+                               pipeline::BackupRequest& req);
 
 }  // namespace barge::orchestrate
