@@ -25,6 +25,7 @@
 #include "pipeline/stages.h"
 #include "pipeline/overlay_destination.h"
 #include "pipeline/output.h"
+#include "pipeline/resume.h"
 
 namespace barge::pipeline {
 
@@ -451,10 +452,7 @@ std::vector<std::unique_ptr<EnvLock>> SpareStagedCopies(Env& env, std::span<cons
   std::vector<std::unique_ptr<EnvLock>> locks;
   for (const std::string& d : destinations) {
     if (IsNbdUri(d) || !env.Exists(ReplicaJournalPath(d))) continue;
-    LockOptions lo;
-    lo.create = false;
-    auto lock = env.LockFile(TempPathFor(d), lo);
-    if (lock.ok()) locks.push_back(std::move(lock).value());
+    if (auto lock = SpareKeptFile(env, TempPathFor(d))) locks.push_back(std::move(lock));
   }
   return locks;
 }
@@ -670,49 +668,30 @@ Result<std::unique_ptr<BlockSource>> OpenStagedCopy(Job& job, size_t i) {
 std::optional<std::string> FindStagedCopy(Job& job, Pending& p, const DestinationSpec& spec) {
   const std::string& path = job.destinations[p.index];
   p.journal_path = job.JournalPathFor(p.index);
-  auto loaded = LoadResumeJournal(job.env, p.journal_path);
-  if (!loaded.ok() && loaded.error().code() == ErrorCode::kNotFound) return std::nullopt;
-  std::string problem;
-  // An export that cannot be reached now still holds what the journal
-  // says: the journal stays for a run that reaches it (this one fails to
-  // open it as its output too, before writing anything).
-  bool export_unreachable = false;
-  if (!job.options.resume) {
-    problem = "resuming is off";
-  } else if (job.keep) {
-    problem = "--backing keep copies are not resumed";
-  } else if (!loaded.ok()) {
-    problem = "its journal is unreadable (" + loaded.error().message() + ")";
+  ResumeTerms terms;
+  terms.refused = !job.options.resume ? std::string("resuming is off")
+                  : job.keep          ? std::string("--backing keep copies are not resumed")
+                                      : std::string();
+  terms.expected = [&job, &p](const ResumeKey&) { return KeyFor(job, p.index); };
+  std::unique_ptr<KeptData> kept;
+  if (!job.out_qcow2) {
+    // An export that cannot be reached now still holds what the journal
+    // says: the journal stays for a run that reaches it (this one fails to
+    // open it as its output too, before writing anything).
+    kept = std::make_unique<StagedRaw>(
+        "the staged copy", [&job, &p] { return OpenStagedCopy(job, p.index); }, job.result.virtual_size,
+        spec.cluster_bytes, job.IsNbd(p.index));
+  } else if (auto options = Qcow2OptionsFor(spec); options.ok()) {
+    kept = std::make_unique<StagedQcow2>(
+        job.env, "the staged copy", [path](const ResumeKey&) { return TempPathFor(path); }, *options);
   } else {
-    problem = ResumeMismatch(loaded->key, KeyFor(job, p.index));
+    kept = std::make_unique<KeptCheck>("the staged copy",
+                                       [e = options.error()](const LoadedJournal&) -> Result<StagedCheck> { return e; });
   }
-  if (problem.empty()) {
-    std::string staged = TempPathFor(path);
-    Result<StagedCheck> check = Error::InvalidArgument("no check");
-    if (job.out_qcow2) {
-      auto options = Qcow2OptionsFor(spec);
-      check = options.ok() ? CheckStaged(job.env, staged, *options, *loaded) : Result<StagedCheck>(options.error());
-    } else if (auto src = OpenStagedCopy(job, p.index); !src.ok()) {
-      export_unreachable = job.IsNbd(p.index);
-      check = std::move(src).error();
-    } else {
-      check = CheckStagedRaw(**src, job.result.virtual_size, spec.cluster_bytes, *loaded);
-    }
-    if (!check.ok()) {
-      problem = check.error().code() == ErrorCode::kNotFound
-                    ? std::string("the staged copy is gone")
-                    : "the staged copy cannot be read (" + check.error().message() + ")";
-    } else if (check->next_cluster == 0) {
-      problem = check->problem.empty() ? std::string("nothing was staged") : check->problem;
-    } else {
-      p.staged = JournalUpTo(*loaded, check->next_cluster);
-      return check->problem;
-    }
-  }
-  if (!export_unreachable) {
-    IgnoreError(job.env.UnlinkIfExists(p.journal_path), "a stale journal's key never matches a later run");
-  }
-  return problem;
+  ResumeDecision found = FindResume(job.env, ResumeSite{p.journal_path, ""}, terms, *kept);
+  if (!found.found()) return std::nullopt;
+  if (found.resumed()) p.staged = found.KeptJournal();
+  return found.reason;
 }
 
 // Feeds the job's SHA-512 with the kept part of a staged copy (the source's
