@@ -9,9 +9,10 @@
 // against the journal, and continues from the verified part, or discards
 // everything with a reason it reports.
 //
-// Used by backup (pipeline/backup_staged.cc), replicate and so image
-// add/sync (pipeline/replicate.cc), and read by vm backup's planner
-// (ReadResumeRecord). The journal's format: docs/formats/resume.md.
+// Used by backup (pipeline/backup_image.cc's FindStaged), replicate and
+// so image add/sync (pipeline/replicate_destinations.cc's FindStagedCopy),
+// and read by vm backup's planner (ReadResumeRecord). The journal's
+// format: docs/formats/resume.md; the mechanism: docs/resume.md.
 #pragma once
 
 #include <cstdint>
