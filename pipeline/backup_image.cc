@@ -289,19 +289,15 @@ Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destinatio
 // kept); else the journal goes.
 Error KeepOrDrop(Env& env, const BackupRequest& req, BackupRun& run, JournaledDestination* journaled, Error error) {
   if (run.journal == nullptr) return error;
-  ErrorCode code = error.code();
   using Keep = BackupRequest::KeepStaged;
-  const bool source_failed = journaled != nullptr && !journaled->failed() && code != ErrorCode::kCancelled &&
-                             code != ErrorCode::kNoSpace;
   const bool keep = req.keep_staged == Keep::kAfterSourceFailure ||
-                    (req.keep_staged == Keep::kWhenDisconnected && code == ErrorCode::kIoError && error.retryable());
-  if (source_failed && keep) {
-    // What was stored after the last checkpoint is kept too.
-    Status last = journaled->Checkpoint();
-    if (last.ok() && run.journal->checkpoints() > 0 && run.writer->KeepStagedImage().ok()) {
-      run.journal.reset();
-      return error.Wrap("the data staged so far is kept: the next run of this backup resumes from it; backup");
-    }
+                    (req.keep_staged == Keep::kWhenDisconnected && error.code() == ErrorCode::kIoError &&
+                     error.retryable());
+  if (keep && journaled != nullptr &&
+      KeepAfterFailure(error, *journaled, *run.journal, /*target_failure_keeps=*/false,
+                       [&run] { return run.writer->KeepStagedImage(); })) {
+    run.journal.reset();
+    return error.Wrap("the data staged so far is kept: the next run of this backup resumes from it; backup");
   }
   run.journal.reset();
   DiscardResume(env, run.site);  // a journal whose image is gone is never resumed

@@ -439,23 +439,13 @@ Status ReadTopLayer(Job& job) {
 // export, and the next run reads the export back against the digests
 // before it trusts any of it.
 void KeepStaged(Job& job, Pending& p, const Error& error) {
-  ErrorCode code = error.code();
-  if (p.journaled != nullptr && p.journaled->failed() && p.output->in_place() && code != ErrorCode::kCancelled &&
-      code != ErrorCode::kNoSpace && p.journal->checkpoints() > 0) {
+  if (p.journaled != nullptr &&
+      KeepAfterFailure(error, *p.journaled, *p.journal, /*target_failure_keeps=*/p.output->in_place(),
+                       [&p] { return p.output->Keep(); })) {
     p.journal.reset();
     job.Fail(p.index, Error(error).Wrap("the data written so far is kept: the next run of this replicate "
                                         "resumes from it; replicate"));
     return;
-  }
-  if (p.journaled != nullptr && !p.journaled->failed() && code != ErrorCode::kCancelled &&
-      code != ErrorCode::kNoSpace) {
-    Status last = p.journaled->Checkpoint();
-    if (last.ok() && p.journal->checkpoints() > 0 && p.output->Keep().ok()) {
-      p.journal.reset();
-      job.Fail(p.index, Error(error).Wrap("the data written so far is kept: the next run of this replicate "
-                                          "resumes from it; replicate"));
-      return;
-    }
   }
   job.Abandon(p, error);
 }

@@ -69,6 +69,15 @@ ResumeDecision FindResume(Env& env, const ResumeSite& site, const ResumeTerms& t
   return d;
 }
 
+bool KeepAfterFailure(const Error& error, JournaledDestination& journaled, const ResumeJournal& journal,
+                      bool target_failure_keeps, const std::function<Status()>& keep) {
+  if (error.code() == ErrorCode::kCancelled || error.code() == ErrorCode::kNoSpace) return false;
+  if (journaled.failed()) return target_failure_keeps && journal.checkpoints() > 0;
+  // What was stored after the last checkpoint is kept too.
+  Status last = journaled.Checkpoint();
+  return last.ok() && journal.checkpoints() > 0 && keep().ok();
+}
+
 void DiscardResume(Env& env, const ResumeSite& site) {
   IgnoreError(env.UnlinkIfExists(site.journal), "a stale journal's key never matches a later run");
   if (!site.work.empty()) {

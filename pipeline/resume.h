@@ -164,6 +164,21 @@ ResumeDecision DecideResume(const Result<LoadedJournal>& loaded, const ResumeTer
 // here (the job's sweep of stale temporaries takes it).
 ResumeDecision FindResume(Env& env, const ResumeSite& site, const ResumeTerms& terms, KeptData& kept);
 
+// After a failed copy: whether what was staged is kept for the next run
+// (the caller then lets go of its journal and says so; else it discards).
+// Never after a cancel (kCancelled: asked to stop) or a full target
+// (kNoSpace). When the source failed (not journaled.failed()): the last
+// checkpoint is journaled, then `keep` makes the staged data a leftover
+// the next run finds (StagedFile::Keep); kept when both succeed and some
+// checkpoint was journaled. When the target failed: kept only with
+// `target_failure_keeps` (an export written in place, every journaled
+// checkpoint after a flush of it, read back before it is trusted) and some
+// checkpoint journaled; a local file that failed a write is not to be
+// trusted. Callers with a policy of their own (a backup's keep_staged)
+// ask only when it allows.
+bool KeepAfterFailure(const Error& error, JournaledDestination& journaled, const ResumeJournal& journal,
+                      bool target_failure_keeps, const std::function<Status()>& keep);
+
 // Removes the site's journal and work set (a failed run that keeps
 // nothing; a finished one). Failures are ignored: a journal whose data
 // is gone never verifies.

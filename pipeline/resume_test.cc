@@ -2,10 +2,13 @@
 // work set goes); a bad journal, a refusal, a key of another job, kept data
 // gone or with nothing verified are discarded with the reason, journal and
 // work set removed; data out of reach leaves everything; a verified prefix
-// resumes; a planner reads a site's record without touching it.
+// resumes; a failed copy keeps only what the next run can trust; a
+// planner reads a site's record without touching it.
 #include "pipeline/resume.h"
 
 #include <gtest/gtest.h>
+
+#include <chrono>
 
 #include "tests/testing/testing.h"
 
@@ -200,6 +203,53 @@ TEST(ResumeTest, ARecordReadsBackWithoutTouchingTheSite) {
   EXPECT_NE(record.error().message().find("its work set is unreadable"), std::string::npos);
   EXPECT_TRUE(s.HasJournal());
   EXPECT_TRUE(s.HasWork());
+}
+
+// A destination that consumes nothing (a copy stopped before its first
+// chunk) and finishes as told.
+class NullDestination final : public Destination {
+ public:
+  const std::string& name() const override { return name_; }
+  Status Consume(const Chunk&) override { return OkStatus(); }
+  Status Finish() override { return OkStatus(); }
+
+ private:
+  std::string name_ = "null";
+};
+
+TEST(ResumeTest, AFailedCopyKeepsOnlyWhatTheNextRunCanTrust) {
+  TempDir dir;
+  Env& env = Env::Default();
+  std::vector<JournalEntry> kept_entries = {Entry(0)};
+  auto journal = ResumeJournal::Create(env, dir / "j", Key(), kept_entries, 1, 2 * 65536);
+  ASSERT_TRUE(journal.ok()) << journal.error().ToString();
+  NullDestination inner;
+  JournaledDestination journaled(
+      inner, [] { return Result<uint64_t>(uint64_t{2 * 65536}); }, **journal, false, 1 << 20,
+      std::chrono::milliseconds(2000));
+  int keeps = 0;
+  Status keep_status = OkStatus();
+  auto keep = [&] {
+    ++keeps;
+    return keep_status;
+  };
+  const Error lost = Error::IoError("connection lost");
+  // Asked to stop, or a full target: nothing is kept, nothing asked of it.
+  EXPECT_FALSE(KeepAfterFailure(Error(ErrorCode::kCancelled, "stopped"), journaled, **journal, true, keep));
+  EXPECT_FALSE(KeepAfterFailure(Error(ErrorCode::kNoSpace, "full"), journaled, **journal, true, keep));
+  EXPECT_EQ(keeps, 0);
+  // The source failed: kept when the data can be kept.
+  EXPECT_TRUE(KeepAfterFailure(lost, journaled, **journal, false, keep));
+  EXPECT_EQ(keeps, 1);
+  keep_status = Error::IoError("cannot keep");
+  EXPECT_FALSE(KeepAfterFailure(lost, journaled, **journal, false, keep));
+  // The target failed: only an export written in place keeps its journal.
+  ASSERT_TRUE(journaled.Finish().ok());
+  ASSERT_TRUE(journaled.failed());
+  keeps = 0;
+  EXPECT_FALSE(KeepAfterFailure(lost, journaled, **journal, false, keep));
+  EXPECT_TRUE(KeepAfterFailure(lost, journaled, **journal, true, keep));
+  EXPECT_EQ(keeps, 0);
 }
 
 TEST(ResumeTest, TheBackupSiteIsTheChainFoldersJournalAndWorkSet) {
