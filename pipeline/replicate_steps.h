@@ -20,6 +20,7 @@
 #include "pipeline/endpoints.h"
 #include "pipeline/output.h"
 #include "pipeline/replicate.h"
+#include "pipeline/resume.h"
 #include "pipeline/stages.h"
 
 namespace barge::pipeline::replicate_steps {
@@ -112,12 +113,9 @@ struct Job {
     Fail(p.index, std::move(e.Also(p.output->Abandon())));
   }
   void DropJournal(Pending& p) {
-    if (p.journal != nullptr) {
-      IgnoreError(p.journal->Remove(), "a journal whose copy is gone is never resumed");
-      p.journal.reset();
-    } else if (!p.journal_path.empty()) {
-      IgnoreError(env.UnlinkIfExists(p.journal_path), "a journal whose copy is gone is never resumed");
-    }
+    p.journal.reset();
+    // A journal whose copy is gone is never resumed.
+    if (!p.journal_path.empty()) DiscardResume(env, ResumeSite{p.journal_path, ""});
   }
   uint64_t resume_cluster = 0;  // where this pass starts (0: from the start)
   Sha512Stream sha512;          // fed with the kept part when resuming
