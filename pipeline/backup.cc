@@ -19,6 +19,7 @@
 #include "formats/qcow2_format.h"
 #include "formats/units.h"
 #include "pipeline/backup_resume.h"
+#include "pipeline/backup_steps.h"
 #include "pipeline/base_refs.h"
 #include "pipeline/chain.h"
 #include "pipeline/chain_folder.h"
@@ -30,6 +31,8 @@
 namespace barge::pipeline {
 
 namespace {
+
+using namespace backup_steps;
 
 Status CheckDiskName(const std::string& name) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
@@ -114,11 +117,6 @@ Result<RangeList> ChangedSinceStaged(const BackupRequest& req, OpenedSource& src
   return formats::ReadBitmapDirtyRanges(*src.image, name);
 }
 
-std::string IdFor(uint32_t sequence, const std::string& started_at) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%04u", sequence);
-  return std::string(buf) + "-" + formats::CompactTimestamp(started_at);
-}
 
 }  // namespace
 
@@ -168,55 +166,6 @@ Result<uint64_t> FreeBytes(Env& env, const std::string& dir) {
 
 namespace {
 
-// What a backup carries from one step to the next. Declared in the order
-// the steps fill it: the chain writer goes before the source is closed.
-struct BackupRun {
-  SourceSpec spec;
-  OpenedSource src;
-  uint64_t size = 0;
-  formats::DiskIdentity identity;
-  std::unique_ptr<ChainWriter> writer;
-  uint32_t cluster = 0;
-  formats::DigestTable parent_digests;  // an incremental's parent's
-  // The parent's strong table (digest modes; or kept by the chain), the
-  // scan of the source against it, what the record missed, and whether
-  // this point keeps a strong table.
-  std::optional<PointStrongTable> parent_strong;
-  std::optional<DigestChanges> scan;
-  RangeList missed;
-  uint64_t missed_clusters = 0;
-  bool write_strong = false;
-  std::string dirty_description;
-  RangeList work;
-  formats::BackupManifest m;
-  // Resume: the run's start (also a resumed run's own: the point holds the
-  // source as this run reads it, so its time and id are this run's, never
-  // the killed run's), the journal's key and path, the staged image's name
-  // (the killed run's point's; renamed to this run's), the staged clusters
-  // kept and the guest cluster the copy goes on from; `remaining` is the
-  // work from there.
-  std::string started_at;
-  std::string staged_image;
-  ResumeKey key;
-  std::string journal_path;
-  std::vector<JournalEntry> kept;
-  uint64_t resume_cluster = 0;
-  RangeList remaining;
-  std::string work_path;         // req.keep_work: the journal's work set
-  RangeList changed_since_staged;  // req.staged_earlier: the changes since its checkpoint
-  std::optional<ResumeNote> note;
-  std::unique_ptr<ResumeJournal> journal;
-  // --base: the base chain's folder (held by an export lock, so that no
-  // merge or forget removes the point meanwhile), the point, opened.
-  std::string base_dir;
-  std::unique_ptr<ExportLock> base_lock;
-  ChainFolder base_chain;
-  std::optional<OpenedPoint> base_point;
-  uint64_t base_compared_bytes = 0;
-  CleanSample clean_sample;
-  std::string replaced;  // the sample found another disk: why a full instead
-  bool over_parent() const { return m.parent.has_value() || m.base.has_value(); }
-};
 
 // An incremental reads exactly one record of changes; a full reads none.
 Status CheckChangeInputs(const BackupRequest& req) {
@@ -545,161 +494,6 @@ Status CheckCleanSample(const BackupRequest& req, BackupRun& run) {
   return OkStatus();
 }
 
-// The work from guest cluster `from` on.
-RangeList WorkFrom(const RangeList& work, uint64_t from_bytes) {
-  RangeList out;
-  for (const Range& r : work) {
-    if (r.end() <= from_bytes) continue;
-    uint64_t begin = std::max(r.offset, from_bytes);
-    out.push_back({begin, r.end() - begin});
-  }
-  return out;
-}
-
-// What makes this run "the same backup" as one staged before it, with the
-// staged run's start (its id and image name follow from it).
-ResumeKey KeyFor(Env& env, const BackupRequest& req, const BackupRun& run, const std::string& started_at) {
-  ResumeKey k;
-  k.started_at = started_at;
-  k.id = IdFor(run.writer->chain().next_sequence(), started_at);
-  k.image = k.id + ".qcow2";
-  k.type = req.incremental ? "incremental" : "full";
-  k.disk = run.identity.kind + ":" + run.identity.location + ":" + run.identity.target + ":" + run.identity.source;
-  if (run.identity.kind == "file") {
-    // A file changed since (a VM wrote it) would mix two states.
-    if (auto st = env.Stat(run.spec.location); st.ok()) {
-      k.source_stamp = std::to_string(st->size_bytes) + "@" + std::to_string(st->mtime_ns);
-    }
-  }
-  k.virtual_size = run.size;
-  k.cluster_size = run.cluster;
-  k.compression = formats::CompressionSpec{req.compression, req.compression_level}.ToString();
-  if (run.m.parent) k.parent = run.m.parent->id + ":" + run.m.parent->image_digest.ToHex();
-  if (run.m.base) k.parent = run.m.base->BackingName() + ":" + run.m.base->image_digest.ToHex();
-  k.checkpoint = req.checkpoint;
-  k.work_digest = RangesDigest(run.work);
-  k.tool_version = req.tool_version;
-  return k;
-}
-
-// The image's destination spec (the same for a fresh and a resumed image).
-DestinationSpec ImageSpec(const BackupRequest& req, const BackupRun& run) {
-  DestinationSpec dest_spec;
-  dest_spec.virtual_size = run.size;
-  dest_spec.cluster_bytes = run.cluster;
-  dest_spec.compression = req.compression;
-  if (run.m.parent) dest_spec.backing_file = run.m.parent->image;
-  if (run.m.base) dest_spec.backing_file = run.m.base->BackingName();
-  dest_spec.zero_policy = run.over_parent() ? ZeroPolicy::kZeroCluster : ZeroPolicy::kOmit;
-  return dest_spec;
-}
-
-// The part of a staged image a resume keeps: the clusters before
-// next_cluster, recorded by the first kept_entries journal entries; `cut`
-// says why it ends earlier than the staged image does ("" when it does not).
-struct StagedPrefix {
-  uint64_t next_cluster = 0;
-  size_t kept_entries = 0;
-  std::string cut;
-};
-
-// A resume over an earlier run's staged image (req.staged_earlier): that
-// run copied the disk as it was at its own checkpoint, so the clusters that
-// changed since (run.changed_since_staged), or that this run's work adds
-// to the staged run's, are stale. The writer appends front to back, so the
-// staged image still holds up to the first such cluster and is continued
-// from there: `prefix` (what CheckStaged kept) is cut there when that is
-// lower. Never lengthens it; next_cluster 0 means nothing is kept.
-StagedPrefix CutAtChangesSinceStaged(const BackupRequest& req, const BackupRun& run,
-                                     const std::vector<JournalEntry>& entries, StagedPrefix prefix) {
-  const RangeList invalid = UniteRanges(
-      run.changed_since_staged,
-      SubtractRanges(run.work, AlignRanges(req.staged_earlier->work, run.cluster, run.size)));
-  if (invalid.empty() || invalid.front().offset / run.cluster >= prefix.next_cluster) return prefix;
-  prefix.next_cluster = invalid.front().offset / run.cluster;
-  const auto kept_end = entries.begin() + static_cast<ptrdiff_t>(prefix.kept_entries);
-  prefix.kept_entries = static_cast<size_t>(
-      std::lower_bound(entries.begin(), kept_end, prefix.next_cluster,
-                       [](const JournalEntry& e, uint64_t c) { return e.stored.cluster_index < c; }) -
-      entries.begin());
-  prefix.cut = "cluster " + std::to_string(prefix.next_cluster) + " (changed since checkpoint " +
-               req.staged_earlier->checkpoint + ")";
-  return prefix;
-}
-
-// Looks for what a killed or failed run of this backup staged: resumes
-// from it when its key matches and its clusters check out (run.kept,
-// run.resume_cluster, run.staged_image), else removes its journal. Then
-// removes the chain folder's leftovers (sparing a resumed staged image).
-Status FindStaged(Env& env, const BackupRequest& req, BackupRun& run) {
-  const ChainFolder& chain = run.writer->chain();
-  run.journal_path = chain.PathOf(std::string(kResumeJournalName));
-  run.work_path = chain.PathOf(std::string(kResumeWorkName));
-  std::string keep;
-  auto loaded = LoadResumeJournal(env, run.journal_path);
-  if (!loaded.ok() && loaded.error().code() == ErrorCode::kNotFound) {
-    // No journal: whatever was staged is swept below.
-    IgnoreError(env.UnlinkIfExists(run.work_path), "a work set without its journal is never read");
-  } else {
-    ResumeNote note;
-    note.total_bytes = TotalBytes(run.work);
-    if (!req.resume_refused.empty()) {
-      note.problem = req.resume_refused;
-    } else if (!req.resume) {
-      note.problem = "resuming is off";
-    } else if (!loaded.ok()) {
-      note.problem = "its journal is unreadable (" + loaded.error().message() + ")";
-    } else {
-      ResumeKey now = KeyFor(env, req, run, loaded->key.started_at);
-      if (req.staged_earlier) {
-        // The staged run's point in time: its checkpoint and work set.
-        now.checkpoint = req.staged_earlier->checkpoint;
-        if (req.incremental) now.work_digest = RangesDigest(AlignRanges(req.staged_earlier->work, run.cluster, run.size));
-      }
-      note.problem = ResumeMismatch(loaded->key, now);
-    }
-    if (note.problem.empty()) {
-      DestinationSpec spec = ImageSpec(req, run);
-      BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
-      std::string staged = TempPathFor(chain.PathOf(loaded->key.image));
-      auto check = CheckStaged(env, staged, options, *loaded);
-      if (!check.ok()) {
-        note.problem = check.error().code() == ErrorCode::kNotFound
-                           ? std::string("the staged image is gone")
-                           : "the staged image cannot be read (" + check.error().message() + ")";
-      } else if (check->next_cluster == 0) {
-        note.problem = check->problem.empty() ? std::string("nothing was staged") : check->problem;
-      } else {
-        StagedPrefix prefix{check->next_cluster, check->kept_entries, ""};
-        if (req.staged_earlier) prefix = CutAtChangesSinceStaged(req, run, loaded->entries, prefix);
-        if (prefix.next_cluster == 0) {
-          note.problem = "the disk changed at its start since checkpoint " + req.staged_earlier->checkpoint;
-        } else {
-          note.resumed = true;
-          note.problem = prefix.cut.empty() ? check->problem : prefix.cut;
-          run.staged_image = loaded->key.image;
-          run.kept.assign(loaded->entries.begin(),
-                          loaded->entries.begin() + static_cast<ptrdiff_t>(prefix.kept_entries));
-          run.resume_cluster = prefix.next_cluster;
-          keep = BaseName(staged);
-        }
-      }
-    }
-    if (!note.resumed) {
-      IgnoreError(env.UnlinkIfExists(run.journal_path), "a stale journal's key never matches a later run");
-      IgnoreError(env.UnlinkIfExists(run.work_path), "a work set without its journal is never read");
-    }
-    run.note = note;
-  }
-  BARGE_RETURN_IF_ERROR(run.writer->RemoveLeftovers(keep));
-  run.remaining = WorkFrom(run.work, run.resume_cluster * run.cluster);
-  if (run.note) {
-    run.note->staged_bytes = run.note->total_bytes - TotalBytes(run.remaining);
-    if (req.on_resume) req.on_resume(*run.note);
-  }
-  return OkStatus();
-}
-
 // Refuses a target without room for what is left to copy.
 Status CheckSpace(Env& env, const BackupRequest& req, BackupRun& run) {
   const std::string& chain_dir = run.writer->dir();
@@ -771,216 +565,6 @@ Status StartManifest(const BackupRequest& req, const std::string& started_at, Ba
   return OkStatus();
 }
 
-// 3. Makes the destination: the point's qcow2 image, staged in the chain
-// folder, or the staged one a killed run left, taken over. An incremental
-// names its parent and stores the zero clusters of its work set (they must
-// mask the parent's data). With req.resume, starts the journal (holding
-// what was kept).
-Result<std::unique_ptr<Qcow2Destination>> MakeImage(Env& env, const BackupRequest& req, BackupRun& run,
-                                                    std::unique_ptr<ResumedSink>& resumed_sink) {
-  DestinationSpec spec = ImageSpec(req, run);
-  auto made = [&]() -> Result<std::unique_ptr<Qcow2Destination>> {
-    BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
-    std::unique_ptr<formats::Qcow2Writer> writer;
-    BlockSink* sink = nullptr;
-    if (run.resume_cluster > 0) {
-      if (run.staged_image != run.m.image) {
-        // Named after the killed run's start; the point is this run's.
-        const ChainFolder& chain = run.writer->chain();
-        BARGE_RETURN_IF_ERROR(
-            env.Rename(TempPathFor(chain.PathOf(run.staged_image)), TempPathFor(chain.PathOf(run.m.image))));
-      }
-      BARGE_ASSIGN_OR_RETURN(BlockSink * staged, run.writer->AdoptStagedImage(run.m.image));
-      // The wrapper goes on top after the truncation in Resume.
-      resumed_sink = std::make_unique<ResumedSink>(*staged);
-      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Resume(*resumed_sink, options, StoredClusters(run.kept)));
-      sink = resumed_sink.get();
-    } else {
-      BARGE_ASSIGN_OR_RETURN(sink, run.writer->StageImage(run.m.image));
-      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Create(*sink, options));
-    }
-    if (req.resume) {
-      BARGE_ASSIGN_OR_RETURN(uint64_t end, writer->Sync());
-      run.key = KeyFor(env, req, run, run.started_at);
-      // The work set first: a journal never names a work set it lacks.
-      if (req.keep_work) BARGE_RETURN_IF_ERROR(SaveResumeWork(env, run.work_path, run.work, run.size));
-      BARGE_ASSIGN_OR_RETURN(run.journal,
-                             ResumeJournal::Create(env, run.journal_path, run.key, run.kept, run.resume_cluster, end));
-    }
-    return std::make_unique<Qcow2Destination>(std::move(writer), sink->name(), spec.compression, spec.zero_policy);
-  }();
-  if (!made.ok()) return Error(made.error()).Wrap("backup: starting " + run.m.image);
-  return made;
-}
-
-// 4. Runs the copy of the work set (what is left of it, resumed); an
-// incremental's clusters that equal the parent's are still written (zero
-// ones recorded too). The clusters kept from a staged image count in the
-// image digest as they were journaled.
-Result<CopyResult> CopyWork(const BackupRequest& req, BackupRun& run, Destination& dest) {
-  CopyOptions copy = req.copy;
-  copy.cluster_bytes = run.cluster;
-  copy.chunk_bytes = ChunkBytesFor(copy.chunk_bytes, run.cluster);
-  copy.compression = req.compression;
-  copy.compression_level = req.compression_level;
-  copy.record_zero_digests = run.over_parent();
-  copy.strong_digests = run.write_strong && !run.m.base;  // over a base: the scan has them all
-  // A full omits zero clusters: runs of holes and zero extents are folded
-  // as a run, never walked cluster by cluster (a thin disk costs its data).
-  copy.skip_zero_extents = !run.over_parent() && !copy.sha512;
-  BaseDigestLookup parent;
-  if (run.over_parent()) {
-    parent = [&run](uint64_t c) { return FindDigest(run.parent_digests, c); };
-  }
-  if (run.resume_cluster > 0) {
-    // Kept clusters are in guest order: the fold asks in increasing order.
-    copy.base_digest = [&run, parent, at = size_t{0}](uint64_t c) mutable -> std::optional<formats::Digest128> {
-      if (c < run.resume_cluster) {
-        while (at < run.kept.size() && run.kept[at].stored.cluster_index < c) ++at;
-        if (at < run.kept.size() && run.kept[at].stored.cluster_index == c) return run.kept[at].digest;
-      }
-      return parent ? parent(c) : std::nullopt;
-    };
-    // The fold jumps between kept clusters (and parent entries): a resumed
-    // thin disk's fold costs its entries, not the clusters before the resume.
-    copy.base_next = [&run](uint64_t c) {
-      uint64_t next = run.over_parent() ? NextListed(run.parent_digests, c) : UINT64_MAX;
-      if (c < run.resume_cluster) {
-        auto it = std::lower_bound(run.kept.begin(), run.kept.end(), c, [](const JournalEntry& e, uint64_t x) {
-          return e.stored.cluster_index < x;
-        });
-        if (it != run.kept.end()) next = std::min(next, it->stored.cluster_index);
-      }
-      return next;
-    };
-  } else {
-    copy.base_digest = parent;
-    // The fold of the clean clusters jumps from one parent entry to the next.
-    if (parent) copy.base_next = [&run](uint64_t c) { return NextListed(run.parent_digests, c); };
-  }
-  Destination* dests[] = {&dest};
-  auto copied = RunCopy(*run.src.image, run.remaining, dests, copy);
-  if (!copied.ok()) return Error(copied.error()).Wrap("backup");
-  if (!run.kept.empty()) {
-    // Kept clusters were recorded as the copy records them (a full stores
-    // and records data clusters; an incremental zero ones too).
-    std::vector<ClusterDigest> all;
-    all.reserve(run.kept.size() + copied->cluster_digests.size());
-    for (const JournalEntry& e : run.kept) all.push_back({e.stored.cluster_index, e.digest});
-    all.insert(all.end(), copied->cluster_digests.begin(), copied->cluster_digests.end());
-    copied->cluster_digests = std::move(all);
-  }
-  return copied;
-}
-
-// After a failed copy: a resumable backup keeps its staged image and
-// journal for the next run when the source failed (its connection lost);
-// not after a cancel, which asks to stop, nor when writing the target
-// failed (a full or failing disk: what it holds is not to be trusted or
-// kept); else the journal goes.
-Error KeepOrDrop(Env& env, const BackupRequest& req, BackupRun& run, JournaledDestination* journaled, Error error) {
-  if (run.journal == nullptr) return error;
-  ErrorCode code = error.code();
-  using Keep = BackupRequest::KeepStaged;
-  const bool source_failed = journaled != nullptr && !journaled->failed() && code != ErrorCode::kCancelled &&
-                             code != ErrorCode::kNoSpace;
-  const bool keep = req.keep_staged == Keep::kAfterSourceFailure ||
-                    (req.keep_staged == Keep::kWhenDisconnected && code == ErrorCode::kIoError && error.retryable());
-  if (source_failed && keep) {
-    // What was stored after the last checkpoint is kept too.
-    Status last = journaled->Checkpoint();
-    if (last.ok() && run.journal->checkpoints() > 0 && run.writer->KeepStagedImage().ok()) {
-      run.journal.reset();
-      return error.Wrap("the data staged so far is kept: the next run of this backup resumes from it; backup");
-    }
-  }
-  IgnoreError(run.journal->Remove(), "a journal whose image is gone is never resumed");
-  IgnoreError(env.UnlinkIfExists(run.work_path), "a work set without its journal is never read");
-  run.journal.reset();
-  return error;
-}
-
-// The point's strong table, when it keeps one: the source's clusters (a
-// digest scan's, else the parent's table) with the copied clusters taken
-// from what was written. nullopt when a resumed copy kept clusters whose
-// strong digests no run computed (only a digest scan knows them): the
-// next digest incremental computes the table from the chain.
-Result<std::optional<formats::StrongDigestTable>> StrongTableOf(const BackupRun& run, const CopyResult& copied) {
-  if (!run.write_strong) return std::optional<formats::StrongDigestTable>();
-  if (run.resume_cluster > 0 && !run.scan) return std::optional<formats::StrongDigestTable>();
-  formats::StrongDigestTable t;
-  t.cluster_bytes = run.cluster;
-  t.virtual_size = run.size;
-  t.image_digest = copied.image_digest;
-  if (run.m.base) {
-    t.entries = run.scan->source;  // the comparison with the base read the whole disk
-    return std::optional(std::move(t));
-  }
-  if (!run.m.parent) {
-    t.entries = copied.strong_digests;  // a full copied the whole disk
-    return std::optional(std::move(t));
-  }
-  const std::vector<formats::StrongDigestEntry>& base = run.scan ? run.scan->source : run.parent_strong->table.entries;
-  std::vector<formats::ClusterSpan> spans;
-  for (const Range& r : run.remaining) {
-    spans.push_back({r.offset / run.cluster, (r.end() + run.cluster - 1) / run.cluster});
-  }
-  auto entries = formats::ReplaceStrongEntries(base, spans, copied.strong_digests);
-  if (!entries.ok()) return Error(entries.error()).Wrap("backup: strong digest table");
-  t.entries = std::move(entries).value();
-  return std::optional(std::move(t));
-}
-
-// 5. Commits: the digest table and the finished manifest staged beside the
-// image, then image, digests, manifest published in that order.
-Status CommitPoint(Env& env, BackupRun& run, const CopyResult& copied, const formats::Qcow2WriterStats& stats,
-                   std::chrono::steady_clock::time_point start) {
-  formats::BackupManifest& m = run.m;
-  formats::DigestTable table;
-  table.cluster_bytes = run.cluster;
-  table.virtual_size = run.size;
-  table.entries.reserve(copied.cluster_digests.size());
-  for (const ClusterDigest& d : copied.cluster_digests) {
-    table.entries.push_back({d.cluster_index, d.digest});
-  }
-  m.image_digest = copied.image_digest;
-  // What the run read: the copy, plus a digest scan's whole read of the
-  // source and a strong table computed from the chain.
-  m.bytes_read = copied.bytes_read + (run.scan ? run.scan->bytes_read : 0) + run.base_compared_bytes +
-                 (run.parent_strong && run.parent_strong->computed ? run.parent_strong->bytes_read : 0);
-  m.bytes_written = stats.file_bytes;
-  m.data_clusters = stats.data_clusters + stats.compressed_clusters;
-  m.compressed_clusters = stats.compressed_clusters;
-  m.zero_clusters = stats.zero_clusters;
-  m.finished_at = formats::NowRfc3339();
-  // Exact to the microsecond (the times above are whole seconds).
-  m.duration_seconds =
-      std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e6) / 1e6;
-
-  std::vector<std::byte> table_bytes = formats::EncodeDigestTable(table);
-  BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.digest_table, table_bytes));
-  BARGE_ASSIGN_OR_RETURN(std::optional<formats::StrongDigestTable> strong, StrongTableOf(run, copied));
-  if (strong) {
-    m.strong_digest_table = m.id + ".sha256";
-    std::vector<std::byte> strong_bytes = formats::EncodeStrongDigestTable(*strong);
-    BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.strong_digest_table, strong_bytes));
-  }
-  if (m.base) {
-    // Before the point is committed, so a committed point always protects
-    // its base; a run killed before its commit leaves a stale reference,
-    // which the base chain's next forget, merge or retention sweeps.
-    BaseRef ref;
-    ref.dependent = RelativeFolderPath(run.base_dir, run.writer->dir());
-    ref.chain_id = m.chain_id;
-    ref.base_id = m.base->id;
-    Status wrote = WriteBaseRef(env, run.base_dir, ref);
-    if (!wrote.ok()) return Error(wrote.error()).Wrap("backup: recording it in its base chain");
-  }
-  BARGE_ASSIGN_OR_RETURN(std::string text, formats::EncodeManifest(m));
-  BARGE_RETURN_IF_ERROR(run.writer->StageSmallFile(m.id + ".json", std::as_bytes(std::span(text.data(), text.size()))));
-  return run.writer->Commit();
-}
-
 // One attempt at the backup `req` asks for: done, or (a record
 // incremental whose clean sample differs) stopped before writing anything,
 // with `replaced` set.
@@ -1028,8 +612,8 @@ Result<BackupResult> RunBackupOnce(Env& env, const BackupRequest& req) {
   if (!copied.ok()) return KeepOrDrop(env, req, run, journaled ? &*journaled : nullptr, std::move(copied).error());
   Status committed = CommitPoint(env, run, *copied, *dest->qcow2_stats(), start);
   if (run.journal != nullptr) {
-    IgnoreError(run.journal->Remove(), "a journal whose point was committed never matches a later run");
-    IgnoreError(env.UnlinkIfExists(run.work_path), "a work set without its journal is never read");
+    run.journal.reset();
+    DiscardResume(env, run.site);  // a journal whose point was committed never matches a later run
   }
   BARGE_RETURN_IF_ERROR(committed);
 

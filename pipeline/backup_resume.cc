@@ -14,6 +14,7 @@
 #include "formats/units.h"
 #include "pipeline/chain_files.h"
 #include "pipeline/file_access.h"
+#include "pipeline/resume.h"
 #include "pipeline/small_file.h"
 
 namespace barge::pipeline {
@@ -208,11 +209,7 @@ std::unique_ptr<EnvLock> SpareResumableImage(Env& env, const std::string& dir) {
   nlohmann::json j = nlohmann::json::parse(key, nullptr, false);
   std::string image = formats::JsonString(j, "image");
   if (image.empty() || image.find('/') != std::string::npos) return nullptr;
-  LockOptions lo;
-  lo.create = false;
-  auto lock = env.LockFile(TempPathFor(dir + "/" + image), lo);
-  if (!lock.ok()) return nullptr;
-  return std::move(lock).value();
+  return SpareKeptFile(env, TempPathFor(dir + "/" + image));
 }
 
 Result<StagedCheck> CheckStaged(Env& env, const std::string& staged_path, const formats::Qcow2WriterOptions& options,

@@ -25,6 +25,8 @@
 #include "pipeline/stages.h"
 #include "pipeline/overlay_destination.h"
 #include "pipeline/output.h"
+#include "pipeline/replicate_steps.h"
+#include "pipeline/resume.h"
 
 namespace barge::pipeline {
 
@@ -134,7 +136,18 @@ Result<ReplicaRecord> ReadReplicaRecord(Env& env, const std::string& path) {
   return r;
 }
 
+namespace replicate_steps {
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace replicate_steps
+
 namespace {
+
+using namespace replicate_steps;
 
 struct FileStamp {
   uint64_t size = 0;
@@ -154,90 +167,10 @@ bool IsHex512(const std::string& s) {
   return true;
 }
 
-std::string Lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-// Forwards to the real destination and reports its own progress, so each
-// copy's line moves at the speed of its writer, not of the reader.
-class ProgressDestination final : public Destination {
- public:
-  ProgressDestination(std::unique_ptr<Destination> inner, size_t index, uint64_t total,
-                      const std::function<void(size_t, uint64_t, uint64_t)>* progress)
-      : inner_(std::move(inner)), index_(index), total_(total), progress_(progress) {}
-
-  const std::string& name() const override { return inner_->name(); }
-  formats::Compression compression() const override { return inner_->compression(); }
-  Status Consume(const Chunk& chunk) override {
-    BARGE_RETURN_IF_ERROR(inner_->Consume(chunk));
-    if (progress_ && *progress_) {
-      auto now = std::chrono::steady_clock::now();
-      if (now - last_ >= std::chrono::milliseconds(100)) {
-        last_ = now;
-        (*progress_)(index_, chunk.offset_bytes + chunk.length_bytes, total_);
-      }
-    }
-    return OkStatus();
-  }
-  Status Finish() override {
-    BARGE_RETURN_IF_ERROR(inner_->Finish());
-    if (progress_ && *progress_) (*progress_)(index_, total_, total_);
-    return OkStatus();
-  }
-
- private:
-  std::unique_ptr<Destination> inner_;
-  size_t index_;
-  uint64_t total_;
-  const std::function<void(size_t, uint64_t, uint64_t)>* progress_;  // must outlive this
-  std::chrono::steady_clock::time_point last_{};
-};
-
-// One destination being written in this pass.
-struct Pending {
-  size_t index = 0;
-  std::unique_ptr<Output> output;
-  // Resuming (declared before `destination`, which points into them): the
-  // sink over an adopted temporary, the copy's writer, its journal.
-  std::unique_ptr<ResumedSink> resumed_sink;
-  std::unique_ptr<Destination> writer;
-  std::unique_ptr<ResumeJournal> journal;
-  JournaledDestination* journaled = nullptr;  // inside `destination`, or null
-  std::string journal_path;
-  // A staged copy of an interrupted run that checked out, cut to what it
-  // verified; nullopt when there is none to resume from.
-  std::optional<LoadedJournal> staged;
-  std::unique_ptr<Destination> destination;
-  // An existing copy with a readable record whose checksum is unknown until
-  // the pass ends: reused (and the temporary dropped) when it matches.
-  std::optional<ReplicaRecord> maybe_reuse;
-  bool replaces_existing = false;
-  // An NBD target that this tool's record or journal names: written over
-  // without --force (it holds what an earlier run wrote).
-  bool nbd_ours = false;
-  // An NBD target's size, taken before its connection is closed for the
-  // read-back.
-  uint64_t export_bytes = 0;
-};
-
 struct ReadBack {
   std::string sha512_hex;
   std::vector<ClusterDigest> cluster_digests;
   std::vector<formats::BitmapSpec> bitmaps;
-};
-
-// How a copy is opened to be read back.
-struct CopyOpen {
-  formats::ImageFormat format = formats::ImageFormat::kRaw;
-  // --backing keep: open the chain the copy names (the logical content),
-  // under the source's path policy; else the copy alone (it is flat).
-  bool keep_backing = false;
-  bool allow_any_path = false;
-  std::vector<std::string> allow_dirs;
-  // An NBD target: how to connect to it.
-  NbdAccess nbd;
-  NbdRetryPolicy nbd_retry;
 };
 
 // Opens a copy (`path`; `final_path` is the name it has or will have, in
@@ -357,66 +290,6 @@ bool FileMatchesRecord(Env& env, const std::string& path, const ReplicaRecord& r
 
 namespace {
 
-// The writer's version in a resume journal's key: a staged copy of another
-// version's layout is never continued.
-constexpr char kReplicateToolVersion[] = "0.1.0";
-
-// One replicate job: the request, the facts worked out once before any copy
-// is opened, and the result each step fills in. Lives in RunReplicate's frame
-// (DestinationSpec points into top_allocation).
-struct Job {
-  Job(Env& env, formats::Image& source, std::span<const std::string> destinations, const ReplicateOptions& options,
-      std::string expected)
-      : env(env), source(source), destinations(destinations), options(options), expected(std::move(expected)) {}
-
-  Env& env;
-  formats::Image& source;
-  std::span<const std::string> destinations;
-  const ReplicateOptions& options;
-  std::string expected;  // lowercase; "" when none was given
-  bool out_qcow2 = false;
-  bool keep = false;  // --backing keep
-  CopyOpen copy_open;
-  RangeList top_allocation;                  // --backing keep: what each copy stores
-  std::vector<formats::BitmapSpec> bitmaps;  // carried to each qcow2 copy
-  std::vector<size_t> reused_pre;            // reused by expected checksum, never written
-  ReplicateResult result;
-
-  bool IsNbd(size_t i) const { return IsNbdUri(destinations[i]); }
-  // Destination i as shown and recorded: an NBD URI without its secrets.
-  std::string Shown(size_t i) const { return RedactNbdUri(destinations[i]); }
-  // Where destination i's checksum record goes (ReplicaRecordPath of it):
-  // beside a file, in the state folder for an NBD target.
-  std::string RecordBase(size_t i) const {
-    return IsNbd(i) ? NbdTargetStatePath(options.state_dir, destinations[i]) : destinations[i];
-  }
-  std::string JournalPathFor(size_t i) const {
-    return IsNbd(i) ? NbdTargetStatePath(options.state_dir, destinations[i]) + ".barge-resume"
-                    : ReplicaJournalPath(destinations[i]);
-  }
-  void Fail(size_t i, Error e) {
-    result.replicas[i].state = ReplicaState::kFailed;
-    result.replicas[i].error = std::move(e);
-  }
-  // Drops a pending copy's temporary (and its resume journal); a failure
-  // to remove it is reported with the reason the copy failed.
-  void Abandon(Pending& p, Error e) {
-    DropJournal(p);
-    Fail(p.index, std::move(e.Also(p.output->Abandon())));
-  }
-  void DropJournal(Pending& p) {
-    if (p.journal != nullptr) {
-      IgnoreError(p.journal->Remove(), "a journal whose copy is gone is never resumed");
-      p.journal.reset();
-    } else if (!p.journal_path.empty()) {
-      IgnoreError(env.UnlinkIfExists(p.journal_path), "a journal whose copy is gone is never resumed");
-    }
-  }
-  uint64_t resume_cluster = 0;  // where this pass starts (0: from the start)
-  Sha512Stream sha512;          // fed with the kept part when resuming
-  std::vector<ClusterDigest> kept_digests;  // the kept part's data clusters
-};
-
 // Checks the request before anything is touched; returns the expected
 // SHA-512 in lowercase ("" when none).
 Result<std::string> CheckRequest(Env& env, std::span<const std::string> destinations,
@@ -451,10 +324,7 @@ std::vector<std::unique_ptr<EnvLock>> SpareStagedCopies(Env& env, std::span<cons
   std::vector<std::unique_ptr<EnvLock>> locks;
   for (const std::string& d : destinations) {
     if (IsNbdUri(d) || !env.Exists(ReplicaJournalPath(d))) continue;
-    LockOptions lo;
-    lo.create = false;
-    auto lock = env.LockFile(TempPathFor(d), lo);
-    if (lock.ok()) locks.push_back(std::move(lock).value());
+    if (auto lock = SpareKeptFile(env, TempPathFor(d))) locks.push_back(std::move(lock));
   }
   return locks;
 }
@@ -560,365 +430,6 @@ Status ReadTopLayer(Job& job) {
   return OkStatus();
 }
 
-// Every copy's destination; qcow2 copies carry the bitmaps, and with
-// --backing keep store only the source's top layer.
-DestinationSpec CopyDestinationSpec(const Job& job) {
-  DestinationSpec spec;
-  spec.format = job.out_qcow2 ? DestinationFormat::kQcow2 : DestinationFormat::kRaw;
-  spec.virtual_size = job.result.virtual_size;
-  spec.cluster_bytes = job.options.copy.cluster_bytes;
-  spec.compression = job.options.copy.compression;
-  spec.bitmaps = job.bitmaps;
-  if (job.keep) {
-    spec.backing_file = job.result.backing_file;
-    spec.backing_format = job.result.backing_format;
-    spec.overlay_allocated = &job.top_allocation;
-  }
-  return spec;
-}
-
-// Decides what becomes of destination `i`: refused (failed), reused by the
-// expected checksum (never written), or written in this pass (returned).
-std::optional<Pending> DecideDestination(Job& job, size_t i) {
-  const std::string& path = job.destinations[i];
-  job.result.replicas[i].path = job.Shown(i);
-  if (job.IsNbd(i)) {
-    // An export is never reused (nothing says it still holds what a record
-    // describes) and is written in place; it needs --force when it holds
-    // data, unless it holds what this tool wrote there before.
-    Pending p;
-    p.index = i;
-    p.nbd_ours = job.env.Exists(ReplicaRecordPath(job.RecordBase(i))) || job.env.Exists(job.JournalPathFor(i));
-    p.replaces_existing = true;
-    return p;
-  }
-  auto status = job.env.Stat(path);
-  if (!status.ok() && status.error().code() != ErrorCode::kNotFound) {
-    job.Fail(i, status.error());
-    return std::nullopt;
-  }
-  bool exists = status.ok();
-  if (exists && !status->is_regular()) {
-    job.Fail(i, Error::NotSupported("destination is not a regular file").set_path(path));
-    return std::nullopt;
-  }
-  Pending p;
-  p.index = i;
-  if (!exists) return p;
-  auto record = ReadReplicaRecord(job.env, path);
-  bool usable = record.ok() && record->format == job.result.format &&
-                record->virtual_size == job.result.virtual_size &&
-                record->backing_file == job.result.backing_file && FileMatchesRecord(job.env, path, *record);
-  if (usable && !job.expected.empty() && Lower(record->sha512) == job.expected) {
-    job.result.replicas[i].state = ReplicaState::kReused;
-    job.result.replicas[i].file_bytes = record->file_bytes;
-    job.reused_pre.push_back(i);
-    return std::nullopt;
-  }
-  if (usable && job.expected.empty()) {
-    p.maybe_reuse = *record;
-  } else if (!job.options.force) {
-    job.Fail(i, Error::InvalidArgument("exists and is not a matching copy (use --force to replace it)")
-                    .set_path(path));
-    return std::nullopt;
-  }
-  p.replaces_existing = true;
-  return p;
-}
-
-// What makes a run "the same replicate" as one that staged a copy
-// (pipeline/backup_resume.h's key, its fields put to a copy's use).
-ResumeKey KeyFor(const Job& job, size_t i) {
-  ResumeKey k;
-  k.id = "replicate";
-  k.image = job.IsNbd(i) ? job.Shown(i) : BaseName(job.destinations[i]);
-  k.type = "copy:" + job.result.format;
-  k.disk = RedactNbdUri(job.options.source_location);  // never its credentials
-  if (!job.options.resume_identity.empty()) {
-    k.disk = job.options.resume_identity;
-  } else if (auto st = job.env.Stat(job.options.source_location); st.ok() && st->is_regular()) {
-    // A source file changed since (a VM wrote it) would mix two states.
-    k.source_stamp = std::to_string(st->size_bytes) + "@" + std::to_string(st->mtime_ns);
-  }
-  k.virtual_size = job.result.virtual_size;
-  k.cluster_size = job.options.copy.cluster_bytes;
-  k.compression = job.out_qcow2 ? formats::CompressionSpec{job.options.copy.compression,
-                                                           job.options.copy.compression_level}
-                                      .ToString()
-                                : std::string("none");
-  k.parent = job.source.info().format == formats::ImageFormat::kQcow2 ? job.source.info().backing_file : "";
-  k.work_digest = RangesDigest(WholeDisk(job.source));
-  k.tool_version = kReplicateToolVersion;
-  return k;
-}
-
-// Opens what an interrupted run staged for destination i, to read it back:
-// the temporary beside a file, the export itself for an NBD target.
-Result<std::unique_ptr<BlockSource>> OpenStagedCopy(Job& job, size_t i) {
-  const std::string& d = job.destinations[i];
-  if (!job.IsNbd(i)) return job.env.OpenSource(TempPathFor(d));
-  BARGE_ASSIGN_OR_RETURN(NbdOptions options, NbdOptionsFor(job.env, d, job.options.nbd));
-  options.retry = job.options.copy.nbd_retry;
-  return OpenNbdSource(d, options);
-}
-
-// Looks for what a killed or failed run staged for pending copy `p`: keeps
-// it in p.staged when its journal's key matches and some of its clusters
-// check out; else removes its journal (the temporary is replaced as
-// usual). Returns why it was not (or not all) kept, "" when it was, and
-// nullopt when nothing was staged.
-std::optional<std::string> FindStagedCopy(Job& job, Pending& p, const DestinationSpec& spec) {
-  const std::string& path = job.destinations[p.index];
-  p.journal_path = job.JournalPathFor(p.index);
-  auto loaded = LoadResumeJournal(job.env, p.journal_path);
-  if (!loaded.ok() && loaded.error().code() == ErrorCode::kNotFound) return std::nullopt;
-  std::string problem;
-  // An export that cannot be reached now still holds what the journal
-  // says: the journal stays for a run that reaches it (this one fails to
-  // open it as its output too, before writing anything).
-  bool export_unreachable = false;
-  if (!job.options.resume) {
-    problem = "resuming is off";
-  } else if (job.keep) {
-    problem = "--backing keep copies are not resumed";
-  } else if (!loaded.ok()) {
-    problem = "its journal is unreadable (" + loaded.error().message() + ")";
-  } else {
-    problem = ResumeMismatch(loaded->key, KeyFor(job, p.index));
-  }
-  if (problem.empty()) {
-    std::string staged = TempPathFor(path);
-    Result<StagedCheck> check = Error::InvalidArgument("no check");
-    if (job.out_qcow2) {
-      auto options = Qcow2OptionsFor(spec);
-      check = options.ok() ? CheckStaged(job.env, staged, *options, *loaded) : Result<StagedCheck>(options.error());
-    } else if (auto src = OpenStagedCopy(job, p.index); !src.ok()) {
-      export_unreachable = job.IsNbd(p.index);
-      check = std::move(src).error();
-    } else {
-      check = CheckStagedRaw(**src, job.result.virtual_size, spec.cluster_bytes, *loaded);
-    }
-    if (!check.ok()) {
-      problem = check.error().code() == ErrorCode::kNotFound
-                    ? std::string("the staged copy is gone")
-                    : "the staged copy cannot be read (" + check.error().message() + ")";
-    } else if (check->next_cluster == 0) {
-      problem = check->problem.empty() ? std::string("nothing was staged") : check->problem;
-    } else {
-      p.staged = JournalUpTo(*loaded, check->next_cluster);
-      return check->problem;
-    }
-  }
-  if (!export_unreachable) {
-    IgnoreError(job.env.UnlinkIfExists(p.journal_path), "a stale journal's key never matches a later run");
-  }
-  return problem;
-}
-
-// Feeds the job's SHA-512 with the kept part of a staged copy (the source's
-// bytes below the resume point, as the copy holds them: journaled clusters
-// checked against their digests, zeros elsewhere) and collects their
-// digests. Read from the copy, not the source.
-Status HashKeptPart(Job& job, const Pending& p, const DestinationSpec& spec) {
-  LoadedJournal kept = JournalUpTo(*p.staged, job.resume_cluster);
-  const uint64_t end = std::min(job.result.virtual_size, job.resume_cluster * spec.cluster_bytes);
-  uint64_t fed = 0;
-  auto feed = [&](uint64_t index, std::span<const std::byte> bytes) -> Status {
-    BARGE_RETURN_IF_ERROR(job.sha512.UpdateZeros(index * spec.cluster_bytes - fed));
-    BARGE_RETURN_IF_ERROR(job.sha512.Update(bytes));
-    fed = index * spec.cluster_bytes + bytes.size();
-    return OkStatus();
-  };
-  const std::string staged = TempPathFor(job.destinations[p.index]);
-  Result<StagedCheck> check = Error::InvalidArgument("no check");
-  if (job.out_qcow2) {
-    BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
-    // A journal cut short of its last checkpoint ends where its kept
-    // clusters' layout does.
-    BARGE_ASSIGN_OR_RETURN(auto layout, formats::Qcow2Writer::PlanStored(options, StoredClusters(kept.entries)));
-    kept.end_bytes = layout.end_bytes;
-    check = CheckStaged(job.env, staged, options, kept, feed);
-  } else {
-    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> src, OpenStagedCopy(job, p.index));
-    check = CheckStagedRaw(*src, job.result.virtual_size, spec.cluster_bytes, kept, feed);
-  }
-  if (!check.ok()) return std::move(check).error();
-  if (check->next_cluster != job.resume_cluster) {
-    return Error::Corruption("the staged copy changed while it was read back: " + check->problem)
-        .set_path(job.Shown(p.index));
-  }
-  BARGE_RETURN_IF_ERROR(job.sha512.UpdateZeros(end - fed));
-  for (const JournalEntry& e : kept.entries) {
-    if (e.stored.kind != formats::StoredKind::kZero) job.kept_digests.push_back({e.stored.cluster_index, e.digest});
-  }
-  return OkStatus();
-}
-
-// The copy's writer, new or resumed from its staged temporary (p.staged
-// cut at job.resume_cluster), in p.writer; with job.options.resume also
-// its journal (p.journal). Returns the function that makes what the
-// writer stored durable, for the journal's checkpoints (empty for a
-// --backing keep copy, which keeps no journal).
-Result<std::function<Result<uint64_t>()>> MakeCopyWriter(Job& job, Pending& p, const DestinationSpec& spec) {
-  BlockSink& sink = p.output->sink();
-  const uint64_t cs = spec.cluster_bytes;
-  std::vector<JournalEntry> kept;
-  if (job.resume_cluster > 0) kept = JournalUpTo(*p.staged, job.resume_cluster).entries;
-  std::function<Result<uint64_t>()> sync;
-  if (job.out_qcow2 && !job.keep) {
-    BARGE_ASSIGN_OR_RETURN(formats::Qcow2WriterOptions options, Qcow2OptionsFor(spec));
-    std::unique_ptr<formats::Qcow2Writer> writer;
-    BlockSink* target = &sink;
-    if (job.resume_cluster > 0) {
-      p.resumed_sink = std::make_unique<ResumedSink>(sink);
-      target = p.resumed_sink.get();
-      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Resume(*target, options, StoredClusters(kept)));
-    } else {
-      BARGE_ASSIGN_OR_RETURN(writer, formats::Qcow2Writer::Create(*target, options));
-    }
-    auto q = std::make_unique<Qcow2Destination>(std::move(writer), target->name(), spec.compression, spec.zero_policy);
-    Qcow2Destination* made = q.get();
-    sync = [made]() { return made->writer().Sync(); };
-    p.writer = std::move(q);
-  } else if (!job.out_qcow2) {
-    BlockSink* target = &sink;
-    if (job.resume_cluster > 0 && !p.output->in_place()) {
-      // What a killed run wrote past the kept part goes: the rest is
-      // written again as on a new file (holes skipped). An export keeps
-      // its size and is written over, holes as zeroes, as on a first run.
-      BARGE_RETURN_IF_ERROR(sink.Truncate(std::min(job.result.virtual_size, job.resume_cluster * cs)));
-      p.resumed_sink = std::make_unique<ResumedSink>(sink);
-      target = p.resumed_sink.get();
-    }
-    RawDestinationOptions r;
-    r.virtual_size = spec.virtual_size;
-    r.skip_zeroes_if_zero_initialized = spec.skip_zeroes_if_zero_initialized;
-    p.writer = std::make_unique<RawDestination>(*target, r);
-    sync = [target]() -> Result<uint64_t> {
-      BARGE_RETURN_IF_ERROR(target->Flush());
-      return target->size_bytes();
-    };
-  } else {
-    BARGE_ASSIGN_OR_RETURN(p.writer, MakeDestination(sink, spec));  // --backing keep: never resumed
-    return sync;
-  }
-  if (job.options.resume) {
-    BARGE_ASSIGN_OR_RETURN(uint64_t end, sync());
-    BARGE_ASSIGN_OR_RETURN(p.journal, ResumeJournal::Create(job.env, p.journal_path, KeyFor(job, p.index), kept,
-                                                            job.resume_cluster, end));
-  }
-  return sync;
-}
-
-// Copy-job steps 2 and 3 for one copy: opens its output (staged under a
-// temporary name) and makes its destination; false (failed) when either fails.
-bool OpenCopyOutput(Job& job, Pending& p, const DestinationSpec& dest_spec) {
-  const bool resumed = job.resume_cluster > 0;
-  OutputSpec out_spec;
-  out_spec.location = job.destinations[p.index];
-  out_spec.replace = OutputReplace::kReplace;  // decided by DecideDestination
-  out_spec.allow_nbd = false;
-  out_spec.sweep = false;                      // swept once per folder
-  out_spec.adopt = resumed;
-  if (job.IsNbd(p.index)) {
-    out_spec.allow_nbd = true;
-    out_spec.replace = OutputReplace::kForceIfHoldsData;
-    out_spec.force = job.options.force || p.nbd_ours;
-    out_spec.nbd = job.options.nbd;
-    out_spec.nbd_retry = job.options.copy.nbd_retry;
-    out_spec.size_bytes = job.result.virtual_size;
-    out_spec.adopt = false;
-  }
-  auto output = OpenOutput(job.env, out_spec);
-  if (!output.ok()) {
-    // An export not opened was not written: what its journal describes is
-    // still there for the next run.
-    if (!job.IsNbd(p.index)) job.DropJournal(p);
-    job.Fail(p.index, std::move(output).error());
-    return false;
-  }
-  p.output = std::move(output).value();
-  if (p.output->in_place()) {
-    // The export is about to change: an old record must not describe it.
-    if (Status s = job.env.UnlinkIfExists(ReplicaRecordPath(job.RecordBase(p.index))); !s.ok()) {
-      job.Abandon(p, std::move(s).error());
-      return false;
-    }
-  }
-  auto made = MakeCopyWriter(job, p, dest_spec);
-  if (!made.ok()) {
-    job.Abandon(p, std::move(made).error());
-    return false;
-  }
-  std::unique_ptr<Destination> dest;
-  if (p.journal != nullptr) {
-    const uint64_t from = std::min(job.result.virtual_size, job.resume_cluster * dest_spec.cluster_bytes);
-    auto journaled = std::make_unique<JournaledDestination>(*p.writer, std::move(made).value(), *p.journal, false,
-                                                            CheckpointBytes(job.result.virtual_size - from),
-                                                            kCheckpointInterval);
-    p.journaled = journaled.get();
-    dest = std::move(journaled);
-  } else {
-    dest = std::move(p.writer);
-  }
-  p.destination =
-      std::make_unique<ProgressDestination>(std::move(dest), p.index, job.result.virtual_size, &job.options.progress);
-  return true;
-}
-
-// Decides every destination, where the pass starts (the resume point: the
-// least of what every copy to be written kept from an interrupted run, or
-// 0), and opens those to be written in this pass. `spared` (locks keeping
-// staged temporaries from the sweep) is released before they are adopted.
-std::vector<Pending> OpenDestinations(Job& job, std::vector<std::unique_ptr<EnvLock>>& spared) {
-  job.result.replicas.resize(job.destinations.size());
-  DestinationSpec dest_spec = CopyDestinationSpec(job);
-  std::vector<Pending> decided;
-  for (size_t i = 0; i < job.destinations.size(); ++i) {
-    std::optional<Pending> p = DecideDestination(job, i);
-    if (p) decided.push_back(std::move(*p));
-  }
-  std::optional<ResumeNote> note;
-  uint64_t resume = decided.empty() ? 0 : ~uint64_t{0};
-  for (Pending& p : decided) {
-    std::optional<std::string> problem = FindStagedCopy(job, p, dest_spec);
-    if (problem && !note) note.emplace();
-    if (problem && note->problem.empty()) note->problem = *problem;
-    resume = p.staged ? std::min(resume, p.staged->next_cluster) : 0;
-  }
-  if (note && resume == 0 && note->problem.empty()) note->problem = "another copy has nothing staged";
-  job.resume_cluster = resume;
-  if (resume > 0) {
-    Status hashed = HashKeptPart(job, decided.front(), dest_spec);
-    if (!hashed.ok()) {
-      note->problem = "the staged copy cannot be read back (" + hashed.error().message() + ")";
-      job.resume_cluster = 0;
-      job.sha512.Reset();
-      job.kept_digests.clear();
-    }
-  }
-  if (note) {
-    note->resumed = job.resume_cluster > 0;
-    note->total_bytes = job.result.virtual_size;
-    note->staged_bytes = std::min(job.result.virtual_size, job.resume_cluster * dest_spec.cluster_bytes);
-    job.result.resume = note;
-    if (job.options.on_resume) job.options.on_resume(*note);
-  }
-  if (job.resume_cluster == 0) {
-    for (Pending& p : decided) {
-      if (p.staged) job.DropJournal(p);
-      p.staged.reset();
-    }
-  }
-  spared.clear();
-  std::vector<Pending> pending;
-  for (Pending& p : decided) {
-    if (p.journal_path.empty()) p.journal_path = job.JournalPathFor(p.index);
-    if (OpenCopyOutput(job, p, dest_spec)) pending.push_back(std::move(p));
-  }
-  return pending;
-}
-
 // After a failed pass: a resumable copy keeps its temporary and journal
 // for the next run when the source failed (its connection lost for good);
 // not after a cancel, which asks to stop, nor when writing the copy failed
@@ -928,23 +439,13 @@ std::vector<Pending> OpenDestinations(Job& job, std::vector<std::unique_ptr<EnvL
 // export, and the next run reads the export back against the digests
 // before it trusts any of it.
 void KeepStaged(Job& job, Pending& p, const Error& error) {
-  ErrorCode code = error.code();
-  if (p.journaled != nullptr && p.journaled->failed() && p.output->in_place() && code != ErrorCode::kCancelled &&
-      code != ErrorCode::kNoSpace && p.journal->checkpoints() > 0) {
+  if (p.journaled != nullptr &&
+      KeepAfterFailure(error, *p.journaled, *p.journal, /*target_failure_keeps=*/p.output->in_place(),
+                       [&p] { return p.output->Keep(); })) {
     p.journal.reset();
     job.Fail(p.index, Error(error).Wrap("the data written so far is kept: the next run of this replicate "
                                         "resumes from it; replicate"));
     return;
-  }
-  if (p.journaled != nullptr && !p.journaled->failed() && code != ErrorCode::kCancelled &&
-      code != ErrorCode::kNoSpace) {
-    Status last = p.journaled->Checkpoint();
-    if (last.ok() && p.journal->checkpoints() > 0 && p.output->Keep().ok()) {
-      p.journal.reset();
-      job.Fail(p.index, Error(error).Wrap("the data written so far is kept: the next run of this replicate "
-                                          "resumes from it; replicate"));
-      return;
-    }
   }
   job.Abandon(p, error);
 }
