@@ -4,6 +4,7 @@
 #include "blockio/nbd.h"
 
 #include "blockio/extent_builder.h"
+#include "blockio/nbd_stats.h"
 #include "blockio/nbd_tls_probe.h"
 
 #include <libnbd.h>
@@ -300,65 +301,188 @@ Result<ExportInfo> Probe(nbd_handle* h, const std::string& uri, const NbdOptions
   return info;
 }
 
-// The connections of one export. Each serves one thread at a time: Lease
-// borrows one, waiting while all are busy. Thread-safe. A lease holder may
-// drop its connection (one that stalled) and put a new one in its place;
-// only it touches that slot while it holds the lease.
+// One NBD command of a caller's batch: a piece of one of its requests, at
+// most the server's request size.
+struct Batch;
+struct Command {
+  size_t request = 0;  // index of the caller's request it belongs to
+  uint64_t offset = 0;
+  const std::byte* data = nullptr;
+  size_t length = 0;
+  Batch* batch = nullptr;
+  int64_t cookie = -1;
+  bool issued = false;  // in flight on its connection now
+  bool done = false;    // completed, well or with the server's error
+};
+
+using IssueFn = std::function<int64_t(nbd_handle*, const Command&)>;
+
+// One caller's commands (Connections::RunCommands), queued on one
+// connection. Whichever thread drives the connection issues and reaps
+// them; the caller waits until `finished`.
+struct Batch {
+  std::string_view operation;
+  const IssueFn* issue = nullptr;
+  std::vector<Command> commands;
+  std::vector<Status>* status = nullptr;  // per request; the first failure is kept
+  size_t in_flight = 0;                   // its commands issued and not reaped
+  bool finished = false;                  // guarded by the pool's mutex
+};
+
+// Reading callers a source asks for per connection
+// (SourceCapabilities::blocking_read_streams): with two, one caller's
+// batch is being sent while the other's replies come back.
+constexpr uint32_t kCallersPerConnection = 2;
+
+// At most this many commands in flight on one connection, from all the
+// batches queued on it (nbdcopy keeps 64 per connection; qemu's server
+// runs each in a coroutine of its own). Memory stays within the callers'
+// buffers: a command is a piece of a buffer a caller lent.
+constexpr size_t kMaxInFlight = 64;
+
+// The connections of one export. A connection is driven by one thread at
+// a time (it issues, polls and reaps; libnbd's poll holds the handle's
+// lock, so a second poller would only wait on it). Two ways in:
+// - Acquire, for a command run to its end (block status, zero, flush):
+//   the lease drives one connection until it is given back;
+// - Join + AwaitTurn, for pipelined reads and writes: the batch is queued
+//   on the connection with the fewest batches, and whichever of their
+//   owners drives it keeps the commands of all of them in flight, so the
+//   queue does not drain between one caller's batch and the next (a
+//   driver whose own batch is done hands the connection to a waiting
+//   owner, its commands still in flight).
+// Thread-safe. Only the lease holder touches its slot's handle and
+// commands in flight; it may drop the connection (one that stalled) and
+// put a new one in its place.
 class HandlePool {
  public:
   class Lease {
    public:
+    // Adopts slot `index`, whose `driven` the caller has set.
     Lease(HandlePool& pool, size_t index) : pool_(pool), index_(index) {}
-    ~Lease() { pool_.Return(index_); }
+    ~Lease() { pool_.Release(index_); }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
+    size_t index() const { return index_; }
     // Null after Drop until Replace.
     nbd_handle* get() const {
-      const auto& handle = pool_.handles_[index_];
+      const auto& handle = pool_.slots_[index_].handle;
       return handle ? handle->get() : nullptr;
     }
     // Closes the connection at once, without waiting for the server; its
     // commands in flight are forgotten (their buffers are never touched
-    // again).
+    // again) and will be issued again on the next connection.
     void Drop() {
-      if (auto& handle = pool_.handles_[index_]) handle->Abandon();
-      pool_.handles_[index_].reset();
+      Slot& slot = pool_.slots_[index_];
+      if (slot.handle) slot.handle->Abandon();
+      slot.handle.reset();
+      for (Command* c : slot.in_flight) {
+        c->issued = false;
+        --c->batch->in_flight;
+      }
+      slot.in_flight.clear();
     }
-    void Replace(std::unique_ptr<NbdHandle> handle) { pool_.handles_[index_] = std::move(handle); }
+    void Replace(std::unique_ptr<NbdHandle> handle) { pool_.slots_[index_].handle = std::move(handle); }
+    // The commands in flight on this connection (the holder's to change).
+    std::vector<Command*>& in_flight() { return pool_.slots_[index_].in_flight; }
 
    private:
     HandlePool& pool_;
     size_t index_;
   };
 
-  explicit HandlePool(std::vector<std::unique_ptr<NbdHandle>> handles)
-      : handles_(std::move(handles)) {
-    for (size_t i = 0; i < handles_.size(); ++i) free_.push_back(i);
+  explicit HandlePool(std::vector<std::unique_ptr<NbdHandle>> handles) : slots_(handles.size()) {
+    for (size_t i = 0; i < handles.size(); ++i) slots_[i].handle = std::move(handles[i]);
   }
-  size_t size() const { return handles_.size(); }
+  size_t size() const { return slots_.size(); }
 
+  // A connection no one drives, preferring one with no batches queued.
   Lease Acquire() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !free_.empty(); });
-    size_t index = free_.back();
-    free_.pop_back();
+    size_t index = 0;
+    cv_.wait(lock, [&] {
+      bool found = false;
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        if (slots_[i].driven) continue;
+        if (!found || slots_[i].batches.size() < slots_[index].batches.size()) index = i;
+        found = true;
+      }
+      return found;
+    });
+    slots_[index].driven = true;
     return Lease(*this, index);
   }
 
- private:
-  void Return(size_t index) {
-    {
-      std::lock_guard lock(mu_);
-      free_.push_back(index);
+  // Queues `batch` on the connection with the fewest batches (the
+  // undriven one on a tie); returns its index.
+  size_t Join(Batch& batch) {
+    std::lock_guard lock(mu_);
+    size_t best = 0;
+    for (size_t i = 1; i < slots_.size(); ++i) {
+      const Slot& a = slots_[i];
+      const Slot& b = slots_[best];
+      if (a.batches.size() < b.batches.size() || (a.batches.size() == b.batches.size() && b.driven && !a.driven)) {
+        best = i;
+      }
     }
-    cv_.notify_one();
+    slots_[best].batches.push_back(&batch);
+    return best;
   }
 
-  // The vector never changes size; slot i belongs to the holder of its lease.
-  std::vector<std::unique_ptr<NbdHandle>> handles_;
+  // Waits until `batch` is finished (false) or connection `index` has no
+  // driver (true: the caller now drives it and must adopt it in a Lease).
+  bool AwaitTurn(const Batch& batch, size_t index) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return batch.finished || !slots_[index].driven; });
+    if (batch.finished) return false;
+    slots_[index].driven = true;
+    return true;
+  }
+
+  // The batches queued on connection `index`, oldest first.
+  void Batches(size_t index, std::vector<Batch*>& out) {
+    std::lock_guard lock(mu_);
+    out = slots_[index].batches;
+  }
+
+  // Takes `batch` off connection `index` and wakes its owner.
+  void Finish(size_t index, Batch* batch) {
+    {
+      std::lock_guard lock(mu_);
+      std::erase(slots_[index].batches, batch);
+      batch->finished = true;
+    }
+    cv_.notify_all();
+  }
+
+  // The most commands seen in flight on one connection at once.
+  void NoteInFlight(size_t n) {
+    size_t seen = max_in_flight_.load(std::memory_order_relaxed);
+    while (n > seen && !max_in_flight_.compare_exchange_weak(seen, n, std::memory_order_relaxed)) {
+    }
+  }
+  size_t max_in_flight() const { return max_in_flight_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Slot {
+    std::unique_ptr<NbdHandle> handle;   // the lease holder's
+    std::vector<Command*> in_flight;     // the lease holder's
+    bool driven = false;                 // guarded by mu_
+    std::vector<Batch*> batches;         // guarded by mu_
+  };
+
+  void Release(size_t index) {
+    {
+      std::lock_guard lock(mu_);
+      slots_[index].driven = false;
+    }
+    cv_.notify_all();
+  }
+
+  std::vector<Slot> slots_;  // never changes size
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<size_t> free_;  // guarded by mu_
+  std::atomic<size_t> max_in_flight_{0};
 };
 
 struct Export {
@@ -638,121 +762,109 @@ ExtentKind KindFromAllocation(uint32_t flags) {
   return ExtentKind::kData;
 }
 
-// One NBD command of a pipelined batch: a piece of a caller's request,
-// at most the server's request size.
-struct Command {
-  size_t request = 0;  // index of the caller's request it belongs to
-  uint64_t offset = 0;
-  const std::byte* data = nullptr;
-  size_t length = 0;
-  int64_t cookie = -1;
-  bool done = false;  // completed, well or with the server's error
-};
+// Whether nothing of `batch` is left to do: each command completed or its
+// request failed, and none still in flight (its buffer is the caller's).
+bool BatchComplete(const Batch& batch) {
+  if (batch.in_flight != 0) return false;
+  for (const Command& c : batch.commands) {
+    if (!c.done && (*batch.status)[c.request].ok()) return false;
+  }
+  return true;
+}
 
-using IssueFn = std::function<int64_t(nbd_handle*, const Command&)>;
+// Fails the request of `c` with `e` unless it failed already.
+void FailCommand(const Command& c, const Error& e) {
+  Status& s = (*c.batch->status)[c.request];
+  if (s.ok()) s = e;
+}
 
-// At most this many commands in flight on one connection (nbdcopy keeps 64
-// per connection; qemu's server runs each in a coroutine of its own).
-constexpr size_t kMaxInFlight = 16;
-
-// Issues the commands not yet done on the lease's connection with `issue`
-// (an nbd_aio_* call returning its cookie, or -1 with libnbd's error set),
-// up to kMaxInFlight at a time, and reaps every one before returning,
-// failed or not: the buffers are the caller's (where it cannot, after a
-// stall or a failing nbd_poll, it closes the connection, which takes the
-// commands back from libnbd). A failure on a live
-// connection is the server's answer: it becomes status[command.request]
-// (the first per request is kept), and the request's commands not yet
-// issued are skipped. The answers' round trips overlap instead of adding
-// up; the server may answer in any order.
-// Returns why the connection was lost, when it was: it dropped (libnbd
-// then retires its commands with errors), or nothing came back for
-// `stall_timeout` (then the lease's connection is dropped here, which
-// forgets its commands). The commands it did not complete are left not
-// done and their requests' status untouched, to be sent again. `progressed`
-// is set when a command completed.
-std::optional<Error> RunPipelined(HandlePool::Lease& lease, const std::string& uri, std::string_view operation,
-                                  std::vector<Command>& commands, std::vector<Status>& status,
-                                  const IssueFn& issue, std::chrono::milliseconds stall_timeout,
-                                  bool& progressed) {
+// One turn of a connection's driver (Connections::Drive): tops the
+// connection up to kMaxInFlight from `batches` (oldest first; commands of
+// a failed request are skipped), polls once, and reaps what completed. A
+// failure on a live connection is the server's answer: it becomes the
+// request's status, and the request's commands not yet issued are
+// skipped. Returns why the connection was lost, when it was: it dropped
+// (libnbd then retires its commands with errors, which stay to be sent
+// again), or nothing came back for `stall_timeout` since `last_answer`
+// (then the connection is dropped here, which forgets its commands). A
+// poll that fails on a live connection fails the commands in flight and
+// drops it. `progressed` is set when a command completed.
+std::optional<Error> DriveTurn(HandlePool& pool, HandlePool::Lease& lease, const std::string& uri,
+                               const std::vector<Batch*>& batches, std::chrono::milliseconds stall_timeout,
+                               std::chrono::steady_clock::time_point& last_answer, bool& progressed) {
   using Clock = std::chrono::steady_clock;
   nbd_handle* h = lease.get();
-  auto fail = [&](const Command& c, Error e) {
-    if (status[c.request].ok()) status[c.request] = std::move(e);
-  };
-  std::optional<Error> lost;
-  std::vector<size_t> in_flight;
-  size_t next = 0;
-  auto last_answer = Clock::now();
-  while ((!lost && next < commands.size()) || !in_flight.empty()) {
-    while (!lost && next < commands.size() && in_flight.size() < kMaxInFlight) {
-      Command& c = commands[next];
-      if (c.done || !status[c.request].ok()) {
-        ++next;
-        continue;
-      }
-      c.cookie = issue(h, c);
+  if (h == nullptr) return LostError("the connection was dropped earlier", uri, ENOTCONN);
+  std::vector<Command*>& in_flight = lease.in_flight();
+  for (Batch* b : batches) {
+    for (Command& c : b->commands) {
+      if (in_flight.size() >= kMaxInFlight) break;
+      if (c.done || c.issued || !(*b->status)[c.request].ok()) continue;
+      c.cookie = (*b->issue)(h, c);
       if (c.cookie == -1) {
-        Error e = NbdError(operation, uri, c.offset, c.length);
-        if (Dropped(h)) {
-          // libnbd's text here only says the handle is dead; the cause
-          // went with an earlier call (or none, on an idle connection).
-          lost = LostError("the connection was closed or reset", uri, ECONNRESET);
-          break;
-        }
-        // Not queued on a live connection: neither is anything after it.
-        for (; next < commands.size(); ++next) {
-          if (!commands[next].done) fail(commands[next], e);
+        Error e = NbdError(b->operation, uri, c.offset, c.length);
+        // libnbd's text here only says the handle is dead; the cause went
+        // with an earlier call (or none, on an idle connection).
+        if (Dropped(h)) return LostError("the connection was closed or reset", uri, ECONNRESET);
+        // Not queued on a live connection: the rest of its batch neither.
+        for (Command& rest : b->commands) {
+          if (!rest.done && !rest.issued) FailCommand(rest, e);
         }
         break;
       }
-      in_flight.push_back(next++);
-    }
-    if (in_flight.empty()) break;
-    // A dead connection retires its commands with an error, so reaping
-    // below always ends. A poll that fails on a live one ends the wait, as
-    // libnbd's own synchronous calls do (polling again could spin).
-    int timeout_ms = -1;
-    if (stall_timeout.count() > 0) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(last_answer + stall_timeout - Clock::now());
-      timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
-    }
-    int polled = nbd_poll(h, timeout_ms);
-    if (polled == -1 && !Dropped(h)) {
-      Error e = NbdError("nbd_poll", uri);
-      for (size_t k : in_flight) fail(commands[k], e);
-      // The commands still in flight name the caller's buffers: closing the
-      // connection takes them back (the next user opens a new one).
-      lease.Drop();
-      return lost;
-    }
-    size_t before = in_flight.size();
-    std::erase_if(in_flight, [&](size_t k) {
-      Command& c = commands[k];
-      int done = nbd_aio_command_completed(h, c.cookie);
-      if (done == 0) return false;
-      if (done == -1) {
-        Error e = NbdError(operation, uri, c.offset, c.length);
-        if (Dropped(h)) {
-          if (!lost) lost = std::move(e);
-          return true;  // retired with the connection: to be sent again
-        }
-        fail(c, std::move(e));
-      }
-      c.done = true;
-      progressed = true;
-      return true;
-    });
-    if (in_flight.size() < before) {
-      last_answer = Clock::now();
-    } else if (stall_timeout.count() > 0 && Clock::now() - last_answer >= stall_timeout) {
-      // Closing the connection is the only way to take the commands back
-      // from libnbd: after it, nothing writes into their buffers.
-      lease.Drop();
-      return LostError("no reply from the NBD server for " + Seconds(stall_timeout) + " s", uri, ETIMEDOUT);
+      c.issued = true;
+      ++b->in_flight;
+      in_flight.push_back(&c);
     }
   }
-  return lost;
+  pool.NoteInFlight(in_flight.size());
+  if (in_flight.empty()) return std::nullopt;
+  // A dead connection retires its commands with an error, so reaping
+  // always ends. A poll that fails on a live one ends the wait, as
+  // libnbd's own synchronous calls do (polling again could spin).
+  int timeout_ms = -1;
+  if (stall_timeout.count() > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(last_answer + stall_timeout - Clock::now());
+    timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
+  }
+  int polled = nbd_poll(h, timeout_ms);
+  if (polled == -1 && !Dropped(h)) {
+    Error e = NbdError("nbd_poll", uri);
+    for (Command* c : in_flight) FailCommand(*c, e);
+    // The commands in flight name the callers' buffers: closing the
+    // connection takes them back (the next turn opens a new one).
+    lease.Drop();
+    return std::nullopt;
+  }
+  std::optional<Error> lost;
+  size_t before = in_flight.size();
+  std::erase_if(in_flight, [&](Command* c) {
+    int done = nbd_aio_command_completed(h, c->cookie);
+    if (done == 0) return false;
+    c->issued = false;
+    --c->batch->in_flight;
+    if (done == -1) {
+      Error e = NbdError(c->batch->operation, uri, c->offset, c->length);
+      if (Dropped(h)) {
+        if (!lost) lost = std::move(e);
+        return true;  // retired with the connection: to be sent again
+      }
+      FailCommand(*c, e);
+    }
+    c->done = true;
+    progressed = true;
+    return true;
+  });
+  if (lost) return lost;
+  if (in_flight.size() < before) {
+    last_answer = Clock::now();
+  } else if (stall_timeout.count() > 0 && Clock::now() - last_answer >= stall_timeout) {
+    // Closing the connection is the only way to take the commands back
+    // from libnbd: after it, nothing writes into their buffers.
+    lease.Drop();
+    return LostError("no reply from the NBD server for " + Seconds(stall_timeout) + " s", uri, ETIMEDOUT);
+  }
+  return std::nullopt;
 }
 
 // Splits [offset, offset + length) of request `request` into commands of at
@@ -789,37 +901,29 @@ class Connections {
   size_t size() const { return pool_->size(); }
   HandlePool::Lease Acquire() { return pool_->Acquire(); }
 
-  // Runs `commands` on one connection (RunPipelined); after a drop, a new
-  // connection takes the place of the lost one and the commands that had
-  // not completed are sent again, within the policy's bounds. Past them,
-  // every command not done fails its request with the reason.
+  // Runs `commands`, queued on one connection among other callers'
+  // batches (HandlePool::Join) and kept in flight by whichever owner
+  // drives it (Drive). After a drop, a new connection takes the place of
+  // the lost one and the commands that had not completed are sent again,
+  // within the policy's bounds. Past them, every command not done fails
+  // its request with the reason.
   void RunCommands(std::string_view operation, std::vector<Command> commands, std::vector<Status>& status,
                    const IssueFn& issue) {
-    auto lease = pool_->Acquire();
-    Outage outage;
-    while (!commands.empty()) {
-      std::optional<Error> lost;
-      if (lease.get() == nullptr) {
-        lost = LostError("the connection was dropped earlier", name_, ENOTCONN);
-      } else {
-        bool progressed = false;
-        lost = RunPipelined(lease, name_, operation, commands, status, issue, options_.retry.stall_timeout,
-                            progressed);
-        if (progressed) outage = Outage{};
-      }
-      if (!lost) return;
-      std::erase_if(commands, [&](const Command& c) { return c.done || !status[c.request].ok(); });
-      if (commands.empty()) return;  // the next user of this connection replaces it
-      uint64_t bytes = 0;
-      for (const Command& c : commands) bytes += c.length;
-      if (Status s = Reconnect(lease, outage, *lost, bytes); !s.ok()) {
-        for (const Command& c : commands) {
-          if (status[c.request].ok()) status[c.request] = s;
-        }
-        return;
-      }
-    }
+    if (commands.empty()) return;
+    Batch batch;
+    batch.operation = operation;
+    batch.issue = &issue;
+    batch.commands = std::move(commands);
+    batch.status = &status;
+    for (Command& c : batch.commands) c.batch = &batch;
+    const size_t index = pool_->Join(batch);
+    if (!pool_->AwaitTurn(batch, index)) return;  // another driver finished it
+    HandlePool::Lease lease(*pool_, index);
+    Drive(lease, batch);
   }
+
+  // The most commands seen in flight on one connection.
+  size_t max_in_flight() const { return pool_->max_in_flight(); }
 
   // Runs `op` (commands through Conn::Call, which may all be repeated) on
   // the lease's connection; after a drop or a stall, on a new one, within
@@ -846,6 +950,54 @@ class Connections {
   }
 
  private:
+  // Drives the lease's connection (DriveTurn) for every batch queued on
+  // it until `mine` is finished, finishing the others as they complete;
+  // then the lease goes back and an owner still waiting takes over, the
+  // commands in flight staying in flight. A lost connection is replaced
+  // (Reconnect) while a batch still has commands to send; past the
+  // bounds, every batch on the connection fails with the reason.
+  void Drive(HandlePool::Lease& lease, Batch& mine) {
+    using Clock = std::chrono::steady_clock;
+    const size_t index = lease.index();
+    std::vector<Batch*> batches;
+    std::vector<Batch*> remaining;  // of `batches`, those not finished
+    Outage outage;
+    auto last_answer = Clock::now();
+    for (;;) {
+      pool_->Batches(index, batches);
+      bool progressed = false;
+      std::optional<Error> lost =
+          DriveTurn(*pool_, lease, name_, batches, options_.retry.stall_timeout, last_answer, progressed);
+      if (progressed) outage = Outage{};
+      bool mine_done = false;
+      uint64_t left_bytes = 0;
+      remaining.clear();
+      for (Batch* b : batches) {
+        if (BatchComplete(*b)) {
+          mine_done |= b == &mine;
+          pool_->Finish(index, b);  // its owner may free it now
+          continue;
+        }
+        for (const Command& c : b->commands) {
+          if (!c.done && (*b->status)[c.request].ok()) left_bytes += c.length;
+        }
+        remaining.push_back(b);
+      }
+      if (mine_done) return;
+      if (!lost) continue;
+      if (Status s = Reconnect(lease, outage, *lost, left_bytes); !s.ok()) {
+        // Reconnect dropped the connection: nothing is in flight.
+        for (Batch* b : remaining) {
+          for (const Command& c : b->commands) {
+            if (!c.done) FailCommand(c, s.error());
+          }
+          pool_->Finish(index, b);
+        }
+        return;
+      }
+    }
+  }
+
   // Puts a new connection in the lease's slot, after backoff; counts the
   // attempt against `outage`. Returns kIoError (retryable) naming `reason`
   // when the bounds are passed, kCancelled when cancelled, and the
@@ -932,6 +1084,7 @@ class NbdSourceImpl final : public NbdSource {
   const std::string& name() const override { return conns_.name(); }
   uint64_t size_bytes() const override { return conns_.info().size_bytes; }
   uint32_t connections() const override { return static_cast<uint32_t>(conns_.size()); }
+  size_t max_in_flight() const { return conns_.max_in_flight(); }
 
   SourceCapabilities capabilities() const override {
     SourceCapabilities caps;
@@ -939,7 +1092,9 @@ class NbdSourceImpl final : public NbdSource {
     caps.preferred_request_bytes = conns_.info().request_bytes;
     caps.has_extents = conns_.info().has_allocation;
     caps.parallel_reads = conns_.size() > 1;
-    caps.blocking_read_streams = static_cast<uint32_t>(conns_.size());
+    // Callers per connection: while one waits for its batch, another's
+    // keep the connection's queue full (HandlePool).
+    caps.blocking_read_streams = static_cast<uint32_t>(conns_.size() * kCallersPerConnection);
     return caps;
   }
 
@@ -1024,6 +1179,7 @@ class NbdSink final : public BlockSink {
 
   const std::string& name() const override { return conns_.name(); }
   uint64_t size_bytes() const override { return conns_.info().size_bytes; }
+  size_t max_in_flight() const { return conns_.max_in_flight(); }
 
   SinkCapabilities capabilities() const override {
     const ExportInfo& info = conns_.info();
@@ -1167,6 +1323,16 @@ Result<RangeList> NbdDirtyRanges(BlockSource& source, uint64_t offset, uint64_t 
     return Error::NotSupported("not an NBD source").set_path(source.name());
   }
   return nbd->DirtyRanges(offset, length);
+}
+
+size_t NbdMaxInFlight(const BlockSource& source) {
+  const auto* nbd = dynamic_cast<const NbdSourceImpl*>(&source);
+  return nbd != nullptr ? nbd->max_in_flight() : 0;
+}
+
+size_t NbdMaxInFlight(const BlockSink& sink) {
+  const auto* nbd = dynamic_cast<const NbdSink*>(&sink);
+  return nbd != nullptr ? nbd->max_in_flight() : 0;
 }
 
 Result<std::unique_ptr<BlockSink>> OpenNbdSink(const std::string& uri, const NbdOptions& options) {
