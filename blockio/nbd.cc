@@ -789,6 +789,8 @@ void FailCommand(const Command& c, const Error& e) {
 // (then the connection is dropped here, which forgets its commands). A
 // poll that fails on a live connection fails the commands in flight and
 // drops it. `progressed` is set when a command completed.
+// `last_answer` is the driver's: when a command last completed, or the
+// connection last went from idle to busy.
 std::optional<Error> DriveTurn(HandlePool& pool, HandlePool::Lease& lease, const std::string& uri,
                                const std::vector<Batch*>& batches, std::chrono::milliseconds stall_timeout,
                                std::chrono::steady_clock::time_point& last_answer, bool& progressed) {
@@ -796,6 +798,9 @@ std::optional<Error> DriveTurn(HandlePool& pool, HandlePool::Lease& lease, const
   nbd_handle* h = lease.get();
   if (h == nullptr) return LostError("the connection was dropped earlier", uri, ENOTCONN);
   std::vector<Command*>& in_flight = lease.in_flight();
+  // The stall clock starts with the first command on an idle connection
+  // (a new one after a reconnect included).
+  if (in_flight.empty()) last_answer = Clock::now();
   for (Batch* b : batches) {
     for (Command& c : b->commands) {
       if (in_flight.size() >= kMaxInFlight) break;
