@@ -309,6 +309,14 @@ TEST_F(BlockioNbdTest, ConcurrentReadsShareConnections) {
   for (auto& th : threads) th.join();
   for (int t = 0; t < 6; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
 }
+// One connection, 64 KiB requests: a call of 256 KiB is four commands.
+NbdOptions OneConnectionOf64KiB() {
+  NbdOptions options;
+  options.connections = 1;
+  options.request_bytes = 65536;
+  return options;
+}
+
 // Issue 41: concurrent calls share a connection's queue. With one
 // connection and a server that answers slowly, four callers of four
 // pieces each keep more than one caller's pieces in flight at once (each
@@ -317,9 +325,7 @@ TEST_F(BlockioNbdTest, ConcurrentReadsShareConnections) {
 TEST_F(BlockioNbdTest, Issue41QueueStaysFullAcrossCalls) {
   BARGE_REQUIRE_TOOL("nbdkit");
   auto server = Nbdkit("--filter=delay pattern 64M rdelay=20ms");
-  NbdOptions options;
-  options.connections = 1;
-  options.request_bytes = 65536;
+  const NbdOptions options = OneConnectionOf64KiB();
   auto source = OpenNbd(server->uri(), options);
   ASSERT_TRUE(source.ok()) << source.error().ToString();
   ASSERT_EQ((*source)->connections(), 1u);
@@ -360,9 +366,7 @@ TEST_F(BlockioNbdTest, Issue41ServerErrorOnASharedQueueIsThatCallsOnly) {
   std::string trigger = dir_ / "fail-now";
   auto server = Nbdkit("--filter=error --filter=delay pattern 16M rdelay=5ms error-pread=ENOSPC "
                        "error-pread-rate=100% error-pread-file=" + ShellQuote(trigger));
-  NbdOptions options;
-  options.connections = 1;
-  options.request_bytes = 65536;
+  const NbdOptions options = OneConnectionOf64KiB();
   auto source = OpenNbd(server->uri(), options);
   ASSERT_TRUE(source.ok()) << source.error().ToString();
   { std::ofstream touch(trigger); }
@@ -393,9 +397,7 @@ TEST_F(BlockioNbdTest, Issue41ServerErrorOnASharedQueueIsThatCallsOnly) {
 TEST_F(BlockioNbdTest, Issue41ConcurrentWritesShareTheQueue) {
   BARGE_REQUIRE_TOOL("nbdkit");
   auto server = Nbdkit("--filter=delay memory 16M wdelay=10ms");
-  NbdOptions options;
-  options.connections = 1;
-  options.request_bytes = 65536;
+  const NbdOptions options = OneConnectionOf64KiB();
   auto sink = OpenNbdSink(server->uri(), options);
   ASSERT_TRUE(sink.ok()) << sink.error().ToString();
   auto data = RandomBytes(16 << 20, 7);
