@@ -2,8 +2,15 @@
 # Reading a point in place: barge export (nbdkit + barge's plugin, every
 # cluster checked against its digest) against qemu-nbd -r serving the same
 # chain unverified. A point of full + N incrementals (5% of the clusters
-# rewritten in each); (a) nbdcopy of the whole export to null: (sequential,
-# multi-conn), (b) fio 4 KiB random reads through fio's nbd engine (libnbd).
+# rewritten in each; --increments 0: a single full point, no chain);
+# (a) nbdcopy of the whole export to null: (sequential, multi-conn), with
+# extents (nbdcopy's default) and with --no-extents (every byte read),
+# (b) fio 4 KiB random reads through fio's nbd engine (libnbd). A third
+# server, "barge-plugin-mt", is barge's plugin under nbdkit with nbdkit's
+# default threads: what `barge export` forgoes by running nbdkit with
+# --threads=1 before 1.33.10 (an upstream abort when a client hangs up
+# mid-request; pipeline/export.h), measured (when the plugin is found
+# beside barge).
 # Page cache cold (dropped before each measurement) and/or warm (the layers
 # read once before), --cache cold|warm|both (default warm); medians of
 # --repeat runs, the servers taking turns. Exits non-zero only when
@@ -15,7 +22,7 @@
 # Targets (issue 22): sequential >= 0.9x qemu-nbd, random 4 KiB >= 0.8x.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,15p' "$0"; }
+usage() { sed -n '2,22p' "$0"; }
 
 SIZE=256M
 REPEAT=3
@@ -71,6 +78,22 @@ start_barge() {
   done
   die "barge export did not get ready"
 }
+# barge's nbdkit plugin beside the barge binary (the build tree's cli/).
+PLUGIN=$(dirname "$BARGE")/nbdkit-barge-plugin.so
+[ -f "$PLUGIN" ] || PLUGIN=$(dirname "$BARGE")/../lib/barge/nbdkit-barge-plugin.so
+SERVERS="barge-export qemu-nbd-r"
+if [ -f "$PLUGIN" ]; then SERVERS="barge-export barge-plugin-mt qemu-nbd-r"; fi
+start_plugin_mt() {
+  # As barge export runs it, less --threads=1 (nbdkit's default threads).
+  nbdkit -f --exit-with-parent --readonly -U "$SOCK" "$PLUGIN" chain="$CHAIN" 2> "$WORK/nbdkit-mt.err" &
+  SERVER_PID=$!
+  for _ in $(seq 500); do
+    nbdinfo --size "$URI" >/dev/null 2>&1 && return
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/nbdkit-mt.err" >&2; die "nbdkit with the plugin ended"; }
+    sleep 0.02
+  done
+  die "nbdkit with the plugin did not get ready"
+}
 start_qemu() {
   # --shared 8: several connections at once, so that nbdcopy gets
   # multi-conn here too (qemu-nbd advertises it for read-only exports);
@@ -105,12 +128,18 @@ echo "== runs (page cache: $(cache_modes))"
 for run in $(runs); do
   echo " [run $run of $REPEAT]"
   for mode in $(cache_modes); do
-    for server in barge-export qemu-nbd-r; do
+    for server in $SERVERS; do
       # The server starts on the cache state measured (barge's start reads
       # the manifests and digest tables).
       prepare_cache "$mode" "$CHAIN"/*
-      if [ "$server" = barge-export ]; then start_barge; else start_qemu; fi
+      case "$server" in
+        barge-export) start_barge ;;
+        barge-plugin-mt) start_plugin_mt ;;
+        *) start_qemu ;;
+      esac
       measure "$server-nbdcopy" "$mode" "$WORK/none" -- nbdcopy "$URI" null:
+      [ "$mode" = cold ] && drop_cache "$CHAIN"/*
+      measure "$server-nbdcopy-noext" "$mode" "$WORK/none" -- nbdcopy --no-extents "$URI" null:
       if [ "$HAVE_FIO" = 1 ]; then
         [ "$mode" = cold ] && drop_cache "$CHAIN"/*
         fio_iops "$server" "$mode"
@@ -132,12 +161,23 @@ median_iops() {
 echo
 echo "== ratios and targets"
 for mode in $(cache_modes); do
-  b=$(get barge-export-nbdcopy "$mode" wall); q=$(get qemu-nbd-r-nbdcopy "$mode" wall)
-  r=$(ratio "$q" "$b")
-  echo "  $mode: sequential (nbdcopy, $SIZE): barge export ${r}x qemu-nbd's throughput (barge ${b}s, qemu-nbd ${q}s) (target >= 0.9x: $(verdict "$r" '>=' 0.9))"
+  for kind in nbdcopy nbdcopy-noext; do
+    what="with extents"; [ "$kind" = nbdcopy-noext ] && what="--no-extents"
+    q=$(get "qemu-nbd-r-$kind" "$mode" wall)
+    for server in $SERVERS; do
+      [ "$server" = qemu-nbd-r ] && continue
+      b=$(get "$server-$kind" "$mode" wall)
+      r=$(ratio "$q" "$b")
+      echo "  $mode: sequential (nbdcopy $what, $SIZE): $server ${r}x qemu-nbd's throughput ($server ${b}s, qemu-nbd ${q}s) (target >= 0.9x: $(verdict "$r" '>=' 0.9))"
+    done
+  done
   if [ "$HAVE_FIO" = 1 ]; then
-    bi=$(median_iops barge-export "$mode"); qi=$(median_iops qemu-nbd-r "$mode")
-    ri=$(ratio "$bi" "$qi")
-    echo "  $mode: random 4 KiB reads (fio nbd): barge export ${ri}x qemu-nbd's IOPS (barge $bi, qemu-nbd $qi) (target >= 0.8x: $(verdict "$ri" '>=' 0.8))"
+    qi=$(median_iops qemu-nbd-r "$mode")
+    for server in $SERVERS; do
+      [ "$server" = qemu-nbd-r ] && continue
+      bi=$(median_iops "$server" "$mode")
+      ri=$(ratio "$bi" "$qi")
+      echo "  $mode: random 4 KiB reads (fio nbd): $server ${ri}x qemu-nbd's IOPS ($server $bi, qemu-nbd $qi) (target >= 0.8x: $(verdict "$ri" '>=' 0.8))"
+    done
   fi
 done

@@ -13,18 +13,24 @@
 # barge uses its default connections (4 in plaintext, over TLS one per core
 # up to 4); nbdcopy caps its --connections 4 at its threads (the cores).
 # --size 4G for the issue's numbers (1G by default, quicker).
-# Needs root (ip netns). Removes its namespace, veth pair, servers and data.
+# --background-load N: a second pass with N busy loops running during
+# every tool's runs (bench/load.sh), its figures and ratios labelled -loadN.
+# Needs root (ip netns). Removes its namespace, veth pair, servers, busy
+# loops and data.
 #
 #   bench/nbd_tls.sh [--size 1G] [--seed 1] [--workdir /var/tmp]
 #                    [--barge PATH] [--repeat 3] [--cache warm]
+#                    [--background-load N]
 CACHE=${CACHE:-warm}
 REPEAT=${REPEAT:-3}
 SIZE=${SIZE:-1G}
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/load.sh"
 
-usage() { sed -n '2,17p' "$0"; }
+usage() { sed -n '2,21p' "$0"; }
 
-parse_common_flags "$@"
+take_load_flag "$@"
+parse_common_flags "${ARGS[@]}"
 need_tools qemu-nbd qemu-img certtool ip numfmt nbdcopy nbdinfo
 [ "$(id -u)" = 0 ] || die "needs root (ip netns)"
 make_workdir
@@ -36,6 +42,7 @@ HOST_IP=10.231.$(( $$ % 250 )).1
 NS_IP=10.231.$(( $$ % 250 )).2
 PIDS=()
 cleanup() {
+  stop_load
   local pid
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do
@@ -132,37 +139,42 @@ server_cpu() {
 
 echo
 echo "== runs"
+for load in $(load_levels); do
+sfx=$(load_suffix "$load")
 for mode in $(cache_modes); do
 for run in $(runs); do
-  echo " [$mode, run $run of $REPEAT]"
+  echo " [$mode, run $run of $REPEAT, $load busy loops]"
+  start_load "$load"
   # Plaintext and TLS take turns within each run.
   for kind in plain tls; do
     uri=$PLAIN; [ "$kind" = tls ] && uri=$TLS
     rm -rf "$WORK"/out*
     prepare_cache "$mode" "$DISK"
-    measure_served "backup-$kind" "$kind" "$WORK/out-b" \
+    measure_served "backup-$kind$sfx" "$kind" "$WORK/out-b" \
       "$BARGE" backup --source "$uri" --target "$WORK/out-b" --name disk
   done
   for kind in plain tls; do
     uri=$PLAIN; [ "$kind" = tls ] && uri=$TLS
     rm -rf "$WORK"/out*
     prepare_cache "$mode" "$DISK"
-    measure_served "convert-raw-$kind" "$kind" "$WORK/out-c.raw" \
+    measure_served "convert-raw-$kind$sfx" "$kind" "$WORK/out-c.raw" \
       "$BARGE" convert "$uri" "$WORK/out-c.raw" --no-sync
     rm -rf "$WORK"/out*
     prepare_cache "$mode" "$DISK"
-    measure_served "nbdcopy-raw-$kind" "$kind" "$WORK/out-n.raw" \
+    measure_served "nbdcopy-raw-$kind$sfx" "$kind" "$WORK/out-n.raw" \
       nbdcopy --connections 4 "$uri" "$WORK/out-n.raw"
   done
   # The peer's remote full backup over TLS: pull the export raw, then
   # compress it into a zstd qcow2 (the staging file is removed after).
   rm -rf "$WORK"/out*
   prepare_cache "$mode" "$DISK"
-  measure_served "peer-backup-tls" tls "$WORK/out-p.qcow2" \
+  measure_served "peer-backup-tls$sfx" tls "$WORK/out-p.qcow2" \
     sh -c 'nbdcopy --connections 4 "$1" "$2" && qemu-img convert -f raw -O qcow2 -c -o compression_type=zstd -W -m 16 "$2" "$3"' \
     sh "$TLS" "$WORK/out-p.raw" "$WORK/out-p.qcow2"
   rm -f "$WORK/out-p.raw"
   rm -rf "$WORK"/out*
+  stop_load
+done
 done
 done
 
@@ -170,26 +182,30 @@ print_results
 
 echo
 echo "== ratios and targets"
+for load in $(load_levels); do
+sfx=$(load_suffix "$load")
 for mode in $(cache_modes); do
-  bp=$(get backup-plain "$mode" wall); bt=$(get backup-tls "$mode" wall)
-  cp_=$(get convert-raw-plain "$mode" wall); ct=$(get convert-raw-tls "$mode" wall)
-  np=$(get nbdcopy-raw-plain "$mode" wall); nt=$(get nbdcopy-raw-tls "$mode" wall)
+  bp=$(get backup-plain$sfx "$mode" wall); bt=$(get backup-tls$sfx "$mode" wall)
+  cp_=$(get convert-raw-plain$sfx "$mode" wall); ct=$(get convert-raw-tls$sfx "$mode" wall)
+  np=$(get nbdcopy-raw-plain$sfx "$mode" wall); nt=$(get nbdcopy-raw-tls$sfx "$mode" wall)
   cost=$(awk -v t="$bt" -v p="$bp" 'BEGIN { if (p + 0 == 0) print "-"; else printf "%.1f", (t / p - 1) * 100 }')
   ccost=$(awk -v t="$ct" -v p="$cp_" 'BEGIN { if (p + 0 == 0) print "-"; else printf "%.1f", (t / p - 1) * 100 }')
-  echo "[$mode]"
+  echo "[$mode, $load busy loops]"
   echo "  barge backup over TLS / plaintext = $(ratio "$bt" "$bp") (TLS costs ${cost}%; target <= 15%:" \
        "$(verdict "$(ratio "$bt" "$bp")" '<=' 1.15))"
   echo "  raw convert over TLS / plaintext  = $(ratio "$ct" "$cp_") (TLS costs ${ccost}%)"
   echo "  peer: nbdcopy --connections 4 over TLS / plaintext = $(ratio "$nt" "$np")"
-  echo "  raw convert over TLS / nbdcopy over TLS = $(ratio "$ct" "$nt")"
-  pb=$(get peer-backup-tls "$mode" wall)
+  echo "  raw convert over TLS / nbdcopy over TLS = $(ratio "$ct" "$nt") (target <= 1.05: $(verdict "$(ratio "$ct" "$nt")" '<=' 1.05))"
+  echo "  raw convert in plaintext / nbdcopy in plaintext = $(ratio "$cp_" "$np") (target <= 1.0: $(verdict "$(ratio "$cp_" "$np")" '<=' 1.0))"
+  pb=$(get peer-backup-tls$sfx "$mode" wall)
   echo "  remote full backup over TLS: nbdcopy + qemu-img convert -c zstd / barge backup = $(ratio "$pb" "$bt")" \
        "(target >= 1.5x: $(verdict "$(ratio "$pb" "$bt")" '>=' 1.5))"
-  echo "  client cpu seconds: backup plain $(get backup-plain "$mode" cpu), tls $(get backup-tls "$mode" cpu);" \
-       "convert plain $(get convert-raw-plain "$mode" cpu), tls $(get convert-raw-tls "$mode" cpu);" \
-       "nbdcopy plain $(get nbdcopy-raw-plain "$mode" cpu), tls $(get nbdcopy-raw-tls "$mode" cpu)"
-  echo "  server (qemu-nbd) cpu seconds: backup plain $(server_cpu backup-plain), tls $(server_cpu backup-tls);" \
-       "convert plain $(server_cpu convert-raw-plain), tls $(server_cpu convert-raw-tls);" \
-       "nbdcopy plain $(server_cpu nbdcopy-raw-plain), tls $(server_cpu nbdcopy-raw-tls);" \
-       "peer backup tls $(server_cpu peer-backup-tls)"
+  echo "  client cpu seconds: backup plain $(get backup-plain$sfx "$mode" cpu), tls $(get backup-tls$sfx "$mode" cpu);" \
+       "convert plain $(get convert-raw-plain$sfx "$mode" cpu), tls $(get convert-raw-tls$sfx "$mode" cpu);" \
+       "nbdcopy plain $(get nbdcopy-raw-plain$sfx "$mode" cpu), tls $(get nbdcopy-raw-tls$sfx "$mode" cpu)"
+  echo "  server (qemu-nbd) cpu seconds: backup plain $(server_cpu backup-plain$sfx), tls $(server_cpu backup-tls$sfx);" \
+       "convert plain $(server_cpu convert-raw-plain$sfx), tls $(server_cpu convert-raw-tls$sfx);" \
+       "nbdcopy plain $(server_cpu nbdcopy-raw-plain$sfx), tls $(server_cpu nbdcopy-raw-tls$sfx);" \
+       "peer backup tls $(server_cpu peer-backup-tls$sfx)"
+done
 done

@@ -20,18 +20,23 @@
 # ~/.pki/libnbd for other users.
 #
 #   bench/vm_remote_vs_virtnbdbackup.sh [--size 4G] [--seed 1] [--workdir /var/tmp]
-#                                       [--barge PATH]
+#                                       [--barge PATH] [--background-load N]
 #
+# --background-load N: a second pass (a full of each again) with N busy
+# loops running during both tools' runs (bench/load.sh), labelled -loadN;
+# barge's checkpoints are deleted before it (virtnbdbackup refuses them).
 # Needs root (ip netns, unshare), libvirtd, QEMU (TCG is enough), certtool,
 # sshd, virtnbdbackup. Stops what it started by PID, deletes its namespace,
 # veth pair and files on every exit path. --size 512M for a quick run.
 CACHE=warm
 SIZE=${SIZE:-4G}
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/load.sh"
 
-usage() { sed -n '2,27p' "$0"; }
+usage() { sed -n '2,31p' "$0"; }
 
-parse_common_flags "$@"
+take_load_flag "$@"
+parse_common_flags "${ARGS[@]}"
 # One run per domain: virtnbdbackup's full makes a checkpoint and refuses
 # the checkpoints barge made ("Foreign checkpoint"); run the script again.
 [ "$REPEAT" = 1 ] || die "--repeat is not supported here (run the script again)"
@@ -55,6 +60,7 @@ VIRSH=""
 
 cleanup() {
   set +e
+  stop_load
   if [ -n "$DOMAIN" ] && [ -n "$VIRSH" ]; then
     $VIRSH destroy "$DOMAIN" >/dev/null 2>&1
     $VIRSH undefine "$DOMAIN" --checkpoints-metadata >/dev/null 2>&1
@@ -257,14 +263,26 @@ BARGE_ARGS=(vm backup --domain "$DOMAIN" --skip-quiesce --catalog "$CATALOG" --c
 
 echo
 echo "== runs (remote full backup over TLS; virtnbdbackup first)"
+for load in $(load_levels); do
+sfx=$(load_suffix "$load")
 for run in $(runs); do
+  if [ "$load" -gt 0 ]; then
+    # virtnbdbackup refuses checkpoints it did not make ("Foreign
+    # checkpoint"): barge's of the quiet pass go first.
+    for cp in $($VIRSH checkpoint-list "$DOMAIN" --name 2>/dev/null | grep -v '^virtnbdbackup'); do
+      $VIRSH checkpoint-delete "$DOMAIN" "$cp" --metadata >/dev/null
+    done
+  fi
+  echo " [run $run, $load busy loops]"
   warm_cache "$DISK"; sync
   rm -rf "$OUT_V"
   mkdir "$OUT_V"
   chown "$VNB_USER:" "$OUT_V"
+  start_load "$load"
   before=$(qemu_cpu)
-  measure_written virtnbdbackup-remote-full warm "$OUT_V" -- "${VNB[@]}" -o "$OUT_V"
-  server_cpu virtnbdbackup "$before"
+  measure_written "virtnbdbackup-remote-full$sfx" warm "$OUT_V" -- "${VNB[@]}" -o "$OUT_V"
+  server_cpu "virtnbdbackup$sfx" "$before"
+  stop_load
   grep -q "Connected to remote host: \[$NS_IP\]" "$OUT_V"/backup.full.*.log ||
     die "virtnbdbackup did not take its remote path: $(grep -m3 -i 'remote\|local' "$OUT_V"/backup.full.*.log)"
   grep -q "nbds://$NS_IP:$VNB_PORT" "$OUT_V"/backup.full.*.log ||
@@ -273,14 +291,17 @@ for run in $(runs); do
   warm_cache "$DISK"; sync
   rm -rf "$OUT_B"
   mkdir "$OUT_B"
-  "$BARGE" tracker create "t$run" --domain "$DOMAIN" --connect "$URI" --catalog "$CATALOG" >/dev/null
+  "$BARGE" tracker create "t$run$sfx" --domain "$DOMAIN" --connect "$URI" --catalog "$CATALOG" >/dev/null
+  start_load "$load"
   before=$(qemu_cpu)
-  measure_written barge-remote-full warm "$OUT_B" -- "$BARGE" "${BARGE_ARGS[@]}" --tracker "t$run" --target "$OUT_B" --json
-  server_cpu barge "$before"
-  grep -q '"backup_type":"full"' "$WORK/barge-remote-full.log" ||
-    die "barge's backup was not a full: $(grep -m1 '"result"' "$WORK/barge-remote-full.log")"
-  grep -q '"transport":"tls"' "$WORK/barge-remote-full.log" ||
-    die "barge did not read over TLS: $(grep -m1 '"result"' "$WORK/barge-remote-full.log")"
+  measure_written "barge-remote-full$sfx" warm "$OUT_B" -- "$BARGE" "${BARGE_ARGS[@]}" --tracker "t$run$sfx" --target "$OUT_B" --json
+  server_cpu "barge$sfx" "$before"
+  stop_load
+  grep -q '"backup_type":"full"' "$WORK/barge-remote-full$sfx.log" ||
+    die "barge's backup was not a full: $(grep -m1 '"result"' "$WORK/barge-remote-full$sfx.log")"
+  grep -q '"transport":"tls"' "$WORK/barge-remote-full$sfx.log" ||
+    die "barge did not read over TLS: $(grep -m1 '"result"' "$WORK/barge-remote-full$sfx.log")"
+done
 done
 
 echo
@@ -317,13 +338,17 @@ print_results
 
 echo
 echo "== ratio and target (virtnbdbackup wall / barge wall; bytes = every file written into the backup folder)"
-r=$(ratio "$(get virtnbdbackup-remote-full warm wall)" "$(get barge-remote-full warm wall)")
+for load in $(load_levels); do
+sfx=$(load_suffix "$load")
+echo " [$load busy loops]"
+r=$(ratio "$(get "virtnbdbackup-remote-full$sfx" warm wall)" "$(get "barge-remote-full$sfx" warm wall)")
 echo "  remote full over TLS: barge ${r}x faster   (target >= 2x: $(verdict "$r" '>=' 2))"
-echo "  bytes: barge/virtnbdbackup = $(ratio "$(get barge-remote-full warm bytes)" "$(get virtnbdbackup-remote-full warm bytes)")" \
-     "($(get barge-remote-full warm bytes) / $(get virtnbdbackup-remote-full warm bytes))"
-echo "  cpu:   barge $(get barge-remote-full warm cpu) s, virtnbdbackup $(get virtnbdbackup-remote-full warm cpu) s" \
+echo "  bytes: barge/virtnbdbackup = $(ratio "$(get "barge-remote-full$sfx" warm bytes)" "$(get "virtnbdbackup-remote-full$sfx" warm bytes)")" \
+     "($(get "barge-remote-full$sfx" warm bytes) / $(get "virtnbdbackup-remote-full$sfx" warm bytes))"
+echo "  cpu:   barge $(get "barge-remote-full$sfx" warm cpu) s, virtnbdbackup $(get "virtnbdbackup-remote-full$sfx" warm cpu) s" \
      "(client only); the hypervisor's QEMU serving them:" \
-     "barge $(sort -g "$WORK/server-barge" | paste -sd/) s, virtnbdbackup $(sort -g "$WORK/server-virtnbdbackup" | paste -sd/) s" \
+     "barge $(sort -g "$WORK/server-barge$sfx" | paste -sd/) s, virtnbdbackup $(sort -g "$WORK/server-virtnbdbackup$sfx" | paste -sd/) s" \
      "(on one machine it shares the same cores)"
+done
 echo "  uptime at the end: $(uptime)"
 echo "  barge: zstd:1 (its default), xxh3 digests, fdatasync; virtnbdbackup: lz4 (-z), stream format, --tls"

@@ -4,6 +4,8 @@
 #include "blockio/nbd.h"
 
 #include "blockio/extent_builder.h"
+#include "blockio/nbd_queue.h"
+#include "blockio/nbd_stats.h"
 #include "blockio/nbd_tls_probe.h"
 
 #include <libnbd.h>
@@ -24,72 +26,15 @@ namespace barge {
 
 namespace {
 
+using namespace nbd_internal;  // the connections and their queue
+
 // NBD block status and write-zeroes lengths are 32-bit on the wire; ask for
 // at most this much per command (a multiple of any sane block size).
 constexpr uint64_t kMaxCommandBytes = uint64_t{1} << 30;
-// Longest a closing connection waits for the server to see NBD_CMD_DISC.
-constexpr std::chrono::milliseconds kDisconnectWait{2000};
 // Deadline for each connection after the first (see OpenExport).
 constexpr std::chrono::milliseconds kExtraConnectTimeout{2000};
 // Longest the diagnostic probe of a refused server certificate may take.
 constexpr std::chrono::milliseconds kCertificateProbeTimeout{3000};
-
-// Turns libnbd's thread-local error of the call that just failed into an
-// Error. Must run on the failing thread before any other libnbd call.
-Error NbdError(std::string_view operation, const std::string& uri) {
-  int err = nbd_get_errno();
-  const char* text = nbd_get_error();
-  Error base = Error::FromErrno(err != 0 ? err : EIO, operation, uri);
-  // libnbd's text already names the call ("nbd_pread: ...").
-  Error e(base.code(), text != nullptr ? std::string(text) : base.message());
-  e.set_errno(base.errno_value()).set_retryable(base.retryable()).set_path(uri);
-  return e;
-}
-
-Error NbdError(std::string_view operation, const std::string& uri, uint64_t offset,
-               uint64_t length) {
-  Error e = NbdError(operation, uri);
-  e.set_range(offset, length);
-  return e;
-}
-
-// Owns one nbd_handle; disconnects politely, then closes.
-class NbdHandle {
- public:
-  static Result<std::unique_ptr<NbdHandle>> Create(const std::string& uri) {
-    nbd_handle* h = nbd_create();
-    if (h == nullptr) return NbdError("nbd_create", uri);
-    return std::unique_ptr<NbdHandle>(new NbdHandle(h));
-  }
-  ~NbdHandle() {
-    // NBD_CMD_DISC lets the server finish cleanly; ignore failures (the
-    // connection may already be gone). Not on an abandoned (stalled) one,
-    // and never waiting long: a server or path that stopped answering
-    // would keep a synchronous nbd_shutdown waiting forever.
-    if (!abandoned_ && nbd_aio_is_ready(h_) == 1 && nbd_aio_disconnect(h_, 0) == 0) {
-      auto deadline = std::chrono::steady_clock::now() + kDisconnectWait;
-      while (nbd_aio_is_closed(h_) != 1 && nbd_aio_is_dead(h_) != 1 &&
-             std::chrono::steady_clock::now() < deadline) {
-        if (nbd_poll(h_, 100) == -1) break;
-      }
-    }
-    nbd_close(h_);
-  }
-  // The destructor closes without asking the server.
-  void Abandon() { abandoned_ = true; }
-  NbdHandle(const NbdHandle&) = delete;
-  NbdHandle& operator=(const NbdHandle&) = delete;
-  nbd_handle* get() const { return h_; }
-
- private:
-  explicit NbdHandle(nbd_handle* h) : h_(h) {}
-  nbd_handle* h_;
-  bool abandoned_ = false;
-};
-
-// True once the connection is gone: libnbd has retired (failed) every
-// command that was in flight on it, and none can be issued.
-bool Dropped(nbd_handle* h) { return nbd_aio_is_dead(h) == 1 || nbd_aio_is_closed(h) == 1; }
 
 // What the first connection learned about the export.
 struct ExportInfo {
@@ -300,73 +245,10 @@ Result<ExportInfo> Probe(nbd_handle* h, const std::string& uri, const NbdOptions
   return info;
 }
 
-// The connections of one export. Each serves one thread at a time: Lease
-// borrows one, waiting while all are busy. Thread-safe. A lease holder may
-// drop its connection (one that stalled) and put a new one in its place;
-// only it touches that slot while it holds the lease.
-class HandlePool {
- public:
-  class Lease {
-   public:
-    Lease(HandlePool& pool, size_t index) : pool_(pool), index_(index) {}
-    ~Lease() { pool_.Return(index_); }
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    // Null after Drop until Replace.
-    nbd_handle* get() const {
-      const auto& handle = pool_.handles_[index_];
-      return handle ? handle->get() : nullptr;
-    }
-    // Closes the connection at once, without waiting for the server; its
-    // commands in flight are forgotten (their buffers are never touched
-    // again).
-    void Drop() {
-      if (auto& handle = pool_.handles_[index_]) handle->Abandon();
-      pool_.handles_[index_].reset();
-    }
-    void Replace(std::unique_ptr<NbdHandle> handle) { pool_.handles_[index_] = std::move(handle); }
-
-   private:
-    HandlePool& pool_;
-    size_t index_;
-  };
-
-  explicit HandlePool(std::vector<std::unique_ptr<NbdHandle>> handles)
-      : handles_(std::move(handles)) {
-    for (size_t i = 0; i < handles_.size(); ++i) free_.push_back(i);
-  }
-  size_t size() const { return handles_.size(); }
-
-  Lease Acquire() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !free_.empty(); });
-    size_t index = free_.back();
-    free_.pop_back();
-    return Lease(*this, index);
-  }
-
- private:
-  void Return(size_t index) {
-    {
-      std::lock_guard lock(mu_);
-      free_.push_back(index);
-    }
-    cv_.notify_one();
-  }
-
-  // The vector never changes size; slot i belongs to the holder of its lease.
-  std::vector<std::unique_ptr<NbdHandle>> handles_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<size_t> free_;  // guarded by mu_
-};
-
 struct Export {
   ExportInfo info;
   std::unique_ptr<HandlePool> pool;
 };
-
-std::string Seconds(std::chrono::milliseconds ms);
 
 // A first connection that failed for want of a server (not yet listening,
 // not yet reachable, or gone mid-handshake): worth another try. A refusal
@@ -484,16 +366,6 @@ Result<Export> OpenExport(const std::string& uri, const std::string& name, const
     handles.push_back(std::move(more).value());
   }
   return Export{info, std::make_unique<HandlePool>(std::move(handles))};
-}
-
-std::string Seconds(std::chrono::milliseconds ms) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(ms.count()) / 1000.0);
-  return text;
-}
-
-Error LostError(std::string message, const std::string& uri, int err) {
-  return Error::IoError(std::move(message)).set_errno(err).set_retryable(true).set_path(uri);
 }
 
 // One connection as a Connections::Run operation sees it: the handle, and
@@ -638,123 +510,6 @@ ExtentKind KindFromAllocation(uint32_t flags) {
   return ExtentKind::kData;
 }
 
-// One NBD command of a pipelined batch: a piece of a caller's request,
-// at most the server's request size.
-struct Command {
-  size_t request = 0;  // index of the caller's request it belongs to
-  uint64_t offset = 0;
-  const std::byte* data = nullptr;
-  size_t length = 0;
-  int64_t cookie = -1;
-  bool done = false;  // completed, well or with the server's error
-};
-
-using IssueFn = std::function<int64_t(nbd_handle*, const Command&)>;
-
-// At most this many commands in flight on one connection (nbdcopy keeps 64
-// per connection; qemu's server runs each in a coroutine of its own).
-constexpr size_t kMaxInFlight = 16;
-
-// Issues the commands not yet done on the lease's connection with `issue`
-// (an nbd_aio_* call returning its cookie, or -1 with libnbd's error set),
-// up to kMaxInFlight at a time, and reaps every one before returning,
-// failed or not: the buffers are the caller's (where it cannot, after a
-// stall or a failing nbd_poll, it closes the connection, which takes the
-// commands back from libnbd). A failure on a live
-// connection is the server's answer: it becomes status[command.request]
-// (the first per request is kept), and the request's commands not yet
-// issued are skipped. The answers' round trips overlap instead of adding
-// up; the server may answer in any order.
-// Returns why the connection was lost, when it was: it dropped (libnbd
-// then retires its commands with errors), or nothing came back for
-// `stall_timeout` (then the lease's connection is dropped here, which
-// forgets its commands). The commands it did not complete are left not
-// done and their requests' status untouched, to be sent again. `progressed`
-// is set when a command completed.
-std::optional<Error> RunPipelined(HandlePool::Lease& lease, const std::string& uri, std::string_view operation,
-                                  std::vector<Command>& commands, std::vector<Status>& status,
-                                  const IssueFn& issue, std::chrono::milliseconds stall_timeout,
-                                  bool& progressed) {
-  using Clock = std::chrono::steady_clock;
-  nbd_handle* h = lease.get();
-  auto fail = [&](const Command& c, Error e) {
-    if (status[c.request].ok()) status[c.request] = std::move(e);
-  };
-  std::optional<Error> lost;
-  std::vector<size_t> in_flight;
-  size_t next = 0;
-  auto last_answer = Clock::now();
-  while ((!lost && next < commands.size()) || !in_flight.empty()) {
-    while (!lost && next < commands.size() && in_flight.size() < kMaxInFlight) {
-      Command& c = commands[next];
-      if (c.done || !status[c.request].ok()) {
-        ++next;
-        continue;
-      }
-      c.cookie = issue(h, c);
-      if (c.cookie == -1) {
-        Error e = NbdError(operation, uri, c.offset, c.length);
-        if (Dropped(h)) {
-          // libnbd's text here only says the handle is dead; the cause
-          // went with an earlier call (or none, on an idle connection).
-          lost = LostError("the connection was closed or reset", uri, ECONNRESET);
-          break;
-        }
-        // Not queued on a live connection: neither is anything after it.
-        for (; next < commands.size(); ++next) {
-          if (!commands[next].done) fail(commands[next], e);
-        }
-        break;
-      }
-      in_flight.push_back(next++);
-    }
-    if (in_flight.empty()) break;
-    // A dead connection retires its commands with an error, so reaping
-    // below always ends. A poll that fails on a live one ends the wait, as
-    // libnbd's own synchronous calls do (polling again could spin).
-    int timeout_ms = -1;
-    if (stall_timeout.count() > 0) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(last_answer + stall_timeout - Clock::now());
-      timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
-    }
-    int polled = nbd_poll(h, timeout_ms);
-    if (polled == -1 && !Dropped(h)) {
-      Error e = NbdError("nbd_poll", uri);
-      for (size_t k : in_flight) fail(commands[k], e);
-      // The commands still in flight name the caller's buffers: closing the
-      // connection takes them back (the next user opens a new one).
-      lease.Drop();
-      return lost;
-    }
-    size_t before = in_flight.size();
-    std::erase_if(in_flight, [&](size_t k) {
-      Command& c = commands[k];
-      int done = nbd_aio_command_completed(h, c.cookie);
-      if (done == 0) return false;
-      if (done == -1) {
-        Error e = NbdError(operation, uri, c.offset, c.length);
-        if (Dropped(h)) {
-          if (!lost) lost = std::move(e);
-          return true;  // retired with the connection: to be sent again
-        }
-        fail(c, std::move(e));
-      }
-      c.done = true;
-      progressed = true;
-      return true;
-    });
-    if (in_flight.size() < before) {
-      last_answer = Clock::now();
-    } else if (stall_timeout.count() > 0 && Clock::now() - last_answer >= stall_timeout) {
-      // Closing the connection is the only way to take the commands back
-      // from libnbd: after it, nothing writes into their buffers.
-      lease.Drop();
-      return LostError("no reply from the NBD server for " + Seconds(stall_timeout) + " s", uri, ETIMEDOUT);
-    }
-  }
-  return lost;
-}
-
 // Splits [offset, offset + length) of request `request` into commands of at
 // most `max_bytes`.
 void AddCommands(std::vector<Command>& out, size_t request, uint64_t offset, const std::byte* data,
@@ -789,37 +544,29 @@ class Connections {
   size_t size() const { return pool_->size(); }
   HandlePool::Lease Acquire() { return pool_->Acquire(); }
 
-  // Runs `commands` on one connection (RunPipelined); after a drop, a new
-  // connection takes the place of the lost one and the commands that had
-  // not completed are sent again, within the policy's bounds. Past them,
-  // every command not done fails its request with the reason.
+  // Runs `commands`, queued on one connection among other callers'
+  // batches (HandlePool::Join) and kept in flight by whichever owner
+  // drives it (Drive). After a drop, a new connection takes the place of
+  // the lost one and the commands that had not completed are sent again,
+  // within the policy's bounds. Past them, every command not done fails
+  // its request with the reason.
   void RunCommands(std::string_view operation, std::vector<Command> commands, std::vector<Status>& status,
                    const IssueFn& issue) {
-    auto lease = pool_->Acquire();
-    Outage outage;
-    while (!commands.empty()) {
-      std::optional<Error> lost;
-      if (lease.get() == nullptr) {
-        lost = LostError("the connection was dropped earlier", name_, ENOTCONN);
-      } else {
-        bool progressed = false;
-        lost = RunPipelined(lease, name_, operation, commands, status, issue, options_.retry.stall_timeout,
-                            progressed);
-        if (progressed) outage = Outage{};
-      }
-      if (!lost) return;
-      std::erase_if(commands, [&](const Command& c) { return c.done || !status[c.request].ok(); });
-      if (commands.empty()) return;  // the next user of this connection replaces it
-      uint64_t bytes = 0;
-      for (const Command& c : commands) bytes += c.length;
-      if (Status s = Reconnect(lease, outage, *lost, bytes); !s.ok()) {
-        for (const Command& c : commands) {
-          if (status[c.request].ok()) status[c.request] = s;
-        }
-        return;
-      }
-    }
+    if (commands.empty()) return;
+    Batch batch;
+    batch.operation = operation;
+    batch.issue = &issue;
+    batch.commands = std::move(commands);
+    batch.status = &status;
+    for (Command& c : batch.commands) c.batch = &batch;
+    const size_t index = pool_->Join(batch);
+    if (!pool_->AwaitTurn(batch, index)) return;  // another driver finished it
+    HandlePool::Lease lease(*pool_, index);
+    Drive(lease, batch);
   }
+
+  // The most commands seen in flight on one connection.
+  size_t max_in_flight() const { return pool_->max_in_flight(); }
 
   // Runs `op` (commands through Conn::Call, which may all be repeated) on
   // the lease's connection; after a drop or a stall, on a new one, within
@@ -846,6 +593,54 @@ class Connections {
   }
 
  private:
+  // Drives the lease's connection (DriveTurn) for every batch queued on
+  // it until `mine` is finished, finishing the others as they complete;
+  // then the lease goes back and an owner still waiting takes over, the
+  // commands in flight staying in flight. A lost connection is replaced
+  // (Reconnect) while a batch still has commands to send; past the
+  // bounds, every batch on the connection fails with the reason.
+  void Drive(HandlePool::Lease& lease, Batch& mine) {
+    using Clock = std::chrono::steady_clock;
+    const size_t index = lease.index();
+    std::vector<Batch*> batches;
+    std::vector<Batch*> remaining;  // of `batches`, those not finished
+    Outage outage;
+    auto last_answer = Clock::now();
+    for (;;) {
+      pool_->Batches(index, batches);
+      bool progressed = false;
+      std::optional<Error> lost =
+          DriveTurn(*pool_, lease, name_, batches, options_.retry.stall_timeout, last_answer, progressed);
+      if (progressed) outage = Outage{};
+      bool mine_done = false;
+      uint64_t left_bytes = 0;
+      remaining.clear();
+      for (Batch* b : batches) {
+        if (BatchComplete(*b)) {
+          mine_done |= b == &mine;
+          pool_->Finish(index, b);  // its owner may free it now
+          continue;
+        }
+        for (const Command& c : b->commands) {
+          if (!c.done && (*b->status)[c.request].ok()) left_bytes += c.length;
+        }
+        remaining.push_back(b);
+      }
+      if (mine_done) return;
+      if (!lost) continue;
+      if (Status s = Reconnect(lease, outage, *lost, left_bytes); !s.ok()) {
+        // Reconnect dropped the connection: nothing is in flight.
+        for (Batch* b : remaining) {
+          for (const Command& c : b->commands) {
+            if (!c.done) FailCommand(c, s.error());
+          }
+          pool_->Finish(index, b);
+        }
+        return;
+      }
+    }
+  }
+
   // Puts a new connection in the lease's slot, after backoff; counts the
   // attempt against `outage`. Returns kIoError (retryable) naming `reason`
   // when the bounds are passed, kCancelled when cancelled, and the
@@ -932,6 +727,7 @@ class NbdSourceImpl final : public NbdSource {
   const std::string& name() const override { return conns_.name(); }
   uint64_t size_bytes() const override { return conns_.info().size_bytes; }
   uint32_t connections() const override { return static_cast<uint32_t>(conns_.size()); }
+  size_t max_in_flight() const { return conns_.max_in_flight(); }
 
   SourceCapabilities capabilities() const override {
     SourceCapabilities caps;
@@ -939,7 +735,9 @@ class NbdSourceImpl final : public NbdSource {
     caps.preferred_request_bytes = conns_.info().request_bytes;
     caps.has_extents = conns_.info().has_allocation;
     caps.parallel_reads = conns_.size() > 1;
-    caps.blocking_read_streams = static_cast<uint32_t>(conns_.size());
+    // Callers per connection: while one waits for its batch, another's
+    // keep the connection's queue full (HandlePool).
+    caps.blocking_read_streams = static_cast<uint32_t>(conns_.size() * kCallersPerConnection);
     return caps;
   }
 
@@ -1024,6 +822,7 @@ class NbdSink final : public BlockSink {
 
   const std::string& name() const override { return conns_.name(); }
   uint64_t size_bytes() const override { return conns_.info().size_bytes; }
+  size_t max_in_flight() const { return conns_.max_in_flight(); }
 
   SinkCapabilities capabilities() const override {
     const ExportInfo& info = conns_.info();
@@ -1167,6 +966,16 @@ Result<RangeList> NbdDirtyRanges(BlockSource& source, uint64_t offset, uint64_t 
     return Error::NotSupported("not an NBD source").set_path(source.name());
   }
   return nbd->DirtyRanges(offset, length);
+}
+
+size_t NbdMaxInFlight(const BlockSource& source) {
+  const auto* nbd = dynamic_cast<const NbdSourceImpl*>(&source);
+  return nbd != nullptr ? nbd->max_in_flight() : 0;
+}
+
+size_t NbdMaxInFlight(const BlockSink& sink) {
+  const auto* nbd = dynamic_cast<const NbdSink*>(&sink);
+  return nbd != nullptr ? nbd->max_in_flight() : 0;
 }
 
 Result<std::unique_ptr<BlockSink>> OpenNbdSink(const std::string& uri, const NbdOptions& options) {

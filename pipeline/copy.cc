@@ -559,11 +559,12 @@ size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scr
 namespace {
 // A source whose reads wait on a network peer (SourceCapabilities::
 // blocking_read_streams > 1: an NBD export's connections) is read in calls
-// of at least this many of its requests. A call holds its connection until
-// its last piece is back, so the connection idles from one call to the
-// next; over TLS (1 MiB requests) 4 MiB calls instead of 1 MiB cut that
-// idle time (docs/benchmarks.md). Plaintext NBD (256 KiB requests) keeps
-// the 1 MiB chunk.
+// of at least this many of its requests. Calls share each connection's
+// queue (blockio/nbd.cc), so a connection no longer idles between calls,
+// but fewer, bigger calls still cost less waiting and handing over; over
+// TLS (1 MiB requests) 4 MiB calls instead of 1 MiB were faster
+// (docs/benchmarks.md). Plaintext NBD (256 KiB requests) keeps the 1 MiB
+// chunk.
 constexpr uint32_t kRemoteRequestsPerCall = 4;
 
 // The chunk size RunCopy uses: `chunk_bytes`, raised for a remote source

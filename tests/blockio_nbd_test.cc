@@ -2,6 +2,7 @@
 // sparse-random, nozero and log filters) and qemu-nbd exporting a qcow2
 // image with a dirty bitmap. nbdinfo is the oracle for extents.
 #include "blockio/nbd.h"
+#include "blockio/nbd_stats.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -308,6 +309,119 @@ TEST_F(BlockioNbdTest, ConcurrentReadsShareConnections) {
   for (auto& th : threads) th.join();
   for (int t = 0; t < 6; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
 }
+// One connection, 64 KiB requests: a call of 256 KiB is four commands.
+NbdOptions OneConnectionOf64KiB() {
+  NbdOptions options;
+  options.connections = 1;
+  options.request_bytes = 65536;
+  return options;
+}
+
+// Issue 41: concurrent calls share a connection's queue. With one
+// connection and a server that answers slowly, four callers of four
+// pieces each keep more than one caller's pieces in flight at once (each
+// call drained its own connection before: at most 4), and every byte read
+// is right.
+TEST_F(BlockioNbdTest, Issue41QueueStaysFullAcrossCalls) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  auto server = Nbdkit("--filter=delay pattern 64M rdelay=20ms");
+  const NbdOptions options = OneConnectionOf64KiB();
+  auto source = OpenNbd(server->uri(), options);
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  ASSERT_EQ((*source)->connections(), 1u);
+  EXPECT_EQ((*source)->capabilities().blocking_read_streams, 2u);
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::byte> buf(4 * 65536);  // four commands per call
+      for (int i = 0; i < 6; ++i) {
+        uint64_t offset = (static_cast<uint64_t>(t) * 6 + i) * buf.size();
+        std::vector<ReadRequest> one = {{offset, buf, {}}};
+        if (!(*source)->ReadMany(one).ok()) {
+          ++bad[t];
+          continue;
+        }
+        for (size_t k = 0; k < buf.size(); k += 4093) {
+          if (buf[k] != PatternByte(offset + k)) {
+            ++bad[t];
+            break;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
+  EXPECT_GT(NbdMaxInFlight(**source), 4u);
+  EXPECT_LE(NbdMaxInFlight(**source), 64u);
+}
+
+// A server error on a shared connection fails only the calls whose
+// pieces it refused, with their ranges; the other callers' reads go on.
+TEST_F(BlockioNbdTest, Issue41ServerErrorOnASharedQueueIsThatCallsOnly) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  // Every read fails while the trigger file exists, slowly enough that
+  // the four calls' pieces are in flight together.
+  std::string trigger = dir_ / "fail-now";
+  auto server = Nbdkit("--filter=error --filter=delay pattern 16M rdelay=5ms error-pread=ENOSPC "
+                       "error-pread-rate=100% error-pread-file=" + ShellQuote(trigger));
+  const NbdOptions options = OneConnectionOf64KiB();
+  auto source = OpenNbd(server->uri(), options);
+  ASSERT_TRUE(source.ok()) << source.error().ToString();
+  { std::ofstream touch(trigger); }
+  std::vector<Status> results(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::byte> buf(4 * 65536);
+      std::vector<ReadRequest> one = {{static_cast<uint64_t>(t) << 20, buf, {}}};
+      results[t] = (*source)->ReadMany(one);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) {
+    ASSERT_FALSE(results[t].ok()) << "thread " << t;
+    EXPECT_EQ(results[t].error().code(), ErrorCode::kNoSpace) << results[t].error().ToString();
+    ASSERT_TRUE(results[t].error().offset().has_value());
+    EXPECT_GE(*results[t].error().offset(), static_cast<uint64_t>(t) << 20);
+    EXPECT_LT(*results[t].error().offset(), (static_cast<uint64_t>(t) << 20) + 4 * 65536);
+  }
+  std::filesystem::remove(trigger);
+  std::vector<std::byte> a(65536);
+  ASSERT_TRUE((*source)->ReadAt(4096, a).ok());
+  EXPECT_EQ(a[3], PatternByte(4096 + 3));
+}
+
+// Concurrent writers share the queue too, and what they wrote reads back.
+TEST_F(BlockioNbdTest, Issue41ConcurrentWritesShareTheQueue) {
+  BARGE_REQUIRE_TOOL("nbdkit");
+  auto server = Nbdkit("--filter=delay memory 16M wdelay=10ms");
+  const NbdOptions options = OneConnectionOf64KiB();
+  auto sink = OpenNbdSink(server->uri(), options);
+  ASSERT_TRUE(sink.ok()) << sink.error().ToString();
+  auto data = RandomBytes(16 << 20, 7);
+  std::vector<Status> results(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint64_t off = static_cast<uint64_t>(t) << 20; off < data.size(); off += 4 << 20) {
+        Status s = (*sink)->WriteAt(off, std::span(data).subspan(off, 1 << 20));
+        if (!s.ok() && results[t].ok()) results[t] = s;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_TRUE(results[t].ok()) << results[t].error().ToString();
+  ASSERT_TRUE((*sink)->Flush().ok());
+  EXPECT_GT(NbdMaxInFlight(**sink), 16u);  // one call is 16 commands
+  auto source = OpenNbdSource(server->uri());
+  ASSERT_TRUE(source.ok());
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE((*source)->ReadAt(0, back).ok());
+  EXPECT_TRUE(back == data);
+}
+
 TEST_F(BlockioNbdTest, ExtentsMatchNbdinfoMap) {
   BARGE_REQUIRE_TOOL("nbdkit");
   BARGE_REQUIRE_TOOL("nbdinfo");

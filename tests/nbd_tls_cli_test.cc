@@ -551,9 +551,9 @@ TEST_F(NbdTlsTest, SeveralConnectionsOverTlsReadTheSameBytes) {
   EXPECT_EQ((*source)->connections(), 4u);
   EXPECT_EQ((*source)->name(), "nbds://" + server->hostport() + "/");
   // Over TLS: 1 MiB requests (a copy then reads 4 of them per call;
-  // docs/benchmarks.md), 4 streams.
+  // docs/benchmarks.md), 2 callers per connection sharing its queue.
   EXPECT_EQ((*source)->capabilities().preferred_request_bytes, 1u << 20);
-  EXPECT_EQ((*source)->capabilities().blocking_read_streams, 4u);
+  EXPECT_EQ((*source)->capabilities().blocking_read_streams, 8u);
   source->reset();
   {
     // The same export in plaintext keeps nbdcopy's 256 KiB.
