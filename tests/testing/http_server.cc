@@ -36,26 +36,6 @@ int ListenLoopback(int* port) {
   return fd;
 }
 
-int FreePort() {
-  int port = 0;
-  int fd = ListenLoopback(&port);
-  if (fd >= 0) ::close(fd);
-  return port;
-}
-
-bool Listening(int port) {
-  std::ifstream in("/proc/net/tcp");
-  std::string line;
-  char want[16];
-  std::snprintf(want, sizeof want, "0100007F:%04X", port);
-  while (std::getline(in, line)) {
-    std::istringstream f(line);
-    std::string slot, local, remote, state;
-    if (f >> slot >> local >> remote >> state && local == want && state == "0A") return true;
-  }
-  return false;
-}
-
 bool WriteAll(int fd, const char* p, size_t n) {
   while (n > 0) {
     ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
@@ -67,6 +47,26 @@ bool WriteAll(int fd, const char* p, size_t n) {
 }
 
 }  // namespace
+
+int FreeLoopbackPort() {
+  int port = 0;
+  int fd = ListenLoopback(&port);
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+bool ListeningOn(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  char want[16];
+  std::snprintf(want, sizeof want, "0100007F:%04X", port);
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state;
+    if (f >> slot >> local >> remote >> state && local == want && state == "0A") return true;
+  }
+  return false;
+}
 
 Nginx::Nginx() {
   const std::string d = dir_.path().string();
@@ -89,8 +89,8 @@ Nginx::Nginx() {
     failure_ = "certtool/openssl: " + r.output;
     return;
   }
-  http_port_ = FreePort();
-  https_port_ = FreePort();
+  http_port_ = FreeLoopbackPort();
+  https_port_ = FreeLoopbackPort();
   WriteText(d + "/nginx.conf",
             "daemon off;\nmaster_process off;\nuser root;\nworker_processes 1;\npid " + d + "/nginx.pid;\n"
             "error_log " + d + "/error.log;\nevents { worker_connections 256; }\n"
@@ -116,7 +116,7 @@ Nginx::Nginx() {
     ::_exit(127);
   }
   for (int i = 0; i < 500; ++i) {
-    if (Listening(http_port_) && Listening(https_port_)) return;
+    if (ListeningOn(http_port_) && ListeningOn(https_port_)) return;
     if (::waitpid(pid_, nullptr, WNOHANG) == pid_) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -15,6 +15,12 @@
 
 namespace barge::testing {
 
+// A free TCP port on 127.0.0.1 (the kernel's pick; released for a server).
+int FreeLoopbackPort();
+// True once something listens on 127.0.0.1:port (/proc/net/tcp, state 0A),
+// read without connecting so the server serves no probe.
+bool ListeningOn(int port);
+
 // nginx (nginx-light) as our child, stopped by its PID when destroyed. Its
 // folder (a fresh TempDir) holds www/ (what it serves, as root/), the
 // configuration, a CA (ca-cert.pem) and the server's certificate for
