@@ -96,7 +96,8 @@ struct HttpClient::Attempt {
   std::span<std::byte> out;
   // Out.
   HttpResponseHead head;
-  bool head_ok = false;  // a 206 for our range of `expect`'s object
+  bool head_done = false;  // the final response's head arrived whole
+  bool head_ok = false;    // a 206 for our range of `expect`'s object
   std::optional<Error> fatal;  // what no retry can fix
   std::string refused;         // why the body was not taken (retryable)
   uint64_t received = 0;
@@ -158,7 +159,8 @@ size_t OnHeader(char* data, size_t size, size_t count, void* user) {
   const bool end_of_head = line == "\r\n" || line == "\n";
   if (!end_of_head) {
     AddHttpHeadLine(line, a.head);
-  } else if (a.head.status >= 200) {
+  } else if (a.head.status >= 200 && (a.head.status < 300 || a.head.status == 304)) {
+    a.head_done = true;
     ValidateHead(a);
   }
   return size * count;
@@ -309,7 +311,8 @@ Result<HttpObject> HttpClient::Probe() {
     if (a.fatal) return a.fatal->set_path(shown_url_);
     if (auto e = FinalError(a, options_.max_redirects)) return e->set_path(shown_url_);
     const HttpResponseHead& h = a.head;
-    if (!h.malformed && (h.status == 200 || h.status == 206)) {
+    // A head cut short (no blank line yet) is retried like any cut.
+    if (a.head_done && !h.malformed && (h.status == 200 || h.status == 206)) {
       HttpObject obj;
       obj.etag = h.etag;
       obj.last_modified = h.last_modified;

@@ -64,12 +64,12 @@ Result<OpenedSource> OpenHttp(Env& env, const SourceSpec& spec, formats::OpenOpt
   out.remote_version = name + " length " + std::to_string(opened.object.length_bytes) + " etag " +
                        opened.object.etag + " modified " + opened.object.last_modified;
   auto held = std::make_shared<std::unique_ptr<BlockSource>>(std::move(opened.source));
-  formats::SourceOpener opener = [held](const std::string& path) -> Result<std::unique_ptr<BlockSource>> {
+  formats::SourceOpener opener = [held, name](const std::string&) -> Result<std::unique_ptr<BlockSource>> {
     if (!*held) {
       return Error::InvalidArgument(
                  "the image behind the URL names a backing or data file; barge reads one object per URL and "
                  "follows no file or URL an image names (flatten it first, or download the chain)")
-          .set_path(RedactUri(path));
+          .set_path(name);
     }
     return std::unique_ptr<BlockSource>(std::move(*held));
   };

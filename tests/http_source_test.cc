@@ -119,7 +119,7 @@ TEST_F(HttpSourceTest, BackupReplicateAndImageAddTakeAUrl) {
   EXPECT_TRUE(Has(manifest.dump(), nginx_->http("disk.qcow2"))) << manifest.dump();
 
   const std::string copy = dir_ / "copy.raw";
-  testing::RunOk(Barge("replicate " + Q(nginx_->http("disk.raw")) + " " + Q(copy)));
+  testing::RunOk(Barge("replicate " + Q(nginx_->http("disk.raw")) + " --to " + Q(copy)));
   ExpectSame("disk.raw", copy);
 
   const std::string catalog = dir_ / "catalog.db", disk = dir_ / "disk1";
