@@ -9,6 +9,7 @@
 #include "cli/copy_flags.h"
 #include "cli/group_flag.h"
 #include "cli/hook_flags.h"
+#include "cli/http_flags.h"
 #include "cli/nbd_flags.h"
 #include "cli/owner_flag.h"
 #include "cli/progress.h"
@@ -37,6 +38,7 @@ struct BackupArgs {
   std::string catalog;  // --base image:NAME: the image catalog
   std::string changed_by;  // "", "bitmap", "digests", "bitmap+digests"
   NbdFlags nbd;
+  HttpFlags http;
   std::string snapshot;
   std::string group;  // --group
   HookFlags hooks;
@@ -161,6 +163,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.source.allow_any_path = a.flags.allow_any_path;
   req.source.allow_dirs = a.flags.allow_dirs;
   req.source.nbd = a.nbd.access;
+  req.source.http = a.http.options;
   req.source.snapshot = a.snapshot;
   req.target_dir = a.target;
   req.disk_name = a.name;
@@ -244,7 +247,7 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
   auto* cmd = AddCommand(app, "backup", "Back up a disk (full, or incremental from a dirty bitmap, an extents file or digests)",
                          exit_code, [args](Output& out) { return RunBackupCommand(*args, out); });
   AddAllowOtherOwnerFlag(cmd);
-  cmd->add_option("--source", args->source, "Disk to read: image file, block device or nbd:// URI")
+  cmd->add_option("--source", args->source, "Disk to read: image file, block device, nbd:// URI or http(s):// URL")
       ->required();
   cmd->add_option("--source-format", args->source_format,
                   "raw or qcow2 (a file is detected when omitted; raw is never probed)")
@@ -301,6 +304,7 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
                 "of the clusters it calls unchanged (by default up to 64 are compared with the chain; any "
                 "that differ mean another disk's file under this path, and a full is taken)");
   args->nbd.AddTo(cmd, "an nbd:// or nbds:// source");
+  args->http.AddTo(cmd);
   args->flags.allow_any_path = false;
   cmd->add_flag("--allow-any-path", args->flags.allow_any_path,
                 "Allow a qcow2 source's backing/data files outside its folder");

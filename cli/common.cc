@@ -34,6 +34,14 @@ Result<formats::OpenOptions> ImageFlags::ToOpenOptions() const {
 
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
                                                       const formats::OpenOptions& options) {
+  if (IsHttpUrl(path)) {
+    pipeline::SourceSpec spec;
+    spec.location = path;
+    spec.snapshot = options.snapshot;
+    if (options.format) spec.format = std::string(formats::ImageFormatName(*options.format));
+    BARGE_ASSIGN_OR_RETURN(pipeline::OpenedSource opened, pipeline::OpenSource(Env::Default(), spec));
+    return std::move(opened.image);
+  }
   if (IsNbdUri(path)) {
     if (options.format == formats::ImageFormat::kQcow2) {
       return Error::NotSupported("an NBD export is read as served (raw); qcow2 over NBD is not read").set_path(path);
@@ -50,7 +58,7 @@ Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
 }
 
 void WarnIfMisnamed(Output& out, const std::string& path, const std::string& format_flag) {
-  if (!format_flag.empty() || IsNbdUri(path)) return;
+  if (!format_flag.empty() || IsNbdUri(path) || IsHttpUrl(path)) return;
   std::string lower = path;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (!lower.ends_with(".qcow2")) return;

@@ -4,6 +4,7 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/group_flag.h"
+#include "cli/http_flags.h"
 #include "cli/nbd_flags.h"
 #include "cli/progress.h"
 #include "pipeline/convert.h"
@@ -18,6 +19,7 @@ struct ConvertArgs {
   ImageFlags flags;
   CopyFlags copy;
   NbdFlags nbd;
+  HttpFlags http;
   std::string backing, backing_format;
   std::string snapshot;
   bool force = false;
@@ -44,6 +46,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   req.source.allow_dirs = a.flags.allow_dirs;
   req.source.snapshot = a.snapshot;
   req.source.nbd = a.nbd.access;
+  req.source.http = a.http.options;
   req.destination = a.dest;
   req.format = qcow2 ? pipeline::DestinationFormat::kQcow2 : pipeline::DestinationFormat::kRaw;
   req.backing = a.backing;
@@ -92,7 +95,7 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code) {
   auto* cmd = AddCommand(
       app, "convert", "Copy an image (raw, qcow2 chain, block device, NBD URI) to raw or qcow2", exit_code,
       [args](Output& out) { return RunConvert(*args, out); });
-  cmd->add_option("source", args->source, "Source image, block device or nbd:// URI")->required();
+  cmd->add_option("source", args->source, "Source image, block device, nbd:// URI or http(s):// URL")->required();
   cmd->add_option("dest", args->dest, "Destination file or block device")->required();
   cmd->add_option("-O,--output-format", args->output_format, "raw or qcow2")
       ->check(CLI::IsMember({"raw", "qcow2"}))
@@ -102,6 +105,7 @@ void RegisterConvertCommand(CLI::App& app, int& exit_code) {
                   "Read the qcow2 source at this internal snapshot (id or name), as qemu-img convert -l does");
   args->copy.AddTo(cmd, "none", kAllCopyFlags | kNbdFlags);
   args->nbd.AddTo(cmd, "an nbd:// or nbds:// source");
+  args->http.AddTo(cmd);
   cmd->add_option("--backing", args->backing,
                   "qcow2 output: backing file to store by this name (relative to the output); "
                   "only clusters that differ from it are written");

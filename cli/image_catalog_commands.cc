@@ -5,6 +5,7 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/http_flags.h"
 #include "cli/interrupt.h"
 #include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/catalog/image_catalog.h"
@@ -18,6 +19,7 @@ struct CatalogArgs {
   std::string catalog;
   std::string name, source, expected_sha512, disk, disks, unused_for = "24h";
   CopyFlags copy;
+  HttpFlags http;  // image add
   bool verify = false;
   bool dry_run = false;
 };
@@ -76,6 +78,7 @@ Status ApplyCopy(const CatalogArgs& a, pipeline::ReplicateOptions& o) {
 int RunAdd(const CatalogArgs& a, Output& out) {
   pipeline::ReplicateOptions o;
   if (Status s = ApplyCopy(a, o); !s.ok()) return out.Usage(s.error().message());
+  o.source_http = a.http.options;
   WarnIfMisnamed(out, a.source, "");
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return out.Fail(cat.error());
@@ -211,10 +214,11 @@ void RegisterImageCatalogCommands(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(*image, "add", "Prepare the first ready copy of an image on a disk folder", exit_code,
                            [a](Output& out) { return RunAdd(*a, out); });
     cmd->add_option("name", a->name, "Image name (the copy's file name)")->required();
-    cmd->add_option("--source", a->source, "Raw/qcow2 file, block device or nbd:// URI")->required();
+    cmd->add_option("--source", a->source, "Raw/qcow2 file, block device, nbd:// URI or http(s):// URL")->required();
     cmd->add_option("--expected-sha512", a->expected_sha512, "SHA-512 of the logical content");
     cmd->add_option("--disk", a->disk, "Disk folder for the first copy")->required();
     cmd->add_flag("--verify", a->verify, "Re-read the copy and compare digests");
+    a->http.AddTo(cmd);
     a->copy.AddTo(cmd, "none");
     add_common(cmd, *a);
   }

@@ -8,6 +8,7 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
+#include "cli/http_flags.h"
 #include "cli/nbd_flags.h"
 #include "cli/interrupt.h"
 #include "cli/progress.h"
@@ -30,6 +31,7 @@ struct ReplicateArgs {
   ImageFlags flags;
   CopyFlags copy;
   NbdFlags nbd;
+  HttpFlags http;
   double stall_timeout_s = 60;
   bool verify = false;
   bool force = false;
@@ -137,11 +139,14 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   spec.allow_dirs = a.flags.allow_dirs;
   spec.nbd_retry = o.copy.nbd_retry;
   spec.nbd = a.nbd.access;
+  spec.http = a.http.options;
   WarnIfMisnamed(out, a.source, a.flags.format);
   auto src = pipeline::OpenSource(Env::Default(), spec);
   if (!src.ok()) return out.Fail(src.error());
   o.source_location = a.source;
   o.source_format = src->format_name();
+  // A staged copy of a download resumes only from the same version.
+  if (!src->remote_version.empty()) o.resume_identity = src->remote_version;
   if (Status s = pipeline::CheckQcow2Shaping(o.format, a.format, src->format_name(), a.copy.compress_given(),
                                              a.copy.cluster_size_given());
       !s.ok()) {
@@ -224,7 +229,7 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
   auto* cmd = AddCommand(
       app, "replicate", "Copy one image to several files in one read pass, SHA-512 checked and recorded",
       exit_code, [args](Output& out) { return RunReplicateCommand(*args, out); });
-  cmd->add_option("source", args->source, "Source: raw/qcow2 file, block device or nbd:// URI")->required();
+  cmd->add_option("source", args->source, "Source: raw/qcow2 file, block device, nbd:// URI or http(s):// URL")->required();
   cmd->add_option("--to", args->to,
                   "Destination file, or nbd:// / nbds:// / nbd+unix:// export written in place, raw (repeatable)")
       ->required();
@@ -255,6 +260,7 @@ void RegisterReplicateCommand(CLI::App& app, int& exit_code) {
                   "$XDG_STATE_HOME/barge/replicate)")
       ->type_name("DIR");
   args->nbd.AddTo(cmd, "an nbd:// or nbds:// source and NBD targets");
+  args->http.AddTo(cmd);
 }
 
 }  // namespace barge::cli

@@ -50,6 +50,8 @@ ResumeKey KeyFor(Env& env, const BackupRequest& req, const BackupRun& run, const
       k.source_stamp = std::to_string(st->size_bytes) + "@" + std::to_string(st->mtime_ns);
     }
   }
+  // A download changed on the server since would mix two versions too.
+  if (!run.src.remote_version.empty()) k.source_stamp = run.src.remote_version;
   k.virtual_size = run.size;
   k.cluster_size = run.cluster;
   k.compression = formats::CompressionSpec{req.compression, req.compression_level}.ToString();

@@ -17,6 +17,10 @@ formats::DiskIdentity IdentityOf(Env& env, const SourceSpec& spec, const OpenedS
       id.kind = "nbd";
       id.location = RedactNbdUri(spec.location);
       break;
+    case SourceKind::kHttp:
+      id.kind = "url";
+      id.location = RedactHttpUrl(spec.location);
+      break;
     case SourceKind::kBlockDevice:
       id.kind = "block";
       id.location = CanonicalPath(env, spec.location);

@@ -1,7 +1,9 @@
 // Source opening for every job.
 #include "pipeline/endpoints.h"
 
+#include "blockio/http_source.h"
 #include "blockio/path.h"
+#include "pipeline/http_endpoint.h"
 
 namespace barge::pipeline {
 
@@ -10,6 +12,7 @@ std::string_view SourceKindName(SourceKind kind) {
     case SourceKind::kFile: return "file";
     case SourceKind::kBlockDevice: return "block device";
     case SourceKind::kNbd: return "nbd";
+    case SourceKind::kHttp: return "url";
   }
   return "unknown";
 }
@@ -46,6 +49,39 @@ Result<std::unique_ptr<formats::Image>> OpenImageFile(Env& env, const std::strin
   return formats::OpenImage(path, EnvSourceOpener(env), options);
 }
 
+namespace {
+
+// The image behind an http(s) URL: the object itself, and nothing it names.
+Result<OpenedSource> OpenHttp(Env& env, const SourceSpec& spec, formats::OpenOptions options) {
+  const std::string name = RedactHttpUrl(spec.location);
+  if (!spec.snapshot.empty() && spec.format == "raw") {
+    return Error::InvalidArgument("a raw image has no internal snapshots").set_path(name);
+  }
+  BARGE_ASSIGN_OR_RETURN(HttpOptions http, HttpOptionsFor(env, spec.http));
+  BARGE_ASSIGN_OR_RETURN(HttpSourceOpened opened, OpenHttpSource(spec.location, http));
+  OpenedSource out;
+  out.kind = SourceKind::kHttp;
+  out.remote_version = name + " length " + std::to_string(opened.object.length_bytes) + " etag " +
+                       opened.object.etag + " modified " + opened.object.last_modified;
+  auto held = std::make_shared<std::unique_ptr<BlockSource>>(std::move(opened.source));
+  formats::SourceOpener opener = [held, name](const std::string&) -> Result<std::unique_ptr<BlockSource>> {
+    if (!*held) {
+      return Error::InvalidArgument(
+                 "the image behind the URL names a backing or data file; barge reads one object per URL and "
+                 "follows no file or URL an image names (flatten it first, or download the chain)")
+          .set_path(name);
+    }
+    return std::unique_ptr<BlockSource>(std::move(*held));
+  };
+  // Names inside the image are never resolved against this machine's folders.
+  options.allow_any_path = false;
+  options.allowed_dirs = {};
+  BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(name, opener, options));
+  return out;
+}
+
+}  // namespace
+
 Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec) {
   OpenedSource out;
   formats::OpenOptions options;
@@ -81,6 +117,7 @@ Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec) {
     BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(name, opener, options));
     return out;
   }
+  if (IsHttpUrl(spec.location)) return OpenHttp(env, spec, options);
   auto st = env.Stat(spec.location);
   out.kind = st.ok() && st->is_block_device() ? SourceKind::kBlockDevice : SourceKind::kFile;
   ApplyFolderRule(options, spec.location, spec.allow_any_path, spec.allow_dirs);

@@ -1,5 +1,6 @@
 // Opening what jobs read from: image files (raw or qcow2 with its chain),
-// block devices and NBD exports, all as a formats::Image guest view.
+// block devices, NBD exports and http(s):// URLs, all as a formats::Image
+// guest view.
 #pragma once
 
 #include <memory>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "blockio/env.h"
+#include "blockio/http_client.h"
 #include "blockio/nbd.h"
 #include "pipeline/nbd_endpoint.h"
 #include "formats/image.h"
@@ -14,7 +16,7 @@
 namespace barge::pipeline {
 
 struct SourceSpec {
-  std::string location;  // path, block device or NBD URI
+  std::string location;  // path, block device, NBD URI or http(s):// URL
   // "" = detect for files (qcow2 magic, else raw). "raw" is never probed: a
   // raw disk whose first bytes look like qcow2 stays raw. NBD is always raw.
   std::string format;
@@ -27,21 +29,31 @@ struct SourceSpec {
   // of its active state (formats::OpenOptions::snapshot); "" = active.
   // Refused for NBD exports and raw images.
   std::string snapshot;
+  // TLS authorities, credentials file, timeouts and retries of an http(s)
+  // URL (HttpOptionsFor checks its files); ignored for other locations.
+  HttpOptions http;
 };
 
-enum class SourceKind : uint8_t { kFile, kBlockDevice, kNbd };
+enum class SourceKind : uint8_t { kFile, kBlockDevice, kNbd, kHttp };
 std::string_view SourceKindName(SourceKind kind);
 
 struct OpenedSource {
   std::unique_ptr<formats::Image> image;  // the guest view
   SourceKind kind = SourceKind::kFile;
   NbdSource* nbd = nullptr;  // points into `image` when kind == kNbd
+  // kHttp: the URL without credentials and the object's length, ETag and
+  // Last-Modified, which pin what was read (a resumed copy must be of the
+  // same version: ReplicateOptions::resume_identity).
+  std::string remote_version;
   // "raw", "qcow2" or "nbd" (as recorded in manifests).
   std::string format_name() const;
 };
 
 // Files, block devices and backing chains are opened through `env`, which
-// must outlive the opened source.
+// must outlive the opened source. An http(s) URL is one object read by
+// ranged GETs (blockio/http_source.h), qcow2 or raw as probed; a qcow2
+// behind a URL that names a backing or data file is refused
+// (kInvalidArgument): barge follows no second object from a URL.
 Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec);
 
 // The folder rule of an image opened by path (--allow-any-path,

@@ -15,8 +15,8 @@ std::string OctalMode(uint32_t mode) {
   return buf;
 }
 
-// A key file: it exists, is a regular file (after links) and only its
-// owner may read or write it. `what` says what it is, for messages.
+}  // namespace
+
 Status CheckPrivateFile(Env& env, const std::string& path, const std::string& what) {
   auto st = env.Stat(path);
   if (!st.ok()) {
@@ -31,6 +31,8 @@ Status CheckPrivateFile(Env& env, const std::string& path, const std::string& wh
   }
   return OkStatus();
 }
+
+namespace {
 
 // An x509 client folder as libnbd reads it: ca-cert.pem to verify the
 // server; client-cert.pem and client-key.pem when the server verifies us.

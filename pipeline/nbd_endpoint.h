@@ -30,6 +30,11 @@ struct NbdAccess {
 //   the certificates folder must exist and hold ca-cert.pem;
 //   a file or folder that does not exist is kNotFound naming it.
 // Errors name the file, never the URI's other parts.
+// A key or credentials file: it exists (else kNotFound), is a regular file
+// (after links) and only its owner may read or write it (else
+// kInvalidArgument "... are too open"). `what` says what it is, for messages.
+Status CheckPrivateFile(Env& env, const std::string& path, const std::string& what);
+
 Result<NbdOptions> NbdOptionsFor(Env& env, const std::string& uri, const NbdAccess& access);
 
 }  // namespace barge::pipeline

@@ -17,6 +17,7 @@
 
 #include "blockio/env.h"
 #include "blockio/error.h"
+#include "blockio/http_client.h"
 #include "formats/image.h"
 #include "pipeline/backup_resume.h"
 #include "pipeline/copy.h"
@@ -133,6 +134,9 @@ struct ReplicateOptions {
   // tls-certificates= and tls-psk-file= count too). TLS requested is TLS
   // required.
   NbdAccess nbd;
+  // An http(s) source's TLS and credentials, for callers that open the
+  // source from these options (image add).
+  HttpOptions source_http;
   // Where each NBD target's checksum record and resume journal are kept
   // (NbdTargetStatePath); created when missing. Required when a
   // destination is an NBD URI.

@@ -7,7 +7,7 @@ set -euo pipefail
 profile=${1:-test}
 
 build_pkgs=(cmake ninja-build g++ pkg-config libtbb-dev libzstd-dev libxxhash-dev
-  libnbd-dev libgnutls28-dev libvirt-dev liburing-dev zlib1g-dev libssl-dev libsqlite3-dev
+  libnbd-dev libgnutls28-dev libcurl4-openssl-dev libvirt-dev liburing-dev zlib1g-dev libssl-dev libsqlite3-dev
   nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev
   # barge serve: prometheus-cpp's Exposer (/metrics) on civetweb, whose C
   # API answers /healthz.
@@ -40,6 +40,9 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   # tests/nbd_tls_cli_test.cc and bench/nbd_tls.sh; ip (netns, veth) puts
   # the bench's server on another "host".
   gnutls-bin iproute2
+  # tests/http_source_test.cc: a real web server with byte ranges, HTTP and
+  # HTTPS (certtool certificate), basic auth (openssl passwd).
+  nginx-light openssl
   # tests/slurm_fleet_test.cc: a real Slurm on one machine (munged,
   # slurmctld, slurmd) runs deploy/slurm/barge-array.sbatch; python3-yaml
   # reads deploy/kubernetes/ in tests/deploy_kubernetes_check.py.

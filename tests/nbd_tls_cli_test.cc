@@ -22,6 +22,7 @@
 #include "blockio/env.h"
 #include "pipeline/nbd_endpoint.h"
 #include "tests/testing/cli_testing.h"
+#include "tests/testing/http_server.h"
 
 namespace barge {
 namespace {
@@ -29,7 +30,9 @@ namespace {
 using nlohmann::json;
 using ::barge::testing::Barge;
 using ::barge::testing::CommandResult;
+using ::barge::testing::FreeLoopbackPort;
 using ::barge::testing::Has;
+using ::barge::testing::ListeningOn;
 using ::barge::testing::Q;
 using ::barge::testing::Sh;
 using ::barge::testing::Slurp;
@@ -38,38 +41,6 @@ using ::barge::testing::WriteText;
 
 // The PSK the tests share with qemu-nbd; its hex must appear in no output.
 constexpr const char* kPskHex = "7d2fa9c04be31186a5d0c3f7e9b2146d8a5c01e7f3b96d2a";
-
-// A free TCP port on 127.0.0.1 (the kernel's pick; released for the server).
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// True once something listens on 127.0.0.1:port (/proc/net/tcp, state 0A),
-// read without connecting so the server serves no probe.
-bool ListeningOn(int port) {
-  std::ifstream in("/proc/net/tcp");
-  std::string line;
-  char want[16];
-  std::snprintf(want, sizeof want, "0100007F:%04X", port);
-  while (std::getline(in, line)) {
-    std::istringstream f(line);
-    std::string slot, local, remote, state;
-    if (f >> slot >> local >> remote >> state && local == want && state == "0A") return true;
-  }
-  return false;
-}
 
 // A qemu-nbd on 127.0.0.1:port, our child, stopped by its PID (SIGTERM,
 // then SIGKILL) when destroyed.
@@ -84,7 +55,7 @@ class TcpQemuNbd {
     return std::unique_ptr<TcpQemuNbd>(new TcpQemuNbd("nbdkit -f -i 127.0.0.1 -p", args, 0));
   }
   // `program` ends with its port option; the port follows it.
-  TcpQemuNbd(const std::string& program, const std::string& args, int port) : port_(port != 0 ? port : FreePort()) {
+  TcpQemuNbd(const std::string& program, const std::string& args, int port) : port_(port != 0 ? port : FreeLoopbackPort()) {
     std::string shell = "exec " + program + " " + std::to_string(port_) + " " + args + " >/dev/null 2>&1";
     pid_ = ::fork();
     if (pid_ == 0) {

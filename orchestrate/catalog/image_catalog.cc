@@ -389,7 +389,10 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
     if (!holder.empty()) return Error::InvalidArgument(TakenMessage(name, copy.path, holder)).set_path(copy.path);
     BARGE_ASSIGN_OR_RETURN(
         auto ins, db_->Prepare("INSERT INTO images (name, source, expected_sha512, created) VALUES (?1, ?2, ?3, ?4)"));
-    BARGE_RETURN_IF_ERROR(ins.Bind(1, name).Bind(2, source).Bind(3, expected_sha512).Bind(4, Now()).Run());
+    // The origin as recorded: a URL without credentials (image sync may
+    // download it again).
+    const std::string origin = IsHttpUrl(source) ? RedactHttpUrl(source) : source;
+    BARGE_RETURN_IF_ERROR(ins.Bind(1, name).Bind(2, origin).Bind(3, expected_sha512).Bind(4, Now()).Run());
     BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
     BARGE_RETURN_IF_ERROR(tx->Commit());
   }
@@ -414,9 +417,12 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   };
   pipeline::SourceSpec spec;
   spec.location = source;
+  spec.http = options.source_http;
   auto src = pipeline::OpenSource(env_, spec);
   if (!src.ok()) return finish(src.error());
   o.source_format = src->format_name();
+  // A staged part of a download resumes only from the same version.
+  if (!src->remote_version.empty()) o.resume_identity = src->remote_version;
   o.progress = PercentRecorder(copy);
   std::vector<std::string> dests = {copy.path};
   auto r = pipeline::RunReplicate(env_, *src->image, dests, o);

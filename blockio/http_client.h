@@ -1,0 +1,106 @@
+// The one HTTP(S) layer of barge (libcurl): ranged GETs of one remote
+// object with TLS verified, timeouts, retry with backoff and jitter, and the
+// object's identity (length, ETag, Last-Modified) checked on every answer.
+// Image sources read through it (blockio/http_source.h); object storage is
+// meant to reuse it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blockio/error.h"
+
+namespace barge {
+
+// True for "http://" and "https://" locations (scheme case-insensitive).
+bool IsHttpUrl(std::string_view location);
+
+// The URL as it is shown and recorded: RedactUri's form (credential query
+// parameters dropped) without any user part.
+std::string RedactHttpUrl(std::string_view url);
+
+// kInvalidArgument (naming the URL without its secrets) for a URL barge
+// does not fetch: credentials in it ("user:password@": they would end up in
+// process lists and records; use a netrc file), no host, blanks or control
+// characters, a scheme other than http/https.
+Status CheckHttpUrl(std::string_view url);
+
+struct HttpOptions {
+  // PEM file of the certificate authorities to verify the server with;
+  // "" = the system's store. Verification is never turned off.
+  std::string ca_file;
+  // Credentials in netrc form (machine HOST login USER password PASS),
+  // used by libcurl for the URL's host only; "" = none.
+  std::string netrc_file;
+  int connect_timeout_ms = 15000;
+  // A transfer that moves no byte for this long is cut and retried.
+  int stall_timeout_ms = 30000;
+  // Attempts of one request that make no progress, the first included;
+  // an attempt that received bytes resets the count.
+  int max_attempts = 6;
+  int backoff_initial_ms = 200;  // doubled per failed attempt, with jitter
+  int backoff_max_ms = 10000;
+  int max_redirects = 5;  // more is refused as a redirect loop
+};
+
+// What the server said about the object on the first request.
+struct HttpObject {
+  uint64_t length_bytes = 0;
+  std::string etag;           // "" when the server sends none
+  std::string last_modified;  // ditto
+  std::string content_type;
+  bool ranges = false;  // a Range request was answered with 206
+};
+
+// Requests to one URL. Thread-safe: each request takes a connection (a
+// libcurl easy handle) from a pool, so several are in flight at once.
+class HttpClient {
+ public:
+  // Refuses what CheckHttpUrl refuses; sends nothing yet.
+  static Result<std::unique_ptr<HttpClient>> Create(std::string url, HttpOptions options);
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  const std::string& shown_url() const { return shown_url_; }
+
+  // Asks for the first byte (Range: bytes=0-0) and reports the object.
+  // Errors: kNotFound (404, 410); kInvalidArgument for what retrying cannot
+  // fix (TLS verification failed, a redirect loop, 401/403, an HTML page
+  // where an image was asked for, another 4xx); kIoError after the attempts
+  // for a peer that keeps failing (connection refused, 5xx, cut, stalled).
+  Result<HttpObject> Probe();
+
+  // Reads exactly out.size() bytes at `offset` of the object `expect`
+  // describes (Probe's answer, ranges true). A cut or stalled transfer is
+  // resumed at the first byte not yet received, after a backoff. An answer
+  // whose length, ETag or Last-Modified differs from `expect` is
+  // kCorruption ("changed on the server"): bytes of two versions are never
+  // mixed. A body shorter or longer than asked is retried, then kIoError.
+  Status ReadRange(const HttpObject& expect, uint64_t offset, std::span<std::byte> out);
+
+  // Implementation details (http_client.cc), public for its callbacks.
+  struct Handle;
+  struct Attempt;
+
+ private:
+  HttpClient(std::string url, HttpOptions options);
+  std::unique_ptr<Handle> Acquire();
+  void Release(std::unique_ptr<Handle> handle);
+  // One request for [first, last] of the object into `out`; fills `attempt`.
+  void Perform(Handle& handle, uint64_t first, uint64_t last, std::span<std::byte> out, Attempt& attempt);
+  void Backoff(int failed_attempts);
+
+  const std::string url_;
+  const std::string shown_url_;
+  const HttpOptions options_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Handle>> idle_;  // guarded by mu_
+};
+
+}  // namespace barge
