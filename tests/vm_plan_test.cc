@@ -59,7 +59,7 @@ class VmPlanTest : public VmTestBase {
     std::string out = "checkpoints:\n" + Checkpoints(domain);
     std::map<std::string, std::string> files;
     std::vector<fs::directory_entry> entries;
-    for (const fs::path& root : {fs::path(target_), dir_ / "state"}) {
+    for (const std::string& root : {std::string(target_), std::string(dir_ / "state")}) {
       for (const auto& e : fs::recursive_directory_iterator(root)) {
         if (e.path().filename().string().rfind("catalog.db", 0) != 0) entries.push_back(e);
       }
@@ -118,7 +118,9 @@ class VmPlanTest : public VmTestBase {
       } else {
         ASSERT_TRUE(d.contains("resume")) << b.dump() << "\n" << plan.dump();
         EXPECT_EQ(d["resume"]["resumed"], p["staged"] == "resume") << b.dump() << "\n" << plan.dump();
-        if (p["staged"] == "start over") EXPECT_EQ(d["resume"]["problem"], p["resume_refused"]) << b.dump();
+        if (p["staged"] == "start over") {
+          EXPECT_EQ(d["resume"]["problem"], p["resume_refused"]) << b.dump();
+        }
       }
     }
   }
