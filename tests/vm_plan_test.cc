@@ -125,6 +125,17 @@ class VmPlanTest : public VmTestBase {
     }
   }
   json Run(const std::string& domain, const std::string& extra = "") { return Backup(domain, extra); }
+  // Writes 48 MiB of `byte` from 8 MiB on, then runs a vm backup of `dom`
+  // in a child, slowed down, and SIGKILLs it halfway through its copy.
+  void WriteAndKillMidCopy(TestDomain& dom, int byte) {
+    dom.Write(byte, "8M", "48M");
+    dom.Flush();
+    orchestrate::VmBackupRequest req = VmRequest(dom.name(), target_);
+    req.copy.chunk_bytes = 1 << 20;
+    HeldVmBackup run(req, 1, 2);
+    ASSERT_TRUE(run.WaitHeld(std::chrono::milliseconds(2500))) << "the run never copied half of its work";
+    run.Kill();
+  }
 };
 
 // Issue 37: after an incremental killed once its points were written (all
@@ -185,29 +196,13 @@ TEST_F(VmPlanTest, DryRunMatchesTheRunAfterFailedAndKilledRuns) {
   ExpectRunAsPlanned(plan, Run(dom.name()));
 
   // Killed mid-copy: the next run resumes what it staged.
-  dom.Write(0x33, "8M", "48M");
-  dom.Flush();
-  {
-    orchestrate::VmBackupRequest req = VmRequest(dom.name(), target_);
-    req.copy.chunk_bytes = 1 << 20;
-    HeldVmBackup run(req, 1, 2);
-    ASSERT_TRUE(run.WaitHeld(std::chrono::milliseconds(2500)));
-    run.Kill();
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteAndKillMidCopy(dom, 0x33));
   plan = DryRun(dom.name());
   EXPECT_EQ(plan["disks"][0]["staged"], "resume") << plan.dump();
   ExpectRunAsPlanned(plan, Run(dom.name()));
 
   // Killed again; --no-resume: the dry run says it starts over, and why.
-  dom.Write(0x44, "8M", "48M");
-  dom.Flush();
-  {
-    orchestrate::VmBackupRequest req = VmRequest(dom.name(), target_);
-    req.copy.chunk_bytes = 1 << 20;
-    HeldVmBackup run(req, 1, 2);
-    ASSERT_TRUE(run.WaitHeld(std::chrono::milliseconds(2500)));
-    run.Kill();
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteAndKillMidCopy(dom, 0x44));
   plan = DryRun(dom.name(), "--no-resume");
   EXPECT_EQ(plan["disks"][0]["staged"], "start over") << plan.dump();
   EXPECT_EQ(plan["disks"][0]["resume_refused"], "resuming is off") << plan.dump();
