@@ -366,7 +366,33 @@ struct VmBackupArgs {
   HookFlags hooks;
   std::string port_range = orc::kDefaultNbdPortRange;
   std::string group;  // --group
+  bool dry_run = false;
 };
+
+// `vm backup --dry-run`: per disk what the run would do (orc::DryRunVmBackup,
+// the run's own planner), or the refusal it would stop with. Changes nothing.
+int PrintVmBackupPlan(Output& out, const orc::VmBackupRequest& req) {
+  auto f = orc::DryRunVmBackup(Env::Default(), req);
+  if (!f.ok()) return out.Fail(f.error());
+  json disks = json::array();
+  for (const auto& p : f->disks) {
+    disks.push_back({{"disk", p.disk}, {"backup_type", p.incremental ? "incremental" : "full"}, {"reason", p.reason},
+                     {"staged", p.staged}, {"resume_from", p.resume_from}, {"resume_refused", p.resume_refused}});
+  }
+  out.Result({{"dry_run", true}, {"domain", req.domain}, {"tracker", f->tracker}, {"mode", f->mode},
+              {"refusal", f->refusal}, {"disks", disks}});
+  std::ostream& o = out.text();
+  o << "vm backup of " << req.domain << " (dry run)" << (f->tracker.empty() ? "" : ", tracker " + f->tracker) << ", "
+    << (f->mode == "pull" ? "pull mode" : "offline, from the CBT overlays")
+    << (f->refusal.empty() ? "" : ": refused: " + f->refusal) << (f->disks.empty() ? "\n" : ":\n");
+  for (const auto& p : f->disks) {
+    o << "  " << p.disk << ": " << (p.incremental ? "incremental" : "full") << " (" << p.reason << ")";
+    if (p.staged == "resume") o << ", resumes the data staged by an interrupted run (checkpoint " << p.resume_from << ")";
+    if (p.staged == "start over") o << ", starts over: staged data not reusable: " << p.resume_refused;
+    o << "\n";
+  }
+  return int{kExitOk};
+}
 
 void RegisterVmBackup(CLI::App* vm, int& exit_code) {
   auto a = std::make_shared<VmBackupArgs>();
@@ -386,6 +412,7 @@ void RegisterVmBackup(CLI::App* vm, int& exit_code) {
     auto ambiguous = orc::SettleTracker(Env::Default(), req);
     if (!ambiguous.ok()) return out.Fail(ambiguous.error());
     if (!ambiguous->empty()) return out.Usage(*ambiguous);
+    if (a->dry_run) return PrintVmBackupPlan(out, req);
     formats::CompressionSpec compression;
     if (Status s = a->copy.Apply(req.copy, compression); !s.ok()) return out.Usage(s.error().message());
     req.compression = compression.type;
@@ -428,6 +455,8 @@ void RegisterVmBackup(CLI::App* vm, int& exit_code) {
   cmd->add_flag_callback(
       "--no-resume", [a] { a->req.resume = false; },
       "Do not resume what a killed run staged (its data and checkpoint are removed; the run starts over)");
+  cmd->add_flag("--dry-run", a->dry_run,
+                "Only say what the run would do per disk (full, incremental, resume, and why); changes nothing");
   cmd->add_option("--disks", a->disks, "Only these disks (vda,vdb)")->delimiter(',');
   cmd->add_option("--scratch-dir", a->req.scratch_dir,
                   "Existing folder QEMU can see for the job's scratch files (default: /var/tmp)");

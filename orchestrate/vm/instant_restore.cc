@@ -672,113 +672,265 @@ std::string InstantRestoreRecordPath(const std::string& catalog_path, const std:
   return lock.substr(0, lock.size() - std::string_view(".lock").size()) + ".instant-restore";
 }
 
-Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreRequest& req) {
-  const auto start = Clock::now();
-  InstantRestoreResult result;
-  const std::string uri_text = ResolveLibvirtUri(req.libvirt_uri);
-  BARGE_ASSIGN_OR_RETURN(LibvirtUri uri, ParseLibvirtUri(uri_text));
-  const bool remote = uri.remote();
-  if (remote && req.tls_certificates.empty()) {
+namespace {
+
+// The request's own checks: a remote domain needs nbdkit's server
+// certificates and an absolute DISK (a path on the host).
+Status CheckInstantRequest(const InstantRestoreRequest& req, const LibvirtUri& uri) {
+  if (uri.remote() && req.tls_certificates.empty()) {
     return Error::InvalidArgument("a remote domain (" + uri.Redacted() +
                                   ") reads the export over TCP with TLS: give --tls-certificates DIR (ca-cert.pem, "
                                   "server-cert.pem, server-key.pem for this machine's address)");
   }
-  if (remote && !IsAbsolutePath(req.disk)) {
+  if (uri.remote() && !IsAbsolutePath(req.disk)) {
     return Error::InvalidArgument("with a remote --connect, --to is a path on the host: give it absolute")
         .set_path(req.disk);
   }
-  BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
-                                                DomainBusyMessage(req.domain)));
-  const std::string record_path = InstantRestoreRecordPath(req.catalog_path, req.domain);
-  BARGE_ASSIGN_OR_RETURN(std::optional<Record> found, ReadRecord(env, record_path));
-  BARGE_ASSIGN_OR_RETURN(VirConnection conn, ConnectLibvirt(req.libvirt_uri));
-  BARGE_ASSIGN_OR_RETURN(VirDomain dom, LookupDomain(conn.get(), req.domain));
-  const std::string disk_abs = remote ? LexicallyNormal(req.disk) : AbsolutePath(req.disk);
-  BARGE_ASSIGN_OR_RETURN(pipeline::PointLocation where, pipeline::LocatePoint(env, req.chain, req.at));
-  const std::string chain_abs = AbsolutePath(where.chain_dir);
+  return OkStatus();
+}
 
-  if (req.abandon && !found) {
-    return Error::NotFound("no unfinished instant restore of domain '" + req.domain + "' to abandon")
-        .set_path(record_path);
-  }
+// Where a restore stands: the record `found` of an unfinished one (which
+// must be this command's: a rerun continues it), or a new record, written
+// before anything is made (the domain must be shut off; DISK must not
+// exist unless --force; a remote export's port is leased into
+// `port_lease`).
+struct RestoreWhere {
+  std::string record_path;
+  std::string chain_abs;
+  std::string disk_abs;
+  pipeline::PointLocation point;
+};
+Result<Record> BeginRecord(Env& env, virConnectPtr conn, virDomainPtr dom, const InstantRestoreRequest& req,
+                           const LibvirtUri& uri, const std::optional<Record>& found, const RestoreWhere& w,
+                           std::unique_ptr<NbdPortLease>& port_lease, InstantRestoreResult& result) {
+  const bool remote = uri.remote();
   Record r;
-  std::unique_ptr<NbdPortLease> port_lease;  // the remote export's port, held while it serves
   if (found) {
     r = *found;
-    if (r.disk != disk_abs || r.chain != chain_abs || r.remote != remote ||
+    if (r.disk != w.disk_abs || r.chain != w.chain_abs || r.remote != remote ||
         (!req.target.empty() && req.target != r.target)) {
       return Error::InvalidArgument("an unfinished instant restore of this domain (chain " + r.chain + ", point " +
                                     r.point_id + ", disk " + r.target + " to " + r.disk +
                                     (r.remote ? " on the remote host" : "") +
                                     ") is recorded; rerun that command to finish it")
-          .set_path(record_path);
+          .set_path(w.record_path);
     }
     result.resumed = true;
-  } else {
-    BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom.get(), VIR_DOMAIN_XML_INACTIVE));
-    std::string target = req.target;
-    BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(xml, &target));
-    if (DomainIsActive(dom.get())) {
-      return Error::InvalidArgument("domain '" + req.domain +
-                                    "' is running on its own disk; shut it off first (instant restore starts it)");
-    }
-    BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, chain_abs, where.at));
-    r.owner = ProcessOwner::Self(env).Encode();
-    r.chain = chain_abs;
-    r.point_id = reader->manifest().id;
-    r.target = target;
-    r.disk = disk_abs;
-    r.original = d.element;
-    r.remote = remote;
-    if (remote) {
-      r.scratch = DirName(disk_abs);
-      BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn.get(), r, req.domain));
-      if (RemoteFileExists(pool.get(), BaseName(disk_abs)) && !req.force) {
-        IgnoreError(CloseRemoteFolder(pool.get(), r.pool), "nothing was made in it");
-        return Error::InvalidArgument("DISK exists on the host; give --force to replace it").set_path(disk_abs);
-      }
-      BARGE_ASSIGN_OR_RETURN(std::string here, LocalAddressFacing(uri.host));
-      BARGE_ASSIGN_OR_RETURN(port_lease, LeaseExportPort(env, req, here, 0));
-      r.listen = here + ":" + std::to_string(port_lease->port());
-    } else {
-      if (env.Exists(disk_abs) && !req.force) {
-        return Error::InvalidArgument("DISK exists; give --force to replace it").set_path(disk_abs);
-      }
-      r.scratch = JoinPath(DirName(disk_abs), ".barge-instant-" + EscapeLockName(req.domain));
-    }
-    BARGE_RETURN_IF_ERROR(env.CreateDirs(DirName(record_path)));
-    BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
+    return r;
   }
+  BARGE_ASSIGN_OR_RETURN(std::string xml, DomainXml(dom, VIR_DOMAIN_XML_INACTIVE));
+  std::string target = req.target;
+  BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(xml, &target));
+  if (DomainIsActive(dom)) {
+    return Error::InvalidArgument("domain '" + req.domain +
+                                  "' is running on its own disk; shut it off first (instant restore starts it)");
+  }
+  BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, w.chain_abs, w.point.at));
+  r.owner = ProcessOwner::Self(env).Encode();
+  r.chain = w.chain_abs;
+  r.point_id = reader->manifest().id;
+  r.target = target;
+  r.disk = w.disk_abs;
+  r.original = d.element;
+  r.remote = remote;
+  if (remote) {
+    r.scratch = DirName(w.disk_abs);
+    BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn, r, req.domain));
+    if (RemoteFileExists(pool.get(), BaseName(w.disk_abs)) && !req.force) {
+      IgnoreError(CloseRemoteFolder(pool.get(), r.pool), "nothing was made in it");
+      return Error::InvalidArgument("DISK exists on the host; give --force to replace it").set_path(w.disk_abs);
+    }
+    BARGE_ASSIGN_OR_RETURN(std::string here, LocalAddressFacing(uri.host));
+    BARGE_ASSIGN_OR_RETURN(port_lease, LeaseExportPort(env, req, here, 0));
+    r.listen = here + ":" + std::to_string(port_lease->port());
+  } else {
+    if (env.Exists(w.disk_abs) && !req.force) {
+      return Error::InvalidArgument("DISK exists; give --force to replace it").set_path(w.disk_abs);
+    }
+    r.scratch = JoinPath(DirName(w.disk_abs), ".barge-instant-" + EscapeLockName(req.domain));
+  }
+  BARGE_RETURN_IF_ERROR(env.CreateDirs(DirName(w.record_path)));
+  BARGE_RETURN_IF_ERROR(WriteRecord(env, w.record_path, r));
+  return r;
+}
+
+// --abandon: the domain (shut off) goes back to its own disk, the overlay,
+// DISK and the scratch folder go, and the record.
+Status Abandon(Env& env, virConnectPtr conn, virDomainPtr dom, Record& r, const InstantRestoreRequest& req,
+               const std::string& record_path) {
+  if (DomainIsActive(dom)) {
+    return Error::InvalidArgument("domain '" + req.domain +
+                                  "' is running; shut it off first (abandoning drops the guest's writes in the "
+                                  "overlay)");
+  }
+  BARGE_ASSIGN_OR_RETURN(std::string config, DomainXml(dom, VIR_DOMAIN_XML_INACTIVE));
+  std::string t = r.target;
+  BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(config, &t));
+  if (r.pivoted || d.source == r.disk) {
+    return Error::InvalidArgument("the restore of domain '" + req.domain +
+                                  "' is complete on DISK; rerun without --abandon to clean up")
+        .set_path(r.disk);
+  }
+  if (d.source == OverlayPath(r)) BARGE_RETURN_IF_ERROR(Redefine(conn, dom, r.target, r.original));
+  if (r.remote) {
+    BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn, r, req.domain));
+    BARGE_RETURN_IF_ERROR(DeleteRemoteFile(pool.get(), BaseName(r.disk)));
+    BARGE_RETURN_IF_ERROR(RemoveRemoteScratch(conn, r, req.domain));
+  } else {
+    BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch));
+    BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.disk));
+    // The half-restored DISK a run killed during the prefill left under
+    // its temporary name (the domain's lock keeps any other run out).
+    BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(TempPathFor(r.disk)));
+  }
+  return env.UnlinkIfExists(record_path);
+}
+
+// The export's side: remote, the leased port (a rerun's: the same one, where
+// the running domain's QEMU reconnects), nbdkit's certificates and the
+// host's folder (`pool`); local, the scratch folder and QEMU's owner for
+// the socket. Then nbdkit starts (exp.Begin; the caller waits for it).
+Status SetUpExport(Env& env, virConnectPtr conn, const InstantRestoreRequest& req, Record& r,
+                   const std::string& record_path, const std::string& live, std::unique_ptr<NbdPortLease>& port_lease,
+                   ExportThread& exp, VirPool& pool, QemuOwner& qemu_owner) {
+  if (r.remote) {
+    if (port_lease == nullptr) {
+      EndLeftoverExport(env, r);
+      BARGE_ASSIGN_OR_RETURN(port_lease, LeaseExportPort(env, req, r.listen.substr(0, r.listen.rfind(':')),
+                                                         ListenPort(r)));
+    }
+    exp.set_tls_certificates(req.tls_certificates);
+    BARGE_ASSIGN_OR_RETURN(pool, OpenRemoteFolder(conn, r, req.domain));
+    BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));  // the pool's name, when this run made it
+  } else {
+    BARGE_RETURN_IF_ERROR(MakeScratch(env, r.scratch));
+    qemu_owner = QemuDacOwner(conn, live);
+    exp.set_socket_owner(qemu_owner);
+  }
+  exp.Begin(env, r);
+  return OkStatus();
+}
+
+// A shut-off domain's disk put on the overlay over the export (`size`: the
+// point's). An overlay the domain already ran on holds the guest's writes:
+// kept.
+Status PutOnOverlay(Env& env, virConnectPtr conn, virDomainPtr dom, const Record& r, const DomainDisk& now,
+                    VirPool& pool, const QemuOwner& qemu_owner, uint64_t size) {
+  if (r.remote) {
+    if (now.source != OverlayPath(r) || !RemoteFileExists(pool.get(), OverlayName(r))) {
+      BARGE_RETURN_IF_ERROR(CreateRemoteFile(pool.get(), OverlayName(r), "qcow2", size));
+      BARGE_RETURN_IF_ERROR(Redefine(conn, dom, r.target, OverlayElement(r.original, r)));
+    }
+    return OkStatus();
+  }
+  if (now.source == OverlayPath(r) && env.Exists(OverlayPath(r))) return OkStatus();
+  IgnoreError(env.UnlinkIfExists(OverlayPath(r)), "the domain never ran on it");
+  const std::string backing = "nbd+unix:///?socket=" + SocketPath(r);
+  auto created = RunTool(env,
+                         {"qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", "raw",
+                          OverlayPath(r), std::to_string(size)},
+                         r.scratch, "qemu-utils");
+  if (!created.ok()) return std::move(created).error();
+  BARGE_RETURN_IF_ERROR(GiveToQemu(env, OverlayPath(r), qemu_owner, 0600));
+  return Redefine(conn, dom, r.target, OverlayElement(r.original, r));
+}
+
+// Until the pivot the domain runs on the overlay, whatever fails: said so.
+Status OnOverlay(const Record& r, Status s) {
+  if (s.ok() || s.error().code() == ErrorCode::kCancelled) return s;
+  Error e = s.error();
+  e.Wrap("moving " + r.target + " to DISK (the domain stays on the overlay; rerun the same command to continue)");
+  return e;
+}
+
+// DISK gets the point: remote, a new raw file on the host (the mirror
+// fills it through the verifying export); local, barge's verified prefill,
+// unless a run already made it. A damaged point while the domain runs is
+// ServeDamaged's (its error returned).
+Status FillDisk(Env& env, virDomainPtr dom, Record& r, const std::string& record_path,
+                const InstantRestoreRequest& req, ExportThread& exp, VirPool& pool, uint64_t size,
+                InstantRestoreResult& result, int& restarts) {
+  if (r.remote) {
+    if (Status damaged = RecheckDamage(env, r);
+        !damaged.ok() && damaged.error().code() == ErrorCode::kCorruption && DomainIsActive(dom)) {
+      return ServeDamaged(env, dom, r, record_path, req, exp, result, restarts, damaged.error());
+    }
+    // A full copy onto a new DISK every run (one a killed run left may lack
+    // anything); the point's bytes come through the verifying export.
+    return OnOverlay(r, CreateRemoteFile(pool.get(), BaseName(r.disk), "raw", size));
+  }
+  if (r.prefilled && env.Exists(r.disk)) return OkStatus();
+  // A damaged range a run found before is checked first: still damaged,
+  // it is said at once, without restoring up to it again.
+  Status filled = RecheckDamage(env, r);
+  if (filled.ok()) filled = Prefill(env, r, req, exp, result, restarts);
+  if (!filled.ok() && filled.error().code() == ErrorCode::kCorruption) {
+    if (DomainIsActive(dom)) return ServeDamaged(env, dom, r, record_path, req, exp, result, restarts, filled.error());
+    // Shut off meanwhile: recorded all the same, for the rerun to say at once.
+    IgnoreError(RecordDamage(env, record_path, r, filled.error()), "the rerun restores up to it again");
+  }
+  BARGE_RETURN_IF_ERROR(OnOverlay(r, filled));
+  r.prefilled = true;
+  BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
+  if (req.on_phase) req.on_phase("verified", "DISK holds point " + r.point_id + ", every cluster verified");
+  return OkStatus();
+}
+
+// The running domain's disk mirrored onto DISK and pivoted there (remote:
+// read through the export, a damaged cluster is ServeDamaged's).
+Status MoveToDisk(Env& env, virDomainPtr dom, Record& r, const std::string& record_path,
+                  const InstantRestoreRequest& req, ExportThread& exp, uint64_t size, InstantRestoreResult& result,
+                  int& restarts) {
+  Status moved = MirrorAndPivot(env, dom, r, req, result, exp, restarts);
+  if (!moved.ok() && r.remote && moved.error().code() == ErrorCode::kIoError && DomainIsActive(dom)) {
+    // The copy read the point through the export: a damaged cluster fails it.
+    Status damaged = FindDamage(env, r, req);
+    if (!damaged.ok() && damaged.error().code() == ErrorCode::kCorruption) {
+      return ServeDamaged(env, dom, r, record_path, req, exp, result, restarts, damaged.error());
+    }
+  }
+  BARGE_RETURN_IF_ERROR(OnOverlay(r, moved));
+  if (r.remote) {
+    result.verified_bytes = size;
+    if (req.on_phase) {
+      req.on_phase("verified", "DISK holds point " + r.point_id +
+                                   " as read through the export, every cluster verified, and the guest's writes");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreRequest& req) {
+  const auto start = Clock::now();
+  InstantRestoreResult result;
+  // Resolve: the request, the domain's lock, the record of an unfinished
+  // run, the domain, the point.
+  BARGE_ASSIGN_OR_RETURN(LibvirtUri uri, ParseLibvirtUri(ResolveLibvirtUri(req.libvirt_uri)));
+  BARGE_RETURN_IF_ERROR(CheckInstantRequest(req, uri));
+  BARGE_ASSIGN_OR_RETURN(auto lock, TryLockFile(env, DomainLockPath(req.catalog_path, req.domain),
+                                                DomainBusyMessage(req.domain)));
+  RestoreWhere w;
+  w.record_path = InstantRestoreRecordPath(req.catalog_path, req.domain);
+  BARGE_ASSIGN_OR_RETURN(std::optional<Record> found, ReadRecord(env, w.record_path));
+  BARGE_ASSIGN_OR_RETURN(VirConnection conn, ConnectLibvirt(req.libvirt_uri));
+  BARGE_ASSIGN_OR_RETURN(VirDomain dom, LookupDomain(conn.get(), req.domain));
+  w.disk_abs = uri.remote() ? LexicallyNormal(req.disk) : AbsolutePath(req.disk);
+  BARGE_ASSIGN_OR_RETURN(w.point, pipeline::LocatePoint(env, req.chain, req.at));
+  w.chain_abs = AbsolutePath(w.point.chain_dir);
+  if (req.abandon && !found) {
+    return Error::NotFound("no unfinished instant restore of domain '" + req.domain + "' to abandon")
+        .set_path(w.record_path);
+  }
+  std::unique_ptr<NbdPortLease> port_lease;  // the remote export's port, held while it serves
+  BARGE_ASSIGN_OR_RETURN(Record r, BeginRecord(env, conn.get(), dom.get(), req, uri, found, w, port_lease, result));
+  const std::string& record_path = w.record_path;
   result.point_id = r.point_id;
   result.disk = r.disk;
   result.target = r.target;
   if (req.abandon) {
-    if (DomainIsActive(dom.get())) {
-      return Error::InvalidArgument("domain '" + req.domain +
-                                    "' is running; shut it off first (abandoning drops the guest's writes in the "
-                                    "overlay)");
-    }
-    BARGE_ASSIGN_OR_RETURN(std::string config, DomainXml(dom.get(), VIR_DOMAIN_XML_INACTIVE));
-    std::string t = r.target;
-    BARGE_ASSIGN_OR_RETURN(DomainDisk d, FindDisk(config, &t));
-    if (r.pivoted || d.source == r.disk) {
-      return Error::InvalidArgument("the restore of domain '" + req.domain +
-                                    "' is complete on DISK; rerun without --abandon to clean up")
-          .set_path(r.disk);
-    }
-    if (d.source == OverlayPath(r)) BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, r.original));
-    if (r.remote) {
-      BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn.get(), r, req.domain));
-      BARGE_RETURN_IF_ERROR(DeleteRemoteFile(pool.get(), BaseName(r.disk)));
-      BARGE_RETURN_IF_ERROR(RemoveRemoteScratch(conn.get(), r, req.domain));
-    } else {
-      BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch));
-      BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(r.disk));
-      // The half-restored DISK a run killed during the prefill left under
-      // its temporary name (the domain's lock keeps any other run out).
-      BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(TempPathFor(r.disk)));
-    }
-    BARGE_RETURN_IF_ERROR(env.UnlinkIfExists(record_path));
+    BARGE_RETURN_IF_ERROR(Abandon(env, conn.get(), dom.get(), r, req, record_path));
     result.abandoned = true;
     result.seconds = SecondsSince(start);
     return result;
@@ -803,47 +955,16 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
         .set_path(record_path);
   }
 
+  // Serve the point and start the domain on the overlay over it.
   ExportThread exp;
   VirPool pool;
   QemuOwner qemu_owner;
-  if (r.remote) {
-    if (port_lease == nullptr) {
-      // A rerun: the same port (the running domain's QEMU reconnects there).
-      EndLeftoverExport(env, r);
-      BARGE_ASSIGN_OR_RETURN(port_lease, LeaseExportPort(env, req, r.listen.substr(0, r.listen.rfind(':')),
-                                                         ListenPort(r)));
-    }
-    exp.set_tls_certificates(req.tls_certificates);
-    BARGE_ASSIGN_OR_RETURN(pool, OpenRemoteFolder(conn.get(), r, req.domain));
-    BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));  // the pool's name, when this run made it
-  } else {
-    BARGE_RETURN_IF_ERROR(MakeScratch(env, r.scratch));
-    qemu_owner = QemuDacOwner(conn.get(), live);
-    exp.set_socket_owner(qemu_owner);
-  }
-  exp.Begin(env, r);
+  BARGE_RETURN_IF_ERROR(
+      SetUpExport(env, conn.get(), req, r, record_path, live, port_lease, exp, pool, qemu_owner));
   BARGE_ASSIGN_OR_RETURN(auto reader, pipeline::PointReader::Open(env, r.chain, r.point_id, false));
   const uint64_t size = reader->size_bytes();
   reader.reset();
-  if (!active) {
-    // An overlay the domain already ran on holds the guest's writes: kept.
-    if (r.remote) {
-      if (now.source != OverlayPath(r) || !RemoteFileExists(pool.get(), OverlayName(r))) {
-        BARGE_RETURN_IF_ERROR(CreateRemoteFile(pool.get(), OverlayName(r), "qcow2", size));
-        BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, OverlayElement(r.original, r)));
-      }
-    } else if (now.source != OverlayPath(r) || !env.Exists(OverlayPath(r))) {
-      IgnoreError(env.UnlinkIfExists(OverlayPath(r)), "the domain never ran on it");
-      const std::string backing = "nbd+unix:///?socket=" + SocketPath(r);
-      auto created = RunTool(env,
-                             {"qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", "raw",
-                              OverlayPath(r), std::to_string(size)},
-                             r.scratch, "qemu-utils");
-      if (!created.ok()) return std::move(created).error();
-      BARGE_RETURN_IF_ERROR(GiveToQemu(env, OverlayPath(r), qemu_owner, 0600));
-      BARGE_RETURN_IF_ERROR(Redefine(conn.get(), dom.get(), r.target, OverlayElement(r.original, r)));
-    }
-  }
+  if (!active) BARGE_RETURN_IF_ERROR(PutOnOverlay(env, conn.get(), dom.get(), r, now, pool, qemu_owner, size));
   BARGE_RETURN_IF_ERROR(exp.WaitReady(env, r, &result.nbdkit_pid));
   r.nbdkit_pid = result.nbdkit_pid;
   BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
@@ -855,55 +976,11 @@ Result<InstantRestoreResult> RunInstantRestore(Env& env, const InstantRestoreReq
     req.on_phase("started", "domain " + req.domain + " runs on " + OverlayPath(r) + " over the export of " +
                                 r.point_id + (r.remote ? " (nbds://" + r.listen + ")" : ""));
   }
-  // Until the pivot the domain runs on the overlay, whatever fails: say so.
-  const auto on_overlay = [&](Status s) -> Status {
-    if (s.ok() || s.error().code() == ErrorCode::kCancelled) return s;
-    Error e = s.error();
-    e.Wrap("moving " + r.target + " to DISK (the domain stays on the overlay; rerun the same command to continue)");
-    return e;
-  };
+
+  // Fill DISK, move the domain onto it, clean up.
   int restarts = 0;
-  if (r.remote) {
-    if (Status damaged = RecheckDamage(env, r);
-        !damaged.ok() && damaged.error().code() == ErrorCode::kCorruption && DomainIsActive(dom.get())) {
-      return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, damaged.error()).error();
-    }
-    // A full copy onto a new DISK every run (one a killed run left may lack
-    // anything); the point's bytes come through the verifying export.
-    BARGE_RETURN_IF_ERROR(on_overlay(CreateRemoteFile(pool.get(), BaseName(r.disk), "raw", size)));
-  } else if (!r.prefilled || !env.Exists(r.disk)) {
-    // A damaged range a run found before is checked first: still damaged,
-    // it is said at once, without restoring up to it again.
-    Status filled = RecheckDamage(env, r);
-    if (filled.ok()) filled = Prefill(env, r, req, exp, result, restarts);
-    if (!filled.ok() && filled.error().code() == ErrorCode::kCorruption) {
-      if (DomainIsActive(dom.get())) {
-        return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, filled.error()).error();
-      }
-      // Shut off meanwhile: recorded all the same, for the rerun to say at once.
-      IgnoreError(RecordDamage(env, record_path, r, filled.error()), "the rerun restores up to it again");
-    }
-    BARGE_RETURN_IF_ERROR(on_overlay(filled));
-    r.prefilled = true;
-    BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
-    if (req.on_phase) req.on_phase("verified", "DISK holds point " + r.point_id + ", every cluster verified");
-  }
-  Status moved = MirrorAndPivot(env, dom.get(), r, req, result, exp, restarts);
-  if (!moved.ok() && r.remote && moved.error().code() == ErrorCode::kIoError && DomainIsActive(dom.get())) {
-    // The copy read the point through the export: a damaged cluster fails it.
-    Status damaged = FindDamage(env, r, req);
-    if (!damaged.ok() && damaged.error().code() == ErrorCode::kCorruption) {
-      return ServeDamaged(env, dom.get(), r, record_path, req, exp, result, restarts, damaged.error()).error();
-    }
-  }
-  BARGE_RETURN_IF_ERROR(on_overlay(moved));
-  if (r.remote) {
-    result.verified_bytes = size;
-    if (req.on_phase) {
-      req.on_phase("verified", "DISK holds point " + r.point_id +
-                                   " as read through the export, every cluster verified, and the guest's writes");
-    }
-  }
+  BARGE_RETURN_IF_ERROR(FillDisk(env, dom.get(), r, record_path, req, exp, pool, size, result, restarts));
+  BARGE_RETURN_IF_ERROR(MoveToDisk(env, dom.get(), r, record_path, req, exp, size, result, restarts));
   r.pivoted = true;
   BARGE_RETURN_IF_ERROR(WriteRecord(env, record_path, r));
   if (req.on_phase) req.on_phase("pivoted", "domain " + req.domain + " runs on " + r.disk);

@@ -164,7 +164,8 @@ Result<std::string> OtherDiskFullReason(const pipeline::ChainFolder& chain, cons
 Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, virDomainPtr dom,
                                         const std::vector<DomainDisk>& disks,
                                         const std::map<std::string, formats::DiskIdentity>& identities,
-                                        bool force_full, const std::string& target_dir, const std::string& domain) {
+                                        bool force_full, const std::string& target_dir, const std::string& domain,
+                                        const std::string& uncommitted) {
   std::vector<DiskPlan> plans;
   auto all_full = [&](const std::string& reason) {
     for (const auto& d : disks) plans.push_back({d.target, false, reason});
@@ -218,6 +219,12 @@ Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, 
       } else if (!target_dir.empty()) {
         std::string chain_dir = target_dir + "/" + domain + "/" + d.target;
         auto chain = pipeline::LoadChainFolder(env, chain_dir);
+        // A killed run's point, removed before this run plans
+        // (RecoverOrphanedBackupJob): planned as if gone already.
+        if (chain.ok() && !chain->empty() && !uncommitted.empty() &&
+            chain->latest().manifest.checkpoint == uncommitted) {
+          chain->points.pop_back();
+        }
         if (!chain.ok() || chain->empty()) {
           p.reason = "no backup chain in the target";
         } else if (chain->latest().manifest.checkpoint != tracker->latest_checkpoint) {
@@ -285,7 +292,10 @@ Result<DoctorReport> Diagnose(BackupCatalog& catalog, virDomainPtr dom, const st
   }
   const TrackerRecord* t = choice.tracker ? &*choice.tracker : nullptr;
   if (t) r.next_tracker = t->name;
-  BARGE_ASSIGN_OR_RETURN(VmBackupForecast f, ForecastVmBackup(catalog.env(), catalog, dom, domain, t, target));
+  VmBackupRequest req;
+  req.domain = domain;
+  req.target = target;
+  BARGE_ASSIGN_OR_RETURN(VmBackupForecast f, ForecastVmBackup(catalog.env(), catalog, dom, req, t));
   r.next_backup = std::move(f.disks);
   r.next_mode = std::move(f.mode);
   r.next_refusal = std::move(f.refusal);

@@ -63,6 +63,14 @@ struct DiskPlan {
   std::string disk;
   bool incremental = false;
   std::string reason;
+  // Data a killed run staged for the disk (its resume journal): "" none,
+  // "resume" (continued from checkpoint `resume_from` of that run: what
+  // changed since is read again) or "start over" (`resume_refused` says
+  // why; the staged data is swept). Filled by vm backup's planner
+  // (PlanVmBackup), not by PlanDisks.
+  std::string staged;
+  std::string resume_from;
+  std::string resume_refused;
 };
 
 struct CheckpointState {
@@ -112,10 +120,14 @@ namespace barge::orchestrate {
 // swapped files keep their targets: pipeline::OtherDiskReason over every
 // layer of the chain's latest point; chains that record no disk are not
 // compared). `target_dir` "" skips the chain checks (doctor without a
-// target); the chain folders are read through `env`, once per disk.
+// target); the chain folders are read through `env`, once per disk. A
+// chain's latest point at checkpoint `uncommitted` (a killed run's, which
+// RecoverOrphanedBackupJob removes before a run plans: the forecast's
+// case) is planned as if it were gone.
 Result<std::vector<DiskPlan>> PlanDisks(Env& env, const TrackerRecord* tracker, virDomainPtr dom,
                                         const std::vector<DomainDisk>& disks,
                                         const std::map<std::string, formats::DiskIdentity>& identities,
-                                        bool force_full, const std::string& target_dir, const std::string& domain);
+                                        bool force_full, const std::string& target_dir, const std::string& domain,
+                                        const std::string& uncommitted = "");
 
 }  // namespace barge::orchestrate

@@ -141,23 +141,39 @@ struct VmBackupResult {
 // Chain folders, lock files and overlays are handled through `env`.
 Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& request);
 
-// What `vm backup` of `domain` with `tracker` (nullptr: none) into
-// `target` ("" skips the checks of the chains there) would do now, planned
-// by the very function RunVmBackup plans with (doctor's forecast): `mode`
-// "pull" for an active domain (running or paused), "offline" for a shut-off
-// one, and per disk incremental or full with the reason RunVmBackup would
-// give; or, in `refusal`, the error it would stop with before starting
-// anything (a shut-off domain without CBT, a disk not on its overlay). Only
-// libvirt's own finding at job start (a bitmap that turns inconsistent
-// between the forecast and the run) can still make a disk full.
+// What `vm backup` with `req` (its domain, target, disks, force_full and
+// resume) continuing `tracker` (nullptr: none) would do now, planned by the
+// very function RunVmBackup plans with (vm_steps::PlanVmRun): doctor's
+// forecast and `vm backup --dry-run`. The run's first step is foreseen
+// without being done: a killed run's leftovers (ForeseeOrphanRecovery: the
+// checkpoints kept for a resume, the uncommitted points removed) and the
+// stale checkpoints removed. `mode` "pull" for an active domain (running
+// or paused), "offline" for a shut-off one, and per disk incremental or
+// full with the reason RunVmBackup would give, and whether it resumes what
+// a killed run staged (DiskPlan::staged; only with a target); or, in
+// `refusal`, the error it would stop with before starting anything (a
+// target that is not a folder, another run's live job, a shut-off domain
+// without CBT, a disk not on its overlay, too little free space). Only
+// what happens between the forecast and the run, or libvirt's own finding
+// at job start (a bitmap that turns inconsistent), can still change a
+// disk's plan, and the pipeline may still find a staged point unusable (a
+// journal it cannot read, staged data whose digests do not check).
+// Changes nothing: no lock, checkpoint, file or record.
 struct VmBackupForecast {
+  std::string tracker;  // "" = none
   std::string mode;
   std::string refusal;
   std::vector<DiskPlan> disks;
 };
 Result<VmBackupForecast> ForecastVmBackup(Env& env, BackupCatalog& catalog, virDomainPtr dom,
-                                          const std::string& domain, const TrackerRecord* tracker,
-                                          const std::string& target);
+                                          const VmBackupRequest& req, const TrackerRecord* tracker);
+
+// `vm backup --dry-run`: RunVmBackup's checks of the request, then the
+// tracker it would continue and ForecastVmBackup. The refusals RunVmBackup
+// would give (a bad request, several trackers and none named) come back in
+// `refusal`; an error only when the catalog or libvirt cannot be read or
+// the domain does not exist.
+Result<VmBackupForecast> DryRunVmBackup(Env& env, const VmBackupRequest& req);
 
 // "domain 'D' has N trackers (a, b): name one with --tracker".
 std::string MultipleTrackersMessage(const std::string& domain, const std::vector<TrackerRecord>& trackers);

@@ -125,6 +125,60 @@ Result<BackupJobState> InspectBackupJob(Env& env, const std::string& catalog_pat
   return st;
 }
 
+Result<OrphanOutlook> ForeseeOrphanRecovery(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                            const std::string& domain, const BackupJobRecord& r,
+                                            bool keep_resumable) {
+  OrphanOutlook out;
+  // The checkpoints a resume journal names (the staged points' times).
+  std::set<std::string> journaled;
+  if (keep_resumable && !r.chains_dir.empty()) {
+    BARGE_ASSIGN_OR_RETURN(auto disks, DomainDisks(dom));
+    for (const auto& d : disks) {
+      auto j = pipeline::LoadResumeJournal(
+          env, r.chains_dir + "/" + d.target + "/" + std::string(pipeline::kResumeJournalName));
+      if (j.ok() && !j->key.checkpoint.empty()) journaled.insert(j->key.checkpoint);
+    }
+  }
+  std::vector<std::string> checkpoints;
+  if (!r.checkpoint.empty()) checkpoints.push_back(r.checkpoint);
+  for (size_t a = 0; a < r.resumed_checkpoints.size();) {
+    size_t b = r.resumed_checkpoints.find(',', a);
+    if (b == std::string::npos) b = r.resumed_checkpoints.size();
+    if (b > a) checkpoints.push_back(r.resumed_checkpoints.substr(a, b - a));
+    a = b + 1;
+  }
+  BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
+  auto named = [&trackers](const std::string& cp) {
+    bool n = false;
+    for (const auto& t : trackers) n |= t.latest_checkpoint == cp;
+    return n;
+  };
+  for (const std::string& cp : checkpoints) {
+    if (!LookupCheckpoint(dom, cp).ok()) {
+      // An offline run's checkpoint is only its bitmaps in the CBT overlays
+      // until its commit defines it in libvirt: kept for a resume where a
+      // journal names it, else left to the next offline backup, which
+      // removes such stray bitmaps (a pull job never reads them).
+      if (journaled.count(cp)) out.kept_checkpoints.push_back(cp);
+      continue;
+    }
+    // Never committed: a tracker that named it would have been advanced by
+    // the run that was killed before its commit, so this is only a check.
+    if (named(cp)) continue;
+    if (journaled.count(cp)) {
+      out.kept_checkpoints.push_back(cp);
+    } else {
+      out.deleted_checkpoints.push_back(cp);
+    }
+  }
+  // Killed after its commit, before removing its record: its points are
+  // the tracker's.
+  if (!r.checkpoint.empty() && !r.chains_dir.empty() && !named(r.checkpoint)) {
+    out.uncommitted_checkpoint = r.checkpoint;
+  }
+  return out;
+}
+
 Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog, virDomainPtr dom,
                                                 const std::string& domain, bool keep_resumable) {
   BARGE_ASSIGN_OR_RETURN(BackupJobState st, InspectBackupJob(env, catalog.path(), dom, domain));
@@ -151,60 +205,20 @@ Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog
     if (!r.scratch_dir.empty()) BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch_dir));
     done += std::string(done.empty() ? "" : ", ") + "removed its socket and scratch folder";
   }
-  // The checkpoints a resume journal names (the staged points' times).
-  std::set<std::string> journaled;
-  if (keep_resumable && !r.chains_dir.empty()) {
-    BARGE_ASSIGN_OR_RETURN(auto disks, DomainDisks(dom));
-    for (const auto& d : disks) {
-      auto j = pipeline::LoadResumeJournal(
-          env, r.chains_dir + "/" + d.target + "/" + std::string(pipeline::kResumeJournalName));
-      if (j.ok() && !j->key.checkpoint.empty()) journaled.insert(j->key.checkpoint);
-    }
-  }
-  std::vector<std::string> checkpoints;
-  if (!r.checkpoint.empty()) checkpoints.push_back(r.checkpoint);
-  for (size_t a = 0; a < r.resumed_checkpoints.size();) {
-    size_t b = r.resumed_checkpoints.find(',', a);
-    if (b == std::string::npos) b = r.resumed_checkpoints.size();
-    if (b > a) checkpoints.push_back(r.resumed_checkpoints.substr(a, b - a));
-    a = b + 1;
-  }
+  BARGE_ASSIGN_OR_RETURN(OrphanOutlook outlook, ForeseeOrphanRecovery(env, catalog, dom, domain, r, keep_resumable));
   const bool active = DomainIsActive(dom);
-  for (const std::string& cp : checkpoints) {
-    if (!LookupCheckpoint(dom, cp).ok()) {
-      // An offline run's checkpoint is only its bitmaps in the CBT overlays
-      // until its commit defines it in libvirt: kept for a resume where a
-      // journal names it, else left to the next offline backup, which
-      // removes such stray bitmaps (a pull job never reads them).
-      if (journaled.count(cp)) {
-        out.kept_checkpoints.push_back(cp);
-        done += ", kept its checkpoint " + cp + " to resume the data it staged";
-      }
-      continue;
-    }
-    // Never committed: a tracker that named it would have been advanced by
-    // the run that was killed before its commit, so this is only a check.
-    BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
-    bool named = false;
-    for (const auto& t : trackers) named |= t.latest_checkpoint == cp;
-    if (named) continue;
-    if (journaled.count(cp)) {
-      out.kept_checkpoints.push_back(cp);
-      done += ", kept its checkpoint " + cp + " to resume the data it staged";
-      continue;
-    }
+  for (const std::string& cp : outlook.kept_checkpoints) {
+    out.kept_checkpoints.push_back(cp);
+    done += ", kept its checkpoint " + cp + " to resume the data it staged";
+  }
+  for (const std::string& cp : outlook.deleted_checkpoints) {
     // libvirt deletes a checkpoint's bitmaps only from a running domain: of
     // a shut-off one the metadata goes, and the next offline backup removes
     // the bitmaps left in the CBT overlays as strays.
     BARGE_RETURN_IF_ERROR(DeleteCheckpoint(dom, cp, /*metadata_only=*/!active));
     done += ", deleted its uncommitted checkpoint " + cp;
   }
-  bool committed = false;  // killed after its commit, before removing its record
-  if (!r.checkpoint.empty()) {
-    BARGE_ASSIGN_OR_RETURN(auto trackers, catalog.ListTrackers(domain));
-    for (const auto& t : trackers) committed |= t.latest_checkpoint == r.checkpoint;
-  }
-  if (!r.checkpoint.empty() && !r.chains_dir.empty() && !committed) {
+  if (!outlook.uncommitted_checkpoint.empty()) {
     // The points the killed run wrote for its checkpoint were never
     // committed: a chain ending at them would not end at the tracker's
     // checkpoint, and the next backup would be a needless full.

@@ -83,6 +83,22 @@ struct OrphanRecovery {
   std::vector<std::string> kept_checkpoints;
 };
 
+// What RecoverOrphanedBackupJob will do with the checkpoints and points of
+// an orphaned run's record `r`, decided without changing anything (the
+// forecast of doctor and `vm backup --dry-run` asks it too, so that it
+// plans with what the run will find): the checkpoints it keeps for a
+// resume, those it deletes (never committed, no journal names them), and
+// the checkpoint whose points at the end of the run's chain folders it
+// removes ("" = none: the run committed before it was killed).
+struct OrphanOutlook {
+  std::vector<std::string> kept_checkpoints;
+  std::vector<std::string> deleted_checkpoints;
+  std::string uncommitted_checkpoint;
+};
+Result<OrphanOutlook> ForeseeOrphanRecovery(Env& env, BackupCatalog& catalog, virDomainPtr dom,
+                                            const std::string& domain, const BackupJobRecord& r,
+                                            bool keep_resumable);
+
 // Before a backup of `domain` starts (the caller holds the domain's lock):
 // for an "orphaned" state, aborts the job (virDomainAbortJob, waiting until
 // libvirt has no job), removes its socket and scratch folder, deletes its
