@@ -8,8 +8,7 @@
 #include "blockio/env.h"
 #include "cli/catalog_json.h"
 #include "cli/common.h"
-#include "orchestrate/catalog/backup_catalog.h"
-#include "orchestrate/catalog/catalog_path.h"
+#include "orchestrate/catalog/catalog_listing.h"
 #include "pipeline/chain_summary.h"
 
 namespace barge::cli {
@@ -204,21 +203,12 @@ json CheckpointJson(const orc::CheckpointRecord& c) {
 }
 
 int RunCatalogList(const std::string& catalog_flag, const std::string& domain, Output& out) {
-  const std::string path = orc::ResolveCatalogPath(catalog_flag);
-  // Listing never creates a catalog.
-  if (!Env::Default().Exists(path)) {
-    return out.Fail(Error::NotFound("no catalog here (nothing recorded yet; --catalog or $BARGE_CATALOG "
-                                    "name another)")
-                        .set_path(path));
-  }
-  auto catalog = orc::BackupCatalog::Open(Env::Default(), path);
-  if (!catalog.ok()) return out.Fail(catalog.error());
-  auto trackers = (*catalog)->ListTrackers(domain);
-  if (!trackers.ok()) return out.Fail(trackers.error());
-  auto checkpoints = (*catalog)->ListCheckpoints(domain);
-  if (!checkpoints.ok()) return out.Fail(checkpoints.error());
-  auto backups = (*catalog)->ListBackups(domain);
-  if (!backups.ok()) return out.Fail(backups.error());
+  auto listing = orc::ReadCatalogListing(Env::Default(), catalog_flag, domain);
+  if (!listing.ok()) return out.Fail(listing.error());
+  const std::string& path = listing->path;
+  const auto* trackers = &listing->trackers;
+  const auto* checkpoints = &listing->checkpoints;
+  const auto* backups = &listing->backups;
 
   json tj = json::array(), cj = json::array(), bj = json::array();
   for (const auto& tr : *trackers) tj.push_back(TrackerJson(tr));

@@ -19,6 +19,7 @@
 #include "orchestrate/policy/policy_problems.h"
 #include "orchestrate/policy/policy_worker.h"
 #include "orchestrate/policy/policy_runner.h"
+#include "orchestrate/policy/runs_listing.h"
 #include "orchestrate/schedule/time_text.h"
 
 namespace barge::cli {
@@ -403,34 +404,10 @@ int RunForget(ForgetArgs& a, Output& out) {
 
 // ---- runs list ----
 
-// A point part's state as the catalog keeps it: "present", "removed" or
-// "merged into ID".
-std::string PartState(const orc::RunRecord& r, size_t i) {
-  return i < r.point_states.size() ? r.point_states[i] : "present";
-}
-
-// What became of a run's point, for the text line: "" while present, else
-// "point removed", "point merged into ID[, ID...]" (every part folded into
-// a later point), "point partly removed".
-std::string PointFate(const orc::RunRecord& r) {
-  if (r.point_state.empty() || r.point_state == "present") return "";
-  if (r.point_state != "removed") return "point " + r.point_state;
-  std::vector<std::string> into;
-  for (size_t i = 0; i < r.points.size(); ++i) {
-    const std::string state = PartState(r, i);
-    if (!state.starts_with("merged into ")) return "point removed";
-    std::string id = state.substr(std::string("merged into ").size());
-    if (std::find(into.begin(), into.end(), id) == into.end()) into.push_back(id);
-  }
-  std::string text = "point merged into ";
-  for (size_t i = 0; i < into.size(); ++i) text += (i ? ", " : "") + into[i];
-  return text;
-}
-
 json RecordJson(const orc::RunRecord& r, const std::string& catalog) {
   json points = json::array();
   for (size_t i = 0; i < r.points.size(); ++i) {
-    points.push_back({{"chain_dir", r.points[i].chain_dir}, {"id", r.points[i].id}, {"state", PartState(r, i)}});
+    points.push_back({{"chain_dir", r.points[i].chain_dir}, {"id", r.points[i].id}, {"state", orc::PartState(r, i)}});
   }
   auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
   return {{"id", r.id}, {"run_id", r.run_id}, {"policy", r.policy}, {"source", r.source},
@@ -449,45 +426,6 @@ struct RunsArgs {
   size_t limit = 0;
 };
 
-// The catalog files `runs list` reads: each --catalog that is a file, and
-// every *.db of each that is a folder (a records folder of sharded runs,
-// RecordsCatalogPath), in name order; without --catalog, the default one.
-// Listing never creates a catalog: kNotFound when there is none.
-Result<std::vector<std::string>> ListedCatalogs(const std::vector<std::string>& flags) {
-  Env& env = Env::Default();
-  std::vector<std::string> out;
-  if (flags.empty()) {
-    BARGE_ASSIGN_OR_RETURN(std::string path, orc::CatalogPathFromFlag(env, ""));
-    if (!env.Exists(path)) {
-      return Error::NotFound("no catalog here (nothing recorded yet; --catalog or $BARGE_CATALOG name another)")
-          .set_path(path);
-    }
-    out.push_back(path);
-    return out;
-  }
-  for (const auto& flag : flags) {
-    auto st = env.Stat(flag);
-    if (st.ok() && st->is_directory()) {
-      BARGE_ASSIGN_OR_RETURN(auto names, env.ListDir(flag));
-      std::sort(names.begin(), names.end());
-      std::string dir = flag;
-      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-      size_t found = 0;
-      for (const auto& n : names) {
-        if (n.size() <= 3 || !n.ends_with(".db") || n.starts_with(".")) continue;
-        out.push_back(dir + "/" + n);
-        ++found;
-      }
-      if (found == 0) return Error::NotFound("no catalog (*.db) in this records folder").set_path(flag);
-      continue;
-    }
-    BARGE_ASSIGN_OR_RETURN(std::string path, orc::CatalogPathFromFlag(env, flag));
-    if (!env.Exists(path)) return Error::NotFound("no catalog here (nothing recorded yet)").set_path(path);
-    out.push_back(path);
-  }
-  return out;
-}
-
 int RunRunsList(RunsArgs& a, Output& out) {
   std::optional<orc::ShardSpec> shard;
   if (!a.shard.empty()) {
@@ -495,31 +433,15 @@ int RunRunsList(RunsArgs& a, Output& out) {
     if (!s.ok()) return out.Usage("--shard: " + s.error().message());
     shard = *s;
   }
-  std::string name = a.policy;
-  // A policy file names its policy; anything else is a name.
-  if (auto st = Env::Default().Stat(a.policy); !a.policy.empty() && st.ok() && st->is_regular()) {
-    auto p = orc::LoadPolicy(Env::Default(), a.policy);
-    if (!p.ok()) return out.Fail(p.error());
-    name = p->name;
-  }
-  auto files = ListedCatalogs(a.catalogs);
+  auto named = orc::PolicyNameFromFlag(Env::Default(), a.policy);
+  if (!named.ok()) return out.Fail(named.error());
+  const std::string& name = *named;
+  auto files = orc::ListedCatalogs(Env::Default(), a.catalogs);
   if (!files.ok()) return out.Fail(files.error());
-  // The records of every file as one table, newest first.
-  std::vector<std::pair<orc::RunRecord, std::string>> runs;
-  for (const auto& file : *files) {
-    auto catalog = orc::PolicyCatalog::Open(Env::Default(), file);
-    if (!catalog.ok()) return out.Fail(catalog.error());
-    // A run whose process died shows as what it is: interrupted.
-    auto settled = orc::SettleCutRuns(Env::Default(), file, **catalog);
-    if (!settled.ok()) out.Warning("records of runs cut short not settled: " + settled.error().ToString(), file);
-    auto list = (*catalog)->ListRuns({name, a.source, a.limit}, shard);
-    if (!list.ok()) return out.Fail(list.error());
-    for (auto& r : *list) runs.emplace_back(std::move(r), file);
-  }
-  std::stable_sort(runs.begin(), runs.end(), [](const auto& x, const auto& y) {
-    return x.first.started_at > y.first.started_at;
-  });
-  if (a.limit > 0 && runs.size() > a.limit) runs.resize(a.limit);
+  auto listed = orc::ListRunsOf(Env::Default(), *files, {name, a.source, a.limit}, shard,
+                                [&out](const std::string& what, const std::string& file) { out.Warning(what, file); });
+  if (!listed.ok()) return out.Fail(listed.error());
+  const auto& runs = *listed;
   json list = json::array();
   for (const auto& [r, file] : runs) list.push_back(RecordJson(r, file));
   out.Result({{"runs", list}, {"catalogs", *files}});
@@ -534,12 +456,12 @@ int RunRunsList(RunsArgs& a, Output& out) {
       t << "  read " << HumanBytes(r.bytes_read) << ", wrote " << HumanBytes(r.bytes_written) << " in "
         << HumanSeconds(r.duration_seconds);
     }
-    if (std::string fate = PointFate(r); !fate.empty()) t << "  (" << fate << ")";
+    if (std::string fate = orc::PointFate(r); !fate.empty()) t << "  (" << fate << ")";
     t << "  [record " << r.id << (files->size() > 1 ? " of " + file : "") << "]";
     if (!r.error.empty()) t << "\n    " << r.error;
     t << "\n";
     for (size_t i = 0; i < r.points.size(); ++i) {
-      t << "    point " << r.points[i].id << " in " << r.points[i].chain_dir << ": " << PartState(r, i) << "\n";
+      t << "    point " << r.points[i].id << " in " << r.points[i].chain_dir << ": " << orc::PartState(r, i) << "\n";
     }
   }
   return kExitOk;

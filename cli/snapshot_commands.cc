@@ -176,17 +176,6 @@ int RunCreate(Env& env, const TargetArgs& t, const std::string& name, const std:
   return kExitOk;
 }
 
-// The stored states of a disk by uuid (the qcow2 name); none when the
-// catalog does not exist (listing creates no catalog).
-Result<std::map<std::string, orc::StoredSnapshot>> StatesByName(Env& env, const orc::SnapshotTarget& target,
-                                                                const std::string& catalog) {
-  std::map<std::string, orc::StoredSnapshot> by_name;
-  if (!env.Exists(orc::ResolveCatalogPath(catalog))) return by_name;
-  BARGE_ASSIGN_OR_RETURN(std::vector<orc::StoredSnapshot> states, orc::LoadSnapshotStates(env, target, catalog));
-  for (auto& s : states) by_name[s.uuid] = std::move(s);
-  return by_name;
-}
-
 // A disk's snapshots with their stored states (list and metrics).
 struct Listed {
   orc::SnapshotListing listing;
@@ -209,7 +198,7 @@ std::optional<Listed> ListWithStates(Env& env, const TargetArgs& t, const std::s
     return std::nullopt;
   }
   ReportWarnings(listing->warnings, listing->image, out);
-  auto states = StatesByName(env, *target, catalog);
+  auto states = orc::SnapshotStatesByUuid(env, *target, catalog);
   if (!states.ok()) {
     exit_code = out.Fail(states.error());
     return std::nullopt;

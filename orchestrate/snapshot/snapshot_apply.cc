@@ -308,6 +308,15 @@ Result<std::vector<StoredSnapshot>> LoadSnapshotStates(Env& env, const SnapshotT
   return store->Load(key);
 }
 
+Result<std::map<std::string, StoredSnapshot>> SnapshotStatesByUuid(Env& env, const SnapshotTarget& target,
+                                                                   const std::string& catalog_path) {
+  std::map<std::string, StoredSnapshot> by_uuid;
+  if (!env.Exists(ResolveCatalogPath(catalog_path))) return by_uuid;
+  BARGE_ASSIGN_OR_RETURN(std::vector<StoredSnapshot> states, LoadSnapshotStates(env, target, catalog_path));
+  for (auto& s : states) by_uuid[s.uuid] = std::move(s);
+  return by_uuid;
+}
+
 Status RecordSnapshotState(Env& env, const SnapshotTarget& target, const std::string& catalog_path,
                            const StoredSnapshot& snapshot) {
   BARGE_ASSIGN_OR_RETURN(std::string key, StateKey(env, target));

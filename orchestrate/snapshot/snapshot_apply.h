@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -100,6 +101,11 @@ Result<ApplyResult> ApplySnapshotConfig(Env& env, const ApplyRequest& request);
 // and states), keyed like apply's.
 Result<std::vector<StoredSnapshot>> LoadSnapshotStates(Env& env, const SnapshotTarget& target,
                                                        const std::string& catalog_path);
+// The same by uuid (the qcow2 name of a snapshot apply or create --uuid
+// made), for `snapshot list` and `snapshot metrics`; none when the catalog
+// does not exist (listing creates no catalog).
+Result<std::map<std::string, StoredSnapshot>> SnapshotStatesByUuid(Env& env, const SnapshotTarget& target,
+                                                                   const std::string& catalog_path);
 
 // Records (inserts or replaces) one snapshot's state for a disk, keyed like
 // apply's: `snapshot create --uuid` records the display name of the

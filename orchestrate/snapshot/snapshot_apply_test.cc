@@ -138,6 +138,16 @@ TEST_F(SnapshotApplyTest, IssueScenarios) {
   ASSERT_TRUE(states.ok());
   ASSERT_EQ(states->size(), 1u);
   EXPECT_EQ((*states)[0].uuid, "u4");
+  auto by_uuid = SnapshotStatesByUuid(Env::Default(), SnapshotTarget{image_, "", "", ""}, catalog_);
+  ASSERT_TRUE(by_uuid.ok());
+  ASSERT_EQ(by_uuid->size(), 1u);
+  EXPECT_EQ(by_uuid->at("u4").state, SnapshotState::kCreated);
+  // No catalog: no states, and listing creates none.
+  const std::string none = catalog_ + ".none";
+  auto empty = SnapshotStatesByUuid(Env::Default(), SnapshotTarget{image_, "", "", ""}, none);
+  ASSERT_TRUE(empty.ok()) << empty.error().ToString();
+  EXPECT_TRUE(empty->empty());
+  EXPECT_FALSE(Env::Default().Exists(none));
 }
 
 TEST_F(SnapshotApplyTest, InterruptedApplyResumes) {
