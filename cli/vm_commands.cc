@@ -200,6 +200,20 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
   }
 }
 
+// A disk's planned backup as doctor and `vm backup --dry-run` show it
+// (docs/json.md): its type and reason, and what becomes of the data a
+// killed run staged for it.
+json DiskPlanJson(const orc::DiskPlan& p) {
+  return {{"disk", p.disk}, {"backup_type", p.incremental ? "incremental" : "full"}, {"reason", p.reason},
+          {"staged", p.staged}, {"resume_from", p.resume_from}, {"resume_refused", p.resume_refused}};
+}
+void PrintDiskPlan(std::ostream& o, const orc::DiskPlan& p) {
+  o << "  " << p.disk << ": " << (p.incremental ? "incremental" : "full") << " (" << p.reason << ")";
+  if (p.staged == "resume") o << ", resumes the data staged by an interrupted run (checkpoint " << p.resume_from << ")";
+  if (p.staged == "start over") o << ", starts over: staged data not reusable: " << p.resume_refused;
+  o << "\n";
+}
+
 // doctor's "backup_job": the domain's backup job as barge sees it.
 json BackupJobJson(const orc::BackupJobState& j) {
   json r = {{"state", j.state}, {"job_active", j.job_active}, {"message", j.message}};
@@ -273,9 +287,7 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
       cps.push_back({{"name", c.name}, {"in_libvirt", c.in_libvirt}, {"disks", disks}});
     }
     json next = json::array();
-    for (const auto& p : r->next_backup) {
-      next.push_back({{"disk", p.disk}, {"backup_type", p.incremental ? "incremental" : "full"}, {"reason", p.reason}});
-    }
+    for (const auto& p : r->next_backup) next.push_back(DiskPlanJson(p));
     out.Result({{"domain", r->domain}, {"state", r->state}, {"running", r->running}, {"trackers", trackers},
                 {"libvirt_checkpoints", r->libvirt_checkpoints}, {"tracker_checkpoints", cps},
                 {"next_tracker", r->next_tracker}, {"next_mode", r->next_mode}, {"next_refusal", r->next_refusal},
@@ -303,9 +315,7 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
     o << "next backup" << (r->next_tracker.empty() ? "" : " (tracker " + r->next_tracker + ")") << ", "
       << (r->next_mode == "pull" ? "pull mode" : "offline, from the CBT overlays")
       << (r->next_refusal.empty() ? "" : ": refused: " + r->next_refusal) << ":\n";
-    for (const auto& p : r->next_backup) {
-      o << "  " << p.disk << ": " << (p.incremental ? "incremental" : "full") << " (" << p.reason << ")\n";
-    }
+    for (const auto& p : r->next_backup) PrintDiskPlan(o, p);
     return int{kExitOk};
   });
   doc->add_option("--domain", std::get<0>(*a), "libvirt domain")->required();
@@ -375,22 +385,14 @@ int PrintVmBackupPlan(Output& out, const orc::VmBackupRequest& req) {
   auto f = orc::DryRunVmBackup(Env::Default(), req);
   if (!f.ok()) return out.Fail(f.error());
   json disks = json::array();
-  for (const auto& p : f->disks) {
-    disks.push_back({{"disk", p.disk}, {"backup_type", p.incremental ? "incremental" : "full"}, {"reason", p.reason},
-                     {"staged", p.staged}, {"resume_from", p.resume_from}, {"resume_refused", p.resume_refused}});
-  }
+  for (const auto& p : f->disks) disks.push_back(DiskPlanJson(p));
   out.Result({{"dry_run", true}, {"domain", req.domain}, {"tracker", f->tracker}, {"mode", f->mode},
               {"refusal", f->refusal}, {"disks", disks}});
   std::ostream& o = out.text();
   o << "vm backup of " << req.domain << " (dry run)" << (f->tracker.empty() ? "" : ", tracker " + f->tracker) << ", "
     << (f->mode == "pull" ? "pull mode" : "offline, from the CBT overlays")
     << (f->refusal.empty() ? "" : ": refused: " + f->refusal) << (f->disks.empty() ? "\n" : ":\n");
-  for (const auto& p : f->disks) {
-    o << "  " << p.disk << ": " << (p.incremental ? "incremental" : "full") << " (" << p.reason << ")";
-    if (p.staged == "resume") o << ", resumes the data staged by an interrupted run (checkpoint " << p.resume_from << ")";
-    if (p.staged == "start over") o << ", starts over: staged data not reusable: " << p.resume_refused;
-    o << "\n";
-  }
+  for (const auto& p : f->disks) PrintDiskPlan(o, p);
   return int{kExitOk};
 }
 

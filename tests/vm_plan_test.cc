@@ -93,13 +93,23 @@ class VmPlanTest : public VmTestBase {
     if (extra.empty()) ExpectDoctorAgrees(domain, plan);
     return plan;
   }
-  // doctor --target forecasts what `plan` says, disk by disk.
+  // doctor --target forecasts what `plan` says, disk by disk, the data a
+  // killed run staged included (--json and text).
   void ExpectDoctorAgrees(const std::string& domain, const json& plan) {
-    json doc = BargeJson("doctor --domain " + domain + " --target " + ShellQuote(target_));
+    const std::string args = "doctor --domain " + domain + " --target " + ShellQuote(target_);
+    json doc = BargeJson(args);
+    const std::string text = RunOk(Barge(args));
     ASSERT_EQ(doc["next_backup"].size(), plan["disks"].size()) << doc.dump() << plan.dump();
     for (size_t i = 0; i < plan["disks"].size(); ++i) {
-      EXPECT_EQ(doc["next_backup"][i]["backup_type"], plan["disks"][i]["backup_type"]) << doc.dump();
-      EXPECT_EQ(doc["next_backup"][i]["reason"], plan["disks"][i]["reason"]) << doc.dump();
+      const json& p = plan["disks"][i];
+      for (const char* k : {"backup_type", "reason", "staged", "resume_from", "resume_refused"}) {
+        EXPECT_EQ(doc["next_backup"][i][k], p[k]) << k << ": " << doc.dump();
+      }
+      if (p["staged"] == "resume") {
+        const std::string line = "resumes the data staged by an interrupted run (checkpoint " +
+                                 p["resume_from"].get<std::string>() + ")";
+        EXPECT_NE(text.find(line), std::string::npos) << text;
+      }
     }
   }
   // The run `b` did per disk what `plan` said.

@@ -17,6 +17,7 @@
 #include "pipeline/backup_resume.h"
 #include "pipeline/chain.h"
 #include "pipeline/endpoints.h"
+#include "pipeline/resume.h"
 
 namespace barge::orchestrate::vm_steps {
 namespace {
@@ -208,13 +209,22 @@ void PlanResumes(Env& env, virDomainPtr dom, const PlanInputs& in, RunPlan& plan
   const std::vector<std::string>& kept = in.kept;
   for (const auto& d : plan.disks) {
     const std::string dir = in.target + "/" + in.domain + "/" + d.target;
-    auto journal = pipeline::LoadResumeJournal(env, dir + "/" + std::string(pipeline::kResumeJournalName));
-    if (!journal.ok()) continue;
+    const pipeline::ResumeSite site = pipeline::BackupResumeSite(dir);
+    auto record = pipeline::ReadResumeRecord(env, site);
+    // A journal that loaded with a work set that does not: staged data that
+    // cannot resume (kCorruption "its work set is unreadable (...)").
+    const bool bad_work = !record.ok() && record.error().code() == ErrorCode::kCorruption &&
+                          !site.work.empty() && record.error().path() == site.work;
+    if (!record.ok() && !bad_work) continue;  // nothing staged, or the pipeline's to report
     if (!in.resume) {
       plan.resume_refused[d.target] = "resuming is off";  // the pipeline's own words for it
       continue;
     }
-    const pipeline::ResumeKey& key = journal->key;
+    if (bad_work) {
+      plan.resume_refused[d.target] = record.error().message();
+      continue;
+    }
+    const pipeline::ResumeKey& key = record->journal.key;
     const bool incremental = plan.incremental.at(d.target);
     std::string why;
     if (key.checkpoint.empty()) {
@@ -258,20 +268,12 @@ void PlanResumes(Env& env, virDomainPtr dom, const PlanInputs& in, RunPlan& plan
       }
       if (parent != key.parent) why = "the chain's latest point changed since the interrupted run";
     }
-    RangeList work;
-    if (why.empty()) {
-      auto loaded = pipeline::LoadResumeWork(env, dir + "/" + std::string(pipeline::kResumeWorkName), key.virtual_size);
-      if (loaded.ok()) {
-        work = std::move(loaded).value();
-      } else {
-        why = "its work set is unreadable (" + loaded.error().message() + ")";
-      }
-    }
+    if (why.empty() && !record->work) why = "its work set is unreadable (it is missing)";
     if (!why.empty()) {
       plan.resume_refused[d.target] = why;
       continue;
     }
-    plan.resumes[d.target] = {key.checkpoint, std::move(work),
+    plan.resumes[d.target] = {key.checkpoint, std::move(*record->work),
                               offline ? key.checkpoint : "qemu:dirty-bitmap:backup-" + d.target};
   }
 }
