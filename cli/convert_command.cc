@@ -33,12 +33,10 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   if (Status s = a.copy.Apply(req.copy, compression, &cli_out); !s.ok()) return cli_out.Usage(s.error().message());
   bool qcow2 = a.output_format == "qcow2";
   const auto format = qcow2 ? pipeline::DestinationFormat::kQcow2 : pipeline::DestinationFormat::kRaw;
-  if (Status s = pipeline::CheckConvertOptions(format, compression.type != formats::Compression::kNone,
-                                               !a.backing.empty(), !a.backing_format.empty(),
+  const bool compressed = compression.type != formats::Compression::kNone;
+  Status shape = pipeline::CheckConvertOptions(format, compressed, !a.backing.empty(), !a.backing_format.empty(),
                                                a.copy.cluster_size_given());
-      !s.ok()) {
-    return cli_out.Usage(s.error().message());
-  }
+  if (!shape.ok()) return cli_out.Usage(shape.error().message());
   WarnIfMisnamed(cli_out, a.source, a.flags.format);
 
   req.source.location = a.source;
