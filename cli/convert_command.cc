@@ -32,12 +32,11 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   formats::CompressionSpec compression;
   if (Status s = a.copy.Apply(req.copy, compression, &cli_out); !s.ok()) return cli_out.Usage(s.error().message());
   bool qcow2 = a.output_format == "qcow2";
-  if (!qcow2 && compression.type != formats::Compression::kNone) return cli_out.Usage("--compress needs -O qcow2");
-  if (!a.backing.empty() && !qcow2) return cli_out.Usage("--backing needs -O qcow2");
-  if (!a.backing_format.empty() && a.backing.empty()) return cli_out.Usage("--backing-format needs --backing");
-  if (!qcow2 && a.copy.cluster_size_given()) {
-    return cli_out.Usage("--cluster-size needs -O qcow2 (a raw output has no clusters)");
-  }
+  const auto format = qcow2 ? pipeline::DestinationFormat::kQcow2 : pipeline::DestinationFormat::kRaw;
+  const bool compressed = compression.type != formats::Compression::kNone;
+  Status shape = pipeline::CheckConvertOptions(format, compressed, !a.backing.empty(), !a.backing_format.empty(),
+                                               a.copy.cluster_size_given());
+  if (!shape.ok()) return cli_out.Usage(shape.error().message());
   WarnIfMisnamed(cli_out, a.source, a.flags.format);
 
   req.source.location = a.source;
@@ -48,7 +47,7 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   req.source.nbd = a.nbd.access;
   req.source.http = a.http.options;
   req.destination = a.dest;
-  req.format = qcow2 ? pipeline::DestinationFormat::kQcow2 : pipeline::DestinationFormat::kRaw;
+  req.format = format;
   req.backing = a.backing;
   req.backing_format = a.backing_format;
   req.force = a.force;

@@ -13,6 +13,7 @@
 #include "cli/policy_output.h"
 #include "cli/shard_flag.h"
 #include "orchestrate/catalog/catalog_path.h"
+#include "orchestrate/policy/forget_flags.h"
 #include "orchestrate/policy/policy.h"
 #include "orchestrate/policy/policy_hooks.h"
 #include "orchestrate/policy/policy_metrics.h"
@@ -334,19 +335,9 @@ json ForgetReportJson(const orc::ForgetSourceReport& r, bool dry_run, std::ostre
 }
 
 int RunForget(ForgetArgs& a, Output& out) {
-  if (a.policy.empty() == a.chain_dir.empty()) {
-    return out.Usage("give a chain folder or --policy FILE (one of them)");
-  }
-  if (!a.chain_dir.empty() && !a.sources.empty()) return out.Usage("--source goes with --policy, not a chain folder");
-  if (!a.within.empty()) {
-    auto d = orc::ParseDuration(a.within);
-    if (!d.ok()) return out.Usage("--keep-within: " + d.error().message());
-    a.keep.keep_within = *d;
-  }
-  if (a.keep.empty()) {
-    return out.Usage("give at least one keep rule: --keep-last, --keep-hourly, --keep-daily, --keep-weekly, "
-                     "--keep-monthly, --keep-yearly above 0, or --keep-within (none would forget every point)");
-  }
+  auto keep = orc::CheckForgetFlags(a.policy, a.chain_dir, !a.sources.empty(), a.within, a.keep);
+  if (!keep.ok()) return out.Usage(keep.error().message());
+  a.keep = *keep;
   std::optional<orc::Policy> policy;
   if (!a.policy.empty()) {
     auto loaded = orc::LoadPolicy(Env::Default(), a.policy);

@@ -150,18 +150,8 @@ int RunCreate(Env& env, const TargetArgs& t, const std::string& name, const std:
   if (!r.ok()) return out.Fail(r.error());
   ReportWarnings(r->warnings, r->image, out);
   if (!uuid.empty()) {
-    auto catalog_path = orc::CatalogPathFromFlag(env, catalog);
-    if (!catalog_path.ok()) return out.Fail(catalog_path.error());
-    orc::StoredSnapshot s;
-    s.uuid = uuid;
-    s.display_name = name;
-    s.state = orc::SnapshotState::kCreated;
-    s.snapshot_id = r->snapshot.id;
-    s.created_at = r->snapshot.date_sec;
-    if (Status st = orc::RecordSnapshotState(env, *target, *catalog_path, s); !st.ok()) {
-      return out.Fail(Error(st.error()).Wrap("snapshot " + Describe(r->snapshot) +
-                                             " was created, but its display name was not recorded"));
-    }
+    Status st = orc::RecordCreatedSnapshot(env, *target, catalog, r->snapshot, uuid, name);
+    if (!st.ok()) return out.Fail(st.error());
   }
   json j = OpJson(*r);
   if (!uuid.empty()) {

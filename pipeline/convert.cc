@@ -79,4 +79,16 @@ Result<ConvertResult> RunConvert(Env& env, const ConvertRequest& req) {
   return r;
 }
 
+Status CheckConvertOptions(DestinationFormat format, bool compressed, bool has_backing, bool has_backing_format,
+                           bool cluster_size_given) {
+  const bool qcow2 = format == DestinationFormat::kQcow2;
+  if (!qcow2 && compressed) return Error::InvalidArgument("--compress needs -O qcow2");
+  if (has_backing && !qcow2) return Error::InvalidArgument("--backing needs -O qcow2");
+  if (has_backing_format && !has_backing) return Error::InvalidArgument("--backing-format needs --backing");
+  if (!qcow2 && cluster_size_given) {
+    return Error::InvalidArgument("--cluster-size needs -O qcow2 (a raw output has no clusters)");
+  }
+  return OkStatus();
+}
+
 }  // namespace barge::pipeline

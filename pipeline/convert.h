@@ -34,6 +34,13 @@ struct ConvertRequest {
   CopyOptions copy;
 };
 
+// The option combinations convert refuses before opening anything, as
+// kInvalidArgument with the text the cli prints as its usage error:
+// compression, a backing file or a cluster size without a qcow2 output
+// (`format`), a backing format without a backing file.
+Status CheckConvertOptions(DestinationFormat format, bool compressed, bool has_backing, bool has_backing_format,
+                           bool cluster_size_given);
+
 struct ConvertResult {
   uint64_t virtual_size = 0;
   uint64_t bytes_read = 0;

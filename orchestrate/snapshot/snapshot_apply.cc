@@ -325,4 +325,21 @@ Status RecordSnapshotState(Env& env, const SnapshotTarget& target, const std::st
   return store->Put(key, snapshot);
 }
 
+Status RecordCreatedSnapshot(Env& env, const SnapshotTarget& target, const std::string& catalog_flag,
+                             const formats::SnapshotInfo& created, const std::string& uuid,
+                             const std::string& display_name) {
+  BARGE_ASSIGN_OR_RETURN(std::string catalog_path, CatalogPathFromFlag(env, catalog_flag));
+  StoredSnapshot s;
+  s.uuid = uuid;
+  s.display_name = display_name;
+  s.state = SnapshotState::kCreated;
+  s.snapshot_id = created.id;
+  s.created_at = created.date_sec;
+  if (Status st = RecordSnapshotState(env, target, catalog_path, s); !st.ok()) {
+    return Error(st.error()).Wrap("snapshot '" + created.name + "' (id " + created.id +
+                                  ") was created, but its display name was not recorded");
+  }
+  return OkStatus();
+}
+
 }  // namespace barge::orchestrate

@@ -113,4 +113,14 @@ Result<std::map<std::string, StoredSnapshot>> SnapshotStatesByUuid(Env& env, con
 Status RecordSnapshotState(Env& env, const SnapshotTarget& target, const std::string& catalog_path,
                            const StoredSnapshot& snapshot);
 
+// `snapshot create --uuid`: records `created` (the snapshot it made, named
+// `uuid`) as kCreated with `display_name`, in the catalog that
+// `catalog_flag` (--catalog, "" for the default) names.
+// Returns: CatalogPathFromFlag's errors as they are; a failed record
+// wrapped as "snapshot '<name>' (id <id>) was created, but its display name
+// was not recorded" (the snapshot stays).
+Status RecordCreatedSnapshot(Env& env, const SnapshotTarget& target, const std::string& catalog_flag,
+                             const formats::SnapshotInfo& created, const std::string& uuid,
+                             const std::string& display_name);
+
 }  // namespace barge::orchestrate

@@ -236,3 +236,42 @@ TEST_F(SnapshotApplyTest, SnapshotsBargeDoesNotManageAreLeftAlone) {
 
 }  // namespace
 }  // namespace barge::orchestrate
+
+namespace barge::orchestrate {
+namespace {
+
+// `snapshot create --uuid`: the display name goes to the catalog --catalog
+// names; a catalog that cannot take it says the snapshot was made anyway.
+TEST_F(SnapshotApplyTest, RecordCreatedSnapshotKeepsTheDisplayName) {
+  const SnapshotTarget target{image_, "", "", ""};
+  formats::SnapshotInfo created;
+  created.id = "1";
+  created.name = "u9";
+  created.date_sec = 1700000000;
+  // --catalog in a folder that does not exist: CatalogPathFromFlag's kNotFound, unwrapped.
+  Status missing = RecordCreatedSnapshot(Env::Default(), target, catalog_, created, "u9", "nightly");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(missing.error().message().find("was created"), std::string::npos);
+
+  ASSERT_TRUE(Env::Default().CreateDirs(dir_ / "state").ok());
+  ASSERT_TRUE(RecordCreatedSnapshot(Env::Default(), target, catalog_, created, "u9", "nightly").ok());
+  auto by_uuid = SnapshotStatesByUuid(Env::Default(), target, catalog_);
+  ASSERT_TRUE(by_uuid.ok()) << by_uuid.error().ToString();
+  ASSERT_EQ(by_uuid->count("u9"), 1u);
+  EXPECT_EQ(by_uuid->at("u9").display_name, "nightly");
+  EXPECT_EQ(by_uuid->at("u9").state, SnapshotState::kCreated);
+  EXPECT_EQ(by_uuid->at("u9").snapshot_id, "1");
+
+  // A catalog file that is no database: the record fails, wrapped.
+  const std::string junk = dir_ / "junk.db";
+  ASSERT_TRUE(Env::Default().WriteFileAtomic(junk, std::string(4096, 'x')).ok());
+  Status bad = RecordCreatedSnapshot(Env::Default(), target, junk, created, "u9", "nightly");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("snapshot 'u9' (id 1) was created, but its display name was not recorded"),
+            std::string::npos)
+      << bad.error().message();
+}
+
+}  // namespace
+}  // namespace barge::orchestrate
