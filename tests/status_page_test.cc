@@ -165,6 +165,15 @@ TEST(StatusPageServeTest, BenchSvgDrawsEveryStage) {
   EXPECT_NE(text.find(">end-to-end"), std::string::npos);
   EXPECT_EQ(Count(text, "<rect "), r.at("stages").size() + 1);
   RunOk("python3 -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' " + Q(svg));
+
+  // A chart into a folder that does not exist is refused before the
+  // minutes of measuring, not after them with the results lost.
+  auto missing = testing::Run(Barge() + " bench --size 64M --threads 2 --workdir " + Q(dir.path().string()) +
+                              " --svg " + Q(dir / "nowhere/stages.svg"));
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.stderr_text.find("barge: NotFound: "), std::string::npos) << missing.stderr_text;
+  EXPECT_NE(missing.stderr_text.find("--svg"), std::string::npos) << missing.stderr_text;
+  EXPECT_EQ(missing.stdout_text.find("end-to-end"), std::string::npos) << missing.stdout_text;
 }
 
 }  // namespace
