@@ -144,6 +144,12 @@ TEST_F(HttpSourceTest, CredentialsComeFromANetrcFileAndAreNeverShown) {
   ::chmod(netrc.c_str(), 0644);
   ExpectRefused("--netrc-file " + Q(netrc) + " " + Q(url), 1, "too open");
   ::chmod(netrc.c_str(), 0600);
+  // A wrong password in the file is named as the file's entry, not as a
+  // missing --netrc-file.
+  const std::string wrong = keys / "wrong";
+  WriteText(wrong, "machine 127.0.0.1 login alice password not-it\n");
+  ::chmod(wrong.c_str(), 0600);
+  ExpectRefused("--netrc-file " + Q(wrong) + " " + Q(url), 1, "check the --netrc-file entry");
   const std::string out = dir_ / "private.raw";
   const std::string text = testing::RunOk(Barge("convert --netrc-file " + Q(netrc) + " " + Q(url) + " " + Q(out)));
   EXPECT_FALSE(Has(text, Nginx::kPassword));
