@@ -149,6 +149,13 @@ TEST(StatusPageServeTest, ChromiumShowsFactsAndEscapesHostileNames) {
   EXPECT_EQ(page.find("<script"), std::string::npos);
   EXPECT_NE(page.find("href=\"#chain-0-0\""), std::string::npos);
   EXPECT_NE(page.find("<section class=\"chain\" id=\"chain-0-0\">"), std::string::npos);
+
+  // A page its owner published (0644) keeps that mode when cron rewrites it.
+  ASSERT_EQ(::chmod(html.c_str(), 0644), 0);
+  testing::RunResult("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " report --policy " + Q(policy) + " --html " +
+                     Q(html) + " --json");
+  ASSERT_EQ(::stat(html.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
 }
 
 // `bench --svg`: the table's stages as a well-formed SVG bar chart.
