@@ -262,12 +262,15 @@ void HttpClient::Backoff(int failed_attempts) {
 namespace {
 
 // An answer no retry changes, as an Error; nullopt when a retry may help.
-std::optional<Error> FinalError(const HttpClient::Attempt& a, int max_redirects) {
+std::optional<Error> FinalError(const HttpClient::Attempt& a, const HttpOptions& options) {
   const int s = a.head.status;
+  const int max_redirects = options.max_redirects;
   if (s == 404 || s == 410) return Error::NotFound("not found on the server (HTTP " + std::to_string(s) + ")");
   if (s == 401 || s == 403) {
-    return Error::InvalidArgument("access refused by the server (HTTP " + std::to_string(s) +
-                                  "); give credentials with --netrc-file");
+    return Error::InvalidArgument("access refused by the server (HTTP " + std::to_string(s) + "); " +
+                                  (options.netrc_file.empty()
+                                       ? "give credentials with --netrc-file"
+                                       : "check the --netrc-file entry for this host (missing or not accepted)"));
   }
   if (s == 416) return Error::Corruption("the server refused a range inside the file's length (HTTP 416): the remote file changed or shrank");
   if (s >= 400 && s < 500 && s != 408 && s != 429) {
@@ -279,8 +282,13 @@ std::optional<Error> FinalError(const HttpClient::Attempt& a, int max_redirects)
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CACERT_BADFILE:
     case CURLE_SSL_CERTPROBLEM:
-      return Error::InvalidArgument(std::string("TLS: the server's certificate was not verified (") +
-                                    curl_easy_strerror(a.code) + "); give its authority with --ca-file");
+      // curl's own detail names the cause (an unknown authority, a name
+      // that does not match the host, an expired certificate).
+      return Error::InvalidArgument(
+          std::string("TLS: the server's certificate was not verified (") +
+          (a.curl_error[0] != '\0' ? a.curl_error : curl_easy_strerror(a.code)) + "); " +
+          (options.ca_file.empty() ? "give its authority with --ca-file"
+                                   : "check that it names this host and is signed by the authority in --ca-file"));
     case CURLE_UNSUPPORTED_PROTOCOL:
       return Error::InvalidArgument("redirected to a protocol barge does not follow (only http and https; never from https to http)");
     case CURLE_URL_MALFORMAT:
@@ -309,7 +317,7 @@ Result<HttpObject> HttpClient::Probe() {
     Perform(*handle, 0, 0, first_byte, a);
     Release(std::move(handle));
     if (a.fatal) return a.fatal->set_path(shown_url_);
-    if (auto e = FinalError(a, options_.max_redirects)) return e->set_path(shown_url_);
+    if (auto e = FinalError(a, options_)) return e->set_path(shown_url_);
     const HttpResponseHead& h = a.head;
     // A head cut short (no blank line yet) is retried like any cut.
     if (a.head_done && !h.malformed && (h.status == 200 || h.status == 206)) {
@@ -368,7 +376,7 @@ Status HttpClient::ReadRange(const HttpObject& expect, uint64_t offset, std::spa
           .set_path(shown_url_)
           .set_range(offset, out.size());
     }
-    if (auto e = FinalError(a, options_.max_redirects)) return e->set_path(shown_url_).set_range(offset, out.size());
+    if (auto e = FinalError(a, options_)) return e->set_path(shown_url_).set_range(offset, out.size());
     if (a.received > 0) failures = 0;  // progress: a cut, resumed at the byte
     if (++failures >= options_.max_attempts) {
       return Error::IoError("gave up after " + std::to_string(failures) + " attempts without progress: " +

@@ -81,6 +81,15 @@ TEST(HttpUrlTest, ShownWithoutCredentials) {
   EXPECT_EQ(RedactHttpUrl("https://alice:pw@example.com/a.qcow2"), "https://example.com/a.qcow2");
   EXPECT_EQ(RedactHttpUrl("https://example.com/a.qcow2?token=abc&v=2"), "https://example.com/a.qcow2?v=2");
   EXPECT_EQ(RedactHttpUrl("http://h:8080/x.raw"), "http://h:8080/x.raw");
+  // A signed URL's signature is a credential: Azure SAS, S3, Google, CloudFront.
+  EXPECT_EQ(RedactHttpUrl("https://a.blob.core.windows.net/c/i.qcow2?sv=2022-11-02&se=2030-01-01&sig=AZ%3D"),
+            "https://a.blob.core.windows.net/c/i.qcow2?sv=2022-11-02&se=2030-01-01");
+  EXPECT_EQ(RedactHttpUrl("https://s3.example/b/i.raw?X-Amz-Date=1&X-Amz-Signature=abc&X-Amz-Security-Token=t"),
+            "https://s3.example/b/i.raw?X-Amz-Date=1");
+  EXPECT_EQ(RedactHttpUrl("https://storage.example/b/i.raw?X-Goog-Signature=abc&X-Goog-Credential=c&x=1"),
+            "https://storage.example/b/i.raw?x=1");
+  EXPECT_EQ(RedactHttpUrl("https://cdn.example/i.raw?Expires=1&Signature=abc&Key-Pair-Id=k"),
+            "https://cdn.example/i.raw?Expires=1");
 }
 
 }  // namespace

@@ -54,12 +54,15 @@ std::string Lower(std::string s) {
 
 // A query parameter that names a credential or the file holding one:
 // libnbd's tls-* (tls-psk-file, tls-certificates, tls-username), libvirt's
-// keyfile= and pkipath=, and anything called a password, secret, token or
-// key. `name` is decoded ("tls%2Dpsk-file" is tls-psk-file to libnbd).
+// keyfile= and pkipath=, anything called a password, secret, token or
+// key, and the signature of a signed URL (an Azure SAS's sig=, S3's
+// X-Amz-Signature, Google's X-Goog-Signature, CloudFront's Signature): a
+// signed link is a credential until it expires. `name` is decoded
+// ("tls%2Dpsk-file" is tls-psk-file to libnbd).
 bool IsSecretParam(std::string_view name) {
   const std::string n = Lower(PercentDecode(name));
   if (n.starts_with("tls-")) return true;
-  for (std::string_view word : {"key", "pass", "secret", "token", "psk", "cert", "pki", "cred", "auth"}) {
+  for (std::string_view word : {"key", "pass", "secret", "token", "psk", "cert", "pki", "cred", "auth", "sig"}) {
     if (n.find(word) != std::string::npos) return true;
   }
   return false;

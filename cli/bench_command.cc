@@ -275,19 +275,31 @@ std::string BenchSvg(const pipeline::BenchRun& run) {
 int RunBenchCommand(const BenchArgs& a, Output& out) {
   auto plan = PlanOf(a);
   if (!plan.ok()) return out.Usage(plan.error().message());
+  if (!a.svg.empty()) {
+    // The chart's folder is checked before the minutes of measuring.
+    const size_t slash = a.svg.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : a.svg.substr(0, slash);
+    auto st = Env::Default().Stat(dir);
+    if (!st.ok()) {
+      Error e = st.error();
+      return out.Fail(e.Wrap("--svg: the chart's folder"));
+    }
+  }
   plan->request.generate_log = Log;
   plan->request.stage_log = out.json() ? nullptr : Log;
   auto run = pipeline::RunBenchRequest(Env::Default(), plan->request);
   if (!run.ok()) return out.Fail(run.error());
   if (run->not_removed) out.Warning("bench scratch folder not removed: " + run->not_removed->ToString(), run->scratch);
+  // The results are printed first: a chart that cannot be written loses
+  // no measurement.
+  if (out.json()) {
+    out.Result(BenchJson(a, *plan, *run));
+  } else {
+    PrintBench(out.text(), a, *plan, *run);
+  }
   if (!a.svg.empty()) {
     if (Status s = Env::Default().WriteFileAtomic(a.svg, BenchSvg(*run)); !s.ok()) return out.Fail(s.error());
   }
-  if (out.json()) {
-    out.Result(BenchJson(a, *plan, *run));
-    return kExitOk;
-  }
-  PrintBench(out.text(), a, *plan, *run);
   return kExitOk;
 }
 

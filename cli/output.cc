@@ -23,7 +23,26 @@ namespace {
 // test) never sees the line cut in two by stdout's text.
 void WriteStderrLine(const std::string& line) {
   std::cout.flush();
-  const std::string text = line + "\n";
+  // One line whatever it names: a line break or another control byte in a
+  // file name or URL is written as \n, \r or \xHH, so a reader never takes
+  // the rest for a line of its own.
+  std::string text;
+  text.reserve(line.size() + 1);
+  for (unsigned char c : line) {
+    if (c == '\n') {
+      text += "\\n";
+    } else if (c == '\r') {
+      text += "\\r";
+    } else if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      text += "\\x";
+      text += kHex[c >> 4];
+      text += kHex[c & 0xf];
+    } else {
+      text += static_cast<char>(c);
+    }
+  }
+  text += "\n";
   std::cerr.write(text.data(), static_cast<std::streamsize>(text.size()));
   std::cerr.flush();
 }

@@ -1,8 +1,11 @@
 // barge report: the status page of a policy from its records, for cron and
 // systemd users (issue 42; docs/status_page.md). --html FILE writes the
-// page serve shows at `/` (its chains' points inline), privately (0600)
-// and atomically; --json gives the same model as the result event.
+// page serve shows at `/` (its chains' points inline), atomically, new
+// pages private (0600), a page of ours already there keeping its mode; --json gives the same model as the result event.
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 #include "cli/common.h"
 #include "orchestrate/catalog/catalog_path.h"
@@ -32,7 +35,9 @@ nlohmann::json PolicyStatusJson(const orc::PolicyStatus& st) {
       stored.push_back({{"at", orc::FormatRfc3339(x.at)}, {"bytes", x.bytes}});
     }
     auto age = [&](const std::optional<orc::SysSeconds>& t) {
-      return t ? json((st.generated_at - *t).count()) : json(nullptr);
+      // A record timed ahead of this clock (skew) is 0 seconds old, as the
+      // text says.
+      return t ? json(std::max<int64_t>(0, (st.generated_at - *t).count())) : json(nullptr);
     };
     sources.push_back({{"source", s.name},
                        {"kind", s.kind},
@@ -105,7 +110,13 @@ int RunReport(const ReportArgs& a, Output& out) {
         else out.Warning(section.error().ToString(), st.sources[i].chain_dirs[j]);
       }
     }
-    if (Status s = env.WriteFileAtomic(a.html, orc::RenderStatusPage(st, o), true, S_IRUSR | S_IWUSR); !s.ok()) {
+    // A new page is private; a page of ours already there keeps the mode
+    // its owner gave it (a page published from cron stays readable).
+    uint32_t mode = S_IRUSR | S_IWUSR;
+    if (auto old = env.StatNoFollow(a.html); old.ok() && old->is_regular() && old->uid == ::geteuid()) {
+      mode = old->mode & 0777;
+    }
+    if (Status s = env.WriteFileAtomic(a.html, orc::RenderStatusPage(st, o), true, mode); !s.ok()) {
       return out.Fail(s.error());
     }
   }

@@ -62,7 +62,10 @@ int RunServe(ServeArgs& a, Output& out) {
   so.on_error = [&out](const Error& e) { out.Warning(e.ToString()); };
 
   auto server = orc::StatusServer::Start(a.listen, collector);
-  if (!server.ok()) return out.Fail(Error::IoError(server.error().message() + " (--listen HOST:PORT)"));
+  if (!server.ok()) {
+    if (server.error().code() == ErrorCode::kInvalidArgument) return out.Usage(server.error().message());
+    return out.Fail(Error::IoError(server.error().message() + " (--listen HOST:PORT)"));
+  }
   const int port = (*server)->port();
   const std::string& address = (*server)->address();
 

@@ -389,8 +389,11 @@ int PrintVmBackupPlan(Output& out, const orc::VmBackupRequest& req) {
   out.Result({{"dry_run", true}, {"domain", req.domain}, {"tracker", f->tracker}, {"mode", f->mode},
               {"refusal", f->refusal}, {"disks", disks}});
   std::ostream& o = out.text();
-  o << "vm backup of " << req.domain << " (dry run)" << (f->tracker.empty() ? "" : ", tracker " + f->tracker) << ", "
-    << (f->mode == "pull" ? "pull mode" : "offline, from the CBT overlays")
+  // A refusal found before the mode is known (a missing target) names none.
+  const std::string mode = f->mode == "pull"      ? ", pull mode"
+                           : f->mode == "offline" ? ", offline, from the CBT overlays"
+                                                  : "";
+  o << "vm backup of " << req.domain << " (dry run)" << (f->tracker.empty() ? "" : ", tracker " + f->tracker) << mode
     << (f->refusal.empty() ? "" : ": refused: " + f->refusal) << (f->disks.empty() ? "\n" : ":\n");
   for (const auto& p : f->disks) PrintDiskPlan(o, p);
   return int{kExitOk};

@@ -8,6 +8,7 @@
 // underneath is refused, never mixed.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "tests/testing/cli_testing.h"
@@ -143,6 +144,12 @@ TEST_F(HttpSourceTest, CredentialsComeFromANetrcFileAndAreNeverShown) {
   ::chmod(netrc.c_str(), 0644);
   ExpectRefused("--netrc-file " + Q(netrc) + " " + Q(url), 1, "too open");
   ::chmod(netrc.c_str(), 0600);
+  // A wrong password in the file is named as the file's entry, not as a
+  // missing --netrc-file.
+  const std::string wrong = keys / "wrong";
+  WriteText(wrong, "machine 127.0.0.1 login alice password not-it\n");
+  ::chmod(wrong.c_str(), 0600);
+  ExpectRefused("--netrc-file " + Q(wrong) + " " + Q(url), 1, "check the --netrc-file entry");
   const std::string out = dir_ / "private.raw";
   const std::string text = testing::RunOk(Barge("convert --netrc-file " + Q(netrc) + " " + Q(url) + " " + Q(out)));
   EXPECT_FALSE(Has(text, Nginx::kPassword));
@@ -157,6 +164,22 @@ TEST_F(HttpSourceTest, BadAnswersAreOneClearLineAndLeaveNothing) {
   ExpectRefused(Q(nginx_->http("child.qcow2")), 1, "backing");
   // Nothing listens there: retried, then an I/O error.
   ExpectRefused(Q("http://127.0.0.1:" + std::to_string(1) + "/disk.raw"), 1, "attempts");
+}
+
+TEST_F(HttpSourceTest, SignedUrlsAndLineBreaksNeverReachTheErrorLine) {
+  // A signed link's signature is a credential (Azure SAS sig=, S3, Google).
+  for (const std::string query : {"?sv=1&sig=SECRETSIG%3D", "?X-Amz-Date=1&X-Amz-Signature=SECRETSIG",
+                                  "?X-Goog-Signature=SECRETSIG&x=1"}) {
+    CommandResult r = Sh(Barge("info --json " + Q(nginx_->http("missing.qcow2" + query))));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(Has(r.stderr_text, "missing.qcow2")) << r.output;
+    EXPECT_FALSE(Has(r.output, "SECRETSIG")) << r.output;
+  }
+  // A line break in the URL is refused on one line that shows it escaped.
+  CommandResult r = Sh(Barge("info " + Q(nginx_->http("disk.raw\nbarge: ok"))));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(std::count(r.stderr_text.begin(), r.stderr_text.end(), '\n'), 1) << r.stderr_text;
+  EXPECT_TRUE(Has(r.stderr_text, "disk.raw\\nbarge: ok")) << r.stderr_text;
 }
 
 TEST_F(HttpSourceTest, CutsStallsAnd503sAreRetriedAndResumedAtTheByte) {

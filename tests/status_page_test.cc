@@ -149,6 +149,13 @@ TEST(StatusPageServeTest, ChromiumShowsFactsAndEscapesHostileNames) {
   EXPECT_EQ(page.find("<script"), std::string::npos);
   EXPECT_NE(page.find("href=\"#chain-0-0\""), std::string::npos);
   EXPECT_NE(page.find("<section class=\"chain\" id=\"chain-0-0\">"), std::string::npos);
+
+  // A page its owner published (0644) keeps that mode when cron rewrites it.
+  ASSERT_EQ(::chmod(html.c_str(), 0644), 0);
+  testing::RunResult("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " report --policy " + Q(policy) + " --html " +
+                     Q(html) + " --json");
+  ASSERT_EQ(::stat(html.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
 }
 
 // `bench --svg`: the table's stages as a well-formed SVG bar chart.
@@ -165,6 +172,15 @@ TEST(StatusPageServeTest, BenchSvgDrawsEveryStage) {
   EXPECT_NE(text.find(">end-to-end"), std::string::npos);
   EXPECT_EQ(Count(text, "<rect "), r.at("stages").size() + 1);
   RunOk("python3 -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' " + Q(svg));
+
+  // A chart into a folder that does not exist is refused before the
+  // minutes of measuring, not after them with the results lost.
+  auto missing = testing::Run(Barge() + " bench --size 64M --threads 2 --workdir " + Q(dir.path().string()) +
+                              " --svg " + Q(dir / "nowhere/stages.svg"));
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.stderr_text.find("barge: NotFound: "), std::string::npos) << missing.stderr_text;
+  EXPECT_NE(missing.stderr_text.find("--svg"), std::string::npos) << missing.stderr_text;
+  EXPECT_EQ(missing.stdout_text.find("end-to-end"), std::string::npos) << missing.stdout_text;
 }
 
 }  // namespace

@@ -156,9 +156,24 @@ ListenAddress SplitListen(const std::string& listen) {
   return {listen.substr(0, colon), listen.substr(colon + 1)};
 }
 
+namespace {
+
+// getaddrinfo and civetweb take any number as a port (civetweb wraps it);
+// a TCP port is 0 to 65535.
+std::string PortProblem(const std::string& port) {
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535) {
+    return "the port must be a number from 0 to 65535";
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string ListenProblem(const std::string& listen) {
   auto [host, port] = SplitListen(listen);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (std::string p = PortProblem(port); !p.empty()) return p;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -188,6 +203,9 @@ StatusServer::~StatusServer() { Stop(); }
 
 Result<std::unique_ptr<StatusServer>> StatusServer::Start(const std::string& listen,
                                                           std::shared_ptr<PolicyMetricsCollector> metrics) {
+  if (std::string p = PortProblem(SplitListen(listen).port); !p.empty()) {
+    return Error::InvalidArgument("cannot listen on " + listen + ": " + p);
+  }
   std::unique_ptr<StatusServer> server(new StatusServer());
   static CivetCallbacks callbacks{};
   callbacks.begin_request = BeginRequest;

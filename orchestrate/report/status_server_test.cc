@@ -94,5 +94,16 @@ TEST(StatusServerTest, ServesMetricsAndUnhealthyUntilAttached) {
   EXPECT_EQ(ListenProblem(taken), "");
 }
 
+TEST(StatusServerTest, APortOutsideTcpsRangeIsNamed) {
+  for (const std::string listen : {"0.0.0.0:99999", "127.0.0.1:65536", "127.0.0.1:http", "127.0.0.1:"}) {
+    EXPECT_EQ(ListenProblem(listen), "the port must be a number from 0 to 65535") << listen;
+    auto server = StatusServer::Start(listen, std::make_shared<PolicyMetricsCollector>());
+    ASSERT_FALSE(server.ok()) << listen;
+    EXPECT_EQ(server.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(server.error().message().find("the port must be a number from 0 to 65535"), std::string::npos)
+        << server.error().ToString();
+  }
+}
+
 }  // namespace
 }  // namespace barge::orchestrate
