@@ -177,8 +177,16 @@ class VmInstantRestoreTest : public VmTestBase {
   // socket (0660) are QEMU's user's and group's alone (as libvirt runs the
   // domain's QEMU): another local user (nobody) neither reads the overlay
   // nor connects to the socket (the folder around them is traversable).
+  // The run's scratch folder beside DISK (mkdtemp: .barge-instant-DOMAIN-XXXXXX).
+  std::string ScratchOf(const std::string& domain) {
+    for (const auto& e : fs::directory_iterator(dir_.path())) {
+      if (e.path().filename().string().rfind(".barge-instant-" + domain + "-", 0) == 0) return e.path().string();
+    }
+    ADD_FAILURE() << "no scratch folder for " << domain;
+    return dir_ / (".barge-instant-" + domain + "-missing");
+  }
   void ExpectOnlyQemuReaches(const std::string& domain, bool socket_too = true) {
-    const std::string scratch = dir_ / (".barge-instant-" + domain);
+    const std::string scratch = ScratchOf(domain);
     const std::string overlay = scratch + "/overlay.qcow2", socket = scratch + "/nbd.sock";
     std::string qemu_pid = Slurp("/run/libvirt/qemu/" + domain + ".pid");
     qemu_pid.erase(qemu_pid.find_last_not_of(" \n") + 1);
@@ -337,10 +345,12 @@ TEST_F(VmInstantRestoreTest, DamagedPointNeverPivots) {
   ASSERT_FALSE(image.empty());
   TestDomain dom("instantbad", {{"vda", placeholder_, "qcow2"}});
   ASSERT_NO_FATAL_FAILURE(dom.Define(dir_.path().string()));
-  const std::string uri = "nbd+unix:///?socket=" + (dir_ / (".barge-instant-" + dom.name())) + "/nbd.sock";
+  // The export's socket in the run's scratch folder (found once the run made it).
+  auto uri_now = [&] { return "nbd+unix:///?socket=" + ScratchOf(dom.name()) + "/nbd.sock"; };
   // Reads through the export the domain runs on: the damaged cluster
   // fails with EIO, every other range reads (each cluster verified).
   auto expect_serving = [&](const std::string& when) {
+    const std::string uri = uri_now();
     CommandResult bad = ::barge::testing::Run("qemu-io -r -f raw " + ShellQuote(uri) + " -c 'read 0 4k'");
     EXPECT_NE(bad.output.find("Input/output error"), std::string::npos) << when << ": " << bad.output;
     CommandResult good = ::barge::testing::Run("qemu-io -r -f raw " + ShellQuote(uri) +

@@ -152,10 +152,18 @@ Result<Record> BeginRecord(Env& env, virConnectPtr conn, virDomainPtr dom, const
     if (env.Exists(w.disk_abs) && !req.force) {
       return Error::InvalidArgument("DISK exists; give --force to replace it").set_path(w.disk_abs);
     }
-    r.scratch = JoinPath(DirName(w.disk_abs), ".barge-instant-" + EscapeLockName(req.domain));
+    // A fresh folder beside DISK (mkdtemp: a name nobody planted or
+    // predicts); the record keeps its name for the reruns.
+    BARGE_RETURN_IF_ERROR(env.CreateDirs(DirName(w.disk_abs)));
+    BARGE_ASSIGN_OR_RETURN(r.scratch,
+                           env.CreateTempDir(DirName(w.disk_abs), ".barge-instant-" + EscapeLockName(req.domain) + "-"));
   }
-  BARGE_RETURN_IF_ERROR(env.CreateDirs(DirName(w.record_path)));
-  BARGE_RETURN_IF_ERROR(WriteRecord(env, w.record_path, r));
+  Status recorded = env.CreateDirs(DirName(w.record_path));
+  if (recorded.ok()) recorded = WriteRecord(env, w.record_path, r);
+  if (!recorded.ok()) {
+    if (!remote) IgnoreError(env.RemoveDir(r.scratch), "an empty folder; the record is the error reported");
+    return std::move(recorded).error();
+  }
   return r;
 }
 
