@@ -225,14 +225,18 @@ Result<std::string> LoadChainSection(Env& env, const PolicyStatus& st, size_t so
 std::string RenderStatusPage(const PolicyStatus& st, const StatusPageOptions& o) {
   std::string h = Head("barge: policy " + st.policy);
   h += "<h1>Policy " + HtmlEscape(st.policy) + "</h1>\n<p class=\"summary\">";
-  size_t missing = 0, failing = 0;
+  // Sources without a point, or with points not counted, are named too.
+  size_t missing = 0, failing = 0, other = 0;
   for (const SourceStatus& s : st.sources) {
     missing += s.backup_missing ? 1 : 0;
     failing += s.consecutive_failures > 0 ? 1 : 0;
+    const std::string_view state = SourceState(s);
+    other += state == "unprotected" || state == "unknown" ? 1 : 0;
   }
-  h += "<span class=\"" + std::string(missing + failing ? "alert" : "ok") + "\" id=\"summary\">" +
+  h += "<span class=\"" + std::string(missing + failing + other ? "alert" : "ok") + "\" id=\"summary\">" +
        std::to_string(st.sources.size()) + " source(s): " + std::to_string(failing) + " failing, " +
-       std::to_string(missing) + " without a backup for too long</span><br>";
+       std::to_string(missing) + " without a backup for too long" +
+       (other ? ", " + std::to_string(other) + " unprotected or unknown" : "") + "</span><br>";
   h += "as of <time datetime=\"" + FormatRfc3339(st.generated_at) + "\">" + FormatRfc3339(st.generated_at) +
        "</time>; file " + HtmlEscape(st.policy_file) + "; next scheduled run: " +
        (st.next_due ? "<time id=\"next-due\" datetime=\"" + FormatRfc3339(*st.next_due) + "\">" +

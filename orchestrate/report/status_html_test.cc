@@ -116,6 +116,10 @@ TEST(StatusPageRenderTest, SourceWithoutPointsOrUncountedIsNotOk) {
   EXPECT_NE(page.find("<span class=\"alert\">UNPROTECTED</span>"), std::string::npos) << page;
   EXPECT_NE(page.find("<span class=\"alert\">UNKNOWN</span>"), std::string::npos) << page;
   EXPECT_NE(page.find("unknown <span class=\"reason\">target /gone cannot be read"), std::string::npos) << page;
+  EXPECT_NE(page.find("<span class=\"alert\" id=\"summary\">2 source(s): 0 failing, 0 without a backup for too "
+                      "long, 2 unprotected or unknown</span>"),
+            std::string::npos)
+      << page;
 }
 
 TEST(StatusPageRenderTest, ReportLinksToItsOwnSections) {
