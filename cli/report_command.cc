@@ -21,9 +21,7 @@ nlohmann::json TimeOrNull(const std::optional<orc::SysSeconds>& t) {
   return t ? nlohmann::json(orc::FormatRfc3339(*t)) : nlohmann::json(nullptr);
 }
 
-const char* StateOf(const orc::SourceStatus& s) {
-  return s.backup_missing ? "backup_missing" : s.consecutive_failures > 0 ? "failing" : "ok";
-}
+std::string StateOf(const orc::SourceStatus& s) { return std::string(orc::SourceState(s)); }
 
 // The model as the result's fields (docs/json.md, "report").
 nlohmann::json PolicyStatusJson(const orc::PolicyStatus& st) {
@@ -77,7 +75,7 @@ void PrintPolicyStatus(std::ostream& t, const orc::PolicyStatus& st) {
       << (s.last_success ? orc::FormatRfc3339(*s.last_success) + " (" + orc::AgeText(*s.last_success, st.generated_at) +
                                " ago)"
                          : std::string("never"))
-      << "; " << (s.points_kept ? std::to_string(*s.points_kept) : std::string("?")) << " point(s) kept";
+      << "; " << (s.points_kept ? std::to_string(*s.points_kept) : std::string("unknown")) << " point(s) kept";
     if (s.last_failure) t << "; last failure " << orc::FormatRfc3339(*s.last_failure) << ": " << s.last_failure_reason;
     t << "\n";
   }

@@ -28,6 +28,7 @@
 #include "orchestrate/vm/tracker.h"
 #include "orchestrate/vm/tracker_admin.h"
 #include "orchestrate/vm/vm_backup.h"
+#include "orchestrate/vm/vm_dry_run.h"
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/vm/vm_orphans.h"
 #include "orchestrate/vm/vm_request.h"
@@ -380,10 +381,12 @@ struct VmBackupArgs {
 };
 
 // `vm backup --dry-run`: per disk what the run would do (orc::DryRunVmBackup,
-// the run's own planner), or the refusal it would stop with. Changes nothing.
+// the run's own planner), or the refusal it would stop with, then exiting
+// as the run would. Changes nothing.
 int PrintVmBackupPlan(Output& out, const orc::VmBackupRequest& req) {
-  auto f = orc::DryRunVmBackup(Env::Default(), req);
-  if (!f.ok()) return out.Fail(f.error());
+  auto run = orc::DryRunVmBackupRun(Env::Default(), req);
+  if (!run.ok()) return out.Fail(run.error());
+  const orc::VmBackupForecast* f = &run->forecast;
   json disks = json::array();
   for (const auto& p : f->disks) disks.push_back(DiskPlanJson(p));
   out.Result({{"dry_run", true}, {"domain", req.domain}, {"tracker", f->tracker}, {"mode", f->mode},
@@ -396,7 +399,8 @@ int PrintVmBackupPlan(Output& out, const orc::VmBackupRequest& req) {
   o << "vm backup of " << req.domain << " (dry run)" << (f->tracker.empty() ? "" : ", tracker " + f->tracker) << mode
     << (f->refusal.empty() ? "" : ": refused: " + f->refusal) << (f->disks.empty() ? "\n" : ":\n");
   for (const auto& p : f->disks) PrintDiskPlan(o, p);
-  return int{kExitOk};
+  // Refused: the run's error and exit code after the plan.
+  return run->refused ? out.Fail(*run->refused) : int{kExitOk};
 }
 
 void RegisterVmBackup(CLI::App* vm, int& exit_code) {

@@ -6,7 +6,10 @@
 // on 127.0.0.1 scraping it with the shipped rules: the missing-backup alert
 // fires while a source keeps failing past max_duration_without_backup and
 // resolves after it succeeds (Prometheus's HTTP API).
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <sys/un.h>
 
 #include <gtest/gtest.h>
@@ -268,6 +271,78 @@ TEST(PolicyServeTest, ListenAddressInUseSaysSo) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("cannot listen on " + listen + ": Address already in use"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("null context"), std::string::npos) << r.output;
+}
+
+// `method` `path` on 127.0.0.1:port (HTTP/1.1, no body): the whole answer
+// as sent, headers and all; "" when it cannot connect.
+std::string RawRequest(int port, const std::string& method, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string answer;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string req = method + " " + path +
+                            " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) answer.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return answer;
+}
+
+// exposer_scrapes_total's value in a /metrics body (-1 when absent).
+double Scrapes(const std::string& body) {
+  const std::string name = "\nexposer_scrapes_total ";
+  const size_t at = body.find(name);
+  return at == std::string::npos ? -1 : std::stod(body.substr(at + name.size()));
+}
+
+// The status page answers HEAD as GET without the body and any other
+// method 405 naming the two; /metrics counts its scrapes.
+TEST(PolicyServeTest, StatusPageMethodsAndScrapeCount) {
+  TempDir dir;
+  const std::string cat = dir / "catalog.db", policy = dir / "m.yaml";
+  testing::WriteFile(dir / "quick.raw", testing::RandomBytes(1 << 20, 7));
+  fs::create_directories(dir / "t");
+  WriteText(policy, "name: m\nsources:\n  - image: " + (dir / "quick.raw") + "\nschedule: '@daily'\ntargets: [" +
+                        (dir / "t") + "]\nfree_space_multiple: 0\n");
+  Background serve(Barge() + " serve --policy " + Q(policy) + " --listen 127.0.0.1:0 --json", dir / "out",
+                   dir / "err", {{"BARGE_CATALOG", cat}});
+  ASSERT_TRUE(WaitFor([&] { return ServePort(serve) > 0; }, std::chrono::seconds(30))) << serve.err();
+  const int port = ServePort(serve);
+  ASSERT_TRUE(WaitFor([&] { return !EventsOf(serve.out(), "run").empty(); }, std::chrono::seconds(60)))
+      << serve.out() << serve.err();
+
+  const std::string get = RawRequest(port, "GET", "/");
+  ASSERT_EQ(get.rfind("HTTP/1.1 200 ", 0), 0u) << get;
+  const std::string head = RawRequest(port, "HEAD", "/");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 ", 0), 0u) << head;
+  EXPECT_NE(head.find("Content-Type: text/html"), std::string::npos) << head;
+  EXPECT_EQ(head.find("<html"), std::string::npos) << head;  // no body
+  EXPECT_EQ(head.size(), head.find("\r\n\r\n") + 4) << head;
+  for (const char* method : {"POST", "PUT", "DELETE"}) {
+    const std::string refused = RawRequest(port, method, "/");
+    EXPECT_EQ(refused.rfind("HTTP/1.1 405 ", 0), 0u) << method << ": " << refused;
+    EXPECT_NE(refused.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << refused;
+  }
+  EXPECT_EQ(RawRequest(port, "HEAD", "/chain/0/0").rfind("HTTP/1.1 200 ", 0), 0u);
+  EXPECT_EQ(RawRequest(port, "POST", "/chain/0/0").rfind("HTTP/1.1 405 ", 0), 0u);
+
+  const double first = Scrapes(HttpGet(port, "/metrics").body);
+  const double second = Scrapes(HttpGet(port, "/metrics").body);
+  const double third = Scrapes(HttpGet(port, "/metrics").body);
+  EXPECT_GE(first, 0);
+  EXPECT_EQ(second, first + 1);
+  EXPECT_EQ(third, first + 2);
+
+  serve.Signal(SIGTERM);
+  EXPECT_EQ(serve.Wait(std::chrono::seconds(30)), 143) << serve.err();
 }
 
 // Prometheus's firing alerts named `alert` for source `source`.

@@ -159,6 +159,37 @@ TEST(StatusPageServeTest, ChromiumShowsFactsAndEscapesHostileNames) {
 }
 
 // `bench --svg`: the table's stages as a well-formed SVG bar chart.
+// A source without a point is not OK, and one whose target cannot be read
+// (moved away) has an unknown count of points, not 0.
+TEST(StatusPageReportTest, UnprotectedAndMovedTargetAreNotOk) {
+  TempDir dir;
+  const std::string cat = dir / "catalog.db", policy = dir / "p.yaml", disk = dir / "d.raw";
+  testing::WriteFile(disk, testing::RandomBytes(1 << 20, 3));
+  fs::create_directories(dir / "t");
+  WriteText(policy, "name: p\nsources:\n  - image: " + disk + "\n    name: d\nschedule: '@daily'\n"
+                    "max_duration_without_backup: 1d\ntargets: [" + (dir / "t") + "]\nfree_space_multiple: 0\n");
+  const std::string report = "BARGE_CATALOG=" + Q(cat) + " " + Barge() + " report --policy " + Q(policy);
+  auto source = [&] { return testing::RunResult(report + " --json").at("sources").at(0); };
+
+  json s = source();  // never backed up: nothing protects it
+  EXPECT_EQ(s.at("state"), "unprotected") << s.dump();
+  EXPECT_EQ(s.at("points_kept"), 0) << s.dump();
+  EXPECT_NE(RunOk(report).find("d: unprotected; "), std::string::npos);
+
+  RunOk("BARGE_CATALOG=" + Q(cat) + " " + Barge() + " run --force --policy " + Q(policy));
+  s = source();
+  EXPECT_EQ(s.at("state"), "ok") << s.dump();
+  EXPECT_EQ(s.at("points_kept"), 1) << s.dump();
+
+  fs::rename(dir / "t", dir / "t-moved");
+  s = source();
+  EXPECT_TRUE(s.at("points_kept").is_null()) << s.dump();
+  EXPECT_EQ(s.at("state"), "unknown") << s.dump();
+  const std::string text = RunOk(report);
+  EXPECT_NE(text.find("d: unknown; "), std::string::npos) << text;
+  EXPECT_NE(text.find("; unknown point(s) kept"), std::string::npos) << text;
+}
+
 TEST(StatusPageServeTest, BenchSvgDrawsEveryStage) {
   TempDir dir;
   const std::string svg = dir / "stages.svg";

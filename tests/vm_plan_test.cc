@@ -223,5 +223,27 @@ TEST_F(VmPlanTest, DryRunMatchesTheRunAfterFailedAndKilledRuns) {
   ExpectRunAsPlanned(plan, Run(dom.name(), "--force-full"));
 }
 
+// A dry run the plan refuses (a target that is a file) exits as the run
+// would, with the same error, after its result: never 0.
+TEST_F(VmPlanTest, RefusedDryRunExitsAsTheRunWould) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  TestDomain dom("plan-refused", {{"vda", MakeQcow2("d.qcow2"), "qcow2"}});
+  ASSERT_NO_FATAL_FAILURE(Prepare(dom));
+  const std::string file = dir_ / "a-file";
+  WriteFile(file, RandomBytes(16, 1));
+  const std::string args = "vm backup --domain " + dom.name() + " --target " + ShellQuote(file) + " --skip-quiesce";
+  const CommandResult run = testing::Run(Barge(args));
+  ASSERT_NE(run.exit_code, 0) << run.output;
+  const CommandResult dry = testing::Run(Barge(args + " --dry-run"));
+  EXPECT_EQ(dry.exit_code, run.exit_code) << dry.output;
+  EXPECT_NE(dry.output.find(" (dry run): refused: InvalidArgument: "), std::string::npos) << dry.output;
+  json plan = RunResult(Barge(args + " --dry-run --json"), run.exit_code);
+  EXPECT_NE(plan["refusal"], "") << plan.dump();
+  json e = RunError(Barge(args + " --dry-run --json"), run.exit_code);
+  json real = RunError(Barge(args + " --json"), run.exit_code);
+  EXPECT_EQ(e["code"], real["code"]) << e.dump() << real.dump();
+  EXPECT_TRUE(fs::is_regular_file(file));
+}
+
 }  // namespace
 }  // namespace barge::testing

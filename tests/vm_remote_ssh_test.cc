@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -204,6 +205,10 @@ TEST_F(VmRemoteSshTest, FullAndIncrementalThroughSshRestoreByteIdentical) {
   const std::string tmp = dir_ / "barge-tmp";
   fs::create_directories(tmp);
   std::set<pid_t> forwards;
+  // The job's socket folders seen on the "host" while the backups ran, by
+  // path: "dir MODE" (with the socket in it once QEMU made it) or what else
+  // was there.
+  std::map<std::string, std::string> socket_places;
   auto backup = [&](const std::string& extra) {
     std::atomic<bool> done{false};
     std::thread watch([&] {
@@ -212,6 +217,16 @@ TEST_F(VmRemoteSshTest, FullAndIncrementalThroughSshRestoreByteIdentical) {
           if (cmd.find("ExitOnForwardFailure") != std::string::npos && cmd.find(tmp) != std::string::npos) {
             forwards.insert(pid);
           }
+        }
+        for (const std::string& p : RemoteSockets(dom.name())) {
+          struct stat st {};
+          if (::lstat(p.c_str(), &st) != 0) continue;
+          char mode[8];
+          std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+          std::string& seen = socket_places[p];
+          if (!S_ISDIR(st.st_mode)) seen = "not a folder";
+          else if (seen.empty() || seen.find("nbd.sock") == std::string::npos)
+            seen = "dir " + std::string(mode) + (fs::is_socket(p + "/nbd.sock") ? " nbd.sock" : "");
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
@@ -280,6 +295,15 @@ TEST_F(VmRemoteSshTest, FullAndIncrementalThroughSshRestoreByteIdentical) {
     EXPECT_EQ(e.path().filename().string().find("barge-backup-" + dom.name()), std::string::npos) << e.path();
   }
   EXPECT_FALSE(fs::exists("/var/tmp/barge-scratch-" + dom.name() + "-vda.qcow2"));
+  // The job's socket was in a folder of its own, one per run, made fresh
+  // for QEMU (0750: its user and group alone), its name not guessable (128
+  // random bits after the domain's name), and gone with the run.
+  EXPECT_EQ(socket_places.size(), 2u);
+  for (const auto& [path, seen] : socket_places) {
+    EXPECT_TRUE(seen == "dir 0750 nbd.sock" || seen == "dir 0700 nbd.sock") << path << ": " << seen;
+    EXPECT_GE(path.size() - ("/tmp/barge-backup-" + dom.name() + "-").size(), 32u) << path;
+    EXPECT_FALSE(fs::exists(path)) << path;
+  }
 
   // doctor through the same URI: the tracker's checkpoint, and an
   // incremental next.

@@ -64,6 +64,22 @@ bool RemoteFileExists(virStoragePoolPtr pool, const std::string& name) {
   return v != nullptr;
 }
 
+Status CreateRemoteFolder(virStoragePoolPtr pool, const std::string& name, uint32_t mode, int64_t uid, int64_t gid) {
+  char octal[16];
+  std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode));
+  std::string permissions = std::string("<permissions><mode>") + octal + "</mode>";
+  if (uid >= 0) permissions += "<owner>" + std::to_string(uid) + "</owner>";
+  if (gid >= 0) permissions += "<group>" + std::to_string(gid) + "</group>";
+  // A 'dir' volume: libvirt's dir pool mkdirs it (without its pools'
+  // "allow existing"), then chowns and chmods what it made.
+  const std::string xml = "<volume type='dir'><name>" + XmlEscape(name) +
+                          "</name><capacity unit='bytes'>0</capacity><target><format type='dir'/>" + permissions +
+                          "</permissions></target></volume>";
+  VirVol v(virStorageVolCreateXML(pool, xml.c_str(), 0));
+  if (v == nullptr) return LastVirError("create the folder " + name + " on the host");
+  return OkStatus();
+}
+
 Status DeleteRemoteFile(virStoragePoolPtr pool, const std::string& name) {
   VirVol v(virStorageVolLookupByName(pool, name.c_str()));
   if (v == nullptr) return OkStatus();

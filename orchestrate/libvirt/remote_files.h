@@ -41,6 +41,11 @@ Result<VirPool> OpenRemoteFolder(virConnectPtr conn, const std::string& dir, con
 Status CloseRemoteFolder(virStoragePoolPtr pool, const std::string& transient);
 
 bool RemoteFileExists(virStoragePoolPtr pool, const std::string& name);
+// A new folder `name` in the pool's folder, made fresh by the host's
+// libvirt (mkdir: an error, never a reuse, when the name exists) with
+// permission bits `mode` and owner `uid`:`gid` (-1: libvirt's own). Removed
+// with DeleteRemoteFile once empty.
+Status CreateRemoteFolder(virStoragePoolPtr pool, const std::string& name, uint32_t mode, int64_t uid, int64_t gid);
 // OkStatus when there is no such file.
 Status DeleteRemoteFile(virStoragePoolPtr pool, const std::string& name);
 // A new file `name` (format "raw" or "qcow2", no backing) of `size` bytes,

@@ -2,6 +2,8 @@
 #include "orchestrate/report/status_html.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 
 #include "formats/units.h"
@@ -68,10 +70,11 @@ std::string SourceRow(const PolicyStatus& st, size_t index, const SourceStatus& 
   std::string h = "<tr class=\"source\" id=\"source-" + std::to_string(index) + "\">";
   h += "<td class=\"name\">" + HtmlEscape(s.name) + "<br><span class=\"none\">" + HtmlEscape(s.kind) + " " +
        HtmlEscape(s.location) + "</span></td>";
-  h += "<td class=\"state\">" + std::string(s.backup_missing ? "<span class=\"alert\">BACKUP MISSING</span>"
-                                            : s.consecutive_failures > 0 ? "<span class=\"alert\">FAILING</span>"
-                                                                           : "<span class=\"ok\">OK</span>") +
-       "</td>";
+  const std::string_view state = SourceState(s);
+  std::string shown = state == "backup_missing" ? "BACKUP MISSING" : std::string(state);
+  std::transform(shown.begin(), shown.end(), shown.begin(), [](unsigned char c) { return std::toupper(c); });
+  h += "<td class=\"state\"><span class=\"" + std::string(state == "ok" ? "ok" : "alert") + "\">" + shown +
+       "</span></td>";
   h += "<td class=\"last-success\">" + TimeCell(s.last_success, st.generated_at, "never") + "</td>";
   h += "<td class=\"last-failure\">" + TimeCell(s.last_failure, st.generated_at, "none");
   if (s.last_failure) h += "<div class=\"reason\">" + HtmlEscape(s.last_failure_reason) + "</div>";
@@ -81,7 +84,7 @@ std::string SourceRow(const PolicyStatus& st, size_t index, const SourceStatus& 
   if (s.consecutive_failures > 0) h += " (" + std::to_string(s.consecutive_failures) + " in a row)";
   h += "</td><td class=\"points\">";
   h += s.points_kept ? std::to_string(*s.points_kept)
-                     : "? <span class=\"reason\">" + HtmlEscape(s.points_problem) + "</span>";
+                     : "unknown <span class=\"reason\">" + HtmlEscape(s.points_problem) + "</span>";
   for (size_t j = 0; j < s.chain_dirs.size(); ++j) {
     const std::string where = "/" + std::to_string(index) + "/" + std::to_string(j);
     const std::string href =
@@ -150,18 +153,30 @@ std::string SvgStoredChart(const std::vector<StoredSample>& samples) {
 std::string SvgBarChart(const std::string& title, const std::vector<std::pair<std::string, double>>& bars,
                         const std::string& unit) {
   constexpr double kLabelW = 130, kBarW = 380, kRow = 24, kTop = 30;
-  double top = 0;
-  for (const auto& b : bars) top = std::max(top, b.second);
+  double top = 0, least = 0;  // the largest value, the smallest above 0
+  for (const auto& b : bars) {
+    top = std::max(top, b.second);
+    if (b.second > 0 && (least == 0 || b.second < least)) least = b.second;
+  }
   if (top <= 0) top = 1;
+  // Values over more than two orders of magnitude: a linear bar of the
+  // smallest would be a sliver, so lengths are logarithmic, the largest
+  // the whole width and each decade below it 1/decades less (the smallest
+  // still a visible bar), and the title says so.
+  const bool log_scale = least > 0 && top / least > 100;
+  const double decades = log_scale ? std::ceil(std::log10(top / least)) + 1 : 1;
+  const std::string heading = title + (log_scale ? " (log scale)" : "");
   const double height = kTop + kRow * static_cast<double>(bars.size()) + 10;
   const double width = kLabelW + kBarW + 120;
   std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + Fmt("%.0f", width) + "\" height=\"" +
                     Fmt("%.0f", height) + "\" font-family=\"sans-serif\" font-size=\"12\"><title>" +
-                    HtmlEscape(title) + "</title><text x=\"4\" y=\"18\" font-size=\"14\" font-weight=\"bold\">" +
-                    HtmlEscape(title) + "</text>\n";
+                    HtmlEscape(heading) + "</title><text x=\"4\" y=\"18\" font-size=\"14\" font-weight=\"bold\">" +
+                    HtmlEscape(heading) + "</text>\n";
   double y = kTop;
   for (const auto& [label, value] : bars) {
-    const double w = std::max(0.0, value) / top * kBarW;
+    const double w = value <= 0     ? 0.0
+                     : log_scale ? kBarW * (1 - std::log10(top / value) / decades)
+                                 : value / top * kBarW;
     svg += "<text x=\"4\" y=\"" + Fmt("%.0f", y + 15) + "\">" + HtmlEscape(label) + "</text><rect x=\"" +
            Fmt("%.0f", kLabelW) + "\" y=\"" + Fmt("%.0f", y + 3) + "\" width=\"" + Fmt("%.1f", w) +
            "\" height=\"16\" fill=\"#2a6fb0\"/><text x=\"" + Fmt("%.1f", kLabelW + w + 6) + "\" y=\"" +
@@ -210,14 +225,18 @@ Result<std::string> LoadChainSection(Env& env, const PolicyStatus& st, size_t so
 std::string RenderStatusPage(const PolicyStatus& st, const StatusPageOptions& o) {
   std::string h = Head("barge: policy " + st.policy);
   h += "<h1>Policy " + HtmlEscape(st.policy) + "</h1>\n<p class=\"summary\">";
-  size_t missing = 0, failing = 0;
+  // Sources without a point, or with points not counted, are named too.
+  size_t missing = 0, failing = 0, other = 0;
   for (const SourceStatus& s : st.sources) {
     missing += s.backup_missing ? 1 : 0;
     failing += s.consecutive_failures > 0 ? 1 : 0;
+    const std::string_view state = SourceState(s);
+    other += state == "unprotected" || state == "unknown" ? 1 : 0;
   }
-  h += "<span class=\"" + std::string(missing + failing ? "alert" : "ok") + "\" id=\"summary\">" +
+  h += "<span class=\"" + std::string(missing + failing + other ? "alert" : "ok") + "\" id=\"summary\">" +
        std::to_string(st.sources.size()) + " source(s): " + std::to_string(failing) + " failing, " +
-       std::to_string(missing) + " without a backup for too long</span><br>";
+       std::to_string(missing) + " without a backup for too long" +
+       (other ? ", " + std::to_string(other) + " unprotected or unknown" : "") + "</span><br>";
   h += "as of <time datetime=\"" + FormatRfc3339(st.generated_at) + "\">" + FormatRfc3339(st.generated_at) +
        "</time>; file " + HtmlEscape(st.policy_file) + "; next scheduled run: " +
        (st.next_due ? "<time id=\"next-due\" datetime=\"" + FormatRfc3339(*st.next_due) + "\">" +

@@ -47,6 +47,8 @@ std::string RenderChainPage(const PolicyStatus& status, const std::string& secti
 
 // A horizontal bar chart as inline SVG: one bar per (label, value), the
 // value printed with `unit` after it. `bench --svg` draws its stages so.
+// Lengths are linear in the value, or logarithmic, the title then ending
+// in "(log scale)", when the values span more than a factor of 100.
 std::string SvgBarChart(const std::string& title, const std::vector<std::pair<std::string, double>>& bars,
                         const std::string& unit);
 

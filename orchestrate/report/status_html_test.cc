@@ -97,6 +97,31 @@ TEST(StatusPageRenderTest, FactsShownAndEveryNameEscaped) {
   EXPECT_EQ(page.find("<script"), std::string::npos);
 }
 
+TEST(StatusPageRenderTest, SourceWithoutPointsOrUncountedIsNotOk) {
+  PolicyStatus st = HostileStatus();
+  SourceStatus none = st.sources[0];
+  none.name = "none";
+  none.points_kept = 0;  // no failure, not yet missing, nothing kept
+  SourceStatus moved = st.sources[0];
+  moved.name = "moved";
+  moved.points_kept.reset();
+  moved.points_problem = "target /gone cannot be read";
+  EXPECT_EQ(SourceState(st.sources[0]), "ok");
+  EXPECT_EQ(SourceState(none), "unprotected");
+  EXPECT_EQ(SourceState(moved), "unknown");
+  EXPECT_EQ(SourceState(st.sources[1]), "backup_missing");
+  st.sources = {none, moved};
+  const std::string page = RenderStatusPage(st, {});
+  EXPECT_EQ(page.find(">OK<"), std::string::npos) << page;
+  EXPECT_NE(page.find("<span class=\"alert\">UNPROTECTED</span>"), std::string::npos) << page;
+  EXPECT_NE(page.find("<span class=\"alert\">UNKNOWN</span>"), std::string::npos) << page;
+  EXPECT_NE(page.find("unknown <span class=\"reason\">target /gone cannot be read"), std::string::npos) << page;
+  EXPECT_NE(page.find("<span class=\"alert\" id=\"summary\">2 source(s): 0 failing, 0 without a backup for too "
+                      "long, 2 unprotected or unknown</span>"),
+            std::string::npos)
+      << page;
+}
+
 TEST(StatusPageRenderTest, ReportLinksToItsOwnSections) {
   StatusPageOptions o;
   o.chain_links = false;
@@ -112,6 +137,20 @@ TEST(SvgBarChartTest, BarsScaledToTheLargest) {
   EXPECT_NE(svg.find("width=\"380.0\""), std::string::npos) << svg;  // the largest: the whole width
   EXPECT_NE(svg.find("width=\"190.0\""), std::string::npos);
   EXPECT_NE(svg.find("100.0 MiB/s"), std::string::npos);
+  EXPECT_EQ(svg.find("log scale"), std::string::npos);
+}
+
+TEST(SvgBarChartTest, ValuesOverOrdersOfMagnitudeGetALabelledLogScale) {
+  // 10000 down to 2: linear, the smallest bar would be 0.08 wide.
+  const std::string svg = SvgBarChart("stages", {{"read", 10000}, {"zstd", 100}, {"hash", 2}}, "MiB/s");
+  EXPECT_NE(svg.find("<title>stages (log scale)</title>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">stages (log scale)</text>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("width=\"380.0\""), std::string::npos) << svg;  // the largest: the whole width
+  // 5 decades drawn (4 spanned, and one for the smallest): 100 is two
+  // decades below the top, 2 is log10(5000) below it.
+  EXPECT_NE(svg.find("width=\"228.0\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find("width=\"98.9\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find("2.0 MiB/s"), std::string::npos);
 }
 
 }  // namespace

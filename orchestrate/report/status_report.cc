@@ -31,6 +31,14 @@ std::vector<StoredSample> StoredOverTime(const std::vector<RunRecord>& runs) {
 
 }  // namespace
 
+std::string_view SourceState(const SourceStatus& s) {
+  if (s.backup_missing) return "backup_missing";
+  if (s.consecutive_failures > 0) return "failing";
+  if (!s.points_kept) return "unknown";
+  if (*s.points_kept == 0) return "unprotected";
+  return "ok";
+}
+
 std::string AgeText(SysSeconds t, SysSeconds now) {
   int64_t s = now > t ? (now - t).count() : 0;
   const int64_t d = s / 86400, h = s % 86400 / 3600, m = s % 3600 / 60;
@@ -82,6 +90,13 @@ Result<PolicyStatus> CollectPolicyStatus(const Policy& policy, PolicyCatalog& ca
       } else {
         s.points_problem = RedactUrisIn(points.error().ToString());
       }
+    }
+    // A target that cannot be read (moved, unmounted) may hold points: how
+    // many is unknown, not 0.
+    for (const TargetMetrics& t : snap.targets) {
+      if (t.space || !s.points_kept) continue;
+      s.points_kept.reset();
+      s.points_problem = "target " + t.path + " cannot be read";
     }
     st.sources.push_back(std::move(s));
   }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "blockio/env.h"
@@ -36,7 +37,9 @@ struct SourceStatus {
   uint64_t successful_runs = 0;
   uint64_t failed_runs = 0;
   SysSeconds known_since;
-  std::optional<uint64_t> points_kept;  // nullopt: the chain folders could not be read
+  // nullopt: unknown, a target (moved, unmounted) or a chain folder could
+  // not be read.
+  std::optional<uint64_t> points_kept;
   std::string points_problem;           // why, when points_kept is nullopt
   // The chain folders holding its points (the page per chain).
   std::vector<std::string> chain_dirs;
@@ -66,6 +69,12 @@ struct PolicyStatus {
 // a source without any run became known (serve: its start; report: now).
 Result<PolicyStatus> CollectPolicyStatus(const Policy& policy, PolicyCatalog& catalog, Env& env, SysSeconds now,
                                          SysSeconds known_since);
+
+// The source's state, the most pressing first: "backup_missing" (the
+// BargeBackupMissing rule holds), "failing" (its latest runs failed),
+// "unprotected" (no point on the targets), "unknown" (its points could not
+// be counted: a target or chain folder unreadable), else "ok".
+std::string_view SourceState(const SourceStatus& s);
 
 // "3h 12m", "2d 4h", "45s": how long before `now` `t` was (0s when later).
 std::string AgeText(SysSeconds t, SysSeconds now);

@@ -55,26 +55,36 @@ std::vector<std::string> CivetOptions(const std::string& listen) {
 std::atomic<PolicyScheduler*> g_health_of{nullptr};
 std::atomic<const StatusServer::Page*> g_page_of{nullptr};
 
-int Reply(mg_connection* conn, int code, const char* reason, const char* type, const std::string& body) {
+// How a reply goes: `head` (a HEAD request) sends the headers alone, with
+// the Content-Length the body would have; `extra_headers` are whole lines.
+struct ReplyHow {
+  bool head = false;
+  const char* extra_headers = "";
+};
+
+int Reply(mg_connection* conn, int code, const char* reason, const char* type, const std::string& body,
+          ReplyHow how = {}) {
   mg_printf(conn,
             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
             "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
-            "Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'\r\nConnection: close\r\n\r\n",
-            code, reason, type, body.size());
-  mg_write(conn, body.data(), body.size());
+            "Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'\r\n%sConnection: close\r\n\r\n",
+            code, reason, type, body.size(), how.extra_headers);
+  if (!how.head) mg_write(conn, body.data(), body.size());
   return code;
 }
 
 // The status page (`/`) or a chain page, built from the records now: a
-// fresh catalog connection per request (the runner holds its own).
-int StatusPage(mg_connection* conn, std::string_view uri, PolicyScheduler& sched, const StatusServer::Page& src) {
+// fresh catalog connection per request (the runner holds its own). HEAD
+// (`how.head`) answers as GET without the body.
+int StatusPage(mg_connection* conn, std::string_view uri, PolicyScheduler& sched, const StatusServer::Page& src,
+               ReplyHow how) {
   auto chain = ChainPageIndex(uri);
   if (uri != "/" && !chain) return 0;  // the Exposer's 404
   Env& env = *src.env;
   const Policy policy = sched.policy();
   auto fail = [&](const Error& e) {
     return Reply(conn, 500, "Internal Server Error", "text/plain; charset=utf-8",
-                 RedactUrisIn(e.ToString()) + "\n");
+                 RedactUrisIn(e.ToString()) + "\n", how);
   };
   auto catalog = PolicyCatalog::Open(env, src.catalog_path);
   if (!catalog.ok()) return fail(catalog.error());
@@ -83,19 +93,19 @@ int StatusPage(mg_connection* conn, std::string_view uri, PolicyScheduler& sched
   if (chain) {
     auto section = LoadChainSection(env, *st, chain->first, chain->second);
     if (!section.ok() && section.error().code() == ErrorCode::kNotFound) {
-      return Reply(conn, 404, "Not Found", "text/plain; charset=utf-8", "no such chain\n");
+      return Reply(conn, 404, "Not Found", "text/plain; charset=utf-8", "no such chain\n", how);
     }
     if (!section.ok()) return fail(section.error());
-    return Reply(conn, 200, "OK", "text/html; charset=utf-8", RenderChainPage(*st, *section));
+    return Reply(conn, 200, "OK", "text/html; charset=utf-8", RenderChainPage(*st, *section), how);
   }
   StatusPageOptions o;
   o.daemon_line = SchedulerStatusLine(sched.status());
-  return Reply(conn, 200, "OK", "text/html; charset=utf-8", RenderStatusPage(*st, o));
+  return Reply(conn, 200, "OK", "text/html; charset=utf-8", RenderStatusPage(*st, o), how);
 }
 
 // civetweb's begin_request: answers /healthz itself (200 while serving,
-// 503 once stopping) and the status pages; every other request goes on to
-// the Exposer.
+// 503 once stopping) and the status pages (GET and HEAD; any other method
+// 405 with the Allow header); every other request goes on to the Exposer.
 int BeginRequest(mg_connection* conn) {
   const mg_request_info* info = mg_get_request_info(conn);
   if (info == nullptr || info->local_uri == nullptr) return 0;
@@ -103,11 +113,13 @@ int BeginRequest(mg_connection* conn) {
   if (uri != "/healthz") {
     PolicyScheduler* sched = g_health_of.load();
     const StatusServer::Page* src = g_page_of.load();
-    if (sched == nullptr || src == nullptr || info->request_method == nullptr ||
-        std::string_view(info->request_method) != "GET") {
-      return 0;
+    if (sched == nullptr || src == nullptr || (uri != "/" && !ChainPageIndex(uri))) return 0;
+    const std::string_view method = info->request_method == nullptr ? "" : info->request_method;
+    if (method != "GET" && method != "HEAD") {
+      return Reply(conn, 405, "Method Not Allowed", "text/plain; charset=utf-8", "only GET and HEAD\n",
+                   {false, "Allow: GET, HEAD\r\n"});
     }
-    return StatusPage(conn, uri, *sched, *src);
+    return StatusPage(conn, uri, *sched, *src, {method == "HEAD", ""});
   }
   PolicyScheduler* sched = g_health_of.load();
   SchedulerStatus st;

@@ -20,6 +20,7 @@
 #include "orchestrate/vm/cbt.h"
 #include "orchestrate/vm/tracker.h"
 #include "orchestrate/vm/vm_backup_steps.h"
+#include "orchestrate/vm/vm_dry_run.h"
 #include "orchestrate/vm/vm_orphans.h"
 #include "pipeline/nbd_endpoint.h"
 
@@ -207,12 +208,18 @@ Result<VmBackupResult> RunVmBackup(Env& env, const VmBackupRequest& req_in) {
   return res;
 }
 
-Result<VmBackupForecast> DryRunVmBackup(Env& env, const VmBackupRequest& req_in) {
+Result<VmBackupForecast> DryRunVmBackup(Env& env, const VmBackupRequest& req) {
+  BARGE_ASSIGN_OR_RETURN(VmDryRun run, DryRunVmBackupRun(env, req));
+  return std::move(run.forecast);
+}
+
+Result<VmDryRun> DryRunVmBackupRun(Env& env, const VmBackupRequest& req_in) {
   VmBackupRequest req = req_in;
-  VmBackupForecast refused;
+  VmDryRun refused;
   auto uri = CheckRequest(env, req);
   if (!uri.ok()) {
-    refused.refusal = uri.error().ToString();
+    refused.forecast.refusal = uri.error().ToString();
+    refused.refused = uri.error();
     return refused;
   }
   BARGE_ASSIGN_OR_RETURN(auto catalog, BackupCatalog::Open(env, req.catalog_path));
@@ -220,11 +227,12 @@ Result<VmBackupForecast> DryRunVmBackup(Env& env, const VmBackupRequest& req_in)
   BARGE_ASSIGN_OR_RETURN(auto dom, LookupDomain(conn.get(), req.domain));
   auto tracker = RunTracker(*catalog, req);
   if (!tracker.ok()) {
-    refused.mode = DomainIsActive(dom.get()) ? "pull" : "offline";
-    refused.refusal = tracker.error().ToString();
+    refused.forecast.mode = DomainIsActive(dom.get()) ? "pull" : "offline";
+    refused.forecast.refusal = tracker.error().ToString();
+    refused.refused = tracker.error();
     return refused;
   }
-  return ForecastVmBackup(env, *catalog, dom.get(), req, *tracker ? &**tracker : nullptr);
+  return ForecastVmBackupRun(env, *catalog, dom.get(), req, *tracker ? &**tracker : nullptr);
 }
 
 }  // namespace barge::orchestrate

@@ -13,6 +13,7 @@
 #include "orchestrate/vm/tracker.h"
 #include "orchestrate/vm/vm_backup.h"
 #include "orchestrate/vm/vm_backup_steps.h"
+#include "orchestrate/vm/vm_dry_run.h"
 #include "orchestrate/vm/vm_orphans.h"
 #include "pipeline/backup_resume.h"
 #include "pipeline/chain.h"
@@ -308,12 +309,20 @@ namespace barge::orchestrate {
 
 Result<VmBackupForecast> ForecastVmBackup(Env& env, BackupCatalog& catalog, virDomainPtr dom,
                                           const VmBackupRequest& req, const TrackerRecord* tracker) {
-  VmBackupForecast f;
+  BARGE_ASSIGN_OR_RETURN(VmDryRun run, ForecastVmBackupRun(env, catalog, dom, req, tracker));
+  return std::move(run.forecast);
+}
+
+Result<VmDryRun> ForecastVmBackupRun(Env& env, BackupCatalog& catalog, virDomainPtr dom, const VmBackupRequest& req,
+                                     const TrackerRecord* tracker) {
+  VmDryRun run;
+  VmBackupForecast& f = run.forecast;
   f.tracker = tracker ? tracker->name : "";
   f.mode = DomainIsActive(dom) ? "pull" : "offline";
-  auto refuse = [&f](const Error& e) {
-    f.refusal = e.ToString();
-    return f;
+  auto refuse = [&run](const Error& e) {
+    run.forecast.refusal = e.ToString();
+    run.refused = e;
+    return std::move(run);
   };
   vm_steps::PlanInputs in;
   in.domain = req.domain;
@@ -349,7 +358,7 @@ Result<VmBackupForecast> ForecastVmBackup(Env& env, BackupCatalog& catalog, virD
     if (Status s = vm_steps::CheckFreeSpace(env, dom, plan->disks, sized); !s.ok()) return refuse(s.error());
   }
   f.disks = std::move(plan->plans);
-  return f;
+  return run;
 }
 
 }  // namespace barge::orchestrate

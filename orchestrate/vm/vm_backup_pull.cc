@@ -104,7 +104,7 @@ struct Cleanup {
   // as libvirt sees them (on the hypervisor's host). Locally, the scratch
   // files go to the folder `scratch_dir`, removed with the socket by
   // EndJob; on a remote host (`remote`) libvirt removes the scratch files it
-  // made and barge touches no path there.
+  // made, and the socket's folder goes through that host's libvirt.
   std::string socket;
   std::string scratch_prefix;
   std::string scratch_dir;
@@ -162,7 +162,12 @@ struct Cleanup {
     // Given back only once no job may listen on it: a job that could not be
     // aborted keeps its port until this process ends.
     if (s.ok()) port_lease.reset();
-    if (remote) return s;
+    if (remote) {
+      // QEMU removed the socket with the job; its folder goes (a job that
+      // could not be ended keeps it for the next run).
+      if (s.ok() && !socket.empty()) s = RemoveRemoteJobSocketDir(virDomainGetConnect(dom), socket);
+      return s;
+    }
     if (Status unlinked = socket.empty() ? OkStatus() : RemoveJobSocket(env, socket); s.ok()) s = std::move(unlinked);
     if (!scratch_dir.empty()) {
       Status removed = env.RemoveTree(scratch_dir);
@@ -235,6 +240,13 @@ std::vector<std::string> StagedAt(Env& env, const std::string& chains_dir, const
   return out;
 }
 
+// QEMU's user and group for `dom` (QemuDacOwner); nullopt when libvirt
+// names none (QEMU runs as root).
+std::optional<std::pair<uid_t, gid_t>> QemuOwnerOf(virDomainPtr dom) {
+  auto xml = DomainXml(dom, 0);
+  return xml.ok() ? QemuDacOwner(virDomainGetConnect(dom), *xml) : std::nullopt;
+}
+
 // A fresh folder for a local job's socket: /tmp/barge-backup-DOMAIN-XXXXXX
 // (mkdtemp: 0700, a name nobody planted), given to QEMU's user and group
 // (QemuDacOwner) as libvirt runs it for `dom`; kept root's when libvirt
@@ -242,9 +254,7 @@ std::vector<std::string> StagedAt(Env& env, const std::string& chains_dir, const
 Result<std::string> MakeQemuSocketDir(Env& env, virDomainPtr dom, const std::string& domain) {
   auto dir = env.CreateTempDir("/tmp", "barge-backup-" + domain + "-");
   if (!dir.ok()) return std::move(dir).error().Wrap("create the backup job's socket folder");
-  auto xml = DomainXml(dom, 0);
-  const auto owner = xml.ok() ? QemuDacOwner(virDomainGetConnect(dom), *xml) : std::nullopt;
-  if (owner) {
+  if (const auto owner = QemuOwnerOf(dom)) {
     if (Status s = env.SetOwner(*dir, owner->first, owner->second); !s.ok()) {
       IgnoreError(env.RemoveDir(*dir), "an empty folder; the owner is the error reported");
       return std::move(s).error().Wrap("give QEMU's user the backup job's socket folder");
@@ -271,12 +281,11 @@ Status PrepareJob(Env& env, const VmBackupRequest& req, virDomainPtr dom, const 
   // A TCP export has no socket (libvirt's job XML names none either, which
   // is how a killed run's job is recognised: vm_orphans.h).
   if (cleanup.remote && !cleanup.tls) {
-    // On the remote host barge cannot mkdtemp: after the domain (whose job
-    // it is, for a person reading /tmp; the next run finds a killed run's
-    // socket through the job record) the name carries 128 random bits, so
-    // nobody there can plant or predict it (QEMU's bind refuses a name
-    // that exists; it never follows one).
-    cleanup.socket = "/tmp/barge-backup-" + req.domain + "-" + pipeline::NewChainId() + ".sock";
+    // On the remote host: in a folder its libvirt makes fresh for QEMU's
+    // user (MakeRemoteJobSocketDir), removed by EndJob or, after a killed
+    // run, by the next run through the job record.
+    BARGE_ASSIGN_OR_RETURN(cleanup.socket,
+                           MakeRemoteJobSocketDir(virDomainGetConnect(dom), req.domain, QemuOwnerOf(dom)));
   }
   const std::string record_path = BackupJobRecordPath(req.catalog_path, req.domain);
   if (cleanup.remote) {

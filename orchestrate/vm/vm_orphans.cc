@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <thread>
 
@@ -17,6 +18,8 @@
 #include "pipeline/chain.h"
 #include "orchestrate/libvirt/libvirt_conn.h"
 #include "orchestrate/libvirt/qemu_monitor.h"
+#include "orchestrate/libvirt/remote_files.h"
+#include "pipeline/disk_identity.h"
 
 namespace barge::orchestrate {
 namespace {
@@ -55,6 +58,52 @@ Status RemoveJobSocket(Env& env, const std::string& socket) {
   const std::string dir = DirName(socket);
   if (BaseName(socket) != kJobSocketName || !BaseName(dir).starts_with("barge-backup-")) return OkStatus();
   return env.RemoveTree(dir);
+}
+
+namespace {
+
+// Where a remote job's socket folder lives on the host.
+constexpr const char* kRemoteSocketRoot = "/tmp";
+
+// Runs `op` on the storage pool over kRemoteSocketRoot (OpenRemoteFolder;
+// one made for it, named after `folder`, is stopped after), up to three
+// times: a pool over the root that another run made and stops meanwhile
+// fails `op`, and the next try makes one of this run's.
+Status OnRemoteSocketRoot(virConnectPtr conn, const std::string& folder,
+                          const std::function<Status(virStoragePoolPtr)>& op) {
+  Status done = OkStatus();
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::string transient;
+    BARGE_ASSIGN_OR_RETURN(VirPool pool, OpenRemoteFolder(conn, kRemoteSocketRoot, "barge-tmp-" + folder, &transient));
+    done = op(pool.get());
+    Status closed = CloseRemoteFolder(pool.get(), transient);
+    if (done.ok()) return closed;
+  }
+  return done;
+}
+
+}  // namespace
+
+Result<std::string> MakeRemoteJobSocketDir(virConnectPtr conn, const std::string& domain,
+                                           const std::optional<std::pair<uid_t, gid_t>>& qemu_owner) {
+  const std::string name = "barge-backup-" + domain + "-" + pipeline::NewChainId();
+  const int64_t uid = qemu_owner ? static_cast<int64_t>(qemu_owner->first) : -1;
+  const int64_t gid = qemu_owner ? static_cast<int64_t>(qemu_owner->second) : -1;
+  Status made = OnRemoteSocketRoot(
+      conn, name, [&](virStoragePoolPtr pool) { return CreateRemoteFolder(pool, name, 0750, uid, gid); });
+  if (!made.ok()) return std::move(made).error().Wrap("create the backup job's socket folder on the host");
+  return JoinPath(std::string(kRemoteSocketRoot) + "/" + name, kJobSocketName);
+}
+
+Status RemoveRemoteJobSocketDir(virConnectPtr conn, const std::string& socket) {
+  const std::string dir = DirName(socket), name = BaseName(dir);
+  if (BaseName(socket) != kJobSocketName || DirName(dir) != kRemoteSocketRoot || !name.starts_with("barge-backup-")) {
+    return OkStatus();
+  }
+  Status deleted =
+      OnRemoteSocketRoot(conn, name, [&](virStoragePoolPtr pool) { return DeleteRemoteFile(pool, name); });
+  if (!deleted.ok()) return std::move(deleted).error().Wrap("remove the backup job's socket folder on the host");
+  return OkStatus();
 }
 
 std::string BackupJobRecordPath(const std::string& catalog_path, const std::string& domain) {
@@ -197,9 +246,18 @@ Result<OrphanRecovery> RecoverOrphanedBackupJob(Env& env, BackupCatalog& catalog
     }
     done = "aborted the backup job";
   }
-  // A remote host's socket and scratch files are that host's (libvirt
-  // removes the scratch files it made when the job ends).
-  // An offline run (shut-off domain) has neither.
+  // A remote host's scratch files are that host's (libvirt removes the
+  // scratch files it made when the job ends); the socket's folder goes
+  // through its libvirt. An offline run (shut-off domain) has neither.
+  // A folder that cannot go (QEMU killed with the socket in it) does not
+  // stop the backup: the warning names it.
+  if (!r.host.empty() && !r.socket.empty()) {
+    Status removed = RemoveRemoteJobSocketDir(virDomainGetConnect(dom), r.socket);
+    done += std::string(done.empty() ? "" : ", ") +
+            (removed.ok() ? "removed its socket folder on the host"
+                          : "left its socket folder " + DirName(r.socket) + " on the host (" +
+                                removed.error().message() + ")");
+  }
   if (r.host.empty() && (!r.socket.empty() || !r.scratch_dir.empty())) {
     if (!r.socket.empty()) BARGE_RETURN_IF_ERROR(RemoveJobSocket(env, r.socket));
     if (!r.scratch_dir.empty()) BARGE_RETURN_IF_ERROR(env.RemoveTree(r.scratch_dir));

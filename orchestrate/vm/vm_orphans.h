@@ -5,8 +5,12 @@
 
 #include <libvirt/libvirt.h>
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "blockio/env.h"
@@ -29,7 +33,8 @@ struct BackupJobRecord {
   std::string chains_dir;  // TARGET/<domain>: the run's chain folders are <chains_dir>/<disk>
   int64_t record_id = 0;
   // The hypervisor's host (LibvirtHostKey) when it is not this machine:
-  // socket and scratch paths are then on that host, and never removed here.
+  // socket and scratch paths are then on that host; only the socket's
+  // folder is removed, through that host's libvirt (RemoveRemoteJobSocketDir).
   std::string host;
   // Checkpoints of earlier killed runs that this run resumes from (kept
   // until it commits; comma-separated), "" for none.
@@ -40,12 +45,28 @@ struct BackupJobRecord {
   bool kept_after_failure = false;
 };
 
-// A local job's NBD socket is this name in a folder of its own, which vm
-// backup makes fresh in /tmp for QEMU's user (barge-backup-DOMAIN-XXXXXX).
+// A job's NBD socket is this name in a folder of its own, which vm backup
+// makes fresh in /tmp for QEMU's user: locally barge-backup-DOMAIN-XXXXXX
+// (mkdtemp), on a remote host MakeRemoteJobSocketDir's.
 inline constexpr const char* kJobSocketName = "nbd.sock";
 // Removes a job's socket, and the folder vm backup made for it (a socket
 // an older barge put straight into /tmp goes alone). Gone is not an error.
 Status RemoveJobSocket(Env& env, const std::string& socket);
+
+// A remote job's NBD socket: kJobSocketName in a folder of its own in the
+// host's /tmp, barge-backup-DOMAIN-<128 random bits>, made fresh there by
+// the host's libvirt (mkdir, which refuses a name that exists; barge
+// cannot mkdtemp there) with mode 0750 and QEMU's user and group
+// (`qemu_owner`, QemuDacOwner; libvirt's own when nullopt): QEMU binds the
+// socket in it, and only root and QEMU's group (the ssh forward's user)
+// reach it. Returns the socket's path on the host.
+Result<std::string> MakeRemoteJobSocketDir(virConnectPtr conn, const std::string& domain,
+                                           const std::optional<std::pair<uid_t, gid_t>>& qemu_owner);
+// Removes the folder MakeRemoteJobSocketDir made for `socket` on the
+// connection's host (QEMU removes the socket when the job ends); a socket
+// of another shape (an older barge's, straight in /tmp) or a folder
+// already gone is left alone.
+Status RemoveRemoteJobSocketDir(virConnectPtr conn, const std::string& socket);
 
 // <catalog folder>/locks/domains/<domain>.backup-job
 std::string BackupJobRecordPath(const std::string& catalog_path, const std::string& domain);
