@@ -187,7 +187,7 @@ for run in $(runs); do
     sh "$CA" "$WORK/out-b" "$URL" "$BARGE"
   check_copy "$WORK/out-b/d" "curl + barge image add"
   warm_cache "$WWW/disk.qcow2"
-  measure_served "qemu-img-convert-https$sfx" "$WORK/out-q/disk.qcow2" -- \
+  measure_served "qemu-img-convert-https$sfx" "$WORK/out-q" -- \
     qemu-img convert -f qcow2 -O qcow2 -m 1 \
     "json:{\"file\":{\"driver\":\"https\",\"url\":\"$URL\",\"sslverify\":false}}" "$WORK/out-q/disk.qcow2"
   qemu-img compare -q "$WWW/disk.qcow2" "$WORK/out-q/disk.qcow2" || die "qemu-img convert: the copy differs"
