@@ -74,12 +74,6 @@ SourceCapabilities Qcow2Image::capabilities() const {
   SourceCapabilities caps;
   caps.has_extents = true;
   caps.preferred_request_bytes = std::max<uint32_t>(256 * 1024, header_.cluster_size());
-  // A file read over a network (an http(s) URL) keeps its streams and its
-  // request size: without them a copy ran with the cores' threads, 2 ranged
-  // GETs in flight instead of the source's 8 (docs/benchmarks.md, issue 39).
-  const SourceCapabilities file = file_->capabilities();
-  caps.blocking_read_streams = file.blocking_read_streams;
-  caps.preferred_request_bytes = std::max(caps.preferred_request_bytes, file.preferred_request_bytes);
   return caps;
 }
 

@@ -67,43 +67,6 @@ TEST_F(Qcow2Corrupt, ValidImageReads) {
   EXPECT_EQ(OpenAndRead(Make()), std::nullopt);
 }
 
-// A file that reads like a network object: several blocking streams, 1 MiB
-// requests (what blockio/http_source.cc advertises).
-class RemoteLikeSource final : public BlockSource {
- public:
-  explicit RemoteLikeSource(std::vector<std::byte> bytes) : inner_(std::move(bytes), "/remote.qcow2") {}
-  const std::string& name() const override { return inner_.name(); }
-  uint64_t size_bytes() const override { return inner_.size_bytes(); }
-  SourceCapabilities capabilities() const override {
-    SourceCapabilities caps = inner_.capabilities();
-    caps.blocking_read_streams = 8;
-    caps.preferred_request_bytes = 1 << 20;
-    return caps;
-  }
-  Status ReadAt(uint64_t offset, std::span<std::byte> out) override { return inner_.ReadAt(offset, out); }
-
- private:
-  MemorySource inner_;
-};
-
-// Issue 39: a qcow2 read over HTTP keeps its file's streams and request
-// size, so a copy keeps 8 ranged GETs in flight rather than one per core.
-TEST_F(Qcow2Corrupt, KeepsTheFilesStreamsAndRequestSize) {
-  std::vector<std::byte> bytes = Make();
-  auto image = OpenImage("/remote.qcow2", [&](const std::string&) -> Result<std::unique_ptr<BlockSource>> {
-    return std::unique_ptr<BlockSource>(std::make_unique<RemoteLikeSource>(bytes));
-  });
-  ASSERT_TRUE(image.ok()) << image.error().ToString();
-  SourceCapabilities caps = (*image)->capabilities();
-  EXPECT_EQ(caps.blocking_read_streams, 8u);
-  EXPECT_EQ(caps.preferred_request_bytes, 1u << 20);
-  EXPECT_TRUE(caps.has_extents);
-  // A local file's (one stream) stays as it was.
-  auto local = OpenImage("/img.qcow2", MemoryOpener({{"/img.qcow2", bytes}}));
-  ASSERT_TRUE(local.ok());
-  EXPECT_EQ((*local)->capabilities().blocking_read_streams, 1u);
-}
-
 TEST_F(Qcow2Corrupt, HeaderFields) {
   const auto good = Make();
   auto poke = [&](auto fn) { auto b = good; fn(b); return OpenAndRead(b); };
