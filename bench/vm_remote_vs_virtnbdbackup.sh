@@ -20,11 +20,13 @@
 # ~/.pki/libnbd for other users.
 #
 #   bench/vm_remote_vs_virtnbdbackup.sh [--size 4G] [--seed 1] [--workdir /var/tmp]
-#                                       [--barge PATH] [--background-load N]
+#                                       [--barge PATH] [--repeat N] [--background-load N]
 #
-# --background-load N: a second pass (a full of each again) with N busy
-# loops running during both tools' runs (bench/load.sh), labelled -loadN;
-# barge's checkpoints are deleted before it (virtnbdbackup refuses them).
+# --repeat N: N fulls of each, taking turns (virtnbdbackup, barge, ...);
+# the figures are medians. --background-load N: a second pass (the same
+# fulls again) with N busy loops running during both tools' runs
+# (bench/load.sh), labelled -loadN. barge's checkpoints are deleted before
+# each virtnbdbackup run after the first (it refuses foreign ones).
 # Needs root (ip netns, unshare), libvirtd, QEMU (TCG is enough), certtool,
 # sshd, virtnbdbackup. Stops what it started by PID, deletes its namespace,
 # veth pair and files on every exit path. --size 512M for a quick run.
@@ -33,13 +35,10 @@ SIZE=${SIZE:-4G}
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/load.sh"
 
-usage() { sed -n '2,31p' "$0"; }
+usage() { sed -n '2,32p' "$0"; }
 
 take_load_flag "$@"
 parse_common_flags "${ARGS[@]}"
-# One run per domain: virtnbdbackup's full makes a checkpoint and refuses
-# the checkpoints barge made ("Foreign checkpoint"); run the script again.
-[ "$REPEAT" = 1 ] || die "--repeat is not supported here (run the script again)"
 [ "$CACHE" = warm ] || die "--cache: only warm here (the hypervisor's QEMU reads the disk)"
 need_tools setpriv virsh libvirtd qemu-img certtool ssh-keygen /usr/sbin/sshd ip unshare numfmt virtnbdbackup virtnbdrestore
 [ "$(id -u)" = 0 ] || die "needs root (ip netns, unshare)"
@@ -266,9 +265,10 @@ echo "== runs (remote full backup over TLS; virtnbdbackup first)"
 for load in $(load_levels); do
 sfx=$(load_suffix "$load")
 for run in $(runs); do
-  if [ "$load" -gt 0 ]; then
+  if [ "$load" -gt 0 ] || [ "$run" -gt 1 ]; then
     # virtnbdbackup refuses checkpoints it did not make ("Foreign
-    # checkpoint"): barge's of the quiet pass go first.
+    # checkpoint"): barge's of the runs before go first (metadata only;
+    # every run of each tool is a full).
     for cp in $($VIRSH checkpoint-list "$DOMAIN" --name 2>/dev/null | grep -v '^virtnbdbackup'); do
       $VIRSH checkpoint-delete "$DOMAIN" "$cp" --metadata >/dev/null
     done

@@ -51,9 +51,12 @@ struct ExportInfo {
   bool tls = false;  // TLS was negotiated on the first connection
 };
 
-// NbdOptions::request_bytes of 0: the request size with and without TLS.
-constexpr uint32_t kPlainRequestBytes = 256 * 1024;
-constexpr uint32_t kTlsRequestBytes = 1024 * 1024;
+// NbdOptions::request_bytes of 0: nbdcopy's size, with and without TLS.
+// Over TLS 1 MiB requests (the size before issue 41) cost qemu-nbd about
+// twice the CPU per byte once 64 requests were queued per connection, and
+// the copy 1.4x nbdcopy's wall time; 256 KiB ran below nbdcopy's
+// (docs/benchmarks.md, "Network benches").
+constexpr uint32_t kDefaultRequestBytes = 256 * 1024;
 
 // Whether TLS is requested for `uri` with `tls` (see NbdTls).
 bool TlsRequested(const std::string& uri, const NbdTls& tls) {
@@ -235,9 +238,7 @@ Result<ExportInfo> Probe(nbd_handle* h, const std::string& uri, const NbdOptions
   int64_t min_block = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
   if (min_block > 0) info.min_block_bytes = static_cast<uint32_t>(min_block);
   info.tls = nbd_get_tls_negotiated(h) == 1;
-  uint32_t wanted = options.request_bytes != 0 ? options.request_bytes
-                    : info.tls                 ? kTlsRequestBytes
-                                               : kPlainRequestBytes;
+  uint32_t wanted = options.request_bytes != 0 ? options.request_bytes : kDefaultRequestBytes;
   uint64_t request = std::max<uint32_t>(wanted, 4096);
   int64_t max_block = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
   if (max_block > 0) request = std::min<uint64_t>(request, static_cast<uint64_t>(max_block));

@@ -102,10 +102,10 @@ struct NbdOptions {
   // (std::thread::hardware_concurrency()).
   uint32_t cores = 0;
   // Largest single NBD read or write; larger calls are split. Also capped by
-  // the server's advertised maximum block size. 0: 1 MiB over TLS, where
-  // fewer, bigger replies cost both ends less framing and record set-up,
-  // and were faster than 256 KiB in the trials of docs/benchmarks.md
-  // (bench/nbd_tls.sh), else 256 KiB (nbdcopy's size).
+  // the server's advertised maximum block size. 0: 256 KiB (nbdcopy's size),
+  // with and without TLS: with full request queues, 1 MiB over TLS cost
+  // qemu-nbd twice the CPU and the copy 1.4x nbdcopy's time
+  // (docs/benchmarks.md, bench/nbd_tls.sh).
   uint32_t request_bytes = 0;
   // Meta context to request at connect time for DirtyRanges, e.g.
   // "qemu:dirty-bitmap:backup-vda". Empty: none. When set and the server

@@ -558,13 +558,14 @@ size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scr
 
 namespace {
 // A source whose reads wait on a network peer (SourceCapabilities::
-// blocking_read_streams > 1: an NBD export's connections) is read in calls
-// of at least this many of its requests. Calls share each connection's
-// queue (blockio/nbd.cc), so a connection no longer idles between calls,
-// but fewer, bigger calls still cost less waiting and handing over; over
-// TLS (1 MiB requests) 4 MiB calls instead of 1 MiB were faster
-// (docs/benchmarks.md). Plaintext NBD (256 KiB requests) keeps the 1 MiB
-// chunk.
+// blocking_read_streams > 1: an NBD export's connections, an http(s)
+// object's ranged GETs) is read in calls of at least this many of its
+// requests. Calls share each connection's queue (blockio/nbd.cc), so a
+// connection no longer idles between calls, but fewer, bigger calls still
+// cost less waiting and handing over; with 1 MiB requests (NBD over TLS
+// until issue 41's bench, http(s) now) 4 MiB calls instead of 1 MiB were
+// faster (docs/benchmarks.md). NBD (256 KiB requests, with and without
+// TLS) keeps the 1 MiB chunk.
 constexpr uint32_t kRemoteRequestsPerCall = 4;
 
 // The chunk size RunCopy uses: `chunk_bytes`, raised for a remote source

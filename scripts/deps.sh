@@ -50,6 +50,9 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   # bench/digest_incremental.sh and bench/shared_base.sh (issue 23): the
   # peers measured in the same run.
   restic borgbackup
+  # bench/vm_remote_vs_virtnbdbackup.sh (issue 41): virtnbdbackup's remote
+  # mode; bench/http_source.sh (issue 39): qemu-img's curl block driver.
+  virtnbdbackup qemu-block-extra
   # tests/status_page_test.cc: headless Chromium loads serve's status page
   # (issue 42): its DOM and a screenshot.
   chromium)
