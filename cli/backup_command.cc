@@ -17,6 +17,7 @@
 #include "orchestrate/vm/hooked_backup.h"
 #include "orchestrate/policy/policy_runner.h"
 #include "pipeline/backup.h"
+#include "pipeline/backup_text.h"
 #include "pipeline/change_source.h"
 #include "pipeline/disk_identity.h"
 
@@ -105,45 +106,6 @@ json BackupJson(const BackupArgs& a, const pipeline::BackupResult& r, const std:
   return j;
 }
 
-// The run's summary for a person.
-void PrintBackup(std::ostream& t, const BackupArgs& a, const pipeline::BackupResult& r,
-                 const std::optional<orchestrate::ImageBase>& image_base, const std::vector<orchestrate::HookRun>& runs) {
-  const auto& m = r.manifest;
-  t << formats::BackupTypeName(m.type) << " backup " << m.id << " of " << RedactNbdUri(a.source)
-    << (a.snapshot.empty() ? "" : " at snapshot '" + a.snapshot + "'") << "\n"
-    << "  reason:   " << m.reason << "\n"
-    << "  image:    " << r.image_path << "\n"
-    << (m.base ? "  base:     " + m.base->chain + "@" + m.base->id +
-                     (image_base ? " (catalog image " + a.base.substr(orchestrate::kImageBasePrefix.size()) + ")" : "") +
-                     " (" + std::to_string(m.data_clusters + m.zero_clusters) + " clusters differ)\n"
-               : std::string())
-    << "  read:     " << HumanBytes(r.bytes_read);
-  if (m.type == formats::BackupType::kIncremental) t << " (dirty " << HumanBytes(m.dirty_bytes) << ")";
-  if (!m.changed_by.empty()) {
-    t << "\n  changed:  " << r.digest_changed_clusters
-      << (r.digest_changed_clusters == 1 ? " cluster" : " clusters") << " by SHA-256 digest";
-    if (m.missed_clusters) {
-      t << "; " << *m.missed_clusters << " of them missed by the "
-        << (a.dirty_bitmap.empty() ? std::string("extents file") : "bitmap '" + a.dirty_bitmap + "'")
-        << (*m.missed_clusters ? " (it drifted; they were written)" : "");
-    }
-  }
-  if (r.clean_sample.clusters > 0) {
-    t << "\n  checked:  " << r.clean_sample.clusters << " unchanged clusters sampled ("
-      << HumanBytes(r.clean_sample.bytes_read) << ")"
-      << (r.replaced.empty() ? ": they match the chain"
-                                   : ": " + std::to_string(r.clean_sample.differing) +
-                                         " differ, so a full was taken instead of the incremental");
-  }
-  if (r.resume && r.resume->resumed) {
-    t << " (resumed: " << HumanBytes(r.resume->staged_bytes) << " taken from the staged image)";
-  }
-  t << "\n  written:  " << HumanBytes(r.image_bytes) << " (" << m.compression << ")\n"
-    << "  digest:   xxh3-128:" << m.image_digest.ToHex() << "\n"
-    << "  duration: " << HumanSeconds(r.seconds) << "\n"
-    << HookRunsText(runs);
-}
-
 int RunBackupCommand(BackupArgs& a, Output& out) {
   pipeline::BackupRequest req;
   formats::CompressionSpec compression;
@@ -177,12 +139,7 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.resume = !a.no_resume;
   // Said before the copy starts, so a long resumed run shows it at once.
   req.on_resume = [&out](const pipeline::ResumeNote& note) {
-    if (note.resumed) {
-      out.text() << "resuming from " << HumanBytes(note.staged_bytes) << " staged (of " << HumanBytes(note.total_bytes)
-                 << ")" << (note.problem.empty() ? "" : "; copied again from " + note.problem) << "\n";
-    } else {
-      out.text() << "staged data not reusable: " << note.problem << ", starting over\n";
-    }
+    out.text() << pipeline::ResumeNoteText(note);
     out.text().flush();
   };
   // A change the bitmap (or extents file) did not record: the point is
@@ -236,7 +193,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
                 result->chain_dir);
   }
   out.Result(BackupJson(a, *result, image_base, hooked.runs));
-  PrintBackup(out.text(), a, *result, image_base, hooked.runs);
+  const std::string catalog_image = image_base ? a.base.substr(orchestrate::kImageBasePrefix.size()) : "";
+  out.text() << pipeline::BackupResultText(*result, {RedactNbdUri(a.source), a.snapshot, catalog_image, a.dirty_bitmap})
+             << HookRunsText(hooked.runs);
   return kExitOk;
 }
 

@@ -9,6 +9,7 @@
 #include "cli/interrupt.h"
 #include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/catalog/image_catalog.h"
+#include "orchestrate/catalog/image_catalog_report.h"
 
 namespace barge::cli {
 namespace {
@@ -51,22 +52,6 @@ json CopyJson(const orchestrate::ImageCopyRecord& c) {
   return j;
 }
 
-void PrintCopy(std::ostream& t, const orchestrate::ImageCopyRecord& c) {
-  t << c.image << "  " << c.disk << "  " << c.state;
-  if (c.state == "in-progress") t << " " << static_cast<int>(c.percent) << "%";
-  if (!c.message.empty()) t << ": " << c.message;
-  t << "\n";
-}
-
-// A copy that is not ready, as the command's error: it names the copy's
-// file, and a copy that failed for want of space fails the command with
-// NoSpace (its message is the send's error, Error::ToString, code first),
-// so that scripts can tell a full disk from a broken one (issue 13).
-Error CopyError(const orchestrate::ImageCopyRecord& c, std::string what) {
-  bool no_space = c.message.starts_with(std::string(ErrorCodeName(ErrorCode::kNoSpace)) + ": ");
-  return Error(no_space ? ErrorCode::kNoSpace : ErrorCode::kIoError, std::move(what)).set_path(c.path);
-}
-
 Status ApplyCopy(const CatalogArgs& a, pipeline::ReplicateOptions& o) {
   formats::CompressionSpec compression;
   BARGE_RETURN_IF_ERROR(a.copy.Apply(o.copy, compression));
@@ -85,10 +70,8 @@ int RunAdd(const CatalogArgs& a, Output& out) {
   auto r = (*cat)->Add(a.name, a.source, a.expected_sha512, a.disk, o);
   if (!r.ok()) return out.Fail(r.error());
   out.Result({{"copy", CopyJson(*r)}});
-  PrintCopy(out.text(), *r);
-  if (r->state != "ready") {
-    return out.Fail(CopyError(*r, "the copy is " + r->state + (r->message.empty() ? "" : ": " + r->message)));
-  }
+  out.text() << orchestrate::CopyLine(*r);
+  if (auto failure = orchestrate::AddFailure(*r)) return out.Fail(*failure);
   return kExitOk;
 }
 
@@ -100,27 +83,15 @@ int RunSync(const CatalogArgs& a, Output& out) {
   auto r = (*cat)->Sync(a.name, SplitList(a.disks), o);
   if (!r.ok()) return out.Fail(r.error());
   if (CancelFlag().load()) return out.Fail(Error::Cancelled("image sync of " + a.name + " interrupted"));
-  size_t failed = 0;
-  for (const auto& c : r->copies) failed += c.state != "ready";
   json copies = json::array(), senders = json::array();
   for (const auto& c : r->copies) copies.push_back(CopyJson(c));
   for (const auto& s : r->senders) {
     senders.push_back({{"sender", s.sender}, {"sends", s.sends}, {"max_concurrent", s.max_concurrent}});
   }
   out.Result({{"image", a.name}, {"copies", copies}, {"senders", senders}});
-  for (const auto& c : r->copies) PrintCopy(out.text(), c);
-  for (const auto& s : r->senders) {
-    out.text() << "sender " << s.sender << ": " << s.sends << " send(s), at most " << s.max_concurrent
-               << " at once\n";
-  }
-  if (failed) {
-    // The first copy that is not ready names the error; the result lists each.
-    const auto& first = *std::find_if(r->copies.begin(), r->copies.end(),
-                                      [](const auto& c) { return c.state != "ready"; });
-    return out.Fail(CopyError(first, std::to_string(failed) + " of " + std::to_string(r->copies.size()) +
-                                         " copies are not ready (see the result for each); the first is " +
-                                         first.state + (first.message.empty() ? "" : ": " + first.message)));
-  }
+  out.text() << orchestrate::SyncText(*r);
+  // The first copy that is not ready names the error; the result lists each.
+  if (auto failure = orchestrate::SyncFailure(*r)) return out.Fail(*failure);
   return kExitOk;
 }
 
@@ -128,22 +99,16 @@ int RunStatus(const CatalogArgs& a, Output& cli_out) {
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return cli_out.Fail(cat.error());
   // Copies whose sending process is gone show as failed, not in progress.
-  if (auto r = (*cat)->RecoverInterrupted(a.name); !r.ok()) return cli_out.Fail(r.error());
-  auto images = (*cat)->Images(a.name);
-  if (!images.ok()) return cli_out.Fail(images.error());
-  if (!a.name.empty() && images->empty()) return cli_out.Fail(Error::NotFound("no image '" + a.name + "' in the catalog"));
-  auto copies = (*cat)->Copies(a.name);
-  if (!copies.ok()) return cli_out.Fail(copies.error());
-  auto senders = (*cat)->Senders(a.name);
-  if (!senders.ok()) return cli_out.Fail(senders.error());
+  auto status = orchestrate::ReadImageCatalogStatus(**cat, a.name);
+  if (!status.ok()) return cli_out.Fail(status.error());
   {
     json out = json::array();
-    for (const auto& im : *images) {
+    for (const auto& im : status->images) {
       json cs = json::array(), ss = json::array();
-      for (const auto& c : *copies) {
+      for (const auto& c : status->copies) {
         if (c.image == im.name) cs.push_back(CopyJson(c));
       }
-      for (const auto& s : *senders) {
+      for (const auto& s : status->senders) {
         if (s.image == im.name) {
           ss.push_back({{"sender", s.sender}, {"sends", s.sends}, {"max_concurrent", s.max_concurrent}});
         }
@@ -159,17 +124,7 @@ int RunStatus(const CatalogArgs& a, Output& cli_out) {
     }
     cli_out.Result({{"images", out}});
   }
-  std::ostream& t = cli_out.text();
-  for (const auto& im : *images) {
-    t << im.name << " (" << im.format << ", " << HumanBytes(im.virtual_size) << ", sha512 "
-      << im.sha512.substr(0, 16) << "...)\n";
-    for (const auto& c : *copies) {
-      if (c.image == im.name) {
-        t << "  ";
-        PrintCopy(t, c);
-      }
-    }
-  }
+  cli_out.text() << orchestrate::ImageStatusText(*status);
   return kExitOk;
 }
 
@@ -193,12 +148,7 @@ int RunCleanup(const CatalogArgs& a, Output& out) {
               {"busy", r->busy},
               {"last_copy", r->last_copy},
               {"dry_run", r->dry_run}});
-  std::ostream& t = out.text();
-  for (const auto& p : r->removed) t << (r->dry_run ? "would remove " : "removed ") << p << "\n";
-  for (const auto& p : r->last_copy) t << "kept    " << p << "  (the image's last ready copy)\n";
-  for (const auto& p : r->in_use) t << "in use  " << p << "\n";
-  for (const auto& p : r->waiting) t << "waiting " << p << "\n";
-  for (const auto& p : r->busy) t << "busy    " << p << "  (an add or sync of its image is running)\n";
+  out.text() << orchestrate::CleanupText(*r);
   return kExitOk;
 }
 

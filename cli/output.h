@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/error.h"
+#include "orchestrate/base/closest_match.h"
 
 namespace barge::cli {
 
@@ -110,8 +111,7 @@ CLI::App* AddCommand(CLI::App& parent, const std::string& name, const std::strin
 // A parent command that only groups others ("image", "bitmap"): needs one.
 CLI::App* AddGroup(CLI::App& parent, const std::string& name, const std::string& description);
 
-// The closest of `candidates` to `word` by edit distance, if close enough
-// to be a likely typo ("did you mean ..."); empty otherwise.
-std::string ClosestMatch(const std::string& word, const std::vector<std::string>& candidates);
+// "Did you mean ...": orchestrate's, for the commands' own typos too.
+using orchestrate::ClosestMatch;
 
 }  // namespace barge::cli

@@ -20,6 +20,7 @@
 #include "orchestrate/policy/policy_problems.h"
 #include "orchestrate/policy/policy_worker.h"
 #include "orchestrate/policy/policy_runner.h"
+#include "orchestrate/policy/policy_text.h"
 #include "orchestrate/policy/runs_listing.h"
 #include "orchestrate/schedule/time_text.h"
 
@@ -79,10 +80,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
     }
     out.Result({{"file", file}, {"valid", false}, {"problems", list}});
     // Compiler-style, one a line, on stderr in both modes (editors jump to them).
-    for (const auto& p : problems) {
-      std::cerr << file << ":" << (p.line ? std::to_string(p.line) + ":" + std::to_string(p.column) + ":" : "")
-                << " " << p.message << "\n";
-    }
+    std::cerr << orc::PolicyProblemsText(file, problems);
     // Then the run's error (stderr line and error event): the result above
     // lists the problems, the error ends the run (docs/json.md).
     return out.Fail(Error::InvalidArgument("the policy is invalid: " + std::to_string(problems.size()) +
@@ -118,59 +116,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
               {"compression", CompressionText(p)},
               {"pre_hook", HookJson(p.pre_hook)},
               {"post_hook", HookJson(p.post_hook)}});
-  std::ostream& o = out.text();
-  o << "policy " << p.name << " (" << file << ") is valid"
-    << (warnings.empty() ? "" : ", with " + std::to_string(warnings.size()) + " warning(s) above") << "\n";
-  for (const auto& s : p.sources) {
-    o << "  source " << s.name << ": " << orc::PolicySourceKindName(s.kind) << " " << RedactUri(s.location);
-    if (s.changed_by == "bitmap") {
-      o << ", incrementals from bitmap " << s.bitmap;
-    } else if (s.changed_by == "bitmap+digests") {
-      o << ", incrementals from bitmap " << s.bitmap << " checked by SHA-256 digests (changed_by: bitmap+digests)";
-    } else if (s.changed_by == "digests") {
-      o << ", incrementals by SHA-256 digests (changed_by: digests)";
-    } else if (s.changed_by == "full") {
-      o << ", every backup full (changed_by: full)";
-    }
-    if (!s.disk_id.empty()) o << ", disk id " << s.disk_id;
-    if (s.kind == orc::PolicySourceKind::kDomain) o << ", tracker " << (s.tracker.empty() ? p.name : s.tracker);
-    if (!s.connect.empty()) o << ", on " << orc::RedactLibvirtUri(s.connect);
-    if (s.kind == orc::PolicySourceKind::kDomain && !s.quiesce) o << ", not quiesced (quiesce: false)";
-    o << "\n";
-  }
-  o << "  targets: ";
-  for (size_t i = 0; i < p.targets.size(); ++i) o << (i ? ", " : "") << p.targets[i];
-  if (p.free_space_multiple > 0) {
-    o << " (free space >= " << p.free_space_multiple << "x a source's allocated bytes)\n";
-  } else {
-    o << " (no free-space check: free_space_multiple is 0)\n";
-  }
-  o << "  keeps " << p.retention_count << " point(s) per source, " << p.max_parallel << " source(s) at once"
-    << (p.max_run_time.count() ? ", runs stopped after " + orc::FormatDuration(p.max_run_time) : "")
-    << (p.full_every ? ", a new chain every " + std::to_string(p.full_every) + " points" : "") << ", "
-    << CompressionText(p) << "\n";
-  o << "  alert: "
-    << (p.max_duration_without_backup.count() ? "after " + orc::FormatDuration(p.max_duration_without_backup) +
-                                                    " without a successful backup"
-                                              : "off (max_duration_without_backup: 0)")
-    << "\n";
-  if (!p.schedule) {
-    o << "  no schedule: backups run when the reason changes or with barge run --force\n";
-    return kExitOk;
-  }
-  o << "  schedule: " << p.schedule->expression() << " (" << (zone.empty() ? "UTC" : zone) << ")\n"
-    << "  next runs:\n";
-  for (auto t : next) {
-    o << "    " << orc::FormatRfc3339(t);
-    if (!p.schedule->zone().is_utc()) {
-      auto local = p.schedule->zone().ToLocal(t);
-      auto days = std::chrono::floor<std::chrono::days>(local);
-      std::chrono::hh_mm_ss hms(local - days);
-      o << Format(" (%02d:%02d %s)", static_cast<int>(hms.hours().count()), static_cast<int>(hms.minutes().count()),
-                  zone.c_str());
-    }
-    o << "\n";
-  }
+  out.text() << orc::PolicyCheckText(file, p, warnings.size(), next);
   return kExitOk;
 }
 
@@ -183,23 +129,6 @@ struct RunArgs {
   bool force = false, full = false, wait = false;
   int threads = 0;
 };
-
-// Unknown --source names are usage errors, listing the policy's.
-std::string UnknownSource(const orc::Policy& p, const std::vector<std::string>& wanted) {
-  for (const auto& w : wanted) {
-    if (p.FindSource(w) != nullptr) continue;
-    std::vector<std::string> names;
-    std::string list;
-    for (const auto& s : p.sources) {
-      names.push_back(s.name);
-      list += (list.empty() ? "" : ", ") + s.name;
-    }
-    std::string match = ClosestMatch(w, names);
-    return "policy " + p.name + " has no source '" + w + "'" + (match.empty() ? "" : "; did you mean '" + match + "'?") +
-           " (sources: " + list + ")";
-  }
-  return "";
-}
 
 // The node-exporter textfile: the policy's metrics now. Returns "" or why not.
 std::string WriteTextfile(const orc::Policy& p, const std::string& catalog_path, const std::string& path,
@@ -219,7 +148,7 @@ int RunRun(RunArgs& a, Output& out) {
   if (!shard.ok()) return out.Usage(shard.error().message());
   auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
-  if (std::string bad = UnknownSource(*policy, a.sources); !bad.empty()) return out.Usage(bad);
+  if (std::string bad = orc::UnknownSourceMessage(*policy, a.sources); !bad.empty()) return out.Usage(bad);
   if (Status s = orc::CheckSourcesInShard(a.sources, *shard, a.policy); !s.ok()) return out.Usage(s.error().message());
   orc::RunOptions o;
   o.shard = *shard;
@@ -252,7 +181,7 @@ int RunRun(RunArgs& a, Output& out) {
   j["metrics_textfile"] = a.metrics_textfile.empty() || !textfile_error.empty() ? json(nullptr)
                                                                                 : json(a.metrics_textfile);
   out.Result(j);
-  PrintRunReport(out.text(), *policy, *report);
+  out.text() << orc::RunReportText(*policy, *report);
   // A run that did not fully succeed ends with its error after the result
   // (docs/json.md, "How a run ends"): stopped by a signal (130/143), a
   // source failed, or the textfile not written (1).
@@ -279,9 +208,8 @@ struct ForgetArgs {
 };
 
 // What one source's (or the chain folder's) forget did or would do: its
-// JSON object, and its text lines on `t` (each kept point with the rules
-// that keep it, each point removed, the actions).
-json ForgetReportJson(const orc::ForgetSourceReport& r, bool dry_run, std::ostream& t) {
+// JSON object (orc::ForgetSourceText is its text).
+json ForgetReportJson(const orc::ForgetSourceReport& r) {
   std::map<std::string, orc::SysSeconds> when;
   for (const auto& p : r.points) when[p.key] = p.time;
   auto point = [&](const std::string& key) {
@@ -291,29 +219,14 @@ json ForgetReportJson(const orc::ForgetSourceReport& r, bool dry_run, std::ostre
                 {"id", bar == std::string::npos ? key : key.substr(bar + 1)},
                 {"time", it == when.end() ? json(nullptr) : json(orc::FormatRfc3339(it->second))}};
   };
-  std::map<std::string, std::string> anyway_why(r.plan.kept_anyway.begin(), r.plan.kept_anyway.end());
   json kept = json::array(), gone = json::array(), anyway = json::array(), actions = json::array();
-  t << r.source << ": keep " << r.plan.keep.size() << ", " << (dry_run ? "would remove " : "remove ")
-    << r.plan.forget.size()
-    << (r.plan.kept_anyway.empty() ? "" : ", kept anyway " + std::to_string(r.plan.kept_anyway.size())) << "\n";
   for (const auto& k : r.plan.keep) {
     json p = point(k);
     auto rules = r.why_kept.find(k);
     p["reasons"] = rules == r.why_kept.end() ? json::array() : json(rules->second);
-    t << "  keep " << p["id"].get<std::string>() << ": ";
-    if (rules != r.why_kept.end()) {
-      for (size_t i = 0; i < rules->second.size(); ++i) t << (i ? ", " : "") << rules->second[i];
-    } else if (auto w = anyway_why.find(k); w != anyway_why.end()) {
-      t << "kept anyway, " << w->second;
-    }
-    t << "\n";
     kept.push_back(p);
   }
-  for (const auto& k : r.plan.forget) {
-    json p = point(k);
-    t << "  " << (dry_run ? "would remove " : "remove ") << p["id"].get<std::string>() << "\n";
-    gone.push_back(p);
-  }
+  for (const auto& k : r.plan.forget) gone.push_back(point(k));
   for (const auto& [k, why] : r.plan.kept_anyway) {
     json p = point(k);
     p["why"] = why;
@@ -324,12 +237,7 @@ json ForgetReportJson(const orc::ForgetSourceReport& r, bool dry_run, std::ostre
                        {"chain_dir", act.chain_dir},
                        {"ids", act.ids},
                        {"through", act.through.empty() ? json(nullptr) : json(act.through)}});
-    t << "  " << (dry_run ? "would " : "") << orc::RetentionActionKindName(act.kind) << " " << act.chain_dir << ":";
-    for (const auto& id : act.ids) t << " " << id;
-    if (!act.through.empty()) t << " (into " << act.through << ")";
-    t << "\n";
   }
-  if (!r.error.empty()) t << "  FAILED: " << r.error << "\n";
   return {{"source", r.source}, {"kept", kept}, {"forgotten", gone}, {"kept_anyway", anyway},
           {"actions", actions}, {"error", r.error}};
 }
@@ -342,7 +250,7 @@ int RunForget(ForgetArgs& a, Output& out) {
   if (!a.policy.empty()) {
     auto loaded = orc::LoadPolicy(Env::Default(), a.policy);
     if (!loaded.ok()) return out.Fail(loaded.error());
-    if (std::string bad = UnknownSource(*loaded, a.sources); !bad.empty()) return out.Usage(bad);
+    if (std::string bad = orc::UnknownSourceMessage(*loaded, a.sources); !bad.empty()) return out.Usage(bad);
     policy = std::move(*loaded);
   }
   orc::ForgetOptions o;
@@ -371,7 +279,8 @@ int RunForget(ForgetArgs& a, Output& out) {
   json sources = json::array();
   size_t forgotten = 0, failed = 0;
   for (const auto& r : reports) {
-    sources.push_back(ForgetReportJson(r, a.dry_run, out.text()));
+    sources.push_back(ForgetReportJson(r));
+    out.text() << orc::ForgetSourceText(r, a.dry_run);
     forgotten += r.plan.forget.size();
     failed += r.error.empty() ? 0 : 1;
   }
@@ -436,25 +345,7 @@ int RunRunsList(RunsArgs& a, Output& out) {
   json list = json::array();
   for (const auto& [r, file] : runs) list.push_back(RecordJson(r, file));
   out.Result({{"runs", list}, {"catalogs", *files}});
-  std::ostream& t = out.text();
-  if (runs.empty()) t << "no runs recorded" << (name.empty() ? "" : " for policy " + name) << "\n";
-  for (const auto& [r, file] : runs) {
-    t << r.started_at << "  " << r.policy << "/" << r.source << "  " << r.result << "  " << r.trigger;
-    if (r.shard.sharded()) t << "  shard " << r.shard.ToString();
-    if (!r.type.empty()) t << "  " << r.type;
-    if (!r.target.empty()) t << "  " << r.target;
-    if (r.result == "success") {
-      t << "  read " << HumanBytes(r.bytes_read) << ", wrote " << HumanBytes(r.bytes_written) << " in "
-        << HumanSeconds(r.duration_seconds);
-    }
-    if (std::string fate = orc::PointFate(r); !fate.empty()) t << "  (" << fate << ")";
-    t << "  [record " << r.id << (files->size() > 1 ? " of " + file : "") << "]";
-    if (!r.error.empty()) t << "\n    " << r.error;
-    t << "\n";
-    for (size_t i = 0; i < r.points.size(); ++i) {
-      t << "    point " << r.points[i].id << " in " << r.points[i].chain_dir << ": " << orc::PartState(r, i) << "\n";
-    }
-  }
+  out.text() << orc::RunsListText(runs, name, files->size() > 1);
   return kExitOk;
 }
 
@@ -467,22 +358,11 @@ int RunShards(const std::string& file, uint32_t count, Output& out) {
   }
   auto policy = orc::LoadPolicy(Env::Default(), file);
   if (!policy.ok()) return out.Fail(policy.error());
+  const orc::PolicyShards assigned = orc::ShardPolicySources(*policy, count);
   json shards = json::array(), sources = json::array();
-  std::vector<std::vector<std::string>> per(count);
-  for (const auto& s : policy->sources) {
-    const uint32_t i = orc::ShardOfSource(s.name, count);
-    per[i].push_back(s.name);
-    sources.push_back({{"name", s.name}, {"shard", i}});
-  }
-  std::ostream& t = out.text();
-  t << "policy " << policy->name << " over " << count << " shard(s) (rendezvous hashing of source names)\n";
-  for (uint32_t i = 0; i < count; ++i) {
-    shards.push_back({{"index", i}, {"sources", per[i]}});
-    t << "  shard " << i << "/" << count << ":";
-    if (per[i].empty()) t << " (no source)";
-    for (const auto& n : per[i]) t << " " << n;
-    t << "\n";
-  }
+  for (uint32_t i = 0; i < count; ++i) shards.push_back({{"index", i}, {"sources", assigned.per[i]}});
+  for (const auto& [name, i] : assigned.sources) sources.push_back({{"name", name}, {"shard", i}});
+  out.text() << orc::ShardsText(*policy, assigned);
   out.Result({{"file", file}, {"policy", policy->name}, {"count", count}, {"shards", shards}, {"sources", sources}});
   return kExitOk;
 }

@@ -3,8 +3,6 @@
 
 #include <signal.h>
 
-#include <ostream>
-
 #include "cli/common.h"
 #include "cli/interrupt.h"
 #include "orchestrate/schedule/time_text.h"
@@ -77,39 +75,6 @@ json RunReportJson(const orc::Policy& policy, const orc::RunReport& report) {
           {"stopped", report.stopped},
           {"stop_reason", report.stop_reason},
           {"sources", sources}};
-}
-
-void PrintRunReport(std::ostream& out, const orc::Policy& policy, const orc::RunReport& report) {
-  size_t width = 6;
-  for (const auto& o : report.sources) width = std::max(width, o.source.size());
-  for (const auto& o : report.sources) {
-    out << "  " << o.source << std::string(width - o.source.size() + 2, ' ');
-    if (!o.ran) {
-      out << "not due   (" << o.due.why << ")\n";
-      continue;
-    }
-    const orc::RunRecord& r = o.record;
-    if (r.result == "success") {
-      out << "success   " << r.type << " -> " << r.target << ", read " << HumanBytes(r.bytes_read) << ", wrote "
-          << HumanBytes(r.bytes_written) << " in " << HumanSeconds(r.duration_seconds) << " ("
-          << r.trigger << ": " << o.due.why << "; " << r.type_reason << ")";
-      if (!r.error.empty()) out << "; warning: " << r.error;
-    } else {
-      out << "FAILED    " << r.error;
-    }
-    if (!o.retention.empty()) out << "; retention: " << o.retention;
-    out << "\n";
-  }
-  const std::string shard = report.shard.sharded() ? " shard " + report.shard.ToString() : "";
-  if (report.sources.empty() && report.shard.sharded()) {
-    out << "policy " << policy.name << shard << ": no source falls to this shard\n";
-  } else if (report.ran == 0) {
-    out << "nothing due for policy " << policy.name << shard << "\n";
-  } else {
-    out << "policy " << policy.name << shard << ": " << report.ran - report.failed << " of " << report.ran
-        << " backup(s) succeeded" << (report.failed ? ", " + std::to_string(report.failed) + " failed" : "")
-        << (report.stopped ? " (" + report.stop_reason + ")" : "") << "\n";
-  }
 }
 
 std::string SignalStopReason() {

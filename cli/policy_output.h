@@ -1,8 +1,8 @@
 // What `barge run` and `barge serve` print about a policy run: the JSON
-// object (run's result, serve's "run" events) and the readable lines.
+// object (run's result, serve's "run" events); the readable lines are
+// orchestrate::RunReportText.
 #pragma once
 
-#include <iosfwd>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -19,9 +19,6 @@ nlohmann::json ShardJson(const orchestrate::ShardSpec& shard);
 // succeeded, failed, stopped, stop_reason, sources: [...]} (docs/policies.md,
 // "JSON").
 nlohmann::json RunReportJson(const orchestrate::Policy& policy, const orchestrate::RunReport& report);
-
-// One line per source (what ran, why, where, how it ended), then a summary.
-void PrintRunReport(std::ostream& out, const orchestrate::Policy& policy, const orchestrate::RunReport& report);
 
 // The stop reason of runs ended by SIGINT or SIGTERM ("stopped by SIGTERM").
 std::string SignalStopReason();

@@ -1,6 +1,4 @@
 // barge restore and barge verify.
-#include <iostream>
-
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/group_flag.h"
@@ -9,6 +7,7 @@
 #include "cli/progress.h"
 #include "pipeline/chain.h"
 #include "pipeline/restore.h"
+#include "pipeline/restore_text.h"
 
 namespace barge::cli {
 namespace {
@@ -23,11 +22,6 @@ struct RestoreArgs {
   bool no_sync = false;
   std::string group;  // --group
 };
-
-// "position 2, taken 2026-11-24T06:05:49Z": which point a command chose.
-std::string PointText(size_t position, const std::string& started_at) {
-  return "position " + std::to_string(position) + ", taken " + (started_at.empty() ? "(unknown)" : started_at);
-}
 
 int RunRestoreCommand(RestoreArgs& a, Output& out) {
   pipeline::RestoreRequest req;
@@ -50,9 +44,7 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
   req.compression = compression.type;
   req.compression_level = compression.level;
   req.on_point = [&](size_t position, const formats::BackupManifest& m) {
-    out.text() << "restoring point " << m.id << " (" << PointText(position, m.started_at) << ") to "
-               << RedactNbdUri(a.to)
-               << "\n";
+    out.text() << pipeline::RestoringText(position, m, RedactNbdUri(a.to));
     out.text().flush();
   };
   ProgressReporter progress(out, "restore");
@@ -72,11 +64,7 @@ int RunRestoreCommand(RestoreArgs& a, Output& out) {
               {"image_digest", "xxh3-128:" + r->image_digest.ToHex()},
               {"verified", true},
               {"duration_seconds", r->seconds}});
-  out.text() << "restored point " << r->manifest.id << " (" << PointText(r->position, r->manifest.started_at)
-             << ", " << r->layers << " layer" << (r->layers == 1 ? "" : "s") << ") to " << RedactNbdUri(a.to) << ": "
-             << HumanBytes(r->manifest.virtual_size) << ", read " << HumanBytes(r->bytes_read)
-             << ", every cluster verified, image digest xxh3-128:" << r->image_digest.ToHex()
-             << " in " << HumanSeconds(r->seconds) << "\n";
+  out.text() << pipeline::RestoreResultText(*r, RedactNbdUri(a.to));
   return kExitOk;
 }
 
@@ -110,7 +98,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   using State = pipeline::VerifyOutcome::State;
   // With --all, a failed point does not hide the others: every point's
   // outcome is reported. Otherwise a failure is the command's error.
-  if (report.failure && !(a.all && report.Count(State::kFailed) > 0)) {
+  if (pipeline::VerifyFailsBeforeResult(report, a.all)) {
     // A source that differs from a point that verified is a mismatch (2),
     // though no damage to the backup (the error is no Corruption).
     if (report.source_differs) return out.Fail(*report.failure, kExitCorruption);
@@ -120,23 +108,18 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   json verified = json::array();
   for (const auto& o : report.points) {
     json p = {{"id", o.id}, {"position", o.position}, {"started_at", TimeJson(o.started_at)}};
-    std::string line = PointText(o.position, o.started_at);
     switch (o.state) {
       case State::kPassed:
         p["result"] = "passed";
         verified.push_back(o.id);
-        out.text() << "verified " << o.id << " (" << line << ")\n";
         break;
       case State::kFailed:
         p["result"] = "failed";
         p["error"] = o.error;
-        out.text() << "FAILED " << o.id << " (" << line << "): " << o.error << "\n";
         break;
       case State::kSkipped:
         p["result"] = "skipped";
         p["failed_layer"] = o.failed_layer;
-        out.text() << "skipped " << o.id << " (" << line << "): reads through " << o.failed_layer
-                   << ", which failed\n";
         break;
     }
     points.push_back(std::move(p));
@@ -146,12 +129,7 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
   json bases = json::array();
   for (const auto& b : report.bases) {
     json j = {{"chain", b.chain_dir}, {"id", b.id}, {"result", b.passed ? "passed" : "failed"}};
-    if (b.passed) {
-      out.text() << "verified base " << b.id << " (chain " << b.chain_dir << ")\n";
-    } else {
-      j["error"] = b.error;
-      out.text() << "FAILED base " << b.id << " (chain " << b.chain_dir << "): " << b.error << "\n";
-    }
+    if (!b.passed) j["error"] = b.error;
     bases.push_back(std::move(j));
   }
   out.Result({{"ok", report.ok()},
@@ -162,15 +140,8 @@ int RunVerifyCommand(VerifyArgs& a, Output& out) {
               {"bytes_read", report.bytes_read},
               {"against_source", report.ok() && report.against_checked},
               {"duration_seconds", report.seconds}});
-  if (report.failure) {
-    out.text() << report.Count(State::kPassed) << " of " << report.points.size() << " points verified, "
-               << report.Count(State::kFailed) << " FAILED, " << report.Count(State::kSkipped) << " skipped ("
-               << HumanSeconds(report.seconds) << ")\n";
-    return out.Fail(*report.failure);
-  }
-  out.text() << "structure, " << report.clusters_checked << " cluster digests (xxh3-128) and image digest OK"
-             << (report.against_checked ? "; the source matches" : "") << " (" << HumanSeconds(report.seconds)
-             << ")\n";
+  out.text() << pipeline::VerifyReportText(report);
+  if (report.failure) return out.Fail(*report.failure);
   return kExitOk;
 }
 

@@ -18,6 +18,7 @@
 #include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/policy/policy_hooks.h"
 #include "orchestrate/policy/policy_scheduler.h"
+#include "orchestrate/policy/policy_text.h"
 #include "orchestrate/report/status_server.h"
 #include "orchestrate/schedule/time_text.h"
 
@@ -56,7 +57,7 @@ int RunServe(ServeArgs& a, Output& out) {
   so.on_run = [&out, &sched_ptr](const orc::RunReport& r) {
     const orc::Policy p = sched_ptr->policy();
     out.Event("run", RunReportJson(p, r));
-    PrintRunReport(out.text(), p, r);
+    out.text() << orc::RunReportText(p, r);
     out.text().flush();
   };
   so.on_error = [&out](const Error& e) { out.Warning(e.ToString()); };

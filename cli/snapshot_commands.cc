@@ -16,6 +16,7 @@
 #include "orchestrate/catalog/catalog_path.h"
 #include "orchestrate/snapshot/snapshot.h"
 #include "orchestrate/snapshot/snapshot_apply.h"
+#include "orchestrate/snapshot/snapshot_text.h"
 
 namespace barge::cli {
 namespace {
@@ -44,34 +45,10 @@ struct TargetArgs {
     AddConnectOption(cmd, connect);
   }
 
-  // The target, and in `words` the values of the slots after IMAGE; a usage
-  // message as kInvalidArgument when something is missing or extra.
+  // The target, and in `words` the values of the slots after IMAGE
+  // (orc::ResolveSnapshotTarget); a usage message as kInvalidArgument.
   Result<orc::SnapshotTarget> Resolve(std::vector<std::string>& words) const {
-    orc::SnapshotTarget t;
-    std::vector<std::string> given;
-    for (const auto& s : slots) {
-      if (!s.empty()) given.push_back(s);
-    }
-    if (!domain.empty() || !disk.empty()) {
-      if (domain.empty()) return Error::InvalidArgument("--disk needs --domain");
-      if (disk.empty()) return Error::InvalidArgument("--domain needs --disk (the disk target, e.g. vda)");
-      if (given.size() > names.size() - 1) {
-        return Error::InvalidArgument("both an IMAGE and --domain given: name one of them");
-      }
-      t.domain = domain;
-      t.disk = disk;
-      t.libvirt_uri = connect;
-      given.insert(given.begin(), "");
-    } else {
-      if (!connect.empty()) return Error::InvalidArgument("--connect needs --domain (an IMAGE is a local file)");
-      if (given.empty()) return Error::InvalidArgument("name an IMAGE, or --domain D --disk vda");
-      t.image = given[0];
-    }
-    for (size_t i = 1; i < names.size(); ++i) {
-      if (i >= given.size()) return Error::InvalidArgument("missing " + names[i]);
-      words.push_back(given[i]);
-    }
-    return t;
+    return orc::ResolveSnapshotTarget({{slots, slots + 3}, names, domain, disk, connect}, words);
   }
 
   // The disk in messages: the image path, or "domain D disk vda".
@@ -203,41 +180,24 @@ int RunList(Env& env, const TargetArgs& t, const std::string& catalog, Output& o
   const orc::SnapshotListing* listing = &listed->listing;
   const auto* states = &listed->states;
   json arr = json::array();
-  std::ostream& o = out.text();
-  o << Format("%-4s %-20s %-20s %10s %10s %10s %10s %6s %s\n", "ID", "NAME", "CREATED", "VOL_SIZE", "REFERENCED",
-              "USED", "WRITTEN", "RATIO", "STATE");
   for (const auto& e : listing->snapshots) {
     json j = SnapshotJson(e.info);
-    std::string state = "created";
     if (auto it = states->find(e.info.name); it != states->end()) {
-      state = std::string(orc::SnapshotStateName(it->second.state));
       j["uuid"] = it->second.uuid;
       j["display_name"] = it->second.display_name;
       if (!it->second.message.empty()) j["state_message"] = it->second.message;
     }
-    j["state"] = state;
+    j["state"] = orc::ListedStateName(*states, e.info.name);
     if (e.has_usage) AddUsage(j, e.usage);
     arr.push_back(j);
-    auto size = [&](uint64_t v) { return e.has_usage ? HumanBytes(v) : std::string("-"); };
-    std::string name = e.info.name;
-    if (j.contains("display_name") && j["display_name"] != e.info.name) {
-      name = j["display_name"].get<std::string>() + " [" + e.info.name + "]";
-    }
-    o << Format("%-4s %-20s %-20s %10s %10s %10s %10s %6s %s\n", e.info.id.c_str(), name.c_str(),
-                TimeText(e.info.date_sec, 0).c_str(), HumanBytes(e.info.virtual_size).c_str(),
-                size(e.usage.referenced).c_str(), size(e.usage.used).c_str(), size(e.usage.written).c_str(),
-                e.has_usage ? Format("%.2fx", e.usage.compress_ratio).c_str() : "-", state.c_str());
   }
-  if (listing->snapshots.empty()) o << "(no snapshots)\n";
+  out.text() << orc::SnapshotListText(*listing, *states);
   json result = {{"image", listing->image}, {"mode", listing->mode}, {"cluster_size", listing->cluster_size},
                  {"snapshots", arr}};
   if (listing->has_usage) {
     json active;
     AddUsage(active, listing->active);
     result["active"] = active;
-    o << "current state: referenced " << HumanBytes(listing->active.referenced) << ", only it holds "
-      << HumanBytes(listing->active.used) << ", written since the last snapshot "
-      << HumanBytes(listing->active.written) << "\n";
   }
   out.Result(result);
   return kExitOk;
@@ -326,39 +286,21 @@ int RunApply(Env& env, const TargetArgs& t, const std::string& config_path, cons
   auto r = orc::ApplySnapshotConfig(env, req);
   if (!r.ok()) return out.Fail(r.error());
   json actions = json::array();
-  std::ostream& o = out.text();
-  int failed = 0;
-  std::string first_failure;
   for (const auto& a : r->actions) {
     json j = {{"action", std::string(orc::ActionKindName(a.action.kind))},
               {"uuid", a.action.uuid},
               {"reason", a.action.reason},
               {"ok", a.ok}};
     if (!a.action.display_name.empty()) j["display_name"] = a.action.display_name;
-    if (!a.ok) {
-      j["error"] = a.error;
-      if (failed++ == 0) first_failure = a.action.uuid + ": " + a.error;
-    }
+    if (!a.ok) j["error"] = a.error;
     actions.push_back(j);
-    o << "  " << orc::ActionKindName(a.action.kind) << " " << a.action.uuid << ": "
-      << (a.ok ? a.action.reason : "FAILED: " + a.error) << "\n";
   }
-  if (r->actions.empty()) o << "  nothing to do\n";
   json snapshots = json::array();
-  for (const auto& s : r->snapshots) {
-    snapshots.push_back(StoredJson(s));
-    o << Format("%-38s %-24s %s", s.stored.uuid.c_str(), s.stored.display_name.c_str(),
-                std::string(orc::SnapshotStateName(s.stored.state)).c_str());
-    if (!s.stored.message.empty()) o << " (" << s.stored.message << ")";
-    o << "\n";
-  }
+  for (const auto& s : r->snapshots) snapshots.push_back(StoredJson(s));
+  out.text() << orc::ApplyText(*r);
   out.Result({{"image", r->image}, {"mode", r->mode}, {"ok", r->ok()}, {"actions", actions},
               {"snapshots", snapshots}});
-  if (failed > 0) {
-    return out.Fail(Error::IoError(std::to_string(failed) + " of " + std::to_string(r->actions.size()) +
-                                   " snapshot actions failed; first: " + first_failure)
-                        .set_path(r->image));
-  }
+  if (auto failure = orc::ApplyFailure(*r)) return out.Fail(*failure);
   return kExitOk;
 }
 
@@ -373,12 +315,10 @@ int RunMetrics(Env& env, const TargetArgs& t, const std::string& textfile, const
   const auto* states = &listed->states;
   std::string text = orc::SnapshotMetricsText(*listing, [&](const orc::SnapshotListEntry& e) {
     orc::Labels labels;
-    std::string state = "created";
     if (auto it = states->find(e.info.name); it != states->end()) {
       labels.push_back({"display_name", it->second.display_name});
-      state = std::string(orc::SnapshotStateName(it->second.state));
     }
-    labels.push_back({"state", state});
+    labels.push_back({"state", orc::ListedStateName(*states, e.info.name)});
     return labels;
   });
   json j = {{"image", listing->image}, {"snapshots", listing->snapshots.size()}};

@@ -32,6 +32,7 @@
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/vm/vm_orphans.h"
 #include "orchestrate/vm/vm_request.h"
+#include "orchestrate/vm/vm_text.h"
 
 namespace barge::cli {
 namespace {
@@ -152,11 +153,7 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
       json arr = json::array();
       for (const auto& t : *list) arr.push_back(TrackerJson(t));
       out.Result({{"trackers", arr}});
-      for (const auto& t : *list) {
-        out.text() << t.name << "\t" << t.domain << "\t"
-                   << (t.latest_checkpoint.empty() ? "-" : t.latest_checkpoint)
-                   << (t.needs_full ? "\tneeds full: " + t.needs_full_reason : "") << "\n";
-      }
+      for (const auto& t : *list) out.text() << orc::TrackerLine(t);
       return int{kExitOk};
     });
     cmd->add_option("--domain", std::get<0>(*a), "Only this domain's");
@@ -170,13 +167,7 @@ void RegisterTracker(CLI::App& app, int& exit_code) {
       auto t = (*cat)->GetTracker(std::get<0>(*a));
       if (!t.ok()) return out.Fail(t.error());
       out.Result({{"tracker", TrackerJson(*t)}});
-      std::ostream& o = out.text();
-      o << "tracker:           " << t->name << "\ndomain:            " << t->domain
-        << "\ncreated:           " << t->created_at << "\nlatest checkpoint: "
-        << (t->latest_checkpoint.empty() ? "(none)" : t->latest_checkpoint + " at " + t->checkpoint_created_at)
-        << (t->latest_checkpoint.empty() || t->host.empty() ? "" : " on " + t->host) << "\n";
-      for (const auto& [d, size] : t->disks) o << "  disk " << d << ": " << HumanBytes(size) << "\n";
-      if (t->needs_full) o << "next backup:       full (" << t->needs_full_reason << ")\n";
+      out.text() << orc::TrackerText(*t);
       return int{kExitOk};
     });
     cmd->add_option("name", std::get<0>(*a), "Tracker name")->required();
@@ -208,13 +199,6 @@ json DiskPlanJson(const orc::DiskPlan& p) {
   return {{"disk", p.disk}, {"backup_type", p.incremental ? "incremental" : "full"}, {"reason", p.reason},
           {"staged", p.staged}, {"resume_from", p.resume_from}, {"resume_refused", p.resume_refused}};
 }
-void PrintDiskPlan(std::ostream& o, const orc::DiskPlan& p) {
-  o << "  " << p.disk << ": " << (p.incremental ? "incremental" : "full") << " (" << p.reason << ")";
-  if (p.staged == "resume") o << ", resumes the data staged by an interrupted run (checkpoint " << p.resume_from << ")";
-  if (p.staged == "start over") o << ", starts over: staged data not reusable: " << p.resume_refused;
-  o << "\n";
-}
-
 // doctor's "backup_job": the domain's backup job as barge sees it.
 json BackupJobJson(const orc::BackupJobState& j) {
   json r = {{"state", j.state}, {"job_active", j.job_active}, {"message", j.message}};
@@ -245,15 +229,8 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
         arr.push_back({{"tracker", o.tracker}, {"checkpoint", o.checkpoint}, {"action", o.action}, {"reason", o.reason}});
       }
       out.Result({{"domain", std::get<0>(*a)}, {"checkpoints", arr}});
-      std::string failures;
-      for (const auto& o : *r) {
-        const bool failed = o.action == "failed";
-        out.text() << o.tracker << ": " << (o.checkpoint.empty() ? "(no checkpoint)" : o.checkpoint) << " "
-                   << o.action
-                   << (o.reason.empty() ? "" : " (" + o.reason + (failed ? "; its next backup is full" : "") + ")")
-                   << "\n";
-        if (failed) failures += (failures.empty() ? "" : "; ") + o.tracker + " " + o.checkpoint + ": " + o.reason;
-      }
+      out.text() << orc::RedefineText(*r);
+      const std::string failures = orc::RedefineFailures(*r);
       // The per-tracker result first, then the error (docs/json.md).
       if (!failures.empty()) {
         return out.Fail(Error::IoError("domain '" + std::get<0>(*a) + "': checkpoints not redefined: " + failures));
@@ -293,30 +270,7 @@ void RegisterCheckpointAndDoctor(CLI::App& app, int& exit_code) {
                 {"libvirt_checkpoints", r->libvirt_checkpoints}, {"tracker_checkpoints", cps},
                 {"next_tracker", r->next_tracker}, {"next_mode", r->next_mode}, {"next_refusal", r->next_refusal},
                 {"next_backup", next}, {"backup_job", BackupJobJson(*job)}, {"stale_checkpoints", stale_json}});
-    std::ostream& o = out.text();
-    o << "domain " << r->domain << " (" << r->state << ")\n";
-    for (const auto& t : r->trackers) {
-      o << "tracker " << t.name << ": checkpoint " << (t.latest_checkpoint.empty() ? "(none)" : t.latest_checkpoint)
-        << (t.needs_full ? ", needs full: " + t.needs_full_reason : "") << "\n";
-    }
-    o << "libvirt checkpoints:";
-    for (const auto& n : r->libvirt_checkpoints) o << " " << n;
-    o << (r->libvirt_checkpoints.empty() ? " (none)\n" : "\n");
-    for (const auto& c : r->tracker_checkpoints) {
-      o << "checkpoint " << c.name << ": " << (c.in_libvirt ? "in libvirt" : "MISSING in libvirt") << "\n";
-      for (const auto& [d, f] : c.disks) o << "  " << d << ": " << f << "\n";
-    }
-    if (job->state != "none") o << "backup job: " << job->state << ": " << job->message << "\n";
-    for (const auto& c : stale_list) {
-      o << "checkpoint " << c.name << ": STALE, its bitmaps are gone ("
-        << (c.barges ? "barge's: the next vm backup removes it" : "not barge's: 'virsh checkpoint-delete " +
-                                                                     std::get<0>(*a) + " " + c.name + " --metadata'")
-        << ")\n";
-    }
-    o << "next backup" << (r->next_tracker.empty() ? "" : " (tracker " + r->next_tracker + ")") << ", "
-      << (r->next_mode == "pull" ? "pull mode" : "offline, from the CBT overlays")
-      << (r->next_refusal.empty() ? "" : ": refused: " + r->next_refusal) << ":\n";
-    for (const auto& p : r->next_backup) PrintDiskPlan(o, p);
+    out.text() << orc::DoctorText(*r, *job, stale_list);
     return int{kExitOk};
   });
   doc->add_option("--domain", std::get<0>(*a), "libvirt domain")->required();
@@ -391,14 +345,7 @@ int PrintVmBackupPlan(Output& out, const orc::VmBackupRequest& req) {
   for (const auto& p : f->disks) disks.push_back(DiskPlanJson(p));
   out.Result({{"dry_run", true}, {"domain", req.domain}, {"tracker", f->tracker}, {"mode", f->mode},
               {"refusal", f->refusal}, {"disks", disks}});
-  std::ostream& o = out.text();
-  // A refusal found before the mode is known (a missing target) names none.
-  const std::string mode = f->mode == "pull"      ? ", pull mode"
-                           : f->mode == "offline" ? ", offline, from the CBT overlays"
-                                                  : "";
-  o << "vm backup of " << req.domain << " (dry run)" << (f->tracker.empty() ? "" : ", tracker " + f->tracker) << mode
-    << (f->refusal.empty() ? "" : ": refused: " + f->refusal) << (f->disks.empty() ? "\n" : ":\n");
-  for (const auto& p : f->disks) PrintDiskPlan(o, p);
+  out.text() << orc::VmBackupPlanText(req.domain, *f);
   // Refused: the run's error and exit code after the plan.
   return run->refused ? out.Fail(*run->refused) : int{kExitOk};
 }
@@ -441,18 +388,7 @@ void RegisterVmBackup(CLI::App* vm, int& exit_code) {
     json result = BackupResultJson(*r);
     if (!hooked.runs.empty()) result["hooks"] = HookRunsJson(hooked.runs);
     out.Result(result);
-    std::ostream& o = out.text();
-    o << r->backup_type << " backup of " << req.domain << " (" << r->reason << ")\n"
-      << "  checkpoint: " << (r->checkpoint.empty() ? "(none, no tracker)" : r->checkpoint) << "\n";
-    for (const auto& d : r->disks) {
-      o << "  " << d.disk << ": " << (d.incremental ? "incremental" : "full") << ", read " << HumanBytes(d.bytes_read)
-        << ", wrote " << HumanBytes(d.bytes_written) << " -> " << d.image_path << "\n";
-      if (d.resume && d.resume->resumed) {
-        o << "    resumed from " << HumanBytes(d.resume->staged_bytes) << " staged by an interrupted run"
-          << (d.resume->problem.empty() ? "" : "; copied again from " + d.resume->problem) << "\n";
-      }
-    }
-    o << "  duration: " << HumanSeconds(r->seconds) << "\n" << HookRunsText(hooked.runs);
+    out.text() << orc::VmBackupResultText(req.domain, *r) << HookRunsText(hooked.runs);
     return int{kExitOk};
   });
   cmd->add_option("--domain", a->req.domain, "libvirt domain")->required();
@@ -521,15 +457,7 @@ void RegisterInstantRestore(CLI::App& vm, int& exit_code) {
                   {"resumed", r->resumed}, {"abandoned", r->abandoned}, {"started_seconds", r->started_seconds},
                   {"verified_bytes", r->verified_bytes}, {"guest_written_bytes", r->guest_written_bytes},
                   {"nbdkit_pid", r->nbdkit_pid}, {"duration_seconds", r->seconds}});
-      if (r->abandoned) {
-        out.text() << "abandoned the instant restore of " << req.domain << ": " << r->target
-                   << " is back on its original disk; the overlay and " << r->disk << " are removed\n";
-        return int{kExitOk};
-      }
-      out.text() << "domain " << req.domain << " runs on " << r->disk << " (" << r->target << ", point "
-                 << r->point_id << "; " << HumanBytes(r->verified_bytes) << " verified, "
-                 << HumanBytes(r->guest_written_bytes) << " written by the guest meanwhile) after "
-                 << HumanSeconds(r->seconds) << "\n";
+      out.text() << orc::InstantRestoreText(req.domain, *r);
       return int{kExitOk};
     });
     ir->add_option("chain", ia->req.chain, "The disk's chain folder (or a backup's manifest or image)")->required();
@@ -608,9 +536,7 @@ void RegisterCbt(CLI::App& app, int& exit_code) {
                                               : orc::GetCbtStatus(Env::Default(), req);
       if (!s.ok()) return out.Fail(s.error());
       out.Result(CbtJson(*s));
-      out.text() << "CBT for " << s->domain << ": " << s->state << (s->host.empty() ? "" : " on " + s->host)
-                 << "\n";
-      for (const auto& d : s->disks) out.text() << "  " << d.disk << ": " << d.overlay << " over " << d.data_file << "\n";
+      out.text() << orc::CbtStatusText(*s);
       return int{kExitOk};
     });
     cmd->add_option("--domain", std::get<0>(*a).domain, "libvirt domain")->required();
