@@ -31,7 +31,7 @@ std::string Uuid() {
 }  // namespace
 
 int Radosgw::Spawn(const std::string& command) {
-  const std::string shell = "exec " + command;
+  const std::string shell = "exec env " + command;  // command starts with VAR=value
   const int pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", shell.c_str(), static_cast<char*>(nullptr));
@@ -84,7 +84,12 @@ Radosgw::Radosgw() {
   mon_pid_ = Spawn(env + "ceph-mon -i a -f" + quiet);
   const std::string osd_uuid = Uuid();
   bool created = false;
-  for (int i = 0; i < 60 && !created; ++i) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!created && std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(mon_pid_, nullptr, WNOHANG) == mon_pid_) {
+      mon_pid_ = -1;
+      break;
+    }
     created = Run(env + "timeout 10 ceph --connect-timeout 5 osd new " + osd_uuid + " 0" + quiet).exit_code == 0;
     if (!created) std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
