@@ -2,6 +2,7 @@
 // name, entity decoding, no DTDs, no namespaces beyond ignoring them.
 #include "blockio/s3_xml.h"
 
+#include <cctype>
 #include <charconv>
 
 namespace barge {
@@ -123,8 +124,16 @@ std::optional<S3ErrorBody> ParseS3Error(std::string_view xml) {
   auto code = XmlText(xml, "Code");
   if (!code || code->empty()) return std::nullopt;
   S3ErrorBody out;
-  out.code = code->substr(0, 100);
+  // A code is a word: anything else in it is dropped, so that a hostile
+  // server cannot put a line break or a terminal escape in our messages.
+  for (char c : code->substr(0, 64)) {
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-') out.code += c;
+  }
+  if (out.code.empty()) return std::nullopt;
   out.message = XmlText(xml, "Message").value_or("").substr(0, 300);
+  for (char& c : out.message) {
+    if (static_cast<unsigned char>(c) < ' ' || c == 0x7f) c = ' ';
+  }
   return out;
 }
 

@@ -23,7 +23,8 @@ std::vector<std::string_view> XmlElements(std::string_view xml, std::string_view
 std::optional<std::string> XmlText(std::string_view xml, std::string_view tag);
 
 // <Error><Code>NoSuchBucket</Code><Message>...</Message></Error>; nullopt
-// when the document has no Code.
+// when the document has no Code. The code keeps only letters, digits and
+// . _ - (64 at most); control characters of the message become blanks.
 struct S3ErrorBody {
   std::string code;
   std::string message;

@@ -57,6 +57,15 @@ TEST(S3XmlTest, PartsAndUploads) {
   EXPECT_EQ(*id, "2~id");
 }
 
+TEST(S3XmlTest, ErrorCodesAreWordsAndMessagesOneLine) {
+  // Found by fuzz/s3_xml_fuzzer.cc: a code with a line break in it.
+  auto e = ParseS3Error("<Error><Code>NoSuch\nBucket\x1b[2J</Code><Message>a\nb</Message></Error>");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, "NoSuchBucket2J");
+  EXPECT_EQ(e->message, "a b");
+  EXPECT_FALSE(ParseS3Error("<Error><Code>\n</Code></Error>"));
+}
+
 TEST(S3XmlTest, ElementsNeedTheirWholeName) {
   auto e = XmlElements("<KeyCount>3</KeyCount><Key a=\"1\">x</Key><Key/>", "Key");
   ASSERT_EQ(e.size(), 2u);
