@@ -99,9 +99,10 @@ struct HttpClient::Handle {
 namespace {
 
 // Options every request shares: TLS verified, redirects bounded and never
-// downgraded, timeouts, credentials, signing and the extra headers (kept
-// alive in `handle` until its next request).
-void ApplyCommon(CURL* c, const std::string& url, const HttpOptions& options, HttpClient::Handle& handle) {
+// downgraded, timeouts, credentials, signing, the extra headers and
+// `headers` (kept alive in `handle` until its next request).
+void ApplyCommon(CURL* c, const std::string& url, const HttpOptions& options, HttpClient::Handle& handle,
+                 const std::vector<std::string>& headers = {}) {
   const bool https = SchemeIs(url, "https");
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -128,8 +129,21 @@ void ApplyCommon(CURL* c, const std::string& url, const HttpOptions& options, Ht
     curl_easy_setopt(c, CURLOPT_USERNAME, options.s3.access_key_id.c_str());
     curl_easy_setopt(c, CURLOPT_PASSWORD, options.s3.secret_access_key.c_str());
   }
-  handle.SetHeaders(options.extra_headers, {});
+  handle.SetHeaders(options.extra_headers, headers);
   if (handle.headers != nullptr) curl_easy_setopt(c, CURLOPT_HTTPHEADER, handle.headers);
+}
+
+// Performs the request set up on `c`, its head lines to `on_header` and
+// its body to `on_body`, both given `data`; curl's detail lands in `error`.
+CURLcode PerformWith(CURL* c, curl_write_callback on_header, curl_write_callback on_body, void* data, char* error) {
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, data);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, data);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
+  const CURLcode code = curl_easy_perform(c);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, nullptr);
+  return code;
 }
 
 }  // namespace
@@ -269,13 +283,7 @@ void HttpClient::Perform(Handle& handle, uint64_t first, uint64_t last, std::spa
   const std::string range = std::to_string(first) + "-" + std::to_string(last);
   ApplyCommon(c, url_, options_, handle);
   curl_easy_setopt(c, CURLOPT_RANGE, range.c_str());
-  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
-  curl_easy_setopt(c, CURLOPT_HEADERDATA, &a);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &a);
-  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, a.curl_error);
-  a.code = curl_easy_perform(c);
-  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, nullptr);
+  a.code = PerformWith(c, OnHeader, OnBody, &a, a.curl_error);
 }
 
 void HttpClient::Backoff(int failed_attempts) {
@@ -464,9 +472,7 @@ Result<HttpReply> HttpClient::Send(const HttpRequest& request) {
     CURL* c = handle->curl;
     if (c == nullptr) return Error::Internal("curl_easy_init failed");
     curl_easy_reset(c);
-    ApplyCommon(c, url, options_, *handle);
-    handle->SetHeaders(options_.extra_headers, request.headers);
-    if (handle->headers != nullptr) curl_easy_setopt(c, CURLOPT_HTTPHEADER, handle->headers);
+    ApplyCommon(c, url, options_, *handle, request.headers);
     if (!request.range.empty()) curl_easy_setopt(c, CURLOPT_RANGE, request.range.c_str());
     if (request.method == "HEAD") {
       curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
@@ -477,13 +483,7 @@ Result<HttpReply> HttpClient::Send(const HttpRequest& request) {
     } else if (request.method != "GET") {
       curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
     }
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnSendHeader);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &st);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnSendBody);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &st);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, a.curl_error);
-    a.code = curl_easy_perform(c);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, nullptr);
+    a.code = PerformWith(c, OnSendHeader, OnSendBody, &st, a.curl_error);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, nullptr);
     Release(std::move(handle));
     st.reply.attempts = failures + 1;
