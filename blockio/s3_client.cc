@@ -244,6 +244,13 @@ Status S3Client::CreateBucket(const std::string& bucket) {
 
 Result<S3ObjectInfo> S3Client::Head(const S3Location& at) {
   BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(Call("HEAD", &at)));
+  if (r.head.status == 404 && !at.key.empty()) {
+    // A HEAD's answer has no body to say which is missing: ask the bucket.
+    const S3Location bucket{at.bucket, ""};
+    BARGE_ASSIGN_OR_RETURN(HttpReply b, Do(Call("HEAD", &bucket)));
+    const char* code = b.head.status == 404 ? "NoSuchBucket" : "NoSuchKey";
+    return S3ErrorFor(404, "<Error><Code>" + std::string(code) + "</Code></Error>", at);
+  }
   if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
   if (!r.head.content_length) return Error::IoError("the object store sent no length").set_path(at.shown());
   S3ObjectInfo info;

@@ -218,6 +218,12 @@ TEST_F(S3ClientTest, MissingBucketIsNotFoundNamingIt) {
   auto head = client_->Head(at);
   ASSERT_FALSE(head.ok());
   EXPECT_EQ(head.error().code(), ErrorCode::kNotFound);
+  EXPECT_NE(head.error().ToString().find("the bucket " + at.bucket + " does not exist"), std::string::npos)
+      << head.error().ToString();
+  auto key = client_->Head({bucket_, "missing"});
+  ASSERT_FALSE(key.ok());
+  EXPECT_NE(key.error().ToString().find("no such object in bucket " + bucket_), std::string::npos)
+      << key.error().ToString();
 }
 
 }  // namespace

@@ -82,6 +82,7 @@ TEST_F(S3SourceTest, MissingBucketAndKeyAreNotFound) {
   CommandResult r = Sh(BargeS3("convert s3://no-such-" + bucket_.substr(0, 40) + "/img.qcow2 " + Q(dir_ / "o.raw")));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.stderr_text.find("barge: NotFound: s3://no-such-"), std::string::npos) << r.stderr_text;
+  EXPECT_NE(r.stderr_text.find("does not exist"), std::string::npos) << r.stderr_text;
   r = Sh(BargeS3("convert s3://" + bucket_ + "/nothing.qcow2 " + Q(dir_ / "o.raw")));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.stderr_text.find("barge: NotFound: s3://" + bucket_ + "/nothing.qcow2"), std::string::npos)
