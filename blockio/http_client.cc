@@ -79,13 +79,74 @@ Status CheckHttpUrl(std::string_view url) {
 // One libcurl easy handle; it keeps its connection between requests.
 struct HttpClient::Handle {
   CURL* curl = nullptr;
+  curl_slist* headers = nullptr;  // of the request in flight
   Handle() : curl(curl_easy_init()) {}
   ~Handle() {
     if (curl != nullptr) curl_easy_cleanup(curl);
+    curl_slist_free_all(headers);
+  }
+  void SetHeaders(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    curl_slist_free_all(headers);
+    headers = nullptr;
+    for (const auto* list : {&a, &b}) {
+      for (const std::string& h : *list) headers = curl_slist_append(headers, h.c_str());
+    }
   }
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
 };
+
+namespace {
+
+// Options every request shares: TLS verified, redirects bounded and never
+// downgraded, timeouts, credentials, signing, the extra headers and
+// `headers` (kept alive in `handle` until its next request).
+void ApplyCommon(CURL* c, const std::string& url, const HttpOptions& options, HttpClient::Handle& handle,
+                 const std::vector<std::string>& headers = {}) {
+  const bool https = SchemeIs(url, "https");
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  // Never downgraded: an https URL is never followed to plain http.
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, https ? "https" : "http,https");
+  // Signed requests are not followed: the signature names one host.
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, options.aws_sigv4.empty() ? 1L : 0L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, static_cast<long>(options.max_redirects));
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (!options.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, options.ca_file.c_str());
+  if (!options.netrc_file.empty()) {
+    curl_easy_setopt(c, CURLOPT_NETRC, static_cast<long>(CURL_NETRC_OPTIONAL));
+    curl_easy_setopt(c, CURLOPT_NETRC_FILE, options.netrc_file.c_str());
+  }
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options.connect_timeout_ms));
+  // Stalled: under 1 byte/s for the stall time.
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(options.stall_timeout_ms / 1000)));
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "barge");
+  if (!options.aws_sigv4.empty()) {
+    curl_easy_setopt(c, CURLOPT_AWS_SIGV4, options.aws_sigv4.c_str());
+    curl_easy_setopt(c, CURLOPT_USERNAME, options.s3.access_key_id.c_str());
+    curl_easy_setopt(c, CURLOPT_PASSWORD, options.s3.secret_access_key.c_str());
+  }
+  handle.SetHeaders(options.extra_headers, headers);
+  if (handle.headers != nullptr) curl_easy_setopt(c, CURLOPT_HTTPHEADER, handle.headers);
+}
+
+// Performs the request set up on `c`, its head lines to `on_header` and
+// its body to `on_body`, both given `data`; curl's detail lands in `error`.
+CURLcode PerformWith(CURL* c, curl_write_callback on_header, curl_write_callback on_body, void* data, char* error) {
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, data);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, data);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
+  const CURLcode code = curl_easy_perform(c);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, nullptr);
+  return code;
+}
+
+}  // namespace
 
 // What one request brought back.
 struct HttpClient::Attempt {
@@ -220,34 +281,9 @@ void HttpClient::Perform(Handle& handle, uint64_t first, uint64_t last, std::spa
   }
   curl_easy_reset(c);
   const std::string range = std::to_string(first) + "-" + std::to_string(last);
-  const bool https = SchemeIs(url_, "https");
-  curl_easy_setopt(c, CURLOPT_URL, url_.c_str());
+  ApplyCommon(c, url_, options_, handle);
   curl_easy_setopt(c, CURLOPT_RANGE, range.c_str());
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-  // Never downgraded: an https URL is never followed to plain http.
-  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, https ? "https" : "http,https");
-  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-  curl_easy_setopt(c, CURLOPT_MAXREDIRS, static_cast<long>(options_.max_redirects));
-  curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
-  curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
-  if (!options_.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, options_.ca_file.c_str());
-  if (!options_.netrc_file.empty()) {
-    curl_easy_setopt(c, CURLOPT_NETRC, static_cast<long>(CURL_NETRC_OPTIONAL));
-    curl_easy_setopt(c, CURLOPT_NETRC_FILE, options_.netrc_file.c_str());
-  }
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout_ms));
-  // Stalled: under 1 byte/s for the stall time.
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(options_.stall_timeout_ms / 1000)));
-  curl_easy_setopt(c, CURLOPT_USERAGENT, "barge");
-  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
-  curl_easy_setopt(c, CURLOPT_HEADERDATA, &a);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &a);
-  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, a.curl_error);
-  a.code = curl_easy_perform(c);
-  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, nullptr);
+  a.code = PerformWith(c, OnHeader, OnBody, &a, a.curl_error);
 }
 
 void HttpClient::Backoff(int failed_attempts) {
@@ -266,6 +302,10 @@ std::optional<Error> FinalError(const HttpClient::Attempt& a, const HttpOptions&
   const int s = a.head.status;
   const int max_redirects = options.max_redirects;
   if (s == 404 || s == 410) return Error::NotFound("not found on the server (HTTP " + std::to_string(s) + ")");
+  if ((s == 401 || s == 403) && !options.aws_sigv4.empty()) {
+    return Error::InvalidArgument("access refused by the object store (HTTP " + std::to_string(s) +
+                                  "); check the access key, the secret and the region");
+  }
   if (s == 401 || s == 403) {
     return Error::InvalidArgument("access refused by the server (HTTP " + std::to_string(s) + "); " +
                                   (options.netrc_file.empty()
@@ -388,6 +428,80 @@ Status HttpClient::ReadRange(const HttpObject& expect, uint64_t offset, std::spa
     Backoff(failures);
   }
   return {};
+}
+
+namespace {
+
+// What one Send() request brought back so far.
+struct SendState {
+  HttpReply reply;
+  bool cut = false;  // the body passed HttpReply::kMaxBody
+};
+
+size_t OnSendHeader(char* data, size_t size, size_t count, void* user) {
+  auto& st = *static_cast<SendState*>(user);
+  std::string_view line(data, size * count);
+  if (line.starts_with("HTTP/")) st.reply.header_lines.clear();  // a new response's head
+  AddHttpHeadLine(line, st.reply.head);
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.remove_suffix(1);
+  if (!line.empty() && !line.starts_with("HTTP/")) st.reply.header_lines.emplace_back(line);
+  return size * count;
+}
+
+size_t OnSendBody(char* data, size_t size, size_t count, void* user) {
+  auto& st = *static_cast<SendState*>(user);
+  const size_t n = size * count;
+  const size_t room = HttpReply::kMaxBody - std::min(HttpReply::kMaxBody, st.reply.body.size());
+  if (n > room) st.cut = true;
+  st.reply.body.append(data, std::min(n, room));
+  return n;
+}
+
+bool RetryableStatus(int status) { return status >= 500 || status == 429 || status == 408; }
+
+}  // namespace
+
+Result<HttpReply> HttpClient::Send(const HttpRequest& request) {
+  const std::string& url = request.url.empty() ? url_ : request.url;
+  const std::string shown = request.url.empty() ? shown_url_ : RedactHttpUrl(url);
+  BARGE_RETURN_IF_ERROR(CheckHttpUrl(url));
+  for (int failures = 0;;) {
+    auto handle = Acquire();
+    Attempt a;  // for FinalError's view of the transport
+    SendState st;
+    CURL* c = handle->curl;
+    if (c == nullptr) return Error::Internal("curl_easy_init failed");
+    curl_easy_reset(c);
+    ApplyCommon(c, url, options_, *handle, request.headers);
+    if (!request.range.empty()) curl_easy_setopt(c, CURLOPT_RANGE, request.range.c_str());
+    if (request.method == "HEAD") {
+      curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+    } else if (request.method == "PUT" || request.method == "POST") {
+      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+      curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.empty() ? "" : reinterpret_cast<const char*>(request.body.data()));
+      curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+    } else if (request.method != "GET") {
+      curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+    }
+    a.code = PerformWith(c, OnSendHeader, OnSendBody, &st, a.curl_error);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, nullptr);
+    Release(std::move(handle));
+    st.reply.attempts = failures + 1;
+    if (a.code == CURLE_OK && !RetryableStatus(st.reply.head.status)) return std::move(st.reply);
+    if (a.code != CURLE_OK) {
+      a.head = st.reply.head;
+      a.head.status = 0;  // transport only: the status is judged by the caller
+      if (auto e = FinalError(a, options_)) return e->set_path(shown);
+    }
+    if (++failures >= options_.max_attempts) {
+      if (a.code == CURLE_OK) return std::move(st.reply);  // the caller reads the 5xx
+      return Error::IoError("no answer after " + std::to_string(failures) + " attempts: " +
+                            (a.curl_error[0] != '\0' ? std::string(a.curl_error) : std::string(curl_easy_strerror(a.code))))
+          .set_path(shown)
+          .set_retryable(true);
+    }
+    Backoff(failures);
+  }
 }
 
 }  // namespace barge

@@ -1,8 +1,8 @@
 // The one HTTP(S) layer of barge (libcurl): ranged GETs of one remote
 // object with TLS verified, timeouts, retry with backoff and jitter, and the
 // object's identity (length, ETag, Last-Modified) checked on every answer.
-// Image sources read through it (blockio/http_source.h); object storage is
-// meant to reuse it.
+// Image sources read through it (blockio/http_source.h); object storage
+// (blockio/s3_client.h) sends its signed requests through Send().
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "blockio/error.h"
+#include "blockio/http_parse.h"
 
 namespace barge {
 
@@ -29,6 +30,20 @@ std::string RedactHttpUrl(std::string_view url);
 // process lists and records; use a netrc file), no host, blanks or control
 // characters, a scheme other than http/https.
 Status CheckHttpUrl(std::string_view url);
+
+// Where and as whom s3:// locations are reached (blockio/s3_client.h). The
+// cli fills it from flags and the environment; the library reads no
+// environment.
+struct S3Access {
+  // "http(s)://HOST[:PORT]"; "" = https://s3.REGION.amazonaws.com. Plain
+  // http only when the URL says so.
+  std::string endpoint;
+  std::string region;  // "" = us-east-1
+  bool virtual_host = false;  // BUCKET.HOST instead of HOST/BUCKET
+  std::string access_key_id;
+  std::string secret_access_key;  // never shown, logged or recorded
+  std::string session_token;      // "" = none; never shown either
+};
 
 struct HttpOptions {
   // PEM file of the certificate authorities to verify the server with;
@@ -46,6 +61,33 @@ struct HttpOptions {
   int backoff_initial_ms = 200;  // doubled per failed attempt, with jitter
   int backoff_max_ms = 10000;
   int max_redirects = 5;  // more is refused as a redirect loop
+  // AWS Signature V4 of every request (libcurl's CURLOPT_AWS_SIGV4, e.g.
+  // "aws:amz:us-east-1:s3") with the keys of `s3`; "" = unsigned. Set by
+  // the S3 client only, never for plain http(s) sources.
+  std::string aws_sigv4;
+  // Added to every request ("Name: value"), signed with it.
+  std::vector<std::string> extra_headers;
+  // s3:// locations (blockio/s3_client.h); unused by plain http(s) URLs.
+  S3Access s3;
+};
+
+// One request of Send(): any method, a body from memory.
+struct HttpRequest {
+  std::string method = "GET";  // GET, HEAD, PUT, POST, DELETE
+  std::string url;             // the whole URL; "" = the client's
+  std::vector<std::string> headers;  // "Name: value", besides extra_headers
+  std::span<const std::byte> body;   // sent for PUT and POST
+  std::string range;                 // "FIRST-LAST" or ""
+};
+
+// Its answer: the final head and up to kMaxBody bytes of the body (longer
+// bodies are cut there; S3 answers are small XML documents).
+struct HttpReply {
+  static constexpr size_t kMaxBody = 16 << 20;
+  HttpResponseHead head;
+  std::string body;
+  std::vector<std::string> header_lines;  // every "Name: value" of the final head
+  int attempts = 0;                       // requests made, the first included
 };
 
 // What the server said about the object on the first request.
@@ -83,6 +125,13 @@ class HttpClient {
   // kCorruption ("changed on the server"): bytes of two versions are never
   // mixed. A body shorter or longer than asked is retried, then kIoError.
   Status ReadRange(const HttpObject& expect, uint64_t offset, std::span<std::byte> out);
+
+  // Sends `request`, retried after a backoff with jitter when the peer
+  // failed (no connection, cut, stalled, 5xx, 429), at most max_attempts
+  // times; returns the last answer whatever its status. kIoError
+  // (retryable) when no answer came at all; kInvalidArgument for what no
+  // retry fixes (TLS verification, a bad URL).
+  Result<HttpReply> Send(const HttpRequest& request);
 
   // Implementation details (http_client.cc), public for its callbacks.
   struct Handle;

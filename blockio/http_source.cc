@@ -6,10 +6,10 @@ namespace {
 
 class HttpSource final : public BlockSource {
  public:
-  HttpSource(std::unique_ptr<HttpClient> client, HttpObject object)
-      : client_(std::move(client)), object_(std::move(object)) {}
+  HttpSource(std::unique_ptr<HttpClient> client, HttpObject object, std::string name)
+      : client_(std::move(client)), object_(std::move(object)), name_(std::move(name)) {}
 
-  const std::string& name() const override { return client_->shown_url(); }
+  const std::string& name() const override { return name_; }
   uint64_t size_bytes() const override { return object_.length_bytes; }
 
   SourceCapabilities capabilities() const override {
@@ -30,6 +30,7 @@ class HttpSource final : public BlockSource {
   static constexpr uint32_t kStreams = 8;  // requests in flight, as a copy's readers
   const std::unique_ptr<HttpClient> client_;
   const HttpObject object_;
+  const std::string name_;
 };
 
 }  // namespace
@@ -45,8 +46,13 @@ Result<HttpSourceOpened> OpenHttpSource(const std::string& url, const HttpOption
   }
   HttpSourceOpened out;
   out.object = object;
-  out.source = std::make_unique<HttpSource>(std::move(client), std::move(object));
+  const std::string name = client->shown_url();
+  out.source = std::make_unique<HttpSource>(std::move(client), std::move(object), name);
   return out;
+}
+
+std::unique_ptr<BlockSource> MakeHttpSource(std::unique_ptr<HttpClient> client, HttpObject object, std::string name) {
+  return std::make_unique<HttpSource>(std::move(client), std::move(object), std::move(name));
 }
 
 }  // namespace barge

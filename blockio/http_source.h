@@ -22,4 +22,9 @@ struct HttpSourceOpened {
 };
 Result<HttpSourceOpened> OpenHttpSource(const std::string& url, const HttpOptions& options);
 
+// The source of an object already described (`object`, ranges true),
+// named `name` (e.g. "s3://BUCKET/KEY"): what OpenHttpSource returns after
+// its probe, for callers that learnt the object otherwise (an S3 HEAD).
+std::unique_ptr<BlockSource> MakeHttpSource(std::unique_ptr<HttpClient> client, HttpObject object, std::string name);
+
 }  // namespace barge

@@ -2,6 +2,10 @@
 #include "cli/http_flags.h"
 
 #include <algorithm>
+#include <cstdlib>
+
+#include "blockio/env.h"
+#include "blockio/s3_config.h"
 
 namespace barge::cli {
 
@@ -23,6 +27,21 @@ void HttpFlags::AddTo(CLI::App* app) {
          "http(s):// source: seconds without a byte before a transfer is cut and resumed (default 30)")
       ->check(CLI::Range(1.0, 3600.0))
       ->type_name("SECONDS");
+  app->add_option("--s3-endpoint", options.s3.endpoint,
+                  "s3:// source: the object store's URL, http(s)://HOST[:PORT] (default: AWS_ENDPOINT_URL, else "
+                  "AWS in AWS_REGION); keys from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials")
+      ->type_name("URL");
+  // The environment is read here, at the edge, once the flags are known.
+  app->parse_complete_callback([this] {
+    auto getenv = [](const std::string& name) -> std::optional<std::string> {
+      const char* v = std::getenv(name.c_str());
+      return v == nullptr ? std::nullopt : std::optional<std::string>(v);
+    };
+    auto read = [](const std::string& path) { return Env::Default().ReadFile(path, 1 << 20); };
+    // A profile the file lacks matters only to s3:// locations: the keys
+    // stay empty and the S3 client says how to give them.
+    if (auto s3 = ResolveS3Access(options.s3, getenv, read); s3.ok()) options.s3 = std::move(*s3);
+  });
 }
 
 }  // namespace barge::cli

@@ -1,5 +1,7 @@
-// Flags of every command that reads http(s):// URLs: the authorities TLS
-// verifies the server with, a netrc file of credentials, the stall timeout.
+// Flags of every command that reads http(s):// URLs and s3:// objects: the
+// authorities TLS verifies the server with, a netrc file of credentials,
+// the stall timeout, the S3 endpoint; S3 keys and region come from the
+// environment (blockio/s3_config.h), read once the flags are parsed.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,7 +13,8 @@ namespace barge::cli {
 struct HttpFlags {
   HttpOptions options;
 
-  // Registers --ca-file, --netrc-file and --http-timeout on `app`.
+  // Registers --ca-file, --netrc-file, --http-timeout and --s3-endpoint on
+  // `app`, and fills options.s3 from the environment after parsing.
   void AddTo(CLI::App* app);
 };
 

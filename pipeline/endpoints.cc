@@ -2,6 +2,8 @@
 #include "pipeline/endpoints.h"
 
 #include "blockio/http_source.h"
+#include "blockio/s3_client.h"
+#include "blockio/s3_source.h"
 #include "blockio/path.h"
 #include "pipeline/http_endpoint.h"
 
@@ -51,14 +53,17 @@ Result<std::unique_ptr<formats::Image>> OpenImageFile(Env& env, const std::strin
 
 namespace {
 
-// The image behind an http(s) URL: the object itself, and nothing it names.
+// The image behind an http(s) URL or an s3:// object: the object itself,
+// and nothing it names.
 Result<OpenedSource> OpenHttp(Env& env, const SourceSpec& spec, formats::OpenOptions options) {
-  const std::string name = RedactHttpUrl(spec.location);
+  const bool s3 = IsS3Url(spec.location);
+  const std::string name = s3 ? spec.location : RedactHttpUrl(spec.location);
   if (!spec.snapshot.empty() && spec.format == "raw") {
     return Error::InvalidArgument("a raw image has no internal snapshots").set_path(name);
   }
   BARGE_ASSIGN_OR_RETURN(HttpOptions http, HttpOptionsFor(env, spec.http));
-  BARGE_ASSIGN_OR_RETURN(HttpSourceOpened opened, OpenHttpSource(spec.location, http));
+  BARGE_ASSIGN_OR_RETURN(HttpSourceOpened opened,
+                         s3 ? OpenS3Source(spec.location, http) : OpenHttpSource(spec.location, http));
   OpenedSource out;
   out.kind = SourceKind::kHttp;
   out.remote_version = name + " length " + std::to_string(opened.object.length_bytes) + " etag " +
@@ -117,7 +122,7 @@ Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec) {
     BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(name, opener, options));
     return out;
   }
-  if (IsHttpUrl(spec.location)) return OpenHttp(env, spec, options);
+  if (IsHttpUrl(spec.location) || IsS3Url(spec.location)) return OpenHttp(env, spec, options);
   auto st = env.Stat(spec.location);
   out.kind = st.ok() && st->is_block_device() ? SourceKind::kBlockDevice : SourceKind::kFile;
   ApplyFolderRule(options, spec.location, spec.allow_any_path, spec.allow_dirs);

@@ -16,7 +16,7 @@
 namespace barge::pipeline {
 
 struct SourceSpec {
-  std::string location;  // path, block device, NBD URI or http(s):// URL
+  std::string location;  // path, block device, NBD URI, http(s):// URL or s3:// object
   // "" = detect for files (qcow2 magic, else raw). "raw" is never probed: a
   // raw disk whose first bytes look like qcow2 stays raw. NBD is always raw.
   std::string format;
@@ -53,7 +53,9 @@ struct OpenedSource {
 // must outlive the opened source. An http(s) URL is one object read by
 // ranged GETs (blockio/http_source.h), qcow2 or raw as probed; a qcow2
 // behind a URL that names a backing or data file is refused
-// (kInvalidArgument): barge follows no second object from a URL.
+// (kInvalidArgument): barge follows no second object from a URL. An
+// s3://BUCKET/KEY object is read the same way, signed, with http.s3's
+// endpoint and keys (blockio/s3_source.h).
 Result<OpenedSource> OpenSource(Env& env, const SourceSpec& spec);
 
 // The folder rule of an image opened by path (--allow-any-path,

@@ -53,6 +53,10 @@ test_pkgs=(clang libclang-rt-14-dev libnbd-bin nbdkit zstd xxhash util-linux tim
   # bench/vm_remote_vs_virtnbdbackup.sh (issue 41): virtnbdbackup's remote
   # mode; bench/http_source.sh (issue 39): qemu-img's curl block driver.
   virtnbdbackup qemu-block-extra
+  # tests/s3_client_test.cc, tests/s3_source_test.cc (issue 38): a real Ceph
+  # radosgw on one machine (mon + osd on memstore + rgw,
+  # tests/testing/radosgw.cc) and the AWS CLI as the second client.
+  ceph-mon ceph-osd radosgw ceph-common awscli
   # tests/status_page_test.cc: headless Chromium loads serve's status page
   # (issue 42): its DOM and a screenshot.
   chromium)

@@ -1,0 +1,425 @@
+// S3Client: S3's REST operations as HttpClient::Send requests (signing by
+// libcurl's CURLOPT_AWS_SIGV4), answers read by blockio/s3_xml.h.
+#include "blockio/s3_client.h"
+
+#include <gnutls/crypto.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cctype>
+#include <utility>
+
+namespace barge {
+namespace {
+
+constexpr std::string_view kHex = "0123456789abcdef";
+
+bool Unreserved(unsigned char c) {
+  return std::isalnum(c) != 0 || c == '-' || c == '.' || c == '_' || c == '~';
+}
+
+bool ValidBucket(std::string_view b) {
+  if (b.size() < 3 || b.size() > 63) return false;
+  for (char c : b) {
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '.' ||
+          c == '-')) {
+      return false;
+    }
+  }
+  auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  return alnum(b.front()) && alnum(b.back());
+}
+
+// A query string as SigV4 wants it from us on curl 7.88: names sorted,
+// names and values encoded, "name=" for an empty value.
+std::string Query(std::vector<std::pair<std::string, std::string>> params) {
+  std::sort(params.begin(), params.end());
+  std::string out;
+  for (const auto& [name, value] : params) {
+    if (!out.empty()) out += '&';
+    out += S3UriEncode(name, false) + "=" + S3UriEncode(value, false);
+  }
+  return out;
+}
+
+std::string XmlEscape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+bool Ok(int status) { return status >= 200 && status < 300; }
+
+}  // namespace
+
+bool IsS3Url(std::string_view location) {
+  if (location.size() < 5) return false;
+  return std::tolower(static_cast<unsigned char>(location[0])) == 's' && location[1] == '3' &&
+         location.substr(2, 3) == "://";
+}
+
+std::string S3Location::shown() const { return "s3://" + bucket + (key.empty() ? "" : "/" + key); }
+
+Result<S3Location> ParseS3Url(std::string_view url) {
+  if (!IsS3Url(url)) return Error::InvalidArgument("not an s3:// location").set_path(std::string(url.substr(0, 200)));
+  std::string_view rest = url.substr(5);
+  const size_t slash = rest.find('/');
+  S3Location at;
+  at.bucket = std::string(rest.substr(0, slash));
+  if (slash != std::string_view::npos) at.key = std::string(rest.substr(slash + 1));
+  const std::string shown = "s3://" + std::string(rest);
+  for (char c : url) {
+    if (static_cast<unsigned char>(c) < ' ' || c == 0x7f) {
+      return Error::InvalidArgument("an s3:// location with control characters").set_path(at.bucket);
+    }
+  }
+  if (at.bucket.find('@') != std::string::npos || at.bucket.find(':') != std::string::npos) {
+    return Error::InvalidArgument(
+               "credentials or a port in an s3:// location are refused; give keys with AWS_ACCESS_KEY_ID and "
+               "AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials) and the server with --s3-endpoint")
+        .set_path("s3://");
+  }
+  if (!ValidBucket(at.bucket)) {
+    return Error::InvalidArgument(
+               "not a bucket name (3 to 63 lower-case letters, digits, dots and dashes, starting and ending with "
+               "a letter or digit)")
+        .set_path(shown);
+  }
+  if (at.key.size() > 1024) return Error::InvalidArgument("an object key longer than 1024 bytes").set_path(at.bucket);
+  return at;
+}
+
+std::string S3UriEncode(std::string_view text, bool keep_slash) {
+  std::string out;
+  out.reserve(text.size());
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (Unreserved(c) || (keep_slash && c == '/')) {
+      out += ch;
+    } else {
+      out += '%';
+      out += static_cast<char>(std::toupper(kHex[c >> 4]));
+      out += static_cast<char>(std::toupper(kHex[c & 15]));
+    }
+  }
+  return out;
+}
+
+std::string Sha256Hex(std::span<const std::byte> data) {
+  unsigned char digest[32];
+  gnutls_hash_fast(GNUTLS_DIG_SHA256, data.data(), data.size(), digest);
+  std::string out;
+  for (unsigned char b : digest) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+Error S3ErrorFor(int status, std::string_view body, const S3Location& at) {
+  const std::string shown = at.shown();
+  const auto doc = ParseS3Error(body);
+  const std::string code = doc ? doc->code : std::string();
+  const std::string tag = " (HTTP " + std::to_string(status) + (code.empty() ? "" : " " + code) + ")";
+  auto named = [&](Error e) { return e.set_path(shown); };
+  if (code == "NoSuchBucket") return named(Error::NotFound("the bucket " + at.bucket + " does not exist" + tag));
+  if (code == "NoSuchKey") return named(Error::NotFound("no such object in bucket " + at.bucket + tag));
+  if (code == "NoSuchUpload") return named(Error::NotFound("the multipart upload is gone (completed or aborted)" + tag));
+  if (code == "SignatureDoesNotMatch") {
+    return named(Error::InvalidArgument("the server refused the request signature for bucket " + at.bucket + tag +
+                                        ": check the secret access key and the region"));
+  }
+  if (code == "InvalidAccessKeyId") {
+    return named(Error::InvalidArgument("the server does not know the access key id" + tag +
+                                        ": check AWS_ACCESS_KEY_ID or the profile"));
+  }
+  if (code == "RequestTimeTooSkewed") {
+    return named(Error::InvalidArgument("this machine's clock differs too much from the object store's" + tag +
+                                        ": set the time (NTP)"));
+  }
+  if (code == "QuotaExceeded") return named(Error::NoSpace("the quota of bucket " + at.bucket + " or its owner is full" + tag));
+  if (code == "PreconditionFailed" || status == 412) {
+    return named(Error::Busy("already exists: the object was created by someone else first" + tag));
+  }
+  if (code == "AccessDenied" || status == 403 || status == 401) {
+    return named(Error::InvalidArgument("access denied to bucket " + at.bucket + tag +
+                                        ": check the access key, the secret, the region and the bucket's policy"));
+  }
+  if (status == 404) return named(Error::NotFound("no such object, or no bucket " + at.bucket + tag));
+  if (code == "SlowDown" || status >= 500 || status == 429 || status == 408) {
+    return named(Error::IoError("the object store kept failing after retries" + tag).set_retryable(true));
+  }
+  std::string message = doc && !doc->message.empty() ? ": " + doc->message.substr(0, 200) : "";
+  for (char& c : message) {
+    if (static_cast<unsigned char>(c) < ' ') c = ' ';
+  }
+  return named(Error::InvalidArgument("the object store refused the request" + tag + message));
+}
+
+struct S3Client::Call {
+  Call(std::string m, const S3Location* a) : method(std::move(m)), at(a) {}
+  std::string method;
+  const S3Location* at;
+  std::string query;
+  std::vector<std::string> headers;
+  std::span<const std::byte> body;
+  std::string range;
+};
+
+S3Client::S3Client(HttpOptions http, std::string endpoint, std::unique_ptr<HttpClient> client)
+    : http_(std::move(http)), endpoint_(std::move(endpoint)), client_(std::move(client)) {}
+
+Result<std::unique_ptr<S3Client>> S3Client::Create(HttpOptions http) {
+  S3Access& s3 = http.s3;
+  if (s3.region.empty()) s3.region = "us-east-1";
+  for (char c : s3.region) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-')) {
+      return Error::InvalidArgument("not a region name: '" + s3.region.substr(0, 40) + "'");
+    }
+  }
+  std::string endpoint = s3.endpoint.empty() ? "https://s3." + s3.region + ".amazonaws.com" : s3.endpoint;
+  while (endpoint.ends_with('/')) endpoint.pop_back();
+  if (auto st = CheckHttpUrl(endpoint); !st.ok()) return Error(st.error()).Wrap("S3 endpoint");
+  const size_t host = endpoint.find("://") + 3;
+  if (endpoint.find_first_of("/?#", host) != std::string::npos) {
+    return Error::InvalidArgument("an S3 endpoint is scheme://HOST[:PORT], without a path").set_path(endpoint);
+  }
+  if (s3.access_key_id.empty() || s3.secret_access_key.empty()) {
+    return Error::InvalidArgument(
+        "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials "
+        "(AWS_PROFILE)");
+  }
+  http.aws_sigv4 = "aws:amz:" + s3.region + ":s3";
+  if (!s3.session_token.empty()) http.extra_headers.push_back("x-amz-security-token: " + s3.session_token);
+  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<HttpClient> client, HttpClient::Create(endpoint, http));
+  return std::unique_ptr<S3Client>(new S3Client(std::move(http), std::move(endpoint), std::move(client)));
+}
+
+std::string S3Client::Url(const S3Location& at, std::string_view query) const {
+  std::string url;
+  const std::string key = at.key.empty() ? "" : "/" + S3UriEncode(at.key, true);
+  if (http_.s3.virtual_host) {
+    const size_t host = endpoint_.find("://") + 3;
+    url = endpoint_.substr(0, host) + at.bucket + "." + endpoint_.substr(host) + (key.empty() ? "/" : key);
+  } else {
+    url = endpoint_ + "/" + at.bucket + key;
+  }
+  if (!query.empty()) url += "?" + std::string(query);
+  return url;
+}
+
+Result<HttpReply> S3Client::Do(const Call& call) {
+  HttpRequest req;
+  req.method = call.method;
+  req.url = Url(*call.at, call.query);
+  req.headers = call.headers;
+  // curl 7.88 signs what it is given but sends no payload hash of its own.
+  req.headers.push_back("x-amz-content-sha256: " + Sha256Hex(call.body));
+  if (call.method == "PUT" || call.method == "POST") {
+    const bool xml = call.method == "POST";
+    req.headers.push_back(xml ? "Content-Type: application/xml" : "Content-Type: application/octet-stream");
+  }
+  req.body = call.body;
+  req.range = call.range;
+  auto reply = client_->Send(req);
+  if (!reply.ok()) return Error(reply.error()).set_path(call.at->shown());
+  return reply;
+}
+
+Status S3Client::CreateBucket(const std::string& bucket) {
+  S3Location at{bucket, ""};
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(Call("PUT", &at)));
+  if (Ok(r.head.status)) return {};
+  auto doc = ParseS3Error(r.body);
+  if (doc && doc->code == "BucketAlreadyOwnedByYou") return {};
+  return S3ErrorFor(r.head.status, r.body, at);
+}
+
+Result<S3ObjectInfo> S3Client::Head(const S3Location& at) {
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(Call("HEAD", &at)));
+  if (r.head.status == 404 && !at.key.empty()) {
+    // A HEAD's answer has no body to say which is missing: ask the bucket.
+    const S3Location bucket{at.bucket, ""};
+    BARGE_ASSIGN_OR_RETURN(HttpReply b, Do(Call("HEAD", &bucket)));
+    const char* code = b.head.status == 404 ? "NoSuchBucket" : "NoSuchKey";
+    return S3ErrorFor(404, "<Error><Code>" + std::string(code) + "</Code></Error>", at);
+  }
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+  if (!r.head.content_length) return Error::IoError("the object store sent no length").set_path(at.shown());
+  S3ObjectInfo info;
+  info.key = at.key;
+  info.size = *r.head.content_length;
+  info.etag = r.head.etag;
+  info.last_modified = r.head.last_modified;
+  return info;
+}
+
+Status S3Client::Get(const S3Location& at, uint64_t offset, std::span<std::byte> out) {
+  if (out.empty()) return {};
+  if (out.size() > HttpReply::kMaxBody) return Error::InvalidArgument("a GET larger than 16 MiB").set_path(at.shown());
+  Call call("GET", &at);
+  call.range = std::to_string(offset) + "-" + std::to_string(offset + out.size() - 1);
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+  if (r.head.status != 206 && offset != 0) {
+    return Error::IoError("the object store ignored the byte range (HTTP " + std::to_string(r.head.status) + ")")
+        .set_path(at.shown());
+  }
+  if (r.body.size() < out.size()) {
+    return Error::IoError("the object store sent " + std::to_string(r.body.size()) + " bytes of " +
+                          std::to_string(out.size()) + " (past the object's end?)")
+        .set_path(at.shown())
+        .set_range(offset, out.size());
+  }
+  std::memcpy(out.data(), r.body.data(), out.size());
+  return {};
+}
+
+Status S3Client::Put(const S3Location& at, std::span<const std::byte> body) {
+  Call call("PUT", &at);
+  call.body = body;
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+  return {};
+}
+
+Status S3Client::PutIfAbsent(const S3Location& at, std::span<const std::byte> body) {
+  Call call("PUT", &at);
+  call.body = body;
+  call.headers.push_back("If-None-Match: *");
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+  return {};
+}
+
+Status S3Client::Delete(const S3Location& at) {
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(Call("DELETE", &at)));
+  if (!Ok(r.head.status) && r.head.status != 404) return S3ErrorFor(r.head.status, r.body, at);
+  if (r.head.status == 404) {
+    auto doc = ParseS3Error(r.body);
+    if (doc && doc->code == "NoSuchBucket") return S3ErrorFor(r.head.status, r.body, at);
+  }
+  return {};
+}
+
+Result<std::vector<S3ObjectInfo>> S3Client::List(const S3Location& at, int page_keys) {
+  const S3Location bucket{at.bucket, ""};
+  std::vector<S3ObjectInfo> out;
+  std::string token;
+  for (int pages = 0;; ++pages) {
+    std::vector<std::pair<std::string, std::string>> params{
+        {"list-type", "2"}, {"max-keys", std::to_string(page_keys)}, {"prefix", at.key}};
+    if (!token.empty()) params.emplace_back("continuation-token", token);
+    Call call("GET", &bucket);
+    call.query = Query(std::move(params));
+    BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+    if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+    auto page = ParseListObjectsV2(r.body);
+    if (!page.ok()) return Error(page.error()).set_path(at.shown());
+    for (auto& o : page->objects) out.push_back(std::move(o));
+    if (!page->truncated) return out;
+    if (page->next_token == token || pages > 1000000) {
+      return Error::Corruption("the object store's listing does not advance").set_path(at.shown());
+    }
+    token = page->next_token;
+  }
+}
+
+Result<std::string> S3Client::CreateMultipart(const S3Location& at) {
+  Call call("POST", &at);
+  call.query = "uploads=";
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+  auto id = ParseInitiateMultipart(r.body);
+  if (!id.ok()) return Error(id.error()).set_path(at.shown());
+  return id;
+}
+
+Result<std::string> S3Client::UploadPart(const S3Location& at, const std::string& upload_id, int part,
+                                         std::span<const std::byte> body) {
+  if (part < 1 || part > 10000) return Error::InvalidArgument("a part number outside 1..10000").set_path(at.shown());
+  Call call("PUT", &at);
+  call.query = Query({{"partNumber", std::to_string(part)}, {"uploadId", upload_id}});
+  call.body = body;
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+  if (r.head.etag.empty()) return Error::IoError("the object store sent no ETag for a part").set_path(at.shown());
+  return r.head.etag;
+}
+
+Result<std::vector<S3Part>> S3Client::ListParts(const S3Location& at, const std::string& upload_id) {
+  std::vector<S3Part> out;
+  std::string marker;
+  for (;;) {
+    std::vector<std::pair<std::string, std::string>> params{{"uploadId", upload_id}};
+    if (!marker.empty()) params.emplace_back("part-number-marker", marker);
+    Call call("GET", &at);
+    call.query = Query(std::move(params));
+    BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+    if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+    auto page = ParseListParts(r.body);
+    if (!page.ok()) return Error(page.error()).set_path(at.shown());
+    for (auto& p : page->parts) out.push_back(std::move(p));
+    if (!page->truncated) return out;
+    if (page->next_marker == marker) return Error::Corruption("the object store's part listing does not advance").set_path(at.shown());
+    marker = page->next_marker;
+  }
+}
+
+Status S3Client::CompleteMultipart(const S3Location& at, const std::string& upload_id,
+                                   const std::vector<S3Part>& parts) {
+  std::string doc = "<CompleteMultipartUpload>";
+  for (const S3Part& p : parts) {
+    doc += "<Part><PartNumber>" + std::to_string(p.number) + "</PartNumber><ETag>" + XmlEscape(p.etag) +
+           "</ETag></Part>";
+  }
+  doc += "</CompleteMultipartUpload>";
+  Call call("POST", &at);
+  call.query = Query({{"uploadId", upload_id}});
+  call.body = std::as_bytes(std::span(doc));
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  // S3 may answer 200 and put the error in the body.
+  if (!Ok(r.head.status) || ParseS3Error(r.body)) return S3ErrorFor(Ok(r.head.status) ? 500 : r.head.status, r.body, at);
+  return {};
+}
+
+Status S3Client::AbortMultipart(const S3Location& at, const std::string& upload_id) {
+  Call call("DELETE", &at);
+  call.query = Query({{"uploadId", upload_id}});
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+  return {};
+}
+
+Result<std::vector<S3Upload>> S3Client::ListMultipartUploads(const S3Location& at) {
+  const S3Location bucket{at.bucket, ""};
+  std::vector<S3Upload> out;
+  std::string key_marker, id_marker;
+  for (;;) {
+    std::vector<std::pair<std::string, std::string>> params{{"uploads", ""}, {"prefix", at.key}};
+    if (!key_marker.empty()) params.emplace_back("key-marker", key_marker);
+    if (!id_marker.empty()) params.emplace_back("upload-id-marker", id_marker);
+    Call call("GET", &bucket);
+    call.query = Query(std::move(params));
+    BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+    if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+    auto page = ParseListMultipartUploads(r.body);
+    if (!page.ok()) return Error(page.error()).set_path(at.shown());
+    for (auto& u : page->uploads) out.push_back(std::move(u));
+    if (!page->truncated) return out;
+    if (page->next_key_marker == key_marker && page->next_upload_id_marker == id_marker) {
+      return Error::Corruption("the object store's upload listing does not advance").set_path(at.shown());
+    }
+    key_marker = page->next_key_marker;
+    id_marker = page->next_upload_id_marker;
+  }
+}
+
+}  // namespace barge

@@ -1,0 +1,106 @@
+// An S3 client on the one HTTP layer (blockio/http_client.h): requests
+// signed with AWS Signature V4 by libcurl, path-style (or virtual-host)
+// addressing, TLS verified, retries with backoff and jitter on 5xx,
+// SlowDown and timeouts (HttpClient::Send). S3 error documents become
+// barge's error codes with one line naming s3://BUCKET/KEY, never a key or
+// secret. Tested against a real Ceph radosgw (blockio/s3_client_test.cc,
+// tests/testing/radosgw.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blockio/error.h"
+#include "blockio/http_client.h"
+#include "blockio/s3_xml.h"
+
+namespace barge {
+
+// True for "s3://" locations (scheme case-insensitive).
+bool IsS3Url(std::string_view location);
+
+// s3://BUCKET[/KEY-OR-PREFIX]. kInvalidArgument for another scheme, a
+// bucket name S3 refuses (3-63 of a-z 0-9 . -, starting and ending with a
+// letter or digit), control characters, or credentials in the URL.
+struct S3Location {
+  std::string bucket;
+  std::string key;  // "" = the whole bucket; may end with '/' (a prefix)
+  std::string shown() const;  // "s3://BUCKET/KEY"
+};
+Result<S3Location> ParseS3Url(std::string_view url);
+
+// AWS's URI encoding: every byte but A-Z a-z 0-9 - . _ ~ (and '/' when
+// `keep_slash`) as %XX, upper-case hex.
+std::string S3UriEncode(std::string_view text, bool keep_slash);
+
+// The hex SHA-256 of `data` (x-amz-content-sha256).
+std::string Sha256Hex(std::span<const std::byte> data);
+
+// Thread-safe: requests share HttpClient's pool of connections.
+class S3Client {
+ public:
+  // `http` carries the endpoint, region and keys in http.s3; its TLS and
+  // timeout settings apply. kInvalidArgument for an endpoint that is not an
+  // http(s) URL with a host and nothing after it, or keys missing.
+  static Result<std::unique_ptr<S3Client>> Create(HttpOptions http);
+
+  // The URL of an object ("" key: the bucket) with `query` appended as
+  // given (already sorted and encoded).
+  std::string Url(const S3Location& at, std::string_view query = {}) const;
+
+  Status CreateBucket(const std::string& bucket);  // exists already: ok
+  // Size, ETag and Last-Modified of an object; kNotFound when it or its
+  // bucket is missing.
+  Result<S3ObjectInfo> Head(const S3Location& at);
+  // Exactly out.size() bytes at `offset`; a short answer is kIoError.
+  Status Get(const S3Location& at, uint64_t offset, std::span<std::byte> out);
+  Status Put(const S3Location& at, std::span<const std::byte> body);
+  // PUT with If-None-Match: * : kBusy "already exists" (412) when the key
+  // exists, so that two writers never both create it.
+  Status PutIfAbsent(const S3Location& at, std::span<const std::byte> body);
+  Status Delete(const S3Location& at);  // a missing key is ok (S3's rule)
+  // Every object whose key starts with at.key (ListObjectsV2, all pages of
+  // up to `page_keys` keys each).
+  Result<std::vector<S3ObjectInfo>> List(const S3Location& at, int page_keys = 1000);
+
+  // Multipart upload: parts 1..10000, each but the last at least the
+  // server's minimum (5 MiB on AWS).
+  Result<std::string> CreateMultipart(const S3Location& at);  // the upload id
+  Result<std::string> UploadPart(const S3Location& at, const std::string& upload_id, int part,
+                                 std::span<const std::byte> body);  // the part's ETag
+  Result<std::vector<S3Part>> ListParts(const S3Location& at, const std::string& upload_id);
+  // `parts` in ascending number, with the ETags UploadPart or ListParts gave.
+  Status CompleteMultipart(const S3Location& at, const std::string& upload_id, const std::vector<S3Part>& parts);
+  Status AbortMultipart(const S3Location& at, const std::string& upload_id);
+  // Unfinished uploads of keys under at.key (all pages).
+  Result<std::vector<S3Upload>> ListMultipartUploads(const S3Location& at);
+
+  // The options of a signed HttpClient for ranged reads of objects (the
+  // ranged source of s3:// images, blockio/http_source.h).
+  const HttpOptions& signed_options() const { return http_; }
+
+  // Implementation (s3_client.cc).
+  struct Call;
+
+ private:
+  S3Client(HttpOptions http, std::string endpoint, std::unique_ptr<HttpClient> client);
+  Result<HttpReply> Do(const Call& call);
+
+  const HttpOptions http_;
+  const std::string endpoint_;  // scheme://host[:port], no trailing '/'
+  const std::unique_ptr<HttpClient> client_;
+};
+
+// The error an S3 answer means (status and XML error document), naming
+// `at`: NoSuchBucket/NoSuchKey/NoSuchUpload kNotFound; AccessDenied,
+// InvalidAccessKeyId, SignatureDoesNotMatch, RequestTimeTooSkewed
+// kInvalidArgument; QuotaExceeded kNoSpace; PreconditionFailed (412) kBusy
+// "already exists"; SlowDown and 5xx kIoError (retryable); other 4xx
+// kInvalidArgument. Public for tests and the fuzz target.
+Error S3ErrorFor(int status, std::string_view body, const S3Location& at);
+
+}  // namespace barge
