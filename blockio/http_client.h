@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -46,6 +47,15 @@ struct HttpOptions {
   int backoff_initial_ms = 200;  // doubled per failed attempt, with jitter
   int backoff_max_ms = 10000;
   int max_redirects = 5;  // more is refused as a redirect loop
+  // A server that serves no byte ranges has its object read once, front
+  // to back, into a fresh private folder (Env::CreateTempDir, mode 0700)
+  // under this folder; "" = $TMPDIR, else /tmp. The file is unlinked as
+  // soon as it is open (blockio/staged_stream.h).
+  std::string stage_dir;
+  // Told, once, before the object is read that way: its URL as shown
+  // (RedactHttpUrl), its length and the folder it is staged under. Unset =
+  // nobody is told.
+  std::function<void(const std::string& shown_url, uint64_t length_bytes, const std::string& dir)> on_sequential;
 };
 
 // What the server said about the object on the first request.
@@ -83,6 +93,16 @@ class HttpClient {
   // kCorruption ("changed on the server"): bytes of two versions are never
   // mixed. A body shorter or longer than asked is retried, then kIoError.
   Status ReadRange(const HttpObject& expect, uint64_t offset, std::span<std::byte> out);
+
+  // The whole object in one GET without a Range (a server that serves no
+  // ranges: `expect` from Probe, ranges false), handed to `write` front to
+  // back as (offset, bytes). A cut or stalled transfer starts again at
+  // byte 0 (`write` sees offset 0 again) after a backoff, up to
+  // max_attempts in all; a body longer or shorter than expect.length_bytes
+  // is such a failure. A changed object (length, ETag, Last-Modified) is
+  // kCorruption; an error `write` returns ends the read with that error.
+  using ChunkWriter = std::function<Status(uint64_t offset, std::span<const std::byte> bytes)>;
+  Status ReadWhole(const HttpObject& expect, const ChunkWriter& write);
 
   // Implementation details (http_client.cc), public for its callbacks.
   struct Handle;
