@@ -69,8 +69,7 @@ class ImageUploadTest : public ::testing::Test {
 TEST_F(ImageUploadTest, AQcow2AndARawOnStandardInputBecomeReadyCopiesNamedByTheirFormat) {
   CommandResult q = Upload("cat " + Q(src_ / "disk.qcow2"), "base", "--expected-sha512 " + sha_);
   ASSERT_EQ(q.exit_code, 0) << q.output;
-  EXPECT_EQ(testing::RunOk("qemu-img info --output=json " + Q(disk_ + "/base.qcow2") + " | grep -c '\"qcow2\"'"),
-            "1\n");
+  EXPECT_EQ(testing::RunOk("head -c 3 " + Q(disk_ + "/base.qcow2")), "QFI");  // a qcow2 copy
   EXPECT_EQ(Sh("qemu-img compare " + Q(src_ / "disk.raw") + " " + Q(disk_ + "/base.qcow2")).exit_code, 0);
 
   const std::string size = std::to_string(std::filesystem::file_size(src_ / "disk.raw"));
