@@ -684,7 +684,15 @@ TempRegistration& TempRegistration::operator=(TempRegistration&& o) noexcept {
 size_t RemoveRegisteredTemporaries() {
   std::lock_guard lock(g_temps_mu);
   size_t n = 0;
-  for (const auto& [id, path] : Temps()) n += ::unlink(path.c_str()) == 0;
+  // In registration order: a private folder (StageStream's) after the
+  // file in it, so that it is empty by then.
+  for (const auto& [id, path] : Temps()) {
+    if (::unlink(path.c_str()) == 0) {
+      ++n;
+    } else if (errno == EISDIR || errno == EPERM) {
+      n += ::rmdir(path.c_str()) == 0;
+    }
+  }
   Temps().clear();
   return n;
 }

@@ -153,6 +153,8 @@ struct HttpClient::Attempt {
   // In: what the answer must match (nullptr: a probe, which takes the
   // head only) and the first byte asked for.
   const HttpObject* expect = nullptr;
+  // ReadWhole: the body goes to this writer, asked for without a Range.
+  const HttpClient::ChunkWriter* whole = nullptr;
   uint64_t first = 0;
   std::span<std::byte> out;
   // Out.
@@ -180,19 +182,26 @@ std::string ChangedMessage(std::string_view what, std::string_view was, std::str
 void ValidateHead(HttpClient::Attempt& a) {
   if (a.expect == nullptr) return;  // a probe: Probe() reads the head itself
   const HttpResponseHead& h = a.head;
-  if (h.status != 206) return;  // judged after the request
+  if (h.status != (a.whole != nullptr ? 200 : 206)) return;  // judged after the request
   if (h.malformed) {
     a.refused = "a malformed response head";
     return;
   }
-  const auto range = ParseContentRange(h.content_range);
-  if (!range || !range->first) {
-    a.refused = "a 206 answer without a valid Content-Range";
-    return;
+  std::optional<uint64_t> total;  // the object's length as this answer says it
+  std::optional<ContentRange> range;
+  if (a.whole != nullptr) {
+    total = h.content_length;
+  } else {
+    range = ParseContentRange(h.content_range);
+    if (!range || !range->first) {
+      a.refused = "a 206 answer without a valid Content-Range";
+      return;
+    }
+    total = range->total;
   }
-  if (range->total && *range->total != a.expect->length_bytes) {
+  if (total && *total != a.expect->length_bytes) {
     a.fatal = Error::Corruption(ChangedMessage("length", std::to_string(a.expect->length_bytes),
-                                               std::to_string(*range->total)));
+                                               std::to_string(*total)));
     return;
   }
   if (!a.expect->etag.empty() && h.etag != a.expect->etag) {
@@ -201,6 +210,10 @@ void ValidateHead(HttpClient::Attempt& a) {
   }
   if (!a.expect->last_modified.empty() && h.last_modified != a.expect->last_modified) {
     a.fatal = Error::Corruption(ChangedMessage("Last-Modified", a.expect->last_modified, h.last_modified));
+    return;
+  }
+  if (a.whole != nullptr) {
+    a.head_ok = true;
     return;
   }
   if (*range->first != a.first) {
@@ -231,6 +244,19 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
   auto& a = *static_cast<HttpClient::Attempt*>(user);
   const size_t n = size * count;
   if (a.expect == nullptr || !a.head_ok) return CURL_WRITEFUNC_ERROR;  // head only, or refused
+  if (a.whole != nullptr) {
+    if (n > a.expect->length_bytes - a.received) {
+      a.refused = "more bytes than the file's length";
+      return CURL_WRITEFUNC_ERROR;
+    }
+    if (Status s = (*a.whole)(a.received, std::span<const std::byte>(reinterpret_cast<const std::byte*>(data), n));
+        !s.ok()) {
+      a.fatal = s.error();
+      return CURL_WRITEFUNC_ERROR;
+    }
+    a.received += n;
+    return n;
+  }
   if (n > a.out.size() - a.received) {
     a.refused = "more bytes than the range asked for";
     return CURL_WRITEFUNC_ERROR;
@@ -282,7 +308,8 @@ void HttpClient::Perform(Handle& handle, uint64_t first, uint64_t last, std::spa
   curl_easy_reset(c);
   const std::string range = std::to_string(first) + "-" + std::to_string(last);
   ApplyCommon(c, url_, options_, handle);
-  curl_easy_setopt(c, CURLOPT_RANGE, range.c_str());
+  // A server without ranges is read whole (ReadWhole): no Range asked.
+  if (a.whole == nullptr) curl_easy_setopt(c, CURLOPT_RANGE, range.c_str());
   a.code = PerformWith(c, OnHeader, OnBody, &a, a.curl_error);
 }
 
@@ -343,7 +370,8 @@ std::string RetryReason(const HttpClient::Attempt& a) {
   if (a.code != CURLE_OK && a.code != CURLE_WRITE_ERROR) {
     return a.curl_error[0] != '\0' ? std::string(a.curl_error) : std::string(curl_easy_strerror(a.code));
   }
-  if (a.head.status != 0 && a.head.status != 206) return "HTTP " + std::to_string(a.head.status);
+  const int expected = a.whole != nullptr ? 200 : 206;
+  if (a.head.status != 0 && a.head.status != expected) return "HTTP " + std::to_string(a.head.status);
   return "the transfer ended early";
 }
 
@@ -498,6 +526,30 @@ Result<HttpReply> HttpClient::Send(const HttpRequest& request) {
       return Error::IoError("no answer after " + std::to_string(failures) + " attempts: " +
                             (a.curl_error[0] != '\0' ? std::string(a.curl_error) : std::string(curl_easy_strerror(a.code))))
           .set_path(shown)
+          .set_retryable(true);
+    }
+    Backoff(failures);
+  }
+}
+
+Status HttpClient::ReadWhole(const HttpObject& expect, const ChunkWriter& write) {
+  for (int failures = 0;;) {
+    auto handle = Acquire();
+    Attempt a;
+    a.expect = &expect;
+    a.whole = &write;
+    Perform(*handle, 0, 0, {}, a);
+    Release(std::move(handle));
+    if (a.fatal) return a.fatal->set_path(shown_url_);
+    if (a.code == CURLE_OK && a.head_ok && a.received == expect.length_bytes) return {};
+    if (auto e = FinalError(a, options_)) return e->set_path(shown_url_);
+    // Every attempt starts again from byte 0: progress does not reset the
+    // count, or a server that always cuts would be read forever.
+    if (++failures >= options_.max_attempts) {
+      return Error::IoError("gave up after " + std::to_string(failures) +
+                            " attempts (the server serves no byte ranges, so each one starts again from the "
+                            "first byte): " + RetryReason(a))
+          .set_path(shown_url_)
           .set_retryable(true);
     }
     Backoff(failures);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -88,6 +89,15 @@ struct HttpReply {
   std::string body;
   std::vector<std::string> header_lines;  // every "Name: value" of the final head
   int attempts = 0;                       // requests made, the first included
+  // A server that serves no byte ranges has its object read once, front
+  // to back, into a fresh private folder (Env::CreateTempDir, mode 0700)
+  // under this folder; "" = $TMPDIR, else /tmp. The file is unlinked as
+  // soon as it is open (blockio/staged_stream.h).
+  std::string stage_dir;
+  // Told, once, before the object is read that way: its URL as shown
+  // (RedactHttpUrl), its length and the folder it is staged under. Unset =
+  // nobody is told.
+  std::function<void(const std::string& shown_url, uint64_t length_bytes, const std::string& dir)> on_sequential;
 };
 
 // What the server said about the object on the first request.
@@ -132,6 +142,15 @@ class HttpClient {
   // (retryable) when no answer came at all; kInvalidArgument for what no
   // retry fixes (TLS verification, a bad URL).
   Result<HttpReply> Send(const HttpRequest& request);
+  // The whole object in one GET without a Range (a server that serves no
+  // ranges: `expect` from Probe, ranges false), handed to `write` front to
+  // back as (offset, bytes). A cut or stalled transfer starts again at
+  // byte 0 (`write` sees offset 0 again) after a backoff, up to
+  // max_attempts in all; a body longer or shorter than expect.length_bytes
+  // is such a failure. A changed object (length, ETag, Last-Modified) is
+  // kCorruption; an error `write` returns ends the read with that error.
+  using ChunkWriter = std::function<Status(uint64_t offset, std::span<const std::byte> bytes)>;
+  Status ReadWhole(const HttpObject& expect, const ChunkWriter& write);
 
   // Implementation details (http_client.cc), public for its callbacks.
   struct Handle;

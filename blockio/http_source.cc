@@ -1,6 +1,9 @@
 // HttpSource: BlockSource over HttpClient's ranged reads.
 #include "blockio/http_source.h"
 
+#include "blockio/leftovers.h"
+#include "blockio/staged_stream.h"
+
 namespace barge {
 namespace {
 
@@ -35,17 +38,21 @@ class HttpSource final : public BlockSource {
 
 }  // namespace
 
-Result<HttpSourceOpened> OpenHttpSource(const std::string& url, const HttpOptions& options) {
+Result<HttpSourceOpened> OpenHttpSource(Env& env, const std::string& url, const HttpOptions& options) {
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<HttpClient> client, HttpClient::Create(url, options));
   BARGE_ASSIGN_OR_RETURN(HttpObject object, client->Probe());
-  if (!object.ranges) {
-    return Error::NotSupported(
-               "the server does not serve byte ranges (it answered a Range request with the whole file); "
-               "download it first (curl -o FILE URL) and give the file")
-        .set_path(client->shown_url());
-  }
   HttpSourceOpened out;
   out.object = object;
+  if (!object.ranges) {
+    // Read once, front to back, into a private file the readers seek in.
+    const std::string dir = options.stage_dir.empty() ? TemporaryRoot() : options.stage_dir;
+    if (options.on_sequential) options.on_sequential(client->shown_url(), object.length_bytes, dir);
+    BARGE_ASSIGN_OR_RETURN(out.source, StageStream(env, dir, client->shown_url(), [&](const StreamWriter& write) {
+                             return client->ReadWhole(object, write);
+                           }));
+    out.sequential = true;
+    return out;
+  }
   const std::string name = client->shown_url();
   out.source = std::make_unique<HttpSource>(std::move(client), std::move(object), name);
   return out;

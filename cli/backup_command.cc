@@ -125,7 +125,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.source.allow_any_path = a.flags.allow_any_path;
   req.source.allow_dirs = a.flags.allow_dirs;
   req.source.nbd = a.nbd.access;
-  req.source.http = a.http.options;
+  auto http = a.http.OptionsFor(out, a.source);
+  if (!http.ok()) return out.Usage(http.error().message());
+  req.source.http = std::move(http).value();
   req.source.snapshot = a.snapshot;
   req.target_dir = a.target;
   req.disk_name = a.name;

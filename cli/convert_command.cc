@@ -45,7 +45,9 @@ int RunConvert(ConvertArgs& a, Output& cli_out) {
   req.source.allow_dirs = a.flags.allow_dirs;
   req.source.snapshot = a.snapshot;
   req.source.nbd = a.nbd.access;
-  req.source.http = a.http.options;
+  auto http = a.http.OptionsFor(cli_out, a.source);
+  if (!http.ok()) return cli_out.Usage(http.error().message());
+  req.source.http = std::move(http).value();
   req.destination = a.dest;
   req.format = format;
   req.backing = a.backing;

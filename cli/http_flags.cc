@@ -7,6 +7,8 @@
 #include "blockio/env.h"
 #include "blockio/s3_config.h"
 
+#include "cli/common.h"
+
 namespace barge::cli {
 
 void HttpFlags::AddTo(CLI::App* app) {
@@ -42,6 +44,24 @@ void HttpFlags::AddTo(CLI::App* app) {
     // stay empty and the S3 client says how to give them.
     if (auto s3 = ResolveS3Access(options.s3, getenv, read); s3.ok()) options.s3 = std::move(*s3);
   });
+}
+
+Result<HttpOptions> HttpFlags::OptionsFor(Output& out, const std::string& source) const {
+  std::string scheme = source.substr(0, source.find("://"));
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (!options.ca_file.empty() && scheme == "http") {
+    return Error::InvalidArgument("--ca-file asks for TLS, but the source is a plain http:// URL (" +
+                                  RedactHttpUrl(source) + "): use its https:// URL, or drop --ca-file");
+  }
+  HttpOptions o = options;
+  o.on_sequential = [&out](const std::string& url, uint64_t length_bytes, const std::string& dir) {
+    out.Notice("sequential_read",
+               "sequential read: " + url + ": the server does not serve byte ranges; reading it once, front to "
+               "back (" + HumanBytes(length_bytes) + "), into a private file under " +
+               dir + " (a cut starts it again from the first byte)",
+               {{"url", url}, {"size", length_bytes}});
+  };
+  return o;
 }
 
 }  // namespace barge::cli

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "blockio/http_client.h"
+#include "cli/output.h"
 
 namespace barge::cli {
 
@@ -16,6 +17,13 @@ struct HttpFlags {
   // Registers --ca-file, --netrc-file, --http-timeout and --s3-endpoint on
   // `app`, and fills options.s3 from the environment after parsing.
   void AddTo(CLI::App* app);
+
+  // The options for reading `source`, with on_sequential telling `out` (a
+  // "sequential_read" notice, docs/json.md) when a server without byte
+  // ranges is read once, front to back. kInvalidArgument (a usage error)
+  // for --ca-file with an http:// source: TLS asked for is TLS required,
+  // so a plain http URL is a mistake, never silently read in the clear.
+  Result<HttpOptions> OptionsFor(Output& out, const std::string& source) const;
 };
 
 }  // namespace barge::cli

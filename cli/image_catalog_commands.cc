@@ -21,6 +21,7 @@ struct CatalogArgs {
   std::string name, source, expected_sha512, disk, disks, unused_for = "24h";
   CopyFlags copy;
   HttpFlags http;  // image add
+  uint64_t size_bytes = 0;  // image add --source -: the stream's declared length
   bool verify = false;
   bool dry_run = false;
 };
@@ -63,11 +64,19 @@ Status ApplyCopy(const CatalogArgs& a, pipeline::ReplicateOptions& o) {
 int RunAdd(const CatalogArgs& a, Output& out) {
   pipeline::ReplicateOptions o;
   if (Status s = ApplyCopy(a, o); !s.ok()) return out.Usage(s.error().message());
-  o.source_http = a.http.options;
+  auto http = a.http.OptionsFor(out, a.source);
+  if (!http.ok()) return out.Usage(http.error().message());
+  o.source_http = std::move(http).value();
   WarnIfMisnamed(out, a.source, "");
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return out.Fail(cat.error());
-  auto r = (*cat)->Add(a.name, a.source, a.expected_sha512, a.disk, o);
+  orchestrate::UploadSpec upload;
+  upload.size_bytes = a.size_bytes;
+  if (a.size_bytes != 0 && a.source != orchestrate::kUploadSource) {
+    return out.Usage("--size declares the length of an upload on standard input (--source -); a file or URL "
+                     "says its own");
+  }
+  auto r = (*cat)->Add(a.name, a.source, a.expected_sha512, a.disk, o, upload);
   if (!r.ok()) return out.Fail(r.error());
   out.Result({{"copy", CopyJson(*r)}});
   out.text() << orchestrate::CopyLine(*r);
@@ -164,7 +173,13 @@ void RegisterImageCatalogCommands(CLI::App& app, int& exit_code) {
     auto* cmd = AddCommand(*image, "add", "Prepare the first ready copy of an image on a disk folder", exit_code,
                            [a](Output& out) { return RunAdd(*a, out); });
     cmd->add_option("name", a->name, "Image name (the copy's file name)")->required();
-    cmd->add_option("--source", a->source, "Raw/qcow2 file, block device, nbd:// URI or http(s):// URL")->required();
+    cmd->add_option("--source", a->source,
+                    "Raw/qcow2 file, block device, nbd:// URI, http(s):// URL, or - for standard input (an upload)")
+        ->required();
+    cmd->add_option("--size", a->size_bytes,
+                    "--source -: the upload's length in bytes; a stream that ends sooner (or runs longer) is "
+                    "refused")
+        ->type_name("BYTES");
     cmd->add_option("--expected-sha512", a->expected_sha512, "SHA-512 of the logical content");
     cmd->add_option("--disk", a->disk, "Disk folder for the first copy")->required();
     cmd->add_flag("--verify", a->verify, "Re-read the copy and compare digests");

@@ -2,6 +2,7 @@
 // once into several files, each checked by SHA-512 and recorded beside it.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
@@ -139,7 +140,9 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
   spec.allow_dirs = a.flags.allow_dirs;
   spec.nbd_retry = o.copy.nbd_retry;
   spec.nbd = a.nbd.access;
-  spec.http = a.http.options;
+  auto http = a.http.OptionsFor(out, a.source);
+  if (!http.ok()) return out.Usage(http.error().message());
+  spec.http = std::move(http).value();
   WarnIfMisnamed(out, a.source, a.flags.format);
   auto src = pipeline::OpenSource(Env::Default(), spec);
   if (!src.ok()) return out.Fail(src.error());
@@ -208,8 +211,16 @@ int RunReplicateCommand(ReplicateArgs& a, Output& out) {
     t << "\n";
   }
   t << "sha512 " << r.sha512_hex << "\n"
-    << HumanBytes(r.virtual_size) << " virtual, " << r.format << ", read " << HumanBytes(r.bytes_read)
-    << " in " << HumanSeconds(secs);
+    << HumanBytes(r.virtual_size) << " virtual, " << r.format;
+  // A pass that failed counts no bytes: say it failed, not "read 0 B".
+  const bool all_failed = std::all_of(r.replicas.begin(), r.replicas.end(), [](const auto& d) {
+    return d.state == pipeline::ReplicaState::kFailed;
+  });
+  if (all_failed && r.bytes_read == 0) {
+    t << ", failed after " << HumanSeconds(secs);
+  } else {
+    t << ", read " << HumanBytes(r.bytes_read) << " in " << HumanSeconds(secs);
+  }
   if (!r.bitmaps.empty()) t << ", " << r.bitmaps.size() << " bitmap(s) carried";
   if (r.bitmaps_dropped) t << ", bitmaps dropped (raw output)";
   if (!r.backing_file.empty()) t << ", top layer only, backing file '" << r.backing_file << "'";

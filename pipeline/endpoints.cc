@@ -63,25 +63,12 @@ Result<OpenedSource> OpenHttp(Env& env, const SourceSpec& spec, formats::OpenOpt
   }
   BARGE_ASSIGN_OR_RETURN(HttpOptions http, HttpOptionsFor(env, spec.http));
   BARGE_ASSIGN_OR_RETURN(HttpSourceOpened opened,
-                         s3 ? OpenS3Source(spec.location, http) : OpenHttpSource(spec.location, http));
+                         s3 ? OpenS3Source(spec.location, http) : OpenHttpSource(env, spec.location, http));
   OpenedSource out;
   out.kind = SourceKind::kHttp;
   out.remote_version = name + " length " + std::to_string(opened.object.length_bytes) + " etag " +
                        opened.object.etag + " modified " + opened.object.last_modified;
-  auto held = std::make_shared<std::unique_ptr<BlockSource>>(std::move(opened.source));
-  formats::SourceOpener opener = [held, name](const std::string&) -> Result<std::unique_ptr<BlockSource>> {
-    if (!*held) {
-      return Error::InvalidArgument(
-                 "the image behind the URL names a backing or data file; barge reads one object per URL and "
-                 "follows no file or URL an image names (flatten it first, or download the chain)")
-          .set_path(name);
-    }
-    return std::unique_ptr<BlockSource>(std::move(*held));
-  };
-  // Names inside the image are never resolved against this machine's folders.
-  options.allow_any_path = false;
-  options.allowed_dirs = {};
-  BARGE_ASSIGN_OR_RETURN(out.image, formats::OpenImage(name, opener, options));
+  BARGE_ASSIGN_OR_RETURN(out.image, OpenObjectImage(std::move(opened.source), name, options));
   return out;
 }
 

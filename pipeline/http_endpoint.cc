@@ -22,4 +22,22 @@ Result<HttpOptions> HttpOptionsFor(Env& env, const HttpOptions& options) {
   return options;
 }
 
+Result<std::unique_ptr<formats::Image>> OpenObjectImage(std::unique_ptr<BlockSource> object, const std::string& name,
+                                                        formats::OpenOptions options) {
+  auto held = std::make_shared<std::unique_ptr<BlockSource>>(std::move(object));
+  formats::SourceOpener opener = [held, name](const std::string&) -> Result<std::unique_ptr<BlockSource>> {
+    if (!*held) {
+      return Error::InvalidArgument(
+                 "the image names a backing or data file; barge reads one object from a URL or a stream and "
+                 "follows no file or URL an image names (flatten it first, or give the chain as files)")
+          .set_path(name);
+    }
+    return std::unique_ptr<BlockSource>(std::move(*held));
+  };
+  // Names inside the image are never resolved against this machine's folders.
+  options.allow_any_path = false;
+  options.allowed_dirs = {};
+  return formats::OpenImage(name, opener, options);
+}
+
 }  // namespace barge::pipeline

@@ -438,8 +438,12 @@ Status ReadTopLayer(Job& job) {
 // the retry bounds): every checkpoint journaled came after a flush of the
 // export, and the next run reads the export back against the digests
 // before it trusts any of it.
+// Only an I/O failure (a peer lost past its retries) is resumed from: a
+// source that changed or broke its format (kCorruption), or one refused
+// (kNotSupported, kInvalidArgument, kNotFound), would refuse the next run's
+// resume too, so nothing is kept and none is promised.
 void KeepStaged(Job& job, Pending& p, const Error& error) {
-  if (p.journaled != nullptr &&
+  if (p.journaled != nullptr && error.code() == ErrorCode::kIoError &&
       KeepAfterFailure(error, *p.journaled, *p.journal, /*target_failure_keeps=*/p.output->in_place(),
                        [&p] { return p.output->Keep(); })) {
     p.journal.reset();

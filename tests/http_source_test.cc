@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
 
 #include "tests/testing/cli_testing.h"
 #include "tests/testing/http_server.h"
@@ -40,7 +41,7 @@ class HttpSourceTest : public ::testing::Test {
     const std::string w = nginx_->www();
     testing::RunOk("cd " + Q(w) + " && qemu-img create -q -f qcow2 disk.qcow2 8M && qemu-io -f qcow2 "
                    "-c 'write -P 0xab 0 1M' -c 'write -P 0x17 3M 512k' -c 'write -P 0x42 7M 64k' disk.qcow2 "
-                   ">/dev/null && qemu-img convert -O raw disk.qcow2 disk.raw && cp disk.raw noranges/ && "
+                   ">/dev/null && qemu-img convert -O raw disk.qcow2 disk.raw && cp disk.raw disk.qcow2 noranges/ && "
                    "cp disk.raw private/ && qemu-img create -q -f qcow2 -b disk.qcow2 -F qcow2 child.qcow2");
   }
   static void TearDownTestSuite() {
@@ -130,6 +131,9 @@ TEST_F(HttpSourceTest, BackupReplicateAndImageAddTakeAUrl) {
   const json status = testing::RunResult(Barge("image status base --json --catalog " + Q(catalog)));
   EXPECT_TRUE(Has(status.dump(), nginx_->http("disk.qcow2"))) << status.dump();
   EXPECT_TRUE(Has(status.dump(), "ready")) << status.dump();
+  // Named like a file copy: the URL path's extension.
+  EXPECT_TRUE(std::filesystem::exists(disk + "/base.qcow2"));
+  EXPECT_FALSE(std::filesystem::exists(disk + "/base"));
 }
 
 TEST_F(HttpSourceTest, CredentialsComeFromANetrcFileAndAreNeverShown) {
@@ -160,10 +164,67 @@ TEST_F(HttpSourceTest, BadAnswersAreOneClearLineAndLeaveNothing) {
   ExpectRefused(Q(nginx_->http("missing.qcow2")), 1, "not found");
   ExpectRefused(Q(nginx_->http("loop")), 1, "redirect loop");
   ExpectRefused(Q(nginx_->http("page.qcow2")), 1, "web page");
-  ExpectRefused(Q(nginx_->http("noranges/disk.raw")), 1, "byte ranges");
   ExpectRefused(Q(nginx_->http("child.qcow2")), 1, "backing");
   // Nothing listens there: retried, then an I/O error.
   ExpectRefused(Q("http://127.0.0.1:" + std::to_string(1) + "/disk.raw"), 1, "attempts");
+}
+
+TEST_F(HttpSourceTest, AServerWithoutRangesIsReadOnceFrontToBackWithANote) {
+  TempDir tmp;  // the runs' TMPDIR: nothing staged stays there
+  const std::string env = "TMPDIR=" + Q(tmp.path().string()) + " ";
+  const std::string url = nginx_->http("noranges/disk.raw");
+  const std::string out = dir_ / "seq.raw";
+  CommandResult r = Sh(env + Barge("convert " + Q(url) + " " + Q(out)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "barge: sequential read: " + url + ": the server does not serve byte ranges"))
+      << r.output;
+  ExpectSame("disk.raw", out);
+
+  // A qcow2 too (its tables are read from the staged file), and the note
+  // as an event under --json.
+  const std::string qurl = nginx_->http("noranges/disk.qcow2");
+  CommandResult j = Sh(env + Barge("replicate --json " + Q(qurl) + " --to " + Q(dir_ / "rep.qcow2")));
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  bool noted = false;
+  std::istringstream lines(j.stdout_text);
+  for (std::string line; std::getline(lines, line);) {
+    const json e = json::parse(line);
+    if (e["event"] != "sequential_read") continue;
+    noted = true;
+    EXPECT_EQ(e["url"], qurl) << line;
+    EXPECT_EQ(e["size"], std::filesystem::file_size(Www("noranges/disk.qcow2"))) << line;
+  }
+  EXPECT_TRUE(noted) << j.stdout_text;
+  ExpectSame("disk.qcow2", dir_ / "rep.qcow2");
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.path()));
+
+  // image add stages beside the catalog, and leaves nothing there either.
+  TempDir cat;
+  const std::string disk = dir_ / "disk1";
+  CommandResult a = Sh(env + Barge("image add base --source " + Q(qurl) + " --disk " + Q(disk) + " --catalog " +
+                                   Q(cat / "catalog.db")));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_TRUE(Has(a.stderr_text, "into a private file under " + cat.path().string())) << a.output;
+  ExpectSame("disk.qcow2", disk + "/base.qcow2");
+  for (const auto& e : std::filesystem::directory_iterator(cat.path())) {
+    EXPECT_FALSE(e.path().filename().string().starts_with(".barge-stage")) << e.path();
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.path()));
+}
+
+TEST_F(HttpSourceTest, ACaFileWithAPlainHttpUrlIsAUsageError) {
+  const std::string ca = "--ca-file " + Q(nginx_->ca_file()) + " ";
+  const std::string url = Q(nginx_->http("disk.raw"));
+  for (const std::string& cmd :
+       {"convert " + ca + url + " " + Q(dir_ / "out.raw"), "replicate " + ca + url + " --to " + Q(dir_ / "out.raw"),
+        "image add base --source " + url + " " + ca + "--disk " + Q(dir_ / "disk1") + " --catalog " +
+            Q(dir_ / "catalog.db")}) {
+    CommandResult r = Sh(Barge(cmd));
+    EXPECT_EQ(r.exit_code, 64) << cmd << "\n" << r.output;
+    EXPECT_TRUE(Has(r.stderr_text, "--ca-file asks for TLS, but the source is a plain http:// URL")) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "out.raw"));
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "disk1/base.raw"));
+  }
 }
 
 TEST_F(HttpSourceTest, SignedUrlsAndLineBreaksNeverReachTheErrorLine) {
@@ -222,6 +283,29 @@ TEST_F(HttpSourceTest, AFileChangedUnderneathIsRefusedNeverMixed) {
     Sh("touch -d '2001-02-03 04:05:06' " + Q(changed));
   });
   ExpectRefused(Q(proxy.url("changing.raw")), 2, "changed");
+
+  // replicate and image add alike: an honest failure, promising no resume
+  // (the next run would refuse it: another version), and nothing left,
+  // no .NAME.barge-resume journal either.
+  std::filesystem::copy_file(Www("disk.raw"), changed, std::filesystem::copy_options::overwrite_existing);
+  proxy.Set(FaultProxy::Mode::kCut, 200 << 10, 1000, [changed] {
+    Sh("touch -d '2002-02-03 04:05:06' " + Q(changed));
+  });
+  CommandResult r = Sh(Barge("replicate " + Q(proxy.url("changing.raw")) + " --to " + Q(dir_ / "copy.raw")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(Has(r.stderr_text, "changed")) << r.output;
+  EXPECT_FALSE(Has(r.output, "resumes from it")) << r.output;
+  EXPECT_FALSE(Has(r.output, "read 0 B")) << r.output;
+  std::filesystem::copy_file(Www("disk.raw"), changed, std::filesystem::copy_options::overwrite_existing);
+  proxy.Set(FaultProxy::Mode::kCut, 200 << 10, 1000, [changed] {
+    Sh("touch -d '2003-02-03 04:05:06' " + Q(changed));
+  });
+  TempDir cat;
+  r = Sh(Barge("image add base --source " + Q(proxy.url("changing.raw")) + " --disk " + Q(dir_.path().string()) +
+               " --catalog " + Q(cat / "catalog.db")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_FALSE(Has(r.output, "resumes from it")) << r.output;
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path())) ADD_FAILURE() << "left behind: " << e.path();
   std::filesystem::remove(changed);
 }
 

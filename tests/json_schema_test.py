@@ -42,7 +42,7 @@ EVENTS = ("progress", "warning", "result", "error")
 # connection replaced after a drop): validated against their schema where
 # they appear, never required to be seen (tests/nbd_reconnect_test.cc makes
 # them).
-OCCASIONAL_EVENTS = ("reconnect", "bitmap_missed")
+OCCASIONAL_EVENTS = ("reconnect", "sequential_read", "bitmap_missed")
 # The documented extensions of the four, for the commands that run until
 # stopped: `serve` also prints "ready" and "run" (docs/json.md, "serve's
 # daemon events"), `export` "ready" (docs/json.md, "export"), and `vm

@@ -18,6 +18,7 @@
 #include "blockio/thread.h"
 #include "formats/image.h"
 #include "orchestrate/catalog/backup_catalog.h"
+#include "orchestrate/catalog/image_upload.h"
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/base/sqlite_db.h"
 #include "pipeline/endpoints.h"
@@ -155,11 +156,23 @@ Status ValidName(const std::string& name) {
   return OkStatus();
 }
 
-// The extension of a source file (".qcow2", ".raw", ".img"): "" for a URI,
-// a name without one, or anything but a short run of letters and digits.
-std::string SourceExtension(const std::string& source) {
-  if (source.find("://") != std::string::npos) return "";
-  const std::string ext = Extension(source);
+// The extension of a source file (".qcow2", ".raw", ".img"), of an http(s)
+// URL's path (its query and fragment aside) alike; "." + `format` for an
+// upload on standard input (the format its first bytes show, recorded
+// as the image's); "" for another URI, a name without one, or anything but
+// a short run of letters and digits.
+std::string SourceExtension(const std::string& source, const std::string& format = "") {
+  if (source == kUploadSource) return format.empty() ? "" : "." + format;
+  std::string path = source;
+  if (IsHttpUrl(source)) {
+    path = source.substr(0, source.find_first_of("?#"));
+    path = path.substr(path.find("://") + 3);
+    const size_t slash = path.find('/');
+    path = slash == std::string::npos ? "" : path.substr(slash);
+  } else if (source.find("://") != std::string::npos) {
+    return "";
+  }
+  const std::string ext = Extension(path);
   if (ext.size() < 2 || ext.size() > 9 ||
       !std::all_of(ext.begin() + 1, ext.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); })) {
     return "";
@@ -170,18 +183,27 @@ std::string SourceExtension(const std::string& source) {
 // Image `name`'s copy in `disk`: the name with its source's extension
 // (base -> base.qcow2, base.qcow2 -> base.qcow2.qcow2), so the file says its
 // format to people and tools; the name alone when the source has none.
+// `format`: the image's, for an upload (SourceExtension).
 // Given the source, the name is the file less that extension
 // (ImageNameOf); two images whose sources differ may still map to one file
 // (`a` from x.qcow2, `a.qcow2` from an NBD URI), which add and sync refuse
 // (CopyHolder).
-std::string CopyPath(const std::string& disk, const std::string& name, const std::string& source) {
-  return JoinPath(disk, name + SourceExtension(source));
+std::string CopyPath(const std::string& disk, const std::string& name, const std::string& source,
+                     const std::string& format = "") {
+  return JoinPath(disk, name + SourceExtension(source, format));
 }
 
 // CopyPath's reverse: the image whose copy from `source` is the file
 // `file` (a name in a disk folder). A copy made before copies kept their
-// source's extension is the name alone.
+// source's extension is the name alone; an upload's copy ends in .qcow2 or
+// .raw.
 std::string ImageNameOf(const std::string& file, const std::string& source) {
+  if (source == kUploadSource) {
+    for (const std::string ext : {".qcow2", ".raw"}) {
+      if (file.size() > ext.size() && file.ends_with(ext)) return file.substr(0, file.size() - ext.size());
+    }
+    return file;
+  }
   const std::string ext = SourceExtension(source);
   if (ext.empty() || file.size() <= ext.size() || !file.ends_with(ext)) return file;
   return file.substr(0, file.size() - ext.size());
@@ -360,14 +382,20 @@ Result<std::vector<ImageCopyRecord>> ImageCatalog::Recover(const std::string& na
 
 Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::string& source,
                                           const std::string& expected_sha512, const std::string& disk,
-                                          const pipeline::ReplicateOptions& options) {
+                                          const pipeline::ReplicateOptions& options, const UploadSpec& upload) {
   BARGE_RETURN_IF_ERROR(ValidName(name));
   BARGE_RETURN_IF_ERROR(env_.CreateDirs(disk));
   BARGE_ASSIGN_OR_RETURN(auto image_lock, TryLockFile(env_, LockPath(name), "an image add or sync of " + name +
                                                                                 " is already running"));
   BARGE_RETURN_IF_ERROR(Recover(name, name));
-  ImageCopyRecord copy{name, DiskKey(disk), CopyPath(DiskKey(disk), name, source), "in-progress", 0, "", "", Now(), 0,
-                       ProcessOwner::Self(env_).Encode()};
+  // An upload's first bytes say its format, and so its copy's name.
+  const bool uploaded = source == kUploadSource;
+  std::optional<UploadHead> head;
+  if (uploaded) {
+    BARGE_ASSIGN_OR_RETURN(head, ReadUploadHead(upload));
+  }
+  ImageCopyRecord copy{name, DiskKey(disk), CopyPath(DiskKey(disk), name, source, head ? head->format : ""),
+                       "in-progress", 0, "", "", Now(), 0, ProcessOwner::Self(env_).Encode()};
   {
     std::lock_guard lock(mu_);
     BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
@@ -418,9 +446,15 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   pipeline::SourceSpec spec;
   spec.location = source;
   spec.http = options.source_http;
-  auto src = pipeline::OpenSource(env_, spec);
+  // What cannot be read in place (an upload, a download without byte
+  // ranges) is staged beside the catalog, never at a guessable name.
+  const std::string stage_dir = DirName(catalog_path_);
+  if (spec.http.stage_dir.empty()) spec.http.stage_dir = stage_dir;
+  auto src = uploaded ? OpenUpload(env_, stage_dir, upload, *head) : pipeline::OpenSource(env_, spec);
   if (!src.ok()) return finish(src.error());
   o.source_format = src->format_name();
+  // A stream is read once: an upload that failed is sent again, whole.
+  if (uploaded) o.resume = false;
   // A staged part of a download resumes only from the same version.
   if (!src->remote_version.empty()) o.resume_identity = src->remote_version;
   o.progress = PercentRecorder(copy);
@@ -537,7 +571,7 @@ Status ImageCatalog::SyncRun::ClaimDisks(const std::vector<std::string>& disks) 
     std::string key = catalog.DiskKey(d);
     if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
     keys.push_back(key);
-    std::string path = CopyPath(key, name, image.source);
+    std::string path = CopyPath(key, name, image.source, image.format);
     if (std::any_of(senders.begin(), senders.end(), [&](const Sender& s) { return s.path == path; })) continue;
     ImageCopyRecord c{name, key, path, "pending", 0, "", "", Now(), 0, owner};
     BARGE_ASSIGN_OR_RETURN(std::string holder, CopyHolder(db, key, path, name));

@@ -19,6 +19,7 @@
 
 #include "blockio/env.h"
 #include "blockio/error.h"
+#include "orchestrate/catalog/image_upload.h"
 #include "pipeline/replicate.h"
 
 namespace barge::orchestrate {
@@ -108,9 +109,15 @@ class ImageCatalog {
   // that never became ready is no copy; add again once the cause is fixed.
   // A killed add leaves an in-progress row, marked failed ("interrupted")
   // by the next command that recovers rows.
+  // `source` "-" (kUploadSource) reads the image from `upload.fd`
+  // (orchestrate/catalog/image_upload.h): its first bytes say qcow2 or raw
+  // (the copy is NAME.qcow2 or NAME.raw), the rest is staged in a private
+  // file beside the catalog, checked against upload.size_bytes, and copied
+  // as a file would be; the recorded source is "-". An http(s) URL whose
+  // server serves no byte ranges is staged there too.
   Result<ImageCopyRecord> Add(const std::string& name, const std::string& source,
                               const std::string& expected_sha512, const std::string& disk,
-                              const pipeline::ReplicateOptions& options);
+                              const pipeline::ReplicateOptions& options, const UploadSpec& upload = {});
   // Delivers `name` to every disk in `disks` that lacks a ready copy, from
   // ready copies (copies that become ready send too). Each send checks the
   // image's SHA-512. A disk whose file for the copy is another image's
