@@ -79,9 +79,13 @@ Status CheckHttpUrl(std::string_view url) {
 // One libcurl easy handle; it keeps its connection between requests.
 struct HttpClient::Handle {
   CURL* curl = nullptr;
+  // HttpOptions::headers as libcurl takes them; built on the first request.
+  curl_slist* headers = nullptr;
+  bool headers_built = false;
   Handle() : curl(curl_easy_init()) {}
   ~Handle() {
     if (curl != nullptr) curl_easy_cleanup(curl);
+    curl_slist_free_all(headers);
   }
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
@@ -236,6 +240,20 @@ void HttpClient::Perform(Handle& handle, uint64_t first, uint64_t last, std::spa
     curl_easy_setopt(c, CURLOPT_NETRC, static_cast<long>(CURL_NETRC_OPTIONAL));
     curl_easy_setopt(c, CURLOPT_NETRC_FILE, options_.netrc_file.c_str());
   }
+  if (!handle.headers_built) {
+    handle.headers_built = true;
+    for (const std::string& h : options_.headers) {
+      curl_slist* grown = curl_slist_append(handle.headers, h.c_str());
+      if (grown == nullptr) {
+        a.fatal = Error::Internal("curl_slist_append failed");
+        return;
+      }
+      handle.headers = grown;
+    }
+  }
+  // libcurl keeps a custom Authorization (and Cookie) header to the URL's
+  // host: a redirect to another host does not carry it.
+  if (handle.headers != nullptr) curl_easy_setopt(c, CURLOPT_HTTPHEADER, handle.headers);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout_ms));
   // Stalled: under 1 byte/s for the stall time.
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
@@ -267,10 +285,10 @@ std::optional<Error> FinalError(const HttpClient::Attempt& a, const HttpOptions&
   const int max_redirects = options.max_redirects;
   if (s == 404 || s == 410) return Error::NotFound("not found on the server (HTTP " + std::to_string(s) + ")");
   if (s == 401 || s == 403) {
-    return Error::InvalidArgument("access refused by the server (HTTP " + std::to_string(s) + "); " +
-                                  (options.netrc_file.empty()
-                                       ? "give credentials with --netrc-file"
-                                       : "check the --netrc-file entry for this host (missing or not accepted)"));
+    std::string hint = "give credentials with --netrc-file or --header-file";
+    if (!options.netrc_file.empty()) hint = "check the --netrc-file entry for this host (missing or not accepted)";
+    if (!options.headers.empty()) hint = "check the headers of --header-file (not accepted)";
+    return Error::InvalidArgument("access refused by the server (HTTP " + std::to_string(s) + "); " + hint);
   }
   if (s == 416) return Error::Corruption("the server refused a range inside the file's length (HTTP 416): the remote file changed or shrank");
   if (s >= 400 && s < 500 && s != 408 && s != 429) {

@@ -5,7 +5,7 @@
 
 namespace barge::cli {
 
-void HttpFlags::AddTo(CLI::App* app) {
+void AddHttpFlags(CLI::App* app, HttpOptions& options) {
   app->add_option("--ca-file", options.ca_file,
                   "https:// source: PEM file of the authorities to verify the server with (default: the "
                   "system's); verification is never turned off")
@@ -14,11 +14,16 @@ void HttpFlags::AddTo(CLI::App* app) {
                   "http(s):// source: credentials as netrc lines (machine HOST login USER password PASS), "
                   "mode 0600; never put them in the URL")
       ->type_name("FILE");
+  app->add_option("--header-file", options.header_file,
+                  "http(s):// source: request headers sent with every request, one 'Name: value' a line "
+                  "(e.g. Authorization: Bearer TOKEN), mode 0600; never shown")
+      ->type_name("FILE");
+  HttpOptions* o = &options;
   app->add_option_function<double>(
          "--http-timeout",
-         [this](double seconds) {
-           options.stall_timeout_ms = static_cast<int>(seconds * 1000);
-           options.connect_timeout_ms = std::min(options.connect_timeout_ms, options.stall_timeout_ms);
+         [o](double seconds) {
+           o->stall_timeout_ms = static_cast<int>(seconds * 1000);
+           o->connect_timeout_ms = std::min(o->connect_timeout_ms, o->stall_timeout_ms);
          },
          "http(s):// source: seconds without a byte before a transfer is cut and resumed (default 30)")
       ->check(CLI::Range(1.0, 3600.0))

@@ -1,5 +1,6 @@
 // Flags of every command that reads http(s):// URLs: the authorities TLS
-// verifies the server with, a netrc file of credentials, the stall timeout.
+// verifies the server with, a netrc file or a header file of credentials,
+// the stall timeout.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -8,11 +9,15 @@
 
 namespace barge::cli {
 
+// Registers --ca-file, --netrc-file, --header-file and --http-timeout on
+// `app`, filling `options` (which must outlive the parse). The files are
+// read and checked when the source opens (pipeline::HttpOptionsFor).
+void AddHttpFlags(CLI::App* app, HttpOptions& options);
+
 struct HttpFlags {
   HttpOptions options;
 
-  // Registers --ca-file, --netrc-file and --http-timeout on `app`.
-  void AddTo(CLI::App* app);
+  void AddTo(CLI::App* app) { AddHttpFlags(app, options); }
 };
 
 }  // namespace barge::cli
