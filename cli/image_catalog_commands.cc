@@ -19,7 +19,7 @@ struct CatalogArgs {
   std::string catalog;
   std::string name, source, expected_sha512, disk, disks, unused_for = "24h";
   CopyFlags copy;
-  HttpFlags http;  // image add
+  HttpFlags http;  // image add; image sync's download from the origin
   bool verify = false;
   bool dry_run = false;
 };
@@ -48,12 +48,19 @@ json CopyJson(const orchestrate::ImageCopyRecord& c) {
   if (!c.message.empty()) j["message"] = c.message;
   if (c.unused_since) j["unused_since"] = Time(c.unused_since);
   if (!c.owner.empty()) j["owner"] = c.owner;
+  if (c.bytes_total) {
+    j["bytes_done"] = c.bytes_done;
+    j["bytes_total"] = c.bytes_total;
+  }
   return j;
 }
 
 void PrintCopy(std::ostream& t, const orchestrate::ImageCopyRecord& c) {
   t << c.image << "  " << c.disk << "  " << c.state;
-  if (c.state == "in-progress") t << " " << static_cast<int>(c.percent) << "%";
+  if (c.state == "in-progress") {
+    t << " " << static_cast<int>(c.percent) << "%";
+    if (c.bytes_total) t << " (" << HumanBytes(c.bytes_done) << " of " << HumanBytes(c.bytes_total) << ")";
+  }
   if (!c.message.empty()) t << ": " << c.message;
   t << "\n";
 }
@@ -95,6 +102,7 @@ int RunAdd(const CatalogArgs& a, Output& out) {
 int RunSync(const CatalogArgs& a, Output& out) {
   orchestrate::SyncOptions o;
   if (Status s = ApplyCopy(a, o.replicate); !s.ok()) return out.Usage(s.error().message());
+  o.origin_http = a.http.options;
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return out.Fail(cat.error());
   auto r = (*cat)->Sync(a.name, SplitList(a.disks), o);
@@ -107,7 +115,13 @@ int RunSync(const CatalogArgs& a, Output& out) {
   for (const auto& s : r->senders) {
     senders.push_back({{"sender", s.sender}, {"sends", s.sends}, {"max_concurrent", s.max_concurrent}});
   }
-  out.Result({{"image", a.name}, {"copies", copies}, {"senders", senders}});
+  json result = {{"image", a.name}, {"copies", copies}, {"senders", senders}};
+  if (!r->downloaded_from.empty()) result["downloaded_from"] = r->downloaded_from;
+  out.Result(result);
+  if (!r->downloaded_from.empty()) {
+    out.text() << "no ready copy was left: downloaded " << a.name << " again from its origin "
+               << r->downloaded_from << "\n";
+  }
   for (const auto& c : r->copies) PrintCopy(out.text(), c);
   for (const auto& s : r->senders) {
     out.text() << "sender " << s.sender << ": " << s.sends << " send(s), at most " << s.max_concurrent
@@ -131,7 +145,17 @@ int RunStatus(const CatalogArgs& a, Output& cli_out) {
   if (auto r = (*cat)->RecoverInterrupted(a.name); !r.ok()) return cli_out.Fail(r.error());
   auto images = (*cat)->Images(a.name);
   if (!images.ok()) return cli_out.Fail(images.error());
-  if (!a.name.empty() && images->empty()) return cli_out.Fail(Error::NotFound("no image '" + a.name + "' in the catalog"));
+  if (!a.name.empty() && images->empty()) {
+    // Not in the catalog; if its last add failed, why.
+    auto failed = (*cat)->FailedAdd(a.name);
+    if (!failed.ok()) return cli_out.Fail(failed.error());
+    std::string why;
+    if (*failed) {
+      why = "; its last add (from " + (*failed)->source + " to " + (*failed)->disk + ", " + Time((*failed)->updated) +
+            ") failed: " + (*failed)->message;
+    }
+    return cli_out.Fail(Error::NotFound("no image '" + a.name + "' in the catalog" + why));
+  }
   auto copies = (*cat)->Copies(a.name);
   if (!copies.ok()) return cli_out.Fail(copies.error());
   auto senders = (*cat)->Senders(a.name);
@@ -229,6 +253,7 @@ void RegisterImageCatalogCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("name", a->name, "Image name")->required();
     cmd->add_option("--disks", a->disks, "Disk folders, comma separated")->required();
     cmd->add_flag("--verify", a->verify, "Re-read each copy and compare digests");
+    a->http.AddTo(cmd);  // when no ready copy is left: downloaded again from its origin URL
     a->copy.AddTo(cmd, "none");
     add_common(cmd, *a);
   }
