@@ -30,4 +30,6 @@ void AddHttpFlags(CLI::App* app, HttpOptions& options) {
       ->type_name("SECONDS");
 }
 
+void HttpFlags::AddTo(CLI::App* app) { AddHttpFlags(app, options); }
+
 }  // namespace barge::cli

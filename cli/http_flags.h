@@ -17,7 +17,8 @@ void AddHttpFlags(CLI::App* app, HttpOptions& options);
 struct HttpFlags {
   HttpOptions options;
 
-  void AddTo(CLI::App* app) { AddHttpFlags(app, options); }
+  // AddHttpFlags(app, options).
+  void AddTo(CLI::App* app);
 };
 
 }  // namespace barge::cli

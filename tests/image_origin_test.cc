@@ -75,7 +75,8 @@ TEST_F(ImageOriginTest, StatusShowsBytesAndPercentWhileACopyDownloads) {
   const std::string disk = dir_ / "disk1";
   CommandResult add;
   std::thread adder([&] {
-    add = Sh(Image("add big --source " + Q(nginx_->http("slow/big.raw")) + " --disk " + Q(disk) +
+    // One reader, little memory: the chunks arrive one after another.
+    add = Sh(Image("add big --threads 1 --memory 4M --source " + Q(nginx_->http("slow/big.raw")) + " --disk " + Q(disk) +
                    " --expected-sha512 " + Sha512(Www("big.raw"))));
   });
   bool seen_json = false, seen_text = false;
@@ -136,7 +137,8 @@ TEST_F(ImageOriginTest, SyncDownloadsAgainFromTheOriginWhenNoReadyCopyIsLeft) {
   const std::string url = nginx_->http("origin.qcow2");
   testing::RunOk(Image("add base --source " + Q(url) + " --disk " + Q(d1) + " --expected-sha512 " +
                        Sha512(Www("disk.raw"))));
-  const std::string copy = fs::canonical(d1).string() + "/base.qcow2";
+  const std::string copy =
+      testing::RunResult(Image("status base --json"))["images"][0]["copies"][0]["path"].get<std::string>();
   ASSERT_TRUE(fs::exists(copy)) << testing::RunOk("ls -la " + Q(d1));
   fs::remove(copy);
   // No ready copy is left: the sync downloads it again to disk1, which sends to disk2.
@@ -149,7 +151,7 @@ TEST_F(ImageOriginTest, SyncDownloadsAgainFromTheOriginWhenNoReadyCopyIsLeft) {
   }
   // The text says so.
   fs::remove(copy);
-  fs::remove(fs::canonical(d2).string() + "/base.qcow2");
+  fs::remove(result["copies"][1]["path"].get<std::string>());
   EXPECT_TRUE(Has(testing::RunOk(Image("sync base --disks " + Q(d1))), "downloaded base again from its origin " + url));
 
   // The origin now serves other content: the SHA-512 check refuses it.
@@ -175,7 +177,7 @@ TEST_F(ImageOriginTest, SyncDownloadsAgainFromTheOriginWhenNoReadyCopyIsLeft) {
 TEST_F(ImageOriginTest, SyncWithoutAUrlOriginStillHasNothingToSendFrom) {
   const std::string d1 = dir_ / "disk1";
   testing::RunOk(Image("add base --source " + Q(Www("disk.raw")) + " --disk " + Q(d1)));
-  fs::remove(fs::canonical(d1).string() + "/base.raw");
+  fs::remove(testing::RunResult(Image("status base --json"))["images"][0]["copies"][0]["path"].get<std::string>());
   CommandResult r = Sh(Image("sync base --disks " + Q(d1)));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(Has(r.stderr_text, "no ready copy to send from")) << r.output;
