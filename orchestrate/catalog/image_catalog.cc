@@ -516,6 +516,11 @@ struct ImageCatalog::SyncRun {
   // One send (a thread): replicates from the sender to the copy and records
   // the copy's state.
   void Send(ImageCopyRecord copy, size_t sender_index, std::string sender_path);
+  // Replicates `spec` (opened here) to `copy` with `o` (its progress
+  // recorded) and sets the copy's state, message and times; the error,
+  // if it failed. Records nothing.
+  std::optional<Error> CopyFrom(const pipeline::SourceSpec& spec, pipeline::ReplicateOptions o,
+                                ImageCopyRecord& copy);
   // No ready copy left: downloads the image again from `origin` to the
   // first pending disk, which then sends to the others; on failure that
   // disk and the others are failed and origin_error says why.
@@ -619,19 +624,31 @@ void ImageCatalog::SyncRun::Send(ImageCopyRecord copy, size_t sender_index, std:
   o.expected_sha512 = image.sha512;
   o.force = true;  // the file is this image's: no other image's row names it (CopyHolder)
   o.source_location = sender_path;
-  o.source_format = image.format;
   // A send cut short resumes on the next sync from whichever copy sends
   // it then: the image's content is what the staged part must be of.
   o.resume_identity = "image " + image.name + " sha512:" + image.sha512;
-  o.progress = catalog.PercentRecorder(copy);
-  std::optional<Error> error;
   pipeline::SourceSpec spec;
   spec.location = sender_path;
   spec.format = image.format;
+  std::optional<Error> error = CopyFrom(spec, std::move(o), copy);
+  Status recorded = catalog.RecordCopy(copy);
+  std::lock_guard lock(m);
+  if (!recorded.ok() && !record_error) record_error = std::move(recorded).error();
+  senders[sender_index].active--;
+  if (!error) senders.push_back({copy.path});
+  --running;
+  cv.notify_all();
+}
+
+std::optional<Error> ImageCatalog::SyncRun::CopyFrom(const pipeline::SourceSpec& spec, pipeline::ReplicateOptions o,
+                                                      ImageCopyRecord& copy) {
+  o.progress = catalog.PercentRecorder(copy);
+  std::optional<Error> error;
   auto src = pipeline::OpenSource(catalog.env_, spec);
   if (!src.ok()) {
     error = src.error();
   } else {
+    o.source_format = src->format_name();
     std::vector<std::string> dests = {copy.path};
     auto r = pipeline::RunReplicate(catalog.env_, *src->image, dests, o);
     if (!r.ok()) error = r.error();
@@ -643,13 +660,7 @@ void ImageCatalog::SyncRun::Send(ImageCopyRecord copy, size_t sender_index, std:
   if (!error) copy.bytes_done = copy.bytes_total = image.virtual_size;
   copy.updated = Now();
   copy.owner.clear();
-  Status recorded = catalog.RecordCopy(copy);
-  std::lock_guard lock(m);
-  if (!recorded.ok() && !record_error) record_error = std::move(recorded).error();
-  senders[sender_index].active--;
-  if (!error) senders.push_back({copy.path});
-  --running;
-  cv.notify_all();
+  return error;
 }
 
 void ImageCatalog::SyncRun::DownloadFromOrigin() {
@@ -669,28 +680,11 @@ void ImageCatalog::SyncRun::DownloadFromOrigin() {
   // As a send: the content is pinned by the SHA-512 checked at the end, so
   // a download cut short resumes on the next sync, from a copy or the origin.
   o.resume_identity = "image " + image.name + " sha512:" + o.expected_sha512;
-  o.progress = catalog.PercentRecorder(copy);
   pipeline::SourceSpec spec;
   spec.location = origin;
   spec.format = image.format;
   spec.http = options.origin_http;
-  std::optional<Error> error;
-  auto src = pipeline::OpenSource(catalog.env_, spec);
-  if (!src.ok()) {
-    error = src.error();
-  } else {
-    o.source_format = src->format_name();
-    std::vector<std::string> dests = {copy.path};
-    auto r = pipeline::RunReplicate(catalog.env_, *src->image, dests, o);
-    if (!r.ok()) error = r.error();
-    else if (r->replicas[0].state == pipeline::ReplicaState::kFailed) error = *r->replicas[0].error;
-  }
-  copy.state = error ? "failed" : "ready";
-  copy.message = error ? error->ToString() : "";
-  copy.percent = error ? copy.percent : 100;
-  if (!error) copy.bytes_done = copy.bytes_total = image.virtual_size;
-  copy.updated = Now();
-  copy.owner.clear();
+  std::optional<Error> error = CopyFrom(spec, std::move(o), copy);
   if (Status recorded = catalog.RecordCopy(copy); !recorded.ok() && !record_error) {
     record_error = std::move(recorded).error();
   }
