@@ -85,10 +85,11 @@ struct HttpClient::Handle {
     if (curl != nullptr) curl_easy_cleanup(curl);
     curl_slist_free_all(headers);
   }
-  void SetHeaders(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  void SetHeaders(const std::vector<std::string>& a, const std::vector<std::string>& b,
+                  const std::vector<std::string>& c) {
     curl_slist_free_all(headers);
     headers = nullptr;
-    for (const auto* list : {&a, &b}) {
+    for (const auto* list : {&a, &b, &c}) {
       for (const std::string& h : *list) headers = curl_slist_append(headers, h.c_str());
     }
   }
@@ -129,7 +130,10 @@ void ApplyCommon(CURL* c, const std::string& url, const HttpOptions& options, Ht
     curl_easy_setopt(c, CURLOPT_USERNAME, options.s3.access_key_id.c_str());
     curl_easy_setopt(c, CURLOPT_PASSWORD, options.s3.secret_access_key.c_str());
   }
-  handle.SetHeaders(options.extra_headers, headers);
+  // --header-file's headers too. libcurl keeps a custom Authorization (and
+  // Cookie) header to the URL's host: a redirect to another host does not
+  // carry it.
+  handle.SetHeaders(options.extra_headers, options.headers, headers);
   if (handle.headers != nullptr) curl_easy_setopt(c, CURLOPT_HTTPHEADER, handle.headers);
 }
 
@@ -334,10 +338,10 @@ std::optional<Error> FinalError(const HttpClient::Attempt& a, const HttpOptions&
                                   "); check the access key, the secret and the region");
   }
   if (s == 401 || s == 403) {
-    return Error::InvalidArgument("access refused by the server (HTTP " + std::to_string(s) + "); " +
-                                  (options.netrc_file.empty()
-                                       ? "give credentials with --netrc-file"
-                                       : "check the --netrc-file entry for this host (missing or not accepted)"));
+    std::string hint = "give credentials with --netrc-file or --header-file";
+    if (!options.netrc_file.empty()) hint = "check the --netrc-file entry for this host (missing or not accepted)";
+    if (!options.headers.empty()) hint = "check the headers of --header-file (not accepted)";
+    return Error::InvalidArgument("access refused by the server (HTTP " + std::to_string(s) + "); " + hint);
   }
   if (s == 416) return Error::Corruption("the server refused a range inside the file's length (HTTP 416): the remote file changed or shrank");
   if (s >= 400 && s < 500 && s != 408 && s != 429) {

@@ -53,6 +53,13 @@ struct HttpOptions {
   // Credentials in netrc form (machine HOST login USER password PASS),
   // used by libcurl for the URL's host only; "" = none.
   std::string netrc_file;
+  // A file of request headers, one "Name: value" a line (e.g.
+  // "Authorization: Bearer ..."), readable by its owner only; "" = none.
+  // pipeline::HttpOptionsFor checks it and reads it into `headers`.
+  std::string header_file;
+  // Sent with every request (header_file's lines). Secrets: never shown,
+  // logged or recorded.
+  std::vector<std::string> headers;
   int connect_timeout_ms = 15000;
   // A transfer that moves no byte for this long is cut and retried.
   int stall_timeout_ms = 30000;

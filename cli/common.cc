@@ -33,10 +33,12 @@ Result<formats::OpenOptions> ImageFlags::ToOpenOptions() const {
 }
 
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
-                                                      const formats::OpenOptions& options) {
+                                                      const formats::OpenOptions& options,
+                                                      const HttpOptions& http) {
   if (IsHttpUrl(path)) {
     pipeline::SourceSpec spec;
     spec.location = path;
+    spec.http = http;
     spec.snapshot = options.snapshot;
     if (options.format) spec.format = std::string(formats::ImageFormatName(*options.format));
     BARGE_ASSIGN_OR_RETURN(pipeline::OpenedSource opened, pipeline::OpenSource(Env::Default(), spec));

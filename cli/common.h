@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blockio/error.h"
+#include "blockio/http_client.h"
 #include "cli/output.h"
 #include "formats/image.h"
 #include "formats/units.h"
@@ -25,6 +26,9 @@ struct ImageFlags {
   std::string format;  // "", "raw" or "qcow2"
   bool allow_any_path = false;
   std::vector<std::string> allow_dirs;
+  // An http(s):// image's TLS authorities and credentials (info, map,
+  // compare register their flags: cli/http_flags.h).
+  HttpOptions http;
 
   void AddTo(CLI::App* app, const std::string& format_flag = "-f,--format");
   Result<formats::OpenOptions> ToOpenOptions() const;
@@ -33,8 +37,10 @@ struct ImageFlags {
 // Opens a file or block device image (with its backing chain) for reading,
 // or an NBD export (nbd://, nbd+unix://; raw, as the export serves it),
 // through Env::Default() (the Env every command runs on).
+// An http(s):// URL is read with `http` (its files checked first).
 Result<std::unique_ptr<formats::Image>> OpenImageFile(const std::string& path,
-                                                      const formats::OpenOptions& options);
+                                                      const formats::OpenOptions& options,
+                                                      const HttpOptions& http = {});
 
 // A file named "*.qcow2" whose bytes are not a qcow2 image is read as a raw
 // disk when no format is given: a mix-up worth a warning (Output::Warning),

@@ -11,7 +11,7 @@
 
 namespace barge::cli {
 
-void HttpFlags::AddTo(CLI::App* app) {
+void AddHttpFlags(CLI::App* app, HttpOptions& options) {
   app->add_option("--ca-file", options.ca_file,
                   "https:// source: PEM file of the authorities to verify the server with (default: the "
                   "system's); verification is never turned off")
@@ -20,11 +20,16 @@ void HttpFlags::AddTo(CLI::App* app) {
                   "http(s):// source: credentials as netrc lines (machine HOST login USER password PASS), "
                   "mode 0600; never put them in the URL")
       ->type_name("FILE");
+  app->add_option("--header-file", options.header_file,
+                  "http(s):// source: request headers sent with every request, one 'Name: value' a line "
+                  "(e.g. Authorization: Bearer TOKEN), mode 0600; never shown")
+      ->type_name("FILE");
+  HttpOptions* o = &options;
   app->add_option_function<double>(
          "--http-timeout",
-         [this](double seconds) {
-           options.stall_timeout_ms = static_cast<int>(seconds * 1000);
-           options.connect_timeout_ms = std::min(options.connect_timeout_ms, options.stall_timeout_ms);
+         [o](double seconds) {
+           o->stall_timeout_ms = static_cast<int>(seconds * 1000);
+           o->connect_timeout_ms = std::min(o->connect_timeout_ms, o->stall_timeout_ms);
          },
          "http(s):// source: seconds without a byte before a transfer is cut and resumed (default 30)")
       ->check(CLI::Range(1.0, 3600.0))
@@ -34,7 +39,7 @@ void HttpFlags::AddTo(CLI::App* app) {
                   "AWS in AWS_REGION); keys from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials")
       ->type_name("URL");
   // The environment is read here, at the edge, once the flags are known.
-  app->parse_complete_callback([this] {
+  app->parse_complete_callback([o] {
     auto getenv = [](const std::string& name) -> std::optional<std::string> {
       const char* v = std::getenv(name.c_str());
       return v == nullptr ? std::nullopt : std::optional<std::string>(v);
@@ -42,7 +47,7 @@ void HttpFlags::AddTo(CLI::App* app) {
     auto read = [](const std::string& path) { return Env::Default().ReadFile(path, 1 << 20); };
     // A profile the file lacks matters only to s3:// locations: the keys
     // stay empty and the S3 client says how to give them.
-    if (auto s3 = ResolveS3Access(options.s3, getenv, read); s3.ok()) options.s3 = std::move(*s3);
+    if (auto s3 = ResolveS3Access(o->s3, getenv, read); s3.ok()) o->s3 = std::move(*s3);
   });
 }
 
@@ -63,5 +68,7 @@ Result<HttpOptions> HttpFlags::OptionsFor(Output& out, const std::string& source
   };
   return o;
 }
+
+void HttpFlags::AddTo(CLI::App* app) { AddHttpFlags(app, options); }
 
 }  // namespace barge::cli

@@ -1,6 +1,6 @@
 // Flags of every command that reads http(s):// URLs and s3:// objects: the
-// authorities TLS verifies the server with, a netrc file of credentials,
-// the stall timeout, the S3 endpoint; S3 keys and region come from the
+// authorities TLS verifies the server with, a netrc file or a header file of
+// credentials, the stall timeout, the S3 endpoint; S3 keys and region come from the
 // environment (blockio/s3_config.h), read once the flags are parsed.
 #pragma once
 
@@ -11,11 +11,16 @@
 
 namespace barge::cli {
 
+// Registers --ca-file, --netrc-file, --header-file, --http-timeout and
+// --s3-endpoint on `app`, filling `options` (which must outlive the parse),
+// and fills options.s3 from the environment after parsing. The files are
+// read and checked when the source opens (pipeline::HttpOptionsFor).
+void AddHttpFlags(CLI::App* app, HttpOptions& options);
+
 struct HttpFlags {
   HttpOptions options;
 
-  // Registers --ca-file, --netrc-file, --http-timeout and --s3-endpoint on
-  // `app`, and fills options.s3 from the environment after parsing.
+  // AddHttpFlags(app, options).
   void AddTo(CLI::App* app);
 
   // The options for reading `source`, with on_sequential telling `out` (a

@@ -20,7 +20,7 @@ struct CatalogArgs {
   std::string catalog;
   std::string name, source, expected_sha512, disk, disks, unused_for = "24h";
   CopyFlags copy;
-  HttpFlags http;  // image add
+  HttpFlags http;  // image add; image sync's download from the origin
   uint64_t size_bytes = 0;  // image add --source -: the stream's declared length
   bool verify = false;
   bool dry_run = false;
@@ -50,6 +50,10 @@ json CopyJson(const orchestrate::ImageCopyRecord& c) {
   if (!c.message.empty()) j["message"] = c.message;
   if (c.unused_since) j["unused_since"] = Time(c.unused_since);
   if (!c.owner.empty()) j["owner"] = c.owner;
+  if (c.bytes_total) {
+    j["bytes_done"] = c.bytes_done;
+    j["bytes_total"] = c.bytes_total;
+  }
   return j;
 }
 
@@ -87,6 +91,7 @@ int RunAdd(const CatalogArgs& a, Output& out) {
 int RunSync(const CatalogArgs& a, Output& out) {
   orchestrate::SyncOptions o;
   if (Status s = ApplyCopy(a, o.replicate); !s.ok()) return out.Usage(s.error().message());
+  o.origin_http = a.http.options;
   auto cat = OpenCatalog(a);
   if (!cat.ok()) return out.Fail(cat.error());
   auto r = (*cat)->Sync(a.name, SplitList(a.disks), o);
@@ -97,8 +102,10 @@ int RunSync(const CatalogArgs& a, Output& out) {
   for (const auto& s : r->senders) {
     senders.push_back({{"sender", s.sender}, {"sends", s.sends}, {"max_concurrent", s.max_concurrent}});
   }
-  out.Result({{"image", a.name}, {"copies", copies}, {"senders", senders}});
-  out.text() << orchestrate::SyncText(*r);
+  json result = {{"image", a.name}, {"copies", copies}, {"senders", senders}};
+  if (!r->downloaded_from.empty()) result["downloaded_from"] = r->downloaded_from;
+  out.Result(result);
+  out.text() << orchestrate::SyncText(a.name, *r);
   // The first copy that is not ready names the error; the result lists each.
   if (auto failure = orchestrate::SyncFailure(*r)) return out.Fail(*failure);
   return kExitOk;
@@ -194,6 +201,7 @@ void RegisterImageCatalogCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("name", a->name, "Image name")->required();
     cmd->add_option("--disks", a->disks, "Disk folders, comma separated")->required();
     cmd->add_flag("--verify", a->verify, "Re-read each copy and compare digests");
+    a->http.AddTo(cmd);  // when no ready copy is left: downloaded again from its origin URL
     a->copy.AddTo(cmd, "none");
     add_common(cmd, *a);
   }

@@ -6,6 +6,7 @@
 #include "blockio/env.h"
 #include "blockio/nbd.h"
 #include "cli/common.h"
+#include "cli/http_flags.h"
 #include "formats/qcow2_check.h"
 #include "pipeline/image_inspect.h"
 #include "pipeline/image_report.h"
@@ -71,7 +72,7 @@ int RunInfo(const std::string& path, const ImageFlags& flags, Output& out) {
   // Shown, not read: a layer whose backing format is not recorded ends the
   // chain here, with a warning that says how to record it.
   options->stop_at_unrecorded_backing_format = true;
-  auto image = OpenImageFile(path, *options);
+  auto image = OpenImageFile(path, *options, flags.http);
   if (!image.ok()) return out.Fail(image.error());
   auto chain = pipeline::BackingChain(**image);
   const formats::ImageInfo& last = chain.back()->info();
@@ -97,7 +98,7 @@ int RunMap(const std::string& path, const ImageFlags& flags, const std::string& 
   if (!options.ok()) return out.Usage(options.error().message());
   options->snapshot = snapshot;
   WarnIfMisnamed(out, path, flags.format);
-  auto image = OpenImageFile(path, *options);
+  auto image = OpenImageFile(path, *options, flags.http);
   if (!image.ok()) return out.Fail(image.error());
   auto chain = pipeline::BackingChain(**image);
   auto all = pipeline::MapImage(**image);
@@ -143,9 +144,9 @@ int RunCompare(const std::string& a_path, const std::string& b_path, const Image
   bo->snapshot = b_snapshot;
   WarnIfMisnamed(out, a_path, a_flags.format);
   WarnIfMisnamed(out, b_path, b_flags.format);
-  auto a = OpenImageFile(a_path, *ao);
+  auto a = OpenImageFile(a_path, *ao, a_flags.http);
   if (!a.ok()) return out.Fail(a.error(), kExitCompareError);
-  auto b = OpenImageFile(b_path, *bo);
+  auto b = OpenImageFile(b_path, *bo, b_flags.http);
   if (!b.ok()) return out.Fail(b.error(), kExitCompareError);
   auto c = pipeline::CompareImages(**a, **b, strict_size);
   if (!c.ok()) return out.Fail(c.error(), kExitCompareError);
@@ -210,8 +211,9 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     auto args = std::make_shared<PathArgs>();
     auto* cmd = AddCommand(app, "info", "Show an image's format, size, chain, bitmaps, snapshots", exit_code,
                            [args](Output& out) { return RunInfo(args->path, args->flags, out); });
-    cmd->add_option("image", args->path, "Image file, block device or nbd:// URI")->required();
+    cmd->add_option("image", args->path, "Image file, block device, nbd:// URI or http(s):// URL")->required();
     args->flags.AddTo(cmd);
+    AddHttpFlags(cmd, args->flags.http);
     cmd->footer(
         "As qemu-img info, with these differences (docs/formats/qcow2.md, section 8): every layer of the\n"
         "backing chain is shown (as --backing-chain); \"disk size\" (JSON actual_size) is the space the file\n"
@@ -228,8 +230,9 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
     auto args = std::make_shared<MapArgs>();
     auto* cmd = AddCommand(app, "map", "Show data/zero/hole extents and the chain layer of each", exit_code,
                            [args](Output& out) { return RunMap(args->path, args->flags, args->snapshot, out); });
-    cmd->add_option("image", args->path, "Image file or block device")->required();
+    cmd->add_option("image", args->path, "Image file, block device or http(s):// URL")->required();
     args->flags.AddTo(cmd);
+    AddHttpFlags(cmd, args->flags.http);
     cmd->add_option("-l,--snapshot", args->snapshot, "Map the qcow2 image at this internal snapshot (id or name)");
     cmd->footer(
         "--json gives qemu-img map --output=json's fields (start, length, depth, present, zero, data, offset)\n"
@@ -257,12 +260,14 @@ void RegisterImageCommands(CLI::App& app, int& exit_code) {
                            exit_code, [args](Output& out) {
                              args->b_flags.allow_any_path = args->a_flags.allow_any_path;
                              args->b_flags.allow_dirs = args->a_flags.allow_dirs;
+                             args->b_flags.http = args->a_flags.http;
                              return RunCompare(args->a, args->b, args->a_flags, args->b_flags, args->a_snapshot,
                                               args->b_snapshot, args->strict, out);
                            });
-    cmd->add_option("a", args->a, "First image (file, block device or nbd:// URI)")->required();
-    cmd->add_option("b", args->b, "Second image (file, block device or nbd:// URI)")->required();
+    cmd->add_option("a", args->a, "First image (file, block device, nbd:// URI or http(s):// URL)")->required();
+    cmd->add_option("b", args->b, "Second image (file, block device, nbd:// URI or http(s):// URL)")->required();
     args->a_flags.AddTo(cmd, "-f,--format-a");
+    AddHttpFlags(cmd, args->a_flags.http);  // for both images
     cmd->add_option("-F,--format-b", args->b_flags.format, "Format of the second image")
         ->check(CLI::IsMember({"raw", "qcow2"}));
     cmd->add_flag("-s,--strict", args->strict, "Images of different sizes differ");

@@ -52,6 +52,13 @@ CREATE TABLE IF NOT EXISTS image_copies (
   owner TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (image, disk)
 );
+CREATE TABLE IF NOT EXISTS image_add_failures (
+  image TEXT PRIMARY KEY,
+  disk TEXT NOT NULL,
+  source TEXT NOT NULL,
+  message TEXT NOT NULL,
+  updated INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS image_senders (
   image TEXT NOT NULL REFERENCES images(name) ON DELETE CASCADE,
   sender TEXT NOT NULL,
@@ -62,7 +69,7 @@ CREATE TABLE IF NOT EXISTS image_senders (
 )sql";
 
 constexpr const char* kCopyColumns =
-    "image, disk, path, state, percent, message, sender, updated, unused_since, owner";
+    "image, disk, path, state, percent, message, sender, updated, unused_since, owner, bytes_done, bytes_total";
 
 ImageCopyRecord CopyFromRow(const SqliteStatement& s) {
   ImageCopyRecord r;
@@ -76,23 +83,30 @@ ImageCopyRecord CopyFromRow(const SqliteStatement& s) {
   r.updated = s.Int(7);
   r.unused_since = s.Int(8);
   r.owner = s.Text(9);
+  r.bytes_done = static_cast<uint64_t>(s.Int(10));
+  r.bytes_total = static_cast<uint64_t>(s.Int(11));
   return r;
 }
 
 // Creates the tables, and adds the columns that older versions lacked
-// (image_copies.owner), in one transaction so that two processes opening an
-// old catalog at once do not both alter it.
+// (image_copies.owner, bytes_done, bytes_total), in one transaction so
+// that two processes opening an old catalog at once do not both alter it.
 Status CreateOrMigrate(SqliteDb& db) {
   BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(db));
   BARGE_RETURN_IF_ERROR(db.Exec(kSchema));
-  bool has_owner = false;
-  {
-    BARGE_ASSIGN_OR_RETURN(auto st,
-                           db.Prepare("SELECT 1 FROM pragma_table_info('image_copies') WHERE name = 'owner'"));
-    BARGE_ASSIGN_OR_RETURN(has_owner, st.Step());
-  }
-  if (!has_owner) {
-    BARGE_RETURN_IF_ERROR(db.Exec("ALTER TABLE image_copies ADD COLUMN owner TEXT NOT NULL DEFAULT ''"));
+  for (const auto& [column, type] : {std::pair<const char*, const char*>{"owner", "TEXT NOT NULL DEFAULT ''"},
+                                     {"bytes_done", "INTEGER NOT NULL DEFAULT 0"},
+                                     {"bytes_total", "INTEGER NOT NULL DEFAULT 0"}}) {
+    bool has = false;
+    {
+      BARGE_ASSIGN_OR_RETURN(auto st, db.Prepare("SELECT 1 FROM pragma_table_info('image_copies') WHERE name = ?1"));
+      st.Bind(1, std::string(column));
+      BARGE_ASSIGN_OR_RETURN(has, st.Step());
+    }
+    if (!has) {
+      BARGE_RETURN_IF_ERROR(
+          db.Exec(std::string("ALTER TABLE image_copies ADD COLUMN ") + column + " " + type));
+    }
   }
   return tx->Commit();
 }
@@ -100,19 +114,26 @@ Status CreateOrMigrate(SqliteDb& db) {
 Status SetCopy(SqliteDb& db, const ImageCopyRecord& r) {
   BARGE_ASSIGN_OR_RETURN(
       auto s, db.Prepare("INSERT INTO image_copies (image, disk, path, state, percent, message, sender, updated, "
-                         "unused_since, owner) "
-                         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
+                         "unused_since, owner, bytes_done, bytes_total) "
+                         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) "
                          "ON CONFLICT (image, disk) DO UPDATE SET "
                          "path = ?3, state = ?4, percent = ?5, message = ?6, sender = ?7, "
-                         "updated = ?8, unused_since = ?9, owner = ?10"));
+                         "updated = ?8, unused_since = ?9, owner = ?10, bytes_done = ?11, bytes_total = ?12"));
   return s.Bind(1, r.image).Bind(2, r.disk).Bind(3, r.path).Bind(4, r.state).BindReal(5, r.percent)
-      .Bind(6, r.message).Bind(7, r.sender).Bind(8, r.updated).Bind(9, r.unused_since).Bind(10, r.owner).Run();
+      .Bind(6, r.message).Bind(7, r.sender).Bind(8, r.updated).Bind(9, r.unused_since).Bind(10, r.owner)
+      .Bind(11, static_cast<int64_t>(r.bytes_done)).Bind(12, static_cast<int64_t>(r.bytes_total)).Run();
 }
 
-Status SetPercent(SqliteDb& db, const std::string& image, const std::string& disk, double percent) {
+// The progress of a copy in progress: one short UPDATE (the catalog is in
+// WAL mode, so readers such as `image status` are not blocked).
+Status SetProgress(SqliteDb& db, const std::string& image, const std::string& disk, uint64_t done,
+                   uint64_t total) {
+  const double percent = total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0;
   BARGE_ASSIGN_OR_RETURN(
-      auto s, db.Prepare("UPDATE image_copies SET percent = ?3 WHERE image = ?1 AND disk = ?2"));
-  return s.Bind(1, image).Bind(2, disk).BindReal(3, percent).Run();
+      auto s, db.Prepare("UPDATE image_copies SET percent = ?3, bytes_done = ?4, bytes_total = ?5 "
+                         "WHERE image = ?1 AND disk = ?2"));
+  return s.Bind(1, image).Bind(2, disk).BindReal(3, percent).Bind(4, static_cast<int64_t>(done))
+      .Bind(5, static_cast<int64_t>(total)).Run();
 }
 
 // Rows of `image` ("" = all) on `disk` ("" = all); with `unfinished`, only
@@ -289,7 +310,7 @@ std::function<void(size_t, uint64_t, uint64_t)> ImageCatalog::PercentRecorder(co
     if (done < total && now - last < std::chrono::seconds(1)) return;
     last = now;
     std::lock_guard lock(mu_);
-    IgnoreError(SetPercent(*db_, image, disk, total ? 100.0 * static_cast<double>(done) / total : 100.0),
+    IgnoreError(SetProgress(*db_, image, disk, done, total),
                 "a progress note; the copy's state is recorded at its end, with its error checked");
   };
 }
@@ -320,6 +341,16 @@ Result<std::vector<SenderRecord>> ImageCatalog::Senders(const std::string& name)
     if (!row) return out;
     out.push_back({s.Text(0), s.Text(1), static_cast<int>(s.Int(2)), static_cast<int>(s.Int(3))});
   }
+}
+
+Result<std::optional<FailedAddRecord>> ImageCatalog::FailedAdd(const std::string& name) {
+  std::lock_guard lock(mu_);
+  BARGE_ASSIGN_OR_RETURN(
+      auto s, db_->Prepare("SELECT image, disk, source, message, updated FROM image_add_failures WHERE image = ?1"));
+  s.Bind(1, name);
+  BARGE_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<FailedAddRecord>();
+  return std::optional<FailedAddRecord>(FailedAddRecord{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4)});
 }
 
 Result<std::vector<ImageCopyRecord>> ImageCatalog::RecoverInterrupted(const std::string& name) {
@@ -396,6 +427,9 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   }
   ImageCopyRecord copy{name, DiskKey(disk), CopyPath(DiskKey(disk), name, source, head ? head->format : ""),
                        "in-progress", 0, "", "", Now(), 0, ProcessOwner::Self(env_).Encode()};
+  // The origin as recorded: a URL without credentials (image sync may
+  // download it again).
+  const std::string origin = IsHttpUrl(source) ? RedactHttpUrl(source) : source;
   {
     std::lock_guard lock(mu_);
     BARGE_ASSIGN_OR_RETURN(auto tx, SqliteTransaction::Begin(*db_));
@@ -417,9 +451,6 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
     if (!holder.empty()) return Error::InvalidArgument(TakenMessage(name, copy.path, holder)).set_path(copy.path);
     BARGE_ASSIGN_OR_RETURN(
         auto ins, db_->Prepare("INSERT INTO images (name, source, expected_sha512, created) VALUES (?1, ?2, ?3, ?4)"));
-    // The origin as recorded: a URL without credentials (image sync may
-    // download it again).
-    const std::string origin = IsHttpUrl(source) ? RedactHttpUrl(source) : source;
     BARGE_RETURN_IF_ERROR(ins.Bind(1, name).Bind(2, origin).Bind(3, expected_sha512).Bind(4, Now()).Run());
     BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
     BARGE_RETURN_IF_ERROR(tx->Commit());
@@ -429,7 +460,8 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   o.force = true;  // the file is this image's: no other image's row names it (CopyHolder above)
   o.source_location = source;
   // A failed add leaves no row: the image has no copy (and had none ready:
-  // see above), so it is not in the catalog.
+  // see above), so it is not in the catalog. Why it failed is kept apart
+  // (FailedAdd), for `image status NAME`.
   auto finish = [&](Error e) -> Result<ImageCopyRecord> {
     std::lock_guard lock(mu_);
     auto forget = [&]() -> Status {
@@ -439,6 +471,12 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
         BARGE_ASSIGN_OR_RETURN(auto del, db_->Prepare(sql));
         BARGE_RETURN_IF_ERROR(del.Bind(1, name).Run());
       }
+      BARGE_ASSIGN_OR_RETURN(
+          auto failed, db_->Prepare("INSERT INTO image_add_failures (image, disk, source, message, updated) "
+                                    "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (image) DO UPDATE SET "
+                                    "disk = ?2, source = ?3, message = ?4, updated = ?5"));
+      BARGE_RETURN_IF_ERROR(failed.Bind(1, name).Bind(2, copy.disk).Bind(3, origin).Bind(4, e.ToString())
+                                .Bind(5, Now()).Run());
       return tx->Commit();
     };
     return std::move(e.Also(forget()));
@@ -465,6 +503,7 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   if (rep.state == pipeline::ReplicaState::kFailed) return finish(*rep.error);
   copy.state = "ready";
   copy.percent = 100;
+  copy.bytes_done = copy.bytes_total = r->virtual_size;
   copy.updated = Now();
   copy.owner.clear();
   std::lock_guard lock(mu_);
@@ -474,6 +513,8 @@ Result<ImageCopyRecord> ImageCatalog::Add(const std::string& name, const std::st
   BARGE_RETURN_IF_ERROR(up.Bind(1, name).Bind(2, r->sha512_hex).Bind(3, r->format)
                             .Bind(4, static_cast<int64_t>(r->virtual_size)).Run());
   BARGE_RETURN_IF_ERROR(SetCopy(*db_, copy));
+  BARGE_ASSIGN_OR_RETURN(auto forget_failure, db_->Prepare("DELETE FROM image_add_failures WHERE image = ?1"));
+  BARGE_RETURN_IF_ERROR(forget_failure.Bind(1, name).Run());
   BARGE_RETURN_IF_ERROR(tx->Commit());
   return copy;
 }
@@ -509,9 +550,18 @@ struct ImageCatalog::SyncRun {
   // One send (a thread): replicates from the sender to the copy and records
   // the copy's state.
   void Send(ImageCopyRecord copy, size_t sender_index, std::string sender_path);
-  // Cancelled: the disks not sent to fail now, not as "interrupted" rows
-  // left to the next recovery.
-  void FailUnsent();
+  // Replicates `spec` (opened here) to `copy` with `o` (its progress
+  // recorded) and sets the copy's state, message and times; the error,
+  // if it failed. Records nothing.
+  std::optional<Error> CopyFrom(const pipeline::SourceSpec& spec, pipeline::ReplicateOptions o,
+                                ImageCopyRecord& copy);
+  // No ready copy left: downloads the image again from `origin` to the
+  // first pending disk, which then sends to the others; on failure that
+  // disk and the others are failed and origin_error says why.
+  void DownloadFromOrigin();
+  // Cancelled (or nothing to send from): the disks not sent to fail now,
+  // with `why`, not as "interrupted" rows left to the next recovery.
+  void FailUnsent(const std::string& why);
   // Records this sync's senders and returns the copies of the disks asked for.
   Result<SyncResult> Finish();
 
@@ -529,11 +579,25 @@ struct ImageCatalog::SyncRun {
   std::vector<std::thread> threads;
   int running = 0;
   std::optional<Error> record_error;  // the first state the catalog failed to record
+  // The image's origin URL when no ready copy is left ("" otherwise), and
+  // why downloading it again failed.
+  std::string origin;
+  std::optional<Error> origin_error;
+  std::string downloaded_from;
 };
 
 Status ImageCatalog::SyncRun::Plan(const std::vector<std::string>& disks) {
   std::lock_guard lock(catalog.mu_);
-  BARGE_RETURN_IF_ERROR(FindSenders());
+  if (Status found = FindSenders(); !found.ok()) {
+    // No ready copy: an image that came from a URL comes from it again.
+    if (found.error().code() != ErrorCode::kNotFound || image.name.empty() || !IsHttpUrl(image.source)) {
+      return found;
+    }
+    if (image.sha512.empty() && image.expected_sha512.empty()) {
+      return std::move(found).error().Wrap("no SHA-512 to check a download from its origin against");
+    }
+    origin = image.source;
+  }
   return ClaimDisks(disks);
 }
 
@@ -594,29 +658,13 @@ void ImageCatalog::SyncRun::Send(ImageCopyRecord copy, size_t sender_index, std:
   o.expected_sha512 = image.sha512;
   o.force = true;  // the file is this image's: no other image's row names it (CopyHolder)
   o.source_location = sender_path;
-  o.source_format = image.format;
   // A send cut short resumes on the next sync from whichever copy sends
   // it then: the image's content is what the staged part must be of.
   o.resume_identity = "image " + image.name + " sha512:" + image.sha512;
-  o.progress = catalog.PercentRecorder(copy);
-  std::optional<Error> error;
   pipeline::SourceSpec spec;
   spec.location = sender_path;
   spec.format = image.format;
-  auto src = pipeline::OpenSource(catalog.env_, spec);
-  if (!src.ok()) {
-    error = src.error();
-  } else {
-    std::vector<std::string> dests = {copy.path};
-    auto r = pipeline::RunReplicate(catalog.env_, *src->image, dests, o);
-    if (!r.ok()) error = r.error();
-    else if (r->replicas[0].state == pipeline::ReplicaState::kFailed) error = *r->replicas[0].error;
-  }
-  copy.state = error ? "failed" : "ready";
-  copy.message = error ? error->ToString() : "";
-  copy.percent = error ? copy.percent : 100;
-  copy.updated = Now();
-  copy.owner.clear();
+  std::optional<Error> error = CopyFrom(spec, std::move(o), copy);
   Status recorded = catalog.RecordCopy(copy);
   std::lock_guard lock(m);
   if (!recorded.ok() && !record_error) record_error = std::move(recorded).error();
@@ -626,11 +674,68 @@ void ImageCatalog::SyncRun::Send(ImageCopyRecord copy, size_t sender_index, std:
   cv.notify_all();
 }
 
-void ImageCatalog::SyncRun::FailUnsent() {
+std::optional<Error> ImageCatalog::SyncRun::CopyFrom(const pipeline::SourceSpec& spec, pipeline::ReplicateOptions o,
+                                                      ImageCopyRecord& copy) {
+  o.progress = catalog.PercentRecorder(copy);
+  std::optional<Error> error;
+  auto src = pipeline::OpenSource(catalog.env_, spec);
+  if (!src.ok()) {
+    error = src.error();
+  } else {
+    o.source_format = src->format_name();
+    std::vector<std::string> dests = {copy.path};
+    auto r = pipeline::RunReplicate(catalog.env_, *src->image, dests, o);
+    if (!r.ok()) error = r.error();
+    else if (r->replicas[0].state == pipeline::ReplicaState::kFailed) error = *r->replicas[0].error;
+  }
+  copy.state = error ? "failed" : "ready";
+  copy.message = error ? error->ToString() : "";
+  copy.percent = error ? copy.percent : 100;
+  if (!error) copy.bytes_done = copy.bytes_total = image.virtual_size;
+  copy.updated = Now();
+  copy.owner.clear();
+  return error;
+}
+
+void ImageCatalog::SyncRun::DownloadFromOrigin() {
+  ImageCopyRecord copy = std::move(pending.front());
+  pending.pop_front();
+  copy.state = "in-progress";
+  copy.sender = origin;
+  copy.updated = Now();
+  copy.owner = owner;
+  if (Status recorded = catalog.RecordCopy(copy); !recorded.ok() && !record_error) {
+    record_error = std::move(recorded).error();
+  }
+  pipeline::ReplicateOptions o = options.replicate;
+  o.expected_sha512 = image.sha512.empty() ? image.expected_sha512 : image.sha512;
+  o.force = true;  // the file is this image's (ClaimDisks checked)
+  o.source_location = origin;
+  // As a send: the content is pinned by the SHA-512 checked at the end, so
+  // a download cut short resumes on the next sync, from a copy or the origin.
+  o.resume_identity = "image " + image.name + " sha512:" + o.expected_sha512;
+  pipeline::SourceSpec spec;
+  spec.location = origin;
+  spec.format = image.format;
+  spec.http = options.origin_http;
+  std::optional<Error> error = CopyFrom(spec, std::move(o), copy);
+  if (Status recorded = catalog.RecordCopy(copy); !recorded.ok() && !record_error) {
+    record_error = std::move(recorded).error();
+  }
+  if (error) {
+    origin_error = std::move(*error).Wrap("image '" + name + "' has no ready copy; downloading it again from its origin");
+    FailUnsent("not sent: the image has no ready copy and downloading it from its origin failed");
+    return;
+  }
+  downloaded_from = origin;
+  senders.push_back({copy.path});
+}
+
+void ImageCatalog::SyncRun::FailUnsent(const std::string& why) {
   std::lock_guard db_lock(catalog.mu_);
   for (ImageCopyRecord& copy : pending) {
     copy.state = "failed";
-    copy.message = "cancelled before its send started";
+    copy.message = why;
     copy.updated = Now();
     copy.owner.clear();
     IgnoreError(SetCopy(*catalog.db_, copy),
@@ -687,12 +792,13 @@ void ImageCatalog::SyncRun::StartSend(size_t best) {
 // disk; a copy that becomes ready joins the senders.
 void ImageCatalog::SyncRun::Dispatch() {
   const std::atomic<bool>* cancel = options.replicate.copy.cancel;
+  if (senders.empty() && !origin.empty() && !pending.empty()) DownloadFromOrigin();
   {
     std::unique_lock lock(m);
     senders.reserve(senders.size() + pending.size());  // indexes stay valid; no reallocation
     while (!pending.empty()) {
       if (cancel && cancel->load()) {
-        FailUnsent();
+        FailUnsent("cancelled before its send started");
         break;
       }
       size_t best = PickSender();
@@ -709,6 +815,7 @@ void ImageCatalog::SyncRun::Dispatch() {
 
 Result<SyncResult> ImageCatalog::SyncRun::Finish() {
   SyncResult result;
+  result.downloaded_from = downloaded_from;
   std::lock_guard lock(catalog.mu_);
   SqliteDb& db = *catalog.db_;
   for (const Sender& s : senders) {
@@ -743,6 +850,7 @@ Result<SyncResult> ImageCatalog::Sync(const std::string& name, const std::vector
   if (run.record_error) {
     return std::move(*run.record_error).Wrap("image sync of " + name + ": recording a copy's state");
   }
+  if (run.origin_error) return std::move(*run.origin_error);
   return run.Finish();
 }
 

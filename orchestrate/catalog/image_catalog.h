@@ -19,6 +19,7 @@
 
 #include "blockio/env.h"
 #include "blockio/error.h"
+#include "blockio/http_client.h"
 #include "orchestrate/catalog/image_upload.h"
 #include "pipeline/replicate.h"
 
@@ -50,6 +51,22 @@ struct ImageCopyRecord {
   // the copy (ProcessOwner::Encode() of orchestrate/base/file_lock.h); "" in
   // other states.
   std::string owner;
+  // While in progress: bytes of the image copied so far and its size (the
+  // progress `image status` shows; written with `percent`, at most once a
+  // second). Kept as last written in other states.
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+
+// The last add of an image that failed: the image is not in the catalog
+// (a failed add leaves no image or copy row), but `image status NAME` says
+// why. Removed when an add of the name succeeds.
+struct FailedAddRecord {
+  std::string image;
+  std::string disk;
+  std::string source;   // as recorded: a URL without credentials
+  std::string message;  // Error::ToString() of the failure
+  int64_t updated = 0;  // Unix seconds
 };
 
 // The message of a copy whose sending process is gone (killed, crashed,
@@ -66,11 +83,17 @@ struct SenderRecord {
 struct SyncOptions {
   int max_sends_per_sender = 3;
   pipeline::ReplicateOptions replicate;  // copy geometry, verify, stall timeout
+  // TLS authorities and credentials for downloading the image again from
+  // its origin URL (when no ready copy is left).
+  HttpOptions origin_http;
 };
 
 struct SyncResult {
   std::vector<ImageCopyRecord> copies;  // of the disks asked for, after the sync
   std::vector<SenderRecord> senders;    // this sync's
+  // The origin URL the image was downloaded from again, no ready copy being
+  // left; "" when it was sent from ready copies only.
+  std::string downloaded_from;
 };
 
 struct CleanupResult {
@@ -125,7 +148,13 @@ class ImageCatalog {
   // ("an image sync of NAME is already running"), at once when
   // another process (or another call in this one) syncs or adds `name`.
   // Recovers the image's interrupted rows first, so they are sent again.
-  // kNotFound without a ready copy. Once options.replicate.copy.cancel is
+  // Without a ready copy: an image whose origin is an http(s):// URL is
+  // downloaded again from it (with options.origin_http) to the first disk
+  // that lacks it, checked against the image's SHA-512 (else its expected
+  // one), and sent on from there; SyncResult::downloaded_from says so. A
+  // failed download is the error, naming the URL (kNotFound for a 404),
+  // with the disks marked failed. Any other origin: kNotFound.
+  // Once options.replicate.copy.cancel is
   // set no new send starts; the disks not sent to are marked failed.
   Result<SyncResult> Sync(const std::string& name, const std::vector<std::string>& disks,
                           const SyncOptions& options);
@@ -141,6 +170,9 @@ class ImageCatalog {
   Result<std::vector<ImageRecord>> Images(const std::string& name = "");
   Result<std::vector<ImageCopyRecord>> Copies(const std::string& name = "");
   Result<std::vector<SenderRecord>> Senders(const std::string& name = "");
+  // Why the last add of `name` failed; nullopt when none failed since the
+  // last add that succeeded.
+  Result<std::optional<FailedAddRecord>> FailedAdd(const std::string& name);
   // Rebuilds the copies of `disks` (all known disks when empty) from their
   // checksum records: a file whose record matches is ready, one that does
   // not is failed; rows without a file are dropped. Recovers interrupted

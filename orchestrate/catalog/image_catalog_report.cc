@@ -10,7 +10,16 @@ Result<ImageCatalogStatus> ReadImageCatalogStatus(ImageCatalog& catalog, const s
   ImageCatalogStatus s;
   BARGE_RETURN_IF_ERROR(catalog.RecoverInterrupted(name));
   BARGE_ASSIGN_OR_RETURN(s.images, catalog.Images(name));
-  if (!name.empty() && s.images.empty()) return Error::NotFound("no image '" + name + "' in the catalog");
+  if (!name.empty() && s.images.empty()) {
+    // Not in the catalog; if its last add failed, why.
+    BARGE_ASSIGN_OR_RETURN(std::optional<FailedAddRecord> failed, catalog.FailedAdd(name));
+    std::string why;
+    if (failed) {
+      why = "; its last add (from " + failed->source + " to " + failed->disk + ", " +
+            formats::FormatRfc3339({failed->updated, 0}) + ") failed: " + failed->message;
+    }
+    return Error::NotFound("no image '" + name + "' in the catalog" + why);
+  }
   BARGE_ASSIGN_OR_RETURN(s.copies, catalog.Copies(name));
   BARGE_ASSIGN_OR_RETURN(s.senders, catalog.Senders(name));
   return s;
@@ -37,13 +46,19 @@ std::optional<Error> SyncFailure(const SyncResult& r) {
 
 std::string CopyLine(const ImageCopyRecord& c) {
   std::string t = c.image + "  " + c.disk + "  " + c.state;
-  if (c.state == "in-progress") t += " " + std::to_string(static_cast<int>(c.percent)) + "%";
+  if (c.state == "in-progress") {
+    t += " " + std::to_string(static_cast<int>(c.percent)) + "%";
+    if (c.bytes_total) t += " (" + formats::HumanBytes(c.bytes_done) + " of " + formats::HumanBytes(c.bytes_total) + ")";
+  }
   if (!c.message.empty()) t += ": " + c.message;
   return t + "\n";
 }
 
-std::string SyncText(const SyncResult& r) {
+std::string SyncText(const std::string& image, const SyncResult& r) {
   std::string t;
+  if (!r.downloaded_from.empty()) {
+    t += "no ready copy was left: downloaded " + image + " again from its origin " + r.downloaded_from + "\n";
+  }
   for (const auto& c : r.copies) t += CopyLine(c);
   for (const auto& s : r.senders) {
     t += "sender " + s.sender + ": " + std::to_string(s.sends) + " send(s), at most " +

@@ -22,7 +22,8 @@ struct ImageCatalogStatus {
 
 // Reads the status after settling copies whose sending process is gone
 // (RecoverInterrupted: they show as failed, not in progress). kNotFound
-// when `name` is given and the catalog has no such image.
+// when `name` is given and the catalog has no such image (naming why its
+// last add failed, when one did).
 Result<ImageCatalogStatus> ReadImageCatalogStatus(ImageCatalog& catalog, const std::string& name);
 
 // A copy that is not ready, as a command's error saying `what`: it names
@@ -38,11 +39,12 @@ std::optional<Error> AddFailure(const ImageCopyRecord& c);
 // naming the error (the result lists each); nullopt when all are ready.
 std::optional<Error> SyncFailure(const SyncResult& r);
 
-// "IMAGE  DISK  STATE[ N%][: message]" of a copy, one line.
+// "IMAGE  DISK  STATE[ N% (DONE of TOTAL)][: message]" of a copy, one line.
 std::string CopyLine(const ImageCopyRecord& c);
 
-// `image sync`'s text: a line per copy, then per sender what it served.
-std::string SyncText(const SyncResult& r);
+// `image sync`'s text: the download from the origin when there was one,
+// a line per copy, then per sender what it served.
+std::string SyncText(const std::string& image, const SyncResult& r);
 
 // `image status`'s text: per image its format, size and digest, then its
 // copies indented.

@@ -58,6 +58,9 @@ TEST(ImageCatalogReportTest, Texts) {
   auto moving = Copy("/d1", "in-progress");
   moving.percent = 42.7;
   EXPECT_EQ(CopyLine(moving), "base  /d1  in-progress 42%\n");
+  moving.bytes_done = 1 << 20;
+  moving.bytes_total = 12 << 20;
+  EXPECT_EQ(CopyLine(moving), "base  /d1  in-progress 42% (1 MiB of 12 MiB)\n");
   SyncResult r;
   r.copies = {Copy("/d2", "failed", "read error")};
   SenderRecord s;
@@ -65,7 +68,10 @@ TEST(ImageCatalogReportTest, Texts) {
   s.sends = 2;
   s.max_concurrent = 1;
   r.senders = {s};
-  EXPECT_EQ(SyncText(r), "base  /d2  failed: read error\nsender /d0/base.qcow2: 2 send(s), at most 1 at once\n");
+  EXPECT_EQ(SyncText("base", r), "base  /d2  failed: read error\nsender /d0/base.qcow2: 2 send(s), at most 1 at once\n");
+  r.downloaded_from = "https://images.example/base.qcow2";
+  EXPECT_EQ(SyncText("base", r).substr(0, 95),
+            "no ready copy was left: downloaded base again from its origin https://images.example/base.qcow2\n");
   CleanupResult c;
   c.removed = {"/d1/base.qcow2"};
   c.busy = {"/d2/base.qcow2"};

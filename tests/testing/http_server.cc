@@ -107,6 +107,9 @@ Nginx::Nginx() {
             "    location = /page.qcow2 { default_type text/html; return 200 '<html><body>gone</body></html>'; }\n"
             "    location /noranges/ { max_ranges 0; }\n"
             "    location /private/ { auth_basic barge; auth_basic_user_file " + d + "/htpasswd; }\n"
+            "    location /slow/ { alias " + d + "/www/; limit_rate 256k; }\n"
+            "    location /bearer/ { alias " + d + "/www/;\n"
+            "      if ($http_authorization != \"Bearer " + kBearerToken + "\") { return 401; } }\n"
             "  }\n}\n");
   const std::string shell = "exec nginx -p " + ShellQuote(d) + " -c " + ShellQuote(d + "/nginx.conf") +
                             " >" + ShellQuote(d + "/stdout.log") + " 2>&1";

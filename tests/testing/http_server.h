@@ -29,9 +29,12 @@ bool ListeningOn(int port);
 //   /page.qcow2    an HTML page, Content-Type text/html
 //   /noranges/...  files from www/noranges/ without byte ranges
 //   /private/...   files from www/private/, basic auth alice:kHttpPassword
+//   /slow/...      files from www/, each answer at 256 KiB/s (limit_rate)
+//   /bearer/...    files from www/, only with "Authorization: Bearer kBearerToken"
 class Nginx {
  public:
   static constexpr const char* kPassword = "n0t-in-any-output";
+  static constexpr const char* kBearerToken = "b3arer-in-no-output";
   Nginx();
   ~Nginx();
   Nginx(const Nginx&) = delete;
