@@ -77,6 +77,15 @@ struct HttpOptions {
   std::vector<std::string> extra_headers;
   // s3:// locations (blockio/s3_client.h); unused by plain http(s) URLs.
   S3Access s3;
+  // A server that serves no byte ranges has its object read once, front
+  // to back, into a fresh private folder (Env::CreateTempDir, mode 0700)
+  // under this folder; "" = $TMPDIR, else /tmp. The file is unlinked as
+  // soon as it is open (blockio/staged_stream.h).
+  std::string stage_dir;
+  // Told, once, before the object is read that way: its URL as shown
+  // (RedactHttpUrl), its length and the folder it is staged under. Unset =
+  // nobody is told.
+  std::function<void(const std::string& shown_url, uint64_t length_bytes, const std::string& dir)> on_sequential;
 };
 
 // One request of Send(): any method, a body from memory.
@@ -96,15 +105,6 @@ struct HttpReply {
   std::string body;
   std::vector<std::string> header_lines;  // every "Name: value" of the final head
   int attempts = 0;                       // requests made, the first included
-  // A server that serves no byte ranges has its object read once, front
-  // to back, into a fresh private folder (Env::CreateTempDir, mode 0700)
-  // under this folder; "" = $TMPDIR, else /tmp. The file is unlinked as
-  // soon as it is open (blockio/staged_stream.h).
-  std::string stage_dir;
-  // Told, once, before the object is read that way: its URL as shown
-  // (RedactHttpUrl), its length and the folder it is staged under. Unset =
-  // nobody is told.
-  std::function<void(const std::string& shown_url, uint64_t length_bytes, const std::string& dir)> on_sequential;
 };
 
 // What the server said about the object on the first request.

@@ -70,8 +70,8 @@ TEST(ImageCatalogReportTest, Texts) {
   r.senders = {s};
   EXPECT_EQ(SyncText("base", r), "base  /d2  failed: read error\nsender /d0/base.qcow2: 2 send(s), at most 1 at once\n");
   r.downloaded_from = "https://images.example/base.qcow2";
-  EXPECT_EQ(SyncText("base", r).substr(0, 95),
-            "no ready copy was left: downloaded base again from its origin https://images.example/base.qcow2\n");
+  EXPECT_TRUE(SyncText("base", r).starts_with(
+      "no ready copy was left: downloaded base again from its origin https://images.example/base.qcow2\nbase  /d2"));
   CleanupResult c;
   c.removed = {"/d1/base.qcow2"};
   c.busy = {"/d2/base.qcow2"};
