@@ -531,8 +531,9 @@ def scenario(r):
     r.run("vm instant-restore", [t("none"), "--domain", "nope", "--to", t("ir.raw")] + bcat, expect=1)
     r.run("vm backup", ["--domain", "test", "--target", t("vmb"), "--skip-quiesce"] + bcat, expect=1)
     r.run("vm backup", ["--domain", "test", "--target", t("backups"), "--scratch-dir", missing] + bcat, expect=1)
-    # --dry-run: the plan (a forecast of a refusal is still a plan: exit 0).
-    r.run("vm backup", ["--domain", "test", "--target", t("backups"), "--dry-run"] + bcat)
+    # --dry-run: the plan, then, for a plan the run would refuse, the run's
+    # error and exit code (here NoSpace: the test driver's disk is 1 TiB).
+    r.run("vm backup", ["--domain", "test", "--target", t("backups"), "--dry-run"] + bcat, expect=1)
     # catalog list: the tracker and catalog rebuild's record. Only a
     # successful vm backup makes checkpoints, so a copy of the catalog gets
     # what one would have recorded (a checkpoint, the tracker at it) and a
