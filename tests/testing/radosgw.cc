@@ -40,14 +40,26 @@ int Radosgw::Spawn(const std::string& command) {
   return pid;
 }
 
-bool Radosgw::Fail(const std::string& what) {
-  const std::string d = dir_.path().string();
+bool Radosgw::Fail(const std::string& d, const std::string& what) {
   failure_ = what + "\n" + Run("tail -n 20 " + ShellQuote(d) + "/log/*.log 2>&1").output;
   return false;
 }
 
 Radosgw::Radosgw() {
-  const std::string d = dir_.path().string();
+  // Under load a fresh cluster now and then never brings its OSD up (it
+  // fails with "wrong fsid" at boot): start again from nothing, in a new
+  // folder with new ports and a new fsid, up to three times.
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    failure_.clear();
+    if (StartOnce((dir_.path() / ("try" + std::to_string(attempt))).string())) return;
+    StopChild(rgw_pid_, std::chrono::seconds(10));
+    StopChild(osd_pid_, std::chrono::seconds(10));
+    StopChild(mon_pid_, std::chrono::seconds(10));
+    rgw_pid_ = osd_pid_ = mon_pid_ = -1;
+  }
+}
+
+bool Radosgw::StartOnce(const std::string& d) {
   for (const char* sub : {"mon", "osd/ceph-0", "run", "log", "rgw", "crash"}) {
     std::filesystem::create_directories(d + "/" + sub);
   }
@@ -78,8 +90,7 @@ Radosgw::Radosgw() {
                         ShellQuote(d + "/monmap") + quiet + " && " + env + "ceph-mon --mkfs -i a --monmap " +
                         ShellQuote(d + "/monmap") + quiet);
   if (r.exit_code != 0) {
-    Fail("ceph-mon --mkfs failed");
-    return;
+    return Fail(d, "ceph-mon --mkfs failed");
   }
   mon_pid_ = Spawn(env + "ceph-mon -i a -f" + quiet);
   const std::string osd_uuid = Uuid();
@@ -94,18 +105,23 @@ Radosgw::Radosgw() {
     if (!created) std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   if (!created) {
-    Fail("the monitor did not answer `ceph osd new`");
-    return;
+    return Fail(d, "the monitor did not answer `ceph osd new`");
   }
   if (Run(env + "ceph-osd -i 0 --mkfs --osd-uuid " + osd_uuid + quiet).exit_code != 0) {
-    Fail("ceph-osd --mkfs failed");
-    return;
+    return Fail(d, "ceph-osd --mkfs failed");
   }
   osd_pid_ = Spawn(env + "ceph-osd -i 0 -f" + quiet);
   if (Run(env + "timeout 30 ceph osd crush create-or-move osd.0 1.0 root=default host=localhost" + quiet).exit_code !=
       0) {
-    Fail("ceph osd crush create-or-move failed");
-    return;
+    return Fail(d, "ceph osd crush create-or-move failed");
+  }
+  bool osd_up = false;
+  for (int i = 0; i < 60 && !osd_up; ++i) {
+    osd_up = Run(env + "timeout 10 ceph osd stat -f json 2>/dev/null | grep -q '\"num_up_osds\":1'").exit_code == 0;
+    if (!osd_up) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  if (!osd_up) {
+    return Fail(d, "the OSD did not come up");
   }
   rgw_pid_ = Spawn(env + "radosgw -f -n client.rgw.t" + quiet);
   bool up = false;
@@ -120,16 +136,16 @@ Radosgw::Radosgw() {
     }
   }
   if (!up) {
-    Fail("radosgw did not listen on 127.0.0.1:" + std::to_string(rgw_port_));
-    return;
+    return Fail(d, "radosgw did not listen on 127.0.0.1:" + std::to_string(rgw_port_));
   }
   access_key_ = RandomText(20, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789");
   secret_key_ = RandomText(40, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789");
   if (Run(env + "timeout 60 radosgw-admin -n client.rgw.t user create --uid=barge --display-name=barge --access-key=" +
           access_key_ + " --secret-key=" + secret_key_ + quiet)
           .exit_code != 0) {
-    Fail("radosgw-admin user create failed");
+    return Fail(d, "radosgw-admin user create failed");
   }
+  return true;
 }
 
 Radosgw::~Radosgw() {

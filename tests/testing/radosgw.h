@@ -30,7 +30,9 @@ class Radosgw {
   std::string client_env() const;
 
  private:
-  bool Fail(const std::string& what);
+  // One start in folder `d`; false (failure_ set) when a step failed.
+  bool StartOnce(const std::string& d);
+  bool Fail(const std::string& d, const std::string& what);
   int Spawn(const std::string& command);
 
   TempDir dir_;
