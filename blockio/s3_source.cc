@@ -10,7 +10,14 @@ Result<HttpSourceOpened> OpenS3Source(const std::string& url, const HttpOptions&
   if (at.key.empty() || at.key.ends_with('/')) {
     return Error::InvalidArgument("names no object (give s3://BUCKET/KEY of one image)").set_path(at.shown());
   }
-  BARGE_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> s3, S3Client::Create(options));
+  auto created = S3Client::Create(options);
+  if (!created.ok()) {
+    // Missing keys or a bad endpoint: named by the object the user gave.
+    Error e = created.error();
+    if (e.path().empty()) e.set_path(at.shown());
+    return e;
+  }
+  std::unique_ptr<S3Client> s3 = std::move(*created);
   BARGE_ASSIGN_OR_RETURN(S3ObjectInfo info, s3->Head(at));
   HttpOptions reader = s3->signed_options();
   reader.extra_headers.push_back("x-amz-content-sha256: " + Sha256Hex({}));  // a GET has no body

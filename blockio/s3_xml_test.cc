@@ -8,6 +8,7 @@
 
 #include "blockio/s3_client.h"
 #include "blockio/s3_config.h"
+#include "blockio/s3_source.h"
 
 namespace barge {
 namespace {
@@ -118,6 +119,15 @@ TEST(S3LocationTest, UriEncodingAndDigest) {
   EXPECT_EQ(S3UriEncode("a b/c+d~e", true), "a%20b/c%2Bd~e");
   EXPECT_EQ(S3UriEncode("a/b", false), "a%2Fb");
   EXPECT_EQ(Sha256Hex({}), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+TEST(S3ClientCreateTest, MissingKeysAreNamedByTheObjectBeforeAnyRequest) {
+  HttpOptions o;
+  o.s3.endpoint = "http://127.0.0.1:1";
+  auto opened = OpenS3Source("s3://bucket/x.qcow2", o);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.error().path(), "s3://bucket/x.qcow2");
+  EXPECT_NE(opened.error().message().find("no S3 credentials"), std::string::npos) << opened.error().ToString();
 }
 
 TEST(S3ClientCreateTest, RefusesMissingKeysAndEndpointsWithPaths) {
