@@ -85,11 +85,10 @@ struct HttpClient::Handle {
     if (curl != nullptr) curl_easy_cleanup(curl);
     curl_slist_free_all(headers);
   }
-  void SetHeaders(const std::vector<std::string>& a, const std::vector<std::string>& b,
-                  const std::vector<std::string>& c) {
+  void SetHeaders(const std::vector<std::string>& a, const std::vector<std::string>& b) {
     curl_slist_free_all(headers);
     headers = nullptr;
-    for (const auto* list : {&a, &b, &c}) {
+    for (const auto* list : {&a, &b}) {
       for (const std::string& h : *list) headers = curl_slist_append(headers, h.c_str());
     }
   }
@@ -130,10 +129,9 @@ void ApplyCommon(CURL* c, const std::string& url, const HttpOptions& options, Ht
     curl_easy_setopt(c, CURLOPT_USERNAME, options.s3.access_key_id.c_str());
     curl_easy_setopt(c, CURLOPT_PASSWORD, options.s3.secret_access_key.c_str());
   }
-  // --header-file's headers too. libcurl keeps a custom Authorization (and
-  // Cookie) header to the URL's host: a redirect to another host does not
-  // carry it.
-  handle.SetHeaders(options.extra_headers, options.headers, headers);
+  // libcurl keeps a custom Authorization (and Cookie) header to the URL's
+  // host: a redirect to another host does not carry it.
+  handle.SetHeaders(options.extra_headers, headers);
   if (handle.headers != nullptr) curl_easy_setopt(c, CURLOPT_HTTPHEADER, handle.headers);
 }
 
@@ -340,7 +338,7 @@ std::optional<Error> FinalError(const HttpClient::Attempt& a, const HttpOptions&
   if (s == 401 || s == 403) {
     std::string hint = "give credentials with --netrc-file or --header-file";
     if (!options.netrc_file.empty()) hint = "check the --netrc-file entry for this host (missing or not accepted)";
-    if (!options.headers.empty()) hint = "check the headers of --header-file (not accepted)";
+    if (!options.header_file.empty()) hint = "check the headers of --header-file (not accepted)";
     return Error::InvalidArgument("access refused by the server (HTTP " + std::to_string(s) + "); " + hint);
   }
   if (s == 416) return Error::Corruption("the server refused a range inside the file's length (HTTP 416): the remote file changed or shrank");

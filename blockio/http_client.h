@@ -55,11 +55,9 @@ struct HttpOptions {
   std::string netrc_file;
   // A file of request headers, one "Name: value" a line (e.g.
   // "Authorization: Bearer ..."), readable by its owner only; "" = none.
-  // pipeline::HttpOptionsFor checks it and reads it into `headers`.
+  // pipeline::HttpOptionsFor checks it and adds its lines to
+  // `extra_headers` (secrets: never shown, logged or recorded).
   std::string header_file;
-  // Sent with every request (header_file's lines). Secrets: never shown,
-  // logged or recorded.
-  std::vector<std::string> headers;
   int connect_timeout_ms = 15000;
   // A transfer that moves no byte for this long is cut and retried.
   int stall_timeout_ms = 30000;
@@ -73,7 +71,8 @@ struct HttpOptions {
   // "aws:amz:us-east-1:s3") with the keys of `s3`; "" = unsigned. Set by
   // the S3 client only, never for plain http(s) sources.
   std::string aws_sigv4;
-  // Added to every request ("Name: value"), signed with it.
+  // Added to every request ("Name: value"; signed with it when signed):
+  // the header file's lines, the S3 client's.
   std::vector<std::string> extra_headers;
   // s3:// locations (blockio/s3_client.h); unused by plain http(s) URLs.
   S3Access s3;

@@ -47,7 +47,8 @@ Result<std::vector<std::string>> ReadHeaderFile(Env& env, const std::string& pat
 Result<HttpOptions> HttpOptionsFor(Env& env, const HttpOptions& options) {
   HttpOptions out = options;
   if (!options.header_file.empty()) {
-    BARGE_ASSIGN_OR_RETURN(out.headers, ReadHeaderFile(env, options.header_file));
+    BARGE_ASSIGN_OR_RETURN(std::vector<std::string> lines, ReadHeaderFile(env, options.header_file));
+    out.extra_headers.insert(out.extra_headers.end(), lines.begin(), lines.end());
   }
   if (!options.netrc_file.empty()) {
     BARGE_RETURN_IF_ERROR(CheckPrivateFile(env, options.netrc_file, "netrc file"));
