@@ -8,8 +8,12 @@
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
+#include <malloc.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 #include <limits>
 #include <condition_variable>
@@ -20,6 +24,7 @@
 #include <thread>
 #include <tuple>
 
+#include "blockio/env.h"
 #include "blockio/thread.h"
 
 namespace barge::pipeline {
@@ -544,6 +549,39 @@ int ArenaThreads(int threads, const SourceCapabilities& caps) {
   return std::min(static_cast<int>(MaxThreads()), std::max(cores, static_cast<int>(caps.blocking_read_streams) + 1));
 }
 
+// Address space a worker thread takes: oneTBB's 4 MiB stack, its guard
+// page and the per-thread state of a copy (a compressor's context).
+constexpr uint64_t kWorkerAddressBytes = 8ull << 20;
+// Kept free besides the workers and the pool: one malloc arena (glibc
+// reserves 64 MiB of address space for each) and room for small maps.
+constexpr uint64_t kAddressMarginBytes = 96ull << 20;
+
+// Under an address-space limit (ulimit -v) a worker that cannot get its
+// stack makes oneTBB fail on one of its own threads, where nothing can catch
+// it: std::terminate, which cli/interrupt.cc reports, but other workers may
+// crash meanwhile (seen: SIGSEGV in a flow-graph task). So under such a
+// limit the arena gets only the workers that fit: the limit less what the
+// process maps now (/proc/self/statm: the buffer pool included) and a
+// margin, at kWorkerAddressBytes each, and glibc is held to two malloc
+// arenas (each reserves 64 MiB). The calling thread always works: with no
+// room for more, the copy runs on it alone. Without a limit (or procfs):
+// `arena_threads` as given.
+int FitArenaThreads(int arena_threads) {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return arena_threads;
+  static const bool arenas_capped = [] { return ::mallopt(M_ARENA_MAX, 2) == 1; }();
+  static_cast<void>(arenas_capped);
+  Result<std::string> statm = Env::Default().ReadFile("/proc/self/statm", 4096);
+  if (!statm.ok()) return arena_threads;
+  uint64_t pages = std::strtoull(statm->c_str(), nullptr, 10);
+  uint64_t needed = pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) + kAddressMarginBytes;
+  uint64_t room = limit.rlim_cur > needed ? limit.rlim_cur - needed : 0;
+  int wanted = arena_threads > 0 ? arena_threads
+                                 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The calling thread joins the arena: wanted - 1 new threads.
+  return static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(wanted), room / kWorkerAddressBytes + 1));
+}
+
 }  // namespace
 
 size_t PoolChunkCount(uint64_t memory_bytes, uint32_t chunk_bytes, bool with_scratch, int threads,
@@ -667,7 +705,7 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
   Status status = Guard("copy", [&]() -> Status {
     job = std::make_unique<CopyJob>(source, destinations, options, *pool, planner, compression);
     RaiseParallelismLimit();
-    oneapi::tbb::task_arena arena(ArenaThreads(options.threads, source.capabilities()));
+    oneapi::tbb::task_arena arena(FitArenaThreads(ArenaThreads(options.threads, source.capabilities())));
     // The graph is built inside the arena so its tasks run on its threads.
     return arena.execute([&] { return job->Run(); });
   });
