@@ -302,6 +302,8 @@ void ParseSchedule(Checker& c, const YAML::Node& node, Env& env, Policy& p) {
       size_t end = expr.find_first_of(" \t");
       zone_name = std::string(expr.substr(0, end));
       expr = end == std::string_view::npos ? std::string_view() : expr.substr(end);
+      // The expression is shown as written after the zone: no leading blank.
+      while (!expr.empty() && (expr.front() == ' ' || expr.front() == '\t')) expr.remove_prefix(1);
       break;
     }
   }

@@ -108,6 +108,7 @@ TEST(PolicyTest, ScheduleTimeZone) {
   auto p = ParsePolicy(Env::Default(), "name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\nschedule: 'CRON_TZ=UTC 0 2 * * *'\n");
   ASSERT_TRUE(p.ok()) << p.error().message();
   EXPECT_TRUE(p->schedule->zone().is_utc());
+  EXPECT_EQ(p->schedule->expression(), "0 2 * * *");  // shown without a leading blank
   auto bad = ParsePolicy(Env::Default(), "name: z\nsources: [{image: /d.qcow2}]\ntargets: [/t]\nschedule: 'TZ=Mars/Base 0 2 * * *'\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message().find("policy:4:11: 'schedule': unknown time zone 'Mars/Base'"), std::string::npos)
