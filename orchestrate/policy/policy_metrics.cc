@@ -52,6 +52,16 @@ Result<PolicyMetricsSnapshot> CollectPolicyMetrics(const Policy& policy, PolicyC
   snap.policy = policy.name;
   snap.shard = shard;
   snap.max_duration_without_backup = policy.max_duration_without_backup;
+  // A target that cannot be read (moved, unmounted) may hold points: then
+  // how many a source keeps is unknown, and no gauge says 0.
+  bool every_target_read = true;
+  for (const auto& t : policy.targets) {
+    TargetMetrics tm{t, std::nullopt};
+    auto space = env.Space(t);
+    if (space.ok()) tm.space = *space;
+    every_target_read = every_target_read && space.ok();
+    snap.targets.push_back(std::move(tm));
+  }
   for (const auto& s : policy.sources) {
     if (!InShard(shard, s.name)) continue;
     SourceMetrics m;
@@ -65,14 +75,8 @@ Result<PolicyMetricsSnapshot> CollectPolicyMetrics(const Policy& policy, PolicyC
       if (t.ok()) m.known_since = *t;
     }
     auto points = ScanSource(env, policy, s);
-    if (points.ok()) m.retained_points = points->points.size();
+    if (points.ok() && every_target_read) m.retained_points = points->points.size();
     snap.sources.push_back(std::move(m));
-  }
-  for (const auto& t : policy.targets) {
-    TargetMetrics tm{t, std::nullopt};
-    auto space = env.Space(t);
-    if (space.ok()) tm.space = *space;
-    snap.targets.push_back(std::move(tm));
   }
   return snap;
 }

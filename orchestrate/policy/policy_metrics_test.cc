@@ -48,13 +48,21 @@ TEST(PolicyMetricsTest, SnapshotTextfileAndPromtool) {
            "barge_policy_runs_total{policy=\"nightly\",source=\"disk\",result=\"success\"} 1",
            "barge_policy_runs_total{policy=\"nightly\",source=\"disk\",result=\"failed\"} 0",
            "barge_policy_max_duration_without_backup_seconds{policy=\"nightly\",source=\"disk\"} 93600",
-           "barge_policy_retained_points{policy=\"nightly\",source=\"disk\"} 0",
            "barge_policy_target_up{policy=\"nightly\",target=\"/nonexistent-barge-t\"} 0",
            "# TYPE barge_policy_runs_total counter",
        }) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
   EXPECT_NE(text.find("barge_policy_target_free_bytes{policy=\"nightly\",target=\"" + (dir / "t1") + "\"}"),
+            std::string::npos);
+  // A target that cannot be read may hold points: no count, rather than 0.
+  EXPECT_EQ(text.find("barge_policy_retained_points"), std::string::npos) << text;
+  auto readable = ParsePolicy(Env::Default(), "name: nightly\nsources:\n  - image: /vm/disk.qcow2\ntargets: [" +
+                                                  (dir / "t1") + "]\n");
+  ASSERT_TRUE(readable.ok());
+  auto snap2 = CollectPolicyMetrics(*readable, **catalog, Env::Default(), *ParseRfc3339("2026-11-24T00:00:00Z"));
+  ASSERT_TRUE(snap2.ok());
+  EXPECT_NE(RenderPolicyMetrics({*snap2}).find("barge_policy_retained_points{policy=\"nightly\",source=\"disk\"} 0"),
             std::string::npos);
 
   const std::string prom = dir / "barge.prom";
