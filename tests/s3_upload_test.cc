@@ -149,6 +149,26 @@ TEST_F(S3UploadTest, UnpublishedUploadLeavesNothing) {
   }
 }
 
+TEST_F(S3UploadTest, FailedPartIsReturnedAndTheUploadAborted) {
+  auto up = Start("x.bin", S3UploadOptions{.test_part_bytes = kMiB});
+  ASSERT_TRUE(up->WriteAt(0, testing::RandomBytes(3 * kMiB, 13)).ok());
+  ASSERT_TRUE(up->Flush().ok());
+  // Another client aborts the upload: the next parts fail (NoSuchUpload).
+  auto uploads = client_->ListMultipartUploads({bucket_, ""});
+  ASSERT_TRUE(uploads.ok());
+  ASSERT_EQ(uploads->size(), 1u);
+  ASSERT_TRUE(client_->AbortMultipart({bucket_, "x.bin"}, uploads->front().upload_id).ok());
+  Status st = up->WriteAt(3 * kMiB, testing::RandomBytes(3 * kMiB, 14));
+  if (st.ok()) st = up->Flush();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kNotFound) << st.error().ToString();
+  EXPECT_NE(st.error().ToString().find("uploading part"), std::string::npos) << st.error().ToString();
+  EXPECT_FALSE(up->WriteAt(6 * kMiB, testing::RandomBytes(10, 15)).ok()) << "every later call fails";
+  EXPECT_FALSE(up->Publish(false).ok());
+  EXPECT_EQ(UploadsLeft(), 0u);
+  EXPECT_FALSE(client_->Head({bucket_, "x.bin"}).ok());
+}
+
 TEST_F(S3UploadTest, WriteBehindTheSentFrontierIsNotSupported) {
   auto up = Start("f.bin", S3UploadOptions{.test_part_bytes = kMiB});
   ASSERT_TRUE(up->WriteAt(0, testing::RandomBytes(3 * kMiB + 10, 6)).ok());
@@ -219,6 +239,22 @@ TEST_F(S3UploadTest, LockIsOneHolderAtATime) {
   EXPECT_FALSE(head.ok()) << "the destructor deletes the lock";
   auto third = S3Lock::Acquire(*client_, at);
   ASSERT_TRUE(third.ok()) << third.error().ToString();
+}
+
+TEST_F(S3UploadTest, WaitingAcquireGetsTheLockOnceLetGo) {
+  const S3Location at{bucket_, ".lock"};
+  auto first = S3Lock::Acquire(*client_, at);
+  ASSERT_TRUE(first.ok()) << first.error().ToString();
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    first->reset();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto second = S3Lock::Acquire(*client_, at, S3LockOptions{.wait = true});
+  release.join();
+  ASSERT_TRUE(second.ok()) << second.error().ToString();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  EXPECT_FALSE((*second)->took_over());
 }
 
 TEST_F(S3UploadTest, ExpiredLockIsTakenOver) {
