@@ -398,9 +398,9 @@ Status S3Client::AbortMultipart(const S3Location& at, const std::string& upload_
   return {};
 }
 
-Result<std::vector<S3Upload>> S3Client::ListMultipartUploads(const S3Location& at) {
+Result<std::vector<S3MultipartUpload>> S3Client::ListMultipartUploads(const S3Location& at) {
   const S3Location bucket{at.bucket, ""};
-  std::vector<S3Upload> out;
+  std::vector<S3MultipartUpload> out;
   std::string key_marker, id_marker;
   for (;;) {
     std::vector<std::pair<std::string, std::string>> params{{"uploads", ""}, {"prefix", at.key}};

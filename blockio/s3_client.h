@@ -77,7 +77,7 @@ class S3Client {
   Status CompleteMultipart(const S3Location& at, const std::string& upload_id, const std::vector<S3Part>& parts);
   Status AbortMultipart(const S3Location& at, const std::string& upload_id);
   // Unfinished uploads of keys under at.key (all pages).
-  Result<std::vector<S3Upload>> ListMultipartUploads(const S3Location& at);
+  Result<std::vector<S3MultipartUpload>> ListMultipartUploads(const S3Location& at);
 
   // The options of a signed HttpClient for ranged reads of objects (the
   // ranged source of s3:// images, blockio/http_source.h).

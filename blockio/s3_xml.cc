@@ -179,7 +179,7 @@ Result<S3UploadPage> ParseListMultipartUploads(std::string_view xml) {
     auto key = XmlText(entry, "Key");
     auto id = XmlText(entry, "UploadId");
     if (!key || !id || id->empty()) return Malformed("ListMultipartUploads");
-    page.uploads.push_back(S3Upload{std::move(*key), std::move(*id), XmlText(entry, "Initiated").value_or("")});
+    page.uploads.push_back(S3MultipartUpload{std::move(*key), std::move(*id), XmlText(entry, "Initiated").value_or("")});
   }
   page.truncated = IsTrue(xml, "IsTruncated");
   page.next_key_marker = XmlText(xml, "NextKeyMarker").value_or("");

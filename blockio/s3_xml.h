@@ -58,13 +58,13 @@ struct S3PartPage {
 };
 Result<S3PartPage> ParseListParts(std::string_view xml);
 
-struct S3Upload {
+struct S3MultipartUpload {  // an unfinished multipart upload (ListMultipartUploads)
   std::string key;
   std::string upload_id;
   std::string initiated;
 };
 struct S3UploadPage {
-  std::vector<S3Upload> uploads;
+  std::vector<S3MultipartUpload> uploads;
   bool truncated = false;
   std::string next_key_marker, next_upload_id_marker;
 };
