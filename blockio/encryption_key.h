@@ -36,7 +36,7 @@ struct KdfParams {
 };
 
 // scrypt's cost for passphrases written by barge: N = 2^17, r = 8, p = 1
-// takes 128 * r * N = 128 MiB of memory and about 0.3 s of one core here
+// takes 128 * r * N = 128 MiB of memory and about 0.9 s of one core here
 // (docs/formats/encryption.md), once per process and salt. Readers accept
 // log2_n 10..20, r 1..16, p 1..4 (a header asking for more is refused as
 // corrupt rather than allowed to take a gigabyte).
