@@ -68,6 +68,13 @@ TEST(AeadHeaderTest, RoundTripsAndRefusesForeignBytes) {
   ASSERT_FALSE(newer.ok());
   EXPECT_NE(newer.error().message().find("unsupported version 2"), std::string::npos);
 
+  // A forged scrypt cost that would take the reader's memory.
+  AeadHeader costly = *back;
+  costly.kdf = KdfParams{KdfParams::Kind::kScrypt, 20, 16, 1, {}};  // 2 GiB
+  EXPECT_EQ(ParseAeadHeader(EncodeAeadHeader(costly)).error().code(), ErrorCode::kCorruption);
+  costly.kdf.r = 8;  // 1 GiB: the most a reader accepts
+  EXPECT_TRUE(ParseAeadHeader(EncodeAeadHeader(costly)).ok());
+
   auto odd_segment = bytes;
   odd_segment[12] = std::byte{1};
   EXPECT_FALSE(ParseAeadHeader(odd_segment).ok());

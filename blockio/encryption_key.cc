@@ -83,7 +83,8 @@ Status CheckKdfParams(const KdfParams& kdf) {
     case KdfParams::Kind::kNone:
       return OkStatus();
     case KdfParams::Kind::kScrypt:
-      if (kdf.log2_n < 10 || kdf.log2_n > 20 || kdf.r < 1 || kdf.r > 16 || kdf.p < 1 || kdf.p > 4) {
+      if (kdf.log2_n < 10 || kdf.log2_n > 20 || kdf.r < 1 || kdf.r > 16 || kdf.p < 1 || kdf.p > 4 ||
+          (uint64_t{128} * kdf.r << kdf.log2_n) > (uint64_t{1} << 30)) {
         return Error::Corruption("scrypt parameters out of bounds (log2 N " + std::to_string(kdf.log2_n) +
                                  ", r " + std::to_string(kdf.r) + ", p " + std::to_string(kdf.p) + ")");
       }
@@ -144,7 +145,7 @@ Result<std::shared_ptr<const Kek>> EncryptionKey::KekFor(const KdfParams& kdf) c
   std::lock_guard lock(state_->mu);  // one derivation per salt, even when asked at once
   if (auto it = state_->derived.find(cache_key); it != state_->derived.end()) return it->second;
   const uint64_t n = uint64_t{1} << kdf.log2_n;
-  const uint64_t max_mem = 128 * uint64_t{kdf.r} * n * kdf.p + (64 << 20);
+  const uint64_t max_mem = 128 * uint64_t{kdf.r} * (n + 2 + kdf.p);  // what OpenSSL needs, no more
   std::array<uint8_t, kKekBytes> out{};
   if (EVP_PBE_scrypt(state_->passphrase.data(), state_->passphrase.size(), kdf.salt.data(), kdf.salt.size(), n,
                      kdf.r, kdf.p, max_mem, out.data(), out.size()) != 1) {

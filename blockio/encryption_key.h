@@ -38,8 +38,9 @@ struct KdfParams {
 // scrypt's cost for passphrases written by barge: N = 2^17, r = 8, p = 1
 // takes 128 * r * N = 128 MiB of memory and about 0.9 s of one core here
 // (docs/formats/encryption.md), once per process and salt. Readers accept
-// log2_n 10..20, r 1..16, p 1..4 (a header asking for more is refused as
-// corrupt rather than allowed to take a gigabyte).
+// log2_n 10..20, r 1..16, p 1..4 with 128 * r * N at most 1 GiB (a header
+// asking for more is refused as corrupt rather than allowed to take the
+// machine's memory).
 inline constexpr uint8_t kScryptLog2N = 17;
 inline constexpr uint8_t kScryptR = 8;
 inline constexpr uint8_t kScryptP = 1;
