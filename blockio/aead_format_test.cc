@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -90,8 +91,6 @@ TEST(AeadObjectKeyTest, WrongKeyIsNamedAndTamperedHeaderIsCorruption) {
   auto wrong = AeadObjectKey::Open(KeyOf(2), "a/b", h);
   ASSERT_FALSE(wrong.ok());
   EXPECT_EQ(wrong.error().code(), ErrorCode::kInvalidArgument);
-  std::array<uint8_t, kKekBytes> one{};
-  one.fill(1);
   auto kek1 = KeyOf(1).KekFor({});
   ASSERT_TRUE(kek1.ok());
   EXPECT_NE(wrong.error().message().find("wrong key: the data key does not unwrap with key "),

@@ -7,6 +7,7 @@
 #include <openssl/rand.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
