@@ -147,12 +147,6 @@ class CopyJob {
   // A skipped zero run must not hide a cluster the digests say holds data.
   Status CheckZeroRun(const Chunk& chunk) const;
   void Write(size_t index, Chunk* chunk);
-  // The SHA-512 stream's consumer: fed in guest order, beside the
-  // destinations (a chunk is recycled when both are done with it).
-  void Hash(Chunk* chunk);
-  // Marks one consumer (a destination or the hash) done with `chunk`.
-  void Consumed(Chunk* chunk);
-  uint32_t consumers() const { return static_cast<uint32_t>(states_.size()) + (sha512_ != nullptr ? 1 : 0); }
   // Returns a chunk every destination is done with; opens the gate.
   void Recycle(Chunk* chunk);
   void DestinationFailed(size_t index, Error error);
@@ -178,7 +172,7 @@ class CopyJob {
   oneapi::tbb::enumerable_thread_specific<std::unique_ptr<formats::ClusterCompressor>> compressors_;
 
   std::atomic<uint64_t> bytes_read_{0};
-  // Touched only by the serial hash node (then by the driver after it).
+  // Touched only by the serial in-order node (then by the driver after it).
   std::optional<Sha512Stream> own_sha512_;
   Sha512Stream* sha512_ = nullptr;  // own_sha512_'s, or options.sha512_stream
   DigestCollector digests_;
@@ -285,6 +279,11 @@ bool CopyJob::Ordered(Chunk* chunk) {
       Status v = verifier_->Check(*chunk);
       if (!v.ok()) return std::move(v).error().Wrap("verify");
     }
+    if (sha512_) {
+      StageTimer timer(options_.stats, Stage::kSha512, chunk->length_bytes);
+      Status st = sha512_->UpdateChunk(*chunk);
+      if (!st.ok()) return std::move(st).error().Wrap("sha512");
+    }
     if (options_.weak_digests) BARGE_RETURN_IF_ERROR(digests_.Consume(*chunk));
     if (options_.strong_digests) {
       for (size_t i = 0; i < chunk->cluster_count(); ++i) {
@@ -317,11 +316,11 @@ bool CopyJob::Ordered(Chunk* chunk) {
     status_.Fail(std::move(s).error());
     return false;
   }
-  if (consumers() == 0) {
+  if (states_.empty()) {
     Recycle(chunk);
     return false;
   }
-  chunk->pending_consumers.store(consumers(), std::memory_order_relaxed);
+  chunk->pending_consumers.store(static_cast<uint32_t>(states_.size()), std::memory_order_relaxed);
   int64_t now = NowNs();
   for (DestinationState& d : states_) {
     // An idle destination starts its stall clock when work arrives.
@@ -342,20 +341,7 @@ void CopyJob::Write(size_t index, Chunk* chunk) {
   }
   d.consumed.fetch_add(1, std::memory_order_relaxed);
   d.last_progress_ns.store(NowNs(), std::memory_order_relaxed);
-  Consumed(chunk);
-}
-
-void CopyJob::Hash(Chunk* chunk) {
-  if (!status_.failed()) {
-    StageTimer timer(options_.stats, Stage::kSha512, chunk->length_bytes);
-    Status st = Guard("sha512", [&] { return sha512_->UpdateChunk(*chunk); });
-    if (!st.ok()) status_.Fail(std::move(st).error().Wrap("sha512"));
-  }
-  Consumed(chunk);
-}
-
-void CopyJob::Consumed(Chunk* chunk) {
-  // The last consumer done with the chunk recycles it (acq_rel: the
+  // The last destination done with the chunk recycles it (acq_rel: the
   // others' reads of the buffer happen before the reader refills it).
   if (chunk->pending_consumers.fetch_sub(1, std::memory_order_acq_rel) == 1) Recycle(chunk);
 }
@@ -458,7 +444,7 @@ Status CopyJob::Run() {
       if (Ordered(c)) std::get<0>(out).try_put(c);
     });
     std::vector<std::unique_ptr<flow::function_node<Chunk*>>> writers;
-    writers.reserve(states_.size() + 1);
+    writers.reserve(states_.size());
     for (size_t i = 0; i < states_.size(); ++i) {
       // Serial and queueing: the queue is FIFO, and `ordered` emits in guest
       // order, so each destination sees chunks in guest order. A lone
@@ -472,18 +458,6 @@ Status CopyJob::Run() {
             Write(i, c);
             return flow::continue_msg();
           }));
-    }
-
-    if (sha512_ != nullptr) {
-      // The SHA-512 is one serial stream over the whole disk, the copy's
-      // longest serial work (about 1.5 CPU s per GiB here): its own node,
-      // serial and queueing like a writer's (FIFO after `ordered`, so in
-      // guest order), lets the writes and the next chunks' ordering go on
-      // while it hashes, instead of waiting behind it in `ordered`.
-      writers.push_back(std::make_unique<flow::function_node<Chunk*>>(g, flow::serial, [this](Chunk* c) {
-        Hash(c);
-        return flow::continue_msg();
-      }));
     }
 
     flow::make_edge(plan, gate);
@@ -562,20 +536,12 @@ void RaiseParallelismLimit() {
 // more than the source's blocking read streams when those are more (a read
 // stage task waits in nbd_poll for the network, holding its thread: with
 // only the cores' threads, 2 cores kept 2 of 4 NBD connections busy and a
-// TLS copy ran 1.3x slower than with 4 workers). One more with a SHA-512
-// stream: its serial node holds a thread for most of the copy (1.5 CPU s
-// per GiB), and with only the cores' threads the reads and writes of a
-// 2-core machine were left one thread between them.
-int ArenaThreads(int threads, const SourceCapabilities& caps, bool sha512) {
+// TLS copy ran 1.3x slower than with 4 workers).
+int ArenaThreads(int threads, const SourceCapabilities& caps) {
   if (threads > 0) return threads;
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int wanted = cores;
-  if (caps.parallel_reads && caps.blocking_read_streams > 1) {
-    wanted = std::max(cores, static_cast<int>(caps.blocking_read_streams) + 1);
-  }
-  if (sha512) ++wanted;
-  if (wanted == cores) return oneapi::tbb::task_arena::automatic;
-  return std::min(static_cast<int>(MaxThreads()), wanted);
+  if (!caps.parallel_reads || caps.blocking_read_streams <= 1) return oneapi::tbb::task_arena::automatic;
+  return std::min(static_cast<int>(MaxThreads()), std::max(cores, static_cast<int>(caps.blocking_read_streams) + 1));
 }
 
 }  // namespace
@@ -701,7 +667,7 @@ Result<CopyResult> RunCopy(BlockSource& source, const RangeList& work,
   Status status = Guard("copy", [&]() -> Status {
     job = std::make_unique<CopyJob>(source, destinations, options, *pool, planner, compression);
     RaiseParallelismLimit();
-    oneapi::tbb::task_arena arena(ArenaThreads(options.threads, source.capabilities(), options.sha512));
+    oneapi::tbb::task_arena arena(ArenaThreads(options.threads, source.capabilities()));
     // The graph is built inside the arena so its tasks run on its threads.
     return arena.execute([&] { return job->Run(); });
   });

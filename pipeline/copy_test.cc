@@ -279,10 +279,9 @@ TEST(RunCopyTest, Sha512AndImageDigestMatchDirectComputation) {
   EXPECT_EQ(r->cluster_digests.size(), r->clusters.data);
 }
 
-// The SHA-512 is its own consumer beside the destinations (a chunk is
-// recycled when the hash and every destination are done with it): still
-// the disk's, in guest order, with a destination that fails on the way,
-// with one worker thread, and with a pool of few chunks (no hang).
+// The SHA-512 stream with destinations: the disk's, in guest order, with a
+// destination that fails on the way (isolated), with one worker thread, and
+// with a pool of few chunks (no hang).
 TEST(RunCopyTest, Sha512BesideDestinationsWithFailureAndOneThread) {
   TestDisk disk = MakeDisk();
   auto source = disk.Source();
