@@ -279,6 +279,33 @@ TEST(RunCopyTest, Sha512AndImageDigestMatchDirectComputation) {
   EXPECT_EQ(r->cluster_digests.size(), r->clusters.data);
 }
 
+// The SHA-512 stream with destinations: the disk's, in guest order, with a
+// destination that fails on the way (isolated), with one worker thread, and
+// with a pool of few chunks (no hang).
+TEST(RunCopyTest, Sha512BesideDestinationsWithFailureAndOneThread) {
+  TestDisk disk = MakeDisk();
+  auto source = disk.Source();
+  for (int threads : {1, 2, 0}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    MemorySink good, bad_target;
+    FaultSink bad(bad_target);
+    bad.faults().AddRule(FaultRule::NthAndAfter(FaultOp::kWrite, 3, EIO));
+    RawDestination d0(good, {source->size_bytes()}), d1(bad, {source->size_bytes()});
+    Destination* dests[] = {&d0, &d1};
+    CopyOptions o = SmallOptions();
+    o.threads = threads;
+    o.memory_bytes = 4 * kMiB;
+    o.sha512 = true;
+    o.failure_policy = DestinationFailurePolicy::kIsolate;
+    auto r = RunCopy(*source, WholeDisk(*source), dests, o);
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    EXPECT_EQ(r->sha512_hex, Sha512Hex(disk.bytes));
+    EXPECT_TRUE(r->destinations[0].status.ok());
+    EXPECT_FALSE(r->destinations[1].status.ok());
+    EXPECT_EQ(good.contents(), disk.bytes);
+  }
+}
+
 TEST(RunCopyTest, ImageDigestOfIncrementalUsesBaseDigests) {
   TestDisk disk = MakeDisk();
   auto source = disk.Source();
