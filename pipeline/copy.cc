@@ -9,11 +9,10 @@
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
 #include <malloc.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cerrno>
 #include <limits>
 #include <condition_variable>
@@ -24,7 +23,6 @@
 #include <thread>
 #include <tuple>
 
-#include "blockio/env.h"
 #include "blockio/thread.h"
 
 namespace barge::pipeline {
@@ -556,26 +554,39 @@ constexpr uint64_t kWorkerAddressBytes = 8ull << 20;
 // reserves 64 MiB of address space for each) and room for small maps.
 constexpr uint64_t kAddressMarginBytes = 96ull << 20;
 
+// The address space still free under RLIMIT_AS: the largest reservation
+// (PROT_NONE, nothing touched) mmap grants now, to 1 MiB, at most `upper`.
+uint64_t FreeAddressSpace(uint64_t upper) {
+  uint64_t lo = 0, hi = upper;
+  while (hi - lo > (uint64_t{1} << 20)) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    void* p = ::mmap(nullptr, mid, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      hi = mid;
+    } else {
+      ::munmap(p, mid);
+      lo = mid;
+    }
+  }
+  return lo;
+}
+
 // Under an address-space limit (ulimit -v) a worker that cannot get its
 // stack makes oneTBB fail on one of its own threads, where nothing can catch
 // it: std::terminate, which cli/interrupt.cc reports, but other workers may
 // crash meanwhile (seen: SIGSEGV in a flow-graph task). So under such a
-// limit the arena gets only the workers that fit: the limit less what the
-// process maps now (/proc/self/statm: the buffer pool included) and a
-// margin, at kWorkerAddressBytes each, and glibc is held to two malloc
-// arenas (each reserves 64 MiB). The calling thread always works: with no
-// room for more, the copy runs on it alone. Without a limit (or procfs):
-// `arena_threads` as given.
+// limit the arena gets only the workers that fit in the address space still
+// free (FreeAddressSpace: the buffer pool is already mapped) less a margin,
+// at kWorkerAddressBytes each, and glibc is held to two malloc arenas (each
+// reserves 64 MiB). The calling thread always works: with no room for
+// more, the copy runs on it alone. Without a limit: `arena_threads`.
 int FitArenaThreads(int arena_threads) {
   struct rlimit limit {};
   if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return arena_threads;
   static const bool arenas_capped = [] { return ::mallopt(M_ARENA_MAX, 2) == 1; }();
   static_cast<void>(arenas_capped);
-  Result<std::string> statm = Env::Default().ReadFile("/proc/self/statm", 4096);
-  if (!statm.ok()) return arena_threads;
-  uint64_t pages = std::strtoull(statm->c_str(), nullptr, 10);
-  uint64_t needed = pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) + kAddressMarginBytes;
-  uint64_t room = limit.rlim_cur > needed ? limit.rlim_cur - needed : 0;
+  const uint64_t free_bytes = FreeAddressSpace(limit.rlim_cur);
+  const uint64_t room = free_bytes > kAddressMarginBytes ? free_bytes - kAddressMarginBytes : 0;
   int wanted = arena_threads > 0 ? arena_threads
                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // The calling thread joins the arena: wanted - 1 new threads.
