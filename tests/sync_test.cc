@@ -217,54 +217,80 @@ TEST_F(SyncTest, LockedDestinationExitsBusy) {
   EXPECT_EQ(PointIds(root_ + "/B/disk").size(), 2u);
 }
 
-TEST_F(SyncTest, KilledSyncShowsOnlyWholePointsAndResumes) {
-  const std::string big = root_ + "/big.qcow2";
-  MakeDisk(big, 192 * kMiB);
-  Backup(big, root_ + "/A", false);
-  Change(big, "0x55", "1M");
-  Backup(big, root_ + "/A", true);
-  const std::string dst = root_ + "/B/disk";
-  const std::string cmd = Barge("sync " + Q(root_ + "/A/disk") + " " + Q(dst)) + " >/dev/null 2>&1";
+// Starts `barge sync SRC DST` and watches DST until a staged image of more
+// than 8 MiB is there: returns its pid then (-1 when it ended first), and in
+// `partial` what PartialPoint saw meanwhile ("" for nothing).
+pid_t StartSyncUntilStaged(const std::string& src, const std::string& dst, std::string* partial) {
+  const std::string cmd = Barge("sync " + Q(src) + " " + Q(dst)) + " >/dev/null 2>&1";
   pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  // Watch DST while the copy runs; kill once the image is being staged.
-  std::string partial;
-  bool staged = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!staged && std::chrono::steady_clock::now() < deadline) {
-    if (std::string p = PartialPoint(dst); !p.empty() && partial.empty()) partial = p;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (std::string p = PartialPoint(dst); !p.empty() && partial->empty()) *partial = p;
     for (const std::string& name : Names(dst)) {
       std::error_code ec;
       if (name.find(".barge-tmp") != std::string::npos && fs::file_size(dst + "/" + name, ec) > 8 * kMiB) {
-        staged = true;
+        return pid;
       }
     }
     int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      pid = -1;
-      break;
-    }
+    if (::waitpid(pid, &status, WNOHANG) == pid) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  return -1;
+}
+
+class SyncKillTest : public SyncTest {
+ protected:
+  void SetUp() override {
+    SyncTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    const std::string big = root_ + "/big.qcow2";
+    MakeDisk(big, 192 * kMiB);
+    Backup(big, root_ + "/A", false);
+    Change(big, "0x55", "1M");
+    Backup(big, root_ + "/A", true);
+    src_ = root_ + "/A/disk";
+    dst_ = root_ + "/B/disk";
+  }
+  std::string src_, dst_;
+};
+
+TEST_F(SyncKillTest, KilledSyncShowsOnlyWholePointsAndResumes) {
+  std::string partial;
+  const pid_t pid = StartSyncUntilStaged(src_, dst_, &partial);
   ASSERT_GT(pid, 0) << "the sync ended before it could be killed";
-  ASSERT_TRUE(staged);
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   EXPECT_EQ(partial, "");
-  EXPECT_EQ(PartialPoint(dst), "");
-  EXPECT_LT(PointIds(dst).size(), 2u);
+  EXPECT_EQ(PartialPoint(dst_), "");
+  EXPECT_LT(PointIds(dst_).size(), 2u);
 
-  json r = RunResult(Barge("sync --json " + Q(root_ + "/A/disk") + " " + Q(dst)));
-  EXPECT_EQ(PointIds(dst), PointIds(root_ + "/A/disk")) << r.dump();
-  for (const std::string& name : Names(dst)) {
+  json r = RunResult(Barge("sync --json " + Q(src_) + " " + Q(dst_)));
+  EXPECT_EQ(PointIds(dst_), PointIds(src_)) << r.dump();
+  for (const std::string& name : Names(dst_)) {
     EXPECT_EQ(name.find(".barge-tmp"), std::string::npos) << name;
   }
-  RunOk(Barge("verify --all " + Q(dst)));
+  RunOk(Barge("verify --all " + Q(dst_)));
+}
+
+TEST_F(SyncKillTest, InterruptedSyncExits130LeavingNoTemporary) {
+  std::string partial;
+  const pid_t pid = StartSyncUntilStaged(src_, dst_, &partial);
+  ASSERT_GT(pid, 0) << "the sync ended before it could be interrupted";
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  EXPECT_EQ(PartialPoint(dst_), "");
+  for (const std::string& name : Names(dst_)) {
+    EXPECT_EQ(name.find(".barge-tmp"), std::string::npos) << name;
+  }
 }
 
 }  // namespace
