@@ -241,6 +241,21 @@ Result<std::vector<std::pair<std::string, std::string>>> SyncPairs(Env& env, con
     BARGE_ASSIGN_OR_RETURN(bool is_chain, IsChainFolder(env, dir));
     if (is_chain) pairs.emplace_back(dir, JoinPath(dst, name));
   }
+  // A chain other chains stand on (`backup --base`) goes before them: a
+  // clone's copy verifies only once its base is in DST.
+  std::vector<bool> over_base;
+  for (const auto& [from, to] : pairs) {
+    BARGE_ASSIGN_OR_RETURN(ChainFolder c, LoadChainFolder(env, from));
+    over_base.push_back(std::any_of(c.points.begin(), c.points.end(),
+                                    [](const ChainPoint& p) { return p.manifest.base.has_value(); }));
+  }
+  std::vector<std::pair<std::string, std::string>> ordered;
+  for (bool second : {false, true}) {
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      if (over_base[i] == second) ordered.push_back(pairs[i]);
+    }
+  }
+  pairs = std::move(ordered);
   if (pairs.empty()) return Error::NotFound("no backup point to sync: neither a chain folder nor a target folder holding one").set_path(src);
   return pairs;
 }

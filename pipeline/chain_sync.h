@@ -69,7 +69,9 @@ Result<bool> IsChainFolder(Env& env, const std::string& dir);
 
 // The chains `src` names, as (src chain folder, dst chain folder) pairs:
 // `src` itself (to `dst`) when it is a chain folder, else every chain
-// folder directly under it, TARGET/NAME to DST/NAME (sorted by name).
+// folder directly under it, TARGET/NAME to DST/NAME: sorted by name, the
+// chains over a base (`backup --base`) after those over none, so that a
+// base chain of the target is copied before its clones (one level).
 // kNotFound when `src` is missing or holds no chain.
 Result<std::vector<std::pair<std::string, std::string>>> SyncPairs(Env& env, const std::string& src,
                                                                    const std::string& dst);

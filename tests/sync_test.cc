@@ -164,6 +164,24 @@ TEST_F(SyncTest, TargetFolderSyncsEveryChainUnderIt) {
   EXPECT_EQ(PointIds(root_ + "/B/other").size(), 1u);
 }
 
+// "clone" sorts before "golden", the base it stands on: a target's sync
+// copies the base first, so the clone's copy verifies in DST.
+TEST_F(SyncTest, TargetFolderSyncCopiesABaseBeforeItsClone) {
+  const std::string golden = root_ + "/golden.raw", clone = root_ + "/clone.qcow2";
+  WriteFile(golden, RandomBytes(4 * kMiB, 23));
+  RunOk(Barge("backup --compress none --source " + Q(golden) + " --target " + Q(root_ + "/A") + " --name golden"));
+  RunOk("qemu-img create -q -f qcow2 -b golden.raw -F raw " + Q(clone) + " && qemu-io -f qcow2 -c 'write -P 0x55 "
+        "512k 128k' " + Q(clone) + " >/dev/null");
+  RunOk(Barge("backup --source " + Q(clone) + " --target " + Q(root_ + "/A") + " --name clone --base golden"));
+  json r = RunResult(Barge("sync --json " + Q(root_ + "/A") + " " + Q(root_ + "/B")));
+  EXPECT_EQ(r["copied"], 2) << r.dump();
+  ASSERT_EQ(r["chains"].size(), 2u) << r.dump();
+  EXPECT_EQ(r["chains"][0]["src"], root_ + "/A/golden") << r.dump();
+  RunOk(Barge("verify " + Q(root_ + "/B/clone")));
+  RunOk(Barge("restore " + Q(root_ + "/B/clone") + " --to " + Q(root_ + "/out.raw")));
+  RunOk("qemu-img compare -q -f qcow2 -F raw " + Q(clone) + " " + Q(root_ + "/out.raw"));
+}
+
 TEST_F(SyncTest, AnotherDisksChainUnderTheNameIsRefusedAndNothingWritten) {
   const std::string other = root_ + "/other.qcow2";
   MakeDisk(other, 16 * kMiB);
