@@ -180,6 +180,14 @@ Result<SyncChainResult> SyncChain(Env& env, const std::string& src, const std::s
       continue;
     }
     BARGE_RETURN_IF_ERROR(CheckCancel(options.cancel, "sync", src));
+    // A point over a base verifies in DST only with the base there.
+    if (p.manifest.base) {
+      ChainFolder as_in_dst = src_chain;
+      as_in_dst.dir = dst;
+      if (auto base = LoadBaseOf(env, as_in_dst, i); !base.ok()) {
+        return Error(base.error()).Wrap("sync: " + p.manifest.id + " not copied (sync its base chain first)");
+      }
+    }
     // Damaged data in SRC is never copied: DST stays without the point.
     if (Status ok = VerifyPoint(env, src, p.manifest.id); !ok.ok()) {
       return Error(ok.error()).Wrap("sync: SRC's point " + p.manifest.id + " does not verify; not copied");

@@ -173,6 +173,12 @@ TEST_F(SyncTest, TargetFolderSyncCopiesABaseBeforeItsClone) {
   RunOk("qemu-img create -q -f qcow2 -b golden.raw -F raw " + Q(clone) + " && qemu-io -f qcow2 -c 'write -P 0x55 "
         "512k 128k' " + Q(clone) + " >/dev/null");
   RunOk(Barge("backup --source " + Q(clone) + " --target " + Q(root_ + "/A") + " --name clone --base golden"));
+  // The clone alone, its base not in DST: refused before any copy.
+  CommandResult alone = Sh(Barge("sync " + Q(root_ + "/A/clone") + " " + Q(root_ + "/C/clone")));
+  EXPECT_EQ(alone.exit_code, 1) << alone.output;
+  EXPECT_TRUE(Has(alone.output, "barge: NotFound: ")) << alone.output;
+  EXPECT_TRUE(Has(alone.output, "sync its base chain first")) << alone.output;
+  EXPECT_FALSE(fs::exists(root_ + "/C"));
   json r = RunResult(Barge("sync --json " + Q(root_ + "/A") + " " + Q(root_ + "/B")));
   EXPECT_EQ(r["copied"], 2) << r.dump();
   ASSERT_EQ(r["chains"].size(), 2u) << r.dump();
