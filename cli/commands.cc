@@ -167,6 +167,7 @@ int CheckStdoutWritten(int exit_code) {
 void RegisterExportCommand(CLI::App& app, int& exit_code);
 void RegisterFilesCommands(CLI::App& app, int& exit_code);
 void RegisterReportCommand(CLI::App& app, int& exit_code);
+void RegisterSyncCommand(CLI::App& app, int& exit_code);  // cli/sync_command.cc
 
 int Main(int argc, char** argv) {
   InstallInterruptHandling();
@@ -197,6 +198,7 @@ int Main(int argc, char** argv) {
   RegisterReportCommand(app, exit_code);  // cli/report_command.cc
   RegisterExportCommand(app, exit_code);
   RegisterFilesCommands(app, exit_code);
+  RegisterSyncCommand(app, exit_code);
   RegisterBitmapEditCommands(app, exit_code);
   RegisterListCommands(app, exit_code);
   RegisterDocCommands(app, exit_code);

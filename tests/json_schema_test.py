@@ -389,6 +389,11 @@ def scenario(r):
     chain = t("backups/vm1/vda")
     r.run("verify", [chain, "--all"])
     r.run("verify", [t("backups/none")], expect=1)
+    # sync: the chain into a new folder (both points copied), then again
+    # (both skipped); a missing SRC.
+    r.run("sync", [chain, t("offsite/vda")])
+    r.run("sync", [t("backups/vm1"), t("offsite")])
+    r.run("sync", [t("backups/none"), t("offsite/none")], expect=1)
     # list: the chain, verified; then copies (outside backups/, which
     # catalog rebuild reads) for its nullable fields: a failed verification
     # and a missing image; a broken link and a manifest without times.
