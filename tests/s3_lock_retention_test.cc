@@ -25,13 +25,7 @@ class S3LockRetentionTest : public ::testing::Test {
  protected:
   void SetUp() override {
     BARGE_REQUIRE_RADOSGW(rgw_);
-    HttpOptions o;
-    o.s3.endpoint = rgw_->endpoint();
-    o.s3.access_key_id = rgw_->access_key();
-    o.s3.secret_access_key = rgw_->secret_key();
-    o.max_attempts = 3;
-    o.backoff_initial_ms = 50;
-    auto c = S3Client::Create(o);
+    auto c = S3Client::Create(rgw_->s3_options());
     ASSERT_TRUE(c.ok()) << c.error().ToString();
     client_ = std::move(*c);
     static std::atomic<int> n{0};
