@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <cctype>
+#include <ctime>
 #include <utility>
 
 namespace barge {
@@ -233,9 +234,13 @@ Result<HttpReply> S3Client::Do(const Call& call) {
   return reply;
 }
 
-Status S3Client::CreateBucket(const std::string& bucket) {
+Status S3Client::CreateBucket(const std::string& bucket) { return CreateBucket(bucket, false); }
+
+Status S3Client::CreateBucket(const std::string& bucket, bool object_lock) {
   S3Location at{bucket, ""};
-  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(Call("PUT", &at)));
+  Call call("PUT", &at);
+  if (object_lock) call.headers.push_back("x-amz-bucket-object-lock-enabled: true");
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
   if (Ok(r.head.status)) return {};
   auto doc = ParseS3Error(r.body);
   if (doc && doc->code == "BucketAlreadyOwnedByYou") return {};
@@ -282,21 +287,10 @@ Status S3Client::Get(const S3Location& at, uint64_t offset, std::span<std::byte>
   return {};
 }
 
-Status S3Client::Put(const S3Location& at, std::span<const std::byte> body) {
-  Call call("PUT", &at);
-  call.body = body;
-  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
-  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
-  return {};
-}
+Status S3Client::Put(const S3Location& at, std::span<const std::byte> body) { return Put(at, body, PutOptions{}); }
 
 Status S3Client::PutIfAbsent(const S3Location& at, std::span<const std::byte> body) {
-  Call call("PUT", &at);
-  call.body = body;
-  call.headers.push_back("If-None-Match: *");
-  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
-  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
-  return {};
+  return PutIfAbsent(at, body, PutOptions{});
 }
 
 Status S3Client::Delete(const S3Location& at) {
@@ -332,15 +326,7 @@ Result<std::vector<S3ObjectInfo>> S3Client::List(const S3Location& at, int page_
   }
 }
 
-Result<std::string> S3Client::CreateMultipart(const S3Location& at) {
-  Call call("POST", &at);
-  call.query = "uploads=";
-  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
-  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
-  auto id = ParseInitiateMultipart(r.body);
-  if (!id.ok()) return Error(id.error()).set_path(at.shown());
-  return id;
-}
+Result<std::string> S3Client::CreateMultipart(const S3Location& at) { return CreateMultipart(at, PutOptions{}); }
 
 Result<std::string> S3Client::UploadPart(const S3Location& at, const std::string& upload_id, int part,
                                          std::span<const std::byte> body) {
@@ -420,6 +406,157 @@ Result<std::vector<S3MultipartUpload>> S3Client::ListMultipartUploads(const S3Lo
     key_marker = page->next_key_marker;
     id_marker = page->next_upload_id_marker;
   }
+}
+
+// --- Object Lock (issue 40) ---
+
+namespace {
+
+// The base64 MD5 of `data` (Content-MD5: S3 demands it, or a checksum
+// header, on requests that set retention).
+std::string ContentMd5(std::span<const std::byte> data) {
+  unsigned char digest[16];
+  gnutls_hash_fast(GNUTLS_DIG_MD5, data.data(), data.size(), digest);
+  static constexpr std::string_view kB64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < sizeof digest; i += 3) {
+    const uint32_t n = (uint32_t{digest[i]} << 16) | (i + 1 < sizeof digest ? uint32_t{digest[i + 1]} << 8 : 0) |
+                       (i + 2 < sizeof digest ? uint32_t{digest[i + 2]} : 0);
+    out += kB64[(n >> 18) & 63];
+    out += kB64[(n >> 12) & 63];
+    out += i + 1 < sizeof digest ? kB64[(n >> 6) & 63] : '=';
+    out += i + 2 < sizeof digest ? kB64[n & 63] : '=';
+  }
+  return "Content-MD5: " + out;
+}
+
+std::string VersionQuery(std::string_view name, const std::string& version_id) {
+  return version_id.empty() ? std::string(name) + "=" : Query({{std::string(name), ""}, {"versionId", version_id}});
+}
+
+// The object-lock headers (and the Content-MD5 they require) of a new object.
+void AddLockHeadersTo(const S3Client::PutOptions& options, std::span<const std::byte> body,
+                      std::vector<std::string>& headers) {
+  if (!options.retention) return;
+  headers.push_back("x-amz-object-lock-mode: " + std::string(S3LockModeName(options.retention->mode)));
+  headers.push_back("x-amz-object-lock-retain-until-date: " + S3IsoTime(options.retention->until_unix));
+  headers.push_back(ContentMd5(body));
+}
+
+// A refusal of a retention request: the clear error when the bucket has no
+// Object Lock, else what the answer says.
+Error RetentionRefused(S3Client& client, const HttpReply& r, const S3Location& at) {
+  auto doc = ParseS3Error(r.body);
+  const bool missing = doc && (doc->code == "NoSuchKey" || doc->code == "NoSuchBucket" || doc->code == "NoSuchVersion");
+  if (!missing) {
+    auto enabled = client.GetObjectLockEnabled(at.bucket);
+    if (enabled.ok() && !*enabled) {
+      return Error::InvalidArgument("bucket " + at.bucket +
+                                    " was not created with Object Lock; retention needs a bucket with it enabled "
+                                    "(aws s3api create-bucket --object-lock-enabled-for-bucket)")
+          .set_path(at.shown());
+    }
+  }
+  return S3ErrorFor(r.head.status, r.body, at);
+}
+
+}  // namespace
+
+Result<bool> S3Client::GetObjectLockEnabled(const std::string& bucket) {
+  const S3Location at{bucket, ""};
+  Call call("GET", &at);
+  call.query = "object-lock=";
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (Ok(r.head.status)) {
+    auto enabled = ParseObjectLockConfiguration(r.body);
+    if (!enabled.ok()) return Error(enabled.error()).set_path(at.shown());
+    return enabled;
+  }
+  auto doc = ParseS3Error(r.body);
+  if (doc && (doc->code == "ObjectLockConfigurationNotFoundError" || doc->code == "InvalidRequest")) return false;
+  return S3ErrorFor(r.head.status, r.body, at);
+}
+
+Status S3Client::Put(const S3Location& at, std::span<const std::byte> body, const PutOptions& options) {
+  Call call("PUT", &at);
+  call.body = body;
+  AddLockHeadersTo(options, body, call.headers);
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return options.retention ? RetentionRefused(*this, r, at) : S3ErrorFor(r.head.status, r.body, at);
+  return {};
+}
+
+Status S3Client::PutIfAbsent(const S3Location& at, std::span<const std::byte> body, const PutOptions& options) {
+  Call call("PUT", &at);
+  call.body = body;
+  call.headers.push_back("If-None-Match: *");
+  AddLockHeadersTo(options, body, call.headers);
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (r.head.status == 412 || !options.retention) {
+    if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+  }
+  if (!Ok(r.head.status)) return RetentionRefused(*this, r, at);
+  return {};
+}
+
+Result<std::string> S3Client::CreateMultipart(const S3Location& at, const PutOptions& options) {
+  Call call("POST", &at);
+  call.query = "uploads=";
+  AddLockHeadersTo(options, {}, call.headers);
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return options.retention ? RetentionRefused(*this, r, at) : S3ErrorFor(r.head.status, r.body, at);
+  auto id = ParseInitiateMultipart(r.body);
+  if (!id.ok()) return Error(id.error()).set_path(at.shown());
+  return id;
+}
+
+Status S3Client::PutRetention(const S3Location& at, const S3Retention& retention, const std::string& version_id) {
+  const std::string doc = "<Retention xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Mode>" +
+                          std::string(S3LockModeName(retention.mode)) + "</Mode><RetainUntilDate>" +
+                          S3IsoTime(retention.until_unix) + "</RetainUntilDate></Retention>";
+  Call call("PUT", &at);
+  call.query = VersionQuery("retention", version_id);
+  call.body = std::as_bytes(std::span(doc));
+  call.headers.push_back(ContentMd5(call.body));
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return RetentionRefused(*this, r, at);
+  return {};
+}
+
+Result<S3Retention> S3Client::GetRetention(const S3Location& at, const std::string& version_id) {
+  Call call("GET", &at);
+  call.query = VersionQuery("retention", version_id);
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) {
+    Error refused = RetentionRefused(*this, r, at);  // a bucket without Object Lock first
+    auto doc = ParseS3Error(r.body);
+    const bool none = doc && (doc->code == "NoSuchObjectLockConfiguration" || doc->code == "ObjectLockConfigurationNotFoundError");
+    if (none && refused.code() == ErrorCode::kNotFound) {
+      return Error::NotFound("the object has no retention").set_path(at.shown());
+    }
+    return refused;
+  }
+  auto retention = ParseRetention(r.body);
+  if (!retention.ok()) return Error(retention.error()).set_path(at.shown());
+  return retention;
+}
+
+Status S3Client::DeleteVersion(const S3Location& at, const std::string& version_id) {
+  if (version_id.empty()) return Error::InvalidArgument("DeleteVersion without a version id").set_path(at.shown());
+  Call call("DELETE", &at);
+  call.query = Query({{"versionId", version_id}});
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (Ok(r.head.status)) return {};
+  if (r.head.status == 403) {
+    // S3 says only AccessDenied: the version's retention says why.
+    auto retention = GetRetention(at, version_id);
+    if (retention.ok() && retention->until_unix > static_cast<int64_t>(::time(nullptr))) {
+      return Error::InvalidArgument(at.shown() + " is locked until " + S3IsoTime(retention->until_unix) + " (" +
+                                    std::string(S3LockModeName(retention->mode)) + ")")
+          .set_path(at.shown());
+    }
+  }
+  return S3ErrorFor(r.head.status, r.body, at);
 }
 
 }  // namespace barge

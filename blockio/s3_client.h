@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -82,6 +83,34 @@ class S3Client {
   // The options of a signed HttpClient for ranged reads of objects (the
   // ranged source of s3:// images, blockio/http_source.h).
   const HttpOptions& signed_options() const { return http_; }
+
+  // --- Object Lock (issue 40) ---
+  // A bucket created with Object Lock enabled (and so with versioning):
+  // objects in it can carry retention. Exists already: ok, as it is.
+  Status CreateBucket(const std::string& bucket, bool object_lock);
+  // Whether the bucket has Object Lock enabled; a bucket created without
+  // it: false (not an error). kNotFound for no such bucket.
+  Result<bool> GetObjectLockEnabled(const std::string& bucket);
+  // What a new object carries: retention (S3's x-amz-object-lock-mode and
+  // x-amz-object-lock-retain-until-date), sent with a Content-MD5.
+  struct PutOptions {
+    std::optional<S3Retention> retention;
+  };
+  Status Put(const S3Location& at, std::span<const std::byte> body, const PutOptions& options);
+  Status PutIfAbsent(const S3Location& at, std::span<const std::byte> body, const PutOptions& options);
+  Result<std::string> CreateMultipart(const S3Location& at, const PutOptions& options);
+  // Sets the retention of the object's version `version_id` ("" the
+  // current one). Extending is always allowed; shortening COMPLIANCE
+  // retention is refused by the server (kInvalidArgument, AccessDenied).
+  // On a bucket without Object Lock: kInvalidArgument "bucket B was not
+  // created with Object Lock".
+  Status PutRetention(const S3Location& at, const S3Retention& retention, const std::string& version_id = {});
+  // The version's retention; kNotFound when it has none (or no such
+  // object); the bucket-without-Object-Lock error as PutRetention.
+  Result<S3Retention> GetRetention(const S3Location& at, const std::string& version_id = {});
+  // Deletes one version for good. A version under retention is refused:
+  // kInvalidArgument "s3://B/K is locked until T (COMPLIANCE)".
+  Status DeleteVersion(const S3Location& at, const std::string& version_id);
 
   // Implementation (s3_client.cc).
   struct Call;

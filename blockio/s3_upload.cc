@@ -93,7 +93,7 @@ struct S3Upload::State {
   Result<std::string> UploadId() {
     std::lock_guard lock(create_mu);
     if (upload_id.empty()) {
-      BARGE_ASSIGN_OR_RETURN(upload_id, client.CreateMultipart(at));
+      BARGE_ASSIGN_OR_RETURN(upload_id, client.CreateMultipart(at, {options.retention}));
     }
     return upload_id;
   }
@@ -316,7 +316,8 @@ Status S3Upload::Publish(bool if_absent) {
     // Within the front part: one PUT, no multipart upload.
     s.front.resize(s.size, std::byte{0});
     lock.unlock();
-    Status st = if_absent ? s.client.PutIfAbsent(s.at, s.front) : s.client.Put(s.at, s.front);
+    const S3Client::PutOptions put{s.options.retention};
+    Status st = if_absent ? s.client.PutIfAbsent(s.at, s.front, put) : s.client.Put(s.at, s.front, put);
     lock.lock();
     if (!st.ok()) return st;
     s.published = true;
@@ -344,6 +345,15 @@ Status S3Upload::Publish(bool if_absent) {
     if (there.error().code() != ErrorCode::kNotFound) return std::move(there).error();
   }
   BARGE_RETURN_IF_ERROR(s.client.CompleteMultipart(s.at, id, parts));
+  if (s.options.retention) {
+    // radosgw 16 drops the lock headers of CreateMultipart: the completed
+    // object gets its retention here when it lacks it (a moment without).
+    Result<S3Retention> has = s.client.GetRetention(s.at);
+    if (!has.ok() && has.error().code() != ErrorCode::kNotFound) return std::move(has).error();
+    if (!has.ok() || has->until_unix < s.options.retention->until_unix) {
+      BARGE_RETURN_IF_ERROR(s.client.PutRetention(s.at, *s.options.retention));
+    }
+  }
   lock.lock();
   s.published = true;
   s.bytes_sent += s.front.size();

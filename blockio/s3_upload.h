@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -27,6 +28,11 @@ struct S3UploadOptions {
   uint64_t memory_bytes = 96ull << 20;
   // Parts uploaded at the same time.
   int parts_in_flight = 4;
+  // Retention of the published object (its single PUT or its multipart
+  // upload carries it); the bucket must have Object Lock (else Start's
+  // CreateMultipart or Publish's PUT fails with kInvalidArgument "bucket B
+  // was not created with Object Lock").
+  std::optional<S3Retention> retention = std::nullopt;
   // Tests only: the part size itself (0: from size_hint). The server's
   // minimum (5 MiB on AWS, radosgw's rgw_multipart_min_part_size) still
   // applies to every part but the last.

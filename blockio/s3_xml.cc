@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <ctime>
 
 namespace barge {
 namespace {
@@ -194,6 +195,66 @@ Result<std::string> ParseInitiateMultipart(std::string_view xml) {
   auto id = XmlText(xml, "UploadId");
   if (!id || id->empty()) return Malformed("CreateMultipartUpload");
   return std::move(*id);
+}
+
+// --- Object Lock (issue 40) ---
+
+std::string_view S3LockModeName(S3LockMode mode) {
+  return mode == S3LockMode::kCompliance ? "COMPLIANCE" : "GOVERNANCE";
+}
+
+std::string S3IsoTime(int64_t unix_seconds) {
+  const time_t t = static_cast<time_t>(unix_seconds);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char text[32];
+  strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+std::optional<int64_t> ParseS3IsoTime(std::string_view text) {
+  // YYYY-MM-DDTHH:MM:SS[.fraction][Z]
+  if (text.size() < 19 || text.size() > 40) return std::nullopt;
+  auto field = [&](size_t at, size_t n) { return Number(text.substr(at, n)); };
+  const auto year = field(0, 4), month = field(5, 2), day = field(8, 2);
+  const auto hour = field(11, 2), minute = field(14, 2), second = field(17, 2);
+  if (!year || !month || !day || !hour || !minute || !second || text[4] != '-' || text[7] != '-' ||
+      text[10] != 'T' || text[13] != ':' || text[16] != ':') {
+    return std::nullopt;
+  }
+  if (*year < 1970 || *month < 1 || *month > 12 || *day < 1 || *day > 31 || *hour > 23 || *minute > 59 ||
+      *second > 60) {
+    return std::nullopt;
+  }
+  std::string_view rest = text.substr(19);
+  if (rest.starts_with('.')) {
+    size_t digits = 1;
+    while (digits < rest.size() && std::isdigit(static_cast<unsigned char>(rest[digits]))) ++digits;
+    if (digits == 1) return std::nullopt;
+    rest.remove_prefix(digits);
+  }
+  if (!(rest.empty() || rest == "Z")) return std::nullopt;
+  struct tm tm {};
+  tm.tm_year = static_cast<int>(*year) - 1900;
+  tm.tm_mon = static_cast<int>(*month) - 1;
+  tm.tm_mday = static_cast<int>(*day);
+  tm.tm_hour = static_cast<int>(*hour);
+  tm.tm_min = static_cast<int>(*minute);
+  tm.tm_sec = static_cast<int>(*second);
+  return static_cast<int64_t>(timegm(&tm));
+}
+
+Result<bool> ParseObjectLockConfiguration(std::string_view xml) {
+  if (XmlElements(xml, "ObjectLockConfiguration").empty()) return Malformed("GetObjectLockConfiguration");
+  return XmlText(xml, "ObjectLockEnabled").value_or("") == "Enabled";
+}
+
+Result<S3Retention> ParseRetention(std::string_view xml) {
+  if (XmlElements(xml, "Retention").empty()) return Malformed("GetObjectRetention");
+  const std::string mode = XmlText(xml, "Mode").value_or("");
+  const auto until = ParseS3IsoTime(XmlText(xml, "RetainUntilDate").value_or(""));
+  if ((mode != "COMPLIANCE" && mode != "GOVERNANCE") || !until) return Malformed("GetObjectRetention");
+  return S3Retention{mode == "COMPLIANCE" ? S3LockMode::kCompliance : S3LockMode::kGovernance, *until};
 }
 
 }  // namespace barge

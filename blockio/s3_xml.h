@@ -73,4 +73,29 @@ Result<S3UploadPage> ParseListMultipartUploads(std::string_view xml);
 // The UploadId of an InitiateMultipartUploadResult; kCorruption without one.
 Result<std::string> ParseInitiateMultipart(std::string_view xml);
 
+// --- Object Lock (issue 40) ---
+
+// An object version's retention: until `until_unix` (seconds since the
+// epoch, UTC) it cannot be deleted or overwritten; COMPLIANCE retention
+// cannot be shortened or removed by anyone, GOVERNANCE by a user allowed
+// to bypass it.
+enum class S3LockMode { kCompliance, kGovernance };
+struct S3Retention {
+  S3LockMode mode = S3LockMode::kCompliance;
+  int64_t until_unix = 0;
+};
+std::string_view S3LockModeName(S3LockMode mode);  // "COMPLIANCE", "GOVERNANCE"
+// "YYYY-MM-DDTHH:MM:SSZ" (UTC), as S3 wants it.
+std::string S3IsoTime(int64_t unix_seconds);
+// The inverse, also accepting a fraction of a second and a missing 'Z';
+// nullopt for anything else.
+std::optional<int64_t> ParseS3IsoTime(std::string_view text);
+
+// GetObjectLockConfiguration's answer: whether ObjectLockEnabled is
+// "Enabled". kCorruption for a document that is no ObjectLockConfiguration.
+Result<bool> ParseObjectLockConfiguration(std::string_view xml);
+// GetObjectRetention's answer. kCorruption for no Retention, a mode other
+// than COMPLIANCE/GOVERNANCE or a date ParseS3IsoTime refuses.
+Result<S3Retention> ParseRetention(std::string_view xml);
+
 }  // namespace barge

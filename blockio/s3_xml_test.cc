@@ -202,5 +202,33 @@ TEST(S3ConfigTest, EnvironmentThenCredentialsFile) {
   EXPECT_TRUE(a->access_key_id.empty());
 }
 
+TEST(S3XmlTest, ObjectLockConfigurationAndRetention) {
+  auto on = ParseObjectLockConfiguration(
+      "<ObjectLockConfiguration><ObjectLockEnabled>Enabled</ObjectLockEnabled></ObjectLockConfiguration>");
+  ASSERT_TRUE(on.ok());
+  EXPECT_TRUE(*on);
+  auto off = ParseObjectLockConfiguration("<ObjectLockConfiguration></ObjectLockConfiguration>");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(*off);
+  EXPECT_FALSE(ParseObjectLockConfiguration("<Error/>").ok());
+
+  // radosgw sends nanoseconds.
+  auto r = ParseRetention(
+      "<Retention><Mode>COMPLIANCE</Mode><RetainUntilDate>2026-11-30T12:00:00.000000000Z</RetainUntilDate>"
+      "</Retention>");
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->mode, S3LockMode::kCompliance);
+  EXPECT_EQ(S3IsoTime(r->until_unix), "2026-11-30T12:00:00Z");
+  EXPECT_EQ(ParseS3IsoTime("1970-01-02T00:00:00Z"), 86400);
+  for (const char* bad : {"<Retention><Mode>NONE</Mode><RetainUntilDate>2026-11-30T12:00:00Z</RetainUntilDate></Retention>",
+                          "<Retention><Mode>GOVERNANCE</Mode><RetainUntilDate>tomorrow</RetainUntilDate></Retention>",
+                          "<Retention><Mode>GOVERNANCE</Mode></Retention>", "<RetentionX/>"}) {
+    EXPECT_EQ(ParseRetention(bad).error().code(), ErrorCode::kCorruption) << bad;
+  }
+  for (const char* bad : {"2026-13-01T00:00:00Z", "2026-11-30 12:00:00Z", "2026-11-30T12:00:00.Z", "2026-11-30T12:00:00+01"}) {
+    EXPECT_FALSE(ParseS3IsoTime(bad)) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace barge

@@ -1,8 +1,8 @@
 // Fuzzes the readers of S3 answers (blockio/s3_xml.h) and the error
 // mapping (S3ErrorFor) with what a hostile object store may send: every
 // reader must accept any bytes, and what parses must keep its invariants
-// (part numbers in 1..10000, a truncated page carries where to go on, an
-// error line is one line).
+// (part numbers in 1..10000, a truncated page carries where to go on, a
+// retention date prints and reads back the same, an error line is one line).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -31,6 +31,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   if (auto id = barge::ParseInitiateMultipart(xml); id.ok() && id->empty()) std::abort();
+  (void)barge::ParseObjectLockConfiguration(xml);
+  if (auto retention = barge::ParseRetention(xml); retention.ok()) {
+    // What parses prints back as S3 wants it, and reads back the same.
+    if (barge::ParseS3IsoTime(barge::S3IsoTime(retention->until_unix)) != retention->until_unix) std::abort();
+  }
   const int status = size > 0 ? 400 + data[0] % 200 : 500;
   const barge::Error e = barge::S3ErrorFor(status, xml, barge::S3Location{"bucket", "key"});
   const std::string message = e.message();

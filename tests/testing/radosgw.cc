@@ -154,6 +154,16 @@ Radosgw::~Radosgw() {
   StopChild(mon_pid_, std::chrono::seconds(10));
 }
 
+HttpOptions Radosgw::s3_options() const {
+  HttpOptions o;
+  o.s3.endpoint = endpoint();
+  o.s3.access_key_id = access_key_;
+  o.s3.secret_access_key = secret_key_;
+  o.max_attempts = 3;
+  o.backoff_initial_ms = 50;
+  return o;
+}
+
 std::string Radosgw::client_env() const {
   return "AWS_ACCESS_KEY_ID=" + access_key_ + " AWS_SECRET_ACCESS_KEY=" + secret_key_ +
          " AWS_DEFAULT_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null ";

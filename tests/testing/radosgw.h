@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "blockio/http_client.h"
 #include "tests/testing/testing.h"
 
 namespace barge::testing {
@@ -28,6 +29,9 @@ class Radosgw {
   // The environment a second client (aws, s3cmd) needs, as shell
   // assignments to put before its command: keys, region, no config files.
   std::string client_env() const;
+  // Options for barge's S3Client against this radosgw: its endpoint and
+  // keys, 3 attempts with a 50 ms first backoff (tests fail fast).
+  HttpOptions s3_options() const;
 
  private:
   // One start in folder `d`; false (failure_ set) when a step failed.
