@@ -1,7 +1,9 @@
 // Path names as text: the lexical operations every layer needs (folder and
 // base name, joining, normalizing, "is inside"), without touching the
 // filesystem. What needs the filesystem (resolving links) goes through an
-// Env (blockio/env.h, CanonicalPath).
+// Env (blockio/env.h, CanonicalPath). An "s3://BUCKET/KEY" location
+// (a chain in a bucket, blockio/bucket_env.h) is absolute, its root
+// "s3://BUCKET" (as "/" is a local path's), and keeps its "//".
 #pragma once
 
 #include <string>
