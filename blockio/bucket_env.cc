@@ -425,7 +425,7 @@ Result<Env*> RoutingEnv::For(const std::string& path) {
   if (!IsS3Url(path)) return &target();
   std::lock_guard lock(mu_);
   if (bucket_ == nullptr) {
-    auto made = BucketEnv::Create(http_);
+    auto made = BucketEnv::Create(http_());
     if (!made.ok()) {
       Error e = std::move(made).error();
       if (e.path().empty()) e.set_path(path);

@@ -10,6 +10,7 @@
 // BucketEnv and every other path to the local Env.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,11 +91,13 @@ class BucketEnv : public Env {
   std::set<std::string> held_locks_;                        // lock objects held; guarded by mu_
 };
 
-// s3:// paths to a BucketEnv made on first use from `http` (a failure to
-// make it is every such call's error); every other path to `local`.
+// s3:// paths to a BucketEnv made on first use from the options `http`
+// gives then (endpoint, region and keys: the cli's, read at its edge); a
+// failure to make it is every such call's error. Every other path goes to
+// `local`.
 class RoutingEnv : public EnvWrapper {
  public:
-  RoutingEnv(Env& local, HttpOptions http) : EnvWrapper(local), http_(std::move(http)) {}
+  RoutingEnv(Env& local, std::function<HttpOptions()> http) : EnvWrapper(local), http_(std::move(http)) {}
 
   Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path, const FileOptions& options) override;
   Result<std::unique_ptr<BlockSink>> OpenSink(const std::string& path, SinkMode mode,
@@ -124,7 +127,7 @@ class RoutingEnv : public EnvWrapper {
   // Both paths in one store; kNotSupported across stores.
   Result<Env*> ForBoth(const std::string& a, const std::string& b);
 
-  const HttpOptions http_;
+  const std::function<HttpOptions()> http_;
   std::mutex mu_;
   std::unique_ptr<BucketEnv> bucket_;  // guarded by mu_ until made
 };

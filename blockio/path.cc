@@ -1,4 +1,7 @@
 // Lexical path helpers (no filesystem access; getcwd for AbsolutePath).
+// An "s3://BUCKET/KEY" location (a chain in a bucket, blockio/bucket_env.h)
+// is absolute, its root "s3://BUCKET" (as "/" is a local path's), and
+// keeps its "//".
 #include "blockio/path.h"
 
 #include <unistd.h>

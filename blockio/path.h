@@ -1,9 +1,7 @@
 // Path names as text: the lexical operations every layer needs (folder and
 // base name, joining, normalizing, "is inside"), without touching the
 // filesystem. What needs the filesystem (resolving links) goes through an
-// Env (blockio/env.h, CanonicalPath). An "s3://BUCKET/KEY" location
-// (a chain in a bucket, blockio/bucket_env.h) is absolute, its root
-// "s3://BUCKET" (as "/" is a local path's), and keeps its "//".
+// Env (blockio/env.h, CanonicalPath).
 #pragma once
 
 #include <string>
