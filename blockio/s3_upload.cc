@@ -287,6 +287,7 @@ Status S3Upload::Truncate(uint64_t size_bytes) {
   State& s = *state_;
   std::unique_lock lock(s.mu);
   BARGE_RETURN_IF_ERROR(s.FailedLocked(lock));
+  if (s.published) return Error::NotSupported("the object is already published").set_path(s.shown);
   if (size_bytes < s.size) {
     if (s.filling > 2 && size_bytes < s.PartStart(s.filling)) {
       return Error::NotSupported("objects in a bucket are written front to back: cannot cut to " +
