@@ -50,8 +50,6 @@ TEST(PathTest, InsideComparesWholeComponents) {
   EXPECT_FALSE(IsInsidePath("relative", "/"));
 }
 
-}  // namespace
-}  // namespace barge
 
 // A chain in a bucket (blockio/bucket_env.h): s3:// paths keep their "//",
 // are never taken from the working directory, and their root is the bucket.
@@ -69,3 +67,6 @@ TEST(PathTest, S3LocationsKeepTheirScheme) {
   EXPECT_TRUE(IsInsidePath("s3://bucket/chains/vm1", "s3://bucket/chains"));
   EXPECT_FALSE(IsInsidePath("s3://bucket2/chains", "s3://bucket"));
 }
+
+}  // namespace
+}  // namespace barge
