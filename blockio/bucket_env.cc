@@ -59,8 +59,17 @@ int64_t HttpDateNs(const std::string& text) {
   return static_cast<int64_t>(::timegm(&tm)) * 1000000000;
 }
 
-FileStat Regular(uint64_t size, int64_t mtime_ns) {
+// Device and inode (what tells two names of one file apart, and a
+// backing chain that loops): the object's path, hashed, on a device of
+// its own.
+void Identify(FileStat& st, const S3Location& at) {
+  st.device = 0x5333;  // "S3"
+  st.inode = std::hash<std::string>{}(PathOf(at));
+}
+
+FileStat Regular(const S3Location& at, uint64_t size, int64_t mtime_ns) {
   FileStat st;
+  Identify(st, at);
   st.type = FileStat::Type::kRegular;
   st.size_bytes = size;
   st.mtime_ns = mtime_ns;
@@ -70,8 +79,9 @@ FileStat Regular(uint64_t size, int64_t mtime_ns) {
   return st;
 }
 
-FileStat Folder() {
+FileStat Folder(const S3Location& at) {
   FileStat st;
+  Identify(st, at);
   st.type = FileStat::Type::kDirectory;
   st.mode = 0700;
   st.uid = ::geteuid();
@@ -198,7 +208,7 @@ Result<FileStat> BucketEnv::Stat(const std::string& path) {
   BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(path));
   if (at.key.empty()) {
     auto head = client_->Head(at);
-    if (head.ok() || head.error().code() == ErrorCode::kIoError) return Folder();  // HEAD of a bucket: no length
+    if (head.ok() || head.error().code() == ErrorCode::kIoError) return Folder(at);  // HEAD of a bucket: no length
     if (head.error().code() == ErrorCode::kNotFound) {
       return Error::NotFound("the bucket " + at.bucket + " does not exist").set_path(path);
     }
@@ -207,14 +217,14 @@ Result<FileStat> BucketEnv::Stat(const std::string& path) {
   if (IsTempKey(at.key)) {
     // Only this process's uploads are files; another run's unfinished
     // upload is not (the sweep finds it through ListDir).
-    if (auto staged = FindStaged(PathOf(at))) return Regular(staged->size.load(), 0);
+    if (auto staged = FindStaged(PathOf(at))) return Regular(at, staged->size.load(), 0);
     return Error::NotFound("no such file").set_path(path);
   }
   auto head = client_->Head(at);
-  if (head.ok()) return Regular(head->size, HttpDateNs(head->last_modified));
+  if (head.ok()) return Regular(at, head->size, HttpDateNs(head->last_modified));
   if (head.error().code() != ErrorCode::kNotFound) return head.error();
   BARGE_ASSIGN_OR_RETURN(auto inside, client_->List(S3Location{at.bucket, BucketFolderPrefix(at.key)}, 1));
-  if (!inside.empty()) return Folder();
+  if (!inside.empty()) return Folder(at);
   return head.error();
 }
 
