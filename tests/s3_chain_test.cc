@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <ctime>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -185,6 +186,25 @@ TEST_F(S3ChainTest, KilledBackupLeavesNoPointAndItsUploadIsAborted) {
   EXPECT_EQ(ListedPoints(), 2u);
   EXPECT_FALSE(Has(MultipartUploads(), "UploadId")) << MultipartUploads();
   EXPECT_FALSE(Has(outputs_, rgw_->secret_key()));
+}
+
+// Not done yet (docs/s3.md): a merge renames committed objects, which a
+// bucket cannot do without a server-side copy. Until then it is refused in
+// one line and the chain stays whole.
+TEST_F(S3ChainTest, MergeIsRefusedAndLeavesTheChainWhole) {
+  ASSERT_EQ(Backup().exit_code, 0);
+  testing::RunOk("qemu-io -f raw -c 'write -P 0x5a 40M 1M' " + Q(disk_) + " >/dev/null");
+  ASSERT_EQ(Backup(" --incremental --changed-by digests").exit_code, 0);
+  CommandResult dry = Sh(BargeS3("merge --dry-run " + chain_));
+  std::cerr << "merge --dry-run: " << dry.exit_code << " " << dry.output << "\n";
+  CommandResult merge = Sh(BargeS3("merge " + chain_));
+  std::cerr << "merge: " << merge.exit_code << " " << merge.output << "\n";
+  std::cerr << Keys() << "\n";
+  CommandResult verify = Sh(BargeS3("verify --all " + chain_));
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
+  const std::string out = dir_ / "out.raw";
+  ASSERT_EQ(Sh(BargeS3("restore " + chain_ + " --to " + Q(out))).exit_code, 0);
+  testing::RunOk("qemu-img compare -q -f raw -F raw " + Q(disk_) + " " + Q(out));
 }
 
 }  // namespace
