@@ -280,10 +280,7 @@ Status BucketEnv::PublishStaged(const std::string& from, const std::string& to, 
   BARGE_ASSIGN_OR_RETURN(S3Location src, BucketPathLocation(from));
   BARGE_ASSIGN_OR_RETURN(S3Location dst, BucketPathLocation(to));
   std::shared_ptr<Staged> staged = FindStaged(PathOf(src));
-  if (staged == nullptr) {
-    return Error::NotSupported("objects in a bucket are not renamed or linked (a server-side copy): not yet")
-        .set_path(to);
-  }
+  if (staged == nullptr) return CopyCommitted(src, dst, if_absent);
   if (!(dst.bucket == staged->final_at.bucket && dst.key == staged->final_at.key)) {
     return Error::NotSupported("a staged upload is published only under its own name " +
                                staged->final_at.shown()).set_path(to);
@@ -298,6 +295,24 @@ Status BucketEnv::PublishStaged(const std::string& from, const std::string& to, 
   }
   staged->published = true;
   return OkStatus();
+}
+
+Status BucketEnv::CopyCommitted(const S3Location& from, const S3Location& to, bool if_absent) {
+  BARGE_ASSIGN_OR_RETURN(S3ObjectInfo info, client_->Head(from));
+  if (info.size > kMaxCopiedBytes) {
+    return Error::NotSupported("renaming an object of more than 5 GiB in a bucket (a multipart copy): not yet")
+        .set_path(PathOf(to));
+  }
+  if (if_absent) {
+    // Link never replaces (the chain's lock keeps other writers out
+    // between this HEAD and the copy).
+    auto there = client_->Head(to);
+    if (there.ok()) return Error::Busy("already exists").set_path(PathOf(to));
+    if (there.error().code() != ErrorCode::kNotFound) return there.error();
+  }
+  BARGE_RETURN_IF_ERROR(client_->Copy(from, to));
+  // Link keeps the first name, as link(2) does; Rename removes it.
+  return if_absent ? OkStatus() : client_->Delete(from);
 }
 
 Status BucketEnv::Rename(const std::string& from, const std::string& to) {

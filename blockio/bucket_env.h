@@ -82,6 +82,12 @@ class BucketEnv : public Env {
   // Unfinished multipart uploads of exactly `final_key` (other runs').
   Result<std::vector<std::string>> ForeignUploads(const S3Location& final_at);
   Status PublishStaged(const std::string& from, const std::string& to, bool if_absent);
+  // Rename/Link of a committed object (a merge's ".NAME.merge-new"): a
+  // server-side copy to `to` (when if_absent, only if `to` is missing),
+  // then, for a rename, a delete. Not atomic: the merge journal redoes an
+  // interrupted rename. kNotSupported over kMaxCopiedBytes.
+  Status CopyCommitted(const S3Location& from, const S3Location& to, bool if_absent);
+  static constexpr uint64_t kMaxCopiedBytes = 5ull << 30;
 
   const HttpOptions http_;
   const std::unique_ptr<S3Client> client_;
