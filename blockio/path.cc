@@ -1,8 +1,12 @@
 // Lexical path helpers (no filesystem access; getcwd for AbsolutePath).
+// An "s3://BUCKET/KEY" location (a chain in a bucket, blockio/bucket_env.h)
+// is absolute, its root "s3://BUCKET" (as "/" is a local path's), and
+// keeps its "//".
 #include "blockio/path.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace barge {
@@ -14,10 +18,23 @@ std::string_view TrimTrailingSlashes(std::string_view p) {
   return p;
 }
 
+// The length of "s3://BUCKET" when `path` is an s3:// location (its root,
+// as "/" is a local path's), else 0. Such paths are never relative and
+// keep their "//".
+size_t UrlRootLength(std::string_view path) {
+  if (path.size() < 5 || (path[0] != 's' && path[0] != 'S') || path.substr(1, 4) != "3://") return 0;
+  size_t slash = path.find('/', 5);
+  return slash == std::string_view::npos ? path.size() : slash;
+}
+
 }  // namespace
 
 std::string DirName(std::string_view path) {
   std::string_view p = TrimTrailingSlashes(path);
+  if (size_t root = UrlRootLength(p); root > 0) {
+    auto slash = p.find_last_of('/');
+    return std::string(slash < root ? p.substr(0, root) : TrimTrailingSlashes(p.substr(0, std::max(slash, root))));
+  }
   auto slash = p.find_last_of('/');
   if (slash == std::string_view::npos) return ".";
   std::string_view dir = TrimTrailingSlashes(p.substr(0, slash));
@@ -47,10 +64,14 @@ std::string JoinPath(std::string_view dir, std::string_view name) {
   return out;
 }
 
-bool IsAbsolutePath(std::string_view path) { return !path.empty() && path[0] == '/'; }
+bool IsAbsolutePath(std::string_view path) { return (!path.empty() && path[0] == '/') || UrlRootLength(path) > 0; }
 
 std::string LexicallyNormal(std::string_view path) {
   if (path.empty()) return "";
+  if (size_t root = UrlRootLength(path); root > 0) {
+    std::string rest = LexicallyNormal("/" + std::string(path.substr(root)));
+    return std::string(path.substr(0, root)) + (rest == "/" ? "" : rest);
+  }
   const bool absolute = IsAbsolutePath(path);
   std::vector<std::string_view> parts;
   size_t i = 0;

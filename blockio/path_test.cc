@@ -50,5 +50,23 @@ TEST(PathTest, InsideComparesWholeComponents) {
   EXPECT_FALSE(IsInsidePath("relative", "/"));
 }
 
+
+// A chain in a bucket (blockio/bucket_env.h): s3:// paths keep their "//",
+// are never taken from the working directory, and their root is the bucket.
+TEST(PathTest, S3LocationsKeepTheirScheme) {
+  EXPECT_TRUE(IsAbsolutePath("s3://b/x"));
+  EXPECT_EQ(LexicallyNormal("s3://bucket/chains//vm1/./"), "s3://bucket/chains/vm1");
+  EXPECT_EQ(LexicallyNormal("s3://bucket/"), "s3://bucket");
+  EXPECT_EQ(AbsolutePath("s3://bucket/chains"), "s3://bucket/chains");
+  EXPECT_EQ(DirName("s3://bucket/chains/vm1"), "s3://bucket/chains");
+  EXPECT_EQ(DirName("s3://bucket/chains"), "s3://bucket");
+  EXPECT_EQ(DirName("s3://bucket"), "s3://bucket");
+  EXPECT_EQ(BaseName("s3://bucket/chains/vm1/"), "vm1");
+  EXPECT_EQ(JoinPath("s3://bucket/chains", "vm1"), "s3://bucket/chains/vm1");
+  EXPECT_EQ(JoinPath("/local", "s3://bucket/x"), "s3://bucket/x");
+  EXPECT_TRUE(IsInsidePath("s3://bucket/chains/vm1", "s3://bucket/chains"));
+  EXPECT_FALSE(IsInsidePath("s3://bucket2/chains", "s3://bucket"));
+}
+
 }  // namespace
 }  // namespace barge

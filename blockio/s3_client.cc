@@ -293,6 +293,16 @@ Status S3Client::PutIfAbsent(const S3Location& at, std::span<const std::byte> bo
   return PutIfAbsent(at, body, PutOptions{});
 }
 
+Status S3Client::Copy(const S3Location& from, const S3Location& to) {
+  Call call("PUT", &to);
+  call.headers.push_back("x-amz-copy-source: /" + from.bucket + "/" + S3UriEncode(from.key, /*keep_slash=*/true));
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, r.head.status == 404 ? from : to);
+  // A copy can fail after its 200 (the error document is the body).
+  if (r.body.find("<Error>") != std::string::npos) return S3ErrorFor(500, r.body, to);
+  return {};
+}
+
 Status S3Client::Delete(const S3Location& at) {
   BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(Call("DELETE", &at)));
   if (!Ok(r.head.status) && r.head.status != 404) return S3ErrorFor(r.head.status, r.body, at);

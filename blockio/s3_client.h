@@ -64,6 +64,10 @@ class S3Client {
   // exists, so that two writers never both create it.
   Status PutIfAbsent(const S3Location& at, std::span<const std::byte> body);
   Status Delete(const S3Location& at);  // a missing key is ok (S3's rule)
+  // A server-side copy of `from` to `to` (PUT with x-amz-copy-source), up
+  // to 5 GiB (S3's limit for one copy: kNotSupported above it is the
+  // caller's to say). kNotFound when `from` is missing.
+  Status Copy(const S3Location& from, const S3Location& to);
   // Every object whose key starts with at.key (ListObjectsV2, all pages of
   // up to `page_keys` keys each).
   Result<std::vector<S3ObjectInfo>> List(const S3Location& at, int page_keys = 1000);

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 
+#include "blockio/s3_client.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/group_flag.h"
@@ -138,7 +139,9 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
   req.checkpoint = a.checkpoint;
   req.allow_resize = a.allow_resize;
   req.base = a.base;
-  req.resume = !a.no_resume;
+  // A chain in a bucket is not resumed yet: a killed run's upload is
+  // aborted by the next run's sweep (docs/s3.md).
+  req.resume = !a.no_resume && !IsS3Url(a.target);
   // Said before the copy starts, so a long resumed run shows it at once.
   req.on_resume = [&out](const pipeline::ResumeNote& note) {
     out.text() << pipeline::ResumeNoteText(note);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "blockio/file.h"
+#include "cli/bucket_routing.h"
 #include "cli/common.h"
 #include "cli/interrupt.h"
 #include "cli/output.h"
@@ -219,6 +220,8 @@ int Main(int argc, char** argv) {
     }
   }
   argv = args.data();
+  // s3:// chain folders: their paths go to a BucketEnv, every other to the POSIX Env.
+  std::unique_ptr<ScopedDefaultEnv> routing = InstallBucketRouting(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -7,6 +7,7 @@
 #include "blockio/env.h"
 #include "blockio/s3_config.h"
 
+#include "cli/bucket_routing.h"
 #include "cli/common.h"
 
 namespace barge::cli {
@@ -48,6 +49,7 @@ void AddHttpFlags(CLI::App* app, HttpOptions& options) {
     // A profile the file lacks matters only to s3:// locations: the keys
     // stay empty and the S3 client says how to give them.
     if (auto s3 = ResolveS3Access(o->s3, getenv, read); s3.ok()) o->s3 = std::move(*s3);
+    SetBucketHttpOptions(*o);  // s3:// chain folders use the same settings
   });
 }
 

@@ -1,0 +1,25 @@
+// Chains in buckets (issue 38): the cli makes s3:// locations reach a
+// BucketEnv (blockio/bucket_env.h) through Env::Default(), so every job
+// that takes a folder takes s3://BUCKET/PREFIX, while every other path
+// still goes to the POSIX Env.
+#pragma once
+
+#include <memory>
+
+#include "blockio/env.h"
+#include "blockio/http_client.h"
+
+namespace barge::cli {
+
+// The S3 settings of the command being run (its --s3-endpoint, --ca-file,
+// timeouts, with the environment's keys and region): AddHttpFlags calls it
+// once the flags are parsed. Commands without those flags use the
+// environment's alone.
+void SetBucketHttpOptions(const HttpOptions& options);
+
+// When an s3:// location is among the arguments (a word starting with it,
+// or an option's "=s3://..."), installs a RoutingEnv as Env::Default() for
+// the returned object's lifetime; null otherwise (nothing changes).
+std::unique_ptr<ScopedDefaultEnv> InstallBucketRouting(int argc, char** argv);
+
+}  // namespace barge::cli
