@@ -15,6 +15,13 @@ std::string Get(const GetEnvFn& getenv, const char* name) {
   return v ? *v : std::string();
 }
 
+// The text of an AWS file; "/dev/null" (how users and the tests turn a file
+// off, which the AWS CLI accepts) is an empty one.
+Result<std::string> ReadAwsFile(const ReadFileFn& read_file, const std::string& path) {
+  if (path == "/dev/null") return std::string();
+  return read_file(path);
+}
+
 }  // namespace
 
 Result<AwsKeys> ParseAwsCredentials(std::string_view text, std::string_view profile) {
@@ -103,7 +110,7 @@ Result<S3Access> ResolveS3Access(S3Access flags, const GetEnvFn& getenv, const R
   if (a.endpoint.empty() || a.region.empty()) {
     std::string config = Get(getenv, "AWS_CONFIG_FILE");
     if (config.empty() && !Get(getenv, "HOME").empty()) config = Get(getenv, "HOME") + "/.aws/config";
-    auto text = config.empty() ? Result<std::string>(Error::NotFound("no HOME")) : read_file(config);
+    auto text = config.empty() ? Result<std::string>(Error::NotFound("no HOME")) : ReadAwsFile(read_file, config);
     if (!text.ok() && text.error().code() != ErrorCode::kNotFound) return Error(text.error()).set_path(config);
     if (text.ok()) {
       auto profile = ParseAwsConfig(*text, named_profile.empty() ? "default" : named_profile);
@@ -125,7 +132,7 @@ Result<S3Access> ResolveS3Access(S3Access flags, const GetEnvFn& getenv, const R
     if (home.empty()) return a;
     file = home + "/.aws/credentials";
   }
-  auto text = read_file(file);
+  auto text = ReadAwsFile(read_file, file);
   if (!text.ok()) {
     if (text.error().code() == ErrorCode::kNotFound && named_profile.empty()) return a;
     return Error(text.error()).set_path(file);

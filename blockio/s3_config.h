@@ -47,7 +47,8 @@ using ReadFileFn = std::function<Result<std::string>(const std::string& path)>;
 // endpoint_url; region AWS_REGION, then AWS_DEFAULT_REGION, then the
 // profile's region. The config file is AWS_CONFIG_FILE ($HOME/.aws/config),
 // read only when the endpoint or the region is still unset; a missing file
-// is no error, a malformed or unreadable one is (naming the file). The
+// is no error, a malformed or unreadable one is (naming the file);
+// "/dev/null" for either file reads as an empty file. The
 // profile is AWS_PROFILE ("default") there too. Virtual-host addressing when
 // AWS_S3_ADDRESSING_STYLE=virtual (path style otherwise); keys AWS_ACCESS_KEY_ID and
 // AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN), else the profile

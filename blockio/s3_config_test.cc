@@ -115,6 +115,16 @@ TEST_F(ResolveFromFilesTest, FlagThenEnvironmentThenConfigFileThenDefault) {
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->region, "me-south-1");
 
+  env_["AWS_CONFIG_FILE"] = "/dev/null";
+  env_["AWS_SHARED_CREDENTIALS_FILE"] = "/dev/null";
+  env_.erase("AWS_PROFILE");
+  a = Resolve();
+  ASSERT_TRUE(a.ok()) << "/dev/null is an empty file: " << a.error().ToString();
+  EXPECT_EQ(a->region, "");
+  EXPECT_EQ(a->access_key_id, "");
+  env_.erase("AWS_SHARED_CREDENTIALS_FILE");
+  env_["AWS_PROFILE"] = "other";
+
   env_["AWS_CONFIG_FILE"] = dir_ / "missing";
   a = Resolve();
   ASSERT_TRUE(a.ok()) << "a missing config file is no error";
