@@ -50,15 +50,16 @@ void AddHttpFlags(CLI::App* app, HttpOptions& options) {
       return v == nullptr ? std::nullopt : std::optional<std::string>(v);
     };
     auto read = [](const std::string& path) { return Env::Default().ReadFile(path, 1 << 20); };
-    // A profile the credentials file lacks matters only to s3://
-    // locations: the keys stay empty and the S3 client says how to give
-    // them. A malformed or unreadable file is a usage error of a command
-    // given an s3:// location, and no matter to the others.
+    // A profile the credentials file lacks (NotFound) matters only to
+    // s3:// locations: the keys stay empty and the S3 client says how to
+    // give them. A malformed or unreadable file is a usage error of a
+    // command given an s3:// location, and no matter to the others.
     auto s3 = ResolveS3Access(o->s3, getenv, read);
     if (s3.ok()) {
       o->s3 = std::move(*s3);
       return;
     }
+    if (s3.error().code() == ErrorCode::kNotFound) return;
     for (const CLI::Option* option : app->get_options()) {
       for (const std::string& given : option->results()) {
         if (IsS3Url(given)) throw CLI::ValidationError(s3.error().path() + ": " + s3.error().message());
