@@ -67,8 +67,10 @@ Result<AwsConfigProfile> ParseAwsConfig(std::string_view text, std::string_view 
     const auto bad = [number](const char* what) {
       return Error::InvalidArgument("line " + std::to_string(number) + ": " + what + " (not an AWS config file)");
     };
-    for (char c : raw) {
-      if (static_cast<unsigned char>(c) < ' ' && c != '\t' && c != '\r') return bad("a control character");
+    for (size_t i = 0; i < raw.size(); ++i) {  // tabs, and a CR ending the line (CRLF files), are no harm
+      const char c = raw[i];
+      const bool line_end = c == '\r' && i + 1 == raw.size();
+      if (static_cast<unsigned char>(c) < ' ' && c != '\t' && !line_end) return bad("a control character");
     }
     const std::string_view line = Trim(raw);
     if (line.empty() || line.front() == '#' || line.front() == ';') continue;

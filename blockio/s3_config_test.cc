@@ -46,6 +46,7 @@ TEST(AwsConfigTest, MalformedTextIsAnErrorNamingTheLineNotItsText) {
       {"  region = x\n", "line 1: an indented line before"},
       {"[default]\nregion = a\x01secret\n", "line 2: a control character"},
       {"[default]\n= value\n", "line 2: neither"},
+      {"[default]\nregion = a\rb\n", "line 2: a control character"},  // found by s3_config_fuzzer
   };
   for (const auto& c : cases) {
     auto r = ParseAwsConfig(c.text, "default");
