@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -315,13 +316,20 @@ void HttpClient::Perform(Handle& handle, uint64_t first, uint64_t last, std::spa
   a.code = PerformWith(c, OnHeader, OnBody, &a, a.curl_error);
 }
 
-void HttpClient::Backoff(int failed_attempts) {
+bool HttpClient::Backoff(int failed_attempts, std::chrono::steady_clock::time_point start) {
+  if (failed_attempts >= options_.max_attempts) return false;
   thread_local std::mt19937 rng{std::random_device{}()};
   const int shift = std::min(failed_attempts - 1, 20);
   const int64_t ceiling = std::min<int64_t>(options_.backoff_max_ms, int64_t{options_.backoff_initial_ms} << shift);
   // Half fixed, half random: connections that failed together spread out.
   std::uniform_int_distribution<int64_t> jitter(ceiling / 2, std::max<int64_t>(ceiling / 2, ceiling));
-  std::this_thread::sleep_for(std::chrono::milliseconds(jitter(rng)));
+  const auto pause = std::chrono::milliseconds(jitter(rng));
+  if (options_.retry_deadline_ms > 0 &&
+      std::chrono::steady_clock::now() + pause > start + std::chrono::milliseconds(options_.retry_deadline_ms)) {
+    return false;
+  }
+  std::this_thread::sleep_for(pause);
+  return true;
 }
 
 namespace {
@@ -366,6 +374,20 @@ std::optional<Error> FinalError(const HttpClient::Attempt& a, const HttpOptions&
   }
 }
 
+using Clock = std::chrono::steady_clock;
+
+int64_t MsSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+}
+
+// "gave up after N attempts[ what] in S s", the start of every message
+// after the last retry.
+std::string GaveUp(int attempts, std::string_view what, Clock::time_point start) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.1f", static_cast<double>(MsSince(start)) / 1000.0);
+  return "gave up after " + std::to_string(attempts) + " attempts" + std::string(what) + " in " + seconds + " s";
+}
+
 // Why a retryable attempt failed, for the message after the last one.
 std::string RetryReason(const HttpClient::Attempt& a) {
   if (!a.refused.empty()) return "the server sent " + a.refused;
@@ -381,6 +403,7 @@ std::string RetryReason(const HttpClient::Attempt& a) {
 
 Result<HttpObject> HttpClient::Probe() {
   std::byte first_byte[1];
+  const auto start = Clock::now();
   for (int failures = 0;;) {
     auto handle = Acquire();
     Attempt a;
@@ -417,12 +440,9 @@ Result<HttpObject> HttpClient::Probe() {
       obj.length_bytes = *h.content_length;
       return obj;
     }
-    if (++failures >= options_.max_attempts) {
-      return Error::IoError("no answer after " + std::to_string(failures) + " attempts: " + RetryReason(a))
-          .set_path(shown_url_)
-          .set_retryable(true);
+    if (!Backoff(++failures, start)) {
+      return Error::IoError(GaveUp(failures, "", start) + ": " + RetryReason(a)).set_path(shown_url_).set_retryable(true);
     }
-    Backoff(failures);
   }
 }
 
@@ -432,6 +452,7 @@ Status HttpClient::ReadRange(const HttpObject& expect, uint64_t offset, std::spa
     return Error::InvalidArgument("read past the end of the remote file").set_path(shown_url_).set_range(offset, out.size());
   }
   uint64_t done = 0;
+  auto start = Clock::now();
   for (int failures = 0; done < out.size();) {
     auto handle = Acquire();
     Attempt a;
@@ -447,15 +468,16 @@ Status HttpClient::ReadRange(const HttpObject& expect, uint64_t offset, std::spa
           .set_range(offset, out.size());
     }
     if (auto e = FinalError(a, options_)) return e->set_path(shown_url_).set_range(offset, out.size());
-    if (a.received > 0) failures = 0;  // progress: a cut, resumed at the byte
-    if (++failures >= options_.max_attempts) {
-      return Error::IoError("gave up after " + std::to_string(failures) + " attempts without progress: " +
-                            RetryReason(a))
+    if (a.received > 0) {  // progress: a cut, resumed at the byte
+      failures = 0;
+      start = Clock::now();
+    }
+    if (!Backoff(++failures, start)) {
+      return Error::IoError(GaveUp(failures, " without progress", start) + ": " + RetryReason(a))
           .set_path(shown_url_)
           .set_range(offset + done, out.size() - done)
           .set_retryable(true);
     }
-    Backoff(failures);
   }
   return {};
 }
@@ -495,6 +517,7 @@ Result<HttpReply> HttpClient::Send(const HttpRequest& request) {
   const std::string& url = request.url.empty() ? url_ : request.url;
   const std::string shown = request.url.empty() ? shown_url_ : RedactHttpUrl(url);
   BARGE_RETURN_IF_ERROR(CheckHttpUrl(url));
+  const auto start = Clock::now();
   for (int failures = 0;;) {
     auto handle = Acquire();
     Attempt a;  // for FinalError's view of the transport
@@ -517,24 +540,25 @@ Result<HttpReply> HttpClient::Send(const HttpRequest& request) {
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, nullptr);
     Release(std::move(handle));
     st.reply.attempts = failures + 1;
+    st.reply.elapsed_ms = MsSince(start);
     if (a.code == CURLE_OK && !RetryableStatus(st.reply.head.status)) return std::move(st.reply);
     if (a.code != CURLE_OK) {
       a.head = st.reply.head;
       a.head.status = 0;  // transport only: the status is judged by the caller
       if (auto e = FinalError(a, options_)) return e->set_path(shown);
     }
-    if (++failures >= options_.max_attempts) {
+    if (!Backoff(++failures, start)) {
       if (a.code == CURLE_OK) return std::move(st.reply);  // the caller reads the 5xx
-      return Error::IoError("no answer after " + std::to_string(failures) + " attempts: " +
+      return Error::IoError(GaveUp(failures, "", start) + ": " +
                             (a.curl_error[0] != '\0' ? std::string(a.curl_error) : std::string(curl_easy_strerror(a.code))))
           .set_path(shown)
           .set_retryable(true);
     }
-    Backoff(failures);
   }
 }
 
 Status HttpClient::ReadWhole(const HttpObject& expect, const ChunkWriter& write) {
+  const auto start = Clock::now();
   for (int failures = 0;;) {
     auto handle = Acquire();
     Attempt a;
@@ -547,14 +571,13 @@ Status HttpClient::ReadWhole(const HttpObject& expect, const ChunkWriter& write)
     if (auto e = FinalError(a, options_)) return e->set_path(shown_url_);
     // Every attempt starts again from byte 0: progress does not reset the
     // count, or a server that always cuts would be read forever.
-    if (++failures >= options_.max_attempts) {
-      return Error::IoError("gave up after " + std::to_string(failures) +
-                            " attempts (the server serves no byte ranges, so each one starts again from the "
-                            "first byte): " + RetryReason(a))
+    if (!Backoff(++failures, start)) {
+      return Error::IoError(GaveUp(failures, "", start) +
+                            " (the server serves no byte ranges, so each one starts again from the first byte): " +
+                            RetryReason(a))
           .set_path(shown_url_)
           .set_retryable(true);
     }
-    Backoff(failures);
   }
 }
 

@@ -5,6 +5,7 @@
 // (blockio/s3_client.h) sends its signed requests through Send().
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,6 +67,11 @@ struct HttpOptions {
   int max_attempts = 6;
   int backoff_initial_ms = 200;  // doubled per failed attempt, with jitter
   int backoff_max_ms = 10000;
+  // The time one request may spend retrying, from its first attempt (or
+  // its last progress): no retry starts whose backoff would end later, and
+  // the error then says "gave up after N attempts in S s". 0 = no bound
+  // but max_attempts. An attempt under way is bounded by the timeouts.
+  int retry_deadline_ms = 120000;
   int max_redirects = 5;  // more is refused as a redirect loop
   // AWS Signature V4 of every request (libcurl's CURLOPT_AWS_SIGV4, e.g.
   // "aws:amz:us-east-1:s3") with the keys of `s3`; "" = unsigned. Set by
@@ -104,6 +110,7 @@ struct HttpReply {
   std::string body;
   std::vector<std::string> header_lines;  // every "Name: value" of the final head
   int attempts = 0;                       // requests made, the first included
+  int64_t elapsed_ms = 0;                 // from the first attempt to this answer
 };
 
 // What the server said about the object on the first request.
@@ -168,7 +175,10 @@ class HttpClient {
   void Release(std::unique_ptr<Handle> handle);
   // One request for [first, last] of the object into `out`; fills `attempt`.
   void Perform(Handle& handle, uint64_t first, uint64_t last, std::span<std::byte> out, Attempt& attempt);
-  void Backoff(int failed_attempts);
+  // Sleeps before the next attempt and returns true, or returns false at
+  // once when none is left: `failed_attempts` reached max_attempts, or the
+  // backoff would end past retry_deadline_ms after `start`.
+  bool Backoff(int failed_attempts, std::chrono::steady_clock::time_point start);
 
   const std::string url_;
   const std::string shown_url_;

@@ -5,6 +5,7 @@
 #include <gnutls/crypto.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <cctype>
 #include <ctime>
@@ -155,7 +156,7 @@ Error S3ErrorFor(int status, std::string_view body, const S3Location& at) {
   }
   if (status == 404) return named(Error::NotFound("no such object, or no bucket " + at.bucket + tag));
   if (code == "SlowDown" || status >= 500 || status == 429 || status == 408) {
-    return named(Error::IoError("the object store kept failing after retries" + tag).set_retryable(true));
+    return named(Error::IoError("the object store kept failing" + tag).set_retryable(true));
   }
   std::string message = doc && !doc->message.empty() ? ": " + doc->message.substr(0, 200) : "";
   for (char& c : message) {
@@ -231,6 +232,16 @@ Result<HttpReply> S3Client::Do(const Call& call) {
   req.range = call.range;
   auto reply = client_->Send(req);
   if (!reply.ok()) return Error(reply.error()).set_path(call.at->shown());
+  const int s = reply->head.status;
+  if (s >= 500 || s == 429 || s == 408) {  // still failing after Send's retries
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f", static_cast<double>(reply->elapsed_ms) / 1000.0);
+    const Error e = S3ErrorFor(s, reply->body, *call.at);
+    return Error::IoError("gave up after " + std::to_string(reply->attempts) + " attempts in " + seconds +
+                          " s: " + std::string(e.message()))
+        .set_path(call.at->shown())
+        .set_retryable(true);
+  }
   return reply;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "blockio/env.h"
+#include "blockio/s3_client.h"
 #include "blockio/s3_config.h"
 
 #include "cli/bucket_routing.h"
@@ -39,17 +40,30 @@ void AddHttpFlags(CLI::App* app, HttpOptions& options) {
                   "s3:// source: the object store's URL, http(s)://HOST[:PORT] (default: AWS_ENDPOINT_URL, else "
                   "AWS in AWS_REGION); keys from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials")
       ->type_name("URL");
+  app->add_option("--s3-region", options.s3.region,
+                  "s3:// source: the store's region, signed into every request (default: AWS_REGION, "
+                  "AWS_DEFAULT_REGION, the profile's region in ~/.aws/config, else us-east-1)")
+      ->type_name("REGION");
   // The environment is read here, at the edge, once the flags are known.
-  app->parse_complete_callback([o] {
+  app->parse_complete_callback([o, app] {
     auto getenv = [](const std::string& name) -> std::optional<std::string> {
       const char* v = std::getenv(name.c_str());
       return v == nullptr ? std::nullopt : std::optional<std::string>(v);
     };
     auto read = [](const std::string& path) { return Env::Default().ReadFile(path, 1 << 20); };
-    // A profile the file lacks matters only to s3:// locations: the keys
-    // stay empty and the S3 client says how to give them.
-    if (auto s3 = ResolveS3Access(o->s3, getenv, read); s3.ok()) o->s3 = std::move(*s3);
+    // A profile the credentials file lacks (NotFound) matters only to
+    // s3:// locations: the keys stay empty and the S3 client says how to
+    // give them. A malformed or unreadable file is a usage error of a
+    // command given an s3:// location, and no matter to the others.
+    auto s3 = ResolveS3Access(o->s3, getenv, read);
+    if (s3.ok()) o->s3 = std::move(*s3);
     SetBucketHttpOptions(*o);  // s3:// chain folders use the same settings
+    if (s3.ok() || s3.error().code() == ErrorCode::kNotFound) return;
+    for (const CLI::Option* option : app->get_options()) {
+      for (const std::string& given : option->results()) {
+        if (IsS3Url(given)) throw CLI::ValidationError(s3.error().path() + ": " + s3.error().message());
+      }
+    }
   });
 }
 

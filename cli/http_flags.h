@@ -1,7 +1,8 @@
 // Flags of every command that reads http(s):// URLs and s3:// objects: the
 // authorities TLS verifies the server with, a netrc file or a header file of
-// credentials, the stall timeout, the S3 endpoint; S3 keys and region come from the
-// environment (blockio/s3_config.h), read once the flags are parsed.
+// credentials, the stall timeout, the S3 endpoint and region; S3 keys and the
+// rest come from the environment and the AWS files (blockio/s3_config.h),
+// read once the flags are parsed.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,8 +12,8 @@
 
 namespace barge::cli {
 
-// Registers --ca-file, --netrc-file, --header-file, --http-timeout and
-// --s3-endpoint on `app`, filling `options` (which must outlive the parse),
+// Registers --ca-file, --netrc-file, --header-file, --http-timeout,
+// --s3-endpoint and --s3-region on `app`, filling `options` (which must outlive the parse),
 // and fills options.s3 from the environment after parsing. The files are
 // read and checked when the source opens (pipeline::HttpOptionsFor).
 void AddHttpFlags(CLI::App* app, HttpOptions& options);

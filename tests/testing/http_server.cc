@@ -10,7 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -179,6 +182,47 @@ void FaultProxy::AcceptLoop() {
   }
 }
 
+namespace {
+
+// Counts the requests in one connection's client bytes: a head up to its
+// blank line, then Content-Length bytes of body (barge sends no chunked
+// bodies).
+class RequestCounter {
+ public:
+  // The heads completed by `n` more bytes.
+  int Feed(const char* p, size_t n) {
+    int heads = 0;
+    while (n > 0) {
+      if (body_left_ > 0) {
+        const size_t skip = static_cast<size_t>(std::min<uint64_t>(body_left_, n));
+        body_left_ -= skip;
+        p += skip;
+        n -= skip;
+        continue;
+      }
+      head_ += *p++;
+      --n;
+      if (!head_.ends_with("\r\n\r\n")) continue;
+      ++heads;
+      std::string lower = head_;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (size_t at = lower.find("\r\ncontent-length:"); at != std::string::npos) {
+        body_left_ = std::strtoull(lower.c_str() + at + 17, nullptr, 10);
+      }
+      head_.clear();
+    }
+    return heads;
+  }
+  // Between requests: no head or body part-way.
+  bool idle() const { return head_.empty() && body_left_ == 0; }
+
+ private:
+  std::string head_;
+  uint64_t body_left_ = 0;
+};
+
+}  // namespace
+
 void FaultProxy::Serve(int client) {
   Mode mode = Mode::kPass;
   uint64_t after = 0;
@@ -195,11 +239,26 @@ void FaultProxy::Serve(int client) {
     }
   }
   if (mode != Mode::kPass) ++faults_;
-  if (mode == Mode::k503) {
-    char buf[4096];
-    pollfd p{client, POLLIN, 0};
-    if (::poll(&p, 1, 2000) > 0) (void)::recv(client, buf, sizeof buf, 0);
-    const std::string answer = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  if (mode == Mode::k503 || mode == Mode::k500) {
+    // The whole request first (a PUT's body too): closing on unread bytes
+    // would reset the connection before the client reads the answer.
+    RequestCounter counter;
+    char buf[65536];
+    for (int heads = 0; heads == 0 || !counter.idle();) {
+      pollfd p{client, POLLIN, 0};
+      const ssize_t n = ::poll(&p, 1, 2000) > 0 ? ::recv(client, buf, sizeof buf, 0) : 0;
+      if (n <= 0) break;
+      heads += counter.Feed(buf, static_cast<size_t>(n));
+    }
+    ++requests_;
+    const bool slow = mode == Mode::k503;
+    const std::string body = std::string("<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>") +
+                             (slow ? "SlowDown" : "InternalError") + "</Code><Message>" +
+                             (slow ? "Please reduce your request rate." : "We encountered an internal error.") +
+                             "</Message></Error>";
+    const std::string answer = std::string(slow ? "HTTP/1.1 503 Slow Down" : "HTTP/1.1 500 Internal Server Error") +
+                               "\r\nContent-Type: application/xml\r\nContent-Length: " + std::to_string(body.size()) +
+                               "\r\nConnection: close\r\n\r\n" + body;
     WriteAll(client, answer.data(), answer.size());
     ::close(client);
     return;
@@ -215,6 +274,8 @@ void FaultProxy::Serve(int client) {
     return;
   }
   uint64_t answered = 0;  // bytes of the answer passed on
+  uint64_t asked = 0;     // bytes of the request passed on
+  RequestCounter counter;
   char buf[65536];
   bool done = false;
   while (!done && !stop_) {
@@ -222,13 +283,23 @@ void FaultProxy::Serve(int client) {
     if (::poll(p, 2, 50) <= 0) continue;
     if (p[0].revents != 0) {
       ssize_t n = ::recv(client, buf, sizeof buf, 0);
-      if (n <= 0 || !WriteAll(up, buf, static_cast<size_t>(n))) done = true;
+      size_t pass = n > 0 ? static_cast<size_t>(n) : 0;
+      const bool cut = mode == Mode::kCutRequest && asked + pass > after;
+      if (cut) pass = static_cast<size_t>(after - asked);
+      requests_ += counter.Feed(buf, pass);
+      if (n <= 0 || !WriteAll(up, buf, pass)) done = true;
+      asked += pass;
+      bytes_up_ += pass;
+      if (cut) {
+        if (before_cut) before_cut();
+        done = true;
+      }
     }
     if (!done && p[1].revents != 0) {
       ssize_t n = ::recv(up, buf, sizeof buf, 0);
       if (n <= 0) break;
       size_t pass = static_cast<size_t>(n);
-      const bool crosses = mode != Mode::kPass && answered + pass > after;
+      const bool crosses = mode != Mode::kPass && mode != Mode::kCutRequest && answered + pass > after;
       if (crosses && mode == Mode::kCorrupt) {
         buf[after - answered] ^= 0x5a;
         mode = Mode::kPass;
@@ -237,6 +308,7 @@ void FaultProxy::Serve(int client) {
       }
       if (!WriteAll(client, buf, pass)) break;
       answered += pass;
+      bytes_down_ += pass;
       if (crosses && mode == Mode::kCut) {
         if (before_cut) before_cut();
         done = true;

@@ -56,11 +56,14 @@ class Nginx {
   std::string failure_;
 };
 
-// A TCP proxy on 127.0.0.1 in front of `upstream_port`. The first `times`
-// connections after Set() get the fault, later ones pass untouched.
+// A TCP proxy on 127.0.0.1 in front of `upstream_port` (nginx, radosgw),
+// served by threads of the test process, stopped in the destructor. The
+// first `times` connections after Set() get the fault, later ones pass
+// untouched; the faults that answer themselves close their connection, so
+// for them a connection is one request ("the next K requests").
 class FaultProxy {
  public:
-  enum class Mode { kPass, kCut, kStall, k503, kCorrupt };
+  enum class Mode { kPass, kCut, kStall, k503, kCorrupt, kCutRequest, k500 };
   explicit FaultProxy(int upstream_port);
   ~FaultProxy();
   FaultProxy(const FaultProxy&) = delete;
@@ -68,10 +71,18 @@ class FaultProxy {
 
   // kCut: closes both sides once `after_bytes` of the answer went through
   // (after calling `before_cut`, if set); kStall: sends nothing more for
-  // `stall_ms` after that, then closes; k503: answers 503 without asking
-  // upstream; kCorrupt: flips the byte at `after_bytes` of the answer.
+  // `stall_ms` after that, then closes; k503: answers "503 Slow Down" with
+  // S3's XML error body (Code SlowDown) without asking upstream; k500:
+  // answers 500 (Code InternalError) likewise; kCorrupt: flips the byte at
+  // `after_bytes` of the answer; kCutRequest: passes `after_bytes` of the
+  // request (head and body: a PUT cut mid-body), then closes both sides.
   void Set(Mode mode, uint64_t after_bytes, int times, std::function<void()> before_cut = {}, int stall_ms = 4000);
   int faults() const { return faults_.load(); }
+  // Requests seen (heads from clients, those answered here included) and
+  // bytes passed each way, since the start.
+  int requests() const { return requests_.load(); }
+  uint64_t bytes_to_server() const { return bytes_up_.load(); }
+  uint64_t bytes_to_client() const { return bytes_down_.load(); }
   int port() const { return port_; }
   std::string url(const std::string& path) const;
 
@@ -84,6 +95,8 @@ class FaultProxy {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> faults_{0};
+  std::atomic<int> requests_{0};
+  std::atomic<uint64_t> bytes_up_{0}, bytes_down_{0};
   std::mutex mu_;
   Mode mode_ = Mode::kPass;  // guarded by mu_, with the fields below
   uint64_t after_bytes_ = 0;
