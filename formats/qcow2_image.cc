@@ -74,6 +74,10 @@ SourceCapabilities Qcow2Image::capabilities() const {
   SourceCapabilities caps;
   caps.has_extents = true;
   caps.preferred_request_bytes = std::max<uint32_t>(256 * 1024, header_.cluster_size());
+  // A file read over the network (an object in a bucket, an https image)
+  // answers each read after a round trip: the copy keeps as many reads in
+  // flight as the file has streams (pipeline/copy.cc, ArenaThreads).
+  caps.blocking_read_streams = file_->capabilities().blocking_read_streams;
   return caps;
 }
 
