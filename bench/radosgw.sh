@@ -125,7 +125,7 @@ rgw_start() {
   for try in 1 2 3; do
     if rgw_start_once "$WORK/rgw$try" "$mem"; then return 0; fi
     echo "radosgw: try $try did not come up:" >&2
-    tail -5 "$WORK/rgw$try/log/"*.log >&2 || true
+    tail -n 5 "$WORK/rgw$try/log/"*.log >&2 || true
     rgw_stop
   done
   die "radosgw did not start (logs above)"
