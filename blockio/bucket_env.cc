@@ -229,8 +229,12 @@ Result<std::unique_ptr<BlockSink>> BucketEnv::OpenSink(const std::string& path, 
 Result<FileStat> BucketEnv::Stat(const std::string& path) {
   BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(path));
   if (at.key.empty()) {
+    if (KnownFolder(PathOf(at))) return Folder(at);
     auto head = client_->Head(at);
-    if (head.ok() || head.error().code() == ErrorCode::kIoError) return Folder(at);  // HEAD of a bucket: no length
+    if (head.ok() || head.error().code() == ErrorCode::kIoError) {  // HEAD of a bucket: no length
+      if (head.ok()) SawFolder(PathOf(at));
+      return Folder(at);
+    }
     if (head.error().code() == ErrorCode::kNotFound) {
       return Error::NotFound("the bucket " + at.bucket + " does not exist").set_path(path);
     }
@@ -251,11 +255,15 @@ Result<FileStat> BucketEnv::Stat(const std::string& path) {
     default:
       break;
   }
+  if (KnownFolder(PathOf(at))) return Folder(at);
   auto head = client_->Head(at);
   if (head.ok()) return Regular(at, head->size, HttpDateNs(head->last_modified));
   if (head.error().code() != ErrorCode::kNotFound) return head.error();
-  BARGE_ASSIGN_OR_RETURN(auto inside, client_->List(S3Location{at.bucket, BucketFolderPrefix(at.key)}, 1));
-  if (!inside.empty()) return Folder(at);
+  BARGE_ASSIGN_OR_RETURN(auto inside, client_->List(S3Location{at.bucket, BucketFolderPrefix(at.key)}, 1, 1));
+  if (!inside.empty()) {
+    SawFolder(PathOf(at));
+    return Folder(at);
+  }
   return head.error();
 }
 
@@ -266,6 +274,8 @@ Result<std::vector<std::string>> BucketEnv::ListDir(const std::string& dir) {
   if (objects.empty()) {
     auto st = Stat(dir);  // kNotFound for a missing folder
     if (!st.ok()) return st.error();
+  } else {
+    SawFolder(PathOf(at));
   }
   std::set<std::string> names;
   Listing listing;
@@ -316,6 +326,19 @@ int BucketEnv::FromListing(const S3Location& at, Listed* out) {
 void BucketEnv::Forget() {
   std::lock_guard lock(mu_);
   listings_.clear();
+  // A bucket is never removed by barge: only folders go.
+  std::erase_if(folders_, [](const auto& f) { return f.first.find('/', 5) != std::string::npos; });
+}
+
+bool BucketEnv::KnownFolder(const std::string& path) {
+  std::lock_guard lock(mu_);
+  auto it = folders_.find(path);
+  return it != folders_.end() && std::chrono::steady_clock::now() - it->second < kListingTtl;
+}
+
+void BucketEnv::SawFolder(const std::string& path) {
+  std::lock_guard lock(mu_);
+  folders_[path] = std::chrono::steady_clock::now();
 }
 
 Status BucketEnv::CreateDir(const std::string& dir, uint32_t) {

@@ -113,8 +113,13 @@ class BucketEnv : public Env {
   // The fresh listing's answer for `at` (a key in a listed folder):
   // 1 found (*out set), 0 known absent, -1 unknown.
   int FromListing(const S3Location& at, Listed* out);
-  // Drops every listing (after any change made through this Env).
+  // Drops every listing and every folder seen but the buckets (after any
+  // change made through this Env).
   void Forget();
+  // Whether folder (or bucket) `path` was seen to exist under kListingTtl
+  // ago; SawFolder records it.
+  bool KnownFolder(const std::string& path);
+  void SawFolder(const std::string& path);
 
 
   const HttpOptions http_;
@@ -124,6 +129,7 @@ class BucketEnv : public Env {
   std::set<std::string> local_locks_;                       // temporaries locked; guarded by mu_
   std::set<std::string> held_locks_;                        // lock objects held; guarded by mu_
   std::map<std::string, Listing> listings_;                 // by folder path; guarded by mu_
+  std::map<std::string, std::chrono::steady_clock::time_point> folders_;  // seen, by path; guarded by mu_
 };
 
 // s3:// paths to a BucketEnv made on first use from the options `http`
