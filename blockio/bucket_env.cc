@@ -59,6 +59,14 @@ int64_t HttpDateNs(const std::string& text) {
   return static_cast<int64_t>(::timegm(&tm)) * 1000000000;
 }
 
+// A listing's LastModified ("2026-11-29T11:41:02.000Z") in nanoseconds,
+// whole seconds as a HEAD's Last-Modified gives; 0 when unreadable.
+int64_t IsoDateNs(const std::string& text) {
+  std::tm tm{};
+  if (::strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr) return 0;
+  return static_cast<int64_t>(::timegm(&tm)) * 1000000000;
+}
+
 // Device and inode (what tells two names of one file apart, and a
 // backing chain that loops): the object's path, hashed, on a device of
 // its own.
@@ -87,6 +95,13 @@ FileStat Folder(const S3Location& at) {
   st.uid = ::geteuid();
   st.gid = ::getegid();
   return st;
+}
+
+// The folder path and name of a non-empty key: "s3://b/d", "x" for "d/x".
+std::pair<std::string, std::string> SplitKey(const S3Location& at) {
+  const size_t slash = at.key.find_last_of('/');
+  if (slash == std::string::npos) return {PathOf(S3Location{at.bucket, ""}), at.key};
+  return {PathOf(S3Location{at.bucket, at.key.substr(0, slash)}), at.key.substr(slash + 1)};
 }
 
 // A lock with nothing to release, or a callback on release.
@@ -176,6 +191,13 @@ std::shared_ptr<BucketEnv::Staged> BucketEnv::FindStaged(const std::string& path
 Result<std::unique_ptr<BlockSource>> BucketEnv::OpenSource(const std::string& path, const FileOptions&) {
   BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(path));
   if (IsTempKey(at.key)) return Error::NotFound("an unfinished upload is not readable").set_path(path);
+  Listed listed;
+  if (FromListing(at, &listed) == 1 && listed.stat.type == FileStat::Type::kRegular && !listed.etag.empty()) {
+    // Known from the listing: no HEAD. The ETag still guards every read.
+    BARGE_ASSIGN_OR_RETURN(HttpSourceOpened opened,
+                           OpenS3SourceKnown(PathOf(at), http_, listed.stat.size_bytes, listed.etag));
+    return std::move(opened.source);
+  }
   BARGE_ASSIGN_OR_RETURN(HttpSourceOpened opened, OpenS3Source(PathOf(at), http_));
   return std::move(opened.source);
 }
@@ -207,8 +229,12 @@ Result<std::unique_ptr<BlockSink>> BucketEnv::OpenSink(const std::string& path, 
 Result<FileStat> BucketEnv::Stat(const std::string& path) {
   BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(path));
   if (at.key.empty()) {
+    if (KnownFolder(PathOf(at))) return Folder(at);
     auto head = client_->Head(at);
-    if (head.ok() || head.error().code() == ErrorCode::kIoError) return Folder(at);  // HEAD of a bucket: no length
+    if (head.ok() || head.error().code() == ErrorCode::kIoError) {  // HEAD of a bucket: no length
+      if (head.ok()) SawFolder(PathOf(at));
+      return Folder(at);
+    }
     if (head.error().code() == ErrorCode::kNotFound) {
       return Error::NotFound("the bucket " + at.bucket + " does not exist").set_path(path);
     }
@@ -220,11 +246,24 @@ Result<FileStat> BucketEnv::Stat(const std::string& path) {
     if (auto staged = FindStaged(PathOf(at))) return Regular(at, staged->size.load(), 0);
     return Error::NotFound("no such file").set_path(path);
   }
+  Listed listed;
+  switch (FromListing(at, &listed)) {
+    case 1:
+      return listed.stat;
+    case 0:
+      return Error::NotFound("no such file").set_path(path);
+    default:
+      break;
+  }
+  if (KnownFolder(PathOf(at))) return Folder(at);
   auto head = client_->Head(at);
   if (head.ok()) return Regular(at, head->size, HttpDateNs(head->last_modified));
   if (head.error().code() != ErrorCode::kNotFound) return head.error();
-  BARGE_ASSIGN_OR_RETURN(auto inside, client_->List(S3Location{at.bucket, BucketFolderPrefix(at.key)}, 1));
-  if (!inside.empty()) return Folder(at);
+  BARGE_ASSIGN_OR_RETURN(auto inside, client_->List(S3Location{at.bucket, BucketFolderPrefix(at.key)}, 1, 1));
+  if (!inside.empty()) {
+    SawFolder(PathOf(at));
+    return Folder(at);
+  }
   return head.error();
 }
 
@@ -235,12 +274,24 @@ Result<std::vector<std::string>> BucketEnv::ListDir(const std::string& dir) {
   if (objects.empty()) {
     auto st = Stat(dir);  // kNotFound for a missing folder
     if (!st.ok()) return st.error();
+  } else {
+    SawFolder(PathOf(at));
   }
   std::set<std::string> names;
+  Listing listing;
+  listing.taken = std::chrono::steady_clock::now();
   for (const auto& o : objects) {
     std::string rest = o.key.substr(prefix.size());
     if (rest.empty()) continue;  // the folder's marker
-    names.insert(rest.substr(0, rest.find('/')));
+    const size_t slash = rest.find('/');
+    std::string name = rest.substr(0, slash);
+    if (slash == std::string::npos) {
+      // An object wins over a folder of the same name, as in Stat.
+      listing.names[name] = Listed{Regular(S3Location{at.bucket, o.key}, o.size, IsoDateNs(o.last_modified)), o.etag};
+    } else {
+      listing.names.emplace(name, Listed{Folder(S3Location{at.bucket, prefix + name}), {}});
+    }
+    names.insert(std::move(name));
   }
   BARGE_ASSIGN_OR_RETURN(auto uploads, client_->ListMultipartUploads(S3Location{at.bucket, prefix}));
   for (const auto& u : uploads) {
@@ -249,7 +300,45 @@ Result<std::vector<std::string>> BucketEnv::ListDir(const std::string& dir) {
     std::string temp = "." + rest + ".barge-tmp";
     if (FindStaged(JoinPath(PathOf(at), temp)) == nullptr) names.insert(std::move(temp));
   }
+  {
+    std::lock_guard lock(mu_);
+    listings_[PathOf(at)] = std::move(listing);
+  }
   return std::vector<std::string>(names.begin(), names.end());
+}
+
+int BucketEnv::FromListing(const S3Location& at, Listed* out) {
+  if (at.key.empty()) return -1;
+  auto [folder, name] = SplitKey(at);
+  std::lock_guard lock(mu_);
+  auto it = listings_.find(folder);
+  if (it == listings_.end()) return -1;
+  if (std::chrono::steady_clock::now() - it->second.taken >= kListingTtl) {
+    listings_.erase(it);
+    return -1;
+  }
+  auto found = it->second.names.find(name);
+  if (found == it->second.names.end()) return 0;
+  *out = found->second;
+  return 1;
+}
+
+void BucketEnv::Forget() {
+  std::lock_guard lock(mu_);
+  listings_.clear();
+  // A bucket is never removed by barge: only folders go.
+  std::erase_if(folders_, [](const auto& f) { return f.first.find('/', 5) != std::string::npos; });
+}
+
+bool BucketEnv::KnownFolder(const std::string& path) {
+  std::lock_guard lock(mu_);
+  auto it = folders_.find(path);
+  return it != folders_.end() && std::chrono::steady_clock::now() - it->second < kListingTtl;
+}
+
+void BucketEnv::SawFolder(const std::string& path) {
+  std::lock_guard lock(mu_);
+  folders_[path] = std::chrono::steady_clock::now();
 }
 
 Status BucketEnv::CreateDir(const std::string& dir, uint32_t) {
@@ -259,6 +348,7 @@ Status BucketEnv::CreateDir(const std::string& dir, uint32_t) {
     return st.ok() ? OkStatus() : Status(st.error());
   }
   // A zero-byte marker "KEY/" (the console's convention): an empty folder exists.
+  Forget();
   return client_->Put(S3Location{at.bucket, at.key + "/"}, {});
 }
 
@@ -270,6 +360,7 @@ Result<std::string> BucketEnv::CreateTempDir(const std::string& parent, std::str
     std::string name(prefix);
     for (int i = 0; i < 6; ++i) name += kChars[random() % (sizeof(kChars) - 1)];
     const std::string key = BucketFolderPrefix(at.key) + name;
+    Forget();
     Status made = client_->PutIfAbsent(S3Location{at.bucket, key + "/"}, {});
     if (made.ok()) return PathOf(S3Location{at.bucket, key});
     if (made.error().code() != ErrorCode::kBusy || attempt == 8) return made.error();
@@ -287,6 +378,7 @@ Status BucketEnv::PublishStaged(const std::string& from, const std::string& to, 
   }
   std::lock_guard lock(staged->mu);
   if (staged->published) return Error::InvalidArgument("already published").set_path(to);
+  Forget();
   Status s = staged->upload->Publish(if_absent);
   if (!s.ok()) {
     Error e = std::move(s).error();
@@ -298,6 +390,7 @@ Status BucketEnv::PublishStaged(const std::string& from, const std::string& to, 
 }
 
 Status BucketEnv::CopyCommitted(const S3Location& from, const S3Location& to, bool if_absent) {
+  Forget();
   BARGE_ASSIGN_OR_RETURN(S3ObjectInfo info, client_->Head(from));
   if (info.size > kMaxCopiedBytes) {
     return Error::NotSupported("renaming an object of more than 5 GiB in a bucket (a multipart copy): not yet")
@@ -342,6 +435,7 @@ Result<std::vector<std::string>> BucketEnv::ForeignUploads(const S3Location& fin
 
 Status BucketEnv::Unlink(const std::string& path) {
   BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(path));
+  Forget();
   const std::string final_key = BucketFinalKeyOfTemp(at.key);
   if (!final_key.empty()) {
     std::shared_ptr<Staged> staged;
@@ -377,6 +471,7 @@ Status BucketEnv::RemoveDir(const std::string& dir) {
   BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(dir));
   if (at.key.empty()) return Error::NotSupported("a bucket is not removed by barge").set_path(dir);
   const std::string prefix = BucketFolderPrefix(at.key);
+  Forget();
   BARGE_ASSIGN_OR_RETURN(auto objects, client_->List(S3Location{at.bucket, prefix}));
   if (objects.empty()) return Error::NotFound("no such folder").set_path(dir);
   for (const auto& o : objects) {
@@ -424,16 +519,19 @@ Result<std::unique_ptr<EnvLock>> BucketEnv::LockFile(const std::string& path, co
   S3LockOptions o;
   o.busy_message = options.busy_message;
   o.wait = options.wait;
+  Forget();  // the lock object comes and goes
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<S3Lock> held, S3Lock::Acquire(*client_, at, o));
   {
     std::lock_guard lock(mu_);
     held_locks_.insert(name);
+    listings_.clear();
   }
   return std::unique_ptr<EnvLock>(new BucketLock(
       name,
       [this, name] {
         std::lock_guard lock(mu_);
         held_locks_.erase(name);
+        listings_.clear();
       },
       std::move(held)));
 }

@@ -10,6 +10,7 @@
 // BucketEnv and every other path to the local Env.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -48,12 +49,18 @@ class BucketEnv : public Env {
   // of its final name. kNotSupported otherwise.
   Result<std::unique_ptr<BlockSink>> OpenSink(const std::string& path, SinkMode mode,
                                               const FileOptions& options) override;
+  // A name in a folder listed less than kListingTtl ago (and not changed
+  // through this Env since) is answered from that listing, with no request:
+  // its size and Last-Modified, or NotFound. Otherwise HEAD (then a LIST
+  // for a folder).
   Result<FileStat> Stat(const std::string& path) override;
   Result<FileStat> StatNoFollow(const std::string& path) override { return Stat(path); }
   // Objects and sub-folders directly in `dir`, sorted, plus
   // ".NAME.barge-tmp" for each unfinished multipart upload of a key NAME
   // in it that this process does not write (a killed run's: the sweep of
-  // stale temporaries aborts it through LockFile and Unlink).
+  // stale temporaries aborts it through LockFile and Unlink). Remembers
+  // the objects' sizes and ETags for Stat and OpenSource (the listing
+  // cache, docs/s3.md).
   Result<std::vector<std::string>> ListDir(const std::string& dir) override;
   Status CreateDir(const std::string& dir, uint32_t mode) override;
   Result<std::string> CreateTempDir(const std::string& parent, std::string_view prefix) override;
@@ -89,12 +96,40 @@ class BucketEnv : public Env {
   Status CopyCommitted(const S3Location& from, const S3Location& to, bool if_absent);
   static constexpr uint64_t kMaxCopiedBytes = 5ull << 30;
 
+  // The listing cache. Other writers exist (another host's run, a user's
+  // aws s3 rm), so an entry lives kListingTtl only; what keeps a chain job
+  // correct is the chain's lock, not the cache: every writer of a chain
+  // folder holds it, and this Env's own changes (publish, copy, delete,
+  // folder, lock) drop the cache at once. Object bytes are never cached.
+  static constexpr std::chrono::milliseconds kListingTtl{2000};
+  struct Listed {
+    FileStat stat;
+    std::string etag;  // objects only
+  };
+  struct Listing {
+    std::chrono::steady_clock::time_point taken;
+    std::map<std::string, Listed> names;  // directly inside, by name
+  };
+  // The fresh listing's answer for `at` (a key in a listed folder):
+  // 1 found (*out set), 0 known absent, -1 unknown.
+  int FromListing(const S3Location& at, Listed* out);
+  // Drops every listing and every folder seen but the buckets (after any
+  // change made through this Env).
+  void Forget();
+  // Whether folder (or bucket) `path` was seen to exist under kListingTtl
+  // ago; SawFolder records it.
+  bool KnownFolder(const std::string& path);
+  void SawFolder(const std::string& path);
+
+
   const HttpOptions http_;
   const std::unique_ptr<S3Client> client_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Staged>> staged_;  // by temporary path; guarded by mu_
   std::set<std::string> local_locks_;                       // temporaries locked; guarded by mu_
   std::set<std::string> held_locks_;                        // lock objects held; guarded by mu_
+  std::map<std::string, Listing> listings_;                 // by folder path; guarded by mu_
+  std::map<std::string, std::chrono::steady_clock::time_point> folders_;  // seen, by path; guarded by mu_
 };
 
 // s3:// paths to a BucketEnv made on first use from the options `http`

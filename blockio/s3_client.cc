@@ -324,7 +324,7 @@ Status S3Client::Delete(const S3Location& at) {
   return {};
 }
 
-Result<std::vector<S3ObjectInfo>> S3Client::List(const S3Location& at, int page_keys) {
+Result<std::vector<S3ObjectInfo>> S3Client::List(const S3Location& at, int page_keys, size_t limit) {
   const S3Location bucket{at.bucket, ""};
   std::vector<S3ObjectInfo> out;
   std::string token;
@@ -339,7 +339,7 @@ Result<std::vector<S3ObjectInfo>> S3Client::List(const S3Location& at, int page_
     auto page = ParseListObjectsV2(r.body);
     if (!page.ok()) return Error(page.error()).set_path(at.shown());
     for (auto& o : page->objects) out.push_back(std::move(o));
-    if (!page->truncated) return out;
+    if (!page->truncated || (limit > 0 && out.size() >= limit)) return out;
     if (page->next_token == token || pages > 1000000) {
       return Error::Corruption("the object store's listing does not advance").set_path(at.shown());
     }

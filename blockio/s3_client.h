@@ -69,8 +69,10 @@ class S3Client {
   // caller's to say). kNotFound when `from` is missing.
   Status Copy(const S3Location& from, const S3Location& to);
   // Every object whose key starts with at.key (ListObjectsV2, all pages of
-  // up to `page_keys` keys each).
-  Result<std::vector<S3ObjectInfo>> List(const S3Location& at, int page_keys = 1000);
+  // up to `page_keys` keys each); with `limit` > 0, no further page once
+  // `limit` objects came (one page of one key says whether a prefix holds
+  // anything).
+  Result<std::vector<S3ObjectInfo>> List(const S3Location& at, int page_keys = 1000, size_t limit = 0);
 
   // Multipart upload: parts 1..10000, each but the last at least the
   // server's minimum (5 MiB on AWS).

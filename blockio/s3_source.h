@@ -17,4 +17,10 @@ namespace barge {
 // bucket or a prefix ending in '/').
 Result<HttpSourceOpened> OpenS3Source(const std::string& url, const HttpOptions& options);
 
+// The same for an object already known (a listing gave its size and ETag):
+// no HEAD. Every read still requires that ETag (a changed object is
+// kCorruption); a missing one is the first read's kNotFound.
+Result<HttpSourceOpened> OpenS3SourceKnown(const std::string& url, const HttpOptions& options, uint64_t size,
+                                           const std::string& etag);
+
 }  // namespace barge

@@ -88,6 +88,14 @@ TEST_F(S3ClientTest, ListFollowsContinuationTokens) {
   auto all = client_->List({bucket_, ""});
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->size(), 6u);
+  // A limit stops after the page that reached it: one key, one request.
+  auto first = client_->List({bucket_, "p/"}, 1, 1);
+  ASSERT_TRUE(first.ok()) << first.error().ToString();
+  ASSERT_EQ(first->size(), 1u);
+  EXPECT_EQ((*first)[0].key, "p/0");
+  auto three = client_->List({bucket_, "p/"}, 2, 3);
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(three->size(), 4u) << "whole pages: two of two keys";
 }
 
 TEST_F(S3ClientTest, ConditionalCreateTwiceSaysItExists) {
