@@ -223,6 +223,43 @@ with open(out, "w") as f:
 EOF
 }
 
+# dirty_percent DISK PERCENT SEED OUT.json: overwrites PERCENT of the disk's 64 KiB
+# clusters (runs of 1..16 clusters; half random, half text-like bytes) and
+# writes the changed ranges as a barge extents file.
+dirty_percent() {
+  python3 - "$@" <<'EOF'
+import json, os, random, sys
+path, percent, seed, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+cluster = 64 << 10
+size = os.path.getsize(path)
+clusters = size // cluster
+rng = random.Random(seed)
+target = int(clusters * percent / 100)
+chosen = set()
+while len(chosen) < target:
+    start = rng.randrange(clusters)
+    for c in range(start, min(clusters, start + rng.randint(1, 16))):
+        if len(chosen) < target:
+            chosen.add(c)
+text = (b"changed block of a guest file system, fairly compressible text %d\n" % seed) * 1024
+extents = []
+with open(path, "r+b") as f:
+    for c in sorted(chosen):
+        data = rng.randbytes(cluster) if c % 2 else text[:cluster]
+        f.seek(c * cluster)
+        f.write(data)
+        if extents and extents[-1]["offset"] + extents[-1]["length"] == c * cluster:
+            extents[-1]["length"] += cluster
+        else:
+            extents.append({"offset": c * cluster, "length": cluster})
+    f.flush()
+    os.fsync(f.fileno())
+with open(out, "w") as f:
+    json.dump({"format": "barge-extents", "version": 1, "virtual_size": size, "extents": extents}, f)
+print(f"dirtied {len(chosen)} of {clusters} clusters ({len(extents)} runs)")
+EOF
+}
+
 # make_chain DISK TARGET INCREMENTS: a full backup of raw DISK into TARGET
 # (chain "disk"), then INCREMENTS incrementals, each after `dirty` rewrote
 # 5% of DISK; sets CHAIN.

@@ -29,42 +29,6 @@ make_workdir
 print_machine
 echo "incr-size:  $INCR_SIZE (1% dirty incremental vs full)"
 
-# dirty DISK PERCENT SEED OUT.json: overwrites PERCENT of the disk's 64 KiB
-# clusters (runs of 1..16 clusters; half random, half text-like bytes) and
-# writes the changed ranges as a barge extents file.
-dirty() {
-  python3 - "$@" <<'EOF'
-import json, os, random, sys
-path, percent, seed, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-cluster = 64 << 10
-size = os.path.getsize(path)
-clusters = size // cluster
-rng = random.Random(seed)
-target = int(clusters * percent / 100)
-chosen = set()
-while len(chosen) < target:
-    start = rng.randrange(clusters)
-    for c in range(start, min(clusters, start + rng.randint(1, 16))):
-        if len(chosen) < target:
-            chosen.add(c)
-text = (b"changed block of a guest file system, fairly compressible text %d\n" % seed) * 1024
-extents = []
-with open(path, "r+b") as f:
-    for c in sorted(chosen):
-        data = rng.randbytes(cluster) if c % 2 else text[:cluster]
-        f.seek(c * cluster)
-        f.write(data)
-        if extents and extents[-1]["offset"] + extents[-1]["length"] == c * cluster:
-            extents[-1]["length"] += cluster
-        else:
-            extents.append({"offset": c * cluster, "length": cluster})
-    f.flush()
-    os.fsync(f.fileno())
-with open(out, "w") as f:
-    json.dump({"format": "barge-extents", "version": 1, "virtual_size": size, "extents": extents}, f)
-print(f"dirtied {len(chosen)} of {clusters} clusters ({len(extents)} runs)")
-EOF
-}
 
 # backup_image ARGS...: runs barge backup into $TARGET/disk, prints the new
 # image's path (images are named NNNN-TIME.qcow2: the last one sorts last).
@@ -81,7 +45,7 @@ TARGET=$WORK/backups
 LAYERS=()
 LAYERS+=("$(backup_image --source "$DISK" --source-format raw --target "$TARGET" --name disk)")
 for i in 1 2 3 4 5; do
-  dirty "$DISK" 5 "$((SEED * 100 + i))" "$WORK/dirty$i.json"
+  dirty_percent "$DISK" 5 "$((SEED * 100 + i))" "$WORK/dirty$i.json"
   LAYERS+=("$(backup_image --source "$DISK" --source-format raw --target "$TARGET" --name disk \
     --incremental --dirty-extents "$WORK/dirty$i.json")")
 done
@@ -149,7 +113,7 @@ for run in $(runs); do
   prepare_cache "$mode" "$DISK2"; echo " [$CACHE_HOW, run $run of $REPEAT]"
   measure barge-full-backup "$mode" "$WORK/b2" -- \
     "$BARGE" backup --source "$DISK2" --source-format raw --target "$WORK/b2" --name disk
-  dirty "$DISK2" 1 "$((SEED * 1000 + 7 + run))" "$WORK/dirty-1pct.json"
+  dirty_percent "$DISK2" 1 "$((SEED * 1000 + 7 + run))" "$WORK/dirty-1pct.json"
   prepare_cache "$mode" "$DISK2"
   measure barge-incr-1pct "$mode" "$WORK/b2" -- \
     "$BARGE" backup --source "$DISK2" --source-format raw --target "$WORK/b2" --name disk \

@@ -69,34 +69,6 @@ $S3 mb s3://bench > /dev/null
 export RESTIC_PASSWORD=bench RESTIC_CACHE_DIR=$WORK/restic-cache
 RESTIC_REPO=s3:$RGW_URL/bench/restic
 
-# dirty_percent DISK PERCENT SEED OUT.json: rewrites PERCENT% of the 64 KiB
-# clusters (runs of 1..16) with random bytes; the changed ranges as an
-# extents file.
-dirty_percent() {
-  python3 - "$@" <<'EOF'
-import json, os, random, sys
-path, percent, seed, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-cluster = 64 << 10
-size = os.path.getsize(path)
-clusters = size // cluster
-rng = random.Random(seed)
-chosen = set()
-while len(chosen) < clusters * percent / 100:
-    start = rng.randrange(clusters)
-    chosen.update(range(start, min(clusters, start + rng.randint(1, 16))))
-extents = []
-with open(path, "r+b") as f:
-    for c in sorted(chosen):
-        f.seek(c * cluster)
-        f.write(rng.randbytes(cluster))
-        if extents and extents[-1]["offset"] + extents[-1]["length"] == c * cluster:
-            extents[-1]["length"] += cluster
-        else:
-            extents.append({"offset": c * cluster, "length": cluster})
-with open(out, "w") as f:
-    json.dump({"format": "barge-extents", "version": 1, "virtual_size": size, "extents": extents}, f)
-EOF
-}
 
 # ops_delta LABEL -- CMD...: measure CMD (as lib.sh's measure) and record the
 # requests and bytes it cost the server in $WORK/ops.tsv.
