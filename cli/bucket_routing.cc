@@ -1,7 +1,6 @@
 // s3:// locations routed to a BucketEnv (cli/bucket_routing.h).
 #include "cli/bucket_routing.h"
 
-#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -9,6 +8,7 @@
 #include "blockio/bucket_env.h"
 #include "blockio/s3_client.h"
 #include "blockio/s3_config.h"
+#include "cli/http_flags.h"
 
 namespace barge::cli {
 
@@ -21,12 +21,7 @@ std::optional<HttpOptions> g_options;  // guarded by g_mu
 // reads them for a command without its flags.
 HttpOptions FromEnvironment() {
   HttpOptions o;
-  auto getenv = [](const std::string& name) -> std::optional<std::string> {
-    const char* v = std::getenv(name.c_str());
-    return v == nullptr ? std::nullopt : std::optional<std::string>(v);
-  };
-  auto read = [](const std::string& path) { return PosixEnv().ReadFile(path, 1 << 20); };
-  if (auto s3 = ResolveS3Access(o.s3, getenv, read); s3.ok()) o.s3 = std::move(*s3);
+  if (auto s3 = ResolveS3AccessFromEnvironment(o.s3); s3.ok()) o.s3 = std::move(*s3);
   return o;
 }
 

@@ -13,6 +13,15 @@
 
 namespace barge::cli {
 
+Result<S3Access> ResolveS3AccessFromEnvironment(const S3Access& flags) {
+  auto getenv = [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    return v == nullptr ? std::nullopt : std::optional<std::string>(v);
+  };
+  auto read = [](const std::string& path) { return PosixEnv().ReadFile(path, 1 << 20); };
+  return ResolveS3Access(flags, getenv, read);
+}
+
 void AddHttpFlags(CLI::App* app, HttpOptions& options) {
   app->add_option("--ca-file", options.ca_file,
                   "https:// source: PEM file of the authorities to verify the server with (default: the "
@@ -46,16 +55,11 @@ void AddHttpFlags(CLI::App* app, HttpOptions& options) {
       ->type_name("REGION");
   // The environment is read here, at the edge, once the flags are known.
   app->parse_complete_callback([o, app] {
-    auto getenv = [](const std::string& name) -> std::optional<std::string> {
-      const char* v = std::getenv(name.c_str());
-      return v == nullptr ? std::nullopt : std::optional<std::string>(v);
-    };
-    auto read = [](const std::string& path) { return Env::Default().ReadFile(path, 1 << 20); };
     // A profile the credentials file lacks (NotFound) matters only to
     // s3:// locations: the keys stay empty and the S3 client says how to
     // give them. A malformed or unreadable file is a usage error of a
     // command given an s3:// location, and no matter to the others.
-    auto s3 = ResolveS3Access(o->s3, getenv, read);
+    auto s3 = ResolveS3AccessFromEnvironment(o->s3);
     if (s3.ok()) o->s3 = std::move(*s3);
     SetBucketHttpOptions(*o);  // s3:// chain folders use the same settings
     if (s3.ok() || s3.error().code() == ErrorCode::kNotFound) return;

@@ -18,6 +18,10 @@ namespace barge::cli {
 // read and checked when the source opens (pipeline::HttpOptionsFor).
 void AddHttpFlags(CLI::App* app, HttpOptions& options);
 
+// ResolveS3Access of `flags` with this process's environment and the AWS
+// files read through the POSIX Env: the one place the cli reads them.
+Result<S3Access> ResolveS3AccessFromEnvironment(const S3Access& flags);
+
 struct HttpFlags {
   HttpOptions options;
 
