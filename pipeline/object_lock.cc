@@ -24,8 +24,9 @@ Status CheckNotLocked(Env& env, const std::vector<std::string>& paths) {
     BARGE_ASSIGN_OR_RETURN(std::optional<S3Retention> held, bucket->ActiveRetention(path));
     if (!held) continue;
     BARGE_ASSIGN_OR_RETURN(std::string shown, bucket->RealPath(path));
-    return Error::InvalidArgument(shown + " is locked until " + S3IsoTime(held->until_unix) + " (" +
-                                  std::string(S3LockModeName(held->mode)) + "): nothing was changed")
+    return Error::InvalidArgument("locked until " + S3IsoTime(held->until_unix) + " (" +
+                                  std::string(S3LockModeName(held->mode)) +
+                                  ", S3 Object Lock): nothing was changed")
         .set_path(shown);
   }
   return OkStatus();

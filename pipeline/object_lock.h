@@ -20,9 +20,9 @@ namespace barge::pipeline {
 std::vector<std::string> PointFiles(const std::string& chain_dir, const formats::BackupManifest& m);
 
 // Refuses, before anything changes, a job that would delete or replace one
-// of `paths` while it is retained: kInvalidArgument "s3://B/K is locked
-// until 2026-11-30T12:00:00Z (COMPLIANCE)" for the first such path (exit
-// 1). Asks the store (one request per object in a bucket with Object Lock,
+// of `paths` while it is retained: kInvalidArgument naming the first such
+// path, "locked until 2026-11-30T12:00:00Z (COMPLIANCE, S3 Object Lock):
+// nothing was changed" (exit 1). Asks the store (one request per object in a bucket with Object Lock,
 // one per bucket without); changes nothing.
 Status CheckNotLocked(Env& env, const std::vector<std::string>& paths);
 
