@@ -213,7 +213,12 @@ Result<std::unique_ptr<BlockSink>> BucketEnv::OpenSink(const std::string& path, 
   }
   auto staged = std::make_shared<Staged>();
   staged->final_at = S3Location{at.bucket, final_key};
-  BARGE_ASSIGN_OR_RETURN(staged->upload, S3Upload::Start(*client_, staged->final_at));
+  S3UploadOptions upload;
+  {
+    std::lock_guard lock(mu_);
+    upload.retention = retention_;
+  }
+  BARGE_ASSIGN_OR_RETURN(staged->upload, S3Upload::Start(*client_, staged->final_at, upload));
   std::shared_ptr<Staged> replaced;
   {
     std::lock_guard lock(mu_);
@@ -542,10 +547,87 @@ Result<std::unique_ptr<EnvLock>> BucketEnv::LockImage(const std::string& path, I
   return std::unique_ptr<EnvLock>(new BucketLock(PathOf(at), nullptr));
 }
 
+Result<bool> BucketEnv::LockEnabled(const std::string& bucket) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = lock_enabled_.find(bucket); it != lock_enabled_.end()) return it->second;
+  }
+  BARGE_ASSIGN_OR_RETURN(bool enabled, client_->GetObjectLockEnabled(bucket));
+  std::lock_guard lock(mu_);
+  lock_enabled_[bucket] = enabled;
+  return enabled;
+}
+
+namespace {
+
+Error NoObjectLock(const std::string& bucket, const std::string& path) {
+  return Error::InvalidArgument("bucket " + bucket +
+                                " was not created with Object Lock; retention needs a bucket with it enabled "
+                                "(aws s3api create-bucket --object-lock-enabled-for-bucket)")
+      .set_path(path);
+}
+
+}  // namespace
+
+Status BucketEnv::SetRetention(const std::string& path, std::optional<S3Retention> retention) {
+  BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(path));
+  if (retention) {
+    auto enabled = LockEnabled(at.bucket);
+    if (!enabled.ok()) return Error(enabled.error()).set_path(path);
+    if (!*enabled) return NoObjectLock(at.bucket, path);
+  }
+  std::lock_guard lock(mu_);
+  retention_ = retention;
+  return OkStatus();
+}
+
+Result<std::optional<S3Retention>> BucketEnv::ActiveRetention(const std::string& path) {
+  BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(path));
+  BARGE_ASSIGN_OR_RETURN(bool enabled, LockEnabled(at.bucket));
+  if (!enabled || at.key.empty()) return std::optional<S3Retention>();
+  auto got = client_->GetRetention(at);
+  if (!got.ok()) {
+    if (got.error().code() == ErrorCode::kNotFound) return std::optional<S3Retention>();
+    return got.error();
+  }
+  if (got->until_unix <= static_cast<int64_t>(::time(nullptr))) return std::optional<S3Retention>();
+  return std::optional<S3Retention>(*got);
+}
+
+Status BucketEnv::ExtendRetention(const std::string& path, const S3Retention& retention) {
+  BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(path));
+  BARGE_ASSIGN_OR_RETURN(bool enabled, LockEnabled(at.bucket));
+  if (!enabled) return NoObjectLock(at.bucket, path);
+  BARGE_ASSIGN_OR_RETURN(std::optional<S3Retention> now, ActiveRetention(path));
+  S3Retention wanted = retention;
+  if (now) {
+    if (now->until_unix >= retention.until_unix) return OkStatus();
+    if (now->mode == S3LockMode::kCompliance) wanted.mode = S3LockMode::kCompliance;
+  }
+  return client_->PutRetention(at, wanted);
+}
+
+Result<BucketEnv*> BucketEnvFor(Env& env, const std::string& path) {
+  if (!IsS3Url(path)) return nullptr;
+  Env* at = &env;
+  for (;;) {
+    if (auto* bucket = dynamic_cast<BucketEnv*>(at)) return bucket;
+    if (auto* routing = dynamic_cast<RoutingEnv*>(at)) return routing->Bucket(path);
+    auto* wrapper = dynamic_cast<EnvWrapper*>(at);
+    if (wrapper == nullptr) return nullptr;
+    at = &wrapper->target();
+  }
+}
+
 // ---- RoutingEnv ----
 
 Result<Env*> RoutingEnv::For(const std::string& path) {
   if (!IsS3Url(path)) return &target();
+  BARGE_ASSIGN_OR_RETURN(BucketEnv * bucket, Bucket(path));
+  return bucket;
+}
+
+Result<BucketEnv*> RoutingEnv::Bucket(const std::string& path) {
   std::lock_guard lock(mu_);
   if (bucket_ == nullptr) {
     auto made = BucketEnv::Create(http_());

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -79,6 +80,23 @@ class BucketEnv : public Env {
   Result<std::unique_ptr<EnvLock>> LockFile(const std::string& path, const LockOptions& options) override;
   Result<std::unique_ptr<EnvLock>> LockImage(const std::string& path, ImageAccess access) override;
 
+  // --- Object Lock (issue 40, docs/s3.md "Immutable points") ---
+  // From now on every object this Env publishes (a staged upload's Link or
+  // Rename: a point's image, digest tables and manifest) carries
+  // `retention`; nullopt: none (lock objects and folder markers never
+  // do). kInvalidArgument naming `path` when its bucket was not created
+  // with Object Lock: checked here, before anything is written.
+  Status SetRetention(const std::string& path, std::optional<S3Retention> retention);
+  // The retention of the object at `path` while it runs (until in the
+  // future): nullopt when the object has none, it ran out, the object is
+  // missing, or its bucket has no Object Lock (asked once per bucket).
+  Result<std::optional<S3Retention>> ActiveRetention(const std::string& path);
+  // Makes the object at `path` retained until at least
+  // `retention.until_unix`: never shortened, and a COMPLIANCE object stays
+  // COMPLIANCE (S3 refuses weakening it); an object with no retention gets
+  // `retention`. The bucket-without-Object-Lock error as SetRetention.
+  Status ExtendRetention(const std::string& path, const S3Retention& retention);
+
   // Implementation (bucket_env.cc).
   struct Staged;
 
@@ -120,7 +138,8 @@ class BucketEnv : public Env {
   // ago; SawFolder records it.
   bool KnownFolder(const std::string& path);
   void SawFolder(const std::string& path);
-
+  // Whether `bucket` has Object Lock (asked once; remembered).
+  Result<bool> LockEnabled(const std::string& bucket);
 
   const HttpOptions http_;
   const std::unique_ptr<S3Client> client_;
@@ -130,7 +149,15 @@ class BucketEnv : public Env {
   std::set<std::string> held_locks_;                        // lock objects held; guarded by mu_
   std::map<std::string, Listing> listings_;                 // by folder path; guarded by mu_
   std::map<std::string, std::chrono::steady_clock::time_point> folders_;  // seen, by path; guarded by mu_
+  std::optional<S3Retention> retention_;                    // of new objects; guarded by mu_
+  std::map<std::string, bool> lock_enabled_;                // by bucket; guarded by mu_
 };
+
+// The BucketEnv that `env` sends the s3:// path `path` to: `env` itself, a
+// RoutingEnv's (made now if need be), or one below EnvWrappers; null for
+// any other path or Env (nothing there can be locked). Errors: making the
+// RoutingEnv's BucketEnv.
+Result<BucketEnv*> BucketEnvFor(Env& env, const std::string& path);
 
 // s3:// paths to a BucketEnv made on first use from the options `http`
 // gives then (endpoint, region and keys: the cli's, read at its edge); a
@@ -161,6 +188,9 @@ class RoutingEnv : public EnvWrapper {
   Result<std::string> RealPath(const std::string& path) override;
   Result<std::unique_ptr<EnvLock>> LockFile(const std::string& path, const LockOptions& options) override;
   Result<std::unique_ptr<EnvLock>> LockImage(const std::string& path, ImageAccess access) override;
+
+  // The BucketEnv of s3:// paths, made on first use.
+  Result<BucketEnv*> Bucket(const std::string& path);
 
  private:
   // The Env for `path`: the bucket's (made now if needed) or the local one.

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 
+#include "blockio/bucket_env.h"
 #include "blockio/s3_client.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
@@ -21,6 +22,7 @@
 #include "pipeline/backup_text.h"
 #include "pipeline/change_source.h"
 #include "pipeline/disk_identity.h"
+#include "pipeline/object_lock.h"
 
 namespace barge::cli {
 namespace {
@@ -44,7 +46,32 @@ struct BackupArgs {
   std::string snapshot;
   std::string group;  // --group
   HookFlags hooks;
+  int object_lock_days = 0;         // --object-lock-days: 0 none
+  std::string object_lock_mode = "compliance";  // --object-lock-mode
 };
+
+// The retention --object-lock-days/--object-lock-mode ask for (nullopt:
+// none): until now + DAYS, one date for every object of the point.
+// kInvalidArgument (a usage error) for a target outside a bucket.
+Result<std::optional<S3Retention>> ObjectLockFlags(const BackupArgs& a) {
+  if (a.object_lock_days == 0) return std::optional<S3Retention>();
+  if (!IsS3Url(a.target)) {
+    return Error::InvalidArgument("--object-lock-days needs an s3:// --target (S3 Object Lock); got " + a.target);
+  }
+  S3Retention r;
+  r.mode = a.object_lock_mode == "governance" ? S3LockMode::kGovernance : S3LockMode::kCompliance;
+  r.until_unix = static_cast<int64_t>(::time(nullptr)) + int64_t{a.object_lock_days} * 86400;
+  return std::optional<S3Retention>(r);
+}
+
+// Every object the backup publishes in the target's bucket carries
+// `retention`: refused here, before any data moves, when the bucket has no
+// Object Lock (kInvalidArgument naming the bucket).
+Status StartObjectLock(const std::string& target, const S3Retention& retention) {
+  BARGE_ASSIGN_OR_RETURN(BucketEnv * bucket, BucketEnvFor(Env::Default(), target));
+  if (bucket == nullptr) return Error::Internal("no bucket store for " + target).set_path(target);
+  return bucket->SetRetention(target, retention);
+}
 
 // The process's peak resident set so far (0 if unknown): the memory bound
 // made visible (--memory caps the pipeline, not the process).
@@ -185,6 +212,12 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     }
   }
 
+  auto object_lock = ObjectLockFlags(a);
+  if (!object_lock.ok()) return out.Usage(object_lock.error().message());
+  if (*object_lock) {
+    if (Status s = StartObjectLock(a.target, **object_lock); !s.ok()) return out.Fail(s.error());
+  }
+
   ProgressReporter progress(out, "backup");
   req.copy.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
   orchestrate::HookedResult hooked;
@@ -197,7 +230,20 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
                 "gives the earlier disk); back different disks up under different --name",
                 result->chain_dir);
   }
-  out.Result(BackupJson(a, *result, image_base, hooked.runs));
+  json result_json = BackupJson(a, *result, image_base, hooked.runs);
+  if (*object_lock) {
+    // The points this one depends on stay at least as long (a chain is
+    // never half-deletable): extended now that the point exists.
+    Status extended = pipeline::ExtendDependencies(Env::Default(), result->chain_dir, result->manifest, **object_lock);
+    if (!extended.ok()) {
+      return out.Fail(Error(extended.error())
+                          .Wrap("point " + result->manifest.id +
+                                " is committed and locked, but the points it depends on are not all locked as long"));
+    }
+    result_json["object_lock"] = {{"mode", std::string(S3LockModeName((*object_lock)->mode))},
+                                  {"until", S3IsoTime((*object_lock)->until_unix)}};
+  }
+  out.Result(result_json);
   const std::string catalog_image = image_base ? a.base.substr(orchestrate::kImageBasePrefix.size()) : "";
   out.text() << pipeline::BackupResultText(*result, {RedactNbdUri(a.source), a.snapshot, catalog_image, a.dirty_bitmap})
              << HookRunsText(hooked.runs);
@@ -276,6 +322,16 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
                   "Also allow a qcow2 source's backing and data files under this folder (repeatable)");
   cmd->add_option("-l,--snapshot", args->snapshot,
                   "Read a qcow2 source at this internal snapshot (id or name): a consistent point of a running VM");
+  cmd->add_option("--object-lock-days", args->object_lock_days,
+                  "S3 Object Lock: every object of the point (image, digest tables, manifest) is retained N days "
+                  "(cannot be deleted or overwritten until then), and the points it depends on at least as "
+                  "long; the s3:// target's bucket must have Object Lock enabled")
+      ->check(CLI::Range(1, 36500));
+  cmd->add_option("--object-lock-mode", args->object_lock_mode,
+                  "With --object-lock-days: compliance (nobody can shorten or remove it, the default) or "
+                  "governance (users with s3:BypassGovernanceRetention can)")
+      ->check(CLI::IsMember({"compliance", "governance"}))
+      ->capture_default_str();
   args->hooks.AddTo(cmd);
   args->copy.AddTo(cmd, DefaultCompression(), kAllCopyFlags | kNbdFlags);
 }

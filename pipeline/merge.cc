@@ -17,6 +17,7 @@
 #include "pipeline/destination_spec.h"
 #include "pipeline/endpoints.h"
 #include "pipeline/export_lock.h"
+#include "pipeline/object_lock.h"
 #include "pipeline/staged_file.h"
 #include "pipeline/verification_record.h"
 
@@ -448,6 +449,15 @@ Result<MergeResult> RunMerge(Env& env, const MergeRequest& req) {
   }
   BARGE_RETURN_IF_ERROR(CheckNoOtherDependents(plan));
   BARGE_RETURN_IF_ERROR(CheckNoBaseFolded(env, plan, /*sweep=*/!req.dry_run));
+  // Every layer's objects are removed or replaced: none may be under S3
+  // Object Lock retention (pipeline/object_lock.h), refused before anything.
+  {
+    std::vector<std::string> files;
+    for (size_t k : plan.layers) {
+      for (std::string& f : PointFiles(chain.dir, chain.points[k].manifest)) files.push_back(std::move(f));
+    }
+    BARGE_RETURN_IF_ERROR(CheckNotLocked(env, files));
+  }
   if (req.dry_run) {
     result.dry_run = true;
     result.folded_ids = plan.FoldedIds();

@@ -348,4 +348,16 @@ RetentionPlan PlanRetention(const std::vector<RestorePoint>& points, const std::
   return plan;
 }
 
+std::vector<std::string> PlanTouchedFiles(const RetentionPlan& plan) {
+  std::vector<std::string> files;
+  for (const auto& a : plan.actions) {
+    std::vector<std::string> ids = a.ids;
+    if (a.kind == RetentionActionKind::kMergeThrough) ids.push_back(a.through);
+    for (const auto& id : ids) {
+      for (const char* ext : kPointFileExtensions) files.push_back(a.chain_dir + "/" + id + ext);
+    }
+  }
+  return files;
+}
+
 }  // namespace barge::orchestrate

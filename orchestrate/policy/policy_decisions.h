@@ -171,6 +171,16 @@ struct RetentionPlan {
 RetentionPlan PlanRetention(const std::vector<RestorePoint>& points, const std::vector<ChainView>& chains,
                             const std::set<std::string>& keep);
 
+// The files of point ID in a chain folder: ID plus each of these, the
+// manifest first (what a removal deletes first).
+inline constexpr const char* kPointFileExtensions[] = {".json", ".qcow2", ".digests", ".sha256"};
+
+// The files `plan` removes or replaces (every point of a removal, every
+// layer of a merge, the point merged into included): CHAIN_DIR/ID.json,
+// .qcow2, .digests and .sha256, whether or not each exists. What a forget
+// checks for S3 Object Lock before it starts (pipeline/object_lock.h).
+std::vector<std::string> PlanTouchedFiles(const RetentionPlan& plan);
+
 // The `count` newest points (the retention_count rule: after a backup,
 // the new point and the retention_count - 1 newest others).
 std::set<std::string> KeepNewest(const std::vector<RestorePoint>& points, size_t count);

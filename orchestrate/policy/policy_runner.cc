@@ -22,6 +22,7 @@
 #include "pipeline/export_lock.h"
 #include "pipeline/file_access.h"
 #include "pipeline/merge.h"
+#include "pipeline/object_lock.h"
 
 namespace barge::orchestrate {
 
@@ -638,6 +639,9 @@ Result<ForgetSourceReport> ForgetChainFolder(Env& env, const std::string& chain_
   if (options.dry_run || rep.plan.empty()) return rep;
   // Never from under an export: refused as a whole (kBusy, exit 4).
   BARGE_RETURN_IF_ERROR(pipeline::CheckNotExported(env, chain_dir));
+  // Nor while a point it removes is under S3 Object Lock (kInvalidArgument
+  // "... is locked until ...", exit 1): refused as a whole.
+  BARGE_RETURN_IF_ERROR(pipeline::CheckNotLocked(env, PlanTouchedFiles(rep.plan)));
   // A policy's chain folder: its run records learn what went. Never a new
   // catalog for a folder no policy made.
   std::unique_ptr<PolicyCatalog> catalog;

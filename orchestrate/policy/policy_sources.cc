@@ -23,6 +23,7 @@
 #include "pipeline/endpoints.h"
 #include "pipeline/export_lock.h"
 #include "pipeline/merge.h"
+#include "pipeline/object_lock.h"
 
 namespace barge::orchestrate {
 
@@ -409,6 +410,8 @@ Result<size_t> MarkMissingPointsRemoved(Env& env, PolicyCatalog& catalog, const 
 
 Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalog, const pipeline::CopyOptions& copy,
                       const pipeline::ChainLock* held) {
+  // Nothing starts while one of the files is under S3 Object Lock.
+  BARGE_RETURN_IF_ERROR(pipeline::CheckNotLocked(env, PlanTouchedFiles(plan)));
   for (const auto& a : plan.actions) {
     if (a.kind == RetentionActionKind::kMergeThrough) {
       pipeline::MergeRequest mr;
@@ -450,7 +453,7 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
     // point still restores. Each point's manifest goes first, so nothing
     // looks like a backup once its image is gone.
     for (auto it = a.ids.rbegin(); it != a.ids.rend(); ++it) {
-      for (const char* ext : {".json", ".qcow2", ".digests", ".sha256"}) {
+      for (const char* ext : kPointFileExtensions) {
         Status s = env.Unlink(a.chain_dir + "/" + *it + ext);
         if (!s.ok() && s.error().code() != ErrorCode::kNotFound) return s;
         if (std::string(ext) == ".json") BARGE_RETURN_IF_ERROR(env.SyncDir(a.chain_dir));
