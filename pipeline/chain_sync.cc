@@ -279,9 +279,13 @@ std::string SyncPointText(const SyncedPoint& point) {
 }
 
 std::string SyncChainText(const SyncChainResult& chain) {
+  if (chain.copied == 0) {
+    return chain.src + " -> " + chain.dst + ": nothing to copy (DST has all " + std::to_string(chain.skipped) +
+           (chain.skipped == 1 ? " point" : " points") + "), in " + formats::HumanSeconds(chain.seconds);
+  }
   return chain.src + " -> " + chain.dst + ": " + std::to_string(chain.copied) +
          (chain.copied == 1 ? " point" : " points") + " copied (" + formats::HumanBytes(chain.bytes_copied) +
-         (chain.copied > 0 ? ", each verified" : "") + "), " + std::to_string(chain.skipped) + " skipped, in " +
+         ", each verified" + "), " + std::to_string(chain.skipped) + " skipped, in " +
          formats::HumanSeconds(chain.seconds);
 }
 

@@ -84,7 +84,8 @@ namespace barge::pipeline {
 // verified" or "  skipped 0000-... (DST has it)".
 std::string SyncPointText(const SyncedPoint& point);
 // The line after a chain: "SRC -> DST: 2 points copied (12 MiB, verified),
-// 1 skipped, in 1.2 s".
+// 1 skipped, in 1.2 s", or with none copied "SRC -> DST: nothing to copy
+// (DST has all 3 points), in 0.4 s".
 std::string SyncChainText(const SyncChainResult& chain);
 
 }  // namespace barge::pipeline
