@@ -11,6 +11,11 @@
 #                            EXIT trap)
 #   rgw_ops                  "puts gets other bytes_sent bytes_received" of
 #                            every request so far (radosgw-admin usage)
+#   measure_ops LABEL OUTPUT -- CMD...
+#                            lib.sh's measure (warm), and the requests and
+#                            bytes CMD cost the server appended to $OPS
+#   ops_field LABEL N        a field of measure_ops' record: 1 puts, 2 gets,
+#                            3 other, 4 bytes sent, 5 bytes received
 
 RGW_PIDS=()
 RGW_DIR=""
@@ -150,4 +155,23 @@ for e in d.get("entries", []):
             else: other += n
             sent += c.get("bytes_sent", 0); recv += c.get("bytes_received", 0)
 print(puts, gets, other, sent, recv)'
+}
+
+measure_ops() {
+  local label=$1 output=$2
+  shift 3
+  local before after
+  before=$(rgw_ops)
+  measure "$label" warm "$output" -- "$@"
+  after=$(rgw_ops)
+  python3 - "$label" "$before" "$after" >> "$OPS" <<'EOF'
+import sys
+label, b, a = sys.argv[1], [int(x) for x in sys.argv[2].split()], [int(x) for x in sys.argv[3].split()]
+d = [y - x for x, y in zip(b, a)]
+print("\t".join([label] + [str(x) for x in d]))
+EOF
+}
+
+ops_field() {
+  awk -F'\t' -v l="$1" -v n="$2" '$1 == l { v = $(n + 1) } END { print v + 0 }' "$OPS"
 }

@@ -70,27 +70,8 @@ export RESTIC_PASSWORD=bench RESTIC_CACHE_DIR=$WORK/restic-cache
 RESTIC_REPO=s3:$RGW_URL/bench/restic
 
 
-# ops_delta LABEL -- CMD...: measure CMD (as lib.sh's measure) and record the
-# requests and bytes it cost the server in $WORK/ops.tsv.
 OPS=$WORK/ops.tsv
 : > "$OPS"
-measure_ops() {
-  local label=$1 output=$2
-  shift 3
-  local before after
-  before=$(rgw_ops)
-  measure "$label" warm "$output" -- "$@"
-  after=$(rgw_ops)
-  python3 - "$label" "$before" "$after" >> "$OPS" <<'EOF'
-import sys
-label, b, a = sys.argv[1], [int(x) for x in sys.argv[2].split()], [int(x) for x in sys.argv[3].split()]
-d = [y - x for x, y in zip(b, a)]
-print("\t".join([label] + [str(x) for x in d]))
-EOF
-}
-ops_field() {  # ops_field LABEL N (1 puts, 2 gets, 3 other, 4 bytes sent, 5 bytes received)
-  awk -F'\t' -v l="$1" -v n="$2" '$1 == l { v = $(n + 1) } END { print v + 0 }' "$OPS"
-}
 
 echo
 echo "== disk: $SIZE generated (seed $SEED)"

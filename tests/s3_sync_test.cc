@@ -104,9 +104,7 @@ class S3SyncTest : public ::testing::Test {
   }
   // barge ARGS with the keys and the endpoint in the environment.
   std::string BargeS3(const std::string& args) const {
-    return "env -u AWS_PROFILE AWS_SHARED_CREDENTIALS_FILE=/dev/null AWS_ACCESS_KEY_ID=" + rgw_->access_key() +
-           " AWS_SECRET_ACCESS_KEY=" + rgw_->secret_key() + " AWS_ENDPOINT_URL=" + rgw_->endpoint() + " " +
-           Barge(args);
+    return rgw_->barge_env() + Barge(args);
   }
   CommandResult Sync(const std::string& from, const std::string& to, const std::string& flags = "") {
     CommandResult r = Sh(BargeS3("sync " + flags + Q(from) + " " + Q(to)));
