@@ -9,6 +9,12 @@
 #                            cluster that does not come up (3 tries)
 #   rgw_stop                 stops the daemons by PID (call it from the
 #                            EXIT trap)
+#   rgw_bench_start DISK_BYTES
+#                            rgw_start with room for 4 copies of the disk
+#                            (at least 4 GiB), its keys and AWS_ENDPOINT_URL
+#                            exported, aws s3 set to 16 MiB parts 8 in
+#                            flight ($S3: "aws ... s3"), bucket "bench"
+#                            made, $OPS emptied for measure_ops
 #   rgw_ops                  "puts gets other bytes_sent bytes_received" of
 #                            every request so far (radosgw-admin usage)
 #   measure_ops LABEL OUTPUT -- CMD...
@@ -174,4 +180,27 @@ EOF
 
 ops_field() {
   awk -F'\t' -v l="$1" -v n="$2" '$1 == l { v = $(n + 1) } END { print v + 0 }' "$OPS"
+}
+
+rgw_bench_start() {
+  local disk_bytes=$1
+  # The OSD keeps every object in memory: room for the peers' copies too.
+  rgw_start "$(( disk_bytes * 4 > 4 * 1024 * 1024 * 1024 ? disk_bytes * 4 : 4 * 1024 * 1024 * 1024 ))"
+  export "${RGW_ENV[@]}"
+  # barge finds the endpoint here (restore, list, verify, sync have no --s3-endpoint).
+  export AWS_ENDPOINT_URL=$RGW_URL
+  echo "radosgw:    $RGW_URL ($(radosgw --version | head -1 | cut -c1-40))"
+  # aws s3's own settings: multipart in 16 MiB parts, 8 in flight.
+  cat > "$WORK/aws.conf" <<EOF
+[default]
+region = us-east-1
+s3 =
+  max_concurrent_requests = 8
+  multipart_chunksize = 16MB
+EOF
+  export AWS_CONFIG_FILE=$WORK/aws.conf
+  S3="aws --endpoint-url $RGW_URL s3"
+  $S3 mb s3://bench > /dev/null
+  OPS=$WORK/ops.tsv
+  : > "$OPS"
 }

@@ -49,29 +49,9 @@ echo "aws:        $(aws --version 2>&1 | head -1)"
 
 bytes_of() { numfmt --from=iec "$1"; }
 DISK_BYTES=$(bytes_of "$SIZE")
-# The OSD keeps every object in memory: room for the peers' copies too.
-rgw_start "$(( DISK_BYTES * 4 > 4 * 1024 * 1024 * 1024 ? DISK_BYTES * 4 : 4 * 1024 * 1024 * 1024 ))"
-export "${RGW_ENV[@]}"
-# barge finds the endpoint here (restore, list, verify have no --s3-endpoint).
-export AWS_ENDPOINT_URL=$RGW_URL
-echo "radosgw:    $RGW_URL ($(radosgw --version | head -1 | cut -c1-40))"
-# aws s3 cp's own settings: multipart in 16 MiB parts, 8 in flight.
-cat > "$WORK/aws.conf" <<EOF
-[default]
-region = us-east-1
-s3 =
-  max_concurrent_requests = 8
-  multipart_chunksize = 16MB
-EOF
-export AWS_CONFIG_FILE=$WORK/aws.conf
-S3="aws --endpoint-url $RGW_URL s3"
-$S3 mb s3://bench > /dev/null
+rgw_bench_start "$DISK_BYTES"
 export RESTIC_PASSWORD=bench RESTIC_CACHE_DIR=$WORK/restic-cache
 RESTIC_REPO=s3:$RGW_URL/bench/restic
-
-
-OPS=$WORK/ops.tsv
-: > "$OPS"
 
 echo
 echo "== disk: $SIZE generated (seed $SEED)"

@@ -39,24 +39,7 @@ print_machine
 echo "aws:        $(aws --version 2>&1 | head -1)"
 
 DISK_BYTES=$(numfmt --from=iec "$SIZE")
-# The OSD keeps every object in memory: both copies of the chain.
-rgw_start "$(( DISK_BYTES * 4 > 4 * 1024 * 1024 * 1024 ? DISK_BYTES * 4 : 4 * 1024 * 1024 * 1024 ))"
-export "${RGW_ENV[@]}"
-export AWS_ENDPOINT_URL=$RGW_URL
-echo "radosgw:    $RGW_URL ($(radosgw --version | head -1 | cut -c1-40))"
-# aws s3's own settings: multipart in 16 MiB parts, 8 in flight.
-cat > "$WORK/aws.conf" <<EOF
-[default]
-region = us-east-1
-s3 =
-  max_concurrent_requests = 8
-  multipart_chunksize = 16MB
-EOF
-export AWS_CONFIG_FILE=$WORK/aws.conf
-S3="aws --endpoint-url $RGW_URL s3"
-$S3 mb s3://bench > /dev/null
-OPS=$WORK/ops.tsv
-: > "$OPS"
+rgw_bench_start "$DISK_BYTES"
 
 # point_bytes CHAIN ID: the bytes of a point's files (image, digest tables,
 # manifest): what a sync of that point sends.

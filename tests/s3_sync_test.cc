@@ -7,13 +7,11 @@
 // killed mid-upload leaves no point that looks finished and the next one
 // completes; another disk's chain under the prefix and a damaged source
 // point are refused, nothing written.
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <sstream>
@@ -26,6 +24,8 @@
 #include "blockio/s3_client.h"
 #include "tests/testing/cli_testing.h"
 #include "tests/testing/radosgw.h"
+#include "tests/testing/s3_testing.h"
+#include "tests/testing/sync_testing.h"
 #include "tests/testing/testing.h"
 
 namespace barge::testing {
@@ -36,29 +36,6 @@ using nlohmann::json;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-// The bytes of point `id`'s files in a local chain folder: image, digest
-// tables, manifest (what a sync of that point moves).
-uint64_t PointBytes(const std::string& chain, const std::string& id) {
-  const json m = ReadJson(ManifestPath(chain, id));
-  uint64_t bytes = fs::file_size(ManifestPath(chain, id)) + fs::file_size(chain + "/" + m["image"].get<std::string>()) +
-                   fs::file_size(chain + "/" + m["digest_table"].get<std::string>());
-  if (m.contains("strong_digest_table")) {
-    bytes += fs::file_size(chain + "/" + m["strong_digest_table"].get<std::string>());
-  }
-  return bytes;
-}
-
-// XORs one byte of a file in place.
-void FlipByte(const std::string& path, uint64_t offset) {
-  int fd = ::open(path.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0) << path;
-  uint8_t b = 0;
-  ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(offset)), 1);
-  b ^= 0x40;
-  ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(offset)), 1);
-  ::close(fd);
-}
-
 class S3SyncTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -66,11 +43,7 @@ class S3SyncTest : public ::testing::Test {
     BARGE_REQUIRE_TOOL("qemu-io");
     BARGE_REQUIRE_TOOL("aws");
     BARGE_REQUIRE_RADOSGW(rgw_);
-    bucket_ = "sync" + std::to_string(::getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    for (char& c : bucket_) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    bucket_ = bucket_.substr(0, 60);
-    while (!bucket_.empty() && !std::isalnum(static_cast<unsigned char>(bucket_.back()))) bucket_.pop_back();
+    bucket_ = TestBucketName("sync");
     root_ = fs::canonical(dir_.path()).string();
     disk_ = root_ + "/disk.qcow2";
     local_ = root_ + "/A/disk";
@@ -83,13 +56,7 @@ class S3SyncTest : public ::testing::Test {
     if (rgw_ != nullptr && rgw_->ok() && !bucket_.empty()) testing::Run(Aws("s3 rb --force s3://" + bucket_) + " >/dev/null");
     EXPECT_FALSE(Has(outputs_, rgw_ != nullptr ? rgw_->secret_key() : "\x01")) << "the secret was printed";
   }
-  // A qcow2 disk of random data (a raw file converted) with bitmap cbt0.
-  void MakeDisk(const std::string& path, uint64_t size) {
-    const std::string raw = path + ".raw";
-    WriteFile(raw, RandomBytes(size, 40 + size));
-    RunOk("qemu-img convert -q -f raw -O qcow2 " + Q(raw) + " " + Q(path) + " && qemu-img bitmap --add --enable " +
-          Q(path) + " cbt0 && rm -f " + Q(raw));
-  }
+  void MakeDisk(const std::string& path, uint64_t size) { MakeCbtDisk(path, size); }
   void Change(const std::string& pattern, const std::string& where) {
     RunOk("qemu-io -f qcow2 -c 'write -P " + pattern + " " + where + " 256k' " + Q(disk_) + " >/dev/null");
   }
@@ -99,9 +66,7 @@ class S3SyncTest : public ::testing::Test {
                 Q(root_ + "/A") + " --name disk" + (incremental ? " --incremental --dirty-bitmap cbt0" : "")));
   }
   // The second client, with the radosgw's keys and no config files.
-  std::string Aws(const std::string& args) const {
-    return rgw_->client_env() + "aws --endpoint-url " + rgw_->endpoint() + " " + args;
-  }
+  std::string Aws(const std::string& args) const { return AwsCommand(*rgw_, args); }
   // barge ARGS with the keys and the endpoint in the environment.
   std::string BargeS3(const std::string& args) const {
     return rgw_->barge_env() + Barge(args);
@@ -247,17 +212,7 @@ TEST_F(S3SyncTest, AnotherDisksChainUnderThePrefixIsRefused) {
 
 TEST_F(S3SyncTest, DamagedSourcePointIsNotCopied) {
   Backup(false);
-  const std::string image = local_ + "/" + ReadJson(ManifestPath(local_, PointIds(local_).at(0)))["image"].get<std::string>();
-  uint64_t host = 0;
-  const json map = RunResult(Barge("map --json " + Q(image)));
-  for (const json& e : map["extents"]) {
-    if (e.value("data", false) && !e.value("compressed", false) && e.contains("offset")) {
-      host = e["offset"].get<uint64_t>();
-      break;
-    }
-  }
-  ASSERT_NE(host, 0u);
-  FlipByte(image, host + 3 * 65536 + 100);
+  ASSERT_NO_FATAL_FAILURE(DamageFirstPoint(local_));
   CommandResult r = Sync(local_, remote_);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(Has(r.output, "barge: Corruption: ")) << r.output;
