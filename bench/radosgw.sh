@@ -9,8 +9,19 @@
 #                            cluster that does not come up (3 tries)
 #   rgw_stop                 stops the daemons by PID (call it from the
 #                            EXIT trap)
+#   rgw_bench_start DISK_BYTES
+#                            rgw_start with room for 4 copies of the disk
+#                            (at least 4 GiB), its keys and AWS_ENDPOINT_URL
+#                            exported, aws s3 set to 16 MiB parts 8 in
+#                            flight ($S3: "aws ... s3"), bucket "bench"
+#                            made, $OPS emptied for measure_ops
 #   rgw_ops                  "puts gets other bytes_sent bytes_received" of
 #                            every request so far (radosgw-admin usage)
+#   measure_ops LABEL OUTPUT -- CMD...
+#                            lib.sh's measure (warm), and the requests and
+#                            bytes CMD cost the server appended to $OPS
+#   ops_field LABEL N        a field of measure_ops' record: 1 puts, 2 gets,
+#                            3 other, 4 bytes sent, 5 bytes received
 
 RGW_PIDS=()
 RGW_DIR=""
@@ -150,4 +161,46 @@ for e in d.get("entries", []):
             else: other += n
             sent += c.get("bytes_sent", 0); recv += c.get("bytes_received", 0)
 print(puts, gets, other, sent, recv)'
+}
+
+measure_ops() {
+  local label=$1 output=$2
+  shift 3
+  local before after
+  before=$(rgw_ops)
+  measure "$label" warm "$output" -- "$@"
+  after=$(rgw_ops)
+  python3 - "$label" "$before" "$after" >> "$OPS" <<'EOF'
+import sys
+label, b, a = sys.argv[1], [int(x) for x in sys.argv[2].split()], [int(x) for x in sys.argv[3].split()]
+d = [y - x for x, y in zip(b, a)]
+print("\t".join([label] + [str(x) for x in d]))
+EOF
+}
+
+ops_field() {
+  awk -F'\t' -v l="$1" -v n="$2" '$1 == l { v = $(n + 1) } END { print v + 0 }' "$OPS"
+}
+
+rgw_bench_start() {
+  local disk_bytes=$1
+  # The OSD keeps every object in memory: room for the peers' copies too.
+  rgw_start "$(( disk_bytes * 4 > 4 * 1024 * 1024 * 1024 ? disk_bytes * 4 : 4 * 1024 * 1024 * 1024 ))"
+  export "${RGW_ENV[@]}"
+  # barge finds the endpoint here (restore, list, verify, sync have no --s3-endpoint).
+  export AWS_ENDPOINT_URL=$RGW_URL
+  echo "radosgw:    $RGW_URL ($(radosgw --version | head -1 | cut -c1-40))"
+  # aws s3's own settings: multipart in 16 MiB parts, 8 in flight.
+  cat > "$WORK/aws.conf" <<EOF
+[default]
+region = us-east-1
+s3 =
+  max_concurrent_requests = 8
+  multipart_chunksize = 16MB
+EOF
+  export AWS_CONFIG_FILE=$WORK/aws.conf
+  S3="aws --endpoint-url $RGW_URL s3"
+  $S3 mb s3://bench > /dev/null
+  OPS=$WORK/ops.tsv
+  : > "$OPS"
 }

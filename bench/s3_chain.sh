@@ -49,48 +49,9 @@ echo "aws:        $(aws --version 2>&1 | head -1)"
 
 bytes_of() { numfmt --from=iec "$1"; }
 DISK_BYTES=$(bytes_of "$SIZE")
-# The OSD keeps every object in memory: room for the peers' copies too.
-rgw_start "$(( DISK_BYTES * 4 > 4 * 1024 * 1024 * 1024 ? DISK_BYTES * 4 : 4 * 1024 * 1024 * 1024 ))"
-export "${RGW_ENV[@]}"
-# barge finds the endpoint here (restore, list, verify have no --s3-endpoint).
-export AWS_ENDPOINT_URL=$RGW_URL
-echo "radosgw:    $RGW_URL ($(radosgw --version | head -1 | cut -c1-40))"
-# aws s3 cp's own settings: multipart in 16 MiB parts, 8 in flight.
-cat > "$WORK/aws.conf" <<EOF
-[default]
-region = us-east-1
-s3 =
-  max_concurrent_requests = 8
-  multipart_chunksize = 16MB
-EOF
-export AWS_CONFIG_FILE=$WORK/aws.conf
-S3="aws --endpoint-url $RGW_URL s3"
-$S3 mb s3://bench > /dev/null
+rgw_bench_start "$DISK_BYTES"
 export RESTIC_PASSWORD=bench RESTIC_CACHE_DIR=$WORK/restic-cache
 RESTIC_REPO=s3:$RGW_URL/bench/restic
-
-
-# ops_delta LABEL -- CMD...: measure CMD (as lib.sh's measure) and record the
-# requests and bytes it cost the server in $WORK/ops.tsv.
-OPS=$WORK/ops.tsv
-: > "$OPS"
-measure_ops() {
-  local label=$1 output=$2
-  shift 3
-  local before after
-  before=$(rgw_ops)
-  measure "$label" warm "$output" -- "$@"
-  after=$(rgw_ops)
-  python3 - "$label" "$before" "$after" >> "$OPS" <<'EOF'
-import sys
-label, b, a = sys.argv[1], [int(x) for x in sys.argv[2].split()], [int(x) for x in sys.argv[3].split()]
-d = [y - x for x, y in zip(b, a)]
-print("\t".join([label] + [str(x) for x in d]))
-EOF
-}
-ops_field() {  # ops_field LABEL N (1 puts, 2 gets, 3 other, 4 bytes sent, 5 bytes received)
-  awk -F'\t' -v l="$1" -v n="$2" '$1 == l { v = $(n + 1) } END { print v + 0 }' "$OPS"
-}
 
 echo
 echo "== disk: $SIZE generated (seed $SEED)"

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include "blockio/s3_client.h"
 #include "cli/catalog_json.h"
 #include "cli/common.h"
 #include "cli/connect_flag.h"
@@ -359,6 +360,9 @@ void RegisterVmBackup(CLI::App* vm, int& exit_code) {
     if (!catalog_path.ok()) return out.Fail(catalog_path.error());
     req.catalog_path = *catalog_path;
     req.disks = a->disks;
+    // A bucket's staged upload is not resumable yet (docs/s3.md): its
+    // journal would open the staged object in place. As `backup` does.
+    req.resume = req.resume && !IsS3Url(req.target);
     auto ports = orc::ParsePortRange(a->port_range);
     if (!ports.ok()) return out.Usage("--nbd-port-range: " + ports.error().message());
     req.nbd_ports = *ports;

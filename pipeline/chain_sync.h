@@ -23,7 +23,7 @@ struct SyncedPoint {
   bool copied = false;    // false: DST had it already (skipped)
   uint64_t bytes = 0;     // copied: the bytes of its files (image, digest
                           // tables, manifest)
-  bool verified = false;  // copied: DST's copy passed `barge verify`'s check
+  bool verified = false;  // copied: DST's copy passed the check (SyncChain)
   double seconds = 0;
 };
 
@@ -49,9 +49,12 @@ struct SyncOptions {
 // untouched); then its image is streamed front to back (bounded memory)
 // into a staged file of DST, its digest tables and manifest staged after
 // it, and all committed, the manifest last (ChainWriter); then DST's
-// copy is verified the same way before the next point. DST's copy failing
-// that check is kCorruption and its files are removed again, manifest
-// first. A sync stopped at any moment leaves DST with whole points only;
+// copy is checked before the next point: its manifest and digest tables
+// read back equal to SRC's, its qcow2 structure, and every cluster its own
+// image stores against the point's digests (the layers under it are DST's
+// points checked when they were copied: the disk is not read again per
+// point). DST's copy failing that check is kCorruption and its files are
+// removed again, manifest first. A sync stopped at any moment leaves DST with whole points only;
 // the next one resumes at the first point DST lacks.
 // DST is made when missing, and held under its chain lock while written
 // (kBusy at once when another job writes it). SRC is read without its
@@ -84,7 +87,8 @@ namespace barge::pipeline {
 // verified" or "  skipped 0000-... (DST has it)".
 std::string SyncPointText(const SyncedPoint& point);
 // The line after a chain: "SRC -> DST: 2 points copied (12 MiB, verified),
-// 1 skipped, in 1.2 s".
+// 1 skipped, in 1.2 s", or with none copied "SRC -> DST: nothing to copy
+// (DST has all 3 points), in 0.4 s".
 std::string SyncChainText(const SyncChainResult& chain);
 
 }  // namespace barge::pipeline

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -77,6 +78,71 @@ class DamagingEnv final : public EnvWrapper {
   std::string dir_;
   uint64_t at_;
 };
+
+// Counts the bytes read from sources opened under `dir`.
+class CountingEnv final : public EnvWrapper {
+ public:
+  CountingEnv(Env& target, std::string dir) : EnvWrapper(target), dir_(std::move(dir)) {}
+  Result<std::unique_ptr<BlockSource>> OpenSource(const std::string& path, const FileOptions& options) override {
+    BARGE_ASSIGN_OR_RETURN(std::unique_ptr<BlockSource> source, EnvWrapper::OpenSource(path, options));
+    if (path.rfind(dir_ + "/", 0) != 0) return source;
+    return std::unique_ptr<BlockSource>(std::make_unique<Counted>(std::move(source), read_));
+  }
+  uint64_t read() const { return read_.load(); }
+
+ private:
+  class Counted final : public BlockSource {
+   public:
+    Counted(std::unique_ptr<BlockSource> inner, std::atomic<uint64_t>& read) : inner_(std::move(inner)), read_(read) {}
+    const std::string& name() const override { return inner_->name(); }
+    uint64_t size_bytes() const override { return inner_->size_bytes(); }
+    SourceCapabilities capabilities() const override { return inner_->capabilities(); }
+    Status ReadAt(uint64_t offset, std::span<std::byte> out) override {
+      read_ += out.size();
+      return inner_->ReadAt(offset, out);
+    }
+
+   private:
+    std::unique_ptr<BlockSource> inner_;
+    std::atomic<uint64_t>& read_;
+  };
+  std::string dir_;
+  std::atomic<uint64_t> read_{0};
+};
+
+// DST's check of an incremental's copy reads that point's own image, not
+// the disk through every layer again.
+TEST(ChainSyncTest, CheckOfACopyReadsItsOwnLayerOnly) {
+  TempDir tmp;
+  const std::string raw = tmp / "disk.raw";
+  testing::WriteFile(raw, testing::RandomBytes(8 << 20, 13));
+  BackUp(raw, tmp / "a");
+  ASSERT_TRUE(SyncChain(PosixEnv(), tmp / "a/d", tmp / "b/d").ok());
+  // 64 KiB changed, backed up as an incremental of those clusters.
+  {
+    std::vector<std::byte> data = testing::ReadFile(raw);
+    std::fill(data.begin() + (1 << 20), data.begin() + (1 << 20) + 65536, std::byte{0x5a});
+    testing::WriteFile(raw, data);
+  }
+  BackupRequest req;
+  req.source.location = raw;
+  req.source.format = "raw";
+  req.target_dir = tmp / "a";
+  req.disk_name = "d";
+  req.incremental = true;
+  req.dirty_ranges = RangeList{{1 << 20, 65536}};
+  req.dirty_description = "test";
+  req.copy.memory_bytes = 8 << 20;
+  req.copy.threads = 2;
+  auto b = RunBackup(PosixEnv(), req);
+  ASSERT_TRUE(b.ok()) << b.error().ToString();
+  CountingEnv env(PosixEnv(), tmp / "b/d");
+  auto r = SyncChain(env, tmp / "a/d", tmp / "b/d");
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->copied, 1u);
+  // The new point's image is about 64 KiB and metadata; the disk is 8 MiB.
+  EXPECT_LT(env.read(), uint64_t{2} << 20) << env.read() << " bytes read from DST";
+}
 
 TEST(ChainSyncTest, CopiesAndSkips) {
   TempDir tmp;

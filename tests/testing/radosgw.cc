@@ -169,6 +169,11 @@ std::string Radosgw::client_env() const {
          " AWS_DEFAULT_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null ";
 }
 
+std::string Radosgw::barge_env() const {
+  return "env -u AWS_PROFILE AWS_SHARED_CREDENTIALS_FILE=/dev/null AWS_ACCESS_KEY_ID=" + access_key_ +
+         " AWS_SECRET_ACCESS_KEY=" + secret_key_ + " AWS_ENDPOINT_URL=" + endpoint() + " ";
+}
+
 Radosgw* SharedRadosgw() {
   static std::unique_ptr<Radosgw> shared;
   static std::once_flag once;

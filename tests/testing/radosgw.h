@@ -29,6 +29,9 @@ class Radosgw {
   // The environment a second client (aws, s3cmd) needs, as shell
   // assignments to put before its command: keys, region, no config files.
   std::string client_env() const;
+  // The same for barge: `env` with the keys and AWS_ENDPOINT_URL, no
+  // profile or credentials file, to put before barge's command line.
+  std::string barge_env() const;
   // Options for barge's S3Client against this radosgw: its endpoint and
   // keys, 3 attempts with a 50 ms first backoff (tests fail fast).
   HttpOptions s3_options() const;
