@@ -109,7 +109,7 @@ TEST_F(S3CryptTest, EncryptedChainRestoresAndShowsNoPlaintext) {
   testing::RunOk(Aws("s3 cp --recursive s3://" + bucket_ + "/chains " + Q(dir_ / "all")) + " >/dev/null");
   EXPECT_NE(Sh("grep -rl -- " + std::string(kMarker) + " " + Q(dir_ / "all")).exit_code, 0);
   EXPECT_NE(Sh("grep -rlF QFI " + Q(dir_ / "all") + " | grep qcow2").exit_code, 0);
-  EXPECT_EQ(Sh("test -f " + Q(dir_ / "all" / "barge-encryption")).exit_code, 0);
+  EXPECT_EQ(Sh("test -f " + Q(dir_ / "all/barge-encryption")).exit_code, 0);
   EXPECT_FALSE(Has(outputs_, testing::Slurp(key_)));
 }
 
