@@ -13,14 +13,14 @@ TEST(CryptEnvTest, IdentityIsTheFinalName) {
     auto r = EncryptedObjectIdentity(path);
     return r.ok() ? *r : "error: " + r.error().message();
   };
-  EXPECT_EQ(id("s3://b/chains/vm1/1-full.qcow2"), "b/chains/vm1/1-full.qcow2");
+  EXPECT_EQ(id("s3://bkt/chains/vm1/1-full.qcow2"), "bkt/chains/vm1/1-full.qcow2");
   // The staged temporary and a merge's staged name seal under the final name.
-  EXPECT_EQ(id("s3://b/chains/vm1/.1-full.qcow2.barge-tmp"), "b/chains/vm1/1-full.qcow2");
-  EXPECT_EQ(id("s3://b/chains/vm1/.1-full.qcow2.merge-new"), "b/chains/vm1/1-full.qcow2");
-  EXPECT_EQ(id("s3://b/chains/vm1/..1-full.qcow2.merge-new.barge-tmp"), "b/chains/vm1/1-full.qcow2");
-  EXPECT_EQ(id("s3://b//chains/./vm1/x"), "b/chains/vm1/x");
-  EXPECT_EQ(id("s3://b/top"), "b/top");
-  EXPECT_TRUE(id("s3://b/../x").starts_with("error: "));
+  EXPECT_EQ(id("s3://bkt/chains/vm1/.1-full.qcow2.barge-tmp"), "bkt/chains/vm1/1-full.qcow2");
+  EXPECT_EQ(id("s3://bkt/chains/vm1/.1-full.qcow2.merge-new"), "bkt/chains/vm1/1-full.qcow2");
+  EXPECT_EQ(id("s3://bkt/chains/vm1/..1-full.qcow2.merge-new.barge-tmp"), "bkt/chains/vm1/1-full.qcow2");
+  EXPECT_EQ(id("s3://bkt//chains/./vm1/x"), "bkt/chains/vm1/x");
+  EXPECT_EQ(id("s3://bkt/top"), "bkt/top");
+  EXPECT_TRUE(id("s3://bkt/../x").starts_with("error: "));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // s3:// locations routed to a BucketEnv (cli/bucket_routing.h).
 #include "cli/bucket_routing.h"
 
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -63,7 +64,11 @@ void AddEncryptionFlags(CLI::App* app, const std::string* new_root) {
                                  " encrypts chains in buckets: give an s3:// chain location");
     }
     auto key = passphrase ? LoadPassphraseFile(PosixEnv(), path) : LoadEncryptionKeyFile(PosixEnv(), path);
-    if (!key.ok()) throw CLI::ValidationError(key.error().path() + ": " + key.error().message());
+    if (!key.ok()) {
+      const Error& e = key.error();
+      throw CLI::ValidationError(e.path() + ": " + e.message() +
+                                 (e.errno_value() != 0 ? std::string(": ") + std::strerror(e.errno_value()) : ""));
+    }
     g_crypt->SetKey(std::move(*key), new_root);
   };
   CLI::Option* key_file =
