@@ -34,10 +34,7 @@ class S3CryptTest : public ::testing::Test {
     BARGE_REQUIRE_TOOL("qemu-io");
     BARGE_REQUIRE_TOOL("aws");
     BARGE_REQUIRE_RADOSGW(rgw_);
-    bucket_ = "crypt" + std::to_string(::getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    for (char& c : bucket_) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    bucket_ = bucket_.substr(0, 60);
+    bucket_ = testing::TestBucketName("crypt");
     target_ = "s3://" + bucket_ + "/chains";
     chain_ = target_ + "/vm1";
     disk_ = dir_ / "disk.raw";
@@ -56,9 +53,7 @@ class S3CryptTest : public ::testing::Test {
   void TearDown() override {
     if (rgw_ != nullptr && rgw_->ok() && !bucket_.empty()) testing::Run(Aws("s3 rb --force s3://" + bucket_));
   }
-  std::string Aws(const std::string& args) const {
-    return rgw_->client_env() + "aws --endpoint-url " + rgw_->endpoint() + " " + args;
-  }
+  std::string Aws(const std::string& args) const { return rgw_->Aws(args); }
   CommandResult BargeS3(const std::string& args) {
     CommandResult r = Sh("env -u AWS_PROFILE AWS_SHARED_CREDENTIALS_FILE=/dev/null AWS_ACCESS_KEY_ID=" +
                          rgw_->access_key() + " AWS_SECRET_ACCESS_KEY=" + rgw_->secret_key() +
