@@ -185,7 +185,19 @@ Status DecryptingSource::ReadAt(uint64_t offset, std::span<std::byte> out) {
   BARGE_RETURN_IF_ERROR(CheckRange(offset, out.size()));
   if (out.empty()) return OkStatus();
   const uint64_t seg = header_.segment_bytes, size = header_.plaintext_bytes;
-  const uint64_t first = offset / seg, last = (offset + out.size() - 1) / seg;
+  uint64_t first = offset / seg;
+  {
+    std::lock_guard lock(cache_mu_);
+    if (cached_index_ == first) {
+      const uint64_t n = std::min<uint64_t>(out.size(), std::min(size, (first + 1) * seg) - offset);
+      std::memcpy(out.data(), cached_.data() + (offset - first * seg), n);
+      if (n == out.size()) return OkStatus();
+      offset += n;
+      out = out.subspan(n);
+      ++first;
+    }
+  }
+  const uint64_t last = (offset + out.size() - 1) / seg;
   // The covering segments lie side by side in the object: one read.
   const uint64_t begin = layout_.SegmentOffset(first);
   const uint64_t end = layout_.SegmentOffset(last) + layout_.SegmentPlainBytes(last, size) + kAeadSegmentOverhead;
@@ -211,6 +223,11 @@ Status DecryptingSource::ReadAt(uint64_t offset, std::span<std::byte> out) {
     if (plain.size() < n) plain.resize(n);
     BARGE_RETURN_IF_ERROR(OpenSegment(index, in, std::span(plain).first(n)));
     std::memcpy(dest.data(), plain.data() + (from - index * seg), dest.size());
+    if (index == last) {
+      std::lock_guard lock(cache_mu_);
+      cached_.assign(plain.begin(), plain.begin() + n);
+      cached_index_ = index;
+    }
   }
   return OkStatus();
 }

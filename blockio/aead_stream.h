@@ -108,6 +108,12 @@ class DecryptingSource final : public BlockSource {
   const AeadHeader header_;
   const AeadLayout layout_;
   const std::unique_ptr<AeadObjectKey> key_;
+  // The last segment a read ended inside, opened: the next read (a qcow2
+  // reader's next compressed cluster) mostly starts in it, and would
+  // otherwise fetch and open it again.
+  std::mutex cache_mu_;
+  uint64_t cached_index_ = UINT64_MAX;  // guarded by cache_mu_
+  std::vector<std::byte> cached_;       // its plaintext; guarded by cache_mu_
 };
 
 }  // namespace barge

@@ -7,6 +7,7 @@
 
 #include "blockio/bucket_env.h"
 #include "blockio/s3_client.h"
+#include "cli/bucket_routing.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/group_flag.h"
@@ -315,6 +316,7 @@ void RegisterBackupCommand(CLI::App& app, int& exit_code) {
                 "that differ mean another disk's file under this path, and a full is taken)");
   args->nbd.AddTo(cmd, "an nbd:// or nbds:// source");
   args->http.AddTo(cmd);
+  AddEncryptionFlags(cmd, &args->target);
   args->flags.allow_any_path = false;
   cmd->add_flag("--allow-any-path", args->flags.allow_any_path,
                 "Allow a qcow2 source's backing/data files outside its folder");

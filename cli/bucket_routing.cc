@@ -1,11 +1,14 @@
 // s3:// locations routed to a BucketEnv (cli/bucket_routing.h).
 #include "cli/bucket_routing.h"
 
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string_view>
 
 #include "blockio/bucket_env.h"
+#include "blockio/crypt_env.h"
+#include "blockio/encryption_key.h"
 #include "blockio/s3_client.h"
 #include "blockio/s3_config.h"
 #include "cli/http_flags.h"
@@ -16,6 +19,7 @@ namespace {
 
 std::mutex g_mu;
 std::optional<HttpOptions> g_options;  // guarded by g_mu
+CryptEnv* g_crypt = nullptr;           // the routing's, once installed
 
 // The environment's S3 settings (keys, region, endpoint), as AddHttpFlags
 // reads them for a command without its flags.
@@ -48,7 +52,36 @@ std::unique_ptr<ScopedDefaultEnv> InstallBucketRouting(int argc, char** argv) {
   }
   if (!any) return nullptr;
   static RoutingEnv routing(PosixEnv(), Current);  // lives to the process's end: jobs may outlive main's scope
-  return std::make_unique<ScopedDefaultEnv>(routing);
+  static CryptEnv crypt(routing);                  // encrypted chains; without a key, refuses them
+  g_crypt = &crypt;
+  return std::make_unique<ScopedDefaultEnv>(crypt);
+}
+
+void AddEncryptionFlags(CLI::App* app, const std::string* new_root) {
+  auto load = [new_root](const std::string& path, bool passphrase) {
+    if (g_crypt == nullptr) {
+      throw CLI::ValidationError(std::string(passphrase ? "--encryption-passphrase-file" : "--encryption-key-file") +
+                                 " encrypts chains in buckets: give an s3:// chain location");
+    }
+    auto key = passphrase ? LoadPassphraseFile(PosixEnv(), path) : LoadEncryptionKeyFile(PosixEnv(), path);
+    if (!key.ok()) {
+      const Error& e = key.error();
+      throw CLI::ValidationError(e.path() + ": " + e.message() +
+                                 (e.errno_value() != 0 ? std::string(": ") + std::strerror(e.errno_value()) : ""));
+    }
+    g_crypt->SetKey(std::move(*key), new_root);
+  };
+  CLI::Option* key_file =
+      app->add_option_function<std::string>(
+             "--encryption-key-file", [load](const std::string& path) { load(path, false); },
+             "s3:// chain: encrypt its objects (a backup starting a chain) or read them encrypted with this key: "
+             "32 random bytes (raw or 64 hex digits), mode 0600; never shown, never stored (docs/s3.md)")
+          ->type_name("FILE");
+  app->add_option_function<std::string>(
+         "--encryption-passphrase-file", [load](const std::string& path) { load(path, true); },
+         "s3:// chain: as --encryption-key-file, with a key derived (scrypt) from the first line of FILE, mode 0600")
+      ->type_name("FILE")
+      ->excludes(key_file);
 }
 
 }  // namespace barge::cli

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
 
 #include "blockio/env.h"
 #include "blockio/http_client.h"
@@ -21,5 +24,15 @@ void SetBucketHttpOptions(const HttpOptions& options);
 // or an option's "=s3://..."), installs a RoutingEnv as Env::Default() for
 // the returned object's lifetime; null otherwise (nothing changes).
 std::unique_ptr<ScopedDefaultEnv> InstallBucketRouting(int argc, char** argv);
+
+// Registers --encryption-key-file and --encryption-passphrase-file on a
+// command that writes or reads chains (encryption at rest of chains in
+// buckets, blockio/crypt_env.h). The key is loaded as the option is
+// parsed: a file that cannot be (missing, readable by others, malformed)
+// is a usage error naming it, never quoting it. Without either flag, an
+// encrypted chain is refused with a line saying so. `new_root`: where a
+// chain may start encrypted (backup's --target, read once the flags are
+// parsed); null for a reader.
+void AddEncryptionFlags(CLI::App* app, const std::string* new_root);
 
 }  // namespace barge::cli

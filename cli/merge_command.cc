@@ -2,6 +2,7 @@
 // a new full backup of that point (retention), crash-safe.
 #include <iostream>
 
+#include "cli/bucket_routing.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/owner_flag.h"
@@ -87,6 +88,7 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--dry-run", args->dry_run, "Say which points would be folded and which files removed; change nothing");
   AddGroupFlag(cmd, args->group, "the chain from now on (its files too)");
   args->copy.AddTo(cmd, "none", kResourceFlags, "a merge keeps the chain's cluster size and compression");
+  AddEncryptionFlags(cmd, nullptr);
 }
 
 }  // namespace barge::cli

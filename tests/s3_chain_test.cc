@@ -43,10 +43,7 @@ class S3ChainTest : public ::testing::Test {
     BARGE_REQUIRE_TOOL("qemu-io");
     BARGE_REQUIRE_TOOL("aws");
     BARGE_REQUIRE_RADOSGW(rgw_);
-    bucket_ = "chain" + std::to_string(::getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    for (char& c : bucket_) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    bucket_ = bucket_.substr(0, 60);
+    bucket_ = testing::TestBucketName("chain");
     target_ = "s3://" + bucket_ + "/chains";
     chain_ = target_ + "/vm1";
     disk_ = dir_ / "disk.raw";
@@ -61,9 +58,7 @@ class S3ChainTest : public ::testing::Test {
     }
   }
   // The second client, with the radosgw's keys and no config files.
-  std::string Aws(const std::string& args) const {
-    return rgw_->client_env() + "aws --endpoint-url " + rgw_->endpoint() + " " + args;
-  }
+  std::string Aws(const std::string& args) const { return rgw_->Aws(args); }
   // barge ARGS with the keys and the endpoint in the environment, as a
   // user gives them.
   std::string BargeS3(const std::string& args) const {

@@ -5,6 +5,10 @@
 // Recipe: ../shared/TESTBED.md "S3 object storage".
 #pragma once
 
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cctype>
 #include <memory>
 #include <string>
 
@@ -32,6 +36,10 @@ class Radosgw {
   // The same for barge: `env` with the keys and AWS_ENDPOINT_URL, no
   // profile or credentials file, to put before barge's command line.
   std::string barge_env() const;
+  // The aws CLI against this radosgw, as a second client: `aws ARGS`.
+  std::string Aws(const std::string& args) const {
+    return client_env() + "aws --endpoint-url " + endpoint() + " " + args;
+  }
   // Options for barge's S3Client against this radosgw: its endpoint and
   // keys, 3 attempts with a 50 ms first backoff (tests fail fast).
   HttpOptions s3_options() const;
@@ -55,6 +63,14 @@ class Radosgw {
 // is missing (fails under BARGE_REQUIRE_TOOLS=1) and fails it when the
 // cluster did not come up; use as `Radosgw* rgw; BARGE_REQUIRE_RADOSGW(rgw);`.
 Radosgw* SharedRadosgw();
+// A bucket name of the running test's own: PREFIX, the pid and the test's
+// name, lower-case, at most 60 characters.
+inline std::string TestBucketName(const std::string& prefix) {
+  std::string name = prefix + std::to_string(::getpid()) + "-" +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name.substr(0, 60);
+}
 #define BARGE_REQUIRE_RADOSGW(var)                      \
   BARGE_REQUIRE_TOOL("radosgw");                        \
   BARGE_REQUIRE_TOOL("ceph-mon");                       \
