@@ -339,6 +339,16 @@ TEST(Qcow2ConcurrentReads, ThreadsSeeTheSameBytes) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
+// `img` opened over a CallLog of its file's reads and hints (*log).
+Result<std::unique_ptr<Image>> OpenLogged(const std::string& img, barge::testing::CallLog** log) {
+  return OpenImage(img, [log](const std::string& p) -> Result<std::unique_ptr<BlockSource>> {
+    auto file = std::make_unique<barge::testing::CallLog>(
+        std::make_unique<MemorySource>(barge::testing::ReadFile(p), p));
+    *log = file.get();
+    return std::unique_ptr<BlockSource>(std::move(file));
+  });
+}
+
 // A pass in guest order over a layer is read ahead: hints never overlap and
 // always move forward, and every data read after the first lies inside what
 // was hinted before it. A jump far ahead is not hinted; reading on from
@@ -351,12 +361,7 @@ TEST(Qcow2ReadAhead, SequentialPassIsHintedAheadAndJumpsAreNot) {
   std::string img = dir / "d.qcow2";
   barge::testing::RunOk("qemu-img convert -O qcow2 -o cluster_size=4k " + raw + " " + img);
   barge::testing::CallLog* log = nullptr;
-  auto image = OpenImage(img, [&log](const std::string& p) -> Result<std::unique_ptr<BlockSource>> {
-    auto file = std::make_unique<barge::testing::CallLog>(
-        std::make_unique<MemorySource>(barge::testing::ReadFile(p), p));
-    log = file.get();
-    return std::unique_ptr<BlockSource>(std::move(file));
-  });
+  auto image = OpenLogged(img, &log);
   ASSERT_TRUE(image.ok()) << image.error().ToString();
   std::vector<std::byte> buf(1 << 20);
   for (uint64_t off = 0; off < (8u << 20); off += buf.size()) ASSERT_TRUE((*image)->ReadAt(off, buf).ok());
@@ -412,12 +417,7 @@ TEST(Qcow2ReadMany, NeighbouringRequestsAreOneReadOfTheFile) {
   std::string img = dir / "d.qcow2";
   barge::testing::RunOk("qemu-img convert -O qcow2 -o cluster_size=64k " + raw + " " + img);
   barge::testing::CallLog* log = nullptr;
-  auto image = OpenImage(img, [&log](const std::string& p) -> Result<std::unique_ptr<BlockSource>> {
-    auto file = std::make_unique<barge::testing::CallLog>(
-        std::make_unique<MemorySource>(barge::testing::ReadFile(p), p));
-    log = file.get();
-    return std::unique_ptr<BlockSource>(std::move(file));
-  });
+  auto image = OpenLogged(img, &log);
   ASSERT_TRUE(image.ok()) << image.error().ToString();
   const size_t before = log->calls().size();
   // Four runs of one cluster each, next to each other in the file.
