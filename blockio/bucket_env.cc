@@ -261,11 +261,29 @@ Result<FileStat> BucketEnv::Stat(const std::string& path) {
       break;
   }
   if (KnownFolder(PathOf(at))) return Folder(at);
+  // One short LIST of the keys that start with the name answers most
+  // names: the object itself (it sorts first), a folder's keys ("KEY/..."),
+  // or, in a page not filled, neither. A HEAD would cost a second request
+  // (a HEAD of the bucket) for every missing name, and a third (the
+  // folder's LIST). Only a page filled with other names ("KEY-old",
+  // "KEY.json"...) falls back to the HEAD.
+  BARGE_ASSIGN_OR_RETURN(auto near, client_->List(at, kStatProbeKeys, kStatProbeKeys));
+  const std::string inside = BucketFolderPrefix(at.key);
+  for (const auto& o : near) {
+    if (o.key == at.key) return Regular(at, o.size, IsoDateNs(o.last_modified));
+    if (o.key.starts_with(inside)) {
+      SawFolder(PathOf(at));
+      return Folder(at);
+    }
+  }
+  if (near.size() < static_cast<size_t>(kStatProbeKeys)) {
+    return Error::NotFound("no such object in bucket " + at.bucket).set_path(path);
+  }
   auto head = client_->Head(at);
   if (head.ok()) return Regular(at, head->size, HttpDateNs(head->last_modified));
   if (head.error().code() != ErrorCode::kNotFound) return head.error();
-  BARGE_ASSIGN_OR_RETURN(auto inside, client_->List(S3Location{at.bucket, BucketFolderPrefix(at.key)}, 1, 1));
-  if (!inside.empty()) {
+  BARGE_ASSIGN_OR_RETURN(auto keys, client_->List(S3Location{at.bucket, inside}, 1, 1));
+  if (!keys.empty()) {
     SawFolder(PathOf(at));
     return Folder(at);
   }
@@ -275,6 +293,16 @@ Result<FileStat> BucketEnv::Stat(const std::string& path) {
 Result<std::vector<std::string>> BucketEnv::ListDir(const std::string& dir) {
   BARGE_ASSIGN_OR_RETURN(S3Location at, BucketPathLocation(dir));
   const std::string prefix = BucketFolderPrefix(at.key);
+  std::set<std::string> names;
+  std::vector<std::string> uploads_seen;  // final names with unfinished uploads
+  if (FreshListing(PathOf(at), &names, &uploads_seen)) {
+    // Listed under kListingTtl ago, nothing changed through this Env since.
+    for (const auto& rest : uploads_seen) {
+      std::string temp = "." + rest + ".barge-tmp";
+      if (FindStaged(JoinPath(PathOf(at), temp)) == nullptr) names.insert(std::move(temp));
+    }
+    return std::vector<std::string>(names.begin(), names.end());
+  }
   BARGE_ASSIGN_OR_RETURN(auto objects, client_->List(S3Location{at.bucket, prefix}));
   if (objects.empty()) {
     auto st = Stat(dir);  // kNotFound for a missing folder
@@ -282,7 +310,6 @@ Result<std::vector<std::string>> BucketEnv::ListDir(const std::string& dir) {
   } else {
     SawFolder(PathOf(at));
   }
-  std::set<std::string> names;
   Listing listing;
   listing.taken = std::chrono::steady_clock::now();
   for (const auto& o : objects) {
@@ -302,6 +329,7 @@ Result<std::vector<std::string>> BucketEnv::ListDir(const std::string& dir) {
   for (const auto& u : uploads) {
     std::string rest = u.key.substr(std::min(prefix.size(), u.key.size()));
     if (rest.empty() || rest.find('/') != std::string::npos) continue;
+    listing.uploads.push_back(rest);
     std::string temp = "." + rest + ".barge-tmp";
     if (FindStaged(JoinPath(PathOf(at), temp)) == nullptr) names.insert(std::move(temp));
   }
@@ -310,6 +338,16 @@ Result<std::vector<std::string>> BucketEnv::ListDir(const std::string& dir) {
     listings_[PathOf(at)] = std::move(listing);
   }
   return std::vector<std::string>(names.begin(), names.end());
+}
+
+bool BucketEnv::FreshListing(const std::string& folder, std::set<std::string>* names,
+                             std::vector<std::string>* uploads) {
+  std::lock_guard lock(mu_);
+  auto it = listings_.find(folder);
+  if (it == listings_.end() || std::chrono::steady_clock::now() - it->second.taken >= kListingTtl) return false;
+  for (const auto& [name, listed] : it->second.names) names->insert(name);
+  *uploads = it->second.uploads;
+  return true;
 }
 
 int BucketEnv::FromListing(const S3Location& at, Listed* out) {

@@ -52,8 +52,10 @@ class BucketEnv : public Env {
                                               const FileOptions& options) override;
   // A name in a folder listed less than kListingTtl ago (and not changed
   // through this Env since) is answered from that listing, with no request:
-  // its size and Last-Modified, or NotFound. Otherwise HEAD (then a LIST
-  // for a folder).
+  // its size and Last-Modified, or NotFound. Otherwise one LIST of the keys
+  // starting with the name (the object, a folder's keys, or neither); a
+  // HEAD and a folder's LIST only when that page is filled with other
+  // names.
   Result<FileStat> Stat(const std::string& path) override;
   Result<FileStat> StatNoFollow(const std::string& path) override { return Stat(path); }
   // Objects and sub-folders directly in `dir`, sorted, plus
@@ -61,7 +63,9 @@ class BucketEnv : public Env {
   // in it that this process does not write (a killed run's: the sweep of
   // stale temporaries aborts it through LockFile and Unlink). Remembers
   // the objects' sizes and ETags for Stat and OpenSource (the listing
-  // cache, docs/s3.md).
+  // cache, docs/s3.md), and the answer: a folder listed under kListingTtl
+  // ago, nothing changed through this Env since, is listed again with no
+  // request.
   Result<std::vector<std::string>> ListDir(const std::string& dir) override;
   Status CreateDir(const std::string& dir, uint32_t mode) override;
   Result<std::string> CreateTempDir(const std::string& parent, std::string_view prefix) override;
@@ -127,7 +131,14 @@ class BucketEnv : public Env {
   struct Listing {
     std::chrono::steady_clock::time_point taken;
     std::map<std::string, Listed> names;  // directly inside, by name
+    std::vector<std::string> uploads;     // names directly inside with unfinished uploads
   };
+  // A folder's listing taken under kListingTtl ago: its names into *names,
+  // the names with unfinished uploads into *uploads; false when none.
+  bool FreshListing(const std::string& folder, std::set<std::string>* names, std::vector<std::string>* uploads);
+  // Keys of the LIST that answers a Stat (Stat: the name, its folder's
+  // keys, or neither).
+  static constexpr int kStatProbeKeys = 16;
   // The fresh listing's answer for `at` (a key in a listed folder):
   // 1 found (*out set), 0 known absent, -1 unknown.
   int FromListing(const S3Location& at, Listed* out);

@@ -68,7 +68,13 @@ Qcow2Image::Qcow2Image(std::unique_ptr<BlockSource> file, Header header, std::ve
       header_(std::move(header)),
       l1_(std::move(l1)),
       info_(std::move(info)),
-      l2_cache_(*file_, header_.cluster_bits, (16u << 20) >> header_.cluster_bits) {}
+      l2_cache_(*file_, header_.cluster_bits, (16u << 20) >> header_.cluster_bits) {
+  if (file_->capabilities().blocking_read_streams > 1) {
+    // Each read a round trip (an object in a bucket): reading up to 1 MiB
+    // more costs less than a second request.
+    max_gap_ = 1 << 20;
+  }
+}
 
 SourceCapabilities Qcow2Image::capabilities() const {
   SourceCapabilities caps;
@@ -76,7 +82,9 @@ SourceCapabilities Qcow2Image::capabilities() const {
   caps.preferred_request_bytes = std::max<uint32_t>(256 * 1024, header_.cluster_size());
   // A file read over the network (an object in a bucket, an https image)
   // answers each read after a round trip: the copy keeps as many reads in
-  // flight as the file has streams (pipeline/copy.cc, ArenaThreads).
+  // flight as the file has streams (pipeline/copy.cc, ArenaThreads). Its
+  // requests stay at this size: larger chunks (4 MiB, coalesced into GETs
+  // of ~2 MiB) restored slower from radosgw (docs/benchmarks.md).
   caps.blocking_read_streams = file_->capabilities().blocking_read_streams;
   return caps;
 }
@@ -182,6 +190,21 @@ Status Qcow2Image::ReadAt(uint64_t offset, std::span<std::byte> out) {
   return ReadPieces(std::span(&whole, 1));
 }
 
+Status Qcow2Image::ReadMany(std::span<ReadRequest> requests) {
+  std::vector<Piece> pieces;
+  pieces.reserve(requests.size());
+  for (ReadRequest& r : requests) {
+    r.status = CheckRange(r.offset, r.buffer.size());
+    if (!r.status.ok()) return r.status;
+    pieces.push_back({r.offset, r.buffer});
+  }
+  Status s = ReadPieces(pieces);
+  if (!s.ok()) {
+    for (ReadRequest& r : requests) r.status = s;
+  }
+  return s;
+}
+
 // A stored run of this layer to fetch from its file: a compressed payload or
 // uncompressed data.
 struct Qcow2Image::Fetch {
@@ -257,16 +280,14 @@ Status Qcow2Image::FetchRuns(std::vector<Fetch>& fetches) {
   // gaps) and read_ahead_ hints what comes next. The buffers are
   // reused per thread; nothing below calls into another layer while they
   // are in use.
-  constexpr uint64_t kMaxGap = 16 << 10;
-  constexpr uint64_t kMaxBatch = 4 << 20;
   thread_local std::vector<std::byte> batch;
   thread_local std::vector<std::byte> cluster;
   for (size_t i = 0; i < fetches.size();) {
     const uint64_t first = fetches[i].host;
     uint64_t last = fetches[i].end;
     size_t j = i + 1;
-    while (j < fetches.size() && fetches[j].host <= last + kMaxGap &&
-           std::max(last, fetches[j].end) - first <= kMaxBatch) {
+    while (j < fetches.size() && fetches[j].host <= last + max_gap_ &&
+           std::max(last, fetches[j].end) - first <= max_batch_) {
       last = std::max(last, fetches[j].end);
       ++j;
     }

@@ -68,6 +68,10 @@ class Qcow2Image final : public Image {
   uint64_t size_bytes() const override { return header_.size; }
   SourceCapabilities capabilities() const override;
   Status ReadAt(uint64_t offset, std::span<std::byte> out) override;
+  // Every request in one pass per layer (ReadPieces): the stored runs of
+  // all of them sorted by file offset, neighbours fetched with one read of
+  // the file. A failure is every request's status (the batch shares reads).
+  Status ReadMany(std::span<ReadRequest> requests) override;
   Result<ExtentList> Extents(uint64_t offset, uint64_t length) override;
   const ImageInfo& info() const override { return info_; }
   const Image* backing() const override { return backing_.get(); }
@@ -108,6 +112,12 @@ class Qcow2Image final : public Image {
   std::unique_ptr<BlockSource> data_file_;
   // Read-ahead of file_ for passes in guest order (see FetchRuns).
   ReadAheadMark read_ahead_;
+  // FetchRuns' coalescing: runs at most max_gap_ apart are fetched with one
+  // read of at most max_batch_ bytes. A file read over the network (each
+  // read a round trip: an object in a bucket) reads through larger gaps
+  // than a local one (set in the constructor).
+  uint64_t max_gap_ = 16 << 10;
+  static constexpr uint64_t max_batch_ = 4 << 20;
 };
 
 // The qcow2 layer behind `image`, or nullptr when it is not a qcow2 image.

@@ -339,6 +339,16 @@ TEST(Qcow2ConcurrentReads, ThreadsSeeTheSameBytes) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
+// `img` opened over a CallLog of its file's reads and hints (*log).
+Result<std::unique_ptr<Image>> OpenLogged(const std::string& img, barge::testing::CallLog** log) {
+  return OpenImage(img, [log](const std::string& p) -> Result<std::unique_ptr<BlockSource>> {
+    auto file = std::make_unique<barge::testing::CallLog>(
+        std::make_unique<MemorySource>(barge::testing::ReadFile(p), p));
+    *log = file.get();
+    return std::unique_ptr<BlockSource>(std::move(file));
+  });
+}
+
 // A pass in guest order over a layer is read ahead: hints never overlap and
 // always move forward, and every data read after the first lies inside what
 // was hinted before it. A jump far ahead is not hinted; reading on from
@@ -351,12 +361,7 @@ TEST(Qcow2ReadAhead, SequentialPassIsHintedAheadAndJumpsAreNot) {
   std::string img = dir / "d.qcow2";
   barge::testing::RunOk("qemu-img convert -O qcow2 -o cluster_size=4k " + raw + " " + img);
   barge::testing::CallLog* log = nullptr;
-  auto image = OpenImage(img, [&log](const std::string& p) -> Result<std::unique_ptr<BlockSource>> {
-    auto file = std::make_unique<barge::testing::CallLog>(
-        std::make_unique<MemorySource>(barge::testing::ReadFile(p), p));
-    log = file.get();
-    return std::unique_ptr<BlockSource>(std::move(file));
-  });
+  auto image = OpenLogged(img, &log);
   ASSERT_TRUE(image.ok()) << image.error().ToString();
   std::vector<std::byte> buf(1 << 20);
   for (uint64_t off = 0; off < (8u << 20); off += buf.size()) ASSERT_TRUE((*image)->ReadAt(off, buf).ok());
@@ -398,6 +403,38 @@ TEST(Qcow2ReadAhead, SequentialPassIsHintedAheadAndJumpsAreNot) {
   ASSERT_TRUE((*image)->ReadAt(41u << 20, buf).ok());
   auto later = log->calls();
   EXPECT_GT(std::count_if(later.begin(), later.end(), [](auto& c) { return c.hint; }), static_cast<long>(hints));
+}
+
+// A copy's chunk is one ReadMany of its data runs: the layer fetches the
+// stored runs of all of them sorted by file offset, so neighbouring runs
+// cost one read of the file (one GET from a bucket), not one each.
+TEST(Qcow2ReadMany, NeighbouringRequestsAreOneReadOfTheFile) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  barge::testing::TempDir dir;
+  std::string raw = dir / "s.raw";
+  const std::vector<std::byte> bytes = barge::testing::RandomBytes(4 << 20, 5);
+  barge::testing::WriteFile(raw, bytes);
+  std::string img = dir / "d.qcow2";
+  barge::testing::RunOk("qemu-img convert -O qcow2 -o cluster_size=64k " + raw + " " + img);
+  barge::testing::CallLog* log = nullptr;
+  auto image = OpenLogged(img, &log);
+  ASSERT_TRUE(image.ok()) << image.error().ToString();
+  const size_t before = log->calls().size();
+  // Four runs of one cluster each, next to each other in the file.
+  std::vector<std::byte> out(4 << 16);
+  std::vector<ReadRequest> requests;
+  for (size_t i = 0; i < 4; ++i) {
+    requests.push_back({(1u << 20) + i * (1u << 16), std::span(out).subspan(i << 16, 1u << 16), {}});
+  }
+  ASSERT_TRUE((*image)->ReadMany(requests).ok());
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), bytes.begin() + (1 << 20)));
+  std::vector<barge::testing::CallLog::Call> reads;
+  for (size_t i = before; i < log->calls().size(); ++i) {
+    const auto& c = log->calls()[i];
+    if (!c.hint && c.length > (1u << 16)) reads.push_back(c);  // data, not an L2 table
+  }
+  ASSERT_EQ(reads.size(), 1u);
+  EXPECT_EQ(reads[0].length, 4u << 16);
 }
 
 }  // namespace

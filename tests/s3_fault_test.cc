@@ -72,6 +72,30 @@ class S3FaultTest : public ::testing::Test {
            rgw_->access_key() + " AWS_SECRET_ACCESS_KEY=" + rgw_->secret_key() + " " +
            Barge(command + " --s3-endpoint " + ProxyEndpoint() + " " + args);
   }
+  // Runs barge `command` (Barge(...)) with the keys and the proxy as
+  // AWS_ENDPOINT_URL in the environment (commands without --s3-endpoint
+  // take it from there); expects success and returns the requests the
+  // proxy saw meanwhile, printed with the time as `what`.
+  int Counted(const std::string& what, const std::string& command) {
+    const std::string env = "env -u AWS_PROFILE AWS_SHARED_CREDENTIALS_FILE=/dev/null AWS_CONFIG_FILE=/dev/null "
+                            "AWS_ACCESS_KEY_ID=" + rgw_->access_key() + " AWS_SECRET_ACCESS_KEY=" +
+                            rgw_->secret_key() + " AWS_ENDPOINT_URL=" + ProxyEndpoint() + " ";
+    const int before = proxy_->requests();
+    const auto start = std::chrono::steady_clock::now();
+    CommandResult r = Sh(env + command);
+    EXPECT_EQ(r.exit_code, 0) << what << ": " << r.output;
+    const int n = proxy_->requests() - before;
+    std::cout << what << ": " << n << " requests, "
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
+    return n;
+  }
+  // Counted restore of `chain`'s latest point, which must equal `disk`.
+  int CountedRestore(const std::string& chain, const std::string& disk) {
+    const std::string out = dir_ / "out.raw";
+    const int n = Counted("restore", Barge("restore " + chain + " --to " + Q(out)));
+    testing::RunOk("cmp " + Q(disk) + " " + Q(out));
+    return n;
+  }
   void ExpectStored(const S3Location& at, const std::vector<std::byte>& data) {
     std::vector<std::byte> got(data.size());
     ASSERT_TRUE(direct_->Get(at, 0, got).ok());
@@ -90,7 +114,8 @@ class S3FaultTest : public ::testing::Test {
 // is answered from the listing (no HEAD), a folder seen is not looked at
 // again, and a folder's Stat lists one key, not every key one page at a
 // time. Before (issue 38):
-// list 43, incremental 198, restore 65 requests; with it 11, 46, 23.
+// list 43, incremental 198, restore 65 requests; with it 11, 46, 23; with
+// a Stat as one short LIST and ListDir cached too (perf38): 7, 30, 19.
 TEST_F(S3FaultTest, AChainJobAnswersStatsFromItsListing) {
   BARGE_REQUIRE_TOOL("qemu-img");
   BARGE_REQUIRE_TOOL("qemu-io");
@@ -99,31 +124,53 @@ TEST_F(S3FaultTest, AChainJobAnswersStatsFromItsListing) {
                  " >/dev/null");
   const std::string target = "s3://" + bucket_ + "/chains";
   const std::string chain = target + "/vm1";
-  // Commands without --s3-endpoint take the proxy from the environment.
-  const std::string env = "env -u AWS_PROFILE AWS_SHARED_CREDENTIALS_FILE=/dev/null AWS_CONFIG_FILE=/dev/null "
-                          "AWS_ACCESS_KEY_ID=" + rgw_->access_key() + " AWS_SECRET_ACCESS_KEY=" +
-                          rgw_->secret_key() + " AWS_ENDPOINT_URL=" + ProxyEndpoint() + " ";
-  auto counted = [&](const std::string& what, const std::string& command) {
-    const int before = proxy_->requests();
-    const auto start = std::chrono::steady_clock::now();
-    CommandResult r = Sh(env + command);
-    EXPECT_EQ(r.exit_code, 0) << what << ": " << r.output;
-    const int n = proxy_->requests() - before;
-    std::cout << what << ": " << n << " requests, "
-              << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
-    return n;
-  };
+  auto counted = [&](const std::string& what, const std::string& command) { return Counted(what, command); };
   counted("full", Barge("backup --source " + Q(disk) + " --target " + target + " --name vm1"));
   testing::RunOk("qemu-io -f raw -c 'write -P 0x5a 8M 1M' " + Q(disk) + " >/dev/null");
   const int incremental = counted("incremental", Barge("backup --incremental --changed-by digests --source " +
                                                        Q(disk) + " --target " + target + " --name vm1"));
   const int list = counted("list", Barge("list " + chain));
-  const std::string out = dir_ / "out.raw";
-  const int restore = counted("restore", Barge("restore " + chain + " --to " + Q(out)));
-  testing::RunOk("qemu-img compare -q -f raw -F raw " + Q(disk) + " " + Q(out));
-  EXPECT_LE(list, 14);
-  EXPECT_LE(incremental, 55);
-  EXPECT_LE(restore, 28);
+  const int restore = CountedRestore(chain, disk);
+  EXPECT_LE(list, 9);
+  EXPECT_LE(incremental, 38);
+  EXPECT_LE(restore, 22);
+}
+
+// The round trips of a chain job on a generated disk (data, zeros and
+// holes interleaved; issue 38 section 4): a Stat of a name not in a fresh
+// listing is one short LIST (not a HEAD, a HEAD of the bucket and a LIST
+// of the folder for a missing name), a folder listed again within the
+// listing's 2 s costs nothing, and a restore reads each layer's stored
+// runs of a copy's chunk with one pass (Qcow2Image::ReadMany), not one
+// read per run of data clusters. Before: full 80, incremental 38, restore
+// 71 requests; with it: 35, 22, 58.
+TEST_F(S3FaultTest, ARestoreReadsAChainInFewCoalescedGets) {
+  BARGE_REQUIRE_TOOL("qemu-img");
+  BARGE_REQUIRE_TOOL("qemu-io");
+  const std::string disk = dir_ / "disk.raw";
+  testing::RunOk(Barge("bench generate --size 48M --seed 7 " + Q(disk)) + " >/dev/null");
+  const std::string chain = "s3://" + bucket_ + "/chains/vm1";
+  const int full = Counted("full", Barge("backup --source " + Q(disk) + " --source-format raw --target s3://" +
+                                         bucket_ + "/chains --name vm1"));
+  // 1% changed, in runs spread over the disk, named by an extents file.
+  std::string extents;
+  std::string writes;
+  for (int i = 0; i < 8; ++i) {
+    const uint64_t at = (static_cast<uint64_t>(i) * 6 + 1) << 20;
+    writes += " -c 'write -P 0x" + std::to_string(41 + i) + " " + std::to_string(at) + " 64k'";
+    extents += std::string(extents.empty() ? "" : ",") + "{\"offset\":" + std::to_string(at) + ",\"length\":65536}";
+  }
+  testing::RunOk("qemu-io -f raw" + writes + " " + Q(disk) + " >/dev/null");
+  const std::string dirty = dir_ / "dirty.json";
+  std::ofstream(dirty) << "{\"format\":\"barge-extents\",\"version\":1,\"virtual_size\":" << (48 << 20)
+                       << ",\"extents\":[" << extents << "]}";
+  const int incremental = Counted("incremental --dirty-extents",
+                                  Barge("backup --incremental --dirty-extents " + Q(dirty) + " --source " + Q(disk) +
+                                        " --source-format raw --target s3://" + bucket_ + "/chains --name vm1"));
+  const int restore = CountedRestore(chain, disk);
+  EXPECT_LE(full, 50);
+  EXPECT_LE(incremental, 30);
+  EXPECT_LE(restore, 64);
 }
 
 TEST_F(S3FaultTest, ConvertResumesAGetCutMidBodyAndEqualsTheOriginal) {
