@@ -1,6 +1,7 @@
 // s3:// locations routed to a BucketEnv (cli/bucket_routing.h).
 #include "cli/bucket_routing.h"
 
+#include <iostream>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -47,6 +48,9 @@ std::unique_ptr<ScopedDefaultEnv> InstallBucketRouting(int argc, char** argv) {
     any = IsS3Url(word) || (word.starts_with("-") && eq != std::string_view::npos && IsS3Url(word.substr(eq + 1)));
   }
   if (!any) return nullptr;
+  // A human line on stderr, as Output::Notice writes one (the job's Output
+  // is not known down here).
+  SetBucketNoticeHandler([](const std::string& line) { std::cerr << "barge: " + line + "\n" << std::flush; });
   static RoutingEnv routing(PosixEnv(), Current);  // lives to the process's end: jobs may outlive main's scope
   return std::make_unique<ScopedDefaultEnv>(routing);
 }
