@@ -6,6 +6,7 @@
 #include "blockio/env.h"
 #include "cli/catalog_json.h"
 #include "cli/common.h"
+#include "cli/http_flags.h"
 #include "orchestrate/catalog/catalog_listing.h"
 #include "orchestrate/catalog/listing_text.h"
 #include "pipeline/chain_summary.h"
@@ -122,6 +123,7 @@ void RegisterListCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("chain", *path, "The disk's chain folder (TARGET/<name>/), one of its manifests or images, or a "
                     "target (lists the chain folders below it)")
         ->required();
+    AddBucketFlags(cmd);
   }
   {
     struct Args {

@@ -4,8 +4,9 @@
 
 #include "cli/common.h"
 #include "cli/copy_flags.h"
-#include "cli/owner_flag.h"
 #include "cli/group_flag.h"
+#include "cli/http_flags.h"
+#include "cli/owner_flag.h"
 #include "cli/progress.h"
 #include "pipeline/chain.h"
 #include "pipeline/merge.h"
@@ -87,6 +88,7 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--dry-run", args->dry_run, "Say which points would be folded and which files removed; change nothing");
   AddGroupFlag(cmd, args->group, "the chain from now on (its files too)");
   args->copy.AddTo(cmd, "none", kResourceFlags, "a merge keeps the chain's cluster size and compression");
+  AddBucketFlags(cmd);
 }
 
 }  // namespace barge::cli

@@ -2,6 +2,7 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/group_flag.h"
+#include "cli/http_flags.h"
 #include "cli/nbd_flags.h"
 #include "cli/owner_flag.h"
 #include "cli/progress.h"
@@ -170,6 +171,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     args->copy.AddTo(cmd, "none", kCompressFlag | kResourceFlags | kNbdFlags,
                      "a restore keeps the chain's cluster size");
     args->nbd.AddTo(cmd, "an nbd:// or nbds:// --to");
+    AddBucketFlags(cmd);
   }
   {
     auto args = std::make_shared<VerifyArgs>();
@@ -190,6 +192,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
         ->check(CLI::IsMember({"raw", "qcow2"}));
     args->copy.AddTo(cmd, "none", kResourceFlags | kNbdFlags, "verify only reads");
     args->nbd.AddTo(cmd, "an nbd:// or nbds:// --against");
+    AddBucketFlags(cmd);
   }
 }
 
