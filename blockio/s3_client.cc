@@ -312,7 +312,10 @@ Status S3Client::PutIfAbsent(const S3Location& at, std::span<const std::byte> bo
 Status S3Client::PutIfMatch(const S3Location& at, std::span<const std::byte> body, const std::string& etag) {
   Call call("PUT", &at);
   call.body = body;
-  call.headers.push_back("If-Match: " + etag);
+  // Unquoted: radosgw compares the header with the stored ETag as is.
+  std::string bare = etag;
+  if (bare.size() >= 2 && bare.front() == '"' && bare.back() == '"') bare = bare.substr(1, bare.size() - 2);
+  call.headers.push_back("If-Match: " + bare);
   BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
   if (r.head.status == 412) return Error::Busy("changed since it was read").set_path(at.shown());
   if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);

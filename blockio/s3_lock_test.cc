@@ -15,7 +15,7 @@ std::span<const std::byte> Bytes(const std::string& s) {
 const S3Location kAt{"bucket", "chain/.lock"};
 
 TEST(S3LockBodyTest, WhatBargeWritesReadsBack) {
-  const S3LockBody body{"host-1.example", 12345, "0123456789abcdef0123456789abcdef", 1700000000, 1700000120};
+  const S3LockBody body{"host-1.example", 12345, "0123456789abcdef0123456789abcdef", 1700000000, 1700000120, "", 0};
   const std::string text = FormatS3LockBody(body);
   auto back = ParseS3LockBody(Bytes(text), kAt);
   ASSERT_TRUE(back.ok()) << back.error().ToString();
@@ -45,7 +45,7 @@ TEST(S3LockBodyTest, VersionTwoReadsBack) {
   EXPECT_EQ(back->start, body.start);
   EXPECT_EQ(back->pid, body.pid);
   // Version 1 (no boot): written and read as before.
-  auto v1 = ParseS3LockBody(Bytes(FormatS3LockBody(S3LockBody{"h", 1, std::string(32, 'd'), 1, 2})), kAt);
+  auto v1 = ParseS3LockBody(Bytes(FormatS3LockBody(S3LockBody{"h", 1, std::string(32, 'd'), 1, 2, "", 0})), kAt);
   ASSERT_TRUE(v1.ok()) << v1.error().ToString();
   EXPECT_EQ(v1->boot, "");
   EXPECT_EQ(v1->start, 0);
