@@ -112,6 +112,14 @@ class S3ChainTest : public ::testing::Test {
     ADD_FAILURE() << "no result: " << r.output;
     return 0;
   }
+  // An S3 client of this process on the radosgw, with its keys.
+  Result<std::unique_ptr<S3Client>> Direct() const {
+    HttpOptions o;
+    o.s3.endpoint = rgw_->endpoint();
+    o.s3.access_key_id = rgw_->access_key();
+    o.s3.secret_access_key = rgw_->secret_key();
+    return S3Client::Create(o);
+  }
   std::string MultipartUploads() {
     return Sh(Aws("s3api list-multipart-uploads --bucket " + bucket_)).output;
   }
@@ -190,11 +198,7 @@ TEST_F(S3ChainTest, KilledBackupLeavesNoPointAndItsUploadIsAborted) {
   const pid_t pid = std::stoi(testing::Slurp(pid_file));
   // Polled in this process, not through the aws CLI (a second a call): a
   // backup with few round trips finishes its upload in about a second.
-  HttpOptions o;
-  o.s3.endpoint = rgw_->endpoint();
-  o.s3.access_key_id = rgw_->access_key();
-  o.s3.secret_access_key = rgw_->secret_key();
-  auto direct = S3Client::Create(o);
+  auto direct = Direct();
   ASSERT_TRUE(direct.ok()) << direct.error().ToString();
   bool uploading = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
@@ -226,11 +230,7 @@ TEST_F(S3ChainTest, KilledBackupLeavesNoPointAndItsUploadIsAborted) {
 // as a running backup does): a second writer is Busy, exit 4.
 TEST_F(S3ChainTest, ALiveOwnerOnThisMachineKeepsTheLock) {
   ASSERT_EQ(Backup().exit_code, 0);
-  HttpOptions o;
-  o.s3.endpoint = rgw_->endpoint();
-  o.s3.access_key_id = rgw_->access_key();
-  o.s3.secret_access_key = rgw_->secret_key();
-  auto direct = S3Client::Create(o);
+  auto direct = Direct();
   ASSERT_TRUE(direct.ok()) << direct.error().ToString();
   {
     auto held = S3Lock::Acquire(**direct, S3Location{bucket_, "chains/vm1/.lock"});
