@@ -14,6 +14,23 @@
 
 namespace barge {
 
+namespace {
+
+std::mutex g_notice_mu;
+std::function<void(const std::string&)> g_notice;  // guarded by g_notice_mu
+
+void BucketNotice(const std::string& line) {
+  std::lock_guard lock(g_notice_mu);
+  if (g_notice) g_notice(line);
+}
+
+}  // namespace
+
+void SetBucketNoticeHandler(std::function<void(const std::string& line)> handler) {
+  std::lock_guard lock(g_notice_mu);
+  g_notice = std::move(handler);
+}
+
 Result<S3Location> BucketPathLocation(std::string_view path) {
   BARGE_ASSIGN_OR_RETURN(S3Location at, ParseS3Url(path));
   std::string key;
@@ -434,11 +451,6 @@ Status BucketEnv::PublishStaged(const std::string& from, const std::string& to, 
 
 Status BucketEnv::CopyCommitted(const S3Location& from, const S3Location& to, bool if_absent) {
   Forget();
-  BARGE_ASSIGN_OR_RETURN(S3ObjectInfo info, client_->Head(from));
-  if (info.size > kMaxCopiedBytes) {
-    return Error::NotSupported("renaming an object of more than 5 GiB in a bucket (a multipart copy): not yet")
-        .set_path(PathOf(to));
-  }
   if (if_absent) {
     // Link never replaces (the chain's lock keeps other writers out
     // between this HEAD and the copy).
@@ -446,6 +458,7 @@ Status BucketEnv::CopyCommitted(const S3Location& from, const S3Location& to, bo
     if (there.ok()) return Error::Busy("already exists").set_path(PathOf(to));
     if (there.error().code() != ErrorCode::kNotFound) return there.error();
   }
+  // Above 5 GiB (a merge's new full) the client copies in parts.
   BARGE_RETURN_IF_ERROR(client_->Copy(from, to));
   // Link keeps the first name, as link(2) does; Rename removes it.
   return if_absent ? OkStatus() : client_->Delete(from);
@@ -564,6 +577,11 @@ Result<std::unique_ptr<EnvLock>> BucketEnv::LockFile(const std::string& path, co
   o.wait = options.wait;
   Forget();  // the lock object comes and goes
   BARGE_ASSIGN_OR_RETURN(std::unique_ptr<S3Lock> held, S3Lock::Acquire(*client_, at, o));
+  if (held->took_over()) {
+    BucketNotice("took over the lock " + name + " of " + held->previous_owner() +
+                 (held->takeover_reason() == "dead" ? " (that process is gone from this machine: a killed run)"
+                                                     : " (expired: not renewed in time)"));
+  }
   {
     std::lock_guard lock(mu_);
     held_locks_.insert(name);

@@ -114,9 +114,8 @@ class BucketEnv : public Env {
   // Rename/Link of a committed object (a merge's ".NAME.merge-new"): a
   // server-side copy to `to` (when if_absent, only if `to` is missing),
   // then, for a rename, a delete. Not atomic: the merge journal redoes an
-  // interrupted rename. kNotSupported over kMaxCopiedBytes.
+  // interrupted rename. Over 5 GiB, a multipart copy (S3Client::Copy).
   Status CopyCommitted(const S3Location& from, const S3Location& to, bool if_absent);
-  static constexpr uint64_t kMaxCopiedBytes = 5ull << 30;
 
   // The listing cache. Other writers exist (another host's run, a user's
   // aws s3 rm), so an entry lives kListingTtl only; what keeps a chain job
@@ -169,6 +168,11 @@ class BucketEnv : public Env {
 // any other path or Env (nothing there can be locked). Errors: making the
 // RoutingEnv's BucketEnv.
 Result<BucketEnv*> BucketEnvFor(Env& env, const std::string& path);
+
+// Where BucketEnvs tell what a user should know that is no error: one line
+// (a dead run's lock object taken over, naming it and its owner). The cli
+// sets it once, before any job; default: nowhere.
+void SetBucketNoticeHandler(std::function<void(const std::string& line)> handler);
 
 // s3:// paths to a BucketEnv made on first use from the options `http`
 // gives then (endpoint, region and keys: the cli's, read at its edge); a

@@ -59,6 +59,11 @@ std::string XmlEscape(std::string_view text) {
 
 bool Ok(int status) { return status >= 200 && status < 300; }
 
+// The value of x-amz-copy-source: "/BUCKET/KEY", the key encoded.
+std::string CopySource(const S3Location& from) {
+  return "/" + from.bucket + "/" + S3UriEncode(from.key, /*keep_slash=*/true);
+}
+
 }  // namespace
 
 bool IsS3Url(std::string_view location) {
@@ -304,14 +309,69 @@ Status S3Client::PutIfAbsent(const S3Location& at, std::span<const std::byte> bo
   return PutIfAbsent(at, body, PutOptions{});
 }
 
+Status S3Client::PutIfMatch(const S3Location& at, std::span<const std::byte> body, const std::string& etag) {
+  Call call("PUT", &at);
+  call.body = body;
+  // Unquoted: radosgw compares the header with the stored ETag as is.
+  std::string bare = etag;
+  if (bare.size() >= 2 && bare.front() == '"' && bare.back() == '"') bare = bare.substr(1, bare.size() - 2);
+  call.headers.push_back("If-Match: " + bare);
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (r.head.status == 412) return Error::Busy("changed since it was read").set_path(at.shown());
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, at);
+  return {};
+}
+
 Status S3Client::Copy(const S3Location& from, const S3Location& to) {
+  BARGE_ASSIGN_OR_RETURN(S3ObjectInfo source, Head(from));
+  if (source.size > copy_limits_.single_max) return CopyInParts(from, to, source);
   Call call("PUT", &to);
-  call.headers.push_back("x-amz-copy-source: /" + from.bucket + "/" + S3UriEncode(from.key, /*keep_slash=*/true));
+  call.headers.push_back("x-amz-copy-source: " + CopySource(from));
   BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
   if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, r.head.status == 404 ? from : to);
   // A copy can fail after its 200 (the error document is the body).
   if (r.body.find("<Error>") != std::string::npos) return S3ErrorFor(500, r.body, to);
   return {};
+}
+
+Status S3Client::CopyInParts(const S3Location& from, const S3Location& to, const S3ObjectInfo& source) {
+  // Parts of part_bytes, larger when 10,000 of them would not hold it.
+  const uint64_t part_bytes = std::max<uint64_t>({copy_limits_.part_bytes, (source.size + 9999) / 10000, 1});
+  BARGE_ASSIGN_OR_RETURN(std::string upload_id, CreateMultipart(to));
+  std::vector<S3Part> parts;
+  Status copied;
+  for (uint64_t offset = 0; offset < source.size && copied.ok(); offset += part_bytes) {
+    const int number = static_cast<int>(parts.size()) + 1;
+    auto etag = UploadPartCopy(to, upload_id, number, from, offset, std::min(part_bytes, source.size - offset),
+                               source.etag);
+    if (etag.ok()) parts.push_back(S3Part{number, std::move(*etag)});
+    else copied = std::move(etag).error();
+  }
+  if (copied.ok()) copied = CompleteMultipart(to, upload_id, parts);
+  if (!copied.ok()) (void)AbortMultipart(to, upload_id);
+  return copied;
+}
+
+Result<std::string> S3Client::UploadPartCopy(const S3Location& to, const std::string& upload_id, int part,
+                                             const S3Location& from, uint64_t offset, uint64_t length,
+                                             const std::string& if_etag) {
+  if (part < 1 || part > 10000) return Error::InvalidArgument("a part number outside 1..10000").set_path(to.shown());
+  if (length == 0) return Error::InvalidArgument("an empty part copy").set_path(to.shown());
+  Call call("PUT", &to);
+  call.query = Query({{"partNumber", std::to_string(part)}, {"uploadId", upload_id}});
+  call.headers.push_back("x-amz-copy-source: " + CopySource(from));
+  call.headers.push_back("x-amz-copy-source-range: bytes=" + std::to_string(offset) + "-" +
+                         std::to_string(offset + length - 1));
+  if (!if_etag.empty()) call.headers.push_back("x-amz-copy-source-if-match: " + if_etag);
+  BARGE_ASSIGN_OR_RETURN(HttpReply r, Do(call));
+  if (r.head.status == 412) {
+    return Error::Corruption("the object changed while it was copied").set_path(from.shown());
+  }
+  if (!Ok(r.head.status)) return S3ErrorFor(r.head.status, r.body, r.head.status == 404 ? from : to);
+  if (ParseS3Error(r.body)) return S3ErrorFor(500, r.body, to);  // an error after the 200
+  std::optional<std::string> etag = XmlText(r.body, "ETag");
+  if (!etag || etag->empty()) return Error::IoError("the object store sent no ETag for a copied part").set_path(to.shown());
+  return *etag;
 }
 
 Status S3Client::Delete(const S3Location& at) {

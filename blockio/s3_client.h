@@ -64,10 +64,32 @@ class S3Client {
   // exists, so that two writers never both create it.
   Status PutIfAbsent(const S3Location& at, std::span<const std::byte> body);
   Status Delete(const S3Location& at);  // a missing key is ok (S3's rule)
-  // A server-side copy of `from` to `to` (PUT with x-amz-copy-source), up
-  // to 5 GiB (S3's limit for one copy: kNotSupported above it is the
-  // caller's to say). kNotFound when `from` is missing.
+  // PUT with If-Match: `etag` (as Head gave it): replaces the object only
+  // while it is still the version read. kBusy "changed since it was read"
+  // (412) otherwise; kNotFound when it is gone.
+  Status PutIfMatch(const S3Location& at, std::span<const std::byte> body, const std::string& etag);
+  // A server-side copy of `from` to `to`: one PUT with x-amz-copy-source up
+  // to copy_limits().single_max bytes; above it (S3 refuses a single copy
+  // over 5 GiB) a multipart upload of UploadPartCopy parts of
+  // copy_limits().part_bytes (more when 10,000 parts would not hold it),
+  // every part required to come from the ETag the HEAD saw (a source
+  // replaced meanwhile: kCorruption), aborted on failure. kNotFound when
+  // `from` is missing.
   Status Copy(const S3Location& from, const S3Location& to);
+  // One part of a multipart upload of `to`, copied server-side from bytes
+  // [offset, offset + length) of `from` (x-amz-copy-source-range), from its
+  // version `if_etag` when not "" (else kCorruption). The part's ETag.
+  Result<std::string> UploadPartCopy(const S3Location& to, const std::string& upload_id, int part,
+                                     const S3Location& from, uint64_t offset, uint64_t length,
+                                     const std::string& if_etag = {});
+  struct CopyLimits {
+    uint64_t single_max = uint64_t{5} << 30;  // S3's limit for one CopyObject
+    uint64_t part_bytes = uint64_t{512} << 20;  // 5 MiB..5 GiB on AWS
+  };
+  // Set before the client is shared (a test forces the multipart path with
+  // a few MiB); not synchronized with copies in flight.
+  void set_copy_limits(CopyLimits limits) { copy_limits_ = limits; }
+  const CopyLimits& copy_limits() const { return copy_limits_; }
   // Every object whose key starts with at.key (ListObjectsV2, all pages of
   // up to `page_keys` keys each); with `limit` > 0, no further page once
   // `limit` objects came (one page of one key says whether a prefix holds
@@ -124,10 +146,12 @@ class S3Client {
  private:
   S3Client(HttpOptions http, std::string endpoint, std::unique_ptr<HttpClient> client);
   Result<HttpReply> Do(const Call& call);
+  Status CopyInParts(const S3Location& from, const S3Location& to, const S3ObjectInfo& source);
 
   const HttpOptions http_;
   const std::string endpoint_;  // scheme://host[:port], no trailing '/'
   const std::unique_ptr<HttpClient> client_;
+  CopyLimits copy_limits_;
 };
 
 // The error an S3 answer means (status and XML error document), naming

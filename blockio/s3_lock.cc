@@ -3,7 +3,11 @@
 #include "blockio/s3_lock.h"
 
 #include <gnutls/crypto.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <climits>
 
 #include <algorithm>
 #include <cctype>
@@ -16,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "blockio/env.h"
 #include "blockio/thread.h"
 
 namespace barge {
@@ -64,6 +69,62 @@ Result<std::string> RandomToken() {
     out += kHex[b & 15];
   }
   return out;
+}
+
+// This process's S3LockBody::boot: the boot id and the inode of its pid
+// namespace, "BOOT/NS"; "" when either cannot be read (then no lock is
+// ever judged dead by its pid).
+std::string BootIdentity() {
+  auto boot = PosixEnv().ReadFile("/proc/sys/kernel/random/boot_id", 256);
+  auto ns = PosixEnv().ReadLink("/proc/self/ns/pid");  // "pid:[4026531836]"
+  if (!boot.ok() || !ns.ok()) return "";
+  std::string id;
+  for (char c : *boot) {
+    if (std::isxdigit(static_cast<unsigned char>(c)) != 0 || c == '-') id += c;
+  }
+  std::string inode;
+  for (char c : *ns) {
+    if (std::isdigit(static_cast<unsigned char>(c)) != 0) inode += c;
+  }
+  if (id.empty() || inode.empty() || id.size() + inode.size() + 1 > kMaxTextBytes) return "";
+  return id + "/" + inode;
+}
+
+// The start time of process `pid` in clock ticks since boot (field 22 of
+// /proc/PID/stat, counted after the command's closing parenthesis);
+// nullopt when it cannot be read (gone, or hidden from us).
+std::optional<int64_t> ProcessStart(int64_t pid) {
+  auto stat = PosixEnv().ReadFile("/proc/" + std::to_string(pid) + "/stat", 4096);
+  if (!stat.ok()) return std::nullopt;
+  const size_t paren = stat->rfind(')');
+  if (paren == std::string::npos) return std::nullopt;
+  size_t at = paren + 1;
+  for (int field = 3; field <= 22; ++field) {  // fields 3.. follow ") "
+    while (at < stat->size() && (*stat)[at] == ' ') ++at;
+    const size_t end = std::min(stat->find(' ', at), stat->size());
+    if (at >= end) return std::nullopt;
+    if (field == 22) {
+      int64_t value = 0;
+      for (size_t i = at; i < end; ++i) {
+        if (std::isdigit(static_cast<unsigned char>((*stat)[i])) == 0 || value > (INT64_MAX - 9) / 10) return std::nullopt;
+        value = value * 10 + ((*stat)[i] - '0');
+      }
+      return value;
+    }
+    at = end;
+  }
+  return std::nullopt;
+}
+
+// Whether `held` is the lock of a process that is gone from this machine,
+// boot and pid namespace (`boot`, ours): its pid exists no more, or names
+// a process started at another time (the pid reused). A lock of another
+// host, of version 1, or of a process we cannot see: not dead.
+bool OwnerIsDead(const S3LockBody& held, const std::string& boot) {
+  if (boot.empty() || held.boot != boot || held.pid <= 0 || held.pid > INT_MAX || held.start <= 0) return false;
+  if (::kill(static_cast<pid_t>(held.pid), 0) != 0 && errno == ESRCH) return true;
+  const std::optional<int64_t> start = ProcessStart(held.pid);
+  return start.has_value() && *start != held.start;
 }
 
 // A strict reader of the one flat JSON object the lock body is: string
@@ -146,11 +207,17 @@ std::vector<std::byte> Bytes(const std::string& s) {
   return {p, p + s.size()};
 }
 
+// A lock object as read: its body and the ETag of the version read.
+struct HeldLock {
+  S3LockBody body;
+  std::string etag;
+};
+
 // The lock object's body, or nullopt when there is none.
-Result<std::optional<S3LockBody>> ReadLock(S3Client& client, const S3Location& at) {
+Result<std::optional<HeldLock>> ReadLock(S3Client& client, const S3Location& at) {
   Result<S3ObjectInfo> info = client.Head(at);
   if (!info.ok()) {
-    if (info.error().code() == ErrorCode::kNotFound) return std::optional<S3LockBody>();
+    if (info.error().code() == ErrorCode::kNotFound) return std::optional<HeldLock>();
     return std::move(info).error();
   }
   if (info->size == 0 || info->size > kMaxBodyBytes) {
@@ -160,19 +227,23 @@ Result<std::optional<S3LockBody>> ReadLock(S3Client& client, const S3Location& a
   std::vector<std::byte> bytes(info->size);
   Status got = client.Get(at, 0, bytes);
   if (!got.ok()) {
-    if (got.error().code() == ErrorCode::kNotFound) return std::optional<S3LockBody>();
+    if (got.error().code() == ErrorCode::kNotFound) return std::optional<HeldLock>();
     return std::move(got).error();
   }
+  // Replaced between the HEAD and the GET: the ETag is the older one, and
+  // a PutIfMatch with it fails safe (kBusy).
   BARGE_ASSIGN_OR_RETURN(S3LockBody body, ParseS3LockBody(bytes, at));
-  return std::optional<S3LockBody>(std::move(body));
+  return std::optional<HeldLock>(HeldLock{std::move(body), std::move(info->etag)});
 }
 
 }  // namespace
 
 std::string FormatS3LockBody(const S3LockBody& b) {
-  return "{\"barge_lock\":1,\"host\":\"" + b.host + "\",\"pid\":" + std::to_string(b.pid) + ",\"token\":\"" +
-         b.token + "\",\"acquired\":" + std::to_string(b.acquired) + ",\"expires\":" + std::to_string(b.expires) +
-         "}\n";
+  const bool v2 = !b.boot.empty();
+  return "{\"barge_lock\":" + std::string(v2 ? "2" : "1") + ",\"host\":\"" + b.host + "\"" +
+         (v2 ? ",\"boot\":\"" + b.boot + "\"" : "") + ",\"pid\":" + std::to_string(b.pid) +
+         (v2 ? ",\"start\":" + std::to_string(b.start) : "") + ",\"token\":\"" + b.token +
+         "\",\"acquired\":" + std::to_string(b.acquired) + ",\"expires\":" + std::to_string(b.expires) + "}\n";
 }
 
 Result<S3LockBody> ParseS3LockBody(std::span<const std::byte> bytes, const S3Location& at) {
@@ -184,7 +255,9 @@ Result<S3LockBody> ParseS3LockBody(std::span<const std::byte> bytes, const S3Loc
   std::map<std::string, std::string, std::less<>> strings;
   std::map<std::string, int64_t, std::less<>> numbers;
   if (!Reader(text).Read(strings, numbers)) return bad("not the JSON object barge writes");
-  if (strings.size() != 2 || numbers.size() != 4) return bad("unexpected fields");
+  const auto version_given = numbers.find("barge_lock");
+  const bool v2 = version_given != numbers.end() && version_given->second == 2;
+  if (strings.size() != (v2 ? 3u : 2u) || numbers.size() != (v2 ? 5u : 4u)) return bad("unexpected fields");
   auto str = [&](std::string_view k) -> const std::string* {
     auto it = strings.find(k);
     return it == strings.end() ? nullptr : &it->second;
@@ -196,14 +269,17 @@ Result<S3LockBody> ParseS3LockBody(std::span<const std::byte> bytes, const S3Loc
   const std::string* host = str("host");
   const std::string* token = str("token");
   const auto version = num("barge_lock"), pid = num("pid"), acquired = num("acquired"), expires = num("expires");
+  const std::string* boot = str("boot");
+  const auto start = num("start");
   if (!host || !token || !version || !pid || !acquired || !expires) return bad("missing fields");
-  if (*version != 1) return bad("version " + std::to_string(*version));
+  if (*version != 1 && *version != 2) return bad("version " + std::to_string(*version));
+  if (v2 && (!boot || !start)) return bad("missing fields");
   if (token->size() != 32 || !std::all_of(token->begin(), token->end(), [](char c) {
         return std::isdigit(static_cast<unsigned char>(c)) != 0 || (c >= 'a' && c <= 'f');
       })) {
     return bad("bad token");
   }
-  return S3LockBody{*host, *pid, *token, *acquired, *expires};
+  return S3LockBody{*host, *pid, *token, *acquired, *expires, v2 ? *boot : "", v2 ? *start : 0};
 }
 
 struct S3Lock::State {
@@ -213,6 +289,7 @@ struct S3Lock::State {
   S3LockBody body;
   bool took_over = false;
   std::string previous_owner;
+  std::string takeover_reason;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -231,8 +308,8 @@ struct S3Lock::State {
     while (!lost) {
       if (cv.wait_for(lock, every, [&] { return stopping; })) return;
       lock.unlock();
-      Result<std::optional<S3LockBody>> now = ReadLock(client, at);
-      bool ok = now.ok() && now->has_value() && (*now)->token == body.token;
+      Result<std::optional<HeldLock>> now = ReadLock(client, at);
+      bool ok = now.ok() && now->has_value() && (*now)->body.token == body.token;
       if (ok) {
         S3LockBody renewed = body;
         renewed.expires = Now() + options.ttl.count();
@@ -253,14 +330,36 @@ Result<std::unique_ptr<S3Lock>> S3Lock::Acquire(S3Client& client, S3Location at,
   BARGE_ASSIGN_OR_RETURN(s.body.token, RandomToken());
   s.body.host = Hostname();
   s.body.pid = ::getpid();
+  s.body.boot = BootIdentity();
+  if (!s.body.boot.empty()) s.body.start = ProcessStart(s.body.pid).value_or(0);
+  if (s.body.start <= 0) s.body.boot.clear();  // version 1: never judged dead
+  int dead_tries = 0;  // a server ignoring If-Match must not make this spin
   for (;;) {
     s.body.acquired = Now();
     s.body.expires = s.body.acquired + s.options.ttl.count();
     Status put = client.PutIfAbsent(s.at, Bytes(FormatS3LockBody(s.body)));
     if (put.ok()) break;
     if (put.error().code() != ErrorCode::kBusy) return std::move(put).error();
-    BARGE_ASSIGN_OR_RETURN(std::optional<S3LockBody> held, ReadLock(client, s.at));
-    if (!held) continue;  // let go between our create and our read
+    BARGE_ASSIGN_OR_RETURN(std::optional<HeldLock> read, ReadLock(client, s.at));
+    if (!read) continue;  // let go between our create and our read
+    const S3LockBody* held = &read->body;
+    if (dead_tries < 3 && OwnerIsDead(*held, s.body.boot)) {
+      // A killed run of this machine: replaced at once, only if it is still
+      // the version read (If-Match), so of two takers one wins.
+      ++dead_tries;
+      s.body.acquired = Now();
+      s.body.expires = s.body.acquired + s.options.ttl.count();
+      Status replaced = client.PutIfMatch(s.at, Bytes(FormatS3LockBody(s.body)), read->etag);
+      if (replaced.ok()) {
+        s.took_over = true;
+        s.previous_owner = Owner(*held);
+        s.takeover_reason = "dead";
+        break;
+      }
+      const ErrorCode code = replaced.error().code();
+      if (code != ErrorCode::kBusy && code != ErrorCode::kNotFound) return std::move(replaced).error();
+      continue;  // changed or gone meanwhile: look again
+    }
     std::optional<Error> busy;
     if (held->expires > Now()) {
       busy = Error::Busy(s.options.busy_message + ": held by " + Owner(*held) + " until " + Utc(held->expires))
@@ -269,8 +368,8 @@ Result<std::unique_ptr<S3Lock>> S3Lock::Acquire(S3Client& client, S3Location at,
       // Expired: delete it only if it is still the lock we read (re-read
       // right before the delete), then create ours again. There is no
       // conditional delete: the window is the one re-read.
-      BARGE_ASSIGN_OR_RETURN(std::optional<S3LockBody> again, ReadLock(client, s.at));
-      if (again && again->token == held->token) {
+      BARGE_ASSIGN_OR_RETURN(std::optional<HeldLock> again, ReadLock(client, s.at));
+      if (again && again->body.token == held->token) {
         BARGE_RETURN_IF_ERROR(client.Delete(s.at));
         s.body.acquired = Now();
         s.body.expires = s.body.acquired + s.options.ttl.count();
@@ -278,6 +377,7 @@ Result<std::unique_ptr<S3Lock>> S3Lock::Acquire(S3Client& client, S3Location at,
         if (retake.ok()) {
           s.took_over = true;
           s.previous_owner = Owner(*held);
+          s.takeover_reason = "expired";
           break;
         }
         if (retake.error().code() != ErrorCode::kBusy) return std::move(retake).error();
@@ -305,13 +405,15 @@ S3Lock::~S3Lock() {
   }
   s.cv.notify_all();
   if (s.renewer.joinable()) s.renewer.join();
-  Result<std::optional<S3LockBody>> now = ReadLock(s.client, s.at);
-  if (now.ok() && now->has_value() && (*now)->token == s.body.token) (void)s.client.Delete(s.at);
+  Result<std::optional<HeldLock>> now = ReadLock(s.client, s.at);
+  if (now.ok() && now->has_value() && (*now)->body.token == s.body.token) (void)s.client.Delete(s.at);
 }
 
 bool S3Lock::took_over() const { return state_->took_over; }
 
 const std::string& S3Lock::previous_owner() const { return state_->previous_owner; }
+
+const std::string& S3Lock::takeover_reason() const { return state_->takeover_reason; }
 
 bool S3Lock::lost() const {
   std::lock_guard lock(state_->mu);

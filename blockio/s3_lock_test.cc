@@ -15,7 +15,7 @@ std::span<const std::byte> Bytes(const std::string& s) {
 const S3Location kAt{"bucket", "chain/.lock"};
 
 TEST(S3LockBodyTest, WhatBargeWritesReadsBack) {
-  const S3LockBody body{"host-1.example", 12345, "0123456789abcdef0123456789abcdef", 1700000000, 1700000120};
+  const S3LockBody body{"host-1.example", 12345, "0123456789abcdef0123456789abcdef", 1700000000, 1700000120, "", 0};
   const std::string text = FormatS3LockBody(body);
   auto back = ParseS3LockBody(Bytes(text), kAt);
   ASSERT_TRUE(back.ok()) << back.error().ToString();
@@ -33,11 +33,34 @@ TEST(S3LockBodyTest, WhatBargeWritesReadsBack) {
   EXPECT_EQ(spaced->expires, 5);
 }
 
+// Version 2 names the owner's boot and pid namespace and its start time,
+// so that a writer of the same machine can tell a dead owner.
+TEST(S3LockBodyTest, VersionTwoReadsBack) {
+  const S3LockBody body{"h", 77, std::string(32, 'c'), 10, 20, "0f3c-aa/4026531836", 123456};
+  const std::string text = FormatS3LockBody(body);
+  EXPECT_NE(text.find("\"barge_lock\":2"), std::string::npos) << text;
+  auto back = ParseS3LockBody(Bytes(text), kAt);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  EXPECT_EQ(back->boot, body.boot);
+  EXPECT_EQ(back->start, body.start);
+  EXPECT_EQ(back->pid, body.pid);
+  // Version 1 (no boot): written and read as before.
+  auto v1 = ParseS3LockBody(Bytes(FormatS3LockBody(S3LockBody{"h", 1, std::string(32, 'd'), 1, 2, "", 0})), kAt);
+  ASSERT_TRUE(v1.ok()) << v1.error().ToString();
+  EXPECT_EQ(v1->boot, "");
+  EXPECT_EQ(v1->start, 0);
+}
+
 TEST(S3LockBodyTest, AnythingElseIsALockBargeDidNotWrite) {
   const std::string good_tail = ",\"token\":\"0123456789abcdef0123456789abcdef\",\"acquired\":1,\"expires\":2}";
   for (const std::string& bad : std::vector<std::string>{
            std::string(), std::string("not json"), std::string("{}"), std::string("[1]"),
-           "{\"barge_lock\":2,\"host\":\"h\",\"pid\":1" + good_tail,           // version
+           "{\"barge_lock\":2,\"host\":\"h\",\"pid\":1" + good_tail,           // version 2 without boot, start
+           "{\"barge_lock\":3,\"host\":\"h\",\"boot\":\"b\",\"pid\":1,\"start\":1" + good_tail,  // version
+           "{\"barge_lock\":1,\"host\":\"h\",\"boot\":\"b\",\"pid\":1,\"start\":1" + good_tail,  // v2 fields in v1
+           "{\"barge_lock\":2,\"host\":\"h\",\"boot\":\"b\",\"pid\":1,\"start\":1,\"x\":1" + good_tail,  // extra
+           "{\"barge_lock\":2,\"host\":\"h\",\"boot\":\"b\",\"pid\":1,\"begin\":1" + good_tail,  // start misnamed
+           "{\"barge_lock\":2,\"host\":\"h\",\"boot\":\"b c\",\"pid\":1,\"start\":1" + good_tail,  // space
            "{\"barge_lock\":1,\"host\":\"h\",\"pid\":-1" + good_tail,          // negative
            "{\"barge_lock\":1,\"host\":\"h\",\"pid\":01" + good_tail,          // leading zero
            "{\"barge_lock\":1,\"host\":\"h\",\"pid\":1.5" + good_tail,         // fraction

@@ -2,6 +2,7 @@
 #include "cli/bucket_routing.h"
 
 #include <cstring>
+#include <iostream>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -51,6 +52,9 @@ std::unique_ptr<ScopedDefaultEnv> InstallBucketRouting(int argc, char** argv) {
     any = IsS3Url(word) || (word.starts_with("-") && eq != std::string_view::npos && IsS3Url(word.substr(eq + 1)));
   }
   if (!any) return nullptr;
+  // A human line on stderr, as Output::Notice writes one (the job's Output
+  // is not known down here).
+  SetBucketNoticeHandler([](const std::string& line) { std::cerr << "barge: " + line + "\n" << std::flush; });
   static RoutingEnv routing(PosixEnv(), Current);  // lives to the process's end: jobs may outlive main's scope
   static CryptEnv crypt(routing);                  // encrypted chains; without a key, refuses them
   g_crypt = &crypt;

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli/common.h"
+#include "cli/http_flags.h"
 #include "cli/interrupt.h"
 #include "cli/owner_flag.h"
 #include "pipeline/chain.h"
@@ -79,6 +80,7 @@ void RegisterExportCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--tls-psk-file", a->tls_psk_file, "Require TLS with pre-shared keys from this file (user:hexkey lines)");
   cmd->get_option("--tls-certificates")->excludes("--tls-psk-file");
   cmd->get_option("--socket")->excludes("--listen");
+  AddBucketFlags(cmd);
 }
 
 }  // namespace barge::cli

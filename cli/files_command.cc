@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/common.h"
+#include "cli/http_flags.h"
 #include "cli/owner_flag.h"
 #include "formats/json_fields.h"
 #include "formats/units.h"
@@ -144,6 +145,7 @@ void RegisterFilesCommands(CLI::App& app, int& exit_code) {
     a->AddTo(cmd);
     a->AddFlags(cmd);
     AddAllowOtherOwnerFlag(cmd);
+    AddBucketFlags(cmd);
   }
   {
     auto a = std::make_shared<FilesArgs>();
@@ -156,6 +158,7 @@ void RegisterFilesCommands(CLI::App& app, int& exit_code) {
         ->required();
     a->AddFlags(cmd);
     AddAllowOtherOwnerFlag(cmd);
+    AddBucketFlags(cmd);
   }
 }
 

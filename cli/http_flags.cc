@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 
 #include "blockio/env.h"
 #include "blockio/s3_client.h"
@@ -22,18 +23,15 @@ Result<S3Access> ResolveS3AccessFromEnvironment(const S3Access& flags) {
   return ResolveS3Access(flags, getenv, read);
 }
 
-void AddHttpFlags(CLI::App* app, HttpOptions& options) {
+namespace {
+
+// --ca-file, --http-timeout and the S3 flags into `options`, and the
+// environment read once they are parsed. `keep` (the owner of `options`,
+// or null) lives as long as the command's callback.
+void AddS3Flags(CLI::App* app, HttpOptions& options, std::shared_ptr<const void> keep) {
   app->add_option("--ca-file", options.ca_file,
-                  "https:// source: PEM file of the authorities to verify the server with (default: the "
-                  "system's); verification is never turned off")
-      ->type_name("FILE");
-  app->add_option("--netrc-file", options.netrc_file,
-                  "http(s):// source: credentials as netrc lines (machine HOST login USER password PASS), "
-                  "mode 0600; never put them in the URL")
-      ->type_name("FILE");
-  app->add_option("--header-file", options.header_file,
-                  "http(s):// source: request headers sent with every request, one 'Name: value' a line "
-                  "(e.g. Authorization: Bearer TOKEN), mode 0600; never shown")
+                  "https:// source or S3 endpoint: PEM file of the authorities to verify the server with "
+                  "(default: the system's); verification is never turned off")
       ->type_name("FILE");
   HttpOptions* o = &options;
   app->add_option_function<double>(
@@ -42,25 +40,33 @@ void AddHttpFlags(CLI::App* app, HttpOptions& options) {
            o->stall_timeout_ms = static_cast<int>(seconds * 1000);
            o->connect_timeout_ms = std::min(o->connect_timeout_ms, o->stall_timeout_ms);
          },
-         "http(s):// source: seconds without a byte before a transfer is cut and resumed (default 30)")
+         "http(s):// source or S3 endpoint: seconds without a byte before a transfer is cut and resumed "
+         "(default 30)")
       ->check(CLI::Range(1.0, 3600.0))
       ->type_name("SECONDS");
   app->add_option("--s3-endpoint", options.s3.endpoint,
-                  "s3:// source: the object store's URL, http(s)://HOST[:PORT] (default: AWS_ENDPOINT_URL, else "
+                  "s3:// location: the object store's URL, http(s)://HOST[:PORT] (default: AWS_ENDPOINT_URL, else "
                   "AWS in AWS_REGION); keys from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials")
       ->type_name("URL");
   app->add_option("--s3-region", options.s3.region,
-                  "s3:// source: the store's region, signed into every request (default: AWS_REGION, "
+                  "s3:// location: the store's region, signed into every request (default: AWS_REGION, "
                   "AWS_DEFAULT_REGION, the profile's region in ~/.aws/config, else us-east-1)")
       ->type_name("REGION");
+  auto style = std::make_shared<std::string>();
+  app->add_option("--s3-addressing-style", *style,
+                  "s3:// location: path (HOST/BUCKET, the default) or virtual (BUCKET.HOST); default: "
+                  "AWS_S3_ADDRESSING_STYLE, else path")
+      ->check(CLI::IsMember({"path", "virtual"}))
+      ->type_name("STYLE");
   // The environment is read here, at the edge, once the flags are known.
-  app->parse_complete_callback([o, app] {
+  app->parse_complete_callback([o, app, style, keep = std::move(keep)] {
     // A profile the credentials file lacks (NotFound) matters only to
     // s3:// locations: the keys stay empty and the S3 client says how to
     // give them. A malformed or unreadable file is a usage error of a
     // command given an s3:// location, and no matter to the others.
     auto s3 = ResolveS3AccessFromEnvironment(o->s3);
     if (s3.ok()) o->s3 = std::move(*s3);
+    if (!style->empty()) o->s3.virtual_host = *style == "virtual";  // the flag over the environment
     SetBucketHttpOptions(*o);  // s3:// chain folders use the same settings
     if (s3.ok() || s3.error().code() == ErrorCode::kNotFound) return;
     for (const CLI::Option* option : app->get_options()) {
@@ -69,6 +75,25 @@ void AddHttpFlags(CLI::App* app, HttpOptions& options) {
       }
     }
   });
+}
+
+}  // namespace
+
+void AddHttpFlags(CLI::App* app, HttpOptions& options) {
+  AddS3Flags(app, options, nullptr);
+  app->add_option("--netrc-file", options.netrc_file,
+                  "http(s):// source: credentials as netrc lines (machine HOST login USER password PASS), "
+                  "mode 0600; never put them in the URL")
+      ->type_name("FILE");
+  app->add_option("--header-file", options.header_file,
+                  "http(s):// source: request headers sent with every request, one 'Name: value' a line "
+                  "(e.g. Authorization: Bearer TOKEN), mode 0600; never shown")
+      ->type_name("FILE");
+}
+
+void AddBucketFlags(CLI::App* app) {
+  auto options = std::make_shared<HttpOptions>();
+  AddS3Flags(app, *options, options);
 }
 
 Result<HttpOptions> HttpFlags::OptionsFor(Output& out, const std::string& source) const {

@@ -13,10 +13,16 @@
 namespace barge::cli {
 
 // Registers --ca-file, --netrc-file, --header-file, --http-timeout,
-// --s3-endpoint and --s3-region on `app`, filling `options` (which must outlive the parse),
+// --s3-endpoint, --s3-region and --s3-addressing-style on `app`, filling `options` (which must outlive the parse),
 // and fills options.s3 from the environment after parsing. The files are
 // read and checked when the source opens (pipeline::HttpOptionsFor).
 void AddHttpFlags(CLI::App* app, HttpOptions& options);
+
+// The flags of a command that takes a chain location (list, verify,
+// restore, merge, export, files, forget, sync): --ca-file, --http-timeout,
+// --s3-endpoint, --s3-region and --s3-addressing-style, as AddHttpFlags
+// registers them, for its s3:// locations (SetBucketHttpOptions).
+void AddBucketFlags(CLI::App* app);
 
 // ResolveS3Access of `flags` with this process's environment and the AWS
 // files read through the POSIX Env: the one place the cli reads them.

@@ -7,6 +7,7 @@
 #include "cli/catalog_json.h"
 #include "cli/bucket_routing.h"
 #include "cli/common.h"
+#include "cli/http_flags.h"
 #include "orchestrate/catalog/catalog_listing.h"
 #include "orchestrate/catalog/listing_text.h"
 #include "pipeline/chain_summary.h"
@@ -124,6 +125,7 @@ void RegisterListCommands(CLI::App& app, int& exit_code) {
                     "target (lists the chain folders below it)")
         ->required();
     AddEncryptionFlags(cmd, nullptr);
+    AddBucketFlags(cmd);
   }
   {
     struct Args {

@@ -5,8 +5,9 @@
 #include "cli/bucket_routing.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
-#include "cli/owner_flag.h"
 #include "cli/group_flag.h"
+#include "cli/http_flags.h"
+#include "cli/owner_flag.h"
 #include "cli/progress.h"
 #include "pipeline/chain.h"
 #include "pipeline/merge.h"
@@ -89,6 +90,7 @@ void RegisterMergeCommand(CLI::App& app, int& exit_code) {
   AddGroupFlag(cmd, args->group, "the chain from now on (its files too)");
   args->copy.AddTo(cmd, "none", kResourceFlags, "a merge keeps the chain's cluster size and compression");
   AddEncryptionFlags(cmd, nullptr);
+  AddBucketFlags(cmd);
 }
 
 }  // namespace barge::cli

@@ -6,6 +6,7 @@
 
 #include "blockio/nbd.h"
 #include "cli/common.h"
+#include "cli/http_flags.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
@@ -431,6 +432,7 @@ void RegisterPolicyCommands(CLI::App& app, int& exit_code) {
     cmd->add_option("--catalog", a->catalog, "Catalog database (run records are marked)");
     cmd->add_option("--threads", a->threads, "Worker threads of merges (0 = all cores)")->capture_default_str();
     cmd->add_option("--memory", a->memory, "Data in flight of merges")->capture_default_str();
+    AddBucketFlags(cmd);
   }
   {
     auto* group = AddGroup(app, "runs", "Policy run records");

@@ -3,6 +3,7 @@
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/group_flag.h"
+#include "cli/http_flags.h"
 #include "cli/nbd_flags.h"
 #include "cli/owner_flag.h"
 #include "cli/progress.h"
@@ -172,6 +173,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
                      "a restore keeps the chain's cluster size");
     args->nbd.AddTo(cmd, "an nbd:// or nbds:// --to");
     AddEncryptionFlags(cmd, nullptr);
+    AddBucketFlags(cmd);
   }
   {
     auto args = std::make_shared<VerifyArgs>();
@@ -193,6 +195,7 @@ void RegisterRestoreCommands(CLI::App& app, int& exit_code) {
     args->copy.AddTo(cmd, "none", kResourceFlags | kNbdFlags, "verify only reads");
     args->nbd.AddTo(cmd, "an nbd:// or nbds:// --against");
     AddEncryptionFlags(cmd, nullptr);
+    AddBucketFlags(cmd);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/common.h"
+#include "cli/http_flags.h"
 #include "cli/interrupt.h"
 #include "cli/owner_flag.h"
 #include "pipeline/chain_sync.h"
@@ -65,6 +66,7 @@ void RegisterSyncCommand(CLI::App& app, int& exit_code) {
   AddAllowOtherOwnerFlag(cmd);
   cmd->add_option("src", a->src, "The chain folder (TARGET/NAME) or target folder to copy from")->required();
   cmd->add_option("dst", a->dst, "The chain folder or target folder to copy into (made when missing)")->required();
+  AddBucketFlags(cmd);
 }
 
 }  // namespace barge::cli

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "blockio/s3_client.h"
+#include "blockio/s3_lock.h"
 #include "tests/testing/cli_testing.h"
 #include "tests/testing/radosgw.h"
 
@@ -66,6 +67,15 @@ class S3ChainTest : public ::testing::Test {
            " AWS_SECRET_ACCESS_KEY=" + rgw_->secret_key() + " AWS_ENDPOINT_URL=" + rgw_->endpoint() + " " +
            Barge(args);
   }
+  // barge COMMAND --s3-endpoint E ARGS with the keys in the environment and
+  // no endpoint anywhere else (no AWS_ENDPOINT_URL, no config file): the
+  // flag alone reaches the store.
+  std::string BargeFlag(const std::string& command, const std::string& args) const {
+    return "env -u AWS_PROFILE -u AWS_ENDPOINT_URL -u AWS_ENDPOINT_URL_S3 AWS_CONFIG_FILE=/dev/null "
+           "AWS_SHARED_CREDENTIALS_FILE=/dev/null AWS_ACCESS_KEY_ID=" + rgw_->access_key() +
+           " AWS_SECRET_ACCESS_KEY=" + rgw_->secret_key() + " " +
+           Barge(command + " --s3-endpoint " + rgw_->endpoint() + " " + args);
+  }
   CommandResult Backup(const std::string& extra = "") {
     CommandResult r = Sh(BargeS3("backup --json --source " + Q(disk_) + " --target " + target_ + " --name vm1" + extra));
     outputs_ += r.output;
@@ -96,6 +106,14 @@ class S3ChainTest : public ::testing::Test {
     }
     ADD_FAILURE() << "no result: " << r.output;
     return 0;
+  }
+  // An S3 client of this process on the radosgw, with its keys.
+  Result<std::unique_ptr<S3Client>> Direct() const {
+    HttpOptions o;
+    o.s3.endpoint = rgw_->endpoint();
+    o.s3.access_key_id = rgw_->access_key();
+    o.s3.secret_access_key = rgw_->secret_key();
+    return S3Client::Create(o);
   }
   std::string MultipartUploads() {
     return Sh(Aws("s3api list-multipart-uploads --bucket " + bucket_)).output;
@@ -175,11 +193,7 @@ TEST_F(S3ChainTest, KilledBackupLeavesNoPointAndItsUploadIsAborted) {
   const pid_t pid = std::stoi(testing::Slurp(pid_file));
   // Polled in this process, not through the aws CLI (a second a call): a
   // backup with few round trips finishes its upload in about a second.
-  HttpOptions o;
-  o.s3.endpoint = rgw_->endpoint();
-  o.s3.access_key_id = rgw_->access_key();
-  o.s3.secret_access_key = rgw_->secret_key();
-  auto direct = S3Client::Create(o);
+  auto direct = Direct();
   ASSERT_TRUE(direct.ok()) << direct.error().ToString();
   bool uploading = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
@@ -194,13 +208,72 @@ TEST_F(S3ChainTest, KilledBackupLeavesNoPointAndItsUploadIsAborted) {
   ASSERT_TRUE(uploading) << testing::Slurp(log);
   EXPECT_EQ(ListedPoints(), 1u);
   EXPECT_TRUE(Has(MultipartUploads(), "UploadId"));
-  // The next backup takes the (dead, expired) lock over only after its
-  // expiry: the killed run's lock object is removed as an operator would.
-  testing::Run(Aws("s3 rm s3://" + bucket_ + "/chains/vm1/.lock") + " >/dev/null");
+  // The next backup takes the killed run's lock over at once (its process
+  // is gone from this machine), unexpired, and says so.
+  const auto started = std::chrono::steady_clock::now();
   CommandResult next = Backup(" --allow-resize");
   EXPECT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(60));
+  EXPECT_TRUE(Has(next.output, "took over the lock")) << next.output;
+  EXPECT_TRUE(Has(next.output, "pid " + std::to_string(pid))) << next.output;
   EXPECT_EQ(ListedPoints(), 2u);
   EXPECT_FALSE(Has(MultipartUploads(), "UploadId")) << MultipartUploads();
+  EXPECT_FALSE(Has(outputs_, rgw_->secret_key()));
+}
+
+// A live writer of this machine (this test process holds the lock object,
+// as a running backup does): a second writer is Busy, exit 4.
+TEST_F(S3ChainTest, ALiveOwnerOnThisMachineKeepsTheLock) {
+  ASSERT_EQ(Backup().exit_code, 0);
+  auto direct = Direct();
+  ASSERT_TRUE(direct.ok()) << direct.error().ToString();
+  {
+    auto held = S3Lock::Acquire(**direct, S3Location{bucket_, "chains/vm1/.lock"});
+    ASSERT_TRUE(held.ok()) << held.error().ToString();
+    CommandResult second = Backup();
+    EXPECT_EQ(second.exit_code, 4) << second.output;
+    EXPECT_TRUE(Has(second.output, "pid " + std::to_string(::getpid()))) << second.output;
+  }
+  EXPECT_EQ(Backup().exit_code, 0);
+  EXPECT_EQ(ListedPoints(), 2u);
+}
+
+// Every command that takes a chain location reaches the bucket with
+// --s3-endpoint alone; forget in the bucket removes the forgotten point's
+// objects and leaves a chain that verifies; sync copies it out.
+TEST_F(S3ChainTest, ChainCommandsTakeTheEndpointFlag) {
+  auto run = [&](const std::string& command, const std::string& args) {
+    CommandResult r = Sh(BargeFlag(command, args));
+    outputs_ += r.output;
+    EXPECT_EQ(r.exit_code, 0) << command << " " << args << ": " << r.output;
+    return r;
+  };
+  const std::string backup = "--source " + Q(disk_) + " --target " + target_ + " --name vm1";
+  run("backup", backup);
+  testing::RunOk("qemu-io -f raw -c 'write -P 0x5a 40M 1M' " + Q(disk_) + " >/dev/null");
+  run("backup", backup + " --incremental --changed-by digests");
+  testing::RunOk("qemu-io -f raw -c 'write -P 0x11 8M 1M' " + Q(disk_) + " >/dev/null");
+  run("backup", backup + " --incremental --changed-by digests");
+  const std::vector<std::string> ids = ListedIds();
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_TRUE(Has(run("list", "--json " + chain_).stdout_text, ids[2]));
+  run("verify", "--all " + chain_);
+  const std::string out = dir_ / "out.raw";
+  run("restore", chain_ + " --to " + Q(out));
+  testing::RunOk("qemu-img compare -q -f raw -F raw " + Q(disk_) + " " + Q(out));
+  ASSERT_TRUE(Has(Keys(), ids[0])) << Keys();
+  run("forget", "--keep-last 2 " + chain_);
+  EXPECT_EQ(ListedIds(), (std::vector<std::string>{ids[1], ids[2]})) << Keys();
+  EXPECT_FALSE(Has(Keys(), ids[0])) << Keys();
+  run("verify", "--all " + chain_);
+  run("merge", "--through latest " + chain_);
+  EXPECT_EQ(ListedIds(), std::vector<std::string>{ids[2]}) << Keys();
+  const std::string local = dir_ / "copy";
+  run("sync", chain_ + " " + Q(local));
+  const std::string out2 = dir_ / "out2.raw";
+  CommandResult restored = Sh(Barge("restore " + Q(local) + " --to " + Q(out2)));
+  ASSERT_EQ(restored.exit_code, 0) << restored.output;
+  testing::RunOk("qemu-img compare -q -f raw -F raw " + Q(disk_) + " " + Q(out2));
   EXPECT_FALSE(Has(outputs_, rgw_->secret_key()));
 }
 

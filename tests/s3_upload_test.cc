@@ -259,7 +259,7 @@ TEST_F(S3UploadTest, WaitingAcquireGetsTheLockOnceLetGo) {
 
 TEST_F(S3UploadTest, ExpiredLockIsTakenOver) {
   const S3Location at{bucket_, ".lock"};
-  S3LockBody dead{"deadhost", 4242, std::string(32, 'a'), 1000, 2000};
+  S3LockBody dead{"deadhost", 4242, std::string(32, 'a'), 1000, 2000, "", 0};
   ASSERT_TRUE(client_->Put(at, Bytes(FormatS3LockBody(dead))).ok());
   auto lock = S3Lock::Acquire(*client_, at);
   ASSERT_TRUE(lock.ok()) << lock.error().ToString();
@@ -268,6 +268,92 @@ TEST_F(S3UploadTest, ExpiredLockIsTakenOver) {
   auto again = S3Lock::Acquire(*client_, at);
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.error().code(), ErrorCode::kBusy);
+}
+
+// A lock of a process of this machine that is gone (a SIGKILLed run) is
+// taken over at once, unexpired; a live owner's is not.
+TEST_F(S3UploadTest, DeadOwnersLockOnThisMachineIsTakenOverAtOnce) {
+  const S3Location at{bucket_, ".lock"};
+  auto mine = S3Lock::Acquire(*client_, at);
+  ASSERT_TRUE(mine.ok()) << mine.error().ToString();
+  std::vector<std::byte> bytes(client_->Head(at)->size);
+  ASSERT_TRUE(client_->Get(at, 0, bytes).ok());
+  auto body = ParseS3LockBody(bytes, at);
+  ASSERT_TRUE(body.ok()) << body.error().ToString();
+  ASSERT_FALSE(body->boot.empty()) << "no boot id or pid namespace here";
+  EXPECT_EQ(body->pid, ::getpid());
+  EXPECT_GT(body->start, 0);
+  // A live owner (this process): busy, unexpired.
+  auto other = S3Lock::Acquire(*client_, at);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.error().code(), ErrorCode::kBusy) << other.error().ToString();
+  mine->reset();
+  // The same owner with a start time that is not this process's: its pid
+  // was reused, the owner is gone.
+  S3LockBody reused = *body;
+  reused.start += 1;
+  ASSERT_TRUE(client_->Put(at, Bytes(FormatS3LockBody(reused))).ok());
+  auto taken = S3Lock::Acquire(*client_, at);
+  ASSERT_TRUE(taken.ok()) << taken.error().ToString();
+  EXPECT_TRUE((*taken)->took_over());
+  EXPECT_EQ((*taken)->takeover_reason(), "dead");
+  taken->reset();
+  // Another machine's lock (another boot) waits for its expiry.
+  S3LockBody elsewhere = *body;
+  elsewhere.boot = "00000000-0000-0000-0000-000000000000/1";
+  elsewhere.start += 1;
+  ASSERT_TRUE(client_->Put(at, Bytes(FormatS3LockBody(elsewhere))).ok());
+  auto waits = S3Lock::Acquire(*client_, at);
+  ASSERT_FALSE(waits.ok());
+  EXPECT_EQ(waits.error().code(), ErrorCode::kBusy);
+}
+
+// The takeover's replace is conditional: a PUT with an ETag that is no
+// longer the object's is refused (two takers: one wins).
+TEST_F(S3UploadTest, PutIfMatchRefusesAnotherVersion) {
+  const S3Location at{bucket_, "k"};
+  ASSERT_TRUE(client_->Put(at, Bytes("one")).ok());
+  auto first = client_->Head(at);
+  ASSERT_TRUE(first.ok());
+  Status matched = client_->PutIfMatch(at, Bytes("two"), first->etag);
+  ASSERT_TRUE(matched.ok()) << matched.error().ToString();
+  Status stale = client_->PutIfMatch(at, Bytes("three"), first->etag);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(stale.error().code(), ErrorCode::kBusy) << stale.error().ToString();
+  std::vector<std::byte> now(3);
+  ASSERT_TRUE(client_->Get(at, 0, now).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(now.data()), 3), "two");
+}
+
+// A copy above the single-copy limit goes in UploadPartCopy parts (forced
+// here with a few MiB) and equals its source, byte for byte, as a second
+// client downloads it. DISABLED: against radosgw every UploadPartCopy is
+// 403 SignatureDoesNotMatch with Debian 12's curl 7.88 (seemingly its
+// SigV4 sorts "name:value" lines, putting x-amz-copy-source-range before
+// x-amz-copy-source; fixed in later curls, unconfirmed).
+TEST_F(S3UploadTest, DISABLED_CopyAboveTheLimitGoesInPartsAndEqualsTheSource) {
+  BARGE_REQUIRE_TOOL("aws");
+  testing::TempDir dir;
+  const auto data = testing::RandomBytes(12 * kMiB + 12345, 77);
+  testing::WriteFile(dir / "src", data);
+  ASSERT_TRUE(client_->Put({bucket_, "src"}, data).ok());
+  client_->set_copy_limits({.single_max = 4 * kMiB, .part_bytes = 5 * kMiB});
+  Status copied = client_->Copy({bucket_, "src"}, {bucket_, "dst"});
+  ASSERT_TRUE(copied.ok()) << copied.error().ToString();
+  auto head = client_->Head({bucket_, "dst"});
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(head->size, data.size());
+  EXPECT_NE(head->etag.find("-3"), std::string::npos) << "three parts: " << head->etag;
+  EXPECT_EQ(UploadsLeft(), 0u);
+  testing::RunOk(rgw_->client_env() + "aws --endpoint-url " + rgw_->endpoint() + " s3 cp s3://" + bucket_ +
+                 "/dst " + testing::ShellQuote(dir / "dst") + " >/dev/null");
+  testing::RunOk("cmp " + testing::ShellQuote(dir / "src") + " " + testing::ShellQuote(dir / "dst"));
+  // Under the limit: one CopyObject (no part suffix on the ETag).
+  client_->set_copy_limits({});
+  ASSERT_TRUE(client_->Copy({bucket_, "src"}, {bucket_, "one"}).ok());
+  auto single = client_->Head({bucket_, "one"});
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(single->etag.find('-'), std::string::npos) << single->etag;
 }
 
 TEST_F(S3UploadTest, RenewalKeepsALockAlivePastItsTtl) {
@@ -280,7 +366,7 @@ TEST_F(S3UploadTest, RenewalKeepsALockAlivePastItsTtl) {
   EXPECT_EQ(other.error().code(), ErrorCode::kBusy) << other.error().ToString();
   EXPECT_FALSE((*lock)->lost());
   // A lock replaced under us is noticed at the next renewal.
-  S3LockBody thief{"thief", 1, std::string(32, 'b'), 1000, 9999999999};
+  S3LockBody thief{"thief", 1, std::string(32, 'b'), 1000, 9999999999, "", 0};
   ASSERT_TRUE(client_->Put(at, Bytes(FormatS3LockBody(thief))).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   EXPECT_TRUE((*lock)->lost());
