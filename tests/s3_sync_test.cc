@@ -24,7 +24,7 @@
 #include "blockio/s3_client.h"
 #include "tests/testing/cli_testing.h"
 #include "tests/testing/radosgw.h"
-#include "tests/testing/s3_testing.h"
+#include "tests/testing/radosgw.h"
 #include "tests/testing/sync_testing.h"
 #include "tests/testing/testing.h"
 
@@ -66,7 +66,7 @@ class S3SyncTest : public ::testing::Test {
                 Q(root_ + "/A") + " --name disk" + (incremental ? " --incremental --dirty-bitmap cbt0" : "")));
   }
   // The second client, with the radosgw's keys and no config files.
-  std::string Aws(const std::string& args) const { return AwsCommand(*rgw_, args); }
+  std::string Aws(const std::string& args) const { return rgw_->Aws(args); }
   // barge ARGS with the keys and the endpoint in the environment.
   std::string BargeS3(const std::string& args) const {
     return rgw_->barge_env() + Barge(args);

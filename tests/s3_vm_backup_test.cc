@@ -11,7 +11,7 @@
 
 #include "tests/testing/cli_testing.h"
 #include "tests/testing/radosgw.h"
-#include "tests/testing/s3_testing.h"
+#include "tests/testing/radosgw.h"
 #include "tests/testing/testing.h"
 #include "tests/vm_libvirt_env.h"
 
@@ -36,7 +36,7 @@ class S3VmBackupTest : public VmTestBase {
   void TearDown() override {
     if (rgw_ != nullptr && rgw_->ok() && !bucket_.empty()) testing::Run(Aws("s3 rb --force s3://" + bucket_) + " >/dev/null");
   }
-  std::string Aws(const std::string& args) const { return AwsCommand(*rgw_, args); }
+  std::string Aws(const std::string& args) const { return rgw_->Aws(args); }
 
   Radosgw* rgw_ = nullptr;
   std::string bucket_;

@@ -64,12 +64,14 @@ class Radosgw {
 // cluster did not come up; use as `Radosgw* rgw; BARGE_REQUIRE_RADOSGW(rgw);`.
 Radosgw* SharedRadosgw();
 // A bucket name of the running test's own: PREFIX, the pid and the test's
-// name, lower-case, at most 60 characters.
+// name, lower-case, at most 60 characters, ending with a letter or digit.
 inline std::string TestBucketName(const std::string& prefix) {
   std::string name = prefix + std::to_string(::getpid()) + "-" +
                      ::testing::UnitTest::GetInstance()->current_test_info()->name();
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name.substr(0, 60);
+  name = name.substr(0, 60);
+  while (!name.empty() && !std::isalnum(static_cast<unsigned char>(name.back()))) name.pop_back();
+  return name;
 }
 #define BARGE_REQUIRE_RADOSGW(var)                      \
   BARGE_REQUIRE_TOOL("radosgw");                        \
