@@ -1,6 +1,7 @@
 // s3:// locations routed to a BucketEnv (cli/bucket_routing.h).
 #include "cli/bucket_routing.h"
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -31,6 +32,12 @@ HttpOptions Current() {
   return *g_options;
 }
 
+// The one RoutingEnv; lives to the process's end: jobs may outlive main's scope.
+RoutingEnv& Routing() {
+  static RoutingEnv routing(PosixEnv(), Current);
+  return routing;
+}
+
 }  // namespace
 
 void SetBucketHttpOptions(const HttpOptions& options) {
@@ -47,8 +54,16 @@ std::unique_ptr<ScopedDefaultEnv> InstallBucketRouting(int argc, char** argv) {
     any = IsS3Url(word) || (word.starts_with("-") && eq != std::string_view::npos && IsS3Url(word.substr(eq + 1)));
   }
   if (!any) return nullptr;
-  static RoutingEnv routing(PosixEnv(), Current);  // lives to the process's end: jobs may outlive main's scope
-  return std::make_unique<ScopedDefaultEnv>(routing);
+  return std::make_unique<ScopedDefaultEnv>(Routing());
+}
+
+std::unique_ptr<ScopedDefaultEnv> InstallBucketRoutingFor(const std::vector<std::string>& locations) {
+  if (std::none_of(locations.begin(), locations.end(), [](const std::string& l) { return IsS3Url(l); })) {
+    return nullptr;
+  }
+  // Already routed (an s3:// argument): nothing to add.
+  if (&Env::Default() == &Routing()) return nullptr;
+  return std::make_unique<ScopedDefaultEnv>(Routing());
 }
 
 }  // namespace barge::cli

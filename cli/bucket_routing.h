@@ -5,6 +5,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "blockio/env.h"
 #include "blockio/http_client.h"
@@ -21,5 +23,9 @@ void SetBucketHttpOptions(const HttpOptions& options);
 // or an option's "=s3://..."), installs a RoutingEnv as Env::Default() for
 // the returned object's lifetime; null otherwise (nothing changes).
 std::unique_ptr<ScopedDefaultEnv> InstallBucketRouting(int argc, char** argv);
+
+// The same when one of `locations` (a policy's targets and offsites, read
+// from its file rather than the arguments) is an s3:// location.
+std::unique_ptr<ScopedDefaultEnv> InstallBucketRoutingFor(const std::vector<std::string>& locations);
 
 }  // namespace barge::cli
