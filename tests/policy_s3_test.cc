@@ -102,18 +102,20 @@ class PolicyOffsiteTest : public ::testing::Test {
   TempDir dir_;
 };
 
-// Local retention 3, offsite retention 2, four runs: each run syncs the
-// new point; both sides merge their oldest kept point (retention) and
-// neither sync is refused as diverged; the offsite restores the disk.
+// Local retention 3, offsite retention 1, four runs: each run syncs the
+// new point; the offsite keeps only the latest, so from run 3 on the target
+// holds points older than the offsite's latest that the offsite forgot
+// (skipped, not refused as diverged), and run 4's local retention merges;
+// the offsite restores the disk.
 TEST_F(PolicyOffsiteTest, FolderOffsiteKeepsItsOwnRetention) {
   PolicyFixture p(dir_, "");
   fs::create_directories(dir_ / "t");
   fs::create_directories(dir_ / "off");
-  p.Write("  - path: " + dir_ / "t" + "\n    offsite: {to: " + dir_ / "off" + ", retention_count: 2}\n", 3);
+  p.Write("  - path: " + dir_ / "t" + "\n    offsite: {to: " + dir_ / "off" + ", retention_count: 1}\n", 3);
   CommandResult check = Sh(p.Cmd("policy check --json " + Q(dir_ / "p.yaml")));
   ASSERT_EQ(check.exit_code, 0) << check.output;
   EXPECT_EQ(testing::ResultOf(check.stdout_text).at("offsites"),
-            json::parse(R"([{"target":")" + dir_ / "t" + R"(","to":")" + dir_ / "off" + R"(","retention_count":2}])"));
+            json::parse(R"([{"target":")" + dir_ / "t" + R"(","to":")" + dir_ / "off" + R"(","retention_count":1}])"));
   for (int n = 1; n <= 4; ++n) {
     CommandResult r = p.Run(n);
     ASSERT_EQ(r.exit_code, 0) << "run " << n << ": " << r.output;
@@ -123,7 +125,7 @@ TEST_F(PolicyOffsiteTest, FolderOffsiteKeepsItsOwnRetention) {
   const std::vector<std::string> local = p.Points(dir_ / "t/pol/disk");
   const std::vector<std::string> offsite = p.Points(dir_ / "off/pol/disk");
   EXPECT_EQ(local.size(), 3u);
-  ASSERT_EQ(offsite.size(), 2u);
+  ASSERT_EQ(offsite.size(), 1u);
   EXPECT_EQ(offsite.back(), local.back());
   CommandResult verify = Sh(p.Cmd("verify --all " + Q(dir_ / "off/pol/disk")));
   EXPECT_EQ(verify.exit_code, 0) << verify.output;
