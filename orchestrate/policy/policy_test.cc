@@ -161,21 +161,21 @@ TEST(PolicyTest, ErrorsNameTheLine) {
 TEST(PolicyTest, BucketTargetsAndOffsites) {
   auto p = ParsePolicy(Env::Default(),
                        "name: p\nsources: [{image: /d.qcow2}]\nretention_count: 7\ntargets:\n"
-                       "  - s3://bk/pre/\n"
+                       "  - s3://bkt/pre/\n"
                        "  - path: /a\n    offsite: s3://off/x\n"
                        "  - path: /b\n    offsite: {to: /usb, retention_count: 30}\n");
   ASSERT_TRUE(p.ok()) << p.error().ToString();
-  EXPECT_EQ(p->targets, (std::vector<std::string>{"s3://bk/pre", "/a", "/b"}));
+  EXPECT_EQ(p->targets, (std::vector<std::string>{"s3://bkt/pre", "/a", "/b"}));
   EXPECT_TRUE(IsBucketTarget(p->targets[0]));
   EXPECT_FALSE(IsBucketTarget(p->targets[1]));
   ASSERT_EQ(p->offsites.size(), 2u);
-  EXPECT_EQ(p->OffsiteOf("s3://bk/pre"), nullptr);
+  EXPECT_EQ(p->OffsiteOf("s3://bkt/pre"), nullptr);
   ASSERT_NE(p->OffsiteOf("/a"), nullptr);
   EXPECT_EQ(p->OffsiteOf("/a")->location, "s3://off/x");
   EXPECT_EQ(p->OffsiteOf("/a")->retention_count, 7u);  // the policy's
   EXPECT_EQ(p->OffsiteOf("/b")->location, "/usb");
   EXPECT_EQ(p->OffsiteOf("/b")->retention_count, 30u);
-  EXPECT_EQ(PolicyLocations(*p), (std::vector<std::string>{"s3://bk/pre", "/a", "/b", "s3://off/x", "/usb"}));
+  EXPECT_EQ(PolicyLocations(*p), (std::vector<std::string>{"s3://bkt/pre", "/a", "/b", "s3://off/x", "/usb"}));
 
   const std::string head = "name: p\nsources: [{image: /d.qcow2}]\ntargets:\n";
   const BadCase cases[] = {
