@@ -1,6 +1,7 @@
 // s3:// locations routed to a BucketEnv (cli/bucket_routing.h).
 #include "cli/bucket_routing.h"
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <mutex>
@@ -36,6 +37,22 @@ HttpOptions Current() {
   return *g_options;
 }
 
+// The one routing of s3:// paths, made on first use: a RoutingEnv under the
+// CryptEnv of encrypted chains (without a key, it refuses them). Lives to
+// the process's end: jobs may outlive main's scope.
+Env& Routed() {
+  static CryptEnv& crypt = []() -> CryptEnv& {
+    // A human line on stderr, as Output::Notice writes one (the job's
+    // Output is not known down here).
+    SetBucketNoticeHandler([](const std::string& line) { std::cerr << "barge: " + line + "\n" << std::flush; });
+    static RoutingEnv routing(PosixEnv(), Current);
+    static CryptEnv env(routing);
+    g_crypt = &env;
+    return env;
+  }();
+  return crypt;
+}
+
 }  // namespace
 
 void SetBucketHttpOptions(const HttpOptions& options) {
@@ -52,13 +69,16 @@ std::unique_ptr<ScopedDefaultEnv> InstallBucketRouting(int argc, char** argv) {
     any = IsS3Url(word) || (word.starts_with("-") && eq != std::string_view::npos && IsS3Url(word.substr(eq + 1)));
   }
   if (!any) return nullptr;
-  // A human line on stderr, as Output::Notice writes one (the job's Output
-  // is not known down here).
-  SetBucketNoticeHandler([](const std::string& line) { std::cerr << "barge: " + line + "\n" << std::flush; });
-  static RoutingEnv routing(PosixEnv(), Current);  // lives to the process's end: jobs may outlive main's scope
-  static CryptEnv crypt(routing);                  // encrypted chains; without a key, refuses them
-  g_crypt = &crypt;
-  return std::make_unique<ScopedDefaultEnv>(crypt);
+  return std::make_unique<ScopedDefaultEnv>(Routed());
+}
+
+std::unique_ptr<ScopedDefaultEnv> InstallBucketRoutingFor(const std::vector<std::string>& locations) {
+  if (std::none_of(locations.begin(), locations.end(), [](const std::string& l) { return IsS3Url(l); })) {
+    return nullptr;
+  }
+  // Already routed (an s3:// argument): nothing to add.
+  if (&Env::Default() == &Routed()) return nullptr;
+  return std::make_unique<ScopedDefaultEnv>(Routed());
 }
 
 void AddEncryptionFlags(CLI::App* app, const std::string* new_root) {

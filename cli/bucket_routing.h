@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -34,5 +35,9 @@ std::unique_ptr<ScopedDefaultEnv> InstallBucketRouting(int argc, char** argv);
 // chain may start encrypted (backup's --target, read once the flags are
 // parsed); null for a reader.
 void AddEncryptionFlags(CLI::App* app, const std::string* new_root);
+
+// The same when one of `locations` (a policy's targets and offsites, read
+// from its file rather than the arguments) is an s3:// location.
+std::unique_ptr<ScopedDefaultEnv> InstallBucketRoutingFor(const std::vector<std::string>& locations);
 
 }  // namespace barge::cli

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "blockio/nbd.h"
+#include "cli/bucket_routing.h"
 #include "cli/common.h"
 #include "cli/http_flags.h"
 #include "orchestrate/libvirt/libvirt_uri.h"
@@ -97,6 +98,10 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
   for (auto t : next) next_json.push_back(orc::FormatRfc3339(t));
   const std::string zone = p.schedule ? p.schedule->zone().name() : "";
   json targets = p.targets;
+  json offsites = json::array();
+  for (const auto& o : p.offsites) {
+    offsites.push_back({{"target", o.target}, {"to", o.location}, {"retention_count", o.retention_count}});
+  }
   out.Result({{"file", file},
               {"valid", true},
               {"problems", json::array()},
@@ -104,6 +109,7 @@ int RunCheck(const std::string& file, const std::string& from, Output& out) {
               {"policy", p.name},
               {"sources", SourcesJson(p)},
               {"targets", targets},
+              {"offsites", offsites},
               {"reason", p.reason},
               {"schedule", p.schedule ? json(p.schedule->expression()) : json(nullptr)},
               {"time_zone", p.schedule ? json(zone.empty() ? "UTC" : zone) : json(nullptr)},
@@ -149,6 +155,7 @@ int RunRun(RunArgs& a, Output& out) {
   if (!shard.ok()) return out.Usage(shard.error().message());
   auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
+  const auto routing = InstallBucketRoutingFor(orc::PolicyLocations(*policy));
   if (std::string bad = orc::UnknownSourceMessage(*policy, a.sources); !bad.empty()) return out.Usage(bad);
   if (Status s = orc::CheckSourcesInShard(a.sources, *shard, a.policy); !s.ok()) return out.Usage(s.error().message());
   orc::RunOptions o;
@@ -253,6 +260,12 @@ int RunForget(ForgetArgs& a, Output& out) {
     if (!loaded.ok()) return out.Fail(loaded.error());
     if (std::string bad = orc::UnknownSourceMessage(*loaded, a.sources); !bad.empty()) return out.Usage(bad);
     policy = std::move(*loaded);
+  }
+  // A policy's bucket targets reach their BucketEnv (the routing lives to
+  // the end of the command).
+  std::unique_ptr<ScopedDefaultEnv> routing;
+  if (policy) {
+    routing = InstallBucketRoutingFor(orc::PolicyLocations(*policy));
   }
   orc::ForgetOptions o;
   if (policy || !a.catalog.empty()) {

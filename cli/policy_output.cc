@@ -43,6 +43,7 @@ json SourceJson(const orc::Policy& policy, const orc::SourceOutcome& o) {
   j["bytes_written"] = r.bytes_written;
   j["error"] = r.error;
   j["retention"] = o.retention;
+  j["offsite"] = o.offsite.empty() ? json(nullptr) : json(o.offsite);
   j["points"] = points;
   return j;
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/bucket_routing.h"
 #include "cli/common.h"
 #include "cli/copy_flags.h"
 #include "cli/interrupt.h"
@@ -38,6 +39,10 @@ struct ServeArgs {
 int RunServe(ServeArgs& a, Output& out) {
   auto policy = orc::LoadPolicy(Env::Default(), a.policy);
   if (!policy.ok()) return out.Fail(policy.error());
+  // Bucket targets and offsites reach their BucketEnv; the routing is the
+  // daemon's whole life, so a reload that adds the first bucket needs a
+  // restart (docs/policies.md).
+  const auto routing = InstallBucketRoutingFor(orc::PolicyLocations(*policy));
   // Before anything can take a while: a SIGHUP from now on is a reload.
   InstallReloadHandling();
   uint64_t reloads_seen = ReloadRequests();

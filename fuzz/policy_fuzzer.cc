@@ -1,6 +1,7 @@
 // Fuzzes the policy parser (YAML through yaml-cpp, then validation): any
 // input gives a policy or an Error, never a crash or an escaped exception;
-// a policy has the fields validation promises.
+// a policy has the fields validation promises (offsites included).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +17,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (p->name.empty() || p->sources.empty() || p->targets.empty() || p->retention_count < 1 ||
       p->max_parallel < 1 || p->max_parallel > 64) {
     std::abort();
+  }
+  // Every offsite belongs to a target, is none of them, and keeps >= 1.
+  for (const auto& o : p->offsites) {
+    if (o.location.empty() || o.retention_count < 1 || !p->OffsiteOf(o.target) ||
+        std::find(p->targets.begin(), p->targets.end(), o.location) != p->targets.end()) {
+      std::abort();
+    }
   }
   (void)barge::orchestrate::NextRunTimes(*p, std::chrono::sys_seconds{std::chrono::seconds{1798761599}}, 5);
   return 0;

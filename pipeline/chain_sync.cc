@@ -32,7 +32,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 }
 
 // "" when DST may receive SRC's points, else why not.
-std::string DivergedReason(const ChainFolder& src, const ChainFolder& dst) {
+std::string DivergedReason(const ChainFolder& src, const ChainFolder& dst, bool newer_only) {
   std::map<std::string, const ChainPoint*> src_by_id;
   std::map<uint32_t, const ChainPoint*> src_by_sequence;
   for (const ChainPoint& p : src.points) {
@@ -54,7 +54,7 @@ std::string DivergedReason(const ChainFolder& src, const ChainFolder& dst) {
              " were both taken as backup number " + std::to_string(d.sequence);
     }
   }
-  if (!dst.empty()) {
+  if (!dst.empty() && !newer_only) {
     for (const ChainPoint& p : src.points) {
       if (dst_by_id.count(p.manifest.id) == 0 && p.sequence < dst.latest().sequence) {
         return "SRC's point " + p.manifest.id + " is older than DST's latest point " + dst.latest().manifest.id +
@@ -66,7 +66,7 @@ std::string DivergedReason(const ChainFolder& src, const ChainFolder& dst) {
 }
 
 // Refuses a DST chain of another disk than SRC's, or one that diverged.
-Status CheckReceiver(const ChainFolder& src, const ChainFolder& dst) {
+Status CheckReceiver(const ChainFolder& src, const ChainFolder& dst, bool newer_only) {
   if (dst.empty() || src.empty()) return OkStatus();
   for (auto p = src.points.rbegin(); p != src.points.rend(); ++p) {
     if (!p->manifest.disk_identity) continue;
@@ -78,7 +78,7 @@ Status CheckReceiver(const ChainFolder& src, const ChainFolder& dst) {
     }
     break;
   }
-  if (std::string why = DivergedReason(src, dst); !why.empty()) {
+  if (std::string why = DivergedReason(src, dst, newer_only); !why.empty()) {
     return Error::InvalidArgument("SRC and DST have diverged: " + why + "; nothing was copied").set_path(dst.dir);
   }
   return OkStatus();
@@ -209,7 +209,7 @@ Result<SyncChainResult> SyncChain(Env& env, const std::string& src, const std::s
     lock.emplace(std::move(held));
     BARGE_ASSIGN_OR_RETURN(dst_chain, LoadChainFolder(env, dst, &*lock));
   }
-  BARGE_RETURN_IF_ERROR(CheckReceiver(src_chain, dst_chain));
+  BARGE_RETURN_IF_ERROR(CheckReceiver(src_chain, dst_chain, options.newer_only));
 
   std::map<std::string, bool> have;
   for (const ChainPoint& d : dst_chain.points) have[d.manifest.id] = true;
@@ -218,7 +218,8 @@ Result<SyncChainResult> SyncChain(Env& env, const std::string& src, const std::s
     const auto point_start = std::chrono::steady_clock::now();
     SyncedPoint& out = result.points.emplace_back();
     out.id = p.manifest.id;
-    if (have.count(p.manifest.id) != 0) {
+    const bool forgotten = options.newer_only && !dst_chain.empty() && p.sequence < dst_chain.latest().sequence;
+    if (have.count(p.manifest.id) != 0 || forgotten) {
       ++result.skipped;
       if (options.on_point) options.on_point(result, out);
       continue;

@@ -38,6 +38,10 @@ struct SyncChainResult {
 struct SyncOptions {
   // Set true to stop (kCancelled) between chunks and points; may be null.
   const std::atomic<bool>* cancel = nullptr;
+  // DST keeps its own retention (a policy's offsite copy,
+  // docs/policies.md): a point of SRC that DST lacks and that is older
+  // than DST's latest (DST forgot it) is skipped, not refused as diverged.
+  bool newer_only = false;
   // Called after each point is copied (and verified) or skipped, in order.
   std::function<void(const SyncChainResult& chain, const SyncedPoint& point)> on_point;
 };

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "blockio/s3_client.h"
 #include "orchestrate/schedule/time_text.h"
 #include "pipeline/backup.h"
 #include "pipeline/disk_identity.h"
@@ -30,6 +31,8 @@ constexpr const char* kSourceKeys[] = {"name",    "image", "bitmap",           "
                                        "tracker", "connect", "nbd", "tls_certificates", "nbd_port_range",
                                        "quiesce", "disk_id"};
 constexpr const char* kHookKeys[] = {"command", "timeout"};
+constexpr const char* kTargetKeys[] = {"path", "offsite"};
+constexpr const char* kOffsiteKeys[] = {"to", "retention_count"};
 
 size_t EditDistance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -320,6 +323,91 @@ void ParseSchedule(Checker& c, const YAML::Node& node, Env& env, Policy& p) {
   p.schedule = std::move(s).value();
 }
 
+// A target or offsite location: an absolute folder (trailing slashes
+// dropped) or s3://BUCKET/PREFIX; nullopt after failing `node`.
+std::optional<std::string> ParseLocation(Checker& c, const YAML::Node& node, std::string_view key) {
+  auto v = c.Scalar(node, key);
+  if (!v) return std::nullopt;
+  std::string t = *v;
+  while (t.size() > 1 && t.back() == '/') t.pop_back();
+  if (IsS3Url(t)) {
+    auto loc = ParseS3Url(t);
+    if (!loc.ok()) {
+      c.Fail(node.Mark(), "'" + std::string(key) + "': " + loc.error().message());
+      return std::nullopt;
+    }
+    return t;
+  }
+  if (t.empty() || t.front() != '/') {
+    c.Fail(node.Mark(), std::string(key) + " must be absolute folders or s3://BUCKET/PREFIX, not '" + *v + "'");
+    return std::nullopt;
+  }
+  return t;
+}
+
+// `offsite:` of `target`: a location, or {to: LOCATION, retention_count: N}.
+void ParseOffsite(Checker& c, const YAML::Node& node, const std::string& target, Policy& p) {
+  PolicyOffsite o{target, "", p.retention_count};
+  std::optional<std::string> to;
+  if (node.IsMap()) {
+    c.Keys(node, kOffsiteKeys, "offsite");
+    if (!node["to"]) {
+      c.Fail(node.Mark(), "'offsite' needs 'to' (a folder or s3://BUCKET/PREFIX)");
+      return;
+    }
+    to = ParseLocation(c, node["to"], "offsite");
+    if (auto n = node["retention_count"]) {
+      if (auto v = c.Unsigned(n, "retention_count", 1, 100000)) o.retention_count = static_cast<uint32_t>(*v);
+    }
+  } else {
+    to = ParseLocation(c, node, "offsite");
+  }
+  if (!to) return;
+  if (*to == target) {
+    c.Fail(node.Mark(), "offsite '" + *to + "' is its own target: an offsite copy goes elsewhere");
+    return;
+  }
+  for (const auto& other : p.offsites) {
+    if (other.location == *to) {
+      c.Fail(node.Mark(), "offsite '" + *to + "' is named twice");
+      return;
+    }
+  }
+  o.location = *to;
+  p.offsites.push_back(std::move(o));
+}
+
+// `targets:`: each a location, or {path: LOCATION, offsite: ...}.
+void ParseTargets(Checker& c, const YAML::Node& n, Policy& p) {
+  if (!n.IsSequence() || n.size() == 0) {
+    c.Fail(n.Mark(), "'targets' must be a non-empty list of folders");
+    return;
+  }
+  for (const auto& item : n) {
+    const bool map = item.IsMap();
+    if (map) {
+      c.Keys(item, kTargetKeys, "a target");
+      if (!item["path"]) {
+        c.Fail(item.Mark(), "a target needs 'path' (a folder or s3://BUCKET/PREFIX)");
+        continue;
+      }
+    }
+    auto t = ParseLocation(c, map ? item["path"] : item, "targets");
+    if (!t) continue;
+    if (std::find(p.targets.begin(), p.targets.end(), *t) != p.targets.end()) {
+      c.Fail(item.Mark(), "target '" + *t + "' is listed twice");
+      continue;
+    }
+    p.targets.push_back(*t);
+    if (map && item["offsite"]) ParseOffsite(c, item["offsite"], *t, p);
+  }
+  for (const auto& o : p.offsites) {
+    if (std::find(p.targets.begin(), p.targets.end(), o.location) != p.targets.end()) {
+      c.Fail(n.Mark(), "offsite '" + o.location + "' is a target of the policy: an offsite copy goes elsewhere");
+    }
+  }
+}
+
 Result<Policy> ParseChecked(const YAML::Node& root, Checker& c, Env& env) {
   Policy p;
   if (!root.IsMap()) {
@@ -359,25 +447,7 @@ Result<Policy> ParseChecked(const YAML::Node& root, Checker& c, Env& env) {
   if (auto n = root["retention_count"]) {
     if (auto v = c.Unsigned(n, "retention_count", 1, 100000)) p.retention_count = static_cast<uint32_t>(*v);
   }
-  if (auto n = root["targets"]) {
-    if (!n.IsSequence() || n.size() == 0) {
-      c.Fail(n.Mark(), "'targets' must be a non-empty list of folders");
-    } else {
-      for (const auto& item : n) {
-        auto v = c.Scalar(item, "targets");
-        if (!v) continue;
-        std::string t = *v;
-        while (t.size() > 1 && t.back() == '/') t.pop_back();
-        if (t.empty() || t.front() != '/') {
-          c.Fail(item.Mark(), "targets must be absolute folders, not '" + *v + "'");
-        } else if (std::find(p.targets.begin(), p.targets.end(), t) != p.targets.end()) {
-          c.Fail(item.Mark(), "target '" + t + "' is listed twice");
-        } else {
-          p.targets.push_back(t);
-        }
-      }
-    }
-  }
+  if (auto n = root["targets"]) ParseTargets(c, n, p);
   if (auto n = root["target_group"]) {
     if (auto v = c.Scalar(n, "target_group")) {
       if (auto gid = pipeline::LookupGroup(*v); !gid.ok()) {
@@ -440,6 +510,21 @@ const PolicySource* Policy::FindSource(std::string_view source_name) const {
     if (s.name == source_name) return &s;
   }
   return nullptr;
+}
+
+const PolicyOffsite* Policy::OffsiteOf(std::string_view target) const {
+  for (const auto& o : offsites) {
+    if (o.target == target) return &o;
+  }
+  return nullptr;
+}
+
+bool IsBucketTarget(std::string_view location) { return IsS3Url(location); }
+
+std::vector<std::string> PolicyLocations(const Policy& policy) {
+  std::vector<std::string> out = policy.targets;
+  for (const auto& o : policy.offsites) out.push_back(o.location);
+  return out;
 }
 
 Result<Policy> ParsePolicy(Env& env, std::string_view yaml, std::string_view file_name) {

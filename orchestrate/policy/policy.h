@@ -64,6 +64,20 @@ struct PolicyHook {
   std::chrono::seconds timeout{std::chrono::minutes(5)};
 };
 
+// A target's offsite copy (`offsite:` on a target, docs/policies.md,
+// "Offsite copies"): after each successful backup to `target`, the source's
+// chain is synced to `location` (pipeline::SyncChain: the points it lacks,
+// each verified), then `retention_count` points are kept there.
+struct PolicyOffsite {
+  std::string target;    // one of Policy::targets
+  std::string location;  // an absolute folder or s3://BUCKET/PREFIX
+  uint32_t retention_count = 15;  // default: the policy's retention_count
+};
+
+// Whether a target (or offsite) is a bucket, s3://BUCKET/PREFIX: the
+// free-space rule does not apply there (docs/policies.md).
+bool IsBucketTarget(std::string_view location);
+
 struct Policy {
   std::string name;                   // [A-Za-z0-9_.-]+
   std::vector<PolicySource> sources;  // at least one
@@ -75,7 +89,9 @@ struct Policy {
   // The alert threshold; 0 disables the alert.
   std::chrono::seconds max_duration_without_backup{0};
   uint32_t retention_count = 15;      // restorable points kept per source, >= 1
-  std::vector<std::string> targets;   // absolute folders, at least one
+  // Absolute folders or s3://BUCKET/PREFIX locations, at least one.
+  std::vector<std::string> targets;
+  std::vector<PolicyOffsite> offsites;  // at most one per target
   // A group that may read the chains on the targets (`target_group`; as
   // `backup --group`); "" = the owner alone.
   std::string target_group;
@@ -94,7 +110,11 @@ struct Policy {
   std::string file;
 
   const PolicySource* FindSource(std::string_view source_name) const;
+  const PolicyOffsite* OffsiteOf(std::string_view target) const;  // null: none
 };
+
+// Every location the policy writes: its targets, then its offsites.
+std::vector<std::string> PolicyLocations(const Policy& policy);
 
 // Parses and validates a policy. `file_name` prefixes every message;
 // `env` reads the time zone file a schedule names.

@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "orchestrate/policy/policy_offsite.h"
 #include "orchestrate/policy/policy_runner.h"
 #include "orchestrate/schedule/time_text.h"
 
@@ -74,6 +75,7 @@ Result<PolicyMetricsSnapshot> CollectPolicyMetrics(const Policy& policy, PolicyC
       auto t = ParseRfc3339(oldest.back().started_at);
       if (t.ok()) m.known_since = *t;
     }
+    for (const auto& run : oldest) m.offsite_failures += run.result == "failed" && IsOffsiteFailure(run.error);
     auto points = ScanSource(env, policy, s);
     if (points.ok() && every_target_read) m.retained_points = points->points.size();
     snap.sources.push_back(std::move(m));
@@ -116,13 +118,25 @@ std::vector<prometheus::MetricFamily> PolicyMetricFamilies(const std::vector<Pol
         f.Counter("barge_policy_runs_total", "Finished backup runs of the source by result.", labels,
                   it == s.stats.runs_by_result.end() ? 0 : static_cast<double>(it->second));
       }
+      // Why runs failed: "offsite" (the point was made, its offsite copy
+      // failed) or "backup" (anything else).
+      auto failed = s.stats.runs_by_result.find("failed");
+      const uint64_t all_failed = failed == s.stats.runs_by_result.end() ? 0 : failed->second;
+      for (const auto& [reason, n] : {std::pair<const char*, uint64_t>{"backup", all_failed - std::min(all_failed, s.offsite_failures)},
+                                      {"offsite", s.offsite_failures}}) {
+        auto labels = l;
+        labels.push_back({"reason", reason});
+        f.Counter("barge_policy_failed_runs_total", "Finished backup runs of the source that failed, by reason.",
+                  labels, static_cast<double>(n));
+      }
     }
     for (const auto& t : snap.targets) {
       std::vector<prometheus::ClientMetric::Label> l = {{"policy", snap.policy}, {"target", t.path}};
       if (snap.shard.sharded()) l.push_back({"shard", snap.shard.ToString()});
       f.Gauge("barge_policy_target_up", "1 when the target's free space could be read and it is writable.", l,
               t.space && !t.space->read_only ? 1 : 0);
-      if (!t.space) continue;
+      // A bucket has no filesystem size (its Env reports no limit).
+      if (!t.space || IsBucketTarget(t.path)) continue;
       f.Gauge("barge_policy_target_free_bytes", "Bytes free on the target's filesystem for barge.", l,
               static_cast<double>(t.space->free_bytes));
       f.Gauge("barge_policy_target_size_bytes", "Size of the target's filesystem.", l,

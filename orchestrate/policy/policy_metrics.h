@@ -31,6 +31,9 @@ struct SourceMetrics {
   // `known_since` when it never ran (so "never succeeded" can alert).
   SysSeconds known_since;
   std::optional<uint64_t> retained_points;  // nullopt: the scan failed
+  // Failed finished runs whose backup succeeded but whose offsite copy
+  // failed (IsOffsiteFailure); the other failed runs are reason "backup".
+  uint64_t offsite_failures = 0;
 };
 
 struct TargetMetrics {

@@ -14,6 +14,7 @@
 #include "orchestrate/catalog/backup_catalog.h"
 #include "orchestrate/base/file_lock.h"
 #include "orchestrate/base/hooks.h"
+#include "orchestrate/policy/policy_offsite.h"
 #include "orchestrate/schedule/time_text.h"
 #include "pipeline/backup.h"
 #include "pipeline/chain.h"
@@ -201,9 +202,11 @@ class Runner {
       r.result = "success";
     } else {
       r.result = "failed";
-      r.points.clear();
+      if (!o.offsite_failed) r.points.clear();  // an offsite failure keeps the point it copies
       std::string stop = cancel_ ? StopReason() : "";
-      r.error = stop.empty() ? result.error().ToString() : stop + " (" + result.error().ToString() + ")";
+      std::string why = result.error().ToString();
+      if (o.offsite_failed) why = OffsiteFailureText(*policy_.OffsiteOf(r.target), result.error());
+      r.error = stop.empty() ? why : stop + " (" + why + ")";
     }
     Status finished = Locked([&] { return catalog_.FinishRun(*id, r); });
     if (!finished.ok()) {
@@ -338,7 +341,28 @@ class Runner {
     if (!done->warning.empty()) warnings.insert(warnings.begin(), done->warning);
     r.error.clear();
     for (const std::string& w : warnings) r.error += (r.error.empty() ? "" : "; ") + w;
-    return RetainAfter(s, o, done->points);
+    BARGE_RETURN_IF_ERROR(RetainAfter(s, o, done->points));
+    return CopyOffsite(s, o, place.target);
+  }
+
+  // The target's offsite copy, once its new point is committed, verified
+  // and its retention done (policy_offsite.h). A failure fails the source
+  // (o.offsite_failed) without touching the point on the target; the next
+  // run backs up again and syncs every point the offsite lacks.
+  Status CopyOffsite(const PolicySource& s, SourceOutcome& o, const std::string& target) {
+    const PolicyOffsite* offsite = policy_.OffsiteOf(target);
+    if (offsite == nullptr) return OkStatus();
+    pipeline::CopyOptions copy = opt_.copy;
+    copy.cancel = &cancel_;
+    Result<std::string> done = cancel_ ? Result<std::string>(Error::Cancelled("the run was stopped before the copy"))
+                                       : SyncOffsite(env_, policy_, s, *offsite, copy);
+    if (!done.ok()) {
+      o.offsite_failed = true;
+      o.offsite = OffsiteFailureText(*offsite, done.error());
+      return done.error();
+    }
+    o.offsite = *done;
+    return OkStatus();
   }
 
   // Retention, once the new point of `s` (`made`, one part per disk) is

@@ -214,6 +214,11 @@ struct SourceOutcome {
   bool ran = false;
   RunRecord record;             // when ran
   std::string retention;        // what retention did after the backup ("" = nothing), or why it was skipped
+  // What the target's offsite copy did ("" = the target has none, or the
+  // backup failed), or why it failed: then the record is failed (its error
+  // OffsiteFailureText) and keeps its point.
+  std::string offsite;
+  bool offsite_failed = false;
 };
 
 struct RunReport {

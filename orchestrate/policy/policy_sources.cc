@@ -472,6 +472,8 @@ Status ApplyRetention(Env& env, const RetentionPlan& plan, PolicyCatalog* catalo
 std::vector<std::string> PolicyWarnings(Env& env, const Policy& policy) {
   std::vector<std::string> out;
   for (const auto& t : policy.targets) {
+    // A bucket is not contacted here (nor are domains and NBD exports).
+    if (IsBucketTarget(t)) continue;
     auto st = env.Stat(t);
     if (!st.ok()) {
       out.push_back("target " + t + ": " + (st.error().code() == ErrorCode::kNotFound ? "does not exist"

@@ -156,6 +156,47 @@ TEST(PolicyTest, ErrorsNameTheLine) {
   }
 }
 
+// Targets in buckets and offsite copies (docs/policies.md): a plain entry
+// or {path, offsite}; offsite a location or {to, retention_count}.
+TEST(PolicyTest, BucketTargetsAndOffsites) {
+  auto p = ParsePolicy(Env::Default(),
+                       "name: p\nsources: [{image: /d.qcow2}]\nretention_count: 7\ntargets:\n"
+                       "  - s3://bkt/pre/\n"
+                       "  - path: /a\n    offsite: s3://off/x\n"
+                       "  - path: /b\n    offsite: {to: /usb, retention_count: 30}\n");
+  ASSERT_TRUE(p.ok()) << p.error().ToString();
+  EXPECT_EQ(p->targets, (std::vector<std::string>{"s3://bkt/pre", "/a", "/b"}));
+  EXPECT_TRUE(IsBucketTarget(p->targets[0]));
+  EXPECT_FALSE(IsBucketTarget(p->targets[1]));
+  ASSERT_EQ(p->offsites.size(), 2u);
+  EXPECT_EQ(p->OffsiteOf("s3://bkt/pre"), nullptr);
+  ASSERT_NE(p->OffsiteOf("/a"), nullptr);
+  EXPECT_EQ(p->OffsiteOf("/a")->location, "s3://off/x");
+  EXPECT_EQ(p->OffsiteOf("/a")->retention_count, 7u);  // the policy's
+  EXPECT_EQ(p->OffsiteOf("/b")->location, "/usb");
+  EXPECT_EQ(p->OffsiteOf("/b")->retention_count, 30u);
+  EXPECT_EQ(PolicyLocations(*p), (std::vector<std::string>{"s3://bkt/pre", "/a", "/b", "s3://off/x", "/usb"}));
+
+  const std::string head = "name: p\nsources: [{image: /d.qcow2}]\ntargets:\n";
+  const BadCase cases[] = {
+      {"  - s3://Bad_Bucket/x\n", "'targets': "},
+      {"  - path: /a\n    ofsite: /o\n", "unknown key 'ofsite' in a target (did you mean 'offsite'?)"},
+      {"  - offsite: /o\n", "a target needs 'path'"},
+      {"  - path: /a\n    offsite: relative\n", "offsite must be absolute folders or s3://BUCKET/PREFIX"},
+      {"  - path: /a\n    offsite: {retention_count: 3}\n", "'offsite' needs 'to'"},
+      {"  - path: /a\n    offsite: {to: /o, retention_count: 0}\n", "'retention_count' must be a whole number"},
+      {"  - path: /a\n    offsite: /a\n", "offsite '/a' is its own target"},
+      {"  - path: /a\n    offsite: /b\n  - /b\n", "offsite '/b' is a target of the policy"},
+      {"  - path: /a\n    offsite: /o\n  - path: /b\n    offsite: /o\n", "offsite '/o' is named twice"},
+  };
+  for (const auto& c : cases) {
+    auto bad = ParsePolicy(Env::Default(), head + c.yaml);
+    ASSERT_FALSE(bad.ok()) << c.yaml;
+    EXPECT_NE(bad.error().message().find(c.want), std::string::npos)
+        << c.yaml << "\n got: " << bad.error().message() << "\n want: " << c.want;
+  }
+}
+
 TEST(PolicyTest, StructureErrors) {
   const BadCase cases[] = {
       {"", "a policy must be a map"},
@@ -192,7 +233,7 @@ TEST(PolicyTest, StructureErrors) {
        "'quiesce' must be a single value"},
       {"name: p\nsources:\n  - domain: vm\n    quiesse: false\ntargets: [/t]\n",
        "unknown key 'quiesse' in a source (did you mean 'quiesce'?)"},
-      {"name: p\nsources: [{image: /d}]\ntargets: [t]\n", "targets must be absolute folders, not 't'"},
+      {"name: p\nsources: [{image: /d}]\ntargets: [t]\n", "targets must be absolute folders or s3://BUCKET/PREFIX, not 't'"},
       {"name: p\nsources: [{image: /d}]\ntargets: [/t, /t/]\n", "target '/t' is listed twice"},
       {"name: p\nname: q\nsources: [{image: /d}]\ntargets: [/t]\n", "policy:2:1: duplicate key 'name'"},
       {"name: p\nsources: [{image: /d}\ntargets: [/t]\n", "policy:3:"},  // YAML syntax error

@@ -89,9 +89,16 @@ std::string PolicyCheckText(const std::string& file, const Policy& p, size_t war
   o << "  targets: ";
   for (size_t i = 0; i < p.targets.size(); ++i) o << (i ? ", " : "") << p.targets[i];
   if (p.free_space_multiple > 0) {
-    o << " (free space >= " << p.free_space_multiple << "x a source's allocated bytes)\n";
+    o << " (free space >= " << p.free_space_multiple << "x a source's allocated bytes";
+    bool buckets = false;
+    for (const auto& t : p.targets) buckets = buckets || IsBucketTarget(t);
+    o << (buckets ? "; not for a bucket: the free-space rule does not apply there" : "") << ")\n";
   } else {
     o << " (no free-space check: free_space_multiple is 0)\n";
+  }
+  for (const auto& off : p.offsites) {
+    o << "  offsite of " << off.target << ": " << off.location << ", keeps " << off.retention_count
+      << " point(s) per source there\n";
   }
   o << "  keeps " << p.retention_count << " point(s) per source, " << p.max_parallel << " source(s) at once"
     << (p.max_run_time.count() ? ", runs stopped after " + FormatDuration(p.max_run_time) : "")
@@ -166,6 +173,7 @@ std::string RunReportText(const Policy& policy, const RunReport& report) {
       out << "FAILED    " << r.error;
     }
     if (!o.retention.empty()) out << "; retention: " << o.retention;
+    if (!o.offsite.empty() && !o.offsite_failed) out << "; offsite: " << o.offsite;
     out << "\n";
   }
   const std::string shard = report.shard.sharded() ? " shard " + report.shard.ToString() : "";
