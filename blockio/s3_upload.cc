@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -57,6 +58,10 @@ struct S3Upload::State {
   std::vector<S3Part> sent;                 // parts uploaded (not the front)
   std::optional<Error> failure;             // the first part that failed for good
   bool stopping = false, published = false, aborted = false;
+  bool kept = false;            // Keep: let go unaborted
+  uint64_t kept_end = 0;        // Continue: where writing went on from
+  size_t dropped = 0;           // Continue: journaled parts not kept
+  std::string dropped_reason;   // why the first of them was not
   uint64_t bytes_sent = 0;
   int parts_sent = 0;
   std::vector<std::thread> workers;
@@ -64,13 +69,13 @@ struct S3Upload::State {
   std::mutex create_mu;   // guards upload_id while it is created
   std::string upload_id;  // "" until the first part needs it
 
-  State(S3Client& c, S3Location a, S3UploadOptions o, uint64_t p)
+  State(S3Client& c, S3Location a, S3UploadOptions o, uint64_t p, uint64_t f)
       : client(c),
         at(std::move(a)),
         shown(at.shown()),
         options(o),
         part_bytes(p),
-        front_bytes(std::min(kMinPartBytes, p)),
+        front_bytes(f),
         budget_parts(static_cast<int>(std::max<uint64_t>(
             1, o.memory_bytes > front_bytes ? (o.memory_bytes - front_bytes) / p : 1))) {}
 
@@ -139,7 +144,7 @@ struct S3Upload::State {
       lock.lock();
       --in_flight;
       if (etag.ok()) {
-        sent.push_back(S3Part{part, std::move(*etag)});
+        sent.push_back(S3Part{part, std::move(*etag), held[part].size()});
         bytes_sent += held[part].size();
         ++parts_sent;
       } else if (!failure) {
@@ -248,12 +253,12 @@ Result<std::unique_ptr<S3Upload>> S3Upload::Start(S3Client& client, S3Location a
   }
   const uint64_t part = options.test_part_bytes ? options.test_part_bytes : S3PartBytes(options.size_hint);
   return std::unique_ptr<S3Upload>(
-      new S3Upload(std::make_unique<State>(client, std::move(at), options, part)));
+      new S3Upload(std::make_unique<State>(client, std::move(at), options, part, std::min(kMinPartBytes, part))));
 }
 
 S3Upload::~S3Upload() {
   state_->Stop();
-  if (!state_->published) (void)state_->AbortUpload();
+  if (!state_->published && !state_->kept) (void)state_->AbortUpload();
 }
 
 const std::string& S3Upload::name() const { return state_->shown; }
@@ -375,6 +380,106 @@ Status S3Upload::Abort() {
   }
   return s.AbortUpload();
 }
+
+S3UploadJournal S3Upload::Journal() const {
+  State& s = *state_;
+  S3UploadJournal j;
+  j.part_bytes = s.part_bytes;
+  j.front_bytes = s.front_bytes;
+  {
+    std::lock_guard c(s.create_mu);
+    j.upload_id = s.upload_id;
+  }
+  std::lock_guard lock(s.mu);
+  std::vector<S3Part> sent = s.sent;
+  std::sort(sent.begin(), sent.end(), [](const S3Part& a, const S3Part& b) { return a.number < b.number; });
+  for (const S3Part& p : sent) {
+    if (p.number != static_cast<int>(2 + j.parts.size()) || p.size != s.part_bytes) break;
+    j.parts.push_back(p);
+  }
+  return j;
+}
+
+Status S3Upload::Keep() {
+  State& s = *state_;
+  std::optional<Error> failed;
+  {
+    std::unique_lock lock(s.mu);
+    if (s.published) return Error::NotSupported("the object is already published").set_path(s.shown);
+    s.queue.clear();
+    s.cv.wait(lock, [&] { return s.in_flight == 0; });
+    failed = s.failure;
+    if (!s.failure) s.failure = Error::NotSupported("the upload was kept for a later run").set_path(s.shown);
+    s.aborted = true;  // FailedLocked must not abort it
+    s.kept = true;
+    s.held.clear();
+    s.front = {};
+  }
+  s.Stop();
+  if (failed) return *failed;
+  return OkStatus();
+}
+
+namespace {
+
+// An ETag as a header or a listing gives it, without its quotes.
+std::string_view Unquoted(std::string_view etag) {
+  if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"') return etag.substr(1, etag.size() - 2);
+  return etag;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<S3Upload>> S3Upload::Continue(S3Client& client, S3Location at, const S3UploadJournal& journal,
+                                                     S3UploadOptions options) {
+  if (at.key.empty() || at.key.back() == '/') {
+    return Error::InvalidArgument("an object needs a key (not a bucket or a prefix)").set_path(at.shown());
+  }
+  if (journal.part_bytes == 0 || journal.front_bytes == 0 || journal.front_bytes > journal.part_bytes) {
+    return Error::InvalidArgument("the upload's journal gives no part layout").set_path(at.shown());
+  }
+  std::map<int, S3Part> listed;
+  if (!journal.upload_id.empty()) {
+    BARGE_ASSIGN_OR_RETURN(std::vector<S3Part> parts, client.ListParts(at, journal.upload_id));
+    for (S3Part& p : parts) listed.emplace(p.number, std::move(p));
+  }
+  std::vector<S3Part> kept;
+  std::string reason;
+  for (const S3Part& want : journal.parts) {
+    const int number = static_cast<int>(2 + kept.size());
+    auto it = listed.find(want.number);
+    if (want.number != number) {
+      reason = "the journal's part " + std::to_string(want.number) + " is out of order";
+    } else if (it == listed.end()) {
+      reason = "part " + std::to_string(number) + " is no longer in the upload";
+    } else if (it->second.size != journal.part_bytes || want.size != journal.part_bytes) {
+      reason = "part " + std::to_string(number) + " is of another size (" + std::to_string(it->second.size) + " bytes)";
+    } else if (Unquoted(it->second.etag) != Unquoted(want.etag)) {
+      reason = "part " + std::to_string(number) + " was replaced (its ETag differs)";
+    }
+    if (!reason.empty()) break;
+    kept.push_back(it->second);
+  }
+  auto state = std::make_unique<State>(client, std::move(at), options, journal.part_bytes, journal.front_bytes);
+  if (kept.empty()) {
+    // Nothing to keep: the old upload goes (best effort; a sweep takes it
+    // otherwise), and this one starts afresh.
+    if (!journal.upload_id.empty()) (void)client.AbortMultipart(state->at, journal.upload_id);
+  } else {
+    state->upload_id = journal.upload_id;
+  }
+  state->dropped = journal.parts.size() - kept.size();
+  state->dropped_reason = std::move(reason);
+  state->filling = static_cast<int>(2 + kept.size());
+  state->kept_end = state->PartStart(state->filling);
+  state->size = kept.empty() ? 0 : state->kept_end;
+  state->sent = std::move(kept);
+  return std::unique_ptr<S3Upload>(new S3Upload(std::move(state)));
+}
+
+uint64_t S3Upload::kept_end() const { return state_->kept_end; }
+size_t S3Upload::dropped_parts() const { return state_->dropped; }
+const std::string& S3Upload::dropped_reason() const { return state_->dropped_reason; }
 
 uint64_t S3Upload::bytes_sent() const {
   std::lock_guard lock(state_->mu);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "blockio/error.h"
 #include "blockio/s3_client.h"
@@ -37,6 +38,21 @@ struct S3UploadOptions {
   // minimum (5 MiB on AWS, radosgw's rgw_multipart_min_part_size) still
   // applies to every part but the last.
   uint64_t test_part_bytes = 0;
+};
+
+// What a later run needs to continue an unfinished upload (Continue): its
+// id, its layout (the part sizes), and the parts after the front that were
+// sent, from part 2 on without a gap, each whole, with the ETag the store
+// gave (the MD5 of its bytes on S3 and radosgw). The front part (part 1) is
+// never among them: it is sent only at Publish, so a continuing writer
+// writes it again. A resumable job journals this at part boundaries.
+struct S3UploadJournal {
+  std::string upload_id;      // "" while no part was sent
+  uint64_t part_bytes = 0;    // P
+  uint64_t front_bytes = 0;   // F
+  std::vector<S3Part> parts;  // parts 2, 3, ... in order, each of P bytes
+  // The object's bytes the parts hold end here (F + parts * P).
+  uint64_t end() const { return front_bytes + parts.size() * part_bytes; }
 };
 
 // The part size for an object of `size_hint` bytes (0: unknown): at least
@@ -78,6 +94,35 @@ class S3Upload : public BlockSink {
   Status Publish(bool if_absent);
   // Aborts the multipart upload (if one was started); nothing appears.
   Status Abort();
+
+  // Resumable uploads (issue 38 §3).
+  //
+  // The sent part so far, for a journal: the parts from 2 on without a gap
+  // (parts go a few at a time, so one may be done before the one below
+  // it). After Flush, every full part written is in it.
+  S3UploadJournal Journal() const;
+  // Waits for the parts in flight and lets the upload go unaborted (the
+  // store keeps it, as after a SIGKILL), for a later Continue; the front
+  // part and any part not yet sent are dropped. Every later call but Journal
+  // and the counters is kNotSupported. The upload's first failure when a part failed.
+  Status Keep();
+  // The upload `journal` describes, continued: lists its parts and keeps the
+  // longest prefix of the journal's whose number, size and ETag the store
+  // still has (a part replaced since, or missing, ends it); writing goes on
+  // from the end of that prefix (kept_end()), and anything written below it
+  // but in the front part is kNotSupported as a write behind the frontier.
+  // The front part starts empty: the caller writes it again. `options`'
+  // part sizes are ignored (the journal's are the layout). kNotFound "the
+  // multipart upload is gone" when the store no longer has it (aborted,
+  // completed, expired); the client's errors otherwise (a store that
+  // cannot be reached: kIoError, retryable).
+  static Result<std::unique_ptr<S3Upload>> Continue(S3Client& client, S3Location at, const S3UploadJournal& journal,
+                                                    S3UploadOptions options = {});
+  // Continue: the offset writing goes on from, and the journal's parts
+  // that were not kept (0 when all were), with why the first was not.
+  uint64_t kept_end() const;
+  size_t dropped_parts() const;
+  const std::string& dropped_reason() const;
 
   uint64_t bytes_sent() const;  // payload bytes sent in parts/PUTs so far
   int parts_sent() const;

@@ -83,6 +83,18 @@ uint64_t PeakRssBytes() {
 }
 
 // The run's result event (docs/json.md, "backup").
+// The objects whose unfinished uploads the run's sweep aborted (a
+// temporary ".NAME.barge-tmp" of a bucket's chain folder is NAME's upload).
+std::vector<std::string> StaleUploads(const pipeline::BackupResult& r) {
+  std::vector<std::string> objects;
+  constexpr std::string_view kSuffix = ".barge-tmp";
+  for (const std::string& name : r.stale) {
+    if (!IsTempName(name)) continue;
+    objects.push_back(r.chain_dir + "/" + name.substr(1, name.size() - 1 - kSuffix.size()));
+  }
+  return objects;
+}
+
 json BackupJson(const BackupArgs& a, const pipeline::BackupResult& r, const std::optional<orchestrate::ImageBase>& image_base,
                 const std::vector<orchestrate::HookRun>& runs) {
   const auto& m = r.manifest;
@@ -127,6 +139,7 @@ json BackupJson(const BackupArgs& a, const pipeline::BackupResult& r, const std:
   }
   if (!r.replaced.empty()) j["replaced"] = true;
   if (!runs.empty()) j["hooks"] = HookRunsJson(runs);
+  if (IsS3Url(r.chain_dir) && !r.stale.empty()) j["stale_uploads"] = StaleUploads(r);
   if (r.resume) {
     j["resume"] = {{"resumed", r.resume->resumed},
                    {"staged_bytes", r.resume->staged_bytes},
@@ -230,6 +243,14 @@ int RunBackupCommand(BackupArgs& a, Output& out) {
     out.Warning(result->other_disk + ": this full starts the chain over with another disk (restoring a time before it "
                 "gives the earlier disk); back different disks up under different --name",
                 result->chain_dir);
+  }
+  // A killed run's upload that could not be resumed was aborted by the
+  // sweep: said, as the issue asks, so that lost work is never silent.
+  if (IsS3Url(result->chain_dir)) {
+    for (const std::string& object : StaleUploads(*result)) {
+      out.Notice("stale_upload", "aborted a killed run's unfinished upload of " + object + " (not resumable)",
+                 {{"object", object}});
+    }
   }
   json result_json = BackupJson(a, *result, image_base, hooked.runs);
   if (*object_lock) {

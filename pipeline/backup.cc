@@ -635,6 +635,7 @@ Result<BackupResult> RunBackupOnce(Env& env, const BackupRequest& req) {
   result.image_bytes = run.m.bytes_written;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.resume = run.note;
+  result.stale = std::move(run.stale);
   result.base_compared_bytes = run.base_compared_bytes;
   result.clean_sample = run.clean_sample;
   result.other_disk = std::move(other_disk);
@@ -665,6 +666,7 @@ Result<BackupResult> RunBackup(Env& env, const BackupRequest& req) {
   BARGE_ASSIGN_OR_RETURN(BackupResult result, RunBackupOnce(env, full));
   result.clean_sample = first.clean_sample;
   result.replaced = std::move(first.replaced);
+  result.stale.insert(result.stale.begin(), first.stale.begin(), first.stale.end());
   return result;
 }
 

@@ -158,6 +158,10 @@ struct BackupResult {
   uint64_t image_bytes = 0;
   double seconds = 0;
   std::optional<ResumeNote> resume;  // when a staged backup was found
+  // The temporaries of killed runs that this run's sweep removed, by name
+  // (".NAME.barge-tmp" in the chain folder): what could not be resumed. In
+  // a bucket each is an unfinished multipart upload, aborted.
+  std::vector<std::string> stale;
   // --base: bytes of the base point read to compute its strong table (0
   // when it keeps one).
   uint64_t base_compared_bytes = 0;

@@ -172,7 +172,7 @@ Status FindStaged(Env& env, const BackupRequest& req, BackupRun& run) {
     run.resume_cluster = found.kept.next_cluster;
     keep = BaseName(staged_path(found.journal.key));
   }
-  BARGE_RETURN_IF_ERROR(run.writer->RemoveLeftovers(keep));
+  BARGE_ASSIGN_OR_RETURN(run.stale, run.writer->RemoveLeftovers(keep));
   run.remaining = WorkFrom(run.work, run.resume_cluster * run.cluster);
   if (found.found()) {
     const uint64_t total = TotalBytes(run.work);

@@ -66,6 +66,7 @@ struct BackupRun {
   RangeList changed_since_staged;  // req.staged_earlier: the changes since its checkpoint
   std::optional<ResumeNote> note;
   std::unique_ptr<ResumeJournal> journal;
+  std::vector<std::string> stale;  // killed runs' temporaries the sweep removed (RemoveLeftovers)
   // --base: the base chain's folder (held by an export lock, so that no
   // merge or forget removes the point meanwhile), the point, opened.
   std::string base_dir;

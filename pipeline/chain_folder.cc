@@ -67,7 +67,7 @@ ChainWriter::~ChainWriter() {
 // names (what a run killed between renames leaves, and the records of
 // points a merge folded), and temporaries no live writer holds. Called
 // with the chain lock held.
-Status ChainWriter::RemoveLeftovers(const std::string& keep_temporary) {
+Result<std::vector<std::string>> ChainWriter::RemoveLeftovers(const std::string& keep_temporary) {
   std::set<std::string> named;
   for (const auto& p : chain_.points) {
     named.insert(p.manifest.image);
@@ -91,9 +91,7 @@ Status ChainWriter::RemoveLeftovers(const std::string& keep_temporary) {
     auto lock = env_.LockFile(chain_.PathOf(keep_temporary), lo);
     if (lock.ok()) spared = std::move(lock).value();
   }
-  auto swept = SweepStaleTemporaries(env_, chain_.dir);
-  if (!swept.ok()) return swept.error();
-  return OkStatus();
+  return SweepStaleTemporaries(env_, chain_.dir);
 }
 
 void ChainWriter::SweepTemporaries() {

@@ -73,8 +73,10 @@ class ChainWriter {
   // Images, digest tables and verification records no manifest names, and
   // stale temporaries but `keep_temporary` (a file name; "" for none): what
   // options.remove_leftovers does at Open, for a job that first looks at
-  // what a killed run staged (a resumed backup).
-  Status RemoveLeftovers(const std::string& keep_temporary = {});
+  // what a killed run staged (a resumed backup). Returns the names of the
+  // stale temporaries it swept (in a bucket: killed runs' multipart
+  // uploads, aborted), for the job to report.
+  Result<std::vector<std::string>> RemoveLeftovers(const std::string& keep_temporary = {});
 
   // The new point's image, staged under its temporary name: the sink to
   // write it through (valid until Commit or destruction). Errors wrapped

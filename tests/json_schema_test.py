@@ -41,8 +41,8 @@ EVENTS = ("progress", "warning", "result", "error")
 # Events that only a fault brings (docs/json.md, "reconnect": an NBD
 # connection replaced after a drop): validated against their schema where
 # they appear, never required to be seen (tests/nbd_reconnect_test.cc makes
-# them).
-OCCASIONAL_EVENTS = ("reconnect", "sequential_read", "bitmap_missed")
+# them; stale_upload: tests/s3_chain_test.cc).
+OCCASIONAL_EVENTS = ("reconnect", "sequential_read", "bitmap_missed", "stale_upload")
 # The documented extensions of the four, for the commands that run until
 # stopped: `serve` also prints "ready" and "run" (docs/json.md, "serve's
 # daemon events"), `export` "ready" (docs/json.md, "export"), and `vm

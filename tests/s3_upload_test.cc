@@ -217,6 +217,83 @@ TEST_F(S3UploadTest, GapsReadAsZerosAndTruncateSetsTheSize) {
   EXPECT_EQ(head->size, want.size());
 }
 
+// A run killed mid-upload (Keep: the store keeps the upload, as after a
+// SIGKILL) and the next run continuing it from its journal: only the
+// front part and what was not sent go again, and the object is whole.
+TEST_F(S3UploadTest, KeptUploadContinuesFromItsJournaledParts) {
+  const auto data = testing::RandomBytes(10 * kMiB + 300, 20);
+  auto first = Start("r.bin", S3UploadOptions{.test_part_bytes = kMiB});
+  ASSERT_TRUE(first->WriteAt(0, std::span(data).subspan(0, 6 * kMiB + 512 * 1024)).ok());
+  ASSERT_TRUE(first->Flush().ok());
+  const S3UploadJournal journal = first->Journal();
+  ASSERT_FALSE(journal.upload_id.empty());
+  ASSERT_EQ(journal.parts.size(), 5u);  // parts 2..6; 7 is filling, the front held
+  EXPECT_EQ(journal.end(), 6 * kMiB);
+  ASSERT_TRUE(first->Keep().ok());
+  EXPECT_FALSE(first->WriteAt(7 * kMiB, testing::RandomBytes(10, 21)).ok());
+  first.reset();
+  EXPECT_EQ(UploadsLeft(), 1u) << "a kept upload stays for the next run";
+
+  auto next = S3Upload::Continue(*client_, {bucket_, "r.bin"}, journal);
+  ASSERT_TRUE(next.ok()) << next.error().ToString();
+  S3Upload& up = **next;
+  EXPECT_EQ(up.kept_end(), 6 * kMiB);
+  EXPECT_EQ(up.dropped_parts(), 0u);
+  // The kept parts are sent: a write there is behind the frontier.
+  EXPECT_EQ(up.WriteAt(3 * kMiB, testing::RandomBytes(10, 22)).error().code(), ErrorCode::kNotSupported);
+  ASSERT_TRUE(up.WriteAt(6 * kMiB, std::span(data).subspan(6 * kMiB)).ok());
+  ASSERT_TRUE(up.WriteAt(0, std::span(data).subspan(0, kMiB)).ok());  // the front, written again
+  ASSERT_TRUE(up.Publish(/*if_absent=*/true).ok());
+  EXPECT_EQ(up.bytes_sent(), data.size() - 5 * kMiB) << "the kept 5 MiB are not sent again";
+  EXPECT_EQ(Download("r.bin", data.size()), data);
+  EXPECT_EQ(UploadsLeft(), 0u);
+  // Completed: the journal's upload is gone.
+  auto again = S3Upload::Continue(*client_, {bucket_, "r.bin"}, journal);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), ErrorCode::kNotFound) << again.error().ToString();
+}
+
+// A part replaced in the store since it was journaled ends what is kept:
+// the parts from it on go again, and the object is still the data written.
+TEST_F(S3UploadTest, ContinueKeepsOnlyThePartsThatStillMatch) {
+  const auto data = testing::RandomBytes(8 * kMiB, 23);
+  auto first = Start("p.bin", S3UploadOptions{.test_part_bytes = kMiB});
+  ASSERT_TRUE(first->WriteAt(0, std::span(data).subspan(0, 6 * kMiB + 10)).ok());
+  ASSERT_TRUE(first->Flush().ok());
+  const S3UploadJournal journal = first->Journal();
+  ASSERT_EQ(journal.parts.size(), 5u);
+  ASSERT_TRUE(first->Keep().ok());
+  first.reset();
+  ASSERT_TRUE(client_->UploadPart({bucket_, "p.bin"}, journal.upload_id, 4, testing::RandomBytes(kMiB, 24)).ok());
+
+  auto next = S3Upload::Continue(*client_, {bucket_, "p.bin"}, journal);
+  ASSERT_TRUE(next.ok()) << next.error().ToString();
+  S3Upload& up = **next;
+  EXPECT_EQ(up.kept_end(), 3 * kMiB);  // parts 2 and 3
+  EXPECT_EQ(up.dropped_parts(), 3u);
+  EXPECT_NE(up.dropped_reason().find("part 4 was replaced"), std::string::npos) << up.dropped_reason();
+  ASSERT_TRUE(up.WriteAt(3 * kMiB, std::span(data).subspan(3 * kMiB)).ok());
+  ASSERT_TRUE(up.WriteAt(0, std::span(data).subspan(0, kMiB)).ok());
+  ASSERT_TRUE(up.Publish(false).ok());
+  EXPECT_EQ(Download("p.bin", data.size()), data);
+  EXPECT_EQ(UploadsLeft(), 0u);
+}
+
+// An upload someone aborted is "gone" (kNotFound): the caller starts over.
+TEST_F(S3UploadTest, ContinueOfAnAbortedUploadIsNotFound) {
+  auto first = Start("a2.bin", S3UploadOptions{.test_part_bytes = kMiB});
+  ASSERT_TRUE(first->WriteAt(0, testing::RandomBytes(3 * kMiB + 10, 25)).ok());
+  ASSERT_TRUE(first->Flush().ok());
+  const S3UploadJournal journal = first->Journal();
+  ASSERT_TRUE(first->Keep().ok());
+  first.reset();
+  ASSERT_TRUE(client_->AbortMultipart({bucket_, "a2.bin"}, journal.upload_id).ok());
+  auto next = S3Upload::Continue(*client_, {bucket_, "a2.bin"}, journal);
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.error().code(), ErrorCode::kNotFound) << next.error().ToString();
+  EXPECT_EQ(UploadsLeft(), 0u);
+}
+
 std::vector<std::byte> Bytes(const std::string& s) {
   const auto* p = reinterpret_cast<const std::byte*>(s.data());
   return {p, p + s.size()};
