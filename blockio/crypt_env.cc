@@ -85,7 +85,13 @@ Result<std::shared_ptr<CryptEnv::Root>> CryptEnv::RootOf(const std::string& path
       }
     }
     const std::string marker = folder + "/" + std::string(kEncryptionMarkerName);
-    auto source = target().OpenSource(marker, FileOptions{});
+    // A Stat first: in a folder just listed it costs no request, elsewhere
+    // one short listing, where opening a missing object costs two (HEAD of
+    // the object, then of the bucket).
+    auto st = target().Stat(marker);
+    if (!st.ok() && st.error().code() != ErrorCode::kNotFound) return std::move(st).error();
+    auto source = st.ok() ? target().OpenSource(marker, FileOptions{})
+                          : Result<std::unique_ptr<BlockSource>>(std::move(st).error());
     std::shared_ptr<Root> root;
     if (source.ok()) {
       std::array<std::byte, kAeadHeaderBytes> bytes{};

@@ -93,7 +93,10 @@ class S3ObjectLockTest : public ::testing::Test {
     EXPECT_EQ(r.exit_code, 0) << key << ": " << r.output;
     auto j = nlohmann::json::parse(r.stdout_text, nullptr, false);
     if (!j.is_object() || !j.contains("Retention")) return {"", 0};
-    auto until = ParseS3IsoTime(j["Retention"].value("RetainUntilDate", ""));
+    // aws CLI v1 (Debian's) writes "+00:00" where v2 and S3's XML write "Z".
+    std::string text = j["Retention"].value("RetainUntilDate", "");
+    if (text.ends_with("+00:00")) text = text.substr(0, text.size() - 6) + "Z";
+    auto until = ParseS3IsoTime(text);
     EXPECT_TRUE(until.has_value()) << r.stdout_text;
     return {j["Retention"].value("Mode", ""), until.value_or(0)};
   }
